@@ -1,0 +1,394 @@
+"""One actor per machine instance: a mailbox handled one event at a time, to completion.
+
+The decision is the pure ``statemachines.step``; the actor performs what it names, after
+the state has changed: effects (bounded, their failure becomes an event), state timeouts
+and state-scoped tasks (started on entry, cancelled on exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from livekit import rtc
+
+from statemachines import MachineSpec, Step, UnknownEvent, step
+
+from .clock import AsyncioClock, Clock, TimerHandle
+from .trace import Tracer, TraceRecord
+
+logger = logging.getLogger("agent_runtime.actor")
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    name: str
+    data: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged:
+    machine: str
+    instance: str
+    source: str
+    dest: str
+    event: str
+
+
+EffectResult = Event | None
+EffectHandler = Callable[[Event], EffectResult | Awaitable[EffectResult]]
+GuardFn = Callable[[Event], bool]
+
+
+class EventRejected(RuntimeError):
+    """The table rejects this event in the current state; nothing changed."""
+
+    def __init__(self, machine: str, instance: str, state: str, event: str) -> None:
+        who = f"{machine}[{instance}]" if instance else machine
+        super().__init__(f"{who} rejects event {event!r} in state {state!r}")
+        self.machine = machine
+        self.state = state
+        self.event = event
+
+
+class ActorClosed(RuntimeError):
+    """The actor was closed; it takes no more events."""
+
+
+# a mailbox entry: the event, who waits for its step, and for timer/task events the
+# generation of the state they belong to (stale ones are dropped: they died with it)
+_Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
+
+
+class Actor(rtc.EventEmitter[str]):
+    """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``)."""
+
+    def __init__(
+        self,
+        spec: MachineSpec,
+        *,
+        instance: str = "",
+        effects: Mapping[str, EffectHandler] | None = None,
+        guards: Mapping[str, GuardFn] | None = None,
+        settings: Mapping[str, float | None] | None = None,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        effect_timeout: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.instance = instance
+        self._effects: Mapping[str, EffectHandler] = effects or {}
+        self._guards: Mapping[str, GuardFn] = guards or {}
+        missing = [e.name for e in spec.effects if e.name not in self._effects]
+        missing += [g for g in spec.guards if g not in self._guards]
+        if missing:
+            raise ValueError(f"machine {spec.name!r}: no handler for {', '.join(missing)}")
+        self._settings: Mapping[str, float | None] = settings or {}
+        self.clock: Clock = clock or AsyncioClock()
+        self.tracer = tracer
+        self.effect_timeout = effect_timeout
+        self._state = spec.initial
+        self._gen = 0
+        self._mailbox: deque[_Entry] = deque()
+        self._runner: asyncio.Task[None] | None = None
+        self._timer: TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._entered = False
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def idle(self) -> bool:
+        return not self._mailbox and self._runner is None
+
+    @property
+    def live_tasks(self) -> int:
+        """State-scoped tasks still running (for tests: none outlive their state)."""
+        return sum(1 for t in self._tasks if not t.done())
+
+    @property
+    def timer_armed(self) -> bool:
+        return self._timer is not None
+
+    def start(self) -> None:
+        """Enter the initial state: arm its timeout and start its tasks. Idempotent; the
+        first event starts the actor too."""
+        if not self._entered and not self._closed:
+            self._entered = True
+            self._enter_state()
+
+    def post(self, event: Event) -> None:
+        """Queue an event, fire and forget. A rejected event is logged and traced."""
+        self._check(event)
+        if self._closed:
+            logger.info("%s: dropped %r after close", self._who(), event.name)
+            return
+        self._enqueue((event, None, None))
+
+    async def send(self, event: Event) -> Step:
+        """Queue an event and wait for its step; raises ``EventRejected`` on a reject cell."""
+        self._check(event)
+        if self._closed:
+            raise ActorClosed(f"{self._who()} is closed; {event.name!r} was not handled")
+        fut: asyncio.Future[Step] = asyncio.get_running_loop().create_future()
+        self._enqueue((event, fut, None))
+        return await fut
+
+    async def join(self) -> None:
+        """Wait until the mailbox is empty (effects included)."""
+        while self._runner is not None:
+            await asyncio.shield(self._runner)
+
+    async def aclose(self) -> None:
+        """Stop taking events, cancel the state's timer and tasks, drain nothing further."""
+        if self._closed:
+            return
+        self._closed = True
+        self._leave_state()
+        runner, self._runner = self._runner, None
+        for _, fut, _ in self._mailbox:
+            if fut is not None and not fut.done():
+                fut.set_exception(ActorClosed(f"{self._who()} closed before handling it"))
+        self._mailbox.clear()
+        if runner is not None and runner is not asyncio.current_task():
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- mailbox -------------------------------------------------------------------------
+    def _who(self) -> str:
+        return f"{self.spec.name}[{self.instance}]" if self.instance else self.spec.name
+
+    def _check(self, event: Event) -> None:
+        if event.name not in self.spec.events:
+            raise UnknownEvent(f"machine {self.spec.name!r} has no event {event.name!r}")
+
+    def _enqueue(self, entry: _Entry) -> None:
+        self._mailbox.append(entry)
+        if self._runner is None:
+            self._runner = asyncio.get_running_loop().create_task(
+                self._drain(), name=f"actor:{self._who()}"
+            )
+
+    async def _drain(self) -> None:
+        try:
+            self.start()
+            while self._mailbox and not self._closed:
+                event, fut, gen = self._mailbox.popleft()
+                if gen is not None and gen != self._gen:
+                    self._record(
+                        TraceRecord(
+                            self.clock.now(),
+                            "stale",
+                            self.spec.name,
+                            self.instance,
+                            event=event.name,
+                            source=self._state,
+                        )
+                    )
+                    continue
+                try:
+                    result = await self._handle(event)
+                except Exception as e:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                    else:
+                        logger.exception("%s: error handling %r", self._who(), event.name)
+                    continue
+                if fut is not None and not fut.done():
+                    if result.outcome == "reject":
+                        fut.set_exception(
+                            EventRejected(self.spec.name, self.instance, result.source, event.name)
+                        )
+                    else:
+                        fut.set_result(result)
+        finally:
+            if self._runner is asyncio.current_task():
+                self._runner = None
+
+    async def _handle(self, event: Event) -> Step:
+        consulted: dict[str, bool] = {}
+
+        def check(name: str) -> bool:
+            value = bool(self._guards[name](event))
+            consulted[name] = value
+            return value
+
+        st = step(self.spec, self._state, event.name, check)
+        now = self.clock.now()
+        if st.outcome != "transition":
+            if st.outcome == "reject":
+                logger.info("%s rejects %r in state %r", self._who(), event.name, st.source)
+            self._record(
+                TraceRecord(
+                    now,
+                    st.outcome,
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=st.source,
+                    dest=st.dest,
+                    guards=consulted,
+                    data=dict(event.data),
+                )
+            )
+            return st
+        if st.changed:
+            self._leave_state()
+        self._state = st.dest
+        self._record(
+            TraceRecord(
+                now,
+                "transition",
+                self.spec.name,
+                self.instance,
+                event=event.name,
+                source=st.source,
+                dest=st.dest,
+                effects=list(st.effects),
+                guards=consulted,
+                data=dict(event.data),
+            )
+        )
+        if st.changed:
+            self._enter_state()
+            self.emit(
+                "state_changed",
+                StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name),
+            )
+        for name in st.effects:
+            await self._run_effect(name, event)
+            if self._closed:
+                break
+        return st
+
+    # -- effects ---------------------------------------------------------------------------
+    async def _run_effect(self, name: str, event: Event) -> None:
+        handler = self._effects[name]
+        outcome, detail, follow = "ok", "", None
+        try:
+            res = handler(event)
+            if inspect.isawaitable(res):
+                res = await self.clock.wait_for(res, self.effect_timeout)
+            follow = res
+        except TimeoutError:
+            outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
+        except asyncio.CancelledError:
+            if self._closed or _current_task_cancelling():
+                raise
+            outcome, detail = "error", "cancelled"
+        except Exception as e:
+            outcome, detail = "error", f"{type(e).__name__}: {e}"
+            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+        self._record(
+            TraceRecord(
+                self.clock.now(),
+                "effect",
+                self.spec.name,
+                self.instance,
+                event=event.name,
+                source=self._state,
+                effect=name,
+                outcome=outcome,
+                detail=detail,
+            )
+        )
+        if outcome != "ok":
+            err = self.spec.effect(name).error_event
+            if err is not None:
+                self._mailbox.append(
+                    (Event(err, {"effect": name, "outcome": outcome, "detail": detail}), None, None)
+                )
+        elif isinstance(follow, Event):
+            self._check(follow)
+            self._mailbox.append((follow, None, None))
+
+    # -- state entry and exit ----------------------------------------------------------------
+    def _enter_state(self) -> None:
+        self._gen += 1
+        gen = self._gen
+        st = self.spec.state(self._state)
+        if st.timeout is not None:
+            seconds = self._settings.get(st.timeout.setting, st.timeout.default)
+            if seconds is not None:
+                ev = Event(st.timeout.event, {"after": seconds})
+                self._timer = self.clock.call_later(seconds, lambda: self._fire(ev, gen))
+        for name in st.invoke:
+            self._start_task(name, gen)
+
+    def _leave_state(self) -> None:
+        self._gen += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for t in list(self._tasks):
+            t.cancel()
+
+    def _fire(self, event: Event, gen: int) -> None:
+        if gen == self._gen and not self._closed:
+            self._timer = None
+            self._enqueue((event, None, gen))
+
+    def _start_task(self, name: str, gen: int) -> None:
+        handler = self._effects[name]
+        trigger = Event(f"enter:{self._state}")
+
+        async def run() -> None:
+            try:
+                res = handler(trigger)
+                if inspect.isawaitable(res):
+                    res = await res
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._record(
+                    TraceRecord(
+                        self.clock.now(),
+                        "effect",
+                        self.spec.name,
+                        self.instance,
+                        effect=name,
+                        outcome="error",
+                        detail=f"{type(e).__name__}: {e}",
+                    )
+                )
+                err = self.spec.effect(name).error_event
+                if err is not None and gen == self._gen and not self._closed:
+                    self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
+                return
+            if isinstance(res, Event) and gen == self._gen and not self._closed:
+                self._enqueue((res, None, gen))
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"{self._who()}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _record(self, record: TraceRecord) -> None:
+        if self.tracer is not None:
+            self.tracer.write(record)
+
+
+def _current_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

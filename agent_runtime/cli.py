@@ -1,0 +1,67 @@
+"""``agent-runtime``: simulate scenarios, replay traces, draw and diff the machines.
+
+Each command's module is imported only when that command runs, so ``diagrams`` and
+``table`` never pay for ``livekit.agents``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="agent-runtime",
+        description="Explicit state machines for LiveKit agents: scenarios, traces, diagrams.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = sub.add_parser(
+        "simulate",
+        help="run scenario files on the embedded in-memory room and a virtual clock",
+        description="Run scenarios through the real runtime (no server, no keys). With no "
+        "FILE, runs every scenario in examples/scenarios/. Exit 0 when every expectation "
+        "held, 1 when one failed, 2 when a file is invalid.",
+    )
+    sim.add_argument("files", nargs="*", metavar="FILE")
+    sim.add_argument("--json", action="store_true", help="print the result object as JSON")
+    sim.add_argument("--trace", metavar="OUT.jsonl", help="write the JSONL trace here")
+    sim.set_defaults(module="agent_runtime.commands.simulate")
+
+    rep = sub.add_parser(
+        "replay",
+        help="replay a JSONL trace through the machines and report the first divergence",
+    )
+    rep.add_argument("trace", metavar="TRACE.jsonl")
+    rep.add_argument("--json", action="store_true", help="print the result as JSON")
+    rep.set_defaults(module="agent_runtime.commands.replay")
+
+    dia = sub.add_parser("diagrams", help="write Mermaid, DOT, SVG and Markdown tables")
+    dia.add_argument("--out", default="diagrams", metavar="DIR")
+    dia.add_argument(
+        "--check", action="store_true", help="exit 1 naming each file that is out of date"
+    )
+    dia.set_defaults(module="agent_runtime.commands.diagrams")
+
+    tab = sub.add_parser("table", help="print one machine's state x event table")
+    tab.add_argument("machine")
+    tab.set_defaults(module="agent_runtime.commands.table")
+
+    dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
+    dif.add_argument("rev")
+    dif.set_defaults(module="agent_runtime.commands.diff")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    module = importlib.import_module(args.module)
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Every machine of the runtime, by name: the one list diagrams, tables and tests read."""
+
+from .avatar import AVATAR
+from .job import JOB
+from .participant import PARTICIPANT
+from .session_host import SESSION_HOST
+from .spec import MachineSpec
+
+MACHINES: dict[str, MachineSpec] = {m.name: m for m in (AVATAR, JOB, SESSION_HOST, PARTICIPANT)}

@@ -1,0 +1,66 @@
+"""The pure step function and its agreement with the compiled ``transitions`` machine."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from statemachines import UnknownEvent, UnknownState, step
+from statemachines.compiled import compile_machine, compiled_rows
+from statemachines.machines import MACHINES
+
+
+def test_step_transition_internal_ignore_reject() -> None:
+    av = MACHINES["avatar"]
+    s = step(av, "idle", "start")
+    assert (s.outcome, s.dest, s.effects, s.changed) == (
+        "transition",
+        "routing",
+        ("start_plugin",),
+        True,
+    )
+    s = step(av, "joined", "interrupt")
+    assert (s.outcome, s.dest, s.internal, s.changed) == ("transition", "joined", True, False)
+    assert step(av, "joined", "video_published").outcome == "ignore"
+    assert step(av, "closed", "start").outcome == "reject"
+
+
+def test_guards_pick_the_first_row_that_holds() -> None:
+    p = MACHINES["participant"]
+    both = {"is_linked": True, "closing_reason": True, "grace_enabled": True}
+    assert step(p, "linked", "participant_disconnected", both).dest == "closing"
+    grace = {"is_linked": True, "closing_reason": False, "grace_enabled": True}
+    assert step(p, "linked", "participant_disconnected", grace).dest == "grace"
+    no_grace = {"is_linked": True, "closing_reason": False, "grace_enabled": False}
+    assert step(p, "linked", "participant_disconnected", no_grace).dest == "closing"
+    other = step(p, "linked", "participant_disconnected", {"is_linked": False})
+    assert (other.dest, other.internal) == ("linked", True)
+    # guard values may be a callable too
+    assert step(p, "linked", "participant_disconnected", lambda g: True).dest == "closing"
+
+
+def test_unknown_names_raise() -> None:
+    with pytest.raises(UnknownEvent, match="machine 'job' has no event 'explode'"):
+        step(MACHINES["job"], "serving", "explode")
+    with pytest.raises(UnknownState, match="machine 'job' has no state 'limbo'"):
+        step(MACHINES["job"], "limbo", "shutdown")
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_compiled_machine_holds_exactly_the_rows(name: str) -> None:
+    spec = MACHINES[name]
+    want = [(r.source, r.event, r.dest, r.guards) for r in spec.rows]
+    assert sorted(compiled_rows(spec), key=str) == sorted(want, key=str)
+    assert compile_machine(spec) is compile_machine(spec)  # compiled once, shared
+
+
+def test_import_statemachines_pulls_in_no_livekit() -> None:
+    import subprocess
+
+    code = (
+        "import statemachines, statemachines.machines, sys;"
+        "bad=[m for m in sys.modules if m.startswith('livekit')];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
