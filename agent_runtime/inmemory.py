@@ -1,0 +1,354 @@
+"""The embedded in-memory room: a real ``rtc.Room`` with no connection, plus a stand-in for
+the one thing that needs a network, the local participant's signalling (RPCs, byte streams,
+track publication).
+
+Room events are the SDK's own: ``rtc.Room.emit`` with real ``RemoteParticipant`` and
+``RemoteTrackPublication`` objects built from their protobuf infos, in the argument orders
+the Python SDK uses (``track_muted`` is ``(participant, publication)``). Outgoing RPCs end
+as scripted (``ok``, ``timeout``, ``error``) on the injected clock; incoming ones call the
+handlers registered with ``register_rpc_method``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from livekit import rtc
+from livekit.agents.voice.remote_session import SessionTransport
+from livekit.protocol.agent_pb import agent_session as agent_pb
+from livekit.rtc._proto import participant_pb2, room_pb2, track_pb2
+
+from .clock import AsyncioClock, Clock
+
+logger = logging.getLogger("agent_runtime.inmemory")
+
+RpcResult = Literal["ok", "timeout", "error", "disconnected", "not_found"]
+
+PARTICIPANT_KINDS: dict[str, int] = {
+    "standard": participant_pb2.ParticipantKind.PARTICIPANT_KIND_STANDARD,
+    "agent": participant_pb2.ParticipantKind.PARTICIPANT_KIND_AGENT,
+    "sip": participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP,
+    "ingress": participant_pb2.ParticipantKind.PARTICIPANT_KIND_INGRESS,
+    "egress": participant_pb2.ParticipantKind.PARTICIPANT_KIND_EGRESS,
+}
+TRACK_KINDS: dict[str, int] = {
+    "audio": track_pb2.TrackKind.KIND_AUDIO,
+    "video": track_pb2.TrackKind.KIND_VIDEO,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RpcCall:
+    """An outgoing RPC the agent made, and how it ended."""
+
+    t: float
+    method: str
+    destination: str
+    payload: str
+    outcome: str  # ok | timeout | error | disconnected | not_found
+
+
+class InMemoryLocalParticipant:
+    """Stands in for ``rtc.LocalParticipant``'s network side; everything else is real."""
+
+    def __init__(self, room: InMemoryRoom, identity: str) -> None:
+        self._room = room
+        self.identity = identity
+        self.sid = "PA_local"
+        self.attributes: dict[str, str] = {}
+        self.rpc_handlers: dict[str, Callable[[rtc.RpcInvocationData], Awaitable[str] | str]] = {}
+        # per method: how the next outgoing calls end, consumed in order
+        self.rpc_script: dict[str, deque[RpcResult]] = defaultdict(deque)
+        self.rpc_calls: list[RpcCall] = []
+        self.sent_bytes: list[tuple[str, bytes, list[str] | None]] = []
+        self.track_publications: dict[str, Any] = {}
+
+    # -- RPC -------------------------------------------------------------------------------
+    def register_rpc_method(
+        self, method_name: str, handler: Callable[[rtc.RpcInvocationData], Any] | None = None
+    ) -> Any:
+        def register(fn: Callable[[rtc.RpcInvocationData], Any]) -> Any:
+            self.rpc_handlers[method_name] = fn
+            return fn
+
+        return register(handler) if handler is not None else register
+
+    def unregister_rpc_method(self, method: str) -> None:
+        self.rpc_handlers.pop(method, None)
+
+    async def perform_rpc(
+        self,
+        *,
+        destination_identity: str,
+        method: str,
+        payload: str,
+        response_timeout: float | None = None,
+        max_round_trip_latency: float | None = None,
+    ) -> str:
+        clock = self._room.clock
+        start = clock.now()
+        script = self.rpc_script.get(method)
+        result: RpcResult = script.popleft() if script else "ok"
+        if result == "ok" and destination_identity not in self._room.remote_participants:
+            # nobody there to answer: the SDK gives up after its round-trip budget (7 s)
+            result = "timeout"
+        outcome = result
+        try:
+            if result == "ok":
+                return ""
+            if result == "timeout":
+                wait = max_round_trip_latency if max_round_trip_latency is not None else 7.0
+                if response_timeout is not None:
+                    wait = min(wait, response_timeout)
+                await clock.sleep(wait)
+                raise rtc.RpcError(rtc.RpcError.ErrorCode.CONNECTION_TIMEOUT, "Connection timeout")
+            if result == "disconnected":
+                raise rtc.RpcError(
+                    rtc.RpcError.ErrorCode.RECIPIENT_DISCONNECTED, "Recipient disconnected"
+                )
+            if result == "not_found":
+                raise rtc.RpcError(
+                    rtc.RpcError.ErrorCode.RECIPIENT_NOT_FOUND, "Recipient not found"
+                )
+            raise rtc.RpcError(rtc.RpcError.ErrorCode.APPLICATION_ERROR, "Application error")
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # type: ignore[assignment]
+            raise
+        finally:
+            self.rpc_calls.append(RpcCall(start, method, destination_identity, payload, outcome))
+
+    # -- data and tracks -------------------------------------------------------------------
+    async def send_bytes(
+        self,
+        data: bytes,
+        *,
+        topic: str = "",
+        destination_identities: list[str] | None = None,
+        **_: Any,
+    ) -> None:
+        if not self._room.isconnected():
+            raise RuntimeError("room is not connected")
+        self.sent_bytes.append((topic, data, destination_identities))
+
+    async def send_text(self, text: str, *, topic: str = "", **_: Any) -> None:
+        if not self._room.isconnected():
+            raise RuntimeError("room is not connected")
+
+    async def set_attributes(self, attributes: dict[str, str]) -> None:
+        self.attributes.update(attributes)
+
+    async def publish_track(self, track: Any, options: Any = None) -> Any:
+        sid = f"TR_local_{len(self.track_publications) + 1}"
+        self.track_publications[sid] = track
+        return _LocalPublication(sid, track)
+
+    async def unpublish_track(self, track_sid: str) -> None:
+        self.track_publications.pop(track_sid, None)
+
+
+@dataclass
+class _LocalPublication:
+    sid: str
+    track: Any
+
+    async def wait_for_subscription(self) -> None:
+        return None
+
+
+class InMemoryRoom(rtc.Room):
+    """An unconnected ``rtc.Room`` that a test or the scenario runner drives like the SFU."""
+
+    def __init__(
+        self, *, name: str = "room", agent_identity: str = "agent", clock: Clock | None = None
+    ) -> None:
+        super().__init__()
+        self.clock: Clock = clock or AsyncioClock()
+        self._local = InMemoryLocalParticipant(self, agent_identity)
+        self._info = room_pb2.RoomInfo(name=name)
+        self._sids = itertools.count(1)
+        self.deleted_at: float | None = None
+
+    # the network side the SDK would give us after connect()
+    @property
+    def local_participant(self) -> Any:  # an InMemoryLocalParticipant standing in
+        return self._local
+
+    def isconnected(self) -> bool:
+        return self._connection_state != rtc.ConnectionState.CONN_DISCONNECTED
+
+    # -- what the SFU would do -------------------------------------------------------------
+    def connect(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise RuntimeError("InMemoryRoom has no server; use connect_locally()")
+
+    def connect_locally(self) -> None:
+        if self.isconnected():
+            return
+        self._connection_state = rtc.ConnectionState.CONN_CONNECTED
+        self.emit("connection_state_changed", self._connection_state)
+        self.emit("connected")
+
+    def disconnect_locally(self, reason: int = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
+        if not self.isconnected():
+            return
+        self._connection_state = rtc.ConnectionState.CONN_DISCONNECTED
+        self.emit("connection_state_changed", self._connection_state)
+        self.emit("disconnected", reason)
+
+    async def disconnect(self, *, reason: Any = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
+        self.disconnect_locally(reason)
+
+    def add_participant(
+        self,
+        identity: str,
+        *,
+        kind: str = "standard",
+        attributes: Mapping[str, str] | None = None,
+    ) -> rtc.RemoteParticipant:
+        if kind not in PARTICIPANT_KINDS:
+            raise ValueError(f"unknown participant kind {kind!r}: one of {list(PARTICIPANT_KINDS)}")
+        info = participant_pb2.ParticipantInfo(
+            identity=identity,
+            sid=f"PA_{next(self._sids)}",
+            kind=PARTICIPANT_KINDS[kind],  # type: ignore[arg-type]
+            attributes=dict(attributes or {}),
+        )
+        p = rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
+        self._remote_participants[identity] = p
+        self.emit("participant_connected", p)
+        return p
+
+    def remove_participant(
+        self, identity: str, reason: int = rtc.DisconnectReason.CLIENT_INITIATED
+    ) -> rtc.RemoteParticipant | None:
+        p = self._remote_participants.pop(identity, None)
+        if p is None:
+            return None
+        p._info.disconnect_reason = reason  # type: ignore[assignment]
+        self.emit("participant_disconnected", p)
+        return p
+
+    def publish_track(self, identity: str, kind: str = "audio") -> rtc.RemoteTrackPublication:
+        p = self._remote_participants[identity]
+        if kind not in TRACK_KINDS:
+            raise ValueError(f"unknown track kind {kind!r}: audio or video")
+        sid = f"TR_{next(self._sids)}"
+        pub = rtc.RemoteTrackPublication(
+            track_pb2.OwnedTrackPublication(
+                info=track_pb2.TrackPublicationInfo(sid=sid, kind=TRACK_KINDS[kind], name=kind)  # type: ignore[arg-type]
+            )
+        )
+        p._track_publications[sid] = pub
+        self.emit("track_published", pub, p)
+        return pub
+
+    def mute_track(self, identity: str, *, muted: bool = True) -> None:
+        p = self._remote_participants[identity]
+        for pub in p.track_publications.values():
+            pub._info.muted = muted
+            # the Python SDK's order: (participant, publication)
+            self.emit("track_muted" if muted else "track_unmuted", p, pub)
+
+    def set_participant_attributes(self, identity: str, attributes: Mapping[str, str]) -> None:
+        p = self._remote_participants[identity]
+        changed = dict(attributes)
+        p._info.attributes.update(changed)
+        self.emit("participant_attributes_changed", changed, p)
+
+    async def invoke_rpc(self, method: str, caller: str, payload: str) -> str:
+        """An incoming RPC from ``caller``; returns the handler's reply or raises ``RpcError``."""
+        handler = self._local.rpc_handlers.get(method)
+        if handler is None:
+            raise rtc.RpcError(rtc.RpcError.ErrorCode.UNSUPPORTED_METHOD, "Method not supported")
+        data = rtc.RpcInvocationData(
+            request_id=f"RQ_{next(self._sids)}",
+            caller_identity=caller,
+            payload=payload,
+            response_timeout=10.0,
+            method=method,
+        )
+        try:
+            res = handler(data)
+            if asyncio.iscoroutine(res) or isinstance(res, Awaitable):
+                res = await res
+        except rtc.RpcError:
+            raise
+        except Exception as e:
+            raise rtc.RpcError(rtc.RpcError.ErrorCode.APPLICATION_ERROR, str(e)) from e
+        return str(res or "")
+
+    def listener_count(self) -> int:
+        """Callbacks registered on the room (tests check nothing is left after close)."""
+        return sum(len(v) for v in self._events.values())
+
+
+class InMemorySessionTransport(SessionTransport):
+    """One end of a paired transport carrying serialized ``AgentSessionMessage`` bytes."""
+
+    def __init__(self) -> None:
+        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._peer: InMemorySessionTransport | None = None
+        self.closed = False
+
+    @classmethod
+    def pair(cls) -> tuple[InMemorySessionTransport, InMemorySessionTransport]:
+        a, b = cls(), cls()
+        a._peer, b._peer = b, a
+        return a, b
+
+    async def start(self) -> None:
+        return None
+
+    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
+        if self.closed or self._peer is None or self._peer.closed:
+            raise RuntimeError("session transport is closed")
+        self._peer._inbox.put_nowait(msg.SerializeToString())
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._inbox.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
+        return self
+
+    async def __anext__(self) -> agent_pb.AgentSessionMessage:
+        data = await self._inbox.get()
+        if data is None:
+            raise StopAsyncIteration
+        msg = agent_pb.AgentSessionMessage()
+        msg.ParseFromString(data)
+        return msg
+
+    def receive_nowait(self) -> list[agent_pb.AgentSessionMessage]:
+        """Every message waiting at this end (for a test's simulator side)."""
+        out: list[agent_pb.AgentSessionMessage] = []
+        while not self._inbox.empty():
+            data = self._inbox.get_nowait()
+            if data is None:
+                self._inbox.put_nowait(None)
+                break
+            msg = agent_pb.AgentSessionMessage()
+            msg.ParseFromString(data)
+            out.append(msg)
+        return out
+
+
+@contextlib.contextmanager
+def quiet_sdk_logs() -> Any:
+    """Silence the SDK's own chatter about an unconnected room (scenario output stays clean)."""
+    names = ("livekit", "livekit.agents")
+    old = [logging.getLogger(n).level for n in names]
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for n, lvl in zip(names, old, strict=True):
+            logging.getLogger(n).setLevel(lvl)

@@ -1,0 +1,279 @@
+"""One adapter from ``rtc.Room`` callbacks to plain, typed room facts.
+
+Every machine's runtime subscribes to the facts instead of to the room, so the SDK's
+surprises are handled once: ``track_muted`` arrives as ``(participant, publication)`` in
+Python and the reverse elsewhere (both accepted), reasons and kinds become names, and a
+callback with unexpected arguments is logged and dropped. Nothing raises inside a room
+callback. ``aclose()`` unhooks every listener it added.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from livekit import rtc
+
+logger = logging.getLogger("agent_runtime.room_events")
+
+
+@dataclass(frozen=True, slots=True)
+class ParticipantJoined:
+    identity: str
+    kind: str  # standard | agent | sip | ingress | egress | ...
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ParticipantLeft:
+    identity: str
+    kind: str
+    reason: str  # an rtc.DisconnectReason name, e.g. CLIENT_INITIATED
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TrackPublished:
+    identity: str
+    kind: str  # audio | video
+
+
+@dataclass(frozen=True, slots=True)
+class TrackMuted:
+    identity: str
+    kind: str
+    muted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttributesChanged:
+    identity: str
+    changed: Mapping[str, str]
+    attributes: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class RoomConnected:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RoomDisconnected:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnecting:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnected:
+    pass
+
+
+RoomFact = (
+    ParticipantJoined
+    | ParticipantLeft
+    | TrackPublished
+    | TrackMuted
+    | AttributesChanged
+    | RoomConnected
+    | RoomDisconnected
+    | Reconnecting
+    | Reconnected
+)
+Subscriber = Callable[[RoomFact], None]
+
+
+def kind_name(kind: Any) -> str:
+    """``PARTICIPANT_KIND_SIP`` (or its number) -> ``sip``."""
+    try:
+        name = rtc.ParticipantKind.Name(kind)
+    except (ValueError, TypeError):
+        return "unknown"
+    return name.removeprefix("PARTICIPANT_KIND_").lower()
+
+
+def reason_name(reason: Any) -> str:
+    if reason is None:
+        return "UNKNOWN_REASON"
+    try:
+        return str(rtc.DisconnectReason.Name(reason))
+    except (ValueError, TypeError):
+        return "UNKNOWN_REASON"
+
+
+def track_kind_name(kind: Any) -> str:
+    if kind == rtc.TrackKind.KIND_AUDIO:
+        return "audio"
+    if kind == rtc.TrackKind.KIND_VIDEO:
+        return "video"
+    return "unknown"
+
+
+def _is_participant(obj: Any) -> bool:
+    return isinstance(obj, rtc.Participant) or (
+        isinstance(getattr(obj, "identity", None), str) and hasattr(obj, "track_publications")
+    )
+
+
+def _is_publication(obj: Any) -> bool:
+    return isinstance(obj, rtc.TrackPublication) or (
+        hasattr(obj, "sid") and hasattr(obj, "kind") and not hasattr(obj, "identity")
+    )
+
+
+class RoomEventAdapter:
+    """Hooks one room, fans facts out to subscribers in subscription order."""
+
+    def __init__(self, room: rtc.Room) -> None:
+        self.room = room
+        self._subscribers: list[Subscriber] = []
+        self._hooks: list[tuple[str, Callable[..., None]]] = []
+
+    @property
+    def started(self) -> bool:
+        return bool(self._hooks)
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Add a subscriber; returns the function that removes it."""
+        self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def start(self) -> None:
+        if self._hooks:
+            return
+        for name, cb in (
+            ("participant_connected", self._on_participant_connected),
+            ("participant_disconnected", self._on_participant_disconnected),
+            ("track_published", self._on_track_published),
+            ("track_muted", self._on_track_muted),
+            ("track_unmuted", self._on_track_unmuted),
+            ("participant_attributes_changed", self._on_attributes_changed),
+            ("connection_state_changed", self._on_connection_state_changed),
+            ("disconnected", self._on_disconnected),
+            ("reconnecting", self._on_reconnecting),
+            ("reconnected", self._on_reconnected),
+        ):
+            self.room.on(name, cb)  # type: ignore[arg-type]
+            self._hooks.append((name, cb))
+
+    def aclose(self) -> None:
+        """Unhook every room listener this adapter added and drop all subscribers."""
+        for name, cb in self._hooks:
+            self.room.off(name, cb)  # type: ignore[arg-type]
+        self._hooks.clear()
+        self._subscribers.clear()
+
+    # -- delivery -------------------------------------------------------------------------
+    def publish(self, fact: RoomFact) -> None:
+        for fn in list(self._subscribers):
+            try:
+                fn(fact)
+            except Exception:
+                logger.exception("room fact subscriber failed on %r", fact)
+
+    def _guarded(self, what: str, build: Callable[[], RoomFact | None]) -> None:
+        try:
+            fact = build()
+        except Exception as e:
+            logger.warning("ignored %s with unexpected arguments: %s", what, e)
+            return
+        if fact is not None:
+            self.publish(fact)
+
+    # -- rtc.Room callbacks (never raise) ---------------------------------------------------
+    def _on_participant_connected(self, *args: Any) -> None:
+        def build() -> RoomFact:
+            (p,) = args
+            if not _is_participant(p):
+                raise TypeError(f"expected a participant, got {type(p).__name__}")
+            return ParticipantJoined(p.identity, kind_name(p.kind), dict(p.attributes))
+
+        self._guarded("participant_connected", build)
+
+    def _on_participant_disconnected(self, *args: Any) -> None:
+        def build() -> RoomFact:
+            (p,) = args
+            if not _is_participant(p):
+                raise TypeError(f"expected a participant, got {type(p).__name__}")
+            return ParticipantLeft(
+                p.identity,
+                kind_name(p.kind),
+                reason_name(p.disconnect_reason),
+                dict(p.attributes),
+            )
+
+        self._guarded("participant_disconnected", build)
+
+    def _on_track_published(self, *args: Any) -> None:
+        def build() -> RoomFact:
+            pub, p = _order(args)
+            return TrackPublished(p.identity, track_kind_name(pub.kind))
+
+        self._guarded("track_published", build)
+
+    def _on_track_muted(self, *args: Any) -> None:
+        def build() -> RoomFact:
+            pub, p = _order(args)
+            return TrackMuted(p.identity, track_kind_name(pub.kind), True)
+
+        self._guarded("track_muted", build)
+
+    def _on_track_unmuted(self, *args: Any) -> None:
+        def build() -> RoomFact:
+            pub, p = _order(args)
+            return TrackMuted(p.identity, track_kind_name(pub.kind), False)
+
+        self._guarded("track_unmuted", build)
+
+    def _on_attributes_changed(self, *args: Any) -> None:
+        def build() -> RoomFact:
+            changed, p = args
+            if not isinstance(changed, Mapping) or not _is_participant(p):
+                raise TypeError("expected (changed attributes, participant)")
+            return AttributesChanged(p.identity, dict(changed), dict(p.attributes))
+
+        self._guarded("participant_attributes_changed", build)
+
+    def _on_connection_state_changed(self, *args: Any) -> None:
+        def build() -> RoomFact | None:
+            (state,) = args
+            if state == rtc.ConnectionState.CONN_CONNECTED:
+                return RoomConnected()
+            return None  # disconnects arrive with their reason on `disconnected`
+
+        self._guarded("connection_state_changed", build)
+
+    def _on_disconnected(self, *args: Any) -> None:
+        self._guarded(
+            "disconnected", lambda: RoomDisconnected(reason_name(args[0] if args else None))
+        )
+
+    def _on_reconnecting(self, *args: Any) -> None:
+        self._guarded("reconnecting", Reconnecting)
+
+    def _on_reconnected(self, *args: Any) -> None:
+        self._guarded("reconnected", Reconnected)
+
+
+def _order(args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(publication, participant) from either argument order."""
+    if len(args) != 2:
+        raise TypeError(f"expected 2 arguments, got {len(args)}")
+    a, b = args
+    if _is_publication(a) and _is_participant(b):
+        return a, b
+    if _is_participant(a) and _is_publication(b):
+        return b, a
+    raise TypeError(
+        f"expected a publication and a participant, got {type(a).__name__}, {type(b).__name__}"
+    )
