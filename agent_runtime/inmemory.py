@@ -184,7 +184,7 @@ class InMemoryRoom(rtc.Room):
         return self._connection_state != rtc.ConnectionState.CONN_DISCONNECTED
 
     # -- what the SFU would do -------------------------------------------------------------
-    def connect(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("InMemoryRoom has no server; use connect_locally()")
 
     def connect_locally(self) -> None:

@@ -22,7 +22,7 @@ from agent_runtime.room_events import (
 
 
 @pytest.fixture
-def wired() -> tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]]:
+async def wired() -> tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]]:
     room = InMemoryRoom()
     adapter = RoomEventAdapter(room)
     facts: list[RoomFact] = []
@@ -31,7 +31,7 @@ def wired() -> tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]]:
     return room, adapter, facts
 
 
-def test_sfu_events_become_facts(
+async def test_sfu_events_become_facts(
     wired: tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]],
 ) -> None:
     room, _, facts = wired
@@ -53,7 +53,7 @@ def test_sfu_events_become_facts(
     ]
 
 
-def test_track_muted_accepts_either_order_and_garbage(
+async def test_track_muted_accepts_either_order_and_garbage(
     wired: tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -71,7 +71,7 @@ def test_track_muted_accepts_either_order_and_garbage(
     assert "unexpected arguments" in caplog.text
 
 
-def test_close_unhooks_every_listener() -> None:
+async def test_close_unhooks_every_listener() -> None:
     room = InMemoryRoom()
     before = room.listener_count()
     adapter = RoomEventAdapter(room)
@@ -81,7 +81,7 @@ def test_close_unhooks_every_listener() -> None:
     assert room.listener_count() == before
 
 
-def test_a_failing_subscriber_does_not_reach_the_room(
+async def test_a_failing_subscriber_does_not_reach_the_room(
     wired: tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]],
 ) -> None:
     room, adapter, facts = wired
