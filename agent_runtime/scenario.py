@@ -1,0 +1,330 @@
+"""Scenario files: the black-box contract of ``agent-runtime simulate``.
+
+A scenario is YAML: ``name``, optional ``config``, ``participants`` present at t=0, and
+``steps`` (``{at: seconds, event: NAME, ...fields}``), plus an optional ``expect`` block.
+Loading validates everything up front; an invalid file raises ``ScenarioError`` naming the
+file, the step and what is wrong, before anything runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PARTICIPANT_KINDS = ("standard", "agent", "sip", "ingress", "egress")
+DISCONNECT_REASONS = (
+    "UNKNOWN_REASON",
+    "CLIENT_INITIATED",
+    "DUPLICATE_IDENTITY",
+    "SERVER_SHUTDOWN",
+    "PARTICIPANT_REMOVED",
+    "ROOM_DELETED",
+    "STATE_MISMATCH",
+    "JOIN_FAILURE",
+    "MIGRATION",
+    "SIGNAL_CLOSE",
+    "ROOM_CLOSED",
+    "USER_UNAVAILABLE",
+    "USER_REJECTED",
+    "SIP_TRUNK_FAILURE",
+    "CONNECTION_TIMEOUT",
+    "MEDIA_FAILURE",
+    "AGENT_ERROR",
+)
+CLOSE_REASONS = (
+    "error",
+    "job_shutdown",
+    "participant_disconnected",
+    "user_initiated",
+    "task_completed",
+)
+
+Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
+Reason = Literal[
+    "UNKNOWN_REASON",
+    "CLIENT_INITIATED",
+    "DUPLICATE_IDENTITY",
+    "SERVER_SHUTDOWN",
+    "PARTICIPANT_REMOVED",
+    "ROOM_DELETED",
+    "STATE_MISMATCH",
+    "JOIN_FAILURE",
+    "MIGRATION",
+    "SIGNAL_CLOSE",
+    "ROOM_CLOSED",
+    "USER_UNAVAILABLE",
+    "USER_REJECTED",
+    "SIP_TRUNK_FAILURE",
+    "CONNECTION_TIMEOUT",
+    "MEDIA_FAILURE",
+    "AGENT_ERROR",
+]
+CloseReasonName = Literal[
+    "error", "job_shutdown", "participant_disconnected", "user_initiated", "task_completed"
+]
+
+
+class ScenarioError(Exception):
+    """The scenario file is invalid; the message names the file, the step and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentVerdict(_Strict):
+    success: bool = True
+    reason: str = ""
+
+
+class Config(_Strict):
+    """Runtime settings for one scenario (each has the runtime's own default)."""
+
+    avatar_identity: str | None = None  # set: the job runs an avatar with this identity
+    join_timeout: float = Field(default=30.0, ge=0)
+    clear_buffer_timeout: float = Field(default=2.0, gt=0)
+    retry_avatar: bool = False
+    session_end_timeout: float = Field(default=300.0, ge=0)
+    close_timeout: float = Field(default=10.0, gt=0)
+    grace_period: float = Field(default=15.0, ge=0)
+    close_on_disconnect: bool = True
+    participant_identity: str | None = None
+    simulation: bool = False
+    delete_room_on_close: bool = False
+    room_connected: bool = True  # whether the room is connected at t=0
+    agent_verdict: AgentVerdict = AgentVerdict()  # what on_simulation_end decides
+
+
+class Participant(_Strict):
+    identity: str = Field(min_length=1)
+    kind: Kind = "standard"
+    attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class _Step(_Strict):
+    at: float = Field(ge=0)
+
+
+class SessionStart(_Step):
+    event: Literal["session.start"]
+
+
+class SessionClose(_Step):
+    event: Literal["session.close"]
+    reason: CloseReasonName = "user_initiated"
+
+
+class SessionInterrupt(_Step):
+    event: Literal["session.interrupt"]
+
+
+class SessionAttach(_Step):
+    event: Literal["session.attach"]
+    session: str = Field(min_length=1)
+
+
+class AvatarStart(_Step):
+    event: Literal["avatar.start"]
+
+
+class AvatarStartError(_Step):
+    event: Literal["avatar.start_error"]
+
+
+class AvatarClose(_Step):
+    event: Literal["avatar.close"]
+
+
+class JobShutdown(_Step):
+    event: Literal["job.shutdown"]
+    reason: str = ""
+
+
+class RoomConnected(_Step):
+    event: Literal["room.connected"]
+
+
+class RoomDisconnected(_Step):
+    event: Literal["room.disconnected"]
+    reason: Reason = "UNKNOWN_REASON"
+
+
+class ParticipantConnected(_Step):
+    event: Literal["participant_connected"]
+    identity: str = Field(min_length=1)
+    kind: Kind = "standard"
+    attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class ParticipantDisconnected(_Step):
+    event: Literal["participant_disconnected"]
+    identity: str = Field(min_length=1)
+    reason: Reason = "CLIENT_INITIATED"
+
+
+class TrackPublished(_Step):
+    event: Literal["track_published"]
+    identity: str = Field(min_length=1)
+    kind: Literal["audio", "video"] = "audio"
+
+
+class TrackMuted(_Step):
+    event: Literal["track_muted"]
+    identity: str = Field(min_length=1)
+
+
+class AttributesChanged(_Step):
+    event: Literal["attributes_changed"]
+    identity: str = Field(min_length=1)
+    attributes: dict[str, str]
+
+
+class Rpc(_Step):
+    event: Literal["rpc"]
+    method: str = Field(min_length=1)
+    caller: str = Field(min_length=1)
+    payload: Any = ""
+
+
+class SessionRequest(_Step):
+    event: Literal["session_request"]
+    caller: str = Field(min_length=1)
+    request: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class RpcOutcome(_Step):
+    event: Literal["rpc_outcome"]
+    method: str = Field(min_length=1)
+    # ok | timeout | error as in the contract; disconnected / not_found name the
+    # RECIPIENT_DISCONNECTED / RECIPIENT_NOT_FOUND errors
+    result: Literal["ok", "timeout", "error", "disconnected", "not_found"]
+
+
+class End(_Step):
+    event: Literal["end"]
+
+
+Step = Annotated[
+    SessionStart
+    | SessionClose
+    | SessionInterrupt
+    | SessionAttach
+    | AvatarStart
+    | AvatarStartError
+    | AvatarClose
+    | JobShutdown
+    | RoomConnected
+    | RoomDisconnected
+    | ParticipantConnected
+    | ParticipantDisconnected
+    | TrackPublished
+    | TrackMuted
+    | AttributesChanged
+    | Rpc
+    | SessionRequest
+    | RpcOutcome
+    | End,
+    Field(discriminator="event"),
+]
+STEP_EVENTS = (
+    "session.start",
+    "session.close",
+    "session.interrupt",
+    "session.attach",
+    "avatar.start",
+    "avatar.start_error",
+    "avatar.close",
+    "job.shutdown",
+    "room.connected",
+    "room.disconnected",
+    "participant_connected",
+    "participant_disconnected",
+    "track_published",
+    "track_muted",
+    "attributes_changed",
+    "rpc",
+    "session_request",
+    "rpc_outcome",
+    "end",
+)
+_step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
+
+
+class Expect(_Strict):
+    final_states: dict[str, str] = Field(default_factory=dict)
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    config: Config = Config()
+    participants: tuple[Participant, ...] = ()
+    steps: tuple[Step, ...]
+    expect: Expect | None = None
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Parse and validate a scenario file, or raise ``ScenarioError`` saying what is wrong."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+    return parse_scenario(raw, source=str(path))
+
+
+def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping with name and steps")
+    steps_raw = raw.get("steps")
+    if not isinstance(steps_raw, list) or not steps_raw:
+        raise ScenarioError(f"{source}: 'steps' must be a non-empty list")
+    steps: list[Step] = []
+    last_at = 0.0
+    for i, s in enumerate(steps_raw):
+        label = f"step {i + 1}"
+        if isinstance(s, dict) and "event" in s:
+            label += f" ({s['event']})"
+        if not isinstance(s, dict):
+            raise ScenarioError(f"{source}: {label}: a step is a mapping with 'at' and 'event'")
+        if "event" not in s:
+            raise ScenarioError(f"{source}: {label}: missing 'event'")
+        if s["event"] not in STEP_EVENTS:
+            raise ScenarioError(
+                f"{source}: {label}: unknown event {s['event']!r}; "
+                f"known events: {', '.join(STEP_EVENTS)}"
+            )
+        if "at" not in s:
+            raise ScenarioError(f"{source}: {label}: missing 'at' (seconds)")
+        try:
+            step = _step_adapter.validate_python(s)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = [p for p in err["loc"] if p != s["event"]]
+            raise ScenarioError(
+                f"{source}: {label}: field {_where(tuple(loc))}: {err['msg']}"
+            ) from None
+        if step.at < last_at:
+            raise ScenarioError(
+                f"{source}: {label}: time goes backwards ({step.at} after {last_at})"
+            )
+        if isinstance(step, End) and i != len(steps_raw) - 1:
+            raise ScenarioError(f"{source}: {label}: 'end' must be the last step")
+        last_at = step.at
+        steps.append(step)
+    try:
+        return Scenario.model_validate({**raw, "steps": steps})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ScenarioError(f"{source}: {_where(err['loc'])}: {err['msg']}") from None

@@ -1,0 +1,104 @@
+"""Scenario files: every bundled one loads; each class of invalid input is refused with a
+message naming the file, the step and what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent_runtime.expect import check_expect
+from agent_runtime.scenario import Expect, ScenarioError, load_scenario, parse_scenario
+
+SCENARIOS = sorted(Path(__file__).parent.parent.joinpath("examples/scenarios").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_bundled_scenarios_load(path: Path) -> None:
+    s = load_scenario(path)
+    assert s.steps and s.expect is not None
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([{"at": 0, "event": "session.explode"}], r"step 1 \(session.explode\): unknown event"),
+        ([{"event": "session.start"}], r"step 1 \(session.start\): missing 'at'"),
+        ([{"at": 0}], r"step 1: missing 'event'"),
+        ([{"at": 0, "event": "participant_disconnected"}], r"field identity: Field required"),
+        (
+            [{"at": 0, "event": "participant_disconnected", "identity": "u", "reason": "BORED"}],
+            r"step 1 \(participant_disconnected\): field reason: Input should be",
+        ),
+        (
+            [{"at": 0, "event": "participant_connected", "identity": "u", "kind": "robot"}],
+            r"field kind: Input should be",
+        ),
+        (
+            [{"at": 5, "event": "session.start"}, {"at": 2, "event": "end"}],
+            r"step 2 \(end\): time goes backwards \(2.0 after 5.0\)",
+        ),
+        (
+            [{"at": 0, "event": "end"}, {"at": 1, "event": "session.start"}],
+            r"'end' must be the last step",
+        ),
+        ([{"at": -1, "event": "session.start"}], r"field at: Input should be greater"),
+        ([{"at": "soon", "event": "session.start"}], r"field at: Input should be a valid number"),
+        ([{"at": 0, "event": "session.start", "colour": "red"}], r"field colour: Extra inputs"),
+        (
+            [{"at": 0, "event": "rpc_outcome", "method": "lk.clear_buffer", "result": "maybe"}],
+            r"field result: Input should be",
+        ),
+    ],
+)
+def test_invalid_steps_are_named(steps: list[dict[str, object]], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message) as err:
+        parse_scenario({"name": "x", "steps": steps}, source="bad.yaml")
+    assert str(err.value).startswith("bad.yaml: step ")
+
+
+def test_invalid_top_level(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="'steps' must be a non-empty list"):
+        parse_scenario({"name": "x"}, source="s.yaml")
+    with pytest.raises(ScenarioError, match=r"config.join_timeout: Input should be"):
+        parse_scenario(
+            {"name": "x", "config": {"join_timeout": "long"}, "steps": [{"at": 0, "event": "end"}]},
+            source="s.yaml",
+        )
+    with pytest.raises(ScenarioError, match=r"config.colour: Extra inputs"):
+        parse_scenario(
+            {"name": "x", "config": {"colour": 1}, "steps": [{"at": 0, "event": "end"}]},
+            source="s.yaml",
+        )
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ScenarioError, match=r"broken\.yaml: not valid YAML"):
+        load_scenario(bad)
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml")
+
+
+def test_expect_reports_each_mismatch() -> None:
+    result = {
+        "final_states": {"job": "closed"},
+        "facts": {
+            "job_closed_at": 14.0000001,
+            "verdict": {"success": False, "reason": "x"},
+            "rpcs_sent": [],
+        },
+    }
+    ok = Expect(
+        final_states={"job": "closed"},
+        facts={"job_closed_at": 14, "verdict": {"success": False}, "rpcs_sent": []},
+    )
+    assert check_expect(ok, result) == []
+    bad = Expect(
+        final_states={"job": "serving", "avatar": "joined"},
+        facts={"job_closed_at": 15, "nope": 1, "verdict": {"success": True}},
+    )
+    failures = check_expect(bad, result)
+    assert failures[0] == "final state of job: expected 'serving', got 'closed'"
+    assert failures[1] == "final state of avatar: expected 'joined', got None"
+    assert "fact job_closed_at: expected 15, got 14.0000001" in failures
+    assert any(f.startswith("fact nope: no such fact") for f in failures)
+    assert any(f.startswith("fact verdict:") for f in failures)
