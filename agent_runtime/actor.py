@@ -170,7 +170,7 @@ class Actor(rtc.EventEmitter[str]):
         if runner is not None and runner is not asyncio.current_task():
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
-        tasks = list(self._tasks)
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         if tasks:
