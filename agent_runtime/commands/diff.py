@@ -87,7 +87,10 @@ def tables_at(rev: str, *, cwd: Path) -> tuple[str, dict[str, Any]]:
             if done.returncode != 0:
                 raise DiffError(f"git archive {short} failed: {done.stderr.decode().strip()}")
             with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
-                tar.extractall(tmp, filter="data")
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+                    tar.extractall(tmp, filter="data")
+                else:  # pragma: no cover - git's own archive of one directory
+                    tar.extractall(tmp)
         return short, load_tables(Path(tmp), what=f"{rev} ({short})")
 
 
