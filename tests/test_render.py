@@ -184,3 +184,17 @@ def test_golden_dump_is_one_cell_a_line_and_valid_json() -> None:
     text = dump_cell_table(table)
     assert json.loads(text) == table
     assert '      "hold_timeout": {"kind": "transition", "rows": [{"dest": "closing"' in text
+
+
+def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent_runtime.render import main
+
+    (tmp_path / "robot.json").write_text("{}")
+    assert main(["--golden", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{m}.json" for m in MACHINES)
+    for name, spec in MACHINES.items():
+        assert (tmp_path / f"{name}.json").read_text() == dump_cell_table(cell_table(spec))
+    assert main([]) == 2  # nothing asked: prints the help
+    assert "--golden" in capsys.readouterr().out
