@@ -1,0 +1,97 @@
+"""``agent-runtime diagrams [--out DIR] [--check]``: write or check the generated diagrams.
+
+Writes, for every machine, ``NAME.mmd`` (Mermaid), ``NAME.dot`` (Graphviz), ``NAME.md`` (the
+whole table) and ``NAME.svg`` when the ``dot`` program is on PATH, plus ``README.md``
+embedding every Mermaid diagram. ``--check`` compares the text files with the disk (SVG
+bytes vary with the Graphviz version, so they are never compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from statemachines.machines import MACHINES
+from statemachines.spec import MachineSpec
+
+from ..render import DIAGRAM_SUFFIXES, diagram_files
+
+_GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
+
+
+def _strays(out: Path, expected: set[str]) -> list[Path]:
+    """Generated-looking files no current machine accounts for (e.g. a removed machine's)."""
+    if not out.is_dir():
+        return []
+    return sorted(
+        p
+        for p in out.iterdir()
+        if p.is_file() and p.suffix in _GENERATED_SUFFIXES and p.name not in expected
+    )
+
+
+def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
+    """One line per stale, missing or stray file; empty when the directory is current."""
+    files = diagram_files(machines)
+    problems: list[str] = []
+    for name, text in files.items():
+        path = out / name
+        if not path.is_file():
+            problems.append(f"missing: {path}")
+        elif path.read_text(encoding="utf-8") != text:
+            problems.append(f"stale: {path}")
+    svgs = {f"{name}.svg" for name in machines}
+    for p in _strays(out, set(files) | svgs):
+        problems.append(f"stray: {p} (no machine named {p.stem!r})")
+    return problems
+
+
+def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
+    files = diagram_files(machines)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        path = out / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path}")
+    svgs = {f"{name}.svg" for name in machines}
+    for p in _strays(out, set(files) | svgs):
+        p.unlink()
+        print(f"removed {p} (no machine named {p.stem!r})")
+    dot = shutil.which("dot")
+    if dot is None:
+        print("the Graphviz `dot` program is not on PATH: SVGs not rendered", file=sys.stderr)
+        return 0
+    code = 0
+    for name in machines:
+        src, svg = out / f"{name}.dot", out / f"{name}.svg"
+        done = subprocess.run(
+            [dot, "-Tsvg", str(src), "-o", str(svg)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
+            code = 1
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.check:
+        problems = check(out, MACHINES)
+        if problems:
+            for line in problems:
+                print(line, file=sys.stderr)
+            print(
+                f"{len(problems)} diagram file(s) out of date; run `agent-runtime diagrams"
+                + (f" --out {args.out}" if args.out != "diagrams" else "")
+                + "` and commit the result",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{out}: diagrams of {len(MACHINES)} machines are up to date")
+        return 0
+    return write(out, MACHINES)

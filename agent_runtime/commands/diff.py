@@ -1,0 +1,167 @@
+"""``agent-runtime diff REV``: the cells of every machine added, removed or changed since a git
+revision, compared with the working tree.
+
+Both sides are loaded the same way: the ``statemachines`` package (from ``git archive REV``
+for the old side, from the working tree for the new one) is imported in a fresh interpreter
+that prints the JSON cell table, so an old spec never mixes with the code running here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import render
+from ..render import describe_cell
+
+# Run in a fresh interpreter with argv = [root, path of render.py]. render.py is loaded by
+# path (it imports nothing from agent_runtime), next to the statemachines found at root.
+_LOADER = """
+import importlib.util, json, os, sys
+root, render_path = sys.argv[1], sys.argv[2]
+if not os.path.isfile(os.path.join(root, "statemachines", "machines.py")):
+    print("{}")
+    raise SystemExit(0)
+sys.path.insert(0, root)
+import statemachines
+if not os.path.abspath(statemachines.__file__).startswith(os.path.abspath(root)):
+    raise SystemExit(f"statemachines was imported from {statemachines.__file__}, not {root}")
+from statemachines.machines import MACHINES
+spec = importlib.util.spec_from_file_location("_agent_runtime_render", render_path)
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+print(json.dumps({name: mod.cell_table(m) for name, m in MACHINES.items()}))
+"""
+
+
+class DiffError(Exception):
+    """A revision or a spec that cannot be loaded; the message says which and why."""
+
+
+def _git(*args: str, cwd: Path) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise DiffError(done.stderr.decode(errors="replace").strip() or f"git {args[0]} failed")
+    return done.stdout.decode()
+
+
+def load_tables(root: Path, *, what: str) -> dict[str, Any]:
+    """The cell tables of the ``statemachines`` package under ``root``, by machine name."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _LOADER, str(root), render.__file__],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DiffError(f"cannot load the machines of {what}: {last}")
+    tables: dict[str, Any] = json.loads(done.stdout)
+    return tables
+
+
+def tables_at(rev: str, *, cwd: Path) -> tuple[str, dict[str, Any]]:
+    """(short commit id, cell tables) of the machines at a git revision."""
+    try:
+        commit = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=cwd).strip()
+    except DiffError:
+        raise DiffError(f"unknown git revision {rev!r}") from None
+    short = _git("rev-parse", "--short", commit, cwd=cwd).strip()
+    with tempfile.TemporaryDirectory(prefix="agent-runtime-diff-") as tmp:
+        if _git("ls-tree", "--name-only", commit, "statemachines", cwd=cwd).strip():
+            done = subprocess.run(
+                ["git", "archive", "--format=tar", commit, "statemachines"],
+                cwd=cwd,
+                capture_output=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise DiffError(f"git archive {short} failed: {done.stderr.decode().strip()}")
+            with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+                    tar.extractall(tmp, filter="data")
+                else:  # pragma: no cover - git's own archive of one directory
+                    tar.extractall(tmp)
+        return short, load_tables(Path(tmp), what=f"{rev} ({short})")
+
+
+def _cells(table: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    return {(s, e): cell for s, evs in table["cells"].items() for e, cell in evs.items()}
+
+
+def _text(cell: Any) -> str:
+    return "; ".join(describe_cell(cell))
+
+
+def diff_tables(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Readable lines: per machine, cells added (+), removed (-) and changed (~)."""
+    out: list[str] = []
+    names = [*new, *(n for n in old if n not in new)]
+    for name in names:
+        if name not in old:
+            cells = _cells(new[name])
+            out.append(f"{name}: new machine, {len(cells)} cells")
+            out += [f"  + ({s}, {e}): {_text(c)}" for (s, e), c in cells.items()]
+            continue
+        if name not in new:
+            out.append(f"{name}: machine removed ({len(_cells(old[name]))} cells)")
+            continue
+        before, after = _cells(old[name]), _cells(new[name])
+        lines: list[str] = []
+        if old[name]["initial"] != new[name]["initial"]:
+            lines.append(f"  initial state: {old[name]['initial']} -> {new[name]['initial']}")
+        for key, cell in after.items():
+            if key not in before:
+                lines.append(f"  + ({key[0]}, {key[1]}): {_text(cell)}")
+            elif before[key] != cell:
+                lines.append(f"  ~ ({key[0]}, {key[1]})")
+                lines.append(f"      was: {_text(before[key])}")
+                lines.append(f"      now: {_text(cell)}")
+        for key, cell in before.items():
+            if key not in after:
+                lines.append(f"  - ({key[0]}, {key[1]}): {_text(cell)}")
+        if not lines:
+            out.append(f"{name}: no change")
+            continue
+        counts = [
+            f"{n} {label}"
+            for label, n in (
+                ("added", sum(1 for k in after if k not in before)),
+                ("removed", sum(1 for k in before if k not in after)),
+                ("changed", sum(1 for k in after if k in before and before[k] != after[k])),
+            )
+            if n
+        ]
+        out.append(f"{name}: {', '.join(counts) or 'initial state changed'}")
+        out += lines
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    cwd = Path.cwd()
+    try:
+        try:
+            root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
+        except DiffError:
+            raise DiffError(f"{cwd} is not inside a git repository") from None
+        if not (root / "statemachines" / "machines.py").is_file():
+            raise DiffError(f"no statemachines/machines.py in the working tree at {root}")
+        short, old = tables_at(args.rev, cwd=root)
+        new = load_tables(root, what="the working tree")
+    except DiffError as e:
+        print(f"agent-runtime diff: {e}", file=sys.stderr)
+        return 2
+    print(f"machine cells since {args.rev} ({short}), compared with the working tree")
+    print("  + added   - removed   ~ changed   (rows of a cell are tried in order)")
+    for line in diff_tables(old, new):
+        print(line)
+    return 0

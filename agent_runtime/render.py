@@ -1,0 +1,494 @@
+"""Views of a machine spec: Mermaid, Graphviz DOT, Markdown and terminal tables, and the
+JSON cell table that golden files, ``agent-runtime diff`` and the table tests compare.
+
+Pure functions of a ``MachineSpec``: no livekit, no I/O, same output for the same spec.
+``agent-runtime diff`` loads this file on its own (by path, next to an old ``statemachines``
+package), so it must import nothing from ``agent_runtime`` and only read specs by duck typing.
+
+``python -m agent_runtime.render --golden [--out DIR]`` rewrites the golden tables
+(``tests/tables/NAME.json``) after an intended change to a machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from statemachines.spec import MachineSpec
+
+
+class CellRow(TypedDict):
+    dest: str | None  # None: internal (effects run, the state stays)
+    guards: list[str]
+    effects: list[str]
+
+
+class CellData(TypedDict, total=False):
+    kind: str  # transition | ignore | reject
+    rows: list[CellRow]  # transition cells only, in the order they are tried
+
+
+class CellTable(TypedDict):
+    machine: str
+    initial: str
+    states: list[str]
+    events: list[str]
+    cells: dict[str, dict[str, CellData]]  # state -> event -> cell
+
+
+# -- the cell table (what a machine decides; notes and descriptions left out) -------------
+
+
+def cell_table(spec: MachineSpec) -> CellTable:
+    """Every (state, event) cell of ``spec`` as plain JSON-able data."""
+    rows: dict[tuple[str, str], list[CellRow]] = {}
+    for r in spec.rows:
+        rows.setdefault((r.source, r.event), []).append(
+            {"dest": r.dest, "guards": list(r.guards), "effects": list(r.effects)}
+        )
+    kinds: dict[tuple[str, str], str] = {}
+    for c in spec.ignore:
+        kinds[(c.state, c.event)] = "ignore"
+    for c in spec.reject:
+        kinds[(c.state, c.event)] = "reject"
+    states = [s.name for s in spec.states]
+    cells: dict[str, dict[str, CellData]] = {}
+    for s in states:
+        cells[s] = {}
+        for e in spec.events:
+            if (s, e) in rows:
+                cells[s][e] = {"kind": "transition", "rows": rows[(s, e)]}
+            else:
+                # validation guarantees every cell is declared; "reject" is the spec's default
+                cells[s][e] = {"kind": kinds.get((s, e), "reject")}
+    return {
+        "machine": spec.name,
+        "initial": spec.initial,
+        "states": states,
+        "events": list(spec.events),
+        "cells": cells,
+    }
+
+
+def dump_cell_table(table: CellTable) -> str:
+    """JSON with one cell a line, so a changed cell is a one-line diff in review."""
+    out = ["{"]
+    for key in ("machine", "initial", "states", "events"):
+        out.append(f"  {json.dumps(key)}: {json.dumps(table[key])},")
+    out.append('  "cells": {')
+    states = list(table["cells"])
+    for i, s in enumerate(states):
+        out.append(f"    {json.dumps(s)}: {{")
+        events = list(table["cells"][s])
+        for j, e in enumerate(events):
+            comma = "," if j < len(events) - 1 else ""
+            out.append(f"      {json.dumps(e)}: {json.dumps(table['cells'][s][e])}{comma}")
+        out.append("    }" + ("," if i < len(states) - 1 else ""))
+    out.append("  }")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def describe_row(row: CellRow, index: int, count: int, *, arrow: str = "->") -> str:
+    """``[g1 and g2] -> dest / e1, e2``; an unguarded row after guarded ones is ``else``."""
+    if row["guards"]:
+        cond = f"[{' and '.join(row['guards'])}] "
+    elif count > 1 and index > 0:
+        cond = "else "
+    else:
+        cond = ""
+    target = f"{arrow} {row['dest']}" if row["dest"] is not None else "internal"
+    effects = f" / {', '.join(row['effects'])}" if row["effects"] else ""
+    return f"{cond}{target}{effects}"
+
+
+def describe_cell(cell: CellData, *, arrow: str = "->") -> list[str]:
+    """One line per row of a transition cell, or just ``ignore`` / ``reject``."""
+    rows = cell.get("rows", [])
+    if cell["kind"] != "transition" or not rows:
+        return [cell["kind"]]
+    return [describe_row(r, i, len(rows), arrow=arrow) for i, r in enumerate(rows)]
+
+
+# -- helpers shared by the renderers ---------------------------------------------------------
+
+
+def _notes(spec: MachineSpec) -> dict[tuple[str, str], str]:
+    notes: dict[tuple[str, str], str] = {}
+    for c in (*spec.ignore, *spec.reject):
+        if c.note:
+            notes[(c.state, c.event)] = c.note
+    return notes
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _timeout_text(spec: MachineSpec, state: str) -> str:
+    t = spec.state(state).timeout
+    if t is None:
+        return ""
+    return f"after {t.setting} (default {_seconds(t.default)}) fires {t.event}"
+
+
+def _final_states(spec: MachineSpec) -> list[str]:
+    return [s.name for s in spec.states if s.final]
+
+
+def _edge_label(cell: list[CellRow], index: int, event: str) -> str:
+    """The label of one row's edge: ``event [guards] / effects``, order made explicit."""
+    r = cell[index]
+    if r["guards"]:
+        prefix = "else if " if index > 0 else ""
+        cond = f" [{prefix}{' and '.join(r['guards'])}]"
+    elif len(cell) > 1:
+        cond = " [else]"
+    else:
+        cond = ""
+    effects = f" / {', '.join(r['effects'])}" if r["effects"] else ""
+    return f"{event}{cond}{effects}"
+
+
+def _edges(spec: MachineSpec) -> list[tuple[str, str | None, str]]:
+    """(source, dest, label) per row in spec order; dest None for internal rows."""
+    by_cell: dict[tuple[str, str], list[CellRow]] = {}
+    for r in spec.rows:
+        by_cell.setdefault((r.source, r.event), []).append(
+            {"dest": r.dest, "guards": list(r.guards), "effects": list(r.effects)}
+        )
+    seen: dict[tuple[str, str], int] = {}
+    out: list[tuple[str, str | None, str]] = []
+    for r in spec.rows:
+        key = (r.source, r.event)
+        i = seen.get(key, 0)
+        seen[key] = i + 1
+        out.append((r.source, r.dest, _edge_label(by_cell[key], i, r.event)))
+    return out
+
+
+# -- Mermaid -----------------------------------------------------------------------------------
+
+_MERMAID_RESERVED = {"state", "note", "end", "direction", "as", "class", "classDef", "style"}
+_MERMAID_UNSAFE = re.compile(r"[^A-Za-z0-9_ .,/()\[\]=+*!?'-]")
+
+
+def _mermaid_text(text: str) -> str:
+    """Label text Mermaid reads literally: no ``:``/``;`` (they end a label), no markup."""
+    return _MERMAID_UNSAFE.sub("_", text.replace(":", " ").replace(";", ",")).strip() or "_"
+
+
+def _mermaid_ids(spec: MachineSpec) -> dict[str, str]:
+    ids: dict[str, str] = {}
+    used: set[str] = set()
+    for s in spec.states:
+        base = re.sub(r"\W", "_", s.name, flags=re.ASCII) or "s"
+        if base in _MERMAID_RESERVED or base[0].isdigit():
+            base = f"s_{base}"
+        ident, n = base, 2
+        while ident in used:
+            ident, n = f"{base}_{n}", n + 1
+        used.add(ident)
+        ids[s.name] = ident
+    return ids
+
+
+def mermaid(spec: MachineSpec) -> str:
+    """A Mermaid ``stateDiagram-v2``: one edge per row that leaves its state; internal rows,
+    timeouts and state tasks are listed inside the state's box."""
+    ids = _mermaid_ids(spec)
+    title = re.sub(r"[^\w .-]", "_", spec.name, flags=re.ASCII)  # plain YAML scalar
+    lines = ["---", f"title: {title}", "---", "stateDiagram-v2"]
+    for s in spec.states:
+        if ids[s.name] != s.name:
+            label = _mermaid_text(s.name).replace('"', "'")
+            lines.append(f'    state "{label}" as {ids[s.name]}')
+    lines.append(f"    [*] --> {ids[spec.initial]}")
+    internal: dict[str, list[str]] = {}
+    for source, dest, label in _edges(spec):
+        if dest is None:
+            internal.setdefault(source, []).append(f"{label} (internal)")
+        else:
+            lines.append(f"    {ids[source]} --> {ids[dest]} : {_mermaid_text(label)}")
+    for s in spec.states:
+        details: list[str] = []
+        timeout = _timeout_text(spec, s.name)
+        if timeout:
+            details.append(f"timeout {timeout}")
+        details.extend(f"task {name} while here" for name in s.invoke)
+        details.extend(internal.get(s.name, []))
+        if details and ids[s.name] == s.name:
+            # Mermaid shows a lone description instead of the name; lead with the name so
+            # the box reads as a title with the details below it
+            details.insert(0, s.name)
+        lines.extend(f"    {ids[s.name]} : {_mermaid_text(d)}" for d in details)
+    for name in _final_states(spec):
+        lines.append(f"    {ids[name]} --> [*]")
+    return "\n".join(lines) + "\n"
+
+
+# -- Graphviz DOT ------------------------------------------------------------------------------
+
+
+def _dot_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def _dot_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def dot(spec: MachineSpec) -> str:
+    """Graphviz DOT: one edge per row that leaves its state; internal rows, timeouts and
+    state tasks listed in the state's node; final states drawn with a double border."""
+    internal: dict[str, list[str]] = {}
+    edges: list[str] = []
+    for source, dest, label in _edges(spec):
+        if dest is None:
+            internal.setdefault(source, []).append(label)
+        else:
+            edges.append(
+                f"  {_dot_quote(source)} -> {_dot_quote(dest)} [label={_dot_quote(label)}];"
+            )
+    lines = [
+        f"digraph {_dot_quote(spec.name)} {{",
+        "  rankdir=LR;",
+        '  node [shape=box, style=rounded, fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+        '  "__initial__" [shape=point, width=0.15, label=""];',
+    ]
+    for s in spec.states:
+        details: list[str] = []
+        timeout = _timeout_text(spec, s.name)
+        if timeout:
+            details.append(f"timeout {timeout}")
+        details.extend(f"task {name} while here" for name in s.invoke)
+        details.extend(f"{d} (internal)" for d in internal.get(s.name, []))
+        label = _dot_escape(s.name)
+        if details:
+            # \n centres the name; \l left-aligns each detail line
+            label += "\\n\\n" + "".join(_dot_escape(d) + "\\l" for d in details)
+        attrs = [f'label="{label}"']
+        if s.final:
+            attrs.append("peripheries=2")
+        lines.append(f"  {_dot_quote(s.name)} [{', '.join(attrs)}];")
+    lines.append(f'  "__initial__" -> {_dot_quote(spec.initial)};')
+    lines.extend(edges)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# -- Markdown ----------------------------------------------------------------------------------
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(spec: MachineSpec) -> str:
+    """The whole event x state table, then the states, effects and guards."""
+    table = cell_table(spec)
+    notes = _notes(spec)
+    states = table["states"]
+    finals = _final_states(spec)
+    out = [f"# {_md(spec.name)}", ""]
+    if spec.description:
+        out += [_md(spec.description), ""]
+    out += [
+        "Generated from the spec by `agent-runtime diagrams`; do not edit by hand.",
+        "",
+        f"Initial state: `{spec.initial}`. Final: {', '.join(f'`{s}`' for s in finals) or 'none'}.",
+        "",
+        "## Transitions",
+        "",
+        "Rows are events, columns are states. A cell is a transition (`→ dest`, or `internal`: "
+        "the state stays), `ignore` (dropped, traced) or **reject** (refused: `send` raises). "
+        "Effects follow `/` and run in order after the state has changed. Rows of one cell "
+        "are tried in order; the first whose guards all hold is taken.",
+        "",
+        "| event \\ state | " + " | ".join(f"`{_md(s)}`" for s in states) + " |",
+        "|---|" + "---|" * len(states),
+    ]
+    for e in table["events"]:
+        rendered: list[str] = []
+        for s in states:
+            cell = table["cells"][s][e]
+            if cell["kind"] == "transition":
+                lines = describe_cell(cell, arrow="→")
+                text = "<br>".join(
+                    f"{i}. {_md(t)}" if len(lines) > 1 else _md(t) for i, t in enumerate(lines, 1)
+                )
+            else:
+                text = "**reject**" if cell["kind"] == "reject" else "ignore"
+                note = notes.get((s, e))
+                if note:
+                    text += f" ({_md(note)})"
+            rendered.append(text)
+        out.append(f"| `{_md(e)}` | " + " | ".join(rendered) + " |")
+    out += [
+        "",
+        "## States",
+        "",
+        "| state | | timeout | tasks while in the state | description |",
+        "|---|---|---|---|---|",
+    ]
+    for st in spec.states:
+        flags = ", ".join(
+            f for f, on in (("initial", st.name == spec.initial), ("final", st.final)) if on
+        )
+        timeout = ""
+        if st.timeout is not None:
+            timeout = (
+                f"`{_md(st.timeout.event)}` after `{_md(st.timeout.setting)}` "
+                f"(default {_seconds(st.timeout.default)})"
+            )
+        tasks = ", ".join(f"`{_md(i)}`" for i in st.invoke)
+        out.append(f"| `{_md(st.name)}` | {flags} | {timeout} | {tasks} | {_md(st.description)} |")
+    out += ["", "## Effects", ""]
+    if spec.effects:
+        out += ["| effect | on error or timeout | description |", "|---|---|---|"]
+        for eff in spec.effects:
+            err = f"`{_md(eff.error_event)}`" if eff.error_event else "(traced only)"
+            out.append(f"| `{_md(eff.name)}` | {err} | {_md(eff.description)} |")
+    else:
+        out.append("None.")
+    out += ["", "## Guards", ""]
+    if spec.guards:
+        out += ["| guard | at most one of |", "|---|---|"]
+        for g in spec.guards:
+            groups = [grp for grp in spec.exclusive_guards if g in grp]
+            excl = "; ".join(", ".join(f"`{_md(x)}`" for x in grp) for grp in groups)
+            out.append(f"| `{_md(g)}` | {excl} |")
+    else:
+        out.append("None.")
+    return "\n".join(out) + "\n"
+
+
+# -- terminal ------------------------------------------------------------------------------------
+
+
+def terminal_table(spec: MachineSpec) -> str:
+    """The table for a terminal: one block per state, one line per event (and guarded row)."""
+    table = cell_table(spec)
+    notes = _notes(spec)
+    width = max((len(e) for e in table["events"]), default=0) + 2
+    finals = _final_states(spec)
+    head = spec.name + (f" - {spec.description}" if spec.description else "")
+    out = [
+        head,
+        f"initial: {spec.initial}    final: {', '.join(finals) or 'none'}",
+        "rows of a cell are tried in order; the first whose guards all hold is taken",
+    ]
+    for st in spec.states:
+        extras: list[str] = []
+        timeout = _timeout_text(spec, st.name)
+        if timeout:
+            extras.append(f"timeout: {timeout}")
+        extras += [f"task: {name}" for name in st.invoke]
+        if st.final:
+            extras.append("final")
+        out.append("")
+        out.append(st.name + (f"   ({'; '.join(extras)})" if extras else ""))
+        for e in table["events"]:
+            cell = table["cells"][st.name][e]
+            lines = describe_cell(cell)
+            if cell["kind"] != "transition":
+                lines = [cell["kind"].upper() if cell["kind"] == "reject" else cell["kind"]]
+                note = notes.get((st.name, e))
+                if note:
+                    lines[0] += f"  ({note})"
+            out.append(f"  {e:<{width}}{lines[0]}")
+            out.extend(f"  {'':<{width}}{rest}" for rest in lines[1:])
+    return "\n".join(out) + "\n"
+
+
+# -- the diagrams directory --------------------------------------------------------------------
+
+DIAGRAM_SUFFIXES = (".mmd", ".dot", ".md")  # text outputs, compared by ``diagrams --check``
+
+
+def diagram_files(machines: Mapping[str, MachineSpec]) -> dict[str, str]:
+    """Every text file of the diagrams directory, by file name, in a stable order."""
+    files: dict[str, str] = {}
+    for name, spec in machines.items():
+        files[f"{name}.mmd"] = mermaid(spec)
+        files[f"{name}.dot"] = dot(spec)
+        files[f"{name}.md"] = markdown_table(spec)
+    files["README.md"] = diagrams_readme(machines)
+    return files
+
+
+def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
+    out = [
+        "# State machine diagrams",
+        "",
+        "Generated from the specs in `statemachines/` by `agent-runtime diagrams`; never edit "
+        "these files by hand. `agent-runtime diagrams --check` fails while they are out of date.",
+        "",
+        "Each machine has its Mermaid diagram below (`NAME.mmd`), its whole state x event "
+        "table (`NAME.md`), Graphviz DOT (`NAME.dot`) and, when Graphviz was installed, "
+        "`NAME.svg`. Edges are labelled `event [guards] / effects`; the rows of one cell are "
+        "tried in order (`else if`, `else`). Internal transitions (effects run, the state "
+        "stays), state timeouts and state tasks are listed inside the state.",
+        "",
+        "| machine | initial | states | events | table | Graphviz |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, spec in machines.items():
+        out.append(
+            f"| [{_md(name)}](#{name.lower()}) | `{_md(spec.initial)}` | {len(spec.states)} "
+            f"| {len(spec.events)} | [{name}.md]({name}.md) | [{name}.dot]({name}.dot) |"
+        )
+    for name, spec in machines.items():
+        out += ["", f"## {_md(name)}", ""]
+        if spec.description:
+            out += [_md(spec.description), ""]
+        out += ["```mermaid", mermaid(spec).rstrip("\n"), "```", ""]
+        out.append(f"The whole table: [{name}.md]({name}.md).")
+    return "\n".join(out) + "\n"
+
+
+# -- golden tables ---------------------------------------------------------------------------------
+
+
+def write_golden(machines: Mapping[str, MachineSpec], out: Path) -> list[Path]:
+    """Write ``out/NAME.json`` for every machine; remove tables of machines that are gone."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, spec in sorted(machines.items()):
+        path = out / f"{name}.json"
+        path.write_text(dump_cell_table(cell_table(spec)), encoding="utf-8")
+        written.append(path)
+    for stray in sorted(out.glob("*.json")):
+        if stray.stem not in machines:
+            stray.unlink()
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m agent_runtime.render",
+        description="Rewrite the golden transition tables the table tests compare the specs "
+        "with. Run it only after an intended change to a machine, and review the diff.",
+    )
+    p.add_argument("--golden", action="store_true", help="write the golden tables")
+    p.add_argument("--out", default="tests/tables", metavar="DIR")
+    args = p.parse_args(argv)
+    if not args.golden:
+        p.print_help()
+        return 2
+    from statemachines.machines import MACHINES
+
+    for path in write_golden(MACHINES, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""``agent-runtime diagrams`` and ``agent-runtime table``: files written, ``--check`` naming
+each stale, missing or stray file, no ``livekit.agents`` import."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agent_runtime.commands.diagrams as diagrams_cmd
+from agent_runtime.cli import main
+from agent_runtime.render import mermaid, terminal_table
+from statemachines.machines import MACHINES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_committed_diagrams_are_current(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["diagrams", "--check", "--out", str(ROOT / "diagrams")])
+    assert code == 0, capsys.readouterr().err + "\nrun `agent-runtime diagrams` and commit"
+
+
+def test_writes_every_file_then_check_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    for m in MACHINES:
+        assert {f"{m}.mmd", f"{m}.dot", f"{m}.md"} <= names
+        if shutil.which("dot"):
+            assert (out / f"{m}.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+    assert "README.md" in names
+    assert all(n == "README.md" or n.split(".")[0] in MACHINES for n in names)
+    assert (out / "job.mmd").read_text() == mermaid(MACHINES["job"])
+    capsys.readouterr()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 0
+    assert "up to date" in capsys.readouterr().out
+    # writing again changes nothing
+    assert main(["diagrams", "--out", str(out)]) == 0
+    assert "wrote" not in capsys.readouterr().out
+
+
+def test_check_names_each_stale_missing_and_stray_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    (out / "job.md").write_text("edited by hand\n")
+    (out / "avatar.dot").unlink()
+    (out / "robot.mmd").write_text("stateDiagram-v2\n")
+    (out / "robot.svg").write_text("<svg/>")
+    (out / "notes.txt").write_text("not generated")  # not ours: left alone
+    if (out / "participant.svg").exists():
+        (out / "participant.svg").write_text("<svg>other graphviz</svg>")  # never compared
+    capsys.readouterr()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert f"stale: {out / 'job.md'}" in err
+    assert f"missing: {out / 'avatar.dot'}" in err
+    assert f"stray: {out / 'robot.mmd'} (no machine named 'robot')" in err
+    assert f"stray: {out / 'robot.svg'} (no machine named 'robot')" in err
+    assert len(err) == 5 and err[-1].startswith("4 diagram file(s) out of date")
+    # regenerating fixes it and removes the strays of the machine that is gone
+    assert main(["diagrams", "--out", str(out)]) == 0
+    assert not (out / "robot.mmd").exists() and (out / "notes.txt").exists()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 0
+
+
+def test_check_fails_after_a_spec_change_until_regenerated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    job = MACHINES["job"]
+    cell = ("awaiting_finalize", "hold_timeout")
+    rows = tuple(
+        r.model_copy(update={"dest": "closed"}) if (r.source, r.event) == cell else r
+        for r in job.rows
+    )
+    changed = type(job)(**{**job.model_dump(), "rows": rows})  # validated like a real edit
+    monkeypatch.setattr(diagrams_cmd, "MACHINES", {**MACHINES, "job": changed})
+    capsys.readouterr()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"stale: {out / 'job.mmd'}" in err and f"stale: {out / 'README.md'}" in err
+    assert "avatar" not in err
+    assert main(["diagrams", "--out", str(out)]) == 0
+    assert main(["diagrams", "--check", "--out", str(out)]) == 0
+
+
+def test_check_on_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagrams", "--check", "--out", str(tmp_path / "none")]) == 1
+    assert "missing:" in capsys.readouterr().err
+
+
+def test_diagrams_and_table_do_not_import_livekit_agents(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from agent_runtime.cli import main\n"
+        f"assert main(['diagrams', '--out', {str(tmp_path)!r}]) == 0\n"
+        f"assert main(['diagrams', '--check', '--out', {str(tmp_path)!r}]) == 0\n"
+        "assert main(['table', 'job']) == 0\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('livekit.agents'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_table_prints_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["table", "session_host"]) == 0
+    out = capsys.readouterr().out
+    assert out == terminal_table(MACHINES["session_host"])
+    assert "  attach    REJECT  (the host is closed)" in out
+    assert "  finalize  [finalized] -> " not in out  # internal rows read as internal
+    assert "  finalize  [finalized] internal / reply_already_finalized" in out
+
+
+def test_table_of_an_unknown_machine_lists_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["table", "robot"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown machine 'robot'; machines: avatar, job, session_host, participant" in err
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd in ("diagrams", "table", "diff", "replay"):
+        with pytest.raises(SystemExit) as exc:
+            main([cmd, "--help"])
+        assert exc.value.code == 0
+        assert f"agent-runtime {cmd}" in capsys.readouterr().out

@@ -1,0 +1,200 @@
+"""The renderers: every row and cell shows up, output is deterministic, labels stay valid."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent_runtime.render import (
+    cell_table,
+    diagram_files,
+    dot,
+    dump_cell_table,
+    markdown_table,
+    mermaid,
+    terminal_table,
+)
+from statemachines import Effect, MachineSpec, State, StateTimeout, cells, row
+from statemachines.machines import MACHINES
+
+# names with every character Mermaid, DOT or Markdown treat specially
+ODD = MachineSpec(
+    name="odd:machine;1",
+    initial="start-1",
+    states=(
+        State(name="start-1", timeout=StateTimeout(event="t;o", setting="a:b", default=1.5)),
+        State(name="x y|z", invoke=("ta<sk>",)),
+        State(name="end", final=True),
+    ),
+    events=("go:now", "t;o", 'a"b#c'),
+    guards=("g|1", "g{2}"),
+    effects=(Effect(name="e|1", error_event="t;o"), Effect(name="ta<sk>")),
+    rows=(
+        *row("start-1", "go:now", "x y|z", guards=["g|1", "g{2}"], effects=["e|1"]),
+        *row("start-1", "go:now", None),
+        *row("x y|z", 'a"b#c', "end"),
+        *row("x y|z", "t;o", None, effects=["e|1"]),
+        *row("x y|z", "go:now", "start-1"),
+    ),
+    ignore=(
+        *cells("start-1", ["t;o", 'a"b#c']),
+        *cells("end", ["go:now", "t;o", 'a"b#c'], note="a | note"),
+    ),
+)
+
+ALL = [*MACHINES.values(), ODD]
+IDS = [m.name for m in ALL]
+
+
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
+def test_mermaid_has_the_initial_marker_finals_and_one_edge_per_leaving_row(
+    spec: MachineSpec,
+) -> None:
+    text = mermaid(spec)
+    lines = text.splitlines()
+    assert lines[3] == "stateDiagram-v2"
+    edges = [ln for ln in lines if " --> " in ln and "[*]" not in ln]
+    assert len(edges) == sum(1 for r in spec.rows if r.dest is not None)
+    assert sum(1 for ln in lines if ln.strip().startswith("[*] -->")) == 1
+    finals = [s for s in spec.states if s.final]
+    assert sum(1 for ln in lines if ln.endswith("--> [*]")) == len(finals)
+    for ln in lines[4:]:
+        # after the state id and its ` : `, a label may not hold ':' or ';' (they end it)
+        head, _, label = ln.partition(" : ")
+        assert ":" not in label and ";" not in label, ln
+        assert re.fullmatch(r"\s+(\[\*\]|\w+)( --> (\[\*\]|\w+))?|\s+state \"[^\"]+\" as \w+", head)
+
+
+def test_mermaid_lists_internal_rows_timeouts_and_tasks_in_the_state() -> None:
+    text = mermaid(MACHINES["avatar"])
+    assert "    routing : routing" in text  # the title line, so details do not replace it
+    assert "routing : timeout after join_timeout (default 30s) fires join_timeout" in text
+    assert "routing : room_connected / check_presence (internal)" in text
+    assert "joined : interrupt / send_clear_buffer (internal)" in text
+    assert "routing --> joined : avatar_connected [has_video]" in text
+    job = mermaid(MACHINES["job"])
+    assert "closing : task run_close while here" in job
+    assert "serving --> closing : shutdown [else]" in job
+    part = mermaid(MACHINES["participant"])
+    assert "linked --> grace : participant_disconnected [else if is_linked and grace_enabled]" in (
+        part
+    )
+
+
+def test_odd_names_are_declared_with_safe_ids() -> None:
+    text = mermaid(ODD)
+    assert 'state "start-1" as start_1' in text
+    assert 'state "end" as s_end' in text  # a Mermaid keyword
+    assert "[*] --> start_1" in text and "s_end --> [*]" in text
+    assert "title: odd_machine_1" in text
+
+
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
+def test_dot_is_accepted_by_graphviz(spec: MachineSpec, tmp_path: Path) -> None:
+    text = dot(spec)
+    assert text.count(" -> ") == sum(1 for r in spec.rows if r.dest is not None) + 1
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz is not installed")
+    done = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "<svg" in done.stdout
+
+
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
+def test_markdown_table_has_every_cell(spec: MachineSpec) -> None:
+    text = markdown_table(spec)
+    grid = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    table = cell_table(spec)
+    events = grid[: len(spec.events)]
+    for line, event in zip(events, spec.events, strict=True):
+        cols = re.split(r"(?<!\\)\|", line)[1:-1]
+        assert len(cols) == len(spec.states) + 1, line
+        for col, state in zip(cols[1:], table["states"], strict=True):
+            kind = table["cells"][state][event]["kind"]
+            expect = {"ignore": "ignore", "reject": "**reject**", "transition": ""}[kind]
+            assert col.strip().startswith(expect) or kind == "transition"
+            if kind == "transition":
+                assert "→" in col or "internal" in col
+
+
+def test_markdown_shows_guards_in_order_timeouts_tasks_and_error_events() -> None:
+    text = markdown_table(MACHINES["participant"])
+    assert (
+        "1. [is_linked and closing_reason] → closing / close_session<br>"
+        "2. [is_linked and grace_enabled] → grace<br>"
+        "3. [is_linked] → closing / close_session<br>4. else internal"
+    ) in text
+    assert "| `grace` |  | `grace_timeout` after `grace_period` (default 15s) |" in text
+    assert "| `close_session` | `session_closed` |" in text
+    assert "ignore (nobody is linked)" in text
+    job = markdown_table(MACHINES["job"])
+    assert (
+        "| `closing` |  | `close_timeout` after `close_timeout` (default 10s) | `run_close` |"
+        in (job)
+    )
+    assert "**reject** (already started)" in markdown_table(MACHINES["avatar"])
+    odd = markdown_table(ODD)
+    assert "ignore (a \\| note)" in odd  # a pipe would split the column
+
+
+def test_terminal_table_lists_every_cell_per_state() -> None:
+    text = terminal_table(MACHINES["participant"])
+    assert "grace   (timeout: after grace_period (default 15s) fires grace_timeout)" in text
+    lines = text.splitlines()
+    i = lines.index("linked")
+    assert lines[i + 2].split() == [
+        "participant_disconnected",
+        "[is_linked",
+        "and",
+        "closing_reason]",
+        "->",
+        "closing",
+        "/",
+        "close_session",
+    ]
+    assert lines[i + 5].strip() == "else internal"
+    assert "REJECT  (already started)" in terminal_table(MACHINES["avatar"])
+
+
+def test_output_is_deterministic() -> None:
+    first = diagram_files(MACHINES)
+    again = diagram_files(dict(MACHINES))
+    assert first == again
+    assert list(first) == [
+        *(f"{n}.{ext}" for n in MACHINES for ext in ("mmd", "dot", "md")),
+        "README.md",
+    ]
+
+
+def test_readme_embeds_every_mermaid_diagram_and_links_the_tables() -> None:
+    readme = diagram_files(MACHINES)["README.md"]
+    for name, spec in MACHINES.items():
+        assert "```mermaid\n" + mermaid(spec) + "```" in readme
+        assert f"[{name}.md]({name}.md)" in readme
+
+
+def test_golden_dump_is_one_cell_a_line_and_valid_json() -> None:
+    import json
+
+    table = cell_table(MACHINES["job"])
+    text = dump_cell_table(table)
+    assert json.loads(text) == table
+    assert '      "hold_timeout": {"kind": "transition", "rows": [{"dest": "closing"' in text
+
+
+def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent_runtime.render import main
+
+    (tmp_path / "robot.json").write_text("{}")
+    assert main(["--golden", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{m}.json" for m in MACHINES)
+    for name, spec in MACHINES.items():
+        assert (tmp_path / f"{name}.json").read_text() == dump_cell_table(cell_table(spec))
+    assert main([]) == 2  # nothing asked: prints the help
+    assert "--golden" in capsys.readouterr().out
