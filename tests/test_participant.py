@@ -388,13 +388,17 @@ async def test_start_before_the_session_is_refused_and_hooks_nothing(world: Worl
 
 async def test_aclose_unhooks_everything(world: World) -> None:
     await world.start_session()
-    before = world.room.listener_count()
-    link2 = world.link()
-    link2.start()
-    await link2.aclose()
-    assert world.room.listener_count() == before
-    # the session no longer calls back into the link
-    assert all(getattr(cb, "__self__", None) is not link2 for cb in world.session._events["close"])
+    room_hooks = world.room.listener_count()
+    session_hooks = len(world.session._events.get("close", ()))
+    subscribers = len(world.adapter._subscribers)
+    link = world.link()
+    link.start()
+    assert len(world.adapter._subscribers) == subscribers + 1
+    await link.aclose()
+    # the shared adapter keeps running for others; nothing of the link is left on it
+    assert world.room.listener_count() == room_hooks
+    assert len(world.session._events.get("close", ())) == session_hooks
+    assert len(world.adapter._subscribers) == subscribers
 
 
 @pytest.mark.parametrize(
