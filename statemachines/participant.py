@@ -4,11 +4,27 @@ comes back is heard again.
 A closing disconnect reason closes the session (reason ``participant_disconnected``), which
 drives the job; any other reason opens a ``grace`` period in which the same identity
 relinks; the grace timer ends it.
+
+Guards (evaluated by the runtime on the event's data):
+
+- ``eligible``: the joining participant may be linked (its identity matches the configured
+  one, or none is configured; its kind is allowed; it does not publish on the agent's behalf).
+- ``is_linked`` / ``same_identity``: the event is about the identity the link follows.
+- ``closing_reason``: ``close_on_disconnect`` is on and the reason is a closing reason.
+- ``grace_enabled``: a departure for another reason waits for a rejoin: ``grace_period > 0``,
+  or ``close_on_disconnect`` is off (then grace has no timer: a departure never closes).
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
 
 LIVE = ["waiting", "linked", "grace"]
+EVENTS = (
+    "participant_connected",
+    "participant_disconnected",
+    "grace_timeout",
+    "session_closed",
+    "close",
+)
 
 PARTICIPANT = MachineSpec(
     name="participant",
@@ -23,28 +39,23 @@ PARTICIPANT = MachineSpec(
             description="dropped for a non-closing reason; the same identity may rejoin",
         ),
         State(name="closing", description="the session is closing: participant_disconnected"),
-        State(name="closed", final=True),
+        State(name="closed", final=True, description="the session closed or the link did"),
     ),
-    events=(
-        "participant_connected",
-        "participant_disconnected",
-        "grace_timeout",
-        "session_closed",
-        "close",
-    ),
+    events=EVENTS,
     guards=("eligible", "is_linked", "closing_reason", "grace_enabled", "same_identity"),
     effects=(
-        Effect(name="link", description="link the session's room input to the participant"),
+        Effect(name="link", description="follow this identity; point the room input at it"),
         Effect(name="relink", description="point the room input at the rejoined participant"),
         Effect(
             name="close_session",
+            # a close that cannot even be started leaves nothing to wait for
             error_event="session_closed",
             description="close the session with reason participant_disconnected",
         ),
     ),
     rows=(
         *row("waiting", "participant_connected", "linked", guards=["eligible"], effects=["link"]),
-        *row("waiting", "participant_connected", None),
+        *row("waiting", "participant_connected", None),  # not eligible: keep waiting
         *row(
             "linked",
             "participant_disconnected",
@@ -57,33 +68,32 @@ PARTICIPANT = MachineSpec(
             "linked",
             "participant_disconnected",
             "closing",
-            guards=["is_linked"],
+            guards=["is_linked"],  # grace_period=0: no grace, close at once
             effects=["close_session"],
         ),
-        *row("linked", "participant_disconnected", None),
+        *row("linked", "participant_disconnected", None),  # someone else left: nothing
         *row(
             "grace", "participant_connected", "linked", guards=["same_identity"], effects=["relink"]
         ),
-        *row("grace", "participant_connected", None),
+        *row("grace", "participant_connected", None),  # someone else joined: keep waiting
         *row("grace", "grace_timeout", "closing", effects=["close_session"]),
         *row([*LIVE, "closing"], "session_closed", "closed"),
         *row([*LIVE, "closing"], "close", "closed"),
     ),
     ignore=(
         *cells("waiting", "participant_disconnected", "nobody is linked"),
-        *cells("linked", "participant_connected", "already linked"),
-        *cells("grace", "participant_disconnected", "the linked participant is already gone"),
-        *cells(["waiting", "linked", "closing"], "grace_timeout"),
-        *cells("closing", ["participant_connected", "participant_disconnected"]),
         *cells(
-            "closed",
-            [
-                "participant_connected",
-                "participant_disconnected",
-                "grace_timeout",
-                "session_closed",
-                "close",
-            ],
+            "linked",
+            "participant_connected",
+            "already linked; rtc.Room delivers a same-identity rejoin only after its leave",
         ),
+        *cells("grace", "participant_disconnected", "the linked identity is already gone"),
+        *cells(["waiting", "linked", "closing"], "grace_timeout", "only grace arms the timer"),
+        *cells(
+            "closing",
+            ["participant_connected", "participant_disconnected"],
+            "the close is under way; a rejoin cannot undo it",
+        ),
+        *cells("closed", EVENTS, "final"),
     ),
 )

@@ -1,0 +1,352 @@
+"""The linked participant machine on a real ``AgentSession``.
+
+``ParticipantLink`` follows one remote participant (a configured identity, or the first
+participant of the allowed kinds in join order) through the room-event adapter and decides
+what its departure means: a closing reason closes the session through the session's own
+close path, so its ``close`` event carries ``CloseReason.PARTICIPANT_DISCONNECTED`` and the
+job sees it; any other reason waits ``grace_period`` seconds for the same identity, whose
+rejoin points the session's room input (RoomIO) at the new participant object.
+
+RoomIO has its own ``close_on_disconnect`` (on by default, for CLIENT_INITIATED,
+ROOM_DELETED and USER_REJECTED). Start the session with
+``RoomOptions(close_on_disconnect=False)`` so the link alone decides; RoomIO still relinks
+the same identity on rejoin by itself, which the link confirms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import AgentSession, CloseReason
+from livekit.agents.job import DEFAULT_PARTICIPANT_KINDS
+from livekit.agents.voice.events import CloseEvent
+from livekit.agents.voice.room_io import RoomIO
+from livekit.agents.voice.room_io.types import DEFAULT_CLOSE_ON_DISCONNECT_REASONS
+
+from statemachines.participant import PARTICIPANT
+
+from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .clock import Clock
+from .room_events import (
+    ParticipantJoined,
+    ParticipantLeft,
+    RoomEventAdapter,
+    RoomFact,
+    kind_name,
+    reason_name,
+)
+from .trace import Tracer
+
+logger = logging.getLogger("agent_runtime.participant")
+
+# a participant publishing on the agent's behalf (an avatar worker) is never the user
+ATTRIBUTE_PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+
+DEFAULT_CLOSING_REASONS: tuple[str, ...] = tuple(
+    reason_name(r) for r in DEFAULT_CLOSE_ON_DISCONNECT_REASONS
+)
+DEFAULT_KINDS: tuple[str, ...] = tuple(kind_name(k) for k in DEFAULT_PARTICIPANT_KINDS)
+
+
+def _kind_names(kinds: Iterable[str | int]) -> frozenset[str]:
+    """``rtc.ParticipantKind`` values or names (``sip``, ``PARTICIPANT_KIND_SIP``) -> names."""
+    if isinstance(kinds, str | int):
+        raise TypeError("participant_kinds must be a collection of kinds, not a single kind")
+    valid = {kind_name(v) for v in rtc.ParticipantKind.values()}
+    out: set[str] = set()
+    for k in kinds:
+        name = kind_name(k) if isinstance(k, int) else str(k).lower()
+        name = name.removeprefix("participant_kind_")
+        if name not in valid or name == "unknown":
+            raise ValueError(f"unknown participant kind {k!r}: one of {sorted(valid)}")
+        out.add(name)
+    if not out:
+        raise ValueError("participant_kinds is empty: nobody could ever be linked")
+    return frozenset(out)
+
+
+def _reason_names(reasons: Iterable[str | int]) -> frozenset[str]:
+    """``rtc.DisconnectReason`` values or names -> names (``CLIENT_INITIATED``, ...)."""
+    if isinstance(reasons, str | int):
+        raise TypeError("closing_reasons must be a collection of reasons, not a single reason")
+    valid = set(rtc.DisconnectReason.keys())
+    out: set[str] = set()
+    for r in reasons:
+        if isinstance(r, int):
+            name = reason_name(r) if r in rtc.DisconnectReason.values() else repr(r)
+        else:
+            name = str(r).upper()
+        if name not in valid:
+            raise ValueError(f"unknown disconnect reason {r!r}: one of {sorted(valid)}")
+        out.add(name)
+    return frozenset(out)
+
+
+class ParticipantLink(rtc.EventEmitter[str]):
+    """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged).
+
+    The link does not own the session, the room or the adapter: ``aclose()`` only stops
+    following (it never closes the session).
+    """
+
+    def __init__(
+        self,
+        session: AgentSession[Any],
+        *,
+        room_events: RoomEventAdapter,
+        participant_identity: str | None = None,
+        participant_kinds: Iterable[str | int] = DEFAULT_KINDS,
+        close_on_disconnect: bool = True,
+        closing_reasons: Iterable[str | int] = DEFAULT_CLOSING_REASONS,
+        grace_period: float = 15.0,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(room_events, RoomEventAdapter):
+            raise TypeError(f"room_events must be a RoomEventAdapter, got {type(room_events)}")
+        if participant_identity is not None and (
+            not isinstance(participant_identity, str) or not participant_identity
+        ):
+            raise ValueError("participant_identity must be a non-empty string or None")
+        if (
+            isinstance(grace_period, bool)
+            or not isinstance(grace_period, int | float)
+            or not math.isfinite(grace_period)
+            or grace_period < 0
+        ):
+            raise ValueError(f"grace_period must be a finite number >= 0, got {grace_period!r}")
+        self._kinds = _kind_names(participant_kinds)
+        self._closing_reasons = _reason_names(closing_reasons)
+        self.session = session
+        self.room_events = room_events
+        self.participant_identity = participant_identity
+        self.close_on_disconnect = bool(close_on_disconnect)
+        self.grace_period = float(grace_period)
+        self._identity: str | None = None
+        self._started = False
+        self._closed = False
+        self._unsubscribe: Callable[[], None] | None = None
+        self._warned_room_io = False
+        # without close_on_disconnect a departure never closes: grace waits with no timer
+        grace_setting = self.grace_period if self.close_on_disconnect else None
+        self._actor = Actor(
+            PARTICIPANT,
+            instance=room_events.room.name or "room",
+            effects={
+                "link": self._link,
+                "relink": self._relink,
+                "close_session": self._close_session,
+            },
+            guards={
+                "eligible": self._eligible,
+                "is_linked": self._is_linked,
+                "same_identity": self._is_linked,
+                "closing_reason": self._closing_reason,
+                "grace_enabled": self._grace_enabled,
+            },
+            settings={"grace_period": grace_setting},
+            clock=clock,
+            tracer=tracer,
+        )
+        self._actor.on("state_changed", self._forward_state_changed)
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._actor.state
+
+    @property
+    def linked_identity(self) -> str | None:
+        """The identity the link follows: None while waiting; kept through grace and after."""
+        return self._identity
+
+    @property
+    def participant_kinds(self) -> frozenset[str]:
+        return self._kinds
+
+    @property
+    def closing_reasons(self) -> frozenset[str]:
+        return self._closing_reasons
+
+    @property
+    def actor(self) -> Actor:
+        """The machine's actor (traces, tests): post events here only to drive the table."""
+        return self._actor
+
+    def start(self) -> None:
+        """Follow the room; a participant already there is considered in join order.
+
+        Call it after ``await session.start(..., room=room)``: the link points the session's
+        RoomIO, which exists only from then on.
+        """
+        if self._closed:
+            raise RuntimeError("ParticipantLink is closed; create a new one")
+        if self._started:
+            return
+        if self._room_io() is None:
+            raise RuntimeError(
+                "the session has no room input yet: start the link after "
+                "`await session.start(..., room=room)`"
+            )
+        self._started = True
+        self._unsubscribe = self.room_events.subscribe(self._on_fact)
+        self.room_events.start()
+        self.session.on("close", self._on_session_close)
+        self._actor.start()
+        # rtc.Room keeps remote participants in join order
+        for p in list(self.room_events.room.remote_participants.values()):
+            self._actor.post(
+                Event(
+                    "participant_connected",
+                    {
+                        "identity": p.identity,
+                        "kind": kind_name(p.kind),
+                        "attributes": dict(p.attributes),
+                    },
+                )
+            )
+
+    async def aclose(self) -> None:
+        """Stop following: unhook, enter ``closed``. The session is left as it is."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._started:
+            self.session.off("close", self._on_session_close)
+        if not self._actor.closed:
+            with contextlib.suppress(ActorClosed, EventRejected):
+                await self._actor.send(Event("close"))
+        await self._actor.aclose()
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _on_fact(self, fact: RoomFact) -> None:
+        if isinstance(fact, ParticipantJoined):
+            data: Mapping[str, Any] = {
+                "identity": fact.identity,
+                "kind": fact.kind,
+                "attributes": dict(fact.attributes),
+            }
+            self._actor.post(Event("participant_connected", data))
+        elif isinstance(fact, ParticipantLeft):
+            data = {"identity": fact.identity, "kind": fact.kind, "reason": fact.reason}
+            self._actor.post(Event("participant_disconnected", data))
+        # tracks, attributes and the room's own connection do not move this machine
+
+    def _on_session_close(self, ev: CloseEvent) -> None:
+        reason = getattr(ev, "reason", None)
+        self._post_session_closed(getattr(reason, "value", str(reason)))
+
+    def _post_session_closed(self, reason: str) -> None:
+        if not self._actor.closed:
+            self._actor.post(Event("session_closed", {"reason": reason}))
+
+    def _forward_state_changed(self, change: StateChanged) -> None:
+        self.emit("state_changed", change)
+
+    # -- guards ------------------------------------------------------------------------------
+    def _eligible(self, ev: Event) -> bool:
+        identity = ev.data.get("identity")
+        if not isinstance(identity, str) or not identity:
+            return False
+        if self.participant_identity is not None and identity != self.participant_identity:
+            return False
+        if ev.data.get("kind") not in self._kinds:
+            return False
+        attributes = ev.data.get("attributes") or {}
+        agent = self._agent_identity()
+        return not (
+            agent is not None
+            and isinstance(attributes, Mapping)
+            and attributes.get(ATTRIBUTE_PUBLISH_ON_BEHALF) == agent
+        )
+
+    def _is_linked(self, ev: Event) -> bool:
+        return self._identity is not None and ev.data.get("identity") == self._identity
+
+    def _closing_reason(self, ev: Event) -> bool:
+        return self.close_on_disconnect and ev.data.get("reason") in self._closing_reasons
+
+    def _grace_enabled(self, ev: Event) -> bool:
+        return not self.close_on_disconnect or self.grace_period > 0
+
+    # -- effects -----------------------------------------------------------------------------
+    async def _link(self, ev: Event) -> None:
+        self._identity = str(ev.data["identity"])
+        logger.info("linked participant %s", self._identity)
+        await self._point_room_input(self._identity)
+
+    async def _relink(self, ev: Event) -> None:
+        identity = str(ev.data["identity"])
+        logger.info("participant %s rejoined: relinked", identity)
+        await self._point_room_input(identity)
+
+    def _close_session(self, ev: Event) -> None:
+        logger.info(
+            "closing the session: participant %s left (%s)",
+            self._identity,
+            ev.data.get("reason", ev.name),
+        )
+        # the session's own close path, as RoomIO uses it: its `close` event then carries
+        # CloseReason.PARTICIPANT_DISCONNECTED for the job
+        self.session._close_soon(reason=CloseReason.PARTICIPANT_DISCONNECTED)
+        task = getattr(self.session, "_closing_task", None)
+        if isinstance(task, asyncio.Future):
+            # a close whose teardown fails never emits `close`: its end is enough
+            task.add_done_callback(self._on_close_task_done)
+
+    def _on_close_task_done(self, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            outcome = "close_cancelled"
+        elif task.exception() is not None:  # retrieved: the SDK has logged it already
+            outcome = "close_failed"
+        else:
+            outcome = "close_finished"
+        self._post_session_closed(outcome)
+
+    # -- RoomIO ------------------------------------------------------------------------------
+    def _room_io(self) -> RoomIO | None:
+        try:
+            rio = self.session.room_io
+        except RuntimeError:
+            return None  # started without a room, or not started yet: nothing to point
+        if not self._warned_room_io and getattr(
+            getattr(rio, "_options", None), "close_on_disconnect", False
+        ):
+            self._warned_room_io = True
+            logger.warning(
+                "RoomIO also closes the session on its default disconnect reasons; start the "
+                "session with RoomOptions(close_on_disconnect=False) so the link alone decides"
+            )
+        return rio
+
+    async def _point_room_input(self, identity: str) -> None:
+        """Make RoomIO's linked participant the room's current participant ``identity``."""
+        # the room callback that brought this event may also have woken RoomIO's start-up
+        # task with a participant it picked itself; let that land first, then overrule it
+        await asyncio.sleep(0)
+        rio = self._room_io()
+        if rio is None:
+            return
+        target = self.room_events.room.remote_participants.get(identity)
+        current = rio.linked_participant
+        if target is not None and current is target:
+            return
+        # a participant not in the room (yet) pins RoomIO to the identity
+        rio.set_participant(identity)
+
+    def _agent_identity(self) -> str | None:
+        try:
+            identity = self.room_events.room.local_participant.identity
+        except Exception:
+            return None  # an rtc.Room that never connected has no local participant
+        return identity if isinstance(identity, str) else None

@@ -1,0 +1,678 @@
+"""The linked participant machine on a real ``AgentSession`` started with an in-memory room.
+
+The room is a real ``rtc.Room`` with no server behind it (``InMemoryRoom``): the SFU's
+events are emitted on it. The session, RoomIO and the close path are livekit's own. The
+link's timer runs on a ``VirtualClock``; the session's close needs no time, so "promptly"
+is checked as "with the virtual clock standing still".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, CloseReason
+from livekit.agents.voice.events import CloseEvent
+from livekit.agents.voice.room_io import RoomOptions
+from livekit.rtc._proto import participant_pb2
+
+from agent_runtime import Event, MemorySink, StateChanged, Tracer, VirtualClock, settle
+from agent_runtime.inmemory import InMemoryRoom
+from agent_runtime.participant import ParticipantLink
+from agent_runtime.room_events import RoomEventAdapter
+from statemachines.participant import PARTICIPANT
+
+R = rtc.DisconnectReason
+
+
+class GatedAgent(Agent):
+    """An agent whose ``on_exit`` waits for the test: holds the session in its close."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="You are a test agent.")
+        self.gate: asyncio.Event | None = None
+
+    async def on_exit(self) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+
+
+@dataclass
+class World:
+    clock: VirtualClock
+    room: InMemoryRoom
+    adapter: RoomEventAdapter
+    session: AgentSession
+    agent: GatedAgent
+    closes: list[tuple[float, CloseReason]] = field(default_factory=list)
+    links: list[ParticipantLink] = field(default_factory=list)
+    sink: MemorySink = field(default_factory=MemorySink)
+    changes: list[StateChanged] = field(default_factory=list)
+
+    def link(self, **opts: Any) -> ParticipantLink:
+        opts.setdefault("clock", self.clock)
+        opts.setdefault("tracer", Tracer(self.sink))
+        link = ParticipantLink(self.session, room_events=self.adapter, **opts)
+        link.on("state_changed", self.changes.append)
+        self.links.append(link)
+        return link
+
+    async def start_session(self, **room_opts: Any) -> None:
+        # the documented way: RoomIO does not close on its own, the link decides
+        room_opts.setdefault("close_on_disconnect", False)
+        await self.session.start(self.agent, room=self.room, room_options=RoomOptions(**room_opts))
+        await self.idle()
+
+    async def idle(self) -> None:
+        await settle()
+        for link in self.links:
+            await link.actor.join()
+        await settle()
+
+    async def session_closed(self) -> CloseReason:
+        """Wait for the session's close event (bounded, so a failure does not hang)."""
+        if not self.closes:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.session.once("close", lambda _: fut.done() or fut.set_result(None))
+            await asyncio.wait_for(fut, 5)
+        await self.idle()
+        return self.closes[0][1]
+
+    def states(self) -> list[tuple[str, str, str]]:
+        return [(c.source, c.dest, c.event) for c in self.changes]
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r1", clock=clock)
+    room.connect_locally()
+    adapter = RoomEventAdapter(room)
+    adapter.start()
+    session: AgentSession = AgentSession()
+    w = World(clock, room, adapter, session, GatedAgent())
+
+    def on_close(ev: CloseEvent) -> None:
+        w.closes.append((clock.now(), ev.reason))
+
+    session.on("close", on_close)
+    yield w
+    if w.agent.gate is not None:
+        w.agent.gate.set()
+    for link in w.links:
+        await link.aclose()
+    await session.aclose()
+    adapter.aclose()
+
+
+def ghost(identity: str, reason: int = R.CLIENT_INITIATED) -> rtc.RemoteParticipant:
+    """A participant object the room never had."""
+    info = participant_pb2.ParticipantInfo(identity=identity, sid="PA_ghost")
+    info.disconnect_reason = reason  # type: ignore[assignment]
+    return rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
+
+
+# -- the user-visible cases -------------------------------------------------------------------
+
+
+async def test_client_initiated_closes_the_session_promptly(world: World) -> None:
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("waiting", None)
+    world.room.add_participant("u")
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "u")
+
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    assert world.closes == [(0.0, CloseReason.PARTICIPANT_DISCONNECTED)]  # no time passed
+    assert link.state == "closed"
+    assert world.states() == [
+        ("waiting", "linked", "participant_connected"),
+        ("linked", "closing", "participant_disconnected"),
+        ("closing", "closed", "session_closed"),
+    ]
+
+
+async def test_signal_close_then_rejoin_after_3s_relinks_and_the_agent_hears_them(
+    world: World,
+) -> None:
+    first = world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    assert world.session.room_io.linked_participant is first
+
+    world.room.remove_participant("u", R.SIGNAL_CLOSE)
+    await world.idle()
+    assert link.state == "grace"
+    await world.clock.advance(3.0)
+    again = world.room.add_participant("u")
+    world.room.publish_track("u", "audio")
+    await world.idle()
+
+    assert (link.state, link.linked_identity) == ("linked", "u")
+    assert world.session.room_io.linked_participant is again  # the new participant object
+    await world.clock.advance(60.0)  # the grace timer died with the grace state
+    assert world.closes == []
+    assert link.state == "linked"
+    # and a later closing departure of the rejoined user still closes
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+
+
+async def test_connection_timeout_without_rejoin_closes_when_grace_ends(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(grace_period=15.0)
+    link.start()
+    world.room.remove_participant("u", R.CONNECTION_TIMEOUT)
+    await world.idle()
+    assert link.state == "grace"
+
+    await world.clock.advance(14.9)
+    assert (link.state, world.closes) == ("grace", [])
+    await world.clock.advance(0.1)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    assert world.closes[0][0] == pytest.approx(15.0)
+    assert link.state == "closed"
+    assert [r.event for r in world.sink.records if r.kind == "transition"] == [
+        "participant_connected",
+        "participant_disconnected",
+        "grace_timeout",
+        "session_closed",
+    ]
+
+
+async def test_someone_else_leaving_changes_nothing(world: World) -> None:
+    user = world.room.add_participant("u")
+    world.room.add_participant("v")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    world.room.remove_participant("v", R.CLIENT_INITIATED)
+    await world.idle()
+    await world.clock.advance(60.0)
+    assert (link.state, link.linked_identity) == ("linked", "u")
+    assert world.session.room_io.linked_participant is user
+    assert world.closes == []
+
+
+async def test_grace_period_zero_closes_at_once_for_any_reason(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(grace_period=0)
+    link.start()
+    world.room.remove_participant("u", R.SIGNAL_CLOSE)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    assert world.closes[0][0] == 0.0
+    assert ("linked", "closing", "participant_disconnected") in world.states()
+
+
+async def test_close_on_disconnect_off_never_closes_and_waits_for_the_same_user(
+    world: World,
+) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(close_on_disconnect=False)
+    link.start()
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    await world.idle()
+    await world.clock.advance(3600.0)
+    assert (link.state, world.closes, world.clock.pending) == ("grace", [], 0)
+    world.room.add_participant("v")  # someone else does not take the link
+    back = world.room.add_participant("u")
+    await world.idle()
+    assert link.state == "linked"
+    assert world.session.room_io.linked_participant is back
+
+
+async def test_custom_closing_reasons(world: World) -> None:
+    link = world.link(closing_reasons=["SIGNAL_CLOSE"])
+    assert link.closing_reasons == frozenset({"SIGNAL_CLOSE"})
+    world.room.add_participant("u")
+    await world.start_session()
+    link.start()
+    world.room.remove_participant("u", R.SIGNAL_CLOSE)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+
+
+async def test_participant_identity_filter_points_roomio_at_the_chosen_one(world: World) -> None:
+    world.room.add_participant("alice")
+    bob = world.room.add_participant("bob")
+    await world.start_session()
+    assert world.session.room_io.linked_participant.identity == "alice"  # RoomIO's own pick
+    link = world.link(participant_identity="bob")
+    link.start()
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "bob")
+    assert world.session.room_io.linked_participant is bob
+
+    world.room.remove_participant("alice", R.CLIENT_INITIATED)
+    await world.idle()
+    assert (link.state, world.closes) == ("linked", [])
+    world.room.remove_participant("bob", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+
+
+async def test_participant_kinds_filter_and_avatar_workers(world: World) -> None:
+    link = world.link(participant_kinds=["sip"])
+    assert link.participant_kinds == frozenset({"sip"})
+    await world.start_session()
+    link.start()
+    world.room.add_participant("web", kind="standard")
+    world.room.add_participant(
+        "avatar", kind="sip", attributes={"lk.publish_on_behalf": "agent"}
+    )  # publishes for the agent: never the user
+    await world.idle()
+    assert link.state == "waiting"
+    world.room.add_participant("phone", kind="sip")
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "phone")
+
+
+async def test_default_kinds_skip_agents(world: World) -> None:
+    await world.start_session()
+    link = world.link()
+    assert link.participant_kinds == frozenset({"standard", "sip", "connector"})
+    link.start()
+    world.room.add_participant("other-agent", kind="agent")
+    world.room.add_participant("egress", kind="egress")
+    await world.idle()
+    assert link.state == "waiting"
+
+
+async def test_participants_already_in_the_room_are_linked_in_join_order(world: World) -> None:
+    world.room.add_participant("bot", kind="agent")
+    world.room.add_participant("first")
+    world.room.add_participant("second")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "first")
+
+
+async def test_track_muted_in_either_order_or_garbage_raises_nothing(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = world.room.add_participant("u")
+    pub = world.room.publish_track("u", "audio")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    with caplog.at_level(logging.WARNING):
+        for name in ("track_muted", "track_unmuted"):
+            world.room.emit(name, p, pub)  # the Python SDK's order
+            world.room.emit(name, pub, p)  # other SDKs' order
+            world.room.emit(name, "garbage", 42)
+            world.room.emit(name)
+        world.room.mute_track("u")
+        await world.idle()
+    assert (link.state, world.closes) == ("linked", [])
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_unknown_identities_are_ignored(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    world.room.emit("participant_disconnected", ghost("nobody"))
+    await world.idle()
+    assert (link.state, world.closes) == ("linked", [])
+
+    world.room.remove_participant("u", R.SIGNAL_CLOSE)
+    world.room.emit("participant_disconnected", ghost("nobody"))
+    world.room.emit("participant_disconnected", ghost("u"))  # a second leave of the same user
+    await world.idle()
+    assert link.state == "grace"
+    await world.clock.advance(15.0)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+
+
+async def test_session_closed_for_another_reason_ends_the_link(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    world.room.remove_participant("u", R.SIGNAL_CLOSE)
+    await world.idle()
+    await world.session.aclose()
+    assert await world.session_closed() == CloseReason.USER_INITIATED
+    assert link.state == "closed"
+    assert world.clock.pending == 0  # the grace timer died with its state
+    await world.clock.advance(60.0)
+    assert [c[1] for c in world.closes] == [CloseReason.USER_INITIATED]
+
+
+async def test_events_after_aclose_change_nothing(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    assert link.state == "linked"
+    await link.aclose()
+    assert link.state == "closed"
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    world.room.add_participant("u")
+    await world.idle()
+    await world.clock.advance(60.0)
+    assert link.state == "closed"
+    assert world.closes == []  # the link no longer closes the session
+    await link.aclose()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        link.start()
+    await world.session.aclose()
+    assert link.state == "closed"
+
+
+async def test_start_before_the_session_is_refused_and_hooks_nothing(world: World) -> None:
+    before = world.room.listener_count()
+    link = world.link()
+    with pytest.raises(RuntimeError, match=r"after `await session\.start"):
+        link.start()
+    assert world.room.listener_count() == before
+    await link.aclose()
+    assert link.state == "closed"
+
+
+async def test_aclose_unhooks_everything(world: World) -> None:
+    await world.start_session()
+    room_hooks = world.room.listener_count()
+    session_hooks = len(world.session._events.get("close", ()))
+    subscribers = len(world.adapter._subscribers)
+    link = world.link()
+    link.start()
+    assert len(world.adapter._subscribers) == subscribers + 1
+    await link.aclose()
+    # the shared adapter keeps running for others; nothing of the link is left on it
+    assert world.room.listener_count() == room_hooks
+    assert len(world.session._events.get("close", ())) == session_hooks
+    assert len(world.adapter._subscribers) == subscribers
+
+
+@pytest.mark.parametrize(
+    ("opts", "error", "match"),
+    [
+        ({"grace_period": -1}, ValueError, "grace_period"),
+        ({"grace_period": float("nan")}, ValueError, "grace_period"),
+        ({"grace_period": "15"}, ValueError, "grace_period"),
+        ({"closing_reasons": ["NOPE"]}, ValueError, "unknown disconnect reason 'NOPE'"),
+        ({"closing_reasons": "CLIENT_INITIATED"}, TypeError, "collection"),
+        ({"participant_kinds": ["robot"]}, ValueError, "unknown participant kind 'robot'"),
+        ({"participant_kinds": []}, ValueError, "empty"),
+        ({"participant_identity": ""}, ValueError, "participant_identity"),
+    ],
+)
+async def test_bad_options_are_refused(
+    world: World, opts: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    before = world.room.listener_count()
+    with pytest.raises(error, match=match):
+        ParticipantLink(world.session, room_events=world.adapter, **opts)
+    with pytest.raises(TypeError, match="RoomEventAdapter"):
+        ParticipantLink(world.session, room_events=world.room)  # type: ignore[arg-type]
+    assert world.room.listener_count() == before
+
+
+async def test_options_accept_sdk_enums(world: World) -> None:
+    link = world.link(
+        participant_kinds=[rtc.ParticipantKind.PARTICIPANT_KIND_SIP, "STANDARD"],
+        closing_reasons=[R.ROOM_DELETED, "client_initiated"],
+    )
+    assert link.participant_kinds == frozenset({"sip", "standard"})
+    assert link.closing_reasons == frozenset({"ROOM_DELETED", "CLIENT_INITIATED"})
+
+
+# -- coexistence with RoomIO's own close_on_disconnect ---------------------------------------
+
+
+async def test_roomio_alone_relinks_a_rejoin_but_never_closes_on_other_reasons(
+    world: World,
+) -> None:
+    """What upstream does without the link: the job would linger."""
+    first = world.room.add_participant("u")
+    await world.start_session(close_on_disconnect=True)
+    world.room.remove_participant("u", R.CONNECTION_TIMEOUT)
+    await world.idle()
+    assert world.session.room_io.linked_participant is None
+    await world.clock.advance(600.0)
+    assert world.closes == []
+    again = world.room.add_participant("u")
+    await world.idle()
+    assert world.session.room_io.linked_participant is again is not first
+
+
+async def test_with_roomio_closing_too_the_session_closes_once_and_a_warning_says_why(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.room.add_participant("u")
+    await world.start_session(close_on_disconnect=True)
+    link = world.link()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.participant"):
+        link.start()
+    assert "RoomOptions(close_on_disconnect=False)" in caplog.text
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    assert len(world.closes) == 1
+    assert link.state == "closed"
+
+
+# -- every cell of the table, through the link's actor ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    state: str
+    event: str
+    data: dict[str, Any]
+    outcome: str
+    dest: str
+    effects: tuple[str, ...] = ()
+    guards: tuple[str, ...] = ()  # the guards of the row taken
+    opts: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def id(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.data.items() if k != "attributes")
+        opts = ",".join(f"{k}={v}" for k, v in self.opts)
+        return f"{self.state}-{self.event}[{extra}]{'{' + opts + '}' if opts else ''}"
+
+
+U = {"identity": "u", "kind": "standard", "attributes": {}}
+V = {"identity": "v", "kind": "standard", "attributes": {}}
+BOT = {"identity": "bot", "kind": "agent", "attributes": {}}
+
+
+def left(identity: str, reason: str) -> dict[str, Any]:
+    return {"identity": identity, "kind": "standard", "reason": reason}
+
+
+CLOSED = ("transition", "closed")
+CASES = [
+    Case("waiting", "participant_connected", U, "transition", "linked", ("link",), ("eligible",)),
+    Case("waiting", "participant_connected", BOT, "transition", "waiting"),
+    Case("waiting", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "waiting"),
+    Case("waiting", "grace_timeout", {}, "ignore", "waiting"),
+    Case("waiting", "session_closed", {"reason": "error"}, *CLOSED),
+    Case("waiting", "close", {}, *CLOSED),
+    Case("linked", "participant_connected", V, "ignore", "linked"),
+    Case(
+        "linked",
+        "participant_disconnected",
+        left("u", "CLIENT_INITIATED"),
+        "transition",
+        "closing",
+        ("close_session",),
+        ("is_linked", "closing_reason"),
+    ),
+    Case(
+        "linked",
+        "participant_disconnected",
+        left("u", "SIGNAL_CLOSE"),
+        "transition",
+        "grace",
+        (),
+        ("is_linked", "grace_enabled"),
+    ),
+    Case(
+        "linked",
+        "participant_disconnected",
+        left("u", "SIGNAL_CLOSE"),
+        "transition",
+        "closing",
+        ("close_session",),
+        ("is_linked",),
+        opts=(("grace_period", 0),),
+    ),
+    Case(
+        "linked",
+        "participant_disconnected",
+        left("v", "CLIENT_INITIATED"),
+        "transition",
+        "linked",
+    ),
+    Case("linked", "grace_timeout", {}, "ignore", "linked"),
+    Case("linked", "session_closed", {"reason": "error"}, *CLOSED),
+    Case("linked", "close", {}, *CLOSED),
+    Case(
+        "grace", "participant_connected", U, "transition", "linked", ("relink",), ("same_identity",)
+    ),
+    Case("grace", "participant_connected", V, "transition", "grace"),
+    Case("grace", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "grace"),
+    Case("grace", "grace_timeout", {}, "transition", "closing", ("close_session",)),
+    Case("grace", "session_closed", {"reason": "error"}, *CLOSED),
+    Case("grace", "close", {}, *CLOSED),
+    Case("closing", "participant_connected", U, "ignore", "closing"),
+    Case("closing", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "closing"),
+    Case("closing", "grace_timeout", {}, "ignore", "closing"),
+    Case("closing", "session_closed", {"reason": "participant_disconnected"}, *CLOSED),
+    Case("closing", "close", {}, *CLOSED),
+    *[
+        Case("closed", e, d, "ignore", "closed")
+        for e, d in (
+            ("participant_connected", U),
+            ("participant_disconnected", left("u", "CLIENT_INITIATED")),
+            ("grace_timeout", {}),
+            ("session_closed", {"reason": "error"}),
+            ("close", {}),
+        )
+    ],
+]
+
+
+def test_the_cases_cover_every_cell_and_every_row() -> None:
+    cells = {(c.state, c.event) for c in CASES}
+    assert cells == {(s, e) for s in PARTICIPANT.state_names for e in PARTICIPANT.events}
+    taken = {(c.state, c.event, c.guards) for c in CASES if c.outcome == "transition"}
+    assert taken == {(r.source, r.event, r.guards) for r in PARTICIPANT.rows}
+
+
+async def _drive_to(world: World, link: ParticipantLink, state: str) -> None:
+    """Reach ``state`` the way it happens in a room."""
+    await world.start_session()
+    link.start()
+    if state == "waiting":
+        return
+    if state == "closed":
+        await world.session.aclose()
+        await world.session_closed()
+        return
+    world.room.add_participant("u")
+    await world.idle()
+    if state == "grace":
+        world.room.remove_participant("u", R.SIGNAL_CLOSE)
+    elif state == "closing":
+        world.agent.gate = asyncio.Event()  # the session's close waits for on_exit
+        world.room.remove_participant("u", R.CLIENT_INITIATED)
+    await world.idle()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+async def test_every_cell_through_the_actor(world: World, case: Case) -> None:
+    link = world.link(**dict(case.opts))
+    await _drive_to(world, link, case.state)
+    assert link.state == case.state
+
+    st = await link.actor.send(Event(case.event, case.data))
+
+    assert (st.outcome, st.dest, st.effects) == (case.outcome, case.dest, case.effects)
+    if case.outcome == "transition":
+        assert st.guards == case.guards
+    await world.idle()
+    if "close_session" in case.effects:
+        # the session closes with the reason the job machine looks for
+        if world.agent.gate is not None:
+            world.agent.gate.set()
+        assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+        assert link.state == "closed"
+    else:
+        assert link.state == case.dest
+    if case.event == "close" or case.dest == "closed":
+        assert world.clock.pending == 0  # no timer outlives the link's live states
+
+
+async def test_a_close_that_cannot_start_ends_the_link(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+
+    def broken(**_: Any) -> None:
+        raise RuntimeError("no loop")
+
+    monkeypatch.setattr(world.session, "_close_soon", broken)
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    await world.idle()
+    assert link.state == "closed"
+    effects = [r for r in world.sink.records if r.kind == "effect"]
+    assert (effects[-1].effect, effects[-1].outcome) == ("close_session", "error")
+
+
+async def test_identity_filter_wins_when_roomio_picks_someone_else_in_the_same_tick(
+    world: World,
+) -> None:
+    await world.start_session()  # RoomIO waits for its first participant
+    link = world.link(participant_identity="bob")
+    link.start()
+    world.room.add_participant("alice")  # RoomIO takes her, within the same callback
+    bob = world.room.add_participant("bob")
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "bob")
+    assert world.session.room_io.linked_participant is bob
+
+
+async def test_a_close_whose_teardown_fails_still_ends_the_link(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+
+    async def failing_teardown(**_: Any) -> None:
+        raise RuntimeError("a plugin failed while closing")  # fault injection
+
+    # the session then never emits `close`; the end of its close task is what remains
+    monkeypatch.setattr(world.session, "_teardown_activity", failing_teardown)
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    await world.idle()
+    for _ in range(3):
+        await world.idle()
+    assert world.closes == []
+    assert link.state == "closed"
+    last = [r for r in world.sink.records if r.kind == "transition"][-1]
+    assert (last.event, last.data) == ("session_closed", {"reason": "close_failed"})
