@@ -64,12 +64,18 @@ class Simulator:
                 return self.responses.pop(rid)
         raise AssertionError(f"no reply to {rid}")
 
-    async def ask(self, kind: str, payload: dict[str, Any] | None = None) -> agent_pb.SessionResponse:
+    async def ask(
+        self, kind: str, payload: dict[str, Any] | None = None
+    ) -> agent_pb.SessionResponse:
         return await self.reply(await self.send(kind, payload))
 
     def transcripts(self) -> list[str]:
         self.pump()
-        out = [e.user_input_transcribed.transcript for e in self.events if e.HasField("user_input_transcribed")]
+        out = [
+            e.user_input_transcribed.transcript
+            for e in self.events
+            if e.HasField("user_input_transcribed")
+        ]
         self.events.clear()
         return out
 
@@ -128,7 +134,9 @@ def listeners(session: AgentSession[Any]) -> int:
 
 def say(session: AgentSession[Any], text: str) -> None:
     # the event the session's STT path emits for a user transcript
-    session.emit("user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=True))
+    session.emit(
+        "user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=True)
+    )
 
 
 # -- requests with nothing attached --------------------------------------------------------
