@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +49,8 @@ logger = logging.getLogger("agent_runtime.job")
 DeleteRoomFn = Callable[[], Awaitable[Any]]
 ShutdownCallback = Callable[..., Any]
 
-_RUNTIMES: weakref.WeakKeyDictionary[Any, JobRuntime] = weakref.WeakKeyDictionary()
+# the live runtime of each job context, for on_session_end; dropped when the job closes
+_RUNTIMES: dict[Any, JobRuntime] = {}
 
 
 class JobRuntime(rtc.EventEmitter[str]):
@@ -131,7 +131,7 @@ class JobRuntime(rtc.EventEmitter[str]):
             tracer=tracer,
         )
         self.actor.on("state_changed", self._on_job_state)
-        self.host.on("state_changed", lambda sc: self.emit("state_changed", sc))
+        self.host.on("state_changed", self._emit_state)
 
     @classmethod
     def from_job_context(cls, ctx: JobContext, **opts: Any) -> JobRuntime:
@@ -150,6 +150,7 @@ class JobRuntime(rtc.EventEmitter[str]):
             opts["delete_room"] = delete_room
         runtime = cls(room=ctx.room, **opts)
         _RUNTIMES[ctx] = runtime
+        runtime.on("closed", lambda _t: _RUNTIMES.pop(ctx, None))
         # a safety net if on_session_end was not passed: closes with the job (no hold, the
         # room is already disconnected by then)
         ctx.add_shutdown_callback(runtime._on_job_shutdown)
@@ -157,7 +158,7 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     @staticmethod
     def for_job(ctx: JobContext) -> JobRuntime | None:
-        """The runtime ``from_job_context`` made for ``ctx``, if any."""
+        """The runtime ``from_job_context`` made for ``ctx``, until it closed."""
         return _RUNTIMES.get(ctx)
 
     # -- state and facts -------------------------------------------------------------------
@@ -328,9 +329,19 @@ class JobRuntime(rtc.EventEmitter[str]):
         if sc.dest == "closed":
             self._closed_at = self._clock.now()
             self._closed.set()
-        self.emit("state_changed", sc)
+        self._emit_state(sc)
         if sc.dest == "closed":
-            self.emit("closed", self._closed_at)
+            self._emit_safely("closed", self._closed_at)
+
+    def _emit_state(self, sc: StateChanged) -> None:
+        self._emit_safely("state_changed", sc)
+
+    def _emit_safely(self, name: str, arg: Any) -> None:
+        # a listener's failure must not abort the machine's step that called it
+        try:
+            self.emit(name, arg)
+        except Exception:
+            logger.exception("a %r listener failed", name)
 
     async def _on_job_shutdown(self, reason: str) -> None:
         self.shutdown(reason)
@@ -387,7 +398,7 @@ async def on_session_end(ctx: JobContext) -> None:
     """
     runtime = _RUNTIMES.get(ctx)
     if runtime is None:
-        logger.warning("on_session_end: no JobRuntime was made for this job")
+        logger.info("on_session_end: no live JobRuntime for this job (none made, or closed)")
         return
     runtime.shutdown("session ended")
     await runtime.wait_closed()

@@ -186,7 +186,14 @@ class JobSessionHost(rtc.EventEmitter[str]):
             clock=self._clock,
             tracer=tracer,
         )
-        self.actor.on("state_changed", lambda sc: self.emit("state_changed", sc))
+        self.actor.on("state_changed", self._emit_state)
+
+    def _emit_state(self, sc: Any) -> None:
+        # a listener's failure must not abort the machine's step that called it
+        try:
+            self.emit("state_changed", sc)
+        except Exception:
+            logger.exception("a state_changed listener failed")
 
     # -- public ----------------------------------------------------------------------------
     @property
@@ -217,7 +224,14 @@ class JobSessionHost(rtc.EventEmitter[str]):
             return
         self._started = True
         self.actor.start()
-        await self._transport.start()
+        try:
+            await self._transport.start()
+        except ValueError as e:
+            # RoomSessionTransport: the topic's handler is taken, by a session's own host
+            raise RuntimeError(
+                f"the session transport cannot start ({e}); start the AgentSession with "
+                "session_host=False so the job's host is the only one"
+            ) from e
         self._recv_task = asyncio.get_running_loop().create_task(
             self._recv_loop(), name="JobSessionHost._recv_loop"
         )
@@ -228,6 +242,10 @@ class JobSessionHost(rtc.EventEmitter[str]):
             raise TypeError(f"attach() takes an AgentSession, not {type(session).__name__}")
         if self.actor.state == "closed" or self.actor.closed:
             raise RuntimeError("the session host is closed; no session can attach")
+        if getattr(session, "_session_host", None) is not None:
+            raise ValueError(
+                "this session runs its own session host; start it with session_host=False"
+            )
         self.actor.post(Event("attach", {"session": self.label_of(session)}))
 
     def detach(self, session: AgentSession[Any]) -> None:

@@ -475,6 +475,35 @@ async def test_bad_options_and_arguments_get_clear_errors() -> None:
     await rt.aclose()
 
 
+async def test_a_session_hosting_itself_is_refused_with_the_fix_named() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions="agent"), room=room)  # session_host left on
+    rt = JobRuntime(room=room, clock=clock)
+    with pytest.raises(ValueError, match="session_host=False"):
+        rt.attach(session)
+    with pytest.raises(RuntimeError, match="session_host=False"):
+        await rt.start()  # the session's own host holds the lk.agent.session topic
+    await session.aclose()
+
+
+async def test_a_failing_state_listener_does_not_stop_the_job() -> None:
+    rig = JobRig(simulation=None)
+
+    def broken(_sc: Any) -> None:
+        raise RuntimeError("listener bug")
+
+    rig.runtime.on("state_changed", broken)
+    await rig.runtime.start()
+    rig.runtime.shutdown("done")
+    await rig.settle()
+    assert rig.runtime.state == "closed" and rig.callbacks == [(0.0, "done")]
+    await rig.runtime.aclose()
+
+
 # -- production transport and the livekit-agents job ----------------------------------------
 
 
@@ -544,6 +573,7 @@ async def test_from_job_context_and_the_on_session_end_hook() -> None:
         assert fin.user_verdict.reason == "veto"
         assert order == ["on_simulation_end run-7", "user's on_session_end"]
         assert rt.state == "closed" and rt.room_deleted_at is None
+        assert JobRuntime.for_job(ctx) is None  # released with the job
         rt.request_room_deletion()  # ctx.delete_room() (a no-op on a fake job) runs now
         await settle()
         assert rt.room_deleted_at == 12.0
