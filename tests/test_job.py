@@ -77,7 +77,7 @@ class JobRig:
             transport=self.agent_end,
             simulation=simulation,
             on_simulation_end=on_simulation_end or veto,
-            delete_room=delete_room,
+            delete_room=opts.pop("delete_room", delete_room),
             **opts,
         )
 
@@ -410,12 +410,10 @@ async def test_deletion_requested_after_close_runs_at_once() -> None:
 
 
 async def test_failing_deletion_and_callbacks_do_not_stop_the_close() -> None:
-    rig = JobRig(simulation=None)
-
     async def fails() -> None:
         raise RuntimeError("server said no")
 
-    rig.runtime._delete_room = fails
+    rig = JobRig(simulation=None, delete_room=fails)
     rig.runtime.add_shutdown_callback(fails)
     await rig.runtime.start()
     rig.runtime.request_room_deletion()
