@@ -1,14 +1,28 @@
 """The job shutdown: the simulation verdict is never lost, and nothing waits on a
 participant who cannot answer.
 
-Shutdown holds in ``awaiting_finalize`` only while a simulator is there to ask; the hold
-ends on the first of: finalize answered, the simulator left, the room disconnected,
-``session_end_timeout``. ``closing`` is the one place the room is deleted.
+Shutdown (asked, or the attached session closing) holds in ``awaiting_finalize`` only while
+a simulator is there to ask: ``hold_needed`` = the job is a simulation, a participant with
+the ``lk.simulator`` attribute is present, the room is connected and no finalize was
+answered yet. The hold ends on the first of: finalize answered, the simulator left (other
+participants such as a SIP leg or an avatar do not count), the room disconnected,
+``session_end_timeout``. ``closing`` closes the host, then the room work (disconnect, the
+deferred deletion), then the shutdown callbacks, bounded by ``close_timeout``.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
 
 ENDS = ["shutdown", "session_closed"]
+EVENTS = (
+    "shutdown",  # {reason}
+    "session_closed",  # {reason}: the attached session closed
+    "finalize_answered",  # the verdict reply went out
+    "simulator_left",  # the last lk.simulator participant left (or lost the attribute)
+    "room_disconnected",  # {reason}
+    "hold_timeout",
+    "close_done",
+    "close_timeout",
+)
 
 JOB = MachineSpec(
     name="job",
@@ -31,16 +45,7 @@ JOB = MachineSpec(
         ),
         State(name="closed", final=True),
     ),
-    events=(
-        "shutdown",
-        "session_closed",
-        "finalize_answered",
-        "simulator_left",
-        "room_disconnected",
-        "hold_timeout",
-        "close_done",
-        "close_timeout",
-    ),
+    events=EVENTS,
     guards=("hold_needed",),
     effects=(
         Effect(
@@ -54,6 +59,7 @@ JOB = MachineSpec(
         *row("serving", "shutdown", "closing"),
         *row("serving", "session_closed", "awaiting_finalize", guards=["hold_needed"]),
         *row("serving", "session_closed", "closing"),
+        # as upstream's JobContext: the simulator leaving ends the run
         *row("serving", "simulator_left", "closing"),
         *row("serving", "room_disconnected", "closing"),
         *row("awaiting_finalize", "finalize_answered", "closing"),
@@ -65,24 +71,14 @@ JOB = MachineSpec(
     ),
     ignore=(
         *cells("serving", "finalize_answered", "answered early: no hold will be needed"),
-        *cells("serving", ["hold_timeout", "close_done", "close_timeout"]),
-        *cells("awaiting_finalize", [*ENDS, "close_done", "close_timeout"], "already ending"),
+        *cells("serving", ["hold_timeout", "close_done", "close_timeout"], "stale timer/task"),
+        *cells("awaiting_finalize", ENDS, "already ending"),
+        *cells("awaiting_finalize", ["close_done", "close_timeout"], "stale timer/task"),
         *cells(
             "closing",
             [*ENDS, "finalize_answered", "simulator_left", "room_disconnected", "hold_timeout"],
+            "already closing",
         ),
-        *cells(
-            "closed",
-            [
-                "shutdown",
-                "session_closed",
-                "finalize_answered",
-                "simulator_left",
-                "room_disconnected",
-                "hold_timeout",
-                "close_done",
-                "close_timeout",
-            ],
-        ),
+        *cells("closed", list(EVENTS), "the job is over"),
     ),
 )

@@ -1,0 +1,443 @@
+"""``JobRuntime``: one per job, driven by the ``job`` machine; owns the session host.
+
+The job keeps its room and its session host until the simulator has had its verdict:
+shutdown holds in ``awaiting_finalize`` only while a simulator is there to ask, and room
+deletion waits for the hold to end. See ``statemachines.job`` for the table.
+
+With livekit-agents, create it in the entrypoint with ``JobRuntime.from_job_context(ctx)``,
+start the primary ``AgentSession`` with ``session_host=False`` and attach it, and pass
+``on_session_end`` (this module) to ``AgentServer.rtc_session``: upstream calls it after the
+session closed and before it disconnects the room, so the hold runs while the simulator can
+still reach the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from livekit import rtc
+from livekit.agents import AgentSession
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+from livekit.agents.voice.remote_session import RoomSessionTransport, SessionTransport
+
+from statemachines.job import JOB
+
+from .actor import Actor, Event, StateChanged
+from .clock import AsyncioClock, Clock
+from .room_events import (
+    AttributesChanged,
+    ParticipantJoined,
+    ParticipantLeft,
+    RoomDisconnected,
+    RoomEventAdapter,
+    RoomFact,
+)
+from .session_host import JobSessionHost, SimulationEndFn, simulation_context
+from .trace import Tracer
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+
+logger = logging.getLogger("agent_runtime.job")
+
+DeleteRoomFn = Callable[[], Awaitable[Any]]
+ShutdownCallback = Callable[..., Any]
+
+# the live runtime of each job context, for on_session_end; dropped when the job closes
+_RUNTIMES: dict[Any, JobRuntime] = {}
+
+
+class JobRuntime(rtc.EventEmitter[str]):
+    """The job machine and its session host, over one room.
+
+    Emits ``state_changed`` (a ``StateChanged``, from either machine) and ``closed``.
+    """
+
+    def __init__(
+        self,
+        *,
+        room: rtc.Room,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        transport: SessionTransport | None = None,
+        simulation: SimulationContext | SimulationDispatch | None = None,
+        on_simulation_end: SimulationEndFn | None = None,
+        session_end_timeout: float = 300.0,
+        close_timeout: float = 10.0,
+        delete_room_on_close: bool = False,
+        delete_room: DeleteRoomFn | None = None,
+        room_events: RoomEventAdapter | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(room, rtc.Room):
+            raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
+        for name, value in (
+            ("session_end_timeout", session_end_timeout),
+            ("close_timeout", close_timeout),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+        if delete_room is not None and not callable(delete_room):
+            raise TypeError("delete_room must be an async callable taking no arguments")
+        if room_events is not None and room_events.room is not room:
+            raise ValueError("room_events must be an adapter over the same room")
+        self._room = room
+        self._clock: Clock = clock or AsyncioClock()
+        self._delete_room_on_close = bool(delete_room_on_close)
+        self._delete_room: DeleteRoomFn = delete_room or _server_api_deleter(room)
+        self._own_events = room_events is None
+        self._room_events = room_events or RoomEventAdapter(room)
+        self._unsubscribe_facts: Callable[[], None] | None = None
+        self._simulation = simulation_context(simulation)
+        self._simulators: set[str] = set()
+        self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
+        self._shutdown_callbacks: list[ShutdownCallback] = []
+        self._reason = ""
+        self._deletion_requested = False
+        self._deletion_started = False
+        self._room_step_done = False
+        self._late_deletion: asyncio.Task[None] | None = None
+        self._room_deleted_at: float | None = None
+        self._closed_at: float | None = None
+        self._closed = asyncio.Event()
+        self._started = False
+        instance = room.name or "job"
+        self.host = JobSessionHost(
+            transport if transport is not None else RoomSessionTransport(room),
+            simulation=self._simulation,
+            on_simulation_end=on_simulation_end,
+            on_session_closed=self._on_session_closed,
+            on_finalize_answered=self._on_finalize_answered,
+            clock=self._clock,
+            tracer=tracer,
+            instance=instance,
+        )
+        self.actor = Actor(
+            JOB,
+            instance=instance,
+            effects={"run_close": self._run_close},
+            guards={"hold_needed": lambda _ev: self.hold_needed},
+            settings={
+                "session_end_timeout": float(session_end_timeout),
+                "close_timeout": float(close_timeout),
+            },
+            clock=self._clock,
+            tracer=tracer,
+        )
+        self.actor.on("state_changed", self._on_job_state)
+        self.host.on("state_changed", self._emit_state)
+
+    @classmethod
+    def from_job_context(cls, ctx: JobContext, **opts: Any) -> JobRuntime:
+        """A runtime for a livekit-agents job: its room, its simulation context, the
+        ``on_simulation_end`` given to ``AgentServer.rtc_session`` and ``ctx.delete_room``
+        unless given in ``opts``. Found again by ``on_session_end(ctx)``."""
+        opts.setdefault("simulation", ctx.simulation_context())
+        if opts.get("on_simulation_end") is None:
+            # where the job runner puts rtc_session(on_simulation_end=...)
+            opts["on_simulation_end"] = getattr(ctx, "_simulation_end_fnc", None)
+        if opts.get("delete_room") is None:
+
+            async def delete_room() -> None:
+                await ctx.delete_room()
+
+            opts["delete_room"] = delete_room
+        runtime = cls(room=ctx.room, **opts)
+        _RUNTIMES[ctx] = runtime
+        runtime.on("closed", lambda _t: _RUNTIMES.pop(ctx, None))
+        # a safety net if on_session_end was not passed: closes with the job (no hold, the
+        # room is already disconnected by then)
+        ctx.add_shutdown_callback(runtime._on_job_shutdown)
+        return runtime
+
+    @staticmethod
+    def for_job(ctx: JobContext) -> JobRuntime | None:
+        """The runtime ``from_job_context`` made for ``ctx``, until it closed."""
+        return _RUNTIMES.get(ctx)
+
+    # -- state and facts -------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self.actor.state
+
+    @property
+    def host_state(self) -> str:
+        return self.host.state
+
+    @property
+    def simulation(self) -> SimulationContext | None:
+        return self._simulation
+
+    @property
+    def simulators(self) -> frozenset[str]:
+        """Identities of participants carrying the ``lk.simulator`` attribute."""
+        return frozenset(self._simulators)
+
+    @property
+    def hold_needed(self) -> bool:
+        """Would shutdown hold now: a simulation, a simulator present, the room connected
+        and no finalize answered yet."""
+        return (
+            self._simulation is not None
+            and bool(self._simulators)
+            and self._room.isconnected()
+            and not self.host.finalize_answered
+        )
+
+    @property
+    def finalize_answered(self) -> bool:
+        return self.host.finalize_answered
+
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        return self.host.verdict
+
+    @property
+    def room_deleted_at(self) -> float | None:
+        return self._room_deleted_at
+
+    @property
+    def closed_at(self) -> float | None:
+        return self._closed_at
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Watch the room, start the session host. Idempotent."""
+        if self._started:
+            return
+        self._started = True
+        for p in self._room.remote_participants.values():
+            if ATTRIBUTE_SIMULATOR in p.attributes:
+                self._simulators.add(p.identity)
+        self._unsubscribe_facts = self._room_events.subscribe(self._on_fact)
+        if self._own_events:
+            self._room_events.start()
+        self.actor.start()
+        await self.host.start()
+
+    def attach(self, session: AgentSession[Any]) -> None:
+        """Attach ``session`` to the job's host (detaching any other). Its close detaches it
+        and, if it is still the attached one, shuts the job down (with ``delete_room_on_close``,
+        room deletion is requested, deferred until the hold ends). Attach before
+        ``session.start()`` to forward its events from the first one."""
+        self.host.attach(session)  # raises on bad input or a closed host, changing nothing
+        if any(s is session for s, _ in self._session_listeners):
+            return
+
+        def on_close(ev: Any) -> None:
+            reason = getattr(getattr(ev, "reason", None), "value", None) or str(
+                getattr(ev, "reason", "")
+            )
+            self.host.session_closed(session, reason)
+
+        session.on("close", on_close)
+        self._session_listeners.append((session, on_close))
+
+    def detach(self, session: AgentSession[Any]) -> None:
+        """Detach ``session`` if it is the attached one; otherwise nothing changes."""
+        self.host.detach(session)
+
+    def shutdown(self, reason: str = "") -> None:
+        """Ask the job to end: it holds for the simulator if one can still ask, then closes."""
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+        self._reason = self._reason or reason
+        if not self.actor.closed:
+            self.actor.post(Event("shutdown", {"reason": reason}))
+
+    def request_room_deletion(self) -> None:
+        """Delete the room once the hold is over (what an end-call tool's delete_room does).
+        Deferred to ``closing``; after the room work there it runs at once."""
+        self._deletion_requested = True
+        if self._room_step_done and not self._deletion_started:
+            self._late_deletion = asyncio.get_running_loop().create_task(
+                self._delete_room_now(), name="JobRuntime.delete_room"
+            )
+
+    def add_shutdown_callback(self, callback: ShutdownCallback) -> None:
+        """Run ``callback(reason)`` (or ``callback()``) at the end of ``closing``; all of them
+        at once, within ``close_timeout``."""
+        if not callable(callback):
+            raise TypeError("a shutdown callback must be callable")
+        if self._closed.is_set():
+            raise RuntimeError("the job is closed; the callback would never run")
+        self._shutdown_callbacks.append(callback)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def aclose(self) -> None:
+        """Shut down (honouring the hold, which is bounded), wait for ``closed``, then release
+        every listener and task."""
+        if not self._closed.is_set() and not self.actor.closed:
+            self.shutdown("job runtime closed")
+            await self.wait_closed()
+        await self.host.aclose()
+        await self.actor.aclose()
+        if self._unsubscribe_facts is not None:
+            self._unsubscribe_facts()
+            self._unsubscribe_facts = None
+        if self._own_events:
+            self._room_events.aclose()
+        for session, cb in self._session_listeners:
+            with contextlib.suppress(Exception):
+                session.off("close", cb)
+        self._session_listeners.clear()
+        if self._late_deletion is not None:
+            await asyncio.gather(self._late_deletion, return_exceptions=True)
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _on_fact(self, fact: RoomFact) -> None:
+        if isinstance(fact, ParticipantJoined):
+            if ATTRIBUTE_SIMULATOR in fact.attributes:
+                self._simulators.add(fact.identity)
+        elif isinstance(fact, AttributesChanged):
+            if ATTRIBUTE_SIMULATOR in fact.attributes:
+                self._simulators.add(fact.identity)
+            elif fact.identity in self._simulators:
+                self._simulator_gone(fact.identity, "attribute removed")
+        elif isinstance(fact, ParticipantLeft):
+            if fact.identity in self._simulators or ATTRIBUTE_SIMULATOR in fact.attributes:
+                self._simulator_gone(fact.identity, fact.reason)
+        elif isinstance(fact, RoomDisconnected) and not self.actor.closed:
+            self.actor.post(Event("room_disconnected", {"reason": fact.reason}))
+
+    def _simulator_gone(self, identity: str, why: str) -> None:
+        self._simulators.discard(identity)
+        # only the last simulator leaving ends the hold; SIP legs and avatars never count
+        if not self._simulators and not self.actor.closed:
+            self.actor.post(Event("simulator_left", {"identity": identity, "reason": why}))
+
+    def _on_session_closed(self, reason: str) -> None:
+        if self._delete_room_on_close:
+            self.request_room_deletion()
+        self._reason = self._reason or f"session closed: {reason}"
+        if not self.actor.closed:
+            self.actor.post(Event("session_closed", {"reason": reason}))
+
+    def _on_finalize_answered(self, verdict: dict[str, Any] | None) -> None:
+        if not self.actor.closed:
+            self.actor.post(Event("finalize_answered", {"verdict": verdict}))
+
+    def _on_job_state(self, sc: StateChanged) -> None:
+        if sc.dest == "closed":
+            self._closed_at = self._clock.now()
+            self._closed.set()
+        self._emit_state(sc)
+        if sc.dest == "closed":
+            self._emit_safely("closed", self._closed_at)
+
+    def _emit_state(self, sc: StateChanged) -> None:
+        self._emit_safely("state_changed", sc)
+
+    def _emit_safely(self, name: str, arg: Any) -> None:
+        # a listener's failure must not abort the machine's step that called it
+        try:
+            self.emit(name, arg)
+        except Exception:
+            logger.exception("a %r listener failed", name)
+
+    async def _on_job_shutdown(self, reason: str) -> None:
+        self.shutdown(reason)
+        await self.wait_closed()
+
+    # -- closing ---------------------------------------------------------------------------
+    async def _run_close(self, _ev: Event) -> Event:
+        try:
+            await self.host.aclose()
+        except Exception:
+            logger.exception("closing the session host failed")
+        if self._room.isconnected():
+            try:
+                await self._room.disconnect()
+            except Exception:
+                logger.exception("disconnecting the room failed")
+        self._room_step_done = True
+        if self._deletion_requested:
+            await self._delete_room_now()
+        await self._run_shutdown_callbacks()
+        return Event("close_done")
+
+    async def _delete_room_now(self) -> None:
+        if self._deletion_started:
+            return
+        self._deletion_started = True
+        try:
+            await self._delete_room()
+        except Exception as e:
+            logger.warning("deleting the room failed: %s", e)
+            return
+        self._room_deleted_at = self._clock.now()
+
+    async def _run_shutdown_callbacks(self) -> None:
+        async def run(cb: ShutdownCallback) -> None:
+            res = cb(self._reason) if _takes_argument(cb) else cb()
+            if inspect.isawaitable(res):
+                await res
+
+        results = await asyncio.gather(
+            *(run(cb) for cb in self._shutdown_callbacks), return_exceptions=True
+        )
+        for cb, res in zip(self._shutdown_callbacks, results, strict=True):
+            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
+                logger.error("shutdown callback %r failed", cb, exc_info=res)
+
+
+async def on_session_end(ctx: JobContext) -> None:
+    """Pass to ``AgentServer.rtc_session(..., on_session_end=on_session_end)``.
+
+    Upstream calls it after the primary session closed and before ``ShuttingDown`` and the
+    room disconnect: the runtime shuts down here, holding for the simulator's finalize
+    (bounded by ``session_end_timeout``), and this returns once the job is ``closed``.
+    """
+    runtime = _RUNTIMES.get(ctx)
+    if runtime is None:
+        logger.info("on_session_end: no live JobRuntime for this job (none made, or closed)")
+        return
+    runtime.shutdown("session ended")
+    await runtime.wait_closed()
+
+
+def session_end_hook(
+    then: Callable[[JobContext], Any] | None = None,
+) -> Callable[[JobContext], Awaitable[None]]:
+    """``on_session_end`` followed by your own session-end callback ``then(ctx)``."""
+    if then is not None and not callable(then):
+        raise TypeError("then must be callable")
+
+    async def hook(ctx: JobContext) -> None:
+        await on_session_end(ctx)
+        if then is not None:
+            res = then(ctx)
+            if inspect.isawaitable(res):
+                await res
+
+    return hook
+
+
+def _takes_argument(cb: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(cb).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+    )
+
+
+def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:
+    """Delete through the server API with credentials from the environment (as a job does)."""
+
+    async def delete() -> None:
+        from livekit import api
+
+        async with api.LiveKitAPI() as lkapi:
+            await lkapi.room.delete_room(api.DeleteRoomRequest(room=room.name))
+
+    return delete

@@ -1,0 +1,600 @@
+"""A session host owned by the job, driven by the ``session_host`` machine.
+
+One host per job over any ``SessionTransport`` (in production livekit's
+``RoomSessionTransport(room)`` on topic ``lk.agent.session``). Sessions attach and detach;
+the host outlives them, so a simulator's ``finalize_simulation`` is answered after the agent
+hung up.
+
+Ordinary requests and event forwarding are livekit's own: each attached session gets a fresh
+livekit ``SessionHost`` over a pipe whose replies and events go out on the job's transport.
+Detaching closes that per-session host, which removes its event subscriptions, so a replaced
+session's events stop at once while a new one's flow (upstream subscribes only the first
+session it ever sees). ``finalize_simulation`` is answered here, from the job's simulation
+context, whether or not a session is attached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from google.protobuf import descriptor, json_format
+from google.protobuf import message as pb_message
+from google.protobuf.unknown_fields import UnknownFieldSet
+from livekit import rtc
+from livekit.agents import AgentSession
+from livekit.agents.simulation import SimulationContext, SimulationDispatch, SimulationVerdict
+from livekit.agents.voice.remote_session import SessionHost, SessionTransport
+from livekit.protocol import agent_simulation as sim_pb
+from livekit.protocol.agent_pb import agent_session as agent_pb
+
+from statemachines.session_host import SESSION_HOST
+
+from .actor import Actor, Event
+from .clock import AsyncioClock, Clock
+from .trace import Tracer
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+
+logger = logging.getLogger("agent_runtime.session_host")
+
+NO_ACTIVE_SESSION = "no active session"
+SimulationEndFn = Callable[[SimulationContext], Any]
+_REQUEST_KINDS = frozenset(
+    f.name for f in agent_pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"].fields
+)
+# a request kind this agent has no name for is sent on a field number the protocol does not
+# use, which is how a newer simulator's request arrives at an older agent
+_UNKNOWN_KIND_FIELD = 999
+
+
+def simulation_context(
+    simulation: SimulationContext | SimulationDispatch | None,
+    job_ctx: JobContext | None = None,
+) -> SimulationContext | None:
+    """A ``SimulationContext`` from either a context or a ``SimulationDispatch``.
+
+    Built from a dispatch outside a job (a bare room), ``job_context`` is ``None``.
+    """
+    if simulation is None or isinstance(simulation, SimulationContext):
+        return simulation
+    if isinstance(simulation, SimulationDispatch):
+        if not simulation.simulation_run_id:
+            raise ValueError("a SimulationDispatch needs a simulation_run_id")
+        return SimulationContext(simulation, cast("JobContext", job_ctx))
+    raise TypeError(
+        "simulation must be a SimulationContext, a SimulationDispatch or None, "
+        f"not {type(simulation).__name__}"
+    )
+
+
+class _SessionPipe(SessionTransport):
+    """The transport one per-session livekit ``SessionHost`` sees: requests the job host
+    feeds it in; its replies and events go out on the job's transport."""
+
+    def __init__(self, out: SessionTransport) -> None:
+        self._out = out
+        self._inbox: asyncio.Queue[agent_pb.AgentSessionMessage | None] = asyncio.Queue()
+        self._closed = False
+
+    def feed(self, request: agent_pb.SessionRequest) -> None:
+        if not self._closed:
+            self._inbox.put_nowait(agent_pb.AgentSessionMessage(request=request))
+
+    async def start(self) -> None:
+        return None
+
+    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
+        await self._out.send_message(msg)
+
+    async def close(self) -> None:
+        # closes only this pipe: the job's transport belongs to the job host
+        if not self._closed:
+            self._closed = True
+            self._inbox.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
+        return self
+
+    async def __anext__(self) -> agent_pb.AgentSessionMessage:
+        msg = await self._inbox.get()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+
+@dataclass
+class _Attached:
+    label: str
+    pipe: _SessionPipe
+    host: SessionHost
+
+
+class JobSessionHost(rtc.EventEmitter[str]):
+    """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``).
+
+    ``on_session_closed(reason)`` is called when the attached session closes;
+    ``on_finalize_answered(verdict)`` once the finalize reply went out.
+    """
+
+    def __init__(
+        self,
+        transport: SessionTransport,
+        *,
+        simulation: SimulationContext | SimulationDispatch | None = None,
+        on_simulation_end: SimulationEndFn | None = None,
+        on_session_closed: Callable[[str], None] | None = None,
+        on_finalize_answered: Callable[[dict[str, Any] | None], None] | None = None,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        instance: str = "",
+        drain_timeout: float = 3.0,
+    ) -> None:
+        super().__init__()
+        if on_simulation_end is not None and not callable(on_simulation_end):
+            raise TypeError("on_simulation_end must be callable")
+        self._transport = transport
+        self._simulation = simulation_context(simulation)
+        self._on_simulation_end = on_simulation_end
+        self._on_session_closed = on_session_closed
+        self._on_finalize_answered = on_finalize_answered
+        self._clock: Clock = clock or AsyncioClock()
+        self._drain_timeout = drain_timeout
+        self._labels = itertools.count(1)
+        self._sessions: dict[str, AgentSession[Any]] = {}
+        self._pending: dict[int, agent_pb.SessionRequest] = {}
+        self._refs = itertools.count(1)
+        self._attached: _Attached | None = None
+        self._closing_hosts: set[asyncio.Task[None]] = set()
+        self._finalize_task: asyncio.Task[None] | None = None
+        self._finalize_taken = False
+        # the verdict of a finalize whose reply could not be sent: a retry gets it again
+        # without running on_simulation_end twice
+        self._finalize_result: (
+            tuple[agent_pb.SessionResponse.FinalizeSimulationResponse, str] | None
+        ) = None
+        self._finalize_answered = False
+        self._verdict: dict[str, Any] | None = None
+        self._recv_task: asyncio.Task[None] | None = None
+        self._started = False
+        self.actor = Actor(
+            SESSION_HOST,
+            instance=instance,
+            effects={
+                "subscribe": self._subscribe,
+                "unsubscribe": self._unsubscribe,
+                "delegate_request": self._delegate_request,
+                "reply_no_session": self._reply_no_session,
+                "reply_error": self._reply_error,
+                "answer_finalize": self._answer_finalize,
+                "refuse_finalize": self._refuse_finalize,
+                "report_finalize": self._report_finalize,
+                "report_session_closed": self._report_session_closed,
+                "close_transport": self._close_transport,
+            },
+            guards={
+                "is_current": self._is_current,
+                "finalize_taken": lambda _ev: self._finalize_taken,
+            },
+            clock=self._clock,
+            tracer=tracer,
+        )
+        self.actor.on("state_changed", self._emit_state)
+
+    def _emit_state(self, sc: Any) -> None:
+        # a listener's failure must not abort the machine's step that called it
+        try:
+            self.emit("state_changed", sc)
+        except Exception:
+            logger.exception("a state_changed listener failed")
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self.actor.state
+
+    @property
+    def session(self) -> AgentSession[Any] | None:
+        """The attached session, as of the last event the machine handled."""
+        return self._sessions.get(self._attached.label) if self._attached else None
+
+    @property
+    def simulation(self) -> SimulationContext | None:
+        return self._simulation
+
+    @property
+    def finalize_answered(self) -> bool:
+        return self._finalize_answered
+
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        """The agent's own verdict as delivered (``user_verdict``), or ``None``."""
+        return self._verdict
+
+    async def start(self) -> None:
+        """Start the transport and begin reading requests."""
+        if self._started or self.actor.state == "closed":
+            return
+        self._started = True
+        self.actor.start()
+        try:
+            await self._transport.start()
+        except ValueError as e:
+            # RoomSessionTransport: the topic's handler is taken, by a session's own host
+            raise RuntimeError(
+                f"the session transport cannot start ({e}); start the AgentSession with "
+                "session_host=False so the job's host is the only one"
+            ) from e
+        self._recv_task = asyncio.get_running_loop().create_task(
+            self._recv_loop(), name="JobSessionHost._recv_loop"
+        )
+
+    def attach(self, session: AgentSession[Any]) -> None:
+        """Attach ``session`` (detaching any other). Raises once the host is closed."""
+        if not isinstance(session, AgentSession):
+            raise TypeError(f"attach() takes an AgentSession, not {type(session).__name__}")
+        if self.actor.state == "closed" or self.actor.closed:
+            raise RuntimeError("the session host is closed; no session can attach")
+        if getattr(session, "_session_host", None) is not None:
+            raise ValueError(
+                "this session runs its own session host; start it with session_host=False"
+            )
+        self.actor.post(Event("attach", {"session": self.label_of(session)}))
+
+    def detach(self, session: AgentSession[Any]) -> None:
+        """Detach ``session`` if it is the attached one; otherwise nothing changes."""
+        self.actor.post(Event("detach", {"session": self.label_of(session)}))
+
+    def session_closed(self, session: AgentSession[Any], reason: str) -> None:
+        """``session`` closed: if it is the attached one it detaches and the job is told."""
+        self.actor.post(
+            Event("session_closed", {"session": self.label_of(session), "reason": reason})
+        )
+
+    def label_of(self, session: AgentSession[Any]) -> str:
+        """A stable label for traces (``session-1``, ``session-2``, ...)."""
+        for label, s in self._sessions.items():
+            if s is session:
+                return label
+        label = f"session-{next(self._labels)}"
+        self._sessions[label] = session
+        return label
+
+    async def aclose(self) -> None:
+        """Close the host (drains in-flight replies, closes the transport) and its actor."""
+        if not self.actor.closed and self.actor.state != "closed":
+            with contextlib.suppress(Exception):
+                await self.actor.send(Event("close"))
+        await self.actor.aclose()
+        await self._stop_recv()
+        self._sessions.clear()
+        self._pending.clear()
+
+    # -- incoming --------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        it = self._transport.__aiter__()
+        while True:
+            try:
+                msg = await it.__anext__()
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # one unreadable message must not stop the host
+                logger.warning("unreadable session message", exc_info=True)
+                await asyncio.sleep(0)
+                continue
+            if msg.HasField("request"):
+                self._on_request(msg.request)
+            else:
+                logger.debug("ignored session message %r", msg.WhichOneof("message"))
+
+    def _on_request(self, req: agent_pb.SessionRequest) -> None:
+        if self.actor.closed:
+            return
+        kind = req.WhichOneof("request") or ""
+        ref = next(self._refs)
+        data: dict[str, Any] = {"request_id": req.request_id, "kind": kind or "unknown", "ref": ref}
+        problem = request_problem(req)
+        if problem is not None:
+            self._pending[ref] = req
+            self.actor.post(Event("bad_request", {**data, "error": problem}))
+            return
+        self._pending[ref] = req
+        if kind == "finalize_simulation":
+            fin = req.finalize_simulation
+            data["provisional_success"] = fin.provisional_success
+            data["provisional_reason"] = fin.provisional_reason
+            self.actor.post(Event("finalize", data))
+        else:
+            self.actor.post(Event("request", data))
+
+    # -- guards ----------------------------------------------------------------------------
+    def _is_current(self, ev: Event) -> bool:
+        return self._attached is not None and ev.data.get("session") == self._attached.label
+
+    # -- effects ---------------------------------------------------------------------------
+    async def _subscribe(self, ev: Event) -> None:
+        label = str(ev.data["session"])
+        session = self._sessions[label]
+        pipe = _SessionPipe(self._transport)
+        host = SessionHost(pipe)
+        host.register_session(session)
+        self._attached = _Attached(label, pipe, host)
+        await host.start()
+
+    async def _unsubscribe(self, ev: Event) -> None:
+        att, self._attached = self._attached, None
+        if att is None:
+            return
+        # closing the per-session host can wait on its in-flight requests; run it aside so
+        # the mailbox keeps moving. Its first step (synchronous, before any await) removes
+        # the session's event subscriptions; one turn of the loop runs exactly that step.
+        task = asyncio.get_running_loop().create_task(
+            att.host.aclose(), name=f"JobSessionHost.detach:{att.label}"
+        )
+        self._closing_hosts.add(task)
+        task.add_done_callback(self._closing_hosts.discard)
+        await asyncio.sleep(0)
+
+    def _delegate_request(self, ev: Event) -> None:
+        req = self._pending.pop(int(ev.data["ref"]), None)
+        if req is not None and self._attached is not None:
+            self._attached.pipe.feed(req)
+
+    async def _reply_no_session(self, ev: Event) -> None:
+        self._pending.pop(int(ev.data["ref"]), None)
+        await self._send_error(str(ev.data["request_id"]), NO_ACTIVE_SESSION)
+
+    async def _reply_error(self, ev: Event) -> None:
+        self._pending.pop(int(ev.data["ref"]), None)
+        await self._send_error(str(ev.data["request_id"]), str(ev.data["error"]))
+
+    async def _refuse_finalize(self, ev: Event) -> None:
+        self._pending.pop(int(ev.data["ref"]), None)
+        why = "answered" if self._finalize_answered else "being answered"
+        await self._send_error(str(ev.data["request_id"]), f"finalize_simulation was already {why}")
+
+    async def _answer_finalize(self, ev: Event) -> None:
+        req = self._pending.pop(int(ev.data["ref"]), None)
+        if req is None:
+            return
+        if self._simulation is None:
+            await self._send_error(req.request_id, "this job is not a simulation")
+            return
+        self._finalize_taken = True
+        # on_simulation_end may take a while (it often calls a model); it runs aside and
+        # reports back with finalize_done
+        self._finalize_task = asyncio.get_running_loop().create_task(
+            self._run_finalize(req), name="JobSessionHost.finalize"
+        )
+
+    async def _run_finalize(self, req: agent_pb.SessionRequest) -> None:
+        sim = self._simulation
+        assert sim is not None
+        if self._finalize_result is not None:
+            result, error = self._finalize_result
+        else:
+            result, error = agent_pb.SessionResponse.FinalizeSimulationResponse(), ""
+            fin = req.finalize_simulation
+            try:
+                sim._begin_finalize(
+                    simulator_verdict=SimulationVerdict(
+                        success=fin.provisional_success, reason=fin.provisional_reason
+                    ),
+                    run=sim_pb.SimulationRun(id=sim.simulation_run_id),
+                )
+                if self._on_simulation_end is not None:
+                    res = self._on_simulation_end(sim)
+                    if inspect.isawaitable(res):
+                        await res
+                if (uv := sim.user_verdict) is not None:
+                    result.user_verdict.success = uv.success
+                    result.user_verdict.reason = uv.reason
+            except Exception as e:
+                # the simulator still gets an answer: its own verdict stands
+                logger.exception("on_simulation_end failed")
+                error = f"on_simulation_end failed: {type(e).__name__}: {e}"
+            self._finalize_result = (result, error)
+        resp = agent_pb.SessionResponse(
+            request_id=req.request_id, error=error or None, finalize_simulation=result
+        )
+        delivered = True
+        try:
+            await self._transport.send_message(agent_pb.AgentSessionMessage(response=resp))
+        except Exception as e:
+            delivered = False
+            logger.warning("could not deliver the finalize_simulation reply: %s", e)
+        verdict = (
+            {"success": result.user_verdict.success, "reason": result.user_verdict.reason}
+            if result.HasField("user_verdict")
+            else None
+        )
+        self.actor.post(
+            Event(
+                "finalize_done",
+                {"request_id": req.request_id, "delivered": delivered, "verdict": verdict},
+            )
+        )
+
+    def _report_finalize(self, ev: Event) -> None:
+        if not ev.data.get("delivered"):
+            self._finalize_taken = False  # a retry is answered (with the same verdict)
+            return
+        self._finalize_answered = True
+        verdict = ev.data.get("verdict")
+        self._verdict = dict(verdict) if isinstance(verdict, Mapping) else None
+        if self._on_finalize_answered is not None:
+            self._on_finalize_answered(self._verdict)
+
+    def _report_session_closed(self, ev: Event) -> None:
+        if self._on_session_closed is not None:
+            self._on_session_closed(str(ev.data.get("reason", "")))
+
+    async def _close_transport(self, ev: Event) -> None:
+        await self._stop_recv()
+        waiting: list[asyncio.Task[Any]] = list(self._closing_hosts)
+        if self._finalize_task is not None and not self._finalize_task.done():
+            waiting.append(self._finalize_task)
+        if waiting:
+            # let replies already being worked on go out, within a bound
+            with contextlib.suppress(TimeoutError):
+                await self._clock.wait_for(
+                    asyncio.gather(*waiting, return_exceptions=True), self._drain_timeout
+                )
+            for t in waiting:
+                t.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+        self._pending.clear()
+        await self._transport.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+    async def _stop_recv(self) -> None:
+        task, self._recv_task = self._recv_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _send_error(self, request_id: str, error: str) -> None:
+        await self._transport.send_message(
+            agent_pb.AgentSessionMessage(
+                response=agent_pb.SessionResponse(request_id=request_id, error=error)
+            )
+        )
+
+
+# -- request validation and building -------------------------------------------------------
+
+
+def request_problem(req: agent_pb.SessionRequest) -> str | None:
+    """What makes ``req`` unanswerable, or ``None``: an unknown kind, or a field of a known
+    kind that arrived with the wrong wire type (so protobuf set it aside and would read a
+    default in its place, e.g. ``provisional_success`` silently false)."""
+    bad = _mistyped_fields(req)
+    if bad:
+        return f"malformed request: {', '.join(bad)} has the wrong type"
+    kind = req.WhichOneof("request")
+    if kind is None:
+        return "unknown request kind"
+    bad = _mistyped_fields(getattr(req, kind))
+    if bad:
+        return f"malformed {kind}: {', '.join(bad)} has the wrong type"
+    return None
+
+
+def _mistyped_fields(msg: pb_message.Message) -> list[str]:
+    by_number = msg.DESCRIPTOR.fields_by_number
+    unknown = UnknownFieldSet(msg)
+    numbers = {unknown[i].field_number for i in range(len(unknown))}
+    return sorted(by_number[n].name for n in numbers if n in by_number)
+
+
+def build_request(
+    kind: str, payload: Mapping[str, Any] | None = None, *, request_id: str
+) -> agent_pb.SessionRequest:
+    """A ``SessionRequest`` as a simulator would put it on the wire, from a kind name and a
+    payload mapping (scenario files, tests).
+
+    Fields of the right type are set normally. A field given a value of another type is
+    encoded with that value's wire type, as a buggy client would send it, so the host sees
+    the same malformed message a real one would. A kind this agent does not know goes on a
+    field number it has no name for. A payload key that is not a field of ``kind`` raises
+    ``ValueError``.
+    """
+    if not isinstance(kind, str) or not kind:
+        raise ValueError("a session request needs a kind name")
+    payload = dict(payload or {})
+    base = agent_pb.SessionRequest(request_id=request_id).SerializeToString()
+    if kind not in _REQUEST_KINDS:
+        if payload:
+            raise ValueError(f"unknown request kind {kind!r} cannot carry a payload")
+        body = b""
+        number = _UNKNOWN_KIND_FIELD
+    else:
+        field = agent_pb.SessionRequest.DESCRIPTOR.fields_by_name[kind]
+        msg_type = field.message_type
+        assert msg_type is not None  # every request kind is a message
+        holder = agent_pb.SessionRequest()
+        sub = getattr(holder, kind)
+        raw = b""
+        for key, value in payload.items():
+            f = msg_type.fields_by_name.get(key)
+            if f is None:
+                names = ", ".join(msg_type.fields_by_name) or "none"
+                raise ValueError(f"{kind} has no field {key!r} (fields: {names})")
+            if _fits(f, value):
+                if f.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
+                    json_format.ParseDict(dict(value), getattr(sub, key))
+                else:
+                    setattr(sub, key, value)
+            else:
+                raw += _encode_raw(f.number, value, f"{kind}.{key}")
+        body = sub.SerializeToString() + raw
+        number = field.number
+    data = base + _tag(number, 2) + _varint(len(body)) + body
+    req = agent_pb.SessionRequest()
+    req.ParseFromString(data)
+    return req
+
+
+def _fits(f: Any, value: Any) -> bool:
+    t = descriptor.FieldDescriptor
+    if f.type == t.TYPE_BOOL:
+        return isinstance(value, bool)
+    if f.type == t.TYPE_STRING:
+        return isinstance(value, str)
+    if f.type in (t.TYPE_FLOAT, t.TYPE_DOUBLE):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if f.type == t.TYPE_MESSAGE:
+        if not isinstance(value, Mapping):
+            return False
+        try:
+            json_format.ParseDict(dict(value), _sub_message(f))
+        except json_format.ParseError:
+            return False
+        return True
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sub_message(f: Any) -> pb_message.Message:
+    from google.protobuf import message_factory
+
+    assert f.message_type is not None
+    return message_factory.GetMessageClass(f.message_type)()
+
+
+def _encode_raw(number: int, value: Any, where: str) -> bytes:
+    if isinstance(value, bool | int):
+        return _tag(number, 0) + _varint(int(value) & (2**64 - 1))
+    if isinstance(value, float):
+        import struct
+
+        return _tag(number, 1) + struct.pack("<d", value)
+    if isinstance(value, str | bytes):
+        b = value.encode() if isinstance(value, str) else value
+        return _tag(number, 2) + _varint(len(b)) + b
+    raise ValueError(f"{where}: cannot put a {type(value).__name__} on the wire")
+
+
+def _tag(number: int, wire_type: int) -> bytes:
+    return _varint((number << 3) | wire_type)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)

@@ -1,0 +1,707 @@
+"""Job shutdown with a job-owned session host: the verdict is never lost, and the job never
+waits on a participant who cannot answer.
+
+Real ``AgentSession`` on an ``InMemoryRoom`` (a real ``rtc.Room`` with no server), livekit's
+own ``RemoteSession`` client playing the simulator over a paired in-memory transport that
+carries the real protobuf messages, virtual time. Faked, because they need a server: the
+room's server-side deletion (an injected ``delete_room``) and the transport's byte stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason, UserInputTranscribedEvent
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.testing import fake_job_context
+from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.agents.voice.remote_session import (
+    TOPIC_SESSION_MESSAGES,
+    RemoteSession,
+    RoomSessionTransport,
+)
+from livekit.protocol.agent_pb import agent_session as agent_pb
+
+from agent_runtime import Event, MemorySink, Tracer, VirtualClock, settle
+from agent_runtime.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.job import JobRuntime, on_session_end, session_end_hook
+from agent_runtime.session_host import build_request
+
+DISPATCH = SimulationDispatch(simulation_run_id="run-7", job_id="simjob-7")
+SIM = {ATTRIBUTE_SIMULATOR: "1"}
+
+
+class JobRig:
+    """A job in a connected in-memory room, a simulator participant, and its transport end."""
+
+    def __init__(
+        self,
+        *,
+        simulation: Any = DISPATCH,
+        simulator: bool = True,
+        others: tuple[tuple[str, str], ...] = (),
+        on_simulation_end: Any = None,
+        **opts: Any,
+    ) -> None:
+        self.clock = VirtualClock()
+        self.sink = MemorySink()
+        self.room = InMemoryRoom(name="sim-room", clock=self.clock)
+        self.room.connect_locally()
+        if simulator:
+            self.room.add_participant("simulator", attributes=SIM)
+        for identity, kind in others:
+            self.room.add_participant(identity, kind=kind)
+        self.sim_end, self.agent_end = InMemorySessionTransport.pair()
+        self.deletions: list[tuple[float, bool]] = []
+        self.verdicts_seen: list[Any] = []
+        self.callbacks: list[tuple[float, str]] = []
+
+        def veto(ctx: SimulationContext) -> None:
+            self.verdicts_seen.append(ctx.simulator_verdict)
+            ctx.fail("orders table does not match the scenario")
+
+        async def delete_room() -> None:
+            # what the server does: the room goes, with everyone in it
+            self.deletions.append((self.clock.now(), self.runtime.finalize_answered))
+            self.room.deleted_at = self.clock.now()
+            self.room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
+
+        self.runtime = JobRuntime(
+            room=self.room,
+            clock=self.clock,
+            tracer=Tracer(self.sink),
+            transport=self.agent_end,
+            simulation=simulation,
+            on_simulation_end=on_simulation_end or veto,
+            delete_room=opts.pop("delete_room", delete_room),
+            **opts,
+        )
+
+        async def record(reason: str) -> None:
+            self.callbacks.append((self.clock.now(), reason))
+
+        self.runtime.add_shutdown_callback(record)
+
+    async def settle(self) -> None:
+        await settle()
+        await self.runtime.host.actor.join()
+        await self.runtime.actor.join()
+        await settle()
+
+    def path(self) -> list[tuple[float, str, str, str]]:
+        return [
+            (r.t, r.event, r.source, r.dest)
+            for r in self.sink.records
+            if r.machine == "job" and r.kind == "transition"
+        ]
+
+    async def remote(self) -> RemoteSession:
+        remote = RemoteSession(self.sim_end)
+        await remote.start()
+        return remote
+
+
+async def session_in(
+    room: InMemoryRoom, instructions: str = "You take orders."
+) -> AgentSession[Any]:
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions=instructions), room=room, session_host=False)
+    return session
+
+
+async def bare_session(instructions: str) -> AgentSession[Any]:
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions=instructions), session_host=False)
+    return session
+
+
+# -- the cases of the issue --------------------------------------------------------------------
+
+
+async def test_agent_hangs_up_then_finalize_arrives_verdict_delivered_room_deleted_after() -> None:
+    rig = JobRig(delete_room_on_close=True)
+    rt = rig.runtime
+    session = await session_in(rig.room)
+    rt.attach(session)
+    await rt.start()
+    remote = await rig.remote()
+    assert (await remote.get_agent_info()).instructions == "You take orders."
+
+    await session.aclose()  # the agent hangs up (an end-call tool closes user_initiated)
+    await rig.settle()
+    assert (rt.state, rt.host_state) == ("awaiting_finalize", "detached")
+
+    await rig.clock.advance(20)  # the simulator judges the transcript meanwhile
+    assert rt.state == "awaiting_finalize"
+    assert rig.room.isconnected() and rig.deletions == []
+
+    resp = await remote.finalize_simulation(provisional_success=True, provisional_reason="polite")
+    await rig.settle()
+    assert resp.user_verdict.success is False
+    assert resp.user_verdict.reason == "orders table does not match the scenario"
+    assert [v.reason for v in rig.verdicts_seen] == ["polite"]
+    assert rt.finalize_answered
+    assert rt.verdict == {"success": False, "reason": "orders table does not match the scenario"}
+    # deleted only after the verdict went out, and at that moment (no lingering)
+    assert rig.deletions == [(20.0, True)] and rt.room_deleted_at == 20.0
+    assert (rt.state, rt.host_state, rt.closed_at) == ("closed", "closed", 20.0)
+    assert rig.callbacks == [(20.0, "session closed: user_initiated")]
+    assert rig.path() == [
+        (0.0, "session_closed", "serving", "awaiting_finalize"),
+        (20.0, "finalize_answered", "awaiting_finalize", "closing"),
+        (20.0, "close_done", "closing", "closed"),
+    ]
+    await remote.aclose()
+    await rt.aclose()
+
+
+async def test_simulator_leaves_while_sip_leg_stays_job_closes_at_once() -> None:
+    rig = JobRig(others=(("phone-leg", "sip"), ("avatar-worker", "agent")))
+    rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    await session.aclose()
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+
+    await rig.clock.advance(3)
+    rig.room.remove_participant("avatar-worker")  # others leaving do not end the hold
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+
+    await rig.clock.advance(2)
+    rig.room.remove_participant("simulator")
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 5.0)
+    assert "phone-leg" in rig.room.remote_participants
+    assert not rt.finalize_answered and rt.verdict is None
+    await rt.aclose()
+
+
+@pytest.mark.parametrize("timeout", [None, 42.0])
+async def test_simulator_neither_answers_nor_leaves_closes_at_session_end_timeout(
+    timeout: float | None,
+) -> None:
+    opts = {} if timeout is None else {"session_end_timeout": timeout}
+    rig = JobRig(delete_room_on_close=True, **opts)
+    rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    await session.aclose()
+    limit = timeout if timeout is not None else 300.0  # livekit-agents' default
+    await rig.clock.advance(limit - 0.5)
+    await rig.settle()
+    assert rt.state == "awaiting_finalize" and rig.deletions == []
+    await rig.clock.advance(0.5)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", limit)
+    assert rig.deletions == [(limit, False)]
+    assert rig.path()[1] == (limit, "hold_timeout", "awaiting_finalize", "closing")
+    await rt.aclose()
+
+
+async def test_room_disconnecting_during_the_hold_ends_it() -> None:
+    rig = JobRig()
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("entrypoint done")
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+    await rig.clock.advance(7)
+    rig.room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 7.0)
+    assert rig.path()[1] == (7.0, "room_disconnected", "awaiting_finalize", "closing")
+    assert rig.callbacks == [(7.0, "entrypoint done")]
+    await rt.aclose()
+
+
+async def test_ordinary_shutdown_without_simulation_does_not_hold() -> None:
+    # even with a participant carrying the attribute: not a simulation job, no hold
+    rig = JobRig(simulation=None, delete_room_on_close=True)
+    rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    await session.aclose()
+    await rig.settle()
+    assert (rt.state, rt.closed_at, rt.room_deleted_at) == ("closed", 0.0, 0.0)
+    assert [p[3] for p in rig.path()] == ["closing", "closed"]
+    assert not rig.room.isconnected()
+    await rt.aclose()
+
+
+async def test_simulation_without_a_simulator_in_the_room_does_not_hold() -> None:
+    rig = JobRig(simulator=False, others=(("phone-leg", "sip"),))
+    await rig.runtime.start()
+    rig.runtime.shutdown("done")
+    await rig.settle()
+    assert rig.runtime.state == "closed"
+    await rig.runtime.aclose()
+
+
+async def test_simulator_attribute_set_after_join_counts() -> None:
+    rig = JobRig(simulator=False)
+    rig.room.add_participant("late-sim")
+    await rig.runtime.start()
+    rig.room.set_participant_attributes("late-sim", SIM)
+    rig.runtime.shutdown("done")
+    await rig.settle()
+    assert rig.runtime.state == "awaiting_finalize"
+    assert rig.runtime.simulators == {"late-sim"}
+    rig.room.remove_participant("late-sim")
+    await rig.settle()
+    assert rig.runtime.state == "closed"
+    await rig.runtime.aclose()
+
+
+async def test_finalize_answered_before_shutdown_means_no_hold() -> None:
+    rig = JobRig()
+    rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    remote = await rig.remote()
+    await remote.finalize_simulation(provisional_success=True)
+    await rig.settle()
+    assert rt.state == "serving" and rt.finalize_answered
+    await session.aclose()
+    await rig.settle()
+    assert rt.state == "closed"
+    assert "awaiting_finalize" not in [p[3] for p in rig.path()]
+    await remote.aclose()
+    await rt.aclose()
+
+
+async def test_shutdown_while_the_session_is_live_keeps_serving_it_during_the_hold() -> None:
+    rig = JobRig()
+    rt = rig.runtime
+    session = await bare_session("I am still here")
+    rt.attach(session)
+    await rt.start()
+    rt.shutdown("job asked to end")
+    await rig.settle()
+    assert (rt.state, rt.host_state) == ("awaiting_finalize", "attached")
+    remote = await rig.remote()
+    assert (await remote.get_agent_info()).instructions == "I am still here"
+    await remote.finalize_simulation(provisional_success=False, provisional_reason="rude")
+    await rig.settle()
+    assert rt.state == "closed"
+    await remote.aclose()
+    await session.aclose()
+    await rt.aclose()
+
+
+# -- sessions attached to the job --------------------------------------------------------------
+
+
+async def test_attach_a_then_b_only_b_reaches_the_client_and_only_b_ends_the_job() -> None:
+    rig = JobRig()
+    rt = rig.runtime
+    a, b = await bare_session("I am A"), await bare_session("I am B")
+    rt.attach(a)
+    await rt.start()
+    rt.attach(b)
+    await rig.settle()
+    heard: list[str] = []
+    remote = await rig.remote()
+    remote.on(
+        "user_input_transcribed", lambda ev: heard.append(ev.user_input_transcribed.transcript)
+    )
+    for s, text in ((a, "from A"), (b, "from B")):
+        s.emit("user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=True))
+    await rig.settle()
+    assert heard == ["from B"]
+    assert (await remote.get_agent_info()).instructions == "I am B"
+
+    await a.aclose()  # the replaced session ends: not the job's session any more
+    await rig.settle()
+    assert (rt.state, rt.host_state) == ("serving", "attached")
+    assert rt.host.session is b
+
+    await b.aclose()
+    await rig.settle()
+    assert (rt.state, rt.host_state) == ("awaiting_finalize", "detached")
+    await remote.aclose()
+    rig.room.remove_participant("simulator")
+    await rig.settle()
+    await rt.aclose()
+
+
+async def test_requests_while_detached_during_the_hold() -> None:
+    rig = JobRig()
+    rt = rig.runtime
+    await rt.start()  # nothing ever attached
+    remote = await rig.remote()
+    with pytest.raises(RuntimeError, match="no active session"):
+        await remote.get_chat_history()
+    rt.shutdown("done")
+    await rig.settle()
+    with pytest.raises(RuntimeError, match="no active session"):
+        await remote.get_session_state()
+    fin = await remote.finalize_simulation(provisional_success=True)
+    assert fin.user_verdict.reason == "orders table does not match the scenario"
+    await rig.settle()
+    assert rt.state == "closed"
+    await remote.aclose()
+    await rt.aclose()
+
+
+# -- closing -------------------------------------------------------------------------------
+
+
+async def test_closing_is_bounded_by_close_timeout() -> None:
+    rig = JobRig(simulation=None, close_timeout=4.0)
+    rt = rig.runtime
+    never = asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def hangs() -> None:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    rt.add_shutdown_callback(hangs)
+    await rt.start()
+    rt.shutdown("done")
+    await rig.settle()
+    assert rt.state == "closing"
+    await rig.clock.advance(4)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 4.0)
+    assert cancelled == [True] and rt.actor.live_tasks == 0
+    assert rig.path()[-1] == (4.0, "close_timeout", "closing", "closed")
+    await rt.aclose()
+
+
+async def test_room_deletion_requested_early_waits_for_the_hold() -> None:
+    rig = JobRig()
+    rt = rig.runtime
+    await rt.start()
+    rt.request_room_deletion()  # an end-call tool with delete_room=True
+    rt.shutdown("end call")
+    await rig.clock.advance(30)
+    assert rig.deletions == [] and rig.room.isconnected()
+    remote = await rig.remote()
+    await remote.finalize_simulation(provisional_success=True)
+    await rig.settle()
+    assert rig.deletions == [(30.0, True)]
+    await remote.aclose()
+    await rt.aclose()
+
+
+async def test_deletion_requested_after_close_runs_at_once() -> None:
+    rig = JobRig(simulation=None)
+    await rig.runtime.start()
+    rig.runtime.shutdown("done")
+    await rig.settle()
+    assert rig.runtime.state == "closed" and rig.deletions == []
+    rig.runtime.request_room_deletion()
+    await rig.runtime.aclose()
+    assert rig.deletions == [(0.0, False)]
+
+
+async def test_failing_deletion_and_callbacks_do_not_stop_the_close() -> None:
+    async def fails() -> None:
+        raise RuntimeError("server said no")
+
+    rig = JobRig(simulation=None, delete_room=fails)
+    rig.runtime.add_shutdown_callback(fails)
+    await rig.runtime.start()
+    rig.runtime.request_room_deletion()
+    rig.runtime.shutdown("done")
+    await rig.settle()
+    assert rig.runtime.state == "closed" and rig.runtime.room_deleted_at is None
+    assert rig.callbacks == [(0.0, "done")]
+    await rig.runtime.aclose()
+
+
+async def test_aclose_releases_room_and_session_listeners() -> None:
+    rig = JobRig(simulation=None)
+    session: AgentSession[Any] = AgentSession()
+    before_room = rig.room.listener_count()
+    before_session = sum(len(v) for v in session._events.values())
+    rig.runtime.attach(session)
+    await rig.runtime.start()
+    await rig.settle()
+    assert rig.room.listener_count() > before_room
+    await rig.runtime.aclose()
+    assert rig.room.listener_count() == before_room
+    assert sum(len(v) for v in session._events.values()) == before_session
+    assert rig.clock.pending == 0
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+async def test_bad_options_and_arguments_get_clear_errors() -> None:
+    room = InMemoryRoom()
+    with pytest.raises(TypeError, match=r"rtc\.Room"):
+        JobRuntime(room="room")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="session_end_timeout"):
+        JobRuntime(room=room, session_end_timeout=-1)
+    with pytest.raises(ValueError, match="close_timeout"):
+        JobRuntime(room=room, close_timeout="10")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="delete_room"):
+        JobRuntime(room=room, delete_room="yes")  # type: ignore[arg-type]
+    rig = JobRig(simulation=None)
+    rt = rig.runtime
+    await rt.start()
+    with pytest.raises(TypeError, match="AgentSession"):
+        rt.attach(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="callable"):
+        rt.add_shutdown_callback(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reason"):
+        rt.shutdown(5)  # type: ignore[arg-type]
+    await rig.settle()
+    assert (rt.state, rt.host_state) == ("serving", "detached")
+    rt.shutdown("done")
+    await rig.settle()
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.attach(AgentSession())
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.add_shutdown_callback(lambda: None)
+    rt.shutdown("again")  # nothing crashes after closed
+    await rt.aclose()
+
+
+async def test_a_session_hosting_itself_is_refused_with_the_fix_named() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions="agent"), room=room)  # session_host left on
+    rt = JobRuntime(room=room, clock=clock)
+    with pytest.raises(ValueError, match="session_host=False"):
+        rt.attach(session)
+    with pytest.raises(RuntimeError, match="session_host=False"):
+        await rt.start()  # the session's own host holds the lk.agent.session topic
+    await session.aclose()
+
+
+async def test_a_failing_state_listener_does_not_stop_the_job() -> None:
+    rig = JobRig(simulation=None)
+
+    def broken(_sc: Any) -> None:
+        raise RuntimeError("listener bug")
+
+    rig.runtime.on("state_changed", broken)
+    await rig.runtime.start()
+    rig.runtime.shutdown("done")
+    await rig.settle()
+    assert rig.runtime.state == "closed" and rig.callbacks == [(0.0, "done")]
+    await rig.runtime.aclose()
+
+
+# -- production transport and the livekit-agents job ----------------------------------------
+
+
+async def test_default_transport_is_the_room_byte_stream_topic() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    rt = JobRuntime(room=room, clock=clock)
+    assert isinstance(rt.host._transport, RoomSessionTransport)
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    await settle()
+    session.emit(
+        "user_input_transcribed", UserInputTranscribedEvent(transcript="hi", is_final=True)
+    )
+    await settle()
+    sent = [
+        agent_pb.AgentSessionMessage.FromString(data)
+        for _, data, _ in room.local_participant.sent_bytes
+    ]
+    topics = {topic for topic, _, _ in room.local_participant.sent_bytes}
+    assert topics == {TOPIC_SESSION_MESSAGES}
+    assert [
+        m.event.user_input_transcribed.transcript
+        for m in sent
+        if m.event.HasField("user_input_transcribed")
+    ] == ["hi"]
+    await session.aclose()
+    await rt.aclose()
+
+
+async def test_from_job_context_and_the_on_session_end_hook() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="job-room", clock=clock)
+    room.connect_locally()
+    room.add_participant("simulator", attributes=SIM)
+    sim_end, agent_end = InMemorySessionTransport.pair()
+    order: list[str] = []
+
+    async def on_simulation_end(ctx: SimulationContext) -> None:
+        order.append(f"on_simulation_end {ctx.simulation_run_id}")
+        ctx.fail("veto")
+
+    async def users_own_session_end(ctx: Any) -> None:
+        order.append("user's on_session_end")
+
+    with fake_job_context(room=room) as ctx:
+        # what the dispatch and rtc_session(on_simulation_end=...) put on a real job
+        ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
+        ctx._simulation_end_fnc = on_simulation_end
+        rt = JobRuntime.from_job_context(ctx, clock=clock, transport=agent_end)
+        assert JobRuntime.for_job(ctx) is rt
+        assert rt.simulation is not None and rt.simulation.simulation_run_id == "run-7"
+        session = await bare_session("agent")
+        rt.attach(session)
+        await rt.start()
+        await session.aclose()  # upstream: session closes before on_session_end
+
+        hook = asyncio.create_task(session_end_hook(users_own_session_end)(ctx))
+        await clock.advance(12)
+        assert not hook.done() and room.isconnected()  # the hold, room still connected
+        remote = RemoteSession(sim_end)
+        await remote.start()
+        fin = await remote.finalize_simulation(provisional_success=True)
+        await asyncio.wait_for(hook, 5)  # returns at once once the verdict is out
+        assert fin.user_verdict.reason == "veto"
+        assert order == ["on_simulation_end run-7", "user's on_session_end"]
+        assert rt.state == "closed" and rt.room_deleted_at is None
+        assert JobRuntime.for_job(ctx) is None  # released with the job
+        rt.request_room_deletion()  # ctx.delete_room() (a no-op on a fake job) runs now
+        await settle()
+        assert rt.room_deleted_at == 12.0
+        # the safety net it registered on the job runs harmlessly once closed
+        assert rt._on_job_shutdown in ctx._shutdown_callbacks
+        await rt._on_job_shutdown("done")
+        await remote.aclose()
+        await rt.aclose()
+        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+
+
+async def test_on_session_end_without_a_runtime_returns() -> None:
+    with fake_job_context(room=InMemoryRoom()) as ctx:
+        await on_session_end(ctx)
+        ctx._tempdir.cleanup()
+
+
+# -- every cell of the table, through the actor -------------------------------------------
+
+CELLS: dict[tuple[str, str], tuple[str, str]] = {
+    ("serving", "shutdown"): ("transition", "closing"),
+    ("serving", "shutdown:hold"): ("transition", "awaiting_finalize"),
+    ("serving", "session_closed"): ("transition", "closing"),
+    ("serving", "session_closed:hold"): ("transition", "awaiting_finalize"),
+    ("serving", "finalize_answered"): ("ignore", "serving"),
+    ("serving", "simulator_left"): ("transition", "closing"),
+    ("serving", "room_disconnected"): ("transition", "closing"),
+    ("serving", "hold_timeout"): ("ignore", "serving"),
+    ("serving", "close_done"): ("ignore", "serving"),
+    ("serving", "close_timeout"): ("ignore", "serving"),
+    ("awaiting_finalize", "shutdown"): ("ignore", "awaiting_finalize"),
+    ("awaiting_finalize", "session_closed"): ("ignore", "awaiting_finalize"),
+    ("awaiting_finalize", "finalize_answered"): ("transition", "closing"),
+    ("awaiting_finalize", "simulator_left"): ("transition", "closing"),
+    ("awaiting_finalize", "room_disconnected"): ("transition", "closing"),
+    ("awaiting_finalize", "hold_timeout"): ("transition", "closing"),
+    ("awaiting_finalize", "close_done"): ("ignore", "awaiting_finalize"),
+    ("awaiting_finalize", "close_timeout"): ("ignore", "awaiting_finalize"),
+    **{
+        ("closing", e): ("ignore", "closing")
+        for e in (
+            "shutdown",
+            "session_closed",
+            "finalize_answered",
+            "simulator_left",
+            "room_disconnected",
+            "hold_timeout",
+        )
+    },
+    ("closing", "close_done"): ("transition", "closed"),
+    ("closing", "close_timeout"): ("transition", "closed"),
+    **{
+        ("closed", e): ("ignore", "closed")
+        for e in (
+            "shutdown",
+            "session_closed",
+            "finalize_answered",
+            "simulator_left",
+            "room_disconnected",
+            "hold_timeout",
+            "close_done",
+            "close_timeout",
+        )
+    },
+}
+
+
+def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
+    from statemachines.job import JOB
+
+    covered = {(s, t.split(":")[0]) for s, t in CELLS}
+    assert covered == {(s, e) for s in JOB.state_names for e in JOB.events}
+
+
+@pytest.mark.parametrize(("state", "trigger"), list(CELLS), ids=[f"{s}-{t}" for s, t in CELLS])
+async def test_cell(state: str, trigger: str) -> None:
+    outcome, dest = CELLS[(state, trigger)]
+    event = trigger.split(":")[0]
+    no_hold = state == "serving" and event in ("shutdown", "session_closed") and trigger == event
+    rig = JobRig(simulator=not no_hold, close_timeout=10.0, session_end_timeout=60.0)
+    rt = rig.runtime
+    gate = asyncio.Event()
+    if state == "closing":
+        rt.add_shutdown_callback(gate.wait)  # keeps the job in closing until the gate opens
+    session: AgentSession[Any] = AgentSession()
+    rt.attach(session)
+    await rt.start()
+    if state in ("awaiting_finalize", "closed"):
+        rt.shutdown("setup")
+    elif state == "closing":
+        rig.room.remove_participant("simulator")
+    await rig.settle()
+    if state == "closed" and rt.state == "awaiting_finalize":
+        rig.room.remove_participant("simulator")
+        await rig.settle()
+    assert rt.state == state
+    mark = len(rig.sink.records)
+    host_open = rt.host_state != "closed"
+
+    if event == "shutdown":
+        rt.shutdown("asked")
+    elif event == "session_closed" and host_open:
+        session.emit("close", CloseEvent(reason=CloseReason.USER_INITIATED))
+    elif event == "finalize_answered" and host_open:
+        req = build_request("finalize_simulation", {"provisional_success": True}, request_id="f")
+        await rig.sim_end.send_message(agent_pb.AgentSessionMessage(request=req))
+    elif event == "simulator_left" and "simulator" in rig.room.remote_participants:
+        rig.room.remove_participant("simulator")
+    elif event == "room_disconnected" and rig.room.isconnected():
+        rig.room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+    elif event == "hold_timeout" and state == "awaiting_finalize":
+        await rig.clock.advance(60)
+    elif event == "close_done" and state == "closing":
+        gate.set()
+    elif event == "close_timeout" and state == "closing":
+        await rig.clock.advance(10)
+    else:  # nothing in the world produces it in this state any more: post it as a stale one
+        rt.actor.post(Event(event, {"reason": "late"}))
+    await rig.settle()
+
+    recs = [
+        r
+        for r in rig.sink.records[mark:]
+        if r.machine == "job" and r.event == event and r.kind in ("transition", "ignore")
+    ]
+    assert recs, f"the job never saw {event}"
+    assert (recs[0].kind, recs[0].source, recs[0].dest) == (outcome, state, dest)
+    gate.set()
+    rig.room.remove_participant("simulator")
+    rt.shutdown("teardown")
+    await rig.clock.advance(100)
+    await rt.aclose()
+    assert rt.state == "closed" and rt.actor.live_tasks == 0

@@ -1,0 +1,502 @@
+"""The job-owned session host, over a paired in-memory transport carrying the real protobuf
+``AgentSessionMessage`` bytes. The simulator side is either livekit's own ``RemoteSession``
+client or raw messages (for what a well-behaved client never sends). Real ``AgentSession``s;
+virtual time. The only stand-in is the transport itself (a room byte stream needs a server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from livekit.agents import (
+    Agent,
+    AgentSession,
+    UserInputTranscribedEvent,
+)
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.voice.remote_session import RemoteSession
+from livekit.protocol.agent_pb import agent_session as agent_pb
+
+from agent_runtime import Event, EventRejected, MemorySink, Tracer, VirtualClock, settle
+from agent_runtime.inmemory import InMemorySessionTransport
+from agent_runtime.session_host import (
+    NO_ACTIVE_SESSION,
+    JobSessionHost,
+    build_request,
+    request_problem,
+    simulation_context,
+)
+
+DISPATCH = SimulationDispatch(simulation_run_id="run-1", job_id="simjob-1")
+
+
+class Simulator:
+    """The remote end, speaking raw protobuf: requests out, responses and events in."""
+
+    def __init__(self, end: InMemorySessionTransport) -> None:
+        self.end = end
+        self.responses: dict[str, agent_pb.SessionResponse] = {}
+        self.events: list[agent_pb.AgentSessionEvent] = []
+        self._ids = itertools.count(1)
+
+    def pump(self) -> None:
+        for msg in self.end.receive_nowait():
+            if msg.HasField("response"):
+                self.responses[msg.response.request_id] = msg.response
+            elif msg.HasField("event"):
+                self.events.append(msg.event)
+
+    async def send(self, kind: str, payload: dict[str, Any] | None = None) -> str:
+        rid = f"req-{next(self._ids)}"
+        req = build_request(kind, payload, request_id=rid)
+        await self.end.send_message(agent_pb.AgentSessionMessage(request=req))
+        return rid
+
+    async def reply(self, rid: str) -> agent_pb.SessionResponse:
+        for _ in range(20):
+            await settle()
+            self.pump()
+            if rid in self.responses:
+                return self.responses.pop(rid)
+        raise AssertionError(f"no reply to {rid}")
+
+    async def ask(
+        self, kind: str, payload: dict[str, Any] | None = None
+    ) -> agent_pb.SessionResponse:
+        return await self.reply(await self.send(kind, payload))
+
+    def transcripts(self) -> list[str]:
+        self.pump()
+        out = [
+            e.user_input_transcribed.transcript
+            for e in self.events
+            if e.HasField("user_input_transcribed")
+        ]
+        self.events.clear()
+        return out
+
+
+class Rig:
+    def __init__(
+        self,
+        *,
+        simulation: Any = DISPATCH,
+        on_simulation_end: Callable[[SimulationContext], Any] | None = None,
+    ) -> None:
+        self.clock = VirtualClock()
+        self.sink = MemorySink()
+        self.sim_end, self.agent_end = InMemorySessionTransport.pair()
+        self.sim = Simulator(self.sim_end)
+        self.closed_reasons: list[str] = []
+        self.answered: list[dict[str, Any] | None] = []
+        self.host = JobSessionHost(
+            self.agent_end,
+            simulation=simulation,
+            on_simulation_end=on_simulation_end,
+            on_session_closed=self.closed_reasons.append,
+            on_finalize_answered=self.answered.append,
+            clock=self.clock,
+            tracer=Tracer(self.sink),
+            instance="test",
+        )
+
+    async def settle(self) -> None:
+        await settle()
+        await self.host.actor.join()
+        await settle()
+
+    def last(self, event: str) -> Any:
+        recs = [
+            r
+            for r in self.sink.records
+            if r.event == event and r.kind in ("transition", "ignore", "reject")
+        ]
+        assert recs, f"no record for {event}"
+        return recs[-1]
+
+    def effect_outcomes(self) -> dict[str, str]:
+        return {r.effect: r.outcome for r in self.sink.records if r.kind == "effect"}
+
+
+async def started_session(instructions: str) -> AgentSession[Any]:
+    s: AgentSession[Any] = AgentSession()
+    await s.start(Agent(instructions=instructions), session_host=False)
+    return s
+
+
+def listeners(session: AgentSession[Any]) -> int:
+    return sum(len(v) for v in session._events.values())
+
+
+def say(session: AgentSession[Any], text: str) -> None:
+    # the event the session's STT path emits for a user transcript
+    session.emit(
+        "user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=True)
+    )
+
+
+# -- requests with nothing attached --------------------------------------------------------
+
+
+async def test_requests_while_detached_get_no_active_session_and_finalize_is_answered() -> None:
+    seen: list[SimulationContext] = []
+    rig = Rig(on_simulation_end=seen.append)
+    await rig.host.start()
+    for kind in ("ping", "get_chat_history", "get_agent_info", "get_session_state"):
+        resp = await rig.sim.ask(kind)
+        assert resp.error == NO_ACTIVE_SESSION, kind
+    resp = await rig.sim.ask(
+        "finalize_simulation", {"provisional_success": True, "provisional_reason": "good call"}
+    )
+    assert not resp.HasField("error")
+    assert resp.HasField("finalize_simulation")
+    assert [c.simulator_verdict.reason for c in seen] == ["good call"]
+    assert rig.host.finalize_answered and rig.answered == [None]
+    assert rig.host.state == "detached"
+    await rig.host.aclose()
+
+
+async def test_remote_session_client_sees_the_error_and_the_verdict() -> None:
+    def veto(ctx: SimulationContext) -> None:
+        ctx.fail(f"backend diverged after {ctx.simulator_verdict.reason}")
+
+    rig = Rig(on_simulation_end=veto)
+    await rig.host.start()
+    remote = RemoteSession(rig.sim_end)
+    await remote.start()
+    with pytest.raises(RuntimeError, match="no active session"):
+        await remote.get_chat_history()
+    fin = await remote.finalize_simulation(provisional_success=True, provisional_reason="ok")
+    assert fin.user_verdict.success is False
+    assert fin.user_verdict.reason == "backend diverged after ok"
+    assert rig.host.verdict == {"success": False, "reason": "backend diverged after ok"}
+    await remote.aclose()
+    await rig.host.aclose()
+
+
+# -- attach, replace, detach ----------------------------------------------------------------
+
+
+async def test_attach_b_replaces_a_only_b_events_reach_the_client() -> None:
+    rig = Rig()
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    base_a = listeners(a)
+    rig.host.attach(a)
+    await rig.settle()
+    say(a, "a1")
+    await rig.settle()
+    assert rig.sim.transcripts() == ["a1"]
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am A"
+
+    rig.host.attach(b)
+    await rig.settle()
+    say(a, "a2")
+    say(b, "b1")
+    await rig.settle()
+    assert rig.sim.transcripts() == ["b1"]
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am B"
+    assert listeners(a) == base_a  # A's subscriptions went with it
+    assert rig.host.session is b
+    await a.aclose()
+    await b.aclose()
+    await rig.host.aclose()
+
+
+async def test_a_replaced_by_b_then_a_closes_b_stays_attached() -> None:
+    rig = Rig()
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    rig.host.attach(a)
+    rig.host.attach(b)
+    await rig.settle()
+    rig.host.session_closed(a, "user_initiated")  # A's close, after it was replaced
+    rig.host.detach(a)  # and a stale explicit detach
+    await rig.settle()
+    assert rig.host.state == "attached" and rig.host.session is b
+    assert rig.closed_reasons == []  # the job is not told: A is not its session any more
+    say(b, "still here")
+    await rig.settle()
+    assert rig.sim.transcripts() == ["still here"]
+    assert (await rig.sim.ask("ping")).HasField("pong")
+    await a.aclose()
+    await b.aclose()
+    await rig.host.aclose()
+
+
+async def test_attached_session_closing_detaches_it_and_tells_the_job() -> None:
+    rig = Rig()
+    await rig.host.start()
+    a = await started_session("I am A")
+    # wired as JobRuntime wires it: the session's own close event reaches the host
+    a.on("close", lambda ev: rig.host.session_closed(a, ev.reason.value))
+    rig.host.attach(a)
+    await rig.settle()
+    await a.aclose()  # the agent hangs up: upstream closes with user_initiated
+    await rig.settle()
+    assert rig.host.state == "detached"
+    assert rig.closed_reasons == ["user_initiated"]
+    assert (await rig.sim.ask("get_chat_history")).error == NO_ACTIVE_SESSION
+    await rig.host.aclose()
+
+
+async def test_attach_bad_input_and_after_close() -> None:
+    rig = Rig()
+    await rig.host.start()
+    with pytest.raises(TypeError, match="AgentSession"):
+        rig.host.attach("session")  # type: ignore[arg-type]
+    assert rig.host.state == "detached"
+    await rig.host.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        rig.host.attach(AgentSession())
+
+
+# -- bad requests and finalize rules --------------------------------------------------------
+
+
+async def test_unknown_request_kind_gets_an_error_reply() -> None:
+    rig = Rig()
+    await rig.host.start()
+    resp = await rig.sim.ask("launch_rockets")
+    assert resp.error == "unknown request kind"
+    assert rig.host.state == "detached"
+    await rig.host.aclose()
+
+
+async def test_malformed_finalize_gets_an_error_and_changes_nothing() -> None:
+    calls: list[SimulationContext] = []
+    rig = Rig(on_simulation_end=calls.append)
+    await rig.host.start()
+    resp = await rig.sim.ask("finalize_simulation", {"provisional_success": "yes"})
+    assert resp.error == "malformed finalize_simulation: provisional_success has the wrong type"
+    assert calls == [] and not rig.host.finalize_answered
+    # the well-formed one after it is answered as if nothing happened
+    resp = await rig.sim.ask("finalize_simulation", {"provisional_success": False})
+    assert not resp.HasField("error") and len(calls) == 1
+    assert calls[0].simulator_verdict.success is False
+    await rig.host.aclose()
+
+
+async def test_second_finalize_after_one_was_answered_gets_an_error() -> None:
+    calls: list[SimulationContext] = []
+    rig = Rig(on_simulation_end=calls.append)
+    await rig.host.start()
+    assert not (await rig.sim.ask("finalize_simulation", {"provisional_success": True})).error
+    resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+    assert resp.error == "finalize_simulation was already answered"
+    assert len(calls) == 1 and rig.answered == [None]
+    await rig.host.aclose()
+
+
+async def test_finalize_while_one_is_being_answered_gets_an_error() -> None:
+    rig_clock: list[VirtualClock] = []
+
+    async def slow(ctx: SimulationContext) -> None:
+        await rig_clock[0].sleep(10)  # on_simulation_end often calls a model
+        ctx.fail("slow veto")
+
+    rig = Rig(on_simulation_end=slow)
+    rig_clock.append(rig.clock)
+    await rig.host.start()
+    first = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    second = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+    assert second.error == "finalize_simulation was already being answered"
+    await rig.clock.advance(10)
+    resp = await rig.sim.reply(first)
+    assert resp.finalize_simulation.user_verdict.reason == "slow veto"
+    assert rig.host.verdict == {"success": False, "reason": "slow veto"}
+    await rig.host.aclose()
+
+
+async def test_on_simulation_end_raising_still_answers_with_an_error() -> None:
+    def broken(ctx: SimulationContext) -> None:
+        raise KeyError("scenario field")
+
+    rig = Rig(on_simulation_end=broken)
+    await rig.host.start()
+    resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+    assert "on_simulation_end failed: KeyError" in resp.error
+    assert not resp.finalize_simulation.HasField("user_verdict")
+    assert rig.host.finalize_answered and rig.host.verdict is None
+    await rig.host.aclose()
+
+
+async def test_finalize_without_a_simulation_is_refused() -> None:
+    rig = Rig(simulation=None)
+    await rig.host.start()
+    resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+    assert resp.error == "this job is not a simulation"
+    assert not rig.host.finalize_answered
+    await rig.host.aclose()
+
+
+async def test_finalize_after_closed_crashes_nothing() -> None:
+    rig = Rig()
+    await rig.host.start()
+    await rig.host.actor.send(Event("close"))
+    assert rig.host.state == "closed"
+    with pytest.raises(RuntimeError, match="closed"):  # the simulator sees the transport gone
+        await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    step = await rig.host.actor.send(Event("finalize", {"request_id": "late", "ref": 0}))
+    assert step.outcome == "ignore"
+    assert not rig.host.finalize_answered
+    await rig.host.aclose()
+    await rig.host.aclose()  # twice is fine
+
+
+async def test_an_unreadable_message_does_not_stop_the_host() -> None:
+    rig = Rig()
+    await rig.host.start()
+    # bytes that do not parse as an AgentSessionMessage, straight into the agent's inbox
+    rig.agent_end._inbox.put_nowait(b"\xff\xff\xff")
+    await settle()
+    assert (await rig.sim.ask("ping")).error == NO_ACTIVE_SESSION
+    await rig.host.aclose()
+
+
+def test_request_problem_and_build_request() -> None:
+    ok = build_request("finalize_simulation", {"provisional_success": True}, request_id="r")
+    assert request_problem(ok) is None and ok.finalize_simulation.provisional_success
+    bad = build_request("finalize_simulation", {"provisional_reason": 7}, request_id="r")
+    assert request_problem(bad) == (
+        "malformed finalize_simulation: provisional_reason has the wrong type"
+    )
+    assert request_problem(build_request("warp", request_id="r")) == "unknown request kind"
+    with pytest.raises(ValueError, match="has no field 'verdict'"):
+        build_request("finalize_simulation", {"verdict": True}, request_id="r")
+    run = build_request("run_input", {"text": "hello"}, request_id="r")
+    assert run.run_input.text == "hello"
+    io = build_request("update_io", {"output": {"audio_enabled": False}}, request_id="r")
+    assert io.update_io.output.HasField("audio_enabled")
+
+
+def test_simulation_context_from_a_dispatch() -> None:
+    ctx = simulation_context(DISPATCH)
+    assert ctx is not None and ctx.simulation_run_id == "run-1"
+    assert simulation_context(ctx) is ctx and simulation_context(None) is None
+    with pytest.raises(ValueError, match="simulation_run_id"):
+        simulation_context(SimulationDispatch())
+    with pytest.raises(TypeError, match="SimulationDispatch"):
+        simulation_context("run-1")  # type: ignore[arg-type]
+
+
+# -- every cell of the table, through the actor -------------------------------------------
+
+# (state, trigger) -> (outcome, dest, effects); written out by hand: a changed cell fails here
+CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
+    ("detached", "attach"): ("transition", "attached", ("subscribe",)),
+    ("detached", "detach"): ("ignore", "detached", ()),
+    ("detached", "session_closed"): ("ignore", "detached", ()),
+    ("detached", "request"): ("transition", "detached", ("reply_no_session",)),
+    ("detached", "bad_request"): ("transition", "detached", ("reply_error",)),
+    ("detached", "finalize"): ("transition", "detached", ("answer_finalize",)),
+    ("detached", "finalize:taken"): ("transition", "detached", ("refuse_finalize",)),
+    ("detached", "finalize_done"): ("transition", "detached", ("report_finalize",)),
+    ("detached", "close"): ("transition", "closed", ("close_transport",)),
+    ("attached", "attach:same"): ("transition", "attached", ()),
+    ("attached", "attach"): ("transition", "attached", ("unsubscribe", "subscribe")),
+    ("attached", "detach"): ("transition", "detached", ("unsubscribe",)),
+    ("attached", "detach:other"): ("transition", "attached", ()),
+    ("attached", "session_closed"): (
+        "transition",
+        "detached",
+        ("unsubscribe", "report_session_closed"),
+    ),
+    ("attached", "session_closed:other"): ("transition", "attached", ()),
+    ("attached", "request"): ("transition", "attached", ("delegate_request",)),
+    ("attached", "bad_request"): ("transition", "attached", ("reply_error",)),
+    ("attached", "finalize"): ("transition", "attached", ("answer_finalize",)),
+    ("attached", "finalize:taken"): ("transition", "attached", ("refuse_finalize",)),
+    ("attached", "finalize_done"): ("transition", "attached", ("report_finalize",)),
+    ("attached", "close"): ("transition", "closed", ("unsubscribe", "close_transport")),
+    **{
+        ("closed", e): ("ignore", "closed", ())
+        for e in (
+            "detach",
+            "session_closed",
+            "request",
+            "bad_request",
+            "finalize",
+            "finalize_done",
+            "close",
+        )
+    },
+    ("closed", "attach"): ("reject", "closed", ()),
+}
+
+
+def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
+    from statemachines.session_host import SESSION_HOST
+
+    covered = {(s, t.split(":")[0]) for s, t in CELLS}
+    assert covered == {(s, e) for s in SESSION_HOST.state_names for e in SESSION_HOST.events}
+
+
+@pytest.mark.parametrize(("state", "trigger"), list(CELLS), ids=[f"{s}-{t}" for s, t in CELLS])
+async def test_cell(state: str, trigger: str) -> None:
+    outcome, dest, effects = CELLS[(state, trigger)]
+    rig = Rig(on_simulation_end=lambda ctx: None)
+    await rig.host.start()
+    a, b = AgentSession(), AgentSession()  # unstarted: subscriptions and ping need no more
+    event = trigger.split(":")[0]
+    if trigger == "finalize:taken":
+        await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+    if state in ("attached", "closed"):
+        rig.host.attach(a)
+        await rig.settle()
+    if state == "closed":
+        await rig.host.actor.send(Event("close"))
+    mark = len(rig.sink.records)
+
+    if state == "closed":  # the transport is gone: only the actor can be reached
+        if event == "attach":
+            with pytest.raises(RuntimeError, match="closed"):
+                rig.host.attach(b)
+            with pytest.raises(EventRejected):
+                await rig.host.actor.send(Event("attach", {"session": rig.host.label_of(b)}))
+        else:
+            await rig.host.actor.send(Event(event, {"session": "session-1", "ref": 0}))
+    elif trigger in ("attach", "attach:same"):
+        rig.host.attach(a if trigger == "attach:same" or state == "detached" else b)
+    elif trigger in ("detach", "detach:other"):
+        rig.host.detach(b if trigger.endswith("other") else a)
+    elif trigger in ("session_closed", "session_closed:other"):
+        rig.host.session_closed(b if trigger.endswith("other") else a, "user_initiated")
+    elif event == "request":
+        resp = await rig.sim.ask("ping")
+        assert resp.HasField("pong") == (state == "attached")
+    elif event == "bad_request":
+        assert (await rig.sim.ask("launch_rockets")).error == "unknown request kind"
+    elif event == "finalize":
+        resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+        assert bool(resp.error) == (trigger == "finalize:taken")
+    elif event == "finalize_done":
+        await rig.host.actor.send(
+            Event("finalize_done", {"request_id": "r", "delivered": True, "verdict": None})
+        )
+    elif event == "close":
+        await rig.host.actor.send(Event("close"))
+    await rig.settle()
+
+    rec = rig.last(event)
+    assert rig.sink.records.index(rec) >= mark
+    assert (rec.kind, rec.source, rec.dest, tuple(rec.effects)) == (
+        outcome,
+        state,
+        dest,
+        effects,
+    )
+    assert rig.host.state == dest
+    bad = {k: v for k, v in rig.effect_outcomes().items() if v != "ok"}
+    assert bad == {}
+    if "report_session_closed" in effects:
+        assert rig.closed_reasons == ["user_initiated"]
+    if dest == "closed":
+        assert rig.agent_end.closed
+    await rig.host.aclose()
+    assert rig.host.actor.live_tasks == 0 and rig.clock.pending == 0
+    await asyncio.sleep(0)
