@@ -32,6 +32,35 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+# The temporary repository registers one machine this file owns, so the edits below do not
+# depend on how the project's own specs are written today.
+LAMP_SPEC = """
+from .spec import Effect, MachineSpec, State, cells, row
+
+LAMP = MachineSpec(
+    name="lamp",
+    initial="off",
+    states=(State(name="off"), State(name="on"), State(name="broken", final=True)),
+    events=("press", "surge", "tick"),
+    guards=("armed",),
+    effects=(Effect(name="glow"),),
+    rows=(
+        *row("off", "press", "on", guards=["armed"], effects=["glow"]),
+        *row("off", "press", "off"),
+        *row("on", "press", "off"),
+        *row(["off", "on"], "surge", "broken"),
+    ),
+    ignore=(*cells(["off", "on"], "tick"), *cells("broken", ["press", "surge", "tick"])),
+)
+"""
+MACHINES_PY = """
+from .lamp import LAMP
+from .spec import MachineSpec
+
+MACHINES: dict[str, MachineSpec] = {"lamp": LAMP}
+"""
+
+
 @pytest.fixture
 def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     repo = tmp_path / "repo"
@@ -43,6 +72,8 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(
         ROOT / "statemachines", repo / "statemachines", ignore=shutil.ignore_patterns("__pycache__")
     )
+    (repo / "statemachines" / "lamp.py").write_text(LAMP_SPEC)
+    (repo / "statemachines" / "machines.py").write_text(MACHINES_PY)
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "machines")
     monkeypatch.chdir(repo)
@@ -51,59 +82,48 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_no_change(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diff", "HEAD"]) == 0
-    out = capsys.readouterr().out
-    for name in ("avatar", "job", "session_host", "participant"):
-        assert f"{name}: no change" in out
+    assert "lamp: no change" in capsys.readouterr().out
 
 
 def test_uncommitted_and_committed_changes(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    job = repo / "statemachines" / "job.py"
+    lamp = repo / "statemachines" / "lamp.py"
+    edit(lamp, '*row("on", "press", "off"),', '*row("on", "press", "off", effects=["glow"]),')
+    edit(lamp, '*row(["off", "on"], "surge", "broken"),', '*row("off", "surge", "broken"),')
     edit(
-        job,
-        '*row("awaiting_finalize", "hold_timeout", "closing"),',
-        '*row("awaiting_finalize", "hold_timeout", "closing", effects=["run_close"]),',
-    )
-    edit(job, '*row("serving", "simulator_left", "closing"),', "")
-    edit(
-        job,
-        '*cells("serving", ["hold_timeout", "close_done", "close_timeout"]),',
-        '*cells("serving", ["hold_timeout", "close_done", "close_timeout", "simulator_left"]),',
+        lamp, 'cells(["off", "on"], "tick")', 'cells(["off", "on"], "tick"), *cells("on", "surge")'
     )
     assert main(["diff", "HEAD"]) == 0
     out = capsys.readouterr().out
-    assert "job: 2 changed\n" in out
-    assert ("  ~ (serving, simulator_left)\n      was: -> closing\n      now: ignore\n") in out
-    assert (
-        "  ~ (awaiting_finalize, hold_timeout)\n      was: -> closing\n"
-        "      now: -> closing / run_close\n"
-    ) in out
-    assert "participant: no change" in out
+    assert "lamp: 2 changed\n" in out
+    assert "  ~ (on, surge)\n      was: -> broken\n      now: ignore\n" in out
+    assert "  ~ (on, press)\n      was: -> off\n      now: -> off / glow\n" in out
 
-    git(repo, "commit", "-qam", "job: hold timeout closes at once")
+    git(repo, "commit", "-qam", "lamp: surges no longer break a lit lamp")
     assert main(["diff", "HEAD"]) == 0
-    assert "job: no change" in capsys.readouterr().out
+    assert "lamp: no change" in capsys.readouterr().out
     assert main(["diff", "HEAD~1"]) == 0
-    assert "~ (serving, simulator_left)" in capsys.readouterr().out
+    assert "~ (on, surge)" in capsys.readouterr().out
 
 
 def test_added_and_removed_cells(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    host = repo / "statemachines" / "session_host.py"
-    edit(host, '"request", "finalize", "close")', '"request", "finalize", "close", "ping")')
+    lamp = repo / "statemachines" / "lamp.py"
+    edit(lamp, '("press", "surge", "tick")', '("press", "surge", "tick", "dim")')
+    edit(lamp, 'cells(["off", "on"], "tick")', 'cells(["off", "on"], "tick"), *cells("on", "dim")')
     edit(
-        host,
-        'reject=(*cells("closed", "attach", "the host is closed"),),',
-        'reject=(*cells("closed", "attach", "the host is closed"), *cells(OPEN, "ping")),',
+        lamp,
+        '*cells("broken", ["press", "surge", "tick"])',
+        '*cells("broken", ["press", "surge", "tick", "dim"])',
     )
-    edit(
-        host,
-        '*cells("closed", ["detach", "request", "finalize", "close"], "the transport is gone"),',
-        '*cells("closed", ["detach", "request", "finalize", "close", "ping"]),',
+    lamp.write_text(
+        lamp.read_text().replace(
+            "    ignore=(", '    reject=(*cells("off", "dim"),),\n    ignore=('
+        )
     )
     assert main(["diff", "HEAD"]) == 0
     out = capsys.readouterr().out
-    assert "session_host: 3 added\n" in out
-    assert "  + (detached, ping): reject\n" in out
-    assert "  + (closed, ping): ignore\n" in out
+    assert "lamp: 3 added\n" in out
+    assert "  + (off, dim): reject\n" in out
+    assert "  + (broken, dim): ignore\n" in out
 
 
 def test_a_revision_before_the_machines_shows_them_all_new(
@@ -111,8 +131,8 @@ def test_a_revision_before_the_machines_shows_them_all_new(
 ) -> None:
     assert main(["diff", "HEAD~1"]) == 0
     out = capsys.readouterr().out
-    assert "job: new machine, 32 cells" in out
-    assert "  + (serving, shutdown): [hold_needed] -> awaiting_finalize; else -> closing" in out
+    assert "lamp: new machine, 9 cells" in out
+    assert "  + (off, press): [armed] -> on / glow; else -> off" in out
 
 
 def test_bad_revision_is_a_clear_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,11 +143,11 @@ def test_bad_revision_is_a_clear_error(repo: Path, capsys: pytest.CaptureFixture
 def test_specs_that_do_not_load_are_a_clear_error(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    edit(repo / "statemachines" / "job.py", '"hold_timeout",\n', "")
+    edit(repo / "statemachines" / "lamp.py", '"tick")', '"tock")')
     assert main(["diff", "HEAD"]) == 2
     err = capsys.readouterr().err
     assert "cannot load the machines of the working tree: " in err
-    assert "hold_timeout" in err  # the spec validation message
+    assert "tick" in err  # the spec validation message
 
 
 def test_outside_a_repository(
