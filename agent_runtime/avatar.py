@@ -188,6 +188,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._prev_tail: AudioOutput | None = None
         self._session_was_running = False
         self._installed: AudioOutput | None = None  # the sink the plugin installed
+        self._route_active = False  # our route is in (or may be in) and not yet restored
         self._adopted: AudioOutput | None = None  # the sink whose clear_buffer we took over
         self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
         self._room_output_task: asyncio.Task[None] | None = None
@@ -407,6 +408,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._prev_tail = chain[-1] if chain else None
         self._session_was_running = self._session_running()
         session.output.replace_audio_tail(sink)
+        self._route_active = True
         self._claim_playback_rpc()
         logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
         return self._presence_event()
@@ -471,12 +473,16 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         if isinstance(tail, _ParticipantAudioOutput):
             return  # RoomIO's own output (a session.start() ran meanwhile), not the plugin's
         self._installed = tail
+        self._route_active = True
         self._adopt(tail)
 
     def _guarded_restore(self) -> str:
         session, sink = self._session, self._installed
         if session is None or sink is None:
             return "nothing_installed"
+        if not self._route_active:
+            return "already_restored"
+        self._route_active = False
         if audio_tail(session) is not sink:
             logger.info(
                 "avatar %s: the audio route was replaced since; leaving it alone",
