@@ -134,9 +134,10 @@ class Rig:
         await settle()
 
     def join(self, *, video: bool = True) -> None:
-        add_active(self.room, AVATAR, kind="agent")
+        identity = self.avatar.avatar_identity
+        add_active(self.room, identity, kind="agent")
         if video:
-            self.room.publish_track(AVATAR, "video")
+            self.room.publish_track(identity, "video")
 
     def rpcs(self, method: str = "lk.clear_buffer") -> list[Any]:
         return [c for c in self.room.local_participant.rpc_calls if c.method == method]
