@@ -58,6 +58,7 @@ _GONE_CODES = frozenset(
     {rtc.RpcError.ErrorCode.RECIPIENT_DISCONNECTED, rtc.RpcError.ErrorCode.RECIPIENT_NOT_FOUND}
 )
 _REMOVAL_TIMEOUT = 5.0
+_RPC_GRACE = 0.5
 
 
 # -- the audio chain ---------------------------------------------------------------------
@@ -575,14 +576,18 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         position = float(getattr(sink, "_pushed_duration", 0.0))
         outcome, code, gone = "ok", 0, False
         try:
+            # the SDK itself ends the call at the bound (its default round trip, 7 s, is past
+            # the session's 5 s interruption fallback); our own stop is for a transport that
+            # never answers at all
             await self._clock.wait_for(
                 room.local_participant.perform_rpc(
                     destination_identity=identity,
                     method=RPC_CLEAR_BUFFER,
                     payload="",
                     response_timeout=self._clear_timeout,
+                    max_round_trip_latency=self._clear_timeout,
                 ),
-                self._clear_timeout,
+                self._clear_timeout + _RPC_GRACE,
             )
         except rtc.RpcError as e:
             code, gone = e.code, e.code in _GONE_CODES
