@@ -1,0 +1,755 @@
+"""The avatar lifecycle around any livekit-agents ``AvatarSession`` plugin.
+
+Upstream plugins point the session's audio at the avatar in ``start()`` and nothing ever
+points it back: an avatar that never joins, or leaves, leaves the agent talking into a
+data stream nobody reads. ``AvatarLifecycle`` runs the ``avatar`` machine around the
+unchanged plugin: it snapshots the audio chain before the plugin's ``start()``, records the
+sink the plugin installed, follows the avatar participant through room facts on the
+injected clock, and on failure puts the previous route back, but only while the chain's
+tail is still the plugin's sink (a route someone installed later is left alone).
+
+The session's own interruptions reach the plugin's sink as ``clear_buffer()``; the
+lifecycle takes that call over on the sink instance (the plugin's class is untouched) and
+routes it through the machine, so ``lk.clear_buffer`` goes on the wire only while
+``joined``, bounded, with every ``rtc.RpcError`` an expected outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from livekit import rtc
+from livekit.agents.voice.agent_session import AgentSession
+from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+from livekit.agents.voice.io import AudioOutput
+from livekit.agents.voice.room_io import AudioOutputOptions
+from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
+
+from statemachines.avatar import AVATAR
+
+from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .clock import AsyncioClock, Clock
+from .room_events import (
+    ParticipantJoined,
+    ParticipantLeft,
+    RoomConnected,
+    RoomEventAdapter,
+    RoomFact,
+    TrackPublished,
+)
+from .trace import Tracer
+
+logger = logging.getLogger("agent_runtime.avatar")
+
+Route = Literal["avatar", "room", "none"]
+RemoveParticipant = Callable[[str], Awaitable[object] | object]
+
+RPC_CLEAR_BUFFER = "lk.clear_buffer"
+RPC_PLAYBACK_FINISHED = "lk.playback_finished"
+# the clear could not reach the avatar because it is not in the room any more
+_GONE_CODES = frozenset(
+    {rtc.RpcError.ErrorCode.RECIPIENT_DISCONNECTED, rtc.RpcError.ErrorCode.RECIPIENT_NOT_FOUND}
+)
+_REMOVAL_TIMEOUT = 5.0
+_RPC_GRACE = 0.5
+
+
+# -- the audio chain ---------------------------------------------------------------------
+
+
+def audio_chain(session: AgentSession[Any] | None) -> list[AudioOutput]:
+    """The session's audio outputs from the top (``output.audio``) to the tail."""
+    out: list[AudioOutput] = []
+    cur = session.output.audio if session is not None else None
+    while cur is not None and len(out) < 64:  # a chain is short; never loop on a cycle
+        out.append(cur)
+        cur = cur.next_in_chain
+    return out
+
+
+def audio_tail(session: AgentSession[Any] | None) -> AudioOutput | None:
+    chain = audio_chain(session)
+    return chain[-1] if chain else None
+
+
+def route_of(session: AgentSession[Any] | None) -> Route:
+    """Where the agent's audio goes: the avatar's data stream, the room's audio track, or
+    neither (no output, or a sink that is neither of those)."""
+    tail = audio_tail(session)
+    if isinstance(tail, DataStreamAudioOutput):
+        return "avatar"
+    if isinstance(tail, _ParticipantAudioOutput):
+        return "room"
+    return "none"
+
+
+def _pending(out: AudioOutput) -> int:
+    # segments captured and not yet reported finished; the base class keeps this count
+    return out._pending_playback_count
+
+
+def _finish_pending(chain: list[AudioOutput], position: float = 0.0) -> int:
+    """Report every pending segment as interrupted, deepest output first.
+
+    A wrapper can count a segment its sink never saw (the capture was cancelled while
+    the sink waited for an avatar that never came); finishing from the bottom up lets
+    each report travel upwards and only tops up what is still open.
+    """
+    finished = 0
+    for out in reversed(chain):
+        while _pending(out) > 0:
+            before = _pending(out)
+            out.on_playback_finished(playback_position=position, interrupted=True)
+            if _pending(out) >= before:  # an output that does not count; do not spin
+                break
+            finished += 1
+    return finished
+
+
+def _parse_playback_finished(payload: str) -> tuple[float, bool]:
+    """``{"playback_position": seconds >= 0, "interrupted": bool}`` or ``ValueError``."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        raise ValueError("payload is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ValueError("payload is not a JSON object")
+    pos = obj.get("playback_position")
+    if isinstance(pos, bool) or not isinstance(pos, int | float) or not math.isfinite(pos):
+        raise ValueError("playback_position must be a finite number")
+    if pos < 0:
+        raise ValueError("playback_position must be >= 0")
+    interrupted = obj.get("interrupted")
+    if not isinstance(interrupted, bool):
+        raise ValueError("interrupted must be true or false")
+    return float(pos), interrupted
+
+
+def _no_registration(*_: Any, **__: Any) -> None:
+    """Stands in for the sink's own ``lk.playback_finished`` registration (see ``_adopt``)."""
+
+
+# the room outputs handed to a still-running session at close, until that session closes
+_HANDED_OFF: set[asyncio.Task[None]] = set()
+
+
+class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
+    """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
+    (a ``StateChanged``).
+
+    ``remove_participant(identity)`` removes the avatar participant on close (best effort;
+    a not-found answer is fine). Leave it ``None`` to rely on the plugin's own
+    ``aclose()``, which does so through the server API inside a job.
+    """
+
+    def __init__(
+        self,
+        avatar: AvatarSession,  # type: ignore[type-arg]
+        *,
+        join_timeout: float = 30.0,
+        clear_buffer_timeout: float = 2.0,
+        retry: bool = False,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        room_events: RoomEventAdapter | None = None,
+        remove_participant: RemoveParticipant | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(avatar, AvatarSession):
+            raise TypeError(f"avatar must be an AvatarSession, got {type(avatar).__name__}")
+        for name, value in (
+            ("join_timeout", join_timeout),
+            ("clear_buffer_timeout", clear_buffer_timeout),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        self._avatar = avatar
+        self._join_timeout = float(join_timeout)
+        self._clear_timeout = float(clear_buffer_timeout)
+        self._retry = bool(retry)
+        self._clock: Clock = clock or AsyncioClock()
+        self._given_adapter = room_events
+        self._remove_participant = remove_participant
+
+        self._session: AgentSession[Any] | None = None
+        self._room: rtc.Room | None = None
+        self._adapter: RoomEventAdapter | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        # the route the plugin replaced, and whether the session was running then
+        self._prev_top: AudioOutput | None = None
+        self._prev_tail: AudioOutput | None = None
+        self._session_was_running = False
+        self._installed: AudioOutput | None = None  # the sink the plugin installed
+        self._route_active = False  # our route is in (or may be in) and not yet restored
+        self._adopted: AudioOutput | None = None  # the sink whose clear_buffer we took over
+        self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
+        self._room_output_task: asyncio.Task[None] | None = None
+        self._rpc_claimed = False
+        self._swapping = False
+        self._plugin_started = False
+        self._start_task: asyncio.Task[Any] | None = None
+        self._start_abandoned = False
+        self._clear_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+
+        self._actor = Actor(
+            AVATAR,
+            instance=avatar.avatar_identity,
+            effects={
+                "start_plugin": self._fx_start_plugin,
+                "check_presence": self._fx_check_presence,
+                "restore_route": self._fx_restore_route,
+                "reinstall_route": self._fx_reinstall_route,
+                "send_clear_buffer": self._fx_send_clear_buffer,
+                "clear_local_buffer": self._fx_clear_local_buffer,
+                "mark_playout_done": self._fx_mark_playout_done,
+                "close_plugin": self._fx_close_plugin,
+            },
+            guards={
+                "has_video": lambda _ev: self._avatar_has_video(),
+                "avatar_present": lambda _ev: self._avatar_participant() is not None,
+                "recipient_gone": lambda ev: bool(ev.data.get("gone")),
+                "retry": lambda _ev: self._retry and self._installed is not None,
+            },
+            settings={"join_timeout": self._join_timeout},
+            clock=self._clock,
+            tracer=tracer,
+            # the plugin's start() is bounded by the same budget as the join itself
+            effect_timeout=self._join_timeout,
+        )
+        self._actor.on("state_changed", self._on_state_changed)
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._actor.state
+
+    @property
+    def avatar(self) -> AvatarSession:  # type: ignore[type-arg]
+        return self._avatar
+
+    @property
+    def actor(self) -> Actor:
+        return self._actor
+
+    @property
+    def installed_sink(self) -> AudioOutput | None:
+        """The sink the plugin installed, once its ``start()`` has run."""
+        return self._installed
+
+    def audio_route(self) -> Route:
+        """Where the agent's audio goes now: ``avatar``, ``room`` or ``none``."""
+        return route_of(self._session)
+
+    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+        """Start the plugin with its route recorded; returns once the outcome of the start
+        itself has been handled (a failed start ends here in ``restored``)."""
+        if self._closing or self._actor.closed:
+            raise RuntimeError("this AvatarLifecycle is closed")
+        if self.state != "idle":
+            raise RuntimeError(f"this AvatarLifecycle is already started (state {self.state!r})")
+        if not isinstance(agent_session, AgentSession):
+            raise TypeError(f"agent_session must be an AgentSession, got {agent_session!r}")
+        if not isinstance(room, rtc.Room):
+            raise TypeError(f"room must be an rtc.Room, got {room!r}")
+        adapter = self._given_adapter
+        if adapter is not None and adapter.room is not room:
+            raise ValueError("room_events must be an adapter of the same room")
+        self._session, self._room = agent_session, room
+        if adapter is None:
+            adapter = RoomEventAdapter(room)
+        adapter.start()
+        self._adapter = adapter
+        self._unsubscribe = adapter.subscribe(self._on_fact)
+        await self._actor.send(Event("start"))
+        await self._actor.join()
+
+    def interrupt(self) -> None:
+        """An interruption: ``lk.clear_buffer`` to the avatar while ``joined`` (bounded, its
+        failures logged, never raised); in any other state the avatar sink's pending
+        playout is finished locally and nothing is sent."""
+        self._actor.post(Event("interrupt", {"origin": "api"}))
+
+    async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
+        """Wait until the machine is in ``state`` (at once if it is). ``TimeoutError`` after
+        ``timeout`` seconds of the lifecycle's clock; ``ActorClosed`` if it closes first."""
+        if state not in AVATAR.state_names:
+            raise ValueError(f"unknown avatar state {state!r}: one of {list(AVATAR.state_names)}")
+        if self.state == state:
+            return
+        if self.state == "closed":
+            raise ActorClosed(f"the avatar lifecycle is closed; it will never be {state!r}")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_change(ev: StateChanged) -> None:
+            if fut.done():
+                return
+            if ev.dest == state:
+                fut.set_result(None)
+            elif ev.dest == "closed":
+                fut.set_exception(ActorClosed(f"closed before reaching {state!r}"))
+
+        self._actor.on("state_changed", on_change)
+        try:
+            await self._clock.wait_for(fut, timeout)
+        finally:
+            self._actor.off("state_changed", on_change)
+
+    async def aclose(self) -> None:
+        """From any state: the guarded restore, the avatar participant removed (best
+        effort), the plugin closed, every listener unhooked and every task cancelled."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._start_task is not None:
+            self._start_abandoned = True  # a plugin still starting is abandoned, not awaited
+            self._start_task.cancel()
+        if not self._actor.closed:
+            with contextlib.suppress(ActorClosed, EventRejected):
+                await self._actor.send(Event("close"))
+        await self._actor.aclose()
+        await self._cancel_tasks()
+
+    # -- room facts -> events ----------------------------------------------------------------
+    def _on_fact(self, fact: RoomFact) -> None:
+        identity = self._avatar.avatar_identity
+        if isinstance(fact, RoomConnected):
+            self._start_room_output()
+            self._actor.post(Event("room_connected"))
+        elif isinstance(fact, ParticipantJoined) and fact.identity == identity:
+            self._actor.post(Event("avatar_connected", {"identity": identity}))
+        elif isinstance(fact, ParticipantLeft) and fact.identity == identity:
+            self._actor.post(Event("avatar_left", {"identity": identity, "reason": fact.reason}))
+        elif (
+            isinstance(fact, TrackPublished) and fact.identity == identity and fact.kind == "video"
+        ):
+            self._actor.post(Event("video_published", {"identity": identity}))
+
+    def _on_state_changed(self, ev: StateChanged) -> None:
+        logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)
+        self.emit("state_changed", ev)
+
+    def _avatar_participant(self) -> rtc.RemoteParticipant | None:
+        if self._room is None:
+            return None
+        return self._room.remote_participants.get(self._avatar.avatar_identity)
+
+    def _avatar_has_video(self) -> bool:
+        p = self._avatar_participant()
+        return p is not None and any(
+            pub.kind == rtc.TrackKind.KIND_VIDEO for pub in p.track_publications.values()
+        )
+
+    def _presence_event(self) -> Event | None:
+        """An avatar already in the room produces no participant_connected for us."""
+        if self._avatar_participant() is None:
+            return None
+        return Event("avatar_connected", {"identity": self._avatar.avatar_identity})
+
+    def _session_running(self) -> bool:
+        return self._session is not None and bool(self._session._started)
+
+    # -- effects ---------------------------------------------------------------------------
+    async def _fx_start_plugin(self, ev: Event) -> Event | None:
+        session, room = self._session, self._room
+        assert session is not None and room is not None
+        chain = audio_chain(session)
+        self._prev_top = chain[0] if chain else None
+        self._prev_tail = chain[-1] if chain else None
+        self._session_was_running = self._session_running()
+        self._plugin_started = True
+        # awaited in this task, not a child: the code after the plugin's last line runs
+        # before anything the plugin scheduled (its sink registers an RPC on the next tick)
+        self._start_task = asyncio.current_task()
+        try:
+            await self._avatar.start(session, room)
+        except asyncio.CancelledError:
+            self._record_installed()
+            task = asyncio.current_task()
+            if not self._start_abandoned or task is None:
+                raise  # the effect's own bound ran out: the actor reports the timeout
+            task.uncancel()
+            raise RuntimeError("the avatar plugin's start() was abandoned by close") from None
+        except Exception:
+            self._record_installed()  # a plugin failing late may have installed its route
+            raise
+        finally:
+            self._start_task = None
+        self._record_installed()
+        if self._installed is None:
+            logger.warning(
+                "avatar %s: the plugin's start() installed no audio route",
+                self._avatar.avatar_identity,
+            )
+        return self._presence_event()
+
+    def _fx_check_presence(self, ev: Event) -> Event | None:
+        self._claim_playback_rpc()
+        return self._presence_event()
+
+    def _fx_restore_route(self, ev: Event) -> Event:
+        outcome = self._guarded_restore()
+        return Event("route_restored", {"outcome": outcome, "cause": ev.name})
+
+    def _fx_reinstall_route(self, ev: Event) -> Event | None:
+        session, sink = self._session, self._installed
+        assert session is not None and sink is not None
+        chain = audio_chain(session)
+        self._prev_top = chain[0] if chain else None
+        self._prev_tail = chain[-1] if chain else None
+        self._session_was_running = self._session_running()
+        session.output.replace_audio_tail(sink)
+        self._route_active = True
+        self._claim_playback_rpc()
+        logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
+        return self._presence_event()
+
+    def _fx_send_clear_buffer(self, ev: Event) -> None:
+        sink = self._installed
+        if sink is None:
+            return
+        if self._clear_task is not None and not self._clear_task.done():
+            return  # one clear in flight answers for both of the session's calls
+        if ev.data.get("origin") == "session" and not any(
+            _pending(o) for o in self._chain_to_sink()
+        ):
+            return  # nothing playing: nothing to clear remotely (as upstream)
+        task = asyncio.get_running_loop().create_task(
+            self._clear_remote(sink), name="avatar:clear_buffer"
+        )
+        self._track(task)
+        self._clear_task = task
+        if isinstance(sink, DataStreamAudioOutput):
+            # the sink holds later captures until the interrupted playback is settled
+            sink._clear_buffer_atask = task
+
+    def _fx_clear_local_buffer(self, ev: Event) -> None:
+        if self._installed is not None:
+            _finish_pending(self._chain_to_sink())
+
+    def _fx_mark_playout_done(self, ev: Event) -> None:
+        sink = self._installed
+        if sink is not None and _pending(sink) > 0:
+            sink.on_playback_finished(
+                playback_position=float(ev.data.get("playback_position", 0.0)),
+                interrupted=bool(ev.data.get("interrupted", False)),
+            )
+
+    async def _fx_close_plugin(self, ev: Event) -> None:
+        outcome = self._guarded_restore() if self._plugin_started else "not_started"
+        logger.debug("avatar %s closing: route %s", self._avatar.avatar_identity, outcome)
+        self._release_playback_rpc()
+        self._unadopt()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._adapter is not None and self._adapter is not self._given_adapter:
+            self._adapter.aclose()
+        self._adapter = None
+        await self._cancel_tasks()
+        if self._plugin_started:
+            await self._remove_avatar_participant()
+            try:
+                await self._avatar.aclose()
+            except Exception:
+                logger.warning("avatar plugin aclose() failed", exc_info=True)
+            await self._retire_sink()
+        await self._settle_room_output()
+
+    # -- the route -------------------------------------------------------------------------
+    def _record_installed(self) -> None:
+        tail = audio_tail(self._session)
+        if tail is None or tail is self._prev_tail or tail is self._installed:
+            return
+        if isinstance(tail, _ParticipantAudioOutput):
+            return  # RoomIO's own output (a session.start() ran meanwhile), not the plugin's
+        self._installed = tail
+        self._route_active = True
+        self._adopt(tail)
+
+    def _guarded_restore(self) -> str:
+        session, sink = self._session, self._installed
+        if session is None or sink is None:
+            return "nothing_installed"
+        if not self._route_active:
+            return "already_restored"
+        self._route_active = False
+        if audio_tail(session) is not sink:
+            logger.info(
+                "avatar %s: the audio route was replaced since; leaving it alone",
+                self._avatar.avatar_identity,
+            )
+            return "left_alone"
+        self._swapping = True
+        try:
+            if self._prev_tail is not None:
+                session.output.replace_audio_tail(self._prev_tail)
+                outcome = "previous"
+            elif self._session_running() and not self._session_was_running:
+                # session.start() saw our route and turned RoomIO's audio output off
+                session.output.replace_audio_tail(self._attach_room_output())
+                outcome = "room_attached"
+            else:
+                # not started yet: with no route in place, session.start() makes room audio
+                session.output.audio = self._prev_top
+                outcome = "cleared"
+        finally:
+            self._swapping = False
+        logger.info(
+            "avatar %s: audio route restored (%s), now %s",
+            self._avatar.avatar_identity,
+            outcome,
+            self.audio_route(),
+        )
+        return outcome
+
+    def _attach_room_output(self) -> _ParticipantAudioOutput:
+        """A room audio output like the one RoomIO builds (same defaults)."""
+        assert self._room is not None
+        if self._room_output is None:
+            opts = AudioOutputOptions()
+            self._room_output = _ParticipantAudioOutput(
+                self._room,
+                sample_rate=opts.sample_rate,
+                num_channels=opts.num_channels,
+                track_publish_options=opts.track_publish_options,
+                track_name="roomio_audio",
+            )
+            self._start_room_output()
+        return self._room_output
+
+    def _start_room_output(self) -> None:
+        out, room = self._room_output, self._room
+        if out is None or room is None or self._room_output_task is not None:
+            return
+        if not room.isconnected():
+            return  # publishing needs the connection; RoomConnected starts it
+        self._room_output_task = asyncio.get_running_loop().create_task(
+            out.start(), name="avatar:room_output"
+        )
+
+    async def _settle_room_output(self) -> None:
+        """Close our room output unless it still carries a running session's audio; then it
+        is the session's until it closes."""
+        out, session = self._room_output, self._session
+        if out is None:
+            return
+        self._room_output = None
+        start_task, self._room_output_task = self._room_output_task, None
+        if session is not None and self._session_running() and audio_tail(session) is out:
+
+            def on_close(*_: Any) -> None:
+                task = asyncio.ensure_future(_close_output(out, start_task))
+                _HANDED_OFF.add(task)
+                task.add_done_callback(_HANDED_OFF.discard)
+
+            session.once("close", on_close)
+            return
+        await _close_output(out, start_task)
+
+    def _chain_to_sink(self) -> list[AudioOutput]:
+        """The outputs from the top down to the plugin's sink (just the sink when it is
+        not in the chain any more)."""
+        sink = self._installed
+        if sink is None:
+            return []
+        chain = audio_chain(self._session)
+        if sink in chain:
+            return chain[: chain.index(sink) + 1]
+        return [sink]
+
+    async def _clear_remote(self, sink: AudioOutput) -> None:
+        room = self._room
+        assert room is not None
+        identity = self._avatar.avatar_identity
+        captured = sink.captured_playout_segments
+        position = float(getattr(sink, "_pushed_duration", 0.0))
+        outcome, code, gone = "ok", 0, False
+        try:
+            # the SDK itself ends the call at the bound (its default round trip, 7 s, is past
+            # the session's 5 s interruption fallback); our own stop is for a transport that
+            # never answers at all
+            await self._clock.wait_for(
+                room.local_participant.perform_rpc(
+                    destination_identity=identity,
+                    method=RPC_CLEAR_BUFFER,
+                    payload="",
+                    response_timeout=self._clear_timeout,
+                    max_round_trip_latency=self._clear_timeout,
+                ),
+                self._clear_timeout + _RPC_GRACE,
+            )
+        except rtc.RpcError as e:
+            code, gone = e.code, e.code in _GONE_CODES
+            outcome = "gone" if gone else "error"
+            logger.info(
+                "avatar %s: %s failed (%s %s)%s",
+                identity,
+                RPC_CLEAR_BUFFER,
+                e.code,
+                e.message,
+                ": the avatar has left" if gone else "",
+            )
+        except TimeoutError:
+            outcome = "timeout"
+            logger.info(
+                "avatar %s: %s unanswered after %gs",
+                identity,
+                RPC_CLEAR_BUFFER,
+                self._clear_timeout,
+            )
+        except Exception as e:
+            outcome = "error"
+            logger.info("avatar %s: %s not sent: %s", identity, RPC_CLEAR_BUFFER, e)
+        if outcome == "ok":
+            # the avatar says when it stopped; past the bound the segments end here
+            try:
+                await self._clock.wait_for(sink.wait_for_playout(), self._clear_timeout)
+            except TimeoutError:
+                logger.debug("avatar %s: no playback_finished after the clear", identity)
+        finished = sink.captured_playout_segments - _pending(sink)
+        for _ in range(max(0, captured - finished)):
+            sink.on_playback_finished(playback_position=position, interrupted=True)
+        self._actor.post(
+            Event("clear_buffer_done", {"outcome": outcome, "code": int(code), "gone": gone})
+        )
+
+    # -- taking over the sink's clear and the playback_finished RPC ----------------------------
+    def _adopt(self, sink: AudioOutput) -> None:
+        """Take over, on this sink instance only, what would bypass the machine."""
+        # the session's interruption reaches the sink as clear_buffer(): route it through us
+        sink.clear_buffer = self._on_sink_clear  # type: ignore[method-assign]
+        if isinstance(sink, DataStreamAudioOutput):
+            # the sink registers its own lk.playback_finished handler when the room
+            # connects, which would replace ours: keep it from doing so
+            sink._register_playback_finished_rpc = _no_registration  # type: ignore[method-assign]
+        self._adopted = sink
+        self._claim_playback_rpc()
+
+    def _unadopt(self) -> None:
+        sink, self._adopted = self._adopted, None
+        if sink is not None:
+            vars(sink).pop("clear_buffer", None)
+            vars(sink).pop("_register_playback_finished_rpc", None)
+
+    def _on_sink_clear(self) -> None:
+        sink = self._adopted
+        if sink is None:
+            return
+        if self._swapping or self._actor.closed or self._closing:
+            # our own swap detaching the sink: its segments end here, nothing is sent
+            _finish_pending([sink])
+            return
+        self._actor.post(Event("interrupt", {"origin": "session"}))
+
+    def _claim_playback_rpc(self) -> None:
+        room = self._room
+        if room is None or self._installed is None or not room.isconnected():
+            return  # the local participant exists once connected; RoomConnected claims it
+        room.local_participant.register_rpc_method(
+            RPC_PLAYBACK_FINISHED, self._on_playback_finished_rpc
+        )
+        self._rpc_claimed = True
+
+    def _release_playback_rpc(self) -> None:
+        if not self._rpc_claimed or self._room is None:
+            return
+        self._rpc_claimed = False
+        try:
+            lp = self._room.local_participant
+            # leave a handler someone registered after ours in place
+            handlers = getattr(lp, "_rpc_handlers", None)
+            current = handlers.get(RPC_PLAYBACK_FINISHED) if handlers is not None else None
+            if handlers is None or current == self._on_playback_finished_rpc:
+                lp.unregister_rpc_method(RPC_PLAYBACK_FINISHED)
+        except Exception:
+            logger.debug("could not unregister %s", RPC_PLAYBACK_FINISHED, exc_info=True)
+
+    def _on_playback_finished_rpc(self, data: rtc.RpcInvocationData) -> str:
+        identity = self._avatar.avatar_identity
+        if data.caller_identity != identity:
+            logger.warning(
+                "%s refused from %r (the avatar is %r)",
+                RPC_PLAYBACK_FINISHED,
+                data.caller_identity,
+                identity,
+            )
+            raise rtc.RpcError(
+                rtc.RpcError.ErrorCode.APPLICATION_ERROR,
+                f"{RPC_PLAYBACK_FINISHED} is accepted only from the avatar",
+            )
+        try:
+            position, interrupted = _parse_playback_finished(data.payload)
+        except ValueError as e:
+            logger.info("malformed %s from %r: %s", RPC_PLAYBACK_FINISHED, identity, e)
+            raise rtc.RpcError(
+                rtc.RpcError.ErrorCode.APPLICATION_ERROR,
+                f"malformed {RPC_PLAYBACK_FINISHED} payload: {e}",
+            ) from None
+        self._actor.post(
+            Event(
+                "playback_finished",
+                {"playback_position": position, "interrupted": interrupted},
+            )
+        )
+        return "ok"
+
+    # -- closing ---------------------------------------------------------------------------
+    async def _remove_avatar_participant(self) -> None:
+        fn, room = self._remove_participant, self._room
+        if fn is None or room is None or not room.isconnected():
+            return
+        identity = self._avatar.avatar_identity
+        try:
+            res = fn(identity)
+            if inspect.isawaitable(res):
+                await self._clock.wait_for(res, _REMOVAL_TIMEOUT)
+        except Exception as e:
+            if getattr(e, "code", None) == "not_found":
+                logger.debug("avatar %s was not in the room any more", identity)
+            else:
+                logger.warning("could not remove the avatar participant %s: %s", identity, e)
+
+    async def _retire_sink(self) -> None:
+        """DataStreamAudioOutput has no close of its own: once it carries no audio, take
+        back its room listener and its wait for the avatar."""
+        sink = self._installed
+        if not isinstance(sink, DataStreamAudioOutput) or sink in audio_chain(self._session):
+            return
+        if self._room is not None:
+            self._room.off("connection_state_changed", sink._handle_connection_state_changed)
+        start = sink._start_atask
+        if start is not None and not start.done():
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in self._tasks if not t.done() and t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close_output(out: _ParticipantAudioOutput, start: asyncio.Task[None] | None) -> None:
+    if start is not None and not start.done():
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+    try:
+        await out.aclose()
+    except Exception:
+        logger.debug("closing the attached room audio output failed", exc_info=True)

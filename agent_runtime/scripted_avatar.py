@@ -1,0 +1,93 @@
+"""A scripted avatar plugin for tests and scenarios.
+
+It behaves like the upstream plugins (tavus, bey, ...) where it matters: its ``start()``
+runs the base class's ``start()`` and then points the session's audio at the avatar with
+``agent_session.output.replace_audio_tail(DataStreamAudioOutput(...))``. What the real
+plugins do over the network (asking a provider to send an avatar into the room) is left to
+the script: the test or the scenario adds the avatar participant to the room, or does not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from livekit import rtc
+from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+
+from .clock import Clock
+
+if TYPE_CHECKING:
+    from livekit.agents.voice.agent_session import AgentSession
+
+
+class ScriptedAvatarError(RuntimeError):
+    """The scripted failure of ``ScriptedAvatar.start()``."""
+
+
+class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
+    """An ``AvatarSession`` whose provider side is a script.
+
+    ``start_error`` makes ``start()`` raise it (a string becomes a ``ScriptedAvatarError``);
+    with ``error_after_route`` the route is installed first, as a plugin failing late would.
+    ``start_delay`` (seconds on ``clock``) stands for the provider's API call.
+    """
+
+    def __init__(
+        self,
+        *,
+        avatar_identity: str = "avatar",
+        start_error: BaseException | str | None = None,
+        error_after_route: bool = False,
+        start_delay: float = 0.0,
+        clock: Clock | None = None,
+        sample_rate: int | None = None,
+        wait_remote_track: rtc.TrackKind.ValueType | None = rtc.TrackKind.KIND_VIDEO,
+    ) -> None:
+        super().__init__()
+        if start_delay < 0:
+            raise ValueError(f"start_delay must be >= 0, got {start_delay!r}")
+        if start_delay and clock is None:
+            raise ValueError("start_delay needs a clock")
+        self.avatar_identity = avatar_identity
+        self.start_error: BaseException | None = (
+            ScriptedAvatarError(start_error) if isinstance(start_error, str) else start_error
+        )
+        self.error_after_route = error_after_route
+        self.start_delay = start_delay
+        self._clock = clock
+        self._sample_rate = sample_rate
+        self._wait_remote_track = wait_remote_track
+        self.start_calls = 0
+        self.installed: DataStreamAudioOutput | None = None
+
+    @property
+    def avatar_identity(self) -> str:
+        return self._identity
+
+    @avatar_identity.setter
+    def avatar_identity(self, identity: str) -> None:
+        if not isinstance(identity, str) or not identity:
+            raise ValueError(f"avatar_identity must be a non-empty string, got {identity!r}")
+        self._identity = identity
+
+    @property
+    def provider(self) -> str:
+        return "scripted"
+
+    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+        self.start_calls += 1
+        await super().start(agent_session, room)
+        if self.start_delay and self._clock is not None:
+            await self._clock.sleep(self.start_delay)
+        if self.start_error is not None and not self.error_after_route:
+            raise self.start_error
+        # exactly what the upstream plugins do at the end of their start()
+        self.installed = DataStreamAudioOutput(
+            room,
+            destination_identity=self.avatar_identity,
+            sample_rate=self._sample_rate,
+            wait_remote_track=self._wait_remote_track,
+        )
+        agent_session.output.replace_audio_tail(self.installed)
+        if self.start_error is not None:
+            raise self.start_error

@@ -1,0 +1,597 @@
+"""AvatarLifecycle with real SDK classes: the agent ends audible in every ordering.
+
+Real ``AgentSession`` (started on the in-memory room, RoomIO and all), the real
+``DataStreamAudioOutput`` installed by a plugin-style ``start()``, real ``rtc.RpcError``s,
+virtual time. Only the network is faked (see ``test_avatar_rig``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import pytest
+from livekit import rtc
+from livekit.agents.voice.avatar import DataStreamAudioOutput
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
+from test_avatar_rig import (
+    AVATAR,
+    USER,
+    Rig,
+    frames,
+    playback_finished,
+    route_names,
+    session_listeners,
+)
+
+from agent_runtime.actor import ActorClosed
+from agent_runtime.avatar import AvatarLifecycle, audio_tail, route_of
+from agent_runtime.clock import settle
+from agent_runtime.room_events import RoomEventAdapter
+from agent_runtime.scripted_avatar import ScriptedAvatar
+
+SYNCED_TO_AVATAR = ["_SyncedAudioOutput", "_AudioSinkProxy", "DataStreamAudioOutput"]
+SYNCED_TO_ROOM = ["_SyncedAudioOutput", "_AudioSinkProxy", "_ParticipantAudioOutput"]
+
+
+class OtherSink(AudioOutput):
+    """Someone else's route (say, a recorder or another avatar) installed after ours."""
+
+    def __init__(self) -> None:
+        super().__init__(label="other", capabilities=AudioOutputCapabilities(pause=False))
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+
+    def flush(self) -> None:
+        super().flush()
+
+    def clear_buffer(self) -> None:
+        pass
+
+
+# -- the avatar never joins ----------------------------------------------------------------
+
+
+async def test_never_joins_avatar_started_before_session_ends_on_room_audio() -> None:
+    rig = Rig()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "routing"
+    assert route_names(rig.session) == ["DataStreamAudioOutput"]
+    await rig.start_session()
+    # session.start() saw the avatar route and turned RoomIO's own audio output off
+    assert route_names(rig.session) == SYNCED_TO_AVATAR
+    assert rig.lifecycle.audio_route() == "avatar"
+
+    await rig.clock.advance(29.9)
+    assert rig.lifecycle.state == "routing"
+    await rig.clock.advance(0.1)
+    assert rig.lifecycle.state == "restored"
+    assert rig.lifecycle.audio_route() == "room"
+    assert route_names(rig.session) == SYNCED_TO_ROOM
+    # the attached room output published the agent's track, as RoomIO's would
+    assert rig.room.local_participant.track_publications
+    assert rig.transitions() == [
+        (0.0, "start", "idle", "routing"),
+        (30.0, "join_timeout", "routing", "failed"),
+        (30.0, "route_restored", "failed", "restored"),
+    ]
+    await rig.aclose()
+
+
+async def test_never_joins_session_started_first_gets_roomio_output_back() -> None:
+    rig = Rig(join_timeout=5.0)
+    await rig.start_session()
+    roomio_output = audio_tail(rig.session)
+    assert isinstance(roomio_output, _ParticipantAudioOutput)
+    await rig.start_avatar()
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.clock.advance(5)
+    assert rig.lifecycle.state == "restored"
+    assert audio_tail(rig.session) is roomio_output  # the very output RoomIO made
+    assert rig.lifecycle.audio_route() == "room"
+    await rig.aclose()
+
+
+async def test_failure_before_session_start_leaves_room_audio_to_session_start() -> None:
+    rig = Rig(join_timeout=5.0)
+    await rig.start_avatar()
+    await rig.clock.advance(5)
+    assert rig.lifecycle.state == "restored"
+    assert rig.session.output.audio is None  # the stale route is gone ...
+    await rig.start_session()
+    assert rig.lifecycle.audio_route() == "room"  # ... so RoomIO set up room audio
+    assert route_names(rig.session) == SYNCED_TO_ROOM
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("after_route", [False, True])
+async def test_start_error_ends_on_room_audio(after_route: bool) -> None:
+    avatar = ScriptedAvatar(avatar_identity=AVATAR, start_error="no capacity")
+    avatar.error_after_route = after_route
+    rig = Rig(avatar=avatar)
+    await rig.start_session()
+    await rig.start_avatar()  # the plugin's error is an outcome, not raised
+    assert rig.lifecycle.state == "restored"
+    assert rig.lifecycle.audio_route() == "room"
+    errors = [r for r in rig.trace.records if r.kind == "effect" and r.outcome == "error"]
+    assert [(r.effect, "no capacity" in r.detail) for r in errors] == [("start_plugin", True)]
+    await rig.aclose()
+
+
+# -- the avatar joins, then leaves ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("video_first", [False, True])
+async def test_join_needs_participant_and_video_in_either_order(video_first: bool) -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    if video_first:
+        # a participant already in the room when the avatar is awaited, video later
+        rig.room.add_participant(AVATAR, kind="agent")
+        await settle()
+        assert rig.lifecycle.state == "routing"
+        rig.room.publish_track(AVATAR, "video")
+    else:
+        rig.room.add_participant(AVATAR, kind="agent")
+        rig.room.publish_track(AVATAR, "audio")  # audio alone is not a join
+        await settle()
+        assert rig.lifecycle.state == "routing"
+        rig.room.publish_track(AVATAR, "video")
+    await settle()
+    assert rig.lifecycle.state == "joined"
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.clock.advance(60)  # the join timer died with routing
+    assert rig.lifecycle.state == "joined"
+    await rig.aclose()
+
+
+async def test_joins_then_drops_restores_on_that_same_event() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    await rig.clock.advance(1)
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined"
+    await rig.clock.advance(9)
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.SIGNAL_CLOSE)
+    await settle()
+    assert rig.lifecycle.state == "restored"
+    assert rig.lifecycle.audio_route() == "room"
+    assert rig.transitions()[-3:] == [
+        # both facts arrived before the mailbox ran: the guard reads the room as it is
+        (1.0, "avatar_connected", "routing", "joined"),
+        (10.0, "avatar_left", "joined", "failed"),
+        (10.0, "route_restored", "failed", "restored"),
+    ]
+    assert rig.clock.pending == 0  # no timer was involved
+    await rig.aclose()
+
+
+async def test_someone_elses_later_route_is_left_alone() -> None:
+    rig = Rig(join_timeout=5.0)
+    await rig.start_session()
+    await rig.start_avatar()
+    other = OtherSink()
+    rig.session.output.replace_audio_tail(other)
+    await rig.clock.advance(5)
+    assert rig.lifecycle.state == "restored"
+    assert audio_tail(rig.session) is other
+    restored = [r for r in rig.trace.records if r.event == "route_restored"]
+    assert restored[0].data["outcome"] == "left_alone"
+    await rig.lifecycle.aclose()
+    assert audio_tail(rig.session) is other  # close leaves it alone too
+    await rig.session.aclose()
+
+
+# -- interruption --------------------------------------------------------------------------
+
+
+async def test_interrupt_while_routing_clears_locally_and_sends_nothing() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    # the real path: the session's speech reaches the avatar's sink, which waits for an
+    # avatar that is not there; the interruption clears it through the machine
+    handle = rig.session.say("hello", audio=frames(), add_to_chat_ctx=False)
+    await settle()
+    assert not handle.done()
+    rig.session.interrupt()
+    rig.lifecycle.interrupt()
+    await settle()
+    assert handle.done()  # no 5 s "speech not done in time" fallback
+    assert rig.rpcs() == []
+    cleared = [r.effect for r in rig.trace.records if r.kind == "effect"][1:]
+    assert cleared and set(cleared) == {"clear_local_buffer"}
+    await rig.aclose()
+
+
+async def test_interrupt_after_avatar_left_sends_nothing_and_does_not_stall() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    streams = rig.room.local_participant.streams
+    assert streams and streams[0].destination == [AVATAR]  # audio is going to the avatar
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert rig.lifecycle.state == "restored"
+    rig.lifecycle.interrupt()
+    rig.session.interrupt()
+    await settle()
+    assert handle.done()
+    assert rig.rpcs() == []
+    await rig.aclose()
+
+
+@pytest.mark.parametrize(
+    ("result", "state", "ended_at"),
+    [
+        ("ok", "joined", 0.0),  # answered; nothing was playing, so nothing to wait for
+        ("timeout", "joined", 2.0),
+        ("error", "joined", 0.0),
+        ("disconnected", "restored", 0.0),
+        ("not_found", "restored", 0.0),
+    ],
+)
+async def test_interrupt_while_joined_each_rpc_outcome(
+    result: str, state: str, ended_at: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.room.local_participant.rpc_script["lk.clear_buffer"].append(result)
+    with caplog.at_level(logging.DEBUG, logger="agent_runtime"):
+        rig.lifecycle.interrupt()  # never raises, whatever the outcome
+        await rig.clock.advance(10)
+    calls = rig.rpcs()
+    assert [(c.destination, c.payload) for c in calls] == [(AVATAR, "")]
+    assert rig.lifecycle.state == state
+    done = [r for r in rig.trace.records if r.event == "clear_buffer_done"]
+    assert done and done[0].t == ended_at
+    assert done[0].data["gone"] is (state == "restored")
+    assert rig.lifecycle.audio_route() == ("avatar" if state == "joined" else "room")
+    # expected outcomes: nothing above INFO from the runtime
+    assert not [
+        r for r in caplog.records if r.name.startswith("agent_runtime") and r.levelno > logging.INFO
+    ]
+    await rig.aclose()
+
+
+async def test_session_interrupt_while_joined_sends_one_clear_and_playback_finished_ends_it() -> (
+    None
+):
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    handle = rig.session.say("hello", audio=frames(20), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert sink is not None and sink._pending_playback_count == 1
+    rig.session.interrupt()
+    await settle()
+    assert len(rig.rpcs()) == 1  # the session clears twice; one RPC answers both
+    assert not handle.done()  # waiting for the avatar to say where it stopped
+    reply = await rig.room.invoke_rpc(
+        "lk.playback_finished", AVATAR, playback_finished(0.1, interrupted=True)
+    )
+    assert reply == "ok"
+    await settle()
+    assert handle.done()
+    assert sink._pending_playback_count == 0
+    assert rig.lifecycle.state == "joined"
+    await rig.aclose()
+
+
+# -- lk.playback_finished ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "not json",
+        "[]",
+        '{"interrupted": false}',
+        '{"playback_position": "1", "interrupted": false}',
+        '{"playback_position": true, "interrupted": false}',
+        '{"playback_position": -1, "interrupted": false}',
+        '{"playback_position": 1.0}',
+        '{"playback_position": 1.0, "interrupted": "no"}',
+    ],
+)
+async def test_malformed_playback_finished_is_an_error_reply_and_changes_nothing(
+    payload: str,
+) -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    handle = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert sink is not None
+    before = (sink._pending_playback_count, len(rig.trace.records))
+    with pytest.raises(rtc.RpcError) as err:
+        await rig.room.invoke_rpc("lk.playback_finished", AVATAR, payload)
+    assert err.value.code == rtc.RpcError.ErrorCode.APPLICATION_ERROR
+    assert "malformed" in err.value.message
+    await settle()
+    assert (sink._pending_playback_count, len(rig.trace.records)) == before
+    assert not handle.done()
+    await rig.aclose()
+
+
+async def test_playback_finished_from_anyone_but_the_avatar_is_refused() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert sink is not None and sink._pending_playback_count == 1
+    with pytest.raises(rtc.RpcError, match="only from the avatar"):
+        await rig.room.invoke_rpc("lk.playback_finished", USER, playback_finished())
+    await settle()
+    assert sink._pending_playback_count == 1
+    assert await rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished()) == "ok"
+    await settle()
+    assert sink._pending_playback_count == 0
+    await rig.aclose()
+
+
+async def test_our_playback_handler_stays_registered_over_the_sinks_own() -> None:
+    rig = Rig(connected=False)
+    await rig.start_session()
+    await rig.start_avatar()
+    handlers = rig.room.local_participant.rpc_handlers
+    assert "lk.playback_finished" not in handlers  # no local participant before connecting
+    rig.room.connect_locally()  # the sink would register its own handler now
+    await settle()
+    assert handlers["lk.playback_finished"] == rig.lifecycle._on_playback_finished_rpc
+    await rig.aclose()
+    assert "lk.playback_finished" not in handlers
+
+
+# -- start before the room connects --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sdk_fills_in_silently(room: rtc.Room) -> Iterator[None]:
+    """On connect the SDK lists who is already there without participant_connected."""
+    room.emit = lambda *_: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del room.emit
+
+
+async def test_start_before_room_connects_detects_an_avatar_present_at_connect() -> None:
+    rig = Rig(connected=False)
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "routing"
+    # upstream's wait_for_join() returns at once here, as if the avatar had joined
+    await rig.avatar.wait_for_join(timeout=1.0)
+    with sdk_fills_in_silently(rig.room):
+        rig.join()
+    await settle()
+    assert rig.lifecycle.state == "routing"
+    rig.room.connect_locally()  # RoomConnected -> check presence
+    await settle()
+    assert rig.lifecycle.state == "joined"
+    presence = [r for r in rig.trace.records if r.effect == "check_presence"]
+    assert len(presence) == 1
+    await rig.aclose()
+
+
+async def test_start_before_room_connects_detects_the_join_after() -> None:
+    rig = Rig(connected=False)
+    await rig.start_avatar()
+    await rig.start_session()
+    await rig.clock.advance(3)
+    rig.room.connect_locally()
+    await settle()
+    assert rig.lifecycle.state == "routing"
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined"
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.aclose()
+
+
+# -- closing -------------------------------------------------------------------------------
+
+
+async def _drive_to(rig: Rig, state: str) -> None:
+    if state == "idle":
+        return
+    await rig.start_avatar()
+    if state == "joined":
+        rig.join()
+        await settle()
+    elif state == "restored":
+        await rig.clock.advance(30)
+    assert rig.lifecycle.state == state
+
+
+@pytest.mark.parametrize("state", ["idle", "routing", "joined", "restored"])
+async def test_close_from_every_state_restores_and_unhooks_everything(state: str) -> None:
+    rig = Rig()
+    await rig.start_session()
+    room_before, session_before = rig.room.listener_count(), session_listeners(rig.session)
+    handlers_before = dict(rig.room.local_participant.rpc_handlers)
+    await _drive_to(rig, state)
+    await rig.lifecycle.aclose()
+    await settle()
+    assert rig.lifecycle.state == "closed"
+    assert route_of(rig.session) == "room"
+    assert rig.room.listener_count() == room_before
+    assert session_listeners(rig.session) == session_before
+    assert rig.room.local_participant.rpc_handlers == handlers_before
+    assert rig.lifecycle.actor.live_tasks == 0 and not rig.lifecycle._tasks
+    assert rig.clock.pending == 0
+    sink = rig.lifecycle.installed_sink
+    if sink is not None:
+        assert "clear_buffer" not in vars(sink)  # the sink is the SDK's own again
+        assert isinstance(sink, DataStreamAudioOutput)
+        assert sink._start_atask is None or sink._start_atask.done()
+    # removal is tried once started; "not found" (routing, restored) is fine
+    assert rig.removed == ([] if state == "idle" else [AVATAR])
+    assert AVATAR not in rig.room.remote_participants
+    await rig.lifecycle.aclose()  # idempotent
+    await rig.session.aclose()
+
+
+async def test_close_during_routing_stops_the_join_timer() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    await rig.clock.advance(5)
+    await rig.lifecycle.aclose()
+    assert rig.lifecycle.state == "closed"
+    assert rig.lifecycle.audio_route() == "room"
+    await rig.clock.advance(60)
+    assert not [r for r in rig.trace.records if r.event == "join_timeout"]
+    await rig.session.aclose()
+
+
+async def test_close_while_the_plugin_is_still_starting() -> None:
+    rig = Rig()
+    rig.avatar = ScriptedAvatar(avatar_identity=AVATAR, start_delay=20.0, clock=rig.clock)
+    rig.lifecycle = AvatarLifecycle(rig.avatar, clock=rig.clock)
+    await rig.start_session()
+    before = audio_tail(rig.session)
+    start = asyncio.ensure_future(rig.lifecycle.start(rig.session, rig.room))
+    await rig.clock.advance(1)
+    assert rig.lifecycle.state == "routing"
+    await rig.lifecycle.aclose()  # does not wait for the provider
+    assert rig.lifecycle.state == "closed"
+    assert audio_tail(rig.session) is before
+    await settle()
+    assert start.done()
+    await rig.session.aclose()
+
+
+async def test_room_output_attached_by_restore_outlives_close_until_the_session_ends() -> None:
+    rig = Rig(join_timeout=5.0)
+    await rig.start_avatar()
+    await rig.start_session()
+    await rig.clock.advance(5)
+    attached = audio_tail(rig.session)
+    assert isinstance(attached, _ParticipantAudioOutput)
+    await rig.lifecycle.aclose()
+    assert audio_tail(rig.session) is attached  # the agent stays audible
+    forwarding = attached._forwarding_task
+    assert forwarding is not None and not forwarding.done()
+    await rig.session.aclose()
+    await settle()
+    assert forwarding.done()  # closed with the session
+
+
+# -- retry ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("retry", [False, True])
+async def test_late_join_after_restored_is_ignored_unless_retry(retry: bool) -> None:
+    rig = Rig(join_timeout=5.0, retry=retry)
+    await rig.start_session()
+    await rig.start_avatar()
+    await rig.clock.advance(5)
+    assert rig.lifecycle.state == "restored"
+    rig.join()
+    await settle()
+    if retry:
+        assert rig.lifecycle.state == "joined"
+        assert rig.lifecycle.audio_route() == "avatar"
+        rig.room.remove_participant(AVATAR)
+        await settle()
+        assert rig.lifecycle.state == "restored"
+    else:
+        assert rig.lifecycle.state == "restored"
+    assert rig.lifecycle.audio_route() == "room"
+    await rig.aclose()
+
+
+# -- the public surface --------------------------------------------------------------------
+
+
+async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
+    rig = Rig(join_timeout=5.0)
+    seen: list[str] = []
+    rig.lifecycle.on("state_changed", lambda ev: seen.append(ev.dest))
+    await rig.start_session()
+    await rig.start_avatar()
+    too_soon = asyncio.ensure_future(rig.lifecycle.wait_for("joined", timeout=1.0))
+    await rig.clock.advance(1)
+    with pytest.raises(TimeoutError):
+        await too_soon
+    await rig.lifecycle.wait_for("routing")  # already there
+    waiting = asyncio.ensure_future(rig.lifecycle.wait_for("restored"))
+    await rig.clock.advance(4)
+    assert waiting.done() and waiting.exception() is None
+    assert seen == ["routing", "failed", "restored"]
+    closed_first = asyncio.ensure_future(rig.lifecycle.wait_for("joined"))
+    await settle()
+    await rig.aclose()
+    with pytest.raises(ActorClosed):
+        await closed_first
+    with pytest.raises(ValueError, match="unknown avatar state"):
+        await rig.lifecycle.wait_for("limbo")
+
+
+async def test_bad_input_is_refused_and_changes_nothing() -> None:
+    avatar = ScriptedAvatar()
+    with pytest.raises(TypeError):
+        AvatarLifecycle(object())  # type: ignore[arg-type]
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="join_timeout"):
+            AvatarLifecycle(avatar, join_timeout=bad)
+    with pytest.raises(TypeError, match="clear_buffer_timeout"):
+        AvatarLifecycle(avatar, clear_buffer_timeout="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty"):
+        avatar.avatar_identity = ""
+    rig = Rig()
+    other = RoomEventAdapter(rtc.Room())
+    lc = AvatarLifecycle(ScriptedAvatar(), clock=rig.clock, room_events=other)
+    with pytest.raises(ValueError, match="same room"):
+        await lc.start(rig.session, rig.room)
+    assert lc.state == "idle" and rig.session.output.audio is None
+    with pytest.raises(TypeError):
+        await lc.start(object(), rig.room)  # type: ignore[arg-type]
+    await rig.start_session()
+    await rig.start_avatar()
+    with pytest.raises(RuntimeError, match="already started"):
+        await rig.lifecycle.start(rig.session, rig.room)
+    await rig.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await rig.lifecycle.start(rig.session, rig.room)
+
+
+async def test_a_shared_room_adapter_is_used_and_left_running() -> None:
+    rig = Rig()
+    adapter = RoomEventAdapter(rig.room)
+    adapter.start()
+    lc = AvatarLifecycle(rig.avatar, clock=rig.clock, room_events=adapter)
+    await rig.start_session()
+    await lc.start(rig.session, rig.room)
+    rig.join()
+    await settle()
+    assert lc.state == "joined"
+    await lc.aclose()
+    assert adapter.started  # its owner closes it
+    adapter.aclose()
+    await rig.session.aclose()

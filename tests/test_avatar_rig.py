@@ -1,0 +1,155 @@
+"""Shared wiring for the avatar tests (no tests here).
+
+Everything is the SDK's own: a real ``AgentSession`` started on an ``InMemoryRoom`` (a real
+``rtc.Room`` with no connection), the real ``DataStreamAudioOutput`` the plugin installs,
+real ``rtc.RpcError``s. Faked, because they need a network: the byte stream that carries
+audio to the avatar (``stream_bytes``), and the SFU itself (the in-memory room).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+from livekit.api import TwirpError
+
+from agent_runtime.avatar import AvatarLifecycle, audio_chain
+from agent_runtime.clock import VirtualClock, settle
+from agent_runtime.inmemory import InMemoryRoom
+from agent_runtime.scripted_avatar import ScriptedAvatar
+from agent_runtime.trace import MemorySink, Tracer
+
+AVATAR = "avatar"
+USER = "user"
+
+
+@dataclass
+class FakeByteStream:
+    """What ``local_participant.stream_bytes`` hands back: records what the avatar gets."""
+
+    destination: list[str]
+    attributes: dict[str, str]
+    chunks: list[bytes] = field(default_factory=list)
+    closed: bool = False
+
+    async def write(self, data: bytes | str) -> None:
+        self.chunks.append(data.encode() if isinstance(data, str) else data)
+
+    async def aclose(self, **_: Any) -> None:
+        self.closed = True
+
+
+def make_room(clock: VirtualClock, *, connected: bool = True, user: bool = True) -> InMemoryRoom:
+    room = InMemoryRoom(clock=clock)
+    lp: Any = room.local_participant
+    # the real LocalParticipant keeps its handlers in `_rpc_handlers`, and
+    # DataStreamAudioOutput reads it there: give the stand-in the same dict under that name
+    lp._rpc_handlers = lp.rpc_handlers
+    lp.streams = []
+
+    async def stream_bytes(
+        *, destination_identities: list[str], attributes: dict[str, str], **_: Any
+    ) -> FakeByteStream:
+        stream = FakeByteStream(list(destination_identities), dict(attributes))
+        lp.streams.append(stream)
+        return stream
+
+    async def stream_text(**_: Any) -> FakeByteStream:
+        return FakeByteStream([], {})  # the agent's transcription, also a data stream
+
+    lp.stream_bytes = stream_bytes  # a byte stream needs a network
+    lp.stream_text = stream_text
+    lp.kind = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT  # read by the SDK's telemetry
+    if connected:
+        room.connect_locally()
+    if user:
+        room.add_participant(USER)
+    return room
+
+
+def add_active(room: InMemoryRoom, identity: str, *, kind: str = "standard") -> Any:
+    """A participant joins and turns active, as the SFU reports it (the SDK's
+    wait_for_participant, which DataStreamAudioOutput uses, waits for active)."""
+    p = room.add_participant(identity, kind=kind)
+    p._info.state = rtc.ParticipantState.PARTICIPANT_STATE_ACTIVE
+    room.emit("participant_active", p)
+    return p
+
+
+def session_listeners(session: AgentSession[Any]) -> int:
+    return sum(len(v) for v in session._events.values())
+
+
+def route_names(session: AgentSession[Any]) -> list[str]:
+    return [type(o).__name__ for o in audio_chain(session)]
+
+
+async def frames(n: int = 10, *, rate: int = 24000) -> AsyncIterator[rtc.AudioFrame]:
+    per = rate // 100
+    for _ in range(n):
+        yield rtc.AudioFrame(b"\0\0" * per, rate, 1, per)
+
+
+def playback_finished(position: float = 0.5, interrupted: bool = False) -> str:
+    return json.dumps({"playback_position": position, "interrupted": interrupted})
+
+
+class Rig:
+    """One agent, one room, one scripted avatar, one lifecycle, on a virtual clock."""
+
+    def __init__(
+        self,
+        *,
+        connected: bool = True,
+        avatar: Any = None,
+        **options: Any,
+    ) -> None:
+        self.clock = VirtualClock()
+        self.room = make_room(self.clock, connected=connected)
+        self.session: AgentSession[Any] = AgentSession()
+        self.avatar = avatar if avatar is not None else ScriptedAvatar(avatar_identity=AVATAR)
+        self.trace = MemorySink()
+        self.removed: list[str] = []
+        options.setdefault("remove_participant", self._remove)
+        self.lifecycle = AvatarLifecycle(
+            self.avatar, clock=self.clock, tracer=Tracer(self.trace), **options
+        )
+
+    async def _remove(self, identity: str) -> None:
+        # the in-memory room has no server API: do what the server would, answer included
+        self.removed.append(identity)
+        if self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED) is None:
+            raise TwirpError("not_found", "participant not found", status=404)
+
+    async def start_session(self) -> None:
+        await self.session.start(Agent(instructions="test"), room=self.room)
+        await settle()
+
+    async def start_avatar(self) -> None:
+        await self.lifecycle.start(self.session, self.room)
+        await settle()
+
+    def join(self, *, video: bool = True) -> None:
+        identity = self.avatar.avatar_identity
+        add_active(self.room, identity, kind="agent")
+        if video:
+            self.room.publish_track(identity, "video")
+
+    def rpcs(self, method: str = "lk.clear_buffer") -> list[Any]:
+        return [c for c in self.room.local_participant.rpc_calls if c.method == method]
+
+    def transitions(self) -> list[tuple[float, str, str | None, str | None]]:
+        return [
+            (r.t, r.event or "", r.source, r.dest)
+            for r in self.trace.records
+            if r.kind == "transition" and r.source != r.dest
+        ]
+
+    async def aclose(self) -> None:
+        await self.lifecycle.aclose()
+        await self.session.aclose()
+        await settle()

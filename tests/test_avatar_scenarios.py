@@ -1,0 +1,148 @@
+"""The avatar scenario files (``examples/scenarios/avatar_*.yaml``) played against the
+lifecycle.
+
+A stand-in for ``agent-runtime simulate`` that plays only what the avatar files use, so
+each file's expectations about the avatar (its final state, where the audio ends, the RPCs
+sent) are checked against ``AvatarLifecycle`` itself. Expectations about other machines
+are left to the real runner.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from livekit import rtc
+from test_avatar_rig import Rig, add_active
+
+from agent_runtime.avatar import route_of
+from agent_runtime.clock import settle
+from agent_runtime.scripted_avatar import ScriptedAvatar
+
+SCENARIOS = sorted((Path(__file__).parent.parent / "examples" / "scenarios").glob("avatar_*.yaml"))
+CHECKED_FACTS = ("audio_output", "rpcs_sent")
+
+
+async def play(doc: dict[str, Any]) -> dict[str, Any]:
+    config = doc.get("config", {})
+    avatar = ScriptedAvatar(avatar_identity=config.get("avatar_identity", "avatar"))
+    rig = Rig(
+        connected=bool(config.get("room_connected", True)),
+        avatar=avatar,
+        join_timeout=float(config.get("join_timeout", 30.0)),
+        clear_buffer_timeout=float(config.get("clear_buffer_timeout", 2.0)),
+        retry=bool(config.get("retry_avatar", False)),
+    )
+    for p in doc.get("participants", []):
+        add_active(rig.room, p["identity"], kind=p.get("kind", "standard"))
+    for step in doc["steps"]:
+        await rig.clock.run_until(float(step["at"]))
+        ev = step["event"]
+        if ev == "end":
+            break
+        if ev == "room.connected":
+            rig.room.connect_locally()
+        elif ev == "session.start":
+            await rig.start_session()
+        elif ev in ("avatar.start", "avatar.start_error"):
+            if ev == "avatar.start_error":
+                avatar.start_error = RuntimeError("scripted start error")
+            await rig.start_avatar()
+        elif ev == "avatar.close":
+            await rig.lifecycle.aclose()
+        elif ev == "session.interrupt":
+            rig.session.interrupt()
+            rig.lifecycle.interrupt()
+        elif ev == "participant_connected":
+            add_active(rig.room, step["identity"], kind=step.get("kind", "standard"))
+        elif ev == "track_published":
+            rig.room.publish_track(step["identity"], step.get("kind", "audio"))
+        elif ev == "participant_disconnected":
+            reason = rtc.DisconnectReason.Value(step.get("reason", "CLIENT_INITIATED"))
+            rig.room.remove_participant(step["identity"], reason)
+        elif ev == "rpc_outcome":
+            rig.room.local_participant.rpc_script[step["method"]].append(step["result"])
+        else:
+            raise AssertionError(f"event {ev!r} is not played by this stand-in")
+        await settle()
+    result = {
+        "final_states": {"avatar": rig.lifecycle.state},
+        "facts": {
+            "audio_output": route_of(rig.session),
+            "rpcs_sent": [
+                {"t": c.t, "method": c.method, "destination": c.destination, "outcome": c.outcome}
+                for c in rig.room.local_participant.rpc_calls
+            ],
+        },
+    }
+    await rig.aclose()
+    return result
+
+
+def matches(want: Any, got: Any) -> bool:
+    """Numbers approximately, objects by the keys given, lists element by element."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(
+            k in got and matches(v, got[k]) for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(got, list)
+            and len(want) == len(got)
+            and all(matches(w, g) for w, g in zip(want, got, strict=True))
+        )
+    if isinstance(want, int | float) and not isinstance(want, bool):
+        return isinstance(got, int | float) and math.isclose(want, got, abs_tol=1e-6)
+    return bool(want == got)
+
+
+def check(doc: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    expect = doc.get("expect", {})
+    failures = []
+    want_state = expect.get("final_states", {}).get("avatar")
+    if want_state is not None and want_state != result["final_states"]["avatar"]:
+        failures.append(
+            f"avatar: expected {want_state!r}, got {result['final_states']['avatar']!r}"
+        )
+    for fact in CHECKED_FACTS:
+        if fact in expect.get("facts", {}) and not matches(
+            expect["facts"][fact], result["facts"][fact]
+        ):
+            failures.append(
+                f"{fact}: expected {expect['facts'][fact]!r}, got {result['facts'][fact]!r}"
+            )
+    return failures
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+async def test_bundled_avatar_scenario(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    assert check(doc, await play(doc)) == []
+
+
+NEVER_JOINS = """
+name: never joins, avatar first; then a late join that is ignored
+config: {avatar_identity: avatar-1, join_timeout: 5}
+participants: [{identity: user}]
+steps:
+  - {at: 0, event: avatar.start}
+  - {at: 0.5, event: session.start}
+  - {at: 8, event: participant_connected, identity: avatar-1, kind: agent}
+  - {at: 8.5, event: track_published, identity: avatar-1, kind: video}
+  - {at: 9, event: session.interrupt}
+  - {at: 10, event: end}
+expect:
+  final_states: {avatar: restored}
+  facts: {audio_output: room, rpcs_sent: []}
+"""
+
+
+async def test_the_stand_in_plays_and_checks() -> None:
+    doc = yaml.safe_load(NEVER_JOINS)
+    result = await play(doc)
+    assert check(doc, result) == []
+    doc["expect"]["facts"]["audio_output"] = "avatar"
+    assert check(doc, result) == ["audio_output: expected 'avatar', got 'room'"]

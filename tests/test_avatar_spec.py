@@ -1,0 +1,145 @@
+"""Every (state, event) cell of the avatar spec, exercised through the actor.
+
+Effects are recorders and guards are set per case, so each cell is checked for exactly
+what the table says: the destination, the effects run in order, the trace record, and for
+a reject the error to the sender with nothing changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent_runtime import Actor, Event, EventRejected, MemorySink, Tracer, VirtualClock
+from agent_runtime.avatar import AvatarLifecycle
+from agent_runtime.scripted_avatar import ScriptedAvatar
+from statemachines.avatar import AVATAR
+
+# how to reach each state from idle, with the guard values that path needs
+PATHS: dict[str, list[tuple[str, dict[str, bool]]]] = {
+    "idle": [],
+    "routing": [("start", {})],
+    "joined": [("start", {}), ("avatar_connected", {"has_video": True})],
+    "failed": [("start", {}), ("join_timeout", {})],
+    "restored": [("start", {}), ("join_timeout", {}), ("route_restored", {})],
+    "closed": [("close", {})],
+}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for state in AVATAR.state_names:
+        for event in AVATAR.events:
+            kind = AVATAR.cell_kind(state, event)
+            if kind != "transition":
+                cases.append(pytest.param(state, event, kind, None, id=f"{state}-{event}-{kind}"))
+                continue
+            rows = [r for r in AVATAR.rows if r.source == state and r.event == event]
+            for i, r in enumerate(rows):
+                guards = {g: False for earlier in rows[:i] for g in earlier.guards}
+                guards.update({g: True for g in r.guards})
+                cases.append(
+                    pytest.param(state, event, kind, (r, guards), id=f"{state}-{event}-row{i}")
+                )
+    return cases
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.clock = VirtualClock()
+        self.sink = MemorySink()
+        self.ran: list[str] = []
+        self.guards: dict[str, bool] = {}
+
+        def effect(name: str) -> Any:
+            def run(ev: Event) -> None:
+                self.ran.append(name)  # no follow-up event: every state holds still
+
+            return run
+
+        self.actor = Actor(
+            AVATAR,
+            instance="cells",
+            effects={e.name: effect(e.name) for e in AVATAR.effects},
+            guards={g: (lambda _ev, g=g: self.guards.get(g, False)) for g in AVATAR.guards},
+            clock=self.clock,
+            tracer=Tracer(self.sink),
+        )
+
+    async def drive(self, state: str) -> None:
+        for event, guards in PATHS[state]:
+            self.guards = dict(guards)
+            await self.actor.send(Event(event))
+        assert self.actor.state == state
+        self.ran.clear()
+        self.sink.records.clear()
+
+
+def test_every_cell_has_a_case() -> None:
+    ids = {(p.values[0], p.values[1]) for p in _cases()}
+    assert ids == {(s, e) for s in AVATAR.state_names for e in AVATAR.events}
+    assert len(AVATAR.state_names) * len(AVATAR.events) == 72
+
+
+@pytest.mark.parametrize(("state", "event", "kind", "row"), _cases())
+async def test_cell(state: str, event: str, kind: str, row: Any) -> None:
+    rec = Recorder()
+    await rec.drive(state)
+    if kind == "reject":
+        with pytest.raises(EventRejected, match=f"rejects event '{event}' in state '{state}'"):
+            await rec.actor.send(Event(event))
+        assert rec.actor.state == state and rec.ran == []
+        assert [r.kind for r in rec.sink.records] == ["reject"]
+        rec.actor.post(Event(event))  # fire and forget never raises
+        await rec.actor.join()
+        return
+    if kind == "ignore":
+        step = await rec.actor.send(Event(event))
+        assert step.outcome == "ignore"
+        assert rec.actor.state == state and rec.ran == []
+        assert [r.kind for r in rec.sink.records] == ["ignore"]
+        return
+    r, guards = row
+    rec.guards = guards
+    step = await rec.actor.send(Event(event))
+    assert step.outcome == "transition"
+    assert rec.actor.state == (r.dest or state)
+    assert rec.ran == list(r.effects)
+    trans = [x for x in rec.sink.records if x.kind == "transition"]
+    assert len(trans) == 1 and trans[0].dest == (r.dest or state)
+    assert {g: trans[0].guards[g] for g in r.guards} == {g: True for g in r.guards}
+    await rec.actor.aclose()
+
+
+def test_lifecycle_handles_every_effect_and_guard_of_the_spec() -> None:
+    lc = AvatarLifecycle(ScriptedAvatar())  # the actor refuses a missing handler
+    assert set(lc.actor._effects) == {e.name for e in AVATAR.effects}
+    assert set(lc.actor._guards) == set(AVATAR.guards)
+
+
+def test_decisions_the_issue_asks_for() -> None:
+    from statemachines import step
+
+    # joined needs the participant and its video, in either order
+    assert step(AVATAR, "routing", "avatar_connected", {"has_video": True}).dest == "joined"
+    assert step(AVATAR, "routing", "video_published", {"avatar_present": True}).dest == "joined"
+    # every failure restores, and failed always ends in restored
+    for ev in ("join_timeout", "start_error", "avatar_left"):
+        assert step(AVATAR, "routing", ev).effects == ("restore_route",)
+    assert step(AVATAR, "joined", "avatar_left").dest == "failed"
+    assert step(AVATAR, "failed", "route_restored").dest == "restored"
+    # a clear that finds the avatar gone is the avatar leaving
+    assert step(AVATAR, "joined", "clear_buffer_done", {"recipient_gone": True}).dest == "failed"
+    # only joined sends lk.clear_buffer
+    for s in AVATAR.state_names:
+        sends = "send_clear_buffer" in step(AVATAR, s, "interrupt").effects
+        assert sends is (s == "joined")
+    # a late join after restored: ignored by default, routed again only with retry
+    late = step(AVATAR, "restored", "avatar_connected", {"retry": False})
+    assert (late.dest, late.effects) == ("restored", ())
+    again = step(AVATAR, "restored", "avatar_connected", {"retry": True})
+    assert (again.dest, again.effects) == ("routing", ("reinstall_route",))
+    # close from every live state
+    for s in ("idle", "routing", "joined", "failed", "restored"):
+        assert step(AVATAR, s, "close").dest == "closed"
