@@ -1,23 +1,72 @@
-"""The imperative shell around the machines: actors, effects, room adapters, the CLI."""
+"""The imperative shell around the machines: actors, effects, room adapters, the CLI.
+
+The runtime classes that need ``livekit.agents`` (about a second to import) load on first
+use, so commands such as ``agent-runtime diagrams`` never pay for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
 from .clock import AsyncioClock, Clock, VirtualClock, settle
 from .trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord, read_trace
 
+if TYPE_CHECKING:
+    from .avatar import AvatarLifecycle
+    from .inmemory import InMemoryRoom, InMemorySessionTransport
+    from .job import JobRuntime, on_session_end, session_end_hook
+    from .participant import ParticipantLink
+    from .room_events import RoomEventAdapter
+    from .scripted_avatar import ScriptedAvatar
+    from .session_host import JobSessionHost
+
+_LAZY = {
+    "AvatarLifecycle": "avatar",
+    "InMemoryRoom": "inmemory",
+    "InMemorySessionTransport": "inmemory",
+    "JobRuntime": "job",
+    "JobSessionHost": "session_host",
+    "ParticipantLink": "participant",
+    "RoomEventAdapter": "room_events",
+    "ScriptedAvatar": "scripted_avatar",
+    "on_session_end": "job",
+    "session_end_hook": "job",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent_runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
 __all__ = [
     "Actor",
     "ActorClosed",
     "AsyncioClock",
+    "AvatarLifecycle",
     "Clock",
     "Event",
     "EventRejected",
+    "InMemoryRoom",
+    "InMemorySessionTransport",
+    "JobRuntime",
+    "JobSessionHost",
     "JsonlSink",
     "LoggingSink",
     "MemorySink",
+    "ParticipantLink",
+    "RoomEventAdapter",
+    "ScriptedAvatar",
     "StateChanged",
     "TraceRecord",
     "Tracer",
     "VirtualClock",
+    "on_session_end",
     "read_trace",
+    "session_end_hook",
     "settle",
 ]

@@ -377,6 +377,16 @@ class Actor(rtc.EventEmitter[str]):
                 if err is not None and gen == self._gen and not self._closed:
                     self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
                 return
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "effect",
+                    self.spec.name,
+                    self.instance,
+                    effect=name,
+                    outcome="ok",
+                )
+            )
             if isinstance(res, Event) and gen == self._gen and not self._closed:
                 self._enqueue((res, None, gen))
 

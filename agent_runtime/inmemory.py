@@ -17,7 +17,7 @@ import itertools
 import logging
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from livekit import rtc
@@ -64,6 +64,11 @@ class InMemoryLocalParticipant:
         self.sid = "PA_local"
         self.attributes: dict[str, str] = {}
         self.rpc_handlers: dict[str, Callable[[rtc.RpcInvocationData], Awaitable[str] | str]] = {}
+        # the SDK's LocalParticipant keeps them under this name, and DataStreamAudioOutput
+        # reads it there
+        self._rpc_handlers = self.rpc_handlers
+        self.kind = participant_pb2.ParticipantKind.PARTICIPANT_KIND_AGENT
+        self.streams: list[InMemoryStream] = []
         # per method: how the next outgoing calls end, consumed in order
         self.rpc_script: dict[str, deque[RpcResult]] = defaultdict(deque)
         self.rpc_calls: list[RpcCall] = []
@@ -141,6 +146,31 @@ class InMemoryLocalParticipant:
         if not self._room.isconnected():
             raise RuntimeError("room is not connected")
 
+    async def stream_bytes(
+        self,
+        name: str = "",
+        *,
+        destination_identities: list[str] | None = None,
+        attributes: dict[str, str] | None = None,
+        topic: str = "",
+        **_: Any,
+    ) -> InMemoryStream:
+        """A byte stream (the audio sent to an avatar): records what is written to it."""
+        stream = InMemoryStream(topic, list(destination_identities or []), dict(attributes or {}))
+        self.streams.append(stream)
+        return stream
+
+    async def stream_text(
+        self,
+        *,
+        destination_identities: list[str] | None = None,
+        attributes: dict[str, str] | None = None,
+        topic: str = "",
+        **_: Any,
+    ) -> InMemoryStream:
+        """A text stream (the agent's transcription)."""
+        return InMemoryStream(topic, list(destination_identities or []), dict(attributes or {}))
+
     async def set_attributes(self, attributes: dict[str, str]) -> None:
         self.attributes.update(attributes)
 
@@ -151,6 +181,23 @@ class InMemoryLocalParticipant:
 
     async def unpublish_track(self, track_sid: str) -> None:
         self.track_publications.pop(track_sid, None)
+
+
+@dataclass
+class InMemoryStream:
+    """What ``stream_bytes``/``stream_text`` hand back: records the chunks written."""
+
+    topic: str
+    destination: list[str]
+    attributes: dict[str, str]
+    chunks: list[bytes] = field(default_factory=list)
+    closed: bool = False
+
+    async def write(self, data: bytes | str) -> None:
+        self.chunks.append(data.encode() if isinstance(data, str) else data)
+
+    async def aclose(self, **_: Any) -> None:
+        self.closed = True
 
 
 @dataclass
@@ -222,6 +269,9 @@ class InMemoryRoom(rtc.Room):
         p = rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
         self._remote_participants[identity] = p
         self.emit("participant_connected", p)
+        # the SFU then reports it active (the SDK's wait_for_participant waits for that)
+        p._info.state = participant_pb2.ParticipantState.PARTICIPANT_STATE_ACTIVE
+        self.emit("participant_active", p)
         return p
 
     def remove_participant(
@@ -341,12 +391,12 @@ class InMemorySessionTransport(SessionTransport):
 
 
 @contextlib.contextmanager
-def quiet_sdk_logs() -> Any:
+def quiet_sdk_logs(level: int = logging.ERROR) -> Any:
     """Silence the SDK's own chatter about an unconnected room (scenario output stays clean)."""
     names = ("livekit", "livekit.agents")
     old = [logging.getLogger(n).level for n in names]
     for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
+        logging.getLogger(n).setLevel(level)
     try:
         yield
     finally:

@@ -359,7 +359,9 @@ class JobRuntime(rtc.EventEmitter[str]):
             except Exception:
                 logger.exception("disconnecting the room failed")
         self._room_step_done = True
-        if self._deletion_requested:
+        # delete_room_on_close covers every way the job ends (upstream deletes from the
+        # session's close, which a job shutdown also causes), after the hold, never before
+        if self._deletion_requested or self._delete_room_on_close:
             await self._delete_room_now()
         await self._run_shutdown_callbacks()
         return Event("close_done")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from livekit import rtc
@@ -27,43 +26,8 @@ AVATAR = "avatar"
 USER = "user"
 
 
-@dataclass
-class FakeByteStream:
-    """What ``local_participant.stream_bytes`` hands back: records what the avatar gets."""
-
-    destination: list[str]
-    attributes: dict[str, str]
-    chunks: list[bytes] = field(default_factory=list)
-    closed: bool = False
-
-    async def write(self, data: bytes | str) -> None:
-        self.chunks.append(data.encode() if isinstance(data, str) else data)
-
-    async def aclose(self, **_: Any) -> None:
-        self.closed = True
-
-
 def make_room(clock: VirtualClock, *, connected: bool = True, user: bool = True) -> InMemoryRoom:
     room = InMemoryRoom(clock=clock)
-    lp: Any = room.local_participant
-    # the real LocalParticipant keeps its handlers in `_rpc_handlers`, and
-    # DataStreamAudioOutput reads it there: give the stand-in the same dict under that name
-    lp._rpc_handlers = lp.rpc_handlers
-    lp.streams = []
-
-    async def stream_bytes(
-        *, destination_identities: list[str], attributes: dict[str, str], **_: Any
-    ) -> FakeByteStream:
-        stream = FakeByteStream(list(destination_identities), dict(attributes))
-        lp.streams.append(stream)
-        return stream
-
-    async def stream_text(**_: Any) -> FakeByteStream:
-        return FakeByteStream([], {})  # the agent's transcription, also a data stream
-
-    lp.stream_bytes = stream_bytes  # a byte stream needs a network
-    lp.stream_text = stream_text
-    lp.kind = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT  # read by the SDK's telemetry
     if connected:
         room.connect_locally()
     if user:
@@ -72,12 +36,8 @@ def make_room(clock: VirtualClock, *, connected: bool = True, user: bool = True)
 
 
 def add_active(room: InMemoryRoom, identity: str, *, kind: str = "standard") -> Any:
-    """A participant joins and turns active, as the SFU reports it (the SDK's
-    wait_for_participant, which DataStreamAudioOutput uses, waits for active)."""
-    p = room.add_participant(identity, kind=kind)
-    p._info.state = rtc.ParticipantState.PARTICIPANT_STATE_ACTIVE
-    room.emit("participant_active", p)
-    return p
+    """A participant joins (the in-memory room reports it active too, as the SFU does)."""
+    return room.add_participant(identity, kind=kind)
 
 
 def session_listeners(session: AgentSession[Any]) -> int:

@@ -1,0 +1,442 @@
+"""The scenario runner: one job composed of all four machines, on the embedded in-memory
+room and a virtual clock.
+
+What runs is the real runtime — ``JobRuntime`` (job + session host), ``ParticipantLink``,
+``AvatarLifecycle`` around a ``ScriptedAvatar`` plugin — with real ``AgentSession``
+objects. Only the network is stood in for: the room's SFU side (``InMemoryRoom``), the
+simulator's end of the session transport, and room deletion (recorded, not sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import NOT_GIVEN, Agent, AgentSession
+from livekit.agents.voice.events import CloseReason
+from livekit.agents.voice.room_io import RoomOptions
+from livekit.protocol.agent_pb import agent_session as agent_pb
+from livekit.protocol.agent_simulation import SimulationDispatch
+
+from . import scenario as sc
+from .avatar import AvatarLifecycle, route_of
+from .clock import VirtualClock, settle
+from .inmemory import InMemoryRoom, InMemorySessionTransport, quiet_sdk_logs
+from .job import JobRuntime
+from .participant import ParticipantLink
+from .room_events import RoomEventAdapter
+from .scripted_avatar import ScriptedAvatar
+from .session_host import build_request
+from .trace import JsonlSink, MemorySink, Tracer, TraceRecord
+
+logger = logging.getLogger("agent_runtime.simulator")
+
+# how long (real seconds) to let real SDK work finish (a session closing, the job's close
+# work) before virtual time moves on; generous, it only bounds a stuck step
+_REAL_SETTLE_LIMIT = 10.0
+
+
+class _Simulation:
+    def __init__(self, scenario: sc.Scenario, tracer: Tracer) -> None:
+        self.scenario = scenario
+        self.cfg = scenario.config
+        self.tracer = tracer
+        self.clock = VirtualClock()
+        self.room = InMemoryRoom(name=_slug(scenario.name), clock=self.clock)
+        self.events = RoomEventAdapter(self.room)
+        self.agent_end, self.simulator_end = InMemorySessionTransport.pair()
+        self.sessions: dict[str, AgentSession[Any]] = {"a": AgentSession()}
+        self.session_closed_at: dict[str, float] = {}
+        self.session_close_reason: dict[str, str] = {}
+        self.link: ParticipantLink | None = None
+        self.avatar: AvatarLifecycle | None = None
+        self.plugin: ScriptedAvatar | None = None
+        self.deleted_at: float | None = None
+        self.session_replies: list[dict[str, Any]] = []
+        self.rpc_replies: list[dict[str, Any]] = []
+        self.requests: dict[str, str] = {}
+        self.errors: list[str] = []
+        self._reader: asyncio.Task[None] | None = None
+        self.job: JobRuntime | None = None
+
+    # -- set-up ------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        cfg = self.cfg
+        if cfg.room_connected:
+            self.room.connect_locally()
+        for p in self.scenario.participants:
+            self.room.add_participant(p.identity, kind=p.kind, attributes=p.attributes)
+        self.events.start()
+        self.job = JobRuntime(
+            room=self.room,
+            clock=self.clock,
+            tracer=self.tracer,
+            transport=self.agent_end,
+            simulation=SimulationDispatch(simulation_run_id=f"RUN_{_slug(self.scenario.name)}")
+            if cfg.simulation
+            else None,
+            on_simulation_end=self._on_simulation_end,
+            session_end_timeout=cfg.session_end_timeout,
+            close_timeout=cfg.close_timeout,
+            delete_room_on_close=cfg.delete_room_on_close,
+            delete_room=self._delete_room,
+            room_events=self.events,
+        )
+        await self.job.start()
+        if cfg.avatar_identity is not None:
+            self.plugin = ScriptedAvatar(avatar_identity=cfg.avatar_identity)
+            self.avatar = AvatarLifecycle(
+                self.plugin,
+                join_timeout=cfg.join_timeout,
+                clear_buffer_timeout=cfg.clear_buffer_timeout,
+                retry=cfg.retry_avatar,
+                clock=self.clock,
+                tracer=self.tracer,
+                room_events=self.events,
+                remove_participant=self._remove_avatar,
+            )
+        self._reader = asyncio.create_task(self._read_replies(), name="simulator.replies")
+        for name, session in self.sessions.items():
+            self._watch_close(name, session)
+
+    def _watch_close(self, name: str, session: AgentSession[Any]) -> None:
+        def on_close(ev: Any) -> None:
+            self.session_closed_at.setdefault(name, self.clock.now())
+            reason = getattr(ev, "reason", "")
+            self.session_close_reason.setdefault(name, getattr(reason, "value", str(reason)))
+
+        session.on("close", on_close)
+
+    async def _on_simulation_end(self, ctx: Any) -> None:
+        verdict = self.cfg.agent_verdict
+        if not verdict.success:
+            ctx.fail(verdict.reason)
+
+    async def _delete_room(self) -> None:
+        # the server API call; recorded here, and the room goes as the SFU would take it
+        self.deleted_at = self.clock.now()
+        self.room.deleted_at = self.deleted_at
+
+    async def _remove_avatar(self, identity: str) -> None:
+        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    async def _read_replies(self) -> None:
+        async for msg in self.simulator_end:
+            if not msg.HasField("response"):
+                continue
+            resp = msg.response
+            entry: dict[str, Any] = {
+                "t": self.clock.now(),
+                "request": self.requests.get(resp.request_id, "unknown"),
+            }
+            if resp.HasField("error"):
+                entry["error"] = resp.error
+            if resp.HasField("finalize_simulation"):
+                fs = resp.finalize_simulation
+                entry["verdict"] = (
+                    {"success": fs.user_verdict.success, "reason": fs.user_verdict.reason}
+                    if fs.HasField("user_verdict")
+                    else None
+                )
+            self.session_replies.append(entry)
+
+    # -- steps -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self.setup()
+        for step in self.scenario.steps:
+            await self.clock.run_until(step.at)
+            await self.quiesce()
+            self.tracer.write(
+                TraceRecord(
+                    self.clock.now(),
+                    "input",
+                    "scenario",
+                    self.scenario.name,
+                    event=step.event,
+                    data=step.model_dump(exclude={"at", "event"}),
+                )
+            )
+            if isinstance(step, sc.End):
+                break
+            try:
+                await self.apply(step)
+            except Exception as e:  # a step the runtime refuses is a result, not a crash
+                self.errors.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
+            await self.quiesce()
+        await self.quiesce()
+
+    async def apply(self, step: sc.Step) -> None:
+        room = self.room
+        assert self.job is not None
+        if isinstance(step, sc.SessionStart):
+            await self._start_session("a")
+        elif isinstance(step, sc.SessionClose):
+            self.sessions["a"]._close_soon(reason=CloseReason(step.reason))
+        elif isinstance(step, sc.SessionInterrupt):
+            if self.avatar is not None:
+                self.avatar.interrupt()
+            elif self.sessions["a"]._started:
+                with contextlib.suppress(RuntimeError):
+                    self.sessions["a"].interrupt()
+        elif isinstance(step, sc.SessionAttach):
+            await self._attach_other(step.session)
+        elif isinstance(step, sc.AvatarStart | sc.AvatarStartError):
+            if self.avatar is None or self.plugin is None:
+                raise RuntimeError("no avatar configured (config.avatar_identity)")
+            if isinstance(step, sc.AvatarStartError):
+                self.plugin.start_error = RuntimeError("scripted start error")
+            await self.avatar.start(self.sessions["a"], room)
+        elif isinstance(step, sc.AvatarClose):
+            if self.avatar is None:
+                raise RuntimeError("no avatar configured (config.avatar_identity)")
+            await self.avatar.aclose()
+        elif isinstance(step, sc.JobShutdown):
+            # livekit's order: the primary session closes, then on_session_end (the hold)
+            primary = self.sessions["a"]
+            if primary._started:
+                primary._close_soon(reason=CloseReason.JOB_SHUTDOWN)
+            self.job.shutdown(step.reason)
+        elif isinstance(step, sc.RoomConnected):
+            room.connect_locally()
+        elif isinstance(step, sc.RoomDisconnected):
+            room.disconnect_locally(rtc.DisconnectReason.Value(step.reason))
+        elif isinstance(step, sc.ParticipantConnected):
+            if step.identity in room.remote_participants:
+                raise ValueError(f"participant {step.identity!r} is already in the room")
+            room.add_participant(step.identity, kind=step.kind, attributes=step.attributes)
+        elif isinstance(step, sc.ParticipantDisconnected):
+            if (
+                room.remove_participant(step.identity, rtc.DisconnectReason.Value(step.reason))
+                is None
+            ):
+                # the SFU never reports a stranger; emit it anyway, the runtime must shrug
+                room.emit("participant_disconnected", _stranger(step.identity))
+        elif isinstance(step, sc.TrackPublished):
+            if step.identity in room.remote_participants:
+                room.publish_track(step.identity, step.kind)
+            else:
+                room.emit("track_published", _stranger_track(step.kind), _stranger(step.identity))
+        elif isinstance(step, sc.TrackMuted):
+            if step.identity in room.remote_participants:
+                room.mute_track(step.identity)
+            else:
+                room.emit("track_muted", _stranger(step.identity), _stranger_track("audio"))
+        elif isinstance(step, sc.AttributesChanged):
+            if step.identity not in room.remote_participants:
+                raise ValueError(f"participant {step.identity!r} is not in the room")
+            room.set_participant_attributes(step.identity, step.attributes)
+        elif isinstance(step, sc.Rpc):
+            payload = step.payload if isinstance(step.payload, str) else json.dumps(step.payload)
+            entry: dict[str, Any] = {
+                "t": self.clock.now(),
+                "method": step.method,
+                "caller": step.caller,
+            }
+            try:
+                entry["response"] = await room.invoke_rpc(step.method, step.caller, payload)
+            except rtc.RpcError as e:
+                entry["error"] = {"code": int(e.code), "message": e.message}
+            self.rpc_replies.append(entry)
+        elif isinstance(step, sc.SessionRequest):
+            request_id = f"RQ_{len(self.requests) + 1}"
+            self.requests[request_id] = step.request
+            req = build_request(step.request, step.payload, request_id=request_id)
+            await self.simulator_end.send_message(agent_pb.AgentSessionMessage(request=req))
+        elif isinstance(step, sc.RpcOutcome):
+            room.local_participant.rpc_script[step.method].append(step.result)
+        else:  # pragma: no cover - the scenario model admits no other step
+            raise AssertionError(step)
+
+    async def _start_session(self, name: str) -> None:
+        assert self.job is not None
+        session = self.sessions[name]
+        if session._started:
+            raise RuntimeError(f"session {name!r} is already started")
+        self.job.attach(session)
+        await session.start(
+            Agent(instructions="A scenario agent."),
+            room=self.room,
+            room_options=RoomOptions(
+                participant_identity=self.cfg.participant_identity or NOT_GIVEN,
+                close_on_disconnect=False,  # the participant machine decides
+                delete_room_on_close=False,  # the job machine defers deletion
+            ),
+            session_host=False,  # the job owns the host
+        )
+        self.link = ParticipantLink(
+            session,
+            room_events=self.events,
+            participant_identity=self.cfg.participant_identity,
+            close_on_disconnect=self.cfg.close_on_disconnect,
+            grace_period=self.cfg.grace_period,
+            clock=self.clock,
+            tracer=self.tracer,
+        )
+        self.link.start()
+
+    async def _attach_other(self, name: str) -> None:
+        assert self.job is not None
+        if name in self.sessions:
+            raise ValueError(f"a session named {name!r} already exists")
+        session: AgentSession[Any] = AgentSession()
+        self.sessions[name] = session
+        self._watch_close(name, session)
+        self.job.attach(session)
+        # a second session has no room of its own: RoomIO belongs to the primary one
+        await session.start(Agent(instructions="A second scenario agent."), session_host=False)
+
+    # -- waiting for real work ---------------------------------------------------------------
+    def _busy(self) -> bool:
+        """Real (not virtual-time) work in flight: a session closing, the job's close work,
+        the participant link waiting on a session close."""
+        for s in self.sessions.values():
+            task = s._closing_task
+            if task is not None and not task.done():
+                return True
+        if self.job is not None and self.job.state == "closing":
+            return True
+        return self.link is not None and self.link.state == "closing"
+
+    async def quiesce(self) -> None:
+        await settle()
+        deadline = time.monotonic() + _REAL_SETTLE_LIMIT
+        while self._busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+            await settle()
+
+    # -- the result ----------------------------------------------------------------------------
+    def result(self, records: list[TraceRecord]) -> dict[str, Any]:
+        assert self.job is not None
+        finals: dict[str, str] = {
+            "job": self.job.state,
+            "session_host": self.job.host_state,
+            "participant": self.link.state if self.link is not None else "waiting",
+        }
+        if self.avatar is not None:
+            finals["avatar"] = self.avatar.state
+        attached = self.job.host.session
+        attached_name = next((n for n, s in self.sessions.items() if s is attached), None)
+        facts: dict[str, Any] = {
+            "audio_output": route_of(self.sessions["a"]),
+            "rpcs_sent": [
+                {"t": c.t, "method": c.method, "destination": c.destination, "outcome": c.outcome}
+                for c in self.room.local_participant.rpc_calls
+            ],
+            "finalize_answered": self.job.finalize_answered,
+            "verdict": self.job.verdict,
+            "room_deleted_at": self.job.room_deleted_at,
+            "job_closed_at": self.job.closed_at,
+            "session_closed_at": self.session_closed_at.get("a"),
+            # extensions of the contract
+            "session_close_reason": self.session_close_reason.get("a"),
+            "attached_session": attached_name,
+            "linked_participant": self.link.linked_identity if self.link is not None else None,
+            "session_replies": self.session_replies,
+            "rpc_replies": self.rpc_replies,
+            "step_errors": self.errors,
+        }
+        return {
+            "name": self.scenario.name,
+            "final_states": finals,
+            "transitions": [
+                {
+                    "t": r.t,
+                    "machine": r.machine,
+                    "event": r.event,
+                    "source": r.source,
+                    "dest": r.dest,
+                }
+                for r in records
+                if r.kind == "transition"
+            ],
+            "effects": [
+                {"t": r.t, "machine": r.machine, "effect": r.effect, "outcome": r.outcome}
+                for r in records
+                if r.kind == "effect"
+            ],
+            "facts": facts,
+        }
+
+    async def aclose(self) -> None:
+        """Release everything without driving the machines further (the result is taken)."""
+        with contextlib.suppress(Exception):
+            if self.link is not None:
+                await self.link.aclose()
+        if self.avatar is not None:
+            with contextlib.suppress(Exception):
+                await self.avatar.actor.aclose()
+        for s in self.sessions.values():
+            if s._started and s._closing_task is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(s.aclose(), _REAL_SETTLE_LIMIT)
+        if self.job is not None:
+            with contextlib.suppress(Exception):
+                await self.job.actor.aclose()
+                await self.job.host.actor.aclose()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        await self.agent_end.close()
+        await self.simulator_end.close()
+        self.events.aclose()
+
+
+async def run_scenario(
+    scenario: sc.Scenario, *, trace_path: str | Path | None = None
+) -> dict[str, Any]:
+    """Run one scenario; returns the contract's result object."""
+    asyncio.get_running_loop().set_exception_handler(_sdk_task_failures_at_debug)
+    memory = MemorySink()
+    jsonl = JsonlSink(trace_path) if trace_path else None
+    tracer = Tracer(memory, *([jsonl] if jsonl else []))
+    with quiet_sdk_logs():
+        sim = _Simulation(scenario, tracer)
+        try:
+            await sim.run()
+            return sim.result(memory.records)
+        finally:
+            # tearing down mid-scenario makes the SDK's own tasks complain; nothing to see
+            with quiet_sdk_logs(logging.CRITICAL):
+                await sim.aclose()
+            if jsonl is not None:
+                jsonl.close()
+
+
+def _sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The SDK's own background tasks (an avatar join watcher, a data stream waiting for its
+    participant) fail once a scenario disconnects the room; in a scenario that is expected,
+    so those go to debug. Anything else is reported as usual."""
+    task = context.get("future") or context.get("task")
+    get_coro = getattr(task, "get_coro", None)
+    code = getattr(get_coro(), "cr_code", None) if get_coro is not None else None
+    filename = getattr(code, "co_filename", "")
+    if "/livekit/" in filename.replace("\\", "/"):
+        logger.debug("SDK background task ended: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "scenario"
+
+
+def _stranger(identity: str) -> rtc.RemoteParticipant:
+    from livekit.rtc._proto import participant_pb2
+
+    info = participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
+    return rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
+
+
+def _stranger_track(kind: str) -> rtc.RemoteTrackPublication:
+    from livekit.rtc._proto import track_pb2
+
+    k = track_pb2.TrackKind.KIND_VIDEO if kind == "video" else track_pb2.TrackKind.KIND_AUDIO
+    info = track_pb2.TrackPublicationInfo(sid="TR_unknown", kind=k)
+    return rtc.RemoteTrackPublication(track_pb2.OwnedTrackPublication(info=info))

@@ -1,0 +1,174 @@
+"""``agent-runtime simulate``: the bundled scenarios through the real runtime, the JSON
+contract, exit codes, traces that replay, and bad input inside a scenario."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent_runtime.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "examples" / "scenarios"
+
+
+def simulate_json(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
+    code = main(["simulate", str(path), "--json", *extra])
+    out = capsys.readouterr().out
+    result: dict[str, Any] = json.loads(out)
+    result["_code"] = code
+    return result
+
+
+def write(tmp_path: Path, doc: dict[str, Any], name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_every_bundled_scenario_holds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out
+    n = len(list(SCENARIOS.glob("*.yaml")))
+    assert f"{n} scenario(s) run, {n} with expectations: all held" in out
+    assert "FAILED" not in out
+
+
+def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    r = simulate_json(SCENARIOS / "sim_hangup_then_finalize.yaml", capsys)
+    assert r["_code"] == 0
+    assert r["final_states"] == {"job": "closed", "session_host": "closed", "participant": "closed"}
+    facts = r["facts"]
+    for key in (
+        "audio_output",
+        "rpcs_sent",
+        "finalize_answered",
+        "verdict",
+        "room_deleted_at",
+        "job_closed_at",
+        "session_closed_at",
+    ):
+        assert key in facts
+    assert facts["verdict"] == {"success": False, "reason": "the agent vetoes this run"}
+    # the room is deleted only once the verdict is out, never during the hold
+    assert facts["room_deleted_at"] == facts["job_closed_at"] == 14.0
+    hold = [t for t in r["transitions"] if t["machine"] == "job"]
+    assert [(t["source"], t["dest"], t["t"]) for t in hold] == [
+        ("serving", "awaiting_finalize", 10.0),
+        ("awaiting_finalize", "closing", 14.0),
+        ("closing", "closed", 14.0),
+    ]
+    assert all({"t", "machine", "effect", "outcome"} <= set(e) for e in r["effects"])
+
+
+def test_the_same_scenario_gives_the_same_result(capsys: pytest.CaptureFixture[str]) -> None:
+    path = SCENARIOS / "avatar_joins_then_drops.yaml"
+    first = simulate_json(path, capsys)
+    second = simulate_json(path, capsys)
+    assert first == second
+    assert first["final_states"]["avatar"] == "restored"
+    assert first["facts"]["audio_output"] == "room"
+
+
+def test_a_failed_expectation_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load((SCENARIOS / "user_leaves.yaml").read_text())
+    doc["expect"] = {"final_states": {"job": "serving"}, "facts": {"session_closed_at": 11}}
+    path = write(tmp_path, doc)
+    assert main(["simulate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "expect failed: final state of job: expected 'serving', got 'closed'" in out
+    assert "expect failed: fact session_closed_at: expected 11, got 10.0" in out
+
+
+def test_an_invalid_file_exits_2_naming_file_and_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        {
+            "name": "x",
+            "steps": [{"at": 0, "event": "session.start"}, {"at": 1, "event": "avatar.dance"}],
+        },
+    )
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: step 2 (avatar.dance): unknown event 'avatar.dance'" in err
+
+
+def test_trace_replays_and_an_edited_transition_is_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "run.jsonl"
+    simulate_json(SCENARIOS / "user_drops_no_rejoin.yaml", capsys, "--trace", str(trace))
+    assert main(["replay", str(trace)]) == 0
+    assert "Every decision agrees" in capsys.readouterr().out
+    lines = trace.read_text().splitlines()
+    n = next(
+        i for i, line in enumerate(lines) if '"grace_timeout"' in line and '"transition"' in line
+    )
+    rec = json.loads(lines[n])
+    rec["dest"] = "linked"
+    lines[n] = json.dumps(rec)
+    trace.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(trace)]) == 1
+    out = capsys.readouterr().out
+    assert f"run.jsonl:{n + 1}: participant[" in out and "grace_timeout" in out
+
+
+def test_bad_input_inside_a_scenario_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {
+        "name": "strangers and garbage",
+        "config": {"avatar_identity": "avatar-1"},
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "participant_disconnected", "identity": "ghost"},
+            {"at": 2, "event": "track_published", "identity": "ghost", "kind": "video"},
+            {"at": 3, "event": "track_muted", "identity": "ghost"},
+            {
+                "at": 4,
+                "event": "rpc",
+                "method": "lk.playback_finished",
+                "caller": "user",
+                "payload": {"playback_position": 1.0, "interrupted": False},
+            },
+            {
+                "at": 5,
+                "event": "rpc",
+                "method": "lk.playback_finished",
+                "caller": "avatar-1",
+                "payload": "not json",
+            },
+            {"at": 6, "event": "session_request", "caller": "user", "request": "no_such_kind"},
+            {"at": 7, "event": "participant_connected", "identity": "user"},
+            {"at": 8, "event": "end"},
+        ],
+    }
+    r = simulate_json(write(tmp_path, doc), capsys)
+    assert r["_code"] == 0
+    assert r["final_states"]["participant"] == "linked"
+    assert r["final_states"]["job"] == "serving"
+    assert r["final_states"]["avatar"] == "idle"
+    replies = r["facts"]["rpc_replies"]
+    assert len(replies) == 2 and all("error" in x for x in replies)
+    assert r["facts"]["session_replies"][0]["request"] == "no_such_kind"
+    assert "error" in r["facts"]["session_replies"][0]
+    # a participant who is already in the room joining again is refused, not applied
+    assert r["facts"]["step_errors"] == [
+        "t=7 participant_connected: ValueError: participant 'user' is already in the room"
+    ]
+
+
+def test_json_and_trace_take_exactly_one_file(capsys: pytest.CaptureFixture[str]) -> None:
+    files = [str(p) for p in sorted(SCENARIOS.glob("*.yaml"))[:2]]
+    assert main(["simulate", *files, "--json"]) == 2
+    assert "exactly one FILE" in capsys.readouterr().err
