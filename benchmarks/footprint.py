@@ -1,0 +1,245 @@
+"""Per-job footprint: the four actors of one job, for many live jobs in one process.
+
+A job here is what the runtime builds for every job: avatar, job, session_host and
+participant actors, each with its own handler and guard mappings (no-op handlers), one
+clock and one settings mapping shared by the four, each actor started (initial state
+entered), all built on a running loop. The jobs stay alive until measured.
+
+Every run is a fresh interpreter (``python -m benchmarks.footprint N time|memory``), so
+each size starts from the same heap and garbage-collector state; time and memory are
+separate runs, so tracemalloc's bookkeeping never lands in the time figure. The child
+also reports the time spent in the cyclic garbage collector while building, which is the
+part of the cost that grows faster than the number of jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .table import Row, Target
+
+SECTION = "footprint"
+JOB_MACHINES = ("avatar", "job", "session_host", "participant")
+SETTINGS = {
+    "join_timeout": 30.0,
+    "session_end_timeout": 300.0,
+    "close_timeout": 10.0,
+    "grace_period": 15.0,
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _noop(*_: object) -> None:
+    return None
+
+
+def _false(*_: object) -> bool:
+    return False
+
+
+def job_builder() -> Callable[[int], tuple[Any, ...]]:
+    """A function that builds the four started actors of job ``i``."""
+    from agent_runtime import Actor, AsyncioClock
+    from statemachines.machines import MACHINES
+
+    specs = [MACHINES[m] for m in JOB_MACHINES]
+    names = [([e.name for e in s.effects], list(s.guards)) for s in specs]
+
+    def build(i: int) -> tuple[Actor, ...]:
+        clock = AsyncioClock()
+        settings = dict(SETTINGS)
+        instance = f"job-{i}"
+        actors = tuple(
+            Actor(
+                spec,
+                instance=instance,
+                effects=dict.fromkeys(effects, _noop),
+                guards=dict.fromkeys(guards, _false),
+                settings=settings,
+                clock=clock,
+            )
+            for spec, (effects, guards) in zip(specs, names, strict=True)
+        )
+        for a in actors:
+            a.start()
+        return actors
+
+    return build
+
+
+class _GcTimer:
+    """Wall time spent inside the cyclic collector, and collections per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+            self.collections[info["generation"]] += 1
+
+
+def child(n: int, mode: str) -> dict[str, Any]:
+    """One measurement in this process: build ``n`` jobs and keep them alive."""
+
+    async def main() -> dict[str, Any]:
+        build = job_builder()
+        build(-1)  # first-use caches are paid once per process, not per job
+        gc.collect()
+        if mode == "memory":
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            jobs = [build(i) for i in range(n)]
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+            tracemalloc.stop()
+            assert len(jobs) == n
+            return {"jobs": n, "bytes": after - before}
+        timer = _GcTimer()
+        gc.callbacks.append(timer)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        jobs = [build(i) for i in range(n)]
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        gc.callbacks.remove(timer)
+        assert all(j[0].state == "idle" for j in jobs)
+        return {
+            "jobs": n,
+            "seconds": elapsed,
+            "cpu_seconds": cpu,
+            "gc_seconds": timer.seconds,
+            "gc_collections": timer.collections,
+        }
+
+    return asyncio.run(main())
+
+
+def _spawn(n: int, mode: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.footprint", str(n), mode],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def measure(sizes: tuple[int, ...], repeats: int) -> dict[int, dict[str, Any]]:
+    """Per size: the timed runs (``repeats`` fresh processes, interleaved across sizes so
+    drift in the machine's speed spreads over all of them) and one memory run."""
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            runs[n].append(_spawn(n, "time"))
+    return {n: {"runs": runs[n], "bytes": _spawn(n, "memory")["bytes"]} for n in sizes}
+
+
+def rows_from(results: dict[int, dict[str, Any]]) -> list[Row]:
+    how_t = (
+        "perf_counter around building N jobs (4 actors each, started) kept alive, in a fresh "
+        "process per run; median of the runs; per job = total / N; gc = time inside the "
+        "cyclic collector during the build"
+    )
+    how_m = (
+        "tracemalloc: bytes still allocated with the N jobs alive, after gc.collect(), "
+        "over N; its own fresh process"
+    )
+    rows: list[Row] = []
+    med: dict[int, float] = {}
+    for n, res in results.items():
+        secs = [r["seconds"] for r in res["runs"]]
+        med[n] = statistics.median(secs)
+        gc_us = statistics.median(r["gc_seconds"] for r in res["runs"]) / n * 1e6
+        us = med[n] / n * 1e6
+        rows.append(
+            Row(
+                SECTION,
+                f"{n:,} jobs: build time",
+                us,
+                "us/job",
+                target=Target("<=", 100.0),
+                text=f"{us:.1f} us/job (gc {gc_us:.1f})",
+                how=how_t,
+                samples=tuple(s / n * 1e6 for s in secs),
+                extra={
+                    "jobs": n,
+                    "gc_us_per_job": gc_us,
+                    "cpu_us_per_job": statistics.median(r["cpu_seconds"] for r in res["runs"])
+                    / n
+                    * 1e6,
+                    "gc_collections": [r["gc_collections"] for r in res["runs"]],
+                },
+            )
+        )
+        rows.append(
+            Row(
+                SECTION,
+                f"{n:,} jobs: memory",
+                res["bytes"] / n / 1024,
+                "KiB/job",
+                target=Target("<=", 32.0),
+                how=how_m,
+                extra={"jobs": n, "total_bytes": res["bytes"]},
+            )
+        )
+    sizes = sorted(results)
+    if len(sizes) >= 2:
+        small, big = sizes[0], sizes[-1]
+        limit = big / small * 1.1  # linear growth with 10% slack: 11x for 10x the jobs
+        how = (
+            f"total for {big:,} jobs over total for {small:,} jobs (exactly linear would "
+            f"be {big / small:g}x); time: median over the rounds of the ratio within each "
+            "round (the two sizes run back to back)"
+        )
+        per_round = tuple(
+            b["seconds"] / s["seconds"]
+            for b, s in zip(results[big]["runs"], results[small]["runs"], strict=True)
+        )
+        bytes_small = max(results[small]["bytes"], 1)
+        rows += [
+            Row(
+                SECTION,
+                f"{big:,} / {small:,} jobs: time",
+                statistics.median(per_round),
+                "x",
+                target=Target("<=", limit),
+                how=how,
+                samples=per_round,
+            ),
+            Row(
+                SECTION,
+                f"{big:,} / {small:,} jobs: memory",
+                results[big]["bytes"] / bytes_small,
+                "x",
+                target=Target("<=", limit),
+                how=how,
+            ),
+        ]
+    return rows
+
+
+def run(cfg: Config) -> list[Row]:
+    return rows_from(measure(tuple(sorted(set(cfg.jobs))), cfg.repeats))
+
+
+if __name__ == "__main__":  # the child: python -m benchmarks.footprint N time|memory
+    jobs, what = int(sys.argv[1]), sys.argv[2]
+    if what not in ("time", "memory") or jobs < 1:
+        sys.exit("usage: python -m benchmarks.footprint N time|memory")
+    print(json.dumps(child(jobs, what)))

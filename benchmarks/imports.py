@@ -1,0 +1,123 @@
+"""Import cost, each figure from fresh interpreters.
+
+Every run is a new ``python -c`` that times its imports with ``perf_counter`` (interpreter
+start-up is not counted). Bytecode caches are allowed to be written and one discarded run
+comes first, so the figures are for an installed project, not for compiling its sources.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config
+from .table import Row, Target
+
+SECTION = "imports"
+ROOT = Path(__file__).resolve().parent.parent
+
+# each probe prints {"a": seconds, "b": seconds}: ``b`` is the import being measured,
+# ``a`` what was imported before it (0 when nothing was)
+_PROBE = """
+import json, time
+t0 = time.perf_counter()
+{before}
+t1 = time.perf_counter()
+{target}
+t2 = time.perf_counter()
+print(json.dumps({{"a": t1 - t0, "b": t2 - t1}}))
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    case: str
+    target: str
+    before: str = "pass"
+    limit_ms: float | None = None
+
+
+PROBES = (
+    Probe("import statemachines", "import statemachines", limit_ms=100.0),
+    Probe(
+        "import statemachines.machines (four specs built and validated)",
+        "import statemachines.machines",
+    ),
+    Probe("import livekit.agents (for reference)", "import livekit.agents"),
+    Probe("import agent_runtime, alone", "import agent_runtime"),
+    Probe(
+        "import agent_runtime beyond livekit.agents",
+        "import agent_runtime",
+        before="import livekit.agents",
+    ),
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure with bytecode caches, as installed
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    return env
+
+
+def probe_once(p: Probe) -> float:
+    """Seconds the probe's import took in one fresh interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(before=p.before, target=p.target)],
+        cwd=ROOT,
+        env=_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    seconds: float = json.loads(out.stdout.strip().splitlines()[-1])["b"]
+    return seconds
+
+
+def measure(
+    runs: int, probes: Sequence[Probe] = PROBES, *, warm_up: bool = True
+) -> dict[str, list[float]]:
+    """Seconds per run for each probe; rounds interleave the probes."""
+    if warm_up:
+        for p in probes:
+            probe_once(p)  # writes bytecode caches; discarded
+    out: dict[str, list[float]] = {p.case: [] for p in probes}
+    for _ in range(runs):
+        for p in probes:
+            out[p.case].append(probe_once(p))
+    return out
+
+
+def rows_from(seconds: dict[str, list[float]], probes: Sequence[Probe] = PROBES) -> list[Row]:
+    rows: list[Row] = []
+    for p in probes:
+        runs = seconds[p.case]
+        ms = statistics.median(runs) * 1e3
+        how = (
+            f"perf_counter around the import in a fresh interpreter, median of {len(runs)} "
+            "runs (bytecode cached; start-up not counted)"
+        )
+        if p.before != "pass":
+            how += f"; timed after `{p.before}` already ran in the same interpreter"
+        rows.append(
+            Row(
+                SECTION,
+                p.case,
+                ms,
+                "ms",
+                target=Target("<", p.limit_ms) if p.limit_ms is not None else None,
+                how=how,
+                samples=tuple(s * 1e3 for s in runs),
+            )
+        )
+    return rows
+
+
+def run(cfg: Config) -> list[Row]:
+    return rows_from(measure(cfg.import_runs))
