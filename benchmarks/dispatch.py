@@ -296,8 +296,9 @@ def rows_from(seconds: Mapping[str, list[float]], w: Workload, n: int) -> list[R
     how = (
         f"{w.spec.name} machine, {n:,} events that all transition (cycle "
         f"{' -> '.join(w.cycle)}), no-op effects, constant guards; median of {runs} "
-        "interleaved runs in one process; setup untimed; the actor posts every event on "
-        "a running loop, then awaits join()"
+        "interleaved runs in one process after a warm-up; setup untimed; the actor posts "
+        "every event on a running loop, then awaits join(), and it also arms and cancels "
+        "the state timeouts the spec declares (transitions and dict have no timers)"
     )
     rows: list[Row] = []
     for key, (label, _) in CONTENDERS.items():
