@@ -12,7 +12,6 @@ import asyncio
 import gc
 import statistics
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from statemachines.machines import MACHINES
 
 from .config import Config
 from .table import Row, Target
+from .timing import Lap, Stopwatch
 
 SECTION = "dispatch"
 
@@ -106,12 +106,12 @@ def _const(value: bool) -> Callable[..., bool]:
     return guard
 
 
-# -- contenders: each returns (seconds for the timed region, final state) -----------------
+# -- contenders: each returns (the cost of the timed region, final state) ----------------
 
-Contender = Callable[[Workload, list[str]], Awaitable[tuple[float, str]]]
+Contender = Callable[[Workload, list[str]], Awaitable[tuple[Lap, str]]]
 
 
-async def run_dict(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_dict(w: Workload, names: list[str]) -> tuple[Lap, str]:
     """A hand-written table lookup: the floor any table-driven dispatch can reach."""
     Entry = tuple[tuple[Callable[..., bool], ...], str | None, tuple[Callable[..., None], ...]]
     table: dict[tuple[str, str], list[Entry]] = {}
@@ -124,7 +124,7 @@ async def run_dict(w: Workload, names: list[str]) -> tuple[float, str]:
         table[(c.state, c.event)] = []
     state = w.spec.initial
     gc.collect()
-    t0 = time.perf_counter()
+    sw = Stopwatch()
     for ev in names:
         for guards, dest, effects in table[(state, ev)]:
             for g in guards:
@@ -136,18 +136,18 @@ async def run_dict(w: Workload, names: list[str]) -> tuple[float, str]:
                 for eff in effects:
                     eff(ev)
                 break
-    return time.perf_counter() - t0, state
+    return sw.lap(), state
 
 
-async def run_step(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_step(w: Workload, names: list[str]) -> tuple[Lap, str]:
     """The runtime's pure decision alone (no mailbox, no effects, no timers)."""
     spec, values = w.spec, dict(w.guards)
     state = spec.initial
     gc.collect()
-    t0 = time.perf_counter()
+    sw = Stopwatch()
     for ev in names:
         state = step(spec, state, ev, values).dest
-    return time.perf_counter() - t0, state
+    return sw.lap(), state
 
 
 def _transitions_rows(w: Workload) -> list[dict[str, Any]]:
@@ -168,7 +168,7 @@ class _Model:
     state: str
 
 
-async def run_machine(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_machine(w: Workload, names: list[str]) -> tuple[Lap, str]:
     model = _Model()
     Machine(
         model=model,
@@ -179,13 +179,13 @@ async def run_machine(w: Workload, names: list[str]) -> tuple[float, str]:
     )
     triggers = [getattr(model, n) for n in names]
     gc.collect()
-    t0 = time.perf_counter()
+    sw = Stopwatch()
     for trigger in triggers:
         trigger()
-    return time.perf_counter() - t0, model.state
+    return sw.lap(), model.state
 
 
-async def run_async_machine(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_async_machine(w: Workload, names: list[str]) -> tuple[Lap, str]:
     model = _Model()
     AsyncMachine(
         model=model,
@@ -196,10 +196,10 @@ async def run_async_machine(w: Workload, names: list[str]) -> tuple[float, str]:
     )
     triggers = [getattr(model, n) for n in names]
     gc.collect()
-    t0 = time.perf_counter()
+    sw = Stopwatch()
     for trigger in triggers:
         await trigger()
-    return time.perf_counter() - t0, model.state
+    return sw.lap(), model.state
 
 
 def _actor(w: Workload, tracer: Tracer | None) -> Actor:
@@ -214,30 +214,30 @@ def _actor(w: Workload, tracer: Tracer | None) -> Actor:
     )
 
 
-async def _drive_actor(w: Workload, names: list[str], tracer: Tracer | None) -> tuple[float, str]:
+async def _drive_actor(w: Workload, names: list[str], tracer: Tracer | None) -> tuple[Lap, str]:
     actor = _actor(w, tracer)
     actor.start()
     interned = {n: Event(n) for n in set(names)}
     events = [interned[n] for n in names]
     gc.collect()
-    t0 = time.perf_counter()
+    sw = Stopwatch()
     for ev in events:
         actor.post(ev)
     await actor.join()
-    elapsed = time.perf_counter() - t0
+    lap = sw.lap()
     await actor.aclose()
-    return elapsed, actor.state
+    return lap, actor.state
 
 
-async def run_actor(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_actor(w: Workload, names: list[str]) -> tuple[Lap, str]:
     return await _drive_actor(w, names, None)
 
 
-async def run_actor_memory(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_actor_memory(w: Workload, names: list[str]) -> tuple[Lap, str]:
     return await _drive_actor(w, names, Tracer(MemorySink()))
 
 
-async def run_actor_jsonl(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_actor_jsonl(w: Workload, names: list[str]) -> tuple[Lap, str]:
     with tempfile.TemporaryDirectory() as d:
         sink = JsonlSink(Path(d) / "trace.jsonl")
         try:
@@ -246,18 +246,18 @@ async def run_actor_jsonl(w: Workload, names: list[str]) -> tuple[float, str]:
             sink.close()
 
 
-async def run_actor_send(w: Workload, names: list[str]) -> tuple[float, str]:
+async def run_actor_send(w: Workload, names: list[str]) -> tuple[Lap, str]:
     """``await send()`` per event: a caller that waits for every step before the next."""
     actor = _actor(w, None)
     actor.start()
     events = [Event(n) for n in names]
     gc.collect()
-    t0 = time.perf_counter()
+    sw = Stopwatch()
     for ev in events:
         await actor.send(ev)
-    elapsed = time.perf_counter() - t0
+    lap = sw.lap()
     await actor.aclose()
-    return elapsed, actor.state
+    return lap, actor.state
 
 
 CONTENDERS: dict[str, tuple[str, Contender]] = {
@@ -272,33 +272,34 @@ CONTENDERS: dict[str, tuple[str, Contender]] = {
 }
 
 
-async def measure(w: Workload, n: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per run for each contender; rounds interleave the contenders so drift in
-    the machine's speed spreads over all of them. One short warm-up round is discarded."""
+async def measure(w: Workload, n: int, repeats: int) -> dict[str, list[Lap]]:
+    """The cost of each run of each contender; rounds interleave the contenders so drift
+    in the machine's speed spreads over all of them. One short warm-up round is discarded."""
     names = w.events(n)
     want = w.check(n)
     warm = w.events(min(n, 500))
     for _, fn in CONTENDERS.values():
         await fn(w, warm)
-    seconds: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    laps: dict[str, list[Lap]] = {k: [] for k in CONTENDERS}
     for _ in range(repeats):
         for key, (label, fn) in CONTENDERS.items():
-            elapsed, final = await fn(w, names)
+            lap, final = await fn(w, names)
             if final != want:
-                raise AssertionError(f"{label} ended in {final!r}, the table says {want!r}")
-            seconds[key].append(elapsed)
-    return seconds
+                raise RuntimeError(f"{label} ended in {final!r}, the table says {want!r}")
+            laps[key].append(lap)
+    return laps
 
 
-def rows_from(seconds: Mapping[str, list[float]], w: Workload, n: int) -> list[Row]:
+def rows_from(laps: Mapping[str, list[Lap]], w: Workload, n: int) -> list[Row]:
+    seconds = {k: [lap.cpu for lap in v] for k, v in laps.items()}
     median = {k: statistics.median(v) for k, v in seconds.items()}
     runs = len(seconds["actor"])
     how = (
         f"{w.spec.name} machine, {n:,} events that all transition (cycle "
-        f"{' -> '.join(w.cycle)}), no-op effects, constant guards; median of {runs} "
-        "interleaved runs in one process after a warm-up; setup untimed; the actor posts "
-        "every event on a running loop, then awaits join(), and it also arms and cancels "
-        "the state timeouts the spec declares (transitions and dict have no timers)"
+        f"{' -> '.join(w.cycle)}), no-op effects, constant guards; CPU time, median of "
+        f"{runs} interleaved runs in one process after a warm-up; setup untimed; the actor "
+        "posts every event on a running loop, then awaits join(), and it also arms and "
+        "cancels the state timeouts the spec declares (transitions and dict have no timers)"
     )
     rows: list[Row] = []
     for key, (label, _) in CONTENDERS.items():
@@ -312,7 +313,10 @@ def rows_from(seconds: Mapping[str, list[float]], w: Workload, n: int) -> list[R
                 text=f"{n / med:,.0f} events/s ({med / n * 1e6:.2f} us/event)",
                 how=how,
                 samples=tuple(n / s for s in seconds[key]),
-                extra={"us_per_event": med / n * 1e6},
+                extra={
+                    "us_per_event": med / n * 1e6,
+                    "wall_us_per_event": statistics.median(lap.wall for lap in laps[key]) / n * 1e6,
+                },
             )
         )
 
@@ -366,5 +370,5 @@ def run(cfg: Config) -> list[Row]:
         raise ValueError(
             f"no dispatch workload for machine {cfg.machine!r}; choose from {sorted(WORKLOADS)}"
         ) from None
-    seconds = asyncio.run(measure(w, cfg.events, cfg.repeats))
-    return rows_from(seconds, w, cfg.events)
+    laps = asyncio.run(measure(w, cfg.events, cfg.repeats))
+    return rows_from(laps, w, cfg.events)

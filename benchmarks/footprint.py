@@ -28,6 +28,7 @@ from typing import Any
 
 from .config import Config
 from .table import Row, Target
+from .timing import Stopwatch
 
 SECTION = "footprint"
 JOB_MACHINES = ("avatar", "job", "session_host", "participant")
@@ -79,7 +80,7 @@ def job_builder() -> Callable[[int], tuple[Any, ...]]:
 
 
 class _GcTimer:
-    """Wall time spent inside the cyclic collector, and collections per generation."""
+    """CPU time spent inside the cyclic collector, and collections per generation."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -88,17 +89,17 @@ class _GcTimer:
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0 = time.thread_time()
         else:
-            self.seconds += time.perf_counter() - self._t0
+            self.seconds += time.thread_time() - self._t0
             self.collections[info["generation"]] += 1
 
 
 def _full_collection() -> float:
-    """Seconds one full collection takes over what the process holds now."""
-    t0 = time.perf_counter()
+    """CPU seconds one full collection takes over what the process holds now."""
+    sw = Stopwatch()
     gc.collect()
-    return time.perf_counter() - t0
+    return sw.lap().cpu
 
 
 def child(n: int, mode: str) -> dict[str, Any]:
@@ -120,15 +121,15 @@ def child(n: int, mode: str) -> dict[str, Any]:
         full_before = _full_collection()
         timer = _GcTimer()
         gc.callbacks.append(timer)
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        sw = Stopwatch()
         jobs = [build(i) for i in range(n)]
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        lap = sw.lap()
         gc.callbacks.remove(timer)
         assert all(j[0].state == "idle" for j in jobs)
         return {
             "jobs": n,
-            "seconds": elapsed,
-            "cpu_seconds": cpu,
+            "seconds": lap.cpu,
+            "wall_seconds": lap.wall,
             "gc_seconds": timer.seconds,
             "gc_collections": timer.collections,
             "full_collection_seconds_without_jobs": full_before,
@@ -166,9 +167,9 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
 
 def rows_from(results: dict[int, dict[str, Any]]) -> list[Row]:
     how_t = (
-        "perf_counter around building N jobs (4 actors each, started) kept alive, in a fresh "
-        "process per run; median of the runs; per job = total / N; gc = the part of it spent "
-        "inside the cyclic garbage collector, full = full (generation 2) collections"
+        "CPU time of building N jobs (4 actors each, started) kept alive, in a fresh process "
+        "per run; median of the runs; per job = total / N; gc = the part of it spent inside "
+        "the cyclic garbage collector, full = full (generation 2) collections"
     )
     how_m = (
         "tracemalloc: bytes still allocated with the N jobs alive, after gc.collect(), "
@@ -193,7 +194,7 @@ def rows_from(results: dict[int, dict[str, Any]]) -> list[Row]:
                 extra={
                     "jobs": n,
                     "gc_us_per_job": gc_us,
-                    "cpu_us_per_job": _median(runs, "cpu_seconds") / n * 1e6,
+                    "wall_us_per_job": _median(runs, "wall_seconds") / n * 1e6,
                     "gc_collections_per_generation": [r["gc_collections"] for r in runs],
                     "full_collection_ms_without_jobs": _median(
                         runs, "full_collection_seconds_without_jobs"

@@ -1,8 +1,9 @@
 """Import cost, each figure from fresh interpreters.
 
-Every run is a new ``python -c`` that times its imports with ``perf_counter`` (interpreter
-start-up is not counted). Bytecode caches are allowed to be written and one discarded run
-comes first, so the figures are for an installed project, not for compiling its sources.
+Every run is a new ``python -c`` that times one import with ``perf_counter`` (interpreter
+start-up is not counted; CPU time is kept beside it in the JSON). Bytecode caches may be
+written and one discarded run comes first, so the figures are for an installed project,
+not for compiling its sources.
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ from .table import Row, Target
 SECTION = "imports"
 ROOT = Path(__file__).resolve().parent.parent
 
-# each probe prints {"a": seconds, "b": seconds}: ``b`` is the import being measured,
-# ``a`` what was imported before it (0 when nothing was)
+# each probe prints the wall and CPU seconds of the import being measured, which runs
+# after ``before`` (``pass`` when nothing comes first)
 _PROBE = """
 import json, time
-t0 = time.perf_counter()
 {before}
-t1 = time.perf_counter()
+c0 = time.process_time()
+t0 = time.perf_counter()
 {target}
-t2 = time.perf_counter()
-print(json.dumps({{"a": t1 - t0, "b": t2 - t1}}))
+t1 = time.perf_counter()
+c1 = time.process_time()
+print(json.dumps({{"wall": t1 - t0, "cpu": c1 - c0}}))
 """
 
 
@@ -66,8 +68,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def probe_once(p: Probe) -> float:
-    """Seconds the probe's import took in one fresh interpreter."""
+def probe_once(p: Probe) -> tuple[float, float]:
+    """Wall and CPU seconds the probe's import took in one fresh interpreter."""
     out = subprocess.run(
         [sys.executable, "-c", _PROBE.format(before=p.before, target=p.target)],
         cwd=ROOT,
@@ -76,32 +78,34 @@ def probe_once(p: Probe) -> float:
         capture_output=True,
         text=True,
     )
-    seconds: float = json.loads(out.stdout.strip().splitlines()[-1])["b"]
-    return seconds
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(got["wall"]), float(got["cpu"])
 
 
 def measure(
     runs: int, probes: Sequence[Probe] = PROBES, *, warm_up: bool = True
-) -> dict[str, list[float]]:
-    """Seconds per run for each probe; rounds interleave the probes."""
+) -> dict[str, list[tuple[float, float]]]:
+    """(wall, CPU) seconds per run for each probe; rounds interleave the probes."""
     if warm_up:
         for p in probes:
             probe_once(p)  # writes bytecode caches; discarded
-    out: dict[str, list[float]] = {p.case: [] for p in probes}
+    out: dict[str, list[tuple[float, float]]] = {p.case: [] for p in probes}
     for _ in range(runs):
         for p in probes:
             out[p.case].append(probe_once(p))
     return out
 
 
-def rows_from(seconds: dict[str, list[float]], probes: Sequence[Probe] = PROBES) -> list[Row]:
+def rows_from(
+    seconds: dict[str, list[tuple[float, float]]], probes: Sequence[Probe] = PROBES
+) -> list[Row]:
     rows: list[Row] = []
     for p in probes:
-        runs = seconds[p.case]
+        runs = [wall for wall, _ in seconds[p.case]]
         ms = statistics.median(runs) * 1e3
         how = (
-            f"perf_counter around the import in a fresh interpreter, median of {len(runs)} "
-            "runs (bytecode cached; start-up not counted)"
+            f"perf_counter (wall time) around the import in a fresh interpreter, median of "
+            f"{len(runs)} runs (bytecode cached; start-up not counted)"
         )
         if p.before != "pass":
             how += f"; timed after `{p.before}` already ran in the same interpreter"
@@ -114,6 +118,7 @@ def rows_from(seconds: dict[str, list[float]], probes: Sequence[Probe] = PROBES)
                 target=Target("<", p.limit_ms) if p.limit_ms is not None else None,
                 how=how,
                 samples=tuple(s * 1e3 for s in runs),
+                extra={"cpu_ms": statistics.median(c for _, c in seconds[p.case]) * 1e3},
             )
         )
     return rows

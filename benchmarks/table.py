@@ -71,6 +71,8 @@ class Row:
         if self.text:
             return self.text
         assert self.value is not None
+        if self.unit == "x":  # ratios sit near their targets: two decimals, always
+            return f"{self.value:,.2f} x"
         return f"{_num(self.value)} {self.unit}".rstrip()
 
     def to_dict(self) -> dict[str, Any]:
