@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Config:
     events: int = 10_000  # events per dispatch run
-    repeats: int = 7  # runs (rounds) per figure; the median is reported
+    repeats: int = 9  # runs (rounds) per figure; the median is reported
     machine: str = "participant"  # the dispatch workload (see dispatch.WORKLOADS)
     jobs: tuple[int, ...] = (1_000, 10_000)  # live jobs per footprint run
     import_runs: int = 7  # fresh interpreters per import figure
