@@ -11,7 +11,7 @@ class Config:
     repeats: int = 9  # runs (rounds) per figure; the median is reported
     machine: str = "participant"  # the dispatch workload (see dispatch.WORKLOADS)
     jobs: tuple[int, ...] = (1_000, 10_000)  # live jobs per footprint run
-    import_runs: int = 7  # fresh interpreters per import figure
+    import_runs: int = 11  # fresh interpreters per import figure
 
     def __post_init__(self) -> None:
         if self.events < 1 or self.repeats < 1 or self.import_runs < 1:
