@@ -98,10 +98,12 @@ class Actor(rtc.EventEmitter[str]):
         self.effect_timeout = effect_timeout
         self._state = spec.initial
         self._gen = 0
-        self._mailbox: deque[_Entry] = deque()
+        # the mailbox and the task set are made on first use: most actors of a job sit idle,
+        # and every container an idle actor holds is memory and collector work per job
+        self._mailbox: deque[_Entry] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._timer: TimerHandle | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] | None = None
         self._closed = False
         self._entered = False
 
@@ -121,7 +123,7 @@ class Actor(rtc.EventEmitter[str]):
     @property
     def live_tasks(self) -> int:
         """State-scoped tasks still running (for tests: none outlive their state)."""
-        return sum(1 for t in self._tasks if not t.done())
+        return sum(1 for t in self._tasks or () if not t.done())
 
     @property
     def timer_armed(self) -> bool:
@@ -163,14 +165,15 @@ class Actor(rtc.EventEmitter[str]):
         self._closed = True
         self._leave_state()
         runner, self._runner = self._runner, None
-        for _, fut, _ in self._mailbox:
-            if fut is not None and not fut.done():
-                fut.set_exception(ActorClosed(f"{self._who()} closed before handling it"))
-        self._mailbox.clear()
+        if self._mailbox:
+            for _, fut, _ in self._mailbox:
+                if fut is not None and not fut.done():
+                    fut.set_exception(ActorClosed(f"{self._who()} closed before handling it"))
+            self._mailbox.clear()
         if runner is not None and runner is not asyncio.current_task():
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
-        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        tasks = [t for t in self._tasks or () if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         if tasks:
@@ -184,8 +187,13 @@ class Actor(rtc.EventEmitter[str]):
         if event.name not in self.spec.events:
             raise UnknownEvent(f"machine {self.spec.name!r} has no event {event.name!r}")
 
+    def _mail(self) -> deque[_Entry]:
+        if self._mailbox is None:
+            self._mailbox = deque()
+        return self._mailbox
+
     def _enqueue(self, entry: _Entry) -> None:
-        self._mailbox.append(entry)
+        self._mail().append(entry)
         if self._runner is None:
             self._runner = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"actor:{self._who()}"
@@ -194,8 +202,9 @@ class Actor(rtc.EventEmitter[str]):
     async def _drain(self) -> None:
         try:
             self.start()
-            while self._mailbox and not self._closed:
-                event, fut, gen = self._mailbox.popleft()
+            mailbox = self._mail()
+            while mailbox and not self._closed:
+                event, fut, gen = mailbox.popleft()
                 if gen is not None and gen != self._gen:
                     self._record(
                         TraceRecord(
@@ -317,12 +326,12 @@ class Actor(rtc.EventEmitter[str]):
         if outcome != "ok":
             err = self.spec.effect(name).error_event
             if err is not None:
-                self._mailbox.append(
+                self._mail().append(
                     (Event(err, {"effect": name, "outcome": outcome, "detail": detail}), None, None)
                 )
         elif isinstance(follow, Event):
             self._check(follow)
-            self._mailbox.append((follow, None, None))
+            self._mail().append((follow, None, None))
 
     # -- state entry and exit ----------------------------------------------------------------
     def _enter_state(self) -> None:
@@ -342,8 +351,9 @@ class Actor(rtc.EventEmitter[str]):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for t in list(self._tasks):
-            t.cancel()
+        if self._tasks:
+            for t in list(self._tasks):
+                t.cancel()
 
     def _fire(self, event: Event, gen: int) -> None:
         if gen == self._gen and not self._closed:
@@ -391,6 +401,8 @@ class Actor(rtc.EventEmitter[str]):
                 self._enqueue((res, None, gen))
 
         task = asyncio.get_running_loop().create_task(run(), name=f"{self._who()}:{name}")
+        if self._tasks is None:
+            self._tasks = set()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -1,0 +1,131 @@
+"""The benchmarks keep working: each section at a tiny size produces well-formed rows.
+
+No timing is asserted (figures from a tiny run on a CI machine mean nothing); what is
+asserted is what a reader of the table relies on: every contender and every target has
+its row, figures are positive numbers in the stated unit, every contender ends in the
+state the table says, and the command writes JSON that reads back as the printed table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import dispatch, footprint, imports
+from benchmarks.config import Config
+from benchmarks.run import SECTIONS, main
+from benchmarks.table import Row, Target, render_markdown
+
+TINY = Config.tiny()
+
+
+def _well_formed(rows: list[Row], section: str) -> None:
+    assert rows
+    for r in rows:
+        assert r.section == section
+        assert r.value is not None and math.isfinite(r.value) and r.value > 0, r
+        assert r.unit and r.figure and r.how
+        json.dumps(r.to_dict())  # serialisable as is
+
+
+def test_dispatch_has_every_contender_and_both_targets() -> None:
+    rows = dispatch.run(TINY)
+    _well_formed(rows, "dispatch")
+    cases = {r.case: r for r in rows}
+    for label, _ in dispatch.CONTENDERS.values():
+        assert cases[label].unit == "events/s"
+        assert len(cases[label].samples) == TINY.repeats
+    vs_async = cases["Actor (trace off) throughput / AsyncMachine"]
+    vs_sync = cases["Actor (trace off) per-event cost / Machine"]
+    assert vs_async.target == Target(">=", 2.0) and vs_async.met is not None
+    assert vs_sync.target == Target("<=", 2.0) and vs_sync.met is not None
+
+
+@pytest.mark.parametrize("name", sorted(dispatch.WORKLOADS))
+async def test_every_contender_ends_where_the_table_says(name: str) -> None:
+    w = dispatch.WORKLOADS[name]
+    # measure raises when any contender's final state differs from the pure step's
+    seconds = await dispatch.measure(w, 37, 1)
+    assert set(seconds) == set(dispatch.CONTENDERS)
+
+
+def test_a_workload_that_stops_transitioning_is_refused() -> None:
+    w = dispatch.WORKLOADS["participant"]
+    # in `waiting`, a disconnect is an ignore cell: timing it would not measure transitions
+    bad = dispatch.Workload(w.spec, (), ("participant_disconnected",), w.guards, w.settings)
+    with pytest.raises(ValueError, match="'participant_disconnected' in 'waiting' is ignore"):
+        bad.check(3)
+
+
+def test_footprint_rows_for_each_size_and_the_growth() -> None:
+    rows = footprint.run(TINY)
+    _well_formed(rows, "footprint")
+    small, big = TINY.jobs
+    cases = {r.case: r for r in rows}
+    for n in (small, big):
+        assert cases[f"{n:,} jobs: build time"].unit == "us/job"
+        assert cases[f"{n:,} jobs: memory"].unit == "KiB/job"
+    growth = cases[f"{big:,} / {small:,} jobs: time"]
+    assert growth.target == Target("<=", big / small * 1.1)
+
+
+def test_import_probes_run_in_fresh_interpreters() -> None:
+    probes = (
+        imports.PROBES[0],
+        imports.Probe("json after statemachines", "import json", before="import statemachines"),
+    )
+    rows = imports.rows_from(imports.measure(1, probes, warm_up=False), probes)
+    _well_formed(rows, "imports")
+    assert rows[0].case == "import statemachines" and rows[0].target == Target("<", 100.0)
+    assert "after `import statemachines`" in rows[1].how
+
+
+def test_the_command_prints_the_table_and_writes_it_as_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "latest.json"
+    code = main(
+        ["--only", "dispatch,reactions", "--events", "30", "--repeats", "1", "--out", str(out)]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["sections"] == ["dispatch", "reactions"]
+    assert doc["config"]["events"] == 30
+    assert doc["environment"]["python"]
+    rows = [r for r in doc["rows"] if r["section"] == "dispatch"]
+    assert len(rows) == len(doc["rows"]) == len(dispatch.CONTENDERS) + 4
+    for r in rows:  # every JSON row is a line of the printed table
+        assert f"| {r['section']} | {r['case']}" in printed and r["figure"] in printed
+
+
+def test_reactions_is_a_registered_hook() -> None:
+    assert "reactions" in SECTIONS  # part 4 returns its rows from here
+    assert SECTIONS["reactions"](TINY) == []
+
+
+def test_bad_arguments_are_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "latest.json"
+    with pytest.raises(SystemExit) as e:
+        main(["--only", "dispatch,latency", "--out", str(out)])
+    assert e.value.code == 2
+    assert "unknown section(s) ['latency']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--events", "0", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_rows_refuse_figures_that_cannot_be_printed() -> None:
+    with pytest.raises(ValueError, match="give a value or a text"):
+        Row("dispatch", "nothing", None, "")
+    with pytest.raises(ValueError, match="not finite"):
+        Row("dispatch", "inf", math.inf, "x")
+    upstream = Row("reactions", "livekit-agents", None, "", text="never restored")
+    assert upstream.met is None
+    table = render_markdown([upstream, Row("dispatch", "a", 3.0, "x", Target("<=", 2.0))])
+    assert "never restored" in table and "**MISSED**" in table
