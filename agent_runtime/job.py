@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
@@ -39,7 +40,7 @@ from .room_events import (
     RoomFact,
 )
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
-from .trace import Tracer
+from .trace import JsonlSink, LoggingSink, Tracer
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -65,6 +66,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         room: rtc.Room,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        trace_path: str | Path | None = None,
         transport: SessionTransport | None = None,
         simulation: SimulationContext | SimulationDispatch | None = None,
         on_simulation_end: SimulationEndFn | None = None,
@@ -87,6 +89,13 @@ class JobRuntime(rtc.EventEmitter[str]):
             raise TypeError("delete_room must be an async callable taking no arguments")
         if room_events is not None and room_events.room is not room:
             raise ValueError("room_events must be an adapter over the same room")
+        if trace_path is not None:
+            # production traces: the same JSONL `agent-runtime replay` reads, plus the logs
+            self._trace_file: JsonlSink | None = JsonlSink(trace_path)
+            tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), self._trace_file)
+        else:
+            self._trace_file = None
+        self.tracer = tracer  # hand it to ParticipantLink/AvatarLifecycle to trace them too
         self._room = room
         self._clock: Clock = clock or AsyncioClock()
         self._delete_room_on_close = bool(delete_room_on_close)
@@ -291,6 +300,8 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._session_listeners.clear()
         if self._late_deletion is not None:
             await asyncio.gather(self._late_deletion, return_exceptions=True)
+        if self._trace_file is not None:
+            self._trace_file.close()
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_fact(self, fact: RoomFact) -> None:

@@ -10,6 +10,7 @@ room's server-side deletion (an injected ``delete_room``) and the transport's by
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -705,3 +706,27 @@ async def test_cell(state: str, trigger: str) -> None:
     await rig.clock.advance(100)
     await rt.aclose()
     assert rt.state == "closed" and rt.actor.live_tasks == 0
+
+
+async def test_trace_path_writes_a_replayable_production_trace(tmp_path: Path) -> None:
+    """A trace written by a live JobRuntime replays with no divergence."""
+    from agent_runtime.inmemory import InMemoryRoom
+    from agent_runtime.replay import replay_file
+
+    clock = VirtualClock()
+    room = InMemoryRoom(clock=clock)
+    room.connect_locally()
+    path = tmp_path / "job.jsonl"
+    runtime = JobRuntime(room=room, clock=clock, trace_path=path, delete_room=_noop_delete)
+    assert runtime.tracer is not None
+    await runtime.start()
+    runtime.shutdown("done")
+    await clock.advance(0)
+    await runtime.wait_closed()
+    await runtime.aclose()
+    report = replay_file(path)
+    assert report.ok and report.decisions >= 2
+
+
+async def _noop_delete() -> None:
+    return None
