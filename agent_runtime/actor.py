@@ -372,31 +372,12 @@ class Actor(rtc.EventEmitter[str]):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                self._record(
-                    TraceRecord(
-                        self.clock.now(),
-                        "effect",
-                        self.spec.name,
-                        self.instance,
-                        effect=name,
-                        outcome="error",
-                        detail=f"{type(e).__name__}: {e}",
-                    )
-                )
+                self._record_task(name, "error", f"{type(e).__name__}: {e}")
                 err = self.spec.effect(name).error_event
                 if err is not None and gen == self._gen and not self._closed:
                     self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
                 return
-            self._record(
-                TraceRecord(
-                    self.clock.now(),
-                    "effect",
-                    self.spec.name,
-                    self.instance,
-                    effect=name,
-                    outcome="ok",
-                )
-            )
+            self._record_task(name, "ok")
             if isinstance(res, Event) and gen == self._gen and not self._closed:
                 self._enqueue((res, None, gen))
 
@@ -405,6 +386,19 @@ class Actor(rtc.EventEmitter[str]):
             self._tasks = set()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _record_task(self, name: str, outcome: str, detail: str = "") -> None:
+        self._record(
+            TraceRecord(
+                self.clock.now(),
+                "effect",
+                self.spec.name,
+                self.instance,
+                effect=name,
+                outcome=outcome,
+                detail=detail,
+            )
+        )
 
     def _record(self, record: TraceRecord) -> None:
         if self.tracer is not None:

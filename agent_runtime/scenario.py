@@ -9,38 +9,10 @@ file, the step and what is wrong, before anything runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-
-PARTICIPANT_KINDS = ("standard", "agent", "sip", "ingress", "egress")
-DISCONNECT_REASONS = (
-    "UNKNOWN_REASON",
-    "CLIENT_INITIATED",
-    "DUPLICATE_IDENTITY",
-    "SERVER_SHUTDOWN",
-    "PARTICIPANT_REMOVED",
-    "ROOM_DELETED",
-    "STATE_MISMATCH",
-    "JOIN_FAILURE",
-    "MIGRATION",
-    "SIGNAL_CLOSE",
-    "ROOM_CLOSED",
-    "USER_UNAVAILABLE",
-    "USER_REJECTED",
-    "SIP_TRUNK_FAILURE",
-    "CONNECTION_TIMEOUT",
-    "MEDIA_FAILURE",
-    "AGENT_ERROR",
-)
-CLOSE_REASONS = (
-    "error",
-    "job_shutdown",
-    "participant_disconnected",
-    "user_initiated",
-    "task_completed",
-)
 
 Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
 Reason = Literal[
@@ -65,6 +37,11 @@ Reason = Literal[
 CloseReasonName = Literal[
     "error", "job_shutdown", "participant_disconnected", "user_initiated", "task_completed"
 ]
+
+# the names a scenario may use, for messages and for tools that list them
+PARTICIPANT_KINDS: tuple[str, ...] = get_args(Kind)
+DISCONNECT_REASONS: tuple[str, ...] = get_args(Reason)
+CLOSE_REASONS: tuple[str, ...] = get_args(CloseReasonName)
 
 
 class ScenarioError(Exception):
