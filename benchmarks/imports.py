@@ -45,8 +45,12 @@ class Probe:
     limit_ms: float | None = None
 
 
+# what statemachines.spec takes from pydantic: importing them loads pydantic's models
+PYDANTIC_NAMES = "from pydantic import BaseModel, ConfigDict, Field, model_validator"
+
 PROBES = (
     Probe("import statemachines", "import statemachines", limit_ms=100.0),
+    Probe("import statemachines beyond pydantic", "import statemachines", before=PYDANTIC_NAMES),
     Probe(
         "import statemachines.machines (four specs built and validated)",
         "import statemachines.machines",

@@ -1,22 +1,591 @@
-"""Reaction times on the bundled scenarios: part 4 of the benchmarks, not measured yet.
+"""Reaction times on the bundled scenarios, beside what livekit-agents 1.8.9 does.
 
-This is the hook the section plugs into: ``run`` is already registered in
-``benchmarks.run.SECTIONS`` under "reactions", and everything it returns lands in the one
-table and in the JSON. The intended rows, for each situation (avatar failure -> audio back
-on the room; simulator leaves -> job closed; closing-reason disconnect -> session closed;
-interrupt after the avatar left -> stall):
+This runtime: each scenario file of ``examples/scenarios`` runs through
+``agent_runtime.simulator.run_scenario`` (all four machines, real ``AgentSession``s, the
+in-memory room, virtual time) and must meet its own ``expect`` block. A reaction is the
+virtual time from the cause (a scenario step, or a deadline the file configures: the avatar's
+``join_timeout`` after ``avatar.start``) to the outcome read from the result (the avatar
+machine entering ``restored`` with the audio on the room; ``job_closed_at``;
+``session_closed_at``; the avatar's ``clear_local_buffer`` releasing playout). Virtual times
+are deterministic; the wall-clock processing beside them is real milliseconds per scenario
+step (the whole run, a real ``AgentSession`` start and close included), median of the rounds.
 
-- ``Row("reactions", "<situation>: this runtime", <virtual seconds>, "s",
-  text="<virtual s> (<wall us>/event)", how="<scenario file>, agent-runtime simulate")``
-- ``Row("reactions", "<situation>: livekit-agents 1.8.9", None, "",
-  text="never restored" | "up to session_end_timeout" | ..., how="<how it was obtained>")``
+livekit-agents 1.8.9: reproduced here where it runs without a server, with the SDK's own
+classes and no runtime (a plugin-style avatar, a session with RoomIO's defaults, an
+interruption while speaking to an avatar that left); read from the installed source
+otherwise. Each row's note says which, naming the file and constant.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 from .config import Config
 from .table import Row
+from .timing import Stopwatch
+
+if TYPE_CHECKING:
+    from agent_runtime.scenario import Scenario
+
+SECTION = "reactions"
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_DIR = ROOT / "examples" / "scenarios"
+UPSTREAM = "livekit-agents 1.8.9"
+RUNTIME = "this runtime"
+AVATAR = "avatar-1"
+
+
+# -- this runtime: reactions read from scenario results ---------------------------------------
+
+
+def step_at(sc: Scenario, event: str, **fields: Any) -> float:
+    """The time of the first step of ``event`` whose fields match."""
+    for s in sc.steps:
+        if s.event == event and all(getattr(s, k, None) == v for k, v in fields.items()):
+            return float(s.at)
+    raise ValueError(f"scenario {sc.name!r} has no {event} step with {fields}")
+
+
+def join_deadline(sc: Scenario) -> float:
+    return step_at(sc, "avatar.start") + float(sc.config.join_timeout)
+
+
+def avatar_restored(result: dict[str, Any]) -> float | None:
+    for t in result["transitions"]:
+        if t["machine"] == "avatar" and t["dest"] == "restored" and t["source"] != "restored":
+            return float(t["t"])
+    return None
+
+
+def playout_released(result: dict[str, Any]) -> float | None:
+    for e in result["effects"]:
+        if (
+            e["machine"] == "avatar"
+            and e["effect"] == "clear_local_buffer"
+            and e["outcome"] == "ok"
+        ):
+            return float(e["t"])
+    return None
+
+
+def fact(name: str) -> Callable[[dict[str, Any]], float | None]:
+    def read(result: dict[str, Any]) -> float | None:
+        value = result["facts"][name]
+        return None if value is None else float(value)
+
+    return read
+
+
+def facts_are(**want: Any) -> Callable[[dict[str, Any]], str | None]:
+    def check(result: dict[str, Any]) -> str | None:
+        bad = {k: result["facts"][k] for k, v in want.items() if result["facts"][k] != v}
+        return f"facts {bad} (wanted {want})" if bad else None
+
+    return check
+
+
+@dataclass(frozen=True, slots=True)
+class Reaction:
+    case: str
+    scenario: str  # file stem in examples/scenarios
+    cause: Callable[[Scenario], float]
+    cause_text: str
+    outcome: Callable[[dict[str, Any]], float | None]
+    outcome_text: str
+    check: Callable[[dict[str, Any]], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    case: str
+    text: str
+    how: str
+    value: float | None = None
+    unit: str = ""
+
+
+ROOM_AUDIO = "avatar machine enters `restored` (facts.audio_output = room)"
+REACTIONS: tuple[tuple[tuple[Reaction, ...], str], ...] = (
+    (
+        (
+            Reaction(
+                "avatar never joins (started before the session) -> room audio",
+                "avatar_never_joins_avatar_first",
+                join_deadline,
+                "avatar.start + join_timeout",
+                avatar_restored,
+                ROOM_AUDIO,
+                facts_are(audio_output="room"),
+            ),
+            Reaction(
+                "avatar never joins (started after the session) -> room audio",
+                "avatar_never_joins_session_first",
+                join_deadline,
+                "avatar.start + join_timeout",
+                avatar_restored,
+                ROOM_AUDIO,
+                facts_are(audio_output="room"),
+            ),
+            Reaction(
+                "avatar leaves mid-session -> room audio",
+                "avatar_joins_then_drops",
+                lambda sc: step_at(sc, "participant_disconnected", identity=AVATAR),
+                "the avatar's participant_disconnected",
+                avatar_restored,
+                ROOM_AUDIO,
+                facts_are(audio_output="room"),
+            ),
+            Reaction(
+                "avatar plugin start() raises -> room audio",
+                "avatar_start_error",
+                lambda sc: step_at(sc, "avatar.start_error"),
+                "avatar.start_error",
+                avatar_restored,
+                ROOM_AUDIO,
+                facts_are(audio_output="room"),
+            ),
+        ),
+        "avatar",
+    ),
+    (
+        (
+            Reaction(
+                "simulator leaves, SIP leg stays -> job closed",
+                "sim_simulator_leaves_sip_stays",
+                lambda sc: step_at(sc, "participant_disconnected", identity="simulator"),
+                "the simulator's participant_disconnected (during the hold)",
+                fact("job_closed_at"),
+                "facts.job_closed_at",
+                facts_are(finalize_answered=False),
+            ),
+        ),
+        "simulator",
+    ),
+    (
+        (
+            Reaction(
+                "user leaves (CLIENT_INITIATED) -> session closed",
+                "user_leaves",
+                lambda sc: step_at(sc, "participant_disconnected", identity="user"),
+                "the user's participant_disconnected",
+                fact("session_closed_at"),
+                "facts.session_closed_at (the job closes at the same instant)",
+                lambda r: (
+                    None
+                    if r["facts"]["job_closed_at"] == r["facts"]["session_closed_at"]
+                    else "the job did not close with the session"
+                ),
+            ),
+        ),
+        "user_leaves",
+    ),
+    (
+        (
+            Reaction(
+                "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed",
+                "user_drops_no_rejoin",
+                lambda sc: step_at(sc, "participant_disconnected", identity="user"),
+                "the user's participant_disconnected",
+                fact("session_closed_at"),
+                "facts.session_closed_at (the file's grace_period is 15 s)",
+                lambda r: None,
+            ),
+        ),
+        "user_drops",
+    ),
+    (
+        (
+            Reaction(
+                "interrupt after the avatar left -> playout released",
+                "avatar_interrupt_after_left",
+                lambda sc: step_at(sc, "session.interrupt"),
+                "session.interrupt",
+                playout_released,
+                "the avatar's clear_local_buffer effect (no RPC: facts.rpcs_sent = [])",
+                facts_are(rpcs_sent=[]),
+            ),
+        ),
+        "interrupt",
+    ),
+)
+
+
+@dataclass(slots=True)
+class Measured:
+    reaction: float  # virtual seconds
+    wall_ms_per_step: list[float]
+    cpu_ms_per_step: list[float]
+    steps: int
+
+
+async def run_scenarios(repeats: int) -> tuple[dict[str, Measured], list[float], int]:
+    """Every bundled scenario ``repeats`` times (after one discarded warm-up run).
+
+    Returns the measured reactions, the wall ms per step of each round over all scenarios,
+    and the number of scenarios."""
+    from agent_runtime.expect import check_expect
+    from agent_runtime.scenario import load_scenario
+    from agent_runtime.simulator import run_scenario
+
+    files = sorted(SCENARIO_DIR.glob("*.yaml"))
+    if not files:
+        raise RuntimeError(f"no scenario files in {SCENARIO_DIR}")
+    scenarios = {p.stem: load_scenario(p) for p in files}
+    wanted = {r.scenario: r for group, _ in REACTIONS for r in group}
+    missing = sorted(set(wanted) - set(scenarios))
+    if missing:
+        raise RuntimeError(f"scenario files missing for the reactions: {missing}")
+    await run_scenario(next(iter(scenarios.values())))  # the SDK's first-use costs: discarded
+    measured: dict[str, Measured] = {}
+    rounds: list[float] = []
+    for _ in range(repeats):
+        round_wall, round_steps = 0.0, 0
+        for name, sc in scenarios.items():
+            sw = Stopwatch()
+            result = await run_scenario(sc)
+            lap = sw.lap()
+            failures = check_expect(sc.expect, result)
+            if failures:
+                raise RuntimeError(f"scenario {name}: expectations failed: {failures}")
+            steps = len(sc.steps)
+            round_wall += lap.wall
+            round_steps += steps
+            r = wanted.get(name)
+            if r is None:
+                continue
+            problem = r.check(result)
+            at = r.outcome(result)
+            if problem is not None or at is None:
+                raise RuntimeError(f"scenario {name}: no reaction ({problem or r.outcome_text})")
+            reaction = at - r.cause(sc)
+            m = measured.setdefault(name, Measured(reaction, [], [], steps))
+            if abs(m.reaction - reaction) > 1e-9:
+                raise RuntimeError(f"scenario {name}: virtual times differ between rounds")
+            m.wall_ms_per_step.append(lap.wall * 1e3 / steps)
+            m.cpu_ms_per_step.append(lap.cpu * 1e3 / steps)
+        rounds.append(round_wall * 1e3 / round_steps)
+    return measured, rounds, len(scenarios)
+
+
+# -- livekit-agents 1.8.9 without the runtime ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def captured_sdk_logs() -> Iterator[list[logging.LogRecord]]:
+    """The SDK's log records, kept here instead of printed (the table is the output)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log = logging.getLogger("livekit")
+    handler = Keep(logging.DEBUG)
+    old = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old[0])
+        log.propagate = old[1]
+
+
+async def _frames(n: int, rate: int = 24000) -> AsyncIterator[Any]:
+    from livekit import rtc
+
+    per = rate // 100
+    for _ in range(n):
+        yield rtc.AudioFrame(b"\0\0" * per, rate, 1, per)
+
+
+def _room(*, avatar: bool = False) -> Any:
+    from agent_runtime.clock import VirtualClock
+    from agent_runtime.inmemory import InMemoryRoom
+
+    room = InMemoryRoom(clock=VirtualClock())
+    room.connect_locally()
+    room.add_participant("user")
+    if avatar:
+        room.add_participant(AVATAR, kind="agent")
+        room.publish_track(AVATAR, "video")
+    return room
+
+
+async def upstream_avatar_routes() -> dict[str, str]:
+    """Where the agent's audio ends up after each avatar failure, with a plugin-style
+    ``AvatarSession`` (``ScriptedAvatar``: the base class's ``start()``, then
+    ``replace_audio_tail(DataStreamAudioOutput(...))`` as the plugins do) and no runtime."""
+    from livekit import rtc
+    from livekit.agents import Agent, AgentSession
+
+    from agent_runtime.avatar import audio_chain
+    from agent_runtime.clock import settle
+    from agent_runtime.scripted_avatar import ScriptedAvatar
+
+    out: dict[str, str] = {}
+    for case in ("never joins, avatar first", "never joins, session first", "leaves"):
+        room = _room()
+        session: AgentSession[Any] = AgentSession()
+        plugin = ScriptedAvatar(avatar_identity=AVATAR)
+        if case.endswith("avatar first"):
+            await plugin.start(session, room)
+            await session.start(Agent(instructions="upstream"), room=room)
+        else:
+            await session.start(Agent(instructions="upstream"), room=room)
+            await plugin.start(session, room)
+        await settle()
+        if case == "leaves":
+            room.add_participant(AVATAR, kind="agent")
+            room.publish_track(AVATAR, "video")
+            await plugin.wait_for_join(timeout=1.0)
+            room.remove_participant(AVATAR, rtc.DisconnectReason.SIGNAL_CLOSE)
+            await settle()
+        else:
+            # the app gives up on the join, as the upstream docs suggest, and closes it
+            with contextlib.suppress(TimeoutError):
+                await plugin.wait_for_join(timeout=0.01)
+            await plugin.aclose()
+            await settle()
+        out[case] = " -> ".join(type(o).__name__ for o in audio_chain(session))
+        await plugin.aclose()
+        await session.aclose()
+    return out
+
+
+async def upstream_user_leaves() -> dict[str, Any]:
+    """A session with RoomIO's defaults (``close_on_disconnect=True``), the user leaving
+    for a closing reason and for another one."""
+    from livekit import rtc
+    from livekit.agents import Agent, AgentSession
+
+    from agent_runtime.clock import settle
+
+    out: dict[str, Any] = {}
+    for reason in ("CLIENT_INITIATED", "CONNECTION_TIMEOUT"):
+        room = _room()
+        session: AgentSession[Any] = AgentSession()
+        await session.start(Agent(instructions="upstream"), room=room)
+        await settle()
+        closed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        session.once("close", lambda ev, f=closed: f.done() or f.set_result(ev))
+        t0 = time.perf_counter()
+        room.remove_participant("user", rtc.DisconnectReason.Value(reason))
+        await settle()
+        if reason == "CLIENT_INITIATED":
+            ev = await asyncio.wait_for(closed, 10)
+            out[reason] = {
+                "closed": True,
+                "ms": (time.perf_counter() - t0) * 1e3,
+                "close_reason": ev.reason.value,
+            }
+        else:
+            # nothing closed it and nothing is scheduled to: no close task, no timer
+            out[reason] = {
+                "closed": closed.done(),
+                "close_pending": session._closing_task is not None,
+            }
+            await session.aclose()
+    return out
+
+
+async def upstream_interrupt_after_avatar_left(logs: list[logging.LogRecord]) -> dict[str, Any]:
+    """Speaking to a joined avatar through a plugin-style ``DataStreamAudioOutput``; the
+    avatar leaves; the session is interrupted. Real seconds until the speech's playout is
+    released. The in-memory room's ``lk.clear_buffer`` to the departed avatar stays in flight
+    (its stand-in clock is not advanced; the real SDK gives up after 7 s)."""
+    from livekit.agents import Agent, AgentSession
+    from livekit.agents.voice import speech_handle
+    from livekit.rtc import DisconnectReason
+
+    from agent_runtime.clock import settle
+    from agent_runtime.scripted_avatar import ScriptedAvatar
+
+    room = _room(avatar=True)
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions="upstream"), room=room)
+    plugin = ScriptedAvatar(avatar_identity=AVATAR)
+    await plugin.start(session, room)
+    await plugin.wait_for_join(timeout=1.0)
+    sink = plugin.installed
+    assert sink is not None
+    handle = session.say("a long answer", audio=_frames(1_000))
+    deadline = time.perf_counter() + 10
+    while not sink._pending_playback_count:  # the avatar is playing a segment
+        if time.perf_counter() > deadline:
+            raise RuntimeError("the upstream speech never reached the avatar sink")
+        await asyncio.sleep(0.005)
+    room.remove_participant(AVATAR, DisconnectReason.CONNECTION_TIMEOUT)
+    await settle()
+    seen = len(logs)
+    t0 = time.perf_counter()
+    session.interrupt()
+    await asyncio.wait_for(handle.wait_for_playout(), 30)
+    stall = time.perf_counter() - t0
+    # the in-memory room records a call when it ends
+    finished = [c.method for c in room.local_participant.rpc_calls]
+    await plugin.aclose()
+    await session.aclose()
+    fallback = any(
+        "speech not done in time after interruption" in r.getMessage() for r in logs[seen:]
+    )
+    return {
+        "seconds": stall,
+        "fallback_logged": fallback,
+        "interruption_timeout": speech_handle.INTERRUPTION_TIMEOUT,
+        "clear_buffer_in_flight": "lk.clear_buffer" not in finished,
+    }
+
+
+def upstream_rows(
+    avatar: dict[str, str], users: dict[str, Any], interrupt: dict[str, Any]
+) -> dict[str, Upstream]:
+    left = users["CLIENT_INITIATED"]
+    dropped = users["CONNECTION_TIMEOUT"]
+    fallback = interrupt["interruption_timeout"]
+    return {
+        "avatar": Upstream(
+            "avatar failure -> room audio",
+            "never restored",
+            "reproduced here without the runtime: a plugin-style AvatarSession (base start(), then "
+            "replace_audio_tail(DataStreamAudioOutput)) on a real AgentSession; audio chain "
+            + "; ".join(f"{k}: {v}" for k, v in avatar.items())
+            + " (AvatarSession.aclose() in voice/avatar/_types.py has no restore; with the "
+            "avatar first, session.start() turned RoomIO's audio output off, so no room "
+            "output exists to go back to)",
+        ),
+        "simulator": Upstream(
+            "simulator leaves -> job closed",
+            "up to session_end_timeout (300 s)",
+            "read from the installed source: job.py JobContext._on_simulator_disconnected asks "
+            "for shutdown at once, but the verdict is lost then (the session's host closed "
+            "with it); an app holding for the verdict can only wait in on_session_end, which "
+            "ipc/job_proc_lazy_main.py _shutdown_job bounds by session_end_timeout = 300.0 "
+            "(worker.py) and which nothing tells that the simulator left",
+        ),
+        "user_leaves": Upstream(
+            "user leaves (CLIENT_INITIATED) -> session closed",
+            f"at once ({left['ms']:.1f} ms real); the job is not ended by it",
+            "reproduced here: a real AgentSession with RoomIO's defaults closes with "
+            f"{left['close_reason']} when the user leaves (voice/room_io/room_io.py "
+            "_on_participant_disconnected, DEFAULT_CLOSE_ON_DISCONNECT_REASONS); read from the "
+            "source: nothing shuts the job down on that close (only delete_room_on_close "
+            "deletes the room), so the job waits for the room to end server-side",
+            value=left["ms"] / 1e3,
+            unit="s",
+        ),
+        "user_drops": Upstream(
+            "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed",
+            "not closed by the SDK: minutes (server timeouts, 5-6 min reported)",
+            "reproduced here: with RoomIO's defaults, after the user left with CONNECTION_TIMEOUT "
+            f"the session is still open (closed: {dropped['closed']}, close scheduled: "
+            f"{dropped['close_pending']}): only CLIENT_INITIATED, ROOM_DELETED and USER_REJECTED "
+            "close it (voice/room_io/types.py DEFAULT_CLOSE_ON_DISCONNECT_REASONS); the 5-6 "
+            "minutes until server-side timeouts end the job are the users' report (seed 002)",
+        ),
+        "interrupt": Upstream(
+            "interrupt after the avatar left -> playout released",
+            f"{interrupt['seconds']:.2f} s (INTERRUPTION_TIMEOUT fallback)",
+            "reproduced here without the runtime: speaking to a joined avatar through a "
+            "plugin-style DataStreamAudioOutput, the avatar leaves, session.interrupt(); real "
+            "seconds until the speech's playout is released, by the fallback "
+            f"(INTERRUPTION_TIMEOUT = {fallback:g} in voice/speech_handle.py; "
+            f"'speech not done in time after interruption' logged: {interrupt['fallback_logged']})"
+            "; the lk.clear_buffer RPC to the departed avatar still in flight then: "
+            f"{interrupt['clear_buffer_in_flight']} (the SDK ends it after max_round_trip_latency "
+            "= 7 s, livekit/rtc/participant.py perform_rpc)",
+            value=interrupt["seconds"],
+            unit="s",
+        ),
+    }
+
+
+async def measure(
+    repeats: int,
+) -> tuple[dict[str, Measured], list[float], int, dict[str, Upstream]]:
+    measured, rounds, n = await run_scenarios(repeats)
+    with captured_sdk_logs() as logs:
+        avatar = await upstream_avatar_routes()
+        users = await upstream_user_leaves()
+        interrupt = await upstream_interrupt_after_avatar_left(logs)
+    return measured, rounds, n, upstream_rows(avatar, users, interrupt)
+
+
+def rows_from(
+    measured: dict[str, Measured],
+    rounds: list[float],
+    n_scenarios: int,
+    upstream: dict[str, Upstream],
+) -> list[Row]:
+    rows: list[Row] = []
+    for group, key in REACTIONS:
+        for r in group:
+            m = measured[r.scenario]
+            wall = statistics.median(m.wall_ms_per_step)
+            rows.append(
+                Row(
+                    SECTION,
+                    f"{r.case}: {RUNTIME}",
+                    m.reaction,
+                    "s",
+                    text=f"{_seconds(m.reaction)} ({wall:.1f} ms wall/step)",
+                    how=(
+                        f"examples/scenarios/{r.scenario}.yaml through run_scenario (its expect "
+                        f"block held): virtual seconds from {r.cause_text} to {r.outcome_text}; "
+                        f"beside it real ms per scenario step, the whole run included (median "
+                        f"of {len(m.wall_ms_per_step)} rounds, {m.steps} steps)"
+                    ),
+                    samples=tuple(m.wall_ms_per_step),
+                    extra={
+                        "scenario": r.scenario,
+                        "virtual_s": m.reaction,
+                        "wall_ms_per_step": wall,
+                        "cpu_ms_per_step": statistics.median(m.cpu_ms_per_step),
+                        "steps": m.steps,
+                    },
+                )
+            )
+        u = upstream[key]
+        rows.append(
+            Row(
+                SECTION,
+                f"{u.case}: {UPSTREAM}",
+                u.value,
+                u.unit,
+                text=u.text,
+                how=u.how,
+            )
+        )
+    rows.append(
+        Row(
+            SECTION,
+            f"processing per scenario step, all {n_scenarios} bundled scenarios: {RUNTIME}",
+            statistics.median(rounds),
+            "ms/step",
+            how=(
+                "wall-clock ms of run_scenario per scenario step over every file in "
+                "examples/scenarios (set-up, a real AgentSession start and close included), "
+                f"median of {len(rounds)} rounds after one discarded warm-up run"
+            ),
+            samples=tuple(rounds),
+        )
+    )
+    return rows
+
+
+def _seconds(x: float) -> str:
+    return "0 s" if abs(x) < 5e-7 else f"{x:g} s"
 
 
 def run(cfg: Config) -> list[Row]:
-    return []
+    return rows_from(*asyncio.run(measure(cfg.repeats)))

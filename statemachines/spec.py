@@ -21,7 +21,9 @@ class SpecError(Exception):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # schemas are built on first use, not at import: `import statemachines` then costs
+    # little beyond pydantic itself (the first build also loads pydantic's plugin lookup)
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class StateTimeout(_Frozen):

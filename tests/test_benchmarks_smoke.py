@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import dispatch, footprint, imports
+from benchmarks import dispatch, footprint, imports, reactions
 from benchmarks.config import Config
 from benchmarks.run import SECTIONS, main
 from benchmarks.table import Row, Target, render_markdown
@@ -83,8 +83,17 @@ def test_import_probes_run_in_fresh_interpreters() -> None:
     assert "after `import statemachines`" in rows[1].how
 
 
+@pytest.fixture
+def quick_fallback(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Upstream's 5 s interruption fallback, shortened so the reproduction runs fast here."""
+    from livekit.agents.voice import speech_handle
+
+    monkeypatch.setattr(speech_handle, "INTERRUPTION_TIMEOUT", 0.05)
+    return 0.05
+
+
 def test_the_command_prints_the_table_and_writes_it_as_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], quick_fallback: float
 ) -> None:
     out = tmp_path / "latest.json"
     code = main(
@@ -97,14 +106,61 @@ def test_the_command_prints_the_table_and_writes_it_as_json(
     assert doc["config"]["events"] == 30
     assert doc["environment"]["python"]
     rows = [r for r in doc["rows"] if r["section"] == "dispatch"]
-    assert len(rows) == len(doc["rows"]) == len(dispatch.CONTENDERS) + 4
-    for r in rows:  # every JSON row is a line of the printed table
+    assert len(rows) == len(dispatch.CONTENDERS) + 4
+    assert [r["section"] for r in doc["rows"][len(rows) :]] == ["reactions"] * (
+        len(doc["rows"]) - len(rows)
+    )
+    for r in doc["rows"]:  # every JSON row is a line of the printed table
         assert f"| {r['section']} | {r['case']}" in printed and r["figure"] in printed
 
 
-def test_reactions_is_a_registered_hook() -> None:
-    assert "reactions" in SECTIONS  # part 4 returns its rows from here
-    assert SECTIONS["reactions"](TINY) == []
+def test_reactions_every_situation_beside_upstream(quick_fallback: float) -> None:
+    assert SECTIONS["reactions"] is reactions.run
+    rows = reactions.run(TINY)
+    cases = {r.case: r for r in rows}
+    assert len(cases) == len(rows)
+    for r in rows:
+        assert r.section == "reactions" and r.how and r.figure
+        json.dumps(r.to_dict())
+    ours = {c.removesuffix(": this runtime"): r for c, r in cases.items() if "this runtime" in c}
+    theirs = {c.removesuffix(": livekit-agents 1.8.9") for c in cases if "1.8.9" in c}
+    # virtual seconds from the cause to the reaction: deterministic, set by the scenario files
+    assert {c: r.value for c, r in ours.items() if not c.startswith("processing")} == {
+        "avatar never joins (started before the session) -> room audio": 0,
+        "avatar never joins (started after the session) -> room audio": 0,
+        "avatar leaves mid-session -> room audio": 0,
+        "avatar plugin start() raises -> room audio": 0,
+        "simulator leaves, SIP leg stays -> job closed": 0,
+        "user leaves (CLIENT_INITIATED) -> session closed": 0,
+        "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed": 15,
+        "interrupt after the avatar left -> playout released": 0,
+    }
+    assert theirs == {
+        "avatar failure -> room audio",
+        "simulator leaves -> job closed",
+        "user leaves (CLIENT_INITIATED) -> session closed",
+        "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed",
+        "interrupt after the avatar left -> playout released",
+    }
+    per_step = ours["processing per scenario step, all 21 bundled scenarios"]
+    assert per_step.unit == "ms/step" and per_step.value is not None and per_step.value > 0
+    assert "ms wall/step" in ours["avatar leaves mid-session -> room audio"].figure
+
+
+async def test_upstream_reproductions_show_what_the_table_says(quick_fallback: float) -> None:
+    with reactions.captured_sdk_logs() as logs:
+        routes = await reactions.upstream_avatar_routes()
+        users = await reactions.upstream_user_leaves()
+        stall = await reactions.upstream_interrupt_after_avatar_left(logs)
+    # never restored: after every failure the chain still ends in the avatar's data stream
+    assert set(routes) == {"never joins, avatar first", "never joins, session first", "leaves"}
+    assert all(chain.endswith("-> DataStreamAudioOutput") for chain in routes.values())
+    assert users["CLIENT_INITIATED"]["closed"]
+    assert users["CLIENT_INITIATED"]["close_reason"] == "participant_disconnected"
+    assert users["CONNECTION_TIMEOUT"] == {"closed": False, "close_pending": False}
+    # the stall is the fallback's: it fired (and logged), never earlier than its timeout
+    assert stall["fallback_logged"] and stall["interruption_timeout"] == quick_fallback
+    assert stall["seconds"] >= quick_fallback and stall["clear_buffer_in_flight"]
 
 
 def test_bad_arguments_are_refused_before_anything_runs(
