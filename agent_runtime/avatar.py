@@ -397,8 +397,16 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._claim_playback_rpc()
         return self._presence_event()
 
-    def _fx_restore_route(self, ev: Event) -> Event:
+    async def _fx_restore_route(self, ev: Event) -> Event:
         outcome = self._guarded_restore()
+        if not self._retry:
+            # nothing will route to this avatar again: stop the SDK's waits for it now, or
+            # they fail later (unretrieved) when the room goes away
+            await self._retire_sink()
+            join = getattr(self._avatar, "_wait_avatar_join_task", None)
+            if isinstance(join, asyncio.Task) and not join.done():
+                join.cancel()
+                await asyncio.gather(join, return_exceptions=True)
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:

@@ -595,3 +595,20 @@ async def test_a_shared_room_adapter_is_used_and_left_running() -> None:
     assert adapter.started  # its owner closes it
     adapter.aclose()
     await rig.session.aclose()
+
+
+async def test_restored_avatar_leaves_no_sdk_wait_behind() -> None:
+    """Once the route is back on the room (and no retry is wanted), the plugin's data stream
+    and the base class's join watcher stop waiting for the avatar, so a later room
+    disconnect has no waiting task to fail unretrieved."""
+    rig = Rig(join_timeout=5.0)
+    await rig.start_session()
+    await rig.start_avatar()
+    sink = rig.lifecycle.installed_sink
+    assert isinstance(sink, DataStreamAudioOutput)
+    waits = [sink._start_atask, rig.avatar._wait_avatar_join_task]
+    assert all(t is not None and not t.done() for t in waits)
+    await rig.clock.advance(5)
+    assert rig.lifecycle.state == "restored"
+    assert all(t is not None and t.done() for t in waits)
+    await rig.aclose()
