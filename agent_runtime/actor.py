@@ -282,10 +282,13 @@ class Actor(rtc.EventEmitter[str]):
         )
         if st.changed:
             self._enter_state()
-            self.emit(
-                "state_changed",
-                StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name),
-            )
+            change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
+            try:
+                self.emit("state_changed", change)
+            except Exception:
+                # the SDK's emitter lets a listener's TypeError through; it must not skip
+                # the effects of a transition that has already happened
+                logger.exception("%s: a state_changed listener failed", self._who())
         for name in st.effects:
             await self._run_effect(name, event)
             if self._closed:

@@ -466,13 +466,16 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._adapter = None
         await self._cancel_tasks()
         if self._plugin_started:
-            await self._remove_avatar_participant()
             try:
                 await self._avatar.aclose()
             except Exception:
                 logger.warning("avatar plugin aclose() failed", exc_info=True)
             await self._retire_sink()
         await self._settle_room_output()
+        if self._plugin_started:
+            # last: a server API that never answers (this effect's bound, join_timeout, can
+            # be shorter than the removal's) must not keep the plugin and its sink open
+            await self._remove_avatar_participant()
 
     # -- the route -------------------------------------------------------------------------
     def _record_installed(self) -> None:

@@ -98,6 +98,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         self.tracer = tracer  # hand it to ParticipantLink/AvatarLifecycle to trace them too
         self._room = room
         self._clock: Clock = clock or AsyncioClock()
+        self._close_timeout = float(close_timeout)
         self._delete_room_on_close = bool(delete_room_on_close)
         self._delete_room: DeleteRoomFn = delete_room or _server_api_deleter(room)
         self._own_events = room_events is None
@@ -126,6 +127,8 @@ class JobRuntime(rtc.EventEmitter[str]):
             clock=self._clock,
             tracer=tracer,
             instance=instance,
+            # the host's drain is part of `closing`: leave room for the rest within its bound
+            drain_timeout=min(3.0, self._close_timeout / 2),
         )
         self.actor = Actor(
             JOB,
@@ -266,7 +269,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._deletion_requested = True
         if self._room_step_done and not self._deletion_started:
             self._late_deletion = asyncio.get_running_loop().create_task(
-                self._delete_room_now(), name="JobRuntime.delete_room"
+                self._delete_room_late(), name="JobRuntime.delete_room"
             )
 
     def add_shutdown_callback(self, callback: ShutdownCallback) -> None:
@@ -376,6 +379,13 @@ class JobRuntime(rtc.EventEmitter[str]):
             await self._delete_room_now()
         await self._run_shutdown_callbacks()
         return Event("close_done")
+
+    async def _delete_room_late(self) -> None:
+        # outside `closing` nothing else bounds it, and aclose() waits for it
+        try:
+            await self._clock.wait_for(self._delete_room_now(), self._close_timeout)
+        except TimeoutError:
+            logger.warning("deleting the room took longer than %gs; abandoned", self._close_timeout)
 
     async def _delete_room_now(self) -> None:
         if self._deletion_started:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("agent_runtime.session_host")
 
 NO_ACTIVE_SESSION = "no active session"
+FINALIZE_UNFINISHED = "on_simulation_end did not finish before the session host closed"
 SimulationEndFn = Callable[[SimulationContext], Any]
 _REQUEST_KINDS = frozenset(
     f.name for f in agent_pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"].fields
@@ -154,6 +155,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self._attached: _Attached | None = None
         self._closing_hosts: set[asyncio.Task[None]] = set()
         self._finalize_task: asyncio.Task[None] | None = None
+        self._finalize_request_id = ""
         self._finalize_taken = False
         # the verdict of a finalize whose reply could not be sent: a retry gets it again
         # without running on_simulation_end twice
@@ -373,6 +375,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self._finalize_taken = True
         # on_simulation_end may take a while (it often calls a model); it runs aside and
         # reports back with finalize_done
+        self._finalize_request_id = req.request_id
         self._finalize_task = asyncio.get_running_loop().create_task(
             self._run_finalize(req), name="JobSessionHost.finalize"
         )
@@ -453,6 +456,15 @@ class JobSessionHost(rtc.EventEmitter[str]):
             for t in waiting:
                 t.cancel()
             await asyncio.gather(*waiting, return_exceptions=True)
+            finalize = self._finalize_task
+            if finalize is not None and finalize in waiting and finalize.cancelled():
+                # on_simulation_end never finished: the simulator still gets its one answer
+                # (its own verdict stands) rather than silence
+                with contextlib.suppress(Exception):
+                    await self._clock.wait_for(
+                        self._send_error(self._finalize_request_id, FINALIZE_UNFINISHED),
+                        self._drain_timeout,
+                    )
         self._pending.clear()
         await self._transport.close()
 
