@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -111,6 +112,19 @@ def _finish_pending(chain: list[AudioOutput], position: float = 0.0) -> int:
                 break
             finished += 1
     return finished
+
+
+def _finish_orphans(chain: list[AudioOutput]) -> None:
+    """After the avatar's sink left the chain: end, as interrupted, what a wrapper still
+    counts beyond the output below it. Only that sink could have reported it (a local clear
+    while its capture waited for the avatar leaves the proxy below already done), and the
+    session's playout would wait for it forever."""
+    for upper, lower in reversed(list(itertools.pairwise(chain))):
+        while _pending(upper) > _pending(lower):
+            before = _pending(upper)
+            upper.on_playback_finished(playback_position=0.0, interrupted=True)
+            if _pending(upper) >= before:  # an output that does not count; do not spin
+                break
 
 
 def _parse_playback_finished(payload: str) -> tuple[float, bool]:
@@ -514,6 +528,8 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 # not started yet: with no route in place, session.start() makes room audio
                 session.output.audio = self._prev_top
                 outcome = "cleared"
+            if outcome != "cleared":
+                _finish_orphans(audio_chain(session))
         finally:
             self._swapping = False
         logger.info(

@@ -256,6 +256,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: not valid YAML: {e}") from None
     return parse_scenario(raw, source=str(path))

@@ -35,7 +35,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -105,14 +105,21 @@ OTHER_KINDS = [
 ]
 UNKNOWN_KIND = "launch_rockets"
 
+
+def mostly_ok(*failures: str, healthy: str = "ok") -> st.SearchStrategy[str]:
+    """A fault mode, healthy half of the time: a fault that always fires would keep the
+    examples from reaching what comes after it."""
+    return st.sampled_from([healthy] * len(failures) + list(failures))
+
+
 faults = st.builds(
     Faults,
-    delete_room=st.sampled_from(["ok", "raise", "hang"]),
-    shutdown_callback=st.sampled_from(["none", "ok", "raise", "hang"]),
-    simulation_end=st.sampled_from(["ok", "veto", "raise", "hang"]),
-    plugin_start=st.sampled_from(["ok", "raise", "raise_after_route", "hang"]),
-    remove_avatar=st.sampled_from(["ok", "not_found", "raise", "hang"]),
-    state_listener=st.sampled_from(["ok", "raise"]),
+    delete_room=mostly_ok("raise", "hang"),
+    shutdown_callback=mostly_ok("ok", "raise", "hang", healthy="none"),
+    simulation_end=mostly_ok("ok", "raise", "hang", healthy="veto"),
+    plugin_start=mostly_ok("raise", "raise_after_route", "hang"),
+    remove_avatar=mostly_ok("not_found", "raise", "hang"),
+    state_listener=mostly_ok("raise"),
 )
 configs = st.builds(
     Config,
@@ -131,6 +138,10 @@ configs = st.builds(
 )
 
 
+# for the rules that can end the job (see `patience`)
+patient = precondition(lambda self: len(self.world.steps) >= self.patience)
+
+
 class ComposedJob(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -142,6 +153,7 @@ class ComposedJob(RuleBasedStateMachine):
         self.avatar_started = False
         self.connected_once = False
         self.session_started = False
+        self.patience = 0
 
     # -- plumbing ----------------------------------------------------------------------------
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -167,18 +179,45 @@ class ComposedJob(RuleBasedStateMachine):
         self.run(go())
 
     # -- set-up ------------------------------------------------------------------------------
-    @initialize(config=configs, present=st.sets(st.sampled_from(sorted(PEOPLE))))
-    def setup(self, config: Config, present: set[str]) -> None:
+    @initialize(
+        config=configs,
+        present=st.sets(st.sampled_from(sorted(PEOPLE))),
+        session_now=st.booleans(),
+        avatar_now=st.booleans(),
+        patience=st.sampled_from([0, 8, 16]),
+    )
+    def setup(
+        self, config: Config, present: set[str], session_now: bool, avatar_now: bool, patience: int
+    ) -> None:
+        # what ends the job waits `patience` steps, so examples also reach the states a
+        # live session goes through, not only the ways it ends
+        self.patience = patience
+
         async def go() -> None:
-            self.w = World(config)
-            self.w.install_loop_handler(self.loop)
+            self.w = w = World(config)
+            w.install_loop_handler(self.loop)
             for identity in sorted(present):
                 kind, attributes = PEOPLE[identity]
-                self.w.room.add_participant(identity, kind=kind, attributes=attributes)
-            await self.w.start()
-            await self.w.quiesce()
+                w.room.add_participant(identity, kind=kind, attributes=attributes)
+            await w.start()
+            await w.quiesce()
+            if session_now:
+                self.session_started = True
+                await w.start_session()
+            if avatar_now and w.avatar is not None:
+                self.avatar_started = True
+                w.bg(self.start_avatar(w), "avatar.start")
+            await w.quiesce()
 
         self.run(go())
+
+    async def start_avatar(self, w: World) -> None:
+        assert w.avatar is not None
+        try:
+            await w.avatar.start(w.primary, w.room)
+        except RuntimeError as e:
+            assert "closed" in str(e), e  # closed before it could start: refused
+            w.refused.append(f"avatar.start: {e}")
 
     # -- the session ---------------------------------------------------------------------------
     @precondition(lambda self: not self.session_started)
@@ -197,6 +236,7 @@ class ComposedJob(RuleBasedStateMachine):
         sessions = self.world.sessions
         self.act(lambda: self.world.job.detach(sessions[i % len(sessions)]))
 
+    @patient
     @rule(reason=st.sampled_from(CLOSE_REASONS), i=st.integers(0, 2))
     def session_closes(self, reason: str, i: int) -> None:
         sessions = self.world.sessions
@@ -224,6 +264,7 @@ class ComposedJob(RuleBasedStateMachine):
         self.act(go)
 
     # -- the job -------------------------------------------------------------------------------
+    @patient
     @rule(reason=st.sampled_from(["", "done", "end_call"]), primary_first=st.booleans())
     def job_shutdown(self, reason: str, primary_first: bool) -> None:
         w = self.world
@@ -252,11 +293,13 @@ class ComposedJob(RuleBasedStateMachine):
             kind, attributes = PEOPLE[identity]
             self.act(lambda: room.add_participant(identity, kind=kind, attributes=attributes))
 
+    @patient
     @rule(identity=st.sampled_from([*sorted(PEOPLE), AVATAR]), reason=st.sampled_from(REASONS))
     def participant_leaves(self, identity: str, reason: str) -> None:
         room = self.world.room
         self.act(lambda: room.remove_participant(identity, rtc.DisconnectReason.Value(reason)))
 
+    @patient
     @rule(identity=st.sampled_from(sorted(PEOPLE)), simulator=st.booleans())
     def attributes_change(self, identity: str, simulator: bool) -> None:
         room = self.world.room
@@ -277,6 +320,7 @@ class ComposedJob(RuleBasedStateMachine):
 
         self.act(go)
 
+    @patient
     @rule(reason=st.sampled_from(REASONS))
     def room_disconnects(self, reason: str) -> None:
         room = self.world.room
@@ -301,15 +345,7 @@ class ComposedJob(RuleBasedStateMachine):
         w = self.world
         self.avatar_started = True
 
-        async def start() -> None:
-            assert w.avatar is not None
-            try:
-                await w.avatar.start(w.primary, w.room)
-            except RuntimeError as e:
-                assert "closed" in str(e), e  # closed before it could start: refused
-                w.refused.append(f"avatar.start: {e}")
-
-        self.act(lambda: w.bg(start(), "avatar.start"))
+        self.act(lambda: w.bg(self.start_avatar(w), "avatar.start"))
 
     @precondition(lambda self: self.world.avatar is not None)
     @rule()
@@ -324,6 +360,17 @@ class ComposedJob(RuleBasedStateMachine):
         room = self.world.room
         if AVATAR not in room.remote_participants:
             self.act(lambda: room.add_participant(AVATAR, kind="agent"))
+
+    @rule()
+    def avatar_arrives_with_video(self) -> None:
+        room = self.world.room
+
+        def go() -> None:
+            if AVATAR not in room.remote_participants:
+                room.add_participant(AVATAR, kind="agent")
+            room.publish_track(AVATAR, "video")
+
+        self.act(go)
 
     @rule(kind=st.sampled_from(["video", "audio"]))
     def avatar_publishes(self, kind: str) -> None:
@@ -398,6 +445,7 @@ class ComposedJob(RuleBasedStateMachine):
         if p is not None:
             self.act(lambda: room.emit("participant_connected", p))
 
+    @patient
     @rule(
         identity=st.sampled_from([*sorted(PEOPLE), AVATAR, "ghost"]),
         reason=st.sampled_from(REASONS),
@@ -561,6 +609,7 @@ class ComposedJob(RuleBasedStateMachine):
 
     async def finish(self, w: World) -> None:
         await w.drain_background()
+        report_coverage(w)  # before teardown's own shutdown adds its states
         # shutdown is asked and time passes the bounds: the job is closed
         w.job.shutdown("teardown")
         await w.quiesce()
@@ -577,11 +626,25 @@ class ComposedJob(RuleBasedStateMachine):
         assert not left, "\n".join(left)
 
 
+def report_coverage(w: World) -> None:
+    """What the example reached (``--hypothesis-show-statistics``): the invariants are only
+    worth what the examples reach."""
+    for r in w.trace.records:
+        if r.kind == "transition" and r.source != r.dest:
+            event(f"{r.machine}: {r.source} -> {r.dest}")
+    if any(m == "lk.clear_buffer" for m, _, _ in w.rpc_log):
+        event("lk.clear_buffer sent")
+    if w.job.finalize_answered:
+        event("finalize answered with the verdict")
+    if w.deletions:
+        event("room deletion attempted")
+
+
 def check_replies(w: World) -> None:
     """Every request the host took in got exactly one reply, the one it calls for."""
     received = w.received()
     finalize_taken = False
-    for rid, event in received.items():
+    for rid, took in received.items():
         sent = w.sent[rid]
         replies = w.replies.get(rid, [])
         assert len(replies) == 1, f"{rid} ({sent.kind} {sent.payload}): {len(replies)} replies"
@@ -589,10 +652,10 @@ def check_replies(w: World) -> None:
         error = resp.error if resp.HasField("error") else None
         if sent.kind == UNKNOWN_KIND:
             assert error == "unknown request kind"
-        elif event == "bad_request":
+        elif took == "bad_request":
             (field_name,) = (f for f, p in BAD_FINALIZE.items() if p == sent.payload)
             assert error == f"malformed finalize_simulation: {field_name} has the wrong type"
-        elif event == "finalize":
+        elif took == "finalize":
             if not w.config.simulation:
                 assert error == "this job is not a simulation"
             elif finalize_taken:
@@ -636,8 +699,8 @@ class _suppress_all:
 
 
 ComposedJob.TestCase.settings = settings(
-    max_examples=400 if DEEP else 40,
-    stateful_step_count=60 if DEEP else 30,
+    max_examples=2000 if DEEP else 200,
+    stateful_step_count=60 if DEEP else 40,
     deadline=None,
     derandomize=not DEEP,
     database=None,

@@ -9,12 +9,13 @@ import logging
 import pytest
 from livekit import rtc
 from livekit.agents.simulation import SimulationContext
+from test_avatar_rig import AVATAR, frames, session_listeners
 from test_avatar_rig import Rig as AvatarRig
-from test_avatar_rig import session_listeners
 from test_job import JobRig
 from test_session_host import Rig as HostRig
 
 from agent_runtime.actor import StateChanged
+from agent_runtime.avatar import audio_tail
 from agent_runtime.clock import settle
 from agent_runtime.session_host import FINALIZE_UNFINISHED
 
@@ -142,4 +143,24 @@ class _logs_off:
         logging.disable(logging.NOTSET)
 
 
-_ = rtc  # the rigs build rtc objects; imported for type names in failures
+async def test_an_interrupt_before_the_avatar_joined_does_not_silence_the_agent_later() -> None:
+    rig = AvatarRig(join_timeout=5.0)
+    await rig.start_avatar()
+    await rig.start_session()
+    first = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    rig.lifecycle.interrupt()  # the app's barge-in while the avatar is not there yet
+    await settle()
+    rig.join()  # the speech's audio now reaches the avatar
+    await settle()
+    assert rig.lifecycle.state == "joined" and not first.done()
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert rig.lifecycle.audio_route() == "room"
+    assert first.done()  # nothing waits for the sink that left
+    second = rig.session.say("still here", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    tail = audio_tail(rig.session)
+    assert tail is not None and tail.captured_playout_segments == 1  # heard in the room
+    await rig.aclose()
+    assert second.done()

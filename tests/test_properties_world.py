@@ -562,6 +562,9 @@ def _stacks() -> str:
         if t is asyncio.current_task():
             continue
         frames = [f"{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno}" for f in t.get_stack()]
+        owner = getattr(getattr(t.get_coro(), "cr_frame", None), "f_locals", {}).get("self")
+        if owner is not None:
+            frames.append(f"({type(owner).__name__})")
         out.append(f"  {t.get_name()}: {' > '.join(frames)}")
     return "\n".join(out)
 

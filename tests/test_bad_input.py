@@ -1,0 +1,592 @@
+"""Bad input, one table: what each malformed input gets, word for word, and that nothing
+changed because of it.
+
+Rows by where the input comes in:
+
+- ``rpc``: ``lk.playback_finished`` payloads and callers, into a job whose avatar is joined
+  and playing a segment: the ``rtc.RpcError`` code and message; the segment still pending,
+  the speech still playing, the avatar still ``joined``, no event reached its machine.
+- ``request``: session requests from the simulator over the job's transport: the error
+  reply; job and host states and the one-time finalize untouched (a good finalize after it
+  still gets the agent's verdict).
+- ``wire``: bytes that are no message at all: the warning; the next request is answered.
+- ``room``: room events with the wrong argument types: the adapter's warning; no room fact,
+  no job transition, nothing raised to the emitter.
+- ``step``: scenario steps the runtime refuses while a scenario runs: the step error; the
+  scenario ends as it would have without that step.
+- ``scenario`` / ``trace``: files ``agent-runtime simulate`` / ``replay`` refuse: exit 2 and
+  the message on stderr, no trace written, no report printed.
+
+Looser versions of some rows live next to their features (``test_avatar_lifecycle``,
+``test_session_host``, ``test_scenario_files``, ``test_replay``, ``test_room_events``); this
+table is the one place that pins the exact text. Same stand-ins as the property tests
+(``test_properties_world``): only the network is faked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from livekit import rtc
+from test_properties_world import AVATAR, SIMULATOR, USER, VETO, Config, World, frames
+
+from agent_runtime.cli import main
+from agent_runtime.inmemory import quiet_sdk_logs
+from agent_runtime.scenario import STEP_EVENTS, parse_scenario
+from agent_runtime.session_host import NO_ACTIVE_SESSION
+from agent_runtime.simulator import run_scenario
+
+APP = rtc.RpcError.ErrorCode.APPLICATION_ERROR
+UNSUPPORTED = rtc.RpcError.ErrorCode.UNSUPPORTED_METHOD
+MALFORMED = "malformed lk.playback_finished payload: "
+GOOD_TRACE_LINE = {
+    "t": 0,
+    "kind": "transition",
+    "machine": "job",
+    "instance": "j",
+    "event": "shutdown",
+    "source": "serving",
+    "dest": "closing",
+    "guards": {"hold_needed": False},
+}
+REASONS = (
+    "'UNKNOWN_REASON', 'CLIENT_INITIATED', 'DUPLICATE_IDENTITY', 'SERVER_SHUTDOWN', "
+    "'PARTICIPANT_REMOVED', 'ROOM_DELETED', 'STATE_MISMATCH', 'JOIN_FAILURE', 'MIGRATION', "
+    "'SIGNAL_CLOSE', 'ROOM_CLOSED', 'USER_UNAVAILABLE', 'USER_REJECTED', 'SIP_TRUNK_FAILURE', "
+    "'CONNECTION_TIMEOUT', 'MEDIA_FAILURE' or 'AGENT_ERROR'"
+)
+
+
+@dataclass(frozen=True)
+class Bad:
+    where: str  # rpc | request | wire | room | step | scenario | trace
+    name: str
+    given: Any
+    error: Any  # the exact message; (code, message) for an RPC
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.where}-{self.name}"
+
+
+def rpc(name: str, payload: str, error: tuple[int, str], **options: Any) -> Bad:
+    return Bad("rpc", name, payload, error, options)
+
+
+def request(name: str, kind: str, payload: dict[str, Any], error: str, **options: Any) -> Bad:
+    return Bad("request", name, (kind, payload), error, options)
+
+
+def room(name: str, event: str, args: tuple[Any, ...], error: str) -> Bad:
+    return Bad("room", name, (event, args), error)
+
+
+def step(name: str, steps: list[dict[str, Any]], error: str, **config: Any) -> Bad:
+    return Bad("step", name, steps, error, config)
+
+
+def scenario(name: str, text: str | bytes, error: str) -> Bad:
+    return Bad("scenario", name, text, error)
+
+
+def trace(name: str, line: str | bytes, error: str) -> Bad:
+    return Bad("trace", name, line, error)
+
+
+def record(**changes: Any) -> str:
+    return json.dumps({**GOOD_TRACE_LINE, **changes})
+
+
+TABLE: list[Bad] = [
+    # -- lk.playback_finished (avatar -> agent) ---------------------------------------------
+    rpc("empty", "", (APP, MALFORMED + "payload is not JSON")),
+    rpc("not-json", "not json", (APP, MALFORMED + "payload is not JSON")),
+    rpc("not-an-object", "[0.5, false]", (APP, MALFORMED + "payload is not a JSON object")),
+    rpc(
+        "position-missing",
+        '{"interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(
+        "position-a-string",
+        '{"playback_position": "1", "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(
+        "position-a-bool",
+        '{"playback_position": true, "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(
+        "position-infinite",
+        '{"playback_position": 1e999, "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(
+        "position-nan",
+        '{"playback_position": NaN, "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(
+        "position-negative",
+        '{"playback_position": -1, "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be >= 0"),
+    ),
+    rpc(
+        "interrupted-missing",
+        '{"playback_position": 1.0}',
+        (APP, MALFORMED + "interrupted must be true or false"),
+    ),
+    rpc(
+        "interrupted-a-string",
+        '{"playback_position": 1.0, "interrupted": "no"}',
+        (APP, MALFORMED + "interrupted must be true or false"),
+    ),
+    rpc(
+        "from-the-user",
+        '{"playback_position": 1.0, "interrupted": false}',
+        (APP, "lk.playback_finished is accepted only from the avatar"),
+        caller=USER,
+    ),
+    rpc(
+        "no-avatar-route",
+        '{"playback_position": 1.0, "interrupted": false}',
+        (UNSUPPORTED, "Method not supported"),  # nobody registered it: the SDK's own answer
+        avatar=False,
+    ),
+    # -- session requests (simulator -> agent) ------------------------------------------------
+    request(
+        "finalize-success-a-string",
+        "finalize_simulation",
+        {"provisional_success": "yes"},
+        "malformed finalize_simulation: provisional_success has the wrong type",
+    ),
+    request(
+        "finalize-success-a-float",
+        "finalize_simulation",
+        {"provisional_success": 1.5},
+        "malformed finalize_simulation: provisional_success has the wrong type",
+    ),
+    request(
+        "finalize-reason-a-number",
+        "finalize_simulation",
+        {"provisional_reason": 7},
+        "malformed finalize_simulation: provisional_reason has the wrong type",
+    ),
+    request(
+        "finalize-both-wrong",
+        "finalize_simulation",
+        {"provisional_success": "yes", "provisional_reason": 7},
+        "malformed finalize_simulation: provisional_reason, provisional_success has the wrong type",
+    ),
+    request(
+        "finalize-not-a-simulation",
+        "finalize_simulation",
+        {"provisional_success": True},
+        "this job is not a simulation",
+        simulation=False,
+    ),
+    request("unknown-kind", "launch_rockets", {}, "unknown request kind"),
+    request(
+        "run-input-text-a-number",
+        "run_input",
+        {"text": 5},
+        "malformed run_input: text has the wrong type",
+    ),
+    request("no-session-attached", "get_chat_history", {}, NO_ACTIVE_SESSION, session=False),
+    Bad("wire", "not-a-message", b"\xff\xff\xff", "unreadable session message"),
+    # -- room events with the wrong argument types ----------------------------------------------
+    room(
+        "joined-a-string",
+        "participant_connected",
+        ("garbage",),
+        "expected a participant, got str",
+    ),
+    room(
+        "joined-nothing",
+        "participant_connected",
+        (),
+        "not enough values to unpack (expected 1, got 0)",
+    ),
+    room("left-a-number", "participant_disconnected", (42,), "expected a participant, got int"),
+    room(
+        "track-two-strings",
+        "track_published",
+        ("a", "b"),
+        "expected a publication and a participant, got str, str",
+    ),
+    room("muted-one-argument", "track_muted", (None,), "expected 2 arguments, got 1"),
+    room(
+        "attributes-a-list",
+        "participant_attributes_changed",
+        (["lk.simulator"], None),
+        "expected (changed attributes, participant)",
+    ),
+    room(
+        "connection-state-nothing",
+        "connection_state_changed",
+        (),
+        "not enough values to unpack (expected 1, got 0)",
+    ),
+    # -- steps a running scenario refuses -----------------------------------------------------
+    step(
+        "finalize-payload-unknown-field",
+        [
+            {
+                "event": "session_request",
+                "caller": SIMULATOR,
+                "request": "finalize_simulation",
+                "payload": {"colour": "red"},
+            }
+        ],
+        "ValueError: finalize_simulation has no field 'colour' "
+        "(fields: provisional_success, provisional_reason)",
+    ),
+    step(
+        "unknown-kind-with-payload",
+        [
+            {
+                "event": "session_request",
+                "caller": SIMULATOR,
+                "request": "launch_rockets",
+                "payload": {"count": 3},
+            }
+        ],
+        "ValueError: unknown request kind 'launch_rockets' cannot carry a payload",
+    ),
+    step(
+        "finalize-payload-without-a-wire-form",
+        [
+            {
+                "event": "session_request",
+                "caller": SIMULATOR,
+                "request": "finalize_simulation",
+                "payload": {"provisional_success": [True]},
+            }
+        ],
+        "ValueError: finalize_simulation.provisional_success: cannot put a list on the wire",
+    ),
+    step(
+        "joins-twice",
+        [{"event": "participant_connected", "identity": USER}],
+        "ValueError: participant 'user' is already in the room",
+    ),
+    step(
+        "attributes-of-a-stranger",
+        [{"event": "attributes_changed", "identity": "ghost", "attributes": {"a": "1"}}],
+        "ValueError: participant 'ghost' is not in the room",
+    ),
+    step(
+        "session-started-twice",
+        [{"event": "session.start"}],
+        "RuntimeError: session 'a' is already started",
+    ),
+    step(
+        "attach-under-a-taken-name",
+        [{"event": "session.attach", "session": "a"}],
+        "ValueError: a session named 'a' already exists",
+    ),
+    step(
+        "avatar-without-one-configured",
+        [{"event": "avatar.start"}],
+        "RuntimeError: no avatar configured (config.avatar_identity)",
+        avatar_identity=None,
+    ),
+    # -- scenario files (agent-runtime simulate) ------------------------------------------------
+    scenario("not-utf8", b"\xff\xfename: x\n", "not a UTF-8 text file (invalid start byte)"),
+    scenario("a-list", "- 1\n", "a scenario is a mapping with name and steps"),
+    scenario("no-steps", "name: x\n", "'steps' must be a non-empty list"),
+    scenario(
+        "step-a-string",
+        "name: x\nsteps: [go]\n",
+        "step 1: a step is a mapping with 'at' and 'event'",
+    ),
+    scenario(
+        "unknown-event",
+        "name: x\nsteps: [{at: 0, event: session.explode}]\n",
+        "step 1 (session.explode): unknown event 'session.explode'; known events: "
+        + ", ".join(STEP_EVENTS),
+    ),
+    scenario(
+        "no-at",
+        "name: x\nsteps: [{event: session.start}]\n",
+        "step 1 (session.start): missing 'at' (seconds)",
+    ),
+    scenario(
+        "at-a-word",
+        "name: x\nsteps: [{at: soon, event: session.start}]\n",
+        "step 1 (session.start): field at: "
+        "Input should be a valid number, unable to parse string as a number",
+    ),
+    scenario(
+        "unknown-reason",
+        "name: x\nsteps: [{at: 0, event: participant_disconnected, identity: u, reason: BORED}]\n",
+        f"step 1 (participant_disconnected): field reason: Input should be {REASONS}",
+    ),
+    scenario(
+        "attribute-not-a-string",
+        "name: x\nsteps:\n- {at: 0, event: participant_connected, identity: u, attributes: {a: 1}}",
+        "step 1 (participant_connected): field attributes.a: Input should be a valid string",
+    ),
+    scenario(
+        "time-goes-backwards",
+        "name: x\nsteps: [{at: 5, event: session.start}, {at: 2, event: end}]\n",
+        "step 2 (end): time goes backwards (2.0 after 5.0)",
+    ),
+    scenario(
+        "end-not-last",
+        "name: x\nsteps: [{at: 0, event: end}, {at: 1, event: session.start}]\n",
+        "step 1 (end): 'end' must be the last step",
+    ),
+    scenario("no-name", "steps: [{at: 0, event: end}]\n", "name: Field required"),
+    scenario(
+        "negative-timeout",
+        "name: x\nconfig: {join_timeout: -1}\nsteps: [{at: 0, event: end}]\n",
+        "config.join_timeout: Input should be greater than or equal to 0",
+    ),
+    scenario(
+        "unknown-setting",
+        "name: x\nconfig: {colour: 1}\nsteps: [{at: 0, event: end}]\n",
+        "config.colour: Extra inputs are not permitted",
+    ),
+    scenario(
+        "empty-identity",
+        "name: x\nparticipants: [{identity: ''}]\nsteps: [{at: 0, event: end}]\n",
+        "participants.0.identity: String should have at least 1 character",
+    ),
+    # -- trace files (agent-runtime replay) ---------------------------------------------------
+    trace("not-utf8", b"\xff\xfe", "not a UTF-8 text file (invalid start byte)"),
+    trace(
+        "not-json", "{not json", "1: not JSON (Expecting property name enclosed in double quotes)"
+    ),
+    trace("a-list", "[1, 2]", "1: a record is a JSON object, not list"),
+    trace(
+        "unknown-field",
+        record(colour="red"),
+        "1: not a trace record (TraceRecord.__init__() got an unexpected keyword argument "
+        "'colour')",
+    ),
+    trace(
+        "fields-missing",
+        json.dumps({"kind": "transition"}),
+        "1: not a trace record (TraceRecord.__init__() missing 3 required positional "
+        "arguments: 't', 'machine', and 'instance')",
+    ),
+    trace(
+        "unknown-kind",
+        record(kind="teleport"),
+        "1: unknown record kind 'teleport' "
+        "(expected one of transition, ignore, reject, effect, stale, input)",
+    ),
+    trace("machine-a-number", record(machine=5), "1: field 'machine' must be a string, not 5"),
+    trace(
+        "machine-empty", record(machine=""), "1: a transition record needs a non-empty 'machine'"
+    ),
+    trace(
+        "effects-a-string",
+        record(effects="run_close"),
+        "1: 'effects' must be a list of effect names, not 'run_close'",
+    ),
+    trace(
+        "guard-not-a-bool",
+        record(guards={"hold_needed": 1}),
+        "1: 'guards' must map guard names to true/false, not {'hold_needed': 1}",
+    ),
+    trace(
+        "unknown-machine",
+        record(machine="robot"),
+        "1: unknown machine 'robot'; machines: avatar, job, session_host, participant",
+    ),
+]
+
+
+@pytest.mark.parametrize("bad", TABLE, ids=str)
+async def test_bad_input_gets_a_clear_error_and_changes_nothing(
+    bad: Bad, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with quiet_sdk_logs():
+        await CHECKS[bad.where](bad, tmp_path, capsys, caplog)
+
+
+def test_every_kind_of_bad_input_has_rows() -> None:
+    assert {b.where for b in TABLE} == set(CHECKS)
+    assert len({str(b) for b in TABLE}) == len(TABLE), "row names repeat"
+
+
+# -- the checks, one per way in ------------------------------------------------------------------
+
+
+async def check_rpc(bad: Bad, *_: Any) -> None:
+    w = World(Config(simulation=False, avatar=bad.options.get("avatar", True)))
+    w.room.add_participant(USER)
+    await w.start()
+    await w.start_session()
+    if w.avatar is not None:
+        await w.avatar.start(w.primary, w.room)
+        w.room.add_participant(AVATAR, kind="agent")
+        w.room.publish_track(AVATAR, "video")
+    speech = w.primary.say("hello", audio=frames(5), add_to_chat_ctx=False)
+    await w.quiesce()
+
+    def snapshot() -> tuple[Any, ...]:
+        sink = w.avatar.installed_sink if w.avatar is not None else None
+        return (
+            w.avatar_state,
+            sink._pending_playback_count if sink is not None else None,
+            speech.done(),
+            len(w.trace.records),
+        )
+
+    before = snapshot()
+    if w.avatar is not None:
+        assert before[:3] == ("joined", 1, False)  # a segment is playing on the avatar
+    with pytest.raises(rtc.RpcError) as err:
+        await w.room.invoke_rpc(
+            "lk.playback_finished", bad.options.get("caller", AVATAR), bad.given
+        )
+    assert (err.value.code, err.value.message) == bad.error
+    await w.quiesce()
+    assert snapshot() == before
+    await w.aclose()
+
+
+async def check_request(bad: Bad, *_: Any) -> None:
+    simulation = bad.options.get("simulation", True)
+    w = World(Config(simulation=simulation, avatar=False))
+    w.room.add_participant(SIMULATOR, attributes={"lk.simulator": "1"})
+    await w.start()
+    if bad.options.get("session", True):
+        await w.start_session()
+    await w.quiesce()
+
+    def snapshot() -> tuple[Any, ...]:
+        moved = [r for r in w.trace.records if r.kind == "transition" and r.source != r.dest]
+        return (w.job.state, w.job.host_state, w.job.finalize_answered, len(moved))
+
+    before = snapshot()
+    kind, payload = bad.given
+    rid = await w.request(kind, payload)
+    await w.quiesce()
+    (reply,) = w.replies[rid]
+    assert reply.error == bad.error
+    assert snapshot() == before
+    if simulation:
+        # the one-time finalize was not spent on it: a good one gets the agent's verdict
+        good = await w.request("finalize_simulation", {"provisional_success": True})
+        await w.quiesce()
+        (answer,) = w.replies[good]
+        assert not answer.HasField("error")
+        assert answer.finalize_simulation.user_verdict.reason == VETO
+    await w.aclose()
+
+
+async def check_wire(bad: Bad, _: Path, __: Any, caplog: pytest.LogCaptureFixture) -> None:
+    w = World(Config(simulation=False, avatar=False))
+    await w.start()
+    await w.start_session()
+    await w.quiesce()
+    before = (w.job.state, w.job.host_state, len(w.trace.records))
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.session_host"):
+        w.agent_end._inbox.put_nowait(bad.given)  # straight onto the agent's end of the wire
+        await w.quiesce()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("agent_runtime")] == [
+        bad.error
+    ]
+    assert (w.job.state, w.job.host_state, len(w.trace.records)) == before
+    rid = await w.request("ping")  # the host still reads and answers
+    await w.quiesce()
+    assert [r.HasField("error") for r in w.replies[rid]] == [False]
+    await w.aclose()
+
+
+async def check_room(bad: Bad, _: Path, __: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # the job alone listens: the SDK's own listeners (RoomIO) would choke on these first
+    w = World(Config(simulation=True, avatar=False))
+    w.room.add_participant(SIMULATOR, attributes={"lk.simulator": "1"})
+    await w.start()
+    await w.quiesce()
+    facts: list[Any] = []
+    w.events.subscribe(facts.append)
+    before = (w.job.state, w.job.simulators, len(w.trace.records), w.room.listener_count())
+    event, args = bad.given
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.room_events"):
+        w.room.emit(event, *args)  # the World records anything raised to the emitter
+        await w.quiesce()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("agent_runtime")] == [
+        f"ignored {event} with unexpected arguments: {bad.error}"
+    ]
+    assert w.problems.escaped_callbacks == []
+    assert facts == []
+    assert (w.job.state, w.job.simulators, len(w.trace.records), w.room.listener_count()) == before
+    await w.aclose()
+
+
+async def check_step(bad: Bad, *_: Any) -> None:
+    def scenario_with(extra: list[dict[str, Any]]) -> Any:
+        config = {"avatar_identity": AVATAR, "simulation": True, **bad.options}
+        return parse_scenario(
+            {
+                "name": "bad step",
+                "config": config,
+                "participants": [{"identity": USER}, {"identity": SIMULATOR}],
+                "steps": [
+                    {"at": 0, "event": "session.start"},
+                    *({"at": 1, **s} for s in extra),
+                    {"at": 2, "event": "end"},
+                ],
+            }
+        )
+
+    refused = await run_scenario(scenario_with(bad.given))
+    control = await run_scenario(scenario_with([]))
+    assert refused["facts"]["step_errors"] == [f"t=1 {bad.given[0]['event']}: {bad.error}"]
+    for key in ("final_states", "transitions", "effects"):
+        assert refused[key] == control[key], key
+    assert refused["facts"]["session_replies"] == []
+
+
+async def check_scenario(
+    bad: Bad, tmp_path: Path, capsys: pytest.CaptureFixture[str], _: Any
+) -> None:
+    path = tmp_path / "bad.yaml"
+    write(path, bad.given)
+    out = tmp_path / "out.jsonl"
+    assert main(["simulate", str(path), "--trace", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"invalid scenario: {path}: {bad.error}\n"
+    assert captured.out == "" and not out.exists()  # nothing ran
+
+
+async def check_trace(bad: Bad, tmp_path: Path, capsys: pytest.CaptureFixture[str], _: Any) -> None:
+    path = tmp_path / "bad.jsonl"
+    write(path, bad.given)
+    before = path.read_bytes()
+    assert main(["replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    sep = ":" if bad.error[0].isdigit() else ": "
+    assert captured.err == f"agent-runtime replay: {path}{sep}{bad.error}\n"
+    assert captured.out == "" and path.read_bytes() == before  # no report, file untouched
+
+
+def write(path: Path, content: str | bytes) -> None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if content.endswith("\n") else content + "\n")
+
+
+CHECKS: dict[str, Callable[..., Any]] = {
+    "rpc": check_rpc,
+    "request": check_request,
+    "wire": check_wire,
+    "room": check_room,
+    "step": check_step,
+    "scenario": check_scenario,
+    "trace": check_trace,
+}
