@@ -4,20 +4,37 @@ four machines together (``explore``), and path coverage plans for one machine
 
 from .checks import INVARIANTS, Invariant
 from .model import DEFAULT_GLUE, Config, Glue, Model, World
-from .search import DEFAULT_CONFIGS, ConfigResult, Report, Violation, explore, explore_config
+from .search import (
+    DEEP_DEPTH,
+    DEFAULT_CONFIGS,
+    DEFAULT_DEPTH,
+    Plan,
+    Report,
+    Result,
+    Violation,
+    deep_plans,
+    explore,
+    explore_plan,
+    explore_plans,
+)
 
 __all__ = [
+    "DEEP_DEPTH",
     "DEFAULT_CONFIGS",
+    "DEFAULT_DEPTH",
     "DEFAULT_GLUE",
     "INVARIANTS",
     "Config",
-    "ConfigResult",
     "Glue",
     "Invariant",
     "Model",
+    "Plan",
     "Report",
+    "Result",
     "Violation",
     "World",
+    "deep_plans",
     "explore",
-    "explore_config",
+    "explore_plan",
+    "explore_plans",
 ]

@@ -12,11 +12,14 @@ The number of sequences is counted, not enumerated: paths from the start with at
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from statemachines import MachineSpec
 
@@ -38,6 +41,9 @@ _INTERNAL: frozenset[Kind] = frozenset({"internal"})
 _TIME: frozenset[Kind] = frozenset({"time"})
 _INPUT: frozenset[Kind] = frozenset({"input"})
 _TIME_ONLY: frozenset[Kind] = frozenset({"internal", "time"})
+
+DEFAULT_DEPTH = 8
+DEEP_DEPTH = 10
 
 # the configs a default run explores: each setting that changes a decision both ways
 DEFAULT_CONFIGS: tuple[Config, ...] = (
@@ -71,21 +77,44 @@ class Violation:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One exploration: a config, the inputs that arrive, how deep, how mail is handled."""
+
+    config: Config
+    inputs: Inputs = "job"
+    depth: int = DEFAULT_DEPTH
+    mailboxes: Mailboxes = "settle"
+
+    def label(self) -> str:
+        mail = "" if self.mailboxes == "settle" else f", mailboxes {self.mailboxes}"
+        return f"[{self.config.label()}] {self.inputs} inputs, depth {self.depth}{mail}"
+
+
 @dataclass
-class ConfigResult:
-    config: str
-    states: int = 0
-    sequences: int = 0
-    settled_states: int = 0
-    eventual_states: int = 0  # worlds visited while letting time pass (beyond the BFS)
+class Result:
+    plan: Plan
+    states: int = 0  # distinct worlds reached within the depth
+    sequences: int = 0  # event sequences within the depth (counted, not enumerated)
+    settled_states: int = 0  # of those, worlds with nothing left to run but inputs
+    eventual_states: int = 0  # more worlds visited while letting time pass alone
+    seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
+
+    def line(self) -> str:
+        bad = f", {len(self.violations)} violation(s)" if self.violations else ""
+        return (
+            f"{self.plan.label()}: {self.states:,} states, {self.sequences:,} sequences, "
+            f"{self.eventual_states:,} more states while letting time pass, "
+            f"{self.seconds:.1f} s{bad}"
+        )
 
 
 @dataclass
 class Report:
-    depth: int
-    seconds: float = 0.0
-    results: list[ConfigResult] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)
+    seconds: float = 0.0  # wall clock, all workers together
+    workers: int = 1
 
     @property
     def states(self) -> int:
@@ -96,6 +125,10 @@ class Report:
         return sum(r.sequences for r in self.results)
 
     @property
+    def depth(self) -> int:
+        return min((r.plan.depth for r in self.results), default=0)
+
+    @property
     def violations(self) -> list[Violation]:
         return [v for r in self.results for v in r.violations]
 
@@ -104,22 +137,50 @@ class Report:
         return not self.violations
 
     def summary(self) -> str:
+        depths = sorted({r.plan.depth for r in self.results})
         lines = [
             f"explored {self.states:,} distinct states and {self.sequences:,} event sequences "
-            f"(depth {self.depth}: up to {self.depth} inputs or timeouts, internal steps in "
-            f"every order) under {len(self.results)} configs in {self.seconds:.1f} s"
+            f"(depth {'/'.join(map(str, depths))}: inputs and timeouts, each followed by "
+            f"what it causes; work running aside ends in every order) in {len(self.results)} "
+            f"explorations, {self.seconds:.1f} s on {self.workers} worker(s)"
         ]
-        for r in self.results:
-            lines.append(
-                f"  [{r.config}] {r.states:,} states, {r.sequences:,} sequences, "
-                f"{r.eventual_states:,} more while letting time pass"
-                + (f", {len(r.violations)} violation(s)" if r.violations else "")
-            )
-        if self.ok:
-            lines.append("every invariant holds")
-        for v in self.violations:
-            lines.append(str(v))
+        lines += [f"  {r.line()}" for r in self.results]
+        lines.append("every invariant holds" if self.ok else "VIOLATIONS:")
+        lines += [str(v) for v in self.violations]
         return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "states": self.states,
+            "sequences": self.sequences,
+            "seconds": round(self.seconds, 2),
+            "workers": self.workers,
+            "ok": self.ok,
+            "explorations": [
+                {
+                    "config": r.plan.config.label(),
+                    "inputs": r.plan.inputs,
+                    "depth": r.plan.depth,
+                    "mailboxes": r.plan.mailboxes,
+                    "states": r.states,
+                    "sequences": r.sequences,
+                    "settled_states": r.settled_states,
+                    "eventual_states": r.eventual_states,
+                    "seconds": round(r.seconds, 2),
+                }
+                for r in self.results
+            ],
+            "violations": [
+                {
+                    "invariant": v.invariant,
+                    "name": v.name,
+                    "detail": v.detail,
+                    "config": v.config,
+                    "steps": list(v.steps),
+                }
+                for v in self.violations
+            ],
+        }
 
 
 def _lines(model: Model, mv: Move, upto: int | None = None) -> list[str]:
@@ -157,6 +218,8 @@ class _Explorer:
     def __init__(self, model: Model) -> None:
         self.model = model
         self.label = model.config.label()
+        if model.inputs != "all":
+            self.label += f", {model.inputs} inputs"
         self.g = _Graph()
         self.found: dict[int, Violation] = {}
         self.settled = 0
@@ -296,20 +359,28 @@ class _Explorer:
         return out
 
 
-def explore_config(
-    model: Model, depth: int, *, stop_at_first: bool = False, count: bool = True
-) -> ConfigResult:
-    """Explore one config to ``depth``; one violation (the shortest) per invariant."""
+def explore_plan(
+    plan: Plan,
+    *,
+    specs: Mapping[str, MachineSpec] | None = None,
+    glue: Glue = DEFAULT_GLUE,
+    stop_at_first: bool = False,
+    count: bool = True,
+) -> Result:
+    """Run one exploration; one violation (the shortest found) per invariant."""
+    t0 = time.perf_counter()
+    model = Model(plan.config, specs=specs, glue=glue, mailboxes=plan.mailboxes, inputs=plan.inputs)
     ex = _Explorer(model)
-    layers = ex.run(depth, stop_at_first)
+    layers = ex.run(plan.depth, stop_at_first)
     explored = len(ex.g.worlds)
-    res = ConfigResult(config=ex.label, states=explored, settled_states=ex.settled)
+    res = Result(plan=plan, states=explored, settled_states=ex.settled)
     if not (stop_at_first and ex.found):
         ex.check_eventual(explored)
         res.eventual_states = len(ex.g.worlds) - explored
     if count:
-        res.sequences = _count_sequences(ex.g, layers, depth)
+        res.sequences = _count_sequences(ex.g, layers, plan.depth)
     res.violations = [ex.found[k] for k in sorted(ex.found)]
+    res.seconds = time.perf_counter() - t0
     return res
 
 
@@ -360,25 +431,70 @@ def _spread_internal(g: _Graph, seeds: dict[int, int]) -> dict[int, int]:
 
 
 def explore(
-    depth: int = 8,
+    depth: int = DEFAULT_DEPTH,
     *,
     configs: Iterable[Config] = DEFAULT_CONFIGS,
+    inputs: Iterable[Inputs] = ("job", "avatar"),
+    mailboxes: Mailboxes = "settle",
     specs: Mapping[str, MachineSpec] | None = None,
     glue: Glue = DEFAULT_GLUE,
-    mailboxes: Mailboxes = "settle",
-    inputs: Inputs = "all",
+    workers: int = 1,
     stop_at_first: bool = False,
     count: bool = True,
 ) -> Report:
-    """Explore every config to ``depth`` (inputs and timeouts; internal steps are free)."""
+    """Explore every config with each group of inputs to ``depth`` (inputs and timeouts;
+    what each causes follows it). ``workers`` > 1 runs the explorations in processes."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be a whole number >= 0, not {depth!r}")
+    groups: list[Inputs] = [inputs] if isinstance(inputs, str) else list(inputs)  # type: ignore[list-item]
+    plans = [Plan(c, g, depth, mailboxes) for g in groups for c in configs]
+    return explore_plans(
+        plans, specs=specs, glue=glue, workers=workers, stop_at_first=stop_at_first, count=count
+    )
+
+
+def deep_plans(configs: Iterable[Config] = DEFAULT_CONFIGS) -> list[Plan]:
+    """What ``--deep`` (or AGENT_RUNTIME_DEEP=1) explores: each group deeper, every input
+    together, and inputs arriving between any two events an actor handles."""
+    cs = list(configs)
+    return [
+        *(Plan(c, "job", DEEP_DEPTH) for c in cs),
+        *(Plan(c, "avatar", DEEP_DEPTH + 4) for c in cs),
+        *(Plan(c, "all", DEFAULT_DEPTH - 2) for c in cs),
+        *(Plan(c, "job", DEFAULT_DEPTH - 3, "turns") for c in cs),
+    ]
+
+
+def explore_plans(
+    plans: Iterable[Plan],
+    *,
+    specs: Mapping[str, MachineSpec] | None = None,
+    glue: Glue = DEFAULT_GLUE,
+    workers: int = 1,
+    stop_at_first: bool = False,
+    count: bool = True,
+) -> Report:
+    """Run each plan, in ``workers`` processes when more than one."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a whole number >= 1, not {workers!r}")
+    todo = list(plans)
     t0 = time.perf_counter()
-    report = Report(depth=depth)
-    for cfg in configs:
-        model = Model(cfg, specs=specs, glue=glue, mailboxes=mailboxes, inputs=inputs)
-        report.results.append(
-            explore_config(model, depth, stop_at_first=stop_at_first, count=count)
-        )
-    report.seconds = time.perf_counter() - t0
-    return report
+    opts: dict[str, Any] = {
+        "specs": specs,
+        "glue": glue,
+        "stop_at_first": stop_at_first,
+        "count": count,
+    }
+    workers = min(workers, len(todo)) or 1
+    if workers == 1:
+        results = [explore_plan(p, **opts) for p in todo]
+    else:
+        # spawn, not fork: the caller may hold threads or an event loop
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            results = list(pool.map(partial(_run_plan, opts), todo))
+    return Report(results=results, seconds=time.perf_counter() - t0, workers=workers)
+
+
+def _run_plan(opts: dict[str, Any], plan: Plan) -> Result:
+    return explore_plan(plan, **opts)
