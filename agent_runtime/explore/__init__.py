@@ -5,7 +5,6 @@ four machines together (``explore``), and path coverage plans for one machine
 from .checks import INVARIANTS, Invariant
 from .model import DEFAULT_GLUE, Config, Glue, Model, World
 from .search import (
-    DEEP_DEPTH,
     DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
     Plan,
@@ -19,7 +18,6 @@ from .search import (
 )
 
 __all__ = [
-    "DEEP_DEPTH",
     "DEFAULT_CONFIGS",
     "DEFAULT_DEPTH",
     "DEFAULT_GLUE",

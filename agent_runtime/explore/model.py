@@ -62,18 +62,16 @@ class Config:
     max_finalize_requests: int = 2
 
     def label(self) -> str:
-        on = [
-            name
-            for name, value in (
-                ("simulation", self.simulation),
-                ("close_on_disconnect", self.close_on_disconnect),
-                ("grace", self.grace and self.close_on_disconnect),
-                ("retry_avatar", self.retry_avatar),
-                ("delete_room_on_close", self.delete_room_on_close),
-            )
-            if value
-        ]
-        return "+".join(on) or "plain"
+        parts = ["simulation" if self.simulation else "no simulation"]
+        if not self.close_on_disconnect:
+            parts.append("close_on_disconnect off")
+        else:
+            parts.append("grace_period > 0" if self.grace else "grace_period 0")
+        if self.retry_avatar:
+            parts.append("retry_avatar")
+        if self.delete_room_on_close:
+            parts.append("delete_room_on_close")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -514,17 +512,18 @@ class Model:
             return Move(kind, label, s.freeze())
         # the worlds on the way are checked as they pass (``watch``), not kept: most
         # moves end in a world seen before, and freezing each one would double the cost
+        # (the world it ends in is checked by the caller, once per new world)
         watch = self.watch
-        flagged = 0 if watch is not None and watch(s) else -1
+        flagged = -1
         handled: list[Entry] = []
         while True:
             k = _next_mail(s.queue, s.host_draining)
             if k < 0:
                 break
-            handled.append(s.queue[k])
-            self._deliver(s, k)
             if flagged < 0 and watch is not None and watch(s):
                 flagged = len(handled)
+            handled.append(s.queue[k])
+            self._deliver(s, k)
         return Move(kind, label, s.freeze(), tuple(handled), flagged, (w, fn))
 
     def passed(self, mv: Move) -> list[tuple[str, World]]:
@@ -1062,6 +1061,8 @@ def _avatar_leaves(s: _W) -> None:
 def _finalize_request(s: _W) -> None:
     req = len(s.requests)
     owed = s.job in LIVE_JOB
+    if not s.reading and not owed:
+        return  # nobody reads it and nobody owes it an answer: nothing to follow
     s.requests = (*s.requests, (owed, "queued" if s.reading else "not_read"))
     if s.reading:
         s.post(HOST, "finalize", _p(req=req))

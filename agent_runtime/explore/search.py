@@ -42,8 +42,13 @@ _TIME: frozenset[Kind] = frozenset({"time"})
 _INPUT: frozenset[Kind] = frozenset({"input"})
 _TIME_ONLY: frozenset[Kind] = frozenset({"internal", "time"})
 
-DEFAULT_DEPTH = 8
-DEEP_DEPTH = 10
+# None: layer after layer until one brings no new world, i.e. all the model can reach
+DEFAULT_DEPTH: int | None = None
+# --deep adds: every input together, inputs landing between two events an actor handles,
+# any actor with mail going next; each far larger than the last, so shallower
+DEEP_ALL_DEPTH = 7
+DEEP_TURNS_DEPTH = 4
+DEEP_ANY_DEPTH = 2
 
 # the configs a default run explores: each setting that changes a decision both ways
 DEFAULT_CONFIGS: tuple[Config, ...] = (
@@ -83,17 +88,20 @@ class Plan:
 
     config: Config
     inputs: Inputs = "job"
-    depth: int = DEFAULT_DEPTH
+    depth: int | None = DEFAULT_DEPTH  # None: until no new world appears
     mailboxes: Mailboxes = "settle"
 
     def label(self) -> str:
         mail = "" if self.mailboxes == "settle" else f", mailboxes {self.mailboxes}"
-        return f"[{self.config.label()}] {self.inputs} inputs, depth {self.depth}{mail}"
+        depth = "every depth" if self.depth is None else f"depth {self.depth}"
+        return f"[{self.config.label()}] {self.inputs} inputs, {depth}{mail}"
 
 
 @dataclass
 class Result:
     plan: Plan
+    depth: int = 0  # the deepest layer explored
+    closed: bool = False  # a layer brought nothing new: the whole reachable space is in
     states: int = 0  # distinct worlds reached within the depth
     sequences: int = 0  # event sequences within the depth (counted, not enumerated)
     settled_states: int = 0  # of those, worlds with nothing left to run but inputs
@@ -103,8 +111,10 @@ class Result:
 
     def line(self) -> str:
         bad = f", {len(self.violations)} violation(s)" if self.violations else ""
+        whole = f" (all of them: nothing new after depth {self.depth})" if self.closed else ""
         return (
-            f"{self.plan.label()}: {self.states:,} states, {self.sequences:,} sequences, "
+            f"{self.plan.label()}: {self.states:,} states{whole}, {self.sequences:,} "
+            f"sequences up to depth {self.depth}, "
             f"{self.eventual_states:,} more states while letting time pass, "
             f"{self.seconds:.1f} s{bad}"
         )
@@ -126,7 +136,7 @@ class Report:
 
     @property
     def depth(self) -> int:
-        return min((r.plan.depth for r in self.results), default=0)
+        return min((r.depth for r in self.results), default=0)
 
     @property
     def violations(self) -> list[Violation]:
@@ -137,12 +147,13 @@ class Report:
         return not self.violations
 
     def summary(self) -> str:
-        depths = sorted({r.plan.depth for r in self.results})
+        depths = sorted({r.depth for r in self.results})
         lines = [
             f"explored {self.states:,} distinct states and {self.sequences:,} event sequences "
-            f"(depth {'/'.join(map(str, depths))}: inputs and timeouts, each followed by "
-            f"what it causes; work running aside ends in every order) in {len(self.results)} "
-            f"explorations, {self.seconds:.1f} s on {self.workers} worker(s)"
+            f"(up to depth {'/'.join(map(str, depths))}: inputs and timeouts, each followed "
+            f"by what it causes; work running aside ends in every order) in "
+            f"{len(self.results)} explorations, {self.seconds:.1f} s on {self.workers} "
+            "worker(s)"
         ]
         lines += [f"  {r.line()}" for r in self.results]
         lines.append("every invariant holds" if self.ok else "VIOLATIONS:")
@@ -160,7 +171,8 @@ class Report:
                 {
                     "config": r.plan.config.label(),
                     "inputs": r.plan.inputs,
-                    "depth": r.plan.depth,
+                    "depth": r.depth,
+                    "whole_space": r.closed,
                     "mailboxes": r.plan.mailboxes,
                     "states": r.states,
                     "sequences": r.sequences,
@@ -223,6 +235,7 @@ class _Explorer:
         self.g = _Graph()
         self.found: dict[int, Violation] = {}
         self.settled = 0
+        self.closed = False
         model.watch = lambda s: not holds(s)
 
     def path(self, i: int) -> list[str]:
@@ -271,14 +284,18 @@ class _Explorer:
             got = self.g.timed[i] = [j for j, _ in self.expand(i, _TIME)]
         return got
 
-    def run(self, depth: int, stop_at_first: bool) -> list[list[int]]:
+    def run(self, depth: int | None, stop_at_first: bool) -> list[list[int]]:
+        """Layer by layer to ``depth`` inputs/timeouts, or (``None``) until a layer brings
+        no new world: then every world the model can reach has been explored."""
         g = self.g
         start, _ = g.add(self.model.initial(), -1, None)
         self.report(safety(self.model, g.worlds[start]), lambda: [])
         placed: set[int] = {start}  # worlds given a layer (the fewest inputs reaching them)
         layer = [start]
         layers: list[list[int]] = []
-        for d in range(depth + 1):
+        d = -1
+        while True:
+            d += 1
             # every world reachable from this layer by internal steps alone, breadth first
             order: list[int] = []
             queue = deque(layer)
@@ -300,6 +317,9 @@ class _Explorer:
                     if j not in placed:
                         placed.add(j)
                         nxt.append(j)
+            if not nxt:
+                self.closed = True  # nothing new: the whole reachable space is explored
+                break
             layer = nxt
         return layers
 
@@ -373,12 +393,18 @@ def explore_plan(
     ex = _Explorer(model)
     layers = ex.run(plan.depth, stop_at_first)
     explored = len(ex.g.worlds)
-    res = Result(plan=plan, states=explored, settled_states=ex.settled)
+    res = Result(
+        plan=plan,
+        depth=len(layers) - 1,
+        closed=ex.closed,
+        states=explored,
+        settled_states=ex.settled,
+    )
     if not (stop_at_first and ex.found):
         ex.check_eventual(explored)
         res.eventual_states = len(ex.g.worlds) - explored
     if count:
-        res.sequences = _count_sequences(ex.g, layers, plan.depth)
+        res.sequences = _count_sequences(ex.g, layers, res.depth)
     res.violations = [ex.found[k] for k in sorted(ex.found)]
     res.seconds = time.perf_counter() - t0
     return res
@@ -431,7 +457,7 @@ def _spread_internal(g: _Graph, seeds: dict[int, int]) -> dict[int, int]:
 
 
 def explore(
-    depth: int = DEFAULT_DEPTH,
+    depth: int | None = DEFAULT_DEPTH,
     *,
     configs: Iterable[Config] = DEFAULT_CONFIGS,
     inputs: Iterable[Inputs] = ("job", "avatar"),
@@ -442,10 +468,11 @@ def explore(
     stop_at_first: bool = False,
     count: bool = True,
 ) -> Report:
-    """Explore every config with each group of inputs to ``depth`` (inputs and timeouts;
-    what each causes follows it). ``workers`` > 1 runs the explorations in processes."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth must be a whole number >= 0, not {depth!r}")
+    """Explore every config with each group of inputs to ``depth`` inputs and timeouts
+    (each followed by what it causes), or with ``None`` until nothing new is reachable.
+    ``workers`` > 1 runs the explorations in processes."""
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+        raise ValueError(f"depth must be a whole number >= 0 or None, not {depth!r}")
     groups: list[Inputs] = [inputs] if isinstance(inputs, str) else list(inputs)  # type: ignore[list-item]
     plans = [Plan(c, g, depth, mailboxes) for g in groups for c in configs]
     return explore_plans(
@@ -454,14 +481,15 @@ def explore(
 
 
 def deep_plans(configs: Iterable[Config] = DEFAULT_CONFIGS) -> list[Plan]:
-    """What ``--deep`` (or AGENT_RUNTIME_DEEP=1) explores: each group deeper, every input
-    together, and inputs arriving between any two events an actor handles."""
+    """What ``--deep`` (or AGENT_RUNTIME_DEEP=1) explores: the default plans, then every
+    input together, inputs arriving between any two events an actor handles, and any
+    actor with mail going next."""
     cs = list(configs)
     return [
-        *(Plan(c, "job", DEEP_DEPTH) for c in cs),
-        *(Plan(c, "avatar", DEEP_DEPTH + 4) for c in cs),
-        *(Plan(c, "all", DEFAULT_DEPTH - 2) for c in cs),
-        *(Plan(c, "job", DEFAULT_DEPTH - 3, "turns") for c in cs),
+        *(Plan(c, g, DEFAULT_DEPTH) for g in ("job", "avatar") for c in cs),
+        *(Plan(c, "all", DEEP_ALL_DEPTH) for c in cs),
+        *(Plan(c, "job", DEEP_TURNS_DEPTH, "turns") for c in cs),
+        *(Plan(c, "all", DEEP_ANY_DEPTH, "any") for c in cs),
     ]
 
 
