@@ -1,4 +1,5 @@
-"""``agent-runtime``: simulate scenarios, replay traces, draw and diff the machines.
+"""``agent-runtime``: simulate scenarios, replay traces, draw and diff the machines,
+explore the composed job.
 
 Each command's module is imported only when that command runs, so ``diagrams`` and
 ``table`` never pay for ``livekit.agents``.
@@ -49,6 +50,23 @@ def _parser() -> argparse.ArgumentParser:
     tab = sub.add_parser("table", help="print one machine's state x event table")
     tab.add_argument("machine")
     tab.set_defaults(module="agent_runtime.commands.table")
+
+    exp = sub.add_parser(
+        "explore",
+        help="explore every event sequence of the composed job and check its invariants",
+        description="Breadth-first exploration of an abstract model of the four machines "
+        "together. By default every world the model can reach (layer after layer until "
+        "nothing new appears); exit 1 with the shortest event sequence to each violation.",
+    )
+    exp.add_argument("--depth", type=int, metavar="N", help="stop after N inputs/timeouts")
+    exp.add_argument(
+        "--deep",
+        action="store_true",
+        help="also every input together and finer interleavings (or AGENT_RUNTIME_DEEP=1)",
+    )
+    exp.add_argument("--workers", type=int, metavar="N", help="processes (default: CPUs)")
+    exp.add_argument("--json", action="store_true", help="print the report as JSON")
+    exp.set_defaults(module="agent_runtime.commands.explore")
 
     dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
     dif.add_argument("rev")

@@ -1,0 +1,34 @@
+"""``agent-runtime explore [--depth N] [--deep] [--workers N] [--json]``: exhaustive
+exploration of the composed job (see ``agent_runtime.explore``). Exit 0 when every
+invariant holds, 1 with the shortest event sequence to each one that does not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..explore import Plan, deep_plans, explore_plans
+from ..explore.search import DEFAULT_CONFIGS
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.depth is not None and args.depth < 0:
+        print("agent-runtime explore: --depth must be >= 0", file=sys.stderr)
+        return 2
+    if args.workers is not None and args.workers < 1:
+        print("agent-runtime explore: --workers must be >= 1", file=sys.stderr)
+        return 2
+    deep = args.deep or bool(os.environ.get("AGENT_RUNTIME_DEEP"))
+    if deep:
+        plans = deep_plans()
+    else:
+        plans = [Plan(c, g, args.depth) for g in ("job", "avatar") for c in DEFAULT_CONFIGS]
+    workers = args.workers or os.cpu_count() or 1
+    report = explore_plans(plans, workers=workers)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1

@@ -1,0 +1,161 @@
+"""What must hold in the composed job, as predicates over a ``World``.
+
+Three kinds of check, by when they apply:
+
+* ``safety``: in every reached world, mid-cascade included;
+* ``settled``: in every world where no internal step is left to run (every mailbox empty,
+  no work running aside), however the inputs arrived;
+* ``eventual``: in every world reached from any explored one by letting time pass alone
+  (internal steps and every enabled timeout, in every order) until nothing is left to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import ANSWERED, EXCUSED, LIVE_JOB, Facts, Model
+
+
+@dataclass(frozen=True)
+class Invariant:
+    number: int
+    name: str
+    text: str
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        1,
+        "audio_route",
+        "the agent's audio points at an avatar only while it is routing or joined, and once "
+        "the join bound has passed only at one that joined",
+    ),
+    Invariant(
+        2,
+        "finalize_once",
+        "a finalize request that arrives before the hold ends is answered, exactly once "
+        "(unless the simulator left or the room went first, or the verdict was still being "
+        "computed when the bound ran out)",
+    ),
+    Invariant(
+        3,
+        "deletion_after_hold",
+        "the room is never deleted before awaiting_finalize is left (only in closing/closed)",
+    ),
+    Invariant(4, "one_session", "at most one session is attached (and forwarded)"),
+    Invariant(
+        5,
+        "shutdown_closes",
+        "once shutdown is asked (or the job left serving) and time passes the bounds, the "
+        "job reaches closed",
+    ),
+    Invariant(6, "scoped_timers", "no timer or task outlives its state (or its machine)"),
+    Invariant(
+        7,
+        "hold_when_needed",
+        "the job stops holding only when the simulator is gone, the room went, the bound ran "
+        "out or the verdict was delivered, and then without waiting for the bound",
+    ),
+    Invariant(
+        8,
+        "departure_noticed",
+        "a linked user who left does not keep the session open past the grace bound",
+    ),
+    Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
+)
+BY_NUMBER = {inv.number: inv for inv in INVARIANTS}
+
+Finding = tuple[int, str]  # (invariant number, what is wrong)
+
+
+def holds(w: Facts) -> bool:
+    """``safety`` is empty: the same predicates in one expression (it runs on every world
+    every move passes through)."""
+    attached = w.host == "attached"
+    return not (
+        (w.route == "avatar" and w.avatar != "routing" and w.avatar != "joined")
+        or w.verdicts > 1
+        or (w.deleted and w.job in LIVE_JOB)
+        or len(w.subscribed) > 1
+        or attached != (len(w.subscribed) == 1)
+        or attached != bool(w.attached)
+        or (w.t_avatar and w.t_avatar != w.avatar)
+        or (w.t_job and w.t_job != w.job)
+        or (w.t_part and w.t_part != w.part)
+        or (w.job_task and not w.job_task.startswith(w.job + ":"))
+        or w.late
+        or (w.avatar_actor_closed and w.clear_rpc)
+        or (w.host == "closed" and not w.host_draining and w.fin_tasks)
+        or w.hold_cut
+        or any(status == "twice" for _, status in w.requests)
+    )
+
+
+def safety(model: Model, w: Facts) -> list[Finding]:
+    if holds(w):
+        return []
+    out: list[Finding] = []
+    if w.route == "avatar" and w.avatar not in ("routing", "joined"):
+        out.append((1, f"audio goes to the avatar while it is {w.avatar}"))
+    for i, (_, status) in enumerate(w.requests):
+        if status == "twice":
+            out.append((2, f"finalize request #{i + 1} got two replies"))
+    if w.verdicts > 1:
+        out.append((2, f"the verdict was delivered {w.verdicts} times"))
+    if w.deleted and w.job in LIVE_JOB:
+        out.append((3, f"the room was deleted while the job is {w.job}"))
+    if len(w.subscribed) > 1:
+        out.append((4, f"sessions {', '.join(w.subscribed)} are all forwarded"))
+    if (w.host == "attached") != (len(w.subscribed) == 1) or (w.host == "attached") != bool(
+        w.attached
+    ):
+        out.append(
+            (4, f"session_host is {w.host} with {list(w.subscribed) or 'no'} session forwarded")
+        )
+    out.extend(_scoped(model, w))
+    if w.hold_cut:
+        out.append((7, w.hold_cut))
+    return out
+
+
+def _scoped(model: Model, w: Facts) -> list[Finding]:
+    out: list[Finding] = []
+    for machine, armed_in, state in (
+        ("avatar", w.t_avatar, w.avatar),
+        ("job", w.t_job, w.job),
+        ("participant", w.t_part, w.part),
+    ):
+        if armed_in and armed_in != state:
+            out.append((6, f"{machine}: the {armed_in} timer is still armed in {state}"))
+    if w.job_task and w.job_task.split(":")[0] != w.job:
+        out.append((6, f"job: the task of {w.job_task.split(':')[0]} still runs in {w.job}"))
+    if w.late:
+        out.append((6, w.late))
+    if w.avatar_actor_closed and w.clear_rpc:
+        out.append((6, "avatar: a clear_buffer RPC still runs after close"))
+    if w.host == "closed" and not w.host_draining and w.fin_tasks:
+        out.append((6, "session_host: a finalize still runs after the host closed"))
+    return out
+
+
+def settled(model: Model, w: Facts) -> list[Finding]:
+    """No internal step is left: every consequence of the inputs so far has landed."""
+    out: list[Finding] = []
+    if w.fin_answered and w.job == "awaiting_finalize":
+        out.append((7, "the verdict was delivered but the job still holds"))
+    return out
+
+
+def eventual(model: Model, w: Facts) -> list[Finding]:
+    """Time has passed every bound and nothing is left to run."""
+    out: list[Finding] = []
+    if w.route == "avatar" and w.avatar != "joined":
+        out.append((1, f"after every bound the audio still goes to an avatar in {w.avatar}"))
+    for i, (owed, status) in enumerate(w.requests):
+        if owed and status not in ANSWERED and status not in EXCUSED:
+            out.append((2, f"finalize request #{i + 1} was never answered ({status})"))
+    if (w.shutdown_asked or w.job != model.specs["job"].initial) and w.job != "closed":
+        out.append((5, f"after every bound the job is still {w.job}"))
+    if model.config.close_on_disconnect and w.linked and not w.user and w.sess_a != "closed":
+        out.append((8, f"the user left but session A is still {w.sess_a}"))
+    return out

@@ -1,0 +1,252 @@
+"""Exhaustive exploration of the composed job (avatar + job + session_host + participant).
+
+The default run explores every config to depth 8 and must find nothing. Then each check is
+shown to bite: a copy of one spec with one cell changed, or the runtime's glue broken in one
+place, must be reported as the matching invariant, with the shortest event sequence that
+leads to it. ``AGENT_RUNTIME_DEEP=1`` makes the first test run the deep plans instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent_runtime.explore import (
+    DEFAULT_DEPTH,
+    DEFAULT_GLUE,
+    Config,
+    Glue,
+    Model,
+    Report,
+    deep_plans,
+    explore,
+    explore_plans,
+)
+from agent_runtime.explore.model import Inputs, Mailboxes
+from agent_runtime.explore.mutate import set_cell, set_dest
+from statemachines import MachineSpec, Row
+from statemachines.machines import MACHINES
+
+AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
+SIM = Config(simulation=True, close_on_disconnect=True, grace=True)
+PLAIN = Config(simulation=False, close_on_disconnect=True, grace=True)
+
+
+def test_every_invariant_holds_in_the_composed_job() -> None:
+    if os.environ.get("AGENT_RUNTIME_DEEP"):
+        report = explore_plans(deep_plans(), workers=os.cpu_count() or 1)
+    else:
+        report = explore(DEFAULT_DEPTH, workers=2)
+    print("\n" + report.summary())
+    assert report.ok, report.summary()
+    # the default goes layer after layer until nothing new appears: every world the model
+    # can reach under each config and group of inputs was checked
+    default = [r for r in report.results if r.plan.depth is None]
+    assert default and all(r.closed and r.depth >= 8 for r in default)
+    assert all(r.states > 100 and r.sequences > r.states for r in report.results)
+
+
+def _only(
+    report: Report, number: int
+) -> tuple[str, list[str]]:  # the detail and the steps of that invariant's violation
+    found = {v.invariant: v for v in report.violations}
+    assert number in found, f"invariant {number} not reported:\n{report.summary()}"
+    v = found[number]
+    return v.detail, list(v.steps)
+
+
+def _run(
+    depth: int,
+    *,
+    specs: dict[str, MachineSpec] | None = None,
+    glue: Glue = DEFAULT_GLUE,
+    config: Config = SIM,
+    inputs: Inputs = "job",
+    mailboxes: Mailboxes = "settle",
+) -> Report:
+    return explore(
+        depth,
+        configs=[config],
+        inputs=[inputs],
+        specs=specs,
+        glue=glue,
+        mailboxes=mailboxes,
+        count=False,
+    )
+
+
+def test_1_audio_left_on_a_failed_avatar_is_reported() -> None:
+    detail, steps = _only(_run(2, glue=Glue(restore_route=False), inputs="avatar"), 1)
+    assert detail == "audio goes to the avatar while it is failed"
+    assert steps == [
+        "avatar.start (late_error)",
+        "  -> avatar handles start(outcome=late_error)",
+        "  -> avatar handles start_error",
+    ]
+
+
+def test_1_an_avatar_that_never_joins_keeping_the_audio_is_reported() -> None:
+    broken = set_cell(AVATAR, "routing", "join_timeout", kind="ignore")
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
+    assert detail == "after every bound the audio still goes to an avatar in routing"
+    assert steps == [
+        "avatar.start (ok)",
+        "  -> avatar handles start(outcome=ok)",
+        "time passes: join_timeout",
+        "  -> avatar handles join_timeout",
+    ]
+
+
+def test_2_a_finalize_never_answered_is_reported() -> None:
+    broken = set_cell(HOST, "attached", "finalize", kind="ignore")
+    detail, steps = _only(_run(1, specs={"session_host": broken}), 2)
+    assert detail == "finalize request #1 was never answered (queued)"
+    assert steps == ["finalize_simulation request", "  -> session_host handles finalize(req=0)"]
+
+
+def test_2_a_verdict_delivered_twice_is_reported() -> None:
+    # without the finalize_taken row, a second request computes and sends a second verdict
+    answer = Row(source="attached", event="finalize", dest=None, effects=("answer_finalize",))
+    broken = set_cell(HOST, "attached", "finalize", rows=[answer])
+    detail, steps = _only(_run(4, specs={"session_host": broken}), 2)
+    assert detail == "the verdict was delivered 2 times"
+    assert steps.count("finalize_simulation request") == 2
+
+
+def test_2_a_host_closing_over_a_verdict_in_flight_is_reported() -> None:
+    detail, steps = _only(_run(4, glue=Glue(drain_finalize_on_close=False)), 2)
+    assert detail == "finalize request #1 was never answered (abandoned)"
+    assert steps[0] == "finalize_simulation request"
+
+
+def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
+    detail, steps = _only(_run(1, glue=Glue(defer_room_deletion=False)), 3)
+    assert detail == "the room was deleted while the job is serving"
+    assert steps == ["end-call tool asks for room deletion"]
+
+
+def test_3_a_job_that_goes_back_to_holding_after_closing_is_reported() -> None:
+    broken = set_dest(JOB, "closing", "close_done", "awaiting_finalize")
+    config = Config(simulation=True, delete_room_on_close=True)
+    detail, steps = _only(_run(2, specs={"job": broken}, config=config), 3)
+    assert detail == "the room was deleted while the job is awaiting_finalize"
+    assert "  -> job handles close_done" in steps
+
+
+def test_4_two_sessions_forwarded_is_reported() -> None:
+    detail, steps = _only(_run(1, glue=Glue(unsubscribe_on_replace=False)), 4)
+    assert detail == "sessions A, B are all forwarded"
+    assert steps == ["session B attaches", "  -> session_host handles attach(session=B)"]
+
+
+def test_4_a_host_attached_to_nothing_is_reported() -> None:
+    broken = set_dest(HOST, "attached", "session_closed", "attached", guards=["is_current"])
+    detail, steps = _only(_run(2, specs={"session_host": broken}), 4)
+    assert detail == "session_host is attached with no session forwarded"
+    assert steps[:2] == ["session A closes", "session A finishes closing"]
+
+
+def test_5_a_hold_that_never_ends_is_reported() -> None:
+    broken = set_cell(JOB, "awaiting_finalize", "hold_timeout", kind="ignore")
+    detail, steps = _only(_run(2, specs={"job": broken}), 5)
+    assert detail == "after every bound the job is still awaiting_finalize"
+    assert steps[-2:] == ["time passes: hold_timeout", "  -> job handles hold_timeout"]
+
+
+def test_6_a_timer_left_armed_is_reported() -> None:
+    detail, steps = _only(_run(3, glue=Glue(cancel_timers_on_exit=False), config=PLAIN), 6)
+    assert detail == "job: the closing timer is still armed in closed"
+    assert steps[-1] == "  -> job handles close_done"
+
+
+def test_6_a_stale_timeout_handled_is_reported() -> None:
+    # only when inputs can land between a timer firing and its event being handled
+    report = _run(3, glue=Glue(drop_stale_timeouts=False), mailboxes="turns")
+    detail, steps = _only(report, 6)
+    assert detail.endswith("after the state that armed it was left")
+    assert any(s.startswith("time passes:") for s in steps)
+
+
+def test_7_shutdown_that_skips_the_hold_is_reported() -> None:
+    broken = set_dest(JOB, "serving", "shutdown", "closing", guards=["hold_needed"])
+    detail, steps = _only(_run(1, specs={"job": broken}), 7)
+    assert detail == "job went serving -> closing on shutdown with the hold needed"
+    assert steps == ["job.shutdown", "  -> job handles shutdown"]
+
+
+def test_7_a_hold_that_outlives_the_verdict_is_reported() -> None:
+    broken = set_cell(JOB, "awaiting_finalize", "finalize_answered", kind="ignore")
+    detail, steps = _only(_run(4, specs={"job": broken}), 7)
+    assert detail == "the verdict was delivered but the job still holds"
+    assert steps[-1] == "  -> job handles finalize_answered"
+
+
+def test_8_a_grace_that_never_ends_is_reported() -> None:
+    broken = set_cell(PART, "grace", "grace_timeout", kind="ignore")
+    detail, steps = _only(_run(3, specs={"participant": broken}, config=PLAIN), 8)
+    assert detail == "the user left but session A is still running"
+    assert steps == [
+        "user joins",
+        "  -> participant handles participant_connected(who=user)",
+        "user leaves (SIGNAL_CLOSE)",
+        "  -> participant handles participant_disconnected(closing=False, who=user)",
+        "time passes: grace_timeout",
+        "  -> participant handles grace_timeout",
+    ]
+
+
+def test_0_time_alone_going_round_in_a_loop_is_reported() -> None:
+    # restored never comes: the avatar goes back to routing and times out again, forever
+    broken = set_dest(AVATAR, "failed", "route_restored", "routing")
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 0)
+    assert detail == "time passing alone comes back to an earlier world"
+    assert steps.count("time passes: join_timeout") >= 1
+
+
+def test_sequences_are_counted_as_enumerating_them_would() -> None:
+    model = Model(PLAIN, inputs="avatar")
+
+    def paths(world: object, depth: int) -> int:
+        # every path from here: internal moves are free, inputs and timeouts cost one
+        n = 1
+        for mv in model.successors(world):  # type: ignore[arg-type]
+            if mv.kind == "internal":
+                n += paths(mv.world, depth)
+            elif depth > 0:
+                n += paths(mv.world, depth - 1)
+        return n
+
+    for depth in (0, 1, 2, 3):
+        report = explore(depth, configs=[PLAIN], inputs=["avatar"])
+        assert report.sequences == paths(model.initial(), depth), depth
+
+
+@pytest.mark.parametrize(
+    ("inputs", "mailboxes", "depth"),
+    [("all", "settle", 3), ("job", "turns", 2), ("all", "any", 1)],
+)
+def test_finer_interleavings_hold_too(inputs: Inputs, mailboxes: Mailboxes, depth: int) -> None:
+    # every input together; inputs landing between two events an actor handles; any actor
+    # with mail going next: each far larger, so shallower
+    report = explore(depth, inputs=[inputs], mailboxes=mailboxes, count=False)
+    assert report.ok, report.summary()
+
+
+def test_bad_arguments_are_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="depth must be a whole number >= 0 or None, not -1"):
+        explore(-1)
+    with pytest.raises(ValueError, match="workers must be a whole number >= 1, not 0"):
+        explore(1, workers=0)
+    with pytest.raises(ValueError, match="unknown machine 'robot'"):
+        Model(specs={"robot": JOB})
+    with pytest.raises(ValueError, match="mailboxes must be settle, turns or any, not 'all'"):
+        Model(mailboxes="all")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="inputs must be all, job or avatar, not 'room'"):
+        Model(inputs="room")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"machine 'job' has no cell \(serving, explode\)"):
+        set_cell(JOB, "serving", "explode", kind="ignore")
+    with pytest.raises(
+        ValueError, match=r"cell \(serving, shutdown\) has no row guarded by \['x'\]"
+    ):
+        set_dest(JOB, "serving", "shutdown", "closed", guards=["x"])

@@ -1,0 +1,35 @@
+"""``agent-runtime explore``: the report, its JSON form and its exit status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_runtime.cli import main
+
+
+def test_explore_prints_what_it_covered_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explore", "--depth", "2", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("explored ")
+    assert "distinct states and" in out and "event sequences (up to depth 2" in out
+    assert "[simulation, grace_period > 0, delete_room_on_close] job inputs, depth 2:" in out
+    assert out.rstrip().endswith("every invariant holds")
+
+
+def test_explore_json_has_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explore", "--depth", "1", "--workers", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is True and data["violations"] == []
+    assert data["states"] == sum(e["states"] for e in data["explorations"])
+    assert {(e["inputs"], e["depth"]) for e in data["explorations"]} == {
+        ("job", 1),
+        ("avatar", 1),
+    }
+
+
+@pytest.mark.parametrize("flag", ["--depth", "--workers"])
+def test_explore_refuses_a_negative_number(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explore", flag, "-1"]) == 2
+    assert f"agent-runtime explore: {flag} must be >= " in capsys.readouterr().err
