@@ -154,6 +154,27 @@ def test_5_a_hold_that_never_ends_is_reported() -> None:
     assert steps[-2:] == ["time passes: hold_timeout", "  -> job handles hold_timeout"]
 
 
+def test_5_a_job_that_skips_its_close_work_is_reported() -> None:
+    broken = set_dest(JOB, "awaiting_finalize", "hold_timeout", "closed")
+    detail, steps = _only(_run(2, specs={"job": broken}), 5)
+    assert detail == "the job closed without its close work (session_host detached, room connected)"
+    assert steps[-1] == "  -> job handles hold_timeout"
+
+
+def test_5_a_job_that_waits_out_its_close_bound_is_reported() -> None:
+    broken = set_cell(JOB, "closing", "close_done", kind="ignore")
+    detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN), 5)
+    assert detail == "the close work is done but the job is still closing"
+    assert steps[-1] == "  -> job handles close_done"
+
+
+def test_5_a_close_left_to_a_hung_callback_is_reported() -> None:
+    broken = set_cell(JOB, "closing", "close_timeout", kind="ignore")
+    detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN), 5)
+    assert detail == "after every bound the job is still closing"
+    assert "run_close: room work, a shutdown callback hangs" in steps
+
+
 def test_6_a_timer_left_armed_is_reported() -> None:
     detail, steps = _only(_run(3, glue=Glue(cancel_timers_on_exit=False), config=PLAIN), 6)
     assert detail == "job: the closing timer is still armed in closed"
@@ -180,6 +201,13 @@ def test_7_a_hold_that_outlives_the_verdict_is_reported() -> None:
     detail, steps = _only(_run(4, specs={"job": broken}), 7)
     assert detail == "the verdict was delivered but the job still holds"
     assert steps[-1] == "  -> job handles finalize_answered"
+
+
+def test_7_a_hold_that_outlives_the_simulator_is_reported() -> None:
+    broken = set_cell(JOB, "awaiting_finalize", "simulator_left", kind="ignore")
+    detail, steps = _only(_run(3, specs={"job": broken}), 7)
+    assert detail == "the simulator is gone but the job still holds"
+    assert steps[-2:] == ["simulator leaves", "  -> job handles simulator_left"]
 
 
 def test_8_a_grace_that_never_ends_is_reported() -> None:

@@ -47,14 +47,15 @@ INVARIANTS: tuple[Invariant, ...] = (
         5,
         "shutdown_closes",
         "once shutdown is asked (or the job left serving) and time passes the bounds, the "
-        "job reaches closed",
+        "job reaches closed, through its close work (host closed, room disconnected, deleted "
+        "if asked) unless the close bound ran out, and not later than that work",
     ),
     Invariant(6, "scoped_timers", "no timer or task outlives its state (or its machine)"),
     Invariant(
         7,
         "hold_when_needed",
         "the job stops holding only when the simulator is gone, the room went, the bound ran "
-        "out or the verdict was delivered, and then without waiting for the bound",
+        "out or the verdict was delivered, and then at once",
     ),
     Invariant(
         8,
@@ -141,8 +142,16 @@ def _scoped(model: Model, w: Facts) -> list[Finding]:
 def settled(model: Model, w: Facts) -> list[Finding]:
     """No internal step is left: every consequence of the inputs so far has landed."""
     out: list[Finding] = []
-    if w.fin_answered and w.job == "awaiting_finalize":
-        out.append((7, "the verdict was delivered but the job still holds"))
+    if w.job == "awaiting_finalize" and not model.hold_needed(w):
+        if w.fin_answered:
+            why = "the verdict was delivered"
+        elif w.room != "connected":
+            why = "the room is gone"
+        else:
+            why = "the simulator is gone"
+        out.append((7, f"{why} but the job still holds"))
+    if w.job == "closing" and not w.job_task:
+        out.append((5, "the close work is done but the job is still closing"))
     return out
 
 
@@ -156,6 +165,17 @@ def eventual(model: Model, w: Facts) -> list[Finding]:
             out.append((2, f"finalize request #{i + 1} was never answered ({status})"))
     if (w.shutdown_asked or w.job != model.specs["job"].initial) and w.job != "closed":
         out.append((5, f"after every bound the job is still {w.job}"))
+    elif w.job == "closed" and not w.close_timed_out:
+        # closed by its close work, which must then have been done
+        asked = w.deletion_requested or model.config.delete_room_on_close
+        if w.host != "closed" or not w.room_step_done or (asked and not w.deleted):
+            out.append(
+                (
+                    5,
+                    f"the job closed without its close work (session_host {w.host}, room "
+                    f"{'deleted' if w.deleted else w.room})",
+                )
+            )
     if model.config.close_on_disconnect and w.linked and not w.user and w.sess_a != "closed":
         out.append((8, f"the user left but session A is still {w.sess_a}"))
     return out

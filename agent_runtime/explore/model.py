@@ -145,6 +145,7 @@ class World(NamedTuple):
     # marks for the checks
     hold_cut: str  # why the job closed while the simulator could still ask
     late: str  # a timer event handled after its state was left
+    close_timed_out: bool  # the job's close bound ran out
 
 
 FIELDS = World._fields
@@ -216,6 +217,7 @@ class _W:
     verdicts: int
     hold_cut: str
     late: str
+    close_timed_out: bool
 
     def __init__(self, model: Model, w: World) -> None:
         self.model = model
@@ -259,6 +261,7 @@ class _W:
             self.verdicts,
             self.hold_cut,
             self.late,
+            self.close_timed_out,
         ) = w
 
     def freeze(self) -> World:
@@ -302,6 +305,7 @@ class _W:
             self.verdicts,
             self.hold_cut,
             self.late,
+            self.close_timed_out,
         )
 
     def state_of(self, m: str) -> str:
@@ -489,6 +493,7 @@ class Model:
             verdicts=0,
             hold_cut="",
             late="",
+            close_timed_out=False,
         )
 
     # -- what can happen next ----------------------------------------------------------------
@@ -579,7 +584,16 @@ class Model:
             or (not w.host_draining and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
         ):
             yield self._move(
-                "internal", "run_close: room work, shutdown callbacks", w, _run_close_rest
+                "internal",
+                "run_close: room work, shutdown callbacks",
+                w,
+                partial(_run_close_rest, hang=False),
+            )
+            yield self._move(
+                "internal",
+                "run_close: room work, a shutdown callback hangs",
+                w,
+                partial(_run_close_rest, hang=True),
             )
 
     def _time(self, w: World) -> Iterator[Move]:
@@ -637,6 +651,7 @@ class Model:
             yield self._move("input", "session B closes", w, _close_b)
         if not w.shutdown_asked:
             yield self._move("input", "job.shutdown", w, _shutdown)
+
         if not w.deletion_requested and not cfg.delete_room_on_close:  # else it is implied
             yield self._move("input", "end-call tool asks for room deletion", w, _request_deletion)
 
@@ -682,6 +697,8 @@ class Model:
             if self.glue.drop_stale_timeouts:
                 return
             s.late = s.late or f"{m} handled {event} after the state that armed it was left"
+        if m == JOB and event == "close_timeout":
+            s.close_timed_out = True  # the bound ran out, whatever the table does with it
         spec = self.specs[m]
         source = s.state_of(m)
         st = step(spec, source, event, lambda g: self._guard(s, m, g, params))
@@ -971,8 +988,9 @@ def _run_close_host(s: _W) -> None:
         s.post(HOST, "close", (), CLOSE)
 
 
-def _run_close_rest(s: _W) -> None:
-    # host.aclose() returned: its actor is closed; then the room work
+def _run_close_rest(s: _W, hang: bool) -> None:
+    # host.aclose() returned: its actor is closed; then the room work, then the shutdown
+    # callbacks, one of which may never return (only close_timeout ends that)
     s.host_actor_closed = True
     s.drop_mailbox(HOST)
     s.reading = False
@@ -982,6 +1000,9 @@ def _run_close_rest(s: _W) -> None:
     s.room_step_done = True
     if s.deletion_requested or s.model.config.delete_room_on_close:
         s.deleted = True
+    if hang:
+        s.job_task = f"{s.job}:hung"  # stuck until its state is left
+        return
     s.job_task = ""
     s.post(JOB, "close_done", (), LIVE)
 

@@ -7,11 +7,17 @@ unreachable), and the point is what the exploration makes of it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import multiprocessing
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from statemachines import MachineSpec, Row
-from statemachines.spec import Cell
+from statemachines.spec import Cell, SpecError
+
+from .model import Inputs
 
 
 def set_cell(
@@ -69,10 +75,16 @@ def set_dest(
     return set_cell(spec, state, event, rows=changed)
 
 
-def single_cell_mutants(spec: MachineSpec) -> Iterator[tuple[str, MachineSpec]]:
+def single_cell_mutants(
+    spec: MachineSpec, *, behavioural: bool = False
+) -> Iterator[tuple[str, MachineSpec]]:
     """Every change to one cell: a row's destination to any other (or internal); a
     transition cell made ignore or reject; an ignore/reject cell swapped, or made an
-    unguarded transition to any state (or internal)."""
+    unguarded transition to any state (or internal).
+
+    ``behavioural`` leaves out the changes no behaviour can tell apart (they differ only
+    in what ``send`` raises and what the trace says): ignore <-> reject, and an
+    ignore/reject cell made an internal transition with no effects."""
     targets: list[str | None] = [*spec.state_names, None]
     for state in spec.state_names:
         for event in spec.events:
@@ -90,13 +102,72 @@ def single_cell_mutants(spec: MachineSpec) -> Iterator[tuple[str, MachineSpec]]:
                                 set_dest(spec, state, event, d, guards=r.guards),
                             )
                 yield f"{where} -> ignore", set_cell(spec, state, event, kind="ignore")
-                yield f"{where} -> reject", set_cell(spec, state, event, kind="reject")
+                if not behavioural:
+                    yield f"{where} -> reject", set_cell(spec, state, event, kind="reject")
             else:
                 swap: Literal["ignore", "reject"] = "reject" if kind == "ignore" else "ignore"
-                yield f"{where} {kind} -> {swap}", set_cell(spec, state, event, kind=swap)
+                if not behavioural:
+                    yield f"{where} {kind} -> {swap}", set_cell(spec, state, event, kind=swap)
                 for d in targets:
+                    if behavioural and d is None:
+                        continue
                     row = Row(source=state, event=event, dest=d)
                     yield (
                         f"{where} {kind} -> {d or 'internal'}",
                         set_cell(spec, state, event, rows=[row]),
                     )
+
+
+@dataclass(frozen=True)
+class MutantOutcome:
+    label: str
+    killed_by: tuple[int, ...]  # the invariants reported; empty: the change went unnoticed
+    steps: tuple[str, ...]  # the shortest sequence to the first one reported
+    refused: str = ""  # the spec model itself refuses the changed table (and why)
+
+    @property
+    def noticed(self) -> bool:
+        return bool(self.killed_by or self.refused)
+
+
+def _judge(depth: int | None, item: tuple[str, str, MachineSpec]) -> MutantOutcome:
+    from .search import DEFAULT_CONFIGS, Plan, explore_plan
+
+    label, machine, spec = item
+    try:
+        MachineSpec.model_validate(spec.model_dump())
+    except SpecError as e:
+        return MutantOutcome(label, (), (), refused=str(e))
+    found: dict[int, tuple[str, ...]] = {}
+    groups: tuple[Inputs, ...] = ("job", "avatar")
+    for group in groups:
+        for cfg in DEFAULT_CONFIGS:
+            res = explore_plan(
+                Plan(cfg, group, depth),
+                specs={machine: spec},
+                stop_at_first=True,
+                count=False,
+            )
+            for v in res.violations:
+                found.setdefault(v.invariant, v.steps)
+            if found:
+                first = min(found)
+                return MutantOutcome(label, tuple(sorted(found)), found[first])
+    return MutantOutcome(label, (), ())
+
+
+def judge_mutants(
+    specs: Iterable[MachineSpec], *, depth: int | None = 6, workers: int = 1
+) -> list[MutantOutcome]:
+    """Explore every single-cell mutant of ``specs`` (stopping at the first violation)
+    and say which invariants noticed it."""
+    items = [
+        (label, spec.name, m)
+        for spec in specs
+        for label, m in single_cell_mutants(spec, behavioural=True)
+    ]
+    if workers <= 1:
+        return [_judge(depth, it) for it in items]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(partial(_judge, depth), items, chunksize=4))
