@@ -1,4 +1,9 @@
-"""The imperative shell around the machines: actors, effects, room adapters, the CLI.
+"""The runtime an agent imports: actors, clocks, traces, the room-event adapter and the
+runtimes of the machines.
+
+The testing kit (in-memory room, scripted avatar, scenarios) is ``agent_runtime.testing``;
+the tools (CLI, renderers, replay, exploration) are ``agent_runtime.tools``. Neither is
+imported from here.
 
 The runtime classes that need ``livekit.agents`` (about a second to import) load on first
 use, so commands such as ``agent-runtime diagrams`` never pay for them.
@@ -15,22 +20,17 @@ from .trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord, read
 
 if TYPE_CHECKING:
     from .avatar import AvatarLifecycle
-    from .inmemory import InMemoryRoom, InMemorySessionTransport
     from .job import JobRuntime, on_session_end, session_end_hook
     from .participant import ParticipantLink
     from .room_events import RoomEventAdapter
-    from .scripted_avatar import ScriptedAvatar
     from .session_host import JobSessionHost
 
 _LAZY = {
     "AvatarLifecycle": "avatar",
-    "InMemoryRoom": "inmemory",
-    "InMemorySessionTransport": "inmemory",
     "JobRuntime": "job",
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
     "RoomEventAdapter": "room_events",
-    "ScriptedAvatar": "scripted_avatar",
     "on_session_end": "job",
     "session_end_hook": "job",
 }
@@ -51,8 +51,6 @@ __all__ = [
     "Clock",
     "Event",
     "EventRejected",
-    "InMemoryRoom",
-    "InMemorySessionTransport",
     "JobRuntime",
     "JobSessionHost",
     "JsonlSink",
@@ -60,7 +58,6 @@ __all__ = [
     "MemorySink",
     "ParticipantLink",
     "RoomEventAdapter",
-    "ScriptedAvatar",
     "StateChanged",
     "TraceRecord",
     "Tracer",

@@ -1,7 +1,7 @@
 """Reaction times on the bundled scenarios, beside what livekit-agents 1.8.9 does.
 
 This runtime: each scenario file of ``examples/scenarios`` runs through
-``agent_runtime.simulator.run_scenario`` (all four machines, real ``AgentSession``s, the
+``agent_runtime.testing.runner.run_scenario`` (all four machines, real ``AgentSession``s, the
 in-memory room, virtual time) and must meet its own ``expect`` block. A reaction is the
 virtual time from the cause (a scenario step, or a deadline the file configures: the avatar's
 ``join_timeout`` after ``avatar.start``) to the outcome read from the result (the avatar
@@ -33,7 +33,7 @@ from .table import Row
 from .timing import Stopwatch
 
 if TYPE_CHECKING:
-    from agent_runtime.scenario import Scenario
+    from agent_runtime.testing.scenario import Scenario
 
 SECTION = "reactions"
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,9 +231,9 @@ async def run_scenarios(repeats: int) -> tuple[dict[str, Measured], list[float],
 
     Returns the measured reactions, the wall ms per step of each round over all scenarios,
     and the number of scenarios."""
-    from agent_runtime.expect import check_expect
-    from agent_runtime.scenario import load_scenario
-    from agent_runtime.simulator import run_scenario
+    from agent_runtime.testing.expect import check_expect
+    from agent_runtime.testing.runner import run_scenario
+    from agent_runtime.testing.scenario import load_scenario
 
     files = sorted(SCENARIO_DIR.glob("*.yaml"))
     if not files:
@@ -311,7 +311,7 @@ async def _frames(n: int, rate: int = 24000) -> AsyncIterator[Any]:
 
 def _room(*, avatar: bool = False) -> Any:
     from agent_runtime.clock import VirtualClock
-    from agent_runtime.inmemory import InMemoryRoom
+    from agent_runtime.testing.inmemory import InMemoryRoom
 
     room = InMemoryRoom(clock=VirtualClock())
     room.connect_locally()
@@ -331,7 +331,7 @@ async def upstream_avatar_routes() -> dict[str, str]:
 
     from agent_runtime.avatar import audio_chain
     from agent_runtime.clock import settle
-    from agent_runtime.scripted_avatar import ScriptedAvatar
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     out: dict[str, str] = {}
     for case in ("never joins, avatar first", "never joins, session first", "leaves"):
@@ -409,7 +409,7 @@ async def upstream_interrupt_after_avatar_left(logs: list[logging.LogRecord]) ->
     from livekit.rtc import DisconnectReason
 
     from agent_runtime.clock import settle
-    from agent_runtime.scripted_avatar import ScriptedAvatar
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     room = _room(avatar=True)
     session: AgentSession[Any] = AgentSession()

@@ -17,7 +17,13 @@ from livekit import rtc
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
-from test_avatar_rig import (
+
+from agent_runtime.actor import ActorClosed
+from agent_runtime.avatar import AvatarLifecycle, audio_tail, route_of
+from agent_runtime.clock import settle
+from agent_runtime.room_events import RoomEventAdapter
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from tests.support.avatar_rig import (
     AVATAR,
     USER,
     Rig,
@@ -26,12 +32,6 @@ from test_avatar_rig import (
     route_names,
     session_listeners,
 )
-
-from agent_runtime.actor import ActorClosed
-from agent_runtime.avatar import AvatarLifecycle, audio_tail, route_of
-from agent_runtime.clock import settle
-from agent_runtime.room_events import RoomEventAdapter
-from agent_runtime.scripted_avatar import ScriptedAvatar
 
 SYNCED_TO_AVATAR = ["_SyncedAudioOutput", "_AudioSinkProxy", "DataStreamAudioOutput"]
 SYNCED_TO_ROOM = ["_SyncedAudioOutput", "_AudioSinkProxy", "_ParticipantAudioOutput"]

@@ -17,9 +17,9 @@ from livekit import api
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.plugins import bey
-from test_avatar_rig import Rig
 
 from agent_runtime.clock import settle
+from tests.support.avatar_rig import Rig
 
 KEY, SECRET = "test-key", "test-secret-" + "x" * 32
 

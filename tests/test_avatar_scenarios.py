@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 from livekit import rtc
-from test_avatar_rig import Rig, add_active
 
 from agent_runtime.avatar import route_of
 from agent_runtime.clock import settle
-from agent_runtime.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from tests.support.avatar_rig import Rig, add_active
 
 SCENARIOS = sorted((Path(__file__).parent.parent / "examples" / "scenarios").glob("avatar_*.yaml"))
 CHECKED_FACTS = ("audio_output", "rpcs_sent")

@@ -13,7 +13,7 @@ import pytest
 
 from agent_runtime import Actor, Event, EventRejected, MemorySink, Tracer, VirtualClock
 from agent_runtime.avatar import AvatarLifecycle
-from agent_runtime.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.avatar import AVATAR
 
 # how to reach each state from idle, with the guard values that path needs

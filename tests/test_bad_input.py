@@ -34,13 +34,13 @@ from typing import Any
 
 import pytest
 from livekit import rtc
-from test_properties_world import AVATAR, SIMULATOR, USER, VETO, Config, World, frames
 
-from agent_runtime.cli import main
-from agent_runtime.inmemory import quiet_sdk_logs
-from agent_runtime.scenario import STEP_EVENTS, parse_scenario
 from agent_runtime.session_host import NO_ACTIVE_SESSION
-from agent_runtime.simulator import run_scenario
+from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.runner import run_scenario
+from agent_runtime.testing.scenario import STEP_EVENTS, parse_scenario
+from agent_runtime.tools.cli import main
+from tests.support.world import AVATAR, SIMULATOR, USER, VETO, Config, World, frames
 
 APP = rtc.RpcError.ErrorCode.APPLICATION_ERROR
 UNSUPPORTED = rtc.RpcError.ErrorCode.UNSUPPORTED_METHOD

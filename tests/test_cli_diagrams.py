@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import agent_runtime.commands.diagrams as diagrams_cmd
-from agent_runtime.cli import main
-from agent_runtime.render import mermaid, terminal_table
+import agent_runtime.tools.commands.diagrams as diagrams_cmd
+from agent_runtime.tools.cli import main
+from agent_runtime.tools.render import mermaid, terminal_table
 from statemachines.machines import MACHINES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_check_on_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_diagrams_and_table_do_not_import_livekit_agents(tmp_path: Path) -> None:
     script = (
         "import sys\n"
-        "from agent_runtime.cli import main\n"
+        "from agent_runtime.tools.cli import main\n"
         f"assert main(['diagrams', '--out', {str(tmp_path)!r}]) == 0\n"
         f"assert main(['diagrams', '--check', '--out', {str(tmp_path)!r}]) == 0\n"
         "assert main(['table', 'job']) == 0\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.cli import main
-from agent_runtime.commands.diff import diff_tables
+from agent_runtime.tools.cli import main
+from agent_runtime.tools.commands.diff import diff_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,13 +27,13 @@ from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import VirtualClock, read_trace, settle
 from agent_runtime.avatar import route_of
-from agent_runtime.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.job import on_session_end
-from agent_runtime.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from examples import agent
 
 ENV = ("AGENT_STT", "AGENT_LLM", "AGENT_TTS", "AGENT_AVATAR", "AGENT_TRACE")
-SCRIPTED = "agent_runtime.scripted_avatar:ScriptedAvatar"
+SCRIPTED = "agent_runtime.testing.scripted_avatar:ScriptedAvatar"
 
 
 @pytest.fixture(autouse=True)
@@ -222,7 +222,7 @@ def test_an_avatar_factory_must_load_and_make_an_avatar_session() -> None:
     with pytest.raises(ValueError, match="cannot load it"):
         agent.load_avatar("no_such_module_here:AvatarSession")
     with pytest.raises(ValueError, match="cannot load it"):
-        agent.load_avatar("agent_runtime.scripted_avatar:NoSuchThing")
+        agent.load_avatar("agent_runtime.testing.scripted_avatar:NoSuchThing")
     with pytest.raises(TypeError, match="made a dict, not an AvatarSession"):
         agent.load_avatar("builtins:dict")
 

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from agent_runtime.explore import (
+from agent_runtime.tools.explore import (
     DEFAULT_DEPTH,
     DEFAULT_GLUE,
     Config,
@@ -23,8 +23,8 @@ from agent_runtime.explore import (
     explore,
     explore_plans,
 )
-from agent_runtime.explore.model import Inputs, Mailboxes
-from agent_runtime.explore.mutate import set_cell, set_dest
+from agent_runtime.tools.explore.model import Inputs, Mailboxes
+from agent_runtime.tools.explore.mutate import set_cell, set_dest
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agent_runtime.cli import main
+from agent_runtime.tools.cli import main
 
 
 def test_explore_prints_what_it_covered_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:

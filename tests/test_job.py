@@ -17,9 +17,9 @@ import pytest
 from google.protobuf import json_format
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason, UserInputTranscribedEvent
-from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.simulation import SimulationContext
 from livekit.agents.testing import fake_job_context
-from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import (
     TOPIC_SESSION_MESSAGES,
     RemoteSession,
@@ -27,100 +27,11 @@ from livekit.agents.voice.remote_session import (
 )
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime import Event, MemorySink, Tracer, VirtualClock, settle
-from agent_runtime.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime import Event, VirtualClock, settle
 from agent_runtime.job import JobRuntime, on_session_end, session_end_hook
-from agent_runtime.session_host import build_request
-
-DISPATCH = SimulationDispatch(simulation_run_id="run-7", job_id="simjob-7")
-SIM = {ATTRIBUTE_SIMULATOR: "1"}
-
-
-class JobRig:
-    """A job in a connected in-memory room, a simulator participant, and its transport end."""
-
-    def __init__(
-        self,
-        *,
-        simulation: Any = DISPATCH,
-        simulator: bool = True,
-        others: tuple[tuple[str, str], ...] = (),
-        on_simulation_end: Any = None,
-        **opts: Any,
-    ) -> None:
-        self.clock = VirtualClock()
-        self.sink = MemorySink()
-        self.room = InMemoryRoom(name="sim-room", clock=self.clock)
-        self.room.connect_locally()
-        if simulator:
-            self.room.add_participant("simulator", attributes=SIM)
-        for identity, kind in others:
-            self.room.add_participant(identity, kind=kind)
-        self.sim_end, self.agent_end = InMemorySessionTransport.pair()
-        self.deletions: list[tuple[float, bool]] = []
-        self.verdicts_seen: list[Any] = []
-        self.callbacks: list[tuple[float, str]] = []
-
-        def veto(ctx: SimulationContext) -> None:
-            self.verdicts_seen.append(ctx.simulator_verdict)
-            ctx.fail("orders table does not match the scenario")
-
-        async def delete_room() -> None:
-            # what the server does: the room goes, with everyone in it
-            self.deletions.append((self.clock.now(), self.runtime.finalize_answered))
-            self.room.deleted_at = self.clock.now()
-            self.room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
-
-        self.runtime = JobRuntime(
-            room=self.room,
-            clock=self.clock,
-            tracer=Tracer(self.sink),
-            transport=self.agent_end,
-            simulation=simulation,
-            on_simulation_end=on_simulation_end or veto,
-            delete_room=opts.pop("delete_room", delete_room),
-            **opts,
-        )
-
-        async def record(reason: str) -> None:
-            self.callbacks.append((self.clock.now(), reason))
-
-        self.runtime.add_shutdown_callback(record)
-
-    async def settle(self) -> None:
-        await settle()
-        await self.runtime.host.actor.join()
-        await self.runtime.actor.join()
-        await settle()
-
-    def path(self) -> list[tuple[float, str, str, str]]:
-        return [
-            (r.t, r.event, r.source, r.dest)
-            for r in self.sink.records
-            if r.machine == "job" and r.kind == "transition"
-        ]
-
-    async def remote(self) -> RemoteSession:
-        remote = RemoteSession(self.sim_end)
-        await remote.start()
-        return remote
-
-
-async def session_in(
-    room: InMemoryRoom, instructions: str = "You take orders."
-) -> AgentSession[Any]:
-    session: AgentSession[Any] = AgentSession()
-    await session.start(Agent(instructions=instructions), room=room, session_host=False)
-    return session
-
-
-async def bare_session(instructions: str) -> AgentSession[Any]:
-    session: AgentSession[Any] = AgentSession()
-    await session.start(Agent(instructions=instructions), session_host=False)
-    return session
-
-
-# -- the cases of the issue --------------------------------------------------------------------
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.wire import build_request
+from tests.support.job_rig import DISPATCH, SIM, JobRig, bare_session, session_in
 
 
 async def test_agent_hangs_up_then_finalize_arrives_verdict_delivered_room_deleted_after() -> None:
@@ -710,8 +621,9 @@ async def test_cell(state: str, trigger: str) -> None:
 
 async def test_trace_path_writes_a_replayable_production_trace(tmp_path: Path) -> None:
     """A trace written by a live JobRuntime replays with no divergence."""
-    from agent_runtime.inmemory import InMemoryRoom
-    from agent_runtime.replay import replay_file
+    from agent_runtime.tools.replay import replay_file
+
+    from agent_runtime.testing.inmemory import InMemoryRoom
 
     clock = VirtualClock()
     room = InMemoryRoom(clock=clock)

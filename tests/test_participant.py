@@ -22,9 +22,9 @@ from livekit.agents.voice.room_io import RoomOptions
 from livekit.rtc._proto import participant_pb2
 
 from agent_runtime import Event, MemorySink, StateChanged, Tracer, VirtualClock, settle
-from agent_runtime.inmemory import InMemoryRoom
 from agent_runtime.participant import ParticipantLink
 from agent_runtime.room_events import RoomEventAdapter
+from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.participant import PARTICIPANT
 
 R = rtc.DisconnectReason

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
-from agent_runtime.explore.paths import CoverageError, PathStep, cover
+from agent_runtime.tools.explore.paths import CoverageError, PathStep, cover
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 

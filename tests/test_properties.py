@@ -47,7 +47,11 @@ from hypothesis.stateful import (
 from livekit import rtc
 from livekit.agents import CloseReason
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
-from test_properties_world import (
+
+from agent_runtime.avatar import route_of
+from agent_runtime.session_host import FINALIZE_UNFINISHED, NO_ACTIVE_SESSION
+from agent_runtime.testing.inmemory import quiet_sdk_logs
+from tests.support.world import (
     AVATAR,
     PEOPLE,
     USER,
@@ -60,10 +64,6 @@ from test_properties_world import (
     stranger,
     stranger_track,
 )
-
-from agent_runtime.avatar import route_of
-from agent_runtime.inmemory import quiet_sdk_logs
-from agent_runtime.session_host import FINALIZE_UNFINISHED, NO_ACTIVE_SESSION
 
 T = TypeVar("T")
 

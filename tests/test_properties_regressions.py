@@ -9,15 +9,15 @@ import logging
 import pytest
 from livekit import rtc
 from livekit.agents.simulation import SimulationContext
-from test_avatar_rig import AVATAR, frames, session_listeners
-from test_avatar_rig import Rig as AvatarRig
-from test_job import JobRig
-from test_session_host import Rig as HostRig
 
 from agent_runtime.actor import StateChanged
 from agent_runtime.avatar import audio_tail
 from agent_runtime.clock import settle
 from agent_runtime.session_host import FINALIZE_UNFINISHED
+from tests.support.avatar_rig import AVATAR, frames, session_listeners
+from tests.support.avatar_rig import Rig as AvatarRig
+from tests.support.host_rig import Rig as HostRig
+from tests.support.job_rig import JobRig
 
 
 def buggy_listener(_: StateChanged) -> None:

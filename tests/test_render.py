@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.render import (
+from agent_runtime.tools.render import (
     cell_table,
     diagram_files,
     dot,
@@ -189,7 +189,7 @@ def test_golden_dump_is_one_cell_a_line_and_valid_json() -> None:
 def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agent_runtime.render import main
+    from agent_runtime.tools.render import main
 
     (tmp_path / "robot.json").write_text("{}")
     assert main(["--golden", "--out", str(tmp_path)]) == 0

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from agent_runtime import Actor, Event, JsonlSink, Tracer, VirtualClock
-from agent_runtime.cli import main
-from agent_runtime.replay import TraceError, load_trace, replay_file
+from agent_runtime.tools.cli import main
+from agent_runtime.tools.replay import TraceError, load_trace, replay_file
 from statemachines.machines import MACHINES
 
 

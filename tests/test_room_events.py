@@ -7,7 +7,6 @@ import logging
 import pytest
 from livekit import rtc
 
-from agent_runtime.inmemory import InMemoryRoom
 from agent_runtime.room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -19,6 +18,7 @@ from agent_runtime.room_events import (
     TrackMuted,
     TrackPublished,
 )
+from agent_runtime.testing.inmemory import InMemoryRoom
 
 
 @pytest.fixture

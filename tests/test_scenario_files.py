@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime.expect import check_expect
-from agent_runtime.scenario import Expect, ScenarioError, load_scenario, parse_scenario
+from agent_runtime.testing.expect import check_expect
+from agent_runtime.testing.scenario import Expect, ScenarioError, load_scenario, parse_scenario
 
 SCENARIOS = sorted(Path(__file__).parent.parent.joinpath("examples/scenarios").glob("*.yaml"))
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent_runtime.cli import main
+from agent_runtime.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "examples" / "scenarios"

@@ -14,7 +14,7 @@ So changing a cell (a destination, a guard, an effect, transition <-> ignore <->
 fails the test named ``machine-state-event``. After an intended change to a machine,
 regenerate the golden tables and review their diff with the spec change:
 
-    python -m agent_runtime.render --golden        # rewrites tests/tables/*.json
+    python -m agent_runtime.tools.render --golden        # rewrites tests/tables/*.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from agent_runtime.render import cell_table, describe_cell
+from agent_runtime.tools.render import cell_table, describe_cell
 from statemachines import MachineSpec, Row, SpecError, step
 from statemachines.compiled import compile_machine, compiled_rows
 from statemachines.machines import MACHINES
@@ -36,7 +36,8 @@ from statemachines.spec import Cell
 TABLES = Path(__file__).parent / "tables"
 GOLDEN: dict[str, Any] = {p.stem: json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json"))}
 UPDATE = (
-    "if the change is intended, run `python -m agent_runtime.render --golden` and review the diff"
+    "if the change is intended, run `python -m agent_runtime.tools.render --golden` "
+    "and review the diff"
 )
 
 

@@ -1,6 +1,6 @@
 """A composed job for the property tests and the bad-input table (no tests here).
 
-What runs is the real runtime, wired as ``agent_runtime.simulator`` wires it: ``JobRuntime``
+What runs is the real runtime, wired as ``agent_runtime.testing.runner`` wires it: ``JobRuntime``
 (job + session host), ``ParticipantLink``, ``AvatarLifecycle`` around a scripted plugin,
 real ``AgentSession``s on an ``InMemoryRoom``, a ``VirtualClock``, and the simulator's end
 of a paired ``InMemorySessionTransport`` carrying the real protobuf messages. Stood in,
@@ -37,12 +37,12 @@ from livekit.rtc._proto import participant_pb2, track_pb2
 from agent_runtime.actor import Actor
 from agent_runtime.avatar import _HANDED_OFF, AvatarLifecycle
 from agent_runtime.clock import VirtualClock, settle
-from agent_runtime.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.job import JobRuntime
 from agent_runtime.participant import ParticipantLink
 from agent_runtime.room_events import RoomEventAdapter
-from agent_runtime.scripted_avatar import ScriptedAvatar
-from agent_runtime.session_host import build_request
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.wire import build_request
 from agent_runtime.trace import MemorySink, Tracer, TraceRecord
 
 AVATAR = "avatar-1"

@@ -19,9 +19,9 @@ from typing import Any
 from statemachines import MachineSpec, step
 from statemachines.machines import MACHINES
 
-from .trace import TraceRecord
+from ..trace import TraceRecord
 
-logger = logging.getLogger("agent_runtime.replay")
+logger = logging.getLogger("agent_runtime.tools.replay")
 
 DECISIONS = ("transition", "ignore", "reject")
 _KINDS = (*DECISIONS, "effect", "stale", "input")

@@ -25,18 +25,18 @@ from livekit.agents.voice.room_io import RoomOptions
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
+from ..avatar import AvatarLifecycle, route_of
+from ..clock import VirtualClock, settle
+from ..job import JobRuntime
+from ..participant import ParticipantLink
+from ..room_events import RoomEventAdapter
+from ..trace import JsonlSink, MemorySink, Tracer, TraceRecord
 from . import scenario as sc
-from .avatar import AvatarLifecycle, route_of
-from .clock import VirtualClock, settle
 from .inmemory import InMemoryRoom, InMemorySessionTransport, quiet_sdk_logs
-from .job import JobRuntime
-from .participant import ParticipantLink
-from .room_events import RoomEventAdapter
 from .scripted_avatar import ScriptedAvatar
-from .session_host import build_request
-from .trace import JsonlSink, MemorySink, Tracer, TraceRecord
+from .wire import build_request
 
-logger = logging.getLogger("agent_runtime.simulator")
+logger = logging.getLogger("agent_runtime.testing.runner")
 
 # how long (real seconds) to let real SDK work finish (a session closing, the job's close
 # work) before virtual time moves on; generous, it only bounds a stuck step

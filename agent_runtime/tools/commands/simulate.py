@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..expect import check_expect
-from ..scenario import Scenario, ScenarioError, load_scenario
+from ...testing.expect import check_expect
+from ...testing.scenario import Scenario, ScenarioError, load_scenario
 
 DEFAULT_DIR = Path("examples/scenarios")
 
@@ -53,7 +53,7 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..simulator import run_scenario  # imports livekit.agents: only when simulating
+    from ...testing.runner import run_scenario  # imports livekit.agents: only when simulating
 
     files = _files(args)
     if not files:

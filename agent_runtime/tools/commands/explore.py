@@ -1,5 +1,5 @@
 """``agent-runtime explore [--depth N] [--deep] [--workers N] [--json]``: exhaustive
-exploration of the composed job (see ``agent_runtime.explore``). Exit 0 when every
+exploration of the composed job (see ``agent_runtime.tools.explore``). Exit 0 when every
 invariant holds, 1 with the shortest event sequence to each one that does not."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Pure functions of a ``MachineSpec``: no livekit, no I/O, same output for the sam
 ``agent-runtime diff`` loads this file on its own (by path, next to an old ``statemachines``
 package), so it must import nothing from ``agent_runtime`` and only read specs by duck typing.
 
-``python -m agent_runtime.render --golden [--out DIR]`` rewrites the golden tables
+``python -m agent_runtime.tools.render --golden [--out DIR]`` rewrites the golden tables
 (``tests/tables/NAME.json``) after an intended change to a machine.
 """
 
@@ -473,7 +473,7 @@ def write_golden(machines: Mapping[str, MachineSpec], out: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m agent_runtime.render",
+        prog="python -m agent_runtime.tools.render",
         description="Rewrite the golden transition tables the table tests compare the specs "
         "with. Run it only after an intended change to a machine, and review the diff.",
     )

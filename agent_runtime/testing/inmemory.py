@@ -25,9 +25,9 @@ from livekit.agents.voice.remote_session import SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.rtc._proto import participant_pb2, room_pb2, track_pb2
 
-from .clock import AsyncioClock, Clock
+from ..clock import AsyncioClock, Clock
 
-logger = logging.getLogger("agent_runtime.inmemory")
+logger = logging.getLogger("agent_runtime.testing.inmemory")
 
 RpcResult = Literal["ok", "timeout", "error", "disconnected", "not_found"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 
-from .clock import Clock
+from ..clock import Clock
 
 if TYPE_CHECKING:
     from livekit.agents.voice.agent_session import AgentSession

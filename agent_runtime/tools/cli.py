@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("files", nargs="*", metavar="FILE")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
     sim.add_argument("--trace", metavar="OUT.jsonl", help="write the JSONL trace here")
-    sim.set_defaults(module="agent_runtime.commands.simulate")
+    sim.set_defaults(module="agent_runtime.tools.commands.simulate")
 
     rep = sub.add_parser(
         "replay",
@@ -38,18 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("trace", metavar="TRACE.jsonl")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
-    rep.set_defaults(module="agent_runtime.commands.replay")
+    rep.set_defaults(module="agent_runtime.tools.commands.replay")
 
     dia = sub.add_parser("diagrams", help="write Mermaid, DOT, SVG and Markdown tables")
     dia.add_argument("--out", default="diagrams", metavar="DIR")
     dia.add_argument(
         "--check", action="store_true", help="exit 1 naming each file that is out of date"
     )
-    dia.set_defaults(module="agent_runtime.commands.diagrams")
+    dia.set_defaults(module="agent_runtime.tools.commands.diagrams")
 
     tab = sub.add_parser("table", help="print one machine's state x event table")
     tab.add_argument("machine")
-    tab.set_defaults(module="agent_runtime.commands.table")
+    tab.set_defaults(module="agent_runtime.tools.commands.table")
 
     exp = sub.add_parser(
         "explore",
@@ -66,17 +66,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     exp.add_argument("--workers", type=int, metavar="N", help="processes (default: CPUs)")
     exp.add_argument("--json", action="store_true", help="print the report as JSON")
-    exp.set_defaults(module="agent_runtime.commands.explore")
+    exp.set_defaults(module="agent_runtime.tools.commands.explore")
 
     dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
     dif.add_argument("rev")
-    dif.set_defaults(module="agent_runtime.commands.diff")
+    dif.set_defaults(module="agent_runtime.tools.commands.diff")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    module = importlib.import_module(args.module)
+    try:
+        module = importlib.import_module(args.module)
+    except ModuleNotFoundError as e:
+        if e.name != "yaml":
+            raise
+        print(
+            f"agent-runtime {args.command}: needs PyYAML; install the tools extra: "
+            "pip install 'livekit-agent-fsm[tools]'",
+            file=sys.stderr,
+        )
+        return 2
     code: int = module.run(args)
     return code
 

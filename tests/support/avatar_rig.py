@@ -18,8 +18,8 @@ from livekit.api import TwirpError
 
 from agent_runtime.avatar import AvatarLifecycle, audio_chain
 from agent_runtime.clock import VirtualClock, settle
-from agent_runtime.inmemory import InMemoryRoom
-from agent_runtime.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.trace import MemorySink, Tracer
 
 AVATAR = "avatar"
