@@ -621,9 +621,8 @@ async def test_cell(state: str, trigger: str) -> None:
 
 async def test_trace_path_writes_a_replayable_production_trace(tmp_path: Path) -> None:
     """A trace written by a live JobRuntime replays with no divergence."""
-    from agent_runtime.tools.replay import replay_file
-
     from agent_runtime.testing.inmemory import InMemoryRoom
+    from agent_runtime.tools.replay import replay_file
 
     clock = VirtualClock()
     room = InMemoryRoom(clock=clock)
