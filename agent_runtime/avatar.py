@@ -45,6 +45,7 @@ from .room_events import (
     RoomFact,
     TrackPublished,
 )
+from .settings import check_setting
 from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.avatar")
@@ -178,14 +179,8 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         super().__init__()
         if not isinstance(avatar, AvatarSession):
             raise TypeError(f"avatar must be an AvatarSession, got {type(avatar).__name__}")
-        for name, value in (
-            ("join_timeout", join_timeout),
-            ("clear_buffer_timeout", clear_buffer_timeout),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        join_timeout = check_setting("join_timeout", join_timeout)
+        clear_buffer_timeout = check_setting("clear_buffer_timeout", clear_buffer_timeout)
         self._avatar = avatar
         self._join_timeout = float(join_timeout)
         self._clear_timeout = float(clear_buffer_timeout)

@@ -40,6 +40,7 @@ from .room_events import (
     RoomFact,
 )
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
+from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
 if TYPE_CHECKING:
@@ -79,12 +80,8 @@ class JobRuntime(rtc.EventEmitter[str]):
         super().__init__()
         if not isinstance(room, rtc.Room):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
-        for name, value in (
-            ("session_end_timeout", session_end_timeout),
-            ("close_timeout", close_timeout),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+        session_end_timeout = check_setting("session_end_timeout", session_end_timeout)
+        close_timeout = check_setting("close_timeout", close_timeout)
         if delete_room is not None and not callable(delete_room):
             raise TypeError("delete_room must be an async callable taking no arguments")
         if room_events is not None and room_events.room is not room:

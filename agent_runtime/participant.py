@@ -18,16 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
-from livekit.agents.job import DEFAULT_PARTICIPANT_KINDS
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
-from livekit.agents.voice.room_io.types import DEFAULT_CLOSE_ON_DISCONNECT_REASONS
 
 from statemachines.participant import PARTICIPANT
 
@@ -39,7 +36,13 @@ from .room_events import (
     RoomEventAdapter,
     RoomFact,
     kind_name,
-    reason_name,
+)
+from .settings import (
+    DEFAULT_CLOSING_REASONS,
+    DEFAULT_PARTICIPANT_KINDS,
+    check_setting,
+    kind_names,
+    reason_names,
 )
 from .trace import Tracer
 
@@ -48,44 +51,7 @@ logger = logging.getLogger("agent_runtime.participant")
 # a participant publishing on the agent's behalf (an avatar worker) is never the user
 ATTRIBUTE_PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
 
-DEFAULT_CLOSING_REASONS: tuple[str, ...] = tuple(
-    reason_name(r) for r in DEFAULT_CLOSE_ON_DISCONNECT_REASONS
-)
-DEFAULT_KINDS: tuple[str, ...] = tuple(kind_name(k) for k in DEFAULT_PARTICIPANT_KINDS)
-
-
-def _kind_names(kinds: Iterable[str | int]) -> frozenset[str]:
-    """``rtc.ParticipantKind`` values or names (``sip``, ``PARTICIPANT_KIND_SIP``) -> names."""
-    if isinstance(kinds, str | int):
-        raise TypeError("participant_kinds must be a collection of kinds, not a single kind")
-    valid = {kind_name(v) for v in rtc.ParticipantKind.values()}
-    out: set[str] = set()
-    for k in kinds:
-        name = kind_name(k) if isinstance(k, int) else str(k).lower()
-        name = name.removeprefix("participant_kind_")
-        if name not in valid or name == "unknown":
-            raise ValueError(f"unknown participant kind {k!r}: one of {sorted(valid)}")
-        out.add(name)
-    if not out:
-        raise ValueError("participant_kinds is empty: nobody could ever be linked")
-    return frozenset(out)
-
-
-def _reason_names(reasons: Iterable[str | int]) -> frozenset[str]:
-    """``rtc.DisconnectReason`` values or names -> names (``CLIENT_INITIATED``, ...)."""
-    if isinstance(reasons, str | int):
-        raise TypeError("closing_reasons must be a collection of reasons, not a single reason")
-    valid = set(rtc.DisconnectReason.keys())
-    out: set[str] = set()
-    for r in reasons:
-        if isinstance(r, int):
-            name = reason_name(r) if r in rtc.DisconnectReason.values() else repr(r)
-        else:
-            name = str(r).upper()
-        if name not in valid:
-            raise ValueError(f"unknown disconnect reason {r!r}: one of {sorted(valid)}")
-        out.add(name)
-    return frozenset(out)
+DEFAULT_KINDS = DEFAULT_PARTICIPANT_KINDS
 
 
 class ParticipantLink(rtc.EventEmitter[str]):
@@ -111,19 +77,10 @@ class ParticipantLink(rtc.EventEmitter[str]):
         super().__init__()
         if not isinstance(room_events, RoomEventAdapter):
             raise TypeError(f"room_events must be a RoomEventAdapter, got {type(room_events)}")
-        if participant_identity is not None and (
-            not isinstance(participant_identity, str) or not participant_identity
-        ):
-            raise ValueError("participant_identity must be a non-empty string or None")
-        if (
-            isinstance(grace_period, bool)
-            or not isinstance(grace_period, int | float)
-            or not math.isfinite(grace_period)
-            or grace_period < 0
-        ):
-            raise ValueError(f"grace_period must be a finite number >= 0, got {grace_period!r}")
-        self._kinds = _kind_names(participant_kinds)
-        self._closing_reasons = _reason_names(closing_reasons)
+        participant_identity = check_setting("participant_identity", participant_identity)
+        grace_period = check_setting("grace_period", grace_period)
+        self._kinds = frozenset(kind_names(participant_kinds))
+        self._closing_reasons = frozenset(reason_names(closing_reasons))
         self.session = session
         self.room_events = room_events
         self.participant_identity = participant_identity

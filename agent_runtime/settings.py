@@ -1,0 +1,156 @@
+"""The runtime's settings, each defined once with its valid range.
+
+``AgentJob``, the runtimes of the machines and the scenario files all validate through
+these definitions, so a value one of them accepts is a value every one of them runs with.
+A bad value raises ``SettingError`` (a ``ValueError``) naming the setting, what is wrong and
+the value given, before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any
+
+from livekit import rtc
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# durations in seconds: finite numbers (never a bool, never a string)
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+Identity = Annotated[str, Field(min_length=1, strict=True)]
+Flag = Annotated[bool, Field(strict=True)]
+
+# rtc.ParticipantKind names in lowercase, without the prefix: standard, sip, agent, ...
+PARTICIPANT_KINDS: tuple[str, ...] = tuple(
+    n.removeprefix("PARTICIPANT_KIND_").lower()
+    for n in rtc.ParticipantKind.keys()  # noqa: SIM118 - a protobuf enum wrapper
+    if n != "PARTICIPANT_KIND_UNKNOWN"
+)
+DISCONNECT_REASONS: tuple[str, ...] = tuple(rtc.DisconnectReason.keys())
+# livekit-agents' defaults (job.DEFAULT_PARTICIPANT_KINDS, room_io's closing reasons)
+DEFAULT_PARTICIPANT_KINDS: tuple[str, ...] = ("connector", "sip", "standard")
+DEFAULT_CLOSING_REASONS: tuple[str, ...] = ("CLIENT_INITIATED", "ROOM_DELETED", "USER_REJECTED")
+
+
+class SettingError(ValueError):
+    """A setting has a value the runtime cannot run with; the message names it."""
+
+
+class SettingTypeError(SettingError, TypeError):
+    """A setting was given a value of the wrong type (a string for seconds, ...)."""
+
+
+def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
+    """``rtc.ParticipantKind`` values or names (``sip``, ``PARTICIPANT_KIND_SIP``) -> names."""
+    if isinstance(kinds, str | int | bytes):
+        raise TypeError("participant_kinds must be a collection of kinds, not a single kind")
+    out: list[str] = []
+    for k in kinds:
+        if isinstance(k, bool):
+            raise SettingError(f"participant_kinds: unknown participant kind {k!r}")
+        if isinstance(k, int):
+            try:
+                name = rtc.ParticipantKind.Name(k)  # type: ignore[arg-type]
+            except ValueError:
+                name = repr(k)
+        else:
+            name = str(k)
+        name = name.lower().removeprefix("participant_kind_")
+        if name not in PARTICIPANT_KINDS:
+            raise SettingError(
+                f"participant_kinds: unknown participant kind {k!r}; "
+                f"one of {', '.join(PARTICIPANT_KINDS)}"
+            )
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise SettingError("participant_kinds is empty: nobody could ever be linked")
+    return tuple(out)
+
+
+def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
+    """``rtc.DisconnectReason`` values or names -> names (``CLIENT_INITIATED``, ...)."""
+    if isinstance(reasons, str | int | bytes):
+        raise TypeError("closing_reasons must be a collection of reasons, not a single one")
+    out: list[str] = []
+    for r in reasons:
+        if isinstance(r, bool):
+            raise SettingError(f"closing_reasons: unknown disconnect reason {r!r}")
+        if isinstance(r, int):
+            try:
+                name = rtc.DisconnectReason.Name(r)  # type: ignore[arg-type]
+            except ValueError:
+                name = repr(r)
+        else:
+            name = str(r).upper()
+        if name not in DISCONNECT_REASONS:
+            raise SettingError(
+                f"closing_reasons: unknown disconnect reason {r!r}; "
+                f"one of {', '.join(DISCONNECT_REASONS)}"
+            )
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+class JobSettings(BaseModel):
+    """Every setting of a composed job, with livekit-agents' defaults where it has one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # participant: who is linked, and what a departure means
+    participant_identity: Identity | None = None
+    participant_kinds: tuple[str, ...] = DEFAULT_PARTICIPANT_KINDS
+    close_on_disconnect: Flag = True
+    closing_reasons: tuple[str, ...] = DEFAULT_CLOSING_REASONS
+    grace_period: Seconds = 15.0
+    # avatar
+    join_timeout: PositiveSeconds = 30.0
+    clear_buffer_timeout: PositiveSeconds = 2.0
+    retry_avatar: Flag = False
+    # job: the hold for the simulator, the bounded close, room deletion
+    session_end_timeout: Seconds = 300.0
+    close_timeout: PositiveSeconds = 10.0
+    delete_room_on_close: Flag = False
+
+    @field_validator("participant_kinds", mode="before")
+    @classmethod
+    def _kinds(cls, v: Any) -> tuple[str, ...]:
+        return kind_names(v)
+
+    @field_validator("closing_reasons", mode="before")
+    @classmethod
+    def _reasons(cls, v: Any) -> tuple[str, ...]:
+        return reason_names(v)
+
+
+def job_settings(values: Mapping[str, Any] | None = None, /, **kw: Any) -> JobSettings:
+    """``JobSettings`` from keyword values, or ``SettingError`` naming the first bad one."""
+    data = {**(values or {}), **kw}
+    unknown = sorted(set(data) - set(JobSettings.model_fields))
+    if unknown:
+        raise SettingError(
+            f"unknown setting {unknown[0]!r}; known: {', '.join(JobSettings.model_fields)}"
+        )
+    try:
+        return JobSettings.model_validate(data)
+    except SettingError:
+        raise
+    except ValidationError as e:
+        raise setting_error(e, data) from None
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """Validate one setting alone (the runtimes of single machines use this); returns the
+    value as the runtime keeps it."""
+    return getattr(job_settings({name: value}), name)
+
+
+def setting_error(e: ValidationError, data: Mapping[str, Any]) -> SettingError:
+    err = e.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else "settings"
+    if isinstance(err.get("ctx", {}).get("error"), SettingError):
+        return SettingError(str(err["ctx"]["error"]))
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    cls = SettingTypeError if str(err["type"]).endswith("_type") else SettingError
+    return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {data.get(name)!r})")

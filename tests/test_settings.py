@@ -1,0 +1,72 @@
+"""One definition of each setting's valid range: a bad value is refused with its name, the
+defaults are livekit-agents' own."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents.job import DEFAULT_PARTICIPANT_KINDS
+from livekit.agents.voice.room_io.types import DEFAULT_CLOSE_ON_DISCONNECT_REASONS
+
+from agent_runtime.settings import (
+    SettingError,
+    SettingTypeError,
+    check_setting,
+    job_settings,
+)
+
+
+def test_defaults_are_livekit_agents_own() -> None:
+    s = job_settings()
+    assert set(s.participant_kinds) == {
+        rtc.ParticipantKind.Name(k).removeprefix("PARTICIPANT_KIND_").lower()
+        for k in DEFAULT_PARTICIPANT_KINDS
+    }
+    assert set(s.closing_reasons) == {
+        rtc.DisconnectReason.Name(r) for r in DEFAULT_CLOSE_ON_DISCONNECT_REASONS
+    }
+    assert (s.session_end_timeout, s.close_on_disconnect, s.delete_room_on_close) == (
+        300.0,
+        True,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "error", "match"),
+    [
+        ({"grace_period": -1}, SettingError, r"grace_period: .*>= 0|greater than or equal"),
+        ({"grace_period": math.inf}, SettingError, "grace_period: input should be a finite"),
+        ({"join_timeout": 0}, SettingError, "join_timeout: input should be greater than 0"),
+        ({"clear_buffer_timeout": math.inf}, SettingError, "clear_buffer_timeout"),
+        ({"close_timeout": 0}, SettingError, "close_timeout"),
+        ({"session_end_timeout": math.nan}, SettingError, "session_end_timeout"),
+        ({"join_timeout": "30"}, SettingTypeError, "join_timeout: input should be a valid number"),
+        ({"grace_period": True}, SettingTypeError, "grace_period"),
+        ({"delete_room_on_close": "yes"}, SettingTypeError, "delete_room_on_close"),
+        ({"participant_identity": ""}, SettingError, "participant_identity"),
+        ({"participant_kinds": ["robot"]}, SettingError, "unknown participant kind 'robot'"),
+        ({"participant_kinds": []}, SettingError, "empty"),
+        ({"participant_kinds": "sip"}, TypeError, "collection"),
+        ({"closing_reasons": ["LEFT"]}, SettingError, "unknown disconnect reason 'LEFT'"),
+        ({"grace": 3}, SettingError, "unknown setting 'grace'"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_setting(
+    values: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        job_settings(**values)
+
+
+def test_kinds_and_reasons_by_value_or_name() -> None:
+    s = job_settings(
+        participant_kinds=[rtc.ParticipantKind.PARTICIPANT_KIND_SIP, "STANDARD", "sip"],
+        closing_reasons=["client_initiated", rtc.DisconnectReason.SIGNAL_CLOSE],
+    )
+    assert s.participant_kinds == ("sip", "standard")
+    assert s.closing_reasons == ("CLIENT_INITIATED", "SIGNAL_CLOSE")
+    assert check_setting("grace_period", 2) == 2.0
