@@ -38,13 +38,12 @@ from statemachines.avatar import AVATAR
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
 from .clock import AsyncioClock, Clock
 from .room_events import (
-    ParticipantJoined,
-    ParticipantLeft,
     RoomConnected,
     RoomEventAdapter,
     RoomFact,
     TrackPublished,
 )
+from .routing import follow
 from .settings import check_setting
 from .trace import Tracer
 
@@ -279,7 +278,16 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             adapter = RoomEventAdapter(room)
         adapter.start()
         self._adapter = adapter
-        self._unsubscribe = adapter.subscribe(self._on_fact)
+        self._unsubscribe = follow(
+            adapter,
+            "avatar",
+            self._actor.post,
+            conditions={
+                "is_avatar": self._is_avatar,
+                "is_video": lambda f: isinstance(f, TrackPublished) and f.kind == "video",
+            },
+            after=self._after_fact,
+        )
         await self._actor.send(Event("start"))
         await self._actor.join()
 
@@ -330,19 +338,13 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         await self._cancel_tasks()
 
     # -- room facts -> events ----------------------------------------------------------------
-    def _on_fact(self, fact: RoomFact) -> None:
-        identity = self._avatar.avatar_identity
+    # -- room facts (routed by statemachines.routing) ---------------------------------------
+    def _is_avatar(self, fact: RoomFact) -> bool:
+        return getattr(fact, "identity", None) == self._avatar.avatar_identity
+
+    def _after_fact(self, fact: RoomFact) -> None:
         if isinstance(fact, RoomConnected):
-            self._start_room_output()
-            self._actor.post(Event("room_connected"))
-        elif isinstance(fact, ParticipantJoined) and fact.identity == identity:
-            self._actor.post(Event("avatar_connected", {"identity": identity}))
-        elif isinstance(fact, ParticipantLeft) and fact.identity == identity:
-            self._actor.post(Event("avatar_left", {"identity": identity, "reason": fact.reason}))
-        elif (
-            isinstance(fact, TrackPublished) and fact.identity == identity and fact.kind == "video"
-        ):
-            self._actor.post(Event("video_published", {"identity": identity}))
+            self._start_room_output()  # a room output attached before the connection
 
     def _on_state_changed(self, ev: StateChanged) -> None:
         logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)

@@ -35,10 +35,10 @@ from .room_events import (
     AttributesChanged,
     ParticipantJoined,
     ParticipantLeft,
-    RoomDisconnected,
     RoomEventAdapter,
     RoomFact,
 )
+from .routing import follow
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
@@ -224,7 +224,16 @@ class JobRuntime(rtc.EventEmitter[str]):
         for p in self._room.remote_participants.values():
             if ATTRIBUTE_SIMULATOR in p.attributes:
                 self._simulators.add(p.identity)
-        self._unsubscribe_facts = self._room_events.subscribe(self._on_fact)
+        self._unsubscribe_facts = follow(
+            self._room_events,
+            "job",
+            self._post,
+            conditions={
+                "last_simulator_left": self._last_simulator_left,
+                "last_simulator_attribute_removed": self._last_simulator_attribute_removed,
+            },
+            after=self._track_simulators,
+        )
         if self._own_events:
             self._room_events.start()
         self.actor.start()
@@ -304,26 +313,31 @@ class JobRuntime(rtc.EventEmitter[str]):
             self._trace_file.close()
 
     # -- inputs ----------------------------------------------------------------------------
-    def _on_fact(self, fact: RoomFact) -> None:
-        if isinstance(fact, ParticipantJoined):
-            if ATTRIBUTE_SIMULATOR in fact.attributes:
-                self._simulators.add(fact.identity)
-        elif isinstance(fact, AttributesChanged):
-            if ATTRIBUTE_SIMULATOR in fact.attributes:
-                self._simulators.add(fact.identity)
-            elif fact.identity in self._simulators:
-                self._simulator_gone(fact.identity, "attribute removed")
-        elif isinstance(fact, ParticipantLeft):
-            if fact.identity in self._simulators or ATTRIBUTE_SIMULATOR in fact.attributes:
-                self._simulator_gone(fact.identity, fact.reason)
-        elif isinstance(fact, RoomDisconnected) and not self.actor.closed:
-            self.actor.post(Event("room_disconnected", {"reason": fact.reason}))
+    # -- room facts (routed by statemachines.routing) ---------------------------------------
+    def _last_simulator_left(self, fact: RoomFact) -> bool:
+        if not isinstance(fact, ParticipantLeft):
+            return False
+        was = fact.identity in self._simulators or ATTRIBUTE_SIMULATOR in fact.attributes
+        return was and not (self._simulators - {fact.identity})
 
-    def _simulator_gone(self, identity: str, why: str) -> None:
-        self._simulators.discard(identity)
-        # only the last simulator leaving ends the hold; SIP legs and avatars never count
-        if not self._simulators and not self.actor.closed:
-            self.actor.post(Event("simulator_left", {"identity": identity, "reason": why}))
+    def _last_simulator_attribute_removed(self, fact: RoomFact) -> bool:
+        if not isinstance(fact, AttributesChanged) or ATTRIBUTE_SIMULATOR in fact.attributes:
+            return False
+        return fact.identity in self._simulators and not (self._simulators - {fact.identity})
+
+    def _track_simulators(self, fact: RoomFact) -> None:
+        """Which participants carry the simulator attribute, after ``fact``."""
+        if isinstance(fact, ParticipantJoined | AttributesChanged):
+            if ATTRIBUTE_SIMULATOR in fact.attributes:
+                self._simulators.add(fact.identity)
+            else:
+                self._simulators.discard(fact.identity)
+        elif isinstance(fact, ParticipantLeft):
+            self._simulators.discard(fact.identity)
+
+    def _post(self, event: Event) -> None:
+        if not self.actor.closed:
+            self.actor.post(event)
 
     def _on_session_closed(self, reason: str) -> None:
         if self._delete_room_on_close:

@@ -31,12 +31,10 @@ from statemachines.participant import PARTICIPANT
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
 from .clock import Clock
 from .room_events import (
-    ParticipantJoined,
-    ParticipantLeft,
     RoomEventAdapter,
-    RoomFact,
     kind_name,
 )
+from .routing import follow
 from .settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
@@ -153,7 +151,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
                 "`await session.start(..., room=room)`"
             )
         self._started = True
-        self._unsubscribe = self.room_events.subscribe(self._on_fact)
+        self._unsubscribe = follow(self.room_events, "participant", self._actor.post)
         self.room_events.start()
         self.session.on("close", self._on_session_close)
         self._actor.start()
@@ -186,19 +184,6 @@ class ParticipantLink(rtc.EventEmitter[str]):
         await self._actor.aclose()
 
     # -- inputs ----------------------------------------------------------------------------
-    def _on_fact(self, fact: RoomFact) -> None:
-        if isinstance(fact, ParticipantJoined):
-            data: Mapping[str, Any] = {
-                "identity": fact.identity,
-                "kind": fact.kind,
-                "attributes": dict(fact.attributes),
-            }
-            self._actor.post(Event("participant_connected", data))
-        elif isinstance(fact, ParticipantLeft):
-            data = {"identity": fact.identity, "kind": fact.kind, "reason": fact.reason}
-            self._actor.post(Event("participant_disconnected", data))
-        # tracks, attributes and the room's own connection do not move this machine
-
     def _on_session_close(self, ev: CloseEvent) -> None:
         reason = getattr(ev, "reason", None)
         self._post_session_closed(getattr(reason, "value", str(reason)))

@@ -451,7 +451,31 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
             out += [_md(spec.description), ""]
         out += ["```mermaid", mermaid(spec).rstrip("\n"), "```", ""]
         out.append(f"The whole table: [{name}.md]({name}.md).")
+    out += ["", *routing_markdown()]
     return "\n".join(out) + "\n"
+
+
+def routing_markdown() -> list[str]:
+    """The declared routing of room facts to machine events (``statemachines.routing``)."""
+    # imported here: `agent-runtime diff` loads this module against older revisions
+    from statemachines.routing import CONDITIONS, ROUTES
+
+    out = [
+        "## Room facts to machine events",
+        "",
+        "Declared in `statemachines/routing.py`; the runtime subscribes every machine to the "
+        "room through this table alone. A route fires when its fact arrives and all of its "
+        "conditions hold.",
+        "",
+        "| room fact | conditions | machine | event | note |",
+        "|---|---|---|---|---|",
+    ]
+    for r in ROUTES:
+        when = ", ".join(f"`{c}`" for c in r.when) or "always"
+        out.append(f"| `{r.fact}` | {when} | {_md(r.machine)} | `{r.event}` | {_md(r.note)} |")
+    out += ["", "| condition | holds when |", "|---|---|"]
+    out += [f"| `{name}` | {_md(text)} |" for name, text in CONDITIONS.items()]
+    return out
 
 
 # -- golden tables ---------------------------------------------------------------------------------
