@@ -19,11 +19,13 @@ from .clock import AsyncioClock, Clock, VirtualClock, settle
 from .trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord, read_trace
 
 if TYPE_CHECKING:
+    from .agent_job import AgentJob, injected, on_session_end, session_end_hook
     from .avatar import AvatarLifecycle
-    from .job import JobRuntime, on_session_end, session_end_hook
+    from .job import JobRuntime
     from .participant import ParticipantLink
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
+    from .settings import JobSettings, SettingError
 
 _LAZY = {
     "AvatarLifecycle": "avatar",
@@ -31,8 +33,12 @@ _LAZY = {
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
     "RoomEventAdapter": "room_events",
-    "on_session_end": "job",
-    "session_end_hook": "job",
+    "on_session_end": "agent_job",
+    "session_end_hook": "agent_job",
+    "AgentJob": "agent_job",
+    "injected": "agent_job",
+    "JobSettings": "settings",
+    "SettingError": "settings",
 }
 
 
@@ -46,6 +52,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Actor",
     "ActorClosed",
+    "AgentJob",
     "AsyncioClock",
     "AvatarLifecycle",
     "Clock",
@@ -53,15 +60,18 @@ __all__ = [
     "EventRejected",
     "JobRuntime",
     "JobSessionHost",
+    "JobSettings",
     "JsonlSink",
     "LoggingSink",
     "MemorySink",
     "ParticipantLink",
     "RoomEventAdapter",
+    "SettingError",
     "StateChanged",
     "TraceRecord",
     "Tracer",
     "VirtualClock",
+    "injected",
     "on_session_end",
     "read_trace",
     "session_end_hook",

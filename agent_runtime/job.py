@@ -44,15 +44,12 @@ from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
 if TYPE_CHECKING:
-    from livekit.agents.job import JobContext
+    pass
 
 logger = logging.getLogger("agent_runtime.job")
 
 DeleteRoomFn = Callable[[], Awaitable[Any]]
 ShutdownCallback = Callable[..., Any]
-
-# the live runtime of each job context, for on_session_end; dropped when the job closes
-_RUNTIMES: dict[Any, JobRuntime] = {}
 
 
 class JobRuntime(rtc.EventEmitter[str]):
@@ -76,6 +73,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         delete_room_on_close: bool = False,
         delete_room: DeleteRoomFn | None = None,
         room_events: RoomEventAdapter | None = None,
+        before_disconnect: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(room, rtc.Room):
@@ -98,6 +96,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._close_timeout = float(close_timeout)
         self._delete_room_on_close = bool(delete_room_on_close)
         self._delete_room: DeleteRoomFn = delete_room or _server_api_deleter(room)
+        self._before_disconnect = before_disconnect
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
         self._unsubscribe_facts: Callable[[], None] | None = None
@@ -142,34 +141,6 @@ class JobRuntime(rtc.EventEmitter[str]):
         self.actor.on("state_changed", self._on_job_state)
         self.host.on("state_changed", self._emit_state)
 
-    @classmethod
-    def from_job_context(cls, ctx: JobContext, **opts: Any) -> JobRuntime:
-        """A runtime for a livekit-agents job: its room, its simulation context, the
-        ``on_simulation_end`` given to ``AgentServer.rtc_session`` and ``ctx.delete_room``
-        unless given in ``opts``. Found again by ``on_session_end(ctx)``."""
-        opts.setdefault("simulation", ctx.simulation_context())
-        if opts.get("on_simulation_end") is None:
-            # where the job runner puts rtc_session(on_simulation_end=...)
-            opts["on_simulation_end"] = getattr(ctx, "_simulation_end_fnc", None)
-        if opts.get("delete_room") is None:
-
-            async def delete_room() -> None:
-                await ctx.delete_room()
-
-            opts["delete_room"] = delete_room
-        runtime = cls(room=ctx.room, **opts)
-        _RUNTIMES[ctx] = runtime
-        runtime.on("closed", lambda _t: _RUNTIMES.pop(ctx, None))
-        # a safety net if on_session_end was not passed: closes with the job (no hold, the
-        # room is already disconnected by then)
-        ctx.add_shutdown_callback(runtime._on_job_shutdown)
-        return runtime
-
-    @staticmethod
-    def for_job(ctx: JobContext) -> JobRuntime | None:
-        """The runtime ``from_job_context`` made for ``ctx``, until it closed."""
-        return _RUNTIMES.get(ctx)
-
     # -- state and facts -------------------------------------------------------------------
     @property
     def state(self) -> str:
@@ -206,6 +177,11 @@ class JobRuntime(rtc.EventEmitter[str]):
     @property
     def verdict(self) -> dict[str, Any] | None:
         return self.host.verdict
+
+    @property
+    def reason(self) -> str:
+        """Why the job is ending: the first shutdown reason given, or the session's close."""
+        return self._reason
 
     @property
     def room_deleted_at(self) -> float | None:
@@ -297,6 +273,16 @@ class JobRuntime(rtc.EventEmitter[str]):
             self.shutdown("job runtime closed")
             await self.wait_closed()
         await self.host.aclose()
+        await self._unhook()
+
+    async def abort(self) -> None:
+        """Stop both machines where they are (no hold, no close work), then release every
+        listener and task: for a teardown after the outcome is already known."""
+        await self.host.actor.aclose()
+        await self.host.aclose()
+        await self._unhook()
+
+    async def _unhook(self) -> None:
         await self.actor.aclose()
         if self._unsubscribe_facts is not None:
             self._unsubscribe_facts()
@@ -368,16 +354,24 @@ class JobRuntime(rtc.EventEmitter[str]):
         except Exception:
             logger.exception("a %r listener failed", name)
 
-    async def _on_job_shutdown(self, reason: str) -> None:
-        self.shutdown(reason)
-        await self.wait_closed()
-
     # -- closing ---------------------------------------------------------------------------
     async def _run_close(self, _ev: Event) -> Event:
         try:
             await self.host.aclose()
         except Exception:
             logger.exception("closing the session host failed")
+        if self._before_disconnect is not None:
+            # what needs the room (the session, the avatar's removal), within a share of the
+            # bound so the room work and the callbacks still run
+            bound = self._close_timeout / 3
+            try:
+                await self._clock.wait_for(self._before_disconnect(), bound)
+            except TimeoutError:
+                logger.warning(
+                    "closing the session and the avatar took longer than %gs; cut off", bound
+                )
+            except Exception:
+                logger.exception("closing the session and the avatar failed")
         if self._room.isconnected():
             try:
                 await self._room.disconnect()
@@ -421,38 +415,6 @@ class JobRuntime(rtc.EventEmitter[str]):
         for cb, res in zip(self._shutdown_callbacks, results, strict=True):
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 logger.error("shutdown callback %r failed", cb, exc_info=res)
-
-
-async def on_session_end(ctx: JobContext) -> None:
-    """Pass to ``AgentServer.rtc_session(..., on_session_end=on_session_end)``.
-
-    Upstream calls it after the primary session closed and before ``ShuttingDown`` and the
-    room disconnect: the runtime shuts down here, holding for the simulator's finalize
-    (bounded by ``session_end_timeout``), and this returns once the job is ``closed``.
-    """
-    runtime = _RUNTIMES.get(ctx)
-    if runtime is None:
-        logger.info("on_session_end: no live JobRuntime for this job (none made, or closed)")
-        return
-    runtime.shutdown("session ended")
-    await runtime.wait_closed()
-
-
-def session_end_hook(
-    then: Callable[[JobContext], Any] | None = None,
-) -> Callable[[JobContext], Awaitable[None]]:
-    """``on_session_end`` followed by your own session-end callback ``then(ctx)``."""
-    if then is not None and not callable(then):
-        raise TypeError("then must be callable")
-
-    async def hook(ctx: JobContext) -> None:
-        await on_session_end(ctx)
-        if then is not None:
-            res = then(ctx)
-            if inspect.isawaitable(res):
-                await res
-
-    return hook
 
 
 def _takes_argument(cb: Callable[..., Any]) -> bool:

@@ -146,10 +146,18 @@ class ParticipantLink(rtc.EventEmitter[str]):
         if self._started:
             return
         if self._room_io() is None:
-            raise RuntimeError(
-                "the session has no room input yet: start the link after "
-                "`await session.start(..., room=room)`"
+            if not self.session._started:
+                raise RuntimeError(
+                    "the session has no room input yet: start the link after "
+                    "`await session.start(..., room=room)`"
+                )
+            # console mode (or a session started without a room): nobody to link or follow
+            logger.info(
+                "the session has no room I/O (console mode?): the participant machine has "
+                "nothing to follow and stays %r",
+                self.state,
             )
+            return
         self._started = True
         self._unsubscribe = follow(self.room_events, "participant", self._actor.post)
         self.room_events.start()

@@ -11,7 +11,6 @@ carrying the real protobuf messages).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,16 @@ from livekit.agents.testing import fake_job_context
 from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import VirtualClock, read_trace, settle
+from agent_runtime import (
+    AgentJob,
+    SettingError,
+    VirtualClock,
+    injected,
+    on_session_end,
+    read_trace,
+    settle,
+)
 from agent_runtime.avatar import route_of
-from agent_runtime.job import on_session_end
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from examples import agent
@@ -53,8 +59,18 @@ class Job:
             self.room.add_participant(identity, attributes=attributes)
 
     @property
-    def parts(self) -> agent.JobParts:
-        return agent.JOBS[self.ctx]
+    def parts(self) -> AgentJob:
+        job = AgentJob.for_job(self.ctx)
+        assert job is not None, "the entrypoint built no AgentJob"
+        return job
+
+    async def run(self, transport: InMemorySessionTransport | None = None) -> None:
+        """The example's entrypoint, unchanged, on this room's virtual clock."""
+        parts: dict[str, Any] = {"clock": self.clock}
+        if transport is not None:
+            parts["transport"] = transport
+        with injected(**parts):
+            await agent.entrypoint(self.ctx)
 
     def __enter__(self) -> Job:
         self._cm = fake_job_context(room=self.room)
@@ -63,12 +79,14 @@ class Job:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            assert AgentJob.for_job(self.ctx) is None, "the job outlived its close"
         self._cm.__exit__(*exc)
         self.ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
 
     @staticmethod
-    async def closed(parts: agent.JobParts) -> None:
-        await asyncio.wait_for(parts.runtime.wait_closed(), 5)
+    async def closed(parts: AgentJob) -> None:
+        await asyncio.wait_for(parts.wait_closed(), 5)
         await settle()
 
 
@@ -90,23 +108,23 @@ def test_the_server_registers_the_entrypoint_and_both_hooks() -> None:
 async def test_user_linked_then_leaving_closes_the_session_and_the_job(tmp_path: Path) -> None:
     with Job(("user", {})) as job, pytest.MonkeyPatch.context() as mp:
         mp.setenv("AGENT_TRACE", str(tmp_path / "{job_id}.jsonl"))
-        await agent.entrypoint(job.ctx, clock=job.clock)
+        await job.run()
         await settle()
         parts = job.parts
         assert parts.link.state == "linked" and parts.link.linked_identity == "user"
         assert parts.session.room_io.linked_participant is not None
         assert parts.session.room_io.linked_participant.identity == "user"
-        assert (parts.runtime.state, parts.runtime.host_state) == ("serving", "attached")
+        assert (parts.job.state, parts.job.host_state) == ("serving", "attached")
         assert route_of(parts.session) == "room" and parts.avatar is None
 
         await job.clock.advance(10)
         job.room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
         await job.closed(parts)
         assert parts.close_reason == "participant_disconnected"
-        assert parts.runtime.closed_at == 10.0 and not job.room.isconnected()
+        assert parts.closed_at == 10.0 and not job.room.isconnected()
         # upstream then calls on_session_end: nothing left to hold, it returns at once
         await asyncio.wait_for(agent.server._session_end_fnc(job.ctx), 5)
-        assert job.ctx not in agent.JOBS
+        assert AgentJob.for_job(job.ctx) is None
         assert job.room.listener_count() == job.baseline
         assert parts.link.state == "closed"
 
@@ -118,17 +136,17 @@ async def test_user_linked_then_leaving_closes_the_session_and_the_job(tmp_path:
 
 async def test_a_user_who_drops_is_given_the_grace_period() -> None:
     with Job(("user", {})) as job:
-        await agent.entrypoint(job.ctx, clock=job.clock)
+        await job.run()
         await settle()
         parts = job.parts
         job.room.remove_participant("user", rtc.DisconnectReason.CONNECTION_TIMEOUT)
         await job.clock.advance(14.9)
-        assert parts.link.state == "grace" and parts.runtime.state == "serving"
+        assert parts.link.state == "grace" and parts.job.state == "serving"
         assert job.room.isconnected()
         await job.clock.advance(0.1)
         await job.closed(parts)
         assert parts.close_reason == "participant_disconnected"
-        assert parts.runtime.closed_at == pytest.approx(15.0)
+        assert parts.closed_at == pytest.approx(15.0)
         await agent.server._session_end_fnc(job.ctx)
 
 
@@ -147,7 +165,7 @@ async def test_agent_hangs_up_in_a_simulation_and_its_verdict_reaches_the_simula
         # what the dispatch and the job runner put on a simulated job
         job.ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
         job.ctx._simulation_end_fnc = agent.server._simulation_end_fnc
-        await agent.entrypoint(job.ctx, clock=job.clock, transport=agent_end)
+        await job.run(agent_end)
         await settle()
         parts = job.parts
         assert parts.link.linked_identity == "simulator"
@@ -157,7 +175,7 @@ async def test_agent_hangs_up_in_a_simulation_and_its_verdict_reaches_the_simula
         parts.session._close_soon(reason=close_reason)
         await asyncio.wait_for(closed, 5)
         await settle()
-        assert parts.runtime.state == "awaiting_finalize"  # held for the simulator
+        assert parts.job.state == "awaiting_finalize"  # held for the simulator
 
         hook = asyncio.create_task(agent.server._session_end_fnc(job.ctx))
         await job.clock.advance(12)
@@ -170,7 +188,7 @@ async def test_agent_hangs_up_in_a_simulation_and_its_verdict_reaches_the_simula
             assert not fin.HasField("user_verdict")  # the simulator's verdict stands
         else:
             assert (fin.user_verdict.success, fin.user_verdict.reason) == (False, veto)
-        assert parts.runtime.state == "closed" and parts.runtime.closed_at == 12.0
+        assert parts.job.state == "closed" and parts.closed_at == 12.0
         assert not job.room.isconnected()
         await remote.aclose()
 
@@ -178,7 +196,7 @@ async def test_agent_hangs_up_in_a_simulation_and_its_verdict_reaches_the_simula
 async def test_an_avatar_that_never_joins_leaves_the_agent_on_room_audio() -> None:
     with Job(("user", {})) as job, pytest.MonkeyPatch.context() as mp:
         mp.setenv("AGENT_AVATAR", SCRIPTED)
-        await agent.entrypoint(job.ctx, clock=job.clock)
+        await job.run()
         await settle()
         parts = job.parts
         assert parts.avatar is not None and isinstance(parts.avatar.avatar, ScriptedAvatar)
@@ -194,12 +212,12 @@ async def test_an_avatar_that_never_joins_leaves_the_agent_on_room_audio() -> No
 
 
 def test_settings_from_the_environment() -> None:
-    s = agent.Settings.from_env(
+    s = agent.settings_from(
         {"AGENT_LLM": "openai/gpt-4.1-mini", "AGENT_AVATAR": "bey", "AGENT_TRACE": " "}
     )
-    assert s.llm == "openai/gpt-4.1-mini" and s.stt is None and s.tts is None
-    assert s.avatar == "livekit.plugins.bey:AvatarSession" and s.trace is None
-    assert agent.Settings.from_env({}) == agent.Settings()
+    assert s["AGENT_LLM"] == "openai/gpt-4.1-mini" and s["AGENT_STT"] is None
+    assert s["AGENT_AVATAR"] == "livekit.plugins.bey:AvatarSession" and s["AGENT_TRACE"] is None
+    assert set(agent.settings_from({}).values()) == {None}
 
 
 @pytest.mark.parametrize(
@@ -207,14 +225,13 @@ def test_settings_from_the_environment() -> None:
     [
         ({"AGENT_AVATAR": "tavus"}, "AGENT_AVATAR='tavus': give one of"),
         ({"AGENT_AVATAR": ":factory"}, "package.module:factory"),
-        ({"AGENT_TRACE": "/tmp/{call}.jsonl"}, "only {job_id} and {room}"),
     ],
 )
 def test_malformed_settings_are_refused_naming_the_variable(
     env: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("}", r"\}")):
-        agent.Settings.from_env(env)
+    with pytest.raises(ValueError, match=message):
+        agent.settings_from(env)
 
 
 def test_an_avatar_factory_must_load_and_make_an_avatar_session() -> None:
@@ -232,13 +249,13 @@ async def test_an_unwritable_trace_path_fails_the_job_before_anything_starts(
 ) -> None:
     with Job(("user", {})) as job, pytest.MonkeyPatch.context() as mp:
         mp.setenv("AGENT_TRACE", str(tmp_path / "missing-dir" / "{room}.jsonl"))
-        with pytest.raises(RuntimeError, match="AGENT_TRACE: cannot write the trace"):
-            await agent.entrypoint(job.ctx, clock=job.clock)
-        assert job.ctx not in agent.JOBS
+        with pytest.raises(
+            SettingError, match=r"trace_path: cannot write the trace to .*/missing-dir/"
+        ):
+            await job.run()
+        assert AgentJob.for_job(job.ctx) is None
         assert job.room.listener_count() == job.baseline and job.room.isconnected()
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_jobs() -> Iterator[None]:
-    yield
-    assert not agent.JOBS, "a job's parts outlived it"
+        mp.setenv("AGENT_TRACE", str(tmp_path / "{call}.jsonl"))
+        with pytest.raises(SettingError, match=r"trace_path: only \{job_id\} and \{room\}"):
+            await job.run()
+        assert AgentJob.for_job(job.ctx) is None and job.room.listener_count() == job.baseline

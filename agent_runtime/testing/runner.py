@@ -1,8 +1,9 @@
 """The scenario runner: one job composed of all four machines, on the embedded in-memory
 room and a virtual clock.
 
-What runs is the real runtime — ``JobRuntime`` (job + session host), ``ParticipantLink``,
-``AvatarLifecycle`` around a ``ScriptedAvatar`` plugin — with real ``AgentSession``
+What runs is the real runtime — one ``AgentJob`` (the job machine and its session host, the
+linked participant, the avatar lifecycle around a ``ScriptedAvatar`` plugin) — with real
+``AgentSession``
 objects. Only the network is stood in for: the room's SFU side (``InMemoryRoom``), the
 simulator's end of the session transport, and room deletion (recorded, not sent).
 """
@@ -19,17 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from livekit import rtc
-from livekit.agents import NOT_GIVEN, Agent, AgentSession
+from livekit.agents import Agent, AgentSession
 from livekit.agents.voice.events import CloseReason
-from livekit.agents.voice.room_io import RoomOptions
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
-from ..avatar import AvatarLifecycle, route_of
+from ..agent_job import AgentJob
+from ..avatar import route_of
 from ..clock import VirtualClock, settle
-from ..job import JobRuntime
-from ..participant import ParticipantLink
-from ..room_events import RoomEventAdapter
 from ..trace import JsonlSink, MemorySink, Tracer, TraceRecord
 from . import scenario as sc
 from .inmemory import InMemoryRoom, InMemorySessionTransport, quiet_sdk_logs
@@ -46,62 +44,58 @@ _REAL_SETTLE_LIMIT = 10.0
 class _Simulation:
     def __init__(self, scenario: sc.Scenario, tracer: Tracer) -> None:
         self.scenario = scenario
-        self.cfg = scenario.config
+        self.cfg = cfg = scenario.config
         self.tracer = tracer
         self.clock = VirtualClock()
         self.room = InMemoryRoom(name=_slug(scenario.name), clock=self.clock)
-        self.events = RoomEventAdapter(self.room)
         self.agent_end, self.simulator_end = InMemorySessionTransport.pair()
         self.sessions: dict[str, AgentSession[Any]] = {"a": AgentSession()}
         self.session_closed_at: dict[str, float] = {}
         self.session_close_reason: dict[str, str] = {}
-        self.link: ParticipantLink | None = None
-        self.avatar: AvatarLifecycle | None = None
         self.plugin: ScriptedAvatar | None = None
+        if cfg.avatar_identity is not None:
+            self.plugin = ScriptedAvatar(avatar_identity=cfg.avatar_identity)
         self.deleted_at: float | None = None
         self.session_replies: list[dict[str, Any]] = []
         self.rpc_replies: list[dict[str, Any]] = []
         self.requests: dict[str, str] = {}
         self.errors: list[str] = []
         self._reader: asyncio.Task[None] | None = None
-        self.job: JobRuntime | None = None
-
-    # -- set-up ------------------------------------------------------------------------------
-    async def setup(self) -> None:
-        cfg = self.cfg
-        if cfg.room_connected:
-            self.room.connect_locally()
-        for p in self.scenario.participants:
-            self.room.add_participant(p.identity, kind=p.kind, attributes=p.attributes)
-        self.events.start()
-        self.job = JobRuntime(
+        # the one composition, with only what needs a network stood in
+        self.agent_job = AgentJob(
             room=self.room,
-            clock=self.clock,
-            tracer=self.tracer,
-            transport=self.agent_end,
-            simulation=SimulationDispatch(simulation_run_id=f"RUN_{_slug(self.scenario.name)}")
-            if cfg.simulation
-            else None,
-            on_simulation_end=self._on_simulation_end,
+            session=self.sessions["a"],
+            avatar=self.plugin,
+            participant_identity=cfg.participant_identity,
+            close_on_disconnect=cfg.close_on_disconnect,
+            grace_period=cfg.grace_period,
+            join_timeout=cfg.join_timeout,
+            clear_buffer_timeout=cfg.clear_buffer_timeout,
+            retry_avatar=cfg.retry_avatar,
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
             delete_room_on_close=cfg.delete_room_on_close,
+            clock=self.clock,
+            tracer=tracer,
+            transport=self.agent_end,
+            simulation=SimulationDispatch(simulation_run_id=f"RUN_{_slug(scenario.name)}")
+            if cfg.simulation
+            else None,
+            on_simulation_end=self._on_simulation_end,
             delete_room=self._delete_room,
-            room_events=self.events,
+            remove_avatar_participant=self._remove_avatar,
         )
-        await self.job.start()
-        if cfg.avatar_identity is not None:
-            self.plugin = ScriptedAvatar(avatar_identity=cfg.avatar_identity)
-            self.avatar = AvatarLifecycle(
-                self.plugin,
-                join_timeout=cfg.join_timeout,
-                clear_buffer_timeout=cfg.clear_buffer_timeout,
-                retry=cfg.retry_avatar,
-                clock=self.clock,
-                tracer=self.tracer,
-                room_events=self.events,
-                remove_participant=self._remove_avatar,
-            )
+        self.job = self.agent_job.job
+        self.link = self.agent_job.link
+        self.avatar = self.agent_job.avatar
+
+    # -- set-up ------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        if self.cfg.room_connected:
+            self.room.connect_locally()
+        for p in self.scenario.participants:
+            self.room.add_participant(p.identity, kind=p.kind, attributes=p.attributes)
+        await self.agent_job.start_runtime()
         self._reader = asyncio.create_task(self._read_replies(), name="simulator.replies")
         for name, session in self.sessions.items():
             self._watch_close(name, session)
@@ -174,7 +168,6 @@ class _Simulation:
 
     async def apply(self, step: sc.Step) -> None:
         room = self.room
-        assert self.job is not None
         if isinstance(step, sc.SessionStart):
             await self._start_session("a")
         elif isinstance(step, sc.SessionClose):
@@ -192,7 +185,7 @@ class _Simulation:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
             if isinstance(step, sc.AvatarStartError):
                 self.plugin.start_error = RuntimeError("scripted start error")
-            await self.avatar.start(self.sessions["a"], room)
+            await self.agent_job.start_avatar()
         elif isinstance(step, sc.AvatarClose):
             if self.avatar is None:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
@@ -255,40 +248,18 @@ class _Simulation:
             raise AssertionError(step)
 
     async def _start_session(self, name: str) -> None:
-        assert self.job is not None
         session = self.sessions[name]
         if session._started:
             raise RuntimeError(f"session {name!r} is already started")
-        self.job.attach(session)
-        await session.start(
-            Agent(instructions="A scenario agent."),
-            room=self.room,
-            room_options=RoomOptions(
-                participant_identity=self.cfg.participant_identity or NOT_GIVEN,
-                close_on_disconnect=False,  # the participant machine decides
-                delete_room_on_close=False,  # the job machine defers deletion
-            ),
-            session_host=False,  # the job owns the host
-        )
-        self.link = ParticipantLink(
-            session,
-            room_events=self.events,
-            participant_identity=self.cfg.participant_identity,
-            close_on_disconnect=self.cfg.close_on_disconnect,
-            grace_period=self.cfg.grace_period,
-            clock=self.clock,
-            tracer=self.tracer,
-        )
-        self.link.start()
+        await self.agent_job.start_session(Agent(instructions="A scenario agent."))
 
     async def _attach_other(self, name: str) -> None:
-        assert self.job is not None
         if name in self.sessions:
             raise ValueError(f"a session named {name!r} already exists")
         session: AgentSession[Any] = AgentSession()
         self.sessions[name] = session
         self._watch_close(name, session)
-        self.job.attach(session)
+        self.agent_job.attach(session)
         # a second session has no room of its own: RoomIO belongs to the primary one
         await session.start(Agent(instructions="A second scenario agent."), session_host=False)
 
@@ -300,9 +271,9 @@ class _Simulation:
             task = s._closing_task
             if task is not None and not task.done():
                 return True
-        if self.job is not None and self.job.state == "closing":
+        if self.job.state == "closing":
             return True
-        return self.link is not None and self.link.state == "closing"
+        return self.link.state == "closing"
 
     async def quiesce(self) -> None:
         await settle()
@@ -313,11 +284,10 @@ class _Simulation:
 
     # -- the result ----------------------------------------------------------------------------
     def result(self, records: list[TraceRecord]) -> dict[str, Any]:
-        assert self.job is not None
         finals: dict[str, str] = {
             "job": self.job.state,
             "session_host": self.job.host_state,
-            "participant": self.link.state if self.link is not None else "waiting",
+            "participant": self.link.state,
         }
         if self.avatar is not None:
             finals["avatar"] = self.avatar.state
@@ -337,7 +307,7 @@ class _Simulation:
             # extensions of the contract
             "session_close_reason": self.session_close_reason.get("a"),
             "attached_session": attached_name,
-            "linked_participant": self.link.linked_identity if self.link is not None else None,
+            "linked_participant": self.link.linked_identity,
             "session_replies": self.session_replies,
             "rpc_replies": self.rpc_replies,
             "step_errors": self.errors,
@@ -367,25 +337,16 @@ class _Simulation:
     async def aclose(self) -> None:
         """Release everything without driving the machines further (the result is taken)."""
         with contextlib.suppress(Exception):
-            if self.link is not None:
-                await self.link.aclose()
-        if self.avatar is not None:
-            with contextlib.suppress(Exception):
-                await self.avatar.actor.aclose()
+            await self.agent_job.aclose(graceful=False)
         for s in self.sessions.values():
             if s._started and s._closing_task is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(s.aclose(), _REAL_SETTLE_LIMIT)
-        if self.job is not None:
-            with contextlib.suppress(Exception):
-                await self.job.actor.aclose()
-                await self.job.host.actor.aclose()
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
         await self.agent_end.close()
         await self.simulator_end.close()
-        self.events.aclose()
 
 
 async def run_scenario(

@@ -1,0 +1,525 @@
+"""``AgentJob``: the one place a job is assembled.
+
+From an ``rtc_session`` entrypoint, one call builds and starts every machine of the job over
+its room, in the order their guarantees need::
+
+    @server.rtc_session(on_session_end=on_session_end, on_simulation_end=my_verdict)
+    async def entrypoint(ctx: JobContext) -> None:
+        session = AgentSession(stt=..., llm=..., tts=...)
+        job = AgentJob.from_job_context(ctx, session=session, avatar=bey.AvatarSession())
+        await job.start(Agent(instructions="..."))
+
+What it composes: the room-event adapter (room facts reach each machine through the
+declared routing table), the ``job`` machine and the job-owned session host (the session
+starts with ``session_host=False`` and is attached before it starts), the linked
+``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are turned
+off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin,
+tracing, and the teardown: when the session closes the avatar goes with it while the room is
+still connected; the job's ``closing`` closes the host, then the session and avatar if they
+are still up, then disconnects, deletes the room if asked and runs the shutdown callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from livekit import rtc
+from livekit.agents import NOT_GIVEN, Agent, AgentSession, CloseReason, NotGivenOr
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.utils import is_given
+from livekit.agents.voice.avatar import AvatarSession
+from livekit.agents.voice.events import CloseEvent
+from livekit.agents.voice.remote_session import SessionTransport
+from livekit.agents.voice.room_io import RoomOptions
+
+from .actor import StateChanged
+from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of
+from .clock import AsyncioClock, Clock
+from .job import DeleteRoomFn, JobRuntime, ShutdownCallback
+from .participant import ParticipantLink
+from .room_events import RoomEventAdapter
+from .session_host import SimulationEndFn
+from .settings import JobSettings, SettingError, job_settings
+from .trace import JsonlSink, LoggingSink, Tracer
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+
+logger = logging.getLogger("agent_runtime.agent_job")
+
+# the live job of each job context, for on_session_end / on_simulation_end; dropped at close
+_JOBS: dict[Any, AgentJob] = {}
+# parts the testing kit injects into jobs built in its context (virtual clock, in-memory
+# transport, recorded room deletion); production never sets it
+_INJECTED: ContextVar[Mapping[str, Any] | None] = ContextVar("agent_runtime_injected", default=None)
+_INJECTABLE = frozenset(
+    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant"}
+)
+
+Events = Literal["state_changed", "closed"]
+
+
+@contextlib.contextmanager
+def injected(**parts: Any) -> Iterator[None]:
+    """Jobs built inside this context (``AgentJob(...)`` or ``from_job_context``) take these
+    parts unless given explicitly: ``clock``, ``transport``, ``tracer``, ``delete_room``,
+    ``remove_avatar_participant``. For tests that run an unchanged entrypoint on virtual
+    time and an in-memory room."""
+    unknown = sorted(set(parts) - _INJECTABLE)
+    if unknown:
+        raise TypeError(f"cannot inject {', '.join(unknown)}; one of {sorted(_INJECTABLE)}")
+    token = _INJECTED.set({**(_INJECTED.get() or {}), **parts})
+    try:
+        yield
+    finally:
+        _INJECTED.reset(token)
+
+
+class AgentJob(rtc.EventEmitter[Events]):
+    """Every machine of one job, composed over one room.
+
+    Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
+    (the job's virtual or real time of closing).
+    """
+
+    def __init__(
+        self,
+        *,
+        room: rtc.Room,
+        session: AgentSession[Any],
+        avatar: AvatarSession | None = None,  # type: ignore[type-arg]
+        participant_identity: str | None = None,
+        participant_kinds: Any = None,
+        close_on_disconnect: bool = True,
+        closing_reasons: Any = None,
+        grace_period: float = 15.0,
+        join_timeout: float = 30.0,
+        clear_buffer_timeout: float = 2.0,
+        retry_avatar: bool = False,
+        session_end_timeout: float = 300.0,
+        close_timeout: float = 10.0,
+        delete_room_on_close: bool = False,
+        trace_path: str | Path | None = None,
+        tracer: Tracer | None = None,
+        clock: Clock | None = None,
+        simulation: SimulationContext | SimulationDispatch | None = None,
+        on_simulation_end: SimulationEndFn | None = None,
+        transport: SessionTransport | None = None,
+        delete_room: DeleteRoomFn | None = None,
+        remove_avatar_participant: RemoveParticipant | None = None,
+    ) -> None:
+        super().__init__()
+        # everything that can refuse the input comes first: a refusal changes nothing
+        options: dict[str, Any] = {
+            "participant_identity": participant_identity,
+            "close_on_disconnect": close_on_disconnect,
+            "grace_period": grace_period,
+            "join_timeout": join_timeout,
+            "clear_buffer_timeout": clear_buffer_timeout,
+            "retry_avatar": retry_avatar,
+            "session_end_timeout": session_end_timeout,
+            "close_timeout": close_timeout,
+            "delete_room_on_close": delete_room_on_close,
+        }
+        if participant_kinds is not None:
+            options["participant_kinds"] = participant_kinds
+        if closing_reasons is not None:
+            options["closing_reasons"] = closing_reasons
+        self.settings: JobSettings = job_settings(options)
+        if not isinstance(room, rtc.Room):
+            raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
+        if not isinstance(session, AgentSession):
+            raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
+        if session._started:
+            raise ValueError(
+                "the session is already started: pass it unstarted, AgentJob starts it "
+                "(with session_host=False and RoomIO's own close rules off) in job.start()"
+            )
+        if avatar is not None and not isinstance(avatar, AvatarSession):
+            raise TypeError(
+                f"avatar must be a livekit-agents AvatarSession plugin, not "
+                f"{type(avatar).__module__}.{type(avatar).__qualname__}"
+            )
+        inject = _INJECTED.get() or {}
+        clock = clock or inject.get("clock") or AsyncioClock()
+        tracer = tracer or inject.get("tracer")
+        transport = transport or inject.get("transport")
+        delete_room = delete_room or inject.get("delete_room")
+        remove_avatar_participant = remove_avatar_participant or inject.get(
+            "remove_avatar_participant"
+        )
+        self._trace_file: JsonlSink | None = None
+        if trace_path is not None:
+            try:
+                self._trace_file = JsonlSink(trace_path)
+            except OSError as e:
+                raise SettingError(
+                    f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
+                ) from None
+            # production traces: the JSONL `agent-runtime replay` reads, plus the logs
+            tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), self._trace_file)
+
+        s = self.settings
+        self.room = room
+        self.session = session
+        self.clock: Clock = clock
+        self.tracer = tracer
+        self.events = RoomEventAdapter(room)
+        self.job = JobRuntime(
+            room=room,
+            clock=clock,
+            tracer=tracer,
+            transport=transport,
+            simulation=simulation,
+            on_simulation_end=on_simulation_end,
+            session_end_timeout=s.session_end_timeout,
+            close_timeout=s.close_timeout,
+            delete_room_on_close=s.delete_room_on_close,
+            delete_room=delete_room,
+            room_events=self.events,
+            before_disconnect=self._close_session_and_avatar,
+        )
+        self.link = ParticipantLink(
+            session,
+            room_events=self.events,
+            participant_identity=s.participant_identity,
+            participant_kinds=s.participant_kinds,
+            close_on_disconnect=s.close_on_disconnect,
+            closing_reasons=s.closing_reasons,
+            grace_period=s.grace_period,
+            clock=clock,
+            tracer=tracer,
+        )
+        self.avatar: AvatarLifecycle | None = None
+        if avatar is not None:
+            self.avatar = AvatarLifecycle(
+                avatar,
+                join_timeout=s.join_timeout,
+                clear_buffer_timeout=s.clear_buffer_timeout,
+                retry=s.retry_avatar,
+                clock=clock,
+                tracer=tracer,
+                room_events=self.events,
+                remove_participant=remove_avatar_participant,
+            )
+        self.close_reason: str | None = None  # the primary session's CloseReason, once closed
+        self._job_context: JobContext | None = None
+        self._avatar_closing: asyncio.Task[None] | None = None
+        self._runtime_started = False
+        self._released = False
+        self.job.on("state_changed", self._forward_state)
+        self.link.on("state_changed", self._forward_state)
+        if self.avatar is not None:
+            self.avatar.on("state_changed", self._forward_state)
+        self.job.on("closed", self._on_closed)
+        self.job.add_shutdown_callback(self._release)
+
+    # -- livekit-agents jobs ---------------------------------------------------------------
+    @classmethod
+    def from_job_context(
+        cls,
+        ctx: JobContext,
+        *,
+        session: AgentSession[Any],
+        avatar: AvatarSession | None = None,  # type: ignore[type-arg]
+        **options: Any,
+    ) -> AgentJob:
+        """A job over ``ctx.room``, with its simulation context, the ``on_simulation_end``
+        given to ``AgentServer.rtc_session`` and ``ctx.delete_room``, unless given in
+        ``options``. ``trace_path`` may contain ``{job_id}`` and ``{room}``. Found again by
+        ``AgentJob.for_job(ctx)`` and by ``on_session_end``."""
+        if ctx in _JOBS:
+            raise RuntimeError("this job context already has an AgentJob")
+        trace_path = options.get("trace_path")
+        if isinstance(trace_path, str):
+            try:
+                options["trace_path"] = trace_path.format(job_id=ctx.job.id, room=ctx.room.name)
+            except (KeyError, IndexError, ValueError) as e:
+                raise SettingError(
+                    f"trace_path: only {{job_id}} and {{room}} can be filled in ({e})"
+                ) from None
+        if options.get("simulation") is None:
+            options["simulation"] = ctx.simulation_context()
+        if options.get("on_simulation_end") is None:
+            # where the job runner puts rtc_session(on_simulation_end=...)
+            options["on_simulation_end"] = getattr(ctx, "_simulation_end_fnc", None)
+        inject = _INJECTED.get() or {}
+        if options.get("delete_room") is None and "delete_room" not in inject:
+
+            async def delete_room() -> None:
+                await ctx.delete_room()
+
+            options["delete_room"] = delete_room
+        job = cls(room=ctx.room, session=session, avatar=avatar, **options)
+        job._job_context = ctx
+        _JOBS[ctx] = job
+        # the safety net when on_session_end was not passed: the job closes with livekit's
+        # own shutdown (no hold then: the room is already disconnected)
+        ctx.add_shutdown_callback(job._on_livekit_shutdown)
+        return job
+
+    @staticmethod
+    def for_job(ctx: JobContext) -> AgentJob | None:
+        """The ``AgentJob`` built for ``ctx``, until it closed."""
+        return _JOBS.get(ctx)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def states(self) -> dict[str, str]:
+        """Every machine's current state, by machine name."""
+        out = {
+            "job": self.job.state,
+            "session_host": self.job.host_state,
+            "participant": self.link.state,
+        }
+        if self.avatar is not None:
+            out["avatar"] = self.avatar.state
+        return out
+
+    @property
+    def finalize_answered(self) -> bool:
+        return self.job.finalize_answered
+
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        return self.job.verdict
+
+    @property
+    def closed_at(self) -> float | None:
+        return self.job.closed_at
+
+    @property
+    def room_deleted_at(self) -> float | None:
+        return self.job.room_deleted_at
+
+    def audio_route(self) -> Route:
+        """Where the agent's audio goes now: ``avatar``, ``room`` or ``none``."""
+        return route_of(self.session)
+
+    # -- starting ----------------------------------------------------------------------------
+    async def start(
+        self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN
+    ) -> None:
+        """Start everything: the job's runtime (room facts, the job machine, the session host
+        with the session attached), the avatar (its route in before the session starts, as
+        the plugins expect), the session, then the participant link."""
+        options = self._room_options(room_options)  # refuse before anything starts
+        await self.start_runtime()
+        if self.avatar is not None:
+            await self.start_avatar()
+        await self._start_session(agent, options)
+
+    async def start_runtime(self) -> None:
+        """Connect (inside a livekit job), follow the room, start the job machine and the
+        session host. Idempotent."""
+        if self._runtime_started:
+            return
+        self._runtime_started = True
+        if self._job_context is not None:
+            await self._job_context.connect()
+        self.events.start()
+        self.session.on("close", self._on_session_close)
+        await self.job.start()
+
+    async def start_avatar(self) -> None:
+        """Start the avatar plugin through its lifecycle (before or after the session);
+        returns once the outcome of the plugin's own start is handled."""
+        if self.avatar is None:
+            raise RuntimeError("this job has no avatar (pass avatar= to AgentJob)")
+        await self.start_runtime()
+        await self.avatar.start(self.session, self.room)
+
+    async def start_session(
+        self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN
+    ) -> None:
+        """Start the session on the room with the job's host and the machines' close rules,
+        then link the participant."""
+        await self._start_session(agent, self._room_options(room_options))
+
+    async def _start_session(self, agent: Agent, options: RoomOptions) -> None:
+        await self.start_runtime()
+        # attached as it starts (until then a request gets "no active session"), before its
+        # first event so every one of them is forwarded
+        self.job.attach(self.session)
+        await self.session.start(agent, room=self.room, room_options=options, session_host=False)
+        self.link.start()
+
+    def attach(self, session: AgentSession[Any]) -> None:
+        """Attach another session to the job's host (the previous one is detached; its
+        events stop being forwarded). Its close then ends the job."""
+        self.job.attach(session)
+
+    def _room_options(self, given: NotGivenOr[RoomOptions]) -> RoomOptions:
+        s = self.settings
+        opts = copy.copy(given) if is_given(given) else RoomOptions()
+        if not isinstance(opts, RoomOptions):
+            raise TypeError(f"room_options must be a RoomOptions, not {type(opts).__name__}")
+        if opts.delete_room_on_close:
+            raise ValueError(
+                "RoomOptions(delete_room_on_close=True) deletes the room as the session closes, "
+                "before a simulator can ask for its verdict: pass delete_room_on_close=True to "
+                "AgentJob instead (the room is deleted after the job's hold)"
+            )
+        if not opts.close_on_disconnect:
+            raise ValueError(
+                "RoomOptions(close_on_disconnect=False): pass close_on_disconnect=False to "
+                "AgentJob instead (the participant machine decides what a departure means)"
+            )
+        if is_given(opts.participant_identity) and (
+            opts.participant_identity != s.participant_identity
+        ):
+            raise ValueError(
+                "RoomOptions.participant_identity: pass participant_identity= to AgentJob "
+                "instead (the participant machine links that identity)"
+            )
+        if is_given(opts.participant_kinds):
+            raise ValueError(
+                "RoomOptions.participant_kinds: pass participant_kinds= to AgentJob instead"
+            )
+        opts.close_on_disconnect = False  # the participant machine decides
+        opts.delete_room_on_close = False  # the job machine defers deletion past its hold
+        opts.participant_identity = s.participant_identity or NOT_GIVEN
+        opts.participant_kinds = [
+            rtc.ParticipantKind.Value(f"PARTICIPANT_KIND_{k.upper()}") for k in s.participant_kinds
+        ]
+        return opts
+
+    # -- ending ------------------------------------------------------------------------------
+    def shutdown(self, reason: str = "") -> None:
+        """Ask the job to end: it holds for the simulator if one can still ask, then closes."""
+        self.job.shutdown(reason)
+
+    def request_room_deletion(self) -> None:
+        """Delete the room once the hold is over (what an end-call tool's delete_room does)."""
+        self.job.request_room_deletion()
+
+    def add_shutdown_callback(self, callback: ShutdownCallback) -> None:
+        """Run ``callback(reason)`` (or ``callback()``) at the end of the job's close."""
+        self.job.add_shutdown_callback(callback)
+
+    async def wait_closed(self) -> None:
+        await self.job.wait_closed()
+
+    async def aclose(self, *, graceful: bool = True) -> None:
+        """Close the job. ``graceful`` (the default): shut down as ``shutdown()`` does,
+        honouring the bounded hold, and wait for ``closed``. Otherwise stop every machine
+        where it is. Either way every listener and task is released."""
+        if graceful:
+            await self.job.aclose()
+            await self._release()  # when the close was cut short before its callbacks
+            return
+        await self.job.abort()
+        self._released = True
+        for actor in (self.link.actor, *([self.avatar.actor] if self.avatar else [])):
+            await actor.aclose()
+        self.session.off("close", self._on_session_close)
+        self.events.aclose()
+        if self._job_context is not None:
+            _JOBS.pop(self._job_context, None)
+
+    # -- wiring --------------------------------------------------------------------------------
+    def _forward_state(self, sc: StateChanged) -> None:
+        try:
+            self.emit("state_changed", sc)
+        except Exception:
+            # a listener's failure must not abort the machine's step that called it
+            logger.exception("a state_changed listener failed")
+
+    def _on_session_close(self, ev: CloseEvent) -> None:
+        reason = getattr(ev, "reason", None)
+        self.close_reason = self.close_reason or getattr(reason, "value", str(reason))
+        self._close_avatar()
+
+    def _close_avatar(self) -> None:
+        # the avatar goes with the session, while the room is still connected (its removal
+        # goes through the server API only then)
+        if self.avatar is not None and self._avatar_closing is None:
+            self._avatar_closing = asyncio.get_running_loop().create_task(
+                self.avatar.aclose(), name="AgentJob.avatar.aclose"
+            )
+
+    async def _close_session_and_avatar(self) -> None:
+        """The part of the job's close that needs the room: the session (when the job ends
+        for another reason, e.g. the simulator left) and the avatar."""
+        closing: list[Awaitable[Any]] = []
+        if self.session._started and self.session._closing_task is None:
+            self.session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
+        task = self.session._closing_task
+        if task is not None:
+            closing.append(asyncio.shield(task))
+        self._close_avatar()
+        if self._avatar_closing is not None:
+            closing.append(asyncio.shield(self._avatar_closing))
+        if closing:
+            await asyncio.gather(*closing, return_exceptions=True)
+
+    async def _release(self) -> None:
+        """The end of the job's close: stop following, unhook. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        await self.link.aclose()
+        if self.avatar is not None:
+            self._close_avatar()
+            assert self._avatar_closing is not None
+            await asyncio.gather(self._avatar_closing, return_exceptions=True)
+        self.session.off("close", self._on_session_close)
+        self.events.aclose()
+        if self._job_context is not None:
+            _JOBS.pop(self._job_context, None)
+
+    def _on_closed(self, t: float | None) -> None:
+        logger.info("job closed (%s)", self.job.reason or "no reason given")
+        self._emit_closed(t)
+        if self._trace_file is not None:
+            self._trace_file.close()  # after the job's own last transition is written
+
+    def _emit_closed(self, t: float | None) -> None:
+        try:
+            self.emit("closed", t)
+        except Exception:
+            logger.exception("a closed listener failed")
+
+    async def _on_livekit_shutdown(self, reason: str) -> None:
+        self.shutdown(reason)
+        await self.wait_closed()
+
+
+async def on_session_end(ctx: JobContext) -> None:
+    """Pass to ``AgentServer.rtc_session(..., on_session_end=on_session_end)``.
+
+    livekit-agents calls it after the primary session closed and before it disconnects the
+    room: the job shuts down here, holding for the simulator's finalize (bounded by
+    ``session_end_timeout``), and this returns once the job is ``closed``.
+    """
+    job = _JOBS.get(ctx)
+    if job is None:
+        logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
+        return
+    job.shutdown("session ended")
+    await job.wait_closed()
+
+
+def session_end_hook(
+    then: Callable[[JobContext], Any] | None = None,
+) -> Callable[[JobContext], Awaitable[None]]:
+    """``on_session_end`` followed by your own session-end callback ``then(ctx)``."""
+    if then is not None and not callable(then):
+        raise TypeError("then must be callable")
+
+    async def hook(ctx: JobContext) -> None:
+        await on_session_end(ctx)
+        if then is not None:
+            res = then(ctx)
+            if inspect.isawaitable(res):
+                await res
+
+    return hook
