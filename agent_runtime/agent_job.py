@@ -214,7 +214,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         self._job_context: JobContext | None = None
         self._avatar_closing: asyncio.Task[None] | None = None
         self._runtime_started = False
-        self._released = False
+        self._finishing: asyncio.Task[None] | None = None
         self.job.on("state_changed", self._forward_state)
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
@@ -414,10 +414,11 @@ class AgentJob(rtc.EventEmitter[Events]):
         where it is. Either way every listener and task is released."""
         if graceful:
             await self.job.aclose()
-            await self._release()  # when the close was cut short before its callbacks
+            await self._release()
+            if self._finishing is not None:
+                await asyncio.gather(self._finishing, return_exceptions=True)
             return
         await self.job.abort()
-        self._released = True
         for actor in (self.link.actor, *([self.avatar.actor] if self.avatar else [])):
             await actor.aclose()
         self.session.off("close", self._on_session_close)
@@ -462,15 +463,13 @@ class AgentJob(rtc.EventEmitter[Events]):
             await asyncio.gather(*closing, return_exceptions=True)
 
     async def _release(self) -> None:
-        """The end of the job's close: stop following, unhook. Idempotent."""
-        if self._released:
-            return
-        self._released = True
+        """The end of the job's close: stop following, unhook. Safe to run again (the job's
+        bound may cut it short; ``closed`` and ``aclose()`` then finish it)."""
         await self.link.aclose()
         if self.avatar is not None:
             self._close_avatar()
             assert self._avatar_closing is not None
-            await asyncio.gather(self._avatar_closing, return_exceptions=True)
+            await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
         self.session.off("close", self._on_session_close)
         self.events.aclose()
         if self._job_context is not None:
@@ -478,6 +477,12 @@ class AgentJob(rtc.EventEmitter[Events]):
 
     def _on_closed(self, t: float | None) -> None:
         logger.info("job closed (%s)", self.job.reason or "no reason given")
+        if self._job_context is not None:
+            _JOBS.pop(self._job_context, None)
+        # what the close's bound cut short is finished aside (each step is bounded)
+        self._finishing = asyncio.get_running_loop().create_task(
+            self._release(), name="AgentJob.release"
+        )
         self._emit_closed(t)
         if self._trace_file is not None:
             self._trace_file.close()  # after the job's own last transition is written

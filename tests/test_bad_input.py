@@ -428,7 +428,7 @@ async def check_rpc(bad: Bad, *_: Any) -> None:
     await w.start()
     await w.start_session()
     if w.avatar is not None:
-        await w.avatar.start(w.primary, w.room)
+        await w.start_avatar()
         w.room.add_participant(AVATAR, kind="agent")
         w.room.publish_track(AVATAR, "video")
     speech = w.primary.say("hello", audio=frames(5), add_to_chat_ctx=False)

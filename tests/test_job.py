@@ -14,24 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason, UserInputTranscribedEvent
-from livekit.agents.simulation import SimulationContext
-from livekit.agents.testing import fake_job_context
-from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import (
     TOPIC_SESSION_MESSAGES,
-    RemoteSession,
     RoomSessionTransport,
 )
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import Event, VirtualClock, settle
-from agent_runtime.job import JobRuntime, on_session_end, session_end_hook
-from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.job import JobRuntime
+from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.wire import build_request
-from tests.support.job_rig import DISPATCH, SIM, JobRig, bare_session, session_in
+from tests.support.job_rig import SIM, JobRig, bare_session, session_in
 
 
 async def test_agent_hangs_up_then_finalize_arrives_verdict_delivered_room_deleted_after() -> None:
@@ -444,61 +439,6 @@ async def test_default_transport_is_the_room_byte_stream_topic() -> None:
     ] == ["hi"]
     await session.aclose()
     await rt.aclose()
-
-
-async def test_from_job_context_and_the_on_session_end_hook() -> None:
-    clock = VirtualClock()
-    room = InMemoryRoom(name="job-room", clock=clock)
-    room.connect_locally()
-    room.add_participant("simulator", attributes=SIM)
-    sim_end, agent_end = InMemorySessionTransport.pair()
-    order: list[str] = []
-
-    async def on_simulation_end(ctx: SimulationContext) -> None:
-        order.append(f"on_simulation_end {ctx.simulation_run_id}")
-        ctx.fail("veto")
-
-    async def users_own_session_end(ctx: Any) -> None:
-        order.append("user's on_session_end")
-
-    with fake_job_context(room=room) as ctx:
-        # what the dispatch and rtc_session(on_simulation_end=...) put on a real job
-        ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
-        ctx._simulation_end_fnc = on_simulation_end
-        rt = JobRuntime.from_job_context(ctx, clock=clock, transport=agent_end)
-        assert JobRuntime.for_job(ctx) is rt
-        assert rt.simulation is not None and rt.simulation.simulation_run_id == "run-7"
-        session = await bare_session("agent")
-        rt.attach(session)
-        await rt.start()
-        await session.aclose()  # upstream: session closes before on_session_end
-
-        hook = asyncio.create_task(session_end_hook(users_own_session_end)(ctx))
-        await clock.advance(12)
-        assert not hook.done() and room.isconnected()  # the hold, room still connected
-        remote = RemoteSession(sim_end)
-        await remote.start()
-        fin = await remote.finalize_simulation(provisional_success=True)
-        await asyncio.wait_for(hook, 5)  # returns at once once the verdict is out
-        assert fin.user_verdict.reason == "veto"
-        assert order == ["on_simulation_end run-7", "user's on_session_end"]
-        assert rt.state == "closed" and rt.room_deleted_at is None
-        assert JobRuntime.for_job(ctx) is None  # released with the job
-        rt.request_room_deletion()  # ctx.delete_room() (a no-op on a fake job) runs now
-        await settle()
-        assert rt.room_deleted_at == 12.0
-        # the safety net it registered on the job runs harmlessly once closed
-        assert rt._on_job_shutdown in ctx._shutdown_callbacks
-        await rt._on_job_shutdown("done")
-        await remote.aclose()
-        await rt.aclose()
-        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
-
-
-async def test_on_session_end_without_a_runtime_returns() -> None:
-    with fake_job_context(room=InMemoryRoom()) as ctx:
-        await on_session_end(ctx)
-        ctx._tempdir.cleanup()
 
 
 # -- every cell of the table, through the actor -------------------------------------------

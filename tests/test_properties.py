@@ -214,7 +214,7 @@ class ComposedJob(RuleBasedStateMachine):
     async def start_avatar(self, w: World) -> None:
         assert w.avatar is not None
         try:
-            await w.avatar.start(w.primary, w.room)
+            await w.start_avatar()
         except RuntimeError as e:
             assert "closed" in str(e), e  # closed before it could start: refused
             w.refused.append(f"avatar.start: {e}")

@@ -27,7 +27,7 @@ def test_routes_name_real_machines_events_and_conditions() -> None:
         )
 
 
-def test_a_machine_follows_exactly_its_routes_and_needs_every_condition() -> None:
+async def test_a_machine_follows_exactly_its_routes_and_needs_every_condition() -> None:
     room = InMemoryRoom(name="r")
     adapter = RoomEventAdapter(room)
     adapter.start()

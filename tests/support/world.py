@@ -25,21 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from livekit import rtc
-from livekit.agents import NOT_GIVEN, Agent, AgentSession
+from livekit.agents import Agent, AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import SessionHost
-from livekit.agents.voice.room_io import RoomOptions
 from livekit.api import TwirpError
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.rtc._proto import participant_pb2, track_pb2
 
 from agent_runtime.actor import Actor
+from agent_runtime.agent_job import AgentJob
 from agent_runtime.avatar import _HANDED_OFF, AvatarLifecycle
 from agent_runtime.clock import VirtualClock, settle
-from agent_runtime.job import JobRuntime
 from agent_runtime.participant import ParticipantLink
-from agent_runtime.room_events import RoomEventAdapter
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
@@ -202,7 +200,6 @@ class World:
         self._wrap_perform_rpc()
         if cfg.connected:
             self.room.connect_locally()
-        self.events = RoomEventAdapter(self.room)
         self.agent_end, self.sim_end = InMemorySessionTransport.pair()
         self.deletions: list[tuple[float, str]] = []  # (t, job state when deletion began)
         self.callbacks: list[tuple[float, str]] = []
@@ -212,31 +209,11 @@ class World:
         self.sessions: list[AgentSession[Any]] = [AgentSession()]
         self.session_listeners_before = [session_listeners(self.sessions[0])]
         self.refused: list[str] = []  # calls the runtime refused with a clear error
-        self.link: ParticipantLink | None = None
         self.speech: list[Any] = []
         self._bg: set[asyncio.Task[Any]] = set()
         self._ids = 0
         self.steps: list[str] = []  # the rules run, for a failure's message
-        self.job = JobRuntime(
-            room=self.room,
-            clock=self.clock,
-            tracer=tracer,
-            transport=self.agent_end,
-            simulation=SimulationDispatch(simulation_run_id="RUN_props")
-            if cfg.simulation
-            else None,
-            on_simulation_end=self._on_simulation_end,
-            session_end_timeout=cfg.session_end_timeout,
-            close_timeout=cfg.close_timeout,
-            delete_room_on_close=cfg.delete_room_on_close,
-            delete_room=self._delete_room,
-            room_events=self.events,
-        )
-        self.job.actor.on("state_changed", self._on_job_state)
-        if faults.shutdown_callback != "none":
-            self.job.add_shutdown_callback(self._shutdown_callback)
         self.plugin: FaultyAvatar | None = None
-        self.avatar: AvatarLifecycle | None = None
         if cfg.avatar:
             self.plugin = FaultyAvatar(
                 avatar_identity=AVATAR,
@@ -246,19 +223,41 @@ class World:
                 else None,
                 error_after_route=faults.plugin_start == "raise_after_route",
             )
-            self.avatar = AvatarLifecycle(
-                self.plugin,
-                join_timeout=cfg.join_timeout,
-                clear_buffer_timeout=cfg.clear_buffer_timeout,
-                retry=cfg.retry_avatar,
-                clock=self.clock,
-                tracer=tracer,
-                room_events=self.events,
-                remove_participant=self._remove_avatar,
-            )
+        # the one composition, with only what needs a server stood in
+        self.agent_job = AgentJob(
+            room=self.room,
+            session=self.sessions[0],
+            avatar=self.plugin,
+            participant_identity=cfg.participant_identity,
+            close_on_disconnect=cfg.close_on_disconnect,
+            grace_period=cfg.grace_period,
+            join_timeout=cfg.join_timeout,
+            clear_buffer_timeout=cfg.clear_buffer_timeout,
+            retry_avatar=cfg.retry_avatar,
+            session_end_timeout=cfg.session_end_timeout,
+            close_timeout=cfg.close_timeout,
+            delete_room_on_close=cfg.delete_room_on_close,
+            clock=self.clock,
+            tracer=tracer,
+            transport=self.agent_end,
+            simulation=SimulationDispatch(simulation_run_id="RUN_props")
+            if cfg.simulation
+            else None,
+            on_simulation_end=self._on_simulation_end,
+            delete_room=self._delete_room,
+            remove_avatar_participant=self._remove_avatar,
+        )
+        self.job = self.agent_job.job
+        self.avatar: AvatarLifecycle | None = self.agent_job.avatar
+        self.link: ParticipantLink = self.agent_job.link
+        self.events = self.agent_job.events
+        self.job.actor.on("state_changed", self._on_job_state)
+        if faults.shutdown_callback != "none":
+            self.job.add_shutdown_callback(self._shutdown_callback)
         if faults.state_listener == "raise":
             # TypeError is the one the SDK's EventEmitter lets through to the emitter
             self.job.on("state_changed", _raising_listener)
+            self.link.on("state_changed", _raising_listener)
             if self.avatar is not None:
                 self.avatar.on("state_changed", _raising_listener)
         self.tracer = tracer
@@ -303,8 +302,7 @@ class World:
         loop.set_exception_handler(handler)
 
     async def start(self) -> None:
-        self.events.start()
-        await self.job.start()
+        await self.agent_job.start_runtime()
 
     # -- injected behaviour ------------------------------------------------------------------
     async def _delete_room(self) -> None:
@@ -391,42 +389,21 @@ class World:
         await self.quiesce()
 
     async def start_session(self) -> None:
-        session = self.primary
         try:
-            self.job.attach(session)
+            await self.agent_job.start_session(Agent(instructions="A property-test agent."))
         except RuntimeError as e:
             assert "closed" in str(e), e  # the only refusal: the job's host is gone
             self.refused.append(f"attach: {e}")
-            return
-        await session.start(
-            Agent(instructions="A property-test agent."),
-            room=self.room,
-            room_options=RoomOptions(
-                participant_identity=self.config.participant_identity or NOT_GIVEN,
-                close_on_disconnect=False,  # the participant machine decides
-                delete_room_on_close=False,  # the job machine defers deletion
-            ),
-            session_host=False,  # the job owns the host
-        )
-        self.link = ParticipantLink(
-            session,
-            room_events=self.events,
-            participant_identity=self.config.participant_identity,
-            close_on_disconnect=self.config.close_on_disconnect,
-            grace_period=self.config.grace_period,
-            clock=self.clock,
-            tracer=self.tracer,
-        )
-        if self.config.faults.state_listener == "raise":
-            self.link.on("state_changed", _raising_listener)
-        self.link.start()
+
+    async def start_avatar(self) -> None:
+        await self.agent_job.start_avatar()
 
     async def attach_other(self) -> None:
         session: AgentSession[Any] = AgentSession()
         self.sessions.append(session)
         self.session_listeners_before.append(session_listeners(session))
         try:
-            self.job.attach(session)
+            self.agent_job.attach(session)
         except RuntimeError as e:
             assert "closed" in str(e), e
             self.refused.append(f"attach: {e}")
@@ -467,9 +444,7 @@ class World:
         }
 
     def actors(self) -> list[Actor]:
-        out = [self.job.actor, self.job.host.actor]
-        if self.link is not None:
-            out.append(self.link.actor)
+        out = [self.job.actor, self.job.host.actor, self.link.actor]
         if self.avatar is not None:
             out.append(self.avatar.actor)
         return out
@@ -508,19 +483,14 @@ class World:
                 raise AssertionError(f"{t.get_name()} raised {type(exc).__name__}: {exc}")
 
     async def aclose(self) -> None:
-        """Release everything: the avatar, the link, every session, the job."""
-        if self.avatar is not None:
-            self.bg(self.avatar.aclose(), "avatar.aclose")
-            await self.drain_background()
-        if self.link is not None:
-            await self.link.aclose()
+        """Release everything: the job (its hold and close, which take the session, the
+        avatar and the link with them), then every other session."""
+        self.bg(self.agent_job.aclose(), "job.aclose")
+        await self.drain_background()
         for s in self.sessions:
             if s._started:
                 await s.aclose()
         await self.quiesce()
-        self.bg(self.job.aclose(), "job.aclose")
-        await self.drain_background()
-        self.events.aclose()
         await self.sim_end.close()
         await self.agent_end.close()
         await self.quiesce()

@@ -1,0 +1,257 @@
+"""``AgentJob``: one job assembled in one place, driven through livekit's own job context.
+
+Real: livekit's fake ``JobContext`` (a real ``JobContext`` for a job with no worker), real
+``AgentSession`` with its RoomIO, every machine's runtime, the scripted avatar plugin (an
+``AvatarSession`` subclass doing what the published plugins do), livekit's ``RemoteSession``
+as the simulator. Faked, because they need a server: the room (``InMemoryRoom``, a real
+``rtc.Room`` with no connection), the transport's byte stream (a paired in-memory transport
+carrying the real protobuf messages) and the avatar participant's removal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+from livekit.agents.job import JobContext
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.testing import fake_job_context
+from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.agents.voice.remote_session import RemoteSession
+from livekit.agents.voice.room_io import RoomOptions
+
+from agent_runtime import (
+    AgentJob,
+    SettingError,
+    VirtualClock,
+    injected,
+    on_session_end,
+    session_end_hook,
+    settle,
+)
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+DISPATCH = SimulationDispatch(simulation_run_id="run-aj", job_id="simjob-aj")
+SIM = {ATTRIBUTE_SIMULATOR: "1"}
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def room(clock: VirtualClock) -> InMemoryRoom:
+    room = InMemoryRoom(name="aj-room", clock=clock)
+    room.connect_locally()
+    return room
+
+
+@pytest.fixture
+async def ctx(room: InMemoryRoom) -> AsyncIterator[JobContext]:
+    with fake_job_context(room=room) as ctx:
+        yield ctx
+        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+
+
+def simulated(ctx: JobContext, on_simulation_end: Any) -> None:
+    """What the dispatch and ``rtc_session(on_simulation_end=...)`` put on a real job."""
+    ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
+    ctx._simulation_end_fnc = on_simulation_end
+
+
+async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("simulator", attributes=SIM)
+    sim_end, agent_end = InMemorySessionTransport.pair()
+    order: list[str] = []
+
+    async def on_simulation_end(sim: SimulationContext) -> None:
+        job = AgentJob.for_job(sim.job_context)
+        assert job is not None  # the user's verdict reaches the job's parts
+        order.append(f"on_simulation_end {sim.simulation_run_id} {job.close_reason}")
+        sim.fail("veto")
+
+    async def users_own_session_end(_ctx: Any) -> None:
+        order.append("user's on_session_end")
+
+    simulated(ctx, on_simulation_end)
+    with injected(clock=clock, transport=agent_end):
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+    assert AgentJob.for_job(ctx) is job
+    await job.start(Agent(instructions="agent"))
+    await settle()
+    assert job.states == {"job": "serving", "session_host": "attached", "participant": "linked"}
+    await job.session.aclose()  # upstream: the session closes before on_session_end
+    await settle()
+
+    hook = asyncio.create_task(session_end_hook(users_own_session_end)(ctx))
+    await clock.advance(12)
+    assert not hook.done() and room.isconnected()  # the hold, room still connected
+    remote = RemoteSession(sim_end)
+    await remote.start()
+    fin = await remote.finalize_simulation(provisional_success=True)
+    await asyncio.wait_for(hook, 5)  # returns once the verdict is out
+    assert fin.user_verdict.reason == "veto"
+    assert order == ["on_simulation_end run-aj user_initiated", "user's on_session_end"]
+    assert job.states["job"] == "closed" and job.closed_at == 12.0
+    assert AgentJob.for_job(ctx) is None  # released with the job
+    # the safety net registered on the job context runs harmlessly once closed
+    assert job._on_livekit_shutdown in ctx._shutdown_callbacks
+    await job._on_livekit_shutdown("done")
+    await remote.aclose()
+    await job.aclose()
+
+
+async def test_on_session_end_without_a_job_returns(ctx: JobContext) -> None:
+    await asyncio.wait_for(on_session_end(ctx), 5)
+
+
+async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("user")
+    with injected(clock=clock):
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), participant_identity="user")
+    await job.start(Agent(instructions="agent"), room_options=RoomOptions(text_output=False))
+    await settle()
+    opts = job.session.room_io._options
+    # RoomIO's own close rules are off: the participant machine and the job decide
+    assert (opts.close_on_disconnect, opts.delete_room_on_close) == (False, False)
+    assert opts.participant_identity == "user" and opts.text_output is False
+    assert job.session._session_host is None and job.job.host.session is job.session
+    assert job.link.linked_identity == "user"
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    assert job.close_reason == "participant_disconnected"
+    await job.aclose()
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda s: {"session": s, "grace_period": -1}, SettingError, "grace_period"),
+        (lambda s: {"session": s, "join_timeout": "30"}, TypeError, "join_timeout"),
+        (lambda s: {"session": s, "avatar": object()}, TypeError, "AvatarSession plugin"),
+        (lambda s: {"session": "agent"}, TypeError, "session must be an AgentSession"),
+        (lambda s: {"session": s, "nope": 1}, TypeError, "nope"),
+        (
+            lambda s: {"session": s, "trace_path": "/nonexistent-dir/{job_id}.jsonl"},
+            SettingError,
+            "trace_path: cannot write the trace",
+        ),
+        (lambda s: {"session": s, "trace_path": "{call}.jsonl"}, SettingError, "job_id"),
+    ],
+)
+async def test_bad_options_are_refused_and_change_nothing(
+    ctx: JobContext, room: InMemoryRoom, make: Any, error: type[Exception], match: str
+) -> None:
+    before = room.listener_count()
+    session: AgentSession[Any] = AgentSession()
+    with pytest.raises(error, match=match):
+        AgentJob.from_job_context(ctx, **make(session))
+    assert AgentJob.for_job(ctx) is None and room.listener_count() == before
+    assert not session._events.get("close")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (RoomOptions(delete_room_on_close=True), "pass delete_room_on_close=True to AgentJob"),
+        (RoomOptions(close_on_disconnect=False), "pass close_on_disconnect=False to AgentJob"),
+        (RoomOptions(participant_identity="bob"), "pass participant_identity= to AgentJob"),
+    ],
+)
+async def test_room_options_that_would_lose_a_guarantee_are_refused_before_anything_starts(
+    room: InMemoryRoom, clock: VirtualClock, options: RoomOptions, match: str
+) -> None:
+    job = AgentJob(room=room, session=AgentSession(), clock=clock)
+    before = room.listener_count()
+    with pytest.raises(ValueError, match=match):
+        await job.start(Agent(instructions="agent"), room_options=options)
+    assert not job.session._started and job.states["session_host"] == "detached"
+    assert room.listener_count() == before
+    await job.aclose(graceful=False)
+
+
+async def test_a_started_session_is_refused(room: InMemoryRoom) -> None:
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions="agent"))
+    with pytest.raises(ValueError, match="already started: pass it unstarted"):
+        AgentJob(room=room, session=session)
+    await session.aclose()
+
+
+def test_only_known_parts_can_be_injected() -> None:
+    with pytest.raises(TypeError, match="cannot inject room"), injected(room=None):
+        pass
+
+
+async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room_goes(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The simulator leaving while the session is live ends the job: the session closes
+    (job_shutdown) and the avatar is removed while the room is still connected."""
+    room.add_participant("user")
+    room.add_participant("simulator", attributes=SIM)
+    removed: list[tuple[str, bool]] = []
+
+    async def remove(identity: str) -> None:
+        removed.append((identity, room.isconnected()))
+        room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    simulated(ctx, None)
+    plugin = ScriptedAvatar(avatar_identity="avatar-1")
+    with injected(clock=clock, remove_avatar_participant=remove):
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=plugin, participant_identity="user"
+        )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("avatar-1", kind="agent")
+    room.publish_track("avatar-1", "video")
+    await settle()
+    assert job.states["avatar"] == "joined" and job.audio_route() == "avatar"
+    baseline = room.listener_count()
+
+    room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    await settle()
+    assert job.close_reason == "job_shutdown"
+    assert removed == [("avatar-1", True)]  # while the room was still connected
+    assert job.states == {
+        "job": "closed",
+        "session_host": "closed",
+        "participant": "closed",
+        "avatar": "closed",
+    }
+    assert not room.isconnected()
+    await job.aclose()
+    assert room.listener_count() < baseline  # the adapter's listeners are gone
+    assert AgentJob.for_job(ctx) is None
+
+
+async def test_a_production_trace_records_every_machine(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, tmp_path: Path
+) -> None:
+    from agent_runtime import read_trace
+
+    room.add_participant("user")
+    with injected(clock=clock):
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), trace_path=str(tmp_path / "{job_id}-{room}.jsonl")
+        )
+    await job.start(Agent(instructions="agent"))
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    await job.aclose()
+    trace = read_trace(tmp_path / "fake-job-aj-room.jsonl")
+    machines = {r.machine for r in trace if r.kind == "transition"}
+    assert machines == {"job", "session_host", "participant"}
