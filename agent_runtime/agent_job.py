@@ -26,7 +26,7 @@ import contextlib
 import copy
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -97,9 +97,9 @@ class AgentJob(rtc.EventEmitter[Events]):
         session: AgentSession[Any],
         avatar: AvatarSession | None = None,  # type: ignore[type-arg]
         participant_identity: str | None = None,
-        participant_kinds: Any = None,
+        participant_kinds: Iterable[str | int] | None = None,
         close_on_disconnect: bool = True,
-        closing_reasons: Any = None,
+        closing_reasons: Iterable[str | int] | None = None,
         grace_period: float = 15.0,
         join_timeout: float = 30.0,
         clear_buffer_timeout: float = 2.0,
@@ -312,6 +312,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         with the session attached), the avatar (its route in before the session starts, as
         the plugins expect), the session, then the participant link."""
         options = self._room_options(room_options)  # refuse before anything starts
+        if self.session._started:
+            raise RuntimeError("this job is already started")
         await self.start_runtime()
         if self.avatar is not None:
             await self.start_avatar()
@@ -345,6 +347,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         await self._start_session(agent, self._room_options(room_options))
 
     async def _start_session(self, agent: Agent, options: RoomOptions) -> None:
+        if self.session._started or self.session._closing_task is not None:
+            raise RuntimeError("the job's session is already started (or closed)")
         await self.start_runtime()
         # attached as it starts (until then a request gets "no active session"), before its
         # first event so every one of them is forwarded
