@@ -228,6 +228,7 @@ class AgentJob(rtc.EventEmitter[Events]):
                 remove_participant=remove_avatar_participant,
             )
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
+        self._actors: list[Actor] | None = None
         self._job_context: JobContext | None = None
         self._avatar_closing: asyncio.Task[None] | None = None
         self._runtime_started = False
@@ -324,7 +325,10 @@ class AgentJob(rtc.EventEmitter[Events]):
     @property
     def actors(self) -> list[Actor]:
         """Every machine of the job (its actor), in ``MACHINES`` order."""
-        return find_actors(self.job, self.link, self.avatar)
+        if self._actors is None:
+            # found once: each runtime builds its machines when it is built
+            self._actors = find_actors(self.job, self.link, self.avatar)
+        return self._actors
 
     def snapshot(self) -> JobSnapshot:
         """What every machine is doing now: its state, since when and the timer armed in it

@@ -46,6 +46,7 @@ from .trace import TraceRecord
 logger = logging.getLogger("agent_runtime.otel")
 
 ParentFn = Callable[[], otel_context.Context | None]
+_NO_SDK = (metrics_api.NoOpMeterProvider, _ProxyMeterProvider)
 
 # seconds: a state lasts from a few milliseconds (avatar routing to a quick join) to the
 # 300 s simulation hold
@@ -229,7 +230,7 @@ class OtelSink:
     def _metrics(self) -> _Instruments | None:
         if self._instruments is None:
             provider = self._meter_provider or metrics_api.get_meter_provider()
-            if isinstance(provider, metrics_api.NoOpMeterProvider | _ProxyMeterProvider):
+            if isinstance(provider, _NO_SDK):
                 return None  # no SDK: no meter, no instruments
             self._instruments = _Instruments(provider.get_meter("agent_runtime"))
         return self._instruments

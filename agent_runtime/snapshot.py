@@ -8,6 +8,7 @@ machine: no copy of the trace, no I/O, cheap enough to log with every request.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal, TypedDict
 
 from statemachines.machines import MACHINES
@@ -56,6 +57,12 @@ class JobSnapshot(TypedDict):
     closed_at: float | None
 
 
+@functools.cache
+def _is_runtime(module: str) -> bool:
+    """A module of the production runtime (not the testing kit's stand-ins, not the tools)."""
+    return module.startswith(f"{__package__}.") and module.count(".") == 1
+
+
 def find_actors(*roots: object, depth: int = 3) -> list[Actor]:
     """Every ``Actor`` held by ``roots`` or by the runtime objects (this package's classes)
     they hold, ``depth`` levels down; in ``MACHINES`` order, then by instance."""
@@ -72,7 +79,7 @@ def find_actors(*roots: object, depth: int = 3) -> list[Actor]:
         if level >= depth:
             return
         for value in getattr(obj, "__dict__", {}).values():
-            if isinstance(value, Actor) or type(value).__module__.startswith(__package__ or ""):
+            if isinstance(value, Actor) or _is_runtime(type(value).__module__):
                 walk(value, level + 1)
 
     for root in roots:

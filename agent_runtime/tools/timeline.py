@@ -25,17 +25,17 @@ from statemachines.machines import MACHINES
 from ..trace import TraceRecord
 from .lanes import Lane, Lanes, summarise
 
-_PALETTE = (
+_PALETTE = (  # neighbours differ: a machine's states are coloured in spec order
     "#8ecae6",
-    "#a8dadc",
-    "#b5e48c",
     "#ffd6a5",
+    "#b5e48c",
     "#cdb4db",
-    "#f4acb7",
     "#ffe5a0",
-    "#90e0ef",
-    "#d8e2dc",
+    "#f4acb7",
+    "#a8dadc",
     "#caffbf",
+    "#90e0ef",
+    "#e9c46a",
 )
 
 
@@ -44,9 +44,13 @@ def _e(text: object) -> str:
 
 
 def state_colour(spec: MachineSpec | None, state: str) -> str:
-    if spec is not None and state in spec.state_names and spec.state(state).final:
+    """Grey for a final state; otherwise by the state's place in its spec, so the states of
+    one machine differ (by name when the spec does not know it)."""
+    if spec is None or state not in spec.state_names:
+        return _PALETTE[zlib.crc32(state.encode()) % len(_PALETTE)]
+    if spec.state(state).final:
         return "#d9d9d9"
-    return _PALETTE[zlib.crc32(state.encode()) % len(_PALETTE)]
+    return _PALETTE[spec.state_names.index(state) % len(_PALETTE)]
 
 
 # -- diagrams ---------------------------------------------------------------------------------
