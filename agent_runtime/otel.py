@@ -90,7 +90,8 @@ class OtelSink:
     ``tracer`` defaults to livekit-agents' tracer (``livekit.agents.telemetry.tracer``, set
     with ``telemetry.set_tracer_provider``), ``meter_provider`` to OTel's global one.
     ``parent`` returns the context whose span takes the events and parents the state spans;
-    without it, the context current when a record is written.
+    without it, the context current when a record is written (``AgentJob`` sets it). One
+    per job: it holds the spans of the states the job's machines are in.
     """
 
     def __init__(

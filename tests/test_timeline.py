@@ -216,3 +216,12 @@ def test_in_a_browser_the_lanes_match_the_trace_and_the_scrubber_lights_the_stat
     shot = tmp_path / "timeline.png"
     assert browser.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
+
+
+def test_simulate_html_draws_one_file_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "page.html"
+    assert cli(["simulate", str(SCENARIO), str(SCENARIO), "--html", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "--html draws exactly one FILE"
+    assert not out.exists()

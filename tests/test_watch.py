@@ -228,6 +228,7 @@ def test_once_prints_the_view_and_exits(tmp_path: Path, trace_lines: list[str]) 
     ("content", "message"),
     [
         (None, "{path}: no such file"),
+        ("fifo", "{path}: not a regular file"),
         (
             '{"t": 1, "kind": "transition", "machine": "job", "instance": ""}\n',
             "{path}:1: a transition record needs 'source' and 'dest'",
@@ -249,6 +250,8 @@ def test_bad_input_gets_one_line_and_no_traceback(
     trace = tmp_path / "bad.jsonl"
     if isinstance(content, bytes):
         trace.write_bytes(content)
+    elif content == "fifo":
+        os.mkfifo(trace)  # nobody writes: reading it would block forever
     elif content is not None:
         trace.write_text(content, encoding="utf-8")
     done = subprocess.run(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import stat
 import sys
 import time
 from typing import TextIO
@@ -129,11 +130,14 @@ def _entry_line(e: Entry, lanes: Lanes) -> str:
 
 def run(args: argparse.Namespace) -> int:
     path: str = args.trace
-    if not os.path.exists(path):
-        print(f"{PROG}: {path}: no such file", file=sys.stderr)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        reason = "no such file" if isinstance(e, FileNotFoundError) else e.strerror or str(e)
+        print(f"{PROG}: {path}: {reason}", file=sys.stderr)
         return 2
-    if os.path.isdir(path):
-        print(f"{PROG}: {path}: a directory, not a trace file", file=sys.stderr)
+    if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end
+        print(f"{PROG}: {path}: not a regular file", file=sys.stderr)
         return 2
     watch = Watch(path)
     out: TextIO = sys.stdout
