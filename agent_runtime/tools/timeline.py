@@ -211,7 +211,7 @@ def diagram_svg(spec: MachineSpec) -> str:
             f"<title>{_e(s)} \u2192 {_e(d)} on {_e(', '.join(events))}</title>"
             f'<path d="{path}" fill="none" stroke="#666" stroke-width="1.1" '
             f'marker-end="url(#{_e(mid)})"/>'
-            f'<text class="edge-label">{text}</text></g>'
+            f'<text class="edge-label" text-anchor="middle" font-size="10">{text}</text></g>'
         )
     out = [
         f'<svg class="diagram" data-machine="{_e(spec.name)}" width="{width:.0f}" '
@@ -244,10 +244,14 @@ def diagram_svg(spec: MachineSpec) -> str:
                 f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" '
                 f'height="{h - 6:.1f}" rx="7" fill="none" stroke="#444"/>'
             )
-        out.append(f'<text x="{x + w / 2:.1f}" y="{y + 22:.1f}" class="state-name">{_e(s)}</text>')
+        out.append(
+            f'<text x="{x + w / 2:.1f}" y="{y + 22:.1f}" class="state-name" '
+            f'text-anchor="middle" font-size="13" font-weight="600">{_e(s)}</text>'
+        )
         if detail:
             out.append(
-                f'<text x="{x + w / 2:.1f}" y="{y + 38:.1f}" class="state-detail">'
+                f'<text x="{x + w / 2:.1f}" y="{y + 38:.1f}" class="state-detail" '
+                f'text-anchor="middle" font-size="10.5">'
                 f"{_e(detail)}</text>"
             )
         out.append("</g>")
