@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from .agent_job import AgentJob, injected, on_session_end, session_end_hook
     from .avatar import AvatarLifecycle
     from .job import JobRuntime
+    from .otel import OtelSink
     from .participant import ParticipantLink
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
     from .settings import JobSettings, SettingError
+    from .snapshot import JobSnapshot
 
 _LAZY = {
     "AvatarLifecycle": "avatar",
@@ -38,6 +40,8 @@ _LAZY = {
     "AgentJob": "agent_job",
     "injected": "agent_job",
     "JobSettings": "settings",
+    "JobSnapshot": "snapshot",
+    "OtelSink": "otel",
     "SettingError": "settings",
 }
 
@@ -61,9 +65,11 @@ __all__ = [
     "JobRuntime",
     "JobSessionHost",
     "JobSettings",
+    "JobSnapshot",
     "JsonlSink",
     "LoggingSink",
     "MemorySink",
+    "OtelSink",
     "ParticipantLink",
     "RoomEventAdapter",
     "SettingError",

@@ -103,6 +103,8 @@ class Actor(rtc.EventEmitter[str]):
         self._mailbox: deque[_Entry] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._timer: TimerHandle | None = None
+        self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
+        self._entered_at: float | None = None
         self._tasks: set[asyncio.Task[Any]] | None = None
         self._closed = False
         self._entered = False
@@ -128,6 +130,16 @@ class Actor(rtc.EventEmitter[str]):
     @property
     def timer_armed(self) -> bool:
         return self._timer is not None
+
+    @property
+    def timer_deadline(self) -> float | None:
+        """When the state's timeout fires (this actor's clock), while it is armed."""
+        return self._timer_deadline if self._timer is not None else None
+
+    @property
+    def entered_at(self) -> float | None:
+        """When the current state was entered (this actor's clock); None before ``start``."""
+        return self._entered_at
 
     def start(self) -> None:
         """Enter the initial state: arm its timeout and start its tasks. Idempotent; the
@@ -340,12 +352,14 @@ class Actor(rtc.EventEmitter[str]):
     def _enter_state(self) -> None:
         self._gen += 1
         gen = self._gen
+        self._entered_at = self.clock.now()
         st = self.spec.state(self._state)
         if st.timeout is not None:
             seconds = self._settings.get(st.timeout.setting, st.timeout.default)
             if seconds is not None:
                 ev = Event(st.timeout.event, {"after": seconds})
                 self._timer = self.clock.call_later(seconds, lambda: self._fire(ev, gen))
+                self._timer_deadline = self._entered_at + max(0.0, seconds)
         for name in st.invoke:
             self._start_task(name, gen)
 

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, CloseReason, NotGivenOr
@@ -39,15 +39,18 @@ from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
+from opentelemetry import context as otel_context
 
-from .actor import StateChanged
+from .actor import Actor, StateChanged
 from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of
 from .clock import AsyncioClock, Clock
 from .job import DeleteRoomFn, JobRuntime, ShutdownCallback
+from .otel import OtelSink
 from .participant import ParticipantLink
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
 from .settings import JobSettings, SettingError, job_settings
+from .snapshot import JobSnapshot, find_actors, machines_snapshot
 from .trace import JsonlSink, LoggingSink, Tracer
 
 if TYPE_CHECKING:
@@ -61,7 +64,7 @@ _JOBS: dict[Any, AgentJob] = {}
 # transport, recorded room deletion); production never sets it
 _INJECTED: ContextVar[Mapping[str, Any] | None] = ContextVar("agent_runtime_injected", default=None)
 _INJECTABLE = frozenset(
-    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant"}
+    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant", "otel"}
 )
 
 Events = Literal["state_changed", "closed"]
@@ -71,8 +74,8 @@ Events = Literal["state_changed", "closed"]
 def injected(**parts: Any) -> Iterator[None]:
     """Jobs built inside this context (``AgentJob(...)`` or ``from_job_context``) take these
     parts unless given explicitly: ``clock``, ``transport``, ``tracer``, ``delete_room``,
-    ``remove_avatar_participant``. For tests that run an unchanged entrypoint on virtual
-    time and an in-memory room."""
+    ``remove_avatar_participant``, ``otel`` (an ``OtelSink``). For tests that run an
+    unchanged entrypoint on virtual time and an in-memory room."""
     unknown = sorted(set(parts) - _INJECTABLE)
     if unknown:
         raise TypeError(f"cannot inject {', '.join(unknown)}; one of {sorted(_INJECTABLE)}")
@@ -109,6 +112,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         delete_room_on_close: bool = False,
         trace_path: str | Path | None = None,
         tracer: Tracer | None = None,
+        otel: bool | OtelSink = True,
         clock: Clock | None = None,
         simulation: SimulationContext | SimulationDispatch | None = None,
         on_simulation_end: SimulationEndFn | None = None,
@@ -148,7 +152,11 @@ class AgentJob(rtc.EventEmitter[Events]):
                 f"avatar must be a livekit-agents AvatarSession plugin, not "
                 f"{type(avatar).__module__}.{type(avatar).__qualname__}"
             )
+        if not isinstance(otel, bool | OtelSink):
+            raise TypeError(f"otel must be True, False or an OtelSink, not {type(otel).__name__}")
         inject = _INJECTED.get() or {}
+        if otel is True and isinstance(inject.get("otel"), OtelSink):
+            otel = inject["otel"]
         clock = clock or inject.get("clock") or AsyncioClock()
         tracer = tracer or inject.get("tracer")
         transport = transport or inject.get("transport")
@@ -166,6 +174,15 @@ class AgentJob(rtc.EventEmitter[Events]):
                 ) from None
             # production traces: the JSONL `agent-runtime replay` reads, plus the logs
             tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), self._trace_file)
+        self.otel: OtelSink | None = None
+        if otel is not False:
+            # the span current now (job_entrypoint inside a livekit job) takes the machines'
+            # events whenever no session span is running
+            self._otel_context = otel_context.get_current()
+            self.otel = OtelSink() if otel is True else otel
+            if self.otel.parent is None:
+                self.otel.parent = self._otel_parent
+            tracer = Tracer(*(tracer.sinks if tracer else []), self.otel)
 
         s = self.settings
         self.room = room
@@ -211,6 +228,7 @@ class AgentJob(rtc.EventEmitter[Events]):
                 remove_participant=remove_avatar_participant,
             )
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
+        self._actors: list[Actor] | None = None
         self._job_context: JobContext | None = None
         self._avatar_closing: asyncio.Task[None] | None = None
         self._runtime_started = False
@@ -303,6 +321,43 @@ class AgentJob(rtc.EventEmitter[Events]):
     def audio_route(self) -> Route:
         """Where the agent's audio goes now: ``avatar``, ``room`` or ``none``."""
         return route_of(self.session)
+
+    @property
+    def actors(self) -> list[Actor]:
+        """Every machine of the job (its actor), in ``MACHINES`` order."""
+        if self._actors is None:
+            # found once: each runtime builds its machines when it is built
+            self._actors = find_actors(self.job, self.link, self.avatar)
+        return self._actors
+
+    def snapshot(self) -> JobSnapshot:
+        """What every machine is doing now: its state, since when and the timer armed in it
+        (times on the job's clock), with the audio route, the linked identity, the attached
+        session and the finalize status. Plain JSON-able data; cheap enough to log with every
+        request."""
+        host = self.job.host
+        attached = host.session
+        return {
+            "t": self.clock.now(),
+            "room": self.room.name,
+            "room_connected": self.room.isconnected(),
+            "machines": machines_snapshot(self.actors),
+            "audio_route": self.audio_route(),
+            "linked_identity": self.link.linked_identity,
+            "attached_session": host.label_of(attached) if attached is not None else None,
+            "primary_session_attached": attached is self.session,
+            "finalize": {
+                "simulation": self.job.simulation is not None,
+                "simulators": sorted(self.job.simulators),
+                "hold_needed": self.job.hold_needed,
+                "answered": self.job.finalize_answered,
+                "verdict": self.job.verdict,
+            },
+            "close_reason": self.close_reason,
+            "job_reason": self.job.reason,
+            "room_deleted_at": self.job.room_deleted_at,
+            "closed_at": self.job.closed_at,
+        }
 
     # -- starting ----------------------------------------------------------------------------
     async def start(
@@ -429,8 +484,20 @@ class AgentJob(rtc.EventEmitter[Events]):
         self.events.aclose()
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
+        if self.otel is not None:
+            self.otel.close()  # the spans of the states the machines were stopped in
 
     # -- wiring --------------------------------------------------------------------------------
+    def _otel_parent(self) -> otel_context.Context:
+        """The context whose span takes the machines' events: the attached session's
+        (``agent_session``) while it runs, else the one current when the job was built."""
+        for session in (self.job.host.session, self.session):
+            # the SDK keeps its session span's context there from start() to the close's end
+            ctx = getattr(session, "_root_span_context", None)
+            if ctx is not None:
+                return cast(otel_context.Context, ctx)
+        return self._otel_context
+
     def _forward_state(self, sc: StateChanged) -> None:
         try:
             self.emit("state_changed", sc)
@@ -479,13 +546,18 @@ class AgentJob(rtc.EventEmitter[Events]):
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
 
+    async def _finish(self) -> None:
+        await self._release()
+        if self.otel is not None:
+            self.otel.close()  # every machine is closed: a state span still open was abandoned
+
     def _on_closed(self, t: float | None) -> None:
         logger.info("job closed (%s)", self.job.reason or "no reason given")
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
         # what the close's bound cut short is finished aside (each step is bounded)
         self._finishing = asyncio.get_running_loop().create_task(
-            self._release(), name="AgentJob.release"
+            self._finish(), name="AgentJob.release"
         )
         self._emit_closed(t)
         if self._trace_file is not None:

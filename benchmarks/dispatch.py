@@ -237,6 +237,15 @@ async def run_actor_memory(w: Workload, names: list[str]) -> tuple[Lap, str]:
     return await _drive_actor(w, names, Tracer(MemorySink()))
 
 
+async def run_actor_otel(w: Workload, names: list[str]) -> tuple[Lap, str]:
+    """What AgentJob installs by default, in a process with no OTel SDK configured."""
+    from opentelemetry import trace
+
+    from agent_runtime.otel import OtelSink
+
+    return await _drive_actor(w, names, Tracer(OtelSink(tracer=trace.get_tracer("bench"))))
+
+
 async def run_actor_jsonl(w: Workload, names: list[str]) -> tuple[Lap, str]:
     with tempfile.TemporaryDirectory() as d:
         sink = JsonlSink(Path(d) / "trace.jsonl")
@@ -267,6 +276,7 @@ CONTENDERS: dict[str, tuple[str, Contender]] = {
     "async_machine": ("transitions AsyncMachine trigger", run_async_machine),
     "actor": ("Actor, trace off", run_actor),
     "actor_memory": ("Actor, trace on (MemorySink)", run_actor_memory),
+    "actor_otel": ("Actor, trace on (OtelSink, no OTel SDK)", run_actor_otel),
     "actor_jsonl": ("Actor, trace on (JsonlSink, temp file)", run_actor_jsonl),
     "actor_send": ("Actor, await send() per event", run_actor_send),
 }

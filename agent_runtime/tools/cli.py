@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("files", nargs="*", metavar="FILE")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
     sim.add_argument("--trace", metavar="OUT.jsonl", help="write the JSONL trace here")
+    sim.add_argument("--html", metavar="PAGE.html", help="draw the run's timeline page here")
     sim.set_defaults(module="agent_runtime.tools.commands.simulate")
 
     rep = sub.add_parser(
@@ -39,6 +40,29 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("trace", metavar="TRACE.jsonl")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
     rep.set_defaults(module="agent_runtime.tools.commands.replay")
+
+    wat = sub.add_parser(
+        "watch",
+        help="follow a JSONL trace as it grows: each machine's state and the last transitions",
+        description="Follow a production trace as it is written. On a terminal the view is "
+        "redrawn in place; otherwise each transition is one appended line. Ctrl-C stops.",
+    )
+    wat.add_argument("trace", metavar="TRACE.jsonl")
+    wat.add_argument("--once", action="store_true", help="print the current view and exit")
+    wat.add_argument(
+        "--interval", type=float, default=0.25, metavar="S", help="seconds between reads"
+    )
+    wat.add_argument("--last", type=int, default=12, metavar="N", help="transitions shown")
+    wat.set_defaults(module="agent_runtime.tools.commands.watch")
+
+    tim = sub.add_parser(
+        "timeline",
+        help="draw a trace as one self-contained HTML page (diagrams, lanes, a scrubber)",
+    )
+    tim.add_argument("trace", metavar="TRACE.jsonl")
+    tim.add_argument("-o", "--out", required=True, metavar="PAGE.html")
+    tim.add_argument("--title", help="the page's title (default: the trace's file name)")
+    tim.set_defaults(module="agent_runtime.tools.commands.timeline")
 
     dia = sub.add_parser("diagrams", help="write Mermaid, DOT, SVG and Markdown tables")
     dia.add_argument("--out", default="diagrams", metavar="DIR")

@@ -1,4 +1,4 @@
-"""``agent-runtime simulate [FILE ...] [--json] [--trace OUT.jsonl]``."""
+"""``agent-runtime simulate [FILE ...] [--json] [--trace OUT.jsonl] [--html PAGE.html]``."""
 
 from __future__ import annotations
 
@@ -53,6 +53,14 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "html", None):
+        from .timeline import simulate_then_draw  # the page is drawn from the run's trace
+
+        return simulate_then_draw(args, _simulate)
+    return _simulate(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
     from ...testing.runner import run_scenario  # imports livekit.agents: only when simulating
 
     files = _files(args)

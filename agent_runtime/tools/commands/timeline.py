@@ -1,0 +1,56 @@
+"""``agent-runtime timeline TRACE.jsonl -o PAGE.html [--title T]``: draw a trace as one
+self-contained HTML page (``agent_runtime.tools.timeline``). Exit 0 with the page written,
+2 when the trace cannot be read or the page cannot be written (one line on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ..replay import TraceError, load_trace
+from ..timeline import write_timeline
+
+
+def draw(
+    trace: str, out: str, *, title: str | None = None, source: str | None = None, prog: str
+) -> int:
+    try:
+        records = [rec for _, rec in load_trace(trace)]
+    except TraceError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    try:
+        write_timeline(records, out, title=title or Path(trace).name, source=source or trace)
+    except OSError as e:
+        print(f"{prog}: {out}: cannot write the page ({e.strerror or e})", file=sys.stderr)
+        return 2
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return draw(args.trace, args.out, title=args.title, prog="agent-runtime timeline")
+
+
+def simulate_then_draw(
+    args: argparse.Namespace, simulate: Callable[[argparse.Namespace], int]
+) -> int:
+    """``simulate FILE --html PAGE``: the run as usual, then its trace drawn."""
+    if len(args.files) != 1:
+        print("--html draws exactly one FILE", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="agent-runtime-") as tmp:
+        if not args.trace:
+            args.trace = str(Path(tmp) / "trace.jsonl")
+        code = simulate(args)
+        if code == 2 or not Path(args.trace).is_file():
+            return code
+        scenario = args.files[0]
+        title = f"{Path(scenario).name}: timeline"
+        drawn = draw(
+            args.trace, args.html, title=title, source=scenario, prog="agent-runtime simulate"
+        )
+    return code if drawn == 0 else drawn

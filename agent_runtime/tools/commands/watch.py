@@ -1,0 +1,195 @@
+"""``agent-runtime watch TRACE.jsonl [--once] [--interval S] [--last N]``: follow a trace as
+it grows and show each machine's current state and the last transitions.
+
+On a terminal the view is redrawn in place; otherwise each transition (and each reject,
+failed effect, scenario input) is one appended line. A line that is not a trace record is
+named in one line and skipped; a file that is truncated (a new job writing the same path)
+starts the view over. Ctrl-C stops it. ``--once`` prints the current view and exits (2 when
+a line was not a record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import stat
+import sys
+import time
+from typing import TextIO
+
+from ...trace import TraceRecord
+from ..lanes import Entry, Lanes, parse_record
+from ..replay import TraceError
+
+PROG = "agent-runtime watch"
+
+
+class Follower:
+    """Reads the complete lines a file gains, from where it stopped; a partly written last
+    line waits for its end. Starts over when the file is replaced or truncated."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pos = 0
+        self._line = 0
+        self._rest = b""
+        self._ident: tuple[int, int] | None = None
+
+    def poll(self) -> tuple[list[tuple[int, bytes]], bool]:
+        """(line number, bytes) of each new complete line, and whether the file restarted.
+        Raises ``OSError`` when the file cannot be read."""
+        restarted = False
+        with open(self.path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            ident = (st.st_dev, st.st_ino)
+            if self._ident is not None and (ident != self._ident or st.st_size < self._pos):
+                self._pos, self._line, self._rest = 0, 0, b""
+                restarted = True
+            self._ident = ident
+            fh.seek(self._pos)
+            data = fh.read()
+        self._pos += len(data)
+        *complete, self._rest = (self._rest + data).split(b"\n")
+        out: list[tuple[int, bytes]] = []
+        for raw in complete:
+            self._line += 1
+            if raw.strip():
+                out.append((self._line, raw))
+        return out, restarted
+
+
+class Watch:
+    """The state of the view: lanes from the records read so far, and the problems seen."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.follower = Follower(path)
+        self.lanes = Lanes()
+        self.problems: list[str] = []
+
+    def poll(self) -> tuple[list[Entry], list[str], bool]:
+        """New history entries, new problems, and whether the trace restarted."""
+        problems: list[str] = []
+        try:
+            lines, restarted = self.follower.poll()
+        except OSError as e:
+            problem = f"{self.path}: cannot read the trace ({e.strerror or e})"
+            if not self.problems or self.problems[-1] != problem:
+                self.problems.append(problem)
+                return [], [problem], False
+            return [], [], False
+        if restarted:
+            self.lanes = Lanes()
+            self.problems = []
+        before = len(self.lanes.history)
+        for n, raw in lines:
+            where = f"{self.path}:{n}"
+            try:
+                rec: TraceRecord = parse_record(raw.decode("utf-8"), where)
+            except UnicodeDecodeError:
+                problems.append(f"{where}: not UTF-8 text; line skipped")
+                continue
+            except TraceError as e:
+                problems.append(f"{e}; line skipped")
+                continue
+            self.lanes.add(rec)
+        self.problems += problems
+        return self.lanes.history[before:], problems, restarted
+
+    # -- the view ------------------------------------------------------------------------------
+    def view(self, *, last: int, width: int) -> list[str]:
+        lanes = self.lanes
+        t = f"t = {lanes.t1:.3f}" if lanes.t1 is not None else "no records yet"
+        out = [f"{PROG} {self.path}: {lanes.records} records, {t}", ""]
+        rows = [("machine", "state", "since", "timeout armed")]
+        for lane in lanes.lanes():
+            since = f"{lane.since:.3f}" if lane.since is not None else ""
+            rows.append((lanes.label(lane), lane.state, since, lanes.timeout_of(lane)))
+        if len(rows) == 1:
+            out.append("(no machine has written a record yet)")
+        else:
+            widths = [max(len(r[i]) for r in rows) for i in range(4)]
+            out += [
+                "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+            ]
+        out += ["", "last transitions"]
+        recent = lanes.history[-last:] if last > 0 else []
+        out += [_entry_line(e, lanes) for e in recent] or ["  (none yet)"]
+        if self.problems:
+            out += ["", "problems"] + [f"  {p}" for p in self.problems[-3:]]
+        return [line[:width] for line in out]
+
+
+def _entry_line(e: Entry, lanes: Lanes) -> str:
+    lane = lanes.find(e.machine, e.instance)
+    who = lanes.label(lane) if lane is not None else e.machine
+    mark = "!" if e.level == "warn" else " "
+    return f"{mark} {e.t:10.3f}  {who:<14} {e.text}"
+
+
+def run(args: argparse.Namespace) -> int:
+    path: str = args.trace
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        reason = "no such file" if isinstance(e, FileNotFoundError) else e.strerror or str(e)
+        print(f"{PROG}: {path}: {reason}", file=sys.stderr)
+        return 2
+    if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end
+        print(f"{PROG}: {path}: not a regular file", file=sys.stderr)
+        return 2
+    watch = Watch(path)
+    out: TextIO = sys.stdout
+    try:
+        if args.once:
+            _, problems, _ = watch.poll()
+            for p in problems:
+                print(f"{PROG}: {p}", file=sys.stderr)
+            width = shutil.get_terminal_size((100, 24)).columns
+            out.write("\n".join(watch.view(last=args.last, width=width)) + "\n")
+            return 2 if watch.problems else 0
+        if out.isatty():
+            return _live(watch, out, args)
+        return _lines(watch, out, args)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `watch trace | head`: the reader has gone
+        # stdout is gone; let the interpreter's flush at exit find nothing to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _lines(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
+    while True:
+        entries, problems, restarted = watch.poll()
+        if restarted:
+            out.write(f"-- {watch.path} was truncated or replaced: reading it from the start\n")
+        for e in entries:
+            out.write(_entry_line(e, watch.lanes) + "\n")
+        for p in problems:
+            print(f"{PROG}: {p}", file=sys.stderr)
+        out.flush()
+        time.sleep(args.interval)
+
+
+def _live(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
+    out.write("\x1b[?25l\x1b[2J")  # hide the cursor, clear the screen
+    try:
+        drawn: list[str] | None = None
+        while True:
+            watch.poll()
+            size = shutil.get_terminal_size((100, 24))
+            header = 4 + len(watch.lanes.lanes()) + (5 if watch.problems else 0)
+            last = max(1, min(args.last, size.lines - header - 1))
+            lines = watch.view(last=last, width=size.columns)
+            lines.append("(Ctrl-C to stop)")
+            if lines != drawn:
+                # home, each line cleared to its end, then everything below cleared
+                out.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in lines) + "\x1b[J")
+                out.flush()
+                drawn = lines
+            time.sleep(args.interval)
+    finally:
+        out.write("\x1b[?25h\n")
+        out.flush()

@@ -1,0 +1,578 @@
+"""A trace as one self-contained HTML page: each machine's diagram, a timeline of the job
+(a lane per machine instance, its states as bars, effects and rejects as marks, the
+scenario's inputs above), and a scrubber that lights each machine's state at that time in
+the diagrams.
+
+Everything is inline (CSS, the SVG drawings, a little JavaScript): the page fetches nothing
+and needs no Graphviz. The diagrams are laid out here from the specs: states in columns by
+their distance from the initial state, edges labelled with their events. Open it at
+``page.html#t=12`` to start the scrubber at t = 12.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from statemachines import MachineSpec
+from statemachines.machines import MACHINES
+
+from ..trace import TraceRecord
+from .lanes import Lane, Lanes, summarise
+
+_PALETTE = (  # neighbours differ: a machine's states are coloured in spec order
+    "#8ecae6",
+    "#ffd6a5",
+    "#b5e48c",
+    "#cdb4db",
+    "#ffe5a0",
+    "#f4acb7",
+    "#a8dadc",
+    "#caffbf",
+    "#90e0ef",
+    "#e9c46a",
+)
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def state_colour(spec: MachineSpec | None, state: str) -> str:
+    """Grey for a final state; otherwise by the state's place in its spec, so the states of
+    one machine differ (by name when the spec does not know it)."""
+    if spec is None or state not in spec.state_names:
+        return _PALETTE[zlib.crc32(state.encode()) % len(_PALETTE)]
+    if spec.state(state).final:
+        return "#d9d9d9"
+    return _PALETTE[spec.state_names.index(state) % len(_PALETTE)]
+
+
+# -- diagrams ---------------------------------------------------------------------------------
+
+_NODE_H = 36
+_COL_GAP = 125
+_ROW_GAP = 30
+_MARGIN = 24
+_ARC_STEP = 17  # between stacked arcs (edges that skip columns or go back)
+
+
+def _text_width(text: str, px: float = 7.4) -> float:
+    return len(text) * px
+
+
+def _layout(spec: MachineSpec) -> tuple[dict[str, int], list[list[str]]]:
+    """The column of each state and the states of each column. Edges that close a cycle
+    (found depth-first from the initial state, rows in spec order) are set aside; each state
+    then sits one column after the furthest state leading to it, so the flow reads left to
+    right and final states come last."""
+    succ: dict[str, list[str]] = {s: [] for s in spec.state_names}
+    for r in spec.rows:
+        if r.dest is not None and r.dest != r.source and r.dest not in succ[r.source]:
+            succ[r.source].append(r.dest)
+    forward: dict[str, list[str]] = {s: [] for s in spec.state_names}
+    seen: set[str] = set()
+    on_path: set[str] = set()
+
+    def visit(s: str) -> None:
+        seen.add(s)
+        on_path.add(s)
+        for d in succ[s]:
+            if d in on_path:
+                continue  # closes a cycle: drawn as an edge going back
+            forward[s].append(d)
+            if d not in seen:
+                visit(d)
+        on_path.discard(s)
+
+    visit(spec.initial)
+    for s in spec.state_names:  # validation makes every state reachable; be safe anyway
+        if s not in seen:
+            visit(s)
+    rank: dict[str, int] = {}
+
+    def depth(s: str) -> int:
+        # longest path from a source of the acyclic part: the state's column
+        if s not in rank:
+            rank[s] = 0
+            preds = [p for p, ds in forward.items() if s in ds]
+            rank[s] = max((depth(p) + 1 for p in preds), default=0)
+        return rank[s]
+
+    for s in spec.state_names:
+        depth(s)
+    columns: list[list[str]] = [[] for _ in range(max(rank.values()) + 1)]
+    for s in spec.state_names:
+        columns[rank[s]].append(s)
+    return rank, columns
+
+
+def _detail(spec: MachineSpec, state: str) -> str:
+    st = spec.state(state)
+    parts = []
+    if st.timeout is not None:
+        parts.append(f"timeout: {st.timeout.event}")
+    parts += [f"task: {name}" for name in st.invoke]
+    return ", ".join(parts)
+
+
+def diagram_svg(spec: MachineSpec) -> str:
+    """The machine as an SVG drawing: a box per state (``data-machine``/``data-state``, the
+    scrubber lights it), an edge per (source, dest) labelled with its events. Edges to the
+    next column are drawn straight across; edges that skip columns arc below, edges that go
+    back arc above, edges within a column loop on its right."""
+    rank, columns = _layout(spec)
+    size: dict[str, tuple[float, float]] = {}
+    for s in spec.state_names:
+        detail = _detail(spec, s)
+        w = max(90.0, _text_width(s) + 24, _text_width(detail, 6.0) + 16)
+        size[s] = (w, _NODE_H + (14 if detail else 0))
+    labels: dict[tuple[str, str], list[str]] = {}
+    for r in spec.rows:
+        if r.dest is not None and r.dest != r.source:
+            events = labels.setdefault((r.source, r.dest), [])
+            if r.event not in events:
+                events.append(r.event)
+    below = [k for k in labels if rank[k[1]] > rank[k[0]] + 1]
+    above = [k for k in labels if rank[k[1]] < rank[k[0]]]
+    col_w = [max(size[s][0] for s in col) for col in columns]
+    col_h = [sum(size[s][1] for s in col) + _ROW_GAP * (len(col) - 1) for col in columns]
+    band = max(col_h)
+    top = _MARGIN + (_ARC_STEP * len(above) + 14 if above else 0)
+    pos: dict[str, tuple[float, float]] = {}  # top-left corner
+    x = _MARGIN + 24.0  # the initial dot's room
+    for c, col in enumerate(columns):
+        y = top + (band - col_h[c]) / 2
+        for s in col:
+            w, h = size[s]
+            pos[s] = (x + (col_w[c] - w) / 2, y)
+            y += h + _ROW_GAP
+        x += col_w[c] + _COL_GAP
+    width = x - _COL_GAP + _MARGIN + 70  # room for the loops within a column
+    height = top + band + (_ARC_STEP * len(below) + 14 if below else 0) + _MARGIN
+
+    def anchor(s: str, side: str) -> tuple[float, float]:
+        (sx, sy), (sw, sh) = pos[s], size[s]
+        return {
+            "right": (sx + sw, sy + sh / 2),
+            "left": (sx, sy + sh / 2),
+            "top": (sx + sw / 2, sy),
+            "bottom": (sx + sw / 2, sy + sh),
+        }[side]
+
+    mid = f"arrow-{spec.name}"
+    edge_svg: list[str] = []
+    for (s, d), events in labels.items():
+        if (s, d) in below:
+            k = below.index((s, d)) + 1
+            p0, p3 = anchor(s, "bottom"), anchor(d, "bottom")
+            level = top + band + _ARC_STEP * k
+            c1, c2 = (
+                (p0[0] + 20, level + (level - p0[1]) / 3),
+                (p3[0] - 20, level + (level - p3[1]) / 3),
+            )
+        elif (s, d) in above:
+            k = above.index((s, d)) + 1
+            p0, p3 = anchor(s, "top"), anchor(d, "top")
+            level = top - _ARC_STEP * k
+            c1, c2 = (
+                (p0[0] - 20, level - (p0[1] - level) / 3),
+                (p3[0] + 20, level - (p3[1] - level) / 3),
+            )
+        elif rank[s] == rank[d]:
+            p0, p3 = anchor(s, "right"), anchor(d, "right")
+            c1, c2 = (p0[0] + 55, p0[1]), (p3[0] + 55, p3[1])
+        else:
+            p0, p3 = anchor(s, "right"), anchor(d, "left")
+            bend = (p3[0] - p0[0]) / 2
+            c1, c2 = (p0[0] + bend, p0[1]), (p3[0] - bend, p3[1])
+        path = (
+            f"M{p0[0]:.1f},{p0[1]:.1f} C{c1[0]:.1f},{c1[1]:.1f} "
+            f"{c2[0]:.1f},{c2[1]:.1f} {p3[0]:.1f},{p3[1]:.1f}"
+        )
+        lx = (p0[0] + 3 * c1[0] + 3 * c2[0] + p3[0]) / 8
+        ly = (p0[1] + 3 * c1[1] + 3 * c2[1] + p3[1]) / 8
+        if (s, d) in below or (s, d) in above:
+            lines = [", ".join(events)]  # an arc's apex has room for one long line
+        else:
+            lines = events  # one event a line, stacked above the edge
+            ly -= 11 * (len(lines) - 1) + 4
+        text = "".join(
+            f'<tspan x="{lx:.1f}" y="{ly + 3 + 11 * i:.1f}">{_e(line)}</tspan>'
+            for i, line in enumerate(lines)
+        )
+        edge_svg.append(
+            f'<g class="edge" data-source="{_e(s)}" data-dest="{_e(d)}">'
+            f"<title>{_e(s)} \u2192 {_e(d)} on {_e(', '.join(events))}</title>"
+            f'<path d="{path}" fill="none" stroke="#666" stroke-width="1.1" '
+            f'marker-end="url(#{_e(mid)})"/>'
+            f'<text class="edge-label" text-anchor="middle" font-size="10">{text}</text></g>'
+        )
+    out = [
+        f'<svg class="diagram" data-machine="{_e(spec.name)}" width="{width:.0f}" '
+        f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+        f'aria-label="{_e(spec.name)} state diagram">',
+        f'<defs><marker id="{_e(mid)}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        'fill="#555"/></marker></defs>',
+    ]
+    ix, iy = anchor(spec.initial, "left")
+    out.append(
+        f'<circle cx="{ix - 20:.1f}" cy="{iy:.1f}" r="5" fill="#333"/>'
+        f'<path d="M{ix - 15:.1f},{iy:.1f} L{ix - 1:.1f},{iy:.1f}" '
+        f'stroke="#333" marker-end="url(#{_e(mid)})"/>'
+    )
+    out += edge_svg  # under the boxes, labels haloed
+    for s in spec.state_names:
+        x, y = pos[s]
+        w, h = size[s]
+        st = spec.state(s)
+        detail = _detail(spec, s)
+        out.append(
+            f'<g class="state" data-machine="{_e(spec.name)}" data-state="{_e(s)}">'
+            f"<title>{_e(s)}: {_e(st.description or s)}</title>"
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="9" '
+            f'fill="{state_colour(spec, s)}" stroke="#444" stroke-width="1.2"/>'
+        )
+        if st.final:
+            out.append(
+                f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" '
+                f'height="{h - 6:.1f}" rx="7" fill="none" stroke="#444"/>'
+            )
+        out.append(
+            f'<text x="{x + w / 2:.1f}" y="{y + 22:.1f}" class="state-name" '
+            f'text-anchor="middle" font-size="13" font-weight="600">{_e(s)}</text>'
+        )
+        if detail:
+            out.append(
+                f'<text x="{x + w / 2:.1f}" y="{y + 38:.1f}" class="state-detail" '
+                f'text-anchor="middle" font-size="10.5">'
+                f"{_e(detail)}</text>"
+            )
+        out.append("</g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+# -- the timeline ------------------------------------------------------------------------------
+
+_LABEL_W = 170
+_PLOT_W = 960
+_LANE_H = 30
+_LANE_GAP = 14
+_TOP = 56  # the axis and the inputs strip
+
+
+def _ticks(t0: float, t1: float) -> list[float]:
+    span = t1 - t0
+    raw = span / 8
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.ceil(t0 / step) * step
+    return [first + i * step for i in range(int((t1 - first) / step + 1e-9) + 1)]
+
+
+def _lanes_payload(lanes: Lanes, t1: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "label": lanes.label(lane),
+            "machine": lane.machine,
+            "instance": lane.instance,
+            "segments": [
+                [seg.state, seg.start, seg.end if seg.end is not None else t1, seg.entered_by]
+                for seg in lane.segments
+            ],
+        }
+        for lane in lanes.lanes()
+    ]
+
+
+def timeline_svg(lanes: Lanes, machines: Mapping[str, MachineSpec], t0: float, t1: float) -> str:
+    ordered = lanes.lanes()
+    span = (t1 - t0) or 1.0
+    height = _TOP + len(ordered) * (_LANE_H + _LANE_GAP) + 10
+    width = _LABEL_W + _PLOT_W + 20
+
+    def x(t: float) -> float:
+        return _LABEL_W + (t - t0) / span * _PLOT_W
+
+    out = [
+        f'<svg id="timeline" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'data-t0="{t0}" data-t1="{t1}" data-left="{_LABEL_W}" data-plot="{_PLOT_W}">',
+        f'<rect x="{_LABEL_W}" y="0" width="{_PLOT_W}" height="{height}" fill="#fafafa"/>',
+    ]
+    for tick in _ticks(t0, t1):
+        out.append(
+            f'<line x1="{x(tick):.1f}" y1="14" x2="{x(tick):.1f}" y2="{height}" '
+            'stroke="#e6e6e6"/>'
+            f'<text x="{x(tick):.1f}" y="11" class="tick">{tick:g}s</text>'
+        )
+    out.append('<text x="8" y="36" class="strip-label">inputs</text>')
+    for rec in lanes.inputs:
+        cx = x(rec.t)
+        rpc = rec.event in ("rpc", "session_request")
+        tip = f"t={rec.t:g} {rec.event} {summarise(rec.data)}"
+        out.append(
+            f'<path class="input{" rpc" if rpc else ""}" d="M{cx - 5:.1f},24 L{cx + 5:.1f},24 '
+            f'L{cx:.1f},34 z"><title>{_e(tip)}</title></path>'
+        )
+    for i, lane in enumerate(ordered):
+        y = _TOP + i * (_LANE_H + _LANE_GAP)
+        spec = machines.get(lane.machine)
+        label = lanes.label(lane)
+        out.append(
+            f'<g class="lane" data-label="{_e(label)}" data-machine="{_e(lane.machine)}" '
+            f'data-instance="{_e(lane.instance)}">'
+            f'<text x="8" y="{y + _LANE_H / 2 + 4:.1f}" class="lane-label">{_e(label)}'
+            f"<title>{_e(lane.machine)} instance {_e(lane.instance or '(none)')}</title></text>"
+        )
+        out += _segments(lane, spec, y, x, t1)
+        out += _marks(lane, y, x)
+        out.append("</g>")
+    out.append(
+        f'<line id="cursor" x1="{_LABEL_W}" y1="14" x2="{_LABEL_W}" y2="{height}" '
+        'stroke="#d00" stroke-width="1.5"/>'
+    )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _segments(lane: Lane, spec: MachineSpec | None, y: float, x: Any, t1: float) -> list[str]:
+    out = []
+    for seg in lane.segments:
+        end = seg.end if seg.end is not None else t1
+        x0, x1 = x(seg.start), x(end)
+        w = max(x1 - x0, 2.0)
+        entered = f", entered on {seg.entered_by}" if seg.entered_by else ""
+        tip = f"{seg.state}: {seg.start:g}s to {end:g}s{entered}"
+        out.append(
+            f'<rect class="seg" data-state="{_e(seg.state)}" x="{x0:.1f}" y="{y:.1f}" '
+            f'width="{w:.1f}" height="{_LANE_H}" rx="4" fill="{state_colour(spec, seg.state)}" '
+            f'stroke="#777" stroke-width="0.6"><title>{_e(tip)}</title></rect>'
+        )
+        if w > _text_width(seg.state, 6.6) + 8:
+            out.append(
+                f'<text x="{x0 + 5:.1f}" y="{y + 19:.1f}" class="seg-label">{_e(seg.state)}</text>'
+            )
+    return out
+
+
+def _marks(lane: Lane, y: float, x: Any) -> list[str]:
+    out = []
+    base = y + _LANE_H + 1
+    for m in lane.marks:
+        cx = x(m.t)
+        if m.kind == "effect":
+            bad = m.outcome not in ("ok", "cancelled", "")
+            tip = f"t={m.t:g} effect {m.name}: {m.outcome}" + (f" ({m.detail})" if m.detail else "")
+            out.append(
+                f'<path class="mark effect{" failed" if bad else ""}" '
+                f'd="M{cx:.1f},{base - 4:.1f} L{cx + 4:.1f},{base:.1f} L{cx:.1f},{base + 4:.1f} '
+                f'L{cx - 4:.1f},{base:.1f} z"><title>{_e(tip)}</title></path>'
+            )
+        elif m.kind == "reject":
+            out.append(
+                f'<path class="mark reject" d="M{cx - 4:.1f},{y - 4:.1f} L{cx + 4:.1f},{y + 4:.1f} '
+                f'M{cx + 4:.1f},{y - 4:.1f} L{cx - 4:.1f},{y + 4:.1f}">'
+                f"<title>t={m.t:g} rejected {_e(m.name)}</title></path>"
+            )
+    return out
+
+
+# -- the page ------------------------------------------------------------------------------------
+
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 0; color: #222; background: #fff; }
+header { padding: 12px 20px 4px; }
+h1 { font-size: 19px; margin: 0 0 4px; }
+h2 { font-size: 16px; margin: 18px 0 6px; }
+.sub { color: #666; font-size: 13px; }
+#controls { position: sticky; top: 0; background: #fff; border-bottom: 1px solid #ddd;
+  padding: 8px 20px; display: flex; gap: 12px; align-items: center; z-index: 2; }
+#scrubber { flex: 1; }
+#now { font-variant-numeric: tabular-nums; min-width: 110px; font-weight: 600; }
+main { padding: 0 20px 30px; }
+#states { border-collapse: collapse; margin: 6px 0; }
+#states td, #states th { padding: 2px 12px 2px 0; text-align: left; }
+#states td.state { font-weight: 600; }
+.scroll { overflow-x: auto; }
+.diagrams { display: flex; flex-wrap: wrap; gap: 14px; }
+.diagram-box { border: 1px solid #ddd; border-radius: 8px; padding: 6px 10px; }
+.diagram-box h3 { margin: 2px 0; font-size: 15px; }
+.state-name { font: 600 13px system-ui, sans-serif; text-anchor: middle; }
+.state-detail { font: 10.5px system-ui, sans-serif; text-anchor: middle; fill: #333; }
+.edge-label { font: 10px system-ui, sans-serif; text-anchor: middle; fill: #333;
+  paint-order: stroke; stroke: #fff; stroke-width: 3px; }
+.state.lit rect:first-of-type { fill: #ffca28; stroke: #d84315; stroke-width: 3; }
+.lane-label { font: 600 13px system-ui, sans-serif; }
+.strip-label { font: italic 12px system-ui, sans-serif; fill: #666; }
+.tick { font: 10px system-ui, sans-serif; fill: #777; text-anchor: middle; }
+.seg-label { font: 11px system-ui, sans-serif; pointer-events: none; }
+.mark.effect { fill: #2e7d32; } .mark.effect.failed { fill: #c62828; }
+.mark.reject { stroke: #c62828; stroke-width: 2; fill: none; }
+.input { fill: #546e7a; } .input.rpc { fill: #6a1b9a; }
+.legend span { margin-right: 14px; }
+#timeline { cursor: crosshair; }
+"""
+
+_JS = """
+(function () {
+  "use strict";
+  const data = JSON.parse(document.getElementById("timeline-data").textContent);
+  const scrub = document.getElementById("scrubber");
+  const now = document.getElementById("now");
+  const svg = document.getElementById("timeline");
+  const cursor = document.getElementById("cursor");
+  const left = Number(svg.dataset.left), plot = Number(svg.dataset.plot);
+  const span = (data.t1 - data.t0) || 1;
+  const boxes = new Map();
+  document.querySelectorAll("g.state").forEach(function (g) {
+    boxes.set(g.dataset.machine + "\\u0000" + g.dataset.state, g);
+  });
+  const cells = Array.from(document.querySelectorAll("#states td.state"));
+  const times = Array.from(new Set([].concat.apply([data.t0, data.t1], data.lanes.map(
+    function (lane) { return lane.segments.map(function (s) { return s[1]; }); }))))
+    .sort(function (a, b) { return a - b; });
+
+  function segmentAt(lane, t) {
+    const segs = lane.segments;
+    for (let i = 0; i < segs.length; i++) {
+      if (t < segs[i][2] || i === segs.length - 1) {
+        return t >= segs[i][1] || i === 0 ? segs[i] : segs[i - 1];
+      }
+    }
+    return null;
+  }
+
+  function show(t) {
+    document.querySelectorAll("g.state.lit").forEach(function (g) { g.classList.remove("lit"); });
+    data.lanes.forEach(function (lane, i) {
+      const seg = segmentAt(lane, t);
+      if (!seg) { return; }
+      const box = boxes.get(lane.machine + "\\u0000" + seg[0]);
+      if (box) { box.classList.add("lit"); }
+      cells[i].textContent = seg[0];
+      cells[i].nextElementSibling.textContent = "since " + seg[1].toFixed(3) + " s" +
+        (seg[3] ? " (on " + seg[3] + ")" : "");
+    });
+    const x = left + (t - data.t0) / span * plot;
+    cursor.setAttribute("x1", x);
+    cursor.setAttribute("x2", x);
+    now.textContent = "t = " + t.toFixed(3) + " s";
+    document.body.dataset.t = String(t);
+  }
+
+  function go(t) {
+    t = Math.min(data.t1, Math.max(data.t0, t));
+    scrub.value = String(t);
+    show(t);
+  }
+
+  scrub.addEventListener("input", function () { show(Number(scrub.value)); });
+  svg.addEventListener("click", function (ev) {
+    const box = svg.getBoundingClientRect();
+    const x = (ev.clientX - box.left) * (svg.viewBox.baseVal.width / box.width);
+    go(data.t0 + (x - left) / plot * span);
+  });
+  document.getElementById("prev").addEventListener("click", function () {
+    const t = Number(scrub.value);
+    go(times.filter(function (v) { return v < t - 1e-9; }).pop() ?? data.t0);
+  });
+  document.getElementById("next").addEventListener("click", function () {
+    const t = Number(scrub.value);
+    go(times.find(function (v) { return v > t + 1e-9; }) ?? data.t1);
+  });
+  const start = /[#&]t=([0-9.eE+-]+)/.exec(location.hash);
+  go(start ? Number(start[1]) : data.t0);
+})();
+"""
+
+
+def timeline_html(
+    records: Sequence[TraceRecord],
+    *,
+    title: str,
+    source: str = "",
+    machines: Mapping[str, MachineSpec] = MACHINES,
+) -> str:
+    """The whole page for ``records``."""
+    lanes = Lanes(machines).extend(records)
+    t0 = lanes.t0 if lanes.t0 is not None else 0.0
+    t1 = lanes.t1 if lanes.t1 is not None else 0.0
+    if t1 <= t0:
+        t1 = t0 + 1.0
+    ordered = lanes.lanes()
+    payload = {"t0": t0, "t1": t1, "lanes": _lanes_payload(lanes, t1)}
+    data = json.dumps(payload, sort_keys=True).replace("</", "<\\/")
+    step = (t1 - t0) / 1000
+    shown: list[str] = []
+    for lane in ordered:
+        if lane.machine not in shown:
+            shown.append(lane.machine)
+    diagrams = []
+    for name in shown:
+        spec = machines.get(name)
+        body = (
+            diagram_svg(spec)
+            if spec is not None
+            else f'<p class="sub">no spec for machine {_e(name)} in this build</p>'
+        )
+        diagrams.append(
+            f'<div class="diagram-box"><h3>{_e(name)}</h3><div class="scroll">{body}</div></div>'
+        )
+    rows = "".join(
+        f'<tr><th>{_e(lanes.label(lane))}</th><td class="state"></td><td class="sub"></td></tr>'
+        for lane in ordered
+    )
+    summary = (
+        f"{lanes.records} records, {len(ordered)} machine instances, "
+        f"{t0:g} s to {t1:g} s on the job's clock"
+    )
+    if source:
+        summary = f"{source}: {summary}"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<header>
+<h1>{_e(title)}</h1>
+<div class="sub">{_e(summary)}</div>
+</header>
+<div id="controls">
+<button id="prev" type="button" title="previous transition">\u25c0</button>
+<input id="scrubber" type="range" min="{t0}" max="{t1}" step="{step}" value="{t0}"
+ aria-label="time">
+<button id="next" type="button" title="next transition">\u25b6</button>
+<span id="now"></span>
+</div>
+<main>
+<h2>Timeline</h2>
+<div class="sub legend"><span>bars: states</span><span>\u25c6 effect (red: failed)</span>
+<span>\u2715 rejected event</span><span>\u25bc scenario input (purple: RPC or session
+request)</span><span>click the timeline or move the slider</span></div>
+<div class="scroll">{timeline_svg(lanes, machines, t0, t1)}</div>
+<table id="states"><tbody>{rows}</tbody></table>
+<h2>Diagrams</h2>
+<div class="diagrams">{"".join(diagrams)}</div>
+</main>
+<script type="application/json" id="timeline-data">{data}</script>
+<script>{_JS}</script>
+</body>
+</html>
+"""
+
+
+def write_timeline(
+    records: Sequence[TraceRecord], out: str | Path, *, title: str, source: str = ""
+) -> None:
+    Path(out).write_text(timeline_html(records, title=title, source=source), encoding="utf-8")

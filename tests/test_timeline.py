@@ -1,0 +1,227 @@
+"""``agent-runtime timeline`` and ``simulate --html``: the page, in a real headless browser.
+
+Real: a bundled scenario run through the scenario runner into a JSONL trace, the page
+drawn from it, Debian's Chromium driven by selenium through Debian's chromedriver (clicks and
+key presses as a person makes them). Skipped, with the reason, only where no Chromium or
+chromedriver is installed (`.ci/run` installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_runtime.tools.cli import main as cli
+from agent_runtime.tools.timeline import diagram_svg, timeline_html
+from statemachines.machines import MACHINES
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "examples" / "scenarios" / "sim_hangup_then_finalize.yaml"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The page and the trace of the seed scenario, made by ``simulate --trace --html``."""
+    out = tmp_path_factory.mktemp("timeline")
+    trace, html = out / "run.jsonl", out / "page.html"
+    assert cli(["simulate", str(SCENARIO), "--trace", str(trace), "--html", str(html)]) == 0
+    return trace, html
+
+
+def lanes_in(trace: Path) -> list[str]:
+    """The machine instances that wrote records, in MACHINES order: what the lanes must be."""
+    seen: list[tuple[str, str]] = []
+    for line in trace.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        key = (rec["machine"], rec["instance"])
+        if rec["kind"] != "input" and key not in seen:
+            seen.append(key)
+    order = list(MACHINES)
+    return [m for m, _ in sorted(seen, key=lambda k: order.index(k[0]))]
+
+
+def test_the_page_is_self_contained(page: tuple[Path, Path]) -> None:
+    text = page[1].read_text(encoding="utf-8")
+    assert "://" not in text  # no address of any kind: nothing to fetch
+    assert not re.search(r"<(link|img|iframe|object|embed)\b|\bsrc=|@import", text)
+    assert re.findall(r"url\(([^)]*)\)", text) and all(
+        u.startswith("#") for u in re.findall(r"url\(([^)]*)\)", text)
+    )
+
+
+def test_every_machine_draws_without_graphviz() -> None:
+    for name, spec in MACHINES.items():
+        svg = diagram_svg(spec)
+        states = re.findall(r'<g class="state" data-machine="([^"]+)" data-state="([^"]+)"', svg)
+        assert states == [(name, s) for s in spec.state_names]
+        edges = set(re.findall(r'<g class="edge" data-source="([^"]+)" data-dest="([^"]+)"', svg))
+        want = {(r.source, r.dest) for r in spec.rows if r.dest not in (None, r.source)}
+        assert edges == want
+
+
+def test_a_trace_of_a_machine_this_build_lacks_still_draws() -> None:
+    from agent_runtime.trace import TraceRecord
+
+    records = [
+        TraceRecord(0.0, "transition", "lift", "l1", event="call", source="idle", dest="moving"),
+        TraceRecord(2.0, "transition", "lift", "l1", event="arrive", source="moving", dest="idle"),
+    ]
+    html = timeline_html(records, title="lift")
+    assert 'data-label="lift"' in html and "no spec for machine lift in this build" in html
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read the trace"),
+        ("{oops\n", ":1: not JSON"),
+        ('{"t": 0, "kind": "transition", "machine": "job", "instance": "", "x": 1}\n', ":1: "),
+    ],
+)
+def test_a_trace_that_cannot_be_drawn_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    if content is not None:
+        trace.write_text(content, encoding="utf-8")
+    out = tmp_path / "page.html"
+    assert cli(["timeline", str(trace), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("agent-runtime timeline: ")
+    assert message in err[0] and not out.exists()
+
+
+def test_a_page_that_cannot_be_written_is_one_line(
+    page: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "no-such-dir" / "page.html"
+    assert cli(["timeline", str(page[0]), "-o", str(target)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"agent-runtime timeline: {target}: cannot write the page (No such file or directory)"
+    )
+
+
+# -- in the browser ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip(
+            "no Chromium here: apt-get install chromium chromium-driver (.ci/run installs them)"
+        )
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed (the dev extra has it)"
+    )
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1400,1100",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def lit(driver: Any, machine: str) -> list[str]:
+    return [
+        el.get_attribute("data-state")
+        for el in driver.find_elements("css selector", f'g.state.lit[data-machine="{machine}"]')
+    ]
+
+
+def test_in_a_browser_the_lanes_match_the_trace_and_the_scrubber_lights_the_state(
+    page: tuple[Path, Path], browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    trace, html = page
+    browser.get(html.as_uri())
+    assert browser.title == "sim_hangup_then_finalize.yaml: timeline"
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert errors == []
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+    labels = [
+        el.get_attribute("data-label") for el in browser.find_elements("css selector", "g.lane")
+    ]
+    assert labels == lanes_in(trace) == ["job", "session_host", "participant"]
+    shown = [el.text for el in browser.find_elements("css selector", "text.lane-label")]
+    assert shown == labels
+    diagrams = browser.find_elements("css selector", "svg.diagram")
+    assert [d.get_attribute("data-machine") for d in diagrams] == labels
+
+    # at the start: the job serving, the user linked
+    assert lit(browser, "job") == ["serving"] and lit(browser, "participant") == ["linked"]
+    scrubber = browser.find_element("id", "scrubber")
+    scrubber.send_keys(Keys.END)  # to the end, by keyboard
+    assert lit(browser, "job") == ["closed"] and lit(browser, "session_host") == ["closed"]
+    assert browser.find_element("id", "now").text == "t = 30.000 s"
+
+    # a click on the timeline at t=12 (the hold: the session closed at 10, verdict at 14)
+    svg = browser.find_element("id", "timeline")
+    left, plot = float(svg.get_attribute("data-left")), float(svg.get_attribute("data-plot"))
+    t0, t1 = float(svg.get_attribute("data-t0")), float(svg.get_attribute("data-t1"))
+    x = left + (12 - t0) / (t1 - t0) * plot
+    ActionChains(browser).move_to_element_with_offset(
+        svg, round(x - svg.size["width"] / 2), 0
+    ).click().perform()
+    assert abs(float(scrubber.get_attribute("value")) - 12) < 0.1
+    assert lit(browser, "job") == ["awaiting_finalize"]
+    assert lit(browser, "participant") == ["closed"]
+    rows = browser.find_elements("css selector", "#states tr")
+    assert [r.text.split()[:2] for r in rows] == [
+        ["job", "awaiting_finalize"],
+        ["session_host", "detached"],
+        ["participant", "closed"],
+    ]
+    browser.find_element("id", "next").click()  # the next transition: the verdict, t=14
+    assert lit(browser, "job") == ["closed"]  # closing lasted no virtual time
+    assert browser.find_element("id", "now").text == "t = 14.000 s"
+    scrubber.send_keys(Keys.HOME)
+    assert lit(browser, "job") == ["serving"]
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+    scrubber.send_keys(Keys.END)
+    ActionChains(browser).move_to_element_with_offset(
+        svg, round(x - svg.size["width"] / 2), 0
+    ).click().perform()
+    shot = tmp_path / "timeline.png"
+    assert browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+
+
+def test_simulate_html_draws_one_file_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "page.html"
+    assert cli(["simulate", str(SCENARIO), str(SCENARIO), "--html", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "--html draws exactly one FILE"
+    assert not out.exists()

@@ -1,0 +1,297 @@
+"""``agent-runtime watch``: a trace followed as it grows, on a real terminal (a pseudo-
+terminal the command runs in, as in a shell), in a pipe, and on bad input.
+
+The trace is a real one (a bundled scenario run through the scenario runner), written to
+the watched file in two parts as a job would write it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_runtime.testing.runner import run_scenario
+from agent_runtime.testing.scenario import load_scenario
+from agent_runtime.tools.commands.watch import Watch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "examples" / "scenarios" / "sim_hangup_then_finalize.yaml"
+CLI = [sys.executable, "-m", "agent_runtime.tools.cli", "watch"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+WAIT = 30.0  # real seconds: a bound on a child process's output, never a pause
+
+
+@pytest.fixture(scope="module")
+def trace_lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    import asyncio
+
+    path = tmp_path_factory.mktemp("watch") / "full.jsonl"
+    asyncio.run(run_scenario(load_scenario(SCENARIO), trace_path=path))
+    return path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def split_at_hold(lines: list[str]) -> tuple[list[str], list[str]]:
+    """Up to the job entering awaiting_finalize, and the rest."""
+    n = next(i for i, ln in enumerate(lines) if '"dest": "awaiting_finalize"' in ln)
+    return lines[: n + 1], lines[n + 1 :]
+
+
+def state_row(frame: str, machine: str) -> str:
+    rows = [ln.split() for ln in frame.splitlines() if ln.startswith(machine + " ")]
+    return rows[0][1] if rows else ""
+
+
+class Terminal:
+    """A child process on a pseudo-terminal of 120 x 40, its controlling terminal."""
+
+    def __init__(self, args: list[str], cwd: Path = ROOT) -> None:
+        self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+
+        def become_its_terminal() -> None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(
+            args,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=ENV,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=become_its_terminal,
+        )
+        os.close(slave)
+        self.output = ""
+
+    def read_until(self, done: Callable[[str], bool]) -> str:
+        deadline = time.monotonic() + WAIT
+        while not done(self.output):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out; the terminal shows:\n{self.output[-3000:]}")
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:  # the child has gone: the terminal is closed
+                    chunk = b""
+                if not chunk:
+                    if not done(self.output):
+                        raise AssertionError(f"the terminal closed:\n{self.output[-3000:]}")
+                    break
+                self.output += chunk.decode("utf-8", "replace")
+        return self.output
+
+    def frame(self) -> str:
+        """The last complete screen drawn (from cursor-home to clear-below), plain text."""
+        drawn = self.output.split("\x1b[H")
+        complete = [f for f in drawn[1:] if "\x1b[J" in f]
+        return ANSI.sub("", complete[-1]) if complete else ""
+
+    def wait_frame(self, done: Callable[[str], bool]) -> str:
+        self.read_until(lambda _: done(self.frame()))
+        return self.frame()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(WAIT)
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal() -> Iterator[Callable[..., Terminal]]:
+    opened: list[Terminal] = []
+
+    def open_(args: list[str], cwd: Path = ROOT) -> Terminal:
+        opened.append(Terminal(args, cwd))
+        return opened[-1]
+
+    yield open_
+    for t in opened:
+        t.close()
+
+
+def test_on_a_terminal_the_view_is_redrawn_as_the_trace_grows_and_ctrl_c_ends_it(
+    tmp_path: Path, trace_lines: list[str], terminal: Callable[..., Terminal]
+) -> None:
+    first, rest = split_at_hold(trace_lines)
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(first), encoding="utf-8")
+    term = terminal([*CLI, str(trace), "--interval", "0.05"])
+
+    frame = term.wait_frame(lambda f: state_row(f, "job") == "awaiting_finalize")
+    assert state_row(frame, "session_host") == "detached"
+    assert state_row(frame, "participant") == "closed"
+    assert "serving -> awaiting_finalize  on session_closed" in frame
+    assert "timeout armed" in frame and "hold_timeout" in frame
+
+    with trace.open("a", encoding="utf-8") as fh:  # the job goes on writing
+        fh.write("".join(rest))
+    frame = term.wait_frame(lambda f: state_row(f, "job") == "closed")
+    assert "awaiting_finalize -> closing  on finalize_answered" in frame
+    assert state_row(frame, "session_host") == "closed"
+    assert term.output.count("\x1b[2J") == 1  # redrawn in place, not scrolled
+
+    os.write(term.master, b"\x03")  # Ctrl-C, through the terminal
+    assert term.proc.wait(WAIT) == 0
+    term.read_until(lambda out: out.endswith("\x1b[?25h\n") or out.endswith("\x1b[?25h\r\n"))
+    assert "Traceback" not in term.output and "KeyboardInterrupt" not in term.output
+
+
+def test_a_line_that_is_not_a_record_is_named_on_the_view_and_skipped(
+    tmp_path: Path, trace_lines: list[str], terminal: Callable[..., Terminal]
+) -> None:
+    first, _ = split_at_hold(trace_lines)
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(first[:2]) + "{not json\n" + "".join(first[2:]), encoding="utf-8")
+    term = terminal([*CLI, trace.name, "--interval", "0.05"], cwd=tmp_path)
+    frame = term.wait_frame(lambda f: state_row(f, "job") == "awaiting_finalize")
+    assert "job.jsonl:3: not JSON (Expecting property name enclosed in double quotes)" in frame
+    assert "line skipped" in frame
+    os.write(term.master, b"\x03")
+    assert term.proc.wait(WAIT) == 0
+    assert "Traceback" not in term.output
+
+
+def test_in_a_pipe_each_transition_is_an_appended_line(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    first, rest = split_at_hold(trace_lines)
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(first), encoding="utf-8")
+    proc = subprocess.Popen(
+        [*CLI, str(trace), "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not any("serving -> awaiting_finalize" in ln for ln in lines):
+            lines.append(proc.stdout.readline())
+        with trace.open("a", encoding="utf-8") as fh:
+            fh.write("".join(rest))
+        while not any("closing -> closed" in ln for ln in lines):
+            lines.append(proc.stdout.readline())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and err == ""
+    text = "".join(lines) + out
+    assert "\x1b" not in text  # plain lines, no terminal control
+    job = [ln.split() for ln in text.splitlines() if " job " in f" {ln} "]
+    assert [(row[2], row[4]) for row in job] == [
+        ("serving", "awaiting_finalize"),
+        ("awaiting_finalize", "closing"),
+        ("closing", "closed"),
+    ]
+
+
+def test_once_prints_the_view_and_exits(tmp_path: Path, trace_lines: list[str]) -> None:
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines), encoding="utf-8")
+    done = subprocess.run(
+        [*CLI, str(trace), "--once"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert state_row(done.stdout, "job") == "closed"
+    assert state_row(done.stdout, "participant") == "closed"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "{path}: no such file"),
+        ("fifo", "{path}: not a regular file"),
+        (
+            '{"t": 1, "kind": "transition", "machine": "job", "instance": ""}\n',
+            "{path}:1: a transition record needs 'source' and 'dest'",
+        ),
+        ('{"kind": "input"}\n', "{path}:1: not a trace record: no 't', 'machine', 'instance'"),
+        ("[1, 2]\n", "{path}:1: a record is a JSON object, not list"),
+        ('{"t": 1, "kind": "teleport", "machine": "job", "instance": ""}\n', "unknown record kind"),
+        ('{"t": "soon", "kind": "input", "machine": "x", "instance": ""}\n', "field 't' must"),
+        (
+            '{"t": 1, "kind": "input", "machine": "x", "instance": "", "colour": 1}\n',
+            "unknown field 'colour'",
+        ),
+        (b"\xff\xfe\n", "{path}:1: not UTF-8 text; line skipped"),
+    ],
+)
+def test_bad_input_gets_one_line_and_no_traceback(
+    tmp_path: Path, content: str | bytes | None, message: str
+) -> None:
+    trace = tmp_path / "bad.jsonl"
+    if isinstance(content, bytes):
+        trace.write_bytes(content)
+    elif content == "fifo":
+        os.mkfifo(trace)  # nobody writes: reading it would block forever
+    elif content is not None:
+        trace.write_text(content, encoding="utf-8")
+    done = subprocess.run(
+        [*CLI, str(trace), "--once"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agent-runtime watch: "), done.stderr
+    assert message.format(path=trace) in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_truncated_trace_starts_the_view_over(tmp_path: Path, trace_lines: list[str]) -> None:
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines), encoding="utf-8")
+    watch = Watch(str(trace))
+    watch.poll()
+    assert {lane.machine: lane.state for lane in watch.lanes.lanes()}["job"] == "closed"
+    # a new job writes the same path: the file is truncated and starts again
+    record = {"t": 0.0, "kind": "transition", "machine": "job", "instance": "next"}
+    record |= {"event": "shutdown", "source": "serving", "dest": "closing"}
+    trace.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    _, _, restarted = watch.poll()
+    assert restarted
+    assert [(ln.machine, ln.instance, ln.state) for ln in watch.lanes.lanes()] == [
+        ("job", "next", "closing")
+    ]
+    # a partly written line waits for its end
+    with trace.open("a", encoding="utf-8") as fh:
+        fh.write('{"t": 1.0, "kind": "transition", "machine": "job", ')
+    entries, problems, _ = watch.poll()
+    assert entries == [] and problems == []
+    with trace.open("a", encoding="utf-8") as fh:
+        fh.write(
+            '"instance": "next", "event": "close_done", "source": "closing", "dest": "closed"}\n'
+        )
+    entries, problems, _ = watch.poll()
+    assert [e.text for e in entries] == ["closing -> closed  on close_done"] and problems == []
