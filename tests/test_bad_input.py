@@ -133,6 +133,21 @@ TABLE: list[Bad] = [
         '{"playback_position": NaN, "interrupted": false}',
         (APP, MALFORMED + "playback_position must be a finite number"),
     ),
+    rpc(  # issue 13 item 9: float() of it overflowed out of the handler into the SDK
+        "position-a-330-digit-integer",
+        '{"playback_position": 1' + "0" * 330 + ', "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(  # past Python's int-to-string limit: json refuses to parse it
+        "position-a-5000-digit-integer",
+        '{"playback_position": 1' + "0" * 5000 + ', "interrupted": false}',
+        (APP, MALFORMED + "payload is not JSON"),
+    ),
+    rpc(  # json's recursion limit: a RecursionError, not a ValueError
+        "nested-2000-deep",
+        "[" * 2000 + "]" * 2000,
+        (APP, MALFORMED + "payload is not JSON"),
+    ),
     rpc(
         "position-negative",
         '{"playback_position": -1, "interrupted": false}',
