@@ -400,13 +400,17 @@ async def run_scenario(
         sim = _Simulation(scenario, tracer)
         try:
             await sim.run()
-            return sim.result(memory.records)
+            result = sim.result(memory.records)
         finally:
             # tearing down mid-scenario makes the SDK's own tasks complain; nothing to see
             with quiet_sdk_logs(logging.CRITICAL):
                 await sim.aclose()
             if jsonl is not None:
                 jsonl.close()
+    if jsonl is not None and jsonl.failed is not None:
+        # the run went on without it (tracing is observation); say the file is incomplete
+        result["trace_error"] = jsonl.failed
+    return result
 
 
 def _sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
