@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
+from . import files
+
 logger = logging.getLogger("agent_runtime.trace")
 
 RecordKind = Literal["transition", "ignore", "reject", "effect", "stale", "input"]
@@ -239,14 +241,24 @@ class Tracer:
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Read a JSONL trace; a line that is not a record raises ``ValueError`` naming the line."""
+    """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
+    that is not a record raises ``ValueError`` naming the file and the line."""
+    try:
+        data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
+    except files.InputFileError as e:
+        raise ValueError(f"{path}: cannot read the trace: {e}") from None
     out: list[TraceRecord] = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(TraceRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{n}: not a trace record ({e})") from None
+    for n, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(TraceRecord.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+            msg = str(e) if isinstance(e, TypeError | json.JSONDecodeError) else _LONG_INT
+            raise ValueError(f"{path}:{n}: not a trace record ({msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: not a trace record (nested too deep)") from None
     return out
+
+
+_LONG_INT = "a number of more than 4300 digits"  # json's only other ValueError

@@ -219,3 +219,36 @@ def test_actor_records_are_bounded_where_they_are_written() -> None:
 
     asyncio.run(run())
     assert all(len(json.dumps(r.to_dict())) < MAX_PAYLOAD + 1000 for r in sink.records)
+
+
+# -- reading a trace back ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "nested", "huge-int", "not-a-record"])
+def test_read_trace_refuses_what_is_no_trace_at_once(tmp_path: Path, kind: str) -> None:
+    """Issue 13 item 5: a FIFO hung ``read_trace``, ``/dev/zero`` grew until memory ran
+    out, deep nesting and long integers raised out of it. Each is a ``ValueError`` naming
+    the file (and the line)."""
+    import os
+
+    from agent_runtime import read_trace
+
+    path = tmp_path / "t.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+        why = f"{path}: cannot read the trace: a FIFO, not a regular file"
+    elif kind == "dev-zero":
+        path = Path("/dev/zero")
+        why = f"{path}: cannot read the trace: a character device, not a regular file"
+    elif kind == "nested":
+        path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+        why = f"{path}:1: not a trace record (nested too deep)"
+    elif kind == "huge-int":
+        path.write_text('{"t": 1' + "0" * 5000 + "}\n")
+        why = f"{path}:1: not a trace record (a number of more than 4300 digits)"
+    else:
+        path.write_text('{"t": 0, "kind": "transition"}\n')
+        why = f"{path}:1: not a trace record"
+    with pytest.raises(ValueError) as err:
+        read_trace(path)
+    assert str(err.value).startswith(why)
