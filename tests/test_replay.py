@@ -46,6 +46,7 @@ async def record_trace(path: Path) -> None:
             "link": lambda ev: None,
             "relink": lambda ev: None,
             "close_session": lambda ev: Event("session_closed"),
+            "report_close_timed_out": lambda ev: None,
         },
         guards=_guards_from_data("participant"),
         settings={"grace_period": 10.0},
