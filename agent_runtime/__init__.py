@@ -21,7 +21,7 @@ from .trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord, read
 if TYPE_CHECKING:
     from .avatar import AvatarLifecycle
     from .job import JobRuntime, on_session_end, session_end_hook
-    from .participant import ParticipantLink
+    from .participant import ParticipantLink, SessionCloseTimedOut
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
 
@@ -31,6 +31,7 @@ _LAZY = {
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
     "RoomEventAdapter": "room_events",
+    "SessionCloseTimedOut": "participant",
     "on_session_end": "job",
     "session_end_hook": "job",
 }
@@ -58,6 +59,7 @@ __all__ = [
     "MemorySink",
     "ParticipantLink",
     "RoomEventAdapter",
+    "SessionCloseTimedOut",
     "StateChanged",
     "TraceRecord",
     "Tracer",

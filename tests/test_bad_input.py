@@ -14,8 +14,9 @@ Rows by where the input comes in:
   no job transition, nothing raised to the emitter.
 - ``step``: scenario steps the runtime refuses while a scenario runs: the step error; the
   scenario ends as it would have without that step.
-- ``scenario`` / ``trace``: files ``agent-runtime simulate`` / ``replay`` refuse: exit 2 and
-  the message on stderr, no trace written, no report printed.
+- ``scenario`` / ``trace``: files ``agent-runtime simulate`` / ``replay`` refuse (malformed,
+  out of range, too deep, too large, not a regular file): exit 2 and the one line on stderr,
+  no trace written, no report printed; with ``--json`` the same line as JSON on stdout.
 
 Looser versions of some rows live next to their features (``test_avatar_lifecycle``,
 ``test_session_host``, ``test_scenario_files``, ``test_replay``, ``test_room_events``); this
