@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +136,8 @@ def _run(args: argparse.Namespace) -> int:
     failed = trace_failed = False
     for path, scenario in scenarios:
         try:
-            result = asyncio.run(run_scenario(scenario, trace_path=args.trace))
+            with _trace_warnings_off():
+                result = asyncio.run(run_scenario(scenario, trace_path=args.trace))
         except OSError as e:
             if args.trace is None or e.filename is None or str(e.filename) != str(args.trace):
                 raise _Refused(str(path), f"{path}: the run failed: {_one_line(e)}") from e
@@ -168,6 +171,18 @@ def _run(args: argparse.Namespace) -> int:
             f"{'some failed' if failed else 'all held'}"
         )
     return 2 if trace_failed else 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _trace_warnings_off() -> Iterator[None]:
+    """A trace that fails is reported below in the command's own one line, not twice."""
+    log = logging.getLogger("agent_runtime.trace")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _one_line(e: BaseException) -> str:
