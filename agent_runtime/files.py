@@ -13,7 +13,7 @@ from pathlib import Path
 
 # the size bounds; a test may lower them
 MAX_SCENARIO_BYTES = 8 * 1024 * 1024  # some 100,000 steps
-MAX_TRACE_BYTES = 256 * 1024 * 1024  # some million records
+MAX_TRACE_BYTES = 64 * 1024 * 1024  # some 200,000 records: days of one job
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),

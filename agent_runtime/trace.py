@@ -4,6 +4,7 @@ decision can be replayed offline), every transition and every effect outcome."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -248,7 +249,8 @@ def read_trace(path: str | Path) -> list[TraceRecord]:
     except files.InputFileError as e:
         raise ValueError(f"{path}: cannot read the trace: {e}") from None
     out: list[TraceRecord] = []
-    for n, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+    for n, raw in enumerate(io.BytesIO(data), 1):
+        line = raw.decode("utf-8", "replace")
         if not line.strip():
             continue
         try:

@@ -9,6 +9,7 @@ destination or effects, or a guard the spec needs that the recording never consu
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -126,14 +127,15 @@ def load_trace(path: str | Path) -> list[tuple[int, TraceRecord]]:
     p = str(path)
     try:
         data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
-        text = data.decode("utf-8")
     except files.InputFileError as e:
         raise TraceError(f"{p}: cannot read the trace: {e}") from None
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
-    del data
     out: list[tuple[int, TraceRecord]] = []
-    for n, line in enumerate(text.split("\n"), 1):
+    # line by line from the bytes: no second copy of the whole file as text
+    for n, raw in enumerate(io.BytesIO(data), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
         if line.strip():
             out.append((n, _record(p, n, _json_line(p, n, line))))
     return out
