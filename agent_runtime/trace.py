@@ -116,15 +116,21 @@ def _bound(value: Any, budget: list[int], depth: int) -> Any:
                 break
             items.append(_bound(v, budget, depth + 1))
         return tuple(items) if isinstance(value, tuple) else items
-    if isinstance(value, str):  # a str subclass (an enum's value, ...)
-        return _bound(str(value), budget, depth)
+    if isinstance(value, str):  # a str subclass (a str enum): kept as it is while short
+        if len(value) <= min(MAX_TEXT, budget[0]):
+            budget[0] -= len(value) + 2
+            return value
+        return _bound(str.__str__(value), budget, depth)
     if isinstance(value, bytes | bytearray):
         text = _bound(bytes(value[:MAX_TEXT]).decode("utf-8", "replace"), budget, depth)
         return text + (
             f"...[{len(value) - MAX_TEXT:,} more bytes]" if len(value) > MAX_TEXT else ""
         )
-    if isinstance(value, int | float):  # bool is handled above; an IntEnum, ...
-        return _bound(value.real, budget, depth)
+    if isinstance(value, int | float):  # an int or float subclass (an IntEnum, ...)
+        if isinstance(value, float) or value.bit_length() <= 64:
+            budget[0] -= 5
+            return value
+        return _bound(int(value), budget, depth)
     # any other object: kept by reference (no copy); JsonlSink writes a bounded repr of it
     budget[0] -= 20
     return value

@@ -252,3 +252,24 @@ def test_read_trace_refuses_what_is_no_trace_at_once(tmp_path: Path, kind: str) 
     with pytest.raises(ValueError) as err:
         read_trace(path)
     assert str(err.value).startswith(why)
+
+
+def test_a_small_payload_is_kept_as_it_is() -> None:
+    """The bound changes nothing a record of ordinary size holds (enums stay enums)."""
+    from livekit.agents import CloseReason
+
+    data = {
+        "reason": CloseReason.PARTICIPANT_DISCONNECTED,
+        "identity": "u",
+        "attributes": {"lk.simulator": "1"},
+        "n": 3,
+        "ok": True,
+        "at": 1.5,
+        "none": None,
+        "kinds": ("sip", "standard"),
+    }
+    sink = MemorySink()
+    Tracer(sink).write(TraceRecord(0.0, "input", "scenario", "s", data=dict(data)))
+    (rec,) = sink.records
+    assert rec.data == data
+    assert rec.data["reason"] is CloseReason.PARTICIPANT_DISCONNECTED
