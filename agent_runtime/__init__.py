@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .avatar import AvatarLifecycle
     from .job import JobRuntime
     from .otel import OtelSink
-    from .participant import ParticipantLink
+    from .participant import ParticipantLink, SessionCloseTimedOut
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
     from .settings import JobSettings, SettingError
@@ -35,6 +35,7 @@ _LAZY = {
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
     "RoomEventAdapter": "room_events",
+    "SessionCloseTimedOut": "participant",
     "on_session_end": "agent_job",
     "session_end_hook": "agent_job",
     "AgentJob": "agent_job",
@@ -72,6 +73,7 @@ __all__ = [
     "OtelSink",
     "ParticipantLink",
     "RoomEventAdapter",
+    "SessionCloseTimedOut",
     "SettingError",
     "StateChanged",
     "TraceRecord",

@@ -418,8 +418,17 @@ class Actor(rtc.EventEmitter[str]):
         )
 
     def _record(self, record: TraceRecord) -> None:
-        if self.tracer is not None:
+        if self.tracer is None:
+            return
+        try:
             self.tracer.write(record)
+        except Exception:
+            # recording is observation: a tracer that raises (a Tracer guards its sinks; a
+            # tracer of another make may not) is dropped, and the step goes on
+            logger.warning(
+                "%s: the tracer failed; this actor records nothing more", self._who(), exc_info=True
+            )
+            self.tracer = None
 
 
 def _current_task_cancelling() -> bool:

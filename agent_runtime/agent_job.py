@@ -46,7 +46,7 @@ from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of
 from .clock import AsyncioClock, Clock
 from .job import DeleteRoomFn, JobRuntime, ShutdownCallback
 from .otel import OtelSink
-from .participant import ParticipantLink
+from .participant import ParticipantLink, SessionCloseTimedOut
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
 from .settings import JobSettings, SettingError, job_settings
@@ -104,6 +104,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         close_on_disconnect: bool = True,
         closing_reasons: Iterable[str | int] | None = None,
         grace_period: float = 15.0,
+        session_close_timeout: float = 60.0,
         join_timeout: float = 30.0,
         clear_buffer_timeout: float = 2.0,
         retry_avatar: bool = False,
@@ -126,6 +127,7 @@ class AgentJob(rtc.EventEmitter[Events]):
             "participant_identity": participant_identity,
             "close_on_disconnect": close_on_disconnect,
             "grace_period": grace_period,
+            "session_close_timeout": session_close_timeout,
             "join_timeout": join_timeout,
             "clear_buffer_timeout": clear_buffer_timeout,
             "retry_avatar": retry_avatar,
@@ -212,6 +214,7 @@ class AgentJob(rtc.EventEmitter[Events]):
             close_on_disconnect=s.close_on_disconnect,
             closing_reasons=s.closing_reasons,
             grace_period=s.grace_period,
+            session_close_timeout=s.session_close_timeout,
             clock=clock,
             tracer=tracer,
         )
@@ -238,6 +241,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         if self.avatar is not None:
             self.avatar.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_closed)
+        # a session whose close hangs cannot end the job by closing: the link says so
+        self.link.on("close_timed_out", self._on_close_timed_out)
         self.job.add_shutdown_callback(self._release)
 
     # -- livekit-agents jobs ---------------------------------------------------------------
@@ -517,6 +522,9 @@ class AgentJob(rtc.EventEmitter[Events]):
             self._avatar_closing = asyncio.get_running_loop().create_task(
                 self.avatar.aclose(), name="AgentJob.avatar.aclose"
             )
+
+    def _on_close_timed_out(self, ev: SessionCloseTimedOut) -> None:
+        self.job.shutdown(ev.reason)
 
     async def _close_session_and_avatar(self) -> None:
         """The part of the job's close that needs the room: the session (when the job ends

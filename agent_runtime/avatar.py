@@ -131,19 +131,25 @@ def _parse_playback_finished(payload: str) -> tuple[float, bool]:
     """``{"playback_position": seconds >= 0, "interrupted": bool}`` or ``ValueError``."""
     try:
         obj = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past json's recursion limit
         raise ValueError("payload is not JSON") from None
     if not isinstance(obj, dict):
         raise ValueError("payload is not a JSON object")
     pos = obj.get("playback_position")
-    if isinstance(pos, bool) or not isinstance(pos, int | float) or not math.isfinite(pos):
+    if isinstance(pos, bool) or not isinstance(pos, int | float):
+        raise ValueError("playback_position must be a finite number")
+    try:
+        pos = float(pos)  # an integer of hundreds of digits overflows here
+    except OverflowError:
+        raise ValueError("playback_position must be a finite number") from None
+    if not math.isfinite(pos):
         raise ValueError("playback_position must be a finite number")
     if pos < 0:
         raise ValueError("playback_position must be >= 0")
     interrupted = obj.get("interrupted")
     if not isinstance(interrupted, bool):
         raise ValueError("interrupted must be true or false")
-    return float(pos), interrupted
+    return pos, interrupted
 
 
 def _no_registration(*_: Any, **__: Any) -> None:

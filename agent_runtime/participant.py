@@ -5,7 +5,10 @@ participant of the allowed kinds in join order) through the room-event adapter a
 what its departure means: a closing reason closes the session through the session's own
 close path, so its ``close`` event carries ``CloseReason.PARTICIPANT_DISCONNECTED`` and the
 job sees it; any other reason waits ``grace_period`` seconds for the same identity, whose
-rejoin points the session's room input (RoomIO) at the new participant object.
+rejoin points the session's room input (RoomIO) at the new participant object. A session
+whose close hangs is given up after ``session_close_timeout`` seconds: the link is then
+``closed`` and emits ``close_timed_out`` (a ``SessionCloseTimedOut``), on which the job that
+composes the link shuts down.
 
 RoomIO has its own ``close_on_disconnect`` (on by default, for CLIENT_INITIATED,
 ROOM_DELETED and USER_REJECTED). Start the session with
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from livekit import rtc
@@ -52,8 +56,23 @@ ATTRIBUTE_PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
 DEFAULT_KINDS = DEFAULT_PARTICIPANT_KINDS
 
 
+@dataclass(frozen=True, slots=True)
+class SessionCloseTimedOut:
+    """Emitted as ``close_timed_out``: the session's close did not end within ``after``
+    seconds; the link is ``closed``. ``reason`` is a shutdown reason for the job."""
+
+    identity: str | None  # the participant whose departure started the close
+    after: float
+    reason: str
+
+
 class ParticipantLink(rtc.EventEmitter[str]):
-    """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged).
+    """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged)
+    and ``close_timed_out`` (SessionCloseTimedOut).
+
+    Wire ``close_timed_out`` to the job's shutdown, e.g.
+    ``link.on("close_timed_out", lambda ev: job.shutdown(ev.reason))``: the session will not
+    say it closed, so nothing else would end the job.
 
     The link does not own the session, the room or the adapter: ``aclose()`` only stops
     following (it never closes the session).
@@ -69,6 +88,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
         close_on_disconnect: bool = True,
         closing_reasons: Iterable[str | int] = DEFAULT_CLOSING_REASONS,
         grace_period: float = 15.0,
+        session_close_timeout: float = 60.0,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
     ) -> None:
@@ -77,6 +97,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
             raise TypeError(f"room_events must be a RoomEventAdapter, got {type(room_events)}")
         participant_identity = check_setting("participant_identity", participant_identity)
         grace_period = check_setting("grace_period", grace_period)
+        session_close_timeout = check_setting("session_close_timeout", session_close_timeout)
         self._kinds = frozenset(kind_names(participant_kinds))
         self._closing_reasons = frozenset(reason_names(closing_reasons))
         self.session = session
@@ -84,6 +105,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
         self.participant_identity = participant_identity
         self.close_on_disconnect = bool(close_on_disconnect)
         self.grace_period = float(grace_period)
+        self.session_close_timeout = float(session_close_timeout)
         self._identity: str | None = None
         self._started = False
         self._closed = False
@@ -98,6 +120,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
                 "link": self._link,
                 "relink": self._relink,
                 "close_session": self._close_session,
+                "report_close_timed_out": self._report_close_timed_out,
             },
             guards={
                 "eligible": self._eligible,
@@ -106,7 +129,10 @@ class ParticipantLink(rtc.EventEmitter[str]):
                 "closing_reason": self._closing_reason,
                 "grace_enabled": self._grace_enabled,
             },
-            settings={"grace_period": grace_setting},
+            settings={
+                "grace_period": grace_setting,
+                "session_close_timeout": self.session_close_timeout,
+            },
             clock=clock,
             tracer=tracer,
         )
@@ -253,6 +279,14 @@ class ParticipantLink(rtc.EventEmitter[str]):
         if isinstance(task, asyncio.Future):
             # a close whose teardown fails never emits `close`: its end is enough
             task.add_done_callback(self._on_close_task_done)
+
+    def _report_close_timed_out(self, ev: Event) -> None:
+        after = float(ev.data.get("after", self.session_close_timeout))
+        reason = (
+            f"the session did not close within {after:g}s after participant {self._identity} left"
+        )
+        logger.warning("%s; the link gives up on it", reason)
+        self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason))
 
     def _on_close_task_done(self, task: asyncio.Future[Any]) -> None:
         if task.cancelled():

@@ -104,6 +104,9 @@ class JobSettings(BaseModel):
     close_on_disconnect: Flag = True
     closing_reasons: tuple[str, ...] = DEFAULT_CLOSING_REASONS
     grace_period: Seconds = 15.0
+    # how long a session's close may take before the link gives up on it (livekit-agents
+    # bounds AgentSession.aclose() at job shutdown by the same 60 s)
+    session_close_timeout: PositiveSeconds = 60.0
     # avatar
     join_timeout: PositiveSeconds = 30.0
     clear_buffer_timeout: PositiveSeconds = 2.0

@@ -3,11 +3,17 @@ decision can be replayed offline), every transition and every effect outcome."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
+
+from . import files
 
 logger = logging.getLogger("agent_runtime.trace")
 
@@ -42,6 +48,94 @@ class TraceSink(Protocol):
     def write(self, record: TraceRecord) -> None: ...
 
 
+# what one record keeps of a payload (its ``data`` and ``detail``): a trace is for reading
+# what happened, and a peer's 50 MB reason or a deeply nested payload must not become a
+# 50 MB line, a recursion in the encoder or a held copy
+MAX_TEXT = 1000  # characters kept of one string (or bytes of one bytes value)
+MAX_ITEMS = 100  # entries kept of one list or mapping
+MAX_DEPTH = 6  # levels of nesting kept
+MAX_PAYLOAD = 4000  # characters kept in all of one record's payload, roughly its JSON size
+
+
+def bound_record(record: TraceRecord) -> TraceRecord:
+    """Cut ``record``'s payload to the bounds above, in place; small payloads are untouched."""
+    budget = [MAX_PAYLOAD]
+    if record.detail:  # first: it is the error of an effect, the part most worth keeping
+        record.detail = _bound(record.detail, budget, 0)
+    if record.data:
+        record.data = _bound(record.data, budget, 0)
+    return record
+
+
+def _cut(text: str, keep: int) -> str:
+    return f"{text[:keep]}...[{len(text) - keep:,} more characters]"
+
+
+def _bound(value: Any, budget: list[int], depth: int) -> Any:
+    # exact types first: this runs on every record, and most payloads are a few short strings
+    t = type(value)
+    if t is str:
+        keep = max(0, min(MAX_TEXT, budget[0]))
+        budget[0] -= len(value) + 2 if len(value) <= keep else keep + 2
+        return value if len(value) <= keep else _cut(value, keep)
+    if t is bool or t is float or value is None:
+        budget[0] -= 5
+        return value
+    if t is int:
+        budget[0] -= 5
+        # json cannot even write an int past 4,300 digits; keep its size, not its digits
+        return value if value.bit_length() <= 64 else f"<an integer of {value.bit_length()} bits>"
+    if t is dict or t is list or t is tuple or isinstance(value, Mapping | list | tuple):
+        if not value:
+            return value
+        if depth >= MAX_DEPTH or budget[0] <= 0:
+            budget[0] -= 5
+            return f"<{t.__name__} of {len(value)} items, not kept>"
+        if t is dict or isinstance(value, Mapping):
+            out: dict[Any, Any] = {}
+            for n, (k, v) in enumerate(value.items()):
+                if n >= MAX_ITEMS or budget[0] <= 0:
+                    out["..."] = f"[{len(value) - n:,} more items]"
+                    break
+                if type(k) is not str:
+                    k = k if isinstance(k, int | float | bool) else repr(k)
+                if type(k) is str and len(k) < 64:  # inline: the common case, kept whole
+                    budget[0] -= len(k) + 2
+                else:
+                    k = _bound(k, budget, depth)
+                if type(v) is str and len(v) < 64:
+                    budget[0] -= len(v) + 2
+                    out[k] = v
+                else:
+                    out[k] = _bound(v, budget, depth + 1)
+            return out
+        items: list[Any] = []
+        for n, v in enumerate(value):
+            if n >= MAX_ITEMS or budget[0] <= 0:
+                items.append(f"...[{len(value) - n:,} more items]")
+                break
+            items.append(_bound(v, budget, depth + 1))
+        return tuple(items) if isinstance(value, tuple) else items
+    if isinstance(value, str):  # a str subclass (a str enum): kept as it is while short
+        if len(value) <= min(MAX_TEXT, budget[0]):
+            budget[0] -= len(value) + 2
+            return value
+        return _bound(str.__str__(value), budget, depth)
+    if isinstance(value, bytes | bytearray):
+        text = _bound(bytes(value[:MAX_TEXT]).decode("utf-8", "replace"), budget, depth)
+        return text + (
+            f"...[{len(value) - MAX_TEXT:,} more bytes]" if len(value) > MAX_TEXT else ""
+        )
+    if isinstance(value, int | float):  # an int or float subclass (an IntEnum, ...)
+        if isinstance(value, float) or value.bit_length() <= 64:
+            budget[0] -= 5
+            return value
+        return _bound(int(value), budget, depth)
+    # any other object: kept by reference (no copy); JsonlSink writes a bounded repr of it
+    budget[0] -= 20
+    return value
+
+
 class MemorySink:
     def __init__(self) -> None:
         self.records: list[TraceRecord] = []
@@ -51,20 +145,58 @@ class MemorySink:
 
 
 class JsonlSink:
-    """One JSON object a line; flushed per record so a crash keeps what led to it."""
+    """One JSON object a line; flushed per record so a crash keeps what led to it.
+
+    A write that fails (a full disk) disables the sink: the file keeps the records before
+    it, ``failed`` says why, and the error goes to the tracer, which logs it once.
+    """
 
     def __init__(self, path: str | Path) -> None:
-        self._fh: IO[str] | None = Path(path).open("w", encoding="utf-8")  # noqa: SIM115
+        self.path = str(path)
+        self.failed: str | None = None
+        self.written = 0
+        # non-blocking open: a FIFO with no reader is an error at once (ENXIO), not a
+        # hang; then blocking writes as for any file
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NONBLOCK", 0), 0o666
+        )
+        try:
+            os.set_blocking(fd, True)
+            self._fh: IO[str] | None = open(fd, "w", encoding="utf-8")  # noqa: SIM115
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def __repr__(self) -> str:
+        return f"JsonlSink({self.path!r})"
 
     def write(self, record: TraceRecord) -> None:
-        if self._fh is not None:
-            self._fh.write(json.dumps(record.to_dict(), default=repr, sort_keys=True) + "\n")
+        if self._fh is None:
+            return
+        try:
+            line = json.dumps(record.to_dict(), default=_short_repr, sort_keys=True)
+            self._fh.write(line + "\n")
             self._fh.flush()
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            self.close()
+            raise
+        self.written += 1
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            # what a failed write left in the buffer cannot be written either
+            with contextlib.suppress(OSError):
+                fh.close()
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as e:
+        return f"<{type(value).__name__}: repr failed: {e}>"
+    return text if len(text) <= MAX_TEXT else _cut(text, MAX_TEXT)
 
 
 class LoggingSink:
@@ -82,25 +214,59 @@ class LoggingSink:
 
 
 class Tracer:
-    """Fans records out to sinks. An actor without a tracer records nothing."""
+    """Fans records out to sinks, each record's payload bounded first. An actor without a
+    tracer records nothing.
+
+    Tracing is observation: a sink that raises is logged once and disabled (its name and
+    error stay in ``failures``); the other sinks and the machines go on as if it were not
+    there. Disabled, not retried: a trace is read in order (replay feeds its decisions one
+    after the other), so a file that stops at its last good record is evidence, and one with
+    holes where writes failed would not be.
+    """
 
     def __init__(self, *sinks: TraceSink) -> None:
         self.sinks: list[TraceSink] = list(sinks)
+        self.failures: list[str] = []
 
     def write(self, record: TraceRecord) -> None:
+        bound_record(record)
         for s in self.sinks:
-            s.write(record)
+            try:
+                s.write(record)
+            except Exception as e:
+                self._disable(s, e)
+
+    def _disable(self, sink: TraceSink, error: Exception) -> None:
+        self.sinks = [s for s in self.sinks if s is not sink]
+        self.failures.append(f"{sink!r}: {type(error).__name__}: {error}")
+        logger.warning(
+            "trace sink %r failed (%s: %s); it is disabled, the machines go on without it",
+            sink,
+            type(error).__name__,
+            error,
+        )
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Read a JSONL trace; a line that is not a record raises ``ValueError`` naming the line."""
+    """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
+    that is not a record raises ``ValueError`` naming the file and the line."""
+    try:
+        data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
+    except files.InputFileError as e:
+        raise ValueError(f"{path}: cannot read the trace: {e}") from None
     out: list[TraceRecord] = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(TraceRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{n}: not a trace record ({e})") from None
+    for n, raw in enumerate(io.BytesIO(data), 1):
+        line = raw.decode("utf-8", "replace")
+        if not line.strip():
+            continue
+        try:
+            out.append(TraceRecord.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+            msg = str(e) if isinstance(e, TypeError | json.JSONDecodeError) else _LONG_INT
+            raise ValueError(f"{path}:{n}: not a trace record ({msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: not a trace record (nested too deep)") from None
     return out
+
+
+_LONG_INT = "a number of more than 4300 digits"  # json's only other ValueError

@@ -3,7 +3,8 @@ comes back is heard again.
 
 A closing disconnect reason closes the session (reason ``participant_disconnected``), which
 drives the job; any other reason opens a ``grace`` period in which the same identity
-relinks; the grace timer ends it.
+relinks; the grace timer ends it. A session whose close hangs is given up after
+``session_close_timeout`` (the link is ``closed`` and says so: the job shuts down without it).
 
 Guards (evaluated by the runtime on the event's data):
 
@@ -22,6 +23,7 @@ EVENTS = (
     "participant_connected",
     "participant_disconnected",
     "grace_timeout",
+    "session_close_timeout",
     "session_closed",
     "close",
 )
@@ -38,7 +40,14 @@ PARTICIPANT = MachineSpec(
             timeout=StateTimeout(event="grace_timeout", setting="grace_period", default=15.0),
             description="dropped for a non-closing reason; the same identity may rejoin",
         ),
-        State(name="closing", description="the session is closing: participant_disconnected"),
+        State(
+            name="closing",
+            # livekit bounds AgentSession.aclose() by 60 s at job shutdown; so does the link
+            timeout=StateTimeout(
+                event="session_close_timeout", setting="session_close_timeout", default=60.0
+            ),
+            description="the session is closing: participant_disconnected",
+        ),
         State(name="closed", final=True, description="the session closed or the link did"),
     ),
     events=EVENTS,
@@ -51,6 +60,10 @@ PARTICIPANT = MachineSpec(
             # a close that cannot even be started leaves nothing to wait for
             error_event="session_closed",
             description="close the session with reason participant_disconnected",
+        ),
+        Effect(
+            name="report_close_timed_out",
+            description="log and emit close_timed_out: the job shuts down without the session",
         ),
     ),
     rows=(
@@ -77,6 +90,7 @@ PARTICIPANT = MachineSpec(
         ),
         *row("grace", "participant_connected", None),  # someone else joined: keep waiting
         *row("grace", "grace_timeout", "closing", effects=["close_session"]),
+        *row("closing", "session_close_timeout", "closed", effects=["report_close_timed_out"]),
         *row([*LIVE, "closing"], "session_closed", "closed"),
         *row([*LIVE, "closing"], "close", "closed"),
     ),
@@ -89,6 +103,7 @@ PARTICIPANT = MachineSpec(
         ),
         *cells("grace", "participant_disconnected", "the linked identity is already gone"),
         *cells(["waiting", "linked", "closing"], "grace_timeout", "only grace arms the timer"),
+        *cells(LIVE, "session_close_timeout", "only closing arms the timer"),
         *cells(
             "closing",
             ["participant_connected", "participant_disconnected"],

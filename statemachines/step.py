@@ -5,8 +5,10 @@ No I/O, no clock, no asyncio: the runtime performs what a ``Step`` names.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from .spec import MachineSpec, Row
@@ -45,29 +47,37 @@ Entry = tuple[Row, ...] | Literal["ignore", "reject"]
 class Table:
     """A spec indexed by (state, event) for constant-time lookups."""
 
-    __slots__ = ("cells", "spec")
+    __slots__ = ("cells", "spec_ref")
 
     def __init__(self, spec: MachineSpec) -> None:
-        self.spec = spec
+        # weak: the cache must not keep a spec alive (tools build thousands of copies)
+        self.spec_ref = weakref.ref(spec, partial(_forget, id(spec)))
         self.cells: dict[tuple[str, str], Entry] = {}
         grouped: dict[tuple[str, str], list[Row]] = {}
         for r in spec.rows:
             grouped.setdefault((r.source, r.event), []).append(r)
-        for key, rows in grouped.items():
-            self.cells[key] = tuple(rows)
+        for k, rows in grouped.items():
+            self.cells[k] = tuple(rows)
         for c in spec.ignore:
             self.cells[(c.state, c.event)] = "ignore"
         for c in spec.reject:
             self.cells[(c.state, c.event)] = "reject"
 
 
+# keyed by id(): hashing a spec hashes all of it, on every step; an entry goes with its spec
 _tables: dict[int, Table] = {}
+
+
+def _forget(key: int, ref: weakref.ref[MachineSpec]) -> None:
+    t = _tables.get(key)
+    if t is not None and t.spec_ref is ref:
+        del _tables[key]
 
 
 def table_of(spec: MachineSpec) -> Table:
     """The index of a spec, built once per spec object and shared by every instance."""
     t = _tables.get(id(spec))
-    if t is None or t.spec is not spec:
+    if t is None or t.spec_ref() is not spec:
         t = _tables[id(spec)] = Table(spec)
     return t
 

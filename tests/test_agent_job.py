@@ -255,3 +255,31 @@ async def test_a_production_trace_records_every_machine(
     trace = read_trace(tmp_path / "fake-job-aj-room.jsonl")
     machines = {r.machine for r in trace if r.kind == "transition"}
     assert machines == {"job", "session_host", "participant"}
+
+
+async def test_a_session_close_that_hangs_still_ends_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The user leaves, the session's close never returns: after session_close_timeout the
+    participant machine gives up and the job shuts down on its own (nothing lingers)."""
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, session_close_timeout=20)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+
+    async def hang(**_: Any) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    session._aclose_impl = hang  # type: ignore[method-assign]
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert job.states["participant"] == "closing" and job.states["job"] == "serving"
+    await clock.advance(19.9)
+    assert job.states["job"] == "serving"
+    await clock.advance(0.1 + 10)  # the give-up, then the job's own bounded close
+    assert job.states["participant"] == "closed" and job.states["job"] == "closed"
+    assert job.job.reason == "the session did not close within 20s after participant user left"
+    assert session._closing_task is not None
+    session._closing_task.cancel()
+    await job.aclose()

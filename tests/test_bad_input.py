@@ -14,8 +14,9 @@ Rows by where the input comes in:
   no job transition, nothing raised to the emitter.
 - ``step``: scenario steps the runtime refuses while a scenario runs: the step error; the
   scenario ends as it would have without that step.
-- ``scenario`` / ``trace``: files ``agent-runtime simulate`` / ``replay`` refuse: exit 2 and
-  the message on stderr, no trace written, no report printed.
+- ``scenario`` / ``trace``: files ``agent-runtime simulate`` / ``replay`` refuse (malformed,
+  out of range, too deep, too large, not a regular file): exit 2 and the one line on stderr,
+  no trace written, no report printed; with ``--json`` the same line as JSON on stdout.
 
 Looser versions of some rows live next to their features (``test_avatar_lifecycle``,
 ``test_session_host``, ``test_scenario_files``, ``test_replay``, ``test_room_events``); this
@@ -25,9 +26,11 @@ table is the one place that pins the exact text. Same stand-ins as the property 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,12 +94,50 @@ def step(name: str, steps: list[dict[str, Any]], error: str, **config: Any) -> B
     return Bad("step", name, steps, error, config)
 
 
-def scenario(name: str, text: str | bytes, error: str) -> Bad:
-    return Bad("scenario", name, text, error)
+def scenario(name: str, text: str | bytes | MakePath, error: str, **options: Any) -> Bad:
+    return Bad("scenario", name, text, error, options)
 
 
-def trace(name: str, line: str | bytes, error: str) -> Bad:
-    return Bad("trace", name, line, error)
+def trace(name: str, line: str | bytes | MakePath, error: str, **options: Any) -> Bad:
+    return Bad("trace", name, line, error, options)
+
+
+# a file that is not written but made (a FIFO, a directory) or found (/dev/zero)
+MakePath = Callable[[Path], Path]
+
+
+def fifo(tmp: Path) -> Path:
+    path = tmp / "bad.fifo"
+    os.mkfifo(path)
+    return path
+
+
+def dev_zero(_: Path) -> Path:
+    return Path("/dev/zero")
+
+
+def empty_dir(tmp: Path) -> Path:
+    path = tmp / "scenarios"
+    path.mkdir()
+    return path
+
+
+def step_file(step: str, config: str = "") -> str:
+    """A scenario whose first step (or config) is the bad part."""
+    return f"name: x\n{config}steps: [{step}, {{at: 9, event: end}}]\n"
+
+
+# lists of 10 lists of 10 ... of "lol": 5 anchors, 341 bytes, 10^5 "lol" once expanded
+# (the issue's had 9, 10^9: its expansion into the trace and the JSON ran out of memory)
+ALIAS_BOMB = step_file(
+    "{at: 0, event: rpc, method: m, caller: c, payload: {a: &a ["
+    + ", ".join(["lol"] * 10)
+    + "], "
+    + ", ".join(
+        f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in zip("abcd", "bcde", strict=True)
+    )
+    + "}}"
+)
 
 
 def record(**changes: Any) -> str:
@@ -132,6 +173,21 @@ TABLE: list[Bad] = [
         "position-nan",
         '{"playback_position": NaN, "interrupted": false}',
         (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(  # issue 13 item 9: float() of it overflowed out of the handler into the SDK
+        "position-a-330-digit-integer",
+        '{"playback_position": 1' + "0" * 330 + ', "interrupted": false}',
+        (APP, MALFORMED + "playback_position must be a finite number"),
+    ),
+    rpc(  # past Python's int-to-string limit: json refuses to parse it
+        "position-a-5000-digit-integer",
+        '{"playback_position": 1' + "0" * 5000 + ', "interrupted": false}',
+        (APP, MALFORMED + "payload is not JSON"),
+    ),
+    rpc(  # json's recursion limit: a RecursionError, not a ValueError
+        "nested-2000-deep",
+        "[" * 2000 + "]" * 2000,
+        (APP, MALFORMED + "payload is not JSON"),
     ),
     rpc(
         "position-negative",
@@ -321,8 +377,7 @@ TABLE: list[Bad] = [
     scenario(
         "at-a-word",
         "name: x\nsteps: [{at: soon, event: session.start}]\n",
-        "step 1 (session.start): field at: "
-        "Input should be a valid number, unable to parse string as a number",
+        "step 1 (session.start): field at: Input should be a valid number",
     ),
     scenario(
         "unknown-reason",
@@ -348,8 +403,115 @@ TABLE: list[Bad] = [
     scenario(
         "negative-timeout",
         "name: x\nconfig: {join_timeout: -1}\nsteps: [{at: 0, event: end}]\n",
-        "config.join_timeout: Input should be greater than or equal to 0",
+        "config.join_timeout: Input should be greater than 0",
     ),
+    # issue 13 item 6: values the loader took and the runtime refused (a traceback, a step
+    # error); the scenario model now checks them through the runtime's own definitions
+    scenario(
+        "join-timeout-zero",
+        step_file("{at: 0, event: session.start}", "config: {join_timeout: 0}\n"),
+        "config.join_timeout: Input should be greater than 0",
+    ),
+    scenario(
+        "join-timeout-infinite",
+        step_file("{at: 0, event: session.start}", "config: {join_timeout: .inf}\n"),
+        "config.join_timeout: Input should be a finite number",
+    ),
+    scenario(
+        "clear-buffer-timeout-infinite",
+        step_file("{at: 0, event: session.start}", "config: {clear_buffer_timeout: .inf}\n"),
+        "config.clear_buffer_timeout: Input should be a finite number",
+    ),
+    scenario(
+        "grace-period-infinite",
+        step_file("{at: 0, event: session.start}", "config: {grace_period: .inf}\n"),
+        "config.grace_period: Input should be a finite number",
+    ),
+    scenario(
+        "avatar-identity-empty",
+        step_file("{at: 0, event: session.start}", "config: {avatar_identity: ''}\n"),
+        "config.avatar_identity: String should have at least 1 character",
+    ),
+    scenario(
+        "participant-identity-empty",
+        step_file("{at: 0, event: session.start}", "config: {participant_identity: ''}\n"),
+        "config.participant_identity: String should have at least 1 character",
+    ),
+    scenario(
+        "simulation-a-string",
+        step_file("{at: 0, event: session.start}", "config: {simulation: 'yes'}\n"),
+        "config.simulation: Input should be a valid boolean",
+    ),
+    scenario(
+        "at-true",
+        step_file("{at: true, event: session.start}"),
+        "step 1 (session.start): field at: Input should be a valid number",
+    ),
+    scenario(  # issue 13 item 7: it ran, and --json printed Infinity (not JSON)
+        "at-infinite",
+        step_file("{at: .inf, event: session.start}"),
+        "step 1 (session.start): field at: Input should be a finite number",
+    ),
+    scenario(
+        "duplicate-key",
+        "name: x\nname: y\nsteps: [{at: 0, event: end}]\n",
+        "not valid YAML: duplicate key 'name' (line 2, column 1)",
+    ),
+    scenario(
+        "duplicate-key-in-a-step",
+        "name: x\nsteps: [{at: 0, event: end, at: 3}]\n",
+        "not valid YAML: duplicate key 'at' (line 2, column 29)",
+    ),
+    scenario(  # a merge key may override: that is not a duplicate
+        "merge-then-unknown-field",
+        "name: x\nbase: &b {at: 0, event: end}\nsteps: [{<<: *b, at: 1}]\n",
+        "base: Extra inputs are not permitted",
+    ),
+    scenario(
+        "not-valid-yaml",
+        "name: [unclosed\n",
+        "not valid YAML: while parsing a flow sequence, did not find expected ',' or ']' "
+        "(line 2, column 1)",
+    ),
+    # issue 13 item 5: a RecursionError, an alias bomb expanded into the output, a hang on
+    # a FIFO, /dev/zero read until memory ran out
+    scenario(
+        "nested-500-deep",
+        step_file(
+            "{at: 0, event: rpc, method: m, caller: c, payload: " + "[" * 500 + "]" * 500 + "}"
+        ),
+        "nested deeper than 32 levels (line 2, column 89)",
+    ),
+    scenario(
+        "nested-100000-deep",
+        step_file(
+            "{at: 0, event: rpc, method: m, caller: c, payload: "
+            + "[" * 100_000
+            + "]" * 100_000
+            + "}"
+        ),
+        "nested deeper than 32 levels (line 2, column 1057)",  # libyaml stops at 1,000
+    ),
+    scenario(
+        "alias-bomb",
+        ALIAS_BOMB,
+        "its aliases would expand it by more than 10,000 nodes",
+    ),
+    scenario(
+        "alias-inside-itself",
+        step_file("{at: 0, event: rpc, method: m, caller: c, payload: &p [1, *p]}"),
+        "an alias refers to a collection that contains it (line 2, column 60)",
+    ),
+    scenario("a-fifo", fifo, "cannot read: a FIFO, not a regular file"),
+    scenario("dev-zero", dev_zero, "cannot read: a character device, not a regular file"),
+    scenario(
+        "too-large",
+        "name: x\nsteps: [{at: 0, event: end}]\n" + "#" * 2000 + "\n",
+        "cannot read: larger than 1,000 bytes, the limit for a scenario file",
+        limits={"MAX_SCENARIO_BYTES": 1000},
+    ),
+    # issue 13 item 11: a directory runs its *.yaml; one with none is an error naming it
+    scenario("empty-directory", empty_dir, "a directory with no *.yaml file in it"),
     scenario(
         "unknown-setting",
         "name: x\nconfig: {colour: 1}\nsteps: [{at: 0, event: end}]\n",
@@ -367,41 +529,68 @@ TABLE: list[Bad] = [
     ),
     trace("a-list", "[1, 2]", "1: a record is a JSON object, not list"),
     trace(
-        "unknown-field",
-        record(colour="red"),
-        "1: not a trace record (TraceRecord.__init__() got an unexpected keyword argument "
-        "'colour')",
+        "unknown-field", record(colour="red"), "1: field 'colour': Extra inputs are not permitted"
     ),
-    trace(
-        "fields-missing",
-        json.dumps({"kind": "transition"}),
-        "1: not a trace record (TraceRecord.__init__() missing 3 required positional "
-        "arguments: 't', 'machine', and 'instance')",
-    ),
+    trace("fields-missing", json.dumps({"kind": "transition"}), "1: field 't': Field required"),
     trace(
         "unknown-kind",
         record(kind="teleport"),
-        "1: unknown record kind 'teleport' "
-        "(expected one of transition, ignore, reject, effect, stale, input)",
+        "1: field 'kind': Input should be 'transition', 'ignore', 'reject', 'effect', 'stale' "
+        "or 'input'",
     ),
-    trace("machine-a-number", record(machine=5), "1: field 'machine' must be a string, not 5"),
+    trace(
+        "machine-a-number", record(machine=5), "1: field 'machine': Input should be a valid string"
+    ),
     trace(
         "machine-empty", record(machine=""), "1: a transition record needs a non-empty 'machine'"
     ),
     trace(
         "effects-a-string",
         record(effects="run_close"),
-        "1: 'effects' must be a list of effect names, not 'run_close'",
+        "1: field 'effects': Input should be a valid list",
     ),
     trace(
         "guard-not-a-bool",
         record(guards={"hold_needed": 1}),
-        "1: 'guards' must map guard names to true/false, not {'hold_needed': 1}",
+        "1: field 'guards.hold_needed': Input should be a valid boolean",
     ),
     trace(
         "unknown-machine",
         record(machine="robot"),
         "1: unknown machine 'robot'; machines: avatar, job, session_host, participant",
+    ),
+    # issue 13 item 8: tracebacks, and traces that said nothing passing as agreement
+    trace(
+        "integer-of-5000-digits",
+        record().replace('"t": 0', '"t": 1' + "0" * 5000),
+        "1: not JSON (a number of more than 4300 digits)",
+    ),
+    trace("nested-100000-deep", "[" * 100_000 + "]" * 100_000, "1: not JSON (nested too deep)"),
+    trace("t-a-word", record(t="yesterday"), "1: field 't': Input should be a valid number"),
+    trace(
+        "t-nan",
+        record().replace('"t": 0', '"t": NaN'),
+        "1: field 't': Input should be a finite number",
+    ),
+    trace("t-negative", record(t=-1), "1: field 't': Input should be greater than or equal to 0"),
+    trace(
+        "unknown-guard",
+        record(guards={"hold_needed": False, "colour": True}),
+        "1: machine 'job' has no guard 'colour'",
+    ),
+    trace("empty", "", "nothing to replay: the trace is empty"),
+    trace(
+        "effects-only",
+        json.dumps({"t": 0, "kind": "effect", "machine": "job", "instance": "j", "effect": "x"}),
+        "nothing to replay: 1 record, none of them a decision (transition, ignore, reject)",
+    ),
+    trace("a-fifo", fifo, "cannot read the trace: a FIFO, not a regular file"),
+    trace("dev-zero", dev_zero, "cannot read the trace: a character device, not a regular file"),
+    trace(
+        "too-large",
+        record() + "\n" + " " * 2000,
+        "cannot read the trace: larger than 1,000 bytes, the limit for a trace file",
+        limits={"MAX_TRACE_BYTES": 1000},
     ),
 ]
 
@@ -554,24 +743,57 @@ async def check_step(bad: Bad, *_: Any) -> None:
 async def check_scenario(
     bad: Bad, tmp_path: Path, capsys: pytest.CaptureFixture[str], _: Any
 ) -> None:
-    path = tmp_path / "bad.yaml"
-    write(path, bad.given)
+    path = given_path(bad, tmp_path, "bad.yaml")
     out = tmp_path / "out.jsonl"
-    assert main(["simulate", str(path), "--trace", str(out)]) == 2
-    captured = capsys.readouterr()
-    assert captured.err == f"invalid scenario: {path}: {bad.error}\n"
-    assert captured.out == "" and not out.exists()  # nothing ran
+    line = f"{path}: {bad.error}"
+    with limits(bad):
+        assert main(["simulate", str(path), "--trace", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"invalid scenario: {line}\n"
+        assert captured.out == "" and not out.exists()  # nothing ran
+        # --json answers in JSON on stdout (issue 13 item 7)
+        assert main(["simulate", str(path), "--json"]) == 2
+        captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"ok": False, "file": str(path), "error": line}
+    assert captured.err == f"invalid scenario: {line}\n"
 
 
 async def check_trace(bad: Bad, tmp_path: Path, capsys: pytest.CaptureFixture[str], _: Any) -> None:
-    path = tmp_path / "bad.jsonl"
-    write(path, bad.given)
-    before = path.read_bytes()
-    assert main(["replay", str(path)]) == 2
-    captured = capsys.readouterr()
+    path = given_path(bad, tmp_path, "bad.jsonl")
+    before = path.read_bytes() if path.is_file() else None
     sep = ":" if bad.error[0].isdigit() else ": "
-    assert captured.err == f"agent-runtime replay: {path}{sep}{bad.error}\n"
-    assert captured.out == "" and path.read_bytes() == before  # no report, file untouched
+    line = f"{path}{sep}{bad.error}"
+    with limits(bad):
+        assert main(["replay", str(path)]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"agent-runtime replay: {line}\n"
+        assert captured.out == ""  # no report
+        assert main(["replay", str(path), "--json"]) == 2
+        captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"ok": False, "file": str(path), "error": line}
+    assert captured.err == f"agent-runtime replay: {line}\n"
+    if before is not None:
+        assert path.read_bytes() == before  # the file untouched
+
+
+def given_path(bad: Bad, tmp: Path, name: str) -> Path:
+    if callable(bad.given):
+        made: Path = bad.given(tmp)
+        return made
+    path = tmp / name
+    write(path, bad.given)
+    return path
+
+
+@contextlib.contextmanager
+def limits(bad: Bad) -> Iterator[None]:
+    """The size bounds a row lowers (so a test need not write megabytes)."""
+    from agent_runtime import files
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in bad.options.get("limits", {}).items():
+            mp.setattr(files, name, value)
+        yield
 
 
 def write(path: Path, content: str | bytes) -> None:

@@ -278,3 +278,19 @@ def test_bad_arguments_are_refused_with_a_clear_error() -> None:
         ValueError, match=r"cell \(serving, shutdown\) has no row guarded by \['x'\]"
     ):
         set_dest(JOB, "serving", "shutdown", "closed", guards=["x"])
+
+
+def test_8_a_hung_session_close_nobody_acts_on_is_reported() -> None:
+    """Issue 13 item 2: with the session's close hanging, the link gives up on it at its
+    bound; if that does not shut the job down, the job serves on for good."""
+    report = _run(4, glue=Glue(shutdown_on_close_timeout=False), config=PLAIN)
+    detail, steps = _only(report, 8)
+    assert detail == "session A's close hangs, the link is closed and the job is serving"
+    assert steps[:4] == [
+        "user joins",
+        "  -> participant handles participant_connected(who=user)",
+        "user leaves (CLIENT_INITIATED)",
+        "  -> participant handles participant_disconnected(closing=True, who=user)",
+    ]
+    assert "session A's close hangs" in steps
+    assert "time passes: session_close_timeout" in steps

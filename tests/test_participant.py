@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,9 @@ from livekit.agents.voice.room_io import RoomOptions
 from livekit.rtc._proto import participant_pb2
 
 from agent_runtime import Event, MemorySink, StateChanged, Tracer, VirtualClock, settle
-from agent_runtime.participant import ParticipantLink
+from agent_runtime.participant import ParticipantLink, SessionCloseTimedOut
 from agent_runtime.room_events import RoomEventAdapter
+from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.participant import PARTICIPANT
 
@@ -504,6 +506,7 @@ CASES = [
     Case("waiting", "participant_connected", BOT, "transition", "waiting"),
     Case("waiting", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "waiting"),
     Case("waiting", "grace_timeout", {}, "ignore", "waiting"),
+    Case("waiting", "session_close_timeout", {}, "ignore", "waiting"),
     Case("waiting", "session_closed", {"reason": "error"}, *CLOSED),
     Case("waiting", "close", {}, *CLOSED),
     Case("linked", "participant_connected", V, "ignore", "linked"),
@@ -543,6 +546,7 @@ CASES = [
         "linked",
     ),
     Case("linked", "grace_timeout", {}, "ignore", "linked"),
+    Case("linked", "session_close_timeout", {}, "ignore", "linked"),
     Case("linked", "session_closed", {"reason": "error"}, *CLOSED),
     Case("linked", "close", {}, *CLOSED),
     Case(
@@ -551,11 +555,21 @@ CASES = [
     Case("grace", "participant_connected", V, "transition", "grace"),
     Case("grace", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "grace"),
     Case("grace", "grace_timeout", {}, "transition", "closing", ("close_session",)),
+    Case("grace", "session_close_timeout", {}, "ignore", "grace"),
     Case("grace", "session_closed", {"reason": "error"}, *CLOSED),
     Case("grace", "close", {}, *CLOSED),
     Case("closing", "participant_connected", U, "ignore", "closing"),
     Case("closing", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "closing"),
     Case("closing", "grace_timeout", {}, "ignore", "closing"),
+    # the session's close hangs: given up on, and the job told (close_timed_out)
+    Case(
+        "closing",
+        "session_close_timeout",
+        {"after": 60.0},
+        "transition",
+        "closed",
+        ("report_close_timed_out",),
+    ),
     Case("closing", "session_closed", {"reason": "participant_disconnected"}, *CLOSED),
     Case("closing", "close", {}, *CLOSED),
     *[
@@ -564,6 +578,7 @@ CASES = [
             ("participant_connected", U),
             ("participant_disconnected", left("u", "CLIENT_INITIATED")),
             ("grace_timeout", {}),
+            ("session_close_timeout", {}),
             ("session_closed", {"reason": "error"}),
             ("close", {}),
         )
@@ -676,3 +691,88 @@ async def test_a_close_whose_teardown_fails_still_ends_the_link(
     assert link.state == "closed"
     last = [r for r in world.sink.records if r.kind == "transition"][-1]
     assert (last.event, last.data) == ("session_closed", {"reason": "close_failed"})
+
+
+# -- issue 13 item 2: a session close that hangs is bounded ------------------------------------
+
+
+async def _user_leaves_while_the_close_hangs(world: World, **opts: Any) -> ParticipantLink:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(grace_period=0, **opts)
+    link.start()
+    await world.idle()
+    world.agent.gate = asyncio.Event()  # AgentSession.aclose() waits for on_exit: forever
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    await world.idle()
+    assert link.state == "closing"
+    return link
+
+
+async def test_a_session_close_that_hangs_ends_the_link_and_says_so(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``AgentSession.aclose`` hanging, the link stayed in ``closing`` for good (and the
+    job in ``serving``), nothing logged. ``closing`` is bounded by ``session_close_timeout``
+    (livekit's own bound on the session's close at job shutdown, 60 s): then the link is
+    ``closed``, a warning says so, and ``close_timed_out`` tells whoever composes the job."""
+    timed_out: list[SessionCloseTimedOut] = []
+    link = await _user_leaves_while_the_close_hangs(world)
+    link.on("close_timed_out", timed_out.append)
+    await world.clock.advance(59.9)
+    assert (link.state, timed_out) == ("closing", [])
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.participant"):
+        await world.clock.advance(0.1)
+        await world.idle()
+    assert link.state == "closed" and world.closes == []  # the session is still stuck
+    assert timed_out == [
+        SessionCloseTimedOut(
+            identity="u",
+            after=60.0,
+            reason="the session did not close within 60s after participant u left",
+        )
+    ]
+    assert [r.getMessage() for r in caplog.records] == [
+        "the session did not close within 60s after participant u left; the link gives up on it"
+    ]
+    assert world.states()[-1] == ("closing", "closed", "session_close_timeout")
+    assert world.clock.pending == 0
+
+
+async def test_session_close_timeout_is_a_setting_with_its_range(world: World) -> None:
+    link = await _user_leaves_while_the_close_hangs(world, session_close_timeout=5)
+    await world.clock.advance(5)
+    await world.idle()
+    assert link.state == "closed"
+    for bad in (0, -1, math.inf, True):
+        with pytest.raises(SettingError, match="session_close_timeout"):
+            world.link(session_close_timeout=bad)
+
+
+async def test_a_hung_session_close_shuts_the_job_down_when_wired(world: World) -> None:
+    """How the composed job wires it: the link's ``close_timed_out`` shuts the job down
+    with its reason (JobRuntime here; the composed AgentJob does the same)."""
+    from agent_runtime.job import JobRuntime
+    from agent_runtime.testing.inmemory import InMemorySessionTransport
+
+    transport, _simulator_end = InMemorySessionTransport.pair()
+    job = JobRuntime(
+        room=world.room,
+        clock=world.clock,
+        transport=transport,
+        room_events=world.adapter,
+        delete_room=_no_deletion,
+    )
+    job.attach(world.session)
+    await job.start()
+    link = await _user_leaves_while_the_close_hangs(world)
+    link.on("close_timed_out", lambda ev: job.shutdown(ev.reason))
+    await world.clock.advance(60)
+    await world.idle()
+    await asyncio.wait_for(job.wait_closed(), 5)
+    assert (link.state, job.state, job.closed_at) == ("closed", "closed", 60.0)
+    await job.aclose()
+
+
+async def _no_deletion() -> None:
+    return None

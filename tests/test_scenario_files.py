@@ -3,12 +3,20 @@ message naming the file, the step and what is wrong."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
+from agent_runtime.settings import JobSettings, SettingError, check_setting
 from agent_runtime.testing.expect import check_expect
-from agent_runtime.testing.scenario import Expect, ScenarioError, load_scenario, parse_scenario
+from agent_runtime.testing.scenario import (
+    Config,
+    Expect,
+    ScenarioError,
+    load_scenario,
+    parse_scenario,
+)
 
 SCENARIOS = sorted(Path(__file__).parent.parent.joinpath("examples/scenarios").glob("*.yaml"))
 
@@ -102,3 +110,48 @@ def test_expect_reports_each_mismatch() -> None:
     assert "fact job_closed_at: expected 15, got 14.0000001" in failures
     assert any(f.startswith("fact nope: no such fact") for f in failures)
     assert any(f.startswith("fact verdict:") for f in failures)
+
+
+# -- issue 13 item 6: one definition of each setting's range, shared with the runtime ------
+
+SHARED = [n for n in Config.model_fields if n in JobSettings.model_fields]
+ODD_VALUES = [0, -1, 0.5, 30, math.inf, -math.inf, math.nan, True, "30", "", "u", None, [1]]
+
+
+def test_the_scenario_config_is_built_from_the_runtime_definitions() -> None:
+    assert len(SHARED) >= 9
+    for name in SHARED:
+        ours, runtime = Config.model_fields[name], JobSettings.model_fields[name]
+        assert (ours.annotation, ours.metadata, ours.default) == (
+            runtime.annotation,
+            runtime.metadata,
+            runtime.default,
+        ), name
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_a_value_is_accepted_by_the_scenario_exactly_when_the_runtime_takes_it(name: str) -> None:
+    for value in ODD_VALUES:
+        try:
+            check_setting(name, value)
+            runtime_takes_it = True
+        except (SettingError, TypeError):
+            runtime_takes_it = False
+        doc = {"name": "x", "config": {name: value}, "steps": [{"at": 0, "event": "end"}]}
+        try:
+            parse_scenario(doc, source="s.yaml")
+            scenario_takes_it = True
+        except ScenarioError:
+            scenario_takes_it = False
+        assert scenario_takes_it == runtime_takes_it, (name, value)
+
+
+def test_the_c_loader_is_used_when_pyyaml_has_it() -> None:
+    """Item 5: most of the time of a large file was the pure-Python loader."""
+    import yaml
+
+    from agent_runtime.testing import safe_yaml
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("this PyYAML was built without libyaml")
+    assert issubclass(safe_yaml._Loader, yaml.CSafeLoader)

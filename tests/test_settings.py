@@ -70,3 +70,15 @@ def test_kinds_and_reasons_by_value_or_name() -> None:
     assert s.participant_kinds == ("sip", "standard")
     assert s.closing_reasons == ("CLIENT_INITIATED", "SIGNAL_CLOSE")
     assert check_setting("grace_period", 2) == 2.0
+
+
+def test_the_session_close_bound_is_livekit_agents_own() -> None:
+    """livekit-agents gives ``AgentSession.aclose()`` 60 s at job shutdown; a link that
+    closes the session gives it the same before it gives up (issue 13 item 2)."""
+    from livekit.agents.ipc.job_proc_lazy_main import _SESSION_ACLOSE_TIMEOUT
+
+    from statemachines.participant import PARTICIPANT
+
+    closing = PARTICIPANT.state("closing").timeout
+    assert closing is not None and closing.setting == "session_close_timeout"
+    assert job_settings().session_close_timeout == closing.default == _SESSION_ACLOSE_TIMEOUT

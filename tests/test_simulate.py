@@ -172,3 +172,98 @@ def test_json_and_trace_take_exactly_one_file(capsys: pytest.CaptureFixture[str]
     files = [str(p) for p in sorted(SCENARIOS.glob("*.yaml"))[:2]]
     assert main(["simulate", *files, "--json"]) == 2
     assert "exactly one FILE" in capsys.readouterr().err
+
+
+# -- issue 13: the command line never answers with a traceback or a hang -----------------
+
+
+def test_a_directory_runs_its_yaml_files_in_name_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 11: ``simulate DIR`` said "Is a directory"; it runs the DIR's *.yaml, sorted."""
+    for name in ("b.yaml", "a.yaml"):
+        (tmp_path / name).write_text((SCENARIOS / "user_leaves.yaml").read_text())
+    (tmp_path / "notes.txt").write_text("not a scenario")
+    assert main(["simulate", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert [line.split("[")[1].split("]")[0] for line in out.splitlines() if "  [" in line] == [
+        "a.yaml",
+        "b.yaml",
+    ]
+    assert "2 scenario(s) run, 2 with expectations: all held" in out
+
+
+FULL_DISK = Path("/dev/full")
+
+
+@pytest.mark.skipif(not FULL_DISK.exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_trace_on_a_full_disk_runs_and_says_the_trace_is_incomplete(
+    capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Item 1: ``--trace /dev/full`` ended in an OSError traceback. The scenario runs as it
+    would without a trace (tracing is observation), its result is printed, and one line
+    says the trace could not be written: exit 2."""
+    path = SCENARIOS / "sim_hangup_then_finalize.yaml"
+    assert main(["simulate", str(path), "--json"]) == 0
+    untraced = json.loads(capsys.readouterr().out)
+    code = main(
+        ["simulate", str(path), "--trace", str(FULL_DISK), *(["--json"] if as_json else [])]
+    )
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err == (
+        f"agent-runtime simulate: {FULL_DISK}: the trace could not be written "
+        "(OSError: [Errno 28] No space left on device); it stops before the failed record\n"
+    )
+    if as_json:
+        traced = json.loads(captured.out)
+        assert traced.pop("trace_error") == "OSError: [Errno 28] No space left on device"
+        assert traced == untraced
+    else:
+        assert "ok" in captured.out.splitlines()[0]  # the expectations held all the same
+
+
+@pytest.mark.parametrize("kind", ["missing-directory", "fifo-without-reader", "a-directory"])
+def test_a_trace_that_cannot_be_opened_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    import os
+
+    if kind == "missing-directory":
+        out, why = tmp_path / "nope" / "t.jsonl", "No such file or directory"
+    elif kind == "fifo-without-reader":  # opening it for writing would wait for a reader
+        out, why = tmp_path / "t.fifo", "No such device or address"
+        os.mkfifo(out)
+    else:
+        out, why = tmp_path, "Is a directory"
+    code = main(["simulate", str(SCENARIOS / "user_leaves.yaml"), "--trace", str(out), "--json"])
+    captured = capsys.readouterr()
+    line = f"{out}: cannot write the trace: {why}"
+    assert (code, captured.err) == (2, f"agent-runtime simulate: {line}\n")
+    assert json.loads(captured.out) == {"ok": False, "file": str(out), "error": line}
+
+
+def test_json_is_strict_json_even_for_a_non_finite_number() -> None:
+    """Item 7: ``at: .inf`` printed ``Infinity`` (not JSON); the scenario model refuses it
+    now (see the bad-input table), and the printer never writes a non-finite number."""
+    import math
+
+    from agent_runtime.tools.commands.simulate import _json
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+
+    text = _json({"t": math.inf, "xs": [math.nan, 1.5]})
+    assert json.loads(text, parse_constant=refuse) == {"t": "inf", "xs": ["nan", 1.5]}
+
+
+def test_usage_errors_answer_in_json_with_json(capsys: pytest.CaptureFixture[str]) -> None:
+    files = [str(p) for p in sorted(SCENARIOS.glob("*.yaml"))[:2]]
+    assert main(["simulate", *files, "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out == {
+        "ok": False,
+        "file": None,
+        "error": "--json prints the result object of exactly one FILE",
+    }

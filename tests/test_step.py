@@ -64,3 +64,37 @@ def test_import_statemachines_pulls_in_no_livekit() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_table_cache_lets_a_spec_go_once_it_is_unused() -> None:
+    """Issue 13 item 10: every spec step had seen stayed alive in its table cache (2,000
+    copied specs held 56 MB). A copy stepped once is collectable, and holding many copies
+    in turn leaves the memory where it was."""
+    import gc
+    import tracemalloc
+    import weakref
+
+    spec = MACHINES["participant"]
+    copy = spec.model_copy(deep=True)
+    assert step(copy, "waiting", "close").dest == "closed"
+    gone = weakref.ref(copy)
+    del copy
+    gc.collect()
+    assert gone() is None, "the table cache keeps a spec alive"
+
+    def use_copies(n: int) -> None:
+        for _ in range(n):
+            step(spec.model_copy(deep=True), "linked", "close")
+
+    use_copies(20)  # warm up whatever is built once
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        use_copies(200)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # a copy and its table are some 20 KiB: 200 kept alive would hold megabytes
+    assert held < 200_000, f"{held} bytes still held after 200 copies were dropped"

@@ -69,6 +69,7 @@ class _Simulation:
             participant_identity=cfg.participant_identity,
             close_on_disconnect=cfg.close_on_disconnect,
             grace_period=cfg.grace_period,
+            session_close_timeout=cfg.session_close_timeout,
             join_timeout=cfg.join_timeout,
             clear_buffer_timeout=cfg.clear_buffer_timeout,
             retry_avatar=cfg.retry_avatar,
@@ -361,13 +362,17 @@ async def run_scenario(
         sim = _Simulation(scenario, tracer)
         try:
             await sim.run()
-            return sim.result(memory.records)
+            result = sim.result(memory.records)
         finally:
             # tearing down mid-scenario makes the SDK's own tasks complain; nothing to see
             with quiet_sdk_logs(logging.CRITICAL):
                 await sim.aclose()
             if jsonl is not None:
                 jsonl.close()
+    if jsonl is not None and jsonl.failed is not None:
+        # the run went on without it (tracing is observation); say the file is incomplete
+        result["trace_error"] = jsonl.failed
+    return result
 
 
 def _sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

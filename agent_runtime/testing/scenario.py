@@ -14,6 +14,10 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from .. import files
+from ..settings import Flag, Identity, JobSettings, PositiveSeconds, Seconds
+from .safe_yaml import YamlRefused, load_yaml, yaml_problem
+
 Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
 Reason = Literal[
     "UNKNOWN_REASON",
@@ -57,32 +61,37 @@ class AgentVerdict(_Strict):
     reason: str = ""
 
 
-class Config(_Strict):
-    """Runtime settings for one scenario (each has the runtime's own default)."""
+_DEFAULT = {name: f.default for name, f in JobSettings.model_fields.items()}
 
-    avatar_identity: str | None = None  # set: the job runs an avatar with this identity
-    join_timeout: float = Field(default=30.0, ge=0)
-    clear_buffer_timeout: float = Field(default=2.0, gt=0)
-    retry_avatar: bool = False
-    session_end_timeout: float = Field(default=300.0, ge=0)
-    close_timeout: float = Field(default=10.0, gt=0)
-    grace_period: float = Field(default=15.0, ge=0)
-    close_on_disconnect: bool = True
-    participant_identity: str | None = None
-    simulation: bool = False
-    delete_room_on_close: bool = False
-    room_connected: bool = True  # whether the room is connected at t=0
+
+class Config(_Strict):
+    """Runtime settings for one scenario: the runtime's own definitions (``settings.py``),
+    so a value a scenario accepts is one the runtime runs with, and its own defaults."""
+
+    avatar_identity: Identity | None = None  # set: the job runs an avatar with this identity
+    join_timeout: PositiveSeconds = _DEFAULT["join_timeout"]
+    clear_buffer_timeout: PositiveSeconds = _DEFAULT["clear_buffer_timeout"]
+    retry_avatar: Flag = _DEFAULT["retry_avatar"]
+    session_end_timeout: Seconds = _DEFAULT["session_end_timeout"]
+    close_timeout: PositiveSeconds = _DEFAULT["close_timeout"]
+    grace_period: Seconds = _DEFAULT["grace_period"]
+    session_close_timeout: PositiveSeconds = _DEFAULT["session_close_timeout"]
+    close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
+    participant_identity: Identity | None = _DEFAULT["participant_identity"]
+    delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]
+    simulation: Flag = False
+    room_connected: Flag = True  # whether the room is connected at t=0
     agent_verdict: AgentVerdict = AgentVerdict()  # what on_simulation_end decides
 
 
 class Participant(_Strict):
-    identity: str = Field(min_length=1)
+    identity: Identity
     kind: Kind = "standard"
     attributes: dict[str, str] = Field(default_factory=dict)
 
 
 class _Step(_Strict):
-    at: float = Field(ge=0)
+    at: Seconds  # virtual seconds from the start: finite, never a bool
 
 
 class SessionStart(_Step):
@@ -131,44 +140,44 @@ class RoomDisconnected(_Step):
 
 class ParticipantConnected(_Step):
     event: Literal["participant_connected"]
-    identity: str = Field(min_length=1)
+    identity: Identity
     kind: Kind = "standard"
     attributes: dict[str, str] = Field(default_factory=dict)
 
 
 class ParticipantDisconnected(_Step):
     event: Literal["participant_disconnected"]
-    identity: str = Field(min_length=1)
+    identity: Identity
     reason: Reason = "CLIENT_INITIATED"
 
 
 class TrackPublished(_Step):
     event: Literal["track_published"]
-    identity: str = Field(min_length=1)
+    identity: Identity
     kind: Literal["audio", "video"] = "audio"
 
 
 class TrackMuted(_Step):
     event: Literal["track_muted"]
-    identity: str = Field(min_length=1)
+    identity: Identity
 
 
 class AttributesChanged(_Step):
     event: Literal["attributes_changed"]
-    identity: str = Field(min_length=1)
+    identity: Identity
     attributes: dict[str, str]
 
 
 class Rpc(_Step):
     event: Literal["rpc"]
     method: str = Field(min_length=1)
-    caller: str = Field(min_length=1)
+    caller: Identity
     payload: Any = ""
 
 
 class SessionRequest(_Step):
     event: Literal["session_request"]
-    caller: str = Field(min_length=1)
+    caller: Identity
     request: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
 
@@ -253,13 +262,16 @@ def load_scenario(path: str | Path) -> Scenario:
     """Parse and validate a scenario file, or raise ``ScenarioError`` saying what is wrong."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+        data = files.read_input(path, limit=files.MAX_SCENARIO_BYTES, what="a scenario file")
+        raw = load_yaml(data.decode("utf-8"))
+    except files.InputFileError as e:
+        raise ScenarioError(f"{path}: cannot read: {e}") from None
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except YamlRefused as e:
+        raise ScenarioError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+        raise ScenarioError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     return parse_scenario(raw, source=str(path))
 
 

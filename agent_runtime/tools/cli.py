@@ -23,11 +23,12 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser(
         "simulate",
         help="run scenario files on the embedded in-memory room and a virtual clock",
-        description="Run scenarios through the real runtime (no server, no keys). With no "
-        "FILE, runs every scenario in examples/scenarios/. Exit 0 when every expectation "
-        "held, 1 when one failed, 2 when a file is invalid.",
+        description="Run scenarios through the real runtime (no server, no keys). A DIR "
+        "runs its *.yaml in name order; with no FILE, examples/scenarios/. Exit 0 when every "
+        "expectation held, 1 when one failed, 2 on an error (one line on stderr; with --json "
+        'also {"ok": false, "file": ..., "error": ...} on stdout).',
     )
-    sim.add_argument("files", nargs="*", metavar="FILE")
+    sim.add_argument("files", nargs="*", metavar="FILE|DIR")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
     sim.add_argument("--trace", metavar="OUT.jsonl", help="write the JSONL trace here")
     sim.add_argument("--html", metavar="PAGE.html", help="draw the run's timeline page here")

@@ -9,22 +9,25 @@ destination or effects, or a guard the spec needs that the recording never consu
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from statemachines import MachineSpec, step
 from statemachines.machines import MACHINES
 
+from .. import files
 from ..trace import TraceRecord
 
 logger = logging.getLogger("agent_runtime.tools.replay")
 
 DECISIONS = ("transition", "ignore", "reject")
-_KINDS = (*DECISIONS, "effect", "stale", "input")
 
 
 class TraceError(ValueError):
@@ -69,53 +72,72 @@ class ReplayReport:
         return d
 
 
-def _check_record(path: str, n: int, rec: TraceRecord) -> None:
+class _Record(BaseModel):
+    """What a trace line must be (``TraceRecord``, as ``JsonlSink`` writes it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    t: float = Field(ge=0, allow_inf_nan=False)  # seconds since the clock's start
+    kind: Literal["transition", "ignore", "reject", "effect", "stale", "input"]
+    machine: str
+    instance: str
+    event: str = ""
+    source: str = ""
+    dest: str = ""
+    effects: list[str] = Field(default_factory=list)
+    guards: dict[str, bool] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    effect: str = ""
+    outcome: str = ""
+    detail: str = ""
+
+
+def _record(path: str, n: int, raw: Any) -> TraceRecord:
     def bad(msg: str) -> TraceError:
         return TraceError(f"{path}:{n}: {msg}")
 
-    if rec.kind not in _KINDS:
-        raise bad(f"unknown record kind {rec.kind!r} (expected one of {', '.join(_KINDS)})")
-    for name in ("machine", "instance", "event", "source", "dest"):
-        if not isinstance(getattr(rec, name), str):
-            raise bad(f"field {name!r} must be a string, not {getattr(rec, name)!r}")
-    if rec.kind not in DECISIONS:
-        return
-    for name in ("machine", "event", "source", "dest"):
-        if not getattr(rec, name):
-            raise bad(f"a {rec.kind} record needs a non-empty {name!r}")
-    if not isinstance(rec.effects, list) or not all(isinstance(e, str) for e in rec.effects):
-        raise bad(f"'effects' must be a list of effect names, not {rec.effects!r}")
-    if not isinstance(rec.guards, dict) or not all(
-        isinstance(k, str) and isinstance(v, bool) for k, v in rec.guards.items()
-    ):
-        raise bad(f"'guards' must map guard names to true/false, not {rec.guards!r}")
+    if not isinstance(raw, dict):
+        raise bad(f"a record is a JSON object, not {type(raw).__name__}")
+    try:
+        rec = _Record.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise bad(f"field {where!r}: {err['msg']}") from None
+    if rec.kind in DECISIONS:
+        for name in ("machine", "event", "source", "dest"):
+            if not getattr(rec, name):
+                raise bad(f"a {rec.kind} record needs a non-empty {name!r}")
+    return TraceRecord(**rec.model_dump())
+
+
+def _json_line(path: str, n: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}:{n}: not JSON ({e.msg})") from None
+    except ValueError:  # past Python's int-to-string limit
+        raise TraceError(f"{path}:{n}: not JSON (a number of more than 4300 digits)") from None
+    except RecursionError:
+        raise TraceError(f"{path}:{n}: not JSON (nested too deep)") from None
 
 
 def load_trace(path: str | Path) -> list[tuple[int, TraceRecord]]:
     """(line number, record) for every non-blank line; ``TraceError`` names a bad line."""
     p = str(path)
-    out: list[tuple[int, TraceRecord]] = []
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise TraceError(f"{p}: cannot read the trace ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
+        data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
+    except files.InputFileError as e:
+        raise TraceError(f"{p}: cannot read the trace: {e}") from None
+    out: list[tuple[int, TraceRecord]] = []
+    # line by line from the bytes: no second copy of the whole file as text
+    for n, raw in enumerate(io.BytesIO(data), 1):
         try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{p}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(raw, dict):
-            raise TraceError(f"{p}:{n}: a record is a JSON object, not {type(raw).__name__}")
-        try:
-            rec = TraceRecord.from_dict(raw)
-        except TypeError as e:
-            raise TraceError(f"{p}:{n}: not a trace record ({e})") from None
-        _check_record(p, n, rec)
-        out.append((n, rec))
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
+        if line.strip():
+            out.append((n, _record(p, n, _json_line(p, n, line))))
     return out
 
 
@@ -137,6 +159,9 @@ def replay_records(
             raise TraceError(
                 f"{path}:{n}: unknown machine {rec.machine!r}; machines: {', '.join(machines)}"
             )
+        unknown = [g for g in rec.guards if g not in spec.guards]
+        if unknown:
+            raise TraceError(f"{path}:{n}: machine {rec.machine!r} has no guard {unknown[0]!r}")
         key = (rec.machine, rec.instance)
         current = states.get(key)
         if current is None:
@@ -158,6 +183,15 @@ def replay_records(
             return report
         report.outcomes[rec.kind] = report.outcomes.get(rec.kind, 0) + 1
         states[key] = rec.dest
+    if report.decisions == 0:
+        # nothing was compared: that is no evidence that the machines agree
+        if report.records == 0:
+            raise TraceError(f"{path}: nothing to replay: the trace is empty")
+        raise TraceError(
+            f"{path}: nothing to replay: {report.records} record"
+            f"{'' if report.records == 1 else 's'}, none of them a decision "
+            f"({', '.join(DECISIONS)})"
+        )
     return report
 
 

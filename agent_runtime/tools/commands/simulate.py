@@ -1,11 +1,21 @@
-"""``agent-runtime simulate [FILE ...] [--json] [--trace OUT.jsonl] [--html PAGE.html]``."""
+"""``agent-runtime simulate [FILE|DIR ...] [--json] [--trace OUT.jsonl] [--html PAGE.html]``.
+
+Exit 0 when every expectation held, 1 when one failed, 2 on an error: an invalid scenario
+file, a trace that cannot be written, a run that failed. An error is one line on stderr
+naming the file; with ``--json`` it is also ``{"ok": false, "file": ..., "error": ...}`` on
+stdout, so stdout is always JSON. ``--html`` draws the run's timeline page.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
+import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +24,62 @@ from ...testing.scenario import Scenario, ScenarioError, load_scenario
 
 DEFAULT_DIR = Path("examples/scenarios")
 
+logger = logging.getLogger("agent_runtime.tools.simulate")
+
+
+class _Refused(Exception):
+    """An error the command answers with exit 2: ``file`` and the one-line message."""
+
+    def __init__(self, file: str | None, message: str, *, prefix: str = "agent-runtime simulate"):
+        super().__init__(message)
+        self.file = file
+        self.prefix = prefix
+
 
 def _files(args: argparse.Namespace) -> list[Path]:
-    if args.files:
-        return [Path(f) for f in args.files]
-    here = DEFAULT_DIR
-    if not here.is_dir():  # run from elsewhere: the scenarios beside the installed project
-        here = Path(__file__).resolve().parents[2] / DEFAULT_DIR
-    return sorted(here.glob("*.yaml"))
+    """Each FILE, and each DIR's ``*.yaml`` in name order; the bundled ones by default."""
+    if not args.files:
+        here = DEFAULT_DIR
+        if not here.is_dir():  # run from elsewhere: the scenarios beside the installed project
+            here = Path(__file__).resolve().parents[3] / DEFAULT_DIR
+        args.files = [here]
+    out: list[Path] = []
+    for f in map(Path, args.files):
+        if f.is_dir():
+            found = sorted(p for p in f.glob("*.yaml") if not p.is_dir())
+            if not found:
+                raise _Refused(
+                    str(f), f"{f}: a directory with no *.yaml file in it", prefix="invalid scenario"
+                )
+            out += found
+        else:
+            out.append(f)
+    return out
+
+
+def _fail(args: argparse.Namespace, e: _Refused) -> int:
+    print(f"{e.prefix}: {e}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"ok": False, "file": e.file, "error": str(e)}))
+    return 2
+
+
+def _json(value: Any) -> str:
+    """Strict JSON (never ``Infinity`` or ``NaN``): a non-finite number becomes a string."""
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), indent=2, sort_keys=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: list[str]) -> str:
@@ -53,50 +111,83 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "html", None):
-        from .timeline import simulate_then_draw  # the page is drawn from the run's trace
+    try:
+        if getattr(args, "html", None):
+            from .timeline import simulate_then_draw  # the page is drawn from the run's trace
 
-        return simulate_then_draw(args, _simulate)
-    return _simulate(args)
+            return simulate_then_draw(args, _run)
+        return _run(args)
+    except _Refused as e:
+        return _fail(args, e)
 
 
-def _simulate(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     from ...testing.runner import run_scenario  # imports livekit.agents: only when simulating
 
     files = _files(args)
     if not files:
-        print("no scenario files found", file=sys.stderr)
-        return 2
+        raise _Refused(None, "no scenario files found")
     if args.json and len(files) != 1:
-        print("--json prints the result object of exactly one FILE", file=sys.stderr)
-        return 2
+        raise _Refused(None, "--json prints the result object of exactly one FILE")
     if args.trace and len(files) != 1:
-        print("--trace records exactly one FILE", file=sys.stderr)
-        return 2
+        raise _Refused(None, "--trace records exactly one FILE")
     scenarios: list[tuple[Path, Scenario]] = []
     for f in files:
         try:
             scenarios.append((f, load_scenario(f)))
         except ScenarioError as e:
-            print(f"invalid scenario: {e}", file=sys.stderr)
-            return 2
-    worst = 0
+            raise _Refused(str(f), str(e), prefix="invalid scenario") from None
+    failed = trace_failed = False
     for path, scenario in scenarios:
-        result = asyncio.run(run_scenario(scenario, trace_path=args.trace))
+        try:
+            with _trace_warnings_off():
+                result = asyncio.run(run_scenario(scenario, trace_path=args.trace))
+        except OSError as e:
+            if args.trace is None or e.filename is None or str(e.filename) != str(args.trace):
+                raise _Refused(str(path), f"{path}: the run failed: {_one_line(e)}") from e
+            raise _Refused(
+                args.trace, f"{args.trace}: cannot write the trace: {e.strerror or e}"
+            ) from None
+        except Exception as e:  # a bug, but still one line and exit 2, never a traceback
+            logger.debug("the run of %s failed", path, exc_info=True)
+            raise _Refused(str(path), f"{path}: the run failed: {_one_line(e)}") from None
         failures = check_expect(scenario.expect, result)
         result["expect"] = (
             None if scenario.expect is None else {"held": not failures, "failures": failures}
         )
-        if failures:
-            worst = 1
+        failed = failed or bool(failures)
         if args.json:
-            print(json.dumps(result, indent=2, sort_keys=True))
+            print(_json(result))
         else:
             print(_summary(path, scenario, result, failures))
+        if result.get("trace_error"):
+            # the run is reported as it happened; the trace it asked for is incomplete
+            print(
+                f"agent-runtime simulate: {args.trace}: the trace could not be written "
+                f"({result['trace_error']}); it stops before the failed record",
+                file=sys.stderr,
+            )
+            trace_failed = True
     if not args.json:
         held = sum(1 for _, s in scenarios if s.expect is not None)
         print(
             f"\n{len(scenarios)} scenario(s) run, {held} with expectations: "
-            f"{'all held' if worst == 0 else 'some failed'}"
+            f"{'some failed' if failed else 'all held'}"
         )
-    return worst
+    return 2 if trace_failed else 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _trace_warnings_off() -> Iterator[None]:
+    """A trace that fails is reported below in the command's own one line, not twice."""
+    log = logging.getLogger("agent_runtime.trace")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())

@@ -60,7 +60,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         8,
         "departure_noticed",
-        "a linked user who left does not keep the session open past the grace bound",
+        "a linked user who left does not keep the session open past the grace bound, and a "
+        "session close that hangs past its bound shuts the job down",
     ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
@@ -176,6 +177,12 @@ def eventual(model: Model, w: Facts) -> list[Finding]:
                     f"{'deleted' if w.deleted else w.room})",
                 )
             )
-    if model.config.close_on_disconnect and w.linked and not w.user and w.sess_a != "closed":
-        out.append((8, f"the user left but session A is still {w.sess_a}"))
+    if model.config.close_on_disconnect and w.linked and not w.user:
+        if w.sess_a == "hung":
+            if w.part != "closed" or not w.shutdown_asked:
+                out.append(
+                    (8, f"session A's close hangs, the link is {w.part} and the job is {w.job}")
+                )
+        elif w.sess_a != "closed":
+            out.append((8, f"the user left but session A is still {w.sess_a}"))
     return out

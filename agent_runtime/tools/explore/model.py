@@ -85,6 +85,9 @@ class Glue:
     unsubscribe_on_replace: bool = True  # attaching B over A stops forwarding A
     defer_room_deletion: bool = True  # request_room_deletion waits for closing
     drain_finalize_on_close: bool = True  # closing the host lets an in-flight verdict out
+    # the composed job shuts down when the link gives up on a hung session close (the
+    # link's close_timed_out, wired to job.shutdown)
+    shutdown_on_close_timeout: bool = True
 
 
 DEFAULT_GLUE = Glue()
@@ -115,7 +118,7 @@ class World(NamedTuple):
     # where the agent's audio goes
     route: str  # room | avatar
     # sessions: A is the primary (linked) one, B may attach later
-    sess_a: str  # running | closing | closed
+    sess_a: str  # running | closing | closed | hung (its close never ends)
     sess_b: str  # none | running | closing | closed
     # the job
     shutdown_asked: bool
@@ -414,6 +417,7 @@ class Model:
             "link": self._fx_link,
             "relink": _noop,
             "close_session": self._fx_close_session,
+            "report_close_timed_out": self._fx_close_timed_out,
             # job: run_close is a state-scoped task, see _enter
             "run_close": _noop,
             # session host
@@ -575,6 +579,8 @@ class Model:
             )
         if w.sess_a == "closing":
             yield self._move("internal", "session A finishes closing", w, _a_closed)
+            if w.part == "closing":  # the close the link started and bounds
+                yield self._move("internal", "session A's close hangs", w, _a_hangs)
         if w.sess_b == "closing":
             yield self._move("internal", "session B finishes closing", w, _b_closed)
         if w.job_task.endswith(":start"):
@@ -846,6 +852,12 @@ class Model:
         elif s.sess_a == "closed":
             s.post(PART, "session_closed")
 
+    def _fx_close_timed_out(self, s: _W, m: str, params: Params) -> None:
+        # ParticipantLink emits close_timed_out; the composed job shuts down on it
+        if self.glue.shutdown_on_close_timeout:
+            s.shutdown_asked = True
+            s.post(JOB, "shutdown")
+
     def _fx_subscribe(self, s: _W, m: str, params: Params) -> None:
         session = str(_get(params, "session"))
         s.attached = session
@@ -974,6 +986,10 @@ def _a_closed(s: _W) -> None:
     s.sess_a = "closed"
     s.post(HOST, "session_closed", _p(session="A"))  # JobRuntime.attach's close hook
     s.post(PART, "session_closed")  # the link follows session A
+
+
+def _a_hangs(s: _W) -> None:
+    s.sess_a = "hung"  # AgentSession.aclose() never returns: no close event, no task end
 
 
 def _b_closed(s: _W) -> None:
