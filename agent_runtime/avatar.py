@@ -376,7 +376,12 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
 
     def _on_state_changed(self, ev: StateChanged) -> None:
         logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)
-        self.emit("state_changed", ev)
+        try:
+            self.emit("state_changed", ev)
+        except Exception:
+            # the SDK's emitter lets a listener's TypeError through: it must not keep the
+            # actor's later listeners (start() and wait_for() waiting on a state) from hearing
+            logger.exception("avatar %s: a state_changed listener failed", ev.instance)
 
     def _avatar_participant(self) -> rtc.RemoteParticipant | None:
         if self._room is None:

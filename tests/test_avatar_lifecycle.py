@@ -732,6 +732,25 @@ async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
         await rig.lifecycle.wait_for("limbo")
 
 
+async def test_a_listener_that_raises_stalls_neither_start_nor_wait_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def buggy(_: object) -> None:
+        raise TypeError("a state_changed listener with a bug")  # the SDK lets it through
+
+    rig = Rig(join_timeout=5.0)
+    rig.lifecycle.on("state_changed", buggy)
+    await rig.start_session()
+    started = await rig.start_avatar_aside()
+    assert started.done()  # start() heard starting being left all the same
+    assert rig.lifecycle.state == "routing"
+    waiting = asyncio.ensure_future(rig.lifecycle.wait_for("restored"))
+    await rig.clock.advance(5)
+    assert waiting.done() and waiting.exception() is None
+    assert "a state_changed listener failed" in caplog.text
+    await rig.aclose()
+
+
 async def test_bad_input_is_refused_and_changes_nothing() -> None:
     avatar = ScriptedAvatar()
     with pytest.raises(TypeError):
