@@ -305,8 +305,9 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
 
     def interrupt(self) -> None:
         """An interruption: ``lk.clear_buffer`` to the avatar while ``joined`` (bounded, its
-        failures logged, never raised); in any other state the avatar sink's pending
-        playout is finished locally and nothing is sent."""
+        failures logged, never raised; the clear in flight answers any interruption until it
+        is done); in any other state the avatar sink's pending playout is finished locally
+        and nothing is sent."""
         self._actor.post(Event("interrupt", {"origin": "api"}))
 
     async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
@@ -466,10 +467,13 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         return self._presence_event()
 
     async def _fx_send_clear_buffer(self, ev: Event) -> Event:
-        """The state task of ``clearing``: the whole clear, bounded; cancelled when the
-        state is left. Its outcome is ``clear_buffer_done``."""
+        """The state task of ``clearing``, the whole clear: the bounded RPC, the wait for
+        the avatar's report, and what it did not report ended here, also when the state is
+        left first (the task cancelled). Its outcome is ``clear_buffer_done``."""
         sink = self._installed
         assert sink is not None  # clear_wanted holds only with a sink
+        captured = sink.captured_playout_segments
+        position = float(getattr(sink, "_pushed_duration", 0.0))
         settled = asyncio.Event()
         if isinstance(sink, DataStreamAudioOutput):
             # the sink holds later captures until the interrupted playback is settled; a task
@@ -478,9 +482,23 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 _until(settled), name="avatar:clear_settled"
             )
         try:
-            return await self._clear_remote(sink)
+            outcome, code = await self._clear_rpc()
+            if outcome == "ok":
+                # the avatar says when it stopped; past the bound the segments end here
+                try:
+                    await self._clock.wait_for(sink.wait_for_playout(), self._clear_timeout)
+                except TimeoutError:
+                    logger.debug(
+                        "avatar %s: no playback_finished after the clear",
+                        self._avatar.avatar_identity,
+                    )
         finally:
+            finished = sink.captured_playout_segments - _pending(sink)
+            for _ in range(max(0, captured - finished)):
+                sink.on_playback_finished(playback_position=position, interrupted=True)
             settled.set()
+        gone = outcome == "gone"
+        return Event("clear_buffer_done", {"outcome": outcome, "code": code, "gone": gone})
 
     def _fx_clear_local_buffer(self, ev: Event) -> None:
         if self._installed is not None:
@@ -622,62 +640,49 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             return chain[: chain.index(sink) + 1]
         return [sink]
 
-    async def _clear_remote(self, sink: AudioOutput) -> Event:
+    async def _clear_rpc(self) -> tuple[str, int]:
+        """``lk.clear_buffer`` to the avatar, bounded: (outcome, RPC error code); every
+        failure is an expected outcome, logged at info."""
         room = self._room
         assert room is not None
         identity = self._avatar.avatar_identity
-        captured = sink.captured_playout_segments
-        position = float(getattr(sink, "_pushed_duration", 0.0))
-        outcome, code, gone = "ok", 0, False
         try:
-            try:
-                # the SDK itself ends the call at the bound (its default round trip, 7 s, is
-                # past the session's 5 s interruption fallback); our own stop is for a
-                # transport that never answers at all
-                await self._clock.wait_for(
-                    room.local_participant.perform_rpc(
-                        destination_identity=identity,
-                        method=RPC_CLEAR_BUFFER,
-                        payload="",
-                        response_timeout=self._clear_timeout,
-                        max_round_trip_latency=self._clear_timeout,
-                    ),
-                    self._clear_timeout + _RPC_GRACE,
-                )
-            except rtc.RpcError as e:
-                code, gone = e.code, e.code in _GONE_CODES
-                outcome = "gone" if gone else "error"
-                logger.info(
-                    "avatar %s: %s failed (%s %s)%s",
-                    identity,
-                    RPC_CLEAR_BUFFER,
-                    e.code,
-                    e.message,
-                    ": the avatar has left" if gone else "",
-                )
-            except TimeoutError:
-                outcome = "timeout"
-                logger.info(
-                    "avatar %s: %s unanswered after %gs",
-                    identity,
-                    RPC_CLEAR_BUFFER,
-                    self._clear_timeout,
-                )
-            except Exception as e:
-                outcome = "error"
-                logger.info("avatar %s: %s not sent: %s", identity, RPC_CLEAR_BUFFER, e)
-            if outcome == "ok":
-                # the avatar says when it stopped; past the bound the segments end here
-                try:
-                    await self._clock.wait_for(sink.wait_for_playout(), self._clear_timeout)
-                except TimeoutError:
-                    logger.debug("avatar %s: no playback_finished after the clear", identity)
-        finally:
-            # what the avatar did not report ends here, also when the state is left first
-            finished = sink.captured_playout_segments - _pending(sink)
-            for _ in range(max(0, captured - finished)):
-                sink.on_playback_finished(playback_position=position, interrupted=True)
-        return Event("clear_buffer_done", {"outcome": outcome, "code": int(code), "gone": gone})
+            # the SDK itself ends the call at the bound (its default round trip, 7 s, is past
+            # the session's 5 s interruption fallback); our own stop is for a transport that
+            # never answers at all
+            await self._clock.wait_for(
+                room.local_participant.perform_rpc(
+                    destination_identity=identity,
+                    method=RPC_CLEAR_BUFFER,
+                    payload="",
+                    response_timeout=self._clear_timeout,
+                    max_round_trip_latency=self._clear_timeout,
+                ),
+                self._clear_timeout + _RPC_GRACE,
+            )
+        except rtc.RpcError as e:
+            gone = e.code in _GONE_CODES
+            logger.info(
+                "avatar %s: %s failed (%s %s)%s",
+                identity,
+                RPC_CLEAR_BUFFER,
+                e.code,
+                e.message,
+                ": the avatar has left" if gone else "",
+            )
+            return ("gone" if gone else "error"), int(e.code)
+        except TimeoutError:
+            logger.info(
+                "avatar %s: %s unanswered after %gs",
+                identity,
+                RPC_CLEAR_BUFFER,
+                self._clear_timeout,
+            )
+            return "timeout", 0
+        except Exception as e:
+            logger.info("avatar %s: %s not sent: %s", identity, RPC_CLEAR_BUFFER, e)
+            return "error", 0
+        return "ok", 0
 
     # -- taking over the sink's clear and the playback_finished RPC ----------------------------
     def _adopt(self, sink: AudioOutput) -> None:
