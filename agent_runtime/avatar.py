@@ -8,9 +8,13 @@ sink the plugin installed, follows the avatar participant through room facts on 
 injected clock, and on failure puts the previous route back, but only while the chain's
 tail is still the plugin's sink (a route someone installed later is left alone).
 
+The plugin's ``start()`` and the ``lk.clear_buffer`` RPC run as state tasks of the machine
+(``starting``, ``clearing``): the mailbox keeps moving while they wait, and leaving the
+state cancels them.
+
 The session's own interruptions reach the plugin's sink as ``clear_buffer()``; the
 lifecycle takes that call over on the sink instance (the plugin's class is untouched) and
-routes it through the machine, so ``lk.clear_buffer`` goes on the wire only while
+routes it through the machine, so ``lk.clear_buffer`` goes on the wire only from
 ``joined``, bounded, with every ``rtc.RpcError`` an expected outcome.
 """
 
@@ -24,7 +28,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from livekit import rtc
 from livekit.agents.voice.agent_session import AgentSession
@@ -160,6 +164,18 @@ def _no_registration(*_: Any, **__: Any) -> None:
 _HANDED_OFF: set[asyncio.Task[None]] = set()
 
 
+class _PrevRoute(NamedTuple):
+    """The route a plugin's start (or a reinstall) replaced, taken just before it."""
+
+    top: AudioOutput | None
+    tail: AudioOutput | None
+    session_running: bool
+
+
+async def _until(settled: asyncio.Event) -> None:
+    await settled.wait()
+
+
 class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
     """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
     (a ``StateChanged``).
@@ -198,22 +214,15 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._room: rtc.Room | None = None
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        # the route the plugin replaced, and whether the session was running then
-        self._prev_top: AudioOutput | None = None
-        self._prev_tail: AudioOutput | None = None
-        self._session_was_running = False
+        # the route the plugin replaced (None until its start() began: then nothing of the
+        # plugin's can be in the chain)
+        self._prev: _PrevRoute | None = None
         self._installed: AudioOutput | None = None  # the sink the plugin installed
-        self._route_active = False  # our route is in (or may be in) and not yet restored
         self._adopted: AudioOutput | None = None  # the sink whose clear_buffer we took over
         self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
         self._room_output_task: asyncio.Task[None] | None = None
         self._rpc_claimed = False
         self._swapping = False
-        self._plugin_started = False
-        self._start_task: asyncio.Task[Any] | None = None
-        self._start_abandoned = False
-        self._clear_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
 
         self._actor = Actor(
@@ -221,12 +230,15 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             instance=avatar.avatar_identity,
             effects={
                 "start_plugin": self._fx_start_plugin,
+                "record_route": self._fx_record_route,
                 "check_presence": self._fx_check_presence,
                 "restore_route": self._fx_restore_route,
                 "reinstall_route": self._fx_reinstall_route,
                 "send_clear_buffer": self._fx_send_clear_buffer,
                 "clear_local_buffer": self._fx_clear_local_buffer,
                 "mark_playout_done": self._fx_mark_playout_done,
+                "put_route_back": self._fx_put_route_back,
+                "unhook": self._fx_unhook,
                 "close_plugin": self._fx_close_plugin,
             },
             guards={
@@ -234,11 +246,13 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 "avatar_present": lambda _ev: self._avatar_participant() is not None,
                 "recipient_gone": lambda ev: bool(ev.data.get("gone")),
                 "retry": lambda _ev: self._retry and self._installed is not None,
+                "clear_wanted": self._clear_wanted,
             },
+            # bounds both the plugin's start() (starting) and the join (routing)
             settings={"join_timeout": self._join_timeout},
             clock=self._clock,
             tracer=tracer,
-            # the plugin's start() is bounded by the same budget as the join itself
+            # closing the plugin gets the same budget as starting it
             effect_timeout=self._join_timeout,
         )
         self._actor.on("state_changed", self._on_state_changed)
@@ -267,7 +281,8 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
 
     async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
         """Start the plugin with its route recorded; returns once the outcome of the start
-        itself has been handled (a failed start ends here in ``restored``)."""
+        itself has been handled: ``routing`` (or further), ``restored`` after a failed or
+        timed-out start (not raised), or ``closed`` when ``aclose()`` cut it short."""
         if self._closing or self._actor.closed:
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle":
@@ -294,13 +309,19 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             },
             after=self._after_fact,
         )
-        await self._actor.send(Event("start"))
-        await self._actor.join()
+        started = self._leaving("starting")
+        try:
+            await self._actor.send(Event("start"))
+            await started
+        finally:
+            started.cancel()
+        await self._actor.join()  # a failed start: on to restored
 
     def interrupt(self) -> None:
         """An interruption: ``lk.clear_buffer`` to the avatar while ``joined`` (bounded, its
-        failures logged, never raised); in any other state the avatar sink's pending
-        playout is finished locally and nothing is sent."""
+        failures logged, never raised; the clear in flight answers any interruption until it
+        is done); in any other state the avatar sink's pending playout is finished locally
+        and nothing is sent."""
         self._actor.post(Event("interrupt", {"origin": "api"}))
 
     async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
@@ -334,14 +355,24 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         if self._closing:
             return
         self._closing = True
-        if self._start_task is not None:
-            self._start_abandoned = True  # a plugin still starting is abandoned, not awaited
-            self._start_task.cancel()
         if not self._actor.closed:
+            # handled at once: a plugin still starting is a state task, cancelled as
+            # starting is left, not awaited
             with contextlib.suppress(ActorClosed, EventRejected):
                 await self._actor.send(Event("close"))
         await self._actor.aclose()
-        await self._cancel_tasks()
+
+    def _leaving(self, state: str) -> asyncio.Future[None]:
+        """Done when the machine next leaves ``state``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_change(ev: StateChanged) -> None:
+            if ev.source == state and not fut.done():
+                fut.set_result(None)
+
+        self._actor.on("state_changed", on_change)
+        fut.add_done_callback(lambda _: self._actor.off("state_changed", on_change))
+        return fut
 
     # -- room facts -> events ----------------------------------------------------------------
     # -- room facts (routed by statemachines.routing) ---------------------------------------
@@ -354,7 +385,12 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
 
     def _on_state_changed(self, ev: StateChanged) -> None:
         logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)
-        self.emit("state_changed", ev)
+        try:
+            self.emit("state_changed", ev)
+        except Exception:
+            # the SDK's emitter lets a listener's TypeError through: it must not keep the
+            # actor's later listeners (start() and wait_for() waiting on a state) from hearing
+            logger.exception("avatar %s: a state_changed listener failed", ev.instance)
 
     def _avatar_participant(self) -> rtc.RemoteParticipant | None:
         if self._room is None:
@@ -376,39 +412,42 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
     def _session_running(self) -> bool:
         return self._session is not None and bool(self._session._started)
 
+    def _clear_wanted(self, ev: Event) -> bool:
+        if self._installed is None:
+            return False
+        # the session's own clear with nothing playing has nothing to clear (as upstream)
+        return ev.data.get("origin") != "session" or any(_pending(o) for o in self._chain_to_sink())
+
+    def _take_prev_route(self) -> None:
+        chain = audio_chain(self._session)
+        self._prev = _PrevRoute(
+            chain[0] if chain else None, chain[-1] if chain else None, self._session_running()
+        )
+
     # -- effects ---------------------------------------------------------------------------
-    async def _fx_start_plugin(self, ev: Event) -> Event | None:
+    async def _fx_start_plugin(self, ev: Event) -> Event:
+        """The state task of ``starting``; cancelled when the state is left."""
         session, room = self._session, self._room
         assert session is not None and room is not None
-        chain = audio_chain(session)
-        self._prev_top = chain[0] if chain else None
-        self._prev_tail = chain[-1] if chain else None
-        self._session_was_running = self._session_running()
-        self._plugin_started = True
-        # awaited in this task, not a child: the code after the plugin's last line runs
-        # before anything the plugin scheduled (its sink registers an RPC on the next tick)
-        self._start_task = asyncio.current_task()
+        self._take_prev_route()
+        # the sink is recorded right after the plugin's last line, in this task, before
+        # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
+        # cut short (cancelled), the row that left starting records it instead
         try:
             await self._avatar.start(session, room)
-        except asyncio.CancelledError:
-            self._record_installed()
-            task = asyncio.current_task()
-            if not self._start_abandoned or task is None:
-                raise  # the effect's own bound ran out: the actor reports the timeout
-            task.uncancel()
-            raise RuntimeError("the avatar plugin's start() was abandoned by close") from None
         except Exception:
             self._record_installed()  # a plugin failing late may have installed its route
             raise
-        finally:
-            self._start_task = None
         self._record_installed()
         if self._installed is None:
             logger.warning(
                 "avatar %s: the plugin's start() installed no audio route",
                 self._avatar.avatar_identity,
             )
-        return self._presence_event()
+        return Event("plugin_started")
+
+    def _fx_record_route(self, ev: Event) -> None:
+        self._record_installed()
 
     def _fx_check_presence(self, ev: Event) -> Event | None:
         self._claim_playback_rpc()
@@ -429,34 +468,45 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
         session, sink = self._session, self._installed
         assert session is not None and sink is not None
-        chain = audio_chain(session)
-        self._prev_top = chain[0] if chain else None
-        self._prev_tail = chain[-1] if chain else None
-        self._session_was_running = self._session_running()
+        self._take_prev_route()
         session.output.replace_audio_tail(sink)
-        self._route_active = True
         self._claim_playback_rpc()
         logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
         return self._presence_event()
 
-    def _fx_send_clear_buffer(self, ev: Event) -> None:
+    async def _fx_send_clear_buffer(self, ev: Event) -> Event:
+        """The state task of ``clearing``, the whole clear: the bounded RPC, the wait for
+        the avatar's report, and what it did not report ended here, also when the state is
+        left first (the task cancelled). Its outcome is ``clear_buffer_done``."""
         sink = self._installed
-        if sink is None:
-            return
-        if self._clear_task is not None and not self._clear_task.done():
-            return  # one clear in flight answers for both of the session's calls
-        if ev.data.get("origin") == "session" and not any(
-            _pending(o) for o in self._chain_to_sink()
-        ):
-            return  # nothing playing: nothing to clear remotely (as upstream)
-        task = asyncio.get_running_loop().create_task(
-            self._clear_remote(sink), name="avatar:clear_buffer"
-        )
-        self._track(task)
-        self._clear_task = task
+        assert sink is not None  # clear_wanted holds only with a sink
+        captured = sink.captured_playout_segments
+        position = float(getattr(sink, "_pushed_duration", 0.0))
+        settled = asyncio.Event()
         if isinstance(sink, DataStreamAudioOutput):
-            # the sink holds later captures until the interrupted playback is settled
-            sink._clear_buffer_atask = task
+            # the sink holds later captures until the interrupted playback is settled; a task
+            # of its own, so that this one cancelled with its state cancels no capture
+            sink._clear_buffer_atask = asyncio.get_running_loop().create_task(
+                _until(settled), name="avatar:clear_settled"
+            )
+        try:
+            outcome, code = await self._clear_rpc()
+            if outcome == "ok":
+                # the avatar says when it stopped; past the bound the segments end here
+                try:
+                    await self._clock.wait_for(sink.wait_for_playout(), self._clear_timeout)
+                except TimeoutError:
+                    logger.debug(
+                        "avatar %s: no playback_finished after the clear",
+                        self._avatar.avatar_identity,
+                    )
+        finally:
+            finished = sink.captured_playout_segments - _pending(sink)
+            for _ in range(max(0, captured - finished)):
+                sink.on_playback_finished(playback_position=position, interrupted=True)
+            settled.set()
+        gone = outcome == "gone"
+        return Event("clear_buffer_done", {"outcome": outcome, "code": code, "gone": gone})
 
     def _fx_clear_local_buffer(self, ev: Event) -> None:
         if self._installed is not None:
@@ -470,9 +520,11 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 interrupted=bool(ev.data.get("interrupted", False)),
             )
 
-    async def _fx_close_plugin(self, ev: Event) -> None:
-        outcome = self._guarded_restore() if self._plugin_started else "not_started"
+    def _fx_put_route_back(self, ev: Event) -> None:
+        outcome = self._guarded_restore()
         logger.debug("avatar %s closing: route %s", self._avatar.avatar_identity, outcome)
+
+    def _fx_unhook(self, ev: Event) -> None:
         self._release_playback_rpc()
         self._unadopt()
         if self._unsubscribe is not None:
@@ -481,37 +533,35 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         if self._adapter is not None and self._adapter is not self._given_adapter:
             self._adapter.aclose()
         self._adapter = None
-        await self._cancel_tasks()
-        if self._plugin_started:
-            try:
-                await self._avatar.aclose()
-            except Exception:
-                logger.warning("avatar plugin aclose() failed", exc_info=True)
-            await self._retire_sink()
+
+    async def _fx_close_plugin(self, ev: Event) -> None:
+        try:
+            await self._avatar.aclose()
+        except Exception:
+            logger.warning("avatar plugin aclose() failed", exc_info=True)
+        await self._retire_sink()
         await self._settle_room_output()
-        if self._plugin_started:
-            # last: a server API that never answers (this effect's bound, join_timeout, can
-            # be shorter than the removal's) must not keep the plugin and its sink open
-            await self._remove_avatar_participant()
+        # last: a server API that never answers (this effect's bound, join_timeout, can be
+        # shorter than the removal's) must not keep the plugin and its sink open
+        await self._remove_avatar_participant()
 
     # -- the route -------------------------------------------------------------------------
     def _record_installed(self) -> None:
-        tail = audio_tail(self._session)
-        if tail is None or tail is self._prev_tail or tail is self._installed:
+        """Record the sink the plugin's start() put at the tail, once."""
+        prev, tail = self._prev, audio_tail(self._session)
+        if prev is None or self._installed is not None or tail is None or tail is prev.tail:
             return
         if isinstance(tail, _ParticipantAudioOutput):
             return  # RoomIO's own output (a session.start() ran meanwhile), not the plugin's
         self._installed = tail
-        self._route_active = True
         self._adopt(tail)
 
     def _guarded_restore(self) -> str:
-        session, sink = self._session, self._installed
-        if session is None or sink is None:
+        """Put the previous route back unless ours was replaced since. Only the rows out of
+        the states where our route may be in call it, so it runs once per route."""
+        session, sink, prev = self._session, self._installed, self._prev
+        if session is None or sink is None or prev is None:
             return "nothing_installed"
-        if not self._route_active:
-            return "already_restored"
-        self._route_active = False
         if audio_tail(session) is not sink:
             logger.info(
                 "avatar %s: the audio route was replaced since; leaving it alone",
@@ -520,16 +570,16 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             return "left_alone"
         self._swapping = True
         try:
-            if self._prev_tail is not None:
-                session.output.replace_audio_tail(self._prev_tail)
+            if prev.tail is not None:
+                session.output.replace_audio_tail(prev.tail)
                 outcome = "previous"
-            elif self._session_running() and not self._session_was_running:
+            elif self._session_running() and not prev.session_running:
                 # session.start() saw our route and turned RoomIO's audio output off
                 session.output.replace_audio_tail(self._attach_room_output())
                 outcome = "room_attached"
             else:
                 # not started yet: with no route in place, session.start() makes room audio
-                session.output.audio = self._prev_top
+                session.output.audio = prev.top
                 outcome = "cleared"
             if outcome != "cleared":
                 _finish_orphans(audio_chain(session))
@@ -598,13 +648,12 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             return chain[: chain.index(sink) + 1]
         return [sink]
 
-    async def _clear_remote(self, sink: AudioOutput) -> None:
+    async def _clear_rpc(self) -> tuple[str, int]:
+        """``lk.clear_buffer`` to the avatar, bounded: (outcome, RPC error code); every
+        failure is an expected outcome, logged at info."""
         room = self._room
         assert room is not None
         identity = self._avatar.avatar_identity
-        captured = sink.captured_playout_segments
-        position = float(getattr(sink, "_pushed_duration", 0.0))
-        outcome, code, gone = "ok", 0, False
         try:
             # the SDK itself ends the call at the bound (its default round trip, 7 s, is past
             # the session's 5 s interruption fallback); our own stop is for a transport that
@@ -620,8 +669,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 self._clear_timeout + _RPC_GRACE,
             )
         except rtc.RpcError as e:
-            code, gone = e.code, e.code in _GONE_CODES
-            outcome = "gone" if gone else "error"
+            gone = e.code in _GONE_CODES
             logger.info(
                 "avatar %s: %s failed (%s %s)%s",
                 identity,
@@ -630,29 +678,19 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 e.message,
                 ": the avatar has left" if gone else "",
             )
+            return ("gone" if gone else "error"), int(e.code)
         except TimeoutError:
-            outcome = "timeout"
             logger.info(
                 "avatar %s: %s unanswered after %gs",
                 identity,
                 RPC_CLEAR_BUFFER,
                 self._clear_timeout,
             )
+            return "timeout", 0
         except Exception as e:
-            outcome = "error"
             logger.info("avatar %s: %s not sent: %s", identity, RPC_CLEAR_BUFFER, e)
-        if outcome == "ok":
-            # the avatar says when it stopped; past the bound the segments end here
-            try:
-                await self._clock.wait_for(sink.wait_for_playout(), self._clear_timeout)
-            except TimeoutError:
-                logger.debug("avatar %s: no playback_finished after the clear", identity)
-        finished = sink.captured_playout_segments - _pending(sink)
-        for _ in range(max(0, captured - finished)):
-            sink.on_playback_finished(playback_position=position, interrupted=True)
-        self._actor.post(
-            Event("clear_buffer_done", {"outcome": outcome, "code": int(code), "gone": gone})
-        )
+            return "error", 0
+        return "ok", 0
 
     # -- taking over the sink's clear and the playback_finished RPC ----------------------------
     def _adopt(self, sink: AudioOutput) -> None:
@@ -762,17 +800,6 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         if start is not None and not start.done():
             start.cancel()
             await asyncio.gather(start, return_exceptions=True)
-
-    def _track(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _cancel_tasks(self) -> None:
-        tasks = [t for t in self._tasks if not t.done() and t is not asyncio.current_task()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _close_output(out: _ParticipantAudioOutput, start: asyncio.Task[None] | None) -> None:

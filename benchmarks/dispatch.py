@@ -87,9 +87,15 @@ WORKLOADS: dict[str, Workload] = {
     # routing -> joined -> (internal interrupt) -> failed -> restored -> routing
     "avatar": Workload(
         spec=MACHINES["avatar"],
-        prefix=("start",),
+        prefix=("start", "plugin_started"),
         cycle=("video_published", "interrupt", "avatar_left", "route_restored", "avatar_connected"),
-        guards={"has_video": False, "avatar_present": True, "recipient_gone": False, "retry": True},
+        guards={
+            "has_video": False,
+            "avatar_present": True,
+            "recipient_gone": False,
+            "retry": True,
+            "clear_wanted": False,
+        },
         settings={"join_timeout": 3600.0},
     ),
 }

@@ -23,10 +23,12 @@ from agent_runtime.avatar import AvatarLifecycle, audio_tail, route_of
 from agent_runtime.clock import settle
 from agent_runtime.room_events import RoomEventAdapter
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from agent_runtime.trace import Tracer
 from tests.support.avatar_rig import (
     AVATAR,
     USER,
     Rig,
+    StuckAvatar,
     frames,
     playback_finished,
     route_names,
@@ -75,7 +77,8 @@ async def test_never_joins_avatar_started_before_session_ends_on_room_audio() ->
     # the attached room output published the agent's track, as RoomIO's would
     assert rig.room.local_participant.track_publications
     assert rig.transitions() == [
-        (0.0, "start", "idle", "routing"),
+        (0.0, "start", "idle", "starting"),
+        (0.0, "plugin_started", "starting", "routing"),
         (30.0, "join_timeout", "routing", "failed"),
         (30.0, "route_restored", "failed", "restored"),
     ]
@@ -206,8 +209,9 @@ async def test_interrupt_while_routing_clears_locally_and_sends_nothing() -> Non
     await settle()
     assert handle.done()  # no 5 s "speech not done in time" fallback
     assert rig.rpcs() == []
-    cleared = [r.effect for r in rig.trace.records if r.kind == "effect"][1:]
+    cleared = [r.effect for r in rig.trace.records if r.kind == "effect" and r.event == "interrupt"]
     assert cleared and set(cleared) == {"clear_local_buffer"}
+    assert "clearing" not in {r.dest for r in rig.trace.records}
     await rig.aclose()
 
 
@@ -283,6 +287,7 @@ async def test_session_interrupt_while_joined_sends_one_clear_and_playback_finis
     rig.session.interrupt()
     await settle()
     assert len(rig.rpcs()) == 1  # the session clears twice; one RPC answers both
+    assert rig.lifecycle.state == "clearing"
     assert not handle.done()  # waiting for the avatar to say where it stopped
     reply = await rig.room.invoke_rpc(
         "lk.playback_finished", AVATAR, playback_finished(0.1, interrupted=True)
@@ -291,7 +296,75 @@ async def test_session_interrupt_while_joined_sends_one_clear_and_playback_finis
     await settle()
     assert handle.done()
     assert sink._pending_playback_count == 0
+    # the avatar's report ended the clear there and then, well inside its bound
     assert rig.lifecycle.state == "joined"
+    assert rig.transitions()[-2:] == [
+        (0.0, "interrupt", "joined", "clearing"),
+        (0.0, "clear_buffer_done", "clearing", "joined"),
+    ]
+    await rig.aclose()
+
+
+async def test_two_interrupts_while_joined_send_one_clear() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.room.local_participant.rpc_script["lk.clear_buffer"].extend(["timeout", "ok"])
+    rig.lifecycle.interrupt()
+    rig.lifecycle.interrupt()
+    await settle()
+    assert rig.lifecycle.state == "clearing"
+    second = [(r.kind, r.source) for r in rig.trace.records if r.event == "interrupt"][1:]
+    assert second == [("ignore", "clearing")]  # answered by the clear in flight
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "joined"
+    assert [c.outcome for c in rig.rpcs()] == ["timeout"]  # one RPC for both
+    rig.lifecycle.interrupt()  # the clear is over: a new interruption gets its own
+    await settle()
+    assert [c.outcome for c in rig.rpcs()] == ["timeout", "ok"]
+    assert rig.lifecycle.state == "joined"
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("ending", ["timeout", "avatar_left", "close"])
+async def test_the_sink_holds_later_captures_until_the_clear_settles(ending: str) -> None:
+    """However ``clearing`` ends, the interrupted speech ends and the sink stops holding
+    captures back; leaving the state early cancels the RPC but no capture."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert isinstance(sink, DataStreamAudioOutput) and sink._pending_playback_count == 1
+    rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
+    rig.session.interrupt()
+    await settle()
+    assert rig.lifecycle.state == "clearing"
+    hold = sink._clear_buffer_atask
+    assert hold is not None and not hold.done()
+    await rig.clock.advance(1)
+    assert not hold.done() and not handle.done()
+    if ending == "timeout":
+        await rig.clock.advance(1)
+    elif ending == "avatar_left":
+        rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    else:
+        await rig.lifecycle.aclose()
+    await settle()
+    assert hold.done() and not hold.cancelled()
+    assert handle.done()
+    assert sink._pending_playback_count == 0
+    want = {"timeout": "joined", "avatar_left": "restored", "close": "closed"}[ending]
+    assert rig.lifecycle.state == want
+    assert [c.outcome for c in rig.rpcs()] == ["timeout" if ending == "timeout" else "cancelled"]
+    done = [r.kind for r in rig.trace.records if r.event == "clear_buffer_done"]
+    assert done == (["transition"] if ending == "timeout" else [])  # a cancelled clear is mute
+    assert rig.lifecycle.actor.live_tasks == 0
     await rig.aclose()
 
 
@@ -393,8 +466,9 @@ async def test_start_before_room_connects_detects_an_avatar_present_at_connect()
     rig.room.connect_locally()  # RoomConnected -> check presence
     await settle()
     assert rig.lifecycle.state == "joined"
-    presence = [r for r in rig.trace.records if r.effect == "check_presence"]
-    assert len(presence) == 1
+    # routing's first look (on entry) saw nobody; the look on connect found the avatar
+    presence = [r.event for r in rig.trace.records if r.effect == "check_presence"]
+    assert presence == ["plugin_started", "room_connected"]
     await rig.aclose()
 
 
@@ -419,18 +493,26 @@ async def test_start_before_room_connects_detects_the_join_after() -> None:
 async def _drive_to(rig: Rig, state: str) -> None:
     if state == "idle":
         return
-    await rig.start_avatar()
-    if state == "joined":
+    if state == "starting":
+        await rig.start_avatar_aside()  # a plugin whose start() never returns
+        assert rig.lifecycle.audio_route() == "avatar"  # its route is in already
+    else:
+        await rig.start_avatar()
+    if state in ("joined", "clearing"):
         rig.join()
+        await settle()
+    if state == "clearing":
+        rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
+        rig.lifecycle.interrupt()
         await settle()
     elif state == "restored":
         await rig.clock.advance(30)
     assert rig.lifecycle.state == state
 
 
-@pytest.mark.parametrize("state", ["idle", "routing", "joined", "restored"])
+@pytest.mark.parametrize("state", ["idle", "starting", "routing", "joined", "clearing", "restored"])
 async def test_close_from_every_state_restores_and_unhooks_everything(state: str) -> None:
-    rig = Rig()
+    rig = Rig(avatar=StuckAvatar(route_first=True) if state == "starting" else None)
     await rig.start_session()
     room_before, session_before = rig.room.listener_count(), session_listeners(rig.session)
     handlers_before = dict(rig.room.local_participant.rpc_handlers)
@@ -442,14 +524,14 @@ async def test_close_from_every_state_restores_and_unhooks_everything(state: str
     assert rig.room.listener_count() == room_before
     assert session_listeners(rig.session) == session_before
     assert rig.room.local_participant.rpc_handlers == handlers_before
-    assert rig.lifecycle.actor.live_tasks == 0 and not rig.lifecycle._tasks
+    assert rig.lifecycle.actor.live_tasks == 0
     assert rig.clock.pending == 0
     sink = rig.lifecycle.installed_sink
     if sink is not None:
         assert "clear_buffer" not in vars(sink)  # the sink is the SDK's own again
         assert isinstance(sink, DataStreamAudioOutput)
         assert sink._start_atask is None or sink._start_atask.done()
-    # removal is tried once started; "not found" (routing, restored) is fine
+    # removal is tried once started; "not found" (starting, routing, restored) is fine
     assert rig.removed == ([] if state == "idle" else [AVATAR])
     assert AVATAR not in rig.room.remote_participants
     await rig.lifecycle.aclose()  # idempotent
@@ -472,18 +554,115 @@ async def test_close_during_routing_stops_the_join_timer() -> None:
 async def test_close_while_the_plugin_is_still_starting() -> None:
     rig = Rig()
     rig.avatar = ScriptedAvatar(avatar_identity=AVATAR, start_delay=20.0, clock=rig.clock)
-    rig.lifecycle = AvatarLifecycle(rig.avatar, clock=rig.clock)
+    rig.lifecycle = AvatarLifecycle(rig.avatar, clock=rig.clock, tracer=Tracer(rig.trace))
     await rig.start_session()
     before = audio_tail(rig.session)
     start = asyncio.ensure_future(rig.lifecycle.start(rig.session, rig.room))
     await rig.clock.advance(1)
-    assert rig.lifecycle.state == "routing"
+    assert rig.lifecycle.state == "starting"
     await rig.lifecycle.aclose()  # does not wait for the provider
     assert rig.lifecycle.state == "closed"
     assert audio_tail(rig.session) is before
     await settle()
-    assert start.done()
+    assert start.done() and start.exception() is None  # start() ends, raising nothing
+    assert rig.avatar.installed is None  # cancelled: the plugin never got to its route
+    await rig.clock.advance(60)  # neither the start's bound nor the provider's call is left
+    assert rig.avatar.installed is None
+    assert [r.event for r in rig.trace.records if r.kind == "stale" or r.kind == "ignore"] == []
+    assert rig.clock.pending == 0
     await rig.session.aclose()
+
+
+@pytest.mark.parametrize("session_first", [True, False])
+async def test_close_during_starting_cancels_the_start_at_once_and_restores_its_route(
+    session_first: bool,
+) -> None:
+    avatar = StuckAvatar(route_first=True)
+    rig = Rig(avatar=avatar)
+    if session_first:
+        await rig.start_session()
+    before = audio_tail(rig.session)
+    start = await rig.start_avatar_aside()
+    await rig.clock.advance(1)
+    assert rig.lifecycle.state == "starting"
+    assert isinstance(audio_tail(rig.session), DataStreamAudioOutput)  # the plugin's route
+    assert rig.lifecycle.installed_sink is None  # its start() has not returned
+    await rig.lifecycle.aclose()
+    # at once: no time passed, the start was cancelled, the route it installed is gone
+    assert rig.clock.now() == 1.0
+    assert avatar.cancelled
+    assert rig.lifecycle.state == "closed"
+    assert audio_tail(rig.session) is before
+    assert isinstance(rig.lifecycle.installed_sink, DataStreamAudioOutput)
+    closing = [r for r in rig.trace.records if r.kind == "transition" and r.event == "close"]
+    assert [(r.source, r.dest, r.effects) for r in closing] == [
+        ("starting", "closed", ["record_route", "put_route_back", "unhook", "close_plugin"])
+    ]
+    await settle()
+    assert start.done() and start.exception() is None
+    if not session_first:
+        await rig.start_session()  # with no route left in place, RoomIO sets up room audio
+    assert rig.lifecycle.audio_route() == "room"
+    await rig.session.aclose()
+
+
+@pytest.mark.parametrize("route_first", [False, True])
+async def test_a_start_that_never_returns_is_cut_at_join_timeout(route_first: bool) -> None:
+    avatar = StuckAvatar(route_first=route_first)
+    rig = Rig(avatar=avatar, join_timeout=5.0)
+    await rig.start_session()
+    start = await rig.start_avatar_aside()
+    await rig.clock.advance(4.9)
+    assert rig.lifecycle.state == "starting" and not start.done()
+    await rig.clock.advance(0.1)
+    await settle()
+    assert avatar.cancelled
+    assert start.done() and start.exception() is None  # an outcome, not an error
+    assert rig.lifecycle.state == "restored"
+    assert rig.lifecycle.audio_route() == "room"
+    assert rig.transitions() == [
+        (0.0, "start", "idle", "starting"),
+        (5.0, "start_timeout", "starting", "failed"),
+        (5.0, "route_restored", "failed", "restored"),
+    ]
+    restored = [r for r in rig.trace.records if r.event == "route_restored"]
+    assert restored[0].data["outcome"] == ("previous" if route_first else "nothing_installed")
+    await rig.aclose()
+
+
+async def test_the_mailbox_moves_while_the_plugin_is_starting() -> None:
+    """Room facts and interrupts are handled while the plugin's start() waits on its
+    provider; routing then sees, on entry, the avatar that came meanwhile."""
+    rig = Rig()
+    rig.avatar = ScriptedAvatar(avatar_identity=AVATAR, start_delay=20.0, clock=rig.clock)
+    rig.lifecycle = AvatarLifecycle(rig.avatar, clock=rig.clock, tracer=Tracer(rig.trace))
+    await rig.start_session()
+    start = asyncio.ensure_future(rig.lifecycle.start(rig.session, rig.room))
+    await rig.clock.advance(1)
+    rig.lifecycle.interrupt()
+    rig.join()
+    await settle()
+    assert not start.done() and rig.lifecycle.state == "starting"
+    handled = [
+        (r.t, r.event, r.kind, r.effects)
+        for r in rig.trace.records
+        if r.kind in ("transition", "ignore") and r.source == "starting"
+    ]
+    assert handled == [
+        (1.0, "interrupt", "transition", ["clear_local_buffer"]),
+        (1.0, "avatar_connected", "ignore", []),
+        (1.0, "video_published", "ignore", []),
+    ]
+    assert rig.rpcs() == []
+    await rig.clock.advance(19)
+    await settle()
+    assert start.done() and start.exception() is None
+    assert rig.lifecycle.state == "joined"
+    assert rig.transitions()[-2:] == [
+        (20.0, "plugin_started", "starting", "routing"),
+        (20.0, "avatar_connected", "routing", "joined"),
+    ]
+    await rig.aclose()
 
 
 async def test_room_output_attached_by_restore_outlives_close_until_the_session_ends() -> None:
@@ -543,7 +722,7 @@ async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
     waiting = asyncio.ensure_future(rig.lifecycle.wait_for("restored"))
     await rig.clock.advance(4)
     assert waiting.done() and waiting.exception() is None
-    assert seen == ["routing", "failed", "restored"]
+    assert seen == ["starting", "routing", "failed", "restored"]
     closed_first = asyncio.ensure_future(rig.lifecycle.wait_for("joined"))
     await settle()
     await rig.aclose()
@@ -551,6 +730,25 @@ async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
         await closed_first
     with pytest.raises(ValueError, match="unknown avatar state"):
         await rig.lifecycle.wait_for("limbo")
+
+
+async def test_a_listener_that_raises_stalls_neither_start_nor_wait_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def buggy(_: object) -> None:
+        raise TypeError("a state_changed listener with a bug")  # the SDK lets it through
+
+    rig = Rig(join_timeout=5.0)
+    rig.lifecycle.on("state_changed", buggy)
+    await rig.start_session()
+    started = await rig.start_avatar_aside()
+    assert started.done()  # start() heard starting being left all the same
+    assert rig.lifecycle.state == "routing"
+    waiting = asyncio.ensure_future(rig.lifecycle.wait_for("restored"))
+    await rig.clock.advance(5)
+    assert waiting.done() and waiting.exception() is None
+    assert "a state_changed listener failed" in caplog.text
+    await rig.aclose()
 
 
 async def test_bad_input_is_refused_and_changes_nothing() -> None:

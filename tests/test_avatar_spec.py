@@ -1,12 +1,14 @@
 """Every (state, event) cell of the avatar spec, exercised through the actor.
 
 Effects are recorders and guards are set per case, so each cell is checked for exactly
-what the table says: the destination, the effects run in order, the trace record, and for
-a reject the error to the sender with nothing changed.
+what the table says: the destination, the effects run in order, the trace record, the
+state tasks running afterwards (a state's ``invoke`` runs while it lasts and is cancelled
+when it is left), and for a reject the error to the sender with nothing changed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -17,14 +19,20 @@ from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.avatar import AVATAR
 
 # how to reach each state from idle, with the guard values that path needs
+_ROUTING = [("start", {}), ("plugin_started", {})]
+_JOINED = [*_ROUTING, ("avatar_connected", {"has_video": True})]
+_FAILED = [*_ROUTING, ("join_timeout", {})]
 PATHS: dict[str, list[tuple[str, dict[str, bool]]]] = {
     "idle": [],
-    "routing": [("start", {})],
-    "joined": [("start", {}), ("avatar_connected", {"has_video": True})],
-    "failed": [("start", {}), ("join_timeout", {})],
-    "restored": [("start", {}), ("join_timeout", {}), ("route_restored", {})],
+    "starting": [("start", {})],
+    "routing": _ROUTING,
+    "joined": _JOINED,
+    "clearing": [*_JOINED, ("interrupt", {"clear_wanted": True})],
+    "failed": _FAILED,
+    "restored": [*_FAILED, ("route_restored", {})],
     "closed": [("close", {})],
 }
+INVOKED = {name for st in AVATAR.states for name in st.invoke}
 
 
 def _cases() -> list[Any]:
@@ -50,6 +58,7 @@ class Recorder:
         self.clock = VirtualClock()
         self.sink = MemorySink()
         self.ran: list[str] = []
+        self.tasks: list[str] = []
         self.guards: dict[str, bool] = {}
 
         def effect(name: str) -> Any:
@@ -58,10 +67,20 @@ class Recorder:
 
             return run
 
+        def task(name: str) -> Any:
+            async def run(ev: Event) -> None:
+                self.tasks.append(name)
+                await asyncio.Event().wait()  # runs for as long as its state
+
+            return run
+
         self.actor = Actor(
             AVATAR,
             instance="cells",
-            effects={e.name: effect(e.name) for e in AVATAR.effects},
+            effects={
+                e.name: task(e.name) if e.name in INVOKED else effect(e.name)
+                for e in AVATAR.effects
+            },
             guards={g: (lambda _ev, g=g: self.guards.get(g, False)) for g in AVATAR.guards},
             clock=self.clock,
             tracer=Tracer(self.sink),
@@ -72,14 +91,22 @@ class Recorder:
             self.guards = dict(guards)
             await self.actor.send(Event(event))
         assert self.actor.state == state
+        await asyncio.sleep(0)  # the state's own task starts
         self.ran.clear()
+        self.tasks.clear()
         self.sink.records.clear()
+
+    async def running(self) -> list[str]:
+        """The state tasks alive now: what the current state invokes, nothing else."""
+        await asyncio.sleep(0)
+        assert self.actor.live_tasks == len(AVATAR.state(self.actor.state).invoke)
+        return list(self.tasks)
 
 
 def test_every_cell_has_a_case() -> None:
     ids = {(p.values[0], p.values[1]) for p in _cases()}
     assert ids == {(s, e) for s in AVATAR.state_names for e in AVATAR.events}
-    assert len(AVATAR.state_names) * len(AVATAR.events) == 72
+    assert len(AVATAR.state_names) * len(AVATAR.events) == 112
 
 
 @pytest.mark.parametrize(("state", "event", "kind", "row"), _cases())
@@ -93,12 +120,14 @@ async def test_cell(state: str, event: str, kind: str, row: Any) -> None:
         assert [r.kind for r in rec.sink.records] == ["reject"]
         rec.actor.post(Event(event))  # fire and forget never raises
         await rec.actor.join()
+        assert await rec.running() == []  # the state's task was left alone
         return
     if kind == "ignore":
         step = await rec.actor.send(Event(event))
         assert step.outcome == "ignore"
         assert rec.actor.state == state and rec.ran == []
         assert [r.kind for r in rec.sink.records] == ["ignore"]
+        assert await rec.running() == []
         return
     r, guards = row
     rec.guards = guards
@@ -109,6 +138,10 @@ async def test_cell(state: str, event: str, kind: str, row: Any) -> None:
     trans = [x for x in rec.sink.records if x.kind == "transition"]
     assert len(trans) == 1 and trans[0].dest == (r.dest or state)
     assert {g: trans[0].guards[g] for g in r.guards} == {g: True for g in r.guards}
+    # a state entered starts its task; one left has its task cancelled; an internal row
+    # leaves the state's task running, not started again
+    entered = r.dest is not None and r.dest != state
+    assert await rec.running() == (list(AVATAR.state(r.dest).invoke) if entered else [])
     await rec.actor.aclose()
 
 
@@ -121,25 +154,55 @@ def test_lifecycle_handles_every_effect_and_guard_of_the_spec() -> None:
 def test_decisions_the_issue_asks_for() -> None:
     from statemachines import step
 
+    # the plugin's start is a task of starting, bounded like the join
+    starting = AVATAR.state("starting")
+    assert starting.invoke == ("start_plugin",)
+    assert starting.timeout is not None and starting.timeout.setting == "join_timeout"
+    assert step(AVATAR, "idle", "start").dest == "starting"
+    assert step(AVATAR, "starting", "plugin_started").dest == "routing"
     # joined needs the participant and its video, in either order
     assert step(AVATAR, "routing", "avatar_connected", {"has_video": True}).dest == "joined"
     assert step(AVATAR, "routing", "video_published", {"avatar_present": True}).dest == "joined"
-    # every failure restores, and failed always ends in restored
-    for ev in ("join_timeout", "start_error", "avatar_left"):
-        assert step(AVATAR, "routing", ev).effects == ("restore_route",)
-    assert step(AVATAR, "joined", "avatar_left").dest == "failed"
+    # every failure restores (a start cut short records its route first), and failed always
+    # ends in restored
+    for s, ev in (
+        ("routing", "join_timeout"),
+        ("starting", "start_error"),
+        ("routing", "start_error"),
+    ):
+        assert step(AVATAR, s, ev).effects == ("restore_route",)
+    assert step(AVATAR, "starting", "start_timeout").effects == ("record_route", "restore_route")
+    for s in ("routing", "joined", "clearing"):
+        assert step(AVATAR, s, "avatar_left").dest == "failed"
     assert step(AVATAR, "failed", "route_restored").dest == "restored"
-    # a clear that finds the avatar gone is the avatar leaving
-    assert step(AVATAR, "joined", "clear_buffer_done", {"recipient_gone": True}).dest == "failed"
-    # only joined sends lk.clear_buffer
+    # a clear that finds the avatar gone is the avatar leaving; any other outcome rejoins
+    assert step(AVATAR, "clearing", "clear_buffer_done", {"recipient_gone": True}).dest == "failed"
+    assert step(AVATAR, "clearing", "clear_buffer_done").dest == "joined"
+    # only joined sends lk.clear_buffer (clearing is its task), once for all interrupts
+    assert AVATAR.state("clearing").invoke == ("send_clear_buffer",)
     for s in AVATAR.state_names:
-        sends = "send_clear_buffer" in step(AVATAR, s, "interrupt").effects
-        assert sends is (s == "joined")
+        st = step(AVATAR, s, "interrupt", {"clear_wanted": True})
+        assert (st.changed and st.dest == "clearing") is (s == "joined")
+        assert "send_clear_buffer" not in st.effects
+    assert step(AVATAR, "clearing", "interrupt").outcome == "ignore"
     # a late join after restored: ignored by default, routed again only with retry
     late = step(AVATAR, "restored", "avatar_connected", {"retry": False})
     assert (late.dest, late.effects) == ("restored", ())
     again = step(AVATAR, "restored", "avatar_connected", {"retry": True})
     assert (again.dest, again.effects) == ("routing", ("reinstall_route",))
-    # close from every live state
-    for s in ("idle", "routing", "joined", "failed", "restored"):
-        assert step(AVATAR, s, "close").dest == "closed"
+    # close from every live state, undoing what that state says is there
+    plugin = ("put_route_back", "unhook", "close_plugin")
+    closes = {
+        "idle": ("unhook",),
+        "starting": ("record_route", *plugin),
+        "routing": plugin,
+        "joined": plugin,
+        "clearing": plugin,
+        "failed": ("unhook", "close_plugin"),
+        "restored": ("unhook", "close_plugin"),
+    }
+    for s, effects in closes.items():
+        assert (step(AVATAR, s, "close").dest, step(AVATAR, s, "close").effects) == (
+            "closed",
+            effects,
+        )

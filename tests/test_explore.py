@@ -80,8 +80,10 @@ def test_1_audio_left_on_a_failed_avatar_is_reported() -> None:
     detail, steps = _only(_run(2, glue=Glue(restore_route=False), inputs="avatar"), 1)
     assert detail == "audio goes to the avatar while it is failed"
     assert steps == [
-        "avatar.start (late_error)",
-        "  -> avatar handles start(outcome=late_error)",
+        "avatar.start",
+        "  -> avatar handles start",
+        "avatar plugin puts its route in",
+        "avatar plugin start() fails late",
         "  -> avatar handles start_error",
     ]
 
@@ -91,10 +93,57 @@ def test_1_an_avatar_that_never_joins_keeping_the_audio_is_reported() -> None:
     detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
     assert detail == "after every bound the audio still goes to an avatar in routing"
     assert steps == [
-        "avatar.start (ok)",
-        "  -> avatar handles start(outcome=ok)",
+        "avatar.start",
+        "  -> avatar handles start",
+        "avatar plugin puts its route in",
+        "avatar plugin start() returns",
+        "  -> avatar handles plugin_started",
         "time passes: join_timeout",
         "  -> avatar handles join_timeout",
+    ]
+
+
+def test_1_a_plugin_start_that_never_returns_keeping_the_audio_is_reported() -> None:
+    broken = set_cell(AVATAR, "starting", "start_timeout", kind="ignore")
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
+    assert detail == "after every bound the audio still goes to an avatar in starting"
+    assert steps == [
+        "avatar.start",
+        "  -> avatar handles start",
+        "avatar plugin puts its route in",
+        "avatar plugin start() hangs, its route in",
+        "time passes: start_timeout",
+        "  -> avatar handles start_timeout",
+    ]
+
+
+def test_1_a_close_during_starting_that_misses_the_plugins_route_is_reported() -> None:
+    # without record_route, the restore does not know the route the plugin had put in
+    close = Row(source="starting", event="close", dest="closed", effects=("put_route_back",))
+    broken = set_cell(AVATAR, "starting", "close", rows=[close])
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
+    assert detail == "audio goes to the avatar while it is closed"
+    assert steps == [
+        "avatar.start",
+        "  -> avatar handles start",
+        "avatar plugin puts its route in",
+        "avatar.close",
+        "  -> avatar handles close",
+    ]
+
+
+def test_1_an_avatar_leaving_during_a_clear_unnoticed_is_reported() -> None:
+    broken = set_cell(AVATAR, "clearing", "avatar_left", kind="ignore")
+    detail, steps = _only(_run(5, specs={"avatar": broken}, inputs="avatar"), 1)
+    assert detail == "after every bound the audio still goes to an avatar that left"
+    assert steps[-7:] == [
+        "interrupt",
+        "  -> avatar handles interrupt(playing=True)",
+        "avatar leaves",
+        "  -> avatar handles avatar_left",
+        "  -> participant handles participant_disconnected(closing=False, who=avatar)",
+        "lk.clear_buffer RPC ends (ok)",
+        "  -> avatar handles clear_buffer_done(gone=False, outcome=ok)",
     ]
 
 

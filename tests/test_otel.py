@@ -154,7 +154,7 @@ async def test_each_transition_is_an_event_on_the_job_or_session_span_and_the_ho
     ("file", "span", "outcome", "seconds"),
     [
         ("avatar_never_joins_session_first.yaml", "avatar.routing", ("join_timeout", "failed"), 5),
-        ("avatar_start_error.yaml", "avatar.routing", ("start_error", "failed"), 0),
+        ("avatar_start_error.yaml", "avatar.starting", ("start_error", "failed"), 0),
         (
             "user_drops_and_rejoins.yaml",
             "participant.grace",

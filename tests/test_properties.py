@@ -10,8 +10,9 @@ formed or not), duplicated, reordered and stranger events, garbage on the wire, 
 session closes, job shutdown; with room deletion, shutdown callbacks, ``on_simulation_end``,
 the plugin's start and the avatar's removal raising or hanging forever.
 
-After every step: the agent's audio never points at an avatar that is not ``routing`` or
-``joined``; ``lk.clear_buffer`` goes out only while ``joined``; the room is never deleted
+After every step: the agent's audio never points at an avatar outside the states where its
+route may be in (``starting``, ``routing``, ``joined``, ``clearing``); ``lk.clear_buffer``
+goes out only from ``clearing`` (``joined`` with its one clear in flight); the room is never deleted
 while the job is ``serving`` or ``awaiting_finalize``; at most one session's events are
 forwarded; no request gets two replies; once the job left ``serving`` it is ``closed`` within
 ``session_end_timeout + close_timeout``; no timer or task outlives its state; nothing escaped
@@ -488,14 +489,15 @@ class ComposedJob(RuleBasedStateMachine):
     def audio_never_points_at_an_absent_avatar(self) -> None:
         w = self.w
         if w is not None and route_of(w.primary) == "avatar":
-            assert w.avatar_state in ("routing", "joined"), (
+            assert w.avatar_state in ("starting", "routing", "joined", "clearing"), (
                 f"audio goes to the avatar while it is {w.avatar_state}"
             )
 
     @invariant()
     def clear_buffer_only_while_joined(self) -> None:
+        # clearing is joined with its clear in flight: only joined enters it, once per clear
         if self.w is not None:
-            bad = [e for e in self.w.rpc_log if e[0] == "lk.clear_buffer" and e[2] != "joined"]
+            bad = [e for e in self.w.rpc_log if e[0] == "lk.clear_buffer" and e[2] != "clearing"]
             assert not bad, bad
 
     @invariant()

@@ -13,15 +13,16 @@ from statemachines.machines import MACHINES
 
 def test_step_transition_internal_ignore_reject() -> None:
     av = MACHINES["avatar"]
-    s = step(av, "idle", "start")
+    s = step(av, "starting", "plugin_started")
     assert (s.outcome, s.dest, s.effects, s.changed) == (
         "transition",
         "routing",
-        ("start_plugin",),
+        ("check_presence",),
         True,
     )
-    s = step(av, "joined", "interrupt")
-    assert (s.outcome, s.dest, s.internal, s.changed) == ("transition", "joined", True, False)
+    s = step(av, "routing", "interrupt")
+    assert (s.outcome, s.dest, s.internal, s.changed) == ("transition", "routing", True, False)
+    assert s.effects == ("clear_local_buffer",)
     assert step(av, "joined", "video_published").outcome == "ignore"
     assert step(av, "closed", "start").outcome == "reject"
 

@@ -8,6 +8,7 @@ audio to the avatar (``stream_bytes``), and the SFU itself (the in-memory room).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -58,6 +59,27 @@ def playback_finished(position: float = 0.5, interrupted: bool = False) -> str:
     return json.dumps({"playback_position": position, "interrupted": interrupted})
 
 
+class StuckAvatar(ScriptedAvatar):
+    """A plugin whose ``start()`` never returns (a provider that never answers), before or
+    (``route_first``) after it has installed its route; it records being cancelled."""
+
+    def __init__(self, *, route_first: bool = False) -> None:
+        super().__init__(avatar_identity=AVATAR)
+        self.route_first = route_first
+        self.cancelled = False
+
+    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+        try:
+            if self.route_first:
+                await super().start(agent_session, room)  # the base start, then the route
+            else:
+                self.start_calls += 1
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
 class Rig:
     """One agent, one room, one scripted avatar, one lifecycle, on a virtual clock."""
 
@@ -92,6 +114,12 @@ class Rig:
     async def start_avatar(self) -> None:
         await self.lifecycle.start(self.session, self.room)
         await settle()
+
+    async def start_avatar_aside(self) -> asyncio.Future[None]:
+        """Start the avatar without waiting for its start() (which may never return)."""
+        started = asyncio.ensure_future(self.lifecycle.start(self.session, self.room))
+        await settle()
+        return started
 
     def join(self, *, video: bool = True) -> None:
         identity = self.avatar.avatar_identity

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from .model import ANSWERED, EXCUSED, LIVE_JOB, Facts, Model
 
+# the avatar states in which our route may be in
+ROUTED = ("starting", "routing", "joined", "clearing")
+
 
 @dataclass(frozen=True)
 class Invariant:
@@ -27,8 +30,9 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         1,
         "audio_route",
-        "the agent's audio points at an avatar only while it is routing or joined, and once "
-        "the join bound has passed only at one that joined",
+        "the agent's audio points at an avatar only while its route may be in (starting, "
+        "routing, joined, clearing), and once the bounds have passed only at one that joined "
+        "and is still there",
     ),
     Invariant(
         2,
@@ -75,7 +79,7 @@ def holds(w: Facts) -> bool:
     every move passes through)."""
     attached = w.host == "attached"
     return not (
-        (w.route == "avatar" and w.avatar != "routing" and w.avatar != "joined")
+        (w.route == "avatar" and w.avatar not in ROUTED)
         or w.verdicts > 1
         or (w.deleted and w.job in LIVE_JOB)
         or len(w.subscribed) > 1
@@ -86,7 +90,8 @@ def holds(w: Facts) -> bool:
         or (w.t_part and w.t_part != w.part)
         or (w.job_task and not w.job_task.startswith(w.job + ":"))
         or w.late
-        or (w.avatar_actor_closed and w.clear_rpc)
+        or (w.av_task and not w.av_task.startswith(w.avatar + ":"))
+        or (w.avatar_actor_closed and w.av_task)
         or (w.host == "closed" and not w.host_draining and w.fin_tasks)
         or w.hold_cut
         or any(status == "twice" for _, status in w.requests)
@@ -97,7 +102,7 @@ def safety(model: Model, w: Facts) -> list[Finding]:
     if holds(w):
         return []
     out: list[Finding] = []
-    if w.route == "avatar" and w.avatar not in ("routing", "joined"):
+    if w.route == "avatar" and w.avatar not in ROUTED:
         out.append((1, f"audio goes to the avatar while it is {w.avatar}"))
     for i, (_, status) in enumerate(w.requests):
         if status == "twice":
@@ -129,12 +134,13 @@ def _scoped(model: Model, w: Facts) -> list[Finding]:
     ):
         if armed_in and armed_in != state:
             out.append((6, f"{machine}: the {armed_in} timer is still armed in {state}"))
-    if w.job_task and w.job_task.split(":")[0] != w.job:
-        out.append((6, f"job: the task of {w.job_task.split(':')[0]} still runs in {w.job}"))
+    for machine, task, state in (("job", w.job_task, w.job), ("avatar", w.av_task, w.avatar)):
+        if task and task.split(":")[0] != state:
+            out.append((6, f"{machine}: the task of {task.split(':')[0]} still runs in {state}"))
     if w.late:
         out.append((6, w.late))
-    if w.avatar_actor_closed and w.clear_rpc:
-        out.append((6, "avatar: a clear_buffer RPC still runs after close"))
+    if w.avatar_actor_closed and w.av_task:
+        out.append((6, f"avatar: the task of {w.av_task.split(':')[0]} still runs after close"))
     if w.host == "closed" and not w.host_draining and w.fin_tasks:
         out.append((6, "session_host: a finalize still runs after the host closed"))
     return out
@@ -161,6 +167,8 @@ def eventual(model: Model, w: Facts) -> list[Finding]:
     out: list[Finding] = []
     if w.route == "avatar" and w.avatar != "joined":
         out.append((1, f"after every bound the audio still goes to an avatar in {w.avatar}"))
+    elif w.route == "avatar" and not w.av_present:
+        out.append((1, "after every bound the audio still goes to an avatar that left"))
     for i, (owed, status) in enumerate(w.requests):
         if owed and status not in ANSWERED and status not in EXCUSED:
             out.append((2, f"finalize request #{i + 1} was never answered ({status})"))

@@ -5,8 +5,9 @@ on its own spec; what the runtime does around the decisions is mirrored here in 
 abstract: guard values from the job's facts, effects as changes to those facts and as
 events posted to the machines (``agent_runtime.{avatar,job,session_host,participant}`` and
 the scenario runner are what this copies), one mailbox per machine handled one event at a
-time, state timers armed on entry and cancelled on exit, state-scoped tasks, and the work
-that runs aside (a finalize verdict being computed, a clear-buffer RPC, a session closing).
+time, state timers armed on entry and cancelled on exit, state-scoped tasks (the job's close
+work, the avatar plugin's start, the clear-buffer RPC), and the work that runs aside (a
+finalize verdict being computed, a session closing).
 
 A world is an immutable, hashable ``World``; ``successors`` lists what can happen next:
 
@@ -126,9 +127,12 @@ class World(NamedTuple):
     room_step_done: bool
     deleted: bool
     # AvatarLifecycle
-    installed: bool  # the plugin installed its sink
-    route_active: bool  # our route is in (or may be) and not yet restored
-    clear_rpc: str  # "" or the outcome the in-flight lk.clear_buffer will have
+    installed: bool  # the sink the plugin installed is recorded
+    # the avatar's state-scoped task: "" or "STATE:PHASE" (starting:start, the plugin's
+    # start() running; starting:routed, its route put in but start() not returned yet;
+    # starting:hung, a start() that never returns, its route in or not; clearing:clear, the
+    # lk.clear_buffer RPC in flight)
+    av_task: str
     avatar_actor_closed: bool
     # ParticipantLink
     linked: bool
@@ -203,8 +207,7 @@ class _W:
     room_step_done: bool
     deleted: bool
     installed: bool
-    route_active: bool
-    clear_rpc: str
+    av_task: str
     avatar_actor_closed: bool
     linked: bool
     attached: str
@@ -247,8 +250,7 @@ class _W:
             self.room_step_done,
             self.deleted,
             self.installed,
-            self.route_active,
-            self.clear_rpc,
+            self.av_task,
             self.avatar_actor_closed,
             self.linked,
             self.attached,
@@ -291,8 +293,7 @@ class _W:
             self.room_step_done,
             self.deleted,
             self.installed,
-            self.route_active,
-            self.clear_rpc,
+            self.av_task,
             self.avatar_actor_closed,
             self.linked,
             self.attached,
@@ -400,18 +401,21 @@ class Model:
                 if s.timeout is not None:
                     armed[s.name] = (s.timeout.event, self._timer_set(s.timeout.setting))
             self._timeouts[m] = armed
-        self._invokes: dict[str, tuple[str, ...]] = {
-            s.name: s.invoke for s in chosen[JOB].states if s.invoke
+        self._invokes: dict[str, dict[str, tuple[str, ...]]] = {
+            m: {s.name: s.invoke for s in chosen[m].states if s.invoke} for m in (AVATAR, JOB)
         }
         self._effects: dict[str, Callable[[_W, str, Params], None]] = {
-            # avatar
-            "start_plugin": self._fx_start_plugin,
+            # avatar: start_plugin and send_clear_buffer are state-scoped tasks, see _enter
+            "start_plugin": _noop,
+            "record_route": self._fx_record_route,
             "check_presence": self._fx_check_presence,
             "restore_route": self._fx_restore_route,
             "reinstall_route": self._fx_reinstall_route,
-            "send_clear_buffer": self._fx_send_clear_buffer,
+            "send_clear_buffer": _noop,
             "clear_local_buffer": _noop,
             "mark_playout_done": _noop,
+            "put_route_back": self._fx_put_route_back,
+            "unhook": _noop,  # the room listener goes: modelled as the actor taking no input
             "close_plugin": self._fx_close_plugin,
             # participant
             "link": self._fx_link,
@@ -480,8 +484,7 @@ class Model:
             room_step_done=False,
             deleted=False,
             installed=False,
-            route_active=False,
-            clear_rpc="",
+            av_task="",
             avatar_actor_closed=False,
             linked=False,
             attached="",
@@ -573,10 +576,39 @@ class Model:
             )
         if w.host_draining and not w.fin_tasks:
             yield self._move("internal", "host drained: transport closed", w, _drained)
-        if w.clear_rpc:
+        if w.av_task.endswith(":start"):
+            yield self._move("internal", "avatar plugin puts its route in", w, _plugin_routed)
             yield self._move(
-                "internal", f"lk.clear_buffer RPC ends ({w.clear_rpc})", w, _clear_done
+                "internal",
+                "avatar plugin start() fails early",
+                w,
+                partial(_plugin_returns, routed=False),
             )
+            yield self._move("internal", "avatar plugin start() hangs", w, _plugin_hangs)
+        elif w.av_task.endswith(":routed"):
+            yield self._move(
+                "internal",
+                "avatar plugin start() returns",
+                w,
+                partial(_plugin_returns, routed=True),
+            )
+            yield self._move(
+                "internal",
+                "avatar plugin start() fails late",
+                w,
+                partial(_plugin_returns, routed=True, error=True),
+            )
+            yield self._move(
+                "internal", "avatar plugin start() hangs, its route in", w, _plugin_hangs
+            )
+        elif w.av_task.endswith(":clear"):
+            for outcome in ("ok", "timeout", "error", "gone"):
+                yield self._move(
+                    "internal",
+                    f"lk.clear_buffer RPC ends ({outcome})",
+                    w,
+                    partial(_clear_done, outcome=outcome),
+                )
         if w.sess_a == "closing":
             yield self._move("internal", "session A finishes closing", w, _a_closed)
             if w.part == "closing":  # the close the link started and bounds
@@ -665,30 +697,18 @@ class Model:
         if w.avatar_actor_closed:
             return
         if w.avatar == self.specs[AVATAR].initial:
-            for outcome in ("ok", "late_error", "early_error"):
-                yield self._move(
-                    "input",
-                    f"avatar.start ({outcome})",
-                    w,
-                    partial(_avatar_start, outcome=outcome),
-                )
+            yield self._move("input", "avatar.start", w, _avatar_start)
         elif up and not w.av_present:
             yield self._move("input", "avatar joins", w, _avatar_joins)
         if up and w.av_present and not w.av_video:
             yield self._move("input", "avatar publishes video", w, _avatar_video)
         if up and w.av_present:
             yield self._move("input", "avatar leaves", w, _avatar_leaves)
-        if w.avatar == "joined" and not w.clear_rpc:
-            for outcome in ("ok", "timeout", "error", "gone"):
-                yield self._move(
-                    "input",
-                    f"interrupt (clear_buffer {outcome})",
-                    w,
-                    partial(_interrupt, rpc=outcome),
-                )
-        else:
+        yield self._move("input", "interrupt", w, partial(_interrupt, playing=True))
+        if w.avatar == "joined":
+            # the session's own clear with nothing playing
             yield self._move(
-                "input", "interrupt", w, lambda s: s.post(AVATAR, "interrupt", _p(rpc="ok"))
+                "input", "interrupt (nothing playing)", w, partial(_interrupt, playing=False)
             )
         if not any(e[0] == AVATAR and e[3] == CLOSE for e in w.queue):
             yield self._move(
@@ -720,16 +740,18 @@ class Model:
                 self._effects[name](s, m, params)
         if token == CLOSE and m == AVATAR:
             # AvatarLifecycle.aclose(): after its close step the actor closes, dropping the
-            # rest of its mailbox, and the lifecycle cancels its tasks
+            # rest of its mailbox and cancelling its tasks
             s.avatar_actor_closed = True
             s.drop_mailbox(AVATAR)
-            s.clear_rpc = ""
+            s.av_task = ""
 
     def _leave(self, s: _W, m: str) -> None:
         if m in _TIMER and self.glue.cancel_timers_on_exit:
             setattr(s, _TIMER[m], "")
         if m == JOB:
             s.job_task = ""  # cancelled with its state
+        elif m == AVATAR:
+            s.av_task = ""
         # timer and task events already queued belong to the state being left
         if any(e[0] == m and e[3] == LIVE for e in s.queue):
             s.queue = tuple(
@@ -742,8 +764,13 @@ class Model:
             armed = self._timeouts[m].get(state)
             if armed is not None and armed[1]:
                 setattr(s, _TIMER[m], state)
-        if m == JOB and self._invokes.get(state):
+        invoke = self._invokes.get(m, {}).get(state, ())
+        if m == JOB and invoke:
             s.job_task = f"{state}:start"
+        elif m == AVATAR and "start_plugin" in invoke:
+            s.av_task = f"{state}:start"
+        elif m == AVATAR and "send_clear_buffer" in invoke:
+            s.av_task = f"{state}:clear"
 
     def _job_changed(self, s: _W, st: Step) -> None:
         # the hold ends on the simulator leaving, the room going or the bound; leaving the
@@ -775,6 +802,8 @@ class Model:
                 return bool(_get(params, "gone", False))
             if g == "retry":
                 return cfg.retry_avatar and s.installed
+            if g == "clear_wanted":
+                return s.installed and bool(_get(params, "playing", True))
         elif m == PART:
             who = _get(params, "who")
             if g == "eligible":
@@ -796,27 +825,19 @@ class Model:
         raise KeyError(f"the model has no value for guard {g!r} of machine {m!r}")
 
     # -- effects -------------------------------------------------------------------------------
-    def _fx_start_plugin(self, s: _W, m: str, params: Params) -> None:
-        outcome = _get(params, "outcome", "ok")
-        if outcome != "early_error":  # the plugin got as far as installing its sink
+    def _fx_record_route(self, s: _W, m: str, params: Params) -> None:
+        # the start was cut short: a route the plugin put in is recorded from the chain
+        if s.route == "avatar" and not s.installed:
             s.installed = True
-            s.route_active = True
-            s.route = "avatar"
-        if outcome != "ok":
-            s.post(AVATAR, "start_error")
-        elif s.av_present:
-            s.post(AVATAR, "avatar_connected")
 
     def _fx_check_presence(self, s: _W, m: str, params: Params) -> None:
         if s.av_present:
             s.post(AVATAR, "avatar_connected")
 
     def _restore(self, s: _W) -> None:
-        # identity-guarded: only our own route, only once
-        if s.installed and s.route_active:
-            s.route_active = False
-            if s.route == "avatar" and self.glue.restore_route:
-                s.route = "room"
+        # identity-guarded: only our own recorded route (the table calls it once per route)
+        if s.installed and s.route == "avatar" and self.glue.restore_route:
+            s.route = "room"
 
     def _fx_restore_route(self, s: _W, m: str, params: Params) -> None:
         self._restore(s)
@@ -824,17 +845,13 @@ class Model:
 
     def _fx_reinstall_route(self, s: _W, m: str, params: Params) -> None:
         s.route = "avatar"
-        s.route_active = True
         if s.av_present:
             s.post(AVATAR, "avatar_connected")
 
-    def _fx_send_clear_buffer(self, s: _W, m: str, params: Params) -> None:
-        if s.installed and not s.clear_rpc:  # one clear in flight answers for all
-            s.clear_rpc = str(_get(params, "rpc", "ok"))
+    def _fx_put_route_back(self, s: _W, m: str, params: Params) -> None:
+        self._restore(s)
 
     def _fx_close_plugin(self, s: _W, m: str, params: Params) -> None:
-        self._restore(s)
-        s.clear_rpc = ""
         if s.av_present and s.room == "connected":
             # the avatar participant is removed; our own room listener is gone already
             s.av_present = False
@@ -977,9 +994,30 @@ def _drain_bound(s: _W) -> None:
     s.transport_open = False
 
 
-def _clear_done(s: _W) -> None:
-    outcome, s.clear_rpc = s.clear_rpc, ""
-    s.post(AVATAR, "clear_buffer_done", _p(gone=outcome == "gone", outcome=outcome))
+def _plugin_routed(s: _W) -> None:
+    # the plugin's start() replaced the audio tail and goes on (its last lines, or a wait)
+    state = s.av_task.split(":")[0]
+    s.av_task = f"{state}:routed"
+    s.route = "avatar"
+
+
+def _plugin_hangs(s: _W) -> None:
+    # stuck until its state is left (start_timeout or close cancels it)
+    state = s.av_task.split(":")[0]
+    s.av_task = f"{state}:hung"
+
+
+def _plugin_returns(s: _W, routed: bool, error: bool = False) -> None:
+    # the task records the sink right after start() returns or raises, then reports
+    s.av_task = ""
+    if routed:
+        s.installed = True
+    s.post(AVATAR, "start_error" if error or not routed else "plugin_started", (), LIVE)
+
+
+def _clear_done(s: _W, outcome: str) -> None:
+    s.av_task = ""
+    s.post(AVATAR, "clear_buffer_done", _p(gone=outcome == "gone", outcome=outcome), LIVE)
 
 
 def _a_closed(s: _W) -> None:
@@ -1069,12 +1107,12 @@ def _room_disconnects(s: _W) -> None:
     s.post(JOB, "room_disconnected")
 
 
-def _avatar_start(s: _W, outcome: str) -> None:
-    s.post(AVATAR, "start", _p(outcome=outcome))
+def _avatar_start(s: _W) -> None:
+    s.post(AVATAR, "start")
 
 
-def _interrupt(s: _W, rpc: str) -> None:
-    s.post(AVATAR, "interrupt", _p(rpc=rpc))
+def _interrupt(s: _W, playing: bool) -> None:
+    s.post(AVATAR, "interrupt", _p(playing=playing))
 
 
 def _avatar_joins(s: _W) -> None:
