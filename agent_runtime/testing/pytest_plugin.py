@@ -112,7 +112,7 @@ class ScenarioFailed(AssertionError):
     """The scenario ran and its ``expect`` block did not hold."""
 
     def __init__(self, mismatches: list[Mismatch], result: dict[str, Any]) -> None:
-        super().__init__("; ".join(m.line() for m in mismatches))
+        super().__init__(mismatches[0].line() if mismatches else "")
         self.mismatches = mismatches
         self.result = result
 
@@ -185,7 +185,9 @@ def failure_report(item: ScenarioItem, failure: ScenarioFailed) -> str:
     """Expected vs got for each expectation that did not hold, then the transitions that
     led there with their virtual times, the final states and where the trace is."""
     result = failure.result
-    lines = [f"scenario {item.scenario.name!r} did not meet its expect block", ""]
+    n = len(failure.mismatches)
+    what = ", ".join(m.what for m in failure.mismatches)
+    lines = [f"{n} expectation{'s' if n > 1 else ''} did not hold: {what}", ""]
     for m in failure.mismatches:
         lines.append(f"  {m.what}")
         if m.known:
@@ -199,11 +201,10 @@ def failure_report(item: ScenarioItem, failure: ScenarioFailed) -> str:
     transitions = result.get("transitions", [])
     lines += ["", f"transitions that led there ({len(transitions)}, virtual seconds):"]
     width = max((len(t["machine"]) for t in transitions), default=0)
-    for t in transitions:
-        lines.append(
-            f"  {t['t']:>9.3f}  {t['machine']:<{width}}  {t['source']} -> {t['dest']}"
-            f"  on {t['event']}"
-        )
+    moves = [f"{t['source']} -> {t['dest']}" for t in transitions]
+    wide = max((len(m) for m in moves), default=0)
+    for t, move in zip(transitions, moves, strict=True):
+        lines.append(f"  {t['t']:>9.3f}  {t['machine']:<{width}}  {move:<{wide}}  on {t['event']}")
     finals = result.get("final_states", {})
     lines += ["", "final states: " + ", ".join(f"{m}={s}" for m, s in sorted(finals.items()))]
     errors = result.get("facts", {}).get("step_errors") or []
