@@ -156,3 +156,34 @@ def test_loading_the_plugin_imports_neither_livekit_agents_nor_yaml() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == ""
+
+
+def test_a_missing_scenario_directory_and_an_unwritable_trace_dir_are_one_line(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nasyncio_default_fixture_loop_scope = "function"\n'
+        'agent_runtime_scenarios = ["nope"]\n'
+    )
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"ERROR: agent_runtime_scenarios: {pytester.path}/nope is not a directory"]
+    )
+
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nasyncio_default_fixture_loop_scope = "function"\n'
+    )
+    (pytester.path / "leave.scenario.yaml").write_text(
+        (SAMPLE / "scenarios" / "user_drops_past_grace.yaml").read_text()
+    )
+    (pytester.path / "file").write_text("not a directory")
+    result = run(pytester, "--trace-dir", "file/traces")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*scenario: the user drops and does not come back within the grace period*",
+            "--trace-dir: cannot create file/traces: Not a directory",
+        ]
+    )
+    assert not any("Traceback" in line for line in result.stdout.lines)

@@ -29,6 +29,7 @@ written in the file as a comment (and returned in ``notes``).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -63,7 +64,6 @@ _SIMULATOR_ATTRIBUTE = "lk.simulator"
 _PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
 _RPC_TIMEOUT_CODES = frozenset({1501, 1502})  # CONNECTION_TIMEOUT, RESPONSE_TIMEOUT
 _RPC_GONE = {1503: "disconnected", 1401: "not_found"}  # RECIPIENT_DISCONNECTED / _NOT_FOUND
-_KNOWN_REQUESTS: frozenset[str] | None = None
 
 ALWAYS = (
     "participants the agent found in the room when its session started are in the room at "
@@ -117,14 +117,13 @@ def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+@functools.cache
 def _known_requests() -> frozenset[str]:
-    global _KNOWN_REQUESTS
-    if _KNOWN_REQUESTS is None:
-        from livekit.protocol.agent_pb import agent_session as agent_pb
+    """The session request kinds of the protocol this build speaks."""
+    from livekit.protocol.agent_pb import agent_session as agent_pb
 
-        oneof = agent_pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"]
-        _KNOWN_REQUESTS = frozenset(f.name for f in oneof.fields)
-    return _KNOWN_REQUESTS
+    oneof = agent_pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"]
+    return frozenset(f.name for f in oneof.fields)
 
 
 class _Builder:
@@ -136,6 +135,7 @@ class _Builder:
         self.present: set[str] = set()
         self.config: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.session_closed_at: float | None = None  # the primary session's, once seen
         self.routes = _routes()
         self.timeouts = _timeouts()
 
@@ -162,8 +162,8 @@ class _Builder:
         replay = self._initial_look()
         facts = self._facts(replay)
         avatar_identity = self._avatar_identity()
-        ending = self._ending_index()
         primary = self._primary_label()
+        ending = self._ending_index(primary)
         self._room(facts, replay, avatar_identity)
         self._inputs(primary, ending)
         self._settings()
@@ -217,18 +217,17 @@ class _Builder:
                 return str(ident)
         return recs[0][1].instance or "avatar"
 
-    def _ending_index(self) -> int:
+    def _ending_index(self, primary: str | None) -> int:
         """The first record showing the job ending: a shutdown asked, the primary session
-        closed, or the job leaving its initial state."""
+        closed, or the job leaving its initial state (what closes the avatar by itself)."""
         initial = MACHINES["job"].initial
         for i, r in enumerate(self.records):
-            if r.kind != "transition" and r.event != "shutdown":
+            if r.kind not in ("transition", "ignore", "reject"):
                 continue
-            if r.machine == "job" and (r.event == "shutdown" or r.source != r.dest):
+            if r.machine == "job" and (r.event == "shutdown" or r.dest != initial):
                 return i
-            if r.event == "session_closed" and r.machine in ("session_host", "participant"):
-                return i
-            if r.machine == "job" and r.source == initial and r.dest != initial:
+            primary_closed = r.machine == "participant" or r.data.get("session") == primary
+            if r.event == "session_closed" and r.kind == "transition" and primary_closed:
                 return i
         return len(self.records)
 
@@ -514,8 +513,6 @@ class _Builder:
         )
 
     # -- the file ----------------------------------------------------------------------------
-    session_closed_at: float | None = None
-
     def _scenario(self, name: str, primary: str | None) -> dict[str, Any]:
         self.steps.sort(key=lambda s: s[0])
         steps = [s for _, s in self.steps]
