@@ -82,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
     if file_path.name.endswith(SUFFIX) or (
-        file_path.suffix in (".yaml", ".yml")
+        file_path.suffix == ".yaml"
         and any(file_path.is_relative_to(d) for d in parent.config.getini(INI_DIRS))
     ):
         file: ScenarioFile = ScenarioFile.from_parent(parent, path=file_path)
@@ -157,6 +157,8 @@ class ScenarioItem(pytest.Item):
         if not where:
             return None
         rel = _relative(self.path, self.config.rootpath)
+        if Path(rel).is_absolute():  # outside the rootdir: by its name alone
+            rel = self.path.name
         name = rel[: -len(SUFFIX)] if rel.endswith(SUFFIX) else rel.rsplit(".", 1)[0]
         path = Path(where) / f"{name}.jsonl"
         try:
