@@ -64,7 +64,7 @@ _JOBS: dict[Any, AgentJob] = {}
 # transport, recorded room deletion); production never sets it
 _INJECTED: ContextVar[Mapping[str, Any] | None] = ContextVar("agent_runtime_injected", default=None)
 _INJECTABLE = frozenset(
-    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant", "otel"}
+    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant", "otel", "avatar"}
 )
 
 Events = Literal["state_changed", "closed"]
@@ -74,8 +74,9 @@ Events = Literal["state_changed", "closed"]
 def injected(**parts: Any) -> Iterator[None]:
     """Jobs built inside this context (``AgentJob(...)`` or ``from_job_context``) take these
     parts unless given explicitly: ``clock``, ``transport``, ``tracer``, ``delete_room``,
-    ``remove_avatar_participant``, ``otel`` (an ``OtelSink``). For tests that run an
-    unchanged entrypoint on virtual time and an in-memory room."""
+    ``remove_avatar_participant``, ``otel`` (an ``OtelSink``). ``avatar`` (an
+    ``AvatarSession``) replaces the avatar plugin a job is given, if it is given one. For
+    tests that run an unchanged entrypoint on virtual time and an in-memory room."""
     unknown = sorted(set(parts) - _INJECTABLE)
     if unknown:
         raise TypeError(f"cannot inject {', '.join(unknown)}; one of {sorted(_INJECTABLE)}")
@@ -144,6 +145,9 @@ class AgentJob(rtc.EventEmitter[Events]):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         if not isinstance(session, AgentSession):
             raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
+        inject = _INJECTED.get() or {}
+        if avatar is not None and inject.get("avatar") is not None:
+            avatar = inject["avatar"]  # a test's scripted avatar stands in for the plugin
         if session._started:
             raise ValueError(
                 "the session is already started: pass it unstarted, AgentJob starts it "
@@ -156,7 +160,6 @@ class AgentJob(rtc.EventEmitter[Events]):
             )
         if not isinstance(otel, bool | OtelSink):
             raise TypeError(f"otel must be True, False or an OtelSink, not {type(otel).__name__}")
-        inject = _INJECTED.get() or {}
         if otel is True and isinstance(inject.get("otel"), OtelSink):
             otel = inject["otel"]
         clock = clock or inject.get("clock") or AsyncioClock()

@@ -258,21 +258,23 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Parse and validate a scenario file, or raise ``ScenarioError`` saying what is wrong."""
+def load_scenario(path: str | Path, *, source: str | None = None) -> Scenario:
+    """Parse and validate a scenario file, or raise ``ScenarioError`` saying what is wrong.
+    Messages name the file as ``source`` (default: ``path`` as given)."""
     path = Path(path)
+    name = str(path) if source is None else source
     try:
         data = files.read_input(path, limit=files.MAX_SCENARIO_BYTES, what="a scenario file")
         raw = load_yaml(data.decode("utf-8"))
     except files.InputFileError as e:
-        raise ScenarioError(f"{path}: cannot read: {e}") from None
+        raise ScenarioError(f"{name}: cannot read: {e}") from None
     except UnicodeDecodeError as e:
-        raise ScenarioError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+        raise ScenarioError(f"{name}: not a UTF-8 text file ({e.reason})") from None
     except YamlRefused as e:
-        raise ScenarioError(f"{path}: {e}") from None
+        raise ScenarioError(f"{name}: {e}") from None
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
-    return parse_scenario(raw, source=str(path))
+        raise ScenarioError(f"{name}: not valid YAML: {yaml_problem(e)}") from None
+    return parse_scenario(raw, source=name)
 
 
 def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:

@@ -42,6 +42,26 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
     rep.set_defaults(module="agent_runtime.tools.commands.replay")
 
+    rec = sub.add_parser(
+        "record",
+        help="write the scenario that reproduces a trace (an incident becomes a test)",
+        description="Rebuild a scenario file from a JSONL trace (a production trace from "
+        "AgentJob(trace_path=...) or simulate --trace): the steps from the events the "
+        "machines handled, the config they reveal, an expect block with the final states. "
+        "What the trace cannot tell is written in the file as comments. Exit 0 written, 1 "
+        "when --check finds the run differs from the trace, 2 on an error (one line).",
+    )
+    rec.add_argument("trace", metavar="TRACE.jsonl")
+    rec.add_argument("-o", "--out", metavar="OUT.yaml", help="write here (default: stdout)")
+    rec.add_argument("--name", help="the scenario's name (default: from the trace's file name)")
+    rec.add_argument(
+        "--check",
+        action="store_true",
+        help="run the scenario and check every machine ends as in the trace, by the same "
+        "transitions",
+    )
+    rec.set_defaults(module="agent_runtime.tools.commands.record")
+
     wat = sub.add_parser(
         "watch",
         help="follow a JSONL trace as it grows: each machine's state and the last transitions",

@@ -1,0 +1,277 @@
+"""Running an agent's own ``rtc_session`` entrypoint in a test, as livekit's job runner would.
+
+The entrypoint gets a real ``JobContext`` (livekit's ``fake_job_context``: a job with no
+worker) over the test's in-memory room, and runs in a task whose context has that job
+context current and the test's parts injected (``agent_runtime.injected``): every
+``AgentJob`` it builds takes the test's virtual clock, the agent's end of an in-memory
+session transport (the simulator is on the other end), an avatar plugin stand-in if one is
+given, room deletion and avatar removal recorded on the room instead of sent to a server,
+and a memory trace the test can read. Nothing in the entrypoint changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import json_format
+from livekit import rtc
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.testing import fake_job_context
+from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.agents.voice.avatar import AvatarSession
+from livekit.agents.voice.remote_session import SessionTransport
+
+from ..agent_job import AgentJob, injected
+from ..agent_job import on_session_end as runtime_on_session_end
+from ..clock import Clock, settle
+from ..trace import MemorySink, Tracer, TraceRecord
+from .inmemory import InMemoryRoom
+
+if TYPE_CHECKING:
+    from livekit.agents import AgentServer
+    from livekit.agents.job import JobContext
+
+logger = logging.getLogger("agent_runtime.testing.entrypoint")
+
+Entrypoint = Callable[["JobContext"], Awaitable[None]]
+SessionEndFn = Callable[["JobContext"], Awaitable[None]]
+SimulationEndFn = Callable[[SimulationContext], Any]
+
+# how long (real seconds) teardown waits for a session that is still open to close
+_CLOSE_LIMIT = 10.0
+
+
+class _Run:
+    """One run of an entrypoint: its job context and the context its tasks run in."""
+
+    def __init__(self, ctx: JobContext, context: contextvars.Context, on_session_end: Any) -> None:
+        self.ctx = ctx
+        self.context = context
+        self.on_session_end: SessionEndFn = on_session_end
+        self.job: AgentJob | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
+
+
+class EntrypointRunner:
+    """Runs ``rtc_session`` entrypoints on one in-memory room, clock and session transport.
+
+    ``await runner(server)`` (an ``AgentServer`` with an ``rtc_session`` entrypoint) or
+    ``await runner(entrypoint)`` runs the entrypoint once and returns the ``AgentJob`` it
+    built, started. ``aclose()`` stops what is still running and releases the job contexts.
+    """
+
+    def __init__(
+        self,
+        *,
+        room: InMemoryRoom,
+        clock: Clock | None = None,
+        transport: SessionTransport | None = None,
+    ) -> None:
+        if not isinstance(room, InMemoryRoom):
+            raise TypeError(f"room must be an InMemoryRoom, not {type(room).__name__}")
+        self.room = room
+        self.clock: Clock = clock or room.clock
+        self.transport = transport
+        self.sink = MemorySink()
+        self._runs: list[_Run] = []
+
+    # -- running -------------------------------------------------------------------------
+    async def __call__(
+        self,
+        entrypoint: AgentServer | Entrypoint,
+        *,
+        simulation: bool | SimulationDispatch = False,
+        on_simulation_end: SimulationEndFn | None = None,
+        on_session_end: SessionEndFn | None = None,
+        avatar: AvatarSession | None = None,  # type: ignore[type-arg]
+        job_id: str = "test-job",
+    ) -> AgentJob:
+        """Run ``entrypoint`` once and return the ``AgentJob`` it built (started).
+
+        ``entrypoint``: an ``AgentServer`` (its ``rtc_session`` entrypoint and the
+        ``on_session_end``/``on_simulation_end`` given there) or the entrypoint function.
+        ``simulation``: run the job as a simulation dispatch (``True`` or a
+        ``SimulationDispatch``). ``on_simulation_end``/``on_session_end`` override the
+        server's. ``avatar``: an ``AvatarSession`` (the ``scripted_avatar``) that stands in
+        for the avatar plugin the entrypoint gives its job, if it gives one.
+        """
+        fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
+        if avatar is not None and not isinstance(avatar, AvatarSession):
+            raise TypeError(f"avatar must be an AvatarSession, not {type(avatar).__name__}")
+        parts: dict[str, Any] = {
+            "clock": self.clock,
+            "tracer": Tracer(self.sink),
+            "delete_room": self._delete_room,
+            "remove_avatar_participant": self._remove_avatar,
+        }
+        if self.transport is not None:
+            parts["transport"] = self.transport
+        if avatar is not None:
+            parts["avatar"] = avatar
+        # what livekit's job runner sets up: the job context current while the entrypoint
+        # and the session-end hook run, in tasks that carry it (and the injected parts)
+        with fake_job_context(room=self.room, job_id=job_id) as ctx, injected(**parts):
+            if simulation is not False:
+                dispatch = (
+                    simulation
+                    if isinstance(simulation, SimulationDispatch)
+                    else SimulationDispatch(simulation_run_id=f"run-{job_id}", job_id=job_id)
+                )
+                ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(
+                    dispatch
+                )
+            ctx._simulation_end_fnc = on_simulation_end or server_simulation_end
+            context = contextvars.copy_context()
+        run = _Run(ctx, context, on_session_end or server_session_end or runtime_on_session_end)
+        self._runs.append(run)
+        await self._in_run(run, fn(ctx), "entrypoint")
+        await settle()
+        job = AgentJob.for_job(ctx)
+        if job is None:
+            raise RuntimeError(
+                "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx, ...) "
+                "in it (or the job closed before the entrypoint returned)"
+            )
+        run.job = job
+        return job
+
+    def session_end(self) -> asyncio.Task[None]:
+        """What livekit does once the last run's session closed: run ``on_session_end(ctx)``
+        (the job holds there for a simulator's verdict). Returns the task; await it (while
+        virtual time moves on) for the hold's end."""
+        run = self._last()
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
+            _as_coroutine(run.on_session_end(run.ctx)), name="on_session_end", context=run.context
+        )
+        run.tasks.append(task)
+        return task
+
+    async def wait_for(self, machine: str, state: str, *, timeout: float = 5.0) -> None:
+        """Wait until ``machine`` of the last run's job is in ``state`` (at once if it is).
+
+        For what takes real work rather than virtual time (a session closing, the job's
+        close); ``timeout`` is in real seconds, and ``TimeoutError`` says where the machine
+        is instead. Virtual time does not move while waiting: advance the clock for timers.
+        """
+        from statemachines.machines import MACHINES
+
+        spec = MACHINES.get(machine)
+        if spec is None:
+            raise ValueError(f"unknown machine {machine!r}: one of {sorted(MACHINES)}")
+        if state not in spec.state_names:
+            raise ValueError(f"unknown {machine} state {state!r}: one of {list(spec.state_names)}")
+        job = self.job
+        if machine not in job.states:
+            raise ValueError(f"this job has no {machine} machine (no avatar given to it?)")
+        reached = asyncio.Event()
+
+        def on_change(_: Any) -> None:
+            if job.states.get(machine) == state:
+                reached.set()
+
+        job.on("state_changed", on_change)
+        try:
+            on_change(None)
+            await asyncio.wait_for(reached.wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{machine} is {job.states.get(machine)!r}, not {state!r}, after {timeout:g}s"
+            ) from None
+        finally:
+            job.off("state_changed", on_change)
+        await settle()
+
+    # -- what the test reads ---------------------------------------------------------------
+    @property
+    def ctx(self) -> JobContext:
+        """The job context of the last run."""
+        return self._last().ctx
+
+    @property
+    def job(self) -> AgentJob:
+        """The ``AgentJob`` of the last run (also once it closed)."""
+        job = self._last().job
+        if job is None:
+            raise RuntimeError("the last run built no AgentJob")
+        return job
+
+    @property
+    def records(self) -> list[TraceRecord]:
+        """Every trace record of the jobs run so far (events, transitions, effects)."""
+        return list(self.sink.records)
+
+    @property
+    def transitions(self) -> list[dict[str, Any]]:
+        """Every transition so far as ``{t, machine, event, source, dest}``, in order."""
+        return [
+            {"t": r.t, "machine": r.machine, "event": r.event, "source": r.source, "dest": r.dest}
+            for r in self.sink.records
+            if r.kind == "transition"
+        ]
+
+    # -- teardown ------------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Stop every job still running where it is (no hold: the test is over), close its
+        session, and release the job contexts (their temporary directories)."""
+        runs, self._runs = self._runs, []
+        for run in runs:
+            for task in run.tasks:
+                task.cancel()
+            await asyncio.gather(*run.tasks, return_exceptions=True)
+            job = run.job or AgentJob.for_job(run.ctx)
+            if job is not None:
+                with contextlib.suppress(Exception):
+                    await job.aclose(graceful=False)
+                session = job.session
+                if session._started and session._closing_task is None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(session.aclose(), _CLOSE_LIMIT)
+            run.ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+
+    # -- parts ---------------------------------------------------------------------------------
+    async def _delete_room(self) -> None:
+        # the server API call, recorded: the room goes as the server would take it
+        self.room.deleted_at = self.clock.now()
+
+    async def _remove_avatar(self, identity: str) -> None:
+        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    def _last(self) -> _Run:
+        if not self._runs:
+            raise RuntimeError("no entrypoint has run yet")
+        return self._runs[-1]
+
+    async def _in_run(self, run: _Run, coro: Awaitable[Any], name: str) -> Any:
+        task = asyncio.get_running_loop().create_task(
+            _as_coroutine(coro), name=name, context=run.context
+        )
+        return await task
+
+
+async def _as_coroutine(aw: Awaitable[Any]) -> Any:
+    return await aw
+
+
+def _entrypoint_of(
+    entrypoint: Any,
+) -> tuple[Entrypoint, SessionEndFn | None, SimulationEndFn | None]:
+    """The entrypoint function and the server's hooks (``None`` for a bare function)."""
+    fn = getattr(entrypoint, "_entrypoint_fnc", None)
+    if fn is not None or hasattr(entrypoint, "_session_end_fnc"):
+        if fn is None:
+            raise ValueError("this AgentServer has no rtc_session entrypoint registered")
+        return (
+            fn,
+            getattr(entrypoint, "_session_end_fnc", None),
+            getattr(entrypoint, "_simulation_end_fnc", None),
+        )
+    if not callable(entrypoint):
+        raise TypeError(
+            f"give an AgentServer or an entrypoint function, not {type(entrypoint).__name__}"
+        )
+    return entrypoint, None, None

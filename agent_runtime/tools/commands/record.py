@@ -1,0 +1,76 @@
+"""``agent-runtime record TRACE.jsonl [-o OUT.yaml] [--name NAME] [--check]``: write the
+scenario that reproduces a trace (``agent_runtime.tools.record``), so an incident becomes a
+scenario file and then a test.
+
+Exit 0 with the scenario written (to stdout without ``-o``); with ``--check`` the scenario is
+also run and compared with the trace: exit 1 naming each machine whose final state or
+transitions differ. Exit 2 when the trace cannot be read or holds nothing to rebuild from,
+or the file cannot be written (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from ...testing.scenario import ScenarioError, parse_scenario
+from ..record import RecordError, compare, record, render
+from ..replay import TraceError, load_trace
+
+PROG = "agent-runtime record"
+logger = logging.getLogger("agent_runtime.tools.record")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        records = [rec for _, rec in load_trace(args.trace)]
+        recorded = record(records, name=args.name or f"recorded from {Path(args.trace).name}")
+    except (TraceError, RecordError) as e:
+        return _fail(f"{args.trace}: {e}" if isinstance(e, RecordError) else str(e))
+    text = render(recorded, source=args.trace)
+    try:
+        scenario = parse_scenario(yaml.safe_load(text), source=args.out or "<recorded>")
+    except ScenarioError as e:  # a bug here, said in one line
+        return _fail(f"the rebuilt scenario is invalid: {e}")
+    if args.out:
+        try:
+            Path(args.out).write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _fail(f"{args.out}: cannot write the scenario ({e.strerror or e})")
+        steps = len(scenario.steps)
+        print(
+            f"wrote {args.out} ({steps} steps, t = 0 .. {scenario.steps[-1].at:g})", file=sys.stderr
+        )
+    else:
+        sys.stdout.write(text)
+    if not args.check:
+        return 0
+    from ...testing.runner import run_scenario  # imports livekit.agents: only when running
+
+    try:
+        result = asyncio.run(run_scenario(scenario))
+    except Exception as e:  # a bug, but still one line and exit 2, never a traceback
+        logger.debug("running the recorded scenario failed", exc_info=True)
+        return _fail(f"running the rebuilt scenario failed: {' '.join(str(e).split())}")
+    differences = compare(records, result)
+    if differences:
+        print("the rebuilt scenario does not reproduce the trace:", file=sys.stderr)
+        for d in differences:
+            print(f"  {d}", file=sys.stderr)
+        return 1
+    print(
+        "the rebuilt scenario reproduces the trace: every machine ends in the same state "
+        "after the same transitions",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,111 @@
+"""``EntrypointRunner`` (the ``run_entrypoint`` fixture): an entrypoint run as livekit's job
+runner would, and what it refuses.
+
+Real: livekit's fake ``JobContext``, ``AgentSession``, the runtime. Faked, because they need
+a server: the room (``InMemoryRoom``) and the session transport's byte stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, JobContext
+from livekit.agents.job import get_job_context
+
+from agent_runtime import AgentJob, VirtualClock
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom
+
+
+async def entrypoint(ctx: JobContext) -> None:
+    job = AgentJob.from_job_context(ctx, session=AgentSession(), grace_period=5)
+    await job.start(Agent(instructions="test"))
+
+
+async def test_the_job_context_is_current_inside_the_entrypoint_and_the_parts_are_injected(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    seen: list[Any] = []
+
+    async def looking(ctx: JobContext) -> None:
+        seen.append(get_job_context() is ctx)
+        await entrypoint(ctx)
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(looking)
+    assert seen == [True] and run_entrypoint.ctx.room is agent_room
+    assert job.clock is virtual_clock and AgentJob.for_job(run_entrypoint.ctx) is job
+    agent_room.remove_participant("user", rtc.DisconnectReason.SIGNAL_CLOSE)
+    await virtual_clock.advance(5)  # the entrypoint's own grace period, on the test's clock
+    await run_entrypoint.wait_for("job", "closed")
+    assert [(t["t"], t["machine"], t["dest"]) for t in run_entrypoint.transitions][-1] == (
+        5.0,
+        "job",
+        "closed",
+    )
+
+
+async def test_an_entrypoint_that_builds_no_job_is_told_what_to_do(
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    async def bare(ctx: JobContext) -> None:
+        return None
+
+    with pytest.raises(RuntimeError, match=r"built no AgentJob: call AgentJob.from_job_context"):
+        await run_entrypoint(bare)
+
+
+@pytest.mark.parametrize(
+    ("machine", "state", "error", "match"),
+    [
+        ("jobs", "closed", ValueError, r"unknown machine 'jobs': one of \["),
+        ("job", "done", ValueError, r"unknown job state 'done': one of \['serving'"),
+        ("avatar", "joined", ValueError, "this job has no avatar machine"),
+        ("job", "closed", TimeoutError, "job is 'serving', not 'closed', after 0.05s"),
+    ],
+)
+async def test_wait_for_names_what_is_wrong(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    machine: str,
+    state: str,
+    error: type[Exception],
+    match: str,
+) -> None:
+    agent_room.add_participant("user")
+    await run_entrypoint(entrypoint)
+    with pytest.raises(error, match=match):
+        await run_entrypoint.wait_for(machine, state, timeout=0.05)
+
+
+async def test_bad_arguments_are_refused_before_anything_runs(
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    with pytest.raises(TypeError, match="give an AgentServer or an entrypoint function"):
+        await run_entrypoint("examples.agent:entrypoint")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="avatar must be an AvatarSession"):
+        await run_entrypoint(entrypoint, avatar=object())  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="no entrypoint has run yet"):
+        run_entrypoint.session_end()
+
+
+async def test_teardown_stops_a_running_job_and_releases_its_context() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    baseline = room.listener_count()
+    runner = EntrypointRunner(room=room, clock=clock)
+    job = await runner(entrypoint)
+    ctx = runner.ctx
+    tempdir = Path(ctx._tempdir.name)
+    assert tempdir.is_dir() and job.states["job"] == "serving"
+
+    await runner.aclose()
+    assert AgentJob.for_job(ctx) is None and not tempdir.exists()
+    assert not job.session._started  # the session was closed too
+    # every listener the job added is gone; the JobContext keeps its own, as livekit leaves it
+    assert room.listener_count() == baseline + 1

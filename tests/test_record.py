@@ -1,0 +1,267 @@
+"""``agent-runtime record``: the scenario that reproduces a trace.
+
+Round trips through the command line: every bundled scenario simulated with ``--trace``,
+recorded from that trace (its scenario inputs are not used: the steps are rebuilt from the
+machines' events, as from a production trace), and the recorded file simulated again gives
+the same final states and the same transitions, at the same times. A production trace of
+the example agent's own entrypoint (livekit's job context, the in-memory room, the scripted
+avatar standing in for the plugin, livekit's ``RemoteSession`` as the simulator) does too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+from livekit.agents.voice.remote_session import RemoteSession
+
+from agent_runtime import read_trace
+from agent_runtime.room_events import (
+    AttributesChanged,
+    ParticipantJoined,
+    ParticipantLeft,
+    Reconnected,
+    Reconnecting,
+    RoomConnected,
+    RoomDisconnected,
+    TrackMuted,
+    TrackPublished,
+)
+from agent_runtime.routing import FACT_NAMES, fact_data
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from agent_runtime.tools.cli import main
+from agent_runtime.tools.record import FACT_KEYS
+from examples import agent
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
+
+
+def simulate(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
+    code = main(["simulate", str(path), "--json", *extra])
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    result["_code"] = code
+    return result
+
+
+def comments(path: Path) -> str:
+    """The file's comment lines as one line of text."""
+    lines = path.read_text().splitlines()
+    return " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+
+
+def by_machine(transitions: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each machine's transitions in order (machines run side by side: their interleaving
+    within one instant is not part of what a trace pins)."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for t in transitions:
+        out.setdefault(t["machine"], []).append((t["t"], t["event"], t["source"], t["dest"]))
+    return out
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_every_bundled_scenario_round_trips_through_its_trace(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, recorded = tmp_path / "run.jsonl", tmp_path / "recorded.yaml"
+    original = simulate(path, capsys, "--trace", str(trace))
+    assert original["_code"] == 0
+
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    assert f"wrote {recorded}" in capsys.readouterr().err
+    again = simulate(recorded, capsys)
+
+    assert again["_code"] == 0, again["expect"]  # its own expect block holds
+    assert again["final_states"] == original["final_states"]
+    assert by_machine(again["transitions"]) == by_machine(original["transitions"])
+    assert "they are not used: the steps are rebuilt from the machines' events" in comments(
+        recorded
+    )
+
+
+def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, recorded = tmp_path / "run.jsonl", tmp_path / "recorded.yaml"
+    simulate(
+        ROOT / "examples/scenarios/sim_hangup_then_finalize.yaml", capsys, "--trace", str(trace)
+    )
+    assert main(["record", str(trace), "-o", str(recorded), "--name", "hang-up"]) == 0
+    body = [line for line in recorded.read_text().splitlines() if not line.startswith("#")]
+    assert body == [
+        "name: hang-up",
+        "config: {simulation: true, agent_verdict: {success: false, reason: the agent vetoes "
+        "this run}}",
+        "participants:",
+        "  - {identity: simulator, attributes: {lk.simulator: 'true'}}",
+        "steps:",
+        "  - {at: 0.0, event: session.start}",
+        "  - {at: 10.0, event: session.close, reason: user_initiated}",
+        "  - {at: 14.0, event: session_request, caller: simulator, request: "
+        "finalize_simulation, payload: {provisional_success: true, provisional_reason: "
+        "transcript looks fine}}",
+        "  - {at: 14.0, event: end}",
+        "expect:",
+        "  final_states: {job: closed, participant: closed, session_host: closed}",
+        "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, finalize_answered: true, "
+        "verdict: {reason: the agent vetoes this run, success: false}}",
+    ]
+    # the scenario deleted the room on close: not in the trace, and the file says so
+    assert "(delete_room_on_close: room deletion is not traced" in comments(recorded)
+
+
+@pytest.fixture
+def example_env() -> Iterator[None]:
+    keep = {k: os.environ.get(k) for k in ("AGENT_TRACE", "AGENT_AVATAR")}
+    yield
+    for k, v in keep.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+async def test_a_production_trace_of_the_example_agent_round_trips(
+    tmp_path: Path,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    simulator: RemoteSession,
+    example_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clock = run_entrypoint.clock
+    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
+    os.environ["AGENT_AVATAR"] = "agent_runtime.testing.scripted_avatar:ScriptedAvatar"
+    agent_room.add_participant("user")
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "1"})
+    avatar = ScriptedAvatar(avatar_identity="avatar-7", clock=clock)
+    job = await run_entrypoint(agent.server, simulation=True, avatar=avatar)
+    await clock.advance(2)
+    agent_room.add_participant("avatar-7", kind="agent")
+    await clock.advance(0.5)
+    agent_room.publish_track("avatar-7", "video")
+    await clock.advance(3)
+    agent_room.remove_participant("user", rtc.DisconnectReason.SIGNAL_CLOSE)
+    await clock.advance(5)
+    agent_room.add_participant("user")
+    await clock.advance(5)
+    job.session.shutdown()  # the agent hangs up
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    held = run_entrypoint.session_end()
+    await clock.advance(7)
+    await simulator.finalize_simulation(provisional_success=True)
+    await held
+    assert job.states == {
+        "job": "closed",
+        "session_host": "closed",
+        "participant": "closed",
+        "avatar": "closed",
+    }
+    trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
+    assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace
+
+    # --check runs the scenario on a loop of its own: from a thread here
+    assert (
+        await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "reproduces the trace: every machine ends in the same state" in err
+    steps = [line for line in recorded.read_text().splitlines() if "{at:" in line]
+    assert steps == [
+        "  - {at: 0.0, event: avatar.start}",
+        "  - {at: 0.0, event: session.start}",
+        "  - {at: 2.0, event: participant_connected, identity: avatar-7, kind: agent}",
+        "  - {at: 2.5, event: track_published, identity: avatar-7, kind: video}",
+        "  - {at: 5.5, event: participant_disconnected, identity: user, reason: SIGNAL_CLOSE}",
+        "  - {at: 10.5, event: participant_connected, identity: user}",
+        "  - {at: 15.5, event: session.close, reason: user_initiated}",
+        "  - {at: 15.5, event: job.shutdown, reason: session ended}",
+        "  - {at: 22.5, event: session_request, caller: simulator, request: "
+        "finalize_simulation, payload: {provisional_success: true}}",
+        "  - {at: 22.5, event: end}",
+    ]
+    # the avatar removed at the close, the room disconnected by the job: consequences
+    assert "PARTICIPANT_REMOVED" not in recorded.read_text()
+    assert "room.disconnected" not in recorded.read_text()
+
+
+async def test_an_avatar_join_seen_with_its_video_is_named_as_not_reproducible(
+    tmp_path: Path,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    example_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The avatar joined and published at one instant, and its machine saw both at once
+    (``has_video`` true on the join). A scenario applies one step at a time, so the run
+    reaches ``joined`` on the video instead: ``--check`` says so, the file says why."""
+    clock = run_entrypoint.clock
+    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
+    os.environ["AGENT_AVATAR"] = "agent_runtime.testing.scripted_avatar:ScriptedAvatar"
+    agent_room.add_participant("user")
+    job = await run_entrypoint(
+        agent.server, avatar=ScriptedAvatar(avatar_identity="a", clock=clock)
+    )
+    agent_room.add_participant("a", kind="agent")
+    agent_room.publish_track("a", "video")
+    await clock.advance(1)
+    assert job.states["avatar"] == "joined"
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_for("job", "closed")
+
+    recorded = tmp_path / "incident.yaml"
+    args = ["record", str(tmp_path / "test-job.jsonl"), "-o", str(recorded), "--check"]
+    assert await asyncio.to_thread(main, args) == 1
+    err = capsys.readouterr().err
+    assert (
+        "avatar: transition 2 differs: trace routing -> joined on avatar_connected, "
+        "run routing -> routing on avatar_connected"
+    ) in err
+    assert "the avatar machine saw a's join with its video already published" in comments(recorded)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "holds no machine event to rebuild a scenario from"),
+        ('{"t": 0, "kind": "input", "machine": "scenario", "instance": "x"}\n', "holds no"),
+        ("not json\n", ":1: not JSON"),
+    ],
+    ids=["empty", "inputs-only", "not-json"],
+)
+def test_a_trace_with_nothing_to_rebuild_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(content)
+    out = tmp_path / "out.yaml"
+    assert main(["record", str(trace), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agent-runtime record: ") and message in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_the_recorder_knows_the_data_every_room_fact_carries() -> None:
+    """Facts are told from the runtime's own events by their data: the recorder's table
+    must be the routing's ``fact_data``, fact for fact."""
+    samples = [
+        ParticipantJoined("u", "standard", {}),
+        ParticipantLeft("u", "standard", "CLIENT_INITIATED", {}),
+        TrackPublished("u", "video"),
+        TrackMuted("u", "audio", True),
+        AttributesChanged("u", {}, {}),
+        RoomConnected(),
+        RoomDisconnected("CLIENT_INITIATED"),
+        Reconnecting(),
+        Reconnected(),
+    ]
+    assert {FACT_NAMES[type(f)]: frozenset(fact_data(f)) for f in samples} == FACT_KEYS

@@ -1,0 +1,189 @@
+"""The testing kit as a user gets it: the sample project in ``examples/testing`` (its own
+``pyproject.toml``, an agent with its own ``rtc_session`` entrypoint built on ``AgentJob``,
+a test file using the kit's fixtures, scenario files) copied into a temporary directory and
+run by pytest through ``pytester``, as the user's CI would run it.
+
+Real: pytest, pytest-asyncio, the plugin, livekit's ``JobContext`` and ``RemoteSession``,
+``AgentSession``, the runtime. Faked, because they need a server: the room (the kit's
+``InMemoryRoom``), the session transport's byte stream, the avatar provider.
+
+The plugin is given with ``-p`` here because the shared development environment may have
+the package installed without its entry point; with it, ``-p`` finds the plugin already
+registered under the same name and changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+# imported here, not first in an in-process run: pytester restores sys.modules after each
+# run, and PyYAML's C loader does not survive being imported a second time
+import agent_runtime.testing.entrypoint
+import agent_runtime.testing.runner
+import agent_runtime.testing.scenario  # noqa: F401
+from agent_runtime.tools.replay import replay_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "examples" / "testing"
+README = ROOT / "README.md"
+PLUGIN = "agent_runtime.testing.pytest_plugin"
+
+
+def sample_project(pytester: pytest.Pytester) -> Path:
+    for path in SAMPLE.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            target = pytester.path / path.relative_to(SAMPLE)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    return pytester.path
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_inprocess("-p", PLUGIN, "-p", "no:cacheprovider", *args)
+
+
+def readme_block(marker: str) -> str:
+    """The fenced block right after ``<!-- marker -->`` in the README."""
+    text = README.read_text(encoding="utf-8")
+    m = re.search(rf"<!-- {re.escape(marker)} -->\n```[a-z]*\n(.*?)\n```", text, re.S)
+    assert m is not None, f"no block after <!-- {marker} --> in the README"
+    return m.group(1)
+
+
+def test_the_sample_project_passes_its_tests_and_scenarios_and_keeps_their_traces(
+    pytester: pytest.Pytester,
+) -> None:
+    sample_project(pytester)
+    result = run(pytester, "-v", "--trace-dir", "traces")
+    result.assert_outcomes(passed=7)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*hangup_verdict.scenario.yaml::the agent hangs up, the simulator still gets "
+            "the verdict PASSED*",
+            "*scenarios/user_drops_past_grace.yaml::the user drops and does not come back "
+            "within the grace period PASSED*",
+            "*test_my_agent.py::test_the_simulator_gets_the_verdict_after_the_agent_hangs_up "
+            "PASSED*",
+            "*test_my_agent.py::test_an_avatar_that_never_joins_leaves_the_agent_audible PASSED*",
+        ]
+    )
+    # one trace per scenario, at its own path, and each replays through the machines
+    traces = sorted(p.relative_to(pytester.path) for p in (pytester.path / "traces").rglob("*"))
+    assert [str(p) for p in traces if p.suffix] == [
+        "traces/hangup_verdict.jsonl",
+        "traces/scenarios/user_drops_past_grace.jsonl",
+    ]
+    for p in traces:
+        if p.suffix:
+            assert replay_file(pytester.path / p).ok
+
+
+def test_the_fixtures_work_in_strict_mode(pytester: pytest.Pytester) -> None:
+    sample_project(pytester)
+    result = run(
+        pytester, "-o", "asyncio_mode=strict", "-k", "leaves or simulator", "test_my_agent.py"
+    )
+    result.assert_outcomes(passed=3)  # every fixture: room, clock, simulator, avatar, runner
+
+
+def test_a_failing_scenario_shows_expected_vs_got_and_the_transitions_as_in_the_readme(
+    pytester: pytest.Pytester,
+) -> None:
+    """The README's failing scenario, run: its output is the README's, line for line."""
+    sample_project(pytester)
+    failing = pytester.path / "scenarios" / "user_drops_for_good.yaml"
+    failing.write_text(readme_block("failing scenario: scenarios/user_drops_for_good.yaml"))
+    broken = pytester.path / "broken.scenario.yaml"
+    broken.write_text("name: broken\nsteps:\n  - {at: 0, event: session.start}\n  - {at: -1}\n")
+    result = run(
+        pytester,
+        "--continue-on-collection-errors",
+        "--trace-dir",
+        "traces",
+        "scenarios/user_drops_for_good.yaml",
+        "broken.scenario.yaml",
+    )
+    result.assert_outcomes(failed=1, errors=1)
+    out = result.stdout.lines
+    # an invalid file: one line naming it and the problem, no traceback
+    head = next(i for i, line in enumerate(out) if "ERROR collecting broken.scenario.yaml" in line)
+    assert out[head + 1] == ("invalid scenario: broken.scenario.yaml: step 2: missing 'event'")
+    assert out[head + 2].startswith("___") or out[head + 2].startswith("===")
+    assert not any("Traceback" in line for line in out)
+    # the failure report, exactly as the README shows it
+    shown = readme_block("its output").splitlines()
+    start = out.index(shown[0])
+    assert out[start : start + len(shown)] == shown
+    assert (pytester.path / "traces" / "scenarios" / "user_drops_for_good.jsonl").is_file()
+
+
+def test_the_readme_shows_the_sample_projects_own_files() -> None:
+    for rel in (
+        "examples/testing/test_my_agent.py",
+        "examples/testing/scenarios/user_drops_past_grace.yaml",
+    ):
+        assert readme_block(f"file: {rel}") == (ROOT / rel).read_text(encoding="utf-8").rstrip(
+            "\n"
+        ), f"the README's copy of {rel} is stale"
+
+
+def test_the_plugin_is_declared_as_a_pytest11_entry_point() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    # named after its module, so `-p agent_runtime.testing.pytest_plugin` never loads it twice
+    assert project["entry-points"]["pytest11"] == {PLUGIN: PLUGIN}
+    assert "pytest-asyncio" in " ".join(project["optional-dependencies"]["testing"])
+
+
+def test_loading_the_plugin_imports_neither_livekit_agents_nor_yaml() -> None:
+    """Installed, the plugin loads in every pytest run of the environment: it imports
+    nothing of the kit beyond its fixtures' declarations until a scenario or a fixture is
+    used (``agent_runtime`` itself brings ``livekit.rtc``, not ``livekit.agents``)."""
+    code = (
+        f"import sys, {PLUGIN}\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('livekit.agents', 'yaml', "
+        "'agent_runtime.testing.')) and m not in ('agent_runtime.testing.pytest_plugin', "
+        "'agent_runtime.testing.fixtures'))\n"
+        "print(','.join(bad))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == ""
+
+
+def test_a_missing_scenario_directory_and_an_unwritable_trace_dir_are_one_line(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nasyncio_default_fixture_loop_scope = "function"\n'
+        'agent_runtime_scenarios = ["nope"]\n'
+    )
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"ERROR: agent_runtime_scenarios: {pytester.path}/nope is not a directory"]
+    )
+
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nasyncio_default_fixture_loop_scope = "function"\n'
+    )
+    (pytester.path / "leave.scenario.yaml").write_text(
+        (SAMPLE / "scenarios" / "user_drops_past_grace.yaml").read_text()
+    )
+    (pytester.path / "file").write_text("not a directory")
+    result = run(pytester, "--trace-dir", "file/traces")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*scenario: the user drops and does not come back within the grace period*",
+            "--trace-dir: cannot create file/traces: Not a directory",
+        ]
+    )
+    assert not any("Traceback" in line for line in result.stdout.lines)
