@@ -223,7 +223,7 @@ async def test_an_avatar_join_seen_with_its_video_is_named_as_not_reproducible(
     assert await asyncio.to_thread(main, args) == 1
     err = capsys.readouterr().err
     assert (
-        "avatar: transition 2 differs: trace routing -> joined on avatar_connected, "
+        "avatar: transition 3 differs: trace routing -> joined on avatar_connected, "
         "run routing -> routing on avatar_connected"
     ) in err
     assert "the avatar machine saw a's join with its video already published" in comments(recorded)

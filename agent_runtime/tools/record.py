@@ -395,7 +395,8 @@ class _Builder:
             if i < ending:
                 self.step(i, r.t, "avatar.close")
         elif e == "interrupt":
-            if "send_clear_buffer" in r.effects:
+            # the clear goes on the wire as the task of `clearing` (the avatar is joined)
+            if r.dest == "clearing" or "send_clear_buffer" in r.effects:
                 done = self._next_avatar(i, "clear_buffer_done", until="interrupt")
                 if done is not None:
                     result = _rpc_result(done.data)
