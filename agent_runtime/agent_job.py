@@ -234,6 +234,7 @@ class AgentJob(rtc.EventEmitter[Events]):
                 remove_participant=remove_avatar_participant,
             )
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
+        self._live_route: Route = "none"
         self._actors: list[Actor] | None = None
         self._job_context: JobContext | None = None
         self._avatar_closing: asyncio.Task[None] | None = None
@@ -331,6 +332,15 @@ class AgentJob(rtc.EventEmitter[Events]):
         return route_of(self.session)
 
     @property
+    def live_audio_route(self) -> Route:
+        """Where the agent's audio went while its session was live, as last seen (the
+        session's close tears its outputs down, so ``audio_route()`` is ``none`` after it):
+        what a verdict about the run should look at."""
+        if self._session_live():
+            self._live_route = route_of(self.session)
+        return self._live_route
+
+    @property
     def actors(self) -> list[Actor]:
         """Every machine of the job (its actor), in ``MACHINES`` order."""
         if self._actors is None:
@@ -417,6 +427,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         # first event so every one of them is forwarded
         self.job.attach(self.session)
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
+        self._live_route = route_of(self.session)
         self.link.start()
 
     def attach(self, session: AgentSession[Any]) -> None:
@@ -506,7 +517,12 @@ class AgentJob(rtc.EventEmitter[Events]):
                 return cast(otel_context.Context, ctx)
         return self._otel_context
 
+    def _session_live(self) -> bool:
+        return bool(self.session._started) and self.session._closing_task is None
+
     def _forward_state(self, sc: StateChanged) -> None:
+        if sc.machine == "avatar" and self._session_live():
+            self._live_route = route_of(self.session)  # only the avatar moves the route
         try:
             self.emit("state_changed", sc)
         except Exception:

@@ -57,7 +57,7 @@ async def record_verdict(sim: SimulationContext) -> None:
     else:
         if job.close_reason == "error":
             problems.append("the session ended in an error")
-        if job.avatar is not None and job.audio_route() == "none":
+        if job.avatar is not None and job.live_audio_route == "none":
             problems.append("the agent's audio went nowhere")
     if problems:
         sim.fail("; ".join(problems))

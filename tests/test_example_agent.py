@@ -259,3 +259,29 @@ async def test_an_unwritable_trace_path_fails_the_job_before_anything_starts(
         with pytest.raises(SettingError, match=r"trace_path: only \{job_id\} and \{room\}"):
             await job.run()
         assert AgentJob.for_job(job.ctx) is None and job.room.listener_count() == job.baseline
+
+
+async def test_a_simulated_run_with_a_joined_avatar_is_not_vetoed() -> None:
+    """The avatar goes with the session, so by the verdict the route is torn down: the
+    verdict looks at where the audio went while the session was live."""
+    sim_end, agent_end = InMemorySessionTransport.pair()
+    with Job(("simulator", {ATTRIBUTE_SIMULATOR: "1"})) as job, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENT_AVATAR", SCRIPTED)
+        job.ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
+        job.ctx._simulation_end_fnc = agent.server._simulation_end_fnc
+        await job.run(agent_end)
+        parts = job.parts
+        job.room.add_participant("avatar", kind="agent")
+        job.room.publish_track("avatar", "video")
+        await settle()
+        assert parts.states["avatar"] == "joined" and parts.live_audio_route == "avatar"
+        parts.session._close_soon(reason=CloseReason.USER_INITIATED)  # the agent hangs up
+        await settle()
+        assert parts.audio_route() == "none" and parts.live_audio_route == "avatar"
+        hook = asyncio.create_task(agent.server._session_end_fnc(job.ctx))
+        remote = RemoteSession(sim_end)
+        await remote.start()
+        fin = await remote.finalize_simulation(provisional_success=True)
+        await asyncio.wait_for(hook, 5)
+        assert not fin.HasField("user_verdict")  # no veto: the simulator's verdict stands
+        await remote.aclose()
