@@ -2,7 +2,8 @@
 
 The job keeps its room and its session host until the simulator has had its verdict:
 shutdown holds in ``awaiting_finalize`` only while a simulator is there to ask, and room
-deletion waits for the hold to end. See ``statemachines.job`` for the table.
+deletion (``room_deletion``, a machine of its own) waits for the hold to end. See
+``statemachines.job`` for the table.
 
 With livekit-agents, create it in the entrypoint with ``JobRuntime.from_job_context(ctx)``,
 start the primary ``AgentSession`` with ``session_host=False`` and attach it, and pass
@@ -31,6 +32,7 @@ from statemachines.job import JOB
 
 from .actor import Actor, Event, StateChanged
 from .clock import AsyncioClock, Clock
+from .room_deletion import DeleteRoomFn, RoomDeletion
 from .room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -48,7 +50,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agent_runtime.job")
 
-DeleteRoomFn = Callable[[], Awaitable[Any]]
 ShutdownCallback = Callable[..., Any]
 
 # the live runtime of each job context, for on_session_end; dropped when the job closes
@@ -56,9 +57,9 @@ _RUNTIMES: dict[Any, JobRuntime] = {}
 
 
 class JobRuntime(rtc.EventEmitter[str]):
-    """The job machine and its session host, over one room.
+    """The job machine, its session host and its room deletion, over one room.
 
-    Emits ``state_changed`` (a ``StateChanged``, from either machine) and ``closed``.
+    Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
     """
 
     def __init__(
@@ -97,7 +98,6 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = float(close_timeout)
         self._delete_room_on_close = bool(delete_room_on_close)
-        self._delete_room: DeleteRoomFn = delete_room or _server_api_deleter(room)
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
         self._unsubscribe_facts: Callable[[], None] | None = None
@@ -106,11 +106,6 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._shutdown_callbacks: list[ShutdownCallback] = []
         self._reason = ""
-        self._deletion_requested = False
-        self._deletion_started = False
-        self._room_step_done = False
-        self._late_deletion: asyncio.Task[None] | None = None
-        self._room_deleted_at: float | None = None
         self._closed_at: float | None = None
         self._closed = asyncio.Event()
         self._started = False
@@ -139,8 +134,17 @@ class JobRuntime(rtc.EventEmitter[str]):
             clock=self._clock,
             tracer=tracer,
         )
+        # asked for by anyone, run once the job's closing work allows it
+        self.deletion = RoomDeletion(
+            delete_room or _server_api_deleter(room),
+            close_timeout=self._close_timeout,
+            clock=self._clock,
+            tracer=tracer,
+            instance=instance,
+        )
         self.actor.on("state_changed", self._on_job_state)
         self.host.on("state_changed", self._emit_state)
+        self.deletion.actor.on("state_changed", self._emit_state)
 
     @classmethod
     def from_job_context(cls, ctx: JobContext, **opts: Any) -> JobRuntime:
@@ -209,7 +213,7 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     @property
     def room_deleted_at(self) -> float | None:
-        return self._room_deleted_at
+        return self.deletion.deleted_at
 
     @property
     def closed_at(self) -> float | None:
@@ -263,11 +267,7 @@ class JobRuntime(rtc.EventEmitter[str]):
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).
         Deferred to ``closing``; after the room work there it runs at once."""
-        self._deletion_requested = True
-        if self._room_step_done and not self._deletion_started:
-            self._late_deletion = asyncio.get_running_loop().create_task(
-                self._delete_room_late(), name="JobRuntime.delete_room"
-            )
+        self.deletion.request()
 
     def add_shutdown_callback(self, callback: ShutdownCallback) -> None:
         """Run ``callback(reason)`` (or ``callback()``) at the end of ``closing``; all of them
@@ -289,6 +289,8 @@ class JobRuntime(rtc.EventEmitter[str]):
             await self.wait_closed()
         await self.host.aclose()
         await self.actor.aclose()
+        # a deletion under way (asked for late) runs to its end or its bound first
+        await self.deletion.aclose()
         if self._unsubscribe_facts is not None:
             self._unsubscribe_facts()
             self._unsubscribe_facts = None
@@ -298,8 +300,6 @@ class JobRuntime(rtc.EventEmitter[str]):
             with contextlib.suppress(Exception):
                 session.off("close", cb)
         self._session_listeners.clear()
-        if self._late_deletion is not None:
-            await asyncio.gather(self._late_deletion, return_exceptions=True)
         if self._trace_file is not None:
             self._trace_file.close()
 
@@ -369,31 +369,13 @@ class JobRuntime(rtc.EventEmitter[str]):
                 await self._room.disconnect()
             except Exception:
                 logger.exception("disconnecting the room failed")
-        self._room_step_done = True
         # delete_room_on_close covers every way the job ends (upstream deletes from the
         # session's close, which a job shutdown also causes), after the hold, never before
-        if self._deletion_requested or self._delete_room_on_close:
-            await self._delete_room_now()
+        if self._delete_room_on_close:
+            self.deletion.request()
+        await self.deletion.allow()  # and wait for a deletion asked for (bounded)
         await self._run_shutdown_callbacks()
         return Event("close_done")
-
-    async def _delete_room_late(self) -> None:
-        # outside `closing` nothing else bounds it, and aclose() waits for it
-        try:
-            await self._clock.wait_for(self._delete_room_now(), self._close_timeout)
-        except TimeoutError:
-            logger.warning("deleting the room took longer than %gs; abandoned", self._close_timeout)
-
-    async def _delete_room_now(self) -> None:
-        if self._deletion_started:
-            return
-        self._deletion_started = True
-        try:
-            await self._delete_room()
-        except Exception as e:
-            logger.warning("deleting the room failed: %s", e)
-            return
-        self._room_deleted_at = self._clock.now()
 
     async def _run_shutdown_callbacks(self) -> None:
         async def run(cb: ShutdownCallback) -> None:

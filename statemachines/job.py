@@ -6,8 +6,9 @@ a simulator is there to ask: ``hold_needed`` = the job is a simulation, a partic
 the ``lk.simulator`` attribute is present, the room is connected and no finalize was
 answered yet. The hold ends on the first of: finalize answered, the simulator left (other
 participants such as a SIP leg or an avatar do not count), the room disconnected,
-``session_end_timeout``. ``closing`` closes the host, then the room work (disconnect, the
-deferred deletion), then the shutdown callbacks, bounded by ``close_timeout``.
+``session_end_timeout``. ``closing`` closes the host, then the room work (disconnect), then
+allows the room deletion (``room_deletion``) and waits for it, then runs the shutdown
+callbacks, all bounded by ``close_timeout``.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
@@ -51,7 +52,7 @@ JOB = MachineSpec(
         Effect(
             name="run_close",
             error_event="close_done",
-            description="close host, disconnect, deferred room deletion, shutdown callbacks",
+            description="close host, disconnect, allow the room deletion, shutdown callbacks",
         ),
     ),
     rows=(

@@ -401,7 +401,8 @@ TABLE: list[Bad] = [
     trace(
         "unknown-machine",
         record(machine="robot"),
-        "1: unknown machine 'robot'; machines: avatar, job, session_host, participant",
+        "1: unknown machine 'robot'; machines: avatar, job, session_host, participant, "
+        "room_deletion",
     ),
 ]
 

@@ -126,7 +126,10 @@ def test_table_prints_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
 def test_table_of_an_unknown_machine_lists_the_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["table", "robot"]) == 2
     err = capsys.readouterr().err
-    assert "unknown machine 'robot'; machines: avatar, job, session_host, participant" in err
+    assert (
+        "unknown machine 'robot'; machines: avatar, job, session_host, participant, "
+        "room_deletion" in err
+    )
 
 
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:

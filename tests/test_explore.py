@@ -29,6 +29,7 @@ from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
+DELETION = MACHINES["room_deletion"]
 SIM = Config(simulation=True, close_on_disconnect=True, grace=True)
 PLAIN = Config(simulation=False, close_on_disconnect=True, grace=True)
 
@@ -123,7 +124,11 @@ def test_2_a_host_closing_over_a_verdict_in_flight_is_reported() -> None:
 def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
     detail, steps = _only(_run(1, glue=Glue(defer_room_deletion=False)), 3)
     assert detail == "the room was deleted while the job is serving"
-    assert steps == ["end-call tool asks for room deletion"]
+    assert steps == [
+        "end-call tool asks for room deletion",
+        "  -> room_deletion handles request",
+        "  -> room_deletion handles allow",
+    ]
 
 
 def test_3_a_job_that_goes_back_to_holding_after_closing_is_reported() -> None:
@@ -132,6 +137,34 @@ def test_3_a_job_that_goes_back_to_holding_after_closing_is_reported() -> None:
     detail, steps = _only(_run(2, specs={"job": broken}, config=config), 3)
     assert detail == "the room was deleted while the job is awaiting_finalize"
     assert "  -> job handles close_done" in steps
+
+
+def test_3_a_deletion_that_does_not_wait_for_the_job_is_reported() -> None:
+    broken = set_dest(DELETION, "kept", "request", "deleting")
+    detail, steps = _only(_run(1, specs={"room_deletion": broken}), 3)
+    assert detail == "the room was deleted while the job is serving"
+    assert steps == ["end-call tool asks for room deletion", "  -> room_deletion handles request"]
+
+
+def test_3_a_deletion_that_runs_twice_is_reported() -> None:
+    # the release re-entering deleting instead of waiting for it: a second server call
+    again = Row(source="deleting", event="close", dest="deleting")
+    broken = set_cell(DELETION, "deleting", "close", rows=[again])
+    detail, steps = _only(_run(3, specs={"room_deletion": broken}, config=PLAIN), 3)
+    assert detail == "the room deletion ran 2 times"
+    assert steps[-2:] == [
+        "JobRuntime.aclose(): the deletion released",
+        "  -> room_deletion handles close",
+    ]
+
+
+def test_5_a_deletion_the_job_never_allows_is_reported() -> None:
+    broken = set_cell(DELETION, "requested", "allow", kind="ignore")
+    detail, steps = _only(_run(2, specs={"room_deletion": broken}, config=PLAIN), 5)
+    assert detail == (
+        "the job closed without its close work (session_host closed, room disconnected)"
+    )
+    assert "end-call tool asks for room deletion" in steps
 
 
 def test_4_two_sessions_forwarded_is_reported() -> None:
@@ -172,7 +205,7 @@ def test_5_a_close_left_to_a_hung_callback_is_reported() -> None:
     broken = set_cell(JOB, "closing", "close_timeout", kind="ignore")
     detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN), 5)
     assert detail == "after every bound the job is still closing"
-    assert "run_close: room work, a shutdown callback hangs" in steps
+    assert "run_close: a shutdown callback hangs" in steps
 
 
 def test_6_a_timer_left_armed_is_reported() -> None:

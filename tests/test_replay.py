@@ -215,7 +215,8 @@ def test_a_reused_instance_name_starts_from_the_initial_state(trace: Path, tmp_p
         (
             '{"t": 0, "kind": "transition", "machine": "robot", "instance": "r", "event": '
             '"go", "source": "a", "dest": "b"}',
-            ":2: unknown machine 'robot'; machines: avatar, job, session_host, participant",
+            ":2: unknown machine 'robot'; machines: avatar, job, session_host, participant, "
+            "room_deletion",
         ),
     ],
 )

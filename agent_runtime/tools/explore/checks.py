@@ -40,7 +40,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         3,
         "deletion_after_hold",
-        "the room is never deleted before awaiting_finalize is left (only in closing/closed)",
+        "the room is never deleted before awaiting_finalize is left (only in closing/closed), "
+        "and at most once",
     ),
     Invariant(4, "one_session", "at most one session is attached (and forwarded)"),
     Invariant(
@@ -76,14 +77,17 @@ def holds(w: Facts) -> bool:
     return not (
         (w.route == "avatar" and w.avatar != "routing" and w.avatar != "joined")
         or w.verdicts > 1
-        or (w.deleted and w.job in LIVE_JOB)
+        or (w.deletions and w.job in LIVE_JOB)
+        or w.deletions > 1
         or len(w.subscribed) > 1
         or attached != (len(w.subscribed) == 1)
         or attached != bool(w.attached)
         or (w.t_avatar and w.t_avatar != w.avatar)
         or (w.t_job and w.t_job != w.job)
         or (w.t_part and w.t_part != w.part)
+        or (w.t_dele and w.t_dele != w.dele)
         or (w.job_task and not w.job_task.startswith(w.job + ":"))
+        or (w.dele_task and not w.dele_task.startswith(w.dele + ":"))
         or w.late
         or (w.avatar_actor_closed and w.clear_rpc)
         or (w.host == "closed" and not w.host_draining and w.fin_tasks)
@@ -103,8 +107,10 @@ def safety(model: Model, w: Facts) -> list[Finding]:
             out.append((2, f"finalize request #{i + 1} got two replies"))
     if w.verdicts > 1:
         out.append((2, f"the verdict was delivered {w.verdicts} times"))
-    if w.deleted and w.job in LIVE_JOB:
+    if w.deletions and w.job in LIVE_JOB:
         out.append((3, f"the room was deleted while the job is {w.job}"))
+    if w.deletions > 1:
+        out.append((3, f"the room deletion ran {w.deletions} times"))
     if len(w.subscribed) > 1:
         out.append((4, f"sessions {', '.join(w.subscribed)} are all forwarded"))
     if (w.host == "attached") != (len(w.subscribed) == 1) or (w.host == "attached") != bool(
@@ -125,11 +131,16 @@ def _scoped(model: Model, w: Facts) -> list[Finding]:
         ("avatar", w.t_avatar, w.avatar),
         ("job", w.t_job, w.job),
         ("participant", w.t_part, w.part),
+        ("room_deletion", w.t_dele, w.dele),
     ):
         if armed_in and armed_in != state:
             out.append((6, f"{machine}: the {armed_in} timer is still armed in {state}"))
-    if w.job_task and w.job_task.split(":")[0] != w.job:
-        out.append((6, f"job: the task of {w.job_task.split(':')[0]} still runs in {w.job}"))
+    for machine, task, state in (
+        ("job", w.job_task, w.job),
+        ("room_deletion", w.dele_task, w.dele),
+    ):
+        if task and task.split(":")[0] != state:
+            out.append((6, f"{machine}: the task of {task.split(':')[0]} still runs in {state}"))
     if w.late:
         out.append((6, w.late))
     if w.avatar_actor_closed and w.clear_rpc:
@@ -168,12 +179,12 @@ def eventual(model: Model, w: Facts) -> list[Finding]:
     elif w.job == "closed" and not w.close_timed_out:
         # closed by its close work, which must then have been done
         asked = w.deletion_requested or model.config.delete_room_on_close
-        if w.host != "closed" or not w.room_step_done or (asked and not w.deleted):
+        if w.host != "closed" or not w.room_step_done or (asked and not w.deletions):
             out.append(
                 (
                     5,
                     f"the job closed without its close work (session_host {w.host}, room "
-                    f"{'deleted' if w.deleted else w.room})",
+                    f"{'deleted' if w.deletions else w.room})",
                 )
             )
     if model.config.close_on_disconnect and w.linked and not w.user and w.sess_a != "closed":

@@ -1,12 +1,12 @@
-"""An abstract model of one job: the four specs composed as the runtime composes them.
+"""An abstract model of one job: the specs composed as the runtime composes them.
 
 Pure (no asyncio, no livekit, no clock). Each machine decides through ``statemachines.step``
 on its own spec; what the runtime does around the decisions is mirrored here in the
 abstract: guard values from the job's facts, effects as changes to those facts and as
-events posted to the machines (``agent_runtime.{avatar,job,session_host,participant}`` and
-the scenario runner are what this copies), one mailbox per machine handled one event at a
-time, state timers armed on entry and cancelled on exit, state-scoped tasks, and the work
-that runs aside (a finalize verdict being computed, a clear-buffer RPC, a session closing).
+events posted to the machines (the runtimes in ``agent_runtime`` and the scenario runner
+are what this copies), one mailbox per machine handled one event at a time, state timers
+armed on entry and cancelled on exit, state-scoped tasks, and the work that runs aside (a
+finalize verdict being computed, a clear-buffer RPC, a session closing, a room deletion).
 
 A world is an immutable, hashable ``World``; ``successors`` lists what can happen next:
 
@@ -30,7 +30,8 @@ from statemachines import MachineSpec, Step, step
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
-MACHINE_NAMES = (AVATAR, JOB, HOST, PART)
+DEL = "room_deletion"
+MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL)
 LIVE_JOB = ("serving", "awaiting_finalize")
 
 # a mailbox entry: (machine, event, params, token). Params are sorted (key, value) pairs.
@@ -83,7 +84,7 @@ class Glue:
     cancel_timers_on_exit: bool = True  # the actor cancels a state's timer when it leaves
     drop_stale_timeouts: bool = True  # a timer event of a left state is dropped
     unsubscribe_on_replace: bool = True  # attaching B over A stops forwarding A
-    defer_room_deletion: bool = True  # request_room_deletion waits for closing
+    defer_room_deletion: bool = True  # only closing's room work allows the room deletion
     drain_finalize_on_close: bool = True  # closing the host lets an in-flight verdict out
 
 
@@ -98,14 +99,17 @@ class World(NamedTuple):
     job: str
     host: str
     part: str
+    dele: str  # room_deletion
     # every machine's mailbox, as one list in the order the events were posted
     queue: tuple[Entry, ...]
     # state timers: the state that armed it, or ""
     t_avatar: str
     t_job: str
     t_part: str
-    # the job's state-scoped run_close task: "" or "STATE:PHASE"
+    t_dele: str
+    # state-scoped tasks: "" or "STATE:PHASE" (the job's run_close, the deletion's call)
     job_task: str
+    dele_task: str
     # the room and who is in it
     room: str  # connected | disconnected
     user: bool
@@ -121,7 +125,7 @@ class World(NamedTuple):
     shutdown_asked: bool
     deletion_requested: bool
     room_step_done: bool
-    deleted: bool
+    deletions: int  # server calls to delete the room started
     # AvatarLifecycle
     installed: bool  # the plugin installed its sink
     route_active: bool  # our route is in (or may be) and not yet restored
@@ -149,8 +153,9 @@ class World(NamedTuple):
 
 
 FIELDS = World._fields
-_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part"}
-_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part"}
+_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele"}
+_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele"}
+_TASK = {JOB: "job_task", DEL: "dele_task"}
 
 
 Mailboxes = Literal["settle", "turns", "any"]
@@ -182,11 +187,14 @@ class _W:
     job: str
     host: str
     part: str
+    dele: str
     queue: tuple[Entry, ...]
     t_avatar: str
     t_job: str
     t_part: str
+    t_dele: str
     job_task: str
+    dele_task: str
     room: str
     user: bool
     simulator: bool
@@ -198,7 +206,7 @@ class _W:
     shutdown_asked: bool
     deletion_requested: bool
     room_step_done: bool
-    deleted: bool
+    deletions: int
     installed: bool
     route_active: bool
     clear_rpc: str
@@ -226,11 +234,14 @@ class _W:
             self.job,
             self.host,
             self.part,
+            self.dele,
             self.queue,
             self.t_avatar,
             self.t_job,
             self.t_part,
+            self.t_dele,
             self.job_task,
+            self.dele_task,
             self.room,
             self.user,
             self.simulator,
@@ -242,7 +253,7 @@ class _W:
             self.shutdown_asked,
             self.deletion_requested,
             self.room_step_done,
-            self.deleted,
+            self.deletions,
             self.installed,
             self.route_active,
             self.clear_rpc,
@@ -270,11 +281,14 @@ class _W:
             self.job,
             self.host,
             self.part,
+            self.dele,
             self.queue,
             self.t_avatar,
             self.t_job,
             self.t_part,
+            self.t_dele,
             self.job_task,
+            self.dele_task,
             self.room,
             self.user,
             self.simulator,
@@ -286,7 +300,7 @@ class _W:
             self.shutdown_asked,
             self.deletion_requested,
             self.room_step_done,
-            self.deleted,
+            self.deletions,
             self.installed,
             self.route_active,
             self.clear_rpc,
@@ -391,14 +405,14 @@ class Model:
             for m, spec in chosen.items()
         }
         self._timeouts: dict[str, dict[str, tuple[str, bool]]] = {}
-        for m in (AVATAR, JOB, PART):
+        for m in _TIMER:
             armed: dict[str, tuple[str, bool]] = {}
             for s in chosen[m].states:
                 if s.timeout is not None:
                     armed[s.name] = (s.timeout.event, self._timer_set(s.timeout.setting))
             self._timeouts[m] = armed
-        self._invokes: dict[str, tuple[str, ...]] = {
-            s.name: s.invoke for s in chosen[JOB].states if s.invoke
+        self._invokes: dict[str, dict[str, tuple[str, ...]]] = {
+            m: {s.name: s.invoke for s in chosen[m].states if s.invoke} for m in _TASK
         }
         self._effects: dict[str, Callable[[_W, str, Params], None]] = {
             # avatar
@@ -416,6 +430,12 @@ class Model:
             "close_session": self._fx_close_session,
             # job: run_close is a state-scoped task, see _enter
             "run_close": _noop,
+            # room deletion: delete_room is its state-scoped task; the rest only log
+            "delete_room": _noop,
+            "record_deleted": _noop,
+            "report_failure": _noop,
+            "report_cut": _noop,
+            "report_never_allowed": _noop,
             # session host
             "subscribe": self._fx_subscribe,
             "unsubscribe": self._fx_unsubscribe,
@@ -458,11 +478,14 @@ class Model:
             job=sp[JOB].initial,
             host=sp[HOST].initial,
             part=sp[PART].initial,
+            dele=sp[DEL].initial,
             queue=queue,
             t_avatar="",
             t_job="",
             t_part="",
+            t_dele="",
             job_task="",
+            dele_task="",
             room="connected",
             user=False,
             simulator=cfg.simulation,
@@ -474,7 +497,7 @@ class Model:
             shutdown_asked=False,
             deletion_requested=False,
             room_step_done=False,
-            deleted=False,
+            deletions=0,
             installed=False,
             route_active=False,
             clear_rpc="",
@@ -577,6 +600,9 @@ class Model:
             yield self._move("internal", "session A finishes closing", w, _a_closed)
         if w.sess_b == "closing":
             yield self._move("internal", "session B finishes closing", w, _b_closed)
+        if w.dele_task.endswith(":start"):
+            yield self._move("internal", "the room deletion returns", w, _deletion_returns)
+            yield self._move("internal", "the room deletion fails", w, _deletion_fails)
         if w.job_task.endswith(":start"):
             yield self._move("internal", "run_close: close the host", w, _run_close_host)
         elif w.job_task.endswith(":host") and (
@@ -584,20 +610,28 @@ class Model:
             or (not w.host_draining and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
         ):
             yield self._move(
+                "internal", "run_close: room work, room deletion allowed", w, _run_close_room
+            )
+        elif (
+            w.job_task.endswith(":deletion")
+            and w.dele != "deleting"
+            and not any(e[0] == DEL for e in w.queue)
+        ):
+            yield self._move(
                 "internal",
-                "run_close: room work, shutdown callbacks",
+                "run_close: shutdown callbacks",
                 w,
-                partial(_run_close_rest, hang=False),
+                partial(_run_close_callbacks, hang=False),
             )
             yield self._move(
                 "internal",
-                "run_close: room work, a shutdown callback hangs",
+                "run_close: a shutdown callback hangs",
                 w,
-                partial(_run_close_rest, hang=True),
+                partial(_run_close_callbacks, hang=True),
             )
 
     def _time(self, w: World) -> Iterator[Move]:
-        for m in (AVATAR, JOB, PART):
+        for m in _TIMER:
             armed_in = getattr(w, _TIMER[m])
             if armed_in:
                 event = self._timeouts[m][armed_in][0]
@@ -608,7 +642,9 @@ class Model:
     def _inputs(self, w: World) -> Iterator[Move]:
         cfg = self.config
         if w.job in self.inert[JOB]:
-            return  # the job is over: its process exits, nothing more arrives
+            # the job is over: only what may still come before its process exits
+            yield from self._late_inputs(w, cfg)
+            return
         up = w.room == "connected"
         if up:
             yield self._move("input", "room disconnects", w, _room_disconnects)
@@ -620,6 +656,16 @@ class Model:
             yield from self._user_inputs(w, up)
         if self.inputs != "job":
             yield from self._avatar_inputs(w, up)
+
+    def _late_inputs(self, w: World, cfg: Config) -> Iterator[Move]:
+        # an end-call tool may still ask for the deletion until the runtime is released
+        if self.inputs == "avatar" or w.dele in self.inert[DEL]:
+            return
+        if any(e[0] == DEL and e[3] == CLOSE for e in w.queue):
+            return
+        if not w.deletion_requested and not cfg.delete_room_on_close:
+            yield self._move("input", "end-call tool asks for room deletion", w, _request_deletion)
+        yield self._move("input", "JobRuntime.aclose(): the deletion released", w, _release)
 
     def _user_inputs(self, w: World, up: bool) -> Iterator[Move]:
         if up and not w.user:
@@ -722,8 +768,8 @@ class Model:
     def _leave(self, s: _W, m: str) -> None:
         if m in _TIMER and self.glue.cancel_timers_on_exit:
             setattr(s, _TIMER[m], "")
-        if m == JOB:
-            s.job_task = ""  # cancelled with its state
+        if m in _TASK:
+            setattr(s, _TASK[m], "")  # cancelled with its state
         # timer and task events already queued belong to the state being left
         if any(e[0] == m and e[3] == LIVE for e in s.queue):
             s.queue = tuple(
@@ -736,8 +782,10 @@ class Model:
             armed = self._timeouts[m].get(state)
             if armed is not None and armed[1]:
                 setattr(s, _TIMER[m], state)
-        if m == JOB and self._invokes.get(state):
-            s.job_task = f"{state}:start"
+        if m in _TASK and self._invokes[m].get(state):
+            setattr(s, _TASK[m], f"{state}:start")
+            if m == DEL:
+                s.deletions += 1  # the server call starts with the task
 
     def _job_changed(self, s: _W, st: Step) -> None:
         # the hold ends on the simulator leaving, the room going or the bound; leaving the
@@ -988,9 +1036,9 @@ def _run_close_host(s: _W) -> None:
         s.post(HOST, "close", (), CLOSE)
 
 
-def _run_close_rest(s: _W, hang: bool) -> None:
-    # host.aclose() returned: its actor is closed; then the room work, then the shutdown
-    # callbacks, one of which may never return (only close_timeout ends that)
+def _run_close_room(s: _W) -> None:
+    # host.aclose() returned: its actor is closed; then the room work, then the room
+    # deletion is allowed (asked for first with delete_room_on_close) and waited for
     s.host_actor_closed = True
     s.drop_mailbox(HOST)
     s.reading = False
@@ -998,8 +1046,14 @@ def _run_close_rest(s: _W, hang: bool) -> None:
         s.room = "disconnected"
         s.post(JOB, "room_disconnected")
     s.room_step_done = True
-    if s.deletion_requested or s.model.config.delete_room_on_close:
-        s.deleted = True
+    if s.model.config.delete_room_on_close:
+        s.post(DEL, "request")
+    s.post(DEL, "allow")
+    s.job_task = f"{s.job}:deletion"
+
+
+def _run_close_callbacks(s: _W, hang: bool) -> None:
+    # the shutdown callbacks, one of which may never return (only close_timeout ends that)
     if hang:
         s.job_task = f"{s.job}:hung"  # stuck until its state is left
         return
@@ -1113,5 +1167,21 @@ def _shutdown(s: _W) -> None:
 
 def _request_deletion(s: _W) -> None:
     s.deletion_requested = True
-    if not s.model.glue.defer_room_deletion or s.room_step_done:
-        s.deleted = True
+    s.post(DEL, "request")
+    if not s.model.glue.defer_room_deletion:
+        s.post(DEL, "allow")
+
+
+def _release(s: _W) -> None:
+    # JobRuntime.aclose(): the deletion is released (a call under way ends first)
+    s.post(DEL, "close", (), CLOSE)
+
+
+def _deletion_returns(s: _W) -> None:
+    s.dele_task = ""
+    s.post(DEL, "delete_done", (), LIVE)
+
+
+def _deletion_fails(s: _W) -> None:
+    s.dele_task = ""
+    s.post(DEL, "delete_failed", (), LIVE)
