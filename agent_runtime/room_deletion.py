@@ -7,14 +7,13 @@ and it then runs once, bounded by ``close_timeout``. See ``statemachines.room_de
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from statemachines.room_deletion import ROOM_DELETION
 
-from .actor import Actor, ActorClosed, Event, StateChanged
+from .actor import Actor, ActorClosed, Event
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -39,7 +38,6 @@ class RoomDeletion:
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = close_timeout
         self._deleted_at: float | None = None
-        self._changed: asyncio.Event | None = None
         self.actor = Actor(
             ROOM_DELETION,
             instance=instance,
@@ -54,7 +52,6 @@ class RoomDeletion:
             clock=self._clock,
             tracer=tracer,
         )
-        self.actor.on("state_changed", self._on_state)
 
     @property
     def state(self) -> str:
@@ -77,28 +74,14 @@ class RoomDeletion:
             await self.actor.send(Event("allow"))
         except ActorClosed:
             return
-        await self._until(lambda: self.actor.state != "deleting")
+        await self.actor.until(lambda state: state != "deleting")
 
     async def aclose(self) -> None:
         """Release: a deletion under way runs to its end or its bound first."""
         if not self.actor.closed:
             self.actor.post(Event("close"))
-            await self._until(lambda: self.actor.spec.state(self.actor.state).final)
+            await self.actor.until(lambda state: ROOM_DELETION.state(state).final)
         await self.actor.aclose()
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _on_state(self, _sc: StateChanged) -> None:
-        if self._changed is not None:
-            self._changed.set()
-
-    async def _until(self, done: Callable[[], bool]) -> None:
-        await self.actor.join()
-        while not done() and not self.actor.closed:
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            self._changed.clear()
-            await self._changed.wait()
-            await self.actor.join()
 
     # -- effects ---------------------------------------------------------------------------
     async def _delete(self, _ev: Event) -> Event:

@@ -1,6 +1,7 @@
 """Every machine of the runtime, by name: the one list diagrams, tables and tests read."""
 
 from .avatar import AVATAR
+from .finalize import FINALIZE
 from .job import JOB
 from .participant import PARTICIPANT
 from .room_deletion import ROOM_DELETION
@@ -8,5 +9,5 @@ from .session_host import SESSION_HOST
 from .spec import MachineSpec
 
 MACHINES: dict[str, MachineSpec] = {
-    m.name: m for m in (AVATAR, JOB, SESSION_HOST, PARTICIPANT, ROOM_DELETION)
+    m.name: m for m in (AVATAR, JOB, SESSION_HOST, PARTICIPANT, ROOM_DELETION, FINALIZE)
 }

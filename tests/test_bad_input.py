@@ -402,7 +402,7 @@ TABLE: list[Bad] = [
         "unknown-machine",
         record(machine="robot"),
         "1: unknown machine 'robot'; machines: avatar, job, session_host, participant, "
-        "room_deletion",
+        "room_deletion, finalize",
     ),
 ]
 

@@ -29,7 +29,7 @@ from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
-DELETION = MACHINES["room_deletion"]
+DELETION, FINALIZE = MACHINES["room_deletion"], MACHINES["finalize"]
 SIM = Config(simulation=True, close_on_disconnect=True, grace=True)
 PLAIN = Config(simulation=False, close_on_disconnect=True, grace=True)
 
@@ -107,10 +107,10 @@ def test_2_a_finalize_never_answered_is_reported() -> None:
 
 
 def test_2_a_verdict_delivered_twice_is_reported() -> None:
-    # without the finalize_taken row, a second request computes and sends a second verdict
-    answer = Row(source="attached", event="finalize", dest=None, effects=("answer_finalize",))
-    broken = set_cell(HOST, "attached", "finalize", rows=[answer])
-    detail, steps = _only(_run(4, specs={"session_host": broken}), 2)
+    # answering again once answered: a second request computes and sends a second verdict
+    again = Row(source="answered", event="request", dest="answering", effects=("take_request",))
+    broken = set_cell(FINALIZE, "answered", "request", rows=[again])
+    detail, steps = _only(_run(4, specs={"finalize": broken}), 2)
     assert detail == "the verdict was delivered 2 times"
     assert steps.count("finalize_simulation request") == 2
 
@@ -119,6 +119,22 @@ def test_2_a_host_closing_over_a_verdict_in_flight_is_reported() -> None:
     detail, steps = _only(_run(4, glue=Glue(drain_finalize_on_close=False)), 2)
     assert detail == "finalize request #1 was never answered (abandoned)"
     assert steps[0] == "finalize_simulation request"
+
+
+def test_2_a_cut_answer_left_without_its_error_reply_is_reported() -> None:
+    cut = Row(source="answering", event="close", dest="closed")  # reply_unfinished left out
+    broken = set_cell(FINALIZE, "answering", "close", rows=[cut])
+    detail, steps = _only(_run(3, specs={"finalize": broken}), 2)
+    assert detail == "finalize request #1 was never answered (taken)"
+    assert "on_simulation_end never returns for request #1" in steps
+    assert steps[-1] == "  -> session_host handles drain_timeout"
+
+
+def test_2_a_host_that_waits_forever_for_a_hung_verdict_is_reported() -> None:
+    broken = set_cell(HOST, "closing", "drain_timeout", kind="ignore")
+    detail, steps = _only(_run(3, specs={"session_host": broken}), 2)
+    assert detail == "finalize request #1 was never answered (taken)"
+    assert "on_simulation_end never returns for request #1" in steps
 
 
 def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
@@ -210,8 +226,8 @@ def test_5_a_close_left_to_a_hung_callback_is_reported() -> None:
 
 def test_6_a_timer_left_armed_is_reported() -> None:
     detail, steps = _only(_run(3, glue=Glue(cancel_timers_on_exit=False), config=PLAIN), 6)
-    assert detail == "job: the closing timer is still armed in closed"
-    assert steps[-1] == "  -> job handles close_done"
+    assert detail == "session_host: the closing timer is still armed in closed"
+    assert steps[-1] == "  -> session_host handles drained"
 
 
 def test_6_a_stale_timeout_handled_is_reported() -> None:

@@ -14,7 +14,7 @@ from livekit.agents import (
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime import MemorySink, Tracer, VirtualClock, settle
+from agent_runtime import Event, MemorySink, Tracer, VirtualClock, settle
 from agent_runtime.session_host import (
     JobSessionHost,
 )
@@ -76,10 +76,11 @@ class Rig:
         *,
         simulation: Any = DISPATCH,
         on_simulation_end: Callable[[SimulationContext], Any] | None = None,
+        transport: type[InMemorySessionTransport] = InMemorySessionTransport,
     ) -> None:
         self.clock = VirtualClock()
         self.sink = MemorySink()
-        self.sim_end, self.agent_end = InMemorySessionTransport.pair()
+        self.sim_end, self.agent_end = transport.pair()
         self.sim = Simulator(self.sim_end)
         self.closed_reasons: list[str] = []
         self.answered: list[dict[str, Any] | None] = []
@@ -99,17 +100,25 @@ class Rig:
         await self.host.actor.join()
         await settle()
 
-    def last(self, event: str) -> Any:
+    def last(self, event: str, machine: str = "session_host") -> Any:
         recs = [
             r
             for r in self.sink.records
-            if r.event == event and r.kind in ("transition", "ignore", "reject")
+            if r.machine == machine
+            and r.event == event
+            and r.kind in ("transition", "ignore", "reject")
         ]
         assert recs, f"no record for {event}"
         return recs[-1]
 
     def effect_outcomes(self) -> dict[str, str]:
         return {r.effect: r.outcome for r in self.sink.records if r.kind == "effect"}
+
+    async def close_keeping_actors(self) -> None:
+        """Close the host as ``aclose`` does, but leave its actors open (a cell test still
+        sends them events)."""
+        await self.host.actor.send(Event("close"))
+        await self.host.actor.until(lambda state: state == "closed")
 
 
 async def started_session(instructions: str) -> AgentSession[Any]:

@@ -30,8 +30,8 @@ from statemachines import MachineSpec, Step, step
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
-DEL = "room_deletion"
-MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL)
+DEL, FIN = "room_deletion", "finalize"
+MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL, FIN)
 LIVE_JOB = ("serving", "awaiting_finalize")
 
 # a mailbox entry: (machine, event, params, token). Params are sorted (key, value) pairs.
@@ -47,8 +47,8 @@ Kind = Literal["input", "time", "internal"]
 # what happened to one finalize_simulation request, as the simulator sees it
 ANSWERED = frozenset({"verdict", "error"})
 # no reply, for a reason outside the runtime's control: the simulator left or the room went
-# before the reply, or the verdict was still being computed when the hold's bound ran out
-EXCUSED = frozenset({"unreachable", "no_room", "cut"})
+# before the reply
+EXCUSED = frozenset({"unreachable", "no_room"})
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ class Glue:
     drop_stale_timeouts: bool = True  # a timer event of a left state is dropped
     unsubscribe_on_replace: bool = True  # attaching B over A stops forwarding A
     defer_room_deletion: bool = True  # only closing's room work allows the room deletion
-    drain_finalize_on_close: bool = True  # closing the host lets an in-flight verdict out
+    # closing the host lets an in-flight verdict out, then cuts it with an error reply
+    drain_finalize_on_close: bool = True
 
 
 DEFAULT_GLUE = Glue()
@@ -100,6 +101,7 @@ class World(NamedTuple):
     host: str
     part: str
     dele: str  # room_deletion
+    fin: str  # finalize
     # every machine's mailbox, as one list in the order the events were posted
     queue: tuple[Entry, ...]
     # state timers: the state that armed it, or ""
@@ -107,9 +109,13 @@ class World(NamedTuple):
     t_job: str
     t_part: str
     t_dele: str
-    # state-scoped tasks: "" or "STATE:PHASE" (the job's run_close, the deletion's call)
+    t_host: str
+    # state-scoped tasks: "" or "STATE:PHASE" (the job's run_close, the deletion's call,
+    # the host's drain, the finalize's on_simulation_end)
     job_task: str
     dele_task: str
+    host_task: str
+    fin_task: str
     # the room and who is in it
     room: str  # connected | disconnected
     user: bool
@@ -133,16 +139,14 @@ class World(NamedTuple):
     avatar_actor_closed: bool
     # ParticipantLink
     linked: bool
-    # JobSessionHost
+    # JobSessionHost and its FinalizeAnswer
     attached: str  # "" | A | B
     subscribed: tuple[str, ...]  # sessions whose events are forwarded
-    fin_taken: bool
-    fin_answered: bool
-    fin_tasks: tuple[int, ...]  # requests whose verdict is being computed, aside
-    host_draining: bool  # close_transport waiting for in-flight replies
+    fin_req: int  # the finalize request being answered, or -1
+    fin_answered: bool  # a verdict reached the transport
     transport_open: bool
     reading: bool  # the host reads requests
-    host_actor_closed: bool
+    host_actor_closed: bool  # host.aclose() returned: both actors closed
     # the simulator's side: per finalize request (owed, status)
     requests: tuple[tuple[bool, str], ...]
     verdicts: int
@@ -153,9 +157,9 @@ class World(NamedTuple):
 
 
 FIELDS = World._fields
-_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele"}
-_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele"}
-_TASK = {JOB: "job_task", DEL: "dele_task"}
+_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele", FIN: "fin"}
+_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele", HOST: "t_host"}
+_TASK = {JOB: "job_task", DEL: "dele_task", HOST: "host_task", FIN: "fin_task"}
 
 
 Mailboxes = Literal["settle", "turns", "any"]
@@ -188,13 +192,17 @@ class _W:
     host: str
     part: str
     dele: str
+    fin: str
     queue: tuple[Entry, ...]
     t_avatar: str
     t_job: str
     t_part: str
     t_dele: str
+    t_host: str
     job_task: str
     dele_task: str
+    host_task: str
+    fin_task: str
     room: str
     user: bool
     simulator: bool
@@ -214,10 +222,8 @@ class _W:
     linked: bool
     attached: str
     subscribed: tuple[str, ...]
-    fin_taken: bool
+    fin_req: int
     fin_answered: bool
-    fin_tasks: tuple[int, ...]
-    host_draining: bool
     transport_open: bool
     reading: bool
     host_actor_closed: bool
@@ -235,13 +241,17 @@ class _W:
             self.host,
             self.part,
             self.dele,
+            self.fin,
             self.queue,
             self.t_avatar,
             self.t_job,
             self.t_part,
             self.t_dele,
+            self.t_host,
             self.job_task,
             self.dele_task,
+            self.host_task,
+            self.fin_task,
             self.room,
             self.user,
             self.simulator,
@@ -261,10 +271,8 @@ class _W:
             self.linked,
             self.attached,
             self.subscribed,
-            self.fin_taken,
+            self.fin_req,
             self.fin_answered,
-            self.fin_tasks,
-            self.host_draining,
             self.transport_open,
             self.reading,
             self.host_actor_closed,
@@ -282,13 +290,17 @@ class _W:
             self.host,
             self.part,
             self.dele,
+            self.fin,
             self.queue,
             self.t_avatar,
             self.t_job,
             self.t_part,
             self.t_dele,
+            self.t_host,
             self.job_task,
             self.dele_task,
+            self.host_task,
+            self.fin_task,
             self.room,
             self.user,
             self.simulator,
@@ -308,10 +320,8 @@ class _W:
             self.linked,
             self.attached,
             self.subscribed,
-            self.fin_taken,
+            self.fin_req,
             self.fin_answered,
-            self.fin_tasks,
-            self.host_draining,
             self.transport_open,
             self.reading,
             self.host_actor_closed,
@@ -331,7 +341,7 @@ class _W:
         and answers nothing (a final state only ignores or rejects)."""
         if m == AVATAR and self.avatar_actor_closed:
             return
-        if m == HOST and self.host_actor_closed:
+        if m in (HOST, FIN) and self.host_actor_closed:
             return
         if self.state_of(m) in self.model.inert[m]:
             return
@@ -442,11 +452,21 @@ class Model:
             "delegate_request": _noop,
             "reply_no_session": _noop,
             "reply_error": _noop,
-            "answer_finalize": self._fx_answer_finalize,
-            "refuse_finalize": self._fx_refuse_finalize,
-            "report_finalize": self._fx_report_finalize,
+            "forward_finalize": self._fx_forward_finalize,
             "report_session_closed": self._fx_report_session_closed,
+            "drain": _noop,  # closing's state task, see _internal
+            "reply_closing": self._fx_reply_error,
+            "close_finalize": self._fx_close_finalize,
             "close_transport": self._fx_close_transport,
+            # finalize: compute_verdict is answering's state task, see _internal
+            "take_request": self._fx_take_request,
+            "compute_verdict": _noop,
+            "send_verdict": self._fx_send_verdict,
+            "report_answered": self._fx_report_answered,
+            "refuse_busy": self._fx_reply_error,
+            "refuse_answered": self._fx_reply_error,
+            "refuse_not_simulation": self._fx_reply_error,
+            "reply_unfinished": self._fx_reply_unfinished,
         }
 
     def _timer_set(self, setting: str) -> bool:
@@ -479,13 +499,17 @@ class Model:
             host=sp[HOST].initial,
             part=sp[PART].initial,
             dele=sp[DEL].initial,
+            fin=sp[FIN].initial,
             queue=queue,
             t_avatar="",
             t_job="",
             t_part="",
             t_dele="",
+            t_host="",
             job_task="",
             dele_task="",
+            host_task="",
+            fin_task="",
             room="connected",
             user=False,
             simulator=cfg.simulation,
@@ -505,10 +529,8 @@ class Model:
             linked=False,
             attached="",
             subscribed=(),
-            fin_taken=False,
+            fin_req=-1,
             fin_answered=False,
-            fin_tasks=(),
-            host_draining=False,
             transport_open=True,
             reading=True,
             host_actor_closed=False,
@@ -545,9 +567,9 @@ class Model:
         flagged = -1
         handled: list[Entry] = []
         while True:
-            k = _next_mail(s.queue, s.host_draining)
-            if k < 0:
+            if not s.queue:
                 break
+            k = 0
             if flagged < 0 and watch is not None and watch(s):
                 flagged = len(handled)
             handled.append(s.queue[k])
@@ -564,34 +586,41 @@ class Model:
         fn(s)
         out = [(mv.label, s.freeze())]
         for entry in mv.handled:
-            self._deliver(s, _next_mail(s.queue, s.host_draining))
+            self._deliver(s, 0)
             out.append((mail_label(entry), s.freeze()))
         return out
 
     def _internal(self, w: World) -> Iterator[Move]:
         if self.mailboxes == "any":
-            # close_transport waiting on a reply keeps the host's mailbox from moving
-            seen = {HOST} if w.host_draining else set()
+            seen: set[str] = set()
             for k, entry in enumerate(w.queue):
                 if entry[0] in seen:
                     continue
                 seen.add(entry[0])
                 yield self._move("internal", mail_label(entry), w, partial(self._deliver, k=k))
         else:
-            k = _next_mail(w.queue, w.host_draining)
-            if k >= 0:
+            if w.queue:
                 yield self._move(
-                    "internal", mail_label(w.queue[k]), w, lambda s: self._deliver(s, k)
+                    "internal", mail_label(w.queue[0]), w, lambda s: self._deliver(s, 0)
                 )
-        for req in w.fin_tasks:
+        if w.fin_task.endswith(":start"):
             yield self._move(
                 "internal",
-                f"the verdict for request #{req + 1} is ready: reply sent",
+                f"on_simulation_end returns for request #{w.fin_req + 1}",
                 w,
-                partial(_fin_done, req=req),
+                _verdict_ready,
             )
-        if w.host_draining and not w.fin_tasks:
-            yield self._move("internal", "host drained: transport closed", w, _drained)
+            yield self._move(
+                "internal",
+                f"on_simulation_end never returns for request #{w.fin_req + 1}",
+                w,
+                _verdict_hangs,
+            )
+        if w.host_task.endswith(":start") and (
+            not self.glue.drain_finalize_on_close
+            or (w.fin not in ("answering", "replying") and not any(e[0] == FIN for e in w.queue))
+        ):
+            yield self._move("internal", "the host's drain ends: nothing in flight", w, _drained)
         if w.clear_rpc:
             yield self._move(
                 "internal", f"lk.clear_buffer RPC ends ({w.clear_rpc})", w, _clear_done
@@ -603,11 +632,9 @@ class Model:
         if w.dele_task.endswith(":start"):
             yield self._move("internal", "the room deletion returns", w, _deletion_returns)
             yield self._move("internal", "the room deletion fails", w, _deletion_fails)
-        if w.job_task.endswith(":start"):
-            yield self._move("internal", "run_close: close the host", w, _run_close_host)
-        elif w.job_task.endswith(":host") and (
+        if w.job_task.endswith(":host") and (
             w.host_actor_closed
-            or (not w.host_draining and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
+            or (w.host == "closed" and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
         ):
             yield self._move(
                 "internal", "run_close: room work, room deletion allowed", w, _run_close_room
@@ -636,8 +663,6 @@ class Model:
             if armed_in:
                 event = self._timeouts[m][armed_in][0]
                 yield self._move("time", f"time passes: {event}", w, partial(_fire, m=m))
-        if w.host_draining and w.fin_tasks:
-            yield self._move("time", "time passes: drain bound", w, _drain_bound)
 
     def _inputs(self, w: World) -> Iterator[Move]:
         cfg = self.config
@@ -784,8 +809,12 @@ class Model:
                 setattr(s, _TIMER[m], state)
         if m in _TASK and self._invokes[m].get(state):
             setattr(s, _TASK[m], f"{state}:start")
+            # a task's first turn comes before any timer can fire: what it does first is
+            # done here (the deletion's server call starts, run_close asks the host to close)
             if m == DEL:
-                s.deletions += 1  # the server call starts with the task
+                s.deletions += 1
+            elif m == JOB:
+                _run_close_host(s)
 
     def _job_changed(self, s: _W, st: Step) -> None:
         # the hold ends on the simulator leaving, the room going or the bound; leaving the
@@ -833,8 +862,8 @@ class Model:
         elif m == HOST:
             if g == "is_current":
                 return bool(s.attached) and s.attached == _get(params, "session")
-            if g == "finalize_taken":
-                return s.fin_taken
+        elif m == FIN and g == "simulation":
+            return cfg.simulation
         raise KeyError(f"the model has no value for guard {g!r} of machine {m!r}")
 
     # -- effects -------------------------------------------------------------------------------
@@ -902,27 +931,32 @@ class Model:
 
     def _fx_unsubscribe(self, s: _W, m: str, params: Params) -> None:
         att, s.attached = s.attached, ""
-        if att and self.glue.unsubscribe_on_replace:
+        replaced = _get(params, "session", att) != att  # another session attaches over it
+        if att and (self.glue.unsubscribe_on_replace or not replaced):
             s.subscribed = tuple(x for x in s.subscribed if x != att)
 
-    def _fx_answer_finalize(self, s: _W, m: str, params: Params) -> None:
-        req = int(_get(params, "req"))
-        if not self.config.simulation:
-            _reply(s, req, "error")  # "this job is not a simulation"
-            return
-        s.fin_taken = True
-        s.fin_tasks = (*s.fin_tasks, req)
-        _set_request(s, req, "taken")
+    def _fx_forward_finalize(self, s: _W, m: str, params: Params) -> None:
+        s.post(FIN, "request", params)
 
-    def _fx_refuse_finalize(self, s: _W, m: str, params: Params) -> None:
-        _reply(s, int(_get(params, "req")), "error")
+    def _fx_reply_error(self, s: _W, m: str, params: Params) -> None:
+        req = _get(params, "req")
+        if req is not None:  # the model's requests are all finalize requests
+            _reply(s, int(req), "error")
 
-    def _fx_report_finalize(self, s: _W, m: str, params: Params) -> None:
-        if not _get(params, "delivered", False):
-            s.fin_taken = False  # a retry is answered
-            return
+    def _fx_take_request(self, s: _W, m: str, params: Params) -> None:
+        s.fin_req = int(_get(params, "req"))
+        _set_request(s, s.fin_req, "taken")
+
+    def _fx_send_verdict(self, s: _W, m: str, params: Params) -> None:
+        delivered = _reply(s, s.fin_req, "verdict")
+        s.post(FIN, "delivered" if delivered else "undelivered")
+
+    def _fx_report_answered(self, s: _W, m: str, params: Params) -> None:
         s.fin_answered = True
         s.post(JOB, "finalize_answered")
+
+    def _fx_reply_unfinished(self, s: _W, m: str, params: Params) -> None:
+        _reply(s, s.fin_req, "error")  # FINALIZE_UNFINISHED, rather than silence
 
     def _fx_report_session_closed(self, s: _W, m: str, params: Params) -> None:
         # JobRuntime._on_session_closed
@@ -930,14 +964,21 @@ class Model:
             _request_deletion(s)
         s.post(JOB, "session_closed")
 
+    def _fx_close_finalize(self, s: _W, m: str, params: Params) -> None:
+        # FinalizeAnswer.close(): `await actor.send(close)`: the host waits while the
+        # finalize handles what it already had, then the close
+        if not self.glue.drain_finalize_on_close or s.fin in self.inert[FIN]:
+            return
+        s.queue = (*s.queue, (FIN, "close", (), CLOSE))
+        while True:
+            k = next(i for i, e in enumerate(s.queue) if e[0] == FIN)
+            entry = s.queue[k]
+            self._deliver(s, k)
+            if entry[1:] == ("close", (), CLOSE):
+                break
+
     def _fx_close_transport(self, s: _W, m: str, params: Params) -> None:
         s.reading = False
-        if s.fin_tasks and s.model.glue.drain_finalize_on_close:
-            s.host_draining = True  # replies in flight go out first, within a bound
-            return
-        for req in s.fin_tasks:
-            _set_request(s, req, "abandoned")
-        s.fin_tasks = ()
         s.transport_open = False
 
 
@@ -947,15 +988,6 @@ def _noop(s: _W, m: str, params: Params) -> None:
 
 def _no_input(s: _W) -> None:
     return None
-
-
-def _next_mail(queue: tuple[Entry, ...], host_draining: bool) -> int:
-    """The next event to handle: the oldest one whose actor is free (close_transport
-    waiting on a reply keeps the host's mailbox from moving)."""
-    for k, entry in enumerate(queue):
-        if not (host_draining and entry[0] == HOST):
-            return k
-    return -1
 
 
 def mail_label(entry: Entry) -> str:
@@ -994,23 +1026,18 @@ def _reply(s: _W, req: int, kind: str) -> bool:
 # -- internal steps ----------------------------------------------------------------------------
 
 
-def _fin_done(s: _W, req: int) -> None:
-    s.fin_tasks = tuple(r for r in s.fin_tasks if r != req)
-    delivered = _reply(s, req, "verdict")
-    s.post(HOST, "finalize_done", _p(delivered=delivered, req=req))
+def _verdict_ready(s: _W) -> None:
+    s.fin_task = ""
+    s.post(FIN, "verdict_ready", _p(req=s.fin_req), LIVE)
+
+
+def _verdict_hangs(s: _W) -> None:
+    s.fin_task = f"{s.fin}:hung"  # stuck until its state is left
 
 
 def _drained(s: _W) -> None:
-    s.host_draining = False
-    s.transport_open = False
-
-
-def _drain_bound(s: _W) -> None:
-    for req in s.fin_tasks:
-        _set_request(s, req, "cut")  # the drain's bound ran out while it was computed
-    s.fin_tasks = ()
-    s.host_draining = False
-    s.transport_open = False
+    s.host_task = ""
+    s.post(HOST, "drained", (), LIVE)
 
 
 def _clear_done(s: _W) -> None:
@@ -1037,8 +1064,14 @@ def _run_close_host(s: _W) -> None:
 
 
 def _run_close_room(s: _W) -> None:
-    # host.aclose() returned: its actor is closed; then the room work, then the room
-    # deletion is allowed (asked for first with delete_room_on_close) and waited for
+    # host.aclose() returned: its actor is closed, and its finalize's once it handled its
+    # mail; then the room work, then the room deletion is allowed (asked for first with
+    # delete_room_on_close) and waited for
+    while any(e[0] == FIN for e in s.queue):
+        s.model._deliver(s, next(i for i, e in enumerate(s.queue) if e[0] == FIN))
+    if s.fin_task:
+        _set_request(s, s.fin_req, "abandoned")  # cancelled with its actor, no reply
+    s.fin_task = s.host_task = s.t_host = ""
     s.host_actor_closed = True
     s.drop_mailbox(HOST)
     s.reading = False
