@@ -105,6 +105,10 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._simulators: set[str] = set()
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._shutdown_callbacks: list[ShutdownCallback] = []
+        # where run_close is and which callbacks have not returned: what the log line says
+        # when the close bound cuts it
+        self._close_step = ""
+        self._callbacks_running: dict[int, str] = {}
         self._reason = ""
         self._closed_at: float | None = None
         self._closed = asyncio.Event()
@@ -125,7 +129,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         self.actor = Actor(
             JOB,
             instance=instance,
-            effects={"run_close": self._run_close},
+            effects={"run_close": self._run_close, "report_cut": self._report_cut},
             guards={"hold_needed": lambda _ev: self.hold_needed},
             settings={
                 "session_end_timeout": float(session_end_timeout),
@@ -360,10 +364,12 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     # -- closing ---------------------------------------------------------------------------
     async def _run_close(self, _ev: Event) -> Event:
+        self._close_step = "the session host had not closed"
         try:
             await self.host.aclose()
         except Exception:
             logger.exception("closing the session host failed")
+        self._close_step = "the room had not disconnected"
         if self._room.isconnected():
             try:
                 await self._room.disconnect()
@@ -371,17 +377,37 @@ class JobRuntime(rtc.EventEmitter[str]):
                 logger.exception("disconnecting the room failed")
         # delete_room_on_close covers every way the job ends (upstream deletes from the
         # session's close, which a job shutdown also causes), after the hold, never before
+        self._close_step = "the room deletion had not returned"
         if self._delete_room_on_close:
             self.deletion.request()
         await self.deletion.allow()  # and wait for a deletion asked for (bounded)
+        self._close_step = ""
         await self._run_shutdown_callbacks()
         return Event("close_done")
 
+    def _report_cut(self, ev: Event) -> None:
+        after = ev.data.get("after", self._close_timeout)
+        if self._close_step:
+            what = self._close_step
+            if self._shutdown_callbacks:
+                what += "; the shutdown callbacks did not run"
+        else:
+            names = list(self._callbacks_running.values())
+            what = (
+                f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} "
+                "had not returned"
+            )
+        logger.warning("closing the job was cut off after %gs (close_timeout): %s", after, what)
+
     async def _run_shutdown_callbacks(self) -> None:
         async def run(cb: ShutdownCallback) -> None:
-            res = cb(self._reason) if _takes_argument(cb) else cb()
-            if inspect.isawaitable(res):
-                await res
+            self._callbacks_running[id(cb)] = getattr(cb, "__qualname__", repr(cb))
+            try:
+                res = cb(self._reason) if _takes_argument(cb) else cb()
+                if inspect.isawaitable(res):
+                    await res
+            finally:
+                self._callbacks_running.pop(id(cb), None)
 
         results = await asyncio.gather(
             *(run(cb) for cb in self._shutdown_callbacks), return_exceptions=True

@@ -96,7 +96,8 @@ class RoomDeletion:
 
     def _report_cut(self, ev: Event) -> None:
         logger.warning(
-            "deleting the room took longer than %gs; abandoned", ev.data.get("after", 0.0)
+            "deleting the room was cut off after %gs (close_timeout): the server did not answer",
+            ev.data.get("after", self._close_timeout),
         )
 
     def _report_never_allowed(self, _ev: Event) -> None:

@@ -54,6 +54,7 @@ JOB = MachineSpec(
             error_event="close_done",
             description="close host, disconnect, allow the room deletion, shutdown callbacks",
         ),
+        Effect(name="report_cut", description="log what the close bound cut off, and when"),
     ),
     rows=(
         *row("serving", "shutdown", "awaiting_finalize", guards=["hold_needed"]),
@@ -68,7 +69,7 @@ JOB = MachineSpec(
         *row("awaiting_finalize", "room_disconnected", "closing"),
         *row("awaiting_finalize", "hold_timeout", "closing"),
         *row("closing", "close_done", "closed"),
-        *row("closing", "close_timeout", "closed"),
+        *row("closing", "close_timeout", "closed", effects=["report_cut"]),
     ),
     ignore=(
         *cells("serving", "finalize_answered", "answered early: no hold will be needed"),

@@ -10,6 +10,7 @@ room's server-side deletion (an injected ``delete_room``) and the transport's by
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -641,3 +642,58 @@ async def test_trace_path_writes_a_replayable_production_trace(tmp_path: Path) -
 
 async def _noop_delete() -> None:
     return None
+
+
+# -- a close cut at its bound says what it cut off ---------------------------------------------
+
+
+async def test_a_hung_shutdown_callback_is_cut_at_close_timeout_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def never_returns() -> None:
+        await asyncio.Event().wait()
+
+    rig = JobRig(simulation=None, close_timeout=4.0)
+    rt = rig.runtime
+    rt.add_shutdown_callback(never_returns)
+    await rt.start()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        rt.shutdown("done")
+        await rig.clock.advance(4)
+        await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 4.0)
+    cut = [r for r in caplog.records if r.name == "agent_runtime.job"]
+    assert [(r.levelno, r.getMessage()) for r in cut] == [
+        (
+            logging.WARNING,
+            "closing the job was cut off after 4s (close_timeout): shutdown callback "
+            f"{never_returns.__qualname__} had not returned",
+        )
+    ]
+    await rt.aclose()
+
+
+async def test_a_hung_room_deletion_is_cut_at_close_timeout_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def never_answers() -> None:
+        await asyncio.Event().wait()
+
+    rig = JobRig(simulation=None, close_timeout=4.0, delete_room=never_answers)
+    rt = rig.runtime
+    await rt.start()
+    rt.request_room_deletion()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        rt.shutdown("done")
+        await rig.clock.advance(4)
+        await rig.settle()
+    assert (rt.state, rt.deletion.state, rt.room_deleted_at) == ("closed", "abandoned", None)
+    warnings = {r.name: r.getMessage() for r in caplog.records if r.levelno == logging.WARNING}
+    assert warnings == {
+        "agent_runtime.job": "closing the job was cut off after 4s (close_timeout): the room "
+        "deletion had not returned; the shutdown callbacks did not run",
+        "agent_runtime.room_deletion": "deleting the room was cut off after 4s "
+        "(close_timeout): the server did not answer",
+    }
+    assert rig.callbacks == []
+    await rt.aclose()

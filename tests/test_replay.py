@@ -33,7 +33,7 @@ async def record_trace(path: Path) -> None:
     job = Actor(
         MACHINES["job"],
         instance="job-1",
-        effects={"run_close": lambda ev: Event("close_done")},
+        effects={"run_close": lambda ev: Event("close_done"), "report_cut": lambda ev: None},
         guards=_guards_from_data("job"),
         settings={"session_end_timeout": 5.0},
         clock=clock,

@@ -440,7 +440,8 @@ class Model:
             "close_session": self._fx_close_session,
             # job: run_close is a state-scoped task, see _enter
             "run_close": _noop,
-            # room deletion: delete_room is its state-scoped task; the rest only log
+            # room deletion: delete_room is its state-scoped task; the rest only log (as the
+            # job's report_cut does)
             "delete_room": _noop,
             "record_deleted": _noop,
             "report_failure": _noop,
