@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .participant import ParticipantLink
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
+    from .session_transport import RoomRequestTransport
 
 _LAZY = {
     "AvatarLifecycle": "avatar",
@@ -31,6 +32,7 @@ _LAZY = {
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
     "RoomEventAdapter": "room_events",
+    "RoomRequestTransport": "session_transport",
     "on_session_end": "job",
     "session_end_hook": "job",
 }
@@ -58,6 +60,7 @@ __all__ = [
     "MemorySink",
     "ParticipantLink",
     "RoomEventAdapter",
+    "RoomRequestTransport",
     "StateChanged",
     "TraceRecord",
     "Tracer",

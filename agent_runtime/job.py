@@ -26,7 +26,7 @@ from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
-from livekit.agents.voice.remote_session import RoomSessionTransport, SessionTransport
+from livekit.agents.voice.remote_session import SessionTransport
 
 from statemachines.job import JOB
 
@@ -42,6 +42,7 @@ from .room_events import (
     RoomFact,
 )
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
+from .session_transport import RoomRequestTransport, SenderAware
 from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -114,8 +115,16 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._closed = asyncio.Event()
         self._started = False
         instance = room.name or "job"
+        if transport is None:
+            transport = RoomRequestTransport(room)
+        elif not isinstance(transport, SenderAware):
+            logger.warning(
+                "the session transport %s cannot say who sent a request: every "
+                "finalize_simulation will be refused (use RoomRequestTransport)",
+                type(transport).__name__,
+            )
         self.host = JobSessionHost(
-            transport if transport is not None else RoomSessionTransport(room),
+            transport,
             simulation=self._simulation,
             on_simulation_end=on_simulation_end,
             on_session_closed=self._on_session_closed,
@@ -125,6 +134,8 @@ class JobRuntime(rtc.EventEmitter[str]):
             instance=instance,
             # the host's drain is part of `closing`: leave room for the rest within its bound
             drain_timeout=min(3.0, self._close_timeout / 2),
+            # only the simulator participant decides the job's fate
+            is_simulator=lambda identity: identity in self._simulators,
         )
         self.actor = Actor(
             JOB,

@@ -38,6 +38,7 @@ from statemachines.session_host import SESSION_HOST
 from .actor import Actor, Event
 from .clock import AsyncioClock, Clock
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
+from .session_transport import SenderAware
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -47,9 +48,11 @@ logger = logging.getLogger("agent_runtime.session_host")
 
 NO_ACTIVE_SESSION = "no active session"
 HOST_CLOSING = "the session host is closing"
+NOT_THE_SIMULATOR = "finalize_simulation is accepted only from the simulator"
 __all__ = [
     "FINALIZE_UNFINISHED",
     "HOST_CLOSING",
+    "NOT_THE_SIMULATOR",
     "NO_ACTIVE_SESSION",
     "JobSessionHost",
     "SimulationEndFn",
@@ -125,7 +128,10 @@ class JobSessionHost(rtc.EventEmitter[str]):
     ``session_host`` or the ``finalize`` machine).
 
     ``on_session_closed(reason)`` is called when the attached session closes;
-    ``on_finalize_answered(verdict)`` once the finalize reply went out.
+    ``on_finalize_answered(verdict)`` once the finalize reply went out. With
+    ``is_simulator(identity)``, a ``finalize_simulation`` is answered only when its sender
+    (as the transport names it: ``RoomRequestTransport``) is the simulator participant;
+    anyone else gets an error reply and changes nothing.
     """
 
     def __init__(
@@ -140,10 +146,14 @@ class JobSessionHost(rtc.EventEmitter[str]):
         tracer: Tracer | None = None,
         instance: str = "",
         drain_timeout: float = 3.0,
+        is_simulator: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__()
         if on_simulation_end is not None and not callable(on_simulation_end):
             raise TypeError("on_simulation_end must be callable")
+        if is_simulator is not None and not callable(is_simulator):
+            raise TypeError("is_simulator must be callable")
+        self._is_simulator = is_simulator
         self._transport = transport
         self._simulation = simulation_context(simulation)
         self._on_session_closed = on_session_closed
@@ -176,13 +186,14 @@ class JobSessionHost(rtc.EventEmitter[str]):
                 "reply_no_session": self._reply_no_session,
                 "reply_error": self._reply_error,
                 "forward_finalize": self._forward_finalize,
+                "refuse_stranger": self._refuse_stranger,
                 "report_session_closed": self._report_session_closed,
                 "drain": self._drain,
                 "reply_closing": self._reply_closing,
                 "close_finalize": self._close_finalize,
                 "close_transport": self._close_transport,
             },
-            guards={"is_current": self._is_current},
+            guards={"is_current": self._is_current, "from_simulator": self._from_simulator},
             settings={"drain_timeout": drain_timeout},
             clock=self._clock,
             tracer=tracer,
@@ -287,10 +298,17 @@ class JobSessionHost(rtc.EventEmitter[str]):
 
     # -- incoming --------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
+        # who sent each request, when the transport can say (RoomRequestTransport can)
+        named = self._transport if isinstance(self._transport, SenderAware) else None
         it = self._transport.__aiter__()
         while True:
+            sender: str | None = None
             try:
-                msg = await it.__anext__()
+                if named is not None:
+                    received = await named.receive()
+                    msg, sender = received.message, received.sender
+                else:
+                    msg = await it.__anext__()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
@@ -301,16 +319,21 @@ class JobSessionHost(rtc.EventEmitter[str]):
                 await asyncio.sleep(0)
                 continue
             if msg.HasField("request"):
-                self._on_request(msg.request)
+                self._on_request(msg.request, sender)
             else:
                 logger.debug("ignored session message %r", msg.WhichOneof("message"))
 
-    def _on_request(self, req: agent_pb.SessionRequest) -> None:
+    def _on_request(self, req: agent_pb.SessionRequest, sender: str | None) -> None:
         if self.actor.closed:
             return
         kind = req.WhichOneof("request") or ""
         ref = next(self._refs)
-        data: dict[str, Any] = {"request_id": req.request_id, "kind": kind or "unknown", "ref": ref}
+        data: dict[str, Any] = {
+            "request_id": req.request_id,
+            "kind": kind or "unknown",
+            "ref": ref,
+            "caller": sender,
+        }
         problem = request_problem(req)
         if problem is not None:
             self._pending[ref] = req
@@ -328,6 +351,12 @@ class JobSessionHost(rtc.EventEmitter[str]):
     # -- guards ----------------------------------------------------------------------------
     def _is_current(self, ev: Event) -> bool:
         return self._attached is not None and ev.data.get("session") == self._attached.label
+
+    def _from_simulator(self, ev: Event) -> bool:
+        if self._is_simulator is None:
+            return True  # told nothing about the room: the host cannot tell, it answers
+        caller = ev.data.get("caller")
+        return isinstance(caller, str) and bool(caller) and self._is_simulator(caller)
 
     # -- effects ---------------------------------------------------------------------------
     async def _subscribe(self, ev: Event) -> None:
@@ -371,6 +400,14 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self.finalize.ask(
             {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
         )
+
+    async def _refuse_stranger(self, ev: Event) -> None:
+        self._pending.pop(int(ev.data["ref"]), None)
+        logger.warning(
+            "refused finalize_simulation from %r: not the simulator participant",
+            ev.data.get("caller"),
+        )
+        await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
     def _report_session_closed(self, ev: Event) -> None:
         if self._on_session_closed is not None:

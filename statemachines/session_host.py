@@ -4,7 +4,9 @@ At most one session is attached; attaching another detaches the first (and its e
 subscriptions). A session that is not the attached one detaching or closing changes
 nothing (A replaced by B, then A closes: B stays attached). With nothing attached a
 session request gets an explicit ``no active session`` error reply; ``finalize_simulation``
-needs only the job: it is forwarded to the ``finalize`` machine in every open state.
+needs only the job: it is forwarded to the ``finalize`` machine in every open state, when
+it comes from the simulator participant; anyone else's gets an error reply and changes
+nothing (the verdict decides the job's fate).
 Unknown request kinds and malformed requests get an error reply. Closing lets the replies
 in flight go out (``drain``, bounded by ``drain_timeout``; a request that still arrives
 gets an error reply), cuts a finalize answer still being computed (the simulator gets its
@@ -43,7 +45,10 @@ SESSION_HOST = MachineSpec(
         "drained",
         "drain_timeout",
     ),
-    guards=("is_current",),  # the event's session is the attached one
+    guards=(
+        "is_current",  # the event's session is the attached one
+        "from_simulator",  # the request's sender carries the lk.simulator attribute
+    ),
     effects=(
         Effect(
             name="subscribe", description="forward the new session's events, serve its requests"
@@ -53,6 +58,7 @@ SESSION_HOST = MachineSpec(
         Effect(name="reply_no_session", description="error reply: no active session"),
         Effect(name="reply_error", description="error reply naming what is wrong"),
         Effect(name="forward_finalize", description="hand it to the finalize machine"),
+        Effect(name="refuse_stranger", description="error reply: only from the simulator"),
         Effect(name="report_session_closed", description="tell the job its session closed"),
         Effect(
             name="drain",
@@ -79,7 +85,8 @@ SESSION_HOST = MachineSpec(
         *row("detached", "request", None, effects=["reply_no_session"]),
         *row("attached", "request", None, effects=["delegate_request"]),
         *row(OPEN, "bad_request", None, effects=["reply_error"]),
-        *row(OPEN, "finalize", None, effects=["forward_finalize"]),
+        *row(OPEN, "finalize", None, guards=["from_simulator"], effects=["forward_finalize"]),
+        *row(OPEN, "finalize", None, effects=["refuse_stranger"]),
         *row("detached", "close", "closing"),
         *row("attached", "close", "closing", effects=["unsubscribe"]),
         *row("closing", "request", None, effects=["reply_closing"]),

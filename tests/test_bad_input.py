@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from livekit import rtc
 
-from agent_runtime.session_host import NO_ACTIVE_SESSION
+from agent_runtime.session_host import NO_ACTIVE_SESSION, NOT_THE_SIMULATOR
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.runner import run_scenario
 from agent_runtime.testing.scenario import STEP_EVENTS, parse_scenario
@@ -191,6 +191,13 @@ TABLE: list[Bad] = [
         {"provisional_success": True},
         "this job is not a simulation",
         simulation=False,
+    ),
+    request(
+        "finalize-from-someone-else",
+        "finalize_simulation",
+        {"provisional_success": True},
+        NOT_THE_SIMULATOR,
+        caller=USER,  # in the room, without the lk.simulator attribute
     ),
     request("unknown-kind", "launch_rockets", {}, "unknown request kind"),
     request(
@@ -461,6 +468,7 @@ async def check_request(bad: Bad, *_: Any) -> None:
     simulation = bad.options.get("simulation", True)
     w = World(Config(simulation=simulation, avatar=False))
     w.room.add_participant(SIMULATOR, attributes={"lk.simulator": "1"})
+    w.room.add_participant(USER)
     await w.start()
     if bad.options.get("session", True):
         await w.start_session()
@@ -472,7 +480,7 @@ async def check_request(bad: Bad, *_: Any) -> None:
 
     before = snapshot()
     kind, payload = bad.given
-    rid = await w.request(kind, payload)
+    rid = await w.request(kind, payload, caller=bad.options.get("caller", SIMULATOR))
     await w.quiesce()
     (reply,) = w.replies[rid]
     assert reply.error == bad.error

@@ -142,7 +142,8 @@ DISPATCH = SimulationDispatch(simulation_run_id="run-ex", job_id="simjob-ex")
 async def test_agent_hangs_up_in_a_simulation_and_its_verdict_reaches_the_simulator(
     close_reason: CloseReason, veto: str | None
 ) -> None:
-    sim_end, agent_end = InMemorySessionTransport.pair()
+    # the simulator's end: its requests come from the participant "simulator"
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
     with Job(("simulator", {ATTRIBUTE_SIMULATOR: "1"})) as job:
         # what the dispatch and the job runner put on a simulated job
         job.ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)

@@ -137,6 +137,15 @@ def test_2_a_host_that_waits_forever_for_a_hung_verdict_is_reported() -> None:
     assert "on_simulation_end never returns for request #1" in steps
 
 
+def test_2_a_verdict_given_to_someone_not_the_simulator_is_reported() -> None:
+    # the from_simulator row left out: anyone's finalize reaches the finalize machine
+    anyone = Row(source="attached", event="finalize", dest=None, effects=("forward_finalize",))
+    broken = set_cell(HOST, "attached", "finalize", rows=[anyone])
+    detail, steps = _only(_run(1, specs={"session_host": broken}), 2)
+    assert detail == "finalize request #1, not from the simulator, got the verdict"
+    assert steps[0] == "finalize_simulation from someone not the simulator"
+
+
 def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
     detail, steps = _only(_run(1, glue=Glue(defer_room_deletion=False)), 3)
     assert detail == "the room was deleted while the job is serving"

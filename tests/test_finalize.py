@@ -34,12 +34,14 @@ class HeldEnd(InMemorySessionTransport):
         self.fail = False
         self.release = asyncio.Event()
 
-    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
+    async def send_message(
+        self, msg: agent_pb.AgentSessionMessage, *, sender: str | None = None
+    ) -> None:
         if self.hold and msg.response.HasField("finalize_simulation"):
             await self.release.wait()
             if self.fail:
                 raise RuntimeError("the room went away")
-        await super().send_message(msg)
+        await super().send_message(msg, sender=sender)
 
 
 class Setup:

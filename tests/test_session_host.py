@@ -20,6 +20,7 @@ from agent_runtime.session_host import (
     FINALIZE_UNFINISHED,
     HOST_CLOSING,
     NO_ACTIVE_SESSION,
+    NOT_THE_SIMULATOR,
     request_problem,
     simulation_context,
 )
@@ -327,6 +328,7 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("detached", "request"): ("transition", "detached", ("reply_no_session",)),
     ("detached", "bad_request"): ("transition", "detached", ("reply_error",)),
     ("detached", "finalize"): ("transition", "detached", ("forward_finalize",)),
+    ("detached", "finalize:stranger"): ("transition", "detached", ("refuse_stranger",)),
     ("detached", "close"): ("transition", "closing", ()),
     ("detached", "drained"): ("ignore", "detached", ()),
     ("detached", "drain_timeout"): ("ignore", "detached", ()),
@@ -343,6 +345,7 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("attached", "request"): ("transition", "attached", ("delegate_request",)),
     ("attached", "bad_request"): ("transition", "attached", ("reply_error",)),
     ("attached", "finalize"): ("transition", "attached", ("forward_finalize",)),
+    ("attached", "finalize:stranger"): ("transition", "attached", ("refuse_stranger",)),
     ("attached", "close"): ("transition", "closing", ("unsubscribe",)),
     ("attached", "drained"): ("ignore", "attached", ()),
     ("attached", "drain_timeout"): ("ignore", "attached", ()),
@@ -388,7 +391,7 @@ async def test_cell(state: str, trigger: str) -> None:
         if state == "closing":
             await gate.wait()  # a verdict still being computed keeps the host draining
 
-    rig = Rig(on_simulation_end=on_simulation_end)
+    rig = Rig(on_simulation_end=on_simulation_end, is_simulator=lambda who: who == "simulator")
     await rig.host.start()
     a, b = AgentSession(), AgentSession()  # unstarted: subscriptions and ping need no more
     event = trigger.split(":")[0]
@@ -442,6 +445,10 @@ async def test_cell(state: str, trigger: str) -> None:
         assert resp.HasField("pong") == (state == "attached")
     elif event == "bad_request":
         assert (await rig.sim.ask("launch_rockets")).error == "unknown request kind"
+    elif trigger == "finalize:stranger":
+        resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True}, sender="u")
+        assert resp.error == NOT_THE_SIMULATOR and not rig.host.finalize_answered
+        assert rig.host.finalize.state == "idle"  # it never reached the finalize machine
     elif event == "finalize":
         resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
         assert not resp.error and rig.host.finalize_answered

@@ -248,7 +248,10 @@ class _Simulation:
             request_id = f"RQ_{len(self.requests) + 1}"
             self.requests[request_id] = step.request
             req = build_request(step.request, step.payload, request_id=request_id)
-            await self.simulator_end.send_message(agent_pb.AgentSessionMessage(request=req))
+            # from the participant the step names, as the room's byte stream would say
+            await self.simulator_end.send_message(
+                agent_pb.AgentSessionMessage(request=req), sender=step.caller
+            )
         elif isinstance(step, sc.RpcOutcome):
             room.local_participant.rpc_script[step.method].append(step.result)
         else:  # pragma: no cover - the scenario model admits no other step

@@ -40,10 +40,12 @@ class Simulator:
             elif msg.HasField("event"):
                 self.events.append(msg.event)
 
-    async def send(self, kind: str, payload: dict[str, Any] | None = None) -> str:
+    async def send(
+        self, kind: str, payload: dict[str, Any] | None = None, *, sender: str | None = None
+    ) -> str:
         rid = f"req-{next(self._ids)}"
         req = build_request(kind, payload, request_id=rid)
-        await self.end.send_message(agent_pb.AgentSessionMessage(request=req))
+        await self.end.send_message(agent_pb.AgentSessionMessage(request=req), sender=sender)
         return rid
 
     async def reply(self, rid: str) -> agent_pb.SessionResponse:
@@ -55,9 +57,9 @@ class Simulator:
         raise AssertionError(f"no reply to {rid}")
 
     async def ask(
-        self, kind: str, payload: dict[str, Any] | None = None
+        self, kind: str, payload: dict[str, Any] | None = None, *, sender: str | None = None
     ) -> agent_pb.SessionResponse:
-        return await self.reply(await self.send(kind, payload))
+        return await self.reply(await self.send(kind, payload, sender=sender))
 
     def transcripts(self) -> list[str]:
         self.pump()
@@ -77,10 +79,12 @@ class Rig:
         simulation: Any = DISPATCH,
         on_simulation_end: Callable[[SimulationContext], Any] | None = None,
         transport: type[InMemorySessionTransport] = InMemorySessionTransport,
+        is_simulator: Callable[[str], bool] | None = None,
     ) -> None:
         self.clock = VirtualClock()
         self.sink = MemorySink()
-        self.sim_end, self.agent_end = transport.pair()
+        # the simulator's end: its messages come from the participant "simulator"
+        self.sim_end, self.agent_end = transport.pair(identities=("simulator", "agent"))
         self.sim = Simulator(self.sim_end)
         self.closed_reasons: list[str] = []
         self.answered: list[dict[str, Any] | None] = []
@@ -93,6 +97,7 @@ class Rig:
             clock=self.clock,
             tracer=Tracer(self.sink),
             instance="test",
+            is_simulator=is_simulator,
         )
 
     async def settle(self) -> None:

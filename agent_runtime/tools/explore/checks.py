@@ -35,7 +35,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         "finalize_once",
         "a finalize request that arrives before the hold ends is answered, exactly once "
         "(unless the simulator left or the room went first): with the verdict, or with an "
-        "explicit error",
+        "explicit error; the verdict goes to the simulator only",
     ),
     Invariant(
         3,
@@ -96,6 +96,7 @@ def holds(w: Facts) -> bool:
         or (w.host_actor_closed and w.fin_task)
         or w.hold_cut
         or any(status == "twice" for _, status in w.requests)
+        or (w.stranger_req >= 0 and w.requests[w.stranger_req][1] == "verdict")
     )
 
 
@@ -110,6 +111,9 @@ def safety(model: Model, w: Facts) -> list[Finding]:
             out.append((2, f"finalize request #{i + 1} got two replies"))
     if w.verdicts > 1:
         out.append((2, f"the verdict was delivered {w.verdicts} times"))
+    if w.stranger_req >= 0 and w.requests[w.stranger_req][1] == "verdict":
+        n = w.stranger_req + 1
+        out.append((2, f"finalize request #{n}, not from the simulator, got the verdict"))
     if w.deletions and w.job in LIVE_JOB:
         out.append((3, f"the room was deleted while the job is {w.job}"))
     if w.deletions > 1:

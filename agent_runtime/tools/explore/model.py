@@ -149,6 +149,7 @@ class World(NamedTuple):
     host_actor_closed: bool  # host.aclose() returned: both actors closed
     # the simulator's side: per finalize request (owed, status)
     requests: tuple[tuple[bool, str], ...]
+    stranger_req: int  # the request a participant who is not the simulator sent, or -1
     verdicts: int
     # marks for the checks
     hold_cut: str  # why the job closed while the simulator could still ask
@@ -228,6 +229,7 @@ class _W:
     reading: bool
     host_actor_closed: bool
     requests: tuple[tuple[bool, str], ...]
+    stranger_req: int
     verdicts: int
     hold_cut: str
     late: str
@@ -277,6 +279,7 @@ class _W:
             self.reading,
             self.host_actor_closed,
             self.requests,
+            self.stranger_req,
             self.verdicts,
             self.hold_cut,
             self.late,
@@ -326,6 +329,7 @@ class _W:
             self.reading,
             self.host_actor_closed,
             self.requests,
+            self.stranger_req,
             self.verdicts,
             self.hold_cut,
             self.late,
@@ -454,6 +458,7 @@ class Model:
             "reply_no_session": _noop,
             "reply_error": _noop,
             "forward_finalize": self._fx_forward_finalize,
+            "refuse_stranger": self._fx_reply_error,
             "report_session_closed": self._fx_report_session_closed,
             "drain": _noop,  # closing's state task, see _internal
             "reply_closing": self._fx_reply_error,
@@ -536,6 +541,7 @@ class Model:
             reading=True,
             host_actor_closed=False,
             requests=(),
+            stranger_req=-1,
             verdicts=0,
             hold_cut="",
             late="",
@@ -713,8 +719,13 @@ class Model:
             yield self._move("input", "simulator leaves", w, _simulator_leaves)
         if up and cfg.simulation and not w.simulator:
             yield self._move("input", "simulator joins", w, _simulator_joins)
-        if up and w.simulator and len(w.requests) < cfg.max_finalize_requests:
+        asked = len(w.requests) - (w.stranger_req >= 0)
+        if up and w.simulator and asked < cfg.max_finalize_requests:
             yield self._move("input", "finalize_simulation request", w, _finalize_request)
+        if up and w.reading and w.stranger_req < 0 and w.job in LIVE_JOB:
+            yield self._move(
+                "input", "finalize_simulation from someone not the simulator", w, _stranger_asks
+            )
         if w.sess_b == "none" and not w.host_actor_closed and w.host != "closed":
             yield self._move("input", "session B attaches", w, _attach_b)
         if w.sess_a == "running":
@@ -863,6 +874,8 @@ class Model:
         elif m == HOST:
             if g == "is_current":
                 return bool(s.attached) and s.attached == _get(params, "session")
+            if g == "from_simulator":
+                return bool(_get(params, "who", "simulator") == "simulator")
         elif m == FIN and g == "simulation":
             return cfg.simulation
         raise KeyError(f"the model has no value for guard {g!r} of machine {m!r}")
@@ -1014,7 +1027,7 @@ def _reply(s: _W, req: int, kind: str) -> bool:
     _, before = s.requests[req]
     if not sent:
         status = "no_room" if s.room != "connected" else "not_sent"
-    elif not s.simulator:
+    elif not s.simulator and req != s.stranger_req:
         status = "unreachable"  # sent into a room the simulator has left
     else:
         status = "twice" if before in ANSWERED else kind
@@ -1175,6 +1188,13 @@ def _finalize_request(s: _W) -> None:
     s.requests = (*s.requests, (owed, "queued" if s.reading else "not_read"))
     if s.reading:
         s.post(HOST, "finalize", _p(req=req))
+
+
+def _stranger_asks(s: _W) -> None:
+    # a participant without the lk.simulator attribute; it stays in the room
+    s.stranger_req = len(s.requests)
+    s.requests = (*s.requests, (False, "queued"))
+    s.post(HOST, "finalize", _p(req=s.stranger_req, who="stranger"))
 
 
 def _attach_b(s: _W) -> None:
