@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .participant import ParticipantLink, SessionCloseTimedOut
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
+    from .session_transport import RoomRequestTransport
     from .settings import JobSettings, SettingError
     from .snapshot import JobSnapshot
 
@@ -35,6 +36,7 @@ _LAZY = {
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
     "RoomEventAdapter": "room_events",
+    "RoomRequestTransport": "session_transport",
     "SessionCloseTimedOut": "participant",
     "on_session_end": "agent_job",
     "session_end_hook": "agent_job",
@@ -73,6 +75,7 @@ __all__ = [
     "OtelSink",
     "ParticipantLink",
     "RoomEventAdapter",
+    "RoomRequestTransport",
     "SessionCloseTimedOut",
     "SettingError",
     "StateChanged",

@@ -69,7 +69,8 @@ _Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
 
 
 class Actor(rtc.EventEmitter[str]):
-    """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``)."""
+    """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``) and,
+    once, ``closed``."""
 
     def __init__(
         self,
@@ -170,12 +171,36 @@ class Actor(rtc.EventEmitter[str]):
         while self._runner is not None:
             await asyncio.shield(self._runner)
 
+    async def until(self, done: Callable[[str], bool]) -> None:
+        """Wait until the mailbox is empty and ``done(state)`` holds, or the actor closed.
+        Unbounded: the caller's state bounds it (a timeout that ends the awaited state)."""
+        changed = asyncio.Event()
+
+        def wake(*_: Any) -> None:
+            changed.set()
+
+        self.on("state_changed", wake)
+        self.on("closed", wake)
+        try:
+            await self.join()
+            while not done(self._state) and not self._closed:
+                changed.clear()
+                await changed.wait()
+                await self.join()
+        finally:
+            self.off("state_changed", wake)
+            self.off("closed", wake)
+
     async def aclose(self) -> None:
         """Stop taking events, cancel the state's timer and tasks, drain nothing further."""
         if self._closed:
             return
         self._closed = True
         self._leave_state()
+        try:
+            self.emit("closed", self)
+        except Exception:
+            logger.exception("%s: a closed listener failed", self._who())
         runner, self._runner = self._runner, None
         if self._mailbox:
             for _, fut, _ in self._mailbox:

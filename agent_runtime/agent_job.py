@@ -44,9 +44,10 @@ from opentelemetry import context as otel_context
 from .actor import Actor, StateChanged
 from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of
 from .clock import AsyncioClock, Clock
-from .job import DeleteRoomFn, JobRuntime, ShutdownCallback
+from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
 from .participant import ParticipantLink, SessionCloseTimedOut
+from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
 from .settings import JobSettings, SettingError, job_settings
@@ -302,14 +303,7 @@ class AgentJob(rtc.EventEmitter[Events]):
     @property
     def states(self) -> dict[str, str]:
         """Every machine's current state, by machine name."""
-        out = {
-            "job": self.job.state,
-            "session_host": self.job.host_state,
-            "participant": self.link.state,
-        }
-        if self.avatar is not None:
-            out["avatar"] = self.avatar.state
-        return out
+        return {a.spec.name: a.state for a in self.actors}
 
     @property
     def finalize_answered(self) -> bool:

@@ -2,7 +2,8 @@
 
 The job keeps its room and its session host until the simulator has had its verdict:
 shutdown holds in ``awaiting_finalize`` only while a simulator is there to ask, and room
-deletion waits for the hold to end. See ``statemachines.job`` for the table.
+deletion (``room_deletion``, a machine of its own) waits for the hold to end. See
+``statemachines.job`` for the table.
 
 With livekit-agents, create it in the entrypoint with ``JobRuntime.from_job_context(ctx)``,
 start the primary ``AgentSession`` with ``session_host=False`` and attach it, and pass
@@ -25,12 +26,13 @@ from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
-from livekit.agents.voice.remote_session import RoomSessionTransport, SessionTransport
+from livekit.agents.voice.remote_session import SessionTransport
 
 from statemachines.job import JOB
 
 from .actor import Actor, Event, StateChanged
 from .clock import AsyncioClock, Clock
+from .room_deletion import DeleteRoomFn, RoomDeletion
 from .room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -40,6 +42,7 @@ from .room_events import (
 )
 from .routing import follow
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
+from .session_transport import RoomRequestTransport, SenderAware
 from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -48,14 +51,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agent_runtime.job")
 
-DeleteRoomFn = Callable[[], Awaitable[Any]]
 ShutdownCallback = Callable[..., Any]
 
 
 class JobRuntime(rtc.EventEmitter[str]):
-    """The job machine and its session host, over one room.
+    """The job machine, its session host and its room deletion, over one room.
 
-    Emits ``state_changed`` (a ``StateChanged``, from either machine) and ``closed``.
+    Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
     """
 
     def __init__(
@@ -95,7 +97,6 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = float(close_timeout)
         self._delete_room_on_close = bool(delete_room_on_close)
-        self._delete_room: DeleteRoomFn = delete_room or _server_api_deleter(room)
         self._before_disconnect = before_disconnect
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
@@ -104,18 +105,25 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._simulators: set[str] = set()
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._shutdown_callbacks: list[ShutdownCallback] = []
+        # where run_close is and which callbacks have not returned: what the log line says
+        # when the close bound cuts it
+        self._close_step = ""
+        self._callbacks_running: dict[int, str] = {}
         self._reason = ""
-        self._deletion_requested = False
-        self._deletion_started = False
-        self._room_step_done = False
-        self._late_deletion: asyncio.Task[None] | None = None
-        self._room_deleted_at: float | None = None
         self._closed_at: float | None = None
         self._closed = asyncio.Event()
         self._started = False
         instance = room.name or "job"
+        if transport is None:
+            transport = RoomRequestTransport(room)
+        elif not isinstance(transport, SenderAware):
+            logger.warning(
+                "the session transport %s cannot say who sent a request: every "
+                "finalize_simulation will be refused (use RoomRequestTransport)",
+                type(transport).__name__,
+            )
         self.host = JobSessionHost(
-            transport if transport is not None else RoomSessionTransport(room),
+            transport,
             simulation=self._simulation,
             on_simulation_end=on_simulation_end,
             on_session_closed=self._on_session_closed,
@@ -125,11 +133,13 @@ class JobRuntime(rtc.EventEmitter[str]):
             instance=instance,
             # the host's drain is part of `closing`: leave room for the rest within its bound
             drain_timeout=min(3.0, self._close_timeout / 2),
+            # only the simulator participant decides the job's fate
+            is_simulator=lambda identity: identity in self._simulators,
         )
         self.actor = Actor(
             JOB,
             instance=instance,
-            effects={"run_close": self._run_close},
+            effects={"run_close": self._run_close, "report_cut": self._report_cut},
             guards={"hold_needed": lambda _ev: self.hold_needed},
             settings={
                 "session_end_timeout": float(session_end_timeout),
@@ -138,8 +148,17 @@ class JobRuntime(rtc.EventEmitter[str]):
             clock=self._clock,
             tracer=tracer,
         )
+        # asked for by anyone, run once the job's closing work allows it
+        self.deletion = RoomDeletion(
+            delete_room or _server_api_deleter(room),
+            close_timeout=self._close_timeout,
+            clock=self._clock,
+            tracer=tracer,
+            instance=instance,
+        )
         self.actor.on("state_changed", self._on_job_state)
         self.host.on("state_changed", self._emit_state)
+        self.deletion.actor.on("state_changed", self._emit_state)
 
     # -- state and facts -------------------------------------------------------------------
     @property
@@ -185,7 +204,7 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     @property
     def room_deleted_at(self) -> float | None:
-        return self._room_deleted_at
+        return self.deletion.deleted_at
 
     @property
     def closed_at(self) -> float | None:
@@ -248,11 +267,7 @@ class JobRuntime(rtc.EventEmitter[str]):
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).
         Deferred to ``closing``; after the room work there it runs at once."""
-        self._deletion_requested = True
-        if self._room_step_done and not self._deletion_started:
-            self._late_deletion = asyncio.get_running_loop().create_task(
-                self._delete_room_late(), name="JobRuntime.delete_room"
-            )
+        self.deletion.request()
 
     def add_shutdown_callback(self, callback: ShutdownCallback) -> None:
         """Run ``callback(reason)`` (or ``callback()``) at the end of ``closing``; all of them
@@ -276,14 +291,20 @@ class JobRuntime(rtc.EventEmitter[str]):
         await self._unhook()
 
     async def abort(self) -> None:
-        """Stop both machines where they are (no hold, no close work), then release every
-        listener and task: for a teardown after the outcome is already known."""
-        await self.host.actor.aclose()
-        await self.host.aclose()
-        await self._unhook()
+        """Stop every machine where it is (no hold, no close work, no further transition),
+        then release every listener and task: for a teardown after the outcome is known."""
+        for actor in (self.actor, self.host.actor, self.host.finalize.actor, self.deletion.actor):
+            await actor.aclose()
+        await self.host.aclose()  # its machines are closed: only its reader is stopped
+        self._release_listeners()
 
     async def _unhook(self) -> None:
         await self.actor.aclose()
+        # a deletion under way (asked for late) runs to its end or its bound first
+        await self.deletion.aclose()
+        self._release_listeners()
+
+    def _release_listeners(self) -> None:
         if self._unsubscribe_facts is not None:
             self._unsubscribe_facts()
             self._unsubscribe_facts = None
@@ -293,8 +314,6 @@ class JobRuntime(rtc.EventEmitter[str]):
             with contextlib.suppress(Exception):
                 session.off("close", cb)
         self._session_listeners.clear()
-        if self._late_deletion is not None:
-            await asyncio.gather(self._late_deletion, return_exceptions=True)
         if self._trace_file is not None:
             self._trace_file.close()
 
@@ -356,6 +375,7 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     # -- closing ---------------------------------------------------------------------------
     async def _run_close(self, _ev: Event) -> Event:
+        self._close_step = "the session host had not closed"
         try:
             await self.host.aclose()
         except Exception:
@@ -363,6 +383,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         if self._before_disconnect is not None:
             # what needs the room (the session, the avatar's removal), within a share of the
             # bound so the room work and the callbacks still run
+            self._close_step = "the session and the avatar had not closed"
             bound = self._close_timeout / 3
             try:
                 await self._clock.wait_for(self._before_disconnect(), bound)
@@ -372,42 +393,45 @@ class JobRuntime(rtc.EventEmitter[str]):
                 )
             except Exception:
                 logger.exception("closing the session and the avatar failed")
+        self._close_step = "the room had not disconnected"
         if self._room.isconnected():
             try:
                 await self._room.disconnect()
             except Exception:
                 logger.exception("disconnecting the room failed")
-        self._room_step_done = True
         # delete_room_on_close covers every way the job ends (upstream deletes from the
         # session's close, which a job shutdown also causes), after the hold, never before
-        if self._deletion_requested or self._delete_room_on_close:
-            await self._delete_room_now()
+        self._close_step = "the room deletion had not returned"
+        if self._delete_room_on_close:
+            self.deletion.request()
+        await self.deletion.allow()  # and wait for a deletion asked for (bounded)
+        self._close_step = ""
         await self._run_shutdown_callbacks()
         return Event("close_done")
 
-    async def _delete_room_late(self) -> None:
-        # outside `closing` nothing else bounds it, and aclose() waits for it
-        try:
-            await self._clock.wait_for(self._delete_room_now(), self._close_timeout)
-        except TimeoutError:
-            logger.warning("deleting the room took longer than %gs; abandoned", self._close_timeout)
-
-    async def _delete_room_now(self) -> None:
-        if self._deletion_started:
-            return
-        self._deletion_started = True
-        try:
-            await self._delete_room()
-        except Exception as e:
-            logger.warning("deleting the room failed: %s", e)
-            return
-        self._room_deleted_at = self._clock.now()
+    def _report_cut(self, ev: Event) -> None:
+        after = ev.data.get("after", self._close_timeout)
+        if self._close_step:
+            what = self._close_step
+            if self._shutdown_callbacks:
+                what += "; the shutdown callbacks did not run"
+        else:
+            names = list(self._callbacks_running.values())
+            what = (
+                f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} "
+                "had not returned"
+            )
+        logger.warning("closing the job was cut off after %gs (close_timeout): %s", after, what)
 
     async def _run_shutdown_callbacks(self) -> None:
         async def run(cb: ShutdownCallback) -> None:
-            res = cb(self._reason) if _takes_argument(cb) else cb()
-            if inspect.isawaitable(res):
-                await res
+            self._callbacks_running[id(cb)] = getattr(cb, "__qualname__", repr(cb))
+            try:
+                res = cb(self._reason) if _takes_argument(cb) else cb()
+                if inspect.isawaitable(res):
+                    await res
+            finally:
+                self._callbacks_running.pop(id(cb), None)
 
         results = await asyncio.gather(
             *(run(cb) for cb in self._shutdown_callbacks), return_exceptions=True

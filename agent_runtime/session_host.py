@@ -9,18 +9,19 @@ Ordinary requests and event forwarding are livekit's own: each attached session 
 livekit ``SessionHost`` over a pipe whose replies and events go out on the job's transport.
 Detaching closes that per-session host, which removes its event subscriptions, so a replaced
 session's events stop at once while a new one's flow (upstream subscribes only the first
-session it ever sees). ``finalize_simulation`` is answered here, from the job's simulation
-context, whether or not a session is attached.
+session it ever sees). ``finalize_simulation`` is answered by the host's ``FinalizeAnswer``
+(the ``finalize`` machine), from the job's simulation context, whether or not a session is
+attached. Closing is a state of its own: the replies in flight go out within
+``drain_timeout`` (requests that still arrive get an error reply), a finalize answer still
+being computed is cut (its request gets an error reply), then the transport closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,15 +29,16 @@ from google.protobuf import message as pb_message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from livekit import rtc
 from livekit.agents import AgentSession
-from livekit.agents.simulation import SimulationContext, SimulationDispatch, SimulationVerdict
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionHost, SessionTransport
-from livekit.protocol import agent_simulation as sim_pb
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.session_host import SESSION_HOST
 
 from .actor import Actor, Event
 from .clock import AsyncioClock, Clock
+from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
+from .session_transport import SenderAware
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -45,8 +47,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("agent_runtime.session_host")
 
 NO_ACTIVE_SESSION = "no active session"
-FINALIZE_UNFINISHED = "on_simulation_end did not finish before the session host closed"
-SimulationEndFn = Callable[[SimulationContext], Any]
+HOST_CLOSING = "the session host is closing"
+NOT_THE_SIMULATOR = "finalize_simulation is accepted only from the simulator"
+__all__ = [
+    "FINALIZE_UNFINISHED",
+    "HOST_CLOSING",
+    "NOT_THE_SIMULATOR",
+    "NO_ACTIVE_SESSION",
+    "JobSessionHost",
+    "SimulationEndFn",
+    "request_problem",
+    "simulation_context",
+]
 
 
 def simulation_context(
@@ -112,10 +124,14 @@ class _Attached:
 
 
 class JobSessionHost(rtc.EventEmitter[str]):
-    """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``).
+    """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``, of the
+    ``session_host`` or the ``finalize`` machine).
 
     ``on_session_closed(reason)`` is called when the attached session closes;
-    ``on_finalize_answered(verdict)`` once the finalize reply went out.
+    ``on_finalize_answered(verdict)`` once the finalize reply went out. With
+    ``is_simulator(identity)``, a ``finalize_simulation`` is answered only when its sender
+    (as the transport names it: ``RoomRequestTransport``) is the simulator participant;
+    anyone else gets an error reply and changes nothing.
     """
 
     def __init__(
@@ -130,35 +146,36 @@ class JobSessionHost(rtc.EventEmitter[str]):
         tracer: Tracer | None = None,
         instance: str = "",
         drain_timeout: float = 3.0,
+        is_simulator: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__()
         if on_simulation_end is not None and not callable(on_simulation_end):
             raise TypeError("on_simulation_end must be callable")
+        if is_simulator is not None and not callable(is_simulator):
+            raise TypeError("is_simulator must be callable")
+        self._is_simulator = is_simulator
         self._transport = transport
         self._simulation = simulation_context(simulation)
-        self._on_simulation_end = on_simulation_end
         self._on_session_closed = on_session_closed
-        self._on_finalize_answered = on_finalize_answered
         self._clock: Clock = clock or AsyncioClock()
-        self._drain_timeout = drain_timeout
         self._labels = itertools.count(1)
         self._sessions: dict[str, AgentSession[Any]] = {}
         self._pending: dict[int, agent_pb.SessionRequest] = {}
         self._refs = itertools.count(1)
         self._attached: _Attached | None = None
         self._closing_hosts: set[asyncio.Task[None]] = set()
-        self._finalize_task: asyncio.Task[None] | None = None
-        self._finalize_request_id = ""
-        self._finalize_taken = False
-        # the verdict of a finalize whose reply could not be sent: a retry gets it again
-        # without running on_simulation_end twice
-        self._finalize_result: (
-            tuple[agent_pb.SessionResponse.FinalizeSimulationResponse, str] | None
-        ) = None
-        self._finalize_answered = False
-        self._verdict: dict[str, Any] | None = None
         self._recv_task: asyncio.Task[None] | None = None
         self._started = False
+        self.finalize = FinalizeAnswer(
+            transport.send_message,
+            simulation=self._simulation,
+            on_simulation_end=on_simulation_end,
+            on_answered=on_finalize_answered,
+            reply_timeout=drain_timeout,
+            clock=self._clock,
+            tracer=tracer,
+            instance=instance,
+        )
         self.actor = Actor(
             SESSION_HOST,
             instance=instance,
@@ -168,20 +185,23 @@ class JobSessionHost(rtc.EventEmitter[str]):
                 "delegate_request": self._delegate_request,
                 "reply_no_session": self._reply_no_session,
                 "reply_error": self._reply_error,
-                "answer_finalize": self._answer_finalize,
-                "refuse_finalize": self._refuse_finalize,
-                "report_finalize": self._report_finalize,
+                "forward_finalize": self._forward_finalize,
+                "refuse_stranger": self._refuse_stranger,
                 "report_session_closed": self._report_session_closed,
+                "drain": self._drain,
+                "reply_closing": self._reply_closing,
+                "close_finalize": self._close_finalize,
                 "close_transport": self._close_transport,
             },
-            guards={
-                "is_current": self._is_current,
-                "finalize_taken": lambda _ev: self._finalize_taken,
-            },
+            guards={"is_current": self._is_current, "from_simulator": self._from_simulator},
+            settings={"drain_timeout": drain_timeout},
             clock=self._clock,
             tracer=tracer,
+            # closing the finalize answer may wait for a reply under way, then its own
+            effect_timeout=max(5.0, 2 * drain_timeout),
         )
         self.actor.on("state_changed", self._emit_state)
+        self.finalize.actor.on("state_changed", self._emit_state)
 
     def _emit_state(self, sc: Any) -> None:
         # a listener's failure must not abort the machine's step that called it
@@ -206,16 +226,16 @@ class JobSessionHost(rtc.EventEmitter[str]):
 
     @property
     def finalize_answered(self) -> bool:
-        return self._finalize_answered
+        return self.finalize.answered
 
     @property
     def verdict(self) -> dict[str, Any] | None:
         """The agent's own verdict as delivered (``user_verdict``), or ``None``."""
-        return self._verdict
+        return self.finalize.verdict
 
     async def start(self) -> None:
         """Start the transport and begin reading requests."""
-        if self._started or self.actor.state == "closed":
+        if self._started or self.actor.state in ("closing", "closed"):
             return
         self._started = True
         self.actor.start()
@@ -235,7 +255,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
         """Attach ``session`` (detaching any other). Raises once the host is closed."""
         if not isinstance(session, AgentSession):
             raise TypeError(f"attach() takes an AgentSession, not {type(session).__name__}")
-        if self.actor.state == "closed" or self.actor.closed:
+        if self.actor.state in ("closing", "closed") or self.actor.closed:
             raise RuntimeError("the session host is closed; no session can attach")
         if getattr(session, "_session_host", None) is not None:
             raise ValueError(
@@ -263,21 +283,32 @@ class JobSessionHost(rtc.EventEmitter[str]):
         return label
 
     async def aclose(self) -> None:
-        """Close the host (drains in-flight replies, closes the transport) and its actor."""
-        if not self.actor.closed and self.actor.state != "closed":
-            with contextlib.suppress(Exception):
-                await self.actor.send(Event("close"))
+        """Close the host (in-flight replies go out within ``drain_timeout``, then the
+        transport closes) and release its machines."""
+        if not self.actor.closed:
+            if self.actor.state in ("detached", "attached"):
+                self.actor.post(Event("close"))
+            # bounded: closing ends at its drain bound, its effects at theirs
+            await self.actor.until(lambda state: state == "closed")
         await self.actor.aclose()
+        await self.finalize.aclose()
         await self._stop_recv()
         self._sessions.clear()
         self._pending.clear()
 
     # -- incoming --------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
+        # who sent each request, when the transport can say (RoomRequestTransport can)
+        named = self._transport if isinstance(self._transport, SenderAware) else None
         it = self._transport.__aiter__()
         while True:
+            sender: str | None = None
             try:
-                msg = await it.__anext__()
+                if named is not None:
+                    received = await named.receive()
+                    msg, sender = received.message, received.sender
+                else:
+                    msg = await it.__anext__()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
@@ -288,16 +319,21 @@ class JobSessionHost(rtc.EventEmitter[str]):
                 await asyncio.sleep(0)
                 continue
             if msg.HasField("request"):
-                self._on_request(msg.request)
+                self._on_request(msg.request, sender)
             else:
                 logger.debug("ignored session message %r", msg.WhichOneof("message"))
 
-    def _on_request(self, req: agent_pb.SessionRequest) -> None:
+    def _on_request(self, req: agent_pb.SessionRequest, sender: str | None) -> None:
         if self.actor.closed:
             return
         kind = req.WhichOneof("request") or ""
         ref = next(self._refs)
-        data: dict[str, Any] = {"request_id": req.request_id, "kind": kind or "unknown", "ref": ref}
+        data: dict[str, Any] = {
+            "request_id": req.request_id,
+            "kind": kind or "unknown",
+            "ref": ref,
+            "caller": sender,
+        }
         problem = request_problem(req)
         if problem is not None:
             self._pending[ref] = req
@@ -306,8 +342,8 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self._pending[ref] = req
         if kind == "finalize_simulation":
             fin = req.finalize_simulation
-            data["provisional_success"] = fin.provisional_success
-            data["provisional_reason"] = fin.provisional_reason
+            for name in _FINALIZE_FIELDS:
+                data[name] = getattr(fin, name)
             self.actor.post(Event("finalize", data))
         else:
             self.actor.post(Event("request", data))
@@ -315,6 +351,12 @@ class JobSessionHost(rtc.EventEmitter[str]):
     # -- guards ----------------------------------------------------------------------------
     def _is_current(self, ev: Event) -> bool:
         return self._attached is not None and ev.data.get("session") == self._attached.label
+
+    def _from_simulator(self, ev: Event) -> bool:
+        if self._is_simulator is None:
+            return True  # told nothing about the room: the host cannot tell, it answers
+        caller = ev.data.get("caller")
+        return isinstance(caller, str) and bool(caller) and self._is_simulator(caller)
 
     # -- effects ---------------------------------------------------------------------------
     async def _subscribe(self, ev: Event) -> None:
@@ -353,111 +395,43 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), str(ev.data["error"]))
 
-    async def _refuse_finalize(self, ev: Event) -> None:
+    def _forward_finalize(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
-        why = "answered" if self._finalize_answered else "being answered"
-        await self._send_error(str(ev.data["request_id"]), f"finalize_simulation was already {why}")
-
-    async def _answer_finalize(self, ev: Event) -> None:
-        req = self._pending.pop(int(ev.data["ref"]), None)
-        if req is None:
-            return
-        if self._simulation is None:
-            await self._send_error(req.request_id, "this job is not a simulation")
-            return
-        self._finalize_taken = True
-        # on_simulation_end may take a while (it often calls a model); it runs aside and
-        # reports back with finalize_done
-        self._finalize_request_id = req.request_id
-        self._finalize_task = asyncio.get_running_loop().create_task(
-            self._run_finalize(req), name="JobSessionHost.finalize"
+        self.finalize.ask(
+            {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
         )
 
-    async def _run_finalize(self, req: agent_pb.SessionRequest) -> None:
-        sim = self._simulation
-        assert sim is not None
-        if self._finalize_result is not None:
-            result, error = self._finalize_result
-        else:
-            result, error = agent_pb.SessionResponse.FinalizeSimulationResponse(), ""
-            fin = req.finalize_simulation
-            try:
-                sim._begin_finalize(
-                    simulator_verdict=SimulationVerdict(
-                        success=fin.provisional_success, reason=fin.provisional_reason
-                    ),
-                    run=sim_pb.SimulationRun(id=sim.simulation_run_id),
-                )
-                if self._on_simulation_end is not None:
-                    res = self._on_simulation_end(sim)
-                    if inspect.isawaitable(res):
-                        await res
-                if (uv := sim.user_verdict) is not None:
-                    result.user_verdict.success = uv.success
-                    result.user_verdict.reason = uv.reason
-            except Exception as e:
-                # the simulator still gets an answer: its own verdict stands
-                logger.exception("on_simulation_end failed")
-                error = f"on_simulation_end failed: {type(e).__name__}: {e}"
-            self._finalize_result = (result, error)
-        resp = agent_pb.SessionResponse(
-            request_id=req.request_id, error=error or None, finalize_simulation=result
+    async def _refuse_stranger(self, ev: Event) -> None:
+        self._pending.pop(int(ev.data["ref"]), None)
+        logger.warning(
+            "refused finalize_simulation from %r: not the simulator participant",
+            ev.data.get("caller"),
         )
-        delivered = True
-        try:
-            await self._transport.send_message(agent_pb.AgentSessionMessage(response=resp))
-        except Exception as e:
-            delivered = False
-            logger.warning("could not deliver the finalize_simulation reply: %s", e)
-        verdict = (
-            {"success": result.user_verdict.success, "reason": result.user_verdict.reason}
-            if result.HasField("user_verdict")
-            else None
-        )
-        self.actor.post(
-            Event(
-                "finalize_done",
-                {"request_id": req.request_id, "delivered": delivered, "verdict": verdict},
-            )
-        )
-
-    def _report_finalize(self, ev: Event) -> None:
-        if not ev.data.get("delivered"):
-            self._finalize_taken = False  # a retry is answered (with the same verdict)
-            return
-        self._finalize_answered = True
-        verdict = ev.data.get("verdict")
-        self._verdict = dict(verdict) if isinstance(verdict, Mapping) else None
-        if self._on_finalize_answered is not None:
-            self._on_finalize_answered(self._verdict)
+        await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
     def _report_session_closed(self, ev: Event) -> None:
         if self._on_session_closed is not None:
             self._on_session_closed(str(ev.data.get("reason", "")))
 
-    async def _close_transport(self, ev: Event) -> None:
-        await self._stop_recv()
-        waiting: list[asyncio.Task[Any]] = list(self._closing_hosts)
-        if self._finalize_task is not None and not self._finalize_task.done():
-            waiting.append(self._finalize_task)
-        if waiting:
-            # let replies already being worked on go out, within a bound
-            with contextlib.suppress(TimeoutError):
-                await self._clock.wait_for(
-                    asyncio.gather(*waiting, return_exceptions=True), self._drain_timeout
-                )
-            for t in waiting:
-                t.cancel()
-            await asyncio.gather(*waiting, return_exceptions=True)
-            finalize = self._finalize_task
-            if finalize is not None and finalize in waiting and finalize.cancelled():
-                # on_simulation_end never finished: the simulator still gets its one answer
-                # (its own verdict stands) rather than silence
-                with contextlib.suppress(Exception):
-                    await self._clock.wait_for(
-                        self._send_error(self._finalize_request_id, FINALIZE_UNFINISHED),
-                        self._drain_timeout,
-                    )
+    async def _drain(self, _ev: Event) -> Event:
+        # a state task of `closing`, cut by its drain_timeout
+        if self._closing_hosts:
+            await asyncio.gather(*self._closing_hosts, return_exceptions=True)
+        await self.finalize.settled()
+        return Event("drained")
+
+    async def _reply_closing(self, ev: Event) -> None:
+        self._pending.pop(int(ev.data["ref"]), None)
+        await self._send_error(str(ev.data["request_id"]), HOST_CLOSING)
+
+    async def _close_finalize(self, _ev: Event) -> None:
+        await self.finalize.close()
+
+    async def _close_transport(self, _ev: Event) -> None:
+        left = list(self._closing_hosts)
+        for t in left:
+            t.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
         self._pending.clear()
         await self._transport.close()
 
@@ -477,6 +451,8 @@ class JobSessionHost(rtc.EventEmitter[str]):
 
 
 # -- request validation -------------------------------------------------------
+
+_FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
 
 
 def request_problem(req: agent_pb.SessionRequest) -> str | None:

@@ -1,9 +1,10 @@
-"""Per-job footprint: the four actors of one job, for many live jobs in one process.
+"""Per-job footprint: the six actors of one job, for many live jobs in one process.
 
-A job here is what the runtime builds for every job: avatar, job, session_host and
-participant actors, each with its own handler and guard mappings (no-op handlers), one
-clock and one settings mapping shared by the four, each actor started (initial state
-entered), all built on a running loop. The jobs stay alive until measured.
+A job here is what the runtime builds for every job: avatar, job, session_host,
+participant, room_deletion and finalize actors, each with its own handler and guard
+mappings (no-op handlers), one clock and one settings mapping shared by the six, each
+actor started (initial state entered), all built on a running loop. The jobs stay alive
+until measured.
 
 Every run is a fresh interpreter (``python -m benchmarks.footprint N time|memory``), so
 each size starts from the same heap and garbage-collector state; time and memory are
@@ -33,12 +34,13 @@ from .table import Row, Target
 from .timing import Stopwatch
 
 SECTION = "footprint"
-JOB_MACHINES = ("avatar", "job", "session_host", "participant")
+JOB_MACHINES = ("avatar", "job", "session_host", "participant", "room_deletion", "finalize")
 SETTINGS = {
     "join_timeout": 30.0,
     "session_end_timeout": 300.0,
     "close_timeout": 10.0,
     "grace_period": 15.0,
+    "drain_timeout": 3.0,
 }
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +54,7 @@ def _false(*_: object) -> bool:
 
 
 def job_builder() -> Callable[[int], tuple[Any, ...]]:
-    """A function that builds the four started actors of job ``i``."""
+    """A function that builds the started actors of job ``i``."""
     from agent_runtime import Actor, AsyncioClock
     from statemachines.machines import MACHINES
 

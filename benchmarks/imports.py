@@ -52,7 +52,7 @@ PROBES = (
     Probe("import statemachines", "import statemachines", limit_ms=100.0),
     Probe("import statemachines beyond pydantic", "import statemachines", before=PYDANTIC_NAMES),
     Probe(
-        "import statemachines.machines (four specs built and validated)",
+        "import statemachines.machines (the specs built and validated)",
         "import statemachines.machines",
     ),
     Probe("import livekit.agents (for reference)", "import livekit.agents"),

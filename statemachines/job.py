@@ -6,8 +6,9 @@ a simulator is there to ask: ``hold_needed`` = the job is a simulation, a partic
 the ``lk.simulator`` attribute is present, the room is connected and no finalize was
 answered yet. The hold ends on the first of: finalize answered, the simulator left (other
 participants such as a SIP leg or an avatar do not count), the room disconnected,
-``session_end_timeout``. ``closing`` closes the host, then the room work (disconnect, the
-deferred deletion), then the shutdown callbacks, bounded by ``close_timeout``.
+``session_end_timeout``. ``closing`` closes the host, then the room work (disconnect), then
+allows the room deletion (``room_deletion``) and waits for it, then runs the shutdown
+callbacks, all bounded by ``close_timeout``.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
@@ -51,8 +52,9 @@ JOB = MachineSpec(
         Effect(
             name="run_close",
             error_event="close_done",
-            description="close host, disconnect, deferred room deletion, shutdown callbacks",
+            description="close host, disconnect, allow the room deletion, shutdown callbacks",
         ),
+        Effect(name="report_cut", description="log what the close bound cut off, and when"),
     ),
     rows=(
         *row("serving", "shutdown", "awaiting_finalize", guards=["hold_needed"]),
@@ -67,7 +69,7 @@ JOB = MachineSpec(
         *row("awaiting_finalize", "room_disconnected", "closing"),
         *row("awaiting_finalize", "hold_timeout", "closing"),
         *row("closing", "close_done", "closed"),
-        *row("closing", "close_timeout", "closed"),
+        *row("closing", "close_timeout", "closed", effects=["report_cut"]),
     ),
     ignore=(
         *cells("serving", "finalize_answered", "answered early: no hold will be needed"),

@@ -1,9 +1,13 @@
 """Every machine of the runtime, by name: the one list diagrams, tables and tests read."""
 
 from .avatar import AVATAR
+from .finalize import FINALIZE
 from .job import JOB
 from .participant import PARTICIPANT
+from .room_deletion import ROOM_DELETION
 from .session_host import SESSION_HOST
 from .spec import MachineSpec
 
-MACHINES: dict[str, MachineSpec] = {m.name: m for m in (AVATAR, JOB, SESSION_HOST, PARTICIPANT)}
+MACHINES: dict[str, MachineSpec] = {
+    m.name: m for m in (AVATAR, JOB, SESSION_HOST, PARTICIPANT, ROOM_DELETION, FINALIZE)
+}

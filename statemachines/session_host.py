@@ -4,13 +4,20 @@ At most one session is attached; attaching another detaches the first (and its e
 subscriptions). A session that is not the attached one detaching or closing changes
 nothing (A replaced by B, then A closes: B stays attached). With nothing attached a
 session request gets an explicit ``no active session`` error reply; ``finalize_simulation``
-needs only the job and is answered in every state but ``closed``, once: a second one gets an
-error reply. Unknown request kinds and malformed requests get an error reply.
+needs only the job: it is forwarded to the ``finalize`` machine in every open state, when
+it comes from the simulator participant; anyone else's gets an error reply and changes
+nothing (the verdict decides the job's fate).
+Unknown request kinds and malformed requests get an error reply. Closing lets the replies
+in flight go out (``drain``, bounded by ``drain_timeout``; a request that still arrives
+gets an error reply), cuts a finalize answer still being computed (the simulator gets its
+error reply), then closes the transport.
 """
 
-from .spec import Effect, MachineSpec, State, cells, row
+from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
 
 OPEN = ["detached", "attached"]
+REQUESTS = ["request", "finalize", "bad_request"]
+DRAIN = ["drained", "drain_timeout"]
 
 SESSION_HOST = MachineSpec(
     name="session_host",
@@ -19,6 +26,12 @@ SESSION_HOST = MachineSpec(
     states=(
         State(name="detached", description="no session; requests get 'no active session'"),
         State(name="attached", description="one session's events are forwarded"),
+        State(
+            name="closing",
+            timeout=StateTimeout(event="drain_timeout", setting="drain_timeout", default=3.0),
+            invoke=("drain",),
+            description="replies in flight go out, bounded; new requests get an error",
+        ),
         State(name="closed", final=True, description="transport closed; nothing is answered"),
     ),
     events=(
@@ -28,12 +41,13 @@ SESSION_HOST = MachineSpec(
         "request",  # {request_id, kind}: an ordinary, well-formed session request
         "finalize",  # {request_id, ...}: a well-formed finalize_simulation request
         "bad_request",  # {request_id, kind, error}: unknown kind or malformed payload
-        "finalize_done",  # {request_id, delivered, verdict}: the finalize reply went out (or not)
         "close",
+        "drained",
+        "drain_timeout",
     ),
     guards=(
         "is_current",  # the event's session is the attached one
-        "finalize_taken",  # a finalize is being answered or was answered
+        "from_simulator",  # the request's sender carries the lk.simulator attribute
     ),
     effects=(
         Effect(
@@ -43,14 +57,16 @@ SESSION_HOST = MachineSpec(
         Effect(name="delegate_request", description="answer from the attached session"),
         Effect(name="reply_no_session", description="error reply: no active session"),
         Effect(name="reply_error", description="error reply naming what is wrong"),
-        Effect(
-            name="answer_finalize",
-            description="run on_simulation_end, reply with the verdict (reported as finalize_done)",
-        ),
-        Effect(name="refuse_finalize", description="error reply: already answered / in progress"),
-        Effect(name="report_finalize", description="tell the job the verdict was delivered"),
+        Effect(name="forward_finalize", description="hand it to the finalize machine"),
+        Effect(name="refuse_stranger", description="error reply: only from the simulator"),
         Effect(name="report_session_closed", description="tell the job its session closed"),
-        Effect(name="close_transport", description="drain in-flight replies, close the transport"),
+        Effect(
+            name="drain",
+            description="wait for the replies in flight and the finalize answer (drained)",
+        ),
+        Effect(name="reply_closing", description="error reply: the session host is closing"),
+        Effect(name="close_finalize", description="close the finalize machine (cuts an answer)"),
+        Effect(name="close_transport", description="close the transport"),
     ),
     rows=(
         *row("detached", "attach", "attached", effects=["subscribe"]),
@@ -69,21 +85,31 @@ SESSION_HOST = MachineSpec(
         *row("detached", "request", None, effects=["reply_no_session"]),
         *row("attached", "request", None, effects=["delegate_request"]),
         *row(OPEN, "bad_request", None, effects=["reply_error"]),
-        *row(OPEN, "finalize", None, guards=["finalize_taken"], effects=["refuse_finalize"]),
-        *row(OPEN, "finalize", None, effects=["answer_finalize"]),
-        *row(OPEN, "finalize_done", None, effects=["report_finalize"]),
-        *row("detached", "close", "closed", effects=["close_transport"]),
-        *row("attached", "close", "closed", effects=["unsubscribe", "close_transport"]),
+        *row(OPEN, "finalize", None, guards=["from_simulator"], effects=["forward_finalize"]),
+        *row(OPEN, "finalize", None, effects=["refuse_stranger"]),
+        *row("detached", "close", "closing"),
+        *row("attached", "close", "closing", effects=["unsubscribe"]),
+        *row("closing", "request", None, effects=["reply_closing"]),
+        *row("closing", "finalize", None, effects=["reply_closing"]),
+        *row("closing", "bad_request", None, effects=["reply_closing"]),
+        *row("closing", "drained", "closed", effects=["close_finalize", "close_transport"]),
+        *row("closing", "drain_timeout", "closed", effects=["close_finalize", "close_transport"]),
     ),
     ignore=(
         *cells("detached", "detach", "nothing attached"),
         *cells("detached", "session_closed", "a detached session closing is not the job's end"),
+        *cells(OPEN, DRAIN, "stale task/timer"),
+        *cells("closing", ["detach", "session_closed"], "already unsubscribed"),
+        *cells("closing", "close", "already closing"),
         *cells(
             "closed",
-            ["detach", "session_closed", "request", "finalize", "bad_request", "finalize_done"],
+            ["detach", "session_closed", *REQUESTS, *DRAIN],
             "the transport is gone: nothing can be answered",
         ),
         *cells("closed", "close", "already closed"),
     ),
-    reject=(*cells("closed", "attach", "the host is closed"),),
+    reject=(
+        *cells("closing", "attach", "the host is closing"),
+        *cells("closed", "attach", "the host is closed"),
+    ),
 )

@@ -215,3 +215,21 @@ async def test_state_changed_is_emitted() -> None:
 async def test_missing_handler_is_refused() -> None:
     with pytest.raises(ValueError, match="no handler for glow"):
         Actor(LAMP, effects={}, guards={"armed": lambda e: True})
+
+
+async def test_until_waits_for_a_state_and_returns_when_the_actor_closes() -> None:
+    h = Harness(auto_off=5.0)
+    await h.actor.until(lambda state: state == "off")  # already there: at once
+    h.actor.post(Event("press"))
+    waiting = asyncio.ensure_future(h.actor.until(lambda state: state == "off"))
+    await h.clock.advance(4.0)
+    assert not waiting.done() and h.actor.state == "on"
+    await h.clock.advance(1.0)  # the timeout takes it back to off
+    assert waiting.done() and h.actor.state == "off"
+    await h.actor.send(Event("press"))
+    never = asyncio.ensure_future(h.actor.until(lambda state: state == "broken"))
+    await h.clock.advance(0)
+    assert not never.done()
+    await h.actor.aclose()  # a closed actor changes no more: the wait ends
+    await h.clock.advance(0)
+    assert never.done() and h.actor.state == "on"

@@ -71,7 +71,7 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
     ctx: JobContext, room: InMemoryRoom, clock: VirtualClock
 ) -> None:
     room.add_participant("simulator", attributes=SIM)
-    sim_end, agent_end = InMemorySessionTransport.pair()
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
     order: list[str] = []
 
     async def on_simulation_end(sim: SimulationContext) -> None:
@@ -89,7 +89,13 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
     assert AgentJob.for_job(ctx) is job
     await job.start(Agent(instructions="agent"))
     await settle()
-    assert job.states == {"job": "serving", "session_host": "attached", "participant": "linked"}
+    assert job.states == {
+        "job": "serving",
+        "session_host": "attached",
+        "participant": "linked",
+        "room_deletion": "kept",
+        "finalize": "idle",
+    }
     await job.session.aclose()  # upstream: the session closes before on_session_end
     await settle()
 
@@ -231,6 +237,8 @@ async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room
         "session_host": "closed",
         "participant": "closed",
         "avatar": "closed",
+        "room_deletion": "allowed",  # allowed once the hold ended; nobody asked for it
+        "finalize": "closed",
     }
     assert not room.isconnected()
     await job.aclose()
@@ -254,7 +262,7 @@ async def test_a_production_trace_records_every_machine(
     await job.aclose()
     trace = read_trace(tmp_path / "fake-job-aj-room.jsonl")
     machines = {r.machine for r in trace if r.kind == "transition"}
-    assert machines == {"job", "session_host", "participant"}
+    assert machines == {"job", "session_host", "participant", "room_deletion", "finalize"}
 
 
 async def test_a_session_close_that_hangs_still_ends_the_job(

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 from livekit import rtc
 
-from agent_runtime.session_host import NO_ACTIVE_SESSION
+from agent_runtime.session_host import NO_ACTIVE_SESSION, NOT_THE_SIMULATOR
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.runner import run_scenario
 from agent_runtime.testing.scenario import STEP_EVENTS, parse_scenario
@@ -247,6 +247,13 @@ TABLE: list[Bad] = [
         {"provisional_success": True},
         "this job is not a simulation",
         simulation=False,
+    ),
+    request(
+        "finalize-from-someone-else",
+        "finalize_simulation",
+        {"provisional_success": True},
+        NOT_THE_SIMULATOR,
+        caller=USER,  # in the room, without the lk.simulator attribute
     ),
     request("unknown-kind", "launch_rockets", {}, "unknown request kind"),
     request(
@@ -557,7 +564,8 @@ TABLE: list[Bad] = [
     trace(
         "unknown-machine",
         record(machine="robot"),
-        "1: unknown machine 'robot'; machines: avatar, job, session_host, participant",
+        "1: unknown machine 'robot'; machines: avatar, job, session_host, participant, "
+        "room_deletion, finalize",
     ),
     # issue 13 item 8: tracebacks, and traces that said nothing passing as agreement
     trace(
@@ -649,6 +657,7 @@ async def check_request(bad: Bad, *_: Any) -> None:
     simulation = bad.options.get("simulation", True)
     w = World(Config(simulation=simulation, avatar=False))
     w.room.add_participant(SIMULATOR, attributes={"lk.simulator": "1"})
+    w.room.add_participant(USER)
     await w.start()
     if bad.options.get("session", True):
         await w.start_session()
@@ -660,7 +669,7 @@ async def check_request(bad: Bad, *_: Any) -> None:
 
     before = snapshot()
     kind, payload = bad.given
-    rid = await w.request(kind, payload)
+    rid = await w.request(kind, payload, caller=bad.options.get("caller", SIMULATOR))
     await w.quiesce()
     (reply,) = w.replies[rid]
     assert reply.error == bad.error

@@ -119,14 +119,17 @@ def test_table_prints_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out == terminal_table(MACHINES["session_host"])
     assert re.search(r"\n  attach +REJECT  \(the host is closed\)", out)
-    assert not re.search(r"\n  finalize +\[finalize_taken\] -> ", out)  # internal reads internal
-    assert re.search(r"\n  finalize +\[finalize_taken\] internal / refuse_finalize", out)
+    assert not re.search(r"\n  attach +\[is_current\] -> ", out)  # internal reads internal
+    assert re.search(r"\n  attach +\[is_current\] internal\n +else internal / unsubscribe", out)
 
 
 def test_table_of_an_unknown_machine_lists_the_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["table", "robot"]) == 2
     err = capsys.readouterr().err
-    assert "unknown machine 'robot'; machines: avatar, job, session_host, participant" in err
+    assert (
+        "unknown machine 'robot'; machines: avatar, job, session_host, participant, "
+        "room_deletion, finalize" in err
+    )
 
 
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:

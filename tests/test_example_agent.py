@@ -160,7 +160,8 @@ DISPATCH = SimulationDispatch(simulation_run_id="run-ex", job_id="simjob-ex")
 async def test_agent_hangs_up_in_a_simulation_and_its_verdict_reaches_the_simulator(
     close_reason: CloseReason, veto: str | None
 ) -> None:
-    sim_end, agent_end = InMemorySessionTransport.pair()
+    # the simulator's end: its requests come from the participant "simulator"
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
     with Job(("simulator", {ATTRIBUTE_SIMULATOR: "1"})) as job:
         # what the dispatch and the job runner put on a simulated job
         job.ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
@@ -264,7 +265,7 @@ async def test_an_unwritable_trace_path_fails_the_job_before_anything_starts(
 async def test_a_simulated_run_with_a_joined_avatar_is_not_vetoed() -> None:
     """The avatar goes with the session, so by the verdict the route is torn down: the
     verdict looks at where the audio went while the session was live."""
-    sim_end, agent_end = InMemorySessionTransport.pair()
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
     with Job(("simulator", {ATTRIBUTE_SIMULATOR: "1"})) as job, pytest.MonkeyPatch.context() as mp:
         mp.setenv("AGENT_AVATAR", SCRIPTED)
         job.ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)

@@ -29,6 +29,7 @@ from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
+DELETION, FINALIZE = MACHINES["room_deletion"], MACHINES["finalize"]
 SIM = Config(simulation=True, close_on_disconnect=True, grace=True)
 PLAIN = Config(simulation=False, close_on_disconnect=True, grace=True)
 
@@ -155,10 +156,10 @@ def test_2_a_finalize_never_answered_is_reported() -> None:
 
 
 def test_2_a_verdict_delivered_twice_is_reported() -> None:
-    # without the finalize_taken row, a second request computes and sends a second verdict
-    answer = Row(source="attached", event="finalize", dest=None, effects=("answer_finalize",))
-    broken = set_cell(HOST, "attached", "finalize", rows=[answer])
-    detail, steps = _only(_run(4, specs={"session_host": broken}), 2)
+    # answering again once answered: a second request computes and sends a second verdict
+    again = Row(source="answered", event="request", dest="answering", effects=("take_request",))
+    broken = set_cell(FINALIZE, "answered", "request", rows=[again])
+    detail, steps = _only(_run(4, specs={"finalize": broken}), 2)
     assert detail == "the verdict was delivered 2 times"
     assert steps.count("finalize_simulation request") == 2
 
@@ -169,10 +170,39 @@ def test_2_a_host_closing_over_a_verdict_in_flight_is_reported() -> None:
     assert steps[0] == "finalize_simulation request"
 
 
+def test_2_a_cut_answer_left_without_its_error_reply_is_reported() -> None:
+    cut = Row(source="answering", event="close", dest="closed")  # reply_unfinished left out
+    broken = set_cell(FINALIZE, "answering", "close", rows=[cut])
+    detail, steps = _only(_run(3, specs={"finalize": broken}), 2)
+    assert detail == "finalize request #1 was never answered (taken)"
+    assert "on_simulation_end never returns for request #1" in steps
+    assert steps[-1] == "  -> session_host handles drain_timeout"
+
+
+def test_2_a_host_that_waits_forever_for_a_hung_verdict_is_reported() -> None:
+    broken = set_cell(HOST, "closing", "drain_timeout", kind="ignore")
+    detail, steps = _only(_run(3, specs={"session_host": broken}), 2)
+    assert detail == "finalize request #1 was never answered (taken)"
+    assert "on_simulation_end never returns for request #1" in steps
+
+
+def test_2_a_verdict_given_to_someone_not_the_simulator_is_reported() -> None:
+    # the from_simulator row left out: anyone's finalize reaches the finalize machine
+    anyone = Row(source="attached", event="finalize", dest=None, effects=("forward_finalize",))
+    broken = set_cell(HOST, "attached", "finalize", rows=[anyone])
+    detail, steps = _only(_run(1, specs={"session_host": broken}), 2)
+    assert detail == "finalize request #1, not from the simulator, got the verdict"
+    assert steps[0] == "finalize_simulation from someone not the simulator"
+
+
 def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
     detail, steps = _only(_run(1, glue=Glue(defer_room_deletion=False)), 3)
     assert detail == "the room was deleted while the job is serving"
-    assert steps == ["end-call tool asks for room deletion"]
+    assert steps == [
+        "end-call tool asks for room deletion",
+        "  -> room_deletion handles request",
+        "  -> room_deletion handles allow",
+    ]
 
 
 def test_3_a_job_that_goes_back_to_holding_after_closing_is_reported() -> None:
@@ -181,6 +211,34 @@ def test_3_a_job_that_goes_back_to_holding_after_closing_is_reported() -> None:
     detail, steps = _only(_run(2, specs={"job": broken}, config=config), 3)
     assert detail == "the room was deleted while the job is awaiting_finalize"
     assert "  -> job handles close_done" in steps
+
+
+def test_3_a_deletion_that_does_not_wait_for_the_job_is_reported() -> None:
+    broken = set_dest(DELETION, "kept", "request", "deleting")
+    detail, steps = _only(_run(1, specs={"room_deletion": broken}), 3)
+    assert detail == "the room was deleted while the job is serving"
+    assert steps == ["end-call tool asks for room deletion", "  -> room_deletion handles request"]
+
+
+def test_3_a_deletion_that_runs_twice_is_reported() -> None:
+    # the release re-entering deleting instead of waiting for it: a second server call
+    again = Row(source="deleting", event="close", dest="deleting")
+    broken = set_cell(DELETION, "deleting", "close", rows=[again])
+    detail, steps = _only(_run(3, specs={"room_deletion": broken}, config=PLAIN), 3)
+    assert detail == "the room deletion ran 2 times"
+    assert steps[-2:] == [
+        "JobRuntime.aclose(): the deletion released",
+        "  -> room_deletion handles close",
+    ]
+
+
+def test_5_a_deletion_the_job_never_allows_is_reported() -> None:
+    broken = set_cell(DELETION, "requested", "allow", kind="ignore")
+    detail, steps = _only(_run(2, specs={"room_deletion": broken}, config=PLAIN), 5)
+    assert detail == (
+        "the job closed without its close work (session_host closed, room disconnected)"
+    )
+    assert "end-call tool asks for room deletion" in steps
 
 
 def test_4_two_sessions_forwarded_is_reported() -> None:
@@ -221,13 +279,13 @@ def test_5_a_close_left_to_a_hung_callback_is_reported() -> None:
     broken = set_cell(JOB, "closing", "close_timeout", kind="ignore")
     detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN), 5)
     assert detail == "after every bound the job is still closing"
-    assert "run_close: room work, a shutdown callback hangs" in steps
+    assert "run_close: a shutdown callback hangs" in steps
 
 
 def test_6_a_timer_left_armed_is_reported() -> None:
     detail, steps = _only(_run(3, glue=Glue(cancel_timers_on_exit=False), config=PLAIN), 6)
-    assert detail == "job: the closing timer is still armed in closed"
-    assert steps[-1] == "  -> job handles close_done"
+    assert detail == "session_host: the closing timer is still armed in closed"
+    assert steps[-1] == "  -> session_host handles drained"
 
 
 def test_6_a_stale_timeout_handled_is_reported() -> None:

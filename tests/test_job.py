@@ -10,23 +10,23 @@ room's server-side deletion (an injected ``delete_room``) and the transport's by
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason, UserInputTranscribedEvent
-from livekit.agents.voice.remote_session import (
-    TOPIC_SESSION_MESSAGES,
-    RoomSessionTransport,
-)
+from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import Event, VirtualClock, settle
 from agent_runtime.job import JobRuntime
+from agent_runtime.session_host import NOT_THE_SIMULATOR
+from agent_runtime.session_transport import RoomRequestTransport
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.wire import build_request
-from tests.support.job_rig import SIM, JobRig, bare_session, session_in
+from tests.support.job_rig import DISPATCH, SIM, JobRig, bare_session, session_in
 
 
 async def test_agent_hangs_up_then_finalize_arrives_verdict_delivered_room_deleted_after() -> None:
@@ -417,7 +417,8 @@ async def test_default_transport_is_the_room_byte_stream_topic() -> None:
     room = InMemoryRoom(name="r", clock=clock)
     room.connect_locally()
     rt = JobRuntime(room=room, clock=clock)
-    assert isinstance(rt.host._transport, RoomSessionTransport)
+    # livekit's byte stream on lk.agent.session, each message with its sender's identity
+    assert isinstance(rt.host._transport, RoomRequestTransport)
     session = await bare_session("agent")
     rt.attach(session)
     await rt.start()
@@ -581,3 +582,143 @@ async def test_trace_path_writes_a_replayable_production_trace(tmp_path: Path) -
 
 async def _noop_delete() -> None:
     return None
+
+
+# -- a close cut at its bound says what it cut off ---------------------------------------------
+
+
+async def test_a_hung_shutdown_callback_is_cut_at_close_timeout_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def never_returns() -> None:
+        await asyncio.Event().wait()
+
+    rig = JobRig(simulation=None, close_timeout=4.0)
+    rt = rig.runtime
+    rt.add_shutdown_callback(never_returns)
+    await rt.start()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        rt.shutdown("done")
+        await rig.clock.advance(4)
+        await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 4.0)
+    cut = [r for r in caplog.records if r.name == "agent_runtime.job"]
+    assert [(r.levelno, r.getMessage()) for r in cut] == [
+        (
+            logging.WARNING,
+            "closing the job was cut off after 4s (close_timeout): shutdown callback "
+            f"{never_returns.__qualname__} had not returned",
+        )
+    ]
+    await rt.aclose()
+
+
+async def test_a_hung_room_deletion_is_cut_at_close_timeout_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def never_answers() -> None:
+        await asyncio.Event().wait()
+
+    rig = JobRig(simulation=None, close_timeout=4.0, delete_room=never_answers)
+    rt = rig.runtime
+    await rt.start()
+    rt.request_room_deletion()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        rt.shutdown("done")
+        await rig.clock.advance(4)
+        await rig.settle()
+    assert (rt.state, rt.deletion.state, rt.room_deleted_at) == ("closed", "abandoned", None)
+    warnings = {r.name: r.getMessage() for r in caplog.records if r.levelno == logging.WARNING}
+    assert warnings == {
+        "agent_runtime.job": "closing the job was cut off after 4s (close_timeout): the room "
+        "deletion had not returned; the shutdown callbacks did not run",
+        "agent_runtime.room_deletion": "deleting the room was cut off after 4s "
+        "(close_timeout): the server did not answer",
+    }
+    assert rig.callbacks == []
+    await rt.aclose()
+
+
+# -- only the simulator gets the verdict -------------------------------------------------------
+
+
+async def test_a_finalize_from_anyone_but_the_simulator_is_refused_and_changes_nothing() -> None:
+    rig = JobRig(delete_room_on_close=True, others=(("user", "standard"),))
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("end call")
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+    # a participant without the lk.simulator attribute asks for the verdict
+    req = build_request("finalize_simulation", {"provisional_success": True}, request_id="x")
+    await rig.sim_end.send_message(agent_pb.AgentSessionMessage(request=req), sender="user")
+    await rig.settle()
+    (reply,) = rig.sim_end.receive_nowait()
+    assert (reply.response.request_id, reply.response.error) == ("x", NOT_THE_SIMULATOR)
+    assert rig.verdicts_seen == []  # on_simulation_end did not run
+    assert (rt.state, rt.finalize_answered, rig.deletions) == ("awaiting_finalize", False, [])
+    await rig.clock.advance(5)
+    # the real simulator's finalize afterwards is answered, and only then does the job close
+    remote = await rig.remote()
+    resp = await remote.finalize_simulation(provisional_success=True)
+    await rig.settle()
+    assert resp.user_verdict.reason == "orders table does not match the scenario"
+    assert (rt.state, rt.closed_at, rig.deletions) == ("closed", 5.0, [(5.0, True)])
+    await remote.aclose()
+    await rt.aclose()
+
+
+class _StreamFromTheRoom:
+    """What ``rtc.Room`` hands a byte stream handler: one stream's chunks (a real
+    ``ByteStreamReader`` reads them from the FFI, which needs a server)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._chunks = [data[:5], data[5:]]
+        self.closed = False
+
+    def __aiter__(self) -> _StreamFromTheRoom:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self._chunks:
+            self.closed = True
+            raise StopAsyncIteration
+        return self._chunks.pop(0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_over_the_room_the_sender_of_each_byte_stream_decides() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    room.add_participant("simulator", attributes=SIM)
+    room.add_participant("user")
+    rt = JobRuntime(room=room, clock=clock, simulation=DISPATCH)
+    await rt.start()
+    handler = room._byte_stream_handlers[TOPIC_SESSION_MESSAGES]
+
+    def stream(request_id: str) -> Any:
+        req = build_request(
+            "finalize_simulation", {"provisional_success": True}, request_id=request_id
+        )
+        return _StreamFromTheRoom(agent_pb.AgentSessionMessage(request=req).SerializeToString())
+
+    def replies() -> dict[str, agent_pb.SessionResponse]:
+        msgs = [
+            agent_pb.AgentSessionMessage.FromString(d)
+            for _, d, _ in room.local_participant.sent_bytes
+        ]
+        return {m.response.request_id: m.response for m in msgs if m.HasField("response")}
+
+    handler(stream("from-user"), "user")  # the identity the server stamped on the stream
+    await settle()
+    assert replies()["from-user"].error == NOT_THE_SIMULATOR and not rt.finalize_answered
+    handler(stream("from-simulator"), "simulator")
+    await settle()
+    answer = replies()["from-simulator"]
+    assert not answer.HasField("error") and answer.HasField("finalize_simulation")
+    assert rt.finalize_answered
+    await rt.aclose()
+    assert TOPIC_SESSION_MESSAGES not in room._byte_stream_handlers

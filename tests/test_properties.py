@@ -50,11 +50,17 @@ from livekit.agents import CloseReason
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime.avatar import route_of
-from agent_runtime.session_host import FINALIZE_UNFINISHED, NO_ACTIVE_SESSION
+from agent_runtime.session_host import (
+    FINALIZE_UNFINISHED,
+    HOST_CLOSING,
+    NO_ACTIVE_SESSION,
+    NOT_THE_SIMULATOR,
+)
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from tests.support.world import (
     AVATAR,
     PEOPLE,
+    SIMULATOR,
     USER,
     VETO,
     Config,
@@ -427,6 +433,12 @@ class ComposedJob(RuleBasedStateMachine):
     def finalize_request(self, payload: dict[str, Any]) -> None:
         self.act(lambda: self.world.request("finalize_simulation", payload))
 
+    @rule(caller=st.sampled_from(sorted(p for p in PEOPLE if p != SIMULATOR)))
+    def finalize_from_someone_else(self, caller: str) -> None:
+        # only the simulator participant may decide the job's fate
+        payload = {"provisional_success": True}
+        self.act(lambda: self.world.request("finalize_simulation", payload, caller=caller))
+
     @rule(kind=st.sampled_from([*OTHER_KINDS, UNKNOWN_KIND]))
     def other_session_request(self, kind: str) -> None:
         self.act(lambda: self.world.request(kind))
@@ -645,6 +657,13 @@ def report_coverage(w: World) -> None:
 def check_replies(w: World) -> None:
     """Every request the host took in got exactly one reply, the one it calls for."""
     received = w.received()
+    # read while the host was closing: answered with that, whatever the request
+    records = w.records("session_host", "request", "finalize", "bad_request")
+    closing = {str(r.data["request_id"]) for r in records if r.source == "closing"}
+    # a finalize whose sender was not (or no longer) a simulator participant
+    stranger = {
+        str(r.data["request_id"]) for r in records if r.guards.get("from_simulator") is False
+    }
     finalize_taken = False
     for rid, took in received.items():
         sent = w.sent[rid]
@@ -652,7 +671,11 @@ def check_replies(w: World) -> None:
         assert len(replies) == 1, f"{rid} ({sent.kind} {sent.payload}): {len(replies)} replies"
         (resp,) = replies
         error = resp.error if resp.HasField("error") else None
-        if sent.kind == UNKNOWN_KIND:
+        if rid in closing:
+            assert error == HOST_CLOSING, error
+        elif rid in stranger:
+            assert error == NOT_THE_SIMULATOR, error
+        elif sent.kind == UNKNOWN_KIND:
             assert error == "unknown request kind"
         elif took == "bad_request":
             (field_name,) = (f for f, p in BAD_FINALIZE.items() if p == sent.payload)

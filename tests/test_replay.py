@@ -33,7 +33,7 @@ async def record_trace(path: Path) -> None:
     job = Actor(
         MACHINES["job"],
         instance="job-1",
-        effects={"run_close": lambda ev: Event("close_done")},
+        effects={"run_close": lambda ev: Event("close_done"), "report_cut": lambda ev: None},
         guards=_guards_from_data("job"),
         settings={"session_end_timeout": 5.0},
         clock=clock,
@@ -56,7 +56,10 @@ async def record_trace(path: Path) -> None:
     host = Actor(
         MACHINES["session_host"],
         instance="host",
-        effects={e.name: (lambda ev: None) for e in MACHINES["session_host"].effects},
+        effects={
+            **{e.name: (lambda ev: None) for e in MACHINES["session_host"].effects},
+            "drain": lambda ev: Event("drained"),  # closing's task: nothing in flight
+        },
         guards=_guards_from_data("session_host"),
         clock=clock,
         tracer=tracer,
@@ -75,7 +78,8 @@ async def record_trace(path: Path) -> None:
     host.post(Event("finalize"))
     await clock.advance(5.0)  # hold_timeout -> closing -> run_close -> close_done -> closed
     host.post(Event("close"))
-    host.post(Event("attach"))  # rejected: closed
+    host.post(Event("attach"))  # rejected: closing
+    await clock.advance(0)  # closing's drain reports
     for a in (job, user, host):
         await a.join()
     assert (job.state, user.state, host.state) == ("closed", "closed", "closed")
@@ -216,7 +220,8 @@ def test_a_reused_instance_name_starts_from_the_initial_state(trace: Path, tmp_p
         (
             '{"t": 0, "kind": "transition", "machine": "robot", "instance": "r", "event": '
             '"go", "source": "a", "dest": "b"}',
-            ":2: unknown machine 'robot'; machines: avatar, job, session_host, participant",
+            ":2: unknown machine 'robot'; machines: avatar, job, session_host, participant, "
+            "room_deletion, finalize",
         ),
     ],
 )

@@ -17,7 +17,10 @@ from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import Event, EventRejected, VirtualClock, settle
 from agent_runtime.session_host import (
+    FINALIZE_UNFINISHED,
+    HOST_CLOSING,
     NO_ACTIVE_SESSION,
+    NOT_THE_SIMULATOR,
     request_problem,
     simulation_context,
 )
@@ -222,7 +225,7 @@ async def test_finalize_without_a_simulation_is_refused() -> None:
 async def test_finalize_after_closed_crashes_nothing() -> None:
     rig = Rig()
     await rig.host.start()
-    await rig.host.actor.send(Event("close"))
+    await rig.close_keeping_actors()
     assert rig.host.state == "closed"
     with pytest.raises(RuntimeError, match="closed"):  # the simulator sees the transport gone
         await rig.sim.send("finalize_simulation", {"provisional_success": True})
@@ -231,6 +234,51 @@ async def test_finalize_after_closed_crashes_nothing() -> None:
     assert not rig.host.finalize_answered
     await rig.host.aclose()
     await rig.host.aclose()  # twice is fine
+
+
+async def test_a_request_that_arrives_while_the_host_closes_gets_an_error_reply() -> None:
+    gate = asyncio.Event()
+
+    async def slow(ctx: SimulationContext) -> None:
+        await gate.wait()
+
+    rig = Rig(on_simulation_end=slow)
+    await rig.host.start()
+    fin = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    await rig.settle()
+    closing = asyncio.ensure_future(rig.host.aclose())  # draining the verdict in flight
+    await rig.settle()
+    assert rig.host.state == "closing"
+    resp = await rig.sim.ask("get_chat_history")
+    assert resp.error == HOST_CLOSING
+    assert rig.last("request").source == "closing"
+    gate.set()
+    await rig.settle()
+    assert closing.done() and rig.host.state == "closed"
+    rig.sim.pump()
+    assert not rig.sim.responses[fin].error and rig.host.finalize_answered
+
+
+async def test_closing_drains_a_verdict_in_flight_within_its_bound() -> None:
+    gate = asyncio.Event()
+
+    async def slow(ctx: SimulationContext) -> None:
+        await gate.wait()  # the model answers after a while
+        ctx.fail("late but in time")
+
+    rig = Rig(on_simulation_end=slow)
+    await rig.host.start()
+    rid = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    await rig.settle()
+    closing = asyncio.ensure_future(rig.host.aclose())
+    await rig.clock.advance(2)  # within the drain bound (3 s)
+    assert rig.host.state == "closing" and not closing.done()
+    gate.set()
+    await rig.settle()
+    assert closing.done() and rig.host.state == "closed"
+    rig.sim.pump()
+    assert rig.sim.responses[rid].finalize_simulation.user_verdict.reason == "late but in time"
+    assert rig.host.finalize_answered and rig.last("drained").dest == "closed"
 
 
 async def test_an_unreadable_message_does_not_stop_the_host() -> None:
@@ -271,6 +319,7 @@ def test_simulation_context_from_a_dispatch() -> None:
 
 # -- every cell of the table, through the actor -------------------------------------------
 
+OPEN_TO_CLOSING = ("close_finalize", "close_transport")
 # (state, trigger) -> (outcome, dest, effects); written out by hand: a changed cell fails here
 CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("detached", "attach"): ("transition", "attached", ("subscribe",)),
@@ -278,10 +327,11 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("detached", "session_closed"): ("ignore", "detached", ()),
     ("detached", "request"): ("transition", "detached", ("reply_no_session",)),
     ("detached", "bad_request"): ("transition", "detached", ("reply_error",)),
-    ("detached", "finalize"): ("transition", "detached", ("answer_finalize",)),
-    ("detached", "finalize:taken"): ("transition", "detached", ("refuse_finalize",)),
-    ("detached", "finalize_done"): ("transition", "detached", ("report_finalize",)),
-    ("detached", "close"): ("transition", "closed", ("close_transport",)),
+    ("detached", "finalize"): ("transition", "detached", ("forward_finalize",)),
+    ("detached", "finalize:stranger"): ("transition", "detached", ("refuse_stranger",)),
+    ("detached", "close"): ("transition", "closing", ()),
+    ("detached", "drained"): ("ignore", "detached", ()),
+    ("detached", "drain_timeout"): ("ignore", "detached", ()),
     ("attached", "attach:same"): ("transition", "attached", ()),
     ("attached", "attach"): ("transition", "attached", ("unsubscribe", "subscribe")),
     ("attached", "detach"): ("transition", "detached", ("unsubscribe",)),
@@ -294,10 +344,20 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("attached", "session_closed:other"): ("transition", "attached", ()),
     ("attached", "request"): ("transition", "attached", ("delegate_request",)),
     ("attached", "bad_request"): ("transition", "attached", ("reply_error",)),
-    ("attached", "finalize"): ("transition", "attached", ("answer_finalize",)),
-    ("attached", "finalize:taken"): ("transition", "attached", ("refuse_finalize",)),
-    ("attached", "finalize_done"): ("transition", "attached", ("report_finalize",)),
-    ("attached", "close"): ("transition", "closed", ("unsubscribe", "close_transport")),
+    ("attached", "finalize"): ("transition", "attached", ("forward_finalize",)),
+    ("attached", "finalize:stranger"): ("transition", "attached", ("refuse_stranger",)),
+    ("attached", "close"): ("transition", "closing", ("unsubscribe",)),
+    ("attached", "drained"): ("ignore", "attached", ()),
+    ("attached", "drain_timeout"): ("ignore", "attached", ()),
+    ("closing", "attach"): ("reject", "closing", ()),
+    ("closing", "detach"): ("ignore", "closing", ()),
+    ("closing", "session_closed"): ("ignore", "closing", ()),
+    ("closing", "request"): ("transition", "closing", ("reply_closing",)),
+    ("closing", "bad_request"): ("transition", "closing", ("reply_closing",)),
+    ("closing", "finalize"): ("transition", "closing", ("reply_closing",)),
+    ("closing", "close"): ("ignore", "closing", ()),
+    ("closing", "drained"): ("transition", "closed", OPEN_TO_CLOSING),
+    ("closing", "drain_timeout"): ("transition", "closed", OPEN_TO_CLOSING),
     **{
         ("closed", e): ("ignore", "closed", ())
         for e in (
@@ -306,8 +366,9 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
             "request",
             "bad_request",
             "finalize",
-            "finalize_done",
             "close",
+            "drained",
+            "drain_timeout",
         )
     },
     ("closed", "attach"): ("reject", "closed", ()),
@@ -324,27 +385,55 @@ def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
 @pytest.mark.parametrize(("state", "trigger"), list(CELLS), ids=[f"{s}-{t}" for s, t in CELLS])
 async def test_cell(state: str, trigger: str) -> None:
     outcome, dest, effects = CELLS[(state, trigger)]
-    rig = Rig(on_simulation_end=lambda ctx: None)
+    gate = asyncio.Event()
+
+    async def on_simulation_end(ctx: SimulationContext) -> None:
+        if state == "closing":
+            await gate.wait()  # a verdict still being computed keeps the host draining
+
+    rig = Rig(on_simulation_end=on_simulation_end, is_simulator=lambda who: who == "simulator")
     await rig.host.start()
     a, b = AgentSession(), AgentSession()  # unstarted: subscriptions and ping need no more
     event = trigger.split(":")[0]
-    if trigger == "finalize:taken":
-        await rig.sim.ask("finalize_simulation", {"provisional_success": True})
-    if state in ("attached", "closed"):
+    if state in ("attached", "closing", "closed"):
         rig.host.attach(a)
         await rig.settle()
+    if state == "closing":
+        fin = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+        await rig.settle()
+        rig.host.actor.post(Event("close"))
+        await rig.settle()
     if state == "closed":
-        await rig.host.actor.send(Event("close"))
+        await rig.close_keeping_actors()
+    assert rig.host.state == state
     mark = len(rig.sink.records)
 
-    if state == "closed":  # the transport is gone: only the actor can be reached
+    if state == "closed":
+        # the host reads no more: only what was read before the close reaches the actor
         if event == "attach":
             with pytest.raises(RuntimeError, match="closed"):
                 rig.host.attach(b)
             with pytest.raises(EventRejected):
                 await rig.host.actor.send(Event("attach", {"session": rig.host.label_of(b)}))
         else:
-            await rig.host.actor.send(Event(event, {"session": "session-1", "ref": 0}))
+            data = {"session": "session-1", "ref": 0, "request_id": "late", "error": "x"}
+            await rig.host.actor.send(Event(event, data))
+    elif state == "closing" and event == "attach":
+        with pytest.raises(RuntimeError, match="closed"):
+            rig.host.attach(b)
+        with pytest.raises(EventRejected):
+            await rig.host.actor.send(Event("attach", {"session": rig.host.label_of(b)}))
+    elif state == "closing" and event in ("request", "bad_request", "finalize"):
+        kind = {"request": "ping", "bad_request": "launch_rockets"}.get(event, event)
+        if event == "finalize":
+            kind = "finalize_simulation"
+        assert (await rig.sim.ask(kind)).error == HOST_CLOSING
+    elif state == "closing" and event == "drained":
+        gate.set()  # the verdict goes out, the drain ends
+    elif state == "closing" and event == "drain_timeout":
+        await rig.clock.advance(3)
+    elif state == "closing" and event == "close":
+        rig.host.actor.post(Event("close"))
     elif trigger in ("attach", "attach:same"):
         rig.host.attach(a if trigger == "attach:same" or state == "detached" else b)
     elif trigger in ("detach", "detach:other"):
@@ -356,15 +445,17 @@ async def test_cell(state: str, trigger: str) -> None:
         assert resp.HasField("pong") == (state == "attached")
     elif event == "bad_request":
         assert (await rig.sim.ask("launch_rockets")).error == "unknown request kind"
+    elif trigger == "finalize:stranger":
+        resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True}, sender="u")
+        assert resp.error == NOT_THE_SIMULATOR and not rig.host.finalize_answered
+        assert rig.host.finalize.state == "idle"  # it never reached the finalize machine
     elif event == "finalize":
         resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
-        assert bool(resp.error) == (trigger == "finalize:taken")
-    elif event == "finalize_done":
-        await rig.host.actor.send(
-            Event("finalize_done", {"request_id": "r", "delivered": True, "verdict": None})
-        )
+        assert not resp.error and rig.host.finalize_answered
     elif event == "close":
-        await rig.host.actor.send(Event("close"))
+        rig.host.actor.post(Event("close"))
+    else:  # drained / drain_timeout outside closing: what a stale task or timer would post
+        rig.host.actor.post(Event(event, {"late": True}))
     await rig.settle()
 
     rec = rig.last(event)
@@ -375,13 +466,26 @@ async def test_cell(state: str, trigger: str) -> None:
         dest,
         effects,
     )
-    assert rig.host.state == dest
+    if not (event == "close" and state in ("detached", "attached")):
+        assert rig.host.state == dest
     bad = {k: v for k, v in rig.effect_outcomes().items() if v != "ok"}
     assert bad == {}
     if "report_session_closed" in effects:
         assert rig.closed_reasons == ["user_initiated"]
-    if dest == "closed":
-        assert rig.agent_end.closed
+    if event == "close" and state in ("detached", "attached"):
+        # nothing in flight: the drain ends at once and the transport is closed
+        assert rig.host.state == "closed" and rig.agent_end.closed
+    if state == "closing" and event in ("drained", "drain_timeout"):
+        assert rig.host.state == "closed" and rig.agent_end.closed
+        rig.sim.pump()
+        # the verdict in flight went out, or was cut at the bound with an error reply
+        reply = rig.sim.responses[fin]
+        if event == "drained":
+            assert not reply.error and rig.host.finalize_answered
+        else:
+            assert reply.error == FINALIZE_UNFINISHED and not rig.host.finalize_answered
+    gate.set()
     await rig.host.aclose()
-    assert rig.host.actor.live_tasks == 0 and rig.clock.pending == 0
+    assert rig.host.actor.live_tasks == 0 and rig.host.finalize.actor.live_tasks == 0
+    assert rig.clock.pending == 0
     await asyncio.sleep(0)

@@ -51,7 +51,13 @@ def test_with_no_file_the_bundled_directory_runs(
 def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
     r = simulate_json(SCENARIOS / "sim_hangup_then_finalize.yaml", capsys)
     assert r["_code"] == 0
-    assert r["final_states"] == {"job": "closed", "session_host": "closed", "participant": "closed"}
+    assert r["final_states"] == {
+        "job": "closed",
+        "session_host": "closed",
+        "participant": "closed",
+        "finalize": "closed",
+        "room_deletion": "deleted",
+    }
     facts = r["facts"]
     for key in (
         "audio_output",

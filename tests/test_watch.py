@@ -190,7 +190,7 @@ def test_in_a_pipe_each_transition_is_an_appended_line(
             lines.append(proc.stdout.readline())
         with trace.open("a", encoding="utf-8") as fh:
             fh.write("".join(rest))
-        while not any("closing -> closed" in ln for ln in lines):
+        while not any("closing -> closed" in ln and " job " in f" {ln} " for ln in lines):
             lines.append(proc.stdout.readline())
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=WAIT)

@@ -47,6 +47,9 @@ try:
 except ImportError:  # pragma: no cover - the testing extra brings it
     pytest_asyncio = None  # type: ignore[assignment]
 
+# the identity the simulator fixture speaks as
+SIMULATOR_IDENTITY = "simulator"
+
 
 def _async_fixture(fn: F) -> F:
     """A function-scoped async fixture on the test's loop; without pytest-asyncio, a fixture
@@ -85,10 +88,12 @@ async def agent_room(virtual_clock: VirtualClock) -> InMemoryRoom:
 
 @pytest.fixture
 def agent_session_transports() -> tuple[InMemorySessionTransport, InMemorySessionTransport]:
-    """The two ends of an in-memory session transport: ``(agent's end, simulator's end)``."""
+    """The two ends of an in-memory session transport: ``(agent's end, simulator's end)``.
+    What the simulator's end sends comes from the participant ``simulator`` (add it to the
+    room with the ``lk.simulator`` attribute: only the simulator gets the verdict)."""
     from .inmemory import InMemorySessionTransport
 
-    return InMemorySessionTransport.pair()
+    return InMemorySessionTransport.pair(identities=("agent", SIMULATOR_IDENTITY))
 
 
 @_async_fixture

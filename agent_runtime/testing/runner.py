@@ -242,7 +242,10 @@ class _Simulation:
             request_id = f"RQ_{len(self.requests) + 1}"
             self.requests[request_id] = step.request
             req = build_request(step.request, step.payload, request_id=request_id)
-            await self.simulator_end.send_message(agent_pb.AgentSessionMessage(request=req))
+            # from the participant the step names, as the room's byte stream would say
+            await self.simulator_end.send_message(
+                agent_pb.AgentSessionMessage(request=req), sender=step.caller
+            )
         elif isinstance(step, sc.RpcOutcome):
             room.local_participant.rpc_script[step.method].append(step.result)
         else:  # pragma: no cover - the scenario model admits no other step
@@ -285,13 +288,7 @@ class _Simulation:
 
     # -- the result ----------------------------------------------------------------------------
     def result(self, records: list[TraceRecord]) -> dict[str, Any]:
-        finals: dict[str, str] = {
-            "job": self.job.state,
-            "session_host": self.job.host_state,
-            "participant": self.link.state,
-        }
-        if self.avatar is not None:
-            finals["avatar"] = self.avatar.state
+        finals = self.agent_job.states
         attached = self.job.host.session
         attached_name = next((n for n, s in self.sessions.items() if s is attached), None)
         facts: dict[str, Any] = {

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.asyncio  # for strict mode; auto mode needs no mark
 async def test_a_user_who_leaves_ends_the_job(agent_room, run_entrypoint):
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
-    assert job.states == {"job": "serving", "session_host": "attached", "participant": "linked"}
+    assert job.states["job"] == "serving" and job.states["participant"] == "linked"
 
     agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
     await run_entrypoint.wait_for("job", "closed")

@@ -14,7 +14,7 @@ from livekit.agents import (
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime import MemorySink, Tracer, VirtualClock, settle
+from agent_runtime import Event, MemorySink, Tracer, VirtualClock, settle
 from agent_runtime.session_host import (
     JobSessionHost,
 )
@@ -40,10 +40,12 @@ class Simulator:
             elif msg.HasField("event"):
                 self.events.append(msg.event)
 
-    async def send(self, kind: str, payload: dict[str, Any] | None = None) -> str:
+    async def send(
+        self, kind: str, payload: dict[str, Any] | None = None, *, sender: str | None = None
+    ) -> str:
         rid = f"req-{next(self._ids)}"
         req = build_request(kind, payload, request_id=rid)
-        await self.end.send_message(agent_pb.AgentSessionMessage(request=req))
+        await self.end.send_message(agent_pb.AgentSessionMessage(request=req), sender=sender)
         return rid
 
     async def reply(self, rid: str) -> agent_pb.SessionResponse:
@@ -55,9 +57,9 @@ class Simulator:
         raise AssertionError(f"no reply to {rid}")
 
     async def ask(
-        self, kind: str, payload: dict[str, Any] | None = None
+        self, kind: str, payload: dict[str, Any] | None = None, *, sender: str | None = None
     ) -> agent_pb.SessionResponse:
-        return await self.reply(await self.send(kind, payload))
+        return await self.reply(await self.send(kind, payload, sender=sender))
 
     def transcripts(self) -> list[str]:
         self.pump()
@@ -76,10 +78,13 @@ class Rig:
         *,
         simulation: Any = DISPATCH,
         on_simulation_end: Callable[[SimulationContext], Any] | None = None,
+        transport: type[InMemorySessionTransport] = InMemorySessionTransport,
+        is_simulator: Callable[[str], bool] | None = None,
     ) -> None:
         self.clock = VirtualClock()
         self.sink = MemorySink()
-        self.sim_end, self.agent_end = InMemorySessionTransport.pair()
+        # the simulator's end: its messages come from the participant "simulator"
+        self.sim_end, self.agent_end = transport.pair(identities=("simulator", "agent"))
         self.sim = Simulator(self.sim_end)
         self.closed_reasons: list[str] = []
         self.answered: list[dict[str, Any] | None] = []
@@ -92,6 +97,7 @@ class Rig:
             clock=self.clock,
             tracer=Tracer(self.sink),
             instance="test",
+            is_simulator=is_simulator,
         )
 
     async def settle(self) -> None:
@@ -99,17 +105,25 @@ class Rig:
         await self.host.actor.join()
         await settle()
 
-    def last(self, event: str) -> Any:
+    def last(self, event: str, machine: str = "session_host") -> Any:
         recs = [
             r
             for r in self.sink.records
-            if r.event == event and r.kind in ("transition", "ignore", "reject")
+            if r.machine == machine
+            and r.event == event
+            and r.kind in ("transition", "ignore", "reject")
         ]
         assert recs, f"no record for {event}"
         return recs[-1]
 
     def effect_outcomes(self) -> dict[str, str]:
         return {r.effect: r.outcome for r in self.sink.records if r.kind == "effect"}
+
+    async def close_keeping_actors(self) -> None:
+        """Close the host as ``aclose`` does, but leave its actors open (a cell test still
+        sends them events)."""
+        await self.host.actor.send(Event("close"))
+        await self.host.actor.until(lambda state: state == "closed")
 
 
 async def started_session(instructions: str) -> AgentSession[Any]:

@@ -40,7 +40,10 @@ class JobRig:
             self.room.add_participant("simulator", attributes=SIM)
         for identity, kind in others:
             self.room.add_participant(identity, kind=kind)
-        self.sim_end, self.agent_end = InMemorySessionTransport.pair()
+        # the simulator's end: its messages come from the simulator participant
+        self.sim_end, self.agent_end = InMemorySessionTransport.pair(
+            identities=("simulator", "agent")
+        )
         self.deletions: list[tuple[float, bool]] = []
         self.verdicts_seen: list[Any] = []
         self.callbacks: list[tuple[float, str]] = []

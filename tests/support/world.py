@@ -121,6 +121,7 @@ class Sent:
     payload: dict[str, Any]
     job_state: str
     delivered: bool  # the transport took it
+    caller: str = SIMULATOR
 
 
 @dataclass
@@ -415,15 +416,18 @@ class World:
         self._ids += 1
         return f"RQ_{self._ids}"
 
-    async def request(self, kind: str, payload: dict[str, Any] | None = None) -> str:
+    async def request(
+        self, kind: str, payload: dict[str, Any] | None = None, *, caller: str = SIMULATOR
+    ) -> str:
         rid = self.next_id()
         req = build_request(kind, payload, request_id=rid)
         delivered = True
         try:
-            await self.sim_end.send_message(agent_pb.AgentSessionMessage(request=req))
+            msg = agent_pb.AgentSessionMessage(request=req)
+            await self.sim_end.send_message(msg, sender=caller)
         except RuntimeError:
             delivered = False  # the job's end is closed: nobody to hear it
-        self.sent[rid] = Sent(kind, dict(payload or {}), self.job.state, delivered)
+        self.sent[rid] = Sent(kind, dict(payload or {}), self.job.state, delivered, caller)
         return rid
 
     # -- what happened -------------------------------------------------------------------------
@@ -444,7 +448,13 @@ class World:
         }
 
     def actors(self) -> list[Actor]:
-        out = [self.job.actor, self.job.host.actor, self.link.actor]
+        out = [
+            self.job.actor,
+            self.job.host.actor,
+            self.job.host.finalize.actor,
+            self.job.deletion.actor,
+            self.link.actor,
+        ]
         if self.avatar is not None:
             out.append(self.avatar.actor)
         return out

@@ -38,13 +38,14 @@ INVARIANTS: tuple[Invariant, ...] = (
         2,
         "finalize_once",
         "a finalize request that arrives before the hold ends is answered, exactly once "
-        "(unless the simulator left or the room went first, or the verdict was still being "
-        "computed when the bound ran out)",
+        "(unless the simulator left or the room went first): with the verdict, or with an "
+        "explicit error; the verdict goes to the simulator only",
     ),
     Invariant(
         3,
         "deletion_after_hold",
-        "the room is never deleted before awaiting_finalize is left (only in closing/closed)",
+        "the room is never deleted before awaiting_finalize is left (only in closing/closed), "
+        "and at most once",
     ),
     Invariant(4, "one_session", "at most one session is attached (and forwarded)"),
     Invariant(
@@ -81,20 +82,27 @@ def holds(w: Facts) -> bool:
     return not (
         (w.route == "avatar" and w.avatar not in ROUTED)
         or w.verdicts > 1
-        or (w.deleted and w.job in LIVE_JOB)
+        or (w.deletions and w.job in LIVE_JOB)
+        or w.deletions > 1
         or len(w.subscribed) > 1
         or attached != (len(w.subscribed) == 1)
         or attached != bool(w.attached)
         or (w.t_avatar and w.t_avatar != w.avatar)
         or (w.t_job and w.t_job != w.job)
         or (w.t_part and w.t_part != w.part)
+        or (w.t_dele and w.t_dele != w.dele)
+        or (w.t_host and w.t_host != w.host)
         or (w.job_task and not w.job_task.startswith(w.job + ":"))
+        or (w.dele_task and not w.dele_task.startswith(w.dele + ":"))
+        or (w.host_task and not w.host_task.startswith(w.host + ":"))
+        or (w.fin_task and not w.fin_task.startswith(w.fin + ":"))
         or w.late
         or (w.av_task and not w.av_task.startswith(w.avatar + ":"))
         or (w.avatar_actor_closed and w.av_task)
-        or (w.host == "closed" and not w.host_draining and w.fin_tasks)
+        or (w.host_actor_closed and w.fin_task)
         or w.hold_cut
         or any(status == "twice" for _, status in w.requests)
+        or (w.stranger_req >= 0 and w.requests[w.stranger_req][1] == "verdict")
     )
 
 
@@ -109,8 +117,13 @@ def safety(model: Model, w: Facts) -> list[Finding]:
             out.append((2, f"finalize request #{i + 1} got two replies"))
     if w.verdicts > 1:
         out.append((2, f"the verdict was delivered {w.verdicts} times"))
-    if w.deleted and w.job in LIVE_JOB:
+    if w.stranger_req >= 0 and w.requests[w.stranger_req][1] == "verdict":
+        n = w.stranger_req + 1
+        out.append((2, f"finalize request #{n}, not from the simulator, got the verdict"))
+    if w.deletions and w.job in LIVE_JOB:
         out.append((3, f"the room was deleted while the job is {w.job}"))
+    if w.deletions > 1:
+        out.append((3, f"the room deletion ran {w.deletions} times"))
     if len(w.subscribed) > 1:
         out.append((4, f"sessions {', '.join(w.subscribed)} are all forwarded"))
     if (w.host == "attached") != (len(w.subscribed) == 1) or (w.host == "attached") != bool(
@@ -131,18 +144,26 @@ def _scoped(model: Model, w: Facts) -> list[Finding]:
         ("avatar", w.t_avatar, w.avatar),
         ("job", w.t_job, w.job),
         ("participant", w.t_part, w.part),
+        ("room_deletion", w.t_dele, w.dele),
+        ("session_host", w.t_host, w.host),
     ):
         if armed_in and armed_in != state:
             out.append((6, f"{machine}: the {armed_in} timer is still armed in {state}"))
-    for machine, task, state in (("job", w.job_task, w.job), ("avatar", w.av_task, w.avatar)):
+    for machine, task, state in (
+        ("job", w.job_task, w.job),
+        ("avatar", w.av_task, w.avatar),
+        ("room_deletion", w.dele_task, w.dele),
+        ("session_host", w.host_task, w.host),
+        ("finalize", w.fin_task, w.fin),
+    ):
         if task and task.split(":")[0] != state:
             out.append((6, f"{machine}: the task of {task.split(':')[0]} still runs in {state}"))
     if w.late:
         out.append((6, w.late))
     if w.avatar_actor_closed and w.av_task:
         out.append((6, f"avatar: the task of {w.av_task.split(':')[0]} still runs after close"))
-    if w.host == "closed" and not w.host_draining and w.fin_tasks:
-        out.append((6, "session_host: a finalize still runs after the host closed"))
+    if w.host_actor_closed and w.fin_task:
+        out.append((6, "finalize: on_simulation_end still runs after the host closed"))
     return out
 
 
@@ -169,20 +190,25 @@ def eventual(model: Model, w: Facts) -> list[Finding]:
         out.append((1, f"after every bound the audio still goes to an avatar in {w.avatar}"))
     elif w.route == "avatar" and not w.av_present:
         out.append((1, "after every bound the audio still goes to an avatar that left"))
+    serving = w.job == model.specs["job"].initial and not w.shutdown_asked
     for i, (owed, status) in enumerate(w.requests):
         if owed and status not in ANSWERED and status not in EXCUSED:
+            if status == "taken" and serving:
+                # on_simulation_end still runs: nothing bounds it while the job serves; the
+                # job's end does (the host's drain, then an error reply)
+                continue
             out.append((2, f"finalize request #{i + 1} was never answered ({status})"))
     if (w.shutdown_asked or w.job != model.specs["job"].initial) and w.job != "closed":
         out.append((5, f"after every bound the job is still {w.job}"))
     elif w.job == "closed" and not w.close_timed_out:
         # closed by its close work, which must then have been done
         asked = w.deletion_requested or model.config.delete_room_on_close
-        if w.host != "closed" or not w.room_step_done or (asked and not w.deleted):
+        if w.host != "closed" or not w.room_step_done or (asked and not w.deletions):
             out.append(
                 (
                     5,
                     f"the job closed without its close work (session_host {w.host}, room "
-                    f"{'deleted' if w.deleted else w.room})",
+                    f"{'deleted' if w.deletions else w.room})",
                 )
             )
     if model.config.close_on_disconnect and w.linked and not w.user:

@@ -1,13 +1,13 @@
-"""An abstract model of one job: the four specs composed as the runtime composes them.
+"""An abstract model of one job: the specs composed as the runtime composes them.
 
 Pure (no asyncio, no livekit, no clock). Each machine decides through ``statemachines.step``
 on its own spec; what the runtime does around the decisions is mirrored here in the
 abstract: guard values from the job's facts, effects as changes to those facts and as
-events posted to the machines (``agent_runtime.{avatar,job,session_host,participant}`` and
-the scenario runner are what this copies), one mailbox per machine handled one event at a
-time, state timers armed on entry and cancelled on exit, state-scoped tasks (the job's close
-work, the avatar plugin's start, the clear-buffer RPC), and the work that runs aside (a
-finalize verdict being computed, a session closing).
+events posted to the machines (the runtimes in ``agent_runtime`` and the scenario runner
+are what this copies), one mailbox per machine handled one event at a time, state timers
+armed on entry and cancelled on exit, state-scoped tasks (the job's close work, the avatar
+plugin's start, the clear-buffer RPC, the room deletion, the host's drain, the finalize's
+on_simulation_end), and the work that runs aside (a session closing).
 
 A world is an immutable, hashable ``World``; ``successors`` lists what can happen next:
 
@@ -31,7 +31,8 @@ from statemachines import MachineSpec, Step, step
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
-MACHINE_NAMES = (AVATAR, JOB, HOST, PART)
+DEL, FIN = "room_deletion", "finalize"
+MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL, FIN)
 LIVE_JOB = ("serving", "awaiting_finalize")
 
 # a mailbox entry: (machine, event, params, token). Params are sorted (key, value) pairs.
@@ -47,8 +48,8 @@ Kind = Literal["input", "time", "internal"]
 # what happened to one finalize_simulation request, as the simulator sees it
 ANSWERED = frozenset({"verdict", "error"})
 # no reply, for a reason outside the runtime's control: the simulator left or the room went
-# before the reply, or the verdict was still being computed when the hold's bound ran out
-EXCUSED = frozenset({"unreachable", "no_room", "cut"})
+# before the reply
+EXCUSED = frozenset({"unreachable", "no_room"})
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class Glue:
     cancel_timers_on_exit: bool = True  # the actor cancels a state's timer when it leaves
     drop_stale_timeouts: bool = True  # a timer event of a left state is dropped
     unsubscribe_on_replace: bool = True  # attaching B over A stops forwarding A
-    defer_room_deletion: bool = True  # request_room_deletion waits for closing
-    drain_finalize_on_close: bool = True  # closing the host lets an in-flight verdict out
+    defer_room_deletion: bool = True  # only closing's room work allows the room deletion
+    # closing the host lets an in-flight verdict out, then cuts it with an error reply
+    drain_finalize_on_close: bool = True
     # the composed job shuts down when the link gives up on a hung session close (the
     # link's close_timed_out, wired to job.shutdown)
     shutdown_on_close_timeout: bool = True
@@ -102,14 +104,22 @@ class World(NamedTuple):
     job: str
     host: str
     part: str
+    dele: str  # room_deletion
+    fin: str  # finalize
     # every machine's mailbox, as one list in the order the events were posted
     queue: tuple[Entry, ...]
     # state timers: the state that armed it, or ""
     t_avatar: str
     t_job: str
     t_part: str
-    # the job's state-scoped run_close task: "" or "STATE:PHASE"
+    t_dele: str
+    t_host: str
+    # state-scoped tasks: "" or "STATE:PHASE" (the job's run_close, the deletion's call,
+    # the host's drain, the finalize's on_simulation_end)
     job_task: str
+    dele_task: str
+    host_task: str
+    fin_task: str
     # the room and who is in it
     room: str  # connected | disconnected
     user: bool
@@ -125,7 +135,7 @@ class World(NamedTuple):
     shutdown_asked: bool
     deletion_requested: bool
     room_step_done: bool
-    deleted: bool
+    deletions: int  # server calls to delete the room started
     # AvatarLifecycle
     installed: bool  # the sink the plugin installed is recorded
     # the avatar's state-scoped task: "" or "STATE:PHASE" (starting:start, the plugin's
@@ -136,18 +146,17 @@ class World(NamedTuple):
     avatar_actor_closed: bool
     # ParticipantLink
     linked: bool
-    # JobSessionHost
+    # JobSessionHost and its FinalizeAnswer
     attached: str  # "" | A | B
     subscribed: tuple[str, ...]  # sessions whose events are forwarded
-    fin_taken: bool
-    fin_answered: bool
-    fin_tasks: tuple[int, ...]  # requests whose verdict is being computed, aside
-    host_draining: bool  # close_transport waiting for in-flight replies
+    fin_req: int  # the finalize request being answered, or -1
+    fin_answered: bool  # a verdict reached the transport
     transport_open: bool
     reading: bool  # the host reads requests
-    host_actor_closed: bool
+    host_actor_closed: bool  # host.aclose() returned: both actors closed
     # the simulator's side: per finalize request (owed, status)
     requests: tuple[tuple[bool, str], ...]
+    stranger_req: int  # the request a participant who is not the simulator sent, or -1
     verdicts: int
     # marks for the checks
     hold_cut: str  # why the job closed while the simulator could still ask
@@ -156,8 +165,9 @@ class World(NamedTuple):
 
 
 FIELDS = World._fields
-_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part"}
-_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part"}
+_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele", FIN: "fin"}
+_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele", HOST: "t_host"}
+_TASK = {JOB: "job_task", DEL: "dele_task", HOST: "host_task", FIN: "fin_task"}
 
 
 Mailboxes = Literal["settle", "turns", "any"]
@@ -189,11 +199,18 @@ class _W:
     job: str
     host: str
     part: str
+    dele: str
+    fin: str
     queue: tuple[Entry, ...]
     t_avatar: str
     t_job: str
     t_part: str
+    t_dele: str
+    t_host: str
     job_task: str
+    dele_task: str
+    host_task: str
+    fin_task: str
     room: str
     user: bool
     simulator: bool
@@ -205,21 +222,20 @@ class _W:
     shutdown_asked: bool
     deletion_requested: bool
     room_step_done: bool
-    deleted: bool
+    deletions: int
     installed: bool
     av_task: str
     avatar_actor_closed: bool
     linked: bool
     attached: str
     subscribed: tuple[str, ...]
-    fin_taken: bool
+    fin_req: int
     fin_answered: bool
-    fin_tasks: tuple[int, ...]
-    host_draining: bool
     transport_open: bool
     reading: bool
     host_actor_closed: bool
     requests: tuple[tuple[bool, str], ...]
+    stranger_req: int
     verdicts: int
     hold_cut: str
     late: str
@@ -232,11 +248,18 @@ class _W:
             self.job,
             self.host,
             self.part,
+            self.dele,
+            self.fin,
             self.queue,
             self.t_avatar,
             self.t_job,
             self.t_part,
+            self.t_dele,
+            self.t_host,
             self.job_task,
+            self.dele_task,
+            self.host_task,
+            self.fin_task,
             self.room,
             self.user,
             self.simulator,
@@ -248,21 +271,20 @@ class _W:
             self.shutdown_asked,
             self.deletion_requested,
             self.room_step_done,
-            self.deleted,
+            self.deletions,
             self.installed,
             self.av_task,
             self.avatar_actor_closed,
             self.linked,
             self.attached,
             self.subscribed,
-            self.fin_taken,
+            self.fin_req,
             self.fin_answered,
-            self.fin_tasks,
-            self.host_draining,
             self.transport_open,
             self.reading,
             self.host_actor_closed,
             self.requests,
+            self.stranger_req,
             self.verdicts,
             self.hold_cut,
             self.late,
@@ -275,11 +297,18 @@ class _W:
             self.job,
             self.host,
             self.part,
+            self.dele,
+            self.fin,
             self.queue,
             self.t_avatar,
             self.t_job,
             self.t_part,
+            self.t_dele,
+            self.t_host,
             self.job_task,
+            self.dele_task,
+            self.host_task,
+            self.fin_task,
             self.room,
             self.user,
             self.simulator,
@@ -291,21 +320,20 @@ class _W:
             self.shutdown_asked,
             self.deletion_requested,
             self.room_step_done,
-            self.deleted,
+            self.deletions,
             self.installed,
             self.av_task,
             self.avatar_actor_closed,
             self.linked,
             self.attached,
             self.subscribed,
-            self.fin_taken,
+            self.fin_req,
             self.fin_answered,
-            self.fin_tasks,
-            self.host_draining,
             self.transport_open,
             self.reading,
             self.host_actor_closed,
             self.requests,
+            self.stranger_req,
             self.verdicts,
             self.hold_cut,
             self.late,
@@ -321,7 +349,7 @@ class _W:
         and answers nothing (a final state only ignores or rejects)."""
         if m == AVATAR and self.avatar_actor_closed:
             return
-        if m == HOST and self.host_actor_closed:
+        if m in (HOST, FIN) and self.host_actor_closed:
             return
         if self.state_of(m) in self.model.inert[m]:
             return
@@ -395,14 +423,14 @@ class Model:
             for m, spec in chosen.items()
         }
         self._timeouts: dict[str, dict[str, tuple[str, bool]]] = {}
-        for m in (AVATAR, JOB, PART):
+        for m in _TIMER:
             armed: dict[str, tuple[str, bool]] = {}
             for s in chosen[m].states:
                 if s.timeout is not None:
                     armed[s.name] = (s.timeout.event, self._timer_set(s.timeout.setting))
             self._timeouts[m] = armed
         self._invokes: dict[str, dict[str, tuple[str, ...]]] = {
-            m: {s.name: s.invoke for s in chosen[m].states if s.invoke} for m in (AVATAR, JOB)
+            m: {s.name: s.invoke for s in chosen[m].states if s.invoke} for m in (AVATAR, *_TASK)
         }
         self._effects: dict[str, Callable[[_W, str, Params], None]] = {
             # avatar: start_plugin and send_clear_buffer are state-scoped tasks, see _enter
@@ -424,17 +452,35 @@ class Model:
             "report_close_timed_out": self._fx_close_timed_out,
             # job: run_close is a state-scoped task, see _enter
             "run_close": _noop,
+            # room deletion: delete_room is its state-scoped task; the rest only log (as the
+            # job's report_cut does)
+            "delete_room": _noop,
+            "record_deleted": _noop,
+            "report_failure": _noop,
+            "report_cut": _noop,
+            "report_never_allowed": _noop,
             # session host
             "subscribe": self._fx_subscribe,
             "unsubscribe": self._fx_unsubscribe,
             "delegate_request": _noop,
             "reply_no_session": _noop,
             "reply_error": _noop,
-            "answer_finalize": self._fx_answer_finalize,
-            "refuse_finalize": self._fx_refuse_finalize,
-            "report_finalize": self._fx_report_finalize,
+            "forward_finalize": self._fx_forward_finalize,
+            "refuse_stranger": self._fx_reply_error,
             "report_session_closed": self._fx_report_session_closed,
+            "drain": _noop,  # closing's state task, see _internal
+            "reply_closing": self._fx_reply_error,
+            "close_finalize": self._fx_close_finalize,
             "close_transport": self._fx_close_transport,
+            # finalize: compute_verdict is answering's state task, see _internal
+            "take_request": self._fx_take_request,
+            "compute_verdict": _noop,
+            "send_verdict": self._fx_send_verdict,
+            "report_answered": self._fx_report_answered,
+            "refuse_busy": self._fx_reply_error,
+            "refuse_answered": self._fx_reply_error,
+            "refuse_not_simulation": self._fx_reply_error,
+            "reply_unfinished": self._fx_reply_unfinished,
         }
 
     def _timer_set(self, setting: str) -> bool:
@@ -466,11 +512,18 @@ class Model:
             job=sp[JOB].initial,
             host=sp[HOST].initial,
             part=sp[PART].initial,
+            dele=sp[DEL].initial,
+            fin=sp[FIN].initial,
             queue=queue,
             t_avatar="",
             t_job="",
             t_part="",
+            t_dele="",
+            t_host="",
             job_task="",
+            dele_task="",
+            host_task="",
+            fin_task="",
             room="connected",
             user=False,
             simulator=cfg.simulation,
@@ -482,21 +535,20 @@ class Model:
             shutdown_asked=False,
             deletion_requested=False,
             room_step_done=False,
-            deleted=False,
+            deletions=0,
             installed=False,
             av_task="",
             avatar_actor_closed=False,
             linked=False,
             attached="",
             subscribed=(),
-            fin_taken=False,
+            fin_req=-1,
             fin_answered=False,
-            fin_tasks=(),
-            host_draining=False,
             transport_open=True,
             reading=True,
             host_actor_closed=False,
             requests=(),
+            stranger_req=-1,
             verdicts=0,
             hold_cut="",
             late="",
@@ -529,9 +581,9 @@ class Model:
         flagged = -1
         handled: list[Entry] = []
         while True:
-            k = _next_mail(s.queue, s.host_draining)
-            if k < 0:
+            if not s.queue:
                 break
+            k = 0
             if flagged < 0 and watch is not None and watch(s):
                 flagged = len(handled)
             handled.append(s.queue[k])
@@ -548,34 +600,41 @@ class Model:
         fn(s)
         out = [(mv.label, s.freeze())]
         for entry in mv.handled:
-            self._deliver(s, _next_mail(s.queue, s.host_draining))
+            self._deliver(s, 0)
             out.append((mail_label(entry), s.freeze()))
         return out
 
     def _internal(self, w: World) -> Iterator[Move]:
         if self.mailboxes == "any":
-            # close_transport waiting on a reply keeps the host's mailbox from moving
-            seen = {HOST} if w.host_draining else set()
+            seen: set[str] = set()
             for k, entry in enumerate(w.queue):
                 if entry[0] in seen:
                     continue
                 seen.add(entry[0])
                 yield self._move("internal", mail_label(entry), w, partial(self._deliver, k=k))
         else:
-            k = _next_mail(w.queue, w.host_draining)
-            if k >= 0:
+            if w.queue:
                 yield self._move(
-                    "internal", mail_label(w.queue[k]), w, lambda s: self._deliver(s, k)
+                    "internal", mail_label(w.queue[0]), w, lambda s: self._deliver(s, 0)
                 )
-        for req in w.fin_tasks:
+        if w.fin_task.endswith(":start"):
             yield self._move(
                 "internal",
-                f"the verdict for request #{req + 1} is ready: reply sent",
+                f"on_simulation_end returns for request #{w.fin_req + 1}",
                 w,
-                partial(_fin_done, req=req),
+                _verdict_ready,
             )
-        if w.host_draining and not w.fin_tasks:
-            yield self._move("internal", "host drained: transport closed", w, _drained)
+            yield self._move(
+                "internal",
+                f"on_simulation_end never returns for request #{w.fin_req + 1}",
+                w,
+                _verdict_hangs,
+            )
+        if w.host_task.endswith(":start") and (
+            not self.glue.drain_finalize_on_close
+            or (w.fin not in ("answering", "replying") and not any(e[0] == FIN for e in w.queue))
+        ):
+            yield self._move("internal", "the host's drain ends: nothing in flight", w, _drained)
         if w.av_task.endswith(":start"):
             yield self._move("internal", "avatar plugin puts its route in", w, _plugin_routed)
             yield self._move(
@@ -615,38 +674,47 @@ class Model:
                 yield self._move("internal", "session A's close hangs", w, _a_hangs)
         if w.sess_b == "closing":
             yield self._move("internal", "session B finishes closing", w, _b_closed)
-        if w.job_task.endswith(":start"):
-            yield self._move("internal", "run_close: close the host", w, _run_close_host)
-        elif w.job_task.endswith(":host") and (
+        if w.dele_task.endswith(":start"):
+            yield self._move("internal", "the room deletion returns", w, _deletion_returns)
+            yield self._move("internal", "the room deletion fails", w, _deletion_fails)
+        if w.job_task.endswith(":host") and (
             w.host_actor_closed
-            or (not w.host_draining and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
+            or (w.host == "closed" and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
+        ):
+            yield self._move(
+                "internal", "run_close: room work, room deletion allowed", w, _run_close_room
+            )
+        elif (
+            w.job_task.endswith(":deletion")
+            and w.dele != "deleting"
+            and not any(e[0] == DEL for e in w.queue)
         ):
             yield self._move(
                 "internal",
-                "run_close: room work, shutdown callbacks",
+                "run_close: shutdown callbacks",
                 w,
-                partial(_run_close_rest, hang=False),
+                partial(_run_close_callbacks, hang=False),
             )
             yield self._move(
                 "internal",
-                "run_close: room work, a shutdown callback hangs",
+                "run_close: a shutdown callback hangs",
                 w,
-                partial(_run_close_rest, hang=True),
+                partial(_run_close_callbacks, hang=True),
             )
 
     def _time(self, w: World) -> Iterator[Move]:
-        for m in (AVATAR, JOB, PART):
+        for m in _TIMER:
             armed_in = getattr(w, _TIMER[m])
             if armed_in:
                 event = self._timeouts[m][armed_in][0]
                 yield self._move("time", f"time passes: {event}", w, partial(_fire, m=m))
-        if w.host_draining and w.fin_tasks:
-            yield self._move("time", "time passes: drain bound", w, _drain_bound)
 
     def _inputs(self, w: World) -> Iterator[Move]:
         cfg = self.config
         if w.job in self.inert[JOB]:
-            return  # the job is over: its process exits, nothing more arrives
+            # the job is over: only what may still come before its process exits
+            yield from self._late_inputs(w, cfg)
+            return
         up = w.room == "connected"
         if up:
             yield self._move("input", "room disconnects", w, _room_disconnects)
@@ -658,6 +726,16 @@ class Model:
             yield from self._user_inputs(w, up)
         if self.inputs != "job":
             yield from self._avatar_inputs(w, up)
+
+    def _late_inputs(self, w: World, cfg: Config) -> Iterator[Move]:
+        # an end-call tool may still ask for the deletion until the runtime is released
+        if self.inputs == "avatar" or w.dele in self.inert[DEL]:
+            return
+        if any(e[0] == DEL and e[3] == CLOSE for e in w.queue):
+            return
+        if not w.deletion_requested and not cfg.delete_room_on_close:
+            yield self._move("input", "end-call tool asks for room deletion", w, _request_deletion)
+        yield self._move("input", "JobRuntime.aclose(): the deletion released", w, _release)
 
     def _user_inputs(self, w: World, up: bool) -> Iterator[Move]:
         if up and not w.user:
@@ -679,8 +757,13 @@ class Model:
             yield self._move("input", "simulator leaves", w, _simulator_leaves)
         if up and cfg.simulation and not w.simulator:
             yield self._move("input", "simulator joins", w, _simulator_joins)
-        if up and w.simulator and len(w.requests) < cfg.max_finalize_requests:
+        asked = len(w.requests) - (w.stranger_req >= 0)
+        if up and w.simulator and asked < cfg.max_finalize_requests:
             yield self._move("input", "finalize_simulation request", w, _finalize_request)
+        if up and w.reading and w.stranger_req < 0 and w.job in LIVE_JOB:
+            yield self._move(
+                "input", "finalize_simulation from someone not the simulator", w, _stranger_asks
+            )
         if w.sess_b == "none" and not w.host_actor_closed and w.host != "closed":
             yield self._move("input", "session B attaches", w, _attach_b)
         if w.sess_a == "running":
@@ -748,8 +831,8 @@ class Model:
     def _leave(self, s: _W, m: str) -> None:
         if m in _TIMER and self.glue.cancel_timers_on_exit:
             setattr(s, _TIMER[m], "")
-        if m == JOB:
-            s.job_task = ""  # cancelled with its state
+        if m in _TASK:
+            setattr(s, _TASK[m], "")  # cancelled with its state
         elif m == AVATAR:
             s.av_task = ""
         # timer and task events already queued belong to the state being left
@@ -764,13 +847,20 @@ class Model:
             armed = self._timeouts[m].get(state)
             if armed is not None and armed[1]:
                 setattr(s, _TIMER[m], state)
-        invoke = self._invokes.get(m, {}).get(state, ())
-        if m == JOB and invoke:
-            s.job_task = f"{state}:start"
-        elif m == AVATAR and "start_plugin" in invoke:
-            s.av_task = f"{state}:start"
-        elif m == AVATAR and "send_clear_buffer" in invoke:
-            s.av_task = f"{state}:clear"
+        if m in _TASK and self._invokes[m].get(state):
+            setattr(s, _TASK[m], f"{state}:start")
+            # a task's first turn comes before any timer can fire: what it does first is
+            # done here (the deletion's server call starts, run_close asks the host to close)
+            if m == DEL:
+                s.deletions += 1
+            elif m == JOB:
+                _run_close_host(s)
+        elif m == AVATAR:
+            invoke = self._invokes[m].get(state, ())
+            if "start_plugin" in invoke:
+                s.av_task = f"{state}:start"
+            elif "send_clear_buffer" in invoke:
+                s.av_task = f"{state}:clear"
 
     def _job_changed(self, s: _W, st: Step) -> None:
         # the hold ends on the simulator leaving, the room going or the bound; leaving the
@@ -820,8 +910,10 @@ class Model:
         elif m == HOST:
             if g == "is_current":
                 return bool(s.attached) and s.attached == _get(params, "session")
-            if g == "finalize_taken":
-                return s.fin_taken
+            if g == "from_simulator":
+                return bool(_get(params, "who", "simulator") == "simulator")
+        elif m == FIN and g == "simulation":
+            return cfg.simulation
         raise KeyError(f"the model has no value for guard {g!r} of machine {m!r}")
 
     # -- effects -------------------------------------------------------------------------------
@@ -883,27 +975,32 @@ class Model:
 
     def _fx_unsubscribe(self, s: _W, m: str, params: Params) -> None:
         att, s.attached = s.attached, ""
-        if att and self.glue.unsubscribe_on_replace:
+        replaced = _get(params, "session", att) != att  # another session attaches over it
+        if att and (self.glue.unsubscribe_on_replace or not replaced):
             s.subscribed = tuple(x for x in s.subscribed if x != att)
 
-    def _fx_answer_finalize(self, s: _W, m: str, params: Params) -> None:
-        req = int(_get(params, "req"))
-        if not self.config.simulation:
-            _reply(s, req, "error")  # "this job is not a simulation"
-            return
-        s.fin_taken = True
-        s.fin_tasks = (*s.fin_tasks, req)
-        _set_request(s, req, "taken")
+    def _fx_forward_finalize(self, s: _W, m: str, params: Params) -> None:
+        s.post(FIN, "request", params)
 
-    def _fx_refuse_finalize(self, s: _W, m: str, params: Params) -> None:
-        _reply(s, int(_get(params, "req")), "error")
+    def _fx_reply_error(self, s: _W, m: str, params: Params) -> None:
+        req = _get(params, "req")
+        if req is not None:  # the model's requests are all finalize requests
+            _reply(s, int(req), "error")
 
-    def _fx_report_finalize(self, s: _W, m: str, params: Params) -> None:
-        if not _get(params, "delivered", False):
-            s.fin_taken = False  # a retry is answered
-            return
+    def _fx_take_request(self, s: _W, m: str, params: Params) -> None:
+        s.fin_req = int(_get(params, "req"))
+        _set_request(s, s.fin_req, "taken")
+
+    def _fx_send_verdict(self, s: _W, m: str, params: Params) -> None:
+        delivered = _reply(s, s.fin_req, "verdict")
+        s.post(FIN, "delivered" if delivered else "undelivered")
+
+    def _fx_report_answered(self, s: _W, m: str, params: Params) -> None:
         s.fin_answered = True
         s.post(JOB, "finalize_answered")
+
+    def _fx_reply_unfinished(self, s: _W, m: str, params: Params) -> None:
+        _reply(s, s.fin_req, "error")  # FINALIZE_UNFINISHED, rather than silence
 
     def _fx_report_session_closed(self, s: _W, m: str, params: Params) -> None:
         # JobRuntime._on_session_closed
@@ -911,14 +1008,21 @@ class Model:
             _request_deletion(s)
         s.post(JOB, "session_closed")
 
+    def _fx_close_finalize(self, s: _W, m: str, params: Params) -> None:
+        # FinalizeAnswer.close(): `await actor.send(close)`: the host waits while the
+        # finalize handles what it already had, then the close
+        if not self.glue.drain_finalize_on_close or s.fin in self.inert[FIN]:
+            return
+        s.queue = (*s.queue, (FIN, "close", (), CLOSE))
+        while True:
+            k = next(i for i, e in enumerate(s.queue) if e[0] == FIN)
+            entry = s.queue[k]
+            self._deliver(s, k)
+            if entry[1:] == ("close", (), CLOSE):
+                break
+
     def _fx_close_transport(self, s: _W, m: str, params: Params) -> None:
         s.reading = False
-        if s.fin_tasks and s.model.glue.drain_finalize_on_close:
-            s.host_draining = True  # replies in flight go out first, within a bound
-            return
-        for req in s.fin_tasks:
-            _set_request(s, req, "abandoned")
-        s.fin_tasks = ()
         s.transport_open = False
 
 
@@ -928,15 +1032,6 @@ def _noop(s: _W, m: str, params: Params) -> None:
 
 def _no_input(s: _W) -> None:
     return None
-
-
-def _next_mail(queue: tuple[Entry, ...], host_draining: bool) -> int:
-    """The next event to handle: the oldest one whose actor is free (close_transport
-    waiting on a reply keeps the host's mailbox from moving)."""
-    for k, entry in enumerate(queue):
-        if not (host_draining and entry[0] == HOST):
-            return k
-    return -1
 
 
 def mail_label(entry: Entry) -> str:
@@ -962,7 +1057,7 @@ def _reply(s: _W, req: int, kind: str) -> bool:
     _, before = s.requests[req]
     if not sent:
         status = "no_room" if s.room != "connected" else "not_sent"
-    elif not s.simulator:
+    elif not s.simulator and req != s.stranger_req:
         status = "unreachable"  # sent into a room the simulator has left
     else:
         status = "twice" if before in ANSWERED else kind
@@ -975,23 +1070,18 @@ def _reply(s: _W, req: int, kind: str) -> bool:
 # -- internal steps ----------------------------------------------------------------------------
 
 
-def _fin_done(s: _W, req: int) -> None:
-    s.fin_tasks = tuple(r for r in s.fin_tasks if r != req)
-    delivered = _reply(s, req, "verdict")
-    s.post(HOST, "finalize_done", _p(delivered=delivered, req=req))
+def _verdict_ready(s: _W) -> None:
+    s.fin_task = ""
+    s.post(FIN, "verdict_ready", _p(req=s.fin_req), LIVE)
+
+
+def _verdict_hangs(s: _W) -> None:
+    s.fin_task = f"{s.fin}:hung"  # stuck until its state is left
 
 
 def _drained(s: _W) -> None:
-    s.host_draining = False
-    s.transport_open = False
-
-
-def _drain_bound(s: _W) -> None:
-    for req in s.fin_tasks:
-        _set_request(s, req, "cut")  # the drain's bound ran out while it was computed
-    s.fin_tasks = ()
-    s.host_draining = False
-    s.transport_open = False
+    s.host_task = ""
+    s.post(HOST, "drained", (), LIVE)
 
 
 def _plugin_routed(s: _W) -> None:
@@ -1042,9 +1132,15 @@ def _run_close_host(s: _W) -> None:
         s.post(HOST, "close", (), CLOSE)
 
 
-def _run_close_rest(s: _W, hang: bool) -> None:
-    # host.aclose() returned: its actor is closed; then the room work, then the shutdown
-    # callbacks, one of which may never return (only close_timeout ends that)
+def _run_close_room(s: _W) -> None:
+    # host.aclose() returned: its actor is closed, and its finalize's once it handled its
+    # mail; then the room work, then the room deletion is allowed (asked for first with
+    # delete_room_on_close) and waited for
+    while any(e[0] == FIN for e in s.queue):
+        s.model._deliver(s, next(i for i, e in enumerate(s.queue) if e[0] == FIN))
+    if s.fin_task:
+        _set_request(s, s.fin_req, "abandoned")  # cancelled with its actor, no reply
+    s.fin_task = s.host_task = s.t_host = ""
     s.host_actor_closed = True
     s.drop_mailbox(HOST)
     s.reading = False
@@ -1052,8 +1148,14 @@ def _run_close_rest(s: _W, hang: bool) -> None:
         s.room = "disconnected"
         s.post(JOB, "room_disconnected")
     s.room_step_done = True
-    if s.deletion_requested or s.model.config.delete_room_on_close:
-        s.deleted = True
+    if s.model.config.delete_room_on_close:
+        s.post(DEL, "request")
+    s.post(DEL, "allow")
+    s.job_task = f"{s.job}:deletion"
+
+
+def _run_close_callbacks(s: _W, hang: bool) -> None:
+    # the shutdown callbacks, one of which may never return (only close_timeout ends that)
     if hang:
         s.job_task = f"{s.job}:hung"  # stuck until its state is left
         return
@@ -1143,6 +1245,13 @@ def _finalize_request(s: _W) -> None:
         s.post(HOST, "finalize", _p(req=req))
 
 
+def _stranger_asks(s: _W) -> None:
+    # a participant without the lk.simulator attribute; it stays in the room
+    s.stranger_req = len(s.requests)
+    s.requests = (*s.requests, (False, "queued"))
+    s.post(HOST, "finalize", _p(req=s.stranger_req, who="stranger"))
+
+
 def _attach_b(s: _W) -> None:
     s.sess_b = "running"
     s.post(HOST, "attach", _p(session="B"))
@@ -1167,5 +1276,21 @@ def _shutdown(s: _W) -> None:
 
 def _request_deletion(s: _W) -> None:
     s.deletion_requested = True
-    if not s.model.glue.defer_room_deletion or s.room_step_done:
-        s.deleted = True
+    s.post(DEL, "request")
+    if not s.model.glue.defer_room_deletion:
+        s.post(DEL, "allow")
+
+
+def _release(s: _W) -> None:
+    # JobRuntime.aclose(): the deletion is released (a call under way ends first)
+    s.post(DEL, "close", (), CLOSE)
+
+
+def _deletion_returns(s: _W) -> None:
+    s.dele_task = ""
+    s.post(DEL, "delete_done", (), LIVE)
+
+
+def _deletion_fails(s: _W) -> None:
+    s.dele_task = ""
+    s.post(DEL, "delete_failed", (), LIVE)

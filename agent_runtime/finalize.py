@@ -1,0 +1,209 @@
+"""``FinalizeAnswer``: the answer to the simulator's ``finalize_simulation``, driven by the
+``finalize`` machine.
+
+Owned by the job's session host, which forwards every well-formed finalize to it. The
+agent's ``on_simulation_end`` runs as the task of ``answering``; its verdict is kept, so a
+reply that could not be delivered is sent again on a retry without running it twice. See
+``statemachines.finalize`` for the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from livekit.agents.simulation import SimulationContext, SimulationVerdict
+from livekit.protocol import agent_simulation as sim_pb
+from livekit.protocol.agent_pb import agent_session as agent_pb
+
+from statemachines.finalize import FINALIZE
+
+from .actor import Actor, ActorClosed, Event
+from .clock import AsyncioClock, Clock
+from .trace import Tracer
+
+logger = logging.getLogger("agent_runtime.finalize")
+
+FINALIZE_UNFINISHED = "on_simulation_end did not finish before the session host closed"
+SimulationEndFn = Callable[[SimulationContext], Any]
+SendFn = Callable[[agent_pb.AgentSessionMessage], Awaitable[None]]
+FinalizeResult = agent_pb.SessionResponse.FinalizeSimulationResponse
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivered:
+    request_id: str
+    verdict: dict[str, Any] | None
+
+
+class FinalizeAnswer:
+    """One job's answer to ``finalize_simulation``. ``state_changed`` goes on ``actor``.
+
+    ``send`` puts a message on the job's session transport; every reply it makes is bounded
+    by ``reply_timeout``. ``on_answered(verdict)`` is called once the verdict went out.
+    """
+
+    def __init__(
+        self,
+        send: SendFn,
+        *,
+        simulation: SimulationContext | None,
+        on_simulation_end: SimulationEndFn | None = None,
+        on_answered: Callable[[dict[str, Any] | None], None] | None = None,
+        reply_timeout: float = 3.0,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        instance: str = "",
+    ) -> None:
+        self._send = send
+        self._simulation = simulation
+        self._on_simulation_end = on_simulation_end
+        self._on_answered = on_answered
+        # the verdict of on_simulation_end (and its error, if it failed), kept for a retry
+        self._result: tuple[FinalizeResult, str] | None = None
+        self._request: dict[str, Any] = {}  # the request being answered
+        self._delivered: _Delivered | None = None
+        self.actor = Actor(
+            FINALIZE,
+            instance=instance,
+            effects={
+                "take_request": self._take_request,
+                "compute_verdict": self._compute_verdict,
+                "send_verdict": self._send_verdict,
+                "report_answered": self._report_answered,
+                "refuse_busy": self._refuse_busy,
+                "refuse_answered": self._refuse_answered,
+                "refuse_not_simulation": self._refuse_not_simulation,
+                "reply_unfinished": self._reply_unfinished,
+            },
+            guards={"simulation": lambda _ev: self._simulation is not None},
+            clock=clock or AsyncioClock(),
+            tracer=tracer,
+            effect_timeout=reply_timeout,
+        )
+
+    @property
+    def state(self) -> str:
+        return self.actor.state
+
+    @property
+    def answered(self) -> bool:
+        """The verdict reached the transport."""
+        return self._delivered is not None
+
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        """The agent's own verdict as delivered (``user_verdict``), or ``None``."""
+        return self._delivered.verdict if self._delivered is not None else None
+
+    def ask(self, data: Mapping[str, Any]) -> None:
+        """A well-formed finalize: ``request_id``, ``provisional_success``,
+        ``provisional_reason``."""
+        if not self.actor.closed:
+            self.actor.post(Event("request", dict(data)))
+
+    async def settled(self) -> None:
+        """Wait until no answer is being computed or sent (the caller bounds the wait)."""
+        await self.actor.until(lambda state: state not in ("answering", "replying"))
+
+    async def close(self) -> None:
+        """The host is closing: an answer still being computed is cut, and its request gets
+        an error reply instead."""
+        with contextlib.suppress(ActorClosed):
+            await self.actor.send(Event("close"))
+
+    async def aclose(self) -> None:
+        await self.actor.join()  # a reply under way is bounded by reply_timeout
+        await self.actor.aclose()
+
+    # -- effects ---------------------------------------------------------------------------
+    def _take_request(self, ev: Event) -> None:
+        # an effect of the step that entered `answering`: it runs before the state's task
+        # gets its first turn of the loop
+        self._request = dict(ev.data)
+
+    async def _compute_verdict(self, _ev: Event) -> Event:
+        if self._result is None:
+            self._result = await self._run_on_simulation_end(self._request)
+        return Event("verdict_ready", {"request_id": self._request.get("request_id", "")})
+
+    async def _run_on_simulation_end(self, data: Mapping[str, Any]) -> tuple[FinalizeResult, str]:
+        sim = self._simulation
+        assert sim is not None  # the simulation guard let the request in
+        result = FinalizeResult()
+        try:
+            sim._begin_finalize(
+                simulator_verdict=SimulationVerdict(
+                    success=bool(data.get("provisional_success", False)),
+                    reason=str(data.get("provisional_reason", "")),
+                ),
+                run=sim_pb.SimulationRun(id=sim.simulation_run_id),
+            )
+            if self._on_simulation_end is not None:
+                res = self._on_simulation_end(sim)
+                if inspect.isawaitable(res):
+                    await res
+            if (uv := sim.user_verdict) is not None:
+                result.user_verdict.success = uv.success
+                result.user_verdict.reason = uv.reason
+        except Exception as e:
+            # the simulator still gets an answer: its own verdict stands
+            logger.exception("on_simulation_end failed")
+            return result, f"on_simulation_end failed: {type(e).__name__}: {e}"
+        return result, ""
+
+    async def _send_verdict(self, ev: Event) -> Event:
+        assert self._result is not None  # verdict_ready follows the computed verdict
+        result, error = self._result
+        rid = str(ev.data.get("request_id", ""))
+        resp = agent_pb.SessionResponse(
+            request_id=rid, error=error or None, finalize_simulation=result
+        )
+        try:
+            await self._send(agent_pb.AgentSessionMessage(response=resp))
+        except Exception as e:
+            # the machine goes back to idle: a retry is answered with the same verdict
+            logger.warning("could not deliver the finalize_simulation reply: %s", e)
+            raise
+        verdict = (
+            {"success": result.user_verdict.success, "reason": result.user_verdict.reason}
+            if result.HasField("user_verdict")
+            else None
+        )
+        return Event("delivered", {"request_id": rid, "verdict": verdict})
+
+    def _report_answered(self, ev: Event) -> None:
+        verdict = ev.data.get("verdict")
+        self._delivered = _Delivered(
+            str(ev.data.get("request_id", "")),
+            dict(verdict) if isinstance(verdict, Mapping) else None,
+        )
+        if self._on_answered is not None:
+            self._on_answered(self._delivered.verdict)
+
+    async def _refuse_busy(self, ev: Event) -> None:
+        await self._error(ev, "finalize_simulation was already being answered")
+
+    async def _refuse_answered(self, ev: Event) -> None:
+        await self._error(ev, "finalize_simulation was already answered")
+
+    async def _refuse_not_simulation(self, ev: Event) -> None:
+        await self._error(ev, "this job is not a simulation")
+
+    async def _reply_unfinished(self, _ev: Event) -> None:
+        # the answer was cut with its state: the simulator gets this rather than silence
+        await self._send_error(str(self._request.get("request_id", "")), FINALIZE_UNFINISHED)
+
+    async def _error(self, ev: Event, error: str) -> None:
+        await self._send_error(str(ev.data.get("request_id", "")), error)
+
+    async def _send_error(self, request_id: str, error: str) -> None:
+        await self._send(
+            agent_pb.AgentSessionMessage(
+                response=agent_pb.SessionResponse(request_id=request_id, error=error)
+            )
+        )

@@ -1,0 +1,107 @@
+"""``RoomDeletion``: the job's room deletion, driven by the ``room_deletion`` machine.
+
+Owned by ``JobRuntime``: anyone may ask for the deletion (``request``), the job's
+``closing`` work allows it (``allow``) once the hold is over and the room work is done,
+and it then runs once, bounded by ``close_timeout``. See ``statemachines.room_deletion``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from statemachines.room_deletion import ROOM_DELETION
+
+from .actor import Actor, ActorClosed, Event
+from .clock import AsyncioClock, Clock
+from .trace import Tracer
+
+logger = logging.getLogger("agent_runtime.room_deletion")
+
+DeleteRoomFn = Callable[[], Awaitable[Any]]
+
+
+class RoomDeletion:
+    """One job's room deletion. ``state_changed`` listeners go on ``actor``."""
+
+    def __init__(
+        self,
+        delete_room: DeleteRoomFn,
+        *,
+        close_timeout: float = 10.0,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        instance: str = "",
+    ) -> None:
+        self._delete_room = delete_room
+        self._clock: Clock = clock or AsyncioClock()
+        self._close_timeout = close_timeout
+        self._deleted_at: float | None = None
+        self.actor = Actor(
+            ROOM_DELETION,
+            instance=instance,
+            effects={
+                "delete_room": self._delete,
+                "record_deleted": self._record_deleted,
+                "report_failure": self._report_failure,
+                "report_cut": self._report_cut,
+                "report_never_allowed": self._report_never_allowed,
+            },
+            settings={"close_timeout": close_timeout},
+            clock=self._clock,
+            tracer=tracer,
+        )
+
+    @property
+    def state(self) -> str:
+        return self.actor.state
+
+    @property
+    def deleted_at(self) -> float | None:
+        """When the server call succeeded, or ``None``."""
+        return self._deleted_at
+
+    def request(self) -> None:
+        """Ask for the deletion; it runs once the job allows it (at once if it did)."""
+        if not self.actor.closed:
+            self.actor.post(Event("request"))
+
+    async def allow(self) -> None:
+        """The job's room work is done: let an asked deletion run, and wait for it (it is
+        bounded by ``close_timeout``)."""
+        try:
+            await self.actor.send(Event("allow"))
+        except ActorClosed:
+            return
+        await self.actor.until(lambda state: state != "deleting")
+
+    async def aclose(self) -> None:
+        """Release: a deletion under way runs to its end or its bound first."""
+        if not self.actor.closed:
+            self.actor.post(Event("close"))
+            await self.actor.until(lambda state: ROOM_DELETION.state(state).final)
+        await self.actor.aclose()
+
+    # -- effects ---------------------------------------------------------------------------
+    async def _delete(self, _ev: Event) -> Event:
+        await self._delete_room()
+        return Event("delete_done")
+
+    def _record_deleted(self, _ev: Event) -> None:
+        self._deleted_at = self._clock.now()
+
+    def _report_failure(self, ev: Event) -> None:
+        logger.warning("deleting the room failed: %s", ev.data.get("detail", ""))
+
+    def _report_cut(self, ev: Event) -> None:
+        logger.warning(
+            "deleting the room was cut off after %gs (close_timeout): the server did not answer",
+            ev.data.get("after", self._close_timeout),
+        )
+
+    def _report_never_allowed(self, _ev: Event) -> None:
+        logger.warning(
+            "room deletion was asked for, but the job closed before its room work was done; "
+            "the room is left as it is"
+        )

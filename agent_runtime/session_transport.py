@@ -1,0 +1,140 @@
+"""A session transport that says who sent each message.
+
+livekit's ``RoomSessionTransport`` reads each ``AgentSessionMessage`` from a byte stream on
+topic ``lk.agent.session``; the room hands it the identity of the participant who opened
+the stream, and it drops that identity after filtering on it. The session host needs it:
+only the simulator participant may ask for the verdict. ``RoomRequestTransport`` reads the
+same byte streams and keeps the sender with each message (``receive()``); it sends through
+livekit's own ``RoomSessionTransport``, unchanged.
+
+What the identity is worth: it is the one the LiveKit server stamps on the stream (it
+replaces whatever identity a client puts in a byte stream's header with the identity of
+the participant that sent it, i.e. the identity in that participant's access token). It
+says who sent the message; whether that participant is the simulator is decided by the job
+from the ``lk.simulator`` attribute, which is only as trustworthy as the tokens that may
+set attributes (``canUpdateOwnMetadata`` lets a participant set its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from livekit import rtc
+from livekit.agents.voice.remote_session import (
+    TOPIC_SESSION_MESSAGES,
+    RoomSessionTransport,
+    SessionTransport,
+)
+from livekit.protocol.agent_pb import agent_session as agent_pb
+
+logger = logging.getLogger("agent_runtime.session_transport")
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message and the identity of the participant who sent it (``None``: unknown)."""
+
+    message: agent_pb.AgentSessionMessage
+    sender: str | None
+
+
+@runtime_checkable
+class SenderAware(Protocol):
+    """A transport that can say who sent each message it reads."""
+
+    async def receive(self) -> Received:
+        """The next message and its sender; ``StopAsyncIteration`` once closed."""
+        ...
+
+
+class RoomRequestTransport(SessionTransport):
+    """``RoomSessionTransport``'s messages, each with the identity of its sender.
+
+    ``remote_identity`` keeps only that participant's messages, as livekit's does.
+    """
+
+    def __init__(self, room: rtc.Room, remote_identity: str | None = None) -> None:
+        self._room = room
+        self._remote_identity = remote_identity
+        # sending is livekit's own; its reading side is never started
+        self._out = RoomSessionTransport(room, remote_identity)
+        self._streams: asyncio.Queue[tuple[rtc.ByteStreamReader, str] | None] = asyncio.Queue()
+        self._received: asyncio.Queue[Received | None] = asyncio.Queue()
+        self._read_task: asyncio.Task[None] | None = None
+        self._registered = False
+        self._closed = False
+
+    async def start(self) -> None:
+        if self._registered or self._closed:
+            return
+        # raises ValueError when the topic already has a handler (a session's own host)
+        self._room.register_byte_stream_handler(TOPIC_SESSION_MESSAGES, self._on_stream)
+        self._registered = True
+        self._read_task = asyncio.get_running_loop().create_task(
+            self._read_streams(), name="RoomRequestTransport._read_streams"
+        )
+
+    def _on_stream(self, reader: rtc.ByteStreamReader, participant_identity: str) -> None:
+        if self._closed or (
+            self._remote_identity and participant_identity != self._remote_identity
+        ):
+            reader.close()  # never read: release it
+            return
+        self._streams.put_nowait((reader, participant_identity))
+
+    async def _read_streams(self) -> None:
+        # one at a time, so messages come out in the order their streams opened
+        while (item := await self._streams.get()) is not None:
+            reader, sender = item
+            try:
+                data = b"".join([chunk async for chunk in reader])
+                msg = agent_pb.AgentSessionMessage()
+                msg.ParseFromString(data)
+            except Exception as e:
+                logger.warning("unreadable session message from %r: %s", sender, e)
+                continue
+            finally:
+                reader.close()  # a no-op once read to its end; releases one cut short
+            self._received.put_nowait(Received(msg, sender))
+
+    async def receive(self) -> Received:
+        item = await self._received.get()
+        if item is None:
+            self._received.put_nowait(None)  # every later read ends too
+            raise StopAsyncIteration
+        return item
+
+    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
+        if self._closed:
+            raise RuntimeError("room session transport is closed")
+        await self._out.send_message(msg)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._registered:
+            with contextlib.suppress(ValueError, AttributeError):
+                self._room.unregister_byte_stream_handler(TOPIC_SESSION_MESSAGES)
+            self._registered = False
+        task, self._read_task = self._read_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        while not self._streams.empty():
+            item = self._streams.get_nowait()
+            if item is not None:
+                item[0].close()
+        self._received.put_nowait(None)
+        await self._out.close()
+
+    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
+        return self
+
+    async def __anext__(self) -> agent_pb.AgentSessionMessage:
+        return (await self.receive()).message

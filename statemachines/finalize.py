@@ -1,0 +1,71 @@
+"""The answer to the simulator's ``finalize_simulation``: given once, never silence.
+
+The session host forwards each well-formed finalize (``request``). The first one is
+answered: ``answering`` runs the agent's ``on_simulation_end`` as its task (it often calls
+a model) and reports ``verdict_ready``; ``replying`` sends the verdict, which is
+``delivered`` (``answered``: the job is told) or ``undelivered`` (back to ``idle`` with the
+verdict kept: a retry gets the same one, ``on_simulation_end`` does not run twice). A
+finalize while one is being answered, after one was answered, or in a job that is not a
+simulation gets an explicit error reply. ``close`` comes from the host closing, after its
+drain: an answer still being computed is cut and the simulator gets its one error reply.
+"""
+
+from .spec import Effect, MachineSpec, State, cells, row
+
+EVENTS = ("request", "verdict_ready", "delivered", "undelivered", "close")
+
+FINALIZE = MachineSpec(
+    name="finalize",
+    description="One per job: the simulation verdict, answered once to the simulator.",
+    initial="idle",
+    states=(
+        State(name="idle", description="no finalize answered yet"),
+        State(
+            name="answering",
+            invoke=("compute_verdict",),
+            description="on_simulation_end runs for the request in hand",
+        ),
+        State(name="replying", description="the verdict is being sent"),
+        State(name="answered", description="the verdict reached the transport; the job knows"),
+        State(name="closed", final=True, description="the host closed; nothing is answered"),
+    ),
+    events=EVENTS,
+    guards=("simulation",),  # the job is a simulation
+    effects=(
+        Effect(name="take_request", description="remember the request being answered"),
+        Effect(
+            name="compute_verdict",
+            description="run on_simulation_end once (a retry reuses its verdict): verdict_ready",
+        ),
+        Effect(
+            name="send_verdict",
+            error_event="undelivered",
+            description="reply with the verdict (reported as delivered)",
+        ),
+        Effect(name="report_answered", description="tell the job the verdict was delivered"),
+        Effect(name="refuse_busy", description="error reply: already being answered"),
+        Effect(name="refuse_answered", description="error reply: already answered"),
+        Effect(name="refuse_not_simulation", description="error reply: not a simulation"),
+        Effect(
+            name="reply_unfinished",
+            description="error reply: on_simulation_end did not finish before the host closed",
+        ),
+    ),
+    rows=(
+        *row("idle", "request", "answering", guards=["simulation"], effects=["take_request"]),
+        *row("idle", "request", None, effects=["refuse_not_simulation"]),
+        *row(["answering", "replying"], "request", None, effects=["refuse_busy"]),
+        *row("answered", "request", None, effects=["refuse_answered"]),
+        *row("answering", "verdict_ready", "replying", effects=["send_verdict"]),
+        *row("replying", "delivered", "answered", effects=["report_answered"]),
+        *row("replying", "undelivered", "idle"),  # the verdict is kept for a retry
+        *row(["idle", "answered"], "close", "closed"),
+        *row("answering", "close", "closed", effects=["reply_unfinished"]),
+    ),
+    ignore=(
+        *cells(["idle", "replying", "answered"], "verdict_ready", "stale task"),
+        *cells(["idle", "answering", "answered"], ["delivered", "undelivered"], "stale reply"),
+        *cells("replying", "close", "the reply is going out: delivered or undelivered follows"),
+        *cells("closed", EVENTS, "the host is closed"),
+    ),
+)

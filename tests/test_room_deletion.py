@@ -1,0 +1,282 @@
+"""Room deletion as its own machine, through the real ``JobRuntime``: asked for by anyone,
+run once the job allows it, bounded, its failure logged.
+
+Same stand-ins as ``test_job``: an ``InMemoryRoom`` (a real ``rtc.Room`` with no server),
+virtual time, and the server-side deletion injected (it needs a server): one that returns,
+raises, or waits on a gate the test opens (or never does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from agent_runtime import Event
+from statemachines.room_deletion import ROOM_DELETION
+from tests.support.job_rig import JobRig
+
+
+class Deleter:
+    """The server call: ``ok`` returns at once, ``raise`` fails, ``gate`` waits for
+    ``gate`` to be set (``fail_at_gate`` then decides how it ends)."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        self.mode = mode
+        self.calls: list[float] = []
+        self.gate = asyncio.Event()
+        self.fail_at_gate = False
+        self.rig: JobRig | None = None
+
+    async def __call__(self) -> None:
+        assert self.rig is not None
+        self.calls.append(self.rig.clock.now())
+        if self.mode == "raise":
+            raise RuntimeError("server said no")
+        if self.mode == "gate":
+            await self.gate.wait()
+            if self.fail_at_gate:
+                raise RuntimeError("server said no")
+
+
+def rig_with(deleter: Deleter, **opts: Any) -> JobRig:
+    rig = JobRig(simulation=None, delete_room=deleter, close_timeout=10.0, **opts)
+    deleter.rig = rig
+    return rig
+
+
+async def hung_disconnect(**_: Any) -> None:
+    await asyncio.Event().wait()  # the room work never finishes: the close bound ends it
+
+
+def deletion_path(rig: JobRig) -> list[tuple[float, str, str, str]]:
+    return [
+        (r.t, r.event, r.source, r.dest)
+        for r in rig.sink.records
+        if r.machine == "room_deletion" and r.kind == "transition"
+    ]
+
+
+# -- the guarantees -------------------------------------------------------------------------
+
+
+async def test_a_request_waits_for_the_job_then_runs_once() -> None:
+    deleter = Deleter()
+    rig = rig_with(deleter)
+    rt = rig.runtime
+    await rt.start()
+    rt.request_room_deletion()
+    rt.request_room_deletion()  # asked twice (an end-call tool and the session closing)
+    await rig.clock.advance(5)
+    assert deleter.calls == [] and rt.deletion.state == "requested"
+    rt.shutdown("done")
+    await rig.settle()
+    assert deleter.calls == [5.0] and rt.room_deleted_at == 5.0
+    assert rig.callbacks == [(5.0, "done")]  # the shutdown callbacks after the deletion
+    assert deletion_path(rig) == [
+        (0.0, "request", "kept", "requested"),
+        (5.0, "allow", "requested", "deleting"),
+        (5.0, "delete_done", "deleting", "deleted"),
+    ]
+    rt.request_room_deletion()  # once deleted, asking again changes nothing
+    await rt.aclose()
+    assert deleter.calls == [5.0]
+
+
+async def test_the_shutdown_callbacks_wait_for_the_deletion() -> None:
+    deleter = Deleter("gate")
+    rig = rig_with(deleter, delete_room_on_close=True)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("done")
+    await rig.clock.advance(3)
+    assert rt.state == "closing" and rt.deletion.state == "deleting" and rig.callbacks == []
+    deleter.gate.set()
+    await rig.settle()
+    assert rig.callbacks == [(3.0, "done")] and rt.room_deleted_at == 3.0
+    assert (rt.state, rt.closed_at) == ("closed", 3.0)
+    await rt.aclose()
+
+
+async def test_a_request_after_the_room_work_runs_at_once_and_the_release_waits_for_it() -> None:
+    deleter = Deleter("gate")
+    rig = rig_with(deleter)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("done")
+    await rig.settle()
+    assert rt.state == "closed" and rt.deletion.state == "allowed"
+    await rig.clock.advance(2)
+    rt.request_room_deletion()
+    await rig.settle()
+    assert deleter.calls == [2.0]
+    closing = asyncio.ensure_future(rt.aclose())
+    await rig.clock.advance(1)
+    assert not closing.done()
+    deleter.gate.set()
+    await rig.settle()
+    assert closing.done() and rt.room_deleted_at == 3.0
+    assert rt.deletion.state == "deleted" and rt.deletion.actor.closed
+
+
+async def test_a_failing_deletion_is_logged_and_the_close_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    deleter = Deleter("raise")
+    rig = rig_with(deleter, delete_room_on_close=True)
+    rt = rig.runtime
+    await rt.start()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.room_deletion"):
+        rt.shutdown("done")
+        await rig.settle()
+    assert [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"] == [
+        "deleting the room failed: server said no"
+    ]
+    assert rt.deletion.state == "failed" and rt.room_deleted_at is None
+    assert rt.state == "closed" and rig.callbacks == [(0.0, "done")]
+    await rt.aclose()
+
+
+async def test_asked_but_never_allowed_is_abandoned_at_release(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    deleter = Deleter()
+    rig = rig_with(deleter)
+    rt = rig.runtime
+    rig.room.disconnect = hung_disconnect  # type: ignore[method-assign]
+    await rt.start()
+    rt.request_room_deletion()
+    rt.shutdown("done")
+    await rig.clock.advance(10)  # the job's close bound ends a room work that never finished
+    assert rt.state == "closed" and rt.deletion.state == "requested"
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.room_deletion"):
+        await rt.aclose()
+    assert rt.deletion.state == "abandoned" and deleter.calls == []
+    assert [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"] == [
+        "room deletion was asked for, but the job closed before its room work was done; "
+        "the room is left as it is"
+    ]
+
+
+# -- every cell of the table, through the runtime -------------------------------------------
+
+# (state, event) -> (outcome, dest); written out by hand: a changed cell fails here
+WAITING = ("kept", "requested", "allowed")
+FINAL = ("deleted", "failed", "abandoned", "closed")
+CELLS: dict[tuple[str, str], tuple[str, str]] = {
+    ("kept", "request"): ("transition", "requested"),
+    ("kept", "allow"): ("transition", "allowed"),
+    ("kept", "close"): ("transition", "closed"),
+    ("requested", "request"): ("ignore", "requested"),
+    ("requested", "allow"): ("transition", "deleting"),
+    ("requested", "close"): ("transition", "abandoned"),
+    ("allowed", "request"): ("transition", "deleting"),
+    ("allowed", "allow"): ("ignore", "allowed"),
+    ("allowed", "close"): ("transition", "closed"),
+    **{
+        (s, e): ("ignore", s)
+        for s in WAITING
+        for e in ("delete_done", "delete_failed", "delete_timeout")
+    },
+    ("deleting", "request"): ("ignore", "deleting"),
+    ("deleting", "allow"): ("ignore", "deleting"),
+    ("deleting", "delete_done"): ("transition", "deleted"),
+    ("deleting", "delete_failed"): ("transition", "failed"),
+    ("deleting", "delete_timeout"): ("transition", "abandoned"),
+    ("deleting", "close"): ("ignore", "deleting"),
+    **{(s, e): ("ignore", s) for s in FINAL for e in ROOM_DELETION.events},
+}
+
+
+def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
+    assert set(CELLS) == {(s, e) for s in ROOM_DELETION.state_names for e in ROOM_DELETION.events}
+
+
+async def _reach(rig: JobRig, state: str, event: str) -> None:
+    """Drive the runtime into ``state`` through its public API and the world."""
+    rt = rig.runtime
+    await rt.start()
+    if state in ("kept", "requested"):
+        if state == "requested":
+            rt.request_room_deletion()
+        if event == "close":
+            # the job closes at its bound before its room work: nothing allowed the deletion
+            rig.room.disconnect = hung_disconnect  # type: ignore[method-assign]
+            rt.shutdown("setup")
+            await rig.clock.advance(10)
+    elif state in ("deleted", "failed"):
+        rt.request_room_deletion()
+        rt.shutdown("setup")
+    else:  # the job closes and allows the deletion; asked for after that, it runs at once
+        rt.shutdown("setup")
+        await rig.settle()
+        if state in ("deleting", "abandoned"):
+            rt.request_room_deletion()
+        if state == "abandoned":
+            await rig.settle()
+            await rig.clock.advance(10)  # the server never answers
+        elif state == "closed":
+            await rt.deletion.actor.send(Event("close"))  # what the release sends
+    await rig.settle()
+
+
+async def _cause(rig: JobRig, deleter: Deleter, state: str, event: str) -> asyncio.Future[Any]:
+    """Make ``event`` reach the deletion as the world would; where nothing in the world
+    sends it in this state any more, post it as a late one. Returns the release if the
+    event is the release's ``close``."""
+    rt = rig.runtime
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    if event == "request":
+        rt.request_room_deletion()
+    elif event == "allow" and state in ("kept", "requested"):
+        rt.shutdown("now")  # the job's closing work allows it
+    elif event == "delete_done" and state == "deleting":
+        deleter.gate.set()
+    elif event == "delete_failed" and state == "deleting":
+        deleter.fail_at_gate = True
+        deleter.gate.set()
+    elif event == "delete_timeout" and state == "deleting":
+        await rig.clock.advance(10)
+    elif event == "close" and state in (*WAITING, "deleting"):
+        done = asyncio.ensure_future(rt.aclose())
+    else:
+        rt.deletion.actor.post(Event(event, {"late": True}))
+    await rig.settle()
+    return done
+
+
+@pytest.mark.parametrize(("state", "event"), list(CELLS), ids=[f"{s}-{e}" for s, e in CELLS])
+async def test_cell(state: str, event: str) -> None:
+    outcome, dest = CELLS[(state, event)]
+    deleter = Deleter("gate" if state == "deleting" else "ok")
+    if state == "failed":
+        deleter.mode = "raise"
+    elif state == "abandoned":
+        deleter.mode = "gate"  # never opened: cut at its bound
+    rig = rig_with(deleter)
+    rt = rig.runtime
+    await _reach(rig, state, event)
+    assert rt.deletion.state == state
+    mark = len(rig.sink.records)
+
+    release = await _cause(rig, deleter, state, event)
+
+    recs = [
+        r
+        for r in rig.sink.records[mark:]
+        if r.machine == "room_deletion" and r.event == event and r.kind in ("transition", "ignore")
+    ]
+    assert recs, f"the deletion never saw {event}"
+    assert (recs[0].kind, recs[0].source, recs[0].dest) == (outcome, state, dest)
+    # the server is called once the deletion is both asked for and allowed, and only once
+    started = state in ("deleting", "deleted", "failed", "abandoned") or dest == "deleting"
+    assert len(deleter.calls) == (1 if started else 0)
+    deleter.gate.set()
+    await rig.clock.advance(20)
+    await release
+    await rt.aclose()
+    assert rt.deletion.actor.closed and rt.deletion.actor.live_tasks == 0
+    assert rig.clock.pending == 0

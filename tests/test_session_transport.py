@@ -1,0 +1,146 @@
+"""``RoomRequestTransport``: livekit's session byte streams, each message with its sender.
+
+An unconnected ``InMemoryRoom`` (a real ``rtc.Room``) takes the byte stream handler as the
+SDK registers it; the streams handed to it stand in for ``ByteStreamReader`` (whose chunks
+come from the FFI, which needs a server), with the identity the server stamps on each
+stream. Sending goes through livekit's own ``RoomSessionTransport`` onto the in-memory
+local participant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES
+from livekit.protocol.agent_pb import agent_session as agent_pb
+
+from agent_runtime import settle
+from agent_runtime.session_transport import Received, RoomRequestTransport, SenderAware
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.wire import build_request
+
+
+class Stream:
+    """One incoming byte stream: its chunks, and whether the transport closed it."""
+
+    def __init__(self, data: bytes, *, hold: asyncio.Event | None = None) -> None:
+        self._chunks = [data[:3], data[3:]]
+        self._hold = hold
+        self.closed = False
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._hold is not None:
+            await self._hold.wait()  # a slow sender: its chunks come later
+        if not self._chunks:
+            self.closed = True
+            raise StopAsyncIteration
+        return self._chunks.pop(0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def message(request_id: str) -> bytes:
+    req = build_request("ping", request_id=request_id)
+    return agent_pb.AgentSessionMessage(request=req).SerializeToString()
+
+
+async def started(remote_identity: str | None = None) -> tuple[InMemoryRoom, RoomRequestTransport]:
+    room = InMemoryRoom()
+    room.connect_locally()
+    transport = RoomRequestTransport(room, remote_identity)
+    await transport.start()
+    return room, transport
+
+
+def deliver(room: InMemoryRoom, stream: Stream, identity: str) -> None:
+    # what rtc.Room does with a stream header on our topic
+    room._byte_stream_handlers[TOPIC_SESSION_MESSAGES](stream, identity)  # type: ignore[arg-type]
+
+
+async def test_each_message_comes_with_its_sender_in_the_order_the_streams_opened() -> None:
+    room, transport = await started()
+    assert isinstance(transport, SenderAware)
+    slow = asyncio.Event()
+    deliver(room, Stream(message("a"), hold=slow), "simulator")
+    deliver(room, Stream(message("b")), "user")
+    await settle()
+    slow.set()  # the first stream finishes after the second one was already whole
+    got = [await transport.receive(), await transport.receive()]
+    assert [(r.message.request.request_id, r.sender) for r in got] == [
+        ("a", "simulator"),
+        ("b", "user"),
+    ]
+    await transport.close()
+
+
+async def test_only_the_remote_identity_is_read_when_one_is_set() -> None:
+    room, transport = await started(remote_identity="simulator")
+    other = Stream(message("x"))
+    deliver(room, other, "user")
+    deliver(room, Stream(message("y")), "simulator")
+    received = await transport.receive()
+    assert (received.message.request.request_id, received.sender) == ("y", "simulator")
+    assert other.closed  # released unread
+    await transport.close()
+
+
+async def test_an_unreadable_stream_is_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    room, transport = await started()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.session_transport"):
+        deliver(room, Stream(b"\xff\xff\xff"), "user")
+        deliver(room, Stream(message("ok")), "simulator")
+        received = await transport.receive()
+    assert received.message.request.request_id == "ok"
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "unreadable session message from 'user'"
+    ]
+    await transport.close()
+
+
+async def test_replies_go_out_on_the_topic_and_close_releases_the_room() -> None:
+    room, transport = await started()
+    resp = agent_pb.SessionResponse(request_id="r", error="nope")
+    await transport.send_message(agent_pb.AgentSessionMessage(response=resp))
+    ((topic, data, _),) = room.local_participant.sent_bytes
+    assert topic == TOPIC_SESSION_MESSAGES
+    assert agent_pb.AgentSessionMessage.FromString(data).response.error == "nope"
+    pending = Stream(message("late"), hold=asyncio.Event())
+    deliver(room, pending, "user")
+    queued = Stream(message("later"))
+    deliver(room, queued, "user")
+    await settle()
+    await transport.close()
+    assert TOPIC_SESSION_MESSAGES not in room._byte_stream_handlers
+    assert pending.closed and queued.closed  # cut short or never read: released
+    with pytest.raises(StopAsyncIteration):
+        await transport.receive()
+    with pytest.raises(RuntimeError, match="closed"):
+        await transport.send_message(agent_pb.AgentSessionMessage(response=resp))
+    await transport.close()  # twice is fine
+
+
+async def test_a_second_handler_on_the_topic_is_refused() -> None:
+    room, _transport = await started()
+    with pytest.raises(ValueError):
+        await RoomRequestTransport(room).start()
+    await _transport.close()
+
+
+async def test_the_in_memory_pair_names_the_sender_too() -> None:
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    req = agent_pb.AgentSessionMessage(request=build_request("ping", request_id="1"))
+    await sim_end.send_message(req)
+    await sim_end.send_message(req, sender="user")  # a test playing another participant
+    agent_end._inbox.put_nowait(req.SerializeToString())  # raw bytes: no known sender
+    got = [await agent_end.receive() for _ in range(3)]
+    assert [r.sender for r in got] == ["simulator", "user", None]
+    assert isinstance(got[0], Received) and isinstance(agent_end, SenderAware)
+    await agent_end.close()
+    with pytest.raises(StopAsyncIteration):
+        await agent_end.receive()
