@@ -140,7 +140,11 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
     [
         (lambda s: {"session": s, "grace_period": -1}, SettingError, "grace_period"),
         (lambda s: {"session": s, "join_timeout": "30"}, TypeError, "join_timeout"),
-        (lambda s: {"session": s, "avatar": object()}, TypeError, "AvatarSession plugin"),
+        (
+            lambda s: {"session": s, "avatar": object()},
+            TypeError,
+            "is not a livekit-agents AvatarSession",
+        ),
         (lambda s: {"session": "agent"}, TypeError, "session must be an AgentSession"),
         (lambda s: {"session": s, "nope": 1}, TypeError, "nope"),
         (

@@ -81,7 +81,6 @@ class Config:
     session_end_timeout: float = 30.0
     close_timeout: float = 5.0
     join_timeout: float = 10.0
-    clear_buffer_timeout: float = 2.0
     faults: Faults = Faults()
 
     @property
@@ -232,7 +231,6 @@ class World:
             close_on_disconnect=cfg.close_on_disconnect,
             grace_period=cfg.grace_period,
             join_timeout=cfg.join_timeout,
-            clear_buffer_timeout=cfg.clear_buffer_timeout,
             retry_avatar=cfg.retry_avatar,
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
