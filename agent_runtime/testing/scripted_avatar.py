@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from livekit.agents.voice.agent_session import AgentSession
 
 
-logger = logging.getLogger("agent_runtime.testing.scripted_avatar")
+# the plugin's own logger, as each upstream plugin has (livekit.plugins.NAME)
+logger = logging.getLogger("livekit.plugins.scripted_avatar")
 
 
 class ScriptedAvatarError(RuntimeError):
