@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from livekit import rtc
@@ -811,4 +812,104 @@ async def test_restored_avatar_leaves_no_sdk_wait_behind() -> None:
     await rig.clock.advance(5)
     assert rig.lifecycle.state == "restored"
     assert all(t is not None and t.done() for t in waits)
+    await rig.aclose()
+
+
+# -- retry with backoff ----------------------------------------------------------------------
+
+
+class FlakyAvatar(ScriptedAvatar):
+    """A provider that fails the first ``failures`` starts (its error swallowed, as simli
+    does: no route installed), then sends its avatar."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(avatar_identity=AVATAR)
+        self.failures = failures
+        self.closes = 0
+
+    async def start(self, agent_session: Any, room: rtc.Room) -> None:
+        self.swallow_error = self.start_calls < self.failures
+        await super().start(agent_session, room)
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        await super().aclose()
+
+
+async def test_transient_failures_are_retried_after_backoff_on_room_audio() -> None:
+    policy = {"attempts": 3, "backoff": {"initial": 1.0, "multiplier": 2.0, "max": 1.5}}
+    rig = Rig(avatar=FlakyAvatar(failures=2), retry=policy)
+    await rig.start_session()
+    routes: list[tuple[float, str, str]] = []
+    rig.lifecycle.on(
+        "state_changed",
+        lambda ev: routes.append((rig.clock.now(), ev.dest, rig.lifecycle.audio_route())),
+    )
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "backoff"
+    await rig.clock.advance(1.0)  # first wait: initial
+    await rig.clock.advance(1.5)  # second: capped at max
+    assert rig.lifecycle.state == "routing"
+    assert rig.avatar.start_calls == 3 and rig.lifecycle.attempts == 2
+    assert rig.avatar.closes == 2  # each failed attempt released before the next
+    # every wait was on room audio
+    assert [(t, r) for t, s, r in routes if s == "backoff"] == [(0.0, "room"), (1.0, "room")]
+    assert [t for t, s, _ in routes if s == "starting"] == [0.0, 1.0, 2.5]
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined"
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.aclose()
+
+
+@pytest.mark.parametrize(
+    ("policy", "want", "starts"),
+    [
+        ({}, "restored", 1),  # the default retries nothing
+        ({"attempts": 1, "transient": ["avatar_left"]}, "restored", 1),  # not transient
+        ({"attempts": 1}, "backoff", 2),
+    ],
+)
+async def test_only_transient_causes_with_attempts_left_are_retried(
+    policy: dict[str, Any], want: str, starts: int
+) -> None:
+    rig = Rig(avatar=FlakyAvatar(failures=5), retry=policy)
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == want
+    await rig.clock.advance(60)
+    assert rig.lifecycle.state == "restored"  # the attempts, if any, are used up
+    assert rig.lifecycle.audio_route() == "room"
+    assert rig.avatar.start_calls == starts
+    await rig.aclose()
+
+
+async def test_an_avatar_that_returns_during_backoff_gets_the_audio_with_rejoin() -> None:
+    rig = Rig(retry={"attempts": 2, "rejoin": True, "backoff": {"initial": 10.0}})
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.room.remove_participant(AVATAR)
+    await settle()
+    assert rig.lifecycle.state == "backoff"
+    assert rig.lifecycle.audio_route() == "room"
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined"  # re-routed, not restarted
+    assert rig.lifecycle.audio_route() == "avatar"
+    assert rig.avatar.start_calls == 1
+    await rig.aclose()
+
+
+async def test_close_during_backoff_stops_the_timer() -> None:
+    rig = Rig(avatar=FlakyAvatar(failures=5), retry={"attempts": 3})
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "backoff"
+    await rig.lifecycle.aclose()
+    assert rig.lifecycle.state == "closed"
+    assert rig.clock.pending == 0
+    await rig.clock.advance(60)
+    assert rig.avatar.start_calls == 1
     await rig.aclose()
