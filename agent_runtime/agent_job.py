@@ -42,7 +42,15 @@ from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
 from .actor import Actor, StateChanged
-from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of
+from .avatar import (
+    AvatarLifecycle,
+    RemoveParticipant,
+    Route,
+    check_plugin,
+    check_start_options,
+    plugin_name,
+    route_of,
+)
 from .clock import AsyncioClock, Clock
 from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
@@ -50,7 +58,7 @@ from .participant import ParticipantLink, SessionCloseTimedOut
 from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
-from .settings import JobSettings, SettingError, job_settings
+from .settings import AvatarRetry, JobSettings, SettingError, job_settings
 from .snapshot import JobSnapshot, find_actors, machines_snapshot
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -69,6 +77,8 @@ _INJECTABLE = frozenset(
 )
 
 Events = Literal["state_changed", "closed"]
+# an avatar plugin, or what builds one when the job is built (a class, a functools.partial)
+AvatarPlugin = AvatarSession | Callable[[], AvatarSession]  # type: ignore[type-arg]
 
 
 @contextlib.contextmanager
@@ -100,7 +110,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         *,
         room: rtc.Room,
         session: AgentSession[Any],
-        avatar: AvatarSession | None = None,  # type: ignore[type-arg]
+        avatar: AvatarPlugin | None = None,
+        avatar_start_options: Mapping[str, Any] | None = None,
         participant_identity: str | None = None,
         participant_kinds: Iterable[str | int] | None = None,
         close_on_disconnect: bool = True,
@@ -108,8 +119,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         grace_period: float = 15.0,
         session_close_timeout: float = 60.0,
         join_timeout: float = 30.0,
-        clear_buffer_timeout: float = 2.0,
-        retry_avatar: bool = False,
+        retry_avatar: bool | AvatarRetry | Mapping[str, Any] = False,
         session_end_timeout: float = 300.0,
         close_timeout: float = 10.0,
         delete_room_on_close: bool = False,
@@ -131,7 +141,6 @@ class AgentJob(rtc.EventEmitter[Events]):
             "grace_period": grace_period,
             "session_close_timeout": session_close_timeout,
             "join_timeout": join_timeout,
-            "clear_buffer_timeout": clear_buffer_timeout,
             "retry_avatar": retry_avatar,
             "session_end_timeout": session_end_timeout,
             "close_timeout": close_timeout,
@@ -154,11 +163,18 @@ class AgentJob(rtc.EventEmitter[Events]):
                 "the session is already started: pass it unstarted, AgentJob starts it "
                 "(with session_host=False and RoomIO's own close rules off) in job.start()"
             )
-        if avatar is not None and not isinstance(avatar, AvatarSession):
+        if avatar is not None and not isinstance(avatar, AvatarSession) and not callable(avatar):
+            check_plugin(avatar)  # AvatarPluginError (a TypeError) naming it
+        if avatar_start_options is not None and not isinstance(avatar_start_options, Mapping):
             raise TypeError(
-                f"avatar must be a livekit-agents AvatarSession plugin, not "
-                f"{type(avatar).__module__}.{type(avatar).__qualname__}"
+                "avatar_start_options must be a mapping of the plugin's start() keyword "
+                f"options, not {type(avatar_start_options).__name__}"
             )
+        start_options = dict(avatar_start_options or {})
+        if start_options and avatar is None:
+            raise ValueError("avatar_start_options given without an avatar")
+        if isinstance(avatar, AvatarSession):
+            check_start_options(avatar, start_options)
         if not isinstance(otel, bool | OtelSink):
             raise TypeError(f"otel must be True, False or an OtelSink, not {type(otel).__name__}")
         if otel is True and isinstance(inject.get("otel"), OtelSink):
@@ -223,11 +239,14 @@ class AgentJob(rtc.EventEmitter[Events]):
             tracer=tracer,
         )
         self.avatar: AvatarLifecycle | None = None
-        if avatar is not None:
+        # why the job runs without the avatar it was given (a plugin that could not be built)
+        self.avatar_error: str | None = None
+        plugin = self._build_avatar(avatar, start_options) if avatar is not None else None
+        self._avatar_start_options = start_options
+        if plugin is not None:
             self.avatar = AvatarLifecycle(
-                avatar,
+                plugin,
                 join_timeout=s.join_timeout,
-                clear_buffer_timeout=s.clear_buffer_timeout,
                 retry=s.retry_avatar,
                 clock=clock,
                 tracer=tracer,
@@ -250,6 +269,30 @@ class AgentJob(rtc.EventEmitter[Events]):
         self.link.on("close_timed_out", self._on_close_timed_out)
         self.job.add_shutdown_callback(self._release)
 
+    def _build_avatar(
+        self,
+        avatar: AvatarPlugin,
+        start_options: Mapping[str, Any],
+    ) -> AvatarSession | None:  # type: ignore[type-arg]
+        """The plugin, built by its factory when one was given. A factory that raises (a
+        plugin whose service is gone, a provider key missing in this deployment) or builds
+        something that is no ``AvatarSession`` is a fault of the run, not of the code: it
+        is logged naming the plugin, and the job runs on room audio."""
+        if isinstance(avatar, AvatarSession):
+            return avatar
+        try:
+            built = avatar()
+            check_plugin(built)
+        except Exception as e:
+            self.avatar_error = (
+                f"avatar plugin {plugin_name(avatar)} could not be built "
+                f"({type(e).__name__}: {e}); the agent runs on room audio"
+            )
+            logger.error("%s", self.avatar_error)
+            return None
+        check_start_options(built, start_options)  # the code's own mistake: refused
+        return built
+
     # -- livekit-agents jobs ---------------------------------------------------------------
     @classmethod
     def from_job_context(
@@ -257,7 +300,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         ctx: JobContext,
         *,
         session: AgentSession[Any],
-        avatar: AvatarSession | None = None,  # type: ignore[type-arg]
+        avatar: AvatarPlugin | None = None,
         **options: Any,
     ) -> AgentJob:
         """A job over ``ctx.room``, with its simulation context, the ``on_simulation_end``
@@ -322,8 +365,9 @@ class AgentJob(rtc.EventEmitter[Events]):
         return self.job.room_deleted_at
 
     def audio_route(self) -> Route:
-        """Where the agent's audio goes now: ``avatar``, ``room`` or ``none``."""
-        return route_of(self.session)
+        """Where the agent's audio goes now: ``avatar`` (the sink the avatar plugin
+        installed, whatever its class), ``room`` or ``none``."""
+        return route_of(self.session, self.avatar.installed_sink if self.avatar else None)
 
     @property
     def live_audio_route(self) -> Route:
@@ -404,7 +448,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         if self.avatar is None:
             raise RuntimeError("this job has no avatar (pass avatar= to AgentJob)")
         await self.start_runtime()
-        await self.avatar.start(self.session, self.room)
+        await self.avatar.start(self.session, self.room, **self._avatar_start_options)
 
     async def start_session(
         self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN

@@ -8,26 +8,34 @@ sink the plugin installed, follows the avatar participant through room facts on 
 injected clock, and on failure puts the previous route back, but only while the chain's
 tail is still the plugin's sink (a route someone installed later is left alone).
 
-The plugin's ``start()`` and the ``lk.clear_buffer`` RPC run as state tasks of the machine
-(``starting``, ``clearing``): the mailbox keeps moving while they wait, and leaving the
-state cancels them.
+The plugin's ``start()`` (with its own keyword options passed through) runs as a state
+task of ``starting``: the mailbox keeps moving while it waits, and leaving the state
+cancels it. A start that returns having installed no route (a plugin that caught and
+logged its provider's error) is a failure at once.
 
-The session's own interruptions reach the plugin's sink as ``clear_buffer()``; the
-lifecycle takes that call over on the sink instance (the plugin's class is untouched) and
-routes it through the machine, so ``lk.clear_buffer`` goes on the wire only from
-``joined``, bounded, with every ``rtc.RpcError`` an expected outcome.
+The session's own interruptions reach the plugin's sink as ``clear_buffer()``. While the
+avatar is joined that call is the plugin's own, run at once and unchanged (whatever its sink
+does: an ``lk.clear_buffer`` RPC with its own bound and hold, or a queue's clear and its
+events); the lifecycle only follows it (``clearing`` while it holds the sink). Only when the
+avatar is not joined does the lifecycle step in: nothing is sent to a participant who is
+not there, and pending playout is finished locally, so the session does not stall.
+
+Route reporting knows the plugin's sink by identity (the one recorded after its start),
+whatever its class. A retry policy (``AvatarRetry``) may start the plugin again after a
+transient loss, after a backoff spent on room audio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple
 
 from livekit import rtc
@@ -37,7 +45,7 @@ from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
-from statemachines.avatar import AVATAR
+from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
 from .clock import AsyncioClock, Clock
@@ -48,7 +56,7 @@ from .room_events import (
     TrackPublished,
 )
 from .routing import follow
-from .settings import check_setting
+from .settings import AvatarRetry, avatar_retry, check_setting
 from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.avatar")
@@ -58,12 +66,43 @@ RemoveParticipant = Callable[[str], Awaitable[object] | object]
 
 RPC_CLEAR_BUFFER = "lk.clear_buffer"
 RPC_PLAYBACK_FINISHED = "lk.playback_finished"
-# the clear could not reach the avatar because it is not in the room any more
-_GONE_CODES = frozenset(
-    {rtc.RpcError.ErrorCode.RECIPIENT_DISCONNECTED, rtc.RpcError.ErrorCode.RECIPIENT_NOT_FOUND}
-)
 _REMOVAL_TIMEOUT = 5.0
-_RPC_GRACE = 0.5
+
+
+class AvatarPluginError(TypeError):
+    """The object given as an avatar plugin is not a livekit-agents ``AvatarSession``
+    (or its ``start()`` cannot take the options given); the message names the plugin."""
+
+
+def plugin_name(obj: object) -> str:
+    """``module.Class`` of a plugin object, or the name of a class or factory of one."""
+    if isinstance(obj, functools.partial):
+        return plugin_name(obj.func)
+    target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}.{getattr(target, '__qualname__', type(obj).__qualname__)}"
+
+
+def check_plugin(avatar: object) -> None:
+    """``AvatarPluginError`` naming the plugin unless it is an ``AvatarSession``."""
+    if not isinstance(avatar, AvatarSession):
+        raise AvatarPluginError(
+            f"avatar plugin {plugin_name(avatar)} is not a livekit-agents AvatarSession "
+            f"(livekit.agents.voice.avatar.AvatarSession); it cannot be run"
+        )
+
+
+def check_start_options(avatar: AvatarSession, options: Mapping[str, Any]) -> None:  # type: ignore[type-arg]
+    """``AvatarPluginError`` unless the plugin's ``start()`` takes these keyword options."""
+    if not options:
+        return
+    try:
+        inspect.signature(avatar.start).bind(None, None, **options)
+    except TypeError as e:
+        raise AvatarPluginError(
+            f"avatar plugin {plugin_name(avatar)}: its start() does not take "
+            f"{', '.join(sorted(options))} ({e})"
+        ) from None
 
 
 # -- the audio chain ---------------------------------------------------------------------
@@ -84,11 +123,14 @@ def audio_tail(session: AgentSession[Any] | None) -> AudioOutput | None:
     return chain[-1] if chain else None
 
 
-def route_of(session: AgentSession[Any] | None) -> Route:
-    """Where the agent's audio goes: the avatar's data stream, the room's audio track, or
-    neither (no output, or a sink that is neither of those)."""
+def route_of(session: AgentSession[Any] | None, *avatar_sinks: AudioOutput | None) -> Route:
+    """Where the agent's audio goes: an avatar (one of ``avatar_sinks``, the sinks avatar
+    plugins installed, known by identity whatever their class; or any data stream to an
+    avatar), the room's audio track, or neither."""
     tail = audio_tail(session)
-    if isinstance(tail, DataStreamAudioOutput):
+    if tail is None:
+        return "none"
+    if any(tail is s for s in avatar_sinks) or isinstance(tail, DataStreamAudioOutput):
         return "avatar"
     if isinstance(tail, _ParticipantAudioOutput):
         return "room"
@@ -172,8 +214,25 @@ class _PrevRoute(NamedTuple):
     session_running: bool
 
 
-async def _until(settled: asyncio.Event) -> None:
-    await settled.wait()
+class _Timeouts(Mapping[str, float | None]):
+    """The actor's state-timeout settings: ``join_timeout``, and ``retry_backoff`` computed
+    for the restart that comes next."""
+
+    def __init__(self, lifecycle: AvatarLifecycle) -> None:
+        self._lc = lifecycle
+
+    def __getitem__(self, key: str) -> float | None:
+        if key == "join_timeout":
+            return self._lc._join_timeout
+        if key == "retry_backoff":
+            return self._lc._retry.backoff.delay(self._lc._attempts)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("join_timeout", "retry_backoff"))
+
+    def __len__(self) -> int:
+        return 2
 
 
 class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
@@ -190,22 +249,21 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         avatar: AvatarSession,  # type: ignore[type-arg]
         *,
         join_timeout: float = 30.0,
-        clear_buffer_timeout: float = 2.0,
-        retry: bool = False,
+        retry: bool | AvatarRetry | Mapping[str, Any] = False,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
         room_events: RoomEventAdapter | None = None,
         remove_participant: RemoveParticipant | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(avatar, AvatarSession):
-            raise TypeError(f"avatar must be an AvatarSession, got {type(avatar).__name__}")
+        check_plugin(avatar)
         join_timeout = check_setting("join_timeout", join_timeout)
-        clear_buffer_timeout = check_setting("clear_buffer_timeout", clear_buffer_timeout)
         self._avatar = avatar
         self._join_timeout = float(join_timeout)
-        self._clear_timeout = float(clear_buffer_timeout)
-        self._retry = bool(retry)
+        self._retry: AvatarRetry = avatar_retry(retry)
+        self._attempts = 0  # restarts made so far
+        self._cause = ""  # what ended the last attempt
+        self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
         self._remove_participant = remove_participant
@@ -218,7 +276,8 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         # plugin's can be in the chain)
         self._prev: _PrevRoute | None = None
         self._installed: AudioOutput | None = None  # the sink the plugin installed
-        self._adopted: AudioOutput | None = None  # the sink whose clear_buffer we took over
+        self._adopted: AudioOutput | None = None  # the sink whose clear_buffer we follow
+        self._own_clear: Callable[[], None] | None = None  # that sink's own clear_buffer
         self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
         self._room_output_task: asyncio.Task[None] | None = None
         self._rpc_claimed = False
@@ -233,8 +292,9 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 "record_route": self._fx_record_route,
                 "check_presence": self._fx_check_presence,
                 "restore_route": self._fx_restore_route,
+                "release_attempt": self._fx_release_attempt,
                 "reinstall_route": self._fx_reinstall_route,
-                "send_clear_buffer": self._fx_send_clear_buffer,
+                "follow_plugin_clear": self._fx_follow_plugin_clear,
                 "clear_local_buffer": self._fx_clear_local_buffer,
                 "mark_playout_done": self._fx_mark_playout_done,
                 "put_route_back": self._fx_put_route_back,
@@ -244,12 +304,18 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             guards={
                 "has_video": lambda _ev: self._avatar_has_video(),
                 "avatar_present": lambda _ev: self._avatar_participant() is not None,
-                "recipient_gone": lambda ev: bool(ev.data.get("gone")),
-                "retry": lambda _ev: self._retry and self._installed is not None,
-                "clear_wanted": self._clear_wanted,
+                "clear_pending": lambda ev: (
+                    bool(ev.data.get("delivered")) and self._plugin_clear_task() is not None
+                ),
+                "delivered": lambda ev: bool(ev.data.get("delivered")),
+                "retry_left": lambda ev: self._retry.retries(
+                    str(ev.data.get("cause", self._cause)), self._attempts
+                ),
+                "rejoin": lambda _ev: self._retry.rejoin and self._installed is not None,
             },
-            # bounds both the plugin's start() (starting) and the join (routing)
-            settings={"join_timeout": self._join_timeout},
+            # join_timeout bounds both the plugin's start() (starting) and the join
+            # (routing); retry_backoff is the wait before the next restart
+            settings=_Timeouts(self),
             clock=self._clock,
             tracer=tracer,
             # closing the plugin gets the same budget as starting it
@@ -275,14 +341,33 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         """The sink the plugin installed, once its ``start()`` has run."""
         return self._installed
 
-    def audio_route(self) -> Route:
-        """Where the agent's audio goes now: ``avatar``, ``room`` or ``none``."""
-        return route_of(self._session)
+    @property
+    def retry(self) -> AvatarRetry:
+        """The retry policy this lifecycle runs with."""
+        return self._retry
 
-    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+    @property
+    def attempts(self) -> int:
+        """How many times the plugin was started again after a transient loss."""
+        return self._attempts
+
+    def audio_route(self) -> Route:
+        """Where the agent's audio goes now: ``avatar`` (the plugin's sink, whatever its
+        class), ``room`` or ``none``."""
+        return route_of(self._session, self._installed)
+
+    async def start(
+        self, agent_session: AgentSession[Any], room: rtc.Room, **plugin_options: Any
+    ) -> None:
         """Start the plugin with its route recorded; returns once the outcome of the start
-        itself has been handled: ``routing`` (or further), ``restored`` after a failed or
-        timed-out start (not raised), or ``closed`` when ``aclose()`` cut it short."""
+        itself has been handled: ``routing`` (or further), ``restored`` (or ``backoff``)
+        after a failed, routeless or timed-out start (not raised), or ``closed`` when
+        ``aclose()`` cut it short.
+
+        ``plugin_options`` go to the plugin's own ``start()`` as keyword arguments (e.g.
+        ``livekit_url``, ``livekit_api_key``, ``livekit_api_secret``), on every attempt;
+        options its ``start()`` does not take are refused here (``AvatarPluginError``, a
+        ``TypeError``), before anything starts."""
         if self._closing or self._actor.closed:
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle":
@@ -294,6 +379,8 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         adapter = self._given_adapter
         if adapter is not None and adapter.room is not room:
             raise ValueError("room_events must be an adapter of the same room")
+        check_start_options(self._avatar, plugin_options)
+        self._plugin_options = dict(plugin_options)
         self._session, self._room = agent_session, room
         if adapter is None:
             adapter = RoomEventAdapter(room)
@@ -318,11 +405,15 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         await self._actor.join()  # a failed start: on to restored
 
     def interrupt(self) -> None:
-        """An interruption: ``lk.clear_buffer`` to the avatar while ``joined`` (bounded, its
-        failures logged, never raised; the clear in flight answers any interruption until it
-        is done); in any other state the avatar sink's pending playout is finished locally
-        and nothing is sent."""
-        self._actor.post(Event("interrupt", {"origin": "api"}))
+        """An interruption, as the session's own reaches the avatar's sink: while ``joined``
+        the plugin's sink clears itself its own way (a data-stream avatar gets
+        ``lk.clear_buffer`` when something is playing; a queue sink drops its audio and
+        tells its plugin); in any other state the sink's pending playout is finished
+        locally and nothing goes to a participant. Never raises."""
+        if self._adopted is not None:
+            self._on_sink_clear()
+        else:
+            self._actor.post(Event("interrupt", {"origin": "api"}))
 
     async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
         """Wait until the machine is in ``state`` (at once if it is). ``TimeoutError`` after
@@ -412,11 +503,11 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
     def _session_running(self) -> bool:
         return self._session is not None and bool(self._session._started)
 
-    def _clear_wanted(self, ev: Event) -> bool:
-        if self._installed is None:
-            return False
-        # the session's own clear with nothing playing has nothing to clear (as upstream)
-        return ev.data.get("origin") != "session" or any(_pending(o) for o in self._chain_to_sink())
+    def _plugin_clear_task(self) -> asyncio.Task[None] | None:
+        """The plugin's own clear while it holds its sink (``DataStreamAudioOutput`` keeps
+        it there; a sink set not to hold, or a queue's clear, has none)."""
+        task = getattr(self._installed, "_clear_buffer_atask", None)
+        return task if isinstance(task, asyncio.Task) and not task.done() else None
 
     def _take_prev_route(self) -> None:
         chain = audio_chain(self._session)
@@ -434,16 +525,21 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
         # cut short (cancelled), the row that left starting records it instead
         try:
-            await self._avatar.start(session, room)
+            await self._avatar.start(session, room, **self._plugin_options)
         except Exception:
             self._record_installed()  # a plugin failing late may have installed its route
             raise
         self._record_installed()
         if self._installed is None:
+            # a plugin that caught its provider's error logs it and returns: no route is the
+            # only sign, and waiting out join_timeout for it would help nobody
             logger.warning(
-                "avatar %s: the plugin's start() installed no audio route",
+                "avatar %s (%s): the plugin's start() returned without installing an audio "
+                "route; treating it as a failed start",
                 self._avatar.avatar_identity,
+                plugin_name(self._avatar),
             )
+            return Event("no_route")
         return Event("plugin_started")
 
     def _fx_record_route(self, ev: Event) -> None:
@@ -454,8 +550,9 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         return self._presence_event()
 
     async def _fx_restore_route(self, ev: Event) -> Event:
+        self._cause = ev.name  # kept first: the retry guard reads it if this effect fails
         outcome = self._guarded_restore()
-        if not self._retry:
+        if not self._retry.rejoin:
             # nothing will route to this avatar again: stop the SDK's waits for it now, or
             # they fail later (unretrieved) when the room goes away
             await self._retire_sink()
@@ -464,6 +561,29 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 join.cancel()
                 await asyncio.gather(join, return_exceptions=True)
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
+
+    async def _fx_release_attempt(self, ev: Event) -> None:
+        """Before the plugin starts again: the failed attempt's session closed (its avatar
+        participant removed, so that two avatars never answer), its sink retired and
+        forgotten. Bounded by the effect budget; a failure here is logged, not fatal."""
+        self._attempts += 1
+        logger.info(
+            "avatar %s: starting the plugin again (attempt %d of %d) after %s",
+            self._avatar.avatar_identity,
+            self._attempts,
+            self._retry.attempts,
+            self._cause,
+        )
+        try:
+            await self._avatar.aclose()
+        except Exception:
+            logger.warning("avatar plugin aclose() failed before a retry", exc_info=True)
+        await self._retire_sink()
+        self._unadopt()
+        self._release_playback_rpc()
+        self._installed = None
+        self._prev = None
+        await self._remove_avatar_participant()
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
         session, sink = self._session, self._installed
@@ -474,41 +594,17 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
         return self._presence_event()
 
-    async def _fx_send_clear_buffer(self, ev: Event) -> Event:
-        """The state task of ``clearing``, the whole clear: the bounded RPC, the wait for
-        the avatar's report, and what it did not report ended here, also when the state is
-        left first (the task cancelled). Its outcome is ``clear_buffer_done``."""
-        sink = self._installed
-        assert sink is not None  # clear_wanted holds only with a sink
-        captured = sink.captured_playout_segments
-        position = float(getattr(sink, "_pushed_duration", 0.0))
-        settled = asyncio.Event()
-        if isinstance(sink, DataStreamAudioOutput):
-            # the sink holds later captures until the interrupted playback is settled; a task
-            # of its own, so that this one cancelled with its state cancels no capture
-            sink._clear_buffer_atask = asyncio.get_running_loop().create_task(
-                _until(settled), name="avatar:clear_settled"
-            )
-        try:
-            outcome, code = await self._clear_rpc()
-            if outcome == "ok":
-                # the avatar says when it stopped; past the bound the segments end here
-                try:
-                    await self._clock.wait_for(sink.wait_for_playout(), self._clear_timeout)
-                except TimeoutError:
-                    logger.debug(
-                        "avatar %s: no playback_finished after the clear",
-                        self._avatar.avatar_identity,
-                    )
-        finally:
-            finished = sink.captured_playout_segments - _pending(sink)
-            for _ in range(max(0, captured - finished)):
-                sink.on_playback_finished(playback_position=position, interrupted=True)
-            settled.set()
-        gone = outcome == "gone"
-        return Event("clear_buffer_done", {"outcome": outcome, "code": code, "gone": gone})
+    async def _fx_follow_plugin_clear(self, ev: Event) -> Event:
+        """The state task of ``clearing``: the plugin's own clear does the clear's work
+        (its RPC, its wait for the avatar's report, its fallback); this waits for it to
+        settle. Cancelled with the state, it leaves the plugin's task alone."""
+        task = self._plugin_clear_task()
+        if task is not None:
+            await asyncio.gather(asyncio.shield(task), return_exceptions=True)
+        return Event("clear_buffer_done")
 
     def _fx_clear_local_buffer(self, ev: Event) -> None:
+        # the avatar is not joined: its pending playout ends here, nothing goes to it
         if self._installed is not None:
             _finish_pending(self._chain_to_sink())
 
@@ -648,54 +744,12 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             return chain[: chain.index(sink) + 1]
         return [sink]
 
-    async def _clear_rpc(self) -> tuple[str, int]:
-        """``lk.clear_buffer`` to the avatar, bounded: (outcome, RPC error code); every
-        failure is an expected outcome, logged at info."""
-        room = self._room
-        assert room is not None
-        identity = self._avatar.avatar_identity
-        try:
-            # the SDK itself ends the call at the bound (its default round trip, 7 s, is past
-            # the session's 5 s interruption fallback); our own stop is for a transport that
-            # never answers at all
-            await self._clock.wait_for(
-                room.local_participant.perform_rpc(
-                    destination_identity=identity,
-                    method=RPC_CLEAR_BUFFER,
-                    payload="",
-                    response_timeout=self._clear_timeout,
-                    max_round_trip_latency=self._clear_timeout,
-                ),
-                self._clear_timeout + _RPC_GRACE,
-            )
-        except rtc.RpcError as e:
-            gone = e.code in _GONE_CODES
-            logger.info(
-                "avatar %s: %s failed (%s %s)%s",
-                identity,
-                RPC_CLEAR_BUFFER,
-                e.code,
-                e.message,
-                ": the avatar has left" if gone else "",
-            )
-            return ("gone" if gone else "error"), int(e.code)
-        except TimeoutError:
-            logger.info(
-                "avatar %s: %s unanswered after %gs",
-                identity,
-                RPC_CLEAR_BUFFER,
-                self._clear_timeout,
-            )
-            return "timeout", 0
-        except Exception as e:
-            logger.info("avatar %s: %s not sent: %s", identity, RPC_CLEAR_BUFFER, e)
-            return "error", 0
-        return "ok", 0
-
-    # -- taking over the sink's clear and the playback_finished RPC ----------------------------
+    # -- following the sink's clear, taking the playback_finished RPC ---------------------------
     def _adopt(self, sink: AudioOutput) -> None:
-        """Take over, on this sink instance only, what would bypass the machine."""
-        # the session's interruption reaches the sink as clear_buffer(): route it through us
+        """Follow, on this sink instance only, what would bypass the machine."""
+        # the session's interruption reaches the sink as clear_buffer(): see it first, and
+        # hand it to the sink's own clear where that is safe (_on_sink_clear)
+        self._own_clear = sink.clear_buffer
         sink.clear_buffer = self._on_sink_clear  # type: ignore[method-assign]
         if isinstance(sink, DataStreamAudioOutput):
             # the sink registers its own lk.playback_finished handler when the room
@@ -705,24 +759,37 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._claim_playback_rpc()
 
     def _unadopt(self) -> None:
-        sink, self._adopted = self._adopted, None
+        sink, self._adopted, self._own_clear = self._adopted, None, None
         if sink is not None:
             vars(sink).pop("clear_buffer", None)
             vars(sink).pop("_register_playback_finished_rpc", None)
 
     def _on_sink_clear(self) -> None:
-        sink = self._adopted
-        if sink is None:
+        """The session's clear (or ``interrupt()``). Joined: the plugin's own clear, here and
+        now, exactly as without the lifecycle, then the machine is told (it follows the
+        clear while it holds the sink). Otherwise nothing is sent to the avatar: a sink
+        whose clear goes to no participant (a queue to the provider) still drops its audio
+        its own way, and the machine finishes what is pending locally."""
+        sink, own = self._adopted, self._own_clear
+        if sink is None or own is None:
             return
         if self._swapping or self._actor.closed or self._closing:
             # our own swap detaching the sink: its segments end here, nothing is sent
             _finish_pending([sink])
             return
+        if self._actor.state in PLUGIN_CLEARS:
+            own()
+            self._actor.post(Event("interrupt", {"origin": "session", "delivered": True}))
+            return
+        if not isinstance(sink, DataStreamAudioOutput):
+            own()  # its clear sends nothing to a participant
         self._actor.post(Event("interrupt", {"origin": "session"}))
 
     def _claim_playback_rpc(self) -> None:
         room = self._room
-        if room is None or self._installed is None or not room.isconnected():
+        if room is None or not isinstance(self._installed, DataStreamAudioOutput):
+            return  # only a data-stream avatar reports lk.playback_finished
+        if not room.isconnected():
             return  # the local participant exists once connected; RoomConnected claims it
         room.local_participant.register_rpc_method(
             RPC_PLAYBACK_FINISHED, self._on_playback_finished_rpc
@@ -796,10 +863,13 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             return
         if self._room is not None:
             self._room.off("connection_state_changed", sink._handle_connection_state_changed)
-        start = sink._start_atask
-        if start is not None and not start.done():
-            start.cancel()
-            await asyncio.gather(start, return_exceptions=True)
+        # its wait for the avatar, and a clear of its own still holding it (it holds
+        # nothing now: no audio reaches it)
+        waits = [t for t in (sink._start_atask, sink._clear_buffer_atask) if t is not None]
+        for task in waits:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 async def _close_output(out: _ParticipantAudioOutput, start: asyncio.Task[None] | None) -> None:

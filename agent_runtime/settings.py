@@ -9,7 +9,7 @@ the value given, before anything is built.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from livekit import rtc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -93,6 +93,56 @@ def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
     return tuple(out)
 
 
+# what can end an avatar attempt (statemachines.avatar.CAUSES): the retry policy names the
+# transient ones
+AvatarCause = Literal["start_error", "start_timeout", "no_route", "join_timeout", "avatar_left"]
+ALL_CAUSES: frozenset[AvatarCause] = frozenset(
+    ("start_error", "start_timeout", "no_route", "join_timeout", "avatar_left")
+)
+
+
+class Backoff(BaseModel):
+    """The wait before restart ``n`` (0-based): ``min(max, initial * multiplier ** n)``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial: PositiveSeconds = 1.0
+    multiplier: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False, strict=True)] = 2.0
+    max: PositiveSeconds = 30.0
+
+    def delay(self, n: int) -> float:
+        # the exponent is capped: past it the cap has long been reached
+        return float(min(self.max, self.initial * self.multiplier ** min(n, 64)))
+
+
+class AvatarRetry(BaseModel):
+    """What the avatar lifecycle does after a transient loss. The default retries nothing.
+
+    ``attempts``: how many times the plugin is started again after a failure whose cause is
+    in ``transient`` (over the lifecycle's whole life), each after ``backoff`` on room
+    audio. ``rejoin``: an avatar that joins late (while waiting, or after giving up) gets
+    the audio again. ``True``/``False`` stand for ``AvatarRetry(rejoin=True)`` and the
+    default, the spelling ``retry_avatar`` had when it was a flag.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempts: Annotated[int, Field(ge=0, le=100, strict=True)] = 0
+    backoff: Backoff = Backoff()
+    transient: frozenset[AvatarCause] = ALL_CAUSES
+    rejoin: Flag = False
+
+    def retries(self, cause: str, done: int) -> bool:
+        """Whether a failure of ``cause`` after ``done`` restarts is started again."""
+        return cause in self.transient and done < self.attempts
+
+
+def avatar_retry(value: Any) -> AvatarRetry:
+    """``retry_avatar``'s value as a policy: a policy, a mapping of its fields, or a flag;
+    ``SettingError`` naming the field otherwise."""
+    return check_setting("retry_avatar", value)  # type: ignore[no-any-return]
+
+
 class JobSettings(BaseModel):
     """Every setting of a composed job, with livekit-agents' defaults where it has one."""
 
@@ -109,8 +159,7 @@ class JobSettings(BaseModel):
     session_close_timeout: PositiveSeconds = 60.0
     # avatar
     join_timeout: PositiveSeconds = 30.0
-    clear_buffer_timeout: PositiveSeconds = 2.0
-    retry_avatar: Flag = False
+    retry_avatar: AvatarRetry = AvatarRetry()
     # job: the hold for the simulator, the bounded close, room deletion
     session_end_timeout: Seconds = 300.0
     close_timeout: PositiveSeconds = 10.0
@@ -120,6 +169,12 @@ class JobSettings(BaseModel):
     @classmethod
     def _kinds(cls, v: Any) -> tuple[str, ...]:
         return kind_names(v)
+
+    @field_validator("retry_avatar", mode="before")
+    @classmethod
+    def _retry(cls, v: Any) -> Any:
+        # the flag it was: True routes a late join again, False retries nothing
+        return AvatarRetry(rejoin=v) if isinstance(v, bool) else v
 
     @field_validator("closing_reasons", mode="before")
     @classmethod
@@ -151,9 +206,10 @@ def check_setting(name: str, value: Any) -> Any:
 
 def setting_error(e: ValidationError, data: Mapping[str, Any]) -> SettingError:
     err = e.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "settings"
+    name = ".".join(str(x) for x in err["loc"]) if err["loc"] else "settings"
     if isinstance(err.get("ctx", {}).get("error"), SettingError):
         return SettingError(str(err["ctx"]["error"]))
     msg = str(err["msg"]).removeprefix("Value error, ")
     cls = SettingTypeError if str(err["type"]).endswith("_type") else SettingError
-    return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {data.get(name)!r})")
+    got = data.get(str(err["loc"][0])) if err["loc"] else None
+    return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {got!r})")

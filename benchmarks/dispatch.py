@@ -92,9 +92,10 @@ WORKLOADS: dict[str, Workload] = {
         guards={
             "has_video": False,
             "avatar_present": True,
-            "recipient_gone": False,
-            "retry": True,
-            "clear_wanted": False,
+            "clear_pending": False,
+            "delivered": False,
+            "retry_left": False,
+            "rejoin": True,
         },
         settings={"join_timeout": 3600.0},
     ),

@@ -2,38 +2,49 @@
 
 ``starting`` runs the plugin's ``start()`` as a state task: the mailbox stays free (room
 facts, interrupts and ``close`` are handled meanwhile), leaving the state cancels the start,
-and its outcome comes back as ``plugin_started`` or ``start_error``. ``routing`` is the
-plugin's audio route in place, waiting for the avatar participant to join *and* publish
-video (either order) under ``join_timeout``. ``clearing`` is ``joined`` with one
-``lk.clear_buffer`` in flight (a state task, bounded by ``clear_buffer_timeout``); a second
-interrupt is answered by that clear, and its outcome returns to ``joined``, or, when it
-says the recipient is gone (RECIPIENT_DISCONNECTED / RECIPIENT_NOT_FOUND), counts as the
-avatar having left.
+and its outcome comes back as ``plugin_started``, ``no_route`` (the start returned having
+installed no audio route: a failure the plugin swallowed and logged) or ``start_error``.
+``routing`` is the plugin's audio route in place, waiting for the avatar participant to join
+*and* publish video (either order) under ``join_timeout``.
+
+While ``joined`` (and ``clearing``) an interruption is the plugin's own, unchanged: its sink's
+``clear_buffer()`` runs as without the lifecycle (for a data-stream avatar an
+``lk.clear_buffer`` RPC, its hold or no-hold setting; for a queue/websocket sink its own
+clear and events). ``clearing`` is ``joined`` while that clear holds the sink (the sink's
+next audio waits for the interrupted playback to settle); a second interrupt is answered by
+it. In every other state no RPC goes to an avatar that is not there: pending playout is
+finished locally, so the session never waits out its 5 s interruption fallback.
 
 Every way out of ``starting``/``routing``/``joined``/``clearing`` (where our route may be
 in) short of success goes through ``failed``, whose only work is putting the previous route
 back (identity-guarded) before ``restored``; ``restore_route`` always answers
-``route_restored``, so ``failed`` never lasts past that one effect. ``close`` says by its
-source what is left to undo: nothing from ``idle``; from the states where our route may be
-in, the guarded restore, then the plugin; from ``failed``/``restored`` only the plugin.
+``route_restored`` with the cause. When the retry policy calls that cause transient and has
+attempts left, ``backoff`` waits (the agent on room audio) for ``backoff_elapsed``, then the
+failed attempt is released and the plugin started again. ``close`` says by its source what
+is left to undo: nothing from ``idle``; from the states where our route may be in, the
+guarded restore, then the plugin; from ``failed``/``backoff``/``restored`` only the plugin.
 A start cut short (its timeout, or ``close``) first records any sink the plugin had put in.
 
-A late join after ``restored`` is ignored unless the ``retry`` guard holds (the runtime's
-opt-in ``retry`` setting and a route to reinstall): then the avatar's route goes back in
-and the join is awaited again under a fresh ``join_timeout``.
-
-Interruption sends ``lk.clear_buffer`` only from ``joined`` (into ``clearing``); everywhere
-else it clears the local buffer and nothing goes on the wire.
+A late join in ``backoff`` or ``restored`` is ignored unless the policy's ``rejoin`` holds
+(and there is a route to reinstall): then the avatar's route goes back in and the join is
+awaited again under a fresh ``join_timeout``.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
 
 ROUTED = ["starting", "routing", "joined", "clearing"]  # our route may be in
 ACTIVE = ["routing", "joined", "clearing"]  # the plugin's start has been handled
-DONE = ["failed", "restored"]  # our route is already put back
+# the states in which the session's clear reaches the plugin's sink as without the
+# lifecycle (the runtime delivers it there, synchronously, before posting ``interrupt``)
+PLUGIN_CLEARS = ["joined", "clearing"]
+DONE = ["failed", "backoff", "restored"]  # our route is already put back
+WAITING = ["backoff", "restored"]  # a late join may be routed to again (rejoin)
+# what can end an attempt, as route_restored's cause (the retry policy names the transient)
+CAUSES = ("start_error", "start_timeout", "no_route", "join_timeout", "avatar_left")
 EVENTS = (
     "start",
     "plugin_started",
+    "no_route",
     "start_timeout",
     "start_error",
     "room_connected",
@@ -45,9 +56,11 @@ EVENTS = (
     "playback_finished",
     "clear_buffer_done",
     "route_restored",
+    "backoff_elapsed",
     "close",
 )
 CLOSE_PLUGIN = ["put_route_back", "unhook", "close_plugin"]
+START_OUTCOMES = ["plugin_started", "no_route", "start_timeout"]
 
 
 def _all_but(*keep: str) -> list[str]:
@@ -77,15 +90,28 @@ AVATAR = MachineSpec(
         State(name="joined", description="the avatar is in the room with video; audio goes to it"),
         State(
             name="clearing",
-            invoke=("send_clear_buffer",),
-            description="joined, with one lk.clear_buffer in flight",
+            invoke=("follow_plugin_clear",),
+            description="joined, the plugin's own clear holding its sink",
         ),
         State(name="failed", description="the avatar is gone or never came; restoring the route"),
+        State(
+            name="backoff",
+            # the policy's delay for this attempt (initial x multiplier^n, capped)
+            timeout=StateTimeout(event="backoff_elapsed", setting="retry_backoff", default=1.0),
+            description="on room audio, waiting to start the plugin again",
+        ),
         State(name="restored", description="the previous route is back; the agent is audible"),
         State(name="closed", final=True, description="route restored, plugin closed, unhooked"),
     ),
     events=EVENTS,
-    guards=("has_video", "avatar_present", "recipient_gone", "retry", "clear_wanted"),
+    guards=(
+        "has_video",
+        "avatar_present",
+        "clear_pending",
+        "delivered",
+        "retry_left",
+        "rejoin",
+    ),
     effects=(
         Effect(
             name="start_plugin",
@@ -106,14 +132,18 @@ AVATAR = MachineSpec(
             description="put the previous route back if the avatar's sink is still in place",
         ),
         Effect(
+            name="release_attempt",
+            description="before a retry: close the failed attempt's plugin session and sink",
+        ),
+        Effect(
             name="reinstall_route",
             error_event="start_error",
             description="route audio to the returning avatar again",
         ),
         Effect(
-            name="send_clear_buffer",
+            name="follow_plugin_clear",
             error_event="clear_buffer_done",
-            description="lk.clear_buffer RPC to the avatar, bounded; unreported playout ends",
+            description="wait for the plugin's own clear to settle (it does the clear's work)",
         ),
         Effect(
             name="clear_local_buffer",
@@ -136,6 +166,8 @@ AVATAR = MachineSpec(
     rows=(
         *row("idle", "start", "starting"),
         *row("starting", "plugin_started", "routing", effects=["check_presence"]),
+        # a start that returned with no route in: the plugin swallowed its failure
+        *row("starting", "no_route", "failed", effects=["restore_route"]),
         *row("starting", "start_error", "failed", effects=["restore_route"]),
         *row("starting", "start_timeout", "failed", effects=["record_route", "restore_route"]),
         *row("routing", "room_connected", None, effects=["check_presence"]),
@@ -146,9 +178,11 @@ AVATAR = MachineSpec(
         *row("routing", "join_timeout", "failed", effects=["restore_route"]),
         *row("routing", "start_error", "failed", effects=["restore_route"]),  # reinstall failed
         *row(ACTIVE, "avatar_left", "failed", effects=["restore_route"]),
-        *row("joined", "interrupt", "clearing", guards=["clear_wanted"]),
-        # the session's own clear with nothing playing: nothing to clear (as upstream)
-        *row("joined", "interrupt", None),
+        # the plugin's own clear (already run by its sink) holds the sink: follow it
+        *row("joined", "interrupt", "clearing", guards=["clear_pending"]),
+        *row("joined", "interrupt", None, guards=["delivered"]),  # it held nothing
+        # asked before the join was seen: cleared as it was asked, locally
+        *row("joined", "interrupt", None, effects=["clear_local_buffer"]),
         *row(
             ["idle", "starting", "routing", *DONE],
             "interrupt",
@@ -158,26 +192,21 @@ AVATAR = MachineSpec(
         # the avatar can play (and report) before its video is up: DataStreamAudioOutput
         # starts streaming once the participant is there
         *row(ROUTED, "playback_finished", None, effects=["mark_playout_done"]),
-        *row(
-            "clearing",
-            "clear_buffer_done",
-            "failed",
-            guards=["recipient_gone"],
-            effects=["restore_route"],
-        ),
         *row("clearing", "clear_buffer_done", "joined"),
+        *row("failed", "route_restored", "backoff", guards=["retry_left"]),
         *row("failed", "route_restored", "restored"),
+        *row("backoff", "backoff_elapsed", "starting", effects=["release_attempt"]),
         *row(
-            "restored", "avatar_connected", "routing", guards=["retry"], effects=["reinstall_route"]
+            WAITING, "avatar_connected", "routing", guards=["rejoin"], effects=["reinstall_route"]
         ),
-        *row("restored", "avatar_connected", None),
+        *row(WAITING, "avatar_connected", None),
         *row("idle", "close", "closed", effects=["unhook"]),
         *row("starting", "close", "closed", effects=["record_route", *CLOSE_PLUGIN]),
         *row(ACTIVE, "close", "closed", effects=CLOSE_PLUGIN),
         *row(DONE, "close", "closed", effects=["unhook", "close_plugin"]),
     ),
     ignore=(
-        *cells(["idle", *ACTIVE, *DONE], ["plugin_started", "start_timeout"], "a stale start"),
+        *cells(["idle", *ACTIVE, *DONE], START_OUTCOMES, "a stale start"),
         *cells(["idle", "joined", "clearing", *DONE], "start_error", "a late start outcome"),
         *cells(
             "starting",
@@ -190,7 +219,7 @@ AVATAR = MachineSpec(
         *cells(["idle", "joined", "clearing", *DONE], "video_published", "not awaited"),
         *cells(["idle", "starting", "joined", "clearing", *DONE], "join_timeout", "a stale timer"),
         *cells(["idle", *DONE], "avatar_left", "its route is already gone"),
-        *cells("clearing", "interrupt", "the clear in flight answers for it"),
+        *cells("clearing", "interrupt", "the plugin's clear in flight answers for it"),
         *cells(
             ["idle", *DONE],
             "playback_finished",
@@ -199,9 +228,10 @@ AVATAR = MachineSpec(
         *cells(
             ["idle", "starting", "routing", "joined", *DONE],
             "clear_buffer_done",
-            "a late RPC outcome",
+            "a late clear outcome",
         ),
-        *cells(["idle", *ROUTED, "restored"], "route_restored", "not restoring"),
+        *cells(["idle", *ROUTED, "backoff", "restored"], "route_restored", "not restoring"),
+        *cells(["idle", *ROUTED, "failed", "restored"], "backoff_elapsed", "a stale backoff timer"),
         *cells("closed", _all_but("start"), "closed: nothing left to do"),
     ),
     reject=(

@@ -146,7 +146,11 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
     [
         (lambda s: {"session": s, "grace_period": -1}, SettingError, "grace_period"),
         (lambda s: {"session": s, "join_timeout": "30"}, TypeError, "join_timeout"),
-        (lambda s: {"session": s, "avatar": object()}, TypeError, "AvatarSession plugin"),
+        (
+            lambda s: {"session": s, "avatar": object()},
+            TypeError,
+            "is not a livekit-agents AvatarSession",
+        ),
         (lambda s: {"session": "agent"}, TypeError, "session must be an AgentSession"),
         (lambda s: {"session": s, "nope": 1}, TypeError, "nope"),
         (
@@ -291,3 +295,58 @@ async def test_a_session_close_that_hangs_still_ends_the_job(
     assert session._closing_task is not None
     session._closing_task.cancel()
     await job.aclose()
+
+
+class OptionsAvatar(ScriptedAvatar):
+    """A plugin whose ``start()`` takes the credentials keywords the published plugins do."""
+
+    def __init__(self) -> None:
+        super().__init__(avatar_identity="avatar")
+        self.options: dict[str, Any] = {}
+
+    async def start(
+        self, agent_session: Any, room: rtc.Room, *, livekit_url: str = "", **kw: Any
+    ) -> None:
+        self.options = {"livekit_url": livekit_url, **kw}
+        await super().start(agent_session, room)
+
+
+async def test_avatar_start_options_reach_the_plugins_start(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    plugin = OptionsAvatar()
+    session: AgentSession[Any] = AgentSession()
+    with pytest.raises(TypeError, match=r"ScriptedAvatar: its start\(\) does not take x"):
+        AgentJob(room=room, session=session, avatar=ScriptedAvatar(), avatar_start_options={"x": 1})
+    job = AgentJob(
+        room=room,
+        session=session,
+        avatar=plugin,
+        avatar_start_options={"livekit_url": "wss://lk.invalid", "livekit_api_key": "k"},
+        clock=clock,
+    )
+    await job.start(Agent(instructions="test"))
+    assert plugin.options == {"livekit_url": "wss://lk.invalid", "livekit_api_key": "k"}
+    await job.aclose(graceful=False)
+    await session.aclose()
+
+
+async def test_a_plugin_that_cannot_be_built_is_logged_and_the_job_runs_on_room_audio(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_key() -> ScriptedAvatar:
+        raise RuntimeError("PROVIDER_API_KEY must be set")
+
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, avatar=no_key, clock=clock)
+    assert job.avatar is None
+    assert job.avatar_error is not None and "no_key" in job.avatar_error
+    assert "PROVIDER_API_KEY must be set" in caplog.text
+    await job.start(Agent(instructions="test"))
+    assert job.audio_route() == "room"
+    await job.aclose(graceful=False)
+    await session.aclose()
+    # a factory building the plugin: the job runs it
+    built = AgentJob(room=room, session=AgentSession(), avatar=ScriptedAvatar, clock=clock)
+    assert built.avatar is not None and isinstance(built.avatar.avatar, ScriptedAvatar)
+    assert built.avatar_error is None

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from livekit import rtc
@@ -237,101 +238,20 @@ async def test_interrupt_after_avatar_left_sends_nothing_and_does_not_stall() ->
 
 
 @pytest.mark.parametrize(
-    ("result", "state", "ended_at"),
+    ("result", "ends_at"),
     [
-        ("ok", "joined", 0.0),  # answered; nothing was playing, so nothing to wait for
-        ("timeout", "joined", 2.0),
-        ("error", "joined", 0.0),
-        ("disconnected", "restored", 0.0),
-        ("not_found", "restored", 0.0),
+        ("ok", 0.5),  # the avatar says where it stopped: the plugin's clear is over then
+        ("timeout", 7.0),  # the SDK's own round-trip bound; the plugin finishes the segment
+        ("error", None),  # the plugin logs it and finishes the segment at once
+        ("disconnected", None),  # the same; the room says whether the avatar left
     ],
 )
-async def test_interrupt_while_joined_each_rpc_outcome(
-    result: str, state: str, ended_at: float, caplog: pytest.LogCaptureFixture
+async def test_interrupt_while_joined_is_the_plugins_own_clear(
+    result: str, ends_at: float | None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rig = Rig()
-    await rig.start_session()
-    await rig.start_avatar()
-    rig.join()
-    await settle()
-    rig.room.local_participant.rpc_script["lk.clear_buffer"].append(result)
-    with caplog.at_level(logging.DEBUG, logger="agent_runtime"):
-        rig.lifecycle.interrupt()  # never raises, whatever the outcome
-        await rig.clock.advance(10)
-    calls = rig.rpcs()
-    assert [(c.destination, c.payload) for c in calls] == [(AVATAR, "")]
-    assert rig.lifecycle.state == state
-    done = [r for r in rig.trace.records if r.event == "clear_buffer_done"]
-    assert done and done[0].t == ended_at
-    assert done[0].data["gone"] is (state == "restored")
-    assert rig.lifecycle.audio_route() == ("avatar" if state == "joined" else "room")
-    # expected outcomes: nothing above INFO from the runtime
-    assert not [
-        r for r in caplog.records if r.name.startswith("agent_runtime") and r.levelno > logging.INFO
-    ]
-    await rig.aclose()
-
-
-async def test_session_interrupt_while_joined_sends_one_clear_and_playback_finished_ends_it() -> (
-    None
-):
-    rig = Rig()
-    await rig.start_session()
-    await rig.start_avatar()
-    rig.join()
-    await settle()
-    handle = rig.session.say("hello", audio=frames(20), add_to_chat_ctx=False)
-    await settle()
-    sink = rig.lifecycle.installed_sink
-    assert sink is not None and sink._pending_playback_count == 1
-    rig.session.interrupt()
-    await settle()
-    assert len(rig.rpcs()) == 1  # the session clears twice; one RPC answers both
-    assert rig.lifecycle.state == "clearing"
-    assert not handle.done()  # waiting for the avatar to say where it stopped
-    reply = await rig.room.invoke_rpc(
-        "lk.playback_finished", AVATAR, playback_finished(0.1, interrupted=True)
-    )
-    assert reply == "ok"
-    await settle()
-    assert handle.done()
-    assert sink._pending_playback_count == 0
-    # the avatar's report ended the clear there and then, well inside its bound
-    assert rig.lifecycle.state == "joined"
-    assert rig.transitions()[-2:] == [
-        (0.0, "interrupt", "joined", "clearing"),
-        (0.0, "clear_buffer_done", "clearing", "joined"),
-    ]
-    await rig.aclose()
-
-
-async def test_two_interrupts_while_joined_send_one_clear() -> None:
-    rig = Rig()
-    await rig.start_session()
-    await rig.start_avatar()
-    rig.join()
-    await settle()
-    rig.room.local_participant.rpc_script["lk.clear_buffer"].extend(["timeout", "ok"])
-    rig.lifecycle.interrupt()
-    rig.lifecycle.interrupt()
-    await settle()
-    assert rig.lifecycle.state == "clearing"
-    second = [(r.kind, r.source) for r in rig.trace.records if r.event == "interrupt"][1:]
-    assert second == [("ignore", "clearing")]  # answered by the clear in flight
-    await rig.clock.advance(2)
-    assert rig.lifecycle.state == "joined"
-    assert [c.outcome for c in rig.rpcs()] == ["timeout"]  # one RPC for both
-    rig.lifecycle.interrupt()  # the clear is over: a new interruption gets its own
-    await settle()
-    assert [c.outcome for c in rig.rpcs()] == ["timeout", "ok"]
-    assert rig.lifecycle.state == "joined"
-    await rig.aclose()
-
-
-@pytest.mark.parametrize("ending", ["timeout", "avatar_left", "close"])
-async def test_the_sink_holds_later_captures_until_the_clear_settles(ending: str) -> None:
-    """However ``clearing`` ends, the interrupted speech ends and the sink stops holding
-    captures back; leaving the state early cancels the RPC but no capture."""
+    """While joined, the session's interruption is the sink's own ``clear_buffer()``, run at
+    once and unchanged (its RPC, its hold on later audio, its fallback); ``clearing`` lasts
+    exactly as long as the plugin's clear holds the sink."""
     rig = Rig()
     await rig.start_session()
     await rig.start_avatar()
@@ -341,6 +261,91 @@ async def test_the_sink_holds_later_captures_until_the_clear_settles(ending: str
     await settle()
     sink = rig.lifecycle.installed_sink
     assert isinstance(sink, DataStreamAudioOutput) and sink._pending_playback_count == 1
+    rig.room.local_participant.rpc_script["lk.clear_buffer"].append(result)
+    with caplog.at_level(logging.DEBUG, logger="agent_runtime"):
+        rig.session.interrupt()  # the session clears twice; the plugin sends one RPC
+        await settle()
+        hold = sink._clear_buffer_atask  # the sink's own hold on later audio
+        assert hold is not None
+        if ends_at is not None:
+            assert rig.lifecycle.state == "clearing"
+            assert not handle.done()
+        if result == "ok":
+            await rig.clock.advance(0.5)
+            reply = await rig.room.invoke_rpc(
+                "lk.playback_finished", AVATAR, playback_finished(0.2, interrupted=True)
+            )
+            assert reply == "ok"
+        await rig.clock.advance(10)
+    assert hold.done() and not hold.cancelled()
+    assert handle.done()
+    assert sink._pending_playback_count == 0
+    calls = rig.rpcs()
+    assert [(c.destination, c.payload, c.t) for c in calls] == [(AVATAR, "", 0.0)]
+    assert rig.lifecycle.state == "joined"
+    assert rig.lifecycle.audio_route() == "avatar"
+    done = [r.t for r in rig.trace.records if r.event == "clear_buffer_done" and r.dest]
+    if ends_at is not None:
+        assert done == [ends_at]
+    # expected outcomes: nothing above INFO from the runtime
+    assert not [
+        r for r in caplog.records if r.name.startswith("agent_runtime") and r.levelno > logging.INFO
+    ]
+    await rig.aclose()
+
+
+async def test_interrupt_while_joined_with_nothing_playing_sends_nothing() -> None:
+    # the plugin's own clear has nothing to clear, as without the lifecycle
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.lifecycle.interrupt()
+    await settle()
+    assert rig.rpcs() == []
+    assert rig.lifecycle.state == "joined"
+    interrupts = [(r.kind, r.source, r.dest) for r in rig.trace.records if r.event == "interrupt"]
+    assert interrupts == [("transition", "joined", "joined")]  # delivered, nothing held
+    await rig.aclose()
+
+
+async def test_a_sink_set_not_to_hold_is_never_held_by_the_lifecycle() -> None:
+    """A plugin that sets its output not to hold the next reply after an interruption
+    (``clear_buffer_timeout=None``, as lemonslice does) keeps that: the clear goes out and
+    nothing waits for it."""
+    rig = Rig(avatar=ScriptedAvatar(avatar_identity=AVATAR, clear_buffer_timeout=None))
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert isinstance(sink, DataStreamAudioOutput)
+    rig.session.interrupt()
+    await settle()
+    assert sink._clear_buffer_atask is None  # nothing holds the next reply
+    assert [c.method for c in rig.rpcs()] == ["lk.clear_buffer"]
+    assert "clearing" not in {r.dest for r in rig.trace.records}
+    assert rig.lifecycle.state == "joined"
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("ending", ["avatar_left", "close"])
+async def test_leaving_clearing_early_releases_the_speech_and_the_hold(ending: str) -> None:
+    """The avatar leaving (or the lifecycle closing) while the plugin's clear holds its sink:
+    the route goes back at once, the interrupted speech ends at once (no 5 s stall), and the
+    sink, which carries nothing any more, holds nothing."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert isinstance(sink, DataStreamAudioOutput)
     rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
     rig.session.interrupt()
     await settle()
@@ -348,22 +353,16 @@ async def test_the_sink_holds_later_captures_until_the_clear_settles(ending: str
     hold = sink._clear_buffer_atask
     assert hold is not None and not hold.done()
     await rig.clock.advance(1)
-    assert not hold.done() and not handle.done()
-    if ending == "timeout":
-        await rig.clock.advance(1)
-    elif ending == "avatar_left":
+    if ending == "avatar_left":
         rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
     else:
         await rig.lifecycle.aclose()
     await settle()
-    assert hold.done() and not hold.cancelled()
     assert handle.done()
+    assert hold.done()
     assert sink._pending_playback_count == 0
-    want = {"timeout": "joined", "avatar_left": "restored", "close": "closed"}[ending]
-    assert rig.lifecycle.state == want
-    assert [c.outcome for c in rig.rpcs()] == ["timeout" if ending == "timeout" else "cancelled"]
-    done = [r.kind for r in rig.trace.records if r.event == "clear_buffer_done"]
-    assert done == (["transition"] if ending == "timeout" else [])  # a cancelled clear is mute
+    assert rig.lifecycle.state == {"avatar_left": "restored", "close": "closed"}[ending]
+    assert rig.lifecycle.audio_route() == "room"
     assert rig.lifecycle.actor.live_tasks == 0
     await rig.aclose()
 
@@ -502,6 +501,8 @@ async def _drive_to(rig: Rig, state: str) -> None:
         rig.join()
         await settle()
     if state == "clearing":
+        rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+        await settle()
         rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
         rig.lifecycle.interrupt()
         await settle()
@@ -758,8 +759,10 @@ async def test_bad_input_is_refused_and_changes_nothing() -> None:
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="join_timeout"):
             AvatarLifecycle(avatar, join_timeout=bad)
-    with pytest.raises(TypeError, match="clear_buffer_timeout"):
-        AvatarLifecycle(avatar, clear_buffer_timeout="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="retry_avatar"):
+        AvatarLifecycle(avatar, retry="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"retry_avatar\.attempts"):
+        AvatarLifecycle(avatar, retry={"attempts": -1})
     with pytest.raises(ValueError, match="non-empty"):
         avatar.avatar_identity = ""
     rig = Rig()
@@ -809,4 +812,104 @@ async def test_restored_avatar_leaves_no_sdk_wait_behind() -> None:
     await rig.clock.advance(5)
     assert rig.lifecycle.state == "restored"
     assert all(t is not None and t.done() for t in waits)
+    await rig.aclose()
+
+
+# -- retry with backoff ----------------------------------------------------------------------
+
+
+class FlakyAvatar(ScriptedAvatar):
+    """A provider that fails the first ``failures`` starts (its error swallowed, as simli
+    does: no route installed), then sends its avatar."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(avatar_identity=AVATAR)
+        self.failures = failures
+        self.closes = 0
+
+    async def start(self, agent_session: Any, room: rtc.Room) -> None:
+        self.swallow_error = self.start_calls < self.failures
+        await super().start(agent_session, room)
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        await super().aclose()
+
+
+async def test_transient_failures_are_retried_after_backoff_on_room_audio() -> None:
+    policy = {"attempts": 3, "backoff": {"initial": 1.0, "multiplier": 2.0, "max": 1.5}}
+    rig = Rig(avatar=FlakyAvatar(failures=2), retry=policy)
+    await rig.start_session()
+    routes: list[tuple[float, str, str]] = []
+    rig.lifecycle.on(
+        "state_changed",
+        lambda ev: routes.append((rig.clock.now(), ev.dest, rig.lifecycle.audio_route())),
+    )
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "backoff"
+    await rig.clock.advance(1.0)  # first wait: initial
+    await rig.clock.advance(1.5)  # second: capped at max
+    assert rig.lifecycle.state == "routing"
+    assert rig.avatar.start_calls == 3 and rig.lifecycle.attempts == 2
+    assert rig.avatar.closes == 2  # each failed attempt released before the next
+    # every wait was on room audio
+    assert [(t, r) for t, s, r in routes if s == "backoff"] == [(0.0, "room"), (1.0, "room")]
+    assert [t for t, s, _ in routes if s == "starting"] == [0.0, 1.0, 2.5]
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined"
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.aclose()
+
+
+@pytest.mark.parametrize(
+    ("policy", "want", "starts"),
+    [
+        ({}, "restored", 1),  # the default retries nothing
+        ({"attempts": 1, "transient": ["avatar_left"]}, "restored", 1),  # not transient
+        ({"attempts": 1}, "backoff", 2),
+    ],
+)
+async def test_only_transient_causes_with_attempts_left_are_retried(
+    policy: dict[str, Any], want: str, starts: int
+) -> None:
+    rig = Rig(avatar=FlakyAvatar(failures=5), retry=policy)
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == want
+    await rig.clock.advance(60)
+    assert rig.lifecycle.state == "restored"  # the attempts, if any, are used up
+    assert rig.lifecycle.audio_route() == "room"
+    assert rig.avatar.start_calls == starts
+    await rig.aclose()
+
+
+async def test_an_avatar_that_returns_during_backoff_gets_the_audio_with_rejoin() -> None:
+    rig = Rig(retry={"attempts": 2, "rejoin": True, "backoff": {"initial": 10.0}})
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.room.remove_participant(AVATAR)
+    await settle()
+    assert rig.lifecycle.state == "backoff"
+    assert rig.lifecycle.audio_route() == "room"
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined"  # re-routed, not restarted
+    assert rig.lifecycle.audio_route() == "avatar"
+    assert rig.avatar.start_calls == 1
+    await rig.aclose()
+
+
+async def test_close_during_backoff_stops_the_timer() -> None:
+    rig = Rig(avatar=FlakyAvatar(failures=5), retry={"attempts": 3})
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "backoff"
+    await rig.lifecycle.aclose()
+    assert rig.lifecycle.state == "closed"
+    assert rig.clock.pending == 0
+    await rig.clock.advance(60)
+    assert rig.avatar.start_calls == 1
     await rig.aclose()

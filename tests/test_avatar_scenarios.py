@@ -33,8 +33,7 @@ async def play(doc: dict[str, Any]) -> dict[str, Any]:
         connected=bool(config.get("room_connected", True)),
         avatar=avatar,
         join_timeout=float(config.get("join_timeout", 30.0)),
-        clear_buffer_timeout=float(config.get("clear_buffer_timeout", 2.0)),
-        retry=bool(config.get("retry_avatar", False)),
+        retry=config.get("retry_avatar", False),
     )
     for p in doc.get("participants", []):
         add_active(rig.room, p["identity"], kind=p.get("kind", "standard"))

@@ -27,8 +27,9 @@ PATHS: dict[str, list[tuple[str, dict[str, bool]]]] = {
     "starting": [("start", {})],
     "routing": _ROUTING,
     "joined": _JOINED,
-    "clearing": [*_JOINED, ("interrupt", {"clear_wanted": True})],
+    "clearing": [*_JOINED, ("interrupt", {"clear_pending": True})],
     "failed": _FAILED,
+    "backoff": [*_FAILED, ("route_restored", {"retry_left": True})],
     "restored": [*_FAILED, ("route_restored", {})],
     "closed": [("close", {})],
 }
@@ -106,7 +107,7 @@ class Recorder:
 def test_every_cell_has_a_case() -> None:
     ids = {(p.values[0], p.values[1]) for p in _cases()}
     assert ids == {(s, e) for s in AVATAR.state_names for e in AVATAR.events}
-    assert len(AVATAR.state_names) * len(AVATAR.events) == 112
+    assert len(AVATAR.state_names) * len(AVATAR.events) == 9 * 16
 
 
 @pytest.mark.parametrize(("state", "event", "kind", "row"), _cases())
@@ -175,21 +176,34 @@ def test_decisions_the_issue_asks_for() -> None:
     for s in ("routing", "joined", "clearing"):
         assert step(AVATAR, s, "avatar_left").dest == "failed"
     assert step(AVATAR, "failed", "route_restored").dest == "restored"
-    # a clear that finds the avatar gone is the avatar leaving; any other outcome rejoins
-    assert step(AVATAR, "clearing", "clear_buffer_done", {"recipient_gone": True}).dest == "failed"
+    # a start that returns with no route in fails at once, not after join_timeout
+    assert step(AVATAR, "starting", "no_route").dest == "failed"
+    assert step(AVATAR, "starting", "no_route").effects == ("restore_route",)
+    # the plugin's own clear: clearing follows it while it holds the sink, then joined
+    assert AVATAR.state("clearing").invoke == ("follow_plugin_clear",)
     assert step(AVATAR, "clearing", "clear_buffer_done").dest == "joined"
-    # only joined sends lk.clear_buffer (clearing is its task), once for all interrupts
-    assert AVATAR.state("clearing").invoke == ("send_clear_buffer",)
     for s in AVATAR.state_names:
-        st = step(AVATAR, s, "interrupt", {"clear_wanted": True})
+        st = step(AVATAR, s, "interrupt", {"clear_pending": True, "delivered": True})
         assert (st.changed and st.dest == "clearing") is (s == "joined")
-        assert "send_clear_buffer" not in st.effects
     assert step(AVATAR, "clearing", "interrupt").outcome == "ignore"
-    # a late join after restored: ignored by default, routed again only with retry
-    late = step(AVATAR, "restored", "avatar_connected", {"retry": False})
-    assert (late.dest, late.effects) == ("restored", ())
-    again = step(AVATAR, "restored", "avatar_connected", {"retry": True})
-    assert (again.dest, again.effects) == ("routing", ("reinstall_route",))
+    held_nothing = step(AVATAR, "joined", "interrupt", {"delivered": True})
+    assert (held_nothing.dest, held_nothing.effects) == ("joined", ())
+    # everywhere else (and an interrupt asked before the join was seen): locally, no RPC
+    for s in ("idle", "starting", "routing", "joined", "failed", "backoff", "restored"):
+        assert step(AVATAR, s, "interrupt").effects == ("clear_local_buffer",)
+    # retry: a transient cause with attempts left waits in backoff (on room audio, the
+    # route restored on the way), then releases the attempt and starts the plugin again
+    assert step(AVATAR, "failed", "route_restored", {"retry_left": True}).dest == "backoff"
+    backoff = AVATAR.state("backoff")
+    assert backoff.timeout is not None and backoff.timeout.event == "backoff_elapsed"
+    again = step(AVATAR, "backoff", "backoff_elapsed")
+    assert (again.dest, again.effects) == ("starting", ("release_attempt",))
+    # a late join while waiting or after giving up: ignored unless rejoin; then routed again
+    for s in ("backoff", "restored"):
+        late = step(AVATAR, s, "avatar_connected", {"rejoin": False})
+        assert (late.dest, late.effects) == (s, ())
+        back = step(AVATAR, s, "avatar_connected", {"rejoin": True})
+        assert (back.dest, back.effects) == ("routing", ("reinstall_route",))
     # close from every live state, undoing what that state says is there
     plugin = ("put_route_back", "unhook", "close_plugin")
     closes = {
@@ -199,6 +213,7 @@ def test_decisions_the_issue_asks_for() -> None:
         "joined": plugin,
         "clearing": plugin,
         "failed": ("unhook", "close_plugin"),
+        "backoff": ("unhook", "close_plugin"),
         "restored": ("unhook", "close_plugin"),
     }
     for s, effects in closes.items():

@@ -425,9 +425,12 @@ TABLE: list[Bad] = [
         "config.join_timeout: Input should be a finite number",
     ),
     scenario(
-        "clear-buffer-timeout-infinite",
-        step_file("{at: 0, event: session.start}", "config: {clear_buffer_timeout: .inf}\n"),
-        "config.clear_buffer_timeout: Input should be a finite number",
+        "retry-backoff-infinite",
+        step_file(
+            "{at: 0, event: session.start}",
+            "config: {retry_avatar: {attempts: 2, backoff: {initial: .inf}}}\n",
+        ),
+        "config.retry_avatar.backoff.initial: Input should be a finite number",
     ),
     scenario(
         "grace-period-infinite",

@@ -74,8 +74,8 @@ def test_mermaid_lists_internal_rows_timeouts_and_tasks_in_the_state() -> None:
     assert "    routing : routing" in text  # the title line, so details do not replace it
     assert "routing : timeout after join_timeout (default 30s) fires join_timeout" in text
     assert "routing : room_connected / check_presence (internal)" in text
-    assert "joined --> clearing : interrupt [clear_wanted]" in text
-    assert "clearing : task send_clear_buffer while here" in text
+    assert "joined --> clearing : interrupt [clear_pending]" in text
+    assert "clearing : task follow_plugin_clear while here" in text
     assert "starting : timeout after join_timeout (default 30s) fires start_timeout" in text
     assert "routing --> joined : avatar_connected [has_video]" in text
     job = mermaid(MACHINES["job"])

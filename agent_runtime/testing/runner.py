@@ -26,7 +26,6 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
 from ..agent_job import AgentJob
-from ..avatar import route_of
 from ..clock import VirtualClock, settle
 from ..trace import JsonlSink, MemorySink, Tracer, TraceRecord
 from . import scenario as sc
@@ -71,7 +70,6 @@ class _Simulation:
             grace_period=cfg.grace_period,
             session_close_timeout=cfg.session_close_timeout,
             join_timeout=cfg.join_timeout,
-            clear_buffer_timeout=cfg.clear_buffer_timeout,
             retry_avatar=cfg.retry_avatar,
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
@@ -292,7 +290,7 @@ class _Simulation:
         attached = self.job.host.session
         attached_name = next((n for n, s in self.sessions.items() if s is attached), None)
         facts: dict[str, Any] = {
-            "audio_output": route_of(self.sessions["a"]),
+            "audio_output": self.agent_job.audio_route(),
             "rpcs_sent": [
                 {"t": c.t, "method": c.method, "destination": c.destination, "outcome": c.outcome}
                 for c in self.room.local_participant.rpc_calls

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .. import files
-from ..settings import Flag, Identity, JobSettings, PositiveSeconds, Seconds
+from ..settings import AvatarRetry, Flag, Identity, JobSettings, PositiveSeconds, Seconds
 from .safe_yaml import YamlRefused, load_yaml, yaml_problem
 
 Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
@@ -70,8 +70,8 @@ class Config(_Strict):
 
     avatar_identity: Identity | None = None  # set: the job runs an avatar with this identity
     join_timeout: PositiveSeconds = _DEFAULT["join_timeout"]
-    clear_buffer_timeout: PositiveSeconds = _DEFAULT["clear_buffer_timeout"]
-    retry_avatar: Flag = _DEFAULT["retry_avatar"]
+    # true/false (a late join routes again, or not) or the policy's fields (AvatarRetry)
+    retry_avatar: AvatarRetry = AvatarRetry()
     session_end_timeout: Seconds = _DEFAULT["session_end_timeout"]
     close_timeout: PositiveSeconds = _DEFAULT["close_timeout"]
     grace_period: Seconds = _DEFAULT["grace_period"]
@@ -82,6 +82,11 @@ class Config(_Strict):
     simulation: Flag = False
     room_connected: Flag = True  # whether the room is connected at t=0
     agent_verdict: AgentVerdict = AgentVerdict()  # what on_simulation_end decides
+
+    @field_validator("retry_avatar", mode="before")
+    @classmethod
+    def _retry(cls, v: Any) -> Any:
+        return AvatarRetry(rejoin=v) if isinstance(v, bool) else v
 
 
 class Participant(_Strict):

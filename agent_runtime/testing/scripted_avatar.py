@@ -9,6 +9,7 @@ the script: the test or the scenario adds the avatar participant to the room, or
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from livekit.agents.voice.agent_session import AgentSession
 
 
+# the plugin's own logger, as each upstream plugin has (livekit.plugins.NAME)
+logger = logging.getLogger("livekit.plugins.scripted_avatar")
+
+
 class ScriptedAvatarError(RuntimeError):
     """The scripted failure of ``ScriptedAvatar.start()``."""
 
@@ -29,7 +34,11 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
 
     ``start_error`` makes ``start()`` raise it (a string becomes a ``ScriptedAvatarError``);
     with ``error_after_route`` the route is installed first, as a plugin failing late would.
-    ``start_delay`` (seconds on ``clock``) stands for the provider's API call.
+    ``swallow_error``: the provider's error is caught and logged and ``start()`` returns
+    with no route installed, as livekit-plugins-simli does. ``start_delay`` (seconds on
+    ``clock``) stands for the provider's API call. ``sample_rate``, ``wait_remote_track``
+    and ``clear_buffer_timeout`` are the installed ``DataStreamAudioOutput``'s own options
+    (``None`` for the last: the sink does not hold the next reply after a clear).
     """
 
     def __init__(
@@ -38,10 +47,12 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         avatar_identity: str = "avatar",
         start_error: BaseException | str | None = None,
         error_after_route: bool = False,
+        swallow_error: bool = False,
         start_delay: float = 0.0,
         clock: Clock | None = None,
         sample_rate: int | None = None,
         wait_remote_track: rtc.TrackKind.ValueType | None = rtc.TrackKind.KIND_VIDEO,
+        clear_buffer_timeout: float | None = 2.0,
     ) -> None:
         super().__init__()
         if start_delay < 0:
@@ -53,6 +64,8 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
             ScriptedAvatarError(start_error) if isinstance(start_error, str) else start_error
         )
         self.error_after_route = error_after_route
+        self.swallow_error = swallow_error
+        self._clear_buffer_timeout = clear_buffer_timeout
         self.start_delay = start_delay
         self._clock = clock
         self._sample_rate = sample_rate
@@ -79,6 +92,9 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         await super().start(agent_session, room)
         if self.start_delay and self._clock is not None:
             await self._clock.sleep(self.start_delay)
+        if self.swallow_error:
+            logger.error("scripted avatar: the provider failed; no avatar will come")
+            return
         if self.start_error is not None and not self.error_after_route:
             raise self.start_error
         # exactly what the upstream plugins do at the end of their start()
@@ -87,6 +103,7 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
             destination_identity=self.avatar_identity,
             sample_rate=self._sample_rate,
             wait_remote_track=self._wait_remote_track,
+            clear_buffer_timeout=self._clear_buffer_timeout,
         )
         agent_session.output.replace_audio_tail(self.installed)
         if self.start_error is not None:

@@ -18,6 +18,8 @@ callback, a task or a logger at ERROR.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import types
 from collections.abc import AsyncIterator, Coroutine
@@ -63,7 +65,8 @@ class Faults:
     delete_room: Mode = "ok"
     shutdown_callback: Literal["none", "ok", "raise", "hang"] = "none"
     simulation_end: Literal["ok", "veto", "raise", "hang"] = "veto"
-    plugin_start: Literal["ok", "raise", "raise_after_route", "hang"] = "ok"
+    # swallow: the provider's error caught and logged, no route installed (simli)
+    plugin_start: Literal["ok", "raise", "raise_after_route", "swallow", "hang"] = "ok"
     remove_avatar: Literal["ok", "not_found", "raise", "hang"] = "ok"
     state_listener: Literal["ok", "raise"] = "ok"
 
@@ -76,12 +79,11 @@ class Config:
     delete_room_on_close: bool = False
     close_on_disconnect: bool = True
     participant_identity: str | None = None
-    retry_avatar: bool = False
+    retry_avatar: bool | dict[str, Any] = False  # AgentJob's retry_avatar: flag or policy
     grace_period: float = 5.0
     session_end_timeout: float = 30.0
     close_timeout: float = 5.0
     join_timeout: float = 10.0
-    clear_buffer_timeout: float = 2.0
     faults: Faults = Faults()
 
     @property
@@ -223,6 +225,7 @@ class World:
                 if faults.plugin_start.startswith("raise")
                 else None,
                 error_after_route=faults.plugin_start == "raise_after_route",
+                swallow_error=faults.plugin_start == "swallow",
             )
         # the one composition, with only what needs a server stood in
         self.agent_job = AgentJob(
@@ -233,7 +236,6 @@ class World:
             close_on_disconnect=cfg.close_on_disconnect,
             grace_period=cfg.grace_period,
             join_timeout=cfg.join_timeout,
-            clear_buffer_timeout=cfg.clear_buffer_timeout,
             retry_avatar=cfg.retry_avatar,
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
@@ -287,7 +289,14 @@ class World:
 
         async def recorded(**kw: Any) -> str:
             self.rpc_log.append((kw["method"], kw["destination_identity"], self.avatar_state))
-            return await perform(**kw)  # type: ignore[no-any-return]
+            reply: str = await perform(**kw)
+            if kw["method"] == "lk.clear_buffer" and AVATAR in self.room.remote_participants:
+                # an avatar that took the clear says where it stopped, as real ones do (else
+                # the plugin's own clear waits its fallback out, on the loop's real clock)
+                payload = json.dumps({"playback_position": 0.0, "interrupted": True})
+                with contextlib.suppress(Exception):
+                    await self.room.invoke_rpc("lk.playback_finished", AVATAR, payload)
+            return reply
 
         lp.perform_rpc = recorded
 

@@ -59,7 +59,8 @@ class Config:
     simulation: bool = True
     close_on_disconnect: bool = True
     grace: bool = True  # grace_period > 0
-    retry_avatar: bool = False
+    rejoin: bool = False  # retry_avatar's rejoin: a late join routes audio again
+    retry_attempts: int = 0  # retry_avatar's attempts (every cause transient)
     delete_room_on_close: bool = False
     max_finalize_requests: int = 2
 
@@ -69,8 +70,10 @@ class Config:
             parts.append("close_on_disconnect off")
         else:
             parts.append("grace_period > 0" if self.grace else "grace_period 0")
-        if self.retry_avatar:
-            parts.append("retry_avatar")
+        if self.rejoin:
+            parts.append("rejoin")
+        if self.retry_attempts:
+            parts.append(f"{self.retry_attempts} retry")
         if self.delete_room_on_close:
             parts.append("delete_room_on_close")
         return ", ".join(parts)
@@ -144,6 +147,7 @@ class World(NamedTuple):
     # lk.clear_buffer RPC in flight)
     av_task: str
     avatar_actor_closed: bool
+    av_attempts: int  # restarts of the plugin made (the retry policy's count)
     # ParticipantLink
     linked: bool
     # JobSessionHost and its FinalizeAnswer
@@ -226,6 +230,7 @@ class _W:
     installed: bool
     av_task: str
     avatar_actor_closed: bool
+    av_attempts: int
     linked: bool
     attached: str
     subscribed: tuple[str, ...]
@@ -275,6 +280,7 @@ class _W:
             self.installed,
             self.av_task,
             self.avatar_actor_closed,
+            self.av_attempts,
             self.linked,
             self.attached,
             self.subscribed,
@@ -324,6 +330,7 @@ class _W:
             self.installed,
             self.av_task,
             self.avatar_actor_closed,
+            self.av_attempts,
             self.linked,
             self.attached,
             self.subscribed,
@@ -433,13 +440,14 @@ class Model:
             m: {s.name: s.invoke for s in chosen[m].states if s.invoke} for m in (AVATAR, *_TASK)
         }
         self._effects: dict[str, Callable[[_W, str, Params], None]] = {
-            # avatar: start_plugin and send_clear_buffer are state-scoped tasks, see _enter
+            # avatar: start_plugin and follow_plugin_clear are state-scoped tasks, see _enter
             "start_plugin": _noop,
             "record_route": self._fx_record_route,
             "check_presence": self._fx_check_presence,
             "restore_route": self._fx_restore_route,
+            "release_attempt": self._fx_release_attempt,
             "reinstall_route": self._fx_reinstall_route,
-            "send_clear_buffer": _noop,
+            "follow_plugin_clear": _noop,
             "clear_local_buffer": _noop,
             "mark_playout_done": _noop,
             "put_route_back": self._fx_put_route_back,
@@ -539,6 +547,7 @@ class Model:
             installed=False,
             av_task="",
             avatar_actor_closed=False,
+            av_attempts=0,
             linked=False,
             attached="",
             subscribed=(),
@@ -641,6 +650,12 @@ class Model:
                 "internal",
                 "avatar plugin start() fails early",
                 w,
+                partial(_plugin_returns, routed=False, error=True),
+            )
+            yield self._move(
+                "internal",
+                "avatar plugin start() returns with no route (its error swallowed)",
+                w,
                 partial(_plugin_returns, routed=False),
             )
             yield self._move("internal", "avatar plugin start() hangs", w, _plugin_hangs)
@@ -661,13 +676,8 @@ class Model:
                 "internal", "avatar plugin start() hangs, its route in", w, _plugin_hangs
             )
         elif w.av_task.endswith(":clear"):
-            for outcome in ("ok", "timeout", "error", "gone"):
-                yield self._move(
-                    "internal",
-                    f"lk.clear_buffer RPC ends ({outcome})",
-                    w,
-                    partial(_clear_done, outcome=outcome),
-                )
+            # whatever its RPC's outcome, the plugin's own clear ends (bounded by the SDK)
+            yield self._move("internal", "the plugin's own clear settles", w, _clear_done)
         if w.sess_a == "closing":
             yield self._move("internal", "session A finishes closing", w, _a_closed)
             if w.part == "closing":  # the close the link started and bounds
@@ -859,7 +869,7 @@ class Model:
             invoke = self._invokes[m].get(state, ())
             if "start_plugin" in invoke:
                 s.av_task = f"{state}:start"
-            elif "send_clear_buffer" in invoke:
+            elif "follow_plugin_clear" in invoke:
                 s.av_task = f"{state}:clear"
 
     def _job_changed(self, s: _W, st: Step) -> None:
@@ -888,12 +898,15 @@ class Model:
                 return s.av_present and s.av_video
             if g == "avatar_present":
                 return s.av_present
-            if g == "recipient_gone":
-                return bool(_get(params, "gone", False))
-            if g == "retry":
-                return cfg.retry_avatar and s.installed
-            if g == "clear_wanted":
-                return s.installed and bool(_get(params, "playing", True))
+            if g == "rejoin":
+                return cfg.rejoin and s.installed
+            if g == "retry_left":
+                return s.av_attempts < cfg.retry_attempts
+            if g == "delivered":
+                return bool(_get(params, "delivered", False))
+            if g == "clear_pending":
+                # the plugin's own clear holds its sink: something was playing to it
+                return bool(_get(params, "delivered", False)) and bool(_get(params, "playing"))
         elif m == PART:
             who = _get(params, "who")
             if g == "eligible":
@@ -934,6 +947,15 @@ class Model:
     def _fx_restore_route(self, s: _W, m: str, params: Params) -> None:
         self._restore(s)
         s.post(AVATAR, "route_restored")
+
+    def _fx_release_attempt(self, s: _W, m: str, params: Params) -> None:
+        # the failed attempt's plugin closed, its sink forgotten, its participant removed
+        s.av_attempts += 1
+        s.installed = False
+        if s.av_present and s.room == "connected":
+            s.av_present = False
+            s.av_video = False
+            s.post(PART, "participant_disconnected", _p(who="avatar", closing=False))
 
     def _fx_reinstall_route(self, s: _W, m: str, params: Params) -> None:
         s.route = "avatar"
@@ -1102,12 +1124,13 @@ def _plugin_returns(s: _W, routed: bool, error: bool = False) -> None:
     s.av_task = ""
     if routed:
         s.installed = True
-    s.post(AVATAR, "start_error" if error or not routed else "plugin_started", (), LIVE)
+    event = "start_error" if error else "plugin_started" if routed else "no_route"
+    s.post(AVATAR, event, (), LIVE)
 
 
-def _clear_done(s: _W, outcome: str) -> None:
+def _clear_done(s: _W) -> None:
     s.av_task = ""
-    s.post(AVATAR, "clear_buffer_done", _p(gone=outcome == "gone", outcome=outcome), LIVE)
+    s.post(AVATAR, "clear_buffer_done", (), LIVE)
 
 
 def _a_closed(s: _W) -> None:
@@ -1214,7 +1237,10 @@ def _avatar_start(s: _W) -> None:
 
 
 def _interrupt(s: _W, playing: bool) -> None:
-    s.post(AVATAR, "interrupt", _p(playing=playing))
+    # AvatarLifecycle._on_sink_clear: where the plugin's own clear runs (joined, clearing)
+    # it has run by the time the machine hears of it
+    delivered = s.avatar in ("joined", "clearing")
+    s.post(AVATAR, "interrupt", _p(playing=playing, delivered=delivered))
 
 
 def _avatar_joins(s: _W) -> None:

@@ -53,8 +53,8 @@ DEEP_ANY_DEPTH = 2
 # the configs a default run explores: each setting that changes a decision both ways
 DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config(simulation=True, close_on_disconnect=True, grace=True, delete_room_on_close=True),
-    Config(simulation=True, close_on_disconnect=True, grace=False, retry_avatar=True),
-    Config(simulation=True, close_on_disconnect=False, retry_avatar=True),
+    Config(simulation=True, close_on_disconnect=True, grace=False, rejoin=True, retry_attempts=1),
+    Config(simulation=True, close_on_disconnect=False, retry_attempts=1),
     Config(simulation=False, close_on_disconnect=True, grace=True, delete_room_on_close=True),
 )
 
