@@ -41,7 +41,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
-from .actor import Actor, StateChanged
+from .actor import Actor, Event, StateChanged
 from .avatar import (
     AvatarLifecycle,
     RemoveParticipant,
@@ -54,7 +54,7 @@ from .avatar import (
 from .clock import AsyncioClock, Clock
 from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
-from .participant import ParticipantLink, SessionCloseTimedOut
+from .participant import ParticipantLink
 from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
@@ -226,6 +226,7 @@ class AgentJob(rtc.EventEmitter[Events]):
             room_events=self.events,
             before_disconnect=self._close_session_and_avatar,
         )
+        self.job.primary = session
         self.link = ParticipantLink(
             session,
             room_events=self.events,
@@ -237,6 +238,7 @@ class AgentJob(rtc.EventEmitter[Events]):
             session_close_timeout=s.session_close_timeout,
             clock=clock,
             tracer=tracer,
+            wiring=self.job.wiring,
         )
         self.avatar: AvatarLifecycle | None = None
         # why the job runs without the avatar it was given (a plugin that could not be built)
@@ -264,9 +266,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
             self.avatar.on("state_changed", self._forward_state)
+            self.job.wiring.connect("avatar", self._post_avatar)
         self.job.on("closed", self._on_closed)
-        # a session whose close hangs cannot end the job by closing: the link says so
-        self.link.on("close_timed_out", self._on_close_timed_out)
         self.job.add_shutdown_callback(self._release)
 
     def _build_avatar(
@@ -568,9 +569,16 @@ class AgentJob(rtc.EventEmitter[Events]):
             logger.exception("a state_changed listener failed")
 
     def _on_session_close(self, ev: CloseEvent) -> None:
+        # the avatar goes with it through the job's links (statemachines.glue.LINKS)
         reason = getattr(ev, "reason", None)
         self.close_reason = self.close_reason or getattr(reason, "value", str(reason))
-        self._close_avatar()
+
+    def _post_avatar(self, event: Event) -> None:
+        """An event the job's links send the avatar: its close is ``aclose()``."""
+        if event.name == "close":
+            self._close_avatar()
+        elif self.avatar is not None and not self.avatar.actor.closed:
+            self.avatar.actor.post(event)
 
     def _close_avatar(self) -> None:
         # the avatar goes with the session, while the room is still connected (its removal
@@ -580,19 +588,16 @@ class AgentJob(rtc.EventEmitter[Events]):
                 self.avatar.aclose(), name="AgentJob.avatar.aclose"
             )
 
-    def _on_close_timed_out(self, ev: SessionCloseTimedOut) -> None:
-        self.job.shutdown(ev.reason)
-
     async def _close_session_and_avatar(self) -> None:
         """The part of the job's close that needs the room: the session (when the job ends
-        for another reason, e.g. the simulator left) and the avatar."""
+        for another reason, e.g. the simulator left) and the avatar (whose close the
+        step's link has asked)."""
         closing: list[Awaitable[Any]] = []
         if self.session._started and self.session._closing_task is None:
             self.session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
         task = self.session._closing_task
         if task is not None:
             closing.append(asyncio.shield(task))
-        self._close_avatar()
         if self._avatar_closing is not None:
             closing.append(asyncio.shield(self._avatar_closing))
         if closing:
@@ -601,10 +606,11 @@ class AgentJob(rtc.EventEmitter[Events]):
     async def _release(self) -> None:
         """The end of the job's close: stop following, unhook. Safe to run again (the job's
         bound may cut it short; ``closed`` and ``aclose()`` then finish it)."""
+        # what run_close's callbacks step closes, as its links declare (fired again when
+        # the release comes after a close the bound cut: each close runs once)
+        self.job.wiring.fire("job", "run_close", step="callbacks")
         await self.link.aclose()
-        if self.avatar is not None:
-            self._close_avatar()
-            assert self._avatar_closing is not None
+        if self._avatar_closing is not None:
             await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
         self.session.off("close", self._on_session_close)
         self.events.aclose()

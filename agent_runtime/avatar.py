@@ -53,9 +53,8 @@ from .room_events import (
     RoomConnected,
     RoomEventAdapter,
     RoomFact,
-    TrackPublished,
 )
-from .routing import follow
+from .routing import event_guards, follow
 from .settings import AvatarRetry, avatar_retry, check_setting
 from .trace import Tracer
 
@@ -214,6 +213,48 @@ class _PrevRoute(NamedTuple):
     session_running: bool
 
 
+class _Facts:
+    """What the avatar's guards and room conditions read (``statemachines.glue``), live."""
+
+    __slots__ = ("_lc",)
+    simulators: frozenset[str] = frozenset()  # no route of the avatar's is about them
+
+    def __init__(self, lifecycle: AvatarLifecycle) -> None:
+        self._lc = lifecycle
+
+    @property
+    def avatar_identity(self) -> str | None:
+        return self._lc._avatar.avatar_identity
+
+    @property
+    def avatar_present(self) -> bool:
+        return self._lc._avatar_participant() is not None
+
+    @property
+    def avatar_has_video(self) -> bool:
+        return self._lc._avatar_has_video()
+
+    @property
+    def plugin_clear_in_flight(self) -> bool:
+        return self._lc._plugin_clear_task() is not None
+
+    @property
+    def route_recorded(self) -> bool:
+        return self._lc._installed is not None
+
+    @property
+    def attempts(self) -> int:
+        return self._lc._attempts
+
+    @property
+    def last_cause(self) -> str:
+        return self._lc._cause
+
+    @property
+    def retry(self) -> AvatarRetry:
+        return self._lc._retry
+
+
 class _Timeouts(Mapping[str, float | None]):
     """The actor's state-timeout settings: ``join_timeout``, and ``retry_backoff`` computed
     for the restart that comes next."""
@@ -283,6 +324,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._rpc_claimed = False
         self._swapping = False
         self._closing = False
+        self._facts = _Facts(self)
 
         self._actor = Actor(
             AVATAR,
@@ -301,18 +343,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 "unhook": self._fx_unhook,
                 "close_plugin": self._fx_close_plugin,
             },
-            guards={
-                "has_video": lambda _ev: self._avatar_has_video(),
-                "avatar_present": lambda _ev: self._avatar_participant() is not None,
-                "clear_pending": lambda ev: (
-                    bool(ev.data.get("delivered")) and self._plugin_clear_task() is not None
-                ),
-                "delivered": lambda ev: bool(ev.data.get("delivered")),
-                "retry_left": lambda ev: self._retry.retries(
-                    str(ev.data.get("cause", self._cause)), self._attempts
-                ),
-                "rejoin": lambda _ev: self._retry.rejoin and self._installed is not None,
-            },
+            guards=event_guards("avatar", self._facts),
             # join_timeout bounds both the plugin's start() (starting) and the join
             # (routing); retry_backoff is the wait before the next restart
             settings=_Timeouts(self),
@@ -387,14 +418,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         adapter.start()
         self._adapter = adapter
         self._unsubscribe = follow(
-            adapter,
-            "avatar",
-            self._actor.post,
-            conditions={
-                "is_avatar": self._is_avatar,
-                "is_video": lambda f: isinstance(f, TrackPublished) and f.kind == "video",
-            },
-            after=self._after_fact,
+            adapter, "avatar", self._actor.post, facts=self._facts, after=self._after_fact
         )
         started = self._leaving("starting")
         try:
@@ -465,11 +489,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         fut.add_done_callback(lambda _: self._actor.off("state_changed", on_change))
         return fut
 
-    # -- room facts -> events ----------------------------------------------------------------
     # -- room facts (routed by statemachines.routing) ---------------------------------------
-    def _is_avatar(self, fact: RoomFact) -> bool:
-        return getattr(fact, "identity", None) == self._avatar.avatar_identity
-
     def _after_fact(self, fact: RoomFact) -> None:
         if isinstance(fact, RoomConnected):
             self._start_room_output()  # a room output attached before the connection

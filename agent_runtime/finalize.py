@@ -24,6 +24,7 @@ from statemachines.finalize import FINALIZE
 
 from .actor import Actor, ActorClosed, Event
 from .clock import AsyncioClock, Clock
+from .routing import Wiring, event_guards
 from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.finalize")
@@ -40,11 +41,21 @@ class _Delivered:
     verdict: dict[str, Any] | None
 
 
+class _Facts:
+    """What the finalize's guard reads (``statemachines.glue``)."""
+
+    __slots__ = ("is_simulation",)
+
+    def __init__(self, is_simulation: bool) -> None:
+        self.is_simulation = is_simulation
+
+
 class FinalizeAnswer:
     """One job's answer to ``finalize_simulation``. ``state_changed`` goes on ``actor``.
 
     ``send`` puts a message on the job's session transport; every reply it makes is bounded
-    by ``reply_timeout``. ``on_answered(verdict)`` is called once the verdict went out.
+    by ``reply_timeout``. ``on_answered(verdict)`` is called once the verdict went out,
+    and the declared links of ``report_answered`` fire on ``wiring`` (the job hears it).
     """
 
     def __init__(
@@ -58,8 +69,10 @@ class FinalizeAnswer:
         clock: Clock | None = None,
         tracer: Tracer | None = None,
         instance: str = "",
+        wiring: Wiring | None = None,
     ) -> None:
         self._send = send
+        self._wiring = wiring if wiring is not None else Wiring()
         self._simulation = simulation
         self._on_simulation_end = on_simulation_end
         self._on_answered = on_answered
@@ -80,11 +93,12 @@ class FinalizeAnswer:
                 "refuse_not_simulation": self._refuse_not_simulation,
                 "reply_unfinished": self._reply_unfinished,
             },
-            guards={"simulation": lambda _ev: self._simulation is not None},
+            guards=event_guards("finalize", _Facts(simulation is not None)),
             clock=clock or AsyncioClock(),
             tracer=tracer,
             effect_timeout=reply_timeout,
         )
+        self._wiring.connect("finalize", self._post)
 
     @property
     def state(self) -> str:
@@ -103,8 +117,11 @@ class FinalizeAnswer:
     def ask(self, data: Mapping[str, Any]) -> None:
         """A well-formed finalize: ``request_id``, ``provisional_success``,
         ``provisional_reason``."""
+        self._post(Event("request", dict(data)))
+
+    def _post(self, event: Event) -> None:
         if not self.actor.closed:
-            self.actor.post(Event("request", dict(data)))
+            self.actor.post(event)
 
     async def settled(self) -> None:
         """Wait until no answer is being computed or sent (the caller bounds the wait)."""
@@ -182,6 +199,7 @@ class FinalizeAnswer:
             str(ev.data.get("request_id", "")),
             dict(verdict) if isinstance(verdict, Mapping) else None,
         )
+        self._wiring.fire("finalize", "report_answered", {"verdict": self._delivered.verdict})
         if self._on_answered is not None:
             self._on_answered(self._delivered.verdict)
 

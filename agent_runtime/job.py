@@ -28,19 +28,14 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import SessionTransport
 
+from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 
 from .actor import Actor, Event, StateChanged
 from .clock import AsyncioClock, Clock
 from .room_deletion import DeleteRoomFn, RoomDeletion
-from .room_events import (
-    AttributesChanged,
-    ParticipantJoined,
-    ParticipantLeft,
-    RoomEventAdapter,
-    RoomFact,
-)
-from .routing import follow
+from .room_events import RoomEventAdapter, RoomFact
+from .routing import Wiring, event_guards, follow, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, SenderAware
 from .settings import check_setting
@@ -52,6 +47,36 @@ if TYPE_CHECKING:
 logger = logging.getLogger("agent_runtime.job")
 
 ShutdownCallback = Callable[..., Any]
+
+
+class _Facts:
+    """What the job's guard and room conditions read (``statemachines.glue``), live."""
+
+    __slots__ = ("_rt",)
+    avatar_identity = None  # no route of the job's is about the avatar
+
+    def __init__(self, runtime: JobRuntime) -> None:
+        self._rt = runtime
+
+    @property
+    def is_simulation(self) -> bool:
+        return self._rt._simulation is not None
+
+    @property
+    def simulator_present(self) -> bool:
+        return bool(self._rt._simulators)
+
+    @property
+    def simulators(self) -> frozenset[str]:
+        return self._rt._simulators
+
+    @property
+    def room_connected(self) -> bool:
+        return self._rt._room.isconnected()
+
+    @property
+    def finalize_answered(self) -> bool:
+        return self._rt.host.finalize_answered
 
 
 class JobRuntime(rtc.EventEmitter[str]):
@@ -96,13 +121,18 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._room = room
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = float(close_timeout)
-        self._delete_room_on_close = bool(delete_room_on_close)
         self._before_disconnect = before_disconnect
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
         self._unsubscribe_facts: Callable[[], None] | None = None
         self._simulation = simulation_context(simulation)
-        self._simulators: set[str] = set()
+        self._simulators: frozenset[str] = frozenset()
+        self._facts = _Facts(self)
+        # the links between the job's machines, as declared (statemachines.glue.LINKS)
+        self.wiring = Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
+        # the session the participant link follows (AgentJob's own): its close is the one
+        # the links flagged `primary` follow
+        self.primary: AgentSession[Any] | None = None
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._shutdown_callbacks: list[ShutdownCallback] = []
         # where run_close is and which callbacks have not returned: what the log line says
@@ -126,8 +156,7 @@ class JobRuntime(rtc.EventEmitter[str]):
             transport,
             simulation=self._simulation,
             on_simulation_end=on_simulation_end,
-            on_session_closed=self._on_session_closed,
-            on_finalize_answered=self._on_finalize_answered,
+            wiring=self.wiring,
             clock=self._clock,
             tracer=tracer,
             instance=instance,
@@ -140,7 +169,7 @@ class JobRuntime(rtc.EventEmitter[str]):
             JOB,
             instance=instance,
             effects={"run_close": self._run_close, "report_cut": self._report_cut},
-            guards={"hold_needed": lambda _ev: self.hold_needed},
+            guards=event_guards("job", self._facts),
             settings={
                 "session_end_timeout": float(session_end_timeout),
                 "close_timeout": float(close_timeout),
@@ -156,6 +185,8 @@ class JobRuntime(rtc.EventEmitter[str]):
             tracer=tracer,
             instance=instance,
         )
+        self.wiring.connect("job", self._post_linked)
+        self.wiring.connect("room_deletion", self.deletion.post)
         self.actor.on("state_changed", self._on_job_state)
         self.host.on("state_changed", self._emit_state)
         self.deletion.actor.on("state_changed", self._emit_state)
@@ -182,12 +213,7 @@ class JobRuntime(rtc.EventEmitter[str]):
     def hold_needed(self) -> bool:
         """Would shutdown hold now: a simulation, a simulator present, the room connected
         and no finalize answered yet."""
-        return (
-            self._simulation is not None
-            and bool(self._simulators)
-            and self._room.isconnected()
-            and not self.host.finalize_answered
-        )
+        return hold_needed(self._facts)
 
     @property
     def finalize_answered(self) -> bool:
@@ -216,18 +242,13 @@ class JobRuntime(rtc.EventEmitter[str]):
         if self._started:
             return
         self._started = True
-        for p in self._room.remote_participants.values():
-            if ATTRIBUTE_SIMULATOR in p.attributes:
-                self._simulators.add(p.identity)
+        self._simulators = frozenset(
+            p.identity
+            for p in self._room.remote_participants.values()
+            if ATTRIBUTE_SIMULATOR in p.attributes
+        )
         self._unsubscribe_facts = follow(
-            self._room_events,
-            "job",
-            self._post,
-            conditions={
-                "last_simulator_left": self._last_simulator_left,
-                "last_simulator_attribute_removed": self._last_simulator_attribute_removed,
-            },
-            after=self._track_simulators,
+            self._room_events, "job", self._post, facts=self._facts, after=self._track_simulators
         )
         if self._own_events:
             self._room_events.start()
@@ -247,7 +268,8 @@ class JobRuntime(rtc.EventEmitter[str]):
             reason = getattr(getattr(ev, "reason", None), "value", None) or str(
                 getattr(ev, "reason", "")
             )
-            self.host.session_closed(session, reason)
+            data = {"session": self.host.label_of(session), "reason": reason}
+            self.wiring.fire(SESSION, "close", data, primary=session is self.primary)
 
         session.on("close", on_close)
         self._session_listeners.append((session, on_close))
@@ -319,41 +341,23 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     # -- inputs ----------------------------------------------------------------------------
     # -- room facts (routed by statemachines.routing) ---------------------------------------
-    def _last_simulator_left(self, fact: RoomFact) -> bool:
-        if not isinstance(fact, ParticipantLeft):
-            return False
-        was = fact.identity in self._simulators or ATTRIBUTE_SIMULATOR in fact.attributes
-        return was and not (self._simulators - {fact.identity})
-
-    def _last_simulator_attribute_removed(self, fact: RoomFact) -> bool:
-        if not isinstance(fact, AttributesChanged) or ATTRIBUTE_SIMULATOR in fact.attributes:
-            return False
-        return fact.identity in self._simulators and not (self._simulators - {fact.identity})
-
     def _track_simulators(self, fact: RoomFact) -> None:
         """Which participants carry the simulator attribute, after ``fact``."""
-        if isinstance(fact, ParticipantJoined | AttributesChanged):
-            if ATTRIBUTE_SIMULATOR in fact.attributes:
-                self._simulators.add(fact.identity)
-            else:
-                self._simulators.discard(fact.identity)
-        elif isinstance(fact, ParticipantLeft):
-            self._simulators.discard(fact.identity)
+        self._simulators = simulators_after(self._simulators, plain_fact(fact))
 
     def _post(self, event: Event) -> None:
         if not self.actor.closed:
             self.actor.post(event)
 
-    def _on_session_closed(self, reason: str) -> None:
-        if self._delete_room_on_close:
-            self.request_room_deletion()
-        self._reason = self._reason or f"session closed: {reason}"
-        if not self.actor.closed:
-            self.actor.post(Event("session_closed", {"reason": reason}))
-
-    def _on_finalize_answered(self, verdict: dict[str, Any] | None) -> None:
-        if not self.actor.closed:
-            self.actor.post(Event("finalize_answered", {"verdict": verdict}))
+    def _post_linked(self, event: Event) -> None:
+        """An event another machine's effect sends the job (``statemachines.glue.LINKS``)."""
+        reason = str(event.data.get("reason", ""))
+        if event.name == "shutdown":
+            self.shutdown(reason)
+            return
+        if event.name == "session_closed":
+            self._reason = self._reason or f"session closed: {reason}"
+        self._post(event)
 
     def _on_job_state(self, sc: StateChanged) -> None:
         if sc.dest == "closed":
@@ -375,11 +379,14 @@ class JobRuntime(rtc.EventEmitter[str]):
 
     # -- closing ---------------------------------------------------------------------------
     async def _run_close(self, _ev: Event) -> Event:
+        # each step's links (statemachines.glue.LINKS, run_close/STEP) fire as it begins
         self._close_step = "the session host had not closed"
+        self.wiring.fire("job", "run_close", step="host")
         try:
-            await self.host.aclose()
+            await self.host.wait_closed()
         except Exception:
             logger.exception("closing the session host failed")
+        self.wiring.fire("job", "run_close", step="session")
         if self._before_disconnect is not None:
             # what needs the room (the session, the avatar's removal), within a share of the
             # bound so the room work and the callbacks still run
@@ -402,10 +409,10 @@ class JobRuntime(rtc.EventEmitter[str]):
         # delete_room_on_close covers every way the job ends (upstream deletes from the
         # session's close, which a job shutdown also causes), after the hold, never before
         self._close_step = "the room deletion had not returned"
-        if self._delete_room_on_close:
-            self.deletion.request()
-        await self.deletion.allow()  # and wait for a deletion asked for (bounded)
+        self.wiring.fire("job", "run_close", step="room")
+        await self.deletion.settled()  # a deletion asked for runs now (bounded)
         self._close_step = ""
+        self.wiring.fire("job", "run_close", step="callbacks")
         await self._run_shutdown_callbacks()
         return Event("close_done")
 

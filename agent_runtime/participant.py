@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
 
+from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
@@ -38,7 +39,7 @@ from .room_events import (
     RoomEventAdapter,
     kind_name,
 )
-from .routing import follow
+from .routing import Wiring, event_guards, follow
 from .settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
@@ -51,7 +52,7 @@ from .trace import Tracer
 logger = logging.getLogger("agent_runtime.participant")
 
 # a participant publishing on the agent's behalf (an avatar worker) is never the user
-ATTRIBUTE_PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+ATTRIBUTE_PUBLISH_ON_BEHALF = PUBLISH_ON_BEHALF
 
 DEFAULT_KINDS = DEFAULT_PARTICIPANT_KINDS
 
@@ -76,6 +77,11 @@ class ParticipantLink(rtc.EventEmitter[str]):
 
     The link does not own the session, the room or the adapter: ``aclose()`` only stops
     following (it never closes the session).
+
+    In a composed job pass ``wiring`` (the job's declared links): the session's close and
+    the link's own close reach the machine through it, and ``close_timed_out`` shuts the
+    job down through it. The link is itself the facts view its guards read
+    (``statemachines.glue.ParticipantFacts``).
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
         session_close_timeout: float = 60.0,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        wiring: Wiring | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(room_events, RoomEventAdapter):
@@ -109,6 +116,8 @@ class ParticipantLink(rtc.EventEmitter[str]):
         self._identity: str | None = None
         self._started = False
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+        self._wiring = wiring
         self._unsubscribe: Callable[[], None] | None = None
         self._warned_room_io = False
         # without close_on_disconnect a departure never closes: grace waits with no timer
@@ -122,13 +131,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
                 "close_session": self._close_session,
                 "report_close_timed_out": self._report_close_timed_out,
             },
-            guards={
-                "eligible": self._eligible,
-                "is_linked": self._is_linked,
-                "same_identity": self._is_linked,
-                "closing_reason": self._closing_reason,
-                "grace_enabled": self._grace_enabled,
-            },
+            guards=event_guards("participant", self),
             settings={
                 "grace_period": grace_setting,
                 "session_close_timeout": self.session_close_timeout,
@@ -137,6 +140,8 @@ class ParticipantLink(rtc.EventEmitter[str]):
             tracer=tracer,
         )
         self._actor.on("state_changed", self._forward_state_changed)
+        if wiring is not None:
+            wiring.connect("participant", self._post_linked)
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -155,6 +160,15 @@ class ParticipantLink(rtc.EventEmitter[str]):
     @property
     def closing_reasons(self) -> frozenset[str]:
         return self._closing_reasons
+
+    @property
+    def agent_identity(self) -> str | None:
+        """The agent's own identity in the room (None before it connected)."""
+        try:
+            identity = self.room_events.room.local_participant.identity
+        except Exception:
+            return None  # an rtc.Room that never connected has no local participant
+        return identity if isinstance(identity, str) else None
 
     @property
     def actor(self) -> Actor:
@@ -187,7 +201,10 @@ class ParticipantLink(rtc.EventEmitter[str]):
         self._started = True
         self._unsubscribe = follow(self.room_events, "participant", self._actor.post)
         self.room_events.start()
-        self.session.on("close", self._on_session_close)
+        if self._wiring is None:
+            # alone: the link follows its session's close itself (composed, the job's
+            # wiring delivers it, as the links declare)
+            self.session.on("close", self._on_session_close)
         self._actor.start()
         # rtc.Room keeps remote participants in join order
         for p in list(self.room_events.room.remote_participants.values()):
@@ -203,14 +220,18 @@ class ParticipantLink(rtc.EventEmitter[str]):
             )
 
     async def aclose(self) -> None:
-        """Stop following: unhook, enter ``closed``. The session is left as it is."""
-        if self._closed:
-            return
+        """Stop following: unhook, enter ``closed``. The session is left as it is. A second
+        call waits for the first one's close."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._aclose())
+        await asyncio.shield(self._closing)
+
+    async def _aclose(self) -> None:
         self._closed = True
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        if self._started:
+        if self._started and self._wiring is None:
             self.session.off("close", self._on_session_close)
         if not self._actor.closed:
             with contextlib.suppress(ActorClosed, EventRejected):
@@ -226,34 +247,17 @@ class ParticipantLink(rtc.EventEmitter[str]):
         if not self._actor.closed:
             self._actor.post(Event("session_closed", {"reason": reason}))
 
+    def _post_linked(self, event: Event) -> None:
+        """An event the job's wiring brings: the session's close, or the link's own close
+        (the job's close: ``aclose()``, under way until it is done)."""
+        if event.name == "close":
+            if self._closing is None:
+                self._closing = asyncio.ensure_future(self._aclose())
+        elif self._started and not self._actor.closed:
+            self._actor.post(event)
+
     def _forward_state_changed(self, change: StateChanged) -> None:
         self.emit("state_changed", change)
-
-    # -- guards ------------------------------------------------------------------------------
-    def _eligible(self, ev: Event) -> bool:
-        identity = ev.data.get("identity")
-        if not isinstance(identity, str) or not identity:
-            return False
-        if self.participant_identity is not None and identity != self.participant_identity:
-            return False
-        if ev.data.get("kind") not in self._kinds:
-            return False
-        attributes = ev.data.get("attributes") or {}
-        agent = self._agent_identity()
-        return not (
-            agent is not None
-            and isinstance(attributes, Mapping)
-            and attributes.get(ATTRIBUTE_PUBLISH_ON_BEHALF) == agent
-        )
-
-    def _is_linked(self, ev: Event) -> bool:
-        return self._identity is not None and ev.data.get("identity") == self._identity
-
-    def _closing_reason(self, ev: Event) -> bool:
-        return self.close_on_disconnect and ev.data.get("reason") in self._closing_reasons
-
-    def _grace_enabled(self, ev: Event) -> bool:
-        return not self.close_on_disconnect or self.grace_period > 0
 
     # -- effects -----------------------------------------------------------------------------
     async def _link(self, ev: Event) -> None:
@@ -286,6 +290,8 @@ class ParticipantLink(rtc.EventEmitter[str]):
             f"the session did not close within {after:g}s after participant {self._identity} left"
         )
         logger.warning("%s; the link gives up on it", reason)
+        if self._wiring is not None:
+            self._wiring.fire("participant", "report_close_timed_out", {"reason": reason})
         self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason))
 
     def _on_close_task_done(self, task: asyncio.Future[Any]) -> None:
@@ -327,10 +333,3 @@ class ParticipantLink(rtc.EventEmitter[str]):
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)
-
-    def _agent_identity(self) -> str | None:
-        try:
-            identity = self.room_events.room.local_participant.identity
-        except Exception:
-            return None  # an rtc.Room that never connected has no local participant
-        return identity if isinstance(identity, str) else None

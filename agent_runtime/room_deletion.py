@@ -13,7 +13,7 @@ from typing import Any
 
 from statemachines.room_deletion import ROOM_DELETION
 
-from .actor import Actor, ActorClosed, Event
+from .actor import Actor, Event
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -64,16 +64,21 @@ class RoomDeletion:
 
     def request(self) -> None:
         """Ask for the deletion; it runs once the job allows it (at once if it did)."""
+        self.post(Event("request"))
+
+    def post(self, event: Event) -> None:
+        """An event for the machine (``request``, ``allow``), unless it is released."""
         if not self.actor.closed:
-            self.actor.post(Event("request"))
+            self.actor.post(event)
 
     async def allow(self) -> None:
         """The job's room work is done: let an asked deletion run, and wait for it (it is
         bounded by ``close_timeout``)."""
-        try:
-            await self.actor.send(Event("allow"))
-        except ActorClosed:
-            return
+        self.post(Event("allow"))
+        await self.settled()
+
+    async def settled(self) -> None:
+        """Wait until what was posted is handled and no deletion runs (it is bounded)."""
         await self.actor.until(lambda state: state != "deleting")
 
     async def aclose(self) -> None:

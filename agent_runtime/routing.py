@@ -1,19 +1,28 @@
-"""Room facts to machine events, exactly as ``statemachines.routing.ROUTES`` declares.
+"""How one job's machines hear the room and each other, exactly as declared.
 
-Each machine's runtime follows the room through ``follow``: it names its machine, how an
-event reaches its actor, and how each condition its routes use is evaluated; the table
-decides the rest. Conditions see the fact and what the runtime knew just before it;
-``after`` then updates that knowledge (which participants carry the simulator attribute).
+Room facts reach a machine through ``follow``, which reads ``statemachines.routing.ROUTES``
+and evaluates each route's named conditions with their one definition
+(``statemachines.glue.ROOM_CONDITIONS``) on what the machine's runtime knows of the room
+just before the fact; ``after`` then updates that knowledge.
+
+An effect that tells another machine something goes through ``Wiring``: the runtime that
+runs the effect fires it, and every link ``statemachines.glue.LINKS`` declares for it posts
+its event to the target machine's runtime (each runtime connects its own poster). Nothing
+else turns one machine's work into another machine's event.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
+from statemachines.glue import LINKS, ROOM_CONDITIONS, Link, RoomFacts, guards_of
 from statemachines.routing import Route, routes_for
 
-from .actor import Event
+from .actor import Event, GuardFn
 from .room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -28,7 +37,7 @@ from .room_events import (
     TrackPublished,
 )
 
-Condition = Callable[[RoomFact], bool]
+logger = logging.getLogger("agent_runtime.routing")
 
 FACT_NAMES: dict[type[Any], str] = {
     ParticipantJoined: "participant_joined",
@@ -60,33 +69,104 @@ def fact_data(fact: RoomFact) -> dict[str, Any]:
     return {}
 
 
+def plain_fact(fact: RoomFact) -> dict[str, Any]:
+    """The fact as the shared conditions read it: its name and every field."""
+    fields = {f.name: getattr(fact, f.name) for f in dataclasses.fields(fact)}
+    return {"fact": FACT_NAMES[type(fact)], **fields}
+
+
+def event_guards(machine: str, facts: Any) -> dict[str, GuardFn]:
+    """``machine``'s guards as the actor calls them, each its one definition
+    (``statemachines.glue.GUARDS``) evaluated on ``facts`` and the event's data."""
+
+    def on_event(fn: Callable[[Mapping[str, Any]], bool]) -> GuardFn:
+        return lambda ev: fn(ev.data)
+
+    return {name: on_event(fn) for name, fn in guards_of(machine, facts).items()}
+
+
+class NoRoom:
+    """The room facts of a runtime that knows nothing of the room (no route of it needs)."""
+
+    avatar_identity: str | None = None
+    simulators: frozenset[str] = frozenset()
+
+
 def follow(
     adapter: RoomEventAdapter,
     machine: str,
     post: Callable[[Event], None],
     *,
-    conditions: Mapping[str, Condition] | None = None,
+    facts: RoomFacts | None = None,
     after: Callable[[RoomFact], None] | None = None,
 ) -> Callable[[], None]:
     """Subscribe ``machine`` to the room facts its routes name; returns the unsubscriber.
 
-    Raises ``ValueError`` when a route's condition has no definition here.
-    """
-    conds: Mapping[str, Condition] = conditions or {}
+    Each route's conditions are evaluated on ``facts`` (what the runtime knows of the room)
+    just before ``after`` updates it."""
+    known: RoomFacts = facts or NoRoom()
     routes = routes_for(machine)
-    missing = sorted({c for r in routes for c in r.when} - set(conds))
-    if missing:
-        raise ValueError(f"machine {machine!r}: no definition of condition {', '.join(missing)}")
     by_fact: dict[str, list[Route]] = {}
     for r in routes:
         by_fact.setdefault(r.fact, []).append(r)
 
     def on_fact(fact: RoomFact) -> None:
         matching = by_fact.get(FACT_NAMES[type(fact)], ())
-        fired = [r for r in matching if all(conds[c](fact) for c in r.when)]
+        if matching:
+            plain = plain_fact(fact)
+            fired = [r for r in matching if all(ROOM_CONDITIONS[c](known, plain) for c in r.when)]
+        else:
+            fired = []
         if after is not None:
             after(fact)
         for r in fired:
             post(Event(r.event, fact_data(fact)))
 
     return adapter.subscribe(on_fact)
+
+
+class Wiring:
+    """The declared links between the machines of one job (``statemachines.glue.LINKS``).
+
+    ``connect(machine, post)`` says how an event reaches ``machine``'s runtime;
+    ``fire(source, effect, data)`` posts every link of that effect whose flags hold (the
+    job's flags, given here, and the firing's own). A target no runtime connected is
+    skipped: a runtime used alone has nobody to tell.
+    """
+
+    def __init__(
+        self, *, flags: Mapping[str, bool] | None = None, links: tuple[Link, ...] = LINKS
+    ) -> None:
+        self._flags: Mapping[str, bool] = MappingProxyType(dict(flags or {}))
+        self._posts: dict[str, Callable[[Event], None]] = {}
+        self._links: dict[tuple[str, str, str], list[Link]] = {}
+        for k in links:
+            self._links.setdefault((k.source, k.on, k.step), []).append(k)
+
+    @property
+    def flags(self) -> Mapping[str, bool]:
+        return self._flags
+
+    def connect(self, machine: str, post: Callable[[Event], None]) -> None:
+        self._posts[machine] = post
+
+    def fire(
+        self,
+        source: str,
+        on: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        step: str = "",
+        **flags: bool,
+    ) -> None:
+        for link in self._links.get((source, on, step), ()):
+            if not all(flags.get(f, self._flags.get(f, False)) for f in link.when):
+                continue
+            post = self._posts.get(link.target)
+            if post is None:
+                continue
+            try:
+                post(Event(link.event, dict(data or {})))
+            except Exception:
+                # one target's failure must not keep the others from hearing
+                logger.exception("link %s.%s -> %s failed", source, on, link.target)

@@ -38,6 +38,7 @@ from statemachines.session_host import SESSION_HOST
 from .actor import Actor, Event
 from .clock import AsyncioClock, Clock
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
+from .routing import Wiring, event_guards
 from .session_transport import SenderAware
 from .trace import Tracer
 
@@ -123,12 +124,31 @@ class _Attached:
     host: SessionHost
 
 
+class _Facts:
+    """What the host's guards read (``statemachines.glue``), live."""
+
+    __slots__ = ("_host",)
+
+    def __init__(self, host: JobSessionHost) -> None:
+        self._host = host
+
+    @property
+    def attached_session(self) -> str | None:
+        att = self._host._attached
+        return att.label if att is not None else None
+
+    def is_simulator(self, identity: str) -> bool | None:
+        known = self._host._is_simulator
+        return None if known is None else bool(identity) and known(identity)
+
+
 class JobSessionHost(rtc.EventEmitter[str]):
     """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``, of the
     ``session_host`` or the ``finalize`` machine).
 
     ``on_session_closed(reason)`` is called when the attached session closes;
-    ``on_finalize_answered(verdict)`` once the finalize reply went out. With
+    ``on_finalize_answered(verdict)`` once the finalize reply went out; in a composed job
+    both reach the job machine through ``wiring`` (the declared links). With
     ``is_simulator(identity)``, a ``finalize_simulation`` is answered only when its sender
     (as the transport names it: ``RoomRequestTransport``) is the simulator participant;
     anyone else gets an error reply and changes nothing.
@@ -147,6 +167,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
         instance: str = "",
         drain_timeout: float = 3.0,
         is_simulator: Callable[[str], bool] | None = None,
+        wiring: Wiring | None = None,
     ) -> None:
         super().__init__()
         if on_simulation_end is not None and not callable(on_simulation_end):
@@ -166,6 +187,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self._closing_hosts: set[asyncio.Task[None]] = set()
         self._recv_task: asyncio.Task[None] | None = None
         self._started = False
+        self.wiring = wiring if wiring is not None else Wiring()
         self.finalize = FinalizeAnswer(
             transport.send_message,
             simulation=self._simulation,
@@ -175,6 +197,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
             clock=self._clock,
             tracer=tracer,
             instance=instance,
+            wiring=self.wiring,
         )
         self.actor = Actor(
             SESSION_HOST,
@@ -193,13 +216,14 @@ class JobSessionHost(rtc.EventEmitter[str]):
                 "close_finalize": self._close_finalize,
                 "close_transport": self._close_transport,
             },
-            guards={"is_current": self._is_current, "from_simulator": self._from_simulator},
+            guards=event_guards("session_host", _Facts(self)),
             settings={"drain_timeout": drain_timeout},
             clock=self._clock,
             tracer=tracer,
             # closing the finalize answer may wait for a reply under way, then its own
             effect_timeout=max(5.0, 2 * drain_timeout),
         )
+        self.wiring.connect("session_host", self._post)
         self.actor.on("state_changed", self._emit_state)
         self.finalize.actor.on("state_changed", self._emit_state)
 
@@ -285,9 +309,13 @@ class JobSessionHost(rtc.EventEmitter[str]):
     async def aclose(self) -> None:
         """Close the host (in-flight replies go out within ``drain_timeout``, then the
         transport closes) and release its machines."""
+        if not self.actor.closed and self.actor.state in ("detached", "attached"):
+            self.actor.post(Event("close"))
+        await self.wait_closed()
+
+    async def wait_closed(self) -> None:
+        """Wait for the close asked (``close`` posted), then release the host's machines."""
         if not self.actor.closed:
-            if self.actor.state in ("detached", "attached"):
-                self.actor.post(Event("close"))
             # bounded: closing ends at its drain bound, its effects at theirs
             await self.actor.until(lambda state: state == "closed")
         await self.actor.aclose()
@@ -348,15 +376,9 @@ class JobSessionHost(rtc.EventEmitter[str]):
         else:
             self.actor.post(Event("request", data))
 
-    # -- guards ----------------------------------------------------------------------------
-    def _is_current(self, ev: Event) -> bool:
-        return self._attached is not None and ev.data.get("session") == self._attached.label
-
-    def _from_simulator(self, ev: Event) -> bool:
-        if self._is_simulator is None:
-            return True  # told nothing about the room: the host cannot tell, it answers
-        caller = ev.data.get("caller")
-        return isinstance(caller, str) and bool(caller) and self._is_simulator(caller)
+    def _post(self, event: Event) -> None:
+        if not self.actor.closed:
+            self.actor.post(event)
 
     # -- effects ---------------------------------------------------------------------------
     async def _subscribe(self, ev: Event) -> None:
@@ -397,9 +419,8 @@ class JobSessionHost(rtc.EventEmitter[str]):
 
     def _forward_finalize(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
-        self.finalize.ask(
-            {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
-        )
+        request = {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
+        self.wiring.fire("session_host", "forward_finalize", request)
 
     async def _refuse_stranger(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
@@ -410,8 +431,10 @@ class JobSessionHost(rtc.EventEmitter[str]):
         await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
     def _report_session_closed(self, ev: Event) -> None:
+        reason = str(ev.data.get("reason", ""))
+        self.wiring.fire("session_host", "report_session_closed", {"reason": reason})
         if self._on_session_closed is not None:
-            self._on_session_closed(str(ev.data.get("reason", "")))
+            self._on_session_closed(reason)
 
     async def _drain(self, _ev: Event) -> Event:
         # a state task of `closing`, cut by its drain_timeout
@@ -425,7 +448,8 @@ class JobSessionHost(rtc.EventEmitter[str]):
         await self._send_error(str(ev.data["request_id"]), HOST_CLOSING)
 
     async def _close_finalize(self, _ev: Event) -> None:
-        await self.finalize.close()
+        self.wiring.fire("session_host", "close_finalize")
+        await self.finalize.actor.join()  # its close handled: an unfinished answer cut
 
     async def _close_transport(self, _ev: Event) -> None:
         left = list(self._closing_hosts)

@@ -27,21 +27,29 @@ def test_routes_name_real_machines_events_and_conditions() -> None:
         )
 
 
-async def test_a_machine_follows_exactly_its_routes_and_needs_every_condition() -> None:
+class _Known:
+    """What a runtime knows of the room: the simulators, as the job tracks them."""
+
+    avatar_identity: str | None = None
+
+    def __init__(self, *simulators: str) -> None:
+        self.simulators = frozenset(simulators)
+
+
+async def test_a_machine_follows_exactly_its_routes_with_the_shared_conditions() -> None:
     room = InMemoryRoom(name="r")
     adapter = RoomEventAdapter(room)
     adapter.start()
-    with pytest.raises(ValueError, match="no definition of condition is_avatar, is_video"):
-        follow(adapter, "avatar", lambda ev: None)
     got: list[Event] = []
+    seen: list[str] = []
+    # the conditions are evaluated on what the runtime knew just before the fact
+    known = _Known("sim")
     follow(
         adapter,
         "job",
         got.append,
-        conditions={
-            "last_simulator_left": lambda f: isinstance(f, ParticipantLeft) and f.identity == "sim",
-            "last_simulator_attribute_removed": lambda f: False,
-        },
+        facts=known,
+        after=lambda f: seen.append(f.identity) if isinstance(f, ParticipantLeft) else None,
     )
     room.connect_locally()
     room.add_participant("user")
@@ -50,4 +58,25 @@ async def test_a_machine_follows_exactly_its_routes_and_needs_every_condition() 
     room.remove_participant("sim")
     assert [e.name for e in got] == ["simulator_left"]
     assert got[0].data["identity"] == "sim"
+    assert seen == ["user", "sim"]
+    # another simulator still there: the one who left was not the last
+    got.clear()
+    known.simulators = frozenset({"sim", "sim-2"})
+    room.add_participant("sim")
+    room.remove_participant("sim")
+    assert got == []
+    # the avatar's routes: only its own participant, only its video
+    avatar: list[Event] = []
+
+    class AvatarKnows:
+        avatar_identity = "avatar-1"
+        simulators: frozenset[str] = frozenset()
+
+    follow(adapter, "avatar", avatar.append, facts=AvatarKnows())
+    room.add_participant("someone")
+    room.publish_track("someone", "video")
+    room.add_participant("avatar-1", kind="agent")
+    room.publish_track("avatar-1", "audio")
+    room.publish_track("avatar-1", "video")
+    assert [e.name for e in avatar] == ["avatar_connected", "video_published"]
     adapter.aclose()

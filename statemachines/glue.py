@@ -1,0 +1,427 @@
+"""The glue between the machines, defined once: what the runtime decides by, and what the
+explorer's model reads.
+
+Pure (no livekit, no I/O, no clock). Three kinds of declaration:
+
+* **guards**: every guard of every spec, as a function of a small facts view of its machine
+  (a ``Protocol`` below) and of the event's data. The runtimes evaluate them on facts read
+  from live objects; the explorer's model on its abstract world. ``GUARDS`` lists them by
+  machine (a test keeps it equal to the specs' guards).
+* **room conditions**: the named conditions of ``statemachines.routing``'s routes, as
+  functions of the fact and of what the job knew just before it (``ROOM_CONDITIONS``), and
+  how that knowledge follows the facts (``simulators_after``).
+* **links**: an effect, or a session of the job closing, posting an event to another
+  machine (``LINKS``). The runtime's wiring (``agent_runtime.routing.Wiring``) posts exactly
+  these; the model follows the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from .machines import MACHINES
+
+# livekit's participant attributes (livekit.agents.types; a test pins the values)
+SIMULATOR_ATTRIBUTE = "lk.simulator"
+PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+
+EventData = Mapping[str, Any]
+EMPTY: EventData = MappingProxyType({})
+
+
+# -- job ----------------------------------------------------------------------------------------
+
+
+class JobFacts(Protocol):
+    @property
+    def is_simulation(self) -> bool: ...
+    @property
+    def simulator_present(self) -> bool: ...  # a participant carries lk.simulator
+    @property
+    def room_connected(self) -> bool: ...
+    @property
+    def finalize_answered(self) -> bool: ...
+
+
+def hold_needed(f: JobFacts, data: EventData = EMPTY) -> bool:
+    """Shutdown holds for the simulator: a simulation, a simulator present, the room
+    connected and no finalize answered yet."""
+    return f.is_simulation and f.simulator_present and f.room_connected and not f.finalize_answered
+
+
+# -- participant --------------------------------------------------------------------------------
+
+
+class ParticipantFacts(Protocol):
+    @property
+    def participant_identity(self) -> str | None: ...  # the configured one, if any
+    @property
+    def participant_kinds(self) -> frozenset[str]: ...
+    @property
+    def agent_identity(self) -> str | None: ...  # the agent's own (local) identity
+    @property
+    def linked_identity(self) -> str | None: ...
+    @property
+    def close_on_disconnect(self) -> bool: ...
+    @property
+    def closing_reasons(self) -> frozenset[str]: ...
+    @property
+    def grace_period(self) -> float: ...
+
+
+def eligible(f: ParticipantFacts, data: EventData) -> bool:
+    """The joining participant may be linked: the configured identity (or any, when none is
+    configured), an allowed kind, not publishing on the agent's behalf (an avatar worker)."""
+    identity = data.get("identity")
+    if not isinstance(identity, str) or not identity:
+        return False
+    if f.participant_identity is not None and identity != f.participant_identity:
+        return False
+    if data.get("kind") not in f.participant_kinds:
+        return False
+    attributes = data.get("attributes") or {}
+    agent = f.agent_identity
+    return not (
+        agent is not None
+        and isinstance(attributes, Mapping)
+        and attributes.get(PUBLISH_ON_BEHALF) == agent
+    )
+
+
+def is_linked(f: ParticipantFacts, data: EventData) -> bool:
+    """The event is about the identity the link follows."""
+    return f.linked_identity is not None and data.get("identity") == f.linked_identity
+
+
+def closing_reason(f: ParticipantFacts, data: EventData) -> bool:
+    """A departure that closes at once: close_on_disconnect on, and a closing reason."""
+    return f.close_on_disconnect and data.get("reason") in f.closing_reasons
+
+
+def grace_enabled(f: ParticipantFacts, data: EventData) -> bool:
+    """Another departure waits for a rejoin: a grace period, or close_on_disconnect off
+    (then grace has no timer: a departure never closes)."""
+    return not f.close_on_disconnect or f.grace_period > 0
+
+
+# -- session host -------------------------------------------------------------------------------
+
+
+class HostFacts(Protocol):
+    @property
+    def attached_session(self) -> str | None: ...  # the attached session's label
+
+    def is_simulator(self, identity: str) -> bool | None:
+        """Whether ``identity`` carries lk.simulator; ``None``: the host cannot tell."""
+        ...
+
+
+def is_current(f: HostFacts, data: EventData) -> bool:
+    """The event's session is the attached one."""
+    return f.attached_session is not None and data.get("session") == f.attached_session
+
+
+def from_simulator(f: HostFacts, data: EventData) -> bool:
+    """The request's sender carries lk.simulator (a host that cannot tell answers)."""
+    caller = data.get("caller")
+    name = caller if isinstance(caller, str) else ""
+    verdict = f.is_simulator(name)
+    return True if verdict is None else bool(name) and verdict
+
+
+# -- finalize -----------------------------------------------------------------------------------
+
+
+class FinalizeFacts(Protocol):
+    @property
+    def is_simulation(self) -> bool: ...
+
+
+def simulation(f: FinalizeFacts, data: EventData) -> bool:
+    """The job is a simulation."""
+    return f.is_simulation
+
+
+# -- avatar -------------------------------------------------------------------------------------
+
+
+class RetryPolicy(Protocol):
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def transient(self) -> frozenset[str]: ...
+    @property
+    def rejoin(self) -> bool: ...
+
+
+class AvatarFacts(Protocol):
+    @property
+    def avatar_present(self) -> bool: ...
+    @property
+    def avatar_has_video(self) -> bool: ...
+    @property
+    def plugin_clear_in_flight(self) -> bool: ...  # the plugin's own clear holds its sink
+    @property
+    def route_recorded(self) -> bool: ...  # the sink the plugin installed is known
+    @property
+    def attempts(self) -> int: ...  # restarts made so far
+    @property
+    def last_cause(self) -> str: ...  # what ended the last attempt
+    @property
+    def retry(self) -> RetryPolicy: ...
+
+
+def has_video(f: AvatarFacts, data: EventData) -> bool:
+    """The avatar participant is in the room and publishes video."""
+    return f.avatar_present and f.avatar_has_video
+
+
+def avatar_present(f: AvatarFacts, data: EventData) -> bool:
+    """The avatar participant is in the room."""
+    return f.avatar_present
+
+
+def clear_pending(f: AvatarFacts, data: EventData) -> bool:
+    """The interrupt reached the plugin's sink, whose own clear now holds it."""
+    return bool(data.get("delivered")) and f.plugin_clear_in_flight
+
+
+def delivered(f: AvatarFacts, data: EventData) -> bool:
+    """The interrupt reached the plugin's sink (its own clear ran)."""
+    return bool(data.get("delivered"))
+
+
+def retry_left(f: AvatarFacts, data: EventData) -> bool:
+    """The policy calls this loss transient and has restarts left."""
+    cause = data.get("cause", f.last_cause)
+    return str(cause) in f.retry.transient and f.attempts < f.retry.attempts
+
+
+def rejoin(f: AvatarFacts, data: EventData) -> bool:
+    """A late join gets the audio again: the policy's rejoin, and a route to reinstall."""
+    return f.retry.rejoin and f.route_recorded
+
+
+Guard = Callable[[Any, EventData], bool]
+
+GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
+    {
+        "job": {"hold_needed": hold_needed},
+        "participant": {
+            "eligible": eligible,
+            "is_linked": is_linked,
+            "same_identity": is_linked,
+            "closing_reason": closing_reason,
+            "grace_enabled": grace_enabled,
+        },
+        "session_host": {"is_current": is_current, "from_simulator": from_simulator},
+        "finalize": {"simulation": simulation},
+        "avatar": {
+            "has_video": has_video,
+            "avatar_present": avatar_present,
+            "clear_pending": clear_pending,
+            "delivered": delivered,
+            "retry_left": retry_left,
+            "rejoin": rejoin,
+        },
+        "room_deletion": {},
+    }
+)
+
+
+def guards_of(machine: str, facts: Any) -> dict[str, Callable[[EventData], bool]]:
+    """``machine``'s guards bound to a facts view: ``name -> (event data -> bool)``."""
+
+    def bind(fn: Guard) -> Callable[[EventData], bool]:
+        return lambda data: fn(facts, data)
+
+    return {name: bind(fn) for name, fn in GUARDS[machine].items()}
+
+
+# -- room conditions ------------------------------------------------------------------------------
+
+
+class RoomFacts(Protocol):
+    """What a machine's runtime knows of the room just before a fact."""
+
+    @property
+    def avatar_identity(self) -> str | None: ...
+    @property
+    def simulators(self) -> frozenset[str]: ...  # participants known to carry lk.simulator
+
+
+# a room fact as plain data: {"fact": NAME, and its fields: identity, kind, reason,
+# attributes (the participant's, as last known), changed, muted}
+Fact = Mapping[str, Any]
+Condition = Callable[[RoomFacts, Fact], bool]
+
+
+def is_avatar(room: RoomFacts, fact: Fact) -> bool:
+    return room.avatar_identity is not None and fact.get("identity") == room.avatar_identity
+
+
+def is_video(room: RoomFacts, fact: Fact) -> bool:
+    return fact.get("fact") == "track_published" and fact.get("kind") == "video"
+
+
+def last_simulator_left(room: RoomFacts, fact: Fact) -> bool:
+    if fact.get("fact") != "participant_left":
+        return False
+    identity = fact.get("identity")
+    attributes = fact.get("attributes") or {}
+    was = identity in room.simulators or SIMULATOR_ATTRIBUTE in attributes
+    return was and not (room.simulators - {identity})
+
+
+def last_simulator_attribute_removed(room: RoomFacts, fact: Fact) -> bool:
+    if fact.get("fact") != "attributes_changed":
+        return False
+    if SIMULATOR_ATTRIBUTE in (fact.get("attributes") or {}):
+        return False
+    identity = fact.get("identity")
+    return identity in room.simulators and not (room.simulators - {identity})
+
+
+ROOM_CONDITIONS: Mapping[str, Condition] = MappingProxyType(
+    {
+        "is_avatar": is_avatar,
+        "is_video": is_video,
+        "last_simulator_left": last_simulator_left,
+        "last_simulator_attribute_removed": last_simulator_attribute_removed,
+    }
+)
+
+
+def simulators_after(simulators: frozenset[str], fact: Fact) -> frozenset[str]:
+    """Which participants carry lk.simulator once ``fact`` happened."""
+    name, identity = fact.get("fact"), fact.get("identity")
+    if not isinstance(identity, str):
+        return simulators
+    if name in ("participant_joined", "attributes_changed"):
+        if SIMULATOR_ATTRIBUTE in (fact.get("attributes") or {}):
+            return simulators | {identity}
+        return simulators - {identity}
+    if name == "participant_left":
+        return simulators - {identity}
+    return simulators
+
+
+# -- links ----------------------------------------------------------------------------------------
+
+# the conditions a link may carry, each a flag the runtime (and the model) knows
+LINK_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "delete_room_on_close": "the job deletes the room when it closes",
+        "primary": "the session is the job's primary one, the one the participant link follows",
+    }
+)
+# the job's run_close works in steps, in this order; a link may post at one of them
+RUN_CLOSE_STEPS = ("host", "session", "room", "callbacks")
+SESSION = "session"  # a session of the job, as a link's source (its close)
+
+
+class Link(BaseModel):
+    """When ``source``'s effect ``on`` runs (at ``step`` of a task that works in steps), or
+    a session of the job closes (``source="session"``, ``on="close"``), ``target`` gets
+    ``event`` with the effect's data, if every flag in ``when`` holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    on: str
+    step: str = ""
+    target: str
+    event: str
+    when: tuple[str, ...] = ()
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _known(self) -> Link:
+        where = f"link {self.source}.{self.on}{'/' + self.step if self.step else ''}"
+        if self.source == SESSION:
+            if self.on != "close" or self.step:
+                raise ValueError(f"{where}: a session's only link source is its close")
+        else:
+            spec = MACHINES.get(self.source)
+            if spec is None:
+                raise ValueError(f"{where}: unknown machine {self.source!r}")
+            if self.on not in {e.name for e in spec.effects}:
+                raise ValueError(f"{where}: machine {self.source!r} has no effect {self.on!r}")
+            if self.step and (self.source, self.on) != ("job", "run_close"):
+                raise ValueError(f"{where}: only the job's run_close works in steps")
+            if self.step and self.step not in RUN_CLOSE_STEPS:
+                raise ValueError(f"{where}: run_close has no step {self.step!r}")
+        target = MACHINES.get(self.target)
+        if target is None:
+            raise ValueError(f"{where}: unknown target machine {self.target!r}")
+        if self.event not in target.events:
+            raise ValueError(f"{where}: machine {self.target!r} has no event {self.event!r}")
+        for flag in self.when:
+            if flag not in LINK_FLAGS:
+                raise ValueError(f"{where}: unknown flag {flag!r}")
+        return self
+
+
+LINKS: tuple[Link, ...] = (
+    # a session of the job closing: JobRuntime.attach's close hook, AgentJob's for its own
+    Link(source=SESSION, on="close", target="session_host", event="session_closed"),
+    Link(
+        source=SESSION, on="close", when=("primary",), target="participant", event="session_closed"
+    ),
+    Link(
+        source=SESSION,
+        on="close",
+        when=("primary",),
+        target="avatar",
+        event="close",
+        note="the avatar goes with the session, while the room is still connected",
+    ),
+    Link(source="session_host", on="report_session_closed", target="job", event="session_closed"),
+    Link(
+        source="session_host",
+        on="report_session_closed",
+        when=("delete_room_on_close",),
+        target="room_deletion",
+        event="request",
+        note="deferred: it runs once the job's close allows it",
+    ),
+    Link(source="session_host", on="forward_finalize", target="finalize", event="request"),
+    Link(source="session_host", on="close_finalize", target="finalize", event="close"),
+    Link(source="finalize", on="report_answered", target="job", event="finalize_answered"),
+    Link(
+        source="participant",
+        on="report_close_timed_out",
+        target="job",
+        event="shutdown",
+        note="the session will not say it closed: nothing else would end the job",
+    ),
+    Link(source="job", on="run_close", step="host", target="session_host", event="close"),
+    Link(source="job", on="run_close", step="session", target="avatar", event="close"),
+    Link(
+        source="job",
+        on="run_close",
+        step="room",
+        when=("delete_room_on_close",),
+        target="room_deletion",
+        event="request",
+    ),
+    Link(source="job", on="run_close", step="room", target="room_deletion", event="allow"),
+    Link(source="job", on="run_close", step="callbacks", target="participant", event="close"),
+    Link(source="job", on="run_close", step="callbacks", target="avatar", event="close"),
+)
+
+
+def links_from(
+    source: str, on: str, step: str = "", *, links: tuple[Link, ...] = LINKS
+) -> tuple[Link, ...]:
+    """The links that fire when ``source``'s ``on`` runs (at ``step``), in table order."""
+    return tuple(k for k in links if k.source == source and k.on == on and k.step == step)
+
+
+def without(links: tuple[Link, ...], source: str, on: str, target: str) -> tuple[Link, ...]:
+    """``links`` less the ones from ``source``'s ``on`` to ``target`` (for fault tests)."""
+    return tuple(k for k in links if (k.source, k.on, k.target) != (source, on, target))

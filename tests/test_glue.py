@@ -1,0 +1,131 @@
+"""The glue between the machines is declared once, and the runtime runs on that declaration.
+
+Guards, room conditions and links (``statemachines.glue``) are what both the runtime and the
+explorer's model read; these tests pin that every spec's guards and every route's conditions
+have their one definition there, that links name real effects and events, and that the
+runtime's wiring posts what a link says and nothing a missing link would have.
+"""
+
+from __future__ import annotations
+
+import pytest
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+from pydantic import ValidationError
+
+from agent_runtime.actor import Event
+from agent_runtime.participant import ATTRIBUTE_PUBLISH_ON_BEHALF
+from agent_runtime.routing import Wiring
+from statemachines.glue import (
+    GUARDS,
+    LINKS,
+    PUBLISH_ON_BEHALF,
+    ROOM_CONDITIONS,
+    SIMULATOR_ATTRIBUTE,
+    Link,
+    links_from,
+    simulators_after,
+    without,
+)
+from statemachines.machines import MACHINES
+from statemachines.routing import CONDITIONS
+
+
+def test_every_guard_of_every_spec_has_its_one_definition() -> None:
+    for name, spec in MACHINES.items():
+        assert set(GUARDS.get(name, {})) == set(spec.guards), name
+
+
+def test_every_route_condition_has_its_one_definition() -> None:
+    assert set(ROOM_CONDITIONS) == set(CONDITIONS)
+
+
+def test_the_attributes_are_livekits_own() -> None:
+    assert SIMULATOR_ATTRIBUTE == ATTRIBUTE_SIMULATOR
+    assert ATTRIBUTE_PUBLISH_ON_BEHALF == PUBLISH_ON_BEHALF
+
+
+def test_links_name_real_effects_steps_events_and_flags() -> None:
+    assert {(k.source, k.on, k.target) for k in LINKS} >= {
+        ("session_host", "report_session_closed", "job"),
+        ("finalize", "report_answered", "job"),
+        ("participant", "report_close_timed_out", "job"),
+        ("job", "run_close", "room_deletion"),
+    }
+    bad = [
+        ({"source": "job", "on": "explode", "target": "job", "event": "shutdown"}, "no effect"),
+        ({"source": "job", "on": "run_close", "target": "job", "event": "boom"}, "no event"),
+        ({"source": "robot", "on": "x", "target": "job", "event": "shutdown"}, "unknown machine"),
+        (
+            {"source": "job", "on": "run_close", "step": "lunch", "target": "job",
+             "event": "shutdown"},
+            "no step",
+        ),
+        (
+            {"source": "finalize", "on": "send_verdict", "step": "room", "target": "job",
+             "event": "shutdown"},
+            "only the job's run_close",
+        ),
+        (
+            {"source": "job", "on": "run_close", "target": "job", "event": "shutdown",
+             "when": ("sunny",)},
+            "unknown flag",
+        ),
+        ({"source": "session", "on": "start", "target": "job", "event": "shutdown"}, "close"),
+    ]  # fmt: skip
+    for fields, message in bad:
+        with pytest.raises(ValidationError, match=message):
+            Link(**fields)
+
+
+def test_the_wiring_posts_exactly_the_declared_links_whose_flags_hold() -> None:
+    got: list[tuple[str, str, dict[str, object]]] = []
+    wiring = Wiring(flags={"delete_room_on_close": True})
+    for machine in MACHINES:
+        wiring.connect(machine, lambda ev, m=machine: got.append((m, ev.name, dict(ev.data))))
+    wiring.fire("session_host", "report_session_closed", {"reason": "user_initiated"})
+    assert got == [
+        ("job", "session_closed", {"reason": "user_initiated"}),
+        ("room_deletion", "request", {"reason": "user_initiated"}),
+    ]
+    got.clear()
+    Wiring().fire("session_host", "report_session_closed")  # nobody connected: nothing
+    wiring.fire("session", "close", {"session": "session-2"}, primary=False)
+    assert got == [("session_host", "session_closed", {"session": "session-2"})]
+    got.clear()
+    wiring.fire("session", "close", {"session": "session-1"}, primary=True)
+    assert [(m, e) for m, e, _ in got] == [
+        ("session_host", "session_closed"),
+        ("participant", "session_closed"),
+        ("avatar", "close"),
+    ]
+    # a link left out of the table is a post that never happens
+    got.clear()
+    cut = Wiring(links=without(LINKS, "participant", "report_close_timed_out", "job"))
+    cut.connect("job", lambda ev: got.append(("job", ev.name, {})))
+    cut.fire("participant", "report_close_timed_out", {"reason": "hung"})
+    assert got == []
+    assert len(links_from("job", "run_close", "room")) == 2
+
+
+def test_one_failing_target_does_not_keep_the_others_from_hearing() -> None:
+    got: list[str] = []
+    wiring = Wiring(flags={"delete_room_on_close": True})
+
+    def broken(ev: Event) -> None:
+        raise RuntimeError("a poster with a bug")
+
+    wiring.connect("job", broken)
+    wiring.connect("room_deletion", lambda ev: got.append(ev.name))
+    wiring.fire("session_host", "report_session_closed")
+    assert got == ["request"]
+
+
+def test_the_job_follows_which_participants_carry_the_simulator_attribute() -> None:
+    joined = {"fact": "participant_joined", "identity": "sim", "attributes": {"lk.simulator": "1"}}
+    removed = {"fact": "attributes_changed", "identity": "sim", "attributes": {}}
+    left = {"fact": "participant_left", "identity": "sim", "attributes": {}}
+    s = simulators_after(frozenset(), joined)
+    assert s == {"sim"}
+    assert simulators_after(s, removed) == frozenset()
+    assert simulators_after(s, left) == frozenset()
+    assert simulators_after(s, {"fact": "room_connected"}) == s
