@@ -609,6 +609,10 @@ class AgentJob(rtc.EventEmitter[Events]):
         # what run_close's callbacks step closes, as its links declare (fired again when
         # the release comes after a close the bound cut: each close runs once)
         self.job.wiring.fire("job", "run_close", step="callbacks")
+        if self.session._started and self.session._closing_task is None:
+            # the job's bound cut its close before the session's step: a closed job leaves
+            # no session running (its close is the session's own; not waited for here)
+            self.session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
         await self.link.aclose()
         if self._avatar_closing is not None:
             await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)

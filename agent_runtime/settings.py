@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from livekit import rtc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from statemachines import glue
+
 # durations in seconds: finite numbers (never a bool, never a string)
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
@@ -27,9 +29,9 @@ PARTICIPANT_KINDS: tuple[str, ...] = tuple(
     if n != "PARTICIPANT_KIND_UNKNOWN"
 )
 DISCONNECT_REASONS: tuple[str, ...] = tuple(rtc.DisconnectReason.keys())
-# livekit-agents' defaults (job.DEFAULT_PARTICIPANT_KINDS, room_io's closing reasons)
-DEFAULT_PARTICIPANT_KINDS: tuple[str, ...] = ("connector", "sip", "standard")
-DEFAULT_CLOSING_REASONS: tuple[str, ...] = ("CLIENT_INITIATED", "ROOM_DELETED", "USER_REJECTED")
+# livekit-agents' defaults, declared with the glue the explorer reads too
+DEFAULT_PARTICIPANT_KINDS = glue.DEFAULT_PARTICIPANT_KINDS
+DEFAULT_CLOSING_REASONS = glue.DEFAULT_CLOSING_REASONS
 
 
 class SettingError(ValueError):

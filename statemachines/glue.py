@@ -28,6 +28,10 @@ from .machines import MACHINES
 # livekit's participant attributes (livekit.agents.types; a test pins the values)
 SIMULATOR_ATTRIBUTE = "lk.simulator"
 PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+# livekit-agents' defaults (job.DEFAULT_PARTICIPANT_KINDS, room_io's closing reasons), as
+# rtc.ParticipantKind and rtc.DisconnectReason names
+DEFAULT_PARTICIPANT_KINDS: tuple[str, ...] = ("connector", "sip", "standard")
+DEFAULT_CLOSING_REASONS: tuple[str, ...] = ("CLIENT_INITIATED", "ROOM_DELETED", "USER_REJECTED")
 
 EventData = Mapping[str, Any]
 EMPTY: EventData = MappingProxyType({})

@@ -1,9 +1,11 @@
-"""Exhaustive exploration of the composed job (avatar + job + session_host + participant).
+"""Exhaustive exploration of the composed job (every machine, as AgentJob composes them).
 
-The default run explores every config to depth 8 and must find nothing. Then each check is
-shown to bite: a copy of one spec with one cell changed, or the runtime's glue broken in one
-place, must be reported as the matching invariant, with the shortest event sequence that
-leads to it. ``AGENT_RUNTIME_DEEP=1`` makes the first test run the deep plans instead.
+The default run explores every config until nothing new appears and must find nothing. Then
+each check is shown to bite: a copy of one spec with one cell changed, one link left out of
+the shared glue (``statemachines.glue.LINKS``), or one of the model's own abstractions
+broken (``abstract.Glue``) must be reported as the matching invariant, with the shortest
+event sequence that leads to it. ``AGENT_RUNTIME_DEEP=1`` makes the first test run the deep
+plans instead.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from agent_runtime.tools.explore import (
 from agent_runtime.tools.explore.model import Inputs, Mailboxes
 from agent_runtime.tools.explore.mutate import set_cell, set_dest
 from statemachines import MachineSpec, Row
+from statemachines.glue import LINKS, Link, without
 from statemachines.machines import MACHINES
 
 AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
 DELETION, FINALIZE = MACHINES["room_deletion"], MACHINES["finalize"]
-SIM = Config(simulation=True, close_on_disconnect=True, grace=True)
-PLAIN = Config(simulation=False, close_on_disconnect=True, grace=True)
+# the example agent in a simulation: the simulator is in the room, and is who it links
+SIM = Config.example()
+# not a simulation, nobody there yet: the user who joins is linked
+PLAIN = Config(simulation=False, present=())
 
 
 def test_every_invariant_holds_in_the_composed_job() -> None:
@@ -61,6 +66,7 @@ def _run(
     depth: int,
     *,
     specs: dict[str, MachineSpec] | None = None,
+    links: tuple[Link, ...] = LINKS,
     glue: Glue = DEFAULT_GLUE,
     config: Config = SIM,
     inputs: Inputs = "job",
@@ -71,6 +77,7 @@ def _run(
         configs=[config],
         inputs=[inputs],
         specs=specs,
+        links=links,
         glue=glue,
         mailboxes=mailboxes,
         count=False,
@@ -141,8 +148,8 @@ def test_1_an_avatar_leaving_during_a_clear_unnoticed_is_reported() -> None:
         "interrupt",
         "  -> avatar handles interrupt(delivered=True, playing=True)",
         "avatar leaves",
-        "  -> avatar handles avatar_left",
-        "  -> participant handles participant_disconnected(closing=False, who=avatar)",
+        "  -> participant handles participant_disconnected(reason=CLIENT_INITIATED, who=avatar)",
+        "  -> avatar handles avatar_left(reason=CLIENT_INITIATED, who=avatar)",
         "the plugin's own clear settles",
         "  -> avatar handles clear_buffer_done",
     ]
@@ -151,8 +158,11 @@ def test_1_an_avatar_leaving_during_a_clear_unnoticed_is_reported() -> None:
 def test_2_a_finalize_never_answered_is_reported() -> None:
     broken = set_cell(HOST, "attached", "finalize", kind="ignore")
     detail, steps = _only(_run(1, specs={"session_host": broken}), 2)
-    assert detail == "finalize request #1 was never answered (queued)"
-    assert steps == ["finalize_simulation request", "  -> session_host handles finalize(req=0)"]
+    assert detail == "finalize request #1 was never answered"
+    assert steps == [
+        "finalize_simulation request",
+        "  -> session_host handles finalize(caller=simulator, req=0)",
+    ]
 
 
 def test_2_a_verdict_delivered_twice_is_reported() -> None:
@@ -165,16 +175,29 @@ def test_2_a_verdict_delivered_twice_is_reported() -> None:
 
 
 def test_2_a_host_closing_over_a_verdict_in_flight_is_reported() -> None:
+    # the host's close does not wait for the finalize: its cut answer finds the transport
+    # closed
     detail, steps = _only(_run(4, glue=Glue(drain_finalize_on_close=False)), 2)
-    assert detail == "finalize request #1 was never answered (abandoned)"
+    assert detail == "finalize request #1 was never answered"
     assert steps[0] == "finalize_simulation request"
+    assert "on_simulation_end never returns for request #1" in steps
+
+
+def test_2_a_cut_answer_the_host_never_tells_the_finalize_is_reported() -> None:
+    # the link from the host's close to the finalize left out: its answer is cancelled
+    # with its actor, and the simulator hears nothing
+    links = without(LINKS, "session_host", "close_finalize", "finalize")
+    detail, steps = _only(_run(4, links=links, glue=Glue(drain_finalize_on_close=False)), 2)
+    assert detail == "finalize request #1 was never answered"
+    assert "  -> finalize handles close" not in steps
+    assert "run_close: the session host closed" in steps
 
 
 def test_2_a_cut_answer_left_without_its_error_reply_is_reported() -> None:
     cut = Row(source="answering", event="close", dest="closed")  # reply_unfinished left out
     broken = set_cell(FINALIZE, "answering", "close", rows=[cut])
     detail, steps = _only(_run(3, specs={"finalize": broken}), 2)
-    assert detail == "finalize request #1 was never answered (taken)"
+    assert detail == "finalize request #1 was never answered"
     assert "on_simulation_end never returns for request #1" in steps
     assert steps[-1] == "  -> session_host handles drain_timeout"
 
@@ -182,7 +205,7 @@ def test_2_a_cut_answer_left_without_its_error_reply_is_reported() -> None:
 def test_2_a_host_that_waits_forever_for_a_hung_verdict_is_reported() -> None:
     broken = set_cell(HOST, "closing", "drain_timeout", kind="ignore")
     detail, steps = _only(_run(3, specs={"session_host": broken}), 2)
-    assert detail == "finalize request #1 was never answered (taken)"
+    assert detail == "finalize request #1 was never answered"
     assert "on_simulation_end never returns for request #1" in steps
 
 
@@ -235,6 +258,16 @@ def test_3_a_deletion_that_runs_twice_is_reported() -> None:
 def test_5_a_deletion_the_job_never_allows_is_reported() -> None:
     broken = set_cell(DELETION, "requested", "allow", kind="ignore")
     detail, steps = _only(_run(2, specs={"room_deletion": broken}, config=PLAIN), 5)
+    assert detail == (
+        "the job closed without its close work (session_host closed, room disconnected)"
+    )
+    assert "end-call tool asks for room deletion" in steps
+
+
+def test_5_a_close_that_never_allows_the_deletion_is_reported() -> None:
+    # the link from run_close's room step to the deletion left out
+    links = tuple(k for k in LINKS if not (k.step == "room" and k.event == "allow"))
+    detail, steps = _only(_run(2, links=links, config=PLAIN), 5)
     assert detail == (
         "the job closed without its close work (session_host closed, room disconnected)"
     )
@@ -310,22 +343,33 @@ def test_7_a_hold_that_outlives_the_verdict_is_reported() -> None:
     assert steps[-1] == "  -> job handles finalize_answered"
 
 
+def test_7_a_verdict_the_job_is_never_told_of_is_reported() -> None:
+    # the link from the finalize's report to the job left out
+    links = without(LINKS, "finalize", "report_answered", "job")
+    detail, steps = _only(_run(4, links=links), 7)
+    assert detail == "the verdict was delivered but the job still holds"
+    assert steps[-1] == "  -> finalize handles delivered"
+
+
 def test_7_a_hold_that_outlives_the_simulator_is_reported() -> None:
     broken = set_cell(JOB, "awaiting_finalize", "simulator_left", kind="ignore")
     detail, steps = _only(_run(3, specs={"job": broken}), 7)
     assert detail == "the simulator is gone but the job still holds"
-    assert steps[-2:] == ["simulator leaves", "  -> job handles simulator_left"]
+    assert steps[-2:] == [
+        "simulator leaves (CLIENT_INITIATED)",
+        "  -> job handles simulator_left(reason=CLIENT_INITIATED, who=simulator)",
+    ]
 
 
 def test_8_a_grace_that_never_ends_is_reported() -> None:
     broken = set_cell(PART, "grace", "grace_timeout", kind="ignore")
     detail, steps = _only(_run(3, specs={"participant": broken}, config=PLAIN), 8)
-    assert detail == "the user left but session A is still running"
+    assert detail == "user left but the session is still running"
     assert steps == [
         "user joins",
         "  -> participant handles participant_connected(who=user)",
         "user leaves (SIGNAL_CLOSE)",
-        "  -> participant handles participant_disconnected(closing=False, who=user)",
+        "  -> participant handles participant_disconnected(reason=SIGNAL_CLOSE, who=user)",
         "time passes: grace_timeout",
         "  -> participant handles grace_timeout",
     ]
@@ -337,6 +381,25 @@ def test_0_time_alone_going_round_in_a_loop_is_reported() -> None:
     detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 0)
     assert detail == "time passing alone comes back to an earlier world"
     assert steps.count("time passes: join_timeout") >= 1
+
+
+def test_the_model_links_whom_the_example_would_link() -> None:
+    """The example configures no identity and livekit's default kinds include SIP: the
+    participant there first is linked, as the shared ``eligible`` guard decides, and the
+    avatar (an agent publishing on the agent's behalf) never is."""
+    for present, linked in ((("sip", "simulator"), "sip"), (("simulator",), "simulator")):
+        model = Model(Config(present=present))
+        assert model.view(model.initial()).linked == linked
+    identity = Model(Config(participant_identity="user", present=("sip", "simulator")))
+    world = identity.initial()
+    assert identity.view(world).linked is None
+    joined = {mv.label: mv.world for mv in identity.successors(world)}["user joins"]
+    assert identity.view(joined).linked == "user"
+    avatar = Model(Config(simulation=False, present=()), inputs="avatar")
+    w = avatar.initial()
+    for label in ("avatar.start", "avatar plugin puts its route in", "avatar joins"):
+        w = {mv.label: mv.world for mv in avatar.successors(w)}[label]
+    assert avatar.view(w).linked is None and avatar.view(w).avatar_present
 
 
 def test_sequences_are_counted_as_enumerating_them_would() -> None:
@@ -379,6 +442,8 @@ def test_bad_arguments_are_refused_with_a_clear_error() -> None:
         Model(mailboxes="all")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="inputs must be all, job or avatar, not 'room'"):
         Model(inputs="room")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="machine 'job' has no effect 'explode'"):
+        Link(source="job", on="explode", target="job", event="shutdown")
     with pytest.raises(ValueError, match=r"machine 'job' has no cell \(serving, explode\)"):
         set_cell(JOB, "serving", "explode", kind="ignore")
     with pytest.raises(
@@ -389,15 +454,15 @@ def test_bad_arguments_are_refused_with_a_clear_error() -> None:
 
 def test_8_a_hung_session_close_nobody_acts_on_is_reported() -> None:
     """Issue 13 item 2: with the session's close hanging, the link gives up on it at its
-    bound; if that does not shut the job down, the job serves on for good."""
-    report = _run(4, glue=Glue(shutdown_on_close_timeout=False), config=PLAIN)
-    detail, steps = _only(report, 8)
-    assert detail == "session A's close hangs, the link is closed and the job is serving"
+    bound; if that does not shut the job down (its link left out), the job serves on."""
+    links = without(LINKS, "participant", "report_close_timed_out", "job")
+    detail, steps = _only(_run(4, links=links, config=PLAIN), 8)
+    assert detail == "the session's close hangs, the link is closed and the job is serving"
     assert steps[:4] == [
         "user joins",
         "  -> participant handles participant_connected(who=user)",
         "user leaves (CLIENT_INITIATED)",
-        "  -> participant handles participant_disconnected(closing=True, who=user)",
+        "  -> participant handles participant_disconnected(reason=CLIENT_INITIATED, who=user)",
     ]
     assert "session A's close hangs" in steps
     assert "time passes: session_close_timeout" in steps

@@ -14,7 +14,7 @@ def test_explore_prints_what_it_covered_and_exits_0(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert out.startswith("explored ")
     assert "distinct states and" in out and "event sequences (up to depth 2" in out
-    assert "[simulation, grace_period > 0, delete_room_on_close] job inputs, depth 2:" in out
+    assert "[simulation, grace_period > 0, present: simulator] job inputs, depth 2:" in out
     assert out.rstrip().endswith("every invariant holds")
 
 

@@ -1,6 +1,8 @@
 """Verification of the composed job: exhaustive exploration of an abstract model of the
-four machines together (``explore``), and path coverage plans for one machine
-(``paths.cover``). Pure: no asyncio, no livekit, no clock."""
+machines together (``explore``), the invariants over one view of a job (``checks`` over
+``view.JobView``), and path coverage plans for one machine (``paths.cover``). The model
+reads the glue the runtime runs on (``statemachines.glue``); what only it says is in
+``abstract``. Pure: no asyncio, no livekit, no clock."""
 
 from .checks import INVARIANTS, Invariant
 from .model import DEFAULT_GLUE, Config, Glue, Model, World
@@ -16,6 +18,7 @@ from .search import (
     explore_plan,
     explore_plans,
 )
+from .view import JobView, Request
 
 __all__ = [
     "DEFAULT_CONFIGS",
@@ -25,9 +28,11 @@ __all__ = [
     "Config",
     "Glue",
     "Invariant",
+    "JobView",
     "Model",
     "Plan",
     "Report",
+    "Request",
     "Result",
     "Violation",
     "World",

@@ -1,22 +1,32 @@
-"""What must hold in the composed job, as predicates over a ``World``.
+"""What must hold in a composed job, written once, over its view (``view.JobView``).
 
-Three kinds of check, by when they apply:
+The explorer checks its model's worlds with these, the property tests and the conformance
+replay check the real ``AgentJob`` with the same functions. Three kinds, by when they apply:
 
-* ``safety``: in every reached world, mid-cascade included;
-* ``settled``: in every world where no internal step is left to run (every mailbox empty,
-  no work running aside), however the inputs arrived;
-* ``eventual``: in every world reached from any explored one by letting time pass alone
-  (internal steps and every enabled timeout, in every order) until nothing is left to run.
+* ``safety``: in every state reached, mid-cascade included;
+* ``settled``: where nothing is left to run but inputs (every mailbox empty, no work
+  running aside that can end by itself);
+* ``eventual``: once time has passed every bound and nothing is left to run.
+
+Two rules say what to mark on the way (``hold_cut``, ``late_timer``): both sides record
+their marks with them, and ``safety`` reports any mark.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import ANSWERED, EXCUSED, LIVE_JOB, Facts, Model
+from statemachines import MachineSpec
+from statemachines.avatar import ROUTED
+from statemachines.glue import hold_needed
+from statemachines.machines import MACHINES
 
-# the avatar states in which our route may be in
-ROUTED = ("starting", "routing", "joined", "clearing")
+from .view import JobView
+
+LIVE_JOB = ("serving", "awaiting_finalize")
+# per machine and state: whether it declares a timeout, and how many tasks it invokes
+_TIMEOUT = {m: {s.name: s.timeout is not None for s in spec.states} for m, spec in MACHINES.items()}
+_INVOKED = {m: {s.name: len(s.invoke) for s in spec.states} for m, spec in MACHINES.items()}
 
 
 @dataclass(frozen=True)
@@ -38,8 +48,8 @@ INVARIANTS: tuple[Invariant, ...] = (
         2,
         "finalize_once",
         "a finalize request that arrives before the hold ends is answered, exactly once "
-        "(unless the simulator left or the room went first): with the verdict, or with an "
-        "explicit error; the verdict goes to the simulator only",
+        "(unless the room went before the reply): with the verdict, or with an explicit "
+        "error; the verdict goes to the simulator only, once",
     ),
     Invariant(
         3,
@@ -65,8 +75,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         8,
         "departure_noticed",
-        "a linked user who left does not keep the session open past the grace bound, and a "
-        "session close that hangs past its bound shuts the job down",
+        "a linked participant who left does not keep the session open past the grace bound, "
+        "and a session close that hangs past its bound shuts the job down",
     ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
@@ -74,149 +84,153 @@ BY_NUMBER = {inv.number: inv for inv in INVARIANTS}
 
 Finding = tuple[int, str]  # (invariant number, what is wrong)
 
-
-def holds(w: Facts) -> bool:
-    """``safety`` is empty: the same predicates in one expression (it runs on every world
-    every move passes through)."""
-    attached = w.host == "attached"
-    return not (
-        (w.route == "avatar" and w.avatar not in ROUTED)
-        or w.verdicts > 1
-        or (w.deletions and w.job in LIVE_JOB)
-        or w.deletions > 1
-        or len(w.subscribed) > 1
-        or attached != (len(w.subscribed) == 1)
-        or attached != bool(w.attached)
-        or (w.t_avatar and w.t_avatar != w.avatar)
-        or (w.t_job and w.t_job != w.job)
-        or (w.t_part and w.t_part != w.part)
-        or (w.t_dele and w.t_dele != w.dele)
-        or (w.t_host and w.t_host != w.host)
-        or (w.job_task and not w.job_task.startswith(w.job + ":"))
-        or (w.dele_task and not w.dele_task.startswith(w.dele + ":"))
-        or (w.host_task and not w.host_task.startswith(w.host + ":"))
-        or (w.fin_task and not w.fin_task.startswith(w.fin + ":"))
-        or w.late
-        or (w.av_task and not w.av_task.startswith(w.avatar + ":"))
-        or (w.avatar_actor_closed and w.av_task)
-        or (w.host_actor_closed and w.fin_task)
-        or w.hold_cut
-        or any(status == "twice" for _, status in w.requests)
-        or (w.stranger_req >= 0 and w.requests[w.stranger_req][1] == "verdict")
-    )
+# the events that may end a hold: the simulator gone, the room gone, the bound
+_HOLD_ENDS = frozenset({"simulator_left", "room_disconnected", "hold_timeout"})
 
 
-def safety(model: Model, w: Facts) -> list[Finding]:
-    if holds(w):
-        return []
+def hold_cut(source: str, dest: str, event: str, needed: bool) -> str:
+    """The mark for a job step that stops holding while the hold is needed, or ``""``.
+    ``needed`` is ``glue.hold_needed`` just after the step."""
+    if source in LIVE_JOB and dest not in LIVE_JOB and event not in _HOLD_ENDS and needed:
+        return f"job went {source} -> {dest} on {event} with the hold needed"
+    return ""
+
+
+def late_timer(spec: MachineSpec, state: str, event: str) -> str:
+    """The mark for a state's timeout event handled in a state that does not arm it."""
+    armers = [s.name for s in spec.states if s.timeout is not None and s.timeout.event == event]
+    if armers and state not in armers:
+        return f"{spec.name} handled {event} after the state that armed it was left"
+    return ""
+
+
+def safety(v: JobView) -> list[Finding]:
     out: list[Finding] = []
-    if w.route == "avatar" and w.avatar not in ROUTED:
-        out.append((1, f"audio goes to the avatar while it is {w.avatar}"))
-    for i, (_, status) in enumerate(w.requests):
-        if status == "twice":
-            out.append((2, f"finalize request #{i + 1} got two replies"))
-    if w.verdicts > 1:
-        out.append((2, f"the verdict was delivered {w.verdicts} times"))
-    if w.stranger_req >= 0 and w.requests[w.stranger_req][1] == "verdict":
-        n = w.stranger_req + 1
-        out.append((2, f"finalize request #{n}, not from the simulator, got the verdict"))
-    if w.deletions and w.job in LIVE_JOB:
-        out.append((3, f"the room was deleted while the job is {w.job}"))
-    if w.deletions > 1:
-        out.append((3, f"the room deletion ran {w.deletions} times"))
-    if len(w.subscribed) > 1:
-        out.append((4, f"sessions {', '.join(w.subscribed)} are all forwarded"))
-    if (w.host == "attached") != (len(w.subscribed) == 1) or (w.host == "attached") != bool(
-        w.attached
-    ):
+    states = v.states
+    if v.audio_route == "avatar" and states.get("avatar") not in ROUTED:
+        out.append((1, f"audio goes to the avatar while it is {states.get('avatar')}"))
+    if v.requests:
+        verdicts = 0
+        for i, r in enumerate(v.requests):
+            if len(r.replies) > 1:
+                out.append((2, f"finalize request #{i + 1} got {len(r.replies)} replies"))
+            if "verdict" in r.replies:
+                verdicts += r.replies.count("verdict")
+                if not r.simulator:
+                    n = i + 1
+                    out.append(
+                        (2, f"finalize request #{n}, not from the simulator, got the verdict")
+                    )
+        if verdicts > 1:
+            out.append((2, f"the verdict was delivered {verdicts} times"))
+    if v.deletions:
+        job = states.get("job", "")
+        if job in LIVE_JOB:
+            out.append((3, f"the room was deleted while the job is {job}"))
+        for began in v.deletions:
+            if began in LIVE_JOB:
+                out.append((3, f"the room deletion began while the job was {began}"))
+        if len(v.deletions) > 1:
+            out.append((3, f"the room deletion ran {len(v.deletions)} times"))
+    if len(v.forwarded) > 1:
+        out.append((4, f"sessions {', '.join(v.forwarded)} are all forwarded"))
+    attached = v.states.get("session_host") == "attached"
+    if attached != (len(v.forwarded) == 1) or attached != (v.attached is not None):
         out.append(
-            (4, f"session_host is {w.host} with {list(w.subscribed) or 'no'} session forwarded")
-        )
-    out.extend(_scoped(model, w))
-    if w.hold_cut:
-        out.append((7, w.hold_cut))
+            (4, f"session_host is {v.states.get('session_host')} with "
+             f"{list(v.forwarded) or 'no'} session forwarded")
+        )  # fmt: skip
+    elif v.attached is not None and v.forwarded != (v.attached,):
+        out.append((4, f"session {v.attached} is attached but {v.forwarded[0]} is forwarded"))
+    if v.timers or v.tasks:
+        out.extend(_scoped(v))
+    for state in v.clear_rpcs:
+        if state not in ("joined", "clearing"):
+            out.append((1, f"lk.clear_buffer went to the avatar while it was {state}"))
+    for mark in v.marks:
+        out.append((7 if mark.startswith("job went") else 6, mark))
     return out
 
 
-def _scoped(model: Model, w: Facts) -> list[Finding]:
+def _scoped(v: JobView) -> list[Finding]:
     out: list[Finding] = []
-    for machine, armed_in, state in (
-        ("avatar", w.t_avatar, w.avatar),
-        ("job", w.t_job, w.job),
-        ("participant", w.t_part, w.part),
-        ("room_deletion", w.t_dele, w.dele),
-        ("session_host", w.t_host, w.host),
-    ):
-        if armed_in and armed_in != state:
+    for machine, armed_in in v.timers.items():
+        state = v.states.get(machine, "")
+        if armed_in != state:
             out.append((6, f"{machine}: the {armed_in} timer is still armed in {state}"))
-    for machine, task, state in (
-        ("job", w.job_task, w.job),
-        ("avatar", w.av_task, w.avatar),
-        ("room_deletion", w.dele_task, w.dele),
-        ("session_host", w.host_task, w.host),
-        ("finalize", w.fin_task, w.fin),
-    ):
-        if task and task.split(":")[0] != state:
-            out.append((6, f"{machine}: the task of {task.split(':')[0]} still runs in {state}"))
-    if w.late:
-        out.append((6, w.late))
-    if w.avatar_actor_closed and w.av_task:
-        out.append((6, f"avatar: the task of {w.av_task.split(':')[0]} still runs after close"))
-    if w.host_actor_closed and w.fin_task:
-        out.append((6, "finalize: on_simulation_end still runs after the host closed"))
+        elif not _TIMEOUT[machine].get(state, False):
+            out.append((6, f"{machine}: a timer is armed in {state}, which has no timeout"))
+        elif machine in v.closed:
+            out.append((6, f"{machine}: a timer is still armed after its machine closed"))
+    for machine, started in v.tasks.items():
+        state = v.states.get(machine, "")
+        invoked = _INVOKED[machine].get(state, 0)
+        for began in started:
+            if began != state:
+                out.append((6, f"{machine}: the task of {began} still runs in {state}"))
+        if machine in v.closed and started:
+            out.append((6, f"{machine}: the task of {started[0]} still runs after close"))
+        elif len(started) > invoked:
+            out.append((6, f"{machine}: {len(started)} tasks run in {state}"))
     return out
 
 
-def settled(model: Model, w: Facts) -> list[Finding]:
+def settled(v: JobView) -> list[Finding]:
     """No internal step is left: every consequence of the inputs so far has landed."""
     out: list[Finding] = []
-    if w.job == "awaiting_finalize" and not model.hold_needed(w):
-        if w.fin_answered:
+    job = v.states.get("job")
+    if job == "awaiting_finalize" and not hold_needed(v):
+        if v.finalize_answered:
             why = "the verdict was delivered"
-        elif w.room != "connected":
+        elif not v.room_connected:
             why = "the room is gone"
         else:
             why = "the simulator is gone"
         out.append((7, f"{why} but the job still holds"))
-    if w.job == "closing" and not w.job_task:
+    if job == "closing" and not v.tasks.get("job"):
         out.append((5, "the close work is done but the job is still closing"))
     return out
 
 
-def eventual(model: Model, w: Facts) -> list[Finding]:
+def eventual(v: JobView) -> list[Finding]:
     """Time has passed every bound and nothing is left to run."""
     out: list[Finding] = []
-    if w.route == "avatar" and w.avatar != "joined":
-        out.append((1, f"after every bound the audio still goes to an avatar in {w.avatar}"))
-    elif w.route == "avatar" and not w.av_present:
+    avatar, job = v.states.get("avatar"), v.states.get("job")
+    if v.audio_route == "avatar" and avatar != "joined":
+        out.append((1, f"after every bound the audio still goes to an avatar in {avatar}"))
+    elif v.audio_route == "avatar" and not v.avatar_present:
         out.append((1, "after every bound the audio still goes to an avatar that left"))
-    serving = w.job == model.specs["job"].initial and not w.shutdown_asked
-    for i, (owed, status) in enumerate(w.requests):
-        if owed and status not in ANSWERED and status not in EXCUSED:
-            if status == "taken" and serving:
+    serving = job == MACHINES["job"].initial and not v.shutdown_asked
+    for i, r in enumerate(v.requests):
+        if r.owed and not r.replies and not r.excused:
+            if r.answering and serving:
                 # on_simulation_end still runs: nothing bounds it while the job serves; the
                 # job's end does (the host's drain, then an error reply)
                 continue
-            out.append((2, f"finalize request #{i + 1} was never answered ({status})"))
-    if (w.shutdown_asked or w.job != model.specs["job"].initial) and w.job != "closed":
-        out.append((5, f"after every bound the job is still {w.job}"))
-    elif w.job == "closed" and not w.close_timed_out:
+            out.append((2, f"finalize request #{i + 1} was never answered"))
+    if (v.shutdown_asked or job != MACHINES["job"].initial) and job != "closed":
+        out.append((5, f"after every bound the job is still {job}"))
+    elif job == "closed" and not v.close_timed_out:
         # closed by its close work, which must then have been done
-        asked = w.deletion_requested or model.config.delete_room_on_close
-        if w.host != "closed" or not w.room_step_done or (asked and not w.deletions):
+        host = v.states.get("session_host")
+        if host != "closed" or not v.room_work_done or (v.deletion_asked and not v.deletions):
+            room = "connected" if v.room_connected else "disconnected"
+            room = "deleted" if v.deletions else room
             out.append(
-                (
-                    5,
-                    f"the job closed without its close work (session_host {w.host}, room "
-                    f"{'deleted' if w.deletions else w.room})",
-                )
+                (5, f"the job closed without its close work (session_host {host}, room {room})")
             )
-    if model.config.close_on_disconnect and w.linked and not w.user:
-        if w.sess_a == "hung":
-            if w.part != "closed" or not w.shutdown_asked:
+    if v.close_on_disconnect and v.linked is not None and not v.linked_present:
+        if v.session == "hung":
+            # the link gives up on it, and the job does not serve on with it
+            serves = job == "serving" and not v.shutdown_asked
+            if v.states.get("participant") != "closed" or serves:
                 out.append(
-                    (8, f"session A's close hangs, the link is {w.part} and the job is {w.job}")
+                    (
+                        8,
+                        f"the session's close hangs, the link is {v.states.get('participant')} "
+                        f"and the job is {job}",
+                    )
                 )
-        elif w.sess_a != "closed":
-            out.append((8, f"the user left but session A is still {w.sess_a}"))
+        elif v.session != "closed":
+            out.append((8, f"{v.linked} left but the session is still {v.session}"))
     return out

@@ -22,8 +22,9 @@ from functools import partial
 from typing import Any
 
 from statemachines import MachineSpec
+from statemachines.glue import LINKS, Link
 
-from .checks import BY_NUMBER, Finding, eventual, holds, safety, settled
+from .checks import BY_NUMBER, Finding, eventual, safety, settled
 from .model import (
     DEFAULT_GLUE,
     Config,
@@ -50,12 +51,24 @@ DEEP_ALL_DEPTH = 7
 DEEP_TURNS_DEPTH = 4
 DEEP_ANY_DEPTH = 2
 
-# the configs a default run explores: each setting that changes a decision both ways
+# the configs a default run explores: the example agent's own, and each setting that
+# changes a decision both ways
 DEFAULT_CONFIGS: tuple[Config, ...] = (
-    Config(simulation=True, close_on_disconnect=True, grace=True, delete_room_on_close=True),
-    Config(simulation=True, close_on_disconnect=True, grace=False, rejoin=True, retry_attempts=1),
-    Config(simulation=True, close_on_disconnect=False, retry_attempts=1),
-    Config(simulation=False, close_on_disconnect=True, grace=True, delete_room_on_close=True),
+    # examples/agent.py in a simulation: the simulator is who it links (no identity is
+    # configured, and livekit's default kinds include SIP)
+    Config.example(),
+    # a SIP leg there first is linked; the room deleted at the end
+    Config(present=("sip", "simulator"), grace=False, delete_room_on_close=True),
+    # a configured identity; an avatar that may come back
+    Config(
+        participant_identity="user",
+        present=("sip", "simulator"),
+        close_on_disconnect=False,
+        rejoin=True,
+        retry_attempts=1,
+    ),
+    # not a simulation: nobody there at the start
+    Config(simulation=False, present=(), delete_room_on_close=True, retry_attempts=1),
 )
 
 
@@ -243,7 +256,7 @@ class _Explorer:
         self.found: dict[int, Violation] = {}
         self.settled = 0
         self.closed = False
-        model.watch = lambda s: not holds(s)
+        model.watch = lambda s: bool(safety(model.view(s)))
 
     def path(self, i: int) -> list[str]:
         parts: list[list[str]] = []
@@ -266,10 +279,12 @@ class _Explorer:
         if mv.flagged >= 0:
             k = mv.flagged
             passed = model.passed(mv)
-            self.report(safety(model, passed[k][1]), lambda: [*self.path(i), *_lines(model, mv, k)])
+            self.report(
+                safety(model.view(passed[k][1])), lambda: [*self.path(i), *_lines(model, mv, k)]
+            )
         j, new = g.add(mv.world, i, mv)
         if new:
-            self.report(safety(model, mv.world), lambda: self.path(j))
+            self.report(safety(model.view(mv.world)), lambda: self.path(j))
         return j, new
 
     def expand(self, i: int, kinds: frozenset[Kind]) -> list[tuple[int, bool]]:
@@ -282,7 +297,7 @@ class _Explorer:
             got = self.g.internal[i] = [j for j, _ in moved]
             if not got:
                 self.settled += 1
-                self.report(settled(self.model, self.g.worlds[i]), lambda: self.path(i))
+                self.report(settled(self.model.view(self.g.worlds[i])), lambda: self.path(i))
         return got
 
     def timed(self, i: int) -> list[int]:
@@ -296,7 +311,7 @@ class _Explorer:
         no new world: then every world the model can reach has been explored."""
         g = self.g
         start, _ = g.add(self.model.initial(), -1, None)
-        self.report(safety(self.model, g.worlds[start]), lambda: [])
+        self.report(safety(self.model.view(g.worlds[start])), lambda: [])
         placed: set[int] = {start}  # worlds given a layer (the fewest inputs reaching them)
         layer = [start]
         layers: list[list[int]] = []
@@ -350,7 +365,7 @@ class _Explorer:
                     succ = [*self.internal(i), *self.timed(i)]
                     if not succ:
                         done.add(i)
-                        findings = eventual(model, g.worlds[i])
+                        findings = eventual(model.view(g.worlds[i]))
                         if findings:
                             self.report(findings, partial(self._lines_to, root, stack))
                         continue
@@ -390,13 +405,21 @@ def explore_plan(
     plan: Plan,
     *,
     specs: Mapping[str, MachineSpec] | None = None,
+    links: tuple[Link, ...] = LINKS,
     glue: Glue = DEFAULT_GLUE,
     stop_at_first: bool = False,
     count: bool = True,
 ) -> Result:
     """Run one exploration; one violation (the shortest found) per invariant."""
     t0, c0 = time.perf_counter(), time.process_time()
-    model = Model(plan.config, specs=specs, glue=glue, mailboxes=plan.mailboxes, inputs=plan.inputs)
+    model = Model(
+        plan.config,
+        specs=specs,
+        links=links,
+        glue=glue,
+        mailboxes=plan.mailboxes,
+        inputs=plan.inputs,
+    )
     ex = _Explorer(model)
     layers = ex.run(plan.depth, stop_at_first)
     explored = len(ex.g.worlds)
@@ -471,6 +494,7 @@ def explore(
     inputs: Iterable[Inputs] = ("job", "avatar"),
     mailboxes: Mailboxes = "settle",
     specs: Mapping[str, MachineSpec] | None = None,
+    links: tuple[Link, ...] = LINKS,
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
@@ -484,7 +508,13 @@ def explore(
     groups: list[Inputs] = [inputs] if isinstance(inputs, str) else list(inputs)  # type: ignore[list-item]
     plans = [Plan(c, g, depth, mailboxes) for g in groups for c in configs]
     return explore_plans(
-        plans, specs=specs, glue=glue, workers=workers, stop_at_first=stop_at_first, count=count
+        plans,
+        specs=specs,
+        links=links,
+        glue=glue,
+        workers=workers,
+        stop_at_first=stop_at_first,
+        count=count,
     )
 
 
@@ -505,6 +535,7 @@ def explore_plans(
     plans: Iterable[Plan],
     *,
     specs: Mapping[str, MachineSpec] | None = None,
+    links: tuple[Link, ...] = LINKS,
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
@@ -517,6 +548,7 @@ def explore_plans(
     t0 = time.perf_counter()
     opts: dict[str, Any] = {
         "specs": specs,
+        "links": links,
         "glue": glue,
         "stop_at_first": stop_at_first,
         "count": count,

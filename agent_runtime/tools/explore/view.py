@@ -1,0 +1,92 @@
+"""One view of a job's state: what the invariants read and the conformance replay compares.
+
+A ``JobView`` is plain data. The explorer builds it from a world of its model
+(``Model.view``); the property tests and the conformance replay build it from a real
+``AgentJob`` and what the test saw (``agent_runtime.tools.conformance.runtime_view``). The
+invariants (``checks``) are written once, over this view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+_NONE: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One ``finalize_simulation`` a participant sent, as the agent's side handled it."""
+
+    owed: bool  # it arrived while the job was serving or holding
+    simulator: bool  # its sender is the simulator participant
+    replies: tuple[str, ...] = ()  # "verdict" | "error", each as put on the transport
+    excused: bool = False  # a reply could not go out: the room was gone
+    answering: bool = False  # on_simulation_end runs for it now
+
+
+@dataclass(slots=True)
+class JobView:
+    """A job's state: every machine, the room, the audio route, the simulator's requests,
+    and the marks of what happened on the way. (Not frozen: building one is on the
+    explorer's hot path, and a frozen dataclass builds several times slower.)"""
+
+    states: Mapping[str, str]  # every machine's state, by machine name
+    audio_route: str = "room"  # where the agent's audio goes: avatar | room | none
+    room_connected: bool = True
+    is_simulation: bool = False
+    simulator_present: bool = False  # a participant carries lk.simulator
+    finalize_answered: bool = False  # a verdict reached the transport
+    avatar_present: bool = False
+    linked: str | None = None  # the identity the participant link follows
+    linked_present: bool = False
+    close_on_disconnect: bool = True
+    session: str = "running"  # the primary session: running | closing | closed | hung
+    attached: str | None = None  # the attached session: "A" (primary) or "B"
+    forwarded: tuple[str, ...] = ()  # sessions whose events are forwarded
+    requests: tuple[Request, ...] = ()
+    deletions: tuple[str, ...] = ()  # the job's state when each deletion call began
+    deletion_asked: bool = False  # someone asked for the room deletion
+    shutdown_asked: bool = False
+    room_work_done: bool = False  # the job's close disconnected and allowed the deletion
+    close_timed_out: bool = False  # the job's close bound ran out
+    closed: frozenset[str] = frozenset()  # machines whose actor is closed
+    timers: Mapping[str, str] = field(default_factory=lambda: _NONE)  # machine -> armed in
+    tasks: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _NONE)  # -> started in
+    clear_rpcs: tuple[str, ...] = ()  # the avatar's state at each lk.clear_buffer sent
+    marks: tuple[str, ...] = ()  # what went wrong on the way (a hold cut short, ...)
+
+
+# what the conformance replay compares after every step: what a user of the job would see
+# (the marks and the closed actors are the checks' business, not the comparison's)
+COMPARED: tuple[str, ...] = (
+    "states",
+    "audio_route",
+    "room_connected",
+    "linked",
+    "session",
+    "attached",
+    "forwarded",
+    "finalize_answered",
+    "requests",
+    "deletions",
+    "timers",
+    "tasks",
+)
+
+
+def differences(model: JobView, runtime: JobView, names: tuple[str, ...] = COMPARED) -> list[str]:
+    """``field: model ... runtime ...`` for every compared field that differs."""
+    out = []
+    known = {f.name for f in fields(JobView)}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"JobView has no field {name!r}")
+        a, b = getattr(model, name), getattr(runtime, name)
+        if isinstance(a, Mapping):
+            a, b = dict(a), dict(b)
+        if a != b:
+            out.append(f"{name}: model {a!r}, runtime {b!r}")
+    return out
