@@ -304,6 +304,9 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._retry: AvatarRetry = avatar_retry(retry)
         self._attempts = 0  # restarts made so far
         self._cause = ""  # what ended the last attempt
+        # the last attempt's release: the next start waits for it (they begin together, the
+        # release as the row's effect, the start as the entered state's task)
+        self._releasing: asyncio.Task[None] | None = None
         self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
@@ -540,6 +543,9 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         """The state task of ``starting``; cancelled when the state is left."""
         session, room = self._session, self._room
         assert session is not None and room is not None
+        if self._releasing is not None:
+            # or the release would forget this attempt's route and remove its avatar
+            await asyncio.wait({self._releasing})
         self._take_prev_route()
         # the sink is recorded right after the plugin's last line, in this task, before
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
@@ -582,10 +588,19 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 await asyncio.gather(join, return_exceptions=True)
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
-    async def _fx_release_attempt(self, ev: Event) -> None:
+    def _fx_release_attempt(self, ev: Event) -> asyncio.Task[None]:
         """Before the plugin starts again: the failed attempt's session closed (its avatar
         participant removed, so that two avatars never answer), its sink retired and
-        forgotten. Bounded by the effect budget; a failure here is logged, not fatal."""
+        forgotten. Bounded by the effect budget; a failure here is logged, not fatal. It
+        runs as a task begun here, which the entered state's start waits for (the state's
+        task begins first: the release would forget the new attempt's route)."""
+        task = asyncio.get_running_loop().create_task(
+            self._release_attempt(), name=f"avatar {self._avatar.avatar_identity}: release"
+        )
+        self._releasing = task
+        return task
+
+    async def _release_attempt(self) -> None:
         self._attempts += 1
         logger.info(
             "avatar %s: starting the plugin again (attempt %d of %d) after %s",

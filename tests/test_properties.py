@@ -10,16 +10,20 @@ formed or not), duplicated, reordered and stranger events, garbage on the wire, 
 session closes, job shutdown; with room deletion, shutdown callbacks, ``on_simulation_end``,
 the plugin's start and the avatar's removal raising or hanging forever.
 
-After every step: the agent's audio never points at an avatar outside the states where its
-route may be in (``starting``, ``routing``, ``joined``, ``clearing``); ``lk.clear_buffer``
-goes out only from ``clearing`` (``joined`` with its one clear in flight); the room is never deleted
-while the job is ``serving`` or ``awaiting_finalize``; at most one session's events are
-forwarded; no request gets two replies; once the job left ``serving`` it is ``closed`` within
-``session_end_timeout + close_timeout``; no timer or task outlives its state; nothing escaped
-a room callback, a task or a logger at ERROR (unless an injected fault explains it).
-At the end: shutdown is asked and time passes, the job is ``closed``; every request the host
-took in was answered exactly once, with the reply its kind and payload call for; after
-closing everything no listener, task or timer is left.
+After every step, the invariants the explorer checks (``explore.checks``, written once over
+the job's ``JobView``; ``World.view`` builds it as the conformance replay does): the agent's
+audio never points at an avatar outside the states where its route may be in;
+``lk.clear_buffer`` goes out only while joined; the room is never deleted while the job is
+``serving`` or ``awaiting_finalize``, nor twice; at most one session's events are forwarded;
+no request gets two replies, the verdict goes to the simulator once; no timer or task
+outlives its state; the hold ends when it is no longer needed. Besides, for the runtime
+alone: a finalize sent before the hold ended reached the host; once the job left ``serving``
+it is ``closed`` within ``session_end_timeout + close_timeout``; a state's declared timeout is
+armed; nothing escaped a room callback, a task or a logger at ERROR (unless an injected
+fault explains it). At the end: shutdown is asked and time passes, the job is ``closed`` and
+the explorer's ``eventual`` checks hold; every request the host took in was answered exactly
+once, with the reply its kind and payload call for; after closing everything no listener,
+task or timer is left.
 
 Sized for CI (~1 minute on two cores, a fixed seed); ``AGENT_RUNTIME_DEEP=1`` runs many more
 and longer examples with fresh randomness.
@@ -56,6 +60,7 @@ from agent_runtime.session_host import (
     NOT_THE_SIMULATOR,
 )
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.tools.explore.checks import BY_NUMBER, eventual, safety, settled
 from tests.support.world import (
     AVATAR,
     PEOPLE,
@@ -65,7 +70,6 @@ from tests.support.world import (
     Config,
     Faults,
     World,
-    forwarding,
     frames,
     stranger,
     stranger_track,
@@ -504,53 +508,20 @@ class ComposedJob(RuleBasedStateMachine):
 
     # -- invariants --------------------------------------------------------------------------
     @invariant()
-    def audio_never_points_at_an_absent_avatar(self) -> None:
-        w = self.w
-        # backoff is not among them: every wait to retry is on room audio
-        if w is not None and w.agent_job.audio_route() == "avatar":
-            assert w.avatar_state in ("starting", "routing", "joined", "clearing"), (
-                f"audio goes to the avatar while it is {w.avatar_state}"
-            )
-
-    @invariant()
-    def clear_buffer_only_while_joined(self) -> None:
-        # the plugin's own clear runs only while joined (clearing follows its hold): no RPC
-        # to an avatar that is not there
+    def the_shared_invariants_hold(self) -> None:
+        # the explorer's own checks (explore.checks), over the job's view: the audio route,
+        # replies to finalize, the deletion after the hold, one session forwarded, no timer
+        # or task outliving its state, the hold ended when it is no longer needed
         if self.w is not None:
-            bad = [
-                e
-                for e in self.w.rpc_log
-                if e[0] == "lk.clear_buffer" and e[2] not in ("joined", "clearing")
-            ]
-            assert not bad, bad
+            view = self.w.view()
+            found = [*safety(view), *settled(view)]
+            assert not found, [f"invariant {n} ({BY_NUMBER[n].name}): {d}" for n, d in found]
 
     @invariant()
-    def room_never_deleted_while_serving_or_holding(self) -> None:
-        if self.w is not None:
-            d = self.w.deletions
-            assert len(d) <= 1, d
-            assert all(state not in ("serving", "awaiting_finalize") for _, state in d), d
-
-    @invariant()
-    def at_most_one_session_forwarded(self) -> None:
+    def finalize_taken_in_and_answered_once(self) -> None:
         w = self.w
         if w is None:
             return
-        fwd = [i for i, s in enumerate(w.sessions) if forwarding(s)]
-        assert len(fwd) <= 1, fwd
-        if w.job.host_state == "attached":
-            attached = w.job.host.session
-            assert [w.sessions[i] for i in fwd] in ([attached], []), fwd
-        else:
-            assert fwd == [], f"host {w.job.host_state} but sessions {fwd} still forwarded"
-
-    @invariant()
-    def requests_answered_at_most_once_and_finalize_taken_in(self) -> None:
-        w = self.w
-        if w is None:
-            return
-        twice = {rid: len(r) for rid, r in w.replies.items() if len(r) > 1}
-        assert not twice, twice
         answered = w.records("job", "finalize_answered")
         assert len(answered) <= 1, answered
         received = w.received()
@@ -577,20 +548,16 @@ class ComposedJob(RuleBasedStateMachine):
             )
 
     @invariant()
-    def no_timer_or_task_outlives_its_state(self) -> None:
+    def a_declared_timeout_is_armed(self) -> None:
+        # the other half of scoped timers (invariant 6 is that none outlives its state):
+        # a machine waiting in a state with a timeout has its timer running
         if self.w is None:
             return
         for a in self.w.actors():
             spec = a.spec.state(a.state)
-            who = f"{a.spec.name} in {a.state}"
-            if a.timer_armed:
-                assert spec.timeout is not None, f"{who}: a timer with no timeout declared"
-            assert a.live_tasks <= len(spec.invoke), f"{who}: {a.live_tasks} tasks"
-            if a.closed or spec.final:
-                assert not a.timer_armed and a.live_tasks == 0, f"{who}: timer or task left"
-            elif a._entered and a.idle and spec.timeout is not None:
+            if not (a.closed or spec.final) and a._entered and a.idle and spec.timeout:
                 seconds = a._settings.get(spec.timeout.setting, spec.timeout.default)
-                assert (seconds is None) != a.timer_armed, f"{who}: timeout not armed"
+                assert (seconds is None) != a.timer_armed, f"{a.spec.name} in {a.state}"
 
     @invariant()
     def nothing_escaped(self) -> None:
@@ -646,6 +613,8 @@ class ComposedJob(RuleBasedStateMachine):
         assert w.job.state == "closed", f"job still {w.job.state} after {waited}s"
         self.shutdown_is_bounded()
         check_replies(w)
+        found = eventual(w.view())  # the explorer's checks once every bound has passed
+        assert not found, [f"invariant {n} ({BY_NUMBER[n].name}): {d}" for n, d in found]
         await w.aclose()
         self.nothing_escaped()
         left = w.leftovers()

@@ -113,6 +113,25 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--json", action="store_true", help="print the report as JSON")
     exp.set_defaults(module="agent_runtime.tools.commands.explore")
 
+    con = sub.add_parser(
+        "conformance",
+        help="replay the model's paths through a real AgentJob and compare after every step",
+        description="Paths that take every transition row the model reaches, and the "
+        "shortest counterexample of every fault the explorer knows, replayed through a real "
+        "AgentJob (in-memory room, virtual clock); after every step the model's view of the "
+        "job and the runtime's must agree. Exit 1 with the first differing step of a path.",
+    )
+    con.add_argument("--depth", type=int, metavar="N", help="moves the covering search goes")
+    con.add_argument(
+        "--counterexample-depth",
+        dest="cex_depth",
+        type=int,
+        metavar="N",
+        help="how deep each fault is explored for its counterexample",
+    )
+    con.add_argument("--json", action="store_true", help="print the report as JSON")
+    con.set_defaults(module="agent_runtime.tools.commands.conformance")
+
     dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
     dif.add_argument("rev")
     dif.set_defaults(module="agent_runtime.tools.commands.diff")

@@ -30,7 +30,6 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
-from livekit.agents.voice.remote_session import SessionHost
 from livekit.api import TwirpError
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.rtc._proto import participant_pb2, track_pb2
@@ -43,6 +42,10 @@ from agent_runtime.participant import ParticipantLink
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
+from agent_runtime.tools.conformance.observe import Observed, runtime_view
+from agent_runtime.tools.conformance.observe import Sent as Finalize
+from agent_runtime.tools.explore.checks import LIVE_JOB
+from agent_runtime.tools.explore.view import JobView
 from agent_runtime.trace import MemorySink, Tracer, TraceRecord
 
 AVATAR = "avatar-1"
@@ -124,6 +127,7 @@ class Sent:
     job_state: str
     delivered: bool  # the transport took it
     caller: str = SIMULATOR
+    simulator: bool = True  # the job knew its sender as carrying lk.simulator
 
 
 @dataclass
@@ -175,15 +179,6 @@ async def frames(n: int, *, rate: int = 24000) -> AsyncIterator[rtc.AudioFrame]:
 
 def session_listeners(session: AgentSession[Any]) -> int:
     return sum(len(v) for v in session._events.values())
-
-
-def forwarding(session: AgentSession[Any]) -> bool:
-    """Whether some livekit ``SessionHost`` forwards this session's events."""
-    return any(
-        isinstance(getattr(cb, "__self__", None), SessionHost)
-        for cbs in session._events.values()
-        for cb in cbs
-    )
 
 
 class World:
@@ -255,6 +250,9 @@ class World:
         self.link: ParticipantLink = self.agent_job.link
         self.events = self.agent_job.events
         self.job.actor.on("state_changed", self._on_job_state)
+        # what the shared invariants read besides the job itself (see ``view``)
+        self.observed = Observed()
+        self.observed.watch_job(self.agent_job)
         if faults.shutdown_callback != "none":
             self.job.add_shutdown_callback(self._shutdown_callback)
         if faults.state_listener == "raise":
@@ -429,6 +427,7 @@ class World:
         self, kind: str, payload: dict[str, Any] | None = None, *, caller: str = SIMULATOR
     ) -> str:
         rid = self.next_id()
+        simulator = caller in self.job.simulators
         req = build_request(kind, payload, request_id=rid)
         delivered = True
         try:
@@ -436,10 +435,38 @@ class World:
             await self.sim_end.send_message(msg, sender=caller)
         except RuntimeError:
             delivered = False  # the job's end is closed: nobody to hear it
-        self.sent[rid] = Sent(kind, dict(payload or {}), self.job.state, delivered, caller)
+        self.sent[rid] = Sent(
+            kind, dict(payload or {}), self.job.state, delivered, caller, simulator
+        )
         return rid
 
     # -- what happened -------------------------------------------------------------------------
+    def view(self) -> JobView:
+        """The job's ``JobView``, as the explorer's invariants read it (and the conformance
+        replay builds it): the sessions by name (``A`` the primary), the finalize requests
+        the transport took and their replies, the deletions and the clear RPCs."""
+        obs = self.observed
+        obs.sent = [
+            Finalize(rid, s.simulator, s.simulator and s.job_state in LIVE_JOB)
+            for rid, s in self.sent.items()
+            if s.kind == "finalize_simulation" and s.delivered
+        ]
+        obs.replies = {
+            rid: ["verdict" if r.HasField("finalize_simulation") else "error" for r in rs]
+            for rid, rs in self.replies.items()
+        }
+        obs.deletions = [state for _, state in self.deletions]
+        obs.clear_rpcs = [state for m, _, state in self.rpc_log if m == "lk.clear_buffer"]
+        task = self.primary._closing_task
+        session = "running" if task is None else "closed" if task.done() else "closing"
+        return runtime_view(
+            self.agent_job,
+            obs,
+            self.trace.records,
+            sessions={chr(ord("A") + i): s for i, s in enumerate(self.sessions)},
+            session=session,
+        )
+
     def records(self, machine: str, *events: str) -> list[TraceRecord]:
         return [
             r

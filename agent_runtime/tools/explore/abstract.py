@@ -778,6 +778,13 @@ def _avatar_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
 # as it can (the runtime does it unasked); the rest are outcomes the outside world chooses.
 
 Work = tuple[str, str, bool, Callable[["_W"], None]]
+# the work the runtime finishes by itself, by action (the rest is chosen from outside)
+AUTO_WORK = {
+    "drained": "the host's drain ends: nothing in flight",
+    "close_host_done": "run_close: the session host closed",
+    "close_session_done": "run_close: the session and the avatar closed",
+    "close_deletion_done": "run_close: the room deletion settled",
+}
 
 
 def _verdict_ready(s: _W) -> None:
@@ -847,7 +854,7 @@ def work(model: Model, w: World | _W) -> Iterator[Work]:
         not model.glue.drain_finalize_on_close
         or (w.fin not in ("answering", "replying") and not any(e[0] == FIN for e in w.queue))
     ):
-        yield "drained", "the host's drain ends: nothing in flight", True, _drained
+        yield "drained", AUTO_WORK["drained"], True, _drained
     if w.av_task.endswith(":start"):
         yield "plugin_routed", "avatar plugin puts its route in", False, _plugin_routed
         yield (
@@ -909,21 +916,11 @@ def work(model: Model, w: World | _W) -> Iterator[Work]:
         w.host_actor_closed
         or (w.host == "closed" and not any(e[0] == HOST and e[3] == CLOSE for e in w.queue))
     ):
-        yield "close_host_done", "run_close: the session host closed", True, _host_closed
+        yield "close_host_done", AUTO_WORK["close_host_done"], True, _host_closed
     elif step == "session" and w.sess_a not in ("closing", "hung"):
-        yield (
-            "close_session_done",
-            "run_close: the session and the avatar closed",
-            True,
-            (_session_step_done),
-        )
+        yield "close_session_done", AUTO_WORK["close_session_done"], True, _session_step_done
     elif step == "room" and w.dele != "deleting" and not any(e[0] == DEL for e in w.queue):
-        yield (
-            "close_deletion_done",
-            "run_close: the room deletion settled",
-            True,
-            (_deletion_settled),
-        )
+        yield "close_deletion_done", AUTO_WORK["close_deletion_done"], True, _deletion_settled
     elif step == "callbacks":
         yield (
             "callbacks_return",

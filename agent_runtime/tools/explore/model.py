@@ -184,6 +184,9 @@ class Move(NamedTuple):
     redo: tuple[World, Callable[[_W], object]] | None = None
     # what caused it, stable across worlds: an input's, a work's or a timeout's name
     action: str = ""
+    # with ``Model.taken`` on: the transition rows taken, as (machine, row index, whether
+    # the state was left); the conformance walk reads them
+    rows: tuple[tuple[str, int, bool], ...] = ()
 
 
 class _W:
@@ -454,6 +457,8 @@ class Model:
         self.eager = eager
         # called on each world a settling move passes through; True flags the move
         self.watch: Callable[[_W], bool] | None = None
+        # when a list: every transition row taken is appended (see ``Move.rows``)
+        self.taken: list[tuple[str, int, bool]] | None = None
         chosen = dict(MACHINES)
         for name, spec in (specs or {}).items():
             if name not in MACHINE_NAMES:
@@ -573,10 +578,13 @@ class Model:
     def _move(
         self, kind: Kind, action: str, label: str, w: World, fn: Callable[[_W], object]
     ) -> Move:
+        taken = self.taken
+        mark = len(taken) if taken is not None else 0
         s = _W(self, w)
         fn(s)
         if self.mailboxes != "settle" or (not s.queue and not self.eager):
-            return Move(kind, label, s.freeze(), action=action)
+            rows = tuple(taken[mark:]) if taken is not None else ()
+            return Move(kind, label, s.freeze(), redo=(w, fn), action=action, rows=rows)
         # the worlds on the way are checked as they pass (``watch``), not kept: most
         # moves end in a world seen before, and freezing each one would double the cost
         # (the world it ends in is checked by the caller, once per new world)
@@ -591,8 +599,8 @@ class Model:
                     break
                 if flagged < 0 and changed and watch is not None and watch(s):
                     flagged = len(handled)
-                action, label, work = auto
-                handled.append((AUTO, action, (("label", label),), NONE))
+                work_action, work_label, work = auto
+                handled.append((AUTO, work_action, (("label", work_label),), NONE))
                 work(s)
                 changed = True
                 continue
@@ -600,7 +608,8 @@ class Model:
                 flagged = len(handled)
             handled.append(s.queue[0])
             changed = self.deliver(s, 0)
-        return Move(kind, label, s.freeze(), tuple(handled), flagged, (w, fn), action)
+        rows = tuple(taken[mark:]) if taken is not None else ()
+        return Move(kind, label, s.freeze(), tuple(handled), flagged, (w, fn), action, rows)
 
     def _auto(self, s: _W) -> tuple[str, str, Callable[[_W], None]] | None:
         """Work the runtime finishes by itself, that can end now (with ``eager``)."""
@@ -671,6 +680,9 @@ class Model:
         st = step(spec, source, event, lambda g: self._guard(s, m, g, params))
         changed = token != NONE or (st.outcome == "transition" and (st.changed or bool(st.effects)))
         if st.outcome == "transition":
+            if self.taken is not None:
+                row = self._row_index(spec, source, event, st.guards)
+                self.taken.append((m, row, st.changed))
             if st.changed:
                 self._leave(s, m)
             setattr(s, _STATE[m], st.dest)
@@ -692,6 +704,13 @@ class Model:
             s.drop_mailbox(AVATAR)
             s.av_task = ""
         return changed
+
+    @staticmethod
+    def _row_index(spec: MachineSpec, source: str, event: str, guards: tuple[str, ...]) -> int:
+        for i, r in enumerate(spec.rows):
+            if r.source == source and r.event == event and r.guards == guards:
+                return i
+        raise KeyError(f"{spec.name}: no row ({source}, {event}) guarded by {list(guards)}")
 
     def _leave(self, s: _W, m: str) -> None:
         if m in _TIMER and self.glue.cancel_timers_on_exit:

@@ -20,7 +20,7 @@ _NONE: Mapping[str, Any] = MappingProxyType({})
 class Request:
     """One ``finalize_simulation`` a participant sent, as the agent's side handled it."""
 
-    owed: bool  # it arrived while the job was serving or holding
+    owed: bool  # from the simulator, while the job was serving or holding: it needs an answer
     simulator: bool  # its sender is the simulator participant
     replies: tuple[str, ...] = ()  # "verdict" | "error", each as put on the transport
     excused: bool = False  # a reply could not go out: the room was gone

@@ -1,0 +1,144 @@
+"""What a test sees of a real ``AgentJob`` from outside (``Observed``), and the job's view
+(``runtime_view``): the ``JobView`` the shared invariants (``explore.checks``) read and the
+conformance replay compares with the model's. The property tests build theirs here too."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from livekit.agents import AgentSession
+from livekit.agents.voice.remote_session import SessionHost
+
+from statemachines.machines import MACHINES
+
+from ...agent_job import AgentJob
+from ...trace import TraceRecord
+from ..explore.checks import hold_cut, late_timer
+from ..explore.view import JobView, Request
+
+
+@dataclass
+class Sent:
+    """A finalize_simulation a participant sent, as the test saw it."""
+
+    request_id: str
+    simulator: bool
+    owed: bool  # from the simulator, while the job was serving or holding
+
+
+@dataclass
+class Observed:
+    """What a test saw of a job from outside: its requests and their replies, the room
+    deletions it was asked for, the lk.clear_buffer RPCs, and marks of what went wrong."""
+
+    sent: list[Sent] = field(default_factory=list)
+    replies: dict[str, list[str]] = field(default_factory=dict)
+    excused: set[str] = field(default_factory=set)
+    deletions: list[str] = field(default_factory=list)
+    clear_rpcs: list[str] = field(default_factory=list)
+    marks: list[str] = field(default_factory=list)
+
+    def watch_job(self, job: AgentJob) -> None:
+        """Mark a job step that stops holding while the hold is needed (``checks.hold_cut``
+        with the job's own facts, just after the step)."""
+
+        def on_change(sc: Any) -> None:
+            if sc.machine == "job":
+                mark = hold_cut(sc.source, sc.dest, sc.event, job.job.hold_needed)
+                if mark and mark not in self.marks:
+                    self.marks.append(mark)
+
+        job.job.actor.on("state_changed", on_change)
+
+
+def forwarding(session: AgentSession[Any]) -> bool:
+    """Whether some livekit ``SessionHost`` forwards this session's events."""
+    return any(
+        isinstance(getattr(cb, "__self__", None), SessionHost)
+        for cbs in session._events.values()
+        for cb in cbs
+    )
+
+
+def runtime_view(
+    job: AgentJob,
+    observed: Observed,
+    records: list[TraceRecord],
+    *,
+    sessions: Mapping[str, AgentSession[Any]],
+    session: str,
+) -> JobView:
+    """The ``JobView`` of a real job: its machines and facts, what the test observed
+    (``observed``), its trace (``records``), its sessions by the model's names (``A`` the
+    primary) and the primary session's close as the test knows it (``session``)."""
+    actors = {a.spec.name: a for a in job.actors}
+    states = {name: a.state for name, a in actors.items()}
+    host = job.job.host
+    attached = host.session
+    names = {id(s): name for name, s in sessions.items()}
+    answering = job.job.host.finalize
+    answering_id = (
+        str(answering._request.get("request_id", ""))
+        if answering.state in ("answering", "replying")
+        else None
+    )
+    linked = job.link.linked_identity
+    room = job.room
+    marks = list(observed.marks)
+    asked = job.settings.delete_room_on_close
+    shutdown = room_work = timed_out = False
+    for r in records:
+        if r.kind not in ("transition", "ignore", "reject"):
+            continue
+        spec = MACHINES.get(r.machine)
+        if spec is not None and r.source:
+            mark = late_timer(spec, r.source, r.event)
+            if mark and mark not in marks:
+                marks.append(mark)
+        if r.machine == "job" and r.event == "shutdown":
+            shutdown = True
+        if r.machine == "job" and r.event == "close_timeout":
+            timed_out = True
+        if r.machine == "room_deletion" and r.event == "request":
+            asked = True
+        if r.machine == "room_deletion" and r.event == "allow":
+            room_work = True
+    shutdown = shutdown or states.get("job") != "serving"
+    return JobView(
+        states=states,
+        audio_route=job.audio_route(),
+        room_connected=room.isconnected(),
+        is_simulation=job.job.simulation is not None,
+        simulator_present=bool(job.job.simulators),
+        finalize_answered=job.finalize_answered,
+        avatar_present=job.avatar is not None
+        and job.avatar.avatar.avatar_identity in room.remote_participants,
+        linked=linked,
+        linked_present=linked is not None and linked in room.remote_participants,
+        close_on_disconnect=job.settings.close_on_disconnect,
+        session=session,
+        attached=names.get(id(attached)) if attached is not None else None,
+        forwarded=tuple(sorted(name for name, s in sessions.items() if forwarding(s))),
+        requests=tuple(
+            Request(
+                owed=s.owed,
+                simulator=s.simulator,
+                replies=tuple(observed.replies.get(s.request_id, ())),
+                excused=s.request_id in observed.excused,
+                answering=s.request_id == answering_id,
+            )
+            for s in observed.sent
+        ),
+        deletions=tuple(observed.deletions),
+        deletion_asked=asked,
+        shutdown_asked=shutdown,
+        room_work_done=room_work,
+        close_timed_out=timed_out,
+        closed=frozenset(name for name, a in actors.items() if a.closed),
+        timers={name: a.state for name, a in actors.items() if a.timer_armed},
+        tasks={name: (a.state,) * a.live_tasks for name, a in actors.items() if a.live_tasks},
+        clear_rpcs=tuple(observed.clear_rpcs),
+        marks=tuple(marks),
+    )

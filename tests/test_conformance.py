@@ -1,0 +1,105 @@
+"""Conformance of the real runtime to the explorer's model, as xstate-graph's
+``TestModel.testPath`` does: paths generated from the model (the covering paths, that take
+every transition row the model reaches, and the shortest counterexample of every fault the
+explorer knows) are driven through a real ``AgentJob`` (an ``InMemoryRoom``: a real
+unconnected ``rtc.Room`` with stand-in signalling, real ``AgentSession``s, the session host
+on a paired in-memory transport, virtual time), and after every step the model's view of the
+job and the runtime's must agree. Stood in, because they are a server's or the outside
+world's: the avatar provider, ``on_simulation_end``, the room deletion, a shutdown callback
+and the end of a session's close (each does what the path says: return, fail or hang).
+
+A runtime with one of its links not posted fails the replay at the first step that differs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_runtime.routing import Wiring
+from agent_runtime.tools.cli import main
+from agent_runtime.tools.conformance.harness import Harness
+from agent_runtime.tools.conformance.paths import Path, from_steps
+from agent_runtime.tools.conformance.replay import Mismatch, run
+from agent_runtime.tools.conformance.suite import conformance
+from agent_runtime.tools.explore import Config
+from agent_runtime.tools.explore.model import Inputs
+from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
+from statemachines.glue import LINKS, without
+from statemachines.machines import MACHINES
+
+# rows no path of the model takes: inputs the model does not produce (session requests other
+# than finalize, malformed ones, a detach, the avatar's own lk.playback_finished report), or
+# races between a state's task and an event the model settles in one order
+NOT_TAKEN_AT_MOST = 23
+
+
+def _path(config: Config, inputs: Inputs, labels: list[str]) -> Path:
+    path, skipped = from_steps(config, inputs, labels, "test")
+    assert not skipped, skipped
+    return path
+
+
+def test_the_runtime_follows_the_model_on_every_path() -> None:
+    report = conformance(counterexample_configs=DEFAULT_CONFIGS[:1])
+    print("\n" + report.summary())
+    assert report.ok, report.summary()
+    assert report.covering > 20 and report.counterexamples > 5
+    assert len(report.total) == sum(len(s.rows) for s in MACHINES.values())
+    assert len(report.total) - len(report.rows) <= NOT_TAKEN_AT_MOST, report.summary()
+
+
+def test_a_link_the_runtime_does_not_post_is_caught() -> None:
+    # the job is never told the verdict went out: the model closes, the runtime holds on
+    path = _path(
+        Config.example(),
+        "job",
+        [
+            "session A closes",
+            "session A finishes closing",
+            "finalize_simulation request",
+            "on_simulation_end returns for request #1",
+        ],
+    )
+    assert run(path).steps == 4  # the runtime as it is follows the model
+
+    def unlinked(h: Harness) -> None:
+        broken = Wiring(links=without(LINKS, "finalize", "report_answered", "job"))
+        h.job.job.wiring._links = broken._links
+
+    with pytest.raises(Mismatch) as caught:
+        run(path, setup=unlinked)
+    msg = str(caught.value)
+    assert "after step 4 (on_simulation_end returns for request #1)" in msg
+    assert "4. t=0 on_simulation_end returns for request #1" in msg  # the path is shown
+    assert "states: model {" in msg and "'job': 'closing'" in msg
+    assert "'job': 'awaiting_finalize'" in msg.split("runtime", 2)[2]
+
+
+def test_a_retry_keeps_the_new_attempts_route() -> None:
+    # found by the conformance: the release of a failed attempt ran after the next attempt's
+    # start had begun, forgot its route and left the audio on a failed avatar
+    rejoin = next(c for c in DEFAULT_CONFIGS if c.rejoin)
+    path = _path(
+        rejoin,
+        "avatar",
+        [
+            "avatar.start",
+            "avatar plugin start() fails early",
+            "time passes: backoff_elapsed",
+            "avatar plugin puts its route in",
+            "avatar plugin start() fails late",
+        ],
+    )
+    done = run(path)
+    assert done.views[-1][1].audio_route == "room"
+    assert done.views[-1][1].states["avatar"] == "restored"
+
+
+def test_the_cli_reports_coverage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conformance", "--depth", "2", "--counterexample-depth", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["paths"] == data["covering"] + data["counterexamples"]
+    assert 0 < data["rows_taken"] < data["rows_total"]
+    assert main(["conformance", "--depth", "-1"]) == 2
