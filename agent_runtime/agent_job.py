@@ -277,6 +277,7 @@ class AgentJob(rtc.EventEmitter[Events]):
                 link=self.link,
                 clock=clock,
                 tracer=tracer,
+                instance=room.name or "room",
             )
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
         self._live_route: Route = "none"

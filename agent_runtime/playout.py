@@ -134,6 +134,7 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         link: ParticipantLink | None = None,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        instance: str = "session",
     ) -> None:
         super().__init__()
         if not isinstance(session, AgentSession):
@@ -160,6 +161,7 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         self.reprompted: list[Reprompted] = []
         self._actor = Actor(
             PLAYOUT,
+            instance=instance or "session",  # a trace names every instance
             effects={
                 "playout_done": self._fx_playout_done,
                 "finish_playout": self._fx_finish_playout,
