@@ -68,7 +68,8 @@ PlayoutEvents = Literal["state_changed", "playout_done", "reprompt"]
 class PlayoutDone:
     """Emitted as ``playout_done``: the agent's audio is done, and why (the machine's
     event: ``playback_finished`` the avatar said so, ``playout_timeout`` the bound, ``avatar_left``,
-    ``agent_listening`` the SDK's own report, ``agent_thinking`` its next step)."""
+    ``agent_listening`` the SDK's own report, ``speech_done`` a speech that never reached the
+    output)."""
 
     t: float  # on the tracker's clock
     cause: str
@@ -278,15 +279,18 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
             task.add_done_callback(self._speeches.discard)
 
     async def _follow_speech(self, handle: SpeechHandle) -> None:
-        """Until the speech is done: its interruption, through the handle's public API."""
+        """Until the speech is done: its interruption, then its end, through the handle's
+        public API."""
         played = asyncio.ensure_future(handle.wait_for_playout())
         try:
             await handle.wait_if_not_interrupted([played])
+            if handle.interrupted:
+                self._cut_at = self._clock.now()
+                self._post("interrupted", {"speech_id": handle.id})
+                await played
         finally:
             played.cancel()
-        if handle.interrupted:
-            self._cut_at = self._clock.now()
-            self._post("interrupted", {"speech_id": handle.id})
+        self._post("speech_done", {"speech_id": handle.id, "interrupted": handle.interrupted})
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
         if ev.new_state in ("thinking", "speaking"):

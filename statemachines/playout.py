@@ -33,6 +33,7 @@ EVENTS = (
     "agent_thinking",  # the agent state became thinking
     "agent_speaking",  # the agent state became speaking (its first frame reached the output)
     "agent_listening",  # the agent state became listening: the SDK's own playout wait ended
+    "speech_done",  # a speech handle is done (one that never reached the output included)
     "handed_off",  # the avatar's sink got the end of a segment: all of its audio is pushed
     "playback_finished",  # lk.playback_finished, accepted from the avatar
     "interrupted",  # the session interrupted the agent's speech
@@ -48,6 +49,9 @@ TIMERS = ("playout_timeout", "window_elapsed", "reprompt_timeout")
 # the ends of a playout: each one leads to the watchdog when the user is listening
 ENDS = (
     (TURN, "agent_listening", ["playout_done"]),
+    # a speech that never reached "speaking" (no audio, a sink that never took it) ends
+    # with no change of the agent state
+    (["agent_turn"], "speech_done", ["playout_done"]),
     (["remote_playout"], "playback_finished", ["playout_done"]),
     (["remote_playout"], "playout_timeout", ["finish_playout", "playout_done"]),
     (["remote_playout"], "avatar_left", ["playout_done"]),
@@ -107,8 +111,6 @@ PLAYOUT = MachineSpec(
         *row(REST, "speech_created", "agent_turn"),
         *row(REST, "agent_thinking", "agent_turn"),
         *row(REST, "agent_speaking", "agent_turn"),
-        # the SDK's wait ended another way (a local finish) and its next step is under way
-        *row("remote_playout", "agent_thinking", "agent_turn", effects=["playout_done"]),
         *row(["agent_turn", *REST], "handed_off", "remote_playout", guards=["avatar_joined"]),
         *row(["agent_turn", *REST], "handed_off", None),  # room audio: the SDK reports its end
         # the next segment, or the cut: the bound is computed again from it
@@ -134,9 +136,15 @@ PLAYOUT = MachineSpec(
     ignore=(
         *cells(TURN, ["speech_created"], "a queued turn: the current one is not done"),
         *cells("agent_turn", ["agent_thinking", "agent_speaking"], "already in a turn"),
-        # the SDK says "speaking" once the first frame is out, often after all of a short
-        # segment was pushed: the audio already awaited
-        *cells("remote_playout", "agent_speaking", "the audio already awaited"),
+        # "speaking" comes once the first frame is out, often after all of a short segment
+        # was pushed; "thinking" can start the next reply while a cut segment is still at
+        # the avatar (whose sink takes no new audio until it settles)
+        *cells(
+            "remote_playout",
+            ["agent_thinking", "agent_speaking", "speech_done"],
+            "the avatar's report, the bound or the SDK's own playout report decide",
+        ),
+        *cells(REST, "speech_done", "no turn to end"),
         *cells(REST, "agent_listening", "no turn to end"),
         *cells(["agent_turn", *REST], "playback_finished", "not waiting for the avatar"),
         *cells(REST, "interrupted", "nothing of the agent's is playing"),

@@ -86,6 +86,8 @@ INPUTS: tuple[Input, ...] = (
     ("agent_speaking", _always, _same, "agent_speaking"),
     # the SDK's wait ends only once its segment was reported or finished locally
     ("agent_listening", _always, lambda w: replace(w, pending=False), "agent_listening"),
+    # a speech handle's end says nothing about the avatar (the SDK's fallbacks end it too)
+    ("speech_done", _always, _same, "speech_done"),
     # pushed to a joined avatar it waits there; to the room it is the SDK's own
     ("handed_off", _always, lambda w: replace(w, pending=w.joined), "handed_off"),
     (
