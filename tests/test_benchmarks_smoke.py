@@ -93,6 +93,7 @@ def quick_fallback(monkeypatch: pytest.MonkeyPatch) -> float:
     monkeypatch.setattr(speech_handle, "INTERRUPTION_TIMEOUT", 0.05)
     monkeypatch.setattr(reactions, "CLEAR_BUFFER_TIMEOUT", 0.05)
     monkeypatch.setattr(reactions, "UPSTREAM_WATCH", 0.05)
+    monkeypatch.setattr(reactions, "CONFIRM_AFTER", 0.01)
     return 0.05
 
 
@@ -141,7 +142,7 @@ def test_reactions_every_situation_beside_upstream(quick_fallback: float) -> Non
             "interrupt after the avatar left -> playout released": 0,
             "avatar never reports its playback -> playout done": 5,
             "avatar leaves mid-utterance -> playout done": 0,
-            "interruption, avatar joined -> playout done": 0.3,
+            "interruption, the avatar confirms the cut -> playout done": 0.3,
             "user silent after the agent spoke -> re-prompt, from the remote playout": 6,
         }
     )
@@ -153,7 +154,7 @@ def test_reactions_every_situation_beside_upstream(quick_fallback: float) -> Non
         "interrupt after the avatar left -> playout released",
         "avatar never reports its playback -> playout done",
         "avatar leaves mid-utterance -> playout done",
-        "interruption, avatar joined -> playout done",
+        "interruption, the avatar confirms the cut -> playout done",
         "user silent after the agent spoke -> re-prompt, from the remote playout",
     }
     bundled = len(list((Path(__file__).parent.parent / "examples" / "scenarios").glob("*.yaml")))
@@ -192,8 +193,9 @@ async def test_upstream_playout_reproductions_show_what_the_table_says(
             "watched": quick_fallback,
         }
     # an unconfirmed clear is ended by the sink's own fallback, never before it
-    assert playout["interrupt"]["clear_sent"]
-    assert playout["interrupt"]["seconds"] >= quick_fallback
+    cut = playout["interrupt"]
+    assert cut["clear_sent"] and cut["confirmed"] >= 0.01
+    assert cut["unconfirmed"] >= quick_fallback
     # user_away_timeout starts at the avatar's report, not at the hand-off
     assert playout["away"] == {"before_report": False, "after_report": True, "timeout": 15.0}
 
