@@ -100,7 +100,7 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
     assert body == [
         "name: hang-up",
         "config: {simulation: true, agent_verdict: {success: false, reason: the agent vetoes "
-        "this run}}",
+        "this run}, delete_room_on_close: true}",
         "participants:",
         "  - {identity: simulator, attributes: {lk.simulator: 'true'}}",
         "steps:",
@@ -111,12 +111,15 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
         "transcript looks fine}}",
         "  - {at: 14.0, event: end}",
         "expect:",
-        "  final_states: {job: closed, participant: closed, session_host: closed}",
-        "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, finalize_answered: true, "
-        "verdict: {reason: the agent vetoes this run, success: false}}",
+        "  final_states: {finalize: closed, job: closed, participant: closed, "
+        "room_deletion: deleted, session_host: closed}",
+        "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, room_deleted_at: 14.0, "
+        "finalize_answered: true, verdict: {reason: the agent vetoes this run, success: false}}",
     ]
-    # the scenario deleted the room on close: not in the trace, and the file says so
-    assert "(delete_room_on_close: room deletion is not traced" in comments(recorded)
+    # what no trace holds is said; what this one shows is not left as a doubt
+    notes = comments(recorded)
+    assert "what the session said or heard" in notes
+    assert "no scenario step does that" not in notes  # every deletion request is explained
 
 
 @pytest.fixture
@@ -165,6 +168,8 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
         "session_host": "closed",
         "participant": "closed",
         "avatar": "closed",
+        "finalize": "closed",
+        "room_deletion": "allowed",
     }
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
     assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace
