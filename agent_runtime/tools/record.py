@@ -15,7 +15,9 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
   session ended, interruptions (with the outcome of the ``lk.clear_buffer`` that followed),
   the avatar's ``lk.playback_finished`` RPCs, session requests with their sender (a
   finalize the host took as the simulator's needs its sender to carry ``lk.simulator``: one
-  never seen in the room is put there at t=0 with it).
+  no machine saw join is put in the room at t=0 with it, one seen without it gains it
+  right after the step that last set its attributes; a departure the job took as the last
+  simulator's gets the same treatment).
 - time passing: state timeouts fire by themselves; their settings are read from the
   ``after`` each timeout event carries (or from how long a state was held without one).
 - the config the events reveal: the avatar's identity, a simulation (a hold was needed, or
@@ -624,6 +626,12 @@ class _Builder:
                 since = entered.get((m, r.source), 0.0)
                 value = after if isinstance(after, int | float) else r.t - since
                 fired.setdefault(spec[1], float(value))
+                if spec[1] not in Config.model_fields:
+                    self.note(
+                        f"t={r.t:g}: {m} left {r.source} on {r.event} after {float(value):g}s; "
+                        f"a scenario cannot set {spec[1]}, and what {r.source} waited for "
+                        "ends at once in one"
+                    )
             if r.source != r.dest:
                 if (m, r.source) in entered:
                     start = entered.pop((m, r.source))
