@@ -678,7 +678,7 @@ class _Builder:
         job's close work asks just before it allows the deletion, and the attached session's
         close asks as the host reports it; a request at any other moment is the agent's own
         (``request_room_deletion``), which no scenario step makes."""
-        recs = [(i, r) for i, r in self.of("room_deletion")]
+        recs = self.of("room_deletion")
         if not recs:
             return
         by_close: set[int] = set()
