@@ -104,7 +104,7 @@ USES: dict[str, dict[str, tuple[str, ...]]] = {
             "video_published",
             "avatar_left",
         ),
-        "guards": ("has_video", "retry"),
+        "guards": ("has_video", "rejoin"),
     },
     "finalize": {"events": ("verdict_ready",), "guards": ("simulation",)},
     "room_deletion": {"events": ("request", "allow"), "guards": ()},
@@ -650,7 +650,7 @@ class _Builder:
                     self.config["close_on_disconnect"] = False
                 elif g.get("closing_reason") is False and g.get("grace_enabled") is False:
                     fired.setdefault("grace_period", 0.0)
-            if m == "avatar" and r.event == "avatar_connected" and g.get("retry"):
+            if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
                 self.config["retry_avatar"] = True
             if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
