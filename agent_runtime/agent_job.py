@@ -13,7 +13,8 @@ What it composes: the room-event adapter (room facts reach each machine through 
 declared routing table), the ``job`` machine and the job-owned session host (the session
 starts with ``session_host=False`` and is attached before it starts), the linked
 ``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are turned
-off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin,
+off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
+optional ``playout`` machine (the agent's audio until heard, the re-prompt watchdog),
 tracing, and the teardown: when the session closes the avatar goes with it while the room is
 still connected; the job's ``closing`` closes the host, then the session and avatar if they
 are still up, then disconnects, deletes the room if asked and runs the shutdown callbacks.

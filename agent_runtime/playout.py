@@ -83,6 +83,29 @@ class Reprompted:
     attempt: int
 
 
+# -- the glue, as data: what each followed change means to the machine (an explorer of the
+# composed job imports these rather than restating them) --------------------------------
+
+
+def agent_state_event(new_state: str) -> str | None:
+    """The machine's event for the session's ``agent_state_changed`` to ``new_state``."""
+    if new_state in ("thinking", "speaking"):
+        return f"agent_{new_state}"
+    if new_state in ("listening", "idle"):
+        return "agent_listening"
+    return None  # initializing
+
+
+def avatar_change_event(source: str, dest: str) -> str | None:
+    """The machine's event for the avatar machine moving from ``source`` to ``dest``."""
+    return "avatar_left" if source in PLUGIN_CLEARS and dest not in PLUGIN_CLEARS else None
+
+
+def link_change_event(source: str, dest: str) -> str | None:
+    """The machine's event for the participant link moving from ``source`` to ``dest``."""
+    return "user_left" if source == "linked" and dest != "linked" else None
+
+
 def default_reprompt(instructions: str) -> RepromptFn:
     """The re-prompt ``AgentJob`` uses unless given one: a short reply with these
     instructions."""
@@ -293,10 +316,9 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         self._post("speech_done", {"speech_id": handle.id, "interrupted": handle.interrupted})
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
-        if ev.new_state in ("thinking", "speaking"):
-            self._post(f"agent_{ev.new_state}")
-        elif ev.new_state in ("listening", "idle"):
-            self._post("agent_listening", {"state": ev.new_state})
+        event = agent_state_event(ev.new_state)
+        if event is not None:
+            self._post(event, {"state": ev.new_state})
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking":
@@ -306,8 +328,9 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         self._post("close", {"reason": str(getattr(ev.reason, "value", ev.reason))})
 
     def _on_avatar_changed(self, sc: StateChanged) -> None:
-        if sc.source in PLUGIN_CLEARS and sc.dest not in PLUGIN_CLEARS:
-            self._post("avatar_left", {"avatar": sc.dest})
+        event = avatar_change_event(sc.source, sc.dest)
+        if event is not None:
+            self._post(event, {"avatar": sc.dest})
 
     def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
         self._segment = (seg.started_at, seg.pushed)
@@ -320,8 +343,9 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         )
 
     def _on_link_changed(self, sc: StateChanged) -> None:
-        if sc.source == "linked" and sc.dest != "linked":
-            self._post("user_left", {"link": sc.dest})
+        event = link_change_event(sc.source, sc.dest)
+        if event is not None:
+            self._post(event, {"link": sc.dest})
 
     def _user_listening(self) -> bool:
         if self._link is not None and self._link.state != "linked":

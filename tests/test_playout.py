@@ -487,3 +487,32 @@ async def test_cell(state: str, event: str) -> None:
     gate.set()
     await rig.aclose()
     assert rig.playout.actor.closed and rig.playout.actor.live_tasks == 0
+
+
+def test_the_glue_names_only_events_the_machine_declares() -> None:
+    from typing import get_args
+
+    from livekit.agents.voice.events import AgentState
+
+    from agent_runtime.playout import agent_state_event, avatar_change_event, link_change_event
+    from statemachines.machines import MACHINES
+
+    mapped = {s: agent_state_event(s) for s in get_args(AgentState)}
+    assert mapped == {
+        "initializing": None,
+        "idle": "agent_listening",
+        "listening": "agent_listening",
+        "thinking": "agent_thinking",
+        "speaking": "agent_speaking",
+    }
+    avatar = MACHINES["avatar"].state_names
+    left = {(a, b) for a in avatar for b in avatar if avatar_change_event(a, b)}
+    assert left == {
+        (a, b) for a in ("joined", "clearing") for b in avatar if b not in ("joined", "clearing")
+    }
+    link = MACHINES["participant"].state_names
+    assert {(a, b) for a in link for b in link if link_change_event(a, b)} == {
+        ("linked", b) for b in link if b != "linked"
+    }
+    named = {e for e in (*mapped.values(), "avatar_left", "user_left") if e is not None}
+    assert named <= set(PLAYOUT.events)
