@@ -23,8 +23,9 @@ not there, and pending playout is finished locally, so the session does not stal
 Route reporting knows the plugin's sink by identity (the one recorded after its start),
 whatever its class. For the playout machine the lifecycle also reports what the sink is
 given (``segment_flushed``: a segment's audio all pushed, with its duration) and each
-``lk.playback_finished`` it accepts from the avatar (``playback_finished``). A retry policy (``AvatarRetry``) may start the plugin again after a
-transient loss, after a backoff spent on room audio.
+``lk.playback_finished`` it accepts from the avatar (``playback_finished``). A retry
+policy (``AvatarRetry``) may start the plugin again after a transient loss, after a backoff
+spent on room audio.
 """
 
 from __future__ import annotations

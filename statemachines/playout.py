@@ -45,7 +45,6 @@ EVENTS = (
     "reprompt_timeout",
     "close",
 )
-TIMERS = ("playout_timeout", "window_elapsed", "reprompt_timeout")
 # the ends of a playout: each one leads to the watchdog when the user is listening
 ENDS = (
     (TURN, "agent_listening", ["playout_done"]),
@@ -134,7 +133,7 @@ PLAYOUT = MachineSpec(
         *row(LIVE, "close", "closed"),
     ),
     ignore=(
-        *cells(TURN, ["speech_created"], "a queued turn: the current one is not done"),
+        *cells(TURN, "speech_created", "a queued turn: the current one is not done"),
         *cells("agent_turn", ["agent_thinking", "agent_speaking"], "already in a turn"),
         # "speaking" comes once the first frame is out, often after all of a short segment
         # was pushed; "thinking" can start the next reply while a cut segment is still at
