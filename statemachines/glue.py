@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from .avatar import PLUGIN_CLEARS
 from .machines import MACHINES
 
 # livekit's participant attributes (livekit.agents.types; a test pins the values)
@@ -210,6 +211,65 @@ def rejoin(f: AvatarFacts, data: EventData) -> bool:
     return f.retry.rejoin and f.route_recorded
 
 
+# -- playout ------------------------------------------------------------------------------------
+
+
+class PlayoutFacts(Protocol):
+    @property
+    def avatar_state(self) -> str | None: ...  # the avatar machine's state (None: no avatar)
+    @property
+    def watchdog_on(self) -> bool: ...  # re-prompts are configured
+    @property
+    def user_linked(self) -> bool: ...  # the link (if any) is linked: someone to re-prompt
+    @property
+    def user_speaking(self) -> bool: ...
+    @property
+    def reprompts(self) -> int: ...  # in a row, since the user last spoke
+    @property
+    def max_reprompts(self) -> int: ...
+
+
+def avatar_joined(f: PlayoutFacts, data: EventData) -> bool:
+    """The avatar machine is joined (or clearing, which is joined with a clear in flight)."""
+    return f.avatar_state in PLUGIN_CLEARS
+
+
+def watchdog_on(f: PlayoutFacts, data: EventData) -> bool:
+    return f.watchdog_on
+
+
+def user_listening(f: PlayoutFacts, data: EventData) -> bool:
+    """A linked user is there and silent (listening, or away)."""
+    return f.user_linked and not f.user_speaking
+
+
+def reprompts_left(f: PlayoutFacts, data: EventData) -> bool:
+    return f.reprompts < f.max_reprompts
+
+
+# what the playout machine follows of the session and of the other machines: each change's
+# event for it (None: nothing)
+
+
+def agent_state_event(new_state: str) -> str | None:
+    """The event for the session's ``agent_state_changed`` to ``new_state``."""
+    if new_state in ("thinking", "speaking"):
+        return f"agent_{new_state}"
+    if new_state in ("listening", "idle"):
+        return "agent_listening"
+    return None  # initializing
+
+
+def avatar_change_event(source: str, dest: str) -> str | None:
+    """The event for the avatar machine moving from ``source`` to ``dest``."""
+    return "avatar_left" if source in PLUGIN_CLEARS and dest not in PLUGIN_CLEARS else None
+
+
+def link_change_event(source: str, dest: str) -> str | None:
+    """The event for the participant link moving from ``source`` to ``dest``."""
+    return "user_left" if source == "linked" and dest != "linked" else None
+
+
 Guard = Callable[[Any, EventData], bool]
 
 GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
@@ -233,6 +293,12 @@ GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
             "rejoin": rejoin,
         },
         "room_deletion": {},
+        "playout": {
+            "avatar_joined": avatar_joined,
+            "watchdog_on": watchdog_on,
+            "user_listening": user_listening,
+            "reprompts_left": reprompts_left,
+        },
     }
 )
 
@@ -416,6 +482,13 @@ LINKS: tuple[Link, ...] = (
     Link(source="job", on="run_close", step="room", target="room_deletion", event="allow"),
     Link(source="job", on="run_close", step="callbacks", target="participant", event="close"),
     Link(source="job", on="run_close", step="callbacks", target="avatar", event="close"),
+    Link(
+        source="playout",
+        on="finish_playout",
+        target="avatar",
+        event="playback_finished",
+        note="no report in time: the avatar's own row ends the sink's segment (no RPC)",
+    ),
 )
 
 

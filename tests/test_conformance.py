@@ -46,7 +46,9 @@ def test_the_runtime_follows_the_model_on_every_path() -> None:
     print("\n" + report.summary())
     assert report.ok, report.summary()
     assert report.covering > 20 and report.counterexamples > 5
-    assert len(report.total) == sum(len(s.rows) for s in MACHINES.values())
+    # every row of every machine the model composes (playout is explored on its own)
+    composed = [s for name, s in MACHINES.items() if name != "playout"]
+    assert len(report.total) == sum(len(s.rows) for s in composed)
     assert len(report.total) - len(report.rows) <= NOT_TAKEN_AT_MOST, report.summary()
 
 

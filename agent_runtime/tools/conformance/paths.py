@@ -25,7 +25,7 @@ from typing import Any
 from statemachines.glue import LINKS, without
 
 from ..explore.abstract import AUTO_WORK, GRACE_PERIOD, Config, Glue, Inputs
-from ..explore.model import Kind, Model, Move, World
+from ..explore.model import MACHINE_NAMES, Kind, Model, Move, World
 from ..explore.search import Plan, explore_plan
 
 # the runtime settings the replay runs with (seconds); a timeout's duration in the walker
@@ -201,7 +201,8 @@ class Path:
 
 
 def rows_of_every_machine(model: Model) -> set[tuple[str, int]]:
-    return {(m, i) for m, spec in model.specs.items() for i in range(len(spec.rows))}
+    """Every transition row of every machine the model composes (``MACHINE_NAMES``)."""
+    return {(m, i) for m in MACHINE_NAMES for i in range(len(model.specs[m].rows))}
 
 
 def covering_paths(
