@@ -29,10 +29,29 @@ from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
 from statemachines.glue import LINKS, without
 from statemachines.machines import MACHINES
 
-# rows no path of the model takes: inputs the model does not produce (session requests other
-# than finalize, malformed ones, a detach, the avatar's own lk.playback_finished report), or
-# races between a state's task and an event the model settles in one order
-NOT_TAKEN_AT_MOST = 23
+# the rows no path takes, each for a reason: an input the model does not produce (the
+# avatar's own lk.playback_finished outside a clear; a detach; the same session attached
+# again; a finalize in a job that is not a simulation; a room reconnecting while routing;
+# video from someone else while routing; an interrupt that reached no sink), or a state the
+# eager model leaves at once (failed, replying), or a deletion closed before the job's close
+NOT_TAKEN = {
+    ("avatar", "routing", "room_connected"),
+    ("avatar", "routing", "video_published"),
+    ("avatar", "routing", "start_error"),
+    ("avatar", "joined", "interrupt"),
+    ("avatar", "failed", "interrupt"),
+    ("avatar", "starting", "playback_finished"),
+    ("avatar", "routing", "playback_finished"),
+    ("avatar", "joined", "playback_finished"),
+    ("avatar", "clearing", "playback_finished"),
+    ("avatar", "failed", "close"),
+    ("finalize", "idle", "request"),
+    ("finalize", "replying", "request"),
+    ("room_deletion", "kept", "close"),
+    ("room_deletion", "requested", "close"),
+    ("session_host", "attached", "attach"),
+    ("session_host", "attached", "detach"),
+}
 
 
 def _path(config: Config, inputs: Inputs, labels: list[str]) -> Path:
@@ -49,7 +68,10 @@ def test_the_runtime_follows_the_model_on_every_path() -> None:
     # every row of every machine the model composes (playout is explored on its own)
     composed = [s for name, s in MACHINES.items() if name != "playout"]
     assert len(report.total) == sum(len(s.rows) for s in composed)
-    assert len(report.total) - len(report.rows) <= NOT_TAKEN_AT_MOST, report.summary()
+    missed = {
+        (m, MACHINES[m].rows[i].source, MACHINES[m].rows[i].event) for m, i in report.missed()
+    }
+    assert missed == NOT_TAKEN, report.summary()
 
 
 def test_a_link_the_runtime_does_not_post_is_caught() -> None:

@@ -37,7 +37,8 @@ from ...settings import AvatarRetry, Backoff
 from ...testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from ...testing.wire import build_request
 from ...trace import MemorySink, Tracer
-from ..explore.abstract import GRACE_PERIOD, LIVE_JOB, PEOPLE, Config
+from ..explore.abstract import GRACE_PERIOD, PEOPLE, Config
+from ..explore.checks import LIVE_JOB
 from ..explore.view import JobView
 from .observe import Observed, Sent, runtime_view
 from .paths import BOUND, DRAIN_TIMEOUT, SETTINGS, Step
@@ -149,6 +150,7 @@ class Harness:
         self.verdicts: list[Gate] = []
         self.deletion_gates: list[Gate] = []
         self.callback = Gate()
+        self.other = 0  # requests sent that the model follows no reply of
         self._bg: set[asyncio.Task[Any]] = set()
         self.job = AgentJob(
             room=self.room,
@@ -369,6 +371,15 @@ async def _finalize(h: Harness, caller: str) -> None:
     h.observed.sent.append(Sent(rid, simulator, simulator and h.job.job.state in LIVE_JOB))
 
 
+async def _other_request(h: Harness, kind: str, payload: dict[str, Any] | None) -> None:
+    # a request the model follows no reply of: the job's view does not change
+    h.other += 1
+    req = build_request(kind, payload, request_id=f"OTHER_{h.other}")
+    with contextlib.suppress(RuntimeError):  # the agent's end is closed: nobody reads it
+        msg = agent_pb.AgentSessionMessage(request=req)
+        await h.simulator.send_message(msg, sender=PEOPLE["simulator"].identity)
+
+
 async def _attach_b(h: Harness, _: str) -> None:
     session: AgentSession[Any] = AgentSession()
     h.sessions["B"] = session
@@ -446,6 +457,10 @@ _ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     "room_disconnects": lambda h, _: h.room.disconnect_locally(),
     "finalize": lambda h, _: _finalize(h, PEOPLE["simulator"].identity),
     "stranger_finalize": lambda h, _: _finalize(h, PEOPLE["stranger"].identity),
+    "ping": lambda h, _: _other_request(h, "ping", None),
+    "malformed": lambda h, _: _other_request(
+        h, "finalize_simulation", {"provisional_success": "yes"}
+    ),
     "attach_b": _attach_b,
     "close_a": lambda h, _: _close(h, "A"),
     "close_b": lambda h, _: _close(h, "B"),

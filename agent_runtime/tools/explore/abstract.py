@@ -40,12 +40,13 @@ from statemachines.glue import (
     SIMULATOR_ATTRIBUTE,
 )
 
+from .checks import LIVE_JOB
+
 if TYPE_CHECKING:
     from .model import _W, Model, Params, World
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
 DEL, FIN = "room_deletion", "finalize"
-LIVE_JOB = ("serving", "awaiting_finalize")
 CLOSE = "close"  # the token of a close that ends its actor (aclose(): close, then stop)
 
 # -- who may be in the room ----------------------------------------------------------------------
@@ -644,6 +645,14 @@ def _stranger_asks(s: _W) -> None:
     s.post(HOST, "finalize", (("caller", "stranger"), ("req", s.stranger_req)))
 
 
+def _ping(s: _W) -> None:
+    s.post(HOST, "request", (("caller", "simulator"),))
+
+
+def _malformed(s: _W) -> None:
+    s.post(HOST, "bad_request", (("caller", "simulator"),))
+
+
 def _attach_b(s: _W) -> None:
     s.sess_b = "running"
     s.post(HOST, "attach", (("session", "B"),))
@@ -742,6 +751,10 @@ def _job_inputs(model: Model, w: World, cfg: Config, up: bool) -> Iterator[Input
             "finalize_simulation from someone not the simulator",
             (_stranger_asks),
         )
+    if up and w.reading:
+        # the host's other doors: no state of the model's changes, no reply it follows
+        yield "ping", "the simulator sends another session request (ping)", _ping
+        yield "malformed", "the simulator sends a malformed finalize_simulation", _malformed
     if w.sess_b == "none" and not w.host_actor_closed and w.host != "closed":
         yield "attach_b", "session B attaches", _attach_b
     if w.sess_a == "running":

@@ -54,7 +54,6 @@ from .abstract import (
     FIN,
     HOST,
     JOB,
-    LIVE_JOB,
     PART,
     PEOPLE,
     Config,
@@ -64,7 +63,7 @@ from .abstract import (
     RoomFactsView,
     event_data,
 )
-from .checks import hold_cut, late_timer
+from .checks import LIVE_JOB, hold_cut, late_timer
 from .view import JobView, Request
 
 __all__ = [
