@@ -16,7 +16,7 @@ same avatar plugin (``ScriptedAvatar``: the base ``AvatarSession.start()`` then 
 A job is *live* once the avatar's join has been seen (runtime: every machine in the state the
 reference scenario reaches). Every run checks each job: live, the audio on the avatar; closed,
 every machine where the reference scenario ends (``examples/scenarios/
-avatar_joined_job_shutdown.yaml``, run through the scenario runner first): a benchmark never
+job_with_avatar_start_to_close.yaml``, run through the scenario runner first): a benchmark never
 times a broken job.
 
 Every measurement is a fresh interpreter (``python -m benchmarks.jobs VARIANT N MODE``), so each
@@ -50,7 +50,7 @@ from .timing import Stopwatch
 
 SECTION = "jobs"
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ROOT / "examples" / "scenarios" / "avatar_joined_job_shutdown.yaml"
+REFERENCE = ROOT / "examples" / "scenarios" / "job_with_avatar_start_to_close.yaml"
 VARIANTS = ("bare", "runtime")
 AVATAR = "avatar-1"
 USER = "user"
