@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from livekit import rtc
-
-from statemachines import MachineSpec, Step, UnknownEvent, step
+from statemachines import MachineSpec, Step, UnknownEvent
+from statemachines.step import table_of
 
 from .clock import AsyncioClock, Clock, TimerHandle
+from .emitter import Emitter
 from .trace import Tracer, TraceRecord
 
 logger = logging.getLogger("agent_runtime.actor")
@@ -68,7 +68,7 @@ class ActorClosed(RuntimeError):
 _Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
 
 
-class Actor(rtc.EventEmitter[str]):
+class Actor(Emitter[str]):
     """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``) and,
     once, ``closed``."""
 
@@ -86,6 +86,7 @@ class Actor(rtc.EventEmitter[str]):
     ) -> None:
         super().__init__()
         self.spec = spec
+        self._table = table_of(spec)  # the spec's prebuilt answers, shared by every actor
         self.instance = instance
         self._effects: Mapping[str, EffectHandler] = effects or {}
         self._guards: Mapping[str, GuardFn] = guards or {}
@@ -221,7 +222,7 @@ class Actor(rtc.EventEmitter[str]):
         return f"{self.spec.name}[{self.instance}]" if self.instance else self.spec.name
 
     def _check(self, event: Event) -> None:
-        if event.name not in self.spec.events:
+        if event.name not in self._table.events:
             raise UnknownEvent(f"machine {self.spec.name!r} has no event {event.name!r}")
 
     def _mail(self) -> deque[_Entry]:
@@ -243,16 +244,17 @@ class Actor(rtc.EventEmitter[str]):
             while mailbox and not self._closed:
                 event, fut, gen = mailbox.popleft()
                 if gen is not None and gen != self._gen:
-                    self._record(
-                        TraceRecord(
-                            self.clock.now(),
-                            "stale",
-                            self.spec.name,
-                            self.instance,
-                            event=event.name,
-                            source=self._state,
+                    if self._tracing():
+                        self._record(
+                            TraceRecord(
+                                self.clock.now(),
+                                "stale",
+                                self.spec.name,
+                                self.instance,
+                                event=event.name,
+                                source=self._state,
+                            )
                         )
-                    )
                     continue
                 try:
                     result = await self._handle(event)
@@ -272,68 +274,82 @@ class Actor(rtc.EventEmitter[str]):
         finally:
             if self._runner is asyncio.current_task():
                 self._runner = None
+                if not self._mailbox:
+                    self._mailbox = None  # an idle actor holds no mailbox
 
     async def _handle(self, event: Event) -> Step:
-        consulted: dict[str, bool] = {}
-
-        def check(name: str) -> bool:
-            value = bool(self._guards[name](event))
-            consulted[name] = value
-            return value
-
-        st = step(self.spec, self._state, event.name, check)
-        now = self.clock.now()
+        entry = self._table.cell(self._state, event.name)
+        consulted: dict[str, bool] | None = None
+        if isinstance(entry, Step):
+            st = entry  # no guard to consult: the answer was built with the table
+        else:
+            consulted = {}
+            st = entry.decide(self._guard_check(event, consulted))
+        tracing = self._tracing()
         if st.outcome != "transition":
             if st.outcome == "reject":
                 logger.info("%s rejects %r in state %r", self._who(), event.name, st.source)
+            if tracing:
+                self._record(
+                    TraceRecord(
+                        self.clock.now(),
+                        st.outcome,
+                        self.spec.name,
+                        self.instance,
+                        event=event.name,
+                        source=st.source,
+                        dest=st.dest,
+                        guards=consulted or {},
+                        data=dict(event.data),
+                    )
+                )
+            return st
+        if st.changed:
+            self._leave_state()
+        self._state = st.dest
+        if tracing:
             self._record(
                 TraceRecord(
-                    now,
-                    st.outcome,
+                    self.clock.now(),
+                    "transition",
                     self.spec.name,
                     self.instance,
                     event=event.name,
                     source=st.source,
                     dest=st.dest,
-                    guards=consulted,
+                    effects=list(st.effects),
+                    guards=consulted or {},
                     data=dict(event.data),
                 )
             )
-            return st
-        if st.changed:
-            self._leave_state()
-        self._state = st.dest
-        self._record(
-            TraceRecord(
-                now,
-                "transition",
-                self.spec.name,
-                self.instance,
-                event=event.name,
-                source=st.source,
-                dest=st.dest,
-                effects=list(st.effects),
-                guards=consulted,
-                data=dict(event.data),
-            )
-        )
         if st.changed:
             self._enter_state()
-            change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
-            try:
-                self.emit("state_changed", change)
-            except Exception:
-                # the SDK's emitter lets a listener's TypeError through; it must not skip
-                # the effects of a transition that has already happened
-                logger.exception("%s: a state_changed listener failed", self._who())
+            if self._events.get("state_changed"):
+                change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
+                try:
+                    self.emit("state_changed", change)
+                except Exception:
+                    # the SDK's emitter lets a listener's TypeError through; it must not skip
+                    # the effects of a transition that has already happened
+                    logger.exception("%s: a state_changed listener failed", self._who())
         for name in st.effects:
-            await self._run_effect(name, event)
+            await self._run_effect(name, event, tracing)
             if self._closed:
                 break
         return st
 
+    def _guard_check(self, event: Event, consulted: dict[str, bool]) -> Callable[[str], bool]:
+        guards = self._guards
+
+        def check(name: str) -> bool:
+            value = bool(guards[name](event))
+            consulted[name] = value
+            return value
+
+        return check
+
     # -- effects ---------------------------------------------------------------------------
-    async def _run_effect(self, name: str, event: Event) -> None:
+    async def _run_effect(self, name: str, event: Event, tracing: bool) -> None:
         handler = self._effects[name]
         outcome, detail, follow = "ok", "", None
         try:
@@ -350,19 +366,20 @@ class Actor(rtc.EventEmitter[str]):
         except Exception as e:
             outcome, detail = "error", f"{type(e).__name__}: {e}"
             logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-        self._record(
-            TraceRecord(
-                self.clock.now(),
-                "effect",
-                self.spec.name,
-                self.instance,
-                event=event.name,
-                source=self._state,
-                effect=name,
-                outcome=outcome,
-                detail=detail,
+        if tracing or (outcome != "ok" and self._tracing()):
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "effect",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                    effect=name,
+                    outcome=outcome,
+                    detail=detail,
+                )
             )
-        )
         if outcome != "ok":
             err = self.spec.effect(name).error_event
             if err is not None:
@@ -378,7 +395,7 @@ class Actor(rtc.EventEmitter[str]):
         self._gen += 1
         gen = self._gen
         self._entered_at = self.clock.now()
-        st = self.spec.state(self._state)
+        st = self._table.states[self._state]
         if st.timeout is not None:
             seconds = self._settings.get(st.timeout.setting, st.timeout.default)
             if seconds is not None:
@@ -430,6 +447,8 @@ class Actor(rtc.EventEmitter[str]):
         task.add_done_callback(self._tasks.discard)
 
     def _record_task(self, name: str, outcome: str, detail: str = "") -> None:
+        if not self._tracing():
+            return
         self._record(
             TraceRecord(
                 self.clock.now(),
@@ -441,6 +460,11 @@ class Actor(rtc.EventEmitter[str]):
                 detail=detail,
             )
         )
+
+    def _tracing(self) -> bool:
+        """Whether a record made now would be kept: records are only built then."""
+        tracer = self.tracer
+        return tracer is not None and tracer.active
 
     def _record(self, record: TraceRecord) -> None:
         if self.tracer is None:

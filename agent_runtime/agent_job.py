@@ -52,6 +52,7 @@ from .avatar import (
     route_of,
 )
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
 from .participant import ParticipantLink, SessionCloseTimedOut
@@ -98,7 +99,7 @@ def injected(**parts: Any) -> Iterator[None]:
         _INJECTED.reset(token)
 
 
-class AgentJob(rtc.EventEmitter[Events]):
+class AgentJob(Emitter[Events]):
     """Every machine of one job, composed over one room.
 
     Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``

@@ -49,6 +49,7 @@ from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .room_events import (
     RoomConnected,
     RoomEventAdapter,
@@ -235,7 +236,7 @@ class _Timeouts(Mapping[str, float | None]):
         return 2
 
 
-class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
+class AvatarLifecycle(Emitter[Literal["state_changed"]]):
     """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
     (a ``StateChanged``).
 

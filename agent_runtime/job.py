@@ -32,6 +32,7 @@ from statemachines.job import JOB
 
 from .actor import Actor, Event, StateChanged
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter, positional_arity
 from .room_deletion import DeleteRoomFn, RoomDeletion
 from .room_events import (
     AttributesChanged,
@@ -54,7 +55,7 @@ logger = logging.getLogger("agent_runtime.job")
 ShutdownCallback = Callable[..., Any]
 
 
-class JobRuntime(rtc.EventEmitter[str]):
+class JobRuntime(Emitter[str]):
     """The job machine, its session host and its room deletion, over one room.
 
     Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
@@ -443,12 +444,10 @@ class JobRuntime(rtc.EventEmitter[str]):
 
 def _takes_argument(cb: Callable[..., Any]) -> bool:
     try:
-        params = inspect.signature(cb).parameters.values()
+        n = positional_arity(cb)
     except (TypeError, ValueError):
         return False
-    return any(
-        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
-    )
+    return n is None or n > 0
 
 
 def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:

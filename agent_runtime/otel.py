@@ -112,9 +112,19 @@ class OtelSink:
         self._held_states = held_states(machines)
         self._held: dict[tuple[str, str], _Held] = {}
         self._instruments: _Instruments | None = None
+        self._quiet: otel_context.Context | None = None  # a parent whose span does not record
         self._failed = False
 
     # -- the sink -----------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether a record written now could record anything: a state span is open, a
+        meter provider is set, or the job's span is recording. With no OTel SDK none is, and
+        the actors build no records for this sink."""
+        if self._failed:
+            return False
+        return bool(self._held) or self._metrics() is not None or self._target() is not None
+
     def write(self, record: TraceRecord) -> None:
         if self._failed or (record.kind != "transition" and record.kind != "effect"):
             return
@@ -225,8 +235,15 @@ class OtelSink:
     def _target(self) -> trace_api.Span | None:
         """The job's span, when it is recording."""
         ctx = self.parent() if self.parent is not None else None
+        if ctx is not None and ctx is self._quiet:
+            return None
         span = trace_api.get_current_span(ctx)
-        return span if span.is_recording() else None
+        if span.is_recording():
+            return span
+        # a span that does not record never will (no SDK, or ended): asked again only when
+        # the parent context changes
+        self._quiet = ctx
+        return None
 
     def _metrics(self) -> _Instruments | None:
         if self._instruments is None:

@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
@@ -34,6 +33,7 @@ from statemachines.participant import PARTICIPANT
 
 from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
 from .clock import Clock
+from .emitter import Emitter
 from .room_events import (
     RoomEventAdapter,
     kind_name,
@@ -66,7 +66,7 @@ class SessionCloseTimedOut:
     reason: str
 
 
-class ParticipantLink(rtc.EventEmitter[str]):
+class ParticipantLink(Emitter[str]):
     """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged)
     and ``close_timed_out`` (SessionCloseTimedOut).
 

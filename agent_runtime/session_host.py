@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf import message as pb_message
 from google.protobuf.unknown_fields import UnknownFieldSet
-from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionHost, SessionTransport
@@ -37,6 +36,7 @@ from statemachines.session_host import SESSION_HOST
 
 from .actor import Actor, Event
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from .session_transport import SenderAware
 from .trace import Tracer
@@ -123,7 +123,7 @@ class _Attached:
     host: SessionHost
 
 
-class JobSessionHost(rtc.EventEmitter[str]):
+class JobSessionHost(Emitter[str]):
     """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``, of the
     ``session_host`` or the ``finalize`` machine).
 

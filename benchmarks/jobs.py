@@ -335,8 +335,10 @@ async def _profile(variant: str, n: int, phase: str, top: int) -> None:
             print(f"{variant}: bytes held per live job, by line (top {top})")
             for s in stats[:top]:
                 frame = s.traceback[0]
-                print(f"{s.size_diff / n:10.0f} B {s.count_diff / n:7.1f} blocks  "
-                      f"{_short(frame.filename)}:{frame.lineno}")
+                print(
+                    f"{s.size_diff / n:10.0f} B {s.count_diff / n:7.1f} blocks  "
+                    f"{_short(frame.filename)}:{frame.lineno}"
+                )
             total = sum(s.size_diff for s in stats)
             print(f"{total / n / 1024:10.1f} KiB per job in all")
             by_part: dict[str, int] = {}
