@@ -11,10 +11,10 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import table_of
@@ -46,6 +46,33 @@ class StateChanged:
 EffectResult = Event | None
 EffectHandler = Callable[[Event], EffectResult | Awaitable[EffectResult]]
 GuardFn = Callable[[Event], bool]
+H = TypeVar("H")
+
+
+class Handlers(Mapping[str, H]):
+    """A class's effect (or guard) handlers for one instance's actor, bound on use.
+
+    ``Handlers(self, TABLE)``, where ``TABLE`` maps each name to a function of the class
+    (``def _fx(self, event)``) and is built once with the class: every instance shares it,
+    instead of holding a dict of bound methods of its own."""
+
+    __slots__ = ("_owner", "_table")
+
+    def __init__(self, owner: object, table: Mapping[str, Callable[..., Any]]) -> None:
+        self._owner = owner
+        self._table = table
+
+    def __getitem__(self, name: str) -> H:
+        return self._table[name].__get__(self._owner)  # type: ignore[no-any-return]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 class EventRejected(RuntimeError):

@@ -47,7 +47,7 @@ from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
 from .room_events import (
@@ -288,32 +288,8 @@ class AvatarLifecycle(Emitter[Literal["state_changed"]]):
         self._actor = Actor(
             AVATAR,
             instance=avatar.avatar_identity,
-            effects={
-                "start_plugin": self._fx_start_plugin,
-                "record_route": self._fx_record_route,
-                "check_presence": self._fx_check_presence,
-                "restore_route": self._fx_restore_route,
-                "release_attempt": self._fx_release_attempt,
-                "reinstall_route": self._fx_reinstall_route,
-                "follow_plugin_clear": self._fx_follow_plugin_clear,
-                "clear_local_buffer": self._fx_clear_local_buffer,
-                "mark_playout_done": self._fx_mark_playout_done,
-                "put_route_back": self._fx_put_route_back,
-                "unhook": self._fx_unhook,
-                "close_plugin": self._fx_close_plugin,
-            },
-            guards={
-                "has_video": lambda _ev: self._avatar_has_video(),
-                "avatar_present": lambda _ev: self._avatar_participant() is not None,
-                "clear_pending": lambda ev: (
-                    bool(ev.data.get("delivered")) and self._plugin_clear_task() is not None
-                ),
-                "delivered": lambda ev: bool(ev.data.get("delivered")),
-                "retry_left": lambda ev: self._retry.retries(
-                    str(ev.data.get("cause", self._cause)), self._attempts
-                ),
-                "rejoin": lambda _ev: self._retry.rejoin and self._installed is not None,
-            },
+            effects=Handlers(self, _EFFECTS),
+            guards=Handlers(self, _GUARDS),
             # join_timeout bounds both the plugin's start() (starting) and the join
             # (routing); retry_backoff is the wait before the next restart
             settings=_Timeouts(self),
@@ -515,6 +491,25 @@ class AvatarLifecycle(Emitter[Literal["state_changed"]]):
         self._prev = _PrevRoute(
             chain[0] if chain else None, chain[-1] if chain else None, self._session_running()
         )
+
+    # -- guards ----------------------------------------------------------------------------
+    def _guard_has_video(self, _ev: Event) -> bool:
+        return self._avatar_has_video()
+
+    def _guard_avatar_present(self, _ev: Event) -> bool:
+        return self._avatar_participant() is not None
+
+    def _guard_clear_pending(self, ev: Event) -> bool:
+        return bool(ev.data.get("delivered")) and self._plugin_clear_task() is not None
+
+    def _guard_delivered(self, ev: Event) -> bool:
+        return bool(ev.data.get("delivered"))
+
+    def _guard_retry_left(self, ev: Event) -> bool:
+        return self._retry.retries(str(ev.data.get("cause", self._cause)), self._attempts)
+
+    def _guard_rejoin(self, _ev: Event) -> bool:
+        return self._retry.rejoin and self._installed is not None
 
     # -- effects ---------------------------------------------------------------------------
     async def _fx_start_plugin(self, ev: Event) -> Event:
@@ -871,6 +866,31 @@ class AvatarLifecycle(Emitter[Literal["state_changed"]]):
             if not task.done():
                 task.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+# the avatar machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "start_plugin": AvatarLifecycle._fx_start_plugin,
+    "record_route": AvatarLifecycle._fx_record_route,
+    "check_presence": AvatarLifecycle._fx_check_presence,
+    "restore_route": AvatarLifecycle._fx_restore_route,
+    "release_attempt": AvatarLifecycle._fx_release_attempt,
+    "reinstall_route": AvatarLifecycle._fx_reinstall_route,
+    "follow_plugin_clear": AvatarLifecycle._fx_follow_plugin_clear,
+    "clear_local_buffer": AvatarLifecycle._fx_clear_local_buffer,
+    "mark_playout_done": AvatarLifecycle._fx_mark_playout_done,
+    "put_route_back": AvatarLifecycle._fx_put_route_back,
+    "unhook": AvatarLifecycle._fx_unhook,
+    "close_plugin": AvatarLifecycle._fx_close_plugin,
+}
+_GUARDS = {
+    "has_video": AvatarLifecycle._guard_has_video,
+    "avatar_present": AvatarLifecycle._guard_avatar_present,
+    "clear_pending": AvatarLifecycle._guard_clear_pending,
+    "delivered": AvatarLifecycle._guard_delivered,
+    "retry_left": AvatarLifecycle._guard_retry_left,
+    "rejoin": AvatarLifecycle._guard_rejoin,
+}
 
 
 async def _close_output(out: _ParticipantAudioOutput, start: asyncio.Task[None] | None) -> None:

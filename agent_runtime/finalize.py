@@ -22,7 +22,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
-from .actor import Actor, ActorClosed, Event
+from .actor import Actor, ActorClosed, Event, Handlers
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -70,17 +70,8 @@ class FinalizeAnswer:
         self.actor = Actor(
             FINALIZE,
             instance=instance,
-            effects={
-                "take_request": self._take_request,
-                "compute_verdict": self._compute_verdict,
-                "send_verdict": self._send_verdict,
-                "report_answered": self._report_answered,
-                "refuse_busy": self._refuse_busy,
-                "refuse_answered": self._refuse_answered,
-                "refuse_not_simulation": self._refuse_not_simulation,
-                "reply_unfinished": self._reply_unfinished,
-            },
-            guards={"simulation": lambda _ev: self._simulation is not None},
+            effects=Handlers(self, _EFFECTS),
+            guards=Handlers(self, _GUARDS),
             clock=clock or AsyncioClock(),
             tracer=tracer,
             effect_timeout=reply_timeout,
@@ -120,7 +111,10 @@ class FinalizeAnswer:
         await self.actor.join()  # a reply under way is bounded by reply_timeout
         await self.actor.aclose()
 
-    # -- effects ---------------------------------------------------------------------------
+    # -- guards and effects --------------------------------------------------------------------
+    def _guard_simulation(self, _ev: Event) -> bool:
+        return self._simulation is not None
+
     def _take_request(self, ev: Event) -> None:
         # an effect of the step that entered `answering`: it runs before the state's task
         # gets its first turn of the loop
@@ -207,3 +201,19 @@ class FinalizeAnswer:
                 response=agent_pb.SessionResponse(request_id=request_id, error=error)
             )
         )
+
+
+# the finalize machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "take_request": FinalizeAnswer._take_request,
+    "compute_verdict": FinalizeAnswer._compute_verdict,
+    "send_verdict": FinalizeAnswer._send_verdict,
+    "report_answered": FinalizeAnswer._report_answered,
+    "refuse_busy": FinalizeAnswer._refuse_busy,
+    "refuse_answered": FinalizeAnswer._refuse_answered,
+    "refuse_not_simulation": FinalizeAnswer._refuse_not_simulation,
+    "reply_unfinished": FinalizeAnswer._reply_unfinished,
+}
+_GUARDS = {
+    "simulation": FinalizeAnswer._guard_simulation,
+}

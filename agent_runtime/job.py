@@ -30,7 +30,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 
 from statemachines.job import JOB
 
-from .actor import Actor, Event, StateChanged
+from .actor import Actor, Event, Handlers, StateChanged
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter, positional_arity
 from .room_deletion import DeleteRoomFn, RoomDeletion
@@ -112,7 +112,8 @@ class JobRuntime(Emitter[str]):
         self._callbacks_running: dict[int, str] = {}
         self._reason = ""
         self._closed_at: float | None = None
-        self._closed = asyncio.Event()
+        self._closed = False
+        self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
         self._started = False
         instance = room.name or "job"
         if transport is None:
@@ -140,8 +141,8 @@ class JobRuntime(Emitter[str]):
         self.actor = Actor(
             JOB,
             instance=instance,
-            effects={"run_close": self._run_close, "report_cut": self._report_cut},
-            guards={"hold_needed": lambda _ev: self.hold_needed},
+            effects=Handlers(self, _EFFECTS),
+            guards=Handlers(self, _GUARDS),
             settings={
                 "session_end_timeout": float(session_end_timeout),
                 "close_timeout": float(close_timeout),
@@ -275,17 +276,21 @@ class JobRuntime(Emitter[str]):
         at once, within ``close_timeout``."""
         if not callable(callback):
             raise TypeError("a shutdown callback must be callable")
-        if self._closed.is_set():
+        if self._closed:
             raise RuntimeError("the job is closed; the callback would never run")
         self._shutdown_callbacks.append(callback)
 
     async def wait_closed(self) -> None:
-        await self._closed.wait()
+        if self._closed:
+            return
+        if self._closed_waiter is None:
+            self._closed_waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._closed_waiter)
 
     async def aclose(self) -> None:
         """Shut down (honouring the hold, which is bounded), wait for ``closed``, then release
         every listener and task."""
-        if not self._closed.is_set() and not self.actor.closed:
+        if not self._closed and not self.actor.closed:
             self.shutdown("job runtime closed")
             await self.wait_closed()
         await self.host.aclose()
@@ -341,6 +346,9 @@ class JobRuntime(Emitter[str]):
         elif isinstance(fact, ParticipantLeft):
             self._simulators.discard(fact.identity)
 
+    def _guard_hold_needed(self, _ev: Event) -> bool:
+        return self.hold_needed
+
     def _post(self, event: Event) -> None:
         if not self.actor.closed:
             self.actor.post(event)
@@ -359,7 +367,9 @@ class JobRuntime(Emitter[str]):
     def _on_job_state(self, sc: StateChanged) -> None:
         if sc.dest == "closed":
             self._closed_at = self._clock.now()
-            self._closed.set()
+            self._closed = True
+            if self._closed_waiter is not None and not self._closed_waiter.done():
+                self._closed_waiter.set_result(None)
         self._emit_state(sc)
         if sc.dest == "closed":
             self._emit_safely("closed", self._closed_at)
@@ -440,6 +450,11 @@ class JobRuntime(Emitter[str]):
         for cb, res in zip(self._shutdown_callbacks, results, strict=True):
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 logger.error("shutdown callback %r failed", cb, exc_info=res)
+
+
+# the job machine's handlers, shared by every job (Handlers binds them to one)
+_EFFECTS = {"run_close": JobRuntime._run_close, "report_cut": JobRuntime._report_cut}
+_GUARDS = {"hold_needed": JobRuntime._guard_hold_needed}
 
 
 def _takes_argument(cb: Callable[..., Any]) -> bool:

@@ -25,6 +25,7 @@ no-op one is in place.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,17 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0,
 
 def held_states(machines: Mapping[str, MachineSpec] = MACHINES) -> frozenset[tuple[str, str]]:
     """(machine, state) of every state that takes time: one with a timeout or a state task."""
+    if machines is MACHINES:
+        return _held_states_of_machines()
+    return _held_states(machines)
+
+
+@functools.cache
+def _held_states_of_machines() -> frozenset[tuple[str, str]]:
+    return _held_states(MACHINES)  # one set for every job
+
+
+def _held_states(machines: Mapping[str, MachineSpec]) -> frozenset[tuple[str, str]]:
     return frozenset(
         (m.name, s.name)
         for m in machines.values()

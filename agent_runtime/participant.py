@@ -31,7 +31,7 @@ from livekit.agents.voice.room_io import RoomIO
 
 from statemachines.participant import PARTICIPANT
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .clock import Clock
 from .emitter import Emitter
 from .room_events import (
@@ -116,19 +116,8 @@ class ParticipantLink(Emitter[str]):
         self._actor = Actor(
             PARTICIPANT,
             instance=room_events.room.name or "room",
-            effects={
-                "link": self._link,
-                "relink": self._relink,
-                "close_session": self._close_session,
-                "report_close_timed_out": self._report_close_timed_out,
-            },
-            guards={
-                "eligible": self._eligible,
-                "is_linked": self._is_linked,
-                "same_identity": self._is_linked,
-                "closing_reason": self._closing_reason,
-                "grace_enabled": self._grace_enabled,
-            },
+            effects=Handlers(self, _EFFECTS),
+            guards=Handlers(self, _GUARDS),
             settings={
                 "grace_period": grace_setting,
                 "session_close_timeout": self.session_close_timeout,
@@ -334,3 +323,19 @@ class ParticipantLink(Emitter[str]):
         except Exception:
             return None  # an rtc.Room that never connected has no local participant
         return identity if isinstance(identity, str) else None
+
+
+# the participant machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "link": ParticipantLink._link,
+    "relink": ParticipantLink._relink,
+    "close_session": ParticipantLink._close_session,
+    "report_close_timed_out": ParticipantLink._report_close_timed_out,
+}
+_GUARDS = {
+    "eligible": ParticipantLink._eligible,
+    "is_linked": ParticipantLink._is_linked,
+    "same_identity": ParticipantLink._is_linked,
+    "closing_reason": ParticipantLink._closing_reason,
+    "grace_enabled": ParticipantLink._grace_enabled,
+}

@@ -13,7 +13,7 @@ from typing import Any
 
 from statemachines.room_deletion import ROOM_DELETION
 
-from .actor import Actor, ActorClosed, Event
+from .actor import Actor, ActorClosed, Event, Handlers
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -41,13 +41,7 @@ class RoomDeletion:
         self.actor = Actor(
             ROOM_DELETION,
             instance=instance,
-            effects={
-                "delete_room": self._delete,
-                "record_deleted": self._record_deleted,
-                "report_failure": self._report_failure,
-                "report_cut": self._report_cut,
-                "report_never_allowed": self._report_never_allowed,
-            },
+            effects=Handlers(self, _EFFECTS),
             settings={"close_timeout": close_timeout},
             clock=self._clock,
             tracer=tracer,
@@ -105,3 +99,13 @@ class RoomDeletion:
             "room deletion was asked for, but the job closed before its room work was done; "
             "the room is left as it is"
         )
+
+
+# the room_deletion machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "delete_room": RoomDeletion._delete,
+    "record_deleted": RoomDeletion._record_deleted,
+    "report_failure": RoomDeletion._report_failure,
+    "report_cut": RoomDeletion._report_cut,
+    "report_never_allowed": RoomDeletion._report_never_allowed,
+}

@@ -8,6 +8,7 @@ decides the rest. Conditions see the fact and what the runtime knew just before 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -60,6 +61,39 @@ def fact_data(fact: RoomFact) -> dict[str, Any]:
     return {}
 
 
+@functools.cache
+def _routes_by_fact(machine: str) -> dict[str, tuple[Route, ...]]:
+    """The machine's routes grouped by fact name: built once, shared by every job."""
+    by_fact: dict[str, list[Route]] = {}
+    for r in routes_for(machine):
+        by_fact.setdefault(r.fact, []).append(r)
+    return {fact: tuple(rs) for fact, rs in by_fact.items()}
+
+
+class _Follower:
+    """One machine's subscription: turns each fact into the events its routes name."""
+
+    __slots__ = ("after", "by_fact", "conds", "post")
+
+    def __init__(
+        self,
+        by_fact: dict[str, tuple[Route, ...]],
+        conds: Mapping[str, Condition],
+        post: Callable[[Event], None],
+        after: Callable[[RoomFact], None] | None,
+    ) -> None:
+        self.by_fact, self.conds, self.post, self.after = by_fact, conds, post, after
+
+    def __call__(self, fact: RoomFact) -> None:
+        matching = self.by_fact.get(FACT_NAMES[type(fact)], ())
+        conds = self.conds
+        fired = [r for r in matching if all(conds[c](fact) for c in r.when)]
+        if self.after is not None:
+            self.after(fact)
+        for r in fired:
+            self.post(Event(r.event, fact_data(fact)))
+
+
 def follow(
     adapter: RoomEventAdapter,
     machine: str,
@@ -73,20 +107,8 @@ def follow(
     Raises ``ValueError`` when a route's condition has no definition here.
     """
     conds: Mapping[str, Condition] = conditions or {}
-    routes = routes_for(machine)
-    missing = sorted({c for r in routes for c in r.when} - set(conds))
+    by_fact = _routes_by_fact(machine)
+    missing = sorted({c for rs in by_fact.values() for r in rs for c in r.when} - set(conds))
     if missing:
         raise ValueError(f"machine {machine!r}: no definition of condition {', '.join(missing)}")
-    by_fact: dict[str, list[Route]] = {}
-    for r in routes:
-        by_fact.setdefault(r.fact, []).append(r)
-
-    def on_fact(fact: RoomFact) -> None:
-        matching = by_fact.get(FACT_NAMES[type(fact)], ())
-        fired = [r for r in matching if all(conds[c](fact) for c in r.when)]
-        if after is not None:
-            after(fact)
-        for r in fired:
-            post(Event(r.event, fact_data(fact)))
-
-    return adapter.subscribe(on_fact)
+    return adapter.subscribe(_Follower(by_fact, conds, post, after))

@@ -34,10 +34,11 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.session_host import SESSION_HOST
 
-from .actor import Actor, Event
+from .actor import Actor, Event, Handlers
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
+from .inbox import Inbox
 from .session_transport import SenderAware
 from .trace import Tracer
 
@@ -87,7 +88,7 @@ class _SessionPipe(SessionTransport):
 
     def __init__(self, out: SessionTransport) -> None:
         self._out = out
-        self._inbox: asyncio.Queue[agent_pb.AgentSessionMessage | None] = asyncio.Queue()
+        self._inbox: Inbox[agent_pb.AgentSessionMessage | None] = Inbox()
         self._closed = False
 
     def feed(self, request: agent_pb.SessionRequest) -> None:
@@ -179,21 +180,8 @@ class JobSessionHost(Emitter[str]):
         self.actor = Actor(
             SESSION_HOST,
             instance=instance,
-            effects={
-                "subscribe": self._subscribe,
-                "unsubscribe": self._unsubscribe,
-                "delegate_request": self._delegate_request,
-                "reply_no_session": self._reply_no_session,
-                "reply_error": self._reply_error,
-                "forward_finalize": self._forward_finalize,
-                "refuse_stranger": self._refuse_stranger,
-                "report_session_closed": self._report_session_closed,
-                "drain": self._drain,
-                "reply_closing": self._reply_closing,
-                "close_finalize": self._close_finalize,
-                "close_transport": self._close_transport,
-            },
-            guards={"is_current": self._is_current, "from_simulator": self._from_simulator},
+            effects=Handlers(self, _EFFECTS),
+            guards=Handlers(self, _GUARDS),
             settings={"drain_timeout": drain_timeout},
             clock=self._clock,
             tracer=tracer,
@@ -453,6 +441,27 @@ class JobSessionHost(Emitter[str]):
 # -- request validation -------------------------------------------------------
 
 _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
+
+
+# the session_host machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "subscribe": JobSessionHost._subscribe,
+    "unsubscribe": JobSessionHost._unsubscribe,
+    "delegate_request": JobSessionHost._delegate_request,
+    "reply_no_session": JobSessionHost._reply_no_session,
+    "reply_error": JobSessionHost._reply_error,
+    "forward_finalize": JobSessionHost._forward_finalize,
+    "refuse_stranger": JobSessionHost._refuse_stranger,
+    "report_session_closed": JobSessionHost._report_session_closed,
+    "drain": JobSessionHost._drain,
+    "reply_closing": JobSessionHost._reply_closing,
+    "close_finalize": JobSessionHost._close_finalize,
+    "close_transport": JobSessionHost._close_transport,
+}
+_GUARDS = {
+    "is_current": JobSessionHost._is_current,
+    "from_simulator": JobSessionHost._from_simulator,
+}
 
 
 def request_problem(req: agent_pb.SessionRequest) -> str | None:
