@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from statemachines import MachineSpec, Step, UnknownEvent
+from statemachines import MachineSpec, State, Step, UnknownEvent
 from statemachines.step import table_of
 
 from .clock import AsyncioClock, Clock, TimerHandle
@@ -151,6 +151,11 @@ class Actor(Emitter[str]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def states(self) -> Mapping[str, State]:
+        """The machine's states by name."""
+        return self._table.states
 
     @property
     def idle(self) -> bool:

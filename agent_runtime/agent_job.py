@@ -261,6 +261,7 @@ class AgentJob(Emitter[Events]):
         self._avatar_closing: asyncio.Task[None] | None = None
         self._runtime_started = False
         self._finishing: asyncio.Task[None] | None = None
+        self._released = False  # _release ran to its end
         self.job.on("state_changed", self._forward_state)
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
@@ -610,7 +611,10 @@ class AgentJob(Emitter[Events]):
 
     async def _release(self) -> None:
         """The end of the job's close: stop following, unhook. Safe to run again (the job's
-        bound may cut it short; ``closed`` and ``aclose()`` then finish it)."""
+        bound may cut it short; ``closed`` and ``aclose()`` then finish it); once it has run
+        to its end, running it again does nothing."""
+        if self._released:
+            return
         await self.link.aclose()
         if self.avatar is not None:
             self._close_avatar()
@@ -620,6 +624,7 @@ class AgentJob(Emitter[Events]):
         self.events.aclose()
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
+        self._released = True
 
     async def _finish(self) -> None:
         await self._release()

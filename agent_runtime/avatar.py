@@ -395,7 +395,7 @@ class AvatarLifecycle(Emitter[Literal["state_changed"]]):
     async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
         """Wait until the machine is in ``state`` (at once if it is). ``TimeoutError`` after
         ``timeout`` seconds of the lifecycle's clock; ``ActorClosed`` if it closes first."""
-        if state not in AVATAR.state_names:
+        if state not in self._actor.states:
             raise ValueError(f"unknown avatar state {state!r}: one of {list(AVATAR.state_names)}")
         if self.state == state:
             return

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from opentelemetry import trace as trace_api
 
 # what get_meter_provider() answers until a provider is set; no public alias for it (the
 # same import livekit-agents' telemetry makes, stable in the opentelemetry-api it pins)
+from opentelemetry.environment_variables import OTEL_PYTHON_METER_PROVIDER
+from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 
 from statemachines import MachineSpec
@@ -73,6 +76,16 @@ def _held_states(machines: Mapping[str, MachineSpec]) -> frozenset[tuple[str, st
         for s in m.states
         if s.timeout is not None or s.invoke
     )
+
+
+# the OTel API builds its provider from this variable on first use
+_PROVIDER_FROM_ENV = OTEL_PYTHON_METER_PROVIDER in os.environ
+
+
+def _meter_provider_set() -> bool:
+    """Whether a global meter provider is (or will be) in place: asked on every record with
+    nothing recording, so it reads the API's global rather than the environment each time."""
+    return metrics_internal._METER_PROVIDER is not None or _PROVIDER_FROM_ENV
 
 
 @dataclass(slots=True)
@@ -259,8 +272,10 @@ class OtelSink:
 
     def _metrics(self) -> _Instruments | None:
         if self._instruments is None:
+            if self._meter_provider is None and not _meter_provider_set():
+                return None  # no SDK: no meter, no instruments
             provider = self._meter_provider or metrics_api.get_meter_provider()
             if isinstance(provider, _NO_SDK):
-                return None  # no SDK: no meter, no instruments
+                return None
             self._instruments = _Instruments(provider.get_meter("agent_runtime"))
         return self._instruments
