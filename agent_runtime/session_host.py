@@ -39,7 +39,7 @@ from .clock import AsyncioClock, Clock
 from .emitter import Emitter
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from .inbox import Inbox
-from .session_transport import SenderAware
+from .session_transport import SenderAware, sender_aware
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -287,7 +287,8 @@ class JobSessionHost(Emitter[str]):
     # -- incoming --------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
         # who sent each request, when the transport can say (RoomRequestTransport can)
-        named = self._transport if isinstance(self._transport, SenderAware) else None
+        # (what isinstance(transport, SenderAware) checks, without the protocol machinery)
+        named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None
         it = self._transport.__aiter__()
         while True:
             sender: str | None = None

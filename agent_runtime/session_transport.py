@@ -55,6 +55,11 @@ class SenderAware(Protocol):
         ...
 
 
+def sender_aware(transport: object) -> bool:
+    """``isinstance(transport, SenderAware)``, cheaply: it has a ``receive`` method."""
+    return callable(getattr(transport, "receive", None))
+
+
 class RoomRequestTransport(SessionTransport):
     """``RoomSessionTransport``'s messages, each with the identity of its sender.
 
