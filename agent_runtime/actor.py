@@ -101,6 +101,30 @@ class Actor(Emitter[str]):
     """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``) and,
     once, ``closed``."""
 
+    # six per job: slots keep each one small
+    __slots__ = (
+        "_awaited",
+        "_closed",
+        "_effects",
+        "_entered",
+        "_entered_at",
+        "_gen",
+        "_guards",
+        "_mailbox",
+        "_runner",
+        "_settings",
+        "_state",
+        "_table",
+        "_tasks",
+        "_timer",
+        "_timer_deadline",
+        "clock",
+        "effect_timeout",
+        "instance",
+        "spec",
+        "tracer",
+    )
+
     def __init__(
         self,
         spec: MachineSpec,

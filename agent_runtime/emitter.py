@@ -10,6 +10,7 @@ plain function or bound method is read from its code object, and only other call
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from livekit import rtc
 logger = logging.getLogger("agent_runtime.emitter")
 
 T = TypeVar("T")
+
+_COROUTINE_MARKER = getattr(asyncio.coroutines, "_is_coroutine", None)
 
 
 def positional_arity(fn: Callable[..., Any]) -> int | None:
@@ -42,13 +45,50 @@ def positional_arity(fn: Callable[..., Any]) -> int | None:
 
 
 class Emitter(rtc.EventEmitter[T]):
-    """``rtc.EventEmitter`` whose ``emit`` does not rebuild each listener's signature."""
+    """``rtc.EventEmitter`` whose ``emit`` does not rebuild each listener's signature, and
+    whose listeners of an event are a tuple (replaced on ``on``/``off``, so ``emit`` walks
+    a snapshot without copying it) rather than a dict per event."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self) -> None:
+        self._events: dict[T, tuple[Callable[..., Any], ...]] = {}  # type: ignore[assignment]
+
+    def on(self, event: T, callback: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        if callback is None:
+
+            def decorator(callback: Callable[..., Any]) -> Callable[..., Any]:
+                self.on(event, callback)
+                return callback
+
+            return decorator
+        # as livekit's: a coroutine function, or one tagged with asyncio's legacy marker
+        if inspect.iscoroutinefunction(callback) or (
+            _COROUTINE_MARKER is not None
+            and getattr(callback, "_is_coroutine", None) is _COROUTINE_MARKER
+        ):
+            raise ValueError(
+                "Cannot register an async callback with `.on()`. Use `asyncio.create_task` "
+                "within your synchronous callback instead."
+            )
+        current: tuple[Callable[..., Any], ...] = self._events.get(event, ())
+        if callback not in current:
+            self._events[event] = (*current, callback)
+        return callback
+
+    def off(self, event: T, callback: Callable[..., Any]) -> None:
+        current: tuple[Callable[..., Any], ...] = self._events.get(event, ())
+        if callback in current:
+            i = current.index(callback)
+            rest = current[:i] + current[i + 1 :]
+            if rest:
+                self._events[event] = rest
+            else:
+                del self._events[event]
 
     def emit(self, event: T, *args: Any) -> None:
-        listeners = self._events.get(event)
-        if not listeners:
-            return
-        for callback in list(listeners):
+        listeners: tuple[Callable[..., Any], ...] = self._events.get(event, ())
+        for callback in listeners:
             try:
                 n = positional_arity(callback)
                 callback(*(args if n is None else args[:n]))

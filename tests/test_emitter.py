@@ -155,3 +155,74 @@ def test_once_and_off_behave_as_livekit_s() -> None:
     em.off("ev", keep)
     em.emit("ev", 4)
     assert got == [1, 30]
+
+
+def test_an_async_listener_is_refused_as_livekit_refuses_it() -> None:
+    async def handler(_: Any) -> None:
+        pass
+
+    for cls in (rtc.EventEmitter, Emitter):
+        em = cls()
+        with pytest.raises(ValueError, match="async callback"):
+            em.on("ev", handler)
+        with pytest.raises(ValueError, match="async callback"):
+            em.on("ev")(handler)
+        em.emit("ev", 1)  # nothing was registered
+
+
+def test_registration_order_duplicates_and_decorators_match_livekit() -> None:
+    def run(cls: type[rtc.EventEmitter[str]]) -> list[Any]:
+        got: list[Any] = []
+        em = cls()
+
+        def a(x: Any) -> None:
+            got.append(("a", x))
+
+        @em.on("ev")
+        def b(x: Any) -> None:
+            got.append(("b", x))
+
+        @em.once("ev")
+        def c(x: Any) -> None:
+            got.append(("c", x))
+
+        em.on("ev", a)
+        em.on("ev", b)  # already there: neither twice nor moved
+        em.emit("ev", 1)
+        em.off("ev", b)
+        em.off("ev", b)  # unknown now: nothing happens
+        em.off("never", a)
+        em.emit("ev", 2)
+        em.off("ev", a)
+        em.emit("ev", 3)
+        em.on("ev", b)
+        em.emit("ev", 4)
+        return got
+
+    assert run(Emitter) == run(rtc.EventEmitter)
+    assert run(Emitter) == [("b", 1), ("c", 1), ("a", 1), ("a", 2), ("b", 4)]
+
+
+def test_a_listener_added_or_removed_during_emit_waits_for_the_next_one() -> None:
+    def run(cls: type[rtc.EventEmitter[str]]) -> list[str]:
+        got: list[str] = []
+        em = cls()
+
+        def late(_: Any) -> None:
+            got.append("late")
+
+        def second(_: Any) -> None:
+            got.append("second")
+
+        def first(_: Any) -> None:
+            got.append("first")
+            em.on("ev", late)
+            em.off("ev", second)
+
+        em.on("ev", first)
+        em.on("ev", second)
+        em.emit("ev", 1)
+        em.emit("ev", 2)
+        return got
+
+    assert run(Emitter) == run(rtc.EventEmitter) == ["first", "second", "first", "late"]
