@@ -13,7 +13,8 @@ What it composes: the room-event adapter (room facts reach each machine through 
 declared routing table), the ``job`` machine and the job-owned session host (the session
 starts with ``session_host=False`` and is attached before it starts), the linked
 ``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are turned
-off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin,
+off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
+optional ``playout`` machine (the agent's audio until heard, the re-prompt watchdog),
 tracing, and the teardown: when the session closes the avatar goes with it while the room is
 still connected; the job's ``closing`` closes the host, then the session and avatar if they
 are still up, then disconnects, deletes the room if asked and runs the shutdown callbacks.
@@ -56,10 +57,11 @@ from .emitter import Emitter
 from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
 from .participant import ParticipantLink, SessionCloseTimedOut
+from .playout import PlayoutTracker, RepromptFn
 from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
-from .settings import AvatarRetry, JobSettings, SettingError, job_settings
+from .settings import AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_settings
 from .snapshot import JobSnapshot, find_actors, machines_snapshot
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -124,6 +126,8 @@ class AgentJob(Emitter[Events]):
         session_end_timeout: float = 300.0,
         close_timeout: float = 10.0,
         delete_room_on_close: bool = False,
+        playout: bool | PlayoutOptions | Mapping[str, Any] = False,
+        on_reprompt: RepromptFn | None = None,
         trace_path: str | Path | None = None,
         tracer: Tracer | None = None,
         otel: bool | OtelSink = True,
@@ -146,6 +150,7 @@ class AgentJob(Emitter[Events]):
             "session_end_timeout": session_end_timeout,
             "close_timeout": close_timeout,
             "delete_room_on_close": delete_room_on_close,
+            "playout": playout,
         }
         if participant_kinds is not None:
             options["participant_kinds"] = participant_kinds
@@ -176,6 +181,15 @@ class AgentJob(Emitter[Events]):
             raise ValueError("avatar_start_options given without an avatar")
         if isinstance(avatar, AvatarSession):
             check_start_options(avatar, start_options)
+        if on_reprompt is not None and not callable(on_reprompt):
+            raise TypeError("on_reprompt must be callable as on_reprompt(session, attempt)")
+        if on_reprompt is not None and (
+            self.settings.playout is None or not self.settings.playout.reprompt
+        ):
+            raise ValueError(
+                "on_reprompt given, but the watchdog is off: pass "
+                "playout=PlayoutOptions(reprompt=True) too"
+            )
         if not isinstance(otel, bool | OtelSink):
             raise TypeError(f"otel must be True, False or an OtelSink, not {type(otel).__name__}")
         if otel is True and isinstance(inject.get("otel"), OtelSink):
@@ -254,6 +268,19 @@ class AgentJob(Emitter[Events]):
                 room_events=self.events,
                 remove_participant=remove_avatar_participant,
             )
+        # the agent's audio until heard, and the re-prompt watchdog (playout=...)
+        self.playout: PlayoutTracker | None = None
+        if s.playout is not None:
+            self.playout = PlayoutTracker(
+                session,
+                options=s.playout,
+                on_reprompt=on_reprompt,
+                avatar=self.avatar,
+                link=self.link,
+                clock=clock,
+                tracer=tracer,
+                instance=room.name or "room",
+            )
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
         self._live_route: Route = "none"
         self._actors: list[Actor] | None = None
@@ -266,6 +293,8 @@ class AgentJob(Emitter[Events]):
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
             self.avatar.on("state_changed", self._forward_state)
+        if self.playout is not None:
+            self.playout.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_closed)
         # a session whose close hangs cannot end the job by closing: the link says so
         self.link.on("close_timed_out", self._on_close_timed_out)
@@ -385,7 +414,7 @@ class AgentJob(Emitter[Events]):
         """Every machine of the job (its actor), in ``MACHINES`` order."""
         if self._actors is None:
             # found once: each runtime builds its machines when it is built
-            self._actors = find_actors(self.job, self.link, self.avatar)
+            self._actors = find_actors(self.job, self.link, self.avatar, self.playout)
         return self._actors
 
     def snapshot(self) -> JobSnapshot:
@@ -466,6 +495,8 @@ class AgentJob(Emitter[Events]):
         # attached as it starts (until then a request gets "no active session"), before its
         # first event so every one of them is forwarded
         self.job.attach(self.session)
+        if self.playout is not None:
+            self.playout.start()  # before the session's first speech
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
         self._live_route = route_of(self.session)
         self.link.start()
@@ -537,6 +568,8 @@ class AgentJob(Emitter[Events]):
                 await asyncio.gather(self._finishing, return_exceptions=True)
             return
         await self.job.abort()
+        if self.playout is not None:
+            await self.playout.stop()
         for actor in (self.link.actor, *([self.avatar.actor] if self.avatar else [])):
             await actor.aclose()
         self.session.off("close", self._on_session_close)
@@ -615,6 +648,8 @@ class AgentJob(Emitter[Events]):
         to its end, running it again does nothing."""
         if self._released:
             return
+        if self.playout is not None:
+            await self.playout.aclose()
         await self.link.aclose()
         if self.avatar is not None:
             self._close_avatar()
