@@ -115,12 +115,12 @@ class FinalizeAnswer:
     def _guard_simulation(self, _ev: Event) -> bool:
         return self._simulation is not None
 
-    def _take_request(self, ev: Event) -> None:
+    def _fx_take_request(self, ev: Event) -> None:
         # an effect of the step that entered `answering`: it runs before the state's task
         # gets its first turn of the loop
         self._request = dict(ev.data)
 
-    async def _compute_verdict(self, _ev: Event) -> Event:
+    async def _fx_compute_verdict(self, _ev: Event) -> Event:
         if self._result is None:
             self._result = await self._run_on_simulation_end(self._request)
         return Event("verdict_ready", {"request_id": self._request.get("request_id", "")})
@@ -150,7 +150,7 @@ class FinalizeAnswer:
             return result, f"on_simulation_end failed: {type(e).__name__}: {e}"
         return result, ""
 
-    async def _send_verdict(self, ev: Event) -> Event:
+    async def _fx_send_verdict(self, ev: Event) -> Event:
         assert self._result is not None  # verdict_ready follows the computed verdict
         result, error = self._result
         rid = str(ev.data.get("request_id", ""))
@@ -170,7 +170,7 @@ class FinalizeAnswer:
         )
         return Event("delivered", {"request_id": rid, "verdict": verdict})
 
-    def _report_answered(self, ev: Event) -> None:
+    def _fx_report_answered(self, ev: Event) -> None:
         verdict = ev.data.get("verdict")
         self._delivered = _Delivered(
             str(ev.data.get("request_id", "")),
@@ -179,16 +179,16 @@ class FinalizeAnswer:
         if self._on_answered is not None:
             self._on_answered(self._delivered.verdict)
 
-    async def _refuse_busy(self, ev: Event) -> None:
+    async def _fx_refuse_busy(self, ev: Event) -> None:
         await self._error(ev, "finalize_simulation was already being answered")
 
-    async def _refuse_answered(self, ev: Event) -> None:
+    async def _fx_refuse_answered(self, ev: Event) -> None:
         await self._error(ev, "finalize_simulation was already answered")
 
-    async def _refuse_not_simulation(self, ev: Event) -> None:
+    async def _fx_refuse_not_simulation(self, ev: Event) -> None:
         await self._error(ev, "this job is not a simulation")
 
-    async def _reply_unfinished(self, _ev: Event) -> None:
+    async def _fx_reply_unfinished(self, _ev: Event) -> None:
         # the answer was cut with its state: the simulator gets this rather than silence
         await self._send_error(str(self._request.get("request_id", "")), FINALIZE_UNFINISHED)
 
@@ -205,14 +205,14 @@ class FinalizeAnswer:
 
 # the finalize machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = {
-    "take_request": FinalizeAnswer._take_request,
-    "compute_verdict": FinalizeAnswer._compute_verdict,
-    "send_verdict": FinalizeAnswer._send_verdict,
-    "report_answered": FinalizeAnswer._report_answered,
-    "refuse_busy": FinalizeAnswer._refuse_busy,
-    "refuse_answered": FinalizeAnswer._refuse_answered,
-    "refuse_not_simulation": FinalizeAnswer._refuse_not_simulation,
-    "reply_unfinished": FinalizeAnswer._reply_unfinished,
+    "take_request": FinalizeAnswer._fx_take_request,
+    "compute_verdict": FinalizeAnswer._fx_compute_verdict,
+    "send_verdict": FinalizeAnswer._fx_send_verdict,
+    "report_answered": FinalizeAnswer._fx_report_answered,
+    "refuse_busy": FinalizeAnswer._fx_refuse_busy,
+    "refuse_answered": FinalizeAnswer._fx_refuse_answered,
+    "refuse_not_simulation": FinalizeAnswer._fx_refuse_not_simulation,
+    "reply_unfinished": FinalizeAnswer._fx_reply_unfinished,
 }
 _GUARDS = {
     "simulation": FinalizeAnswer._guard_simulation,

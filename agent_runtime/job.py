@@ -385,7 +385,7 @@ class JobRuntime(Emitter[str]):
             logger.exception("a %r listener failed", name)
 
     # -- closing ---------------------------------------------------------------------------
-    async def _run_close(self, _ev: Event) -> Event:
+    async def _fx_run_close(self, _ev: Event) -> Event:
         self._close_step = "the session host had not closed"
         try:
             await self.host.aclose()
@@ -420,7 +420,7 @@ class JobRuntime(Emitter[str]):
         await self._run_shutdown_callbacks()
         return Event("close_done")
 
-    def _report_cut(self, ev: Event) -> None:
+    def _fx_report_cut(self, ev: Event) -> None:
         after = ev.data.get("after", self._close_timeout)
         if self._close_step:
             what = self._close_step
@@ -453,7 +453,7 @@ class JobRuntime(Emitter[str]):
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
-_EFFECTS = {"run_close": JobRuntime._run_close, "report_cut": JobRuntime._report_cut}
+_EFFECTS = {"run_close": JobRuntime._fx_run_close, "report_cut": JobRuntime._fx_report_cut}
 _GUARDS = {"hold_needed": JobRuntime._guard_hold_needed}
 
 

@@ -219,7 +219,7 @@ class ParticipantLink(Emitter[str]):
         self.emit("state_changed", change)
 
     # -- guards ------------------------------------------------------------------------------
-    def _eligible(self, ev: Event) -> bool:
+    def _guard_eligible(self, ev: Event) -> bool:
         identity = ev.data.get("identity")
         if not isinstance(identity, str) or not identity:
             return False
@@ -235,27 +235,27 @@ class ParticipantLink(Emitter[str]):
             and attributes.get(ATTRIBUTE_PUBLISH_ON_BEHALF) == agent
         )
 
-    def _is_linked(self, ev: Event) -> bool:
+    def _guard_is_linked(self, ev: Event) -> bool:
         return self._identity is not None and ev.data.get("identity") == self._identity
 
-    def _closing_reason(self, ev: Event) -> bool:
+    def _guard_closing_reason(self, ev: Event) -> bool:
         return self.close_on_disconnect and ev.data.get("reason") in self._closing_reasons
 
-    def _grace_enabled(self, ev: Event) -> bool:
+    def _guard_grace_enabled(self, ev: Event) -> bool:
         return not self.close_on_disconnect or self.grace_period > 0
 
     # -- effects -----------------------------------------------------------------------------
-    async def _link(self, ev: Event) -> None:
+    async def _fx_link(self, ev: Event) -> None:
         self._identity = str(ev.data["identity"])
         logger.info("linked participant %s", self._identity)
         await self._point_room_input(self._identity)
 
-    async def _relink(self, ev: Event) -> None:
+    async def _fx_relink(self, ev: Event) -> None:
         identity = str(ev.data["identity"])
         logger.info("participant %s rejoined: relinked", identity)
         await self._point_room_input(identity)
 
-    def _close_session(self, ev: Event) -> None:
+    def _fx_close_session(self, ev: Event) -> None:
         logger.info(
             "closing the session: participant %s left (%s)",
             self._identity,
@@ -269,7 +269,7 @@ class ParticipantLink(Emitter[str]):
             # a close whose teardown fails never emits `close`: its end is enough
             task.add_done_callback(self._on_close_task_done)
 
-    def _report_close_timed_out(self, ev: Event) -> None:
+    def _fx_report_close_timed_out(self, ev: Event) -> None:
         after = float(ev.data.get("after", self.session_close_timeout))
         reason = (
             f"the session did not close within {after:g}s after participant {self._identity} left"
@@ -327,15 +327,15 @@ class ParticipantLink(Emitter[str]):
 
 # the participant machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = {
-    "link": ParticipantLink._link,
-    "relink": ParticipantLink._relink,
-    "close_session": ParticipantLink._close_session,
-    "report_close_timed_out": ParticipantLink._report_close_timed_out,
+    "link": ParticipantLink._fx_link,
+    "relink": ParticipantLink._fx_relink,
+    "close_session": ParticipantLink._fx_close_session,
+    "report_close_timed_out": ParticipantLink._fx_report_close_timed_out,
 }
 _GUARDS = {
-    "eligible": ParticipantLink._eligible,
-    "is_linked": ParticipantLink._is_linked,
-    "same_identity": ParticipantLink._is_linked,
-    "closing_reason": ParticipantLink._closing_reason,
-    "grace_enabled": ParticipantLink._grace_enabled,
+    "eligible": ParticipantLink._guard_eligible,
+    "is_linked": ParticipantLink._guard_is_linked,
+    "same_identity": ParticipantLink._guard_is_linked,
+    "closing_reason": ParticipantLink._guard_closing_reason,
+    "grace_enabled": ParticipantLink._guard_grace_enabled,
 }

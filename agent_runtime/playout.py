@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import (
     AgentStateChangedEvent,
@@ -51,9 +50,10 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 from statemachines.avatar import PLUGIN_CLEARS
 from statemachines.playout import PLAYOUT
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .participant import ParticipantLink
 from .settings import PlayoutOptions, check_setting
 from .trace import Tracer
@@ -140,7 +140,7 @@ class _Timeouts(Mapping[str, float | None]):
         return 3
 
 
-class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
+class PlayoutTracker(Emitter[PlayoutEvents]):
     """Runs the ``playout`` machine for one session. Emits ``state_changed`` (a
     ``StateChanged``), ``playout_done`` (a ``PlayoutDone``) and ``reprompt`` (a
     ``Reprompted``).
@@ -186,19 +186,8 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         self._actor = Actor(
             PLAYOUT,
             instance=instance or "session",  # a trace names every instance
-            effects={
-                "playout_done": self._fx_playout_done,
-                "finish_playout": self._fx_finish_playout,
-                "reprompt": self._fx_reprompt,
-                "reset_reprompts": self._fx_reset_reprompts,
-                "hand_over": self._fx_hand_over,
-            },
-            guards={
-                "avatar_joined": lambda _ev: self.avatar_joined,
-                "watchdog_on": lambda _ev: self.options.reprompt,
-                "user_listening": lambda _ev: self._user_listening(),
-                "reprompts_left": lambda _ev: self._reprompts < self.options.max_reprompts,
-            },
+            effects=Handlers(self, _EFFECTS),
+            guards=Handlers(self, _GUARDS),
             settings=_Timeouts(self),
             clock=self._clock,
             tracer=tracer,
@@ -347,7 +336,17 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         if event is not None:
             self._post(event, {"link": sc.dest})
 
-    def _user_listening(self) -> bool:
+    # -- guards --------------------------------------------------------------------------------
+    def _guard_avatar_joined(self, ev: Event) -> bool:
+        return self.avatar_joined
+
+    def _guard_watchdog_on(self, ev: Event) -> bool:
+        return self.options.reprompt
+
+    def _guard_reprompts_left(self, ev: Event) -> bool:
+        return self._reprompts < self.options.max_reprompts
+
+    def _guard_user_listening(self, ev: Event) -> bool:
         if self._link is not None and self._link.state != "linked":
             return False  # nobody to re-prompt
         return self.session.user_state != "speaking"  # listening, or away: silent
@@ -430,3 +429,19 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
             logger.info(
                 "playout: no answer after %d re-prompts; waiting for the user", self._reprompts
             )
+
+
+# the playout machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "playout_done": PlayoutTracker._fx_playout_done,
+    "finish_playout": PlayoutTracker._fx_finish_playout,
+    "reprompt": PlayoutTracker._fx_reprompt,
+    "reset_reprompts": PlayoutTracker._fx_reset_reprompts,
+    "hand_over": PlayoutTracker._fx_hand_over,
+}
+_GUARDS = {
+    "avatar_joined": PlayoutTracker._guard_avatar_joined,
+    "watchdog_on": PlayoutTracker._guard_watchdog_on,
+    "user_listening": PlayoutTracker._guard_user_listening,
+    "reprompts_left": PlayoutTracker._guard_reprompts_left,
+}

@@ -78,23 +78,23 @@ class RoomDeletion:
         await self.actor.aclose()
 
     # -- effects ---------------------------------------------------------------------------
-    async def _delete(self, _ev: Event) -> Event:
+    async def _fx_delete_room(self, _ev: Event) -> Event:
         await self._delete_room()
         return Event("delete_done")
 
-    def _record_deleted(self, _ev: Event) -> None:
+    def _fx_record_deleted(self, _ev: Event) -> None:
         self._deleted_at = self._clock.now()
 
-    def _report_failure(self, ev: Event) -> None:
+    def _fx_report_failure(self, ev: Event) -> None:
         logger.warning("deleting the room failed: %s", ev.data.get("detail", ""))
 
-    def _report_cut(self, ev: Event) -> None:
+    def _fx_report_cut(self, ev: Event) -> None:
         logger.warning(
             "deleting the room was cut off after %gs (close_timeout): the server did not answer",
             ev.data.get("after", self._close_timeout),
         )
 
-    def _report_never_allowed(self, _ev: Event) -> None:
+    def _fx_report_never_allowed(self, _ev: Event) -> None:
         logger.warning(
             "room deletion was asked for, but the job closed before its room work was done; "
             "the room is left as it is"
@@ -103,9 +103,9 @@ class RoomDeletion:
 
 # the room_deletion machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = {
-    "delete_room": RoomDeletion._delete,
-    "record_deleted": RoomDeletion._record_deleted,
-    "report_failure": RoomDeletion._report_failure,
-    "report_cut": RoomDeletion._report_cut,
-    "report_never_allowed": RoomDeletion._report_never_allowed,
+    "delete_room": RoomDeletion._fx_delete_room,
+    "record_deleted": RoomDeletion._fx_record_deleted,
+    "report_failure": RoomDeletion._fx_report_failure,
+    "report_cut": RoomDeletion._fx_report_cut,
+    "report_never_allowed": RoomDeletion._fx_report_never_allowed,
 }

@@ -338,17 +338,17 @@ class JobSessionHost(Emitter[str]):
             self.actor.post(Event("request", data))
 
     # -- guards ----------------------------------------------------------------------------
-    def _is_current(self, ev: Event) -> bool:
+    def _guard_is_current(self, ev: Event) -> bool:
         return self._attached is not None and ev.data.get("session") == self._attached.label
 
-    def _from_simulator(self, ev: Event) -> bool:
+    def _guard_from_simulator(self, ev: Event) -> bool:
         if self._is_simulator is None:
             return True  # told nothing about the room: the host cannot tell, it answers
         caller = ev.data.get("caller")
         return isinstance(caller, str) and bool(caller) and self._is_simulator(caller)
 
     # -- effects ---------------------------------------------------------------------------
-    async def _subscribe(self, ev: Event) -> None:
+    async def _fx_subscribe(self, ev: Event) -> None:
         label = str(ev.data["session"])
         session = self._sessions[label]
         pipe = _SessionPipe(self._transport)
@@ -357,7 +357,7 @@ class JobSessionHost(Emitter[str]):
         self._attached = _Attached(label, pipe, host)
         await host.start()
 
-    async def _unsubscribe(self, ev: Event) -> None:
+    async def _fx_unsubscribe(self, ev: Event) -> None:
         att, self._attached = self._attached, None
         if att is None:
             return
@@ -371,26 +371,26 @@ class JobSessionHost(Emitter[str]):
         task.add_done_callback(self._closing_hosts.discard)
         await asyncio.sleep(0)
 
-    def _delegate_request(self, ev: Event) -> None:
+    def _fx_delegate_request(self, ev: Event) -> None:
         req = self._pending.pop(int(ev.data["ref"]), None)
         if req is not None and self._attached is not None:
             self._attached.pipe.feed(req)
 
-    async def _reply_no_session(self, ev: Event) -> None:
+    async def _fx_reply_no_session(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), NO_ACTIVE_SESSION)
 
-    async def _reply_error(self, ev: Event) -> None:
+    async def _fx_reply_error(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), str(ev.data["error"]))
 
-    def _forward_finalize(self, ev: Event) -> None:
+    def _fx_forward_finalize(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         self.finalize.ask(
             {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
         )
 
-    async def _refuse_stranger(self, ev: Event) -> None:
+    async def _fx_refuse_stranger(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         logger.warning(
             "refused finalize_simulation from %r: not the simulator participant",
@@ -398,25 +398,25 @@ class JobSessionHost(Emitter[str]):
         )
         await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
-    def _report_session_closed(self, ev: Event) -> None:
+    def _fx_report_session_closed(self, ev: Event) -> None:
         if self._on_session_closed is not None:
             self._on_session_closed(str(ev.data.get("reason", "")))
 
-    async def _drain(self, _ev: Event) -> Event:
+    async def _fx_drain(self, _ev: Event) -> Event:
         # a state task of `closing`, cut by its drain_timeout
         if self._closing_hosts:
             await asyncio.gather(*self._closing_hosts, return_exceptions=True)
         await self.finalize.settled()
         return Event("drained")
 
-    async def _reply_closing(self, ev: Event) -> None:
+    async def _fx_reply_closing(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), HOST_CLOSING)
 
-    async def _close_finalize(self, _ev: Event) -> None:
+    async def _fx_close_finalize(self, _ev: Event) -> None:
         await self.finalize.close()
 
-    async def _close_transport(self, _ev: Event) -> None:
+    async def _fx_close_transport(self, _ev: Event) -> None:
         left = list(self._closing_hosts)
         for t in left:
             t.cancel()
@@ -446,22 +446,22 @@ _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
 
 # the session_host machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = {
-    "subscribe": JobSessionHost._subscribe,
-    "unsubscribe": JobSessionHost._unsubscribe,
-    "delegate_request": JobSessionHost._delegate_request,
-    "reply_no_session": JobSessionHost._reply_no_session,
-    "reply_error": JobSessionHost._reply_error,
-    "forward_finalize": JobSessionHost._forward_finalize,
-    "refuse_stranger": JobSessionHost._refuse_stranger,
-    "report_session_closed": JobSessionHost._report_session_closed,
-    "drain": JobSessionHost._drain,
-    "reply_closing": JobSessionHost._reply_closing,
-    "close_finalize": JobSessionHost._close_finalize,
-    "close_transport": JobSessionHost._close_transport,
+    "subscribe": JobSessionHost._fx_subscribe,
+    "unsubscribe": JobSessionHost._fx_unsubscribe,
+    "delegate_request": JobSessionHost._fx_delegate_request,
+    "reply_no_session": JobSessionHost._fx_reply_no_session,
+    "reply_error": JobSessionHost._fx_reply_error,
+    "forward_finalize": JobSessionHost._fx_forward_finalize,
+    "refuse_stranger": JobSessionHost._fx_refuse_stranger,
+    "report_session_closed": JobSessionHost._fx_report_session_closed,
+    "drain": JobSessionHost._fx_drain,
+    "reply_closing": JobSessionHost._fx_reply_closing,
+    "close_finalize": JobSessionHost._fx_close_finalize,
+    "close_transport": JobSessionHost._fx_close_transport,
 }
 _GUARDS = {
-    "is_current": JobSessionHost._is_current,
-    "from_simulator": JobSessionHost._from_simulator,
+    "is_current": JobSessionHost._guard_is_current,
+    "from_simulator": JobSessionHost._guard_from_simulator,
 }
 
 
