@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason, UserInputTranscribedEvent
-from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES
+from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES, SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import Event, VirtualClock, settle
 from agent_runtime.job import JobRuntime
 from agent_runtime.session_host import NOT_THE_SIMULATOR
 from agent_runtime.session_transport import RoomRequestTransport
-from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from tests.support.job_rig import DISPATCH, SIM, JobRig, bare_session, session_in
 
@@ -665,6 +665,49 @@ async def test_a_finalize_from_anyone_but_the_simulator_is_refused_and_changes_n
     assert resp.user_verdict.reason == "orders table does not match the scenario"
     assert (rt.state, rt.closed_at, rig.deletions) == ("closed", 5.0, [(5.0, True)])
     await remote.aclose()
+    await rt.aclose()
+
+
+class _SenderBlind(SessionTransport):
+    """A transport as livekit's ``SessionTransport`` defines one: messages, no senders."""
+
+    def __init__(self, inner: InMemorySessionTransport) -> None:
+        self._inner = inner
+
+    async def start(self) -> None:
+        await self._inner.start()
+
+    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
+        await self._inner.send_message(msg)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def __aiter__(self) -> _SenderBlind:
+        return self
+
+    async def __anext__(self) -> agent_pb.AgentSessionMessage:
+        return await self._inner.__anext__()
+
+
+async def test_a_transport_that_names_no_sender_gets_every_finalize_refused() -> None:
+    rig = JobRig(wrap_transport=_SenderBlind)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("end call")
+    await rig.settle()
+    # even the simulator's own finalize: over this transport nobody can tell who sent it
+    req = build_request("finalize_simulation", {"provisional_success": True}, request_id="x")
+    await rig.sim_end.send_message(agent_pb.AgentSessionMessage(request=req))
+    await rig.settle()
+    (reply,) = rig.sim_end.receive_nowait()
+    assert (reply.response.request_id, reply.response.error) == ("x", NOT_THE_SIMULATOR)
+    assert rig.verdicts_seen == []  # on_simulation_end did not run
+    assert (rt.state, rt.finalize_answered) == ("awaiting_finalize", False)
+    # the hold then ends at its bound, as when no simulator asks
+    await rig.clock.advance(300)
+    await rig.settle()
+    assert (rt.state, rt.finalize_answered) == ("closed", False)
     await rt.aclose()
 
 

@@ -30,6 +30,7 @@ class JobRig:
         simulator: bool = True,
         others: tuple[tuple[str, str], ...] = (),
         on_simulation_end: Any = None,
+        wrap_transport: Any = None,
         **opts: Any,
     ) -> None:
         self.clock = VirtualClock()
@@ -62,7 +63,8 @@ class JobRig:
             room=self.room,
             clock=self.clock,
             tracer=Tracer(self.sink),
-            transport=self.agent_end,
+            # wrap_transport: the job's end as a transport of another kind
+            transport=wrap_transport(self.agent_end) if wrap_transport else self.agent_end,
             simulation=simulation,
             on_simulation_end=on_simulation_end or veto,
             delete_room=opts.pop("delete_room", delete_room),
