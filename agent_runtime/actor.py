@@ -11,16 +11,16 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
-from livekit import rtc
-
-from statemachines import MachineSpec, Step, UnknownEvent, step
+from statemachines import MachineSpec, State, Step, UnknownEvent
+from statemachines.step import table_of
 
 from .clock import AsyncioClock, Clock, TimerHandle
+from .emitter import Emitter
 from .trace import Tracer, TraceRecord
 
 logger = logging.getLogger("agent_runtime.actor")
@@ -46,6 +46,33 @@ class StateChanged:
 EffectResult = Event | None
 EffectHandler = Callable[[Event], EffectResult | Awaitable[EffectResult]]
 GuardFn = Callable[[Event], bool]
+H = TypeVar("H")
+
+
+class Handlers(Mapping[str, H]):
+    """A class's effect (or guard) handlers for one instance's actor, bound on use.
+
+    ``Handlers(self, TABLE)``, where ``TABLE`` maps each name to a function of the class
+    (``def _fx(self, event)``) and is built once with the class: every instance shares it,
+    instead of holding a dict of bound methods of its own."""
+
+    __slots__ = ("_owner", "_table")
+
+    def __init__(self, owner: object, table: Mapping[str, Callable[..., Any]]) -> None:
+        self._owner = owner
+        self._table = table
+
+    def __getitem__(self, name: str) -> H:
+        return self._table[name].__get__(self._owner)  # type: ignore[no-any-return]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 class EventRejected(RuntimeError):
@@ -66,11 +93,37 @@ class ActorClosed(RuntimeError):
 # a mailbox entry: the event, who waits for its step, and for timer/task events the
 # generation of the state they belong to (stale ones are dropped: they died with it)
 _Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
+# a step whose effect has to be awaited: (event, its future, the step, traced, effect index)
+_Unfinished = tuple[Event, "asyncio.Future[Step] | None", Step, bool, int]
 
 
-class Actor(rtc.EventEmitter[str]):
+class Actor(Emitter[str]):
     """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``) and,
     once, ``closed``."""
+
+    # six per job: slots keep each one small
+    __slots__ = (
+        "_awaited",
+        "_closed",
+        "_effects",
+        "_entered",
+        "_entered_at",
+        "_gen",
+        "_guards",
+        "_mailbox",
+        "_runner",
+        "_settings",
+        "_state",
+        "_table",
+        "_tasks",
+        "_timer",
+        "_timer_deadline",
+        "clock",
+        "effect_timeout",
+        "instance",
+        "spec",
+        "tracer",
+    )
 
     def __init__(
         self,
@@ -86,6 +139,7 @@ class Actor(rtc.EventEmitter[str]):
     ) -> None:
         super().__init__()
         self.spec = spec
+        self._table = table_of(spec)  # the spec's prebuilt answers, shared by every actor
         self.instance = instance
         self._effects: Mapping[str, EffectHandler] = effects or {}
         self._guards: Mapping[str, GuardFn] = guards or {}
@@ -102,7 +156,10 @@ class Actor(rtc.EventEmitter[str]):
         # the mailbox and the task set are made on first use: most actors of a job sit idle,
         # and every container an idle actor holds is memory and collector work per job
         self._mailbox: deque[_Entry] | None = None
-        self._runner: asyncio.Task[None] | None = None
+        # the mailbox's drain: a callback while every effect returns at once, a task from
+        # the first effect that has to be awaited (see _drain_now)
+        self._runner: asyncio.Task[None] | asyncio.Handle | None = None
+        self._awaited: asyncio.Future[Any] | None = None  # that effect, until it is awaited
         self._timer: TimerHandle | None = None
         self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
         self._entered_at: float | None = None
@@ -118,6 +175,11 @@ class Actor(rtc.EventEmitter[str]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def states(self) -> Mapping[str, State]:
+        """The machine's states by name."""
+        return self._table.states
 
     @property
     def idle(self) -> bool:
@@ -169,11 +231,18 @@ class Actor(rtc.EventEmitter[str]):
     async def join(self) -> None:
         """Wait until the mailbox is empty (effects included)."""
         while self._runner is not None:
-            await asyncio.shield(self._runner)
+            runner = self._runner
+            if isinstance(runner, asyncio.Task):
+                await asyncio.shield(runner)
+            else:
+                await asyncio.sleep(0)  # a drain scheduled before this wakes up runs first
 
     async def until(self, done: Callable[[str], bool]) -> None:
         """Wait until the mailbox is empty and ``done(state)`` holds, or the actor closed.
         Unbounded: the caller's state bounds it (a timeout that ends the awaited state)."""
+        await self.join()
+        if done(self._state) or self._closed:
+            return  # the usual case: nothing to listen for
         changed = asyncio.Event()
 
         def wake(*_: Any) -> None:
@@ -207,9 +276,16 @@ class Actor(rtc.EventEmitter[str]):
                 if fut is not None and not fut.done():
                     fut.set_exception(ActorClosed(f"{self._who()} closed before handling it"))
             self._mailbox.clear()
-        if runner is not None and runner is not asyncio.current_task():
+        if isinstance(runner, asyncio.Handle):
+            runner.cancel()
+        elif runner is not None and runner is not asyncio.current_task():
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
+        awaited, self._awaited = self._awaited, None
+        if awaited is not None and not awaited.done():
+            # an effect whose drain was cancelled before it could await it
+            awaited.cancel()
+            await asyncio.gather(awaited, return_exceptions=True)
         tasks = [t for t in self._tasks or () if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
@@ -221,7 +297,7 @@ class Actor(rtc.EventEmitter[str]):
         return f"{self.spec.name}[{self.instance}]" if self.instance else self.spec.name
 
     def _check(self, event: Event) -> None:
-        if event.name not in self.spec.events:
+        if event.name not in self._table.events:
             raise UnknownEvent(f"machine {self.spec.name!r} has no event {event.name!r}")
 
     def _mail(self) -> deque[_Entry]:
@@ -232,115 +308,240 @@ class Actor(rtc.EventEmitter[str]):
     def _enqueue(self, entry: _Entry) -> None:
         self._mail().append(entry)
         if self._runner is None:
-            self._runner = asyncio.get_running_loop().create_task(
-                self._drain(), name=f"actor:{self._who()}"
-            )
+            self._runner = asyncio.get_running_loop().call_soon(self._drain_now)
 
-    async def _drain(self) -> None:
+    def _drain_now(self) -> None:
+        """The mailbox, handled in this callback while every effect returns at once (no
+        task, no coroutine per step). The first effect that returns an awaitable is started
+        here, as a task of its own would have been, and a task takes over: it awaits that
+        effect, runs the rest of its step, then the rest of the mailbox (``_drain``)."""
         try:
             self.start()
             mailbox = self._mail()
             while mailbox and not self._closed:
                 event, fut, gen = mailbox.popleft()
                 if gen is not None and gen != self._gen:
-                    self._record(
-                        TraceRecord(
-                            self.clock.now(),
-                            "stale",
-                            self.spec.name,
-                            self.instance,
-                            event=event.name,
-                            source=self._state,
-                        )
+                    self._record_stale(event)
+                    continue
+                try:
+                    st, tracing = self._step(event)
+                    pending = self._run_effects_now(st, event, tracing)
+                except Exception as e:
+                    self._failed(event, fut, e)
+                    continue
+                if pending is not None:
+                    index, awaited = pending
+                    self._awaited = asyncio.ensure_future(awaited)
+                    self._runner = asyncio.get_running_loop().create_task(
+                        self._drain((event, fut, st, tracing, index)),
+                        name=f"actor:{self._who()}",
                     )
+                    return
+                self._done(event, fut, st)
+        finally:
+            if not isinstance(self._runner, asyncio.Task):
+                self._runner = None
+                if not self._mailbox:
+                    self._mailbox = None  # an idle actor holds no mailbox
+
+    async def _drain(self, step: _Unfinished | None = None) -> None:
+        try:
+            if step is not None:
+                await self._finish_step(*step)
+            self.start()
+            mailbox = self._mail()
+            while mailbox and not self._closed:
+                event, fut, gen = mailbox.popleft()
+                if gen is not None and gen != self._gen:
+                    self._record_stale(event)
                     continue
                 try:
                     result = await self._handle(event)
                 except Exception as e:
-                    if fut is not None and not fut.done():
-                        fut.set_exception(e)
-                    else:
-                        logger.exception("%s: error handling %r", self._who(), event.name)
+                    self._failed(event, fut, e)
                     continue
-                if fut is not None and not fut.done():
-                    if result.outcome == "reject":
-                        fut.set_exception(
-                            EventRejected(self.spec.name, self.instance, result.source, event.name)
-                        )
-                    else:
-                        fut.set_result(result)
+                self._done(event, fut, result)
         finally:
             if self._runner is asyncio.current_task():
                 self._runner = None
+                if not self._mailbox:
+                    self._mailbox = None  # an idle actor holds no mailbox
+
+    async def _finish_step(
+        self,
+        event: Event,
+        fut: asyncio.Future[Step] | None,
+        st: Step,
+        tracing: bool,
+        index: int,
+    ) -> None:
+        """The step ``_drain_now`` handed over: its awaited effect, then the effects after it."""
+        awaited, self._awaited = self._awaited, None
+        assert awaited is not None
+        try:
+            await self._await_effect(st.effects[index], event, tracing, awaited)
+            if not self._closed:
+                for name in st.effects[index + 1 :]:
+                    await self._run_effect(name, event, tracing)
+                    if self._closed:
+                        break
+        except Exception as e:
+            self._failed(event, fut, e)
+            return
+        self._done(event, fut, st)
+
+    def _failed(self, event: Event, fut: asyncio.Future[Step] | None, e: Exception) -> None:
+        if fut is not None and not fut.done():
+            fut.set_exception(e)
+        else:
+            logger.exception("%s: error handling %r", self._who(), event.name, exc_info=e)
+
+    def _done(self, event: Event, fut: asyncio.Future[Step] | None, result: Step) -> None:
+        if fut is not None and not fut.done():
+            if result.outcome == "reject":
+                fut.set_exception(
+                    EventRejected(self.spec.name, self.instance, result.source, event.name)
+                )
+            else:
+                fut.set_result(result)
+
+    def _record_stale(self, event: Event) -> None:
+        if self._tracing():
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "stale",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                )
+            )
 
     async def _handle(self, event: Event) -> Step:
-        consulted: dict[str, bool] = {}
+        st, tracing = self._step(event)
+        for name in st.effects:
+            await self._run_effect(name, event, tracing)
+            if self._closed:
+                break
+        return st
 
-        def check(name: str) -> bool:
-            value = bool(self._guards[name](event))
-            consulted[name] = value
-            return value
-
-        st = step(self.spec, self._state, event.name, check)
-        now = self.clock.now()
+    def _step(self, event: Event) -> tuple[Step, bool]:
+        """Decide, change state (timers, tasks, listeners): everything before the effects.
+        Returns the step and whether it is traced."""
+        entry = self._table.cell(self._state, event.name)
+        consulted: dict[str, bool] | None = None
+        if isinstance(entry, Step):
+            st = entry  # no guard to consult: the answer was built with the table
+        else:
+            consulted = {}
+            st = entry.decide(self._guard_check(event, consulted))
+        tracing = self._tracing()
         if st.outcome != "transition":
             if st.outcome == "reject":
                 logger.info("%s rejects %r in state %r", self._who(), event.name, st.source)
+            if tracing:
+                self._record(
+                    TraceRecord(
+                        self.clock.now(),
+                        st.outcome,
+                        self.spec.name,
+                        self.instance,
+                        event=event.name,
+                        source=st.source,
+                        dest=st.dest,
+                        guards=consulted or {},
+                        data=dict(event.data),
+                    )
+                )
+            return st, tracing
+        if st.changed:
+            self._leave_state()
+        self._state = st.dest
+        if tracing:
             self._record(
                 TraceRecord(
-                    now,
-                    st.outcome,
+                    self.clock.now(),
+                    "transition",
                     self.spec.name,
                     self.instance,
                     event=event.name,
                     source=st.source,
                     dest=st.dest,
-                    guards=consulted,
+                    effects=list(st.effects),
+                    guards=consulted or {},
                     data=dict(event.data),
                 )
             )
-            return st
-        if st.changed:
-            self._leave_state()
-        self._state = st.dest
-        self._record(
-            TraceRecord(
-                now,
-                "transition",
-                self.spec.name,
-                self.instance,
-                event=event.name,
-                source=st.source,
-                dest=st.dest,
-                effects=list(st.effects),
-                guards=consulted,
-                data=dict(event.data),
-            )
-        )
         if st.changed:
             self._enter_state()
-            change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
+            if self._events.get("state_changed"):
+                change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
+                try:
+                    self.emit("state_changed", change)
+                except Exception:
+                    # the SDK's emitter lets a listener's TypeError through; it must not skip
+                    # the effects of a transition that has already happened
+                    logger.exception("%s: a state_changed listener failed", self._who())
+        return st, tracing
+
+    def _run_effects_now(
+        self, st: Step, event: Event, tracing: bool
+    ) -> tuple[int, Awaitable[Any]] | None:
+        """Run the step's effects in order until one returns an awaitable: returns its index
+        and the awaitable (the rest is for a task), or None when all of them are done."""
+        if st.outcome != "transition":
+            return None
+        for index, name in enumerate(st.effects):
             try:
-                self.emit("state_changed", change)
-            except Exception:
-                # the SDK's emitter lets a listener's TypeError through; it must not skip
-                # the effects of a transition that has already happened
-                logger.exception("%s: a state_changed listener failed", self._who())
-        for name in st.effects:
-            await self._run_effect(name, event)
+                res = self._effects[name](event)
+            except asyncio.CancelledError:
+                self._effect_done(name, event, tracing, "error", "cancelled")
+            except Exception as e:
+                logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+                self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
+            else:
+                if inspect.isawaitable(res):
+                    return index, res
+                self._effect_done(name, event, tracing, "ok", "", res)
             if self._closed:
                 break
-        return st
+        return None
+
+    def _guard_check(self, event: Event, consulted: dict[str, bool]) -> Callable[[str], bool]:
+        guards = self._guards
+
+        def check(name: str) -> bool:
+            value = bool(guards[name](event))
+            consulted[name] = value
+            return value
+
+        return check
 
     # -- effects ---------------------------------------------------------------------------
-    async def _run_effect(self, name: str, event: Event) -> None:
-        handler = self._effects[name]
+    async def _run_effect(self, name: str, event: Event, tracing: bool) -> None:
+        try:
+            res = self._effects[name](event)
+        except asyncio.CancelledError:
+            if self._closed or _current_task_cancelling():
+                raise
+            self._effect_done(name, event, tracing, "error", "cancelled")
+            return
+        except Exception as e:
+            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+            self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
+            return
+        if inspect.isawaitable(res):
+            await self._await_effect(name, event, tracing, res)
+        else:
+            self._effect_done(name, event, tracing, "ok", "", res)
+
+    async def _await_effect(
+        self, name: str, event: Event, tracing: bool, awaitable: Awaitable[Any]
+    ) -> None:
         outcome, detail, follow = "ok", "", None
         try:
-            res = handler(event)
-            if inspect.isawaitable(res):
-                res = await self.clock.wait_for(res, self.effect_timeout)
-            follow = res
+            follow = await self.clock.wait_for(awaitable, self.effect_timeout)
         except TimeoutError:
             outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
         except asyncio.CancelledError:
@@ -350,19 +551,32 @@ class Actor(rtc.EventEmitter[str]):
         except Exception as e:
             outcome, detail = "error", f"{type(e).__name__}: {e}"
             logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-        self._record(
-            TraceRecord(
-                self.clock.now(),
-                "effect",
-                self.spec.name,
-                self.instance,
-                event=event.name,
-                source=self._state,
-                effect=name,
-                outcome=outcome,
-                detail=detail,
+        self._effect_done(name, event, tracing, outcome, detail, follow)
+
+    def _effect_done(
+        self,
+        name: str,
+        event: Event,
+        tracing: bool,
+        outcome: str,
+        detail: str,
+        follow: object = None,
+    ) -> None:
+        """Record an effect's outcome; queue its error event, or the event it returned."""
+        if tracing or (outcome != "ok" and self._tracing()):
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "effect",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                    effect=name,
+                    outcome=outcome,
+                    detail=detail,
+                )
             )
-        )
         if outcome != "ok":
             err = self.spec.effect(name).error_event
             if err is not None:
@@ -378,7 +592,7 @@ class Actor(rtc.EventEmitter[str]):
         self._gen += 1
         gen = self._gen
         self._entered_at = self.clock.now()
-        st = self.spec.state(self._state)
+        st = self._table.states[self._state]
         if st.timeout is not None:
             seconds = self._settings.get(st.timeout.setting, st.timeout.default)
             if seconds is not None:
@@ -430,6 +644,8 @@ class Actor(rtc.EventEmitter[str]):
         task.add_done_callback(self._tasks.discard)
 
     def _record_task(self, name: str, outcome: str, detail: str = "") -> None:
+        if not self._tracing():
+            return
         self._record(
             TraceRecord(
                 self.clock.now(),
@@ -441,6 +657,11 @@ class Actor(rtc.EventEmitter[str]):
                 detail=detail,
             )
         )
+
+    def _tracing(self) -> bool:
+        """Whether a record made now would be kept: records are only built then."""
+        tracer = self.tracer
+        return tracer is not None and tracer.active
 
     def _record(self, record: TraceRecord) -> None:
         if self.tracer is None:

@@ -53,6 +53,7 @@ from .avatar import (
     route_of,
 )
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
 from .participant import ParticipantLink
@@ -100,7 +101,7 @@ def injected(**parts: Any) -> Iterator[None]:
         _INJECTED.reset(token)
 
 
-class AgentJob(rtc.EventEmitter[Events]):
+class AgentJob(Emitter[Events]):
     """Every machine of one job, composed over one room.
 
     Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
@@ -290,6 +291,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         self._avatar_closing: asyncio.Task[None] | None = None
         self._runtime_started = False
         self._finishing: asyncio.Task[None] | None = None
+        self._released = False  # _release ran to its end
         self.job.on("state_changed", self._forward_state)
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
@@ -639,7 +641,10 @@ class AgentJob(rtc.EventEmitter[Events]):
 
     async def _release(self) -> None:
         """The end of the job's close: stop following, unhook. Safe to run again (the job's
-        bound may cut it short; ``closed`` and ``aclose()`` then finish it)."""
+        bound may cut it short; ``closed`` and ``aclose()`` then finish it); once it has run
+        to its end, running it again does nothing."""
+        if self._released:
+            return
         # what run_close's callbacks step closes, as its links declare (fired again when
         # the release comes after a close the bound cut: each close runs once)
         self.job.wiring.fire("job", "run_close", step="callbacks")
@@ -656,6 +661,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         self.events.aclose()
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
+        self._released = True
 
     async def _finish(self) -> None:
         await self._release()

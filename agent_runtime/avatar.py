@@ -51,14 +51,15 @@ from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .room_events import (
     RoomConnected,
     RoomEventAdapter,
     RoomFact,
 )
-from .routing import event_guards, follow
+from .routing import follow, guard_table
 from .settings import AvatarRetry, avatar_retry, check_setting
 from .trace import Tracer
 
@@ -301,7 +302,7 @@ class _Timeouts(Mapping[str, float | None]):
         return 2
 
 
-class AvatarLifecycle(rtc.EventEmitter[LifecycleEvents]):
+class AvatarLifecycle(Emitter[LifecycleEvents]):
     """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
     (a ``StateChanged``), and what playout follows: ``segment_flushed`` (a
     ``SegmentFlushed``: the session's audio reached the plugin's sink) and
@@ -361,21 +362,9 @@ class AvatarLifecycle(rtc.EventEmitter[LifecycleEvents]):
         self._actor = Actor(
             AVATAR,
             instance=avatar.avatar_identity,
-            effects={
-                "start_plugin": self._fx_start_plugin,
-                "record_route": self._fx_record_route,
-                "check_presence": self._fx_check_presence,
-                "restore_route": self._fx_restore_route,
-                "release_attempt": self._fx_release_attempt,
-                "reinstall_route": self._fx_reinstall_route,
-                "follow_plugin_clear": self._fx_follow_plugin_clear,
-                "clear_local_buffer": self._fx_clear_local_buffer,
-                "mark_playout_done": self._fx_mark_playout_done,
-                "put_route_back": self._fx_put_route_back,
-                "unhook": self._fx_unhook,
-                "close_plugin": self._fx_close_plugin,
-            },
-            guards=event_guards("avatar", self._facts),
+            effects=Handlers(self, _EFFECTS),
+            # the shared guards (statemachines.glue), on the avatar's facts view
+            guards=Handlers(self._facts, _GUARDS),
             # join_timeout bounds both the plugin's start() (starting) and the join
             # (routing); retry_backoff is the wait before the next restart
             settings=_Timeouts(self),
@@ -474,7 +463,7 @@ class AvatarLifecycle(rtc.EventEmitter[LifecycleEvents]):
     async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
         """Wait until the machine is in ``state`` (at once if it is). ``TimeoutError`` after
         ``timeout`` seconds of the lifecycle's clock; ``ActorClosed`` if it closes first."""
-        if state not in AVATAR.state_names:
+        if state not in self._actor.states:
             raise ValueError(f"unknown avatar state {state!r}: one of {list(AVATAR.state_names)}")
         if self.state == state:
             return
@@ -971,6 +960,24 @@ class AvatarLifecycle(rtc.EventEmitter[LifecycleEvents]):
             if not task.done():
                 task.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+# the avatar machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "start_plugin": AvatarLifecycle._fx_start_plugin,
+    "record_route": AvatarLifecycle._fx_record_route,
+    "check_presence": AvatarLifecycle._fx_check_presence,
+    "restore_route": AvatarLifecycle._fx_restore_route,
+    "release_attempt": AvatarLifecycle._fx_release_attempt,
+    "reinstall_route": AvatarLifecycle._fx_reinstall_route,
+    "follow_plugin_clear": AvatarLifecycle._fx_follow_plugin_clear,
+    "clear_local_buffer": AvatarLifecycle._fx_clear_local_buffer,
+    "mark_playout_done": AvatarLifecycle._fx_mark_playout_done,
+    "put_route_back": AvatarLifecycle._fx_put_route_back,
+    "unhook": AvatarLifecycle._fx_unhook,
+    "close_plugin": AvatarLifecycle._fx_close_plugin,
+}
+_GUARDS = guard_table("avatar")  # their one definition: statemachines.glue
 
 
 async def _close_output(out: _ParticipantAudioOutput, start: asyncio.Task[None] | None) -> None:

@@ -22,9 +22,9 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
-from .actor import Actor, ActorClosed, Event
+from .actor import Actor, ActorClosed, Event, Handlers
 from .clock import AsyncioClock, Clock
-from .routing import Wiring, event_guards
+from .routing import Wiring, guard_table
 from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.finalize")
@@ -39,15 +39,6 @@ FinalizeResult = agent_pb.SessionResponse.FinalizeSimulationResponse
 class _Delivered:
     request_id: str
     verdict: dict[str, Any] | None
-
-
-class _Facts:
-    """What the finalize's guard reads (``statemachines.glue``)."""
-
-    __slots__ = ("is_simulation",)
-
-    def __init__(self, is_simulation: bool) -> None:
-        self.is_simulation = is_simulation
 
 
 class FinalizeAnswer:
@@ -83,17 +74,9 @@ class FinalizeAnswer:
         self.actor = Actor(
             FINALIZE,
             instance=instance,
-            effects={
-                "take_request": self._take_request,
-                "compute_verdict": self._compute_verdict,
-                "send_verdict": self._send_verdict,
-                "report_answered": self._report_answered,
-                "refuse_busy": self._refuse_busy,
-                "refuse_answered": self._refuse_answered,
-                "refuse_not_simulation": self._refuse_not_simulation,
-                "reply_unfinished": self._reply_unfinished,
-            },
-            guards=event_guards("finalize", _Facts(simulation is not None)),
+            effects=Handlers(self, _EFFECTS),
+            # the shared guard (statemachines.glue), on this answer as its facts view
+            guards=Handlers(self, _GUARDS),
             clock=clock or AsyncioClock(),
             tracer=tracer,
             effect_timeout=reply_timeout,
@@ -137,13 +120,19 @@ class FinalizeAnswer:
         await self.actor.join()  # a reply under way is bounded by reply_timeout
         await self.actor.aclose()
 
-    # -- effects ---------------------------------------------------------------------------
-    def _take_request(self, ev: Event) -> None:
+    @property
+    def is_simulation(self) -> bool:
+        """What the machine's guard reads (``statemachines.glue.FinalizeFacts``)."""
+        return self._simulation is not None
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def _fx_take_request(self, ev: Event) -> None:
         # an effect of the step that entered `answering`: it runs before the state's task
         # gets its first turn of the loop
         self._request = dict(ev.data)
 
-    async def _compute_verdict(self, _ev: Event) -> Event:
+    async def _fx_compute_verdict(self, _ev: Event) -> Event:
         if self._result is None:
             self._result = await self._run_on_simulation_end(self._request)
         return Event("verdict_ready", {"request_id": self._request.get("request_id", "")})
@@ -173,7 +162,7 @@ class FinalizeAnswer:
             return result, f"on_simulation_end failed: {type(e).__name__}: {e}"
         return result, ""
 
-    async def _send_verdict(self, ev: Event) -> Event:
+    async def _fx_send_verdict(self, ev: Event) -> Event:
         assert self._result is not None  # verdict_ready follows the computed verdict
         result, error = self._result
         rid = str(ev.data.get("request_id", ""))
@@ -193,7 +182,7 @@ class FinalizeAnswer:
         )
         return Event("delivered", {"request_id": rid, "verdict": verdict})
 
-    def _report_answered(self, ev: Event) -> None:
+    def _fx_report_answered(self, ev: Event) -> None:
         verdict = ev.data.get("verdict")
         self._delivered = _Delivered(
             str(ev.data.get("request_id", "")),
@@ -203,16 +192,16 @@ class FinalizeAnswer:
         if self._on_answered is not None:
             self._on_answered(self._delivered.verdict)
 
-    async def _refuse_busy(self, ev: Event) -> None:
+    async def _fx_refuse_busy(self, ev: Event) -> None:
         await self._error(ev, "finalize_simulation was already being answered")
 
-    async def _refuse_answered(self, ev: Event) -> None:
+    async def _fx_refuse_answered(self, ev: Event) -> None:
         await self._error(ev, "finalize_simulation was already answered")
 
-    async def _refuse_not_simulation(self, ev: Event) -> None:
+    async def _fx_refuse_not_simulation(self, ev: Event) -> None:
         await self._error(ev, "this job is not a simulation")
 
-    async def _reply_unfinished(self, _ev: Event) -> None:
+    async def _fx_reply_unfinished(self, _ev: Event) -> None:
         # the answer was cut with its state: the simulator gets this rather than silence
         await self._send_error(str(self._request.get("request_id", "")), FINALIZE_UNFINISHED)
 
@@ -225,3 +214,17 @@ class FinalizeAnswer:
                 response=agent_pb.SessionResponse(request_id=request_id, error=error)
             )
         )
+
+
+# the finalize machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "take_request": FinalizeAnswer._fx_take_request,
+    "compute_verdict": FinalizeAnswer._fx_compute_verdict,
+    "send_verdict": FinalizeAnswer._fx_send_verdict,
+    "report_answered": FinalizeAnswer._fx_report_answered,
+    "refuse_busy": FinalizeAnswer._fx_refuse_busy,
+    "refuse_answered": FinalizeAnswer._fx_refuse_answered,
+    "refuse_not_simulation": FinalizeAnswer._fx_refuse_not_simulation,
+    "reply_unfinished": FinalizeAnswer._fx_reply_unfinished,
+}
+_GUARDS = guard_table("finalize")  # their one definition: statemachines.glue

@@ -31,11 +31,12 @@ from livekit.agents.voice.remote_session import SessionTransport
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 
-from .actor import Actor, Event, StateChanged
+from .actor import Actor, Event, Handlers, StateChanged
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter, positional_arity
 from .room_deletion import DeleteRoomFn, RoomDeletion
 from .room_events import RoomEventAdapter, RoomFact
-from .routing import Wiring, event_guards, follow, plain_fact
+from .routing import Wiring, follow, guard_table, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, SenderAware
 from .settings import check_setting
@@ -79,7 +80,7 @@ class _Facts:
         return self._rt.host.finalize_answered
 
 
-class JobRuntime(rtc.EventEmitter[str]):
+class JobRuntime(Emitter[str]):
     """The job machine, its session host and its room deletion, over one room.
 
     Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
@@ -141,7 +142,8 @@ class JobRuntime(rtc.EventEmitter[str]):
         self._callbacks_running: dict[int, str] = {}
         self._reason = ""
         self._closed_at: float | None = None
-        self._closed = asyncio.Event()
+        self._closed = False
+        self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
         self._started = False
         instance = room.name or "job"
         if transport is None:
@@ -168,8 +170,9 @@ class JobRuntime(rtc.EventEmitter[str]):
         self.actor = Actor(
             JOB,
             instance=instance,
-            effects={"run_close": self._run_close, "report_cut": self._report_cut},
-            guards=event_guards("job", self._facts),
+            effects=Handlers(self, _EFFECTS),
+            # the shared guard (statemachines.glue), on the job's facts view
+            guards=Handlers(self._facts, _GUARDS),
             settings={
                 "session_end_timeout": float(session_end_timeout),
                 "close_timeout": float(close_timeout),
@@ -296,17 +299,21 @@ class JobRuntime(rtc.EventEmitter[str]):
         at once, within ``close_timeout``."""
         if not callable(callback):
             raise TypeError("a shutdown callback must be callable")
-        if self._closed.is_set():
+        if self._closed:
             raise RuntimeError("the job is closed; the callback would never run")
         self._shutdown_callbacks.append(callback)
 
     async def wait_closed(self) -> None:
-        await self._closed.wait()
+        if self._closed:
+            return
+        if self._closed_waiter is None:
+            self._closed_waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._closed_waiter)
 
     async def aclose(self) -> None:
         """Shut down (honouring the hold, which is bounded), wait for ``closed``, then release
         every listener and task."""
-        if not self._closed.is_set() and not self.actor.closed:
+        if not self._closed and not self.actor.closed:
             self.shutdown("job runtime closed")
             await self.wait_closed()
         await self.host.aclose()
@@ -362,7 +369,9 @@ class JobRuntime(rtc.EventEmitter[str]):
     def _on_job_state(self, sc: StateChanged) -> None:
         if sc.dest == "closed":
             self._closed_at = self._clock.now()
-            self._closed.set()
+            self._closed = True
+            if self._closed_waiter is not None and not self._closed_waiter.done():
+                self._closed_waiter.set_result(None)
         self._emit_state(sc)
         if sc.dest == "closed":
             self._emit_safely("closed", self._closed_at)
@@ -378,7 +387,7 @@ class JobRuntime(rtc.EventEmitter[str]):
             logger.exception("a %r listener failed", name)
 
     # -- closing ---------------------------------------------------------------------------
-    async def _run_close(self, _ev: Event) -> Event:
+    async def _fx_run_close(self, _ev: Event) -> Event:
         # each step's links (statemachines.glue.LINKS, run_close/STEP) fire as it begins
         self._close_step = "the session host had not closed"
         self.wiring.fire("job", "run_close", step="host")
@@ -416,7 +425,7 @@ class JobRuntime(rtc.EventEmitter[str]):
         await self._run_shutdown_callbacks()
         return Event("close_done")
 
-    def _report_cut(self, ev: Event) -> None:
+    def _fx_report_cut(self, ev: Event) -> None:
         after = ev.data.get("after", self._close_timeout)
         if self._close_step:
             what = self._close_step
@@ -448,14 +457,17 @@ class JobRuntime(rtc.EventEmitter[str]):
                 logger.error("shutdown callback %r failed", cb, exc_info=res)
 
 
+# the job machine's handlers, shared by every job (Handlers binds them to one)
+_EFFECTS = {"run_close": JobRuntime._fx_run_close, "report_cut": JobRuntime._fx_report_cut}
+_GUARDS = guard_table("job")  # its one definition: statemachines.glue
+
+
 def _takes_argument(cb: Callable[..., Any]) -> bool:
     try:
-        params = inspect.signature(cb).parameters.values()
+        n = positional_arity(cb)
     except (TypeError, ValueError):
         return False
-    return any(
-        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
-    )
+    return n is None or n > 0
 
 
 def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:

@@ -25,7 +25,9 @@ no-op one is in place.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,8 @@ from opentelemetry import trace as trace_api
 
 # what get_meter_provider() answers until a provider is set; no public alias for it (the
 # same import livekit-agents' telemetry makes, stable in the opentelemetry-api it pins)
+from opentelemetry.environment_variables import OTEL_PYTHON_METER_PROVIDER
+from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 
 from statemachines import MachineSpec
@@ -55,12 +59,33 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0,
 
 def held_states(machines: Mapping[str, MachineSpec] = MACHINES) -> frozenset[tuple[str, str]]:
     """(machine, state) of every state that takes time: one with a timeout or a state task."""
+    if machines is MACHINES:
+        return _held_states_of_machines()
+    return _held_states(machines)
+
+
+@functools.cache
+def _held_states_of_machines() -> frozenset[tuple[str, str]]:
+    return _held_states(MACHINES)  # one set for every job
+
+
+def _held_states(machines: Mapping[str, MachineSpec]) -> frozenset[tuple[str, str]]:
     return frozenset(
         (m.name, s.name)
         for m in machines.values()
         for s in m.states
         if s.timeout is not None or s.invoke
     )
+
+
+# the OTel API builds its provider from this variable on first use
+_PROVIDER_FROM_ENV = OTEL_PYTHON_METER_PROVIDER in os.environ
+
+
+def _meter_provider_set() -> bool:
+    """Whether a global meter provider is (or will be) in place: asked on every record with
+    nothing recording, so it reads the API's global rather than the environment each time."""
+    return metrics_internal._METER_PROVIDER is not None or _PROVIDER_FROM_ENV
 
 
 @dataclass(slots=True)
@@ -112,9 +137,19 @@ class OtelSink:
         self._held_states = held_states(machines)
         self._held: dict[tuple[str, str], _Held] = {}
         self._instruments: _Instruments | None = None
+        self._quiet: otel_context.Context | None = None  # a parent whose span does not record
         self._failed = False
 
     # -- the sink -----------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether a record written now could record anything: a state span is open, a
+        meter provider is set, or the job's span is recording. With no OTel SDK none is, and
+        the actors build no records for this sink."""
+        if self._failed:
+            return False
+        return bool(self._held) or self._metrics() is not None or self._target() is not None
+
     def write(self, record: TraceRecord) -> None:
         if self._failed or (record.kind != "transition" and record.kind != "effect"):
             return
@@ -225,13 +260,22 @@ class OtelSink:
     def _target(self) -> trace_api.Span | None:
         """The job's span, when it is recording."""
         ctx = self.parent() if self.parent is not None else None
+        if ctx is not None and ctx is self._quiet:
+            return None
         span = trace_api.get_current_span(ctx)
-        return span if span.is_recording() else None
+        if span.is_recording():
+            return span
+        # a span that does not record never will (no SDK, or ended): asked again only when
+        # the parent context changes
+        self._quiet = ctx
+        return None
 
     def _metrics(self) -> _Instruments | None:
         if self._instruments is None:
+            if self._meter_provider is None and not _meter_provider_set():
+                return None  # no SDK: no meter, no instruments
             provider = self._meter_provider or metrics_api.get_meter_provider()
             if isinstance(provider, _NO_SDK):
-                return None  # no SDK: no meter, no instruments
+                return None
             self._instruments = _Instruments(provider.get_meter("agent_runtime"))
         return self._instruments

@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
@@ -33,13 +32,14 @@ from livekit.agents.voice.room_io import RoomIO
 from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .clock import Clock
+from .emitter import Emitter
 from .room_events import (
     RoomEventAdapter,
     kind_name,
 )
-from .routing import Wiring, event_guards, follow
+from .routing import Wiring, follow, guard_table
 from .settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
@@ -67,7 +67,7 @@ class SessionCloseTimedOut:
     reason: str
 
 
-class ParticipantLink(rtc.EventEmitter[str]):
+class ParticipantLink(Emitter[str]):
     """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged)
     and ``close_timed_out`` (SessionCloseTimedOut).
 
@@ -125,13 +125,9 @@ class ParticipantLink(rtc.EventEmitter[str]):
         self._actor = Actor(
             PARTICIPANT,
             instance=room_events.room.name or "room",
-            effects={
-                "link": self._link,
-                "relink": self._relink,
-                "close_session": self._close_session,
-                "report_close_timed_out": self._report_close_timed_out,
-            },
-            guards=event_guards("participant", self),
+            effects=Handlers(self, _EFFECTS),
+            # the shared guards (statemachines.glue), on this link as their facts view
+            guards=Handlers(self, _GUARDS),
             settings={
                 "grace_period": grace_setting,
                 "session_close_timeout": self.session_close_timeout,
@@ -260,17 +256,17 @@ class ParticipantLink(rtc.EventEmitter[str]):
         self.emit("state_changed", change)
 
     # -- effects -----------------------------------------------------------------------------
-    async def _link(self, ev: Event) -> None:
+    async def _fx_link(self, ev: Event) -> None:
         self._identity = str(ev.data["identity"])
         logger.info("linked participant %s", self._identity)
         await self._point_room_input(self._identity)
 
-    async def _relink(self, ev: Event) -> None:
+    async def _fx_relink(self, ev: Event) -> None:
         identity = str(ev.data["identity"])
         logger.info("participant %s rejoined: relinked", identity)
         await self._point_room_input(identity)
 
-    def _close_session(self, ev: Event) -> None:
+    def _fx_close_session(self, ev: Event) -> None:
         logger.info(
             "closing the session: participant %s left (%s)",
             self._identity,
@@ -284,7 +280,7 @@ class ParticipantLink(rtc.EventEmitter[str]):
             # a close whose teardown fails never emits `close`: its end is enough
             task.add_done_callback(self._on_close_task_done)
 
-    def _report_close_timed_out(self, ev: Event) -> None:
+    def _fx_report_close_timed_out(self, ev: Event) -> None:
         after = float(ev.data.get("after", self.session_close_timeout))
         reason = (
             f"the session did not close within {after:g}s after participant {self._identity} left"
@@ -333,3 +329,14 @@ class ParticipantLink(rtc.EventEmitter[str]):
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)
+
+
+# the participant machine's handlers, shared by every instance (Handlers binds them); its
+# guards are their one definition in statemachines.glue
+_EFFECTS = {
+    "link": ParticipantLink._fx_link,
+    "relink": ParticipantLink._fx_relink,
+    "close_session": ParticipantLink._fx_close_session,
+    "report_close_timed_out": ParticipantLink._fx_report_close_timed_out,
+}
+_GUARDS = guard_table("participant")

@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import (
     AgentStateChangedEvent,
@@ -56,11 +55,12 @@ from statemachines.glue import (
 )
 from statemachines.playout import PLAYOUT
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .participant import ParticipantLink
-from .routing import Wiring, event_guards
+from .routing import Wiring, guard_table
 from .settings import PlayoutOptions, check_setting
 from .trace import Tracer
 
@@ -164,7 +164,7 @@ class _Timeouts(Mapping[str, float | None]):
         return 3
 
 
-class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
+class PlayoutTracker(Emitter[PlayoutEvents]):
     """Runs the ``playout`` machine for one session. Emits ``state_changed`` (a
     ``StateChanged``), ``playout_done`` (a ``PlayoutDone``) and ``reprompt`` (a
     ``Reprompted``).
@@ -218,14 +218,9 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
         self._actor = Actor(
             PLAYOUT,
             instance=instance or "session",  # a trace names every instance
-            effects={
-                "playout_done": self._fx_playout_done,
-                "finish_playout": self._fx_finish_playout,
-                "reprompt": self._fx_reprompt,
-                "reset_reprompts": self._fx_reset_reprompts,
-                "hand_over": self._fx_hand_over,
-            },
-            guards=event_guards("playout", _Facts(self)),
+            effects=Handlers(self, _EFFECTS),
+            # the shared guards (statemachines.glue), on a facts view of this tracker
+            guards=Handlers(_Facts(self), _GUARDS),
             settings=_Timeouts(self),
             clock=self._clock,
             tracer=tracer,
@@ -450,3 +445,15 @@ class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
             logger.info(
                 "playout: no answer after %d re-prompts; waiting for the user", self._reprompts
             )
+
+
+# the playout machine's handlers, shared by every instance (Handlers binds them); its
+# guards are their one definition in statemachines.glue
+_EFFECTS = {
+    "playout_done": PlayoutTracker._fx_playout_done,
+    "finish_playout": PlayoutTracker._fx_finish_playout,
+    "reprompt": PlayoutTracker._fx_reprompt,
+    "reset_reprompts": PlayoutTracker._fx_reset_reprompts,
+    "hand_over": PlayoutTracker._fx_hand_over,
+}
+_GUARDS = guard_table("playout")

@@ -13,7 +13,7 @@ from typing import Any
 
 from statemachines.room_deletion import ROOM_DELETION
 
-from .actor import Actor, Event
+from .actor import Actor, Event, Handlers
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -41,13 +41,7 @@ class RoomDeletion:
         self.actor = Actor(
             ROOM_DELETION,
             instance=instance,
-            effects={
-                "delete_room": self._delete,
-                "record_deleted": self._record_deleted,
-                "report_failure": self._report_failure,
-                "report_cut": self._report_cut,
-                "report_never_allowed": self._report_never_allowed,
-            },
+            effects=Handlers(self, _EFFECTS),
             settings={"close_timeout": close_timeout},
             clock=self._clock,
             tracer=tracer,
@@ -89,24 +83,34 @@ class RoomDeletion:
         await self.actor.aclose()
 
     # -- effects ---------------------------------------------------------------------------
-    async def _delete(self, _ev: Event) -> Event:
+    async def _fx_delete_room(self, _ev: Event) -> Event:
         await self._delete_room()
         return Event("delete_done")
 
-    def _record_deleted(self, _ev: Event) -> None:
+    def _fx_record_deleted(self, _ev: Event) -> None:
         self._deleted_at = self._clock.now()
 
-    def _report_failure(self, ev: Event) -> None:
+    def _fx_report_failure(self, ev: Event) -> None:
         logger.warning("deleting the room failed: %s", ev.data.get("detail", ""))
 
-    def _report_cut(self, ev: Event) -> None:
+    def _fx_report_cut(self, ev: Event) -> None:
         logger.warning(
             "deleting the room was cut off after %gs (close_timeout): the server did not answer",
             ev.data.get("after", self._close_timeout),
         )
 
-    def _report_never_allowed(self, _ev: Event) -> None:
+    def _fx_report_never_allowed(self, _ev: Event) -> None:
         logger.warning(
             "room deletion was asked for, but the job closed before its room work was done; "
             "the room is left as it is"
         )
+
+
+# the room_deletion machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "delete_room": RoomDeletion._fx_delete_room,
+    "record_deleted": RoomDeletion._fx_record_deleted,
+    "report_failure": RoomDeletion._fx_report_failure,
+    "report_cut": RoomDeletion._fx_report_cut,
+    "report_never_allowed": RoomDeletion._fx_report_never_allowed,
+}

@@ -9,6 +9,7 @@ callback. ``aclose()`` unhooks every listener it added.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -132,26 +133,24 @@ class RoomEventAdapter:
     def __init__(self, room: rtc.Room) -> None:
         self.room = room
         self._subscribers: list[Subscriber] = []
-        self._hooks: list[tuple[str, Callable[..., None]]] = []
+        self._hooked = False
 
     @property
     def started(self) -> bool:
-        return bool(self._hooks)
+        return self._hooked
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         """Add a subscriber; returns the function that removes it."""
         self._subscribers.append(fn)
+        return functools.partial(self._unsubscribe, fn)
 
-        def unsubscribe() -> None:
-            if fn in self._subscribers:
-                self._subscribers.remove(fn)
+    def _unsubscribe(self, fn: Subscriber) -> None:
+        if fn in self._subscribers:
+            self._subscribers.remove(fn)
 
-        return unsubscribe
-
-    def start(self) -> None:
-        if self._hooks:
-            return
-        for name, cb in (
+    def _hooks(self) -> tuple[tuple[str, Callable[..., None]], ...]:
+        # bound methods compare equal to the ones registered: off() finds them again
+        return (
             ("participant_connected", self._on_participant_connected),
             ("participant_disconnected", self._on_participant_disconnected),
             ("track_published", self._on_track_published),
@@ -162,15 +161,21 @@ class RoomEventAdapter:
             ("disconnected", self._on_disconnected),
             ("reconnecting", self._on_reconnecting),
             ("reconnected", self._on_reconnected),
-        ):
+        )
+
+    def start(self) -> None:
+        if self._hooked:
+            return
+        self._hooked = True
+        for name, cb in self._hooks():
             self.room.on(name, cb)  # type: ignore[arg-type]
-            self._hooks.append((name, cb))
 
     def aclose(self) -> None:
         """Unhook every room listener this adapter added and drop all subscribers."""
-        for name, cb in self._hooks:
-            self.room.off(name, cb)  # type: ignore[arg-type]
-        self._hooks.clear()
+        if self._hooked:
+            self._hooked = False
+            for name, cb in self._hooks():
+                self.room.off(name, cb)  # type: ignore[arg-type]
         self._subscribers.clear()
 
     # -- delivery -------------------------------------------------------------------------

@@ -14,15 +14,16 @@ else turns one machine's work into another machine's event.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from statemachines.glue import LINKS, ROOM_CONDITIONS, Link, RoomFacts, guards_of
+from statemachines.glue import GUARDS, LINKS, ROOM_CONDITIONS, Link, RoomFacts
 from statemachines.routing import Route, routes_for
 
-from .actor import Event, GuardFn
+from .actor import Event, Handlers
 from .room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -75,14 +76,27 @@ def plain_fact(fact: RoomFact) -> dict[str, Any]:
     return {"fact": FACT_NAMES[type(fact)], **fields}
 
 
-def event_guards(machine: str, facts: Any) -> dict[str, GuardFn]:
-    """``machine``'s guards as the actor calls them, each its one definition
-    (``statemachines.glue.GUARDS``) evaluated on ``facts`` and the event's data."""
+@functools.cache
+def guard_table(machine: str) -> Mapping[str, Callable[[Any, Event], bool]]:
+    """``machine``'s guards as a shared handler table (``actor.Handlers`` binds it to a
+    runtime's facts view): each is its one definition (``statemachines.glue.GUARDS``)
+    evaluated on the facts and the event's data. Built once, shared by every job; the
+    handler of guard ``g`` is named ``_guard_g``, as every runtime names its handlers."""
 
-    def on_event(fn: Callable[[Mapping[str, Any]], bool]) -> GuardFn:
-        return lambda ev: fn(ev.data)
+    def on_event(name: str, fn: Callable[[Any, Mapping[str, Any]], bool]) -> Callable[..., bool]:
+        def guard(facts: Any, ev: Event) -> bool:
+            return fn(facts, ev.data)
 
-    return {name: on_event(fn) for name, fn in guards_of(machine, facts).items()}
+        guard.__name__ = guard.__qualname__ = f"_guard_{name}"
+        return guard
+
+    return MappingProxyType({name: on_event(name, fn) for name, fn in GUARDS[machine].items()})
+
+
+def event_guards(machine: str, facts: Any) -> Handlers[Callable[[Event], bool]]:
+    """``machine``'s guards as the actor calls them, bound to ``facts`` (a runtime's view
+    of what its guards read; see ``statemachines.glue``)."""
+    return Handlers(facts, guard_table(machine))
 
 
 class NoRoom:
@@ -104,25 +118,42 @@ def follow(
 
     Each route's conditions are evaluated on ``facts`` (what the runtime knows of the room)
     just before ``after`` updates it."""
-    known: RoomFacts = facts or NoRoom()
-    routes = routes_for(machine)
+    return adapter.subscribe(_Follower(_routes_by_fact(machine), facts or NoRoom(), post, after))
+
+
+@functools.cache
+def _routes_by_fact(machine: str) -> dict[str, tuple[Route, ...]]:
+    """The machine's routes grouped by fact name: built once, shared by every job."""
     by_fact: dict[str, list[Route]] = {}
-    for r in routes:
+    for r in routes_for(machine):
         by_fact.setdefault(r.fact, []).append(r)
+    return {fact: tuple(rs) for fact, rs in by_fact.items()}
 
-    def on_fact(fact: RoomFact) -> None:
-        matching = by_fact.get(FACT_NAMES[type(fact)], ())
+
+class _Follower:
+    """One machine's subscription: turns each fact into the events its routes name."""
+
+    __slots__ = ("after", "by_fact", "known", "post")
+
+    def __init__(
+        self,
+        by_fact: dict[str, tuple[Route, ...]],
+        known: RoomFacts,
+        post: Callable[[Event], None],
+        after: Callable[[RoomFact], None] | None,
+    ) -> None:
+        self.by_fact, self.known, self.post, self.after = by_fact, known, post, after
+
+    def __call__(self, fact: RoomFact) -> None:
+        matching = self.by_fact.get(FACT_NAMES[type(fact)], ())
+        fired: list[Route] = []
         if matching:
-            plain = plain_fact(fact)
+            plain, known = plain_fact(fact), self.known
             fired = [r for r in matching if all(ROOM_CONDITIONS[c](known, plain) for c in r.when)]
-        else:
-            fired = []
-        if after is not None:
-            after(fact)
+        if self.after is not None:
+            self.after(fact)
         for r in fired:
-            post(Event(r.event, fact_data(fact)))
-
-    return adapter.subscribe(on_fact)
+            self.post(Event(r.event, fact_data(fact)))
 
 
 class Wiring:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf import message as pb_message
 from google.protobuf.unknown_fields import UnknownFieldSet
-from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionHost, SessionTransport
@@ -35,11 +34,13 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.session_host import SESSION_HOST
 
-from .actor import Actor, Event
+from .actor import Actor, Event, Handlers
 from .clock import AsyncioClock, Clock
+from .emitter import Emitter
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
-from .routing import Wiring, event_guards
-from .session_transport import SenderAware
+from .inbox import Inbox
+from .routing import Wiring, guard_table
+from .session_transport import SenderAware, sender_aware
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class _SessionPipe(SessionTransport):
 
     def __init__(self, out: SessionTransport) -> None:
         self._out = out
-        self._inbox: asyncio.Queue[agent_pb.AgentSessionMessage | None] = asyncio.Queue()
+        self._inbox: Inbox[agent_pb.AgentSessionMessage | None] = Inbox()
         self._closed = False
 
     def feed(self, request: agent_pb.SessionRequest) -> None:
@@ -142,7 +143,7 @@ class _Facts:
         return None if known is None else bool(identity) and known(identity)
 
 
-class JobSessionHost(rtc.EventEmitter[str]):
+class JobSessionHost(Emitter[str]):
     """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``, of the
     ``session_host`` or the ``finalize`` machine).
 
@@ -202,21 +203,9 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self.actor = Actor(
             SESSION_HOST,
             instance=instance,
-            effects={
-                "subscribe": self._subscribe,
-                "unsubscribe": self._unsubscribe,
-                "delegate_request": self._delegate_request,
-                "reply_no_session": self._reply_no_session,
-                "reply_error": self._reply_error,
-                "forward_finalize": self._forward_finalize,
-                "refuse_stranger": self._refuse_stranger,
-                "report_session_closed": self._report_session_closed,
-                "drain": self._drain,
-                "reply_closing": self._reply_closing,
-                "close_finalize": self._close_finalize,
-                "close_transport": self._close_transport,
-            },
-            guards=event_guards("session_host", _Facts(self)),
+            effects=Handlers(self, _EFFECTS),
+            # the shared guards (statemachines.glue), on the host's facts view
+            guards=Handlers(_Facts(self), _GUARDS),
             settings={"drain_timeout": drain_timeout},
             clock=self._clock,
             tracer=tracer,
@@ -327,7 +316,8 @@ class JobSessionHost(rtc.EventEmitter[str]):
     # -- incoming --------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
         # who sent each request, when the transport can say (RoomRequestTransport can)
-        named = self._transport if isinstance(self._transport, SenderAware) else None
+        # (what isinstance(transport, SenderAware) checks, without the protocol machinery)
+        named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None
         it = self._transport.__aiter__()
         while True:
             sender: str | None = None
@@ -381,7 +371,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
             self.actor.post(event)
 
     # -- effects ---------------------------------------------------------------------------
-    async def _subscribe(self, ev: Event) -> None:
+    async def _fx_subscribe(self, ev: Event) -> None:
         label = str(ev.data["session"])
         session = self._sessions[label]
         pipe = _SessionPipe(self._transport)
@@ -390,7 +380,7 @@ class JobSessionHost(rtc.EventEmitter[str]):
         self._attached = _Attached(label, pipe, host)
         await host.start()
 
-    async def _unsubscribe(self, ev: Event) -> None:
+    async def _fx_unsubscribe(self, ev: Event) -> None:
         att, self._attached = self._attached, None
         if att is None:
             return
@@ -404,25 +394,25 @@ class JobSessionHost(rtc.EventEmitter[str]):
         task.add_done_callback(self._closing_hosts.discard)
         await asyncio.sleep(0)
 
-    def _delegate_request(self, ev: Event) -> None:
+    def _fx_delegate_request(self, ev: Event) -> None:
         req = self._pending.pop(int(ev.data["ref"]), None)
         if req is not None and self._attached is not None:
             self._attached.pipe.feed(req)
 
-    async def _reply_no_session(self, ev: Event) -> None:
+    async def _fx_reply_no_session(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), NO_ACTIVE_SESSION)
 
-    async def _reply_error(self, ev: Event) -> None:
+    async def _fx_reply_error(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), str(ev.data["error"]))
 
-    def _forward_finalize(self, ev: Event) -> None:
+    def _fx_forward_finalize(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         request = {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
         self.wiring.fire("session_host", "forward_finalize", request)
 
-    async def _refuse_stranger(self, ev: Event) -> None:
+    async def _fx_refuse_stranger(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         logger.warning(
             "refused finalize_simulation from %r: not the simulator participant",
@@ -430,28 +420,28 @@ class JobSessionHost(rtc.EventEmitter[str]):
         )
         await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
-    def _report_session_closed(self, ev: Event) -> None:
+    def _fx_report_session_closed(self, ev: Event) -> None:
         reason = str(ev.data.get("reason", ""))
         self.wiring.fire("session_host", "report_session_closed", {"reason": reason})
         if self._on_session_closed is not None:
             self._on_session_closed(reason)
 
-    async def _drain(self, _ev: Event) -> Event:
+    async def _fx_drain(self, _ev: Event) -> Event:
         # a state task of `closing`, cut by its drain_timeout
         if self._closing_hosts:
             await asyncio.gather(*self._closing_hosts, return_exceptions=True)
         await self.finalize.settled()
         return Event("drained")
 
-    async def _reply_closing(self, ev: Event) -> None:
+    async def _fx_reply_closing(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), HOST_CLOSING)
 
-    async def _close_finalize(self, _ev: Event) -> None:
+    async def _fx_close_finalize(self, _ev: Event) -> None:
         self.wiring.fire("session_host", "close_finalize")
         await self.finalize.actor.join()  # its close handled: an unfinished answer cut
 
-    async def _close_transport(self, _ev: Event) -> None:
+    async def _fx_close_transport(self, _ev: Event) -> None:
         left = list(self._closing_hosts)
         for t in left:
             t.cancel()
@@ -477,6 +467,24 @@ class JobSessionHost(rtc.EventEmitter[str]):
 # -- request validation -------------------------------------------------------
 
 _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
+
+
+# the session_host machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = {
+    "subscribe": JobSessionHost._fx_subscribe,
+    "unsubscribe": JobSessionHost._fx_unsubscribe,
+    "delegate_request": JobSessionHost._fx_delegate_request,
+    "reply_no_session": JobSessionHost._fx_reply_no_session,
+    "reply_error": JobSessionHost._fx_reply_error,
+    "forward_finalize": JobSessionHost._fx_forward_finalize,
+    "refuse_stranger": JobSessionHost._fx_refuse_stranger,
+    "report_session_closed": JobSessionHost._fx_report_session_closed,
+    "drain": JobSessionHost._fx_drain,
+    "reply_closing": JobSessionHost._fx_reply_closing,
+    "close_finalize": JobSessionHost._fx_close_finalize,
+    "close_transport": JobSessionHost._fx_close_transport,
+}
+_GUARDS = guard_table("session_host")  # their one definition: statemachines.glue
 
 
 def request_problem(req: agent_pb.SessionRequest) -> str | None:

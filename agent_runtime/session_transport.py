@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -31,6 +32,8 @@ from livekit.agents.voice.remote_session import (
     SessionTransport,
 )
 from livekit.protocol.agent_pb import agent_session as agent_pb
+
+from .inbox import Inbox
 
 logger = logging.getLogger("agent_runtime.session_transport")
 
@@ -52,19 +55,26 @@ class SenderAware(Protocol):
         ...
 
 
+def sender_aware(transport: object) -> bool:
+    """``isinstance(transport, SenderAware)``, cheaply: it has a ``receive`` method."""
+    return callable(getattr(transport, "receive", None))
+
+
 class RoomRequestTransport(SessionTransport):
     """``RoomSessionTransport``'s messages, each with the identity of its sender.
 
-    ``remote_identity`` keeps only that participant's messages, as livekit's does.
+    ``remote_identity`` keeps only that participant's messages, as livekit's does. Streams
+    are read one at a time, in the order they opened, by a task that runs only while some
+    wait; nothing is held while none does.
     """
 
     def __init__(self, room: rtc.Room, remote_identity: str | None = None) -> None:
         self._room = room
         self._remote_identity = remote_identity
-        # sending is livekit's own; its reading side is never started
-        self._out = RoomSessionTransport(room, remote_identity)
-        self._streams: asyncio.Queue[tuple[rtc.ByteStreamReader, str] | None] = asyncio.Queue()
-        self._received: asyncio.Queue[Received | None] = asyncio.Queue()
+        # sending is livekit's own (its reading side is never started), made on first send
+        self._out: RoomSessionTransport | None = None
+        self._streams: deque[tuple[rtc.ByteStreamReader, str]] | None = None
+        self._received: Inbox[Received | None] = Inbox()
         self._read_task: asyncio.Task[None] | None = None
         self._registered = False
         self._closed = False
@@ -75,9 +85,6 @@ class RoomRequestTransport(SessionTransport):
         # raises ValueError when the topic already has a handler (a session's own host)
         self._room.register_byte_stream_handler(TOPIC_SESSION_MESSAGES, self._on_stream)
         self._registered = True
-        self._read_task = asyncio.get_running_loop().create_task(
-            self._read_streams(), name="RoomRequestTransport._read_streams"
-        )
 
     def _on_stream(self, reader: rtc.ByteStreamReader, participant_identity: str) -> None:
         if self._closed or (
@@ -85,22 +92,33 @@ class RoomRequestTransport(SessionTransport):
         ):
             reader.close()  # never read: release it
             return
-        self._streams.put_nowait((reader, participant_identity))
+        if self._streams is None:
+            self._streams = deque()
+        self._streams.append((reader, participant_identity))
+        if self._read_task is None:
+            self._read_task = asyncio.get_running_loop().create_task(
+                self._read_streams(), name="RoomRequestTransport._read_streams"
+            )
 
     async def _read_streams(self) -> None:
         # one at a time, so messages come out in the order their streams opened
-        while (item := await self._streams.get()) is not None:
-            reader, sender = item
-            try:
-                data = b"".join([chunk async for chunk in reader])
-                msg = agent_pb.AgentSessionMessage()
-                msg.ParseFromString(data)
-            except Exception as e:
-                logger.warning("unreadable session message from %r: %s", sender, e)
-                continue
-            finally:
-                reader.close()  # a no-op once read to its end; releases one cut short
-            self._received.put_nowait(Received(msg, sender))
+        try:
+            while self._streams:
+                reader, sender = self._streams.popleft()
+                try:
+                    data = b"".join([chunk async for chunk in reader])
+                    msg = agent_pb.AgentSessionMessage()
+                    msg.ParseFromString(data)
+                except Exception as e:
+                    logger.warning("unreadable session message from %r: %s", sender, e)
+                    continue
+                finally:
+                    reader.close()  # a no-op once read to its end; releases one cut short
+                self._received.put_nowait(Received(msg, sender))
+        finally:
+            self._read_task = None
+            if not self._streams:
+                self._streams = None
 
     async def receive(self) -> Received:
         item = await self._received.get()
@@ -112,6 +130,8 @@ class RoomRequestTransport(SessionTransport):
     async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
         if self._closed:
             raise RuntimeError("room session transport is closed")
+        if self._out is None:
+            self._out = RoomSessionTransport(self._room, self._remote_identity)
         await self._out.send_message(msg)
 
     async def close(self) -> None:
@@ -126,12 +146,12 @@ class RoomRequestTransport(SessionTransport):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        while not self._streams.empty():
-            item = self._streams.get_nowait()
-            if item is not None:
-                item[0].close()
+        streams, self._streams = self._streams or (), None
+        for reader, _ in streams:
+            reader.close()
         self._received.put_nowait(None)
-        await self._out.close()
+        if self._out is not None:
+            await self._out.close()
 
     def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
         return self

@@ -242,20 +242,42 @@ class JobSettings(BaseModel):
         return reason_names(v)
 
 
+# validated settings by their input: a worker builds every job from the same options, so
+# they are validated once and the frozen result is shared (inputs that cannot be hashed,
+# such as a list of kinds, are validated every time)
+_VALIDATED: dict[tuple[tuple[str, type, Any], ...], JobSettings] = {}
+_VALIDATED_MAX = 256
+
+
 def job_settings(values: Mapping[str, Any] | None = None, /, **kw: Any) -> JobSettings:
     """``JobSettings`` from keyword values, or ``SettingError`` naming the first bad one."""
     data = {**(values or {}), **kw}
+    try:
+        # the type is part of the key: True, 1 and 1.0 are equal but not the same setting
+        key: tuple[tuple[str, type, Any], ...] | None = tuple(
+            sorted((k, type(v), v) for k, v in data.items())
+        )
+        settings = _VALIDATED.get(key)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable value
+        key, settings = None, None
+    if settings is not None:
+        return settings
     unknown = sorted(set(data) - set(JobSettings.model_fields))
     if unknown:
         raise SettingError(
             f"unknown setting {unknown[0]!r}; known: {', '.join(JobSettings.model_fields)}"
         )
     try:
-        return JobSettings.model_validate(data)
+        settings = JobSettings.model_validate(data)
     except SettingError:
         raise
     except ValidationError as e:
         raise setting_error(e, data) from None
+    if key is not None:
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.clear()
+        _VALIDATED[key] = settings
+    return settings
 
 
 def check_setting(name: str, value: Any) -> Any:

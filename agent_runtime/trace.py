@@ -228,6 +228,13 @@ class Tracer:
         self.sinks: list[TraceSink] = list(sinks)
         self.failures: list[str] = []
 
+    @property
+    def active(self) -> bool:
+        """Whether a record written now would be kept by a sink. A sink may say it would
+        not (``active`` false: an OpenTelemetry sink with nothing recording); actors then
+        build no record at all."""
+        return any(getattr(s, "active", True) for s in self.sinks)
+
     def write(self, record: TraceRecord) -> None:
         bound_record(record)
         for s in self.sinks:

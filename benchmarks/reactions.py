@@ -23,8 +23,8 @@ import contextlib
 import logging
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -292,11 +292,12 @@ class Measured:
     steps: int
 
 
-async def run_scenarios(repeats: int) -> tuple[dict[str, Measured], list[float], int]:
+async def run_scenarios(repeats: int) -> tuple[dict[str, Measured], list[float], int, Split]:
     """Every bundled scenario ``repeats`` times (after one discarded warm-up run).
 
     Returns the measured reactions, the wall ms per step of each round over all scenarios,
-    and the number of scenarios."""
+    the number of scenarios, and where one more round's time goes (per machine, timed; by
+    part, profiled)."""
     from agent_runtime.testing.expect import check_expect
     from agent_runtime.testing.runner import run_scenario
     from agent_runtime.testing.scenario import load_scenario
@@ -338,7 +339,189 @@ async def run_scenarios(repeats: int) -> tuple[dict[str, Measured], list[float],
             m.wall_ms_per_step.append(lap.wall * 1e3 / steps)
             m.cpu_ms_per_step.append(lap.cpu * 1e3 / steps)
         rounds.append(round_wall * 1e3 / round_steps)
-    return measured, rounds, len(scenarios)
+    with timed_machines() as machines:
+        for sc in scenarios.values():
+            await run_scenario(sc)
+    parts = await profiled_round(scenarios)
+    steps = sum(len(sc.steps) for sc in scenarios.values())
+    return measured, rounds, len(scenarios), Split(machines, parts, steps)
+
+
+# -- where a step's time goes: the runtime's own part, per machine ------------------------------
+
+
+@dataclass(slots=True)
+class Split:
+    machines: dict[str, MachineCost]  # one round, timed per machine
+    parts: dict[str, float]  # one round under cProfile: CPU seconds by part
+    steps: int  # scenario steps in a round
+
+
+@dataclass(slots=True)
+class MachineCost:
+    """One machine's events over the timed rounds of every bundled scenario."""
+
+    events: int = 0
+    step_s: float = 0.0  # the whole step before the effects
+    trace_s: float = 0.0  # of which: trace records written (the runner's sinks)
+    listeners_s: float = 0.0  # of which: state_changed listeners (the runtime's and the runner's)
+    effects_s: float = 0.0  # effect handlers until they return (their awaited part excluded)
+
+    @property
+    def core_s(self) -> float:
+        """Deciding and changing state: the table, guards, timers and tasks, the mailbox."""
+        return self.step_s - self.trace_s - self.listeners_s
+
+    latency_s: list[float] = field(default_factory=list)  # queued -> its step done, wall
+
+
+class _TimedEffects(Mapping[str, Any]):
+    """An actor's effect handlers, each call timed (what it runs before it returns)."""
+
+    __slots__ = ("_cost", "_inner")
+
+    def __init__(self, inner: Mapping[str, Any], cost: MachineCost) -> None:
+        self._inner, self._cost = inner, cost
+
+    def __getitem__(self, name: str) -> Any:
+        fn, cost = self._inner[name], self._cost
+
+        def timed(event: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(event)
+            finally:
+                cost.effects_s += time.thread_time() - t0
+
+        return timed
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._inner
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._inner)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+@contextlib.contextmanager
+def timed_machines() -> Iterator[dict[str, MachineCost]]:
+    """Every ``Actor`` built inside, timed per machine (CPU time of the thread): its steps
+    (the runtime's own work on each event), its effects until they return (the runtime's
+    glue and the SDK calls it makes); and the wall time from an event queued (a room fact,
+    an RPC outcome, a timer, a posted input) to its step done, awaited effects included.
+    The timing wraps the actor's own methods; it adds a few microseconds per event."""
+    from agent_runtime.actor import Actor
+
+    costs: dict[str, MachineCost] = {}
+    queued: dict[int, tuple[Any, float]] = {}
+    clock = time.perf_counter  # reactions: wall time
+    cpu = time.thread_time  # the work itself: CPU time (a busy machine does not inflate it)
+    orig_init, orig_enqueue = Actor.__init__, Actor._enqueue
+    orig_step, orig_done = Actor._step, Actor._done
+    orig_record, orig_emit = Actor._record, Actor.emit
+    stepping: list[MachineCost] = []  # the step being timed (steps never nest)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)
+        cost = costs.setdefault(self.spec.name, MachineCost())
+        self._effects = _TimedEffects(self._effects, cost)
+
+    def enqueue(self: Any, entry: Any) -> None:
+        queued[id(entry[0])] = (entry[0], clock())
+        orig_enqueue(self, entry)
+
+    def step(self: Any, event: Any) -> Any:
+        cost = costs[self.spec.name]
+        stepping.append(cost)
+        t0 = cpu()
+        try:
+            return orig_step(self, event)
+        finally:
+            cost.step_s += cpu() - t0
+            cost.events += 1
+            stepping.pop()
+
+    def record(self: Any, rec: Any) -> None:
+        t0 = cpu()
+        try:
+            orig_record(self, rec)
+        finally:
+            if stepping:
+                stepping[-1].trace_s += cpu() - t0
+
+    def emit(self: Any, name: Any, *args: Any) -> None:
+        t0 = cpu()
+        try:
+            orig_emit(self, name, *args)
+        finally:
+            if stepping:
+                stepping[-1].listeners_s += cpu() - t0
+
+    def done(self: Any, event: Any, fut: Any, result: Any) -> None:
+        orig_done(self, event, fut, result)
+        got = queued.pop(id(event), None)
+        if got is not None and got[0] is event:
+            costs[self.spec.name].latency_s.append(clock() - got[1])
+
+    patched = {
+        "__init__": init,
+        "_enqueue": enqueue,
+        "_step": step,
+        "_done": done,
+        "_record": record,
+        "emit": emit,
+    }
+    for name, fn in patched.items():
+        setattr(Actor, name, fn)
+    try:
+        yield costs
+    finally:
+        for name, fn in (
+            ("__init__", orig_init),
+            ("_enqueue", orig_enqueue),
+            ("_step", orig_step),
+            ("_done", orig_done),
+            ("_record", orig_record),
+        ):
+            setattr(Actor, name, fn)
+        del Actor.emit  # back to the inherited one
+
+
+def _part(filename: str) -> str:
+    f = filename.replace("\\", "/")
+    if "/agent_runtime/testing/" in f or "/benchmarks/" in f:
+        return "the scenario runner and its stand-ins"
+    if "/agent_runtime/" in f or "/statemachines/" in f:
+        return "the runtime"
+    if "/livekit/" in f:
+        return "livekit-agents and rtc"
+    if "asyncio" in f or "selectors" in f:
+        return "the asyncio loop"
+    return "other libraries (pydantic, OTel, stdlib)"
+
+
+async def profiled_round(scenarios: dict[str, Scenario]) -> dict[str, float]:
+    """One round of every scenario under cProfile: CPU seconds by where the code lives (each
+    function's own time; the profiler slows small Python functions more, so these are
+    shares, not speeds)."""
+    import cProfile
+    import pstats
+
+    from agent_runtime.testing.runner import run_scenario
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for sc in scenarios.values():
+        await run_scenario(sc)
+    prof.disable()
+    parts: dict[str, float] = {}
+    raw: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    for (filename, _, name), (_, _, tottime, _, _) in raw.items():
+        part = _part(filename if filename != "~" else name)
+        parts[part] = parts.get(part, 0.0) + tottime
+    return parts
 
 
 # -- livekit-agents 1.8.9 without the runtime ----------------------------------------------------
@@ -717,14 +900,14 @@ def upstream_rows(
 
 async def measure(
     repeats: int,
-) -> tuple[dict[str, Measured], list[float], int, dict[str, Upstream]]:
-    measured, rounds, n = await run_scenarios(repeats)
+) -> tuple[dict[str, Measured], list[float], int, dict[str, Upstream], Split]:
+    measured, rounds, n, split = await run_scenarios(repeats)
     with captured_sdk_logs() as logs:
         avatar = await upstream_avatar_routes()
         users = await upstream_user_leaves()
         interrupt = await upstream_interrupt_after_avatar_left(logs)
         playout = await upstream_playout()
-    return measured, rounds, n, upstream_rows(avatar, users, interrupt, playout)
+    return measured, rounds, n, upstream_rows(avatar, users, interrupt, playout), split
 
 
 def rows_from(
@@ -732,6 +915,7 @@ def rows_from(
     rounds: list[float],
     n_scenarios: int,
     upstream: dict[str, Upstream],
+    split: Split | None = None,
 ) -> list[Row]:
     rows: list[Row] = []
     for group, key in REACTIONS:
@@ -786,6 +970,85 @@ def rows_from(
             samples=tuple(rounds),
         )
     )
+    if split is not None:
+        rows.extend(split_rows(split, statistics.median(rounds)))
+    return rows
+
+
+def split_rows(split: Split, ms_per_step: float) -> list[Row]:
+    """The runtime's part of a scenario step: by part of the code (profiled), then each
+    machine's own work per event and its reaction from cause to effect done (timed)."""
+    rows: list[Row] = []
+    total = sum(split.parts.values())
+    if total > 0:
+        share = split.parts.get("the runtime", 0.0) / total
+        others = ", ".join(
+            f"{part} {t / total:.0%}"
+            for part, t in sorted(split.parts.items(), key=lambda kv: -kv[1])
+            if part != "the runtime"
+        )
+        rows.append(
+            Row(
+                SECTION,
+                f"processing per scenario step, the runtime's part: {RUNTIME}",
+                share * ms_per_step,
+                "ms/step",
+                text=f"{share * ms_per_step:.2f} ms/step ({share:.0%}; {others})",
+                how=(
+                    "one more round of every bundled scenario under cProfile: each function's "
+                    "own CPU time, summed by where the code lives (agent_runtime and "
+                    "statemachines; livekit; the asyncio loop; the scenario runner, in-memory "
+                    "room and scripted avatar; the rest); the runtime's share applied to the "
+                    "unprofiled ms per step above"
+                ),
+                extra={"cpu_s_by_part": split.parts, "steps": split.steps},
+            )
+        )
+    how = (
+        "one more round of every bundled scenario with each Actor timed (the thread's CPU "
+        "time around its own methods): per event, deciding and changing state (table, guards, "
+        "timers and tasks, mailbox: the figure), then beside it the trace records written (the "
+        "runner's "
+        "sinks), the state_changed listeners (the runtime's glue and the runner's recording) "
+        "and the effect handlers until they return (the runtime's glue and the SDK calls it "
+        "makes; an awaited effect's wait not included); reaction: wall time "
+        "from the event queued (room fact, RPC outcome, timer, posted input) to its step done, "
+        "awaited effects included, median and 90th percentile"
+    )
+    for machine, c in sorted(split.machines.items()):
+        if not c.events:
+            continue
+        step_us = c.core_s / c.events * 1e6
+        trace_us = c.trace_s / c.events * 1e6
+        listen_us = c.listeners_s / c.events * 1e6
+        fx_us = c.effects_s / c.events * 1e6
+        lat = sorted(c.latency_s)
+        med = statistics.median(lat) * 1e3 if lat else 0.0
+        p90 = lat[int(0.9 * (len(lat) - 1))] * 1e3 if lat else 0.0
+        rows.append(
+            Row(
+                SECTION,
+                f"{machine}: the runtime's work per event",
+                step_us,
+                "us/event",
+                text=(
+                    f"{step_us:.1f} us/event to decide and change state; beside it trace "
+                    f"{trace_us:.1f}, listeners {listen_us:.1f}, effects {fx_us:.1f} us; cause "
+                    f"-> effect done {med:.2f} ms (p90 {p90:.2f}); {c.events} events"
+                ),
+                how=how,
+                extra={
+                    "events": c.events,
+                    "step_us_per_event": step_us,
+                    "trace_us_per_event": trace_us,
+                    "listeners_us_per_event": listen_us,
+                    "effects_us_per_event": fx_us,
+                    "reaction_ms_median": med,
+                    "reaction_ms_p90": p90,
+                    "reactions_timed": len(lat),
+                },
+            )
+        )
     return rows
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import dispatch, footprint, imports, reactions
+from . import dispatch, footprint, imports, jobs, reactions
 from .config import Config
 from .table import Row, missed, render_markdown
 
@@ -32,13 +32,14 @@ Section = Callable[[Config], list[Row]]
 SECTIONS: dict[str, Section] = {
     "dispatch": dispatch.run,
     "footprint": footprint.run,
+    "jobs": jobs.run,  # the real composed job (AgentJob) beside the bare livekit-agents job
     "imports": imports.run,
-    "reactions": reactions.run,  # reaction times on the bundled scenarios (to come)
+    "reactions": reactions.run,
 }
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "latest.json"
-QUICK = Config(events=5_000, repeats=3, jobs=(300, 3_000), import_runs=3)
+QUICK = Config(events=5_000, repeats=3, jobs=(300, 3_000), import_runs=3, job_repeats=1)
 
 
 def collect(cfg: Config, sections: Sequence[str], *, progress: bool = False) -> list[Row]:
@@ -137,8 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller sizes: a rough table, fast")
     p.add_argument("--events", type=int, help="events per dispatch run")
     p.add_argument("--repeats", type=int, help="runs per figure (median reported)")
-    p.add_argument("--jobs", help="comma-separated job counts for the footprint")
+    p.add_argument("--jobs", help="comma-separated job counts (footprint and composed jobs)")
     p.add_argument("--import-runs", type=int, help="fresh interpreters per import figure")
+    p.add_argument("--job-repeats", type=int, help="fresh processes per composed-job CPU figure")
     p.add_argument(
         "--machine",
         choices=sorted(dispatch.WORKLOADS),
@@ -162,6 +164,8 @@ def config_from(args: argparse.Namespace) -> Config:
         changes["jobs"] = tuple(int(n) for n in args.jobs.split(","))
     if args.import_runs is not None:
         changes["import_runs"] = args.import_runs
+    if args.job_repeats is not None:
+        changes["job_repeats"] = args.job_repeats
     if args.machine is not None:
         changes["machine"] = args.machine
     fields = {**asdict(base), **changes}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-from .spec import MachineSpec, Row
+from .spec import MachineSpec, Row, State
 
 Outcome = Literal["transition", "ignore", "reject"]
 GuardValues = Mapping[str, bool] | Callable[[str], bool]
@@ -41,27 +41,75 @@ class Step:
         return self.outcome == "transition" and not self.internal
 
 
-Entry = tuple[Row, ...] | Literal["ignore", "reject"]
+class Guarded:
+    """A cell whose rows have guards: the first row whose guards all hold is taken.
+
+    Each row's ``Step`` is built once with the table; ``fallback`` (an ignore) is what a
+    cell of exclusive guards answers when none holds."""
+
+    __slots__ = ("fallback", "rows")
+
+    def __init__(self, rows: tuple[tuple[tuple[str, ...], Step], ...], fallback: Step) -> None:
+        self.rows = rows
+        self.fallback = fallback
+
+    def decide(self, check: Callable[[str], bool]) -> Step:
+        for names, result in self.rows:
+            for g in names:
+                if not check(g):
+                    break
+            else:
+                return result
+        return self.fallback
+
+
+Entry = Step | Guarded
+
+
+def _result(r: Row) -> Step:
+    if r.dest is None:
+        return Step("transition", r.source, r.event, r.source, r.effects, True, r.guards)
+    return Step("transition", r.source, r.event, r.dest, r.effects, False, r.guards)
 
 
 class Table:
-    """A spec indexed by (state, event) for constant-time lookups."""
+    """A spec indexed by (state, event) for constant-time lookups, every answer prebuilt:
+    a cell is its ``Step`` (ignore, reject, or a transition whose first row is unguarded)
+    or, when guards decide, a ``Guarded`` list of rows. Also the spec's states by name."""
 
-    __slots__ = ("cells", "spec_ref")
+    __slots__ = ("cells", "events", "name", "spec_ref", "states")
 
     def __init__(self, spec: MachineSpec) -> None:
         # weak: the cache must not keep a spec alive (tools build thousands of copies)
         self.spec_ref = weakref.ref(spec, partial(_forget, id(spec)))
+        self.name = spec.name
+        self.states: dict[str, State] = {s.name: s for s in spec.states}
+        self.events = frozenset(spec.events)
         self.cells: dict[tuple[str, str], Entry] = {}
         grouped: dict[tuple[str, str], list[Row]] = {}
         for r in spec.rows:
             grouped.setdefault((r.source, r.event), []).append(r)
-        for k, rows in grouped.items():
-            self.cells[k] = tuple(rows)
+        for (state, event), rows in grouped.items():
+            if not rows[0].guards:
+                self.cells[(state, event)] = _result(rows[0])
+            else:
+                self.cells[(state, event)] = Guarded(
+                    tuple((r.guards, _result(r)) for r in rows),
+                    Step("ignore", state, event, state),
+                )
         for c in spec.ignore:
-            self.cells[(c.state, c.event)] = "ignore"
+            self.cells[(c.state, c.event)] = Step("ignore", c.state, c.event, c.state)
         for c in spec.reject:
-            self.cells[(c.state, c.event)] = "reject"
+            self.cells[(c.state, c.event)] = Step("reject", c.state, c.event, c.state)
+
+    def cell(self, state: str, event: str) -> Entry:
+        """The answer of the cell, or ``UnknownState``/``UnknownEvent``."""
+        entry = self.cells.get((state, event))
+        if entry is None:
+            if state not in self.states:
+                raise UnknownState(f"machine {self.name!r} has no state {state!r}")
+            raise UnknownEvent(f"machine {self.name!r} has no event {event!r}")
+        return entry
 
 
 # keyed by id(): hashing a spec hashes all of it, on every step; an entry goes with its spec
@@ -83,31 +131,15 @@ def table_of(spec: MachineSpec) -> Table:
 
 
 def step(spec: MachineSpec, state: str, event: str, guards: GuardValues | None = None) -> Step:
-    entry = table_of(spec).cells.get((state, event))
-    if entry is None:
-        if state not in spec.state_names:
-            raise UnknownState(f"machine {spec.name!r} has no state {state!r}")
-        raise UnknownEvent(f"machine {spec.name!r} has no event {event!r}")
-    if entry == "ignore" or entry == "reject":
-        return Step(entry, state, event, state)
-    check: Callable[[str], bool]
+    entry = table_of(spec).cell(state, event)
+    if isinstance(entry, Step):
+        return entry
     if guards is None:
-        check = _no_guard_values
-    elif callable(guards):
-        check = guards
-    else:
-        values = guards
-
-        def check(name: str) -> bool:
-            return bool(values.get(name, False))
-
-    for r in entry:
-        if all(check(g) for g in r.guards):
-            if r.dest is None:
-                return Step("transition", state, event, state, r.effects, True, r.guards)
-            return Step("transition", state, event, r.dest, r.effects, False, r.guards)
-    # only reachable when every row is guarded by exclusive guards and none holds
-    return Step("ignore", state, event, state)
+        return entry.decide(_no_guard_values)
+    if callable(guards):
+        return entry.decide(guards)
+    values = guards
+    return entry.decide(lambda name: bool(values.get(name, False)))
 
 
 def _no_guard_values(name: str) -> bool:

@@ -64,3 +64,23 @@ def test_importing_the_whole_runtime_loads_neither_the_kit_nor_yaml() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == ""
+
+
+def test_every_runtime_names_its_handlers_after_the_spec_s_effects_and_guards() -> None:
+    """One convention across runtimes: the handler of effect ``x`` is ``_fx_x``, of guard
+    ``g`` is ``_guard_g`` (one function may serve two names of its table), so a spec's name
+    finds its code by search."""
+    import importlib
+
+    seen = 0
+    for path in PRODUCTION:
+        mod = importlib.import_module(f"agent_runtime.{path.stem}")
+        for table, prefix in (("_EFFECTS", "_fx_"), ("_GUARDS", "_guard_")):
+            handlers = getattr(mod, table, None)
+            if handlers is None:
+                continue
+            seen += 1
+            names = {prefix + key for key in handlers}
+            wrong = {k: fn.__name__ for k, fn in handlers.items() if fn.__name__ not in names}
+            assert not wrong, f"{path.name} {table}: {wrong}"
+    assert seen >= 10  # every machine's runtime was found

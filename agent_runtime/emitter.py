@@ -1,0 +1,98 @@
+"""``Emitter``: livekit's ``rtc.EventEmitter`` with a cheap ``emit``.
+
+The runtime's classes emit as livekit's objects do (``on``, ``once``, ``off``, ``emit``; a
+listener gets as many of the arguments as it takes positionally; its ``TypeError`` goes
+through, any other error is logged). livekit's ``emit`` builds ``inspect.signature`` of every
+listener on every call, which made up most of what a state change cost; here the arity of a
+plain function or bound method is read from its code object, and only other callables (a
+``functools.partial``, a decorated function, a callable object) go through ``inspect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from types import FunctionType, MethodType
+from typing import Any, TypeVar
+
+from livekit import rtc
+
+logger = logging.getLogger("agent_runtime.emitter")
+
+T = TypeVar("T")
+
+_COROUTINE_MARKER = getattr(asyncio.coroutines, "_is_coroutine", None)
+
+
+def positional_arity(fn: Callable[..., Any]) -> int | None:
+    """How many positional arguments ``fn`` takes, as ``inspect.signature`` reads them
+    (``None``: any number, it has ``*args``)."""
+    t = type(fn)
+    func: Any = fn.__func__ if t is MethodType else fn  # type: ignore[attr-defined]
+    if type(func) is FunctionType and not (
+        hasattr(func, "__wrapped__") or hasattr(func, "__signature__")
+    ):
+        code = func.__code__
+        if code.co_flags & inspect.CO_VARARGS:
+            return None
+        return code.co_argcount - (1 if t is MethodType else 0)
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+class Emitter(rtc.EventEmitter[T]):
+    """``rtc.EventEmitter`` whose ``emit`` does not rebuild each listener's signature, and
+    whose listeners of an event are a tuple (replaced on ``on``/``off``, so ``emit`` walks
+    a snapshot without copying it) rather than a dict per event."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self) -> None:
+        self._events: dict[T, tuple[Callable[..., Any], ...]] = {}  # type: ignore[assignment]
+
+    def on(self, event: T, callback: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        if callback is None:
+
+            def decorator(callback: Callable[..., Any]) -> Callable[..., Any]:
+                self.on(event, callback)
+                return callback
+
+            return decorator
+        # as livekit's: a coroutine function, or one tagged with asyncio's legacy marker
+        if inspect.iscoroutinefunction(callback) or (
+            _COROUTINE_MARKER is not None
+            and getattr(callback, "_is_coroutine", None) is _COROUTINE_MARKER
+        ):
+            raise ValueError(
+                "Cannot register an async callback with `.on()`. Use `asyncio.create_task` "
+                "within your synchronous callback instead."
+            )
+        current: tuple[Callable[..., Any], ...] = self._events.get(event, ())
+        if callback not in current:
+            self._events[event] = (*current, callback)
+        return callback
+
+    def off(self, event: T, callback: Callable[..., Any]) -> None:
+        current: tuple[Callable[..., Any], ...] = self._events.get(event, ())
+        if callback in current:
+            i = current.index(callback)
+            rest = current[:i] + current[i + 1 :]
+            if rest:
+                self._events[event] = rest
+            else:
+                del self._events[event]
+
+    def emit(self, event: T, *args: Any) -> None:
+        listeners: tuple[Callable[..., Any], ...] = self._events.get(event, ())
+        for callback in listeners:
+            try:
+                n = positional_arity(callback)
+                callback(*(args if n is None else args[:n]))
+            except TypeError:
+                raise
+            except Exception:
+                logger.exception("failed to emit event %s", event)

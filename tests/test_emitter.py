@@ -1,0 +1,228 @@
+"""The runtime's emitter passes every listener exactly the arguments livekit's would.
+
+``Emitter`` reads a listener's arity from its code instead of ``inspect.signature``; a
+listener that got one argument more or fewer would break a user's callback, so each kind of
+callable is checked against ``rtc.EventEmitter`` itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from livekit import rtc
+
+from agent_runtime.emitter import Emitter, positional_arity
+
+CALLS: list[Any] = []
+
+
+class _Listener:
+    def method(self, a: Any) -> None:
+        CALLS.append(("method", a))
+
+    def varargs(self, *args: Any) -> None:
+        CALLS.append(("varargs", args))
+
+    @staticmethod
+    def static(a: Any, b: Any) -> None:
+        CALLS.append(("static", a, b))
+
+    @classmethod
+    def klass(cls, a: Any) -> None:
+        CALLS.append(("klass", a))
+
+    def __call__(self, a: Any, b: Any = None) -> None:
+        CALLS.append(("call", a, b))
+
+
+def _logged(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _two(a: Any, b: Any) -> None:
+    CALLS.append(("two", a, b))
+
+
+def _none() -> None:
+    CALLS.append(("none",))
+
+
+def _keyword_only(a: Any, *, b: Any = 1) -> None:
+    CALLS.append(("kw", a, b))
+
+
+def _defaults(a: Any, b: Any = 2, c: Any = 3, d: Any = 4) -> None:
+    CALLS.append(("defaults", a, b, c, d))
+
+
+@_logged
+def _decorated_one(a: Any) -> None:
+    CALLS.append(("decorated", a))
+
+
+L = _Listener()
+LISTENERS: dict[str, Callable[..., Any]] = {
+    "function of two": _two,
+    "function of none": _none,
+    "keyword-only after one": _keyword_only,
+    "defaults beyond the arguments": _defaults,
+    "lambda of one": lambda a: CALLS.append(("lambda", a)),
+    "bound method": L.method,
+    "bound method with *args": L.varargs,
+    "staticmethod": L.static,
+    "classmethod": L.klass,
+    "callable object": L,
+    "partial": functools.partial(_two, "fixed"),
+    "decorated (functools.wraps: the wrapped signature counts)": _decorated_one,
+    "builtin method": CALLS.append,
+}
+
+
+def _calls(emitter_cls: type[rtc.EventEmitter[str]], fn: Callable[..., Any]) -> list[Any]:
+    CALLS.clear()
+    em = emitter_cls()
+    em.on("ev", fn)
+    em.emit("ev", 1, 2, 3)
+    return list(CALLS)
+
+
+@pytest.mark.parametrize("name", sorted(LISTENERS))
+def test_each_listener_gets_what_livekit_would_give_it(name: str) -> None:
+    fn = LISTENERS[name]
+    theirs = _calls(rtc.EventEmitter, fn)
+    assert theirs  # the listener ran
+    assert _calls(Emitter, fn) == theirs
+
+
+@pytest.mark.parametrize("name", sorted(LISTENERS))
+def test_the_arity_read_from_code_is_the_signature_s(name: str) -> None:
+    import inspect
+
+    fn = LISTENERS[name]
+    params = inspect.signature(fn).parameters.values()
+    want = (
+        None
+        if any(p.kind == p.VAR_POSITIONAL for p in params)
+        else sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    )
+    assert positional_arity(fn) == want
+
+
+def test_a_listener_s_type_error_goes_through_and_other_errors_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    em: Emitter[str] = Emitter()
+    later: list[str] = []
+
+    def fails(_: Any) -> None:
+        raise RuntimeError("boom")
+
+    em.on("ev", fails)
+    em.on("ev", lambda _: later.append("ran"))
+    with caplog.at_level(logging.ERROR, logger="agent_runtime.emitter"):
+        em.emit("ev", 1)
+    assert later == ["ran"]  # a failing listener does not keep the others from hearing
+    assert "failed to emit event ev" in caplog.text
+
+    def wrong(_: Any) -> None:
+        raise TypeError("bad")
+
+    em.on("other", wrong)
+    with pytest.raises(TypeError, match="bad"):
+        em.emit("other", 1)
+
+
+def test_once_and_off_behave_as_livekit_s() -> None:
+    em: Emitter[str] = Emitter()
+    got: list[int] = []
+    em.once("ev", got.append)
+    em.emit("ev", 1)
+    em.emit("ev", 2)
+
+    def keep(x: int) -> None:
+        got.append(x * 10)
+
+    em.on("ev", keep)
+    em.emit("ev", 3)
+    em.off("ev", keep)
+    em.emit("ev", 4)
+    assert got == [1, 30]
+
+
+def test_an_async_listener_is_refused_as_livekit_refuses_it() -> None:
+    async def handler(_: Any) -> None:
+        pass
+
+    for cls in (rtc.EventEmitter, Emitter):
+        em = cls()
+        with pytest.raises(ValueError, match="async callback"):
+            em.on("ev", handler)
+        with pytest.raises(ValueError, match="async callback"):
+            em.on("ev")(handler)
+        em.emit("ev", 1)  # nothing was registered
+
+
+def test_registration_order_duplicates_and_decorators_match_livekit() -> None:
+    def run(cls: type[rtc.EventEmitter[str]]) -> list[Any]:
+        got: list[Any] = []
+        em = cls()
+
+        def a(x: Any) -> None:
+            got.append(("a", x))
+
+        @em.on("ev")
+        def b(x: Any) -> None:
+            got.append(("b", x))
+
+        @em.once("ev")
+        def c(x: Any) -> None:
+            got.append(("c", x))
+
+        em.on("ev", a)
+        em.on("ev", b)  # already there: neither twice nor moved
+        em.emit("ev", 1)
+        em.off("ev", b)
+        em.off("ev", b)  # unknown now: nothing happens
+        em.off("never", a)
+        em.emit("ev", 2)
+        em.off("ev", a)
+        em.emit("ev", 3)
+        em.on("ev", b)
+        em.emit("ev", 4)
+        return got
+
+    assert run(Emitter) == run(rtc.EventEmitter)
+    assert run(Emitter) == [("b", 1), ("c", 1), ("a", 1), ("a", 2), ("b", 4)]
+
+
+def test_a_listener_added_or_removed_during_emit_waits_for_the_next_one() -> None:
+    def run(cls: type[rtc.EventEmitter[str]]) -> list[str]:
+        got: list[str] = []
+        em = cls()
+
+        def late(_: Any) -> None:
+            got.append("late")
+
+        def second(_: Any) -> None:
+            got.append("second")
+
+        def first(_: Any) -> None:
+            got.append("first")
+            em.on("ev", late)
+            em.off("ev", second)
+
+        em.on("ev", first)
+        em.on("ev", second)
+        em.emit("ev", 1)
+        em.emit("ev", 2)
+        return got
+
+    assert run(Emitter) == run(rtc.EventEmitter) == ["first", "second", "first", "late"]
