@@ -625,14 +625,24 @@ class AgentJob(Emitter[Events]):
             )
 
     async def _close_session_and_avatar(self) -> None:
-        """The part of the job's close that needs the room: the session (when the job ends
-        for another reason, e.g. the simulator left) and the avatar (whose close the
-        step's link has asked)."""
-        closing: list[Awaitable[Any]] = []
+        """The part of the job's close that needs the room, run_close's session and avatar
+        steps: the session (when the job ends for another reason, e.g. the simulator left),
+        then the avatar, whose close the avatar step's link asks.
+
+        In livekit's order: the session's close first (its speech ends on the route it has,
+        and its close event closes the avatar), then the avatar, so the avatar's restore
+        never builds a room track for a session that is going away. A session whose close
+        is still running after half of this step's bound no longer holds the avatar's close
+        back (the avatar must leave while the room is connected)."""
         if self.session._started and self.session._closing_task is None:
             self.session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
         task = self.session._closing_task
-        if task is not None:
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):  # a failed close is the session's to log
+                await self.clock.wait_for(asyncio.shield(task), self.settings.close_timeout / 6)
+        self.job.wiring.fire("job", "run_close", step="avatar")
+        closing: list[Awaitable[Any]] = []
+        if task is not None and not task.done():
             closing.append(asyncio.shield(task))
         if self._avatar_closing is not None:
             closing.append(asyncio.shield(self._avatar_closing))

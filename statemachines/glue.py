@@ -389,8 +389,11 @@ LINK_FLAGS: Mapping[str, str] = MappingProxyType(
         "primary": "the session is the job's primary one, the one the participant link follows",
     }
 )
-# the job's run_close works in steps, in this order; a link may post at one of them
-RUN_CLOSE_STEPS = ("host", "session", "room", "callbacks")
+# the job's run_close works in steps, in this order; a link may post at one of them. The
+# avatar's step begins once the session closed, or after a share of the bound if its close
+# still runs (livekit's order: the session's speech ends on the route it has, and the
+# avatar's restore builds no room track for a session going away)
+RUN_CLOSE_STEPS = ("host", "session", "avatar", "room", "callbacks")
 SESSION = "session"  # a session of the job, as a link's source (its close)
 
 
@@ -470,7 +473,7 @@ LINKS: tuple[Link, ...] = (
         note="the session will not say it closed: nothing else would end the job",
     ),
     Link(source="job", on="run_close", step="host", target="session_host", event="close"),
-    Link(source="job", on="run_close", step="session", target="avatar", event="close"),
+    Link(source="job", on="run_close", step="avatar", target="avatar", event="close"),
     Link(
         source="job",
         on="run_close",

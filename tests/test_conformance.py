@@ -127,3 +127,27 @@ def test_the_cli_reports_coverage(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["ok"] and data["paths"] == data["covering"] + data["counterexamples"]
     assert 0 < data["rows_taken"] < data["rows_total"]
     assert main(["conformance", "--depth", "-1"]) == 2
+
+
+def test_the_avatar_leaves_after_the_session_or_its_share_of_the_bound() -> None:
+    # run_close in livekit's order: the session's close first (its speech ends on the route
+    # it has), the avatar's step once it closed or after half of the step's bound
+    plain = next(c for c in DEFAULT_CONFIGS if not c.simulation)
+    path = _path(
+        plain,
+        "all",
+        [
+            "avatar.start",
+            "avatar plugin puts its route in",
+            "avatar plugin start() returns",
+            "avatar joins",
+            "avatar publishes video",
+            "job.shutdown",
+            "time passes: run_close's wait for the session's close",
+        ],
+    )
+    views = [runtime for _, runtime in run(path).views]
+    assert (views[6].states["avatar"], views[6].session) == ("joined", "closing")
+    assert views[6].audio_route == "avatar"
+    assert path.steps[-1].at == pytest.approx(10.0 / 6)  # close_timeout / 6
+    assert (views[7].states["avatar"], views[7].audio_route) == ("closed", "room")

@@ -41,7 +41,7 @@ from ..explore.abstract import GRACE_PERIOD, PEOPLE, Config
 from ..explore.checks import LIVE_JOB
 from ..explore.view import JobView
 from .observe import Observed, Sent, runtime_view
-from .paths import BOUND, DRAIN_TIMEOUT, SETTINGS, Step
+from .paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"
@@ -299,7 +299,7 @@ class Harness:
     async def do(self, step: Step) -> None:
         """Do what the step says, then let everything it causes settle."""
         act = _ACTIONS.get(step.action.partition(":")[0])
-        if step.action.startswith("timeout:") or step.action == BOUND:
+        if step.action.startswith("timeout:") or step.action in (BOUND, WAIT):
             await self._time_passes(step)
         elif act is None:
             raise KeyError(f"the harness cannot do {step.action!r} ({step.label})")

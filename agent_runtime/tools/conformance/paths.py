@@ -42,7 +42,9 @@ SETTINGS: dict[str, float] = {
 # session and the avatar a third of close_timeout
 DRAIN_TIMEOUT = min(3.0, SETTINGS["close_timeout"] / 2)
 SESSION_STEP_BOUND = SETTINGS["close_timeout"] / 3
+SESSION_WAIT = SETTINGS["close_timeout"] / 6  # AgentJob's wait before the avatar's step
 BOUND = "close_session_bound"  # the action of run_close's own bound
+WAIT = "close_session_wait"  # the action of the wait for the session before the avatar
 _TIME: frozenset[Kind] = frozenset({"time"})
 
 
@@ -51,6 +53,8 @@ def timer_seconds(config: Config, key: str, armed_in: str, world: World) -> floa
     armed in state ``armed_in``."""
     if key == BOUND:
         return SESSION_STEP_BOUND
+    if key == WAIT:
+        return SESSION_WAIT
     setting = {
         "avatar": {"starting": "join_timeout", "routing": "join_timeout", "backoff": "backoff"},
         "job": {"awaiting_finalize": "session_end_timeout", "closing": "close_timeout"},
@@ -78,8 +82,11 @@ _TIMERS = {
 
 
 def _armed_in(world: World, key: str) -> str:
-    if key == BOUND:
-        return "session" if world.job_task.partition(":")[2] == "session" else ""
+    step = world.job_task.partition(":")[2]
+    if key == BOUND:  # armed as the session step begins, running on through the avatar's
+        return "session" if step in ("session", "avatar") else ""
+    if key == WAIT:
+        return "session" if step == "session" else ""
     value: str = getattr(world, _TIMERS[key])
     return value
 
@@ -165,7 +172,7 @@ class Walker:
         seq = node.seq
         end = mv.world
         entered = {m for m, _, changed in mv.rows if changed}
-        for key in (*_TIMERS, BOUND):
+        for key in (*_TIMERS, BOUND, WAIT):
             before, after = _armed_in(node.world, key), _armed_in(end, key)
             if key in entered or before != after:
                 armed.pop(key, None)

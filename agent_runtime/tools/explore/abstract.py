@@ -566,6 +566,10 @@ def _host_closed(s: _W) -> None:
     _close_step(s, "session")
 
 
+def _avatar_step(s: _W) -> None:
+    _close_step(s, "avatar")  # the session closed, or the wait for it ran out
+
+
 def _session_step_done(s: _W) -> None:
     _close_step(s, "room")  # then the deletion it allowed (if asked) is waited for
 
@@ -795,6 +799,7 @@ Work = tuple[str, str, bool, Callable[["_W"], None]]
 AUTO_WORK = {
     "drained": "the host's drain ends: nothing in flight",
     "close_host_done": "run_close: the session host closed",
+    "close_session_closed": "run_close: the session closed, the avatar's step begins",
     "close_session_done": "run_close: the session and the avatar closed",
     "close_deletion_done": "run_close: the room deletion settled",
 }
@@ -931,6 +936,8 @@ def work(model: Model, w: World | _W) -> Iterator[Work]:
     ):
         yield "close_host_done", AUTO_WORK["close_host_done"], True, _host_closed
     elif step == "session" and w.sess_a not in ("closing", "hung"):
+        yield "close_session_closed", AUTO_WORK["close_session_closed"], True, _avatar_step
+    elif step == "avatar" and w.sess_a not in ("closing", "hung"):
         yield "close_session_done", AUTO_WORK["close_session_done"], True, _session_step_done
     elif step == "room" and w.dele != "deleting" and not any(e[0] == DEL for e in w.queue):
         yield "close_deletion_done", AUTO_WORK["close_deletion_done"], True, _deletion_settled
@@ -952,7 +959,15 @@ def work(model: Model, w: World | _W) -> Iterator[Work]:
 # run_close's own bound on the session's close: a share of close_timeout (the timer of the
 # job's task, not of a state): the time moves of the model
 def bounds(model: Model, w: World) -> Iterator[tuple[str, str, Callable[[_W], None]]]:
-    if w.job_task.partition(":")[2] == "session" and w.sess_a in ("closing", "hung"):
+    step = w.job_task.partition(":")[2]
+    if step == "session" and w.sess_a in ("closing", "hung"):
+        # half of the step's share: the avatar's close is held back no longer
+        yield (
+            "close_session_wait",
+            "time passes: run_close's wait for the session's close",
+            (_avatar_step),
+        )
+    if step == "avatar" and w.sess_a in ("closing", "hung"):
         yield (
             "close_session_bound",
             "time passes: run_close's bound on the session's close",
