@@ -586,6 +586,7 @@ CASES = [
 ]
 
 
+@pytest.mark.snapshot  # pins each cell as written
 def test_the_cases_cover_every_cell_and_every_row() -> None:
     cells = {(c.state, c.event) for c in CASES}
     assert cells == {(s, e) for s in PARTICIPANT.state_names for e in PARTICIPANT.events}
@@ -613,6 +614,7 @@ async def _drive_to(world: World, link: ParticipantLink, state: str) -> None:
     await world.idle()
 
 
+@pytest.mark.snapshot  # pins each cell as written
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 async def test_every_cell_through_the_actor(world: World, case: Case) -> None:
     link = world.link(**dict(case.opts))

@@ -375,6 +375,7 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+@pytest.mark.snapshot  # pins each cell as written
 def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
     from statemachines.session_host import SESSION_HOST
 
@@ -382,6 +383,7 @@ def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
     assert covered == {(s, e) for s in SESSION_HOST.state_names for e in SESSION_HOST.events}
 
 
+@pytest.mark.snapshot  # pins each cell as written
 @pytest.mark.parametrize(("state", "trigger"), list(CELLS), ids=[f"{s}-{t}" for s, t in CELLS])
 async def test_cell(state: str, trigger: str) -> None:
     outcome, dest, effects = CELLS[(state, trigger)]
