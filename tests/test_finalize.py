@@ -102,6 +102,25 @@ async def test_a_second_finalize_gets_an_explicit_error_while_answering_and_afte
     await rig.host.aclose()
 
 
+async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_busy_error() -> None:
+    t = Setup()
+    rig = t.rig
+    await rig.host.start()
+    t.end.hold = True  # the verdict's reply is under way
+    first = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    assert t.fin.state == "replying"
+    # taken in once the send returns, before its outcome: still replying
+    second = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    t.end.release.set()
+    assert (await rig.sim.reply(first)).finalize_simulation.user_verdict.reason == "veto 1"
+    busy = await rig.sim.reply(second)
+    assert busy.error == "finalize_simulation was already being answered"
+    assert t.calls == 1 and rig.answered == [{"success": False, "reason": "veto 1"}]
+    await rig.host.aclose()
+
+
 async def test_the_host_closing_while_answering_gets_the_simulator_one_error_reply() -> None:
     t = Setup()
     rig = t.rig

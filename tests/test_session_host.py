@@ -252,6 +252,11 @@ async def test_a_request_that_arrives_while_the_host_closes_gets_an_error_reply(
     resp = await rig.sim.ask("get_chat_history")
     assert resp.error == HOST_CLOSING
     assert rig.last("request").source == "closing"
+    # an unknown kind, or a second finalize, gets the same answer: nothing is served now
+    assert (await rig.sim.ask("launch_rockets")).error == HOST_CLOSING
+    assert (await rig.sim.ask("finalize_simulation", {"provisional_success": True})).error == (
+        HOST_CLOSING
+    )
     gate.set()
     await rig.settle()
     assert closing.done() and rig.host.state == "closed"

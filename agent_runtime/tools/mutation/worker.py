@@ -148,7 +148,10 @@ class _Mutants:
             self.results.append(self.judge(m, want, run))
             with open(self.job["out"] + ".log", "a") as log:
                 r = self.results[-1]
-                log.write(f"{m.key} {r['status']}: {m.label}  {r['by']}\n")
+                log.write(
+                    f"{m.key} {r['status']} after {r['tests_run']} tests, {r['seconds']:.1f}s: "
+                    f"{m.label}  {r['by']}\n"
+                )
 
     def judge(self, m: Mutant, want: dict[str, Any], run: Any) -> dict[str, Any]:
         assert m.spec is not None
