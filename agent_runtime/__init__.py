@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from .job import JobRuntime
     from .otel import OtelSink
     from .participant import ParticipantLink, SessionCloseTimedOut
+    from .playout import PlayoutTracker
     from .room_events import RoomEventAdapter
     from .session_host import JobSessionHost
     from .session_transport import RoomRequestTransport
-    from .settings import JobSettings, SettingError
+    from .settings import JobSettings, PlayoutOptions, SettingError
     from .snapshot import JobSnapshot
 
 _LAZY = {
@@ -35,6 +36,8 @@ _LAZY = {
     "JobRuntime": "job",
     "JobSessionHost": "session_host",
     "ParticipantLink": "participant",
+    "PlayoutOptions": "settings",
+    "PlayoutTracker": "playout",
     "RoomEventAdapter": "room_events",
     "RoomRequestTransport": "session_transport",
     "SessionCloseTimedOut": "participant",
@@ -74,6 +77,8 @@ __all__ = [
     "MemorySink",
     "OtelSink",
     "ParticipantLink",
+    "PlayoutOptions",
+    "PlayoutTracker",
     "RoomEventAdapter",
     "RoomRequestTransport",
     "SessionCloseTimedOut",

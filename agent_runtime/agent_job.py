@@ -13,7 +13,8 @@ What it composes: the room-event adapter (room facts reach each machine through 
 declared routing table), the ``job`` machine and the job-owned session host (the session
 starts with ``session_host=False`` and is attached before it starts), the linked
 ``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are turned
-off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin,
+off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
+optional ``playout`` machine (the agent's audio until heard, the re-prompt watchdog),
 tracing, and the teardown: when the session closes the avatar goes with it while the room is
 still connected; the job's ``closing`` closes the host, then the session and avatar if they
 are still up, then disconnects, deletes the room if asked and runs the shutdown callbacks.
@@ -55,10 +56,11 @@ from .clock import AsyncioClock, Clock
 from .job import JobRuntime, ShutdownCallback
 from .otel import OtelSink
 from .participant import ParticipantLink, SessionCloseTimedOut
+from .playout import PlayoutTracker, RepromptFn
 from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
-from .settings import AvatarRetry, JobSettings, SettingError, job_settings
+from .settings import AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_settings
 from .snapshot import JobSnapshot, find_actors, machines_snapshot
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -123,6 +125,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         session_end_timeout: float = 300.0,
         close_timeout: float = 10.0,
         delete_room_on_close: bool = False,
+        playout: bool | PlayoutOptions | Mapping[str, Any] = False,
+        on_reprompt: RepromptFn | None = None,
         trace_path: str | Path | None = None,
         tracer: Tracer | None = None,
         otel: bool | OtelSink = True,
@@ -145,6 +149,7 @@ class AgentJob(rtc.EventEmitter[Events]):
             "session_end_timeout": session_end_timeout,
             "close_timeout": close_timeout,
             "delete_room_on_close": delete_room_on_close,
+            "playout": playout,
         }
         if participant_kinds is not None:
             options["participant_kinds"] = participant_kinds
@@ -175,6 +180,15 @@ class AgentJob(rtc.EventEmitter[Events]):
             raise ValueError("avatar_start_options given without an avatar")
         if isinstance(avatar, AvatarSession):
             check_start_options(avatar, start_options)
+        if on_reprompt is not None and not callable(on_reprompt):
+            raise TypeError("on_reprompt must be callable as on_reprompt(session, attempt)")
+        if on_reprompt is not None and (
+            self.settings.playout is None or not self.settings.playout.reprompt
+        ):
+            raise ValueError(
+                "on_reprompt given, but the watchdog is off: pass "
+                "playout=PlayoutOptions(reprompt=True) too"
+            )
         if not isinstance(otel, bool | OtelSink):
             raise TypeError(f"otel must be True, False or an OtelSink, not {type(otel).__name__}")
         if otel is True and isinstance(inject.get("otel"), OtelSink):
@@ -253,6 +267,19 @@ class AgentJob(rtc.EventEmitter[Events]):
                 room_events=self.events,
                 remove_participant=remove_avatar_participant,
             )
+        # the agent's audio until heard, and the re-prompt watchdog (playout=...)
+        self.playout: PlayoutTracker | None = None
+        if s.playout is not None:
+            self.playout = PlayoutTracker(
+                session,
+                options=s.playout,
+                on_reprompt=on_reprompt,
+                avatar=self.avatar,
+                link=self.link,
+                clock=clock,
+                tracer=tracer,
+                instance=room.name or "room",
+            )
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
         self._live_route: Route = "none"
         self._actors: list[Actor] | None = None
@@ -264,6 +291,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
             self.avatar.on("state_changed", self._forward_state)
+        if self.playout is not None:
+            self.playout.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_closed)
         # a session whose close hangs cannot end the job by closing: the link says so
         self.link.on("close_timed_out", self._on_close_timed_out)
@@ -383,7 +412,7 @@ class AgentJob(rtc.EventEmitter[Events]):
         """Every machine of the job (its actor), in ``MACHINES`` order."""
         if self._actors is None:
             # found once: each runtime builds its machines when it is built
-            self._actors = find_actors(self.job, self.link, self.avatar)
+            self._actors = find_actors(self.job, self.link, self.avatar, self.playout)
         return self._actors
 
     def snapshot(self) -> JobSnapshot:
@@ -464,6 +493,8 @@ class AgentJob(rtc.EventEmitter[Events]):
         # attached as it starts (until then a request gets "no active session"), before its
         # first event so every one of them is forwarded
         self.job.attach(self.session)
+        if self.playout is not None:
+            self.playout.start()  # before the session's first speech
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
         self._live_route = route_of(self.session)
         self.link.start()
@@ -535,6 +566,8 @@ class AgentJob(rtc.EventEmitter[Events]):
                 await asyncio.gather(self._finishing, return_exceptions=True)
             return
         await self.job.abort()
+        if self.playout is not None:
+            await self.playout.stop()
         for actor in (self.link.actor, *([self.avatar.actor] if self.avatar else [])):
             await actor.aclose()
         self.session.off("close", self._on_session_close)
@@ -601,6 +634,8 @@ class AgentJob(rtc.EventEmitter[Events]):
     async def _release(self) -> None:
         """The end of the job's close: stop following, unhook. Safe to run again (the job's
         bound may cut it short; ``closed`` and ``aclose()`` then finish it)."""
+        if self.playout is not None:
+            await self.playout.aclose()
         await self.link.aclose()
         if self.avatar is not None:
             self._close_avatar()

@@ -21,8 +21,11 @@ avatar is not joined does the lifecycle step in: nothing is sent to a participan
 not there, and pending playout is finished locally, so the session does not stall.
 
 Route reporting knows the plugin's sink by identity (the one recorded after its start),
-whatever its class. A retry policy (``AvatarRetry``) may start the plugin again after a
-transient loss, after a backoff spent on room audio.
+whatever its class. For the playout machine the lifecycle also reports what the sink is
+given (``segment_flushed``: a segment's audio all pushed, with its duration) and each
+``lk.playback_finished`` it accepts from the avatar (``playback_finished``). A retry
+policy (``AvatarRetry``) may start the plugin again after a transient loss, after a backoff
+spent on room audio.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from livekit import rtc
@@ -206,6 +210,27 @@ def _no_registration(*_: Any, **__: Any) -> None:
 _HANDED_OFF: set[asyncio.Task[None]] = set()
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentFlushed:
+    """Emitted as ``segment_flushed``: the session ended a segment at the avatar's sink
+    (its ``flush()``), so all of that segment's audio is pushed. On the lifecycle's clock."""
+
+    started_at: float  # when its first frame was accepted by the sink
+    pushed: float  # seconds of audio accepted
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackReport:
+    """Emitted as ``playback_finished``: the avatar's own ``lk.playback_finished``,
+    accepted (from the avatar, well formed)."""
+
+    playback_position: float
+    interrupted: bool
+
+
+LifecycleEvents = Literal["state_changed", "segment_flushed", "playback_finished"]
+
+
 class _PrevRoute(NamedTuple):
     """The route a plugin's start (or a reinstall) replaced, taken just before it."""
 
@@ -235,9 +260,11 @@ class _Timeouts(Mapping[str, float | None]):
         return 2
 
 
-class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
+class AvatarLifecycle(rtc.EventEmitter[LifecycleEvents]):
     """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
-    (a ``StateChanged``).
+    (a ``StateChanged``), and what playout follows: ``segment_flushed`` (a
+    ``SegmentFlushed``: the session's audio reached the plugin's sink) and
+    ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
 
     ``remove_participant(identity)`` removes the avatar participant on close (best effort;
     a not-found answer is fine). Leave it ``None`` to rely on the plugin's own
@@ -278,6 +305,8 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
         self._installed: AudioOutput | None = None  # the sink the plugin installed
         self._adopted: AudioOutput | None = None  # the sink whose clear_buffer we follow
         self._own_clear: Callable[[], None] | None = None  # that sink's own clear_buffer
+        # the segment the sink is taking: (first frame at, seconds pushed)
+        self._segment: tuple[float, float] | None = None
         self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
         self._room_output_task: asyncio.Task[None] | None = None
         self._rpc_claimed = False
@@ -771,14 +800,50 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
             # the sink registers its own lk.playback_finished handler when the room
             # connects, which would replace ours: keep it from doing so
             sink._register_playback_finished_rpc = _no_registration  # type: ignore[method-assign]
+        # what the sink is given, for playout: the audio of each segment and its end
+        own_capture, own_flush = sink.capture_frame, sink.flush
+
+        async def capture_frame(frame: rtc.AudioFrame) -> None:
+            await own_capture(frame)
+            self._on_sink_frame(frame)
+
+        def flush() -> None:
+            own_flush()
+            self._on_sink_flush()
+
+        sink.capture_frame = capture_frame  # type: ignore[method-assign]
+        sink.flush = flush  # type: ignore[method-assign]
+        self._segment = None
         self._adopted = sink
         self._claim_playback_rpc()
 
     def _unadopt(self) -> None:
         sink, self._adopted, self._own_clear = self._adopted, None, None
+        self._segment = None
         if sink is not None:
-            vars(sink).pop("clear_buffer", None)
-            vars(sink).pop("_register_playback_finished_rpc", None)
+            for name in (
+                "clear_buffer",
+                "_register_playback_finished_rpc",
+                "capture_frame",
+                "flush",
+            ):
+                vars(sink).pop(name, None)
+
+    def _on_sink_frame(self, frame: rtc.AudioFrame) -> None:
+        started, pushed = self._segment or (self._clock.now(), 0.0)
+        self._segment = (started, pushed + frame.duration)
+
+    def _on_sink_flush(self) -> None:
+        segment, self._segment = self._segment, None
+        if segment is not None and self._adopted is not None:
+            self._emit("segment_flushed", SegmentFlushed(*segment))
+
+    def _emit(self, event: LifecycleEvents, value: object) -> None:
+        try:
+            self.emit(event, value)
+        except Exception:
+            # a listener's failure is its own: the sink's call that reported it goes on
+            logger.exception("avatar %s: a %s listener failed", self._avatar.avatar_identity, event)
 
     def _on_sink_clear(self) -> None:
         """The session's clear (or ``interrupt()``). Joined: the plugin's own clear, here and
@@ -853,6 +918,7 @@ class AvatarLifecycle(rtc.EventEmitter[Literal["state_changed"]]):
                 {"playback_position": position, "interrupted": interrupted},
             )
         )
+        self._emit("playback_finished", PlaybackReport(position, interrupted))
         return "ok"
 
     # -- closing ---------------------------------------------------------------------------

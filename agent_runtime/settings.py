@@ -143,6 +143,57 @@ def avatar_retry(value: Any) -> AvatarRetry:
     return check_setting("retry_avatar", value)  # type: ignore[no-any-return]
 
 
+# livekit-agents' CloseReason values (voice/events.py), for a close the runtime asks for
+CloseReasonName = Literal[
+    "error", "job_shutdown", "participant_disconnected", "user_initiated", "task_completed"
+]
+DEFAULT_REPROMPT_INSTRUCTIONS = (
+    "The user has not said anything since your last reply. Briefly ask whether they are "
+    "still there, in one short sentence."
+)
+
+
+class PlayoutOptions(BaseModel):
+    """The ``playout`` machine: how long a joined avatar may take to report that it played
+    the agent's audio, and the re-prompt watchdog (off unless ``reprompt``).
+
+    ``margin``: added to the duration of the audio actually pushed to the avatar; past it
+    the playout counts as done without the avatar's ``lk.playback_finished`` (logged).
+    ``reprompt``: re-prompt a user who stays silent after the agent's audio was played:
+    ``safety_window`` after playout is done the watchdog arms, ``reprompt_after`` seconds of
+    silence later it re-prompts, at most ``max_reprompts`` times in a row; then
+    ``when_exhausted``: ``wait`` (for the user) or ``close`` (the session, with
+    ``close_reason``). ``reprompt_instructions`` go to the default re-prompt,
+    ``session.generate_reply(instructions=...)``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    margin: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False, strict=True)] = 2.0
+    reprompt: Flag = False
+    safety_window: Annotated[float, Field(ge=0, le=30, allow_inf_nan=False, strict=True)] = 1.0
+    reprompt_after: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False, strict=True)] = 10.0
+    max_reprompts: Annotated[int, Field(ge=0, le=10, strict=True)] = 2
+    reprompt_instructions: Annotated[str, Field(min_length=1, max_length=2000, strict=True)] = (
+        DEFAULT_REPROMPT_INSTRUCTIONS
+    )
+    when_exhausted: Literal["wait", "close"] = "wait"
+    close_reason: CloseReasonName = "user_initiated"
+
+
+def playout_flag(value: Any) -> Any:
+    """``playout``'s flags read as options: ``True`` the defaults, ``False`` none."""
+    if value is True:
+        return PlayoutOptions()
+    return None if value is False else value
+
+
+def playout_options(value: Any) -> PlayoutOptions | None:
+    """``playout``'s value: options, a mapping of their fields, ``True`` (the defaults) or
+    ``False``/``None`` (no playout machine); ``SettingError`` naming the field otherwise."""
+    return check_setting("playout", value)  # type: ignore[no-any-return]
+
+
 class JobSettings(BaseModel):
     """Every setting of a composed job, with livekit-agents' defaults where it has one."""
 
@@ -164,6 +215,13 @@ class JobSettings(BaseModel):
     session_end_timeout: Seconds = 300.0
     close_timeout: PositiveSeconds = 10.0
     delete_room_on_close: Flag = False
+    # the playout machine and its re-prompt watchdog (None: not composed)
+    playout: PlayoutOptions | None = None
+
+    @field_validator("playout", mode="before")
+    @classmethod
+    def _playout(cls, v: Any) -> Any:
+        return playout_flag(v)
 
     @field_validator("participant_kinds", mode="before")
     @classmethod

@@ -76,6 +76,16 @@ def playout_released(result: dict[str, Any]) -> float | None:
     return None
 
 
+def playout_done(result: dict[str, Any]) -> float | None:
+    done = result["facts"]["playout_done"]
+    return float(done[0]["t"]) if done else None
+
+
+def first_reprompt(result: dict[str, Any]) -> float | None:
+    times = result["facts"]["reprompts"]
+    return float(times[0]) if times else None
+
+
 def fact(name: str) -> Callable[[dict[str, Any]], float | None]:
     def read(result: dict[str, Any]) -> float | None:
         value = result["facts"][name]
@@ -200,6 +210,62 @@ REACTIONS: tuple[tuple[tuple[Reaction, ...], str], ...] = (
             ),
         ),
         "user_drops",
+    ),
+    (
+        (
+            Reaction(
+                "avatar never reports its playback -> playout done",
+                "playout_avatar_never_reports",
+                lambda sc: step_at(sc, "agent.say"),
+                "agent.say (3 s of audio, handed off at once)",
+                playout_done,
+                "the first facts.playout_done (the bound: audio + margin 2 s)",
+                facts_are(agent_state="listening", rpcs_sent=[]),
+            ),
+        ),
+        "playout_silent",
+    ),
+    (
+        (
+            Reaction(
+                "avatar leaves mid-utterance -> playout done",
+                "playout_avatar_leaves_mid_utterance",
+                lambda sc: step_at(sc, "participant_disconnected", identity=AVATAR),
+                "the avatar's participant_disconnected, 2 s into 5 s of audio",
+                playout_done,
+                "the first facts.playout_done (cause avatar_left)",
+                facts_are(agent_state="listening", rpcs_sent=[]),
+            ),
+        ),
+        "playout_left",
+    ),
+    (
+        (
+            Reaction(
+                "interruption, the avatar confirms the cut -> playout done",
+                "playout_interrupted",
+                lambda sc: step_at(sc, "session.interrupt"),
+                "session.interrupt (the avatar confirms the cut 0.3 s later)",
+                playout_done,
+                "the first facts.playout_done (bounded by margin 2 s from the cut)",
+                facts_are(agent_state="listening", reprompts=[]),
+            ),
+        ),
+        "playout_interrupt",
+    ),
+    (
+        (
+            Reaction(
+                "user silent after the agent spoke -> re-prompt, from the remote playout",
+                "playout_user_silent_reprompt",
+                lambda sc: step_at(sc, "rpc", method="lk.playback_finished"),
+                "the avatar's lk.playback_finished (3.2 s after the hand-off)",
+                first_reprompt,
+                "the first facts.reprompts (safety_window 1 s + reprompt_after 5 s)",
+                facts_are(session_close_reason="user_initiated"),
+            ),
+        ),
+        "playout_reprompt",
     ),
     (
         (
@@ -447,13 +513,152 @@ async def upstream_interrupt_after_avatar_left(logs: list[logging.LogRecord]) ->
     }
 
 
+# how long (real seconds) a reproduction watches for something upstream never does, and the
+# sink's clear fallback (DataStreamAudioOutput's own default); the smoke test shortens both
+UPSTREAM_WATCH = 1.0
+CLEAR_BUFFER_TIMEOUT = 2.0
+CONFIRM_AFTER = 0.3  # when the avatar confirms a cut (playout_interrupted.yaml's 0.3 s)
+
+
+async def _speaking_to_an_avatar(seconds: float) -> tuple[Any, Any, Any, Any]:
+    """A started session whose audio goes to a joined avatar through a plugin-style
+    ``DataStreamAudioOutput`` (no runtime), saying ``seconds`` of audio; returns once the
+    audio is all pushed: (room, session, plugin, speech handle)."""
+    from livekit.agents import Agent, AgentSession
+
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    room = _room(avatar=True)
+    session: AgentSession[Any] = AgentSession()
+    await session.start(Agent(instructions="upstream"), room=room)
+    plugin = ScriptedAvatar(avatar_identity=AVATAR, clear_buffer_timeout=CLEAR_BUFFER_TIMEOUT)
+    await plugin.start(session, room)
+    await plugin.wait_for_join(timeout=1.0)
+    handle = session.say("an answer", audio=_frames(round(seconds * 100)))
+    deadline = time.perf_counter() + 10
+    sink = plugin.installed
+    assert sink is not None
+    while sink._pushed_duration < seconds - 1e-6 or session.agent_state != "speaking":
+        if time.perf_counter() > deadline:
+            raise RuntimeError("the upstream speech never reached the avatar sink")
+        await asyncio.sleep(0.005)
+    return room, session, plugin, handle
+
+
+async def upstream_playout() -> dict[str, Any]:
+    """What livekit-agents alone does with the agent's audio at an avatar: never reported,
+    the avatar leaving mid-utterance, an interruption the avatar does not confirm, and
+    when ``user_away_timeout`` starts."""
+    from livekit.rtc import DisconnectReason
+
+    from agent_runtime.clock import settle
+
+    out: dict[str, Any] = {}
+    for case in ("silent", "left"):
+        room, session, plugin, handle = await _speaking_to_an_avatar(0.2)
+        if case == "left":
+            room.remove_participant(AVATAR, DisconnectReason.SIGNAL_CLOSE)
+        await asyncio.sleep(UPSTREAM_WATCH)
+        out[case] = {
+            "state": session.agent_state,
+            "done": handle.done(),
+            "away_timer": session._user_away_timer is not None,
+            "watched": UPSTREAM_WATCH,
+        }
+        await plugin.aclose()
+        await session.aclose()
+
+    out["interrupt"] = {"clear_buffer_timeout": CLEAR_BUFFER_TIMEOUT}
+    for case in ("confirmed", "unconfirmed"):
+        room, session, plugin, handle = await _speaking_to_an_avatar(5.0)
+        t0 = time.perf_counter()
+        session.interrupt()
+        if case == "confirmed":  # the avatar confirms the cut, as in the scenario
+            await asyncio.sleep(CONFIRM_AFTER)
+            await room.invoke_rpc(
+                "lk.playback_finished", AVATAR, '{"playback_position": 0.3, "interrupted": true}'
+            )
+        await asyncio.wait_for(handle.wait_for_playout(), 30)
+        out["interrupt"][case] = time.perf_counter() - t0
+        calls = [c.method for c in room.local_participant.rpc_calls]
+        out["interrupt"]["clear_sent"] = "lk.clear_buffer" in calls
+        await plugin.aclose()
+        await session.aclose()
+
+    # user_away_timeout: armed only once both sides listen, i.e. at the avatar's report
+    room, session, plugin, handle = await _speaking_to_an_avatar(0.2)
+    before = session._user_away_timer is not None
+    await room.invoke_rpc(
+        "lk.playback_finished", AVATAR, '{"playback_position": 0.2, "interrupted": false}'
+    )
+    await asyncio.wait_for(handle.wait_for_playout(), 10)
+    await settle()
+    timer = session._user_away_timer
+    out["away"] = {
+        "before_report": before,
+        "after_report": timer is not None,
+        "timeout": session.options.user_away_timeout,
+    }
+    await plugin.aclose()
+    await session.aclose()
+    return out
+
+
 def upstream_rows(
-    avatar: dict[str, str], users: dict[str, Any], interrupt: dict[str, Any]
+    avatar: dict[str, str],
+    users: dict[str, Any],
+    interrupt: dict[str, Any],
+    playout: dict[str, Any],
 ) -> dict[str, Upstream]:
     left = users["CLIENT_INITIATED"]
     dropped = users["CONNECTION_TIMEOUT"]
     fallback = interrupt["interruption_timeout"]
+    silent, gone, cut, away = (playout[k] for k in ("silent", "left", "interrupt", "away"))
     return {
+        "playout_silent": Upstream(
+            "avatar never reports its playback -> playout done",
+            f"never (still {silent['state']!r} {silent['watched']:g} s after its audio)",
+            "reproduced here without the runtime: a real AgentSession speaking 0.2 s to a joined "
+            "avatar through a plugin-style DataStreamAudioOutput whose lk.playback_finished "
+            f"never comes; the speech is not done ({not silent['done']}) and user_away_timeout "
+            f"is not armed ({not silent['away_timer']}): AgentActivity waits on "
+            "audio_output.wait_for_playout() with no bound (voice/agent_activity.py), and the "
+            "away timer starts only when user and agent both listen (voice/agent_session.py "
+            "_update_agent_state)",
+        ),
+        "playout_left": Upstream(
+            "avatar leaves mid-utterance -> playout done",
+            f"never (still {gone['state']!r} {gone['watched']:g} s after the avatar left)",
+            "reproduced here without the runtime: as above, the avatar participant leaves "
+            f"while its audio is pending; the speech is not done ({not gone['done']}): nothing "
+            "in DataStreamAudioOutput or AvatarSession ends a segment for a participant that "
+            "left",
+        ),
+        "playout_interrupt": Upstream(
+            "interruption, the avatar confirms the cut -> playout done",
+            f"{cut['confirmed']:.2f} s (the same: at the confirmation)",
+            "reproduced here without the runtime: speaking 5 s to a joined avatar, "
+            f"session.interrupt() (lk.clear_buffer sent: {cut['clear_sent']}), the avatar's "
+            f"lk.playback_finished {CONFIRM_AFTER:g} s later: real seconds until the speech's "
+            "playout is done. Unconfirmed, the sink gives up after its clear_buffer_timeout = "
+            f"{cut['clear_buffer_timeout']:g} s ({cut['unconfirmed']:.2f} s measured; "
+            "voice/avatar/_datastream_io.py; a plugin that sets it to None, as lemonslice "
+            "does, leaves it to INTERRUPTION_TIMEOUT), where this runtime's bound is its "
+            "margin from the cut (2 s by default): no gain here but that the bound is the "
+            "runtime's, whatever the plugin's setting",
+            value=cut["confirmed"],
+            unit="s",
+        ),
+        "playout_reprompt": Upstream(
+            "user silent after the agent spoke -> re-prompt, from the remote playout",
+            f"user_away_timeout {away['timeout']:g} s after the report marks the user 'away' "
+            "(the re-prompt is the app's); never without a report",
+            "reproduced here without the runtime: user_away_timeout is armed at the avatar's "
+            f"lk.playback_finished (armed before it: {away['before_report']}; after it: "
+            f"{away['after_report']}), so the SDK too counts from the remote playout when the "
+            "avatar reports; it sets user_state 'away' and does nothing else, and with no "
+            "report (the first row) it never starts",
+        ),
         "avatar": Upstream(
             "avatar failure -> room audio",
             "never restored",
@@ -518,7 +723,8 @@ async def measure(
         avatar = await upstream_avatar_routes()
         users = await upstream_user_leaves()
         interrupt = await upstream_interrupt_after_avatar_left(logs)
-    return measured, rounds, n, upstream_rows(avatar, users, interrupt)
+        playout = await upstream_playout()
+    return measured, rounds, n, upstream_rows(avatar, users, interrupt, playout)
 
 
 def rows_from(

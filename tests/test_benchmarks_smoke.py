@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
+from pytest import approx
 
 from benchmarks import dispatch, footprint, imports, reactions
 from benchmarks.config import Config
@@ -87,10 +88,14 @@ def test_import_probes_run_in_fresh_interpreters() -> None:
 
 @pytest.fixture
 def quick_fallback(monkeypatch: pytest.MonkeyPatch) -> float:
-    """Upstream's 5 s interruption fallback, shortened so the reproduction runs fast here."""
+    """Upstream's 5 s interruption fallback and 2 s clear fallback, and how long the
+    reproductions watch for what upstream never does, shortened so they run fast here."""
     from livekit.agents.voice import speech_handle
 
     monkeypatch.setattr(speech_handle, "INTERRUPTION_TIMEOUT", 0.05)
+    monkeypatch.setattr(reactions, "CLEAR_BUFFER_TIMEOUT", 0.05)
+    monkeypatch.setattr(reactions, "UPSTREAM_WATCH", 0.05)
+    monkeypatch.setattr(reactions, "CONFIRM_AFTER", 0.01)
     return 0.05
 
 
@@ -127,22 +132,32 @@ def test_reactions_every_situation_beside_upstream(quick_fallback: float) -> Non
     ours = {c.removesuffix(": this runtime"): r for c, r in cases.items() if "this runtime" in c}
     theirs = {c.removesuffix(": livekit-agents 1.8.9") for c in cases if "1.8.9" in c}
     # virtual seconds from the cause to the reaction: deterministic, set by the scenario files
-    assert {c: r.value for c, r in ours.items() if not c.startswith("processing")} == {
-        "avatar never joins (started before the session) -> room audio": 0,
-        "avatar never joins (started after the session) -> room audio": 0,
-        "avatar leaves mid-session -> room audio": 0,
-        "avatar plugin start() raises -> room audio": 0,
-        "simulator leaves, SIP leg stays -> job closed": 0,
-        "user leaves (CLIENT_INITIATED) -> session closed": 0,
-        "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed": 15,
-        "interrupt after the avatar left -> playout released": 0,
-    }
+    assert {c: r.value for c, r in ours.items() if not c.startswith("processing")} == approx(
+        {
+            "avatar never joins (started before the session) -> room audio": 0,
+            "avatar never joins (started after the session) -> room audio": 0,
+            "avatar leaves mid-session -> room audio": 0,
+            "avatar plugin start() raises -> room audio": 0,
+            "simulator leaves, SIP leg stays -> job closed": 0,
+            "user leaves (CLIENT_INITIATED) -> session closed": 0,
+            "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed": 15,
+            "interrupt after the avatar left -> playout released": 0,
+            "avatar never reports its playback -> playout done": 5,
+            "avatar leaves mid-utterance -> playout done": 0,
+            "interruption, the avatar confirms the cut -> playout done": 0.3,
+            "user silent after the agent spoke -> re-prompt, from the remote playout": 6,
+        }
+    )
     assert theirs == {
         "avatar failure -> room audio",
         "simulator leaves -> job closed",
         "user leaves (CLIENT_INITIATED) -> session closed",
         "user drops (CONNECTION_TIMEOUT), no rejoin -> session closed",
         "interrupt after the avatar left -> playout released",
+        "avatar never reports its playback -> playout done",
+        "avatar leaves mid-utterance -> playout done",
+        "interruption, the avatar confirms the cut -> playout done",
+        "user silent after the agent spoke -> re-prompt, from the remote playout",
     }
     bundled = len(list((Path(__file__).parent.parent / "examples" / "scenarios").glob("*.yaml")))
     per_step = ours[f"processing per scenario step, all {bundled} bundled scenarios"]
@@ -164,6 +179,27 @@ async def test_upstream_reproductions_show_what_the_table_says(quick_fallback: f
     # the stall is the fallback's: it fired (and logged), never earlier than its timeout
     assert stall["fallback_logged"] and stall["interruption_timeout"] == quick_fallback
     assert stall["seconds"] >= quick_fallback and stall["clear_buffer_in_flight"]
+
+
+async def test_upstream_playout_reproductions_show_what_the_table_says(
+    quick_fallback: float,
+) -> None:
+    with reactions.captured_sdk_logs():
+        playout = await reactions.upstream_playout()
+    # never reported, or the avatar gone: still speaking, the away timer never armed
+    for case in ("silent", "left"):
+        assert playout[case] == {
+            "state": "speaking",
+            "done": False,
+            "away_timer": False,
+            "watched": quick_fallback,
+        }
+    # an unconfirmed clear is ended by the sink's own fallback, never before it
+    cut = playout["interrupt"]
+    assert cut["clear_sent"] and cut["confirmed"] >= 0.01
+    assert cut["unconfirmed"] >= quick_fallback
+    # user_away_timeout starts at the avatar's report, not at the hand-off
+    assert playout["away"] == {"before_report": False, "after_report": True, "timeout": 15.0}
 
 
 def test_bad_arguments_are_refused_before_anything_runs(

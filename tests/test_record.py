@@ -37,13 +37,31 @@ from agent_runtime.room_events import (
 from agent_runtime.routing import FACT_NAMES, fact_data
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.tools.cli import main
-from agent_runtime.tools.record import FACT_KEYS
+from agent_runtime.tools.record import FACT_KEYS, USES
 from examples import agent
+from statemachines.machines import MACHINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
+# the playout machine's inputs are the session's own (the agent's speech, the user's voice),
+# which the recorder does not rebuild yet: those scenarios are not round-tripped
+NOT_RECORDED = "record does not rebuild the agent's speech and the user's voice (playout)"
+
+
+def _round_trip_params() -> list[Any]:
+    return [
+        pytest.param(
+            p,
+            id=p.stem,
+            marks=[pytest.mark.skip(reason=NOT_RECORDED)]
+            if load_scenario(p).config.playout is not None
+            else [],
+        )
+        for p in SCENARIOS
+    ]
 
 
 def simulate(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
@@ -68,7 +86,7 @@ def by_machine(transitions: list[dict[str, Any]]) -> dict[str, list[tuple[Any, .
     return out
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+@pytest.mark.parametrize("path", _round_trip_params())
 def test_every_bundled_scenario_round_trips_through_its_trace(
     path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -100,7 +118,7 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
     assert body == [
         "name: hang-up",
         "config: {simulation: true, agent_verdict: {success: false, reason: the agent vetoes "
-        "this run}}",
+        "this run}, delete_room_on_close: true}",
         "participants:",
         "  - {identity: simulator, attributes: {lk.simulator: 'true'}}",
         "steps:",
@@ -111,12 +129,15 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
         "transcript looks fine}}",
         "  - {at: 14.0, event: end}",
         "expect:",
-        "  final_states: {job: closed, participant: closed, session_host: closed}",
-        "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, finalize_answered: true, "
-        "verdict: {reason: the agent vetoes this run, success: false}}",
+        "  final_states: {finalize: closed, job: closed, participant: closed, "
+        "room_deletion: deleted, session_host: closed}",
+        "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, room_deleted_at: 14.0, "
+        "finalize_answered: true, verdict: {reason: the agent vetoes this run, success: false}}",
     ]
-    # the scenario deleted the room on close: not in the trace, and the file says so
-    assert "(delete_room_on_close: room deletion is not traced" in comments(recorded)
+    # what no trace holds is said; what this one shows is not left as a doubt
+    notes = comments(recorded)
+    assert "what the session said or heard" in notes
+    assert "no scenario step does that" not in notes  # every deletion request is explained
 
 
 @pytest.fixture
@@ -165,6 +186,8 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
         "session_host": "closed",
         "participant": "closed",
         "avatar": "closed",
+        "finalize": "closed",
+        "room_deletion": "allowed",
     }
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
     assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace
@@ -229,6 +252,90 @@ async def test_an_avatar_join_seen_with_its_video_is_named_as_not_reproducible(
     assert "the avatar machine saw a's join with its video already published" in comments(recorded)
 
 
+async def test_a_simulator_that_gained_its_attribute_after_joining_still_gets_the_verdict(
+    tmp_path: Path,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    simulator: RemoteSession,
+    example_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The simulator joins as a plain participant and is given ``lk.simulator`` later: no
+    machine handles that change, so the trace does not hold it. Its finalize was answered
+    as the simulator's, so the rebuilt scenario gives it the attribute right after its join
+    (the job then holds for it, as it did) and says so."""
+    clock = run_entrypoint.clock
+    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
+    os.environ.pop("AGENT_AVATAR", None)
+    agent_room.add_participant("user")
+    job = await run_entrypoint(agent.server, simulation=True)
+    await clock.advance(1)
+    agent_room.add_participant("simulator")
+    await clock.advance(1)
+    agent_room.set_participant_attributes("simulator", {ATTRIBUTE_SIMULATOR: "1"})
+    await clock.advance(1)
+    job.session.shutdown()
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    held = run_entrypoint.session_end()
+    await clock.advance(2)
+    await simulator.finalize_simulation(provisional_success=True)
+    await held
+    assert job.states["finalize"] == "closed" and job.finalize_answered
+
+    recorded = tmp_path / "incident.yaml"
+    args = ["record", str(tmp_path / "test-job.jsonl"), "-o", str(recorded), "--check"]
+    assert await asyncio.to_thread(main, args) == 0, capsys.readouterr().err
+    steps = [line for line in recorded.read_text().splitlines() if "{at:" in line]
+    assert steps[1:3] == [
+        "  - {at: 1.0, event: participant_connected, identity: simulator}",
+        "  - {at: 1.0, event: attributes_changed, identity: simulator, attributes: "
+        "{lk.simulator: 'true'}}",
+    ]
+    assert "caller: simulator, request: finalize_simulation" in steps[-2]
+    assert (
+        "simulator sent finalize_simulation as the simulator; the trace does not show it "
+        "gaining lk.simulator, so it carries it from t=1"
+    ) in comments(recorded)
+
+
+async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducible(
+    tmp_path: Path,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    example_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An end-call tool asks for the room's deletion mid-session (``request_room_deletion``);
+    ``delete_room_on_close`` is off. No scenario step does that: the file does not turn it
+    into ``delete_room_on_close`` (whose request would come at the close instead), says why,
+    and ``--check`` names the difference."""
+    clock = run_entrypoint.clock
+    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
+    os.environ.pop("AGENT_AVATAR", None)
+    agent_room.add_participant("user")
+    job = await run_entrypoint(agent.server)
+    await clock.advance(2)
+    job.request_room_deletion()
+    await clock.advance(2)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_for("job", "closed")
+    assert job.states["room_deletion"] == "deleted"
+
+    recorded = tmp_path / "incident.yaml"
+    args = ["record", str(tmp_path / "test-job.jsonl"), "-o", str(recorded), "--check"]
+    assert await asyncio.to_thread(main, args) == 1
+    err = capsys.readouterr().err
+    assert (
+        "room_deletion: transition 1 differs: trace kept -> requested on request, "
+        "run kept -> allowed on allow"
+    ) in err
+    assert "delete_room_on_close" not in recorded.read_text().split("name:", 1)[1]
+    assert (
+        "t=2: the agent asked for the room's deletion itself (request_room_deletion, as an "
+        "end-call tool does); no scenario step does that"
+    ) in comments(recorded)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -265,3 +372,12 @@ def test_the_recorder_knows_the_data_every_room_fact_carries() -> None:
         Reconnected(),
     ]
     assert {FACT_NAMES[type(f)]: frozenset(fact_data(f)) for f in samples} == FACT_KEYS
+
+
+def test_the_recorder_reads_only_events_and_guards_the_specs_declare() -> None:
+    """What the recorder reads by name exists in the machines' specs: a renamed event or
+    guard fails here rather than silently rebuilding nothing from it."""
+    for machine, names in USES.items():
+        spec = MACHINES[machine]
+        assert set(names["events"]) <= set(spec.events), machine
+        assert set(names["guards"]) <= set(spec.guards), machine

@@ -57,6 +57,11 @@ def test_bundled_scenarios_load(path: Path) -> None:
             [{"at": 0, "event": "rpc_outcome", "method": "lk.clear_buffer", "result": "maybe"}],
             r"field result: Input should be",
         ),
+        ([{"at": 0, "event": "agent.say"}], r"step 1 \(agent.say\): field duration: Field"),
+        ([{"at": 0, "event": "agent.say", "duration": 0}], r"field duration: Input should be"),
+        ([{"at": 0, "event": "agent.say", "duration": 60}], r"field duration: Input should be"),
+        ([{"at": 0, "event": "user.speech", "duration": -1}], r"field duration: Input should"),
+        ([{"at": 0, "event": "user.state", "state": "bored"}], r"field state: Input should be"),
     ],
 )
 def test_invalid_steps_are_named(steps: list[dict[str, object]], message: str) -> None:

@@ -60,6 +60,16 @@ def test_defaults_are_livekit_agents_own() -> None:
         ({"participant_kinds": "sip"}, TypeError, "collection"),
         ({"closing_reasons": ["LEFT"]}, SettingError, "unknown disconnect reason 'LEFT'"),
         ({"grace": 3}, SettingError, "unknown setting 'grace'"),
+        ({"playout": {"margin": -0.5}}, SettingError, "playout.margin"),
+        ({"playout": {"margin": math.inf}}, SettingError, "playout.margin"),
+        ({"playout": {"reprompt_after": 0}}, SettingError, "playout.reprompt_after"),
+        ({"playout": {"max_reprompts": 11}}, SettingError, "playout.max_reprompts"),
+        ({"playout": {"max_reprompts": 1.5}}, SettingError, "playout.max_reprompts"),
+        ({"playout": {"reprompt_instructions": ""}}, SettingError, "playout.reprompt_instr"),
+        ({"playout": {"when_exhausted": "hang_up"}}, SettingError, "playout.when_exhausted"),
+        ({"playout": {"close_reason": "bored"}}, SettingError, "playout.close_reason"),
+        ({"playout": {"reprompt": "yes"}}, SettingError, "playout.reprompt"),
+        ({"playout": "on"}, SettingTypeError, "playout"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_setting(
@@ -89,3 +99,11 @@ def test_the_session_close_bound_is_livekit_agents_own() -> None:
     closing = PARTICIPANT.state("closing").timeout
     assert closing is not None and closing.setting == "session_close_timeout"
     assert job_settings().session_close_timeout == closing.default == _SESSION_ACLOSE_TIMEOUT
+
+
+def test_playout_is_off_unless_asked_and_true_means_its_defaults() -> None:
+    assert job_settings().playout is None
+    assert job_settings(playout=False).playout is None
+    on = job_settings(playout=True).playout
+    assert on is not None and (on.margin, on.reprompt, on.max_reprompts) == (2.0, False, 2)
+    assert check_setting("playout", {"reprompt": True}).reprompt is True

@@ -26,7 +26,7 @@ steps:
 
 AVATAR = """
 name: an avatar that never joins
-config: {avatar_identity: avatar-1, join_timeout: 5}
+config: {avatar_identity: avatar-1, join_timeout: 5, playout: true}
 participants: [{identity: user}]
 steps:
   - {at: 0, event: session.start}

@@ -1,11 +1,18 @@
-"""The scenario runner: one job composed of all four machines, on the embedded in-memory
-room and a virtual clock.
+"""The scenario runner: one composed job, on the embedded in-memory room and a virtual
+clock.
 
 What runs is the real runtime — one ``AgentJob`` (the job machine and its session host, the
-linked participant, the avatar lifecycle around a ``ScriptedAvatar`` plugin) — with real
-``AgentSession``
-objects. Only the network is stood in for: the room's SFU side (``InMemoryRoom``), the
-simulator's end of the session transport, and room deletion (recorded, not sent).
+linked participant, the avatar lifecycle around a ``ScriptedAvatar`` plugin, the playout
+machine when configured) — with real ``AgentSession`` objects. Only the network is stood in
+for: the room's SFU side (``InMemoryRoom``), the simulator's end of the session transport,
+room deletion (recorded, not sent), and the LLM a re-prompt would ask (the scripted
+re-prompt says ``reprompt_speech`` seconds of audio instead).
+
+The agent speaks through the SDK's own ``session.say(..., audio=...)``: real frames down the
+session's real audio chain. To an avatar the audio is pushed at once and its playout ends
+when the avatar says so (an ``rpc`` step of ``lk.playback_finished``); the room's audio
+output plays it in real time, which the runner waits for at the step's virtual instant.
+The user's voice activity is the session's own user state, set as its VAD sets it.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import json
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession
-from livekit.agents.voice.events import CloseReason
+from livekit.agents.voice.events import AgentStateChangedEvent, CloseReason
+from livekit.agents.voice.speech_handle import SpeechHandle
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
@@ -38,6 +47,7 @@ logger = logging.getLogger("agent_runtime.testing.runner")
 # how long (real seconds) to let real SDK work finish (a session closing, the job's close
 # work) before virtual time moves on; generous, it only bounds a stuck step
 _REAL_SETTLE_LIMIT = 10.0
+_RATE = 24000  # the scenario speech's sample rate (10 ms frames of silence)
 
 
 class _Simulation:
@@ -59,6 +69,8 @@ class _Simulation:
         self.rpc_replies: list[dict[str, Any]] = []
         self.requests: dict[str, str] = {}
         self.errors: list[str] = []
+        self.speeches: list[SpeechHandle] = []  # what the scenario had the agent say
+        self.agent_listening_at: list[float] = []  # the primary session's own view
         self._reader: asyncio.Task[None] | None = None
         # the one composition, with only what needs a network stood in
         self.agent_job = AgentJob(
@@ -74,6 +86,8 @@ class _Simulation:
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
             delete_room_on_close=cfg.delete_room_on_close,
+            playout=cfg.playout or False,
+            on_reprompt=self._reprompt if cfg.playout and cfg.playout.reprompt else None,
             clock=self.clock,
             tracer=tracer,
             transport=self.agent_end,
@@ -98,6 +112,20 @@ class _Simulation:
         self._reader = asyncio.create_task(self._read_replies(), name="simulator.replies")
         for name, session in self.sessions.items():
             self._watch_close(name, session)
+        self.sessions["a"].on("agent_state_changed", self._on_agent_state)
+
+    def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        if ev.new_state == "listening" and ev.old_state in ("speaking", "thinking"):
+            self.agent_listening_at.append(self.clock.now())
+
+    def _say(self, session: AgentSession[Any], text: str, seconds: float) -> SpeechHandle:
+        handle = session.say(text, audio=_frames(seconds))
+        self.speeches.append(handle)
+        return handle
+
+    def _reprompt(self, session: AgentSession[Any], attempt: int) -> SpeechHandle:
+        # what generate_reply would have the LLM say, with no LLM to ask
+        return self._say(session, f"(re-prompt {attempt})", self.cfg.reprompt_speech)
 
     def _watch_close(self, name: str, session: AgentSession[Any]) -> None:
         def on_close(ev: Any) -> None:
@@ -144,8 +172,7 @@ class _Simulation:
     async def run(self) -> None:
         await self.setup()
         for step in self.scenario.steps:
-            await self.clock.run_until(step.at)
-            await self.quiesce()
+            await self.advance_to(step.at)
             self.tracer.write(
                 TraceRecord(
                     self.clock.now(),
@@ -172,13 +199,24 @@ class _Simulation:
         elif isinstance(step, sc.SessionClose):
             self.sessions["a"]._close_soon(reason=CloseReason(step.reason))
         elif isinstance(step, sc.SessionInterrupt):
-            if self.avatar is not None:
+            if any(not h.done() for h in self.speeches):
+                # the agent is speaking: interrupted as the SDK interrupts it
+                self.sessions["a"].interrupt()
+            elif self.avatar is not None:
                 self.avatar.interrupt()
             elif self.sessions["a"]._started:
                 with contextlib.suppress(RuntimeError):
                     self.sessions["a"].interrupt()
         elif isinstance(step, sc.SessionAttach):
             await self._attach_other(step.session)
+        elif isinstance(step, sc.AgentSay):
+            self._say(self.sessions["a"], step.text, step.duration)
+        elif isinstance(step, sc.UserSpeech):
+            session = self.sessions["a"]
+            session._update_user_state("speaking")
+            self.clock.call_later(step.duration, lambda: session._update_user_state("listening"))
+        elif isinstance(step, sc.UserState):
+            self.sessions["a"]._update_user_state(step.state)
         elif isinstance(step, sc.AvatarStart | sc.AvatarStartError):
             if self.avatar is None or self.plugin is None:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
@@ -275,7 +313,19 @@ class _Simulation:
                 return True
         if self.job.state == "closing":
             return True
-        return self.link.state == "closing"
+        if self.link.state == "closing":
+            return True
+        # the room's audio output plays in real time (an avatar's playout is the script's)
+        return self.agent_job.audio_route() == "room" and any(not h.done() for h in self.speeches)
+
+    async def advance_to(self, when: float) -> None:
+        """Virtual time up to ``when``, letting the real work each timer starts finish
+        before the next one fires (a re-prompt playing on the room's audio output)."""
+        while (deadline := self.clock.next_deadline()) is not None and deadline <= when:
+            await self.clock.run_until(deadline)
+            await self.quiesce()
+        await self.clock.run_until(when)
+        await self.quiesce()
 
     async def quiesce(self) -> None:
         await settle()
@@ -287,6 +337,7 @@ class _Simulation:
     # -- the result ----------------------------------------------------------------------------
     def result(self, records: list[TraceRecord]) -> dict[str, Any]:
         finals = self.agent_job.states
+        playout = self.agent_job.playout
         attached = self.job.host.session
         attached_name = next((n for n, s in self.sessions.items() if s is attached), None)
         facts: dict[str, Any] = {
@@ -307,6 +358,13 @@ class _Simulation:
             "session_replies": self.session_replies,
             "rpc_replies": self.rpc_replies,
             "step_errors": self.errors,
+            # the agent's audio: the session's own state, and the playout machine's view
+            "agent_state": self.sessions["a"].agent_state,
+            "agent_listening_at": list(self.agent_listening_at),
+            "playout_done": [
+                {"t": d.t, "cause": d.cause} for d in (playout.done if playout else [])
+            ],
+            "reprompts": [r.t for r in (playout.reprompted if playout else [])],
         }
         return {
             "name": self.scenario.name,
@@ -382,6 +440,12 @@ def _sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[s
         logger.debug("SDK background task ended: %s", context.get("exception"))
         return
     loop.default_exception_handler(context)
+
+
+async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
+    per = _RATE // 100
+    for _ in range(max(1, round(seconds * 100))):
+        yield rtc.AudioFrame(b"\0\0" * per, _RATE, 1, per)
 
 
 def _slug(name: str) -> str:

@@ -15,7 +15,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .. import files
-from ..settings import AvatarRetry, Flag, Identity, JobSettings, PositiveSeconds, Seconds
+from ..settings import (
+    AvatarRetry,
+    CloseReasonName,
+    Flag,
+    Identity,
+    JobSettings,
+    PlayoutOptions,
+    PositiveSeconds,
+    Seconds,
+    playout_flag,
+)
 from .safe_yaml import YamlRefused, load_yaml, yaml_problem
 
 Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
@@ -37,9 +47,6 @@ Reason = Literal[
     "CONNECTION_TIMEOUT",
     "MEDIA_FAILURE",
     "AGENT_ERROR",
-]
-CloseReasonName = Literal[
-    "error", "job_shutdown", "participant_disconnected", "user_initiated", "task_completed"
 ]
 
 # the names a scenario may use, for messages and for tools that list them
@@ -79,6 +86,10 @@ class Config(_Strict):
     close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
     participant_identity: Identity | None = _DEFAULT["participant_identity"]
     delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]
+    # the playout machine: true (its defaults) or PlayoutOptions' fields; off by default
+    playout: PlayoutOptions | None = None
+    # the scripted re-prompt (standing in for the LLM's reply): seconds of audio it says
+    reprompt_speech: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False, strict=True)] = 1.0
     simulation: Flag = False
     room_connected: Flag = True  # whether the room is connected at t=0
     agent_verdict: AgentVerdict = AgentVerdict()  # what on_simulation_end decides
@@ -87,6 +98,11 @@ class Config(_Strict):
     @classmethod
     def _retry(cls, v: Any) -> Any:
         return AvatarRetry(rejoin=v) if isinstance(v, bool) else v
+
+    @field_validator("playout", mode="before")
+    @classmethod
+    def _playout(cls, v: Any) -> Any:
+        return playout_flag(v)
 
 
 class Participant(_Strict):
@@ -115,6 +131,29 @@ class SessionInterrupt(_Step):
 class SessionAttach(_Step):
     event: Literal["session.attach"]
     session: str = Field(min_length=1)
+
+
+class AgentSay(_Step):
+    """The agent says ``duration`` seconds of audio: ``session.say(text, audio=...)`` with
+    real frames, through the session's real audio chain (to the avatar's sink, or to the
+    room's audio output, which plays in real time)."""
+
+    event: Literal["agent.say"]
+    duration: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False, strict=True)]
+    text: str = "..."
+
+
+class UserSpeech(_Step):
+    """The user speaks for ``duration`` seconds: the session's user state is ``speaking``,
+    then ``listening`` (set as the session's voice activity sets it)."""
+
+    event: Literal["user.speech"]
+    duration: PositiveSeconds
+
+
+class UserState(_Step):
+    event: Literal["user.state"]
+    state: Literal["speaking", "listening", "away"]
 
 
 class AvatarStart(_Step):
@@ -204,6 +243,9 @@ Step = Annotated[
     | SessionClose
     | SessionInterrupt
     | SessionAttach
+    | AgentSay
+    | UserSpeech
+    | UserState
     | AvatarStart
     | AvatarStartError
     | AvatarClose
@@ -226,6 +268,9 @@ STEP_EVENTS = (
     "session.close",
     "session.interrupt",
     "session.attach",
+    "agent.say",
+    "user.speech",
+    "user.state",
     "avatar.start",
     "avatar.start_error",
     "avatar.close",

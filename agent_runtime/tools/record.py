@@ -13,15 +13,22 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
   close caused by a departure or the job's shutdown follows by itself), the job asked to
   shut down, the avatar started (or its plugin failing to start) and closed before the
   session ended, interruptions (with the outcome of the ``lk.clear_buffer`` that followed),
-  the avatar's ``lk.playback_finished`` RPCs, session requests from the simulator.
+  the avatar's ``lk.playback_finished`` RPCs, session requests with their sender (a
+  finalize the host took as the simulator's needs its sender to carry ``lk.simulator``: one
+  no machine saw join is put in the room at t=0 with it, one seen without it gains it
+  right after the step that last set its attributes; a departure the job took as the last
+  simulator's gets the same treatment).
 - time passing: state timeouts fire by themselves; their settings are read from the
   ``after`` each timeout event carries (or from how long a state was held without one).
-- the config the events reveal: the avatar's identity, a simulation (a hold was needed or a
-  finalize answered), the agent's verdict, a room that connected late, a zero grace
-  period, ``close_on_disconnect`` off, a configured participant identity, ``retry_avatar``.
+- the config the events reveal: the avatar's identity, a simulation (a hold was needed, or
+  the finalize machine took a request as a simulation's), the agent's verdict, a room that
+  connected late, a zero grace period, ``close_on_disconnect`` off, a configured
+  participant identity, ``retry_avatar``, ``delete_room_on_close`` (the room deletion asked
+  for by the job's close work, or as the attached session's close was reported).
 
 The ``expect`` block holds the final state of every machine seen in the trace and the
-facts the trace shows (when the job closed, when the session closed, the verdict).
+facts the trace shows (when the job closed, when the session closed, when the room was
+deleted, whether the verdict was delivered and what it was).
 
 What the trace does not hold cannot be rebuilt; each such thing found in the trace is
 written in the file as a comment (and returned in ``notes``).
@@ -40,6 +47,7 @@ import yaml
 
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
+from statemachines.session_host import REQUESTS
 
 from ..settings import DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
 from ..testing.scenario import CLOSE_REASONS, Config
@@ -64,12 +72,73 @@ _SIMULATOR_ATTRIBUTE = "lk.simulator"
 _PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
 _RPC_TIMEOUT_CODES = frozenset({1501, 1502})  # CONNECTION_TIMEOUT, RESPONSE_TIMEOUT
 _RPC_GONE = {1503: "disconnected", 1401: "not_found"}  # RECIPIENT_DISCONNECTED / _NOT_FOUND
+# who sent a request, when the trace does not say (a transport that cannot tell)
+_UNNAMED_CALLER = "unnamed-caller"
+
+# the events and guards of the specs the recorder reads by name (a test pins each one to
+# its spec); what an event means is read from the rows' effects where a row says it
+USES: dict[str, dict[str, tuple[str, ...]]] = {
+    "job": {"events": ("shutdown", "session_closed"), "guards": ("hold_needed",)},
+    "session_host": {
+        "events": ("attach", "session_closed", *REQUESTS),
+        "guards": ("from_simulator",),
+    },
+    "participant": {
+        "events": (
+            "participant_connected",
+            "participant_disconnected",
+            "session_closed",
+            "session_close_timeout",
+        ),
+        "guards": ("eligible", "is_linked", "closing_reason", "grace_enabled"),
+    },
+    "avatar": {
+        "events": (
+            "start",
+            "start_error",
+            "close",
+            "interrupt",
+            "clear_buffer_done",
+            "playback_finished",
+            "avatar_connected",
+            "video_published",
+            "avatar_left",
+        ),
+        "guards": ("has_video", "rejoin"),
+    },
+    "finalize": {"events": ("verdict_ready",), "guards": ("simulation",)},
+    "room_deletion": {"events": ("request", "allow"), "guards": ()},
+}
+
+
+def _events_with_effect(machine: str, effect: str) -> frozenset[str]:
+    """The events of ``machine`` whose rows run ``effect`` (read from its spec)."""
+    return frozenset(r.event for r in MACHINES[machine].rows if effect in r.effects)
+
+
+# the host forwarding a finalize to the finalize machine (or refusing a stranger's)
+_FINALIZE_REQUESTS = _events_with_effect("session_host", "forward_finalize")
+# the host telling the job its attached session closed (delete_room_on_close asks then)
+_SESSION_CLOSE_REPORTS = _events_with_effect("session_host", "report_session_closed")
+# the verdict delivered, the job told
+_ANSWERED = _events_with_effect("finalize", "report_answered")
+# the server deleted the room
+_DELETED = _events_with_effect("room_deletion", "record_deleted")
+# the work the scenario runner stands in for: the event that ends it well, and what it does
+_STAND_INS: dict[str, tuple[frozenset[str], str]] = {
+    "room_deletion": (_DELETED, "the room deletion succeeds at once"),
+    "finalize": (
+        frozenset({"verdict_ready"}),
+        "on_simulation_end returns at once and its reply goes out",
+    ),
+}
 
 ALWAYS = (
     "participants the agent found in the room when its session started are in the room at "
     "t=0: the trace does not say when they joined",
-    "settings the trace does not show stay at their defaults (delete_room_on_close: room "
-    "deletion is not traced; a timeout that never fired)",
+    "settings the trace does not show stay at their defaults (a timeout that never fired; "
+    "delete_room_on_close when the room deletion was never asked for: a job that did not "
+    "close, nor report its session's close, shows nothing of it)",
     "what the session said or heard, payloads of session requests other than "
     "finalize_simulation, and room events no machine handled are not in the trace",
 )
@@ -133,6 +202,9 @@ class _Builder:
         self.steps: list[tuple[int, dict[str, Any]]] = []  # (record index, step)
         self.participants: dict[str, dict[str, Any]] = {}
         self.present: set[str] = set()
+        # each participant's attributes from a record index on (None: gone), as the steps
+        # and the participants at t=0 (index -1) put it in the room
+        self.history: dict[str, list[tuple[int, dict[str, str] | None]]] = {}
         self.config: dict[str, Any] = {}
         self.notes: list[str] = []
         self.session_closed_at: float | None = None  # the primary session's, once seen
@@ -167,6 +239,8 @@ class _Builder:
         self._room(facts, replay, avatar_identity)
         self._inputs(primary, ending)
         self._settings()
+        self._deletion()
+        self._stand_ins()
         return Recorded(self._scenario(name, primary), self.notes)
 
     def _initial_look(self) -> set[int]:
@@ -241,11 +315,6 @@ class _Builder:
     def _room(self, facts: list[_Fact], replay: set[int], avatar: str | None) -> None:
         first_participant_record = next((i for i, _ in self.of("participant")), None)
         avatar_closed_at = next((i for i, r in self.of("avatar") if r.event == "close"), None)
-        simulators = {
-            str(f.data.get("identity"))
-            for f in facts
-            if f.name == "participant_left" and any(r.machine == "job" for r in f.records)
-        }
         # the link's first look, in join order, placed when it happened
         events: list[tuple[int, str, Any]] = [(i, "look", self.records[i]) for i in replay]
         events += [(f.index, "fact", f) for f in facts]
@@ -266,6 +335,7 @@ class _Builder:
                 if ident in self.present:
                     continue
                 self.present.add(ident)
+                self._seen(ident, index, dict(d.get("attributes") or {}))
                 fields: dict[str, Any] = {"identity": ident}
                 if d.get("kind", "standard") != "standard":
                     fields["kind"] = d["kind"]
@@ -286,13 +356,18 @@ class _Builder:
                     and index > avatar_closed_at
                 ):
                     continue  # the job removed its avatar as it closed: that follows by itself
+                # the job saw the last simulator leave: it carried lk.simulator then
+                simulator = any(r.machine == "job" for r in f.records)
                 if ident not in self.present and (
                     first_participant_record is None or index < first_participant_record
                 ):
                     # gone before the link looked: it was in the room from the start
-                    attrs = {_SIMULATOR_ATTRIBUTE: "true"} if ident in simulators else {}
+                    attrs = {_SIMULATOR_ATTRIBUTE: "true"} if simulator else {}
                     self._initial(ident, d.get("kind"), attrs)
+                if simulator:
+                    self._make_simulator(ident, index, f"t={f.t:g}: {ident} left as the simulator")
                 self.present.discard(ident)
+                self._seen(ident, index, None)
                 self.step(
                     index, f.t, "participant_disconnected", identity=ident, reason=d["reason"]
                 )
@@ -304,6 +379,10 @@ class _Builder:
                 else:
                     self.note(f"t={f.t:g}: {ident} unmuted a track; scenarios have no unmute step")
             elif f.name == "attributes_changed":
+                now = self._attributes_at(index, ident)
+                if now is not None:
+                    merged = {**now, **d["changed"]}
+                    self._seen(ident, index, {k: v for k, v in merged.items() if v != ""})
                 self.step(
                     index, f.t, "attributes_changed", identity=ident, attributes=dict(d["changed"])
                 )
@@ -324,12 +403,58 @@ class _Builder:
         self.present.add(identity)
         if identity in self.participants:
             return
+        self.history.setdefault(identity, []).insert(0, (-1, dict(attributes)))
         p: dict[str, Any] = {"identity": identity}
         if kind and kind != "standard":
             p["kind"] = kind
         if attributes:
             p["attributes"] = dict(attributes)
         self.participants[identity] = p
+
+    def _seen(self, identity: str, index: int, attributes: dict[str, str] | None) -> None:
+        self.history.setdefault(identity, []).append((index, attributes))
+
+    def _make_simulator(self, identity: str, index: int, what: str) -> None:
+        """``identity`` carried lk.simulator just before record ``index`` (``what`` shows
+        it): give it the attribute where the steps leave it without."""
+        entries = self.history.get(identity, [])
+        k = max((n for n, (at, _) in enumerate(entries) if at < index), default=None)
+        if k is None:
+            # never seen by a machine: in the room from the start, as the simulator
+            self._initial(identity, None, {_SIMULATOR_ATTRIBUTE: "true"})
+            self.note(
+                f"{what}; no machine saw it join, so it is in the room at t=0 with "
+                "lk.simulator (its kind and other attributes are not in the trace)"
+            )
+            return
+        at, attributes = entries[k]
+        if attributes is None:
+            self.note(f"{what}, but the steps have it out of the room then")
+            return
+        if _SIMULATOR_ATTRIBUTE in attributes:
+            return
+        entries[k] = (at, {**attributes, _SIMULATOR_ATTRIBUTE: "true"})
+        if at < 0:
+            self.participants[identity].setdefault("attributes", {})[_SIMULATOR_ATTRIBUTE] = "true"
+        else:
+            changed = {_SIMULATOR_ATTRIBUTE: "true"}
+            self.step(
+                at, self.records[at].t, "attributes_changed", identity=identity, attributes=changed
+            )
+        when = "t=0" if at < 0 else f"t={self.records[at].t:g}"
+        self.note(
+            f"{what}; the trace does not show it gaining lk.simulator, so it carries it from "
+            f"{when} (the last time the steps set its attributes)"
+        )
+
+    def _attributes_at(self, index: int, identity: str) -> dict[str, str] | None:
+        """``identity``'s attributes just before record ``index``; None when not in the room."""
+        now: dict[str, str] | None = None
+        for at, attributes in self.history.get(identity, ()):
+            if at >= index:
+                break
+            now = attributes
+        return now
 
     # -- the agent's own inputs ------------------------------------------------------------
     def _inputs(self, primary: str | None, ending: int) -> None:
@@ -374,7 +499,7 @@ class _Builder:
                 self.step(i, r.t, "job.shutdown", reason=str(d.get("reason", "")))
             elif m == "avatar":
                 self._avatar_input(i, r, ending)
-            elif m == "session_host" and e in ("request", "finalize", "bad_request"):
+            elif m == "session_host" and e in REQUESTS:
                 self._request(i, r)
 
     def _avatar_input(self, i: int, r: TraceRecord, ending: int) -> None:
@@ -382,10 +507,12 @@ class _Builder:
         if e == "start":
             failed = self._next_avatar(i, "start_error", until="start")
             if failed is not None and failed.data.get("effect") == "start_plugin":
-                if failed.data.get("outcome") != "error":
+                # a state task that raised reports no outcome: it is an error
+                outcome = failed.data.get("outcome", "error")
+                if outcome != "error":
                     self.note(
                         f"t={r.t:g}: the avatar plugin's start ended in "
-                        f"{failed.data.get('outcome')} at t={failed.t:g}; replayed as a start "
+                        f"{outcome} at t={failed.t:g}; replayed as a start "
                         "that raises at once"
                     )
                 self.step(i, r.t, "avatar.start_error")
@@ -428,18 +555,55 @@ class _Builder:
     def _request(self, i: int, r: TraceRecord) -> None:
         d = r.data
         kind = str(d.get("kind", "unknown"))
-        if r.event == "finalize":
+        caller = d.get("caller") if isinstance(d.get("caller"), str) and d["caller"] else None
+        if r.event in _FINALIZE_REQUESTS:
+            caller = self._finalize_caller(i, r, caller)
             payload: dict[str, Any] = {"provisional_success": bool(d.get("provisional_success"))}
             if d.get("provisional_reason"):
                 payload["provisional_reason"] = d["provisional_reason"]
-            self.step(i, r.t, "session_request", caller="simulator", request=kind, payload=payload)
+            self.step(i, r.t, "session_request", caller=caller, request=kind, payload=payload)
         elif r.event == "request" or kind == "unknown" or kind not in _known_requests():
-            self.step(i, r.t, "session_request", caller="simulator", request=kind)
+            # who asked changes nothing here: only a finalize's sender is checked
+            caller = caller or _UNNAMED_CALLER
+            self.step(i, r.t, "session_request", caller=caller, request=kind)
         else:
             self.note(
                 f"t={r.t:g}: a malformed {kind} request ({d.get('error', '')}): its bytes are "
                 "not in the trace, so it is left out"
             )
+
+    def _finalize_caller(self, i: int, r: TraceRecord, caller: str | None) -> str:
+        """The sender of a finalize, in the room with ``lk.simulator`` exactly when the host
+        took it as the simulator's (``from_simulator``)."""
+        accepted = r.guards.get("from_simulator")
+        if caller is None:
+            if accepted is not True:
+                self.note(
+                    f"t={r.t:g}: who sent this finalize_simulation (not taken as the "
+                    f"simulator's) is not in the trace; replayed as sent by {_UNNAMED_CALLER}, "
+                    "who is not in the room"
+                )
+                return _UNNAMED_CALLER
+            caller = next(
+                (
+                    p
+                    for p in self.history
+                    if _SIMULATOR_ATTRIBUTE in (self._attributes_at(i, p) or {})
+                ),
+                "simulator",
+            )
+        if accepted is not True:
+            if accepted is False and _SIMULATOR_ATTRIBUTE in (self._attributes_at(i, caller) or {}):
+                self.note(
+                    f"t={r.t:g}: {caller}'s finalize_simulation was refused as not the "
+                    "simulator's, but the steps leave it carrying lk.simulator (its removal is "
+                    "not in the trace): the replay answers it"
+                )
+            return caller
+        self._make_simulator(
+            caller, i, f"t={r.t:g}: {caller} sent finalize_simulation as the simulator"
+        )
+        return caller
 
     # -- settings --------------------------------------------------------------------------
     def _settings(self) -> None:
@@ -462,6 +626,12 @@ class _Builder:
                 since = entered.get((m, r.source), 0.0)
                 value = after if isinstance(after, int | float) else r.t - since
                 fired.setdefault(spec[1], float(value))
+                if spec[1] not in Config.model_fields:
+                    self.note(
+                        f"t={r.t:g}: {m} left {r.source} on {r.event} after {float(value):g}s; "
+                        f"a scenario cannot set {spec[1]}, and what {r.source} waited for "
+                        "ends at once in one"
+                    )
             if r.source != r.dest:
                 if (m, r.source) in entered:
                     start = entered.pop((m, r.source))
@@ -469,7 +639,7 @@ class _Builder:
                 if (m, r.dest) in states_with_timeouts:
                     entered[(m, r.dest)] = r.t
             g, d = r.guards, r.data
-            if m == "job" and g.get("hold_needed"):
+            if (m == "job" and g.get("hold_needed")) or (m == "finalize" and g.get("simulation")):
                 self.config["simulation"] = True
             if m == "participant" and r.event == "participant_connected":
                 if r.source == "waiting" and r.dest != "waiting" and linked is None:
@@ -480,9 +650,9 @@ class _Builder:
                     self.config["close_on_disconnect"] = False
                 elif g.get("closing_reason") is False and g.get("grace_enabled") is False:
                     fired.setdefault("grace_period", 0.0)
-            if m == "avatar" and r.event == "avatar_connected" and g.get("retry"):
+            if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
                 self.config["retry_avatar"] = True
-            if m == "session_host" and r.event == "finalize_done":
+            if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
                 verdict = d.get("verdict")
                 if isinstance(verdict, dict):
@@ -502,6 +672,81 @@ class _Builder:
                 self.config[setting] = float(math.floor(held[(m, s)]) + 1)
         if refused_eligible and linked is not None:
             self.config["participant_identity"] = linked
+
+    def _deletion(self) -> None:
+        """``delete_room_on_close``, from who asked for the room's deletion. With it, the
+        job's close work asks just before it allows the deletion, and the attached session's
+        close asks as the host reports it; a request at any other moment is the agent's own
+        (``request_room_deletion``), which no scenario step makes."""
+        recs = self.of("room_deletion")
+        if not recs:
+            return
+        by_close: set[int] = set()
+        allowed_unasked = False
+        for k, (_, r) in enumerate(recs):
+            if r.event != "allow":
+                continue
+            before = recs[k - 1][1] if k else None
+            if before is not None and before.event == "request" and before.t == r.t:
+                by_close.add(recs[k - 1][0])
+            else:
+                allowed_unasked = True  # the close work allowed it without asking: off
+        by_session: set[int] = set()
+        reported: int | None = None  # the last session close the host reported, unanswered
+        for i, r in enumerate(self.records):
+            if r.kind not in ("transition", "ignore", "reject"):
+                continue
+            if (
+                r.machine == "session_host"
+                and r.event in _SESSION_CLOSE_REPORTS
+                and "report_session_closed" in r.effects
+            ):
+                reported = i
+            elif r.machine == "room_deletion":
+                if (
+                    r.event == "request"
+                    and reported is not None
+                    and self.records[reported].t == r.t
+                ):
+                    by_session.add(i)
+                reported = None
+        on = not allowed_unasked and bool(by_close or by_session)
+        if on:
+            self.config["delete_room_on_close"] = True
+        for i, r in recs:
+            if r.event == "request" and not (on and i in by_close | by_session):
+                self.note(
+                    f"t={r.t:g}: the agent asked for the room's deletion itself "
+                    "(request_room_deletion, as an end-call tool does); no scenario step does "
+                    "that, so the replay does not ask"
+                )
+
+    def _stand_ins(self) -> None:
+        """The work a scenario's runner stands in for ends at once and never fails: the room
+        deletion, ``on_simulation_end`` and the verdict's reply. Say where the trace's did
+        not."""
+        for machine, (result, what) in _STAND_INS.items():
+            spec = MACHINES[machine]
+            failures = {e.error_event: e.name for e in spec.effects if e.error_event}
+            entered: float | None = None
+            for _, r in self.of(machine):
+                if r.kind != "transition" or r.source == r.dest:
+                    continue
+                if r.event in failures:
+                    self.note(
+                        f"t={r.t:g}: {machine} got {r.event} ({failures[r.event]} failed); "
+                        f"in a scenario {what}"
+                    )
+                elif spec.state(r.source).invoke and (
+                    r.event not in result or (entered is not None and r.t > entered)
+                ):
+                    took = f" after {r.t - entered:g}s" if entered is not None else ""
+                    self.note(
+                        f"t={r.t:g}: {machine} left {r.source} on {r.event}{took}; "
+                        f"in a scenario {what}"
+                    )
+                if spec.state(r.dest).invoke:
+                    entered = r.t
 
     @staticmethod
     def _refused(r: TraceRecord) -> bool:
@@ -566,12 +811,20 @@ class _Builder:
             facts["job_closed_at"] = closed_at
         if self.session_closed_at is not None:
             facts["session_closed_at"] = self.session_closed_at
+        deleted_at = next(
+            (
+                r.t
+                for r in self.records
+                if r.machine == "room_deletion" and r.kind == "transition" and r.event in _DELETED
+            ),
+            None,
+        )
+        if deleted_at is not None:
+            facts["room_deleted_at"] = deleted_at
         answered = [
             r
             for r in self.records
-            if r.machine == "session_host"
-            and r.event == "finalize_done"
-            and r.data.get("delivered")
+            if r.machine == "finalize" and r.kind == "transition" and r.event in _ANSWERED
         ]
         facts["finalize_answered"] = bool(answered)
         if answered:

@@ -1,0 +1,432 @@
+"""The ``playout`` machine on a real ``AgentSession``: the agent's audio until it was heard,
+and the re-prompt watchdog.
+
+``wait_for_playout()`` ends when the session's audio output says the audio played: for an
+avatar's data-stream sink that is the avatar's ``lk.playback_finished``, which an avatar
+that hangs or leaves never sends, so upstream the agent stays "speaking" and the SDK's
+``user_away_timeout`` (which starts once both sides are listening) never starts either.
+``PlayoutTracker`` follows, without changing them:
+
+- the session's own events: ``speech_created``, ``agent_state_changed``,
+  ``user_state_changed``, ``close``, and each speech handle's interruption (its public
+  ``wait_if_not_interrupted``);
+- the avatar lifecycle (``AvatarLifecycle``, when the job has one), by subscription to its
+  ``state_changed`` (joined or not: the machine's output, not a room fact, so it is not in
+  the room routing table), its ``segment_flushed`` (the session's audio reached the plugin's
+  sink, with its duration) and its ``playback_finished`` (the avatar's own report);
+- the participant link's ``state_changed`` (the linked user left).
+
+The wait for the avatar is bounded by what was pushed: the segment's first frame plus its
+duration (cut short by an interruption) plus ``margin``, computed when the wait begins. On
+expiry the segment is finished locally through the avatar machine (its
+``playback_finished`` row, marked ``origin: playout``), so the SDK's own wait ends too;
+nothing is ever sent to the avatar from here.
+
+The re-prompt (``on_reprompt(session, attempt)``, by default
+``session.generate_reply(instructions=...)``) is an effect of the machine: its call is
+bounded by the actor's effect budget, its failure logged. A returned ``SpeechHandle`` is not
+awaited (the reply's playout is the machine's next turn); another awaitable is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from livekit import rtc
+from livekit.agents import AgentSession, CloseReason
+from livekit.agents.voice.events import (
+    AgentStateChangedEvent,
+    CloseEvent,
+    SpeechCreatedEvent,
+    UserStateChangedEvent,
+)
+from livekit.agents.voice.speech_handle import SpeechHandle
+
+from statemachines.avatar import PLUGIN_CLEARS
+from statemachines.playout import PLAYOUT
+
+from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
+from .clock import AsyncioClock, Clock
+from .participant import ParticipantLink
+from .settings import PlayoutOptions, check_setting
+from .trace import Tracer
+
+logger = logging.getLogger("agent_runtime.playout")
+
+RepromptFn = Callable[[AgentSession[Any], int], object]
+PlayoutEvents = Literal["state_changed", "playout_done", "reprompt"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlayoutDone:
+    """Emitted as ``playout_done``: the agent's audio is done, and why (the machine's
+    event: ``playback_finished`` the avatar said so, ``playout_timeout`` the bound, ``avatar_left``,
+    ``agent_listening`` the SDK's own report, ``speech_done`` a speech that never reached the
+    output)."""
+
+    t: float  # on the tracker's clock
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reprompted:
+    """Emitted as ``reprompt``: the watchdog re-prompted the user (``attempt`` from 1)."""
+
+    t: float
+    attempt: int
+
+
+# -- the glue, as data: what each followed change means to the machine (an explorer of the
+# composed job imports these rather than restating them) --------------------------------
+
+
+def agent_state_event(new_state: str) -> str | None:
+    """The machine's event for the session's ``agent_state_changed`` to ``new_state``."""
+    if new_state in ("thinking", "speaking"):
+        return f"agent_{new_state}"
+    if new_state in ("listening", "idle"):
+        return "agent_listening"
+    return None  # initializing
+
+
+def avatar_change_event(source: str, dest: str) -> str | None:
+    """The machine's event for the avatar machine moving from ``source`` to ``dest``."""
+    return "avatar_left" if source in PLUGIN_CLEARS and dest not in PLUGIN_CLEARS else None
+
+
+def link_change_event(source: str, dest: str) -> str | None:
+    """The machine's event for the participant link moving from ``source`` to ``dest``."""
+    return "user_left" if source == "linked" and dest != "linked" else None
+
+
+def default_reprompt(instructions: str) -> RepromptFn:
+    """The re-prompt ``AgentJob`` uses unless given one: a short reply with these
+    instructions."""
+
+    def reprompt(session: AgentSession[Any], attempt: int) -> SpeechHandle:
+        return session.generate_reply(instructions=instructions)
+
+    return reprompt
+
+
+class _Timeouts(Mapping[str, float | None]):
+    """The state timeouts: ``playout_bound`` computed when ``remote_playout`` is entered,
+    the watchdog's two from the options."""
+
+    def __init__(self, tracker: PlayoutTracker) -> None:
+        self._t = tracker
+
+    def __getitem__(self, key: str) -> float | None:
+        opts = self._t.options
+        if key == "playout_bound":
+            return self._t.playout_bound()
+        if key == "safety_window":
+            return opts.safety_window
+        if key == "reprompt_after":
+            return opts.reprompt_after
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("playout_bound", "safety_window", "reprompt_after"))
+
+    def __len__(self) -> int:
+        return 3
+
+
+class PlayoutTracker(rtc.EventEmitter[PlayoutEvents]):
+    """Runs the ``playout`` machine for one session. Emits ``state_changed`` (a
+    ``StateChanged``), ``playout_done`` (a ``PlayoutDone``) and ``reprompt`` (a
+    ``Reprompted``).
+
+    It does not own the session, the avatar or the link: ``aclose()`` only stops following.
+    """
+
+    def __init__(
+        self,
+        session: AgentSession[Any],
+        *,
+        options: PlayoutOptions | Mapping[str, Any] | bool = True,
+        on_reprompt: RepromptFn | None = None,
+        avatar: AvatarLifecycle | None = None,
+        link: ParticipantLink | None = None,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        instance: str = "session",
+    ) -> None:
+        super().__init__()
+        if not isinstance(session, AgentSession):
+            raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
+        if on_reprompt is not None and not callable(on_reprompt):
+            raise TypeError("on_reprompt must be callable as on_reprompt(session, attempt)")
+        opts = check_setting("playout", options)
+        if opts is None:
+            raise ValueError("options=False: build no PlayoutTracker instead")
+        self.options: PlayoutOptions = opts
+        self.session = session
+        self._avatar = avatar
+        self._link = link
+        self._clock: Clock = clock or AsyncioClock()
+        self._on_reprompt = on_reprompt or default_reprompt(opts.reprompt_instructions)
+        self._reprompts = 0  # in a row, since the user last spoke
+        # the last segment handed to the avatar's sink (first frame at, seconds pushed), and
+        # when the agent's speech was last interrupted (on this clock)
+        self._segment: tuple[float, float] | None = None
+        self._cut_at: float | None = None
+        self._speeches: set[asyncio.Task[None]] = set()
+        self._started = False
+        self.done: list[PlayoutDone] = []
+        self.reprompted: list[Reprompted] = []
+        self._actor = Actor(
+            PLAYOUT,
+            instance=instance or "session",  # a trace names every instance
+            effects={
+                "playout_done": self._fx_playout_done,
+                "finish_playout": self._fx_finish_playout,
+                "reprompt": self._fx_reprompt,
+                "reset_reprompts": self._fx_reset_reprompts,
+                "hand_over": self._fx_hand_over,
+            },
+            guards={
+                "avatar_joined": lambda _ev: self.avatar_joined,
+                "watchdog_on": lambda _ev: self.options.reprompt,
+                "user_listening": lambda _ev: self._user_listening(),
+                "reprompts_left": lambda _ev: self._reprompts < self.options.max_reprompts,
+            },
+            settings=_Timeouts(self),
+            clock=self._clock,
+            tracer=tracer,
+        )
+        self._actor.on("state_changed", self._on_state_changed)
+        # the other machines are followed from the start: their changes come before ours
+        if avatar is not None:
+            avatar.on("state_changed", self._on_avatar_changed)
+            avatar.on("segment_flushed", self._on_segment_flushed)
+            avatar.on("playback_finished", self._on_playback_report)
+        if link is not None:
+            link.on("state_changed", self._on_link_changed)
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._actor.state
+
+    @property
+    def actor(self) -> Actor:
+        return self._actor
+
+    @property
+    def reprompts(self) -> int:
+        """Re-prompts in a row since the user last spoke."""
+        return self._reprompts
+
+    @property
+    def avatar_joined(self) -> bool:
+        return self._avatar is not None and self._avatar.state in PLUGIN_CLEARS
+
+    def start(self) -> None:
+        """Follow the session (before it starts, so its first speech is seen). Idempotent."""
+        if self._started or self._actor.closed:
+            return
+        self._started = True
+        s = self.session
+        s.on("speech_created", self._on_speech_created)
+        s.on("agent_state_changed", self._on_agent_state)
+        s.on("user_state_changed", self._on_user_state)
+        s.on("close", self._on_session_close)
+        self._actor.start()
+
+    def playout_bound(self) -> float:
+        """How long the avatar has, from now, to report the audio it was given: what is left
+        of the last segment (cut at an interruption) plus the margin."""
+        now = self._clock.now()
+        end = now
+        if self._segment is not None:
+            started, pushed = self._segment
+            end = started + pushed
+            if self._cut_at is not None and self._cut_at >= started:
+                end = min(end, self._cut_at)
+        elif self._cut_at is not None:
+            end = self._cut_at
+        return round(max(0.0, end - now) + self.options.margin, 6)
+
+    async def aclose(self) -> None:
+        """Stop following: the machine closes, listeners and speech followers go."""
+        if not self._actor.closed:
+            with contextlib.suppress(ActorClosed, EventRejected):
+                await self._actor.send(Event("close"))
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the machine where it is (no ``close`` event) and stop following."""
+        await self._actor.aclose()
+        s = self.session
+        for name, fn in (
+            ("speech_created", self._on_speech_created),
+            ("agent_state_changed", self._on_agent_state),
+            ("user_state_changed", self._on_user_state),
+            ("close", self._on_session_close),
+        ):
+            if self._started:
+                s.off(name, fn)  # type: ignore[arg-type]
+        if self._avatar is not None:
+            self._avatar.off("state_changed", self._on_avatar_changed)
+            self._avatar.off("segment_flushed", self._on_segment_flushed)
+            self._avatar.off("playback_finished", self._on_playback_report)
+        if self._link is not None:
+            self._link.off("state_changed", self._on_link_changed)
+        tasks = list(self._speeches)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- what it follows ---------------------------------------------------------------------
+    def _post(self, name: str, data: Mapping[str, Any] | None = None) -> None:
+        if not self._actor.closed:
+            self._actor.post(Event(name, dict(data or {})))
+
+    def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
+        handle = ev.speech_handle
+        self._post("speech_created", {"speech_id": handle.id, "source": ev.source})
+        if not self._actor.closed and not handle.done():
+            task = asyncio.get_running_loop().create_task(
+                self._follow_speech(handle), name=f"playout:{handle.id}"
+            )
+            self._speeches.add(task)
+            task.add_done_callback(self._speeches.discard)
+
+    async def _follow_speech(self, handle: SpeechHandle) -> None:
+        """Until the speech is done: its interruption, then its end, through the handle's
+        public API."""
+        played = asyncio.ensure_future(handle.wait_for_playout())
+        try:
+            await handle.wait_if_not_interrupted([played])
+            if handle.interrupted:
+                self._cut_at = self._clock.now()
+                self._post("interrupted", {"speech_id": handle.id})
+                await played
+        finally:
+            played.cancel()
+        self._post("speech_done", {"speech_id": handle.id, "interrupted": handle.interrupted})
+
+    def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        event = agent_state_event(ev.new_state)
+        if event is not None:
+            self._post(event, {"state": ev.new_state})
+
+    def _on_user_state(self, ev: UserStateChangedEvent) -> None:
+        if ev.new_state == "speaking":
+            self._post("user_speaking")
+
+    def _on_session_close(self, ev: CloseEvent) -> None:
+        self._post("close", {"reason": str(getattr(ev.reason, "value", ev.reason))})
+
+    def _on_avatar_changed(self, sc: StateChanged) -> None:
+        event = avatar_change_event(sc.source, sc.dest)
+        if event is not None:
+            self._post(event, {"avatar": sc.dest})
+
+    def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
+        self._segment = (seg.started_at, seg.pushed)
+        self._post("handed_off", {"pushed": round(seg.pushed, 6)})
+
+    def _on_playback_report(self, rep: PlaybackReport) -> None:
+        self._post(
+            "playback_finished",
+            {"playback_position": rep.playback_position, "interrupted": rep.interrupted},
+        )
+
+    def _on_link_changed(self, sc: StateChanged) -> None:
+        event = link_change_event(sc.source, sc.dest)
+        if event is not None:
+            self._post(event, {"link": sc.dest})
+
+    def _user_listening(self) -> bool:
+        if self._link is not None and self._link.state != "linked":
+            return False  # nobody to re-prompt
+        return self.session.user_state != "speaking"  # listening, or away: silent
+
+    def _on_state_changed(self, sc: StateChanged) -> None:
+        try:
+            self.emit("state_changed", sc)
+        except Exception:
+            logger.exception("playout: a state_changed listener failed")
+
+    def _emit(self, event: PlayoutEvents, value: object) -> None:
+        try:
+            self.emit(event, value)
+        except Exception:
+            logger.exception("playout: a %s listener failed", event)
+
+    # -- effects -------------------------------------------------------------------------------
+    def _fx_playout_done(self, ev: Event) -> None:
+        done = PlayoutDone(self._clock.now(), ev.name)
+        self.done.append(done)
+        logger.debug("playout done (%s)", ev.name)
+        self._emit("playout_done", done)
+
+    def _fx_finish_playout(self, ev: Event) -> None:
+        pushed = self._segment[1] if self._segment is not None else 0.0
+        avatar = self._avatar
+        logger.warning(
+            "playout: avatar %s sent no lk.playback_finished within %.2fs (%.2fs of audio "
+            "pushed, margin %.2fs); counting the playout done and finishing it locally",
+            avatar.avatar.avatar_identity if avatar is not None else "?",
+            float(ev.data.get("after", 0.0)),
+            pushed,
+            self.options.margin,
+        )
+        if avatar is not None and not avatar.actor.closed:
+            # through the avatar's own table: it ends the sink's segment (no RPC), as the
+            # avatar's report would have
+            avatar.actor.post(
+                Event(
+                    "playback_finished",
+                    {
+                        "playback_position": pushed,
+                        "interrupted": self._cut_at is not None,
+                        "origin": "playout",
+                    },
+                )
+            )
+
+    async def _fx_reprompt(self, ev: Event) -> None:
+        self._reprompts += 1
+        n = self._reprompts
+        sent = Reprompted(self._clock.now(), n)
+        self.reprompted.append(sent)
+        logger.info(
+            "playout: the user has been silent for %.1fs; re-prompt %d of %d",
+            self.options.reprompt_after,
+            n,
+            self.options.max_reprompts,
+        )
+        self._emit("reprompt", sent)
+        res = self._on_reprompt(self.session, n)
+        if inspect.isawaitable(res) and not isinstance(res, SpeechHandle):
+            await res  # bounded by the actor's effect budget
+
+    def _fx_reset_reprompts(self, ev: Event) -> None:
+        self._reprompts = 0
+
+    def _fx_hand_over(self, ev: Event) -> None:
+        opts = self.options
+        if opts.when_exhausted == "close":
+            logger.info(
+                "playout: no answer after %d re-prompts; closing the session (%s)",
+                self._reprompts,
+                opts.close_reason,
+            )
+            s = self.session
+            if s._started and s._closing_task is None:
+                s._close_soon(reason=CloseReason(opts.close_reason))
+        else:
+            logger.info(
+                "playout: no answer after %d re-prompts; waiting for the user", self._reprompts
+            )

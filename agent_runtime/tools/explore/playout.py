@@ -1,0 +1,226 @@
+"""The playout machine explored exhaustively against an abstract world.
+
+The world is what the machine cannot see directly: whether the avatar is joined, whether
+the user is listening, speaking or gone, whether agent audio handed to the avatar is still
+unplayed (``pending``), and the re-prompts used. Every input the session, the avatar and
+the user can produce is tried in every world reached, in any order, with the state's own
+timeout whenever one is armed; the machine decides with the same pure
+``statemachines.step`` the runtime runs, its guards read from the world, its effects
+applied to it. Checked in every world and on every step:
+
+- ``avatar_gone``: never waiting in ``remote_playout`` for an avatar that is not joined;
+- ``reprompt_over_audio``: a re-prompt never runs while agent audio is pending or the user
+  is not there and silent;
+- ``reprompt_count``: never more than ``max_reprompts`` re-prompts in a row;
+- ``armed_over_audio``: the watchdog is never armed (``settling``/``watching``) while agent
+  audio is pending;
+- ``unbounded_wait``: with nothing happening but the machine's own timers, it comes to rest
+  (a state without a timer, never ``remote_playout``) within ``2 * max_reprompts + 3``
+  timeouts;
+- ``rejected``: no input is ever refused (the session's events are facts, not requests).
+
+Pure: no runtime, no clock. ``explore_playout`` returns what it found, with the shortest
+input sequence reaching each problem.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from statemachines import MachineSpec, step
+from statemachines.playout import PLAYOUT
+
+User = Literal["listening", "speaking", "gone"]
+AT_REST = frozenset({"idle", "agent_turn", "exhausted", "closed"})
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    state: str
+    joined: bool = True  # the avatar is joined
+    user: User = "listening"
+    pending: bool = False  # agent audio handed to the joined avatar, not yet played or ended
+    reprompts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    check: str
+    detail: str
+    path: tuple[str, ...]  # the inputs from the initial world
+
+    def __str__(self) -> str:
+        return f"{self.check}: {self.detail} (after {' -> '.join(self.path) or 'nothing'})"
+
+
+@dataclass
+class Report:
+    worlds: int = 0
+    steps: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    rows_taken: set[int] = field(default_factory=set)  # indexes into spec.rows
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# an input: its name, whether the world allows it, the world after it, the machine's event
+Input = tuple[str, Callable[[World], bool], Callable[[World], World], str | None]
+
+
+def _always(w: World) -> bool:
+    return True
+
+
+def _same(w: World) -> World:
+    return w
+
+
+INPUTS: tuple[Input, ...] = (
+    ("speech_created", _always, _same, "speech_created"),
+    ("agent_thinking", _always, _same, "agent_thinking"),
+    ("agent_speaking", _always, _same, "agent_speaking"),
+    # the SDK's wait ends only once its segment was reported or finished locally
+    ("agent_listening", _always, lambda w: replace(w, pending=False), "agent_listening"),
+    # a speech handle's end says nothing about the avatar (the SDK's fallbacks end it too)
+    ("speech_done", _always, _same, "speech_done"),
+    # pushed to a joined avatar it waits there; to the room it is the SDK's own
+    ("handed_off", _always, lambda w: replace(w, pending=w.joined), "handed_off"),
+    (
+        "playback_finished",
+        lambda w: w.joined,
+        lambda w: replace(w, pending=False),
+        "playback_finished",
+    ),
+    ("interrupted", _always, _same, "interrupted"),
+    ("avatar_joins", lambda w: not w.joined, lambda w: replace(w, joined=True), None),
+    (
+        "avatar_leaves",
+        lambda w: w.joined,
+        lambda w: replace(w, joined=False, pending=False),  # nobody plays it any more
+        "avatar_left",
+    ),
+    (
+        "user_speaks",
+        lambda w: w.user == "listening",
+        lambda w: replace(w, user="speaking"),
+        "user_speaking",
+    ),
+    ("user_stops", lambda w: w.user == "speaking", lambda w: replace(w, user="listening"), None),
+    ("user_leaves", lambda w: w.user != "gone", lambda w: replace(w, user="gone"), "user_left"),
+    ("user_rejoins", lambda w: w.user == "gone", lambda w: replace(w, user="listening"), None),
+    ("close", _always, _same, "close"),
+)
+
+
+class _Explorer:
+    def __init__(self, spec: MachineSpec, *, watchdog: bool, max_reprompts: int) -> None:
+        self.spec = spec
+        self.watchdog = watchdog
+        self.max_reprompts = max_reprompts
+        self.report = Report()
+        self._row_index = {id(r): k for k, r in enumerate(spec.rows)}
+
+    def guards(self, w: World) -> dict[str, bool]:
+        return {
+            "avatar_joined": w.joined,
+            "watchdog_on": self.watchdog,
+            "user_listening": w.user == "listening",
+            "reprompts_left": w.reprompts < self.max_reprompts,
+        }
+
+    def inputs(self, w: World) -> Iterator[tuple[str, World, str | None]]:
+        for name, allowed, change, event in INPUTS:
+            if allowed(w):
+                yield name, change(w), event
+        timeout = self.spec.state(w.state).timeout
+        if timeout is not None:
+            yield timeout.event, w, timeout.event
+
+    def handle(self, w: World, event: str, path: tuple[str, ...]) -> World:
+        """The machine's step on ``event`` in world ``w`` (already changed by the input)."""
+        st = step(self.spec, w.state, event, self.guards(w))
+        self.report.steps += 1
+        if st.outcome == "reject":
+            self.flag("rejected", f"{event} refused in {w.state}", path)
+            return w
+        if st.outcome != "transition":
+            return w
+        for r in self.spec.rows:
+            if (r.source, r.event, r.guards) == (w.state, event, st.guards):
+                self.report.rows_taken.add(self._row_index[id(r)])
+                break
+        out = replace(w, state=st.dest)
+        for effect in st.effects:
+            if effect == "reprompt":
+                if out.pending or out.user != "listening":
+                    self.flag(
+                        "reprompt_over_audio",
+                        f"re-prompt with pending={out.pending}, user {out.user}",
+                        path,
+                    )
+                if out.reprompts >= self.max_reprompts:
+                    self.flag("reprompt_count", f"{out.reprompts + 1} re-prompts in a row", path)
+                # counted up to one past the limit: the worlds stay finite for a bad spec
+                out = replace(out, reprompts=min(out.reprompts + 1, self.max_reprompts + 1))
+            elif effect == "reset_reprompts":
+                out = replace(out, reprompts=0)
+            elif effect == "finish_playout":
+                out = replace(out, pending=False)
+        return out
+
+    def flag(self, check: str, detail: str, path: tuple[str, ...]) -> None:
+        if not any(p.check == check for p in self.report.problems):
+            self.report.problems.append(Problem(check, detail, path))
+
+    def check_world(self, w: World, path: tuple[str, ...]) -> None:
+        if w.state == "remote_playout" and not w.joined:
+            self.flag("avatar_gone", "waiting in remote_playout, the avatar not joined", path)
+        if w.state in ("settling", "watching") and w.pending:
+            self.flag("armed_over_audio", f"{w.state} with agent audio pending", path)
+        self.check_timers(w, path)
+
+    def check_timers(self, w: World, path: tuple[str, ...]) -> None:
+        limit = 2 * self.max_reprompts + 3
+        cur = w
+        for _ in range(limit + 1):
+            if cur.state in AT_REST:
+                return
+            timeout = self.spec.state(cur.state).timeout
+            if timeout is None:
+                self.flag("unbounded_wait", f"{cur.state} waits with no timeout", path)
+                return
+            cur = self.handle(cur, timeout.event, path)
+        self.flag("unbounded_wait", f"still in {cur.state} after {limit} timeouts", path)
+
+    def run(self) -> Report:
+        start = World(self.spec.initial)
+        seen: dict[World, tuple[str, ...]] = {start: ()}
+        queue = deque([start])
+        self.check_world(start, ())
+        while queue:
+            w = queue.popleft()
+            if w.state == "closed":
+                continue
+            for name, changed, event in self.inputs(w):
+                path = (*seen[w], name)
+                nxt = changed if event is None else self.handle(changed, event, path)
+                if nxt not in seen:
+                    seen[nxt] = path
+                    self.check_world(nxt, path)
+                    queue.append(nxt)
+        self.report.worlds = len(seen)
+        return self.report
+
+
+def explore_playout(
+    spec: MachineSpec = PLAYOUT, *, watchdog: bool = True, max_reprompts: int = 2
+) -> Report:
+    """Every world the machine and its inputs can reach, each checked; see the module."""
+    if max_reprompts < 0:
+        raise ValueError("max_reprompts must be >= 0")
+    return _Explorer(spec, watchdog=watchdog, max_reprompts=max_reprompts).run()

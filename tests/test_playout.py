@@ -1,0 +1,520 @@
+"""The playout machine through the real runtime: the composed ``AgentJob`` on a real
+``AgentSession`` speaking through the SDK's own ``session.say`` to a plugin-style avatar.
+
+Stood in for (they need a network): the SFU and the avatar's side (``InMemoryRoom``: its
+``lk.playback_finished`` is an incoming RPC the test sends, ``lk.clear_buffer`` an outgoing
+one it records), and the LLM a default re-prompt asks (``AskedLLM`` records the request).
+The user's voice activity is the session's user state, set with the method the SDK's VAD
+path calls. Virtual time throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents import AgentSession, CloseReason
+from livekit.agents.voice.events import CloseEvent
+
+from agent_runtime import AgentJob, Event
+from agent_runtime.avatar import SegmentFlushed
+from agent_runtime.playout import PlayoutTracker
+from agent_runtime.settings import SettingError
+from agent_runtime.testing.inmemory import InMemoryRoom
+from statemachines.playout import PLAYOUT
+from tests.support.playout_rig import AVATAR, USER, AskedLLM, PlayoutRig
+
+# -- the wait for the avatar -----------------------------------------------------------------
+
+
+async def test_a_silent_avatar_gets_the_audio_plus_the_margin_then_the_agent_listens_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    handle = rig.say(3.0)
+    await rig.settle()
+    assert rig.playout.state == "remote_playout"
+    assert rig.playout.actor.timer_deadline == pytest.approx(5.0)  # 3 s of audio + 2 s
+    await rig.advance(4.9)
+    assert (rig.playout.state, rig.session.agent_state) == ("remote_playout", "speaking")
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.playout"):
+        await rig.advance(0.1)
+    assert rig.playout.state == "idle"
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(5.0, "playout_timeout")]
+    # the SDK's own wait ended with it: the speech is done and the agent listens
+    assert handle.done() and rig.session.agent_state == "listening"
+    assert rig.job.avatar is not None and rig.job.avatar.state == "joined"
+    assert rig.rpcs() == []  # nothing was sent to the avatar
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.playout"]
+    assert msg.startswith("playout: avatar avatar sent no lk.playback_finished within 5.00s")
+    await rig.aclose()
+
+
+async def test_the_avatars_report_ends_the_wait() -> None:
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    handle = rig.say(3.0)
+    await rig.settle()
+    await rig.advance(3.2)
+    assert await rig.report(3.0) == "ok"
+    await rig.settle()
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(3.2, "playback_finished")]
+    assert rig.playout.state == "idle" and not rig.playout.actor.timer_armed
+    assert handle.done() and rig.session.agent_state == "listening"
+    await rig.aclose()
+
+
+async def test_an_avatar_that_leaves_ends_the_wait_at_once_and_nothing_is_sent_to_it() -> None:
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    handle = rig.say(5.0)
+    await rig.settle()
+    await rig.advance(1.0)
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.SIGNAL_CLOSE)
+    await rig.settle()
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(1.0, "avatar_left")]
+    assert handle.done() and rig.session.agent_state == "listening"
+    assert rig.job.audio_route() == "room"
+    rig.session.interrupt()  # nothing playing: and nothing goes to the departed avatar
+    await rig.settle()
+    assert rig.rpcs() == []
+    await rig.aclose()
+
+
+async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut() -> None:
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    handle = rig.say(5.0)
+    await rig.settle()
+    await rig.advance(1.0)
+    rig.session.interrupt()
+    await rig.settle()
+    assert rig.rpcs() == ["lk.clear_buffer"]  # the plugin's own clear: the avatar is joined
+    assert rig.playout.state == "remote_playout"
+    assert rig.playout.actor.timer_deadline == pytest.approx(3.0)  # the cut + 2 s, not 7 s
+    await rig.advance(2.0)
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(3.0, "playout_timeout")]
+    assert handle.done() and handle.interrupted and rig.session.agent_state == "listening"
+    await rig.aclose()
+
+
+async def test_without_an_avatar_the_sdks_own_playout_report_ends_the_turn() -> None:
+    rig = PlayoutRig(avatar=False, reprompt=False)
+    await rig.start()
+    # the states the SDK's pipeline goes through for a reply played on the room's track
+    rig.session._update_agent_state("thinking")
+    rig.session._update_agent_state("speaking")
+    await rig.advance(2.0)
+    assert rig.playout.state == "agent_turn" and not rig.playout.actor.timer_armed
+    rig.session._update_agent_state("listening")
+    await rig.settle()
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(2.0, "agent_listening")]
+    await rig.aclose()
+
+
+async def test_audio_to_an_avatar_that_has_not_joined_waits_for_the_sdk_not_for_a_report() -> None:
+    rig = PlayoutRig(reprompt=False, max_reprompts=0)
+    await rig.start(join=False)
+    handle = rig.say(1.0)
+    await rig.settle()
+    # the plugin's sink holds the audio until the avatar is there: nothing is handed off
+    assert rig.playout.state == "agent_turn"
+    await rig.advance(30.0)  # the avatar's join_timeout: its route goes back to the room
+    assert rig.job.avatar is not None and rig.job.avatar.state == "restored"
+    assert rig.playout.state == "idle" and handle.done()
+    # it never reached "speaking" (the sink never took a frame): the speech's end ends it
+    assert [d.cause for d in rig.playout.done] == ["speech_done"]
+    assert rig.rpcs() == []
+    await rig.aclose()
+
+
+# -- the watchdog ----------------------------------------------------------------------------
+
+
+async def test_the_watchdog_is_timed_from_the_remote_playout_not_the_hand_off() -> None:
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(3.0)  # handed off at once
+    await rig.settle()
+    await rig.advance(3.2)
+    await rig.report(3.0)
+    await rig.settle()
+    assert rig.playout.state == "settling"
+    await rig.advance(1.0)
+    assert rig.playout.state == "watching"
+    await rig.advance(4.9)
+    assert rig.reprompts == []
+    await rig.advance(0.1)
+    assert rig.reprompts == [(pytest.approx(9.2), 1)]  # 3.2 + 1 + 5
+    await rig.aclose()
+
+
+async def test_the_user_speaking_disarms_it_and_only_the_agent_can_arm_it_again() -> None:
+    rig = PlayoutRig(max_reprompts=2)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.settle()
+    await rig.advance(3.0)
+    assert rig.playout.state == "watching"
+    rig.user("speaking")
+    await rig.advance(1.0)
+    rig.user("listening")
+    await rig.advance(30.0)
+    assert rig.playout.state == "idle" and rig.reprompts == []  # the user spoke last
+    await rig.aclose()
+
+
+async def test_a_user_who_is_speaking_when_playout_ends_is_not_re_prompted() -> None:
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    rig.user("speaking")
+    await rig.report()
+    await rig.advance(30.0)
+    assert rig.playout.state == "idle" and rig.reprompts == []
+    await rig.aclose()
+
+
+async def test_it_never_re_prompts_over_the_agents_own_audio() -> None:
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(5.9)  # watching, 0.1 s before the re-prompt
+    assert rig.playout.state == "watching"
+    rig.say(10.0)  # the app speaks by itself
+    await rig.advance(5.0)
+    assert rig.playout.state == "remote_playout" and rig.reprompts == []
+    await rig.aclose()
+
+
+async def test_re_prompts_are_counted_then_the_session_is_closed_as_asked() -> None:
+    rig = PlayoutRig(max_reprompts=2, when_exhausted="close", close_reason="task_completed")
+    closed: list[Any] = []
+    rig.session.on("close", closed.append)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(6.0)  # 1 + 5
+    await rig.advance(6.0)  # the re-prompt said nothing: armed again
+    assert [a for _, a in rig.reprompts] == [1, 2]
+    await rig.advance(6.0)
+    assert [a for _, a in rig.reprompts] == [1, 2]  # never a third
+    await rig.settle()
+    assert [ev.reason.value for ev in closed] == ["task_completed"]
+    assert rig.playout.state == "closed"
+    await rig.job.wait_closed()
+    await rig.aclose()
+
+
+async def test_exhausted_waits_for_the_user_whose_speech_starts_the_count_again() -> None:
+    rig = PlayoutRig(max_reprompts=1)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(12.0)
+    assert rig.playout.state == "exhausted" and rig.playout.reprompts == 1
+    assert rig.session._closing_task is None  # waiting, as configured
+    rig.user("speaking")
+    await rig.settle()
+    assert rig.playout.state == "idle" and rig.playout.reprompts == 0
+    await rig.aclose()
+
+
+async def test_the_user_leaving_disarms_it() -> None:
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(2.0)
+    rig.room.remove_participant(USER, rtc.DisconnectReason.SIGNAL_CLOSE)  # grace, no close
+    await rig.advance(10.0)
+    assert rig.playout.state == "idle" and rig.reprompts == []
+    await rig.aclose()
+
+
+async def test_the_default_re_prompt_asks_the_llm_with_the_configured_instructions() -> None:
+    model = AskedLLM()
+    rig = PlayoutRig(
+        default_reprompt=True,
+        session=AgentSession(llm=model),
+        reprompt_instructions="Ask whether they can still hear you.",
+    )
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(6.0)
+    for _ in range(5):
+        await rig.settle()
+    assert len(model.asked) == 1
+    said = [str(item.content) for item in model.asked[0].items if hasattr(item, "content")]
+    assert any("Ask whether they can still hear you." in s for s in said)
+    await rig.aclose()
+
+
+async def test_a_re_prompt_that_raises_is_logged_and_the_watchdog_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = PlayoutRig(max_reprompts=2)
+    calls: list[int] = []
+
+    def broken(session: AgentSession[Any], attempt: int) -> None:
+        calls.append(attempt)
+        raise RuntimeError("the app's re-prompt failed")
+
+    rig.playout._on_reprompt = broken
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(20.0)
+    assert calls == [1, 2] and rig.playout.state == "exhausted"
+    failed = [r for r in rig.sink.records if r.kind == "effect" and r.outcome == "error"]
+    assert [(r.effect, r.detail) for r in failed] == [
+        ("reprompt", "RuntimeError: the app's re-prompt failed")
+    ] * 2
+    await rig.aclose()
+
+
+# -- composition, options, listeners -------------------------------------------------------------
+
+
+async def test_the_job_shows_the_machine_in_its_states_snapshot_and_trace() -> None:
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(2.0)
+    await rig.settle()
+    assert rig.job.states["playout"] == "remote_playout"
+    snap = rig.job.snapshot()["machines"]["playout"]
+    assert snap["timer"] == {"event": "playout_timeout", "deadline": 4.0, "remaining": 4.0}
+    assert ("speech_created", "idle", "agent_turn") in [(e, s, d) for _, e, s, d in rig.path()]
+    await rig.aclose()
+
+
+async def test_bad_options_are_refused_naming_them_before_anything_is_built() -> None:
+    room = InMemoryRoom()
+    with pytest.raises(SettingError, match=r"playout.margin: input should be greater"):
+        AgentJob(room=room, session=AgentSession(), playout={"margin": -1})
+    with pytest.raises(SettingError, match=r"playout.when_exhausted"):
+        AgentJob(room=room, session=AgentSession(), playout={"when_exhausted": "hang up"})
+    with pytest.raises(ValueError, match=r"on_reprompt given, but the watchdog is off"):
+        AgentJob(room=room, session=AgentSession(), on_reprompt=lambda s, n: None)
+    with pytest.raises(TypeError, match="on_reprompt must be callable"):
+        AgentJob(room=room, session=AgentSession(), playout=True, on_reprompt="hello")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="session must be an AgentSession"):
+        PlayoutTracker(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="options=False"):
+        PlayoutTracker(AgentSession(), options=False)
+    job = AgentJob(room=room, session=AgentSession(), playout=True)
+    assert job.playout is not None and job.playout.options.margin == 2.0
+    assert not job.playout.options.reprompt  # the watchdog is opt-in
+    assert AgentJob(room=room, session=AgentSession()).playout is None  # off by default
+
+
+async def test_closing_releases_every_listener_and_task() -> None:
+    rig = PlayoutRig()
+    before = sum(len(v) for v in rig.session._events.values())
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    tracker = rig.playout
+    await tracker.aclose()
+    assert tracker.state == "closed" and tracker.actor.closed
+    assert not tracker._speeches and tracker.actor.live_tasks == 0
+    avatar = rig.job.avatar
+    assert avatar is not None
+    assert not any(tracker._on_avatar_changed == fn for fn in avatar._events["state_changed"])
+    assert sum(len(v) for v in rig.session._events.values()) >= before  # the job's own
+    for name in ("speech_created", "agent_state_changed", "user_state_changed"):
+        assert not any(
+            getattr(fn, "__self__", None) is tracker for fn in rig.session._events.get(name, ())
+        )
+    await rig.aclose()
+
+
+async def test_the_avatars_sink_reports_each_segment_it_was_given() -> None:
+    rig = PlayoutRig(reprompt=False)
+    segments: list[SegmentFlushed] = []
+    assert rig.job.avatar is not None
+    rig.job.avatar.on("segment_flushed", segments.append)
+    rig.job.avatar.on("segment_flushed", lambda seg: 1 / 0)  # a listener that fails
+    await rig.start()
+    await rig.advance(1.0)
+    rig.say(2.5)
+    await rig.settle()
+    assert segments == [SegmentFlushed(started_at=1.0, pushed=pytest.approx(2.5))]
+    assert rig.playout.state == "remote_playout"  # the failing listener changed nothing
+    await rig.aclose()
+
+
+# -- every cell, through the runtime --------------------------------------------------------------
+
+REST = ("idle", "settling", "watching", "exhausted")
+NEW_TURN = ("speech_created", "agent_thinking", "agent_speaking")
+CELLS: dict[tuple[str, str], tuple[str, str]] = {
+    **{(s, e): ("ignore", s) for s in PLAYOUT.state_names for e in PLAYOUT.events},
+    **{(s, e): ("transition", "agent_turn") for s in REST for e in NEW_TURN},
+    **{(s, "handed_off"): ("transition", "remote_playout") for s in ("agent_turn", *REST)},
+    **{(s, "close"): ("transition", "closed") for s in PLAYOUT.state_names if s != "closed"},
+    **{(s, e): ("transition", "idle") for s in REST[1:] for e in ("user_speaking", "user_left")},
+    ("agent_turn", "agent_listening"): ("transition", "settling"),
+    ("agent_turn", "speech_done"): ("transition", "settling"),
+    ("agent_turn", "interrupted"): ("transition", "remote_playout"),
+    ("remote_playout", "agent_listening"): ("transition", "settling"),
+    ("remote_playout", "handed_off"): ("transition", "remote_playout"),
+    ("remote_playout", "playback_finished"): ("transition", "settling"),
+    ("remote_playout", "interrupted"): ("transition", "remote_playout"),
+    ("remote_playout", "avatar_left"): ("transition", "settling"),
+    ("remote_playout", "playout_timeout"): ("transition", "settling"),
+    ("settling", "window_elapsed"): ("transition", "watching"),
+    ("watching", "reprompt_timeout"): ("transition", "settling"),
+}
+
+
+def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
+    assert set(CELLS) == {(s, e) for s in PLAYOUT.state_names for e in PLAYOUT.events}
+    for (s, e), (outcome, _) in CELLS.items():
+        assert PLAYOUT.cell_kind(s, e) == outcome, (s, e)
+
+
+async def _reach(rig: PlayoutRig, state: str) -> asyncio.Event:
+    """Drive the job into ``state`` as the world would; returns the gate of a speech still
+    being produced (``agent_turn``)."""
+    gate = asyncio.Event()
+    await rig.start()
+    if state == "agent_turn":
+        rig.say(1.0, gate=gate)
+    elif state != "idle" and state != "closed":
+        rig.say(1.0)
+        await rig.settle()
+        if state != "remote_playout":
+            await rig.report()
+            await rig.settle()
+            await rig.advance({"settling": 0.0, "watching": 1.0, "exhausted": 12.0}[state])
+    elif state == "closed":
+        rig.playout.actor.post(
+            Event("close", {"reason": "setup"})
+        )  # what the session's close posts
+    await rig.settle()
+    return gate
+
+
+def _agent_state(rig: PlayoutRig, state: str) -> bool:
+    if rig.session.agent_state == state:
+        return False  # the SDK says a state once: it was said already
+    rig.session._update_agent_state(state)  # type: ignore[arg-type]
+    return True
+
+
+async def _cause(rig: PlayoutRig, gate: asyncio.Event, state: str, event: str) -> None:
+    """Make ``event`` happen as the world would; where nothing in the world produces it in
+    this state, post it as a late one."""
+    in_turn = state in ("agent_turn", "remote_playout")
+    live = state != "closed"
+    timeout = PLAYOUT.state(state).timeout
+    caused = False
+    if not live:
+        pass
+    elif event == "speech_created":
+        rig.say(1.0)
+        caused = True
+    elif event in ("agent_thinking", "agent_speaking", "agent_listening"):
+        caused = _agent_state(rig, event.removeprefix("agent_"))
+    elif event == "handed_off" and state == "agent_turn":
+        gate.set()
+        caused = True
+    elif event == "playback_finished":
+        caused = await rig.report() == "ok"
+    elif event == "interrupted" and in_turn:
+        rig.session.interrupt()
+        caused = True
+    elif event == "avatar_left":
+        rig.room.remove_participant(AVATAR, rtc.DisconnectReason.SIGNAL_CLOSE)
+        caused = True
+    elif event == "user_speaking":
+        rig.user("speaking")
+        caused = True
+    elif event == "user_left":
+        rig.room.remove_participant(USER, rtc.DisconnectReason.SIGNAL_CLOSE)
+        caused = True
+    elif timeout is not None and event == timeout.event:
+        deadline = rig.playout.actor.timer_deadline
+        assert deadline is not None
+        await rig.clock.run_until(deadline)
+        caused = True
+    elif event == "close":
+        # the session's close event, as its close emits it (the close itself would end the
+        # speech first; the whole close is in test_re_prompts_are_counted_...)
+        rig.session.emit("close", CloseEvent(reason=CloseReason.USER_INITIATED))
+        caused = True
+    if not caused:
+        rig.playout.actor.post(Event(event, {"late": True}))
+    await rig.settle()
+
+
+@pytest.mark.parametrize(("state", "event"), list(CELLS), ids=[f"{s}-{e}" for s, e in CELLS])
+async def test_cell(state: str, event: str) -> None:
+    outcome, dest = CELLS[(state, event)]
+    rig = PlayoutRig(max_reprompts=1)
+    gate = await _reach(rig, state)
+    assert rig.playout.state == state
+    mark = len(rig.sink.records)
+
+    await _cause(rig, gate, state, event)
+
+    recs = [
+        r
+        for r in rig.sink.records[mark:]
+        if r.machine == "playout" and r.event == event and r.kind in ("transition", "ignore")
+    ]
+    assert recs, f"the playout machine never saw {event}"
+    assert (recs[0].kind, recs[0].source, recs[0].dest) == (outcome, state, dest)
+    # in every cell: nothing went to the avatar but the plugin's own clear, and only with
+    # the avatar joined and audio playing
+    assert set(rig.rpcs()) <= {"lk.clear_buffer"}
+    if "lk.clear_buffer" in rig.rpcs():
+        await rig.report(interrupted=True)  # the avatar confirms the cut (the sink waits)
+    gate.set()
+    await rig.aclose()
+    assert rig.playout.actor.closed and rig.playout.actor.live_tasks == 0
+
+
+def test_the_glue_names_only_events_the_machine_declares() -> None:
+    from typing import get_args
+
+    from livekit.agents.voice.events import AgentState
+
+    from agent_runtime.playout import agent_state_event, avatar_change_event, link_change_event
+    from statemachines.machines import MACHINES
+
+    mapped = {s: agent_state_event(s) for s in get_args(AgentState)}
+    assert mapped == {
+        "initializing": None,
+        "idle": "agent_listening",
+        "listening": "agent_listening",
+        "thinking": "agent_thinking",
+        "speaking": "agent_speaking",
+    }
+    avatar = MACHINES["avatar"].state_names
+    left = {(a, b) for a in avatar for b in avatar if avatar_change_event(a, b)}
+    assert left == {
+        (a, b) for a in ("joined", "clearing") for b in avatar if b not in ("joined", "clearing")
+    }
+    link = MACHINES["participant"].state_names
+    assert {(a, b) for a in link for b in link if link_change_event(a, b)} == {
+        ("linked", b) for b in link if b != "linked"
+    }
+    named = {e for e in (*mapped.values(), "avatar_left", "user_left") if e is not None}
+    assert named <= set(PLAYOUT.events)

@@ -1,0 +1,81 @@
+"""The playout machine explored exhaustively (``agent_runtime.tools.explore.playout``): its
+guarantees hold in every world its inputs reach, and a spec that breaks one is caught with
+the inputs that show it."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_runtime.tools.explore.playout import Report, explore_playout
+from statemachines import Cell, MachineSpec, State
+from statemachines.playout import PLAYOUT
+
+
+@pytest.mark.parametrize("watchdog", [True, False])
+@pytest.mark.parametrize("max_reprompts", [0, 1, 2])
+def test_every_world_keeps_the_guarantees(watchdog: bool, max_reprompts: int) -> None:
+    report = explore_playout(watchdog=watchdog, max_reprompts=max_reprompts)
+    assert report.ok, [str(p) for p in report.problems]
+    assert report.worlds > 20
+
+
+def test_with_the_watchdog_on_every_row_is_taken_somewhere() -> None:
+    report = explore_playout(watchdog=True, max_reprompts=1)
+    missing = [r for k, r in enumerate(PLAYOUT.rows) if k not in report.rows_taken]
+    assert missing == []
+
+
+def _ignoring(state: str, event: str) -> MachineSpec:
+    """The spec with the cell (state, event) turned into an ignore."""
+    fields = PLAYOUT.model_dump(exclude={"rows", "ignore"})
+    rows = tuple(r for r in PLAYOUT.rows if (r.source, r.event) != (state, event))
+    return MachineSpec(
+        **fields, rows=rows, ignore=(*PLAYOUT.ignore, Cell(state=state, event=event))
+    )
+
+
+def _problems(report: Report) -> dict[str, list[str]]:
+    return {p.check: list(p.path) for p in report.problems}
+
+
+def test_waiting_on_after_the_avatar_left_is_caught() -> None:
+    found = _problems(explore_playout(_ignoring("remote_playout", "avatar_left")))
+    assert found["avatar_gone"] == ["handed_off", "avatar_leaves"]
+
+
+def test_a_watchdog_deaf_to_the_user_re_prompts_over_them() -> None:
+    found = _problems(explore_playout(_ignoring("watching", "user_speaking")))
+    assert "reprompt_over_audio" in found
+    assert "user_speaks" in found["reprompt_over_audio"]
+
+
+def test_audio_handed_off_while_watching_must_disarm_the_watchdog() -> None:
+    found = _problems(explore_playout(_ignoring("watching", "handed_off")))
+    assert "armed_over_audio" in found and found["armed_over_audio"][-1] == "handed_off"
+
+
+def test_re_prompts_without_their_count_are_caught() -> None:
+    at = ("watching", "reprompt_timeout")
+    rows = tuple(
+        r.model_copy(update={"guards": ()}) if (r.source, r.event) == at else r
+        for r in PLAYOUT.rows
+        if not ((r.source, r.event) == at and not r.guards)  # the hand-over row goes
+    )
+    # model_copy skips validation: with the hand-over gone, exhausted is unreachable
+    found = _problems(explore_playout(PLAYOUT.model_copy(update={"rows": rows}), max_reprompts=1))
+    assert "reprompt_count" in found
+
+
+def test_a_wait_for_the_avatar_without_its_bound_is_caught() -> None:
+    states = tuple(
+        State(name=s.name, description=s.description) if s.name == "remote_playout" else s
+        for s in PLAYOUT.states
+    )
+    fields = PLAYOUT.model_dump(exclude={"states"})
+    found = _problems(explore_playout(MachineSpec(**fields, states=states)))
+    assert found["unbounded_wait"] == ["handed_off"]
+
+
+def test_a_negative_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_reprompts must be >= 0"):
+        explore_playout(max_reprompts=-1)
