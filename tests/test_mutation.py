@@ -70,7 +70,8 @@ def test_mutants_are_numbered_alike_and_refused_ones_say_why() -> None:
 
 
 def _constructed(machine: str) -> set[tuple[str, str]]:
-    """(event, enclosing function) of every ``Event("name", ...)`` in the runtime module."""
+    """(event, enclosing function) of every ``Event("name", ...)`` and ``self._post("name",
+    ...)`` in the runtime module."""
     tree = ast.parse((ROOT / MODULES[machine]).read_text())
     out: set[tuple[str, str]] = set()
 
@@ -79,8 +80,10 @@ def _constructed(machine: str) -> set[tuple[str, str]]:
             name = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else fn
             if (
                 isinstance(child, ast.Call)
-                and isinstance(child.func, ast.Name)
-                and child.func.id == "Event"
+                and (
+                    (isinstance(child.func, ast.Name) and child.func.id == "Event")
+                    or (isinstance(child.func, ast.Attribute) and child.func.attr == "_post")
+                )
                 and child.args
                 and isinstance(child.args[0], ast.Constant)
             ):
@@ -113,6 +116,25 @@ def test_every_event_a_runtime_constructs_is_posted_or_a_named_producers(machine
             assert re.search(rf'"{effect}":\s*[\w.]*\b{fn}\b', source), (effect, fn)
     sent = set(re.findall(r'\.send\(Event\("(\w+)"', source))
     assert sent == {e for m, e in SENT if m == machine}
+
+
+def test_the_playout_glue_posts_only_events_the_arguments_treat_as_any_time() -> None:
+    """The playout runtime also posts names its glue functions compute: none of them may be
+    one of its timeouts, which 'never decided there' holds to their own states."""
+    from typing import get_args
+
+    from livekit.agents.voice.events import AgentState
+
+    from agent_runtime.playout import agent_state_event, avatar_change_event, link_change_event
+
+    avatar, link = MACHINES["avatar"].state_names, MACHINES["participant"].state_names
+    named = {agent_state_event(s) for s in get_args(AgentState)}
+    named |= {avatar_change_event(a, b) for a in avatar for b in avatar}
+    named |= {link_change_event(a, b) for a in link for b in link}
+    assert named - {None} <= POSTED["playout"]
+    timeouts = {s.timeout.event for s in MACHINES["playout"].states if s.timeout is not None}
+    assert timeouts and not timeouts & POSTED["playout"]
+    assert POSTED["playout"] | timeouts == set(MACHINES["playout"].events)
 
 
 def test_the_room_routes_only_post_events_the_arguments_treat_as_any_time() -> None:

@@ -14,7 +14,8 @@ is swapped in for the real spec (``swap``) and judged by the behaviour tests alo
   which catch any cell change by construction — and without the exploration tests, whose
   invariants are the next stage: what is left are the scenario files with their
   ``expect`` blocks, the runtime and lifecycle tests, the property tests;
-* the exploration of the composed job, to ``--explore-depth``, and its invariants.
+* the exploration of the composed job, to ``--explore-depth``, and its invariants; for
+  the playout machine (not part of that model) its own exploration and guarantees.
 
 Only the tests in which an actor decided the changed cell run (recorded once, on the
 unchanged specs): a test that never reaches the cell runs as before. A mutant nothing

@@ -38,6 +38,7 @@ SENT: frozenset[tuple[str, str]] = frozenset(
         ("finalize", "close"),
         ("participant", "close"),
         ("room_deletion", "allow"),
+        ("playout", "close"),
     }
 )
 
@@ -66,6 +67,24 @@ POSTED: dict[str, frozenset[str]] = {
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
     "room_deletion": frozenset({"request", "allow", "close"}),
     "finalize": frozenset({"request", "close"}),
+    # from the session's, the avatar's and the link's callbacks (its timeouts only from
+    # the actor)
+    "playout": frozenset(
+        {
+            "speech_created",
+            "agent_thinking",
+            "agent_speaking",
+            "agent_listening",
+            "speech_done",
+            "handed_off",
+            "playback_finished",
+            "interrupted",
+            "avatar_left",
+            "user_speaking",
+            "user_left",
+            "close",
+        }
+    ),
 }
 # where each machine's runtime lives, for the checks
 MODULES = {
@@ -75,6 +94,7 @@ MODULES = {
     "participant": "agent_runtime/participant.py",
     "room_deletion": "agent_runtime/room_deletion.py",
     "finalize": "agent_runtime/finalize.py",
+    "playout": "agent_runtime/playout.py",
 }
 
 

@@ -17,6 +17,7 @@ run, draws the same examples.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -71,6 +72,23 @@ def _explore(depth: int | None, specs: dict[str, Any] | None, stop_at_first: boo
     return explore(depth, specs=specs, count=False, stop_at_first=stop_at_first)
 
 
+# the playout machine is not in the composed job's model: its own exploration judges it,
+# in every option world its tests explore (watchdog on/off, 0 to 2 re-prompts)
+PLAYOUT_WORLDS = tuple((watchdog, n) for watchdog in (True, False) for n in (0, 1, 2))
+
+
+def _explore_playout(spec: Any) -> str:
+    """The first broken guarantee of the playout exploration with ``spec``, or ""."""
+    from agent_runtime.tools.explore.playout import explore_playout
+
+    for watchdog, n in PLAYOUT_WORLDS:
+        report = explore_playout(spec, watchdog=watchdog, max_reprompts=n)
+        if report.problems:
+            p = min(report.problems, key=lambda p: (p.check, len(p.path)))
+            return f"exploration: playout check {p} [watchdog={watchdog}, max_reprompts={n}]"
+    return ""
+
+
 class _Coverage:
     def __init__(self, job: dict[str, Any]) -> None:
         self.job = job
@@ -99,13 +117,15 @@ class _Coverage:
         out: dict[str, Any] = {"tests": self.tests, "explore": None}
         depth = self.job.get("explore_depth", -1)
         if depth is None or depth >= 0:
+            importlib.import_module("agent_runtime.tools.explore.playout")  # before the wrap
             t0 = time.perf_counter()
             visits = Visits()
             with visits.installed(pure=True):
                 report = _explore(depth, None, False)
+                playout = _explore_playout(MACHINES["playout"])
             out["explore"] = {
                 "depth": depth,
-                "ok": report.ok,
+                "ok": report.ok and not playout,
                 "seconds": time.perf_counter() - t0,
                 "cells": sorted(visits.cells),
             }
@@ -181,7 +201,11 @@ class _Mutants:
                 continue
             result["status"], result["by"] = "killed", f"{nodeid} ({outcome})"
             break
-        if result["status"] == "survived" and want["explore"]:
+        if result["status"] == "survived" and want["explore"] and m.machine == "playout":
+            found = _explore_playout(m.spec)
+            if found:
+                result["status"], result["by"] = "killed", found
+        elif result["status"] == "survived" and want["explore"]:
             with swapped(original, m.spec):
                 report = _explore(self.job["explore_depth"], {m.machine: m.spec}, True)
             if report.violations:
