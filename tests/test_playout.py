@@ -257,6 +257,31 @@ async def test_each_re_prompt_waits_the_safety_window_and_the_silence_again() ->
     await rig.aclose()
 
 
+@pytest.mark.parametrize("end", ["avatar_left", "playout_timeout"])
+async def test_a_turn_the_avatar_never_reported_still_arms_the_watchdog_from_its_end(
+    end: str,
+) -> None:
+    """The avatar leaves mid-utterance, or never reports within the bound: the silent user
+    is re-prompted after the window and the silence, counted from that end."""
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(3.0)
+    await rig.settle()
+    if end == "avatar_left":
+        await rig.advance(1.0)
+        rig.room.remove_participant(AVATAR, rtc.DisconnectReason.SIGNAL_CLOSE)
+        await rig.settle()
+    else:
+        await rig.advance(5.0)  # 3 s of audio + the 2 s margin
+    (done,) = rig.playout.done
+    assert done.cause == end
+    await rig.advance(5.9)
+    assert rig.reprompts == []
+    await rig.advance(0.2)
+    assert rig.reprompts == [(pytest.approx(done.t + 6.0), 1)]
+    await rig.aclose()
+
+
 async def test_with_room_audio_the_watchdog_arms_once_the_sdk_reports_the_playout() -> None:
     """No avatar: the agent's reply plays on the room's track, and the user who stays
     silent after it is re-prompted."""
