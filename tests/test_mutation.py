@@ -2,7 +2,8 @@
 runtime, the equivalence arguments hold for the code they rely on, and a run on one
 machine's cells kills what its tests notice.
 
-The full run (every machine, minutes) is not part of the suite; its figure is in the README.
+The full run (long: the playout machine alone takes about 13 minutes on two workers) is not
+part of the suite; its measured figures are in the README.
 """
 
 from __future__ import annotations

@@ -154,6 +154,11 @@ class _Mutants:
                     reports = runtestprotocol(items[nodeid], nextitem=None, log=False)
             except TestTimeout:
                 return "timeout"
+            except SystemError as e:
+                # the alarm went off inside the compiler while pytest formatted a failure
+                if "recursion depth mismatch" in str(e):
+                    return "timeout"
+                raise
             failed = [r for r in reports if r.failed]
             if any("TestTimeout" in str(r.longrepr) for r in failed):
                 return "timeout"
