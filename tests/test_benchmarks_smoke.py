@@ -32,6 +32,7 @@ def _well_formed(rows: list[Row], section: str) -> None:
         json.dumps(r.to_dict())  # serialisable as is
 
 
+@pytest.mark.snapshot  # a hand-written dispatch of the tables as written
 def test_dispatch_has_every_contender_and_both_targets() -> None:
     rows = dispatch.run(TINY)
     _well_formed(rows, "dispatch")
@@ -45,6 +46,7 @@ def test_dispatch_has_every_contender_and_both_targets() -> None:
     assert vs_sync.target == Target("<=", 2.0) and vs_sync.met is not None
 
 
+@pytest.mark.snapshot  # a hand-written dispatch of the tables as written
 @pytest.mark.parametrize("name", sorted(dispatch.WORKLOADS))
 async def test_every_contender_ends_where_the_table_says(name: str) -> None:
     w = dispatch.WORKLOADS[name]
