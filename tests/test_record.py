@@ -49,8 +49,6 @@ SCENARIOS = sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
 # the playout machine's inputs are the session's own (the agent's speech, the user's voice),
 # which the recorder does not rebuild yet: those scenarios are not round-tripped
 NOT_RECORDED = "record does not rebuild the agent's speech and the user's voice (playout)"
-# record infers retry_avatar's rejoin, not a restart policy's attempts and backoff
-NO_RETRY_POLICY = "record does not rebuild retry_avatar's attempts and backoff"
 
 
 def _round_trip_params() -> list[Any]:
@@ -60,8 +58,6 @@ def _round_trip_params() -> list[Any]:
             id=p.stem,
             marks=[pytest.mark.skip(reason=NOT_RECORDED)]
             if load_scenario(p).config.playout is not None
-            else [pytest.mark.skip(reason=NO_RETRY_POLICY)]
-            if p.stem == "avatar_retry_never_joins"
             else [],
         )
         for p in SCENARIOS
@@ -142,6 +138,46 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
     notes = comments(recorded)
     assert "what the session said or heard" in notes
     assert "no scenario step does that" not in notes  # every deletion request is explained
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        # grows by 3 and is capped at 5: 1, 3, 5 between the four starts
+        {"attempts": 3, "backoff": {"initial": 1.0, "multiplier": 3.0, "max": 5.0}},
+        # one restart: only the first delay is seen (the growth and cap stay the defaults)
+        {"attempts": 1, "backoff": {"initial": 2.5, "multiplier": 2.0, "max": 30.0}},
+    ],
+)
+def test_a_retry_policy_is_rebuilt_from_the_restarts_and_waits_it_caused(
+    policy: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    config = {"avatar_identity": "avatar-1", "join_timeout": 2, "retry_avatar": policy}
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "retried",
+                "config": config,
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "avatar.start"},
+                    {"at": 0.5, "event": "session.start"},
+                    {"at": 40, "event": "end"},
+                ],
+            }
+        )
+    )
+    original = simulate(scenario, capsys, "--trace", str(trace))
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    rebuilt = load_scenario(recorded).config.retry_avatar
+    assert rebuilt.model_dump(mode="json", exclude={"transient"}) == {
+        "rejoin": False,
+        **policy,
+    }
+    again = simulate(recorded, capsys)
+    assert by_machine(again["transitions"]) == by_machine(original["transitions"])
 
 
 @pytest.fixture
