@@ -332,9 +332,6 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._retry: AvatarRetry = avatar_retry(retry)
         self._attempts = 0  # restarts made so far
         self._cause = ""  # what ended the last attempt
-        # the last attempt's release: the next start waits for it (they begin together, the
-        # release as the row's effect, the start as the entered state's task)
-        self._releasing: asyncio.Task[None] | None = None
         self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
@@ -358,6 +355,8 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._swapping = False
         self._closing = False
         self._facts = _Facts(self)
+        # the failed attempt's release, while it runs: the next start waits for it
+        self._releasing: asyncio.Future[None] | None = None
 
         self._actor = Actor(
             AVATAR,
@@ -561,9 +560,12 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         """The state task of ``starting``; cancelled when the state is left."""
         session, room = self._session, self._room
         assert session is not None and room is not None
-        if self._releasing is not None:
-            # or the release would forget this attempt's route and remove its avatar
-            await asyncio.wait({self._releasing})
+        releasing, self._releasing = self._releasing, None
+        if releasing is not None:
+            # entering starting started this task before the row's release_attempt ran:
+            # the plugin starts again only once the failed attempt is closed and forgotten
+            # (the actor handles nothing else meanwhile: it awaits the release too)
+            await asyncio.gather(releasing, return_exceptions=True)
         self._take_prev_route()
         # the sink is recorded right after the plugin's last line, in this task, before
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
@@ -606,17 +608,16 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
                 await asyncio.gather(join, return_exceptions=True)
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
-    def _fx_release_attempt(self, ev: Event) -> asyncio.Task[None]:
+    def _fx_release_attempt(self, ev: Event) -> asyncio.Future[None]:
         """Before the plugin starts again: the failed attempt's session closed (its avatar
         participant removed, so that two avatars never answer), its sink retired and
-        forgotten. Bounded by the effect budget; a failure here is logged, not fatal. It
-        runs as a task begun here, which the entered state's start waits for (the state's
-        task begins first: the release would forget the new attempt's route)."""
-        task = asyncio.get_running_loop().create_task(
-            self._release_attempt(), name=f"avatar {self._avatar.avatar_identity}: release"
-        )
-        self._releasing = task
-        return task
+        forgotten. Bounded by the effect budget; a failure here is logged, not fatal.
+
+        Not a coroutine function: this part runs as the actor calls the handler, before
+        the task of ``starting`` (already created) first runs, so that task finds the
+        release and waits for it."""
+        self._releasing = asyncio.ensure_future(self._release_attempt())
+        return self._releasing
 
     async def _release_attempt(self) -> None:
         self._attempts += 1

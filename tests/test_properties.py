@@ -23,7 +23,8 @@ armed; nothing escaped a room callback, a task or a logger at ERROR (unless an i
 fault explains it). At the end: shutdown is asked and time passes, the job is ``closed`` and
 the explorer's ``eventual`` checks hold; every request the host took in was answered exactly
 once, with the reply its kind and payload call for; after closing everything no listener,
-task or timer is left.
+task or timer is left; every decision in the example's trace, replayed through the
+``transitions`` machines compiled from the specs, is the one the actors took.
 
 Sized for CI (~1 minute on two cores, a fixed seed); ``AGENT_RUNTIME_DEEP=1`` runs many more
 and longer examples with fresh randomness.
@@ -61,6 +62,7 @@ from agent_runtime.session_host import (
 )
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.tools.explore.checks import BY_NUMBER, eventual, safety, settled
+from agent_runtime.tools.replay import format_report, replay_records
 from tests.support.world import (
     AVATAR,
     PEOPLE,
@@ -619,6 +621,10 @@ class ComposedJob(RuleBasedStateMachine):
         self.nothing_escaped()
         left = w.leftovers()
         assert not left, "\n".join(left)
+        # every decision the actors took with `step`, taken again by the `transitions`
+        # machines compiled from the same specs
+        replayed = replay_records(enumerate(w.trace.records, 1), path="<this example>")
+        assert replayed.ok, format_report(replayed)
 
 
 def report_coverage(w: World) -> None:
