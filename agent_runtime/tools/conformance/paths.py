@@ -215,7 +215,7 @@ def rows_of_every_machine(model: Model) -> set[tuple[str, int]]:
 def covering_paths(
     configs: Iterable[Config],
     *,
-    groups: Iterable[Inputs] = ("job", "avatar"),
+    groups: Iterable[Inputs] = ("job", "avatar", "all"),
     depth: int = 9,
     budget: int = 20_000,
 ) -> tuple[list[Path], set[tuple[str, int]]]:

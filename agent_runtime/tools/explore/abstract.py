@@ -755,8 +755,9 @@ def _job_inputs(model: Model, w: World, cfg: Config, up: bool) -> Iterator[Input
             "finalize_simulation from someone not the simulator",
             (_stranger_asks),
         )
-    if up and w.reading:
-        # the host's other doors: no state of the model's changes, no reply it follows
+    if up and w.reading and model.inputs == "all":
+        # the host's other doors: no world of the model's changes (a self-loop in every
+        # world, left to the deep plans and the conformance replay)
         yield "ping", "the simulator sends another session request (ping)", _ping
         yield "malformed", "the simulator sends a malformed finalize_simulation", _malformed
     if w.sess_b == "none" and not w.host_actor_closed and w.host != "closed":
