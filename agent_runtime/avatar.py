@@ -313,6 +313,8 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._rpc_claimed = False
         self._swapping = False
         self._closing = False
+        # the failed attempt's release, while it runs: the next start waits for it
+        self._releasing: asyncio.Future[None] | None = None
 
         self._actor = Actor(
             AVATAR,
@@ -545,6 +547,12 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         """The state task of ``starting``; cancelled when the state is left."""
         session, room = self._session, self._room
         assert session is not None and room is not None
+        releasing, self._releasing = self._releasing, None
+        if releasing is not None:
+            # entering starting started this task before the row's release_attempt ran:
+            # the plugin starts again only once the failed attempt is closed and forgotten
+            # (the actor handles nothing else meanwhile: it awaits the release too)
+            await asyncio.gather(releasing, return_exceptions=True)
         self._take_prev_route()
         # the sink is recorded right after the plugin's last line, in this task, before
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
@@ -587,10 +595,18 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
                 await asyncio.gather(join, return_exceptions=True)
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
-    async def _fx_release_attempt(self, ev: Event) -> None:
+    def _fx_release_attempt(self, ev: Event) -> asyncio.Future[None]:
         """Before the plugin starts again: the failed attempt's session closed (its avatar
         participant removed, so that two avatars never answer), its sink retired and
-        forgotten. Bounded by the effect budget; a failure here is logged, not fatal."""
+        forgotten. Bounded by the effect budget; a failure here is logged, not fatal.
+
+        Not a coroutine function: this part runs as the actor calls the handler, before
+        the task of ``starting`` (already created) first runs, so that task finds the
+        release and waits for it."""
+        self._releasing = asyncio.ensure_future(self._release_attempt())
+        return self._releasing
+
+    async def _release_attempt(self) -> None:
         self._attempts += 1
         logger.info(
             "avatar %s: starting the plugin again (attempt %d of %d) after %s",

@@ -913,3 +913,42 @@ async def test_close_during_backoff_stops_the_timer() -> None:
     await rig.clock.advance(60)
     assert rig.avatar.start_calls == 1
     await rig.aclose()
+
+
+@pytest.mark.parametrize("reaction", ["close", "interrupt"])
+async def test_a_reaction_the_instant_the_avatar_fails_is_handled_in_failed(reaction: str) -> None:
+    """An app that closes the avatar, or a user who interrupts, at the very moment the
+    avatar fails (here from a ``state_changed`` listener): the machine takes it in
+    ``failed``, before the restore has reported. A close still restores the room audio and
+    closes the plugin; an interruption finishes the playout locally, sending nothing."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    closing: list[asyncio.Future[None]] = []
+
+    def on_change(ev: Any) -> None:
+        if ev.dest != "failed":
+            return
+        if reaction == "close":
+            closing.append(asyncio.ensure_future(rig.lifecycle.aclose()))
+        else:
+            rig.lifecycle.interrupt()
+            rig.session.interrupt()
+
+    rig.lifecycle.on("state_changed", on_change)
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    await asyncio.gather(*closing)
+    await settle()
+    assert route_of(rig.session) == "room"
+    assert rig.rpcs() == []
+    if reaction == "close":
+        assert rig.lifecycle.state == "closed" and rig.removed == [AVATAR]
+    else:
+        assert rig.lifecycle.state == "restored"
+        assert handle.done()  # not left to the session's 5 s interruption fallback
+    await rig.aclose()

@@ -18,6 +18,9 @@ from agent_runtime.avatar import AvatarLifecycle
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.avatar import AVATAR
 
+# a hand-written case per cell: any cell change fails here by construction
+pytestmark = pytest.mark.snapshot
+
 # how to reach each state from idle, with the guard values that path needs
 _ROUTING = [("start", {}), ("plugin_started", {})]
 _JOINED = [*_ROUTING, ("avatar_connected", {"has_video": True})]

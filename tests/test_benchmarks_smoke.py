@@ -32,6 +32,7 @@ def _well_formed(rows: list[Row], section: str) -> None:
         json.dumps(r.to_dict())  # serialisable as is
 
 
+@pytest.mark.snapshot  # a hand-written dispatch of the tables as written
 def test_dispatch_has_every_contender_and_both_targets() -> None:
     rows = dispatch.run(TINY)
     _well_formed(rows, "dispatch")
@@ -47,6 +48,7 @@ def test_dispatch_has_every_contender_and_both_targets() -> None:
     assert vs_otel.target == Target("<=", 1.0)
 
 
+@pytest.mark.snapshot  # a hand-written dispatch of the tables as written
 @pytest.mark.parametrize("name", sorted(dispatch.WORKLOADS))
 async def test_every_contender_ends_where_the_table_says(name: str) -> None:
     w = dispatch.WORKLOADS[name]

@@ -16,6 +16,9 @@ from agent_runtime.tools.cli import main
 from agent_runtime.tools.render import mermaid, terminal_table
 from statemachines.machines import MACHINES
 
+# the committed diagrams of the specs as written
+pytestmark = pytest.mark.snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

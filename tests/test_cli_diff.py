@@ -12,6 +12,9 @@ import pytest
 from agent_runtime.tools.cli import main
 from agent_runtime.tools.commands.diff import diff_tables
 
+# diffs of the specs as written
+pytestmark = pytest.mark.snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

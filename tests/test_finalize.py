@@ -102,6 +102,25 @@ async def test_a_second_finalize_gets_an_explicit_error_while_answering_and_afte
     await rig.host.aclose()
 
 
+async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_busy_error() -> None:
+    t = Setup()
+    rig = t.rig
+    await rig.host.start()
+    t.end.hold = True  # the verdict's reply is under way
+    first = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    assert t.fin.state == "replying"
+    # taken in once the send returns, before its outcome: still replying
+    second = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    t.end.release.set()
+    assert (await rig.sim.reply(first)).finalize_simulation.user_verdict.reason == "veto 1"
+    busy = await rig.sim.reply(second)
+    assert busy.error == "finalize_simulation was already being answered"
+    assert t.calls == 1 and rig.answered == [{"success": False, "reason": "veto 1"}]
+    await rig.host.aclose()
+
+
 async def test_the_host_closing_while_answering_gets_the_simulator_one_error_reply() -> None:
     t = Setup()
     rig = t.rig
@@ -159,6 +178,7 @@ REPLIES = {
 }
 
 
+@pytest.mark.snapshot  # pins each cell as written
 def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
     covered = {(s, t.split(":")[0]) for s, t in CELLS}
     assert covered == {(s, e) for s in FINALIZE.state_names for e in FINALIZE.events}
@@ -222,6 +242,7 @@ async def _cause(t: Setup, state: str, trigger: str) -> str | None:
     return None
 
 
+@pytest.mark.snapshot  # pins each cell as written
 @pytest.mark.parametrize(("state", "trigger"), list(CELLS), ids=[f"{s}-{t}" for s, t in CELLS])
 async def test_cell(state: str, trigger: str) -> None:
     outcome, dest, effects = CELLS[(state, trigger)]

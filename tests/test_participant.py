@@ -586,6 +586,7 @@ CASES = [
 ]
 
 
+@pytest.mark.snapshot  # pins each cell as written
 def test_the_cases_cover_every_cell_and_every_row() -> None:
     cells = {(c.state, c.event) for c in CASES}
     assert cells == {(s, e) for s in PARTICIPANT.state_names for e in PARTICIPANT.events}
@@ -613,6 +614,7 @@ async def _drive_to(world: World, link: ParticipantLink, state: str) -> None:
     await world.idle()
 
 
+@pytest.mark.snapshot  # pins each cell as written
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 async def test_every_cell_through_the_actor(world: World, case: Case) -> None:
     link = world.link(**dict(case.opts))
@@ -776,3 +778,28 @@ async def test_a_hung_session_close_shuts_the_job_down_when_wired(world: World) 
 
 async def _no_deletion() -> None:
     return None
+
+
+@pytest.mark.parametrize("where", ["grace", "closing"])
+async def test_aclose_while_waiting_on_the_user_or_the_close_ends_the_link_at_once(
+    world: World, where: str
+) -> None:
+    """Released while it waits for a rejoin (grace) or for a hung session close: the link
+    says ``closed`` and tells its listeners, and nothing of it fires later."""
+    if where == "grace":
+        world.room.add_participant("u")
+        await world.start_session()
+        link = world.link(grace_period=15.0)
+        link.start()
+        world.room.remove_participant("u", R.SIGNAL_CLOSE)
+        await world.idle()
+    else:
+        link = await _user_leaves_while_the_close_hangs(world)
+    assert link.state == where
+    timed_out: list[SessionCloseTimedOut] = []
+    link.on("close_timed_out", timed_out.append)
+    await link.aclose()
+    assert link.state == "closed"
+    assert world.states()[-1] == (where, "closed", "close")
+    await world.clock.advance(120.0)  # past the grace period and the close bound
+    assert (world.closes, timed_out) == ([], [])

@@ -21,6 +21,9 @@ from agent_runtime.tools.explore.paths import CoverageError, PathStep, cover
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 
+# paths planned from the specs as written
+pytestmark = pytest.mark.snapshot
+
 PLANS = {name: cover(spec) for name, spec in MACHINES.items()}
 
 

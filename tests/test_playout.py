@@ -244,6 +244,106 @@ async def test_the_user_leaving_disarms_it() -> None:
     await rig.aclose()
 
 
+async def test_each_re_prompt_waits_the_safety_window_and_the_silence_again() -> None:
+    """The user hears the re-prompts spaced as configured (window + silence), not faster."""
+    rig = PlayoutRig(max_reprompts=2)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()  # at 0: the window (1 s), then 5 s of silence
+    for _ in range(14):
+        await rig.advance(1.0)
+    assert rig.reprompts == [(pytest.approx(6.0), 1), (pytest.approx(12.0), 2)]
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("end", ["avatar_left", "playout_timeout"])
+async def test_a_turn_the_avatar_never_reported_still_arms_the_watchdog_from_its_end(
+    end: str,
+) -> None:
+    """The avatar leaves mid-utterance, or never reports within the bound: the silent user
+    is re-prompted after the window and the silence, counted from that end."""
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(3.0)
+    await rig.settle()
+    if end == "avatar_left":
+        await rig.advance(1.0)
+        rig.room.remove_participant(AVATAR, rtc.DisconnectReason.SIGNAL_CLOSE)
+        await rig.settle()
+    else:
+        await rig.advance(5.0)  # 3 s of audio + the 2 s margin
+    (done,) = rig.playout.done
+    assert done.cause == end
+    await rig.advance(5.9)
+    assert rig.reprompts == []
+    await rig.advance(0.2)
+    assert rig.reprompts == [(pytest.approx(done.t + 6.0), 1)]
+    await rig.aclose()
+
+
+async def test_with_room_audio_the_watchdog_arms_once_the_sdk_reports_the_playout() -> None:
+    """No avatar: the agent's reply plays on the room's track, and the user who stays
+    silent after it is re-prompted."""
+    rig = PlayoutRig(avatar=False)
+    await rig.start()
+    for state in ("thinking", "speaking", "listening"):  # the SDK's pipeline, as it goes
+        rig.session._update_agent_state(state)  # type: ignore[arg-type]
+    await rig.settle()
+    await rig.advance(5.9)
+    assert rig.reprompts == []
+    await rig.advance(0.2)  # the window (1 s) and 5 s of silence after the report
+    assert [a for _, a in rig.reprompts] == [1]
+    await rig.aclose()
+
+
+async def test_with_room_audio_a_user_speaking_at_the_end_is_not_re_prompted() -> None:
+    """No avatar, and the user is already speaking when the SDK reports the reply played:
+    the watchdog stays off (no re-prompt, however long the silence after) until the agent
+    replies again; then it arms as usual."""
+    rig = PlayoutRig(avatar=False)
+    await rig.start()
+    for state in ("thinking", "speaking"):
+        rig.session._update_agent_state(state)  # type: ignore[arg-type]
+    rig.user("speaking")
+    rig.session._update_agent_state("listening")
+    await rig.settle()
+    assert rig.playout.state == "idle"
+    rig.user("listening")
+    await rig.advance(30.0)
+    assert rig.reprompts == []
+    for state in ("thinking", "speaking", "listening"):
+        rig.session._update_agent_state(state)  # type: ignore[arg-type]
+    await rig.settle()
+    await rig.advance(6.1)
+    assert [a for _, a in rig.reprompts] == [1]
+    assert [d.cause for d in rig.playout.done] == ["agent_listening", "agent_listening"]
+    await rig.aclose()
+
+
+async def test_a_reply_queued_while_the_watchdog_arms_holds_the_re_prompt_off() -> None:
+    """The app queues a reply right after the last one was heard; its audio is slow to
+    come (not one frame out yet). The user is not re-prompted while it is pending."""
+    rig = PlayoutRig()
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(0.5)
+    assert rig.playout.state == "settling"
+    gate = asyncio.Event()
+    handle = rig.say(0.01, gate=gate)  # its only frame waits for the gate
+    await rig.settle()
+    await rig.advance(30.0)
+    assert rig.reprompts == [] and rig.playout.state == "agent_turn"
+    gate.set()
+    await rig.settle()
+    await rig.report()
+    await rig.settle()
+    assert handle.done()
+    await rig.aclose()
+
+
 async def test_the_default_re_prompt_asks_the_llm_with_the_configured_instructions() -> None:
     model = AskedLLM()
     rig = PlayoutRig(
@@ -383,6 +483,7 @@ CELLS: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+@pytest.mark.snapshot  # pins each cell as written
 def test_every_cell_of_the_spec_is_in_the_cell_table() -> None:
     assert set(CELLS) == {(s, e) for s in PLAYOUT.state_names for e in PLAYOUT.events}
     for (s, e), (outcome, _) in CELLS.items():
@@ -464,6 +565,7 @@ async def _cause(rig: PlayoutRig, gate: asyncio.Event, state: str, event: str) -
     await rig.settle()
 
 
+@pytest.mark.snapshot  # pins each cell as written
 @pytest.mark.parametrize(("state", "event"), list(CELLS), ids=[f"{s}-{e}" for s, e in CELLS])
 async def test_cell(state: str, event: str) -> None:
     outcome, dest = CELLS[(state, event)]

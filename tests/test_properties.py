@@ -19,7 +19,9 @@ forwarded; no request gets two replies; once the job left ``serving`` it is ``cl
 a room callback, a task or a logger at ERROR (unless an injected fault explains it).
 At the end: shutdown is asked and time passes, the job is ``closed``; every request the host
 took in was answered exactly once, with the reply its kind and payload call for; after
-closing everything no listener, task or timer is left.
+closing everything no listener, task or timer is left; every decision in the example's
+trace, replayed through the ``transitions`` machines compiled from the specs, is the one
+the actors took.
 
 Sized for CI (~1 minute on two cores, a fixed seed); ``AGENT_RUNTIME_DEEP=1`` runs many more
 and longer examples with fresh randomness.
@@ -56,6 +58,7 @@ from agent_runtime.session_host import (
     NOT_THE_SIMULATOR,
 )
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.tools.replay import format_report, replay_records
 from tests.support.world import (
     AVATAR,
     PEOPLE,
@@ -650,6 +653,10 @@ class ComposedJob(RuleBasedStateMachine):
         self.nothing_escaped()
         left = w.leftovers()
         assert not left, "\n".join(left)
+        # every decision the actors took with `step`, taken again by the `transitions`
+        # machines compiled from the same specs
+        replayed = replay_records(enumerate(w.trace.records, 1), path="<this example>")
+        assert replayed.ok, format_report(replayed)
 
 
 def report_coverage(w: World) -> None:

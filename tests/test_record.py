@@ -140,6 +140,46 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
     assert "no scenario step does that" not in notes  # every deletion request is explained
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        # grows by 3 and is capped at 5: 1, 3, 5 between the four starts
+        {"attempts": 3, "backoff": {"initial": 1.0, "multiplier": 3.0, "max": 5.0}},
+        # one restart: only the first delay is seen (the growth and cap stay the defaults)
+        {"attempts": 1, "backoff": {"initial": 2.5, "multiplier": 2.0, "max": 30.0}},
+    ],
+)
+def test_a_retry_policy_is_rebuilt_from_the_restarts_and_waits_it_caused(
+    policy: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    config = {"avatar_identity": "avatar-1", "join_timeout": 2, "retry_avatar": policy}
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "retried",
+                "config": config,
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "avatar.start"},
+                    {"at": 0.5, "event": "session.start"},
+                    {"at": 40, "event": "end"},
+                ],
+            }
+        )
+    )
+    original = simulate(scenario, capsys, "--trace", str(trace))
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    rebuilt = load_scenario(recorded).config.retry_avatar
+    assert rebuilt.model_dump(mode="json", exclude={"transient"}) == {
+        "rejoin": False,
+        **policy,
+    }
+    again = simulate(recorded, capsys)
+    assert by_machine(again["transitions"]) == by_machine(original["transitions"])
+
+
 @pytest.fixture
 def example_env() -> Iterator[None]:
     keep = {k: os.environ.get(k) for k in ("AGENT_TRACE", "AGENT_AVATAR")}

@@ -21,6 +21,9 @@ from agent_runtime.tools.render import (
 from statemachines import Effect, MachineSpec, State, StateTimeout, cells, row
 from statemachines.machines import MACHINES
 
+# renderings of the specs as written
+pytestmark = pytest.mark.snapshot
+
 # names with every character Mermaid, DOT or Markdown treat specially
 ODD = MachineSpec(
     name="odd:machine;1",

@@ -6,9 +6,10 @@ checks, against that golden cell rather than against the spec itself:
 
 * the spec declares the same cell;
 * the pure ``step`` decides as the golden rows say, for every combination of the cell's
-  guard values (the first row whose guards all hold wins; ignore/reject cells never move);
-* the compiled ``transitions`` machine holds the same rows, in the same order, with the
-  same conditions and after-callbacks (ignore/reject cells hold none).
+  guard values (the first row whose guards all hold wins; ignore/reject cells never move).
+
+(The compiled ``transitions`` machine is checked against ``step`` by running both, in
+``test_compiled.py``.)
 
 So changing a cell (a destination, a guard, an effect, transition <-> ignore <-> reject)
 fails the test named ``machine-state-event``. After an intended change to a machine,
@@ -29,9 +30,11 @@ import pytest
 
 from agent_runtime.tools.render import cell_table, describe_cell
 from statemachines import MachineSpec, Row, SpecError, step
-from statemachines.compiled import compile_machine, compiled_rows
 from statemachines.machines import MACHINES
 from statemachines.spec import Cell
+
+# the golden tables: any cell change fails here by construction
+pytestmark = pytest.mark.snapshot
 
 TABLES = Path(__file__).parent / "tables"
 GOLDEN: dict[str, Any] = {p.stem: json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json"))}
@@ -93,16 +96,6 @@ def check_cell(spec: MachineSpec, golden: Any, state: str, event: str) -> None:
             want, state, values
         ), f"{where}: step with guards {values} gave {st}"
 
-    machine = compile_machine(spec)
-    compiled = [
-        (t.dest, [(c.func, c.target) for c in t.conditions], list(t.after))
-        for t in machine.get_transitions(trigger=event, source=state)
-    ]
-    declared = [
-        (r["dest"], [(g, True) for g in r["guards"]], r["effects"]) for r in want.get("rows", [])
-    ]
-    assert compiled == declared, f"{where}: the compiled machine holds {compiled}"
-
 
 @pytest.mark.parametrize(("machine", "state", "event"), _cell_ids())
 def test_cell(machine: str, state: str, event: str) -> None:
@@ -120,7 +113,7 @@ def test_golden_table_pins_the_initial_state(machine: str) -> None:
 
 
 @pytest.mark.parametrize("machine", MACHINES)
-def test_table_is_total_and_compiled_rows_match(machine: str) -> None:
+def test_table_is_total(machine: str) -> None:
     spec = MACHINES[machine]
     declared = Counter(
         [*{(r.source, r.event) for r in spec.rows}]
@@ -130,9 +123,6 @@ def test_table_is_total_and_compiled_rows_match(machine: str) -> None:
     assert set(declared) == cells, f"undeclared or unknown cells: {set(declared) ^ cells}"
     twice = [c for c, n in declared.items() if n > 1]
     assert not twice, f"cells declared more than once: {twice}"
-    assert Counter(compiled_rows(spec)) == Counter(
-        (r.source, r.event, r.dest, r.guards) for r in spec.rows
-    )
 
 
 # -- the tests above catch every single-cell change ---------------------------------------

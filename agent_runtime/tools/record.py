@@ -23,7 +23,8 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
 - the config the events reveal: the avatar's identity, a simulation (a hold was needed, or
   the finalize machine took a request as a simulation's), the agent's verdict, a room that
   connected late, a zero grace period, ``close_on_disconnect`` off, a configured
-  participant identity, ``retry_avatar``, ``delete_room_on_close`` (the room deletion asked
+  participant identity, ``retry_avatar`` (its rejoin, and the restarts and backoff waits
+  seen), ``delete_room_on_close`` (the room deletion asked
   for by the job's close work, or as the attached session's close was reported).
 
 The ``expect`` block holds the final state of every machine seen in the trace and the
@@ -49,7 +50,7 @@ from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
 from statemachines.session_host import REQUESTS
 
-from ..settings import DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
+from ..settings import ALL_CAUSES, DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
 from ..testing.scenario import CLOSE_REASONS, Config
 from ..trace import TraceRecord
 
@@ -239,6 +240,7 @@ class _Builder:
         self._room(facts, replay, avatar_identity)
         self._inputs(primary, ending)
         self._settings()
+        self._retry()
         self._deletion()
         self._stand_ins()
         return Recorded(self._scenario(name, primary), self.notes)
@@ -626,7 +628,7 @@ class _Builder:
                 since = entered.get((m, r.source), 0.0)
                 value = after if isinstance(after, int | float) else r.t - since
                 fired.setdefault(spec[1], float(value))
-                if spec[1] not in Config.model_fields:
+                if spec[1] not in Config.model_fields and spec[1] != "retry_backoff":
                     self.note(
                         f"t={r.t:g}: {m} left {r.source} on {r.event} after {float(value):g}s; "
                         f"a scenario cannot set {spec[1]}, and what {r.source} waited for "
@@ -672,6 +674,50 @@ class _Builder:
                 self.config[setting] = float(math.floor(held[(m, s)]) + 1)
         if refused_eligible and linked is not None:
             self.config["participant_identity"] = linked
+
+    def _retry(self) -> None:
+        """``retry_avatar``'s restarts and backoff, from the avatar's own decisions: each
+        ``failed -> backoff`` is a restart the policy allowed, each wait in ``backoff`` one of
+        its delays. The rebuilt policy allows exactly the restarts seen (a trace that ends
+        before the policy gave up shows no more); a cause refused while restarts were still
+        to come was not transient."""
+        restarts: list[str] = []
+        refused: list[tuple[int, str]] = []  # (restarts done then, cause)
+        delays: list[float] = []
+        since: float | None = None
+        for r in self.records:
+            if r.kind != "transition" or r.machine != "avatar":
+                continue
+            if r.source == "failed" and r.event == "route_restored":
+                cause = str(r.data.get("cause", ""))
+                if r.dest == "backoff":
+                    restarts.append(cause)
+                elif r.guards.get("retry_left") is False:
+                    refused.append((len(restarts), cause))
+            if r.dest == "backoff" and r.source != "backoff":
+                since = r.t
+            elif r.source == "backoff" and r.event == "backoff_elapsed" and since is not None:
+                after = r.data.get("after")
+                delays.append(float(after) if isinstance(after, int | float) else r.t - since)
+                since = None
+        if not restarts:
+            return
+        policy: dict[str, Any] = {"attempts": len(restarts)}
+        if delays:
+            initial = delays[0]
+            multiplier = delays[1] / initial if len(delays) > 1 and initial > 0 else 2.0
+            multiplier = min(10.0, max(1.0, multiplier))
+            grown = [initial * multiplier**n for n in range(len(delays))]
+            # a delay short of the growth is the cap; otherwise the default cap, or above
+            capped = [d for d, g in zip(delays, grown, strict=True) if d < g - 1e-9]
+            cap = min(capped) if capped else max(30.0, max(delays))
+            policy["backoff"] = {"initial": initial, "multiplier": multiplier, "max": cap}
+        not_transient = {c for done, c in refused if done < len(restarts)} - set(restarts)
+        if not_transient:
+            policy["transient"] = sorted(ALL_CAUSES - not_transient)
+        if self.config.get("retry_avatar") is True:
+            policy["rejoin"] = True
+        self.config["retry_avatar"] = policy
 
     def _deletion(self) -> None:
         """``delete_room_on_close``, from who asked for the room's deletion. With it, the

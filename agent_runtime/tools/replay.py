@@ -1,10 +1,12 @@
-"""Offline replay of a JSONL trace through the pure step function.
+"""Offline replay of a JSONL trace through the ``transitions`` machines compiled from the specs.
 
 Every decision record (``transition``, ``ignore``, ``reject``) carries the guard values the
 actor consulted. Replay starts each (machine, instance) in its spec's initial state, feeds
-the recorded events through ``statemachines.step`` with those guard values, and stops at the
-first record where the recording and the spec disagree: a different source state, outcome,
-destination or effects, or a guard the spec needs that the recording never consulted.
+the recorded events through the compiled machine (``statemachines.compiled.reference_step``)
+with those guard values, and stops at the first record where the recording and the spec
+disagree: a different source state, outcome, destination or effects, or a guard the spec
+needs that the recording never consulted. The actor decides with ``statemachines.step``;
+replay re-decides with a second implementation, so a fault in either shows.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from statemachines import MachineSpec, step
+from statemachines import MachineSpec
+from statemachines.compiled import reference_step
 from statemachines.machines import MACHINES
 
 from .. import files
@@ -212,7 +215,7 @@ def _compare(
             return False
         return rec.guards[name]
 
-    st = step(spec, current, rec.event, check)
+    st = reference_step(spec, current, rec.event, check)
     expected = Decision(st.outcome, st.source, st.dest, list(st.effects))
     if rec.source != current:
         return f"recorded source {rec.source!r}, replay is in {current!r}", expected

@@ -1,0 +1,23 @@
+"""The behaviour-only mutation score of the machines: which one-cell changes do the tests
+that assert behaviour notice?
+
+    python -m agent_runtime.tools.mutation                 # every machine (long)
+    python -m agent_runtime.tools.mutation --machine job --json out.json
+
+Every single-cell change of every machine in ``statemachines.machines.MACHINES`` is built
+(``mutants``); one the spec model refuses cannot load and is not counted. Each other one
+is swapped in for the real spec (``swap``) and judged by the behaviour tests alone
+(``worker``):
+
+* the suite without the tests marked ``snapshot`` — the golden tables, the hand-written
+  per-cell tables, and the paths and counterexamples derived from the specs as written,
+  which catch any cell change by construction — and without the exploration tests, whose
+  invariants are the next stage: what is left are the scenario files with their
+  ``expect`` blocks, the runtime and lifecycle tests, the property tests;
+* the exploration of the composed job, to ``--explore-depth``, and its invariants; for
+  the playout machine (not part of that model) its own exploration and guarantees.
+
+Only the tests in which an actor decided the changed cell run (recorded once, on the
+unchanged specs): a test that never reaches the cell runs as before. A mutant nothing
+notices survives, unless ``equivalent`` argues that no one could notice it.
+"""

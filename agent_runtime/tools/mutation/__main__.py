@@ -1,0 +1,9 @@
+"""``python -m agent_runtime.tools.mutation``: the behaviour-only mutation score."""
+
+from __future__ import annotations
+
+import sys
+
+from .run import main
+
+sys.exit(main())

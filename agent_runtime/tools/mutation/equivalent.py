@@ -1,0 +1,173 @@
+"""The mutants no one can tell apart from the machines as written, and why.
+
+Three arguments, each checked against the code it relies on (``tests/test_mutation.py``):
+
+* **decision record only.** Making an ignore cell reject or an internal transition with no
+  effects (or the reverse) changes, for an event that arrives by ``Actor.post``, only the
+  record of the decision: the trace's kind and, for a reject, an INFO log line. The actor
+  does the same for all three (no state change, no exit or entry, no effect, no timer or
+  task touched; ``post`` never raises). The record pins the table as written, as the golden
+  tables do. An event some caller awaits with ``Actor.send`` (``SENT``) is not covered: a
+  reject raises ``EventRejected`` to it.
+* **never decided there.** The actor drops a timeout, or an invoke task's outcome, that
+  belongs to a state it has left (a state's generation), and decides an effect's outcome
+  event after the events already queued. So an event produced only by state timeouts,
+  invoke tasks and row effects (``PRODUCERS``: the functions of the runtime that construct
+  it) reaches only the states ``possible_states`` computes; a cell outside them is never
+  decided, and no change to it can show.
+* **by hand**: ``BY_HAND``, a pattern over mutant labels (``fnmatch``) and its argument.
+
+A mutant one of them covers is not run (``--check-arguments`` runs them too: a kill then
+means the argument is wrong).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from statemachines import MachineSpec
+from statemachines.machines import MACHINES
+
+from .mutants import Mutant
+
+# events a runtime awaits with Actor.send (a reject raises EventRejected to the caller)
+SENT: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("avatar", "start"),
+        ("avatar", "close"),
+        ("finalize", "close"),
+        ("participant", "close"),
+        ("room_deletion", "allow"),
+        ("playout", "close"),
+    }
+)
+
+# (machine, event) -> {effect: the runtime function that constructs the event}, for every
+# event the runtime constructs only inside effect handlers (the actor itself constructs
+# timeouts and effects' error events); any other constructed event may come at any time
+PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
+    ("avatar", "plugin_started"): {"start_plugin": "_fx_start_plugin"},
+    ("avatar", "no_route"): {"start_plugin": "_fx_start_plugin"},
+    ("avatar", "route_restored"): {"restore_route": "_fx_restore_route"},
+    ("avatar", "clear_buffer_done"): {"follow_plugin_clear": "_fx_follow_plugin_clear"},
+    ("job", "close_done"): {"run_close": "_run_close"},
+    ("session_host", "drained"): {"drain": "_drain"},
+    ("room_deletion", "delete_done"): {"delete_room": "_delete"},
+    ("finalize", "verdict_ready"): {"compute_verdict": "_compute_verdict"},
+    ("finalize", "delivered"): {"send_verdict": "_send_verdict"},
+}
+# events the runtimes construct outside effect handlers (their API, callbacks from the
+# session, the host or the room): these may come at any time
+POSTED: dict[str, frozenset[str]] = {
+    "avatar": frozenset({"start", "close", "interrupt", "playback_finished", "avatar_connected"}),
+    "job": frozenset({"shutdown", "session_closed", "finalize_answered"}),
+    "session_host": frozenset(
+        {"attach", "detach", "session_closed", "request", "finalize", "bad_request", "close"}
+    ),
+    "participant": frozenset({"participant_connected", "session_closed", "close"}),
+    "room_deletion": frozenset({"request", "allow", "close"}),
+    "finalize": frozenset({"request", "close"}),
+    # from the session's, the avatar's and the link's callbacks (its timeouts only from
+    # the actor)
+    "playout": frozenset(
+        {
+            "speech_created",
+            "agent_thinking",
+            "agent_speaking",
+            "agent_listening",
+            "speech_done",
+            "handed_off",
+            "playback_finished",
+            "interrupted",
+            "avatar_left",
+            "user_speaking",
+            "user_left",
+            "close",
+        }
+    ),
+}
+# where each machine's runtime lives, for the checks
+MODULES = {
+    "avatar": "agent_runtime/avatar.py",
+    "job": "agent_runtime/job.py",
+    "session_host": "agent_runtime/session_host.py",
+    "participant": "agent_runtime/participant.py",
+    "room_deletion": "agent_runtime/room_deletion.py",
+    "finalize": "agent_runtime/finalize.py",
+    "playout": "agent_runtime/playout.py",
+}
+
+
+def possible_states(spec: MachineSpec, event: str, *, routed: frozenset[str]) -> set[str] | None:
+    """The states in which ``event`` can be decided, when every producer of it is a state
+    timeout, an invoke task or a row effect; None when something else may post it
+    (``routed``: the events room facts post)."""
+    if event in routed or event in POSTED.get(spec.name, ()):
+        return None
+    effects = {e.name for e in spec.effects if e.error_event == event}
+    effects |= set(PRODUCERS.get((spec.name, event), {}))
+    timers = {s.name for s in spec.states if s.timeout is not None and s.timeout.event == event}
+    if not effects and not timers:
+        return None  # nothing produces it: not a cell the argument can speak for
+    # every event an effect of those can end with: one run yields one of them
+    outcomes = {event}
+    for name in effects:
+        err = spec.effect(name).error_event
+        if err is not None:
+            outcomes.add(err)
+        outcomes |= {e for (m, e), by in PRODUCERS.items() if m == spec.name and name in by}
+    states = set(timers)
+    for name in effects:
+        states |= {s.name for s in spec.states if name in s.invoke}
+        for r in spec.rows:
+            if name in r.effects:
+                states |= _closure(spec, r.dest or r.source, outcomes)
+    return states
+
+
+def _closure(spec: MachineSpec, start: str, outcomes: set[str]) -> set[str]:
+    """The states reachable from ``start`` on events other than ``outcomes`` (any of which
+    may be queued before the effect's outcome)."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        cur = todo.pop()
+        for r in spec.rows:
+            if r.source == cur and r.event not in outcomes and r.dest and r.dest not in seen:
+                seen.add(r.dest)
+                todo.append(r.dest)
+    return seen
+
+
+RECORD_ONLY = (
+    " ignore -> reject",
+    " reject -> ignore",
+    " ignore -> internal",
+    " reject -> internal",
+)
+
+BY_HAND: tuple[tuple[str, str], ...] = ()
+
+
+def _routed(machine: str) -> frozenset[str]:
+    from statemachines.routing import routes_for
+
+    return frozenset(r.event for r in routes_for(machine))
+
+
+def argument(m: Mutant) -> str | None:
+    """Why no one can tell ``m`` from the machine as written, or None."""
+    for pattern, why in BY_HAND:
+        if fnmatch.fnmatchcase(m.label, pattern):
+            return why
+    if m.label.endswith(RECORD_ONLY) and (m.machine, m.event) not in SENT:
+        return "decision record only: the event is posted, ignore/reject/internal no-op act alike"
+    spec = m.spec or MACHINES.get(m.machine)
+    if spec is not None:
+        where = possible_states(spec, m.event, routed=_routed(m.machine))
+        if where is not None and m.state not in where:
+            return (
+                f"never decided there: {m.event!r} comes only from timeouts, tasks and "
+                f"effects of {', '.join(sorted(where))}"
+            )
+    return None

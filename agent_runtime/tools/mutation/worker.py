@@ -1,0 +1,254 @@
+"""One process of a mutation run: ``python -m agent_runtime.tools.mutation.worker JOB.json``.
+
+``coverage``: run the behaviour tests once on the unchanged specs (pytest, in this
+process) and record, for each test, its outcome, its time and the cells the actors
+decided; then the cells the exploration steps, to the job's depth.
+
+``mutants``: collect the tests the job names once, then for each mutant: swap it in, run
+its tests fastest first until one fails (a test that fails is run again on the unchanged
+specs and counts only if it passes there), then, if none did and the exploration reaches
+its cell, explore with it. Each test runs under a time budget; one that runs past it is a
+failure (the user would be waiting too).
+
+Hypothesis draws part of its data from constants in the project's loaded modules; a worker
+loads other modules than the suite does, so they are left out here: every worker, and every
+run, draws the same examples.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statemachines.machines import MACHINES
+
+from .mutants import Mutant, mutants_of
+from .swap import Visits, swapped
+
+# the marker of tests that pin the specs as written (left out of the behaviour-only run)
+SNAPSHOT = "snapshot"
+
+
+class TestTimeout(Exception):
+    """The test ran past its budget under a mutant."""
+
+
+@contextmanager
+def _budget(seconds: float) -> Iterator[None]:
+    def expire(signum: int, frame: Any) -> None:
+        raise TestTimeout(f"still running after {seconds:.0f}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _same_examples_everywhere() -> None:
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - hypothesis is a dev dependency
+        return
+    empty = providers.Constants()  # type: ignore[attr-defined]
+    providers._get_local_constants = lambda: empty
+
+
+def _explore(depth: int | None, specs: dict[str, Any] | None, stop_at_first: bool) -> Any:
+    from agent_runtime.tools.explore import explore
+
+    return explore(depth, specs=specs, count=False, stop_at_first=stop_at_first)
+
+
+# the playout machine is not in the composed job's model: its own exploration judges it,
+# in every option world its tests explore (watchdog on/off, 0 to 2 re-prompts)
+PLAYOUT_WORLDS = tuple((watchdog, n) for watchdog in (True, False) for n in (0, 1, 2))
+
+
+def _explore_playout(spec: Any) -> str:
+    """The first broken guarantee of the playout exploration with ``spec``, or ""."""
+    from agent_runtime.tools.explore.playout import explore_playout
+
+    for watchdog, n in PLAYOUT_WORLDS:
+        report = explore_playout(spec, watchdog=watchdog, max_reprompts=n)
+        if report.problems:
+            p = min(report.problems, key=lambda p: (p.check, len(p.path)))
+            return f"exploration: playout check {p} [watchdog={watchdog}, max_reprompts={n}]"
+    return ""
+
+
+class _Coverage:
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.visits = Visits()
+        self.tests: dict[str, dict[str, Any]] = {}
+
+    def _entry(self, nodeid: str) -> dict[str, Any]:
+        return self.tests.setdefault(nodeid, {"seconds": 0.0, "outcome": "passed", "cells": []})
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Iterator[None]:
+        self.visits.cells = set()
+        with self.visits.installed():
+            yield
+        self._entry(item.nodeid)["cells"] = sorted(self.visits.cells)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        e = self._entry(report.nodeid)
+        e["seconds"] += report.duration
+        if report.failed:
+            e["outcome"] = "failed"
+        elif report.skipped and e["outcome"] == "passed":
+            e["outcome"] = "skipped"
+
+    def finish(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tests": self.tests, "explore": None}
+        depth = self.job.get("explore_depth", -1)
+        if depth is None or depth >= 0:
+            importlib.import_module("agent_runtime.tools.explore.playout")  # before the wrap
+            t0 = time.perf_counter()
+            visits = Visits()
+            with visits.installed(pure=True):
+                report = _explore(depth, None, False)
+                playout = _explore_playout(MACHINES["playout"])
+            out["explore"] = {
+                "depth": depth,
+                "ok": report.ok and not playout,
+                "seconds": time.perf_counter() - t0,
+                "cells": sorted(visits.cells),
+            }
+        return out
+
+
+class _Mutants:
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.results: list[dict[str, Any]] = []
+        self.visits = Visits()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: Any) -> bool:
+        self.judge_all({item.nodeid: item for item in session.items})
+        return True
+
+    def judge_all(self, items: dict[str, Any]) -> None:
+        from _pytest.runner import runtestprotocol
+
+        built: dict[str, list[Mutant]] = {}
+
+        def run(nodeid: str, budget: float) -> str:
+            try:
+                with _budget(budget):
+                    reports = runtestprotocol(items[nodeid], nextitem=None, log=False)
+            except TestTimeout:
+                return "timeout"
+            except SystemError as e:
+                # the alarm went off inside the compiler while pytest formatted a failure
+                if "recursion depth mismatch" in str(e):
+                    return "timeout"
+                raise
+            failed = [r for r in reports if r.failed]
+            if any("TestTimeout" in str(r.longrepr) for r in failed):
+                return "timeout"
+            return "failed" if failed else "passed"
+
+        for want in self.job["mutants"]:
+            machine = want["machine"]
+            if machine not in built:
+                built[machine] = mutants_of(MACHINES[machine])
+            m = built[machine][want["index"]]
+            assert m.key == want["key"] and m.spec is not None, want
+            self.results.append(self.judge(m, want, run))
+            with open(self.job["out"] + ".log", "a") as log:
+                r = self.results[-1]
+                log.write(
+                    f"{m.key} {r['status']} after {r['tests_run']} tests, {r['seconds']:.1f}s: "
+                    f"{m.label}  {r['by']}\n"
+                )
+
+    def judge(self, m: Mutant, want: dict[str, Any], run: Any) -> dict[str, Any]:
+        assert m.spec is not None
+        original = MACHINES[m.machine]
+        t0 = time.perf_counter()
+        result: dict[str, Any] = {
+            "key": m.key,
+            "status": "survived",
+            "by": "",
+            "tests_run": 0,
+            "exercised": 0,  # tests in which an actor decided the changed cell
+            "flaky": [],
+        }
+        self.visits.watch = (m.spec, m.state, m.event)
+        for nodeid, seconds in want["tests"]:
+            budget = max(5.0, 10 * seconds)
+            self.visits.watched = False
+            with self.visits.installed(), swapped(original, m.spec):
+                outcome = run(nodeid, budget)
+            result["tests_run"] += 1
+            result["exercised"] += self.visits.watched
+            if outcome == "passed":
+                continue
+            # a kill counts only if the same test passes on the unchanged specs
+            if run(nodeid, budget) != "passed":
+                result["flaky"].append(nodeid)
+                continue
+            result["status"], result["by"] = "killed", f"{nodeid} ({outcome})"
+            break
+        if result["status"] == "survived" and want["explore"] and m.machine == "playout":
+            found = _explore_playout(m.spec)
+            if found:
+                result["status"], result["by"] = "killed", found
+        elif result["status"] == "survived" and want["explore"]:
+            with swapped(original, m.spec):
+                report = _explore(self.job["explore_depth"], {m.machine: m.spec}, True)
+            if report.violations:
+                v = min(report.violations, key=lambda v: (v.invariant, len(v.steps)))
+                result["status"] = "killed"
+                result["by"] = f"exploration: invariant {v.invariant} ({v.detail})"
+        result["seconds"] = time.perf_counter() - t0
+        return result
+
+
+def main(argv: list[str]) -> int:
+    (job_path,) = argv
+    job = json.loads(Path(job_path).read_text())
+    os.environ.setdefault("PROPS_DEV", "1")  # property tests: report the first failure as found
+    _same_examples_everywhere()
+    args = ["-p", "no:cacheprovider", "-q", "--no-header", "-W", "ignore"]
+    if job["mode"] == "coverage":
+        cov = _Coverage(job)
+        code = pytest.main(
+            [*args, "-m", f"not {SNAPSHOT}", *job["ignore"], *job["paths"]], plugins=[cov]
+        )
+        if code not in (0, 1):  # 1: some tests failed (they are left out of the selection)
+            print(f"coverage run failed: pytest exit {code}", file=sys.stderr)
+            return 2
+        Path(job["out"]).write_text(json.dumps(cov.finish()))
+        return 0
+    muts = _Mutants(job)
+    nodeids = sorted({nodeid for m in job["mutants"] for nodeid, _ in m["tests"]})
+    if nodeids:
+        code = pytest.main([*args, *nodeids], plugins=[muts])
+        if code not in (0, 1):
+            print(f"mutant run failed: pytest exit {code}", file=sys.stderr)
+            return 2
+    else:  # the exploration alone judges these
+        muts.judge_all({})
+    Path(job["out"]).write_text(json.dumps(muts.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

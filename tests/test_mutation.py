@@ -1,0 +1,235 @@
+"""The mutation tool (``python -m agent_runtime.tools.mutation``): the swap reaches the
+runtime, the equivalence arguments hold for the code they rely on, and a run on one
+machine's cells kills what its tests notice.
+
+The full run (long: the playout machine alone takes about 13 minutes on two workers) is not
+part of the suite; its measured figures are in the README.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
+from agent_runtime.tools.explore.mutate import set_cell, set_dest
+from agent_runtime.tools.mutation.equivalent import MODULES, POSTED, PRODUCERS, SENT, argument
+from agent_runtime.tools.mutation.mutants import Mutant, all_mutants, mutants_of
+from agent_runtime.tools.mutation.run import main
+from agent_runtime.tools.mutation.swap import Visits, swapped
+from statemachines import MachineSpec, Row
+from statemachines.machines import MACHINES
+from statemachines.routing import ROUTES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def test_a_swapped_spec_is_what_a_runtime_built_meanwhile_runs() -> None:
+    import agent_runtime.job
+    import statemachines.job
+    from tests.support.job_rig import JobRig
+
+    job = MACHINES["job"]
+    mutant = MachineSpec.model_validate(
+        set_dest(job, "serving", "shutdown", "closing", guards=["hold_needed"]).model_dump()
+    )
+    with swapped(job, mutant) as places:
+        assert places >= 3  # MACHINES, statemachines.job, agent_runtime.job at least
+        assert MACHINES["job"] is mutant and agent_runtime.job.JOB is mutant
+        rig = JobRig(simulator=True)
+        assert rig.runtime.actor.spec is mutant
+        visits = Visits()
+        visits.watch = (mutant, "serving", "shutdown")
+        with visits.installed():
+            await rig.runtime.start()
+            rig.runtime.shutdown("asked")
+            await rig.settle()
+        # with the simulator present the real table holds; the mutant closes at once
+        assert rig.runtime.state in ("closing", "closed")
+        assert ("job", "serving", "shutdown") in visits.cells and visits.watched
+        await rig.clock.advance(30)
+        await rig.runtime.aclose()
+    assert MACHINES["job"] is job and statemachines.job.JOB is job
+    assert agent_runtime.job.JOB is job
+
+
+def test_mutants_are_numbered_alike_and_refused_ones_say_why() -> None:
+    spec = MACHINES["room_deletion"]
+    a, b = mutants_of(spec), mutants_of(spec)
+    assert [m.label for m in a] == [m.label for m in b]
+    refused = [m for m in a if m.spec is None]
+    assert refused and all(m.refused.startswith("machine 'room_deletion'") for m in refused)
+    with pytest.raises(ValueError, match="no machine 'nope'"):
+        all_mutants(["nope"])
+
+
+# -- the equivalence arguments, against the code they rely on --------------------------------
+
+
+def _constructed(machine: str) -> set[tuple[str, str]]:
+    """(event, enclosing function) of every ``Event("name", ...)`` and ``self._post("name",
+    ...)`` in the runtime module."""
+    tree = ast.parse((ROOT / MODULES[machine]).read_text())
+    out: set[tuple[str, str]] = set()
+
+    def walk(node: ast.AST, fn: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else fn
+            if (
+                isinstance(child, ast.Call)
+                and (
+                    (isinstance(child.func, ast.Name) and child.func.id == "Event")
+                    or (isinstance(child.func, ast.Attribute) and child.func.attr == "_post")
+                )
+                and child.args
+                and isinstance(child.args[0], ast.Constant)
+            ):
+                out.add((str(child.args[0].value), name))
+            walk(child, name)
+
+    walk(tree, "")
+    return out
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_every_event_a_runtime_constructs_is_posted_or_a_named_producers(machine: str) -> None:
+    """An event missing from POSTED (or constructed by another function than PRODUCERS
+    says) would make 'never decided there' argue for a cell that can be reached."""
+    assert machine in MODULES and machine in POSTED, f"no runtime module listed for {machine}"
+    source = (ROOT / MODULES[machine]).read_text()
+    for event, fn in _constructed(machine):
+        producers = PRODUCERS.get((machine, event))
+        if producers is None:
+            assert event in POSTED[machine], f"{machine}: {fn} constructs {event!r}"
+        else:
+            assert fn in producers.values(), f"{machine}: {fn} constructs {event!r}"
+    for (m, event), producers in PRODUCERS.items():
+        if m != machine:
+            continue
+        assert event not in POSTED[machine]
+        for effect, fn in producers.items():
+            assert (event, fn) in _constructed(machine)
+            # the function is the handler of that effect
+            assert re.search(rf'"{effect}":\s*[\w.]*\b{fn}\b', source), (effect, fn)
+    sent = set(re.findall(r'\.send\(Event\("(\w+)"', source))
+    assert sent == {e for m, e in SENT if m == machine}
+
+
+def test_the_playout_glue_posts_only_events_the_arguments_treat_as_any_time() -> None:
+    """The playout runtime also posts names its glue functions compute: none of them may be
+    one of its timeouts, which 'never decided there' holds to their own states."""
+    from typing import get_args
+
+    from livekit.agents.voice.events import AgentState
+
+    from agent_runtime.playout import agent_state_event, avatar_change_event, link_change_event
+
+    avatar, link = MACHINES["avatar"].state_names, MACHINES["participant"].state_names
+    named = {agent_state_event(s) for s in get_args(AgentState)}
+    named |= {avatar_change_event(a, b) for a in avatar for b in avatar}
+    named |= {link_change_event(a, b) for a in link for b in link}
+    assert named - {None} <= POSTED["playout"]
+    timeouts = {s.timeout.event for s in MACHINES["playout"].states if s.timeout is not None}
+    assert timeouts and not timeouts & POSTED["playout"]
+    assert POSTED["playout"] | timeouts == set(MACHINES["playout"].events)
+
+
+def test_the_room_routes_only_post_events_the_arguments_treat_as_any_time() -> None:
+    from agent_runtime.tools.mutation.equivalent import possible_states
+
+    for r in ROUTES:
+        routed = frozenset(x.event for x in ROUTES if x.machine == r.machine)
+        assert possible_states(MACHINES[r.machine], r.event, routed=routed) is None
+
+
+async def test_ignore_reject_and_an_internal_no_op_do_the_same_for_a_posted_event() -> None:
+    """The premise of 'decision record only': only the trace's kind differs."""
+    base = MACHINES["participant"]
+    cell = ("linked", "participant_connected")  # an ignore cell
+    variants = {
+        "ignore": base,
+        "reject": set_cell(base, *cell, kind="reject"),
+        "internal": set_cell(base, *cell, rows=[Row(source=cell[0], event=cell[1], dest=None)]),
+    }
+    seen = {}
+    for name, spec in variants.items():
+        clock, sink = VirtualClock(), MemorySink()
+        ran: list[str] = []
+        actor = Actor(
+            spec,
+            effects={e.name: (lambda ev, n=e.name, r=ran: r.append(n)) for e in spec.effects},
+            guards={g: (lambda ev: True) for g in spec.guards},
+            clock=clock,
+            tracer=Tracer(sink),
+        )
+        actor.post(Event("participant_connected", {"identity": "u"}))
+        await actor.join()
+        assert actor.state == "linked"
+        before = (ran[:], actor.timer_armed, actor.live_tasks, actor.entered_at)
+        actor.post(Event("participant_connected", {"identity": "u"}))
+        await actor.join()
+        seen[name] = (actor.state, ran[len(before[0]) :], actor.timer_armed, actor.live_tasks)
+        assert actor.entered_at == before[3]  # not left and entered again
+        assert sink.records[-1].kind == ("transition" if name == "internal" else name)
+        await actor.aclose()
+    assert len(set(map(str, seen.values()))) == 1, seen
+
+
+def test_what_the_arguments_cover() -> None:
+    def m(machine: str, label: str) -> Mutant:
+        spec = MACHINES[machine]
+        return next(x for x in mutants_of(spec) if x.label == label)
+
+    assert argument(m("job", "job (serving, close_done) ignore -> closing")) is not None
+    assert argument(m("job", "job (closing, close_done) -> serving")) is None
+    assert argument(m("job", "job (closing, shutdown) ignore -> reject")) is not None
+    # a sent event: a reject would raise to the caller
+    assert argument(m("room_deletion", "room_deletion (allowed, allow) ignore -> reject")) is None
+
+
+# -- the tool, on a few cells of one machine ---------------------------------------------------
+
+
+def test_a_run_on_one_machine_kills_what_its_tests_notice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "verdicts.json"
+    code = main(
+        [
+            "--machine",
+            "room_deletion",
+            "--cell",
+            "requested,allow",
+            "--cell",
+            "kept,delete_done",
+            "--tests",
+            "tests/test_room_deletion.py",
+            "--explore-depth",
+            "-1",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    verdicts = {v["label"]: v for v in doc["mutants"]}
+    # every other destination of (requested, allow) is noticed by a room-deletion test
+    moved = verdicts["room_deletion (requested, allow) -> kept"]
+    assert moved["status"] == "killed" and "tests/test_room_deletion.py::" in moved["by"]
+    # a deletion result never reaches 'kept': the actor drops its stale task's outcome
+    stale = verdicts["room_deletion (kept, delete_done) ignore -> requested"]
+    assert stale["status"] == "equivalent" and stale["by"].startswith("never decided there")
+    # a final state cannot be left: the spec model refuses it
+    assert verdicts["room_deletion (requested, allow) -> deleted"]["status"] in (
+        "killed",
+        "refused",
+    )
+    assert "behaviour-only mutation score" in printed and "room_deletion" in printed
+    assert code == (1 if any(v["status"] == "survived" for v in doc["mutants"]) else 0)
