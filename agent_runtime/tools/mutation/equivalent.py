@@ -50,11 +50,11 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
     ("avatar", "no_route"): {"start_plugin": "_fx_start_plugin"},
     ("avatar", "route_restored"): {"restore_route": "_fx_restore_route"},
     ("avatar", "clear_buffer_done"): {"follow_plugin_clear": "_fx_follow_plugin_clear"},
-    ("job", "close_done"): {"run_close": "_run_close"},
-    ("session_host", "drained"): {"drain": "_drain"},
-    ("room_deletion", "delete_done"): {"delete_room": "_delete"},
-    ("finalize", "verdict_ready"): {"compute_verdict": "_compute_verdict"},
-    ("finalize", "delivered"): {"send_verdict": "_send_verdict"},
+    ("job", "close_done"): {"run_close": "_fx_run_close"},
+    ("session_host", "drained"): {"drain": "_fx_drain"},
+    ("room_deletion", "delete_done"): {"delete_room": "_fx_delete_room"},
+    ("finalize", "verdict_ready"): {"compute_verdict": "_fx_compute_verdict"},
+    ("finalize", "delivered"): {"send_verdict": "_fx_send_verdict"},
 }
 # events the runtimes construct outside effect handlers (their API, callbacks from the
 # session, the host or the room): these may come at any time

@@ -5,8 +5,8 @@ as ``JOB`` by ``agent_runtime.job``, and so on) and the tools from
 ``statemachines.machines.MACHINES``. ``swapped`` replaces the spec object by identity in
 every loaded module's namespace and in ``MACHINES``, and puts it back after; an actor
 built meanwhile runs the changed table. ``Visits`` records the (machine, state, event)
-cells the actors decide, by wrapping ``Actor._handle``, the one place every event of every
-actor is decided.
+cells the actors decide, by wrapping ``Actor._step``, the one place every event of every
+actor is decided (a mailbox drained in a loop callback and one drained by a task alike).
 """
 
 from __future__ import annotations
@@ -92,24 +92,24 @@ class Visits:
     def installed(self, *, pure: bool = False) -> Iterator[Visits]:
         from agent_runtime.actor import Actor, Event
 
-        original = Actor._handle
+        original = Actor._step
         real_step = step  # a local: the module's own name is replaced too
         visits = self
 
-        async def handle(actor: Actor, event: Event) -> Step:
+        def deciding(actor: Actor, event: Event) -> tuple[Step, bool]:
             visits.visit(actor.spec, actor.state, event.name)
-            return await original(actor, event)
+            return original(actor, event)
 
         def stepping(spec: MachineSpec, state: str, event: str, guards: Any = None) -> Any:
             visits.visit(spec, state, event)
             return real_step(spec, state, event, guards)
 
-        Actor._handle = handle  # type: ignore[method-assign,assignment]
+        Actor._step = deciding  # type: ignore[method-assign,assignment]
         if pure:
             _replace(real_step, stepping)
         try:
             yield self
         finally:
-            Actor._handle = original  # type: ignore[method-assign]
+            Actor._step = original  # type: ignore[method-assign]
             if pure:
                 _replace(stepping, real_step)
