@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -170,7 +171,11 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
     ``Reprompted``).
 
     It does not own the session, the avatar or the link: ``aclose()`` only stops following.
+    ``done`` and ``reprompted`` keep the last ``HISTORY`` of each (a long session's turns
+    must not grow a job's memory).
     """
+
+    HISTORY = 256
 
     def __init__(
         self,
@@ -213,8 +218,8 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
         self._cut_at: float | None = None
         self._speeches: set[asyncio.Task[None]] = set()
         self._started = False
-        self.done: list[PlayoutDone] = []
-        self.reprompted: list[Reprompted] = []
+        self.done: deque[PlayoutDone] = deque(maxlen=self.HISTORY)
+        self.reprompted: deque[Reprompted] = deque(maxlen=self.HISTORY)
         self._actor = Actor(
             PLAYOUT,
             instance=instance or "session",  # a trace names every instance

@@ -641,6 +641,21 @@ async def test_a_hung_room_deletion_is_cut_at_close_timeout_and_logged(
     await rt.aclose()
 
 
+async def test_a_job_without_delete_room_on_close_never_deletes_the_room() -> None:
+    """The close work allows a deletion nobody asked for; releasing the job then must not
+    run one."""
+    rig = JobRig(simulation=None)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("done")
+    await rig.settle()
+    assert (rt.state, rt.deletion.state) == ("closed", "allowed")
+    await rt.aclose()
+    await rig.settle()
+    await rig.clock.advance(60)
+    assert (rt.deletion.state, rt.room_deleted_at, rig.deletions) == ("closed", None, [])
+
+
 # -- only the simulator gets the verdict -------------------------------------------------------
 
 

@@ -54,6 +54,23 @@ async def test_a_silent_avatar_gets_the_audio_plus_the_margin_then_the_agent_lis
     await rig.aclose()
 
 
+async def test_a_long_session_keeps_only_the_last_turns() -> None:
+    """A session of many turns: what the tracker keeps of them stays bounded."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    turns = rig.playout.HISTORY + 5
+    for _ in range(turns):
+        rig.say(1.0)
+        await rig.settle()
+        await rig.advance(3.0)  # 1 s of audio + the 2 s margin: each turn times out
+    assert rig.playout.state == "idle"
+    done = list(rig.playout.done)
+    assert len(done) == rig.playout.HISTORY
+    # the oldest were dropped: the first kept is turn 6's, the last is the last turn's
+    assert done[0].t == pytest.approx(6 * 3.0) and done[-1].t == pytest.approx(turns * 3.0)
+    await rig.aclose()
+
+
 async def test_the_avatars_report_ends_the_wait() -> None:
     rig = PlayoutRig(reprompt=False)
     await rig.start()

@@ -6,7 +6,7 @@ as ``JOB`` by ``agent_runtime.job``, and so on) and the tools from
 every loaded module's namespace and in ``MACHINES``, and puts it back after; an actor
 built meanwhile runs the changed table. ``Visits`` records the (machine, state, event)
 cells the actors decide, by wrapping ``Actor._step``, the one place every event of every
-actor is decided (whether its effects are then awaited or not).
+actor is decided (a mailbox drained in a loop callback and one drained by a task alike).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Visits:
         real_step = step  # a local: the module's own name is replaced too
         visits = self
 
-        def decide(actor: Actor, event: Event) -> tuple[Step, bool]:
+        def deciding(actor: Actor, event: Event) -> tuple[Step, bool]:
             visits.visit(actor.spec, actor.state, event.name)
             return original(actor, event)
 
@@ -104,7 +104,7 @@ class Visits:
             visits.visit(spec, state, event)
             return real_step(spec, state, event, guards)
 
-        Actor._step = decide  # type: ignore[method-assign,assignment]
+        Actor._step = deciding  # type: ignore[method-assign,assignment]
         if pure:
             _replace(real_step, stepping)
         try:
