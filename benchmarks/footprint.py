@@ -23,7 +23,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 from .config import Config
 from .table import Row, Target
-from .timing import Stopwatch
+from .timing import GcTimer, Stopwatch
 
 SECTION = "footprint"
 JOB_MACHINES = ("avatar", "job", "session_host", "participant", "room_deletion", "finalize")
@@ -83,22 +82,6 @@ def job_builder() -> Callable[[int], tuple[Any, ...]]:
     return build
 
 
-class _GcTimer:
-    """CPU time spent inside the cyclic collector, and collections per generation."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.collections = [0, 0, 0]
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.thread_time()
-        else:
-            self.seconds += time.thread_time() - self._t0
-            self.collections[info["generation"]] += 1
-
-
 def _full_collection() -> float:
     """CPU seconds one full collection takes over what the process holds now."""
     sw = Stopwatch()
@@ -123,7 +106,7 @@ def child(n: int, mode: str) -> dict[str, Any]:
             assert len(jobs) == n
             return {"jobs": n, "bytes": after - before}
         full_before = _full_collection()
-        timer = _GcTimer()
+        timer = GcTimer()
         gc.callbacks.append(timer)
         sw = Stopwatch()
         jobs = [build(i) for i in range(n)]

@@ -37,7 +37,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from typing import Any
 
 from .config import Config
 from .table import Row, Target
-from .timing import Stopwatch
+from .timing import GcTimer, Stopwatch
 
 SECTION = "jobs"
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,27 +213,6 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class _GcTimer:
-    """CPU time spent inside the cyclic collector, and collections per generation."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.collections = [0, 0, 0]
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.thread_time()
-        else:
-            self.seconds += time.thread_time() - self._t0
-            self.collections[info["generation"]] += 1
-
-    def take(self) -> dict[str, Any]:
-        out = {"gc_seconds": self.seconds, "gc_collections": list(self.collections)}
-        self.seconds, self.collections = 0.0, [0, 0, 0]
-        return out
-
-
 def _quiet_loop() -> None:
     # the SDK's own background tasks may end with an error once their room is gone; a
     # benchmark prints its table, not their tracebacks (the checks above catch a broken job)
@@ -276,7 +254,7 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
             await settle()
             _check(jobs, "closed")
             return out
-        timer = _GcTimer()
+        timer = GcTimer()
         rss0 = _rss()
         gc.callbacks.append(timer)
         sw = Stopwatch()

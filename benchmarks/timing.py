@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +30,24 @@ class Stopwatch:
     def lap(self) -> Lap:
         cpu = time.thread_time() - self._cpu0
         return Lap(cpu=cpu, wall=time.perf_counter() - self._wall0)
+
+
+class GcTimer:
+    """CPU time spent inside the cyclic collector, and collections per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._t0
+            self.collections[info["generation"]] += 1
+
+    def take(self) -> dict[str, Any]:
+        out = {"gc_seconds": self.seconds, "gc_collections": list(self.collections)}
+        self.seconds, self.collections = 0.0, [0, 0, 0]
+        return out
