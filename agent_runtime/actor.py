@@ -437,42 +437,30 @@ class Actor(Emitter[str]):
             consulted = {}
             st = entry.decide(self._guard_check(event, consulted))
         tracing = self._tracing()
-        if st.outcome != "transition":
-            if st.outcome == "reject":
-                logger.info("%s rejects %r in state %r", self._who(), event.name, st.source)
-            if tracing:
-                self._record(
-                    TraceRecord(
-                        self.clock.now(),
-                        st.outcome,
-                        self.spec.name,
-                        self.instance,
-                        event=event.name,
-                        source=st.source,
-                        dest=st.dest,
-                        guards=consulted or {},
-                        data=dict(event.data),
-                    )
-                )
-            return st, tracing
-        if st.changed:
-            self._leave_state()
-        self._state = st.dest
+        moved = st.outcome == "transition"
+        if moved:
+            if st.changed:
+                self._leave_state()
+            self._state = st.dest
+        elif st.outcome == "reject":
+            logger.info("%s rejects %r in state %r", self._who(), event.name, st.source)
         if tracing:
             self._record(
                 TraceRecord(
                     self.clock.now(),
-                    "transition",
+                    st.outcome,
                     self.spec.name,
                     self.instance,
                     event=event.name,
                     source=st.source,
                     dest=st.dest,
-                    effects=list(st.effects),
+                    effects=list(st.effects) if moved else [],
                     guards=consulted or {},
                     data=dict(event.data),
                 )
             )
+        if not moved:
+            return st, tracing
         if st.changed:
             self._enter_state()
             if self._events.get("state_changed"):

@@ -38,7 +38,7 @@ from .room_deletion import DeleteRoomFn, RoomDeletion
 from .room_events import RoomEventAdapter, RoomFact
 from .routing import Wiring, follow, guard_table, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
-from .session_transport import RoomRequestTransport, SenderAware
+from .session_transport import RoomRequestTransport, sender_aware
 from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -148,7 +148,7 @@ class JobRuntime(Emitter[str]):
         instance = room.name or "job"
         if transport is None:
             transport = RoomRequestTransport(room)
-        elif not isinstance(transport, SenderAware):
+        elif not sender_aware(transport):
             logger.warning(
                 "the session transport %s cannot say who sent a request: every "
                 "finalize_simulation will be refused (use RoomRequestTransport)",
