@@ -80,6 +80,8 @@ from tests.support.world import (
 T = TypeVar("T")
 
 DEEP = os.environ.get("AGENT_RUNTIME_DEEP", "") not in ("", "0")
+# the mutation tool judges hundreds of mutants with this test and may ask for fewer examples
+EXAMPLES = int(os.environ.get("AGENT_RUNTIME_PROPS_EXAMPLES") or (2000 if DEEP else 200))
 
 REASONS = [rtc.DisconnectReason.Name(v) for v in rtc.DisconnectReason.values()]
 CLOSE_REASONS = [r.value for r in CloseReason]
@@ -711,7 +713,7 @@ class _suppress_all:
 
 
 ComposedJob.TestCase.settings = settings(
-    max_examples=2000 if DEEP else 200,
+    max_examples=EXAMPLES,
     stateful_step_count=60 if DEEP else 40,
     deadline=None,
     derandomize=not DEEP,

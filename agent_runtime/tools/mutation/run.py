@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from .mutants import Mutant, all_mutants
 DEFAULT_PATHS = ("tests", "examples/scenarios")
 IGNORED = ("tests/test_explore.py", "tests/test_explore_cli.py")
 DEFAULT_DEPTH = 6
+PROPS_EXAMPLES = "AGENT_RUNTIME_PROPS_EXAMPLES"
 
 
 @dataclass
@@ -179,9 +181,11 @@ def summary(verdicts: Sequence[Verdict]) -> dict[str, dict[str, int]]:
 
 
 def format_report(verdicts: Sequence[Verdict], seconds: dict[str, float], workers: int) -> str:
+    examples = os.environ.get(PROPS_EXAMPLES)
     lines = [
         "behaviour-only mutation score: single-cell mutants of every machine, judged by the "
         "behaviour tests and the exploration (golden and per-cell tables left out)",
+        *([f"property tests at {examples} examples each"] if examples else []),
         "",
         f"{'machine':<14}{'mutants':>8}{'refused':>8}{'valid':>7}{'killed':>8}"
         f"{'equiv.':>8}{'survived':>9}   score",
@@ -243,6 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_DEPTH,
         help=f"the exploration stage's depth (default {DEFAULT_DEPTH}; -1: no exploration)",
     )
+    ap.add_argument(
+        "--props-examples",
+        type=int,
+        metavar="N",
+        help="examples per property test (default: the suite's own); fewer makes a "
+        "surviving mutant cheaper to judge and the judgement weaker",
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--coverage", metavar="FILE", help="reuse (or, if absent, write) this")
     ap.add_argument("--json", metavar="FILE", help="write every verdict here")
@@ -256,6 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("run it from the repository root (where tests/ and pyproject.toml are)")
     if args.workers < 1:
         ap.error("--workers must be at least 1")
+    if args.props_examples is not None:
+        if args.props_examples < 1:
+            ap.error("--props-examples must be at least 1")
+        # read by tests/test_properties.py in every worker (they inherit the environment)
+        os.environ[PROPS_EXAMPLES] = str(args.props_examples)
     t0 = time.perf_counter()
     try:
         mutants = all_mutants(args.machine)
@@ -293,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seconds": seconds,
                     "workers": args.workers,
                     "explore_depth": depth,
+                    "props_examples": args.props_examples,
                     "mutants": [v.as_dict() for v in verdicts],
                 },
                 indent=1,
