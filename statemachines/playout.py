@@ -14,7 +14,8 @@ Once playout is done and the linked user is silent, the watchdog arms after a sa
 on expiry calls the re-prompt, at most ``max_reprompts`` times in a row, then hands over
 (``exhausted``: the session closing, or waiting for the user, as configured). The user
 speaking or leaving, or a new agent turn, disarms it; only the user's speech (or departure)
-resets the count.
+resets the count, wherever it comes (a user who answers a re-prompt over the agent
+answered it).
 
 Guards (the runtime's view when the event is handled): ``avatar_joined`` (the avatar
 machine is ``joined`` or ``clearing``), ``watchdog_on`` (re-prompts are configured),
@@ -130,6 +131,10 @@ PLAYOUT = MachineSpec(
         *row("watching", "reprompt_timeout", "exhausted", effects=["hand_over"]),
         *row([*QUIET, "exhausted"], "user_speaking", "idle", effects=["reset_reprompts"]),
         *row([*QUIET, "exhausted"], "user_left", "idle", effects=["reset_reprompts"]),
+        # the user who answers over the agent (or leaves) answered too: the count starts
+        # again; playout goes on, and its end reads the user
+        *row(["idle", *TURN], "user_speaking", None, effects=["reset_reprompts"]),
+        *row(["idle", *TURN], "user_left", None, effects=["reset_reprompts"]),
         *row(LIVE, "close", "closed"),
     ),
     ignore=(
@@ -148,8 +153,6 @@ PLAYOUT = MachineSpec(
         *cells(["agent_turn", *REST], "playback_finished", "not waiting for the avatar"),
         *cells(REST, "interrupted", "nothing of the agent's is playing"),
         *cells(["agent_turn", *REST], "avatar_left", "not waiting for the avatar"),
-        *cells(TURN, ["user_speaking", "user_left"], "playout first; the guards read the user"),
-        *cells("idle", ["user_speaking", "user_left"], "the watchdog is off"),
         *cells(["agent_turn", *REST], "playout_timeout", "a stale timer"),
         *cells(["idle", *TURN, "watching", "exhausted"], "window_elapsed", "a stale timer"),
         *cells(["idle", *TURN, "settling", "exhausted"], "reprompt_timeout", "a stale timer"),

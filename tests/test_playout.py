@@ -248,6 +248,33 @@ async def test_exhausted_waits_for_the_user_whose_speech_starts_the_count_again(
     await rig.aclose()
 
 
+async def test_a_user_who_answers_a_re_prompt_over_the_agent_gets_the_count_again() -> None:
+    """One re-prompt allowed, then close: the user answers the re-prompt by speaking over
+    it, so the next silence gets a re-prompt again, not the session closed on them."""
+    rig = PlayoutRig(max_reprompts=1, when_exhausted="close")
+    closed: list[Any] = []
+    rig.session.on("close", closed.append)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    await rig.advance(6.0)
+    assert [a for _, a in rig.reprompts] == [1]
+    rig.say(2.0)  # the re-prompt is spoken
+    await rig.settle()
+    rig.user("speaking")  # and answered over it
+    await rig.advance(1.0)
+    rig.user("listening")
+    await rig.report(2.0)
+    rig.say(1.0)  # the agent's reply
+    await rig.settle()
+    await rig.report()
+    await rig.advance(6.0)  # the user is silent again
+    assert [a for _, a in rig.reprompts] == [1, 1]
+    assert closed == [] and rig.playout.state == "settling"
+    await rig.aclose()
+
+
 async def test_the_user_leaving_disarms_it() -> None:
     rig = PlayoutRig()
     await rig.start()
@@ -486,6 +513,12 @@ CELLS: dict[tuple[str, str], tuple[str, str]] = {
     **{(s, "handed_off"): ("transition", "remote_playout") for s in ("agent_turn", *REST)},
     **{(s, "close"): ("transition", "closed") for s in PLAYOUT.state_names if s != "closed"},
     **{(s, e): ("transition", "idle") for s in REST[1:] for e in ("user_speaking", "user_left")},
+    # the count starts again, nothing else changes (internal)
+    **{
+        (s, e): ("transition", s)
+        for s in ("idle", "agent_turn", "remote_playout")
+        for e in ("user_speaking", "user_left")
+    },
     ("agent_turn", "agent_listening"): ("transition", "settling"),
     ("agent_turn", "speech_done"): ("transition", "settling"),
     ("agent_turn", "interrupted"): ("transition", "remote_playout"),

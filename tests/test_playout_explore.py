@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agent_runtime.tools.explore.playout import Report, explore_playout
-from statemachines import Cell, MachineSpec, State
+from statemachines import Cell, MachineSpec, Row, State
 from statemachines.playout import PLAYOUT
 
 
@@ -74,6 +74,36 @@ def test_a_wait_for_the_avatar_without_its_bound_is_caught() -> None:
     fields = PLAYOUT.model_dump(exclude={"states"})
     found = _problems(explore_playout(MachineSpec(**fields, states=states)))
     assert found["unbounded_wait"] == ["handed_off"]
+
+
+def test_a_count_deaf_to_a_user_answering_over_the_agent_is_caught() -> None:
+    found = _problems(
+        explore_playout(_ignoring("remote_playout", "user_speaking"), max_reprompts=1)
+    )
+    path = found["watchdog_silent"]
+    assert path[path.index("reprompt_timeout") :][:3] == [
+        "reprompt_timeout",
+        "handed_off",
+        "user_speaks",
+    ]
+
+
+def test_a_close_that_does_not_close_is_caught() -> None:
+    found = _problems(explore_playout(_ignoring("watching", "close")))
+    assert found["not_closed"][-1] == "close"
+
+
+def test_a_stray_report_that_disarms_the_watchdog_is_caught() -> None:
+    spec = PLAYOUT.model_copy(
+        update={
+            "rows": (*PLAYOUT.rows, Row(source="watching", event="playback_finished", dest="idle")),
+            "ignore": tuple(
+                c for c in PLAYOUT.ignore if (c.state, c.event) != ("watching", "playback_finished")
+            ),
+        }
+    )
+    found = _problems(explore_playout(spec))
+    assert found["moved_by_noise"][-1] == "playback_finished"
 
 
 def test_a_negative_count_is_refused() -> None:

@@ -11,13 +11,32 @@ applied to it. Checked in every world and on every step:
 - ``avatar_gone``: never waiting in ``remote_playout`` for an avatar that is not joined;
 - ``reprompt_over_audio``: a re-prompt never runs while agent audio is pending or the user
   is not there and silent;
-- ``reprompt_count``: never more than ``max_reprompts`` re-prompts in a row;
+- ``reprompt_count``: never more than ``max_reprompts`` re-prompts since the user last
+  spoke or left;
 - ``armed_over_audio``: the watchdog is never armed (``settling``/``watching``) while agent
   audio is pending;
 - ``unbounded_wait``: with nothing happening but the machine's own timers, it comes to rest
   (a state without a timer, never ``remote_playout``) within ``2 * max_reprompts + 3``
   timeouts;
-- ``rejected``: no input is ever refused (the session's events are facts, not requests).
+- ``rejected``: no input is ever refused (the session's events are facts, not requests);
+- ``unwatched_audio``: agent audio handed to a joined avatar is always waited for
+  (``remote_playout``), so its end is reported or bounded;
+- ``turn_not_followed``: once the agent starts a turn (a speech queued, thinking, speaking)
+  the machine follows it (``agent_turn`` or ``remote_playout``): the watchdog is disarmed;
+- ``turn_not_ended``: the SDK's own playout report (``agent_listening``) ends the turn, and
+  the avatar's ``lk.playback_finished`` ends the wait for it;
+- ``watchdog_misarmed``: when a turn ends, the watchdog arms (``settling``) exactly when it
+  is on and the user is there and silent, and is off (``idle``) otherwise; it is never
+  armed while it is off, and the user speaking or leaving disarms it;
+- ``watchdog_silent``: once armed, the machine's own timers alone lead to a re-prompt,
+  or to the hand-over once ``max_reprompts`` went unanswered since the user last spoke or
+  left (wherever that was: over the agent too); a silent user is never left in silence;
+- ``not_closed``: the session's close ends the machine (``closed``) from every state, and
+  nothing else does;
+- ``moved_by_noise``: the machine moves only on what concerns it: at rest, the user (who
+  disarms it), a new turn, audio at a joined avatar or its own timers; in a turn, the
+  turn's end, audio or a cut at a joined avatar; waiting for the avatar, the end of that
+  wait; and a state's timer is not restarted by an event that does not set it again.
 
 Pure: no runtime, no clock. ``explore_playout`` returns what it found, with the shortest
 input sequence reaching each problem.
@@ -35,6 +54,9 @@ from statemachines.playout import PLAYOUT
 
 User = Literal["listening", "speaking", "gone"]
 AT_REST = frozenset({"idle", "agent_turn", "exhausted", "closed"})
+TURN = frozenset({"agent_turn", "remote_playout"})  # the agent's audio is not done
+ARMED = frozenset({"settling", "watching"})
+STARTS_A_TURN = frozenset({"speech_created", "agent_thinking", "agent_speaking"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +65,8 @@ class World:
     joined: bool = True  # the avatar is joined
     user: User = "listening"
     pending: bool = False  # agent audio handed to the joined avatar, not yet played or ended
-    reprompts: int = 0
+    reprompts: int = 0  # the machine's count (its effects keep it)
+    unanswered: int = 0  # re-prompts since the user last spoke or left (the world's count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +119,14 @@ INPUTS: tuple[Input, ...] = (
         lambda w: replace(w, pending=False),
         "playback_finished",
     ),
-    ("interrupted", _always, _same, "interrupted"),
+    # a cut while a joined avatar has (or is about to have) the agent's audio: its sink
+    # asks the avatar to clear, and the avatar's word on the cut is what ends the turn
+    (
+        "interrupted",
+        _always,
+        lambda w: replace(w, pending=w.pending or (w.joined and w.state in TURN)),
+        "interrupted",
+    ),
     ("avatar_joins", lambda w: not w.joined, lambda w: replace(w, joined=True), None),
     (
         "avatar_leaves",
@@ -107,11 +137,16 @@ INPUTS: tuple[Input, ...] = (
     (
         "user_speaks",
         lambda w: w.user == "listening",
-        lambda w: replace(w, user="speaking"),
+        lambda w: replace(w, user="speaking", unanswered=0),
         "user_speaking",
     ),
     ("user_stops", lambda w: w.user == "speaking", lambda w: replace(w, user="listening"), None),
-    ("user_leaves", lambda w: w.user != "gone", lambda w: replace(w, user="gone"), "user_left"),
+    (
+        "user_leaves",
+        lambda w: w.user != "gone",
+        lambda w: replace(w, user="gone", unanswered=0),
+        "user_left",
+    ),
     ("user_rejoins", lambda w: w.user == "gone", lambda w: replace(w, user="listening"), None),
     ("close", _always, _same, "close"),
 )
@@ -123,6 +158,8 @@ class _Explorer:
         self.watchdog = watchdog
         self.max_reprompts = max_reprompts
         self.report = Report()
+        self.effects: tuple[str, ...] = ()  # of the last decision
+        self.last_reentered = False  # the last decision left its state and entered it again
         self._row_index = {id(r): k for k, r in enumerate(spec.rows)}
 
     def guards(self, w: World) -> dict[str, bool]:
@@ -145,9 +182,12 @@ class _Explorer:
         """The machine's step on ``event`` in world ``w`` (already changed by the input)."""
         st = step(self.spec, w.state, event, self.guards(w))
         self.report.steps += 1
+        self.effects = st.effects if st.outcome == "transition" else ()
+        self.last_reentered = st.changed and st.dest == w.state
         if st.outcome == "reject":
             self.flag("rejected", f"{event} refused in {w.state}", path)
             return w
+        self.check_step(w, event, st.dest, path)
         if st.outcome != "transition":
             return w
         for r in self.spec.rows:
@@ -163,15 +203,81 @@ class _Explorer:
                         f"re-prompt with pending={out.pending}, user {out.user}",
                         path,
                     )
-                if out.reprompts >= self.max_reprompts:
-                    self.flag("reprompt_count", f"{out.reprompts + 1} re-prompts in a row", path)
+                if out.unanswered >= self.max_reprompts:
+                    self.flag("reprompt_count", f"{out.unanswered + 1} re-prompts in a row", path)
                 # counted up to one past the limit: the worlds stay finite for a bad spec
-                out = replace(out, reprompts=min(out.reprompts + 1, self.max_reprompts + 1))
+                top = self.max_reprompts + 1
+                out = replace(
+                    out,
+                    reprompts=min(out.reprompts + 1, top),
+                    unanswered=min(out.unanswered + 1, top),
+                )
             elif effect == "reset_reprompts":
                 out = replace(out, reprompts=0)
             elif effect == "finish_playout":
                 out = replace(out, pending=False)
         return out
+
+    def concerns(self, w: World, event: str, after: str) -> bool:
+        """Whether ``event`` may take the machine from ``w.state`` to ``after`` (a
+        re-entry counts as a move for a state whose timer it restarts)."""
+        before = w.state
+        reentered = after == before and self.last_reentered
+        if (after == before and not reentered) or event == "close":
+            return True
+        if reentered and self.spec.state(before).timeout is None:
+            return True  # nothing to restart
+        at_avatar = event in ("handed_off", "interrupted") and w.joined
+        if before == "remote_playout":
+            # more audio, or a cut, sets the bound again from what was pushed
+            return at_avatar or event in (
+                "agent_listening",
+                "playback_finished",
+                "avatar_left",
+                "playout_timeout",
+            )
+        if before == "agent_turn":
+            return at_avatar or event in ("agent_listening", "speech_done")
+        if event in ("user_speaking", "user_left"):
+            return after == "idle"
+        timer = self.spec.state(before).timeout
+        own_timer = timer is not None and event == timer.event and not reentered
+        return own_timer or event in STARTS_A_TURN or (event == "handed_off" and w.joined)
+
+    def check_step(self, w: World, event: str, after: str, path: tuple[str, ...]) -> None:
+        """What the documented behaviour asks of one decision (``w`` is the world the
+        input made, ``after`` the machine's state once it decided)."""
+        before = w.state
+        if (event == "close") != (after == "closed") and before != "closed":
+            self.flag("not_closed", f"{event} in {before} leads to {after}", path)
+        if not self.concerns(w, event, after):
+            self.flag("moved_by_noise", f"{event} moves {before} to {after}", path)
+        if event in STARTS_A_TURN and after not in TURN and before != "closed":
+            self.flag("turn_not_followed", f"{event} in {before} leaves it in {after}", path)
+        if event == "agent_listening" and after in TURN:
+            self.flag("turn_not_ended", f"agent_listening in {before} stays in {after}", path)
+        # a speech that never reached the output ends with no change of the agent state
+        if event == "speech_done" and before == "agent_turn" and after in TURN:
+            self.flag("turn_not_ended", f"speech_done in agent_turn stays in {after}", path)
+        if event == "playback_finished" and after == "remote_playout":
+            self.flag("turn_not_ended", "playback_finished still waits for the avatar", path)
+        if before in TURN and after not in TURN and after != "closed":
+            listening = self.watchdog and w.user == "listening"
+            want = "settling" if listening else "idle"
+            if after != want:
+                self.flag(
+                    "watchdog_misarmed",
+                    f"{event} ends the turn in {after}, not {want} (watchdog "
+                    f"{'on' if self.watchdog else 'off'}, user {w.user})",
+                    path,
+                )
+        if after in ARMED and (not self.watchdog or w.user != "listening"):
+            self.flag(
+                "watchdog_misarmed",
+                f"{event} leaves it armed ({after}) with the watchdog "
+                f"{'on' if self.watchdog else 'off'}, user {w.user}",
+                path,
+            )
 
     def flag(self, check: str, detail: str, path: tuple[str, ...]) -> None:
         if not any(p.check == check for p in self.report.problems):
@@ -180,6 +286,8 @@ class _Explorer:
     def check_world(self, w: World, path: tuple[str, ...]) -> None:
         if w.state == "remote_playout" and not w.joined:
             self.flag("avatar_gone", "waiting in remote_playout, the avatar not joined", path)
+        if w.pending and w.state not in ("remote_playout", "closed"):
+            self.flag("unwatched_audio", f"{w.state} with audio at the avatar", path)
         if w.state in ("settling", "watching") and w.pending:
             self.flag("armed_over_audio", f"{w.state} with agent audio pending", path)
         self.check_timers(w, path)
@@ -187,15 +295,29 @@ class _Explorer:
     def check_timers(self, w: World, path: tuple[str, ...]) -> None:
         limit = 2 * self.max_reprompts + 3
         cur = w
+        said: tuple[str, ...] = ()  # the first re-prompt or hand-over on the way
         for _ in range(limit + 1):
             if cur.state in AT_REST:
-                return
+                break
             timeout = self.spec.state(cur.state).timeout
             if timeout is None:
                 self.flag("unbounded_wait", f"{cur.state} waits with no timeout", path)
                 return
             cur = self.handle(cur, timeout.event, path)
-        self.flag("unbounded_wait", f"still in {cur.state} after {limit} timeouts", path)
+            said = said or tuple(e for e in self.effects if e in ("reprompt", "hand_over"))
+        else:
+            self.flag("unbounded_wait", f"still in {cur.state} after {limit} timeouts", path)
+            return
+        if w.state in ARMED and self.watchdog:
+            # a re-prompt while fewer than max_reprompts went unanswered, else the hand-over
+            want = "reprompt" if w.unanswered < self.max_reprompts else "hand_over"
+            if said[:1] != (want,):
+                self.flag(
+                    "watchdog_silent",
+                    f"armed in {w.state} with {w.unanswered} re-prompt(s) unanswered, its "
+                    f"timers end in {cur.state} with {said[:1] or 'nothing said'}, not {want}",
+                    path,
+                )
 
     def run(self) -> Report:
         start = World(self.spec.initial)
