@@ -17,7 +17,14 @@ import pytest
 
 from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
 from agent_runtime.tools.explore.mutate import set_cell, set_dest
-from agent_runtime.tools.mutation.equivalent import MODULES, POSTED, PRODUCERS, SENT, argument
+from agent_runtime.tools.mutation.equivalent import (
+    MODULES,
+    POSTED,
+    PRODUCERS,
+    REPORTED_ONLY,
+    SENT,
+    argument,
+)
 from agent_runtime.tools.mutation.mutants import Mutant, all_mutants, mutants_of
 from agent_runtime.tools.mutation.run import main
 from agent_runtime.tools.mutation.swap import Visits, swapped
@@ -115,7 +122,14 @@ def test_every_event_a_runtime_constructs_is_posted_or_a_named_producers(machine
             assert (event, fn) in _constructed(machine)
             # the function is the handler of that effect
             assert re.search(rf'"{effect}":\s*[\w.]*\b{fn}\b', source), (effect, fn)
-    sent = set(re.findall(r'\.send\(Event\("(\w+)"', source))
+    # an awaited send raises a reject to its caller unless the caller suppresses it
+    lines = source.splitlines()
+    sent = set()
+    for k, line in enumerate(lines):
+        for event in re.findall(r'\.send\(Event\("(\w+)"', line):
+            guard = lines[k - 1]
+            if not ("suppress(" in guard and "EventRejected" in guard):
+                sent.add(event)
     assert sent == {e for m, e in SENT if m == machine}
 
 
@@ -179,6 +193,23 @@ async def test_ignore_reject_and_an_internal_no_op_do_the_same_for_a_posted_even
     assert len(set(map(str, seen.values()))) == 1, seen
 
 
+async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_only_machine() -> (
+    None
+):
+    """The premise of 're-entry record only': the playout machine's state changes are only
+    forwarded, to the tracker's and then the job's own listeners (the user's)."""
+    from tests.support.playout_rig import PlayoutRig
+
+    assert {"playout"} == REPORTED_ONLY
+    rig = PlayoutRig()
+    await rig.start()
+    tracker, actor = rig.playout, rig.playout.actor
+    assert actor._events.get("state_changed", ()) == (tracker._on_state_changed,)
+    assert tracker._events.get("state_changed", ()) == (rig.job._forward_state,)
+    assert not rig.job._events.get("state_changed")  # nobody but a user listens there
+    await rig.aclose()
+
+
 def test_what_the_arguments_cover() -> None:
     def m(machine: str, label: str) -> Mutant:
         spec = MACHINES[machine]
@@ -191,6 +222,19 @@ def test_what_the_arguments_cover() -> None:
     assert argument(m("finalize", "finalize (replying, close) ignore -> reject")) is None
     # the same made posted (the job's links post allow): ignore and reject act alike
     assert argument(m("room_deletion", "room_deletion (allowed, allow) ignore -> reject"))
+    # sent, but the tracker's close suppresses a reject
+    assert argument(m("playout", "playout (closed, close) ignore -> reject"))
+    # re-entering a state with no timer, same effects: only the record differs
+    assert argument(m("playout", "playout (idle, handed_off) -> idle"))
+    assert argument(m("playout", "playout (agent_turn, speech_created) ignore -> agent_turn"))
+    # ... but not a state with a timer (it restarts), nor a row that changed its destination
+    assert argument(m("playout", "playout (settling, agent_listening) ignore -> settling")) is None
+    assert argument(m("playout", "playout (exhausted, user_left) -> exhausted")) is None
+    # nor in a machine whose state changes the runtime acts on
+    assert (
+        argument(m("participant", "participant (linked, participant_connected) ignore -> linked"))
+        is None
+    )
 
 
 # -- the tool, on a few cells of one machine ---------------------------------------------------

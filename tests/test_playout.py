@@ -25,7 +25,7 @@ from agent_runtime.playout import PlayoutTracker
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.playout import PLAYOUT
-from tests.support.playout_rig import AVATAR, USER, AskedLLM, PlayoutRig
+from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig
 
 # -- the wait for the avatar -----------------------------------------------------------------
 
@@ -116,6 +116,31 @@ async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut() -> N
     await rig.advance(2.0)
     assert [(d.t, d.cause) for d in rig.playout.done] == [(3.0, "playout_timeout")]
     assert handle.done() and handle.interrupted and rig.session.agent_state == "listening"
+    await rig.aclose()
+
+
+async def test_more_audio_at_the_avatar_sets_the_bound_again_from_it() -> None:
+    """A plugin's sink that gets a second segment while the first is still awaited: the
+    wait is bounded from the new audio, so the avatar still playing it is not cut."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    assert rig.playout.actor.timer_deadline == pytest.approx(3.0)  # 1 s + the 2 s margin
+    await rig.advance(1.5)
+    sink = rig.session.output.audio
+    assert sink is not None
+    per = RATE // 100
+    for _ in range(400):  # 4 s more, as the session pushes it
+        await sink.capture_frame(rtc.AudioFrame(b"\0\0" * per, RATE, 1, per))
+    sink.flush()
+    await rig.settle()
+    assert rig.playout.actor.timer_deadline == pytest.approx(7.5)  # 1.5 + 4 + 2
+    await rig.advance(4.0)  # past the first bound: still waiting for the avatar
+    assert rig.playout.state == "remote_playout" and not rig.playout.done
+    await rig.report(4.0)
+    await rig.settle()
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(5.5, "playback_finished")]
     await rig.aclose()
 
 

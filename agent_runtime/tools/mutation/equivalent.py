@@ -1,14 +1,20 @@
 """The mutants no one can tell apart from the machines as written, and why.
 
-Three arguments, each checked against the code it relies on (``tests/test_mutation.py``):
+Four arguments, each checked against the code it relies on (``tests/test_mutation.py``):
 
 * **decision record only.** Making an ignore cell reject or an internal transition with no
   effects (or the reverse) changes, for an event that arrives by ``Actor.post``, only the
   record of the decision: the trace's kind and, for a reject, an INFO log line. The actor
   does the same for all three (no state change, no exit or entry, no effect, no timer or
   task touched; ``post`` never raises). The record pins the table as written, as the golden
-  tables do. An event some caller awaits with ``Actor.send`` (``SENT``) is not covered: a
-  reject raises ``EventRejected`` to it.
+  tables do. An event some caller awaits with ``Actor.send`` and whose ``EventRejected`` it
+  does not suppress (``SENT``) is not covered: a reject raises to it.
+* **re-entry record only.** In a machine whose state changes the runtime only reports
+  (``REPORTED_ONLY``: forwarded to the user's listeners, the trace, OpenTelemetry; nothing
+  in the runtime acts on them), staying in a state that has no timeout and no invoke, or
+  leaving it and entering it again with the same effects, differ only in that record: the
+  actor's re-entry arms nothing and cancels nothing there, and a ``state_changed`` from the
+  state to itself is reported.
 * **never decided there.** The actor drops a timeout, or an invoke task's outcome, that
   belongs to a state it has left (a state's generation), and decides an effect's outcome
   event after the events already queued. So an event produced only by state timeouts,
@@ -30,16 +36,12 @@ from statemachines.machines import MACHINES
 
 from .mutants import Mutant
 
-# events a runtime awaits with Actor.send (a reject raises EventRejected to the caller)
-SENT: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("avatar", "start"),
-        ("avatar", "close"),
-        ("finalize", "close"),
-        ("participant", "close"),
-        ("playout", "close"),
-    }
-)
+# events a runtime awaits with Actor.send without suppressing EventRejected (a reject
+# raises to the caller); the closes the avatar, the participant link and the playout
+# tracker send suppress it: there a reject is the record alone
+SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start"), ("finalize", "close")})
+# machines whose state changes nothing in the runtime acts on (see "re-entry record only")
+REPORTED_ONLY: frozenset[str] = frozenset({"playout"})
 
 # (machine, event) -> {effect: the runtime function that constructs the event}, for every
 # event the runtime constructs only inside effect handlers (the actor itself constructs
@@ -154,6 +156,31 @@ def _routed(machine: str) -> frozenset[str]:
     return frozenset(r.event for r in routes_for(machine))
 
 
+def _re_entry(m: Mutant) -> bool:
+    """``m`` turns staying in a state (an ignore, a reject of a posted event, or an
+    internal row) into leaving it and entering it again, with the same guards and effects."""
+    if m.machine not in REPORTED_ONLY or m.spec is None:
+        return False
+    original = MACHINES[m.machine]
+    st = original.state(m.state)
+    if st.timeout is not None or st.invoke:
+        return False
+    cell = (m.state, m.event)
+    old = [r for r in original.rows if (r.source, r.event) == cell]
+    new = [r for r in m.spec.rows if (r.source, r.event) == cell]
+    if not old:
+        kind = original.cell_kind(*cell)
+        stayed = kind == "ignore" or (kind == "reject" and (m.machine, m.event) not in SENT)
+        return stayed and bool(new) and all(r.dest == m.state and not r.effects for r in new)
+    if len(old) != len(new):
+        return False
+    changed = [(o, n) for o, n in zip(old, new, strict=True) if o != n]
+    return len(changed) == 1 and all(
+        o.dest is None and n.dest == m.state and (o.guards, o.effects) == (n.guards, n.effects)
+        for o, n in changed
+    )
+
+
 def argument(m: Mutant) -> str | None:
     """Why no one can tell ``m`` from the machine as written, or None."""
     for pattern, why in BY_HAND:
@@ -161,6 +188,11 @@ def argument(m: Mutant) -> str | None:
             return why
     if m.label.endswith(RECORD_ONLY) and (m.machine, m.event) not in SENT:
         return "decision record only: the event is posted, ignore/reject/internal no-op act alike"
+    if _re_entry(m):
+        return (
+            f"re-entry record only: {m.state!r} has no timer or task, and the runtime only "
+            f"reports {m.machine}'s state changes"
+        )
     spec = m.spec or MACHINES.get(m.machine)
     if spec is not None:
         where = possible_states(spec, m.event, routed=_routed(m.machine))
