@@ -12,7 +12,8 @@ is swapped in for the real spec (``swap``) and judged by the behaviour tests alo
 * the suite without the tests marked ``snapshot`` — the golden tables, the hand-written
   per-cell tables, and the paths and counterexamples derived from the specs as written,
   which catch any cell change by construction — and without the exploration tests, whose
-  invariants are the next stage: what is left are the scenario files with their
+  invariants are the next stage, the conformance replay (runtime and model read the same
+  changed spec) and this tool's own tests: what is left are the scenario files with their
   ``expect`` blocks, the runtime and lifecycle tests, the property tests;
 * the exploration of the composed job, to ``--explore-depth``, and its invariants; for
   the playout machine (not part of that model) its own exploration and guarantees.

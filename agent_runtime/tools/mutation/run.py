@@ -19,9 +19,17 @@ from .equivalent import argument
 from .mutants import Mutant, all_mutants
 
 # what the behaviour tests are: the suite and the bundled scenarios, without the
-# exploration tests (the exploration is a stage of its own)
+# exploration tests (the exploration is a stage of its own), the tests of this tool (its
+# arguments' premises read the specs as written), and the conformance replay (it compares
+# the runtime with the model, and a mutant changes both alike: it judges the glue, which
+# no one-cell change touches; its invariants are the exploration stage's)
 DEFAULT_PATHS = ("tests", "examples/scenarios")
-IGNORED = ("tests/test_explore.py", "tests/test_explore_cli.py")
+IGNORED = (
+    "tests/test_explore.py",
+    "tests/test_explore_cli.py",
+    "tests/test_mutation.py",
+    "tests/test_conformance.py",
+)
 DEFAULT_DEPTH = 6
 PROPS_EXAMPLES = "AGENT_RUNTIME_PROPS_EXAMPLES"
 
