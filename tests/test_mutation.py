@@ -9,6 +9,7 @@ part of the suite; its measured figures are in the README.
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import re
 from pathlib import Path
@@ -196,17 +197,42 @@ async def test_ignore_reject_and_an_internal_no_op_do_the_same_for_a_posted_even
 async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_only_machine() -> (
     None
 ):
-    """The premise of 're-entry record only': the playout machine's state changes are only
-    forwarded, to the tracker's and then the job's own listeners (the user's)."""
+    """The premise of 're-entry record only': in a composed job, a REPORTED_ONLY machine's
+    state changes go only through forwarders (each re-emits the change, nothing else) to
+    the job's own listeners, the user's; AgentJob's forwarder acts on the avatar's alone."""
     from tests.support.playout_rig import PlayoutRig
 
-    assert {"playout"} == REPORTED_ONLY
     rig = PlayoutRig()
     await rig.start()
-    tracker, actor = rig.playout, rig.playout.actor
-    assert actor._events.get("state_changed", ()) == (tracker._on_state_changed,)
-    assert tracker._events.get("state_changed", ()) == (rig.job._forward_state,)
-    assert not rig.job._events.get("state_changed")  # nobody but a user listens there
+    job, agent_job = rig.job.job, rig.job
+    assert job.host is not None
+    host, tracker = job.host, rig.playout
+    actors = {
+        "session_host": host.actor,
+        "finalize": host.finalize.actor,
+        "room_deletion": job.deletion.actor,
+        "playout": tracker.actor,
+    }
+    assert set(actors) == REPORTED_ONLY
+    forwarders = {
+        host._emit_state: host,
+        job._emit_state: job,
+        tracker._on_state_changed: tracker,
+        agent_job._forward_state: agent_job,
+    }
+    for machine, actor in actors.items():
+        todo, seen = [actor], set()
+        while todo:
+            emitter = todo.pop()
+            for listener in emitter._events.get("state_changed", ()):
+                assert listener in forwarders, f"{machine}: {listener} acts on its changes"
+                if listener not in seen:
+                    seen.add(listener)
+                    todo.append(forwarders[listener])
+        assert agent_job._forward_state in seen, machine  # it reaches the user, nothing else
+    assert not agent_job._events.get("state_changed")  # nobody but a user listens there
+    source = inspect.getsource(type(agent_job)._forward_state)
+    assert 'sc.machine == "avatar"' in source  # the only change it acts on
     await rig.aclose()
 
 

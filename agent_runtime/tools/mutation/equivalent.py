@@ -40,8 +40,11 @@ from .mutants import Mutant
 # raises to the caller); the closes the avatar, the participant link and the playout
 # tracker send suppress it: there a reject is the record alone
 SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start"), ("finalize", "close")})
-# machines whose state changes nothing in the runtime acts on (see "re-entry record only")
-REPORTED_ONLY: frozenset[str] = frozenset({"playout"})
+# machines whose state changes nothing in the runtime acts on (see "re-entry record only"):
+# the session host, its finalize and the room deletion are forwarded by the host and the
+# job, the playout by its tracker, then by AgentJob to the user; the job, the participant
+# link (the playout follows it) and the avatar (the route, the playout) are acted on
+REPORTED_ONLY: frozenset[str] = frozenset({"session_host", "finalize", "room_deletion", "playout"})
 
 # (machine, event) -> {effect: the runtime function that constructs the event}, for every
 # event the runtime constructs only inside effect handlers (the actor itself constructs
