@@ -19,6 +19,7 @@ import pytest
 from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
 from agent_runtime.tools.explore.mutate import set_cell, set_dest
 from agent_runtime.tools.mutation.equivalent import (
+    API_GUARDED,
     MODULES,
     POSTED,
     PRODUCERS,
@@ -236,6 +237,25 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
     await rig.aclose()
 
 
+@pytest.mark.parametrize(("machine", "event"), sorted(API_GUARDED))
+def test_an_api_guarded_event_is_sent_only_after_its_state_check(machine: str, event: str) -> None:
+    """The premise of 'refused by the API': the method refuses every other state, then
+    sends the event with no await in between (nothing can move the machine first but the
+    events already queued), and it is the only place the runtime constructs the event."""
+    method, states = API_GUARDED[(machine, event)]
+    assert {fn for e, fn in _constructed(machine) if e == event} == {method}
+    source = (ROOT / MODULES[machine]).read_text()
+    body = source[source.index(f"    async def {method}(") :]
+    check = re.search(r"if self\.state not in \(([^)]*)\):|if self\.state != \"(\w+)\":", body)
+    assert check is not None, f"{method}() checks no state"
+    checked = {x.strip().strip('"') for x in (check.group(1) or check.group(2)).split(",") if x}
+    assert checked == states
+    assert "raise" in body[check.end() : body.index("\n", check.end() + 1) + 120]
+    send = body.index(f'.send(Event("{event}"')
+    between = body[check.end() : body.rindex("\n", 0, send)]  # up to the send's own line
+    assert "await" not in between, f"{method}() awaits between its check and the send"
+
+
 def test_what_the_arguments_cover() -> None:
     def m(machine: str, label: str) -> Mutant:
         spec = MACHINES[machine]
@@ -256,6 +276,9 @@ def test_what_the_arguments_cover() -> None:
     # ... but not a state with a timer (it restarts), nor a row that changed its destination
     assert argument(m("playout", "playout (settling, agent_listening) ignore -> settling")) is None
     assert argument(m("playout", "playout (exhausted, user_left) -> exhausted")) is None
+    # start() sends start in idle only: elsewhere the cell is never decided
+    assert argument(m("avatar", "avatar (joined, start) reject -> starting"))
+    assert argument(m("avatar", "avatar (idle, start) -> routing")) is None
     # nor in a machine whose state changes the runtime acts on
     assert (
         argument(m("participant", "participant (linked, participant_connected) ignore -> linked"))

@@ -1,6 +1,6 @@
 """The mutants no one can tell apart from the machines as written, and why.
 
-Four arguments, each checked against the code it relies on (``tests/test_mutation.py``):
+Five arguments, each checked against the code it relies on (``tests/test_mutation.py``):
 
 * **decision record only.** Making an ignore cell reject or an internal transition with no
   effects (or the reverse) changes, for an event that arrives by ``Actor.post``, only the
@@ -21,6 +21,10 @@ Four arguments, each checked against the code it relies on (``tests/test_mutatio
   invoke tasks and row effects (``PRODUCERS``: the functions of the runtime that construct
   it) reaches only the states ``possible_states`` computes; a cell outside them is never
   decided, and no change to it can show.
+* **refused by the API.** An event a runtime's method sends only after checking the
+  machine's state, in the same synchronous step (``API_GUARDED``: the avatar's ``start``
+  from ``start()``, which refuses any state but ``idle``), is decided only in those states
+  or where the events already queued can take them; a cell elsewhere is never decided.
 * **by hand**: ``BY_HAND``, a pattern over mutant labels (``fnmatch``) and its argument.
 
 A mutant one of them covers is not run (``--check-arguments`` runs them too: a kill then
@@ -40,6 +44,10 @@ from .mutants import Mutant
 # raises to the caller); the closes the avatar, the participant link and the playout
 # tracker send suppress it: there a reject is the record alone
 SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start"), ("finalize", "close")})
+# (machine, event) -> (the method that sends it, the only states it sends it in)
+API_GUARDED: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
+    ("avatar", "start"): ("start", frozenset({"idle"})),
+}
 # machines whose state changes nothing in the runtime acts on (see "re-entry record only"):
 # the session host, its finalize and the room deletion are forwarded by the host and the
 # job, the playout by its tracker, then by AgentJob to the user; the job, the participant
@@ -191,6 +199,17 @@ def argument(m: Mutant) -> str | None:
             return why
     if m.label.endswith(RECORD_ONLY) and (m.machine, m.event) not in SENT:
         return "decision record only: the event is posted, ignore/reject/internal no-op act alike"
+    guarded = API_GUARDED.get((m.machine, m.event))
+    if guarded is not None:
+        original = MACHINES[m.machine]
+        where: set[str] = set()
+        for state in guarded[1]:
+            where |= _closure(original, state, {m.event})  # what queued events can do first
+        if m.state not in where:
+            return (
+                f"refused by the API: {guarded[0]}() sends {m.event!r} only in "
+                f"{', '.join(sorted(guarded[1]))}; queued events reach {', '.join(sorted(where))}"
+            )
     if _re_entry(m):
         return (
             f"re-entry record only: {m.state!r} has no timer or task, and the runtime only "
