@@ -50,9 +50,12 @@ API_GUARDED: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
 }
 # machines whose state changes nothing in the runtime acts on (see "re-entry record only"):
 # the session host, its finalize and the room deletion are forwarded by the host and the
-# job, the playout by its tracker, then by AgentJob to the user; the job, the participant
-# link (the playout follows it) and the avatar (the route, the playout) are acted on
-REPORTED_ONLY: frozenset[str] = frozenset({"session_host", "finalize", "room_deletion", "playout"})
+# job, the playout by its tracker, the participant link by itself, then by AgentJob to the
+# user; the playout follows the link only when it leaves ``linked`` (glue.link_change_event),
+# which a re-entry never does; the job and the avatar (the route, the playout) are acted on
+REPORTED_ONLY: frozenset[str] = frozenset(
+    {"session_host", "finalize", "room_deletion", "playout", "participant"}
+)
 
 # (machine, event) -> {effect: the runtime function that constructs the event}, for every
 # event the runtime constructs only inside effect handlers (the actor itself constructs
