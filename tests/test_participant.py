@@ -356,6 +356,21 @@ async def test_session_closed_for_another_reason_ends_the_link(world: World) -> 
     assert [c[1] for c in world.closes] == [CloseReason.USER_INITIATED]
 
 
+async def test_session_closed_while_the_user_is_there_ends_the_link_at_once(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    assert link.state == "linked"
+    await world.session.aclose()
+    assert await world.session_closed() == CloseReason.USER_INITIATED
+    assert link.state == "closed"
+    assert world.clock.pending == 0  # nothing left to wait for
+    await world.clock.advance(120.0)
+    assert [c[1] for c in world.closes] == [CloseReason.USER_INITIATED]
+
+
 async def test_events_after_aclose_change_nothing(world: World) -> None:
     world.room.add_participant("u")
     await world.start_session()
