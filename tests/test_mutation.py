@@ -25,6 +25,7 @@ from agent_runtime.tools.mutation.equivalent import (
     PRODUCERS,
     REPORTED_ONLY,
     SENT,
+    SUBSCRIBED_BY,
     argument,
 )
 from agent_runtime.tools.mutation.mutants import Mutant, all_mutants, mutants_of
@@ -265,6 +266,9 @@ def test_an_api_guarded_event_is_sent_only_after_its_state_check(machine: str, e
     send = body.index(f'.send(Event("{event}"')
     between = body[check.end() : body.rindex("\n", 0, send)]  # up to the send's own line
     assert "await" not in between, f"{method}() awaits between its check and the send"
+    if SUBSCRIBED_BY.get(machine) == event:
+        # it subscribes the machine to the room in that same step, and nowhere else
+        assert between.count("follow(") == 1 and source.count("follow(") == 1
 
 
 def test_what_the_arguments_cover() -> None:
@@ -290,6 +294,9 @@ def test_what_the_arguments_cover() -> None:
     # start() sends start in idle only: elsewhere the cell is never decided
     assert argument(m("avatar", "avatar (joined, start) reject -> starting"))
     assert argument(m("avatar", "avatar (idle, start) -> routing")) is None
+    # the room is followed only from start(): no room fact is decided in idle
+    assert argument(m("avatar", "avatar (idle, avatar_connected) ignore -> joined"))
+    assert argument(m("avatar", "avatar (routing, avatar_connected) [has_video] -> failed")) is None
     # nor in a machine whose state changes the runtime acts on
     assert argument(m("avatar", "avatar (routing, avatar_connected) -> routing")) is None
 

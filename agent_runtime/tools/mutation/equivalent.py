@@ -25,6 +25,8 @@ Five arguments, each checked against the code it relies on (``tests/test_mutatio
   machine's state, in the same synchronous step (``API_GUARDED``: the avatar's ``start``
   from ``start()``, which refuses any state but ``idle``), is decided only in those states
   or where the events already queued can take them; a cell elsewhere is never decided.
+  The same method subscribes the machine to the room (``SUBSCRIBED_BY``) right before it
+  queues that event: a room fact is decided only in a state reachable once it was decided.
 * **by hand**: ``BY_HAND``, a pattern over mutant labels (``fnmatch``) and its argument.
 
 A mutant one of them covers is not run (``--check-arguments`` runs them too: a kill then
@@ -48,6 +50,8 @@ SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start"), ("finalize", 
 API_GUARDED: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
     ("avatar", "start"): ("start", frozenset({"idle"})),
 }
+# machine -> the API-guarded event whose method subscribes it to the room facts
+SUBSCRIBED_BY: dict[str, str] = {"avatar": "start"}
 # machines whose state changes nothing in the runtime acts on (see "re-entry record only"):
 # the session host, its finalize and the room deletion are forwarded by the host and the
 # job, the playout by its tracker, the participant link by itself, then by AgentJob to the
@@ -195,6 +199,22 @@ def _re_entry(m: Mutant) -> bool:
     )
 
 
+def _after_subscribing(m: Mutant) -> set[str] | None:
+    """The states a room fact can be decided in, for a machine the room is followed for
+    only once an API-guarded event was queued; None when that does not apply."""
+    first = SUBSCRIBED_BY.get(m.machine)
+    if first is None or m.event not in _routed(m.machine):
+        return None
+    original = MACHINES[m.machine]
+    _, states = API_GUARDED[(m.machine, first)]
+    where: set[str] = set()
+    for r in original.rows:
+        if r.event == first and r.source in states:
+            where |= _closure(original, r.dest or r.source, set())
+    # queued before it, close can end the machine first
+    return where | {s.name for s in original.states if s.final}
+
+
 def argument(m: Mutant) -> str | None:
     """Why no one can tell ``m`` from the machine as written, or None."""
     for pattern, why in BY_HAND:
@@ -213,6 +233,12 @@ def argument(m: Mutant) -> str | None:
                 f"refused by the API: {guarded[0]}() sends {m.event!r} only in "
                 f"{', '.join(sorted(guarded[1]))}; queued events reach {', '.join(sorted(where))}"
             )
+    after = _after_subscribing(m)
+    if after is not None and m.state not in after:
+        return (
+            f"never decided there: {m.event!r} is a room fact, followed only once "
+            f"{SUBSCRIBED_BY[m.machine]!r} was queued; that reaches {', '.join(sorted(after))}"
+        )
     if _re_entry(m):
         return (
             f"re-entry record only: {m.state!r} has no timer or task, and the runtime only "
