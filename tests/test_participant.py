@@ -194,6 +194,22 @@ async def test_connection_timeout_without_rejoin_closes_when_grace_ends(world: W
     ]
 
 
+async def test_someone_else_joining_during_grace_does_not_extend_it(world: World) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(grace_period=15.0)
+    link.start()
+    world.room.remove_participant("u", R.CONNECTION_TIMEOUT)
+    await world.idle()
+    await world.clock.advance(10.0)
+    world.room.add_participant("v")  # not the user who dropped
+    await world.idle()
+    assert link.state == "grace"
+    await world.clock.advance(5.0)  # 15 s after the drop, not after v came
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    assert world.closes[0][0] == pytest.approx(15.0)
+
+
 async def test_someone_else_leaving_changes_nothing(world: World) -> None:
     user = world.room.add_participant("u")
     world.room.add_participant("v")

@@ -95,6 +95,27 @@ async def test_attach_b_replaces_a_only_b_events_reach_the_client() -> None:
     await rig.host.aclose()
 
 
+async def test_attaching_the_attached_session_again_changes_nothing() -> None:
+    rig = Rig()
+    await rig.host.start()
+    a = await started_session("I am A")
+    base = listeners(a)
+    rig.host.attach(a)
+    await rig.settle()
+    subscribed = listeners(a)
+    rig.host.attach(a)  # an app that attaches on every reconnect, say
+    await rig.settle()
+    assert rig.host.state == "attached" and rig.host.session is a
+    assert listeners(a) == subscribed  # subscribed once, not twice, not dropped
+    say(a, "a1")
+    await rig.settle()
+    assert rig.sim.transcripts() == ["a1"]
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am A"
+    await rig.host.aclose()
+    assert listeners(a) == base
+    await a.aclose()
+
+
 async def test_a_replaced_by_b_then_a_closes_b_stays_attached() -> None:
     rig = Rig()
     await rig.host.start()
