@@ -225,13 +225,14 @@ def argument(m: Mutant) -> str | None:
     guarded = API_GUARDED.get((m.machine, m.event))
     if guarded is not None:
         original = MACHINES[m.machine]
-        where: set[str] = set()
+        sent_in: set[str] = set()
         for state in guarded[1]:
-            where |= _closure(original, state, {m.event})  # what queued events can do first
-        if m.state not in where:
+            sent_in |= _closure(original, state, {m.event})  # what queued events can do first
+        if m.state not in sent_in:
             return (
                 f"refused by the API: {guarded[0]}() sends {m.event!r} only in "
-                f"{', '.join(sorted(guarded[1]))}; queued events reach {', '.join(sorted(where))}"
+                f"{', '.join(sorted(guarded[1]))}; queued events reach "
+                f"{', '.join(sorted(sent_in))}"
             )
     after = _after_subscribing(m)
     if after is not None and m.state not in after:

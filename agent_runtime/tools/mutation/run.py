@@ -294,6 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         t1 = time.perf_counter()
         if args.coverage and Path(args.coverage).is_file():
             coverage = json.loads(Path(args.coverage).read_text())
+            explored = coverage.get("explore")
+            # a shallower exploration than the one recorded: judge at that depth
+            if explored and args.explore_depth < 0:
+                coverage["explore"] = None
+            elif explored and depth is not None and depth < (explored["depth"] or depth + 1):
+                explored["depth"] = depth
         else:
             coverage = record_coverage(args.tests, depth, workdir)
             if args.coverage:
