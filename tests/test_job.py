@@ -113,6 +113,25 @@ async def test_simulator_neither_answers_nor_leaves_closes_at_session_end_timeou
     await rt.aclose()
 
 
+async def test_a_second_shutdown_during_the_hold_does_not_extend_it() -> None:
+    """The job is asked to shut down again (the app and the session both ask): the hold
+    still ends session_end_timeout after the first ask, not after the last."""
+    rig = JobRig(session_end_timeout=30.0)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("entrypoint done")
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+    await rig.clock.advance(20)
+    rt.shutdown("asked again")
+    await rig.settle()
+    await rig.clock.advance(10)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 30.0)
+    assert rig.callbacks == [(30.0, "entrypoint done")]  # the first reason is the one given
+    await rt.aclose()
+
+
 async def test_room_disconnecting_during_the_hold_ends_it() -> None:
     rig = JobRig()
     rt = rig.runtime

@@ -210,6 +210,39 @@ async def test_someone_else_joining_during_grace_does_not_extend_it(world: World
     assert world.closes[0][0] == pytest.approx(15.0)
 
 
+async def test_someone_else_leaving_during_grace_does_not_extend_it(world: World) -> None:
+    world.room.add_participant("u")
+    world.room.add_participant("v")
+    await world.start_session()
+    link = world.link(grace_period=15.0)
+    link.start()
+    world.room.remove_participant("u", R.CONNECTION_TIMEOUT)
+    await world.idle()
+    await world.clock.advance(10.0)
+    world.room.remove_participant("v", R.CLIENT_INITIATED)  # not the user who dropped
+    await world.idle()
+    assert link.state == "grace"
+    await world.clock.advance(5.0)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    assert world.closes[0][0] == pytest.approx(15.0)
+
+
+async def test_session_closed_before_anyone_came_ends_the_link(world: World) -> None:
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    assert link.state == "waiting"
+    await world.session.aclose()
+    assert await world.session_closed() == CloseReason.USER_INITIATED
+    assert link.state == "closed"
+    world.room.add_participant("u")  # too late: nothing is linked, nothing is closed again
+    await world.idle()
+    await world.clock.advance(120.0)
+    assert link.state == "closed" and world.clock.pending == 0
+    assert [c[1] for c in world.closes] == [CloseReason.USER_INITIATED]
+
+
 async def test_someone_else_leaving_changes_nothing(world: World) -> None:
     user = world.room.add_participant("u")
     world.room.add_participant("v")
