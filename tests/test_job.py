@@ -132,6 +132,18 @@ async def test_a_second_shutdown_during_the_hold_does_not_extend_it() -> None:
     await rt.aclose()
 
 
+async def test_the_room_disconnecting_while_serving_ends_the_job_at_once() -> None:
+    rig = JobRig(session_end_timeout=30.0)
+    rt = rig.runtime
+    await rt.start()
+    await rig.clock.advance(4)
+    rig.room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 4.0)  # no hold: nothing left to hold for
+    assert len(rig.callbacks) == 1 and rig.callbacks[0][0] == 4.0
+    await rt.aclose()
+
+
 async def test_room_disconnecting_during_the_hold_ends_it() -> None:
     rig = JobRig()
     rt = rig.runtime
