@@ -294,6 +294,33 @@ async def test_requests_while_detached_during_the_hold() -> None:
 # -- closing -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("late", ["shutdown", "simulator_left", "room_disconnected"])
+async def test_what_happens_while_closing_does_not_extend_its_bound(late: str) -> None:
+    """The close hangs; asked again, the simulator leaving or the room going meanwhile,
+    it is still cut close_timeout after it began."""
+    rig = JobRig(simulation=None, close_timeout=4.0)
+    rt = rig.runtime
+    never = asyncio.Event()
+    rt.add_shutdown_callback(never.wait)
+    await rt.start()
+    rt.shutdown("done")
+    await rig.settle()
+    assert rt.state == "closing"
+    await rig.clock.advance(3)
+    if late == "shutdown":
+        rt.shutdown("again")
+    elif late == "simulator_left":
+        assert "simulator" in rig.room.remote_participants
+        rig.room.remove_participant("simulator")
+    else:
+        rig.room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+    await rig.settle()
+    await rig.clock.advance(1)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 4.0)
+    await rt.aclose()
+
+
 async def test_closing_is_bounded_by_close_timeout() -> None:
     rig = JobRig(simulation=None, close_timeout=4.0)
     rt = rig.runtime
