@@ -343,3 +343,19 @@ def test_a_run_on_one_machine_kills_what_its_tests_notice(
     )
     assert "behaviour-only mutation score" in printed and "room_deletion" in printed
     assert code == (1 if any(v["status"] == "survived" for v in doc["mutants"]) else 0)
+
+
+def test_a_cut_short_run_is_resumed_from_its_workers_logs(tmp_path: Path) -> None:
+    from agent_runtime.tools.mutation.run import read_logs
+
+    log = tmp_path / "mutants-0.out.json.log"
+    log.write_text(
+        "job#3 killed after 2 tests, 0.4s: job (serving, shutdown) -> serving  "
+        "tests/test_job.py::test_x (failed)\n"
+        "job#4 survived after 9 tests, 51.0s: job (serving, shutdown) -> ignore  \n"
+        "half a line\n"
+    )
+    assert read_logs([log]) == {
+        "job#3": ("killed", "tests/test_job.py::test_x (failed)", 0.4),
+        "job#4": ("survived", "", 51.0),
+    }

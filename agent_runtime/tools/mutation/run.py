@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,21 @@ def record_coverage(paths: Sequence[str], depth: int | None, workdir: Path) -> d
     return data
 
 
+LOG_LINE = re.compile(r"^(\S+#\d+) (killed|survived) after \d+ tests, ([\d.]+)s: .*?(?:  (.*))?$")
+
+
+def read_logs(paths: Iterable[Path]) -> dict[str, tuple[str, str, float]]:
+    """The verdicts a cut-short run's workers logged (``mutants-N.out.json.log``): key ->
+    (status, by, seconds)."""
+    done: dict[str, tuple[str, str, float]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            m = LOG_LINE.match(line)
+            if m is not None:
+                done[m.group(1)] = (m.group(2), m.group(4) or "", float(m.group(3)))
+    return done
+
+
 def judge(
     mutants: Iterable[Mutant],
     coverage: dict[str, Any],
@@ -102,6 +118,7 @@ def judge(
     workers: int,
     workdir: Path,
     check_arguments: bool = False,
+    done: dict[str, tuple[str, str, float]] | None = None,
 ) -> list[Verdict]:
     tests = coverage["tests"]
     explore = coverage.get("explore")
@@ -130,6 +147,9 @@ def judge(
                 continue
         if not selected and not v.explored:
             continue  # nothing that judges behaviour ever decides this cell
+        if done and m.key in done:  # judged by the run resumed
+            v.status, v.by, v.seconds = done[m.key]
+            continue
         cost = sum(s for _, s in selected) + (30.0 if v.explored else 0.0)
         todo.append(
             (
@@ -266,6 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--coverage", metavar="FILE", help="reuse (or, if absent, write) this")
     ap.add_argument("--json", metavar="FILE", help="write every verdict here")
     ap.add_argument(
+        "--resume",
+        nargs="+",
+        metavar="LOG",
+        help="reuse the verdicts a cut-short run's workers logged (mutants-N.out.json.log)",
+    )
+    ap.add_argument(
         "--check-arguments",
         action="store_true",
         help="run the mutants argued equivalent too (a kill means the argument is wrong)",
@@ -311,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             workdir=workdir,
             check_arguments=args.check_arguments,
+            done=read_logs(Path(p) for p in args.resume or ()),
         )
         t3 = time.perf_counter()
     seconds = {"coverage": t2 - t1, "mutants": t3 - t2, "total": t3 - t0}
