@@ -147,9 +147,9 @@ def judge(
                 continue
         if not selected and not v.explored:
             continue  # nothing that judges behaviour ever decides this cell
-        if done and m.key in done:  # judged by the run resumed
+        if done and done.get(m.key, ("",))[0] == "killed":  # killed in the run resumed
             v.status, v.by, v.seconds = done[m.key]
-            continue
+            continue  # a survivor is judged again: the tests may have changed since
         cost = sum(s for _, s in selected) + (30.0 if v.explored else 0.0)
         todo.append(
             (
@@ -289,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--resume",
         nargs="+",
         metavar="LOG",
-        help="reuse the verdicts a cut-short run's workers logged (mutants-N.out.json.log)",
+        help="keep the kills a cut-short run's workers logged (mutants-N.out.json.log); "
+        "its survivors are judged again",
     )
     ap.add_argument(
         "--check-arguments",
