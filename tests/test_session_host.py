@@ -307,6 +307,36 @@ async def test_closing_drains_a_verdict_in_flight_within_its_bound() -> None:
     assert rig.host.finalize_answered and rig.last("drained").dest == "closed"
 
 
+@pytest.mark.parametrize("late", ["session_closed", "finalize"])
+async def test_what_arrives_while_the_host_drains_does_not_extend_the_drain(late: str) -> None:
+    """A verdict that never comes: the host closes 3 s (its drain bound) after it began,
+    whatever arrives meanwhile (the attached session closing, another finalize)."""
+    never = asyncio.Event()
+
+    async def hangs(ctx: SimulationContext) -> None:
+        await never.wait()
+
+    rig = Rig(on_simulation_end=hangs)
+    await rig.host.start()
+    a = await started_session("I am A")
+    rig.host.attach(a)
+    await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    await rig.settle()
+    closing = asyncio.ensure_future(rig.host.aclose())
+    await rig.clock.advance(2)
+    assert rig.host.state == "closing"
+    if late == "session_closed":
+        rig.host.session_closed(a, "user_initiated")
+    else:
+        assert (await rig.sim.ask("finalize_simulation")).error == HOST_CLOSING
+    await rig.settle()
+    await rig.clock.advance(1)
+    await rig.settle()
+    assert closing.done() and rig.host.state == "closed"
+    assert rig.last("drain_timeout").dest == "closed"
+    await a.aclose()
+
+
 async def test_an_unreadable_message_does_not_stop_the_host() -> None:
     rig = Rig()
     await rig.host.start()
