@@ -144,6 +144,24 @@ async def test_the_room_disconnecting_while_serving_ends_the_job_at_once() -> No
     await rt.aclose()
 
 
+async def test_a_session_closing_during_the_hold_does_not_extend_it() -> None:
+    rig = JobRig(session_end_timeout=30.0)
+    rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    rt.shutdown("entrypoint done")
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+    await rig.clock.advance(20)
+    await session.aclose()  # the session the job kept serving closes during the hold
+    await rig.settle()
+    await rig.clock.advance(10)
+    await rig.settle()
+    assert (rt.state, rt.closed_at) == ("closed", 30.0)
+    await rt.aclose()
+
+
 async def test_room_disconnecting_during_the_hold_ends_it() -> None:
     rig = JobRig()
     rt = rig.runtime

@@ -243,6 +243,39 @@ async def test_session_closed_before_anyone_came_ends_the_link(world: World) -> 
     assert [c[1] for c in world.closes] == [CloseReason.USER_INITIATED]
 
 
+async def test_someone_leaving_before_the_user_came_changes_nothing(world: World) -> None:
+    world.room.add_participant("v")
+    await world.start_session()
+    link = world.link(participant_identity="u")
+    link.start()
+    await world.idle()
+    world.room.remove_participant("v", R.CLIENT_INITIATED)
+    await world.idle()
+    assert link.state == "waiting" and world.closes == [] and world.clock.pending == 0
+    world.room.add_participant("u")  # the user comes later and is linked as ever
+    await world.idle()
+    assert link.state == "linked"
+
+
+@pytest.mark.parametrize("meanwhile", ["rejoin", "someone_leaves"])
+async def test_while_the_link_closes_the_session_nothing_undoes_or_extends_it(
+    world: World, meanwhile: str
+) -> None:
+    link = await _user_leaves_while_the_close_hangs(world, session_close_timeout=10.0)
+    await world.clock.advance(6.0)
+    if meanwhile == "rejoin":
+        world.room.add_participant("u")
+    else:
+        world.room.add_participant("v")
+        await world.idle()
+        world.room.remove_participant("v", R.CLIENT_INITIATED)
+    await world.idle()
+    assert link.state == "closing"
+    await world.clock.advance(4.0)  # 10 s after the close began: given up, as bounded
+    await world.idle()
+    assert link.state == "closed"
+
+
 async def test_someone_else_leaving_changes_nothing(world: World) -> None:
     user = world.room.add_participant("u")
     world.room.add_participant("v")

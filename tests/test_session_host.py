@@ -116,6 +116,33 @@ async def test_attaching_the_attached_session_again_changes_nothing() -> None:
     await a.aclose()
 
 
+async def test_detach_stops_forwarding_and_the_host_goes_on_answering() -> None:
+    rig = Rig()
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    base = listeners(a)
+    rig.host.detach(a)  # nothing attached yet: nothing changes
+    await rig.settle()
+    assert rig.host.state == "detached"
+    assert (await rig.sim.ask("ping")).error == NO_ACTIVE_SESSION
+    rig.host.attach(a)
+    await rig.settle()
+    rig.host.detach(b)  # not the attached one: nothing changes
+    await rig.settle()
+    assert rig.host.state == "attached" and rig.host.session is a
+    rig.host.detach(a)
+    await rig.settle()
+    assert rig.host.state == "detached" and listeners(a) == base
+    say(a, "after")
+    await rig.settle()
+    assert rig.sim.transcripts() == []
+    # still open: a request is told there is no session, not that the host is closing
+    assert (await rig.sim.ask("get_agent_info")).error == NO_ACTIVE_SESSION
+    await rig.host.aclose()
+    await a.aclose()
+    await b.aclose()
+
+
 async def test_a_replaced_by_b_then_a_closes_b_stays_attached() -> None:
     rig = Rig()
     await rig.host.start()
