@@ -838,6 +838,28 @@ async def test_a_session_close_that_hangs_ends_the_link_and_says_so(
     assert world.clock.pending == 0
 
 
+async def test_a_close_that_hangs_after_grace_is_bounded_too(world: World) -> None:
+    """Grace ends, the session's close hangs: the link gives up session_close_timeout
+    later, and a user who comes back meanwhile is not linked to the closing session."""
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(grace_period=15.0, session_close_timeout=10.0)
+    link.start()
+    await world.idle()
+    world.agent.gate = asyncio.Event()  # AgentSession.aclose() waits for on_exit: forever
+    world.room.remove_participant("u", R.CONNECTION_TIMEOUT)
+    await world.idle()
+    await world.clock.advance(15.0)
+    await world.idle()
+    assert link.state == "closing"
+    world.room.add_participant("u")  # too late
+    await world.idle()
+    assert link.state == "closing"
+    await world.clock.advance(10.0)
+    await world.idle()
+    assert link.state == "closed" and world.clock.pending == 0
+
+
 async def test_session_close_timeout_is_a_setting_with_its_range(world: World) -> None:
     link = await _user_leaves_while_the_close_hangs(world, session_close_timeout=5)
     await world.clock.advance(5)
