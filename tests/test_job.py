@@ -132,6 +132,21 @@ async def test_a_second_shutdown_during_the_hold_does_not_extend_it() -> None:
     await rt.aclose()
 
 
+async def test_a_job_whose_close_was_cut_leaves_the_room_when_not_asked_to_delete() -> None:
+    """The close work hangs and is cut at close_timeout, before the room work: releasing
+    the job afterwards deletes nothing (nobody asked)."""
+    rig = JobRig(simulation=None, close_timeout=4.0)
+    rt = rig.runtime
+    rt.add_shutdown_callback(asyncio.Event().wait)
+    await rt.start()
+    rt.shutdown("done")
+    await rig.clock.advance(4)
+    await rig.settle()
+    assert rt.state == "closed"
+    await rt.aclose()
+    assert rig.deletions == [] and rt.room_deleted_at is None
+
+
 async def test_the_room_disconnecting_while_serving_ends_the_job_at_once() -> None:
     rig = JobRig(session_end_timeout=30.0)
     rt = rig.runtime

@@ -222,8 +222,9 @@ async def test_second_finalize_after_one_was_answered_gets_an_error() -> None:
     rig = Rig(on_simulation_end=calls.append)
     await rig.host.start()
     assert not (await rig.sim.ask("finalize_simulation", {"provisional_success": True})).error
-    resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
-    assert resp.error == "finalize_simulation was already answered"
+    for _ in range(2):  # and every one after it, alike
+        resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+        assert resp.error == "finalize_simulation was already answered"
     assert len(calls) == 1 and rig.answered == [None]
     await rig.host.aclose()
 
@@ -334,7 +335,9 @@ async def test_closing_drains_a_verdict_in_flight_within_its_bound() -> None:
     assert rig.host.finalize_answered and rig.last("drained").dest == "closed"
 
 
-@pytest.mark.parametrize("late", ["session_closed", "finalize"])
+@pytest.mark.parametrize(
+    "late", ["session_closed", "detach", "finalize", "request", "bad_request", "close"]
+)
 async def test_what_arrives_while_the_host_drains_does_not_extend_the_drain(late: str) -> None:
     """A verdict that never comes: the host closes 3 s (its drain bound) after it began,
     whatever arrives meanwhile (the attached session closing, another finalize)."""
@@ -352,14 +355,22 @@ async def test_what_arrives_while_the_host_drains_does_not_extend_the_drain(late
     closing = asyncio.ensure_future(rig.host.aclose())
     await rig.clock.advance(2)
     assert rig.host.state == "closing"
+    again = None
     if late == "session_closed":
         rig.host.session_closed(a, "user_initiated")
+    elif late == "detach":
+        rig.host.detach(a)
+    elif late == "close":
+        again = asyncio.ensure_future(rig.host.aclose())  # a second close meanwhile
     else:
-        assert (await rig.sim.ask("finalize_simulation")).error == HOST_CLOSING
+        kind = {"request": "ping", "bad_request": "launch_rockets"}.get(late, "")
+        assert (await rig.sim.ask(kind or "finalize_simulation")).error == HOST_CLOSING
     await rig.settle()
+    assert rig.host.state == "closing"
     await rig.clock.advance(1)
     await rig.settle()
     assert closing.done() and rig.host.state == "closed"
+    assert again is None or again.done()
     assert rig.last("drain_timeout").dest == "closed"
     await a.aclose()
 
