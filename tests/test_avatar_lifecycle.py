@@ -952,3 +952,94 @@ async def test_a_reaction_the_instant_the_avatar_fails_is_handled_in_failed(reac
         assert rig.lifecycle.state == "restored"
         assert handle.done()  # not left to the session's 5 s interruption fallback
     await rig.aclose()
+
+
+# -- what does not concern the lifecycle leaves it where it is --------------------------------
+
+
+@pytest.mark.parametrize("then", ["participant", "nothing"])
+async def test_video_seen_before_its_participant_is_not_a_join(then: str) -> None:
+    """Reordered events: the avatar's video published arrives before the participant it
+    belongs to. Still routing, nothing restarted; the participant then makes the join, and
+    without it the join timeout runs from the start, not from the video."""
+    from tests.support.world import stranger, stranger_track
+
+    rig = Rig(join_timeout=10.0)
+    await rig.start_session()
+    await rig.start_avatar()
+    await rig.clock.advance(4.0)
+    rig.room.emit("track_published", stranger_track("video"), stranger(AVATAR))
+    await settle()
+    assert rig.lifecycle.state == "routing" and rig.lifecycle.audio_route() == "avatar"
+    assert rig.avatar.start_calls == 1
+    if then == "participant":
+        rig.join()
+        await settle()
+        assert rig.lifecycle.state == "joined"
+    else:
+        await rig.clock.advance(6.0)
+        assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
+    await rig.aclose()
+
+
+async def test_an_avatar_that_leaves_before_its_video_ends_the_wait_at_once() -> None:
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join(video=False)  # the participant, no video yet
+    await settle()
+    assert rig.lifecycle.state == "routing"
+    await rig.clock.advance(1.0)
+    rig.room.remove_participant(AVATAR)
+    await settle()
+    # not left waiting for the join timeout: back on room audio now
+    assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
+    assert rig.clock.pending == 0
+    await rig.aclose()
+
+
+async def test_an_interruption_before_start_changes_nothing() -> None:
+    rig = Rig()
+    await rig.start_session()
+    rig.lifecycle.interrupt()  # the user talks over the agent before the avatar started
+    await settle()
+    assert rig.lifecycle.state == "idle" and rig.rpcs() == []
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined" and rig.lifecycle.audio_route() == "avatar"
+    await rig.aclose()
+
+
+@pytest.mark.parametrize(
+    "meanwhile", ["interrupt", "video", "other_agent_leaves", "avatar_back", "avatar_back_and_gone"]
+)
+async def test_the_backoff_is_not_disturbed_by_what_does_not_concern_it(meanwhile: str) -> None:
+    """Waiting to retry on room audio, without rejoin: an interruption, a video or a
+    departure that is not the avatar's, or the avatar coming back (not to be re-routed
+    without rejoin) leave the wait as it was; the retry starts at its time."""
+    from tests.support.world import stranger, stranger_track
+
+    rig = Rig(avatar=FlakyAvatar(failures=1), retry={"attempts": 1, "backoff": {"initial": 5.0}})
+    rig.room.add_participant("other-agent", kind="agent")
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "backoff"
+    await rig.clock.advance(2.0)
+    if meanwhile == "interrupt":
+        rig.lifecycle.interrupt()
+    elif meanwhile == "video":
+        rig.room.emit("track_published", stranger_track("video"), stranger(AVATAR))
+    elif meanwhile == "other_agent_leaves":
+        rig.room.remove_participant("other-agent")
+    else:
+        rig.join()
+        if meanwhile == "avatar_back_and_gone":
+            await settle()
+            rig.room.remove_participant(AVATAR)
+    await settle()
+    assert rig.lifecycle.state == "backoff" and rig.lifecycle.audio_route() == "room"
+    assert rig.avatar.start_calls == 1 and rig.rpcs() == []
+    await rig.clock.advance(3.0)  # 5 s after the failure: the retry starts, on time
+    assert rig.avatar.start_calls == 2
+    await rig.aclose()
