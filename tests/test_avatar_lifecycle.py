@@ -1043,3 +1043,41 @@ async def test_the_backoff_is_not_disturbed_by_what_does_not_concern_it(meanwhil
     await rig.clock.advance(3.0)  # 5 s after the failure: the retry starts, on time
     assert rig.avatar.start_calls == 2
     await rig.aclose()
+
+
+@pytest.mark.parametrize("state", ["starting", "joined", "backoff", "restored"])
+async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None:
+    """The room reconnects (its connection state back to connected): the lifecycle, its
+    route, its timers and the plugin are as they were."""
+    if state == "starting":
+        rig = Rig(avatar=StuckAvatar(), join_timeout=10.0)
+        await rig.start_session()
+        started = await rig.start_avatar_aside()
+    elif state == "backoff":
+        rig = Rig(
+            avatar=FlakyAvatar(failures=1), retry={"attempts": 1, "backoff": {"initial": 5.0}}
+        )
+        await rig.start_session()
+        await rig.start_avatar()
+    else:
+        rig = Rig(avatar=FlakyAvatar(failures=1) if state == "restored" else None)
+        await rig.start_session()
+        await rig.start_avatar()
+        if state == "joined":
+            rig.join()
+            await settle()
+    assert rig.lifecycle.state == state
+    before = (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending)
+    await rig.clock.advance(2.0)
+    rig.room.reconnect_locally()
+    await settle()
+    assert rig.lifecycle.state == state
+    assert (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending) == before
+    if state == "starting":  # its bound still counts from the start
+        await rig.clock.advance(8.0)
+        assert rig.lifecycle.state == "restored"
+        await started
+    elif state == "backoff":  # the retry at its time
+        await rig.clock.advance(3.0)
+        assert rig.avatar.start_calls == 2
+    await rig.aclose()

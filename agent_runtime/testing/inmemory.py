@@ -242,6 +242,17 @@ class InMemoryRoom(rtc.Room):
         self.emit("connection_state_changed", self._connection_state)
         self.emit("connected")
 
+    def reconnect_locally(self) -> None:
+        """A network blip, as the SDK reports one: reconnecting, then connected again."""
+        if not self.isconnected():
+            return
+        self._connection_state = rtc.ConnectionState.CONN_RECONNECTING
+        self.emit("connection_state_changed", self._connection_state)
+        self.emit("reconnecting")
+        self._connection_state = rtc.ConnectionState.CONN_CONNECTED
+        self.emit("connection_state_changed", self._connection_state)
+        self.emit("reconnected")
+
     def disconnect_locally(self, reason: int = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
         if not self.isconnected():
             return
