@@ -1081,3 +1081,26 @@ async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None
         await rig.clock.advance(3.0)
         assert rig.avatar.start_calls == 2
     await rig.aclose()
+
+
+@pytest.mark.parametrize("state", ["routing", "backoff", "restored"])
+async def test_a_playback_report_while_not_joined_moves_nothing(state: str) -> None:
+    """The avatar reports a playback (before its video is up, or late, after it failed):
+    the lifecycle stays where it was, the route and the timers with it."""
+    rig = Rig(
+        avatar=None if state == "routing" else FlakyAvatar(failures=1),
+        retry={"attempts": 1, "backoff": {"initial": 5.0}} if state == "backoff" else {},
+    )
+    await rig.start_session()
+    await rig.start_avatar()
+    if state == "routing":
+        rig.join(video=False)
+        await settle()
+    assert rig.lifecycle.state == state
+    before = (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending)
+    with contextlib.suppress(rtc.RpcError):  # unregistered there: refused, which is fine
+        await rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished())
+    await settle()
+    assert rig.lifecycle.state == state
+    assert (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending) == before
+    await rig.aclose()
