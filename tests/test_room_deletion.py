@@ -100,6 +100,44 @@ async def test_the_shutdown_callbacks_wait_for_the_deletion() -> None:
     await rt.aclose()
 
 
+async def test_asked_and_allowed_again_while_it_runs_the_deletion_runs_once() -> None:
+    """An end-call tool asks again, the job's room work allows again, while the server
+    call is under way: it still runs once, and ends as that one call ends."""
+    deleter = Deleter("gate")
+    rig = rig_with(deleter, delete_room_on_close=True)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("done")
+    await rig.clock.advance(3)
+    assert rt.deletion.state == "deleting"
+    rt.request_room_deletion()
+    rt.deletion.post(Event("allow"))
+    await rig.clock.advance(2)
+    assert rt.deletion.state == "deleting" and deleter.calls == [0.0]
+    deleter.gate.set()
+    await rig.settle()
+    assert rt.deletion.state == "deleted" and rt.room_deleted_at == 5.0
+    assert deleter.calls == [0.0]
+    await rt.aclose()
+
+
+async def test_allowed_twice_then_asked_the_deletion_runs_once_at_the_ask() -> None:
+    deleter = Deleter()
+    rig = rig_with(deleter)
+    rt = rig.runtime
+    await rt.start()
+    rt.shutdown("done")  # the room work allows it; nobody asked
+    await rig.settle()
+    assert rt.deletion.state == "allowed"
+    rt.deletion.post(Event("allow"))  # allowed again (a second path of the job's close)
+    await rig.clock.advance(4)
+    assert rt.deletion.state == "allowed" and deleter.calls == []
+    rt.request_room_deletion()
+    await rig.settle()
+    assert deleter.calls == [4.0] and rt.deletion.state == "deleted"
+    await rt.aclose()
+
+
 async def test_a_request_after_the_room_work_runs_at_once_and_the_release_waits_for_it() -> None:
     deleter = Deleter("gate")
     rig = rig_with(deleter)
