@@ -106,6 +106,28 @@ def test_a_stray_report_that_disarms_the_watchdog_is_caught() -> None:
     assert found["moved_by_noise"][-1] == "playback_finished"
 
 
+@pytest.mark.parametrize(
+    ("cell", "check", "last"),
+    [
+        (("settling", "speech_created"), "turn_not_followed", "speech_created"),
+        (("agent_turn", "agent_listening"), "turn_not_ended", "agent_listening"),
+        (("agent_turn", "handed_off"), "unwatched_audio", "handed_off"),
+    ],
+)
+def test_each_documented_behaviour_broken_is_caught(
+    cell: tuple[str, str], check: str, last: str
+) -> None:
+    found = _problems(explore_playout(_ignoring(*cell)))
+    assert found[check][-1] == last
+
+
+def test_a_watchdog_that_never_arms_is_caught() -> None:
+    at = ("agent_turn", "agent_listening")
+    rows = tuple(r for r in PLAYOUT.rows if not ((r.source, r.event) == at and r.guards))
+    found = _problems(explore_playout(PLAYOUT.model_copy(update={"rows": rows})))
+    assert found["watchdog_misarmed"][-1] == "agent_listening"
+
+
 def test_a_negative_count_is_refused() -> None:
     with pytest.raises(ValueError, match="max_reprompts must be >= 0"):
         explore_playout(max_reprompts=-1)

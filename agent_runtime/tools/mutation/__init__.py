@@ -1,7 +1,8 @@
 """The behaviour-only mutation score of the machines: which one-cell changes do the tests
 that assert behaviour notice?
 
-    python -m agent_runtime.tools.mutation                 # every machine (long)
+    python -m agent_runtime.tools.mutation                 # every machine (hours)
+    python -m agent_runtime.tools.mutation --props-examples 50 --explore-depth 4  # minutes
     python -m agent_runtime.tools.mutation --machine job --json out.json
 
 Every single-cell change of every machine in ``statemachines.machines.MACHINES`` is built
