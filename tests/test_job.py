@@ -113,22 +113,28 @@ async def test_simulator_neither_answers_nor_leaves_closes_at_session_end_timeou
     await rt.aclose()
 
 
-async def test_a_second_shutdown_during_the_hold_does_not_extend_it() -> None:
-    """The job is asked to shut down again (the app and the session both ask): the hold
-    still ends session_end_timeout after the first ask, not after the last."""
+@pytest.mark.parametrize("meanwhile", ["shutdown_again", "session_closes"])
+async def test_what_happens_during_the_hold_does_not_extend_it(meanwhile: str) -> None:
+    """Asked to shut down again (the app and the session both ask), or the session the job
+    kept serving closing: the hold still ends session_end_timeout after the first ask."""
     rig = JobRig(session_end_timeout=30.0)
     rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
     await rt.start()
     rt.shutdown("entrypoint done")
     await rig.settle()
     assert rt.state == "awaiting_finalize"
     await rig.clock.advance(20)
-    rt.shutdown("asked again")
+    if meanwhile == "shutdown_again":
+        rt.shutdown("asked again")
+    else:
+        await session.aclose()
     await rig.settle()
     await rig.clock.advance(10)
     await rig.settle()
     assert (rt.state, rt.closed_at) == ("closed", 30.0)
-    assert rig.callbacks == [(30.0, "entrypoint done")]  # the first reason is the one given
+    assert [r for _, r in rig.callbacks] == ["entrypoint done"]  # the first reason given
     await rt.aclose()
 
 
@@ -156,24 +162,6 @@ async def test_the_room_disconnecting_while_serving_ends_the_job_at_once() -> No
     await rig.settle()
     assert (rt.state, rt.closed_at) == ("closed", 4.0)  # no hold: nothing left to hold for
     assert len(rig.callbacks) == 1 and rig.callbacks[0][0] == 4.0
-    await rt.aclose()
-
-
-async def test_a_session_closing_during_the_hold_does_not_extend_it() -> None:
-    rig = JobRig(session_end_timeout=30.0)
-    rt = rig.runtime
-    session = await bare_session("agent")
-    rt.attach(session)
-    await rt.start()
-    rt.shutdown("entrypoint done")
-    await rig.settle()
-    assert rt.state == "awaiting_finalize"
-    await rig.clock.advance(20)
-    await session.aclose()  # the session the job kept serving closes during the hold
-    await rig.settle()
-    await rig.clock.advance(10)
-    await rig.settle()
-    assert (rt.state, rt.closed_at) == ("closed", 30.0)
     await rt.aclose()
 
 
