@@ -1104,3 +1104,19 @@ async def test_a_playback_report_while_not_joined_moves_nothing(state: str) -> N
     assert rig.lifecycle.state == state
     assert (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending) == before
     await rig.aclose()
+
+
+async def test_a_late_avatar_that_comes_and_goes_after_restore_changes_nothing() -> None:
+    """Restored on room audio (no retry, no rejoin): the avatar turning up late and leaving
+    again neither moves the audio nor restarts anything."""
+    rig = Rig(avatar=FlakyAvatar(failures=1))
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "restored"
+    rig.join()
+    await settle()
+    rig.room.remove_participant(AVATAR)
+    await settle()
+    assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
+    assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
+    await rig.aclose()
