@@ -50,12 +50,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from statemachines import MachineSpec, step
-from statemachines.playout import PLAYOUT
+from statemachines.playout import PLAYOUT, QUIET
+from statemachines.playout import TURN as _TURN
 
 User = Literal["listening", "speaking", "gone"]
 AT_REST = frozenset({"idle", "agent_turn", "exhausted", "closed"})
-TURN = frozenset({"agent_turn", "remote_playout"})  # the agent's audio is not done
-ARMED = frozenset({"settling", "watching"})
+TURN = frozenset(_TURN)  # the agent's audio is not done
+ARMED = frozenset(QUIET)  # the watchdog is armed or arming
 STARTS_A_TURN = frozenset({"speech_created", "agent_thinking", "agent_speaking"})
 
 
@@ -159,7 +160,6 @@ class _Explorer:
         self.max_reprompts = max_reprompts
         self.report = Report()
         self.effects: tuple[str, ...] = ()  # of the last decision
-        self.last_reentered = False  # the last decision left its state and entered it again
         self._row_index = {id(r): k for k, r in enumerate(spec.rows)}
 
     def guards(self, w: World) -> dict[str, bool]:
@@ -183,11 +183,10 @@ class _Explorer:
         st = step(self.spec, w.state, event, self.guards(w))
         self.report.steps += 1
         self.effects = st.effects if st.outcome == "transition" else ()
-        self.last_reentered = st.changed and st.dest == w.state
         if st.outcome == "reject":
             self.flag("rejected", f"{event} refused in {w.state}", path)
             return w
-        self.check_step(w, event, st.dest, path)
+        self.check_step(w, event, st.dest, st.changed, path)
         if st.outcome != "transition":
             return w
         for r in self.spec.rows:
@@ -218,11 +217,12 @@ class _Explorer:
                 out = replace(out, pending=False)
         return out
 
-    def concerns(self, w: World, event: str, after: str) -> bool:
-        """Whether ``event`` may take the machine from ``w.state`` to ``after`` (a
-        re-entry counts as a move for a state whose timer it restarts)."""
+    def concerns(self, w: World, event: str, after: str, left: bool) -> bool:
+        """Whether ``event`` may take the machine from ``w.state`` to ``after`` (``left``:
+        the state was left; a re-entry counts as a move for a state whose timer it
+        restarts)."""
         before = w.state
-        reentered = after == before and self.last_reentered
+        reentered = after == before and left
         if (after == before and not reentered) or event == "close":
             return True
         if reentered and self.spec.state(before).timeout is None:
@@ -244,13 +244,16 @@ class _Explorer:
         own_timer = timer is not None and event == timer.event and not reentered
         return own_timer or event in STARTS_A_TURN or (event == "handed_off" and w.joined)
 
-    def check_step(self, w: World, event: str, after: str, path: tuple[str, ...]) -> None:
+    def check_step(
+        self, w: World, event: str, after: str, left: bool, path: tuple[str, ...]
+    ) -> None:
         """What the documented behaviour asks of one decision (``w`` is the world the
-        input made, ``after`` the machine's state once it decided)."""
+        input made, ``after`` the machine's state once it decided, ``left`` whether it
+        left its state to get there)."""
         before = w.state
         if (event == "close") != (after == "closed") and before != "closed":
             self.flag("not_closed", f"{event} in {before} leads to {after}", path)
-        if not self.concerns(w, event, after):
+        if not self.concerns(w, event, after, left):
             self.flag("moved_by_noise", f"{event} moves {before} to {after}", path)
         if event in STARTS_A_TURN and after not in TURN and before != "closed":
             self.flag("turn_not_followed", f"{event} in {before} leaves it in {after}", path)
@@ -288,7 +291,7 @@ class _Explorer:
             self.flag("avatar_gone", "waiting in remote_playout, the avatar not joined", path)
         if w.pending and w.state not in ("remote_playout", "closed"):
             self.flag("unwatched_audio", f"{w.state} with audio at the avatar", path)
-        if w.state in ("settling", "watching") and w.pending:
+        if w.state in ARMED and w.pending:
             self.flag("armed_over_audio", f"{w.state} with agent audio pending", path)
         self.check_timers(w, path)
 

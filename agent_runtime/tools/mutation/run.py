@@ -208,8 +208,13 @@ def summary(verdicts: Sequence[Verdict]) -> dict[str, dict[str, int]]:
     return rows
 
 
-def format_report(verdicts: Sequence[Verdict], seconds: dict[str, float], workers: int) -> str:
-    examples = os.environ.get(PROPS_EXAMPLES)
+def format_report(
+    verdicts: Sequence[Verdict],
+    seconds: dict[str, float],
+    workers: int,
+    *,
+    examples: int | None = None,
+) -> str:
     lines = [
         "behaviour-only mutation score: single-cell mutants of every machine, judged by the "
         "behaviour tests and the exploration (golden and per-cell tables left out)",
@@ -322,10 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.coverage and Path(args.coverage).is_file():
             coverage = json.loads(Path(args.coverage).read_text())
             explored = coverage.get("explore")
+            recorded = explored["depth"] if explored else None  # None: unbounded
             # a shallower exploration than the one recorded: judge at that depth
             if explored and args.explore_depth < 0:
                 coverage["explore"] = None
-            elif explored and depth is not None and depth < (explored["depth"] or depth + 1):
+            elif explored and depth is not None and (recorded is None or depth < recorded):
                 explored["depth"] = depth
         else:
             coverage = record_coverage(args.tests, depth, workdir)
@@ -342,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         t3 = time.perf_counter()
     seconds = {"coverage": t2 - t1, "mutants": t3 - t2, "total": t3 - t0}
-    print(format_report(verdicts, seconds, args.workers), end="")
+    print(format_report(verdicts, seconds, args.workers, examples=args.props_examples), end="")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
