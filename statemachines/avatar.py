@@ -176,7 +176,9 @@ AVATAR = MachineSpec(
         *row("routing", "video_published", "joined", guards=["avatar_present"]),
         *row("routing", "video_published", None),
         *row("routing", "join_timeout", "failed", effects=["restore_route"]),
-        *row("routing", "start_error", "failed", effects=["restore_route"]),  # reinstall failed
+        # past starting (whose own outcomes die with it), a start_error is the reinstall's
+        # failure, decided after whatever was queued before it (the join, an interruption)
+        *row(ACTIVE, "start_error", "failed", effects=["restore_route"]),
         *row(ACTIVE, "avatar_left", "failed", effects=["restore_route"]),
         # the plugin's own clear (already run by its sink) holds the sink: follow it
         *row("joined", "interrupt", "clearing", guards=["clear_pending"]),
@@ -207,7 +209,7 @@ AVATAR = MachineSpec(
     ),
     ignore=(
         *cells(["idle", *ACTIVE, *DONE], START_OUTCOMES, "a stale start"),
-        *cells(["idle", "joined", "clearing", *DONE], "start_error", "a late start outcome"),
+        *cells(["idle", *DONE], "start_error", "the attempt has already failed"),
         *cells(
             "starting",
             ["room_connected", "avatar_connected", "video_published", "avatar_left"],

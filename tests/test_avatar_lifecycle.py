@@ -1120,3 +1120,160 @@ async def test_a_late_avatar_that_comes_and_goes_after_restore_changes_nothing()
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
     assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
     await rig.aclose()
+
+
+# -- what arrives while the machine passes through failed or clearing -------------------------
+
+
+def _report_playback(rig: Rig, replies: list[asyncio.Future[str]]) -> None:
+    """The avatar's lk.playback_finished, as the room delivers it (its handler runs on the
+    loop's next turn); its reply lands in ``replies``."""
+    report = rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished())
+    replies.append(asyncio.ensure_future(report))
+
+
+@pytest.mark.parametrize("meanwhile", ["back", "reconnect", "report", "left"])
+async def test_what_the_room_says_as_the_avatar_fails_is_taken_in_failed(meanwhile: str) -> None:
+    """The avatar fails and, in that same instant (before the route's restore has reported),
+    the room says more: the avatar back with its video, the connection back, a playback
+    report, or (it failed by its join timeout) the avatar leaving. All of it is taken in
+    ``failed`` and changes nothing: a user's listener sees failed, then restored on the
+    restore's report, and nothing else; the agent ends on room audio, nothing restarted."""
+    rig = Rig(join_timeout=10.0)
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join(video=meanwhile != "left")  # "left": there, its video never comes
+    await settle()
+    changes = rig.watch()
+    reacted: list[str] = []
+    replies: list[asyncio.Future[str]] = []
+
+    def on_change(ev: Any) -> None:
+        if ev.dest != "failed" or reacted:
+            return
+        reacted.append(ev.event)
+        if meanwhile == "back":
+            rig.join()
+        elif meanwhile == "reconnect":
+            rig.room.reconnect_locally()
+        elif meanwhile == "report":
+            _report_playback(rig, replies)
+        else:
+            rig.room.remove_participant(AVATAR)
+
+    rig.lifecycle.on("state_changed", on_change)
+    if meanwhile == "left":
+        await rig.clock.advance(10.0)
+    else:
+        rig.room.remove_participant(AVATAR)
+    await settle()
+    event = {
+        "back": "video_published",
+        "reconnect": "room_connected",
+        "report": "playback_finished",
+        "left": "avatar_left",
+    }[meanwhile]
+    assert rig.decided(event)[-1] == ("failed", "ignore")  # the cell this test is about
+    cause = "join_timeout" if meanwhile == "left" else "avatar_left"
+    before = "routing" if meanwhile == "left" else "joined"
+    assert changes == [(before, "failed", cause), ("failed", "restored", "route_restored")]
+    assert rig.lifecycle.audio_route() == "room"
+    assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
+    assert [await r for r in replies] == (["ok"] if meanwhile == "report" else [])
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("meanwhile", ["video", "reconnect", "announced", "interrupt", "report"])
+async def test_what_comes_while_the_plugins_clear_holds_the_sink_lets_it_finish(
+    meanwhile: str,
+) -> None:
+    """While the plugin's own clear holds its sink (``clearing``), the avatar publishing
+    another video, the connection coming back, the avatar announced again, another
+    interruption or its playback report: the clear is left to finish, then the lifecycle
+    is joined again, audio still at the avatar; a user's listener sees only that."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
+    rig.session.interrupt()
+    await settle()
+    assert rig.lifecycle.state == "clearing"
+    changes = rig.watch()
+    replies: list[asyncio.Future[str]] = []
+    await rig.clock.advance(1.0)
+    if meanwhile == "video":
+        rig.room.publish_track(AVATAR, "video")
+    elif meanwhile == "reconnect":
+        rig.room.reconnect_locally()
+    elif meanwhile == "announced":
+        rig.room.emit("participant_connected", rig.room.remote_participants[AVATAR])
+    elif meanwhile == "interrupt":
+        rig.lifecycle.interrupt()
+    else:
+        _report_playback(rig, replies)
+    await settle()
+    event = {
+        "video": "video_published",
+        "reconnect": "room_connected",
+        "announced": "avatar_connected",
+        "interrupt": "interrupt",
+        "report": "playback_finished",
+    }[meanwhile]
+    kind = "transition" if meanwhile == "report" else "ignore"  # a report marks the playout
+    assert ("clearing", kind) in rig.decided(event)  # the cell this test is about
+    await rig.clock.advance(10.0)
+    assert changes == [("clearing", "joined", "clear_buffer_done")]
+    assert rig.lifecycle.state == "joined" and rig.lifecycle.audio_route() == "avatar"
+    assert rig.avatar.start_calls == 1
+    assert [await r for r in replies] == (["ok"] if meanwhile == "report" else [])
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("then", ["nothing", "video", "leaves"])
+async def test_a_returning_avatar_whose_route_cannot_go_back_in_ends_on_room_audio(
+    then: str,
+) -> None:
+    """With rejoin, the avatar comes back but its route cannot be put back in (its sink
+    raises as it is attached again, a fault injected here): the attempt fails and the agent
+    ends on room audio, whether the avatar's video came in the same instant (the join is
+    decided before the failure, which ends it) or it left again in that instant (the
+    failure then comes after the leaving's, and changes nothing)."""
+    rig = Rig(retry={"rejoin": True})
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.room.remove_participant(AVATAR)
+    await settle()
+    assert rig.lifecycle.state == "restored"
+    sink = rig.lifecycle.installed_sink
+    assert sink is not None
+
+    def refuse() -> None:
+        raise RuntimeError("the avatar's stream is gone")
+
+    sink.on_attached = refuse  # type: ignore[method-assign]
+    changes = rig.watch()
+    rig.join(video=then == "video")
+    if then == "leaves":
+        rig.room.remove_participant(AVATAR)
+    await settle()
+    assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
+    assert route_of(rig.session) == "room"
+    back = [("restored", "routing", "avatar_connected")]
+    if then == "nothing":
+        assert changes == [*back, ("routing", "failed", "start_error"), *_restored]
+    elif then == "video":
+        joined = ("routing", "joined", "video_published")
+        assert changes == [*back, joined, ("joined", "failed", "start_error"), *_restored]
+    else:
+        assert changes == [*back, ("routing", "failed", "avatar_left"), *_restored]
+        assert rig.decided("start_error") == [("failed", "ignore")]
+    await rig.aclose()
+
+
+_restored = [("failed", "restored", "route_restored")]

@@ -130,6 +130,21 @@ class Rig:
     def rpcs(self, method: str = "lk.clear_buffer") -> list[Any]:
         return [c for c in self.room.local_participant.rpc_calls if c.method == method]
 
+    def watch(self) -> list[tuple[str, str, str]]:
+        """What a user's ``state_changed`` listener sees from now on: (from, to, on)."""
+        seen: list[tuple[str, str, str]] = []
+        self.lifecycle.on("state_changed", lambda ev: seen.append((ev.source, ev.dest, ev.event)))
+        return seen
+
+    def decided(self, event: str) -> list[tuple[str, str]]:
+        """Where the machine decided ``event`` and how (``transition``, ``ignore``, ...): a
+        test's check that it reached the cell it means to."""
+        return [
+            (r.source or "", r.kind)
+            for r in self.trace.records
+            if r.event == event and r.kind in ("transition", "ignore", "reject")
+        ]
+
     def transitions(self) -> list[tuple[float, str, str | None, str | None]]:
         return [
             (r.t, r.event or "", r.source, r.dest)
