@@ -1085,23 +1085,28 @@ async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None
 
 @pytest.mark.parametrize("state", ["routing", "backoff", "restored"])
 async def test_a_playback_report_while_not_joined_moves_nothing(state: str) -> None:
-    """The avatar reports a playback (before its video is up, or late, after it failed):
-    the lifecycle stays where it was, the route and the timers with it."""
-    rig = Rig(
-        avatar=None if state == "routing" else FlakyAvatar(failures=1),
-        retry={"attempts": 1, "backoff": {"initial": 5.0}} if state == "backoff" else {},
-    )
+    """The avatar reports a playback before its video is up, or late, once it failed to
+    join (its report handler is still ours then): the report is answered and the
+    lifecycle stays where it was, the route and the timers with it."""
+    retry = {"attempts": 1, "backoff": {"initial": 5.0}} if state == "backoff" else {}
+    rig = Rig(join_timeout=10.0, retry=retry)
     await rig.start_session()
     await rig.start_avatar()
     if state == "routing":
         rig.join(video=False)
         await settle()
+    else:
+        await rig.clock.advance(10.0)  # never joined
     assert rig.lifecycle.state == state
     before = (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending)
-    with contextlib.suppress(rtc.RpcError):  # unregistered there: refused, which is fine
-        await rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished())
+    changes = rig.watch()
+    reply = await rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished())
     await settle()
-    assert rig.lifecycle.state == state
+    assert reply == "ok"
+    assert rig.decided("playback_finished") == [
+        (state, "transition" if state == "routing" else "ignore")
+    ]
+    assert changes == [] and rig.lifecycle.state == state
     assert (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending) == before
     await rig.aclose()
 

@@ -32,12 +32,15 @@ from statemachines.machines import MACHINES
 # the rows no path takes, each for a reason: an input the model does not produce (the
 # avatar's own lk.playback_finished outside a clear; a detach; the same session attached
 # again; a finalize in a job that is not a simulation; a room reconnecting while routing;
-# video from someone else while routing; an interrupt that reached no sink), or a state the
+# video from someone else while routing; an interrupt that reached no sink; a reinstall of
+# the avatar's route that fails), or a state the
 # eager model leaves at once (failed, replying), or a deletion closed before the job's close
 NOT_TAKEN = {
     ("avatar", "routing", "room_connected"),
     ("avatar", "routing", "video_published"),
     ("avatar", "routing", "start_error"),
+    ("avatar", "joined", "start_error"),
+    ("avatar", "clearing", "start_error"),
     ("avatar", "joined", "interrupt"),
     ("avatar", "failed", "interrupt"),
     ("avatar", "starting", "playback_finished"),

@@ -20,6 +20,7 @@ from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
 from agent_runtime.tools.explore.mutate import set_cell, set_dest
 from agent_runtime.tools.mutation.equivalent import (
     API_GUARDED,
+    INSTALLED_BY,
     MODULES,
     POSTED,
     PRODUCERS,
@@ -271,6 +272,54 @@ def test_an_api_guarded_event_is_sent_only_after_its_state_check(machine: str, e
         assert between.count("follow(") == 1 and source.count("follow(") == 1
 
 
+def _callers(machine: str) -> dict[str, set[str]]:
+    """function -> the functions of the runtime module that call it as ``self.<name>(...)``
+    or refer to it as ``self.<name>`` (a callback handed out)."""
+    tree = ast.parse((ROOT / MODULES[machine]).read_text())
+    out: dict[str, set[str]] = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                out.setdefault(node.attr, set()).add(fn.name)
+    return out
+
+
+@pytest.mark.parametrize(("machine", "event"), sorted(INSTALLED_BY))
+def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, event: str) -> None:
+    """The premise of 'never asked there': the callback alone constructs the event, only
+    the handing-out function refers to it (to register it, and to check it is still ours
+    before taking it back), and every chain of calls to that function starts in the
+    handler of one of the named effects."""
+    callback, hands_out, effects = INSTALLED_BY[(machine, event)]
+    assert {fn for e, fn in _constructed(machine) if e == event} == {callback}
+    callers = _callers(machine)
+    assert callers[callback] <= {hands_out, "_release_playback_rpc"}
+    source = (ROOT / MODULES[machine]).read_text()
+    roots, todo, seen = set(), [hands_out], {hands_out}
+    while todo:
+        fn = todo.pop()
+        if fn.startswith("_fx_"):
+            roots.add(fn)
+            continue
+        up = callers.get(fn, set())
+        assert up, f"{fn} is called from outside the runtime's own methods"
+        for caller in up - seen:
+            seen.add(caller)
+            todo.append(caller)
+    handlers = {
+        name: m.group(1)
+        for name in (e.name for e in MACHINES[machine].effects)
+        if (m := re.search(rf'"{name}":\s*\w+\.(\w+)', source))
+    }
+    assert roots == {handlers[name] for name in effects}
+
+
 def test_what_the_arguments_cover() -> None:
     def m(machine: str, label: str) -> Mutant:
         spec = MACHINES[machine]
@@ -297,6 +346,9 @@ def test_what_the_arguments_cover() -> None:
     # the room is followed only from start(): no room fact is decided in idle
     assert argument(m("avatar", "avatar (idle, avatar_connected) ignore -> joined"))
     assert argument(m("avatar", "avatar (routing, avatar_connected) [has_video] -> failed")) is None
+    # nobody can report a playback before the sink's handler was handed out
+    assert argument(m("avatar", "avatar (idle, playback_finished) ignore -> failed"))
+    assert argument(m("avatar", "avatar (starting, playback_finished) -> failed")) is None
     # nor in a machine whose state changes the runtime acts on
     assert argument(m("avatar", "avatar (routing, avatar_connected) -> routing")) is None
 

@@ -1,6 +1,6 @@
 """The mutants no one can tell apart from the machines as written, and why.
 
-Five arguments, each checked against the code it relies on (``tests/test_mutation.py``):
+Six arguments, each checked against the code it relies on (``tests/test_mutation.py``):
 
 * **decision record only.** Making an ignore cell reject or an internal transition with no
   effects (or the reverse) changes, for an event that arrives by ``Actor.post``, only the
@@ -27,6 +27,10 @@ Five arguments, each checked against the code it relies on (``tests/test_mutatio
   or where the events already queued can take them; a cell elsewhere is never decided.
   The same method subscribes the machine to the room (``SUBSCRIBED_BY``) right before it
   queues that event: a room fact is decided only in a state reachable once it was decided.
+* **never asked there.** An event posted only by a callback the runtime hands out inside
+  some effects (``INSTALLED_BY``: the avatar's ``lk.playback_finished`` handler, registered
+  once the plugin's sink is known) is decided only in the states those effects' rows and
+  tasks lead to, or where the events queued meanwhile take them.
 * **by hand**: ``BY_HAND``, a pattern over mutant labels (``fnmatch``) and its argument.
 
 A mutant one of them covers is not run (``--check-arguments`` runs them too: a kill then
@@ -103,6 +107,15 @@ POSTED: dict[str, frozenset[str]] = {
             "user_left",
             "close",
         }
+    ),
+}
+# (machine, event) -> (the callback that alone posts it, the function that hands it out,
+# the effects whose handlers call that function): before any of them ran, nothing can ask
+INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
+    ("avatar", "playback_finished"): (
+        "_on_playback_finished_rpc",
+        "_claim_playback_rpc",
+        frozenset({"start_plugin", "record_route", "check_presence", "reinstall_route"}),
     ),
 }
 # where each machine's runtime lives, for the checks
@@ -215,6 +228,25 @@ def _after_subscribing(m: Mutant) -> set[str] | None:
     return where | {s.name for s in original.states if s.final}
 
 
+def _after_installing(m: Mutant) -> set[str] | None:
+    """The states an ``INSTALLED_BY`` event can be decided in: those the effects that hand
+    out its callback run in or lead to, and on from there on anything queued; None when
+    that does not apply."""
+    installed = INSTALLED_BY.get((m.machine, m.event))
+    if installed is None:
+        return None
+    original = MACHINES[m.machine]
+    where: set[str] = set()
+    for name in installed[2]:
+        for st in original.states:
+            if name in st.invoke:
+                where |= _closure(original, st.name, set())
+        for r in original.rows:
+            if name in r.effects:
+                where |= _closure(original, r.dest or r.source, set())
+    return where
+
+
 def argument(m: Mutant) -> str | None:
     """Why no one can tell ``m`` from the machine as written, or None."""
     for pattern, why in BY_HAND:
@@ -239,6 +271,12 @@ def argument(m: Mutant) -> str | None:
         return (
             f"never decided there: {m.event!r} is a room fact, followed only once "
             f"{SUBSCRIBED_BY[m.machine]!r} was queued; that reaches {', '.join(sorted(after))}"
+        )
+    asked = _after_installing(m)
+    if asked is not None and m.state not in asked:
+        return (
+            f"never asked there: {m.event!r} is posted only by "
+            f"{INSTALLED_BY[(m.machine, m.event)][0]}, handed out in {', '.join(sorted(asked))}"
         )
     if _re_entry(m):
         return (
