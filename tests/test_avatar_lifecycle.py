@@ -134,6 +134,7 @@ async def test_join_needs_participant_and_video_in_either_order(video_first: boo
     rig = Rig()
     await rig.start_session()
     await rig.start_avatar()
+    changes = rig.watch()
     if video_first:
         # a participant already in the room when the avatar is awaited, video later
         rig.room.add_participant(AVATAR, kind="agent")
@@ -149,6 +150,7 @@ async def test_join_needs_participant_and_video_in_either_order(video_first: boo
     await settle()
     assert rig.lifecycle.state == "joined"
     assert rig.lifecycle.audio_route() == "avatar"
+    assert changes == [("routing", "joined", "video_published")]  # the participant moved nothing
     await rig.clock.advance(60)  # the join timer died with routing
     assert rig.lifecycle.state == "joined"
     await rig.aclose()
@@ -205,10 +207,12 @@ async def test_interrupt_while_routing_clears_locally_and_sends_nothing() -> Non
     handle = rig.session.say("hello", audio=frames(), add_to_chat_ctx=False)
     await settle()
     assert not handle.done()
+    changes = rig.watch()
     rig.session.interrupt()
     rig.lifecycle.interrupt()
     await settle()
     assert handle.done()  # no 5 s "speech not done in time" fallback
+    assert changes == [] and rig.lifecycle.state == "routing"
     assert rig.rpcs() == []
     cleared = [r.effect for r in rig.trace.records if r.kind == "effect" and r.event == "interrupt"]
     assert cleared and set(cleared) == {"clear_local_buffer"}
@@ -229,11 +233,12 @@ async def test_interrupt_after_avatar_left_sends_nothing_and_does_not_stall() ->
     rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
     await settle()
     assert rig.lifecycle.state == "restored"
+    changes = rig.watch()
     rig.lifecycle.interrupt()
     rig.session.interrupt()
     await settle()
     assert handle.done()
-    assert rig.rpcs() == []
+    assert rig.rpcs() == [] and changes == []
     await rig.aclose()
 
 
@@ -301,9 +306,10 @@ async def test_interrupt_while_joined_with_nothing_playing_sends_nothing() -> No
     await rig.start_avatar()
     rig.join()
     await settle()
+    changes = rig.watch()
     rig.lifecycle.interrupt()
     await settle()
-    assert rig.rpcs() == []
+    assert rig.rpcs() == [] and changes == []
     assert rig.lifecycle.state == "joined"
     interrupts = [(r.kind, r.source, r.dest) for r in rig.trace.records if r.event == "interrupt"]
     assert interrupts == [("transition", "joined", "joined")]  # delivered, nothing held
@@ -353,6 +359,7 @@ async def test_leaving_clearing_early_releases_the_speech_and_the_hold(ending: s
     hold = sink._clear_buffer_atask
     assert hold is not None and not hold.done()
     await rig.clock.advance(1)
+    changes = rig.watch()
     if ending == "avatar_left":
         rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
     else:
@@ -362,6 +369,13 @@ async def test_leaving_clearing_early_releases_the_speech_and_the_hold(ending: s
     assert hold.done()
     assert sink._pending_playback_count == 0
     assert rig.lifecycle.state == {"avatar_left": "restored", "close": "closed"}[ending]
+    assert (
+        changes
+        == {
+            "avatar_left": [("clearing", "failed", "avatar_left"), *_restored],
+            "close": [("clearing", "closed", "close")],
+        }[ending]
+    )
     assert rig.lifecycle.audio_route() == "room"
     assert rig.lifecycle.actor.live_tasks == 0
     await rig.aclose()
@@ -692,16 +706,24 @@ async def test_late_join_after_restored_is_ignored_unless_retry(retry: bool) -> 
     await rig.start_avatar()
     await rig.clock.advance(5)
     assert rig.lifecycle.state == "restored"
-    rig.join()
+    changes = rig.watch()
+    rig.join(video=False)
     await settle()
-    if retry:
+    if retry:  # routed to again, and awaited again: its video is the join
+        assert changes == [("restored", "routing", "avatar_connected")]
+        assert rig.lifecycle.state == "routing" and rig.lifecycle.audio_route() == "avatar"
+        rig.room.publish_track(AVATAR, "video")
+        await settle()
+        assert changes[1:] == [("routing", "joined", "video_published")]
         assert rig.lifecycle.state == "joined"
         assert rig.lifecycle.audio_route() == "avatar"
         rig.room.remove_participant(AVATAR)
         await settle()
         assert rig.lifecycle.state == "restored"
     else:
-        assert rig.lifecycle.state == "restored"
+        rig.room.publish_track(AVATAR, "video")
+        await settle()
+        assert rig.lifecycle.state == "restored" and changes == []
     assert rig.lifecycle.audio_route() == "room"
     await rig.aclose()
 
@@ -894,7 +916,10 @@ async def test_an_avatar_that_returns_during_backoff_gets_the_audio_with_rejoin(
     await settle()
     assert rig.lifecycle.state == "backoff"
     assert rig.lifecycle.audio_route() == "room"
-    rig.join()
+    rig.join(video=False)
+    await settle()
+    assert rig.lifecycle.state == "routing"  # routed to again, its video awaited
+    rig.room.publish_track(AVATAR, "video")
     await settle()
     assert rig.lifecycle.state == "joined"  # re-routed, not restarted
     assert rig.lifecycle.audio_route() == "avatar"
@@ -990,8 +1015,10 @@ async def test_an_avatar_that_leaves_before_its_video_ends_the_wait_at_once() ->
     await settle()
     assert rig.lifecycle.state == "routing"
     await rig.clock.advance(1.0)
+    changes = rig.watch()
     rig.room.remove_participant(AVATAR)
     await settle()
+    assert changes == [("routing", "failed", "avatar_left"), *_restored]
     # not left waiting for the join timeout: back on room audio now
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
     assert rig.clock.pending == 0
@@ -1001,9 +1028,10 @@ async def test_an_avatar_that_leaves_before_its_video_ends_the_wait_at_once() ->
 async def test_an_interruption_before_start_changes_nothing() -> None:
     rig = Rig()
     await rig.start_session()
+    changes = rig.watch()
     rig.lifecycle.interrupt()  # the user talks over the agent before the avatar started
     await settle()
-    assert rig.lifecycle.state == "idle" and rig.rpcs() == []
+    assert rig.lifecycle.state == "idle" and rig.rpcs() == [] and changes == []
     await rig.start_avatar()
     rig.join()
     await settle()
@@ -1025,6 +1053,7 @@ async def test_the_backoff_is_not_disturbed_by_what_does_not_concern_it(meanwhil
     await rig.start_session()
     await rig.start_avatar()
     assert rig.lifecycle.state == "backoff"
+    changes = rig.watch()
     await rig.clock.advance(2.0)
     if meanwhile == "interrupt":
         rig.lifecycle.interrupt()
@@ -1039,13 +1068,13 @@ async def test_the_backoff_is_not_disturbed_by_what_does_not_concern_it(meanwhil
             rig.room.remove_participant(AVATAR)
     await settle()
     assert rig.lifecycle.state == "backoff" and rig.lifecycle.audio_route() == "room"
-    assert rig.avatar.start_calls == 1 and rig.rpcs() == []
+    assert rig.avatar.start_calls == 1 and rig.rpcs() == [] and changes == []
     await rig.clock.advance(3.0)  # 5 s after the failure: the retry starts, on time
     assert rig.avatar.start_calls == 2
     await rig.aclose()
 
 
-@pytest.mark.parametrize("state", ["starting", "joined", "backoff", "restored"])
+@pytest.mark.parametrize("state", ["starting", "routing", "joined", "backoff", "restored"])
 async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None:
     """The room reconnects (its connection state back to connected): the lifecycle, its
     route, its timers and the plugin are as they were."""
@@ -1068,10 +1097,11 @@ async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None
             await settle()
     assert rig.lifecycle.state == state
     before = (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending)
+    changes = rig.watch()
     await rig.clock.advance(2.0)
     rig.room.reconnect_locally()
     await settle()
-    assert rig.lifecycle.state == state
+    assert rig.lifecycle.state == state and changes == []
     assert (rig.lifecycle.audio_route(), rig.avatar.start_calls, rig.clock.pending) == before
     if state == "starting":  # its bound still counts from the start
         await rig.clock.advance(8.0)
@@ -1118,10 +1148,12 @@ async def test_a_late_avatar_that_comes_and_goes_after_restore_changes_nothing()
     await rig.start_session()
     await rig.start_avatar()
     assert rig.lifecycle.state == "restored"
+    changes = rig.watch()
     rig.join()
     await settle()
     rig.room.remove_participant(AVATAR)
     await settle()
+    assert changes == []
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
     assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
     await rig.aclose()
@@ -1282,3 +1314,74 @@ async def test_a_returning_avatar_whose_route_cannot_go_back_in_ends_on_room_aud
 
 
 _restored = [("failed", "restored", "route_restored")]
+
+
+@pytest.mark.parametrize(
+    ("state", "meanwhile"),
+    [
+        ("routing", "report"),
+        ("joined", "report"),
+        ("joined", "video"),
+        ("joined", "announced"),
+        ("restored", "back"),
+    ],
+)
+async def test_what_does_not_concern_the_lifecycle_leaves_it_where_it_is(
+    state: str, meanwhile: str
+) -> None:
+    """The avatar's playback report (the segment it played ends, nothing else), another
+    video from it, the room announcing it again, or (restored, no rejoin) the avatar
+    turning up with its video: a user's listener sees no state change, the audio stays
+    where it was, nothing is sent and nothing restarts."""
+    rig = Rig(join_timeout=10.0)
+    await rig.start_session()
+    await rig.start_avatar()
+    if state == "restored":
+        await rig.clock.advance(10.0)  # never joined
+    else:
+        rig.join(video=state == "joined")
+        await settle()
+    assert rig.lifecycle.state == state
+    handle = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    route = rig.lifecycle.audio_route()
+    changes = rig.watch()
+    if meanwhile == "report":
+        assert not handle.done()  # the avatar has the segment, or waits for its video
+        assert (
+            await rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished()) == "ok"
+        )
+    elif meanwhile == "video":
+        rig.room.publish_track(AVATAR, "video")
+    elif meanwhile == "announced":
+        rig.room.emit("participant_connected", rig.room.remote_participants[AVATAR])
+    else:
+        rig.join()
+    await settle()
+    if meanwhile == "report" and state == "joined":
+        assert handle.done()  # routing: the sink holds the audio until the video is up
+    assert changes == [] and rig.lifecycle.state == state
+    assert rig.lifecycle.audio_route() == route and rig.avatar.start_calls == 1
+    assert rig.rpcs() == []
+    await rig.aclose()
+
+
+async def test_an_interruption_queued_behind_the_join_sends_nothing() -> None:
+    """An interruption asked in the very instant the avatar's video arrives: the join is
+    decided first, then the interruption, which was asked of a sink no avatar was playing
+    from. It is cleared locally: nothing is sent to the avatar, and the lifecycle stays
+    joined, audio at the avatar."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join(video=False)
+    await settle()
+    changes = rig.watch()
+    rig.room.publish_track(AVATAR, "video")
+    rig.lifecycle.interrupt()  # still routing as it is asked: not the plugin's clear
+    await settle()
+    assert rig.decided("interrupt") == [("joined", "transition")]
+    assert rig.rpcs() == []
+    assert changes == [("routing", "joined", "video_published")]
+    assert rig.lifecycle.state == "joined" and rig.lifecycle.audio_route() == "avatar"
+    await rig.aclose()

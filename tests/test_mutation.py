@@ -320,6 +320,21 @@ def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, e
     assert roots == {handlers[name] for name in effects}
 
 
+def test_the_avatar_is_never_started_once_closing() -> None:
+    """The premise of the argument by hand for ``(closed, start)``: ``close`` is sent only
+    by ``aclose()``, which marks the lifecycle closing before it sends anything, and
+    ``start()`` refuses a closing lifecycle before it sends ``start``."""
+    assert {fn for e, fn in _constructed("avatar") if e == "close"} == {"aclose"}
+    source = (ROOT / MODULES["avatar"]).read_text()
+    aclose = source[source.index("    async def aclose(") :]
+    assert aclose.index("self._closing = True") < aclose.index('.send(Event("close"))')
+    start = source[source.index("    async def start(") :]
+    refused = start.index("if self._closing or self._actor.closed:")
+    send = start.index('await self._actor.send(Event("start"))')
+    assert start.index("raise", refused) < send
+    assert "await" not in start[refused:send]
+
+
 def test_what_the_arguments_cover() -> None:
     def m(machine: str, label: str) -> Mutant:
         spec = MACHINES[machine]

@@ -178,7 +178,12 @@ RECORD_ONLY = (
     " reject -> internal",
 )
 
-BY_HAND: tuple[tuple[str, str], ...] = ()
+BY_HAND: tuple[tuple[str, str], ...] = (
+    (
+        "avatar (closed, start) *",
+        "refused by the API: start() refuses once aclose() began, and only aclose() sends close",
+    ),
+)
 
 
 def _routed(machine: str) -> frozenset[str]:
