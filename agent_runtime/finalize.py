@@ -9,7 +9,6 @@ reply that could not be delivered is sent again on a retry without running it tw
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,7 +21,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
-from .actor import Actor, ActorClosed, Event, Handlers
+from .actor import Actor, Event, Handlers
 from .clock import AsyncioClock, Clock
 from .routing import Wiring, guard_table
 from .trace import Tracer
@@ -109,12 +108,6 @@ class FinalizeAnswer:
     async def settled(self) -> None:
         """Wait until no answer is being computed or sent (the caller bounds the wait)."""
         await self.actor.until(lambda state: state not in ("answering", "replying"))
-
-    async def close(self) -> None:
-        """The host is closing: an answer still being computed is cut, and its request gets
-        an error reply instead."""
-        with contextlib.suppress(ActorClosed):
-            await self.actor.send(Event("close"))
 
     async def aclose(self) -> None:
         await self.actor.join()  # a reply under way is bounded by reply_timeout

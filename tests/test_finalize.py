@@ -119,25 +119,38 @@ async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_busy_e
     assert busy.error == "finalize_simulation was already being answered"
     assert t.calls == 1 and rig.answered == [{"success": False, "reason": "veto 1"}]
     await rig.host.aclose()
+    await rig.settle()
+    rig.sim.pump()
+    # one reply per request: the verdict once, the busy error once
+    assert sorted(r.request_id for r in rig.sim.received) == sorted([first, second])
 
 
-async def test_the_host_closing_while_answering_gets_the_simulator_one_error_reply() -> None:
+async def test_the_host_closing_while_the_verdict_is_being_sent_lets_it_arrive_once() -> None:
+    """The host closes (the job is ending) while ``on_simulation_end`` still runs; it
+    returns just before the drain's bound, so the verdict's reply is under way when the
+    host's close reaches the answer. The reply still goes out, once, with no error reply
+    after it; the job is told it was answered; the close returns without raising."""
     t = Setup()
     rig = t.rig
     await rig.host.start()
-    t.compute.clear()  # on_simulation_end never returns
+    t.compute.clear()
+    t.end.hold = True
     rid = await rig.sim.send("finalize_simulation", FIN)
     await rig.settle()
     closing = asyncio.ensure_future(rig.host.aclose())
     await rig.clock.advance(2.9)
-    assert t.fin.state == "answering" and not closing.done()
-    await rig.clock.advance(0.1)  # the drain bound
-    await rig.settle()
-    assert closing.done() and t.fin.state == "closed"
+    t.compute.set()  # the verdict, 0.1 s before the drain's bound
+    await rig.clock.advance(0.1)
+    assert t.fin.state == "replying"
+    await rig.clock.advance(0.5)
+    t.end.release.set()  # the send returns, within its own bound
+    await rig.clock.advance(5.0)
+    await closing
+    assert rig.last("close", machine="finalize").source == "replying"  # the cell in question
     rig.sim.pump()
-    assert rig.sim.responses == {rid: rig.sim.responses[rid]}
-    assert rig.sim.responses[rid].error == FINALIZE_UNFINISHED
-    assert rig.answered == []
+    assert [r.request_id for r in rig.sim.received] == [rid]
+    assert rig.sim.received[0].finalize_simulation.user_verdict.reason == "veto 1"
+    assert rig.answered == [{"success": False, "reason": "veto 1"}] and t.calls == 1
 
 
 # -- every cell of the table, through the host ----------------------------------------------
@@ -189,7 +202,8 @@ async def _reach(t: Setup, state: str, event: str) -> str | None:
     rig = t.rig
     await rig.host.start()
     if state == "closed":
-        await t.fin.close()  # what the host's close sends it
+        rig.host.wiring.fire("session_host", "close_finalize")  # what the host's close sends
+        await t.fin.actor.join()
         return None
     if state == "idle":
         return None

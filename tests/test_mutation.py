@@ -344,7 +344,11 @@ def test_what_the_arguments_cover() -> None:
     assert argument(m("job", "job (closing, close_done) -> serving")) is None
     assert argument(m("job", "job (closing, shutdown) ignore -> reject")) is not None
     # a sent event: a reject would raise to the caller
-    assert argument(m("finalize", "finalize (replying, close) ignore -> reject")) is None
+    assert argument(m("avatar", "avatar (closed, start) reject -> ignore")) is not None  # by hand
+    assert argument(m("avatar", "avatar (routing, start) reject -> ignore")) is not None  # API
+    assert argument(m("avatar", "avatar (idle, start) -> ignore")) is None
+    # the host's close reaches the finalize answer through its link: posted
+    assert argument(m("finalize", "finalize (replying, close) ignore -> reject"))
     # the same made posted (the job's links post allow): ignore and reject act alike
     assert argument(m("room_deletion", "room_deletion (allowed, allow) ignore -> reject"))
     # sent, but the tracker's close suppresses a reject

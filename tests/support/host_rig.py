@@ -30,6 +30,7 @@ class Simulator:
     def __init__(self, end: InMemorySessionTransport) -> None:
         self.end = end
         self.responses: dict[str, agent_pb.SessionResponse] = {}
+        self.received: list[agent_pb.SessionResponse] = []  # every response, in order
         self.events: list[agent_pb.AgentSessionEvent] = []
         self._ids = itertools.count(1)
 
@@ -37,6 +38,7 @@ class Simulator:
         for msg in self.end.receive_nowait():
             if msg.HasField("response"):
                 self.responses[msg.response.request_id] = msg.response
+                self.received.append(msg.response)
             elif msg.HasField("event"):
                 self.events.append(msg.event)
 

@@ -49,7 +49,7 @@ from .mutants import Mutant
 # events a runtime awaits with Actor.send without suppressing EventRejected (a reject
 # raises to the caller); the closes the avatar, the participant link and the playout
 # tracker send suppress it: there a reject is the record alone
-SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start"), ("finalize", "close")})
+SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start")})
 # (machine, event) -> (the method that sends it, the only states it sends it in)
 API_GUARDED: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
     ("avatar", "start"): ("start", frozenset({"idle"})),
