@@ -342,6 +342,66 @@ async def test_what_happens_while_closing_does_not_extend_its_bound(late: str) -
     await rt.aclose()
 
 
+async def test_a_verdict_delivered_while_the_host_drains_does_not_restart_the_close() -> None:
+    """The simulator leaves while ``on_simulation_end`` still runs: the job closes, and the
+    host's drain waits for the answer. The verdict going out during that drain is
+    reported to a job already closing: the close runs once (one shutdown callback), ends
+    when its work is done, and the job's path has no second close in it."""
+    gate = asyncio.Event()
+
+    async def judge(ctx: Any) -> None:
+        await gate.wait()  # a model call
+        ctx.fail("too slow to answer")
+
+    rig = JobRig(on_simulation_end=judge, close_timeout=10.0)
+    rt = rig.runtime
+    await rt.start()
+    req = build_request("finalize_simulation", {"provisional_success": True}, request_id="f")
+    await rig.sim_end.send_message(agent_pb.AgentSessionMessage(request=req))
+    await rig.settle()
+    rig.room.remove_participant("simulator")
+    await rig.settle()
+    assert rt.state == "closing"
+    await rig.clock.advance(1.0)
+    gate.set()
+    await rig.clock.advance(1.0)
+    seen = [(r.kind, r.source) for r in rig.sink.records if r.event == "finalize_answered"]
+    assert seen == [("ignore", "closing")]  # the cell this test is about
+    await rig.clock.advance(10.0)
+    await rig.settle()
+    assert rt.state == "closed" and rt.closed_at == 1.0 and rt.finalize_answered
+    assert len(rig.callbacks) == 1
+    assert [p[1:] for p in rig.path()] == [
+        ("simulator_left", "serving", "closing"),
+        ("close_done", "closing", "closed"),
+    ]
+    await rt.aclose()
+
+
+async def test_the_session_closing_as_the_job_shuts_down_closes_it_once() -> None:
+    """The user hangs up in the very instant the job is asked to shut down: the session's
+    close reaches a job already closing. The close runs once, at once, and the job's
+    path has one close in it."""
+    rig = JobRig(simulation=None, close_timeout=10.0)
+    rt = rig.runtime
+    session = await session_in(rig.room)
+    rt.attach(session)
+    await rt.start()
+    rt.shutdown("done")
+    session.emit("close", CloseEvent(reason=CloseReason.USER_INITIATED))
+    await rig.settle()
+    seen = [(r.kind, r.source) for r in rig.sink.records if r.event == "session_closed"]
+    assert ("ignore", "closing") in seen  # the cell this test is about
+    await rig.clock.advance(10.0)
+    assert (rt.state, rt.closed_at) == ("closed", 0.0)
+    assert [reason for _, reason in rig.callbacks] == ["done"]
+    assert [p[1:] for p in rig.path()] == [
+        ("shutdown", "serving", "closing"),
+        ("close_done", "closing", "closed"),
+    ]
+    await rt.aclose()
+
+
 async def test_closing_is_bounded_by_close_timeout() -> None:
     rig = JobRig(simulation=None, close_timeout=4.0)
     rt = rig.runtime
