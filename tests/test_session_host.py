@@ -375,6 +375,34 @@ async def test_what_arrives_while_the_host_drains_does_not_extend_the_drain(late
     await a.aclose()
 
 
+async def test_two_closes_asked_at_once_close_the_host_once() -> None:
+    """The job and the app close the host in the same instant, while a verdict never
+    comes: one close, one drain, cut at its bound 3 s after it began; both calls return
+    then, and the simulator gets its one error reply."""
+    never = asyncio.Event()
+
+    async def hangs(ctx: SimulationContext) -> None:
+        await never.wait()
+
+    rig = Rig(on_simulation_end=hangs)
+    await rig.host.start()
+    rid = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    await rig.settle()
+    closes = [asyncio.ensure_future(rig.host.aclose()) for _ in range(2)]
+    await rig.clock.advance(2.9)
+    assert rig.host.state == "closing" and not any(c.done() for c in closes)
+    await rig.clock.advance(0.1)
+    await rig.settle()
+    assert all(c.done() for c in closes) and rig.host.state == "closed"
+    closes_seen = [(r.kind, r.source) for r in rig.sink.records if r.event == "close"]
+    assert ("ignore", "closing") in closes_seen  # the second, taken in as it was asked
+    into_closing = [r for r in rig.sink.records if r.kind == "transition" and r.dest == "closing"]
+    assert len(into_closing) == 1 and rig.last("drain_timeout").t == 3.0
+    rig.sim.pump()
+    assert [r.request_id for r in rig.sim.received] == [rid]
+    assert rig.sim.received[0].error == FINALIZE_UNFINISHED
+
+
 async def test_an_unreadable_message_does_not_stop_the_host() -> None:
     rig = Rig()
     await rig.host.start()
