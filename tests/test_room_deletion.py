@@ -177,25 +177,35 @@ async def test_a_failing_deletion_is_logged_and_the_close_goes_on(
     await rt.aclose()
 
 
-async def test_asked_but_never_allowed_is_abandoned_at_release(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("asked", [True, False])
+async def test_a_close_cut_before_the_room_work_deletes_nothing(
+    asked: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The job's close bound ends a room work that never finished, so the deletion was
+    never allowed: asked for, it is abandoned at release and says so; not asked, it is
+    released quietly. Either way the room is not deleted."""
     deleter = Deleter()
     rig = rig_with(deleter)
     rt = rig.runtime
     rig.room.disconnect = hung_disconnect  # type: ignore[method-assign]
     await rt.start()
-    rt.request_room_deletion()
+    if asked:
+        rt.request_room_deletion()
     rt.shutdown("done")
     await rig.clock.advance(10)  # the job's close bound ends a room work that never finished
-    assert rt.state == "closed" and rt.deletion.state == "requested"
+    assert rt.state == "closed" and rt.deletion.state == ("requested" if asked else "kept")
     with caplog.at_level(logging.WARNING, logger="agent_runtime.room_deletion"):
         await rt.aclose()
-    assert rt.deletion.state == "abandoned" and deleter.calls == []
-    assert [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"] == [
-        "room deletion was asked for, but the job closed before its room work was done; "
-        "the room is left as it is"
-    ]
+    assert rt.deletion.state == ("abandoned" if asked else "closed") and deleter.calls == []
+    assert rt.room_deleted_at is None
+    warned = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"]
+    if asked:
+        assert warned == [
+            "room deletion was asked for, but the job closed before its room work was done; "
+            "the room is left as it is"
+        ]
+    else:
+        assert warned == []
 
 
 # -- every cell of the table, through the runtime -------------------------------------------
