@@ -158,6 +158,15 @@ class PlayoutRig:
             if r.machine == "playout" and r.kind == "transition"
         ]
 
+    def decided(self, event: str) -> list[tuple[str, str, str]]:
+        """(source, kind, dest) of each decision the playout machine took on ``event``: a
+        test's check that it reached the cell it means to."""
+        return [
+            (r.source or "", r.kind, r.dest or "")
+            for r in self.sink.records
+            if r.machine == "playout" and r.event == event and r.kind in ("transition", "ignore")
+        ]
+
     def rpcs(self) -> list[str]:
         return [c.method for c in self.room.local_participant.rpc_calls]
 
