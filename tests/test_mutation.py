@@ -24,6 +24,7 @@ from agent_runtime.tools.mutation.equivalent import (
     MODULES,
     POSTED,
     PRODUCERS,
+    QUEUED_AT_ONCE,
     REPORTED_ONLY,
     SENT,
     SUBSCRIBED_BY,
@@ -320,6 +321,24 @@ def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, e
     assert roots == {handlers[name] for name in effects}
 
 
+@pytest.mark.parametrize(("machine", "effect"), sorted(QUEUED_AT_ONCE))
+def test_an_effect_queued_at_once_has_a_synchronous_handler(machine: str, effect: str) -> None:
+    """The premise of 'queued during its own step': the handler is a plain function whose
+    declared result is an event or nothing (never an awaitable), so the actor queues its
+    outcome before it takes the next event."""
+    source = (ROOT / MODULES[machine]).read_text()
+    found = re.search(rf'"{effect}":\s*\w+\.(\w+)', source)
+    assert found is not None
+    tree = ast.parse(source)
+    (fn,) = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == found.group(1)
+    ]
+    assert isinstance(fn, ast.FunctionDef), f"{fn.name} is a coroutine function"
+    assert fn.returns is not None and ast.unparse(fn.returns) in ("Event | None", "Event", "None")
+
+
 def test_the_avatar_is_never_started_once_closing() -> None:
     """The premise of the argument by hand for ``(closed, start)``: ``close`` is sent only
     by ``aclose()``, which marks the lifecycle closing before it sends anything, and
@@ -365,6 +384,9 @@ def test_what_the_arguments_cover() -> None:
     # the room is followed only from start(): no room fact is decided in idle
     assert argument(m("avatar", "avatar (idle, avatar_connected) ignore -> joined"))
     assert argument(m("avatar", "avatar (routing, avatar_connected) [has_video] -> failed")) is None
+    # a reinstall's failure is queued at once: no later restore's report can precede it
+    assert argument(m("avatar", "avatar (restored, start_error) ignore -> idle"))
+    assert argument(m("avatar", "avatar (failed, start_error) ignore -> idle")) is None
     # nobody can report a playback before the sink's handler was handed out
     assert argument(m("avatar", "avatar (idle, playback_finished) ignore -> failed"))
     assert argument(m("avatar", "avatar (starting, playback_finished) -> failed")) is None

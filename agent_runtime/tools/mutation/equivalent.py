@@ -20,7 +20,10 @@ Six arguments, each checked against the code it relies on (``tests/test_mutation
   event after the events already queued. So an event produced only by state timeouts,
   invoke tasks and row effects (``PRODUCERS``: the functions of the runtime that construct
   it) reaches only the states ``possible_states`` computes; a cell outside them is never
-  decided, and no change to it can show.
+  decided, and no change to it can show. A synchronous effect's outcome
+  (``QUEUED_AT_ONCE``) is queued during its own step: only what was queued before it can
+  move the machine first, which excludes an outcome consumed in the one state that
+  produces it (the avatar's ``route_restored``, pending only while ``failed``).
 * **refused by the API.** An event a runtime's method sends only after checking the
   machine's state, in the same synchronous step (``API_GUARDED``: the avatar's ``start``
   from ``start()``, which refuses any state but ``idle``), is decided only in those states
@@ -79,6 +82,9 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
     ("finalize", "verdict_ready"): {"compute_verdict": "_fx_compute_verdict"},
     ("finalize", "delivered"): {"send_verdict": "_fx_send_verdict"},
 }
+# (machine, effect) whose handler is synchronous (it neither is a coroutine function nor
+# returns an awaitable): its outcome is queued during the step that ran it
+QUEUED_AT_ONCE: frozenset[tuple[str, str]] = frozenset({("avatar", "reinstall_route")})
 # events the runtimes construct outside effect handlers (their API, callbacks from the
 # session, the host or the room): these may come at any time
 POSTED: dict[str, frozenset[str]] = {
@@ -151,10 +157,44 @@ def possible_states(spec: MachineSpec, event: str, *, routed: frozenset[str]) ->
     states = set(timers)
     for name in effects:
         states |= {s.name for s in spec.states if name in s.invoke}
+        at_once = (spec.name, name) in QUEUED_AT_ONCE
         for r in spec.rows:
             if name in r.effects:
-                states |= _closure(spec, r.dest or r.source, outcomes)
+                skip = set(outcomes)
+                if at_once:
+                    # queued during its own step: an outcome consumed where it was produced
+                    # is not pending then (the row does not start there), and any produced
+                    # later is queued behind this one
+                    skip |= {
+                        e for e, where in _consumed_in_place(spec).items() if where != r.source
+                    }
+                states |= _closure(spec, r.dest or r.source, skip)
     return states
+
+
+def _consumed_in_place(spec: MachineSpec) -> dict[str, str]:
+    """event -> state, for each event only row effects produce whose rows all enter that
+    one state, which nothing leaves but that event (or a final state): at most one such
+    event is ever pending, and only while the machine is in that state."""
+    out: dict[str, str] = {}
+    finals = {s.name for s in spec.states if s.final}
+    for (machine, event), by in PRODUCERS.items():
+        if machine != spec.name or any(
+            s.timeout is not None and s.timeout.event == event for s in spec.states
+        ):
+            continue
+        producers = set(by) | {e.name for e in spec.effects if e.error_event == event}
+        if any(name in s.invoke for s in spec.states for name in producers):
+            continue
+        dests = {r.dest for r in spec.rows if set(r.effects) & producers}
+        if len(dests) != 1 or None in dests:
+            continue
+        (state,) = dests
+        assert state is not None
+        leaving = [r for r in spec.rows if r.source == state and r.dest not in (None, state)]
+        if all(r.event == event or r.dest in finals for r in leaving):
+            out[event] = state
+    return out
 
 
 def _closure(spec: MachineSpec, start: str, outcomes: set[str]) -> set[str]:
