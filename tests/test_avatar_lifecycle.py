@@ -1385,3 +1385,33 @@ async def test_an_interruption_queued_behind_the_join_sends_nothing() -> None:
     assert changes == [("routing", "joined", "video_published")]
     assert rig.lifecycle.state == "joined" and rig.lifecycle.audio_route() == "avatar"
     await rig.aclose()
+
+
+async def test_a_playback_report_as_the_retry_starts_changes_nothing() -> None:
+    """The avatar that failed to join reports a playback in the very instant the retry
+    starts (its report handler is still ours until the failed attempt is released): the
+    report is answered, finds nothing left to report for, and the retry goes on; a
+    user's listener sees the retry and nothing else."""
+    rig = Rig(join_timeout=10.0, retry={"attempts": 1, "backoff": {"initial": 5.0}})
+    await rig.start_session()
+    await rig.start_avatar()
+    await rig.clock.advance(10.0)  # never joined: its report handler is still ours
+    assert rig.lifecycle.state == "backoff"
+    replies: list[asyncio.Future[str]] = []
+
+    def on_change(ev: Any) -> None:
+        if (ev.source, ev.dest) == ("backoff", "starting") and not replies:
+            _report_playback(rig, replies)
+
+    rig.lifecycle.on("state_changed", on_change)
+    changes = rig.watch()
+    await rig.clock.advance(5.0)
+    await settle()
+    assert [await r for r in replies] == ["ok"]
+    assert rig.decided("playback_finished") == [("starting", "transition")]  # the cell
+    assert changes == [
+        ("backoff", "starting", "backoff_elapsed"),
+        ("starting", "routing", "plugin_started"),
+    ]
+    assert rig.lifecycle.state == "routing" and rig.avatar.start_calls == 2
+    await rig.aclose()
