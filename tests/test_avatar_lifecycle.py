@@ -348,13 +348,9 @@ async def test_leaving_clearing_early_releases_the_speech_and_the_hold(ending: s
     await rig.start_avatar()
     rig.join()
     await settle()
-    handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
-    await settle()
+    handle = await rig.hold_clear()
     sink = rig.lifecycle.installed_sink
     assert isinstance(sink, DataStreamAudioOutput)
-    rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
-    rig.session.interrupt()
-    await settle()
     assert rig.lifecycle.state == "clearing"
     hold = sink._clear_buffer_atask
     assert hold is not None and not hold.done()
@@ -515,11 +511,7 @@ async def _drive_to(rig: Rig, state: str) -> None:
         rig.join()
         await settle()
     if state == "clearing":
-        rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
-        await settle()
-        rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
-        rig.lifecycle.interrupt()
-        await settle()
+        await rig.hold_clear()
     elif state == "restored":
         await rig.clock.advance(30)
     assert rig.lifecycle.state == state
@@ -1233,11 +1225,7 @@ async def test_what_comes_while_the_plugins_clear_holds_the_sink_lets_it_finish(
     await rig.start_avatar()
     rig.join()
     await settle()
-    rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
-    await settle()
-    rig.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
-    rig.session.interrupt()
-    await settle()
+    await rig.hold_clear()
     assert rig.lifecycle.state == "clearing"
     changes = rig.watch()
     replies: list[asyncio.Future[str]] = []

@@ -127,6 +127,17 @@ class Rig:
         if video:
             self.room.publish_track(identity, "video")
 
+    async def hold_clear(self) -> Any:
+        """While joined: the agent speaks and is interrupted; the avatar never answers the
+        plugin's clear, so the clear holds the sink (``clearing``) until its own bound.
+        Returns the interrupted speech's handle."""
+        handle = self.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+        await settle()
+        self.room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
+        self.session.interrupt()
+        await settle()
+        return handle
+
     def rpcs(self, method: str = "lk.clear_buffer") -> list[Any]:
         return [c for c in self.room.local_participant.rpc_calls if c.method == method]
 
