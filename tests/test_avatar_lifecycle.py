@@ -900,12 +900,7 @@ async def test_only_transient_causes_with_attempts_left_are_retried(
 
 async def test_an_avatar_that_returns_during_backoff_gets_the_audio_with_rejoin() -> None:
     rig = Rig(retry={"attempts": 2, "rejoin": True, "backoff": {"initial": 10.0}})
-    await rig.start_session()
-    await rig.start_avatar()
-    rig.join()
-    await settle()
-    rig.room.remove_participant(AVATAR)
-    await settle()
+    await rig.join_and_leave()
     assert rig.lifecycle.state == "backoff"
     assert rig.lifecycle.audio_route() == "room"
     rig.join(video=False)
@@ -1268,12 +1263,7 @@ async def test_a_returning_avatar_whose_route_cannot_go_back_in_ends_on_room_aud
     decided before the failure, which ends it) or it left again in that instant (the
     failure then comes after the leaving's, and changes nothing)."""
     rig = Rig(retry={"rejoin": True})
-    await rig.start_session()
-    await rig.start_avatar()
-    rig.join()
-    await settle()
-    rig.room.remove_participant(AVATAR)
-    await settle()
+    await rig.join_and_leave()
     assert rig.lifecycle.state == "restored"
     sink = rig.lifecycle.installed_sink
     assert sink is not None

@@ -127,6 +127,15 @@ class Rig:
         if video:
             self.room.publish_track(identity, "video")
 
+    async def join_and_leave(self) -> None:
+        """The session and the avatar started, the avatar joined with its video, then left."""
+        await self.start_session()
+        await self.start_avatar()
+        self.join()
+        await settle()
+        self.room.remove_participant(self.avatar.avatar_identity)
+        await settle()
+
     async def hold_clear(self) -> Any:
         """While joined: the agent speaks and is interrupted; the avatar never answers the
         plugin's clear, so the clear holds the sink (``clearing``) until its own bound.
