@@ -125,6 +125,25 @@ async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_busy_e
     assert sorted(r.request_id for r in rig.sim.received) == sorted([first, second])
 
 
+async def test_the_host_closing_while_answering_gets_the_simulator_one_error_reply() -> None:
+    t = Setup()
+    rig = t.rig
+    await rig.host.start()
+    t.compute.clear()  # on_simulation_end never returns
+    rid = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    closing = asyncio.ensure_future(rig.host.aclose())
+    await rig.clock.advance(2.9)
+    assert t.fin.state == "answering" and not closing.done()
+    await rig.clock.advance(0.1)  # the drain bound
+    await rig.settle()
+    assert closing.done() and t.fin.state == "closed"
+    rig.sim.pump()
+    assert rig.sim.responses == {rid: rig.sim.responses[rid]}
+    assert rig.sim.responses[rid].error == FINALIZE_UNFINISHED
+    assert rig.answered == []
+
+
 async def test_the_host_closing_while_the_verdict_is_being_sent_lets_it_arrive_once() -> None:
     """The host closes (the job is ending) while ``on_simulation_end`` still runs; it
     returns just before the drain's bound, so the verdict's reply is under way when the
