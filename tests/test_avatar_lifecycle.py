@@ -951,6 +951,7 @@ async def test_a_reaction_the_instant_the_avatar_fails_is_handled_in_failed(reac
             rig.lifecycle.interrupt()
             rig.session.interrupt()
 
+    changes = rig.watch()
     rig.lifecycle.on("state_changed", on_change)
     rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
     await settle()
@@ -958,6 +959,8 @@ async def test_a_reaction_the_instant_the_avatar_fails_is_handled_in_failed(reac
     await settle()
     assert route_of(rig.session) == "room"
     assert rig.rpcs() == []
+    then = ("failed", "closed", "close") if reaction == "close" else _restored[0]
+    assert changes == [("joined", "failed", "avatar_left"), then]
     if reaction == "close":
         assert rig.lifecycle.state == "closed" and rig.removed == [AVATAR]
     else:
