@@ -156,11 +156,11 @@ class Rig:
         self.lifecycle.on("state_changed", lambda ev: seen.append((ev.source, ev.dest, ev.event)))
         return seen
 
-    def decided(self, event: str) -> list[tuple[str, str]]:
-        """Where the machine decided ``event`` and how (``transition``, ``ignore``, ...): a
-        test's check that it reached the cell it means to."""
+    def decided(self, event: str) -> list[str]:
+        """The states in which the machine decided ``event``: a test's check that it
+        reached the cell it means to (how it decided is for the behaviour to show)."""
         return [
-            (r.source or "", r.kind)
+            r.source or ""
             for r in self.trace.records
             if r.event == event and r.kind in ("transition", "ignore", "reject")
         ]

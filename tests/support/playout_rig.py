@@ -158,11 +158,11 @@ class PlayoutRig:
             if r.machine == "playout" and r.kind == "transition"
         ]
 
-    def decided(self, event: str) -> list[tuple[str, str, str]]:
-        """(source, kind, dest) of each decision the playout machine took on ``event``: a
-        test's check that it reached the cell it means to."""
+    def decided(self, event: str) -> list[str]:
+        """The states in which the playout machine decided ``event``: a test's check that
+        it reached the cell it means to (how it decided is for the behaviour to show)."""
         return [
-            (r.source or "", r.kind, r.dest or "")
+            r.source or ""
             for r in self.sink.records
             if r.machine == "playout" and r.event == event and r.kind in ("transition", "ignore")
         ]
