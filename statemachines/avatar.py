@@ -27,7 +27,8 @@ A start cut short (its timeout, or ``close``) first records any sink the plugin 
 
 A late join in ``backoff`` or ``restored`` is ignored unless the policy's ``rejoin`` holds
 (and there is a route to reinstall): then the avatar's route goes back in and the join is
-awaited again under a fresh ``join_timeout``.
+awaited again under a fresh ``join_timeout``. A reinstall that fails reports
+``start_error``, a failure wherever the events queued before it took the machine.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
@@ -209,7 +210,7 @@ AVATAR = MachineSpec(
     ),
     ignore=(
         *cells(["idle", *ACTIVE, *DONE], START_OUTCOMES, "a stale start"),
-        *cells(["idle", *DONE], "start_error", "the attempt has already failed"),
+        *cells(["idle", *DONE], "start_error", "no attempt running (or it already failed)"),
         *cells(
             "starting",
             ["room_connected", "avatar_connected", "video_published", "avatar_left"],

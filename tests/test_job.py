@@ -342,6 +342,16 @@ async def test_what_happens_while_closing_does_not_extend_its_bound(late: str) -
     await rt.aclose()
 
 
+def _job_changes(rt: JobRuntime) -> list[tuple[str, str]]:
+    """What a user's ``state_changed`` listener sees of the job machine from now on."""
+    seen: list[tuple[str, str]] = []
+    rt.on(
+        "state_changed",
+        lambda sc: seen.append((sc.source, sc.dest)) if sc.machine == "job" else None,
+    )
+    return seen
+
+
 async def test_a_verdict_delivered_while_the_host_drains_does_not_restart_the_close() -> None:
     """The simulator leaves while ``on_simulation_end`` still runs: the job closes, and the
     host's drain waits for the answer. The verdict going out during that drain is
@@ -355,6 +365,7 @@ async def test_a_verdict_delivered_while_the_host_drains_does_not_restart_the_cl
 
     rig = JobRig(on_simulation_end=judge, close_timeout=10.0)
     rt = rig.runtime
+    changes = _job_changes(rt)
     await rt.start()
     req = build_request("finalize_simulation", {"provisional_success": True}, request_id="f")
     await rig.sim_end.send_message(agent_pb.AgentSessionMessage(request=req))
@@ -371,10 +382,7 @@ async def test_a_verdict_delivered_while_the_host_drains_does_not_restart_the_cl
     await rig.settle()
     assert rt.state == "closed" and rt.closed_at == 1.0 and rt.finalize_answered
     assert len(rig.callbacks) == 1
-    assert [p[1:] for p in rig.path()] == [
-        ("simulator_left", "serving", "closing"),
-        ("close_done", "closing", "closed"),
-    ]
+    assert changes == [("serving", "closing"), ("closing", "closed")]
     await rt.aclose()
 
 
@@ -384,6 +392,7 @@ async def test_the_session_closing_as_the_job_shuts_down_closes_it_once() -> Non
     path has one close in it."""
     rig = JobRig(simulation=None, close_timeout=10.0)
     rt = rig.runtime
+    changes = _job_changes(rt)
     session = await session_in(rig.room)
     rt.attach(session)
     await rt.start()
@@ -397,10 +406,7 @@ async def test_the_session_closing_as_the_job_shuts_down_closes_it_once() -> Non
     await rig.clock.advance(10.0)
     assert (rt.state, rt.closed_at) == ("closed", 0.0)
     assert [reason for _, reason in rig.callbacks] == ["done"]
-    assert [p[1:] for p in rig.path()] == [
-        ("shutdown", "serving", "closing"),
-        ("close_done", "closing", "closed"),
-    ]
+    assert changes == [("serving", "closing"), ("closing", "closed")]
     await rt.aclose()
 
 

@@ -186,11 +186,14 @@ def _consumed_in_place(spec: MachineSpec) -> dict[str, str]:
         producers = set(by) | {e.name for e in spec.effects if e.error_event == event}
         if any(name in s.invoke for s in spec.states for name in producers):
             continue
-        dests = {r.dest for r in spec.rows if set(r.effects) & producers}
+        rows = [r for r in spec.rows if set(r.effects) & producers]
+        dests = {r.dest for r in rows}
         if len(dests) != 1 or None in dests:
             continue
         (state,) = dests
         assert state is not None
+        if any(r.source == state for r in rows):
+            continue  # produced again from there: two could be pending
         leaving = [r for r in spec.rows if r.source == state and r.dest not in (None, state)]
         if all(r.event == event or r.dest in finals for r in leaving):
             out[event] = state
