@@ -155,6 +155,7 @@ def possible_states(spec: MachineSpec, event: str, *, routed: frozenset[str]) ->
             outcomes.add(err)
         outcomes |= {e for (m, e), by in PRODUCERS.items() if m == spec.name and name in by}
     states = set(timers)
+    consumed = _consumed_in_place(spec)
     for name in effects:
         states |= {s.name for s in spec.states if name in s.invoke}
         at_once = (spec.name, name) in QUEUED_AT_ONCE
@@ -165,9 +166,7 @@ def possible_states(spec: MachineSpec, event: str, *, routed: frozenset[str]) ->
                     # queued during its own step: an outcome consumed where it was produced
                     # is not pending then (the row does not start there), and any produced
                     # later is queued behind this one
-                    skip |= {
-                        e for e, where in _consumed_in_place(spec).items() if where != r.source
-                    }
+                    skip |= {e for e, where in consumed.items() if where != r.source}
                 states |= _closure(spec, r.dest or r.source, skip)
     return states
 
