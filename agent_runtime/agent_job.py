@@ -30,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, CloseReason, NotGivenOr
@@ -45,6 +45,7 @@ from opentelemetry import context as otel_context
 from statemachines.agent_job import AGENT_JOB
 from statemachines.system import bound_of, watched
 
+from . import livekit_compat as lk
 from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .avatar import (
     AvatarLifecycle,
@@ -167,7 +168,7 @@ class AgentJob(Emitter[Events]):
         inject = _INJECTED.get() or {}
         if avatar is not None and inject.get("avatar") is not None:
             avatar = inject["avatar"]  # a test's scripted avatar stands in for the plugin
-        if session._started:
+        if lk.session_started(session):
             raise ValueError(
                 "the session is already started: pass it unstarted, AgentJob starts it "
                 "(with session_host=False and RoomIO's own close rules off) in job.start()"
@@ -364,7 +365,7 @@ class AgentJob(Emitter[Events]):
             options["simulation"] = ctx.simulation_context()
         if options.get("on_simulation_end") is None:
             # where the job runner puts rtc_session(on_simulation_end=...)
-            options["on_simulation_end"] = getattr(ctx, "_simulation_end_fnc", None)
+            options["on_simulation_end"] = lk.job_simulation_end_fn(ctx)
         inject = _INJECTED.get() or {}
         if options.get("delete_room") is None and "delete_room" not in inject:
 
@@ -554,7 +555,7 @@ class AgentJob(Emitter[Events]):
         await self.avatar.start(self.session, self.room, **self._avatar_start_options)
 
     async def _start_session(self, agent: Agent, options: RoomOptions) -> None:
-        if self.session._started or self.session._closing_task is not None:
+        if lk.session_started(self.session) or lk.session_closing_task(self.session):
             raise RuntimeError("the job's session is already started (or closed)")
         await self._start_runtime()
         # attached as it starts (until then a request gets "no active session"), before its
@@ -639,13 +640,13 @@ class AgentJob(Emitter[Events]):
         (``agent_session``) while it runs, else the one current when the job was built."""
         for session in (self.job.host.session, self.session):
             # the SDK keeps its session span's context there from start() to the close's end
-            ctx = getattr(session, "_root_span_context", None)
+            ctx = lk.session_span_context(session) if session is not None else None
             if ctx is not None:
-                return cast(otel_context.Context, ctx)
+                return ctx
         return self._otel_context
 
     def _session_live(self) -> bool:
-        return bool(self.session._started) and self.session._closing_task is None
+        return lk.session_live(self.session)
 
     def _forward_state(self, sc: StateChanged) -> None:
         if sc.machine == "avatar" and self._session_live():
@@ -690,9 +691,9 @@ class AgentJob(Emitter[Events]):
         never builds a room track for a session that is going away. A session whose close
         is still running after half of this step's bound no longer holds the avatar's close
         back (the avatar must leave while the room is connected)."""
-        if self.session._started and self.session._closing_task is None:
-            self.session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
-        task = self.session._closing_task
+        if lk.session_live(self.session):
+            lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
+        task = lk.session_closing_task(self.session)
         if task is not None and not task.done():
             with contextlib.suppress(Exception):  # a failed close is the session's to log
                 await self.clock.wait_for(
@@ -750,10 +751,10 @@ class AgentJob(Emitter[Events]):
         # what run_close's callbacks step closes, as its links declare (fired again when
         # the job's bound cut its close: each close runs once)
         self.job.wiring.fire("job", "run_close", step="callbacks")
-        if self.session._started and self.session._closing_task is None:
+        if lk.session_live(self.session):
             # the job's bound cut its close before the session's step: a closed job leaves
             # no session running (its close is the session's own; not waited for here)
-            self.session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
+            lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
         if self.playout is not None:
             await self.playout.aclose()
         await self.link.aclose()

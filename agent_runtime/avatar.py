@@ -51,6 +51,7 @@ from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
+from . import livekit_compat as lk
 from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
@@ -541,7 +542,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         return Event("avatar_connected", {"identity": self._avatar.avatar_identity})
 
     def _session_running(self) -> bool:
-        return self._session is not None and bool(self._session._started)
+        return self._session is not None and lk.session_started(self._session)
 
     def _plugin_clear_task(self) -> asyncio.Task[None] | None:
         """The plugin's own clear while it holds its sink (``DataStreamAudioOutput`` keeps

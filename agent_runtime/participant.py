@@ -32,6 +32,7 @@ from livekit.agents.voice.room_io import RoomIO
 from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 
+from . import livekit_compat as lk
 from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .clock import Clock
 from .emitter import Emitter
@@ -182,7 +183,7 @@ class ParticipantLink(Emitter[str]):
         if self._started:
             return
         if self._room_io() is None:
-            if not self.session._started:
+            if not lk.session_started(self.session):
                 raise RuntimeError(
                     "the session has no room input yet: start the link after "
                     "`await session.start(..., room=room)`"
@@ -274,8 +275,8 @@ class ParticipantLink(Emitter[str]):
         )
         # the session's own close path, as RoomIO uses it: its `close` event then carries
         # CloseReason.PARTICIPANT_DISCONNECTED for the job
-        self.session._close_soon(reason=CloseReason.PARTICIPANT_DISCONNECTED)
-        task = getattr(self.session, "_closing_task", None)
+        lk.ask_session_close(self.session, CloseReason.PARTICIPANT_DISCONNECTED)
+        task = lk.session_closing_task(self.session)
         if isinstance(task, asyncio.Future):
             # a close whose teardown fails never emits `close`: its end is enough
             task.add_done_callback(self._on_close_task_done)
@@ -305,9 +306,7 @@ class ParticipantLink(Emitter[str]):
             rio = self.session.room_io
         except RuntimeError:
             return None  # started without a room, or not started yet: nothing to point
-        if not self._warned_room_io and getattr(
-            getattr(rio, "_options", None), "close_on_disconnect", False
-        ):
+        if not self._warned_room_io and lk.room_io_closes_on_disconnect(rio):
             self._warned_room_io = True
             logger.warning(
                 "RoomIO also closes the session on its default disconnect reasons; start the "

@@ -56,6 +56,7 @@ from statemachines.glue import (
 )
 from statemachines.playout import PLAYOUT
 
+from . import livekit_compat as lk
 from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
@@ -444,8 +445,8 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
                 opts.close_reason,
             )
             s = self.session
-            if s._started and s._closing_task is None:
-                s._close_soon(reason=CloseReason(opts.close_reason))
+            if lk.session_live(s):
+                lk.ask_session_close(s, CloseReason(opts.close_reason))
         else:
             logger.info(
                 "playout: no answer after %d re-prompts; waiting for the user", self._reprompts

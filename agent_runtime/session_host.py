@@ -34,6 +34,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.session_host import SESSION_HOST
 
+from . import livekit_compat as lk
 from .actor import Actor, Event, Handlers
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
@@ -270,7 +271,7 @@ class JobSessionHost(Emitter[str]):
             raise TypeError(f"attach() takes an AgentSession, not {type(session).__name__}")
         if self.actor.state in ("closing", "closed") or self.actor.closed:
             raise RuntimeError("the session host is closed; no session can attach")
-        if getattr(session, "_session_host", None) is not None:
+        if lk.session_runs_own_host(session):
             raise ValueError(
                 "this session runs its own session host; start it with session_host=False"
             )

@@ -1,0 +1,97 @@
+"""The one module that reads livekit-agents' private names.
+
+The runtime needs a few facts and one action the SDK (1.8.x) keeps private: whether a
+session started or is closing, closing it without waiting, the span its events belong to,
+RoomIO's options, the sink internals an avatar route needs. Each is named here, typed, and
+tested against the pinned SDK (``tests/test_livekit_compat.py``): an SDK upgrade is this
+file to read, and its test to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from livekit.agents import AgentSession, CloseReason
+from livekit.agents.voice.io import AudioOutput
+from opentelemetry import context as otel_context
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+    from livekit.agents.voice.avatar import DataStreamAudioOutput
+
+
+# -- the session ------------------------------------------------------------------------------
+def session_started(session: AgentSession[Any]) -> bool:
+    """``start()`` ran (whether or not it has closed since)."""
+    return bool(session._started)
+
+
+def session_closing_task(session: AgentSession[Any]) -> asyncio.Task[None] | None:
+    """The session's own close, once asked (by anyone)."""
+    return cast("asyncio.Task[None] | None", getattr(session, "_closing_task", None))
+
+
+def session_live(session: AgentSession[Any]) -> bool:
+    """Started and not closing."""
+    return session_started(session) and session_closing_task(session) is None
+
+
+def ask_session_close(session: AgentSession[Any], reason: CloseReason) -> None:
+    """Ask the session to close with ``reason`` without waiting for it (what RoomIO does
+    when the linked participant leaves); a close already under way is left as it is."""
+    session._close_soon(reason=reason)
+
+
+def session_span_context(session: AgentSession[Any]) -> otel_context.Context | None:
+    """The context of the session's ``agent_session`` span, from ``start()`` to the end of
+    its close."""
+    return cast("otel_context.Context | None", getattr(session, "_root_span_context", None))
+
+
+def session_runs_own_host(session: AgentSession[Any]) -> bool:
+    """The session made its own session host (started with ``session_host`` allowed)."""
+    return getattr(session, "_session_host", None) is not None
+
+
+def room_io_closes_on_disconnect(room_io: Any) -> bool:
+    """RoomIO was started with ``close_on_disconnect`` on."""
+    return bool(getattr(getattr(room_io, "_options", None), "close_on_disconnect", False))
+
+
+# -- the job -----------------------------------------------------------------------------------
+def job_simulation_end_fn(ctx: JobContext) -> Callable[..., Any] | None:
+    """The ``on_simulation_end`` given to ``AgentServer.rtc_session``, where the job runner
+    keeps it."""
+    return cast("Callable[..., Any] | None", getattr(ctx, "_simulation_end_fnc", None))
+
+
+# -- audio outputs and the avatar's data-stream sink --------------------------------------------
+def pending_playbacks(out: AudioOutput) -> int:
+    """Segments captured and not yet reported finished (the base class's count)."""
+    return int(out._pending_playback_count)
+
+
+def keep_sink_off_the_playback_rpc(sink: DataStreamAudioOutput, noop: Callable[..., None]) -> None:
+    """Keep ``sink`` from registering its own ``lk.playback_finished`` handler when the room
+    connects (it would replace the runtime's)."""
+    sink._register_playback_finished_rpc = noop  # type: ignore[method-assign]
+
+
+SINK_REGISTRATION = "_register_playback_finished_rpc"  # what the above sets on the instance
+
+
+def rpc_handlers(local_participant: Any) -> Mapping[str, Any] | None:
+    """The local participant's registered RPC handlers, by method name."""
+    return cast("Mapping[str, Any] | None", getattr(local_participant, "_rpc_handlers", None))
+
+
+def sink_connection_listener(sink: DataStreamAudioOutput) -> Callable[..., Any]:
+    """The room listener a data-stream sink adds (``connection_state_changed``)."""
+    return cast("Callable[..., Any]", sink._handle_connection_state_changed)
+
+
+def sink_waits(sink: DataStreamAudioOutput) -> list[asyncio.Task[Any]]:
+    """The sink's own tasks: its wait for the avatar, and a clear still holding it."""
+    return [t for t in (sink._start_atask, sink._clear_buffer_atask) if t is not None]
