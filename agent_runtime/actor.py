@@ -75,6 +75,17 @@ class Handlers(Mapping[str, H]):
         return len(self._table)
 
 
+def effect_table(cls: type, spec: MachineSpec) -> Mapping[str, Callable[..., Any]]:
+    """``spec``'s effect handlers on ``cls``: effect ``x`` is the method ``_fx_x``. Built
+    once, with the class (``Handlers(self, table)`` binds it per actor); a handler missing
+    fails the import, naming it."""
+    missing = [e.name for e in spec.effects if not callable(getattr(cls, f"_fx_{e.name}", None))]
+    if missing:
+        names = ", ".join(f"_fx_{m}" for m in missing)
+        raise TypeError(f"{cls.__name__} runs machine {spec.name!r} but has no {names}")
+    return MappingProxyType({e.name: getattr(cls, f"_fx_{e.name}") for e in spec.effects})
+
+
 class EventRejected(RuntimeError):
     """The table rejects this event in the current state; nothing changed."""
 

@@ -46,7 +46,7 @@ from statemachines.agent_job import AGENT_JOB
 from statemachines.system import bound_of, watched
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
 from .avatar import (
     AvatarLifecycle,
     RemoveParticipant,
@@ -825,8 +825,4 @@ def session_end_hook(
 
 
 # the lifecycle's handlers, shared by every job (Handlers binds them to one)
-_EFFECTS = {
-    "run_teardown": AgentJob._fx_run_teardown,
-    "ask_shutdown": AgentJob._fx_ask_shutdown,
-    "ask_abort": AgentJob._fx_ask_abort,
-}
+_EFFECTS = effect_table(AgentJob, AGENT_JOB)

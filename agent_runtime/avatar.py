@@ -52,7 +52,7 @@ from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
 from .room_events import (
@@ -965,20 +965,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
 
 
 # the avatar machine's handlers, shared by every instance (Handlers binds them)
-_EFFECTS = {
-    "start_plugin": AvatarLifecycle._fx_start_plugin,
-    "record_route": AvatarLifecycle._fx_record_route,
-    "check_presence": AvatarLifecycle._fx_check_presence,
-    "restore_route": AvatarLifecycle._fx_restore_route,
-    "release_attempt": AvatarLifecycle._fx_release_attempt,
-    "reinstall_route": AvatarLifecycle._fx_reinstall_route,
-    "follow_plugin_clear": AvatarLifecycle._fx_follow_plugin_clear,
-    "clear_local_buffer": AvatarLifecycle._fx_clear_local_buffer,
-    "mark_playout_done": AvatarLifecycle._fx_mark_playout_done,
-    "put_route_back": AvatarLifecycle._fx_put_route_back,
-    "unhook": AvatarLifecycle._fx_unhook,
-    "close_plugin": AvatarLifecycle._fx_close_plugin,
-}
+_EFFECTS = effect_table(AvatarLifecycle, AVATAR)
 _GUARDS = guard_table("avatar")  # their one definition: statemachines.glue
 
 

@@ -21,7 +21,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
-from .actor import Actor, Event, Handlers
+from .actor import Actor, Event, Handlers, effect_table
 from .clock import AsyncioClock, Clock
 from .routing import Wiring, guard_table
 from .trace import Tracer
@@ -210,14 +210,5 @@ class FinalizeAnswer:
 
 
 # the finalize machine's handlers, shared by every instance (Handlers binds them)
-_EFFECTS = {
-    "take_request": FinalizeAnswer._fx_take_request,
-    "compute_verdict": FinalizeAnswer._fx_compute_verdict,
-    "send_verdict": FinalizeAnswer._fx_send_verdict,
-    "report_answered": FinalizeAnswer._fx_report_answered,
-    "refuse_busy": FinalizeAnswer._fx_refuse_busy,
-    "refuse_answered": FinalizeAnswer._fx_refuse_answered,
-    "refuse_not_simulation": FinalizeAnswer._fx_refuse_not_simulation,
-    "reply_unfinished": FinalizeAnswer._fx_reply_unfinished,
-}
+_EFFECTS = effect_table(FinalizeAnswer, FINALIZE)
 _GUARDS = guard_table("finalize")  # their one definition: statemachines.glue

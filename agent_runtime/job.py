@@ -32,7 +32,7 @@ from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import bound_of
 
-from .actor import Actor, Event, Handlers, StateChanged
+from .actor import Actor, Event, Handlers, StateChanged, effect_table
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter, positional_arity
 from .room_deletion import DeleteRoomFn, RoomDeletion
@@ -454,7 +454,7 @@ class JobRuntime(Emitter[str]):
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
-_EFFECTS = {"run_close": JobRuntime._fx_run_close, "report_cut": JobRuntime._fx_report_cut}
+_EFFECTS = effect_table(JobRuntime, JOB)
 _GUARDS = guard_table("job")  # its one definition: statemachines.glue
 
 

@@ -33,7 +33,7 @@ from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
 from .clock import Clock
 from .emitter import Emitter
 from .room_events import (
@@ -332,10 +332,5 @@ class ParticipantLink(Emitter[str]):
 
 # the participant machine's handlers, shared by every instance (Handlers binds them); its
 # guards are their one definition in statemachines.glue
-_EFFECTS = {
-    "link": ParticipantLink._fx_link,
-    "relink": ParticipantLink._fx_relink,
-    "close_session": ParticipantLink._fx_close_session,
-    "report_close_timed_out": ParticipantLink._fx_report_close_timed_out,
-}
+_EFFECTS = effect_table(ParticipantLink, PARTICIPANT)
 _GUARDS = guard_table("participant")

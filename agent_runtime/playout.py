@@ -57,7 +57,7 @@ from statemachines.glue import (
 from statemachines.playout import PLAYOUT
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
@@ -455,11 +455,5 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
 
 # the playout machine's handlers, shared by every instance (Handlers binds them); its
 # guards are their one definition in statemachines.glue
-_EFFECTS = {
-    "playout_done": PlayoutTracker._fx_playout_done,
-    "finish_playout": PlayoutTracker._fx_finish_playout,
-    "reprompt": PlayoutTracker._fx_reprompt,
-    "reset_reprompts": PlayoutTracker._fx_reset_reprompts,
-    "hand_over": PlayoutTracker._fx_hand_over,
-}
+_EFFECTS = effect_table(PlayoutTracker, PLAYOUT)
 _GUARDS = guard_table("playout")

@@ -13,7 +13,7 @@ from typing import Any
 
 from statemachines.room_deletion import ROOM_DELETION
 
-from .actor import Actor, Event, Handlers
+from .actor import Actor, Event, Handlers, effect_table
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -107,10 +107,4 @@ class RoomDeletion:
 
 
 # the room_deletion machine's handlers, shared by every instance (Handlers binds them)
-_EFFECTS = {
-    "delete_room": RoomDeletion._fx_delete_room,
-    "record_deleted": RoomDeletion._fx_record_deleted,
-    "report_failure": RoomDeletion._fx_report_failure,
-    "report_cut": RoomDeletion._fx_report_cut,
-    "report_never_allowed": RoomDeletion._fx_report_never_allowed,
-}
+_EFFECTS = effect_table(RoomDeletion, ROOM_DELETION)

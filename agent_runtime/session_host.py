@@ -35,7 +35,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from statemachines.session_host import SESSION_HOST
 
 from . import livekit_compat as lk
-from .actor import Actor, Event, Handlers
+from .actor import Actor, Event, Handlers, effect_table
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
@@ -471,20 +471,7 @@ _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
 
 
 # the session_host machine's handlers, shared by every instance (Handlers binds them)
-_EFFECTS = {
-    "subscribe": JobSessionHost._fx_subscribe,
-    "unsubscribe": JobSessionHost._fx_unsubscribe,
-    "delegate_request": JobSessionHost._fx_delegate_request,
-    "reply_no_session": JobSessionHost._fx_reply_no_session,
-    "reply_error": JobSessionHost._fx_reply_error,
-    "forward_finalize": JobSessionHost._fx_forward_finalize,
-    "refuse_stranger": JobSessionHost._fx_refuse_stranger,
-    "report_session_closed": JobSessionHost._fx_report_session_closed,
-    "drain": JobSessionHost._fx_drain,
-    "reply_closing": JobSessionHost._fx_reply_closing,
-    "close_finalize": JobSessionHost._fx_close_finalize,
-    "close_transport": JobSessionHost._fx_close_transport,
-}
+_EFFECTS = effect_table(JobSessionHost, SESSION_HOST)
 _GUARDS = guard_table("session_host")  # their one definition: statemachines.glue
 
 

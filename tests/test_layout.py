@@ -66,21 +66,29 @@ def test_importing_the_whole_runtime_loads_neither_the_kit_nor_yaml() -> None:
     assert done.stdout.strip() == ""
 
 
-def test_every_runtime_names_its_handlers_after_the_spec_s_effects_and_guards() -> None:
-    """One convention across runtimes: the handler of effect ``x`` is ``_fx_x``, of guard
-    ``g`` is ``_guard_g`` (one function may serve two names of its table), so a spec's name
-    finds its code by search."""
+def test_a_runtime_missing_an_effect_handler_fails_at_import() -> None:
+    """The handler of effect ``x`` is ``_fx_x``, bound from the spec when the module is
+    imported (``effect_table``): a runtime without one cannot be built, whatever the
+    test. Every runtime's table holds exactly its spec's effects."""
     import importlib
 
-    seen = 0
+    import pytest
+
+    from agent_runtime.actor import effect_table
+    from statemachines.machines import MACHINES
+
+    class Partial:
+        def _fx_run_close(self, _ev: object) -> None: ...
+
+    with pytest.raises(TypeError, match="Partial runs machine 'job' but has no _fx_report_cut"):
+        effect_table(Partial, MACHINES["job"])
+    seen = set()
     for path in PRODUCTION:
         mod = importlib.import_module(f"agent_runtime.{path.stem}")
-        for table, prefix in (("_EFFECTS", "_fx_"), ("_GUARDS", "_guard_")):
-            handlers = getattr(mod, table, None)
-            if handlers is None:
-                continue
-            seen += 1
-            names = {prefix + key for key in handlers}
-            wrong = {k: fn.__name__ for k, fn in handlers.items() if fn.__name__ not in names}
-            assert not wrong, f"{path.name} {table}: {wrong}"
-    assert seen >= 10  # every machine's runtime was found
+        table = getattr(mod, "_EFFECTS", None)
+        if table is None:
+            continue
+        spec = next(m for m in MACHINES.values() if set(table) == {e.name for e in m.effects})
+        seen.add(spec.name)
+        assert all(fn.__name__ == f"_fx_{name}" for name, fn in table.items())
+    assert seen == set(MACHINES)  # every machine has its runtime
