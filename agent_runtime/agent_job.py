@@ -529,10 +529,17 @@ class AgentJob(Emitter[Events]):
                 raise  # the caller itself was cancelled
             raise RuntimeError("the job was closed before it finished starting") from None
         except Exception as e:
-            self.lifecycle_actor.post(Event("start_failed", {"error": f"{type(e).__name__}: {e}"}))
+            ending = self.job.state in ("closing", "closed")  # the room went away meanwhile
+            with contextlib.suppress(ActorClosed):
+                await self.lifecycle_actor.send(
+                    Event("start_failed", {"error": f"{type(e).__name__}: {e}"})
+                )
+            if ending:
+                raise RuntimeError("the job was closed before it finished starting") from e
             raise
         if session:
-            self.lifecycle_actor.post(Event("started"))
+            with contextlib.suppress(ActorClosed):
+                await self.lifecycle_actor.send(Event("started"))
 
     async def _start_all(self, agent: Agent, options: RoomOptions) -> None:
         await self._start_runtime()

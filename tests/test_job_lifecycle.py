@@ -228,3 +228,156 @@ async def test_a_remote_disconnect_closes_the_lifecycle_too(
     assert job.lifecycle == "closed"
     assert job.states["job"] == "closed"
     await job.aclose()
+
+
+# -- every way the lifecycle moves, as a user drives it -------------------------------------
+
+
+async def test_a_start_in_parts_is_starting_until_the_session_runs(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    plugin = CountingAvatar(clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    assert job.lifecycle == "new"
+    await job.start_runtime()
+    assert job.lifecycle == "starting"
+    await job.start_avatar()  # another part: the job is still starting
+    assert job.lifecycle == "starting" and plugin.start_calls == 1
+    with pytest.raises(RuntimeError, match="this job is already starting"):
+        await job.start(agent())  # the whole start, while its parts run
+    await job.start_session(agent())
+    assert job.lifecycle == "running" and job.session._started
+    await job.aclose()
+    assert job.lifecycle == "closed"
+
+
+async def test_the_avatar_may_start_after_the_session_and_the_job_keeps_running(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    plugin = CountingAvatar(clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    await job.start_session(agent())
+    assert job.lifecycle == "running"
+    await job.start_avatar()
+    assert job.lifecycle == "running" and plugin.start_calls == 1
+    assert job.states["avatar"] == "routing"
+    # the plugin cannot start twice: that part fails, the job goes on as it was
+    with pytest.raises(RuntimeError, match="already started"):
+        await job.start_avatar()
+    await settle()
+    assert job.lifecycle == "running" and job.session._started
+    assert job.states["job"] == "serving"
+    await job.aclose()
+
+
+async def test_start_after_start_is_refused_and_changes_nothing(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start(agent())
+    listeners = room.listener_count()
+    with pytest.raises(RuntimeError, match="this job is already started"):
+        await job.start(agent())
+    assert job.lifecycle == "running" and room.listener_count() == listeners
+    await job.aclose()
+
+
+class FailingSession(AgentSession):  # type: ignore[type-arg]
+    """A session whose start() raises (a fault injected where livekit-agents would fail)."""
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("the model provider refused the session")
+
+
+async def test_a_start_that_fails_raises_its_error_and_releases_what_started(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    listeners = room.listener_count()
+    ran: list[str] = []
+    job = AgentJob(room=room, session=FailingSession(), clock=clock, otel=False)
+    job.add_shutdown_callback(lambda: ran.append("callback"))
+    with pytest.raises(ConnectionError, match="refused the session"):
+        await job.start(agent())
+    await asyncio.wait_for(job.aclose(), 5)
+    assert job.lifecycle == "closed" and job.states["job"] == "closed"
+    assert ran == ["callback"]  # the close ran as any close does
+    await settle()
+    assert room.listener_count() == listeners and other_tasks() == []
+
+
+@pytest.mark.parametrize("graceful", [True, False], ids=["close", "abort"])
+async def test_closing_a_job_never_started_runs_its_close_and_returns(
+    room: InMemoryRoom, clock: VirtualClock, graceful: bool
+) -> None:
+    ran: list[str] = []
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    job.add_shutdown_callback(lambda: ran.append("callback"))
+    await asyncio.wait_for(job.aclose(graceful=graceful), 5)
+    assert job.lifecycle == "closed" and job.states["job"] == "closed"
+    assert ran == ["callback"]
+
+
+async def test_a_graceful_close_while_the_avatar_hangs_in_start_ends_the_start(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    plugin = CountingAvatar(start_delay=1e9, clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    starting = asyncio.create_task(job.start(agent()))
+    await settle()
+    await asyncio.wait_for(job.aclose(), 5)
+    with pytest.raises(RuntimeError, match="closed before it finished starting"):
+        await asyncio.wait_for(starting, 5)
+    assert job.lifecycle == "closed" and plugin.closes == 1
+    assert not job.session._started  # the session never started
+
+
+async def test_the_room_going_away_while_starting_ends_the_start(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    plugin = CountingAvatar(start_delay=1e9, clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    starting = asyncio.create_task(job.start(agent()))
+    await settle()
+    room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
+    with pytest.raises(RuntimeError, match="closed before it finished starting"):
+        await asyncio.wait_for(starting, 5)
+    await asyncio.wait_for(job.lifecycle_actor.until(lambda s: s == "closed"), 5)
+    assert job.states["job"] == "closed" and plugin.closes == 1
+    await job.aclose()
+
+
+async def test_start_while_the_job_closes_is_refused(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    gate = asyncio.Event()
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    job.add_shutdown_callback(gate.wait)  # the close waits in its callbacks step
+    await job.start(agent())
+    for graceful in (True, False):
+        closing = asyncio.create_task(job.aclose(graceful=graceful))
+        await settle()
+        assert job.lifecycle == "closing"
+        for call in (job.start(agent()), job.start_runtime()):
+            with pytest.raises(RuntimeError, match="this job is closed"):
+                await call
+        assert not closing.done()
+    gate.set()
+    await asyncio.wait_for(job.aclose(), 5)
+    assert job.lifecycle == "closed"
+
+
+async def test_an_abort_then_a_close_returns_once_closed(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    gate = asyncio.Event()
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    job.add_shutdown_callback(gate.wait)
+    await job.start(agent())
+    aborting = asyncio.create_task(job.aclose(graceful=False))
+    await settle()
+    closing = asyncio.create_task(job.aclose())  # a graceful close while aborting: joins it
+    await settle()
+    assert job.lifecycle == "closing" and not closing.done() and not aborting.done()
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(aborting, closing), 5)
+    assert job.lifecycle == "closed"
