@@ -1,6 +1,7 @@
 """Exhaustive exploration of the composed job (every machine, as AgentJob composes them).
 
-The default run explores every config until nothing new appears and must find nothing. Then
+The exhaustive tier explores every config until nothing new appears and must find nothing
+(the default tier: the job's inputs to three of them). Then
 each check is shown to bite: a copy of one spec with one cell changed, one link left out of
 the shared glue (``statemachines.glue.LINKS``), or one of the model's own abstractions
 broken (``abstract.Glue``) must be reported as the matching invariant, with the shortest
@@ -16,11 +17,13 @@ from typing import Any
 import pytest
 
 from agent_runtime.tools.explore import (
+    DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
     DEFAULT_GLUE,
     Config,
     Glue,
     Model,
+    Plan,
     Report,
     deep_plans,
     explore,
@@ -40,6 +43,20 @@ SIM = Config.example()
 PLAIN = Config(simulation=False, present=())
 
 
+def test_every_invariant_holds_within_three_inputs() -> None:
+    # the default tier's share: every config, the avatar's inputs until nothing new
+    # appears, the job's and participant's to three inputs (the exhaustive tier: all)
+    plans = [
+        *(Plan(c, "avatar", None) for c in DEFAULT_CONFIGS),
+        *(Plan(c, "job", 3) for c in DEFAULT_CONFIGS),
+    ]
+    report = explore_plans(plans)
+    assert report.ok, report.summary()
+    assert all(r.closed for r in report.results if r.plan.inputs == "avatar")
+    assert all(r.depth == 3 and r.states > 1_000 for r in report.results if r.plan.inputs == "job")
+
+
+@pytest.mark.exhaustive
 def test_every_invariant_holds_in_the_composed_job() -> None:
     if os.environ.get("AGENT_RUNTIME_DEEP"):
         report = explore_plans(deep_plans(), workers=os.cpu_count() or 1)
