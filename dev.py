@@ -8,6 +8,7 @@
     python3 dev.py lint                      # ruff, mypy --strict, diagrams --check
     python3 dev.py pythons                   # the supported Python versions, one a line
     python3 dev.py --python 3.13 COMMAND     # any command on that interpreter, in .venv-3.13
+    python3 dev.py --python 3.13 find        # its path, or exit 2 when the machine has none
 
 Each creates its venv (.venv for the interpreter running dev.py) and installs the project
 with its dev extra when needed (again whenever pyproject.toml changes). `test` with no
@@ -128,7 +129,8 @@ def main(argv: list[str]) -> int:
         if python is None:
             print(f"Python {version} was not found on this machine (PATH, pyenv)", file=sys.stderr)
             return 2
-        env = Env(python, ROOT / f".venv-{version}")
+        if python != sys.executable:  # the interpreter running dev.py keeps .venv
+            env = Env(python, ROOT / f".venv-{version}")
         if argv[:1] == ["find"]:  # whether the machine has it, for .ci/run
             print(python)
             return 0
