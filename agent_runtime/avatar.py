@@ -38,6 +38,7 @@ import itertools
 import json
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -178,8 +179,29 @@ def _finish_orphans(chain: list[AudioOutput]) -> None:
                 break
 
 
+# A bound of the runtime's own on incoming JSON: json's recursion limit differs between
+# interpreters (3.11 refuses 2,000 levels, 3.13 parses them), and the answer must not.
+_MAX_NESTING = 32
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _nesting(text: str) -> int:
+    """How deep arrays and objects nest in ``text`` (brackets inside strings not counted)."""
+    depth = deepest = 0
+    for ch in _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def _parse_playback_finished(payload: str) -> tuple[float, bool]:
     """``{"playback_position": seconds >= 0, "interrupted": bool}`` or ``ValueError``."""
+    if _nesting(payload) > _MAX_NESTING:
+        raise ValueError(f"payload nests deeper than {_MAX_NESTING} levels")
     try:
         obj = json.loads(payload)
     except (ValueError, RecursionError):  # nested past json's recursion limit

@@ -184,10 +184,23 @@ TABLE: list[Bad] = [
         '{"playback_position": 1' + "0" * 5000 + ', "interrupted": false}',
         (APP, MALFORMED + "payload is not JSON"),
     ),
-    rpc(  # json's recursion limit: a RecursionError, not a ValueError
+    rpc(  # the runtime's own bound, not json's recursion limit (which differs by interpreter)
         "nested-2000-deep",
         "[" * 2000 + "]" * 2000,
-        (APP, MALFORMED + "payload is not JSON"),
+        (APP, MALFORMED + "payload nests deeper than 32 levels"),
+    ),
+    rpc(  # one past the bound; brackets inside a string do not count
+        "nested-33-deep",
+        '{"interrupted": false, "playback_position": 1, "x": "[[[[", "y": '
+        + "[" * 32
+        + "]" * 32
+        + "}",
+        (APP, MALFORMED + "payload nests deeper than 32 levels"),
+    ),
+    rpc(  # at the bound: parsed, and judged on its fields
+        "nested-32-deep",
+        '{"interrupted": 1, "playback_position": 1, "x": "[[[[", "y": ' + "[" * 31 + "]" * 31 + "}",
+        (APP, MALFORMED + "interrupted must be true or false"),
     ),
     rpc(
         "position-negative",

@@ -63,6 +63,15 @@ def _path(config: Config, inputs: Inputs, labels: list[str]) -> Path:
     return path
 
 
+def test_the_runtime_follows_the_model_on_the_example_agents_paths() -> None:
+    # the default tier's share: the example agent's own config, its covering paths found
+    # within a smaller budget, no counterexamples (the exhaustive tier replays every path)
+    report = conformance(configs=DEFAULT_CONFIGS[:1], cover_budget=3_000, counterexample_depth=None)
+    assert report.ok, report.summary()
+    assert report.covering > 10 and report.steps > 50
+
+
+@pytest.mark.exhaustive
 def test_the_runtime_follows_the_model_on_every_path() -> None:
     report = conformance(counterexample_configs=DEFAULT_CONFIGS[:1])
     print("\n" + report.summary())

@@ -1,6 +1,7 @@
 """Exhaustive exploration of the composed job (every machine, as AgentJob composes them).
 
-The default run explores every config until nothing new appears and must find nothing. Then
+The exhaustive tier explores every config until nothing new appears and must find nothing
+(the default tier: the job's inputs to three of them). Then
 each check is shown to bite: a copy of one spec with one cell changed, one link left out of
 the shared glue (``statemachines.glue.LINKS``), or one of the model's own abstractions
 broken (``abstract.Glue``) must be reported as the matching invariant, with the shortest
@@ -11,15 +12,18 @@ plans instead.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 from agent_runtime.tools.explore import (
+    DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
     DEFAULT_GLUE,
     Config,
     Glue,
     Model,
+    Plan,
     Report,
     deep_plans,
     explore,
@@ -39,6 +43,20 @@ SIM = Config.example()
 PLAIN = Config(simulation=False, present=())
 
 
+def test_every_invariant_holds_within_three_inputs() -> None:
+    # the default tier's share: every config, the avatar's inputs until nothing new
+    # appears, the job's and participant's to three inputs (the exhaustive tier: all)
+    plans = [
+        *(Plan(c, "avatar", None) for c in DEFAULT_CONFIGS),
+        *(Plan(c, "job", 3) for c in DEFAULT_CONFIGS),
+    ]
+    report = explore_plans(plans)
+    assert report.ok, report.summary()
+    assert all(r.closed for r in report.results if r.plan.inputs == "avatar")
+    assert all(r.depth == 3 and r.states > 1_000 for r in report.results if r.plan.inputs == "job")
+
+
+@pytest.mark.exhaustive
 def test_every_invariant_holds_in_the_composed_job() -> None:
     if os.environ.get("AGENT_RUNTIME_DEEP"):
         report = explore_plans(deep_plans(), workers=os.cpu_count() or 1)
@@ -72,7 +90,10 @@ def _run(
     config: Config = SIM,
     inputs: Inputs = "job",
     mailboxes: Mailboxes = "settle",
+    stop_at: int | None = None,
 ) -> Report:
+    # a check that a fault is reported stops at its first counterexample: the search order
+    # is a whole run's, so it is the shortest one, the one a whole run reports
     return explore(
         depth,
         configs=[config],
@@ -81,12 +102,13 @@ def _run(
         links=links,
         glue=glue,
         mailboxes=mailboxes,
+        stop_at=stop_at,
         count=False,
     )
 
 
 def test_1_audio_left_on_a_failed_avatar_is_reported() -> None:
-    detail, steps = _only(_run(2, glue=Glue(restore_route=False), inputs="avatar"), 1)
+    detail, steps = _only(_run(2, glue=Glue(restore_route=False), inputs="avatar", stop_at=1), 1)
     assert detail == "audio goes to the avatar while it is failed"
     assert steps == [
         "avatar.start",
@@ -99,7 +121,7 @@ def test_1_audio_left_on_a_failed_avatar_is_reported() -> None:
 
 def test_1_an_avatar_that_never_joins_keeping_the_audio_is_reported() -> None:
     broken = set_cell(AVATAR, "routing", "join_timeout", kind="ignore")
-    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar", stop_at=1), 1)
     assert detail == "after every bound the audio still goes to an avatar in routing"
     assert steps == [
         "avatar.start",
@@ -114,7 +136,7 @@ def test_1_an_avatar_that_never_joins_keeping_the_audio_is_reported() -> None:
 
 def test_1_a_plugin_start_that_never_returns_keeping_the_audio_is_reported() -> None:
     broken = set_cell(AVATAR, "starting", "start_timeout", kind="ignore")
-    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar", stop_at=1), 1)
     assert detail == "after every bound the audio still goes to an avatar in starting"
     assert steps == [
         "avatar.start",
@@ -130,7 +152,7 @@ def test_1_a_close_during_starting_that_misses_the_plugins_route_is_reported() -
     # without record_route, the restore does not know the route the plugin had put in
     close = Row(source="starting", event="close", dest="closed", effects=("put_route_back",))
     broken = set_cell(AVATAR, "starting", "close", rows=[close])
-    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 1)
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar", stop_at=1), 1)
     assert detail == "audio goes to the avatar while it is closed"
     assert steps == [
         "avatar.start",
@@ -143,7 +165,7 @@ def test_1_a_close_during_starting_that_misses_the_plugins_route_is_reported() -
 
 def test_1_an_avatar_leaving_during_a_clear_unnoticed_is_reported() -> None:
     broken = set_cell(AVATAR, "clearing", "avatar_left", kind="ignore")
-    detail, steps = _only(_run(5, specs={"avatar": broken}, inputs="avatar"), 1)
+    detail, steps = _only(_run(5, specs={"avatar": broken}, inputs="avatar", stop_at=1), 1)
     assert detail == "after every bound the audio still goes to an avatar that left"
     assert steps[-7:] == [
         "interrupt",
@@ -158,7 +180,7 @@ def test_1_an_avatar_leaving_during_a_clear_unnoticed_is_reported() -> None:
 
 def test_2_a_finalize_never_answered_is_reported() -> None:
     broken = set_cell(HOST, "attached", "finalize", kind="ignore")
-    detail, steps = _only(_run(1, specs={"session_host": broken}), 2)
+    detail, steps = _only(_run(1, specs={"session_host": broken}, stop_at=2), 2)
     assert detail == "finalize request #1 was never answered"
     assert steps == [
         "finalize_simulation request",
@@ -170,7 +192,7 @@ def test_2_a_verdict_delivered_twice_is_reported() -> None:
     # answering again once answered: a second request computes and sends a second verdict
     again = Row(source="answered", event="request", dest="answering", effects=("take_request",))
     broken = set_cell(FINALIZE, "answered", "request", rows=[again])
-    detail, steps = _only(_run(4, specs={"finalize": broken}), 2)
+    detail, steps = _only(_run(4, specs={"finalize": broken}, stop_at=2), 2)
     assert detail == "the verdict was delivered 2 times"
     assert steps.count("finalize_simulation request") == 2
 
@@ -178,7 +200,7 @@ def test_2_a_verdict_delivered_twice_is_reported() -> None:
 def test_2_a_host_closing_over_a_verdict_in_flight_is_reported() -> None:
     # the host's close does not wait for the finalize: its cut answer finds the transport
     # closed
-    detail, steps = _only(_run(4, glue=Glue(drain_finalize_on_close=False)), 2)
+    detail, steps = _only(_run(4, glue=Glue(drain_finalize_on_close=False), stop_at=2), 2)
     assert detail == "finalize request #1 was never answered"
     assert steps[0] == "finalize_simulation request"
     assert "on_simulation_end never returns for request #1" in steps
@@ -188,7 +210,9 @@ def test_2_a_cut_answer_the_host_never_tells_the_finalize_is_reported() -> None:
     # the link from the host's close to the finalize left out: its answer is cancelled
     # with its actor, and the simulator hears nothing
     links = without(LINKS, "session_host", "close_finalize", "finalize")
-    detail, steps = _only(_run(4, links=links, glue=Glue(drain_finalize_on_close=False)), 2)
+    detail, steps = _only(
+        _run(4, links=links, glue=Glue(drain_finalize_on_close=False), stop_at=2), 2
+    )
     assert detail == "finalize request #1 was never answered"
     assert "  -> finalize handles close" not in steps
     assert "run_close: the session host closed" in steps
@@ -197,7 +221,7 @@ def test_2_a_cut_answer_the_host_never_tells_the_finalize_is_reported() -> None:
 def test_2_a_cut_answer_left_without_its_error_reply_is_reported() -> None:
     cut = Row(source="answering", event="close", dest="closed")  # reply_unfinished left out
     broken = set_cell(FINALIZE, "answering", "close", rows=[cut])
-    detail, steps = _only(_run(3, specs={"finalize": broken}), 2)
+    detail, steps = _only(_run(3, specs={"finalize": broken}, stop_at=2), 2)
     assert detail == "finalize request #1 was never answered"
     assert "on_simulation_end never returns for request #1" in steps
     assert steps[-1] == "  -> session_host handles drain_timeout"
@@ -205,7 +229,7 @@ def test_2_a_cut_answer_left_without_its_error_reply_is_reported() -> None:
 
 def test_2_a_host_that_waits_forever_for_a_hung_verdict_is_reported() -> None:
     broken = set_cell(HOST, "closing", "drain_timeout", kind="ignore")
-    detail, steps = _only(_run(3, specs={"session_host": broken}), 2)
+    detail, steps = _only(_run(3, specs={"session_host": broken}, stop_at=2), 2)
     assert detail == "finalize request #1 was never answered"
     assert "on_simulation_end never returns for request #1" in steps
 
@@ -214,13 +238,13 @@ def test_2_a_verdict_given_to_someone_not_the_simulator_is_reported() -> None:
     # the from_simulator row left out: anyone's finalize reaches the finalize machine
     anyone = Row(source="attached", event="finalize", dest=None, effects=("forward_finalize",))
     broken = set_cell(HOST, "attached", "finalize", rows=[anyone])
-    detail, steps = _only(_run(1, specs={"session_host": broken}), 2)
+    detail, steps = _only(_run(1, specs={"session_host": broken}, stop_at=2), 2)
     assert detail == "finalize request #1, not from the simulator, got the verdict"
     assert steps[0] == "finalize_simulation from someone not the simulator"
 
 
 def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
-    detail, steps = _only(_run(1, glue=Glue(defer_room_deletion=False)), 3)
+    detail, steps = _only(_run(1, glue=Glue(defer_room_deletion=False), stop_at=3), 3)
     assert detail == "the room was deleted while the job is serving"
     assert steps == [
         "end-call tool asks for room deletion",
@@ -232,14 +256,14 @@ def test_3_a_room_deleted_while_the_job_serves_is_reported() -> None:
 def test_3_a_job_that_goes_back_to_holding_after_closing_is_reported() -> None:
     broken = set_dest(JOB, "closing", "close_done", "awaiting_finalize")
     config = Config(simulation=True, delete_room_on_close=True)
-    detail, steps = _only(_run(2, specs={"job": broken}, config=config), 3)
+    detail, steps = _only(_run(2, specs={"job": broken}, config=config, stop_at=3), 3)
     assert detail == "the room was deleted while the job is awaiting_finalize"
     assert "  -> job handles close_done" in steps
 
 
 def test_3_a_deletion_that_does_not_wait_for_the_job_is_reported() -> None:
     broken = set_dest(DELETION, "kept", "request", "deleting")
-    detail, steps = _only(_run(1, specs={"room_deletion": broken}), 3)
+    detail, steps = _only(_run(1, specs={"room_deletion": broken}, stop_at=3), 3)
     assert detail == "the room was deleted while the job is serving"
     assert steps == ["end-call tool asks for room deletion", "  -> room_deletion handles request"]
 
@@ -248,7 +272,7 @@ def test_3_a_deletion_that_runs_twice_is_reported() -> None:
     # the release re-entering deleting instead of waiting for it: a second server call
     again = Row(source="deleting", event="close", dest="deleting")
     broken = set_cell(DELETION, "deleting", "close", rows=[again])
-    detail, steps = _only(_run(3, specs={"room_deletion": broken}, config=PLAIN), 3)
+    detail, steps = _only(_run(3, specs={"room_deletion": broken}, config=PLAIN, stop_at=3), 3)
     assert detail == "the room deletion ran 2 times"
     assert steps[-2:] == [
         "JobRuntime.aclose(): the deletion released",
@@ -258,7 +282,7 @@ def test_3_a_deletion_that_runs_twice_is_reported() -> None:
 
 def test_5_a_deletion_the_job_never_allows_is_reported() -> None:
     broken = set_cell(DELETION, "requested", "allow", kind="ignore")
-    detail, steps = _only(_run(2, specs={"room_deletion": broken}, config=PLAIN), 5)
+    detail, steps = _only(_run(2, specs={"room_deletion": broken}, config=PLAIN, stop_at=5), 5)
     assert detail == (
         "the job closed without its close work (session_host closed, room disconnected)"
     )
@@ -268,7 +292,7 @@ def test_5_a_deletion_the_job_never_allows_is_reported() -> None:
 def test_5_a_close_that_never_allows_the_deletion_is_reported() -> None:
     # the link from run_close's room step to the deletion left out
     links = tuple(k for k in LINKS if not (k.step == "room" and k.event == "allow"))
-    detail, steps = _only(_run(2, links=links, config=PLAIN), 5)
+    detail, steps = _only(_run(2, links=links, config=PLAIN, stop_at=5), 5)
     assert detail == (
         "the job closed without its close work (session_host closed, room disconnected)"
     )
@@ -276,55 +300,57 @@ def test_5_a_close_that_never_allows_the_deletion_is_reported() -> None:
 
 
 def test_4_two_sessions_forwarded_is_reported() -> None:
-    detail, steps = _only(_run(1, glue=Glue(unsubscribe_on_replace=False)), 4)
+    detail, steps = _only(_run(1, glue=Glue(unsubscribe_on_replace=False), stop_at=4), 4)
     assert detail == "sessions A, B are all forwarded"
     assert steps == ["session B attaches", "  -> session_host handles attach(session=B)"]
 
 
 def test_4_a_host_attached_to_nothing_is_reported() -> None:
     broken = set_dest(HOST, "attached", "session_closed", "attached", guards=["is_current"])
-    detail, steps = _only(_run(2, specs={"session_host": broken}), 4)
+    detail, steps = _only(_run(2, specs={"session_host": broken}, stop_at=4), 4)
     assert detail == "session_host is attached with no session forwarded"
     assert steps[:2] == ["session A closes", "session A finishes closing"]
 
 
 def test_5_a_hold_that_never_ends_is_reported() -> None:
     broken = set_cell(JOB, "awaiting_finalize", "hold_timeout", kind="ignore")
-    detail, steps = _only(_run(2, specs={"job": broken}), 5)
+    detail, steps = _only(_run(2, specs={"job": broken}, stop_at=5), 5)
     assert detail == "after every bound the job is still awaiting_finalize"
     assert steps[-2:] == ["time passes: hold_timeout", "  -> job handles hold_timeout"]
 
 
 def test_5_a_job_that_skips_its_close_work_is_reported() -> None:
     broken = set_dest(JOB, "awaiting_finalize", "hold_timeout", "closed")
-    detail, steps = _only(_run(2, specs={"job": broken}), 5)
+    detail, steps = _only(_run(2, specs={"job": broken}, stop_at=5), 5)
     assert detail == "the job closed without its close work (session_host detached, room connected)"
     assert steps[-1] == "  -> job handles hold_timeout"
 
 
 def test_5_a_job_that_waits_out_its_close_bound_is_reported() -> None:
     broken = set_cell(JOB, "closing", "close_done", kind="ignore")
-    detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN), 5)
+    detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN, stop_at=5), 5)
     assert detail == "the close work is done but the job is still closing"
     assert steps[-1] == "  -> job handles close_done"
 
 
 def test_5_a_close_left_to_a_hung_callback_is_reported() -> None:
     broken = set_cell(JOB, "closing", "close_timeout", kind="ignore")
-    detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN), 5)
+    detail, steps = _only(_run(1, specs={"job": broken}, config=PLAIN, stop_at=5), 5)
     assert detail == "after every bound the job is still closing"
     assert "run_close: a shutdown callback hangs" in steps
 
 
 def test_6_a_timer_left_armed_is_reported() -> None:
-    detail, steps = _only(_run(3, glue=Glue(cancel_timers_on_exit=False), config=PLAIN), 6)
+    detail, steps = _only(
+        _run(3, glue=Glue(cancel_timers_on_exit=False), config=PLAIN, stop_at=6), 6
+    )
     assert detail == "session_host: the closing timer is still armed in closed"
     assert steps[-1] == "  -> session_host handles drained"
 
 
 def test_6_a_stale_timeout_handled_is_reported() -> None:
     # only when inputs can land between a timer firing and its event being handled
-    report = _run(3, glue=Glue(drop_stale_timeouts=False), mailboxes="turns")
+    report = _run(3, glue=Glue(drop_stale_timeouts=False), mailboxes="turns", stop_at=6)
     detail, steps = _only(report, 6)
     assert detail.endswith("after the state that armed it was left")
     assert any(s.startswith("time passes:") for s in steps)
@@ -332,14 +358,14 @@ def test_6_a_stale_timeout_handled_is_reported() -> None:
 
 def test_7_shutdown_that_skips_the_hold_is_reported() -> None:
     broken = set_dest(JOB, "serving", "shutdown", "closing", guards=["hold_needed"])
-    detail, steps = _only(_run(1, specs={"job": broken}), 7)
+    detail, steps = _only(_run(1, specs={"job": broken}, stop_at=7), 7)
     assert detail == "job went serving -> closing on shutdown with the hold needed"
     assert steps == ["job.shutdown", "  -> job handles shutdown"]
 
 
 def test_7_a_hold_that_outlives_the_verdict_is_reported() -> None:
     broken = set_cell(JOB, "awaiting_finalize", "finalize_answered", kind="ignore")
-    detail, steps = _only(_run(4, specs={"job": broken}), 7)
+    detail, steps = _only(_run(4, specs={"job": broken}, stop_at=7), 7)
     assert detail == "the verdict was delivered but the job still holds"
     assert steps[-1] == "  -> job handles finalize_answered"
 
@@ -347,14 +373,14 @@ def test_7_a_hold_that_outlives_the_verdict_is_reported() -> None:
 def test_7_a_verdict_the_job_is_never_told_of_is_reported() -> None:
     # the link from the finalize's report to the job left out
     links = without(LINKS, "finalize", "report_answered", "job")
-    detail, steps = _only(_run(4, links=links), 7)
+    detail, steps = _only(_run(4, links=links, stop_at=7), 7)
     assert detail == "the verdict was delivered but the job still holds"
     assert steps[-1] == "  -> finalize handles delivered"
 
 
 def test_7_a_hold_that_outlives_the_simulator_is_reported() -> None:
     broken = set_cell(JOB, "awaiting_finalize", "simulator_left", kind="ignore")
-    detail, steps = _only(_run(3, specs={"job": broken}), 7)
+    detail, steps = _only(_run(3, specs={"job": broken}, stop_at=7), 7)
     assert detail == "the simulator is gone but the job still holds"
     assert steps[-2:] == [
         "simulator leaves (CLIENT_INITIATED)",
@@ -364,7 +390,7 @@ def test_7_a_hold_that_outlives_the_simulator_is_reported() -> None:
 
 def test_8_a_grace_that_never_ends_is_reported() -> None:
     broken = set_cell(PART, "grace", "grace_timeout", kind="ignore")
-    detail, steps = _only(_run(3, specs={"participant": broken}, config=PLAIN), 8)
+    detail, steps = _only(_run(3, specs={"participant": broken}, config=PLAIN, stop_at=8), 8)
     assert detail == "user left but the session is still running"
     assert steps == [
         "user joins",
@@ -379,7 +405,7 @@ def test_8_a_grace_that_never_ends_is_reported() -> None:
 def test_0_time_alone_going_round_in_a_loop_is_reported() -> None:
     # restored never comes: the avatar goes back to routing and times out again, forever
     broken = set_dest(AVATAR, "failed", "route_restored", "routing")
-    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar"), 0)
+    detail, steps = _only(_run(2, specs={"avatar": broken}, inputs="avatar", stop_at=0), 0)
     assert detail == "time passing alone comes back to an earlier world"
     assert steps.count("time passes: join_timeout") >= 1
 
@@ -457,7 +483,7 @@ def test_8_a_hung_session_close_nobody_acts_on_is_reported() -> None:
     """Issue 13 item 2: with the session's close hanging, the link gives up on it at its
     bound; if that does not shut the job down (its link left out), the job serves on."""
     links = without(LINKS, "participant", "report_close_timed_out", "job")
-    detail, steps = _only(_run(4, links=links, config=PLAIN), 8)
+    detail, steps = _only(_run(4, links=links, config=PLAIN, stop_at=8), 8)
     assert detail == "the session's close hangs, the link is closed and the job is serving"
     assert steps[:4] == [
         "user joins",
@@ -467,3 +493,26 @@ def test_8_a_hung_session_close_nobody_acts_on_is_reported() -> None:
     ]
     assert "session A's close hangs" in steps
     assert "time passes: session_close_timeout" in steps
+
+
+@pytest.mark.parametrize(
+    ("number", "depth", "fault"),
+    [
+        (4, 2, {"glue": Glue(unsubscribe_on_replace=False)}),  # found as a world is reached
+        (
+            5,
+            2,
+            {"specs": {"job": set_cell(JOB, "awaiting_finalize", "hold_timeout", kind="ignore")}},
+        ),
+        (6, 3, {"glue": Glue(cancel_timers_on_exit=False), "config": PLAIN}),
+    ],
+)
+def test_stopping_at_the_first_counterexample_reports_what_a_whole_run_does(
+    number: int, depth: int, fault: dict[str, Any]
+) -> None:
+    whole = _run(depth, **fault)
+    first = _run(depth, stop_at=number, **fault)
+    assert _only(first, number) == _only(whole, number)
+    # ... having looked at fewer worlds (those reached, and those passed letting time pass)
+    seen = [sum(r.states + r.eventual_states for r in x.results) for x in (first, whole)]
+    assert seen[0] < seen[1], seen

@@ -30,7 +30,7 @@ from agent_runtime.tools.mutation.equivalent import (
     SUBSCRIBED_BY,
     argument,
 )
-from agent_runtime.tools.mutation.mutants import Mutant, all_mutants, mutants_of
+from agent_runtime.tools.mutation.mutants import Mutant, all_mutants, mutant, mutants_of
 from agent_runtime.tools.mutation.run import main
 from agent_runtime.tools.mutation.swap import Visits, swapped
 from statemachines import MachineSpec, Row
@@ -75,6 +75,10 @@ def test_mutants_are_numbered_alike_and_refused_ones_say_why() -> None:
     assert [m.label for m in a] == [m.label for m in b]
     refused = [m for m in a if m.spec is None]
     assert refused and all(m.refused.startswith("machine 'room_deletion'") for m in refused)
+    # one built alone is the same mutant, under the same number
+    assert mutant(spec, a[7].label) == a[7] and mutant(spec, refused[0].label) == refused[0]
+    with pytest.raises(ValueError, match="room_deletion has no mutant 'nope'"):
+        mutant(spec, "nope")
     with pytest.raises(ValueError, match="no machine 'nope'"):
         all_mutants(["nope"])
 
@@ -356,8 +360,7 @@ def test_the_avatar_is_never_started_once_closing() -> None:
 
 def test_what_the_arguments_cover() -> None:
     def m(machine: str, label: str) -> Mutant:
-        spec = MACHINES[machine]
-        return next(x for x in mutants_of(spec) if x.label == label)
+        return mutant(MACHINES[machine], label)
 
     assert argument(m("job", "job (serving, close_done) ignore -> closing")) is not None
     assert argument(m("job", "job (closing, close_done) -> serving")) is None

@@ -26,8 +26,8 @@ once, with the reply its kind and payload call for; after closing everything no 
 task or timer is left; every decision in the example's trace, replayed through the
 ``transitions`` machines compiled from the specs, is the one the actors took.
 
-Sized for CI (~1 minute on two cores, a fixed seed); ``AGENT_RUNTIME_DEEP=1`` runs many more
-and longer examples with fresh randomness.
+50 examples in the default tier, 200 in the exhaustive one (a fixed seed);
+``AGENT_RUNTIME_DEEP=1`` runs many more and longer examples with fresh randomness.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 from livekit import rtc
 from livekit.agents import CloseReason
@@ -81,7 +82,9 @@ T = TypeVar("T")
 
 DEEP = os.environ.get("AGENT_RUNTIME_DEEP", "") not in ("", "0")
 # the mutation tool judges hundreds of mutants with this test and may ask for fewer examples
-EXAMPLES = int(os.environ.get("AGENT_RUNTIME_PROPS_EXAMPLES") or (2000 if DEEP else 200))
+EXAMPLES = int(os.environ.get("AGENT_RUNTIME_PROPS_EXAMPLES") or (2000 if DEEP else 50))
+# the exhaustive tier's run of the same machine, with four times the examples
+EXHAUSTIVE_EXAMPLES = 2000 if DEEP else 200
 
 REASONS = [rtc.DisconnectReason.Name(v) for v in rtc.DisconnectReason.values()]
 CLOSE_REASONS = [r.value for r in CloseReason]
@@ -723,4 +726,13 @@ ComposedJob.TestCase.settings = settings(
     **({"phases": [Phase.explicit, Phase.generate]} if os.environ.get("PROPS_DEV") else {}),
 )
 TestComposedJob = ComposedJob.TestCase
+
+
+@pytest.mark.exhaustive
+def test_the_composed_job_at_length() -> None:
+    run_state_machine_as_test(
+        ComposedJob, settings=settings(TestComposedJob.settings, max_examples=EXHAUSTIVE_EXAMPLES)
+    )
+
+
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")

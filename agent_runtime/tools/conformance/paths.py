@@ -81,14 +81,24 @@ _TIMERS = {
 }
 
 
-def _armed_in(world: World, key: str) -> str:
+_KEYS = (*_TIMERS, BOUND, WAIT)
+
+
+def _armed(world: World) -> tuple[str, ...]:
+    """Where each timer of ``_KEYS`` was armed ("" for none), in that order. Spelled out:
+    it runs twice for every move the walk takes."""
     step = world.job_task.partition(":")[2]
-    if key == BOUND:  # armed as the session step begins, running on through the avatar's
-        return "session" if step in ("session", "avatar") else ""
-    if key == WAIT:
-        return "session" if step == "session" else ""
-    value: str = getattr(world, _TIMERS[key])
-    return value
+    return (
+        world.t_avatar,
+        world.t_job,
+        world.t_part,
+        world.t_dele,
+        world.t_host,
+        # run_close's bound: armed as the session step begins, running on through the
+        # avatar's
+        "session" if step in ("session", "avatar") else "",
+        "session" if step == "session" else "",
+    )
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,8 @@ class Walker:
         self._started = self.model._move("internal", "", "the job starts", first, _nothing)
         self.initial_rows = frozenset((m, i) for m, i, _ in self._started.rows)
         self._first = first
+        # a world's moves, once: the walk reaches a world again with other timers armed
+        self._succ: dict[World, list[Move]] = {}
 
     def start(self) -> Node:
         return self._arm(Node(self._first), self._started)
@@ -137,8 +149,11 @@ class Walker:
         fires them together)."""
         out = []
         due = node.armed[0][0] if node.armed else None
-        self.model.taken = []  # each move keeps its own rows
-        for mv in self.model.successors(node.world):
+        succ = self._succ.get(node.world)
+        if succ is None:
+            self.model.taken = []  # each move keeps its own rows
+            succ = self._succ[node.world] = self.model.successors(node.world)
+        for mv in succ:
             if mv.kind != "time":
                 out.append((mv, self._arm(node, mv)))
             elif mv.action.removeprefix("timeout:") == due:
@@ -172,8 +187,7 @@ class Walker:
         seq = node.seq
         end = mv.world
         entered = {m for m, _, changed in mv.rows if changed}
-        for key in (*_TIMERS, BOUND, WAIT):
-            before, after = _armed_in(node.world, key), _armed_in(end, key)
+        for key, before, after in zip(_KEYS, _armed(node.world), _armed(end), strict=True):
             if key in entered or before != after:
                 armed.pop(key, None)
                 if after:

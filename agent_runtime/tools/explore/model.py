@@ -464,6 +464,12 @@ class Model:
                 raise ValueError(f"unknown machine {name!r}: one of {list(MACHINE_NAMES)}")
             chosen[name] = spec
         self.specs: dict[str, MachineSpec] = chosen
+        # (machine, source, event, guards) -> the row's index, for ``taken`` (the
+        # conformance walk looks one up for every event handled)
+        self._rows: dict[tuple[str, str, str, tuple[str, ...]], int] = {}
+        for name, spec in chosen.items():
+            for i, r in enumerate(spec.rows):
+                self._rows.setdefault((name, r.source, r.event, r.guards), i)
         # final states with no rows out: a post there is a no-op, so it is not even queued
         self.inert: dict[str, frozenset[str]] = {
             m: frozenset(
@@ -680,7 +686,7 @@ class Model:
         changed = token != NONE or (st.outcome == "transition" and (st.changed or bool(st.effects)))
         if st.outcome == "transition":
             if self.taken is not None:
-                row = self._row_index(spec, source, event, st.guards)
+                row = self._rows[(m, source, event, st.guards)]
                 self.taken.append((m, row, st.changed))
             if st.changed:
                 self._leave(s, m)
@@ -703,13 +709,6 @@ class Model:
             s.drop_mailbox(AVATAR)
             s.av_task = ""
         return changed
-
-    @staticmethod
-    def _row_index(spec: MachineSpec, source: str, event: str, guards: tuple[str, ...]) -> int:
-        for i, r in enumerate(spec.rows):
-            if r.source == source and r.event == event and r.guards == guards:
-                return i
-        raise KeyError(f"{spec.name}: no row ({source}, {event}) guarded by {list(guards)}")
 
     def _leave(self, s: _W, m: str) -> None:
         if m in _TIMER and self.glue.cancel_timers_on_exit:

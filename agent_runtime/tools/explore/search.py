@@ -12,6 +12,7 @@ The number of sequences is counted, not enumerated: paths from the start with at
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 from collections import deque
@@ -246,9 +247,14 @@ class _Graph:
         return i, True
 
 
+class _Found(Exception):
+    """The invariant asked for (``stop_at``) was violated: nothing more to look for."""
+
+
 class _Explorer:
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, stop_at: int | None = None) -> None:
         self.model = model
+        self.stop_at = stop_at
         self.label = model.config.label()
         if model.inputs != "all":
             self.label += f", {model.inputs} inputs"
@@ -256,6 +262,8 @@ class _Explorer:
         self.found: dict[int, Violation] = {}
         self.settled = 0
         self.closed = False
+        self.layers: list[list[int]] = []  # the worlds of each layer, as far as it went
+        self.depth = 0  # the layer reached
         model.watch = lambda s: bool(safety(model.view(s)))
 
     def path(self, i: int) -> list[str]:
@@ -272,6 +280,10 @@ class _Explorer:
                 self.found[number] = Violation(
                     number, BY_NUMBER[number].name, detail, self.label, tuple(steps())
                 )
+                if number == self.stop_at:
+                    # the search order is the one a whole run takes, so this is the same
+                    # (shortest) counterexample a whole run reports first
+                    raise _Found
 
     def take(self, i: int, mv: Move) -> tuple[int, bool]:
         """Record move ``mv`` from world ``i``; check what it passed and where it ends."""
@@ -314,10 +326,11 @@ class _Explorer:
         self.report(safety(self.model.view(g.worlds[start])), lambda: [])
         placed: set[int] = {start}  # worlds given a layer (the fewest inputs reaching them)
         layer = [start]
-        layers: list[list[int]] = []
+        layers = self.layers
         d = -1
         while True:
             d += 1
+            self.depth = d
             # every world reachable from this layer by internal steps alone, breadth first
             order: list[int] = []
             queue = deque(layer)
@@ -408,9 +421,13 @@ def explore_plan(
     links: tuple[Link, ...] = LINKS,
     glue: Glue = DEFAULT_GLUE,
     stop_at_first: bool = False,
+    stop_at: int | None = None,
     count: bool = True,
 ) -> Result:
-    """Run one exploration; one violation (the shortest found) per invariant."""
+    """Run one exploration; one violation (the shortest found) per invariant.
+    ``stop_at_first`` stops after the layer where anything was found; ``stop_at`` stops as
+    soon as invariant ``stop_at`` is violated (a check that a fault is reported needs one
+    witness, not the whole space)."""
     t0, c0 = time.perf_counter(), time.process_time()
     model = Model(
         plan.config,
@@ -420,20 +437,27 @@ def explore_plan(
         mailboxes=plan.mailboxes,
         inputs=plan.inputs,
     )
-    ex = _Explorer(model)
-    layers = ex.run(plan.depth, stop_at_first)
+    ex = _Explorer(model, stop_at)
+    try:
+        ex.run(plan.depth, stop_at_first)
+    except _Found:
+        stopped = True
+    else:
+        stopped = False
+    layers = ex.layers
     explored = len(ex.g.worlds)
     res = Result(
         plan=plan,
-        depth=len(layers) - 1,
+        depth=ex.depth,
         closed=ex.closed,
         states=explored,
         settled_states=ex.settled,
     )
-    if not (stop_at_first and ex.found):
-        ex.check_eventual(explored)
+    if not (stopped or (stop_at_first and ex.found)):
+        with contextlib.suppress(_Found):
+            ex.check_eventual(explored)
         res.eventual_states = len(ex.g.worlds) - explored
-    if count:
+    if count and not stopped:
         res.sequences = _count_sequences(ex.g, layers, res.depth)
     res.violations = [ex.found[k] for k in sorted(ex.found)]
     res.seconds = time.perf_counter() - t0
@@ -498,6 +522,7 @@ def explore(
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
+    stop_at: int | None = None,
     count: bool = True,
 ) -> Report:
     """Explore every config with each group of inputs to ``depth`` inputs and timeouts
@@ -514,6 +539,7 @@ def explore(
         glue=glue,
         workers=workers,
         stop_at_first=stop_at_first,
+        stop_at=stop_at,
         count=count,
     )
 
@@ -539,6 +565,7 @@ def explore_plans(
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
+    stop_at: int | None = None,
     count: bool = True,
 ) -> Report:
     """Run each plan, in ``workers`` processes when more than one."""
@@ -551,6 +578,7 @@ def explore_plans(
         "links": links,
         "glue": glue,
         "stop_at_first": stop_at_first,
+        "stop_at": stop_at,
         "count": count,
     }
     workers = min(workers, len(todo)) or 1

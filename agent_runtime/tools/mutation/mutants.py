@@ -38,16 +38,28 @@ def mutants_of(spec: MachineSpec) -> list[Mutant]:
     made a transition to each state or internal. Each is built through the spec model;
     one it refuses (a final state left, a state made unreachable, ...) cannot load, and
     keeps the reason instead of a spec."""
-    out: list[Mutant] = []
-    for i, (label, changed) in enumerate(single_cell_mutants(spec)):
-        state, event = _cell(label)
-        try:
-            built = MachineSpec.model_validate(changed.model_dump())
-        except SpecError as e:
-            out.append(Mutant(spec.name, i, label, state, event, None, str(e)))
-            continue
-        out.append(Mutant(spec.name, i, label, state, event, built))
-    return out
+    return [
+        _build(spec, i, label, changed)
+        for i, (label, changed) in enumerate(single_cell_mutants(spec))
+    ]
+
+
+def mutant(spec: MachineSpec, label: str) -> Mutant:
+    """The mutant of ``spec`` with that label, numbered as in ``mutants_of`` but built
+    alone: building (validating) every mutant of the avatar takes seconds."""
+    for i, (name, changed) in enumerate(single_cell_mutants(spec)):
+        if name == label:
+            return _build(spec, i, name, changed)
+    raise ValueError(f"{spec.name} has no mutant {label!r}")
+
+
+def _build(spec: MachineSpec, index: int, label: str, changed: MachineSpec) -> Mutant:
+    state, event = _cell(label)
+    try:
+        built = MachineSpec.model_validate(changed.model_dump())
+    except SpecError as e:
+        return Mutant(spec.name, index, label, state, event, None, str(e))
+    return Mutant(spec.name, index, label, state, event, built)
 
 
 def all_mutants(machines: Iterable[str] | None = None) -> list[Mutant]:
