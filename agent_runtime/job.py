@@ -122,6 +122,7 @@ class JobRuntime(Emitter[str]):
         self._room = room
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = float(close_timeout)
+        self._session_end_timeout = float(session_end_timeout)
         self._before_disconnect = before_disconnect
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
@@ -367,6 +368,8 @@ class JobRuntime(Emitter[str]):
         self._post(event)
 
     def _on_job_state(self, sc: StateChanged) -> None:
+        if sc.event == "hold_timeout":
+            self._report_lost_verdict()
         if sc.dest == "closed":
             self._closed_at = self._clock.now()
             self._closed = True
@@ -375,6 +378,24 @@ class JobRuntime(Emitter[str]):
         self._emit_state(sc)
         if sc.dest == "closed":
             self._emit_safely("closed", self._closed_at)
+
+    def _report_lost_verdict(self) -> None:
+        """The hold ran out with the simulator still there: its verdict is lost (the log
+        policy: a WARNING naming why)."""
+        step = self.host.finalize.actor.state
+        why = {
+            "answering": "on_simulation_end had not returned",
+            "replying": "the reply was still being sent",
+        }.get(step, "the simulator had not asked for it (finalize_simulation)")
+        self.actor.report(
+            logger,
+            logging.WARNING,
+            "the hold ended after session_end_timeout (%gs) without the simulator's verdict: "
+            "%s; the job closes without it",
+            self._session_end_timeout,
+            why,
+            event="hold_timeout",
+        )
 
     def _emit_state(self, sc: StateChanged) -> None:
         self._emit_safely("state_changed", sc)
