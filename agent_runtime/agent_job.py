@@ -312,7 +312,7 @@ class AgentJob(Emitter[Events]):
         # what every machine's warnings carry (the log policy: job, room, machine, ...);
         # one dict for all of them, so from_job_context's job id reaches each
         self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
-        for actor in self.actors:
+        for actor in find_actors(self.job, self.link, self.avatar, self.playout):
             actor.labels = self._log_labels
         if tracer is not None:
             tracer.labels = self._log_labels

@@ -39,7 +39,7 @@ from .room_events import RoomEventAdapter, RoomFact
 from .routing import Wiring, follow, guard_table, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, sender_aware
-from .settings import check_setting
+from .settings import check_part, check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
 if TYPE_CHECKING:
@@ -112,6 +112,9 @@ class JobRuntime(Emitter[str]):
             raise TypeError("delete_room must be an async callable taking no arguments")
         if room_events is not None and room_events.room is not room:
             raise ValueError("room_events must be an adapter over the same room")
+        parts = {"trace_path": trace_path, "clock": clock, "tracer": tracer, "transport": transport}
+        for name, value in parts.items():
+            check_part(name, value)  # before the trace file is opened (truncated)
         if trace_path is not None:
             # production traces: the same JSONL `agent-runtime replay` reads, plus the logs
             self._trace_file: JsonlSink | None = JsonlSink(trace_path)

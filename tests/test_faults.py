@@ -38,9 +38,11 @@ from agent_runtime import (
     injected,
     settle,
 )
+from agent_runtime.actor import Actor, Event, StateChanged
 from agent_runtime.settings import AvatarRetry, SettingTypeError
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from statemachines import Effect, MachineSpec, State, cells, row
 
 DISPATCH = SimulationDispatch(simulation_run_id="run-26", job_id="simjob-26")
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
@@ -436,3 +438,94 @@ def test_a_backoff_past_its_sane_bound_is_refused_naming_it(
 
     with pytest.raises(SettingError, match=message.replace(".", r"\.")):
         job_settings(retry_avatar={"attempts": 1, "backoff": {field: value}})
+
+
+# -- the actor's drain: what escapes a step never stops the mailbox -----------------------------
+
+GATE = MachineSpec(
+    name="gate",
+    initial="shut",
+    states=(State(name="shut"), State(name="open")),
+    events=("push", "pull"),
+    guards=("allowed",),
+    effects=(Effect(name="swing"),),
+    rows=(
+        *row("shut", "push", "open", guards=["allowed"], effects=["swing"]),
+        *row("shut", "push", None),
+        *row("open", "pull", "shut", effects=["swing"]),
+    ),
+    ignore=(*cells("shut", "pull"), *cells("open", "push")),
+)
+
+
+@pytest.mark.parametrize("swing", ["returns", "awaits"])
+async def test_a_guard_raising_cancelled_error_fails_its_event_and_the_mailbox_goes_on(
+    swing: str,
+) -> None:
+    raising = [True]
+
+    def allowed(_: Event) -> bool:
+        if raising[0]:
+            raise asyncio.CancelledError()
+        return True
+
+    async def swing_later(_: Event) -> None:
+        await asyncio.sleep(0)
+
+    actor = Actor(
+        GATE,
+        effects={"swing": swing_later if swing == "awaits" else (lambda _: None)},
+        guards={"allowed": allowed},
+        clock=VirtualClock(),
+    )
+    # the sender gets an error it cannot take for its own cancellation
+    with pytest.raises(RuntimeError, match="handling 'push' raised CancelledError"):
+        await actor.send(Event("push"))
+    raising[0] = False
+    await actor.send(Event("push"))
+    assert actor.state == "open"
+    # a fire-and-forget event whose step fails is logged; the ones behind it are handled
+    raising[0] = True
+    await actor.send(Event("pull"))
+    actor.post(Event("push"))
+    raising[0] = True
+    await actor.join()
+    raising[0] = False
+    actor.post(Event("push"))
+    await actor.join()
+    assert actor.state == "open"
+    await actor.aclose()
+
+
+async def test_a_machine_listener_raising_cancelled_error_mid_task_drain_is_removed() -> None:
+    """The drain running as a task (an effect awaited): the listener's CancelledError is
+    not taken for the drain's own cancellation."""
+    seen: list[str] = []
+
+    def listener(change: StateChanged) -> None:
+        seen.append(change.dest)
+        raise asyncio.CancelledError()
+
+    async def swing(_: Event) -> None:
+        await asyncio.sleep(0)
+
+    actor = Actor(GATE, effects={"swing": swing}, guards={"allowed": lambda _: True})
+    actor.on("state_changed", listener)
+    await actor.send(Event("push"))
+    await actor.send(Event("pull"))
+    await actor.send(Event("push"))
+    assert actor.state == "open" and seen == ["open"]  # removed at its first failure
+    await actor.aclose()
+
+
+async def test_a_job_runtime_refuses_a_trace_path_of_the_wrong_type_before_opening_anything(
+    room: InMemoryRoom,
+) -> None:
+    from agent_runtime.job import JobRuntime
+
+    listeners = room.listener_count()
+    with pytest.raises(SettingTypeError, match="trace_path must be a file path"):
+        JobRuntime(room=room, trace_path=123)  # type: ignore[arg-type]
+    with pytest.raises(SettingTypeError, match="transport must be a livekit SessionTransport"):
+        JobRuntime(room=room, transport="bogus")  # type: ignore[arg-type]
+    assert room.listener_count() == listeners
