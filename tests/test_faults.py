@@ -166,7 +166,7 @@ async def test_a_sink_whose_active_raises_is_dropped_and_the_user_is_linked(
         ("clock", "bogus", "clock must be a Clock (with now, call_later, sleep and wait_for)"),
         ("tracer", "bogus", "tracer must be an agent_runtime Tracer"),
         ("trace_path", 123, "trace_path must be a file path (a str or an os.PathLike), not int"),
-        ("trace_path", b"t.jsonl", "trace_path must be a file path"),
+        ("trace_path", b"/nonexistent-dir/t.jsonl", "trace_path must be a file path"),
         ("transport", "bogus", "transport must be a livekit SessionTransport, not str"),
         ("simulation", "bogus", "simulation must be a livekit SimulationContext or"),
         ("on_simulation_end", "bogus", "on_simulation_end must be callable as"),
@@ -480,7 +480,8 @@ async def test_a_guard_raising_cancelled_error_fails_its_event_and_the_mailbox_g
     )
     # the sender gets an error it cannot take for its own cancellation
     with pytest.raises(RuntimeError, match="handling 'push' raised CancelledError"):
-        await actor.send(Event("push"))
+        # bounded in real time: before the fix the drain died and this never returned
+        await asyncio.wait_for(actor.send(Event("push")), 5)
     raising[0] = False
     await actor.send(Event("push"))
     assert actor.state == "open"
@@ -511,7 +512,8 @@ async def test_a_machine_listener_raising_cancelled_error_mid_task_drain_is_remo
 
     actor = Actor(GATE, effects={"swing": swing}, guards={"allowed": lambda _: True})
     actor.on("state_changed", listener)
-    await actor.send(Event("push"))
+    # bounded in real time: before the fix the drain died and this never returned
+    await asyncio.wait_for(actor.send(Event("push")), 5)
     await actor.send(Event("pull"))
     await actor.send(Event("push"))
     assert actor.state == "open" and seen == ["open"]  # removed at its first failure
