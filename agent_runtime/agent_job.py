@@ -379,7 +379,8 @@ class AgentJob(Emitter[Events]):
             options["delete_room"] = delete_room
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)
         job._job_context = ctx
-        job._log_labels["job_id"] = ctx.job.id
+        # the room is not connected yet (its name comes with the connection); the job has it
+        job._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or ctx.room.name)
         _JOBS[ctx] = job
         # the safety net when on_session_end was not passed: the job closes with livekit's
         # own shutdown (no hold then: the room is already disconnected)
