@@ -461,7 +461,12 @@ class JobRuntime(Emitter[str]):
                 f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} "
                 "had not returned"
             )
-        logger.warning("closing the job was cut off after %gs (close_timeout): %s", after, what)
+        logger.warning(
+            "closing the job was cut off after %gs (close_timeout): %s",
+            after,
+            what,
+            extra=self.actor.log_fields(ev.name),
+        )
 
     async def _run_shutdown_callbacks(self) -> None:
         async def run(cb: ShutdownCallback) -> None:
@@ -478,7 +483,12 @@ class JobRuntime(Emitter[str]):
         )
         for cb, res in zip(self._shutdown_callbacks, results, strict=True):
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
-                logger.error("shutdown callback %r failed", cb, exc_info=res)
+                logger.error(
+                    "shutdown callback %r failed",
+                    cb,
+                    exc_info=res,
+                    extra=self.actor.log_fields(),
+                )
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
