@@ -20,7 +20,7 @@ from statemachines import MachineSpec, State, Step, UnknownEvent
 from statemachines.step import table_of
 
 from .clock import AsyncioClock, Clock, TimerHandle
-from .emitter import Emitter
+from .emitter import Emitter, describe
 from .trace import Tracer, TraceRecord
 
 logger = logging.getLogger("agent_runtime.actor")
@@ -132,6 +132,7 @@ class Actor(Emitter[str]):
         "clock",
         "effect_timeout",
         "instance",
+        "labels",
         "spec",
         "tracer",
     )
@@ -162,6 +163,8 @@ class Actor(Emitter[str]):
         self.clock: Clock = clock or AsyncioClock()
         self.tracer = tracer
         self.effect_timeout = effect_timeout
+        # the job's log fields (job_id, room), set by whoever composes the job
+        self.labels: Mapping[str, str] = _EMPTY
         self._state = spec.initial
         self._gen = 0
         # the mailbox and the task set are made on first use: most actors of a job sit idle,
@@ -282,10 +285,7 @@ class Actor(Emitter[str]):
             return
         self._closed = True
         self._leave_state()
-        try:
-            self.emit("closed", self)
-        except Exception:
-            logger.exception("%s: a closed listener failed", self._who())
+        self.emit("closed", self)  # a failing listener is logged and removed there
         runner, self._runner = self._runner, None
         if self._mailbox:
             for _, fut, _ in self._mailbox:
@@ -307,6 +307,61 @@ class Actor(Emitter[str]):
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the log policy ---------------------------------------------------------------------
+    def log_fields(self, event: str = "") -> dict[str, Any]:
+        """The structured fields of a log line about this machine: the job's labels
+        (``job_id``, ``room``), ``machine``, ``instance``, ``state`` and ``event``."""
+        return {
+            "job_id": self.labels.get("job_id", ""),
+            "room": self.labels.get("room", ""),
+            "machine": self.spec.name,
+            "instance": self.instance,
+            "state": self._state,
+            "event": event,
+        }
+
+    def where(self) -> str:
+        """The job, room and machine, for a log line: ``job J (room R), avatar[a]``."""
+        job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
+        if job:
+            return f"job {job} (room {room}), {self._who()}"
+        return f"room {room}, {self._who()}" if room else self._who()
+
+    def report(
+        self,
+        log: logging.Logger,
+        level: int,
+        msg: str,
+        *args: Any,
+        event: str = "",
+        exc_info: BaseException | None = None,
+    ) -> None:
+        """Log ``msg % args`` about this machine as the log policy asks: the line names the
+        job and the machine, its ``extra`` carries ``log_fields``."""
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s: " + msg,
+                self.where(),
+                *args,
+                extra=self.log_fields(event),
+                exc_info=exc_info,
+            )
+
+    def _listener_failed(
+        self, event: str, callback: Callable[..., Any], error: BaseException, args: tuple[Any, ...]
+    ) -> None:
+        change = args[0] if args and isinstance(args[0], StateChanged) else None
+        self.report(
+            logger,
+            logging.ERROR,
+            "a %s listener failed (%s); it is removed, the machine goes on",
+            event,
+            describe(error),
+            event=change.event if change is not None else "",
+            exc_info=error,
+        )
 
     # -- mailbox -------------------------------------------------------------------------
     def _who(self) -> str:
@@ -342,7 +397,8 @@ class Actor(Emitter[str]):
                 try:
                     st, tracing = self._step(event)
                     pending = self._run_effects_now(st, event, tracing)
-                except Exception as e:
+                except (Exception, asyncio.CancelledError) as e:
+                    # a callback nobody cancels: a CancelledError here was raised, not sent
                     self._failed(event, fut, e)
                     continue
                 if pending is not None:
@@ -373,6 +429,11 @@ class Actor(Emitter[str]):
                     continue
                 try:
                     result = await self._handle(event)
+                except asyncio.CancelledError as e:
+                    if self._closed or _current_task_cancelling():
+                        raise
+                    self._failed(event, fut, e)  # raised inside the step, not sent to it
+                    continue
                 except Exception as e:
                     self._failed(event, fut, e)
                     continue
@@ -406,11 +467,18 @@ class Actor(Emitter[str]):
             return
         self._done(event, fut, st)
 
-    def _failed(self, event: Event, fut: asyncio.Future[Step] | None, e: Exception) -> None:
+    def _failed(self, event: Event, fut: asyncio.Future[Step] | None, e: BaseException) -> None:
+        if not isinstance(e, Exception):
+            # a sender awaiting a CancelledError would take it for its own cancellation
+            error = RuntimeError(f"{self._who()}: handling {event.name!r} raised {describe(e)}")
+            error.__cause__ = e
+            e = error
         if fut is not None and not fut.done():
             fut.set_exception(e)
         else:
-            logger.exception("%s: error handling %r", self._who(), event.name, exc_info=e)
+            self.report(
+                logger, logging.ERROR, "error handling %r", event.name, event=event.name, exc_info=e
+            )
 
     def _done(self, event: Event, fut: asyncio.Future[Step] | None, result: Step) -> None:
         if fut is not None and not fut.done():
@@ -478,15 +546,12 @@ class Actor(Emitter[str]):
         if not moved:
             return st, tracing
         if st.changed:
-            self._enter_state()
+            self._enter_state(event.name)
             if self._events.get("state_changed"):
+                # whatever a listener raises stays in emit (logged, the listener removed): the
+                # effects of a transition that has already happened are never skipped
                 change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
-                try:
-                    self.emit("state_changed", change)
-                except Exception:
-                    # the SDK's emitter lets a listener's TypeError through; it must not skip
-                    # the effects of a transition that has already happened
-                    logger.exception("%s: a state_changed listener failed", self._who())
+                self.emit("state_changed", change)
         return st, tracing
 
     def _run_effects_now(
@@ -567,6 +632,17 @@ class Actor(Emitter[str]):
         follow: object = None,
     ) -> None:
         """Record an effect's outcome; queue its error event, or the event it returned."""
+        if outcome != "ok":
+            # the log policy: an effect that failed is seen by an operator, once, here
+            self.report(
+                logger,
+                logging.WARNING,
+                "effect %r %s: %s",
+                name,
+                "timed out" if outcome == "timeout" else "failed",
+                detail,
+                event=event.name,
+            )
         if tracing or (outcome != "ok" and self._tracing()):
             self._record(
                 TraceRecord(
@@ -592,7 +668,7 @@ class Actor(Emitter[str]):
             self._mail().append((follow, None, None))
 
     # -- state entry and exit ----------------------------------------------------------------
-    def _enter_state(self) -> None:
+    def _enter_state(self, by: str = "") -> None:
         self._gen += 1
         gen = self._gen
         self._entered_at = self.clock.now()
@@ -604,7 +680,7 @@ class Actor(Emitter[str]):
                 self._timer = self.clock.call_later(seconds, lambda: self._fire(ev, gen))
                 self._timer_deadline = self._entered_at + max(0.0, seconds)
         for name in st.invoke:
-            self._start_task(name, gen)
+            self._start_task(name, gen, by)
 
     def _leave_state(self) -> None:
         self._gen += 1
@@ -620,7 +696,7 @@ class Actor(Emitter[str]):
             self._timer = None
             self._enqueue((event, None, gen))
 
-    def _start_task(self, name: str, gen: int) -> None:
+    def _start_task(self, name: str, gen: int, by: str = "") -> None:
         handler = self._effects[name]
         trigger = Event(f"enter:{self._state}")
 
@@ -629,10 +705,20 @@ class Actor(Emitter[str]):
                 res = handler(trigger)
                 if inspect.isawaitable(res):
                     res = await res
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self._record_task(name, "error", f"{type(e).__name__}: {e}")
+            except (Exception, asyncio.CancelledError) as e:
+                if isinstance(e, asyncio.CancelledError) and (
+                    _current_task_cancelling() or gen != self._gen or self._closed
+                ):
+                    raise  # cancelled: its state was left
+                # a CancelledError nothing sent (a plugin raising it) is a failure like any
+                # other, reported now rather than when the state's timeout runs out
+                detail = describe(e)
+                if isinstance(e, asyncio.CancelledError):
+                    detail += " (raised by the task itself; nothing cancelled it)"
+                self._record_task(name, "error", detail)
+                self.report(
+                    logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by
+                )
                 err = self.spec.effect(name).error_event
                 if err is not None and gen == self._gen and not self._closed:
                     self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
@@ -665,20 +751,33 @@ class Actor(Emitter[str]):
     def _tracing(self) -> bool:
         """Whether a record made now would be kept: records are only built then."""
         tracer = self.tracer
-        return tracer is not None and tracer.active
+        if tracer is None:
+            return False
+        try:
+            return bool(tracer.active)
+        except BaseException as e:
+            self._drop_tracer(e)
+            return False
 
     def _record(self, record: TraceRecord) -> None:
         if self.tracer is None:
             return
         try:
             self.tracer.write(record)
-        except Exception:
-            # recording is observation: a tracer that raises (a Tracer guards its sinks; a
-            # tracer of another make may not) is dropped, and the step goes on
-            logger.warning(
-                "%s: the tracer failed; this actor records nothing more", self._who(), exc_info=True
-            )
-            self.tracer = None
+        except BaseException as e:
+            self._drop_tracer(e)
+
+    def _drop_tracer(self, error: BaseException) -> None:
+        # recording is observation: a tracer that raises, whatever it raises (a Tracer
+        # guards its sinks; a tracer of another make may not), is dropped, the step goes on
+        self.tracer = None
+        self.report(
+            logger,
+            logging.WARNING,
+            "the tracer failed (%s); this machine records nothing more",
+            describe(error),
+            exc_info=error,
+        )
 
 
 def _current_task_cancelling() -> bool:

@@ -65,7 +65,7 @@ from .playout import PlayoutTracker, RepromptFn
 from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
-from .settings import AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_settings
+from .settings import AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_options
 from .snapshot import JobSnapshot, find_actors, machines_snapshot
 from .trace import JsonlSink, LoggingSink, Tracer
 
@@ -155,12 +155,23 @@ class AgentJob(Emitter[Events]):
             "close_timeout": close_timeout,
             "delete_room_on_close": delete_room_on_close,
             "playout": playout,
+            # the parts: their types (settings.JOB_PARTS)
+            "trace_path": trace_path,
+            "tracer": tracer,
+            "otel": otel,
+            "clock": clock,
+            "transport": transport,
+            "simulation": simulation,
+            "on_simulation_end": on_simulation_end,
+            "delete_room": delete_room,
+            "remove_avatar_participant": remove_avatar_participant,
+            "on_reprompt": on_reprompt,
         }
         if participant_kinds is not None:
             options["participant_kinds"] = participant_kinds
         if closing_reasons is not None:
             options["closing_reasons"] = closing_reasons
-        self.settings: JobSettings = job_settings(options)
+        self.settings: JobSettings = job_options(options)
         if not isinstance(room, rtc.Room):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         if not isinstance(session, AgentSession):
@@ -185,8 +196,6 @@ class AgentJob(Emitter[Events]):
             raise ValueError("avatar_start_options given without an avatar")
         if isinstance(avatar, AvatarSession):
             check_start_options(avatar, start_options)
-        if on_reprompt is not None and not callable(on_reprompt):
-            raise TypeError("on_reprompt must be callable as on_reprompt(session, attempt)")
         if on_reprompt is not None and (
             self.settings.playout is None or not self.settings.playout.reprompt
         ):
@@ -194,8 +203,6 @@ class AgentJob(Emitter[Events]):
                 "on_reprompt given, but the watchdog is off: pass "
                 "playout=PlayoutOptions(reprompt=True) too"
             )
-        if not isinstance(otel, bool | OtelSink):
-            raise TypeError(f"otel must be True, False or an OtelSink, not {type(otel).__name__}")
         if otel is True and isinstance(inject.get("otel"), OtelSink):
             otel = inject["otel"]
         clock = clock or inject.get("clock") or AsyncioClock()
@@ -205,6 +212,10 @@ class AgentJob(Emitter[Events]):
         remove_avatar_participant = remove_avatar_participant or inject.get(
             "remove_avatar_participant"
         )
+        # a factory-built plugin's start options are the last check: only then is the trace
+        # file opened (truncated), the one thing construction changes outside this object
+        self.avatar_error: str | None = None  # why the job runs without the avatar it was given
+        plugin = self._build_avatar(avatar, start_options) if avatar is not None else None
         self._trace_file: JsonlSink | None = None
         if trace_path is not None:
             try:
@@ -260,9 +271,6 @@ class AgentJob(Emitter[Events]):
             wiring=self.job.wiring,
         )
         self.avatar: AvatarLifecycle | None = None
-        # why the job runs without the avatar it was given (a plugin that could not be built)
-        self.avatar_error: str | None = None
-        plugin = self._build_avatar(avatar, start_options) if avatar is not None else None
         self._avatar_start_options = start_options
         if plugin is not None:
             self.avatar = AvatarLifecycle(
@@ -312,6 +320,15 @@ class AgentJob(Emitter[Events]):
         if self.playout is not None:
             self.playout.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_closed)
+        # what every machine's warnings carry (the log policy: job, room, machine, ...);
+        # one dict for all of them, so from_job_context's job id reaches each
+        self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
+        for actor in find_actors(
+            self.job, self.link, self.avatar, self.playout, self.lifecycle_actor
+        ):
+            actor.labels = self._log_labels
+        if tracer is not None:
+            tracer.labels = self._log_labels
 
     def _build_avatar(
         self,
@@ -375,6 +392,8 @@ class AgentJob(Emitter[Events]):
             options["delete_room"] = delete_room
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)
         job._job_context = ctx
+        # the room is not connected yet (its name comes with the connection); the job has it
+        job._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or ctx.room.name)
         _JOBS[ctx] = job
         # the safety net when on_session_end was not passed: the job closes with livekit's
         # own shutdown (no hold then: the room is already disconnected)

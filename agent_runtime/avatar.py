@@ -621,6 +621,18 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
     async def _fx_restore_route(self, ev: Event) -> Event:
         self._cause = ev.name  # kept first: the retry guard reads it if this effect fails
         outcome = self._guarded_restore()
+        # the log policy: what the user hears changed; the cause's detail was logged with it
+        retrying = self._retry.retries(ev.name, self._attempts)
+        self._actor.report(
+            logger,
+            logging.WARNING,
+            "the avatar is gone (%s, attempt %d of %d); the agent is on room audio%s",
+            ev.name,
+            self._attempts + 1,
+            self._retry.attempts + 1,
+            " until the next attempt" if retrying else " (gave up)" if self._attempts else "",
+            event=ev.name,
+        )
         if not self._retry.rejoin:
             # nothing will route to this avatar again: stop the SDK's waits for it now, or
             # they fail later (unretrieved) when the room goes away

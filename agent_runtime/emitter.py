@@ -1,8 +1,11 @@
 """``Emitter``: livekit's ``rtc.EventEmitter`` with a cheap ``emit``.
 
 The runtime's classes emit as livekit's objects do (``on``, ``once``, ``off``, ``emit``; a
-listener gets as many of the arguments as it takes positionally; its ``TypeError`` goes
-through, any other error is logged). livekit's ``emit`` builds ``inspect.signature`` of every
+listener gets as many of the arguments as it takes positionally), with one difference: a
+listener is observation, so whatever it raises (livekit lets a ``TypeError`` through; here
+that too, and ``CancelledError`` or any other ``BaseException``) never reaches the machine
+that emitted: it is logged once and the listener removed. livekit's ``emit`` builds
+``inspect.signature`` of every
 listener on every call, which made up most of what a state change cost; here the arity of a
 plain function or bound method is read from its code object, and only other callables (a
 ``functools.partial``, a decorated function, a callable object) go through ``inspect``.
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any, TypeVar
 
@@ -92,7 +95,48 @@ class Emitter(rtc.EventEmitter[T]):
             try:
                 n = positional_arity(callback)
                 callback(*(args if n is None else args[:n]))
-            except TypeError:
-                raise
-            except Exception:
-                logger.exception("failed to emit event %s", event)
+            except BaseException as e:
+                # removed, so it fails (and is logged) once; the other listeners still hear
+                self.off(event, callback)
+                self._listener_failed(event, callback, e, args)
+
+    def _listener_failed(
+        self, event: T, callback: Callable[..., Any], error: BaseException, args: tuple[Any, ...]
+    ) -> None:
+        """Log a listener's failure (it has been removed). ERROR: a callback the user
+        registered will not run again. The line names the job when the emitter carries its
+        labels (``_log_labels``: ``AgentJob``; ``Actor`` says more), and the machine when
+        the argument is a state change."""
+        labels: Mapping[str, str] = getattr(self, "_log_labels", None) or {}
+        change = args[0] if args else None
+        fields = {
+            "job_id": labels.get("job_id", ""),
+            "room": labels.get("room", ""),
+            "machine": str(getattr(change, "machine", "")),
+            "instance": str(getattr(change, "instance", "")),
+            "state": str(getattr(change, "dest", "")),
+            "event": str(getattr(change, "event", "")),
+            "listener": _name_of(callback),
+        }
+        who = type(self).__name__
+        if fields["job_id"] or fields["room"]:
+            who = f"job {fields['job_id']} (room {fields['room']}), {who}"
+        logger.error(
+            "%s: a %s listener failed (%s); it is removed, the machines go on",
+            who,
+            event,
+            describe(error),
+            exc_info=error,
+            extra=fields,
+        )
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message``, or the type alone when the message is empty (a bare
+    ``CancelledError()``)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))

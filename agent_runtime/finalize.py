@@ -151,7 +151,7 @@ class FinalizeAnswer:
                 result.user_verdict.reason = uv.reason
         except Exception as e:
             # the simulator still gets an answer: its own verdict stands
-            logger.exception("on_simulation_end failed")
+            logger.exception("on_simulation_end failed", extra=self.actor.log_fields("request"))
             return result, f"on_simulation_end failed: {type(e).__name__}: {e}"
         return result, ""
 
@@ -166,7 +166,11 @@ class FinalizeAnswer:
             await self._send(agent_pb.AgentSessionMessage(response=resp))
         except Exception as e:
             # the machine goes back to idle: a retry is answered with the same verdict
-            logger.warning("could not deliver the finalize_simulation reply: %s", e)
+            logger.warning(
+                "could not deliver the finalize_simulation reply: %s",
+                e,
+                extra=self.actor.log_fields(ev.name),
+            )
             raise
         verdict = (
             {"success": result.user_verdict.success, "reason": result.user_verdict.reason}

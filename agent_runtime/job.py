@@ -40,7 +40,7 @@ from .room_events import RoomEventAdapter, RoomFact
 from .routing import Wiring, follow, guard_table, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, sender_aware
-from .settings import check_setting
+from .settings import check_part, check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
 
 logger = logging.getLogger("agent_runtime.job")
@@ -110,6 +110,9 @@ class JobRuntime(Emitter[str]):
             raise TypeError("delete_room must be an async callable taking no arguments")
         if room_events is not None and room_events.room is not room:
             raise ValueError("room_events must be an adapter over the same room")
+        parts = {"trace_path": trace_path, "clock": clock, "tracer": tracer, "transport": transport}
+        for name, value in parts.items():
+            check_part(name, value)  # before the trace file is opened (truncated)
         if trace_path is not None:
             # production traces: the same JSONL `agent-runtime replay` reads, plus the logs
             self._trace_file: JsonlSink | None = JsonlSink(trace_path)
@@ -120,6 +123,7 @@ class JobRuntime(Emitter[str]):
         self._room = room
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = float(close_timeout)
+        self._session_end_timeout = float(session_end_timeout)
         self._before_disconnect = before_disconnect
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
@@ -361,6 +365,8 @@ class JobRuntime(Emitter[str]):
         self._post(event)
 
     def _on_job_state(self, sc: StateChanged) -> None:
+        if sc.event == "hold_timeout":
+            self._report_lost_verdict()
         if sc.dest == "closed":
             self._closed_at = self._clock.now()
             if self._closed_waiter is not None and not self._closed_waiter.done():
@@ -368,6 +374,24 @@ class JobRuntime(Emitter[str]):
         self._emit_state(sc)
         if sc.dest == "closed":
             self._emit_safely("closed", self._closed_at)
+
+    def _report_lost_verdict(self) -> None:
+        """The hold ran out with the simulator still there: its verdict is lost (the log
+        policy: a WARNING naming why)."""
+        step = self.host.finalize.actor.state
+        why = {
+            "answering": "on_simulation_end had not returned",
+            "replying": "the reply was still being sent",
+        }.get(step, "the simulator had not asked for it (finalize_simulation)")
+        self.actor.report(
+            logger,
+            logging.WARNING,
+            "the hold ended after session_end_timeout (%gs) without the simulator's verdict: "
+            "%s; the job closes without it",
+            self._session_end_timeout,
+            why,
+            event="hold_timeout",
+        )
 
     def _emit_state(self, sc: StateChanged) -> None:
         self._emit_safely("state_changed", sc)
@@ -433,7 +457,12 @@ class JobRuntime(Emitter[str]):
                 f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} "
                 "had not returned"
             )
-        logger.warning("closing the job was cut off after %gs (close_timeout): %s", after, what)
+        logger.warning(
+            "closing the job was cut off after %gs (close_timeout): %s",
+            after,
+            what,
+            extra=self.actor.log_fields(ev.name),
+        )
 
     async def _run_shutdown_callbacks(self) -> None:
         async def run(cb: ShutdownCallback) -> None:
@@ -450,7 +479,12 @@ class JobRuntime(Emitter[str]):
         )
         for cb, res in zip(self._shutdown_callbacks, results, strict=True):
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
-                logger.error("shutdown callback %r failed", cb, exc_info=res)
+                logger.error(
+                    "shutdown callback %r failed",
+                    cb,
+                    exc_info=res,
+                    extra=self.actor.log_fields(),
+                )
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)

@@ -45,6 +45,7 @@ from opentelemetry.metrics._internal import _ProxyMeterProvider
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
 
+from .emitter import describe
 from .trace import TraceRecord
 
 logger = logging.getLogger("agent_runtime.otel")
@@ -148,17 +149,29 @@ class OtelSink:
         the actors build no records for this sink."""
         if self._failed:
             return False
-        return bool(self._held) or self._metrics() is not None or self._target() is not None
+        try:
+            return bool(self._held) or self._metrics() is not None or self._target() is not None
+        except BaseException as e:
+            self._fail(e)
+            return False
 
     def write(self, record: TraceRecord) -> None:
         if self._failed or (record.kind != "transition" and record.kind != "effect"):
             return
         try:
             self._write(record)
-        except Exception:
-            # recording is observation: an exporter or SDK error never reaches the machines
-            self._failed = True
-            logger.warning("OpenTelemetry output failed; the job goes on without it", exc_info=True)
+        except BaseException as e:
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        # recording is observation: whatever an exporter, the SDK or parent() raises never
+        # reaches the machines; a lost trace is a WARNING (the log policy), logged once
+        self._failed = True
+        logger.warning(
+            "OpenTelemetry output failed (%s); the job goes on without it",
+            describe(error),
+            exc_info=error,
+        )
 
     def close(self) -> None:
         """End the spans of states the job never left (it was stopped where it was)."""

@@ -286,7 +286,7 @@ class ParticipantLink(Emitter[str]):
         reason = (
             f"the session did not close within {after:g}s after participant {self._identity} left"
         )
-        logger.warning("%s; the link gives up on it", reason)
+        logger.warning("%s; the link gives up on it", reason, extra=self._actor.log_fields(ev.name))
         if self._wiring is not None:
             self._wiring.fire("participant", "report_close_timed_out", {"reason": reason})
         self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason))

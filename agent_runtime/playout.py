@@ -404,6 +404,7 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
             float(ev.data.get("after", 0.0)),
             pushed,
             self.options.margin,
+            extra=self._actor.log_fields(ev.name),
         )
         # through the avatar's own table (statemachines.glue.LINKS): it ends the sink's
         # segment (no RPC), as the avatar's report would have

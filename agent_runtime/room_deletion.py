@@ -91,18 +91,24 @@ class RoomDeletion:
         self._deleted_at = self._clock.now()
 
     def _fx_report_failure(self, ev: Event) -> None:
-        logger.warning("deleting the room failed: %s", ev.data.get("detail", ""))
+        logger.warning(
+            "deleting the room failed: %s",
+            ev.data.get("detail", ""),
+            extra=self.actor.log_fields(ev.name),
+        )
 
     def _fx_report_cut(self, ev: Event) -> None:
         logger.warning(
             "deleting the room was cut off after %gs (close_timeout): the server did not answer",
             ev.data.get("after", self._close_timeout),
+            extra=self.actor.log_fields(ev.name),
         )
 
     def _fx_report_never_allowed(self, _ev: Event) -> None:
         logger.warning(
             "room deletion was asked for, but the job closed before its room work was done; "
-            "the room is left as it is"
+            "the room is left as it is",
+            extra=self.actor.log_fields(_ev.name),
         )
 
 

@@ -8,6 +8,7 @@ the value given, before anything is built.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,14 @@ from statemachines import glue
 # durations in seconds: finite numbers (never a bool, never a string)
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+# a job's settings are also bounded above: 1e308 s is finite yet means "never", which the
+# runtime refuses as it refuses inf. The bounds are what a user would still call a wait:
+# an hour for what waits on people (a user coming back, a simulator's verdict), ten minutes
+# for what waits on a service (a plugin's start, a close, a backoff)
+MAX_HOLD = 3600
+MAX_WAIT = 600
+HoldSeconds = Annotated[float, Field(ge=0, le=MAX_HOLD, allow_inf_nan=False, strict=True)]
+WaitSeconds = Annotated[float, Field(gt=0, le=MAX_WAIT, allow_inf_nan=False, strict=True)]
 Identity = Annotated[str, Field(min_length=1, strict=True)]
 Flag = Annotated[bool, Field(strict=True)]
 
@@ -108,9 +117,9 @@ class Backoff(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    initial: PositiveSeconds = 1.0
+    initial: WaitSeconds = 1.0
     multiplier: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False, strict=True)] = 2.0
-    max: PositiveSeconds = 30.0
+    max: WaitSeconds = 30.0
 
     def delay(self, n: int) -> float:
         # the exponent is capped: past it the cap has long been reached
@@ -206,16 +215,16 @@ class JobSettings(BaseModel):
     participant_kinds: tuple[str, ...] = DEFAULT_PARTICIPANT_KINDS
     close_on_disconnect: Flag = True
     closing_reasons: tuple[str, ...] = DEFAULT_CLOSING_REASONS
-    grace_period: Seconds = 15.0
+    grace_period: HoldSeconds = 15.0
     # how long a session's close may take before the link gives up on it (livekit-agents
     # bounds AgentSession.aclose() at job shutdown by the same 60 s)
-    session_close_timeout: PositiveSeconds = 60.0
+    session_close_timeout: WaitSeconds = 60.0
     # avatar
-    join_timeout: PositiveSeconds = 30.0
+    join_timeout: WaitSeconds = 30.0
     retry_avatar: AvatarRetry = AvatarRetry()
     # job: the hold for the simulator, the bounded close, room deletion
-    session_end_timeout: Seconds = 300.0
-    close_timeout: PositiveSeconds = 10.0
+    session_end_timeout: HoldSeconds = 300.0
+    close_timeout: WaitSeconds = 10.0
     delete_room_on_close: Flag = False
     # the playout machine and its re-prompt watchdog (None: not composed)
     playout: PlayoutOptions | None = None
@@ -278,6 +287,84 @@ def job_settings(values: Mapping[str, Any] | None = None, /, **kw: Any) -> JobSe
             _VALIDATED.clear()
         _VALIDATED[key] = settings
     return settings
+
+
+# the parts of a job (objects, not settings), checked with the settings before anything is
+# built: a part of the wrong type fails at construction naming it, not deep in a step later
+JOB_PARTS = (
+    "trace_path",
+    "tracer",
+    "otel",
+    "clock",
+    "transport",
+    "simulation",
+    "on_simulation_end",
+    "delete_room",
+    "remove_avatar_participant",
+    "on_reprompt",
+)
+_CALLABLE_PARTS = {
+    "on_simulation_end": "callable as on_simulation_end(simulation_context)",
+    "delete_room": "an async callable taking no arguments",
+    "remove_avatar_participant": "an async callable taking the avatar's identity",
+    "on_reprompt": "callable as on_reprompt(session, attempt)",
+}
+_CLOCK_METHODS = ("now", "call_later", "sleep", "wait_for")
+
+
+def job_options(values: Mapping[str, Any]) -> JobSettings:
+    """Every option of a job checked at once, its settings (``JobSettings``) and its parts
+    (``JOB_PARTS``: their types): returns the settings, or raises ``SettingError`` (or
+    ``SettingTypeError``, also a ``TypeError``) naming the first bad option. ``AgentJob``
+    calls it before it opens a file, adds a listener or starts a task, so a refusal
+    changes nothing."""
+    parts = {k: v for k, v in values.items() if k in JOB_PARTS}
+    settings = job_settings({k: v for k, v in values.items() if k not in JOB_PARTS})
+    for name, value in parts.items():
+        check_part(name, value)
+    return settings
+
+
+def check_part(name: str, value: Any) -> None:
+    """``SettingTypeError`` naming ``name`` unless ``value`` is a part a job can run with
+    (``None`` is: the job's default)."""
+    if value is None:
+        return
+    want = _part_type(name, value)
+    if want is not None:
+        raise SettingTypeError(f"{name} must be {want}, not {type(value).__name__}")
+    if name == "trace_path" and not os.fspath(value):
+        raise SettingError("trace_path is empty: pass a file path, or None for no trace file")
+
+
+def _part_type(name: str, value: Any) -> str | None:
+    """What ``value`` should have been, when it is not."""
+    if name == "trace_path":
+        ok = isinstance(value, str | os.PathLike) and isinstance(os.fspath(value), str)
+        return None if ok else "a file path (a str or an os.PathLike)"
+    if name == "clock":
+        ok = all(callable(getattr(value, m, None)) for m in _CLOCK_METHODS)
+        return None if ok else "a Clock (with now, call_later, sleep and wait_for)"
+    if name == "tracer":
+        from .trace import Tracer
+
+        return None if isinstance(value, Tracer) else "an agent_runtime Tracer"
+    if name == "otel":
+        from .otel import OtelSink
+
+        return None if isinstance(value, bool | OtelSink) else "True, False or an OtelSink"
+    if name == "transport":
+        from livekit.agents.voice.remote_session import SessionTransport
+
+        return None if isinstance(value, SessionTransport) else "a livekit SessionTransport"
+    if name == "simulation":
+        from livekit.agents.simulation import SimulationContext, SimulationDispatch
+
+        ok = isinstance(value, SimulationContext | SimulationDispatch)
+        return None if ok else "a livekit SimulationContext or SimulationDispatch"
+    if name in _CALLABLE_PARTS:
+        return None if callable(value) else _CALLABLE_PARTS[name]
+    raise KeyError(name)  # a part this module does not know: the caller's bug
 
 
 def check_setting(name: str, value: Any) -> Any:

@@ -217,40 +217,56 @@ class Tracer:
     """Fans records out to sinks, each record's payload bounded first. An actor without a
     tracer records nothing.
 
-    Tracing is observation: a sink that raises is logged once and disabled (its name and
-    error stay in ``failures``); the other sinks and the machines go on as if it were not
-    there. Disabled, not retried: a trace is read in order (replay feeds its decisions one
-    after the other), so a file that stops at its last good record is evidence, and one with
-    holes where writes failed would not be.
+    Tracing is observation: a sink that raises, in ``write`` or in ``active`` and whatever
+    it raises (a ``CancelledError``, any ``BaseException``), is logged once and disabled
+    (its name and error stay in ``failures``); the other sinks and the machines go on as if
+    it were not there. Disabled, not retried: a trace is read in order (replay feeds its
+    decisions one after the other), so a file that stops at its last good record is
+    evidence, and one with holes where writes failed would not be.
     """
 
     def __init__(self, *sinks: TraceSink) -> None:
         self.sinks: list[TraceSink] = list(sinks)
         self.failures: list[str] = []
+        # the job's log fields (job_id, room), set by whoever composes the job
+        self.labels: Mapping[str, str] = {}
 
     @property
     def active(self) -> bool:
         """Whether a record written now would be kept by a sink. A sink may say it would
         not (``active`` false: an OpenTelemetry sink with nothing recording); actors then
         build no record at all."""
-        return any(getattr(s, "active", True) for s in self.sinks)
+        for s in self.sinks:
+            try:
+                if getattr(s, "active", True):
+                    return True
+            except BaseException as e:
+                self._disable(s, e, "active")
+        return False
 
     def write(self, record: TraceRecord) -> None:
         bound_record(record)
         for s in self.sinks:
             try:
                 s.write(record)
-            except Exception as e:
-                self._disable(s, e)
+            except BaseException as e:
+                self._disable(s, e, "write")
 
-    def _disable(self, sink: TraceSink, error: Exception) -> None:
+    def _disable(self, sink: TraceSink, error: BaseException, where: str) -> None:
+        # a copy without it: a loop walking the old list goes on unchanged
         self.sinks = [s for s in self.sinks if s is not sink]
-        self.failures.append(f"{sink!r}: {type(error).__name__}: {error}")
+        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        self.failures.append(f"{sink!r}: {text}")
+        # WARNING: a trace is lost from here on (the log policy)
+        job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
         logger.warning(
-            "trace sink %r failed (%s: %s); it is disabled, the machines go on without it",
+            "%strace sink %r failed in %s (%s); it is disabled, the machines go on without it",
+            f"job {job} (room {room}): " if job else f"room {room}: " if room else "",
             sink,
-            type(error).__name__,
-            error,
+            where,
+            text,
+            exc_info=error if not isinstance(error, Exception) else None,
+            extra={"job_id": job, "room": room, "sink": repr(sink)},
         )
 
 

@@ -19,11 +19,13 @@ from ..settings import (
     AvatarRetry,
     CloseReasonName,
     Flag,
+    HoldSeconds,
     Identity,
     JobSettings,
     PlayoutOptions,
     PositiveSeconds,
     Seconds,
+    WaitSeconds,
     playout_flag,
 )
 from .safe_yaml import YamlRefused, load_yaml, yaml_problem
@@ -76,13 +78,13 @@ class Config(_Strict):
     so a value a scenario accepts is one the runtime runs with, and its own defaults."""
 
     avatar_identity: Identity | None = None  # set: the job runs an avatar with this identity
-    join_timeout: PositiveSeconds = _DEFAULT["join_timeout"]
+    join_timeout: WaitSeconds = _DEFAULT["join_timeout"]
     # true/false (a late join routes again, or not) or the policy's fields (AvatarRetry)
     retry_avatar: AvatarRetry = AvatarRetry()
-    session_end_timeout: Seconds = _DEFAULT["session_end_timeout"]
-    close_timeout: PositiveSeconds = _DEFAULT["close_timeout"]
-    grace_period: Seconds = _DEFAULT["grace_period"]
-    session_close_timeout: PositiveSeconds = _DEFAULT["session_close_timeout"]
+    session_end_timeout: HoldSeconds = _DEFAULT["session_end_timeout"]
+    close_timeout: WaitSeconds = _DEFAULT["close_timeout"]
+    grace_period: HoldSeconds = _DEFAULT["grace_period"]
+    session_close_timeout: WaitSeconds = _DEFAULT["session_close_timeout"]
     close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
     participant_identity: Identity | None = _DEFAULT["participant_identity"]
     delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]

@@ -1,0 +1,533 @@
+"""Whatever user code, a trace sink or a listener does, the machines keep going; every
+option is checked before anything is touched; operators see every failure (issue 26).
+
+One test per observation of the issue, each run through a whole ``AgentJob`` as a user
+builds it. Real: livekit's fake ``JobContext``, ``AgentSession`` with its RoomIO, every
+machine's runtime, the scripted avatar plugin (an ``AvatarSession`` doing what the published
+plugins do), livekit's ``RemoteSession`` as the simulator. Faked, because they need a
+server: the room (``InMemoryRoom``, a real ``rtc.Room`` with no connection) and the
+transport's byte stream (a paired in-memory transport carrying the real protobuf messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+from livekit.agents.job import JobContext
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.testing import fake_job_context
+from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.agents.voice.remote_session import RemoteSession
+
+from agent_runtime import (
+    AgentJob,
+    MemorySink,
+    SettingError,
+    Tracer,
+    TraceRecord,
+    VirtualClock,
+    injected,
+    settle,
+)
+from agent_runtime.actor import Actor, Event, StateChanged
+from agent_runtime.settings import AvatarRetry, SettingTypeError
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from statemachines import Effect, MachineSpec, State, cells, row
+
+DISPATCH = SimulationDispatch(simulation_run_id="run-26", job_id="simjob-26")
+SIM = {ATTRIBUTE_SIMULATOR: "1"}
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def room(clock: VirtualClock) -> InMemoryRoom:
+    room = InMemoryRoom(name="faults-room", clock=clock)
+    room.connect_locally()
+    return room
+
+
+@pytest.fixture
+async def ctx(room: InMemoryRoom) -> AsyncIterator[JobContext]:
+    with fake_job_context(room=room) as ctx:
+        yield ctx
+        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+
+
+def _fds_open_on(path: Path) -> list[str]:
+    """This process's file descriptors open on ``path`` (Linux: /proc)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                out.append(fd)
+        except OSError:
+            continue
+    return out
+
+
+def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno == level]
+
+
+async def _user_leaves_and_job_closes(
+    job: AgentJob, room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    await clock.advance(job.settings.close_timeout)
+    assert job.states["job"] == "closed"
+    # bounded in real time as a guard against the hang the issue saw; virtual time inside
+    await asyncio.wait_for(job.aclose(), 5)
+
+
+# -- 1. nothing is touched before every option passed ---------------------------------------
+
+
+class _BadStartOptions(ScriptedAvatar):
+    """A plugin whose factory runs at construction; ``start()`` takes no ``x``."""
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"clock": "bogus"}, id="clock"),
+        pytest.param(
+            {"avatar": _BadStartOptions, "avatar_start_options": {"x": 1}},
+            id="factory-built-avatar-start-options",
+        ),
+    ],
+)
+async def test_a_refused_job_leaves_an_existing_trace_file_untouched_and_closed(
+    room: InMemoryRoom, tmp_path: Path, bad: dict[str, Any]
+) -> None:
+    path = tmp_path / "incident.jsonl"
+    path.write_text('{"the": "evidence of yesterday"}\n')
+    listeners = room.listener_count()
+    with pytest.raises((SettingError, TypeError)):
+        AgentJob(room=room, session=AgentSession(), trace_path=path, **bad)
+    assert path.read_text() == '{"the": "evidence of yesterday"}\n'
+    assert _fds_open_on(path) == []
+    assert room.listener_count() == listeners
+
+
+# -- 2. a sink whose `active` raises; clock and tracer checked ---------------------------------
+
+
+class _ActiveRaises:
+    def __init__(self) -> None:
+        self.asked = 0
+
+    @property
+    def active(self) -> bool:
+        self.asked += 1
+        raise RuntimeError("active exploded")
+
+    def write(self, record: TraceRecord) -> None:
+        raise AssertionError("never written: it said nothing")
+
+
+async def test_a_sink_whose_active_raises_is_dropped_and_the_user_is_linked(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad, kept = _ActiveRaises(), MemorySink()
+    room.add_participant("user")
+    job = AgentJob(
+        room=room, session=AgentSession(), clock=clock, tracer=Tracer(bad, kept), otel=False
+    )
+    with caplog.at_level(logging.INFO):
+        await job.start(Agent(instructions="agent"))
+        await settle()
+        assert job.states["participant"] == "linked"
+        await _user_leaves_and_job_closes(job, room, clock)
+    assert bad.asked == 1  # asked once, then dropped
+    failed = [r for r in _records(caplog, logging.WARNING) if "active exploded" in r.getMessage()]
+    assert len(failed) == 1
+    # the other sink kept every record, the job's close included
+    assert any(r.machine == "job" and r.dest == "closed" for r in kept.records)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("clock", "bogus", "clock must be a Clock (with now, call_later, sleep and wait_for)"),
+        ("tracer", "bogus", "tracer must be an agent_runtime Tracer"),
+        ("trace_path", 123, "trace_path must be a file path (a str or an os.PathLike), not int"),
+        ("trace_path", b"/nonexistent-dir/t.jsonl", "trace_path must be a file path"),
+        ("transport", "bogus", "transport must be a livekit SessionTransport, not str"),
+        ("simulation", "bogus", "simulation must be a livekit SimulationContext or"),
+        ("on_simulation_end", "bogus", "on_simulation_end must be callable as"),
+        ("delete_room", "bogus", "delete_room must be an async callable"),
+        ("remove_avatar_participant", 3, "remove_avatar_participant must be an async callable"),
+        ("otel", "yes", "otel must be True, False or an OtelSink, not str"),
+        ("on_reprompt", 1, "on_reprompt must be callable as on_reprompt(session, attempt)"),
+    ],
+)
+async def test_each_part_of_the_wrong_type_is_refused_naming_it(
+    room: InMemoryRoom, tmp_path: Path, option: str, value: Any, message: str
+) -> None:
+    listeners = room.listener_count()
+    path = tmp_path / "t.jsonl"
+    others = {} if option == "trace_path" else {"trace_path": path}
+    with pytest.raises(SettingTypeError) as e:
+        AgentJob(room=room, session=AgentSession(), **others, **{option: value})
+    assert str(e.value).startswith(message)
+    assert isinstance(e.value, TypeError)  # as Python's own type errors
+    assert not path.exists() and room.listener_count() == listeners
+
+
+# -- 3. CancelledError from a listener or a sink ----------------------------------------------
+
+
+def _raise_cancelled(*_: Any) -> None:
+    raise asyncio.CancelledError()
+
+
+class _WriteCancels:
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, record: TraceRecord) -> None:
+        self.writes += 1
+        raise asyncio.CancelledError()
+
+
+@pytest.mark.parametrize(
+    "where", ["job-listener", "machine-listener", "closed-listener", "sink", "otel-parent"]
+)
+async def test_cancelled_error_from_observation_never_stops_a_machine(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    from agent_runtime import OtelSink
+
+    room.add_participant("user")
+    sink = _WriteCancels()
+    calls: list[str] = []
+
+    def listener(*_: Any) -> None:
+        calls.append("called")
+        raise asyncio.CancelledError()
+
+    otel: Any = False
+    if where == "otel-parent":
+        otel = OtelSink(parent=lambda: _raise_cancelled())  # type: ignore[func-returns-value]
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        tracer=Tracer(sink) if where == "sink" else None,
+        otel=otel,
+    )
+    if where == "job-listener":
+        job.on("state_changed", listener)
+    elif where == "machine-listener":
+        job.link.actor.on("state_changed", listener)
+    elif where == "closed-listener":
+        job.job.actor.on("closed", listener)
+        job.on("closed", listener)
+    with caplog.at_level(logging.INFO):
+        await job.start(Agent(instructions="agent"))
+        await settle()
+        assert job.states["participant"] == "linked"
+        # the user's departure reaches the machines and the job closes
+        await _user_leaves_and_job_closes(job, room, clock)
+    assert job.states["participant"] == "closed"
+    if where == "sink":
+        assert sink.writes == 1  # dropped at its first failure
+    elif where != "otel-parent":
+        assert calls == ["called"] if where != "closed-listener" else len(calls) == 2
+    failures = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "CancelledError" in (r.getMessage() + str(r.exc_info))
+    ]
+    assert failures, "the failure is logged"
+    assert "Exception in callback" not in caplog.text
+
+
+# -- 4. the log policy: what an operator sees --------------------------------------------------
+
+
+class _Unauthorized(RuntimeError):
+    pass
+
+
+def _fields(rec: logging.LogRecord) -> dict[str, Any]:
+    return {k: getattr(rec, k, None) for k in ("job_id", "room", "machine", "state", "event")}
+
+
+async def test_a_provider_401_at_avatar_start_is_a_warning_naming_job_machine_and_cause(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    avatar = ScriptedAvatar(start_error=_Unauthorized("HTTP 401: invalid API key"))
+    with injected(clock=clock):
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
+    with caplog.at_level(logging.DEBUG):
+        await job.start(Agent(instructions="agent"))
+        await settle()
+    assert job.states["avatar"] == "restored"
+    warnings = [r for r in _records(caplog, logging.WARNING) if "401" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    rec = warnings[0]
+    assert "fake-job" in rec.getMessage() and "avatar" in rec.getMessage()
+    assert _fields(rec) == {
+        "job_id": "fake-job",
+        "room": "faults-room",
+        "machine": "avatar",
+        "state": "starting",
+        "event": "start",
+    }
+    # the consequence for the user, once: the agent is on room audio
+    heard = [r for r in _records(caplog, logging.WARNING) if "room audio" in r.getMessage()]
+    assert len(heard) == 1 and getattr(heard[0], "machine", None) == "avatar"
+    await job.aclose(graceful=False)
+
+
+async def test_a_retry_policy_that_fails_every_attempt_warns_each_time_and_when_it_gives_up(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    avatar = ScriptedAvatar(start_error="HTTP 503")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=avatar,
+        clock=clock,
+        otel=False,
+        retry_avatar=AvatarRetry(attempts=100),
+    )
+    with caplog.at_level(logging.INFO):
+        await job.start(Agent(instructions="agent"))
+        for _ in range(101):
+            await settle()
+            await clock.advance(30)
+        await settle()
+    assert avatar.start_calls == 101 and job.states["avatar"] == "restored"
+    warned = [r for r in _records(caplog, logging.WARNING) if "HTTP 503" in r.getMessage()]
+    assert len(warned) == 101
+    gave_up = [r for r in _records(caplog, logging.WARNING) if "gave up" in r.getMessage()]
+    assert len(gave_up) == 1 and "101" in gave_up[0].getMessage()
+    await job.aclose(graceful=False)
+
+
+async def test_a_verdict_lost_to_the_hold_s_end_is_a_warning_and_the_close_stays_info(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    room.add_participant("simulator", attributes=SIM)
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+
+    async def hangs(_: SimulationContext) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
+    ctx._simulation_end_fnc = hangs
+    with injected(clock=clock, transport=agent_end):
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), session_end_timeout=60)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+    remote = RemoteSession(sim_end)
+    await remote.start()
+    with caplog.at_level(logging.DEBUG):
+        job.shutdown("done")
+        asking = asyncio.ensure_future(remote.finalize_simulation(provisional_success=True))
+        await settle()
+        await clock.advance(60)  # the hold ends with on_simulation_end still running
+        await clock.advance(job.settings.close_timeout)
+        await settle()
+    assert job.states["job"] == "closed" and job.verdict is None
+    lost = [r for r in _records(caplog, logging.WARNING) if "verdict" in r.getMessage()]
+    assert len(lost) == 1, [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert _fields(lost[0])["job_id"] == "fake-job" and _fields(lost[0])["room"] == "faults-room"
+    assert "session_end_timeout" in lost[0].getMessage()
+    closed = [r for r in caplog.records if r.getMessage().startswith("job closed")]
+    assert [r.levelno for r in closed] == [logging.INFO]
+    asking.cancel()
+    await asyncio.gather(asking, return_exceptions=True)
+    await remote.aclose()
+    await job.aclose()
+
+
+async def test_expected_lifecycle_transitions_log_nothing_above_info(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    with caplog.at_level(logging.DEBUG, logger="agent_runtime"):
+        await job.start(Agent(instructions="agent"))
+        await settle()
+        await _user_leaves_and_job_closes(job, room, clock)
+    runtime = [r for r in caplog.records if r.name.startswith("agent_runtime")]
+    assert runtime and max(r.levelno for r in runtime) <= logging.INFO
+
+
+# -- 6. a plugin start() raising CancelledError -------------------------------------------------
+
+
+async def test_a_plugin_start_raising_cancelled_error_is_a_failure_at_once(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    avatar = ScriptedAvatar(start_error=asyncio.CancelledError())
+    job = AgentJob(room=room, session=AgentSession(), avatar=avatar, clock=clock, otel=False)
+    with caplog.at_level(logging.INFO):
+        # bounded in real time: before the fix this waited for virtual seconds that never pass
+        await asyncio.wait_for(job.start(Agent(instructions="agent")), 5)
+        await settle()
+    # no virtual second passed: not taken as start_timeout after join_timeout
+    assert job.states["avatar"] == "restored" and clock.now() == 0
+    assert job.audio_route() == "room"
+    warned = [r for r in _records(caplog, logging.WARNING) if "CancelledError" in r.getMessage()]
+    assert len(warned) == 1 and getattr(warned[0], "machine", None) == "avatar"
+    await job.aclose(graceful=False)
+
+
+# -- 7. durations: sane upper bounds ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "bound"),
+    [
+        ("grace_period", 3600),
+        ("session_close_timeout", 600),
+        ("join_timeout", 600),
+        ("session_end_timeout", 3600),
+        ("close_timeout", 600),
+    ],
+)
+@pytest.mark.parametrize("too_long", ["just-over", "1e308"])
+async def test_a_duration_past_its_sane_bound_is_refused_naming_it(
+    room: InMemoryRoom, option: str, bound: float, too_long: str
+) -> None:
+    value = bound + 0.5 if too_long == "just-over" else 1e308
+    with pytest.raises(SettingError) as e:
+        AgentJob(room=room, session=AgentSession(), **{option: value})
+    assert str(e.value) == (
+        f"{option}: input should be less than or equal to {bound} (got {value!r})"
+    )
+    # the bound itself is accepted
+    job = AgentJob(room=room, session=AgentSession(), **{option: float(bound)})
+    await job.aclose(graceful=False)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "initial",
+            1e308,
+            "retry_avatar.backoff.initial: input should be less than or equal to 600",
+        ),
+        ("max", 601.0, "retry_avatar.backoff.max: input should be less than or equal to 600"),
+    ],
+)
+def test_a_backoff_past_its_sane_bound_is_refused_naming_it(
+    field: str, value: float, message: str
+) -> None:
+    from agent_runtime.settings import job_settings
+
+    with pytest.raises(SettingError, match=message.replace(".", r"\.")):
+        job_settings(retry_avatar={"attempts": 1, "backoff": {field: value}})
+
+
+# -- the actor's drain: what escapes a step never stops the mailbox -----------------------------
+
+GATE = MachineSpec(
+    name="gate",
+    initial="shut",
+    states=(State(name="shut"), State(name="open")),
+    events=("push", "pull"),
+    guards=("allowed",),
+    effects=(Effect(name="swing"),),
+    rows=(
+        *row("shut", "push", "open", guards=["allowed"], effects=["swing"]),
+        *row("shut", "push", None),
+        *row("open", "pull", "shut", effects=["swing"]),
+    ),
+    ignore=(*cells("shut", "pull"), *cells("open", "push")),
+)
+
+
+@pytest.mark.parametrize("swing", ["returns", "awaits"])
+async def test_a_guard_raising_cancelled_error_fails_its_event_and_the_mailbox_goes_on(
+    swing: str,
+) -> None:
+    raising = [True]
+
+    def allowed(_: Event) -> bool:
+        if raising[0]:
+            raise asyncio.CancelledError()
+        return True
+
+    async def swing_later(_: Event) -> None:
+        await asyncio.sleep(0)
+
+    actor = Actor(
+        GATE,
+        effects={"swing": swing_later if swing == "awaits" else (lambda _: None)},
+        guards={"allowed": allowed},
+        clock=VirtualClock(),
+    )
+    # the sender gets an error it cannot take for its own cancellation
+    with pytest.raises(RuntimeError, match="handling 'push' raised CancelledError"):
+        # bounded in real time: before the fix the drain died and this never returned
+        await asyncio.wait_for(actor.send(Event("push")), 5)
+    raising[0] = False
+    await actor.send(Event("push"))
+    assert actor.state == "open"
+    # a fire-and-forget event whose step fails is logged; the ones behind it are handled
+    raising[0] = True
+    await actor.send(Event("pull"))
+    actor.post(Event("push"))
+    raising[0] = True
+    await actor.join()
+    raising[0] = False
+    actor.post(Event("push"))
+    await actor.join()
+    assert actor.state == "open"
+    await actor.aclose()
+
+
+async def test_a_machine_listener_raising_cancelled_error_mid_task_drain_is_removed() -> None:
+    """The drain running as a task (an effect awaited): the listener's CancelledError is
+    not taken for the drain's own cancellation."""
+    seen: list[str] = []
+
+    def listener(change: StateChanged) -> None:
+        seen.append(change.dest)
+        raise asyncio.CancelledError()
+
+    async def swing(_: Event) -> None:
+        await asyncio.sleep(0)
+
+    actor = Actor(GATE, effects={"swing": swing}, guards={"allowed": lambda _: True})
+    actor.on("state_changed", listener)
+    # bounded in real time: before the fix the drain died and this never returned
+    await asyncio.wait_for(actor.send(Event("push")), 5)
+    await actor.send(Event("pull"))
+    await actor.send(Event("push"))
+    assert actor.state == "open" and seen == ["open"]  # removed at its first failure
+    await actor.aclose()
+
+
+async def test_a_job_runtime_refuses_a_trace_path_of_the_wrong_type_before_opening_anything(
+    room: InMemoryRoom,
+) -> None:
+    from agent_runtime.job import JobRuntime
+
+    listeners = room.listener_count()
+    with pytest.raises(SettingTypeError, match="trace_path must be a file path"):
+        JobRuntime(room=room, trace_path=123)  # type: ignore[arg-type]
+    with pytest.raises(SettingTypeError, match="transport must be a livekit SessionTransport"):
+        JobRuntime(room=room, transport="bogus")  # type: ignore[arg-type]
+    assert room.listener_count() == listeners
