@@ -384,6 +384,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
         self._room_output_task: asyncio.Task[None] | None = None
         self._rpc_claimed = False
+        self._agent_is_avatar = False  # the plugin's avatar runs in this process (once seen)
         self._swapping = False
         self._closing = False
         self._facts = _Facts(self)
@@ -576,14 +577,17 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
     def _in_process(self) -> bool:
         """The avatar is the agent itself (bithuman's local mode renders in this process and
         publishes from the agent's own participant): no participant of its own to wait for."""
+        if self._agent_is_avatar:
+            return True  # kept: a closed plugin may forget its room, and with it who it is
         room = self._room
         if room is None or self._installed is None:
             return False
         try:
             local = room.local_participant.identity
+            self._agent_is_avatar = bool(local) and self._avatar.avatar_identity == local
         except Exception:  # not connected yet: no local participant to compare with
             return False
-        return bool(local) and self._avatar.avatar_identity == local
+        return self._agent_is_avatar
 
     def _avatar_participant(self) -> rtc.RemoteParticipant | None:
         if self._room is None:
@@ -698,9 +702,10 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         await self._retire_sink()
         self._unadopt()
         self._release_playback_rpc()
+        await self._remove_avatar_participant()
         self._installed = None
         self._prev = None
-        await self._remove_avatar_participant()
+        self._agent_is_avatar = False
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
         session, sink = self._session, self._installed

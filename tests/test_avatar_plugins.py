@@ -727,6 +727,43 @@ async def test_a_job_with_an_avatar_bounds_playout_by_default() -> None:
     assert bare.playout is None  # no avatar: the SDK's own playout report ends each turn
 
 
+@pytest.mark.parametrize("plugin_removes", [True, False], ids=["plugin removed it", "it did not"])
+async def test_the_job_removes_the_avatar_through_the_server_api(
+    plugin_removes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In production the job is given no remover: it asks the server API itself, after the
+    plugin's own close. Faked at that API call (``RoomService.remove_participant``): the
+    first call is the plugin's own; when it fails (a server error, not "not found") the
+    plugin only logs it, and the job's call removes the avatar."""
+    from livekit.api import TwirpError
+    from livekit.api.room_service import RoomService
+
+    async with plugin_rig("bey", monkeypatch) as (rig, _):
+        calls: list[str] = []
+
+        async def remove_participant(_svc: Any, req: api.RoomParticipantIdentity) -> Any:
+            calls.append(req.identity)
+            if len(calls) == 1 and not plugin_removes:
+                raise TwirpError("unavailable", "the server could not answer", status=503)
+            if rig.room.remove_participant(req.identity) is None:
+                raise TwirpError("not_found", "participant not found", status=404)
+            return api.RemoveParticipantResponse()
+
+        monkeypatch.setattr(RoomService, "remove_participant", remove_participant)
+        job = AgentJob(room=rig.room, session=rig.session, avatar=rig.avatar, clock=rig.clock)
+        await job.start_runtime()
+        started = asyncio.ensure_future(job.start(Agent(instructions="test")))
+        await settle()
+        rig.join()
+        await settle()
+        await started
+        identity = rig.avatar.avatar_identity
+        assert job.states["avatar"] == "joined"
+        await job.aclose()
+        assert calls == [identity, identity]  # the plugin's own, then the job's
+        assert identity not in rig.room.remote_participants
+
+
 # -- plugins that cannot run -----------------------------------------------------------------
 
 
@@ -793,3 +830,96 @@ def render_table() -> str:
 
 def test_docs_table_matches_what_is_asserted() -> None:
     assert render_table() in DOC.read_text(), "the plugin table is stale:\n" + render_table()
+
+
+# -- in-process avatars: bithuman's local mode ----------------------------------------------
+
+
+class StandInRuntime:
+    """Stands in for bithuman's ``AsyncBithuman`` (the plugin takes one as ``runtime=``): the
+    real one loads a model file (none can be fetched here) and asks bithuman's server for a
+    token. It renders black frames and ends each segment it is given; the plugin, its
+    ``QueueAudioOutput`` and livekit's ``AvatarRunner`` (which publishes from the agent's own
+    participant) are the real ones."""
+
+    class settings:  # noqa: N801 - the SDK's attribute name
+        INPUT_SAMPLE_RATE = 16000
+        FPS = 25
+
+    transaction_id = "t-1"
+
+    def __init__(self) -> None:
+        self.pushed = 0
+        self.interrupted = 0
+        self._ends: asyncio.Queue[bool] = asyncio.Queue()
+
+    def _regenerate_transaction_id(self) -> None:
+        return None
+
+    async def _initialize_token(self) -> None:
+        return None
+
+    def get_first_frame(self) -> Any:
+        import numpy as np
+
+        return np.zeros((4, 4, 3), dtype=np.uint8)
+
+    async def push_audio(self, data: bytes, sample_rate: int, last_chunk: bool = False) -> None:
+        self.pushed += len(data)
+
+    async def flush(self) -> None:
+        self._ends.put_nowait(True)
+
+    def interrupt(self) -> None:
+        self.interrupted += 1
+
+    async def run(self) -> AsyncIterator[Any]:
+        while await self._ends.get():
+
+            class Frame:
+                bgr_image = None
+                audio_chunk = None
+                end_of_speech = True
+
+            yield Frame()
+
+    async def stop(self) -> None:
+        self._ends.put_nowait(False)
+
+    def cleanup(self) -> None:
+        self._ends.put_nowait(False)
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["wrapped", "unwrapped"])
+async def test_bithuman_local_is_in_process_and_never_failed_by_join_timeout(
+    wrapped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    PLUGINS_LOCAL = Plugin(  # noqa: N806
+        lambda: bithuman.AvatarSession(
+            model_path="m.imx", api_secret="s", runtime=StandInRuntime()
+        ),
+        "",
+        "",
+    )
+    monkeypatch.setitem(PLUGINS, "bithuman", PLUGINS_LOCAL)
+    async with plugin_rig("bithuman", monkeypatch, wrapped=wrapped, join_timeout=5.0) as (
+        rig,
+        provider,
+    ):
+        await start(rig)
+        agent = rig.room.local_participant.identity
+        assert rig.avatar.avatar_identity == agent  # the avatar is the agent itself
+        assert isinstance(audio_tail(rig.session), QueueAudioOutput)
+        if wrapped:
+            assert rig.lifecycle.join_signal == "none"
+            assert rig.lifecycle.state == "joined"  # its start was its join
+            await rig.clock.advance(3600)
+            assert rig.lifecycle.state == "joined"  # no join_timeout fails it
+            assert rig.lifecycle.audio_route() == "avatar"
+        handle = await speak(rig, 20)
+        await settle()
+        assert handle.done()  # the runner ended the segment: played in process
+        assert provider.calls == []  # nothing asked of a provider
+        if wrapped:
+            await rig.lifecycle.aclose()
+            assert rig.removed == []  # never removes the agent itself
