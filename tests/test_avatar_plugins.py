@@ -842,7 +842,7 @@ class StandInRuntime:
     ``QueueAudioOutput`` and livekit's ``AvatarRunner`` (which publishes from the agent's own
     participant) are the real ones."""
 
-    class settings:  # noqa: N801 - the SDK's attribute name
+    class settings:  # the SDK's attribute name
         INPUT_SAMPLE_RATE = 16000
         FPS = 25
 
@@ -894,14 +894,14 @@ class StandInRuntime:
 async def test_bithuman_local_is_in_process_and_never_failed_by_join_timeout(
     wrapped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    PLUGINS_LOCAL = Plugin(  # noqa: N806
+    local = Plugin(
         lambda: bithuman.AvatarSession(
             model_path="m.imx", api_secret="s", runtime=StandInRuntime()
         ),
         "",
         "",
     )
-    monkeypatch.setitem(PLUGINS, "bithuman", PLUGINS_LOCAL)
+    monkeypatch.setitem(PLUGINS, "bithuman", local)
     async with plugin_rig("bithuman", monkeypatch, wrapped=wrapped, join_timeout=5.0) as (
         rig,
         provider,
