@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -29,6 +30,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import websockets
 from livekit import api
 from livekit.agents import Agent, APIConnectOptions, utils
 from livekit.agents.testing import fake_job_context
@@ -47,10 +49,12 @@ from livekit.plugins import (
     protoface,
     runway,
     simli,
+    spatius,
     synthesia,
     tavus,
     trugen,
 )
+from spatius.telemetry import configure_telemetry
 
 from agent_runtime.agent_job import AgentJob
 from agent_runtime.avatar import AvatarLifecycle, AvatarPluginError, audio_tail, route_of
@@ -59,6 +63,9 @@ from agent_runtime.playout import PlayoutTracker
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.trace import Tracer
 from tests.support.avatar_rig import Rig, frames, playback_finished
+
+# spatius's SDK exports its own telemetry to its provider unless told not to (its off switch)
+configure_telemetry("")
 
 KEY, SECRET = "test-key", "test-secret-" + "x" * 32
 URL = "wss://env.invalid"
@@ -100,6 +107,10 @@ class Plugin:
     calls_on_error: int = 3
     # its aclose() removes the avatar through the server API itself
     removes_itself: bool = True
+    # the avatar reports playback with lk.playback_finished (a data stream's sink, or the
+    # plugin's own handler); a clear goes as lk.clear_buffer (a data stream's sink only)
+    reports_by_rpc: bool = True
+    clear_by_rpc: bool = True
 
 
 def _simli() -> AvatarSession:  # type: ignore[type-arg]
@@ -172,6 +183,8 @@ PLUGINS: dict[str, Plugin] = {
         "removes the avatar after close",
         sink="QueueAudioOutput",
         calls_on_error=2,
+        reports_by_rpc=False,
+        clear_by_rpc=False,
     ),
     "protoface": Plugin(
         lambda: protoface.AvatarSession(api_key="k", conn_options=FAST),
@@ -189,6 +202,25 @@ PLUGINS: dict[str, Plugin] = {
         "data stream to its avatar participant",
         _CLEAR_HELD,
         fails_as=("no_route", "no_route"),  # it logs its provider's errors and returns
+    ),
+    "spatius": Plugin(
+        lambda: spatius.AvatarSession(
+            api_key="k",
+            app_id="app",
+            avatar_id="a",
+            region="us-west",
+            console_endpoint_url="https://console.invalid",
+            ingress_endpoint_url="https://ingress.invalid",
+        ),
+        "queue, forwarded over its SDK's websocket (protobuf); it takes the avatar's "
+        "`lk.playback_started` / `lk.playback_finished` with handlers of its own",
+        "its own: an interrupt on its websocket, its own 2 s fallback for the report",
+        adds="restores room audio on a failed start, no join or a leave; bounds playout; "
+        "removes the avatar after close",
+        sink="QueueAudioOutput",
+        own_rpcs=("lk.playback_started", "lk.playback_finished"),
+        clear_by_rpc=False,
+        calls_on_error=1,
     ),
     "synthesia": Plugin(
         lambda: synthesia.AvatarSession(synthesia.AvatarConfig(avatar_ids=["a"]), api_key="k"),
@@ -211,6 +243,7 @@ PLUGINS: dict[str, Plugin] = {
 }
 NAMES = list(PLUGINS)
 DATA_STREAM = [n for n in NAMES if PLUGINS[n].sink == _DS]
+REPORTED = [n for n in NAMES if PLUGINS[n].reports_by_rpc]
 
 # the provider's answer to every call (each plugin reads its own fields of it)
 ANSWER: dict[str, Any] = {
@@ -220,6 +253,7 @@ ANSWER: dict[str, Any] = {
     "conversation_id": "c-1",
     "session_token": "st-1",
     "task_id": "t-1",
+    "sessionToken": "st-1",
     "model_id": "m-1",
     "code": 100,
     "data": {"session_id": "la-1", "session_token": "lt-1", "ws_url": "wss://ws.invalid/ws"},
@@ -302,12 +336,58 @@ class FakeSocket:
         return [m.get("type", "") for m in self.sent]
 
 
+class ProtoSocket:
+    """A provider SDK's websocket (``websockets.connect``): answers the session handshake
+    with a confirmation and records the envelopes it is sent (spatius's protobuf)."""
+
+    def __init__(self) -> None:
+        from spatius.proto.generated import message_pb2
+
+        self._pb = message_pb2
+        self.sent: list[int] = []  # envelope types
+        self.raw: list[bytes] = []
+        self.inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def send(self, data: bytes) -> None:
+        msg = self._pb.Message()
+        msg.ParseFromString(data)
+        self.sent.append(msg.type)
+        self.raw.append(data)
+        if msg.type == self._pb.MESSAGE_CLIENT_CONFIGURE_SESSION:
+            reply = self._pb.Message()
+            reply.type = self._pb.MESSAGE_SERVER_CONFIRM_SESSION
+            reply.server_confirm_session.connection_id = "conn-1"
+            self.inbox.put_nowait(reply.SerializeToString())
+
+    async def recv(self) -> bytes:
+        data = await self.inbox.get()
+        if data is None:
+            raise websockets.exceptions.ConnectionClosedOK(None, None)
+        return data
+
+    def __aiter__(self) -> ProtoSocket:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self.inbox.get()
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+    async def close(self, *_: Any, **__: Any) -> None:
+        self.inbox.put_nowait(None)
+
+    def interrupts(self) -> int:
+        return self.sent.count(self._pb.MESSAGE_CLIENT_INTERRUPT)
+
+
 @dataclass
 class Provider:
     fail: str = ""  # "status": every provider call answers 401; "connection": cannot connect
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     server_api: list[str] = field(default_factory=list)  # the LiveKit server API's methods
     sockets: list[FakeSocket] = field(default_factory=list)
+    proto_sockets: list[ProtoSocket] = field(default_factory=list)
 
     async def request(self, method: str, url: Any, **kw: Any) -> _Response:
         if "/twirp/" in str(url):
@@ -329,6 +409,13 @@ class Provider:
             raise aiohttp.ClientConnectionError("connection refused (the fake provider)")
         sock = FakeSocket()
         self.sockets.append(sock)
+        return sock
+
+    async def connect(self, url: Any = None, **_: Any) -> ProtoSocket:
+        if self.fail == "connection":
+            raise OSError("connection refused (the fake provider)")
+        sock = ProtoSocket()
+        self.proto_sockets.append(sock)
         return sock
 
     def creates(self) -> int:
@@ -359,6 +446,13 @@ async def plugin_rig(
 
     monkeypatch.setattr(aiohttp.ClientSession, "_request", request)
     monkeypatch.setattr(aiohttp.ClientSession, "_ws_connect", ws_connect)
+    monkeypatch.setattr(websockets, "connect", provider.connect)
+
+    def no_network(host: Any, *_: Any, **__: Any) -> Any:
+        raise OSError(f"no network in these tests (a plugin looked up {host!r})")
+
+    # whatever a provider's SDK tries beyond the fakes fails here, never on the wire
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
     for var, value in (
         ("LIVEKIT_URL", URL),
         ("LIVEKIT_API_KEY", KEY),
@@ -411,10 +505,21 @@ def join(rig: Rig, name: str) -> None:
 
 
 def reporter(rig: Rig) -> str:
-    """Who reports playback: the identity the plugin's own sink streams to."""
+    """Who reports playback: the identity the plugin's own sink streams to (else the
+    avatar, to the plugin's own handler)."""
     sink = audio_tail(rig.session)
-    assert isinstance(sink, DataStreamAudioOutput)
-    return sink._destination_identity
+    if isinstance(sink, DataStreamAudioOutput):
+        return sink._destination_identity
+    return str(rig.avatar.avatar_identity)
+
+
+def assert_cleared_its_way(rig: Rig, name: str, provider: Provider) -> None:
+    """The plugin's own clear went out, once: its sink's RPC, or its SDK's interrupt."""
+    if PLUGINS[name].clear_by_rpc:
+        assert [c.destination for c in rig.rpcs()] == [reporter(rig)]
+    else:
+        assert rig.rpcs() == []
+        assert [s.interrupts() for s in provider.proto_sockets] == [1]
 
 
 async def speak(rig: Rig, n: int = 50) -> Any:
@@ -525,7 +630,7 @@ async def test_join_then_leave_or_close(
         assert rig.lifecycle.audio_route() == "room"
 
 
-@pytest.mark.parametrize("name", DATA_STREAM)
+@pytest.mark.parametrize("name", REPORTED)
 @pytest.mark.parametrize("wrapped", [True, False], ids=["wrapped", "unwrapped"])
 async def test_a_normal_replys_playback_report_ends_it(
     name: str, wrapped: bool, monkeypatch: pytest.MonkeyPatch
@@ -555,17 +660,16 @@ async def test_a_report_from_anyone_else_is_refused(
         assert not handle.done()
 
 
-@pytest.mark.parametrize("name", DATA_STREAM)
+@pytest.mark.parametrize("name", REPORTED)
 @pytest.mark.parametrize("wrapped", [True, False], ids=["wrapped", "unwrapped"])
 async def test_an_interruption_the_avatar_answers(
     name: str, wrapped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with plugin_rig(name, monkeypatch, wrapped=wrapped) as (rig, _):
+    async with plugin_rig(name, monkeypatch, wrapped=wrapped) as (rig, provider):
         handle = await joined_and_speaking(rig, name)
         rig.session.interrupt()
         await settle()
-        # the plugin's own clear, once, to whoever its sink streams to
-        assert [c.destination for c in rig.rpcs()] == [reporter(rig)]
+        assert_cleared_its_way(rig, name, provider)
         await rig.room.invoke_rpc(
             "lk.playback_finished", reporter(rig), playback_finished(0.1, interrupted=True)
         )
@@ -576,7 +680,7 @@ async def test_an_interruption_the_avatar_answers(
             assert rig.lifecycle.audio_route() == "avatar"
 
 
-@pytest.mark.parametrize("name", DATA_STREAM)
+@pytest.mark.parametrize("name", REPORTED)
 @pytest.mark.parametrize("wrapped", [True, False], ids=["wrapped", "unwrapped"])
 async def test_an_interruption_the_avatar_never_answers(
     name: str, wrapped: bool, monkeypatch: pytest.MonkeyPatch
@@ -588,7 +692,7 @@ async def test_an_interruption_the_avatar_never_answers(
     spec = PLUGINS[name]
     if not wrapped and spec.clear_bound is not None:
         pytest.skip("its sink ends the clear itself after 2 s of real time")
-    async with plugin_rig(name, monkeypatch, wrapped=wrapped) as (rig, _):
+    async with plugin_rig(name, monkeypatch, wrapped=wrapped) as (rig, provider):
         if wrapped:
             tracker = PlayoutTracker(
                 rig.session, options=PlayoutOptions(), avatar=rig.lifecycle, clock=rig.clock
@@ -597,12 +701,12 @@ async def test_an_interruption_the_avatar_never_answers(
         handle = await joined_and_speaking(rig, name)
         rig.session.interrupt()
         await settle()
-        assert [c.destination for c in rig.rpcs()] == [reporter(rig)]
+        assert_cleared_its_way(rig, name, provider)
         assert not handle.done()  # the avatar never says where it stopped
         await rig.clock.advance(PlayoutOptions().margin + 0.01)
         await settle()
         sink = audio_tail(rig.session)
-        assert isinstance(sink, DataStreamAudioOutput)
+        assert sink is not None
         if wrapped:
             assert handle.done()
             assert sink._pending_playback_count == 0  # the segment ended: nothing "speaking"
@@ -706,7 +810,9 @@ async def test_start_options_reach_the_plugins_start(
         task = asyncio.ensure_future(started)
         await settle()
         assert rig.lifecycle.state in ("starting", "routing")
-        assert "wss://options.invalid" in json.dumps([p for *_, p in provider.calls])
+        sent = json.dumps([p for *_, p in provider.calls])
+        sent += "".join(r.decode(errors="replace") for s in provider.proto_sockets for r in s.raw)
+        assert "wss://options.invalid" in sent
         await rig.lifecycle.aclose()
         await task
 
