@@ -915,6 +915,39 @@ async def test_the_job_removes_the_avatar_through_the_server_api(
         assert identity not in rig.room.remote_participants
 
 
+@pytest.mark.parametrize("name", [n for n in REPORTED if PLUGINS[n].clear_bound is None])
+async def test_a_default_job_is_never_left_speaking_after_an_unanswered_clear(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keyframe and lemonslice set no bound on a clear: in a job built with the defaults, the
+    cut reply still ends, ``margin`` after the cut, and the agent listens again."""
+    async with plugin_rig(name, monkeypatch) as (rig, _):
+        job = AgentJob(
+            room=rig.room,
+            session=rig.session,
+            avatar=rig.avatar,
+            clock=rig.clock,
+            remove_avatar_participant=rig._remove,
+        )
+        started = asyncio.ensure_future(job.start(Agent(instructions="test")))
+        await settle()
+        join(rig, name)
+        await settle()
+        await started
+        assert job.states["avatar"] == "joined"
+        handle = await speak(rig)
+        rig.session.interrupt()
+        await settle()
+        assert not handle.done()
+        await rig.clock.advance(PlayoutOptions().margin + 0.01)
+        await settle()
+        assert handle.done()
+        sink = audio_tail(rig.session)
+        assert sink is not None and sink._pending_playback_count == 0
+        assert job.playout is not None and job.playout.done[-1].cause == "playout_timeout"
+        await job.aclose()
+
+
 # -- plugins that cannot run -----------------------------------------------------------------
 
 
