@@ -49,7 +49,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from livekit import rtc
+from livekit import api, rtc
+from livekit.agents import get_job_context
 from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
@@ -217,9 +218,6 @@ def server_api_remover(room: rtc.Room) -> RemoveParticipant:
     own ``aclose()`` does; outside a job there is no server API to call, which is logged."""
 
     async def remove(identity: str) -> None:
-        from livekit import api  # the server API client: only needed when removing
-        from livekit.agents import get_job_context
-
         ctx = get_job_context(required=False)
         if ctx is None:
             logger.info("avatar %s left in the room: no job context, no server API", identity)
