@@ -55,6 +55,7 @@ from .avatar import (
     check_start_options,
     plugin_name,
     route_of,
+    server_api_remover,
 )
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
@@ -130,7 +131,7 @@ class AgentJob(Emitter[Events]):
         session_end_timeout: float = 300.0,
         close_timeout: float = 10.0,
         delete_room_on_close: bool = False,
-        playout: bool | PlayoutOptions | Mapping[str, Any] = False,
+        playout: bool | PlayoutOptions | Mapping[str, Any] | None = None,
         on_reprompt: RepromptFn | None = None,
         trace_path: str | Path | None = None,
         tracer: Tracer | None = None,
@@ -154,7 +155,9 @@ class AgentJob(Emitter[Events]):
             "session_end_timeout": session_end_timeout,
             "close_timeout": close_timeout,
             "delete_room_on_close": delete_room_on_close,
-            "playout": playout,
+            # by default on with an avatar (never stuck "speaking" on a report that never
+            # comes), off without one; playout=False turns it off explicitly
+            "playout": avatar is not None if playout is None else playout,
             # the parts: their types (settings.JOB_PARTS)
             "trace_path": trace_path,
             "tracer": tracer,
@@ -280,7 +283,9 @@ class AgentJob(Emitter[Events]):
                 clock=clock,
                 tracer=tracer,
                 room_events=self.events,
-                remove_participant=remove_avatar_participant,
+                # the job removes the avatar through the server API whether or not the
+                # plugin's own close did
+                remove_participant=remove_avatar_participant or server_api_remover(room),
             )
         # the agent's audio until heard, and the re-prompt watchdog (playout=...)
         self.playout: PlayoutTracker | None = None

@@ -23,9 +23,16 @@ not there, and pending playout is finished locally, so the session does not stal
 Route reporting knows the plugin's sink by identity (the one recorded after its start),
 whatever its class. For the playout machine the lifecycle also reports what the sink is
 given (``segment_flushed``: a segment's audio all pushed, with its duration) and each
-``lk.playback_finished`` it accepts from the avatar (``playback_finished``). A retry
-policy (``AvatarRetry``) may start the plugin again after a transient loss, after a backoff
-spent on room audio.
+``lk.playback_finished`` it accepts (``playback_finished``), from the identity the plugin's
+own sink accepts it from: the sink's destination, which need not be the avatar participant
+(avatartalk streams to ``listener``). A retry policy (``AvatarRetry``) may start the plugin
+again after a transient loss, after a backoff spent on room audio.
+
+The join signal depends on how the plugin delivers its audio (``join_signal``): an avatar
+that is a participant of its own waits for it to be there with video (``video``); an
+avatar that runs inside the agent's own process (its identity is the agent's own, as
+bithuman's local mode) has nothing to wait for (``none``), so it is joined as soon as its
+start returns and no ``join_timeout`` can fail it, and it is never removed from the room.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from livekit import rtc
+from livekit import api, rtc
+from livekit.agents import get_job_context
 from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
@@ -69,6 +77,8 @@ logger = logging.getLogger("agent_runtime.avatar")
 
 Route = Literal["avatar", "room", "none"]
 RemoveParticipant = Callable[[str], Awaitable[object] | object]
+# what the lifecycle waits for before the avatar counts as joined (see join_signal)
+JoinSignal = Literal["video", "none"]
 
 RPC_CLEAR_BUFFER = "lk.clear_buffer"
 RPC_PLAYBACK_FINISHED = "lk.playback_finished"
@@ -225,6 +235,23 @@ def _parse_playback_finished(payload: str) -> tuple[float, bool]:
     return pos, interrupted
 
 
+def server_api_remover(room: rtc.Room) -> RemoveParticipant:
+    """Removes a participant of ``room`` through the LiveKit server API of the job this runs
+    in (``get_job_context().api``, credentials from the job's environment), as the plugins'
+    own ``aclose()`` does; outside a job there is no server API to call, which is logged."""
+
+    async def remove(identity: str) -> None:
+        ctx = get_job_context(required=False)
+        if ctx is None:
+            logger.info("avatar %s left in the room: no job context, no server API", identity)
+            return
+        await ctx.api.room.remove_participant(
+            api.RoomParticipantIdentity(room=room.name, identity=identity)
+        )
+
+    return remove
+
+
 def _no_registration(*_: Any, **__: Any) -> None:
     """Stands in for the sink's own ``lk.playback_finished`` registration (see ``_adopt``)."""
 
@@ -277,11 +304,12 @@ class _Facts:
 
     @property
     def avatar_present(self) -> bool:
-        return self._lc._avatar_participant() is not None
+        return self._lc._in_process() or self._lc._avatar_participant() is not None
 
     @property
     def avatar_has_video(self) -> bool:
-        return self._lc._avatar_has_video()
+        # an in-process avatar has no join signal: its start is its join
+        return self._lc._in_process() or self._lc._avatar_has_video()
 
     @property
     def plugin_clear_in_flight(self) -> bool:
@@ -331,9 +359,11 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
     ``SegmentFlushed``: the session's audio reached the plugin's sink) and
     ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
 
-    ``remove_participant(identity)`` removes the avatar participant on close (best effort;
-    a not-found answer is fine). Leave it ``None`` to rely on the plugin's own
-    ``aclose()``, which does so through the server API inside a job.
+    ``remove_participant(identity)`` removes the avatar participant on close, after the
+    plugin's own ``aclose()`` (best effort; a not-found answer, the plugin having removed
+    it, is fine; an in-process avatar is the agent itself and is never
+    removed). ``server_api_remover(room)`` does it through the job's server API (what
+    ``AgentJob`` uses unless given one). Leave it ``None`` to rely on the plugin alone.
     """
 
     def __init__(
@@ -375,6 +405,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._room_output: _ParticipantAudioOutput | None = None  # attached by a restore
         self._room_output_task: asyncio.Task[None] | None = None
         self._rpc_claimed = False
+        self._agent_is_avatar = False  # the plugin's avatar runs in this process (once seen)
         self._swapping = False
         self._closing = False
         self._facts = _Facts(self)
@@ -429,6 +460,24 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         """Where the agent's audio goes now: ``avatar`` (the plugin's sink, whatever its
         class), ``room`` or ``none``."""
         return route_of(self._session, self._installed)
+
+    @property
+    def join_signal(self) -> JoinSignal:
+        """What the avatar must show before it counts as joined: ``video`` (a participant of
+        its own, with a video track: every plugin whose avatar runs at its provider, whether
+        its sink streams to the avatar or to another identity, or feeds a queue the plugin
+        forwards over its own websocket) or ``none`` (the avatar runs in the agent's own
+        process; its identity is the agent's). Known once the plugin's start has run."""
+        return "none" if self._in_process() else "video"
+
+    @property
+    def report_identity(self) -> str:
+        """Whose ``lk.playback_finished`` counts: the identity the plugin's own sink accepts
+        it from (a data stream's destination), else the avatar's."""
+        sink = self._installed
+        if isinstance(sink, DataStreamAudioOutput):
+            return sink._destination_identity
+        return self._avatar.avatar_identity
 
     async def start(
         self, agent_session: AgentSession[Any], room: rtc.Room, **plugin_options: Any
@@ -546,6 +595,21 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
             # actor's later listeners (start() and wait_for() waiting on a state) from hearing
             logger.exception("avatar %s: a state_changed listener failed", ev.instance)
 
+    def _in_process(self) -> bool:
+        """The avatar is the agent itself (bithuman's local mode renders in this process and
+        publishes from the agent's own participant): no participant of its own to wait for."""
+        if self._agent_is_avatar:
+            return True  # kept: a closed plugin may forget its room, and with it who it is
+        room = self._room
+        if room is None or self._installed is None:
+            return False
+        try:
+            local = room.local_participant.identity
+            self._agent_is_avatar = bool(local) and self._avatar.avatar_identity == local
+        except Exception:  # not connected yet: no local participant to compare with
+            return False
+        return self._agent_is_avatar
+
     def _avatar_participant(self) -> rtc.RemoteParticipant | None:
         if self._room is None:
             return None
@@ -558,8 +622,9 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         )
 
     def _presence_event(self) -> Event | None:
-        """An avatar already in the room produces no participant_connected for us."""
-        if self._avatar_participant() is None:
+        """An avatar already in the room produces no participant_connected for us (nor does
+        one that runs in the agent's own process)."""
+        if not self._facts.avatar_present:
             return None
         return Event("avatar_connected", {"identity": self._avatar.avatar_identity})
 
@@ -670,9 +735,10 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         await self._retire_sink()
         self._unadopt()
         self._release_playback_rpc()
+        await self._remove_avatar_participant()
         self._installed = None
         self._prev = None
-        await self._remove_avatar_participant()
+        self._agent_is_avatar = False
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
         session, sink = self._session, self._installed
@@ -936,10 +1002,12 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
             logger.debug("could not unregister %s", RPC_PLAYBACK_FINISHED, exc_info=True)
 
     def _on_playback_finished_rpc(self, data: rtc.RpcInvocationData) -> str:
-        identity = self._avatar.avatar_identity
+        # the plugin's sink names who reports its playback (its destination), whatever the
+        # avatar participant is called
+        identity = self.report_identity
         if data.caller_identity != identity:
             logger.warning(
-                "%s refused from %r (the avatar is %r)",
+                "%s refused from %r (the avatar's sink streams to %r)",
                 RPC_PLAYBACK_FINISHED,
                 data.caller_identity,
                 identity,
@@ -967,9 +1035,15 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
 
     # -- closing ---------------------------------------------------------------------------
     async def _remove_avatar_participant(self) -> None:
+        """After the plugin's own close: remove its avatar participant, in case the plugin
+        did not (or could not: spatialreal drops its room before its base class's removal)."""
         fn, room = self._remove_participant, self._room
         if fn is None or room is None or not room.isconnected():
             return
+        if self._in_process():
+            return  # the avatar is the agent itself
+        # asked whether or not this room still lists it: the server may know an avatar that
+        # is joining, and "not found" is the answer when the plugin removed it already
         identity = self._avatar.avatar_identity
         try:
             res = fn(identity)

@@ -166,7 +166,9 @@ DEFAULT_REPROMPT_INSTRUCTIONS = (
 
 class PlayoutOptions(BaseModel):
     """The ``playout`` machine: how long a joined avatar may take to report that it played
-    the agent's audio, and the re-prompt watchdog (off unless ``reprompt``).
+    the agent's audio, and the re-prompt watchdog (off unless ``reprompt``). ``AgentJob``
+    composes it with these defaults whenever an avatar is configured (``playout=False``
+    turns it off), so no avatar leaves the agent "speaking" for good.
 
     ``margin``: added to the duration of the audio actually pushed to the avatar; past it
     the playout counts as done without the avatar's ``lk.playback_finished`` (logged).

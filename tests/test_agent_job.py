@@ -242,6 +242,7 @@ async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room
         "session_host": "closed",
         "participant": "closed",
         "avatar": "closed",
+        "playout": "closed",  # composed by default with an avatar
         "room_deletion": "allowed",  # allowed once the hold ended; nobody asked for it
         "finalize": "closed",
         "agent_job": "closed",  # every follower released with the job
