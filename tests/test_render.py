@@ -10,9 +10,13 @@ from pathlib import Path
 import pytest
 
 from agent_runtime.tools.render import (
+    BULLET,
+    Hub,
+    _edges,
     cell_table,
     diagram_files,
     dot,
+    drawing,
     dump_cell_table,
     markdown_table,
     mermaid,
@@ -53,41 +57,105 @@ ALL = [*MACHINES.values(), ODD]
 IDS = [m.name for m in ALL]
 
 
+def _hub_sources(hub: Hub, spec: MachineSpec) -> dict[str, set[str]]:
+    """Row label -> the states a hub says it comes from."""
+    if hub.title == "from every other state":
+        union = {s.name for s in spec.states if s.name != hub.dest and not s.final}
+    else:
+        union = set(hub.title.removeprefix("from any of ").split(", "))
+    out: dict[str, set[str]] = {}
+    for line in hub.lines:
+        head, sep, label = line.partition(": ")
+        if sep and set(head.split(", ")) <= union and "[" not in head:
+            out[label] = set(head.split(", "))
+        else:
+            out[line] = union
+    return out
+
+
 @pytest.mark.parametrize("spec", ALL, ids=IDS)
-def test_mermaid_has_the_initial_marker_finals_and_one_edge_per_leaving_row(
+def test_the_drawing_shows_every_row_once(spec: MachineSpec) -> None:
+    """Each row is on its (source, dest) edge, in a hub into dest that names its source, or
+    listed inside its state (internal): nothing dropped, nothing drawn twice."""
+    d = drawing(spec)
+    shown: list[tuple[str, str | None, str]] = []
+    for edge in d.edges:
+        shown += [(edge.source, edge.dest, line) for line in edge.lines]
+    for hub in d.hubs:
+        for label, sources in _hub_sources(hub, spec).items():
+            shown += [(s, hub.dest, label) for s in sorted(sources)]
+    for box in d.states:
+        listed = [t.removeprefix(BULLET) for t in box.details if t.startswith(BULLET)]
+        shown += [(box.name, None, label) for label in listed]
+    expected = [(s, dst, label) for s, dst, _, label in _edges(spec)]
+    assert sorted(shown, key=str) == sorted(expected, key=str)
+    # one edge per (source, dest) pair, at most one hub per state
+    assert len({(e.source, e.dest) for e in d.edges}) == len(d.edges)
+    assert len({h.dest for h in d.hubs}) == len(d.hubs)
+
+
+def test_an_event_from_three_states_or_more_is_drawn_once() -> None:
+    d = drawing(MACHINES["avatar"])
+    (into_closed,) = [h for h in d.hubs if h.dest == "closed"]
+    assert into_closed.title == "from every other state"
+    assert "idle: close / unhook" in into_closed.lines
+    (into_failed,) = [h for h in d.hubs if h.dest == "failed"]
+    assert into_failed.title == "from any of starting, routing, joined, clearing"
+    assert into_failed.lines == (
+        "start_error / restore_route",
+        "routing, joined, clearing: avatar_left / restore_route",
+    )
+    assert not any(e.dest == "closed" for e in d.edges)
+    # two states entering one: still edges, one per pair with a line per row
+    (to_failed,) = [e for e in d.edges if (e.source, e.dest) == ("starting", "failed")]
+    assert to_failed.lines == (
+        "no_route / restore_route",
+        "start_timeout / record_route, restore_route",
+    )
+
+
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
+def test_mermaid_has_the_initial_marker_finals_and_an_edge_per_pair_and_hub(
     spec: MachineSpec,
 ) -> None:
     text = mermaid(spec)
     lines = text.splitlines()
     assert lines[3] == "stateDiagram-v2"
+    d = drawing(spec)
     edges = [ln for ln in lines if " --> " in ln and "[*]" not in ln]
-    assert len(edges) == sum(1 for r in spec.rows if r.dest is not None)
+    assert len(edges) == len(d.edges) + len(d.hubs)
     assert sum(1 for ln in lines if ln.strip().startswith("[*] -->")) == 1
     finals = [s for s in spec.states if s.final]
     assert sum(1 for ln in lines if ln.endswith("--> [*]")) == len(finals)
     for ln in lines[4:]:
-        # after the state id and its ` : `, a label may not hold ':' or ';' (they end it)
+        # after the state id and its ` : `, a label may not hold a bare ':' or ';' (they
+        # end it): both are Mermaid entity codes
         head, _, label = ln.partition(" : ")
-        assert ":" not in label and ";" not in label, ln
-        assert re.fullmatch(r"\s+(\[\*\]|\w+)( --> (\[\*\]|\w+))?|\s+state \"[^\"]+\" as \w+", head)
+        assert ":" not in label, ln
+        assert ";" not in re.sub(r"#\d+;", "", label), ln
+        assert re.fullmatch(
+            r"\s+(\[\*\]|\w+)( --> (\[\*\]|\w+))?|\s+state \"[^\"]+\" as \w+"
+            r"|\s+classDef hub .*|\s+class \w+ hub",
+            head,
+        ), ln
 
 
 def test_mermaid_lists_internal_rows_timeouts_and_tasks_in_the_state() -> None:
     text = mermaid(MACHINES["avatar"])
     assert "    routing : routing" in text  # the title line, so details do not replace it
-    assert "routing : timeout after join_timeout (default 30s) fires join_timeout" in text
-    assert "routing : room_connected / check_presence (internal)" in text
+    assert "routing : after join_timeout (30s)#58;\n    routing : join_timeout\n" in text
+    assert "routing : internal#58;\n    routing : \u2022 room_connected /\n" in text
     assert "joined --> clearing : interrupt [clear_pending]" in text
-    assert "clearing : task follow_plugin_clear while here" in text
-    assert "starting : timeout after join_timeout (default 30s) fires start_timeout" in text
-    assert "routing --> joined : avatar_connected [has_video]" in text
+    assert "clearing : task follow_plugin_clear" in text
+    assert "routing --> joined : \u2022 avatar_connected [has_video]<br>\u2022 video_pub" in text
+    assert 'state "from every other state" as into_closed' in text
+    assert "into_closed : idle#58; close / unhook" in text
+    assert "into_closed --> closed\n    class into_closed hub" in text
     job = mermaid(MACHINES["job"])
-    assert "closing : task run_close while here" in job
-    assert "serving --> closing : shutdown [else]" in job
+    assert "closing : task run_close" in job
+    assert "[else]" in job.split("serving --> closing : ")[1].split("\n")[0]
     part = mermaid(MACHINES["participant"])
-    assert "linked --> grace : participant_disconnected [else if is_linked and grace_enabled]" in (
-        part
-    )
+    assert "[else if is_linked and grace_enabled]" in part
 
 
 def test_odd_names_are_declared_with_safe_ids() -> None:
@@ -101,7 +169,8 @@ def test_odd_names_are_declared_with_safe_ids() -> None:
 @pytest.mark.parametrize("spec", ALL, ids=IDS)
 def test_dot_is_accepted_by_graphviz(spec: MachineSpec, tmp_path: Path) -> None:
     text = dot(spec)
-    assert text.count(" -> ") == sum(1 for r in spec.rows if r.dest is not None) + 1
+    d = drawing(spec)
+    assert text.count(" -> ") == len(d.edges) + len(d.hubs) + 1
     if shutil.which("dot") is None:
         pytest.skip("Graphviz is not installed")
     done = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True)
