@@ -38,7 +38,10 @@ def test_writes_every_file_then_check_passes(
         if shutil.which("dot"):
             assert (out / f"{m}.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
     assert "README.md" in names
-    assert all(n == "README.md" or n.split(".")[0] in MACHINES for n in names)
+    assert all(n.split(".")[0] in (*MACHINES, "README", "whole-job") for n in names)
+    assert {"whole-job.mmd", "whole-job.dot"} <= names
+    if shutil.which("dot"):
+        assert (out / "whole-job.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
     assert (out / "job.mmd").read_text() == mermaid(MACHINES["job"])
     capsys.readouterr()
     assert main(["diagrams", "--check", "--out", str(out)]) == 0

@@ -22,6 +22,13 @@ from agent_runtime.tools.render import (
     mermaid,
     terminal_table,
 )
+from agent_runtime.tools.system_diagram import (
+    AGENT_STATES,
+    system_dot,
+    system_files,
+    system_markdown,
+    system_view,
+)
 from statemachines import Effect, MachineSpec, State, StateTimeout, cells, row
 from statemachines.machines import MACHINES
 
@@ -240,6 +247,8 @@ def test_output_is_deterministic() -> None:
     assert first == again
     assert list(first) == [
         *(f"{n}.{ext}" for n in MACHINES for ext in ("mmd", "dot", "md")),
+        "whole-job.mmd",
+        "whole-job.dot",
         "README.md",
     ]
 
@@ -272,3 +281,98 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
         assert (tmp_path / f"{name}.json").read_text() == dump_cell_table(cell_table(spec))
     assert main([]) == 2  # nothing asked: prints the help
     assert "--golden" in capsys.readouterr().out
+
+
+# -- the whole job ----------------------------------------------------------------------------
+
+
+def test_the_whole_job_draws_every_declared_channel() -> None:
+    from statemachines.glue import LINKS, SESSION
+    from statemachines.routing import ROUTES
+
+    view = system_view(MACHINES)
+    assert view.machines == tuple(MACHINES)
+    by_pair = {(c.source, c.target, c.kind): c for c in view.channels}
+    for r in ROUTES:
+        ch = by_pair[("room", r.machine, "route")]
+        assert f"{r.fact} → {r.event}" in ch.short
+        assert any(line.startswith(r.fact) and line.endswith(f"→ {r.event}") for line in ch.lines)
+    for k in LINKS:
+        source = "session" if k.source == SESSION else k.source
+        ch = by_pair[(source, k.target, "link")]
+        assert f"{k.on} → {k.event}" in ch.short
+    # the playout machine's follows, evaluated on the transitions the specs declare
+    assert by_pair[("avatar", "playout", "watch")].lines == (
+        "leaves joined, clearing for failed, closed → avatar_left",
+    )
+    assert by_pair[("participant", "playout", "watch")].lines == (
+        "leaves linked for grace, closing, closed → user_left",
+    )
+    assert "agent thinking → agent_thinking" in by_pair[("session", "playout", "watch")].lines
+    files = system_files(MACHINES)
+    dot_text, mmd = files["whole-job.dot"], files["whole-job.mmd"]
+    assert dot_text.count(" -> ") == len(view.channels)
+    assert sum(1 for ln in mmd.splitlines() if "-->|" in ln or "-.->|" in ln) == len(view.channels)
+    for name in MACHINES:
+        assert f'  "{name}";' in dot_text
+
+
+def test_agent_states_are_livekits() -> None:
+    from typing import get_args
+
+    from livekit.agents.voice.events import AgentState
+
+    assert set(AGENT_STATES) == set(get_args(AgentState))
+
+
+def test_the_whole_job_reads_statemachines_system_when_it_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24's module, in shapes it may take: watches as models naming two machines and a
+    function of a state change, the follow order, teardown steps (some run at once)."""
+    import sys
+    import types
+
+    from pydantic import BaseModel
+
+    from statemachines.glue import avatar_change_event
+
+    class Watch(BaseModel):
+        source: str
+        target: str
+        event_of: object
+        note: str = ""
+
+    fake = types.ModuleType("statemachines.system")
+    fake.WATCHES = (  # type: ignore[attr-defined]
+        Watch(source="avatar", target="playout", event_of=avatar_change_event),
+        {"watched": "participant", "by": "playout", "note": "the link"},
+        ("job", "nobody"),  # names one machine only: listed, not drawn
+    )
+    fake.FOLLOW_ORDER = ("job", "avatar", "participant")  # type: ignore[attr-defined]
+    fake.TEARDOWN = (  # type: ignore[attr-defined]
+        "session_host",
+        ("avatar", "participant"),
+        {"machine": "room_deletion", "bound": 10},
+    )
+    monkeypatch.setitem(sys.modules, "statemachines.system", fake)
+    view = system_view(MACHINES)
+    watches = [c for c in view.channels if c.kind == "watch"]
+    assert [(c.source, c.target) for c in watches] == [
+        ("avatar", "playout"),
+        ("participant", "playout"),
+    ]
+    assert watches[0].lines == ("leaves joined, clearing for failed, closed → avatar_left",)
+    assert watches[1].lines == ("note the link",)
+    assert view.follow_order == ("job", "avatar", "participant")
+    assert view.teardown == (
+        "session_host",
+        "avatar and participant (at once)",
+        "machine room_deletion, bound 10",
+    )
+    dot_text = system_dot(view)
+    assert "facts followed in order:\\njob, avatar, participant" in dot_text
+    assert "2. avatar and participant" in dot_text
+    section = "\n".join(system_markdown(view))
+    assert "Room facts are followed in this order: job, avatar, participant." in section
+    assert "3. machine room_deletion, bound 10" in section

@@ -16,8 +16,8 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
@@ -413,16 +413,12 @@ def dot(spec: MachineSpec) -> str:
             label = _dot_lines(edge.lines, left=False)
         else:  # one item per row, so a wrapped row still reads as one
             label = _dot_lines([f"{BULLET}{line}" for line in edge.lines], left=True)
-        lines.append(
-            f'  {_dot_quote(edge.source)} -> {_dot_quote(edge.dest)} [label="{label}"];'
-        )
+        lines.append(f'  {_dot_quote(edge.source)} -> {_dot_quote(edge.dest)} [label="{label}"];')
     for hub in d.hubs:
         label = _dot_lines([hub.title], left=False, width=BOX_WRAP) + _dot_lines(
             hub.lines, left=True, width=BOX_WRAP
         )
-        lines.append(
-            f'  {_dot_quote(hub.ident)} [label="{label}", style="dashed", fontsize=13];'
-        )
+        lines.append(f'  {_dot_quote(hub.ident)} [label="{label}", style="dashed", fontsize=13];')
         lines.append(f"  {_dot_quote(hub.ident)} -> {_dot_quote(hub.dest)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -564,6 +560,10 @@ def diagram_files(machines: Mapping[str, MachineSpec]) -> dict[str, str]:
         files[f"{name}.mmd"] = mermaid(spec)
         files[f"{name}.dot"] = dot(spec)
         files[f"{name}.md"] = markdown_table(spec)
+    # imported here: `agent-runtime diff` loads this module on its own, by path
+    from agent_runtime.tools.system_diagram import system_files
+
+    files.update(system_files(machines))
     files["README.md"] = diagrams_readme(machines)
     return files
 
@@ -595,7 +595,9 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
             out += [_md(spec.description), ""]
         out += ["```mermaid", mermaid(spec).rstrip("\n"), "```", ""]
         out.append(f"The whole table: [{name}.md]({name}.md).")
-    out += ["", *routing_markdown()]
+    from agent_runtime.tools.system_diagram import system_markdown, system_view
+
+    out += ["", *system_markdown(system_view(machines)), "", *routing_markdown()]
     return "\n".join(out) + "\n"
 
 

@@ -101,12 +101,12 @@ def svg_page(svg: str) -> str:
     window.addEventListener('load', () => {
       const svg = document.querySelector('#col svg');
       const w = svg.width.baseVal.value, h = svg.height.baseVal.value;
-      const shown = Math.min(w, %d);
+      const shown = Math.min(w, COLUMN);
       svg.setAttribute('width', shown + 'px');
       svg.setAttribute('height', (h * shown / w) + 'px');
       document.body.dataset.ready = '1';
     });
-    </script>""" % COLUMN
+    </script>""".replace("COLUMN", str(COLUMN))
     body = svg[svg.index("<svg") :]
     return _PAGE.format(col=COLUMN, head=script, body=body)
 

@@ -19,6 +19,7 @@ from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec
 
 from ..render import DIAGRAM_SUFFIXES, diagram_files
+from ..system_diagram import NAME as WHOLE_JOB
 
 _GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
 
@@ -34,6 +35,11 @@ def _strays(out: Path, expected: set[str]) -> list[Path]:
     )
 
 
+def _svgs(machines: Mapping[str, MachineSpec]) -> set[str]:
+    """Every machine's SVG and the whole job's."""
+    return {f"{name}.svg" for name in (*machines, WHOLE_JOB)}
+
+
 def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
     """One line per stale, missing or stray file; empty when the directory is current."""
     files = diagram_files(machines)
@@ -44,7 +50,7 @@ def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
             problems.append(f"missing: {path}")
         elif path.read_text(encoding="utf-8") != text:
             problems.append(f"stale: {path}")
-    svgs = {f"{name}.svg" for name in machines}
+    svgs = _svgs(machines)
     for p in _strays(out, set(files) | svgs):
         problems.append(f"stray: {p} (no machine named {p.stem!r})")
     return problems
@@ -58,7 +64,7 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path}")
-    svgs = {f"{name}.svg" for name in machines}
+    svgs = _svgs(machines)
     for p in _strays(out, set(files) | svgs):
         p.unlink()
         print(f"removed {p} (no machine named {p.stem!r})")
@@ -67,7 +73,7 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         print("the Graphviz `dot` program is not on PATH: SVGs not rendered", file=sys.stderr)
         return 0
     code = 0
-    for name in machines:
+    for name in (*machines, WHOLE_JOB):
         src, svg = out / f"{name}.dot", out / f"{name}.svg"
         done = subprocess.run(
             [dot, "-Tsvg", str(src), "-o", str(svg)], capture_output=True, text=True, check=False

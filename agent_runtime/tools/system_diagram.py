@@ -1,0 +1,347 @@
+"""The whole job in one diagram: every machine a box, every declared channel between them a
+labelled arrow.
+
+Read from the declarations the runtime delivers, never written by hand:
+
+* ``statemachines.routing.ROUTES``: room facts to machine events (from the room);
+* ``statemachines.glue.LINKS``: an effect (or a session's close) posting an event;
+* the state changes the playout machine follows (``glue.avatar_change_event``,
+  ``glue.link_change_event``, ``glue.agent_state_event``), evaluated on every transition
+  the watched machine declares;
+* when ``statemachines.system`` exists: its ``WATCHES`` (state-change watches, drawn instead
+  of the playout functions above), ``FOLLOW_ORDER`` (the order machines follow the room) and
+  ``TEARDOWN`` (the teardown order). That module is read by duck typing, so a shape it
+  grows later still draws (fields it does not know are printed as they are).
+
+Pure: no livekit, no I/O. The machines are whatever ``MACHINES`` holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .render import (
+    BOX_WRAP,
+    BULLET,
+    _dot_escape,
+    _dot_lines,
+    _dot_quote,
+    _md,
+    _mermaid_ids,
+    wrap,
+)
+
+if TYPE_CHECKING:
+    from statemachines.spec import MachineSpec
+
+NAME = "whole-job"  # its files: whole-job.mmd, whole-job.dot, whole-job.svg
+ROOM = "room"
+SESSION = "session"
+# livekit-agents' AgentState values (livekit.agents.voice.events; a test pins them): the
+# session's agent_state_changed the playout machine follows
+AGENT_STATES = ("initializing", "idle", "listening", "thinking", "speaking")
+
+
+@dataclass(frozen=True)
+class Channel:
+    source: str
+    target: str
+    kind: str  # route | link | watch
+    lines: tuple[str, ...]  # every declaration in full, as the table under the diagram lists
+    short: tuple[str, ...] = ()  # what the arrow says: each fact or effect and its event
+
+
+@dataclass(frozen=True)
+class SystemView:
+    machines: tuple[str, ...]
+    outside: tuple[str, ...]  # the room and the session: sources that are not machines
+    channels: tuple[Channel, ...]
+    follow_order: tuple[str, ...]  # empty: not declared
+    teardown: tuple[str, ...]  # one line per step; empty: not declared
+
+
+def _system_module() -> Any:
+    """``statemachines.system`` if this version has it (issue 24), else None."""
+    try:
+        return importlib.import_module("statemachines.system")
+    except ModuleNotFoundError as e:
+        if e.name not in ("statemachines.system", "statemachines"):
+            raise  # the module exists but something it imports does not: say so
+        return None
+
+
+def _fields(item: Any) -> dict[str, Any]:
+    """A declaration's fields, whatever it is: a pydantic model, a dataclass, a mapping, a
+    tuple (positions), or anything else (its text)."""
+    if hasattr(item, "model_dump") and hasattr(type(item), "model_fields"):
+        return {k: getattr(item, k) for k in type(item).model_fields}
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    if isinstance(item, Mapping):
+        return {str(k): v for k, v in item.items()}
+    if isinstance(item, tuple):
+        return {str(i): v for i, v in enumerate(item)}
+    return {"": item}
+
+
+def _text(value: Any) -> str:
+    if callable(value) and hasattr(value, "__name__"):
+        return str(value.__name__)
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return ", ".join(_text(v) for v in items)
+    return str(value)
+
+
+def _change_summary(
+    fn: Callable[[str, str], str | None], spec: MachineSpec
+) -> list[tuple[str, str]]:
+    """(event, when) for a state-change function, evaluated on every transition ``spec``
+    declares: ``when`` names the states left and entered."""
+    pairs = sorted(
+        {(r.source, r.dest) for r in spec.rows if r.dest is not None and r.dest != r.source},
+        key=lambda p: (spec.state_names.index(p[0]), spec.state_names.index(p[1])),
+    )
+    by_event: dict[str, list[tuple[str, str]]] = {}
+    for source, dest in pairs:
+        try:
+            event = fn(source, dest)
+        except Exception:  # a function of another shape: named, not evaluated
+            return []
+        if event:
+            by_event.setdefault(event, []).append((source, dest))
+    out: list[tuple[str, str]] = []
+    for event, got in by_event.items():
+        left = list(dict.fromkeys(s for s, _ in got))
+        entered = list(dict.fromkeys(d for _, d in got))
+        out.append((event, f"leaves {', '.join(left)} for {', '.join(entered)}"))
+    return out
+
+
+def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any) -> list[Channel]:
+    declared = getattr(system, "WATCHES", None) if system is not None else None
+    out: list[Channel] = []
+    if declared is not None:
+        for item in declared:
+            fields = _fields(item)
+            named = [v for v in fields.values() if isinstance(v, str) and v in machines]
+            if len(named) < 2:
+                continue  # drawn in the list under the diagram only
+            source, target = named[0], named[1]
+            lines: list[str] = []
+            for key, value in fields.items():
+                if value in (source, target) or value in ("", None, ()):
+                    continue
+                if callable(value):
+                    summary = _change_summary(value, machines[source])
+                    if summary:
+                        lines += [f"{when} → {event}" for event, when in summary]
+                        continue
+                lines.append(f"{key} {_text(value)}".strip())
+            out.append(Channel(source, target, "watch", tuple(lines) or ("state changes",)))
+        return out
+    # no declared watches yet: the playout machine's follows, from glue's functions
+    follows = (("avatar", "avatar_change_event"), ("participant", "link_change_event"))
+    for source, fn_name in follows:
+        fn = getattr(glue, fn_name, None)
+        if fn is None or source not in machines or "playout" not in machines:
+            continue
+        summary = _change_summary(fn, machines[source])
+        if summary:
+            lines = [f"{when} → {event}" for event, when in summary]
+            out.append(Channel(source, "playout", "watch", tuple(lines)))
+    agent_fn = getattr(glue, "agent_state_event", None)
+    if agent_fn is not None and "playout" in machines:
+        by_event: dict[str, list[str]] = {}
+        for state in AGENT_STATES:
+            event = agent_fn(state)
+            if event:
+                by_event.setdefault(event, []).append(state)
+        lines = [f"agent {' or '.join(states)} → {e}" for e, states in by_event.items()]
+        out.append(Channel(SESSION, "playout", "watch", tuple(lines)))
+    return out
+
+
+def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
+    """Every channel the declarations name, grouped by (source, target, kind)."""
+    from statemachines import glue, routing
+
+    system = _system_module()
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    short: dict[tuple[str, str, str], list[str]] = {}
+    for r in routing.ROUTES:
+        when = f" [{' and '.join(r.when)}]" if r.when else ""
+        key = (ROOM, r.machine, "route")
+        grouped.setdefault(key, []).append(f"{r.fact}{when} → {r.event}")
+        short.setdefault(key, []).append(f"{r.fact} → {r.event}")
+    for k in glue.LINKS:
+        step = f" (step {k.step})" if k.step else ""
+        when = f" [{' and '.join(k.when)}]" if k.when else ""
+        key = (SESSION if k.source == glue.SESSION else k.source, k.target, "link")
+        grouped.setdefault(key, []).append(f"{k.on}{step}{when} → {k.event}")
+        short.setdefault(key, []).append(f"{k.on} → {k.event}")
+    for ch in _watch_channels(machines, system, glue):
+        key = (ch.source, ch.target, ch.kind)
+        grouped.setdefault(key, []).extend(ch.lines)
+        short.setdefault(key, []).extend(ch.lines)
+    # the arrow says which fact or effect gives which event; conditions, steps and flags
+    # are in the table under the diagram (an arrow per declaration would not fit a page)
+    channels = tuple(
+        Channel(s, t, kind, tuple(v), tuple(dict.fromkeys(short[(s, t, kind)])))
+        for (s, t, kind), v in grouped.items()
+    )
+    follow = getattr(system, "FOLLOW_ORDER", None) if system is not None else None
+    teardown = getattr(system, "TEARDOWN", None) if system is not None else None
+    steps: list[str] = []
+    for item in teardown or ():
+        if isinstance(item, (tuple, list, frozenset, set)) and all(
+            isinstance(x, str) for x in item
+        ):
+            steps.append(
+                " and ".join(_text(x) for x in item) + (" (at once)" if len(item) > 1 else "")
+            )
+        else:
+            fields = _fields(item)
+            steps.append(
+                ", ".join(
+                    f"{k} {_text(v)}".strip() for k, v in fields.items() if v not in ("", None, ())
+                )
+            )
+    used = {c.source for c in channels} | {c.target for c in channels}
+    return SystemView(
+        machines=tuple(machines),
+        outside=tuple(n for n in (ROOM, SESSION) if n in used and n not in machines),
+        channels=channels,
+        follow_order=tuple(_text(x) for x in (follow or ())),
+        teardown=tuple(steps),
+    )
+
+
+_KIND_STYLE = {  # DOT edge attributes per kind of channel, and the legend's words for them
+    "route": ('color="#1f6feb", fontcolor="#1f6feb"', "room fact → event"),
+    "link": ("", "effect outcome → event"),
+    "watch": ('style=dashed, color="#8250df", fontcolor="#8250df"', "state change → event"),
+}
+
+
+def _channel_label(ch: Channel, width: int) -> list[str]:
+    rows = [f"{BULLET}{line}" for line in ch.short] if len(ch.short) > 1 else list(ch.short)
+    return [part for row in rows for part in wrap(row, width)]
+
+
+def system_dot(view: SystemView) -> str:
+    lines = [
+        f"digraph {_dot_quote(NAME)} {{",
+        '  graph [rankdir=LR, fontname="Helvetica", nodesep=0.3, ranksep=0.5];',
+        '  node [shape=box, style="rounded,filled", fillcolor="#f6f8fa", fontname="Helvetica",'
+        " fontsize=16];",
+        '  edge [fontname="Helvetica", fontsize=13];',
+    ]
+    for name in view.outside:
+        label = _dot_escape(name)
+        if name == ROOM and view.follow_order:
+            label += "\\n" + _dot_lines(
+                ["facts followed in order: " + ", ".join(view.follow_order)],
+                left=False,
+                width=BOX_WRAP,
+            )
+        lines.append(f'  {_dot_quote(name)} [label="{label}", shape=ellipse, style=dashed];')
+    for name in view.machines:
+        lines.append(f"  {_dot_quote(name)};")
+    for ch in view.channels:
+        style = _KIND_STYLE[ch.kind][0]
+        label = "".join(_dot_escape(p) + "\\l" for p in _channel_label(ch, 22))
+        attrs = f'label="{label}"' + (f", {style}" if style else "")
+        lines.append(f"  {_dot_quote(ch.source)} -> {_dot_quote(ch.target)} [{attrs}];")
+    if view.teardown:
+        steps = [f"{i}. {s}" for i, s in enumerate(view.teardown, 1)]
+        label = "teardown, in order\\n" + _dot_lines(steps, left=True, width=BOX_WRAP)
+        lines.append(f'  "__teardown__" [label="{label}", shape=note, fontsize=13];')
+    legend = "\\n".join(_dot_escape(f"{kind}: {words}") for kind, (_, words) in _KIND_STYLE.items())
+    lines.append(f'  "__legend__" [label="{legend}", shape=plaintext, fontsize=13];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def system_mermaid(view: SystemView) -> str:
+    """A Mermaid flowchart (left to right, as the DOT) of the same boxes and channels."""
+    ids = _mermaid_ids([*view.outside, *view.machines])
+    lines = ["---", f"title: {NAME}", "---", "flowchart LR"]
+    for name in view.outside:
+        label = name
+        if name == ROOM and view.follow_order:
+            label += " - facts followed in order: " + ", ".join(view.follow_order)
+        lines.append(f'    {ids[name]}(["{_flow_text(label)}"])')
+    for name in view.machines:
+        lines.append(f'    {ids[name]}["{_flow_text(name)}"]')
+    arrows = {"route": "-->", "link": "-->", "watch": "-.->"}
+    for ch in view.channels:
+        label = "<br>".join(_flow_text(p) for p in _channel_label(ch, 22))
+        lines.append(f'    {ids[ch.source]} {arrows[ch.kind]}|"{label}"| {ids[ch.target]}')
+    if view.teardown:
+        steps = "<br>".join(_flow_text(f"{i}. {s}") for i, s in enumerate(view.teardown, 1))
+        lines.append(f'    teardown_order["teardown, in order<br>{steps}"]')
+    for name in view.outside:
+        lines.append(f"    style {ids[name]} stroke-dasharray:4 3")
+    return "\n".join(lines) + "\n"
+
+
+def _flow_text(text: str) -> str:
+    """Text inside a flowchart's quoted label: no quotes or markup, ':' as its entity."""
+    return re.sub(r'["<>|{}#]', "_", text).replace(":", "#58;")
+
+
+def system_markdown(view: SystemView) -> list[str]:
+    """The README section: the diagram, and each channel as a table row."""
+    out = [
+        "## The whole job",
+        "",
+        "Every machine, and every declared channel between them: room facts to events "
+        "(`statemachines/routing.py`), effect outcomes to events (`statemachines/glue.py` "
+        "`LINKS`) and the state changes a machine follows"
+        + (
+            ", the follow and teardown orders (`statemachines/system.py`)"
+            if view.teardown or view.follow_order
+            else ""
+        )
+        + f". Graphviz: [{NAME}.dot]({NAME}.dot).",
+        "",
+        "```mermaid",
+        system_mermaid(view).rstrip("\n"),
+        "```",
+        "",
+        "| from | to | kind | what → event |",
+        "|---|---|---|---|",
+    ]
+    for ch in view.channels:
+        what = "<br>".join(_md(line) for line in ch.lines)
+        out.append(f"| {_md(ch.source)} | {_md(ch.target)} | {ch.kind} | {what} |")
+    if view.follow_order:
+        out += ["", "Room facts are followed in this order: " + ", ".join(view.follow_order) + "."]
+    if view.teardown:
+        out += ["", "Teardown, in order:", ""]
+        out += [f"{i}. {_md(s)}" for i, s in enumerate(view.teardown, 1)]
+    return out
+
+
+def system_files(machines: Mapping[str, MachineSpec]) -> dict[str, str]:
+    view = system_view(machines)
+    return {f"{NAME}.mmd": system_mermaid(view), f"{NAME}.dot": system_dot(view)}
+
+
+__all__ = [
+    "AGENT_STATES",
+    "NAME",
+    "Channel",
+    "SystemView",
+    "system_dot",
+    "system_files",
+    "system_markdown",
+    "system_mermaid",
+    "system_view",
+]
