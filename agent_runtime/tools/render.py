@@ -242,18 +242,21 @@ def _sources_text(sources: Sequence[str], dest: str, spec: MachineSpec) -> str:
     return "any of " + ", ".join(sources)
 
 
+def _hubbed(rows: list[tuple[str, str | None, str, str]]) -> set[tuple[str, str]]:
+    """The (dest, event) pairs entered from HUB_SOURCES states or more."""
+    sources: dict[tuple[str, str], set[str]] = {}
+    for source, dest, event, _ in rows:
+        if dest is not None and source != dest:
+            sources.setdefault((dest, event), set()).add(source)
+    return {k for k, v in sources.items() if len(v) >= HUB_SOURCES}
+
+
 def drawing(spec: MachineSpec) -> Drawing:
     """What both diagrams draw: the states with their details, one edge per (source, dest)
     pair, and a hub per state that an event enters from ``HUB_SOURCES`` states or more."""
     rows = _edges(spec)
     order = [s.name for s in spec.states]
-    sources: dict[tuple[str, str], list[str]] = {}
-    for source, dest, event, _ in rows:
-        if dest is not None and source != dest:
-            sources.setdefault((dest, event), [])
-            if source not in sources[(dest, event)]:
-                sources[(dest, event)].append(source)
-    hubbed = {k for k, v in sources.items() if len(v) >= HUB_SOURCES}
+    hubbed = _hubbed(rows)
     into: dict[str, dict[str, list[str]]] = {}  # dest -> label -> sources, in row order
     edges: dict[tuple[str, str], list[str]] = {}
     internal: dict[str, list[str]] = {}
@@ -297,6 +300,35 @@ def drawing(spec: MachineSpec) -> Drawing:
         edges=tuple(Edge(s, d, tuple(v)) for (s, d), v in edges.items()),
         hubs=tuple(hubs),
     )
+
+
+# -- where a cell is drawn (for `agent-runtime diff`) --------------------------------------------
+
+
+def region_id(kind: str, *states: str) -> str:
+    """The SVG element id of a region of a machine's diagram: ``state--NAME`` (its box),
+    ``edge--SOURCE--DEST``, ``into--DEST`` (the box of rows entering DEST from many states)."""
+    return "--".join([kind, *(re.sub(r"\W", "_", s, flags=re.ASCII) for s in states)])
+
+
+def cell_regions(spec: MachineSpec) -> dict[str, dict[str, list[list[str]]]]:
+    """state -> event -> the regions its rows are drawn in, as ``[id, words]`` pairs, the
+    way ``drawing`` places them; an ``ignore`` or ``reject`` cell is drawn nowhere (the
+    table beside the diagram has it)."""
+    rows = _edges(spec)
+    hubbed = _hubbed(rows)
+    out: dict[str, dict[str, list[list[str]]]] = {}
+    for source, dest, event, _ in rows:
+        if dest is None:
+            region = [region_id("state", source), f"inside state {source}"]
+        elif (dest, event) in hubbed and source != dest:
+            region = [region_id("into", dest), f"the box of edges into {dest}"]
+        else:
+            region = [region_id("edge", source, dest), f"edge {source} -> {dest}"]
+        cell = out.setdefault(source, {}).setdefault(event, [])
+        if region not in cell:
+            cell.append(region)
+    return out
 
 
 # -- Mermaid -----------------------------------------------------------------------------------
@@ -403,7 +435,7 @@ def dot(spec: MachineSpec) -> str:
         label = _dot_escape(box.name) + "\\n"
         if box.details:
             label += _dot_lines(box.details, left=True, width=BOX_WRAP)
-        attrs = [f'label="{label}"']
+        attrs = [f'label="{label}"', f'id="{region_id("state", box.name)}"']
         if box.final:
             attrs.append("peripheries=2")
         lines.append(f"  {_dot_quote(box.name)} [{', '.join(attrs)}];")
@@ -413,12 +445,19 @@ def dot(spec: MachineSpec) -> str:
             label = _dot_lines(edge.lines, left=False)
         else:  # one item per row, so a wrapped row still reads as one
             label = _dot_lines([f"{BULLET}{line}" for line in edge.lines], left=True)
-        lines.append(f'  {_dot_quote(edge.source)} -> {_dot_quote(edge.dest)} [label="{label}"];')
+        ident = region_id("edge", edge.source, edge.dest)
+        lines.append(
+            f"  {_dot_quote(edge.source)} -> {_dot_quote(edge.dest)} "
+            f'[label="{label}", id="{ident}"];'
+        )
     for hub in d.hubs:
         label = _dot_lines([hub.title], left=False, width=BOX_WRAP) + _dot_lines(
             hub.lines, left=True, width=BOX_WRAP
         )
-        lines.append(f'  {_dot_quote(hub.ident)} [label="{label}", style="dashed", fontsize=13];')
+        lines.append(
+            f'  {_dot_quote(hub.ident)} [label="{label}", style="dashed", fontsize=13, '
+            f'id="{region_id("into", hub.dest)}"];'
+        )
         lines.append(f"  {_dot_quote(hub.ident)} -> {_dot_quote(hub.dest)};")
     lines.append("}")
     return "\n".join(lines) + "\n"

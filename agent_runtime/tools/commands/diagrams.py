@@ -81,7 +81,25 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         if done.returncode != 0:
             print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
             code = 1
+        else:
+            _outline_targets(svg)
     return code
+
+
+# a link to diagrams/NAME.svg#REGION (as `agent-runtime diff` prints) outlines that region
+_TARGET_STYLE = (
+    "<style>:target path, :target polygon, :target ellipse "
+    "{ stroke: #d1242f; stroke-width: 3; } :target text { fill: #d1242f; }</style>"
+)
+
+
+def _outline_targets(svg: Path) -> None:
+    text = svg.read_text(encoding="utf-8")
+    start = text.find("<svg")
+    end = text.find(">", start) + 1
+    if start < 0 or end <= 0 or _TARGET_STYLE in text:
+        return
+    svg.write_text(text[:end] + "\n" + _TARGET_STYLE + text[end:], encoding="utf-8")
 
 
 def run(args: argparse.Namespace) -> int:
