@@ -587,6 +587,8 @@ def terminal_table(spec: MachineSpec) -> str:
     return "\n".join(out) + "\n"
 
 
+_WHOLE_JOB = "whole-job"  # agent_runtime.tools.system_diagram.NAME (imported lazily)
+
 # -- the diagrams directory --------------------------------------------------------------------
 
 DIAGRAM_SUFFIXES = (".mmd", ".dot", ".md")  # text outputs, compared by ``diagrams --check``
@@ -616,9 +618,20 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
         "",
         "Each machine has its Mermaid diagram below (`NAME.mmd`), its whole state x event "
         "table (`NAME.md`), Graphviz DOT (`NAME.dot`) and, when Graphviz was installed, "
-        "`NAME.svg`. Edges are labelled `event [guards] / effects`; the rows of one cell are "
-        "tried in order (`else if`, `else`). Internal transitions (effects run, the state "
-        "stays), state timeouts and state tasks are listed inside the state.",
+        "`NAME.svg`; the whole job, every machine and the channels between them, is "
+        f"[below](#the-whole-job) (`{_WHOLE_JOB}.mmd`, `.dot`, `.svg`). The diagrams are drawn "
+        "to be read at a page's width (a machine top to bottom, labels wrapped).",
+        "",
+        "- An edge is labelled `event [guards] / effects`, one line (`•`) per row when several "
+        "rows lead from one state to the same other state; the rows of one cell are tried in "
+        "order (`else if`, `else`).",
+        "- An event that leads into one state from three states or more is drawn once: a "
+        "dashed box with one arrow into that state says where it comes from (`from every other state`, "
+        "`from any of a, b, c`) and lists the rows; a row that only some of them have is "
+        "prefixed with those states (`idle: close / unhook`).",
+        "- Internal transitions (effects run, the state stays), state timeouts and state tasks "
+        "are listed inside the state.",
+        "- `ignore` and `reject` cells are not drawn: the table (`NAME.md`) has every cell.",
         "",
         "| machine | initial | states | events | table | Graphviz |",
         "|---|---|---|---|---|---|",
