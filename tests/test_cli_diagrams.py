@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -144,3 +145,18 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([cmd, "--help"])
         assert exc.value.code == 0
         assert f"agent-runtime {cmd}" in capsys.readouterr().out
+
+
+def test_svgs_name_each_region_and_outline_a_linked_one(tmp_path: Path) -> None:
+    """`agent-runtime diff` links to diagrams/NAME.svg#REGION: the region exists, and the
+    SVG's own style outlines whichever region the link targets."""
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz is not installed")
+    assert main(["diagrams", "--out", str(tmp_path)]) == 0
+    svg = (tmp_path / "avatar.svg").read_text()
+    assert svg.count(":target") >= 2 and "stroke: #d1242f" in svg
+    ids = {el.get("id") for el in ElementTree.fromstring(svg.encode()).iter()}
+    for region in ("state--routing", "edge--starting--failed", "into--closed", "into--failed"):
+        assert region in ids
+    assert main(["diagrams", "--out", str(tmp_path)]) == 0  # styled once, not twice
+    assert (tmp_path / "avatar.svg").read_text().count("<style>") == 1

@@ -626,9 +626,9 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
         "rows lead from one state to the same other state; the rows of one cell are tried in "
         "order (`else if`, `else`).",
         "- An event that leads into one state from three states or more is drawn once: a "
-        "dashed box with one arrow into that state says where it comes from (`from every other state`, "
-        "`from any of a, b, c`) and lists the rows; a row that only some of them have is "
-        "prefixed with those states (`idle: close / unhook`).",
+        "dashed box with one arrow into that state says where it comes from (`from every "
+        "other state`, `from any of a, b, c`) and lists the rows; a row that only some of "
+        "them have is prefixed with those states (`idle: close / unhook`).",
         "- Internal transitions (effects run, the state stays), state timeouts and state tasks "
         "are listed inside the state.",
         "- `ignore` and `reject` cells are not drawn: the table (`NAME.md`) has every cell.",

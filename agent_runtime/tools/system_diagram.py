@@ -222,6 +222,7 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     )
 
 
+_COLOURS = {"route": "#1f6feb", "watch": "#8250df"}
 _KIND_STYLE = {  # DOT edge attributes per kind of channel, and the legend's words for them
     "route": ('color="#1f6feb", fontcolor="#1f6feb"', "room fact → event"),
     "link": ("", "effect outcome → event"),
@@ -262,8 +263,12 @@ def system_dot(view: SystemView) -> str:
         steps = [f"{i}. {s}" for i, s in enumerate(view.teardown, 1)]
         label = "teardown, in order\\n" + _dot_lines(steps, left=True, width=BOX_WRAP)
         lines.append(f'  "__teardown__" [label="{label}", shape=note, fontsize=13];')
-    legend = "\\n".join(_dot_escape(f"{kind}: {words}") for kind, (_, words) in _KIND_STYLE.items())
-    lines.append(f'  "__legend__" [label="{legend}", shape=plaintext, fontsize=13];')
+    # an HTML-like label, so each kind's line has its arrows' colour
+    legend = "<br/>".join(
+        f'<font color="{_COLOURS.get(kind, "#000000")}">{kind}: {words}</font>'
+        for kind, (_, words) in _KIND_STYLE.items()
+    )
+    lines.append(f'  "__legend__" [label=<{legend}>, shape=plaintext, fontsize=13];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -286,6 +291,10 @@ def system_mermaid(view: SystemView) -> str:
     if view.teardown:
         steps = "<br>".join(_flow_text(f"{i}. {s}") for i, s in enumerate(view.teardown, 1))
         lines.append(f'    teardown_order["teardown, in order<br>{steps}"]')
+    for kind, colour in (("route", "#1f6feb"), ("watch", "#8250df")):
+        numbers = [str(i) for i, ch in enumerate(view.channels) if ch.kind == kind]
+        if numbers:  # the same colours as the SVG's
+            lines.append(f"    linkStyle {','.join(numbers)} stroke:{colour},color:{colour}")
     for name in view.outside:
         lines.append(f"    style {ids[name]} stroke-dasharray:4 3")
     return "\n".join(lines) + "\n"
