@@ -335,7 +335,7 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
 
     from pydantic import BaseModel
 
-    from statemachines.glue import avatar_change_event
+    from statemachines.glue import agent_state_event, avatar_change_event
 
     class Watch(BaseModel):
         source: str
@@ -348,6 +348,7 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
         Watch(source="avatar", target="playout", event_of=avatar_change_event),
         {"watched": "participant", "by": "playout", "note": "the link"},
         ("job", "nobody"),  # names one machine only: listed, not drawn
+        {"source": "session", "target": "playout", "event_of": agent_state_event},
     )
     fake.FOLLOW_ORDER = ("job", "avatar", "participant")  # type: ignore[attr-defined]
     fake.TEARDOWN = (  # type: ignore[attr-defined]
@@ -361,7 +362,9 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
     assert [(c.source, c.target) for c in watches] == [
         ("avatar", "playout"),
         ("participant", "playout"),
+        ("session", "playout"),  # not a machine: its function is named, not evaluated
     ]
+    assert watches[2].lines == ("event_of agent_state_event",)
     assert watches[0].lines == ("leaves joined, clearing for failed, closed → avatar_left",)
     assert watches[1].lines == ("note the link",)
     assert view.follow_order == ("job", "avatar", "participant")

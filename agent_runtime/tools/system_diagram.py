@@ -75,6 +75,15 @@ def _system_module() -> Any:
         return None
 
 
+def _declared(name: str, *modules: Any) -> tuple[Any, ...]:
+    """``name`` from the first module that declares it (none: nothing declared)."""
+    for module in modules:
+        value = getattr(module, name, None) if module is not None else None
+        if value is not None:
+            return tuple(value)
+    return ()
+
+
 def _fields(item: Any) -> dict[str, Any]:
     """A declaration's fields, whatever it is: a pydantic model, a dataclass, a mapping, a
     tuple (positions), or anything else (its text)."""
@@ -129,7 +138,11 @@ def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any)
     if declared is not None:
         for item in declared:
             fields = _fields(item)
-            named = [v for v in fields.values() if isinstance(v, str) and v in machines]
+            named = [
+                v
+                for v in fields.values()
+                if isinstance(v, str) and (v in machines or v in (ROOM, SESSION))
+            ]
             if len(named) < 2:
                 continue  # drawn in the list under the diagram only
             source, target = named[0], named[1]
@@ -137,7 +150,7 @@ def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any)
             for key, value in fields.items():
                 if value in (source, target) or value in ("", None, ()):
                     continue
-                if callable(value):
+                if callable(value) and source in machines:
                     summary = _change_summary(value, machines[source])
                     if summary:
                         lines += [f"{when} → {event}" for event, when in summary]
@@ -174,17 +187,25 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     system = _system_module()
     grouped: dict[tuple[str, str, str], list[str]] = {}
     short: dict[tuple[str, str, str], list[str]] = {}
-    for r in routing.ROUTES:
-        when = f" [{' and '.join(r.when)}]" if r.when else ""
-        key = (ROOM, r.machine, "route")
-        grouped.setdefault(key, []).append(f"{r.fact}{when} → {r.event}")
-        short.setdefault(key, []).append(f"{r.fact} → {r.event}")
-    for k in glue.LINKS:
-        step = f" (step {k.step})" if k.step else ""
-        when = f" [{' and '.join(k.when)}]" if k.when else ""
-        key = (SESSION if k.source == glue.SESSION else k.source, k.target, "link")
-        grouped.setdefault(key, []).append(f"{k.on}{step}{when} → {k.event}")
-        short.setdefault(key, []).append(f"{k.on} → {k.event}")
+    # the declarations may move into statemachines.system (issue 24): read them there first
+    routes = _declared("ROUTES", system, routing)
+    links = _declared("LINKS", system, glue)
+    session = getattr(glue, "SESSION", SESSION)
+    for r in routes:
+        f = _fields(r)
+        when = f" [{' and '.join(f.get('when') or ())}]" if f.get("when") else ""
+        key = (ROOM, str(f.get("machine")), "route")
+        grouped.setdefault(key, []).append(f"{f.get('fact')}{when} → {f.get('event')}")
+        short.setdefault(key, []).append(f"{f.get('fact')} → {f.get('event')}")
+    for k in links:
+        f = _fields(k)
+        on = f.get("on") or f.get("effect") or ""
+        step = f" (step {f['step']})" if f.get("step") else ""
+        when = f" [{' and '.join(f.get('when') or ())}]" if f.get("when") else ""
+        source = SESSION if f.get("source") == session else str(f.get("source"))
+        key = (source, str(f.get("target")), "link")
+        grouped.setdefault(key, []).append(f"{on}{step}{when} → {f.get('event')}")
+        short.setdefault(key, []).append(f"{on} → {f.get('event')}")
     for ch in _watch_channels(machines, system, glue):
         key = (ch.source, ch.target, ch.kind)
         grouped.setdefault(key, []).extend(ch.lines)
