@@ -1,8 +1,10 @@
 """``agent-runtime diagrams [--out DIR] [--check]``: write or check the generated diagrams.
 
 Writes, for every machine, ``NAME.mmd`` (Mermaid), ``NAME.dot`` (Graphviz), ``NAME.md`` (the
-whole table) and ``NAME.svg`` when the ``dot`` program is on PATH, plus ``README.md``
-embedding every Mermaid diagram. ``--check`` compares the text files with the disk (SVG
+whole table) and ``NAME.svg`` when the ``dot`` program is on PATH; the same for the whole job
+(``whole-job.*``: the machines and the channels between them); and ``README.md`` embedding
+every Mermaid diagram. Each SVG outlines the region a link's ``#id`` names (the ids
+``agent-runtime diff`` prints). ``--check`` compares the text files with the disk (SVG
 bytes vary with the Graphviz version, so they are never compared).
 """
 
@@ -116,6 +118,6 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        print(f"{out}: diagrams of {len(MACHINES)} machines are up to date")
+        print(f"{out}: diagrams of {len(MACHINES)} machines and the whole job are up to date")
         return 0
     return write(out, MACHINES)
