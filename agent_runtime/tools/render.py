@@ -222,10 +222,16 @@ class Drawing:
 
 
 def wrap(text: str, width: int | None = None) -> list[str]:
-    """``text`` in lines of at most ``width`` characters where it can break (after ", "
-    or at a space); a word longer than ``width`` keeps its own line."""
+    """``text`` in lines of at most ``width`` characters, broken at spaces; a ``/`` or a
+    bullet stays with the word after it, and a word longer than ``width`` keeps its own
+    line."""
     width = WRAP if width is None else width
-    words = re.split(r"(?<=,) |(?<! ,) (?=\S)", text)
+    words: list[str] = []
+    for w in text.split(" "):
+        if words and words[-1] in ("/", BULLET.strip()):
+            words[-1] += " " + w
+        elif w:
+            words.append(w)
     lines: list[str] = []
     for w in words:
         if lines and len(lines[-1]) + 1 + len(w) <= width:
