@@ -152,8 +152,8 @@ def test_mermaid_lists_internal_rows_timeouts_and_tasks_in_the_state() -> None:
     assert "    routing : routing" in text  # the title line, so details do not replace it
     assert "routing : after join_timeout (30s)#58;\n    routing : join_timeout\n" in text
     assert (
-        "routing : internal#58;\n    routing : \u2022 room_connected\n    routing : / check_presence\n"
-        in text
+        "routing : internal#58;\n    routing : \u2022 room_connected\n"
+        "    routing : / check_presence\n" in text
     )
     assert "joined --> clearing : interrupt [clear_pending]" in text
     assert "clearing : task follow_plugin_clear" in text
