@@ -160,3 +160,23 @@ def test_svgs_name_each_region_and_outline_a_linked_one(tmp_path: Path) -> None:
         assert region in ids
     assert main(["diagrams", "--out", str(tmp_path)]) == 0  # styled once, not twice
     assert (tmp_path / "avatar.svg").read_text().count("<style>") == 1
+
+
+def test_check_fails_when_a_channel_changes_until_regenerated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole job is drawn from the declarations: dropping a link makes it stale."""
+    from statemachines import glue
+
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    fewer = glue.without(glue.LINKS, "finalize", "report_answered", "job")
+    assert len(fewer) == len(glue.LINKS) - 1
+    monkeypatch.setattr(glue, "LINKS", fewer)
+    capsys.readouterr()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"stale: {out / 'whole-job.mmd'}" in err and f"stale: {out / 'whole-job.dot'}" in err
+    assert "avatar.mmd" not in err
+    assert main(["diagrams", "--out", str(out)]) == 0
+    assert "report_answered" not in (out / "whole-job.dot").read_text()
