@@ -177,6 +177,11 @@ class Actor(Emitter[str]):
         return self._closed
 
     @property
+    def started(self) -> bool:
+        """Whether the initial state was entered (by ``start`` or a first event)."""
+        return self._entered
+
+    @property
     def states(self) -> Mapping[str, State]:
         """The machine's states by name."""
         return self._table.states

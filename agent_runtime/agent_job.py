@@ -42,7 +42,10 @@ from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
-from .actor import Actor, Event, StateChanged
+from statemachines.agent_job import AGENT_JOB
+from statemachines.system import bound_of, watched
+
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged
 from .avatar import (
     AvatarLifecycle,
     RemoveParticipant,
@@ -289,9 +292,17 @@ class AgentJob(Emitter[Events]):
         self._actors: list[Actor] | None = None
         self._job_context: JobContext | None = None
         self._avatar_closing: asyncio.Task[None] | None = None
-        self._runtime_started = False
-        self._finishing: asyncio.Task[None] | None = None
-        self._released = False  # _release ran to its end
+        # the parts of a start still running: the teardown cuts them
+        self._starts: set[asyncio.Task[Any]] = set()
+        # the job's own lifecycle (statemachines.agent_job): start, close and abort
+        self.lifecycle_actor = Actor(
+            AGENT_JOB,
+            instance=room.name or "job",
+            effects=Handlers(self, _EFFECTS),
+            clock=clock,
+            tracer=tracer,
+        )
+        self.lifecycle_actor.on("state_changed", self._forward_state)
         self.job.on("state_changed", self._forward_state)
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
@@ -300,7 +311,6 @@ class AgentJob(Emitter[Events]):
         if self.playout is not None:
             self.playout.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_closed)
-        self.job.add_shutdown_callback(self._release)
 
     def _build_avatar(
         self,
@@ -416,7 +426,9 @@ class AgentJob(Emitter[Events]):
         """Every machine of the job (its actor), in ``MACHINES`` order."""
         if self._actors is None:
             # found once: each runtime builds its machines when it is built
-            self._actors = find_actors(self.job, self.link, self.avatar, self.playout)
+            self._actors = find_actors(
+                self.job, self.link, self.avatar, self.playout, self.lifecycle_actor
+            )
         return self._actors
 
     def snapshot(self) -> JobSnapshot:
@@ -449,51 +461,102 @@ class AgentJob(Emitter[Events]):
         }
 
     # -- starting ----------------------------------------------------------------------------
+    @property
+    def lifecycle(self) -> str:
+        """The job's own state: ``new``, ``starting``, ``running``, ``closing``, ``closed``."""
+        return self.lifecycle_actor.state
+
     async def start(
         self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN
     ) -> None:
         """Start everything: the job's runtime (room facts, the job machine, the session host
         with the session attached), the avatar (its route in before the session starts, as
-        the plugins expect), the session, then the participant link."""
+        the plugins expect), the session, then the participant link.
+
+        Refused (``RuntimeError``) while the job is already starting or started, or once it
+        is closed; if the job is closed while this runs, this raises once the start is cut."""
         options = self._room_options(room_options)  # refuse before anything starts
-        if self.session._started:
-            raise RuntimeError("this job is already started")
-        await self.start_runtime()
-        if self.avatar is not None:
-            await self.start_avatar()
-        await self._start_session(agent, options)
+        await self._begin("start")
+        await self._run_part(self._start_all(agent, options), session=True)
 
     async def start_runtime(self) -> None:
         """Connect (inside a livekit job), follow the room, start the job machine and the
-        session host. Idempotent."""
-        if self._runtime_started:
-            return
-        self._runtime_started = True
-        if self._job_context is not None:
-            await self._job_context.connect()
-        self.events.start()
-        self.session.on("close", self._on_session_close)
-        await self.job.start()
+        session host. Idempotent while the job runs."""
+        await self._begin("start_part")
+        await self._run_part(self._start_runtime())
 
     async def start_avatar(self) -> None:
         """Start the avatar plugin through its lifecycle (before or after the session);
         returns once the outcome of the plugin's own start is handled."""
         if self.avatar is None:
             raise RuntimeError("this job has no avatar (pass avatar= to AgentJob)")
-        await self.start_runtime()
-        await self.avatar.start(self.session, self.room, **self._avatar_start_options)
+        await self._begin("start_part")
+        await self._run_part(self._start_avatar())
 
     async def start_session(
         self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN
     ) -> None:
         """Start the session on the room with the job's host and the machines' close rules,
         then link the participant."""
-        await self._start_session(agent, self._room_options(room_options))
+        options = self._room_options(room_options)
+        await self._begin("start_part")
+        await self._run_part(self._start_session(agent, options), session=True)
+
+    async def _begin(self, event: str) -> None:
+        """Ask the lifecycle for a start; its reject cells are the user's clear errors."""
+        try:
+            await self.lifecycle_actor.send(Event(event))
+        except EventRejected:
+            state = self.lifecycle_actor.state
+            if state == "starting":
+                raise RuntimeError("this job is already starting") from None
+            if state == "running":
+                raise RuntimeError("this job is already started") from None
+            raise RuntimeError("this job is closed; build a new AgentJob") from None
+
+    async def _run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
+        """Run one part of the start as a task the teardown can cut; its failure is the
+        lifecycle's ``start_failed`` and is raised to the caller."""
+        task = asyncio.ensure_future(work)
+        self._starts.add(task)
+        task.add_done_callback(self._starts.discard)
+        try:
+            await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if (me is not None and me.cancelling()) or not task.cancelled():
+                raise  # the caller itself was cancelled
+            raise RuntimeError("the job was closed before it finished starting") from None
+        except Exception as e:
+            self.lifecycle_actor.post(Event("start_failed", {"error": f"{type(e).__name__}: {e}"}))
+            raise
+        if session:
+            self.lifecycle_actor.post(Event("started"))
+
+    async def _start_all(self, agent: Agent, options: RoomOptions) -> None:
+        await self._start_runtime()
+        if self.avatar is not None:
+            await self._start_avatar()
+        await self._start_session(agent, options)
+
+    async def _start_runtime(self) -> None:
+        if self.events.started:
+            return
+        if self._job_context is not None:
+            await self._job_context.connect()
+        self.events.start()
+        self.session.on("close", self._on_session_close)
+        await self.job.start()
+
+    async def _start_avatar(self) -> None:
+        assert self.avatar is not None
+        await self._start_runtime()
+        await self.avatar.start(self.session, self.room, **self._avatar_start_options)
 
     async def _start_session(self, agent: Agent, options: RoomOptions) -> None:
         if self.session._started or self.session._closing_task is not None:
             raise RuntimeError("the job's session is already started (or closed)")
-        await self.start_runtime()
+        await self._start_runtime()
         # attached as it starts (until then a request gets "no active session"), before its
         # first event so every one of them is forwarded
         self.job.attach(self.session)
@@ -561,25 +624,14 @@ class AgentJob(Emitter[Events]):
 
     async def aclose(self, *, graceful: bool = True) -> None:
         """Close the job. ``graceful`` (the default): shut down as ``shutdown()`` does,
-        honouring the bounded hold, and wait for ``closed``. Otherwise stop every machine
-        where it is. Either way every listener and task is released."""
-        if graceful:
-            await self.job.aclose()
-            await self._release()
-            if self._finishing is not None:
-                await asyncio.gather(self._finishing, return_exceptions=True)
-            return
-        await self.job.abort()
-        if self.playout is not None:
-            await self.playout.stop()
-        for actor in (self.link.actor, *([self.avatar.actor] if self.avatar else [])):
-            await actor.aclose()
-        self.session.off("close", self._on_session_close)
-        self.events.aclose()
-        if self._job_context is not None:
-            _JOBS.pop(self._job_context, None)
-        if self.otel is not None:
-            self.otel.close()  # the spans of the states the machines were stopped in
+        honouring the bounded hold. Otherwise the same teardown with no hold (an abort also
+        ends a graceful close's hold). Either way this returns once every listener and task
+        is released."""
+        with contextlib.suppress(ActorClosed):
+            await self.lifecycle_actor.send(Event("close" if graceful else "abort"))
+        await self.lifecycle_actor.until(lambda state: state == "closed")
+        # a deletion under way (asked for late) runs to its end or its bound first
+        await self.job.deletion.aclose()
 
     # -- wiring --------------------------------------------------------------------------------
     def _otel_parent(self) -> otel_context.Context:
@@ -598,6 +650,10 @@ class AgentJob(Emitter[Events]):
     def _forward_state(self, sc: StateChanged) -> None:
         if sc.machine == "avatar" and self._session_live():
             self._live_route = route_of(self.session)  # only the avatar moves the route
+        for event in watched(sc.machine, sc.source, sc.dest, "agent_job"):
+            self.lifecycle_actor.post(Event(event))
+        if sc.machine == "agent_job" and sc.dest == "closed":
+            self._on_lifecycle_closed()
         try:
             self.emit("state_changed", sc)
         except Exception:
@@ -639,7 +695,9 @@ class AgentJob(Emitter[Events]):
         task = self.session._closing_task
         if task is not None and not task.done():
             with contextlib.suppress(Exception):  # a failed close is the session's to log
-                await self.clock.wait_for(asyncio.shield(task), self.settings.close_timeout / 6)
+                await self.clock.wait_for(
+                    asyncio.shield(task), bound_of("session", self.settings.close_timeout)
+                )
         self.job.wiring.fire("job", "run_close", step="avatar")
         closing: list[Awaitable[Any]] = []
         if task is not None and not task.done():
@@ -649,14 +707,48 @@ class AgentJob(Emitter[Events]):
         if closing:
             await asyncio.gather(*closing, return_exceptions=True)
 
-    async def _release(self) -> None:
-        """The end of the job's close: stop following, unhook. Safe to run again (the job's
-        bound may cut it short; ``closed`` and ``aclose()`` then finish it); once it has run
-        to its end, running it again does nothing."""
-        if self._released:
-            return
+    # -- the lifecycle's effects --------------------------------------------------------------
+    def _fx_ask_shutdown(self, _ev: Event) -> None:
+        self.job.shutdown("job closed")
+
+    def _fx_ask_abort(self, _ev: Event) -> None:
+        self.job.abort()
+
+    async def _fx_run_teardown(self, _ev: Event) -> Event:
+        """``closing``'s task: statemachines.system.RELEASE, each step bounded."""
+        bound = self.settings.close_timeout
+        starts = [t for t in self._starts if not t.done()]
+        for t in starts:
+            t.cancel()
+        if starts:
+            await self._bounded("starts", asyncio.gather(*starts, return_exceptions=True), bound)
+        # the job machine's own timers bound its hold and its close (TEARDOWN)
+        await self.job.wait_closed()
+        try:
+            await self._bounded("followers", self._release_followers(), bound)
+        finally:
+            self._unhook()
+        return Event("released")
+
+    async def _bounded(self, step: str, work: Awaitable[Any], close_timeout: float) -> None:
+        seconds = bound_of(step, close_timeout)
+        try:
+            await self.clock.wait_for(work, seconds)
+        except TimeoutError:
+            logger.warning(
+                "job %s: the teardown's %r step took longer than %gs; cut off, the next runs",
+                self.room.name,
+                step,
+                seconds,
+            )
+        except Exception:
+            logger.exception("job %s: the teardown's %r step failed", self.room.name, step)
+
+    async def _release_followers(self) -> None:
+        """What follows the room and the session stops: the link, playout, the avatar (each
+        close runs once, whoever asked first)."""
         # what run_close's callbacks step closes, as its links declare (fired again when
-        # the release comes after a close the bound cut: each close runs once)
+        # the job's bound cut its close: each close runs once)
         self.job.wiring.fire("job", "run_close", step="callbacks")
         if self.session._started and self.session._closing_task is None:
             # the job's bound cut its close before the session's step: a closed job leaves
@@ -667,28 +759,26 @@ class AgentJob(Emitter[Events]):
         await self.link.aclose()
         if self._avatar_closing is not None:
             await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
+        await self.job.release()
+
+    def _unhook(self) -> None:
         self.session.off("close", self._on_session_close)
         self.events.aclose()
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
-        self._released = True
 
-    async def _finish(self) -> None:
-        await self._release()
+    def _on_lifecycle_closed(self) -> None:
+        # after the lifecycle's own last transition is written
         if self.otel is not None:
             self.otel.close()  # every machine is closed: a state span still open was abandoned
+        if self._trace_file is not None:
+            self._trace_file.close()
 
     def _on_closed(self, t: float | None) -> None:
         logger.info("job closed (%s)", self.job.reason or "no reason given")
         if self._job_context is not None:
             _JOBS.pop(self._job_context, None)
-        # what the close's bound cut short is finished aside (each step is bounded)
-        self._finishing = asyncio.get_running_loop().create_task(
-            self._finish(), name="AgentJob.release"
-        )
         self._emit_closed(t)
-        if self._trace_file is not None:
-            self._trace_file.close()  # after the job's own last transition is written
 
     def _emit_closed(self, t: float | None) -> None:
         try:
@@ -731,3 +821,11 @@ def session_end_hook(
                 await res
 
     return hook
+
+
+# the lifecycle's handlers, shared by every job (Handlers binds them to one)
+_EFFECTS = {
+    "run_teardown": AgentJob._fx_run_teardown,
+    "ask_shutdown": AgentJob._fx_ask_shutdown,
+    "ask_abort": AgentJob._fx_ask_abort,
+}

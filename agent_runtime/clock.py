@@ -119,7 +119,9 @@ class VirtualClock:
         try:
             return await task
         except asyncio.CancelledError:
-            if expired:
+            me = asyncio.current_task()
+            # the bound cut it, not a cancellation of the waiter itself (which goes on up)
+            if expired and not (me is not None and me.cancelling()):
                 raise TimeoutError() from None
             raise
         finally:

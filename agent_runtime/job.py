@@ -20,7 +20,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from livekit import rtc
 from livekit.agents import AgentSession
@@ -30,6 +30,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
+from statemachines.system import bound_of
 
 from .actor import Actor, Event, Handlers, StateChanged
 from .clock import AsyncioClock, Clock
@@ -41,9 +42,6 @@ from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, sender_aware
 from .settings import check_setting
 from .trace import JsonlSink, LoggingSink, Tracer
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("agent_runtime.job")
 
@@ -142,9 +140,7 @@ class JobRuntime(Emitter[str]):
         self._callbacks_running: dict[int, str] = {}
         self._reason = ""
         self._closed_at: float | None = None
-        self._closed = False
         self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
-        self._started = False
         instance = room.name or "job"
         if transport is None:
             transport = RoomRequestTransport(room)
@@ -163,7 +159,7 @@ class JobRuntime(Emitter[str]):
             tracer=tracer,
             instance=instance,
             # the host's drain is part of `closing`: leave room for the rest within its bound
-            drain_timeout=min(3.0, self._close_timeout / 2),
+            drain_timeout=min(3.0, bound_of("host", self._close_timeout)),
             # only the simulator participant decides the job's fate
             is_simulator=lambda identity: identity in self._simulators,
         )
@@ -241,10 +237,9 @@ class JobRuntime(Emitter[str]):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Watch the room, start the session host. Idempotent."""
-        if self._started:
+        """Watch the room, start the session host. Idempotent; nothing once closing."""
+        if self.actor.started or self.actor.closed:
             return
-        self._started = True
         self._simulators = frozenset(
             p.identity
             for p in self._room.remote_participants.values()
@@ -299,12 +294,12 @@ class JobRuntime(Emitter[str]):
         at once, within ``close_timeout``."""
         if not callable(callback):
             raise TypeError("a shutdown callback must be callable")
-        if self._closed:
+        if self.actor.state == "closed":
             raise RuntimeError("the job is closed; the callback would never run")
         self._shutdown_callbacks.append(callback)
 
     async def wait_closed(self) -> None:
-        if self._closed:
+        if self.actor.state == "closed" or self.actor.closed:
             return
         if self._closed_waiter is None:
             self._closed_waiter = asyncio.get_running_loop().create_future()
@@ -313,24 +308,23 @@ class JobRuntime(Emitter[str]):
     async def aclose(self) -> None:
         """Shut down (honouring the hold, which is bounded), wait for ``closed``, then release
         every listener and task."""
-        if not self._closed and not self.actor.closed:
-            self.shutdown("job runtime closed")
-            await self.wait_closed()
-        await self.host.aclose()
-        await self._unhook()
-
-    async def abort(self) -> None:
-        """Stop every machine where it is (no hold, no close work, no further transition),
-        then release every listener and task: for a teardown after the outcome is known."""
-        for actor in (self.actor, self.host.actor, self.host.finalize.actor, self.deletion.actor):
-            await actor.aclose()
-        await self.host.aclose()  # its machines are closed: only its reader is stopped
-        self._release_listeners()
-
-    async def _unhook(self) -> None:
-        await self.actor.aclose()
+        self.shutdown("job runtime closed")
+        await self.wait_closed()
+        await self.release()
         # a deletion under way (asked for late) runs to its end or its bound first
         await self.deletion.aclose()
+
+    def abort(self) -> None:
+        """Close now: no hold (the same close otherwise, each step bounded)."""
+        self._reason = self._reason or "aborted"
+        self._post(Event("abort"))
+
+    async def release(self) -> None:
+        """Once ``closed``: stop the host's reader, release every listener. The room
+        deletion stays where it is (asked for after the close, it still runs: see
+        ``request_room_deletion``) until ``aclose()``. Safe to run again."""
+        await self.actor.aclose()
+        await self.host.aclose()
         self._release_listeners()
 
     def _release_listeners(self) -> None:
@@ -369,7 +363,6 @@ class JobRuntime(Emitter[str]):
     def _on_job_state(self, sc: StateChanged) -> None:
         if sc.dest == "closed":
             self._closed_at = self._clock.now()
-            self._closed = True
             if self._closed_waiter is not None and not self._closed_waiter.done():
                 self._closed_waiter.set_result(None)
         self._emit_state(sc)
@@ -388,42 +381,45 @@ class JobRuntime(Emitter[str]):
 
     # -- closing ---------------------------------------------------------------------------
     async def _fx_run_close(self, _ev: Event) -> Event:
-        # each step's links (statemachines.glue.LINKS, run_close/STEP) fire as it begins
+        """``closing``'s task: the steps of ``statemachines.system.TEARDOWN`` in order, each
+        within its share of ``close_timeout``; a step cut at its share never keeps the next
+        from running. Each step's links (``LINKS``, run_close/STEP) fire as it begins."""
         self._close_step = "the session host had not closed"
         self.wiring.fire("job", "run_close", step="host")
-        try:
-            await self.host.wait_closed()
-        except Exception:
-            logger.exception("closing the session host failed")
+        await self._step("host", self.host.wait_closed())
         self.wiring.fire("job", "run_close", step="session")
         if self._before_disconnect is not None:
-            # what needs the room (the session, the avatar's removal), within a share of the
-            # bound so the room work and the callbacks still run
+            # what needs the room (the session, the avatar's removal)
             self._close_step = "the session and the avatar had not closed"
-            bound = self._close_timeout / 3
-            try:
-                await self._clock.wait_for(self._before_disconnect(), bound)
-            except TimeoutError:
-                logger.warning(
-                    "closing the session and the avatar took longer than %gs; cut off", bound
-                )
-            except Exception:
-                logger.exception("closing the session and the avatar failed")
+            await self._step(("session", "avatar"), self._before_disconnect())
         self._close_step = "the room had not disconnected"
         if self._room.isconnected():
-            try:
-                await self._room.disconnect()
-            except Exception:
-                logger.exception("disconnecting the room failed")
+            await self._step("room", self._room.disconnect())
         # delete_room_on_close covers every way the job ends (upstream deletes from the
         # session's close, which a job shutdown also causes), after the hold, never before
         self._close_step = "the room deletion had not returned"
         self.wiring.fire("job", "run_close", step="room")
-        await self.deletion.settled()  # a deletion asked for runs now (bounded)
+        await self._step("room", self.deletion.settled())  # a deletion asked for runs now
         self._close_step = ""
         self.wiring.fire("job", "run_close", step="callbacks")
         await self._run_shutdown_callbacks()
         return Event("close_done")
+
+    async def _step(self, step: str | tuple[str, ...], work: Awaitable[Any]) -> None:
+        names = (step,) if isinstance(step, str) else step
+        bound = sum(bound_of(n, self._close_timeout) for n in names)
+        try:
+            await self._clock.wait_for(work, bound)
+        except TimeoutError:
+            logger.warning(
+                "job %s: closing %s took longer than %gs; cut off, the close goes on (%s)",
+                self.actor.instance,
+                " and ".join(names),
+                bound,
+                self._close_step,
+            )
+        except Exception:
+            logger.exception("job %s: closing %s failed", self.actor.instance, " and ".join(names))
 
     def _fx_report_cut(self, ev: Event) -> None:
         after = ev.data.get("after", self._close_timeout)

@@ -127,26 +127,38 @@ def _is_publication(obj: Any) -> bool:
     )
 
 
+_LAST = 1 << 30  # the rank of a subscriber given none
+
+
 class RoomEventAdapter:
     """Hooks one room, fans facts out to subscribers in subscription order."""
 
     def __init__(self, room: rtc.Room) -> None:
         self.room = room
         self._subscribers: list[Subscriber] = []
+        self._ranks: list[int] = []  # each subscriber's rank, in the same order
         self._hooked = False
 
     @property
     def started(self) -> bool:
         return self._hooked
 
-    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
-        """Add a subscriber; returns the function that removes it."""
-        self._subscribers.append(fn)
+    def subscribe(self, fn: Subscriber, *, rank: int | None = None) -> Callable[[], None]:
+        """Add a subscriber; returns the function that removes it. Subscribers hear each
+        fact by ``rank`` (lowest first), then in the order they subscribed; one given no
+        rank hears it after every ranked one."""
+        key = _LAST if rank is None else rank
+        at = len(self._subscribers)
+        while at > 0 and self._ranks[at - 1] > key:
+            at -= 1
+        self._subscribers.insert(at, fn)
+        self._ranks.insert(at, key)
         return functools.partial(self._unsubscribe, fn)
 
     def _unsubscribe(self, fn: Subscriber) -> None:
         if fn in self._subscribers:
-            self._subscribers.remove(fn)
+            at = self._subscribers.index(fn)
+            del self._subscribers[at], self._ranks[at]
 
     def _hooks(self) -> tuple[tuple[str, Callable[..., None]], ...]:
         # bound methods compare equal to the ones registered: off() finds them again
@@ -177,6 +189,7 @@ class RoomEventAdapter:
             for name, cb in self._hooks():
                 self.room.off(name, cb)  # type: ignore[arg-type]
         self._subscribers.clear()
+        self._ranks.clear()
 
     # -- delivery -------------------------------------------------------------------------
     def publish(self, fact: RoomFact) -> None:

@@ -22,8 +22,9 @@ from typing import Any
 
 from statemachines.glue import GUARDS, LINKS, ROOM_CONDITIONS, Link, RoomFacts
 from statemachines.routing import Route, routes_for
+from statemachines.system import FOLLOW_ORDER
 
-from .actor import Event, Handlers
+from .actor import Event
 from .room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -93,12 +94,6 @@ def guard_table(machine: str) -> Mapping[str, Callable[[Any, Event], bool]]:
     return MappingProxyType({name: on_event(name, fn) for name, fn in GUARDS[machine].items()})
 
 
-def event_guards(machine: str, facts: Any) -> Handlers[Callable[[Event], bool]]:
-    """``machine``'s guards as the actor calls them, bound to ``facts`` (a runtime's view
-    of what its guards read; see ``statemachines.glue``)."""
-    return Handlers(facts, guard_table(machine))
-
-
 class NoRoom:
     """The room facts of a runtime that knows nothing of the room (no route of it needs)."""
 
@@ -116,9 +111,12 @@ def follow(
 ) -> Callable[[], None]:
     """Subscribe ``machine`` to the room facts its routes name; returns the unsubscriber.
 
-    Each route's conditions are evaluated on ``facts`` (what the runtime knows of the room)
-    just before ``after`` updates it."""
-    return adapter.subscribe(_Follower(_routes_by_fact(machine), facts or NoRoom(), post, after))
+    The machines of a job hear each fact in ``statemachines.system.FOLLOW_ORDER``, whatever
+    order they were started in. Each route's conditions are evaluated on ``facts`` (what the
+    runtime knows of the room) just before ``after`` updates it."""
+    rank = FOLLOW_ORDER.index(machine) if machine in FOLLOW_ORDER else len(FOLLOW_ORDER)
+    follower = _Follower(_routes_by_fact(machine), facts or NoRoom(), post, after)
+    return adapter.subscribe(follower, rank=rank)
 
 
 @functools.cache

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from .avatar import PLUGIN_CLEARS
 from .machines import MACHINES
+from .system import watched
 
 # livekit's participant attributes (livekit.agents.types; a test pins the values)
 SIMULATOR_ATTRIBUTE = "lk.simulator"
@@ -261,13 +262,14 @@ def agent_state_event(new_state: str) -> str | None:
 
 
 def avatar_change_event(source: str, dest: str) -> str | None:
-    """The event for the avatar machine moving from ``source`` to ``dest``."""
-    return "avatar_left" if source in PLUGIN_CLEARS and dest not in PLUGIN_CLEARS else None
+    """The event for the avatar machine moving from ``source`` to ``dest`` (``system.WATCHES``)."""
+    return next(iter(watched("avatar", source, dest, "playout")), None)
 
 
 def link_change_event(source: str, dest: str) -> str | None:
-    """The event for the participant link moving from ``source`` to ``dest``."""
-    return "user_left" if source == "linked" and dest != "linked" else None
+    """The event for the participant link moving from ``source`` to ``dest``
+    (``system.WATCHES``)."""
+    return next(iter(watched("participant", source, dest, "playout")), None)
 
 
 Guard = Callable[[Any, EventData], bool]
@@ -301,15 +303,6 @@ GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
         },
     }
 )
-
-
-def guards_of(machine: str, facts: Any) -> dict[str, Callable[[EventData], bool]]:
-    """``machine``'s guards bound to a facts view: ``name -> (event data -> bool)``."""
-
-    def bind(fn: Guard) -> Callable[[EventData], bool]:
-        return lambda data: fn(facts, data)
-
-    return {name: bind(fn) for name, fn in GUARDS[machine].items()}
 
 
 # -- room conditions ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ a simulator is there to ask: ``hold_needed`` = the job is a simulation, a partic
 the ``lk.simulator`` attribute is present, the room is connected and no finalize was
 answered yet. The hold ends on the first of: finalize answered, the simulator left (other
 participants such as a SIP leg or an avatar do not count), the room disconnected,
-``session_end_timeout``. ``closing`` closes the host, then the room work (disconnect), then
+``session_end_timeout``, or an ``abort`` (``AgentJob.aclose(graceful=False)``: no hold).
+``closing`` closes the host, then the room work (disconnect), then
 allows the room deletion (``room_deletion``) and waits for it, then runs the shutdown
 callbacks, all bounded by ``close_timeout``.
 """
@@ -16,6 +17,7 @@ from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
 ENDS = ["shutdown", "session_closed"]
 EVENTS = (
     "shutdown",  # {reason}
+    "abort",  # AgentJob.aclose(graceful=False): close now, no hold
     "session_closed",  # {reason}: the attached session closed
     "finalize_answered",  # the verdict reply went out
     "simulator_left",  # the last lk.simulator participant left (or lost the attribute)
@@ -59,6 +61,7 @@ JOB = MachineSpec(
     rows=(
         *row("serving", "shutdown", "awaiting_finalize", guards=["hold_needed"]),
         *row("serving", "shutdown", "closing"),
+        *row(["serving", "awaiting_finalize"], "abort", "closing"),
         *row("serving", "session_closed", "awaiting_finalize", guards=["hold_needed"]),
         *row("serving", "session_closed", "closing"),
         # as upstream's JobContext: the simulator leaving ends the run
@@ -78,7 +81,14 @@ JOB = MachineSpec(
         *cells("awaiting_finalize", ["close_done", "close_timeout"], "stale timer/task"),
         *cells(
             "closing",
-            [*ENDS, "finalize_answered", "simulator_left", "room_disconnected", "hold_timeout"],
+            [
+                *ENDS,
+                "abort",
+                "finalize_answered",
+                "simulator_left",
+                "room_disconnected",
+                "hold_timeout",
+            ],
             "already closing",
         ),
         *cells("closed", list(EVENTS), "the job is over"),

@@ -1,5 +1,6 @@
 """Every machine of the runtime, by name: the one list diagrams, tables and tests read."""
 
+from .agent_job import AGENT_JOB
 from .avatar import AVATAR
 from .finalize import FINALIZE
 from .job import JOB
@@ -10,5 +11,15 @@ from .session_host import SESSION_HOST
 from .spec import MachineSpec
 
 MACHINES: dict[str, MachineSpec] = {
-    m.name: m for m in (AVATAR, JOB, SESSION_HOST, PARTICIPANT, ROOM_DELETION, FINALIZE, PLAYOUT)
+    m.name: m
+    for m in (
+        AVATAR,
+        JOB,
+        SESSION_HOST,
+        PARTICIPANT,
+        ROOM_DELETION,
+        FINALIZE,
+        PLAYOUT,
+        AGENT_JOB,
+    )
 }

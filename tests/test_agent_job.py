@@ -95,6 +95,7 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
         "participant": "linked",
         "room_deletion": "kept",
         "finalize": "idle",
+        "agent_job": "running",
     }
     await job.session.aclose()  # upstream: the session closes before on_session_end
     await settle()
@@ -243,6 +244,7 @@ async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room
         "avatar": "closed",
         "room_deletion": "allowed",  # allowed once the hold ended; nobody asked for it
         "finalize": "closed",
+        "agent_job": "closed",  # every follower released with the job
     }
     assert not room.isconnected()
     await job.aclose()
@@ -266,7 +268,14 @@ async def test_a_production_trace_records_every_machine(
     await job.aclose()
     trace = read_trace(tmp_path / "fake-job-aj-room.jsonl")
     machines = {r.machine for r in trace if r.kind == "transition"}
-    assert machines == {"job", "session_host", "participant", "room_deletion", "finalize"}
+    assert machines == {
+        "job",
+        "session_host",
+        "participant",
+        "room_deletion",
+        "finalize",
+        "agent_job",
+    }
 
 
 async def test_a_session_close_that_hangs_still_ends_the_job(

@@ -22,7 +22,7 @@ from livekit import rtc
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import read_trace
+from agent_runtime import read_trace, settle
 from agent_runtime.room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -129,8 +129,8 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
         "transcript looks fine}}",
         "  - {at: 14.0, event: end}",
         "expect:",
-        "  final_states: {finalize: closed, job: closed, participant: closed, "
-        "room_deletion: deleted, session_host: closed}",
+        "  final_states: {agent_job: closed, finalize: closed, job: closed, "
+        "participant: closed, room_deletion: deleted, session_host: closed}",
         "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, room_deleted_at: 14.0, "
         "finalize_answered: true, verdict: {reason: the agent vetoes this run, success: false}}",
     ]
@@ -221,6 +221,7 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
     await clock.advance(7)
     await simulator.finalize_simulation(provisional_success=True)
     await held
+    await settle()  # the job's own teardown releases what followed the room
     assert job.states == {
         "job": "closed",
         "session_host": "closed",
@@ -228,6 +229,7 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
         "avatar": "closed",
         "finalize": "closed",
         "room_deletion": "allowed",
+        "agent_job": "closed",
     }
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
     assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace

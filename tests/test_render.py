@@ -292,6 +292,7 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
 def test_the_whole_job_draws_every_declared_channel() -> None:
     from statemachines.glue import LINKS, SESSION
     from statemachines.routing import ROUTES
+    from statemachines.system import FOLLOW_ORDER, TEARDOWN, WATCHES
 
     view = system_view(MACHINES)
     assert view.machines == tuple(MACHINES)
@@ -300,24 +301,35 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
         ch = by_pair[("room", r.machine, "route")]
         assert f"{r.fact} → {r.event}" in ch.short
         assert any(line.startswith(r.fact) and line.endswith(f"→ {r.event}") for line in ch.lines)
+    steps = [t.name for t in TEARDOWN]
     for k in LINKS:
         source = "session" if k.source == SESSION else k.source
         ch = by_pair[(source, k.target, "link")]
-        assert f"{k.on} → {k.event}" in ch.short
-    # the playout machine's follows, evaluated on the transitions the specs declare
-    assert by_pair[("avatar", "playout", "watch")].lines == (
-        "leaves joined, clearing for failed, closed → avatar_left",
+        at = f" step {steps.index(k.step) + 1}" if k.step else ""
+        assert f"{k.on}{at} → {k.event}" in ch.short
+    for w in WATCHES:
+        assert any(
+            line.endswith(f"→ {w.event}") for line in by_pair[(w.source, w.target, "watch")].short
+        )
+    # what the declarations say, in words
+    assert by_pair[("avatar", "playout", "watch")].short == (
+        "leaves joined or clearing → avatar_left",
     )
-    assert by_pair[("participant", "playout", "watch")].lines == (
-        "leaves linked for grace, closing, closed → user_left",
-    )
+    assert by_pair[("job", "agent_job", "watch")].short == ("enters closed → job_closed",)
     assert "agent thinking → agent_thinking" in by_pair[("session", "playout", "watch")].lines
+    # the follow order on the room's arrows, the teardown's step numbers on run_close's
+    for i, machine in enumerate(FOLLOW_ORDER):
+        assert by_pair[("room", machine, "route")].heading.startswith(("1st", "2nd", "3rd")[i])
+    assert by_pair[("job", "session_host", "link")].short == ("run_close step 1 → close",)
+    assert [name for name, _ in view.orders] == ["TEARDOWN", "RELEASE"]
+    assert view.orders[0][1][0][0] == "host (30%)"
     files = system_files(MACHINES)
     dot_text, mmd = files["whole-job.dot"], files["whole-job.mmd"]
     assert dot_text.count(" -> ") == len(view.channels)
     assert sum(1 for ln in mmd.splitlines() if "-->|" in ln or "-.->|" in ln) == len(view.channels)
     for name in MACHINES:
         assert f'  "{name}";' in dot_text
+    assert "TEARDOWN, in order" in dot_text and "RELEASE, in order" in mmd
 
 
 def test_agent_states_are_livekits() -> None:
@@ -357,7 +369,7 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
     fake.TEARDOWN = (  # type: ignore[attr-defined]
         "session_host",
         ("avatar", "participant"),
-        {"machine": "room_deletion", "bound": 10},
+        {"name": "room", "bound": 0.25, "what": "the room goes"},
     )
     monkeypatch.setitem(sys.modules, "statemachines.system", fake)
     view = system_view(MACHINES)
@@ -367,18 +379,38 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
         ("participant", "playout"),
         ("session", "playout"),  # not a machine: its function is named, not evaluated
     ]
-    assert watches[2].lines == ("event_of agent_state_event",)
     assert watches[0].lines == ("leaves joined, clearing for failed, closed → avatar_left",)
-    assert watches[1].lines == ("note the link",)
+    assert watches[1].lines == ("state changes - the link",)
+    assert watches[2].lines[0] == "event_of agent_state_event"
     assert view.follow_order == ("job", "avatar", "participant")
-    assert view.teardown == (
-        "session_host",
-        "avatar and participant (at once)",
-        "machine room_deletion, bound 10",
+    ((name, steps),) = view.orders
+    assert name == "TEARDOWN"
+    assert steps == (
+        ("session_host", "session_host"),
+        ("avatar and participant (at once)", "avatar and participant (at once)"),
+        ("room (25%)", "room (25%): the room goes"),
     )
     dot_text = system_dot(view)
-    assert "facts followed in order:\\njob, avatar, participant" in dot_text
+    assert "(1st to hear a fact)" in dot_text
     assert "2. avatar and participant" in dot_text
     section = "\n".join(system_markdown(view))
     assert "Room facts are followed in this order: job, avatar, participant." in section
-    assert "3. machine room_deletion, bound 10" in section
+    assert "3. room (25%): the room goes" in section
+
+
+def test_the_whole_job_without_statemachines_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A revision before issue 24: the playout machine's follows come from glue's functions."""
+    import sys
+
+    import statemachines.glue  # today's glue reads the module itself: loaded before it goes
+
+    assert statemachines.glue.LINKS
+    monkeypatch.setitem(sys.modules, "statemachines.system", None)  # import fails as if absent
+    view = system_view(MACHINES)
+    assert view.orders == () and view.follow_order == ()
+    by_pair = {(c.source, c.target, c.kind): c for c in view.channels}
+    assert by_pair[("avatar", "playout", "watch")].lines == (
+        "leaves joined, clearing for failed, closed → avatar_left",
+    )
+    assert ("job", "agent_job", "watch") not in by_pair
+    assert "(`WATCHES`)" not in "\n".join(system_markdown(view))

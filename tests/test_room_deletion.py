@@ -48,7 +48,16 @@ def rig_with(deleter: Deleter, **opts: Any) -> JobRig:
 
 
 async def hung_disconnect(**_: Any) -> None:
-    await asyncio.Event().wait()  # the room work never finishes: the close bound ends it
+    """A disconnect that hangs and swallows the cut at its step's share: only the job's
+    whole close bound ends it (the second cancellation, as ``closing`` is left)."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        await asyncio.Event().wait()
+
+
+async def slow_disconnect(**_: Any) -> None:
+    await asyncio.Event().wait()  # hangs, but can be cut
 
 
 def deletion_path(rig: JobRig) -> list[tuple[float, str, str, str]]:
@@ -91,12 +100,12 @@ async def test_the_shutdown_callbacks_wait_for_the_deletion() -> None:
     rt = rig.runtime
     await rt.start()
     rt.shutdown("done")
-    await rig.clock.advance(3)
+    await rig.clock.advance(2)  # within the room step's share of close_timeout (2.5 s)
     assert rt.state == "closing" and rt.deletion.state == "deleting" and rig.callbacks == []
     deleter.gate.set()
     await rig.settle()
-    assert rig.callbacks == [(3.0, "done")] and rt.room_deleted_at == 3.0
-    assert (rt.state, rt.closed_at) == ("closed", 3.0)
+    assert rig.callbacks == [(2.0, "done")] and rt.room_deleted_at == 2.0
+    assert (rt.state, rt.closed_at) == ("closed", 2.0)
     await rt.aclose()
 
 
@@ -178,12 +187,34 @@ async def test_a_failing_deletion_is_logged_and_the_close_goes_on(
 
 
 @pytest.mark.parametrize("asked", [True, False])
+async def test_a_hung_disconnect_is_cut_at_its_share_and_the_room_work_goes_on(
+    asked: bool,
+) -> None:
+    deleter = Deleter()
+    rig = rig_with(deleter)
+    rt = rig.runtime
+    rig.room.disconnect = slow_disconnect  # type: ignore[method-assign]
+    await rt.start()
+    if asked:
+        rt.request_room_deletion()
+    rt.shutdown("done")
+    await rig.clock.advance(10)
+    # cut at its share of close_timeout (a quarter): the deletion and the callbacks still ran
+    assert rt.state == "closed" and rt.closed_at is not None and rt.closed_at < 10
+    assert rt.deletion.state == ("deleted" if asked else "allowed")
+    assert deleter.calls == ([2.5] if asked else [])
+    assert rig.callbacks == [(2.5, "done")]
+    await rt.aclose()
+
+
+@pytest.mark.parametrize("asked", [True, False])
 async def test_a_close_cut_before_the_room_work_deletes_nothing(
     asked: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The job's close bound ends a room work that never finished, so the deletion was
-    never allowed: asked for, it is abandoned at release and says so; not asked, it is
-    released quietly. Either way the room is not deleted."""
+    """The job's close bound ends a room work that never finished (a disconnect that does
+    not even yield to its step's cut), so the deletion was never allowed: asked for, it is
+    abandoned at release and says so; not asked, it is released quietly. Either way the
+    room is not deleted."""
     deleter = Deleter()
     rig = rig_with(deleter)
     rt = rig.runtime

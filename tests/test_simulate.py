@@ -57,6 +57,7 @@ def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
         "participant": "closed",
         "finalize": "closed",
         "room_deletion": "deleted",
+        "agent_job": "closed",
     }
     facts = r["facts"]
     for key in (

@@ -305,13 +305,14 @@ class _Simulation:
 
     # -- waiting for real work ---------------------------------------------------------------
     def _busy(self) -> bool:
-        """Real (not virtual-time) work in flight: a session closing, the job's close work,
-        the participant link waiting on a session close."""
+        """Real (not virtual-time) work in flight: a session closing, the job's close work
+        (its machine's and its own teardown's), the participant link waiting on a session
+        close."""
         for s in self.sessions.values():
             task = s._closing_task
             if task is not None and not task.done():
                 return True
-        if self.job.state == "closing":
+        if self.job.state == "closing" or self.agent_job.lifecycle == "closing":
             return True
         if self.link.state == "closing":
             return True
@@ -417,11 +418,11 @@ async def run_scenario(
             await sim.run()
             result = sim.result(memory.records)
         finally:
+            if jsonl is not None:
+                jsonl.close()  # the trace ends where the scenario did, before the teardown
             # tearing down mid-scenario makes the SDK's own tasks complain; nothing to see
             with quiet_sdk_logs(logging.CRITICAL):
                 await sim.aclose()
-            if jsonl is not None:
-                jsonl.close()
     if jsonl is not None and jsonl.failed is not None:
         # the run went on without it (tracing is observation); say the file is incomplete
         result["trace_error"] = jsonl.failed

@@ -54,6 +54,7 @@ class Channel:
     kind: str  # route | link | watch
     lines: tuple[str, ...]  # every declaration in full, as the table under the diagram lists
     short: tuple[str, ...] = ()  # what the arrow says: each fact or effect and its event
+    heading: str = ""  # a line above them (the room's arrows: their place in the follow order)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class SystemView:
     outside: tuple[str, ...]  # the room and the session: sources that are not machines
     channels: tuple[Channel, ...]
     follow_order: tuple[str, ...]  # empty: not declared
-    teardown: tuple[str, ...]  # one line per step; empty: not declared
+    # declared orders (statemachines.system's TEARDOWN, RELEASE): their steps as
+    # (what the diagram says, what the table says)
+    orders: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
 
 
 def _system_module() -> Any:
@@ -132,42 +135,58 @@ def _change_summary(
     return out
 
 
+def _watch(item: Any, machines: Mapping[str, MachineSpec]) -> Channel | None:
+    """One declared watch as a channel; None when it does not name two ends."""
+    fields = _fields(item)
+    ends = (*machines, ROOM, SESSION)
+    source, target = fields.get("source"), fields.get("target")
+    if source not in ends or target not in ends:
+        named = [v for v in fields.values() if isinstance(v, str) and v in ends]
+        if len(named) < 2:
+            return None  # listed under the diagram only
+        source, target = named[0], named[1]
+    event = fields.get("event")
+    note = fields.get("note") or fields.get("description") or ""
+    what: list[str] = []
+    if fields.get("leaving"):
+        what.append(f"leaves {' or '.join(_text(x) for x in fields['leaving'])}")
+    if fields.get("entering"):
+        what.append(f"enters {' or '.join(_text(x) for x in fields['entering'])}")
+    if not what:  # another shape: a function of a change, or fields printed as they are
+        for key, value in fields.items():
+            if key in ("source", "target", "event", "note", "description"):
+                continue
+            if value in (source, target) or value in ("", None, ()):
+                continue
+            if callable(value) and source in machines:
+                summary = _change_summary(value, machines[str(source)])
+                if summary:
+                    what += [f"{when} → {ev}" for ev, when in summary]
+                    continue
+            what.append(f"{key} {_text(value)}".strip())
+    short = [f"{w} → {event}" if event else w for w in what] or [
+        f"state changes → {event}" if event else "state changes"
+    ]
+    full = [f"{line} - {note}" if note else line for line in short]
+    return Channel(str(source), str(target), "watch", tuple(full), tuple(short))
+
+
 def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any) -> list[Channel]:
     declared = getattr(system, "WATCHES", None) if system is not None else None
     out: list[Channel] = []
     if declared is not None:
-        for item in declared:
-            fields = _fields(item)
-            named = [
-                v
-                for v in fields.values()
-                if isinstance(v, str) and (v in machines or v in (ROOM, SESSION))
-            ]
-            if len(named) < 2:
-                continue  # drawn in the list under the diagram only
-            source, target = named[0], named[1]
-            lines: list[str] = []
-            for key, value in fields.items():
-                if value in (source, target) or value in ("", None, ()):
-                    continue
-                if callable(value) and source in machines:
-                    summary = _change_summary(value, machines[source])
-                    if summary:
-                        lines += [f"{when} → {event}" for event, when in summary]
-                        continue
-                lines.append(f"{key} {_text(value)}".strip())
-            out.append(Channel(source, target, "watch", tuple(lines) or ("state changes",)))
-        return out
-    # no declared watches yet: the playout machine's follows, from glue's functions
-    follows = (("avatar", "avatar_change_event"), ("participant", "link_change_event"))
-    for source, fn_name in follows:
-        fn = getattr(glue, fn_name, None)
-        if fn is None or source not in machines or "playout" not in machines:
-            continue
-        summary = _change_summary(fn, machines[source])
-        if summary:
-            lines = [f"{when} → {event}" for event, when in summary]
-            out.append(Channel(source, "playout", "watch", tuple(lines)))
+        out += [ch for ch in (_watch(item, machines) for item in declared) if ch is not None]
+    else:
+        # no declared watches (before statemachines.system): the playout machine's follows
+        follows = (("avatar", "avatar_change_event"), ("participant", "link_change_event"))
+        for source, fn_name in follows:
+            fn = getattr(glue, fn_name, None)
+            if fn is None or source not in machines or "playout" not in machines:
+                continue
+            lines = tuple(f"{when} → {ev}" for ev, when in _change_summary(fn, machines[source]))
+            if lines:
+                out.append(Channel(source, "playout", "watch", lines, lines))
+    # the session is not a machine: the playout machine follows its agent state by function
     agent_fn = getattr(glue, "agent_state_event", None)
     if agent_fn is not None and "playout" in machines:
         by_event: dict[str, list[str]] = {}
@@ -175,9 +194,49 @@ def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any)
             event = agent_fn(state)
             if event:
                 by_event.setdefault(event, []).append(state)
-        lines = [f"agent {' or '.join(states)} → {e}" for e, states in by_event.items()]
-        out.append(Channel(SESSION, "playout", "watch", tuple(lines)))
+        lines = tuple(f"agent {' or '.join(st)} → {e}" for e, st in by_event.items())
+        out.append(Channel(SESSION, "playout", "watch", lines, lines))
     return out
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _order(items: Any) -> tuple[tuple[str, str], ...]:
+    """Steps of a declared order as (what the diagram says, what the table says)."""
+    steps: list[tuple[str, str]] = []
+    previous = ""
+    for item in items:
+        if isinstance(item, str):
+            steps.append((item, item))
+        elif isinstance(item, (tuple, list, frozenset, set)) and all(
+            isinstance(x, str) for x in item
+        ):
+            text = " and ".join(_text(x) for x in item) + (" (at once)" if len(item) > 1 else "")
+            steps.append((text, text))
+        else:
+            fields = _fields(item)
+            name = _text(fields.get("name", ""))
+            bound = fields.get("bound")
+            after = tuple(fields.get("after") or ())
+            short = name or ", ".join(f"{k} {_text(v)}" for k, v in fields.items() if v)
+            if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+                short += f" ({bound:.0%})"
+            if after and after != (previous,):
+                short += f" after {' and '.join(_text(a) for a in after)}"
+            rest = {
+                k: v
+                for k, v in fields.items()
+                if k not in ("name", "bound", "after") and v not in ("", None, ())
+            }
+            full = short + "".join(
+                f": {_text(v)}" if k in ("what", "description") else f", {k} {_text(v)}"
+                for k, v in rest.items()
+            )
+            steps.append((short, full))
+            previous = name
+    return tuple(steps)
 
 
 def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
@@ -187,6 +246,22 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     system = _system_module()
     grouped: dict[tuple[str, str, str], list[str]] = {}
     short: dict[tuple[str, str, str], list[str]] = {}
+    follow = tuple(_text(x) for x in (getattr(system, "FOLLOW_ORDER", None) or ()))
+    orders = tuple(
+        (name, _order(getattr(system, name)))
+        for name in ("TEARDOWN", "RELEASE")
+        if system is not None and getattr(system, name, None)
+    )
+    # a teardown step's place in its order, so the arrows it fires carry it
+    step_number = {
+        _text(_fields(item).get("name", "")): i
+        for i, item in enumerate(getattr(system, "TEARDOWN", None) or (), 1)
+    }
+    # the order machines hear a room fact in, on the room's arrows
+    heading = {
+        (ROOM, machine, "route"): f"{_ordinal(i)} to hear a fact"
+        for i, machine in enumerate(follow, 1)
+    }
     # the declarations may move into statemachines.system (issue 24): read them there first
     routes = _declared("ROUTES", system, routing)
     links = _declared("LINKS", system, glue)
@@ -205,41 +280,35 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
         source = SESSION if f.get("source") == session else str(f.get("source"))
         key = (source, str(f.get("target")), "link")
         grouped.setdefault(key, []).append(f"{on}{step}{when} → {f.get('event')}")
-        short.setdefault(key, []).append(f"{on} → {f.get('event')}")
+        at = ""
+        if f.get("step"):
+            number = step_number.get(_text(f["step"]))
+            at = f" step {number}" if number else f" step {f['step']}"
+        short.setdefault(key, []).append(f"{on}{at} → {f.get('event')}")
     for ch in _watch_channels(machines, system, glue):
         key = (ch.source, ch.target, ch.kind)
         grouped.setdefault(key, []).extend(ch.lines)
-        short.setdefault(key, []).extend(ch.lines)
+        short.setdefault(key, []).extend(ch.short)
     # the arrow says which fact or effect gives which event; conditions, steps and flags
     # are in the table under the diagram (an arrow per declaration would not fit a page)
     channels = tuple(
-        Channel(s, t, kind, tuple(v), tuple(dict.fromkeys(short[(s, t, kind)])))
+        Channel(
+            s,
+            t,
+            kind,
+            tuple(v),
+            tuple(dict.fromkeys(short[(s, t, kind)])),
+            heading.get((s, t, kind), ""),
+        )
         for (s, t, kind), v in grouped.items()
     )
-    follow = getattr(system, "FOLLOW_ORDER", None) if system is not None else None
-    teardown = getattr(system, "TEARDOWN", None) if system is not None else None
-    steps: list[str] = []
-    for item in teardown or ():
-        if isinstance(item, (tuple, list, frozenset, set)) and all(
-            isinstance(x, str) for x in item
-        ):
-            steps.append(
-                " and ".join(_text(x) for x in item) + (" (at once)" if len(item) > 1 else "")
-            )
-        else:
-            fields = _fields(item)
-            steps.append(
-                ", ".join(
-                    f"{k} {_text(v)}".strip() for k, v in fields.items() if v not in ("", None, ())
-                )
-            )
     used = {c.source for c in channels} | {c.target for c in channels}
     return SystemView(
         machines=tuple(machines),
         outside=tuple(n for n in (ROOM, SESSION) if n in used and n not in machines),
         channels=channels,
-        follow_order=tuple(_text(x) for x in (follow or ())),
-        teardown=tuple(steps),
+        follow_order=follow,
+        orders=orders,
     )
 
 
@@ -253,6 +322,8 @@ _KIND_STYLE = {  # DOT edge attributes per kind of channel, and the legend's wor
 
 def _channel_label(ch: Channel, width: int) -> list[str]:
     rows = [f"{BULLET}{line}" for line in ch.short] if len(ch.short) > 1 else list(ch.short)
+    if ch.heading:
+        rows.insert(0, f"({ch.heading})")
     return [part for row in rows for part in wrap(row, width)]
 
 
@@ -266,12 +337,6 @@ def system_dot(view: SystemView) -> str:
     ]
     for name in view.outside:
         label = _dot_escape(name)
-        if name == ROOM and view.follow_order:
-            label += "\\n" + _dot_lines(
-                ["facts followed in order: " + ", ".join(view.follow_order)],
-                left=False,
-                width=BOX_WRAP,
-            )
         lines.append(f'  {_dot_quote(name)} [label="{label}", shape=ellipse, style=dashed];')
     for name in view.machines:
         lines.append(f"  {_dot_quote(name)};")
@@ -280,10 +345,10 @@ def system_dot(view: SystemView) -> str:
         label = "".join(_dot_escape(p) + "\\l" for p in _channel_label(ch, 22))
         attrs = f'label="{label}"' + (f", {style}" if style else "")
         lines.append(f"  {_dot_quote(ch.source)} -> {_dot_quote(ch.target)} [{attrs}];")
-    if view.teardown:
-        steps = [f"{i}. {s}" for i, s in enumerate(view.teardown, 1)]
-        label = "teardown, in order\\n" + _dot_lines(steps, left=True, width=BOX_WRAP)
-        lines.append(f'  "__teardown__" [label="{label}", shape=note, fontsize=13];')
+    for n, (name, steps) in enumerate(view.orders):
+        items = [f"{i}. {short}" for i, (short, _) in enumerate(steps, 1)]
+        label = f"{_dot_escape(name)}, in order\\n" + _dot_lines(items, left=True, width=BOX_WRAP)
+        lines.append(f'  "__order_{n}__" [label="{label}", shape=note, fontsize=13];')
     # an HTML-like label, so each kind's line has its arrows' colour
     legend = "<br/>".join(
         f'<font color="{_COLOURS.get(kind, "#000000")}">{kind}: {words}</font>'
@@ -297,21 +362,28 @@ def system_dot(view: SystemView) -> str:
 def system_mermaid(view: SystemView) -> str:
     """A Mermaid flowchart (left to right, as the DOT) of the same boxes and channels."""
     ids = _mermaid_ids([*view.outside, *view.machines])
-    lines = ["---", f"title: {NAME}", "---", "flowchart LR"]
+    # closer than Mermaid's defaults (50, 50): the labels read at a page's width
+    lines = [
+        "---",
+        f"title: {NAME}",
+        "config:",
+        "  flowchart:",
+        "    nodeSpacing: 20",
+        "    rankSpacing: 25",
+        "---",
+        "flowchart LR",
+    ]
     for name in view.outside:
-        label = name
-        if name == ROOM and view.follow_order:
-            label += " - facts followed in order: " + ", ".join(view.follow_order)
-        lines.append(f'    {ids[name]}(["{_flow_text(label)}"])')
+        lines.append(f'    {ids[name]}(["{_flow_text(name)}"])')
     for name in view.machines:
         lines.append(f'    {ids[name]}["{_flow_text(name)}"]')
     arrows = {"route": "-->", "link": "-->", "watch": "-.->"}
     for ch in view.channels:
         label = "<br>".join(_flow_text(p) for p in _channel_label(ch, 22))
         lines.append(f'    {ids[ch.source]} {arrows[ch.kind]}|"{label}"| {ids[ch.target]}')
-    if view.teardown:
-        steps = "<br>".join(_flow_text(f"{i}. {s}") for i, s in enumerate(view.teardown, 1))
-        lines.append(f'    teardown_order["teardown, in order<br>{steps}"]')
+    for n, (name, steps) in enumerate(view.orders):
+        items = "<br>".join(_flow_text(f"{i}. {short}") for i, (short, _) in enumerate(steps, 1))
+        lines.append(f'    order_{n}["{_flow_text(name)}, in order<br>{items}"]')
     for kind, colour in (("route", "#1f6feb"), ("watch", "#8250df")):
         numbers = [str(i) for i, ch in enumerate(view.channels) if ch.kind == kind]
         if numbers:  # the same colours as the SVG's
@@ -332,14 +404,15 @@ def system_markdown(view: SystemView) -> list[str]:
         "## The whole job",
         "",
         "Every machine, and every declared channel between them: room facts to events "
-        "(`statemachines/routing.py`), effect outcomes to events (`statemachines/glue.py` "
-        "`LINKS`) and the state changes a machine follows"
+        "(`ROUTES`), effect outcomes to events (`LINKS`), the state changes a machine "
+        "follows"
         + (
-            ", the follow and teardown orders (`statemachines/system.py`)"
-            if view.teardown or view.follow_order
-            else ""
+            " (`WATCHES`), the order machines follow the room in and the teardown orders "
+            "(`statemachines/system.py`)"
+            if view.orders or view.follow_order
+            else " (the playout machine's, `statemachines/glue.py`)"
         )
-        + f". Graphviz: [{NAME}.dot]({NAME}.dot).",
+        + f". Graphviz: [{NAME}.dot]({NAME}.dot), [{NAME}.svg]({NAME}.svg).",
         "",
         "```mermaid",
         system_mermaid(view).rstrip("\n"),
@@ -353,9 +426,9 @@ def system_markdown(view: SystemView) -> list[str]:
         out.append(f"| {_md(ch.source)} | {_md(ch.target)} | {ch.kind} | {what} |")
     if view.follow_order:
         out += ["", "Room facts are followed in this order: " + ", ".join(view.follow_order) + "."]
-    if view.teardown:
-        out += ["", "Teardown, in order:", ""]
-        out += [f"{i}. {_md(s)}" for i, s in enumerate(view.teardown, 1)]
+    for name, steps in view.orders:
+        out += ["", f"`{name}`, in order (a step's share of the whole bound in brackets):", ""]
+        out += [f"{i}. {_md(full)}" for i, (_, full) in enumerate(steps, 1)]
     return out
 
 

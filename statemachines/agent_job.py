@@ -1,0 +1,91 @@
+"""The job's own lifecycle: what ``AgentJob.start()``, ``aclose()`` and an abort do, in any
+order and at once.
+
+``start`` is the whole start (``AgentJob.start()``); ``start_part`` one part of it
+(``start_runtime``, ``start_avatar``, ``start_session``: the avatar may start before or
+after the session). The job is ``running`` once its session runs. ``close`` is a graceful
+``aclose()``: the ``job`` machine shuts down (holding for a simulator if one can still
+ask); ``abort`` is ``aclose(graceful=False)``: the same teardown with no hold. Either way
+``closing`` runs the declared teardown (``statemachines.system.TEARDOWN``) as its task: the
+parts of a start still running are cut, the ``job`` machine closes (host, session,
+avatar, room, callbacks), then the followers are released; ``released`` ends it. The ``job``
+machine closing on its own (the user left, the room went away) is ``job_closed``.
+"""
+
+from .spec import Cell, Effect, MachineSpec, State, cells, row
+
+STARTS = ["start", "start_part"]
+EVENTS = (
+    "start",  # AgentJob.start(): the whole start
+    "start_part",  # one part of it: the runtime, the avatar, the session
+    "started",  # the session runs under the job
+    "start_failed",  # a part of the start raised (its caller gets the error)
+    "close",  # aclose(): shut down, honouring the bounded hold
+    "abort",  # aclose(graceful=False): the same teardown, no hold
+    "job_closed",  # the job machine closed on its own
+    "released",  # the teardown's steps have all run (or been cut at their bounds)
+)
+UP = ["starting", "running"]
+
+
+def _refused(states: list[str], note: str) -> list[Cell]:
+    return cells(states, STARTS, note)
+
+
+AGENT_JOB = MachineSpec(
+    name="agent_job",
+    description="One per AgentJob: started once, closed once, whatever the order of the calls.",
+    initial="new",
+    states=(
+        State(name="new", description="built; nothing follows the room, no task runs"),
+        State(name="starting", description="the runtime, the avatar and the session start"),
+        State(name="running", description="the session runs under the job"),
+        State(
+            name="closing",
+            invoke=("run_teardown",),
+            description="the declared teardown: starts cut, the job closed, followers released",
+        ),
+        State(name="closed", final=True, description="every listener and task released"),
+    ),
+    events=EVENTS,
+    effects=(
+        Effect(
+            name="run_teardown",
+            error_event="released",
+            description="cut the start, close the job machine, release (each step bounded)",
+        ),
+        Effect(name="ask_shutdown", description="the job machine: shutdown (it may hold)"),
+        Effect(name="ask_abort", description="the job machine: abort (no hold)"),
+    ),
+    rows=(
+        *row("new", "start", "starting"),
+        *row("new", "start_part", "starting"),
+        *row("new", "close", "closing", effects=["ask_shutdown"]),
+        *row("new", "abort", "closing", effects=["ask_abort"]),
+        # another part of the start (the avatar before or after the session) goes on
+        *row(UP, "start_part", None),
+        *row("starting", "started", "running"),
+        # what did start is released; start() raises the part's error
+        *row("starting", "start_failed", "closing", effects=["ask_abort"]),
+        *row(UP, "close", "closing", effects=["ask_shutdown"]),
+        *row(UP, "abort", "closing", effects=["ask_abort"]),
+        *row(UP, "job_closed", "closing"),
+        # an abort while a graceful close holds ends the hold: the close goes on without it
+        *row("closing", "abort", None, effects=["ask_abort"]),
+        *row("closing", "released", "closed"),
+    ),
+    ignore=(
+        *cells("new", ["started", "start_failed", "job_closed", "released"], "nothing runs"),
+        *cells(UP, "released", "no teardown runs"),
+        *cells("running", "started", "the session already runs"),
+        *cells("running", "start_failed", "a later part's failure is its caller's to handle"),
+        *cells("closing", ["started", "start_failed"], "the start was cut"),
+        *cells("closing", ["close", "job_closed"], "already closing"),
+        *cells("closed", [e for e in EVENTS if e not in STARTS], "the job is over"),
+    ),
+    reject=(
+        *cells("starting", "start", "the job is already starting"),
+        *cells("running", "start", "the job is already started"),
+        *_refused(["closing", "closed"], "the job is closed"),
+    ),
+)

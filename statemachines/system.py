@@ -1,0 +1,181 @@
+"""The system between the machines, as data: who follows the room in which order, which
+state change of one machine is an event of another, and the job's teardown.
+
+With ``routing.ROUTES`` (room facts to events) and ``glue.LINKS`` (effects to events) these
+are every channel of a job: the runtime delivers them, the diagrams draw them, the explorer
+imports them. Nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .avatar import PLUGIN_CLEARS
+from .machines import MACHINES
+
+# the order in which the machines of one job hear one room fact, whatever order their
+# runtimes were started in (the job first: a simulator leaving ends its hold before anything
+# else reacts; the avatar before the participant: a departure that is the avatar's is never
+# taken for the user's)
+FOLLOW_ORDER: tuple[str, ...] = ("job", "avatar", "participant")
+
+
+class Watch(BaseModel):
+    """When ``source`` changes state ``leaving`` one of ``leaving`` for a state outside it,
+    or ``entering`` one of ``entering`` from a state outside it, ``target`` gets ``event``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    leaving: tuple[str, ...] = ()
+    entering: tuple[str, ...] = ()
+    target: str
+    event: str
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _known(self) -> Watch:
+        where = f"watch {self.source} -> {self.target}.{self.event}"
+        if bool(self.leaving) == bool(self.entering):
+            raise ValueError(f"{where}: give exactly one of leaving or entering")
+        spec = MACHINES.get(self.source)
+        if spec is None:
+            raise ValueError(f"{where}: unknown machine {self.source!r}")
+        for s in (*self.leaving, *self.entering):
+            if s not in spec.state_names:
+                raise ValueError(f"{where}: machine {self.source!r} has no state {s!r}")
+        target = MACHINES.get(self.target)
+        if target is None:
+            raise ValueError(f"{where}: unknown target machine {self.target!r}")
+        if self.event not in target.events:
+            raise ValueError(f"{where}: machine {self.target!r} has no event {self.event!r}")
+        return self
+
+    def fires(self, source: str, dest: str) -> bool:
+        """Whether a change of ``self.source`` from ``source`` to ``dest`` fires it."""
+        if self.leaving:
+            return source in self.leaving and dest not in self.leaving
+        return dest in self.entering and source not in self.entering
+
+
+WATCHES: tuple[Watch, ...] = (
+    Watch(
+        source="avatar",
+        leaving=tuple(PLUGIN_CLEARS),
+        target="playout",
+        event="avatar_left",
+        note="the avatar's sink no longer reports: what it held is not heard",
+    ),
+    Watch(
+        source="participant",
+        leaving=("linked",),
+        target="playout",
+        event="user_left",
+        note="nobody to re-prompt",
+    ),
+    Watch(
+        source="job",
+        entering=("closed",),
+        target="agent_job",
+        event="job_closed",
+        note="the job closed on its own (the user left, the room went away): release the rest",
+    ),
+)
+
+
+def watched(source: str, from_state: str, to_state: str, target: str) -> tuple[str, ...]:
+    """The events ``target`` gets when ``source`` moves from ``from_state`` to ``to_state``."""
+    return tuple(
+        w.event
+        for w in WATCHES
+        if w.source == source and w.target == target and w.fires(from_state, to_state)
+    )
+
+
+class TeardownStep(BaseModel):
+    """One step of the job's close. It begins once every step in ``after`` has ended (or
+    been cut at its bound); ``bound`` is its share of ``close_timeout``. A cut step never
+    keeps the ones after it from running."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    after: tuple[str, ...] = ()
+    bound: float = Field(gt=0, le=1)
+    what: str
+
+
+# the job machine's run_close: its steps, in order (each link of run_close/STEP fires as
+# the step begins: statemachines.glue.LINKS). Their bounds add up to less than the whole,
+# so the state's own close_timeout only ever cuts a step that overran its share.
+TEARDOWN: tuple[TeardownStep, ...] = (
+    TeardownStep(
+        name="host",
+        bound=0.3,
+        what="the session host answers what it was answering, then stops reading",
+    ),
+    TeardownStep(
+        name="session",
+        after=("host",),
+        bound=1 / 6,
+        what="the session closes (its speech ends on the route it has)",
+    ),
+    TeardownStep(
+        name="avatar",
+        after=("session",),
+        bound=1 / 6,
+        what="the avatar closes while the room is connected (its participant removed)",
+    ),
+    TeardownStep(
+        name="room",
+        after=("avatar",),
+        bound=0.25,
+        what="the room disconnects; a deletion asked for is allowed and runs",
+    ),
+    TeardownStep(
+        name="callbacks",
+        after=("room",),
+        bound=0.1,
+        what="the shutdown callbacks, all at once (until the close's own bound)",
+    ),
+)
+# what AgentJob's closing does around the job machine's close: the start still running
+# is cut first, the followers of the room and the session are released last
+RELEASE: tuple[TeardownStep, ...] = (
+    TeardownStep(name="starts", bound=0.1, what="the parts of a start still running are cut"),
+    TeardownStep(
+        name="job",
+        after=("starts",),
+        bound=1.0,
+        what="the job machine closes (after its hold, if any): TEARDOWN",
+    ),
+    TeardownStep(
+        name="followers",
+        after=("job",),
+        bound=0.3,
+        what="playout, the participant link and the avatar stop; room and session unhooked",
+    ),
+)
+
+
+def _check_order(steps: tuple[TeardownStep, ...]) -> None:
+    seen: set[str] = set()
+    for s in steps:
+        missing = [a for a in s.after if a not in seen]
+        if missing:
+            raise ValueError(f"teardown step {s.name!r} comes after unknown {missing}")
+        seen.add(s.name)
+
+
+_check_order(TEARDOWN)
+_check_order(RELEASE)
+if sum(s.bound for s in TEARDOWN) > 1.0:
+    raise ValueError("the teardown's bounds add up to more than close_timeout")
+
+
+def bound_of(step: str, close_timeout: float) -> float:
+    """The seconds ``step`` of ``TEARDOWN`` (or ``RELEASE``) may take."""
+    for s in (*TEARDOWN, *RELEASE):
+        if s.name == step:
+            return s.bound * close_timeout
+    raise KeyError(f"no teardown step {step!r}")

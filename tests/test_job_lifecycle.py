@@ -1,0 +1,230 @@
+"""``AgentJob``'s own lifecycle: start, close and abort in any order and at once.
+
+Each case was observed to fail before the job's lifecycle was a machine of its own (issue
+24): an abort that left a hanging start, a graceful close that never returned, a host whose
+loops outlived the job, listeners subscribed again by a refused start, a second agent
+silently dropped, shutdown callbacks lost behind a hung deletion.
+
+Real: ``AgentSession`` with its RoomIO, every machine's runtime, the scripted avatar plugin
+(an ``AvatarSession`` subclass doing what the published plugins do, its base class's join
+watcher included). Faked, because they need a server: the room (``InMemoryRoom``, a real
+``rtc.Room`` with no connection), the session transport's byte stream (a paired in-memory
+transport carrying the real protobuf messages) and the room deletion's server API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+from livekit.agents.simulation import SimulationDispatch
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+
+from agent_runtime import AgentJob, VirtualClock, settle
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+SIM = {ATTRIBUTE_SIMULATOR: "1"}
+DISPATCH = SimulationDispatch(simulation_run_id="run-lc", job_id="simjob-lc")
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def room(clock: VirtualClock) -> InMemoryRoom:
+    room = InMemoryRoom(name="lc-room", clock=clock)
+    room.connect_locally()
+    return room
+
+
+class CountingAvatar(ScriptedAvatar):
+    """The scripted plugin, counting its ``aclose()`` calls."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.closes = 0
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        await super().aclose()
+
+
+def other_tasks() -> list[str]:
+    me = asyncio.current_task()
+    return sorted(t.get_name() for t in asyncio.all_tasks() if t is not me and not t.done())
+
+
+def agent() -> Agent:
+    return Agent(instructions="agent")
+
+
+async def test_an_abort_while_the_avatar_plugin_hangs_in_start_ends_the_start(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    listeners = room.listener_count()
+    plugin = CountingAvatar(start_delay=1e9, clock=clock)  # a provider that never answers
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    starting = asyncio.create_task(job.start(agent()))
+    await settle()
+    assert job.states["avatar"] == "starting" and job.lifecycle == "starting"
+    await asyncio.wait_for(job.aclose(graceful=False), 5)
+    with pytest.raises(RuntimeError, match="closed before it finished starting"):
+        await asyncio.wait_for(starting, 5)
+    await settle()
+    assert job.lifecycle == "closed"
+    # the plugin was closed (its join watcher and its two room listeners with it)
+    assert plugin.closes == 1
+    assert room.listener_count() == listeners
+    assert other_tasks() == []
+
+
+async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("simulator", attributes=SIM)
+    _sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        transport=agent_end,
+        simulation=DISPATCH,
+        otel=False,
+    )
+    await job.start(agent())
+    graceful = asyncio.create_task(job.aclose())
+    await settle()
+    assert job.states["job"] == "awaiting_finalize" and job.lifecycle == "closing"
+    await asyncio.wait_for(job.aclose(graceful=False), 5)
+    await asyncio.wait_for(graceful, 5)  # the graceful call returns too
+    assert job.lifecycle == "closed"
+    await settle()
+    assert other_tasks() == []
+
+
+async def test_an_abort_in_the_same_tick_as_a_graceful_close_ends_both(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    listeners = room.listener_count()
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start(agent())
+    graceful = asyncio.create_task(job.aclose())
+    aborting = asyncio.create_task(job.aclose(graceful=False))
+    await asyncio.wait_for(asyncio.gather(graceful, aborting), 5)
+    assert job.lifecycle == "closed"
+    assert job.states["job"] != "closing"  # not frozen half-way through its close
+    await settle()
+    assert room.listener_count() == listeners and other_tasks() == []
+
+
+async def test_an_abort_after_start_stops_the_host_and_closes_a_joined_avatar(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    listeners = room.listener_count()
+    plugin = CountingAvatar(clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    await job.start(agent())
+    room.add_participant("avatar")
+    room.publish_track("avatar", "video")
+    await settle()
+    assert job.states["avatar"] == "joined" and job.audio_route() == "avatar"
+    await asyncio.wait_for(job.aclose(graceful=False), 5)
+    await settle()
+    assert plugin.closes == 1  # the plugin's own aclose ran
+    assert job.audio_route() != "avatar"  # the route is off the avatar
+    assert job.lifecycle == "closed"
+    await job.session.aclose()  # an abort stops the machines; the session is the user's
+    await settle()
+    assert room.listener_count() == listeners
+    assert other_tasks() == []  # the host's read and write loops included
+
+
+async def test_start_after_close_is_refused_and_subscribes_nothing(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    for graceful in (True, False):
+        job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+        await job.aclose(graceful=graceful)
+        listeners = room.listener_count()
+        with pytest.raises(RuntimeError, match="this job is closed"):
+            await job.start(agent())
+        await settle()
+        assert room.listener_count() == listeners and other_tasks() == []
+        assert not job.session._started
+
+
+@pytest.mark.parametrize("with_avatar", [False, True], ids=["no-avatar", "avatar"])
+async def test_a_second_start_while_starting_is_refused_with_a_clear_error(
+    room: InMemoryRoom, clock: VirtualClock, with_avatar: bool
+) -> None:
+    avatar = CountingAvatar(start_delay=1.0, clock=clock) if with_avatar else None
+    job = AgentJob(room=room, session=AgentSession(), avatar=avatar, clock=clock, otel=False)
+    first = asyncio.create_task(job.start(agent()))
+    second = asyncio.create_task(job.start(agent()))
+    await settle()
+    await clock.advance(1.0)
+    results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
+    assert results[0] is None
+    assert isinstance(results[1], RuntimeError)
+    assert "already starting" in str(results[1])
+    assert job.lifecycle == "running" and job.session._started
+    await job.aclose()
+
+
+async def test_a_hung_room_deletion_does_not_lose_the_shutdown_callbacks(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    async def hangs() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    ran: list[tuple[str, float]] = []
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        delete_room_on_close=True,
+        delete_room=hangs,
+        close_timeout=10.0,
+        otel=False,
+    )
+    job.add_shutdown_callback(lambda reason: ran.append((reason, clock.now())))
+    await job.start(agent())
+    job.shutdown("done")
+    await settle()
+    for _ in range(12):
+        await clock.advance(1.0)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    # the callbacks ran once the deletion's share of the close was spent, well before the
+    # whole close's bound (10 s), and the job closed then
+    assert len(ran) == 1 and ran[0][0] == "done" and ran[0][1] < 10.0
+    assert job.closed_at is not None and job.closed_at < 10.0
+    assert job.room_deleted_at is None  # the deletion never returned: not counted as done
+    await asyncio.wait_for(job.aclose(), 5)  # the deletion was cut at its own bound
+    assert job.states["room_deletion"] == "abandoned"
+
+
+def test_the_room_fact_channels_are_registered_only_by_a_started_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    listeners = room.listener_count()
+    AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    assert room.listener_count() == listeners
+
+
+async def test_a_remote_disconnect_closes_the_lifecycle_too(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start(agent())
+    room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    await settle()
+    assert job.lifecycle == "closed"
+    assert job.states["job"] == "closed"
+    await job.aclose()
