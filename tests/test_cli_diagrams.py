@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -38,7 +39,10 @@ def test_writes_every_file_then_check_passes(
         if shutil.which("dot"):
             assert (out / f"{m}.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
     assert "README.md" in names
-    assert all(n == "README.md" or n.split(".")[0] in MACHINES for n in names)
+    assert all(n.split(".")[0] in (*MACHINES, "README", "whole-job") for n in names)
+    assert {"whole-job.mmd", "whole-job.dot"} <= names
+    if shutil.which("dot"):
+        assert (out / "whole-job.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
     assert (out / "job.mmd").read_text() == mermaid(MACHINES["job"])
     capsys.readouterr()
     assert main(["diagrams", "--check", "--out", str(out)]) == 0
@@ -141,3 +145,38 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([cmd, "--help"])
         assert exc.value.code == 0
         assert f"agent-runtime {cmd}" in capsys.readouterr().out
+
+
+def test_svgs_name_each_region_and_outline_a_linked_one(tmp_path: Path) -> None:
+    """`agent-runtime diff` links to diagrams/NAME.svg#REGION: the region exists, and the
+    SVG's own style outlines whichever region the link targets."""
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz is not installed")
+    assert main(["diagrams", "--out", str(tmp_path)]) == 0
+    svg = (tmp_path / "avatar.svg").read_text()
+    assert svg.count(":target") >= 2 and "stroke: #d1242f" in svg
+    ids = {el.get("id") for el in ElementTree.fromstring(svg.encode()).iter()}
+    for region in ("state--routing", "edge--starting--failed", "into--closed", "into--failed"):
+        assert region in ids
+    assert main(["diagrams", "--out", str(tmp_path)]) == 0  # styled once, not twice
+    assert (tmp_path / "avatar.svg").read_text().count("<style>") == 1
+
+
+def test_check_fails_when_a_channel_changes_until_regenerated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole job is drawn from the declarations: dropping a link makes it stale."""
+    from statemachines import glue
+
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    fewer = glue.without(glue.LINKS, "finalize", "report_answered", "job")
+    assert len(fewer) == len(glue.LINKS) - 1
+    monkeypatch.setattr(glue, "LINKS", fewer)
+    capsys.readouterr()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"stale: {out / 'whole-job.mmd'}" in err and f"stale: {out / 'whole-job.dot'}" in err
+    assert "avatar.mmd" not in err
+    assert main(["diagrams", "--out", str(out)]) == 0
+    assert "report_answered" not in (out / "whole-job.dot").read_text()

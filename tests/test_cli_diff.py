@@ -100,6 +100,14 @@ def test_uncommitted_and_committed_changes(repo: Path, capsys: pytest.CaptureFix
     assert "lamp: 2 changed\n" in out
     assert "  ~ (on, surge)\n      was: -> broken\n      now: ignore\n" in out
     assert "  ~ (on, press)\n      was: -> off\n      now: -> off / glow\n" in out
+    # each changed cell names the region of the diagram it is drawn in, as a link
+    assert (
+        "      now: -> off / glow\n      drawn: edge on -> off  (diagrams/lamp.svg#edge--on--off)\n"
+    ) in out
+    # a transition that became ignore: where it was drawn, in the picture before
+    assert (
+        "      now: ignore\n      drawn: edge on -> broken  (diagrams/lamp.svg#edge--on--broken)\n"
+    ) in out
 
     git(repo, "commit", "-qam", "lamp: surges no longer break a lit lamp")
     assert main(["diff", "HEAD"]) == 0
@@ -126,6 +134,10 @@ def test_added_and_removed_cells(repo: Path, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "lamp: 3 added\n" in out
     assert "  + (off, dim): reject\n" in out
+    assert (
+        "  + (off, dim): reject\n"
+        "      drawn: nowhere, dim is not a transition in off (the table: diagrams/lamp.md)\n"
+    ) in out
     assert "  + (broken, dim): ignore\n" in out
 
 

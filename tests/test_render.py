@@ -10,13 +10,24 @@ from pathlib import Path
 import pytest
 
 from agent_runtime.tools.render import (
+    BULLET,
+    Hub,
+    _edges,
     cell_table,
     diagram_files,
     dot,
+    drawing,
     dump_cell_table,
     markdown_table,
     mermaid,
     terminal_table,
+)
+from agent_runtime.tools.system_diagram import (
+    AGENT_STATES,
+    system_dot,
+    system_files,
+    system_markdown,
+    system_view,
 )
 from statemachines import Effect, MachineSpec, State, StateTimeout, cells, row
 from statemachines.machines import MACHINES
@@ -53,41 +64,108 @@ ALL = [*MACHINES.values(), ODD]
 IDS = [m.name for m in ALL]
 
 
+def _hub_sources(hub: Hub, spec: MachineSpec) -> dict[str, set[str]]:
+    """Row label -> the states a hub says it comes from."""
+    if hub.title == "from every other state":
+        union = {s.name for s in spec.states if s.name != hub.dest and not s.final}
+    else:
+        union = set(hub.title.removeprefix("from any of ").split(", "))
+    out: dict[str, set[str]] = {}
+    for line in hub.lines:
+        head, sep, label = line.partition(": ")
+        if sep and set(head.split(", ")) <= union and "[" not in head:
+            out[label] = set(head.split(", "))
+        else:
+            out[line] = union
+    return out
+
+
 @pytest.mark.parametrize("spec", ALL, ids=IDS)
-def test_mermaid_has_the_initial_marker_finals_and_one_edge_per_leaving_row(
+def test_the_drawing_shows_every_row_once(spec: MachineSpec) -> None:
+    """Each row is on its (source, dest) edge, in a hub into dest that names its source, or
+    listed inside its state (internal): nothing dropped, nothing drawn twice."""
+    d = drawing(spec)
+    shown: list[tuple[str, str | None, str]] = []
+    for edge in d.edges:
+        shown += [(edge.source, edge.dest, line) for line in edge.lines]
+    for hub in d.hubs:
+        for label, sources in _hub_sources(hub, spec).items():
+            shown += [(s, hub.dest, label) for s in sorted(sources)]
+    for box in d.states:
+        listed = [t.removeprefix(BULLET) for t in box.details if t.startswith(BULLET)]
+        shown += [(box.name, None, label) for label in listed]
+    expected = [(s, dst, label) for s, dst, _, label in _edges(spec)]
+    assert sorted(shown, key=str) == sorted(expected, key=str)
+    # one edge per (source, dest) pair, at most one hub per state
+    assert len({(e.source, e.dest) for e in d.edges}) == len(d.edges)
+    assert len({h.dest for h in d.hubs}) == len(d.hubs)
+
+
+def test_an_event_from_three_states_or_more_is_drawn_once() -> None:
+    d = drawing(MACHINES["avatar"])
+    (into_closed,) = [h for h in d.hubs if h.dest == "closed"]
+    assert into_closed.title == "from every other state"
+    assert "idle: close / unhook" in into_closed.lines
+    (into_failed,) = [h for h in d.hubs if h.dest == "failed"]
+    assert into_failed.title == "from any of starting, routing, joined, clearing"
+    assert into_failed.lines == (
+        "start_error / restore_route",
+        "routing, joined, clearing: avatar_left / restore_route",
+    )
+    assert not any(e.dest == "closed" for e in d.edges)
+    # two states entering one: still edges, one per pair with a line per row
+    (to_failed,) = [e for e in d.edges if (e.source, e.dest) == ("starting", "failed")]
+    assert to_failed.lines == (
+        "no_route / restore_route",
+        "start_timeout / record_route, restore_route",
+    )
+
+
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
+def test_mermaid_has_the_initial_marker_finals_and_an_edge_per_pair_and_hub(
     spec: MachineSpec,
 ) -> None:
     text = mermaid(spec)
     lines = text.splitlines()
     assert lines[3] == "stateDiagram-v2"
+    d = drawing(spec)
     edges = [ln for ln in lines if " --> " in ln and "[*]" not in ln]
-    assert len(edges) == sum(1 for r in spec.rows if r.dest is not None)
+    assert len(edges) == len(d.edges) + len(d.hubs)
     assert sum(1 for ln in lines if ln.strip().startswith("[*] -->")) == 1
     finals = [s for s in spec.states if s.final]
     assert sum(1 for ln in lines if ln.endswith("--> [*]")) == len(finals)
     for ln in lines[4:]:
-        # after the state id and its ` : `, a label may not hold ':' or ';' (they end it)
+        # after the state id and its ` : `, a label may not hold a bare ':' or ';' (they
+        # end it): both are Mermaid entity codes
         head, _, label = ln.partition(" : ")
-        assert ":" not in label and ";" not in label, ln
-        assert re.fullmatch(r"\s+(\[\*\]|\w+)( --> (\[\*\]|\w+))?|\s+state \"[^\"]+\" as \w+", head)
+        assert ":" not in label, ln
+        assert ";" not in re.sub(r"#\d+;", "", label), ln
+        assert re.fullmatch(
+            r"\s+(\[\*\]|\w+)( --> (\[\*\]|\w+))?|\s+state \"[^\"]+\" as \w+"
+            r"|\s+classDef hub .*|\s+class \w+ hub",
+            head,
+        ), ln
 
 
 def test_mermaid_lists_internal_rows_timeouts_and_tasks_in_the_state() -> None:
     text = mermaid(MACHINES["avatar"])
     assert "    routing : routing" in text  # the title line, so details do not replace it
-    assert "routing : timeout after join_timeout (default 30s) fires join_timeout" in text
-    assert "routing : room_connected / check_presence (internal)" in text
-    assert "joined --> clearing : interrupt [clear_pending]" in text
-    assert "clearing : task follow_plugin_clear while here" in text
-    assert "starting : timeout after join_timeout (default 30s) fires start_timeout" in text
-    assert "routing --> joined : avatar_connected [has_video]" in text
-    job = mermaid(MACHINES["job"])
-    assert "closing : task run_close while here" in job
-    assert "serving --> closing : shutdown [else]" in job
-    part = mermaid(MACHINES["participant"])
-    assert "linked --> grace : participant_disconnected [else if is_linked and grace_enabled]" in (
-        part
+    assert "routing : after join_timeout (30s)#58;\n    routing : join_timeout\n" in text
+    assert (
+        "routing : internal#58;\n    routing : \u2022 room_connected\n"
+        "    routing : / check_presence\n" in text
     )
+    assert "joined --> clearing : interrupt [clear_pending]" in text
+    assert "clearing : task follow_plugin_clear" in text
+    assert "routing --> joined : \u2022 avatar_connected [has_video]<br>\u2022 video_pub" in text
+    assert 'state "from every other state" as into_closed' in text
+    assert "into_closed : idle#58; close / unhook" in text
+    assert "into_closed --> closed\n    class into_closed hub" in text
+    job = mermaid(MACHINES["job"])
+    assert "closing : task run_close" in job
+    assert "[else]" in job.split("serving --> closing : ")[1].split("\n")[0]
+    part = mermaid(MACHINES["participant"])
+    assert "[else if is_linked and grace_enabled]" in part
 
 
 def test_odd_names_are_declared_with_safe_ids() -> None:
@@ -101,7 +179,8 @@ def test_odd_names_are_declared_with_safe_ids() -> None:
 @pytest.mark.parametrize("spec", ALL, ids=IDS)
 def test_dot_is_accepted_by_graphviz(spec: MachineSpec, tmp_path: Path) -> None:
     text = dot(spec)
-    assert text.count(" -> ") == sum(1 for r in spec.rows if r.dest is not None) + 1
+    d = drawing(spec)
+    assert text.count(" -> ") == len(d.edges) + len(d.hubs) + 1
     if shutil.which("dot") is None:
         pytest.skip("Graphviz is not installed")
     done = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True)
@@ -171,6 +250,8 @@ def test_output_is_deterministic() -> None:
     assert first == again
     assert list(first) == [
         *(f"{n}.{ext}" for n in MACHINES for ext in ("mmd", "dot", "md")),
+        "whole-job.mmd",
+        "whole-job.dot",
         "README.md",
     ]
 
@@ -203,3 +284,133 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
         assert (tmp_path / f"{name}.json").read_text() == dump_cell_table(cell_table(spec))
     assert main([]) == 2  # nothing asked: prints the help
     assert "--golden" in capsys.readouterr().out
+
+
+# -- the whole job ----------------------------------------------------------------------------
+
+
+def test_the_whole_job_draws_every_declared_channel() -> None:
+    from statemachines.glue import LINKS, SESSION
+    from statemachines.routing import ROUTES
+    from statemachines.system import FOLLOW_ORDER, TEARDOWN, WATCHES
+
+    view = system_view(MACHINES)
+    assert view.machines == tuple(MACHINES)
+    by_pair = {(c.source, c.target, c.kind): c for c in view.channels}
+    for r in ROUTES:
+        ch = by_pair[("room", r.machine, "route")]
+        assert f"{r.fact} → {r.event}" in ch.short
+        assert any(line.startswith(r.fact) and line.endswith(f"→ {r.event}") for line in ch.lines)
+    steps = [t.name for t in TEARDOWN]
+    for k in LINKS:
+        source = "session" if k.source == SESSION else k.source
+        ch = by_pair[(source, k.target, "link")]
+        at = f" step {steps.index(k.step) + 1}" if k.step else ""
+        assert f"{k.on}{at} → {k.event}" in ch.short
+    for w in WATCHES:
+        assert any(
+            line.endswith(f"→ {w.event}") for line in by_pair[(w.source, w.target, "watch")].short
+        )
+    # what the declarations say, in words
+    assert by_pair[("avatar", "playout", "watch")].short == (
+        "leaves joined or clearing → avatar_left",
+    )
+    assert by_pair[("job", "agent_job", "watch")].short == ("enters closed → job_closed",)
+    assert "agent thinking → agent_thinking" in by_pair[("session", "playout", "watch")].lines
+    # the follow order on the room's arrows, the teardown's step numbers on run_close's
+    for i, machine in enumerate(FOLLOW_ORDER):
+        assert by_pair[("room", machine, "route")].heading.startswith(("1st", "2nd", "3rd")[i])
+    assert by_pair[("job", "session_host", "link")].short == ("run_close step 1 → close",)
+    assert [name for name, _ in view.orders] == ["TEARDOWN", "RELEASE"]
+    assert view.orders[0][1][0][0] == "host (30%)"
+    files = system_files(MACHINES)
+    dot_text, mmd = files["whole-job.dot"], files["whole-job.mmd"]
+    assert dot_text.count(" -> ") == len(view.channels)
+    assert sum(1 for ln in mmd.splitlines() if "-->|" in ln or "-.->|" in ln) == len(view.channels)
+    for name in MACHINES:
+        assert f'  "{name}";' in dot_text
+    assert "TEARDOWN, in order" in dot_text and "RELEASE, in order" in mmd
+
+
+def test_agent_states_are_livekits() -> None:
+    from typing import get_args
+
+    from livekit.agents.voice.events import AgentState
+
+    assert set(AGENT_STATES) == set(get_args(AgentState))
+
+
+def test_the_whole_job_reads_statemachines_system_when_it_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24's module, in shapes it may take: watches as models naming two machines and a
+    function of a state change, the follow order, teardown steps (some run at once)."""
+    import sys
+    import types
+
+    from pydantic import BaseModel
+
+    from statemachines.glue import agent_state_event, avatar_change_event
+
+    class Watch(BaseModel):
+        source: str
+        target: str
+        event_of: object
+        note: str = ""
+
+    fake = types.ModuleType("statemachines.system")
+    fake.WATCHES = (  # type: ignore[attr-defined]
+        Watch(source="avatar", target="playout", event_of=avatar_change_event),
+        {"watched": "participant", "by": "playout", "note": "the link"},
+        ("job", "nobody"),  # names one machine only: listed, not drawn
+        {"source": "session", "target": "playout", "event_of": agent_state_event},
+    )
+    fake.FOLLOW_ORDER = ("job", "avatar", "participant")  # type: ignore[attr-defined]
+    fake.TEARDOWN = (  # type: ignore[attr-defined]
+        "session_host",
+        ("avatar", "participant"),
+        {"name": "room", "bound": 0.25, "what": "the room goes"},
+    )
+    monkeypatch.setitem(sys.modules, "statemachines.system", fake)
+    view = system_view(MACHINES)
+    watches = [c for c in view.channels if c.kind == "watch"]
+    assert [(c.source, c.target) for c in watches] == [
+        ("avatar", "playout"),
+        ("participant", "playout"),
+        ("session", "playout"),  # not a machine: its function is named, not evaluated
+    ]
+    assert watches[0].lines == ("leaves joined, clearing for failed, closed → avatar_left",)
+    assert watches[1].lines == ("state changes - the link",)
+    assert watches[2].lines[0] == "event_of agent_state_event"
+    assert view.follow_order == ("job", "avatar", "participant")
+    ((name, steps),) = view.orders
+    assert name == "TEARDOWN"
+    assert steps == (
+        ("session_host", "session_host"),
+        ("avatar and participant (at once)", "avatar and participant (at once)"),
+        ("room (25%)", "room (25%): the room goes"),
+    )
+    dot_text = system_dot(view)
+    assert "(1st to hear a fact)" in dot_text
+    assert "2. avatar and participant" in dot_text
+    section = "\n".join(system_markdown(view))
+    assert "Room facts are followed in this order: job, avatar, participant." in section
+    assert "3. room (25%): the room goes" in section
+
+
+def test_the_whole_job_without_statemachines_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A revision before issue 24: the playout machine's follows come from glue's functions."""
+    import sys
+
+    import statemachines.glue  # today's glue reads the module itself: loaded before it goes
+
+    assert statemachines.glue.LINKS
+    monkeypatch.setitem(sys.modules, "statemachines.system", None)  # import fails as if absent
+    view = system_view(MACHINES)
+    assert view.orders == () and view.follow_order == ()
+    by_pair = {(c.source, c.target, c.kind): c for c in view.channels}
+    assert by_pair[("avatar", "playout", "watch")].lines == (
+        "leaves joined, clearing for failed, closed → avatar_left",
+    )
+    assert ("job", "agent_job", "watch") not in by_pair
+    assert "(`WATCHES`)" not in "\n".join(system_markdown(view))

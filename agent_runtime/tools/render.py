@@ -16,6 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -156,80 +157,253 @@ def _edge_label(cell: list[CellRow], index: int, event: str) -> str:
     return f"{event}{cond}{effects}"
 
 
-def _edges(spec: MachineSpec) -> list[tuple[str, str | None, str]]:
-    """(source, dest, label) per row in spec order; dest None for internal rows."""
+def _edges(spec: MachineSpec) -> list[tuple[str, str | None, str, str]]:
+    """(source, dest, event, label) per row in spec order; dest None for internal rows."""
     by_cell: dict[tuple[str, str], list[CellRow]] = {}
     for r in spec.rows:
         by_cell.setdefault((r.source, r.event), []).append(
             {"dest": r.dest, "guards": list(r.guards), "effects": list(r.effects)}
         )
     seen: dict[tuple[str, str], int] = {}
-    out: list[tuple[str, str | None, str]] = []
+    out: list[tuple[str, str | None, str, str]] = []
     for r in spec.rows:
         key = (r.source, r.event)
         i = seen.get(key, 0)
         seen[key] = i + 1
-        out.append((r.source, r.dest, _edge_label(by_cell[key], i, r.event)))
+        out.append((r.source, r.dest, r.event, _edge_label(by_cell[key], i, r.event)))
+    return out
+
+
+# -- the drawing: what the Mermaid and DOT diagrams both draw -----------------------------------
+
+# A diagram reads at a 1,000 px review column only if its labels are short and its edges few:
+# rows of one (source, dest) pair share one edge, and an event that leads from HUB_SOURCES or
+# more states into one state is drawn once, as a box listing where it comes from.
+HUB_SOURCES = 3
+WRAP = 22  # characters an edge label's line holds before it wraps
+BOX_WRAP = 28  # the same for the lines listed in a box (a state's details, a hub's rows)
+# marks each row of a list (an edge's rows, a state's internal rows); not "- ", which
+# Mermaid reads as a Markdown list it then refuses to draw
+BULLET = "\u2022 "
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    dest: str
+    lines: tuple[str, ...]  # one row's label each, in the order the rows are tried
+
+
+@dataclass(frozen=True)
+class Hub:
+    """The rows into ``dest`` of events that lead there from several states, drawn as one
+    arrow from a box that says where they come from."""
+
+    ident: str  # unique among the drawing's node names
+    dest: str
+    title: str  # "from every other state", "from any of a, b, c"
+    lines: tuple[str, ...]  # one per distinct row label: "close / unhook (from idle)"
+
+
+@dataclass(frozen=True)
+class StateBox:
+    name: str
+    final: bool
+    details: tuple[str, ...]  # timeout, tasks, internal rows
+
+
+@dataclass(frozen=True)
+class Drawing:
+    name: str
+    initial: str
+    states: tuple[StateBox, ...]
+    edges: tuple[Edge, ...]
+    hubs: tuple[Hub, ...]
+
+
+def wrap(text: str, width: int | None = None) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces; a ``/`` or a
+    bullet stays with the word after it, and a word longer than ``width`` keeps its own
+    line."""
+    width = WRAP if width is None else width
+    words: list[str] = []
+    for w in text.split(" "):
+        if words and words[-1] in ("/", BULLET.strip()):
+            words[-1] += " " + w
+        elif w:
+            words.append(w)
+    lines: list[str] = []
+    for w in words:
+        if lines and len(lines[-1]) + 1 + len(w) <= width:
+            lines[-1] += " " + w
+        else:
+            lines.append(w)
+    return lines or [""]
+
+
+def _sources_text(sources: Sequence[str], dest: str, spec: MachineSpec) -> str:
+    others = [s.name for s in spec.states if s.name != dest and not s.final]
+    if list(sources) == others and len(others) > 1:
+        return "every other state"
+    return "any of " + ", ".join(sources)
+
+
+def _hubbed(rows: list[tuple[str, str | None, str, str]]) -> set[tuple[str, str]]:
+    """The (dest, event) pairs entered from HUB_SOURCES states or more."""
+    sources: dict[tuple[str, str], set[str]] = {}
+    for source, dest, event, _ in rows:
+        if dest is not None and source != dest:
+            sources.setdefault((dest, event), set()).add(source)
+    return {k for k, v in sources.items() if len(v) >= HUB_SOURCES}
+
+
+def drawing(spec: MachineSpec) -> Drawing:
+    """What both diagrams draw: the states with their details, one edge per (source, dest)
+    pair, and a hub per state that an event enters from ``HUB_SOURCES`` states or more."""
+    rows = _edges(spec)
+    order = [s.name for s in spec.states]
+    hubbed = _hubbed(rows)
+    into: dict[str, dict[str, list[str]]] = {}  # dest -> label -> sources, in row order
+    edges: dict[tuple[str, str], list[str]] = {}
+    internal: dict[str, list[str]] = {}
+    for source, dest, event, label in rows:
+        if dest is None:
+            internal.setdefault(source, []).append(label)
+        elif (dest, event) in hubbed and source != dest:
+            into.setdefault(dest, {}).setdefault(label, []).append(source)
+        else:
+            edges.setdefault((source, dest), []).append(label)
+    hubs: list[Hub] = []
+    used = set(order)
+    for dest in sorted(into, key=order.index):
+        labels = into[dest]
+        union = sorted({s for v in labels.values() for s in v}, key=order.index)
+        lines = tuple(
+            label if set(srcs) == set(union) else f"{', '.join(srcs)}: {label}"
+            for label, srcs in labels.items()
+        )
+        ident, n = f"into_{dest}", 2
+        while ident in used:
+            ident, n = f"into_{dest}_{n}", n + 1
+        used.add(ident)
+        hubs.append(Hub(ident, dest, f"from {_sources_text(union, dest, spec)}", lines))
+    boxes: list[StateBox] = []
+    for s in spec.states:
+        details: list[str] = []
+        if s.timeout is not None:
+            t = s.timeout
+            details.append(f"after {t.setting} ({_seconds(t.default)}): {t.event}")
+        details.extend(f"task {name}" for name in s.invoke)
+        if s.name in internal:
+            # internal rows (effects run, the state stays) under one heading
+            details.append("internal:")
+            details.extend(f"{BULLET}{label}" for label in internal[s.name])
+        boxes.append(StateBox(name=s.name, final=s.final, details=tuple(details)))
+    return Drawing(
+        name=spec.name,
+        initial=spec.initial,
+        states=tuple(boxes),
+        edges=tuple(Edge(s, d, tuple(v)) for (s, d), v in edges.items()),
+        hubs=tuple(hubs),
+    )
+
+
+# -- where a cell is drawn (for `agent-runtime diff`) --------------------------------------------
+
+
+def region_id(kind: str, *states: str) -> str:
+    """The SVG element id of a region of a machine's diagram: ``state--NAME`` (its box),
+    ``edge--SOURCE--DEST``, ``into--DEST`` (the box of rows entering DEST from many states)."""
+    return "--".join([kind, *(re.sub(r"\W", "_", s, flags=re.ASCII) for s in states)])
+
+
+def cell_regions(spec: MachineSpec) -> dict[str, dict[str, list[list[str]]]]:
+    """state -> event -> the regions its rows are drawn in, as ``[id, words]`` pairs, the
+    way ``drawing`` places them; an ``ignore`` or ``reject`` cell is drawn nowhere (the
+    table beside the diagram has it)."""
+    rows = _edges(spec)
+    hubbed = _hubbed(rows)
+    out: dict[str, dict[str, list[list[str]]]] = {}
+    for source, dest, event, _ in rows:
+        if dest is None:
+            region = [region_id("state", source), f"inside state {source}"]
+        elif (dest, event) in hubbed and source != dest:
+            region = [region_id("into", dest), f"the box of edges into {dest}"]
+        else:
+            region = [region_id("edge", source, dest), f"edge {source} -> {dest}"]
+        cell = out.setdefault(source, {}).setdefault(event, [])
+        if region not in cell:
+            cell.append(region)
     return out
 
 
 # -- Mermaid -----------------------------------------------------------------------------------
 
 _MERMAID_RESERVED = {"state", "note", "end", "direction", "as", "class", "classDef", "style"}
-_MERMAID_UNSAFE = re.compile(r"[^A-Za-z0-9_ .,/()\[\]=+*!?'-]")
+_MERMAID_UNSAFE = re.compile(r"[^A-Za-z0-9_ .,/()\[\]=+*!?'\-:;\u2022]")
+# Mermaid's own entity codes: a bare ':' or ';' would end the label
+_MERMAID_ENTITIES = {":": "#58;", ";": "#59;"}
 
 
 def _mermaid_text(text: str) -> str:
-    """Label text Mermaid reads literally: no ``:``/``;`` (they end a label), no markup."""
-    return _MERMAID_UNSAFE.sub("_", text.replace(":", " ").replace(";", ",")).strip() or "_"
+    """Label text Mermaid reads literally: no markup, ``:`` and ``;`` as entity codes."""
+    safe = _MERMAID_UNSAFE.sub("_", text).strip() or "_"
+    return re.sub(r"[:;]", lambda m: _MERMAID_ENTITIES[m.group()], safe)
 
 
-def _mermaid_ids(spec: MachineSpec) -> dict[str, str]:
+def _mermaid_ids(names: Sequence[str]) -> dict[str, str]:
     ids: dict[str, str] = {}
     used: set[str] = set()
-    for s in spec.states:
-        base = re.sub(r"\W", "_", s.name, flags=re.ASCII) or "s"
+    for name in names:
+        base = re.sub(r"\W", "_", name, flags=re.ASCII) or "s"
         if base in _MERMAID_RESERVED or base[0].isdigit():
             base = f"s_{base}"
         ident, n = base, 2
         while ident in used:
             ident, n = f"{base}_{n}", n + 1
         used.add(ident)
-        ids[s.name] = ident
+        ids[name] = ident
     return ids
 
 
 def mermaid(spec: MachineSpec) -> str:
-    """A Mermaid ``stateDiagram-v2``: one edge per row that leaves its state; internal rows,
-    timeouts and state tasks are listed inside the state's box."""
-    ids = _mermaid_ids(spec)
+    """A Mermaid ``stateDiagram-v2``, top to bottom: one edge per (source, dest) pair with a
+    line per row; an event into one state from several is one dashed box listing where it
+    comes from; internal rows, timeouts and state tasks listed inside the state."""
+    d = drawing(spec)
+    ids = _mermaid_ids([*(b.name for b in d.states), *(h.ident for h in d.hubs)])
     title = re.sub(r"[^\w .-]", "_", spec.name, flags=re.ASCII)  # plain YAML scalar
     lines = ["---", f"title: {title}", "---", "stateDiagram-v2"]
-    for s in spec.states:
-        if ids[s.name] != s.name:
-            label = _mermaid_text(s.name).replace('"', "'")
-            lines.append(f'    state "{label}" as {ids[s.name]}')
+    if d.hubs:
+        lines.append("    classDef hub fill:#fff,stroke:#555,stroke-dasharray:4 3")
+    for box in d.states:
+        if ids[box.name] != box.name:
+            label = _mermaid_text(box.name).replace('"', "'")
+            lines.append(f'    state "{label}" as {ids[box.name]}')
     lines.append(f"    [*] --> {ids[spec.initial]}")
-    internal: dict[str, list[str]] = {}
-    for source, dest, label in _edges(spec):
-        if dest is None:
-            internal.setdefault(source, []).append(f"{label} (internal)")
-        else:
-            lines.append(f"    {ids[source]} --> {ids[dest]} : {_mermaid_text(label)}")
-    for s in spec.states:
-        details: list[str] = []
-        timeout = _timeout_text(spec, s.name)
-        if timeout:
-            details.append(f"timeout {timeout}")
-        details.extend(f"task {name} while here" for name in s.invoke)
-        details.extend(internal.get(s.name, []))
-        if details and ids[s.name] == s.name:
+    for edge in d.edges:
+        rows = [f"{BULLET}{r}" for r in edge.lines] if len(edge.lines) > 1 else list(edge.lines)
+        label = "<br>".join(_mermaid_text(r) for r in rows)
+        lines.append(f"    {ids[edge.source]} --> {ids[edge.dest]} : {label}")
+    for hub in d.hubs:
+        lines.append(f'    state "{_mermaid_text(hub.title)}" as {ids[hub.ident]}')
+        lines.extend(
+            f"    {ids[hub.ident]} : {_mermaid_text(part)}"
+            for line in hub.lines
+            for part in wrap(line, BOX_WRAP)
+        )
+        lines.append(f"    {ids[hub.ident]} --> {ids[hub.dest]}")
+        lines.append(f"    class {ids[hub.ident]} hub")
+    for box in d.states:
+        details = [part for line in box.details for part in wrap(line, BOX_WRAP)]
+        if details and ids[box.name] == box.name:
             # Mermaid shows a lone description instead of the name; lead with the name so
             # the box reads as a title with the details below it
-            details.insert(0, s.name)
-        lines.extend(f"    {ids[s.name]} : {_mermaid_text(d)}" for d in details)
-    for name in _final_states(spec):
-        lines.append(f"    {ids[name]} --> [*]")
+            details.insert(0, box.name)
+        lines.extend(f"    {ids[box.name]} : {_mermaid_text(t)}" for t in details)
+    for box in d.states:
+        if box.final:
+            lines.append(f"    {ids[box.name]} --> [*]")
     return "\n".join(lines) + "\n"
 
 
@@ -244,42 +418,53 @@ def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
+def _dot_lines(lines: Sequence[str], *, left: bool, width: int | None = None) -> str:
+    """DOT label text: each line wrapped; ``\\l`` left-aligns, ``\\n`` centres."""
+    end = "\\l" if left else "\\n"
+    return "".join(_dot_escape(part) + end for line in lines for part in wrap(line, width))
+
+
 def dot(spec: MachineSpec) -> str:
-    """Graphviz DOT: one edge per row that leaves its state; internal rows, timeouts and
-    state tasks listed in the state's node; final states drawn with a double border."""
-    internal: dict[str, list[str]] = {}
-    edges: list[str] = []
-    for source, dest, label in _edges(spec):
-        if dest is None:
-            internal.setdefault(source, []).append(label)
-        else:
-            edges.append(
-                f"  {_dot_quote(source)} -> {_dot_quote(dest)} [label={_dot_quote(label)}];"
-            )
+    """Graphviz DOT, top to bottom so it fits a page's width: one edge per (source, dest)
+    pair with a line per row; an event into one state from several is one dashed box
+    listing where it comes from; internal rows, timeouts and tasks listed in the state;
+    final states drawn with a double border."""
+    d = drawing(spec)
     lines = [
         f"digraph {_dot_quote(spec.name)} {{",
-        "  rankdir=LR;",
-        '  node [shape=box, style=rounded, fontname="Helvetica", fontsize=11];',
-        '  edge [fontname="Helvetica", fontsize=9];',
+        '  graph [rankdir=TB, fontname="Helvetica", nodesep=0.15, ranksep=0.3];',
+        '  node [shape=box, style=rounded, fontname="Helvetica", fontsize=14, margin="0.12,0.06"];',
+        '  edge [fontname="Helvetica", fontsize=13];',
         '  "__initial__" [shape=point, width=0.15, label=""];',
     ]
-    for s in spec.states:
-        details: list[str] = []
-        timeout = _timeout_text(spec, s.name)
-        if timeout:
-            details.append(f"timeout {timeout}")
-        details.extend(f"task {name} while here" for name in s.invoke)
-        details.extend(f"{d} (internal)" for d in internal.get(s.name, []))
-        label = _dot_escape(s.name)
-        if details:
-            # \n centres the name; \l left-aligns each detail line
-            label += "\\n\\n" + "".join(_dot_escape(d) + "\\l" for d in details)
-        attrs = [f'label="{label}"']
-        if s.final:
+    for box in d.states:
+        label = _dot_escape(box.name) + "\\n"
+        if box.details:
+            label += _dot_lines(box.details, left=True, width=BOX_WRAP)
+        attrs = [f'label="{label}"', f'id="{region_id("state", box.name)}"']
+        if box.final:
             attrs.append("peripheries=2")
-        lines.append(f"  {_dot_quote(s.name)} [{', '.join(attrs)}];")
+        lines.append(f"  {_dot_quote(box.name)} [{', '.join(attrs)}];")
     lines.append(f'  "__initial__" -> {_dot_quote(spec.initial)};')
-    lines.extend(edges)
+    for edge in d.edges:
+        if len(edge.lines) == 1:
+            label = _dot_lines(edge.lines, left=False)
+        else:  # one item per row, so a wrapped row still reads as one
+            label = _dot_lines([f"{BULLET}{line}" for line in edge.lines], left=True)
+        ident = region_id("edge", edge.source, edge.dest)
+        lines.append(
+            f"  {_dot_quote(edge.source)} -> {_dot_quote(edge.dest)} "
+            f'[label="{label}", id="{ident}"];'
+        )
+    for hub in d.hubs:
+        label = _dot_lines([hub.title], left=False, width=BOX_WRAP) + _dot_lines(
+            hub.lines, left=True, width=BOX_WRAP
+        )
+        lines.append(
+            f'  {_dot_quote(hub.ident)} [label="{label}", style="dashed", fontsize=13, '
+            f'id="{region_id("into", hub.dest)}"];'
+        )
+        lines.append(f"  {_dot_quote(hub.ident)} -> {_dot_quote(hub.dest)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -408,6 +593,8 @@ def terminal_table(spec: MachineSpec) -> str:
     return "\n".join(out) + "\n"
 
 
+_WHOLE_JOB = "whole-job"  # agent_runtime.tools.system_diagram.NAME (imported lazily)
+
 # -- the diagrams directory --------------------------------------------------------------------
 
 DIAGRAM_SUFFIXES = (".mmd", ".dot", ".md")  # text outputs, compared by ``diagrams --check``
@@ -420,6 +607,10 @@ def diagram_files(machines: Mapping[str, MachineSpec]) -> dict[str, str]:
         files[f"{name}.mmd"] = mermaid(spec)
         files[f"{name}.dot"] = dot(spec)
         files[f"{name}.md"] = markdown_table(spec)
+    # imported here: `agent-runtime diff` loads this module on its own, by path
+    from agent_runtime.tools.system_diagram import system_files
+
+    files.update(system_files(machines))
     files["README.md"] = diagrams_readme(machines)
     return files
 
@@ -433,9 +624,20 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
         "",
         "Each machine has its Mermaid diagram below (`NAME.mmd`), its whole state x event "
         "table (`NAME.md`), Graphviz DOT (`NAME.dot`) and, when Graphviz was installed, "
-        "`NAME.svg`. Edges are labelled `event [guards] / effects`; the rows of one cell are "
-        "tried in order (`else if`, `else`). Internal transitions (effects run, the state "
-        "stays), state timeouts and state tasks are listed inside the state.",
+        "`NAME.svg`; the whole job, every machine and the channels between them, is "
+        f"[below](#the-whole-job) (`{_WHOLE_JOB}.mmd`, `.dot`, `.svg`). The diagrams are drawn "
+        "to be read at a page's width (a machine top to bottom, labels wrapped).",
+        "",
+        "- An edge is labelled `event [guards] / effects`, one line (`•`) per row when several "
+        "rows lead from one state to the same other state; the rows of one cell are tried in "
+        "order (`else if`, `else`).",
+        "- An event that leads into one state from three states or more is drawn once: a "
+        "dashed box with one arrow into that state says where it comes from (`from every "
+        "other state`, `from any of a, b, c`) and lists the rows; a row that only some of "
+        "them have is prefixed with those states (`idle: close / unhook`).",
+        "- Internal transitions (effects run, the state stays), state timeouts and state tasks "
+        "are listed inside the state.",
+        "- `ignore` and `reject` cells are not drawn: the table (`NAME.md`) has every cell.",
         "",
         "| machine | initial | states | events | table | Graphviz |",
         "|---|---|---|---|---|---|",
@@ -451,7 +653,9 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
             out += [_md(spec.description), ""]
         out += ["```mermaid", mermaid(spec).rstrip("\n"), "```", ""]
         out.append(f"The whole table: [{name}.md]({name}.md).")
-    out += ["", *routing_markdown()]
+    from agent_runtime.tools.system_diagram import system_markdown, system_view
+
+    out += ["", *system_markdown(system_view(machines)), "", *routing_markdown()]
     return "\n".join(out) + "\n"
 
 

@@ -1,8 +1,10 @@
 """``agent-runtime diagrams [--out DIR] [--check]``: write or check the generated diagrams.
 
 Writes, for every machine, ``NAME.mmd`` (Mermaid), ``NAME.dot`` (Graphviz), ``NAME.md`` (the
-whole table) and ``NAME.svg`` when the ``dot`` program is on PATH, plus ``README.md``
-embedding every Mermaid diagram. ``--check`` compares the text files with the disk (SVG
+whole table) and ``NAME.svg`` when the ``dot`` program is on PATH; the same for the whole job
+(``whole-job.*``: the machines and the channels between them); and ``README.md`` embedding
+every Mermaid diagram. Each SVG outlines the region a link's ``#id`` names (the ids
+``agent-runtime diff`` prints). ``--check`` compares the text files with the disk (SVG
 bytes vary with the Graphviz version, so they are never compared).
 """
 
@@ -19,6 +21,7 @@ from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec
 
 from ..render import DIAGRAM_SUFFIXES, diagram_files
+from ..system_diagram import NAME as WHOLE_JOB
 
 _GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
 
@@ -34,6 +37,11 @@ def _strays(out: Path, expected: set[str]) -> list[Path]:
     )
 
 
+def _svgs(machines: Mapping[str, MachineSpec]) -> set[str]:
+    """Every machine's SVG and the whole job's."""
+    return {f"{name}.svg" for name in (*machines, WHOLE_JOB)}
+
+
 def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
     """One line per stale, missing or stray file; empty when the directory is current."""
     files = diagram_files(machines)
@@ -44,7 +52,7 @@ def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
             problems.append(f"missing: {path}")
         elif path.read_text(encoding="utf-8") != text:
             problems.append(f"stale: {path}")
-    svgs = {f"{name}.svg" for name in machines}
+    svgs = _svgs(machines)
     for p in _strays(out, set(files) | svgs):
         problems.append(f"stray: {p} (no machine named {p.stem!r})")
     return problems
@@ -58,7 +66,7 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path}")
-    svgs = {f"{name}.svg" for name in machines}
+    svgs = _svgs(machines)
     for p in _strays(out, set(files) | svgs):
         p.unlink()
         print(f"removed {p} (no machine named {p.stem!r})")
@@ -67,7 +75,7 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         print("the Graphviz `dot` program is not on PATH: SVGs not rendered", file=sys.stderr)
         return 0
     code = 0
-    for name in machines:
+    for name in (*machines, WHOLE_JOB):
         src, svg = out / f"{name}.dot", out / f"{name}.svg"
         done = subprocess.run(
             [dot, "-Tsvg", str(src), "-o", str(svg)], capture_output=True, text=True, check=False
@@ -75,7 +83,25 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         if done.returncode != 0:
             print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
             code = 1
+        else:
+            _outline_targets(svg)
     return code
+
+
+# a link to diagrams/NAME.svg#REGION (as `agent-runtime diff` prints) outlines that region
+_TARGET_STYLE = (
+    "<style>:target path, :target polygon, :target ellipse "
+    "{ stroke: #d1242f; stroke-width: 3; } :target text { fill: #d1242f; }</style>"
+)
+
+
+def _outline_targets(svg: Path) -> None:
+    text = svg.read_text(encoding="utf-8")
+    start = text.find("<svg")
+    end = text.find(">", start) + 1
+    if start < 0 or end <= 0 or _TARGET_STYLE in text:
+        return
+    svg.write_text(text[:end] + "\n" + _TARGET_STYLE + text[end:], encoding="utf-8")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +118,6 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        print(f"{out}: diagrams of {len(MACHINES)} machines are up to date")
+        print(f"{out}: diagrams of {len(MACHINES)} machines and the whole job are up to date")
         return 0
     return write(out, MACHINES)

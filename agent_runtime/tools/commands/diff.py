@@ -38,7 +38,11 @@ spec = importlib.util.spec_from_file_location("_agent_runtime_render", render_pa
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
 spec.loader.exec_module(mod)
-print(json.dumps({name: mod.cell_table(m) for name, m in MACHINES.items()}))
+tables = {}
+for name, m in MACHINES.items():
+    tables[name] = mod.cell_table(m)
+    tables[name]["regions"] = mod.cell_regions(m)
+print(json.dumps(tables))
 """
 
 
@@ -102,15 +106,36 @@ def _text(cell: Any) -> str:
     return "; ".join(describe_cell(cell))
 
 
+def _drawn(name: str, key: tuple[str, str], *tables: dict[str, Any]) -> list[str]:
+    """Where the cell is drawn in ``diagrams/NAME.svg`` (each side's picture, once), as a
+    link a reviewer opens to see that region outlined."""
+    seen: list[str] = []
+    lines: list[str] = []
+    for table in tables:
+        for ident, words in table.get("regions", {}).get(key[0], {}).get(key[1], []):
+            if ident not in seen:
+                seen.append(ident)
+                lines.append(f"      drawn: {words}  (diagrams/{name}.svg#{ident})")
+    if not lines and any("regions" in t for t in tables):
+        lines.append(
+            f"      drawn: nowhere, {key[1]} is not a transition in {key[0]} "
+            f"(the table: diagrams/{name}.md)"
+        )
+    return lines
+
+
 def diff_tables(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Readable lines: per machine, cells added (+), removed (-) and changed (~)."""
+    """Readable lines: per machine, cells added (+), removed (-) and changed (~), each
+    followed by where it is drawn."""
     out: list[str] = []
     names = [*new, *(n for n in old if n not in new)]
     for name in names:
         if name not in old:
             cells = _cells(new[name])
             out.append(f"{name}: new machine, {len(cells)} cells")
-            out += [f"  + ({s}, {e}): {_text(c)}" for (s, e), c in cells.items()]
+            for (s, e), c in cells.items():
+                out.append(f"  + ({s}, {e}): {_text(c)}")
+                out += _drawn(name, (s, e), new[name])
             continue
         if name not in new:
             out.append(f"{name}: machine removed ({len(_cells(old[name]))} cells)")
@@ -122,13 +147,16 @@ def diff_tables(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         for key, cell in after.items():
             if key not in before:
                 lines.append(f"  + ({key[0]}, {key[1]}): {_text(cell)}")
+                lines += _drawn(name, key, new[name])
             elif before[key] != cell:
                 lines.append(f"  ~ ({key[0]}, {key[1]})")
                 lines.append(f"      was: {_text(before[key])}")
                 lines.append(f"      now: {_text(cell)}")
+                lines += _drawn(name, key, new[name], old[name])
         for key, cell in before.items():
             if key not in after:
                 lines.append(f"  - ({key[0]}, {key[1]}): {_text(cell)}")
+                lines += _drawn(name, key, old[name])
         if not lines:
             out.append(f"{name}: no change")
             continue
