@@ -12,12 +12,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from agent_runtime import __version__
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agent-runtime",
         description="Explicit state machines for LiveKit agents: scenarios, traces, diagrams.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser(
