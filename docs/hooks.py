@@ -55,7 +55,7 @@ def _index() -> str:
 def _machine(name: str) -> str:
     table = markdown_table(MACHINES[name])
     head, sep, rest = table.partition("\n## ")
-    picture = f"## Diagram\n\n![the {name} machine]({name}.svg)\n\n"
+    picture = f"## Diagram\n\n[![the {name} machine]({name}.svg)]({name}.svg)\n\n"
     if not (ROOT / "diagrams" / f"{name}.svg").is_file():
         picture = ""
     return head + "\n" + picture + sep.lstrip("\n") + rest
