@@ -1,9 +1,9 @@
 """``agent-runtime export xstate``: every machine, run in XState itself (node), agrees with
-``statemachines.step`` on every cell and guard combination, on every state timeout and on
-seeded random sequences: the same state after each step, the same effects run (a reject
-cell runs the ``reject`` action, an ignore cell nothing), the state's tasks started and
-stopped exactly when the runtime leaves and enters a state, the state timer armed exactly
-when the runtime's would be.
+``statemachines.step`` on every cell and guard combination, on every state timeout, on
+every state task that fails (its error event) and on seeded random sequences: the same
+state after each step, the same effects run (a reject cell runs the ``reject`` action, an
+ignore cell nothing), the state's tasks started and stopped exactly when the runtime
+leaves and enters a state, the state timer armed exactly when the runtime's would be.
 
 XState runs in node from tests/js/xstate (its package-lock pins the version; ``npm ci``
 installs it on first use). Without node on PATH these tests are skipped, saying so.
@@ -37,7 +37,8 @@ needs_node = pytest.mark.skipif(
     reason="node is not on PATH: the exported machines are checked in XState under Node.js",
 )
 
-Move = tuple[str | None, dict[str, bool]]  # an event (None: the state timer fires), guards
+# an event (None: the state timer fires; "!TASK": the state task TASK fails), guard values
+Move = tuple[str | None, dict[str, bool]]
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +117,7 @@ class Expected:
         self.spec = spec
         self.state = spec.initial
         self.armed = spec.state(self.state).timeout is not None
+        self.tasks = list(spec.state(self.state).invoke)  # the state tasks still running
 
     def start(self) -> dict[str, Any]:
         st = self.spec.state(self.state)
@@ -139,6 +141,12 @@ class Expected:
         if event is None:
             assert src.timeout is not None and self.armed
             event = src.timeout.event
+        elif event.startswith("!"):  # a task that fails is over; its error event is decided
+            task = event[1:]
+            self.tasks.remove(task)
+            failed = self.spec.effect(task).error_event
+            assert failed is not None
+            event = failed
         s = step(self.spec, self.state, event, guards)
         actions = list(s.effects) if s.outcome == "transition" else []
         if s.outcome == "reject":
@@ -151,7 +159,8 @@ class Expected:
             self.armed = False
         if s.changed:
             dest = self.spec.state(s.dest)
-            stopped, started = list(src.invoke), list(dest.invoke)
+            stopped, started = self.tasks, list(dest.invoke)
+            self.tasks = list(dest.invoke)
             cancelled = int(self.armed)
             self.armed = dest.timeout is not None
         self.state = s.dest
@@ -162,6 +171,11 @@ class Expected:
 
     def run(self, moves: list[Move]) -> list[dict[str, Any]]:
         return [self.start(), *(self.move(event, guards) for event, guards in moves)]
+
+
+def failing_tasks(spec: MachineSpec, tasks: list[str]) -> list[str]:
+    """The running tasks whose failure the spec turns into an event."""
+    return [t for t in tasks if spec.effect(t).error_event is not None]
 
 
 def compare(spec: MachineSpec, runs: list[list[Move]], got: list[list[dict[str, Any]]]) -> None:
@@ -196,6 +210,11 @@ def test_every_cell_guard_combination_and_timeout(name: str, exported: Path) -> 
         if timeout is not None:
             for guards in assignments(cell_guards(spec, state, timeout.event)):
                 runs.append([*to[state], (None, guards)])
+        for task in failing_tasks(spec, list(spec.state(state).invoke)):
+            error = spec.effect(task).error_event
+            assert error is not None
+            for guards in assignments(cell_guards(spec, state, error)):
+                runs.append([*to[state], (f"!{task}", guards)])
     compare(spec, runs, run_in_xstate(exported / f"{name}.js", runs))
 
 
@@ -211,7 +230,11 @@ def test_random_sequences(name: str, exported: Path) -> None:
         for _ in range(rng.randint(1, 30)):
             guards = {g: rng.random() < 0.5 for g in spec.guards}
             timer = model.armed and rng.random() < 0.25
-            move: Move = (None if timer else rng.choice(spec.events), guards)
+            failing = failing_tasks(spec, model.tasks)
+            event = None if timer else rng.choice(spec.events)
+            if failing and rng.random() < 0.15:
+                event = "!" + rng.choice(failing)
+            move: Move = (event, guards)
             moves.append(move)
             model.move(*move)
             if spec.state(model.state).final:

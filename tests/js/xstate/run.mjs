@@ -1,7 +1,8 @@
 // Runs one machine module written by `agent-runtime export xstate` in XState, for
 // tests/test_export_xstate.py: stdin {"module": PATH, "runs": [[STEP, ...], ...]} where a
 // STEP is {"event": NAME | null, "guards": {NAME: bool}} (null: fire the pending state
-// timer); stdout, per run, what XState did: the start, then one observation per step.
+// timer; "!TASK": the state task TASK fails); stdout, per run, what XState did: the start,
+// then one observation per step.
 // Guards, actions and actors are replaced by recorders; time is a virtual clock.
 import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
@@ -50,8 +51,12 @@ function runOne(steps) {
     actors: Object.fromEntries(
       Object.keys(impl.actors).map((a) => [
         a,
-        fromCallback(() => {
+        fromCallback(({ receive }) => {
           log.started.push(a);
+          // a task fails when the test says so: its actor errors, as a raising task would
+          receive((e) => {
+            if (e.type === "fail") throw new Error(`${a} failed`);
+          });
           return () => log.stopped.push(a);
         }),
       ]),
@@ -84,6 +89,10 @@ function runOne(steps) {
     if (step.event === null) {
       const fired = clock.fire();
       out.push(observe({ fired }));
+    } else if (step.event.startsWith("!")) {
+      const task = actor.getSnapshot().children[step.event.slice(1)];
+      if (task !== undefined) task.send({ type: "fail" });
+      out.push(observe({ fired: task !== undefined }));
     } else {
       actor.send({ type: step.event });
       out.push(observe({}));
