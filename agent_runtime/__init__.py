@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .settings import JobSettings, PlayoutOptions, SettingError
     from .snapshot import JobSnapshot
 
+# the one version source: pyproject.toml reads it (setuptools' dynamic version, by AST)
+__version__ = "0.1.0"
+
 _LAZY = {
     "AvatarLifecycle": "avatar",
     "JobRuntime": "job",

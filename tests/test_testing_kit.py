@@ -32,7 +32,8 @@ from agent_runtime.tools.replay import replay_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "testing"
-README = ROOT / "README.md"
+# the guide page that shows the sample project (it was the README before the docs site)
+README = ROOT / "docs" / "guide" / "testing.md"
 PLUGIN = "agent_runtime.testing.pytest_plugin"
 
 
@@ -50,10 +51,10 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def readme_block(marker: str) -> str:
-    """The fenced block right after ``<!-- marker -->`` in the README."""
+    """The fenced block right after ``<!-- marker -->`` in the testing guide."""
     text = README.read_text(encoding="utf-8")
     m = re.search(rf"<!-- {re.escape(marker)} -->\n```[a-z]*\n(.*?)\n```", text, re.S)
-    assert m is not None, f"no block after <!-- {marker} --> in the README"
+    assert m is not None, f"no block after <!-- {marker} --> in {README.relative_to(ROOT)}"
     return m.group(1)
 
 

@@ -12,12 +12,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from agent_runtime import __version__
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agent-runtime",
         description="Explicit state machines for LiveKit agents: scenarios, traces, diagrams.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser(
@@ -131,6 +134,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     con.add_argument("--json", action="store_true", help="print the report as JSON")
     con.set_defaults(module="agent_runtime.tools.commands.conformance")
+
+    xpo = sub.add_parser(
+        "export",
+        help="write the machines as XState v5 modules (createMachine, Stately's editor)",
+        description="Write each machine as an ES module calling XState v5's "
+        "setup().createMachine(): every cell in `on` (ignore and reject cells explicit), "
+        "guards as named guards, state timeouts as `after` with the settings' defaults as "
+        "named delays, state tasks as `invoke`, effects as named actions. Guards, actions "
+        "and actors are stubs to replace with machine.provide().",
+    )
+    xpo.add_argument("format", choices=["xstate"], help="the target (xstate: XState v5)")
+    xpo.add_argument("machine", nargs="?", metavar="MACHINE", help="one machine (default: all)")
+    xpo.add_argument("--out", metavar="DIR", help="write DIR/MACHINE.js (default: stdout)")
+    xpo.set_defaults(module="agent_runtime.tools.commands.export")
 
     dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
     dif.add_argument("rev")

@@ -1,0 +1,129 @@
+"""The docs cannot drift from the code: every fenced block in the guide (``docs/``) and in
+the README is either run or checked by a test, or marked as not runnable, by the HTML
+comment on the line before it:
+
+- ``<!-- not run: why -->``: not runnable, and why (usually which test covers it);
+- ``<!-- run -->``: a Python block this file runs;
+- ``<!-- file: PATH -->``: the block is that file of the project, as it is;
+- ``<!-- quickstart: ... -->``: the README's quick start, which this file runs from the
+  source tree (``.ci/wheel`` runs it again from the built wheel);
+- any other marker is one a test looks the block up by (the marker's text is in a test).
+
+The site itself is built strict by ``.ci/docs`` (``mkdocs build --strict``).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+FENCE = re.compile(r"^(\s*)(`{3,})([\w+-]*)")
+MARKER = re.compile(r"^<!-- (.+?) -->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # 1-based, of the opening fence
+    lang: str
+    marker: str | None
+    body: str
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    lines = page.read_text(encoding="utf-8").split("\n")
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        j = i - 1
+        while j >= 0 and not lines[j].strip():
+            j -= 1
+        mark = MARKER.match(lines[j].strip()) if j >= 0 else None
+        end = i + 1
+        while end < len(lines) and not lines[end].strip().startswith(m.group(2)):
+            end += 1
+        body = "\n".join(ln[len(m.group(1)) :] for ln in lines[i + 1 : end])
+        out.append(Block(page, i + 1, m.group(3), mark.group(1) if mark else None, body))
+        i = end + 1
+    return out
+
+
+ALL = [b for page in PAGES for b in blocks(page)]
+# where another test looks a block up by its marker (this file's own text does not count)
+TESTS_TEXT = "\n".join(
+    p.read_text(encoding="utf-8")
+    for p in (ROOT / "tests").glob("*.py")
+    if p.name != Path(__file__).name
+)
+
+
+def test_the_docs_have_code_blocks() -> None:
+    assert len(ALL) > 20 and any(b.marker == "run" for b in ALL)
+
+
+@pytest.mark.parametrize("block", ALL, ids=str)
+def test_every_block_is_run_checked_or_marked_not_runnable(block: Block) -> None:
+    marker = block.marker
+    assert marker is not None, (
+        f"{block}: a code block with no marker; run it in a test, or put "
+        "<!-- not run: why --> on the line before it"
+    )
+    if marker.startswith("not run:"):
+        assert marker.removeprefix("not run:").strip(), f"{block}: say why it is not run"
+    elif marker.startswith("file: "):
+        path = ROOT / marker.removeprefix("file: ")
+        assert path.is_file(), f"{block}: {path} does not exist"
+        assert block.body == path.read_text(encoding="utf-8").rstrip("\n"), (
+            f"{block}: the copy of {path.relative_to(ROOT)} is stale"
+        )
+    elif marker.startswith("quickstart:"):
+        assert block.page.name == "README.md", f"{block}: quick start blocks live in the README"
+    elif marker != "run":
+        assert marker in TESTS_TEXT, f"{block}: no test reads the block marked {marker!r}"
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.marker == "run"], ids=str)
+def test_runnable_blocks_run(block: Block, tmp_path: Path) -> None:
+    assert block.lang == "python", f"{block}: only Python blocks are run"
+    done = subprocess.run(
+        [sys.executable, "-c", block.body],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{block} failed:\n{done.stderr}"
+
+
+def test_the_readme_quick_start_runs(tmp_path: Path) -> None:
+    """What ``.ci/wheel`` runs from the wheel, run here from the installed source tree."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / ".ci" / "quickstart.py"),
+            str(ROOT / "README.md"),
+            "tools,testing",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "quick start: 4 blocks ran" in done.stdout
