@@ -44,6 +44,7 @@ from statemachines.glue import (
 from statemachines.glue import hold_needed as _hold_needed
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
+from statemachines.system import FOLLOW_ORDER
 
 from . import abstract
 from .abstract import (
@@ -160,10 +161,9 @@ FIELDS = World._fields
 _STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele", FIN: "fin"}
 _TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele", HOST: "t_host"}
 _TASK = {AVATAR: "av_task", JOB: "job_task", DEL: "dele_task", HOST: "host_task", FIN: "fin_task"}
-# a room fact reaches the machines in the order they follow the room (the adapter calls
-# its subscribers in order: the job from its start, the link from the session's, the avatar
-# from its own)
-_FOLLOW_ORDER = (JOB, PART, AVATAR)
+# a room fact reaches the machines in the order the runtime delivers it: the declared one,
+# whatever order the machines were started in
+_FOLLOW_ORDER = FOLLOW_ORDER
 _ROUTES_BY_FACT: dict[str, tuple[Any, ...]] = {}
 for _r in ROUTES:
     _ROUTES_BY_FACT[_r.fact] = (*_ROUTES_BY_FACT.get(_r.fact, ()), _r)
