@@ -740,11 +740,12 @@ class AgentJob(Emitter[Events]):
             await asyncio.gather(*closing, return_exceptions=True)
 
     # -- the lifecycle's effects --------------------------------------------------------------
+    # the job machine hears them through the declared links (statemachines.glue.LINKS)
     def _fx_ask_shutdown(self, _ev: Event) -> None:
-        self.job.shutdown("job closed")
+        self.job.wiring.fire("agent_job", "ask_shutdown", {"reason": "job closed"})
 
     def _fx_ask_abort(self, _ev: Event) -> None:
-        self.job.abort()
+        self.job.wiring.fire("agent_job", "ask_abort", {"reason": "aborted"})
 
     async def _fx_run_teardown(self, _ev: Event) -> Event:
         """``closing``'s task: statemachines.system.RELEASE, each step bounded."""

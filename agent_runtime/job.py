@@ -360,6 +360,9 @@ class JobRuntime(Emitter[str]):
         if event.name == "shutdown":
             self.shutdown(reason)
             return
+        if event.name == "abort":
+            self.abort()
+            return
         if event.name == "session_closed":
             self._reason = self._reason or f"session closed: {reason}"
         self._post(event)

@@ -478,6 +478,15 @@ LINKS: tuple[Link, ...] = (
     Link(source="job", on="run_close", step="room", target="room_deletion", event="allow"),
     Link(source="job", on="run_close", step="callbacks", target="participant", event="close"),
     Link(source="job", on="run_close", step="callbacks", target="avatar", event="close"),
+    # the job's own lifecycle (statemachines.agent_job): aclose() and aclose(graceful=False)
+    Link(source="agent_job", on="ask_shutdown", target="job", event="shutdown"),
+    Link(
+        source="agent_job",
+        on="ask_abort",
+        target="job",
+        event="abort",
+        note="the same close, no hold",
+    ),
     Link(
         source="playout",
         on="finish_playout",
