@@ -9,7 +9,8 @@ same avatar plugin (``ScriptedAvatar``: the base ``AvatarSession.start()`` then 
   ``await avatar.start(session, room)``; ``await session.start(agent, room=room)``; the avatar
   joins and publishes its video; closed as a livekit job closes: ``session.aclose()``, the room
   disconnected, then the avatar's ``aclose()`` (its shutdown callback).
-- **runtime**: ``AgentJob(room=..., session=..., avatar=...)`` with its defaults (the real
+- **runtime**: ``AgentJob(room=..., session=..., avatar=..., playout=False)`` (the reference
+  scenario's machines) with its other defaults (the real
   clock, the OpenTelemetry sink with no SDK configured, the room's session transport);
   ``await job.start(agent)``; the same join; closed with ``await job.aclose()``.
 
@@ -137,7 +138,12 @@ class RuntimeJob:
 
         room = _room(i)
         job = AgentJob(
-            room=room, session=AgentSession(), avatar=ScriptedAvatar(avatar_identity=AVATAR)
+            room=room,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity=AVATAR),
+            # the reference scenario composes no playout machine (a scenario asks for one);
+            # AgentJob's default with an avatar would add it
+            playout=False,
         )
         await job.start(_agent())
         _avatar_joins(room)
