@@ -506,8 +506,10 @@ class AgentJob(Emitter[Events]):
 
     async def start_runtime(self) -> None:
         """Connect (inside a livekit job), follow the room, start the job machine and the
-        session host. Idempotent while the job runs."""
-        await self._begin("start_part")
+        session host. Idempotent; ``start()`` may follow it. The lifecycle moves on with the
+        agent's own parts (``start``, ``start_avatar``, ``start_session``)."""
+        if self.lifecycle in ("closing", "closed"):
+            raise RuntimeError("this job is closed; build a new AgentJob")
         await self._run_part(self._start_runtime())
 
     async def start_avatar(self) -> None:

@@ -1,9 +1,9 @@
 """The job's own lifecycle: what ``AgentJob.start()``, ``aclose()`` and an abort do, in any
 order and at once.
 
-``start`` is the whole start (``AgentJob.start()``); ``start_part`` one part of it
-(``start_runtime``, ``start_avatar``, ``start_session``: the avatar may start before or
-after the session). The job is ``running`` once its session runs. ``close`` is a graceful
+``start`` is the whole start (``AgentJob.start()``); ``start_part`` one of the agent's
+parts of it (``start_avatar``, ``start_session``: the avatar may start before or after the
+session; ``start_runtime``, which only follows the room, moves nothing). The job is ``running`` once its session runs. ``close`` is a graceful
 ``aclose()``: the ``job`` machine shuts down (holding for a simulator if one can still
 ask); ``abort`` is ``aclose(graceful=False)``: the same teardown with no hold. Either way
 ``closing`` runs the declared teardown (``statemachines.system.TEARDOWN``) as its task: the
@@ -17,7 +17,7 @@ from .spec import Cell, Effect, MachineSpec, State, cells, row
 STARTS = ["start", "start_part"]
 EVENTS = (
     "start",  # AgentJob.start(): the whole start
-    "start_part",  # one part of it: the runtime, the avatar, the session
+    "start_part",  # one of the agent's parts of it: the avatar, the session
     "started",  # the session runs under the job
     "start_failed",  # a part of the start raised (its caller gets the error)
     "close",  # aclose(): shut down, honouring the bounded hold
@@ -37,7 +37,7 @@ AGENT_JOB = MachineSpec(
     description="One per AgentJob: started once, closed once, whatever the order of the calls.",
     initial="new",
     states=(
-        State(name="new", description="built; nothing follows the room, no task runs"),
+        State(name="new", description="built; no part of the agent started"),
         State(name="starting", description="the runtime, the avatar and the session start"),
         State(name="running", description="the session runs under the job"),
         State(

@@ -239,9 +239,9 @@ async def test_a_start_in_parts_is_starting_until_the_session_runs(
     plugin = CountingAvatar(clock=clock)
     job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
     assert job.lifecycle == "new"
-    await job.start_runtime()
-    assert job.lifecycle == "starting"
-    await job.start_avatar()  # another part: the job is still starting
+    await job.start_runtime()  # follows the room; the agent's own parts move the lifecycle
+    assert job.lifecycle == "new" and job.states["job"] == "serving"
+    await job.start_avatar()
     assert job.lifecycle == "starting" and plugin.start_calls == 1
     with pytest.raises(RuntimeError, match="this job is already starting"):
         await job.start(agent())  # the whole start, while its parts run
@@ -357,7 +357,7 @@ async def test_start_while_the_job_closes_is_refused(
         closing = asyncio.create_task(job.aclose(graceful=graceful))
         await settle()
         assert job.lifecycle == "closing"
-        for call in (job.start(agent()), job.start_runtime()):
+        for call in (job.start(agent()), job.start_runtime(), job.start_session(agent())):
             with pytest.raises(RuntimeError, match="this job is closed"):
                 await call
         assert not closing.done()
@@ -381,3 +381,14 @@ async def test_an_abort_then_a_close_returns_once_closed(
     gate.set()
     await asyncio.wait_for(asyncio.gather(aborting, closing), 5)
     assert job.lifecycle == "closed"
+
+
+async def test_start_after_start_runtime_is_the_whole_start(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start_runtime()
+    await job.start_runtime()  # idempotent
+    await job.start(agent())
+    assert job.lifecycle == "running" and job.session._started
+    await job.aclose()

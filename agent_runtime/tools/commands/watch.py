@@ -15,6 +15,7 @@ import os
 import shutil
 import stat
 import sys
+import textwrap
 import time
 from typing import TextIO
 
@@ -116,9 +117,15 @@ class Watch:
         out += ["", "last transitions"]
         recent = lanes.history[-last:] if last > 0 else []
         out += [_entry_line(e, lanes) for e in recent] or ["  (none yet)"]
+        out = [line[:width] for line in out]
         if self.problems:
-            out += ["", "problems"] + [f"  {p}" for p in self.problems[-3:]]
-        return [line[:width] for line in out]
+            # wrapped, not cut: a problem is read whole
+            out += ["", "problems"]
+            for p in self.problems[-3:]:
+                out += textwrap.wrap(p, width, initial_indent="  ", subsequent_indent="    ") or [
+                    "  "
+                ]
+        return out
 
 
 def _entry_line(e: Entry, lanes: Lanes) -> str:
