@@ -129,8 +129,8 @@ def test_every_event_a_runtime_constructs_is_posted_or_a_named_producers(machine
         assert event not in POSTED[machine]
         for effect, fn in producers.items():
             assert (event, fn) in _constructed(machine)
-            # the function is the handler of that effect
-            assert re.search(rf'"{effect}":\s*[\w.]*\b{fn}\b', source), (effect, fn)
+            # the function is the handler of that effect (effect_table binds _fx_EFFECT)
+            assert fn == f"_fx_{effect}" and "= effect_table(" in source, (effect, fn)
     # an awaited send raises a reject to its caller unless the caller suppresses it
     lines = source.splitlines()
     sent = set()
@@ -317,12 +317,8 @@ def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, e
         for caller in up - seen:
             seen.add(caller)
             todo.append(caller)
-    handlers = {
-        name: m.group(1)
-        for name in (e.name for e in MACHINES[machine].effects)
-        if (m := re.search(rf'"{name}":\s*\w+\.(\w+)', source))
-    }
-    assert roots == {handlers[name] for name in effects}
+    assert "= effect_table(" in source  # effect x's handler is _fx_x
+    assert roots == {f"_fx_{name}" for name in effects}
 
 
 @pytest.mark.parametrize(("machine", "effect"), sorted(QUEUED_AT_ONCE))
@@ -331,13 +327,12 @@ def test_an_effect_queued_at_once_has_a_synchronous_handler(machine: str, effect
     declared result is an event or nothing (never an awaitable), so the actor queues its
     outcome before it takes the next event."""
     source = (ROOT / MODULES[machine]).read_text()
-    found = re.search(rf'"{effect}":\s*\w+\.(\w+)', source)
-    assert found is not None
+    assert "= effect_table(" in source  # effect x's handler is _fx_x
     tree = ast.parse(source)
     (fn,) = [
         n
         for n in ast.walk(tree)
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == found.group(1)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == f"_fx_{effect}"
     ]
     assert isinstance(fn, ast.FunctionDef), f"{fn.name} is a coroutine function"
     assert fn.returns is not None and ast.unparse(fn.returns) in ("Event | None", "Event", "None")

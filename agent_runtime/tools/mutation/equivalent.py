@@ -52,7 +52,9 @@ from .mutants import Mutant
 # events a runtime awaits with Actor.send without suppressing EventRejected (a reject
 # raises to the caller); the closes the avatar, the participant link and the playout
 # tracker send suppress it: there a reject is the record alone
-SENT: frozenset[tuple[str, str]] = frozenset({("avatar", "start")})
+SENT: frozenset[tuple[str, str]] = frozenset(
+    {("avatar", "start"), ("agent_job", "close"), ("agent_job", "started")}
+)
 # (machine, event) -> (the method that sends it, the only states it sends it in)
 API_GUARDED: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
     ("avatar", "start"): ("start", frozenset({"idle"})),
@@ -81,6 +83,7 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
     ("room_deletion", "delete_done"): {"delete_room": "_fx_delete_room"},
     ("finalize", "verdict_ready"): {"compute_verdict": "_fx_compute_verdict"},
     ("finalize", "delivered"): {"send_verdict": "_fx_send_verdict"},
+    ("agent_job", "released"): {"run_teardown": "_fx_run_teardown"},
 }
 # (machine, effect) whose handler is synchronous (it neither is a coroutine function nor
 # returns an awaitable): its outcome is queued during the step that ran it
@@ -89,13 +92,17 @@ QUEUED_AT_ONCE: frozenset[tuple[str, str]] = frozenset({("avatar", "reinstall_ro
 # session, the host or the room): these may come at any time
 POSTED: dict[str, frozenset[str]] = {
     "avatar": frozenset({"start", "close", "interrupt", "playback_finished", "avatar_connected"}),
-    "job": frozenset({"shutdown", "session_closed", "finalize_answered"}),
+    "job": frozenset({"shutdown", "abort", "session_closed", "finalize_answered"}),
     "session_host": frozenset(
         {"attach", "detach", "session_closed", "request", "finalize", "bad_request", "close"}
     ),
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
     "room_deletion": frozenset({"request", "allow", "close"}),
     "finalize": frozenset({"request", "close"}),
+    # from AgentJob's API (start, its parts, aclose) and the job machine's watch
+    "agent_job": frozenset(
+        {"start", "start_part", "started", "start_failed", "close", "abort", "job_closed"}
+    ),
     # from the session's, the avatar's and the link's callbacks (its timeouts only from
     # the actor)
     "playout": frozenset(
@@ -133,6 +140,7 @@ MODULES = {
     "room_deletion": "agent_runtime/room_deletion.py",
     "finalize": "agent_runtime/finalize.py",
     "playout": "agent_runtime/playout.py",
+    "agent_job": "agent_runtime/agent_job.py",
 }
 
 
