@@ -654,7 +654,9 @@ class AgentJob(Emitter[Events]):
         self.job.add_shutdown_callback(callback)
 
     async def wait_closed(self) -> None:
+        """Wait until the job is closed and everything that followed it released."""
         await self.job.wait_closed()
+        await self.lifecycle_actor.until(lambda state: state == "closed")
 
     async def aclose(self, *, graceful: bool = True) -> None:
         """Close the job. ``graceful`` (the default): shut down as ``shutdown()`` does,

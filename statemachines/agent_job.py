@@ -69,13 +69,14 @@ AGENT_JOB = MachineSpec(
         *row("starting", "start_failed", "closing", effects=["ask_abort"]),
         *row(UP, "close", "closing", effects=["ask_shutdown"]),
         *row(UP, "abort", "closing", effects=["ask_abort"]),
-        *row(UP, "job_closed", "closing"),
+        # the job closed on its own (never started, or its room went away): release the rest
+        *row(["new", *UP], "job_closed", "closing"),
         # an abort while a graceful close holds ends the hold: the close goes on without it
         *row("closing", "abort", None, effects=["ask_abort"]),
         *row("closing", "released", "closed"),
     ),
     ignore=(
-        *cells("new", ["started", "start_failed", "job_closed", "released"], "nothing runs"),
+        *cells("new", ["started", "start_failed", "released"], "nothing runs"),
         *cells(UP, "released", "no teardown runs"),
         *cells("running", "started", "the session already runs"),
         *cells("running", "start_failed", "a later part's failure is its caller's to handle"),

@@ -171,8 +171,9 @@ def test_1_an_avatar_leaving_during_a_clear_unnoticed_is_reported() -> None:
         "interrupt",
         "  -> avatar handles interrupt(delivered=True, playing=True)",
         "avatar leaves",
-        "  -> participant handles participant_disconnected(reason=CLIENT_INITIATED, who=avatar)",
+        # the declared follow order (statemachines.system.FOLLOW_ORDER): the avatar first
         "  -> avatar handles avatar_left(reason=CLIENT_INITIATED, who=avatar)",
+        "  -> participant handles participant_disconnected(reason=CLIENT_INITIATED, who=avatar)",
         "the plugin's own clear settles",
         "  -> avatar handles clear_buffer_done",
     ]
