@@ -654,6 +654,10 @@ class _Builder:
                     fired.setdefault("grace_period", 0.0)
             if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
                 self.config["retry_avatar"] = True
+            if m == "playout" and "playout" not in self.config:
+                # the job ran the playout machine (on by default with an avatar); a scenario
+                # turns it on explicitly
+                self.config["playout"] = True
             if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
                 verdict = d.get("verdict")
