@@ -173,7 +173,14 @@ def test_in_a_browser_the_lanes_match_the_trace_and_the_scrubber_lights_the_stat
         el.get_attribute("data-label") for el in browser.find_elements("css selector", "g.lane")
     ]
     assert labels == lanes_in(trace)
-    assert labels == ["job", "session_host", "participant", "room_deletion", "finalize"]
+    assert labels == [
+        "job",
+        "session_host",
+        "participant",
+        "room_deletion",
+        "finalize",
+        "agent_job",
+    ]
     shown = [el.text for el in browser.find_elements("css selector", "text.lane-label")]
     assert shown == labels
     diagrams = browser.find_elements("css selector", "svg.diagram")
@@ -204,6 +211,7 @@ def test_in_a_browser_the_lanes_match_the_trace_and_the_scrubber_lights_the_stat
         ["participant", "closed"],
         ["room_deletion", "requested"],
         ["finalize", "idle"],
+        ["agent_job", "running"],
     ]
     browser.find_element("id", "next").click()  # the next transition: the verdict, t=14
     assert lit(browser, "job") == ["closed"]  # closing lasted no virtual time
