@@ -3,13 +3,15 @@ order and at once.
 
 ``start`` is the whole start (``AgentJob.start()``); ``start_part`` one of the agent's
 parts of it (``start_avatar``, ``start_session``: the avatar may start before or after the
-session; ``start_runtime``, which only follows the room, moves nothing). The job is ``running`` once its session runs. ``close`` is a graceful
-``aclose()``: the ``job`` machine shuts down (holding for a simulator if one can still
-ask); ``abort`` is ``aclose(graceful=False)``: the same teardown with no hold. Either way
-``closing`` runs the declared teardown (``statemachines.system.TEARDOWN``) as its task: the
-parts of a start still running are cut, the ``job`` machine closes (host, session,
-avatar, room, callbacks), then the followers are released; ``released`` ends it. The ``job``
-machine closing on its own (the user left, the room went away) is ``job_closed``.
+session; ``start_runtime``, which only follows the room, moves nothing). The job is
+``running`` once its session runs. ``close`` is a graceful ``aclose()``: the ``job``
+machine shuts down (holding for a simulator if one can still ask); ``abort`` is
+``aclose(graceful=False)``: the same teardown with no hold. Either way ``closing`` runs the
+declared teardown (``statemachines.system.TEARDOWN``) as its task: the parts of a start
+still running are cut, the ``job`` machine closes (host, session, avatar, room,
+callbacks), then the followers are released; ``released`` ends it. The ``job`` machine
+closing on its own (the user left, the room went away, or before the job started) is
+``job_closed``.
 """
 
 from .spec import Cell, Effect, MachineSpec, State, cells, row
