@@ -654,6 +654,8 @@ class _Builder:
                     fired.setdefault("grace_period", 0.0)
             if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
                 self.config["retry_avatar"] = True
+            if m == "playout":  # the job composed the playout machine (its default with an avatar)
+                self.config["playout"] = True
             if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
                 verdict = d.get("verdict")
