@@ -227,6 +227,7 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
         "session_host": "closed",
         "participant": "closed",
         "avatar": "closed",
+        "playout": "closed",  # composed by default with an avatar
         "finalize": "closed",
         "room_deletion": "allowed",
         "agent_job": "closed",

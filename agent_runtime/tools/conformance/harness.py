@@ -171,6 +171,8 @@ class Harness:
             session_end_timeout=SETTINGS["session_end_timeout"],
             close_timeout=SETTINGS["close_timeout"],
             delete_room_on_close=config.delete_room_on_close,
+            # the composed model has no playout machine (it is explored on its own)
+            playout=False,
             clock=self.clock,
             tracer=Tracer(self.trace),
             otel=False,
