@@ -231,7 +231,6 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
         "finalize": "closed",
         "room_deletion": "allowed",
         "agent_job": "closed",
-        "playout": "closed",  # on by default with an avatar
     }
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
     assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace
