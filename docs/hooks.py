@@ -89,6 +89,7 @@ def on_page_markdown(markdown: str, page: Any, config: MkDocsConfig, files: File
         section = readme_section(m.group(1))
         for name in MACHINES:
             section = section.replace(f"](diagrams/{name}.md)", f"](machines/{name}.md)")
-        return section
+        # the README links the guide from the repository's root; the site's root is docs/
+        return section.replace("](docs/", "](")
 
     return re.sub(r"<!-- README: (\w+) -->", include, markdown)
