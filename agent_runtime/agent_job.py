@@ -764,6 +764,8 @@ class AgentJob(Emitter[Events]):
         try:
             await self._bounded("followers", self._release_followers(), bound)
         finally:
+            # whatever the followers' step was cut at: the job runtime and the room are let go
+            await self.job.release()
             self._unhook()
         return Event("released")
 
@@ -796,7 +798,6 @@ class AgentJob(Emitter[Events]):
         await self.link.aclose()
         if self._avatar_closing is not None:
             await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
-        await self.job.release()
 
     def _unhook(self) -> None:
         self.session.off("close", self._on_session_close)

@@ -54,6 +54,9 @@ NOT_TAKEN = {
     ("room_deletion", "requested", "close"),
     ("session_host", "attached", "attach"),
     ("session_host", "attached", "detach"),
+    # the model never aborts (AgentJob.aclose(graceful=False)): tests/test_job_lifecycle.py
+    ("job", "serving", "abort"),
+    ("job", "awaiting_finalize", "abort"),
 }
 
 
@@ -77,8 +80,9 @@ def test_the_runtime_follows_the_model_on_every_path() -> None:
     print("\n" + report.summary())
     assert report.ok, report.summary()
     assert report.covering > 20 and report.counterexamples > 5
-    # every row of every machine the model composes (playout is explored on its own)
-    composed = [s for name, s in MACHINES.items() if name != "playout"]
+    # every row of every machine the model composes (playout is explored on its own, the
+    # job's own lifecycle is tested through AgentJob's API in tests/test_job_lifecycle.py)
+    composed = [s for name, s in MACHINES.items() if name not in ("playout", "agent_job")]
     assert len(report.total) == sum(len(s.rows) for s in composed)
     missed = {
         (m, MACHINES[m].rows[i].source, MACHINES[m].rows[i].event) for m, i in report.missed()
