@@ -22,9 +22,7 @@ are still up, then disconnects, deletes the room if asked and runs the shutdown 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import copy
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -33,42 +31,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from livekit import rtc
-from livekit.agents import NOT_GIVEN, Agent, AgentSession, CloseReason, NotGivenOr
+from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
-from livekit.agents.utils import is_given
-from livekit.agents.voice.avatar import AvatarSession
-from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
-from statemachines.agent_job import AGENT_JOB
-from statemachines.system import bound_of, watched
-
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
-from .avatar import (
-    AvatarLifecycle,
-    RemoveParticipant,
-    Route,
-    check_plugin,
-    check_start_options,
-    plugin_name,
-    route_of,
-    server_api_remover,
-)
+from ._inputs import AvatarPlugin, build_avatar, check_avatar, observed
+from ._inputs import room_options as room_options_for
+from .actor import Actor, StateChanged
+from .avatar import RemoveParticipant, Route
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
-from .job import JobRuntime, ShutdownCallback
+from .job import ShutdownCallback
 from .otel import OtelSink
-from .participant import ParticipantLink
-from .playout import PlayoutTracker, RepromptFn
+from .playout import RepromptFn
 from .room_deletion import DeleteRoomFn
-from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
-from .settings import AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_options
-from .snapshot import JobSnapshot, find_actors, machines_snapshot
-from .trace import JsonlSink, LoggingSink, Tracer
+from .settings import JOB_PARTS, AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_options
+from .snapshot import JobSnapshot, job_snapshot
+from .system import JobSystem, Parts
+from .trace import Tracer
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -85,8 +69,9 @@ _INJECTABLE = frozenset(
 )
 
 Events = Literal["state_changed", "closed"]
-# an avatar plugin, or what builds one when the job is built (a class, a functools.partial)
-AvatarPlugin = AvatarSession | Callable[[], AvatarSession]  # type: ignore[type-arg]
+# what AgentJob's keywords hand job_options: the settings (None: the default) and the parts
+_OPTIONAL = frozenset({"participant_kinds", "closing_reasons"})
+_OPTIONS = (*JobSettings.model_fields, *JOB_PARTS)
 
 
 @contextlib.contextmanager
@@ -107,7 +92,7 @@ def injected(**parts: Any) -> Iterator[None]:
 
 
 class AgentJob(Emitter[Events]):
-    """Every machine of one job, composed over one room.
+    """Every machine of one job, composed over one room (``JobSystem`` holds them).
 
     Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
     (the job's virtual or real time of closing).
@@ -145,35 +130,11 @@ class AgentJob(Emitter[Events]):
     ) -> None:
         super().__init__()
         # everything that can refuse the input comes first: a refusal changes nothing
-        options: dict[str, Any] = {
-            "participant_identity": participant_identity,
-            "close_on_disconnect": close_on_disconnect,
-            "grace_period": grace_period,
-            "session_close_timeout": session_close_timeout,
-            "join_timeout": join_timeout,
-            "retry_avatar": retry_avatar,
-            "session_end_timeout": session_end_timeout,
-            "close_timeout": close_timeout,
-            "delete_room_on_close": delete_room_on_close,
-            # by default on with an avatar (never stuck "speaking" on a report that never
-            # comes), off without one; playout=False turns it off explicitly
-            "playout": avatar is not None if playout is None else playout,
-            # the parts: their types (settings.JOB_PARTS)
-            "trace_path": trace_path,
-            "tracer": tracer,
-            "otel": otel,
-            "clock": clock,
-            "transport": transport,
-            "simulation": simulation,
-            "on_simulation_end": on_simulation_end,
-            "delete_room": delete_room,
-            "remove_avatar_participant": remove_avatar_participant,
-            "on_reprompt": on_reprompt,
-        }
-        if participant_kinds is not None:
-            options["participant_kinds"] = participant_kinds
-        if closing_reasons is not None:
-            options["closing_reasons"] = closing_reasons
+        given = locals()
+        options = {k: given[k] for k in _OPTIONS if not (k in _OPTIONAL and given[k] is None)}
+        # by default on with an avatar (never stuck "speaking" on a report that never
+        # comes), off without one; playout=False turns it off explicitly
+        options["playout"] = avatar is not None if playout is None else playout
         self.settings: JobSettings = job_options(options)
         if not isinstance(room, rtc.Room):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
@@ -187,18 +148,7 @@ class AgentJob(Emitter[Events]):
                 "the session is already started: pass it unstarted, AgentJob starts it "
                 "(with session_host=False and RoomIO's own close rules off) in job.start()"
             )
-        if avatar is not None and not isinstance(avatar, AvatarSession) and not callable(avatar):
-            check_plugin(avatar)  # AvatarPluginError (a TypeError) naming it
-        if avatar_start_options is not None and not isinstance(avatar_start_options, Mapping):
-            raise TypeError(
-                "avatar_start_options must be a mapping of the plugin's start() keyword "
-                f"options, not {type(avatar_start_options).__name__}"
-            )
-        start_options = dict(avatar_start_options or {})
-        if start_options and avatar is None:
-            raise ValueError("avatar_start_options given without an avatar")
-        if isinstance(avatar, AvatarSession):
-            check_start_options(avatar, start_options)
+        start_options = check_avatar(avatar, avatar_start_options)
         if on_reprompt is not None and (
             self.settings.playout is None or not self.settings.playout.reprompt
         ):
@@ -208,156 +158,45 @@ class AgentJob(Emitter[Events]):
             )
         if otel is True and isinstance(inject.get("otel"), OtelSink):
             otel = inject["otel"]
-        clock = clock or inject.get("clock") or AsyncioClock()
-        tracer = tracer or inject.get("tracer")
-        transport = transport or inject.get("transport")
-        delete_room = delete_room or inject.get("delete_room")
-        remove_avatar_participant = remove_avatar_participant or inject.get(
-            "remove_avatar_participant"
-        )
         # a factory-built plugin's start options are the last check: only then is the trace
         # file opened (truncated), the one thing construction changes outside this object
         self.avatar_error: str | None = None  # why the job runs without the avatar it was given
-        plugin = self._build_avatar(avatar, start_options) if avatar is not None else None
-        self._trace_file: JsonlSink | None = None
-        if trace_path is not None:
-            try:
-                self._trace_file = JsonlSink(trace_path)
-            except OSError as e:
-                raise SettingError(
-                    f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
-                ) from None
-            # production traces: the JSONL `agent-runtime replay` reads, plus the logs
-            tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), self._trace_file)
-        self.otel: OtelSink | None = None
-        if otel is not False:
-            # the span current now (job_entrypoint inside a livekit job) takes the machines'
-            # events whenever no session span is running
-            self._otel_context = otel_context.get_current()
-            self.otel = OtelSink() if otel is True else otel
-            if self.otel.parent is None:
-                self.otel.parent = self._otel_parent
-            tracer = Tracer(*(tracer.sinks if tracer else []), self.otel)
-
-        s = self.settings
-        self.room = room
-        self.session = session
-        self.clock: Clock = clock
-        self.tracer = tracer
-        self.events = RoomEventAdapter(room)
-        self.job = JobRuntime(
-            room=room,
-            clock=clock,
+        plugin = None
+        if avatar is not None:
+            plugin, self.avatar_error = build_avatar(avatar, start_options)
+        # the span current now (job_entrypoint inside a livekit job) takes the machines'
+        # events whenever no session span is running
+        self._otel_context = otel_context.get_current()
+        tracer, self._trace_file, self.otel = observed(
+            tracer or inject.get("tracer"), trace_path, otel, self._otel_parent
+        )
+        parts = Parts(
+            clock=clock or inject.get("clock") or AsyncioClock(),
             tracer=tracer,
-            transport=transport,
+            transport=transport or inject.get("transport"),
             simulation=simulation,
             on_simulation_end=on_simulation_end,
-            session_end_timeout=s.session_end_timeout,
-            close_timeout=s.close_timeout,
-            delete_room_on_close=s.delete_room_on_close,
-            delete_room=delete_room,
-            room_events=self.events,
-            before_disconnect=self._close_session_and_avatar,
+            delete_room=delete_room or inject.get("delete_room"),
+            remove_avatar_participant=remove_avatar_participant
+            or inject.get("remove_avatar_participant"),
+            on_reprompt=on_reprompt,
+            plugin=plugin,
+            avatar_start_options=start_options,
         )
-        self.job.primary = session
-        self.link = ParticipantLink(
-            session,
-            room_events=self.events,
-            participant_identity=s.participant_identity,
-            participant_kinds=s.participant_kinds,
-            close_on_disconnect=s.close_on_disconnect,
-            closing_reasons=s.closing_reasons,
-            grace_period=s.grace_period,
-            session_close_timeout=s.session_close_timeout,
-            clock=clock,
-            tracer=tracer,
-            wiring=self.job.wiring,
-        )
-        self.avatar: AvatarLifecycle | None = None
-        self._avatar_start_options = start_options
-        if plugin is not None:
-            self.avatar = AvatarLifecycle(
-                plugin,
-                join_timeout=s.join_timeout,
-                retry=s.retry_avatar,
-                clock=clock,
-                tracer=tracer,
-                room_events=self.events,
-                # the job removes the avatar through the server API whether or not the
-                # plugin's own close did
-                remove_participant=remove_avatar_participant or server_api_remover(room),
-            )
-        # the agent's audio until heard, and the re-prompt watchdog (playout=...)
-        self.playout: PlayoutTracker | None = None
-        if s.playout is not None:
-            self.playout = PlayoutTracker(
-                session,
-                options=s.playout,
-                on_reprompt=on_reprompt,
-                avatar=self.avatar,
-                link=self.link,
-                clock=clock,
-                tracer=tracer,
-                instance=room.name or "room",
-                wiring=self.job.wiring,
-            )
-        self.close_reason: str | None = None  # the primary session's CloseReason, once closed
-        self._live_route: Route = "none"
-        self._actors: list[Actor] | None = None
-        self._job_context: JobContext | None = None
-        self._avatar_closing: asyncio.Task[None] | None = None
-        # the parts of a start still running: the teardown cuts them
-        self._starts: set[asyncio.Task[Any]] = set()
-        # the job's own lifecycle (statemachines.agent_job): start, close and abort
-        self.lifecycle_actor = Actor(
-            AGENT_JOB,
-            instance=room.name or "job",
-            effects=Handlers(self, _EFFECTS),
-            clock=clock,
-            tracer=tracer,
-        )
-        self.lifecycle_actor.on("state_changed", self._forward_state)
-        self.job.on("state_changed", self._forward_state)
-        self.link.on("state_changed", self._forward_state)
-        if self.avatar is not None:
-            self.avatar.on("state_changed", self._forward_state)
-            self.job.wiring.connect("avatar", self._post_avatar)
-        if self.playout is not None:
-            self.playout.on("state_changed", self._forward_state)
-        self.job.on("closed", self._on_closed)
+        self.room, self.session, self.clock, self.tracer = room, session, parts.clock, tracer
+        self.system = JobSystem(room=room, session=session, settings=self.settings, parts=parts)
+        sys = self.system
+        self.events, self.job, self.link = sys.events, sys.job, sys.link
+        self.avatar, self.playout, self.lifecycle_actor = sys.avatar, sys.playout, sys.lifecycle
+        sys.on("state_changed", self._forward_state)
+        sys.on("closed", self._on_closed)
         # what every machine's warnings carry (the log policy: job, room, machine, ...);
         # one dict for all of them, so from_job_context's job id reaches each
         self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
-        for actor in find_actors(
-            self.job, self.link, self.avatar, self.playout, self.lifecycle_actor
-        ):
+        for actor in sys.actors:
             actor.labels = self._log_labels
         if tracer is not None:
             tracer.labels = self._log_labels
-
-    def _build_avatar(
-        self,
-        avatar: AvatarPlugin,
-        start_options: Mapping[str, Any],
-    ) -> AvatarSession | None:  # type: ignore[type-arg]
-        """The plugin, built by its factory when one was given. A factory that raises (a
-        plugin whose service is gone, a provider key missing in this deployment) or builds
-        something that is no ``AvatarSession`` is a fault of the run, not of the code: it
-        is logged naming the plugin, and the job runs on room audio."""
-        if isinstance(avatar, AvatarSession):
-            return avatar
-        try:
-            built = avatar()
-            check_plugin(built)
-        except Exception as e:
-            self.avatar_error = (
-                f"avatar plugin {plugin_name(avatar)} could not be built "
-                f"({type(e).__name__}: {e}); the agent runs on room audio"
-            )
-            logger.error("%s", self.avatar_error)
-            return None
-        check_start_options(built, start_options)  # the code's own mistake: refused
-        return built
 
     # -- livekit-agents jobs ---------------------------------------------------------------
     @classmethod
@@ -396,7 +235,7 @@ class AgentJob(Emitter[Events]):
 
             options["delete_room"] = delete_room
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)
-        job._job_context = ctx
+        job.system.job_context = ctx
         # the room is not connected yet (its name comes with the connection); the job has it
         job._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or ctx.room.name)
         _JOBS[ctx] = job
@@ -412,9 +251,24 @@ class AgentJob(Emitter[Events]):
 
     # -- state -------------------------------------------------------------------------------
     @property
+    def actors(self) -> list[Actor]:
+        """Every machine of the job (its actor), in ``MACHINES`` order."""
+        return list(self.system.actors)
+
+    @property
     def states(self) -> dict[str, str]:
         """Every machine's current state, by machine name."""
-        return {a.spec.name: a.state for a in self.actors}
+        return {a.spec.name: a.state for a in self.system.actors}
+
+    @property
+    def lifecycle(self) -> str:
+        """The job's own state: ``new``, ``starting``, ``running``, ``closing``, ``closed``."""
+        return self.system.lifecycle.state
+
+    @property
+    def close_reason(self) -> str | None:
+        """The primary session's ``CloseReason``, once it closed."""
+        return self.system.close_reason
 
     @property
     def finalize_answered(self) -> bool:
@@ -435,62 +289,23 @@ class AgentJob(Emitter[Events]):
     def audio_route(self) -> Route:
         """Where the agent's audio goes now: ``avatar`` (the sink the avatar plugin
         installed, whatever its class), ``room`` or ``none``."""
-        return route_of(self.session, self.avatar.installed_sink if self.avatar else None)
+        return self.system.audio_route()
 
     @property
     def live_audio_route(self) -> Route:
         """Where the agent's audio went while its session was live, as last seen (the
         session's close tears its outputs down, so ``audio_route()`` is ``none`` after it):
         what a verdict about the run should look at."""
-        if self._session_live():
-            self._live_route = route_of(self.session)
-        return self._live_route
-
-    @property
-    def actors(self) -> list[Actor]:
-        """Every machine of the job (its actor), in ``MACHINES`` order."""
-        if self._actors is None:
-            # found once: each runtime builds its machines when it is built
-            self._actors = find_actors(
-                self.job, self.link, self.avatar, self.playout, self.lifecycle_actor
-            )
-        return self._actors
+        return self.system.live_audio_route
 
     def snapshot(self) -> JobSnapshot:
         """What every machine is doing now: its state, since when and the timer armed in it
         (times on the job's clock), with the audio route, the linked identity, the attached
         session and the finalize status. Plain JSON-able data; cheap enough to log with every
         request."""
-        host = self.job.host
-        attached = host.session
-        return {
-            "t": self.clock.now(),
-            "room": self.room.name,
-            "room_connected": self.room.isconnected(),
-            "machines": machines_snapshot(self.actors),
-            "audio_route": self.audio_route(),
-            "linked_identity": self.link.linked_identity,
-            "attached_session": host.label_of(attached) if attached is not None else None,
-            "primary_session_attached": attached is self.session,
-            "finalize": {
-                "simulation": self.job.simulation is not None,
-                "simulators": sorted(self.job.simulators),
-                "hold_needed": self.job.hold_needed,
-                "answered": self.job.finalize_answered,
-                "verdict": self.job.verdict,
-            },
-            "close_reason": self.close_reason,
-            "job_reason": self.job.reason,
-            "room_deleted_at": self.job.room_deleted_at,
-            "closed_at": self.job.closed_at,
-        }
+        return job_snapshot(self.system)
 
     # -- starting ----------------------------------------------------------------------------
-    @property
-    def lifecycle(self) -> str:
-        """The job's own state: ``new``, ``starting``, ``running``, ``closing``, ``closed``."""
-        return self.lifecycle_actor.state
-
     async def start(
         self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN
     ) -> None:
@@ -500,9 +315,9 @@ class AgentJob(Emitter[Events]):
 
         Refused (``RuntimeError``) while the job is already starting or started, or once it
         is closed; if the job is closed while this runs, this raises once the start is cut."""
-        options = self._room_options(room_options)  # refuse before anything starts
-        await self._begin("start")
-        await self._run_part(self._start_all(agent, options), session=True)
+        options = room_options_for(self.settings, room_options)  # refused before anything
+        await self.system.begin("start")
+        await self.system.run_part(self.system.start_all(agent, options), session=True)
 
     async def start_runtime(self) -> None:
         """Connect (inside a livekit job), follow the room, start the job machine and the
@@ -510,135 +325,29 @@ class AgentJob(Emitter[Events]):
         agent's own parts (``start``, ``start_avatar``, ``start_session``)."""
         if self.lifecycle in ("closing", "closed"):
             raise RuntimeError("this job is closed; build a new AgentJob")
-        await self._run_part(self._start_runtime())
+        await self.system.run_part(self.system.start_runtime())
 
     async def start_avatar(self) -> None:
         """Start the avatar plugin through its lifecycle (before or after the session);
         returns once the outcome of the plugin's own start is handled."""
         if self.avatar is None:
             raise RuntimeError("this job has no avatar (pass avatar= to AgentJob)")
-        await self._begin("start_part")
-        await self._run_part(self._start_avatar())
+        await self.system.begin("start_part")
+        await self.system.run_part(self.system.start_avatar())
 
     async def start_session(
         self, agent: Agent, *, room_options: NotGivenOr[RoomOptions] = NOT_GIVEN
     ) -> None:
         """Start the session on the room with the job's host and the machines' close rules,
         then link the participant."""
-        options = self._room_options(room_options)
-        await self._begin("start_part")
-        await self._run_part(self._start_session(agent, options), session=True)
-
-    async def _begin(self, event: str) -> None:
-        """Ask the lifecycle for a start; its reject cells are the user's clear errors."""
-        try:
-            await self.lifecycle_actor.send(Event(event))
-        except EventRejected:
-            state = self.lifecycle_actor.state
-            if state == "starting":
-                raise RuntimeError("this job is already starting") from None
-            if state == "running":
-                raise RuntimeError("this job is already started") from None
-            raise RuntimeError("this job is closed; build a new AgentJob") from None
-
-    async def _run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
-        """Run one part of the start as a task the teardown can cut; its failure is the
-        lifecycle's ``start_failed`` and is raised to the caller."""
-        task = asyncio.ensure_future(work)
-        self._starts.add(task)
-        task.add_done_callback(self._starts.discard)
-        try:
-            await task
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if (me is not None and me.cancelling()) or not task.cancelled():
-                raise  # the caller itself was cancelled
-            raise RuntimeError("the job was closed before it finished starting") from None
-        except Exception as e:
-            ending = self.job.state in ("closing", "closed")  # the room went away meanwhile
-            with contextlib.suppress(ActorClosed):
-                await self.lifecycle_actor.send(
-                    Event("start_failed", {"error": f"{type(e).__name__}: {e}"})
-                )
-            if ending:
-                raise RuntimeError("the job was closed before it finished starting") from e
-            raise
-        if session:
-            with contextlib.suppress(ActorClosed):
-                await self.lifecycle_actor.send(Event("started"))
-
-    async def _start_all(self, agent: Agent, options: RoomOptions) -> None:
-        await self._start_runtime()
-        if self.avatar is not None:
-            await self._start_avatar()
-        await self._start_session(agent, options)
-
-    async def _start_runtime(self) -> None:
-        if self.events.started:
-            return
-        if self._job_context is not None:
-            await self._job_context.connect()
-        self.events.start()
-        self.session.on("close", self._on_session_close)
-        await self.job.start()
-
-    async def _start_avatar(self) -> None:
-        assert self.avatar is not None
-        await self._start_runtime()
-        await self.avatar.start(self.session, self.room, **self._avatar_start_options)
-
-    async def _start_session(self, agent: Agent, options: RoomOptions) -> None:
-        if lk.session_started(self.session) or lk.session_closing_task(self.session):
-            raise RuntimeError("the job's session is already started (or closed)")
-        await self._start_runtime()
-        # attached as it starts (until then a request gets "no active session"), before its
-        # first event so every one of them is forwarded
-        self.job.attach(self.session)
-        if self.playout is not None:
-            self.playout.start()  # before the session's first speech
-        await self.session.start(agent, room=self.room, room_options=options, session_host=False)
-        self._live_route = route_of(self.session)
-        self.link.start()
+        options = room_options_for(self.settings, room_options)
+        await self.system.begin("start_part")
+        await self.system.run_part(self.system.start_session(agent, options), session=True)
 
     def attach(self, session: AgentSession[Any]) -> None:
         """Attach another session to the job's host (the previous one is detached; its
         events stop being forwarded). Its close then ends the job."""
         self.job.attach(session)
-
-    def _room_options(self, given: NotGivenOr[RoomOptions]) -> RoomOptions:
-        s = self.settings
-        opts = copy.copy(given) if is_given(given) else RoomOptions()
-        if not isinstance(opts, RoomOptions):
-            raise TypeError(f"room_options must be a RoomOptions, not {type(opts).__name__}")
-        if opts.delete_room_on_close:
-            raise ValueError(
-                "RoomOptions(delete_room_on_close=True) deletes the room as the session closes, "
-                "before a simulator can ask for its verdict: pass delete_room_on_close=True to "
-                "AgentJob instead (the room is deleted after the job's hold)"
-            )
-        if not opts.close_on_disconnect:
-            raise ValueError(
-                "RoomOptions(close_on_disconnect=False): pass close_on_disconnect=False to "
-                "AgentJob instead (the participant machine decides what a departure means)"
-            )
-        if is_given(opts.participant_identity) and (
-            opts.participant_identity != s.participant_identity
-        ):
-            raise ValueError(
-                "RoomOptions.participant_identity: pass participant_identity= to AgentJob "
-                "instead (the participant machine links that identity)"
-            )
-        if is_given(opts.participant_kinds):
-            raise ValueError(
-                "RoomOptions.participant_kinds: pass participant_kinds= to AgentJob instead"
-            )
-        opts.close_on_disconnect = False  # the participant machine decides
-        opts.delete_room_on_close = False  # the job machine defers deletion past its hold
-        opts.participant_identity = s.participant_identity or NOT_GIVEN
-        opts.participant_kinds = [
-            rtc.ParticipantKind.Value(f"PARTICIPANT_KIND_{k.upper()}") for k in s.participant_kinds
-        ]
-        return opts
 
     # -- ending ------------------------------------------------------------------------------
     def shutdown(self, reason: str = "") -> None:
@@ -656,20 +365,16 @@ class AgentJob(Emitter[Events]):
     async def wait_closed(self) -> None:
         """Wait until the job is closed and everything that followed it released."""
         await self.job.wait_closed()
-        await self.lifecycle_actor.until(lambda state: state == "closed")
+        await self.system.lifecycle.until(lambda state: state == "closed")
 
     async def aclose(self, *, graceful: bool = True) -> None:
         """Close the job. ``graceful`` (the default): shut down as ``shutdown()`` does,
         honouring the bounded hold. Otherwise the same teardown with no hold (an abort also
         ends a graceful close's hold). Either way this returns once every listener and task
         is released."""
-        with contextlib.suppress(ActorClosed):
-            await self.lifecycle_actor.send(Event("close" if graceful else "abort"))
-        await self.lifecycle_actor.until(lambda state: state == "closed")
-        # a deletion under way (asked for late) runs to its end or its bound first
-        await self.job.deletion.aclose()
+        await self.system.aclose(graceful=graceful)
 
-    # -- wiring --------------------------------------------------------------------------------
+    # -- observation -------------------------------------------------------------------------
     def _otel_parent(self) -> otel_context.Context:
         """The context whose span takes the machines' events: the attached session's
         (``agent_session``) while it runs, else the one current when the job was built."""
@@ -680,149 +385,31 @@ class AgentJob(Emitter[Events]):
                 return ctx
         return self._otel_context
 
-    def _session_live(self) -> bool:
-        return lk.session_live(self.session)
-
     def _forward_state(self, sc: StateChanged) -> None:
-        if sc.machine == "avatar" and self._session_live():
-            self._live_route = route_of(self.session)  # only the avatar moves the route
-        for event in watched(sc.machine, sc.source, sc.dest, "agent_job"):
-            self.lifecycle_actor.post(Event(event))
         if sc.machine == "agent_job" and sc.dest == "closed":
-            self._on_lifecycle_closed()
+            # after the lifecycle's own last transition is written: every machine is closed
+            if self.otel is not None:
+                self.otel.close()  # a state span still open was abandoned
+            if self._trace_file is not None:
+                self._trace_file.close()
+            self._forget()
         try:
             self.emit("state_changed", sc)
         except Exception:
             # a listener's failure must not abort the machine's step that called it
             logger.exception("a state_changed listener failed")
 
-    def _on_session_close(self, ev: CloseEvent) -> None:
-        # the avatar goes with it through the job's links (statemachines.glue.LINKS)
-        reason = getattr(ev, "reason", None)
-        self.close_reason = self.close_reason or getattr(reason, "value", str(reason))
-
-    def _post_avatar(self, event: Event) -> None:
-        """An event the job's links send the avatar: its close is ``aclose()``."""
-        if event.name == "close":
-            self._close_avatar()
-        elif self.avatar is not None and not self.avatar.actor.closed:
-            self.avatar.actor.post(event)
-
-    def _close_avatar(self) -> None:
-        # the avatar goes with the session, while the room is still connected (its removal
-        # goes through the server API only then)
-        if self.avatar is not None and self._avatar_closing is None:
-            self._avatar_closing = asyncio.get_running_loop().create_task(
-                self.avatar.aclose(), name="AgentJob.avatar.aclose"
-            )
-
-    async def _close_session_and_avatar(self) -> None:
-        """The part of the job's close that needs the room, run_close's session and avatar
-        steps: the session (when the job ends for another reason, e.g. the simulator left),
-        then the avatar, whose close the avatar step's link asks.
-
-        In livekit's order: the session's close first (its speech ends on the route it has,
-        and its close event closes the avatar), then the avatar, so the avatar's restore
-        never builds a room track for a session that is going away. A session whose close
-        is still running after half of this step's bound no longer holds the avatar's close
-        back (the avatar must leave while the room is connected)."""
-        if lk.session_live(self.session):
-            lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
-        task = lk.session_closing_task(self.session)
-        if task is not None and not task.done():
-            with contextlib.suppress(Exception):  # a failed close is the session's to log
-                await self.clock.wait_for(
-                    asyncio.shield(task), bound_of("session", self.settings.close_timeout)
-                )
-        self.job.wiring.fire("job", "run_close", step="avatar")
-        closing: list[Awaitable[Any]] = []
-        if task is not None and not task.done():
-            closing.append(asyncio.shield(task))
-        if self._avatar_closing is not None:
-            closing.append(asyncio.shield(self._avatar_closing))
-        if closing:
-            await asyncio.gather(*closing, return_exceptions=True)
-
-    # -- the lifecycle's effects --------------------------------------------------------------
-    # the job machine hears them through the declared links (statemachines.glue.LINKS)
-    def _fx_ask_shutdown(self, _ev: Event) -> None:
-        self.job.wiring.fire("agent_job", "ask_shutdown", {"reason": "job closed"})
-
-    def _fx_ask_abort(self, _ev: Event) -> None:
-        self.job.wiring.fire("agent_job", "ask_abort", {"reason": "aborted"})
-
-    async def _fx_run_teardown(self, _ev: Event) -> Event:
-        """``closing``'s task: statemachines.system.RELEASE, each step bounded."""
-        bound = self.settings.close_timeout
-        starts = [t for t in self._starts if not t.done()]
-        for t in starts:
-            t.cancel()
-        if starts:
-            await self._bounded("starts", asyncio.gather(*starts, return_exceptions=True), bound)
-        # the job machine's own timers bound its hold and its close (TEARDOWN)
-        await self.job.wait_closed()
-        try:
-            await self._bounded("followers", self._release_followers(), bound)
-        finally:
-            # whatever the followers' step was cut at: the job runtime and the room are let go
-            await self.job.release()
-            self._unhook()
-        return Event("released")
-
-    async def _bounded(self, step: str, work: Awaitable[Any], close_timeout: float) -> None:
-        seconds = bound_of(step, close_timeout)
-        try:
-            await self.clock.wait_for(work, seconds)
-        except TimeoutError:
-            logger.warning(
-                "job %s: the teardown's %r step took longer than %gs; cut off, the next runs",
-                self.room.name,
-                step,
-                seconds,
-            )
-        except Exception:
-            logger.exception("job %s: the teardown's %r step failed", self.room.name, step)
-
-    async def _release_followers(self) -> None:
-        """What follows the room and the session stops: the link, playout, the avatar (each
-        close runs once, whoever asked first)."""
-        # what run_close's callbacks step closes, as its links declare (fired again when
-        # the job's bound cut its close: each close runs once)
-        self.job.wiring.fire("job", "run_close", step="callbacks")
-        if lk.session_live(self.session):
-            # the job's bound cut its close before the session's step: a closed job leaves
-            # no session running (its close is the session's own; not waited for here)
-            lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
-        if self.playout is not None:
-            await self.playout.aclose()
-        await self.link.aclose()
-        if self._avatar_closing is not None:
-            await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
-
-    def _unhook(self) -> None:
-        self.session.off("close", self._on_session_close)
-        self.events.aclose()
-        if self._job_context is not None:
-            _JOBS.pop(self._job_context, None)
-
-    def _on_lifecycle_closed(self) -> None:
-        # after the lifecycle's own last transition is written
-        if self.otel is not None:
-            self.otel.close()  # every machine is closed: a state span still open was abandoned
-        if self._trace_file is not None:
-            self._trace_file.close()
-
     def _on_closed(self, t: float | None) -> None:
         logger.info("job closed (%s)", self.job.reason or "no reason given")
-        if self._job_context is not None:
-            _JOBS.pop(self._job_context, None)
-        self._emit_closed(t)
-
-    def _emit_closed(self, t: float | None) -> None:
+        self._forget()
         try:
             self.emit("closed", t)
         except Exception:
             logger.exception("a closed listener failed")
+
+    def _forget(self) -> None:
+        if self.system.job_context is not None:
+            _JOBS.pop(self.system.job_context, None)
 
     async def _on_livekit_shutdown(self, reason: str) -> None:
         self.shutdown(reason)
@@ -859,7 +446,3 @@ def session_end_hook(
                 await res
 
     return hook
-
-
-# the lifecycle's handlers, shared by every job (Handlers binds them to one)
-_EFFECTS = effect_table(AgentJob, AGENT_JOB)

@@ -1,19 +1,19 @@
 """What every machine of a job is doing now, as plain JSON-able data (``AgentJob.snapshot()``).
 
-The machines are found by walking the runtime objects the job holds (every ``Actor`` among
-their attributes, and among those of the runtime objects they hold in turn), so a machine a
-runtime adds shows up here without a change. Reading one is a few attribute look-ups per
-machine: no copy of the trace, no I/O, cheap enough to log with every request.
+The machines are the ones the job's system holds (``JobSystem.actors``). Reading one is a
+few attribute look-ups per machine: no copy of the trace, no I/O, cheap enough to log with
+every request.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Literal, TypedDict
-
-from statemachines.machines import MACHINES
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from .actor import Actor
+
+if TYPE_CHECKING:
+    from .system import JobSystem
 
 
 class TimerSnapshot(TypedDict):
@@ -57,38 +57,31 @@ class JobSnapshot(TypedDict):
     closed_at: float | None
 
 
-@functools.cache
-def _is_runtime(module: str) -> bool:
-    """A module of the production runtime (not the testing kit's stand-ins, not the tools)."""
-    return module.startswith(f"{__package__}.") and module.count(".") == 1
-
-
-def find_actors(*roots: object, depth: int = 3) -> list[Actor]:
-    """Every ``Actor`` held by ``roots`` or by the runtime objects (this package's classes)
-    they hold, ``depth`` levels down; in ``MACHINES`` order, then by instance."""
-    found: dict[int, Actor] = {}
-    seen: set[int] = set()
-
-    def walk(obj: object, level: int) -> None:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, Actor):
-            found[id(obj)] = obj
-            return
-        if level >= depth:
-            return
-        for value in getattr(obj, "__dict__", {}).values():
-            if isinstance(value, Actor) or _is_runtime(type(value).__module__):
-                walk(value, level + 1)
-
-    for root in roots:
-        if root is not None:
-            walk(root, 0)
-    order = {name: i for i, name in enumerate(MACHINES)}
-    return sorted(
-        found.values(), key=lambda a: (order.get(a.spec.name, len(order)), a.spec.name, a.instance)
-    )
+def job_snapshot(system: JobSystem) -> JobSnapshot:
+    """What every machine of the job is doing now, with the facts around them."""
+    job = system.job
+    attached = job.host.session
+    return {
+        "t": system.clock.now(),
+        "room": system.room.name,
+        "room_connected": system.room.isconnected(),
+        "machines": machines_snapshot(system.actors),
+        "audio_route": system.audio_route(),
+        "linked_identity": system.link.linked_identity,
+        "attached_session": job.host.label_of(attached) if attached is not None else None,
+        "primary_session_attached": attached is system.session,
+        "finalize": {
+            "simulation": job.simulation is not None,
+            "simulators": sorted(job.simulators),
+            "hold_needed": job.hold_needed,
+            "answered": job.finalize_answered,
+            "verdict": job.verdict,
+        },
+        "close_reason": system.close_reason,
+        "job_reason": job.reason,
+        "room_deleted_at": job.room_deleted_at,
+        "closed_at": job.closed_at,
+    }
 
 
 def machine_snapshot(actor: Actor) -> MachineSnapshot:
@@ -110,7 +103,7 @@ def machine_snapshot(actor: Actor) -> MachineSnapshot:
     }
 
 
-def machines_snapshot(actors: list[Actor]) -> dict[str, MachineSnapshot]:
+def machines_snapshot(actors: Iterable[Actor]) -> dict[str, MachineSnapshot]:
     out: dict[str, MachineSnapshot] = {}
     for actor in actors:
         key = actor.spec.name

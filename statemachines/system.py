@@ -103,6 +103,8 @@ class TeardownStep(BaseModel):
     after: tuple[str, ...] = ()
     bound: float = Field(gt=0, le=1)
     what: str
+    # a machine whose own timeouts bound this step (its hold, its close): no share applied
+    timed_by: str = ""
 
 
 # the job machine's run_close: its steps, in order (each link of run_close/STEP fires as
@@ -147,6 +149,7 @@ RELEASE: tuple[TeardownStep, ...] = (
         name="job",
         after=("starts",),
         bound=1.0,
+        timed_by="job",
         what="the job machine closes (after its hold, if any): TEARDOWN",
     ),
     TeardownStep(

@@ -207,7 +207,8 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
 ):
     """The premise of 're-entry record only': in a composed job, a REPORTED_ONLY machine's
     state changes go only through forwarders (each re-emits the change, nothing else) to
-    the job's own listeners, the user's; AgentJob's forwarder acts on the avatar's alone."""
+    the job's own listeners, the user's; the job system's forwarder acts on the avatar's alone
+    (and on the declared watches, none of which a reported-only machine fires)."""
     from tests.support.playout_rig import PlayoutRig
 
     rig = PlayoutRig()
@@ -229,6 +230,7 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
         job._emit_state: job,
         tracker._on_state_changed: tracker,
         link._forward_state_changed: link,
+        agent_job.system._forward_state: agent_job.system,
         agent_job._forward_state: agent_job,
     }
     # the playout follows the link, by a function of the change that is silent on a re-entry
@@ -250,8 +252,12 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
                     todo.append(forwarders[listener])
         assert agent_job._forward_state in seen, machine  # it reaches the user, nothing else
     assert not agent_job._events.get("state_changed")  # nobody but a user listens there
+    source = inspect.getsource(type(agent_job.system)._forward_state)
+    assert 'sc.machine == "avatar"' in source  # the only change it acts on (and the watches)
+    assert "watched(sc.machine" in source
+    # the user's front acts on the job's own lifecycle alone (its close ends the tracing)
     source = inspect.getsource(type(agent_job)._forward_state)
-    assert 'sc.machine == "avatar"' in source  # the only change it acts on
+    assert 'if sc.machine == "agent_job"' in source
     await rig.aclose()
 
 

@@ -99,7 +99,8 @@ POSTED: dict[str, frozenset[str]] = {
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
     "room_deletion": frozenset({"request", "allow", "close"}),
     "finalize": frozenset({"request", "close"}),
-    # from AgentJob's API (start, its parts, aclose) and the job machine's watch
+    # from AgentJob's API (start, its parts, aclose: JobSystem's begin, run_part, aclose)
+    # and the job machine's watch
     "agent_job": frozenset(
         {"start", "start_part", "started", "start_failed", "close", "abort", "job_closed"}
     ),
@@ -140,7 +141,7 @@ MODULES = {
     "room_deletion": "agent_runtime/room_deletion.py",
     "finalize": "agent_runtime/finalize.py",
     "playout": "agent_runtime/playout.py",
-    "agent_job": "agent_runtime/agent_job.py",
+    "agent_job": "agent_runtime/system.py",
 }
 
 

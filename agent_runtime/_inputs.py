@@ -1,0 +1,132 @@
+"""What a user hands ``AgentJob``, checked before anything changes: the avatar plugin and its
+start options, the ``RoomOptions`` a start is given, and the tracing a job writes to."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import NOT_GIVEN, NotGivenOr
+from livekit.agents.utils import is_given
+from livekit.agents.voice.avatar import AvatarSession
+from livekit.agents.voice.room_io import RoomOptions
+from opentelemetry import context as otel_context
+
+from .avatar import check_plugin, check_start_options, plugin_name
+from .otel import OtelSink
+from .settings import JobSettings, SettingError
+from .trace import JsonlSink, LoggingSink, Tracer
+
+logger = logging.getLogger("agent_runtime.agent_job")
+
+# an avatar plugin, or what builds one when the job is built (a class, a functools.partial)
+AvatarPlugin = AvatarSession | Callable[[], AvatarSession]  # type: ignore[type-arg]
+
+
+def check_avatar(avatar: AvatarPlugin | None, start_options: object) -> dict[str, Any]:
+    """The plugin's start options, once the plugin given and its options are checked (a
+    factory is only checked once it builds, in ``build_avatar``)."""
+    if avatar is not None and not isinstance(avatar, AvatarSession) and not callable(avatar):
+        check_plugin(avatar)  # AvatarPluginError (a TypeError) naming it
+    if start_options is not None and not isinstance(start_options, Mapping):
+        raise TypeError(
+            "avatar_start_options must be a mapping of the plugin's start() keyword "
+            f"options, not {type(start_options).__name__}"
+        )
+    options = dict(start_options or {})
+    if options and avatar is None:
+        raise ValueError("avatar_start_options given without an avatar")
+    if isinstance(avatar, AvatarSession):
+        check_start_options(avatar, options)
+    return options
+
+
+def build_avatar(
+    avatar: AvatarPlugin, start_options: Mapping[str, Any]
+) -> tuple[AvatarSession | None, str | None]:  # type: ignore[type-arg]
+    """The plugin, built by its factory when one was given, or why there is none. A factory
+    that raises (a plugin whose service is gone, a provider key missing in this deployment)
+    or builds something that is no ``AvatarSession`` is a fault of the run, not of the code:
+    it is logged naming the plugin, and the job runs on room audio."""
+    if isinstance(avatar, AvatarSession):
+        return avatar, None
+    try:
+        built = avatar()
+        check_plugin(built)
+    except Exception as e:
+        error = (
+            f"avatar plugin {plugin_name(avatar)} could not be built "
+            f"({type(e).__name__}: {e}); the agent runs on room audio"
+        )
+        logger.error("%s", error)
+        return None, error
+    check_start_options(built, start_options)  # the code's own mistake: refused
+    return built, None
+
+
+def observed(
+    tracer: Tracer | None,
+    trace_path: str | Path | None,
+    otel: bool | OtelSink,
+    parent: Callable[[], otel_context.Context],
+) -> tuple[Tracer | None, JsonlSink | None, OtelSink | None]:
+    """The job's tracer with its JSONL file (``trace_path``) and its OpenTelemetry sink."""
+    trace_file: JsonlSink | None = None
+    if trace_path is not None:
+        try:
+            trace_file = JsonlSink(trace_path)
+        except OSError as e:
+            raise SettingError(
+                f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
+            ) from None
+        # production traces: the JSONL `agent-runtime replay` reads, plus the logs
+        tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), trace_file)
+    sink: OtelSink | None = None
+    if otel is not False:
+        sink = OtelSink() if otel is True else otel
+        if sink.parent is None:
+            sink.parent = parent
+        tracer = Tracer(*(tracer.sinks if tracer else []), sink)
+    return tracer, trace_file, sink
+
+
+def room_options(settings: JobSettings, given: NotGivenOr[RoomOptions]) -> RoomOptions:
+    """The ``RoomOptions`` the session starts with: the machines' close rules, the linked
+    participant from the job's settings. What would contradict them is refused."""
+    s = settings
+    opts = copy.copy(given) if is_given(given) else RoomOptions()
+    if not isinstance(opts, RoomOptions):
+        raise TypeError(f"room_options must be a RoomOptions, not {type(opts).__name__}")
+    if opts.delete_room_on_close:
+        raise ValueError(
+            "RoomOptions(delete_room_on_close=True) deletes the room as the session closes, "
+            "before a simulator can ask for its verdict: pass delete_room_on_close=True to "
+            "AgentJob instead (the room is deleted after the job's hold)"
+        )
+    if not opts.close_on_disconnect:
+        raise ValueError(
+            "RoomOptions(close_on_disconnect=False): pass close_on_disconnect=False to "
+            "AgentJob instead (the participant machine decides what a departure means)"
+        )
+    if is_given(opts.participant_identity) and (
+        opts.participant_identity != s.participant_identity
+    ):
+        raise ValueError(
+            "RoomOptions.participant_identity: pass participant_identity= to AgentJob "
+            "instead (the participant machine links that identity)"
+        )
+    if is_given(opts.participant_kinds):
+        raise ValueError(
+            "RoomOptions.participant_kinds: pass participant_kinds= to AgentJob instead"
+        )
+    opts.close_on_disconnect = False  # the participant machine decides
+    opts.delete_room_on_close = False  # the job machine defers deletion past its hold
+    opts.participant_identity = s.participant_identity or NOT_GIVEN
+    opts.participant_kinds = [
+        rtc.ParticipantKind.Value(f"PARTICIPANT_KIND_{k.upper()}") for k in s.participant_kinds
+    ]
+    return opts

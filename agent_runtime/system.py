@@ -1,0 +1,404 @@
+"""``JobSystem``: every actor of one job, built in one place, and the channels between them.
+
+It builds the runtimes (the job with its host, finalize and room deletion; the participant
+link; the avatar; playout) and the job's own lifecycle (``statemachines.agent_job``), holds
+their actors in ``MACHINES`` order, delivers the declared channels that are not room facts
+(``statemachines.system.WATCHES`` to the lifecycle, the links to the avatar) and runs the
+lifecycle's teardown as declared (``statemachines.system.RELEASE``: each step bounded, a cut
+step never skipping the next). ``AgentJob`` is its user-facing front: it checks the input,
+sets up tracing and hands the parts here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, CloseReason
+from livekit.agents.voice.avatar import AvatarSession
+from livekit.agents.voice.events import CloseEvent
+from livekit.agents.voice.remote_session import SessionTransport
+from livekit.agents.voice.room_io import RoomOptions
+
+from statemachines.agent_job import AGENT_JOB
+from statemachines.machines import MACHINES
+from statemachines.system import RELEASE, bound_of, watched
+
+from . import livekit_compat as lk
+from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
+from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of, server_api_remover
+from .clock import Clock
+from .emitter import Emitter
+from .job import JobRuntime
+from .participant import ParticipantLink
+from .playout import PlayoutTracker, RepromptFn
+from .room_deletion import DeleteRoomFn
+from .room_events import RoomEventAdapter
+from .session_host import SimulationEndFn
+from .settings import JobSettings
+from .trace import Tracer
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+    from livekit.agents.simulation import SimulationContext, SimulationDispatch
+
+logger = logging.getLogger("agent_runtime.system")
+
+
+@dataclass
+class Parts:
+    """What a job is built from besides its settings: each has a production default."""
+
+    clock: Clock
+    tracer: Tracer | None = None
+    transport: SessionTransport | None = None
+    simulation: SimulationContext | SimulationDispatch | None = None
+    on_simulation_end: SimulationEndFn | None = None
+    delete_room: DeleteRoomFn | None = None
+    remove_avatar_participant: RemoveParticipant | None = None
+    on_reprompt: RepromptFn | None = None
+    plugin: AvatarSession | None = None  # type: ignore[type-arg]
+    avatar_start_options: dict[str, Any] = field(default_factory=dict)
+
+
+class JobSystem(Emitter[str]):
+    """The actors of one job and every channel between them.
+
+    Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
+    (the job machine's time of closing)."""
+
+    def __init__(
+        self, *, room: rtc.Room, session: AgentSession[Any], settings: JobSettings, parts: Parts
+    ) -> None:
+        super().__init__()
+        s = settings
+        self.room, self.session, self.settings = room, session, settings
+        self.clock, self.tracer = parts.clock, parts.tracer
+        clock, tracer = parts.clock, parts.tracer
+        self.events = RoomEventAdapter(room)
+        self.job = JobRuntime(
+            room=room,
+            clock=clock,
+            tracer=tracer,
+            transport=parts.transport,
+            simulation=parts.simulation,
+            on_simulation_end=parts.on_simulation_end,
+            session_end_timeout=s.session_end_timeout,
+            close_timeout=s.close_timeout,
+            delete_room_on_close=s.delete_room_on_close,
+            delete_room=parts.delete_room,
+            room_events=self.events,
+            before_disconnect=self._close_session_and_avatar,
+        )
+        self.job.primary = session
+        self.link = ParticipantLink(
+            session,
+            room_events=self.events,
+            participant_identity=s.participant_identity,
+            participant_kinds=s.participant_kinds,
+            close_on_disconnect=s.close_on_disconnect,
+            closing_reasons=s.closing_reasons,
+            grace_period=s.grace_period,
+            session_close_timeout=s.session_close_timeout,
+            clock=clock,
+            tracer=tracer,
+            wiring=self.job.wiring,
+        )
+        self.avatar: AvatarLifecycle | None = None
+        self._avatar_start_options = parts.avatar_start_options
+        if parts.plugin is not None:
+            self.avatar = AvatarLifecycle(
+                parts.plugin,
+                join_timeout=s.join_timeout,
+                retry=s.retry_avatar,
+                clock=clock,
+                tracer=tracer,
+                room_events=self.events,
+                # the job removes the avatar through the server API whether or not the
+                # plugin's own close did
+                remove_participant=parts.remove_avatar_participant or server_api_remover(room),
+            )
+        self.playout: PlayoutTracker | None = None
+        if s.playout is not None:
+            self.playout = PlayoutTracker(
+                session,
+                options=s.playout,
+                on_reprompt=parts.on_reprompt,
+                avatar=self.avatar,
+                link=self.link,
+                clock=clock,
+                tracer=tracer,
+                instance=room.name or "room",
+                wiring=self.job.wiring,
+            )
+        # the job's own lifecycle (statemachines.agent_job): start, close and abort
+        self.lifecycle = Actor(
+            AGENT_JOB,
+            instance=room.name or "job",
+            effects=Handlers(self, _EFFECTS),
+            clock=clock,
+            tracer=tracer,
+        )
+        # every actor of the job, held here, in MACHINES order
+        owned = [
+            self.job.actor,
+            self.job.host.actor,
+            self.job.host.finalize.actor,
+            self.job.deletion.actor,
+            self.link.actor,
+            *([self.avatar.actor] if self.avatar is not None else []),
+            *([self.playout.actor] if self.playout is not None else []),
+            self.lifecycle,
+        ]
+        order = list(MACHINES)
+        self.actors: tuple[Actor, ...] = tuple(
+            sorted(owned, key=lambda a: order.index(a.spec.name))
+        )
+        self.close_reason: str | None = None  # the primary session's CloseReason, once closed
+        self.job_context: JobContext | None = None
+        self._live_route: Route = "none"
+        self._avatar_closing: asyncio.Task[None] | None = None
+        # the parts of a start still running: the teardown cuts them
+        self._starts: set[asyncio.Task[Any]] = set()
+        self.lifecycle.on("state_changed", self._forward_state)
+        self.job.on("state_changed", self._forward_state)
+        self.link.on("state_changed", self._forward_state)
+        if self.avatar is not None:
+            self.avatar.on("state_changed", self._forward_state)
+            self.job.wiring.connect("avatar", self._post_avatar)
+        if self.playout is not None:
+            self.playout.on("state_changed", self._forward_state)
+        self.job.on("closed", self._on_job_closed)
+
+    # -- state -------------------------------------------------------------------------------
+    def audio_route(self) -> Route:
+        return route_of(self.session, self.avatar.installed_sink if self.avatar else None)
+
+    @property
+    def live_audio_route(self) -> Route:
+        if lk.session_live(self.session):
+            self._live_route = route_of(self.session)
+        return self._live_route
+
+    # -- starting ----------------------------------------------------------------------------
+    async def begin(self, event: str) -> None:
+        """Ask the lifecycle for a start; its reject cells are the user's clear errors."""
+        try:
+            await self.lifecycle.send(Event(event))
+        except EventRejected:
+            state = self.lifecycle.state
+            if state == "starting":
+                raise RuntimeError("this job is already starting") from None
+            if state == "running":
+                raise RuntimeError("this job is already started") from None
+            raise RuntimeError("this job is closed; build a new AgentJob") from None
+
+    async def run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
+        """Run one part of the start as a task the teardown can cut; its failure is the
+        lifecycle's ``start_failed`` and is raised to the caller."""
+        task = asyncio.ensure_future(work)
+        self._starts.add(task)
+        task.add_done_callback(self._starts.discard)
+        try:
+            await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if (me is not None and me.cancelling()) or not task.cancelled():
+                raise  # the caller itself was cancelled
+            raise RuntimeError("the job was closed before it finished starting") from None
+        except Exception as e:
+            ending = self.job.state in ("closing", "closed")  # the room went away meanwhile
+            with contextlib.suppress(ActorClosed):
+                await self.lifecycle.send(
+                    Event("start_failed", {"error": f"{type(e).__name__}: {e}"})
+                )
+            if ending:
+                raise RuntimeError("the job was closed before it finished starting") from e
+            raise
+        if session:
+            with contextlib.suppress(ActorClosed):
+                await self.lifecycle.send(Event("started"))
+
+    async def start_all(self, agent: Agent, options: RoomOptions) -> None:
+        await self.start_runtime()
+        if self.avatar is not None:
+            await self.start_avatar()
+        await self.start_session(agent, options)
+
+    async def start_runtime(self) -> None:
+        if self.events.started:
+            return
+        if self.job_context is not None:
+            await self.job_context.connect()
+        self.events.start()
+        self.session.on("close", self._on_session_close)
+        await self.job.start()
+
+    async def start_avatar(self) -> None:
+        assert self.avatar is not None
+        await self.start_runtime()
+        await self.avatar.start(self.session, self.room, **self._avatar_start_options)
+
+    async def start_session(self, agent: Agent, options: RoomOptions) -> None:
+        if lk.session_started(self.session) or lk.session_closing_task(self.session):
+            raise RuntimeError("the job's session is already started (or closed)")
+        await self.start_runtime()
+        # attached as it starts (until then a request gets "no active session"), before its
+        # first event so every one of them is forwarded
+        self.job.attach(self.session)
+        if self.playout is not None:
+            self.playout.start()  # before the session's first speech
+        await self.session.start(agent, room=self.room, room_options=options, session_host=False)
+        self._live_route = route_of(self.session)
+        self.link.start()
+
+    # -- ending ------------------------------------------------------------------------------
+    async def aclose(self, *, graceful: bool) -> None:
+        """``close`` (or ``abort``) the lifecycle; returns once it is ``closed``."""
+        with contextlib.suppress(ActorClosed):
+            await self.lifecycle.send(Event("close" if graceful else "abort"))
+        await self.lifecycle.until(lambda state: state == "closed")
+        # a deletion under way (asked for late) runs to its end or its bound first
+        await self.job.deletion.aclose()
+
+    # -- channels ----------------------------------------------------------------------------
+    def _forward_state(self, sc: StateChanged) -> None:
+        if sc.machine == "avatar" and lk.session_live(self.session):
+            self._live_route = route_of(self.session)  # only the avatar moves the route
+        for event in watched(sc.machine, sc.source, sc.dest, "agent_job"):
+            self.lifecycle.post(Event(event))
+        try:
+            self.emit("state_changed", sc)
+        except Exception:
+            # a listener's failure must not abort the machine's step that called it
+            logger.exception("a state_changed listener failed")
+
+    def _on_session_close(self, ev: CloseEvent) -> None:
+        # the avatar goes with it through the job's links (statemachines.glue.LINKS)
+        reason = getattr(ev, "reason", None)
+        self.close_reason = self.close_reason or getattr(reason, "value", str(reason))
+
+    def _post_avatar(self, event: Event) -> None:
+        """An event the job's links send the avatar: its close is ``aclose()``."""
+        if event.name == "close":
+            self._close_avatar()
+        elif self.avatar is not None and not self.avatar.actor.closed:
+            self.avatar.actor.post(event)
+
+    def _close_avatar(self) -> None:
+        # the avatar goes with the session, while the room is still connected (its removal
+        # goes through the server API only then)
+        if self.avatar is not None and self._avatar_closing is None:
+            self._avatar_closing = asyncio.get_running_loop().create_task(
+                self.avatar.aclose(), name="JobSystem.avatar.aclose"
+            )
+
+    def _on_job_closed(self, t: float | None) -> None:
+        try:
+            self.emit("closed", t)
+        except Exception:
+            logger.exception("a closed listener failed")
+
+    # -- the job machine's run_close: the session and avatar steps ---------------------------
+    async def _close_session_and_avatar(self) -> None:
+        """The part of the job's close that needs the room: the session (when the job ends
+        for another reason, e.g. the simulator left), then the avatar, whose close the
+        avatar step's link asks.
+
+        In livekit's order: the session's close first (its speech ends on the route it has,
+        and its close event closes the avatar), then the avatar, so the avatar's restore
+        never builds a room track for a session that is going away. A session whose close
+        is still running after its step's bound no longer holds the avatar's close back
+        (the avatar must leave while the room is connected)."""
+        if lk.session_live(self.session):
+            lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
+        task = lk.session_closing_task(self.session)
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):  # a failed close is the session's to log
+                await self.clock.wait_for(
+                    asyncio.shield(task), bound_of("session", self.settings.close_timeout)
+                )
+        self.job.wiring.fire("job", "run_close", step="avatar")
+        closing: list[Awaitable[Any]] = []
+        if task is not None and not task.done():
+            closing.append(asyncio.shield(task))
+        if self._avatar_closing is not None:
+            closing.append(asyncio.shield(self._avatar_closing))
+        if closing:
+            await asyncio.gather(*closing, return_exceptions=True)
+
+    # -- the lifecycle's effects -------------------------------------------------------------
+    # the job machine hears them through the declared links (statemachines.glue.LINKS)
+    def _fx_ask_shutdown(self, _ev: Event) -> None:
+        self.job.wiring.fire("agent_job", "ask_shutdown", {"reason": "job closed"})
+
+    def _fx_ask_abort(self, _ev: Event) -> None:
+        self.job.wiring.fire("agent_job", "ask_abort", {"reason": "aborted"})
+
+    async def _fx_run_teardown(self, _ev: Event) -> Event:
+        """``closing``'s task: the steps of ``statemachines.system.RELEASE`` in order."""
+        steps: dict[str, Callable[[], Awaitable[Any]]] = {
+            "starts": self._cut_starts,
+            "job": self.job.wait_closed,
+            "followers": self._release_followers,
+        }
+        try:
+            for step in RELEASE:
+                await self._bounded(step.name, steps[step.name](), timed=step.timed_by == "")
+        finally:
+            # whatever a step was cut at: the job runtime and the room are let go
+            await self.job.release()
+            self._unhook()
+        return Event("released")
+
+    async def _bounded(self, step: str, work: Awaitable[Any], *, timed: bool) -> None:
+        seconds = bound_of(step, self.settings.close_timeout)
+        try:
+            if timed:
+                await self.clock.wait_for(work, seconds)
+            else:
+                await work  # bounded by its machine's own timers
+        except TimeoutError:
+            logger.warning(
+                "job %s: the teardown's %r step took longer than %gs; cut off, the next runs",
+                self.room.name,
+                step,
+                seconds,
+            )
+        except Exception:
+            logger.exception("job %s: the teardown's %r step failed", self.room.name, step)
+
+    async def _cut_starts(self) -> None:
+        starts = [t for t in self._starts if not t.done()]
+        for t in starts:
+            t.cancel()
+        await asyncio.gather(*starts, return_exceptions=True)
+
+    async def _release_followers(self) -> None:
+        """What follows the room and the session stops: the link, playout, the avatar (each
+        close runs once, whoever asked first)."""
+        # what run_close's callbacks step closes, as its links declare (fired again when
+        # the job's bound cut its close: each close runs once)
+        self.job.wiring.fire("job", "run_close", step="callbacks")
+        if lk.session_live(self.session):
+            # the job's bound cut its close before the session's step: a closed job leaves
+            # no session running (its close is the session's own; not waited for here)
+            lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
+        if self.playout is not None:
+            await self.playout.aclose()
+        await self.link.aclose()
+        if self._avatar_closing is not None:
+            await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
+
+    def _unhook(self) -> None:
+        self.session.off("close", self._on_session_close)
+        self.events.aclose()
+
+
+# the lifecycle's handlers, shared by every job (Handlers binds them to one)
+_EFFECTS = effect_table(JobSystem, AGENT_JOB)
