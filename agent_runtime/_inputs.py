@@ -1,11 +1,14 @@
 """What a user hands ``AgentJob``, checked before anything changes: the avatar plugin and its
-start options, the ``RoomOptions`` a start is given, and the tracing a job writes to."""
+start options, the ``RoomOptions`` a start is given, the tracing a job writes to, and the
+parts the testing kit injects (``injected``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,36 @@ from .settings import JobSettings, SettingError
 from .trace import JsonlSink, LoggingSink, Tracer
 
 logger = logging.getLogger("agent_runtime.agent_job")
+
+# parts the testing kit injects into jobs built in its context (virtual clock, in-memory
+# transport, recorded room deletion); production never sets it
+_INJECTED: ContextVar[Mapping[str, Any] | None] = ContextVar("agent_runtime_injected", default=None)
+_INJECTABLE = frozenset(
+    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant", "otel", "avatar"}
+)
+
+
+@contextlib.contextmanager
+def injected(**parts: Any) -> Iterator[None]:
+    """Jobs built inside this context (``AgentJob(...)`` or ``from_job_context``) take these
+    parts unless given explicitly: ``clock``, ``transport``, ``tracer``, ``delete_room``,
+    ``remove_avatar_participant``, ``otel`` (an ``OtelSink``). ``avatar`` (an
+    ``AvatarSession``) replaces the avatar plugin a job is given, if it is given one. For
+    tests that run an unchanged entrypoint on virtual time and an in-memory room."""
+    unknown = sorted(set(parts) - _INJECTABLE)
+    if unknown:
+        raise TypeError(f"cannot inject {', '.join(unknown)}; one of {sorted(_INJECTABLE)}")
+    token = _INJECTED.set({**(_INJECTED.get() or {}), **parts})
+    try:
+        yield
+    finally:
+        _INJECTED.reset(token)
+
+
+def injections() -> Mapping[str, Any]:
+    """What the ``injected`` context in force gives the jobs built now."""
+    return _INJECTED.get() or {}
+
 
 # an avatar plugin, or what builds one when the job is built (a class, a functools.partial)
 AvatarPlugin = AvatarSession | Callable[[], AvatarSession]  # type: ignore[type-arg]

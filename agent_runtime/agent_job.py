@@ -9,24 +9,15 @@ its room, in the order their guarantees need::
         job = AgentJob.from_job_context(ctx, session=session, avatar=bey.AvatarSession())
         await job.start(Agent(instructions="..."))
 
-What it composes: the room-event adapter (room facts reach each machine through the
-declared routing table), the ``job`` machine and the job-owned session host (the session
-starts with ``session_host=False`` and is attached before it starts), the linked
-``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are turned
-off: the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
-optional ``playout`` machine (the agent's audio until heard, the re-prompt watchdog),
-tracing, and the teardown: when the session closes the avatar goes with it while the room is
-still connected; the job's ``closing`` closes the host, then the session and avatar if they
-are still up, then disconnects, deletes the room if asked and runs the shutdown callbacks.
+It checks what it is given (a refusal changes nothing), sets up the tracing and hands the
+parts to ``JobSystem`` (``system.py``), which builds every machine, holds their actors and
+runs the channels between them and the teardown.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from contextvars import ContextVar
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,18 +29,19 @@ from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
 from . import livekit_compat as lk
-from ._inputs import AvatarPlugin, build_avatar, check_avatar, observed
+from ._inputs import AvatarPlugin, build_avatar, check_avatar, injected, injections, observed
 from ._inputs import room_options as room_options_for
 from .actor import Actor, StateChanged
 from .avatar import RemoveParticipant, Route
 from .clock import AsyncioClock, Clock
 from .emitter import Emitter
 from .job import ShutdownCallback
+from .livekit_job import context_options, forget, job_of, on_session_end, register, session_end_hook
 from .otel import OtelSink
 from .playout import RepromptFn
 from .room_deletion import DeleteRoomFn
 from .session_host import SimulationEndFn
-from .settings import JOB_PARTS, AvatarRetry, JobSettings, PlayoutOptions, SettingError, job_options
+from .settings import JOB_PARTS, AvatarRetry, JobSettings, PlayoutOptions, job_options
 from .snapshot import JobSnapshot, job_snapshot
 from .system import JobSystem, Parts
 from .trace import Tracer
@@ -59,36 +51,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
-# the live job of each job context, for on_session_end / on_simulation_end; dropped at close
-_JOBS: dict[Any, AgentJob] = {}
-# parts the testing kit injects into jobs built in its context (virtual clock, in-memory
-# transport, recorded room deletion); production never sets it
-_INJECTED: ContextVar[Mapping[str, Any] | None] = ContextVar("agent_runtime_injected", default=None)
-_INJECTABLE = frozenset(
-    {"clock", "transport", "tracer", "delete_room", "remove_avatar_participant", "otel", "avatar"}
-)
-
 Events = Literal["state_changed", "closed"]
 # what AgentJob's keywords hand job_options: the settings (None: the default) and the parts
 _OPTIONAL = frozenset({"participant_kinds", "closing_reasons"})
 _OPTIONS = (*JobSettings.model_fields, *JOB_PARTS)
-
-
-@contextlib.contextmanager
-def injected(**parts: Any) -> Iterator[None]:
-    """Jobs built inside this context (``AgentJob(...)`` or ``from_job_context``) take these
-    parts unless given explicitly: ``clock``, ``transport``, ``tracer``, ``delete_room``,
-    ``remove_avatar_participant``, ``otel`` (an ``OtelSink``). ``avatar`` (an
-    ``AvatarSession``) replaces the avatar plugin a job is given, if it is given one. For
-    tests that run an unchanged entrypoint on virtual time and an in-memory room."""
-    unknown = sorted(set(parts) - _INJECTABLE)
-    if unknown:
-        raise TypeError(f"cannot inject {', '.join(unknown)}; one of {sorted(_INJECTABLE)}")
-    token = _INJECTED.set({**(_INJECTED.get() or {}), **parts})
-    try:
-        yield
-    finally:
-        _INJECTED.reset(token)
 
 
 class AgentJob(Emitter[Events]):
@@ -140,7 +106,7 @@ class AgentJob(Emitter[Events]):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         if not isinstance(session, AgentSession):
             raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
-        inject = _INJECTED.get() or {}
+        inject = injections()
         if avatar is not None and inject.get("avatar") is not None:
             avatar = inject["avatar"]  # a test's scripted avatar stands in for the plugin
         if lk.session_started(session):
@@ -212,42 +178,18 @@ class AgentJob(Emitter[Events]):
         given to ``AgentServer.rtc_session`` and ``ctx.delete_room``, unless given in
         ``options``. ``trace_path`` may contain ``{job_id}`` and ``{room}``. Found again by
         ``AgentJob.for_job(ctx)`` and by ``on_session_end``."""
-        if ctx in _JOBS:
-            raise RuntimeError("this job context already has an AgentJob")
-        trace_path = options.get("trace_path")
-        if isinstance(trace_path, str):
-            try:
-                options["trace_path"] = trace_path.format(job_id=ctx.job.id, room=ctx.room.name)
-            except (KeyError, IndexError, ValueError) as e:
-                raise SettingError(
-                    f"trace_path: only {{job_id}} and {{room}} can be filled in ({e})"
-                ) from None
-        if options.get("simulation") is None:
-            options["simulation"] = ctx.simulation_context()
-        if options.get("on_simulation_end") is None:
-            # where the job runner puts rtc_session(on_simulation_end=...)
-            options["on_simulation_end"] = lk.job_simulation_end_fn(ctx)
-        inject = _INJECTED.get() or {}
-        if options.get("delete_room") is None and "delete_room" not in inject:
-
-            async def delete_room() -> None:
-                await ctx.delete_room()
-
-            options["delete_room"] = delete_room
+        options = context_options(ctx, options)
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)
         job.system.job_context = ctx
         # the room is not connected yet (its name comes with the connection); the job has it
         job._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or ctx.room.name)
-        _JOBS[ctx] = job
-        # the safety net when on_session_end was not passed: the job closes with livekit's
-        # own shutdown (no hold then: the room is already disconnected)
-        ctx.add_shutdown_callback(job._on_livekit_shutdown)
+        register(ctx, job)
         return job
 
     @staticmethod
     def for_job(ctx: JobContext) -> AgentJob | None:
         """The ``AgentJob`` built for ``ctx``, until it closed."""
-        return _JOBS.get(ctx)
+        return job_of(ctx)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -409,40 +351,7 @@ class AgentJob(Emitter[Events]):
 
     def _forget(self) -> None:
         if self.system.job_context is not None:
-            _JOBS.pop(self.system.job_context, None)
-
-    async def _on_livekit_shutdown(self, reason: str) -> None:
-        self.shutdown(reason)
-        await self.wait_closed()
+            forget(self.system.job_context)
 
 
-async def on_session_end(ctx: JobContext) -> None:
-    """Pass to ``AgentServer.rtc_session(..., on_session_end=on_session_end)``.
-
-    livekit-agents calls it after the primary session closed and before it disconnects the
-    room: the job shuts down here, holding for the simulator's finalize (bounded by
-    ``session_end_timeout``), and this returns once the job is ``closed``.
-    """
-    job = _JOBS.get(ctx)
-    if job is None:
-        logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
-        return
-    job.shutdown("session ended")
-    await job.wait_closed()
-
-
-def session_end_hook(
-    then: Callable[[JobContext], Any] | None = None,
-) -> Callable[[JobContext], Awaitable[None]]:
-    """``on_session_end`` followed by your own session-end callback ``then(ctx)``."""
-    if then is not None and not callable(then):
-        raise TypeError("then must be callable")
-
-    async def hook(ctx: JobContext) -> None:
-        await on_session_end(ctx)
-        if then is not None:
-            res = then(ctx)
-            if inspect.isawaitable(res):
-                await res
-
-    return hook
+__all__ = ["AgentJob", "injected", "on_session_end", "session_end_hook"]

@@ -7,6 +7,16 @@ their actors in ``MACHINES`` order, delivers the declared channels that are not 
 lifecycle's teardown as declared (``statemachines.system.RELEASE``: each step bounded, a cut
 step never skipping the next). ``AgentJob`` is its user-facing front: it checks the input,
 sets up tracing and hands the parts here.
+
+The composition: the room-event adapter (room facts reach each machine through the declared
+routing table, in ``FOLLOW_ORDER``), the ``job`` machine and the job-owned session host (the
+session starts with ``session_host=False`` and is attached before it starts), the linked
+``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are off:
+the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
+optional ``playout`` machine. When the session closes the avatar goes with it while the room
+is still connected; the job's ``closing`` closes the host, then the session and avatar if
+they are still up, then disconnects, deletes the room if asked and runs the shutdown
+callbacks.
 """
 
 from __future__ import annotations

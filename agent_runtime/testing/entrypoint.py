@@ -27,8 +27,8 @@ from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 
 from ..agent_job import AgentJob, injected
-from ..agent_job import on_session_end as runtime_on_session_end
 from ..clock import Clock, settle
+from ..livekit_job import on_session_end as runtime_on_session_end
 from ..trace import MemorySink, Tracer, TraceRecord
 from .inmemory import InMemoryRoom
 

@@ -1,0 +1,104 @@
+"""``AgentJob`` inside a livekit-agents job: the options its ``JobContext`` gives, the live
+job of each context, and the ``on_session_end`` hook that ends it."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from . import livekit_compat as lk
+from ._inputs import injections
+from .settings import SettingError
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+
+    from .agent_job import AgentJob
+
+logger = logging.getLogger("agent_runtime.agent_job")
+
+# the live job of each job context, for on_session_end / on_simulation_end; dropped at close
+_JOBS: dict[Any, AgentJob] = {}
+
+
+def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with what ``ctx`` gives where they are silent: its simulation context,
+    the ``on_simulation_end`` given to ``AgentServer.rtc_session``, ``ctx.delete_room``;
+    ``trace_path`` filled in (``{job_id}``, ``{room}``)."""
+    if ctx in _JOBS:
+        raise RuntimeError("this job context already has an AgentJob")
+    trace_path = options.get("trace_path")
+    if isinstance(trace_path, str):
+        try:
+            options["trace_path"] = trace_path.format(job_id=ctx.job.id, room=ctx.room.name)
+        except (KeyError, IndexError, ValueError) as e:
+            raise SettingError(
+                f"trace_path: only {{job_id}} and {{room}} can be filled in ({e})"
+            ) from None
+    if options.get("simulation") is None:
+        options["simulation"] = ctx.simulation_context()
+    if options.get("on_simulation_end") is None:
+        # where the job runner puts rtc_session(on_simulation_end=...)
+        options["on_simulation_end"] = lk.job_simulation_end_fn(ctx)
+    if options.get("delete_room") is None and "delete_room" not in injections():
+
+        async def delete_room() -> None:
+            await ctx.delete_room()
+
+        options["delete_room"] = delete_room
+    return options
+
+
+def register(ctx: JobContext, job: AgentJob) -> None:
+    """``job`` is ``ctx``'s until it closes; it closes with livekit's own shutdown too."""
+    _JOBS[ctx] = job
+
+    # the safety net when on_session_end was not passed (no hold then: the room is
+    # already disconnected)
+    async def on_livekit_shutdown(reason: str) -> None:
+        job.shutdown(reason)
+        await job.wait_closed()
+
+    ctx.add_shutdown_callback(on_livekit_shutdown)
+
+
+def job_of(ctx: JobContext) -> AgentJob | None:
+    return _JOBS.get(ctx)
+
+
+def forget(ctx: JobContext) -> None:
+    _JOBS.pop(ctx, None)
+
+
+async def on_session_end(ctx: JobContext) -> None:
+    """Pass to ``AgentServer.rtc_session(..., on_session_end=on_session_end)``.
+
+    livekit-agents calls it after the primary session closed and before it disconnects the
+    room: the job shuts down here, holding for the simulator's finalize (bounded by
+    ``session_end_timeout``), and this returns once the job is ``closed``.
+    """
+    job = _JOBS.get(ctx)
+    if job is None:
+        logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
+        return
+    job.shutdown("session ended")
+    await job.wait_closed()
+
+
+def session_end_hook(
+    then: Callable[[JobContext], Any] | None = None,
+) -> Callable[[JobContext], Awaitable[None]]:
+    """``on_session_end`` followed by your own session-end callback ``then(ctx)``."""
+    if then is not None and not callable(then):
+        raise TypeError("then must be callable")
+
+    async def hook(ctx: JobContext) -> None:
+        await on_session_end(ctx)
+        if then is not None:
+            res = then(ctx)
+            if inspect.isawaitable(res):
+                await res
+
+    return hook
