@@ -48,7 +48,10 @@ class AsyncioClock:
         await asyncio.sleep(delay)
 
     async def wait_for(self, aw: Awaitable[T], timeout: float | None) -> T:
-        return await asyncio.wait_for(aw, timeout)
+        # asyncio.timeout, not asyncio.wait_for: on 3.11 the latter wraps every coroutine
+        # in a task of its own, a cost every bounded step of a close paid
+        async with asyncio.timeout(timeout):
+            return await aw
 
 
 class _VirtualTimer:
