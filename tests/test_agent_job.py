@@ -11,7 +11,6 @@ carrying the real protobuf messages) and the avatar participant's removal.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession
 from livekit.agents.job import JobContext
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
-from livekit.agents.testing import fake_job_context
 from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import RemoteSession
 from livekit.agents.voice.room_io import RoomOptions
@@ -42,23 +40,7 @@ DISPATCH = SimulationDispatch(simulation_run_id="run-aj", job_id="simjob-aj")
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-async def room(clock: VirtualClock) -> InMemoryRoom:
-    room = InMemoryRoom(name="aj-room", clock=clock)
-    room.connect_locally()
-    return room
-
-
-@pytest.fixture
-async def ctx(room: InMemoryRoom) -> AsyncIterator[JobContext]:
-    with fake_job_context(room=room) as ctx:
-        yield ctx
-        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+ROOM = "aj-room"  # the room the fixtures build (tests/conftest.py)
 
 
 def simulated(ctx: JobContext, on_simulation_end: Any) -> None:

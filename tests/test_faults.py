@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession
 from livekit.agents.job import JobContext
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
-from livekit.agents.testing import fake_job_context
 from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import RemoteSession
 
@@ -48,23 +46,7 @@ DISPATCH = SimulationDispatch(simulation_run_id="run-26", job_id="simjob-26")
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-async def room(clock: VirtualClock) -> InMemoryRoom:
-    room = InMemoryRoom(name="faults-room", clock=clock)
-    room.connect_locally()
-    return room
-
-
-@pytest.fixture
-async def ctx(room: InMemoryRoom) -> AsyncIterator[JobContext]:
-    with fake_job_context(room=room) as ctx:
-        yield ctx
-        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+ROOM = "faults-room"  # the room the fixtures build (tests/conftest.py)
 
 
 def _fds_open_on(path: Path) -> list[str]:

@@ -31,16 +31,7 @@ SIM = {ATTRIBUTE_SIMULATOR: "1"}
 DISPATCH = SimulationDispatch(simulation_run_id="run-lc", job_id="simjob-lc")
 
 
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock()
-
-
-@pytest.fixture
-async def room(clock: VirtualClock) -> InMemoryRoom:
-    room = InMemoryRoom(name="lc-room", clock=clock)
-    room.connect_locally()
-    return room
+ROOM = "lc-room"  # the room the fixtures build (tests/conftest.py)
 
 
 class CountingAvatar(ScriptedAvatar):

@@ -1,0 +1,33 @@
+"""The fixtures of the tests that build a whole job: a virtual clock, an in-memory room
+connected locally (named by the test module's ``ROOM``), a fake livekit job context over it.
+A module's own fixture of the same name takes precedence."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from livekit.agents.job import JobContext
+from livekit.agents.testing import fake_job_context
+
+from agent_runtime.clock import VirtualClock
+from agent_runtime.testing.inmemory import InMemoryRoom
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def room(clock: VirtualClock, request: pytest.FixtureRequest) -> InMemoryRoom:
+    room = InMemoryRoom(name=getattr(request.module, "ROOM", "room"), clock=clock)
+    room.connect_locally()
+    return room
+
+
+@pytest.fixture
+async def ctx(room: InMemoryRoom) -> AsyncIterator[JobContext]:
+    with fake_job_context(room=room) as ctx:
+        yield ctx
+        ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
