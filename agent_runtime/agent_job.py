@@ -265,8 +265,7 @@ class AgentJob(Emitter[Events]):
         """Connect (inside a livekit job), follow the room, start the job machine and the
         session host. Idempotent; ``start()`` may follow it. The lifecycle moves on with the
         agent's own parts (``start``, ``start_avatar``, ``start_session``)."""
-        if self.lifecycle in ("closing", "closed"):
-            raise RuntimeError("this job is closed; build a new AgentJob")
+        await self.system.begin("follow_room")
         await self.system.run_part(self.system.start_runtime())
 
     async def start_avatar(self) -> None:

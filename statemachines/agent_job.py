@@ -3,7 +3,8 @@ order and at once.
 
 ``start`` is the whole start (``AgentJob.start()``); ``start_part`` one of the agent's
 parts of it (``start_avatar``, ``start_session``: the avatar may start before or after the
-session; ``start_runtime``, which only follows the room, moves nothing). The job is
+session; ``follow_room`` is ``start_runtime()``, which moves nothing and is refused once
+the job is closing, like every start). The job is
 ``running`` once its session runs. ``close`` is a graceful ``aclose()``: the ``job``
 machine shuts down (holding for a simulator if one can still ask); ``abort`` is
 ``aclose(graceful=False)``: the same teardown with no hold. Either way ``closing`` runs the
@@ -16,10 +17,11 @@ closing on its own (the user left, the room went away, or before the job started
 
 from .spec import Cell, Effect, MachineSpec, State, cells, row
 
-STARTS = ["start", "start_part"]
+STARTS = ["start", "start_part", "follow_room"]
 EVENTS = (
     "start",  # AgentJob.start(): the whole start
     "start_part",  # one of the agent's parts of it: the avatar, the session
+    "follow_room",  # start_runtime(): follow the room, start the job machine and its host
     "started",  # the session runs under the job
     "start_failed",  # a part of the start raised (its caller gets the error)
     "close",  # aclose(): shut down, honouring the bounded hold
@@ -66,6 +68,8 @@ AGENT_JOB = MachineSpec(
         *row("new", "abort", "closing", effects=["ask_abort"]),
         # another part of the start (the avatar before or after the session) goes on
         *row(UP, "start_part", None),
+        # following the room is no part of the agent: the lifecycle stays where it is
+        *row(["new", *UP], "follow_room", None),
         *row("starting", "started", "running"),
         # what did start is released; start() raises the part's error
         *row("starting", "start_failed", "closing", effects=["ask_abort"]),

@@ -102,7 +102,16 @@ POSTED: dict[str, frozenset[str]] = {
     # from AgentJob's API (start, its parts, aclose: JobSystem's begin, run_part, aclose)
     # and the job machine's watch
     "agent_job": frozenset(
-        {"start", "start_part", "started", "start_failed", "close", "abort", "job_closed"}
+        {
+            "start",
+            "start_part",
+            "follow_room",
+            "started",
+            "start_failed",
+            "close",
+            "abort",
+            "job_closed",
+        }
     ),
     # from the session's, the avatar's and the link's callbacks (its timeouts only from
     # the actor)
