@@ -234,8 +234,13 @@ class JobRuntime(MachineRuntime[str]):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Watch the room, start the session host. Idempotent; nothing once closing."""
-        if self.actor.started or self.actor.closed:
+        """Watch the room, start the session host. Idempotent (the room's subscription says
+        the job follows it); nothing once closing."""
+        if (
+            self._unsubscribe_facts is not None
+            or self.actor.closed
+            or self.actor.state in ("closing", "closed")
+        ):
             return
         self._simulators = frozenset(
             p.identity

@@ -188,7 +188,8 @@ class ParticipantLink(MachineRuntime[str]):
         unfollow = follow(self.room_events, "participant", self.actor.post)
         # alone, the link follows its session's close itself (composed, the job's wiring
         # delivers it, as the links declare)
-        unlisten = listen(self.session, {} if self._wiring else {"close": self._on_session_close})
+        alone = {"close": self._on_session_close} if self._wiring is None else {}
+        unlisten = listen(self.session, alone)
 
         def unsubscribe() -> None:
             unfollow()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,9 +39,8 @@ from ._runtime import MachineRuntime
 from .actor import Event, effect_table
 from .clock import AsyncioClock, Clock
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
-from .inbox import Inbox
 from .routing import Wiring
-from .session_transport import SenderAware, sender_aware
+from .session_transport import SenderAware, SessionPipe, sender_aware
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -84,46 +83,10 @@ def simulation_context(
     )
 
 
-class _SessionPipe(SessionTransport):
-    """The transport one per-session livekit ``SessionHost`` sees: requests the job host
-    feeds it in; its replies and events go out on the job's transport."""
-
-    def __init__(self, out: SessionTransport) -> None:
-        self._out = out
-        # the pipe's open end; None once closed (requests fed after that go nowhere)
-        self._inbox: Inbox[agent_pb.AgentSessionMessage | None] | None = Inbox()
-
-    def feed(self, request: agent_pb.SessionRequest) -> None:
-        if self._inbox is not None:
-            self._inbox.put_nowait(agent_pb.AgentSessionMessage(request=request))
-
-    async def start(self) -> None:
-        return None
-
-    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
-        await self._out.send_message(msg)
-
-    async def close(self) -> None:
-        # closes only this pipe: the job's transport belongs to the job host
-        inbox, self._inbox = self._inbox, None
-        if inbox is not None:
-            inbox.put_nowait(None)  # ends a read waiting on it
-
-    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
-        return self
-
-    async def __anext__(self) -> agent_pb.AgentSessionMessage:
-        inbox = self._inbox
-        msg = None if inbox is None else await inbox.get()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg
-
-
 @dataclass
 class _Attached:
     label: str
-    pipe: _SessionPipe
+    pipe: SessionPipe
     host: SessionHost
 
 
@@ -386,7 +349,7 @@ class JobSessionHost(MachineRuntime[str]):
     async def _fx_subscribe(self, ev: Event) -> None:
         label = str(ev.data["session"])
         session = self._sessions[label]
-        pipe = _SessionPipe(self._transport)
+        pipe = SessionPipe(self._transport)
         host = SessionHost(pipe)
         host.register_session(session)
         self._attached = _Attached(label, pipe, host)
