@@ -34,7 +34,8 @@ E = TypeVar("E")
 
 class MachineRuntime(Emitter[E]):
     """One machine instance's runtime. Emits ``state_changed`` (a ``StateChanged``) for
-    every change of its machine; ``state`` is the machine's."""
+    every change of its machine (a part its owner forwards: on ``actor``); ``state`` is
+    the machine's."""
 
     actor: Actor
 
@@ -48,9 +49,11 @@ class MachineRuntime(Emitter[E]):
         clock: Clock | None = None,
         tracer: Tracer | None = None,
         effect_timeout: float = 5.0,
+        forward: bool = True,
     ) -> Actor:
         """Build ``self.actor``: ``effects`` is the class's table (``effect_table``), the
-        guards read ``facts`` (this runtime when not given)."""
+        guards read ``facts`` (this runtime when not given). ``forward=False``: a part
+        whose owner listens on its ``actor`` and forwards (one listener less per job)."""
         actor = Actor(
             spec,
             instance=instance,
@@ -63,7 +66,8 @@ class MachineRuntime(Emitter[E]):
             tracer=tracer,
             effect_timeout=effect_timeout,
         )
-        actor.on("state_changed", self._on_state)
+        if forward:
+            actor.on("state_changed", self._on_state)
         self.actor = actor
         return actor
 

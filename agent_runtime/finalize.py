@@ -42,7 +42,8 @@ class _Delivered:
 
 
 class FinalizeAnswer(MachineRuntime[str]):
-    """One job's answer to ``finalize_simulation``. Emits ``state_changed``.
+    """One job's answer to ``finalize_simulation``. ``state_changed`` listeners go on
+    ``actor`` (the session host forwards them).
 
     ``send`` puts a message on the job's session transport; every reply it makes is bounded
     by ``reply_timeout``. ``on_answered(verdict)`` is called once the verdict went out,
@@ -80,6 +81,7 @@ class FinalizeAnswer(MachineRuntime[str]):
             clock=clock or AsyncioClock(),
             tracer=tracer,
             effect_timeout=reply_timeout,
+            forward=False,
         )
         self._wiring.connect("finalize", self._post)
 

@@ -183,7 +183,7 @@ class JobRuntime(MachineRuntime[str]):
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
         self.host.on("state_changed", self._emit_state)
-        self.deletion.on("state_changed", self._emit_state)
+        self.deletion.actor.on("state_changed", self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {

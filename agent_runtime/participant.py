@@ -33,7 +33,7 @@ from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 
 from . import livekit_compat as lk
-from ._runtime import MachineRuntime, listen
+from ._runtime import MachineRuntime
 from .actor import ActorClosed, Event, EventRejected, effect_table
 from .clock import Clock
 from .room_events import (
@@ -116,8 +116,8 @@ class ParticipantLink(MachineRuntime[str]):
         self.session_close_timeout = float(session_close_timeout)
         self._identity: str | None = None
         self._wiring = wiring
-        # what the link holds: its subscriptions while it follows (from start() to the
-        # close), then the close under way or done; the machine says the rest
+        # what the link holds: its room subscription while it follows (from start() to
+        # the close), then the close under way or done; the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
         self._close_task: asyncio.Future[None] | None = None
         self._warned_room_io = False
@@ -185,17 +185,11 @@ class ParticipantLink(MachineRuntime[str]):
                 self.state,
             )
             return
-        unfollow = follow(self.room_events, "participant", self.actor.post)
-        # alone, the link follows its session's close itself (composed, the job's wiring
-        # delivers it, as the links declare)
-        alone = {"close": self._on_session_close} if self._wiring is None else {}
-        unlisten = listen(self.session, alone)
-
-        def unsubscribe() -> None:
-            unfollow()
-            unlisten()
-
-        self._unsubscribe = unsubscribe
+        self._unsubscribe = follow(self.room_events, "participant", self.actor.post)
+        if self._wiring is None:
+            # alone: the link follows its session's close itself (composed, the job's
+            # wiring delivers it, as the links declare); taken back with the room's
+            self.session.on("close", self._on_session_close)
         self.room_events.start()
         self.actor.start()
         # rtc.Room keeps remote participants in join order
@@ -222,6 +216,8 @@ class ParticipantLink(MachineRuntime[str]):
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
+            if self._wiring is None:
+                self.session.off("close", self._on_session_close)
         if not self.actor.closed:
             with contextlib.suppress(ActorClosed, EventRejected):
                 await self.actor.send(Event("close"))

@@ -24,7 +24,8 @@ DeleteRoomFn = Callable[[], Awaitable[Any]]
 
 
 class RoomDeletion(MachineRuntime[str]):
-    """One job's room deletion. Emits ``state_changed`` (a ``StateChanged``)."""
+    """One job's room deletion. ``state_changed`` listeners go on ``actor`` (the job
+    forwards them)."""
 
     def __init__(
         self,
@@ -41,7 +42,12 @@ class RoomDeletion(MachineRuntime[str]):
         self._close_timeout = close_timeout
         self._deleted_at: float | None = None
         self._run_machine(
-            ROOM_DELETION, _EFFECTS, instance=instance, clock=self._clock, tracer=tracer
+            ROOM_DELETION,
+            _EFFECTS,
+            instance=instance,
+            clock=self._clock,
+            tracer=tracer,
+            forward=False,
         )
 
     def _timeouts(self) -> Mapping[str, float | None]:

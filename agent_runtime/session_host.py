@@ -177,7 +177,7 @@ class JobSessionHost(MachineRuntime[str]):
             effect_timeout=max(5.0, 2 * drain_timeout),
         )
         self.wiring.connect("session_host", self._post)
-        self.finalize.on("state_changed", self._emit_state)
+        self.finalize.actor.on("state_changed", self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {"drain_timeout": self._drain_timeout}
@@ -291,9 +291,7 @@ class JobSessionHost(MachineRuntime[str]):
             return
         if not opened.done():
             opened.set_result(None)
-        await self._recv_loop()
-
-    async def _recv_loop(self) -> None:
+        del opened  # a live job holds this frame: nothing more than it needs
         # who sent each request, when the transport can say (RoomRequestTransport can)
         # (what isinstance(transport, SenderAware) checks, without the protocol machinery)
         named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None

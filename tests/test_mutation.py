@@ -225,12 +225,10 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
     }
     assert set(actors) == REPORTED_ONLY
     # each runtime forwards its machine's changes (MachineRuntime._on_state), the job and
-    # the host those of the machines they own too (_emit_state)
+    # the host those of the parts they own too (_emit_state)
     forwarders = {
         host._on_state: host,
-        host.finalize._on_state: host.finalize,
         host._emit_state: host,
-        job.deletion._on_state: job.deletion,
         job._emit_state: job,
         tracker._on_state: tracker,
         link._on_state: link,
