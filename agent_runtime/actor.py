@@ -2,113 +2,59 @@
 
 The decision is the pure ``statemachines.step``; the actor performs what it names, after
 the state has changed: effects (bounded, their failure becomes an event), state timeouts
-and state-scoped tasks (started on entry, cancelled on exit).
+and state-scoped tasks (started on entry, cancelled on exit). This module holds the
+mailbox and the step; ``_perform`` what a step makes the actor do, ``_messages`` the
+vocabulary (all of it importable from here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from statemachines import MachineSpec, State, Step, UnknownEvent
+from statemachines import MachineSpec, State, Step
 from statemachines.step import table_of
 
+from ._messages import (
+    EMPTY,
+    ActorClosed,
+    EffectHandler,
+    EffectResult,
+    Event,
+    EventRejected,
+    GuardFn,
+    Handlers,
+    StateChanged,
+    effect_table,
+)
+from ._perform import Entry, Performer, current_task_cancelling
 from .clock import AsyncioClock, Clock, TimerHandle
-from .emitter import Emitter, describe
+from .emitter import describe
 from .trace import Tracer, TraceRecord
+
+__all__ = [
+    "Actor",
+    "ActorClosed",
+    "EffectHandler",
+    "EffectResult",
+    "Event",
+    "EventRejected",
+    "GuardFn",
+    "Handlers",
+    "StateChanged",
+    "effect_table",
+]
 
 logger = logging.getLogger("agent_runtime.actor")
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    name: str
-    data: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-
-
-@dataclass(frozen=True, slots=True)
-class StateChanged:
-    machine: str
-    instance: str
-    source: str
-    dest: str
-    event: str
-
-
-EffectResult = Event | None
-EffectHandler = Callable[[Event], EffectResult | Awaitable[EffectResult]]
-GuardFn = Callable[[Event], bool]
-H = TypeVar("H")
-
-
-class Handlers(Mapping[str, H]):
-    """A class's effect (or guard) handlers for one instance's actor, bound on use.
-
-    ``Handlers(self, TABLE)``, where ``TABLE`` maps each name to a function of the class
-    (``def _fx(self, event)``) and is built once with the class: every instance shares it,
-    instead of holding a dict of bound methods of its own."""
-
-    __slots__ = ("_owner", "_table")
-
-    def __init__(self, owner: object, table: Mapping[str, Callable[..., Any]]) -> None:
-        self._owner = owner
-        self._table = table
-
-    def __getitem__(self, name: str) -> H:
-        return self._table[name].__get__(self._owner)  # type: ignore[no-any-return]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._table
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        return len(self._table)
-
-
-def effect_table(cls: type, spec: MachineSpec) -> Mapping[str, Callable[..., Any]]:
-    """``spec``'s effect handlers on ``cls``: effect ``x`` is the method ``_fx_x``. Built
-    once, with the class (``Handlers(self, table)`` binds it per actor); a handler missing
-    fails the import, naming it."""
-    missing = [e.name for e in spec.effects if not callable(getattr(cls, f"_fx_{e.name}", None))]
-    if missing:
-        names = ", ".join(f"_fx_{m}" for m in missing)
-        raise TypeError(f"{cls.__name__} runs machine {spec.name!r} but has no {names}")
-    return MappingProxyType({e.name: getattr(cls, f"_fx_{e.name}") for e in spec.effects})
-
-
-class EventRejected(RuntimeError):
-    """The table rejects this event in the current state; nothing changed."""
-
-    def __init__(self, machine: str, instance: str, state: str, event: str) -> None:
-        who = f"{machine}[{instance}]" if instance else machine
-        super().__init__(f"{who} rejects event {event!r} in state {state!r}")
-        self.machine = machine
-        self.state = state
-        self.event = event
-
-
-class ActorClosed(RuntimeError):
-    """The actor was closed; it takes no more events."""
-
-
-# a mailbox entry: the event, who waits for its step, and for timer/task events the
-# generation of the state they belong to (stale ones are dropped: they died with it)
-_Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
 # a step whose effect has to be awaited: (event, its future, the step, traced, effect index)
 _Unfinished = tuple[Event, "asyncio.Future[Step] | None", Step, bool, int]
 
 
-class Actor(Emitter[str]):
+class Actor(Performer):
     """Runs one instance of ``spec``. Emits ``state_changed`` (a ``StateChanged``) and,
     once, ``closed``."""
 
@@ -164,12 +110,12 @@ class Actor(Emitter[str]):
         self.tracer = tracer
         self.effect_timeout = effect_timeout
         # the job's log fields (job_id, room), set by whoever composes the job
-        self.labels: Mapping[str, str] = _EMPTY
+        self.labels: Mapping[str, str] = EMPTY
         self._state = spec.initial
         self._gen = 0
         # the mailbox and the task set are made on first use: most actors of a job sit idle,
         # and every container an idle actor holds is memory and collector work per job
-        self._mailbox: deque[_Entry] | None = None
+        self._mailbox: deque[Entry] | None = None
         # the mailbox's drain: a callback while every effect returns at once, a task from
         # the first effect that has to be awaited (see _drain_now)
         self._runner: asyncio.Task[None] | asyncio.Handle | None = None
@@ -308,75 +254,13 @@ class Actor(Emitter[str]):
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    # -- the log policy ---------------------------------------------------------------------
-    def log_fields(self, event: str = "") -> dict[str, Any]:
-        """The structured fields of a log line about this machine: the job's labels
-        (``job_id``, ``room``), ``machine``, ``instance``, ``state`` and ``event``."""
-        return {
-            "job_id": self.labels.get("job_id", ""),
-            "room": self.labels.get("room", ""),
-            "machine": self.spec.name,
-            "instance": self.instance,
-            "state": self._state,
-            "event": event,
-        }
-
-    def where(self) -> str:
-        """The job, room and machine, for a log line: ``job J (room R), avatar[a]``."""
-        job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
-        if job:
-            return f"job {job} (room {room}), {self._who()}"
-        return f"room {room}, {self._who()}" if room else self._who()
-
-    def report(
-        self,
-        log: logging.Logger,
-        level: int,
-        msg: str,
-        *args: Any,
-        event: str = "",
-        exc_info: BaseException | None = None,
-    ) -> None:
-        """Log ``msg % args`` about this machine as the log policy asks: the line names the
-        job and the machine, its ``extra`` carries ``log_fields``."""
-        if log.isEnabledFor(level):
-            log.log(
-                level,
-                "%s: " + msg,
-                self.where(),
-                *args,
-                extra=self.log_fields(event),
-                exc_info=exc_info,
-            )
-
-    def _listener_failed(
-        self, event: str, callback: Callable[..., Any], error: BaseException, args: tuple[Any, ...]
-    ) -> None:
-        change = args[0] if args and isinstance(args[0], StateChanged) else None
-        self.report(
-            logger,
-            logging.ERROR,
-            "a %s listener failed (%s); it is removed, the machine goes on",
-            event,
-            describe(error),
-            event=change.event if change is not None else "",
-            exc_info=error,
-        )
-
     # -- mailbox -------------------------------------------------------------------------
-    def _who(self) -> str:
-        return f"{self.spec.name}[{self.instance}]" if self.instance else self.spec.name
-
-    def _check(self, event: Event) -> None:
-        if event.name not in self._table.events:
-            raise UnknownEvent(f"machine {self.spec.name!r} has no event {event.name!r}")
-
-    def _mail(self) -> deque[_Entry]:
+    def _mail(self) -> deque[Entry]:
         if self._mailbox is None:
             self._mailbox = deque()
         return self._mailbox
 
-    def _enqueue(self, entry: _Entry) -> None:
+    def _enqueue(self, entry: Entry) -> None:
         self._mail().append(entry)
         if self._runner is None:
             self._runner = asyncio.get_running_loop().call_soon(self._drain_now)
@@ -430,7 +314,7 @@ class Actor(Emitter[str]):
                 try:
                     result = await self._handle(event)
                 except asyncio.CancelledError as e:
-                    if self._closed or _current_task_cancelling():
+                    if self._closed or current_task_cancelling():
                         raise
                     self._failed(event, fut, e)  # raised inside the step, not sent to it
                     continue
@@ -489,19 +373,6 @@ class Actor(Emitter[str]):
             else:
                 fut.set_result(result)
 
-    def _record_stale(self, event: Event) -> None:
-        if self._tracing():
-            self._record(
-                TraceRecord(
-                    self.clock.now(),
-                    "stale",
-                    self.spec.name,
-                    self.instance,
-                    event=event.name,
-                    source=self._state,
-                )
-            )
-
     async def _handle(self, event: Event) -> Step:
         st, tracing = self._step(event)
         for name in st.effects:
@@ -554,29 +425,6 @@ class Actor(Emitter[str]):
                 self.emit("state_changed", change)
         return st, tracing
 
-    def _run_effects_now(
-        self, st: Step, event: Event, tracing: bool
-    ) -> tuple[int, Awaitable[Any]] | None:
-        """Run the step's effects in order until one returns an awaitable: returns its index
-        and the awaitable (the rest is for a task), or None when all of them are done."""
-        if st.outcome != "transition":
-            return None
-        for index, name in enumerate(st.effects):
-            try:
-                res = self._effects[name](event)
-            except asyncio.CancelledError:
-                self._effect_done(name, event, tracing, "error", "cancelled")
-            except Exception as e:
-                logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-                self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
-            else:
-                if inspect.isawaitable(res):
-                    return index, res
-                self._effect_done(name, event, tracing, "ok", "", res)
-            if self._closed:
-                break
-        return None
-
     def _guard_check(self, event: Event, consulted: dict[str, bool]) -> Callable[[str], bool]:
         guards = self._guards
 
@@ -586,200 +434,3 @@ class Actor(Emitter[str]):
             return value
 
         return check
-
-    # -- effects ---------------------------------------------------------------------------
-    async def _run_effect(self, name: str, event: Event, tracing: bool) -> None:
-        try:
-            res = self._effects[name](event)
-        except asyncio.CancelledError:
-            if self._closed or _current_task_cancelling():
-                raise
-            self._effect_done(name, event, tracing, "error", "cancelled")
-            return
-        except Exception as e:
-            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-            self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
-            return
-        if inspect.isawaitable(res):
-            await self._await_effect(name, event, tracing, res)
-        else:
-            self._effect_done(name, event, tracing, "ok", "", res)
-
-    async def _await_effect(
-        self, name: str, event: Event, tracing: bool, awaitable: Awaitable[Any]
-    ) -> None:
-        outcome, detail, follow = "ok", "", None
-        try:
-            follow = await self.clock.wait_for(awaitable, self.effect_timeout)
-        except TimeoutError:
-            outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
-        except asyncio.CancelledError:
-            if self._closed or _current_task_cancelling():
-                raise
-            outcome, detail = "error", "cancelled"
-        except Exception as e:
-            outcome, detail = "error", f"{type(e).__name__}: {e}"
-            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-        self._effect_done(name, event, tracing, outcome, detail, follow)
-
-    def _effect_done(
-        self,
-        name: str,
-        event: Event,
-        tracing: bool,
-        outcome: str,
-        detail: str,
-        follow: object = None,
-    ) -> None:
-        """Record an effect's outcome; queue its error event, or the event it returned."""
-        if outcome != "ok":
-            # the log policy: an effect that failed is seen by an operator, once, here
-            self.report(
-                logger,
-                logging.WARNING,
-                "effect %r %s: %s",
-                name,
-                "timed out" if outcome == "timeout" else "failed",
-                detail,
-                event=event.name,
-            )
-        if tracing or (outcome != "ok" and self._tracing()):
-            self._record(
-                TraceRecord(
-                    self.clock.now(),
-                    "effect",
-                    self.spec.name,
-                    self.instance,
-                    event=event.name,
-                    source=self._state,
-                    effect=name,
-                    outcome=outcome,
-                    detail=detail,
-                )
-            )
-        if outcome != "ok":
-            err = self.spec.effect(name).error_event
-            if err is not None:
-                self._mail().append(
-                    (Event(err, {"effect": name, "outcome": outcome, "detail": detail}), None, None)
-                )
-        elif isinstance(follow, Event):
-            self._check(follow)
-            self._mail().append((follow, None, None))
-
-    # -- state entry and exit ----------------------------------------------------------------
-    def _enter_state(self, by: str = "") -> None:
-        self._gen += 1
-        gen = self._gen
-        self._entered_at = self.clock.now()
-        st = self._table.states[self._state]
-        if st.timeout is not None:
-            seconds = self._settings.get(st.timeout.setting, st.timeout.default)
-            if seconds is not None:
-                ev = Event(st.timeout.event, {"after": seconds})
-                self._timer = self.clock.call_later(seconds, lambda: self._fire(ev, gen))
-                self._timer_deadline = self._entered_at + max(0.0, seconds)
-        for name in st.invoke:
-            self._start_task(name, gen, by)
-
-    def _leave_state(self) -> None:
-        self._gen += 1
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._tasks:
-            for t in list(self._tasks):
-                t.cancel()
-
-    def _fire(self, event: Event, gen: int) -> None:
-        if gen == self._gen and not self._closed:
-            self._timer = None
-            self._enqueue((event, None, gen))
-
-    def _start_task(self, name: str, gen: int, by: str = "") -> None:
-        handler = self._effects[name]
-        trigger = Event(f"enter:{self._state}")
-
-        async def run() -> None:
-            try:
-                res = handler(trigger)
-                if inspect.isawaitable(res):
-                    res = await res
-            except (Exception, asyncio.CancelledError) as e:
-                if isinstance(e, asyncio.CancelledError) and (
-                    _current_task_cancelling() or gen != self._gen or self._closed
-                ):
-                    raise  # cancelled: its state was left
-                # a CancelledError nothing sent (a plugin raising it) is a failure like any
-                # other, reported now rather than when the state's timeout runs out
-                detail = describe(e)
-                if isinstance(e, asyncio.CancelledError):
-                    detail += " (raised by the task itself; nothing cancelled it)"
-                self._record_task(name, "error", detail)
-                self.report(
-                    logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by
-                )
-                err = self.spec.effect(name).error_event
-                if err is not None and gen == self._gen and not self._closed:
-                    self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
-                return
-            self._record_task(name, "ok")
-            if isinstance(res, Event) and gen == self._gen and not self._closed:
-                self._enqueue((res, None, gen))
-
-        task = asyncio.get_running_loop().create_task(run(), name=f"{self._who()}:{name}")
-        if self._tasks is None:
-            self._tasks = set()
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _record_task(self, name: str, outcome: str, detail: str = "") -> None:
-        if not self._tracing():
-            return
-        self._record(
-            TraceRecord(
-                self.clock.now(),
-                "effect",
-                self.spec.name,
-                self.instance,
-                effect=name,
-                outcome=outcome,
-                detail=detail,
-            )
-        )
-
-    def _tracing(self) -> bool:
-        """Whether a record made now would be kept: records are only built then."""
-        tracer = self.tracer
-        if tracer is None:
-            return False
-        try:
-            return bool(tracer.active)
-        except BaseException as e:
-            self._drop_tracer(e)
-            return False
-
-    def _record(self, record: TraceRecord) -> None:
-        if self.tracer is None:
-            return
-        try:
-            self.tracer.write(record)
-        except BaseException as e:
-            self._drop_tracer(e)
-
-    def _drop_tracer(self, error: BaseException) -> None:
-        # recording is observation: a tracer that raises, whatever it raises (a Tracer
-        # guards its sinks; a tracer of another make may not), is dropped, the step goes on
-        self.tracer = None
-        self.report(
-            logger,
-            logging.WARNING,
-            "the tracer failed (%s); this machine records nothing more",
-            describe(error),
-            exc_info=error,
-        )
-
-
-def _current_task_cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -21,9 +21,10 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
-from .actor import Actor, Event, Handlers, effect_table
+from ._runtime import MachineRuntime
+from .actor import Event, effect_table
 from .clock import AsyncioClock, Clock
-from .routing import Wiring, guard_table
+from .routing import Wiring
 from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.finalize")
@@ -40,8 +41,9 @@ class _Delivered:
     verdict: dict[str, Any] | None
 
 
-class FinalizeAnswer:
-    """One job's answer to ``finalize_simulation``. ``state_changed`` goes on ``actor``.
+class FinalizeAnswer(MachineRuntime[str]):
+    """One job's answer to ``finalize_simulation``. ``state_changed`` listeners go on
+    ``actor`` (the session host forwards them).
 
     ``send`` puts a message on the job's session transport; every reply it makes is bounded
     by ``reply_timeout``. ``on_answered(verdict)`` is called once the verdict went out,
@@ -61,6 +63,7 @@ class FinalizeAnswer:
         instance: str = "",
         wiring: Wiring | None = None,
     ) -> None:
+        super().__init__()
         self._send = send
         self._wiring = wiring if wiring is not None else Wiring()
         self._simulation = simulation
@@ -70,21 +73,17 @@ class FinalizeAnswer:
         self._result: tuple[FinalizeResult, str] | None = None
         self._request: dict[str, Any] = {}  # the request being answered
         self._delivered: _Delivered | None = None
-        self.actor = Actor(
+        # the shared guard (statemachines.glue) reads this answer as its facts view
+        self._run_machine(
             FINALIZE,
+            _EFFECTS,
             instance=instance,
-            effects=Handlers(self, _EFFECTS),
-            # the shared guard (statemachines.glue), on this answer as its facts view
-            guards=Handlers(self, _GUARDS),
             clock=clock or AsyncioClock(),
             tracer=tracer,
             effect_timeout=reply_timeout,
+            forward=False,
         )
         self._wiring.connect("finalize", self._post)
-
-    @property
-    def state(self) -> str:
-        return self.actor.state
 
     @property
     def answered(self) -> bool:
@@ -100,10 +99,6 @@ class FinalizeAnswer:
         """A well-formed finalize: ``request_id``, ``provisional_success``,
         ``provisional_reason``."""
         self._post(Event("request", dict(data)))
-
-    def _post(self, event: Event) -> None:
-        if not self.actor.closed:
-            self.actor.post(event)
 
     async def settled(self) -> None:
         """Wait until no answer is being computed or sent (the caller bounds the wait)."""
@@ -215,4 +210,3 @@ class FinalizeAnswer:
 
 # the finalize machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = effect_table(FinalizeAnswer, FINALIZE)
-_GUARDS = guard_table("finalize")  # their one definition: statemachines.glue

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,13 @@ from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import bound_of
 
-from .actor import Actor, Event, Handlers, StateChanged, effect_table
+from ._runtime import MachineRuntime
+from .actor import Event, StateChanged, effect_table
 from .clock import AsyncioClock, Clock
-from .emitter import Emitter, positional_arity
+from .emitter import positional_arity
 from .room_deletion import DeleteRoomFn, RoomDeletion
 from .room_events import RoomEventAdapter, RoomFact
-from .routing import Wiring, follow, guard_table, plain_fact
+from .routing import Wiring, follow, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, sender_aware
 from .settings import check_part, check_setting
@@ -78,7 +79,7 @@ class _Facts:
         return self._rt.host.finalize_answered
 
 
-class JobRuntime(Emitter[str]):
+class JobRuntime(MachineRuntime[str]):
     """The job machine, its session host and its room deletion, over one room.
 
     Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
@@ -167,18 +168,9 @@ class JobRuntime(Emitter[str]):
             # only the simulator participant decides the job's fate
             is_simulator=lambda identity: identity in self._simulators,
         )
-        self.actor = Actor(
-            JOB,
-            instance=instance,
-            effects=Handlers(self, _EFFECTS),
-            # the shared guard (statemachines.glue), on the job's facts view
-            guards=Handlers(self._facts, _GUARDS),
-            settings={
-                "session_end_timeout": float(session_end_timeout),
-                "close_timeout": float(close_timeout),
-            },
-            clock=self._clock,
-            tracer=tracer,
+        # the shared guard (statemachines.glue) reads the job's facts view
+        self._run_machine(
+            JOB, _EFFECTS, facts=self._facts, instance=instance, clock=self._clock, tracer=tracer
         )
         # asked for by anyone, run once the job's closing work allows it
         self.deletion = RoomDeletion(
@@ -190,15 +182,16 @@ class JobRuntime(Emitter[str]):
         )
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
-        self.actor.on("state_changed", self._on_job_state)
         self.host.on("state_changed", self._emit_state)
         self.deletion.actor.on("state_changed", self._emit_state)
 
-    # -- state and facts -------------------------------------------------------------------
-    @property
-    def state(self) -> str:
-        return self.actor.state
+    def _timeouts(self) -> Mapping[str, float | None]:
+        return {
+            "session_end_timeout": self._session_end_timeout,
+            "close_timeout": self._close_timeout,
+        }
 
+    # -- state and facts -------------------------------------------------------------------
     @property
     def host_state(self) -> str:
         return self.host.state
@@ -241,8 +234,13 @@ class JobRuntime(Emitter[str]):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Watch the room, start the session host. Idempotent; nothing once closing."""
-        if self.actor.started or self.actor.closed:
+        """Watch the room, start the session host. Idempotent (the room's subscription says
+        the job follows it); nothing once closing."""
+        if (
+            self._unsubscribe_facts is not None
+            or self.actor.closed
+            or self.actor.state in ("closing", "closed")
+        ):
             return
         self._simulators = frozenset(
             p.identity
@@ -285,8 +283,7 @@ class JobRuntime(Emitter[str]):
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a string, not {type(reason).__name__}")
         self._reason = self._reason or reason
-        if not self.actor.closed:
-            self.actor.post(Event("shutdown", {"reason": reason}))
+        self._post(Event("shutdown", {"reason": reason}))
 
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).
@@ -350,10 +347,6 @@ class JobRuntime(Emitter[str]):
         """Which participants carry the simulator attribute, after ``fact``."""
         self._simulators = simulators_after(self._simulators, plain_fact(fact))
 
-    def _post(self, event: Event) -> None:
-        if not self.actor.closed:
-            self.actor.post(event)
-
     def _post_linked(self, event: Event) -> None:
         """An event another machine's effect sends the job (``statemachines.glue.LINKS``)."""
         reason = str(event.data.get("reason", ""))
@@ -367,7 +360,7 @@ class JobRuntime(Emitter[str]):
             self._reason = self._reason or f"session closed: {reason}"
         self._post(event)
 
-    def _on_job_state(self, sc: StateChanged) -> None:
+    def _on_state(self, sc: StateChanged) -> None:
         if sc.event == "hold_timeout":
             self._report_lost_verdict()
         if sc.dest == "closed":
@@ -376,7 +369,7 @@ class JobRuntime(Emitter[str]):
                 self._closed_waiter.set_result(None)
         self._emit_state(sc)
         if sc.dest == "closed":
-            self._emit_safely("closed", self._closed_at)
+            self.emit("closed", self._closed_at)
 
     def _report_lost_verdict(self) -> None:
         """The hold ran out with the simulator still there: its verdict is lost (the log
@@ -395,16 +388,6 @@ class JobRuntime(Emitter[str]):
             why,
             event="hold_timeout",
         )
-
-    def _emit_state(self, sc: StateChanged) -> None:
-        self._emit_safely("state_changed", sc)
-
-    def _emit_safely(self, name: str, arg: Any) -> None:
-        # a listener's failure must not abort the machine's step that called it
-        try:
-            self.emit(name, arg)
-        except Exception:
-            logger.exception("a %r listener failed", name)
 
     # -- closing ---------------------------------------------------------------------------
     async def _fx_run_close(self, _ev: Event) -> Event:
@@ -492,7 +475,6 @@ class JobRuntime(Emitter[str]):
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
 _EFFECTS = effect_table(JobRuntime, JOB)
-_GUARDS = guard_table("job")  # its one definition: statemachines.glue
 
 
 def _takes_argument(cb: Callable[..., Any]) -> bool:

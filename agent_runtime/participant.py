@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +33,14 @@ from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
+from ._runtime import MachineRuntime
+from .actor import ActorClosed, Event, EventRejected, effect_table
 from .clock import Clock
-from .emitter import Emitter
 from .room_events import (
     RoomEventAdapter,
     kind_name,
 )
-from .routing import Wiring, follow, guard_table
+from .routing import Wiring, follow
 from .settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
@@ -68,7 +68,7 @@ class SessionCloseTimedOut:
     reason: str
 
 
-class ParticipantLink(Emitter[str]):
+class ParticipantLink(MachineRuntime[str]):
     """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged)
     and ``close_timed_out`` (SessionCloseTimedOut).
 
@@ -115,36 +115,31 @@ class ParticipantLink(Emitter[str]):
         self.grace_period = float(grace_period)
         self.session_close_timeout = float(session_close_timeout)
         self._identity: str | None = None
-        self._started = False
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
         self._wiring = wiring
+        # what the link holds: its room subscription while it follows (from start() to
+        # the close), then the close under way or done; the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
+        self._close_task: asyncio.Future[None] | None = None
         self._warned_room_io = False
-        # without close_on_disconnect a departure never closes: grace waits with no timer
-        grace_setting = self.grace_period if self.close_on_disconnect else None
-        self._actor = Actor(
+        # the shared guards (statemachines.glue) read this link as their facts view
+        self._run_machine(
             PARTICIPANT,
+            _EFFECTS,
             instance=room_events.room.name or "room",
-            effects=Handlers(self, _EFFECTS),
-            # the shared guards (statemachines.glue), on this link as their facts view
-            guards=Handlers(self, _GUARDS),
-            settings={
-                "grace_period": grace_setting,
-                "session_close_timeout": self.session_close_timeout,
-            },
             clock=clock,
             tracer=tracer,
         )
-        self._actor.on("state_changed", self._forward_state_changed)
         if wiring is not None:
             wiring.connect("participant", self._post_linked)
 
-    # -- public --------------------------------------------------------------------------
-    @property
-    def state(self) -> str:
-        return self._actor.state
+    def _timeouts(self) -> Mapping[str, float | None]:
+        # without close_on_disconnect a departure never closes: grace waits with no timer
+        return {
+            "grace_period": self.grace_period if self.close_on_disconnect else None,
+            "session_close_timeout": self.session_close_timeout,
+        }
 
+    # -- public --------------------------------------------------------------------------
     @property
     def linked_identity(self) -> str | None:
         """The identity the link follows: None while waiting; kept through grace and after."""
@@ -167,21 +162,16 @@ class ParticipantLink(Emitter[str]):
             return None  # an rtc.Room that never connected has no local participant
         return identity if isinstance(identity, str) else None
 
-    @property
-    def actor(self) -> Actor:
-        """The machine's actor (traces, tests): post events here only to drive the table."""
-        return self._actor
-
     def start(self) -> None:
         """Follow the room; a participant already there is considered in join order.
 
         Call it after ``await session.start(..., room=room)``: the link points the session's
         RoomIO, which exists only from then on.
         """
-        if self._closed:
+        if self._close_task is not None:
             raise RuntimeError("ParticipantLink is closed; create a new one")
-        if self._started:
-            return
+        if self._unsubscribe is not None:
+            return  # following already
         if self._room_io() is None:
             if not lk.session_started(self.session):
                 raise RuntimeError(
@@ -195,17 +185,16 @@ class ParticipantLink(Emitter[str]):
                 self.state,
             )
             return
-        self._started = True
-        self._unsubscribe = follow(self.room_events, "participant", self._actor.post)
-        self.room_events.start()
+        self._unsubscribe = follow(self.room_events, "participant", self.actor.post)
         if self._wiring is None:
             # alone: the link follows its session's close itself (composed, the job's
-            # wiring delivers it, as the links declare)
+            # wiring delivers it, as the links declare); taken back with the room's
             self.session.on("close", self._on_session_close)
-        self._actor.start()
+        self.room_events.start()
+        self.actor.start()
         # rtc.Room keeps remote participants in join order
         for p in list(self.room_events.room.remote_participants.values()):
-            self._actor.post(
+            self.actor.post(
                 Event(
                     "participant_connected",
                     {
@@ -219,21 +208,20 @@ class ParticipantLink(Emitter[str]):
     async def aclose(self) -> None:
         """Stop following: unhook, enter ``closed``. The session is left as it is. A second
         call waits for the first one's close."""
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._aclose())
-        await asyncio.shield(self._closing)
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._aclose())
+        await asyncio.shield(self._close_task)
 
     async def _aclose(self) -> None:
-        self._closed = True
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        if self._started and self._wiring is None:
-            self.session.off("close", self._on_session_close)
-        if not self._actor.closed:
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
+            if self._wiring is None:
+                self.session.off("close", self._on_session_close)
+        if not self.actor.closed:
             with contextlib.suppress(ActorClosed, EventRejected):
-                await self._actor.send(Event("close"))
-        await self._actor.aclose()
+                await self.actor.send(Event("close"))
+        await self.actor.aclose()
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:
@@ -241,20 +229,16 @@ class ParticipantLink(Emitter[str]):
         self._post_session_closed(getattr(reason, "value", str(reason)))
 
     def _post_session_closed(self, reason: str) -> None:
-        if not self._actor.closed:
-            self._actor.post(Event("session_closed", {"reason": reason}))
+        self._post(Event("session_closed", {"reason": reason}))
 
     def _post_linked(self, event: Event) -> None:
         """An event the job's wiring brings: the session's close, or the link's own close
         (the job's close: ``aclose()``, under way until it is done)."""
         if event.name == "close":
-            if self._closing is None:
-                self._closing = asyncio.ensure_future(self._aclose())
-        elif self._started and not self._actor.closed:
-            self._actor.post(event)
-
-    def _forward_state_changed(self, change: StateChanged) -> None:
-        self.emit("state_changed", change)
+            if self._close_task is None:
+                self._close_task = asyncio.ensure_future(self._aclose())
+        elif self._unsubscribe is not None:  # while it follows
+            self._post(event)
 
     # -- effects -----------------------------------------------------------------------------
     async def _fx_link(self, ev: Event) -> None:
@@ -286,7 +270,7 @@ class ParticipantLink(Emitter[str]):
         reason = (
             f"the session did not close within {after:g}s after participant {self._identity} left"
         )
-        logger.warning("%s; the link gives up on it", reason, extra=self._actor.log_fields(ev.name))
+        logger.warning("%s; the link gives up on it", reason, extra=self.actor.log_fields(ev.name))
         if self._wiring is not None:
             self._wiring.fire("participant", "report_close_timed_out", {"reason": reason})
         self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason))
@@ -330,7 +314,5 @@ class ParticipantLink(Emitter[str]):
         rio.set_participant(identity)
 
 
-# the participant machine's handlers, shared by every instance (Handlers binds them); its
-# guards are their one definition in statemachines.glue
+# the participant machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = effect_table(ParticipantLink, PARTICIPANT)
-_GUARDS = guard_table("participant")

@@ -57,12 +57,12 @@ from statemachines.glue import (
 from statemachines.playout import PLAYOUT
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
+from ._runtime import MachineRuntime, listen
+from .actor import ActorClosed, Event, EventRejected, StateChanged, effect_table
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
-from .emitter import Emitter
 from .participant import ParticipantLink
-from .routing import Wiring, guard_table
+from .routing import Wiring
 from .settings import PlayoutOptions, check_setting
 from .trace import Tracer
 
@@ -166,7 +166,7 @@ class _Timeouts(Mapping[str, float | None]):
         return 3
 
 
-class PlayoutTracker(Emitter[PlayoutEvents]):
+class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     """Runs the ``playout`` machine for one session. Emits ``state_changed`` (a
     ``StateChanged``), ``playout_done`` (a ``PlayoutDone``) and ``reprompt`` (a
     ``Reprompted``).
@@ -218,20 +218,18 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
         self._segment: tuple[float, float] | None = None
         self._cut_at: float | None = None
         self._speeches: set[asyncio.Task[None]] = set()
-        self._started = False
+        # what takes the session listeners back: held while the tracker follows it
+        self._unfollow: Callable[[], None] | None = None
         self.done: deque[PlayoutDone] = deque(maxlen=self.HISTORY)
         self.reprompted: deque[Reprompted] = deque(maxlen=self.HISTORY)
-        self._actor = Actor(
+        self._run_machine(
             PLAYOUT,
+            _EFFECTS,
+            facts=_Facts(self),  # what the shared guards (statemachines.glue) read
             instance=instance or "session",  # a trace names every instance
-            effects=Handlers(self, _EFFECTS),
-            # the shared guards (statemachines.glue), on a facts view of this tracker
-            guards=Handlers(_Facts(self), _GUARDS),
-            settings=_Timeouts(self),
             clock=self._clock,
             tracer=tracer,
         )
-        self._actor.on("state_changed", self._on_state_changed)
         # the other machines are followed from the start: their changes come before ours
         if avatar is not None:
             avatar.on("state_changed", self._on_avatar_changed)
@@ -240,15 +238,10 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
         if link is not None:
             link.on("state_changed", self._on_link_changed)
 
+    def _timeouts(self) -> Mapping[str, float | None]:
+        return _Timeouts(self)
+
     # -- public ----------------------------------------------------------------------------
-    @property
-    def state(self) -> str:
-        return self._actor.state
-
-    @property
-    def actor(self) -> Actor:
-        return self._actor
-
     @property
     def reprompts(self) -> int:
         """Re-prompts in a row since the user last spoke."""
@@ -260,15 +253,18 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
 
     def start(self) -> None:
         """Follow the session (before it starts, so its first speech is seen). Idempotent."""
-        if self._started or self._actor.closed:
+        if self._unfollow is not None or self.actor.closed:
             return
-        self._started = True
-        s = self.session
-        s.on("speech_created", self._on_speech_created)
-        s.on("agent_state_changed", self._on_agent_state)
-        s.on("user_state_changed", self._on_user_state)
-        s.on("close", self._on_session_close)
-        self._actor.start()
+        self._unfollow = listen(
+            self.session,
+            {
+                "speech_created": self._on_speech_created,
+                "agent_state_changed": self._on_agent_state,
+                "user_state_changed": self._on_user_state,
+                "close": self._on_session_close,
+            },
+        )
+        self.actor.start()
 
     def playout_bound(self) -> float:
         """How long the avatar has, from now, to report the audio it was given: what is left
@@ -286,23 +282,17 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
 
     async def aclose(self) -> None:
         """Stop following: the machine closes, listeners and speech followers go."""
-        if not self._actor.closed:
+        if not self.actor.closed:
             with contextlib.suppress(ActorClosed, EventRejected):
-                await self._actor.send(Event("close"))
+                await self.actor.send(Event("close"))
         await self.stop()
 
     async def stop(self) -> None:
         """Stop the machine where it is (no ``close`` event) and stop following."""
-        await self._actor.aclose()
-        s = self.session
-        for name, fn in (
-            ("speech_created", self._on_speech_created),
-            ("agent_state_changed", self._on_agent_state),
-            ("user_state_changed", self._on_user_state),
-            ("close", self._on_session_close),
-        ):
-            if self._started:
-                s.off(name, fn)  # type: ignore[arg-type]
+        await self.actor.aclose()
+        unfollow, self._unfollow = self._unfollow, None
+        if unfollow is not None:
+            unfollow()
         if self._avatar is not None:
             self._avatar.off("state_changed", self._on_avatar_changed)
             self._avatar.off("segment_flushed", self._on_segment_flushed)
@@ -315,14 +305,10 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- what it follows ---------------------------------------------------------------------
-    def _post(self, name: str, data: Mapping[str, Any] | None = None) -> None:
-        if not self._actor.closed:
-            self._actor.post(Event(name, dict(data or {})))
-
     def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
         handle = ev.speech_handle
-        self._post("speech_created", {"speech_id": handle.id, "source": ev.source})
-        if not self._actor.closed and not handle.done():
+        self._post(Event("speech_created", {"speech_id": handle.id, "source": ev.source}))
+        if not self.actor.closed and not handle.done():
             task = asyncio.get_running_loop().create_task(
                 self._follow_speech(handle), name=f"playout:{handle.id}"
             )
@@ -337,62 +323,50 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
             await handle.wait_if_not_interrupted([played])
             if handle.interrupted:
                 self._cut_at = self._clock.now()
-                self._post("interrupted", {"speech_id": handle.id})
+                self._post(Event("interrupted", {"speech_id": handle.id}))
                 await played
         finally:
             played.cancel()
-        self._post("speech_done", {"speech_id": handle.id, "interrupted": handle.interrupted})
+        self._post(
+            Event("speech_done", {"speech_id": handle.id, "interrupted": handle.interrupted})
+        )
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
         event = agent_state_event(ev.new_state)
         if event is not None:
-            self._post(event, {"state": ev.new_state})
+            self._post(Event(event, {"state": ev.new_state}))
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking":
-            self._post("user_speaking")
+            self._post(Event("user_speaking"))
 
     def _on_session_close(self, ev: CloseEvent) -> None:
-        self._post("close", {"reason": str(getattr(ev.reason, "value", ev.reason))})
+        self._post(Event("close", {"reason": str(getattr(ev.reason, "value", ev.reason))}))
 
     def _on_avatar_changed(self, sc: StateChanged) -> None:
         event = avatar_change_event(sc.source, sc.dest)
         if event is not None:
-            self._post(event, {"avatar": sc.dest})
+            self._post(Event(event, {"avatar": sc.dest}))
 
     def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
         self._segment = (seg.started_at, seg.pushed)
-        self._post("handed_off", {"pushed": round(seg.pushed, 6)})
+        self._post(Event("handed_off", {"pushed": round(seg.pushed, 6)}))
 
     def _on_playback_report(self, rep: PlaybackReport) -> None:
-        self._post(
-            "playback_finished",
-            {"playback_position": rep.playback_position, "interrupted": rep.interrupted},
-        )
+        data = {"playback_position": rep.playback_position, "interrupted": rep.interrupted}
+        self._post(Event("playback_finished", data))
 
     def _on_link_changed(self, sc: StateChanged) -> None:
         event = link_change_event(sc.source, sc.dest)
         if event is not None:
-            self._post(event, {"link": sc.dest})
-
-    def _on_state_changed(self, sc: StateChanged) -> None:
-        try:
-            self.emit("state_changed", sc)
-        except Exception:
-            logger.exception("playout: a state_changed listener failed")
-
-    def _emit(self, event: PlayoutEvents, value: object) -> None:
-        try:
-            self.emit(event, value)
-        except Exception:
-            logger.exception("playout: a %s listener failed", event)
+            self._post(Event(event, {"link": sc.dest}))
 
     # -- effects -------------------------------------------------------------------------------
     def _fx_playout_done(self, ev: Event) -> None:
         done = PlayoutDone(self._clock.now(), ev.name)
         self.done.append(done)
         logger.debug("playout done (%s)", ev.name)
-        self._emit("playout_done", done)
+        self.emit("playout_done", done)
 
     def _fx_finish_playout(self, ev: Event) -> None:
         pushed = self._segment[1] if self._segment is not None else 0.0
@@ -404,7 +378,7 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
             float(ev.data.get("after", 0.0)),
             pushed,
             self.options.margin,
-            extra=self._actor.log_fields(ev.name),
+            extra=self.actor.log_fields(ev.name),
         )
         # through the avatar's own table (statemachines.glue.LINKS): it ends the sink's
         # segment (no RPC), as the avatar's report would have
@@ -429,7 +403,7 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
             n,
             self.options.max_reprompts,
         )
-        self._emit("reprompt", sent)
+        self.emit("reprompt", sent)
         res = self._on_reprompt(self.session, n)
         if inspect.isawaitable(res) and not isinstance(res, SpeechHandle):
             await res  # bounded by the actor's effect budget
@@ -454,7 +428,5 @@ class PlayoutTracker(Emitter[PlayoutEvents]):
             )
 
 
-# the playout machine's handlers, shared by every instance (Handlers binds them); its
-# guards are their one definition in statemachines.glue
+# the playout machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = effect_table(PlayoutTracker, PLAYOUT)
-_GUARDS = guard_table("playout")

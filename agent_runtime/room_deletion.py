@@ -8,12 +8,13 @@ and it then runs once, bounded by ``close_timeout``. See ``statemachines.room_de
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from statemachines.room_deletion import ROOM_DELETION
 
-from .actor import Actor, Event, Handlers, effect_table
+from ._runtime import MachineRuntime
+from .actor import Event, effect_table
 from .clock import AsyncioClock, Clock
 from .trace import Tracer
 
@@ -22,8 +23,9 @@ logger = logging.getLogger("agent_runtime.room_deletion")
 DeleteRoomFn = Callable[[], Awaitable[Any]]
 
 
-class RoomDeletion:
-    """One job's room deletion. ``state_changed`` listeners go on ``actor``."""
+class RoomDeletion(MachineRuntime[str]):
+    """One job's room deletion. ``state_changed`` listeners go on ``actor`` (the job
+    forwards them)."""
 
     def __init__(
         self,
@@ -34,22 +36,22 @@ class RoomDeletion:
         tracer: Tracer | None = None,
         instance: str = "",
     ) -> None:
+        super().__init__()
         self._delete_room = delete_room
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = close_timeout
         self._deleted_at: float | None = None
-        self.actor = Actor(
+        self._run_machine(
             ROOM_DELETION,
+            _EFFECTS,
             instance=instance,
-            effects=Handlers(self, _EFFECTS),
-            settings={"close_timeout": close_timeout},
             clock=self._clock,
             tracer=tracer,
+            forward=False,
         )
 
-    @property
-    def state(self) -> str:
-        return self.actor.state
+    def _timeouts(self) -> Mapping[str, float | None]:
+        return {"close_timeout": self._close_timeout}
 
     @property
     def deleted_at(self) -> float | None:
@@ -62,8 +64,7 @@ class RoomDeletion:
 
     def post(self, event: Event) -> None:
         """An event for the machine (``request``, ``allow``), unless it is released."""
-        if not self.actor.closed:
-            self.actor.post(event)
+        self._post(event)
 
     async def allow(self) -> None:
         """The job's room work is done: let an asked deletion run, and wait for it (it is

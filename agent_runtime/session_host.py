@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -35,13 +35,12 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from statemachines.session_host import SESSION_HOST
 
 from . import livekit_compat as lk
-from .actor import Actor, Event, Handlers, effect_table
+from ._runtime import MachineRuntime
+from .actor import Event, effect_table
 from .clock import AsyncioClock, Clock
-from .emitter import Emitter
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
-from .inbox import Inbox
-from .routing import Wiring, guard_table
-from .session_transport import SenderAware, sender_aware
+from .routing import Wiring
+from .session_transport import SenderAware, SessionPipe, sender_aware
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -84,45 +83,10 @@ def simulation_context(
     )
 
 
-class _SessionPipe(SessionTransport):
-    """The transport one per-session livekit ``SessionHost`` sees: requests the job host
-    feeds it in; its replies and events go out on the job's transport."""
-
-    def __init__(self, out: SessionTransport) -> None:
-        self._out = out
-        self._inbox: Inbox[agent_pb.AgentSessionMessage | None] = Inbox()
-        self._closed = False
-
-    def feed(self, request: agent_pb.SessionRequest) -> None:
-        if not self._closed:
-            self._inbox.put_nowait(agent_pb.AgentSessionMessage(request=request))
-
-    async def start(self) -> None:
-        return None
-
-    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
-        await self._out.send_message(msg)
-
-    async def close(self) -> None:
-        # closes only this pipe: the job's transport belongs to the job host
-        if not self._closed:
-            self._closed = True
-            self._inbox.put_nowait(None)
-
-    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
-        return self
-
-    async def __anext__(self) -> agent_pb.AgentSessionMessage:
-        msg = await self._inbox.get()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg
-
-
 @dataclass
 class _Attached:
     label: str
-    pipe: _SessionPipe
+    pipe: SessionPipe
     host: SessionHost
 
 
@@ -144,7 +108,7 @@ class _Facts:
         return None if known is None else bool(identity) and known(identity)
 
 
-class JobSessionHost(Emitter[str]):
+class JobSessionHost(MachineRuntime[str]):
     """The job's session host. Emits ``state_changed`` (an ``actor.StateChanged``, of the
     ``session_host`` or the ``finalize`` machine).
 
@@ -187,8 +151,9 @@ class JobSessionHost(Emitter[str]):
         self._refs = itertools.count(1)
         self._attached: _Attached | None = None
         self._closing_hosts: set[asyncio.Task[None]] = set()
-        self._recv_task: asyncio.Task[None] | None = None
-        self._started = False
+        # the host's hold on its transport (started, then read), from start() to the close
+        self._reader: asyncio.Task[None] | None = None
+        self._drain_timeout = drain_timeout
         self.wiring = wiring if wiring is not None else Wiring()
         self.finalize = FinalizeAnswer(
             transport.send_message,
@@ -201,34 +166,23 @@ class JobSessionHost(Emitter[str]):
             instance=instance,
             wiring=self.wiring,
         )
-        self.actor = Actor(
+        self._run_machine(
             SESSION_HOST,
+            _EFFECTS,
+            facts=_Facts(self),  # what the shared guards (statemachines.glue) read
             instance=instance,
-            effects=Handlers(self, _EFFECTS),
-            # the shared guards (statemachines.glue), on the host's facts view
-            guards=Handlers(_Facts(self), _GUARDS),
-            settings={"drain_timeout": drain_timeout},
             clock=self._clock,
             tracer=tracer,
             # closing the finalize answer may wait for a reply under way, then its own
             effect_timeout=max(5.0, 2 * drain_timeout),
         )
         self.wiring.connect("session_host", self._post)
-        self.actor.on("state_changed", self._emit_state)
         self.finalize.actor.on("state_changed", self._emit_state)
 
-    def _emit_state(self, sc: Any) -> None:
-        # a listener's failure must not abort the machine's step that called it
-        try:
-            self.emit("state_changed", sc)
-        except Exception:
-            logger.exception("a state_changed listener failed")
+    def _timeouts(self) -> Mapping[str, float | None]:
+        return {"drain_timeout": self._drain_timeout}
 
     # -- public ----------------------------------------------------------------------------
-    @property
-    def state(self) -> str:
-        return self.actor.state
-
     @property
     def session(self) -> AgentSession[Any] | None:
         """The attached session, as of the last event the machine handled."""
@@ -248,22 +202,21 @@ class JobSessionHost(Emitter[str]):
         return self.finalize.verdict
 
     async def start(self) -> None:
-        """Start the transport and begin reading requests."""
-        if self._started or self.actor.state in ("closing", "closed"):
+        """Start the transport and begin reading requests; returns once the transport
+        started (raising what refused it) or the host closed meanwhile. Idempotent;
+        nothing once closing."""
+        if (
+            self._reader is not None
+            or self.actor.closed
+            or self.actor.state in ("closing", "closed")
+        ):
             return
-        self._started = True
         self.actor.start()
-        try:
-            await self._transport.start()
-        except ValueError as e:
-            # RoomSessionTransport: the topic's handler is taken, by a session's own host
-            raise RuntimeError(
-                f"the session transport cannot start ({e}); start the AgentSession with "
-                "session_host=False so the job's host is the only one"
-            ) from e
-        self._recv_task = asyncio.get_running_loop().create_task(
-            self._recv_loop(), name="JobSessionHost._recv_loop"
-        )
+        loop = asyncio.get_running_loop()
+        opened: asyncio.Future[None] = loop.create_future()
+        # made before anything is awaited: a second start() sees it
+        self._reader = loop.create_task(self._read(opened), name="JobSessionHost._read")
+        await asyncio.shield(opened)
 
     def attach(self, session: AgentSession[Any]) -> None:
         """Attach ``session`` (detaching any other). Raises once the host is closed."""
@@ -310,12 +263,35 @@ class JobSessionHost(Emitter[str]):
             await self.actor.until(lambda state: state == "closed")
         await self.actor.aclose()
         await self.finalize.aclose()
-        await self._stop_recv()
+        await self._stop_reading()
         self._sessions.clear()
         self._pending.clear()
 
     # -- incoming --------------------------------------------------------------------------
-    async def _recv_loop(self) -> None:
+    async def _read(self, opened: asyncio.Future[None]) -> None:
+        """Start the transport (``opened`` says how that went), then read it until the
+        close cancels this."""
+        try:
+            await self._transport.start()
+        except asyncio.CancelledError:
+            if not opened.done():
+                opened.set_result(None)  # closed while it started: start() just returns
+            raise
+        except Exception as e:
+            error: Exception = e
+            if isinstance(e, ValueError):
+                # RoomSessionTransport: the topic's handler is taken, by a session's own host
+                error = RuntimeError(
+                    f"the session transport cannot start ({e}); start the AgentSession with "
+                    "session_host=False so the job's host is the only one"
+                )
+                error.__cause__ = e
+            if not opened.done():
+                opened.set_exception(error)
+            return
+        if not opened.done():
+            opened.set_result(None)
+        del opened  # a live job holds this frame: nothing more than it needs
         # who sent each request, when the transport can say (RoomRequestTransport can)
         # (what isinstance(transport, SenderAware) checks, without the protocol machinery)
         named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None
@@ -367,15 +343,11 @@ class JobSessionHost(Emitter[str]):
         else:
             self.actor.post(Event("request", data))
 
-    def _post(self, event: Event) -> None:
-        if not self.actor.closed:
-            self.actor.post(event)
-
     # -- effects ---------------------------------------------------------------------------
     async def _fx_subscribe(self, ev: Event) -> None:
         label = str(ev.data["session"])
         session = self._sessions[label]
-        pipe = _SessionPipe(self._transport)
+        pipe = SessionPipe(self._transport)
         host = SessionHost(pipe)
         host.register_session(session)
         self._attached = _Attached(label, pipe, host)
@@ -451,8 +423,8 @@ class JobSessionHost(Emitter[str]):
         await self._transport.close()
 
     # -- helpers ---------------------------------------------------------------------------
-    async def _stop_recv(self) -> None:
-        task, self._recv_task = self._recv_task, None
+    async def _stop_reading(self) -> None:
+        task, self._reader = self._reader, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -472,7 +444,6 @@ _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
 
 # the session_host machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = effect_table(JobSessionHost, SESSION_HOST)
-_GUARDS = guard_table("session_host")  # their one definition: statemachines.glue
 
 
 def request_problem(req: agent_pb.SessionRequest) -> str | None:

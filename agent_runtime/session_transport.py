@@ -13,6 +13,9 @@ the participant that sent it, i.e. the identity in that participant's access tok
 says who sent the message; whether that participant is the simulator is decided by the job
 from the ``lk.simulator`` attribute, which is only as trustworthy as the tokens that may
 set attributes (``canUpdateOwnMetadata`` lets a participant set its own).
+
+``SessionPipe`` is the transport each attached session's own livekit ``SessionHost`` sees:
+the job's host feeds it the requests, and its replies go out on the job's transport.
 """
 
 from __future__ import annotations
@@ -158,3 +161,39 @@ class RoomRequestTransport(SessionTransport):
 
     async def __anext__(self) -> agent_pb.AgentSessionMessage:
         return (await self.receive()).message
+
+
+class SessionPipe(SessionTransport):
+    """The transport one per-session livekit ``SessionHost`` sees: requests the job host
+    feeds it in; its replies and events go out on the job's transport."""
+
+    def __init__(self, out: SessionTransport) -> None:
+        self._out = out
+        # the pipe's open end; None once closed (requests fed after that go nowhere)
+        self._inbox: Inbox[agent_pb.AgentSessionMessage | None] | None = Inbox()
+
+    def feed(self, request: agent_pb.SessionRequest) -> None:
+        if self._inbox is not None:
+            self._inbox.put_nowait(agent_pb.AgentSessionMessage(request=request))
+
+    async def start(self) -> None:
+        return None
+
+    async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
+        await self._out.send_message(msg)
+
+    async def close(self) -> None:
+        # closes only this pipe: the job's transport belongs to the job host
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            inbox.put_nowait(None)  # ends a read waiting on it
+
+    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
+        return self
+
+    async def __anext__(self) -> agent_pb.AgentSessionMessage:
+        inbox = self._inbox
+        msg = None if inbox is None else await inbox.get()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg

@@ -40,10 +40,10 @@ from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, bound_of, watched
 
 from . import livekit_compat as lk
-from .actor import Actor, ActorClosed, Event, EventRejected, Handlers, StateChanged, effect_table
+from ._runtime import MachineRuntime
+from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged, effect_table
 from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of, server_api_remover
 from .clock import Clock
-from .emitter import Emitter
 from .job import JobRuntime
 from .participant import ParticipantLink
 from .playout import PlayoutTracker, RepromptFn
@@ -76,8 +76,9 @@ class Parts:
     avatar_start_options: dict[str, Any] = field(default_factory=dict)
 
 
-class JobSystem(Emitter[str]):
-    """The actors of one job and every channel between them.
+class JobSystem(MachineRuntime[str]):
+    """The actors of one job and every channel between them; the runtime of the job's own
+    lifecycle (``actor``, also ``lifecycle``).
 
     Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
     (the job machine's time of closing)."""
@@ -147,12 +148,13 @@ class JobSystem(Emitter[str]):
                 wiring=self.job.wiring,
             )
         # the job's own lifecycle (statemachines.agent_job): start, close and abort
-        self.lifecycle = Actor(
+        self.lifecycle = self._run_machine(
             AGENT_JOB,
+            _EFFECTS,
             instance=room.name or "job",
-            effects=Handlers(self, _EFFECTS),
             clock=clock,
             tracer=tracer,
+            forward=False,
         )
         # every actor of the job, held here, in MACHINES order
         owned = [
@@ -282,11 +284,7 @@ class JobSystem(Emitter[str]):
             self._live_route = route_of(self.session)  # only the avatar moves the route
         for event in watched(sc.machine, sc.source, sc.dest, "agent_job"):
             self.lifecycle.post(Event(event))
-        try:
-            self.emit("state_changed", sc)
-        except Exception:
-            # a listener's failure must not abort the machine's step that called it
-            logger.exception("a state_changed listener failed")
+        self._emit_state(sc)  # a listener that fails is the Emitter's to log and drop
 
     def _on_session_close(self, ev: CloseEvent) -> None:
         # the avatar goes with it through the job's links (statemachines.glue.LINKS)
@@ -309,10 +307,7 @@ class JobSystem(Emitter[str]):
             )
 
     def _on_job_closed(self, t: float | None) -> None:
-        try:
-            self.emit("closed", t)
-        except Exception:
-            logger.exception("a closed listener failed")
+        self.emit("closed", t)
 
     # -- the job machine's run_close: the session and avatar steps ---------------------------
     async def _close_session_and_avatar(self) -> None:

@@ -222,14 +222,17 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
         "finalize": host.finalize.actor,
         "room_deletion": job.deletion.actor,
         "playout": tracker.actor,
-        "participant": link._actor,
+        "participant": link.actor,
     }
     assert set(actors) == REPORTED_ONLY
+    # each runtime forwards its machine's changes (MachineRuntime._on_state), the job and
+    # the host those of the parts they own too (_emit_state)
     forwarders = {
+        host._on_state: host,
         host._emit_state: host,
         job._emit_state: job,
-        tracker._on_state_changed: tracker,
-        link._forward_state_changed: link,
+        tracker._on_state: tracker,
+        link._on_state: link,
         agent_job.system._forward_state: agent_job.system,
         agent_job._forward_state: agent_job,
     }

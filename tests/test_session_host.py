@@ -24,6 +24,7 @@ from agent_runtime.session_host import (
     request_problem,
     simulation_context,
 )
+from agent_runtime.testing.inmemory import InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from tests.support.host_rig import DISPATCH, Rig, listeners, say, started_session
 
@@ -64,6 +65,34 @@ async def test_remote_session_client_sees_the_error_and_the_verdict() -> None:
     assert rig.host.verdict == {"success": False, "reason": "backend diverged after ok"}
     await remote.aclose()
     await rig.host.aclose()
+
+
+async def test_a_host_closed_while_its_transport_starts_reads_nothing_after() -> None:
+    """start() returns once the host closed meanwhile, and nothing is left reading the
+    transport (the host's reader is its hold on the transport, cancelled by the close)."""
+    gate = asyncio.Event()
+    starts: list[str] = []
+
+    class SlowStart(InMemorySessionTransport):
+        async def start(self) -> None:
+            starts.append("start")
+            await gate.wait()  # a server that does not answer yet
+            await super().start()
+
+    rig = Rig(transport=SlowStart)
+    starting = asyncio.ensure_future(rig.host.start())
+    await rig.settle()
+    await rig.host.start()  # a second call returns at once: the transport starts once
+    assert not starting.done() and starts == ["start"]
+    await rig.host.aclose()
+    await settle()
+    assert starting.done() and starting.exception() is None
+    gate.set()
+    await settle()
+    assert rig.host.state == "closed"
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
+    await rig.host.start()  # closed: nothing starts again
+    assert starts == ["start"]
 
 
 # -- attach, replace, detach ----------------------------------------------------------------

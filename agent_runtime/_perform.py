@@ -1,0 +1,359 @@
+"""What an actor does once a step has decided, apart from deciding: its effects (bounded,
+their failure or their returned event queued), entering and leaving a state (the state's
+timeout and its tasks), and what it reports (the log policy, the trace records).
+
+``Performer`` is the base of ``actor.Actor``, which owns the mailbox, the step and every
+attribute named here; the split keeps each half one idea.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from statemachines import MachineSpec, Step, UnknownEvent
+from statemachines.step import Table
+
+from ._messages import EffectHandler, Event, GuardFn, StateChanged
+from .clock import Clock, TimerHandle
+from .emitter import Emitter, describe
+from .trace import Tracer, TraceRecord
+
+logger = logging.getLogger("agent_runtime.actor")
+
+# a mailbox entry: the event, who waits for its step, and for timer/task events the
+# generation of the state they belong to (stale ones are dropped: they died with it)
+Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
+
+
+class Performer(Emitter[str]):
+    """The actor's effects, state entry and exit, and reports (see ``actor.Actor``)."""
+
+    __slots__ = ()
+
+    # owned by Actor (its __slots__ and __init__)
+    spec: MachineSpec
+    instance: str
+    clock: Clock
+    tracer: Tracer | None
+    effect_timeout: float
+    labels: Mapping[str, str]
+    _table: Table
+    _effects: Mapping[str, EffectHandler]
+    _guards: Mapping[str, GuardFn]
+    _settings: Mapping[str, float | None]
+    _state: str
+    _gen: int
+    _closed: bool
+    _timer: TimerHandle | None
+    _timer_deadline: float
+    _entered_at: float | None
+    _tasks: set[asyncio.Task[Any]] | None
+
+    def _mail(self) -> deque[Entry]:
+        """The mailbox (``Actor``)."""
+        raise NotImplementedError
+
+    def _enqueue(self, entry: Entry) -> None:
+        """Queue ``entry`` and see that the mailbox is drained (``Actor``)."""
+        raise NotImplementedError
+
+    # -- the log policy ---------------------------------------------------------------------
+    def log_fields(self, event: str = "") -> dict[str, Any]:
+        """The structured fields of a log line about this machine: the job's labels
+        (``job_id``, ``room``), ``machine``, ``instance``, ``state`` and ``event``."""
+        return {
+            "job_id": self.labels.get("job_id", ""),
+            "room": self.labels.get("room", ""),
+            "machine": self.spec.name,
+            "instance": self.instance,
+            "state": self._state,
+            "event": event,
+        }
+
+    def where(self) -> str:
+        """The job, room and machine, for a log line: ``job J (room R), avatar[a]``."""
+        job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
+        if job:
+            return f"job {job} (room {room}), {self._who()}"
+        return f"room {room}, {self._who()}" if room else self._who()
+
+    def report(
+        self,
+        log: logging.Logger,
+        level: int,
+        msg: str,
+        *args: Any,
+        event: str = "",
+        exc_info: BaseException | None = None,
+    ) -> None:
+        """Log ``msg % args`` about this machine as the log policy asks: the line names the
+        job and the machine, its ``extra`` carries ``log_fields``."""
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s: " + msg,
+                self.where(),
+                *args,
+                extra=self.log_fields(event),
+                exc_info=exc_info,
+            )
+
+    def _listener_failed(
+        self, event: str, callback: Callable[..., Any], error: BaseException, args: tuple[Any, ...]
+    ) -> None:
+        change = args[0] if args and isinstance(args[0], StateChanged) else None
+        self.report(
+            logger,
+            logging.ERROR,
+            "a %s listener failed (%s); it is removed, the machine goes on",
+            event,
+            describe(error),
+            event=change.event if change is not None else "",
+            exc_info=error,
+        )
+
+    # -- the table ---------------------------------------------------------------------------
+    def _who(self) -> str:
+        return f"{self.spec.name}[{self.instance}]" if self.instance else self.spec.name
+
+    def _check(self, event: Event) -> None:
+        if event.name not in self._table.events:
+            raise UnknownEvent(f"machine {self.spec.name!r} has no event {event.name!r}")
+
+    def _record_stale(self, event: Event) -> None:
+        if self._tracing():
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "stale",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                )
+            )
+
+    def _run_effects_now(
+        self, st: Step, event: Event, tracing: bool
+    ) -> tuple[int, Awaitable[Any]] | None:
+        """Run the step's effects in order until one returns an awaitable: returns its index
+        and the awaitable (the rest is for a task), or None when all of them are done."""
+        if st.outcome != "transition":
+            return None
+        for index, name in enumerate(st.effects):
+            try:
+                res = self._effects[name](event)
+            except asyncio.CancelledError:
+                self._effect_done(name, event, tracing, "error", "cancelled")
+            except Exception as e:
+                logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+                self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
+            else:
+                if inspect.isawaitable(res):
+                    return index, res
+                self._effect_done(name, event, tracing, "ok", "", res)
+            if self._closed:
+                break
+        return None
+
+    # -- effects ---------------------------------------------------------------------------
+    async def _run_effect(self, name: str, event: Event, tracing: bool) -> None:
+        try:
+            res = self._effects[name](event)
+        except asyncio.CancelledError:
+            if self._closed or current_task_cancelling():
+                raise
+            self._effect_done(name, event, tracing, "error", "cancelled")
+            return
+        except Exception as e:
+            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+            self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
+            return
+        if inspect.isawaitable(res):
+            await self._await_effect(name, event, tracing, res)
+        else:
+            self._effect_done(name, event, tracing, "ok", "", res)
+
+    async def _await_effect(
+        self, name: str, event: Event, tracing: bool, awaitable: Awaitable[Any]
+    ) -> None:
+        outcome, detail, follow = "ok", "", None
+        try:
+            follow = await self.clock.wait_for(awaitable, self.effect_timeout)
+        except TimeoutError:
+            outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
+        except asyncio.CancelledError:
+            if self._closed or current_task_cancelling():
+                raise
+            outcome, detail = "error", "cancelled"
+        except Exception as e:
+            outcome, detail = "error", f"{type(e).__name__}: {e}"
+            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+        self._effect_done(name, event, tracing, outcome, detail, follow)
+
+    def _effect_done(
+        self,
+        name: str,
+        event: Event,
+        tracing: bool,
+        outcome: str,
+        detail: str,
+        follow: object = None,
+    ) -> None:
+        """Record an effect's outcome; queue its error event, or the event it returned."""
+        if outcome != "ok":
+            # the log policy: an effect that failed is seen by an operator, once, here
+            self.report(
+                logger,
+                logging.WARNING,
+                "effect %r %s: %s",
+                name,
+                "timed out" if outcome == "timeout" else "failed",
+                detail,
+                event=event.name,
+            )
+        if tracing or (outcome != "ok" and self._tracing()):
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "effect",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                    effect=name,
+                    outcome=outcome,
+                    detail=detail,
+                )
+            )
+        if outcome != "ok":
+            err = self.spec.effect(name).error_event
+            if err is not None:
+                self._mail().append(
+                    (Event(err, {"effect": name, "outcome": outcome, "detail": detail}), None, None)
+                )
+        elif isinstance(follow, Event):
+            self._check(follow)
+            self._mail().append((follow, None, None))
+
+    # -- state entry and exit ----------------------------------------------------------------
+    def _enter_state(self, by: str = "") -> None:
+        self._gen += 1
+        gen = self._gen
+        self._entered_at = self.clock.now()
+        st = self._table.states[self._state]
+        if st.timeout is not None:
+            seconds = self._settings.get(st.timeout.setting, st.timeout.default)
+            if seconds is not None:
+                ev = Event(st.timeout.event, {"after": seconds})
+                self._timer = self.clock.call_later(seconds, lambda: self._fire(ev, gen))
+                self._timer_deadline = self._entered_at + max(0.0, seconds)
+        for name in st.invoke:
+            self._start_task(name, gen, by)
+
+    def _leave_state(self) -> None:
+        self._gen += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._tasks:
+            for t in list(self._tasks):
+                t.cancel()
+
+    def _fire(self, event: Event, gen: int) -> None:
+        if gen == self._gen and not self._closed:
+            self._timer = None
+            self._enqueue((event, None, gen))
+
+    def _start_task(self, name: str, gen: int, by: str = "") -> None:
+        handler = self._effects[name]
+        trigger = Event(f"enter:{self._state}")
+
+        async def run() -> None:
+            try:
+                res = handler(trigger)
+                if inspect.isawaitable(res):
+                    res = await res
+            except (Exception, asyncio.CancelledError) as e:
+                if isinstance(e, asyncio.CancelledError) and (
+                    current_task_cancelling() or gen != self._gen or self._closed
+                ):
+                    raise  # cancelled: its state was left
+                # a CancelledError nothing sent (a plugin raising it) is a failure like any
+                # other, reported now rather than when the state's timeout runs out
+                detail = describe(e)
+                if isinstance(e, asyncio.CancelledError):
+                    detail += " (raised by the task itself; nothing cancelled it)"
+                self._record_task(name, "error", detail)
+                self.report(
+                    logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by
+                )
+                err = self.spec.effect(name).error_event
+                if err is not None and gen == self._gen and not self._closed:
+                    self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
+                return
+            self._record_task(name, "ok")
+            if isinstance(res, Event) and gen == self._gen and not self._closed:
+                self._enqueue((res, None, gen))
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"{self._who()}:{name}")
+        if self._tasks is None:
+            self._tasks = set()
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _record_task(self, name: str, outcome: str, detail: str = "") -> None:
+        if not self._tracing():
+            return
+        self._record(
+            TraceRecord(
+                self.clock.now(),
+                "effect",
+                self.spec.name,
+                self.instance,
+                effect=name,
+                outcome=outcome,
+                detail=detail,
+            )
+        )
+
+    def _tracing(self) -> bool:
+        """Whether a record made now would be kept: records are only built then."""
+        tracer = self.tracer
+        if tracer is None:
+            return False
+        try:
+            return bool(tracer.active)
+        except BaseException as e:
+            self._drop_tracer(e)
+            return False
+
+    def _record(self, record: TraceRecord) -> None:
+        if self.tracer is None:
+            return
+        try:
+            self.tracer.write(record)
+        except BaseException as e:
+            self._drop_tracer(e)
+
+    def _drop_tracer(self, error: BaseException) -> None:
+        # recording is observation: a tracer that raises, whatever it raises (a Tracer
+        # guards its sinks; a tracer of another make may not), is dropped, the step goes on
+        self.tracer = None
+        self.report(
+            logger,
+            logging.WARNING,
+            "the tracer failed (%s); this machine records nothing more",
+            describe(error),
+            exc_info=error,
+        )
+
+
+def current_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

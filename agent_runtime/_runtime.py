@@ -1,0 +1,112 @@
+"""The base of the per-machine runtimes: what each of them did by hand, once.
+
+A runtime (``JobRuntime``, ``JobSessionHost``, ``FinalizeAnswer``, ``RoomDeletion``,
+``ParticipantLink``, ``PlayoutTracker``) runs one machine instance: ``_run_machine`` builds
+its ``actor`` from the spec with the class's effect handlers (``_fx_<effect>``, bound once
+per class by ``effect_table`` at import, so a missing one fails there) and the machine's
+guards (their one definition, ``routing.guard_table``), arms its state timeouts from
+``_timeouts()``, and forwards its state changes as the runtime's own ``state_changed``.
+
+A runtime's lifecycle is its machine's: what it asks is the actor's state (or
+``actor.closed``), and whether it follows something is the handle it holds (an
+unsubscriber, a task), never a flag kept beside the machine. A listener that fails is the
+``Emitter``'s to log and remove, so no runtime wraps its ``emit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+from livekit import rtc
+
+from statemachines import MachineSpec
+
+from ._messages import EMPTY, Event, Handlers, StateChanged
+from .actor import Actor
+from .clock import Clock
+from .emitter import Emitter
+from .routing import guard_table
+from .trace import Tracer
+
+E = TypeVar("E")
+
+
+class MachineRuntime(Emitter[E]):
+    """One machine instance's runtime. Emits ``state_changed`` (a ``StateChanged``) for
+    every change of its machine (a part its owner forwards: on ``actor``); ``state`` is
+    the machine's."""
+
+    actor: Actor
+
+    def _run_machine(
+        self,
+        spec: MachineSpec,
+        effects: Mapping[str, Callable[..., Any]],
+        *,
+        facts: object = None,
+        instance: str = "",
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        effect_timeout: float = 5.0,
+        forward: bool = True,
+    ) -> Actor:
+        """Build ``self.actor``: ``effects`` is the class's table (``effect_table``), the
+        guards read ``facts`` (this runtime when not given). ``forward=False``: a part
+        whose owner listens on its ``actor`` and forwards (one listener less per job)."""
+        actor = Actor(
+            spec,
+            instance=instance,
+            effects=Handlers(self, effects),
+            guards=Handlers(self if facts is None else facts, guard_table(spec.name))
+            if spec.guards
+            else None,
+            settings=self._timeouts(),
+            clock=clock,
+            tracer=tracer,
+            effect_timeout=effect_timeout,
+        )
+        if forward:
+            actor.on("state_changed", self._on_state)
+        self.actor = actor
+        return actor
+
+    @property
+    def state(self) -> str:
+        return self.actor.state
+
+    def _timeouts(self) -> Mapping[str, float | None]:
+        """The machine's state timeouts by setting name (a state's ``timeout.setting``),
+        from this runtime's settings; a setting left out keeps the spec's default, ``None``
+        arms no timer. Read when the actor is built; a mapping of its own may compute a
+        value when its state is entered."""
+        return EMPTY
+
+    def _post(self, event: Event) -> None:
+        """An event for the machine, unless it is released (then nobody hears it)."""
+        if not self.actor.closed:
+            self.actor.post(event)
+
+    def _on_state(self, change: StateChanged) -> None:
+        """What the runtime does on its machine's change: forward it (a runtime that acts
+        on its own changes extends this)."""
+        self._emit_state(change)
+
+    def _emit_state(self, change: StateChanged) -> None:
+        """Forward a state change (of this machine, or of one the runtime owns)."""
+        self.emit(cast(E, "state_changed"), change)
+
+
+def listen(
+    emitter: rtc.EventEmitter[Any], listeners: Mapping[str, Callable[..., Any]]
+) -> Callable[[], None]:
+    """Register each listener on ``emitter``; returns what takes them all back. A runtime
+    holds it while it follows ``emitter``: the handle, not a flag, says that it does."""
+    for name, fn in listeners.items():
+        emitter.on(name, fn)
+
+    def unlisten() -> None:
+        for name, fn in listeners.items():
+            emitter.off(name, fn)
+
+    return unlisten
