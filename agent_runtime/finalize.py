@@ -21,6 +21,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
+from . import livekit_compat as lk
 from .actor import Actor, Event, Handlers, effect_table
 from .clock import AsyncioClock, Clock
 from .routing import Wiring, guard_table
@@ -135,12 +136,13 @@ class FinalizeAnswer:
         assert sim is not None  # the simulation guard let the request in
         result = FinalizeResult()
         try:
-            sim._begin_finalize(
-                simulator_verdict=SimulationVerdict(
+            lk.begin_finalize(
+                sim,
+                SimulationVerdict(
                     success=bool(data.get("provisional_success", False)),
                     reason=str(data.get("provisional_reason", "")),
                 ),
-                run=sim_pb.SimulationRun(id=sim.simulation_run_id),
+                sim_pb.SimulationRun(id=sim.simulation_run_id),
             )
             if self._on_simulation_end is not None:
                 res = self._on_simulation_end(sim)

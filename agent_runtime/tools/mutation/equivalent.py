@@ -133,7 +133,7 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
 }
 # where each machine's runtime lives, for the checks
 MODULES = {
-    "avatar": "agent_runtime/avatar.py",
+    "avatar": "agent_runtime/avatar/_lifecycle.py",
     "job": "agent_runtime/job.py",
     "session_host": "agent_runtime/session_host.py",
     "participant": "agent_runtime/participant.py",
