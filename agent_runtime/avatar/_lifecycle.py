@@ -87,11 +87,9 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._given_adapter = room_events
         self._remove_participant = remove_participant
 
-        self._session: AgentSession[Any] | None = None
-        self._room: rtc.Room | None = None
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._route = AudioRoute()
+        self._route = AudioRoute()  # the session and the room too, once started
         self._adopted: SinkAdoption | None = None  # the sink whose clear_buffer we follow
         self._facts = Facts(self, self._route)
         # the failed attempt's release, while it runs: the next start waits for it
@@ -145,7 +143,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
     def audio_route(self) -> Route:
         """Where the agent's audio goes now: ``avatar`` (the plugin's sink, whatever its
         class), ``room`` or ``none``."""
-        return route_of(self._session, self._route.installed)
+        return route_of(self._route.session, self._route.installed)
 
     @property
     def join_signal(self) -> JoinSignal:
@@ -188,7 +186,6 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
             raise ValueError("room_events must be an adapter of the same room")
         check_start_options(self._avatar, plugin_options)
         self._plugin_options = dict(plugin_options)
-        self._session, self._room = agent_session, room
         self._route.session, self._route.room = agent_session, room
         if adapter is None:
             adapter = RoomEventAdapter(room)
@@ -260,7 +257,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
     # -- effects ---------------------------------------------------------------------------
     async def _fx_start_plugin(self, ev: Event) -> Event:
         """The state task of ``starting``; cancelled when the state is left."""
-        session, room = self._session, self._room
+        session, room = self._route.session, self._route.room
         assert session is not None and room is not None
         releasing, self._releasing = self._releasing, None
         if releasing is not None:
@@ -348,7 +345,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._facts.forget()
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
-        session, sink = self._session, self._route.installed
+        session, sink = self._route.session, self._route.installed
         assert session is not None and sink is not None
         self._route.take_prev()
         session.output.replace_audio_tail(sink)
@@ -422,7 +419,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         its room first); never an avatar that is the agent itself."""
         if not self._facts.in_process:
             await remove_avatar_participant(
-                self._remove_participant, self._room, self._avatar, self._clock
+                self._remove_participant, self._route.room, self._avatar, self._clock
             )
 
     # -- following the sink's clear, taking the playback_finished RPC ---------------------------
@@ -471,7 +468,7 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
         self._actor.post(Event("interrupt", {"origin": "session"}))
 
     def _claim_playback_rpc(self) -> None:
-        room = self._room
+        room = self._route.room
         if room is None or not isinstance(self._route.installed, DataStreamAudioOutput):
             return  # only a data-stream avatar reports lk.playback_finished
         # once connected (the local participant exists only then; RoomConnected claims it)
@@ -479,8 +476,8 @@ class AvatarLifecycle(Emitter[LifecycleEvents]):
 
     def _release_playback_rpc(self) -> None:
         # ours is what is registered, or nothing of ours is: a later handler stays
-        if self._room is not None:
-            release_playback_rpc(self._room, self._on_playback_finished_rpc)
+        if self._route.room is not None:
+            release_playback_rpc(self._route.room, self._on_playback_finished_rpc)
 
     def _on_playback_finished_rpc(self, data: rtc.RpcInvocationData) -> str:
         # the plugin's sink names who reports its playback (its destination), whatever the
