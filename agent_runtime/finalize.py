@@ -21,6 +21,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from statemachines.finalize import FINALIZE
 
+from . import livekit_compat as lk
 from ._runtime import MachineRuntime
 from .actor import Event, effect_table
 from .clock import AsyncioClock, Clock
@@ -130,12 +131,13 @@ class FinalizeAnswer(MachineRuntime[str]):
         assert sim is not None  # the simulation guard let the request in
         result = FinalizeResult()
         try:
-            sim._begin_finalize(
-                simulator_verdict=SimulationVerdict(
+            lk.begin_finalize(
+                sim,
+                SimulationVerdict(
                     success=bool(data.get("provisional_success", False)),
                     reason=str(data.get("provisional_reason", "")),
                 ),
-                run=sim_pb.SimulationRun(id=sim.simulation_run_id),
+                sim_pb.SimulationRun(id=sim.simulation_run_id),
             )
             if self._on_simulation_end is not None:
                 res = self._on_simulation_end(sim)

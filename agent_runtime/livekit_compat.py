@@ -13,13 +13,18 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.io import AudioOutput
+from livekit.agents.voice.room_io import AudioOutputOptions
+from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 from opentelemetry import context as otel_context
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
-    from livekit.agents.voice.avatar import DataStreamAudioOutput
+    from livekit.agents.simulation import SimulationContext, SimulationVerdict
+    from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+    from livekit.protocol import agent_simulation as sim_pb
 
 
 # -- the session ------------------------------------------------------------------------------
@@ -67,6 +72,14 @@ def job_simulation_end_fn(ctx: JobContext) -> Callable[..., Any] | None:
     return cast("Callable[..., Any] | None", getattr(ctx, "_simulation_end_fnc", None))
 
 
+def begin_finalize(
+    sim: SimulationContext, verdict: SimulationVerdict, run: sim_pb.SimulationRun
+) -> None:
+    """Give the simulation context the simulator's provisional verdict and its run, before
+    ``on_simulation_end`` reads them (what the SDK's own remote session does)."""
+    sim._begin_finalize(simulator_verdict=verdict, run=run)
+
+
 # -- audio outputs and the avatar's data-stream sink --------------------------------------------
 def pending_playbacks(out: AudioOutput) -> int:
     """Segments captured and not yet reported finished (the base class's count)."""
@@ -82,9 +95,55 @@ def keep_sink_off_the_playback_rpc(sink: DataStreamAudioOutput, noop: Callable[.
 SINK_REGISTRATION = "_register_playback_finished_rpc"  # what the above sets on the instance
 
 
+def let_sink_register_the_playback_rpc(sink: AudioOutput) -> None:
+    """Undo ``keep_sink_off_the_playback_rpc`` (nothing if it was never done)."""
+    vars(sink).pop(SINK_REGISTRATION, None)
+
+
+def sink_destination(sink: DataStreamAudioOutput) -> str:
+    """The identity a data-stream sink streams to, and accepts ``lk.playback_finished``
+    from (not always the avatar participant's)."""
+    return str(sink._destination_identity)
+
+
+def sink_clear_task(out: AudioOutput) -> asyncio.Task[None] | None:
+    """The clear a data-stream sink is still held by (its ``lk.clear_buffer`` and the wait
+    for the avatar's answer); None when there is none, it is over, or the output keeps none."""
+    task = getattr(out, "_clear_buffer_atask", None)
+    return task if isinstance(task, asyncio.Task) and not task.done() else None
+
+
+def avatar_join_task(avatar: AvatarSession[Any]) -> asyncio.Task[None] | None:
+    """The plugin base class's wait for its avatar participant to join, while it runs."""
+    task = getattr(avatar, "_wait_avatar_join_task", None)
+    return task if isinstance(task, asyncio.Task) and not task.done() else None
+
+
+# RoomIO's audio output to the room (a private class of the SDK's)
+RoomAudioOutput = _ParticipantAudioOutput
+
+
+def new_room_audio_output(room: rtc.Room) -> RoomAudioOutput:
+    """A room audio output like the one RoomIO builds, with RoomIO's defaults."""
+    opts = AudioOutputOptions()
+    return RoomAudioOutput(
+        room,
+        sample_rate=opts.sample_rate,
+        num_channels=opts.num_channels,
+        track_publish_options=opts.track_publish_options,
+        track_name="roomio_audio",
+    )
+
+
 def rpc_handlers(local_participant: Any) -> Mapping[str, Any] | None:
     """The local participant's registered RPC handlers, by method name."""
     return cast("Mapping[str, Any] | None", getattr(local_participant, "_rpc_handlers", None))
+
+
+def rpc_handler(local_participant: Any, method: str) -> Any:
+    """The handler registered for ``method`` now (None when there is none)."""
+    handlers = rpc_handlers(local_participant)
+    return handlers.get(method) if handlers is not None else None
 
 
 def sink_connection_listener(sink: DataStreamAudioOutput) -> Callable[..., Any]:

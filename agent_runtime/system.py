@@ -174,7 +174,6 @@ class JobSystem(MachineRuntime[str]):
         self.close_reason: str | None = None  # the primary session's CloseReason, once closed
         self.job_context: JobContext | None = None
         self._live_route: Route = "none"
-        self._avatar_closing: asyncio.Task[None] | None = None
         # the parts of a start still running: the teardown cuts them
         self._starts: set[asyncio.Task[Any]] = set()
         self.lifecycle.on("state_changed", self._forward_state)
@@ -300,11 +299,9 @@ class JobSystem(MachineRuntime[str]):
 
     def _close_avatar(self) -> None:
         # the avatar goes with the session, while the room is still connected (its removal
-        # goes through the server API only then)
-        if self.avatar is not None and self._avatar_closing is None:
-            self._avatar_closing = asyncio.get_running_loop().create_task(
-                self.avatar.aclose(), name="JobSystem.avatar.aclose"
-            )
+        # goes through the server API only then); its close runs once, whoever asks
+        if self.avatar is not None:
+            self.avatar.request_close()
 
     def _on_job_closed(self, t: float | None) -> None:
         self.emit("closed", t)
@@ -332,8 +329,8 @@ class JobSystem(MachineRuntime[str]):
         closing: list[Awaitable[Any]] = []
         if task is not None and not task.done():
             closing.append(asyncio.shield(task))
-        if self._avatar_closing is not None:
-            closing.append(asyncio.shield(self._avatar_closing))
+        if self.avatar is not None:  # its close, asked by the step's link
+            closing.append(asyncio.shield(self.avatar.request_close()))
         if closing:
             await asyncio.gather(*closing, return_exceptions=True)
 
@@ -397,8 +394,10 @@ class JobSystem(MachineRuntime[str]):
         if self.playout is not None:
             await self.playout.aclose()
         await self.link.aclose()
-        if self._avatar_closing is not None:
-            await asyncio.gather(asyncio.shield(self._avatar_closing), return_exceptions=True)
+        if self.avatar is not None:  # its close, asked by the callbacks step's link
+            await asyncio.gather(
+                asyncio.shield(self.avatar.request_close()), return_exceptions=True
+            )
 
     def _unhook(self) -> None:
         self.session.off("close", self._on_session_close)

@@ -68,8 +68,6 @@ AGENT_JOB = MachineSpec(
         *row("new", "abort", "closing", effects=["ask_abort"]),
         # another part of the start (the avatar before or after the session) goes on
         *row(UP, "start_part", None),
-        # following the room is no part of the agent: the lifecycle stays where it is
-        *row(["new", *UP], "follow_room", None),
         *row("starting", "started", "running"),
         # what did start is released; start() raises the part's error
         *row("starting", "start_failed", "closing", effects=["ask_abort"]),
@@ -82,6 +80,7 @@ AGENT_JOB = MachineSpec(
         *row("closing", "released", "closed"),
     ),
     ignore=(
+        *cells(["new", *UP], "follow_room", "following the room is no part of the agent"),
         *cells("new", ["started", "start_failed", "released"], "nothing runs"),
         *cells(UP, "released", "no teardown runs"),
         *cells("running", "started", "the session already runs"),

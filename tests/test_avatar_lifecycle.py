@@ -558,6 +558,53 @@ async def test_close_during_routing_stops_the_join_timer() -> None:
     await rig.session.aclose()
 
 
+async def test_a_second_close_returns_once_the_first_one_is_done() -> None:
+    """Two parts of an app closing the avatar at once (the job's teardown and the user's
+    own code): neither returns while the avatar is still in the room."""
+    rig = Rig()
+    removal = asyncio.Event()
+
+    async def slow_removal(identity: str) -> None:
+        await removal.wait()  # the server API answers when the test lets it
+        rig.removed.append(identity)
+
+    rig.lifecycle = AvatarLifecycle(rig.avatar, clock=rig.clock, remove_participant=slow_removal)
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    first = asyncio.ensure_future(rig.lifecycle.aclose())
+    await settle()
+    second = asyncio.ensure_future(rig.lifecycle.aclose())
+    await settle()
+    assert rig.lifecycle.state == "closed" and rig.removed == []
+    assert not first.done() and not second.done()  # both wait for the removal
+    with pytest.raises(RuntimeError, match="closed"):
+        await rig.lifecycle.start(rig.session, rig.room)  # refused while it closes
+    removal.set()
+    await asyncio.gather(first, second)
+    assert rig.removed == [AVATAR] and rig.lifecycle.actor.closed
+    await rig.lifecycle.aclose()  # and a third, after: at once
+    await rig.session.aclose()
+
+
+async def test_close_leaves_a_playback_handler_registered_after_ours() -> None:
+    """Our ``lk.playback_finished`` handler is let go on close only while it is the one
+    registered: a handler the app registered after ours stays."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    handlers = rig.room.local_participant.rpc_handlers
+
+    def apps_own(data: rtc.RpcInvocationData) -> str:
+        return "app"
+
+    assert handlers["lk.playback_finished"] == rig.lifecycle._on_playback_finished_rpc
+    rig.room.local_participant.register_rpc_method("lk.playback_finished", apps_own)
+    await rig.aclose()
+    assert handlers["lk.playback_finished"] is apps_own
+
+
 async def test_close_while_the_plugin_is_still_starting() -> None:
     rig = Rig()
     rig.avatar = ScriptedAvatar(avatar_identity=AVATAR, start_delay=20.0, clock=rig.clock)

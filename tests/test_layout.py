@@ -11,19 +11,31 @@ from pathlib import Path
 import agent_runtime
 
 PACKAGE = Path(agent_runtime.__file__).parent
-PRODUCTION = sorted(p for p in PACKAGE.glob("*.py"))
+# every module outside the testing kit and the tools, subpackages (agent_runtime.avatar) too
+PRODUCTION = sorted(
+    p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("testing", "tools")
+)
+
+
+def _module(path: Path) -> str:
+    """``agent_runtime.avatar._lifecycle`` for ``agent_runtime/avatar/_lifecycle.py``."""
+    parts = ["agent_runtime", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module name ``path`` imports, relative imports resolved from the package."""
+    """Every module name ``path`` imports, relative imports resolved from its package."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = _module(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = "agent_runtime" if node.level == 1 else ""
+                base = ".".join(package[: len(package) - node.level + 1])
                 mod = f"{base}.{node.module}" if node.module else base
                 out.add(mod)
                 out.update(f"{mod}.{a.name}" for a in node.names)
@@ -33,9 +45,11 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_production_modules_never_import_the_testing_kit_or_the_tools() -> None:
-    assert PRODUCTION, "no production modules found"
+    lifecycle = PACKAGE / "avatar" / "_lifecycle.py"
+    assert lifecycle in PRODUCTION  # a subpackage's modules are checked, their imports resolved
+    assert {"agent_runtime.livekit_compat", "agent_runtime.avatar._route"} <= _imports(lifecycle)
     offenders = {
-        p.name: sorted(
+        str(p.relative_to(PACKAGE)): sorted(
             m
             for m in _imports(p)
             if m.startswith(("agent_runtime.testing", "agent_runtime.tools", "yaml"))
@@ -84,7 +98,7 @@ def test_a_runtime_missing_an_effect_handler_fails_at_import() -> None:
         effect_table(Partial, MACHINES["job"])
     seen = set()
     for path in PRODUCTION:
-        mod = importlib.import_module(f"agent_runtime.{path.stem}")
+        mod = importlib.import_module(_module(path))
         table = getattr(mod, "_EFFECTS", None)
         if table is None:
             continue

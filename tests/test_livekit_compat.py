@@ -10,11 +10,25 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
+import livekit.agents
+import livekit.api
+import livekit.rtc
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseReason
-from livekit.agents.voice.avatar import DataStreamAudioOutput
+from livekit.agents.simulation import (
+    SimulationContext,
+    SimulationDispatch,
+    SimulationRun,
+    SimulationVerdict,
+)
+from livekit.agents.voice import room_io as room_io_module
+from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+from livekit.agents.voice.io import AudioOutput
+from livekit.agents.voice.room_io import AudioOutputOptions
 
 from agent_runtime import livekit_compat as lk
 
@@ -55,33 +69,151 @@ async def test_the_data_stream_sink_internals_exist_on_the_pinned_sdk() -> None:
     assert "_rpc_handlers" in rtc.LocalParticipant.__init__.__code__.co_names
 
 
-def test_no_other_runtime_module_reads_a_livekit_private_session_name() -> None:
-    """``session._started``, ``_closing_task``, ``_close_soon`` and the others are read in
-    ``livekit_compat`` only (the avatar package's sink internals are listed there too)."""
-    private = {
-        "_started",
-        "_closing_task",
-        "_close_soon",
-        "_root_span_context",
-        "_session_host",
-        "_simulation_end_fnc",
+async def test_the_avatar_runtime_s_sink_and_plugin_internals_exist_on_the_pinned_sdk() -> None:
+    room = rtc.Room()
+    sink = DataStreamAudioOutput(room, destination_identity="listener")
+    assert lk.sink_destination(sink) == "listener"  # avatartalk streams to another identity
+    assert hasattr(sink, "_clear_buffer_atask") and lk.sink_clear_task(sink) is None
+    lk.keep_sink_off_the_playback_rpc(sink, lambda *a, **k: None)
+    lk.let_sink_register_the_playback_rpc(sink)
+    assert lk.SINK_REGISTRATION not in vars(sink)  # the class's own registration again
+    handler = lk.sink_connection_listener(sink)
+    assert handler in room._events["connection_state_changed"]  # the listener it added
+
+    avatar = _Plugin()
+    assert hasattr(avatar, "_wait_avatar_join_task") and lk.avatar_join_task(avatar) is None
+
+    def ours(data: rtc.RpcInvocationData) -> str:
+        return "ok"
+
+    assert lk.rpc_handler(SimpleNamespace(_rpc_handlers={"lk.x": ours}), "lk.x") is ours
+    assert lk.rpc_handler(SimpleNamespace(_rpc_handlers={}), "lk.x") is None
+
+
+async def test_the_room_audio_output_is_roomio_s_own() -> None:
+    out = lk.new_room_audio_output(rtc.Room())
+    assert isinstance(out, AudioOutput) and isinstance(out, room_io_module._ParticipantAudioOutput)
+    assert out.sample_rate == AudioOutputOptions().sample_rate
+
+
+def test_begin_finalize_gives_the_simulation_its_verdict_and_run() -> None:
+    sim = SimulationContext(SimulationDispatch(), job_ctx=None)  # type: ignore[arg-type]
+    lk.begin_finalize(sim, SimulationVerdict(success=True, reason="ok"), SimulationRun(id="r1"))
+    assert sim.simulator_verdict == SimulationVerdict(success=True, reason="ok")
+    assert sim.simulation_run is not None and sim.simulation_run.id == "r1"
+
+
+class _Plugin(AvatarSession):  # type: ignore[type-arg]
+    """The smallest plugin: the SDK's base class, nothing started."""
+
+    @property
+    def avatar_identity(self) -> str:
+        return "avatar"
+
+    @property
+    def provider(self) -> str:
+        return "test"
+
+
+# -- livekit_compat is the only runtime module reading the SDK's private names ---------------
+# The SDK's private names: everything its sources define with a leading underscore.
+_SDK_SOURCES = [Path(m.__file__).parent for m in (livekit.rtc, livekit.agents, livekit.api)]
+_DEFINED = re.compile(r"(?:\bdef |\bclass |\bself\.|\bcls\.|^)(_[A-Za-z]\w*)", re.MULTILINE)
+# SDK private names the runtime also gives attributes of its own: read on anything but
+# ``self`` they are the SDK's
+SHARED = {
+    "_started",
+    "_closing_task",
+    "_close_soon",
+    "_root_span_context",
+    "_session_host",
+    "_simulation_end_fnc",
+}
+_ATTRIBUTE_CALLS = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def _defined(paths: list[Path]) -> set[str]:
+    return {
+        name
+        for path in paths
+        for name in _DEFINED.findall(path.read_text(encoding="utf-8"))
+        if not name.startswith("__")
     }
-    offenders = []
-    for path in sorted((ROOT / "agent_runtime").glob("*.py")):
-        if path.name == "livekit_compat.py":
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            name = None
-            if isinstance(node, ast.Attribute) and node.attr in private:
-                owner = node.value
-                if isinstance(owner, ast.Name) and owner.id == "self":
-                    continue  # the runtime's own attribute of that name
-                name = node.attr
-            elif (
-                isinstance(node, ast.Constant) and isinstance(node.value, str)
-            ) and node.value in private:
-                name = node.value
-            if name is not None:
-                offenders.append(f"{path.name}:{node.lineno} {name}")
+
+
+def _runtime_modules() -> list[Path]:
+    """Every module an agent imports (the testing kit and the tools fake or drive the SDK,
+    and are not it): the avatar package's included."""
+    base = ROOT / "agent_runtime"
+    return sorted(
+        p
+        for p in base.rglob("*.py")
+        if p.relative_to(base).parts[0] not in ("testing", "tools")
+        and p.name != "livekit_compat.py"
+    )
+
+
+def private_reads(source: str, *, sdk: set[str], own: set[str]) -> list[tuple[int, str]]:
+    """(line, name) wherever ``source`` reads a private name of the SDK: an attribute of
+    anything but ``self``/``cls`` that the SDK defines and the runtime does not (or one of
+    ``SHARED``), such a name given to ``getattr`` and its kind, or a private name or module
+    imported from ``livekit``."""
+    theirs = (sdk - own) | SHARED
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in theirs:
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append((node.lineno, node.attr))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _ATTRIBUTE_CALLS
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in theirs
+        ):
+            found.append((node.lineno, str(node.args[1].value)))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("livekit"):
+            module = node.module or ""
+            private_module = any(part.startswith("_") for part in module.split("."))
+            for alias in node.names:
+                if private_module or alias.name.startswith("_"):
+                    found.append((node.lineno, f"{module}.{alias.name}"))
+    return found
+
+
+def test_the_check_finds_a_private_sdk_name_however_it_is_read() -> None:
+    sdk = _defined([p for d in _SDK_SOURCES for p in d.rglob("*.py")])
+    own = {"_room", "_installed"}
+    reads = private_reads(
+        "from livekit.agents.voice.room_io._output import _ParticipantAudioOutput\n"
+        "from livekit.agents.voice.avatar import DataStreamAudioOutput\n"
+        "sink._destination_identity\n"
+        "getattr(lp, '_rpc_handlers', None)\n"
+        "session._started\n"
+        "self._lc._installed, self._room, self._started, sink._room\n",
+        sdk=sdk,
+        own=own,
+    )
+    assert [name for _, name in reads] == [
+        "livekit.agents.voice.room_io._output._ParticipantAudioOutput",
+        "_destination_identity",
+        "_rpc_handlers",
+        "_started",
+    ]
+
+
+def test_no_runtime_module_but_livekit_compat_reads_a_private_sdk_name() -> None:
+    """``session._started``, the sink's and the room's internals, RoomIO's private output
+    class: read in ``livekit_compat`` only (the avatar package's modules included)."""
+    modules = _runtime_modules()
+    assert ROOT / "agent_runtime" / "avatar" / "_lifecycle.py" in modules
+    sdk = _defined([p for d in _SDK_SOURCES for p in d.rglob("*.py")])
+    own = _defined(modules)
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for path in modules
+        for line, name in private_reads(path.read_text(encoding="utf-8"), sdk=sdk, own=own)
+    ]
     assert offenders == []

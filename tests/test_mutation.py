@@ -349,15 +349,16 @@ def test_an_effect_queued_at_once_has_a_synchronous_handler(machine: str, effect
 
 def test_the_avatar_is_never_started_once_closing() -> None:
     """The premise of the argument by hand for ``(closed, start)``: ``close`` is sent only
-    by ``aclose()``, which marks the lifecycle closing before it sends anything, and
-    ``start()`` refuses a closing lifecycle before it sends ``start``."""
-    assert {fn for e, fn in _constructed("avatar") if e == "close"} == {"aclose"}
+    by ``request_close()`` (``aclose()`` calls it), which takes its close task (the
+    lifecycle's closing) before it sends anything, and ``start()`` refuses a closing
+    lifecycle before it sends ``start``."""
+    assert {fn for e, fn in _constructed("avatar") if e == "close"} == {"request_close"}
     source = (ROOT / MODULES["avatar"]).read_text()
-    aclose = source[source.index("    async def aclose(") :]
-    assert aclose.index("self._closing = True") < aclose.index('.send(Event("close"))')
+    aclose = source[source.index("    def request_close(") :]
+    assert aclose.index("self._close_task = ") < aclose.index('.post(Event("close"))')
     start = source[source.index("    async def start(") :]
-    refused = start.index("if self._closing or self._actor.closed:")
-    send = start.index('await self._actor.send(Event("start"))')
+    refused = start.index("if self._close_task is not None or self.actor.closed:")
+    send = start.index('await self.actor.send(Event("start"))')
     assert start.index("raise", refused) < send
     assert "await" not in start[refused:send]
 

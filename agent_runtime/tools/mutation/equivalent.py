@@ -143,7 +143,7 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
 }
 # where each machine's runtime lives, for the checks
 MODULES = {
-    "avatar": "agent_runtime/avatar.py",
+    "avatar": "agent_runtime/avatar/_lifecycle.py",
     "job": "agent_runtime/job.py",
     "session_host": "agent_runtime/session_host.py",
     "participant": "agent_runtime/participant.py",
@@ -241,7 +241,10 @@ RECORD_ONLY = (
 BY_HAND: tuple[tuple[str, str], ...] = (
     (
         "avatar (closed, start) *",
-        "refused by the API: start() refuses once aclose() began, and only aclose() sends close",
+        (
+            "refused by the API: start() refuses once the close began, and only "
+            "request_close() sends close"
+        ),
     ),
 )
 

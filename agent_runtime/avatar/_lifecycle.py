@@ -1,0 +1,499 @@
+"""``AvatarLifecycle``: the ``avatar`` machine around one unchanged plugin. The state says
+where it is; what it holds says the rest: its close is ``aclose()``'s task, the sink it
+follows its ``SinkAdoption`` (none while its own swap detaches the sink), its claim on the
+playback RPC the handler registered in the room. Every event the machine hears is made here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from livekit import rtc
+from livekit.agents.voice.agent_session import AgentSession
+from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+from livekit.agents.voice.io import AudioOutput
+
+from statemachines.avatar import AVATAR, PLUGIN_CLEARS
+
+from .. import livekit_compat as lk
+from .._runtime import MachineRuntime
+from ..actor import Event, StateChanged, effect_table
+from ..clock import AsyncioClock, Clock
+from ..room_events import RoomConnected, RoomEventAdapter, RoomFact
+from ..routing import follow
+from ..settings import AvatarRetry, avatar_retry, check_setting
+from ..trace import Tracer
+from ._facts import Facts, JoinSignal, Timeouts
+from ._plugins import (
+    RemoveParticipant,
+    check_plugin,
+    check_start_options,
+    close_plugin,
+    plugin_name,
+    remove_avatar_participant,
+    stop_join_wait,
+)
+from ._route import AudioRoute, Route, finish_pending, route_of
+from ._sink import (
+    LifecycleEvents,
+    SinkAdoption,
+    accept_playback_report,
+    claim_playback_rpc,
+    release_playback_rpc,
+    report_identity,
+)
+from ._waits import leaving, wait_for_state
+
+logger = logging.getLogger("agent_runtime.avatar")
+
+
+class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
+    """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
+    (a ``StateChanged``), and what playout follows: ``segment_flushed`` (a
+    ``SegmentFlushed``: the session's audio reached the plugin's sink) and
+    ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
+
+    ``remove_participant(identity)`` removes the avatar participant on close, after the
+    plugin's own ``aclose()`` (best effort; a not-found answer, the plugin having removed
+    it, is fine; an in-process avatar is the agent itself and is never
+    removed). ``server_api_remover(room)`` does it through the job's server API (what
+    ``AgentJob`` uses unless given one). Leave it ``None`` to rely on the plugin alone.
+    """
+
+    def __init__(
+        self,
+        avatar: AvatarSession,  # type: ignore[type-arg]
+        *,
+        join_timeout: float = 30.0,
+        retry: bool | AvatarRetry | Mapping[str, Any] = False,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        room_events: RoomEventAdapter | None = None,
+        remove_participant: RemoveParticipant | None = None,
+    ) -> None:
+        super().__init__()
+        check_plugin(avatar)
+        join_timeout = float(check_setting("join_timeout", join_timeout))
+        self._avatar = avatar
+        self._retry: AvatarRetry = avatar_retry(retry)
+        self._attempts = 0  # restarts made so far
+        self._cause = ""  # what ended the last attempt
+        self._plugin_options: dict[str, Any] = {}
+        self._clock: Clock = clock or AsyncioClock()
+        self._given_adapter = room_events
+        self._remove_participant = remove_participant
+
+        self._adapter: RoomEventAdapter | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._route = AudioRoute()  # the session and the room too, once started
+        self._adopted: SinkAdoption | None = None  # the sink whose clear_buffer we follow
+        self._facts = Facts(self, self._route)
+        # the failed attempt's release, while it runs: the next start waits for it
+        self._releasing: asyncio.Future[None] | None = None
+        self._close_task: asyncio.Task[None] | None = None  # aclose(), once asked
+
+        self._join_timeout = join_timeout
+        self._run_machine(
+            AVATAR,
+            _EFFECTS,
+            # the shared guards (statemachines.glue), on the avatar's facts view
+            facts=self._facts,
+            instance=avatar.avatar_identity,
+            clock=self._clock,
+            tracer=tracer,
+            # closing the plugin gets the same budget as starting it
+            effect_timeout=join_timeout,
+        )
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def avatar(self) -> AvatarSession:  # type: ignore[type-arg]
+        return self._avatar
+
+    @property
+    def installed_sink(self) -> AudioOutput | None:
+        """The sink the plugin installed, once its ``start()`` has run."""
+        return self._route.installed
+
+    @property
+    def retry(self) -> AvatarRetry:
+        """The retry policy this lifecycle runs with."""
+        return self._retry
+
+    @property
+    def attempts(self) -> int:
+        """How many times the plugin was started again after a transient loss."""
+        return self._attempts
+
+    def audio_route(self) -> Route:
+        """Where the agent's audio goes now: ``avatar`` (the plugin's sink, whatever its
+        class), ``room`` or ``none``."""
+        return route_of(self._route.session, self._route.installed)
+
+    @property
+    def join_signal(self) -> JoinSignal:
+        """What the avatar must show before it counts as joined: ``video`` (a participant of
+        its own, with a video track: every plugin whose avatar runs at its provider, whether
+        its sink streams to the avatar or to another identity, or feeds a queue the plugin
+        forwards over its own websocket) or ``none`` (the avatar runs in the agent's own
+        process; its identity is the agent's). Known once the plugin's start has run."""
+        return "none" if self._facts.in_process else "video"
+
+    @property
+    def report_identity(self) -> str:
+        """Whose ``lk.playback_finished`` counts: the identity the plugin's own sink accepts
+        it from (a data stream's destination), else the avatar's."""
+        identity = report_identity(self._route.installed)
+        return self._avatar.avatar_identity if identity is None else identity
+
+    async def start(
+        self, agent_session: AgentSession[Any], room: rtc.Room, **plugin_options: Any
+    ) -> None:
+        """Start the plugin with its route recorded; returns once the outcome of the start
+        itself has been handled: ``routing`` (or further), ``restored`` (or ``backoff``)
+        after a failed, routeless or timed-out start (not raised), or ``closed`` when
+        ``aclose()`` cut it short.
+
+        ``plugin_options`` go to the plugin's own ``start()`` as keyword arguments (e.g.
+        ``livekit_url``, ``livekit_api_key``, ``livekit_api_secret``), on every attempt;
+        options its ``start()`` does not take are refused here (``AvatarPluginError``, a
+        ``TypeError``), before anything starts."""
+        if self._close_task is not None or self.actor.closed:
+            raise RuntimeError("this AvatarLifecycle is closed")
+        if self.state != "idle":
+            raise RuntimeError(f"this AvatarLifecycle is already started (state {self.state!r})")
+        if not isinstance(agent_session, AgentSession):
+            raise TypeError(f"agent_session must be an AgentSession, got {agent_session!r}")
+        if not isinstance(room, rtc.Room):
+            raise TypeError(f"room must be an rtc.Room, got {room!r}")
+        adapter = self._given_adapter
+        if adapter is not None and adapter.room is not room:
+            raise ValueError("room_events must be an adapter of the same room")
+        check_start_options(self._avatar, plugin_options)
+        self._plugin_options = dict(plugin_options)
+        self._route.session, self._route.room = agent_session, room
+        if adapter is None:
+            adapter = RoomEventAdapter(room)
+        adapter.start()
+        self._adapter = adapter
+        self._unsubscribe = follow(
+            adapter, "avatar", self.actor.post, facts=self._facts, after=self._after_fact
+        )
+        started = leaving(self.actor, "starting")
+        try:
+            await self.actor.send(Event("start"))
+            await started
+        finally:
+            started.cancel()
+        await self.actor.join()  # a failed start: on to restored
+
+    def interrupt(self) -> None:
+        """An interruption, as the session's own reaches the avatar's sink: while ``joined``
+        the plugin's sink clears itself its own way (a data-stream avatar gets
+        ``lk.clear_buffer`` when something is playing; a queue sink drops its audio and
+        tells its plugin); in any other state the sink's pending playout is finished
+        locally and nothing goes to a participant. Never raises."""
+        if self._adopted is not None:
+            self._on_sink_clear(self._adopted)
+        else:
+            self.actor.post(Event("interrupt", {"origin": "api"}))
+
+    async def wait_for(self, state: str, *, timeout: float | None = None) -> None:
+        """Wait until the machine is in ``state`` (at once if it is). ``TimeoutError`` after
+        ``timeout`` seconds of the lifecycle's clock; ``ActorClosed`` if it closes first."""
+        await wait_for_state(self.actor, state, self._clock, timeout)
+
+    async def aclose(self) -> None:
+        """From any state: the guarded restore, the avatar participant removed (best
+        effort), the plugin closed, every listener unhooked and every task cancelled. Runs
+        once; a second call (or one after ``request_close()``) waits for the first one's
+        close."""
+        first = self._close_task is None
+        task = self.request_close()
+        if first:
+            await task  # cut short (cancelled), the close stops where it is
+        elif not task.done():
+            await asyncio.wait({task})
+
+    def request_close(self) -> asyncio.Task[None]:
+        """Begin the close (once) and return it, without waiting: what the job's links ask
+        while the room is still connected."""
+        if self._close_task is None:
+            # the close is this task from here on (start() refuses from now), and it begins
+            # with the close event, queued now behind what is queued already: a plugin still
+            # starting is a state task, cancelled as starting is left, not awaited
+            self._close_task = asyncio.ensure_future(self._close())
+            if not self.actor.closed:
+                self.actor.post(Event("close"))
+        return self._close_task
+
+    async def _close(self) -> None:
+        await self.actor.join()  # the close's step, its effects included
+        await self.actor.aclose()
+
+    # -- room facts (routed by statemachines.routing) ---------------------------------------
+    def _after_fact(self, fact: RoomFact) -> None:
+        if isinstance(fact, RoomConnected):
+            self._route.start_room_output()  # a room output attached before the connection
+
+    def _timeouts(self) -> Timeouts:
+        # join_timeout bounds both the plugin's start() (starting) and the join (routing);
+        # retry_backoff is the wait before the next restart
+        return Timeouts(self, self._join_timeout)
+
+    def _on_state(self, ev: StateChanged) -> None:
+        logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)
+        self._emit_state(ev)
+
+    def _presence_event(self) -> Event | None:
+        """An avatar already in the room produces no participant_connected for us (nor does
+        one that runs in the agent's own process)."""
+        if not self._facts.avatar_present:
+            return None
+        return Event("avatar_connected", {"identity": self._avatar.avatar_identity})
+
+    # -- effects ---------------------------------------------------------------------------
+    async def _fx_start_plugin(self, ev: Event) -> Event:
+        """The state task of ``starting``; cancelled when the state is left."""
+        session, room = self._route.session, self._route.room
+        assert session is not None and room is not None
+        releasing, self._releasing = self._releasing, None
+        if releasing is not None:
+            # entering starting started this task before the row's release_attempt ran:
+            # the plugin starts again only once the failed attempt is closed and forgotten
+            # (the actor handles nothing else meanwhile: it awaits the release too)
+            await asyncio.gather(releasing, return_exceptions=True)
+        self._route.take_prev()
+        # the sink is recorded right after the plugin's last line, in this task, before
+        # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
+        # cut short (cancelled), the row that left starting records it instead
+        try:
+            await self._avatar.start(session, room, **self._plugin_options)
+        except Exception:
+            self._record_installed()  # a plugin failing late may have installed its route
+            raise
+        self._record_installed()
+        if self._route.installed is None:
+            # a plugin that caught its provider's error logs it and returns: no route is the
+            # only sign, and waiting out join_timeout for it would help nobody
+            logger.warning(
+                "avatar %s (%s): the plugin's start() returned without installing an audio "
+                "route; treating it as a failed start",
+                self._avatar.avatar_identity,
+                plugin_name(self._avatar),
+            )
+            return Event("no_route")
+        return Event("plugin_started")
+
+    def _fx_record_route(self, ev: Event) -> None:
+        self._record_installed()
+
+    def _fx_check_presence(self, ev: Event) -> Event | None:
+        self._claim_playback_rpc()
+        return self._presence_event()
+
+    async def _fx_restore_route(self, ev: Event) -> Event:
+        self._cause = ev.name  # kept first: the retry guard reads it if this effect fails
+        outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
+        # the log policy: what the user hears changed; the cause's detail was logged with it
+        retrying = self._retry.retries(ev.name, self._attempts)
+        self.actor.report(
+            logger,
+            logging.WARNING,
+            "the avatar is gone (%s, attempt %d of %d); the agent is on room audio%s",
+            ev.name,
+            self._attempts + 1,
+            self._retry.attempts + 1,
+            " until the next attempt" if retrying else " (gave up)" if self._attempts else "",
+            event=ev.name,
+        )
+        if not self._retry.rejoin:
+            # nothing will route to this avatar again: stop the SDK's waits for it now, or
+            # they fail later (unretrieved) when the room goes away
+            await self._route.retire_sink()
+            await stop_join_wait(self._avatar)
+        return Event("route_restored", {"outcome": outcome, "cause": ev.name})
+
+    def _fx_release_attempt(self, ev: Event) -> asyncio.Future[None]:
+        """Before the plugin starts again: the failed attempt's session closed (its avatar
+        participant removed, so that two avatars never answer), its sink retired and
+        forgotten. Bounded by the effect budget; a failure here is logged, not fatal.
+
+        Not a coroutine function: this part runs as the actor calls the handler, before
+        the task of ``starting`` (already created) first runs, so that task finds the
+        release and waits for it."""
+        self._releasing = asyncio.ensure_future(self._release_attempt())
+        return self._releasing
+
+    async def _release_attempt(self) -> None:
+        self._attempts += 1
+        logger.info(
+            "avatar %s: starting the plugin again (attempt %d of %d) after %s",
+            self._avatar.avatar_identity,
+            self._attempts,
+            self._retry.attempts,
+            self._cause,
+        )
+        await close_plugin(self._avatar, " before a retry")
+        await self._route.retire_sink()
+        self._unadopt()
+        self._release_playback_rpc()
+        await self._remove_avatar_participant()
+        self._route.forget()
+        self._facts.forget()
+
+    def _fx_reinstall_route(self, ev: Event) -> Event | None:
+        session, sink = self._route.session, self._route.installed
+        assert session is not None and sink is not None
+        self._route.take_prev()
+        session.output.replace_audio_tail(sink)
+        self._claim_playback_rpc()
+        logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
+        return self._presence_event()
+
+    async def _fx_follow_plugin_clear(self, ev: Event) -> Event:
+        """The state task of ``clearing``: the plugin's own clear does the clear's work
+        (its RPC, its wait for the avatar's report, its fallback); this waits for it to
+        settle. Cancelled with the state, it leaves the plugin's task alone."""
+        task = self._facts.plugin_clear_task()
+        if task is not None:
+            await asyncio.gather(asyncio.shield(task), return_exceptions=True)
+        return Event("clear_buffer_done")
+
+    def _fx_clear_local_buffer(self, ev: Event) -> None:
+        # the avatar is not joined: its pending playout ends here, nothing goes to it
+        if self._route.installed is not None:
+            finish_pending(self._route.chain_to_sink())
+
+    def _fx_mark_playout_done(self, ev: Event) -> None:
+        sink = self._route.installed
+        if sink is not None and lk.pending_playbacks(sink) > 0:
+            sink.on_playback_finished(
+                playback_position=float(ev.data.get("playback_position", 0.0)),
+                interrupted=bool(ev.data.get("interrupted", False)),
+            )
+
+    def _fx_put_route_back(self, ev: Event) -> None:
+        outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
+        logger.debug("avatar %s closing: route %s", self._avatar.avatar_identity, outcome)
+
+    def _fx_unhook(self, ev: Event) -> None:
+        self._release_playback_rpc()
+        self._unadopt()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._adapter is not None and self._adapter is not self._given_adapter:
+            self._adapter.aclose()
+        self._adapter = None
+
+    async def _fx_close_plugin(self, ev: Event) -> None:
+        await close_plugin(self._avatar)
+        await self._route.retire_sink()
+        await self._route.settle_room_output()
+        # last: a server API that never answers (this effect's bound, join_timeout, can be
+        # shorter than the removal's) must not keep the plugin and its sink open
+        await self._remove_avatar_participant()
+
+    # -- the route -------------------------------------------------------------------------
+    def _record_installed(self) -> None:
+        """Record the sink the plugin's start() put at the tail, once, and adopt it."""
+        sink = self._route.record_installed()
+        if sink is not None:
+            self._adopt(sink)
+
+    @contextlib.contextmanager
+    def _detaching(self) -> Iterator[None]:
+        """Our own swap detaches the sink: its clear is not followed meanwhile (the SDK
+        clears a sink it detaches; that clear ends its segments here and sends nothing)."""
+        adopted, self._adopted = self._adopted, None
+        try:
+            yield
+        finally:
+            self._adopted = adopted
+
+    async def _remove_avatar_participant(self) -> None:
+        """After the plugin's own close (in case it did not, or could not: spatialreal drops
+        its room first); never an avatar that is the agent itself."""
+        if not self._facts.in_process:
+            await remove_avatar_participant(
+                self._remove_participant, self._route.room, self._avatar, self._clock
+            )
+
+    # -- following the sink's clear, taking the playback_finished RPC ---------------------------
+    def _adopt(self, sink: AudioOutput) -> None:
+        """Follow, on this sink instance only, what would bypass the machine."""
+        self._adopted = SinkAdoption(
+            sink,
+            clock=self._clock,
+            on_clear=self._on_sink_clear,
+            on_flushed=lambda seg: self._emit("segment_flushed", seg),
+        )
+        self._claim_playback_rpc()
+
+    def _unadopt(self) -> None:
+        adopted, self._adopted = self._adopted, None
+        if adopted is not None:
+            adopted.release()
+
+    def _emit(self, event: LifecycleEvents, value: object) -> None:
+        try:
+            self.emit(event, value)
+        except Exception:
+            # a listener's failure is its own (the SDK's emitter lets a TypeError through):
+            # the actor's later listeners still hear the change (start() and wait_for()
+            # wait on them), and the sink's call that reported it goes on
+            logger.exception("avatar %s: a %s listener failed", self._avatar.avatar_identity, event)
+
+    def _on_sink_clear(self, adoption: SinkAdoption) -> None:
+        """The session's clear (or ``interrupt()``). Joined: the plugin's own clear, here and
+        now, exactly as without the lifecycle, then the machine is told (it follows the
+        clear while it holds the sink). Otherwise nothing is sent to the avatar: a sink
+        whose clear goes to no participant (a queue to the provider) still drops its audio
+        its own way, and the machine finishes what is pending locally."""
+        sink = adoption.sink
+        if adoption is not self._adopted or self._close_task is not None or self.actor.closed:
+            # our own swap detaching the sink, or the close: its segments end here, nothing
+            # is sent
+            finish_pending([sink])
+            return
+        if self.actor.state in PLUGIN_CLEARS:
+            adoption.own_clear()
+            self.actor.post(Event("interrupt", {"origin": "session", "delivered": True}))
+            return
+        if not isinstance(sink, DataStreamAudioOutput):
+            adoption.own_clear()  # its clear sends nothing to a participant
+        self.actor.post(Event("interrupt", {"origin": "session"}))
+
+    def _claim_playback_rpc(self) -> None:
+        room = self._route.room
+        if room is None or not isinstance(self._route.installed, DataStreamAudioOutput):
+            return  # only a data-stream avatar reports lk.playback_finished
+        # once connected (the local participant exists only then; RoomConnected claims it)
+        claim_playback_rpc(room, self._on_playback_finished_rpc)
+
+    def _release_playback_rpc(self) -> None:
+        # ours is what is registered, or nothing of ours is: a later handler stays
+        if self._route.room is not None:
+            release_playback_rpc(self._route.room, self._on_playback_finished_rpc)
+
+    def _on_playback_finished_rpc(self, data: rtc.RpcInvocationData) -> str:
+        # the plugin's sink names who reports its playback (its destination), whatever the
+        # avatar participant is called
+        report = accept_playback_report(data, self.report_identity)
+        self.actor.post(
+            Event(
+                "playback_finished",
+                {"playback_position": report.playback_position, "interrupted": report.interrupted},
+            )
+        )
+        self._emit("playback_finished", report)
+        return "ok"
+
+
+# the avatar machine's handlers, shared by every instance (Handlers binds them)
+_EFFECTS = effect_table(AvatarLifecycle, AVATAR)

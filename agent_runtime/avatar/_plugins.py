@@ -1,0 +1,116 @@
+"""What the lifecycle asks of an avatar plugin: to be a livekit-agents ``AvatarSession``
+whose ``start()`` takes the options given, and, on close, its participant removed."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from livekit import api, rtc
+from livekit.agents import get_job_context
+from livekit.agents.voice.avatar import AvatarSession
+
+from .. import livekit_compat as lk
+from ..clock import Clock
+
+logger = logging.getLogger("agent_runtime.avatar")
+
+RemoveParticipant = Callable[[str], Awaitable[object] | object]
+REMOVAL_TIMEOUT = 5.0  # a server API that never answers must not hold the close
+
+
+class AvatarPluginError(TypeError):
+    """The object given as an avatar plugin is not a livekit-agents ``AvatarSession``
+    (or its ``start()`` cannot take the options given); the message names the plugin."""
+
+
+def plugin_name(obj: object) -> str:
+    """``module.Class`` of a plugin object, or the name of a class or factory of one."""
+    if isinstance(obj, functools.partial):
+        return plugin_name(obj.func)
+    target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}.{getattr(target, '__qualname__', type(obj).__qualname__)}"
+
+
+def check_plugin(avatar: object) -> None:
+    """``AvatarPluginError`` naming the plugin unless it is an ``AvatarSession``."""
+    if not isinstance(avatar, AvatarSession):
+        raise AvatarPluginError(
+            f"avatar plugin {plugin_name(avatar)} is not a livekit-agents AvatarSession "
+            f"(livekit.agents.voice.avatar.AvatarSession); it cannot be run"
+        )
+
+
+def check_start_options(avatar: AvatarSession, options: Mapping[str, Any]) -> None:  # type: ignore[type-arg]
+    """``AvatarPluginError`` unless the plugin's ``start()`` takes these keyword options."""
+    if not options:
+        return
+    try:
+        inspect.signature(avatar.start).bind(None, None, **options)
+    except TypeError as e:
+        raise AvatarPluginError(
+            f"avatar plugin {plugin_name(avatar)}: its start() does not take "
+            f"{', '.join(sorted(options))} ({e})"
+        ) from None
+
+
+def server_api_remover(room: rtc.Room) -> RemoveParticipant:
+    """Removes a participant of ``room`` through the LiveKit server API of the job this runs
+    in (``get_job_context().api``, credentials from the job's environment), as the plugins'
+    own ``aclose()`` does; outside a job there is no server API to call, which is logged."""
+
+    async def remove(identity: str) -> None:
+        ctx = get_job_context(required=False)
+        if ctx is None:
+            logger.info("avatar %s left in the room: no job context, no server API", identity)
+            return
+        await ctx.api.room.remove_participant(
+            api.RoomParticipantIdentity(room=room.name, identity=identity)
+        )
+
+    return remove
+
+
+async def remove_avatar_participant(
+    remove: RemoveParticipant | None,
+    room: rtc.Room | None,
+    avatar: AvatarSession[Any],
+    clock: Clock,
+) -> None:
+    """``remove(identity)`` of the plugin's avatar while the room is connected (the server
+    API needs it), bounded, best effort: "not found" (the plugin removed it already) is
+    fine, any other failure is logged. Asked whether or not the room still lists it: the
+    server may know an avatar that is joining."""
+    if remove is None or room is None or not room.isconnected():
+        return
+    identity = avatar.avatar_identity
+    try:
+        res = remove(identity)
+        if inspect.isawaitable(res):
+            await clock.wait_for(res, REMOVAL_TIMEOUT)
+    except Exception as e:
+        if getattr(e, "code", None) == "not_found":
+            logger.debug("avatar %s was not in the room any more", identity)
+        else:
+            logger.warning("could not remove the avatar participant %s: %s", identity, e)
+
+
+async def close_plugin(avatar: AvatarSession[Any], when: str = "") -> None:
+    """The plugin's own ``aclose()``; a failure is logged (``when`` says which close)."""
+    try:
+        await avatar.aclose()
+    except Exception:
+        logger.warning("avatar plugin aclose() failed%s", when, exc_info=True)
+
+
+async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
+    """Cancel the plugin base class's wait for its avatar to join, if it still runs."""
+    join = lk.avatar_join_task(avatar)
+    if join is not None:
+        join.cancel()
+        await asyncio.gather(join, return_exceptions=True)

@@ -1,0 +1,238 @@
+"""The session's audio chain, and the avatar's route in it.
+
+``AudioRoute`` keeps what a plugin's start changed: the route it replaced (taken just
+before), the sink it installed (recorded just after), and, when putting the route back
+needs one, a room audio output of our own. Putting back is guarded by identity: only
+while the chain's tail is still the plugin's sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+from livekit import rtc
+from livekit.agents.voice.agent_session import AgentSession
+from livekit.agents.voice.avatar import DataStreamAudioOutput
+from livekit.agents.voice.io import AudioOutput
+
+from .. import livekit_compat as lk
+from ._sink import retire_sink
+
+logger = logging.getLogger("agent_runtime.avatar")
+
+Route = Literal["avatar", "room", "none"]
+# what putting the route back did (reported with route_restored)
+RestoreOutcome = Literal["nothing_installed", "left_alone", "previous", "room_attached", "cleared"]
+
+# the room outputs handed to a still-running session at close, until that session closes
+_HANDED_OFF: set[asyncio.Task[None]] = set()
+
+
+def audio_chain(session: AgentSession[Any] | None) -> list[AudioOutput]:
+    """The session's audio outputs from the top (``output.audio``) to the tail."""
+    out: list[AudioOutput] = []
+    cur = session.output.audio if session is not None else None
+    while cur is not None and len(out) < 64:  # a chain is short; never loop on a cycle
+        out.append(cur)
+        cur = cur.next_in_chain
+    return out
+
+
+def audio_tail(session: AgentSession[Any] | None) -> AudioOutput | None:
+    chain = audio_chain(session)
+    return chain[-1] if chain else None
+
+
+def route_of(session: AgentSession[Any] | None, *avatar_sinks: AudioOutput | None) -> Route:
+    """Where the agent's audio goes: an avatar (one of ``avatar_sinks``, the sinks avatar
+    plugins installed, known by identity whatever their class; or any data stream to an
+    avatar), the room's audio track, or neither."""
+    tail = audio_tail(session)
+    if tail is None:
+        return "none"
+    if any(tail is s for s in avatar_sinks) or isinstance(tail, DataStreamAudioOutput):
+        return "avatar"
+    if isinstance(tail, lk.RoomAudioOutput):
+        return "room"
+    return "none"
+
+
+def finish_pending(chain: list[AudioOutput], position: float = 0.0) -> int:
+    """Report every pending segment as interrupted, deepest output first.
+
+    A wrapper can count a segment its sink never saw (the capture was cancelled while
+    the sink waited for an avatar that never came); finishing from the bottom up lets
+    each report travel upwards and only tops up what is still open.
+    """
+    finished = 0
+    for out in reversed(chain):
+        while lk.pending_playbacks(out) > 0:
+            before = lk.pending_playbacks(out)
+            out.on_playback_finished(playback_position=position, interrupted=True)
+            if lk.pending_playbacks(out) >= before:  # an output that does not count; no spin
+                break
+            finished += 1
+    return finished
+
+
+def finish_orphans(chain: list[AudioOutput]) -> None:
+    """After the avatar's sink left the chain: end, as interrupted, what a wrapper still
+    counts beyond the output below it. Only that sink could have reported it (a local clear
+    while its capture waited for the avatar leaves the proxy below already done), and the
+    session's playout would wait for it forever."""
+    pending = lk.pending_playbacks
+    for upper, lower in reversed(list(itertools.pairwise(chain))):
+        while pending(upper) > pending(lower):
+            before = pending(upper)
+            upper.on_playback_finished(playback_position=0.0, interrupted=True)
+            if pending(upper) >= before:  # an output that does not count; do not spin
+                break
+
+
+class PrevRoute(NamedTuple):
+    """The route a plugin's start (or a reinstall) replaced, taken just before it."""
+
+    top: AudioOutput | None
+    tail: AudioOutput | None
+    session_running: bool
+
+
+class AudioRoute:
+    """The avatar's route in one session's audio chain (the session and room are set when
+    the lifecycle starts)."""
+
+    def __init__(self) -> None:
+        self.session: AgentSession[Any] | None = None
+        self.room: rtc.Room | None = None
+        # the route the plugin replaced (None until its start() began: then nothing of the
+        # plugin's can be in the chain)
+        self.prev: PrevRoute | None = None
+        self.installed: AudioOutput | None = None  # the sink the plugin installed
+        self._room_output: lk.RoomAudioOutput | None = None  # attached by a restore
+        self._room_output_task: asyncio.Task[None] | None = None
+
+    def session_running(self) -> bool:
+        return self.session is not None and lk.session_started(self.session)
+
+    def take_prev(self) -> None:
+        chain = audio_chain(self.session)
+        self.prev = PrevRoute(
+            chain[0] if chain else None, chain[-1] if chain else None, self.session_running()
+        )
+
+    def record_installed(self) -> AudioOutput | None:
+        """Record the sink the plugin's start() put at the tail, once; returns it when it
+        was recorded now."""
+        prev, tail = self.prev, audio_tail(self.session)
+        if prev is None or self.installed is not None or tail is None or tail is prev.tail:
+            return None
+        if isinstance(tail, lk.RoomAudioOutput):
+            return None  # RoomIO's own output (a session.start() ran meanwhile), not the plugin's
+        self.installed = tail
+        return tail
+
+    def forget(self) -> None:
+        """A released attempt: nothing of it is in the chain any more."""
+        self.installed = None
+        self.prev = None
+
+    def chain_to_sink(self) -> list[AudioOutput]:
+        """The outputs from the top down to the plugin's sink (just the sink when it is
+        not in the chain any more)."""
+        sink = self.installed
+        if sink is None:
+            return []
+        chain = audio_chain(self.session)
+        if sink in chain:
+            return chain[: chain.index(sink) + 1]
+        return [sink]
+
+    def put_back(
+        self, identity: str, detaching: Callable[[], contextlib.AbstractContextManager[None]]
+    ) -> RestoreOutcome:
+        """Put the previous route back unless ours was replaced since (``identity``, the
+        avatar's, names it in the log). The swap runs inside ``detaching()``: the SDK clears
+        the sink it detaches, and that clear is the swap's. Only the rows out of the states
+        where our route may be in ask for it, so it runs once per route."""
+        session, sink, prev = self.session, self.installed, self.prev
+        if session is None or sink is None or prev is None:
+            return "nothing_installed"
+        if audio_tail(session) is not sink:
+            logger.info("avatar %s: the audio route was replaced since; leaving it alone", identity)
+            return "left_alone"
+        outcome: RestoreOutcome
+        with detaching():
+            if prev.tail is not None:
+                session.output.replace_audio_tail(prev.tail)
+                outcome = "previous"
+            elif self.session_running() and not prev.session_running:
+                # session.start() saw our route and turned RoomIO's audio output off
+                session.output.replace_audio_tail(self._attach_room_output())
+                outcome = "room_attached"
+            else:
+                # not started yet: with no route in place, session.start() makes room audio
+                session.output.audio = prev.top
+                outcome = "cleared"
+            if outcome != "cleared":
+                finish_orphans(audio_chain(session))
+        now = route_of(session, sink)
+        logger.info("avatar %s: audio route restored (%s), now %s", identity, outcome, now)
+        return outcome
+
+    async def retire_sink(self) -> None:
+        """Once the plugin's data-stream sink carries no audio: its listener and waits go."""
+        sink = self.installed
+        if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
+            await retire_sink(sink, self.room)
+
+    def _attach_room_output(self) -> lk.RoomAudioOutput:
+        """A room audio output like the one RoomIO builds (same defaults)."""
+        assert self.room is not None
+        if self._room_output is None:
+            self._room_output = lk.new_room_audio_output(self.room)
+            self.start_room_output()
+        return self._room_output
+
+    def start_room_output(self) -> None:
+        out, room = self._room_output, self.room
+        if out is None or room is None or self._room_output_task is not None:
+            return
+        if not room.isconnected():
+            return  # publishing needs the connection; RoomConnected starts it
+        self._room_output_task = asyncio.get_running_loop().create_task(
+            out.start(), name="avatar:room_output"
+        )
+
+    async def settle_room_output(self) -> None:
+        """Close our room output unless it still carries a running session's audio; then it
+        is the session's until it closes."""
+        out, session = self._room_output, self.session
+        if out is None:
+            return
+        self._room_output = None
+        start_task, self._room_output_task = self._room_output_task, None
+        if session is not None and self.session_running() and audio_tail(session) is out:
+
+            def on_close(*_: Any) -> None:
+                task = asyncio.ensure_future(_close_output(out, start_task))
+                _HANDED_OFF.add(task)
+                task.add_done_callback(_HANDED_OFF.discard)
+
+            session.once("close", on_close)
+            return
+        await _close_output(out, start_task)
+
+
+async def _close_output(out: lk.RoomAudioOutput, start: asyncio.Task[None] | None) -> None:
+    if start is not None and not start.done():
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+    try:
+        await out.aclose()
+    except Exception:
+        logger.debug("closing the attached room audio output failed", exc_info=True)

@@ -1,0 +1,219 @@
+"""The plugin's sink, adopted: what the lifecycle puts on that one instance, and the
+``lk.playback_finished`` RPC it takes over from it.
+
+The session's interruption reaches the sink as ``clear_buffer()``, and what the sink is
+given (each segment's frames, then its ``flush()``) is what playout follows: ``SinkAdoption``
+wraps those three on the instance and ``release()`` takes the wrappers off again. A
+data-stream sink would register its own ``lk.playback_finished`` handler when the room
+connects, replacing the lifecycle's; the adoption keeps it from doing so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from livekit import rtc
+from livekit.agents.voice.avatar import DataStreamAudioOutput
+from livekit.agents.voice.io import AudioOutput
+
+from .. import livekit_compat as lk
+from ..clock import Clock
+
+logger = logging.getLogger("agent_runtime.avatar")
+
+RPC_CLEAR_BUFFER = "lk.clear_buffer"
+RPC_PLAYBACK_FINISHED = "lk.playback_finished"
+
+LifecycleEvents = Literal["state_changed", "segment_flushed", "playback_finished"]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFlushed:
+    """Emitted as ``segment_flushed``: the session ended a segment at the avatar's sink
+    (its ``flush()``), so all of that segment's audio is pushed. On the lifecycle's clock."""
+
+    started_at: float  # when its first frame was accepted by the sink
+    pushed: float  # seconds of audio accepted
+
+
+@dataclass(frozen=True, slots=True)
+class PlaybackReport:
+    """Emitted as ``playback_finished``: the avatar's own ``lk.playback_finished``,
+    accepted (from the avatar, well formed)."""
+
+    playback_position: float
+    interrupted: bool
+
+
+def _no_registration(*_: Any, **__: Any) -> None:
+    """Stands in for the sink's own ``lk.playback_finished`` registration."""
+
+
+class SinkAdoption:
+    """The lifecycle's wrappers on one sink instance. ``on_clear(adoption)`` gets the
+    sink's ``clear_buffer()`` (the adoption's ``own_clear`` is the sink's own);
+    ``on_flushed`` gets each segment the sink was given, as it is flushed."""
+
+    __slots__ = ("_clock", "_segment", "own_clear", "sink")
+
+    def __init__(
+        self,
+        sink: AudioOutput,
+        *,
+        clock: Clock,
+        on_clear: Callable[[SinkAdoption], None],
+        on_flushed: Callable[[SegmentFlushed], None],
+    ) -> None:
+        self.sink = sink
+        self._clock = clock
+        # the segment the sink is taking: (first frame at, seconds pushed)
+        self._segment: tuple[float, float] | None = None
+        # the session's interruption reaches the sink as clear_buffer(): the lifecycle sees
+        # it first, and hands it to the sink's own clear where that is safe
+        self.own_clear: Callable[[], None] = sink.clear_buffer
+        own_capture, own_flush = sink.capture_frame, sink.flush
+
+        def clear_buffer() -> None:
+            on_clear(self)
+
+        async def capture_frame(frame: rtc.AudioFrame) -> None:
+            await own_capture(frame)
+            started, pushed = self._segment or (self._clock.now(), 0.0)
+            self._segment = (started, pushed + frame.duration)
+
+        def flush() -> None:
+            own_flush()
+            segment, self._segment = self._segment, None
+            if segment is not None:
+                on_flushed(SegmentFlushed(*segment))
+
+        sink.clear_buffer = clear_buffer  # type: ignore[method-assign]
+        sink.capture_frame = capture_frame  # type: ignore[method-assign]
+        sink.flush = flush  # type: ignore[method-assign]
+        if isinstance(sink, DataStreamAudioOutput):
+            lk.keep_sink_off_the_playback_rpc(sink, _no_registration)
+
+    def release(self) -> None:
+        """Give the sink its own methods back (the class's)."""
+        self._segment = None
+        for name in ("clear_buffer", "capture_frame", "flush"):
+            vars(self.sink).pop(name, None)
+        lk.let_sink_register_the_playback_rpc(self.sink)
+
+
+def report_identity(sink: AudioOutput | None) -> str | None:
+    """Whose ``lk.playback_finished`` the plugin's own sink accepts: a data stream's
+    destination; None for a sink that takes no report."""
+    return lk.sink_destination(sink) if isinstance(sink, DataStreamAudioOutput) else None
+
+
+async def retire_sink(sink: DataStreamAudioOutput, room: rtc.Room | None) -> None:
+    """DataStreamAudioOutput has no close of its own: once it carries no audio, take back
+    its room listener, its wait for the avatar, and a clear of its own still holding it
+    (it holds nothing now: no audio reaches it)."""
+    if room is not None:
+        room.off("connection_state_changed", lk.sink_connection_listener(sink))
+    waits = lk.sink_waits(sink)
+    for task in waits:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+
+
+# -- the playback RPC -------------------------------------------------------------------------
+def claim_playback_rpc(room: rtc.Room, handler: Callable[[rtc.RpcInvocationData], str]) -> None:
+    """Register ``handler`` for ``lk.playback_finished`` once the room is connected (the
+    local participant exists only then; the lifecycle claims it again on connection)."""
+    if room.isconnected():
+        room.local_participant.register_rpc_method(RPC_PLAYBACK_FINISHED, handler)
+
+
+def release_playback_rpc(room: rtc.Room, handler: Callable[[rtc.RpcInvocationData], str]) -> None:
+    """Unregister ``lk.playback_finished`` if ``handler`` is what is registered: a handler
+    someone registered after it stays in place."""
+    try:
+        lp = room.local_participant
+    except Exception:
+        return  # never connected: nothing was registered
+    try:
+        if lk.rpc_handler(lp, RPC_PLAYBACK_FINISHED) == handler:
+            lp.unregister_rpc_method(RPC_PLAYBACK_FINISHED)
+    except Exception:
+        logger.debug("could not unregister %s", RPC_PLAYBACK_FINISHED, exc_info=True)
+
+
+def accept_playback_report(data: rtc.RpcInvocationData, identity: str) -> PlaybackReport:
+    """The report in an ``lk.playback_finished`` call from ``identity``; ``rtc.RpcError``
+    (the caller's answer) for a call from anyone else or a malformed payload."""
+    if data.caller_identity != identity:
+        logger.warning(
+            "%s refused from %r (the avatar's sink streams to %r)",
+            RPC_PLAYBACK_FINISHED,
+            data.caller_identity,
+            identity,
+        )
+        raise rtc.RpcError(
+            rtc.RpcError.ErrorCode.APPLICATION_ERROR,
+            f"{RPC_PLAYBACK_FINISHED} is accepted only from the avatar",
+        )
+    try:
+        return PlaybackReport(*parse_playback_finished(data.payload))
+    except ValueError as e:
+        logger.info("malformed %s from %r: %s", RPC_PLAYBACK_FINISHED, identity, e)
+        raise rtc.RpcError(
+            rtc.RpcError.ErrorCode.APPLICATION_ERROR,
+            f"malformed {RPC_PLAYBACK_FINISHED} payload: {e}",
+        ) from None
+
+
+# A bound of the runtime's own on incoming JSON: json's recursion limit differs between
+# interpreters (3.11 refuses 2,000 levels, 3.13 parses them), and the answer must not.
+MAX_NESTING = 32
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _nesting(text: str) -> int:
+    """How deep arrays and objects nest in ``text`` (brackets inside strings not counted)."""
+    depth = deepest = 0
+    for ch in _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def parse_playback_finished(payload: str) -> tuple[float, bool]:
+    """``{"playback_position": seconds >= 0, "interrupted": bool}`` or ``ValueError``."""
+    if _nesting(payload) > MAX_NESTING:
+        raise ValueError(f"payload nests deeper than {MAX_NESTING} levels")
+    try:
+        obj = json.loads(payload)
+    except (ValueError, RecursionError):  # nested past json's recursion limit
+        raise ValueError("payload is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ValueError("payload is not a JSON object")
+    pos = obj.get("playback_position")
+    if isinstance(pos, bool) or not isinstance(pos, int | float):
+        raise ValueError("playback_position must be a finite number")
+    try:
+        pos = float(pos)  # an integer of hundreds of digits overflows here
+    except OverflowError:
+        raise ValueError("playback_position must be a finite number") from None
+    if not math.isfinite(pos):
+        raise ValueError("playback_position must be a finite number")
+    if pos < 0:
+        raise ValueError("playback_position must be >= 0")
+    interrupted = obj.get("interrupted")
+    if not isinstance(interrupted, bool):
+        raise ValueError("interrupted must be true or false")
+    return pos, interrupted
