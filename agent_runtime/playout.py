@@ -51,14 +51,12 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 from statemachines import glue
 from statemachines.glue import (
     agent_state_event,
-    avatar_change_event,
-    link_change_event,
 )
 from statemachines.playout import PLAYOUT
 
 from . import livekit_compat as lk
 from ._runtime import MachineRuntime, listen
-from .actor import ActorClosed, Event, EventRejected, StateChanged, effect_table
+from .actor import ActorClosed, Event, EventRejected, effect_table
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
 from .participant import ParticipantLink
@@ -230,13 +228,12 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             clock=self._clock,
             tracer=tracer,
         )
-        # the other machines are followed from the start: their changes come before ours
+        # the avatar's sink is followed from the start (what it was handed, what it reported);
+        # the avatar's and the link's state changes reach the machine as the job system
+        # delivers statemachines.system.WATCHES
         if avatar is not None:
-            avatar.on("state_changed", self._on_avatar_changed)
             avatar.on("segment_flushed", self._on_segment_flushed)
             avatar.on("playback_finished", self._on_playback_report)
-        if link is not None:
-            link.on("state_changed", self._on_link_changed)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return _Timeouts(self)
@@ -294,11 +291,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         if unfollow is not None:
             unfollow()
         if self._avatar is not None:
-            self._avatar.off("state_changed", self._on_avatar_changed)
             self._avatar.off("segment_flushed", self._on_segment_flushed)
             self._avatar.off("playback_finished", self._on_playback_report)
-        if self._link is not None:
-            self._link.off("state_changed", self._on_link_changed)
         tasks = list(self._speeches)
         for t in tasks:
             t.cancel()
@@ -343,11 +337,6 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _on_session_close(self, ev: CloseEvent) -> None:
         self._post(Event("close", {"reason": str(getattr(ev.reason, "value", ev.reason))}))
 
-    def _on_avatar_changed(self, sc: StateChanged) -> None:
-        event = avatar_change_event(sc.source, sc.dest)
-        if event is not None:
-            self._post(Event(event, {"avatar": sc.dest}))
-
     def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
         self._segment = (seg.started_at, seg.pushed)
         self._post(Event("handed_off", {"pushed": round(seg.pushed, 6)}))
@@ -355,11 +344,6 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _on_playback_report(self, rep: PlaybackReport) -> None:
         data = {"playback_position": rep.playback_position, "interrupted": rep.interrupted}
         self._post(Event("playback_finished", data))
-
-    def _on_link_changed(self, sc: StateChanged) -> None:
-        event = link_change_event(sc.source, sc.dest)
-        if event is not None:
-            self._post(Event(event, {"link": sc.dest}))
 
     # -- effects -------------------------------------------------------------------------------
     def _fx_playout_done(self, ev: Event) -> None:

@@ -176,6 +176,10 @@ class JobSystem(MachineRuntime[str]):
         self._live_route: Route = "none"
         # the parts of a start still running: the teardown cuts them
         self._starts: set[asyncio.Task[Any]] = set()
+        # who hears the declared watches (statemachines.system.WATCHES), by machine
+        self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
+        if self.playout is not None:
+            self._watchers["playout"] = self.playout._post
         self.lifecycle.on("state_changed", self._forward_state)
         self.job.on("state_changed", self._forward_state)
         self.link.on("state_changed", self._forward_state)
@@ -281,8 +285,9 @@ class JobSystem(MachineRuntime[str]):
     def _forward_state(self, sc: StateChanged) -> None:
         if sc.machine == "avatar" and lk.session_live(self.session):
             self._live_route = route_of(self.session)  # only the avatar moves the route
-        for event in watched(sc.machine, sc.source, sc.dest, "agent_job"):
-            self.lifecycle.post(Event(event))
+        for target, post in self._watchers.items():  # statemachines.system.WATCHES
+            for event in watched(sc.machine, sc.source, sc.dest, target):
+                post(Event(event, {sc.machine: sc.dest}))
         self._emit_state(sc)  # a listener that fails is the Emitter's to log and drop
 
     def _on_session_close(self, ev: CloseEvent) -> None:

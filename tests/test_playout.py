@@ -536,7 +536,9 @@ async def test_closing_releases_every_listener_and_task() -> None:
     assert not tracker._speeches and tracker.actor.live_tasks == 0
     avatar = rig.job.avatar
     assert avatar is not None
-    assert not any(tracker._on_avatar_changed == fn for fn in avatar._events["state_changed"])
+    followed = (tracker._on_segment_flushed, tracker._on_playback_report)
+    for name in ("segment_flushed", "playback_finished"):
+        assert not any(fn in followed for fn in avatar._events.get(name, ()))
     assert sum(len(v) for v in rig.session._events.values()) >= before  # the job's own
     for name in ("speech_created", "agent_state_changed", "user_state_changed"):
         assert not any(
@@ -705,7 +707,7 @@ def test_the_glue_names_only_events_the_machine_declares() -> None:
 
     from livekit.agents.voice.events import AgentState
 
-    from agent_runtime.playout import agent_state_event, avatar_change_event, link_change_event
+    from statemachines.glue import agent_state_event, avatar_change_event, link_change_event
     from statemachines.machines import MACHINES
 
     mapped = {s: agent_state_event(s) for s in get_args(AgentState)}
