@@ -65,7 +65,8 @@ SUBSCRIBED_BY: dict[str, str] = {"avatar": "start"}
 # the session host, its finalize and the room deletion are forwarded by the host and the
 # job, the playout by its tracker, the participant link by itself, then by AgentJob to the
 # user; the playout follows the link only when it leaves ``linked`` (system.WATCHES, which
-# the job system delivers), which a re-entry never does; the job and the avatar (the route, the playout) are acted on
+# the job system delivers), which a re-entry never does; the job and the avatar (the
+# route, the playout) are acted on
 REPORTED_ONLY: frozenset[str] = frozenset(
     {"session_host", "finalize", "room_deletion", "playout", "participant"}
 )
