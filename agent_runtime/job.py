@@ -137,6 +137,7 @@ class JobRuntime(MachineRuntime[str]):
         # the session the participant link follows (AgentJob's own): its close is the one
         # the links flagged `primary` follow
         self.primary: AgentSession[Any] | None = None
+        self.primary_close_reason: str | None = None  # its CloseReason, once it closed
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._shutdown_callbacks: list[ShutdownCallback] = []
         # where run_close is and which callbacks have not returned: what the log line says
@@ -269,6 +270,8 @@ class JobRuntime(MachineRuntime[str]):
                 getattr(ev, "reason", "")
             )
             data = {"session": self.host.label_of(session), "reason": reason}
+            if session is self.primary and self.primary_close_reason is None:
+                self.primary_close_reason = reason
             self.wiring.fire(SESSION, "close", data, primary=session is self.primary)
 
         session.on("close", on_close)

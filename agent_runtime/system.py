@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseReason
 from livekit.agents.voice.avatar import AvatarSession
-from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 
@@ -171,7 +170,6 @@ class JobSystem(MachineRuntime[str]):
         self.actors: tuple[Actor, ...] = tuple(
             sorted(owned, key=lambda a: order.index(a.spec.name))
         )
-        self.close_reason: str | None = None  # the primary session's CloseReason, once closed
         self.job_context: JobContext | None = None
         self._live_route: Route = "none"
         # the parts of a start still running: the teardown cuts them
@@ -191,6 +189,12 @@ class JobSystem(MachineRuntime[str]):
         self.job.on("closed", self._on_job_closed)
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def close_reason(self) -> str | None:
+        """The primary session's ``CloseReason``, once it closed (the job's one listener on
+        the session's close says it)."""
+        return self.job.primary_close_reason
+
     def audio_route(self) -> Route:
         return route_of(self.session, self.avatar.installed_sink if self.avatar else None)
 
@@ -251,7 +255,6 @@ class JobSystem(MachineRuntime[str]):
         if self.job_context is not None:
             await self.job_context.connect()
         self.events.start()
-        self.session.on("close", self._on_session_close)
         await self.job.start()
 
     async def start_avatar(self) -> None:
@@ -289,11 +292,6 @@ class JobSystem(MachineRuntime[str]):
             for event in watched(sc.machine, sc.source, sc.dest, target):
                 post(Event(event, {sc.machine: sc.dest}))
         self._emit_state(sc)  # a listener that fails is the Emitter's to log and drop
-
-    def _on_session_close(self, ev: CloseEvent) -> None:
-        # the avatar goes with it through the job's links (statemachines.glue.LINKS)
-        reason = getattr(ev, "reason", None)
-        self.close_reason = self.close_reason or getattr(reason, "value", str(reason))
 
     def _post_avatar(self, event: Event) -> None:
         """An event the job's links send the avatar: its close is ``aclose()``."""
@@ -405,7 +403,6 @@ class JobSystem(MachineRuntime[str]):
             )
 
     def _unhook(self) -> None:
-        self.session.off("close", self._on_session_close)
         self.events.aclose()
 
 
