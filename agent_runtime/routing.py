@@ -20,9 +20,15 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from statemachines.glue import GUARDS, LINKS, ROOM_CONDITIONS, Link, RoomFacts
-from statemachines.routing import Route, routes_for
-from statemachines.system import FOLLOW_ORDER
+from statemachines.delivery import (
+    follow_rank,
+    index_links,
+    links_fired,
+    routes_by_fact,
+    routes_fired,
+)
+from statemachines.glue import GUARDS, LINKS, Link, RoomFacts
+from statemachines.routing import Route
 
 from .actor import Event
 from .room_events import (
@@ -114,18 +120,9 @@ def follow(
     The machines of a job hear each fact in ``statemachines.system.FOLLOW_ORDER``, whatever
     order they were started in. Each route's conditions are evaluated on ``facts`` (what the
     runtime knows of the room) just before ``after`` updates it."""
-    rank = FOLLOW_ORDER.index(machine) if machine in FOLLOW_ORDER else len(FOLLOW_ORDER)
-    follower = _Follower(_routes_by_fact(machine), facts or NoRoom(), post, after)
-    return adapter.subscribe(follower, rank=rank)
-
-
-@functools.cache
-def _routes_by_fact(machine: str) -> dict[str, tuple[Route, ...]]:
-    """The machine's routes grouped by fact name: built once, shared by every job."""
-    by_fact: dict[str, list[Route]] = {}
-    for r in routes_for(machine):
-        by_fact.setdefault(r.fact, []).append(r)
-    return {fact: tuple(rs) for fact, rs in by_fact.items()}
+    # the delivery is statemachines.delivery's, which the explorer's model imports too
+    follower = _Follower(routes_by_fact(machine), facts or NoRoom(), post, after)
+    return adapter.subscribe(follower, rank=follow_rank(machine))
 
 
 class _Follower:
@@ -135,7 +132,7 @@ class _Follower:
 
     def __init__(
         self,
-        by_fact: dict[str, tuple[Route, ...]],
+        by_fact: Mapping[str, tuple[Route, ...]],
         known: RoomFacts,
         post: Callable[[Event], None],
         after: Callable[[RoomFact], None] | None,
@@ -144,10 +141,7 @@ class _Follower:
 
     def __call__(self, fact: RoomFact) -> None:
         matching = self.by_fact.get(FACT_NAMES[type(fact)], ())
-        fired: list[Route] = []
-        if matching:
-            plain, known = plain_fact(fact), self.known
-            fired = [r for r in matching if all(ROOM_CONDITIONS[c](known, plain) for c in r.when)]
+        fired = routes_fired(matching, self.known, plain_fact(fact)) if matching else []
         if self.after is not None:
             self.after(fact)
         for r in fired:
@@ -168,9 +162,7 @@ class Wiring:
     ) -> None:
         self._flags: Mapping[str, bool] = MappingProxyType(dict(flags or {}))
         self._posts: dict[str, Callable[[Event], None]] = {}
-        self._links: dict[tuple[str, str, str], list[Link]] = {}
-        for k in links:
-            self._links.setdefault((k.source, k.on, k.step), []).append(k)
+        self._links = index_links(links)
 
     @property
     def flags(self) -> Mapping[str, bool]:
@@ -188,9 +180,7 @@ class Wiring:
         step: str = "",
         **flags: bool,
     ) -> None:
-        for link in self._links.get((source, on, step), ()):
-            if not all(flags.get(f, self._flags.get(f, False)) for f in link.when):
-                continue
+        for link in links_fired(self._links, (source, on, step), flags, self._flags):
             post = self._posts.get(link.target)
             if post is None:
                 continue

@@ -43,14 +43,13 @@ SIM = Config.example()
 PLAIN = Config(simulation=False, present=())
 
 
-def test_every_invariant_holds_within_three_inputs() -> None:
-    # the default tier's share: every config, the avatar's inputs until nothing new
-    # appears, the job's and participant's to three inputs (the exhaustive tier: all)
-    plans = [
-        *(Plan(c, "avatar", None) for c in DEFAULT_CONFIGS),
-        *(Plan(c, "job", 3) for c in DEFAULT_CONFIGS),
-    ]
-    report = explore_plans(plans)
+@pytest.mark.parametrize("config", range(len(DEFAULT_CONFIGS)), ids=lambda i: f"c{i}")
+def test_every_invariant_holds_within_three_inputs(config: int) -> None:
+    # the default tier's share: every config (one test each, so the workers share them
+    # out), the avatar's inputs until nothing new appears, the job's and participant's to
+    # three inputs (the exhaustive tier: all)
+    c = DEFAULT_CONFIGS[config]
+    report = explore_plans([Plan(c, "avatar", None), Plan(c, "job", 3)])
     assert report.ok, report.summary()
     assert all(r.closed for r in report.results if r.plan.inputs == "avatar")
     assert all(r.depth == 3 and r.states > 1_000 for r in report.results if r.plan.inputs == "job")
@@ -448,14 +447,46 @@ def test_sequences_are_counted_as_enumerating_them_would() -> None:
         assert report.sequences == paths(model.initial(), depth), depth
 
 
-@pytest.mark.parametrize(
-    ("inputs", "mailboxes", "depth"),
-    [("all", "settle", 3), ("job", "turns", 2), ("all", "any", 1)],
-)
-def test_finer_interleavings_hold_too(inputs: Inputs, mailboxes: Mailboxes, depth: int) -> None:
+def _finer(
+    inputs: Inputs,
+    mailboxes: Mailboxes,
+    depth: int,
+    configs: tuple[int, ...],
+    *,
+    deep: bool = False,
+) -> list[Any]:
+    marks = [pytest.mark.exhaustive] if deep else []
+    return [
+        pytest.param(
+            inputs, mailboxes, depth, i, marks=marks, id=f"{inputs}-{mailboxes}-{depth}-c{i}"
+        )
+        for i in configs
+    ]
+
+
+# one test per config (each its own exploration, so the workers share them out). The four
+# largest (8 to 19 s of CPU each at load 6) are in the exhaustive tier; the default tier
+# keeps a smaller instance of each: the same config one input shallower, or with the
+# avatar's inputs alone
+FINER = [
+    *_finer("all", "settle", 3, (0, 1, 2, 3)),
+    *_finer("job", "turns", 2, (2, 3)),
+    *_finer("job", "turns", 1, (0, 1)),
+    *_finer("job", "turns", 2, (0, 1), deep=True),
+    *_finer("all", "any", 1, (2, 3)),
+    *_finer("avatar", "any", 1, (0, 1)),
+    *_finer("all", "any", 1, (0, 1), deep=True),
+]
+
+
+@pytest.mark.parametrize(("inputs", "mailboxes", "depth", "config"), FINER)
+def test_finer_interleavings_hold_too(
+    inputs: Inputs, mailboxes: Mailboxes, depth: int, config: int
+) -> None:
     # every input together; inputs landing between two events an actor handles; any actor
     # with mail going next: each far larger, so shallower
-    report = explore(depth, inputs=[inputs], mailboxes=mailboxes, count=False)
+    configs = [DEFAULT_CONFIGS[config]]
+    report = explore(depth, configs=configs, inputs=[inputs], mailboxes=mailboxes, count=False)
     assert report.ok, report.summary()
 
 

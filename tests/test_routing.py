@@ -9,6 +9,8 @@ from agent_runtime import Event
 from agent_runtime.room_events import ParticipantLeft, RoomEventAdapter
 from agent_runtime.routing import FACT_NAMES, follow
 from agent_runtime.testing.inmemory import InMemoryRoom
+from statemachines.delivery import FOLLOWERS, index_links, links_fired
+from statemachines.glue import LINKS
 from statemachines.routing import CONDITIONS, FACTS, ROUTES, Route
 
 
@@ -80,3 +82,53 @@ async def test_a_machine_follows_exactly_its_routes_with_the_shared_conditions()
     room.publish_track("avatar-1", "video")
     assert [e.name for e in avatar] == ["avatar_connected", "video_published"]
     adapter.aclose()
+
+
+async def test_machines_hear_a_fact_in_the_declared_order_whatever_order_they_follow() -> None:
+    # statemachines.delivery is the one delivery: the runtime's followers and the explorer's
+    # model both take it, so the order the model explores is the order the runtime runs
+    room = InMemoryRoom(name="r")
+    adapter = RoomEventAdapter(room)
+    adapter.start()
+    heard: list[tuple[str, str]] = []
+
+    class Knows:
+        # the avatar's participant, also the last one carrying lk.simulator: every
+        # machine's route for its departure fires
+        avatar_identity = "avatar-1"
+        simulators = frozenset({"avatar-1"})
+
+    for machine in reversed(FOLLOWERS):  # subscribed in the opposite order
+        follow(adapter, machine, lambda e, m=machine: heard.append((m, e.name)), facts=Knows())
+    room.connect_locally()
+    room.add_participant("avatar-1", kind="agent")
+    heard.clear()
+    room.remove_participant("avatar-1")
+    assert [m for m, _ in heard] == list(FOLLOWERS) == ["job", "avatar", "participant"]
+    assert heard == [
+        ("job", "simulator_left"),
+        ("avatar", "avatar_left"),
+        ("participant", "participant_disconnected"),
+    ]
+    adapter.aclose()
+
+
+def test_a_link_fires_on_its_own_flag_before_the_jobs() -> None:
+    index = index_links(LINKS)
+    key = ("job", "run_close", "room")  # the deletion is asked only when configured
+
+    def targets(flags: dict[str, bool], job: dict[str, bool]) -> list[str]:
+        return [f"{k.target}.{k.event}" for k in links_fired(index, key, flags, job)]
+
+    assert "room_deletion.request" not in targets({}, {})
+    assert "room_deletion.request" in targets({}, {"delete_room_on_close": True})
+    # the firing's own value wins over the job's
+    assert "room_deletion.request" not in targets(
+        {"delete_room_on_close": False}, {"delete_room_on_close": True}
+    )
+    # a session's close reaches the link and the avatar only for the primary session
+    closes = ("session", "close", "")
+    primary = [k.target for k in links_fired(index, closes, {"primary": True}, {})]
+    other = [k.target for k in links_fired(index, closes, {"primary": False}, {})]
+    assert {"participant", "avatar"} <= set(primary)
+    assert not {"participant", "avatar"} & set(other)

@@ -860,6 +860,10 @@ def _deletion_returns(s: _W, ok: bool) -> None:
 
 
 def work(model: Model, w: World | _W) -> Iterator[Work]:
+    if not (
+        w.fin_task or w.host_task or w.av_task or w.dele_task or w.job_task
+    ) and "closing" not in (w.sess_a, w.sess_b):
+        return  # nothing runs aside (asked of every world explored: the common answer first)
     if w.fin_task.endswith(":start"):
         n = w.fin_req + 1
         yield "verdict_ready", f"on_simulation_end returns for request #{n}", False, _verdict_ready
@@ -960,6 +964,8 @@ def work(model: Model, w: World | _W) -> Iterator[Work]:
 # run_close's own bound on the session's close: a share of close_timeout (the timer of the
 # job's task, not of a state): the time moves of the model
 def bounds(model: Model, w: World) -> Iterator[tuple[str, str, Callable[[_W], None]]]:
+    if not w.job_task:
+        return
     step = w.job_task.partition(":")[2]
     if step == "session" and w.sess_a in ("closing", "hung"):
         # half of the step's share: the avatar's close is held back no longer

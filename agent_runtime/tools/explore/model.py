@@ -34,17 +34,10 @@ from functools import partial
 from typing import Any, Literal, NamedTuple
 
 from statemachines import MachineSpec, step
-from statemachines.glue import (
-    GUARDS,
-    LINKS,
-    ROOM_CONDITIONS,
-    Link,
-    simulators_after,
-)
+from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_by_fact, routes_fired
+from statemachines.glue import GUARDS, LINKS, Link, simulators_after
 from statemachines.glue import hold_needed as _hold_needed
 from statemachines.machines import MACHINES
-from statemachines.routing import ROUTES
-from statemachines.system import FOLLOW_ORDER
 
 from . import abstract
 from .abstract import (
@@ -161,12 +154,6 @@ FIELDS = World._fields
 _STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele", FIN: "fin"}
 _TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele", HOST: "t_host"}
 _TASK = {AVATAR: "av_task", JOB: "job_task", DEL: "dele_task", HOST: "host_task", FIN: "fin_task"}
-# a room fact reaches the machines in the order the runtime delivers it: the declared one,
-# whatever order the machines were started in
-_FOLLOW_ORDER = FOLLOW_ORDER
-_ROUTES_BY_FACT: dict[str, tuple[Any, ...]] = {}
-for _r in ROUTES:
-    _ROUTES_BY_FACT[_r.fact] = (*_ROUTES_BY_FACT.get(_r.fact, ()), _r)
 
 
 class Move(NamedTuple):
@@ -367,9 +354,9 @@ class _W:
     def fire(self, source: str, on: str, params: Params, step: str = "", **flags: bool) -> None:
         """Post every declared link of ``source``'s ``on`` whose flags hold."""
         model = self.model
-        for link in model._links.get((source, on, step), ()):
-            if not link.when or all(flags.get(f, model.flags.get(f, False)) for f in link.when):
-                self.post(link.target, link.event, params, CLOSE if link.event == "close" else NONE)
+        # the runtime's own choice of links (``agent_runtime.routing.Wiring`` calls it too)
+        for link in links_fired(model._links, (source, on, step), flags, model.flags):
+            self.post(link.target, link.event, params, CLOSE if link.event == "close" else NONE)
 
     def room_fact(self, fact: str, *, who: str = "", reason: str = "", kind: str = "") -> None:
         """A room fact reaches every machine whose route names it and whose conditions hold
@@ -379,23 +366,21 @@ class _W:
         )
         data = {"fact": fact, **event_data(params)}
         known = RoomFactsView(self)
+        # the runtime's delivery (``agent_runtime.routing.follow`` calls the same functions):
+        # the machines in their declared follow order, each route's conditions evaluated on
+        # what was known just before the fact
         fired = [
             r
-            for r in _ROUTES_BY_FACT.get(fact, ())
-            if all(ROOM_CONDITIONS[c](known, data) for c in r.when)
+            for machine in FOLLOWERS
+            for r in routes_fired(routes_by_fact(machine).get(fact, ()), known, data)
         ]
         simulators = simulators_after(known.simulators, data)
         if who in ("user", "sip"):
             setattr(self, who, fact == "participant_joined")
         elif who == "simulator":
             self.simulator = PEOPLE["simulator"].identity in simulators
-        for machine in _FOLLOW_ORDER:
-            for r in fired:
-                if r.machine == machine:
-                    self.post(machine, r.event, params)
         for r in fired:
-            if r.machine not in _FOLLOW_ORDER:
-                self.post(r.machine, r.event, params)
+            self.post(r.machine, r.event, params)
 
     def drop_mailbox(self, m: str) -> None:
         self.queue = tuple(e for e in self.queue if e[0] != m)
@@ -443,10 +428,7 @@ class Model:
         self.glue = glue
         self.links = links
         self.flags = {"delete_room_on_close": self.config.delete_room_on_close}
-        self._links: dict[tuple[str, str, str], tuple[Link, ...]] = {}
-        for k in links:
-            key = (k.source, k.on, k.step)
-            self._links[key] = (*self._links.get(key, ()), k)
+        self._links = index_links(links)
         # settle: after each input, timeout or piece of work done aside, the mail it caused
         #   is handled at once, actors taking turns in posting order (as asyncio runs ready
         #   tasks); every world on the way is still checked
@@ -659,6 +641,8 @@ class Model:
                 yield self._move("internal", action, label, w, fn)
 
     def _time(self, w: World) -> Iterator[Move]:
+        if not (w.t_avatar or w.t_job or w.t_part or w.t_dele or w.t_host or w.job_task):
+            return  # no timer armed, no bound running (most worlds: asked of each one)
         for m, field_name in _TIMER.items():
             armed_in = getattr(w, field_name)
             if armed_in:
@@ -850,6 +834,7 @@ def _fire(s: _W, m: str) -> None:
     s.post(m, event, (), token)
 
 
+@functools.lru_cache(maxsize=65536)  # one per distinct entry: asked for every move
 def mail_label(entry: Entry) -> str:
     m, event, params, token = entry
     if m == AUTO:

@@ -234,11 +234,11 @@ class _Graph:
         self.external: list[list[int]] = []  # inputs and timeouts, for counting
 
     def add(self, w: World, parent: int, mv: Move | None) -> tuple[int, bool]:
-        i = self.index.get(w)
-        if i is not None:
-            return i, False
+        # one lookup, so one hash of the world (a long tuple, hashed anew each time)
         i = len(self.worlds)
-        self.index[w] = i
+        j = self.index.setdefault(w, i)
+        if j != i:
+            return j, False
         self.worlds.append(w)
         self.parent.append((parent, mv))
         self.internal.append(None)
