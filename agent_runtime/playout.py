@@ -203,10 +203,15 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self._link = link
         # the links the machine's effects post (statemachines.glue.LINKS): the job's, or
         # this tracker's own to its avatar
+        # composed, the session's close comes through the job's links too (one listener
+        # for it per job); alone, the tracker follows it itself
+        self._follow_close = wiring is None
         if wiring is None:
             wiring = Wiring()
             if avatar is not None:
                 wiring.connect("avatar", _poster(avatar))
+        else:
+            wiring.connect("playout", self._post_linked)
         self._wiring = wiring
         self._clock: Clock = clock or AsyncioClock()
         self._on_reprompt = on_reprompt or default_reprompt(opts.reprompt_instructions)
@@ -252,15 +257,14 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         """Follow the session (before it starts, so its first speech is seen). Idempotent."""
         if self._unfollow is not None or self.actor.closed:
             return
-        self._unfollow = listen(
-            self.session,
-            {
-                "speech_created": self._on_speech_created,
-                "agent_state_changed": self._on_agent_state,
-                "user_state_changed": self._on_user_state,
-                "close": self._on_session_close,
-            },
-        )
+        follows: dict[str, Callable[..., None]] = {
+            "speech_created": self._on_speech_created,
+            "agent_state_changed": self._on_agent_state,
+            "user_state_changed": self._on_user_state,
+        }
+        if self._follow_close:
+            follows["close"] = self._on_session_close
+        self._unfollow = listen(self.session, follows)
         self.actor.start()
 
     def playout_bound(self) -> float:
@@ -336,6 +340,11 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
 
     def _on_session_close(self, ev: CloseEvent) -> None:
         self._post(Event("close", {"reason": str(getattr(ev.reason, "value", ev.reason))}))
+
+    def _post_linked(self, event: Event) -> None:
+        """The job's link: the session's close, once the tracker follows the session."""
+        if self._unfollow is not None:
+            self._post(event)
 
     def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
         self._segment = (seg.started_at, seg.pushed)

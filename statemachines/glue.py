@@ -446,6 +446,14 @@ LINKS: tuple[Link, ...] = (
         event="close",
         note="the avatar goes with the session, while the room is still connected",
     ),
+    Link(
+        source=SESSION,
+        on="close",
+        when=("primary",),
+        target="playout",
+        event="close",
+        note="nothing more to follow",
+    ),
     Link(source="session_host", on="report_session_closed", target="job", event="session_closed"),
     Link(
         source="session_host",

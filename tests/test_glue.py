@@ -97,6 +97,7 @@ def test_the_wiring_posts_exactly_the_declared_links_whose_flags_hold() -> None:
         ("session_host", "session_closed"),
         ("participant", "session_closed"),
         ("avatar", "close"),
+        ("playout", "close"),
     ]
     # a link left out of the table is a post that never happens
     got.clear()

@@ -356,6 +356,9 @@ class _W:
         model = self.model
         # the runtime's own choice of links (``agent_runtime.routing.Wiring`` calls it too)
         for link in links_fired(model._links, (source, on, step), flags, model.flags):
+            if link.target not in MACHINE_NAMES:
+                continue  # a machine the model does not compose (playout): as the runtime's
+                # Wiring skips a target nobody connected
             self.post(link.target, link.event, params, CLOSE if link.event == "close" else NONE)
 
     def room_fact(self, fact: str, *, who: str = "", reason: str = "", kind: str = "") -> None:
