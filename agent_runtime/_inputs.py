@@ -105,9 +105,11 @@ def observed(
     tracer: Tracer | None,
     trace_path: str | Path | None,
     otel: bool | OtelSink,
-    parent: Callable[[], otel_context.Context],
+    parent: Callable[[], otel_context.Context] | None = None,
 ) -> tuple[Tracer | None, JsonlSink | None, OtelSink | None]:
-    """The job's tracer with its JSONL file (``trace_path``) and its OpenTelemetry sink."""
+    """The job's tracer with its JSONL file (``trace_path``, opened here: the one place a
+    trace path becomes a sink) and its OpenTelemetry sink (``parent``: whose span takes the
+    machines' events when the sink has none of its own)."""
     trace_file: JsonlSink | None = None
     if trace_path is not None:
         try:
@@ -121,7 +123,7 @@ def observed(
     sink: OtelSink | None = None
     if otel is not False:
         sink = OtelSink() if otel is True else otel
-        if sink.parent is None:
+        if sink.parent is None and parent is not None:
             sink.parent = parent
         tracer = Tracer(*(tracer.sinks if tracer else []), sink)
     return tracer, trace_file, sink

@@ -32,6 +32,7 @@ from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import bound_of
 
+from ._inputs import observed
 from ._runtime import MachineRuntime
 from .actor import Event, StateChanged, effect_table
 from .clock import AsyncioClock, Clock
@@ -42,7 +43,7 @@ from .routing import Wiring, follow, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, sender_aware
 from .settings import check_part, check_setting
-from .trace import JsonlSink, LoggingSink, Tracer
+from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.job")
 
@@ -114,12 +115,8 @@ class JobRuntime(MachineRuntime[str]):
         parts = {"trace_path": trace_path, "clock": clock, "tracer": tracer, "transport": transport}
         for name, value in parts.items():
             check_part(name, value)  # before the trace file is opened (truncated)
-        if trace_path is not None:
-            # production traces: the same JSONL `agent-runtime replay` reads, plus the logs
-            self._trace_file: JsonlSink | None = JsonlSink(trace_path)
-            tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), self._trace_file)
-        else:
-            self._trace_file = None
+        # production traces: the same JSONL `agent-runtime replay` reads, plus the logs
+        tracer, self._trace_file, _ = observed(tracer, trace_path, otel=False)
         self.tracer = tracer  # hand it to ParticipantLink/AvatarLifecycle to trace them too
         self._room = room
         self._clock: Clock = clock or AsyncioClock()

@@ -516,3 +516,17 @@ async def test_a_job_runtime_refuses_a_trace_path_of_the_wrong_type_before_openi
     with pytest.raises(SettingTypeError, match="transport must be a livekit SessionTransport"):
         JobRuntime(room=room, transport="bogus")  # type: ignore[arg-type]
     assert room.listener_count() == listeners
+
+
+async def test_a_job_runtime_whose_trace_file_cannot_be_written_says_so_and_subscribes_nothing(
+    room: InMemoryRoom, tmp_path: Path
+) -> None:
+    """The same trace setup as AgentJob's (one place turns a trace path into a sink)."""
+    from agent_runtime.job import JobRuntime
+    from agent_runtime.settings import SettingError
+
+    listeners = room.listener_count()
+    missing = tmp_path / "missing-dir" / "trace.jsonl"
+    with pytest.raises(SettingError, match=r"trace_path: cannot write the trace to .*missing-dir"):
+        JobRuntime(room=room, trace_path=missing)
+    assert room.listener_count() == listeners and not missing.parent.exists()
