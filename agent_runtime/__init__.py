@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged
+from .actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged
 from .clock import AsyncioClock, Clock, VirtualClock, settle
 from .trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord, read_trace
 
@@ -79,6 +79,7 @@ __all__ = [
     "LoggingSink",
     "MemorySink",
     "OtelSink",
+    "Output",
     "ParticipantLink",
     "PlayoutOptions",
     "PlayoutTracker",

@@ -33,7 +33,19 @@ class StateChanged:
     event: str
 
 
-EffectResult = Event | None
+@dataclass(frozen=True, slots=True)
+class Output:
+    """What an effect hands to its declared links (``statemachines.glue.LINKS``), as
+    XState's ``onDone`` output: the actor passes it on once the effect succeeded. An effect
+    that returns ``None`` sends its links empty data."""
+
+    data: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+
+
+# what an effect returns: an event for its own machine, an output for its links, or nothing
+EffectResult = Event | Output | None
+# who hears an effect's success: (effect name, output data)
+OutputFn = Callable[[str, Mapping[str, Any]], None]
 EffectHandler = Callable[[Event], EffectResult | Awaitable[EffectResult]]
 GuardFn = Callable[[Event], bool]
 H = TypeVar("H")

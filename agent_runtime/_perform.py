@@ -18,7 +18,7 @@ from typing import Any
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import Table
 
-from ._messages import EffectHandler, Event, GuardFn, StateChanged
+from ._messages import EMPTY, EffectHandler, Event, GuardFn, Output, OutputFn, StateChanged
 from .clock import Clock, TimerHandle
 from .emitter import Emitter, describe
 from .trace import Tracer, TraceRecord
@@ -45,6 +45,8 @@ class Performer(Emitter[str]):
     _table: Table
     _effects: Mapping[str, EffectHandler]
     _guards: Mapping[str, GuardFn]
+    _linked: frozenset[str]
+    _outputs: OutputFn | None
     _settings: Mapping[str, float | None]
     _state: str
     _gen: int
@@ -205,7 +207,8 @@ class Performer(Emitter[str]):
         detail: str,
         follow: object = None,
     ) -> None:
-        """Record an effect's outcome; queue its error event, or the event it returned."""
+        """Record an effect's outcome; queue its error event, or the event it returned; pass
+        a success on to the effect's declared links."""
         if outcome != "ok":
             # the log policy: an effect that failed is seen by an operator, once, here
             self.report(
@@ -237,9 +240,12 @@ class Performer(Emitter[str]):
                 self._mail().append(
                     (Event(err, {"effect": name, "outcome": outcome, "detail": detail}), None, None)
                 )
-        elif isinstance(follow, Event):
+            return
+        if isinstance(follow, Event):
             self._check(follow)
             self._mail().append((follow, None, None))
+        if name in self._linked and self._outputs is not None:
+            self._outputs(name, follow.data if isinstance(follow, Output) else EMPTY)
 
     # -- state entry and exit ----------------------------------------------------------------
     def _enter_state(self, by: str = "") -> None:

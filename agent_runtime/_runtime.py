@@ -26,7 +26,7 @@ from ._messages import EMPTY, Event, Handlers, StateChanged
 from .actor import Actor
 from .clock import Clock
 from .emitter import Emitter
-from .routing import guard_table
+from .routing import Wiring, guard_table
 from .trace import Tracer
 
 E = TypeVar("E")
@@ -50,10 +50,12 @@ class MachineRuntime(Emitter[E]):
         tracer: Tracer | None = None,
         effect_timeout: float = 5.0,
         forward: bool = True,
+        wiring: Wiring | None = None,
     ) -> Actor:
         """Build ``self.actor``: ``effects`` is the class's table (``effect_table``), the
-        guards read ``facts`` (this runtime when not given). ``forward=False``: a part
-        whose owner listens on its ``actor`` and forwards (one listener less per job)."""
+        guards read ``facts`` (this runtime when not given), ``wiring`` fires the links of
+        its effects as they succeed. ``forward=False``: a part whose owner listens on its
+        ``actor`` and forwards (one listener less per job)."""
         actor = Actor(
             spec,
             instance=instance,
@@ -66,6 +68,8 @@ class MachineRuntime(Emitter[E]):
             tracer=tracer,
             effect_timeout=effect_timeout,
         )
+        if wiring is not None:
+            wiring.bind(actor)
         if forward:
             actor.on("state_changed", self._on_state)
         self.actor = actor

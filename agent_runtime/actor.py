@@ -27,6 +27,8 @@ from ._messages import (
     EventRejected,
     GuardFn,
     Handlers,
+    Output,
+    OutputFn,
     StateChanged,
     effect_table,
 )
@@ -44,6 +46,8 @@ __all__ = [
     "EventRejected",
     "GuardFn",
     "Handlers",
+    "Output",
+    "OutputFn",
     "StateChanged",
     "effect_table",
 ]
@@ -67,7 +71,9 @@ class Actor(Performer):
         "_entered_at",
         "_gen",
         "_guards",
+        "_linked",
         "_mailbox",
+        "_outputs",
         "_runner",
         "_settings",
         "_state",
@@ -126,6 +132,9 @@ class Actor(Performer):
         self._tasks: set[asyncio.Task[Any]] | None = None
         self._closed = False
         self._entered = False
+        # the effects whose success the system passes on (their declared links), and how
+        self._linked: frozenset[str] = frozenset()
+        self._outputs: OutputFn | None = None
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -168,6 +177,11 @@ class Actor(Performer):
     def entered_at(self) -> float | None:
         """When the current state was entered (this actor's clock); None before ``start``."""
         return self._entered_at
+
+    def pass_outputs(self, effects: frozenset[str], to: OutputFn) -> None:
+        """Hand the success of each of ``effects`` to ``to`` (the system's links): an effect
+        never posts to another machine itself."""
+        self._linked, self._outputs = effects, to
 
     def start(self) -> None:
         """Enter the initial state: arm its timeout and start its tasks. Idempotent; the

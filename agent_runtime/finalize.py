@@ -23,7 +23,7 @@ from statemachines.finalize import FINALIZE
 
 from . import livekit_compat as lk
 from ._runtime import MachineRuntime
-from .actor import Event, effect_table
+from .actor import Event, Output, effect_table
 from .clock import AsyncioClock, Clock
 from .routing import Wiring
 from .trace import Tracer
@@ -83,6 +83,7 @@ class FinalizeAnswer(MachineRuntime[str]):
             tracer=tracer,
             effect_timeout=reply_timeout,
             forward=False,
+            wiring=self._wiring,
         )
         self._wiring.connect("finalize", self._post)
 
@@ -176,15 +177,15 @@ class FinalizeAnswer(MachineRuntime[str]):
         )
         return Event("delivered", {"request_id": rid, "verdict": verdict})
 
-    def _fx_report_answered(self, ev: Event) -> None:
+    def _fx_report_answered(self, ev: Event) -> Output:
         verdict = ev.data.get("verdict")
         self._delivered = _Delivered(
             str(ev.data.get("request_id", "")),
             dict(verdict) if isinstance(verdict, Mapping) else None,
         )
-        self._wiring.fire("finalize", "report_answered", {"verdict": self._delivered.verdict})
         if self._on_answered is not None:
             self._on_answered(self._delivered.verdict)
+        return Output({"verdict": self._delivered.verdict})
 
     async def _fx_refuse_busy(self, ev: Event) -> None:
         await self._error(ev, "finalize_simulation was already being answered")

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
-from statemachines.system import bound_of
+from statemachines.system import TEARDOWN, bound_of
 
 from ._inputs import observed
 from ._runtime import MachineRuntime
@@ -43,6 +43,7 @@ from .routing import Wiring, follow, plain_fact
 from .session_host import JobSessionHost, SimulationEndFn, simulation_context
 from .session_transport import RoomRequestTransport, sender_aware
 from .settings import check_part, check_setting
+from .teardown import Teardown, Work
 from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.job")
@@ -101,7 +102,6 @@ class JobRuntime(MachineRuntime[str]):
         delete_room_on_close: bool = False,
         delete_room: DeleteRoomFn | None = None,
         room_events: RoomEventAdapter | None = None,
-        before_disconnect: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(room, rtc.Room):
@@ -122,7 +122,6 @@ class JobRuntime(MachineRuntime[str]):
         self._clock: Clock = clock or AsyncioClock()
         self._close_timeout = float(close_timeout)
         self._session_end_timeout = float(session_end_timeout)
-        self._before_disconnect = before_disconnect
         self._own_events = room_events is None
         self._room_events = room_events or RoomEventAdapter(room)
         self._unsubscribe_facts: Callable[[], None] | None = None
@@ -137,9 +136,17 @@ class JobRuntime(MachineRuntime[str]):
         self.primary_close_reason: str | None = None  # its CloseReason, once it closed
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._shutdown_callbacks: list[ShutdownCallback] = []
-        # where run_close is and which callbacks have not returned: what the log line says
-        # when the close bound cuts it
-        self._close_step = ""
+        # the works of run_close's steps (statemachines.system.TEARDOWN), by step: the job's
+        # own here; whoever composes the job adds the session's and the avatar's
+        self.teardown_works: dict[str, Work] = {
+            "host": self._host_closed,
+            "disconnect": self._disconnect,
+            "room": self._deletion_settled,
+            "callbacks": self._run_shutdown_callbacks,
+        }
+        # run_close as it runs, and which callbacks have not returned: what the log line
+        # says when the close bound cuts it
+        self._teardown: Teardown | None = None
         self._callbacks_running: dict[int, str] = {}
         self._reason = ""
         self._closed_at: float | None = None
@@ -391,58 +398,58 @@ class JobRuntime(MachineRuntime[str]):
 
     # -- closing ---------------------------------------------------------------------------
     async def _fx_run_close(self, _ev: Event) -> Event:
-        """``closing``'s task: the steps of ``statemachines.system.TEARDOWN`` in order, each
-        within its share of ``close_timeout``; a step cut at its share never keeps the next
-        from running. Each step's links (``LINKS``, run_close/STEP) fire as it begins."""
-        self._close_step = "the session host had not closed"
-        self.wiring.fire("job", "run_close", step="host")
-        await self._step("host", self.host.wait_closed())
-        self.wiring.fire("job", "run_close", step="session")
-        if self._before_disconnect is not None:
-            # what needs the room (the session, the avatar's removal)
-            self._close_step = "the session and the avatar had not closed"
-            await self._step(("session", "avatar"), self._before_disconnect())
-        self._close_step = "the room had not disconnected"
-        if self._room.isconnected():
-            await self._step("room", self._room.disconnect())
-        # delete_room_on_close covers every way the job ends (upstream deletes from the
-        # session's close, which a job shutdown also causes), after the hold, never before
-        self._close_step = "the room deletion had not returned"
-        self.wiring.fire("job", "run_close", step="room")
-        await self._step("room", self.deletion.settled())  # a deletion asked for runs now
-        self._close_step = ""
-        self.wiring.fire("job", "run_close", step="callbacks")
-        await self._run_shutdown_callbacks()
+        """``closing``'s task: the steps of ``statemachines.system.TEARDOWN``, each within its
+        share of ``close_timeout``; a step cut at its share never keeps the next from
+        running. Each step's links (``LINKS``, run_close/STEP) fire as it begins."""
+        self._teardown = Teardown(
+            TEARDOWN,
+            close_timeout=self._close_timeout,
+            clock=self._clock,
+            log=logger,
+            who=f"job {self.actor.instance}",
+            begin=self._begin_step,
+            waiting_for=self._waiting_for,
+        )
+        await self._teardown.run(self.teardown_works)
         return Event("close_done")
 
-    async def _step(self, step: str | tuple[str, ...], work: Awaitable[Any]) -> None:
-        names = (step,) if isinstance(step, str) else step
-        bound = sum(bound_of(n, self._close_timeout) for n in names)
-        try:
-            await self._clock.wait_for(work, bound)
-        except TimeoutError:
-            logger.warning(
-                "job %s: closing %s took longer than %gs; cut off, the close goes on (%s)",
-                self.actor.instance,
-                " and ".join(names),
-                bound,
-                self._close_step,
-            )
-        except Exception:
-            logger.exception("job %s: closing %s failed", self.actor.instance, " and ".join(names))
+    def _begin_step(self, step: str) -> None:
+        self.wiring.fire("job", "run_close", step=step)
 
-    def _fx_report_cut(self, ev: Event) -> None:
-        after = ev.data.get("after", self._close_timeout)
-        if self._close_step:
-            what = self._close_step
-            if self._shutdown_callbacks:
-                what += "; the shutdown callbacks did not run"
-        else:
+    async def _host_closed(self) -> None:
+        await self.host.wait_closed()
+
+    async def _disconnect(self) -> None:
+        if self._room.isconnected():
+            await self._room.disconnect()
+
+    async def _deletion_settled(self) -> None:
+        # delete_room_on_close covers every way the job ends (upstream deletes from the
+        # session's close, which a job shutdown also causes), after the hold, never before
+        await self.deletion.settled()  # a deletion asked for runs now
+
+    def _waiting_for(self, step: str) -> str:
+        """What a step cut at its bound had not seen happen (the log line says it)."""
+        if step == "callbacks":
             names = list(self._callbacks_running.values())
-            what = (
+            return (
                 f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} "
                 "had not returned"
             )
+        return {
+            "host": "the session host had not closed",
+            "session": "the session had not closed",
+            "avatar": "the avatar had not closed",
+            "disconnect": "the room had not disconnected",
+            "room": "the room deletion had not returned",
+        }.get(step, f"its {step} step had not ended")
+
+    def _fx_report_cut(self, ev: Event) -> None:
+        after = ev.data.get("after", self._close_timeout)
+        running = list(self._teardown.running) if self._teardown is not None else []
+        what = "; ".join(self._waiting_for(step) for step in running) or "nothing was running"
+        if "callbacks" not in running and self._shutdown_callbacks:
+            what += "; the shutdown callbacks did not run"
         logger.warning(
             "closing the job was cut off after %gs (close_timeout): %s",
             after,

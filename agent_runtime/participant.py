@@ -34,7 +34,7 @@ from statemachines.participant import PARTICIPANT
 
 from . import livekit_compat as lk
 from ._runtime import MachineRuntime
-from .actor import ActorClosed, Event, EventRejected, effect_table
+from .actor import ActorClosed, Event, EventRejected, Output, effect_table
 from .clock import Clock
 from .room_events import (
     RoomEventAdapter,
@@ -128,6 +128,7 @@ class ParticipantLink(MachineRuntime[str]):
             instance=room_events.room.name or "room",
             clock=clock,
             tracer=tracer,
+            wiring=wiring,
         )
         if wiring is not None:
             wiring.connect("participant", self._post_linked)
@@ -265,15 +266,14 @@ class ParticipantLink(MachineRuntime[str]):
             # a close whose teardown fails never emits `close`: its end is enough
             task.add_done_callback(self._on_close_task_done)
 
-    def _fx_report_close_timed_out(self, ev: Event) -> None:
+    def _fx_report_close_timed_out(self, ev: Event) -> Output:
         after = float(ev.data.get("after", self.session_close_timeout))
         reason = (
             f"the session did not close within {after:g}s after participant {self._identity} left"
         )
         logger.warning("%s; the link gives up on it", reason, extra=self.actor.log_fields(ev.name))
-        if self._wiring is not None:
-            self._wiring.fire("participant", "report_close_timed_out", {"reason": reason})
         self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason))
+        return Output({"reason": reason})
 
     def _on_close_task_done(self, task: asyncio.Future[Any]) -> None:
         if task.cancelled():

@@ -56,7 +56,7 @@ from statemachines.playout import PLAYOUT
 
 from . import livekit_compat as lk
 from ._runtime import MachineRuntime, listen
-from .actor import ActorClosed, Event, EventRejected, effect_table
+from .actor import ActorClosed, Event, EventRejected, Output, effect_table
 from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from .clock import AsyncioClock, Clock
 from .participant import ParticipantLink
@@ -212,7 +212,6 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
                 wiring.connect("avatar", _poster(avatar))
         else:
             wiring.connect("playout", self._post_linked)
-        self._wiring = wiring
         self._clock: Clock = clock or AsyncioClock()
         self._on_reprompt = on_reprompt or default_reprompt(opts.reprompt_instructions)
         self._reprompts = 0  # in a row, since the user last spoke
@@ -232,6 +231,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             instance=instance or "session",  # a trace names every instance
             clock=self._clock,
             tracer=tracer,
+            wiring=wiring,
         )
         # the avatar's sink is followed from the start (what it was handed, what it reported);
         # the avatar's and the link's state changes reach the machine as the job system
@@ -361,7 +361,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         logger.debug("playout done (%s)", ev.name)
         self.emit("playout_done", done)
 
-    def _fx_finish_playout(self, ev: Event) -> None:
+    def _fx_finish_playout(self, ev: Event) -> Output:
         pushed = self._segment[1] if self._segment is not None else 0.0
         avatar = self._avatar
         logger.warning(
@@ -375,14 +375,12 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         )
         # through the avatar's own table (statemachines.glue.LINKS): it ends the sink's
         # segment (no RPC), as the avatar's report would have
-        self._wiring.fire(
-            "playout",
-            "finish_playout",
+        return Output(
             {
                 "playback_position": pushed,
                 "interrupted": self._cut_at is not None,
                 "origin": "playout",
-            },
+            }
         )
 
     async def _fx_reprompt(self, ev: Event) -> None:

@@ -30,7 +30,7 @@ from statemachines.delivery import (
 from statemachines.glue import GUARDS, LINKS, Link, RoomFacts
 from statemachines.routing import Route
 
-from .actor import Event
+from .actor import Actor, Event
 from .room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -170,6 +170,15 @@ class Wiring:
 
     def connect(self, machine: str, post: Callable[[Event], None]) -> None:
         self._posts[machine] = post
+
+    def bind(self, actor: Actor) -> None:
+        """Fire the links of ``actor``'s effects as each one succeeds (its ``Output``, as
+        XState's ``onDone``): no handler fires a link itself. The links of a task's steps
+        (``step=``) are fired by the task as each step begins."""
+        source = actor.spec.name
+        effects = frozenset(on for (src, on, step) in self._links if src == source and not step)
+        if effects:
+            actor.pass_outputs(effects, functools.partial(self.fire, source))
 
     def fire(
         self,

@@ -19,6 +19,7 @@ being computed is cut (its request gets an error reply), then the transport clos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -36,7 +37,7 @@ from statemachines.session_host import SESSION_HOST
 
 from . import livekit_compat as lk
 from ._runtime import MachineRuntime
-from .actor import Event, effect_table
+from .actor import Event, Output, effect_table
 from .clock import AsyncioClock, Clock
 from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from .routing import Wiring
@@ -175,6 +176,7 @@ class JobSessionHost(MachineRuntime[str]):
             tracer=tracer,
             # closing the finalize answer may wait for a reply under way, then its own
             effect_timeout=max(5.0, 2 * drain_timeout),
+            wiring=self.wiring,
         )
         self.wiring.connect("session_host", self._post)
         self.finalize.actor.on("state_changed", self._emit_state)
@@ -380,10 +382,9 @@ class JobSessionHost(MachineRuntime[str]):
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), str(ev.data["error"]))
 
-    def _fx_forward_finalize(self, ev: Event) -> None:
+    def _fx_forward_finalize(self, ev: Event) -> Output:
         self._pending.pop(int(ev.data["ref"]), None)
-        request = {k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)}
-        self.wiring.fire("session_host", "forward_finalize", request)
+        return Output({k: v for k, v in ev.data.items() if k in ("request_id", *_FINALIZE_FIELDS)})
 
     async def _fx_refuse_stranger(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
@@ -393,11 +394,11 @@ class JobSessionHost(MachineRuntime[str]):
         )
         await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
-    def _fx_report_session_closed(self, ev: Event) -> None:
+    def _fx_report_session_closed(self, ev: Event) -> Output:
         reason = str(ev.data.get("reason", ""))
-        self.wiring.fire("session_host", "report_session_closed", {"reason": reason})
         if self._on_session_closed is not None:
             self._on_session_closed(reason)
+        return Output({"reason": reason})
 
     async def _fx_drain(self, _ev: Event) -> Event:
         # a state task of `closing`, cut by its drain_timeout
@@ -410,12 +411,21 @@ class JobSessionHost(MachineRuntime[str]):
         self._pending.pop(int(ev.data["ref"]), None)
         await self._send_error(str(ev.data["request_id"]), HOST_CLOSING)
 
-    async def _fx_close_finalize(self, _ev: Event) -> None:
-        self.wiring.fire("session_host", "close_finalize")
-        await self.finalize.actor.join()  # its close handled: an unfinished answer cut
+    def _fx_close_finalize(self, _ev: Event) -> None:
+        """Its link closes the finalize machine (an unfinished answer is cut)."""
 
     async def _fx_close_transport(self, _ev: Event) -> None:
+        # after close_finalize (the same step): the finalize machine's close handled first
+        await self.finalize.actor.join()
         left = list(self._closing_hosts)
+        if left:
+            # a per-session host's close cut half-way leaves its writer behind: it gets
+            # its drain bound once more to end, then is cut
+            with contextlib.suppress(TimeoutError):
+                await self._clock.wait_for(
+                    asyncio.shield(asyncio.gather(*left, return_exceptions=True)),
+                    self._drain_timeout,
+                )
         for t in left:
             t.cancel()
         await asyncio.gather(*left, return_exceptions=True)

@@ -36,11 +36,11 @@ from livekit.agents.voice.room_io import RoomOptions
 
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
-from statemachines.system import RELEASE, bound_of, watched
+from statemachines.system import RELEASE, watched
 
 from . import livekit_compat as lk
 from ._runtime import MachineRuntime
-from .actor import Actor, ActorClosed, Event, EventRejected, StateChanged, effect_table
+from .actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged, effect_table
 from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of, server_api_remover
 from .clock import Clock
 from .job import JobRuntime
@@ -50,6 +50,7 @@ from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
 from .session_host import SimulationEndFn
 from .settings import JobSettings
+from .teardown import Teardown, Work
 from .trace import Tracer
 
 if TYPE_CHECKING:
@@ -103,9 +104,10 @@ class JobSystem(MachineRuntime[str]):
             delete_room_on_close=s.delete_room_on_close,
             delete_room=parts.delete_room,
             room_events=self.events,
-            before_disconnect=self._close_session_and_avatar,
         )
         self.job.primary = session
+        # run_close's steps that need the room: this system's work
+        self.job.teardown_works.update(session=self._close_session, avatar=self._avatar_left)
         self.link = ParticipantLink(
             session,
             room_events=self.events,
@@ -154,6 +156,7 @@ class JobSystem(MachineRuntime[str]):
             clock=clock,
             tracer=tracer,
             forward=False,
+            wiring=self.job.wiring,
         )
         # every actor of the job, held here, in MACHINES order
         owned = [
@@ -310,73 +313,64 @@ class JobSystem(MachineRuntime[str]):
         self.emit("closed", t)
 
     # -- the job machine's run_close: the session and avatar steps ---------------------------
-    async def _close_session_and_avatar(self) -> None:
-        """The part of the job's close that needs the room: the session (when the job ends
-        for another reason, e.g. the simulator left), then the avatar, whose close the
-        avatar step's link asks.
-
-        In livekit's order: the session's close first (its speech ends on the route it has,
-        and its close event closes the avatar), then the avatar, so the avatar's restore
-        never builds a room track for a session that is going away. A session whose close
-        is still running after its step's bound no longer holds the avatar's close back
-        (the avatar must leave while the room is connected)."""
+    # In livekit's order: the session's close first (its speech ends on the route it has,
+    # and its close event closes the avatar), then the avatar, so the avatar's restore never
+    # builds a room track for a session that is going away. A session whose close is still
+    # running after its step's share no longer holds the avatar's close back (the avatar
+    # must leave while the room is connected).
+    async def _close_session(self) -> None:
+        """The session closes (when the job ends for another reason, e.g. the simulator
+        left, the job asks it to)."""
         if lk.session_live(self.session):
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
         task = lk.session_closing_task(self.session)
         if task is not None and not task.done():
             with contextlib.suppress(Exception):  # a failed close is the session's to log
-                await self.clock.wait_for(
-                    asyncio.shield(task), bound_of("session", self.settings.close_timeout)
-                )
-        self.job.wiring.fire("job", "run_close", step="avatar")
+                await asyncio.shield(task)
+
+    async def _avatar_left(self) -> None:
+        """The avatar's close (its step's link asked it) and a session close still running."""
         closing: list[Awaitable[Any]] = []
+        task = lk.session_closing_task(self.session)
         if task is not None and not task.done():
             closing.append(asyncio.shield(task))
-        if self.avatar is not None:  # its close, asked by the step's link
+        if self.avatar is not None:
             closing.append(asyncio.shield(self.avatar.request_close()))
         if closing:
             await asyncio.gather(*closing, return_exceptions=True)
 
     # -- the lifecycle's effects -------------------------------------------------------------
     # the job machine hears them through the declared links (statemachines.glue.LINKS)
-    def _fx_ask_shutdown(self, _ev: Event) -> None:
-        self.job.wiring.fire("agent_job", "ask_shutdown", {"reason": "job closed"})
+    def _fx_ask_shutdown(self, _ev: Event) -> Output:
+        return Output({"reason": "job closed"})
 
-    def _fx_ask_abort(self, _ev: Event) -> None:
-        self.job.wiring.fire("agent_job", "ask_abort", {"reason": "aborted"})
+    def _fx_ask_abort(self, _ev: Event) -> Output:
+        return Output({"reason": "aborted"})
 
     async def _fx_run_teardown(self, _ev: Event) -> Event:
-        """``closing``'s task: the steps of ``statemachines.system.RELEASE`` in order."""
-        steps: dict[str, Callable[[], Awaitable[Any]]] = {
+        """``closing``'s task: the steps of ``statemachines.system.RELEASE``."""
+        teardown = Teardown(
+            RELEASE,
+            close_timeout=self.settings.close_timeout,
+            clock=self.clock,
+            log=logger,
+            who=f"job {self.room.name}",
+        )
+        works: dict[str, Work] = {
             "starts": self._cut_starts,
             "job": self.job.wait_closed,
-            "followers": self._release_followers,
+            "participant": self.link.aclose,
+            "avatar": self._release_avatar,
         }
+        if self.playout is not None:
+            works["playout"] = self.playout.aclose
         try:
-            for step in RELEASE:
-                await self._bounded(step.name, steps[step.name](), timed=step.timed_by == "")
+            await teardown.run(works)
         finally:
             # whatever a step was cut at: the job runtime and the room are let go
             await self.job.release()
             self._unhook()
         return Event("released")
-
-    async def _bounded(self, step: str, work: Awaitable[Any], *, timed: bool) -> None:
-        seconds = bound_of(step, self.settings.close_timeout)
-        try:
-            if timed:
-                await self.clock.wait_for(work, seconds)
-            else:
-                await work  # bounded by its machine's own timers
-        except TimeoutError:
-            logger.warning(
-                "job %s: the teardown's %r step took longer than %gs; cut off, the next runs",
-                self.room.name,
-                step,
-                seconds,
-            )
-        except Exception:
-            logger.exception("job %s: the teardown's %r step failed", self.room.name, step)
 
     async def _cut_starts(self) -> None:
         starts = [t for t in self._starts if not t.done()]
@@ -384,20 +378,15 @@ class JobSystem(MachineRuntime[str]):
             t.cancel()
         await asyncio.gather(*starts, return_exceptions=True)
 
-    async def _release_followers(self) -> None:
-        """What follows the room and the session stops: the link, playout, the avatar (each
-        close runs once, whoever asked first)."""
-        # what run_close's callbacks step closes, as its links declare (fired again when
-        # the job's bound cut its close: each close runs once)
+    async def _release_avatar(self) -> None:
+        """What run_close's callbacks step closes, as its links declare (fired again when
+        the job's bound cut its close before that step: each close runs once)."""
         self.job.wiring.fire("job", "run_close", step="callbacks")
         if lk.session_live(self.session):
             # the job's bound cut its close before the session's step: a closed job leaves
             # no session running (its close is the session's own; not waited for here)
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
-        if self.playout is not None:
-            await self.playout.aclose()
-        await self.link.aclose()
-        if self.avatar is not None:  # its close, asked by the callbacks step's link
+        if self.avatar is not None:
             await asyncio.gather(
                 asyncio.shield(self.avatar.request_close()), return_exceptions=True
             )

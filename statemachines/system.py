@@ -107,9 +107,10 @@ class TeardownStep(BaseModel):
     timed_by: str = ""
 
 
-# the job machine's run_close: its steps, in order (each link of run_close/STEP fires as
-# the step begins: statemachines.glue.LINKS). Their bounds add up to less than the whole,
-# so the state's own close_timeout only ever cuts a step that overran its share.
+# the job machine's run_close: its steps (each link of run_close/STEP fires as the step
+# begins: statemachines.glue.LINKS). Their shares add up to less than the whole, so even
+# when every earlier step hangs to its share the shutdown callbacks get the rest of
+# close_timeout; the state's own close_timeout only ever cuts what overran.
 TEARDOWN: tuple[TeardownStep, ...] = (
     TeardownStep(
         name="host",
@@ -119,30 +120,37 @@ TEARDOWN: tuple[TeardownStep, ...] = (
     TeardownStep(
         name="session",
         after=("host",),
-        bound=1 / 6,
+        bound=0.15,
         what="the session closes (its speech ends on the route it has)",
     ),
     TeardownStep(
         name="avatar",
         after=("session",),
-        bound=1 / 6,
+        bound=0.15,
         what="the avatar closes while the room is connected (its participant removed)",
     ),
     TeardownStep(
-        name="room",
+        name="disconnect",
         after=("avatar",),
-        bound=0.25,
-        what="the room disconnects; a deletion asked for is allowed and runs",
+        bound=0.1,
+        what="the room disconnects",
+    ),
+    TeardownStep(
+        name="room",
+        after=("disconnect",),
+        bound=0.15,
+        what="a room deletion asked for is allowed and runs",
     ),
     TeardownStep(
         name="callbacks",
         after=("room",),
-        bound=0.1,
-        what="the shutdown callbacks, all at once (until the close's own bound)",
+        bound=0.15,
+        timed_by="job",
+        what="the shutdown callbacks, all at once, until the close's own bound",
     ),
 )
 # what AgentJob's closing does around the job machine's close: the start still running
-# is cut first, the followers of the room and the session are released last
+# is cut first; the followers of the room and the session are released last, at once
 RELEASE: tuple[TeardownStep, ...] = (
     TeardownStep(name="starts", bound=0.1, what="the parts of a start still running are cut"),
     TeardownStep(
@@ -153,10 +161,22 @@ RELEASE: tuple[TeardownStep, ...] = (
         what="the job machine closes (after its hold, if any): TEARDOWN",
     ),
     TeardownStep(
-        name="followers",
+        name="playout",
         after=("job",),
         bound=0.3,
-        what="playout, the participant link and the avatar stop; room and session unhooked",
+        what="playout stops following the session",
+    ),
+    TeardownStep(
+        name="participant",
+        after=("job",),
+        bound=0.3,
+        what="the participant link lets the room go",
+    ),
+    TeardownStep(
+        name="avatar",
+        after=("job",),
+        bound=0.3,
+        what="the avatar's close, if nothing asked it yet",
     ),
 )
 
@@ -177,8 +197,8 @@ if sum(s.bound for s in TEARDOWN) > 1.0:
 
 
 def bound_of(step: str, close_timeout: float) -> float:
-    """The seconds ``step`` of ``TEARDOWN`` (or ``RELEASE``) may take."""
-    for s in (*TEARDOWN, *RELEASE):
+    """The seconds ``step`` of ``TEARDOWN`` may take."""
+    for s in TEARDOWN:
         if s.name == step:
             return s.bound * close_timeout
     raise KeyError(f"no teardown step {step!r}")

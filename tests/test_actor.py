@@ -13,6 +13,7 @@ from agent_runtime import (
     Event,
     EventRejected,
     MemorySink,
+    Output,
     Tracer,
     VirtualClock,
 )
@@ -233,3 +234,47 @@ async def test_until_waits_for_a_state_and_returns_when_the_actor_closes() -> No
     await h.actor.aclose()  # a closed actor changes no more: the wait ends
     await h.clock.advance(0)
     assert never.done() and h.actor.state == "on"
+
+
+# -- an effect's success is passed on to its declared links (XState's onDone) ---------------
+
+
+async def test_a_linked_effect_passes_its_output_on_success_and_nothing_on_failure() -> None:
+    h = Harness()
+    heard: list[tuple[str, dict[str, Any]]] = []
+    h.actor.pass_outputs(frozenset({"glow", "fuse"}), lambda e, d: heard.append((e, dict(d))))
+    await h.actor.send(Event("press"))
+    await h.actor.join()
+    # glow returned an event for its own machine: its links hear empty data; fuse's coroutine
+    # returned nothing; log is not linked
+    assert heard == [("glow", {}), ("fuse", {})]
+    h2 = Harness()
+    h2.fuse_raises = True
+    heard.clear()
+    h2.actor.pass_outputs(frozenset({"fuse"}), lambda e, d: heard.append((e, dict(d))))
+    await h2.actor.send(Event("press"))
+    await h2.actor.join()
+    assert h2.actor.state == "broken" and heard == []  # a failure is the error event's, only
+
+
+async def test_an_output_carries_the_links_data() -> None:
+    h = Harness()
+    heard: list[tuple[str, dict[str, Any]]] = []
+
+    def log(ev: Event) -> Output:
+        return Output({"said": ev.name})
+
+    actor = Actor(
+        LAMP,
+        effects={
+            "glow": lambda ev: None,
+            "fuse": lambda ev: None,
+            "hum": lambda ev: None,
+            "log": log,
+        },
+        guards={"armed": lambda ev: True},
+        clock=h.clock,
+    )
+    actor.pass_outputs(frozenset({"log"}), lambda e, d: heard.append((e, dict(d))))
+    await actor.send(Event("note"))
+    assert heard == [("log", {"said": "note"})]

@@ -28,6 +28,7 @@ from agent_runtime.tools.explore.model import Inputs
 from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
 from statemachines.glue import LINKS, without
 from statemachines.machines import MACHINES
+from statemachines.system import bound_of
 
 # the rows no path takes, each for a reason: an input the model does not produce (the
 # avatar's own lk.playback_finished outside a clear; a detach; the same session attached
@@ -165,5 +166,5 @@ def test_the_avatar_leaves_after_the_session_or_its_share_of_the_bound() -> None
     views = [runtime for _, runtime in run(path).views]
     assert (views[6].states["avatar"], views[6].session) == ("joined", "closing")
     assert views[6].audio_route == "avatar"
-    assert path.steps[-1].at == pytest.approx(10.0 / 6)  # close_timeout / 6
+    assert path.steps[-1].at == pytest.approx(bound_of("session", 10.0))  # its share
     assert (views[7].states["avatar"], views[7].audio_route) == ("closed", "room")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from statemachines.glue import LINKS, without
+from statemachines.system import bound_of
 
 from ..explore.abstract import AUTO_WORK, GRACE_PERIOD, Config, Glue, Inputs
 from ..explore.model import MACHINE_NAMES, Kind, Model, Move, World
@@ -38,11 +39,11 @@ SETTINGS: dict[str, float] = {
     "backoff_initial": 1.0,
     "backoff_multiplier": 2.0,
 }
-# JobRuntime gives the host's drain min(3, close_timeout / 2), and run_close's wait for the
-# session and the avatar a third of close_timeout
+# JobRuntime gives the host's drain min(3, close_timeout / 2); run_close's session and
+# avatar steps their shares of close_timeout (statemachines.system.TEARDOWN)
 DRAIN_TIMEOUT = min(3.0, SETTINGS["close_timeout"] / 2)
-SESSION_STEP_BOUND = SETTINGS["close_timeout"] / 3
-SESSION_WAIT = SETTINGS["close_timeout"] / 6  # AgentJob's wait before the avatar's step
+SESSION_WAIT = bound_of("session", SETTINGS["close_timeout"])  # before the avatar's step
+SESSION_STEP_BOUND = bound_of("avatar", SETTINGS["close_timeout"])  # the avatar's step
 BOUND = "close_session_bound"  # the action of run_close's own bound
 WAIT = "close_session_wait"  # the action of the wait for the session before the avatar
 _TIME: frozenset[Kind] = frozenset({"time"})
@@ -94,9 +95,8 @@ def _armed(world: World) -> tuple[str, ...]:
         world.t_part,
         world.t_dele,
         world.t_host,
-        # run_close's bound: armed as the session step begins, running on through the
-        # avatar's
-        "session" if step in ("session", "avatar") else "",
+        # run_close's bounds: the avatar step's own, and the session step's
+        "avatar" if step == "avatar" else "",
         "session" if step == "session" else "",
     )
 

@@ -546,10 +546,11 @@ def _close_step(s: _W, step: str) -> None:
         # own step; at the release, when the bound cut the close before it, not waited for)
         if s.sess_a == "running":
             s.sess_a = "closing"
-    elif step == "room":
+    elif step == "disconnect":
         if s.room == "connected":
             s.room = "disconnected"
             s.room_fact("room_disconnected")
+    elif step == "room":
         s.room_step_done = True
 
 
@@ -571,6 +572,7 @@ def _avatar_step(s: _W) -> None:
 
 
 def _session_step_done(s: _W) -> None:
+    _close_step(s, "disconnect")
     _close_step(s, "room")  # then the deletion it allowed (if asked) is waited for
 
 

@@ -1,0 +1,97 @@
+"""The one runner of a declared teardown (``statemachines.system.TEARDOWN`` and ``RELEASE``).
+
+A teardown is data: steps, what each comes after, and its share of ``close_timeout``. The
+runner gives each step its work (what the owner of the step does) and runs them:
+
+* a step begins once every step it comes after has ended, whether it finished, failed or
+  was cut at its bound: a cut step never keeps the ones after it from running;
+* steps that can begin together run at once;
+* as a step begins, ``begin(step)`` says so (the owner fires that step's declared links);
+* a step's work runs within its share, unless a machine's own timers bound it
+  (``timed_by``); a step with no work only begins and ends.
+
+An abort runs the same steps in the same order (it only skips what comes before them: the
+simulator's hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from statemachines.system import TeardownStep
+
+from .clock import Clock
+
+Work = Callable[[], Awaitable[Any]]
+
+
+class Teardown:
+    """Runs ``steps`` with the works given to ``run``; ``running`` names the steps begun
+    and not ended (what a cut of the whole says it cut)."""
+
+    def __init__(
+        self,
+        steps: tuple[TeardownStep, ...],
+        *,
+        close_timeout: float,
+        clock: Clock,
+        log: logging.Logger,
+        who: str,
+        begin: Callable[[str], None] | None = None,
+        waiting_for: Callable[[str], str] | None = None,
+    ) -> None:
+        self.steps = steps
+        self.running: list[str] = []
+        self._close_timeout = close_timeout
+        self._clock = clock
+        self._log = log
+        self._who = who
+        self._begin = begin
+        self._waiting_for = waiting_for
+
+    async def run(self, works: Mapping[str, Work]) -> None:
+        """Every step, in waves: the steps whose predecessors have all ended run at once."""
+        unknown = set(works) - {s.name for s in self.steps}
+        if unknown:
+            raise KeyError(f"no teardown step {sorted(unknown)}")
+        ended: set[str] = set()
+        left = list(self.steps)
+        while left:
+            ready = [s for s in left if all(a in ended for a in s.after)]
+            if not ready:
+                raise ValueError(f"teardown steps {[s.name for s in left]} wait on no step")
+            left = [s for s in left if s not in ready]
+            if len(ready) == 1:  # the usual case: a chain, run without a task per step
+                await self._step(ready[0], works.get(ready[0].name))
+            else:
+                await asyncio.gather(*(self._step(s, works.get(s.name)) for s in ready))
+            ended.update(s.name for s in ready)
+
+    async def _step(self, step: TeardownStep, work: Work | None) -> None:
+        self.running.append(step.name)
+        try:
+            if self._begin is not None:
+                self._begin(step.name)
+            if work is None:
+                return
+            seconds = step.bound * self._close_timeout
+            if step.timed_by:
+                await work()  # bounded by that machine's own timers
+            else:
+                await self._clock.wait_for(work(), seconds)
+        except TimeoutError:
+            why = self._waiting_for(step.name) if self._waiting_for is not None else step.what
+            self._log.warning(
+                "%s: closing %s took longer than %gs; cut off, the close goes on (%s)",
+                self._who,
+                step.name,
+                seconds,
+                why,
+            )
+        except Exception:
+            self._log.exception("%s: closing %s failed", self._who, step.name)
+        finally:
+            self.running.remove(step.name)

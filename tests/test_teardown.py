@@ -1,0 +1,125 @@
+"""The one runner of a declared teardown (``agent_runtime.teardown``), on a virtual clock:
+the order the data gives, independent steps at once, a cut or failed step never skipping
+the ones after it, and no step whose work fires a link by hand."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from agent_runtime import VirtualClock, settle
+from agent_runtime.teardown import Teardown
+from statemachines.system import RELEASE, TEARDOWN, TeardownStep
+
+log = logging.getLogger("test.teardown")
+
+STEPS = (
+    TeardownStep(name="a", bound=0.2, what="first"),
+    TeardownStep(name="b", after=("a",), bound=0.2, what="one of two at once"),
+    TeardownStep(name="c", after=("a",), bound=0.2, what="the other"),
+    TeardownStep(name="d", after=("b", "c"), bound=0.2, what="after both"),
+)
+
+
+async def test_steps_run_in_the_declared_order_and_independent_ones_at_once() -> None:
+    clock = VirtualClock()
+    seen: list[str] = []
+    gate = asyncio.Event()
+
+    def work(name: str, wait: bool = False):  # type: ignore[no-untyped-def]
+        async def run() -> None:
+            seen.append(f"{name} begins")
+            if wait:
+                await gate.wait()
+            seen.append(f"{name} ends")
+
+        return run
+
+    began: list[str] = []
+    td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t", begin=began.append)
+    running = asyncio.ensure_future(
+        td.run({"a": work("a"), "b": work("b", wait=True), "c": work("c"), "d": work("d")})
+    )
+    await settle()
+    # b waits; c, independent of it, ran anyway; d waits for both
+    assert seen == ["a begins", "a ends", "b begins", "c begins", "c ends"]
+    assert td.running == ["b"]
+    gate.set()
+    await running
+    assert seen[5:] == ["b ends", "d begins", "d ends"]
+    assert began == ["a", "b", "c", "d"] and td.running == []
+
+
+async def test_a_step_cut_at_its_share_or_failing_never_skips_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = VirtualClock()
+    ran: list[tuple[str, float]] = []
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def last() -> None:
+        ran.append(("d", clock.now()))
+
+    td = Teardown(
+        STEPS, close_timeout=10, clock=clock, log=log, who="t", waiting_for=lambda s: f"{s} hung"
+    )
+    with caplog.at_level(logging.WARNING, logger="test.teardown"):
+        running = asyncio.ensure_future(td.run({"a": hangs, "b": fails, "d": last}))
+        await clock.advance(5)
+        await running
+    assert ran == [("d", 2.0)]  # a cut at its share (0.2 of 10 s), b failed, c had no work
+    messages = [r.getMessage() for r in caplog.records]
+    assert "t: closing a took longer than 2s; cut off, the close goes on (a hung)" in messages
+    assert "t: closing b failed" in messages
+
+
+async def test_a_work_for_no_declared_step_is_a_clear_error() -> None:
+    td = Teardown(STEPS, close_timeout=10, clock=VirtualClock(), log=log, who="t")
+
+    async def nothing() -> None:
+        return None
+
+    with pytest.raises(KeyError, match="no teardown step"):
+        await td.run({"z": nothing})
+
+
+def test_the_declared_teardowns_leave_the_callbacks_their_share() -> None:
+    # even when every step before them hangs to its share, the shutdown callbacks get time
+    # before the job's own close_timeout
+    before = sum(s.bound for s in TEARDOWN if s.name != "callbacks")
+    assert before < 1.0
+    followers = [s.name for s in RELEASE if s.after == ("job",)]
+    assert len(followers) > 1  # released at once
+
+
+RUNTIME = Path(__file__).resolve().parent.parent / "agent_runtime"
+
+
+def test_no_effect_handler_fires_a_link_itself() -> None:
+    """Links are fired from an effect's declared outcome (its ``Output``), by the system;
+    only the observation of a session's close and the teardown's steps fire them."""
+    offenders = []
+    for path in RUNTIME.rglob("*.py"):
+        if "tools" in path.parts or "testing" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
+                "_fx_"
+            ):
+                for call in ast.walk(node):
+                    if (
+                        isinstance(call, ast.Call)
+                        and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "fire"
+                    ):
+                        offenders.append(f"{path.name}:{node.name}")
+    assert offenders == []
