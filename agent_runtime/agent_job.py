@@ -319,7 +319,7 @@ class AgentJob(Emitter[Events]):
     def _otel_parent(self) -> otel_context.Context:
         """The context whose span takes the machines' events: the attached session's
         (``agent_session``) while it runs, else the one current when the job was built."""
-        for session in (self.job.host.session, self.session):
+        for session in (self.system.host.session, self.session):
             # the SDK keeps its session span's context there from start() to the close's end
             ctx = lk.session_span_context(session) if session is not None else None
             if ctx is not None:

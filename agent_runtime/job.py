@@ -102,7 +102,12 @@ class JobRuntime(MachineRuntime[str]):
         delete_room_on_close: bool = False,
         delete_room: DeleteRoomFn | None = None,
         room_events: RoomEventAdapter | None = None,
+        wiring: Wiring | None = None,
+        host: JobSessionHost | None = None,
+        deletion: RoomDeletion | None = None,
     ) -> None:
+        """``wiring``, ``host`` and ``deletion``: the parts a composing system built and
+        holds itself (it forwards their state changes); alone, the job builds its own."""
         super().__init__()
         if not isinstance(room, rtc.Room):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
@@ -129,7 +134,7 @@ class JobRuntime(MachineRuntime[str]):
         self._simulators: frozenset[str] = frozenset()
         self._facts = _Facts(self)
         # the links between the job's machines, as declared (statemachines.glue.LINKS)
-        self.wiring = Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
+        self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
         # the session the participant link follows (AgentJob's own): its close is the one
         # the links flagged `primary` follow
         self.primary: AgentSession[Any] | None = None
@@ -152,25 +157,16 @@ class JobRuntime(MachineRuntime[str]):
         self._closed_at: float | None = None
         self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
         instance = room.name or "job"
-        if transport is None:
-            transport = RoomRequestTransport(room)
-        elif not sender_aware(transport):
-            logger.warning(
-                "the session transport %s cannot say who sent a request: every "
-                "finalize_simulation will be refused (use RoomRequestTransport)",
-                type(transport).__name__,
-            )
-        self.host = JobSessionHost(
-            transport,
+        own = host is None
+        self.host = host or session_host_for(
+            room,
+            transport=transport,
             simulation=self._simulation,
             on_simulation_end=on_simulation_end,
             wiring=self.wiring,
             clock=self._clock,
             tracer=tracer,
-            instance=instance,
-            # the host's drain is part of `closing`: leave room for the rest within its bound
-            drain_timeout=min(3.0, bound_of("host", self._close_timeout)),
-            # only the simulator participant decides the job's fate
+            close_timeout=self._close_timeout,
             is_simulator=lambda identity: identity in self._simulators,
         )
         # the shared guard (statemachines.glue) reads the job's facts view
@@ -178,17 +174,14 @@ class JobRuntime(MachineRuntime[str]):
             JOB, _EFFECTS, facts=self._facts, instance=instance, clock=self._clock, tracer=tracer
         )
         # asked for by anyone, run once the job's closing work allows it
-        self.deletion = RoomDeletion(
-            delete_room or _server_api_deleter(room),
-            close_timeout=self._close_timeout,
-            clock=self._clock,
-            tracer=tracer,
-            instance=instance,
+        self.deletion = deletion or room_deletion_for(
+            room, delete_room, close_timeout=self._close_timeout, clock=self._clock, tracer=tracer
         )
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
-        self.host.on("state_changed", self._emit_state)
-        self.deletion.actor.on("state_changed", self._emit_state)
+        if own:
+            self.host.on("state_changed", self._emit_state)
+            self.deletion.actor.on("state_changed", self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {
@@ -490,6 +483,61 @@ def _takes_argument(cb: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return n is None or n > 0
+
+
+def session_host_for(
+    room: rtc.Room,
+    *,
+    transport: SessionTransport | None,
+    simulation: SimulationContext | None,
+    on_simulation_end: SimulationEndFn | None,
+    wiring: Wiring,
+    clock: Clock,
+    tracer: Tracer | None,
+    close_timeout: float,
+    is_simulator: Callable[[str], bool],
+) -> JobSessionHost:
+    """The job's session host: on the room's request transport unless given one, its drain
+    within the host step's share of the close, answering only the simulator."""
+    if transport is None:
+        transport = RoomRequestTransport(room)
+    elif not sender_aware(transport):
+        logger.warning(
+            "the session transport %s cannot say who sent a request: every "
+            "finalize_simulation will be refused (use RoomRequestTransport)",
+            type(transport).__name__,
+        )
+    return JobSessionHost(
+        transport,
+        simulation=simulation,
+        on_simulation_end=on_simulation_end,
+        wiring=wiring,
+        clock=clock,
+        tracer=tracer,
+        instance=room.name or "job",
+        # the host's drain is part of `closing`: leave room for the rest within its bound
+        drain_timeout=min(3.0, bound_of("host", close_timeout)),
+        # only the simulator participant decides the job's fate
+        is_simulator=is_simulator,
+    )
+
+
+def room_deletion_for(
+    room: rtc.Room,
+    delete_room: DeleteRoomFn | None,
+    *,
+    close_timeout: float,
+    clock: Clock,
+    tracer: Tracer | None,
+) -> RoomDeletion:
+    """The room's deletion, through ``delete_room`` or the server API."""
+    return RoomDeletion(
+        delete_room or _server_api_deleter(room),
+        close_timeout=close_timeout,
+        clock=clock,
+        tracer=tracer,
+        instance=room.name or "job",
+    )
 
 
 def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:

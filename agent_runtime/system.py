@@ -43,12 +43,13 @@ from ._runtime import MachineRuntime
 from .actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged, effect_table
 from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of, server_api_remover
 from .clock import Clock
-from .job import JobRuntime
+from .job import JobRuntime, room_deletion_for, session_host_for
 from .participant import ParticipantLink
 from .playout import PlayoutTracker, RepromptFn
 from .room_deletion import DeleteRoomFn
 from .room_events import RoomEventAdapter
-from .session_host import SimulationEndFn
+from .routing import Wiring
+from .session_host import SimulationEndFn, simulation_context
 from .settings import JobSettings
 from .teardown import Teardown, Work
 from .trace import Tracer
@@ -92,18 +93,39 @@ class JobSystem(MachineRuntime[str]):
         self.clock, self.tracer = parts.clock, parts.tracer
         clock, tracer = parts.clock, parts.tracer
         self.events = RoomEventAdapter(room)
+        # the links between the machines (statemachines.glue.LINKS), the job machine's parts
+        self.wiring = Wiring(flags={"delete_room_on_close": s.delete_room_on_close})
+        simulation = simulation_context(parts.simulation)
+        self.host = session_host_for(
+            room,
+            transport=parts.transport,
+            simulation=simulation,
+            on_simulation_end=parts.on_simulation_end,
+            wiring=self.wiring,
+            clock=clock,
+            tracer=tracer,
+            close_timeout=s.close_timeout,
+            is_simulator=self._is_simulator,
+        )
+        self.finalize = self.host.finalize
+        self.deletion = room_deletion_for(
+            room, parts.delete_room, close_timeout=s.close_timeout, clock=clock, tracer=tracer
+        )
         self.job = JobRuntime(
             room=room,
             clock=clock,
             tracer=tracer,
             transport=parts.transport,
-            simulation=parts.simulation,
+            simulation=simulation,
             on_simulation_end=parts.on_simulation_end,
             session_end_timeout=s.session_end_timeout,
             close_timeout=s.close_timeout,
             delete_room_on_close=s.delete_room_on_close,
             delete_room=parts.delete_room,
             room_events=self.events,
+            wiring=self.wiring,
+            host=self.host,
+            deletion=self.deletion,
         )
         self.job.primary = session
         # run_close's steps that need the room: this system's work
@@ -119,7 +141,7 @@ class JobSystem(MachineRuntime[str]):
             session_close_timeout=s.session_close_timeout,
             clock=clock,
             tracer=tracer,
-            wiring=self.job.wiring,
+            wiring=self.wiring,
         )
         self.avatar: AvatarLifecycle | None = None
         self._avatar_start_options = parts.avatar_start_options
@@ -146,7 +168,7 @@ class JobSystem(MachineRuntime[str]):
                 clock=clock,
                 tracer=tracer,
                 instance=room.name or "room",
-                wiring=self.job.wiring,
+                wiring=self.wiring,
             )
         # the job's own lifecycle (statemachines.agent_job): start, close and abort
         self.lifecycle = self._run_machine(
@@ -156,14 +178,14 @@ class JobSystem(MachineRuntime[str]):
             clock=clock,
             tracer=tracer,
             forward=False,
-            wiring=self.job.wiring,
+            wiring=self.wiring,
         )
         # every actor of the job, held here, in MACHINES order
         owned = [
             self.job.actor,
-            self.job.host.actor,
-            self.job.host.finalize.actor,
-            self.job.deletion.actor,
+            self.host.actor,
+            self.finalize.actor,
+            self.deletion.actor,
             self.link.actor,
             *([self.avatar.actor] if self.avatar is not None else []),
             *([self.playout.actor] if self.playout is not None else []),
@@ -183,10 +205,12 @@ class JobSystem(MachineRuntime[str]):
             self._watchers["playout"] = self.playout._post
         self.lifecycle.on("state_changed", self._forward_state)
         self.job.on("state_changed", self._forward_state)
+        self.host.on("state_changed", self._forward_state)  # with its finalize machine's
+        self.deletion.actor.on("state_changed", self._forward_state)
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
             self.avatar.on("state_changed", self._forward_state)
-            self.job.wiring.connect("avatar", self._post_avatar)
+            self.wiring.connect("avatar", self._post_avatar)
         if self.playout is not None:
             self.playout.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_job_closed)
@@ -285,7 +309,7 @@ class JobSystem(MachineRuntime[str]):
             await self.lifecycle.send(Event("close" if graceful else "abort"))
         await self.lifecycle.until(lambda state: state == "closed")
         # a deletion under way (asked for late) runs to its end or its bound first
-        await self.job.deletion.aclose()
+        await self.deletion.aclose()
 
     # -- channels ----------------------------------------------------------------------------
     def _forward_state(self, sc: StateChanged) -> None:
@@ -308,6 +332,10 @@ class JobSystem(MachineRuntime[str]):
         # goes through the server API only then); its close runs once, whoever asks
         if self.avatar is not None:
             self.avatar.request_close()
+
+    def _is_simulator(self, identity: str) -> bool:
+        # only the simulator participant decides the job's fate (the job knows who it is)
+        return identity in self.job.simulators
 
     def _on_job_closed(self, t: float | None) -> None:
         self.emit("closed", t)
@@ -381,7 +409,7 @@ class JobSystem(MachineRuntime[str]):
     async def _release_avatar(self) -> None:
         """What run_close's callbacks step closes, as its links declare (fired again when
         the job's bound cut its close before that step: each close runs once)."""
-        self.job.wiring.fire("job", "run_close", step="callbacks")
+        self.wiring.fire("job", "run_close", step="callbacks")
         if lk.session_live(self.session):
             # the job's bound cut its close before the session's step: a closed job leaves
             # no session running (its close is the session's own; not waited for here)

@@ -118,7 +118,7 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
     # RoomIO's own close rules are off: the participant machine and the job decide
     assert (opts.close_on_disconnect, opts.delete_room_on_close) == (False, False)
     assert opts.participant_identity == "user" and opts.text_output is False
-    assert job.session._session_host is None and job.job.host.session is job.session
+    assert job.session._session_host is None and job.system.host.session is job.session
     assert job.link.linked_identity == "user"
     room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
     await asyncio.wait_for(job.wait_closed(), 5)
@@ -344,3 +344,23 @@ async def test_a_plugin_that_cannot_be_built_is_logged_and_the_job_runs_on_room_
     built = AgentJob(room=room, session=AgentSession(), avatar=ScriptedAvatar, clock=clock)
     assert built.avatar is not None and isinstance(built.avatar.avatar, ScriptedAvatar)
     assert built.avatar_error is None
+
+
+async def test_the_system_holds_the_job_machines_parts_and_forwards_each_change_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The session host, its finalize answer and the room deletion are the system's own
+    (built there, beside the job machine, not inside it): a tool reads them from
+    ``job.system``, and each of their changes reaches a listener once."""
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    system = job.system
+    seen: list[tuple[str, str, str, str]] = []
+    system.on("state_changed", lambda sc: seen.append((sc.machine, sc.source, sc.dest, sc.event)))
+    await job.start(Agent(instructions="hi"))
+    await job.aclose()
+    assert system.host is system.job.host and system.deletion is system.job.deletion
+    assert system.finalize is system.host.finalize
+    for machine in ("session_host", "room_deletion", "job"):
+        changes = [c for c in seen if c[0] == machine]
+        assert changes and len(changes) == len(set(changes)), machine
+    assert {"session_host", "finalize", "room_deletion"} <= {a.spec.name for a in system.actors}

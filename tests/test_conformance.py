@@ -107,7 +107,7 @@ def test_a_link_the_runtime_does_not_post_is_caught() -> None:
 
     def unlinked(h: Harness) -> None:
         broken = Wiring(links=without(LINKS, "finalize", "report_answered", "job"))
-        h.job.job.wiring._links = broken._links
+        h.job.system.wiring._links = broken._links
 
     with pytest.raises(Mismatch) as caught:
         run(path, setup=unlinked)

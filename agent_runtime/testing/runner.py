@@ -339,7 +339,7 @@ class _Simulation:
     def result(self, records: list[TraceRecord]) -> dict[str, Any]:
         finals = self.agent_job.states
         playout = self.agent_job.playout
-        attached = self.job.host.session
+        attached = self.agent_job.system.host.session
         attached_name = next((n for n, s in self.sessions.items() if s is attached), None)
         facts: dict[str, Any] = {
             "audio_output": self.agent_job.audio_route(),

@@ -185,7 +185,9 @@ class Harness:
             remove_avatar_participant=self._remove_avatar,
         )
         # the walker times the host's drain with the bound the job gives it
-        assert math.isclose(self.job.job.host.actor._settings["drain_timeout"] or 0, DRAIN_TIMEOUT)
+        assert math.isclose(
+            self.job.system.host.actor._settings["drain_timeout"] or 0, DRAIN_TIMEOUT
+        )
         self.job.add_shutdown_callback(self._shutdown_callback)
         self.observed.watch_job(self.job)
         self._gate_close("A")

@@ -78,10 +78,10 @@ def runtime_view(
     # by their own tests, and listed as model-only gaps in the verification guide)
     actors = {a.spec.name: a for a in job.actors if a.spec.name in MACHINE_NAMES}
     states = {name: a.state for name, a in actors.items()}
-    host = job.job.host
+    host = job.system.host
     attached = host.session
     names = {id(s): name for name, s in sessions.items()}
-    answering = job.job.host.finalize
+    answering = job.system.host.finalize
     answering_id = (
         str(answering._request.get("request_id", ""))
         if answering.state in ("answering", "replying")
