@@ -17,6 +17,7 @@ simulator's hold).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -26,6 +27,24 @@ from statemachines.system import TeardownStep
 from .clock import Clock
 
 Work = Callable[[], Awaitable[Any]]
+
+
+@functools.cache
+def waves(steps: tuple[TeardownStep, ...]) -> tuple[tuple[TeardownStep, ...], ...]:
+    """The steps grouped by when they can begin: each wave once every step of the earlier
+    waves they come after has ended (computed once per declared teardown)."""
+    ended: set[str] = set()
+    left = list(steps)
+    out: list[tuple[TeardownStep, ...]] = []
+    while left:
+        ready = tuple(s for s in left if all(a in ended for a in s.after))
+        if not ready:
+            raise ValueError(f"teardown steps {[s.name for s in left]} wait on no step")
+        names = {s.name for s in ready}
+        left = [s for s in left if s.name not in names]
+        ended |= names
+        out.append(ready)
+    return tuple(out)
 
 
 class Teardown:
@@ -57,18 +76,11 @@ class Teardown:
         unknown = set(works) - {s.name for s in self.steps}
         if unknown:
             raise KeyError(f"no teardown step {sorted(unknown)}")
-        ended: set[str] = set()
-        left = list(self.steps)
-        while left:
-            ready = [s for s in left if all(a in ended for a in s.after)]
-            if not ready:
-                raise ValueError(f"teardown steps {[s.name for s in left]} wait on no step")
-            left = [s for s in left if s not in ready]
-            if len(ready) == 1:  # the usual case: a chain, run without a task per step
-                await self._step(ready[0], works.get(ready[0].name))
+        for wave in waves(self.steps):
+            if len(wave) == 1:  # the usual case: a chain, run without a task per step
+                await self._step(wave[0], works.get(wave[0].name))
             else:
-                await asyncio.gather(*(self._step(s, works.get(s.name)) for s in ready))
-            ended.update(s.name for s in ready)
+                await asyncio.gather(*(self._step(s, works.get(s.name)) for s in wave))
 
     async def _step(self, step: TeardownStep, work: Work | None) -> None:
         self.running.append(step.name)

@@ -342,7 +342,9 @@ async def _profile(variant: str, n: int, phase: str, top: int) -> None:
         if phase != "memory":
             stats_p = pstats.Stats(prof)
             stats_p.sort_stats("tottime").print_stats(top)
-            stats_p.sort_stats("cumulative").print_stats(top)
+            stats_p.sort_stats("cumulative").print_stats(int(os.environ.get("BENCH_TOP", top)))
+            if os.environ.get("BENCH_CALLERS"):
+                stats_p.print_callers(os.environ["BENCH_CALLERS"])
 
 
 def _short(filename: str) -> str:
