@@ -147,6 +147,7 @@ class RuntimeJob:
         )
         await job.start(_agent())
         _avatar_joins(room)
+        assert job.avatar is not None
         await job.avatar.wait_for("joined")
         return cls(job)
 
