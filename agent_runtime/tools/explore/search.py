@@ -24,6 +24,7 @@ from typing import Any
 
 from statemachines import MachineSpec
 from statemachines.glue import LINKS, Link
+from statemachines.system import WATCHES, Watch
 
 from .checks import BY_NUMBER, Finding, eventual, safety, settled
 from .model import (
@@ -70,6 +71,21 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     ),
     # not a simulation: nobody there at the start
     Config(simulation=False, present=(), delete_room_on_close=True, retry_attempts=1),
+)
+# the same job with the playout machine composed (AgentJob runs it whenever an avatar is
+# configured): its default options in the example's simulation, and the watchdog on, handing
+# over by closing the session, with an avatar that may come back. Apart from
+# DEFAULT_CONFIGS: the conformance replay runs those on a real job without playout
+PLAYOUT_CONFIGS: tuple[Config, ...] = (
+    Config(playout=True),
+    Config(
+        simulation=False,
+        present=(),
+        retry_attempts=1,
+        rejoin=True,
+        playout=True,
+        watchdog="close",
+    ),
 )
 
 
@@ -419,6 +435,7 @@ def explore_plan(
     *,
     specs: Mapping[str, MachineSpec] | None = None,
     links: tuple[Link, ...] = LINKS,
+    watches: tuple[Watch, ...] = WATCHES,
     glue: Glue = DEFAULT_GLUE,
     stop_at_first: bool = False,
     stop_at: int | None = None,
@@ -433,6 +450,7 @@ def explore_plan(
         plan.config,
         specs=specs,
         links=links,
+        watches=watches,
         glue=glue,
         mailboxes=plan.mailboxes,
         inputs=plan.inputs,
@@ -519,6 +537,7 @@ def explore(
     mailboxes: Mailboxes = "settle",
     specs: Mapping[str, MachineSpec] | None = None,
     links: tuple[Link, ...] = LINKS,
+    watches: tuple[Watch, ...] = WATCHES,
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
@@ -536,6 +555,7 @@ def explore(
         plans,
         specs=specs,
         links=links,
+        watches=watches,
         glue=glue,
         workers=workers,
         stop_at_first=stop_at_first,
@@ -544,10 +564,10 @@ def explore(
     )
 
 
-def deep_plans(configs: Iterable[Config] = DEFAULT_CONFIGS) -> list[Plan]:
+def deep_plans(configs: Iterable[Config] = (*DEFAULT_CONFIGS, *PLAYOUT_CONFIGS)) -> list[Plan]:
     """What ``--deep`` (or AGENT_RUNTIME_DEEP=1) explores: the default plans, then every
     input together, inputs arriving between any two events an actor handles, and any
-    actor with mail going next."""
+    actor with mail going next (the playout configs too, unless ``configs`` says)."""
     cs = list(configs)
     return [
         *(Plan(c, g, DEFAULT_DEPTH) for g in ("job", "avatar") for c in cs),
@@ -562,6 +582,7 @@ def explore_plans(
     *,
     specs: Mapping[str, MachineSpec] | None = None,
     links: tuple[Link, ...] = LINKS,
+    watches: tuple[Watch, ...] = WATCHES,
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
@@ -576,6 +597,7 @@ def explore_plans(
     opts: dict[str, Any] = {
         "specs": specs,
         "links": links,
+        "watches": watches,
         "glue": glue,
         "stop_at_first": stop_at_first,
         "stop_at": stop_at,
