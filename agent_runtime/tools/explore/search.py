@@ -564,10 +564,10 @@ def explore(
     )
 
 
-def deep_plans(configs: Iterable[Config] = (*DEFAULT_CONFIGS, *PLAYOUT_CONFIGS)) -> list[Plan]:
+def deep_plans(configs: Iterable[Config] = DEFAULT_CONFIGS) -> list[Plan]:
     """What ``--deep`` (or AGENT_RUNTIME_DEEP=1) explores: the default plans, then every
     input together, inputs arriving between any two events an actor handles, and any
-    actor with mail going next (the playout configs too, unless ``configs`` says)."""
+    actor with mail going next (``deep_plans(PLAYOUT_CONFIGS)``: the same with playout)."""
     cs = list(configs)
     return [
         *(Plan(c, g, DEFAULT_DEPTH) for g in ("job", "avatar") for c in cs),
