@@ -116,7 +116,7 @@ AVATAR_JOINED = ("avatar_start", "plugin_routed", "plugin_returns", "avatar_join
 def test_audio_at_an_avatar_that_never_reports_is_finished_through_the_avatar() -> None:
     model = Model(DEFAULTS, inputs="avatar")
     *_, joined, turn, handed, timed_out = _walk(
-        model, *AVATAR_JOINED, "agent_turn", "handed_off", "timeout:playout"
+        model, *AVATAR_JOINED, "turn:agent_speaking", "handed_off", "timeout:playout"
     )
     assert (joined.avatar, joined.route) == ("joined", "avatar")
     assert turn.play == "agent_turn"
@@ -131,7 +131,7 @@ def test_audio_at_an_avatar_that_never_reports_is_finished_through_the_avatar() 
 
 def test_an_avatar_leaving_ends_the_wait_for_its_report_through_the_watch() -> None:
     model = Model(DEFAULTS, inputs="avatar")
-    *_, left = _walk(model, *AVATAR_JOINED, "agent_turn", "handed_off", "avatar_leaves")
+    *_, left = _walk(model, *AVATAR_JOINED, "turn:agent_speaking", "handed_off", "avatar_leaves")
     assert left.avatar not in ("joined", "clearing")
     assert (left.play, left.t_play, left.pending, left.route) == ("idle", "", False, "room")
 
@@ -141,8 +141,8 @@ def test_the_watchdog_hands_over_by_closing_the_session_whose_close_ends_playout
     worlds = _walk(
         model,
         "user_joins",
-        "agent_turn",
-        "agent_listening",
+        "turn:agent_speaking",
+        "turn:agent_listening",
         "timeout:playout",  # the safety window: the watchdog arms
         "timeout:playout",  # silence: the re-prompt
         "timeout:playout",
@@ -168,7 +168,7 @@ def test_without_playout_in_the_config_the_model_is_the_one_the_replay_compares(
     # the conformance replay runs a real job with playout=False beside this model
     model = Model(Config(), inputs="avatar")
     assert "playout" not in model.view(model.initial()).states
-    assert not any(mv.action == "agent_turn" for mv in model.successors(model.initial()))
+    assert not any(mv.action == "turn:agent_speaking" for mv in model.successors(model.initial()))
 
 
 # -- each part of invariant 9 bites -------------------------------------------------------------

@@ -887,8 +887,8 @@ def _avatar_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
 # report, the SDK's own playout report, the linked user's speech
 
 
-def _agent_turn(s: _W) -> None:
-    s.post(PLAYOUT, "agent_speaking")
+def _post_playout(s: _W, event: str) -> None:
+    s.post(PLAYOUT, event)
 
 
 def _handed_off(s: _W) -> None:
@@ -902,10 +902,6 @@ def _playback_report(s: _W) -> None:
     s.post(PLAYOUT, "playback_finished")
 
 
-def _agent_listening(s: _W) -> None:
-    s.post(PLAYOUT, "agent_listening")
-
-
 def _user_speaks(s: _W, speaking: bool) -> None:
     s.speaking = speaking
     if speaking:
@@ -917,14 +913,21 @@ def _playout_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
         return  # a session closing or closed takes no new turn
     turn = w.play in PLAYOUT_TURN
     if not turn:
-        yield "agent_turn", "the agent speaks (a new turn)", _agent_turn
+        # a new turn: a reply queued, the agent thinking, or speaking at once
+        for event in ("speech_created", "agent_thinking", "agent_speaking"):
+            yield f"turn:{event}", f"a new agent turn: {event}", partial(_post_playout, event=event)
     elif w.route == "avatar" and w.avatar in PLUGIN_CLEARS:
         yield "handed_off", "the avatar's sink takes the agent's audio", _handed_off
     if up and w.av_present and (w.pending or w.play == "remote_playout"):
         yield "playback_report", "the avatar reports lk.playback_finished", _playback_report
     if turn and not w.pending:
-        # the SDK's wait ends only once nothing is left at the avatar's sink
-        yield "agent_listening", "the agent's audio played (the SDK's report)", _agent_listening
+        # the SDK's wait ends only once nothing is left at the avatar's sink: the agent
+        # state back to listening, or the speech's end where it never reached the output
+        for event, label in (
+            ("agent_listening", "the agent's audio played (the SDK's report)"),
+            ("speech_done", "the agent's speech ends"),
+        ):
+            yield f"turn:{event}", label, partial(_post_playout, event=event)
     if model.config.watchdog != "off" and w.part == "linked":
         if w.speaking:
             yield (

@@ -73,9 +73,10 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config(simulation=False, present=(), delete_room_on_close=True, retry_attempts=1),
 )
 # the same job with the playout machine composed (AgentJob runs it whenever an avatar is
-# configured): its default options in the example's simulation, and the watchdog on, handing
-# over by closing the session, with an avatar that may come back. Apart from
-# DEFAULT_CONFIGS: the conformance replay runs those on a real job without playout
+# configured): its default options in the example's simulation; the watchdog on, handing
+# over by closing the session, with an avatar that may come back; the watchdog waiting for
+# a SIP caller. Apart from DEFAULT_CONFIGS: the conformance replay runs those on a real job
+# without playout
 PLAYOUT_CONFIGS: tuple[Config, ...] = (
     Config(playout=True),
     Config(
@@ -85,6 +86,13 @@ PLAYOUT_CONFIGS: tuple[Config, ...] = (
         rejoin=True,
         playout=True,
         watchdog="close",
+    ),
+    Config(
+        present=("sip", "simulator"),
+        grace=False,
+        delete_room_on_close=True,
+        playout=True,
+        watchdog="wait",
     ),
 )
 
