@@ -10,7 +10,9 @@ against the runtime by reading (and the conformance replay checks by running):
 * **who may be in the room** (``PEOPLE``) and the settings a run is explored under
   (``Config``), including the example agent's own (``Config.example``);
 * **the facts views**: what the guards read, taken from the abstract world;
-* **inputs**: what the outside world can do next (``inputs``);
+* **inputs**: what the outside world can do next (``inputs``), with playout composed the
+  session's side of it too: an agent turn's start and end, the hand-off to the avatar's sink
+  and the avatar's report, the linked user's speech;
 * **effects**: how each effect changes the abstract world (``EFFECTS``): the audio route,
   a session closing, a reply going out; an effect with links also fires them, generically;
 * **work running aside and its outcomes** (``work``): a plugin's start may put its route in,

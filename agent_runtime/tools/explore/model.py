@@ -4,7 +4,10 @@ What the runtime decides by is read, not re-typed: each machine decides through
 ``statemachines.step`` on its own spec; a room fact reaches the machines its routes name
 (``statemachines.routing.ROUTES``) when the routes' conditions hold; guards are the
 shared ones (``statemachines.glue.GUARDS``), evaluated on facts views of the world; an
-effect's declared links (``statemachines.glue.LINKS``) post their events. What the model
+effect's declared links (``statemachines.glue.LINKS``) post their events, and so does a
+state change that a declared watch names (``statemachines.system.WATCHES``: what the playout
+machine, composed when ``Config.playout`` says, hears of the avatar and the participant
+link). What the model
 says on its own (who is in the room, each effect's outcome on the abstract world, what work
 running aside may do) is in ``abstract``, reviewed as such.
 
