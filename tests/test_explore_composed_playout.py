@@ -74,9 +74,9 @@ def _finer(
     ]
 
 
-# measured (load 3, 1 CPU each): all/settle/3 1.4 s (p1) and 3 s (p0), avatar/any/1 under
-# 1 s, all/any/1 1 s (p1) and 39 s (p0), avatar/turns/3 25 to 51 s: the large ones are in
-# the exhaustive tier
+# measured (load 3, 1 CPU each): all/settle/3 1 s (p1) and 5 s (p0), avatar/any/1 under
+# 1 s, all/any/1 1 s (p1) and 59 s (p0), avatar/turns/3 44 to 79 s: the large ones are in
+# the exhaustive tier (with the whole space, about 7 minutes there)
 FINER = [
     *_finer("all", "settle", 3, (1,), deep=False),
     *_finer("all", "settle", 3, (0,), deep=True),
