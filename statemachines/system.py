@@ -83,11 +83,19 @@ WATCHES: tuple[Watch, ...] = (
 )
 
 
-def watched(source: str, from_state: str, to_state: str, target: str) -> tuple[str, ...]:
-    """The events ``target`` gets when ``source`` moves from ``from_state`` to ``to_state``."""
+def watched(
+    source: str,
+    from_state: str,
+    to_state: str,
+    target: str,
+    *,
+    watches: tuple[Watch, ...] = WATCHES,
+) -> tuple[str, ...]:
+    """The events ``target`` gets when ``source`` moves from ``from_state`` to ``to_state``
+    (``watches``: another table, for the explorer's fault tests)."""
     return tuple(
         w.event
-        for w in WATCHES
+        for w in watches
         if w.source == source and w.target == target and w.fires(from_state, to_state)
     )
 

@@ -9,6 +9,7 @@ from .model import DEFAULT_GLUE, Config, Glue, Model, World
 from .search import (
     DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
+    PLAYOUT_CONFIGS,
     Plan,
     Report,
     Result,
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_DEPTH",
     "DEFAULT_GLUE",
     "INVARIANTS",
+    "PLAYOUT_CONFIGS",
     "Config",
     "Glue",
     "Invariant",

@@ -10,7 +10,9 @@ against the runtime by reading (and the conformance replay checks by running):
 * **who may be in the room** (``PEOPLE``) and the settings a run is explored under
   (``Config``), including the example agent's own (``Config.example``);
 * **the facts views**: what the guards read, taken from the abstract world;
-* **inputs**: what the outside world can do next (``inputs``);
+* **inputs**: what the outside world can do next (``inputs``), with playout composed the
+  session's side of it too: an agent turn's start and end, the hand-off to the avatar's sink
+  and the avatar's report, the linked user's speech;
 * **effects**: how each effect changes the abstract world (``EFFECTS``): the audio route,
   a session closing, a reply going out; an effect with links also fires them, generically;
 * **work running aside and its outcomes** (``work``): a plugin's start may put its route in,
@@ -39,14 +41,20 @@ from statemachines.glue import (
     SESSION,
     SIMULATOR_ATTRIBUTE,
 )
+from statemachines.playout import TURN as _PLAYOUT_TURN
 
 from .checks import LIVE_JOB
+
+PLAYOUT_TURN = frozenset(_PLAYOUT_TURN)  # the agent's audio is not done
 
 if TYPE_CHECKING:
     from .model import _W, Model, Params, World
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
-DEL, FIN = "room_deletion", "finalize"
+DEL, FIN, PLAYOUT = "room_deletion", "finalize", "playout"
+# the playout machine's re-prompts in a row before it hands over, when its watchdog is on
+# (any limit decides alike past the first: one keeps the worlds few)
+MAX_REPROMPTS = 1
 CLOSE = "close"  # the token of a close that ends its actor (aclose(): close, then stop)
 
 # -- who may be in the room ----------------------------------------------------------------------
@@ -85,6 +93,13 @@ class Config:
     delete_room_on_close: bool = False
     present: tuple[str, ...] = ("simulator",)  # in the room at the start, in join order
     max_finalize_requests: int = 2
+    # AgentJob's playout: the playout machine composed (its links and watches delivered as
+    # the job system delivers them), the agent's turns and the avatar's reports among the
+    # avatar's inputs. Off by default: the conformance replay runs its real job without it
+    playout: bool = False
+    # its re-prompt watchdog: off (PlayoutOptions' default), or on, handing over after
+    # MAX_REPROMPTS by waiting for the user or by closing the session
+    watchdog: Literal["off", "wait", "close"] = "off"
 
     @classmethod
     def example(cls, *, simulation: bool = True) -> Config:
@@ -107,6 +122,9 @@ class Config:
             parts.append(f"{self.retry_attempts} retry")
         if self.delete_room_on_close:
             parts.append("delete_room_on_close")
+        if self.playout:
+            wd = "" if self.watchdog == "off" else f", watchdog then {self.watchdog}"
+            parts.append(f"playout{wd}")
         parts.append(f"present: {', '.join(self.present) or 'nobody'}")
         return ", ".join(parts)
 
@@ -259,6 +277,37 @@ class AvatarFactsView:
         return RetryPolicy(cfg.retry_attempts, frozenset(CAUSES), cfg.rejoin)
 
 
+class PlayoutFactsView:
+    """``glue.PlayoutFacts`` on the world (``agent_runtime.playout._Facts`` on the real
+    job): the avatar machine's state, the link's, the session's user state."""
+
+    __slots__ = ("_s",)
+    max_reprompts = MAX_REPROMPTS
+
+    def __init__(self, s: _W) -> None:
+        self._s = s
+
+    @property
+    def avatar_state(self) -> str | None:
+        return self._s.avatar
+
+    @property
+    def watchdog_on(self) -> bool:
+        return self._s.model.config.watchdog != "off"
+
+    @property
+    def user_linked(self) -> bool:
+        return self._s.part == "linked"
+
+    @property
+    def user_speaking(self) -> bool:
+        return self._s.speaking
+
+    @property
+    def reprompts(self) -> int:
+        return self._s.reprompts
+
+
 class RoomFactsView:
     __slots__ = ("_s",)
     avatar_identity = PEOPLE["avatar"].identity
@@ -283,6 +332,8 @@ def facts(s: _W, machine: str, params: Params) -> Any:
         return FinalizeFactsView(s)
     if machine == AVATAR:
         return AvatarFactsView(s, params)
+    if machine == PLAYOUT:
+        return PlayoutFactsView(s)
     raise KeyError(f"the model has no facts view for machine {machine!r}")
 
 
@@ -334,6 +385,7 @@ def _restore(s: _W) -> None:
     # identity-guarded: only our own recorded route (the table calls it once per route)
     if s.installed and s.route == "avatar" and s.model.glue.restore_route:
         s.route = "room"
+        s.pending = False  # the sink swapped out finishes its segments
 
 
 def _remove_avatar_participant(s: _W) -> None:
@@ -377,6 +429,29 @@ def _put_route_back(s: _W, event: str, params: Params) -> None:
 
 def _close_plugin(s: _W, event: str, params: Params) -> None:
     _remove_avatar_participant(s)
+
+
+def _playout_ends_here(s: _W, event: str, params: Params) -> None:
+    # clear_local_buffer (the avatar not joined: what it held ends here) and
+    # mark_playout_done (the avatar's sink ends its segment, as the avatar's report or the
+    # playout machine's finish asks)
+    s.pending = False
+
+
+def _reprompt(s: _W, event: str, params: Params) -> None:
+    # counted one past the limit at most: the worlds stay finite for a faulty table
+    s.reprompts = min(s.reprompts + 1, MAX_REPROMPTS + 1)
+
+
+def _reset_reprompts(s: _W, event: str, params: Params) -> None:
+    s.reprompts = 0
+
+
+def _hand_over(s: _W, event: str, params: Params) -> None:
+    # PlayoutTracker._fx_hand_over: "close" asks a live session to close (its close's end
+    # reaches every machine through the session's links); "wait" does nothing
+    if s.model.config.watchdog == "close" and s.sess_a == "running":
+        s.sess_a = "closing"
 
 
 def _link(s: _W, event: str, params: Params) -> None:
@@ -453,8 +528,8 @@ EFFECTS: dict[str, Effect] = {
     "release_attempt": _release_attempt,
     "reinstall_route": _reinstall_route,
     "follow_plugin_clear": _nothing,
-    "clear_local_buffer": _nothing,
-    "mark_playout_done": _nothing,
+    "clear_local_buffer": _playout_ends_here,
+    "mark_playout_done": _playout_ends_here,
     "put_route_back": _put_route_back,
     "unhook": _nothing,  # it stops following the room: its closed state takes nothing
     "close_plugin": _close_plugin,
@@ -493,6 +568,13 @@ EFFECTS: dict[str, Effect] = {
     "refuse_answered": _reply_error,
     "refuse_not_simulation": _reply_error,
     "reply_unfinished": _reply_unfinished,
+    # playout: finish_playout's link ends the avatar sink's segment (the avatar's
+    # mark_playout_done); the re-prompt's reply is the agent's next turn, an input
+    "playout_done": _nothing,
+    "finish_playout": _nothing,
+    "reprompt": _reprompt,
+    "reset_reprompts": _reset_reprompts,
+    "hand_over": _hand_over,
 }
 
 
@@ -610,6 +692,8 @@ def _joins(s: _W, who: str) -> None:
 
 def _leaves(s: _W, who: str, reason: str) -> None:
     setattr(s, who, False)
+    if who == s.linked:
+        s.speaking = False  # nobody there to speak
     s.room_fact("participant_left", who=who, reason=reason)
 
 
@@ -715,6 +799,13 @@ def _interrupt(s: _W, playing: bool) -> None:
     # has run by the time the machine hears of it
     delivered = s.avatar in PLUGIN_CLEARS
     s.post(AVATAR, "interrupt", (("delivered", delivered), ("playing", playing)))
+    if playing and s.model.playout:
+        # the speech handle's interruption reaches the playout machine after the sink's
+        # clear; a cut while the joined avatar has (or is about to have) the agent's audio
+        # leaves it to the avatar's word on the cut
+        if delivered and s.route == "avatar" and s.play in PLAYOUT_TURN:
+            s.pending = True
+        s.post(PLAYOUT, "interrupted")
 
 
 def _avatar_close(s: _W) -> None:
@@ -743,6 +834,8 @@ def inputs(model: Model, w: World) -> Iterator[Input]:
         yield from _people_inputs(w, cfg, "user")
     if model.inputs != "job":
         yield from _avatar_inputs(model, w, up)
+        if model.playout:
+            yield from _playout_inputs(model, w, up)
 
 
 def _job_inputs(model: Model, w: World, cfg: Config, up: bool) -> Iterator[Input]:
@@ -791,6 +884,63 @@ def _avatar_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
         yield "interrupt_idle", "interrupt (nothing playing)", partial(_interrupt, playing=False)
     if not any(e[0] == AVATAR and e[3] == CLOSE for e in w.queue):
         yield "avatar_close", "avatar.close", _avatar_close
+
+
+# the session's and the avatar's side of playout (PlayoutTracker follows them): the agent's
+# turns reduced to their start, the hand-off of its audio to the avatar's sink, the avatar's
+# report, the SDK's own playout report, the linked user's speech
+
+
+def _post_playout(s: _W, event: str) -> None:
+    s.post(PLAYOUT, event)
+
+
+def _handed_off(s: _W) -> None:
+    s.pending = True  # at the joined avatar, until it reports or the sink finishes it
+    s.post(PLAYOUT, "handed_off")
+
+
+def _playback_report(s: _W) -> None:
+    # AvatarLifecycle's lk.playback_finished handler: the avatar machine, then playout
+    s.post(AVATAR, "playback_finished")
+    s.post(PLAYOUT, "playback_finished")
+
+
+def _user_speaks(s: _W, speaking: bool) -> None:
+    s.speaking = speaking
+    if speaking:
+        s.post(PLAYOUT, "user_speaking")
+
+
+def _playout_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
+    if w.play in model.inert[PLAYOUT] or w.sess_a != "running":
+        return  # a session closing or closed takes no new turn
+    turn = w.play in PLAYOUT_TURN
+    if not turn:
+        # a new turn: a reply queued, the agent thinking, or speaking at once
+        for event in ("speech_created", "agent_thinking", "agent_speaking"):
+            yield f"turn:{event}", f"a new agent turn: {event}", partial(_post_playout, event=event)
+    elif w.route == "avatar" and w.avatar in PLUGIN_CLEARS:
+        yield "handed_off", "the avatar's sink takes the agent's audio", _handed_off
+    if up and w.av_present and (w.pending or w.play == "remote_playout"):
+        yield "playback_report", "the avatar reports lk.playback_finished", _playback_report
+    if turn and not w.pending:
+        # the SDK's wait ends only once nothing is left at the avatar's sink: the agent
+        # state back to listening, or the speech's end where it never reached the output
+        for event, label in (
+            ("agent_listening", "the agent's audio played (the SDK's report)"),
+            ("speech_done", "the agent's speech ends"),
+        ):
+            yield f"turn:{event}", label, partial(_post_playout, event=event)
+    if model.config.watchdog != "off" and w.part == "linked":
+        if w.speaking:
+            yield (
+                "user_quiet",
+                "the linked user stops speaking",
+                partial(_user_speaks, speaking=False),
+            )
+        else:
+            yield "user_speaks", "the linked user speaks", partial(_user_speaks, speaking=True)
 
 
 # -- work running aside, and its outcomes ------------------------------------------------------

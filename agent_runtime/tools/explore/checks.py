@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from statemachines import MachineSpec
-from statemachines.avatar import ROUTED
+from statemachines.avatar import PLUGIN_CLEARS, ROUTED
 from statemachines.glue import hold_needed
 from statemachines.machines import MACHINES
+from statemachines.playout import QUIET
 
 from .view import JobView
 
@@ -77,6 +78,15 @@ INVARIANTS: tuple[Invariant, ...] = (
         "departure_noticed",
         "a linked participant who left does not keep the session open past the grace bound, "
         "and a session close that hangs past its bound shuts the job down",
+    ),
+    Invariant(
+        9,
+        "playout_follows",
+        "with the playout machine composed: once the primary session closed, playout is "
+        "closed; it never waits for the report of an avatar that is not joined, nor times "
+        "the silence of a user who is not linked; and once "
+        "time passed every bound, no agent audio is left unreported at the avatar (the agent "
+        "never stays speaking)",
     ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
@@ -189,6 +199,17 @@ def settled(v: JobView) -> list[Finding]:
         out.append((7, f"{why} but the job still holds"))
     if job == "closing" and not v.tasks.get("job"):
         out.append((5, "the close work is done but the job is still closing"))
+    playout = v.states.get("playout")
+    if playout is not None:
+        # what the session's close link and the avatar's watch must have done by now
+        if v.session == "closed" and playout != "closed":
+            out.append((9, f"the session closed but playout is still {playout}"))
+        avatar = v.states.get("avatar")
+        if playout == "remote_playout" and avatar not in PLUGIN_CLEARS:
+            out.append((9, f"playout waits for the report of an avatar that is {avatar}"))
+        link = v.states.get("participant")
+        if playout in QUIET and link != "linked":
+            out.append((9, f"the watchdog is {playout} with the participant link {link}"))
     return out
 
 
@@ -219,6 +240,15 @@ def eventual(v: JobView) -> list[Finding]:
             out.append(
                 (5, f"the job closed without its close work (session_host {host}, room {room})")
             )
+    if v.audio_pending:
+        playout = v.states.get("playout")
+        out.append(
+            (
+                9,
+                "after every bound the agent's audio still waits at the avatar, unreported "
+                f"(avatar {v.states.get('avatar')}, playout {playout})",
+            )
+        )
     if v.close_on_disconnect and v.linked is not None and not v.linked_present:
         if v.session == "hung":
             # the link gives up on it, and the job does not serve on with it

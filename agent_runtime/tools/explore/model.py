@@ -4,7 +4,10 @@ What the runtime decides by is read, not re-typed: each machine decides through
 ``statemachines.step`` on its own spec; a room fact reaches the machines its routes name
 (``statemachines.routing.ROUTES``) when the routes' conditions hold; guards are the
 shared ones (``statemachines.glue.GUARDS``), evaluated on facts views of the world; an
-effect's declared links (``statemachines.glue.LINKS``) post their events. What the model
+effect's declared links (``statemachines.glue.LINKS``) post their events, and so does a
+state change that a declared watch names (``statemachines.system.WATCHES``: what the playout
+machine, composed when ``Config.playout`` says, hears of the avatar and the participant
+link). What the model
 says on its own (who is in the room, each effect's outcome on the abstract world, what work
 running aside may do) is in ``abstract``, reviewed as such.
 
@@ -38,6 +41,7 @@ from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_b
 from statemachines.glue import GUARDS, LINKS, Link, simulators_after
 from statemachines.glue import hold_needed as _hold_needed
 from statemachines.machines import MACHINES
+from statemachines.system import WATCHES, Watch, watched
 
 from . import abstract
 from .abstract import (
@@ -50,6 +54,7 @@ from .abstract import (
     JOB,
     PART,
     PEOPLE,
+    PLAYOUT,
     Config,
     Glue,
     Inputs,
@@ -72,6 +77,8 @@ __all__ = [
     "mail_label",
 ]
 
+# the machines every model composes (and the conformance replay compares); playout is
+# composed too when the config runs it (``Config.playout``)
 MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL, FIN)
 
 # a mailbox entry: (machine, event, params, token). Params are sorted (key, value) pairs.
@@ -148,11 +155,32 @@ class World(NamedTuple):
     hold_cut: str  # why the job stopped holding while the simulator could still ask
     late: str  # a timer event handled after its state was left
     close_timed_out: bool  # the job's close bound ran out
+    # playout (``Config.playout``; else it stays as it starts)
+    play: str  # the playout machine's state
+    t_play: str
+    speaking: bool  # the session's user state is speaking
+    reprompts: int  # the playout machine's count of re-prompts in a row
+    pending: bool  # agent audio handed to the avatar's sink, not reported nor finished
 
 
 FIELDS = World._fields
-_STATE = {AVATAR: "avatar", JOB: "job", HOST: "host", PART: "part", DEL: "dele", FIN: "fin"}
-_TIMER = {AVATAR: "t_avatar", JOB: "t_job", PART: "t_part", DEL: "t_dele", HOST: "t_host"}
+_STATE = {
+    AVATAR: "avatar",
+    JOB: "job",
+    HOST: "host",
+    PART: "part",
+    DEL: "dele",
+    FIN: "fin",
+    PLAYOUT: "play",
+}
+_TIMER = {
+    AVATAR: "t_avatar",
+    JOB: "t_job",
+    PART: "t_part",
+    DEL: "t_dele",
+    HOST: "t_host",
+    PLAYOUT: "t_play",
+}
 _TASK = {AVATAR: "av_task", JOB: "job_task", DEL: "dele_task", HOST: "host_task", FIN: "fin_task"}
 
 
@@ -229,6 +257,11 @@ class _W:
     hold_cut: str
     late: str
     close_timed_out: bool
+    play: str
+    t_play: str
+    speaking: bool
+    reprompts: int
+    pending: bool
 
     def __init__(self, model: Model, w: World) -> None:
         self.model = model
@@ -279,6 +312,11 @@ class _W:
             self.hold_cut,
             self.late,
             self.close_timed_out,
+            self.play,
+            self.t_play,
+            self.speaking,
+            self.reprompts,
+            self.pending,
         ) = w
 
     def freeze(self) -> World:
@@ -329,6 +367,11 @@ class _W:
             self.hold_cut,
             self.late,
             self.close_timed_out,
+            self.play,
+            self.t_play,
+            self.speaking,
+            self.reprompts,
+            self.pending,
         )
 
     def state_of(self, m: str) -> str:
@@ -356,10 +399,12 @@ class _W:
         model = self.model
         # the runtime's own choice of links (``agent_runtime.routing.Wiring`` calls it too)
         for link in links_fired(model._links, (source, on, step), flags, model.flags):
-            if link.target not in MACHINE_NAMES:
-                continue  # a machine the model does not compose (playout): as the runtime's
-                # Wiring skips a target nobody connected
-            self.post(link.target, link.event, params, CLOSE if link.event == "close" else NONE)
+            if link.target not in model.machines:
+                continue  # a machine the model does not compose (the job's own lifecycle,
+                # playout when off): as the runtime's Wiring skips a target nobody connected
+            # a close to playout is a plain event (PlayoutTracker posts it), not an aclose()
+            close = link.event == "close" and link.target != PLAYOUT
+            self.post(link.target, link.event, params, CLOSE if close else NONE)
 
     def room_fact(self, fact: str, *, who: str = "", reason: str = "", kind: str = "") -> None:
         """A room fact reaches every machine whose route names it and whose conditions hold
@@ -414,6 +459,7 @@ class Model:
         *,
         specs: Mapping[str, MachineSpec] | None = None,
         links: tuple[Link, ...] = LINKS,
+        watches: tuple[Watch, ...] = WATCHES,
         glue: Glue = DEFAULT_GLUE,
         mailboxes: Mailboxes = "settle",
         inputs: Inputs = "all",
@@ -430,6 +476,15 @@ class Model:
         self.config = config or Config()
         self.glue = glue
         self.links = links
+        self.watches = watches
+        # the machines composed: playout when the config runs it (as AgentJob builds it)
+        self.playout = self.config.playout
+        self.machines: tuple[str, ...] = (*MACHINE_NAMES, *((PLAYOUT,) if self.playout else ()))
+        # which composed machines a state change may send an event to (statemachines.system
+        # WATCHES; the job's own lifecycle is not composed)
+        self._watch_targets = tuple(
+            t for t in dict.fromkeys(w.target for w in watches) if t in self.machines
+        )
         self.flags = {"delete_room_on_close": self.config.delete_room_on_close}
         self._links = index_links(links)
         # settle: after each input, timeout or piece of work done aside, the mail it caused
@@ -445,8 +500,9 @@ class Model:
         self.taken: list[tuple[str, int, bool]] | None = None
         chosen = dict(MACHINES)
         for name, spec in (specs or {}).items():
-            if name not in MACHINE_NAMES:
-                raise ValueError(f"unknown machine {name!r}: one of {list(MACHINE_NAMES)}")
+            if name not in (*MACHINE_NAMES, PLAYOUT):
+                known = [*MACHINE_NAMES, PLAYOUT]
+                raise ValueError(f"unknown machine {name!r}: one of {known}")
             chosen[name] = spec
         self.specs: dict[str, MachineSpec] = chosen
         # (machine, source, event, guards) -> the row's index, for ``taken`` (the
@@ -549,6 +605,11 @@ class Model:
             hold_cut="",
             late="",
             close_timed_out=False,
+            play=sp[PLAYOUT].initial,
+            t_play="",
+            speaking=False,
+            reprompts=0,
+            pending=False,
         )
 
     # -- what can happen next ----------------------------------------------------------------
@@ -644,7 +705,9 @@ class Model:
                 yield self._move("internal", action, label, w, fn)
 
     def _time(self, w: World) -> Iterator[Move]:
-        if not (w.t_avatar or w.t_job or w.t_part or w.t_dele or w.t_host or w.job_task):
+        if not (
+            w.t_avatar or w.t_job or w.t_part or w.t_dele or w.t_host or w.t_play or w.job_task
+        ):
             return  # no timer armed, no bound running (most worlds: asked of each one)
         for m, field_name in _TIMER.items():
             armed_in = getattr(w, field_name)
@@ -680,6 +743,13 @@ class Model:
             setattr(s, _STATE[m], st.dest)
             if st.changed:
                 self._enter(s, m)
+                if self._watch_targets:
+                    # JobSystem._forward_state: the declared watches, posted as the state
+                    # changes, before the transition's effects run
+                    dest = st.dest
+                    for target in self._watch_targets:
+                        for ev in watched(m, source, dest, target, watches=self.watches):
+                            s.post(target, ev, ((m, dest),))
                 if m == JOB:
                     self._job_changed(s, source, st.dest, event)
             links = self._links
@@ -748,6 +818,8 @@ class Model:
             timers[DEL] = w.t_dele
         if w.t_host:
             timers[HOST] = w.t_host
+        if w.t_play:
+            timers[PLAYOUT] = w.t_play
         tasks: dict[str, tuple[str, ...]] = {}
         if w.av_task:
             tasks[AVATAR] = (w.av_task.partition(":")[0],)
@@ -769,8 +841,11 @@ class Model:
         )
         linked = w.linked
         cfg = self.config
+        states = {AVATAR: w.avatar, JOB: w.job, HOST: w.host, PART: w.part, DEL: w.dele, FIN: w.fin}
+        if self.playout:
+            states[PLAYOUT] = w.play
         return JobView(
-            {AVATAR: w.avatar, JOB: w.job, HOST: w.host, PART: w.part, DEL: w.dele, FIN: w.fin},
+            states,
             # the session's close tears its outputs down
             "none" if w.sess_a == "closed" else w.route,
             w.room == "connected",
@@ -795,6 +870,7 @@ class Model:
             tasks,
             (),
             _marks(w.hold_cut, w.late) if w.hold_cut or w.late else (),
+            w.pending,
         )
 
 

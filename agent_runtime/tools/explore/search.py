@@ -24,6 +24,7 @@ from typing import Any
 
 from statemachines import MachineSpec
 from statemachines.glue import LINKS, Link
+from statemachines.system import WATCHES, Watch
 
 from .checks import BY_NUMBER, Finding, eventual, safety, settled
 from .model import (
@@ -70,6 +71,29 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     ),
     # not a simulation: nobody there at the start
     Config(simulation=False, present=(), delete_room_on_close=True, retry_attempts=1),
+)
+# the same job with the playout machine composed (AgentJob runs it whenever an avatar is
+# configured): its default options in the example's simulation; the watchdog on, handing
+# over by closing the session, with an avatar that may come back; the watchdog waiting for
+# a SIP caller. Apart from DEFAULT_CONFIGS: the conformance replay runs those on a real job
+# without playout
+PLAYOUT_CONFIGS: tuple[Config, ...] = (
+    Config(playout=True),
+    Config(
+        simulation=False,
+        present=(),
+        retry_attempts=1,
+        rejoin=True,
+        playout=True,
+        watchdog="close",
+    ),
+    Config(
+        present=("sip", "simulator"),
+        grace=False,
+        delete_room_on_close=True,
+        playout=True,
+        watchdog="wait",
+    ),
 )
 
 
@@ -419,6 +443,7 @@ def explore_plan(
     *,
     specs: Mapping[str, MachineSpec] | None = None,
     links: tuple[Link, ...] = LINKS,
+    watches: tuple[Watch, ...] = WATCHES,
     glue: Glue = DEFAULT_GLUE,
     stop_at_first: bool = False,
     stop_at: int | None = None,
@@ -433,6 +458,7 @@ def explore_plan(
         plan.config,
         specs=specs,
         links=links,
+        watches=watches,
         glue=glue,
         mailboxes=plan.mailboxes,
         inputs=plan.inputs,
@@ -519,6 +545,7 @@ def explore(
     mailboxes: Mailboxes = "settle",
     specs: Mapping[str, MachineSpec] | None = None,
     links: tuple[Link, ...] = LINKS,
+    watches: tuple[Watch, ...] = WATCHES,
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
@@ -536,6 +563,7 @@ def explore(
         plans,
         specs=specs,
         links=links,
+        watches=watches,
         glue=glue,
         workers=workers,
         stop_at_first=stop_at_first,
@@ -547,7 +575,7 @@ def explore(
 def deep_plans(configs: Iterable[Config] = DEFAULT_CONFIGS) -> list[Plan]:
     """What ``--deep`` (or AGENT_RUNTIME_DEEP=1) explores: the default plans, then every
     input together, inputs arriving between any two events an actor handles, and any
-    actor with mail going next."""
+    actor with mail going next (``deep_plans(PLAYOUT_CONFIGS)``: the same with playout)."""
     cs = list(configs)
     return [
         *(Plan(c, g, DEFAULT_DEPTH) for g in ("job", "avatar") for c in cs),
@@ -562,6 +590,7 @@ def explore_plans(
     *,
     specs: Mapping[str, MachineSpec] | None = None,
     links: tuple[Link, ...] = LINKS,
+    watches: tuple[Watch, ...] = WATCHES,
     glue: Glue = DEFAULT_GLUE,
     workers: int = 1,
     stop_at_first: bool = False,
@@ -576,6 +605,7 @@ def explore_plans(
     opts: dict[str, Any] = {
         "specs": specs,
         "links": links,
+        "watches": watches,
         "glue": glue,
         "stop_at_first": stop_at_first,
         "stop_at": stop_at,

@@ -57,6 +57,9 @@ class JobView:
     tasks: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _NONE)  # -> started in
     clear_rpcs: tuple[str, ...] = ()  # the avatar's state at each lk.clear_buffer sent
     marks: tuple[str, ...] = ()  # what went wrong on the way (a hold cut short, ...)
+    # agent audio handed to the avatar's sink that it has neither reported nor been
+    # finished locally (the SDK's playout wait, so the agent's "speaking", hangs on it)
+    audio_pending: bool = False
 
 
 # what the conformance replay compares after every step: what a user of the job would see
