@@ -14,43 +14,50 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged
-from .clock import AsyncioClock, Clock, VirtualClock, settle
-from .trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord, read_trace
+from agent_runtime.actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged
+from agent_runtime.clock import AsyncioClock, Clock, VirtualClock, settle
+from agent_runtime.observe.trace import (
+    JsonlSink,
+    LoggingSink,
+    MemorySink,
+    Tracer,
+    TraceRecord,
+    read_trace,
+)
 
 if TYPE_CHECKING:
-    from .agent_job import AgentJob, injected, on_session_end, session_end_hook
-    from .avatar import AvatarLifecycle
-    from .job import JobRuntime
-    from .otel import OtelSink
-    from .participant import ParticipantLink, SessionCloseTimedOut
-    from .playout import PlayoutTracker
-    from .room_events import RoomEventAdapter
-    from .session_host import JobSessionHost
-    from .session_transport import RoomRequestTransport
-    from .settings import JobSettings, PlayoutOptions, SettingError
-    from .snapshot import JobSnapshot
+    from agent_runtime.observe.otel import OtelSink
+    from agent_runtime.observe.snapshot import JobSnapshot
+    from agent_runtime.runtimes.avatar import AvatarLifecycle
+    from agent_runtime.runtimes.job import JobRuntime
+    from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
+    from agent_runtime.runtimes.playout import PlayoutTracker
+    from agent_runtime.runtimes.session_host import JobSessionHost
+    from agent_runtime.sdk.session_transport import RoomRequestTransport
+    from agent_runtime.settings import JobSettings, PlayoutOptions, SettingError
+    from agent_runtime.system.agent_job import AgentJob, injected, on_session_end, session_end_hook
+    from agent_runtime.system.room_events import RoomEventAdapter
 
 # the one version source: pyproject.toml reads it (setuptools' dynamic version, by AST)
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AvatarLifecycle": "avatar",
-    "JobRuntime": "job",
-    "JobSessionHost": "session_host",
-    "ParticipantLink": "participant",
+    "AvatarLifecycle": "runtimes.avatar",
+    "JobRuntime": "runtimes.job",
+    "JobSessionHost": "runtimes.session_host",
+    "ParticipantLink": "runtimes.participant",
     "PlayoutOptions": "settings",
-    "PlayoutTracker": "playout",
-    "RoomEventAdapter": "room_events",
-    "RoomRequestTransport": "session_transport",
-    "SessionCloseTimedOut": "participant",
-    "on_session_end": "agent_job",
-    "session_end_hook": "agent_job",
-    "AgentJob": "agent_job",
-    "injected": "agent_job",
+    "PlayoutTracker": "runtimes.playout",
+    "RoomEventAdapter": "system.room_events",
+    "RoomRequestTransport": "sdk.session_transport",
+    "SessionCloseTimedOut": "runtimes.participant",
+    "on_session_end": "system.agent_job",
+    "session_end_hook": "system.agent_job",
+    "AgentJob": "system.agent_job",
+    "injected": "system.agent_job",
     "JobSettings": "settings",
-    "JobSnapshot": "snapshot",
-    "OtelSink": "otel",
+    "JobSnapshot": "observe.snapshot",
+    "OtelSink": "observe.otel",
     "SettingError": "settings",
 }
 

@@ -15,13 +15,20 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from agent_runtime._messages import (
+    EMPTY,
+    EffectHandler,
+    Event,
+    GuardFn,
+    Output,
+    OutputFn,
+    StateChanged,
+)
+from agent_runtime.clock import Clock, TimerHandle
+from agent_runtime.emitter import Emitter, describe
+from agent_runtime.observe.trace import Tracer, TraceRecord
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import Table
-
-from ._messages import EMPTY, EffectHandler, Event, GuardFn, Output, OutputFn, StateChanged
-from .clock import Clock, TimerHandle
-from .emitter import Emitter, describe
-from .trace import Tracer, TraceRecord
 
 logger = logging.getLogger("agent_runtime.actor")
 

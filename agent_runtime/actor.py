@@ -15,10 +15,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statemachines import MachineSpec, State, Step
-from statemachines.step import table_of
-
-from ._messages import (
+from agent_runtime._messages import (
     EMPTY,
     ActorClosed,
     EffectHandler,
@@ -32,10 +29,12 @@ from ._messages import (
     StateChanged,
     effect_table,
 )
-from ._perform import Entry, Performer, current_task_cancelling
-from .clock import AsyncioClock, Clock, TimerHandle
-from .emitter import describe
-from .trace import Tracer, TraceRecord
+from agent_runtime._perform import Entry, Performer, current_task_cancelling
+from agent_runtime.clock import AsyncioClock, Clock, TimerHandle
+from agent_runtime.emitter import describe
+from agent_runtime.observe.trace import Tracer, TraceRecord
+from statemachines import MachineSpec, State, Step
+from statemachines.step import table_of
 
 __all__ = [
     "Actor",

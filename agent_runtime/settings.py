@@ -348,11 +348,11 @@ def _part_type(name: str, value: Any) -> str | None:
         ok = all(callable(getattr(value, m, None)) for m in _CLOCK_METHODS)
         return None if ok else "a Clock (with now, call_later, sleep and wait_for)"
     if name == "tracer":
-        from .trace import Tracer
+        from agent_runtime.observe.trace import Tracer
 
         return None if isinstance(value, Tracer) else "an agent_runtime Tracer"
     if name == "otel":
-        from .otel import OtelSink
+        from agent_runtime.observe.otel import OtelSink
 
         return None if isinstance(value, bool | OtelSink) else "True, False or an OtelSink"
     if name == "transport":

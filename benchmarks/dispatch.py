@@ -248,7 +248,7 @@ async def run_actor_otel(w: Workload, names: list[str]) -> tuple[Lap, str]:
     """What AgentJob installs by default, in a process with no OTel SDK configured."""
     from opentelemetry import trace
 
-    from agent_runtime.otel import OtelSink
+    from agent_runtime.observe.otel import OtelSink
 
     return await _drive_actor(w, names, Tracer(OtelSink(tracer=trace.get_tracer("bench"))))
 

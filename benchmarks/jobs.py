@@ -113,7 +113,7 @@ class BareJob:
         await self.avatar.aclose()
 
     def live_problem(self) -> str | None:
-        from agent_runtime.avatar import route_of
+        from agent_runtime.runtimes.avatar import route_of
 
         route = route_of(self.session, self.avatar.installed)
         return None if route == "avatar" else f"audio goes to {route}, not the avatar"
@@ -133,7 +133,7 @@ class RuntimeJob:
     async def start(cls, i: int) -> RuntimeJob:
         from livekit.agents import AgentSession
 
-        from agent_runtime.agent_job import AgentJob
+        from agent_runtime.system.agent_job import AgentJob
         from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
         room = _room(i)

@@ -578,8 +578,8 @@ async def upstream_avatar_routes() -> dict[str, str]:
     from livekit import rtc
     from livekit.agents import Agent, AgentSession
 
-    from agent_runtime.avatar import audio_chain
     from agent_runtime.clock import settle
+    from agent_runtime.runtimes.avatar import audio_chain
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     out: dict[str, str] = {}

@@ -95,7 +95,7 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
     assert AgentJob.for_job(ctx) is None  # released with the job
     # the safety net registered on the job context runs harmlessly once closed
     (safety_net,) = [
-        cb for cb in ctx._shutdown_callbacks if cb.__module__ == "agent_runtime.livekit_job"
+        cb for cb in ctx._shutdown_callbacks if cb.__module__ == "agent_runtime.system.livekit_job"
     ]
     await asyncio.wait_for(safety_net("done"), 5)
     await remote.aclose()

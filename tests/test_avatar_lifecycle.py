@@ -20,11 +20,11 @@ from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
 from agent_runtime.actor import ActorClosed
-from agent_runtime.avatar import AvatarLifecycle, audio_tail, route_of
 from agent_runtime.clock import settle
-from agent_runtime.room_events import RoomEventAdapter
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes.avatar import AvatarLifecycle, audio_tail, route_of
+from agent_runtime.system.room_events import RoomEventAdapter
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
-from agent_runtime.trace import Tracer
 from tests.support.avatar_rig import (
     AVATAR,
     USER,

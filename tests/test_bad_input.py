@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 from livekit import rtc
 
-from agent_runtime.session_host import NO_ACTIVE_SESSION, NOT_THE_SIMULATOR
+from agent_runtime.runtimes.session_host import NO_ACTIVE_SESSION, NOT_THE_SIMULATOR
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.runner import run_scenario
 from agent_runtime.testing.scenario import STEP_EVENTS, parse_scenario
@@ -813,7 +813,7 @@ def given_path(bad: Bad, tmp: Path, name: str) -> Path:
 @contextlib.contextmanager
 def limits(bad: Bad) -> Iterator[None]:
     """The size bounds a row lowers (so a test need not write megabytes)."""
-    from agent_runtime import files
+    from agent_runtime.observe import files
 
     with pytest.MonkeyPatch.context() as mp:
         for name, value in bad.options.get("limits", {}).items():

@@ -33,7 +33,7 @@ from agent_runtime import (
     read_trace,
     settle,
 )
-from agent_runtime.avatar import route_of
+from agent_runtime.runtimes.avatar import route_of
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from examples import agent

@@ -508,7 +508,7 @@ async def test_a_machine_listener_raising_cancelled_error_mid_task_drain_is_remo
 async def test_a_job_runtime_refuses_a_trace_path_of_the_wrong_type_before_opening_anything(
     room: InMemoryRoom,
 ) -> None:
-    from agent_runtime.job import JobRuntime
+    from agent_runtime.runtimes.job import JobRuntime
 
     listeners = room.listener_count()
     with pytest.raises(SettingTypeError, match="trace_path must be a file path"):
@@ -522,7 +522,7 @@ async def test_a_job_runtime_whose_trace_file_cannot_be_written_says_so_and_subs
     room: InMemoryRoom, tmp_path: Path
 ) -> None:
     """The same trace setup as AgentJob's (one place turns a trace path into a sink)."""
-    from agent_runtime.job import JobRuntime
+    from agent_runtime.runtimes.job import JobRuntime
     from agent_runtime.settings import SettingError
 
     listeners = room.listener_count()

@@ -16,7 +16,7 @@ from livekit.agents.simulation import SimulationContext
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import Event
-from agent_runtime.session_host import FINALIZE_UNFINISHED
+from agent_runtime.runtimes.session_host import FINALIZE_UNFINISHED
 from agent_runtime.testing.inmemory import InMemorySessionTransport
 from statemachines.finalize import FINALIZE
 from tests.support.host_rig import Rig

@@ -13,8 +13,8 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from pydantic import ValidationError
 
 from agent_runtime.actor import Event
-from agent_runtime.participant import ATTRIBUTE_PUBLISH_ON_BEHALF
-from agent_runtime.routing import Wiring
+from agent_runtime.runtimes.participant import ATTRIBUTE_PUBLISH_ON_BEHALF
+from agent_runtime.system.routing import Wiring
 from statemachines.glue import (
     GUARDS,
     LINKS,

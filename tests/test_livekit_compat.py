@@ -1,6 +1,6 @@
 """Every livekit-agents private name the runtime reads, against the pinned SDK.
 
-``agent_runtime.livekit_compat`` is the one module that touches them; each accessor is
+``agent_runtime.sdk.livekit_compat`` is the one module that touches them; each accessor is
 checked here on real SDK objects (a real ``AgentSession`` started without a room, a real
 ``DataStreamAudioOutput`` over an unconnected ``rtc.Room``), so an SDK upgrade that renames
 one fails here, by name, rather than somewhere in a job.
@@ -30,7 +30,7 @@ from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 
-from agent_runtime import livekit_compat as lk
+from agent_runtime.sdk import livekit_compat as lk
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,7 +208,7 @@ def test_no_runtime_module_but_livekit_compat_reads_a_private_sdk_name() -> None
     """``session._started``, the sink's and the room's internals, RoomIO's private output
     class: read in ``livekit_compat`` only (the avatar package's modules included)."""
     modules = _runtime_modules()
-    assert ROOT / "agent_runtime" / "avatar" / "_lifecycle.py" in modules
+    assert ROOT / "agent_runtime" / "runtimes" / "avatar" / "_lifecycle.py" in modules
     sdk = _defined([p for d in _SDK_SOURCES for p in d.rglob("*.py")])
     own = _defined(modules)
     offenders = [

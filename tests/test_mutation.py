@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 async def test_a_swapped_spec_is_what_a_runtime_built_meanwhile_runs() -> None:
-    import agent_runtime.job
+    import agent_runtime.runtimes.job
     import statemachines.job
     from tests.support.job_rig import JobRig
 
@@ -50,8 +50,8 @@ async def test_a_swapped_spec_is_what_a_runtime_built_meanwhile_runs() -> None:
         set_dest(job, "serving", "shutdown", "closing", guards=["hold_needed"]).model_dump()
     )
     with swapped(job, mutant) as places:
-        assert places >= 3  # MACHINES, statemachines.job, agent_runtime.job at least
-        assert MACHINES["job"] is mutant and agent_runtime.job.JOB is mutant
+        assert places >= 3  # MACHINES, statemachines.job, agent_runtime.runtimes.job at least
+        assert MACHINES["job"] is mutant and agent_runtime.runtimes.job.JOB is mutant
         rig = JobRig(simulator=True)
         assert rig.runtime.actor.spec is mutant
         visits = Visits()
@@ -66,7 +66,7 @@ async def test_a_swapped_spec_is_what_a_runtime_built_meanwhile_runs() -> None:
         await rig.clock.advance(30)
         await rig.runtime.aclose()
     assert MACHINES["job"] is job and statemachines.job.JOB is job
-    assert agent_runtime.job.JOB is job
+    assert agent_runtime.runtimes.job.JOB is job
 
 
 def test_mutants_are_numbered_alike_and_refused_ones_say_why() -> None:

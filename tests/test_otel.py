@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_runtime import AgentJob, injected
-from agent_runtime.otel import OtelSink, held_states
+from agent_runtime.observe.otel import OtelSink, held_states
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec, State, StateTimeout, cells, row

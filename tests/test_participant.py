@@ -23,9 +23,9 @@ from livekit.agents.voice.room_io import RoomOptions
 from livekit.rtc._proto import participant_pb2
 
 from agent_runtime import Event, MemorySink, StateChanged, Tracer, VirtualClock, settle
-from agent_runtime.participant import ParticipantLink, SessionCloseTimedOut
-from agent_runtime.room_events import RoomEventAdapter
+from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
 from agent_runtime.settings import SettingError
+from agent_runtime.system.room_events import RoomEventAdapter
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.participant import PARTICIPANT
 
@@ -853,7 +853,7 @@ async def test_session_close_timeout_is_a_setting_with_its_range(world: World) -
 async def test_a_hung_session_close_shuts_the_job_down_when_wired(world: World) -> None:
     """How the composed job wires it: the link's ``close_timed_out`` shuts the job down
     with its reason (JobRuntime here; the composed AgentJob does the same)."""
-    from agent_runtime.job import JobRuntime
+    from agent_runtime.runtimes.job import JobRuntime
     from agent_runtime.testing.inmemory import InMemorySessionTransport
 
     transport, _simulator_end = InMemorySessionTransport.pair()

@@ -20,8 +20,8 @@ from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 
 from agent_runtime import AgentJob, Event
-from agent_runtime.avatar import SegmentFlushed
-from agent_runtime.playout import PlayoutTracker
+from agent_runtime.runtimes.avatar import SegmentFlushed
+from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.playout import PLAYOUT

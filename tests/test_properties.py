@@ -55,7 +55,7 @@ from livekit import rtc
 from livekit.agents import CloseReason
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
-from agent_runtime.session_host import (
+from agent_runtime.runtimes.session_host import (
     FINALIZE_UNFINISHED,
     HOST_CLOSING,
     NO_ACTIVE_SESSION,

@@ -16,7 +16,7 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import Event, EventRejected, VirtualClock, settle
-from agent_runtime.session_host import (
+from agent_runtime.runtimes.session_host import (
     FINALIZE_UNFINISHED,
     HOST_CLOSING,
     NO_ACTIVE_SESSION,

@@ -17,7 +17,7 @@ from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import settle
-from agent_runtime.session_transport import Received, RoomRequestTransport, SenderAware
+from agent_runtime.sdk.session_transport import Received, RoomRequestTransport, SenderAware
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 

@@ -69,7 +69,7 @@ def test_every_machine_draws_without_graphviz() -> None:
 
 
 def test_a_trace_of_a_machine_this_build_lacks_still_draws() -> None:
-    from agent_runtime.trace import TraceRecord
+    from agent_runtime.observe.trace import TraceRecord
 
     records = [
         TraceRecord(0.0, "transition", "lift", "l1", event="call", source="idle", dest="moving"),

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from agent_runtime import Actor, Event, JsonlSink, MemorySink, Tracer, TraceRecord, VirtualClock
-from agent_runtime.job import JobRuntime
+from agent_runtime.observe.trace import MAX_PAYLOAD
+from agent_runtime.runtimes.job import JobRuntime
 from agent_runtime.testing.inmemory import InMemoryRoom
-from agent_runtime.trace import MAX_PAYLOAD
 from tests.test_actor import LAMP, Harness
 
 FULL_DISK = Path("/dev/full")

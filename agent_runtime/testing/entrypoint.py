@@ -26,11 +26,11 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 
-from ..agent_job import AgentJob, injected
-from ..clock import Clock, settle
-from ..livekit_job import on_session_end as runtime_on_session_end
-from ..trace import MemorySink, Tracer, TraceRecord
-from .inmemory import InMemoryRoom
+from agent_runtime.clock import Clock, settle
+from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
+from agent_runtime.system.agent_job import AgentJob, injected
+from agent_runtime.system.livekit_job import on_session_end as runtime_on_session_end
+from agent_runtime.testing.inmemory import InMemoryRoom
 
 if TYPE_CHECKING:
     from livekit.agents import AgentServer

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .scenario import Expect
+from agent_runtime.testing.scenario import Expect
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,10 +35,10 @@ import pytest
 if TYPE_CHECKING:
     from livekit.agents.voice.remote_session import RemoteSession
 
-    from ..clock import VirtualClock
-    from .entrypoint import EntrypointRunner
-    from .inmemory import InMemoryRoom, InMemorySessionTransport
-    from .scripted_avatar import ScriptedAvatar
+    from agent_runtime.clock import VirtualClock
+    from agent_runtime.testing.entrypoint import EntrypointRunner
+    from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,7 +71,7 @@ def _async_fixture(fn: F) -> F:
 @pytest.fixture
 def virtual_clock() -> VirtualClock:
     """A virtual clock at 0: ``await virtual_clock.advance(seconds)`` moves time."""
-    from ..clock import VirtualClock
+    from agent_runtime.clock import VirtualClock
 
     return VirtualClock()
 
@@ -79,7 +79,7 @@ def virtual_clock() -> VirtualClock:
 @_async_fixture
 async def agent_room(virtual_clock: VirtualClock) -> InMemoryRoom:
     """A connected in-memory room (``test-room``) on the test's virtual clock."""
-    from .inmemory import InMemoryRoom
+    from agent_runtime.testing.inmemory import InMemoryRoom
 
     room = InMemoryRoom(name="test-room", clock=virtual_clock)
     room.connect_locally()
@@ -91,7 +91,7 @@ def agent_session_transports() -> tuple[InMemorySessionTransport, InMemorySessio
     """The two ends of an in-memory session transport: ``(agent's end, simulator's end)``.
     What the simulator's end sends comes from the participant ``simulator`` (add it to the
     room with the ``lk.simulator`` attribute: only the simulator gets the verdict)."""
-    from .inmemory import InMemorySessionTransport
+    from agent_runtime.testing.inmemory import InMemorySessionTransport
 
     return InMemorySessionTransport.pair(identities=("agent", SIMULATOR_IDENTITY))
 
@@ -113,7 +113,7 @@ async def simulator(
 def scripted_avatar(virtual_clock: VirtualClock) -> ScriptedAvatar:
     """An avatar plugin whose provider side is the test (identity ``avatar``). Give it to
     ``run_entrypoint(..., avatar=scripted_avatar)`` to stand in for the entrypoint's plugin."""
-    from .scripted_avatar import ScriptedAvatar
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     return ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
 
@@ -125,7 +125,7 @@ async def run_entrypoint(
     agent_session_transports: tuple[InMemorySessionTransport, InMemorySessionTransport],
 ) -> AsyncIterator[EntrypointRunner]:
     """``job = await run_entrypoint(server_or_entrypoint, simulation=..., avatar=...)``."""
-    from .entrypoint import EntrypointRunner
+    from agent_runtime.testing.entrypoint import EntrypointRunner
 
     runner = EntrypointRunner(
         room=agent_room, clock=virtual_clock, transport=agent_session_transports[0]

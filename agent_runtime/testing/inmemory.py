@@ -25,8 +25,8 @@ from livekit.agents.voice.remote_session import SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.rtc._proto import participant_pb2, room_pb2, track_pb2
 
-from ..clock import AsyncioClock, Clock
-from ..session_transport import Received
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.sdk.session_transport import Received
 
 logger = logging.getLogger("agent_runtime.testing.inmemory")
 

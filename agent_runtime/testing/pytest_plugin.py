@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .fixtures import (  # noqa: F401 - registered as this plugin's fixtures
+from agent_runtime.testing.fixtures import (  # noqa: F401 - registered as this plugin's fixtures
     agent_room,
     agent_session_transports,
     run_entrypoint,
@@ -38,8 +38,8 @@ from .fixtures import (  # noqa: F401 - registered as this plugin's fixtures
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
 
-    from .expect import Mismatch
-    from .scenario import Scenario
+    from agent_runtime.testing.expect import Mismatch
+    from agent_runtime.testing.scenario import Scenario
 
 SUFFIX = ".scenario.yaml"
 INI_DIRS = "agent_runtime_scenarios"
@@ -96,7 +96,7 @@ class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[ScenarioItem]:
         source = _relative(self.path, self.config.rootpath)
         try:
-            from .scenario import ScenarioError, load_scenario
+            from agent_runtime.testing.scenario import ScenarioError, load_scenario
         except ModuleNotFoundError as e:  # PyYAML: the testing extra brings it
             raise self.CollectError(f"{source}: scenario files need {e.name}: {EXTRA}") from None
         try:
@@ -128,8 +128,8 @@ class ScenarioItem(pytest.Item):
         self.trace_path: Path | None = None
 
     def runtest(self) -> None:
-        from .expect import mismatches
-        from .runner import run_scenario
+        from agent_runtime.testing.expect import mismatches
+        from agent_runtime.testing.runner import run_scenario
 
         self.trace_path = self._trace_path()
         try:
@@ -227,7 +227,7 @@ def _labelled(label: str, value: Any) -> list[str]:
 def _differences(want: Any, got: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
     """The leaves where ``got`` does not meet ``want``, by path (keys the file does not
     name are not compared, as the check itself does)."""
-    from .expect import matches
+    from agent_runtime.testing.expect import matches
 
     if isinstance(want, dict) and isinstance(got, dict):
         for k, w in want.items():

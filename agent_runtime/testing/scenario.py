@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from .. import files
-from ..settings import (
+from agent_runtime.observe import files
+from agent_runtime.settings import (
     AvatarRetry,
     CloseReasonName,
     Flag,
@@ -28,7 +28,7 @@ from ..settings import (
     WaitSeconds,
     playout_flag,
 )
-from .safe_yaml import YamlRefused, load_yaml, yaml_problem
+from agent_runtime.testing.safe_yaml import YamlRefused, load_yaml, yaml_problem
 
 Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
 Reason = Literal[

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 
-from ..clock import Clock
+from agent_runtime.clock import Clock
 
 if TYPE_CHECKING:
     from livekit.agents.voice.agent_session import AgentSession

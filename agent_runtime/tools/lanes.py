@@ -10,11 +10,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.tools.replay import TraceError
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
-
-from ..trace import TraceRecord
-from .replay import TraceError
 
 DECISIONS = ("transition", "ignore", "reject")
 KINDS = (*DECISIONS, "effect", "stale", "input")

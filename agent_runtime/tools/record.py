@@ -46,15 +46,14 @@ from typing import Any
 
 import yaml
 
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.settings import ALL_CAUSES, DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
+from agent_runtime.testing.scenario import CLOSE_REASONS, Config
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
 from statemachines.session_host import REQUESTS
 
-from ..settings import ALL_CAUSES, DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
-from ..testing.scenario import CLOSE_REASONS, Config
-from ..trace import TraceRecord
-
-# the data each room fact carries to every machine it is routed to (agent_runtime.routing's
+# the data each room fact carries to every machine it is routed to (agent_runtime.system.routing's
 # fact_data; a test pins the two together)
 FACT_KEYS: dict[str, frozenset[str]] = {
     "participant_joined": frozenset({"identity", "kind", "attributes"}),

@@ -21,12 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent_runtime.observe import files
+from agent_runtime.observe.trace import TraceRecord
 from statemachines import MachineSpec
 from statemachines.compiled import reference_step
 from statemachines.machines import MACHINES
-
-from .. import files
-from ..trace import TraceRecord
 
 logger = logging.getLogger("agent_runtime.tools.replay")
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .render import (
+from agent_runtime.tools.render import (
     BOX_WRAP,
     BULLET,
     _dot_escape,

@@ -19,11 +19,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.tools.lanes import Lane, Lanes, summarise
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
-
-from ..trace import TraceRecord
-from .lanes import Lane, Lanes, summarise
 
 _PALETTE = (  # neighbours differ: a machine's states are coloured in spec order
     "#8ecae6",

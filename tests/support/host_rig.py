@@ -15,7 +15,7 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import Event, MemorySink, Tracer, VirtualClock, settle
-from agent_runtime.session_host import (
+from agent_runtime.runtimes.session_host import (
     JobSessionHost,
 )
 from agent_runtime.testing.inmemory import InMemorySessionTransport

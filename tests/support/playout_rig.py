@@ -21,7 +21,7 @@ from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConn
 
 from agent_runtime import AgentJob, MemorySink, Tracer, VirtualClock
 from agent_runtime.clock import settle
-from agent_runtime.playout import PlayoutTracker
+from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar

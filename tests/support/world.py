@@ -35,10 +35,11 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.rtc._proto import participant_pb2, track_pb2
 
 from agent_runtime.actor import Actor
-from agent_runtime.agent_job import AgentJob
-from agent_runtime.avatar import _HANDED_OFF, AvatarLifecycle
 from agent_runtime.clock import VirtualClock, settle
-from agent_runtime.participant import ParticipantLink
+from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
+from agent_runtime.runtimes.avatar import _HANDED_OFF, AvatarLifecycle
+from agent_runtime.runtimes.participant import ParticipantLink
+from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
@@ -46,7 +47,6 @@ from agent_runtime.tools.conformance.observe import Observed, runtime_view
 from agent_runtime.tools.conformance.observe import Sent as Finalize
 from agent_runtime.tools.explore.checks import LIVE_JOB
 from agent_runtime.tools.explore.view import JobView
-from agent_runtime.trace import MemorySink, Tracer, TraceRecord
 
 AVATAR = "avatar-1"
 USER = "user"

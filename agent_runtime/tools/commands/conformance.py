@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..conformance.suite import COUNTEREXAMPLE_DEPTH, COVER_DEPTH, conformance
+from agent_runtime.tools.conformance.suite import COUNTEREXAMPLE_DEPTH, COVER_DEPTH, conformance
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,11 +17,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from agent_runtime.tools.render import DIAGRAM_SUFFIXES, diagram_files
+from agent_runtime.tools.system_diagram import NAME as WHOLE_JOB
 from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec
-
-from ..render import DIAGRAM_SUFFIXES, diagram_files
-from ..system_diagram import NAME as WHOLE_JOB
 
 _GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
 

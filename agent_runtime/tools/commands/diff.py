@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import render
-from ..render import describe_cell
+from agent_runtime.tools import render
+from agent_runtime.tools.render import describe_cell
 
 # Run in a fresh interpreter with argv = [root, path of render.py]. render.py is loaded by
 # path (it imports nothing from agent_runtime), next to the statemachines found at root.

@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
-from ..explore import Plan, deep_plans, explore_plans
-from ..explore.search import DEFAULT_CONFIGS
+from agent_runtime.tools.explore import Plan, deep_plans, explore_plans
+from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,9 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from agent_runtime.tools.xstate import module
 from statemachines.machines import MACHINES
-
-from ..xstate import module
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from ...testing.scenario import ScenarioError, parse_scenario
-from ..record import RecordError, compare, record, render
-from ..replay import TraceError, load_trace
+from agent_runtime.testing.scenario import ScenarioError, parse_scenario
+from agent_runtime.tools.record import RecordError, compare, record, render
+from agent_runtime.tools.replay import TraceError, load_trace
 
 PROG = "agent-runtime record"
 logger = logging.getLogger("agent_runtime.tools.record")
@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     if not args.check:
         return 0
-    from ...testing.runner import run_scenario  # imports livekit.agents: only when running
+    from agent_runtime.testing.runner import (
+        run_scenario,  # imports livekit.agents: only when running
+    )
 
     try:
         result = asyncio.run(run_scenario(scenario))

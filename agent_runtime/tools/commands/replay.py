@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-from ..replay import TraceError, format_report, replay_file
+from agent_runtime.tools.replay import TraceError, format_report, replay_file
 
 logger = logging.getLogger("agent_runtime.tools.replay")
 

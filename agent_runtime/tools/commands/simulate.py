@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...testing.expect import check_expect
-from ...testing.scenario import Scenario, ScenarioError, load_scenario
+from agent_runtime.testing.expect import check_expect
+from agent_runtime.testing.scenario import Scenario, ScenarioError, load_scenario
 
 DEFAULT_DIR = Path("examples/scenarios")
 
@@ -113,7 +113,9 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
 def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "html", None):
-            from .timeline import simulate_then_draw  # the page is drawn from the run's trace
+            from agent_runtime.tools.commands.timeline import (
+                simulate_then_draw,  # the page is drawn from the run's trace
+            )
 
             return simulate_then_draw(args, _run)
         return _run(args)
@@ -122,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...testing.runner import run_scenario  # imports livekit.agents: only when simulating
+    from agent_runtime.testing.runner import (
+        run_scenario,  # imports livekit.agents: only when simulating
+    )
 
     files = _files(args)
     if not files:

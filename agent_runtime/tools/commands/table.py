@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agent_runtime.tools.render import terminal_table
 from statemachines.machines import MACHINES
-
-from ..render import terminal_table
 
 
 def run(args: argparse.Namespace) -> int:

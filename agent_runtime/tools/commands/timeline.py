@@ -10,8 +10,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..replay import TraceError, load_trace
-from ..timeline import write_timeline
+from agent_runtime.tools.replay import TraceError, load_trace
+from agent_runtime.tools.timeline import write_timeline
 
 
 def draw(

@@ -19,9 +19,9 @@ import textwrap
 import time
 from typing import TextIO
 
-from ...trace import TraceRecord
-from ..lanes import Entry, Lanes, parse_record
-from ..replay import TraceError
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.tools.lanes import Entry, Lanes, parse_record
+from agent_runtime.tools.replay import TraceError
 
 PROG = "agent-runtime watch"
 

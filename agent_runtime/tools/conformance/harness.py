@@ -29,19 +29,18 @@ from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
+from agent_runtime.clock import VirtualClock, settle
+from agent_runtime.observe.trace import MemorySink, Tracer
+from agent_runtime.settings import AvatarRetry, Backoff
+from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.wire import build_request
+from agent_runtime.tools.conformance.observe import Observed, Sent, runtime_view
+from agent_runtime.tools.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
+from agent_runtime.tools.explore.abstract import GRACE_PERIOD, PEOPLE, Config
+from agent_runtime.tools.explore.checks import LIVE_JOB
+from agent_runtime.tools.explore.view import JobView
 from statemachines.machines import MACHINES
-
-from ...agent_job import AgentJob
-from ...clock import VirtualClock, settle
-from ...settings import AvatarRetry, Backoff
-from ...testing.inmemory import InMemoryRoom, InMemorySessionTransport
-from ...testing.wire import build_request
-from ...trace import MemorySink, Tracer
-from ..explore.abstract import GRACE_PERIOD, PEOPLE, Config
-from ..explore.checks import LIVE_JOB
-from ..explore.view import JobView
-from .observe import Observed, Sent, runtime_view
-from .paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"

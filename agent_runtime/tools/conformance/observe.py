@@ -11,13 +11,12 @@ from typing import Any
 from livekit.agents import AgentSession
 from livekit.agents.voice.remote_session import SessionHost
 
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.tools.explore.checks import hold_cut, late_timer
+from agent_runtime.tools.explore.model import MACHINE_NAMES
+from agent_runtime.tools.explore.view import JobView, Request
 from statemachines.machines import MACHINES
-
-from ...agent_job import AgentJob
-from ...trace import TraceRecord
-from ..explore.checks import hold_cut, late_timer
-from ..explore.model import MACHINE_NAMES
-from ..explore.view import JobView, Request
 
 
 @dataclass

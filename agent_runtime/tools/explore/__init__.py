@@ -4,9 +4,9 @@ machines together (``explore``), the invariants over one view of a job (``checks
 reads the glue the runtime runs on (``statemachines.glue``); what only it says is in
 ``abstract``. Pure: no asyncio, no livekit, no clock."""
 
-from .checks import INVARIANTS, Invariant
-from .model import DEFAULT_GLUE, Config, Glue, Model, World
-from .search import (
+from agent_runtime.tools.explore.checks import INVARIANTS, Invariant
+from agent_runtime.tools.explore.model import DEFAULT_GLUE, Config, Glue, Model, World
+from agent_runtime.tools.explore.search import (
     DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
     PLAYOUT_CONFIGS,
@@ -19,7 +19,7 @@ from .search import (
     explore_plan,
     explore_plans,
 )
-from .view import JobView, Request
+from agent_runtime.tools.explore.view import JobView, Request
 
 __all__ = [
     "DEFAULT_CONFIGS",

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
+from agent_runtime.tools.explore.checks import LIVE_JOB
 from statemachines.avatar import CAUSES, PLUGIN_CLEARS
 from statemachines.glue import (
     DEFAULT_CLOSING_REASONS,
@@ -43,12 +44,10 @@ from statemachines.glue import (
 )
 from statemachines.playout import TURN as _PLAYOUT_TURN
 
-from .checks import LIVE_JOB
-
 PLAYOUT_TURN = frozenset(_PLAYOUT_TURN)  # the agent's audio is not done
 
 if TYPE_CHECKING:
-    from .model import _W, Model, Params, World
+    from agent_runtime.tools.explore.model import _W, Model, Params, World
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
 DEL, FIN, PLAYOUT = "room_deletion", "finalize", "playout"
@@ -278,7 +277,7 @@ class AvatarFactsView:
 
 
 class PlayoutFactsView:
-    """``glue.PlayoutFacts`` on the world (``agent_runtime.playout._Facts`` on the real
+    """``glue.PlayoutFacts`` on the world (``agent_runtime.runtimes.playout._Facts`` on the real
     job): the avatar machine's state, the link's, the session's user state."""
 
     __slots__ = ("_s",)

@@ -36,15 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
-from statemachines import MachineSpec, step
-from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_by_fact, routes_fired
-from statemachines.glue import GUARDS, LINKS, Link, simulators_after
-from statemachines.glue import hold_needed as _hold_needed
-from statemachines.machines import MACHINES
-from statemachines.system import WATCHES, Watch, watched
-
-from . import abstract
-from .abstract import (
+from agent_runtime.tools.explore import abstract
+from agent_runtime.tools.explore.abstract import (
     AVATAR,
     CLOSE,
     DEFAULT_GLUE,
@@ -62,8 +55,14 @@ from .abstract import (
     RoomFactsView,
     event_data,
 )
-from .checks import LIVE_JOB, hold_cut, late_timer
-from .view import JobView, Request
+from agent_runtime.tools.explore.checks import LIVE_JOB, hold_cut, late_timer
+from agent_runtime.tools.explore.view import JobView, Request
+from statemachines import MachineSpec, step
+from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_by_fact, routes_fired
+from statemachines.glue import GUARDS, LINKS, Link, simulators_after
+from statemachines.glue import hold_needed as _hold_needed
+from statemachines.machines import MACHINES
+from statemachines.system import WATCHES, Watch, watched
 
 __all__ = [
     "DEFAULT_GLUE",
@@ -397,7 +396,7 @@ class _W:
     def fire(self, source: str, on: str, params: Params, step: str = "", **flags: bool) -> None:
         """Post every declared link of ``source``'s ``on`` whose flags hold."""
         model = self.model
-        # the runtime's own choice of links (``agent_runtime.routing.Wiring`` calls it too)
+        # the runtime's own choice of links (``agent_runtime.system.routing.Wiring`` calls it too)
         for link in links_fired(model._links, (source, on, step), flags, model.flags):
             if link.target not in model.machines:
                 continue  # a machine the model does not compose (the job's own lifecycle,
@@ -414,7 +413,7 @@ class _W:
         )
         data = {"fact": fact, **event_data(params)}
         known = RoomFactsView(self)
-        # the runtime's delivery (``agent_runtime.routing.follow`` calls the same functions):
+        # the runtime's delivery (``agent_runtime.system.routing.follow`` calls the same functions):
         # the machines in their declared follow order, each route's conditions evaluated on
         # what was known just before the fact
         fired = [

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
+from agent_runtime.tools.explore.model import Inputs
 from statemachines import MachineSpec, Row
 from statemachines.spec import Cell, SpecError
-
-from .model import Inputs
 
 
 def set_cell(
@@ -131,7 +130,7 @@ class MutantOutcome:
 
 
 def _judge(depth: int | None, item: tuple[str, str, MachineSpec]) -> MutantOutcome:
-    from .search import DEFAULT_CONFIGS, Plan, explore_plan
+    from agent_runtime.tools.explore.search import DEFAULT_CONFIGS, Plan, explore_plan
 
     label, machine, spec = item
     try:

@@ -22,12 +22,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from statemachines import MachineSpec
-from statemachines.glue import LINKS, Link
-from statemachines.system import WATCHES, Watch
-
-from .checks import BY_NUMBER, Finding, eventual, safety, settled
-from .model import (
+from agent_runtime.tools.explore.checks import BY_NUMBER, Finding, eventual, safety, settled
+from agent_runtime.tools.explore.model import (
     DEFAULT_GLUE,
     Config,
     Glue,
@@ -39,6 +35,9 @@ from .model import (
     World,
     mail_label,
 )
+from statemachines import MachineSpec
+from statemachines.glue import LINKS, Link
+from statemachines.system import WATCHES, Watch
 
 _INTERNAL: frozenset[Kind] = frozenset({"internal"})
 _TIME: frozenset[Kind] = frozenset({"time"})

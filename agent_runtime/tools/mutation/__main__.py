@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .run import main
+from agent_runtime.tools.mutation.run import main
 
 sys.exit(main())

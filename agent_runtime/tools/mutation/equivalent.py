@@ -44,10 +44,9 @@ from __future__ import annotations
 
 import fnmatch
 
+from agent_runtime.tools.mutation.mutants import Mutant
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
-
-from .mutants import Mutant
 
 # events a runtime awaits with Actor.send without suppressing EventRejected (a reject
 # raises to the caller); the closes the avatar, the participant link and the playout
@@ -144,14 +143,14 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
 }
 # where each machine's runtime lives, for the checks
 MODULES = {
-    "avatar": "agent_runtime/avatar/_lifecycle.py",
-    "job": "agent_runtime/job.py",
-    "session_host": "agent_runtime/session_host.py",
-    "participant": "agent_runtime/participant.py",
-    "room_deletion": "agent_runtime/room_deletion.py",
-    "finalize": "agent_runtime/finalize.py",
-    "playout": "agent_runtime/playout.py",
-    "agent_job": "agent_runtime/system.py",
+    "avatar": "agent_runtime/runtimes/avatar/_lifecycle.py",
+    "job": "agent_runtime/runtimes/job.py",
+    "session_host": "agent_runtime/runtimes/session_host.py",
+    "participant": "agent_runtime/runtimes/participant.py",
+    "room_deletion": "agent_runtime/runtimes/room_deletion.py",
+    "finalize": "agent_runtime/runtimes/finalize.py",
+    "playout": "agent_runtime/runtimes/playout.py",
+    "agent_job": "agent_runtime/system/job_system.py",
 }
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .equivalent import argument
-from .mutants import Mutant, all_mutants
+from agent_runtime.tools.mutation.equivalent import argument
+from agent_runtime.tools.mutation.mutants import Mutant, all_mutants
 
 # what the behaviour tests are: the suite and the bundled scenarios, without the
 # exploration tests (the exploration is a stage of its own), the tests of this tool (its

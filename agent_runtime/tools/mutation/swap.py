@@ -1,7 +1,7 @@
 """Putting a changed spec where the runtime reads it, and seeing which cells run.
 
 The runtimes read their spec from module constants (``statemachines.job.JOB``, imported
-as ``JOB`` by ``agent_runtime.job``, and so on) and the tools from
+as ``JOB`` by ``agent_runtime.runtimes.job``, and so on) and the tools from
 ``statemachines.machines.MACHINES``. ``swapped`` replaces the spec object by identity in
 every loaded module's namespace and in ``MACHINES``, and puts it back after; an actor
 built meanwhile runs the changed table. ``Visits`` records the (machine, state, event)

@@ -30,10 +30,9 @@ from typing import Any
 
 import pytest
 
+from agent_runtime.tools.mutation.mutants import Mutant, mutants_of
+from agent_runtime.tools.mutation.swap import Visits, swapped
 from statemachines.machines import MACHINES
-
-from .mutants import Mutant, mutants_of
-from .swap import Visits, swapped
 
 # the marker of tests that pin the specs as written (left out of the behaviour-only run)
 SNAPSHOT = "snapshot"

@@ -20,18 +20,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from statemachines.delivery import (
-    follow_rank,
-    index_links,
-    links_fired,
-    routes_by_fact,
-    routes_fired,
-)
-from statemachines.glue import GUARDS, LINKS, Link, RoomFacts
-from statemachines.routing import Route
-
-from .actor import Actor, Event
-from .room_events import (
+from agent_runtime.actor import Actor, Event
+from agent_runtime.system.room_events import (
     AttributesChanged,
     ParticipantJoined,
     ParticipantLeft,
@@ -44,6 +34,15 @@ from .room_events import (
     TrackMuted,
     TrackPublished,
 )
+from statemachines.delivery import (
+    follow_rank,
+    index_links,
+    links_fired,
+    routes_by_fact,
+    routes_fired,
+)
+from statemachines.glue import GUARDS, LINKS, Link, RoomFacts
+from statemachines.routing import Route
 
 logger = logging.getLogger("agent_runtime.routing")
 

@@ -8,14 +8,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from . import livekit_compat as lk
-from ._inputs import injections
-from .settings import SettingError
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import SettingError
+from agent_runtime.system._inputs import injections
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
 
-    from .agent_job import AgentJob
+    from agent_runtime.system.agent_job import AgentJob
 
 logger = logging.getLogger("agent_runtime.agent_job")
 

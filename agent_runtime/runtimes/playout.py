@@ -48,21 +48,20 @@ from livekit.agents.voice.events import (
 )
 from livekit.agents.voice.speech_handle import SpeechHandle
 
+from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effect_table
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime, listen
+from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
+from agent_runtime.runtimes.participant import ParticipantLink
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import PlayoutOptions, check_setting
+from agent_runtime.system.routing import Wiring
 from statemachines import glue
 from statemachines.glue import (
     agent_state_event,
 )
 from statemachines.playout import PLAYOUT
-
-from . import livekit_compat as lk
-from ._runtime import MachineRuntime, listen
-from .actor import ActorClosed, Event, EventRejected, Output, effect_table
-from .avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
-from .clock import AsyncioClock, Clock
-from .participant import ParticipantLink
-from .routing import Wiring
-from .settings import PlayoutOptions, check_setting
-from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.playout")
 

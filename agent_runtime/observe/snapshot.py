@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from .actor import Actor
+from agent_runtime.actor import Actor
 
 if TYPE_CHECKING:
-    from .system import JobSystem
+    from agent_runtime.system.job_system import JobSystem
 
 
 class TimerSnapshot(TypedDict):

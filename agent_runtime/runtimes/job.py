@@ -28,23 +28,22 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import SessionTransport
 
+from agent_runtime.actor import Event, StateChanged, effect_table
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.emitter import positional_arity
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion
+from agent_runtime.runtimes.session_host import JobSessionHost, SimulationEndFn, simulation_context
+from agent_runtime.sdk.session_transport import RoomRequestTransport, sender_aware
+from agent_runtime.settings import check_part, check_setting
+from agent_runtime.system._inputs import observed
+from agent_runtime.system.room_events import RoomEventAdapter, RoomFact
+from agent_runtime.system.routing import Wiring, follow, plain_fact
+from agent_runtime.system.teardown import Teardown, Work
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import TEARDOWN, bound_of
-
-from ._inputs import observed
-from ._runtime import MachineRuntime
-from .actor import Event, StateChanged, effect_table
-from .clock import AsyncioClock, Clock
-from .emitter import positional_arity
-from .room_deletion import DeleteRoomFn, RoomDeletion
-from .room_events import RoomEventAdapter, RoomFact
-from .routing import Wiring, follow, plain_fact
-from .session_host import JobSessionHost, SimulationEndFn, simulation_context
-from .session_transport import RoomRequestTransport, sender_aware
-from .settings import check_part, check_setting
-from .teardown import Teardown, Work
-from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.job")
 

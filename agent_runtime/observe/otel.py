@@ -42,11 +42,10 @@ from opentelemetry.environment_variables import OTEL_PYTHON_METER_PROVIDER
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 
+from agent_runtime.emitter import describe
+from agent_runtime.observe.trace import TraceRecord
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
-
-from .emitter import describe
-from .trace import TraceRecord
 
 logger = logging.getLogger("agent_runtime.otel")
 

@@ -29,26 +29,25 @@ from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
 
-from statemachines.glue import PUBLISH_ON_BEHALF
-from statemachines.participant import PARTICIPANT
-
-from . import livekit_compat as lk
-from ._runtime import MachineRuntime
-from .actor import ActorClosed, Event, EventRejected, Output, effect_table
-from .clock import Clock
-from .room_events import (
-    RoomEventAdapter,
-    kind_name,
-)
-from .routing import Wiring, follow
-from .settings import (
+from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effect_table
+from agent_runtime.clock import Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
     check_setting,
     kind_names,
     reason_names,
 )
-from .trace import Tracer
+from agent_runtime.system.room_events import (
+    RoomEventAdapter,
+    kind_name,
+)
+from agent_runtime.system.routing import Wiring, follow
+from statemachines.glue import PUBLISH_ON_BEHALF
+from statemachines.participant import PARTICIPANT
 
 logger = logging.getLogger("agent_runtime.participant")
 

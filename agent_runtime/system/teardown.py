@@ -22,9 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from agent_runtime.clock import Clock
 from statemachines.system import TeardownStep
-
-from .clock import Clock
 
 Work = Callable[[], Awaitable[Any]]
 

@@ -19,14 +19,13 @@ from livekit.agents.simulation import SimulationContext, SimulationVerdict
 from livekit.protocol import agent_simulation as sim_pb
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
+from agent_runtime.actor import Event, Output, effect_table
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.system.routing import Wiring
 from statemachines.finalize import FINALIZE
-
-from . import livekit_compat as lk
-from ._runtime import MachineRuntime
-from .actor import Event, Output, effect_table
-from .clock import AsyncioClock, Clock
-from .routing import Wiring
-from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.finalize")
 

@@ -23,8 +23,8 @@ from livekit import rtc
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 
-from .. import livekit_compat as lk
-from ..clock import Clock
+from agent_runtime.clock import Clock
+from agent_runtime.sdk import livekit_compat as lk
 
 logger = logging.getLogger("agent_runtime.avatar")
 

@@ -28,23 +28,37 @@ from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
-from . import livekit_compat as lk
-from ._inputs import AvatarPlugin, build_avatar, check_avatar, injected, injections, observed
-from ._inputs import room_options as room_options_for
-from .actor import Actor, StateChanged
-from .avatar import RemoveParticipant, Route
-from .clock import AsyncioClock, Clock
-from .emitter import Emitter
-from .job import ShutdownCallback
-from .livekit_job import context_options, forget, job_of, on_session_end, register, session_end_hook
-from .otel import OtelSink
-from .playout import RepromptFn
-from .room_deletion import DeleteRoomFn
-from .session_host import SimulationEndFn
-from .settings import JOB_PARTS, AvatarRetry, JobSettings, PlayoutOptions, job_options
-from .snapshot import JobSnapshot, job_snapshot
-from .system import JobSystem, Parts
-from .trace import Tracer
+from agent_runtime.actor import Actor, StateChanged
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.emitter import Emitter
+from agent_runtime.observe.otel import OtelSink
+from agent_runtime.observe.snapshot import JobSnapshot, job_snapshot
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes.avatar import RemoveParticipant, Route
+from agent_runtime.runtimes.job import ShutdownCallback
+from agent_runtime.runtimes.playout import RepromptFn
+from agent_runtime.runtimes.room_deletion import DeleteRoomFn
+from agent_runtime.runtimes.session_host import SimulationEndFn
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import JOB_PARTS, AvatarRetry, JobSettings, PlayoutOptions, job_options
+from agent_runtime.system._inputs import (
+    AvatarPlugin,
+    build_avatar,
+    check_avatar,
+    injected,
+    injections,
+    observed,
+)
+from agent_runtime.system._inputs import room_options as room_options_for
+from agent_runtime.system.job_system import JobSystem, Parts
+from agent_runtime.system.livekit_job import (
+    context_options,
+    forget,
+    job_of,
+    on_session_end,
+    register,
+    session_end_hook,
+)
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext

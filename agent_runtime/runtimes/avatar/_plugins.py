@@ -14,8 +14,8 @@ from livekit import api, rtc
 from livekit.agents import get_job_context
 from livekit.agents.voice.avatar import AvatarSession
 
-from .. import livekit_compat as lk
-from ..clock import Clock
+from agent_runtime.clock import Clock
+from agent_runtime.sdk import livekit_compat as lk
 
 logger = logging.getLogger("agent_runtime.avatar")
 

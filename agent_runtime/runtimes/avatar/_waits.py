@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from agent_runtime.actor import Actor, ActorClosed, StateChanged
 from statemachines.avatar import AVATAR
 
-from ..actor import Actor, ActorClosed, StateChanged
-
 if TYPE_CHECKING:
-    from ..clock import Clock
+    from agent_runtime.clock import Clock
 
 
 async def wait_for_state(actor: Actor, state: str, clock: Clock, timeout: float | None) -> None:

@@ -11,12 +11,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from agent_runtime.actor import Event, effect_table
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
 from statemachines.room_deletion import ROOM_DELETION
-
-from ._runtime import MachineRuntime
-from .actor import Event, effect_table
-from .clock import AsyncioClock, Clock
-from .trace import Tracer
 
 logger = logging.getLogger("agent_runtime.room_deletion")
 

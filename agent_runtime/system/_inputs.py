@@ -19,10 +19,10 @@ from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
 
-from .avatar import check_plugin, check_start_options, plugin_name
-from .otel import OtelSink
-from .settings import JobSettings, SettingError
-from .trace import JsonlSink, LoggingSink, Tracer
+from agent_runtime.observe.otel import OtelSink
+from agent_runtime.observe.trace import JsonlSink, LoggingSink, Tracer
+from agent_runtime.runtimes.avatar import check_plugin, check_start_options, plugin_name
+from agent_runtime.settings import JobSettings, SettingError
 
 logger = logging.getLogger("agent_runtime.agent_job")
 

@@ -34,25 +34,38 @@ from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 
+from agent_runtime.actor import (
+    Actor,
+    ActorClosed,
+    Event,
+    EventRejected,
+    Output,
+    StateChanged,
+    effect_table,
+)
+from agent_runtime.clock import Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes.avatar import (
+    AvatarLifecycle,
+    RemoveParticipant,
+    Route,
+    route_of,
+    server_api_remover,
+)
+from agent_runtime.runtimes.job import JobRuntime, room_deletion_for, session_host_for
+from agent_runtime.runtimes.participant import ParticipantLink
+from agent_runtime.runtimes.playout import PlayoutTracker, RepromptFn
+from agent_runtime.runtimes.room_deletion import DeleteRoomFn
+from agent_runtime.runtimes.session_host import SimulationEndFn, simulation_context
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import JobSettings
+from agent_runtime.system.room_events import RoomEventAdapter
+from agent_runtime.system.routing import Wiring
+from agent_runtime.system.teardown import Teardown, Work
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, watched
-
-from . import livekit_compat as lk
-from ._runtime import MachineRuntime
-from .actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged, effect_table
-from .avatar import AvatarLifecycle, RemoveParticipant, Route, route_of, server_api_remover
-from .clock import Clock
-from .job import JobRuntime, room_deletion_for, session_host_for
-from .participant import ParticipantLink
-from .playout import PlayoutTracker, RepromptFn
-from .room_deletion import DeleteRoomFn
-from .room_events import RoomEventAdapter
-from .routing import Wiring
-from .session_host import SimulationEndFn, simulation_context
-from .settings import JobSettings
-from .teardown import Teardown, Work
-from .trace import Tracer
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext

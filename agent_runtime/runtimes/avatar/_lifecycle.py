@@ -17,18 +17,12 @@ from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 
-from statemachines.avatar import AVATAR, PLUGIN_CLEARS
-
-from .. import livekit_compat as lk
-from .._runtime import MachineRuntime
-from ..actor import Event, StateChanged, effect_table
-from ..clock import AsyncioClock, Clock
-from ..room_events import RoomConnected, RoomEventAdapter, RoomFact
-from ..routing import follow
-from ..settings import AvatarRetry, avatar_retry, check_setting
-from ..trace import Tracer
-from ._facts import Facts, JoinSignal, Timeouts
-from ._plugins import (
+from agent_runtime.actor import Event, StateChanged, effect_table
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
+from agent_runtime.runtimes.avatar._plugins import (
     RemoveParticipant,
     check_plugin,
     check_start_options,
@@ -37,8 +31,8 @@ from ._plugins import (
     remove_avatar_participant,
     stop_join_wait,
 )
-from ._route import AudioRoute, Route, finish_pending, route_of
-from ._sink import (
+from agent_runtime.runtimes.avatar._route import AudioRoute, Route, finish_pending, route_of
+from agent_runtime.runtimes.avatar._sink import (
     LifecycleEvents,
     SinkAdoption,
     accept_playback_report,
@@ -46,7 +40,12 @@ from ._sink import (
     release_playback_rpc,
     report_identity,
 )
-from ._waits import leaving, wait_for_state
+from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import AvatarRetry, avatar_retry, check_setting
+from agent_runtime.system.room_events import RoomConnected, RoomEventAdapter, RoomFact
+from agent_runtime.system.routing import follow
+from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
 logger = logging.getLogger("agent_runtime.avatar")
 

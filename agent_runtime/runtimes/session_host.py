@@ -33,16 +33,15 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionHost, SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
+from agent_runtime.actor import Event, Output, effect_table
+from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.session_transport import SenderAware, SessionPipe, sender_aware
+from agent_runtime.system.routing import Wiring
 from statemachines.session_host import SESSION_HOST
-
-from . import livekit_compat as lk
-from ._runtime import MachineRuntime
-from .actor import Event, Output, effect_table
-from .clock import AsyncioClock, Clock
-from .finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
-from .routing import Wiring
-from .session_transport import SenderAware, SessionPipe, sender_aware
-from .trace import Tracer
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext

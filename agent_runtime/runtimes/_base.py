@@ -20,14 +20,13 @@ from typing import Any, TypeVar, cast
 
 from livekit import rtc
 
+from agent_runtime._messages import EMPTY, Event, Handlers, StateChanged
+from agent_runtime.actor import Actor
+from agent_runtime.clock import Clock
+from agent_runtime.emitter import Emitter
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.system.routing import Wiring, guard_table
 from statemachines import MachineSpec
-
-from ._messages import EMPTY, Event, Handlers, StateChanged
-from .actor import Actor
-from .clock import Clock
-from .emitter import Emitter
-from .routing import Wiring, guard_table
-from .trace import Tracer
 
 E = TypeVar("E")
 

@@ -38,12 +38,12 @@ The package, one idea a module: ``_lifecycle`` (the machine's runtime), ``_route
 audio chain and the avatar's route in it), ``_sink`` (the adopted sink and the playback
 RPC), ``_plugins`` (what is asked of a plugin), ``_facts`` (what the guards and timers
 read), ``_waits`` (waiting on its states). The SDK's private names they need are read
-through ``agent_runtime.livekit_compat``.
+through ``agent_runtime.sdk.livekit_compat``.
 """
 
-from ._facts import JoinSignal
-from ._lifecycle import AvatarLifecycle
-from ._plugins import (
+from agent_runtime.runtimes.avatar._facts import JoinSignal
+from agent_runtime.runtimes.avatar._lifecycle import AvatarLifecycle
+from agent_runtime.runtimes.avatar._plugins import (
     AvatarPluginError,
     RemoveParticipant,
     check_plugin,
@@ -51,9 +51,11 @@ from ._plugins import (
     plugin_name,
     server_api_remover,
 )
-from ._route import _HANDED_OFF as _HANDED_OFF  # what the tests' leak check counts
-from ._route import Route, audio_chain, audio_tail, route_of
-from ._sink import (
+from agent_runtime.runtimes.avatar._route import (
+    _HANDED_OFF as _HANDED_OFF,  # what the tests' leak check counts
+)
+from agent_runtime.runtimes.avatar._route import Route, audio_chain, audio_tail, route_of
+from agent_runtime.runtimes.avatar._sink import (
     RPC_CLEAR_BUFFER,
     RPC_PLAYBACK_FINISHED,
     LifecycleEvents,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from . import files
+from agent_runtime.observe import files
 
 logger = logging.getLogger("agent_runtime.trace")
 

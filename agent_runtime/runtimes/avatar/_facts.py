@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Literal
 
 from livekit import rtc
 
-from .. import livekit_compat as lk
-from ..settings import AvatarRetry
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.settings import AvatarRetry
 
 if TYPE_CHECKING:
-    from ._lifecycle import AvatarLifecycle
-    from ._route import AudioRoute
+    from agent_runtime.runtimes.avatar._lifecycle import AvatarLifecycle
+    from agent_runtime.runtimes.avatar._route import AudioRoute
 
 # what the lifecycle waits for before the avatar counts as joined (its join_signal)
 JoinSignal = Literal["video", "none"]

@@ -20,8 +20,8 @@ from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 
-from .. import livekit_compat as lk
-from ._sink import retire_sink
+from agent_runtime.runtimes.avatar._sink import retire_sink
+from agent_runtime.sdk import livekit_compat as lk
 
 logger = logging.getLogger("agent_runtime.avatar")
 

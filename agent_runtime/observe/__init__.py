@@ -1,0 +1,1 @@
+"""Observation: the trace, OpenTelemetry, ``snapshot()`` and bounded input files."""
