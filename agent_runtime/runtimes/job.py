@@ -1,22 +1,21 @@
-"""``JobRuntime``: one per job, driven by the ``job`` machine; owns the session host.
+"""``JobRuntime``: one per job, driven by the ``job`` machine, with its session host and
+room deletion (built here when used alone; handed in by ``JobSystem`` when composed).
 
 The job keeps its room and its session host until the simulator has had its verdict:
 shutdown holds in ``awaiting_finalize`` only while a simulator is there to ask, and room
 deletion (``room_deletion``, a machine of its own) waits for the hold to end. See
 ``statemachines.job`` for the table.
 
-With livekit-agents, create it in the entrypoint with ``JobRuntime.from_job_context(ctx)``,
-start the primary ``AgentSession`` with ``session_host=False`` and attach it, and pass
-``on_session_end`` (this module) to ``AgentServer.rtc_session``: upstream calls it after the
-session closed and before it disconnects the room, so the hold runs while the simulator can
-still reach the agent.
+With livekit-agents, use ``AgentJob.from_job_context(ctx, ...)`` (which composes this with
+the session, the participant link and the avatar) and pass ``on_session_end`` to
+``AgentServer.rtc_session``: upstream calls it after the session closed and before it
+disconnects the room, so the hold runs while the simulator can still reach the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,11 +29,11 @@ from livekit.agents.voice.remote_session import SessionTransport
 
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.emitter import positional_arity
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
-from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion
+from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
 from agent_runtime.runtimes.session_host import JobSessionHost, SimulationEndFn, simulation_context
+from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
 from agent_runtime.sdk.session_transport import RoomRequestTransport, sender_aware
 from agent_runtime.settings import check_part, check_setting
 from agent_runtime.system._inputs import observed
@@ -46,8 +45,6 @@ from statemachines.job import JOB
 from statemachines.system import TEARDOWN, bound_of
 
 logger = logging.getLogger("agent_runtime.job")
-
-ShutdownCallback = Callable[..., Any]
 
 
 class _Facts:
@@ -139,19 +136,17 @@ class JobRuntime(MachineRuntime[str]):
         self.primary: AgentSession[Any] | None = None
         self.primary_close_reason: str | None = None  # its CloseReason, once it closed
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
-        self._shutdown_callbacks: list[ShutdownCallback] = []
+        self._callbacks = ShutdownCallbacks()
         # the works of run_close's steps (statemachines.system.TEARDOWN), by step: the job's
         # own here; whoever composes the job adds the session's and the avatar's
         self.teardown_works: dict[str, Work] = {
             "host": self._host_closed,
             "disconnect": self._disconnect,
             "room": self._deletion_settled,
-            "callbacks": self._run_shutdown_callbacks,
+            "callbacks": self._run_callbacks,
         }
-        # run_close as it runs, and which callbacks have not returned: what the log line
-        # says when the close bound cuts it
+        # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
-        self._callbacks_running: dict[int, str] = {}
         self._reason = ""
         self._closed_at: float | None = None
         self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
@@ -296,7 +291,7 @@ class JobRuntime(MachineRuntime[str]):
             raise TypeError("a shutdown callback must be callable")
         if self.actor.state == "closed":
             raise RuntimeError("the job is closed; the callback would never run")
-        self._shutdown_callbacks.append(callback)
+        self._callbacks.add(callback)
 
     async def wait_closed(self) -> None:
         if self.actor.state == "closed" or self.actor.closed:
@@ -423,11 +418,7 @@ class JobRuntime(MachineRuntime[str]):
     def _waiting_for(self, step: str) -> str:
         """What a step cut at its bound had not seen happen (the log line says it)."""
         if step == "callbacks":
-            names = list(self._callbacks_running.values())
-            return (
-                f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} "
-                "had not returned"
-            )
+            return self._callbacks.waiting_for()
         return {
             "host": "the session host had not closed",
             "session": "the session had not closed",
@@ -440,7 +431,7 @@ class JobRuntime(MachineRuntime[str]):
         after = ev.data.get("after", self._close_timeout)
         running = list(self._teardown.running) if self._teardown is not None else []
         what = "; ".join(self._waiting_for(step) for step in running) or "nothing was running"
-        if "callbacks" not in running and self._shutdown_callbacks:
+        if "callbacks" not in running and self._callbacks:
             what += "; the shutdown callbacks did not run"
         logger.warning(
             "closing the job was cut off after %gs (close_timeout): %s",
@@ -449,39 +440,12 @@ class JobRuntime(MachineRuntime[str]):
             extra=self.actor.log_fields(ev.name),
         )
 
-    async def _run_shutdown_callbacks(self) -> None:
-        async def run(cb: ShutdownCallback) -> None:
-            self._callbacks_running[id(cb)] = getattr(cb, "__qualname__", repr(cb))
-            try:
-                res = cb(self._reason) if _takes_argument(cb) else cb()
-                if inspect.isawaitable(res):
-                    await res
-            finally:
-                self._callbacks_running.pop(id(cb), None)
-
-        results = await asyncio.gather(
-            *(run(cb) for cb in self._shutdown_callbacks), return_exceptions=True
-        )
-        for cb, res in zip(self._shutdown_callbacks, results, strict=True):
-            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
-                logger.error(
-                    "shutdown callback %r failed",
-                    cb,
-                    exc_info=res,
-                    extra=self.actor.log_fields(),
-                )
+    async def _run_callbacks(self) -> None:
+        await self._callbacks.run(self._reason, log_fields=self.actor.log_fields())
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
 _EFFECTS = effect_table(JobRuntime, JOB)
-
-
-def _takes_argument(cb: Callable[..., Any]) -> bool:
-    try:
-        n = positional_arity(cb)
-    except (TypeError, ValueError):
-        return False
-    return n is None or n > 0
 
 
 def session_host_for(
@@ -519,33 +483,3 @@ def session_host_for(
         # only the simulator participant decides the job's fate
         is_simulator=is_simulator,
     )
-
-
-def room_deletion_for(
-    room: rtc.Room,
-    delete_room: DeleteRoomFn | None,
-    *,
-    close_timeout: float,
-    clock: Clock,
-    tracer: Tracer | None,
-) -> RoomDeletion:
-    """The room's deletion, through ``delete_room`` or the server API."""
-    return RoomDeletion(
-        delete_room or _server_api_deleter(room),
-        close_timeout=close_timeout,
-        clock=clock,
-        tracer=tracer,
-        instance=room.name or "job",
-    )
-
-
-def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:
-    """Delete through the server API with credentials from the environment (as a job does)."""
-
-    async def delete() -> None:
-        from livekit import api
-
-        async with api.LiveKitAPI() as lkapi:
-            await lkapi.room.delete_room(api.DeleteRoomRequest(room=room.name))
-
-    return delete

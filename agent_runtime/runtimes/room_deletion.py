@@ -1,8 +1,9 @@
 """``RoomDeletion``: the job's room deletion, driven by the ``room_deletion`` machine.
 
-Owned by ``JobRuntime``: anyone may ask for the deletion (``request``), the job's
-``closing`` work allows it (``allow``) once the hold is over and the room work is done,
-and it then runs once, bounded by ``close_timeout``. See ``statemachines.room_deletion``.
+Built beside the job machine (by ``JobSystem``, or by ``JobRuntime`` alone): anyone may ask
+for the deletion (``request``), the job's ``closing`` work allows it (``allow``) once the
+hold is over and the room work is done, and it then runs once, bounded by
+``close_timeout``. See ``statemachines.room_deletion``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from livekit import rtc
 
 from agent_runtime.actor import Event, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
@@ -114,3 +117,33 @@ class RoomDeletion(MachineRuntime[str]):
 
 # the room_deletion machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = effect_table(RoomDeletion, ROOM_DELETION)
+
+
+def room_deletion_for(
+    room: rtc.Room,
+    delete_room: DeleteRoomFn | None,
+    *,
+    close_timeout: float,
+    clock: Clock,
+    tracer: Tracer | None,
+) -> RoomDeletion:
+    """The room's deletion, through ``delete_room`` or the server API."""
+    return RoomDeletion(
+        delete_room or _server_api_deleter(room),
+        close_timeout=close_timeout,
+        clock=clock,
+        tracer=tracer,
+        instance=room.name or "job",
+    )
+
+
+def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:
+    """Delete through the server API with credentials from the environment (as a job does)."""
+
+    async def delete() -> None:
+        from livekit import api
+
+        async with api.LiveKitAPI() as lkapi:
+            await lkapi.room.delete_room(api.DeleteRoomRequest(room=room.name))
+
+    return delete

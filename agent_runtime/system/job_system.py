@@ -53,10 +53,10 @@ from agent_runtime.runtimes.avatar import (
     route_of,
     server_api_remover,
 )
-from agent_runtime.runtimes.job import JobRuntime, room_deletion_for, session_host_for
+from agent_runtime.runtimes.job import JobRuntime, session_host_for
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.playout import PlayoutTracker, RepromptFn
-from agent_runtime.runtimes.room_deletion import DeleteRoomFn
+from agent_runtime.runtimes.room_deletion import DeleteRoomFn, room_deletion_for
 from agent_runtime.runtimes.session_host import SimulationEndFn, simulation_context
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings

@@ -1,0 +1,66 @@
+"""The user's shutdown callbacks of one job (``add_shutdown_callback``), as a livekit job
+context runs its own: all at once at the end of the close, each with the job's reason if it
+takes an argument; one that fails is logged and the others still run."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent_runtime.emitter import positional_arity
+
+logger = logging.getLogger("agent_runtime.job")
+
+ShutdownCallback = Callable[..., Any]
+
+
+class ShutdownCallbacks:
+    """The callbacks added, and which of them are running (what a cut close names)."""
+
+    __slots__ = ("_callbacks", "_running")
+
+    def __init__(self) -> None:
+        self._callbacks: list[ShutdownCallback] = []
+        self._running: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._callbacks)
+
+    def add(self, callback: ShutdownCallback) -> None:
+        if not callable(callback):
+            raise TypeError("a shutdown callback must be callable")
+        self._callbacks.append(callback)
+
+    def waiting_for(self) -> str:
+        """The callbacks that have not returned, for the log line of a cut close."""
+        names = list(self._running.values())
+        return (
+            f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} had not returned"
+        )
+
+    async def run(self, reason: str, *, log_fields: Mapping[str, Any]) -> None:
+        async def run(cb: ShutdownCallback) -> None:
+            self._running[id(cb)] = getattr(cb, "__qualname__", repr(cb))
+            try:
+                res = cb(reason) if _takes_argument(cb) else cb()
+                if inspect.isawaitable(res):
+                    await res
+            finally:
+                self._running.pop(id(cb), None)
+
+        callbacks = list(self._callbacks)
+        results = await asyncio.gather(*(run(cb) for cb in callbacks), return_exceptions=True)
+        for cb, res in zip(callbacks, results, strict=True):
+            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
+                logger.error("shutdown callback %r failed", cb, exc_info=res, extra=log_fields)
+
+
+def _takes_argument(cb: Callable[..., Any]) -> bool:
+    try:
+        n = positional_arity(cb)
+    except (TypeError, ValueError):
+        return False
+    return n is None or n > 0
