@@ -10,7 +10,7 @@ its room, in the order their guarantees need::
         await job.start(Agent(instructions="..."))
 
 It checks what it is given (a refusal changes nothing), sets up the tracing and hands the
-parts to ``JobSystem`` (``system.py``), which builds every machine, holds their actors and
+parts to ``JobSystem`` (``job_system.py``), which builds every machine, holds their actors and
 runs the channels between them and the teardown.
 """
 

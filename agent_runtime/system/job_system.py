@@ -1,12 +1,13 @@
 """``JobSystem``: every actor of one job, built in one place, and the channels between them.
 
-It builds the runtimes (the job with its host, finalize and room deletion; the participant
-link; the avatar; playout) and the job's own lifecycle (``statemachines.agent_job``), holds
-their actors in ``MACHINES`` order, delivers the declared channels that are not room facts
-(``statemachines.system.WATCHES`` to the lifecycle, the links to the avatar) and runs the
-lifecycle's teardown as declared (``statemachines.system.RELEASE``: each step bounded, a cut
-step never skipping the next). ``AgentJob`` is its user-facing front: it checks the input,
-sets up tracing and hands the parts here.
+It builds the runtimes side by side (the links' wiring; the session host with its finalize
+answer; the room deletion; the job machine, handed those; the participant link; the avatar;
+playout) and the job's own lifecycle (``statemachines.agent_job``), holds their actors in
+``MACHINES`` order, delivers the declared channels that are not room facts
+(``statemachines.system.WATCHES``, the links' targets) and runs the lifecycle's teardown as
+declared (``statemachines.system.RELEASE``, through ``teardown.Teardown``: each step
+bounded, a cut step never skipping the next, independent steps at once). ``AgentJob`` is
+its user-facing front: it checks the input, sets up tracing and hands the parts here.
 
 The composition: the room-event adapter (room facts reach each machine through the declared
 routing table, in ``FOLLOW_ORDER``), the ``job`` machine and the job-owned session host (the
