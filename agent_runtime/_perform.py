@@ -311,8 +311,11 @@ class Performer(Emitter[str]):
                     self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
                 return
             self._record_task(name, "ok")
-            if isinstance(res, Event) and gen == self._gen and not self._closed:
-                self._enqueue((res, None, gen))
+            if gen == self._gen and not self._closed:
+                if name in self._linked and self._outputs is not None:
+                    self._outputs(name, res.data if isinstance(res, Output) else EMPTY)
+                if isinstance(res, Event):
+                    self._enqueue((res, None, gen))
 
         task = asyncio.get_running_loop().create_task(run(), name=f"{self._who()}:{name}")
         if self._tasks is None:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from .avatar import PLUGIN_CLEARS
 from .machines import MACHINES
-from .system import watched
+from .system import RELEASE, TEARDOWN, watched
 
 # livekit's participant attributes (livekit.agents.types; a test pins the values)
 SIMULATOR_ATTRIBUTE = "lk.simulator"
@@ -382,11 +382,17 @@ LINK_FLAGS: Mapping[str, str] = MappingProxyType(
         "primary": "the session is the job's primary one, the one the participant link follows",
     }
 )
-# the job's run_close works in steps, in this order; a link may post at one of them. The
-# avatar's step begins once the session closed, or after a share of the bound if its close
-# still runs (livekit's order: the session's speech ends on the route it has, and the
-# avatar's restore builds no room track for a session going away)
-RUN_CLOSE_STEPS = ("host", "session", "avatar", "room", "callbacks")
+# the tasks that work in steps (statemachines.system's declared teardowns): a link may post
+# as one of their steps begins. The job's run_close: the avatar's step begins once the
+# session closed, or after the session step's share of the bound if its close still runs
+# (livekit's order: the session's speech ends on the route it has, and the avatar's restore
+# builds no room track for a session going away). The lifecycle's run_teardown releases
+# what followed the job once it closed.
+RUN_CLOSE_STEPS: tuple[str, ...] = tuple(s.name for s in TEARDOWN)
+STEPPED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("job", "run_close"): RUN_CLOSE_STEPS,
+    ("agent_job", "run_teardown"): tuple(s.name for s in RELEASE),
+}
 SESSION = "session"  # a session of the job, as a link's source (its close)
 
 
@@ -417,10 +423,11 @@ class Link(BaseModel):
                 raise ValueError(f"{where}: unknown machine {self.source!r}")
             if self.on not in {e.name for e in spec.effects}:
                 raise ValueError(f"{where}: machine {self.source!r} has no effect {self.on!r}")
-            if self.step and (self.source, self.on) != ("job", "run_close"):
-                raise ValueError(f"{where}: only the job's run_close works in steps")
-            if self.step and self.step not in RUN_CLOSE_STEPS:
-                raise ValueError(f"{where}: run_close has no step {self.step!r}")
+            steps = STEPPED.get((self.source, self.on))
+            if self.step and steps is None:
+                raise ValueError(f"{where}: {self.source}.{self.on} does not work in steps")
+            if self.step and steps is not None and self.step not in steps:
+                raise ValueError(f"{where}: {self.on} has no step {self.step!r}")
         target = MACHINES.get(self.target)
         if target is None:
             raise ValueError(f"{where}: unknown target machine {self.target!r}")

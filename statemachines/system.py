@@ -169,6 +169,12 @@ RELEASE: tuple[TeardownStep, ...] = (
         what="the job machine closes (after its hold, if any): TEARDOWN",
     ),
     TeardownStep(
+        name="session",
+        after=("job",),
+        bound=0.3,
+        what="a session still running is asked to close (the job's bound cut its close)",
+    ),
+    TeardownStep(
         name="playout",
         after=("job",),
         bound=0.3,

@@ -360,7 +360,7 @@ async def test_the_system_holds_the_job_machines_parts_and_forwards_each_change_
     await job.aclose()
     assert system.host is system.job.host and system.deletion is system.job.deletion
     assert system.finalize is system.host.finalize
-    for machine in ("session_host", "room_deletion", "job"):
+    for machine in ("session_host", "finalize", "room_deletion", "job"):
         changes = [c for c in seen if c[0] == machine]
         assert changes and len(changes) == len(set(changes)), machine
     assert {"session_host", "finalize", "room_deletion"} <= {a.spec.name for a in system.actors}

@@ -63,7 +63,7 @@ def test_links_name_real_effects_steps_events_and_flags() -> None:
         (
             {"source": "finalize", "on": "send_verdict", "step": "room", "target": "job",
              "event": "shutdown"},
-            "only the job's run_close",
+            "does not work in steps",
         ),
         (
             {"source": "job", "on": "run_close", "target": "job", "event": "shutdown",

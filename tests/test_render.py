@@ -292,7 +292,7 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
 def test_the_whole_job_draws_every_declared_channel() -> None:
     from statemachines.glue import LINKS, SESSION
     from statemachines.routing import ROUTES
-    from statemachines.system import FOLLOW_ORDER, TEARDOWN, WATCHES
+    from statemachines.system import FOLLOW_ORDER, RELEASE, TEARDOWN, WATCHES
 
     view = system_view(MACHINES)
     assert view.machines == tuple(MACHINES)
@@ -301,10 +301,11 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
         ch = by_pair[("room", r.machine, "route")]
         assert f"{r.fact} → {r.event}" in ch.short
         assert any(line.startswith(r.fact) and line.endswith(f"→ {r.event}") for line in ch.lines)
-    steps = [t.name for t in TEARDOWN]
     for k in LINKS:
         source = "session" if k.source == SESSION else k.source
         ch = by_pair[(source, k.target, "link")]
+        # a step's number in the order of the task that fires it (TEARDOWN or RELEASE)
+        steps = [t.name for t in (RELEASE if k.on == "run_teardown" else TEARDOWN)]
         at = f" step {steps.index(k.step) + 1}" if k.step else ""
         assert f"{k.on}{at} → {k.event}" in ch.short
     for w in WATCHES:

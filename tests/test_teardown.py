@@ -104,22 +104,77 @@ def test_the_declared_teardowns_leave_the_callbacks_their_share() -> None:
 RUNTIME = Path(__file__).resolve().parent.parent / "agent_runtime"
 
 
-def test_no_effect_handler_fires_a_link_itself() -> None:
-    """Links are fired from an effect's declared outcome (its ``Output``), by the system;
-    only the observation of a session's close and the teardown's steps fire them."""
-    offenders = []
+def test_links_are_fired_only_by_the_declared_channels() -> None:
+    """Links fire from an effect's declared outcome (its ``Output``, by the actor), as a
+    declared teardown step begins, or as a session of the job closes (the one observation
+    of it): no other code of the runtime fires one."""
+    firing: set[tuple[str, str]] = set()
+
+    class Uses(ast.NodeVisitor):
+        def __init__(self, where: str) -> None:
+            self.where, self.stack = where, ["<module>"]
+
+        def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+            self.stack.append(node.name)
+            self.generic_visit(node)
+            self.stack.pop()
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
+        def visit_Attribute(self, node: ast.Attribute) -> None:
+            if node.attr == "fire":  # a call, or the method handed on (functools.partial)
+                firing.add((self.where, self.stack[-1]))
+            self.generic_visit(node)
+
     for path in RUNTIME.rglob("*.py"):
         if "tools" in path.parts or "testing" in path.parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
-                "_fx_"
-            ):
-                for call in ast.walk(node):
-                    if (
-                        isinstance(call, ast.Call)
-                        and isinstance(call.func, ast.Attribute)
-                        and call.func.attr == "fire"
-                    ):
-                        offenders.append(f"{path.name}:{node.name}")
-    assert offenders == []
+        Uses(path.relative_to(RUNTIME).as_posix()).visit(ast.parse(path.read_text()))
+    assert firing == {
+        ("system/routing.py", "bind"),  # an effect's success: the actor passes its Output
+        ("runtimes/job.py", "_begin_step"),  # run_close's steps (TEARDOWN)
+        ("system/job_system.py", "_begin_release"),  # run_teardown's steps (RELEASE)
+        ("runtimes/job.py", "on_close"),  # a session of the job closing
+    }
+
+
+async def test_a_step_whose_work_raises_cancelled_error_never_skips_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A work that waited on a task someone else cancelled gets CancelledError without being
+    cancelled itself: a failure like any other; the teardown goes on."""
+    clock = VirtualClock()
+    ran: list[str] = []
+
+    async def waits_on_a_cancelled_task() -> None:
+        task = asyncio.ensure_future(asyncio.Event().wait())
+        task.cancel()
+        await task
+
+    async def last() -> None:
+        ran.append("d")
+
+    td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t")
+    with caplog.at_level(logging.ERROR, logger="test.teardown"):
+        await td.run({"a": waits_on_a_cancelled_task, "d": last})
+    assert ran == ["d"] and td.ended == {"a", "b", "c", "d"}
+    assert "t: closing a failed" in [r.getMessage() for r in caplog.records]
+
+
+async def test_the_teardown_cut_from_outside_stops_where_it_is() -> None:
+    clock = VirtualClock()
+    ran: list[str] = []
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def last() -> None:
+        ran.append("d")
+
+    td = Teardown(STEPS, close_timeout=1000, clock=clock, log=log, who="t")
+    running = asyncio.ensure_future(td.run({"a": hangs, "d": last}))
+    await settle()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert ran == [] and td.running == [] and td.ended == {"a"}

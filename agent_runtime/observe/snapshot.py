@@ -60,7 +60,8 @@ class JobSnapshot(TypedDict):
 def job_snapshot(system: JobSystem) -> JobSnapshot:
     """What every machine of the job is doing now, with the facts around them."""
     job = system.job
-    attached = job.host.session
+    host = system.host
+    attached = host.session
     return {
         "t": system.clock.now(),
         "room": system.room.name,
@@ -68,18 +69,18 @@ def job_snapshot(system: JobSystem) -> JobSnapshot:
         "machines": machines_snapshot(system.actors),
         "audio_route": system.audio_route(),
         "linked_identity": system.link.linked_identity,
-        "attached_session": job.host.label_of(attached) if attached is not None else None,
+        "attached_session": host.label_of(attached) if attached is not None else None,
         "primary_session_attached": attached is system.session,
         "finalize": {
             "simulation": job.simulation is not None,
             "simulators": sorted(job.simulators),
             "hold_needed": job.hold_needed,
-            "answered": job.finalize_answered,
-            "verdict": job.verdict,
+            "answered": system.finalize.answered,
+            "verdict": system.finalize.verdict,
         },
         "close_reason": system.close_reason,
         "job_reason": job.reason,
-        "room_deleted_at": job.room_deleted_at,
+        "room_deleted_at": system.deletion.deleted_at,
         "closed_at": job.closed_at,
     }
 

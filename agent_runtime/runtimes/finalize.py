@@ -183,7 +183,11 @@ class FinalizeAnswer(MachineRuntime[str]):
             dict(verdict) if isinstance(verdict, Mapping) else None,
         )
         if self._on_answered is not None:
-            self._on_answered(self._delivered.verdict)
+            try:
+                self._on_answered(self._delivered.verdict)
+            except Exception:
+                # the user's callback: its failure is logged, the job still hears the answer
+                logger.exception("on_finalize_answered failed", extra=self.actor.log_fields())
         return Output({"verdict": self._delivered.verdict})
 
     async def _fx_refuse_busy(self, ev: Event) -> None:

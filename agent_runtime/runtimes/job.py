@@ -113,6 +113,12 @@ class JobRuntime(MachineRuntime[str]):
             raise TypeError("delete_room must be an async callable taking no arguments")
         if room_events is not None and room_events.room is not room:
             raise ValueError("room_events must be an adapter over the same room")
+        if host is not None and (transport is not None or on_simulation_end is not None):
+            raise ValueError("give a host, or its transport and on_simulation_end: not both")
+        if deletion is not None and delete_room is not None:
+            raise ValueError("give a deletion, or delete_room: not both")
+        if wiring is not None and delete_room_on_close:
+            raise ValueError("with a wiring given, delete_room_on_close is the wiring's flag")
         parts = {"trace_path": trace_path, "clock": clock, "tracer": tracer, "transport": transport}
         for name, value in parts.items():
             check_part(name, value)  # before the trace file is opened (truncated)
@@ -151,7 +157,8 @@ class JobRuntime(MachineRuntime[str]):
         self._closed_at: float | None = None
         self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
         instance = room.name or "job"
-        own = host is None
+        # a part the job builds itself, it forwards the changes of (a composer forwards its own)
+        forward = [host is None, deletion is None]
         self.host = host or session_host_for(
             room,
             transport=transport,
@@ -173,8 +180,9 @@ class JobRuntime(MachineRuntime[str]):
         )
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
-        if own:
+        if forward[0]:
             self.host.on("state_changed", self._emit_state)
+        if forward[1]:
             self.deletion.actor.on("state_changed", self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
@@ -429,10 +437,14 @@ class JobRuntime(MachineRuntime[str]):
 
     def _fx_report_cut(self, ev: Event) -> None:
         after = ev.data.get("after", self._close_timeout)
-        running = list(self._teardown.running) if self._teardown is not None else []
-        what = "; ".join(self._waiting_for(step) for step in running) or "nothing was running"
-        if "callbacks" not in running and self._callbacks:
-            what += "; the shutdown callbacks did not run"
+        td = self._teardown
+        running = list(td.running) if td is not None else []
+        parts = [self._waiting_for(step) for step in running]
+        started = td is not None and ("callbacks" in running or "callbacks" in td.ended)
+        if self._callbacks and not started:
+            parts.append("the shutdown callbacks did not run")
+        what = "; ".join(parts)
+        what = what or "its last step had ended"
         logger.warning(
             "closing the job was cut off after %gs (close_timeout): %s",
             after,

@@ -396,7 +396,11 @@ class JobSessionHost(MachineRuntime[str]):
     def _fx_report_session_closed(self, ev: Event) -> Output:
         reason = str(ev.data.get("reason", ""))
         if self._on_session_closed is not None:
-            self._on_session_closed(reason)
+            try:
+                self._on_session_closed(reason)
+            except Exception:
+                # the user's callback: its failure is logged, the job still hears the close
+                logger.exception("on_session_closed failed", extra=self.actor.log_fields())
         return Output({"reason": reason})
 
     async def _fx_drain(self, _ev: Event) -> Event:
@@ -414,22 +418,26 @@ class JobSessionHost(MachineRuntime[str]):
         """Its link closes the finalize machine (an unfinished answer is cut)."""
 
     async def _fx_close_transport(self, _ev: Event) -> None:
-        # after close_finalize (the same step): the finalize machine's close handled first
-        await self.finalize.actor.join()
-        left = list(self._closing_hosts)
-        if left:
-            # a per-session host's close cut half-way leaves its writer behind: it gets
-            # its drain bound once more to end, then is cut
-            with contextlib.suppress(TimeoutError):
-                await self._clock.wait_for(
-                    asyncio.shield(asyncio.gather(*left, return_exceptions=True)),
-                    self._drain_timeout,
-                )
-        for t in left:
-            t.cancel()
-        await asyncio.gather(*left, return_exceptions=True)
-        self._pending.clear()
-        await self._transport.close()
+        try:
+            # after close_finalize (the same step): the finalize machine's close handled
+            await self.finalize.actor.join()
+            left = list(self._closing_hosts)
+            if left:
+                # a per-session host's close cut half-way leaves its writer behind: it
+                # gets its drain bound once more to end, then is cut
+                with contextlib.suppress(TimeoutError):
+                    await self._clock.wait_for(
+                        asyncio.shield(asyncio.gather(*left, return_exceptions=True)),
+                        self._drain_timeout,
+                    )
+            for t in left:
+                t.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+        finally:
+            # whatever the waits above came to (cut at the effect's bound too): the
+            # transport is closed and nothing pending is kept
+            self._pending.clear()
+            await self._transport.close()
 
     # -- helpers ---------------------------------------------------------------------------
     async def _stop_reading(self) -> None:

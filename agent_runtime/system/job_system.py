@@ -129,13 +129,9 @@ class JobSystem(MachineRuntime[str]):
             room=room,
             clock=clock,
             tracer=tracer,
-            transport=parts.transport,
             simulation=simulation,
-            on_simulation_end=parts.on_simulation_end,
             session_end_timeout=s.session_end_timeout,
             close_timeout=s.close_timeout,
-            delete_room_on_close=s.delete_room_on_close,
-            delete_room=parts.delete_room,
             room_events=self.events,
             wiring=self.wiring,
             host=self.host,
@@ -390,19 +386,22 @@ class JobSystem(MachineRuntime[str]):
         return Output({"reason": "aborted"})
 
     async def _fx_run_teardown(self, _ev: Event) -> Event:
-        """``closing``'s task: the steps of ``statemachines.system.RELEASE``."""
+        """``closing``'s task: the steps of ``statemachines.system.RELEASE`` (each step's
+        links, run_teardown/STEP, fire as it begins)."""
         teardown = Teardown(
             RELEASE,
             close_timeout=self.settings.close_timeout,
             clock=self.clock,
             log=logger,
             who=f"job {self.room.name}",
+            begin=self._begin_release,
         )
         works: dict[str, Work] = {
             "starts": self._cut_starts,
             "job": self.job.wait_closed,
+            "session": self._no_session_left,
             "participant": self.link.aclose,
-            "avatar": self._release_avatar,
+            "avatar": self._avatar_closed,
         }
         if self.playout is not None:
             works["playout"] = self.playout.aclose
@@ -414,20 +413,24 @@ class JobSystem(MachineRuntime[str]):
             self._unhook()
         return Event("released")
 
+    def _begin_release(self, step: str) -> None:
+        self.wiring.fire("agent_job", "run_teardown", step=step)
+
     async def _cut_starts(self) -> None:
         starts = [t for t in self._starts if not t.done()]
         for t in starts:
             t.cancel()
         await asyncio.gather(*starts, return_exceptions=True)
 
-    async def _release_avatar(self) -> None:
-        """What run_close's callbacks step closes, as its links declare (fired again when
-        the job's bound cut its close before that step: each close runs once)."""
-        self.wiring.fire("job", "run_close", step="callbacks")
+    async def _no_session_left(self) -> None:
         if lk.session_live(self.session):
             # the job's bound cut its close before the session's step: a closed job leaves
             # no session running (its close is the session's own; not waited for here)
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
+
+    async def _avatar_closed(self) -> None:
+        """The avatar's close, if the job's close was cut before its avatar step (the close
+        runs once, whoever asked first)."""
         if self.avatar is not None:
             await asyncio.gather(
                 asyncio.shield(self.avatar.request_close()), return_exceptions=True

@@ -48,7 +48,7 @@ def waves(steps: tuple[TeardownStep, ...]) -> tuple[tuple[TeardownStep, ...], ..
 
 class Teardown:
     """Runs ``steps`` with the works given to ``run``; ``running`` names the steps begun
-    and not ended (what a cut of the whole says it cut)."""
+    and not ended, ``ended`` the ones done with (what a cut of the whole says it cut)."""
 
     def __init__(
         self,
@@ -63,6 +63,7 @@ class Teardown:
     ) -> None:
         self.steps = steps
         self.running: list[str] = []
+        self.ended: set[str] = set()
         self._close_timeout = close_timeout
         self._clock = clock
         self._log = log
@@ -102,7 +103,13 @@ class Teardown:
                 seconds,
                 why,
             )
-        except Exception:
-            self._log.exception("%s: closing %s failed", self._who, step.name)
+        except (Exception, asyncio.CancelledError) as e:
+            me = asyncio.current_task()
+            if isinstance(e, asyncio.CancelledError) and me is not None and me.cancelling():
+                raise  # the teardown itself is cut (its state's bound): nothing more runs
+            # a work that raised CancelledError with nobody cancelling it (a close task
+            # it waited on was cancelled) failed like any other: the next steps still run
+            self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
         finally:
             self.running.remove(step.name)
+            self.ended.add(step.name)

@@ -221,14 +221,17 @@ def _order(items: Any) -> tuple[tuple[str, str], ...]:
             bound = fields.get("bound")
             after = tuple(fields.get("after") or ())
             short = name or ", ".join(f"{k} {_text(v)}" for k, v in fields.items() if v)
-            if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            timed_by = fields.get("timed_by")
+            if timed_by:  # bounded by that machine's own timers, not by its share
+                short += f" (timed by {_text(timed_by)})"
+            elif isinstance(bound, (int, float)) and not isinstance(bound, bool):
                 short += f" ({bound:.0%})"
             if after and after != (previous,):
                 short += f" after {' and '.join(_text(a) for a in after)}"
             rest = {
                 k: v
                 for k, v in fields.items()
-                if k not in ("name", "bound", "after") and v not in ("", None, ())
+                if k not in ("name", "bound", "after", "timed_by") and v not in ("", None, ())
             }
             full = short + "".join(
                 f": {_text(v)}" if k in ("what", "description") else f", {k} {_text(v)}"

@@ -38,12 +38,12 @@ SETTINGS: dict[str, float] = {
     "backoff_initial": 1.0,
     "backoff_multiplier": 2.0,
 }
-# JobRuntime gives the host's drain min(3, close_timeout / 2); run_close's session and
+# the job gives the host's drain min(3, the host step's share); run_close's session and
 # avatar steps their shares of close_timeout (statemachines.system.TEARDOWN)
-DRAIN_TIMEOUT = min(3.0, SETTINGS["close_timeout"] / 2)
+DRAIN_TIMEOUT = min(3.0, bound_of("host", SETTINGS["close_timeout"]))
 SESSION_WAIT = bound_of("session", SETTINGS["close_timeout"])  # before the avatar's step
 SESSION_STEP_BOUND = bound_of("avatar", SETTINGS["close_timeout"])  # the avatar's step
-BOUND = "close_session_bound"  # the action of run_close's own bound
+BOUND = "close_session_bound"  # the action of the avatar step's bound (run_close)
 WAIT = "close_session_wait"  # the action of the wait for the session before the avatar
 _TIME: frozenset[Kind] = frozenset({"time"})
 

@@ -43,6 +43,7 @@ from statemachines.glue import (
     SIMULATOR_ATTRIBUTE,
 )
 from statemachines.playout import TURN as _PLAYOUT_TURN
+from statemachines.system import RELEASE
 
 PLAYOUT_TURN = frozenset(_PLAYOUT_TURN)  # the agent's audio is not done
 
@@ -487,8 +488,8 @@ def _reply_error(s: _W, event: str, params: Params) -> None:
 
 
 def _close_finalize(s: _W, event: str, params: Params) -> None:
-    # its link posted the finalize's close; the host waits while the finalize handles what
-    # it had, then the close (FinalizeAnswer's actor.join())
+    # its link posted the finalize's close; the host (its close_transport, the same step)
+    # waits while the finalize handles what it had, then the close (its actor.join())
     if s.model.glue.drain_finalize_on_close:
         s.handle_all(FIN)
 
@@ -672,10 +673,19 @@ def _callbacks(s: _W, hang: bool) -> None:
 
 def job_closed(s: _W) -> None:
     """The job reached its final state: the composition releases what the close did not
-    get to (AgentJob's release: the callbacks step again; each close runs once)."""
-    task = s.job_task
-    _close_step(s, "callbacks")
-    s.job_task = task  # the job's task is gone with its state; this is the release's work
+    get to (AgentJob's release, statemachines.system.RELEASE after its job step: each
+    step's declared links fire, run_teardown/STEP; a session still running is asked to
+    close; the participant link and the avatar are closed through their runtimes, each
+    close running once)."""
+    for step in _RELEASE_AFTER_JOB:
+        s.fire("agent_job", "run_teardown", (), step=step)
+        if step == "session" and s.sess_a == "running":
+            s.sess_a = "closing"
+        elif step in (PART, AVATAR) and step in s.model.machines:
+            s.post(step, "close", (), CLOSE)
+
+
+_RELEASE_AFTER_JOB = tuple(st.name for st in RELEASE if "job" in st.after)
 
 
 # -- inputs: what the outside world can do next ----------------------------------------------------
@@ -1112,14 +1122,14 @@ def work(model: Model, w: World | _W) -> Iterator[Work]:
         )
 
 
-# run_close's own bound on the session's close: a share of close_timeout (the timer of the
-# job's task, not of a state): the time moves of the model
+# run_close's bounds on the session's close: the session and avatar steps' shares of
+# close_timeout (timers of the job's task, not of a state): the time moves of the model
 def bounds(model: Model, w: World) -> Iterator[tuple[str, str, Callable[[_W], None]]]:
     if not w.job_task:
         return
     step = w.job_task.partition(":")[2]
     if step == "session" and w.sess_a in ("closing", "hung"):
-        # half of the step's share: the avatar's close is held back no longer
+        # the session step's share: the avatar's close is held back no longer
         yield (
             "close_session_wait",
             "time passes: run_close's wait for the session's close",

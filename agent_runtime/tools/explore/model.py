@@ -753,8 +753,9 @@ class Model:
                     self._job_changed(s, source, st.dest, event)
             links = self._links
             for name in st.effects:
-                # an effect's declared links first, then its outcome on the world (an
-                # effect that waits for another machine waits for what its links posted)
+                # an effect's declared links, then its outcome on the world (the runtime
+                # fires them as the handler returns: no linked effect's outcome here reads
+                # what its own links posted; a later effect of the step may wait for it)
                 if (m, name, "") in links:
                     s.fire(m, name, params)
                 abstract.EFFECTS[name](s, event, params)
