@@ -941,3 +941,22 @@ async def test_over_the_room_the_sender_of_each_byte_stream_decides() -> None:
     assert rt.finalize_answered
     await rt.aclose()
     assert TOPIC_SESSION_MESSAGES not in room._byte_stream_handlers
+
+
+async def test_a_part_given_with_its_own_ingredients_is_refused_and_builds_nothing() -> None:
+    """A composer hands the job its host and deletion (``JobSystem``); handing a part and
+    what would build it too is ambiguous: a clear error, nothing subscribed."""
+    room = InMemoryRoom(name="r")
+    alone = JobRuntime(room=room)  # builds its own host and deletion, and forwards them
+    listeners = room.listener_count()
+
+    async def delete() -> None:
+        return None
+
+    with pytest.raises(ValueError, match="give a host, or its transport"):
+        JobRuntime(room=room, host=alone.host, transport=InMemorySessionTransport())
+    with pytest.raises(ValueError, match="give a deletion, or delete_room"):
+        JobRuntime(room=room, deletion=alone.deletion, delete_room=delete)
+    with pytest.raises(ValueError, match="delete_room_on_close is the wiring's flag"):
+        JobRuntime(room=room, wiring=alone.wiring, delete_room_on_close=True)
+    assert room.listener_count() == listeners
