@@ -220,7 +220,7 @@ class JobSystem(MachineRuntime[str]):
         self.link.on("state_changed", self._forward_state)
         if self.avatar is not None:
             self.avatar.on("state_changed", self._forward_state)
-            self.wiring.connect("avatar", self._post_avatar)
+            self.wiring.connect("avatar", self.avatar.post_linked)
         if self.playout is not None:
             self.playout.on("state_changed", self._forward_state)
         self.job.on("closed", self._on_job_closed)
@@ -329,19 +329,6 @@ class JobSystem(MachineRuntime[str]):
             for event in watched(sc.machine, sc.source, sc.dest, target):
                 post(Event(event, {sc.machine: sc.dest}))
         self._emit_state(sc)  # a listener that fails is the Emitter's to log and drop
-
-    def _post_avatar(self, event: Event) -> None:
-        """An event the job's links send the avatar: its close is ``aclose()``."""
-        if event.name == "close":
-            self._close_avatar()
-        elif self.avatar is not None and not self.avatar.actor.closed:
-            self.avatar.actor.post(event)
-
-    def _close_avatar(self) -> None:
-        # the avatar goes with the session, while the room is still connected (its removal
-        # goes through the server API only then); its close runs once, whoever asks
-        if self.avatar is not None:
-            self.avatar.request_close()
 
     def _is_simulator(self, identity: str) -> bool:
         # only the simulator participant decides the job's fate (the job knows who it is)

@@ -57,10 +57,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
 
     ``remove_participant(identity)`` removes the avatar participant on close, after the
-    plugin's own ``aclose()`` (best effort; a not-found answer, the plugin having removed
-    it, is fine; an in-process avatar is the agent itself and is never
-    removed). ``server_api_remover(room)`` does it through the job's server API (what
-    ``AgentJob`` uses unless given one). Leave it ``None`` to rely on the plugin alone.
+    plugin's own ``aclose()`` (best effort; a not-found answer is fine; an in-process avatar
+    is the agent itself, never removed). ``server_api_remover(room)`` does it through the
+    server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
     """
 
     def __init__(
@@ -129,17 +128,15 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         return self._attempts
 
     def audio_route(self) -> Route:
-        """Where the agent's audio goes now: ``avatar`` (the plugin's sink, whatever its
-        class), ``room`` or ``none``."""
+        """Where the agent's audio goes now: ``avatar`` (the plugin's sink), ``room``, ``none``."""
         return route_of(self._route.session, self._route.installed)
 
     @property
     def join_signal(self) -> JoinSignal:
         """What the avatar must show before it counts as joined: ``video`` (a participant of
-        its own, with a video track: every plugin whose avatar runs at its provider, whether
-        its sink streams to the avatar or to another identity, or feeds a queue the plugin
-        forwards over its own websocket) or ``none`` (the avatar runs in the agent's own
-        process; its identity is the agent's). Known once the plugin's start has run."""
+        its own with a video track: every avatar running at its provider, however its sink
+        sends) or ``none`` (it runs in the agent's own process, under the agent's identity).
+        Known once the plugin's start has run."""
         return "none" if self._facts.in_process else "video"
 
     @property
@@ -208,9 +205,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     async def aclose(self) -> None:
         """From any state: the guarded restore, the avatar participant removed (best
-        effort), the plugin closed, every listener unhooked and every task cancelled. Runs
-        once; a second call (or one after ``request_close()``) waits for the first one's
-        close."""
+        effort), the plugin closed, every listener and task released. Runs once; a second
+        call (or one after ``request_close()``) waits for the first one's close."""
         first = self._close_task is None
         task = self.request_close()
         if first:
@@ -218,13 +214,19 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         elif not task.done():
             await asyncio.wait({task})
 
+    def post_linked(self, event: Event) -> None:
+        """An event the job's links bring: a close is the whole close (``request_close``)."""
+        if event.name == "close":
+            self.request_close()
+        elif not self.actor.closed:
+            self.actor.post(event)
+
     def request_close(self) -> asyncio.Task[None]:
-        """Begin the close (once) and return it, without waiting: what the job's links ask
-        while the room is still connected."""
+        """Begin the close (once) and return it, without waiting (the job's links ask it
+        while the room is still connected)."""
         if self._close_task is None:
-            # the close is this task from here on (start() refuses from now), and it begins
-            # with the close event, queued now behind what is queued already: a plugin still
-            # starting is a state task, cancelled as starting is left, not awaited
+            # the close is this task (start() refuses from now); its close event queues behind
+            # what is queued: a plugin still starting is a state task, cancelled, not awaited
             self._close_task = asyncio.ensure_future(self._close())
             if not self.actor.closed:
                 self.actor.post(Event("close"))
