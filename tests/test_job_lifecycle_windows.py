@@ -9,8 +9,11 @@ it), a start part that fails, the room going away.
 
 Real: ``AgentSession``, every machine's runtime, the scripted avatar plugin, livekit's own
 fake ``JobContext``. Faked, because they need a server: the room (``InMemoryRoom``, a real
-``rtc.Room`` with no connection) and, in one test, the job context's ``connect()`` (a
-network call; it fails once as a flaky network would).
+``rtc.Room`` with no connection), the session transport's byte stream (paired in memory),
+the job context's ``connect()`` (a network call; it fails once as a flaky network would)
+and the model provider behind ``AgentSession.start()`` (subclasses whose start fails,
+never answers, or swallows its cancellation: faults injected where livekit-agents would
+meet them).
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentSession
 from livekit.agents.job import JobContext
+from livekit.agents.simulation import SimulationDispatch
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime import AgentJob, StateChanged, VirtualClock, settle
 from agent_runtime.agent_job import injected
-from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
 ROOM = "lw-room"  # the room the fixtures build (tests/conftest.py)
+SIM = {ATTRIBUTE_SIMULATOR: "1"}
+DISPATCH = SimulationDispatch(simulation_run_id="run-lw", job_id="simjob-lw")
 
 
 def agent() -> Agent:
@@ -72,6 +79,13 @@ class CountingSession(AgentSession):  # type: ignore[type-arg]
         raise ConnectionError("the model provider refused the session")
 
 
+class HangingSession(AgentSession):  # type: ignore[type-arg]
+    """A session whose start() waits on a provider that never answers (until cancelled)."""
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.get_running_loop().create_future()
+
+
 class StubbornSession(AgentSession):  # type: ignore[type-arg]
     """A session whose start() waits on its provider and does not stop when cancelled (a
     provider SDK that swallows ``CancelledError``, as some do): ``late`` seconds after the
@@ -100,25 +114,54 @@ class StubbornSession(AgentSession):  # type: ignore[type-arg]
 # -- while a close runs ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("started", [False, True], ids=["never-started", "running"])
+@pytest.mark.parametrize("when", ["never-started", "starting", "running"])
 @pytest.mark.parametrize("graceful", [True, False], ids=["close", "abort"])
 async def test_while_the_job_closes_it_says_so_and_refuses_every_start(
-    room: InMemoryRoom, clock: VirtualClock, started: bool, graceful: bool
+    room: InMemoryRoom, clock: VirtualClock, when: str, graceful: bool
 ) -> None:
     gate = asyncio.Event()
-    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    session = HangingSession() if when == "starting" else AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, otel=False)
     job.add_shutdown_callback(gate.wait)  # the close waits in its callbacks step
-    if started:
-        await job.start(agent())
+    starting = asyncio.create_task(job.start(agent())) if when != "never-started" else None
+    await settle()
+    assert job.lifecycle == {"never-started": "new"}.get(when, when)
     closing = asyncio.create_task(job.aclose(graceful=graceful))
     await settle()
     assert job.lifecycle == "closing" and not closing.done()
+    if when == "starting":
+        assert starting is not None and starting.done()  # cut at once, not when closed
+        with pytest.raises(RuntimeError, match="closed before it finished starting"):
+            await starting
     await assert_every_start_is_refused(job)
     assert job.lifecycle == "closing"  # the refused starts changed nothing
     gate.set()
     await asyncio.wait_for(closing, 5)
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
     await assert_every_start_is_refused(job)
+
+
+async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator_at_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("simulator", attributes=SIM)
+    _sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        transport=agent_end,
+        simulation=DISPATCH,
+        otel=False,
+    )
+    await job.start(agent())
+    graceful = asyncio.create_task(job.aclose())
+    await settle()
+    assert job.states["job"] == "awaiting_finalize" and not graceful.done()
+    aborting = asyncio.create_task(job.aclose(graceful=False))
+    await settle()  # no clock moves: the hold (session_end_timeout) is not what ends it
+    assert aborting.done() and graceful.done()
+    assert job.lifecycle == "closed" and job.states["job"] == "closed"
 
 
 # -- after a start failed --------------------------------------------------------------------
@@ -195,13 +238,6 @@ async def test_a_job_that_closes_before_its_agent_starts_is_closed_for_good(
     assert room.listener_count() == listeners and other_tasks() == []
 
 
-class HangingSession(AgentSession):  # type: ignore[type-arg]
-    """A session whose start() waits on a provider that never answers (until cancelled)."""
-
-    async def start(self, *args: Any, **kwargs: Any) -> Any:
-        await asyncio.get_running_loop().create_future()
-
-
 @pytest.mark.parametrize("how", ["shutdown", "room-deleted"])
 async def test_a_job_that_closes_on_its_own_while_starting_ends_the_start(
     room: InMemoryRoom, clock: VirtualClock, how: str
@@ -243,6 +279,38 @@ async def test_closing_a_closed_job_again_returns_quietly(
     assert job.lifecycle == "closed" and changes == []
 
 
+def session_listeners(session: AgentSession) -> dict[str, int]:  # type: ignore[type-arg]
+    # livekit's EventEmitter keeps its handlers there; no public count exists
+    return {name: len(fns) for name, fns in session._events.items() if fns}
+
+
+@pytest.mark.parametrize("graceful", [True, False], ids=["close", "abort"])
+async def test_a_closed_job_lets_go_of_the_users_session_and_every_machine(
+    room: InMemoryRoom, clock: VirtualClock, graceful: bool
+) -> None:
+    listeners = room.listener_count()
+    session = AgentSession()
+    before = session_listeners(session)
+    job = AgentJob(
+        room=room,
+        session=session,
+        avatar=ScriptedAvatar(clock=clock),
+        playout=True,
+        clock=clock,
+        otel=False,
+    )
+    await job.start(agent())
+    room.add_participant("user")
+    await settle()
+    await asyncio.wait_for(job.aclose(graceful=graceful), 5)
+    await settle()
+    assert job.lifecycle == "closed"
+    # none takes events any more, but the lifecycle, which still answers the user's calls
+    assert [a.spec.name for a in job.actors if not a.closed] == ["agent_job"]
+    assert session_listeners(session) == before  # the playout follows it no more
+    assert room.listener_count() == listeners and other_tasks() == []
+
+
 # -- what a listener hears -------------------------------------------------------------------
 
 
@@ -262,6 +330,9 @@ async def test_a_start_in_parts_and_a_close_are_heard_once_each(
     else:
         await job.start_session(agent())
         await job.start_avatar()
+        # a part that fails once the job runs is its caller's: the job runs on
+        with pytest.raises(RuntimeError, match="already started"):
+            await job.start_avatar()
     await job.start_runtime()
     assert job.lifecycle == "running"
     await asyncio.wait_for(job.aclose(), 5)
@@ -277,9 +348,11 @@ async def test_a_start_in_parts_and_a_close_are_heard_once_each(
 # -- a start that outlives its cut -----------------------------------------------------------
 
 
-async def start_then_close(job: AgentJob, clock: VirtualClock) -> tuple[Any, float]:
+async def start_then_close(
+    job: AgentJob, clock: VirtualClock, *, limit: float = 20.0
+) -> tuple[Any, float]:
     """Start ``job``, close it while its session starts, run the clock until both calls
-    ended: (the start's outcome, when the close returned)."""
+    ended (at most ``limit`` seconds): (the start's outcome, when the close returned)."""
     starting = asyncio.create_task(job.start(agent()))
     await settle()
     assert job.lifecycle == "starting"
@@ -287,7 +360,7 @@ async def start_then_close(job: AgentJob, clock: VirtualClock) -> tuple[Any, flo
     closed_at: list[float] = []
     closing.add_done_callback(lambda _: closed_at.append(clock.now()))
     while not (closing.done() and starting.done()):
-        assert clock.now() < 60.0, "still waiting"
+        assert clock.now() < limit, "still waiting"
         await settle()
         await clock.advance(1.0)
     await closing
@@ -326,8 +399,9 @@ async def test_a_start_that_swallows_the_cut_for_long_does_not_hold_the_close_ba
 ) -> None:
     session = StubbornSession(clock, late=30.0, fails=False)  # it ends 30 s after the cut
     job = AgentJob(room=room, session=session, clock=clock, otel=False)
-    outcome, closed_at = await start_then_close(job, clock)
+    outcome, closed_at = await start_then_close(job, clock, limit=60.0)
     assert isinstance(outcome, RuntimeError) and job.lifecycle == "closed"
+    assert "closed before it finished starting" in str(outcome)
     assert closed_at <= 10.0  # close_timeout bounds the close, whatever the start does
 
 

@@ -306,7 +306,7 @@ def _ignore_vs_no_op(m: Mutant) -> bool:
     if m.spec is None:
         return False
     cell = (m.state, m.event)
-    kinds = []
+    kinds: list[str] = []
     for spec in (MACHINES[m.machine], m.spec):
         rows = [r for r in spec.rows if (r.source, r.event) == cell]
         if not rows:
