@@ -483,6 +483,8 @@ def test_what_the_arguments_cover() -> None:
     # ... but an ignore and an internal no-op both return the step
     assert argument(m("agent_job", "agent_job (starting, start_part) -> ignore"))
     assert argument(m("agent_job", "agent_job (running, started) ignore -> internal"))
+    # ... unless a trace's reproduction cannot make it (start_runtime() has no step)
+    assert argument(m("agent_job", "agent_job (new, follow_room) ignore -> internal")) is None
     assert argument(m("agent_job", "agent_job (running, start) reject -> ignore")) is None
     assert argument(m("agent_job", "agent_job (closed, abort) ignore -> reject")) is None
     assert argument(m("agent_job", "agent_job (starting, start_part) -> starting")) is None
