@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from agent_runtime import AgentJob, StateChanged, VirtualClock, settle
 from agent_runtime.agent_job import injected
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from agent_runtime.tools.cli import main as cli
 
 ROOM = "lw-room"  # the room the fixtures build (tests/conftest.py)
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
@@ -425,3 +427,30 @@ async def test_concurrent_session_starts_run_one_session_and_say_so_plainly(
     assert changes == [("new", "starting"), ("starting", "running")]
     await asyncio.wait_for(job.aclose(), 5)
     assert changes[-2:] == [("running", "closing"), ("closing", "closed")]
+
+
+async def test_a_trace_of_a_start_in_parts_with_start_runtime_between_reproduces(
+    room: InMemoryRoom, clock: VirtualClock, tmp_path: Path
+) -> None:
+    """start_runtime() is no part of the agent: a trace where it was called between the
+    parts is one ``agent-runtime record --check`` rebuilds and reproduces (a scenario has
+    no step for it)."""
+    trace = tmp_path / "job.jsonl"
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=ScriptedAvatar(clock=clock),
+        clock=clock,
+        trace_path=trace,
+        otel=False,
+    )
+    await job.start_avatar()
+    await job.start_runtime()  # while starting
+    await job.start_session(agent())
+    await job.start_runtime()  # while running
+    await clock.advance(1)
+    job.shutdown("done")
+    await asyncio.wait_for(job.wait_closed(), 5)
+    # --check runs the scenario on a loop of its own: from a thread here
+    args = ["record", str(trace), "-o", str(tmp_path / "incident.yaml"), "--check"]
+    assert await asyncio.to_thread(cli, args) == 0
