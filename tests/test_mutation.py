@@ -132,14 +132,56 @@ def test_every_event_a_runtime_constructs_is_posted_or_a_named_producers(machine
             # the function is the handler of that effect (effect_table binds _fx_EFFECT)
             assert fn == f"_fx_{effect}" and "= effect_table(" in source, (effect, fn)
     # an awaited send raises a reject to its caller unless the caller suppresses it
-    lines = source.splitlines()
-    sent = set()
-    for k, line in enumerate(lines):
-        for event in re.findall(r'\.send\(Event\("(\w+)"', line):
-            guard = lines[k - 1]
-            if not ("suppress(" in guard and "EventRejected" in guard):
-                sent.add(event)
-    assert sent == {e for m, e in SENT if m == machine}
+    assert _sent(machine) == {e for m, e in SENT if m == machine}
+
+
+def _sent(machine: str) -> set[str]:
+    """The events the runtime module awaits with ``.send(Event(...))`` outside a
+    ``suppress(... EventRejected ...)``: a literal name, either branch of a conditional
+    one, or a parameter of the enclosing method, read at every call of that method in
+    the package (``self.system.begin("start")``)."""
+    tree = ast.parse((ROOT / MODULES[machine]).read_text())
+    package = "\n".join(p.read_text() for p in (ROOT / "agent_runtime").rglob("*.py"))
+    out: set[str] = set()
+
+    def names(arg: ast.expr, fn: ast.FunctionDef | ast.AsyncFunctionDef | None) -> set[str]:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return {arg.value}
+        if isinstance(arg, ast.IfExp):
+            return names(arg.body, fn) | names(arg.orelse, fn)
+        if isinstance(arg, ast.Name) and fn is not None:
+            assert arg.id in {a.arg for a in fn.args.args}, (machine, ast.unparse(arg))
+            called = set(re.findall(rf'\.{fn.name}\(\s*"(\w+)"', package))
+            assert called, f"{machine}: no call of {fn.name}() names its event"
+            return called
+        raise AssertionError(f"{machine}: cannot tell what {ast.unparse(arg)} sends")
+
+    def walk(node: ast.AST, fn: ast.FunctionDef | ast.AsyncFunctionDef | None, ok: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else fn
+            quiet = ok or (
+                isinstance(child, ast.With | ast.AsyncWith)
+                and any(
+                    "suppress(" in ast.unparse(i.context_expr)
+                    and "EventRejected" in ast.unparse(i.context_expr)
+                    for i in child.items
+                )
+            )
+            if (
+                isinstance(child, ast.Call)
+                and isinstance(child.func, ast.Attribute)
+                and child.func.attr == "send"
+                and child.args
+                and isinstance(child.args[0], ast.Call)
+                and isinstance(child.args[0].func, ast.Name)
+                and child.args[0].func.id == "Event"
+                and not quiet
+            ):
+                out.update(names(child.args[0].args[0], fn))
+            walk(child, inner, quiet)
+
+    walk(tree, None, False)
+    return out
 
 
 def test_the_playout_glue_posts_only_events_the_arguments_treat_as_any_time() -> None:
@@ -200,6 +242,72 @@ async def test_ignore_reject_and_an_internal_no_op_do_the_same_for_a_posted_even
         assert sink.records[-1].kind == ("transition" if name == "internal" else name)
         await actor.aclose()
     assert len(set(map(str, seen.values()))) == 1, seen
+
+
+async def test_a_sent_event_ignored_or_taken_by_an_internal_no_op_returns_alike() -> None:
+    """The premise of 'decision record only' for a sent event: ``send`` returns for an
+    ignore and an internal no-op alike (a reject raises), and no caller in the runtime
+    reads what it returns (every ``.send(`` is awaited as a statement of its own)."""
+    base = MACHINES["agent_job"]
+    cell = ("starting", "start_part")  # an internal no-op
+    assert [(r.dest, r.guards, r.effects) for r in base.rows if (r.source, r.event) == cell] == [
+        (None, (), ())
+    ]
+    variants = {"internal": base, "ignore": set_cell(base, *cell, kind="ignore")}
+    seen = {}
+    for name, spec in variants.items():
+        actor = Actor(
+            spec,
+            effects={e.name: (lambda ev: None) for e in spec.effects},
+            guards={},
+            clock=VirtualClock(),
+        )
+        await actor.send(Event("start"))
+        entered = actor.entered_at
+        await actor.send(Event("start_part"))  # returns: no EventRejected
+        assert actor.entered_at == entered  # not left and entered again
+        seen[name] = (actor.state, actor.timer_armed, actor.live_tasks)
+        await actor.aclose()
+    assert seen["internal"] == seen["ignore"] == ("starting", False, 0), seen
+    for path in (ROOT / "agent_runtime").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Expr | ast.Assign | ast.AnnAssign | ast.Return):
+                continue
+            value = node.value
+            if (
+                isinstance(value, ast.Await)
+                and isinstance(value.value, ast.Call)
+                and isinstance(value.value.func, ast.Attribute)
+                and value.value.func.attr == "send"
+            ):
+                assert isinstance(node, ast.Expr), f"{path}: {ast.unparse(node)} reads the step"
+
+
+def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
+    """The premise of the by-hand argument for (new, started): no row enters new; start and
+    start_part leave it for starting; only run_part(session=True) sends started, and each
+    AgentJob method that calls it so first awaits begin() with start or start_part."""
+    spec = MACHINES["agent_job"]
+    assert spec.initial == "new" and not [r for r in spec.rows if r.dest == "new"]
+    for event in ("start", "start_part"):
+        assert [r.dest for r in spec.rows if (r.source, r.event) == ("new", event)] == ["starting"]
+    assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
+    run_part = inspect.getsource(__import__("agent_runtime.system").system.JobSystem.run_part)
+    assert run_part.index("if session:") < run_part.index('Event("started")')
+    tree = ast.parse((ROOT / "agent_runtime/agent_job.py").read_text())
+    callers = 0
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.AsyncFunctionDef):
+            continue
+        source = ast.unparse(fn)
+        if "run_part(" not in source or "session=True" not in source:
+            continue
+        callers += 1
+        begin = re.search(r"await self\.system\.begin\('(\w+)'\)", source)
+        assert begin is not None and begin.group(1) in ("start", "start_part"), fn.name
+        assert begin.start() < source.index("session=True"), fn.name
+    assert callers == 2  # start() and start_session()
+    assert "session=True" not in (ROOT / "agent_runtime/system.py").read_text()
 
 
 async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_only_machine() -> (
@@ -372,6 +480,14 @@ def test_what_the_arguments_cover() -> None:
     assert argument(m("avatar", "avatar (closed, start) reject -> ignore")) is not None  # by hand
     assert argument(m("avatar", "avatar (routing, start) reject -> ignore")) is not None  # API
     assert argument(m("avatar", "avatar (idle, start) -> ignore")) is None
+    # ... but an ignore and an internal no-op both return the step
+    assert argument(m("agent_job", "agent_job (starting, start_part) -> ignore"))
+    assert argument(m("agent_job", "agent_job (running, started) ignore -> internal"))
+    # ... unless a trace's reproduction cannot make it (start_runtime() has no step)
+    assert argument(m("agent_job", "agent_job (new, follow_room) ignore -> internal")) is None
+    assert argument(m("agent_job", "agent_job (running, start) reject -> ignore")) is None
+    assert argument(m("agent_job", "agent_job (closed, abort) ignore -> reject")) is None
+    assert argument(m("agent_job", "agent_job (starting, start_part) -> starting")) is None
     # the host's close reaches the finalize answer through its link: posted
     assert argument(m("finalize", "finalize (replying, close) ignore -> reject"))
     # the same made posted (the job's links post allow): ignore and reject act alike

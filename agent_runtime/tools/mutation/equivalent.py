@@ -8,7 +8,8 @@ Six arguments, each checked against the code it relies on (``tests/test_mutation
   does the same for all three (no state change, no exit or entry, no effect, no timer or
   task touched; ``post`` never raises). The record pins the table as written, as the golden
   tables do. An event some caller awaits with ``Actor.send`` and whose ``EventRejected`` it
-  does not suppress (``SENT``) is not covered: a reject raises to it.
+  does not suppress (``SENT``) is covered only between ignore and an internal no-op: a
+  reject raises to its caller, while both of those return the step, which no caller reads.
 * **re-entry record only.** In a machine whose state changes the runtime only reports
   (``REPORTED_ONLY``: forwarded to the user's listeners, the trace, OpenTelemetry; nothing
   in the runtime acts on them), staying in a state that has no timeout and no invoke, or
@@ -50,10 +51,25 @@ from statemachines.machines import MACHINES
 
 # events a runtime awaits with Actor.send without suppressing EventRejected (a reject
 # raises to the caller); the closes the avatar, the participant link and the playout
-# tracker send suppress it: there a reject is the record alone
+# tracker send suppress it: there a reject is the record alone. AgentJob's starts turn a
+# reject into the user's clear error (JobSystem.begin), its closes and its start's outcomes
+# are awaited as they are: every event of its lifecycle but the watch and the teardown's end
 SENT: frozenset[tuple[str, str]] = frozenset(
-    {("avatar", "start"), ("agent_job", "close"), ("agent_job", "started")}
+    {
+        ("avatar", "start"),
+        *(
+            ("agent_job", e)
+            for e in ("start", "start_part", "follow_room", "started", "start_failed")
+        ),
+        ("agent_job", "close"),
+        ("agent_job", "abort"),
+    }
 )
+# sent events a trace's reproduction cannot make (``agent-runtime record --check`` compares
+# the transitions of the trace with those of its scenario's run): start_runtime() has no
+# scenario step, so an internal follow_room row is a transition the reproduction lacks,
+# where an ignore is none (tests/test_record.py tells them apart)
+NOT_REPLAYED: frozenset[tuple[str, str]] = frozenset({("agent_job", "follow_room")})
 # (machine, event) -> (the method that sends it, the only states it sends it in)
 API_GUARDED: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
     ("avatar", "start"): ("start", frozenset({"idle"})),
@@ -246,6 +262,14 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "request_close() sends close"
         ),
     ),
+    (
+        "agent_job (new, started) *",
+        (
+            "never decided there: only run_part(session=True) sends started, after "
+            "begin() accepted start or start_part, which new answers by leaving for "
+            "starting; no row enters new"
+        ),
+    ),
 )
 
 
@@ -278,6 +302,24 @@ def _re_entry(m: Mutant) -> bool:
         o.dest is None and n.dest == m.state and (o.guards, o.effects) == (n.guards, n.effects)
         for o, n in changed
     )
+
+
+def _ignore_vs_no_op(m: Mutant) -> bool:
+    """``m`` swaps an ignore cell and an unguarded internal row with no effects, either
+    way: what ``send`` answers alike (neither raises)."""
+    if m.spec is None or (m.machine, m.event) in NOT_REPLAYED:
+        return False
+    cell = (m.state, m.event)
+    kinds: list[str] = []
+    for spec in (MACHINES[m.machine], m.spec):
+        rows = [r for r in spec.rows if (r.source, r.event) == cell]
+        if not rows:
+            kinds.append(spec.cell_kind(*cell))
+        elif len(rows) == 1 and rows[0].dest is None and not rows[0].guards + rows[0].effects:
+            kinds.append("no-op")
+        else:
+            return False
+    return sorted(kinds) == ["ignore", "no-op"]
 
 
 def _after_subscribing(m: Mutant) -> set[str] | None:
@@ -322,6 +364,11 @@ def argument(m: Mutant) -> str | None:
             return why
     if m.label.endswith(RECORD_ONLY) and (m.machine, m.event) not in SENT:
         return "decision record only: the event is posted, ignore/reject/internal no-op act alike"
+    if _ignore_vs_no_op(m):
+        return (
+            "decision record only: the event is sent; an ignore and an internal no-op both "
+            "return its step (only a reject raises), and no caller reads the step"
+        )
     guarded = API_GUARDED.get((m.machine, m.event))
     if guarded is not None:
         original = MACHINES[m.machine]
