@@ -9,6 +9,7 @@ The full run (about 25 minutes on two workers with ``--props-examples 50 --explo
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
 import re
@@ -292,9 +293,10 @@ def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
     for event in ("start", "start_part"):
         assert [r.dest for r in spec.rows if (r.source, r.event) == ("new", event)] == ["starting"]
     assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
-    run_part = inspect.getsource(__import__("agent_runtime.system").system.JobSystem.run_part)
+    system = importlib.import_module("agent_runtime.system.job_system")
+    run_part = inspect.getsource(system.JobSystem.run_part)
     assert run_part.index("if session:") < run_part.index('Event("started")')
-    tree = ast.parse((ROOT / "agent_runtime/agent_job.py").read_text())
+    tree = ast.parse((ROOT / "agent_runtime/system/agent_job.py").read_text())
     callers = 0
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.AsyncFunctionDef):
@@ -307,7 +309,7 @@ def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
         assert begin is not None and begin.group(1) in ("start", "start_part"), fn.name
         assert begin.start() < source.index("session=True"), fn.name
     assert callers == 2  # start() and start_session()
-    assert "session=True" not in (ROOT / "agent_runtime/system.py").read_text()
+    assert "session=True" not in (ROOT / "agent_runtime/system/job_system.py").read_text()
 
 
 async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_only_machine() -> (
