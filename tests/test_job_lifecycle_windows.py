@@ -391,11 +391,6 @@ async def test_a_session_start_that_ignores_the_cut_does_not_hold_the_close_back
     assert room.listener_count() == listeners and other_tasks() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the teardown's 'starts' step gathers the cancelled starts inside its "
-    "bound, so a start that swallows CancelledError holds the whole close until it ends",
-)
 async def test_a_start_that_swallows_the_cut_for_long_does_not_hold_the_close_back(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:

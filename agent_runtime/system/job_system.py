@@ -209,6 +209,7 @@ class JobSystem(MachineRuntime[str]):
         self._live_route: Route = "none"
         # the parts of a start still running: the teardown cuts them
         self._starts: set[asyncio.Task[Any]] = set()
+        self._session_start: asyncio.Task[Any] | None = None  # the call starting the session
         # who hears the declared watches (statemachines.system.WATCHES), by machine
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
         if self.playout is not None:
@@ -279,6 +280,9 @@ class JobSystem(MachineRuntime[str]):
         if session:
             with contextlib.suppress(ActorClosed):
                 await self.lifecycle.send(Event("started"))
+        if self.lifecycle.state in ("closing", "closed"):
+            # the part ended (a start that swallowed the cut) but the job closed under it
+            raise RuntimeError("the job was closed before it finished starting")
 
     async def start_all(self, agent: Agent, options: RoomOptions) -> None:
         await self.start_runtime()
@@ -299,8 +303,16 @@ class JobSystem(MachineRuntime[str]):
         await self.start_runtime()
         await self.avatar.start(self.session, self.room, **self._avatar_start_options)
 
+    def claim_session(self) -> None:
+        """The session's start is the calling start's from here on: a second one (at once,
+        or later) is refused plainly, whatever the SDK's own lock would let through."""
+        if self._session_start is not None:
+            raise RuntimeError("the job's session is already started (or closed)")
+        self._session_start = asyncio.current_task()
+
     async def start_session(self, agent: Agent, options: RoomOptions) -> None:
         if lk.session_started(self.session) or lk.session_closing_task(self.session):
+            # started outside the job: this start fails (the lifecycle hears start_failed)
             raise RuntimeError("the job's session is already started (or closed)")
         await self.start_runtime()
         # attached as it starts (until then a request gets "no active session"), before its
@@ -407,7 +419,11 @@ class JobSystem(MachineRuntime[str]):
         starts = [t for t in self._starts if not t.done()]
         for t in starts:
             t.cancel()
-        await asyncio.gather(*starts, return_exceptions=True)
+        if starts:
+            # asyncio.wait, not gather: cut at this step's share, it returns at once, even
+            # while a start that swallows its cancellation runs on (each start's own
+            # awaiter, run_part, retrieves its outcome)
+            await asyncio.wait(starts)
 
     async def _no_session_left(self) -> None:
         if lk.session_live(self.session):
