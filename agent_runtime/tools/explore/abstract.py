@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
 DEL, FIN, PLAYOUT = "room_deletion", "finalize", "playout"
+AGENT_JOB = "agent_job"  # AgentJob's own lifecycle
+LIFE_UP = ("new", "starting", "running")  # the lifecycle before any close
 # the playout machine's re-prompts in a row before it hands over, when its watchdog is on
 # (any limit decides alike past the first: one keeps the worlds few)
 MAX_REPROMPTS = 1
@@ -99,6 +101,10 @@ class Config:
     # its re-prompt watchdog: off (PlayoutOptions' default), or on, handing over after
     # MAX_REPROMPTS by waiting for the user or by closing the session
     watchdog: Literal["off", "wait", "close"] = "off"
+    # the user's own AgentJob.aclose() and aclose(graceful=False) among the job's inputs
+    # (the lifecycle itself is always composed: the job closing on its own closes it). Off
+    # by default: two more inputs in every world double the job's explorations
+    aclose: bool = False
 
     @classmethod
     def example(cls, *, simulation: bool = True) -> Config:
@@ -124,6 +130,8 @@ class Config:
         if self.playout:
             wd = "" if self.watchdog == "off" else f", watchdog then {self.watchdog}"
             parts.append(f"playout{wd}")
+        if self.aclose:
+            parts.append("aclose")
         parts.append(f"present: {', '.join(self.present) or 'nobody'}")
         return ", ".join(parts)
 
@@ -574,6 +582,11 @@ EFFECTS: dict[str, Effect] = {
     "reprompt": _reprompt,
     "reset_reprompts": _reset_reprompts,
     "hand_over": _hand_over,
+    # the job's own lifecycle: its asks reach the job machine through their links;
+    # run_teardown is closing's state task (TASKS)
+    "ask_shutdown": _nothing,
+    "ask_abort": _nothing,
+    "run_teardown": _nothing,
 }
 
 
@@ -605,6 +618,15 @@ def _compute_verdict(s: _W) -> None:
     s.fin_task = f"{s.fin}:start"
 
 
+def _run_teardown(s: _W) -> None:
+    # RELEASE's first step (the parts of a start still running cut) changes nothing the
+    # model follows (the caller of a cut start gets its error); then it waits for the job
+    # machine's close (``job_closed`` below), or finds it closed already
+    s.life_task = f"{s.life}:job"
+    if s.job in s.model.inert[JOB]:
+        _released(s)
+
+
 TASKS: dict[str, Callable[[_W], None]] = {
     "start_plugin": _start_plugin,
     "follow_plugin_clear": _follow_clear,
@@ -612,6 +634,7 @@ TASKS: dict[str, Callable[[_W], None]] = {
     "delete_room": _delete_room,
     "drain": _drain,
     "compute_verdict": _compute_verdict,
+    "run_teardown": _run_teardown,
 }
 
 # -- the job's close (run_close): its steps, in RUN_CLOSE_STEPS order ----------------------------
@@ -671,11 +694,27 @@ def _callbacks(s: _W, hang: bool) -> None:
 
 
 def job_closed(s: _W) -> None:
-    """The job reached its final state: the composition releases what the close did not
-    get to (AgentJob's release: the callbacks step again; each close runs once)."""
+    """The job machine reached its final state: a lifecycle's teardown waiting for it goes
+    on (its ``job`` step's wait returns)."""
+    if s.life_task.endswith(":job"):
+        _released(s)
+
+
+def _released(s: _W) -> None:
+    """run_teardown's steps after the job machine closed (``statemachines.system.RELEASE``):
+    the followers released at once, what the job's close did not get to among them (the
+    callbacks step's links again: each close runs once), each awaited; then ``released``.
+    Done as the wait returns, as a task's first turn is (the releases end without a bound
+    of their own in the model: each actor handles what it was sent)."""
     task = s.job_task
     _close_step(s, "callbacks")
     s.job_task = task  # the job's task is gone with its state; this is the release's work
+    if s.model.playout:
+        s.post(PLAYOUT, "close")  # PlayoutTracker.aclose(): it stops following the session
+    for m in (PART, AVATAR, PLAYOUT):
+        s.handle_all(m)  # each release awaited: its actor handles what it was sent
+    s.life_task = ""
+    s.post(AGENT_JOB, "released", (), "live")
 
 
 # -- inputs: what the outside world can do next ----------------------------------------------------
@@ -775,7 +814,17 @@ def _release(s: _W) -> None:
 
 
 def _avatar_start(s: _W) -> None:
+    # AgentJob.start_avatar(): a part of the start, the lifecycle asked first
+    s.post(AGENT_JOB, "start_part")
     s.post(AVATAR, "start")
+
+
+def _aclose(s: _W) -> None:
+    s.post(AGENT_JOB, "close")
+
+
+def _abort(s: _W) -> None:
+    s.post(AGENT_JOB, "abort")
 
 
 def _avatar_video(s: _W) -> None:
@@ -864,12 +913,21 @@ def _job_inputs(model: Model, w: World, cfg: Config, up: bool) -> Iterator[Input
         yield "shutdown", "job.shutdown", _shutdown
     if not w.deletion_requested and not cfg.delete_room_on_close:  # else it is implied
         yield "request_deletion", "end-call tool asks for room deletion", _request_deletion
+    if not cfg.aclose:
+        return
+    # the user's own calls on AgentJob, each returning once the job is closed: a graceful
+    # close, and an abort (also while a graceful close holds for the simulator)
+    if w.life in LIFE_UP:
+        yield "aclose", "AgentJob.aclose()", _aclose
+    if not w.aborted and (w.life in LIFE_UP or w.job in LIVE_JOB):
+        yield "abort", "AgentJob.aclose(graceful=False)", _abort
 
 
 def _avatar_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
     if w.avatar_actor_closed:
         return
-    if w.avatar == model.specs[AVATAR].initial:
+    if w.avatar == model.specs[AVATAR].initial and w.life in LIFE_UP:
+        # (once the job is closing, start_avatar() is refused and changes nothing)
         yield "avatar_start", "avatar.start", _avatar_start
     elif up and not w.av_present:
         yield "avatar_joins", "avatar joins", _avatar_joins
@@ -1012,7 +1070,7 @@ def _deletion_returns(s: _W, ok: bool) -> None:
 
 def work(model: Model, w: World | _W) -> Iterator[Work]:
     if not (
-        w.fin_task or w.host_task or w.av_task or w.dele_task or w.job_task
+        w.fin_task or w.host_task or w.av_task or w.dele_task or w.job_task or w.life_task
     ) and "closing" not in (w.sess_a, w.sess_b):
         return  # nothing runs aside (asked of every world explored: the common answer first)
     if w.fin_task.endswith(":start"):
