@@ -820,11 +820,20 @@ def _avatar_start(s: _W) -> None:
 
 
 def _aclose(s: _W) -> None:
+    s.waiting = True
     s.post(AGENT_JOB, "close")
 
 
 def _abort(s: _W) -> None:
+    s.waiting = True
     s.post(AGENT_JOB, "abort")
+
+
+def aclose_returns(s: _W) -> None:
+    """The lifecycle closed: a call of AgentJob.aclose() waiting for it goes on, and lets a
+    room deletion still under way run to its end or its bound (``JobSystem.aclose``)."""
+    s.waiting = False
+    s.post(DEL, "close", (), CLOSE)
 
 
 def _avatar_video(s: _W) -> None:

@@ -171,7 +171,9 @@ def safety(v: JobView) -> list[Finding]:
         out.append((7 if mark.startswith("job went") else 6, mark))
     life = states.get("agent_job")
     if life == "closed" and states.get("job") != "closed":
-        out.append((10, f"AgentJob's lifecycle is closed while the job machine is {states.get('job')}"))
+        out.append(
+            (10, f"AgentJob's lifecycle is closed while the job machine is {states.get('job')}")
+        )
     return out
 
 

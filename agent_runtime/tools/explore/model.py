@@ -165,6 +165,7 @@ class World(NamedTuple):
     life: str  # its state
     life_task: str  # closing's run_teardown: "" or "closing:STEP" (RELEASE's job step)
     aborted: bool  # the user called aclose(graceful=False)
+    waiting: bool  # a call of the user's aclose() waits for the lifecycle's close
 
 
 FIELDS = World._fields
@@ -277,6 +278,7 @@ class _W:
     life: str
     life_task: str
     aborted: bool
+    waiting: bool
 
     def __init__(self, model: Model, w: World) -> None:
         self.model = model
@@ -335,6 +337,7 @@ class _W:
             self.life,
             self.life_task,
             self.aborted,
+            self.waiting,
         ) = w
 
     def freeze(self) -> World:
@@ -393,6 +396,7 @@ class _W:
             self.life,
             self.life_task,
             self.aborted,
+            self.waiting,
         )
 
     def state_of(self, m: str) -> str:
@@ -643,6 +647,7 @@ class Model:
             life=sp[AGENT_JOB].initial,
             life_task="",
             aborted=False,
+            waiting=False,
         )
 
     # -- what can happen next ----------------------------------------------------------------
@@ -785,6 +790,8 @@ class Model:
                             s.post(target, ev, ((m, dest),))
                 if m == JOB:
                     self._job_changed(s, source, st.dest, event)
+                elif m == AGENT_JOB and s.waiting and st.dest in self._final[m]:
+                    abstract.aclose_returns(s)
             links = self._links
             for name in st.effects:
                 # an effect's declared links first, then its outcome on the world (an
@@ -927,9 +934,7 @@ def _data(params: Params) -> dict[str, Any]:
 
 @functools.cache
 def _closed(*flags: bool) -> frozenset[str]:
-    return frozenset(
-        m for m, f in zip(MACHINE_NAMES, flags, strict=True) if f
-    )
+    return frozenset(m for m, f in zip(MACHINE_NAMES, flags, strict=True) if f)
 
 
 @functools.lru_cache(maxsize=4096)
