@@ -12,14 +12,16 @@ against the runtime by reading (and the conformance replay checks by running):
 * **the facts views**: what the guards read, taken from the abstract world;
 * **inputs**: what the outside world can do next (``inputs``), with playout composed the
   session's side of it too: an agent turn's start and end, the hand-off to the avatar's sink
-  and the avatar's report, the linked user's speech;
+  and the avatar's report, the linked user's speech; with ``Config.aclose`` the user's own
+  ``AgentJob.aclose()`` and ``aclose(graceful=False)``;
 * **effects**: how each effect changes the abstract world (``EFFECTS``): the audio route,
   a session closing, a reply going out; an effect with links also fires them, generically;
 * **work running aside and its outcomes** (``work``): a plugin's start may put its route in,
   fail early or late, return with no route, or hang; ``on_simulation_end`` returns or hangs;
   the room deletion returns or fails; a session's close ends or hangs; the shutdown
   callbacks return or one hangs; the plugin's own clear settles; the steps of the job's
-  close (``run_close``) follow one another;
+  close (``run_close``) follow one another; the lifecycle's teardown (``run_teardown``)
+  releases the followers once the job machine closed;
 * **fault injection** (``Glue``): switches that break one of these abstractions, for tests.
 
 Pure: no asyncio, no livekit, no clock.
