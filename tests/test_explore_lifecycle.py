@@ -57,9 +57,9 @@ def test_every_invariant_holds_with_the_users_closes(config: int) -> None:
 
 @pytest.mark.exhaustive
 def test_every_invariant_holds_with_the_users_closes_six_inputs_deep() -> None:
-    # the job's inputs to six (160,589 states, 81 s of CPU and 108 s on two workers, measured on a shared
-    # machine). Not until nothing new appears: with the closes among them that space did
-    # not close within 15 minutes on two workers
+    # the job's inputs to six (160,589 states, 81 s of CPU and 108 s on two workers,
+    # measured on a shared machine). Not until nothing new appears: with the closes among
+    # them that space did not close within 15 minutes on two workers
     report = explore(6, configs=LIFECYCLE_CONFIGS, inputs=["job"], workers=2, count=False)
     print("\n" + report.summary())
     assert report.ok, report.summary()

@@ -7,9 +7,9 @@ shared ones (``statemachines.glue.GUARDS``), evaluated on facts views of the wor
 effect's declared links (``statemachines.glue.LINKS``) post their events, and so does a
 state change that a declared watch names (``statemachines.system.WATCHES``: what the playout
 machine, composed when ``Config.playout`` says, hears of the avatar and the participant
-link; what AgentJob's own lifecycle, composed always, hears of the job machine's close). What the model
-says on its own (who is in the room, each effect's outcome on the abstract world, what work
-running aside may do) is in ``abstract``, reviewed as such.
+link; what AgentJob's own lifecycle, composed always, hears of the job machine's close).
+What the model says on its own (who is in the room, each effect's outcome on the abstract
+world, what work running aside may do) is in ``abstract``, reviewed as such.
 
 This file is the mechanics the actors provide: one mailbox per machine handled one event
 at a time, state timers armed on entry and cancelled on exit (a timer's event that outlives
