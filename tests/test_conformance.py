@@ -8,7 +8,8 @@ job and the runtime's must agree. Stood in, because they are a server's or the o
 world's: the avatar provider, ``on_simulation_end``, the room deletion, a shutdown callback
 and the end of a session's close (each does what the path says: return, fail or hang).
 
-A runtime with one of its links not posted fails the replay at the first step that differs.
+A runtime with one of its links not posted, or a cell of AgentJob's own lifecycle changed,
+fails the replay at the first step that differs.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from agent_runtime.tools.conformance.harness import Harness
 from agent_runtime.tools.conformance.paths import Path, from_steps
 from agent_runtime.tools.conformance.replay import Mismatch, run
 from agent_runtime.tools.conformance.suite import conformance
-from agent_runtime.tools.explore import Config
+from agent_runtime.tools.explore import LIFECYCLE_CONFIGS, Config
 from agent_runtime.tools.explore.model import Inputs
+from agent_runtime.tools.explore.mutate import set_cell
 from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
 from statemachines.glue import LINKS, without
 from statemachines.machines import MACHINES
+from statemachines.step import table_of
 from statemachines.system import bound_of
 
 # the rows no path takes, each for a reason: an input the model does not produce (the
@@ -55,9 +58,18 @@ NOT_TAKEN = {
     ("room_deletion", "requested", "close"),
     ("session_host", "attached", "attach"),
     ("session_host", "attached", "detach"),
-    # the model never aborts (AgentJob.aclose(graceful=False)): tests/test_job_lifecycle.py
-    ("job", "serving", "abort"),
-    ("job", "awaiting_finalize", "abort"),
+    # the job's own lifecycle before its session runs: the replay's job starts as the
+    # model's does, with start_runtime() and start_session() (the start's other cells:
+    # tests/test_job_lifecycle.py)
+    ("agent_job", "new", "start"),
+    ("agent_job", "new", "close"),
+    ("agent_job", "new", "abort"),
+    ("agent_job", "new", "job_closed"),
+    ("agent_job", "starting", "start_part"),
+    ("agent_job", "starting", "start_failed"),
+    ("agent_job", "starting", "close"),
+    ("agent_job", "starting", "abort"),
+    ("agent_job", "starting", "job_closed"),
 }
 
 
@@ -77,13 +89,16 @@ def test_the_runtime_follows_the_model_on_the_example_agents_paths() -> None:
 
 @pytest.mark.exhaustive
 def test_the_runtime_follows_the_model_on_every_path() -> None:
-    report = conformance(counterexample_configs=DEFAULT_CONFIGS[:1])
+    # the user's own closes too (LIFECYCLE_CONFIGS: aclose() and aclose(graceful=False))
+    report = conformance(
+        configs=(*DEFAULT_CONFIGS, *LIFECYCLE_CONFIGS), counterexample_configs=DEFAULT_CONFIGS[:1]
+    )
     print("\n" + report.summary())
     assert report.ok, report.summary()
     assert report.covering > 20 and report.counterexamples > 5
-    # every row of every machine the model composes (playout is explored on its own, the
-    # job's own lifecycle is tested through AgentJob's API in tests/test_job_lifecycle.py)
-    composed = [s for name, s in MACHINES.items() if name not in ("playout", "agent_job")]
+    # every row of every machine the model composes, the job's own lifecycle among them
+    # (playout is explored composed, but the replay's job runs without it)
+    composed = [s for name, s in MACHINES.items() if name != "playout"]
     assert len(report.total) == sum(len(s.rows) for s in composed)
     missed = {
         (m, MACHINES[m].rows[i].source, MACHINES[m].rows[i].event) for m, i in report.missed()
@@ -168,3 +183,48 @@ def test_the_avatar_leaves_after_the_session_or_its_share_of_the_bound() -> None
     assert views[6].audio_route == "avatar"
     assert path.steps[-1].at == pytest.approx(bound_of("session", 10.0))  # its share
     assert (views[7].states["avatar"], views[7].audio_route) == ("closed", "room")
+
+
+# the example agent in a simulation, with the user's own closes among the job's inputs
+ACLOSE = LIFECYCLE_CONFIGS[0]
+CLOSES = [
+    "AgentJob.aclose()",
+    "AgentJob.aclose(graceful=False)",
+    "session A finishes closing",
+    "run_close: shutdown callbacks return",
+]
+
+
+def test_the_users_closes_follow_the_model() -> None:
+    # aclose() holds for the simulator; aclose(graceful=False) ends the hold; the lifecycle
+    # closes once the job machine did and its release ended (both calls then return)
+    path = _path(ACLOSE, "job", CLOSES)
+    views = [runtime for _, runtime in run(path).views]
+    assert [v.states["agent_job"] for v in views] == [
+        "running",
+        "closing",
+        "closing",
+        "closing",
+        "closed",
+    ]
+    assert [v.states["job"] for v in views[:3]] == ["serving", "awaiting_finalize", "closing"]
+    assert views[1].tasks["agent_job"] == ("closing",)  # run_teardown waits for the job
+    assert views[4].states["room_deletion"] == "closed"  # aclose() released it on return
+
+
+def test_a_lifecycle_cell_the_runtime_gets_wrong_is_caught() -> None:
+    # a runtime whose lifecycle ignores an abort while closing: the hold goes on
+    path = _path(ACLOSE, "job", CLOSES)
+    wrong = set_cell(MACHINES["agent_job"], "closing", "abort", kind="ignore")
+
+    def ignores_abort(h: Harness) -> None:
+        lifecycle = h.job.system.lifecycle
+        lifecycle.spec, lifecycle._table = wrong, table_of(wrong)
+
+    with pytest.raises(Mismatch) as caught:
+        run(path, setup=ignores_abort)
+    msg = str(caught.value)
+    assert "after step 2 (AgentJob.aclose(graceful=False))" in msg
+    model, runtime = msg.split("first differences:")[1].split(", runtime ", 1)
+    assert "'job': 'closing'" in model
+    assert "'job': 'awaiting_finalize'" in runtime

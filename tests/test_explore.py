@@ -111,6 +111,8 @@ def test_1_audio_left_on_a_failed_avatar_is_reported() -> None:
     assert detail == "audio goes to the avatar while it is failed"
     assert steps == [
         "avatar.start",
+        # AgentJob.start_avatar(): the lifecycle hears of the part first
+        "  -> agent_job handles start_part",
         "  -> avatar handles start",
         "avatar plugin puts its route in",
         "avatar plugin start() fails late",
@@ -124,6 +126,8 @@ def test_1_an_avatar_that_never_joins_keeping_the_audio_is_reported() -> None:
     assert detail == "after every bound the audio still goes to an avatar in routing"
     assert steps == [
         "avatar.start",
+        # AgentJob.start_avatar(): the lifecycle hears of the part first
+        "  -> agent_job handles start_part",
         "  -> avatar handles start",
         "avatar plugin puts its route in",
         "avatar plugin start() returns",
@@ -139,6 +143,8 @@ def test_1_a_plugin_start_that_never_returns_keeping_the_audio_is_reported() -> 
     assert detail == "after every bound the audio still goes to an avatar in starting"
     assert steps == [
         "avatar.start",
+        # AgentJob.start_avatar(): the lifecycle hears of the part first
+        "  -> agent_job handles start_part",
         "  -> avatar handles start",
         "avatar plugin puts its route in",
         "avatar plugin start() hangs, its route in",
@@ -155,6 +161,8 @@ def test_1_a_close_during_starting_that_misses_the_plugins_route_is_reported() -
     assert detail == "audio goes to the avatar while it is closed"
     assert steps == [
         "avatar.start",
+        # AgentJob.start_avatar(): the lifecycle hears of the part first
+        "  -> agent_job handles start_part",
         "  -> avatar handles start",
         "avatar plugin puts its route in",
         "avatar.close",
@@ -323,7 +331,9 @@ def test_5_a_job_that_skips_its_close_work_is_reported() -> None:
     broken = set_dest(JOB, "awaiting_finalize", "hold_timeout", "closed")
     detail, steps = _only(_run(2, specs={"job": broken}, stop_at=5), 5)
     assert detail == "the job closed without its close work (session_host detached, room connected)"
-    assert steps[-1] == "  -> job handles hold_timeout"
+    assert "  -> job handles hold_timeout" in steps
+    # the job machine closed: the lifecycle's release followed
+    assert steps[-1] == "  -> agent_job handles released"
 
 
 def test_5_a_job_that_waits_out_its_close_bound_is_reported() -> None:

@@ -614,7 +614,10 @@ class ComposedJob(RuleBasedStateMachine):
         w.job.shutdown("teardown")
         await w.quiesce()
         waited = 0.0
-        while w.job.state != "closed" and waited <= w.config.shutdown_bound + 1:
+        # the job machine's close, then the lifecycle's release (each of its steps bounded)
+        while (w.job.state != "closed" or w.agent_job.lifecycle != "closed") and (
+            waited <= w.config.shutdown_bound + 1
+        ):
             await w.advance(1.0)
             waited += 1.0
         assert w.job.state == "closed", f"job still {w.job.state} after {waited}s"

@@ -470,6 +470,9 @@ _ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     "shutdown": _shutdown,
     "request_deletion": lambda h, _: h.job.request_room_deletion(),
     "release": lambda h, _: h.bg(h.job.aclose(), "job.aclose"),
+    # the user's own calls, each returning once the job is closed
+    "aclose": lambda h, _: h.bg(h.job.aclose(), "job.aclose"),
+    "abort": lambda h, _: h.bg(h.job.aclose(graceful=False), "job.abort"),
     "avatar_start": lambda h, _: h.bg(h.job.start_avatar(), "avatar.start"),
     "avatar_joins": lambda h, _: _joins(h, "avatar"),
     "avatar_video": lambda h, _: h.room.publish_track(PEOPLE["avatar"].identity, "video"),

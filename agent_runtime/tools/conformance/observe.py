@@ -73,8 +73,8 @@ def runtime_view(
     """The ``JobView`` of a real job: its machines and facts, what the test observed
     (``observed``), its trace (``records``), its sessions by the model's names (``A`` the
     primary) and the primary session's close as the test knows it (``session``)."""
-    # the machines the composed model has (playout and the job's own lifecycle are checked
-    # by their own tests, and listed as model-only gaps in the verification guide)
+    # the machines the composed model has, the job's own lifecycle among them (playout is
+    # explored composed, but the replay's job runs without it)
     actors = {a.spec.name: a for a in job.actors if a.spec.name in MACHINE_NAMES}
     states = {name: a.state for name, a in actors.items()}
     host = job.system.host
@@ -90,7 +90,7 @@ def runtime_view(
     room = job.room
     marks = list(observed.marks)
     asked = job.settings.delete_room_on_close
-    shutdown = room_work = timed_out = False
+    shutdown = room_work = timed_out = aborted = False
     for r in records:
         if r.kind not in ("transition", "ignore", "reject"):
             continue
@@ -101,6 +101,8 @@ def runtime_view(
                 marks.append(mark)
         if r.machine == "job" and r.event == "shutdown":
             shutdown = True
+        if r.machine == "agent_job" and r.event == "abort":
+            aborted = True  # aclose(graceful=False) was called
         if r.machine == "job" and r.event == "close_timeout":
             timed_out = True
         if r.machine == "room_deletion" and r.event == "request":
@@ -143,4 +145,5 @@ def runtime_view(
         tasks={name: (a.state,) * a.live_tasks for name, a in actors.items() if a.live_tasks},
         clear_rpcs=tuple(observed.clear_rpcs),
         marks=tuple(marks),
+        aborted=aborted,
     )

@@ -134,7 +134,9 @@ class Walker:
         first = self.model._start()
         # the job starting: its start-up mail handled
         self._started = self.model._move("internal", "", "the job starts", first, _nothing)
-        self.initial_rows = frozenset((m, i) for m, i, _ in self._started.rows)
+        self.initial_rows = frozenset(
+            (m, i) for m, i, _ in (*self.model.start_rows, *self._started.rows)
+        )
         self._first = first
         # a world's moves, once: the walk reaches a world again with other timers armed
         self._succ: dict[World, list[Move]] = {}

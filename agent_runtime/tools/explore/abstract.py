@@ -12,14 +12,16 @@ against the runtime by reading (and the conformance replay checks by running):
 * **the facts views**: what the guards read, taken from the abstract world;
 * **inputs**: what the outside world can do next (``inputs``), with playout composed the
   session's side of it too: an agent turn's start and end, the hand-off to the avatar's sink
-  and the avatar's report, the linked user's speech;
+  and the avatar's report, the linked user's speech; with ``Config.aclose`` the user's own
+  ``AgentJob.aclose()`` and ``aclose(graceful=False)``;
 * **effects**: how each effect changes the abstract world (``EFFECTS``): the audio route,
   a session closing, a reply going out; an effect with links also fires them, generically;
 * **work running aside and its outcomes** (``work``): a plugin's start may put its route in,
   fail early or late, return with no route, or hang; ``on_simulation_end`` returns or hangs;
   the room deletion returns or fails; a session's close ends or hangs; the shutdown
   callbacks return or one hangs; the plugin's own clear settles; the steps of the job's
-  close (``run_close``) follow one another;
+  close (``run_close``) follow one another; the lifecycle's teardown (``run_teardown``)
+  releases the followers once the job machine closed;
 * **fault injection** (``Glue``): switches that break one of these abstractions, for tests.
 
 Pure: no asyncio, no livekit, no clock.
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
 DEL, FIN, PLAYOUT = "room_deletion", "finalize", "playout"
+AGENT_JOB = "agent_job"  # AgentJob's own lifecycle
+LIFE_UP = ("new", "starting", "running")  # the lifecycle before any close
 # the playout machine's re-prompts in a row before it hands over, when its watchdog is on
 # (any limit decides alike past the first: one keeps the worlds few)
 MAX_REPROMPTS = 1
@@ -100,6 +104,10 @@ class Config:
     # its re-prompt watchdog: off (PlayoutOptions' default), or on, handing over after
     # MAX_REPROMPTS by waiting for the user or by closing the session
     watchdog: Literal["off", "wait", "close"] = "off"
+    # the user's own AgentJob.aclose() and aclose(graceful=False) among the job's inputs
+    # (the lifecycle itself is always composed: the job closing on its own closes it). Off
+    # by default: two more inputs in every world double the job's explorations
+    aclose: bool = False
 
     @classmethod
     def example(cls, *, simulation: bool = True) -> Config:
@@ -125,6 +133,8 @@ class Config:
         if self.playout:
             wd = "" if self.watchdog == "off" else f", watchdog then {self.watchdog}"
             parts.append(f"playout{wd}")
+        if self.aclose:
+            parts.append("aclose")
         parts.append(f"present: {', '.join(self.present) or 'nobody'}")
         return ", ".join(parts)
 
@@ -575,6 +585,11 @@ EFFECTS: dict[str, Effect] = {
     "reprompt": _reprompt,
     "reset_reprompts": _reset_reprompts,
     "hand_over": _hand_over,
+    # the job's own lifecycle: its asks reach the job machine through their links;
+    # run_teardown is closing's state task (TASKS)
+    "ask_shutdown": _nothing,
+    "ask_abort": _nothing,
+    "run_teardown": _nothing,
 }
 
 
@@ -606,6 +621,15 @@ def _compute_verdict(s: _W) -> None:
     s.fin_task = f"{s.fin}:start"
 
 
+def _run_teardown(s: _W) -> None:
+    # RELEASE's first step (the parts of a start still running cut) changes nothing the
+    # model follows (the caller of a cut start gets its error); then it waits for the job
+    # machine's close (``job_closed`` below), or finds it closed already
+    s.life_task = f"{s.life}:job"
+    if s.job in s.model.inert[JOB]:
+        _released(s)
+
+
 TASKS: dict[str, Callable[[_W], None]] = {
     "start_plugin": _start_plugin,
     "follow_plugin_clear": _follow_clear,
@@ -613,6 +637,7 @@ TASKS: dict[str, Callable[[_W], None]] = {
     "delete_room": _delete_room,
     "drain": _drain,
     "compute_verdict": _compute_verdict,
+    "run_teardown": _run_teardown,
 }
 
 # -- the job's close (run_close): its steps, in RUN_CLOSE_STEPS order ----------------------------
@@ -672,17 +697,31 @@ def _callbacks(s: _W, hang: bool) -> None:
 
 
 def job_closed(s: _W) -> None:
-    """The job reached its final state: the composition releases what the close did not
-    get to (AgentJob's release, statemachines.system.RELEASE after its job step: each
-    step's declared links fire, run_teardown/STEP; a session still running is asked to
-    close; the participant link and the avatar are closed through their runtimes, each
-    close running once)."""
+    """The job machine reached its final state: a lifecycle's teardown waiting for it goes
+    on (its ``job`` step's wait returns)."""
+    if s.life_task.endswith(":job"):
+        _released(s)
+
+
+def _released(s: _W) -> None:
+    """run_teardown's steps after the job machine closed (``statemachines.system.RELEASE``),
+    at once: each step's declared links (run_teardown/STEP), a session still running asked
+    to close, playout, the participant link and the avatar stopped through their runtimes
+    (each close runs once: what the job's close did not get to), each awaited; then
+    ``released``. Done as the wait returns, as a task's first turn is (the releases end
+    without a bound of their own in the model: each actor handles what it was sent)."""
     for step in _RELEASE_AFTER_JOB:
-        s.fire("agent_job", "run_teardown", (), step=step)
+        s.fire(AGENT_JOB, "run_teardown", (), step=step)
         if step == "session" and s.sess_a == "running":
             s.sess_a = "closing"
+        elif step == PLAYOUT and s.model.playout:
+            s.post(PLAYOUT, "close")  # PlayoutTracker.aclose(): it stops following the session
         elif step in (PART, AVATAR) and step in s.model.machines:
             s.post(step, "close", (), CLOSE)
+    for m in (PART, AVATAR, PLAYOUT):
+        s.handle_all(m)  # each release awaited: its actor handles what it was sent
+    s.life_task = ""
+    s.post(AGENT_JOB, "released", (), "live")
 
 
 _RELEASE_AFTER_JOB = tuple(st.name for st in RELEASE if "job" in st.after)
@@ -785,7 +824,26 @@ def _release(s: _W) -> None:
 
 
 def _avatar_start(s: _W) -> None:
+    # AgentJob.start_avatar(): a part of the start, the lifecycle asked first
+    s.post(AGENT_JOB, "start_part")
     s.post(AVATAR, "start")
+
+
+def _aclose(s: _W) -> None:
+    s.waiting = True
+    s.post(AGENT_JOB, "close")
+
+
+def _abort(s: _W) -> None:
+    s.waiting = True
+    s.post(AGENT_JOB, "abort")
+
+
+def aclose_returns(s: _W) -> None:
+    """The lifecycle closed: a call of AgentJob.aclose() waiting for it goes on, and lets a
+    room deletion still under way run to its end or its bound (``JobSystem.aclose``)."""
+    s.waiting = False
+    s.post(DEL, "close", (), CLOSE)
 
 
 def _avatar_video(s: _W) -> None:
@@ -874,12 +932,21 @@ def _job_inputs(model: Model, w: World, cfg: Config, up: bool) -> Iterator[Input
         yield "shutdown", "job.shutdown", _shutdown
     if not w.deletion_requested and not cfg.delete_room_on_close:  # else it is implied
         yield "request_deletion", "end-call tool asks for room deletion", _request_deletion
+    if not cfg.aclose:
+        return
+    # the user's own calls on AgentJob, each returning once the job is closed: a graceful
+    # close, and an abort (also while a graceful close holds for the simulator)
+    if w.life in LIFE_UP:
+        yield "aclose", "AgentJob.aclose()", _aclose
+    if not w.aborted and (w.life in LIFE_UP or w.job in LIVE_JOB):
+        yield "abort", "AgentJob.aclose(graceful=False)", _abort
 
 
 def _avatar_inputs(model: Model, w: World, up: bool) -> Iterator[Input]:
     if w.avatar_actor_closed:
         return
-    if w.avatar == model.specs[AVATAR].initial:
+    if w.avatar == model.specs[AVATAR].initial and w.life in LIFE_UP:
+        # (once the job is closing, start_avatar() is refused and changes nothing)
         yield "avatar_start", "avatar.start", _avatar_start
     elif up and not w.av_present:
         yield "avatar_joins", "avatar joins", _avatar_joins
@@ -1022,7 +1089,7 @@ def _deletion_returns(s: _W, ok: bool) -> None:
 
 def work(model: Model, w: World | _W) -> Iterator[Work]:
     if not (
-        w.fin_task or w.host_task or w.av_task or w.dele_task or w.job_task
+        w.fin_task or w.host_task or w.av_task or w.dele_task or w.job_task or w.life_task
     ) and "closing" not in (w.sess_a, w.sess_b):
         return  # nothing runs aside (asked of every world explored: the common answer first)
     if w.fin_task.endswith(":start"):

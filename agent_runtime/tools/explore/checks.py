@@ -87,14 +87,25 @@ INVARIANTS: tuple[Invariant, ...] = (
         "time passed every bound, no agent audio is left unreported at the avatar (the agent "
         "never stays speaking)",
     ),
+    Invariant(
+        10,
+        "lifecycle_follows",
+        "AgentJob's own lifecycle is never closed while the job machine is not; once the job "
+        "machine closed (on its own or asked) the lifecycle closes once its release ends, so "
+        "aclose() returns; aclose() closes the job machine within its bounds, and "
+        "aclose(graceful=False) never leaves it serving nor holding for the simulator",
+    ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
 BY_NUMBER = {inv.number: inv for inv in INVARIANTS}
 
 Finding = tuple[int, str]  # (invariant number, what is wrong)
 
-# the events that may end a hold: the simulator gone, the room gone, the bound
-_HOLD_ENDS = frozenset({"simulator_left", "room_disconnected", "hold_timeout"})
+# the events that may end a hold: the simulator gone, the room gone, the bound, and the
+# user's own abort (aclose(graceful=False): no hold, by the user's choice)
+_HOLD_ENDS = frozenset({"simulator_left", "room_disconnected", "hold_timeout", "abort"})
+# AgentJob's lifecycle before any close (statemachines.agent_job)
+_LIFE_UP = ("new", "starting", "running")
 
 
 def hold_cut(source: str, dest: str, event: str, needed: bool) -> str:
@@ -158,6 +169,11 @@ def safety(v: JobView) -> list[Finding]:
             out.append((1, f"lk.clear_buffer went to the avatar while it was {state}"))
     for mark in v.marks:
         out.append((7 if mark.startswith("job went") else 6, mark))
+    life = states.get("agent_job")
+    if life == "closed" and states.get("job") != "closed":
+        out.append(
+            (10, f"AgentJob's lifecycle is closed while the job machine is {states.get('job')}")
+        )
     return out
 
 
@@ -198,6 +214,13 @@ def settled(v: JobView) -> list[Finding]:
         out.append((7, f"{why} but the job still holds"))
     if job == "closing" and not v.tasks.get("job"):
         out.append((5, "the close work is done but the job is still closing"))
+    life = v.states.get("agent_job")
+    if life is not None:
+        # what the job_closed watch, the release and the abort's link must have done by now
+        if job == "closed" and life != "closed":
+            out.append((10, f"the job machine closed but AgentJob's lifecycle is {life}"))
+        if v.aborted and job in LIVE_JOB:
+            out.append((10, f"aclose(graceful=False) was called but the job is {job}"))
     playout = v.states.get("playout")
     if playout is not None:
         # what the session's close link and the avatar's watch must have done by now
@@ -239,6 +262,10 @@ def eventual(v: JobView) -> list[Finding]:
             out.append(
                 (5, f"the job closed without its close work (session_host {host}, room {room})")
             )
+    life = v.states.get("agent_job")
+    if life is not None and life != "closed" and (life not in _LIFE_UP or job == "closed"):
+        # the job machine closed, or the user called aclose(): it returns once closed
+        out.append((10, f"after every bound AgentJob's lifecycle is {life} (the job {job})"))
     if v.audio_pending:
         playout = v.states.get("playout")
         out.append(

@@ -7,9 +7,9 @@ shared ones (``statemachines.glue.GUARDS``), evaluated on facts views of the wor
 effect's declared links (``statemachines.glue.LINKS``) post their events, and so does a
 state change that a declared watch names (``statemachines.system.WATCHES``: what the playout
 machine, composed when ``Config.playout`` says, hears of the avatar and the participant
-link). What the model
-says on its own (who is in the room, each effect's outcome on the abstract world, what work
-running aside may do) is in ``abstract``, reviewed as such.
+link; what AgentJob's own lifecycle, composed always, hears of the job machine's close).
+What the model says on its own (who is in the room, each effect's outcome on the abstract
+world, what work running aside may do) is in ``abstract``, reviewed as such.
 
 This file is the mechanics the actors provide: one mailbox per machine handled one event
 at a time, state timers armed on entry and cancelled on exit (a timer's event that outlives
@@ -38,6 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 from agent_runtime.tools.explore import abstract
 from agent_runtime.tools.explore.abstract import (
+    AGENT_JOB,
     AVATAR,
     CLOSE,
     DEFAULT_GLUE,
@@ -76,9 +77,9 @@ __all__ = [
     "mail_label",
 ]
 
-# the machines every model composes (and the conformance replay compares); playout is
-# composed too when the config runs it (``Config.playout``)
-MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL, FIN)
+# the machines every model composes (and the conformance replay compares), the job's own
+# lifecycle among them; playout is composed too when the config runs it (``Config.playout``)
+MACHINE_NAMES = (AVATAR, JOB, HOST, PART, DEL, FIN, AGENT_JOB)
 
 # a mailbox entry: (machine, event, params, token). Params are sorted (key, value) pairs.
 # The token marks what the actor checks at delivery: a timer's or a task's event is "live"
@@ -160,6 +161,11 @@ class World(NamedTuple):
     speaking: bool  # the session's user state is speaking
     reprompts: int  # the playout machine's count of re-prompts in a row
     pending: bool  # agent audio handed to the avatar's sink, not reported nor finished
+    # AgentJob's own lifecycle (statemachines.agent_job), always composed
+    life: str  # its state
+    life_task: str  # closing's run_teardown: "" or "closing:STEP" (RELEASE's job step)
+    aborted: bool  # the user called aclose(graceful=False)
+    waiting: bool  # a call of the user's aclose() waits for the lifecycle's close
 
 
 FIELDS = World._fields
@@ -171,6 +177,7 @@ _STATE = {
     DEL: "dele",
     FIN: "fin",
     PLAYOUT: "play",
+    AGENT_JOB: "life",
 }
 _TIMER = {
     AVATAR: "t_avatar",
@@ -180,7 +187,14 @@ _TIMER = {
     HOST: "t_host",
     PLAYOUT: "t_play",
 }
-_TASK = {AVATAR: "av_task", JOB: "job_task", DEL: "dele_task", HOST: "host_task", FIN: "fin_task"}
+_TASK = {
+    AVATAR: "av_task",
+    JOB: "job_task",
+    DEL: "dele_task",
+    HOST: "host_task",
+    FIN: "fin_task",
+    AGENT_JOB: "life_task",
+}
 
 
 class Move(NamedTuple):
@@ -261,6 +275,10 @@ class _W:
     speaking: bool
     reprompts: int
     pending: bool
+    life: str
+    life_task: str
+    aborted: bool
+    waiting: bool
 
     def __init__(self, model: Model, w: World) -> None:
         self.model = model
@@ -316,6 +334,10 @@ class _W:
             self.speaking,
             self.reprompts,
             self.pending,
+            self.life,
+            self.life_task,
+            self.aborted,
+            self.waiting,
         ) = w
 
     def freeze(self) -> World:
@@ -371,6 +393,10 @@ class _W:
             self.speaking,
             self.reprompts,
             self.pending,
+            self.life,
+            self.life_task,
+            self.aborted,
+            self.waiting,
         )
 
     def state_of(self, m: str) -> str:
@@ -383,6 +409,8 @@ class _W:
         and answers nothing (a final state only ignores or rejects)."""
         if m == JOB and event == "shutdown":
             self.shutdown_asked = True
+        elif m == AGENT_JOB and event == "abort":
+            self.aborted = True  # the user's call, whatever the lifecycle's table does with it
         elif m == DEL and event == "request":
             self.deletion_requested = True
         if m == AVATAR and self.avatar_actor_closed:
@@ -399,8 +427,8 @@ class _W:
         # the runtime's own choice of links (``agent_runtime.system.routing.Wiring`` calls it too)
         for link in links_fired(model._links, (source, on, step), flags, model.flags):
             if link.target not in model.machines:
-                continue  # a machine the model does not compose (the job's own lifecycle,
-                # playout when off): as the runtime's Wiring skips a target nobody connected
+                continue  # a machine the model does not compose (playout when off): as the
+                # runtime's Wiring skips a target nobody connected
             # a close to playout is a plain event (PlayoutTracker posts it), not an aclose()
             close = link.event == "close" and link.target != PLAYOUT
             self.post(link.target, link.event, params, CLOSE if close else NONE)
@@ -480,7 +508,7 @@ class Model:
         self.playout = self.config.playout
         self.machines: tuple[str, ...] = (*MACHINE_NAMES, *((PLAYOUT,) if self.playout else ()))
         # which composed machines a state change may send an event to (statemachines.system
-        # WATCHES; the job's own lifecycle is not composed)
+        # WATCHES: playout's, and the job's own lifecycle's job_closed)
         self._watch_targets = tuple(
             t for t in dict.fromkeys(w.target for w in watches) if t in self.machines
         )
@@ -529,6 +557,22 @@ class Model:
                 if s.timeout is not None:
                     armed[s.name] = (s.timeout.event, self._timer_set(s.timeout.setting))
             self._timeouts[m] = armed
+        # the lifecycle as the job starts: start_runtime() (following the room is no part of
+        # it), then start_session(), whose part AgentJob awaits the lifecycle's answer to
+        # before anything else runs, and whose end is ``started``. Decided here by its table,
+        # not posted: start mail of its own would only multiply the finer interleavings
+        life = chosen[AGENT_JOB].initial
+        rows: list[tuple[str, int, bool]] = []
+        for event in ("start_part", "started"):
+            st = step(chosen[AGENT_JOB], life, event, lambda g: False)
+            if st.outcome == "transition":
+                rows.append(
+                    (AGENT_JOB, self._rows[(AGENT_JOB, life, event, st.guards)], st.changed)
+                )
+                life = st.dest
+        self._life_started = life
+        # the rows that start took (the conformance walk counts them as the job's start's)
+        self.start_rows: tuple[tuple[str, int, bool], ...] = tuple(rows)
         self._invokes: dict[str, dict[str, tuple[str, ...]]] = {
             m: {s.name: s.invoke for s in chosen[m].states if s.invoke} for m in _TASK
         }
@@ -609,6 +653,10 @@ class Model:
             speaking=False,
             reprompts=0,
             pending=False,
+            life=self._life_started,
+            life_task="",
+            aborted=False,
+            waiting=False,
         )
 
     # -- what can happen next ----------------------------------------------------------------
@@ -751,6 +799,8 @@ class Model:
                             s.post(target, ev, ((m, dest),))
                 if m == JOB:
                     self._job_changed(s, source, st.dest, event)
+                elif m == AGENT_JOB and s.waiting and st.dest in self._final[m]:
+                    abstract.aclose_returns(s)
             links = self._links
             for name in st.effects:
                 # an effect's declared links, then its outcome on the world (the runtime
@@ -831,6 +881,8 @@ class Model:
             tasks[HOST] = (w.host_task.partition(":")[0],)
         if w.fin_task:
             tasks[FIN] = (w.fin_task.partition(":")[0],)
+        if w.life_task:
+            tasks[AGENT_JOB] = (w.life_task.partition(":")[0],)
         closed = _closed(
             w.avatar in final[AVATAR] or w.avatar_actor_closed,
             w.job in final[JOB],
@@ -838,10 +890,19 @@ class Model:
             w.part in final[PART],
             w.dele in final[DEL],
             w.fin in final[FIN] or w.host_actor_closed,
+            w.life in final[AGENT_JOB],
         )
         linked = w.linked
         cfg = self.config
-        states = {AVATAR: w.avatar, JOB: w.job, HOST: w.host, PART: w.part, DEL: w.dele, FIN: w.fin}
+        states = {
+            AVATAR: w.avatar,
+            JOB: w.job,
+            HOST: w.host,
+            PART: w.part,
+            DEL: w.dele,
+            FIN: w.fin,
+            AGENT_JOB: w.life,
+        }
         if self.playout:
             states[PLAYOUT] = w.play
         return JobView(
@@ -871,6 +932,7 @@ class Model:
             (),
             _marks(w.hold_cut, w.late) if w.hold_cut or w.late else (),
             w.pending,
+            w.aborted,
         )
 
 
@@ -882,9 +944,7 @@ def _data(params: Params) -> dict[str, Any]:
 
 @functools.cache
 def _closed(*flags: bool) -> frozenset[str]:
-    return frozenset(
-        m for m, f in zip((AVATAR, JOB, HOST, PART, DEL, FIN), flags, strict=True) if f
-    )
+    return frozenset(m for m, f in zip(MACHINE_NAMES, flags, strict=True) if f)
 
 
 @functools.lru_cache(maxsize=4096)

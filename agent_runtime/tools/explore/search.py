@@ -95,6 +95,15 @@ PLAYOUT_CONFIGS: tuple[Config, ...] = (
     ),
 )
 
+# the same job with the user's own AgentJob.aclose() and aclose(graceful=False) among the
+# job's inputs (the lifecycle is composed in every config; its closes double the job's
+# explorations, so apart): the example's simulation (a close that holds for the simulator,
+# an abort that ends the hold), and a job with nobody there that deletes its room
+LIFECYCLE_CONFIGS: tuple[Config, ...] = (
+    Config(aclose=True),
+    Config(simulation=False, present=(), delete_room_on_close=True, retry_attempts=1, aclose=True),
+)
+
 
 @dataclass(frozen=True)
 class Violation:

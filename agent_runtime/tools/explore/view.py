@@ -60,6 +60,7 @@ class JobView:
     # agent audio handed to the avatar's sink that it has neither reported nor been
     # finished locally (the SDK's playout wait, so the agent's "speaking", hangs on it)
     audio_pending: bool = False
+    aborted: bool = False  # the user called aclose(graceful=False)
 
 
 # what the conformance replay compares after every step: what a user of the job would see
