@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from statemachines import MachineSpec
 
@@ -44,8 +44,15 @@ class Output:
 
 # what an effect returns: an event for its own machine, an output for its links, or nothing
 EffectResult = Event | Output | None
-# who hears an effect's success: (effect name, output data)
-OutputFn = Callable[[str, Mapping[str, Any]], None]
+
+
+class OutputFn(Protocol):
+    """Who hears an effect's success: ``fire(machine, effect, output data)`` (the job's
+    ``Wiring``, held by reference: nothing is allocated per actor)."""
+
+    def fire(self, source: str, on: str, data: Mapping[str, Any] | None = None) -> None: ...
+
+
 EffectHandler = Callable[[Event], EffectResult | Awaitable[EffectResult]]
 GuardFn = Callable[[Event], bool]
 H = TypeVar("H")

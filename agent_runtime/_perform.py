@@ -252,7 +252,9 @@ class Performer(Emitter[str]):
             self._check(follow)
             self._mail().append((follow, None, None))
         if name in self._linked and self._outputs is not None:
-            self._outputs(name, follow.data if isinstance(follow, Output) else EMPTY)
+            self._outputs.fire(
+                self.spec.name, name, follow.data if isinstance(follow, Output) else EMPTY
+            )
 
     # -- state entry and exit ----------------------------------------------------------------
     def _enter_state(self, by: str = "") -> None:
@@ -313,7 +315,9 @@ class Performer(Emitter[str]):
             self._record_task(name, "ok")
             if gen == self._gen and not self._closed:
                 if name in self._linked and self._outputs is not None:
-                    self._outputs(name, res.data if isinstance(res, Output) else EMPTY)
+                    self._outputs.fire(
+                        self.spec.name, name, res.data if isinstance(res, Output) else EMPTY
+                    )
                 if isinstance(res, Event):
                     self._enqueue((res, None, gen))
 

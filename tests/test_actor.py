@@ -239,10 +239,21 @@ async def test_until_waits_for_a_state_and_returns_when_the_actor_closes() -> No
 # -- an effect's success is passed on to its declared links (XState's onDone) ---------------
 
 
+class Heard:
+    """Where an actor passes its effects' outputs (the job's Wiring, in a job)."""
+
+    def __init__(self, into: list[tuple[str, dict[str, Any]]]) -> None:
+        self.into = into
+
+    def fire(self, source: str, on: str, data: Any = None) -> None:
+        assert source == "lamp"
+        self.into.append((on, dict(data or {})))
+
+
 async def test_a_linked_effect_passes_its_output_on_success_and_nothing_on_failure() -> None:
     h = Harness()
     heard: list[tuple[str, dict[str, Any]]] = []
-    h.actor.pass_outputs(frozenset({"glow", "fuse"}), lambda e, d: heard.append((e, dict(d))))
+    h.actor.pass_outputs(frozenset({"glow", "fuse"}), Heard(heard))
     await h.actor.send(Event("press"))
     await h.actor.join()
     # glow returned an event for its own machine: its links hear empty data; fuse's coroutine
@@ -251,7 +262,7 @@ async def test_a_linked_effect_passes_its_output_on_success_and_nothing_on_failu
     h2 = Harness()
     h2.fuse_raises = True
     heard.clear()
-    h2.actor.pass_outputs(frozenset({"fuse"}), lambda e, d: heard.append((e, dict(d))))
+    h2.actor.pass_outputs(frozenset({"fuse"}), Heard(heard))
     await h2.actor.send(Event("press"))
     await h2.actor.join()
     assert h2.actor.state == "broken" and heard == []  # a failure is the error event's, only
@@ -275,6 +286,6 @@ async def test_an_output_carries_the_links_data() -> None:
         guards={"armed": lambda ev: True},
         clock=h.clock,
     )
-    actor.pass_outputs(frozenset({"log"}), lambda e, d: heard.append((e, dict(d))))
+    actor.pass_outputs(frozenset({"log"}), Heard(heard))
     await actor.send(Event("note"))
     assert heard == [("log", {"said": "note"})]

@@ -35,6 +35,7 @@ from agent_runtime.system.room_events import (
     TrackPublished,
 )
 from statemachines.delivery import (
+    LinkKey,
     follow_rank,
     index_links,
     links_fired,
@@ -161,7 +162,9 @@ class Wiring:
     ) -> None:
         self._flags: Mapping[str, bool] = MappingProxyType(dict(flags or {}))
         self._posts: dict[str, Callable[[Event], None]] = {}
-        self._links = index_links(links)
+        # the declared links, indexed once per declaration (every job shares LINKS')
+        self._declared = links
+        self._links = _index(links)
 
     @property
     def flags(self) -> Mapping[str, bool]:
@@ -174,10 +177,9 @@ class Wiring:
         """Fire the links of ``actor``'s effects as each one succeeds (its ``Output``, as
         XState's ``onDone``): no handler fires a link itself. The links of a task's steps
         (``step=``) are fired by the task as each step begins."""
-        source = actor.spec.name
-        effects = frozenset(on for (src, on, step) in self._links if src == source and not step)
+        effects = _linked_effects(self._declared, actor.spec.name)
         if effects:
-            actor.pass_outputs(effects, functools.partial(self.fire, source))
+            actor.pass_outputs(effects, self)
 
     def fire(
         self,
@@ -197,3 +199,26 @@ class Wiring:
             except Exception:
                 # one target's failure must not keep the others from hearing
                 logger.exception("link %s.%s -> %s failed", source, on, link.target)
+
+
+# per declaration, by identity (hashing the links themselves would cost every job more
+# than it saves): the index and, per machine, the effects whose success fires a link
+_INDEXES: dict[int, tuple[tuple[Link, ...], dict[LinkKey, tuple[Link, ...]]]] = {}
+_LINKED: dict[tuple[int, str], frozenset[str]] = {}
+
+
+def _index(links: tuple[Link, ...]) -> dict[LinkKey, tuple[Link, ...]]:
+    held = _INDEXES.get(id(links))
+    if held is None or held[0] is not links:
+        held = _INDEXES[id(links)] = (links, index_links(links))
+    return held[1]
+
+
+def _linked_effects(links: tuple[Link, ...], source: str) -> frozenset[str]:
+    """The effects of ``source`` whose success fires a link (not a task's steps)."""
+    _index(links)  # holds ``links``, so its id is not reused while cached
+    key = (id(links), source)
+    effects = _LINKED.get(key)
+    if effects is None:
+        effects = _LINKED[key] = frozenset(k.on for k in links if k.source == source and not k.step)
+    return effects
