@@ -443,8 +443,7 @@ class JobRuntime(MachineRuntime[str]):
         started = td is not None and ("callbacks" in running or "callbacks" in td.ended)
         if self._callbacks and not started:
             parts.append("the shutdown callbacks did not run")
-        what = "; ".join(parts)
-        what = what or "its last step had ended"
+        what = "; ".join(parts) or "its last step had ended"
         logger.warning(
             "closing the job was cut off after %gs (close_timeout): %s",
             after,

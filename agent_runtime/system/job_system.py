@@ -10,7 +10,7 @@ bounded, a cut step never skipping the next, independent steps at once). ``Agent
 its user-facing front: it checks the input, sets up tracing and hands the parts here.
 
 The composition: the room-event adapter (room facts reach each machine through the declared
-routing table, in ``FOLLOW_ORDER``), the ``job`` machine and the job-owned session host (the
+routing table, in ``FOLLOW_ORDER``), the ``job`` machine and the job's session host (the
 session starts with ``session_host=False`` and is attached before it starts), the linked
 ``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are off:
 the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
