@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent_runtime._messages import (
@@ -106,9 +106,11 @@ class Actor(Performer):
         self.instance = instance
         self._effects: Mapping[str, EffectHandler] = effects or {}
         self._guards: Mapping[str, GuardFn] = guards or {}
-        missing = [e.name for e in spec.effects if e.name not in self._effects]
-        missing += [g for g in spec.guards if g not in self._guards]
-        if missing:
+        if self._table.effect_names.difference(self._effects) or (
+            self._table.guard_names.difference(self._guards)
+        ):
+            missing = [e.name for e in spec.effects if e.name not in self._effects]
+            missing += [g for g in spec.guards if g not in self._guards]
             raise ValueError(f"machine {spec.name!r}: no handler for {', '.join(missing)}")
         self._settings: Mapping[str, float | None] = settings or {}
         self.clock: Clock = clock or AsyncioClock()
@@ -124,7 +126,7 @@ class Actor(Performer):
         # the mailbox's drain: a callback while every effect returns at once, a task from
         # the first effect that has to be awaited (see _drain_now)
         self._runner: asyncio.Task[None] | asyncio.Handle | None = None
-        self._awaited: asyncio.Future[Any] | None = None  # that effect, until it is awaited
+        self._awaited: Awaitable[Any] | None = None  # that effect, until it is awaited
         self._timer: TimerHandle | None = None
         self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
         self._entered_at: float | None = None
@@ -257,8 +259,10 @@ class Actor(Performer):
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
         awaited, self._awaited = self._awaited, None
-        if awaited is not None and not awaited.done():
-            # an effect whose drain was cancelled before it could await it
+        # an effect whose drain was cancelled before it could await it
+        if asyncio.iscoroutine(awaited):
+            awaited.close()  # never begun
+        elif isinstance(awaited, asyncio.Future) and not awaited.done():
             awaited.cancel()
             await asyncio.gather(awaited, return_exceptions=True)
         tasks = [t for t in self._tasks or () if t is not asyncio.current_task()]
@@ -280,9 +284,9 @@ class Actor(Performer):
 
     def _drain_now(self) -> None:
         """The mailbox, handled in this callback while every effect returns at once (no
-        task, no coroutine per step). The first effect that returns an awaitable is started
-        here, as a task of its own would have been, and a task takes over: it awaits that
-        effect, runs the rest of its step, then the rest of the mailbox (``_drain``)."""
+        task, no coroutine per step). From the first effect that returns an awaitable a task
+        takes over: it awaits that effect, runs the rest of its step, then the rest of the
+        mailbox (``_drain``)."""
         try:
             self.start()
             mailbox = self._mail()
@@ -299,8 +303,9 @@ class Actor(Performer):
                     self._failed(event, fut, e)
                     continue
                 if pending is not None:
-                    index, awaited = pending
-                    self._awaited = asyncio.ensure_future(awaited)
+                    # the task awaits the effect itself (no task of its own): its first
+                    # step runs it, as a task's first step would have
+                    index, self._awaited = pending
                     self._runner = asyncio.get_running_loop().create_task(
                         self._drain((event, fut, st, tracing, index)),
                         name=f"actor:{self._who()}",

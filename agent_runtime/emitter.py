@@ -47,6 +47,18 @@ def positional_arity(fn: Callable[..., Any]) -> int | None:
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
+def _is_async(callback: Callable[..., Any]) -> bool:
+    """As livekit's check: a coroutine function, or one tagged with asyncio's legacy marker."""
+    func: Any = callback.__func__ if type(callback) is MethodType else callback
+    if type(func) is FunctionType and not func.__dict__:
+        # a plain function (no marker, no wrapper): its code says it all
+        return bool(func.__code__.co_flags & inspect.CO_COROUTINE)
+    return inspect.iscoroutinefunction(callback) or (
+        _COROUTINE_MARKER is not None
+        and getattr(callback, "_is_coroutine", None) is _COROUTINE_MARKER
+    )
+
+
 class Emitter(rtc.EventEmitter[T]):
     """``rtc.EventEmitter`` whose ``emit`` does not rebuild each listener's signature, and
     whose listeners of an event are a tuple (replaced on ``on``/``off``, so ``emit`` walks
@@ -65,11 +77,7 @@ class Emitter(rtc.EventEmitter[T]):
                 return callback
 
             return decorator
-        # as livekit's: a coroutine function, or one tagged with asyncio's legacy marker
-        if inspect.iscoroutinefunction(callback) or (
-            _COROUTINE_MARKER is not None
-            and getattr(callback, "_is_coroutine", None) is _COROUTINE_MARKER
-        ):
+        if _is_async(callback):
             raise ValueError(
                 "Cannot register an async callback with `.on()`. Use `asyncio.create_task` "
                 "within your synchronous callback instead."

@@ -77,7 +77,7 @@ class Table:
     a cell is its ``Step`` (ignore, reject, or a transition whose first row is unguarded)
     or, when guards decide, a ``Guarded`` list of rows. Also the spec's states by name."""
 
-    __slots__ = ("cells", "events", "name", "spec_ref", "states")
+    __slots__ = ("cells", "effect_names", "events", "guard_names", "name", "spec_ref", "states")
 
     def __init__(self, spec: MachineSpec) -> None:
         # weak: the cache must not keep a spec alive (tools build thousands of copies)
@@ -85,6 +85,9 @@ class Table:
         self.name = spec.name
         self.states: dict[str, State] = {s.name: s for s in spec.states}
         self.events = frozenset(spec.events)
+        # what an actor of the spec needs a handler for
+        self.effect_names = frozenset(e.name for e in spec.effects)
+        self.guard_names = frozenset(spec.guards)
         self.cells: dict[tuple[str, str], Entry] = {}
         grouped: dict[tuple[str, str], list[Row]] = {}
         for r in spec.rows:

@@ -180,3 +180,33 @@ async def test_the_teardown_cut_from_outside_stops_where_it_is() -> None:
     with pytest.raises(asyncio.CancelledError):
         await running
     assert ran == [] and td.running == [] and td.ended == {"a"}
+
+
+async def test_a_step_with_nothing_left_to_wait_for_ends_as_it_begins(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a work returns None when its part is already done (a machine closed before its step),
+    # or raises at once: either way the step ends where it begins and the next ones run
+    clock = VirtualClock()
+    seen: list[str] = []
+
+    def done_already() -> None:
+        seen.append("a asked")
+
+    def broken() -> None:
+        raise RuntimeError("cannot even begin")
+
+    async def d() -> None:
+        seen.append("d ran")
+
+    began: list[str] = []
+    td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t", begin=began.append)
+    tasks_before = len(asyncio.all_tasks())
+    with caplog.at_level(logging.ERROR, logger=log.name):
+        running = asyncio.ensure_future(td.run({"a": done_already, "b": broken, "d": d}))
+        await settle()
+        await running
+    assert seen == ["a asked", "d ran"]
+    assert began == ["a", "b", "c", "d"] and td.running == [] and td.ended == set("abcd")
+    assert "t: closing b failed" in caplog.text and "cannot even begin" in caplog.text
+    assert len(asyncio.all_tasks()) == tasks_before  # nothing left running

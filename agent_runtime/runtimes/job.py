@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -411,12 +411,11 @@ class JobRuntime(MachineRuntime[str]):
     def _begin_step(self, step: str) -> None:
         self.wiring.fire("job", "run_close", step=step)
 
-    async def _host_closed(self) -> None:
-        await self.host.wait_closed()
+    def _host_closed(self) -> Awaitable[None]:
+        return self.host.wait_closed()
 
-    async def _disconnect(self) -> None:
-        if self._room.isconnected():
-            await self._room.disconnect()
+    def _disconnect(self) -> Awaitable[None] | None:
+        return self._room.disconnect() if self._room.isconnected() else None
 
     async def _deletion_settled(self) -> None:
         # delete_room_on_close covers every way the job ends (upstream deletes from the
@@ -451,8 +450,10 @@ class JobRuntime(MachineRuntime[str]):
             extra=self.actor.log_fields(ev.name),
         )
 
-    async def _run_callbacks(self) -> None:
-        await self._callbacks.run(self._reason, log_fields=self.actor.log_fields())
+    def _run_callbacks(self) -> Awaitable[None] | None:
+        if not self._callbacks:
+            return None
+        return self._callbacks.run(self._reason, log_fields=self.actor.log_fields())
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)

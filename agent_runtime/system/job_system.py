@@ -355,26 +355,19 @@ class JobSystem(MachineRuntime[str]):
     # builds a room track for a session that is going away. A session whose close is still
     # running after its step's share no longer holds the avatar's close back (the avatar
     # must leave while the room is connected).
-    async def _close_session(self) -> None:
+    def _close_session(self) -> Awaitable[None] | None:
         """The session closes (when the job ends for another reason, e.g. the simulator
         left, the job asks it to)."""
         if lk.session_live(self.session):
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
-        task = lk.session_closing_task(self.session)
-        if task is not None and not task.done():
-            with contextlib.suppress(Exception):  # a failed close is the session's to log
-                await asyncio.shield(task)
+        return _ended(lk.session_closing_task(self.session))
 
-    async def _avatar_left(self) -> None:
+    def _avatar_left(self) -> Awaitable[None] | None:
         """The avatar's close (its step's link asked it) and a session close still running."""
-        closing: list[Awaitable[Any]] = []
-        task = lk.session_closing_task(self.session)
-        if task is not None and not task.done():
-            closing.append(asyncio.shield(task))
-        if self.avatar is not None:
-            closing.append(asyncio.shield(self.avatar.request_close()))
-        if closing:
-            await asyncio.gather(*closing, return_exceptions=True)
+        return _ended(
+            lk.session_closing_task(self.session),
+            self.avatar.request_close() if self.avatar is not None else None,
+        )
 
     # -- the lifecycle's effects -------------------------------------------------------------
     # the job machine hears them through the declared links (statemachines.glue.LINKS)
@@ -397,7 +390,7 @@ class JobSystem(MachineRuntime[str]):
         )
         works: dict[str, Work] = {
             "starts": self._cut_starts,
-            "job": self.job.wait_closed,
+            "job": self._job_closed,
             "session": self._no_session_left,
             "participant": self.link.aclose,
             "avatar": self._avatar_closed,
@@ -415,32 +408,44 @@ class JobSystem(MachineRuntime[str]):
     def _begin_release(self, step: str) -> None:
         self.wiring.fire("agent_job", "run_teardown", step=step)
 
-    async def _cut_starts(self) -> None:
+    def _cut_starts(self) -> Awaitable[None] | None:
         starts = [t for t in self._starts if not t.done()]
         for t in starts:
             t.cancel()
-        if starts:
-            # asyncio.wait, not gather: cut at this step's share, it returns at once, even
-            # while a start that swallows its cancellation runs on (each start's own
-            # awaiter, run_part, retrieves its outcome)
-            await asyncio.wait(starts)
+        # each start's own awaiter (run_part) retrieves its outcome; one that swallows its
+        # cancellation runs on past this step's share
+        return _ended(*starts)
 
-    async def _no_session_left(self) -> None:
+    def _job_closed(self) -> Awaitable[None] | None:
+        return None if self.job.state == "closed" else self.job.wait_closed()
+
+    def _no_session_left(self) -> None:
         if lk.session_live(self.session):
             # the job's bound cut its close before the session's step: a closed job leaves
             # no session running (its close is the session's own; not waited for here)
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
 
-    async def _avatar_closed(self) -> None:
+    def _avatar_closed(self) -> Awaitable[None] | None:
         """The avatar's close, if the job's close was cut before its avatar step (the close
         runs once, whoever asked first)."""
-        if self.avatar is not None:
-            await asyncio.gather(
-                asyncio.shield(self.avatar.request_close()), return_exceptions=True
-            )
+        return _ended(self.avatar.request_close() if self.avatar is not None else None)
 
     def _unhook(self) -> None:
         self.events.aclose()
+
+
+def _ended(*closes: asyncio.Future[Any] | None) -> Awaitable[None] | None:
+    """What waits for each of ``closes`` still running to end, however it ends, without
+    cancelling it when the wait is cut (each has its own owner); None: nothing runs."""
+    running = [c for c in closes if c is not None and not c.done()]
+    return _wait_ended(running) if running else None
+
+
+async def _wait_ended(closes: list[asyncio.Future[Any]]) -> None:
+    await asyncio.wait(closes)
+    for c in closes:
+        if not c.cancelled():
+            c.exception()  # retrieved: a failed close is its owner's to log
 
 
 # the lifecycle's handlers, shared by every job (Handlers binds them to one)

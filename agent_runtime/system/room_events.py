@@ -10,6 +10,7 @@ callback. ``aclose()`` unhooks every listener it added.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -137,11 +138,12 @@ class RoomEventAdapter:
         self.room = room
         self._subscribers: list[Subscriber] = []
         self._ranks: list[int] = []  # each subscriber's rank, in the same order
-        self._hooked = False
+        # the listeners on the room while it is followed
+        self._hooks_on: tuple[tuple[str, _Hook], ...] | None = None
 
     @property
     def started(self) -> bool:
-        return self._hooked
+        return self._hooks_on is not None
 
     def subscribe(self, fn: Subscriber, *, rank: int | None = None) -> Callable[[], None]:
         """Add a subscriber; returns the function that removes it. Subscribers hear each
@@ -160,34 +162,21 @@ class RoomEventAdapter:
             at = self._subscribers.index(fn)
             del self._subscribers[at], self._ranks[at]
 
-    def _hooks(self) -> tuple[tuple[str, Callable[..., None]], ...]:
-        # bound methods compare equal to the ones registered: off() finds them again
-        return (
-            ("participant_connected", self._on_participant_connected),
-            ("participant_disconnected", self._on_participant_disconnected),
-            ("track_published", self._on_track_published),
-            ("track_muted", self._on_track_muted),
-            ("track_unmuted", self._on_track_unmuted),
-            ("participant_attributes_changed", self._on_attributes_changed),
-            ("connection_state_changed", self._on_connection_state_changed),
-            ("disconnected", self._on_disconnected),
-            ("reconnecting", self._on_reconnecting),
-            ("reconnected", self._on_reconnected),
-        )
+    def _hooks(self) -> tuple[tuple[str, _Hook], ...]:
+        return tuple((name, _Hook(self, fn)) for name, fn in _HOOKS)
 
     def start(self) -> None:
-        if self._hooked:
+        if self._hooks_on is not None:
             return
-        self._hooked = True
-        for name, cb in self._hooks():
-            self.room.on(name, cb)  # type: ignore[arg-type]
+        self._hooks_on = self._hooks()
+        for name, hook in self._hooks_on:
+            self.room.on(name, hook)  # type: ignore[arg-type]
 
     def aclose(self) -> None:
         """Unhook every room listener this adapter added and drop all subscribers."""
-        if self._hooked:
-            self._hooked = False
-            for name, cb in self._hooks():
-                self.room.off(name, cb)  # type: ignore[arg-type]
+        hooks, self._hooks_on = self._hooks_on, None
+        for name, hook in hooks or ():
+            self.room.off(name, hook)  # type: ignore[arg-type]
         self._subscribers.clear()
         self._ranks.clear()
 
@@ -281,6 +270,36 @@ class RoomEventAdapter:
 
     def _on_reconnected(self, *args: Any) -> None:
         self._guarded("reconnected", Reconnected)
+
+
+class _Hook:
+    """One listener on the room: calls ``fn(adapter, *args)``. livekit's emit builds each
+    listener's ``inspect.signature`` on every event; a bound method's is built from its
+    function every time, this one's is read as it is."""
+
+    __slots__ = ("adapter", "fn")
+    __signature__ = inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
+
+    def __init__(self, adapter: RoomEventAdapter, fn: Callable[..., None]) -> None:
+        self.adapter = adapter
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(self.adapter, *args)
+
+
+_HOOKS: tuple[tuple[str, Callable[..., None]], ...] = (
+    ("participant_connected", RoomEventAdapter._on_participant_connected),
+    ("participant_disconnected", RoomEventAdapter._on_participant_disconnected),
+    ("track_published", RoomEventAdapter._on_track_published),
+    ("track_muted", RoomEventAdapter._on_track_muted),
+    ("track_unmuted", RoomEventAdapter._on_track_unmuted),
+    ("participant_attributes_changed", RoomEventAdapter._on_attributes_changed),
+    ("connection_state_changed", RoomEventAdapter._on_connection_state_changed),
+    ("disconnected", RoomEventAdapter._on_disconnected),
+    ("reconnecting", RoomEventAdapter._on_reconnecting),
+    ("reconnected", RoomEventAdapter._on_reconnected),
+)
 
 
 def _order(args: tuple[Any, ...]) -> tuple[Any, Any]:

@@ -25,7 +25,8 @@ from typing import Any
 from agent_runtime.clock import Clock
 from statemachines.system import TeardownStep
 
-Work = Callable[[], Awaitable[Any]]
+# a step's work: what it has to wait for, or None when there is nothing left to do
+Work = Callable[[], Awaitable[Any] | None]
 
 
 @functools.cache
@@ -77,23 +78,41 @@ class Teardown:
         if unknown:
             raise KeyError(f"no teardown step {sorted(unknown)}")
         for wave in waves(self.steps):
-            if len(wave) == 1:  # the usual case: a chain, run without a task per step
-                await self._step(wave[0], works.get(wave[0].name))
-            else:
-                await asyncio.gather(*(self._step(s, works.get(s.name)) for s in wave))
+            # each step begins and asks its work; only the works that have something to
+            # wait for run (as tasks when more than one does): a wave whose machines are
+            # already closed costs no task and no timer
+            pending = [(s, aw) for s in wave if (aw := self._begin_step(s, works.get(s.name)))]
+            if len(pending) == 1:
+                await self._step(*pending[0])
+            elif pending:
+                await asyncio.gather(*(self._step(s, aw) for s, aw in pending))
 
-    async def _step(self, step: TeardownStep, work: Work | None) -> None:
+    def _begin_step(self, step: TeardownStep, work: Work | None) -> Awaitable[Any] | None:
+        """Begin ``step``; what its work has to wait for, or None (it has ended)."""
         self.running.append(step.name)
+        aw: Awaitable[Any] | None = None
         try:
             if self._begin is not None:
                 self._begin(step.name)
-            if work is None:
-                return
-            seconds = step.bound * self._close_timeout
+            if work is not None:
+                aw = work()
+        except Exception as e:
+            self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
+        if aw is None:
+            self._end(step)
+        return aw
+
+    def _end(self, step: TeardownStep) -> None:
+        self.running.remove(step.name)
+        self.ended.add(step.name)
+
+    async def _step(self, step: TeardownStep, aw: Awaitable[Any]) -> None:
+        seconds = step.bound * self._close_timeout
+        try:
             if step.timed_by:
-                await work()  # bounded by that machine's own timers
+                await aw  # bounded by that machine's own timers
             else:
-                await self._clock.wait_for(work(), seconds)
+                await self._clock.wait_for(aw, seconds)
         except TimeoutError:
             why = self._waiting_for(step.name) if self._waiting_for is not None else step.what
             self._log.warning(
@@ -111,5 +130,4 @@ class Teardown:
             # it waited on was cancelled) failed like any other: the next steps still run
             self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
         finally:
-            self.running.remove(step.name)
-            self.ended.add(step.name)
+            self._end(step)
