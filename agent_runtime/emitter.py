@@ -34,9 +34,8 @@ def positional_arity(fn: Callable[..., Any]) -> int | None:
     (``None``: any number, it has ``*args``)."""
     t = type(fn)
     func: Any = fn.__func__ if t is MethodType else fn  # type: ignore[attr-defined]
-    if type(func) is FunctionType and not (
-        hasattr(func, "__wrapped__") or hasattr(func, "__signature__")
-    ):
+    # a plain function with no attributes of its own (no __wrapped__, no __signature__)
+    if type(func) is FunctionType and not func.__dict__:
         code = func.__code__
         if code.co_flags & inspect.CO_VARARGS:
             return None

@@ -54,8 +54,10 @@ REFERENCE = ROOT / "examples" / "scenarios" / "job_with_avatar_start_to_close.ya
 VARIANTS = ("bare", "runtime")
 AVATAR = "avatar-1"
 USER = "user"
-# the runtime may add this much to the bare job; N x the jobs may cost this much x
+# the runtime may add this much to the bare job (issue 24: start and memory 10%, the close,
+# seven machines taken to their last state, 20%); N x the jobs may cost this much x
 SHARE_LIMIT = 1.10
+LIMITS = {"start": SHARE_LIMIT, "close": 1.20}
 GROWTH_SLACK = 1.05
 
 
@@ -478,7 +480,7 @@ def rows_from(results: dict[str, Any]) -> list[Row]:
                     f"{n:,} jobs: runtime / bare, CPU to {phase}",
                     statistics.median(per_round),
                     "x",
-                    target=Target("<=", SHARE_LIMIT),
+                    target=Target("<=", LIMITS[phase]),
                     how=how_ratio,
                     samples=per_round,
                 )

@@ -66,7 +66,7 @@ from agent_runtime.system.routing import Wiring
 from agent_runtime.system.teardown import Teardown, Work
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
-from statemachines.system import RELEASE, watched
+from statemachines.system import RELEASE, WATCHES, watched
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -337,9 +337,10 @@ class JobSystem(MachineRuntime[str]):
     def _forward_state(self, sc: StateChanged) -> None:
         if sc.machine == "avatar" and lk.session_live(self.session):
             self._live_route = route_of(self.session)  # only the avatar moves the route
-        for target, post in self._watchers.items():  # statemachines.system.WATCHES
-            for event in watched(sc.machine, sc.source, sc.dest, target):
-                post(Event(event, {sc.machine: sc.dest}))
+        if sc.machine in _WATCHED:
+            for target, post in self._watchers.items():  # statemachines.system.WATCHES
+                for event in watched(sc.machine, sc.source, sc.dest, target):
+                    post(Event(event, {sc.machine: sc.dest}))
         self._emit_state(sc)  # a listener that fails is the Emitter's to log and drop
 
     def _is_simulator(self, identity: str) -> bool:
@@ -432,6 +433,10 @@ class JobSystem(MachineRuntime[str]):
 
     def _unhook(self) -> None:
         self.events.aclose()
+
+
+# the machines some watch follows
+_WATCHED = frozenset(w.source for w in WATCHES)
 
 
 def _ended(*closes: asyncio.Future[Any] | None) -> Awaitable[None] | None:
