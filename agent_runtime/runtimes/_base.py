@@ -16,7 +16,7 @@ unsubscriber, a task), never a flag kept beside the machine. A listener that fai
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from livekit import rtc
 
@@ -29,6 +29,7 @@ from agent_runtime.system.routing import Wiring, guard_table
 from statemachines import MachineSpec
 
 E = TypeVar("E")
+_STATE_CHANGED: Any = "state_changed"  # typed Any once: a cast per state change is a call
 
 
 class MachineRuntime(Emitter[E]):
@@ -97,7 +98,7 @@ class MachineRuntime(Emitter[E]):
 
     def _emit_state(self, change: StateChanged) -> None:
         """Forward a state change (of this machine, or of one the runtime owns)."""
-        self.emit(cast(E, "state_changed"), change)
+        self.emit(_STATE_CHANGED, change)
 
 
 def listen(

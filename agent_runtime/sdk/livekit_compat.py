@@ -35,7 +35,8 @@ def session_started(session: AgentSession[Any]) -> bool:
 
 def session_closing_task(session: AgentSession[Any]) -> asyncio.Task[None] | None:
     """The session's own close, once asked (by anyone)."""
-    return cast("asyncio.Task[None] | None", getattr(session, "_closing_task", None))
+    task: asyncio.Task[None] | None = getattr(session, "_closing_task", None)
+    return task
 
 
 def session_live(session: AgentSession[Any]) -> bool:
@@ -52,7 +53,8 @@ def ask_session_close(session: AgentSession[Any], reason: CloseReason) -> None:
 def session_span_context(session: AgentSession[Any]) -> otel_context.Context | None:
     """The context of the session's ``agent_session`` span, from ``start()`` to the end of
     its close."""
-    return cast("otel_context.Context | None", getattr(session, "_root_span_context", None))
+    ctx: otel_context.Context | None = getattr(session, "_root_span_context", None)
+    return ctx
 
 
 def session_runs_own_host(session: AgentSession[Any]) -> bool:
