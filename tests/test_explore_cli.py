@@ -33,3 +33,27 @@ def test_explore_json_has_the_figures(capsys: pytest.CaptureFixture[str]) -> Non
 def test_explore_refuses_a_negative_number(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explore", flag, "-1"]) == 2
     assert f"agent-runtime explore: {flag} must be >= " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("configs", "shown"),
+    [
+        ("playout", "playout"),  # the playout machine composed
+        ("lifecycle", "aclose"),  # the user's closes among the inputs
+    ],
+)
+def test_explore_runs_the_configs_asked_for(
+    configs: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["explore", "--configs", configs, "--depth", "1", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "inputs, depth 1:" in line]
+    assert lines and all(shown in line for line in lines), out
+    assert out.rstrip().endswith("every invariant holds")
+
+
+def test_explore_refuses_an_unknown_config_set(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["explore", "--configs", "everything"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'everything'" in capsys.readouterr().err

@@ -373,7 +373,7 @@ class JobSystem(MachineRuntime[str]):
     # -- the lifecycle's effects -------------------------------------------------------------
     # the job machine hears them through the declared links (statemachines.glue.LINKS)
     def _fx_ask_shutdown(self, _ev: Event) -> Output:
-        return Output({"reason": "job closed"})
+        return Output({"reason": LIFECYCLE_SHUTDOWN})
 
     def _fx_ask_abort(self, _ev: Event) -> Output:
         return Output({"reason": "aborted"})
@@ -434,6 +434,9 @@ class JobSystem(MachineRuntime[str]):
     def _unhook(self) -> None:
         self.events.aclose()
 
+
+# the reason the job machine's shutdown carries when the user's aclose() asked it
+LIFECYCLE_SHUTDOWN = "job closed"
 
 # the machines some watch follows
 _WATCHED = frozenset(w.source for w in WATCHES)

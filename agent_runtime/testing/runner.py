@@ -70,6 +70,7 @@ class _Simulation:
         self.requests: dict[str, str] = {}
         self.errors: list[str] = []
         self.speeches: list[SpeechHandle] = []  # what the scenario had the agent say
+        self._closes: list[asyncio.Future[None]] = []  # the scenario's job.aclose steps
         self.agent_listening_at: list[float] = []  # the primary session's own view
         self._reader: asyncio.Task[None] | None = None
         # the one composition, with only what needs a network stood in
@@ -233,6 +234,19 @@ class _Simulation:
             if primary._started:
                 primary._close_soon(reason=CloseReason.JOB_SHUTDOWN)
             self.job.shutdown(step.reason)
+        elif isinstance(step, sc.JobAclose):
+            # begun, not awaited: the scenario's next steps (the simulator's request during
+            # the hold) happen while it runs; its outcome is the lifecycle's state
+            close = asyncio.ensure_future(self.agent_job.aclose(graceful=step.graceful))
+            at = step.at
+
+            def failed(done: asyncio.Future[None]) -> None:
+                if not done.cancelled() and done.exception() is not None:
+                    e = done.exception()
+                    self.errors.append(f"t={at:g} job.aclose: {type(e).__name__}: {e}")
+
+            close.add_done_callback(failed)
+            self._closes.append(close)
         elif isinstance(step, sc.RoomConnected):
             room.connect_locally()
         elif isinstance(step, sc.RoomDisconnected):
@@ -393,6 +407,8 @@ class _Simulation:
         """Release everything without driving the machines further (the result is taken)."""
         with contextlib.suppress(Exception):
             await self.agent_job.aclose(graceful=False)
+        # the scenario's own closes have returned with it (an abort ends a close's hold)
+        await asyncio.gather(*self._closes, return_exceptions=True)
         for s in self.sessions.values():
             if s._started and s._closing_task is None:
                 with contextlib.suppress(Exception):

@@ -175,6 +175,15 @@ class JobShutdown(_Step):
     reason: str = ""
 
 
+class JobAclose(_Step):
+    """The user's ``await job.aclose()`` (``graceful: false``: ``aclose(graceful=False)``),
+    begun at ``at``; the scenario goes on while it runs (a graceful close holds for the
+    simulator)."""
+
+    event: Literal["job.aclose"]
+    graceful: bool = True
+
+
 class RoomConnected(_Step):
     event: Literal["room.connected"]
 
@@ -252,6 +261,7 @@ Step = Annotated[
     | AvatarStartError
     | AvatarClose
     | JobShutdown
+    | JobAclose
     | RoomConnected
     | RoomDisconnected
     | ParticipantConnected
@@ -277,6 +287,7 @@ STEP_EVENTS = (
     "avatar.start_error",
     "avatar.close",
     "job.shutdown",
+    "job.aclose",
     "room.connected",
     "room.disconnected",
     "participant_connected",

@@ -102,9 +102,17 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser(
         "explore",
         help="explore every event sequence of the composed job and check its invariants",
-        description="Breadth-first exploration of an abstract model of the four machines "
+        description="Breadth-first exploration of an abstract model of the job's machines "
         "together. By default every world the model can reach (layer after layer until "
         "nothing new appears); exit 1 with the shortest event sequence to each violation.",
+    )
+    exp.add_argument(
+        "--configs",
+        choices=("default", "playout", "lifecycle", "all"),
+        default="default",
+        help="which configurations: the job as the example composes it and each setting "
+        "both ways (default); with the playout machine; with the user's aclose() and "
+        "aclose(graceful=False) among the inputs; or all of them",
     )
     exp.add_argument("--depth", type=int, metavar="N", help="stop after N inputs/timeouts")
     exp.add_argument(

@@ -48,6 +48,7 @@ import yaml
 
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.settings import ALL_CAUSES, DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
+from agent_runtime.system.job_system import LIFECYCLE_SHUTDOWN
 from agent_runtime.testing.scenario import CLOSE_REASONS, Config
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
@@ -463,6 +464,7 @@ class _Builder:
         attached: set[str] = set()
         closed = False
         timed_out_at: float | None = None
+        lifecycle_close_at: float | None = None
         for i, r in enumerate(recs):
             m, e, d = r.machine, r.event, r.data
             if r.kind not in ("transition", "ignore", "reject"):
@@ -494,9 +496,18 @@ class _Builder:
                     self.step(i, r.t, "session.close", reason=reason)
             elif m == "participant" and e == "session_close_timeout":
                 timed_out_at = r.t
+            elif m == "agent_job" and e in ("close", "abort"):
+                # the user's aclose(): the job machine's shutdown (or abort) follows from it
+                lifecycle_close_at = r.t
+                if e == "close":
+                    self.step(i, r.t, "job.aclose")
+                else:
+                    self.step(i, r.t, "job.aclose", graceful=False)
             elif m == "job" and e == "shutdown":
                 if timed_out_at is not None and r.t == timed_out_at:
                     continue  # the job's own answer to a session close that hung
+                if lifecycle_close_at == r.t and d.get("reason") == LIFECYCLE_SHUTDOWN:
+                    continue  # asked by the user's aclose(), a step already
                 self.step(i, r.t, "job.shutdown", reason=str(d.get("reason", "")))
             elif m == "avatar":
                 self._avatar_input(i, r, ending)
