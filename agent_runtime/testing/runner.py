@@ -326,8 +326,10 @@ class _Simulation:
             task = s._closing_task
             if task is not None and not task.done():
                 return True
-        if self.job.state == "closing" or self.agent_job.lifecycle == "closing":
+        if self.job.state == "closing":
             return True
+        if self.agent_job.lifecycle == "closing" and self.job.state != "awaiting_finalize":
+            return True  # the release after the job's close (the hold is virtual time)
         if self.link.state == "closing":
             return True
         # the room's audio output plays in real time (an avatar's playout is the script's)
