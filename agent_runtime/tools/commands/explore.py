@@ -14,12 +14,11 @@ import json
 import os
 import sys
 
-from agent_runtime.tools.explore import Plan, deep_plans, explore_plans
+from agent_runtime.tools.explore import Config, Plan, deep_plans, explore_plans
 from agent_runtime.tools.explore.search import (
     DEFAULT_CONFIGS,
     LIFECYCLE_CONFIGS,
     PLAYOUT_CONFIGS,
-    Config,
 )
 
 CONFIG_SETS: dict[str, tuple[Config, ...]] = {
