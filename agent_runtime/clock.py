@@ -31,6 +31,7 @@ class AsyncioClock:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin: float | None = None
+        self._shared: _Deadlines | None = None  # the loop's coalesced timers, once looked up
 
     def _get_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -46,7 +47,7 @@ class AsyncioClock:
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         if delay < COALESCE_FROM:
             return self._get_loop().call_later(max(0.0, delay), callback)
-        return _deadlines(self._get_loop()).call_later(delay, callback)
+        return self._coalesced().call_later(delay, callback)
 
     async def sleep(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -57,14 +58,19 @@ class AsyncioClock:
             # coroutine in a task of its own
             async with asyncio.timeout(timeout):
                 return await aw
-        return await _deadlines(self._get_loop()).wait_for(aw, timeout)
+        return await self._coalesced().wait_for(aw, timeout)
+
+    def _coalesced(self) -> _Deadlines:
+        if self._shared is None:
+            self._shared = _deadlines(self._get_loop())
+        return self._shared
 
 
 # Timers of a second or more share the loop's: a deadline is rounded up to the next multiple
 # of GRAIN, so every one that ends in the same 50 ms is one loop timer. A job arms such timers
 # (effects' and teardown steps' bounds, state timeouts) all along and they almost never fire;
-# arming and cancelling a loop timer for each, in a heap holding every live job's timers, was
-# a tenth of a job's close.
+# arming and cancelling a loop timer for each, in a heap holding every live job's timers, cost
+# about 10 us, sixteen times in a job's close.
 COALESCE_FROM = 1.0
 GRAIN = 0.05
 

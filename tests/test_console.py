@@ -59,6 +59,5 @@ def test_the_example_runs_in_console_text_mode_without_an_error() -> None:
     assert "the participant machine has nothing to follow" in out
     # the job closes once its session ended: whichever reaches it first, the session's own
     # close (the console's end of input) or livekit's on_session_end, names the reason
-    assert re.search(r"job closed \((session ended|session closed: user_initiated)\)", out), out[
-        -3000:
-    ]
+    closed = r"job closed \((session ended|session closed: user_initiated)\)"
+    assert re.search(closed, out), out[-3000:]

@@ -241,8 +241,8 @@ class _Simulation:
             at = step.at
 
             def failed(done: asyncio.Future[None]) -> None:
-                if not done.cancelled() and done.exception() is not None:
-                    e = done.exception()
+                e = None if done.cancelled() else done.exception()
+                if e is not None:
                     self.errors.append(f"t={at:g} job.aclose: {type(e).__name__}: {e}")
 
             close.add_done_callback(failed)
