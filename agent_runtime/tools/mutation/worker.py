@@ -152,6 +152,11 @@ class _Mutants:
         from _pytest.runner import runtestprotocol
 
         built: dict[str, list[Mutant]] = {}
+        # what the imports and the collection built lives as long as this process: frozen,
+        # it is left out of every collection below (each full one walked all of it, about as
+        # long as a test takes); what a test leaves is still collected
+        gc.collect()
+        gc.freeze()
 
         def run(nodeid: str, budget: float) -> str:
             try:
