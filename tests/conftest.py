@@ -4,6 +4,7 @@ A module's own fixture of the same name takes precedence."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,6 +13,14 @@ from livekit.agents.testing import fake_job_context
 
 from agent_runtime.clock import VirtualClock
 from agent_runtime.testing.inmemory import InMemoryRoom
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # the modules and the collected tests live as long as the run: frozen, the collector
+    # leaves them out of every full collection (one walked them all, about as long as a
+    # property example takes); what a test builds is collected as before
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture
