@@ -216,3 +216,16 @@ def bound_of(step: str, close_timeout: float) -> float:
         if s.name == step:
             return s.bound * close_timeout
     raise KeyError(f"no teardown step {step!r}")
+
+
+# the part of the host step's share its own drain may take: the rest is for what the drain's
+# end sends (the error reply of a finalize it cut) and the transport's close
+HOST_DRAIN = 0.8
+
+
+def host_drain(close_timeout: float) -> float:
+    """The session host's ``drain_timeout`` in a job closed within ``close_timeout``: at
+    most 3 s, and inside the host step's share, so the host's own cut, with the error reply
+    it owes, comes before the step's cut and the room's disconnect (at an equal deadline
+    the step's cut came first and the reply found the room gone)."""
+    return min(3.0, HOST_DRAIN * bound_of("host", close_timeout))

@@ -91,6 +91,55 @@ async def test_simulator_leaves_while_sip_leg_stays_job_closes_at_once() -> None
     await rt.aclose()
 
 
+async def test_a_finalize_cut_by_the_close_gets_its_error_reply_before_the_room_goes() -> None:
+    """The simulator asked for the verdict, ``on_simulation_end`` never returns, the hold
+    ends at ``session_end_timeout``. At the default ``close_timeout`` the host's drain used
+    to end at the same instant as its step's share: the step was cut first, the room
+    disconnected, and the error reply the simulator is owed found the room gone (silence).
+    The drain now ends inside the share: the reply goes out while the room is connected."""
+    never = asyncio.Event()
+
+    async def hangs(ctx: Any) -> None:
+        await never.wait()
+
+    sent: list[tuple[float, bool]] = []  # (when, room connected) of each reply the job sends
+    rigs: list[JobRig] = []
+
+    def watch_replies(end: InMemorySessionTransport) -> InMemorySessionTransport:
+        send = end.send_message
+
+        async def watched(msg: agent_pb.AgentSessionMessage, **kw: Any) -> None:
+            if msg.HasField("response"):
+                sent.append((rigs[0].clock.now(), rigs[0].room.isconnected()))
+            await send(msg, **kw)
+
+        end.send_message = watched  # type: ignore[method-assign]
+        return end
+
+    rig = JobRig(on_simulation_end=hangs, wrap_transport=watch_replies)
+    rigs.append(rig)
+    rt = rig.runtime
+    session = await bare_session("agent")
+    rt.attach(session)
+    await rt.start()
+    remote = await rig.remote()
+    asked = asyncio.ensure_future(remote.finalize_simulation(provisional_success=True))
+    await rig.settle()
+    await session.aclose()  # the agent hangs up: the job holds for the verdict
+    await rig.settle()
+    assert rt.state == "awaiting_finalize"
+
+    await rig.clock.advance(300.0)  # the hold's bound: the close begins, the host drains
+    await rig.clock.advance(bound_of("host", 10.0))  # the host step's whole share
+    await rig.settle()
+    with pytest.raises(RuntimeError, match="did not finish before the session host closed"):
+        await asked
+    assert sent == [(302.4, True)]  # its drain's end, inside the share, the room still there
+    assert not rig.room.isconnected()
+    await remote.aclose()
+    await rt.aclose()
+
+
 @pytest.mark.parametrize("timeout", [None, 42.0])
 async def test_simulator_neither_answers_nor_leaves_closes_at_session_end_timeout(
     timeout: float | None,

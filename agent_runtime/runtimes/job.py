@@ -42,7 +42,7 @@ from agent_runtime.system.routing import Wiring, follow, plain_fact
 from agent_runtime.system.teardown import Teardown, Work
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
-from statemachines.system import TEARDOWN, bound_of
+from statemachines.system import TEARDOWN, host_drain
 
 logger = logging.getLogger("agent_runtime.job")
 
@@ -490,8 +490,8 @@ def session_host_for(
         clock=clock,
         tracer=tracer,
         instance=room.name or "job",
-        # the host's drain is part of `closing`: leave room for the rest within its bound
-        drain_timeout=min(3.0, bound_of("host", close_timeout)),
+        # the host's drain is part of `closing`: it ends inside its step's share
+        drain_timeout=host_drain(close_timeout),
         # only the simulator participant decides the job's fate
         is_simulator=is_simulator,
     )

@@ -26,7 +26,7 @@ from agent_runtime.tools.explore.abstract import AUTO_WORK, GRACE_PERIOD, Config
 from agent_runtime.tools.explore.model import MACHINE_NAMES, Kind, Model, Move, World
 from agent_runtime.tools.explore.search import Plan, explore_plan
 from statemachines.glue import LINKS, without
-from statemachines.system import bound_of
+from statemachines.system import bound_of, host_drain
 
 # the runtime settings the replay runs with (seconds); a timeout's duration in the walker
 # comes from the same numbers, so a path's timeouts fire in the runtime's order
@@ -38,9 +38,9 @@ SETTINGS: dict[str, float] = {
     "backoff_initial": 1.0,
     "backoff_multiplier": 2.0,
 }
-# the job gives the host's drain min(3, the host step's share); run_close's session and
-# avatar steps their shares of close_timeout (statemachines.system.TEARDOWN)
-DRAIN_TIMEOUT = min(3.0, bound_of("host", SETTINGS["close_timeout"]))
+# the job gives the host's drain its part of the host step's share (host_drain); run_close's
+# session and avatar steps their shares of close_timeout (statemachines.system.TEARDOWN)
+DRAIN_TIMEOUT = host_drain(SETTINGS["close_timeout"])
 SESSION_WAIT = bound_of("session", SETTINGS["close_timeout"])  # before the avatar's step
 SESSION_STEP_BOUND = bound_of("avatar", SETTINGS["close_timeout"])  # the avatar's step
 BOUND = "close_session_bound"  # the action of the avatar step's bound (run_close)
