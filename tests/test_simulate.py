@@ -180,6 +180,13 @@ def test_bad_input_inside_a_scenario_changes_nothing(
     assert r["facts"]["step_errors"] == [
         "t=7 participant_connected: ValueError: participant 'user' is already in the room"
     ]
+    # the summary says so too: a refused step is never silent
+    assert main(["simulate", str(write(tmp_path, doc))]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  step refused: t=7 participant_connected: ValueError: participant 'user' is already "
+        "in the room" in out
+    )
 
 
 def test_json_and_trace_take_exactly_one_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -106,6 +106,9 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
             for r in facts["rpcs_sent"]
         )
         lines.append(f"  rpcs:  {rpcs}")
+    # a step the runtime refused changed nothing; it is a fact of the run (an expect block
+    # may pin it), never silent
+    lines += [f"  step refused: {e}" for e in facts.get("step_errors") or []]
     lines += [f"  expect failed: {f}" for f in failures]
     return "\n".join(lines)
 
