@@ -43,6 +43,7 @@ from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.runner import run_scenario
 from agent_runtime.testing.scenario import STEP_EVENTS, parse_scenario
 from agent_runtime.tools.cli import main
+from statemachines.machines import MACHINES
 from tests.support.world import AVATAR, SIMULATOR, USER, VETO, Config, World, frames
 
 APP = rtc.RpcError.ErrorCode.APPLICATION_ERROR
@@ -420,6 +421,19 @@ TABLE: list[Bad] = [
         "step 1 (end): 'end' must be the last step",
     ),
     scenario("no-name", "steps: [{at: 0, event: end}]\n", "name: Field required"),
+    # a misspelt machine or state in expect is the file's error (it read as a failed
+    # expectation, "expected 'serving', got None")
+    scenario(
+        "expect-unknown-machine",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {final_states: {jobb: serving}}\n",
+        "expect.final_states: no machine 'jobb' (machines: " + ", ".join(MACHINES) + ")",
+    ),
+    scenario(
+        "expect-unknown-state",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {final_states: {job: servng}}\n",
+        "expect.final_states: job has no state 'servng' (states: serving, "
+        "awaiting_finalize, closing, closed)",
+    ),
     scenario(
         "negative-timeout",
         "name: x\nconfig: {join_timeout: -1}\nsteps: [{at: 0, event: end}]\n",

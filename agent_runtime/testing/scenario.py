@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from agent_runtime.observe import files
 from agent_runtime.settings import (
@@ -306,6 +307,29 @@ _step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
 class Expect(_Strict):
     final_states: dict[str, str] = Field(default_factory=dict)
     facts: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("final_states")
+    @classmethod
+    def _known_states(cls, v: dict[str, str]) -> dict[str, str]:
+        # a misspelt machine or state is the file's error, not an expectation that fails
+        from statemachines.machines import MACHINES
+
+        for machine, state in v.items():
+            spec = MACHINES.get(machine)
+            if spec is None:
+                raise PydanticCustomError(
+                    "unknown_machine",
+                    "no machine {machine} (machines: {known})",
+                    {"machine": repr(machine), "known": ", ".join(MACHINES)},
+                )
+            states = [st.name for st in spec.states]
+            if state not in states:
+                raise PydanticCustomError(
+                    "unknown_state",
+                    "{machine} has no state {state} (states: {known})",
+                    {"machine": machine, "state": repr(state), "known": ", ".join(states)},
+                )
+        return v
 
 
 class Scenario(_Strict):
