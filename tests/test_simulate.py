@@ -288,3 +288,52 @@ def test_usage_errors_answer_in_json_with_json(capsys: pytest.CaptureFixture[str
         "file": None,
         "error": "--json prints the result object of exactly one FILE",
     }
+
+
+@pytest.mark.parametrize("times", [None, 1])
+def test_a_start_error_on_the_first_starts_lets_a_retry_join(
+    times: int | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``avatar.start_error {times}``: the plugin's start raises that many times, and the
+    retry policy's next attempt joins; without ``times`` every attempt raises."""
+    fails: dict[str, Any] = {"at": 0.5, "event": "avatar.start_error"}
+    if times is not None:
+        fails["times"] = times
+    doc = {
+        "name": "the first start fails",
+        "config": {
+            "avatar_identity": "avatar-1",
+            "retry_avatar": {"attempts": 1, "backoff": {"initial": 2}},
+        },
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            fails,
+            {"at": 3, "event": "participant_connected", "identity": "avatar-1", "kind": "agent"},
+            {"at": 3.5, "event": "track_published", "identity": "avatar-1", "kind": "video"},
+            {"at": 6, "event": "end"},
+        ],
+    }
+    r = simulate_json(write(tmp_path, doc), capsys)
+    assert r["_code"] == 0
+    avatar = [(t["source"], t["dest"]) for t in r["transitions"] if t["machine"] == "avatar"]
+    assert avatar[:3] == [("idle", "starting"), ("starting", "failed"), ("failed", "backoff")]
+    if times is None:
+        assert (r["final_states"]["avatar"], r["facts"]["audio_output"]) == ("restored", "room")
+    else:
+        assert (r["final_states"]["avatar"], r["facts"]["audio_output"]) == ("joined", "avatar")
+
+
+def test_a_start_error_on_no_start_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {
+        "name": "x",
+        "config": {"avatar_identity": "avatar-1"},
+        "steps": [{"at": 0, "event": "avatar.start_error", "times": 0}],
+    }
+    assert main(["simulate", str(write(tmp_path, doc))]) == 2
+    assert (
+        "step 1 (avatar.start_error): field times: Input should be greater than or equal to 1"
+        in (capsys.readouterr().err)
+    )

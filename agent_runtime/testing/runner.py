@@ -223,6 +223,7 @@ class _Simulation:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
             if isinstance(step, sc.AvatarStartError):
                 self.plugin.start_error = RuntimeError("scripted start error")
+                self.plugin.start_errors = step.times
             await self.agent_job.start_avatar()
         elif isinstance(step, sc.AvatarClose):
             if self.avatar is None:

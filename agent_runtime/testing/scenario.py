@@ -164,7 +164,11 @@ class AvatarStart(_Step):
 
 
 class AvatarStartError(_Step):
+    """The avatar is started and the plugin's ``start()`` raises: on every attempt, or on
+    the first ``times`` (a retry after them starts as ``avatar.start`` would)."""
+
     event: Literal["avatar.start_error"]
+    times: Annotated[int, Field(ge=1, le=100, strict=True)] | None = None
 
 
 class AvatarClose(_Step):

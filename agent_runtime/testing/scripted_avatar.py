@@ -32,7 +32,8 @@ class ScriptedAvatarError(RuntimeError):
 class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
     """An ``AvatarSession`` whose provider side is a script.
 
-    ``start_error`` makes ``start()`` raise it (a string becomes a ``ScriptedAvatarError``);
+    ``start_error`` makes ``start()`` raise it (a string becomes a ``ScriptedAvatarError``),
+    on every call or, with ``start_errors`` set, on that many calls from then on;
     with ``error_after_route`` the route is installed first, as a plugin failing late would.
     ``swallow_error``: the provider's error is caught and logged and ``start()`` returns
     with no route installed, as livekit-plugins-simli does. ``start_delay`` (seconds on
@@ -63,6 +64,7 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         self.start_error: BaseException | None = (
             ScriptedAvatarError(start_error) if isinstance(start_error, str) else start_error
         )
+        self.start_errors: int | None = None  # the starts left that raise; None: every one
         self.error_after_route = error_after_route
         self.swallow_error = swallow_error
         self._clear_buffer_timeout = clear_buffer_timeout
@@ -95,8 +97,14 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         if self.swallow_error:
             logger.error("scripted avatar: the provider failed; no avatar will come")
             return
-        if self.start_error is not None and not self.error_after_route:
-            raise self.start_error
+        error = self.start_error
+        if error is not None and self.start_errors is not None:
+            if self.start_errors <= 0:
+                error = None  # the scripted failures are used up: this start succeeds
+            else:
+                self.start_errors -= 1
+        if error is not None and not self.error_after_route:
+            raise error
         # exactly what the upstream plugins do at the end of their start()
         self.installed = DataStreamAudioOutput(
             room,
@@ -106,5 +114,5 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
             clear_buffer_timeout=self._clear_buffer_timeout,
         )
         agent_session.output.replace_audio_tail(self.installed)
-        if self.start_error is not None:
-            raise self.start_error
+        if error is not None:
+            raise error
