@@ -180,6 +180,96 @@ def test_a_retry_policy_is_rebuilt_from_the_restarts_and_waits_it_caused(
     assert by_machine(again["transitions"]) == by_machine(original["transitions"])
 
 
+@pytest.mark.parametrize("times", [1, 2, None])
+def test_a_failed_start_whose_retry_joins_is_rebuilt_with_its_failures(
+    times: int | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plugin's start raised ``times`` times, then a retry started it and the avatar
+    joined: the rebuilt step raises that many times (None: every attempt raised)."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    fails: dict[str, Any] = {"at": 0.5, "event": "avatar.start_error"}
+    if times is not None:
+        fails["times"] = times
+    policy = {"attempts": 2, "backoff": {"initial": 1}}
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "failed, then retried",
+                "config": {"avatar_identity": "avatar-1", "retry_avatar": policy},
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "session.start"},
+                    fails,
+                    {
+                        "at": 5,
+                        "event": "participant_connected",
+                        "identity": "avatar-1",
+                        "kind": "agent",
+                    },
+                    {
+                        "at": 5.5,
+                        "event": "track_published",
+                        "identity": "avatar-1",
+                        "kind": "video",
+                    },
+                    {"at": 8, "event": "end"},
+                ],
+            }
+        )
+    )
+    original = simulate(scenario, capsys, "--trace", str(trace))
+    assert original["final_states"]["avatar"] == ("restored" if times is None else "joined")
+    assert main(["record", str(trace), "-o", str(recorded), "--check"]) == 0
+    capsys.readouterr()
+    (step,) = [s for s in load_scenario(recorded).steps if s.event == "avatar.start_error"]
+    assert step.model_dump(exclude={"at"}) == {"event": "avatar.start_error", "times": times}
+
+
+def test_a_clear_the_trace_says_nothing_of_is_not_rebuilt_as_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job aborted while the agent spoke through the joined avatar: the session's close
+    interrupted the speech and the plugin's own clear settled (its RPC answered ok). The
+    trace holds no outcome of that RPC, so the rebuilt file scripts none (it wrote an
+    ``rpc_outcome`` of ``error``)."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "aborted while speaking",
+                "config": {"avatar_identity": "avatar-1"},
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "session.start"},
+                    {"at": 0.5, "event": "avatar.start"},
+                    {
+                        "at": 1,
+                        "event": "participant_connected",
+                        "identity": "avatar-1",
+                        "kind": "agent",
+                    },
+                    {
+                        "at": 1.5,
+                        "event": "track_published",
+                        "identity": "avatar-1",
+                        "kind": "video",
+                    },
+                    {"at": 2, "event": "agent.say", "duration": 10},
+                    {"at": 5, "event": "job.aclose", "graceful": False},
+                    {"at": 10, "event": "end"},
+                ],
+            }
+        )
+    )
+    original = simulate(scenario, capsys, "--trace", str(trace))
+    assert [(r["method"], r["outcome"]) for r in original["facts"]["rpcs_sent"]] == [
+        ("lk.clear_buffer", "ok")
+    ]
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    assert [s.event for s in load_scenario(recorded).steps if s.event == "rpc_outcome"] == []
+
+
 @pytest.fixture
 def example_env() -> Iterator[None]:
     keep = {k: os.environ.get(k) for k in ("AGENT_TRACE", "AGENT_AVATAR")}

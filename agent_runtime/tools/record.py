@@ -527,7 +527,11 @@ class _Builder:
                         f"{outcome} at t={failed.t:g}; replayed as a start "
                         "that raises at once"
                     )
-                self.step(i, r.t, "avatar.start_error")
+                times = self._failed_starts(i)
+                if times is None:
+                    self.step(i, r.t, "avatar.start_error")
+                else:
+                    self.step(i, r.t, "avatar.start_error", times=times)
             else:
                 self.step(i, r.t, "avatar.start")
         elif e == "close":
@@ -537,8 +541,8 @@ class _Builder:
             # the clear goes on the wire as the task of `clearing` (the avatar is joined)
             if r.dest == "clearing" or "send_clear_buffer" in r.effects:
                 done = self._next_avatar(i, "clear_buffer_done", until="interrupt")
-                if done is not None:
-                    result = _rpc_result(done.data)
+                result = None if done is None else _rpc_result(done.data)
+                if done is not None and result is not None:
                     self.step(i, r.t, "rpc_outcome", method="lk.clear_buffer", result=result)
                     if result == "timeout" and done.t > r.t:
                         self.config.setdefault("clear_buffer_timeout", done.t - r.t)
@@ -553,6 +557,22 @@ class _Builder:
                 caller=self._avatar_identity() or "avatar",
                 payload=payload,
             )
+
+    def _failed_starts(self, start: int) -> int | None:
+        """How many of the plugin's starts raised before one of the same ``start``'s retries
+        started it; None when none did (every attempt raised)."""
+        failed = 0
+        for r in self.records[start + 1 :]:
+            if r.machine != "avatar":
+                continue
+            if r.kind != "effect" and r.event in ("start", "close"):
+                break  # the user's next start, or the end: no retry started it
+            if r.kind == "effect" and r.effect == "start_plugin":
+                if r.outcome != "ok":
+                    failed += 1
+                else:
+                    return failed
+        return None
 
     def _next_avatar(self, start: int, event: str, *, until: str) -> TraceRecord | None:
         for r in self.records[start + 1 :]:
@@ -892,9 +912,12 @@ class _Builder:
         return {"final_states": dict(sorted(finals.items())), "facts": facts}
 
 
-def _rpc_result(data: dict[str, Any]) -> str:
-    """An ``lk.clear_buffer`` outcome as the scenario's ``rpc_outcome`` result."""
+def _rpc_result(data: dict[str, Any]) -> str | None:
+    """An ``lk.clear_buffer`` outcome as the scenario's ``rpc_outcome`` result; None when
+    the trace says nothing of it (the plugin's own clear settled: its RPC is not traced)."""
     outcome, code = data.get("outcome"), data.get("code")
+    if outcome is None and code is None:
+        return None
     if outcome == "ok":
         return "ok"
     if outcome == "timeout" or code in _RPC_TIMEOUT_CODES:
