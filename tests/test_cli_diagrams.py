@@ -105,6 +105,26 @@ def test_check_on_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "missing:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("check", [False, True], ids=["write", "check"])
+@pytest.mark.parametrize("under", [False, True], ids=["the-file", "under-the-file"])
+def test_an_out_that_is_a_file_is_one_line_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], check: bool, under: bool
+) -> None:
+    """``--out`` naming an existing file (or a path under one) was a FileExistsError
+    traceback; it is exit 2 with one line, and the file is left as it was."""
+    existing = tmp_path / "notes"
+    existing.write_text("mine\n")
+    out = existing / "d" if under else existing
+    code = main(["diagrams", "--out", str(out), *(["--check"] if check else [])])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2, err
+    assert err == [
+        f"agent-runtime diagrams: {out}: not a directory"
+        + (f" ({existing} is a file)" if under else "")
+    ]
+    assert existing.read_text() == "mine\n" and list(tmp_path.iterdir()) == [existing]
+
+
 def test_diagrams_and_table_do_not_import_livekit_agents(tmp_path: Path) -> None:
     script = (
         "import sys\n"

@@ -23,6 +23,7 @@ from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec
 
 _GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
+PROG = "agent-runtime diagrams"
 
 
 def _strays(out: Path, expected: set[str]) -> list[Path]:
@@ -103,8 +104,23 @@ def _outline_targets(svg: Path) -> None:
     svg.write_text(text[:end] + "\n" + _TARGET_STYLE + text[end:], encoding="utf-8")
 
 
+def _not_a_directory(out: Path) -> Path | None:
+    """The existing file that stands where ``out`` or one of its parents would be a
+    directory, if any."""
+    for p in (out, *out.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    blocker = _not_a_directory(out)
+    if blocker is not None:
+        # refused before anything is written: a file there is the user's, never replaced
+        where = "" if blocker == out else f" ({blocker} is a file)"
+        print(f"{PROG}: {out}: not a directory{where}", file=sys.stderr)
+        return 2
     if args.check:
         problems = check(out, MACHINES)
         if problems:
@@ -119,4 +135,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"{out}: diagrams of {len(MACHINES)} machines and the whole job are up to date")
         return 0
-    return write(out, MACHINES)
+    try:
+        return write(out, MACHINES)
+    except OSError as e:  # no permission, a full disk
+        failed = e.filename if e.filename is not None else out
+        print(f"{PROG}: {failed}: cannot write the diagrams ({e.strerror or e})", file=sys.stderr)
+        return 2
