@@ -269,6 +269,44 @@ def test_bad_input_gets_one_line_and_no_traceback(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # the reported one, followed (a ValueError traceback from time.sleep)
+        (["--interval", "-1"], "--interval must be above 0 and at most 3600 seconds, not -1"),
+        # the others with --once, which read no interval before: each printed a view
+        (["--interval", "0", "--once"], "--interval must be above 0"),
+        (["--interval", "nan", "--once"], "--interval must be above 0"),
+        (["--interval", "inf", "--once"], "--interval must be above 0"),
+        (["--interval", "3601", "--once"], "--interval must be above 0"),
+        (["--last", "-1", "--once"], "--last must be 1 or more, not -1"),
+        (["--last", "0", "--once"], "--last must be 1 or more, not 0"),
+    ],
+    ids=[
+        *("interval-negative", "interval-0", "interval-nan", "interval-inf", "interval-3601"),
+        *("last-negative", "last-0"),
+    ],
+)
+def test_an_interval_or_a_count_out_of_range_is_refused(
+    tmp_path: Path,
+    trace_lines: list[str],
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    """``--interval -1`` was a ValueError traceback; ``--last -1`` (or 0) showed "(none
+    yet)" under a trace full of transitions. Each is exit 2 with one line, nothing shown."""
+    from agent_runtime.tools.cli import main
+
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines), encoding="utf-8")
+    code = main(["watch", str(trace), *args])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (2, "")
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"agent-runtime watch: {message}")
+
+
 def test_a_truncated_trace_starts_the_view_over(tmp_path: Path, trace_lines: list[str]) -> None:
     trace = tmp_path / "job.jsonl"
     trace.write_text("".join(trace_lines), encoding="utf-8")

@@ -74,9 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     wat.add_argument("trace", metavar="TRACE.jsonl")
     wat.add_argument("--once", action="store_true", help="print the current view and exit")
     wat.add_argument(
-        "--interval", type=float, default=0.25, metavar="S", help="seconds between reads"
+        "--interval",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="seconds between reads (above 0, at most 3600; default 0.25)",
     )
-    wat.add_argument("--last", type=int, default=12, metavar="N", help="transitions shown")
+    wat.add_argument(
+        "--last", type=int, default=12, metavar="N", help="transitions shown (1 or more)"
+    )
     wat.set_defaults(module="agent_runtime.tools.commands.watch")
 
     tim = sub.add_parser(
