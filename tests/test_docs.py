@@ -127,3 +127,27 @@ def test_the_readme_quick_start_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "quick start: 4 blocks ran" in done.stdout
+
+
+def test_the_options_table_gives_each_literal_default_agent_job_has() -> None:
+    """The embedding guide's options table names real ``AgentJob`` options, and a default
+    written as a value (`True`, `15 s`) is the one ``AgentJob`` takes when the option is
+    left out (it said playout's was `False`: a job with an avatar composes it)."""
+    import inspect
+
+    from agent_runtime import AgentJob
+
+    params = inspect.signature(AgentJob.__init__).parameters
+    text = (ROOT / "docs" / "guide" / "embedding.md").read_text(encoding="utf-8")
+    table = text.split("| option | default | what it decides |\n|---|---|---|\n")[1]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table.split("\n\n")[0], re.M)
+    assert len(rows) > 10
+    literals = {"`True`": True, "`False`": False, "`None`": None}
+    for name, default in rows:
+        assert name in params, f"the options table names {name!r}, which AgentJob does not take"
+        value = default.split(" (")[0].strip()
+        seconds = re.fullmatch(r"(\d+(?:\.\d+)?) s", value)
+        if value in literals:
+            assert params[name].default is literals[value], f"{name}: the table says {value}"
+        elif seconds:
+            assert params[name].default == float(seconds[1]), f"{name}: the table says {value}"
