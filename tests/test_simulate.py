@@ -48,6 +48,62 @@ def test_with_no_file_the_bundled_directory_runs(
     assert "1 scenario(s) run, 1 with expectations: all held" in out
 
 
+def installed_as(
+    monkeypatch: pytest.MonkeyPatch, root: Path, *, clone: bool, scenario: bool
+) -> None:
+    """The simulate command as if its package were under ``root`` (a site-packages, or a
+    clone with its pyproject.toml), run from an empty directory elsewhere."""
+    from agent_runtime.tools.commands import simulate
+
+    if clone:
+        (root / "pyproject.toml").parent.mkdir(parents=True, exist_ok=True)
+        (root / "pyproject.toml").write_text("[project]\n")
+    if scenario:
+        (root / "examples" / "scenarios").mkdir(parents=True)
+        (root / "examples" / "scenarios" / "one.yaml").write_text(
+            (SCENARIOS / "user_leaves.yaml").read_text()
+        )
+    module = root / "agent_runtime" / "tools" / "commands" / "simulate.py"
+    monkeypatch.setattr(simulate, "__file__", str(module))
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("stray", [False, True], ids=["nothing-there", "another-projects"])
+def test_with_no_file_and_no_scenarios_directory_it_says_so(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    as_json: bool,
+    stray: bool,
+) -> None:
+    """Installed (no clone) and run outside a clone, it said "invalid scenario:
+    .../site-packages/examples/scenarios: cannot read: No such file or directory"; an
+    examples/scenarios/ some other package left in site-packages is not run either."""
+    installed_as(monkeypatch, tmp_path / "site-packages", clone=False, scenario=stray)
+    assert main(["simulate", *(["--json"] if as_json else [])]) == 2
+    captured = capsys.readouterr()
+    line = (
+        "no scenario given, and no examples/scenarios/ directory here to run by default: "
+        "name a scenario file, or a directory of them"
+    )
+    assert captured.err == f"agent-runtime simulate: {line}\n"
+    if as_json:
+        assert json.loads(captured.out) == {"ok": False, "file": None, "error": line}
+    else:
+        assert captured.out == ""
+
+
+def test_with_no_file_the_clone_the_package_runs_from_is_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed_as(monkeypatch, tmp_path / "clone", clone=True, scenario=True)
+    assert main(["simulate"]) == 0
+    assert "[one.yaml]  ok" in capsys.readouterr().out
+
+
 def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
     r = simulate_json(SCENARIOS / "sim_hangup_then_finalize.yaml", capsys)
     assert r["_code"] == 0

@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
         "simulate",
         help="run scenario files on the embedded in-memory room and a virtual clock",
         description="Run scenarios through the real runtime (no server, no keys). A DIR "
-        "runs its *.yaml in name order; with no FILE, examples/scenarios/. Exit 0 when every "
+        "runs its *.yaml in name order; with no FILE, ./examples/scenarios/ (else, when the "
+        "package runs from a clone of the project, the clone's). Exit 0 when every "
         "expectation held, 1 when one failed, 2 on an error (one line on stderr; with --json "
         'also {"ok": false, "file": ..., "error": ...} on stdout).',
     )

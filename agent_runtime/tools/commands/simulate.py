@@ -36,13 +36,28 @@ class _Refused(Exception):
         self.prefix = prefix
 
 
+def _default_dir() -> Path:
+    """Where ``simulate`` with no FILE looks: ``examples/scenarios`` in the current
+    directory, else in the clone this package runs from (the source tree, an editable
+    install). An installed copy has none beside it: the wheel holds no scenarios."""
+    if DEFAULT_DIR.is_dir():
+        return DEFAULT_DIR
+    # a clone is where pyproject.toml is: a site-packages with some other project's
+    # examples/scenarios in it is not ours to run
+    clone = Path(__file__).resolve().parents[3]
+    if (clone / "pyproject.toml").is_file() and (clone / DEFAULT_DIR).is_dir():
+        return clone / DEFAULT_DIR
+    raise _Refused(
+        None,
+        f"no scenario given, and no {DEFAULT_DIR.as_posix()}/ directory here to run by "
+        "default: name a scenario file, or a directory of them",
+    )
+
+
 def _files(args: argparse.Namespace) -> list[Path]:
     """Each FILE, and each DIR's ``*.yaml`` in name order; the bundled ones by default."""
     if not args.files:
-        here = DEFAULT_DIR
-        if not here.is_dir():  # run from elsewhere: the scenarios beside the installed project
-            here = Path(__file__).resolve().parents[3] / DEFAULT_DIR
-        args.files = [here]
+        args.files = [_default_dir()]
     out: list[Path] = []
     for f in map(Path, args.files):
         if f.is_dir():
