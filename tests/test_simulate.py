@@ -314,6 +314,31 @@ def test_a_trace_that_cannot_be_opened_is_one_line(
     assert json.loads(captured.out) == {"ok": False, "file": str(out), "error": line}
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("kind", ["missing-directory", "a-directory", "under-a-file"])
+def test_a_page_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, as_json: bool
+) -> None:
+    """``--html`` into a missing directory ran the scenario, printed its summary and only
+    then failed; it is refused before anything runs, as ``--trace`` is."""
+    if kind == "missing-directory":
+        page, why = tmp_path / "nope" / "p.html", "No such file or directory"
+    elif kind == "a-directory":
+        page, why = tmp_path, "Is a directory"
+    else:
+        (tmp_path / "f").write_text("mine")
+        page, why = tmp_path / "f" / "p.html", "Not a directory"
+    args = ["simulate", str(SCENARIOS / "user_leaves.yaml"), "--html", str(page)]
+    code = main([*args, *(["--json"] if as_json else [])])
+    captured = capsys.readouterr()
+    line = f"{page}: cannot write the page ({why})"
+    assert (code, captured.err) == (2, f"agent-runtime simulate: {line}\n")
+    if as_json:
+        assert json.loads(captured.out) == {"ok": False, "file": str(page), "error": line}
+    else:
+        assert captured.out == ""  # no run summary: nothing ran
+
+
 def test_json_is_strict_json_even_for_a_non_finite_number() -> None:
     """Item 7: ``at: .inf`` printed ``Infinity`` (not JSON); the scenario model refuses it
     now (see the bad-input table), and the printer never writes a non-finite number."""

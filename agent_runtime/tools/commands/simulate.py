@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,9 +127,28 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
     return "\n".join(lines)
 
 
+def _unwritable(path: str) -> str | None:
+    """Why a file could not be written at ``path`` (what ``open`` would say), found without
+    creating it."""
+    p = Path(path)
+    if p.is_dir():
+        return os.strerror(errno.EISDIR)
+    if not p.parent.exists():
+        return os.strerror(errno.ENOENT)
+    if not p.parent.is_dir():
+        return os.strerror(errno.ENOTDIR)
+    if not os.access(p if p.exists() else p.parent, os.W_OK):
+        return os.strerror(errno.EACCES)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "html", None):
+            # checked before the run, as the trace is: a run is not made only to be lost
+            why = _unwritable(args.html)
+            if why is not None:
+                raise _Refused(args.html, f"{args.html}: cannot write the page ({why})")
             from agent_runtime.tools.commands.timeline import (
                 simulate_then_draw,  # the page is drawn from the run's trace
             )
