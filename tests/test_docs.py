@@ -174,3 +174,17 @@ def test_the_quick_start_installs_from_a_clone_while_the_package_is_unpublished(
         e for c in commands for group in re.findall(r"\[([\w,]+)\]", c) for e in group.split(",")
     }
     assert named and named <= declared, named - declared
+
+
+def test_the_readme_machines_table_names_every_state_of_each_machine() -> None:
+    """The `states` column of each machine's row names exactly its states (session_host's
+    left `closing` out)."""
+    from statemachines.machines import MACHINES
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text.split("<!-- docs: start machines -->")[1].split("<!-- docs: end machines -->")[0]
+    rows = dict(re.findall(r"^\| \[`(\w+)`\]\([^)]*\)[^|]*\| ([^|]+) \|", table, re.M))
+    assert set(rows) == set(MACHINES)
+    for name, states in rows.items():
+        named = set(re.findall(r"\w+", states))
+        assert named == set(MACHINES[name].state_names), (name, states)

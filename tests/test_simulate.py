@@ -4,6 +4,7 @@ contract, exit codes, traces that replay, and bad input inside a scenario."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,22 @@ def test_with_no_file_the_clone_the_package_runs_from_is_used(
     installed_as(monkeypatch, tmp_path / "clone", clone=True, scenario=True)
     assert main(["simulate"]) == 0
     assert "[one.yaml]  ok" in capsys.readouterr().out
+
+
+SAMPLE = re.compile(r"<!-- sample: agent-runtime simulate -->\n```\n(.*?)```\n", re.S)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/guide/cli.md"])
+def test_the_sample_output_in_the_docs_is_what_simulate_prints(
+    capsys: pytest.CaptureFixture[str], page: str
+) -> None:
+    """The sample listed three or four machines under `final:` where a run lists every
+    machine of the job: it is what simulate prints for the scenarios it names."""
+    (sample,) = SAMPLE.findall((ROOT / page).read_text(encoding="utf-8"))
+    files = re.findall(r"  \[(\w+\.yaml)\]  ", sample)
+    assert len(files) >= 2
+    assert main(["simulate", *(str(SCENARIOS / f) for f in files)]) == 0
+    assert capsys.readouterr().out == sample
 
 
 def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
