@@ -174,6 +174,18 @@ def test_a_failed_expectation_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "expect failed: fact session_closed_at: expected 11, got 10.0" in out
 
 
+def test_with_no_expect_block_nothing_is_said_to_have_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no expect block anywhere the summary said "0 with expectations: all held"."""
+    doc = yaml.safe_load((SCENARIOS / "user_leaves.yaml").read_text())
+    del doc["expect"]
+    assert main(["simulate", str(write(tmp_path, doc))]) == 0
+    out = capsys.readouterr().out
+    assert "[s.yaml]  ran (no expect block)" in out
+    assert out.endswith("\n\n1 scenario(s) run, no expectations to check\n")
+
+
 def test_an_invalid_file_exits_2_naming_file_and_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -209,11 +209,12 @@ def _run(args: argparse.Namespace) -> int:
             )
             trace_failed = True
     if not args.json:
-        held = sum(1 for _, s in scenarios if s.expect is not None)
-        print(
-            f"\n{len(scenarios)} scenario(s) run, {held} with expectations: "
-            f"{'some failed' if failed else 'all held'}"
-        )
+        checked = sum(1 for _, s in scenarios if s.expect is not None)
+        if checked:
+            outcome = f"{checked} with expectations: {'some failed' if failed else 'all held'}"
+        else:  # nothing was checked, so nothing is said to have held
+            outcome = "no expectations to check"
+        print(f"\n{len(scenarios)} scenario(s) run, {outcome}")
     return 2 if trace_failed else 1 if failed else 0
 
 
