@@ -52,6 +52,24 @@ def test_writes_every_file_then_check_passes(
     assert "wrote" not in capsys.readouterr().out
 
 
+def test_every_file_written_is_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The SVGs were written but never listed in the `wrote ...` lines."""
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    wrote = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines()]
+    assert sorted(wrote) == sorted(str(p) for p in out.iterdir())
+    if shutil.which("dot"):
+        assert str(out / "whole-job.svg") in wrote
+        # an SVG rendered again is listed when it changed, and only then
+        (out / "avatar.svg").unlink()
+        (out / "job.svg").write_text("<svg/>")
+        assert main(["diagrams", "--out", str(out)]) == 0
+        assert capsys.readouterr().out.splitlines() == [
+            f"wrote {out / 'avatar.svg'}",
+            f"wrote {out / 'job.svg'}",
+        ]
+
+
 def test_check_names_each_stale_missing_and_stray_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

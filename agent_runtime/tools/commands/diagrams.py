@@ -78,13 +78,22 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
     for name in (*machines, WHOLE_JOB):
         src, svg = out / f"{name}.dot", out / f"{name}.svg"
         done = subprocess.run(
-            [dot, "-Tsvg", str(src), "-o", str(svg)], capture_output=True, text=True, check=False
+            [dot, "-Tsvg", str(src)],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            check=False,
         )
         if done.returncode != 0:
             print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
             code = 1
-        else:
-            _outline_targets(svg)
+            continue
+        # rendered in memory and written only when it differs, so an SVG is listed like
+        # every other file written, and a run that changes nothing lists nothing
+        text = _outline_targets(done.stdout)
+        if not svg.is_file() or svg.read_text(encoding="utf-8") != text:
+            svg.write_text(text, encoding="utf-8")
+            print(f"wrote {svg}")
     return code
 
 
@@ -95,13 +104,13 @@ _TARGET_STYLE = (
 )
 
 
-def _outline_targets(svg: Path) -> None:
-    text = svg.read_text(encoding="utf-8")
+def _outline_targets(text: str) -> str:
+    """The SVG with the style that outlines a linked region, once."""
     start = text.find("<svg")
     end = text.find(">", start) + 1
     if start < 0 or end <= 0 or _TARGET_STYLE in text:
-        return
-    svg.write_text(text[:end] + "\n" + _TARGET_STYLE + text[end:], encoding="utf-8")
+        return text
+    return text[:end] + "\n" + _TARGET_STYLE + text[end:]
 
 
 def _not_a_directory(out: Path) -> Path | None:
