@@ -224,6 +224,27 @@ def test_once_prints_the_view_and_exits(tmp_path: Path, trace_lines: list[str]) 
     assert state_row(done.stdout, "participant") == "closed"
 
 
+def test_the_sample_view_in_the_docs_is_what_watch_prints(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    """The observability guide's sample listed three machines and a session host going
+    from detached straight to closed: it is the view of the scenario's trace as printed."""
+    page = (ROOT / "docs" / "guide" / "observability.md").read_text(encoding="utf-8")
+    (sample,) = re.findall(
+        r"<!-- sample: agent-runtime watch --once -->\n```\n(.*?)```", page, re.S
+    )
+    (tmp_path / "run.jsonl").write_text("".join(trace_lines), encoding="utf-8")
+    done = subprocess.run(
+        [*CLI, "run.jsonl", "--once"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "COLUMNS": "100"},  # the width a pipe is drawn at
+        cwd=tmp_path,
+        timeout=WAIT,
+    )
+    assert (done.returncode, done.stdout) == (0, sample), done.stderr
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
