@@ -6,6 +6,7 @@
     python3 dev.py test --exhaustive [ARGS]  # the exhaustive tier alone (the long explorations)
     python3 dev.py test --all [ARGS]         # both tiers, as CI runs them
     python3 dev.py lint                      # ruff, mypy --strict, diagrams --check
+    python3 dev.py run COMMAND [ARGS...]     # a command of the venv: run agent-runtime --help
     python3 dev.py pythons                   # the supported Python versions, one a line
     python3 dev.py --python 3.13 COMMAND     # any command on that interpreter, in .venv-3.13
     python3 dev.py --python 3.13 find        # its path, or exit 2 when the machine has none
@@ -34,6 +35,8 @@ if sys.version_info < (3, 11):  # noqa: UP036  (tomllib; the oldest Python suppo
 import tomllib  # noqa: E402  (after the version check, which names what is missing)
 
 EXHAUSTIVE = "exhaustive"  # the marker of the tier `test` leaves out (pyproject's addopts)
+# the commands that need the venv (`pythons` and `--help` do not)
+COMMANDS = ("simulate", "test", "lint", "run")
 
 
 def supported() -> list[str]:
@@ -141,6 +144,16 @@ def main(argv: list[str]) -> int:
     if what == "pythons":
         print("\n".join(supported()))
         return 0
+    # refused before the venv is made: a typo costs no install
+    if what not in COMMANDS:
+        print(f"unknown command {what!r}\n{__doc__}", file=sys.stderr)
+        return 2
+    if what == "run" and not rest:
+        print(
+            "dev.py run: name the command to run, e.g. python3 dev.py run agent-runtime --help",
+            file=sys.stderr,
+        )
+        return 2
     env.ensure()
     if what == "simulate":
         return run(str(env.bin / "agent-runtime"), "simulate", *rest)
@@ -154,10 +167,16 @@ def main(argv: list[str]) -> int:
             run(str(env.bin / "agent-runtime"), "diagrams", "--check"),
         ]
         return max(codes)
-    if what == "run":  # any command from the venv: python3 dev.py run agent-runtime --help
-        return run(str(env.bin / rest[0]), *rest[1:])
-    print(f"unknown command {what!r}\n{__doc__}", file=sys.stderr)
-    return 2
+    # run: any command from the venv (python3 dev.py run agent-runtime --help)
+    tool = shutil.which(rest[0], path=str(env.bin))
+    if tool is None:
+        print(f"dev.py run: no command {rest[0]!r} in {env.bin}", file=sys.stderr)
+        return 2
+    try:
+        return run(tool, *rest[1:])
+    except OSError as e:  # there, but not something the system can run
+        print(f"dev.py run: {tool}: cannot run it ({e.strerror or e})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

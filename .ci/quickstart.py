@@ -9,7 +9,8 @@ The blocks it runs follow a marker in the README:
   current directory; a Python file is then imported, so it must import cleanly;
 - ``<!-- quickstart: run [EXTRA] -->``: the block's lines run in bash (``set -e``);
 - ``<!-- quickstart: install -->``: the install commands, skipped (the package is already
-  installed), but each extra they name must exist.
+  installed), but each extra they name (``livekit-agent-fsm[X]`` or, from a clone,
+  ``.[X]``) must exist.
 
 A block marked with an extra runs only when that extra is installed. Then
 ``agent-runtime --version`` must print the installed distribution's version. Standard
@@ -53,7 +54,8 @@ def main(readme_path: str, extras_arg: str) -> int:
     ran = 0
     for kind, name, extra, body in blocks(Path(readme_path).read_text(encoding="utf-8")):
         if kind == "install":
-            for named in re.findall(rf"{DIST}\[([\w,]+)\]", body):
+            # by name, or from a clone (`.[tools]`) while the package is not published
+            for named in re.findall(rf"(?:{DIST}|\.)\[([\w,]+)\]", body):
                 missing = set(named.split(",")) - provided
                 assert not missing, f"the README installs unknown extras {missing}"
             continue

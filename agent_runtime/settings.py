@@ -283,7 +283,7 @@ def job_settings(values: Mapping[str, Any] | None = None, /, **kw: Any) -> JobSe
     except SettingError:
         raise
     except ValidationError as e:
-        raise setting_error(e, data) from None
+        raise setting_error(e) from None
     if key is not None:
         if len(_VALIDATED) >= _VALIDATED_MAX:
             _VALIDATED.clear()
@@ -375,12 +375,14 @@ def check_setting(name: str, value: Any) -> Any:
     return getattr(job_settings({name: value}), name)
 
 
-def setting_error(e: ValidationError, data: Mapping[str, Any]) -> SettingError:
+def setting_error(e: ValidationError) -> SettingError:
     err = e.errors()[0]
     name = ".".join(str(x) for x in err["loc"]) if err["loc"] else "settings"
     if isinstance(err.get("ctx", {}).get("error"), SettingError):
         return SettingError(str(err["ctx"]["error"]))
     msg = str(err["msg"]).removeprefix("Value error, ")
     cls = SettingTypeError if str(err["type"]).endswith("_type") else SettingError
-    got = data.get(str(err["loc"][0])) if err["loc"] else None
+    # the value of the field named, not the whole mapping it sits in (retry_avatar.attempts
+    # showed {'attempts': 'x'})
+    got = err["input"]
     return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {got!r})")

@@ -157,6 +157,22 @@ async def test_bad_options_are_refused_and_change_nothing(
     assert not session._events.get("close")
 
 
+@pytest.mark.parametrize("given", [None, "ctx", 7], ids=["None", "a-str", "an-int"])
+async def test_a_job_context_that_is_not_one_is_refused_naming_it(
+    room: InMemoryRoom, given: Any
+) -> None:
+    """``from_job_context(None, ...)`` was an AttributeError on ``simulation_context``; it
+    is a TypeError naming the argument, before anything is built."""
+    before = room.listener_count()
+    session: AgentSession[Any] = AgentSession()
+    with pytest.raises(TypeError) as raised:
+        AgentJob.from_job_context(given, session=session)
+    assert str(raised.value) == (
+        f"ctx must be a livekit-agents JobContext, not {type(given).__name__}"
+    )
+    assert room.listener_count() == before and not session._events.get("close")
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [

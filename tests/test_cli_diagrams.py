@@ -52,6 +52,24 @@ def test_writes_every_file_then_check_passes(
     assert "wrote" not in capsys.readouterr().out
 
 
+def test_every_file_written_is_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The SVGs were written but never listed in the `wrote ...` lines."""
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    wrote = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines()]
+    assert sorted(wrote) == sorted(str(p) for p in out.iterdir())
+    if shutil.which("dot"):
+        assert str(out / "whole-job.svg") in wrote
+        # an SVG rendered again is listed when it changed, and only then
+        (out / "avatar.svg").unlink()
+        (out / "job.svg").write_text("<svg/>")
+        assert main(["diagrams", "--out", str(out)]) == 0
+        assert capsys.readouterr().out.splitlines() == [
+            f"wrote {out / 'avatar.svg'}",
+            f"wrote {out / 'job.svg'}",
+        ]
+
+
 def test_check_names_each_stale_missing_and_stray_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -103,6 +121,26 @@ def test_check_fails_after_a_spec_change_until_regenerated(
 def test_check_on_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagrams", "--check", "--out", str(tmp_path / "none")]) == 1
     assert "missing:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["write", "check"])
+@pytest.mark.parametrize("under", [False, True], ids=["the-file", "under-the-file"])
+def test_an_out_that_is_a_file_is_one_line_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], check: bool, under: bool
+) -> None:
+    """``--out`` naming an existing file (or a path under one) was a FileExistsError
+    traceback; it is exit 2 with one line, and the file is left as it was."""
+    existing = tmp_path / "notes"
+    existing.write_text("mine\n")
+    out = existing / "d" if under else existing
+    code = main(["diagrams", "--out", str(out), *(["--check"] if check else [])])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2, err
+    assert err == [
+        f"agent-runtime diagrams: {out}: not a directory"
+        + (f" ({existing} is a file)" if under else "")
+    ]
+    assert existing.read_text() == "mine\n" and list(tmp_path.iterdir()) == [existing]
 
 
 def test_diagrams_and_table_do_not_import_livekit_agents(tmp_path: Path) -> None:

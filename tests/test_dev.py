@@ -11,6 +11,8 @@ import tomllib
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,3 +58,69 @@ def test_this_interpreter_is_found_and_an_absent_one_is_not() -> None:
     dev = _dev()
     assert dev.find_python(f"{sys.version_info[0]}.{sys.version_info[1]}") == sys.executable
     assert dev.find_python("3.99") is None
+
+
+@pytest.fixture
+def dev_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, list[str]]:
+    """dev.py with its project at ``tmp_path`` and ``Env.ensure`` recorded, not run: no venv
+    is created or installed."""
+    dev = _dev()
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    ensured: list[str] = []
+    monkeypatch.setattr(dev.Env, "ensure", lambda self: ensured.append(self.path.name))
+    return dev, ensured
+
+
+def test_help_lists_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/guide/cli.md sends users to `python3 dev.py run agent-runtime`; the help
+    did not name `run`."""
+    assert _dev().main(["--help"]) == 0
+    assert re.search(
+        r"^ +python3 dev\.py run COMMAND \[ARGS\.\.\.\] +# ", capsys.readouterr().out, re.M
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run"], "dev.py run: name the command to run, e.g. python3 dev.py run agent-runtime"),
+        (["frobnicate"], "unknown command 'frobnicate'"),
+    ],
+    ids=["run-without-a-command", "unknown-command"],
+)
+def test_a_missing_or_unknown_command_is_refused_before_the_venv_is_made(
+    dev_in: tuple[ModuleType, list[str]],
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """`python3 dev.py run` was an IndexError traceback (after making the venv)."""
+    dev, ensured = dev_in
+    assert dev.main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[0].startswith(message)
+    assert ensured == []
+
+
+def test_run_of_a_command_the_venv_lacks_is_one_line(
+    dev_in: tuple[ModuleType, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python3 dev.py run nosuchtool` was a FileNotFoundError traceback."""
+    dev, ensured = dev_in
+    assert dev.main(["run", "nosuchtool", "--help"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"dev.py run: no command 'nosuchtool' in {tmp_path / '.venv' / 'bin'}"
+    ]
+    assert ensured == [".venv"]
+
+
+def test_run_runs_a_command_of_the_venv_with_its_arguments_and_exit_code(
+    dev_in: tuple[ModuleType, list[str]], tmp_path: Path
+) -> None:
+    dev, _ = dev_in
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    tool = bin_dir / "tool"
+    tool.write_text('#!/bin/sh\necho "$@" > args.txt\nexit 3\n')
+    tool.chmod(0o755)
+    assert dev.main(["run", "tool", "a", "b c"]) == 3
+    assert (tmp_path / "args.txt").read_text() == "a b c\n"  # run in the project's root

@@ -127,3 +127,64 @@ def test_the_readme_quick_start_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "quick start: 4 blocks ran" in done.stdout
+
+
+def test_the_options_table_gives_each_literal_default_agent_job_has() -> None:
+    """The embedding guide's options table names real ``AgentJob`` options, and a default
+    written as a value (`True`, `15 s`) is the one ``AgentJob`` takes when the option is
+    left out (it said playout's was `False`: a job with an avatar composes it)."""
+    import inspect
+
+    from agent_runtime import AgentJob
+
+    params = inspect.signature(AgentJob.__init__).parameters
+    text = (ROOT / "docs" / "guide" / "embedding.md").read_text(encoding="utf-8")
+    table = text.split("| option | default | what it decides |\n|---|---|---|\n")[1]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table.split("\n\n")[0], re.M)
+    assert len(rows) > 10
+    literals = {"`True`": True, "`False`": False, "`None`": None}
+    for name, default in rows:
+        assert name in params, f"the options table names {name!r}, which AgentJob does not take"
+        value = default.split(" (")[0].strip()
+        seconds = re.fullmatch(r"(\d+(?:\.\d+)?) s", value)
+        if value in literals:
+            assert params[name].default is literals[value], f"{name}: the table says {value}"
+        elif seconds:
+            assert params[name].default == float(seconds[1]), f"{name}: the table says {value}"
+
+
+def test_the_quick_start_installs_from_a_clone_while_the_package_is_unpublished() -> None:
+    """The README said `pip install livekit-agent-fsm`, which finds nothing while the
+    CHANGELOG's newest release is not yet published: it says so and installs from a clone,
+    naming only extras pyproject.toml declares."""
+    import tomllib
+
+    release = re.search(r"^## \[\d[^\]]*\] - (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert release is not None
+    if "not yet published" not in release[1]:
+        pytest.skip(f"the newest release is {release[1]!r}: the quick start may install it by name")
+    readme = ROOT / "README.md"
+    (install,) = [b for b in blocks(readme) if b.marker == "quickstart: install"]
+    assert "The package is not published yet" in readme.read_text(encoding="utf-8")
+    commands = re.findall(r"^pip install (\S+)", install.body, re.M)
+    assert commands and all(re.fullmatch(r"'?\.(\[[\w,]+\])?'?", c) for c in commands), commands
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = set(pyproject["project"]["optional-dependencies"])
+    named = {
+        e for c in commands for group in re.findall(r"\[([\w,]+)\]", c) for e in group.split(",")
+    }
+    assert named and named <= declared, named - declared
+
+
+def test_the_readme_machines_table_names_every_state_of_each_machine() -> None:
+    """The `states` column of each machine's row names exactly its states (session_host's
+    left `closing` out)."""
+    from statemachines.machines import MACHINES
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text.split("<!-- docs: start machines -->")[1].split("<!-- docs: end machines -->")[0]
+    rows = dict(re.findall(r"^\| \[`(\w+)`\]\([^)]*\)[^|]*\| ([^|]+) \|", table, re.M))
+    assert set(rows) == set(MACHINES)
+    for name, states in rows.items():
+        named = set(re.findall(r"\w+", states))
+        assert named == set(MACHINES[name].state_names), (name, states)

@@ -107,3 +107,30 @@ def test_playout_is_off_unless_asked_and_true_means_its_defaults() -> None:
     on = job_settings(playout=True).playout
     assert on is not None and (on.margin, on.reprompt, on.max_reprompts) == (2.0, False, 2)
     assert check_setting("playout", {"reprompt": True}).reprompt is True
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"retry_avatar": {"attempts": "x"}},
+            "retry_avatar.attempts: input should be a valid integer (got 'x')",
+        ),
+        (
+            {"retry_avatar": {"attempts": 2, "backoff": {"initial": "soon"}}},
+            "retry_avatar.backoff.initial: input should be a valid number (got 'soon')",
+        ),
+        (
+            {"playout": {"reprompt": True, "margin": -0.5}},
+            "playout.margin: input should be greater than or equal to 0 (got -0.5)",
+        ),
+        ({"grace_period": -1}, "grace_period: input should be greater than or equal to 0 (got -1)"),
+    ],
+    ids=["retry-field", "nested-field", "playout-field", "top-level"],
+)
+def test_a_bad_field_shows_its_own_value(values: dict[str, Any], message: str) -> None:
+    """A bad field inside a mapping showed the whole mapping, ``(got {'attempts': 'x'})``;
+    the message names the field and shows that field's value."""
+    with pytest.raises(SettingError) as raised:
+        job_settings(**values)
+    assert str(raised.value) == message

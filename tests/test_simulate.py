@@ -4,6 +4,7 @@ contract, exit codes, traces that replay, and bad input inside a scenario."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,78 @@ def test_with_no_file_the_bundled_directory_runs(
     out = capsys.readouterr().out
     assert "[one.yaml]  ok" in out
     assert "1 scenario(s) run, 1 with expectations: all held" in out
+
+
+def installed_as(
+    monkeypatch: pytest.MonkeyPatch, root: Path, *, clone: bool, scenario: bool
+) -> None:
+    """The simulate command as if its package were under ``root`` (a site-packages, or a
+    clone with its pyproject.toml), run from an empty directory elsewhere."""
+    from agent_runtime.tools.commands import simulate
+
+    if clone:
+        (root / "pyproject.toml").parent.mkdir(parents=True, exist_ok=True)
+        (root / "pyproject.toml").write_text("[project]\n")
+    if scenario:
+        (root / "examples" / "scenarios").mkdir(parents=True)
+        (root / "examples" / "scenarios" / "one.yaml").write_text(
+            (SCENARIOS / "user_leaves.yaml").read_text()
+        )
+    module = root / "agent_runtime" / "tools" / "commands" / "simulate.py"
+    monkeypatch.setattr(simulate, "__file__", str(module))
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("stray", [False, True], ids=["nothing-there", "another-projects"])
+def test_with_no_file_and_no_scenarios_directory_it_says_so(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    as_json: bool,
+    stray: bool,
+) -> None:
+    """Installed (no clone) and run outside a clone, it said "invalid scenario:
+    .../site-packages/examples/scenarios: cannot read: No such file or directory"; an
+    examples/scenarios/ some other package left in site-packages is not run either."""
+    installed_as(monkeypatch, tmp_path / "site-packages", clone=False, scenario=stray)
+    assert main(["simulate", *(["--json"] if as_json else [])]) == 2
+    captured = capsys.readouterr()
+    line = (
+        "no scenario given, and no examples/scenarios/ directory here to run by default: "
+        "name a scenario file, or a directory of them"
+    )
+    assert captured.err == f"agent-runtime simulate: {line}\n"
+    if as_json:
+        assert json.loads(captured.out) == {"ok": False, "file": None, "error": line}
+    else:
+        assert captured.out == ""
+
+
+def test_with_no_file_the_clone_the_package_runs_from_is_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed_as(monkeypatch, tmp_path / "clone", clone=True, scenario=True)
+    assert main(["simulate"]) == 0
+    assert "[one.yaml]  ok" in capsys.readouterr().out
+
+
+SAMPLE = re.compile(r"<!-- sample: agent-runtime simulate -->\n```\n(.*?)```\n", re.S)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/guide/cli.md"])
+def test_the_sample_output_in_the_docs_is_what_simulate_prints(
+    capsys: pytest.CaptureFixture[str], page: str
+) -> None:
+    """The sample listed three or four machines under `final:` where a run lists every
+    machine of the job: it is what simulate prints for the scenarios it names."""
+    (sample,) = SAMPLE.findall((ROOT / page).read_text(encoding="utf-8"))
+    files = re.findall(r"  \[(\w+\.yaml)\]  ", sample)
+    assert len(files) >= 2
+    assert main(["simulate", *(str(SCENARIOS / f) for f in files)]) == 0
+    assert capsys.readouterr().out == sample
 
 
 def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,6 +172,18 @@ def test_a_failed_expectation_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "expect failed: final state of job: expected 'serving', got 'closed'" in out
     assert "expect failed: fact session_closed_at: expected 11, got 10.0" in out
+
+
+def test_with_no_expect_block_nothing_is_said_to_have_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no expect block anywhere the summary said "0 with expectations: all held"."""
+    doc = yaml.safe_load((SCENARIOS / "user_leaves.yaml").read_text())
+    del doc["expect"]
+    assert main(["simulate", str(write(tmp_path, doc))]) == 0
+    out = capsys.readouterr().out
+    assert "[s.yaml]  ran (no expect block)" in out
+    assert out.endswith("\n\n1 scenario(s) run, no expectations to check\n")
 
 
 def test_an_invalid_file_exits_2_naming_file_and_step(
@@ -263,6 +348,31 @@ def test_a_trace_that_cannot_be_opened_is_one_line(
     line = f"{out}: cannot write the trace: {why}"
     assert (code, captured.err) == (2, f"agent-runtime simulate: {line}\n")
     assert json.loads(captured.out) == {"ok": False, "file": str(out), "error": line}
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("kind", ["missing-directory", "a-directory", "under-a-file"])
+def test_a_page_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, as_json: bool
+) -> None:
+    """``--html`` into a missing directory ran the scenario, printed its summary and only
+    then failed; it is refused before anything runs, as ``--trace`` is."""
+    if kind == "missing-directory":
+        page, why = tmp_path / "nope" / "p.html", "No such file or directory"
+    elif kind == "a-directory":
+        page, why = tmp_path, "Is a directory"
+    else:
+        (tmp_path / "f").write_text("mine")
+        page, why = tmp_path / "f" / "p.html", "Not a directory"
+    args = ["simulate", str(SCENARIOS / "user_leaves.yaml"), "--html", str(page)]
+    code = main([*args, *(["--json"] if as_json else [])])
+    captured = capsys.readouterr()
+    line = f"{page}: cannot write the page ({why})"
+    assert (code, captured.err) == (2, f"agent-runtime simulate: {line}\n")
+    if as_json:
+        assert json.loads(captured.out) == {"ok": False, "file": str(page), "error": line}
+    else:
+        assert captured.out == ""  # no run summary: nothing ran
 
 
 def test_json_is_strict_json_even_for_a_non_finite_number() -> None:

@@ -85,7 +85,11 @@ def test_a_trace_of_a_machine_this_build_lacks_still_draws() -> None:
         (None, "cannot read the trace"),
         ("{oops\n", ":1: not JSON"),
         ('{"t": 0, "kind": "transition", "machine": "job", "instance": "", "x": 1}\n', ":1: "),
+        # an empty trace drew an empty page, exit 0 (replay and record refuse it)
+        ("", "t.jsonl: nothing to draw: the trace is empty"),
+        ("\n  \n", "t.jsonl: nothing to draw: the trace is empty"),
     ],
+    ids=["missing", "not-json", "unknown-field", "empty", "blank-lines"],
 )
 def test_a_trace_that_cannot_be_drawn_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str

@@ -224,6 +224,27 @@ def test_once_prints_the_view_and_exits(tmp_path: Path, trace_lines: list[str]) 
     assert state_row(done.stdout, "participant") == "closed"
 
 
+def test_the_sample_view_in_the_docs_is_what_watch_prints(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    """The observability guide's sample listed three machines and a session host going
+    from detached straight to closed: it is the view of the scenario's trace as printed."""
+    page = (ROOT / "docs" / "guide" / "observability.md").read_text(encoding="utf-8")
+    (sample,) = re.findall(
+        r"<!-- sample: agent-runtime watch --once -->\n```\n(.*?)```", page, re.S
+    )
+    (tmp_path / "run.jsonl").write_text("".join(trace_lines), encoding="utf-8")
+    done = subprocess.run(
+        [*CLI, "run.jsonl", "--once"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "COLUMNS": "100"},  # the width a pipe is drawn at
+        cwd=tmp_path,
+        timeout=WAIT,
+    )
+    assert (done.returncode, done.stdout) == (0, sample), done.stderr
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -267,6 +288,44 @@ def test_bad_input_gets_one_line_and_no_traceback(
     assert len(lines) == 1 and lines[0].startswith("agent-runtime watch: "), done.stderr
     assert message.format(path=trace) in lines[0]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # the reported one, followed (a ValueError traceback from time.sleep)
+        (["--interval", "-1"], "--interval must be above 0 and at most 3600 seconds, not -1"),
+        # the others with --once, which read no interval before: each printed a view
+        (["--interval", "0", "--once"], "--interval must be above 0"),
+        (["--interval", "nan", "--once"], "--interval must be above 0"),
+        (["--interval", "inf", "--once"], "--interval must be above 0"),
+        (["--interval", "3601", "--once"], "--interval must be above 0"),
+        (["--last", "-1", "--once"], "--last must be 1 or more, not -1"),
+        (["--last", "0", "--once"], "--last must be 1 or more, not 0"),
+    ],
+    ids=[
+        *("interval-negative", "interval-0", "interval-nan", "interval-inf", "interval-3601"),
+        *("last-negative", "last-0"),
+    ],
+)
+def test_an_interval_or_a_count_out_of_range_is_refused(
+    tmp_path: Path,
+    trace_lines: list[str],
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    """``--interval -1`` was a ValueError traceback; ``--last -1`` (or 0) showed "(none
+    yet)" under a trace full of transitions. Each is exit 2 with one line, nothing shown."""
+    from agent_runtime.tools.cli import main
+
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines), encoding="utf-8")
+    code = main(["watch", str(trace), *args])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (2, "")
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"agent-runtime watch: {message}")
 
 
 def test_a_truncated_trace_starts_the_view_over(tmp_path: Path, trace_lines: list[str]) -> None:

@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
         "simulate",
         help="run scenario files on the embedded in-memory room and a virtual clock",
         description="Run scenarios through the real runtime (no server, no keys). A DIR "
-        "runs its *.yaml in name order; with no FILE, examples/scenarios/. Exit 0 when every "
+        "runs its *.yaml in name order; with no FILE, ./examples/scenarios/ (else, when the "
+        "package runs from a clone of the project, the clone's). Exit 0 when every "
         "expectation held, 1 when one failed, 2 on an error (one line on stderr; with --json "
         'also {"ok": false, "file": ..., "error": ...} on stdout).',
     )
@@ -74,9 +75,15 @@ def _parser() -> argparse.ArgumentParser:
     wat.add_argument("trace", metavar="TRACE.jsonl")
     wat.add_argument("--once", action="store_true", help="print the current view and exit")
     wat.add_argument(
-        "--interval", type=float, default=0.25, metavar="S", help="seconds between reads"
+        "--interval",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="seconds between reads (above 0, at most 3600; default 0.25)",
     )
-    wat.add_argument("--last", type=int, default=12, metavar="N", help="transitions shown")
+    wat.add_argument(
+        "--last", type=int, default=12, metavar="N", help="transitions shown (1 or more)"
+    )
     wat.set_defaults(module="agent_runtime.tools.commands.watch")
 
     tim = sub.add_parser(

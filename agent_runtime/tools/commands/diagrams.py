@@ -23,6 +23,7 @@ from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec
 
 _GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
+PROG = "agent-runtime diagrams"
 
 
 def _strays(out: Path, expected: set[str]) -> list[Path]:
@@ -77,13 +78,22 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
     for name in (*machines, WHOLE_JOB):
         src, svg = out / f"{name}.dot", out / f"{name}.svg"
         done = subprocess.run(
-            [dot, "-Tsvg", str(src), "-o", str(svg)], capture_output=True, text=True, check=False
+            [dot, "-Tsvg", str(src)],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            check=False,
         )
         if done.returncode != 0:
             print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
             code = 1
-        else:
-            _outline_targets(svg)
+            continue
+        # rendered in memory and written only when it differs, so an SVG is listed like
+        # every other file written, and a run that changes nothing lists nothing
+        text = _outline_targets(done.stdout)
+        if not svg.is_file() or svg.read_text(encoding="utf-8") != text:
+            svg.write_text(text, encoding="utf-8")
+            print(f"wrote {svg}")
     return code
 
 
@@ -94,17 +104,32 @@ _TARGET_STYLE = (
 )
 
 
-def _outline_targets(svg: Path) -> None:
-    text = svg.read_text(encoding="utf-8")
+def _outline_targets(text: str) -> str:
+    """The SVG with the style that outlines a linked region, once."""
     start = text.find("<svg")
     end = text.find(">", start) + 1
     if start < 0 or end <= 0 or _TARGET_STYLE in text:
-        return
-    svg.write_text(text[:end] + "\n" + _TARGET_STYLE + text[end:], encoding="utf-8")
+        return text
+    return text[:end] + "\n" + _TARGET_STYLE + text[end:]
+
+
+def _not_a_directory(out: Path) -> Path | None:
+    """The existing file that stands where ``out`` or one of its parents would be a
+    directory, if any."""
+    for p in (out, *out.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    blocker = _not_a_directory(out)
+    if blocker is not None:
+        # refused before anything is written: a file there is the user's, never replaced
+        where = "" if blocker == out else f" ({blocker} is a file)"
+        print(f"{PROG}: {out}: not a directory{where}", file=sys.stderr)
+        return 2
     if args.check:
         problems = check(out, MACHINES)
         if problems:
@@ -119,4 +144,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"{out}: diagrams of {len(MACHINES)} machines and the whole job are up to date")
         return 0
-    return write(out, MACHINES)
+    try:
+        return write(out, MACHINES)
+    except OSError as e:  # no permission, a full disk
+        failed = e.filename if e.filename is not None else out
+        print(f"{PROG}: {failed}: cannot write the diagrams ({e.strerror or e})", file=sys.stderr)
+        return 2

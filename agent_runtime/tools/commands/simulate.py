@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,13 +38,28 @@ class _Refused(Exception):
         self.prefix = prefix
 
 
+def _default_dir() -> Path:
+    """Where ``simulate`` with no FILE looks: ``examples/scenarios`` in the current
+    directory, else in the clone this package runs from (the source tree, an editable
+    install). An installed copy has none beside it: the wheel holds no scenarios."""
+    if DEFAULT_DIR.is_dir():
+        return DEFAULT_DIR
+    # a clone is where pyproject.toml is: a site-packages with some other project's
+    # examples/scenarios in it is not ours to run
+    clone = Path(__file__).resolve().parents[3]
+    if (clone / "pyproject.toml").is_file() and (clone / DEFAULT_DIR).is_dir():
+        return clone / DEFAULT_DIR
+    raise _Refused(
+        None,
+        f"no scenario given, and no {DEFAULT_DIR.as_posix()}/ directory here to run by "
+        "default: name a scenario file, or a directory of them",
+    )
+
+
 def _files(args: argparse.Namespace) -> list[Path]:
     """Each FILE, and each DIR's ``*.yaml`` in name order; the bundled ones by default."""
     if not args.files:
-        here = DEFAULT_DIR
-        if not here.is_dir():  # run from elsewhere: the scenarios beside the installed project
-            here = Path(__file__).resolve().parents[3] / DEFAULT_DIR
-        args.files = [here]
+        args.files = [_default_dir()]
     out: list[Path] = []
     for f in map(Path, args.files):
         if f.is_dir():
@@ -113,9 +130,28 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
     return "\n".join(lines)
 
 
+def _unwritable(path: str) -> str | None:
+    """Why a file could not be written at ``path`` (what ``open`` would say), found without
+    creating it."""
+    p = Path(path)
+    if p.is_dir():
+        return os.strerror(errno.EISDIR)
+    if not p.parent.exists():
+        return os.strerror(errno.ENOENT)
+    if not p.parent.is_dir():
+        return os.strerror(errno.ENOTDIR)
+    if not os.access(p if p.exists() else p.parent, os.W_OK):
+        return os.strerror(errno.EACCES)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "html", None):
+            # checked before the run, as the trace is: a run is not made only to be lost
+            why = _unwritable(args.html)
+            if why is not None:
+                raise _Refused(args.html, f"{args.html}: cannot write the page ({why})")
             from agent_runtime.tools.commands.timeline import (
                 simulate_then_draw,  # the page is drawn from the run's trace
             )
@@ -176,11 +212,12 @@ def _run(args: argparse.Namespace) -> int:
             )
             trace_failed = True
     if not args.json:
-        held = sum(1 for _, s in scenarios if s.expect is not None)
-        print(
-            f"\n{len(scenarios)} scenario(s) run, {held} with expectations: "
-            f"{'some failed' if failed else 'all held'}"
-        )
+        checked = sum(1 for _, s in scenarios if s.expect is not None)
+        if checked:
+            outcome = f"{checked} with expectations: {'some failed' if failed else 'all held'}"
+        else:  # nothing was checked, so nothing is said to have held
+            outcome = "no expectations to check"
+        print(f"\n{len(scenarios)} scenario(s) run, {outcome}")
     return 2 if trace_failed else 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """``agent-runtime timeline TRACE.jsonl -o PAGE.html [--title T]``: draw a trace as one
 self-contained HTML page (``agent_runtime.tools.timeline``). Exit 0 with the page written,
-2 when the trace cannot be read or the page cannot be written (one line on stderr)."""
+2 when the trace cannot be read or is empty, or the page cannot be written (one line on
+stderr)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def draw(
         records = [rec for _, rec in load_trace(trace)]
     except TraceError as e:
         print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    if not records:  # refused as replay and record refuse it: a page of nothing says nothing
+        print(f"{prog}: {trace}: nothing to draw: the trace is empty", file=sys.stderr)
         return 2
     try:
         write_timeline(records, out, title=title or Path(trace).name, source=source or trace)

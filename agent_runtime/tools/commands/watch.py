@@ -11,6 +11,7 @@ a line was not a record).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import stat
@@ -24,6 +25,9 @@ from agent_runtime.tools.lanes import Entry, Lanes, parse_record
 from agent_runtime.tools.replay import TraceError
 
 PROG = "agent-runtime watch"
+# past an hour between reads the trace is no longer followed (and time.sleep overflows
+# long before a float runs out)
+MAX_INTERVAL = 3600.0
 
 
 class Follower:
@@ -135,7 +139,24 @@ def _entry_line(e: Entry, lanes: Lanes) -> str:
     return f"{mark} {e.t:10.3f}  {who:<14} {e.text}"
 
 
+def _bad_option(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--interval`` or ``--last``, if anything."""
+    if not (math.isfinite(args.interval) and 0 < args.interval <= MAX_INTERVAL):
+        return (
+            f"--interval must be above 0 and at most {MAX_INTERVAL:g} seconds, "
+            f"not {args.interval:g}"
+        )
+    if args.last < 1:
+        # 0 or less showed "(none yet)" above a trace that has transitions
+        return f"--last must be 1 or more, not {args.last}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    bad = _bad_option(args)
+    if bad is not None:
+        print(f"{PROG}: {bad}", file=sys.stderr)
+        return 2
     path: str = args.trace
     try:
         mode = os.stat(path).st_mode
