@@ -59,7 +59,7 @@ def _async_fixture(fn: F) -> F:
         def missing() -> None:
             pytest.fail(
                 f"the {fn.__name__} fixture needs pytest-asyncio: "
-                "pip install 'livekit-agent-fsm[testing]'",
+                "install the project's testing extra (from a clone: pip install '.[testing]')",
                 pytrace=False,
             )
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 SUFFIX = ".scenario.yaml"
 INI_DIRS = "agent_runtime_scenarios"
-EXTRA = "pip install 'livekit-agent-fsm[testing]'"
+EXTRA = "install the project's testing extra (from a clone: pip install '.[testing]')"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

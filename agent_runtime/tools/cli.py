@@ -178,8 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.name != "yaml":
             raise
         print(
-            f"agent-runtime {args.command}: needs PyYAML; install the tools extra: "
-            "pip install 'livekit-agent-fsm[tools]'",
+            f"agent-runtime {args.command}: needs PyYAML; install the project's tools extra "
+            "(from a clone: pip install '.[tools]')",
             file=sys.stderr,
         )
         return 2
