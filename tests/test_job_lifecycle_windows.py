@@ -166,6 +166,67 @@ async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator_at_once(
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
 
 
+async def test_an_abort_during_the_hold_still_runs_the_whole_close(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The abort ends the hold, not the close: the job closes the host, disconnects the
+    room and runs the shutdown callbacks, with the abort's reason."""
+    room.add_participant("simulator", attributes=SIM)
+    _sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        transport=agent_end,
+        simulation=DISPATCH,
+        otel=False,
+    )
+    ran: list[tuple[float, str]] = []
+
+    async def callback(reason: str) -> None:
+        ran.append((clock.now(), reason))
+
+    job.add_shutdown_callback(callback)
+    await job.start(agent())
+    graceful = asyncio.create_task(job.aclose())
+    await settle()
+    await clock.advance(8.0)
+    assert job.states["job"] == "awaiting_finalize" and room.isconnected() and ran == []
+    await job.aclose(graceful=False)
+    await graceful
+    assert ran == [(8.0, "job closed")]  # the close's reason: the graceful one asked it
+    assert not room.isconnected()
+    assert job.states["session_host"] == "closed" and job.closed_at == 8.0
+
+
+async def test_an_abort_while_closing_never_extends_the_close(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """A shutdown callback hangs; an abort arrives mid-close. The close still ends at its
+    own bound from when it began (close_timeout, 10 s), not 10 s after the abort, and the
+    callbacks are not started again."""
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    calls: list[float] = []
+
+    async def hangs() -> None:
+        calls.append(clock.now())
+        await asyncio.get_running_loop().create_future()
+
+    job.add_shutdown_callback(hangs)
+    await job.start(agent())
+    closing = asyncio.create_task(job.aclose())
+    await settle()
+    assert job.states["job"] == "closing" and calls == [0.0]
+    await clock.advance(5.0)
+    aborting = asyncio.create_task(job.aclose(graceful=False))
+    await settle()
+    assert job.states["job"] == "closing" and not aborting.done()
+    await clock.advance(5.0)
+    await settle()
+    assert closing.done() and aborting.done()
+    assert job.states["job"] == "closed" and job.closed_at == 10.0 and calls == [0.0]
+
+
 # -- after a start failed --------------------------------------------------------------------
 
 
