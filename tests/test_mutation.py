@@ -312,6 +312,44 @@ def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
     assert "session=True" not in (ROOT / "agent_runtime/system/job_system.py").read_text()
 
 
+def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
+    """The premise of the by-hand arguments for (running, started) and (closed, started):
+    started is the only way into running and is sent by run_part(session=True) alone, whose
+    callers each claim the session first (a second claim raises); the session part links
+    the participant after the session starts, the link refuses to start once closed, and
+    the release closes the link before it ends (released is what leads to closed)."""
+    spec = MACHINES["agent_job"]
+    assert {(r.source, r.event) for r in spec.rows if r.dest == "running"} == {
+        ("starting", "started")
+    }
+    assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
+    tree = ast.parse((ROOT / "agent_runtime/system/agent_job.py").read_text())
+    callers = 0
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.AsyncFunctionDef) and "session=True" in ast.unparse(fn):
+            source = ast.unparse(fn)
+            callers += 1
+            assert source.index("self.system.claim_session()") < source.index("session=True")
+    assert callers == 2  # start() and start_session()
+    system = importlib.import_module("agent_runtime.system.job_system")
+    claim = inspect.getsource(system.JobSystem.claim_session)
+    assert claim.index("if self._session_start is not None:") < claim.index("raise RuntimeError")
+    start_session = inspect.getsource(system.JobSystem.start_session)
+    assert start_session.index("await self.session.start(") < start_session.index(
+        "self.link.start()"
+    )
+    link = importlib.import_module("agent_runtime.runtimes.participant")
+    start = inspect.getsource(link.ParticipantLink.start)
+    assert start.index("if self._close_task is not None:") < start.index("raise RuntimeError")
+    aclose = inspect.getsource(link.ParticipantLink.aclose)
+    assert aclose.index("self._close_task = ") < aclose.index("await")
+    from statemachines.system import RELEASE
+
+    assert "participant" in [s.name for s in RELEASE]
+    assert [(r.source, r.dest) for r in spec.rows if r.dest == "closed"] == [("closing", "closed")]
+    assert [r.event for r in spec.rows if r.dest == "closed"] == ["released"]
+
+
 async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_only_machine() -> (
     None
 ):
@@ -489,6 +527,8 @@ def test_what_the_arguments_cover() -> None:
     assert argument(m("agent_job", "agent_job (new, follow_room) ignore -> internal")) is None
     assert argument(m("agent_job", "agent_job (running, start) reject -> ignore")) is None
     assert argument(m("agent_job", "agent_job (closed, abort) ignore -> reject")) is None
+    assert argument(m("agent_job", "agent_job (closed, started) ignore -> reject"))  # by hand
+    assert argument(m("agent_job", "agent_job (running, started) ignore -> closing"))
     assert argument(m("agent_job", "agent_job (starting, start_part) -> starting")) is None
     # the host's close reaches the finalize answer through its link: posted
     assert argument(m("finalize", "finalize (replying, close) ignore -> reject"))

@@ -270,6 +270,22 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "starting; no row enters new"
         ),
     ),
+    (
+        "agent_job (running, started) *",
+        (
+            "never decided there: started is sent by run_part(session=True) only, after "
+            "claim_session(), which lets one session start through per job; its started is "
+            "the only way into running, so none comes after"
+        ),
+    ),
+    (
+        "agent_job (closed, started) *",
+        (
+            "never decided there: a session part still running once the release's "
+            "participant step closed the link fails in link.start() (run_part sends "
+            "start_failed), and closed comes only after that step"
+        ),
+    ),
 )
 
 
