@@ -143,12 +143,11 @@ async def test_while_the_job_closes_it_says_so_and_refuses_every_start(
     await assert_every_start_is_refused(job)
 
 
-async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator_at_once(
-    room: InMemoryRoom, clock: VirtualClock
-) -> None:
+def simulated_job(room: InMemoryRoom, clock: VirtualClock) -> AgentJob:
+    """A job of a simulation whose simulator is in the room (a graceful close holds)."""
     room.add_participant("simulator", attributes=SIM)
     _sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
-    job = AgentJob(
+    return AgentJob(
         room=room,
         session=AgentSession(),
         clock=clock,
@@ -156,6 +155,12 @@ async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator_at_once(
         simulation=DISPATCH,
         otel=False,
     )
+
+
+async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator_at_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    job = simulated_job(room, clock)
     await job.start(agent())
     graceful = asyncio.create_task(job.aclose())
     await settle()
@@ -170,17 +175,8 @@ async def test_an_abort_during_the_hold_still_runs_the_whole_close(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
     """The abort ends the hold, not the close: the job closes the host, disconnects the
-    room and runs the shutdown callbacks, with the abort's reason."""
-    room.add_participant("simulator", attributes=SIM)
-    _sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        clock=clock,
-        transport=agent_end,
-        simulation=DISPATCH,
-        otel=False,
-    )
+    room and runs the shutdown callbacks (with the reason of the close that held)."""
+    job = simulated_job(room, clock)
     ran: list[tuple[float, str]] = []
 
     async def callback(reason: str) -> None:
