@@ -238,5 +238,14 @@ def test_simulate_html_draws_one_file_only(
 ) -> None:
     out = tmp_path / "page.html"
     assert cli(["simulate", str(SCENARIO), str(SCENARIO), "--html", str(out)]) == 2
-    assert capsys.readouterr().err.strip() == "--html draws exactly one FILE"
+    assert (
+        capsys.readouterr().err.strip() == "agent-runtime simulate: --html draws exactly one FILE"
+    )
     assert not out.exists()
+    # under --json, the error object as every other refusal gives it
+    assert cli(["simulate", str(SCENARIO), str(SCENARIO), "--html", str(out), "--json"]) == 2
+    assert json.loads(capsys.readouterr().out) == {
+        "ok": False,
+        "file": None,
+        "error": "--html draws exactly one FILE",
+    }

@@ -148,6 +148,8 @@ def _unwritable(path: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "html", None):
+            if len(args.files) != 1:
+                raise _Refused(None, "--html draws exactly one FILE")
             # checked before the run, as the trace is: a run is not made only to be lost
             why = _unwritable(args.html)
             if why is not None:

@@ -42,10 +42,8 @@ def run(args: argparse.Namespace) -> int:
 def simulate_then_draw(
     args: argparse.Namespace, simulate: Callable[[argparse.Namespace], int]
 ) -> int:
-    """``simulate FILE --html PAGE``: the run as usual, then its trace drawn."""
-    if len(args.files) != 1:
-        print("--html draws exactly one FILE", file=sys.stderr)
-        return 2
+    """``simulate FILE --html PAGE``: the run as usual, then its trace drawn (``simulate``
+    checked there is one FILE and the page can be written)."""
     with tempfile.TemporaryDirectory(prefix="agent-runtime-") as tmp:
         if not args.trace:
             args.trace = str(Path(tmp) / "trace.jsonl")
