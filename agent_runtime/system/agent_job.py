@@ -19,11 +19,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
-from livekit.agents.job import JobContext
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
@@ -60,6 +59,9 @@ from agent_runtime.system.livekit_job import (
     register,
     session_end_hook,
 )
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
@@ -190,9 +192,6 @@ class AgentJob(Emitter[Events]):
         given to ``AgentServer.rtc_session`` and ``ctx.delete_room``, unless given in
         ``options``. ``trace_path`` may contain ``{job_id}`` and ``{room}``. Found again by
         ``AgentJob.for_job(ctx)`` and by ``on_session_end``."""
-        if not isinstance(ctx, JobContext):
-            # before anything reads it: None failed deep inside, on a missing attribute
-            raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
         options = context_options(ctx, options)
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)
         job.system.job_context = ctx

@@ -8,13 +8,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from livekit.agents.job import JobContext
+
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import SettingError
 from agent_runtime.system._inputs import injections
 
 if TYPE_CHECKING:
-    from livekit.agents.job import JobContext
-
     from agent_runtime.system.agent_job import AgentJob
 
 logger = logging.getLogger("agent_runtime.agent_job")
@@ -27,6 +27,9 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with what ``ctx`` gives where they are silent: its simulation context,
     the ``on_simulation_end`` given to ``AgentServer.rtc_session``, ``ctx.delete_room``;
     ``trace_path`` filled in (``{job_id}``, ``{room}``)."""
+    if not isinstance(ctx, JobContext):
+        # before anything reads it: None failed deep inside, on a missing attribute
+        raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
     if ctx in _JOBS:
         raise RuntimeError("this job context already has an AgentJob")
     trace_path = options.get("trace_path")
