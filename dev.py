@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
         return 0
     # refused before the venv is made: a typo costs no install
     if what not in COMMANDS:
-        print(f"unknown command {what!r}\n{__doc__}", file=sys.stderr)
+        print(f"unknown command {what!r} (python3 dev.py --help lists them)", file=sys.stderr)
         return 2
     if what == "run" and not rest:
         print(

@@ -225,7 +225,8 @@ HOST_DRAIN = 0.8
 
 def host_drain(close_timeout: float) -> float:
     """The session host's ``drain_timeout`` in a job closed within ``close_timeout``: at
-    most 3 s, and inside the host step's share, so the host's own cut, with the error reply
-    it owes, comes before the step's cut and the room's disconnect (at an equal deadline
-    the step's cut came first and the reply found the room gone)."""
+    most 3 s, and inside the host step's share, so the host's own cut comes before the
+    step's cut and the room's disconnect, and the error reply it owes has the rest of the
+    share to go out (0.6 s at the defaults; at an equal deadline the step's cut came first
+    and the reply found the room gone). The replies are bounded by the drain too."""
     return min(3.0, HOST_DRAIN * bound_of("host", close_timeout))

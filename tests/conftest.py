@@ -18,7 +18,11 @@ from agent_runtime.testing.inmemory import InMemoryRoom
 def pytest_collection_finish(session: pytest.Session) -> None:
     # the modules and the collected tests live as long as the run: frozen, the collector
     # leaves them out of every full collection (one walked them all, about as long as a
-    # property example takes); what a test builds is collected as before
+    # property example takes); what a test builds is collected as before. Hypothesis is
+    # imported first: its plugins' register_random looks for the random's referrers
+    # through the collector, which no longer sees a frozen one
+    import hypothesis  # noqa: F401
+
     gc.collect()
     gc.freeze()
 

@@ -97,7 +97,8 @@ def test_a_missing_or_unknown_command_is_refused_before_the_venv_is_made(
     """`python3 dev.py run` was an IndexError traceback (after making the venv)."""
     dev, ensured = dev_in
     assert dev.main(argv) == 2
-    assert capsys.readouterr().err.splitlines()[0].startswith(message)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(message)  # one line, no usage text after it
     assert ensured == []
 
 

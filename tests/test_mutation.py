@@ -334,6 +334,11 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     system = importlib.import_module("agent_runtime.system.job_system")
     claim = inspect.getsource(system.JobSystem.claim_session)
     assert claim.index("if self._session_start is not None:") < claim.index("raise RuntimeError")
+    # the claim is for good: set once at construction (None), then only by the claim
+    source = inspect.getsource(system)
+    assert source.count("self._session_start: ") == 1
+    assert source.count("self._session_start = ") == 1
+    assert "self._session_start = asyncio.current_task()" in claim
     start_session = inspect.getsource(system.JobSystem.start_session)
     assert start_session.index("await self.session.start(") < start_session.index(
         "self.link.start()"
@@ -346,6 +351,9 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     from statemachines.system import RELEASE
 
     assert "participant" in [s.name for s in RELEASE]
+    teardown = inspect.getsource(system.JobSystem._fx_run_teardown)
+    assert '"participant": self.link.aclose' in teardown
+    assert teardown.index("await teardown.run(works)") < teardown.index('Event("released")')
     assert [(r.source, r.dest) for r in spec.rows if r.dest == "closed"] == [("closing", "closed")]
     assert [r.event for r in spec.rows if r.dest == "closed"] == ["released"]
 

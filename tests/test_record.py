@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 from livekit import rtc
+from livekit.agents import Agent, AgentSession
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import read_trace, settle
+from agent_runtime import AgentJob, VirtualClock, read_trace, settle
 from agent_runtime.system.room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -268,6 +269,52 @@ def test_a_clear_the_trace_says_nothing_of_is_not_rebuilt_as_failed(
     assert main(["record", str(trace), "-o", str(recorded)]) == 0
     capsys.readouterr()
     assert [s.event for s in load_scenario(recorded).steps if s.event == "rpc_outcome"] == []
+
+
+async def test_a_retry_that_raised_after_a_start_that_did_not_is_said_not_scripted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The avatar joined, dropped; its first retry's plugin start raised, the second
+    rejoined. A scenario scripts only the first starts' failures: the file starts the
+    avatar as it started and says the retry's failure is not replayed (it wrote a step
+    ``times: 0`` the file refused: exit 2 on a valid trace)."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name="retry-room", clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    plugin = ScriptedAvatar(avatar_identity="a", clock=clock)
+    trace = tmp_path / "run.jsonl"
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        playout=False,
+        trace_path=trace,
+        retry_avatar={"attempts": 2, "backoff": {"initial": 1}},
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("a", kind="agent")
+    room.publish_track("a", "video")
+    await settle()
+    assert job.states["avatar"] == "joined"
+    plugin.start_error, plugin.start_errors = RuntimeError("the provider is down"), 1
+    room.remove_participant("a")
+    await clock.advance(1.0)  # the first retry: its start raises
+    await clock.advance(2.0)  # the second: it starts
+    room.add_participant("a", kind="agent")
+    room.publish_track("a", "video")
+    await settle()
+    assert job.states["avatar"] == "joined" and plugin.start_calls == 3
+    await job.aclose()
+
+    recorded = tmp_path / "r.yaml"
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    starts = [s.event for s in load_scenario(recorded).steps if s.event.startswith("avatar.")]
+    assert starts[0] == "avatar.start"
+    assert "a retry's plugin start raised after an earlier one did not" in comments(recorded)
 
 
 @pytest.fixture

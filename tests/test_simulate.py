@@ -447,3 +447,35 @@ def test_a_start_error_on_no_start_is_refused(
         "step 1 (avatar.start_error): field times: Input should be greater than or equal to 1"
         in (capsys.readouterr().err)
     )
+
+
+def test_a_refused_start_error_leaves_the_plugin_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``avatar.start_error`` after the avatar started is refused, and changes nothing: the
+    avatar's retry after it left starts as the plugin would have (it raised the scripted
+    error: the refused step had armed the plugin anyway)."""
+    doc = yaml.safe_load(REFUSED_START_ERROR)
+    r = simulate_json(write(tmp_path, doc), capsys)
+    assert r["facts"]["step_errors"] == [
+        "t=1 avatar.start_error: RuntimeError: this AvatarLifecycle is already started "
+        "(state 'routing')"
+    ]
+    assert (r["final_states"]["avatar"], r["facts"]["audio_output"]) == ("joined", "avatar")
+
+
+REFUSED_START_ERROR = """
+name: a refused start_error
+config: {avatar_identity: avatar-1, retry_avatar: {attempts: 1, backoff: {initial: 1}}}
+participants: [{identity: user}]
+steps:
+  - {at: 0, event: session.start}
+  - {at: 0.5, event: avatar.start}
+  - {at: 1, event: avatar.start_error}
+  - {at: 2, event: participant_connected, identity: avatar-1, kind: agent}
+  - {at: 2.5, event: track_published, identity: avatar-1, kind: video}
+  - {at: 3, event: participant_disconnected, identity: avatar-1}
+  - {at: 5, event: participant_connected, identity: avatar-1, kind: agent}
+  - {at: 5.5, event: track_published, identity: avatar-1, kind: video}
+  - {at: 8, event: end}
+"""

@@ -221,10 +221,18 @@ class _Simulation:
         elif isinstance(step, sc.AvatarStart | sc.AvatarStartError):
             if self.avatar is None or self.plugin is None:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
+            armed = (self.plugin.start_error, self.plugin.start_errors)
+            calls = self.plugin.start_calls
             if isinstance(step, sc.AvatarStartError):
                 self.plugin.start_error = RuntimeError("scripted start error")
                 self.plugin.start_errors = step.times
-            await self.agent_job.start_avatar()
+            try:
+                await self.agent_job.start_avatar()
+            except Exception:
+                if self.plugin.start_calls == calls:
+                    # refused before the plugin was asked: the step changes nothing
+                    self.plugin.start_error, self.plugin.start_errors = armed
+                raise
         elif isinstance(step, sc.AvatarClose):
             if self.avatar is None:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")

@@ -517,23 +517,7 @@ class _Builder:
     def _avatar_input(self, i: int, r: TraceRecord, ending: int) -> None:
         e = r.event
         if e == "start":
-            failed = self._next_avatar(i, "start_error", until="start")
-            if failed is not None and failed.data.get("effect") == "start_plugin":
-                # a state task that raised reports no outcome: it is an error
-                outcome = failed.data.get("outcome", "error")
-                if outcome != "error":
-                    self.note(
-                        f"t={r.t:g}: the avatar plugin's start ended in "
-                        f"{outcome} at t={failed.t:g}; replayed as a start "
-                        "that raises at once"
-                    )
-                times = self._failed_starts(i)
-                if times is None:
-                    self.step(i, r.t, "avatar.start_error")
-                else:
-                    self.step(i, r.t, "avatar.start_error", times=times)
-            else:
-                self.step(i, r.t, "avatar.start")
+            self._avatar_start(i, r)
         elif e == "close":
             if i < ending:
                 self.step(i, r.t, "avatar.close")
@@ -558,21 +542,49 @@ class _Builder:
                 payload=payload,
             )
 
-    def _failed_starts(self, start: int) -> int | None:
-        """How many of the plugin's starts raised before one of the same ``start``'s retries
-        started it; None when none did (every attempt raised)."""
-        failed = 0
+    def _avatar_start(self, i: int, r: TraceRecord) -> None:
+        """The user's avatar start at ``i``, with the plugin's starts that raised: a
+        scenario scripts the first ones (``avatar.start_error {times}``), or every one."""
+        attempts = self._plugin_starts(i)
+        raised = [a for a in attempts if a is not None]
+        leading = next((n for n, a in enumerate(attempts) if a is None), len(attempts))
+        if leading < len(raised):  # one raised after a start that did not
+            later = raised[leading]
+            self.note(
+                f"t={later.t:g}: a retry's plugin start raised after an earlier one did "
+                "not; a scenario scripts only the first starts' failures, so the replay's "
+                "retry starts"
+            )
+        if leading == 0:
+            self.step(i, r.t, "avatar.start")
+            return
+        first = raised[0]
+        # a state task that raised reports no outcome: it is an error
+        outcome = first.data.get("outcome", "error")
+        if outcome != "error":
+            self.note(
+                f"t={r.t:g}: the avatar plugin's start ended in {outcome} at t={first.t:g}; "
+                "replayed as a start that raises at once"
+            )
+        if leading == len(attempts):
+            self.step(i, r.t, "avatar.start_error")  # every attempt raised
+        else:
+            self.step(i, r.t, "avatar.start_error", times=leading)
+
+    def _plugin_starts(self, start: int) -> list[TraceRecord | None]:
+        """Each plugin start of the user's ``start`` at ``start`` and its retries, in
+        order: the ``start_error`` it raised, or None when it returned."""
+        out: list[TraceRecord | None] = []
         for r in self.records[start + 1 :]:
-            if r.machine != "avatar":
+            if r.machine != "avatar" or r.kind == "effect":
                 continue
-            if r.kind != "effect" and r.event in ("start", "close"):
-                break  # the user's next start, or the end: no retry started it
-            if r.kind == "effect" and r.effect == "start_plugin":
-                if r.outcome != "ok":
-                    failed += 1
-                else:
-                    return failed
-        return None
+            if r.event in ("start", "close"):
+                break  # the user's next start, or the end
+            if r.event == "start_error" and r.data.get("effect") == "start_plugin":
+                out.append(r)
+            elif r.event in ("plugin_started", "no_route"):
+                out.append(None)
+        return out
 
     def _next_avatar(self, start: int, event: str, *, until: str) -> TraceRecord | None:
         for r in self.records[start + 1 :]:
