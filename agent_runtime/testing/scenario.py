@@ -30,6 +30,7 @@ from agent_runtime.settings import (
     playout_flag,
 )
 from agent_runtime.testing.safe_yaml import YamlRefused, load_yaml, yaml_problem
+from statemachines.machines import MACHINES
 
 Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
 Reason = Literal[
@@ -316,8 +317,6 @@ class Expect(_Strict):
     @classmethod
     def _known_states(cls, v: dict[str, str]) -> dict[str, str]:
         # a misspelt machine or state is the file's error, not an expectation that fails
-        from statemachines.machines import MACHINES
-
         for machine, state in v.items():
             spec = MACHINES.get(machine)
             if spec is None:

@@ -522,8 +522,8 @@ class _Builder:
             if i < ending:
                 self.step(i, r.t, "avatar.close")
         elif e == "interrupt":
-            # the clear goes on the wire as the task of `clearing` (the avatar is joined)
-            if r.dest == "clearing" or "send_clear_buffer" in r.effects:
+            # the plugin's own clear is the task of `clearing` (the avatar is joined)
+            if r.dest == "clearing":
                 done = self._next_avatar(i, "clear_buffer_done", until="interrupt")
                 result = None if done is None else _rpc_result(done.data)
                 if done is not None and result is not None:
