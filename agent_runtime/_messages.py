@@ -16,6 +16,8 @@ from typing import Any, Protocol, TypeVar
 from statemachines import MachineSpec
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
+# one empty set for every holder: since 3.10 each frozenset() is a new 216-byte object
+NO_NAMES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

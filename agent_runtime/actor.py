@@ -17,6 +17,7 @@ from typing import Any
 
 from agent_runtime._messages import (
     EMPTY,
+    NO_NAMES,
     ActorClosed,
     EffectHandler,
     EffectResult,
@@ -73,6 +74,7 @@ class Actor(Performer):
         "_linked",
         "_mailbox",
         "_outputs",
+        "_owner",
         "_runner",
         "_settings",
         "_state",
@@ -134,8 +136,10 @@ class Actor(Performer):
         self._closed = False
         self._entered = False
         # the effects whose success the system passes on (their declared links), and how
-        self._linked: frozenset[str] = frozenset()
+        self._linked: frozenset[str] = NO_NAMES
         self._outputs: OutputFn | None = None
+        # who owns this actor hears each state change first (see set_owner)
+        self._owner: Callable[[StateChanged], None] | None = None
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -178,6 +182,15 @@ class Actor(Performer):
     def entered_at(self) -> float | None:
         """When the current state was entered (this actor's clock); None before ``start``."""
         return self._entered_at
+
+    def set_owner(self, hear: Callable[[StateChanged], None]) -> None:
+        """``hear`` gets every state change before the ``state_changed`` listeners: the
+        runtime or system that owns this actor, one per actor. A listener entry of its own
+        would be an emitter table per actor, memory per job for the one listener most
+        actors have. What ``hear`` raises is logged and it hears no more, as a listener."""
+        if self._owner is not None and self._owner != hear:
+            raise ValueError(f"{self._who()} already has an owner")
+        self._owner = hear
 
     def pass_outputs(self, effects: frozenset[str], to: OutputFn) -> None:
         """Hand the success of each of ``effects`` to ``to`` (the system's links): an effect
@@ -436,10 +449,17 @@ class Actor(Performer):
             return st, tracing
         if st.changed:
             self._enter_state(event.name)
-            if self._events.get("state_changed"):
-                # whatever a listener raises stays in emit (logged, the listener removed): the
+            owner = self._owner
+            if owner is not None or self._events.get("state_changed"):
+                # whatever a listener raises stays here (logged, the listener removed): the
                 # effects of a transition that has already happened are never skipped
                 change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
+                if owner is not None:
+                    try:
+                        owner(change)
+                    except BaseException as e:
+                        self._owner = None
+                        self._listener_failed("state_changed", owner, e, (change,))
                 self.emit("state_changed", change)
         return st, tracing
 

@@ -104,6 +104,21 @@ def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
     return tuple(out)
 
 
+# the sets of names every job of a worker builds from the same options, one object for all
+_SHARED_NAMES: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def shared_names(names: tuple[str, ...]) -> frozenset[str]:
+    """``frozenset(names)``, the same object for the same names (a set per job is memory
+    per job)."""
+    found = _SHARED_NAMES.get(names)
+    if found is None:
+        if len(_SHARED_NAMES) >= _VALIDATED_MAX:
+            _SHARED_NAMES.clear()
+        found = _SHARED_NAMES[names] = frozenset(names)
+    return found
+
+
 # what can end an avatar attempt (statemachines.avatar.CAUSES): the retry policy names the
 # transient ones
 AvatarCause = Literal["start_error", "start_timeout", "no_route", "join_timeout", "avatar_left"]

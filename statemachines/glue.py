@@ -366,11 +366,11 @@ def simulators_after(simulators: frozenset[str], fact: Fact) -> frozenset[str]:
         return simulators
     if name in ("participant_joined", "attributes_changed"):
         if SIMULATOR_ATTRIBUTE in (fact.get("attributes") or {}):
-            return simulators | {identity}
-        return simulators - {identity}
-    if name == "participant_left":
-        return simulators - {identity}
-    return simulators
+            return simulators if identity in simulators else simulators | {identity}
+    elif name != "participant_left":
+        return simulators
+    # the same set when nothing changes: a set per participant's fact is memory per job
+    return simulators - {identity} if identity in simulators else simulators
 
 
 # -- links ----------------------------------------------------------------------------------------

@@ -213,6 +213,43 @@ async def test_state_changed_is_emitted() -> None:
     assert seen == [("off", "on")]
 
 
+async def test_the_owner_hears_each_change_before_the_listeners() -> None:
+    h = Harness()
+    heard: list[str] = []
+
+    def owner(ch: Any) -> None:
+        heard.append(f"owner {ch.dest}")
+
+    h.actor.on("state_changed", lambda ch: heard.append(f"listener {ch.dest}"))
+    h.actor.set_owner(owner)
+    h.actor.set_owner(owner)  # the same owner again: kept
+    with pytest.raises(ValueError, match="already has an owner"):
+        h.actor.set_owner(lambda ch: None)  # one owner per actor
+    await h.actor.send(Event("press"))
+    assert heard == ["owner on", "listener on"]
+
+
+async def test_an_owner_that_raises_is_logged_dropped_and_the_transition_stands(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness()
+    heard: list[str] = []
+
+    def owner(ch: Any) -> None:
+        heard.append(f"owner {ch.dest}")
+        raise RuntimeError("owner broke")
+
+    h.actor.set_owner(owner)
+    h.actor.on("state_changed", lambda ch: heard.append(f"listener {ch.dest}"))
+    await h.actor.send(Event("press"))
+    await h.actor.send(Event("tick"))
+    # the listeners still heard, the effects ran, the owner failed once and was dropped
+    assert heard == ["owner on", "listener on", "listener off"]
+    assert h.log[:2] == ["glow in on", "fuse in on"]
+    failed = [r for r in caplog.records if "owner broke" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR"
+
+
 async def test_missing_handler_is_refused() -> None:
     with pytest.raises(ValueError, match="no handler for glow"):
         Actor(LAMP, effects={}, guards={"armed": lambda e: True})

@@ -402,7 +402,10 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
         todo, seen = [actor], set()
         while todo:
             emitter = todo.pop()
-            for listener in emitter._events.get("state_changed", ()):
+            # who owns it hears first (set_owner), then its listeners
+            owner = getattr(emitter, "_owner", None)
+            listeners = emitter._events.get("state_changed", ())
+            for listener in (*([owner] if owner else []), *listeners):
                 assert listener in forwarders, f"{machine}: {listener} acts on its changes"
                 if listener not in seen:
                     seen.add(listener)

@@ -38,6 +38,7 @@ class MachineRuntime(Emitter[E]):
     the machine's."""
 
     actor: Actor
+    _owner: Callable[[StateChanged], None] | None = None  # see set_owner
 
     def _run_machine(
         self,
@@ -54,8 +55,8 @@ class MachineRuntime(Emitter[E]):
     ) -> Actor:
         """Build ``self.actor``: ``effects`` is the class's table (``effect_table``), the
         guards read ``facts`` (this runtime when not given), ``wiring`` fires the links of
-        its effects as they succeed. ``forward=False``: a part whose owner listens on its
-        ``actor`` and forwards (one listener less per job)."""
+        its effects as they succeed. ``forward=False``: a part whose owner hears its
+        ``actor`` (``Actor.set_owner``) and forwards."""
         actor = Actor(
             spec,
             instance=instance,
@@ -71,7 +72,7 @@ class MachineRuntime(Emitter[E]):
         if wiring is not None:
             wiring.bind(actor)
         if forward:
-            actor.on("state_changed", self._on_state)
+            actor.set_owner(self._on_state)
         self.actor = actor
         return actor
 
@@ -96,8 +97,22 @@ class MachineRuntime(Emitter[E]):
         on its own changes extends this)."""
         self._emit_state(change)
 
+    def set_owner(self, hear: Callable[[StateChanged], None]) -> None:
+        """``hear`` (the system that composes this runtime) gets every state change before
+        the ``state_changed`` listeners, as ``Actor.set_owner``."""
+        if self._owner is not None and self._owner != hear:
+            raise ValueError(f"{type(self).__name__} already has an owner")
+        self._owner = hear
+
     def _emit_state(self, change: StateChanged) -> None:
         """Forward a state change (of this machine, or of one the runtime owns)."""
+        owner = self._owner
+        if owner is not None:
+            try:
+                owner(change)
+            except BaseException as e:  # as a listener's: logged, and it hears no more
+                self._owner = None
+                self._listener_failed(_STATE_CHANGED, owner, e, (change,))
         self.emit(_STATE_CHANGED, change)
 
 

@@ -27,6 +27,7 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import SessionTransport
 
+from agent_runtime._messages import NO_NAMES
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
@@ -133,7 +134,7 @@ class JobRuntime(MachineRuntime[str]):
         self._room_events = room_events or RoomEventAdapter(room)
         self._unsubscribe_facts: Callable[[], None] | None = None
         self._simulation = simulation_context(simulation)
-        self._simulators: frozenset[str] = frozenset()
+        self._simulators: frozenset[str] = NO_NAMES
         self._facts = _Facts(self)
         # the links between the job's machines, as declared (statemachines.glue.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
@@ -143,14 +144,10 @@ class JobRuntime(MachineRuntime[str]):
         self.primary_close_reason: str | None = None  # its CloseReason, once it closed
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._callbacks = ShutdownCallbacks()
-        # the works of run_close's steps (statemachines.system.TEARDOWN), by step: the job's
-        # own here; whoever composes the job adds the session's and the avatar's
-        self.teardown_works: dict[str, Work] = {
-            "host": self._host_closed,
-            "disconnect": self._disconnect,
-            "room": self._deletion_settled,
-            "callbacks": self._run_callbacks,
-        }
+        # the works of run_close's steps (statemachines.system.TEARDOWN) that whoever
+        # composes the job does (the session's and the avatar's), asked for as the close
+        # begins: a live job holds no table of them
+        self.composed_works: Callable[[], Mapping[str, Work]] | None = None
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
@@ -181,9 +178,9 @@ class JobRuntime(MachineRuntime[str]):
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
         if forward[0]:
-            self.host.on("state_changed", self._emit_state)
+            self.host.set_owner(self._emit_state)
         if forward[1]:
-            self.deletion.actor.on("state_changed", self._emit_state)
+            self.deletion.actor.set_owner(self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {
@@ -242,10 +239,13 @@ class JobRuntime(MachineRuntime[str]):
             or self.actor.state in ("closing", "closed")
         ):
             return
-        self._simulators = frozenset(
-            p.identity
-            for p in self._room.remote_participants.values()
-            if ATTRIBUTE_SIMULATOR in p.attributes
+        self._simulators = (
+            frozenset(
+                p.identity
+                for p in self._room.remote_participants.values()
+                if ATTRIBUTE_SIMULATOR in p.attributes
+            )
+            or NO_NAMES
         )
         self._unsubscribe_facts = follow(
             self._room_events, "job", self._post, facts=self._facts, after=self._track_simulators
@@ -405,8 +405,20 @@ class JobRuntime(MachineRuntime[str]):
             begin=self._begin_step,
             waiting_for=self._waiting_for,
         )
-        await self._teardown.run(self.teardown_works)
+        await self._teardown.run(self._teardown_works())
         return Event("close_done")
+
+    def _teardown_works(self) -> dict[str, Work]:
+        """The work of each of run_close's steps: the job's own, then its composer's."""
+        works: dict[str, Work] = {
+            "host": self._host_closed,
+            "disconnect": self._disconnect,
+            "room": self._deletion_settled,
+            "callbacks": self._run_callbacks,
+        }
+        if self.composed_works is not None:
+            works.update(self.composed_works())
+        return works
 
     def _begin_step(self, step: str) -> None:
         self.wiring.fire("job", "run_close", step=step)

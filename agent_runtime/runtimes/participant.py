@@ -40,6 +40,7 @@ from agent_runtime.settings import (
     check_setting,
     kind_names,
     reason_names,
+    shared_names,
 )
 from agent_runtime.system.room_events import (
     RoomEventAdapter,
@@ -105,8 +106,8 @@ class ParticipantLink(MachineRuntime[str]):
         participant_identity = check_setting("participant_identity", participant_identity)
         grace_period = check_setting("grace_period", grace_period)
         session_close_timeout = check_setting("session_close_timeout", session_close_timeout)
-        self._kinds = frozenset(kind_names(participant_kinds))
-        self._closing_reasons = frozenset(reason_names(closing_reasons))
+        self._kinds = shared_names(kind_names(participant_kinds))
+        self._closing_reasons = shared_names(reason_names(closing_reasons))
         self.session = session
         self.room_events = room_events
         self.participant_identity = participant_identity

@@ -178,7 +178,7 @@ class JobSessionHost(MachineRuntime[str]):
             wiring=self.wiring,
         )
         self.wiring.connect("session_host", self._post)
-        self.finalize.actor.on("state_changed", self._emit_state)
+        self.finalize.actor.set_owner(self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {"drain_timeout": self._drain_timeout}

@@ -168,7 +168,7 @@ class AgentJob(Emitter[Events]):
         sys = self.system
         self.events, self.job, self.link = sys.events, sys.job, sys.link
         self.avatar, self.playout, self.lifecycle_actor = sys.avatar, sys.playout, sys.lifecycle
-        sys.on("state_changed", self._forward_state)
+        sys.set_owner(self._forward_state)
         sys.on("closed", self._on_closed)
         # what every machine's warnings carry (the log policy: job, room, machine, ...);
         # one dict for all of them, so from_job_context's job id reaches each

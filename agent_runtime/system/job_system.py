@@ -139,7 +139,7 @@ class JobSystem(MachineRuntime[str]):
         )
         self.job.primary = session
         # run_close's steps that need the room: this system's work
-        self.job.teardown_works.update(session=self._close_session, avatar=self._avatar_left)
+        self.job.composed_works = self._teardown_works
         self.link = ParticipantLink(
             session,
             room_events=self.events,
@@ -214,16 +214,17 @@ class JobSystem(MachineRuntime[str]):
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
         if self.playout is not None:
             self._watchers["playout"] = self.playout._post
-        self.lifecycle.on("state_changed", self._forward_state)
-        self.job.on("state_changed", self._forward_state)
-        self.host.on("state_changed", self._forward_state)  # with its finalize machine's
-        self.deletion.actor.on("state_changed", self._forward_state)
-        self.link.on("state_changed", self._forward_state)
+        forward = self._forward_state  # one bound method for every part it owns
+        self.lifecycle.set_owner(forward)
+        self.job.set_owner(forward)
+        self.host.set_owner(forward)  # with its finalize machine's
+        self.deletion.actor.set_owner(forward)
+        self.link.set_owner(forward)
         if self.avatar is not None:
-            self.avatar.on("state_changed", self._forward_state)
+            self.avatar.set_owner(forward)
             self.wiring.connect("avatar", self.avatar.post_linked)
         if self.playout is not None:
-            self.playout.on("state_changed", self._forward_state)
+            self.playout.set_owner(forward)
         self.job.on("closed", self._on_job_closed)
 
     # -- state -------------------------------------------------------------------------------
@@ -356,6 +357,9 @@ class JobSystem(MachineRuntime[str]):
     # builds a room track for a session that is going away. A session whose close is still
     # running after its step's share no longer holds the avatar's close back (the avatar
     # must leave while the room is connected).
+    def _teardown_works(self) -> dict[str, Work]:
+        return {"session": self._close_session, "avatar": self._avatar_left}
+
     def _close_session(self) -> Awaitable[None] | None:
         """The session closes (when the job ends for another reason, e.g. the simulator
         left, the job asks it to)."""

@@ -9,7 +9,6 @@ callback. ``aclose()`` unhooks every listener it added.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -139,7 +138,8 @@ class RoomEventAdapter:
         self._subscribers: list[Subscriber] = []
         self._ranks: list[int] = []  # each subscriber's rank, in the same order
         # the listeners on the room while it is followed
-        self._hooks_on: tuple[tuple[str, _Hook], ...] | None = None
+        # (one per _HOOKS entry, in its order: the names are the table's, not held per job)
+        self._hooks_on: tuple[_Hook, ...] | None = None
 
     @property
     def started(self) -> bool:
@@ -155,27 +155,27 @@ class RoomEventAdapter:
             at -= 1
         self._subscribers.insert(at, fn)
         self._ranks.insert(at, key)
-        return functools.partial(self._unsubscribe, fn)
+        return _Unsubscribe(self, fn)
 
     def _unsubscribe(self, fn: Subscriber) -> None:
         if fn in self._subscribers:
             at = self._subscribers.index(fn)
             del self._subscribers[at], self._ranks[at]
 
-    def _hooks(self) -> tuple[tuple[str, _Hook], ...]:
-        return tuple((name, _Hook(self, fn)) for name, fn in _HOOKS)
+    def _hooks(self) -> tuple[_Hook, ...]:
+        return tuple(_Hook(self, fn) for _, fn in _HOOKS)
 
     def start(self) -> None:
         if self._hooks_on is not None:
             return
         self._hooks_on = self._hooks()
-        for name, hook in self._hooks_on:
+        for (name, _), hook in zip(_HOOKS, self._hooks_on, strict=True):
             self.room.on(name, hook)  # type: ignore[arg-type]
 
     def aclose(self) -> None:
         """Unhook every room listener this adapter added and drop all subscribers."""
         hooks, self._hooks_on = self._hooks_on, None
-        for name, hook in hooks or ():
+        for (name, _), hook in zip(_HOOKS, hooks or (), strict=False):
             self.room.off(name, hook)  # type: ignore[arg-type]
         self._subscribers.clear()
         self._ranks.clear()
@@ -270,6 +270,20 @@ class RoomEventAdapter:
 
     def _on_reconnected(self, *args: Any) -> None:
         self._guarded("reconnected", Reconnected)
+
+
+class _Unsubscribe:
+    """What ``subscribe`` returns: removes one subscriber (smaller than a partial of a
+    bound method, and every job holds a few)."""
+
+    __slots__ = ("adapter", "fn")
+
+    def __init__(self, adapter: RoomEventAdapter, fn: Subscriber) -> None:
+        self.adapter = adapter
+        self.fn = fn
+
+    def __call__(self) -> None:
+        self.adapter._unsubscribe(self.fn)
 
 
 class _Hook:

@@ -61,7 +61,16 @@ class SinkAdoption:
     sink's ``clear_buffer()`` (the adoption's ``own_clear`` is the sink's own);
     ``on_flushed`` gets each segment the sink was given, as it is flushed."""
 
-    __slots__ = ("_clock", "_segment", "own_clear", "sink")
+    __slots__ = (
+        "_clock",
+        "_on_clear",
+        "_on_flushed",
+        "_own_capture",
+        "_own_flush",
+        "_segment",
+        "own_clear",
+        "sink",
+    )
 
     def __init__(
         self,
@@ -73,32 +82,33 @@ class SinkAdoption:
     ) -> None:
         self.sink = sink
         self._clock = clock
+        self._on_clear, self._on_flushed = on_clear, on_flushed
         # the segment the sink is taking: (first frame at, seconds pushed)
         self._segment: tuple[float, float] | None = None
         # the session's interruption reaches the sink as clear_buffer(): the lifecycle sees
         # it first, and hands it to the sink's own clear where that is safe
         self.own_clear: Callable[[], None] = sink.clear_buffer
-        own_capture, own_flush = sink.capture_frame, sink.flush
-
-        def clear_buffer() -> None:
-            on_clear(self)
-
-        async def capture_frame(frame: rtc.AudioFrame) -> None:
-            await own_capture(frame)
-            started, pushed = self._segment or (self._clock.now(), 0.0)
-            self._segment = (started, pushed + frame.duration)
-
-        def flush() -> None:
-            own_flush()
-            segment, self._segment = self._segment, None
-            if segment is not None:
-                on_flushed(SegmentFlushed(*segment))
-
-        sink.clear_buffer = clear_buffer  # type: ignore[method-assign]
-        sink.capture_frame = capture_frame  # type: ignore[method-assign]
-        sink.flush = flush  # type: ignore[method-assign]
+        self._own_capture, self._own_flush = sink.capture_frame, sink.flush
+        # bound methods of this object, not closures: smaller, and a job holds them all along
+        sink.clear_buffer = self._clear_buffer  # type: ignore[method-assign]
+        sink.capture_frame = self._capture_frame  # type: ignore[method-assign]
+        sink.flush = self._flush  # type: ignore[method-assign]
         if isinstance(sink, DataStreamAudioOutput):
             lk.keep_sink_off_the_playback_rpc(sink, _no_registration)
+
+    def _clear_buffer(self) -> None:
+        self._on_clear(self)
+
+    async def _capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await self._own_capture(frame)
+        started, pushed = self._segment or (self._clock.now(), 0.0)
+        self._segment = (started, pushed + frame.duration)
+
+    def _flush(self) -> None:
+        self._own_flush()
+        segment, self._segment = self._segment, None
+        if segment is not None:
+            self._on_flushed(SegmentFlushed(*segment))
 
     def release(self) -> None:
         """Give the sink its own methods back (the class's)."""
