@@ -449,19 +449,23 @@ class Actor(Performer):
             return st, tracing
         if st.changed:
             self._enter_state(event.name)
-            owner = self._owner
-            if owner is not None or self._events.get("state_changed"):
-                # whatever a listener raises stays here (logged, the listener removed): the
-                # effects of a transition that has already happened are never skipped
+            if self._owner is not None or self._events.get("state_changed"):
                 change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
-                if owner is not None:
-                    try:
-                        owner(change)
-                    except BaseException as e:
-                        self._owner = None
-                        self._listener_failed("state_changed", owner, e, (change,))
-                self.emit("state_changed", change)
+                self._tell(change)
         return st, tracing
+
+    def _tell(self, change: StateChanged) -> None:
+        """The owner, then the ``state_changed`` listeners. Whatever one raises stays here
+        (logged, that one dropped): the effects of a transition that has already happened
+        are never skipped."""
+        owner = self._owner
+        if owner is not None:
+            try:
+                owner(change)
+            except BaseException as e:
+                self._owner = None
+                self._listener_failed("state_changed", owner, e, (change,))
+        self.emit("state_changed", change)
 
     def _guard_check(self, event: Event, consulted: dict[str, bool]) -> Callable[[str], bool]:
         guards = self._guards

@@ -420,7 +420,7 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
     cpu = time.thread_time  # the work itself: CPU time (a busy machine does not inflate it)
     orig_init, orig_enqueue = Actor.__init__, Actor._enqueue
     orig_step, orig_done = Actor._step, Actor._done
-    orig_record, orig_emit = Actor._record, Actor.emit
+    orig_record, orig_tell = Actor._record, Actor._tell
     stepping: list[MachineCost] = []  # the step being timed (steps never nest)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -451,10 +451,10 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
             if stepping:
                 stepping[-1].trace_s += cpu() - t0
 
-    def emit(self: Any, name: Any, *args: Any) -> None:
+    def tell(self: Any, change: Any) -> None:
         t0 = cpu()
         try:
-            orig_emit(self, name, *args)
+            orig_tell(self, change)
         finally:
             if stepping:
                 stepping[-1].listeners_s += cpu() - t0
@@ -471,7 +471,7 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
         "_step": step,
         "_done": done,
         "_record": record,
-        "emit": emit,
+        "_tell": tell,
     }
     for name, fn in patched.items():
         setattr(Actor, name, fn)
@@ -484,9 +484,9 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
             ("_step", orig_step),
             ("_done", orig_done),
             ("_record", orig_record),
+            ("_tell", orig_tell),
         ):
             setattr(Actor, name, fn)
-        del Actor.emit  # back to the inherited one
 
 
 def _part(filename: str) -> str:
@@ -1009,7 +1009,8 @@ def split_rows(split: Split, ms_per_step: float) -> list[Row]:
         "time around its own methods): per event, deciding and changing state (table, guards, "
         "timers and tasks, mailbox: the figure), then beside it the trace records written (the "
         "runner's "
-        "sinks), the state_changed listeners (the runtime's glue and the runner's recording) "
+        "sinks), the state changes heard (the owning runtime, the runtime's glue and the "
+        "runner's recording) "
         "and the effect handlers until they return (the runtime's glue and the SDK calls it "
         "makes; an awaited effect's wait not included); reaction: wall time "
         "from the event queued (room fact, RPC outcome, timer, posted input) to its step done, "

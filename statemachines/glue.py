@@ -359,6 +359,9 @@ ROOM_CONDITIONS: Mapping[str, Condition] = MappingProxyType(
 )
 
 
+_NO_ONE: frozenset[str] = frozenset()  # the one empty answer (each frozenset() is new)
+
+
 def simulators_after(simulators: frozenset[str], fact: Fact) -> frozenset[str]:
     """Which participants carry lk.simulator once ``fact`` happened."""
     name, identity = fact.get("fact"), fact.get("identity")
@@ -370,7 +373,9 @@ def simulators_after(simulators: frozenset[str], fact: Fact) -> frozenset[str]:
     elif name != "participant_left":
         return simulators
     # the same set when nothing changes: a set per participant's fact is memory per job
-    return simulators - {identity} if identity in simulators else simulators
+    if identity not in simulators:
+        return simulators
+    return simulators - {identity} or _NO_ONE
 
 
 # -- links ----------------------------------------------------------------------------------------

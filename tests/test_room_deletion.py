@@ -367,3 +367,41 @@ async def test_cell(state: str, event: str) -> None:
     await rt.aclose()
     assert rt.deletion.actor.closed and rt.deletion.actor.live_tasks == 0
     assert rig.clock.pending == 0
+
+
+async def test_a_runtime_s_owner_hears_first_and_one_that_raises_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A runtime's owner (what the job system sets with ``set_owner``) hears each of its
+    state changes before the listeners; one that raises is logged once and dropped, and the
+    listeners and the machine go on (the deletion still runs)."""
+    from agent_runtime import VirtualClock
+    from agent_runtime.runtimes.room_deletion import RoomDeletion
+
+    deleted: list[str] = []
+
+    async def delete_room() -> None:
+        deleted.append("room")
+
+    deletion = RoomDeletion(delete_room, clock=VirtualClock())
+    deletion.actor.set_owner(deletion._emit_state)  # as a job that built it forwards it
+    heard: list[str] = []
+
+    def owner(change: Any) -> None:
+        heard.append(f"owner {change.dest}")
+        raise RuntimeError("owner broke")
+
+    deletion.set_owner(owner)
+    deletion.set_owner(owner)  # the same owner again: kept
+    with pytest.raises(ValueError, match="already has an owner"):
+        deletion.set_owner(lambda change: None)
+    deletion.on("state_changed", lambda change: heard.append(f"listener {change.dest}"))
+    deletion.request()
+    await deletion.allow()
+    dests = [h.split()[1] for h in heard if h.startswith("listener")]
+    assert heard[:2] == [f"owner {dests[0]}", f"listener {dests[0]}"]
+    assert sum(h.startswith("owner") for h in heard) == 1 and len(dests) >= 2
+    assert deleted == ["room"]
+    failed = [r for r in caplog.records if "owner broke" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR"
+    await deletion.aclose()

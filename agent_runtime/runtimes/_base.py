@@ -10,7 +10,8 @@ guards (their one definition, ``routing.guard_table``), arms its state timeouts 
 A runtime's lifecycle is its machine's: what it asks is the actor's state (or
 ``actor.closed``), and whether it follows something is the handle it holds (an
 unsubscriber, a task), never a flag kept beside the machine. A listener that fails is the
-``Emitter``'s to log and remove, so no runtime wraps its ``emit``.
+``Emitter``'s to log and remove; an owner (``set_owner``) that fails is logged and dropped
+the same way in ``_emit_state``.
 """
 
 from __future__ import annotations

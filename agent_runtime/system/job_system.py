@@ -342,7 +342,7 @@ class JobSystem(MachineRuntime[str]):
             for target, post in self._watchers.items():  # statemachines.system.WATCHES
                 for event in watched(sc.machine, sc.source, sc.dest, target):
                     post(Event(event, {sc.machine: sc.dest}))
-        self._emit_state(sc)  # a listener that fails is the Emitter's to log and drop
+        self._emit_state(sc)  # an owner or listener that fails is logged and dropped there
 
     def _is_simulator(self, identity: str) -> bool:
         # only the simulator participant decides the job's fate (the job knows who it is)
