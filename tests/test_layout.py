@@ -61,6 +61,14 @@ def test_production_modules_never_import_the_testing_kit_or_the_tools() -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_no_production_module_is_over_500_lines() -> None:
+    """A module a reader can hold at once (issue 24): one that grows past it is split by
+    idea, as the avatar package was, not left to grow."""
+    assert len(PRODUCTION) > 30  # every runtime, system, SDK and observation module
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PRODUCTION}
+    assert {name: n for name, n in sizes.items() if n > 500} == {}
+
+
 def test_the_public_namespace_is_the_production_api() -> None:
     for name in agent_runtime.__all__:
         obj = getattr(agent_runtime, name)

@@ -24,7 +24,6 @@ from typing import Any
 from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
-from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import SessionTransport
 
 from agent_runtime._messages import NO_NAMES
@@ -38,7 +37,7 @@ from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, Shutdown
 from agent_runtime.sdk.session_transport import RoomRequestTransport, sender_aware
 from agent_runtime.settings import check_part, check_setting
 from agent_runtime.system._inputs import observed
-from agent_runtime.system.room_events import RoomEventAdapter, RoomFact
+from agent_runtime.system.room_events import RoomEventAdapter, RoomFact, simulators_in
 from agent_runtime.system.routing import Wiring, follow, plain_fact
 from agent_runtime.system.teardown import Teardown, Work
 from statemachines.glue import SESSION, hold_needed, simulators_after
@@ -239,14 +238,7 @@ class JobRuntime(MachineRuntime[str]):
             or self.actor.state in ("closing", "closed")
         ):
             return
-        self._simulators = (
-            frozenset(
-                p.identity
-                for p in self._room.remote_participants.values()
-                if ATTRIBUTE_SIMULATOR in p.attributes
-            )
-            or NO_NAMES
-        )
+        self._simulators = simulators_in(self._room)
         self._unsubscribe_facts = follow(
             self._room_events, "job", self._post, facts=self._facts, after=self._track_simulators
         )
@@ -405,20 +397,16 @@ class JobRuntime(MachineRuntime[str]):
             begin=self._begin_step,
             waiting_for=self._waiting_for,
         )
-        await self._teardown.run(self._teardown_works())
-        return Event("close_done")
-
-    def _teardown_works(self) -> dict[str, Work]:
-        """The work of each of run_close's steps: the job's own, then its composer's."""
         works: dict[str, Work] = {
             "host": self._host_closed,
             "disconnect": self._disconnect,
             "room": self._deletion_settled,
             "callbacks": self._run_callbacks,
         }
-        if self.composed_works is not None:
+        if self.composed_works is not None:  # the composer's steps (the session, the avatar)
             works.update(self.composed_works())
-        return works
+        await self._teardown.run(works)
+        return Event("close_done")
 
     def _begin_step(self, step: str) -> None:
         self.wiring.fire("job", "run_close", step=step)

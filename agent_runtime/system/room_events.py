@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from livekit import rtc
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+
+from agent_runtime._messages import NO_NAMES
 
 logger = logging.getLogger("agent_runtime.room_events")
 
@@ -125,6 +128,15 @@ def _is_publication(obj: Any) -> bool:
     return isinstance(obj, rtc.TrackPublication) or (
         hasattr(obj, "sid") and hasattr(obj, "kind") and not hasattr(obj, "identity")
     )
+
+
+def simulators_in(room: rtc.Room) -> frozenset[str]:
+    """Who in ``room`` carries the ``lk.simulator`` attribute now (the one shared empty set
+    when nobody does: a set per job is memory per job)."""
+    found = frozenset(
+        p.identity for p in room.remote_participants.values() if ATTRIBUTE_SIMULATOR in p.attributes
+    )
+    return found or NO_NAMES
 
 
 _LAST = 1 << 30  # the rank of a subscriber given none
