@@ -25,7 +25,7 @@ from agent_runtime._messages import (
     StateChanged,
 )
 from agent_runtime.clock import Clock, TimerHandle
-from agent_runtime.emitter import Emitter, describe
+from agent_runtime.emitter import OwnedEmitter, describe
 from agent_runtime.observe.trace import Tracer, TraceRecord
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import Table
@@ -37,7 +37,7 @@ logger = logging.getLogger("agent_runtime.actor")
 Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
 
 
-class Performer(Emitter[str]):
+class Performer(OwnedEmitter[str]):
     """The actor's effects, state entry and exit, and reports (see ``actor.Actor``)."""
 
     __slots__ = ()

@@ -74,7 +74,6 @@ class Actor(Performer):
         "_linked",
         "_mailbox",
         "_outputs",
-        "_owner",
         "_runner",
         "_settings",
         "_state",
@@ -138,8 +137,6 @@ class Actor(Performer):
         # the effects whose success the system passes on (their declared links), and how
         self._linked: frozenset[str] = NO_NAMES
         self._outputs: OutputFn | None = None
-        # who owns this actor hears each state change first (see set_owner)
-        self._owner: Callable[[StateChanged], None] | None = None
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -182,15 +179,6 @@ class Actor(Performer):
     def entered_at(self) -> float | None:
         """When the current state was entered (this actor's clock); None before ``start``."""
         return self._entered_at
-
-    def set_owner(self, hear: Callable[[StateChanged], None]) -> None:
-        """``hear`` gets every state change before the ``state_changed`` listeners: the
-        runtime or system that owns this actor, one per actor. A listener entry of its own
-        would be an emitter table per actor, memory per job for the one listener most
-        actors have. What ``hear`` raises is logged and it hears no more, as a listener."""
-        if self._owner is not None and self._owner != hear:
-            raise ValueError(f"{self._who()} already has an owner")
-        self._owner = hear
 
     def pass_outputs(self, effects: frozenset[str], to: OutputFn) -> None:
         """Hand the success of each of ``effects`` to ``to`` (the system's links): an effect
@@ -451,21 +439,8 @@ class Actor(Performer):
             self._enter_state(event.name)
             if self._owner is not None or self._events.get("state_changed"):
                 change = StateChanged(self.spec.name, self.instance, st.source, st.dest, event.name)
-                self._tell(change)
+                self._emit_state(change)  # its owner, then its listeners (OwnedEmitter)
         return st, tracing
-
-    def _tell(self, change: StateChanged) -> None:
-        """The owner, then the ``state_changed`` listeners. Whatever one raises stays here
-        (logged, that one dropped): the effects of a transition that has already happened
-        are never skipped."""
-        owner = self._owner
-        if owner is not None:
-            try:
-                owner(change)
-            except BaseException as e:
-                self._owner = None
-                self._listener_failed("state_changed", owner, e, (change,))
-        self.emit("state_changed", change)
 
     def _guard_check(self, event: Event, consulted: dict[str, bool]) -> Callable[[str], bool]:
         guards = self._guards

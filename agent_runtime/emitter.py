@@ -138,6 +138,43 @@ class Emitter(rtc.EventEmitter[T]):
         )
 
 
+_STATE_CHANGED: Any = "state_changed"  # typed Any once: a cast per state change is a call
+
+
+class OwnedEmitter(Emitter[T]):
+    """An ``Emitter`` with an owner: the runtime or system that owns it (one, set with
+    ``set_owner``) hears each state change before the ``state_changed`` listeners. A
+    listener entry of its own would be an emitter table per object, memory per job for
+    the one listener most actors and runtimes have. An owner that raises is logged and
+    dropped, as a listener is."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner: Callable[[Any], None] | None = None
+
+    def set_owner(self, hear: Callable[[Any], None]) -> None:
+        """``hear`` gets every state change first; the same owner again is kept, another
+        one is refused (``ValueError``)."""
+        if self._owner is not None and self._owner != hear:
+            raise ValueError(f"{type(self).__name__} already has an owner")
+        self._owner = hear
+
+    def _emit_state(self, change: Any) -> None:
+        """The owner, then the ``state_changed`` listeners: whatever one raises stays here
+        (logged, that one dropped), so the effects of a transition that has already
+        happened are never skipped."""
+        owner = self._owner
+        if owner is not None:
+            try:
+                owner(change)
+            except BaseException as e:
+                self._owner = None
+                self._listener_failed(_STATE_CHANGED, owner, e, (change,))
+        self.emit(_STATE_CHANGED, change)
+
+
 def describe(error: BaseException) -> str:
     """``Type: message``, or the type alone when the message is empty (a bare
     ``CancelledError()``)."""

@@ -420,7 +420,7 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
     cpu = time.thread_time  # the work itself: CPU time (a busy machine does not inflate it)
     orig_init, orig_enqueue = Actor.__init__, Actor._enqueue
     orig_step, orig_done = Actor._step, Actor._done
-    orig_record, orig_tell = Actor._record, Actor._tell
+    orig_record, orig_tell = Actor._record, Actor._emit_state
     stepping: list[MachineCost] = []  # the step being timed (steps never nest)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -471,7 +471,7 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
         "_step": step,
         "_done": done,
         "_record": record,
-        "_tell": tell,
+        "_emit_state": tell,
     }
     for name, fn in patched.items():
         setattr(Actor, name, fn)
@@ -484,7 +484,7 @@ def timed_machines() -> Iterator[dict[str, MachineCost]]:
             ("_step", orig_step),
             ("_done", orig_done),
             ("_record", orig_record),
-            ("_tell", orig_tell),
+            ("_emit_state", orig_tell),
         ):
             setattr(Actor, name, fn)
 

@@ -11,7 +11,7 @@ A runtime's lifecycle is its machine's: what it asks is the actor's state (or
 ``actor.closed``), and whether it follows something is the handle it holds (an
 unsubscriber, a task), never a flag kept beside the machine. A listener that fails is the
 ``Emitter``'s to log and remove; an owner (``set_owner``) that fails is logged and dropped
-the same way in ``_emit_state``.
+the same way (``OwnedEmitter._emit_state``, which forwards a change).
 """
 
 from __future__ import annotations
@@ -24,22 +24,20 @@ from livekit import rtc
 from agent_runtime._messages import EMPTY, Event, Handlers, StateChanged
 from agent_runtime.actor import Actor
 from agent_runtime.clock import Clock
-from agent_runtime.emitter import Emitter
+from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.system.routing import Wiring, guard_table
 from statemachines import MachineSpec
 
 E = TypeVar("E")
-_STATE_CHANGED: Any = "state_changed"  # typed Any once: a cast per state change is a call
 
 
-class MachineRuntime(Emitter[E]):
+class MachineRuntime(OwnedEmitter[E]):
     """One machine instance's runtime. Emits ``state_changed`` (a ``StateChanged``) for
     every change of its machine (a part its owner forwards: on ``actor``); ``state`` is
     the machine's."""
 
     actor: Actor
-    _owner: Callable[[StateChanged], None] | None = None  # see set_owner
 
     def _run_machine(
         self,
@@ -97,24 +95,6 @@ class MachineRuntime(Emitter[E]):
         """What the runtime does on its machine's change: forward it (a runtime that acts
         on its own changes extends this)."""
         self._emit_state(change)
-
-    def set_owner(self, hear: Callable[[StateChanged], None]) -> None:
-        """``hear`` (the system that composes this runtime) gets every state change before
-        the ``state_changed`` listeners, as ``Actor.set_owner``."""
-        if self._owner is not None and self._owner != hear:
-            raise ValueError(f"{type(self).__name__} already has an owner")
-        self._owner = hear
-
-    def _emit_state(self, change: StateChanged) -> None:
-        """Forward a state change (of this machine, or of one the runtime owns)."""
-        owner = self._owner
-        if owner is not None:
-            try:
-                owner(change)
-            except BaseException as e:  # as a listener's: logged, and it hears no more
-                self._owner = None
-                self._listener_failed(_STATE_CHANGED, owner, e, (change,))
-        self.emit(_STATE_CHANGED, change)
 
 
 def listen(
