@@ -36,7 +36,7 @@ from livekit.agents.voice.remote_session import (
 )
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime.inbox import Inbox
+from agent_runtime.sdk.inbox import Inbox
 
 logger = logging.getLogger("agent_runtime.session_transport")
 
