@@ -25,8 +25,8 @@ from agent_runtime._messages import (
     StateChanged,
 )
 from agent_runtime.clock import Clock, TimerHandle
-from agent_runtime.emitter import OwnedEmitter, describe
-from agent_runtime.observe.trace import Tracer, TraceRecord
+from agent_runtime.emitter import OwnedEmitter
+from agent_runtime.observe.trace import Tracer, TraceRecord, describe
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import Table
 

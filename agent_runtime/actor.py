@@ -32,8 +32,7 @@ from agent_runtime._messages import (
 )
 from agent_runtime._perform import Entry, Performer, current_task_cancelling
 from agent_runtime.clock import AsyncioClock, Clock, TimerHandle
-from agent_runtime.emitter import describe
-from agent_runtime.observe.trace import Tracer, TraceRecord
+from agent_runtime.observe.trace import Tracer, TraceRecord, describe
 from statemachines import MachineSpec, State, Step
 from statemachines.step import table_of
 

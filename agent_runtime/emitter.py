@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from livekit import rtc
 
+from agent_runtime.observe.trace import describe
+
 logger = logging.getLogger("agent_runtime.emitter")
 
 T = TypeVar("T")
@@ -173,13 +175,6 @@ class OwnedEmitter(Emitter[T]):
                 self._owner = None
                 self._listener_failed(_STATE_CHANGED, owner, e, (change,))
         self.emit(_STATE_CHANGED, change)
-
-
-def describe(error: BaseException) -> str:
-    """``Type: message``, or the type alone when the message is empty (a bare
-    ``CancelledError()``)."""
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

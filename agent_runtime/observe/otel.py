@@ -42,8 +42,7 @@ from opentelemetry.environment_variables import OTEL_PYTHON_METER_PROVIDER
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 
-from agent_runtime.emitter import describe
-from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.observe.trace import TraceRecord, describe
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
 

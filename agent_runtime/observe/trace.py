@@ -17,6 +17,14 @@ from agent_runtime.observe import files
 
 logger = logging.getLogger("agent_runtime.trace")
 
+
+def describe(error: BaseException) -> str:
+    """How an error reads in the trace and the logs: ``Type: message``, or the type alone
+    when the message is empty (a bare ``CancelledError()``)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 RecordKind = Literal["transition", "ignore", "reject", "effect", "stale", "input"]
 
 

@@ -32,7 +32,7 @@ from agent_runtime.actor import Actor, StateChanged
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.emitter import Emitter
 from agent_runtime.observe.otel import OtelSink
-from agent_runtime.observe.snapshot import JobSnapshot, job_snapshot
+from agent_runtime.observe.snapshot import JobSnapshot
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import RemoveParticipant, Route
 from agent_runtime.runtimes.playout import RepromptFn
@@ -59,6 +59,7 @@ from agent_runtime.system.livekit_job import (
     register,
     session_end_hook,
 )
+from agent_runtime.system.snapshot import job_snapshot
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
