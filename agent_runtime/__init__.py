@@ -32,11 +32,11 @@ if TYPE_CHECKING:
     from agent_runtime.runtimes.job import JobRuntime
     from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
     from agent_runtime.runtimes.playout import PlayoutTracker
+    from agent_runtime.runtimes.room_events import RoomEventAdapter
     from agent_runtime.runtimes.session_host import JobSessionHost
     from agent_runtime.sdk.session_transport import RoomRequestTransport
     from agent_runtime.settings import JobSettings, PlayoutOptions, SettingError
     from agent_runtime.system.agent_job import AgentJob, injected, on_session_end, session_end_hook
-    from agent_runtime.system.room_events import RoomEventAdapter
 
 # the one version source: pyproject.toml reads it (setuptools' dynamic version, by AST)
 __version__ = "0.1.0"
@@ -48,7 +48,7 @@ _LAZY = {
     "ParticipantLink": "runtimes.participant",
     "PlayoutOptions": "settings",
     "PlayoutTracker": "runtimes.playout",
-    "RoomEventAdapter": "system.room_events",
+    "RoomEventAdapter": "runtimes.room_events",
     "RoomRequestTransport": "sdk.session_transport",
     "SessionCloseTimedOut": "runtimes.participant",
     "on_session_end": "system.agent_job",

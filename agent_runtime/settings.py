@@ -9,13 +9,20 @@ the value given, before anything is built.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from livekit import rtc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agent_runtime.observe.trace import JsonlSink, LoggingSink, Tracer
 from statemachines import glue
+
+if TYPE_CHECKING:
+    from opentelemetry import context as otel_context
+
+    from agent_runtime.observe.otel import OtelSink
 
 # durations in seconds: finite numbers (never a bool, never a string)
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
@@ -363,8 +370,6 @@ def _part_type(name: str, value: Any) -> str | None:
         ok = all(callable(getattr(value, m, None)) for m in _CLOCK_METHODS)
         return None if ok else "a Clock (with now, call_later, sleep and wait_for)"
     if name == "tracer":
-        from agent_runtime.observe.trace import Tracer
-
         return None if isinstance(value, Tracer) else "an agent_runtime Tracer"
     if name == "otel":
         from agent_runtime.observe.otel import OtelSink
@@ -401,3 +406,34 @@ def setting_error(e: ValidationError) -> SettingError:
     # showed {'attempts': 'x'})
     got = err["input"]
     return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {got!r})")
+
+
+def observed(
+    tracer: Tracer | None,
+    trace_path: str | Path | None,
+    otel: bool | OtelSink,
+    parent: Callable[[], otel_context.Context] | None = None,
+) -> tuple[Tracer | None, JsonlSink | None, OtelSink | None]:
+    """The job's tracer with its JSONL file (``trace_path``, opened here: the one place a
+    trace path becomes a sink) and its OpenTelemetry sink (``parent``: whose span takes the
+    machines' events when the sink has none of its own)."""
+    trace_file: JsonlSink | None = None
+    if trace_path is not None:
+        try:
+            trace_file = JsonlSink(trace_path)
+        except OSError as e:
+            raise SettingError(
+                f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
+            ) from None
+        # production traces: the JSONL `agent-runtime replay` reads, plus the logs
+        tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), trace_file)
+    sink: OtelSink | None = None
+    if otel is not False:
+        # imported here, as in _part_type: OpenTelemetry loads only for a job that uses it
+        from agent_runtime.observe.otel import OtelSink
+
+        sink = OtelSink() if otel is True else otel
+        if sink.parent is None and parent is not None:
+            sink.parent = parent
+        tracer = Tracer(*(tracer.sinks if tracer else []), sink)
+    return tracer, trace_file, sink

@@ -11,8 +11,8 @@ Pure (no livekit, no I/O, no clock). Three kinds of declaration:
   functions of the fact and of what the job knew just before it (``ROOM_CONDITIONS``), and
   how that knowledge follows the facts (``simulators_after``).
 * **links**: an effect, or a session of the job closing, posting an event to another
-  machine (``LINKS``). The runtime's wiring (``agent_runtime.system.routing.Wiring``) posts exactly
-  these; the model follows the same table.
+  machine (``LINKS``). The runtime's wiring (``agent_runtime.runtimes.routing.Wiring``)
+  posts exactly these; the model follows the same table.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from agent_runtime.actor import ActorClosed
 from agent_runtime.clock import settle
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, audio_tail, route_of
-from agent_runtime.system.room_events import RoomEventAdapter
+from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import (
     AVATAR,

@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from agent_runtime.system.routing import Wiring
+from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.tools.cli import main
 from agent_runtime.tools.conformance.harness import Harness
 from agent_runtime.tools.conformance.paths import Path, from_steps

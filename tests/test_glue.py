@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from agent_runtime.actor import Event
 from agent_runtime.runtimes.participant import ATTRIBUTE_PUBLISH_ON_BEHALF
-from agent_runtime.system.routing import Wiring
+from agent_runtime.runtimes.routing import Wiring
 from statemachines.glue import (
     GUARDS,
     LINKS,

@@ -24,7 +24,7 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import AgentJob, VirtualClock, read_trace, settle
-from agent_runtime.system.room_events import (
+from agent_runtime.runtimes.room_events import (
     AttributesChanged,
     ParticipantJoined,
     ParticipantLeft,
@@ -35,7 +35,7 @@ from agent_runtime.system.room_events import (
     TrackMuted,
     TrackPublished,
 )
-from agent_runtime.system.routing import FACT_NAMES, fact_data
+from agent_runtime.runtimes.routing import FACT_NAMES, fact_data
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scenario import load_scenario

@@ -7,7 +7,7 @@ import logging
 import pytest
 from livekit import rtc
 
-from agent_runtime.system.room_events import (
+from agent_runtime.runtimes.room_events import (
     AttributesChanged,
     ParticipantJoined,
     ParticipantLeft,

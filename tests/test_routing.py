@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from agent_runtime import Event
-from agent_runtime.system.room_events import ParticipantLeft, RoomEventAdapter
-from agent_runtime.system.routing import FACT_NAMES, follow
+from agent_runtime.runtimes.room_events import ParticipantLeft, RoomEventAdapter
+from agent_runtime.runtimes.routing import FACT_NAMES, follow
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.delivery import FOLLOWERS, index_links, links_fired
 from statemachines.glue import LINKS

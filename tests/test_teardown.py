@@ -1,4 +1,4 @@
-"""The one runner of a declared teardown (``agent_runtime.system.teardown``), on a virtual clock:
+"""The one runner of a declared teardown (``agent_runtime.runtimes.teardown``), on a virtual clock:
 the order the data gives, independent steps at once, a cut or failed step never skipping
 the ones after it, and no step whose work fires a link by hand."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_runtime import VirtualClock, settle
-from agent_runtime.system.teardown import Teardown
+from agent_runtime.runtimes.teardown import Teardown
 from statemachines.system import RELEASE, TEARDOWN, TeardownStep
 
 log = logging.getLogger("test.teardown")

@@ -26,7 +26,7 @@ from agent_runtime.actor import Actor
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.system.routing import Wiring, guard_table
+from agent_runtime.runtimes.routing import Wiring, guard_table
 from statemachines import MachineSpec
 
 E = TypeVar("E")

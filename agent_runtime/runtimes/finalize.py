@@ -23,8 +23,8 @@ from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.system.routing import Wiring
 from statemachines.finalize import FINALIZE
 
 logger = logging.getLogger("agent_runtime.finalize")

@@ -32,14 +32,13 @@ from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
+from agent_runtime.runtimes.room_events import RoomEventAdapter, RoomFact, simulators_in
+from agent_runtime.runtimes.routing import Wiring, follow, plain_fact
 from agent_runtime.runtimes.session_host import JobSessionHost, SimulationEndFn, simulation_context
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
+from agent_runtime.runtimes.teardown import Teardown, Work
 from agent_runtime.sdk.session_transport import RoomRequestTransport, sender_aware
-from agent_runtime.settings import check_part, check_setting
-from agent_runtime.system._inputs import observed
-from agent_runtime.system.room_events import RoomEventAdapter, RoomFact, simulators_in
-from agent_runtime.system.routing import Wiring, follow, plain_fact
-from agent_runtime.system.teardown import Teardown, Work
+from agent_runtime.settings import check_part, check_setting, observed
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import TEARDOWN, host_drain

@@ -33,6 +33,11 @@ from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effec
 from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes.room_events import (
+    RoomEventAdapter,
+    kind_name,
+)
+from agent_runtime.runtimes.routing import Wiring, follow
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
     DEFAULT_CLOSING_REASONS,
@@ -42,11 +47,6 @@ from agent_runtime.settings import (
     reason_names,
     shared_names,
 )
-from agent_runtime.system.room_events import (
-    RoomEventAdapter,
-    kind_name,
-)
-from agent_runtime.system.routing import Wiring, follow
 from statemachines.glue import PUBLISH_ON_BEHALF
 from statemachines.participant import PARTICIPANT
 

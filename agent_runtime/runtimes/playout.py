@@ -54,9 +54,9 @@ from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime, listen
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
+from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import PlayoutOptions, check_setting
-from agent_runtime.system.routing import Wiring
 from statemachines import glue
 from statemachines.glue import (
     agent_state_event,

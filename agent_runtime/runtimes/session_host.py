@@ -38,9 +38,9 @@ from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
+from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.session_transport import SenderAware, SessionPipe, sender_aware
-from agent_runtime.system.routing import Wiring
 from statemachines.session_host import SESSION_HOST
 
 if TYPE_CHECKING:

@@ -1,2 +1,3 @@
-"""The job as one declared system: the composition (``JobSystem``), its front
-(``AgentJob``), the delivery of room facts and links, and the teardown runner."""
+"""The job as one declared system: the composition (``JobSystem``) and its front
+(``AgentJob``); what it delivers with (room facts, the wiring of links, the teardown
+runner) is in ``runtimes``, which every runtime uses too."""

@@ -1,6 +1,6 @@
 """What a user hands ``AgentJob``, checked before anything changes: the avatar plugin and its
-start options, the ``RoomOptions`` a start is given, the tracing a job writes to, and the
-parts the testing kit injects (``injected``)."""
+start options, the ``RoomOptions`` a start is given, and the parts the testing kit injects
+(``injected``). The tracing a job writes to is ``settings.observed``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any
 
 from livekit import rtc
@@ -17,12 +16,9 @@ from livekit.agents import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.room_io import RoomOptions
-from opentelemetry import context as otel_context
 
-from agent_runtime.observe.otel import OtelSink
-from agent_runtime.observe.trace import JsonlSink, LoggingSink, Tracer
 from agent_runtime.runtimes.avatar import check_plugin, check_start_options, plugin_name
-from agent_runtime.settings import JobSettings, SettingError
+from agent_runtime.settings import JobSettings
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
@@ -99,34 +95,6 @@ def build_avatar(
         return None, error
     check_start_options(built, start_options)  # the code's own mistake: refused
     return built, None
-
-
-def observed(
-    tracer: Tracer | None,
-    trace_path: str | Path | None,
-    otel: bool | OtelSink,
-    parent: Callable[[], otel_context.Context] | None = None,
-) -> tuple[Tracer | None, JsonlSink | None, OtelSink | None]:
-    """The job's tracer with its JSONL file (``trace_path``, opened here: the one place a
-    trace path becomes a sink) and its OpenTelemetry sink (``parent``: whose span takes the
-    machines' events when the sink has none of its own)."""
-    trace_file: JsonlSink | None = None
-    if trace_path is not None:
-        try:
-            trace_file = JsonlSink(trace_path)
-        except OSError as e:
-            raise SettingError(
-                f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
-            ) from None
-        # production traces: the JSONL `agent-runtime replay` reads, plus the logs
-        tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), trace_file)
-    sink: OtelSink | None = None
-    if otel is not False:
-        sink = OtelSink() if otel is True else otel
-        if sink.parent is None and parent is not None:
-            sink.parent = parent
-        tracer = Tracer(*(tracer.sinks if tracer else []), sink)
-    return tracer, trace_file, sink
 
 
 def room_options(settings: JobSettings, given: NotGivenOr[RoomOptions]) -> RoomOptions:

@@ -40,14 +40,20 @@ from agent_runtime.runtimes.room_deletion import DeleteRoomFn
 from agent_runtime.runtimes.session_host import SimulationEndFn
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import JOB_PARTS, AvatarRetry, JobSettings, PlayoutOptions, job_options
+from agent_runtime.settings import (
+    JOB_PARTS,
+    AvatarRetry,
+    JobSettings,
+    PlayoutOptions,
+    job_options,
+    observed,
+)
 from agent_runtime.system._inputs import (
     AvatarPlugin,
     build_avatar,
     check_avatar,
     injected,
     injections,
-    observed,
 )
 from agent_runtime.system._inputs import room_options as room_options_for
 from agent_runtime.system.job_system import JobSystem, Parts

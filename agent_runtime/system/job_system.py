@@ -58,12 +58,12 @@ from agent_runtime.runtimes.job import JobRuntime, session_host_for
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.playout import PlayoutTracker, RepromptFn
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, room_deletion_for
+from agent_runtime.runtimes.room_events import RoomEventAdapter
+from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.runtimes.session_host import SimulationEndFn, simulation_context
+from agent_runtime.runtimes.teardown import Teardown, Work
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
-from agent_runtime.system.room_events import RoomEventAdapter
-from agent_runtime.system.routing import Wiring
-from agent_runtime.system.teardown import Teardown, Work
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, watched

@@ -54,7 +54,7 @@ from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
 from statemachines.session_host import REQUESTS
 
-# the data each room fact carries to every machine it is routed to (agent_runtime.system.routing's
+# the data each room fact carries to every machine it is routed to (agent_runtime.runtimes.routing's
 # fact_data; a test pins the two together)
 FACT_KEYS: dict[str, frozenset[str]] = {
     "participant_joined": frozenset({"identity", "kind", "attributes"}),

@@ -41,10 +41,10 @@ from agent_runtime.runtimes.avatar._sink import (
     report_identity,
 )
 from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
+from agent_runtime.runtimes.room_events import RoomConnected, RoomEventAdapter, RoomFact
+from agent_runtime.runtimes.routing import follow
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, avatar_retry, check_setting
-from agent_runtime.system.room_events import RoomConnected, RoomEventAdapter, RoomFact
-from agent_runtime.system.routing import follow
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 
 logger = logging.getLogger("agent_runtime.avatar")

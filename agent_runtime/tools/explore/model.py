@@ -424,7 +424,7 @@ class _W:
     def fire(self, source: str, on: str, params: Params, step: str = "", **flags: bool) -> None:
         """Post every declared link of ``source``'s ``on`` whose flags hold."""
         model = self.model
-        # the runtime's own choice of links (``agent_runtime.system.routing.Wiring`` calls it too)
+        # the runtime's own choice of links (``agent_runtime.runtimes.routing.Wiring`` calls it too)
         for link in links_fired(model._links, (source, on, step), flags, model.flags):
             if link.target not in model.machines:
                 continue  # a machine the model does not compose (playout when off): as the
@@ -441,9 +441,9 @@ class _W:
         )
         data = {"fact": fact, **event_data(params)}
         known = RoomFactsView(self)
-        # the runtime's delivery (``agent_runtime.system.routing.follow`` calls the same functions):
-        # the machines in their declared follow order, each route's conditions evaluated on
-        # what was known just before the fact
+        # the runtime's delivery (``agent_runtime.runtimes.routing.follow`` calls the same
+        # functions): the machines in their declared follow order, each route's conditions
+        # evaluated on what was known just before the fact
         fired = [
             r
             for machine in FOLLOWERS

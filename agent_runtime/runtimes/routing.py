@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from agent_runtime.actor import Actor, Event
-from agent_runtime.system.room_events import (
+from agent_runtime.runtimes.room_events import (
     AttributesChanged,
     ParticipantJoined,
     ParticipantLeft,
