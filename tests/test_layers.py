@@ -1,0 +1,170 @@
+"""The parts of the code depend on each other one way (``docs/guide/layout.md``).
+
+Every module of ``statemachines/`` and ``agent_runtime/`` belongs to one part, and each part
+has a rank; a module may import its own part and the parts of a lower rank, never a part of
+the same rank or above. Every import counts: at the top, in a function, under
+``TYPE_CHECKING``, relative or absolute, ``import a.b`` or ``from a import b`` (``b`` a
+module or a name). What this catches: ``runtimes`` importing ``system`` (the two imported
+each other), ``observe`` importing the actor or the system, ``sdk`` importing the core, the
+core importing a runtime, the testing kit importing the tools, anything importing the
+package's front (``agent_runtime/__init__.py``) but the testing kit and the tools.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# part -> rank: an import goes to the same part or to a lower rank
+RANKS = {
+    "statemachines": 0,  # the machines as data: pure
+    "observe": 1,  # the trace, OpenTelemetry, the snapshot's shapes: beside the core
+    "sdk": 1,  # the adapter to livekit-agents: beside the core
+    "core": 2,  # the actor, its step, messages, clock, emitter, settings (and a scheduler)
+    "runtimes": 3,  # one runtime per machine, the room facts, the wiring, the teardown runner
+    "system": 4,  # JobSystem and AgentJob
+    "front": 5,  # agent_runtime/__init__.py: the public names
+    "testing": 6,  # the testing kit
+    "tools": 7,  # the CLI (it runs scenarios with the testing kit)
+}
+_FOLDERS = ("observe", "sdk", "runtimes", "system", "testing", "tools")
+
+
+def part_of(module: str) -> str | None:
+    """The part a module of this project belongs to (None: not this project's)."""
+    top, *rest = module.split(".")
+    if top == "statemachines":
+        return "statemachines"
+    if top != "agent_runtime":
+        return None
+    if not rest:
+        return "front"
+    return rest[0] if rest[0] in _FOLDERS else "core"
+
+
+def modules(root: Path) -> Iterator[tuple[str, Path]]:
+    """(dotted name, path) of every module of the two packages under ``root``."""
+    for package in ("statemachines", "agent_runtime"):
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def imports(module: str, path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """(line, module imported) for every import in ``path``: ``from a import b`` names
+    ``a.b`` when ``b`` is a module of the project, else ``a``."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                as_path = root / Path(*sub.split("."))
+                is_module = as_path.with_suffix(".py").is_file() or as_path.is_dir()
+                yield node.lineno, sub if is_module else target
+
+
+def upward_imports(root: Path) -> list[str]:
+    """One line per import of a part of the same or a higher rank than the importer's."""
+    found = []
+    for module, path in modules(root):
+        mine = part_of(module)
+        assert mine is not None
+        for line, target in sorted(set(imports(module, path, root))):
+            theirs = part_of(target)
+            if theirs is None or theirs == mine or RANKS[theirs] < RANKS[mine]:
+                continue
+            found.append(
+                f"{path.relative_to(root)}:{line}: {module} ({mine}) imports {target} "
+                f"({theirs}): {mine} may import only "
+                + ", ".join(p for p, r in RANKS.items() if r < RANKS[mine] or p == mine)
+            )
+    return found
+
+
+def part_cycles(root: Path) -> list[list[str]]:
+    """Every cycle of the graph of parts (an edge where some module of one imports some
+    module of the other), each from its smallest part."""
+    edges: dict[str, set[str]] = {p: set() for p in RANKS}
+    for module, path in modules(root):
+        mine = part_of(module)
+        for _, target in imports(module, path, root):
+            theirs = part_of(target)
+            if mine is not None and theirs is not None and theirs != mine:
+                edges[mine].add(theirs)
+    cycles: list[list[str]] = []
+
+    def walk(start: str, at: str, trail: list[str]) -> None:
+        for nxt in sorted(edges[at]):
+            if nxt == start:
+                cycles.append([*trail, start])
+            elif nxt > start and nxt not in trail:
+                walk(start, nxt, [*trail, nxt])
+
+    for start in sorted(edges):
+        walk(start, start, [start])
+    return cycles
+
+
+def test_no_module_imports_a_part_above_its_own() -> None:
+    found = upward_imports(ROOT)
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_no_cycle_between_parts() -> None:
+    cycles = part_cycles(ROOT)
+    assert not cycles, "cycles between parts:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_module_has_a_part() -> None:
+    found = list(modules(ROOT))
+    assert {part_of(m) for m, _ in found} == set(RANKS)  # every part has a module, no other
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
+    """On a small tree laid out like today's main: a runtime importing the system's
+    routing, and the system importing the runtime back (absolute and relative)."""
+    files = {
+        "statemachines/__init__.py": "",
+        "agent_runtime/__init__.py": "",
+        "agent_runtime/actor.py": "from agent_runtime.observe.trace import Tracer\n",
+        "agent_runtime/observe/__init__.py": "",
+        "agent_runtime/observe/trace.py": "Tracer = object\n",
+        "agent_runtime/observe/snapshot.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from agent_runtime.system.job_system import JobSystem\n"
+        ),
+        "agent_runtime/runtimes/__init__.py": "",
+        "agent_runtime/runtimes/_base.py": "from agent_runtime.system.routing import Wiring\n",
+        "agent_runtime/system/__init__.py": "",
+        "agent_runtime/system/routing.py": "def helper():\n    from ..actor import Actor\n",
+        "agent_runtime/system/job_system.py": "from ..runtimes import _base\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = upward_imports(tmp_path)
+    assert [f.split(": ", 1)[0] for f in found] == [
+        "agent_runtime/observe/snapshot.py:3",
+        "agent_runtime/runtimes/_base.py:1",
+    ]
+    assert (
+        "agent_runtime.runtimes._base (runtimes) imports agent_runtime.system.routing" in (found[1])
+    )
+    assert part_cycles(tmp_path) == [
+        ["core", "observe", "system", "core"],
+        ["runtimes", "system", "runtimes"],
+    ]
