@@ -18,13 +18,14 @@ import livekit.agents
 import livekit.api
 import livekit.rtc
 from livekit import rtc
-from livekit.agents import Agent, AgentSession, CloseReason
+from livekit.agents import Agent, AgentServer, AgentSession, CloseReason, JobContext
 from livekit.agents.simulation import (
     SimulationContext,
     SimulationDispatch,
     SimulationRun,
     SimulationVerdict,
 )
+from livekit.agents.testing import fake_job_context
 from livekit.agents.voice import room_io as room_io_module
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
@@ -101,6 +102,79 @@ def test_begin_finalize_gives_the_simulation_its_verdict_and_run() -> None:
     lk.begin_finalize(sim, SimulationVerdict(success=True, reason="ok"), SimulationRun(id="r1"))
     assert sim.simulator_verdict == SimulationVerdict(success=True, reason="ok")
     assert sim.simulation_run is not None and sim.simulation_run.id == "r1"
+
+
+async def test_the_user_state_and_a_held_close_on_a_real_session() -> None:
+    session: AgentSession[None] = AgentSession()
+    await session.start(Agent(instructions="compat"))
+    seen: list[str] = []
+    session.on("user_state_changed", lambda ev: seen.append(ev.new_state))
+    lk.set_user_state(session, "speaking")
+    assert session.user_state == "speaking" and seen == ["speaking"]
+
+    release = asyncio.Event()
+    lk.hold_session_close(session, release.wait)
+    lk.ask_session_close(session, CloseReason.USER_INITIATED)
+    task = lk.session_closing_task(session)
+    assert task is not None
+    await asyncio.sleep(0.01)
+    assert not task.done()  # held
+    release.set()
+    await asyncio.wait_for(task, 5)
+    assert not lk.session_live(session)
+
+
+async def test_a_job_context_s_parts_and_a_server_s_hooks() -> None:
+    async def entry(ctx: JobContext) -> None:
+        return None
+
+    async def verdict(sim: SimulationContext) -> None:
+        return None
+
+    server = AgentServer()
+    assert lk.server_hooks(server) == (None, None, None)
+    server.rtc_session(on_simulation_end=verdict)(entry)
+    hooks = lk.server_hooks(server)
+    assert hooks is not None and hooks.entrypoint is entry and hooks.simulation_end is verdict
+    assert lk.server_hooks(entry) is None  # a bare entrypoint is not a server
+
+    with fake_job_context(room=rtc.Room()) as ctx:
+        assert lk.job_simulation_end_fn(ctx) is None
+        lk.set_job_simulation_end_fn(ctx, verdict)
+        assert lk.job_simulation_end_fn(ctx) is verdict
+        tempdir = Path(ctx._tempdir.name)  # the name the accessor must keep working
+        assert tempdir.is_dir()
+        lk.release_job_context(ctx)
+        assert not tempdir.exists()
+
+
+async def test_the_room_s_state_as_an_embedded_room_sets_it() -> None:
+    room = rtc.Room()
+    lk.set_room_info(room, lk.room_pb2.RoomInfo(name="r1"))
+    assert room.name == "r1"
+    lk.set_connection_state(room, rtc.ConnectionState.CONN_CONNECTED)
+    assert room.connection_state == rtc.ConnectionState.CONN_CONNECTED
+
+    info = lk.participant_pb2.ParticipantInfo(identity="user", sid="PA_1")
+    p = rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
+    lk.room_participants(room)["user"] = p
+    assert room.remote_participants["user"] is p
+    lk.participant_info(p).attributes["k"] = "v"
+    assert p.attributes == {"k": "v"}
+
+    kind = lk.track_pb2.TrackKind.KIND_AUDIO
+    pub_info = lk.track_pb2.TrackPublicationInfo(sid="TR_1", kind=kind)
+    pub = rtc.RemoteTrackPublication(lk.track_pb2.OwnedTrackPublication(info=pub_info))
+    lk.participant_publications(p)["TR_1"] = pub
+    assert p.track_publications["TR_1"] is pub
+    lk.publication_info(pub).muted = True
+    assert pub.muted
+
+    def heard(*_: object) -> None:
+        return None
+
+    room.on("participant_connected", heard)
+    assert heard in lk.listeners(room)["participant_connected"]
 
 
 class _Plugin(AvatarSession):  # type: ignore[type-arg]

@@ -2,28 +2,38 @@
 
 The runtime needs a few facts and one action the SDK (1.8.x) keeps private: whether a
 session started or is closing, closing it without waiting, the span its events belong to,
-RoomIO's options, the sink internals an avatar route needs. Each is named here, typed, and
-tested against the pinned SDK (``tests/test_livekit_compat.py``): an SDK upgrade is this
-file to read, and its test to run.
+RoomIO's options, the sink internals an avatar route needs. The testing kit and the tools
+need a few more to stand in for the server and the job runner: a session's user state and
+the end of its close, the hooks an ``AgentServer`` keeps, a fake job context's parts, and
+the room's and participants' state an embedded room sets as the SFU would. Each is named
+here, typed, and tested against the pinned SDK (``tests/test_livekit_compat.py``): an SDK
+upgrade is this file to read, and its test to run.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
+
+# the protobuf messages rtc's objects are built from (an embedded room builds them too;
+# named again so that they are this module's to export)
+from livekit.rtc._proto import participant_pb2 as participant_pb2
+from livekit.rtc._proto import room_pb2 as room_pb2
+from livekit.rtc._proto import track_pb2 as track_pb2
 from opentelemetry import context as otel_context
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
     from livekit.agents.simulation import SimulationContext, SimulationVerdict
     from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+    from livekit.agents.voice.events import UserState
     from livekit.protocol import agent_simulation as sim_pb
 
 
@@ -50,6 +60,24 @@ def ask_session_close(session: AgentSession[Any], reason: CloseReason) -> None:
     session._close_soon(reason=reason)
 
 
+def set_user_state(session: AgentSession[Any], state: UserState) -> None:
+    """Set the user's state (``speaking``, ``listening``, ``away``) as the session's audio
+    recognition does, ``user_state_changed`` and all."""
+    session._update_user_state(state)
+
+
+def hold_session_close(session: AgentSession[Any], before: Callable[[], Awaitable[object]]) -> None:
+    """The session's close, however it is asked, does its work only once ``before()`` has
+    returned (``before`` may never return: a close that hangs)."""
+    close = session._aclose_impl
+
+    async def held(**kwargs: Any) -> None:
+        await before()
+        await close(**kwargs)
+
+    session._aclose_impl = held  # type: ignore[method-assign]
+
+
 def session_span_context(session: AgentSession[Any]) -> otel_context.Context | None:
     """The context of the session's ``agent_session`` span, from ``start()`` to the end of
     its close."""
@@ -72,6 +100,37 @@ def job_simulation_end_fn(ctx: JobContext) -> Callable[..., Any] | None:
     """The ``on_simulation_end`` given to ``AgentServer.rtc_session``, where the job runner
     keeps it."""
     return cast("Callable[..., Any] | None", getattr(ctx, "_simulation_end_fnc", None))
+
+
+def set_job_simulation_end_fn(ctx: JobContext, fn: Callable[..., Any] | None) -> None:
+    """Give a job context the ``on_simulation_end`` the job runner would have given it."""
+    ctx._simulation_end_fnc = fn
+
+
+def release_job_context(ctx: JobContext) -> None:
+    """Remove the job context's temporary directory (the job runner's cleanup does, after
+    the job; a job context made outside a job runner has nobody else to)."""
+    ctx._tempdir.cleanup()
+
+
+class ServerHooks(NamedTuple):
+    """What an ``AgentServer`` keeps from ``@server.rtc_session(...)``."""
+
+    entrypoint: Callable[[JobContext], Awaitable[None]] | None
+    session_end: Callable[[JobContext], Awaitable[None]] | None
+    simulation_end: Callable[..., Any] | None
+
+
+def server_hooks(server: object) -> ServerHooks | None:
+    """The entrypoint and hooks ``server`` keeps, or None when it is not an
+    ``AgentServer`` (say, a bare entrypoint function)."""
+    if not hasattr(server, "_entrypoint_fnc") and not hasattr(server, "_session_end_fnc"):
+        return None
+    return ServerHooks(
+        getattr(server, "_entrypoint_fnc", None),
+        getattr(server, "_session_end_fnc", None),
+        getattr(server, "_simulation_end_fnc", None),
+    )
 
 
 def begin_finalize(
@@ -156,3 +215,43 @@ def sink_connection_listener(sink: DataStreamAudioOutput) -> Callable[..., Any]:
 def sink_waits(sink: DataStreamAudioOutput) -> list[asyncio.Task[Any]]:
     """The sink's own tasks: its wait for the avatar, and a clear still holding it."""
     return [t for t in (sink._start_atask, sink._clear_buffer_atask) if t is not None]
+
+
+# -- the room's state, as the SFU would set it (what an embedded room needs) --------------------
+def set_room_info(room: rtc.Room, info: room_pb2.RoomInfo) -> None:
+    """The room's info (its name, ...) as the server sends it on connect."""
+    room._info = info
+
+
+def set_connection_state(room: rtc.Room, state: rtc.ConnectionState.ValueType) -> None:
+    """The room's connection state (``room.connection_state``), as the SDK sets it from the
+    server's events; nothing is emitted."""
+    room._connection_state = state
+
+
+def room_participants(room: rtc.Room) -> dict[str, rtc.RemoteParticipant]:
+    """The room's table of remote participants by identity, to change in place
+    (``room.remote_participants`` is a read-only view of it)."""
+    return room._remote_participants
+
+
+def participant_info(participant: rtc.Participant) -> participant_pb2.ParticipantInfo:
+    """The participant's info (state, attributes, disconnect reason), to change in place."""
+    return participant._info
+
+
+def participant_publications(
+    participant: rtc.RemoteParticipant,
+) -> dict[str, rtc.RemoteTrackPublication]:
+    """The participant's publications by sid, to change in place."""
+    return participant._track_publications
+
+
+def publication_info(publication: rtc.TrackPublication) -> track_pb2.TrackPublicationInfo:
+    """The publication's info (``muted``, ...), to change in place."""
+    return publication._info
+
+
+def listeners(emitter: rtc.EventEmitter[Any]) -> Mapping[Any, Collection[Callable[..., Any]]]:
+    """The callbacks registered on a livekit emitter (a room, a session), by event."""
+    return cast("Mapping[Any, Collection[Callable[..., Any]]]", emitter._events)
