@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import importlib
+import inspect
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -189,11 +192,11 @@ class _Plugin(AvatarSession):  # type: ignore[type-arg]
         return "test"
 
 
-# -- livekit_compat is the only runtime module reading the SDK's private names ---------------
+# -- livekit_compat is the only module outside sdk/ reading the SDK's private names ---------
 # The SDK's private names: everything its sources define with a leading underscore.
 _SDK_SOURCES = [Path(m.__file__).parent for m in (livekit.rtc, livekit.agents, livekit.api)]
 _DEFINED = re.compile(r"(?:\bdef |\bclass |\bself\.|\bcls\.|^)(_[A-Za-z]\w*)", re.MULTILINE)
-# SDK private names the runtime also gives attributes of its own: read on anything but
+# SDK private names the project also gives attributes of its own: read on anything but
 # ``self`` they are the SDK's
 SHARED = {
     "_started",
@@ -202,8 +205,20 @@ SHARED = {
     "_root_span_context",
     "_session_host",
     "_simulation_end_fnc",
+    "_entrypoint_fnc",
+    "_session_end_fnc",
+    "_tempdir",
+    "_update_user_state",
+    "_aclose_impl",
+    "_events",  # the listener table of livekit's emitters; Emitter keeps its own
 }
 _ATTRIBUTE_CALLS = {"getattr", "hasattr", "setattr", "delattr"}
+# a livekit class's private name a project subclass takes over as its own, and why
+OWN_IN_SUBCLASS = {
+    # Emitter replaces rtc.EventEmitter's listener table with its own (tuples, not dicts)
+    # and overrides every method that reads it (on, off, emit; once goes through them)
+    "agent_runtime.emitter.Emitter": {"_events"},
+}
 
 
 def _defined(paths: list[Path]) -> set[str]:
@@ -215,23 +230,90 @@ def _defined(paths: list[Path]) -> set[str]:
     }
 
 
-def _runtime_modules() -> list[Path]:
-    """Every module an agent imports (the testing kit and the tools fake or drive the SDK,
-    and are not it): the avatar package's included."""
+def _modules() -> list[Path]:
+    """Every module of the package but sdk/'s (the testing kit's and the tools' included),
+    and the examples."""
     base = ROOT / "agent_runtime"
     return sorted(
-        p
-        for p in base.rglob("*.py")
-        if p.relative_to(base).parts[0] not in ("testing", "tools")
-        and p.name != "livekit_compat.py"
+        [p for p in base.rglob("*.py") if p.relative_to(base).parts[0] != "sdk"]
+        + list((ROOT / "examples").rglob("*.py"))
     )
 
 
-def private_reads(source: str, *, sdk: set[str], own: set[str]) -> list[tuple[int, str]]:
-    """(line, name) wherever ``source`` reads a private name of the SDK: an attribute of
-    anything but ``self``/``cls`` that the SDK defines and the runtime does not (or one of
-    ``SHARED``), such a name given to ``getattr`` and its kind, or a private name or module
-    imported from ``livekit``."""
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _livekit_privates(cls: type) -> set[str]:
+    """The private names the livekit classes among ``cls``'s bases define (but those a
+    project class among them took over: ``OWN_IN_SUBCLASS``)."""
+    names: set[str] = set()
+    taken: set[str] = set()
+    for base in cls.__mro__:
+        if base is not cls and base.__module__.split(".")[0] == "livekit":
+            with contextlib.suppress(OSError, TypeError):
+                names |= {n for n in _DEFINED.findall(inspect.getsource(base)) if n[:2] != "__"}
+        taken |= OWN_IN_SUBCLASS.get(f"{base.__module__}.{base.__qualname__}", set())
+    return names - taken
+
+
+def _classes(module: str, tree: ast.Module) -> list[tuple[ast.ClassDef, set[str]]]:
+    """Each top-level class of ``module`` with the private names its livekit bases define
+    (none for a class of the project's own)."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            if module.startswith("agent_runtime"):
+                cls = getattr(importlib.import_module(module), node.name)
+                out.append((node, _livekit_privates(cls)))
+            else:
+                out.append((node, set()))
+    return out
+
+
+def _own(paths: list[Path]) -> set[str]:
+    """The private names the project's modules and classes define (not those a class
+    inherits from a livekit base: an embedded room setting ``self._connection_state``
+    does not make it the project's)."""
+    own: set[str] = set()
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own |= {
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        for node, inherited in _classes(_module_name(path), tree):
+            mine: set[str] = set()
+            for n in ast.walk(node):
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+                    mine.add(n.name)
+                elif (
+                    isinstance(n, ast.Attribute)
+                    and isinstance(n.ctx, ast.Store)
+                    and isinstance(n.value, ast.Name)
+                    and n.value.id in ("self", "cls")
+                ):
+                    mine.add(n.attr)
+            own |= mine - inherited
+    return {n for n in own if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reads(
+    source: str,
+    *,
+    sdk: set[str],
+    own: set[str],
+    subclasses: list[tuple[ast.ClassDef, set[str]]] = (),  # type: ignore[assignment]
+    module: str = "",
+) -> list[tuple[int, str]]:
+    """(line, name) wherever ``source`` reads or writes a private name of the SDK: an
+    attribute of anything but ``self``/``cls`` that the SDK defines and the project does
+    not (or one of ``SHARED``), such a name given to ``getattr`` and its kind, a private
+    name or module imported from ``livekit``, and in a subclass of a livekit class any
+    ``self._name`` its livekit bases define (``subclasses``: the class nodes of ``source``
+    with those names)."""
     theirs = (sdk - own) | SHARED
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -249,45 +331,75 @@ def private_reads(source: str, *, sdk: set[str], own: set[str]) -> list[tuple[in
         ):
             found.append((node.lineno, str(node.args[1].value)))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("livekit"):
-            module = node.module or ""
-            private_module = any(part.startswith("_") for part in module.split("."))
+            name = node.module or ""
+            private_module = any(part.startswith("_") for part in name.split("."))
             for alias in node.names:
                 if private_module or alias.name.startswith("_"):
-                    found.append((node.lineno, f"{module}.{alias.name}"))
-    return found
+                    found.append((node.lineno, f"{name}.{alias.name}"))
+    for cls, inherited in subclasses:
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and node.attr in inherited
+                and (module, cls.name, node.attr) not in OWN_IN_SUBCLASS
+            ):
+                found.append((node.lineno, f"self.{node.attr}"))
+    return sorted(set(found))
 
 
 def test_the_check_finds_a_private_sdk_name_however_it_is_read() -> None:
     sdk = _defined([p for d in _SDK_SOURCES for p in d.rglob("*.py")])
     own = {"_room", "_installed"}
-    reads = private_reads(
+    source = (
         "from livekit.agents.voice.room_io._output import _ParticipantAudioOutput\n"
         "from livekit.agents.voice.avatar import DataStreamAudioOutput\n"
         "sink._destination_identity\n"
         "getattr(lp, '_rpc_handlers', None)\n"
         "session._started\n"
-        "self._lc._installed, self._room, self._started, sink._room\n",
+        "self._lc._installed, self._room, self._started, sink._room\n"
+        "class Fake(rtc.Room):\n"
+        "    def go(self):\n"
+        "        self._connection_state = 1\n"
+        "        self._mine = 2\n"
+    )
+    fake = ast.parse(source).body[-1]
+    assert isinstance(fake, ast.ClassDef)
+    reads = private_reads(
+        source,
         sdk=sdk,
         own=own,
+        subclasses=[(fake, _livekit_privates(type("Fake", (rtc.Room,), {})))],
     )
     assert [name for _, name in reads] == [
         "livekit.agents.voice.room_io._output._ParticipantAudioOutput",
         "_destination_identity",
         "_rpc_handlers",
         "_started",
+        "self._connection_state",
     ]
 
 
-def test_no_runtime_module_but_livekit_compat_reads_a_private_sdk_name() -> None:
-    """``session._started``, the sink's and the room's internals, RoomIO's private output
-    class: read in ``livekit_compat`` only (the avatar package's modules included)."""
-    modules = _runtime_modules()
+def test_no_module_outside_sdk_reads_a_private_sdk_name() -> None:
+    """``session._started``, ``ctx._tempdir``, an ``AgentServer``'s hooks, the sink's and
+    the room's internals, RoomIO's private output class, rtc's protobuf modules, the state
+    an embedded room sets on ``rtc.Room``: read in ``sdk/`` only (the runtime, the testing
+    kit, the tools and the examples checked)."""
+    modules = _modules()
     assert ROOT / "agent_runtime" / "runtimes" / "avatar" / "_lifecycle.py" in modules
+    assert ROOT / "agent_runtime" / "testing" / "inmemory.py" in modules
     sdk = _defined([p for d in _SDK_SOURCES for p in d.rglob("*.py")])
-    own = _defined(modules)
-    offenders = [
-        f"{path.relative_to(ROOT)}:{line} {name}"
-        for path in modules
-        for line, name in private_reads(path.read_text(encoding="utf-8"), sdk=sdk, own=own)
-    ]
+    own = _own(modules)
+    offenders = []
+    for path in modules:
+        source = path.read_text(encoding="utf-8")
+        module = _module_name(path)
+        subclasses = [(c, names) for c, names in _classes(module, ast.parse(source)) if names]
+        offenders += [
+            f"{path.relative_to(ROOT)}:{line} {name}"
+            for line, name in private_reads(
+                source, sdk=sdk, own=own, subclasses=subclasses, module=module
+            )
+        ]
     assert offenders == []

@@ -28,6 +28,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 
 from agent_runtime.clock import Clock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
 from agent_runtime.system.livekit_job import on_session_end as runtime_on_session_end
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -125,7 +126,7 @@ class EntrypointRunner:
                 ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(
                     dispatch
                 )
-            ctx._simulation_end_fnc = on_simulation_end or server_simulation_end
+            lk.set_job_simulation_end_fn(ctx, on_simulation_end or server_simulation_end)
             context = contextvars.copy_context()
         run = _Run(ctx, context, on_session_end or server_session_end or runtime_on_session_end)
         self._runs.append(run)
@@ -228,10 +229,10 @@ class EntrypointRunner:
                 with contextlib.suppress(Exception):
                     await job.aclose(graceful=False)
                 session = job.session
-                if session._started and session._closing_task is None:
+                if lk.session_live(session):
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(session.aclose(), _CLOSE_LIMIT)
-            run.ctx._tempdir.cleanup()  # upstream's job cleanup would; a fake job does not
+            lk.release_job_context(run.ctx)  # upstream's job cleanup would; a fake job does not
 
     # -- parts ---------------------------------------------------------------------------------
     async def _delete_room(self) -> None:
@@ -261,15 +262,11 @@ def _entrypoint_of(
     entrypoint: Any,
 ) -> tuple[Entrypoint, SessionEndFn | None, SimulationEndFn | None]:
     """The entrypoint function and the server's hooks (``None`` for a bare function)."""
-    fn = getattr(entrypoint, "_entrypoint_fnc", None)
-    if fn is not None or hasattr(entrypoint, "_session_end_fnc"):
-        if fn is None:
+    hooks = lk.server_hooks(entrypoint)
+    if hooks is not None:
+        if hooks.entrypoint is None:
             raise ValueError("this AgentServer has no rtc_session entrypoint registered")
-        return (
-            fn,
-            getattr(entrypoint, "_session_end_fnc", None),
-            getattr(entrypoint, "_simulation_end_fnc", None),
-        )
+        return hooks.entrypoint, hooks.session_end, hooks.simulation_end
     if not callable(entrypoint):
         raise TypeError(
             f"give an AgentServer or an entrypoint function, not {type(entrypoint).__name__}"

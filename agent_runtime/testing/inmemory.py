@@ -23,9 +23,10 @@ from typing import Any, Literal
 from livekit import rtc
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
-from livekit.rtc._proto import participant_pb2, room_pb2, track_pb2
 
 from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.livekit_compat import participant_pb2, room_pb2, track_pb2
 from agent_runtime.sdk.session_transport import Received
 
 logger = logging.getLogger("agent_runtime.testing.inmemory")
@@ -219,7 +220,7 @@ class InMemoryRoom(rtc.Room):
         super().__init__()
         self.clock: Clock = clock or AsyncioClock()
         self._local = InMemoryLocalParticipant(self, agent_identity)
-        self._info = room_pb2.RoomInfo(name=name)
+        lk.set_room_info(self, room_pb2.RoomInfo(name=name))
         self._sids = itertools.count(1)
         self.deleted_at: float | None = None
 
@@ -229,7 +230,7 @@ class InMemoryRoom(rtc.Room):
         return self._local
 
     def isconnected(self) -> bool:
-        return self._connection_state != rtc.ConnectionState.CONN_DISCONNECTED
+        return self.connection_state != rtc.ConnectionState.CONN_DISCONNECTED
 
     # -- what the SFU would do -------------------------------------------------------------
     def connect(self, *args: Any, **kwargs: Any) -> Any:
@@ -238,27 +239,27 @@ class InMemoryRoom(rtc.Room):
     def connect_locally(self) -> None:
         if self.isconnected():
             return
-        self._connection_state = rtc.ConnectionState.CONN_CONNECTED
-        self.emit("connection_state_changed", self._connection_state)
+        self._set_state(rtc.ConnectionState.CONN_CONNECTED)
         self.emit("connected")
 
     def reconnect_locally(self) -> None:
         """A network blip, as the SDK reports one: reconnecting, then connected again."""
         if not self.isconnected():
             return
-        self._connection_state = rtc.ConnectionState.CONN_RECONNECTING
-        self.emit("connection_state_changed", self._connection_state)
+        self._set_state(rtc.ConnectionState.CONN_RECONNECTING)
         self.emit("reconnecting")
-        self._connection_state = rtc.ConnectionState.CONN_CONNECTED
-        self.emit("connection_state_changed", self._connection_state)
+        self._set_state(rtc.ConnectionState.CONN_CONNECTED)
         self.emit("reconnected")
 
     def disconnect_locally(self, reason: int = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
         if not self.isconnected():
             return
-        self._connection_state = rtc.ConnectionState.CONN_DISCONNECTED
-        self.emit("connection_state_changed", self._connection_state)
+        self._set_state(rtc.ConnectionState.CONN_DISCONNECTED)
         self.emit("disconnected", reason)
+
+    def _set_state(self, state: rtc.ConnectionState.ValueType) -> None:
+        lk.set_connection_state(self, state)
+        self.emit("connection_state_changed", state)
 
     async def disconnect(self, *, reason: Any = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
         self.disconnect_locally(reason)
@@ -279,25 +280,25 @@ class InMemoryRoom(rtc.Room):
             attributes=dict(attributes or {}),
         )
         p = rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
-        self._remote_participants[identity] = p
+        lk.room_participants(self)[identity] = p
         self.emit("participant_connected", p)
         # the SFU then reports it active (the SDK's wait_for_participant waits for that)
-        p._info.state = participant_pb2.ParticipantState.PARTICIPANT_STATE_ACTIVE
+        lk.participant_info(p).state = participant_pb2.ParticipantState.PARTICIPANT_STATE_ACTIVE
         self.emit("participant_active", p)
         return p
 
     def remove_participant(
         self, identity: str, reason: int = rtc.DisconnectReason.CLIENT_INITIATED
     ) -> rtc.RemoteParticipant | None:
-        p = self._remote_participants.pop(identity, None)
+        p = lk.room_participants(self).pop(identity, None)
         if p is None:
             return None
-        p._info.disconnect_reason = reason  # type: ignore[assignment]
+        lk.participant_info(p).disconnect_reason = reason  # type: ignore[assignment]
         self.emit("participant_disconnected", p)
         return p
 
     def publish_track(self, identity: str, kind: str = "audio") -> rtc.RemoteTrackPublication:
-        p = self._remote_participants[identity]
+        p = self.remote_participants[identity]
         if kind not in TRACK_KINDS:
             raise ValueError(f"unknown track kind {kind!r}: audio or video")
         sid = f"TR_{next(self._sids)}"
@@ -306,21 +307,21 @@ class InMemoryRoom(rtc.Room):
                 info=track_pb2.TrackPublicationInfo(sid=sid, kind=TRACK_KINDS[kind], name=kind)  # type: ignore[arg-type]
             )
         )
-        p._track_publications[sid] = pub
+        lk.participant_publications(p)[sid] = pub
         self.emit("track_published", pub, p)
         return pub
 
     def mute_track(self, identity: str, *, muted: bool = True) -> None:
-        p = self._remote_participants[identity]
+        p = self.remote_participants[identity]
         for pub in p.track_publications.values():
-            pub._info.muted = muted
+            lk.publication_info(pub).muted = muted
             # the Python SDK's order: (participant, publication)
             self.emit("track_muted" if muted else "track_unmuted", p, pub)
 
     def set_participant_attributes(self, identity: str, attributes: Mapping[str, str]) -> None:
-        p = self._remote_participants[identity]
+        p = self.remote_participants[identity]
         changed = dict(attributes)
-        p._info.attributes.update(changed)
+        lk.participant_info(p).attributes.update(changed)
         self.emit("participant_attributes_changed", changed, p)
 
     async def invoke_rpc(self, method: str, caller: str, payload: str) -> str:
@@ -347,7 +348,7 @@ class InMemoryRoom(rtc.Room):
 
     def listener_count(self) -> int:
         """Callbacks registered on the room (tests check nothing is left after close)."""
-        return sum(len(v) for v in self._events.values())
+        return sum(len(v) for v in lk.listeners(self).values())
 
 
 class InMemorySessionTransport(SessionTransport):

@@ -36,6 +36,7 @@ from livekit.protocol.agent_simulation import SimulationDispatch
 
 from agent_runtime.clock import VirtualClock, settle
 from agent_runtime.observe.trace import JsonlSink, MemorySink, Tracer, TraceRecord
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport, quiet_sdk_logs
@@ -198,14 +199,14 @@ class _Simulation:
         if isinstance(step, sc.SessionStart):
             await self._start_session("a")
         elif isinstance(step, sc.SessionClose):
-            self.sessions["a"]._close_soon(reason=CloseReason(step.reason))
+            lk.ask_session_close(self.sessions["a"], CloseReason(step.reason))
         elif isinstance(step, sc.SessionInterrupt):
             if any(not h.done() for h in self.speeches):
                 # the agent is speaking: interrupted as the SDK interrupts it
                 self.sessions["a"].interrupt()
             elif self.avatar is not None:
                 self.avatar.interrupt()
-            elif self.sessions["a"]._started:
+            elif lk.session_started(self.sessions["a"]):
                 with contextlib.suppress(RuntimeError):
                     self.sessions["a"].interrupt()
         elif isinstance(step, sc.SessionAttach):
@@ -214,10 +215,10 @@ class _Simulation:
             self._say(self.sessions["a"], step.text, step.duration)
         elif isinstance(step, sc.UserSpeech):
             session = self.sessions["a"]
-            session._update_user_state("speaking")
-            self.clock.call_later(step.duration, lambda: session._update_user_state("listening"))
+            lk.set_user_state(session, "speaking")
+            self.clock.call_later(step.duration, lambda: lk.set_user_state(session, "listening"))
         elif isinstance(step, sc.UserState):
-            self.sessions["a"]._update_user_state(step.state)
+            lk.set_user_state(self.sessions["a"], step.state)
         elif isinstance(step, sc.AvatarStart | sc.AvatarStartError):
             if self.avatar is None or self.plugin is None:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
@@ -240,8 +241,8 @@ class _Simulation:
         elif isinstance(step, sc.JobShutdown):
             # livekit's order: the primary session closes, then on_session_end (the hold)
             primary = self.sessions["a"]
-            if primary._started:
-                primary._close_soon(reason=CloseReason.JOB_SHUTDOWN)
+            if lk.session_started(primary):
+                lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)
             self.job.shutdown(step.reason)
         elif isinstance(step, sc.JobAclose):
             # begun, not awaited: the scenario's next steps (the simulator's request during
@@ -312,7 +313,7 @@ class _Simulation:
 
     async def _start_session(self, name: str) -> None:
         session = self.sessions[name]
-        if session._started:
+        if lk.session_started(session):
             raise RuntimeError(f"session {name!r} is already started")
         await self.agent_job.start_session(Agent(instructions="A scenario agent."))
 
@@ -332,7 +333,7 @@ class _Simulation:
         (its machine's and its own teardown's), the participant link waiting on a session
         close."""
         for s in self.sessions.values():
-            task = s._closing_task
+            task = lk.session_closing_task(s)
             if task is not None and not task.done():
                 return True
         if self.job.state == "closing":
@@ -421,7 +422,7 @@ class _Simulation:
         # the scenario's own closes have returned with it (an abort ends a close's hold)
         await asyncio.gather(*self._closes, return_exceptions=True)
         for s in self.sessions.values():
-            if s._started and s._closing_task is None:
+            if lk.session_live(s):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(s.aclose(), _REAL_SETTLE_LIMIT)
         if self._reader is not None:
@@ -481,15 +482,12 @@ def _slug(name: str) -> str:
 
 
 def _stranger(identity: str) -> rtc.RemoteParticipant:
-    from livekit.rtc._proto import participant_pb2
-
-    info = participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
-    return rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
+    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
+    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
 
 
 def _stranger_track(kind: str) -> rtc.RemoteTrackPublication:
-    from livekit.rtc._proto import track_pb2
-
-    k = track_pb2.TrackKind.KIND_VIDEO if kind == "video" else track_pb2.TrackKind.KIND_AUDIO
-    info = track_pb2.TrackPublicationInfo(sid="TR_unknown", kind=k)
-    return rtc.RemoteTrackPublication(track_pb2.OwnedTrackPublication(info=info))
+    pb = lk.track_pb2
+    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
+    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
+    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))

@@ -31,6 +31,7 @@ from livekit.protocol.agent_simulation import SimulationDispatch
 
 from agent_runtime.clock import VirtualClock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, Backoff
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
@@ -219,14 +220,12 @@ class Harness:
         (``hang``)."""
         session = self.sessions[name]
         gate = self.closes[name] = Gate()
-        real = session._aclose_impl
 
-        async def gated(**kw: Any) -> None:
+        async def gated() -> None:
             if await gate.wait() == "hang":
                 await _forever()
-            await real(**kw)
 
-        session._aclose_impl = gated  # type: ignore[method-assign]
+        lk.hold_session_close(session, gated)
 
     def _watch_rpcs(self) -> None:
         lp = self.room.local_participant
@@ -243,7 +242,7 @@ class Harness:
 
     def session_state(self, name: str = "A") -> str:
         session, gate = self.sessions[name], self.closes[name]
-        task = session._closing_task
+        task = lk.session_closing_task(session)
         if task is None:
             return "running"
         if task.done():
@@ -278,7 +277,7 @@ class Harness:
 
     def _busy(self) -> bool:
         for name, session in self.sessions.items():
-            task = session._closing_task
+            task = lk.session_closing_task(session)
             if task is not None and not task.done() and self.closes[name].said == "finish":
                 return True
         return False
@@ -343,15 +342,16 @@ class Harness:
             task.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)
         for session in self.sessions.values():
-            if session._started and session._closing_task is None:
-                session._close_soon(reason=CloseReason.JOB_SHUTDOWN)
+            if lk.session_live(session):
+                lk.ask_session_close(session, CloseReason.JOB_SHUTDOWN)
         for gate in self.closes.values():
             if gate.waiting:
                 gate.open("finish")
         await self.quiesce()
         for session in self.sessions.values():
-            if session._closing_task is not None and not session._closing_task.done():
-                session._closing_task.cancel()
+            closing = lk.session_closing_task(session)
+            if closing is not None and not closing.done():
+                closing.cancel()
         await self.simulator.close()
 
 
@@ -393,14 +393,14 @@ async def _attach_b(h: Harness, _: str) -> None:
 
 
 def _close(h: Harness, name: str) -> None:
-    h.sessions[name]._close_soon(reason=CloseReason.USER_INITIATED)
+    lk.ask_session_close(h.sessions[name], CloseReason.USER_INITIATED)
 
 
 def _shutdown(h: Harness, _: str) -> None:
     # livekit's order: the primary session closes, then on_session_end (the hold)
     primary = h.sessions["A"]
-    if primary._started and primary._closing_task is None:
-        primary._close_soon(reason=CloseReason.JOB_SHUTDOWN)
+    if lk.session_live(primary):
+        lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)
     h.job.shutdown("the conformance test ends it")
 
 

@@ -12,6 +12,7 @@ from livekit.agents import AgentSession
 from livekit.agents.voice.remote_session import SessionHost
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.tools.explore.checks import hold_cut, late_timer
 from agent_runtime.tools.explore.model import MACHINE_NAMES
@@ -57,7 +58,7 @@ def forwarding(session: AgentSession[Any]) -> bool:
     """Whether some livekit ``SessionHost`` forwards this session's events."""
     return any(
         isinstance(getattr(cb, "__self__", None), SessionHost)
-        for cbs in session._events.values()
+        for cbs in lk.listeners(session).values()
         for cb in cbs
     )
 
