@@ -189,3 +189,14 @@ async def job_session_report(ctx: JobContext) -> None:
 def server_session_end_timeout(server: Any) -> float:
     """``AgentServer(session_end_timeout=...)``: the bound livekit puts on ``on_session_end``."""
     return float(getattr(server, "_session_end_timeout", 300.0))
+
+
+def set_user_state(session: AgentSession[Any], state: str) -> None:
+    """The session's user state, set as its voice activity detection sets it."""
+    session._update_user_state(state)  # type: ignore[arg-type]
+
+
+def emitter_listeners(emitter: Any) -> list[tuple[str, Callable[..., Any]]]:
+    """Every ``(event, callback)`` registered on a livekit ``EventEmitter`` (a room)."""
+    events: dict[str, Any] = getattr(emitter, "_events", {})
+    return [(event, cb) for event, cbs in events.items() for cb in cbs]

@@ -198,6 +198,11 @@ class EntrypointRunner:
         return list(self.failures.failures)
 
     @property
+    def process(self) -> JobProcess:
+        """The last run's end, as livekit's job process runs it."""
+        return self._last().process
+
+    @property
     def shutdown_steps(self) -> list[tuple[float, str]]:
         """The steps of the last run's end as they began, ``(time, step)``: ``entrypoint``,
         ``session``, ``on_session_end``, ``report``, ``disconnect``, ``callbacks``."""
@@ -268,12 +273,12 @@ class EntrypointRunner:
         ]
 
     # -- teardown ------------------------------------------------------------------------------
-    async def aclose(self) -> None:
+    async def aclose(self, *, report: bool = True) -> None:
         """The test is over: every job still running ends as a worker's shutdown ends it
         (``test ended``; no hold: the job is aborted), through livekit's order (its
         ``on_session_end``, the room's disconnect, its shutdown callbacks); the job contexts
         are released (their temporary directories). Then what failed in the agent's code
-        and was not reported yet is raised."""
+        and was not reported yet is raised (``report=False``: kept in ``user_failures``)."""
         runs, self._runs = self._runs, []
         for run in runs:
             run.process.shutdown("test ended")
@@ -292,7 +297,8 @@ class EntrypointRunner:
         if runs:
             await settle()
             self.failures.uninstall()
-        self.raise_failures()
+        if report:
+            self.raise_failures()
 
     # -- parts ---------------------------------------------------------------------------------
     async def _delete_room(self) -> None:

@@ -54,11 +54,12 @@ class JobProcess:
         self.clock = clock
         self.failures = failures
         self.reason: str | None = None
+        self.ended_at: float | None = None  # the job's clock when its end was over
         self.steps: list[tuple[float, str]] = []  # (time, step) as each began, for tests
         self.session_end_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._on_session_end = on_session_end
-        self._session_end_timeout = session_end_timeout
+        self.session_end_timeout = session_end_timeout
         self._context = context
         self._entry: asyncio.Task[Any] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -103,6 +104,7 @@ class JobProcess:
             self._unhook()
             if not self.session_end_done.done():
                 self.session_end_done.set_result(None)
+            self.ended_at = self.clock.now()
             self.ended.set_result(None)
 
     async def _shutdown(self) -> None:
@@ -126,12 +128,12 @@ class JobProcess:
             self._step("on_session_end")
             try:
                 await self.clock.wait_for(
-                    _as_coroutine(self._on_session_end(self.ctx)), self._session_end_timeout
+                    _as_coroutine(self._on_session_end(self.ctx)), self.session_end_timeout
                 )
             except TimeoutError:
                 self.failures.add(
                     "on_session_end",
-                    TimeoutError(f"on_session_end timed out after {self._session_end_timeout:g}s"),
+                    TimeoutError(f"on_session_end timed out after {self.session_end_timeout:g}s"),
                 )
             except Exception as e:
                 self.failures.add("on_session_end", e)
