@@ -75,7 +75,7 @@ def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, agent: str, message: str
 ) -> None:
     monkeypatch.chdir(ROOT)
-    code, out, err = _fuzz_cli(capsys, agent)
+    code, _, err = _fuzz_cli(capsys, agent)
     assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
@@ -86,7 +86,7 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(ROOT)
-    code, out, err = _fuzz_cli(
+    code, out, _ = _fuzz_cli(
         capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--seed", str(SEED), "--out", str(tmp_path)
     )
     assert code == 1, out
@@ -101,9 +101,13 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
     assert ("participant_disconnected", "simulator") in events and len(events) <= 4
     assert "found by agent-runtime fuzz (seed 1)" in scenario.description
 
-    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--replay", str(written[0]))
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--replay", str(written[0])
+    )
     assert code == 1 and "on_session_end raised IndexError" in out
-    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:FIXED_SIMULATOR_LOOKUP", "--replay", str(written[0]))
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:FIXED_SIMULATOR_LOOKUP", "--replay", str(written[0])
+    )
     assert code == 0 and "nothing found" in out
 
 
@@ -112,7 +116,10 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
     ("make", "found"),
     [
         (planted.simulator_lookup_server, "on_session_end raised IndexError"),
-        (planted.rejoin_greeting_server, "event handler raised RuntimeError: AgentSession isn't running"),
+        (
+            planted.rejoin_greeting_server,
+            "event handler raised RuntimeError: AgentSession isn't running",
+        ),
     ],
     ids=["simulator-lookup", "rejoin-greeting"],
 )
@@ -132,7 +139,12 @@ def test_the_rejoin_bug_needs_its_steps_in_order() -> None:
     return before the hang-up: nothing."""
     steps = [
         {"at": 0, "event": "session.start"},
-        {"at": 0, "event": "participant_disconnected", "identity": "user", "reason": "SIGNAL_CLOSE"},
+        {
+            "at": 0,
+            "event": "participant_disconnected",
+            "identity": "user",
+            "reason": "SIGNAL_CLOSE",
+        },
         {"at": 1, "event": "job.shutdown"},
         {"at": 2, "event": "participant_connected", "identity": "user"},
     ]
@@ -176,7 +188,9 @@ def test_the_fuzz_fixture_takes_user_properties_and_fails_the_test(
         planted.simulator_lookup_server(False), verdict_reaches_simulator, examples=20, seed=SEED
     )
     assert report.ok and report.examples >= 20
-    with pytest.raises(pytest.fail.Exception, match="check never_more_than_one_minute: returned False"):
+    with pytest.raises(
+        pytest.fail.Exception, match="check never_more_than_one_minute: returned False"
+    ):
         fuzz_entrypoint(
             planted.simulator_lookup_server(False),
             never_more_than_one_minute,

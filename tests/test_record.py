@@ -65,9 +65,7 @@ def _round_trip_params() -> list[Any]:
         pytest.param(
             p,
             id=p.stem,
-            marks=[pytest.mark.skip(reason=NOT_RECORDED)]
-            if _speaks(p)
-            else [],
+            marks=[pytest.mark.skip(reason=NOT_RECORDED)] if _speaks(p) else [],
         )
         for p in SCENARIOS
     ]

@@ -187,7 +187,12 @@ async def test_an_avatar_that_never_reports_playback_with_the_default_playout(
             "steps": [
                 {"at": 0, "event": "session.start"},
                 {"at": 0, "event": "avatar.start"},
-                {"at": 1, "event": "participant_connected", "identity": "avatar-1", "kind": "agent"},
+                {
+                    "at": 1,
+                    "event": "participant_connected",
+                    "identity": "avatar-1",
+                    "kind": "agent",
+                },
                 {"at": 1, "event": "track_published", "identity": "avatar-1", "kind": "video"},
                 {"at": 2, "event": "agent.say", "duration": 4},
                 {"at": 40, "event": "end"},

@@ -178,10 +178,8 @@ class EntrypointRunner:
         try:
             await asyncio.wait_for(asyncio.shield(process.ended), timeout)
         except TimeoutError:
-            raise TimeoutError(
-                f"the job has not ended after {timeout:g}s "
-                f"({'ending: ' + process.reason if process.begun else 'nothing ended it'})"
-            ) from None
+            why = f"ending: {process.reason}" if process.reason else "nothing ended it"
+            raise TimeoutError(f"the job has not ended after {timeout:g}s ({why})") from None
         await settle()
         self.raise_failures()
 
@@ -312,6 +310,7 @@ class EntrypointRunner:
         if not self._runs:
             raise RuntimeError("no entrypoint has run yet")
         return self._runs[-1]
+
 
 async def _wait(fut: asyncio.Future[None]) -> None:
     await asyncio.shield(fut)

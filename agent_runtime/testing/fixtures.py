@@ -145,7 +145,9 @@ def fuzz_entrypoint(tmp_path: Any) -> Callable[..., Any]:
     nothing was found, fails the test with the shrunk sequence, its seed and the scenario
     file written (``out``, by default the test's temporary directory) otherwise."""
 
-    def fuzz_entrypoint(server: Any, *checks: Callable[..., Any], out: Any = None, **options: Any) -> Any:
+    def fuzz_entrypoint(
+        server: Any, *checks: Callable[..., Any], out: Any = None, **options: Any
+    ) -> Any:
         from pathlib import Path
 
         from agent_runtime.testing.fuzz import FuzzOptions, fuzz

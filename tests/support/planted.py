@@ -22,7 +22,9 @@ def simulator_lookup_server(buggy: bool = True) -> AgentServer:
     server = AgentServer(session_end_timeout=315)
 
     async def session_end(ctx: JobContext) -> None:
-        sims = [p for p in ctx.room.remote_participants.values() if ATTRIBUTE_SIMULATOR in p.attributes]
+        sims = [
+            p for p in ctx.room.remote_participants.values() if ATTRIBUTE_SIMULATOR in p.attributes
+        ]
         if buggy:
             simulator = sims[0]  # the bug: assumes the simulator is still there
             logger.info("session over for simulator %s", simulator.identity)

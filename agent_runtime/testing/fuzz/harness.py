@@ -168,7 +168,9 @@ class Harness:
         try:
             # an audio simulation: the agent speaks, as in the audio runs it is deployed for
             dispatch = SimulationDispatch(
-                simulation_run_id="RUN_fuzz", job_id="fuzz-job", mode=SimulationMode.SIMULATION_MODE_AUDIO
+                simulation_run_id="RUN_fuzz",
+                job_id="fuzz-job",
+                mode=SimulationMode.SIMULATION_MODE_AUDIO,
             )
             self.job = await self.runner(
                 self.server,
@@ -224,8 +226,11 @@ class Harness:
             return True
         # livekit's end of the job, where it waits on real work (not on a bound)
         process = self.process
-        return process is not None and not process.ended.done() and bool(process.steps) and (
-            process.steps[-1][1] in ("session", "report", "disconnect")
+        return (
+            process is not None
+            and not process.ended.done()
+            and bool(process.steps)
+            and (process.steps[-1][1] in ("session", "report", "disconnect"))
         )
 
     async def quiesce(self) -> None:

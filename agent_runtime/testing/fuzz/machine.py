@@ -135,7 +135,11 @@ def make_machine(
             if user:
                 self.participants.append({"identity": USER})
             parsed = sc.parse_scenario(
-                {"name": "start", "participants": self.participants, "steps": [{"at": 0, "event": "end"}]}
+                {
+                    "name": "start",
+                    "participants": self.participants,
+                    "steps": [{"at": 0, "event": "end"}],
+                }
             )
             self.loop.run_until_complete(self.h.open(parsed.participants))
             if avatar_fails:
@@ -258,7 +262,9 @@ def make_machine(
                     problems = []
                     self.loop.run_until_complete(self.h.close())
                 stats.examples += 1
-                stats.paths.add(hash(tuple((t["machine"], t["dest"]) for t in self.h.runner.transitions)))
+                stats.paths.add(
+                    hash(tuple((t["machine"], t["dest"]) for t in self.h.runner.transitions))
+                )
                 if stats.on_example is not None:
                     stats.on_example(stats)
                 self._fail(problems)

@@ -89,7 +89,10 @@ def verdicts(h: Harness) -> list[Problem]:
     for sent in h.sent.values():
         if len(sent.replies) > 1:
             out.append(
-                Problem("verdict", f"{sent.request} from {sent.caller} answered {len(sent.replies)} times")
+                Problem(
+                    "verdict",
+                    f"{sent.request} from {sent.caller} answered {len(sent.replies)} times",
+                )
             )
         if sent.caller != "simulator" and any(r.get("verdict") for r in sent.replies):
             out.append(Problem("verdict", f"a verdict went to {sent.caller}, not the simulator"))
@@ -147,7 +150,9 @@ def released(h: Harness) -> list[Problem]:
     """Nothing the job started is left running, no room listener of its is left."""
     out: list[Problem] = []
     me = asyncio.current_task()
-    left = [t for t in asyncio.all_tasks() if t is not me and t not in h.tasks_before and not t.done()]
+    left = [
+        t for t in asyncio.all_tasks() if t is not me and t not in h.tasks_before and not t.done()
+    ]
     if left:
         names = ", ".join(sorted(_task_name(t) for t in left))
         out.append(Problem("released", f"tasks still running after the job ended: {names}"))
@@ -162,7 +167,9 @@ def released(h: Harness) -> list[Problem]:
     ]
     if left_on_room:
         out.append(
-            Problem("released", f"room listeners left after the job ended: {', '.join(left_on_room)}")
+            Problem(
+                "released", f"room listeners left after the job ended: {', '.join(left_on_room)}"
+            )
         )
     return out
 
@@ -190,7 +197,11 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
             ok = check(outcome)
         except Exception as e:
             out.append(
-                Problem(f"check {name}", f"{type(e).__name__}: {e}", "".join(traceback.format_exception(e)))
+                Problem(
+                    f"check {name}",
+                    f"{type(e).__name__}: {e}",
+                    "".join(traceback.format_exception(e)),
+                )
             )
             continue
         if ok is False:
@@ -200,7 +211,9 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
 
 def _raised(where: str, e: BaseException) -> Problem:
     return Problem(
-        "user code", f"the agent's {where} raised {type(e).__name__}: {e}", "".join(traceback.format_exception(e))
+        "user code",
+        f"the agent's {where} raised {type(e).__name__}: {e}",
+        "".join(traceback.format_exception(e)),
     )
 
 

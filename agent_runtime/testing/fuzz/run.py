@@ -64,8 +64,7 @@ class FuzzReport(BaseModel):
     def summary(self) -> str:
         head = (
             f"{self.examples} example(s) run, {self.paths} distinct path(s), "
-            f"{self.seconds:.1f}s"
-            + (f", seed {self.seed}" if self.seed is not None else "")
+            f"{self.seconds:.1f}s" + (f", seed {self.seed}" if self.seed is not None else "")
         )
         if self.ok:
             return f"{head}: nothing found"

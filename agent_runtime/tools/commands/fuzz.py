@@ -54,7 +54,9 @@ def load(spec: str, what: str) -> Any:
     except UsageError:
         raise
     except Exception as e:  # the user's module failing to import is a usage error here
-        raise UsageError(f"{what} {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}") from None
+        raise UsageError(
+            f"{what} {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
+        ) from None
     try:
         return getattr(module, attr)
     except AttributeError:
