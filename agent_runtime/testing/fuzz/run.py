@@ -113,9 +113,10 @@ def _fuzz(
         now = time.monotonic()
         if progress is not None and now - last[0] >= options.progress_every:
             last[0] = now
+            # hypothesis' count: draws, and shrinks once something failed
             progress(
-                f"fuzz: {s.examples}/{options.examples} examples, {len(s.paths)} distinct "
-                f"paths, {now - began:.0f}s"
+                f"fuzz: {s.examples} runs (of {options.examples} to draw), "
+                f"{len(s.paths)} distinct paths, {now - began:.0f}s"
             )
 
     stats.on_example = on_example
