@@ -82,6 +82,26 @@ def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(
 # -- planted bugs ------------------------------------------------------------------------------
 
 
+def test_a_failure_is_printed_with_its_seed_written_and_replayed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--seed", "7", "--out", str(tmp_path)
+    )
+    assert code == 1, out
+    assert "seed 7: a property failed" in out and "example(s) run" in out
+    assert "released: tasks still running after the job ended: " in out
+    written = tmp_path / "fuzz-7.yaml"
+    assert f"written to {written}" in out
+    assert [s.event for s in load_scenario(written).steps] == ["session.start", "end"]
+    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--replay", str(written))
+    assert code == 1 and "released: tasks still running" in out
+    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:FIXED_LEAKY_TASK", "--replay", str(written))
+    assert code == 0 and "nothing found" in out
+
+
+@pytest.mark.exhaustive
 def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_replayed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -120,8 +140,10 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
             planted.rejoin_greeting_server,
             "event handler raised RuntimeError: AgentSession isn't running",
         ),
+        (planted.avatar_mute_server, "audible: t="),
+        (planted.leaky_task_server, "released: tasks still running after the job ended: "),
     ],
-    ids=["simulator-lookup", "rejoin-greeting"],
+    ids=["simulator-lookup", "rejoin-greeting", "avatar-mute", "leaky-task"],
 )
 def test_each_planted_bug_is_found_with_the_defaults_and_the_fixed_agent_fuzzes_clean(
     tmp_path: Path, make: Any, found: str
@@ -132,6 +154,16 @@ def test_each_planted_bug_is_found_with_the_defaults_and_the_fixed_agent_fuzzes_
     assert not replay(make(True), Path(report.written)).ok
     assert replay(make(False), Path(report.written)).ok
     assert fuzz(make(False), FuzzOptions(seed=SEED)).ok
+
+
+def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
+    report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    assert report.problems == [
+        "released: tasks still running after the job ended: "
+        "leaky_task_server.<locals>.entrypoint.<locals>.heartbeat (agent code)"
+    ]
+    assert report.scenario is not None
+    assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]
 
 
 def test_the_rejoin_bug_needs_its_steps_in_order() -> None:

@@ -17,7 +17,7 @@ Registered by the plugin (``pytest_plugin.py``); every one is function-scoped:
   unchanged and returns the ``AgentJob`` it built. At teardown, a job still running ends
   as livekit ends one (``test ended``), the job contexts are released, and what failed in
   the agent's code fails the test.
-- ``fuzz_entrypoint``: ``fuzz_entrypoint(server, *checks, examples=100, seed=None, ...)``
+- ``fuzz_entrypoint``: ``fuzz_entrypoint(server, *checks, examples=1000, seed=None, ...)``
   fuzzes the entrypoint's lifecycle (``agent-runtime fuzz`` from a test): the test fails
   with the shrunk sequence and its seed when a property does not hold.
 
@@ -140,7 +140,7 @@ async def run_entrypoint(
 
 @pytest.fixture
 def fuzz_entrypoint(tmp_path: Any) -> Callable[..., Any]:
-    """``fuzz_entrypoint(server, *checks, examples=100, seed=None, steps=12, avatar=True,
+    """``fuzz_entrypoint(server, *checks, examples=1000, seed=None, steps=25, avatar=True,
     simulation=True, out=None)``: fuzz the entrypoint; returns the ``FuzzReport`` when
     nothing was found, fails the test with the shrunk sequence, its seed and the scenario
     file written (``out``, by default the test's temporary directory) otherwise."""

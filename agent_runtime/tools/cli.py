@@ -179,9 +179,9 @@ def _parser() -> argparse.ArgumentParser:
         "2 a usage error (one line on stderr).",
     )
     fz.add_argument("agent", metavar="MODULE:SERVER")
-    fz.add_argument("--examples", default="100", metavar="N", help="runs to draw (1-100000)")
+    fz.add_argument("--examples", metavar="N", help="runs to draw (1-100000; default 1000)")
     fz.add_argument("--seed", default=None, metavar="S", help="the seed (0-4294967295)")
-    fz.add_argument("--steps", default="12", metavar="N", help="steps per run, at most (1-100)")
+    fz.add_argument("--steps", metavar="N", help="steps per run, at most (1-100; default 25)")
     fz.add_argument("--out", metavar="DIR", help="write the shrunk failure here as a scenario")
     fz.add_argument("--replay", metavar="FILE", help="run this scenario file again instead")
     fz.add_argument(

@@ -4,8 +4,10 @@ with ``buggy=False`` the same agent written correctly."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
@@ -70,6 +72,60 @@ def rejoin_greeting_server(buggy: bool = True) -> AgentServer:
     return server
 
 
+def avatar_mute_server(buggy: bool = True) -> AgentServer:
+    """The agent has an avatar (the scripted one stands in for its plugin in the fuzz) and
+    "stops sending audio to the avatar" when the avatar leaves by clearing the session's
+    audio output: the runtime had just put the room's audio back, so the agent goes silent.
+    Two steps in order: the avatar joins, then leaves while the session runs."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        session: AgentSession = AgentSession()
+        job = AgentJob.from_job_context(ctx, session=session, avatar=_ProviderAvatar())
+
+        def on_left(p: rtc.RemoteParticipant) -> None:
+            if p.identity == "avatar" and buggy:
+                session.output.audio = None  # the bug: the room's audio was the fallback
+
+        ctx.room.on("participant_disconnected", on_left)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def leaky_task_server(buggy: bool = True) -> AgentServer:
+    """The agent starts a heartbeat task in its entrypoint and never stops it: in a worker
+    that runs jobs in one process, it outlives the job. Fixed: a shutdown callback stops it."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+        async def heartbeat() -> None:
+            while True:
+                await asyncio.sleep(3600)
+
+        task = asyncio.create_task(heartbeat(), name="heartbeat")
+        if not buggy:
+
+            async def stop(_: str) -> None:
+                task.cancel()
+
+            ctx.add_shutdown_callback(stop)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def _ProviderAvatar() -> Any:
+    # the avatar plugin this agent deploys with; the kit's scripted avatar stands in for it
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    return ScriptedAvatar(avatar_identity="avatar")
+
+
 async def _silence() -> AsyncIterator[rtc.AudioFrame]:
     # what a TTS would say, with no TTS to ask: 0.2 s of silence
     for _ in range(20):
@@ -81,3 +137,7 @@ BUGGY_SIMULATOR_LOOKUP = simulator_lookup_server(True)
 FIXED_SIMULATOR_LOOKUP = simulator_lookup_server(False)
 BUGGY_REJOIN_GREETING = rejoin_greeting_server(True)
 FIXED_REJOIN_GREETING = rejoin_greeting_server(False)
+BUGGY_AVATAR_MUTE = avatar_mute_server(True)
+FIXED_AVATAR_MUTE = avatar_mute_server(False)
+BUGGY_LEAKY_TASK = leaky_task_server(True)
+FIXED_LEAKY_TASK = leaky_task_server(False)

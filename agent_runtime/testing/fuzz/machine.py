@@ -1,8 +1,9 @@
 """What can happen to a job, as a hypothesis rule-based state machine.
 
 Each rule is one thing the room, the simulator, the avatar, the user or the agent's own code
-can do, taken only when it can happen (a participant leaves only if present); each is one
-scenario step at the virtual time reached so far, and ``wait`` moves that time on. After
+can do, taken only when it can happen (a participant leaves only if present: a guard in the
+rule, not a hypothesis precondition, which keeps hypothesis from shrinking the sequence);
+each is one scenario step at the virtual time reached so far, and ``wait`` moves that time on. After
 every step the ``during`` properties are checked; at the end the job is let run out, ended
 as a test's end ends it, and the ``at_end`` properties and the user's are checked.
 Hypothesis draws the sequences and shrinks a failing one; this module only says what the
@@ -12,12 +13,14 @@ steps are.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis import target
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime.sdk import livekit_compat as lk
@@ -26,9 +29,10 @@ from agent_runtime.testing.fuzz import properties as props
 from agent_runtime.testing.fuzz.harness import AVATAR, SIMULATOR, Harness
 from agent_runtime.testing.fuzz.properties import Check, FuzzOutcome, Problem
 
+logger = logging.getLogger("agent_runtime.testing.fuzz")
+
 USER, STRANGER = "user", "stranger"
 GAPS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
-SHUTDOWN_REASONS = ("the agent hung up", "")
 
 
 class FuzzFailure(AssertionError):
@@ -82,6 +86,12 @@ async def finish(h: Harness, checks: list[Check], steps: list[dict[str, Any]]) -
     return problems + props.run_checks(checks, outcome)
 
 
+def _sdk_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    # the SDK's own tasks failing as a run cuts them (a room gone under a data stream) are
+    # the run's ordinary end; the agent's own failures are caught before this (UserFailures)
+    logger.debug("background task ended: %s", context.get("exception") or context.get("message"))
+
+
 def make_machine(
     server: Any, config: sc.Config, checks: list[Check], stats: Stats
 ) -> type[RuleBasedStateMachine]:
@@ -95,6 +105,7 @@ def make_machine(
         def __init__(self) -> None:
             super().__init__()
             self.loop = asyncio.new_event_loop()
+            self.loop.set_exception_handler(_sdk_failures_at_debug)
             # the room (an rtc.Room) takes the current loop when it is made
             asyncio.set_event_loop(self.loop)
             self.h = Harness(server, config)
@@ -102,9 +113,13 @@ def make_machine(
             self.participants: list[dict[str, Any]] = []
             self.video = False
             self.failed: list[Problem] = []
+            self.in_the_end = 0  # steps taken after the session ended, the room still there
 
         # -- running a step -------------------------------------------------------------
         def _do(self, event: str, **fields: Any) -> None:
+            job = self.h.job
+            if job is not None and not self._live() and self._room_up():
+                self.in_the_end += 1
             raw = {"at": round(self.h.clock.now(), 3), "event": event, **fields}
             self.steps.append(raw)
             step = sc.parse_scenario({"name": "step", "steps": [raw]}).steps[0]
@@ -112,6 +127,10 @@ def make_machine(
 
         def _present(self, identity: str) -> bool:
             return identity in self.h.room.remote_participants
+
+        def _room_up(self) -> bool:
+            # a room the agent left hears nothing more from the server
+            return self.h.room.isconnected()
 
         def _live(self) -> bool:
             job = self.h.job
@@ -147,105 +166,110 @@ def make_machine(
             self._do("session.start")
 
         # -- people ---------------------------------------------------------------------
-        @rule(data=st.data())
-        def join(self, data: st.DataObject) -> None:
-            absent = [p for p in people if not self._present(p)]
-            if not absent:
-                return self.wait(1.0)
-            who = data.draw(st.sampled_from(absent), label="who")
+        # who is drawn from everyone, not from who can act now: a step then means the same
+        # whatever came before it, and hypothesis can delete the steps before it
+        @rule(who=st.sampled_from(people))
+        def join(self, who: str) -> None:
+            if self._present(who) or not self._room_up():
+                return
             attributes = {ATTRIBUTE_SIMULATOR: "true"} if who == SIMULATOR else {}
             self._do("participant_connected", identity=who, attributes=attributes)
-            return None
 
-        @rule(data=st.data())
-        def leave(self, data: st.DataObject) -> None:
-            present = [p for p in people if self._present(p)]
-            if not present:
-                return self.wait(1.0)
-            who = data.draw(st.sampled_from(present), label="who")
-            reason = data.draw(st.sampled_from(sc.DISCONNECT_REASONS), label="reason")
+        @rule(who=st.sampled_from(people), reason=st.sampled_from(sc.DISCONNECT_REASONS))
+        def leave(self, who: str, reason: str) -> None:
+            if not self._present(who) or not self._room_up():
+                return
             self._do("participant_disconnected", identity=who, reason=reason)
-            return None
 
-        # -- the avatar -----------------------------------------------------------------
+        # -- the avatar (one rule: what its provider does) ---------------------------------
         if avatar is not None:
 
-            @precondition(lambda self: not self._present(AVATAR))
-            @rule()
-            def avatar_joins(self) -> None:
-                self.video = False
-                self._do("participant_connected", identity=AVATAR, kind="agent")
+            @rule(
+                what=st.sampled_from(("joins", "video", "leaves", "reports")),
+                reason=st.sampled_from(sc.DISCONNECT_REASONS),
+                interrupted=st.booleans(),
+            )
+            def avatar_does(self, what: str, reason: str, interrupted: bool) -> None:
+                if not self._room_up():
+                    return
+                here = self._present(AVATAR)
+                if what == "joins" and not here:
+                    self.video = False
+                    self._do("participant_connected", identity=AVATAR, kind="agent")
+                elif what == "video" and here and not self.video:
+                    self.video = True
+                    self._do("track_published", identity=AVATAR, kind="video")
+                elif what == "leaves" and here:
+                    self._do("participant_disconnected", identity=AVATAR, reason=reason)
+                elif what == "reports" and here:
+                    payload = {"playback_position": 1.0, "interrupted": interrupted}
+                    self._do("rpc", method="lk.playback_finished", caller=AVATAR, payload=payload)
 
-            @precondition(lambda self: self._present(AVATAR) and not self.video)
-            @rule()
-            def avatar_video(self) -> None:
-                self.video = True
-                self._do("track_published", identity=AVATAR, kind="video")
-
-            @precondition(lambda self: self._present(AVATAR))
-            @rule(reason=st.sampled_from(sc.DISCONNECT_REASONS))
-            def avatar_leaves(self, reason: str) -> None:
-                self._do("participant_disconnected", identity=AVATAR, reason=reason)
-
-            @precondition(lambda self: self._present(AVATAR))
-            @rule(interrupted=st.booleans())
-            def avatar_reports_playback(self, interrupted: bool) -> None:
-                payload = {"playback_position": 1.0, "interrupted": interrupted}
-                self._do("rpc", method="lk.playback_finished", caller=AVATAR, payload=payload)
-
-        # -- the simulator and strangers --------------------------------------------------
-        if simulation:
-
-            @rule(caller=st.sampled_from((SIMULATOR, SIMULATOR, USER, STRANGER)))
-            def finalize(self, caller: str) -> None:
-                self._do(
-                    "session_request",
-                    caller=caller,
-                    request="finalize_simulation",
-                    payload={"provisional_success": True},
+        # -- requests: the simulator's finalize (or someone else's), strangers' RPCs -------
+        @rule(
+            what=st.sampled_from(
+                (
+                    "finalize",
+                    "finalize",
+                    "rpc:lk.playback_finished",
+                    "rpc:lk.clear_buffer",
+                    "rpc:unknown",
                 )
+            ),
+            caller=st.sampled_from((SIMULATOR, USER, STRANGER)),
+        )
+        def request(self, what: str, caller: str) -> None:
+            if not self._room_up():
+                return
+            if what == "finalize":
+                if simulation:
+                    self._do(
+                        "session_request",
+                        caller=caller,
+                        request="finalize_simulation",
+                        payload={"provisional_success": True},
+                    )
+            else:
+                self._do("rpc", method=what.removeprefix("rpc:"), caller=STRANGER, payload="{}")
 
-        @rule(method=st.sampled_from(("lk.playback_finished", "lk.clear_buffer", "unknown")))
-        def stranger_rpc(self, method: str) -> None:
-            self._do("rpc", method=method, caller=STRANGER, payload="{}")
+        # -- the user and the agent speaking (one rule: speech is one kind of thing) ------
+        @rule(
+            what=st.sampled_from(("user", "agent", "interrupt")),
+            seconds=st.sampled_from((0.5, 2.0, 6.0)),
+        )
+        def speech(self, what: str, seconds: float) -> None:
+            if not self._live():
+                return
+            if what == "user":
+                self._do("user.speech", duration=seconds)
+            elif what == "agent":
+                self._do("agent.say", duration=min(seconds, 3.0))
+            else:
+                self._do("session.interrupt")
 
-        @precondition(lambda self: self.h.room.isconnected())
-        @rule()
-        def room_deleted(self) -> None:
-            self._do("room.disconnected", reason="ROOM_DELETED")
-
-        # -- the user and the agent speaking ----------------------------------------------
-        @precondition(lambda self: self._live())
-        @rule(duration=st.sampled_from((0.5, 2.0, 6.0)))
-        def user_speaks(self, duration: float) -> None:
-            self._do("user.speech", duration=duration)
-
-        @precondition(lambda self: self._live())
-        @rule(duration=st.sampled_from((1.0, 3.0)))
-        def agent_says(self, duration: float) -> None:
-            self._do("agent.say", duration=duration)
-
-        @precondition(lambda self: self._live())
-        @rule()
-        def interrupt(self) -> None:
-            self._do("session.interrupt")
-
-        # -- the agent's own code ---------------------------------------------------------
-        @precondition(lambda self: self.h.job is not None)
-        @rule(graceful=st.booleans())
-        def aclose(self, graceful: bool) -> None:
-            self._do("job.aclose", graceful=graceful)
-
-        @precondition(lambda self: self.h.started)
-        @rule(reason=st.sampled_from(SHUTDOWN_REASONS))
-        def shutdown(self, reason: str) -> None:
-            self._do("job.shutdown", reason=reason)
+        # -- the job ended from the agent's side or the server's (one rule: each of them
+        # ends the run's interesting part, so together they are drawn as often as one) ------
+        @rule(how=st.sampled_from(("shutdown", "aclose", "abort", "room_deleted")))
+        def hang_up(self, how: str) -> None:
+            job = self.h.job
+            if how == "room_deleted":
+                if self.h.room.isconnected():
+                    self._do("room.disconnected", reason="ROOM_DELETED")
+            elif how == "shutdown":
+                # once: a second ctx.shutdown() is ignored by livekit
+                if self.h.process is not None and not self.h.process.begun:
+                    self._do("job.shutdown", reason="the agent hung up")
+            elif how == "aclose":
+                if job is not None and job.lifecycle in ("starting", "running"):
+                    self._do("job.aclose", graceful=True)
+            elif job is not None and job.lifecycle != "closed":
+                self._do("job.aclose", graceful=False)
 
         # -- time ---------------------------------------------------------------------------
         @rule(seconds=st.sampled_from(GAPS))
         def wait(self, seconds: float) -> None:
-            target = self.h.clock.now() + seconds
-            self.loop.run_until_complete(self.h.advance_to(target))
+            until = self.h.clock.now() + seconds
+            self.loop.run_until_complete(self.h.advance_to(until))
 
         # -- the properties -------------------------------------------------------------------
         @invariant()
@@ -261,6 +285,9 @@ def make_machine(
                 else:
                     problems = []
                     self.loop.run_until_complete(self.h.close())
+                # hypothesis steers its drawing towards runs with more happening in the
+                # job's end (the session over, the room still there): where orders go wrong
+                target(float(self.in_the_end), label="steps in the job's end")
                 stats.examples += 1
                 stats.paths.add(
                     hash(tuple((t["machine"], t["dest"]) for t in self.h.runner.transitions))
@@ -269,6 +296,11 @@ def make_machine(
                     stats.on_example(stats)
                 self._fail(problems)
             finally:
+                # what the run left (found above, or cut by a failure) goes with its loop
+                left = asyncio.all_tasks(self.loop)
+                for task in left:
+                    task.cancel()
+                self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
                 self.loop.close()
                 asyncio.set_event_loop(None)

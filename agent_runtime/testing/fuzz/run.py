@@ -35,9 +35,9 @@ class FuzzOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    examples: int = Field(default=100, ge=1, le=MAX_EXAMPLES, strict=True)
+    examples: int = Field(default=1000, ge=1, le=MAX_EXAMPLES, strict=True)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)
-    steps: int = Field(default=12, ge=1, le=100, strict=True)  # per run, at most
+    steps: int = Field(default=25, ge=1, le=100, strict=True)  # per run, at most
     avatar: bool = Field(default=True, strict=True)  # the scripted avatar stands in for the plugin
     simulation: bool = Field(default=True, strict=True)  # a simulation dispatch, its simulator
     progress_every: float = Field(default=5.0, gt=0, le=3600, strict=True)  # real seconds

@@ -108,10 +108,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         try:
+            given = {
+                "examples": args.examples,
+                "seed": args.seed,
+                "steps": args.steps,
+            }
+            # unsaid: FuzzOptions' own defaults
             options = FuzzOptions(
-                examples=_int("--examples", args.examples),
-                seed=None if args.seed is None else _int("--seed", args.seed),
-                steps=_int("--steps", args.steps),
+                **{k: _int(f"--{k}", v) for k, v in given.items() if v is not None},
                 avatar=not args.no_avatar,
                 simulation=not args.no_simulation,
             )
