@@ -151,7 +151,7 @@ async def test_on_session_end_is_bounded_by_the_servers_timeout_on_virtual_time(
         if any(s == "on_session_end" for _, s in runner.shutdown_steps):
             break
     await clock.advance(29)
-    assert not runner._last().process.ended.done()
+    assert not runner.process.ended.done()
     await clock.advance(1)
     with pytest.raises(UserCodeError, match="on_session_end timed out after 30s"):
         await runner.wait_ended()
