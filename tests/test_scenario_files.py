@@ -160,3 +160,47 @@ def test_the_c_loader_is_used_when_pyyaml_has_it() -> None:
     if not yaml.__with_libyaml__:
         pytest.skip("this PyYAML was built without libyaml")
     assert issubclass(safe_yaml._Loader, yaml.CSafeLoader)
+
+
+# -- issue 40: a scenario's job is AgentJob's, playout included ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("playout", "state", "agent_state"),
+    [(None, "idle", "listening"), (False, None, "speaking")],
+    ids=["unsaid: on with an avatar", "playout: false"],
+)
+async def test_an_avatar_that_never_reports_playback_with_the_default_playout(
+    playout: bool | None, state: str | None, agent_state: str
+) -> None:
+    from agent_runtime.testing.runner import run_scenario
+    from agent_runtime.testing.scenario import parse_scenario
+
+    config: dict[str, object] = {"avatar_identity": "avatar-1"}
+    if playout is not None:
+        config["playout"] = playout
+    scenario = parse_scenario(
+        {
+            "name": "avatar never reports",
+            "config": config,
+            "participants": [{"identity": "user"}],
+            "steps": [
+                {"at": 0, "event": "session.start"},
+                {"at": 0, "event": "avatar.start"},
+                {
+                    "at": 1,
+                    "event": "participant_connected",
+                    "identity": "avatar-1",
+                    "kind": "agent",
+                },
+                {"at": 1, "event": "track_published", "identity": "avatar-1", "kind": "video"},
+                {"at": 2, "event": "agent.say", "duration": 4},
+                {"at": 40, "event": "end"},
+            ],
+        }
+    )
+    result = await run_scenario(scenario)
+    # AgentJob's job is listening again once the playout's bound passed; without the
+    # playout machine the session waits for a report that never comes
+    assert result["final_states"].get("playout") == state
+    assert result["facts"]["agent_state"] == agent_state

@@ -255,3 +255,41 @@ def publication_info(publication: rtc.TrackPublication) -> track_pb2.TrackPublic
 def listeners(emitter: rtc.EventEmitter[Any]) -> Mapping[Any, Collection[Callable[..., Any]]]:
     """The callbacks registered on a livekit emitter (a room, a session), by event."""
     return cast("Mapping[Any, Collection[Callable[..., Any]]]", emitter._events)
+
+
+# -- the job process's shutdown, as the testing kit runs it (ipc/job_proc_lazy_main.py) --------
+def job_primary_session(ctx: JobContext) -> AgentSession[Any] | None:
+    """The session livekit closes first when the job shuts down (the first one started)."""
+    return cast("AgentSession[Any] | None", getattr(ctx, "_primary_agent_session", None))
+
+
+def job_shutdown_callbacks(ctx: JobContext) -> list[Callable[[str], Any]]:
+    """The callbacks ``ctx.add_shutdown_callback`` collected, each taking the reason."""
+    return list(getattr(ctx, "_shutdown_callbacks", ()))
+
+
+def set_job_shutdown_hook(ctx: JobContext, hook: Callable[[str], None]) -> None:
+    """What ``ctx.shutdown(reason)`` calls (the job process's shutdown; a fake job's does
+    nothing)."""
+    ctx._on_shutdown = hook
+
+
+def job_simulator_left(ctx: JobContext) -> Callable[[rtc.RemoteParticipant], None]:
+    """The room listener ``ctx.connect()`` adds: the job shuts down when the simulator
+    leaves (a fake job context, connected from the start, never adds it)."""
+    return cast("Callable[[rtc.RemoteParticipant], None]", ctx._on_simulator_disconnected)
+
+
+async def job_session_report(ctx: JobContext) -> None:
+    """The job's session report (and its upload, when the job has somewhere to send it)."""
+    await ctx._on_session_end()
+
+
+def server_session_end_timeout(server: Any) -> float:
+    """``AgentServer(session_end_timeout=...)``: the bound livekit puts on ``on_session_end``."""
+    return float(getattr(server, "_session_end_timeout", 300.0))
+
+
+def emitter_listeners(emitter: rtc.EventEmitter[Any]) -> list[tuple[Any, Callable[..., Any]]]:
+    """Every ``(event, callback)`` registered on a livekit emitter, flattened."""
+    return [(event, cb) for event, cbs in listeners(emitter).items() for cb in cbs]

@@ -30,8 +30,9 @@ from agent_runtime.clock import Clock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
-from agent_runtime.system.livekit_job import on_session_end as runtime_on_session_end
 from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.job_process import JobProcess
+from agent_runtime.testing.user_code import UserFailure, UserFailures
 
 if TYPE_CHECKING:
     from livekit.agents import AgentServer
@@ -48,14 +49,14 @@ _CLOSE_LIMIT = 10.0
 
 
 class _Run:
-    """One run of an entrypoint: its job context and the context its tasks run in."""
+    """One run of an entrypoint: its job context, the context its tasks run in, and its end
+    as livekit's job process runs it."""
 
-    def __init__(self, ctx: JobContext, context: contextvars.Context, on_session_end: Any) -> None:
+    def __init__(self, ctx: JobContext, context: contextvars.Context, process: JobProcess) -> None:
         self.ctx = ctx
         self.context = context
-        self.on_session_end: SessionEndFn = on_session_end
+        self.process = process
         self.job: AgentJob | None = None
-        self.tasks: list[asyncio.Task[Any]] = []
 
 
 class EntrypointRunner:
@@ -79,6 +80,7 @@ class EntrypointRunner:
         self.clock: Clock = clock or room.clock
         self.transport = transport
         self.sink = MemorySink()
+        self.failures = UserFailures()
         self._runs: list[_Run] = []
 
     # -- running -------------------------------------------------------------------------
@@ -102,6 +104,7 @@ class EntrypointRunner:
         for the avatar plugin the entrypoint gives its job, if it gives one.
         """
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
+        end_timeout = lk.server_session_end_timeout(entrypoint) if fn is not entrypoint else 300.0
         if avatar is not None and not isinstance(avatar, AvatarSession):
             raise TypeError(f"avatar must be an AvatarSession, not {type(avatar).__name__}")
         parts: dict[str, Any] = {
@@ -128,9 +131,23 @@ class EntrypointRunner:
                 )
             lk.set_job_simulation_end_fn(ctx, on_simulation_end or server_simulation_end)
             context = contextvars.copy_context()
-        run = _Run(ctx, context, on_session_end or server_session_end or runtime_on_session_end)
+        if not self._runs:
+            self.failures.install()
+        process = JobProcess(
+            ctx,
+            clock=self.clock,
+            on_session_end=on_session_end or server_session_end,
+            session_end_timeout=end_timeout,
+            failures=self.failures,
+            context=context,
+        )
+        run = _Run(ctx, context, process)
         self._runs.append(run)
-        await self._in_run(run, fn(ctx), "entrypoint")
+        entry = asyncio.get_running_loop().create_task(
+            _as_coroutine(fn(ctx)), name="job_user_entrypoint", context=context
+        )
+        process.watch_entrypoint(entry)
+        await entry  # its failure is the test's, with its traceback
         await settle()
         job = AgentJob.for_job(ctx)
         if job is None:
@@ -142,15 +159,52 @@ class EntrypointRunner:
         return job
 
     def session_end(self) -> asyncio.Task[None]:
-        """What livekit does once the last run's session closed: run ``on_session_end(ctx)``
-        (the job holds there for a simulator's verdict). Returns the task; await it (while
-        virtual time moves on) for the hold's end."""
-        run = self._last()
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
-            _as_coroutine(run.on_session_end(run.ctx)), name="on_session_end", context=run.context
+        """End the last run's job now, as ``ctx.shutdown("session ended")`` would: livekit's
+        end of a job begins (the session closes, then ``on_session_end(ctx)``, where the job
+        holds for a simulator's verdict). Returns a task that ends once ``on_session_end``
+        returned; await it (while virtual time moves on) for the hold's end."""
+        process = self._last().process
+        process.shutdown("session ended")
+        return asyncio.get_running_loop().create_task(
+            _wait(process.session_end_done), name="on_session_end"
         )
-        run.tasks.append(task)
-        return task
+
+    async def wait_ended(self, *, timeout: float = 5.0) -> None:
+        """Wait (real seconds) until the last run's job has ended as livekit ends one: its
+        ``on_session_end``, the room's disconnect and its shutdown callbacks are over. Then
+        raise what failed in the agent's code, if anything did. The job must have been told
+        to end (it left, closed, was shut down): this does not end it."""
+        process = self._last().process
+        try:
+            await asyncio.wait_for(asyncio.shield(process.ended), timeout)
+        except TimeoutError:
+            why = f"ending: {process.reason}" if process.reason else "nothing ended it"
+            raise TimeoutError(f"the job has not ended after {timeout:g}s ({why})") from None
+        await settle()
+        self.raise_failures()
+
+    def raise_failures(self) -> None:
+        """Raise the first failure of the agent's code not yet reported (``UserCodeError``,
+        caused by the agent's own exception and its traceback)."""
+        failures = self.failures.take()
+        if failures:
+            raise failures[0].as_error()
+
+    @property
+    def user_failures(self) -> list[UserFailure]:
+        """What failed in the agent's code so far and was not yet raised."""
+        return list(self.failures.failures)
+
+    @property
+    def process(self) -> JobProcess:
+        """The last run's end, as livekit's job process runs it."""
+        return self._last().process
+
+    @property
+    def shutdown_steps(self) -> list[tuple[float, str]]:
+        """The steps of the last run's end as they began, ``(time, step)``: ``entrypoint``,
+        ``session``, ``on_session_end``, ``report``, ``disconnect``, ``callbacks``."""
+        return list(self._last().process.steps)
 
     async def wait_for(self, machine: str, state: str, *, timeout: float = 5.0) -> None:
         """Wait until ``machine`` of the last run's job is in ``state`` (at once if it is).
@@ -186,6 +240,7 @@ class EntrypointRunner:
         finally:
             job.off("state_changed", on_change)
         await settle()
+        self.raise_failures()
 
     # -- what the test reads ---------------------------------------------------------------
     @property
@@ -216,23 +271,32 @@ class EntrypointRunner:
         ]
 
     # -- teardown ------------------------------------------------------------------------------
-    async def aclose(self) -> None:
-        """Stop every job still running where it is (no hold: the test is over), close its
-        session, and release the job contexts (their temporary directories)."""
+    async def aclose(self, *, report: bool = True) -> None:
+        """The test is over: every job still running ends as a worker's shutdown ends it
+        (``test ended``; no hold: the job is aborted), through livekit's order (its
+        ``on_session_end``, the room's disconnect, its shutdown callbacks); the job contexts
+        are released (their temporary directories). Then what failed in the agent's code
+        and was not reported yet is raised (``report=False``: kept in ``user_failures``)."""
         runs, self._runs = self._runs, []
         for run in runs:
-            for task in run.tasks:
-                task.cancel()
-            await asyncio.gather(*run.tasks, return_exceptions=True)
+            run.process.shutdown("test ended")
             job = run.job or AgentJob.for_job(run.ctx)
             if job is not None:
                 with contextlib.suppress(Exception):
                     await job.aclose(graceful=False)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(run.process.ended), _CLOSE_LIMIT)
+            if job is not None:
                 session = job.session
                 if lk.session_live(session):
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(session.aclose(), _CLOSE_LIMIT)
             lk.release_job_context(run.ctx)  # upstream's job cleanup would; a fake job does not
+        if runs:
+            await settle()
+            self.failures.uninstall()
+        if report:
+            self.raise_failures()
 
     # -- parts ---------------------------------------------------------------------------------
     async def _delete_room(self) -> None:
@@ -247,11 +311,9 @@ class EntrypointRunner:
             raise RuntimeError("no entrypoint has run yet")
         return self._runs[-1]
 
-    async def _in_run(self, run: _Run, coro: Awaitable[Any], name: str) -> Any:
-        task = asyncio.get_running_loop().create_task(
-            _as_coroutine(coro), name=name, context=run.context
-        )
-        return await task
+
+async def _wait(fut: asyncio.Future[None]) -> None:
+    await asyncio.shield(fut)
 
 
 async def _as_coroutine(aw: Awaitable[Any]) -> Any:

@@ -14,8 +14,12 @@ Registered by the plugin (``pytest_plugin.py``); every one is function-scoped:
   is the test: it joins when the test adds its participant and publishes video.
 - ``run_entrypoint``: an ``EntrypointRunner`` for this room, clock and transport;
   ``job = await run_entrypoint(server)`` runs the server's ``rtc_session`` entrypoint
-  unchanged and returns the ``AgentJob`` it built. At teardown, what is still running is
-  stopped and the job contexts are released.
+  unchanged and returns the ``AgentJob`` it built. At teardown, a job still running ends
+  as livekit ends one (``test ended``), the job contexts are released, and what failed in
+  the agent's code fails the test.
+- ``fuzz_entrypoint``: ``fuzz_entrypoint(server, *checks, examples=1000, seed=None, ...)``
+  fuzzes the entrypoint's lifecycle (``agent-runtime fuzz`` from a test): the test fails
+  with the shrunk sequence and its seed when a property does not hold.
 
 The async ones need pytest-asyncio (the ``testing`` extra brings it) and run on the test's
 event loop with its default, function-scoped loop: they work in ``asyncio_mode = "auto"``
@@ -132,3 +136,31 @@ async def run_entrypoint(
     )
     yield runner
     await runner.aclose()
+
+
+@pytest.fixture
+def fuzz_entrypoint(tmp_path: Any) -> Callable[..., Any]:
+    """``fuzz_entrypoint(server, *checks, examples=1000, seed=None, steps=25, avatar=True,
+    simulation=True, out=None)``: fuzz the entrypoint; returns the ``FuzzReport`` when
+    nothing was found, fails the test with the shrunk sequence, its seed and the scenario
+    file written (``out``, by default the test's temporary directory) otherwise."""
+
+    def fuzz_entrypoint(
+        server: Any, *checks: Callable[..., Any], out: Any = None, **options: Any
+    ) -> Any:
+        from pathlib import Path
+
+        from agent_runtime.testing.fuzz import FuzzOptions, fuzz
+
+        report = fuzz(
+            server,
+            FuzzOptions(**options),
+            checks=checks,
+            out=Path(out) if out is not None else tmp_path,
+        )
+        if not report.ok:
+            detail = report.details[0] if report.details else ""
+            pytest.fail(f"{report.summary()}\n{detail}", pytrace=False)
+        return report
+
+    return fuzz_entrypoint

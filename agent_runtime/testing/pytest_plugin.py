@@ -8,7 +8,8 @@ led there. An invalid file is a collection error of one line. ``--trace-dir DIR`
 run's JSONL trace for ``agent-runtime replay``/``timeline``.
 
 The fixtures for tests that drive an agent's own entrypoint (``virtual_clock``,
-``agent_room``, ``simulator``, ``scripted_avatar``, ``run_entrypoint``) are registered
+``agent_room``, ``simulator``, ``scripted_avatar``, ``run_entrypoint``, ``fuzz_entrypoint``)
+are registered
 from ``fixtures.py``.
 
 Loading this plugin imports only pytest: the kit (and livekit-agents) is imported when a
@@ -29,6 +30,7 @@ import pytest
 from agent_runtime.testing.fixtures import (  # noqa: F401 - registered as this plugin's fixtures
     agent_room,
     agent_session_transports,
+    fuzz_entrypoint,
     run_entrypoint,
     scripted_avatar,
     simulator,

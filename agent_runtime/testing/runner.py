@@ -88,7 +88,8 @@ class _Simulation:
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
             delete_room_on_close=cfg.delete_room_on_close,
-            playout=cfg.playout or False,
+            # unsaid in the file: AgentJob's own default (on with an avatar)
+            playout=(cfg.playout or False) if "playout" in cfg.model_fields_set else None,
             on_reprompt=self._reprompt if cfg.playout and cfg.playout.reprompt else None,
             clock=self.clock,
             tracer=tracer,

@@ -90,7 +90,8 @@ class Config(_Strict):
     close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
     participant_identity: Identity | None = _DEFAULT["participant_identity"]
     delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]
-    # the playout machine: true (its defaults) or PlayoutOptions' fields; off by default
+    # the playout machine: true (its defaults), false (None) or PlayoutOptions' fields;
+    # unsaid (not in model_fields_set), AgentJob's default: on with an avatar, else off
     playout: PlayoutOptions | None = None
     # the scripted re-prompt (standing in for the LLM's reply): seconds of audio it says
     reprompt_speech: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False, strict=True)] = 1.0

@@ -164,6 +164,36 @@ def _parser() -> argparse.ArgumentParser:
     xpo.add_argument("--out", metavar="DIR", help="write DIR/MACHINE.js (default: stdout)")
     xpo.set_defaults(module="agent_runtime.tools.commands.export")
 
+    fz = sub.add_parser(
+        "fuzz",
+        help="fuzz an agent's lifecycle: hypothesis-drawn orders of what can happen to a job",
+        description="Run the agent's own rtc_session entrypoint (MODULE:SERVER, MODULE a "
+        "module name or a .py file) against sequences of what can happen to a job "
+        "(participants joining, leaving with every reason, rejoining; the avatar late, "
+        "absent, failing, dropping, silent; the simulator's finalize, strangers, room "
+        "deletion; speech, interruptions; aclose/abort; time passing), drawn and shrunk by "
+        "hypothesis, on the in-memory room and a virtual clock. Checks that the agent stays "
+        "audible, the verdict is answered once and only to the simulator, the job ends "
+        "within its bounds, nothing is left running, no exception escapes the agent's code, "
+        "and every --check. Exit 0 nothing found, 1 a property failed (also on --replay), "
+        "2 a usage error (one line on stderr).",
+    )
+    fz.add_argument("agent", metavar="MODULE:SERVER")
+    fz.add_argument("--examples", metavar="N", help="runs to draw (1-100000; default 1000)")
+    fz.add_argument("--seed", default=None, metavar="S", help="the seed (0-4294967295)")
+    fz.add_argument("--steps", metavar="N", help="steps per run, at most (1-100; default 25)")
+    fz.add_argument("--out", metavar="DIR", help="write the shrunk failure here as a scenario")
+    fz.add_argument("--replay", metavar="FILE", help="run this scenario file again instead")
+    fz.add_argument(
+        "--check",
+        action="append",
+        metavar="MODULE:FUNCTION",
+        help="a property of your own: FUNCTION(outcome) raises or returns False (repeatable)",
+    )
+    fz.add_argument("--no-avatar", action="store_true", help="no avatar stands in for the plugin")
+    fz.add_argument("--no-simulation", action="store_true", help="a plain job, no simulator")
+    fz.set_defaults(module="agent_runtime.tools.commands.fuzz")
+
     dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
     dif.add_argument("rev")
     dif.set_defaults(module="agent_runtime.tools.commands.diff")

@@ -1,0 +1,8 @@
+"""Fuzzing an agent's lifecycle: hypothesis' stateful testing over the orders of what can
+happen to a job, against the agent's own entrypoint (``agent-runtime fuzz``,
+``fuzz_entrypoint``)."""
+
+from agent_runtime.testing.fuzz.properties import FuzzOutcome, Problem
+from agent_runtime.testing.fuzz.run import FuzzOptions, FuzzReport, fuzz, replay
+
+__all__ = ["FuzzOptions", "FuzzOutcome", "FuzzReport", "Problem", "fuzz", "replay"]

@@ -1,0 +1,287 @@
+"""One run of the user's own entrypoint, driven step by step as a scenario file says.
+
+The steps are scenario steps (``testing/scenario.py``), read for an entrypoint: at
+``session.start`` the entrypoint runs (``run_entrypoint``: a real ``JobContext`` over the
+in-memory room, the scripted avatar standing in for the entrypoint's plugin when the run has
+an avatar); the others are what the room, the simulator, the avatar, the user and the
+agent's own code do to the job. Virtual time moves only between steps, and the real work a
+step starts (a session closing) is let finish first. Whatever is observed on the way
+(replies to the simulator, when the job was told to end) is kept for the properties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from livekit import rtc
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+from livekit.protocol.agent_pb import agent_session as agent_pb
+from livekit.protocol.agent_simulation import SimulationDispatch, SimulationMode
+
+from agent_runtime.clock import VirtualClock, settle
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.testing import scenario as sc
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.job_process import JobProcess
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.wire import build_request
+
+AVATAR = "avatar"
+SIMULATOR = "simulator"
+# how long (real seconds) a step's real work may take before virtual time moves on anyway
+_REAL_LIMIT = 10.0
+_RATE = 24000
+
+
+@dataclass
+class Sent:
+    """A session request the simulator's end sent, and the replies it got."""
+
+    request_id: str
+    caller: str
+    request: str
+    while_open: bool  # the job could still answer (serving, or holding for the verdict)
+    replies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Harness:
+    """Runs scenario steps against ``server``'s entrypoint; ``close()`` ends the job as the
+    test's end does and releases everything."""
+
+    def __init__(self, server: Any, config: sc.Config) -> None:
+        self.server = server
+        self.config = config
+        self.clock = VirtualClock()
+        self.room = InMemoryRoom(name="fuzz-room", clock=self.clock)
+        self.agent_end, self.simulator_end = InMemorySessionTransport.pair(
+            identities=("agent", SIMULATOR)
+        )
+        self.runner = EntrypointRunner(room=self.room, clock=self.clock, transport=self.agent_end)
+        self.avatar: ScriptedAvatar | None = None
+        if config.avatar_identity is not None:
+            self.avatar = ScriptedAvatar(avatar_identity=config.avatar_identity, clock=self.clock)
+        self.job: AgentJob | None = None
+        self.ctx: Any = None  # the run's JobContext, and its end (kept past the release)
+        self.process: JobProcess | None = None
+        self.entry_error: BaseException | None = None
+        self.sent: dict[str, Sent] = {}
+        self.closes: list[asyncio.Future[None]] = []
+        self.refused: list[str] = []
+        self.ended_at: float | None = None  # when something first told the job to end
+        self.end_cause: str | None = None
+        self.listeners_before: list[tuple[str, Any]] = []
+        self.tasks_before: set[asyncio.Task[Any]] = set()
+        self._reader: asyncio.Task[None] | None = None
+
+    # -- set-up --------------------------------------------------------------------------
+    async def open(self, participants: tuple[sc.Participant, ...]) -> None:
+        self.tasks_before = set(asyncio.all_tasks())
+        if self.config.room_connected:
+            self.room.connect_locally()
+        self.listeners_before = lk.emitter_listeners(self.room)
+        for p in participants:
+            self.room.add_participant(p.identity, kind=p.kind, attributes=p.attributes)
+        self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+
+    @property
+    def started(self) -> bool:
+        return self.process is not None
+
+    def end_condition(self, cause: str) -> None:
+        if self.ended_at is None:
+            self.ended_at, self.end_cause = self.clock.now(), cause
+
+    # -- steps ---------------------------------------------------------------------------
+    async def step(self, step: sc.Step) -> None:
+        await self.advance_to(step.at)
+        try:
+            await self._apply(step)
+        except Exception as e:  # a step the world refuses changes nothing
+            self.refused.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
+        await self.quiesce()
+
+    async def _apply(self, step: sc.Step) -> None:
+        room, job = self.room, self.job
+        if isinstance(step, sc.SessionStart):
+            await self._start()
+        elif isinstance(step, sc.AvatarStartError):
+            if self.avatar is None:
+                raise RuntimeError("no avatar in this run")
+            self.avatar.start_error = RuntimeError("the avatar provider refused the session")
+            self.avatar.start_errors = step.times
+        elif isinstance(step, sc.ParticipantConnected):
+            if step.identity in room.remote_participants:
+                raise ValueError(f"{step.identity!r} is already in the room")
+            room.add_participant(step.identity, kind=step.kind, attributes=step.attributes)
+        elif isinstance(step, sc.ParticipantDisconnected):
+            linked = job.link.linked_identity if job is not None else None
+            p = room.remove_participant(step.identity, rtc.DisconnectReason.Value(step.reason))
+            if p is None:
+                raise ValueError(f"{step.identity!r} is not in the room")
+            if ATTRIBUTE_SIMULATOR in p.attributes:
+                self.end_condition("the simulator left")
+            elif step.identity == linked and step.reason in _CLOSING:
+                self.end_condition(f"the linked participant left ({step.reason})")
+        elif isinstance(step, sc.TrackPublished):
+            room.publish_track(step.identity, step.kind)
+        elif isinstance(step, sc.Rpc):
+            payload = step.payload if isinstance(step.payload, str) else json.dumps(step.payload)
+            with contextlib.suppress(rtc.RpcError):
+                await room.invoke_rpc(step.method, step.caller, payload)
+        elif isinstance(step, sc.SessionRequest):
+            await self._request(step)
+        elif isinstance(step, sc.RoomDisconnected):
+            self.end_condition(f"the room went ({step.reason})")
+            room.disconnect_locally(rtc.DisconnectReason.Value(step.reason))
+        elif isinstance(step, sc.UserSpeech):
+            session = self._session()
+            lk.set_user_state(session, "speaking")
+            self.clock.call_later(step.duration, lambda: _listening(session))
+        elif isinstance(step, sc.SessionInterrupt):
+            self._session().interrupt()
+        elif isinstance(step, sc.AgentSay):
+            self._session().say(step.text, audio=_frames(step.duration))
+        elif isinstance(step, sc.JobAclose):
+            if job is None:
+                raise RuntimeError("no job yet")
+            self.end_condition("the agent's code closed the job")
+            self.closes.append(asyncio.ensure_future(job.aclose(graceful=step.graceful)))
+        elif isinstance(step, sc.JobShutdown):
+            if not self.started:
+                raise RuntimeError("no job yet")
+            self.end_condition("ctx.shutdown()")
+            self.ctx.shutdown(step.reason)
+        else:
+            raise ValueError(f"{step.event} is not a step the fuzzer takes")
+
+    async def _start(self) -> None:
+        if self.started:
+            raise RuntimeError("the entrypoint already ran")
+        try:
+            # an audio simulation: the agent speaks, as in the audio runs it is deployed for
+            dispatch = SimulationDispatch(
+                simulation_run_id="RUN_fuzz",
+                job_id="fuzz-job",
+                mode=SimulationMode.SIMULATION_MODE_AUDIO,
+            )
+            self.job = await self.runner(
+                self.server,
+                simulation=dispatch if self.config.simulation else False,
+                avatar=self.avatar,
+                job_id="fuzz-job",
+            )
+        except Exception as e:
+            self.entry_error = e
+            self.end_condition("the entrypoint raised")
+        finally:
+            with contextlib.suppress(RuntimeError):  # refused before it ran: no run
+                self.ctx, self.process = self.runner.ctx, self.runner.process
+
+    def _session(self) -> Any:
+        if self.job is None or not lk.session_live(self.job.session):
+            raise RuntimeError("no session running")
+        return self.job.session
+
+    async def _request(self, step: sc.SessionRequest) -> None:
+        request_id = f"RQ_{len(self.sent) + 1}"
+        req = build_request(step.request, step.payload, request_id=request_id)
+        msg = agent_pb.AgentSessionMessage(request=req)
+        job = self.job
+        open_ = job is not None and job.states.get("job") in ("serving", "awaiting_finalize")
+        await self.simulator_end.send_message(msg, sender=step.caller)
+        self.sent[request_id] = Sent(request_id, step.caller, step.request, open_)
+
+    async def _read_replies(self) -> None:
+        async for msg in self.simulator_end:
+            if not msg.HasField("response"):
+                continue
+            resp = msg.response
+            sent = self.sent.get(resp.request_id)
+            entry: dict[str, Any] = {"t": self.clock.now(), "error": resp.error or None}
+            if resp.HasField("finalize_simulation"):
+                fs = resp.finalize_simulation
+                entry["verdict"] = fs.HasField("user_verdict") or not resp.error
+            if sent is not None:
+                sent.replies.append(entry)
+
+    # -- time ----------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        job = self.job
+        if job is None:
+            return False
+        task = lk.session_closing_task(job.session)
+        if task is not None and not task.done():
+            return True
+        if job.states.get("job") == "closing" or job.states.get("participant") == "closing":
+            return True
+        if job.lifecycle == "closing" and job.states.get("job") != "awaiting_finalize":
+            return True
+        # livekit's end of the job, where it waits on real work (not on a bound)
+        process = self.process
+        return (
+            process is not None
+            and not process.ended.done()
+            and bool(process.steps)
+            and (process.steps[-1][1] in ("session", "report", "disconnect"))
+        )
+
+    async def quiesce(self) -> None:
+        await settle()
+        deadline = time.monotonic() + _REAL_LIMIT
+        while self._busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+            await settle()
+
+    async def advance_to(self, when: float) -> None:
+        while (deadline := self.clock.next_deadline()) is not None and deadline <= when:
+            await self.clock.run_until(deadline)
+            await self.quiesce()
+        await self.clock.run_until(when)
+        await self.quiesce()
+
+    def process_ended(self) -> bool:
+        return self.process is not None and self.process.ended.done()
+
+    async def run_out(self, limit: float) -> None:
+        """Let virtual time run (up to ``limit`` seconds more) until the job has ended."""
+        end = self.clock.now() + limit
+        while not self.process_ended() and self.clock.now() < end:
+            nxt = self.clock.next_deadline()
+            await self.advance_to(min(nxt, end) if nxt is not None else end)
+            if nxt is None:
+                break
+
+    # -- the end -------------------------------------------------------------------------
+    async def close(self) -> None:
+        """End the job as the end of a test does, then release everything (the agent's
+        failures stay in ``runner.failures``)."""
+        await asyncio.gather(*self.closes, return_exceptions=True)
+        if self.started:
+            await self.runner.aclose(report=False)
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        await self.agent_end.close()
+        await self.simulator_end.close()
+
+
+_CLOSING = ("CLIENT_INITIATED", "ROOM_DELETED", "USER_REJECTED")
+
+
+def _listening(session: Any) -> None:
+    if lk.session_live(session):
+        lk.set_user_state(session, "listening")
+
+
+async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
+    per = _RATE // 100
+    for _ in range(max(1, round(seconds * 100))):
+        yield rtc.AudioFrame(b"\0\0" * per, _RATE, 1, per)

@@ -1,0 +1,225 @@
+"""What must hold in every run the fuzzer makes, and the user's own properties.
+
+Each built-in property reads a ``Harness`` and returns the problems it found (empty: it
+held). ``during`` ones are checked after every step, ``at_end`` ones once the job has ended
+and everything was released. A user's property is a plain function of a ``FuzzOutcome``:
+it fails by raising (``assert``) or by returning ``False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
+from agent_runtime.testing.user_code import is_user_file
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+
+    from agent_runtime.clock import VirtualClock
+    from agent_runtime.system.agent_job import AgentJob
+    from agent_runtime.testing.fuzz.harness import Harness, Sent
+    from agent_runtime.testing.inmemory import InMemoryRoom
+
+# the avatar machine's states in which its route may wait for a join (within join_timeout)
+_JOINING = ("idle", "starting", "routing", "backoff")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A property that did not hold: its name, one line, and the detail (a traceback)."""
+
+    prop: str
+    message: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.prop}: {self.message}"
+
+
+@dataclass
+class FuzzOutcome:
+    """What a user's property sees of one run, once the job has ended."""
+
+    steps: list[dict[str, Any]]
+    job: AgentJob | None
+    ctx: JobContext | None
+    room: InMemoryRoom
+    clock: VirtualClock
+    requests: list[Sent]
+    shutdown_reason: str | None
+    shutdown_steps: list[tuple[float, str]]
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+
+
+Check = Callable[[FuzzOutcome], Any]
+
+
+# -- during the run -----------------------------------------------------------------------
+def audible(h: Harness) -> list[Problem]:
+    """The agent's audio reaches the room or a joined avatar while its session runs."""
+    job = h.job
+    if job is None or job.lifecycle != "running" or not lk.session_live(job.session):
+        return []
+    route = job.audio_route()
+    if route == "none":
+        return [Problem("audible", f"t={h.clock.now():g}: the agent's audio goes nowhere")]
+    avatar = h.avatar
+    if route == "avatar" and avatar is not None:
+        state = job.states.get("avatar", "idle")
+        if state not in _JOINING and avatar.avatar_identity not in h.room.remote_participants:
+            return [
+                Problem(
+                    "audible",
+                    f"t={h.clock.now():g}: the agent's audio goes to an avatar that is not in "
+                    f"the room (avatar machine {state})",
+                )
+            ]
+    return []
+
+
+def verdicts(h: Harness) -> list[Problem]:
+    """Each request is answered at most once; a verdict goes only to the simulator."""
+    out: list[Problem] = []
+    for sent in h.sent.values():
+        if len(sent.replies) > 1:
+            out.append(
+                Problem(
+                    "verdict",
+                    f"{sent.request} from {sent.caller} answered {len(sent.replies)} times",
+                )
+            )
+        if sent.caller != "simulator" and any(r.get("verdict") for r in sent.replies):
+            out.append(Problem("verdict", f"a verdict went to {sent.caller}, not the simulator"))
+    return out
+
+
+DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts)
+
+
+# -- once the job has ended ---------------------------------------------------------------
+def answered(h: Harness) -> list[Problem]:
+    """The simulator's finalize, asked while the job could answer, got its one reply."""
+    return [
+        Problem("verdict", f"the simulator's finalize_simulation ({sent.request_id}) got no reply")
+        for sent in h.sent.values()
+        if sent.caller == "simulator"
+        and sent.request == "finalize_simulation"
+        and sent.while_open
+        and not sent.replies
+    ]
+
+
+def end_bound(h: Harness) -> float:
+    """How long a job may take to end once something ended it: livekit's bounds and the
+    job's own (a grace period, the simulator's hold, its close)."""
+    job = h.job
+    own = 0.0
+    if job is not None:
+        s = job.settings
+        own = s.grace_period + s.session_end_timeout + s.session_close_timeout + s.close_timeout
+    end = h.process.session_end_timeout if h.process is not None else 0.0
+    return ENTRYPOINT_EXIT + SESSION_CLOSE + end + own
+
+
+def closes(h: Harness) -> list[Problem]:
+    """Once an end condition held, the job ended within its bounds."""
+    process = h.process
+    if h.ended_at is None or process is None:
+        return []
+    bound = end_bound(h)
+    if process.ended_at is None:
+        return [Problem("closes", f"{h.end_cause} at t={h.ended_at:g}, and the job never ended")]
+    if process.ended_at > h.ended_at + bound + 1e-6:
+        return [
+            Problem(
+                "closes",
+                f"{h.end_cause} at t={h.ended_at:g}; the job ended at t={process.ended_at:g}, "
+                f"past its bound ({bound:g}s)",
+            )
+        ]
+    return []
+
+
+def released(h: Harness) -> list[Problem]:
+    """Nothing the job started is left running, no room listener of its is left."""
+    out: list[Problem] = []
+    me = asyncio.current_task()
+    left = [
+        t for t in asyncio.all_tasks() if t is not me and t not in h.tasks_before and not t.done()
+    ]
+    if left:
+        names = ", ".join(sorted(_task_name(t) for t in left))
+        out.append(Problem("released", f"tasks still running after the job ended: {names}"))
+    # livekit's JobContext keeps its own listener, and the agent's own are its business
+    # (the room goes with the job's process)
+    left_on_room = [
+        f"{event}: {getattr(cb, '__qualname__', cb)!s}"
+        for event, cb in lk.emitter_listeners(h.room)
+        if (event, cb) not in h.listeners_before
+        and getattr(cb, "__self__", None) is not h.ctx
+        and not _user_callable(cb)
+    ]
+    if left_on_room:
+        out.append(
+            Problem(
+                "released", f"room listeners left after the job ended: {', '.join(left_on_room)}"
+            )
+        )
+    return out
+
+
+def _user_callable(cb: Any) -> bool:
+    code = getattr(getattr(cb, "__func__", cb), "__code__", None)
+    return code is not None and is_user_file(code.co_filename)
+
+
+def user_code(h: Harness) -> list[Problem]:
+    """No exception escaped the agent's own code."""
+    out: list[Problem] = []
+    if h.entry_error is not None:
+        out.append(_raised("entrypoint", h.entry_error))
+    for f in h.runner.user_failures:
+        out.append(_raised(f.where, f.error))
+    return out
+
+
+def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
+    out: list[Problem] = []
+    for check in checks:
+        name = getattr(check, "__qualname__", repr(check))
+        try:
+            ok = check(outcome)
+        except Exception as e:
+            out.append(
+                Problem(
+                    f"check {name}",
+                    f"{type(e).__name__}: {e}",
+                    "".join(traceback.format_exception(e)),
+                )
+            )
+            continue
+        if ok is False:
+            out.append(Problem(f"check {name}", "returned False"))
+    return out
+
+
+def _raised(where: str, e: BaseException) -> Problem:
+    return Problem(
+        "user code",
+        f"the agent's {where} raised {type(e).__name__}: {e}",
+        "".join(traceback.format_exception(e)),
+    )
+
+
+def _task_name(t: asyncio.Task[Any]) -> str:
+    coro = t.get_coro()
+    code = getattr(coro, "cr_code", None)
+    where = getattr(code, "co_qualname", None) or t.get_name()
+    user = code is not None and is_user_file(code.co_filename)
+    return f"{where}{' (agent code)' if user else ''}"

@@ -1,0 +1,171 @@
+"""The end of a job, run by the kit as livekit's job process runs it (1.8.9,
+``ipc/job_proc_lazy_main.py``: ``_start_job``'s triggers and ``_shutdown_job``).
+
+The job ends on the first of: ``ctx.shutdown(reason)`` (the agent's, an end-call tool's),
+the room disconnecting (``room disconnected``: the job's own close disconnects it), the
+simulator leaving (``simulation completed``, what ``ctx.connect()`` arms), the entrypoint
+raising (``job crashed``) or the test ending (``test ended``, a worker's shutdown). Then, in
+livekit's order and with its bounds, on the job's clock (virtual time in tests):
+
+1. the entrypoint is awaited, 15 s, then cancelled;
+2. the primary session closes (``aclose()``, bounded at 60 s);
+3. ``on_session_end(ctx)``, bounded by the server's ``session_end_timeout``;
+4. the session report;
+5. ``room.disconnect()``;
+6. every shutdown callback at once, each with the reason.
+
+What fails in the user's code on the way is kept (``UserFailures``) for the test to fail on,
+where livekit would log it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from agent_runtime.clock import Clock
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.user_code import UserFailures
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+
+# livekit's bounds (job_proc_lazy_main.py): the entrypoint's exit, the session's close
+ENTRYPOINT_EXIT = 15.0
+SESSION_CLOSE = 60.0
+
+
+class JobProcess:
+    """One job's end, as livekit's job process runs it; ``ended`` once it is over."""
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        *,
+        clock: Clock,
+        on_session_end: Callable[[JobContext], Awaitable[None]] | None,
+        session_end_timeout: float,
+        failures: UserFailures,
+        context: Any = None,
+    ) -> None:
+        self.ctx = ctx
+        self.clock = clock
+        self.failures = failures
+        self.reason: str | None = None
+        self.ended_at: float | None = None  # the job's clock when its end was over
+        self.steps: list[tuple[float, str]] = []  # (time, step) as each began, for tests
+        self.session_end_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._on_session_end = on_session_end
+        self.session_end_timeout = session_end_timeout
+        self._context = context
+        self._entry: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._simulator_left = lk.job_simulator_left(ctx)
+        lk.set_job_shutdown_hook(ctx, self.shutdown)
+        ctx.room.on("disconnected", self._on_disconnected)
+        ctx.room.on("participant_disconnected", self._simulator_left)
+
+    def watch_entrypoint(self, task: asyncio.Task[Any]) -> None:
+        """The entrypoint's task: awaited first at the end; if it raises, the job ends."""
+        self._entry = task
+
+        def done(t: asyncio.Task[Any]) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                self.shutdown("job crashed")
+
+        task.add_done_callback(done)
+
+    @property
+    def begun(self) -> bool:
+        return self.reason is not None
+
+    def shutdown(self, reason: str = "") -> None:
+        """The job ends (the first reason wins, as livekit's shutdown future)."""
+        if self.reason is not None:
+            return
+        self.reason = reason or "user requested"
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name="job_shutdown", context=self._context
+        )
+
+    def _on_disconnected(self, *_: Any) -> None:
+        self.shutdown("room disconnected")
+
+    def _step(self, name: str) -> None:
+        self.steps.append((self.clock.now(), name))
+
+    async def _run(self) -> None:
+        try:
+            await self._shutdown()
+        finally:
+            self._unhook()
+            if not self.session_end_done.done():
+                self.session_end_done.set_result(None)
+            self.ended_at = self.clock.now()
+            self.ended.set_result(None)
+
+    async def _shutdown(self) -> None:
+        reason = self.reason or ""
+        entry = self._entry
+        if entry is not None and not entry.done():
+            self._step("entrypoint")
+            try:
+                await self.clock.wait_for(asyncio.shield(entry), ENTRYPOINT_EXIT)
+            except TimeoutError:
+                entry.cancel()
+                await asyncio.gather(entry, return_exceptions=True)
+            except Exception:
+                pass  # the entrypoint's own failure is the test's already
+        session = lk.job_primary_session(self.ctx)
+        if session is not None:
+            self._step("session")
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(session.aclose(), SESSION_CLOSE)
+        if self._on_session_end is not None:
+            self._step("on_session_end")
+            try:
+                await self.clock.wait_for(
+                    _as_coroutine(self._on_session_end(self.ctx)), self.session_end_timeout
+                )
+            except TimeoutError:
+                self.failures.add(
+                    "on_session_end",
+                    TimeoutError(f"on_session_end timed out after {self.session_end_timeout:g}s"),
+                )
+            except Exception as e:
+                self.failures.add("on_session_end", e)
+        self.session_end_done.set_result(None)
+        self._step("report")
+        with contextlib.suppress(Exception):
+            await lk.job_session_report(self.ctx)
+        self._step("disconnect")
+        await self.ctx.room.disconnect()
+        self._step("callbacks")
+        callbacks = lk.job_shutdown_callbacks(self.ctx)
+        results = await asyncio.gather(
+            *(_as_coroutine(cb(reason)) for cb in callbacks), return_exceptions=True
+        )
+        for res in results:
+            if isinstance(res, Exception):
+                self.failures.add("shutdown callback", res)
+
+    def _unhook(self) -> None:
+        room = self.ctx.room
+        room.off("disconnected", self._on_disconnected)
+        room.off("participant_disconnected", self._simulator_left)
+
+    async def aclose(self) -> None:
+        """The test is over: end the job as a worker's shutdown would, if nothing has, and
+        wait for the end (virtual time does not move: a hold is cut by the caller)."""
+        self.shutdown("test ended")
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def _as_coroutine(aw: Any) -> Any:
+    if asyncio.iscoroutine(aw) or isinstance(aw, Awaitable):
+        return await aw
+    return aw

@@ -1,0 +1,129 @@
+"""Failures of the user's own code while the kit runs a job, kept for the test to fail on.
+
+livekit logs what fails in an agent's code (an event handler that raises, a background task
+that dies, an ``on_session_end`` or shutdown callback that raises) and goes on; in production
+that is a log line nobody reads. The kit keeps each one, with its traceback, and the test
+fails on it. "The user's code" is any frame outside the installed packages, the standard
+library and this project's own packages: the agent under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sysconfig
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import agent_runtime
+import statemachines
+
+_NOT_USER = tuple(
+    str(Path(p).resolve())
+    for p in {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+        str(Path(agent_runtime.__file__).parent),
+        str(Path(statemachines.__file__).parent),
+    }
+)
+
+
+def is_user_file(filename: str) -> bool:
+    """A frame of the agent under test (not a library's, not this project's)."""
+    if filename.startswith("<"):
+        return False
+    try:
+        path = str(Path(filename).resolve())
+    except OSError:
+        return False
+    return not path.startswith(_NOT_USER)
+
+
+def user_frames(tb: TracebackType | None) -> bool:
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class UserCodeError(AssertionError):
+    """The agent's own code failed while the kit ran its job (the cause is its exception)."""
+
+
+@dataclass(frozen=True)
+class UserFailure:
+    """Where the user's code failed (``entrypoint``, ``on_session_end``, ``shutdown
+    callback``, ``event handler``, ``task``) and its exception."""
+
+    where: str
+    error: BaseException
+
+    def describe(self) -> str:
+        lines = traceback.format_exception(self.error)
+        return f"{self.where} raised {type(self.error).__name__}: {self.error}\n" + "".join(lines)
+
+    def as_error(self) -> UserCodeError:
+        err = UserCodeError(
+            f"the agent's {self.where} raised {type(self.error).__name__}: {self.error}"
+        )
+        err.__cause__ = self.error
+        return err
+
+
+class UserFailures(logging.Handler):
+    """Collects the user's failures: the kit adds what it awaits itself (``add``); as a log
+    handler and the loop's exception handler it also catches what livekit only logs."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.failures: list[UserFailure] = []
+        self._seen: set[int] = set()
+        self._previous: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, where: str, error: BaseException) -> None:
+        if id(error) in self._seen:
+            return
+        self._seen.add(id(error))
+        self.failures.append(UserFailure(where, error))
+
+    # -- what livekit only logs -------------------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        # what a library logged of the user's code; the agent's own logging is its choice
+        if exc is not None and not is_user_file(record.pathname) and user_frames(exc.__traceback__):
+            where = "event handler" if "emit" in record.getMessage() else "code"
+            self.add(where, exc)
+
+    def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, BaseException) and user_frames(exc.__traceback__):
+            self.add("task", exc)
+            return
+        if self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def install(self) -> None:
+        logging.getLogger().addHandler(self)
+        self._loop = asyncio.get_running_loop()
+        self._previous = self._loop.get_exception_handler()
+        self._loop.set_exception_handler(self._on_loop_error)
+
+    def uninstall(self) -> None:
+        logging.getLogger().removeHandler(self)
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.set_exception_handler(self._previous)
+        self._loop = None
+
+    def take(self) -> list[UserFailure]:
+        """The failures not yet taken (each is reported once)."""
+        out, self.failures = self.failures, []
+        return out

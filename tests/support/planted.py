@@ -1,0 +1,143 @@
+"""User-style agents with planted order-dependent bugs, for the fuzzer's tests. Each module
+level ``*_server(buggy)`` returns an ``AgentServer`` whose entrypoint is an ordinary agent;
+with ``buggy=False`` the same agent written correctly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+
+from agent_runtime import AgentJob, on_session_end
+
+logger = logging.getLogger("planted")
+
+
+def simulator_lookup_server(buggy: bool = True) -> AgentServer:
+    """on_session_end finds the simulator in the room to log its identity: the simulator
+    that left first (which itself ends the job) is not there any more."""
+    server = AgentServer(session_end_timeout=315)
+
+    async def session_end(ctx: JobContext) -> None:
+        sims = [
+            p for p in ctx.room.remote_participants.values() if ATTRIBUTE_SIMULATOR in p.attributes
+        ]
+        if buggy:
+            simulator = sims[0]  # the bug: assumes the simulator is still there
+            logger.info("session over for simulator %s", simulator.identity)
+        elif sims:
+            logger.info("session over for simulator %s", sims[0].identity)
+        await on_session_end(ctx)
+
+    @server.rtc_session(on_session_end=session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def rejoin_greeting_server(buggy: bool = True) -> AgentServer:
+    """The agent greets a participant who comes back. Its handler says hello on the session
+    without asking whether the session still runs: one who left and comes back after the
+    agent hung up, while the job holds for the simulator's verdict, makes ``session.say``
+    raise in the room's event handler. Several steps, in that order: the participant leaves,
+    the agent hangs up (the simulator still there), the participant comes back."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        session: AgentSession = AgentSession()
+        job = AgentJob.from_job_context(ctx, session=session)
+        seen: set[str] = set()
+
+        def on_joined(p: rtc.RemoteParticipant) -> None:
+            if ATTRIBUTE_SIMULATOR in p.attributes or p.identity in ("stranger", "avatar"):
+                return
+            # fixed: greet only while the session runs (its close reason is not in yet)
+            if p.identity in seen and (buggy or job.close_reason is None):
+                session.say("welcome back", audio=_silence())
+            seen.add(p.identity)
+
+        for p in ctx.room.remote_participants.values():
+            on_joined(p)
+        ctx.room.on("participant_connected", on_joined)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def avatar_mute_server(buggy: bool = True) -> AgentServer:
+    """The agent has an avatar (the scripted one stands in for its plugin in the fuzz) and
+    "stops sending audio to the avatar" when the avatar leaves by clearing the session's
+    audio output: the runtime had just put the room's audio back, so the agent goes silent.
+    Two steps in order: the avatar joins, then leaves while the session runs."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        session: AgentSession = AgentSession()
+        job = AgentJob.from_job_context(ctx, session=session, avatar=_ProviderAvatar())
+
+        def on_left(p: rtc.RemoteParticipant) -> None:
+            if p.identity == "avatar" and buggy:
+                session.output.audio = None  # the bug: the room's audio was the fallback
+
+        ctx.room.on("participant_disconnected", on_left)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def leaky_task_server(buggy: bool = True) -> AgentServer:
+    """The agent starts a heartbeat task in its entrypoint and never stops it: in a worker
+    that runs jobs in one process, it outlives the job. Fixed: a shutdown callback stops it."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+        async def heartbeat() -> None:
+            while True:
+                await asyncio.sleep(3600)
+
+        task = asyncio.create_task(heartbeat(), name="heartbeat")
+        if not buggy:
+
+            async def stop(_: str) -> None:
+                task.cancel()
+
+            ctx.add_shutdown_callback(stop)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def _ProviderAvatar() -> Any:
+    # the avatar plugin this agent deploys with; the kit's scripted avatar stands in for it
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    return ScriptedAvatar(avatar_identity="avatar")
+
+
+async def _silence() -> AsyncIterator[rtc.AudioFrame]:
+    # what a TTS would say, with no TTS to ask: 0.2 s of silence
+    for _ in range(20):
+        yield rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+
+
+# for `agent-runtime fuzz tests/support/planted.py:NAME`
+BUGGY_SIMULATOR_LOOKUP = simulator_lookup_server(True)
+FIXED_SIMULATOR_LOOKUP = simulator_lookup_server(False)
+BUGGY_REJOIN_GREETING = rejoin_greeting_server(True)
+FIXED_REJOIN_GREETING = rejoin_greeting_server(False)
+BUGGY_AVATAR_MUTE = avatar_mute_server(True)
+FIXED_AVATAR_MUTE = avatar_mute_server(False)
+BUGGY_LEAKY_TASK = leaky_task_server(True)
+FIXED_LEAKY_TASK = leaky_task_server(False)

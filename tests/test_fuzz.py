@@ -1,0 +1,254 @@
+"""``agent-runtime fuzz`` and ``fuzz_entrypoint``: user-style agents with planted
+order-dependent bugs (``tests/support/planted.py``) are found with the default settings, the
+shrunk failure is written as a scenario that ``--replay`` fails on, and the same agents
+written correctly fuzz clean.
+
+Real: livekit's fake ``JobContext``, ``AgentSession``, ``AgentServer``, the runtime,
+hypothesis. Faked, because they need a server: the room (``InMemoryRoom``) and the session
+transport's byte stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent_runtime.testing.fuzz import FuzzOptions, FuzzOutcome, fuzz, replay
+from agent_runtime.testing.scenario import load_scenario
+from agent_runtime.tools.cli import main
+from tests.support import planted
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTED = "tests/support/planted.py"
+SEED = 1  # any seed finds them; one is fixed so a failure here is reproducible
+
+
+def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["fuzz", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- usage errors: one line, exit 2, before anything runs -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--examples", "0"], "--examples: Input should be greater than or equal to 1"),
+        (["--examples", "100001"], "--examples: Input should be less than or equal to 100000"),
+        (["--examples", "ten"], "--examples: 'ten' is not a whole number"),
+        (["--seed", "-1"], "--seed: Input should be greater than or equal to 0"),
+        (["--steps", "101"], "--steps: Input should be less than or equal to 100"),
+        (["--out", "pyproject.toml"], "--out pyproject.toml: exists and is not a directory"),
+        (["--replay", "nope.yaml"], "nope.yaml: cannot read"),
+        (["--check", "tests.support.planted:nope"], "has no 'nope'"),
+        (["--check", "nocolon"], "give MODULE:NAME"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    args: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, err = _fuzz_cli(capsys, "examples/agent.py:server", *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("agent", "message"),
+    [
+        ("nope.py:server", "nope.py: no such file"),
+        ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
+        ("examples/agent.py:missing", "has no 'missing'"),
+        ("server", "give MODULE:NAME"),
+    ],
+)
+def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, agent: str, message: str
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code, _, err = _fuzz_cli(capsys, agent)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+# -- planted bugs ------------------------------------------------------------------------------
+
+
+def test_a_failure_is_printed_with_its_seed_written_and_replayed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--seed", "7", "--out", str(tmp_path)
+    )
+    assert code == 1, out
+    assert "seed 7: a property failed" in out and "example(s) run" in out
+    assert "released: tasks still running after the job ended: " in out
+    written = tmp_path / "fuzz-7.yaml"
+    assert f"written to {written}" in out
+    assert [s.event for s in load_scenario(written).steps] == ["session.start", "end"]
+    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--replay", str(written))
+    assert code == 1 and "released: tasks still running" in out
+    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:FIXED_LEAKY_TASK", "--replay", str(written))
+    assert code == 0 and "nothing found" in out
+
+
+@pytest.mark.exhaustive
+def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_replayed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--seed", str(SEED), "--out", str(tmp_path)
+    )
+    assert code == 1, out
+    assert f"seed {SEED}: a property failed" in out
+    assert "user code: the agent's on_session_end raised IndexError" in out
+    assert "planted.py" in out  # the agent's own traceback
+    written = sorted(tmp_path.glob("*.yaml"))
+    assert len(written) == 1 and f"written to {written[0]}" in out
+    scenario = load_scenario(written[0])
+    events = [(s.event, getattr(s, "identity", None)) for s in scenario.steps]
+    # shrunk to what matters: the simulator leaves before the session ends
+    assert ("participant_disconnected", "simulator") in events and len(events) <= 4
+    assert "found by agent-runtime fuzz (seed 1)" in scenario.description
+
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--replay", str(written[0])
+    )
+    assert code == 1 and "on_session_end raised IndexError" in out
+    code, out, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:FIXED_SIMULATOR_LOOKUP", "--replay", str(written[0])
+    )
+    assert code == 0 and "nothing found" in out
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(
+    ("make", "found"),
+    [
+        (planted.simulator_lookup_server, "on_session_end raised IndexError"),
+        (
+            planted.rejoin_greeting_server,
+            "event handler raised RuntimeError: AgentSession isn't running",
+        ),
+        (planted.avatar_mute_server, "audible: t="),
+        (planted.leaky_task_server, "released: tasks still running after the job ended: "),
+    ],
+    ids=["simulator-lookup", "rejoin-greeting", "avatar-mute", "leaky-task"],
+)
+def test_each_planted_bug_is_found_with_the_defaults_and_the_fixed_agent_fuzzes_clean(
+    tmp_path: Path, make: Any, found: str
+) -> None:
+    report = fuzz(make(True), FuzzOptions(seed=SEED), out=tmp_path)
+    assert not report.ok and found in report.problems[0]
+    assert report.written is not None
+    assert not replay(make(True), Path(report.written)).ok
+    assert replay(make(False), Path(report.written)).ok
+    assert fuzz(make(False), FuzzOptions(seed=SEED)).ok
+
+
+def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
+    report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    assert report.problems == [
+        "released: tasks still running after the job ended: "
+        "leaky_task_server.<locals>.entrypoint.<locals>.heartbeat (agent code)"
+    ]
+    assert report.scenario is not None
+    assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]
+
+
+def test_the_rejoin_bug_needs_its_steps_in_order() -> None:
+    """The participant comes back while the session is over: found. The same steps with the
+    return before the hang-up: nothing."""
+    steps = [
+        {"at": 0, "event": "session.start"},
+        {
+            "at": 0,
+            "event": "participant_disconnected",
+            "identity": "user",
+            "reason": "SIGNAL_CLOSE",
+        },
+        {"at": 1, "event": "job.shutdown"},
+        {"at": 2, "event": "participant_connected", "identity": "user"},
+    ]
+    reordered = [steps[0], steps[1], {**steps[3], "at": 1}, {**steps[2], "at": 2}]
+    for sequence, fails in ((steps, True), (reordered, False)):
+        doc = {
+            "name": "rejoin",
+            "config": {"simulation": True},
+            "participants": [
+                {"identity": "simulator", "attributes": {"lk.simulator": "true"}},
+                {"identity": "user"},
+            ],
+            "steps": sequence,
+        }
+        path = Path(__import__("tempfile").mkdtemp()) / "rejoin.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        assert replay(planted.rejoin_greeting_server(True), path).ok is not fails
+        assert replay(planted.rejoin_greeting_server(False), path).ok
+
+
+# -- the user's own properties -----------------------------------------------------------------
+
+
+def verdict_reaches_simulator(outcome: FuzzOutcome) -> None:
+    """A user property: every finalize the simulator sent got a reply (the kit checks that
+    too; here as the user would write it)."""
+    for request in outcome.requests:
+        if request.caller == "simulator" and request.while_open:
+            assert request.replies, f"{request.request_id} got no reply"
+
+
+def never_more_than_one_minute(outcome: FuzzOutcome) -> bool:
+    """A property this agent breaks: some runs take longer than a minute."""
+    return outcome.clock.now() <= 60
+
+
+def test_the_fuzz_fixture_takes_user_properties_and_fails_the_test(
+    fuzz_entrypoint: Any,
+) -> None:
+    report = fuzz_entrypoint(
+        planted.simulator_lookup_server(False), verdict_reaches_simulator, examples=20, seed=SEED
+    )
+    assert report.ok and report.examples >= 20
+    with pytest.raises(
+        pytest.fail.Exception, match="check never_more_than_one_minute: returned False"
+    ):
+        fuzz_entrypoint(
+            planted.simulator_lookup_server(False),
+            never_more_than_one_minute,
+            examples=50,
+            seed=SEED,
+        )
+
+
+async def test_the_fuzz_fixture_runs_from_an_async_test_too(fuzz_entrypoint: Any) -> None:
+    report = fuzz_entrypoint(planted.simulator_lookup_server(False), examples=5, seed=SEED)
+    assert report.ok
+
+
+def test_the_cli_takes_checks_and_says_what_it_ran(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, _ = _fuzz_cli(
+        capsys,
+        f"{PLANTED}:FIXED_SIMULATOR_LOOKUP",
+        "--examples",
+        "10",
+        "--seed",
+        "3",
+        "--check",
+        "tests.test_fuzz:verdict_reaches_simulator",
+    )
+    assert code == 0, out
+    assert "example(s) run" in out and "distinct path(s)" in out and "seed 3" in out

@@ -1,0 +1,159 @@
+"""The kit ends a job as livekit's job process does (1.8.9 ``_shutdown_job``): the
+entrypoint, the primary session, ``on_session_end``, the report, the room's disconnect, then
+the shutdown callbacks at once with the reason; what fails in the agent's code fails the test.
+
+Real: livekit's fake ``JobContext``, ``AgentSession``, ``AgentServer``, the runtime. Faked,
+because they need a server: the room (``InMemoryRoom``) and the session transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
+
+from agent_runtime import AgentJob, VirtualClock, on_session_end
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.user_code import UserCodeError
+
+
+def _server(
+    seen: list[str], *, failing_callback: bool = False, end_timeout: float = 315.0
+) -> AgentServer:
+    server = AgentServer(session_end_timeout=end_timeout)
+
+    async def session_end(ctx: JobContext) -> None:
+        seen.append(f"on_session_end connected={ctx.room.isconnected()}")
+        await on_session_end(ctx)
+
+    @server.rtc_session(on_session_end=session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), grace_period=5)
+
+        async def upload(reason: str) -> None:
+            seen.append(f"callback {reason} connected={ctx.room.isconnected()}")
+            if failing_callback:
+                raise ValueError("the upload's bucket is gone")
+
+        ctx.add_shutdown_callback(upload)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+async def test_a_user_who_leaves_ends_the_job_through_on_session_end_then_the_callbacks(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    await run_entrypoint(_server(seen))
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    # the job's own close disconnected the room: livekit's end follows, as in production
+    assert seen == [
+        "on_session_end connected=False",
+        "callback room disconnected connected=False",
+    ]
+    steps = [s for _, s in run_entrypoint.shutdown_steps]
+    assert steps[-3:] == ["report", "disconnect", "callbacks"]
+
+
+async def test_a_shutdown_asks_on_session_end_while_the_hold_keeps_the_room(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    seen: list[str] = []
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    await run_entrypoint(_server(seen), simulation=True)
+    run_entrypoint.ctx.shutdown("the agent hung up")
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    await virtual_clock.advance(300)  # the simulator never asks: the hold runs out
+    await run_entrypoint.wait_ended()
+    assert seen == [
+        "on_session_end connected=True",
+        "callback the agent hung up connected=False",
+    ]
+    assert [s for _, s in run_entrypoint.shutdown_steps] == [
+        "session",
+        "on_session_end",
+        "report",
+        "disconnect",
+        "callbacks",
+    ]
+    assert run_entrypoint.shutdown_steps[-1][0] == 300.0
+
+
+async def test_the_simulator_leaving_ends_the_job_as_livekit_does(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    seen: list[str] = []
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    await run_entrypoint(_server(seen), simulation=True)
+    agent_room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    assert seen[-1].startswith("callback simulation completed")
+
+
+async def test_a_failing_shutdown_callback_fails_the_test_with_its_traceback(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    agent_room.add_participant("user")
+    await run_entrypoint(_server([], failing_callback=True))
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError, match="shutdown callback raised ValueError") as info:
+        await run_entrypoint.wait_ended()
+    assert isinstance(info.value.__cause__, ValueError)
+    assert info.value.__cause__.__traceback__ is not None
+
+
+async def test_a_failing_event_handler_fails_the_test(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+        def on_left(p: rtc.RemoteParticipant) -> None:
+            raise KeyError(p.identity)  # the agent's own handler, which livekit only logs
+
+        ctx.room.on("participant_disconnected", on_left)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(entrypoint)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    with pytest.raises(UserCodeError, match="raised KeyError"):
+        await run_entrypoint.wait_ended()
+
+
+async def test_on_session_end_is_bounded_by_the_servers_timeout_on_virtual_time() -> None:
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    server = AgentServer(session_end_timeout=30)
+
+    async def stuck(ctx: JobContext) -> None:
+        await asyncio.Event().wait()
+
+    @server.rtc_session(on_session_end=stuck)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    runner = EntrypointRunner(room=room, clock=clock)
+    await runner(server)
+    runner.ctx.shutdown("bye")
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if any(s == "on_session_end" for _, s in runner.shutdown_steps):
+            break
+    await clock.advance(29)
+    assert not runner.process.ended.done()
+    await clock.advance(1)
+    with pytest.raises(UserCodeError, match="on_session_end timed out after 30s"):
+        await runner.wait_ended()
+    assert runner.shutdown_steps[-1] == (30.0, "callbacks")
+    await runner.aclose()
