@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent_runtime.sdk import livekit_compat as lk
+
 
 class UsageError(Exception):
     """A bad argument; the message is the one line printed."""
@@ -65,9 +67,8 @@ def load(spec: str, what: str) -> Any:
 
 def _server(spec: str) -> Any:
     server = load(spec, "agent")
-    if getattr(server, "_entrypoint_fnc", None) is None and not (
-        callable(server) and not hasattr(server, "_session_end_fnc")
-    ):
+    hooks = lk.server_hooks(server)
+    if (hooks.entrypoint is None) if hooks is not None else not callable(server):
         raise UsageError(
             f"agent {spec!r}: not an AgentServer with an rtc_session entrypoint, nor an "
             "entrypoint function"
