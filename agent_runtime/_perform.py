@@ -27,6 +27,7 @@ from agent_runtime._messages import (
 from agent_runtime.clock import Clock, TimerHandle
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer, TraceRecord, describe
+from agent_runtime.scheduler import Scheduler
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import Table
 
@@ -61,7 +62,8 @@ class Performer(OwnedEmitter[str]):
     _timer: TimerHandle | None
     _timer_deadline: float
     _entered_at: float | None
-    _tasks: set[asyncio.Task[Any]] | None
+    _tasks: set[asyncio.Future[Any]] | None
+    _scheduler: Scheduler
 
     def _mail(self) -> deque[Entry]:
         """The mailbox (``Actor``)."""
@@ -148,13 +150,16 @@ class Performer(OwnedEmitter[str]):
             )
 
     def _run_effects_now(
-        self, st: Step, event: Event, tracing: bool
+        self, st: Step, event: Event, tracing: bool, start: int = 0
     ) -> tuple[int, Awaitable[Any]] | None:
-        """Run the step's effects in order until one returns an awaitable: returns its index
-        and the awaitable (the rest is for a task), or None when all of them are done."""
+        """Run the step's effects from ``start`` in order until one returns an awaitable:
+        returns its index and the awaitable (the rest waits for it), or None when all of
+        them are done."""
         if st.outcome != "transition":
             return None
-        for index, name in enumerate(st.effects):
+        effects = st.effects
+        for index in range(start, len(effects)):
+            name = effects[index]
             try:
                 res = self._effects[name](event)
             except asyncio.CancelledError:
@@ -171,40 +176,6 @@ class Performer(OwnedEmitter[str]):
         return None
 
     # -- effects ---------------------------------------------------------------------------
-    async def _run_effect(self, name: str, event: Event, tracing: bool) -> None:
-        try:
-            res = self._effects[name](event)
-        except asyncio.CancelledError:
-            if self._closed or current_task_cancelling():
-                raise
-            self._effect_done(name, event, tracing, "error", "cancelled")
-            return
-        except Exception as e:
-            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-            self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
-            return
-        if inspect.isawaitable(res):
-            await self._await_effect(name, event, tracing, res)
-        else:
-            self._effect_done(name, event, tracing, "ok", "", res)
-
-    async def _await_effect(
-        self, name: str, event: Event, tracing: bool, awaitable: Awaitable[Any]
-    ) -> None:
-        outcome, detail, follow = "ok", "", None
-        try:
-            follow = await self.clock.wait_for(awaitable, self.effect_timeout)
-        except TimeoutError:
-            outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
-        except asyncio.CancelledError:
-            if self._closed or current_task_cancelling():
-                raise
-            outcome, detail = "error", "cancelled"
-        except Exception as e:
-            outcome, detail = "error", f"{type(e).__name__}: {e}"
-            logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
-        self._effect_done(name, event, tracing, outcome, detail, follow)
-
     def _effect_done(
         self,
         name: str,
@@ -286,46 +257,60 @@ class Performer(OwnedEmitter[str]):
             self._enqueue((event, None, gen))
 
     def _start_task(self, name: str, gen: int, by: str = "") -> None:
-        handler = self._effects[name]
-        trigger = Event(f"enter:{self._state}")
-
-        async def run() -> None:
-            try:
-                res = handler(trigger)
-                if inspect.isawaitable(res):
-                    res = await res
-            except (Exception, asyncio.CancelledError) as e:
-                if isinstance(e, asyncio.CancelledError) and (
-                    current_task_cancelling() or gen != self._gen or self._closed
-                ):
-                    raise  # cancelled: its state was left
-                # a CancelledError nothing sent (a plugin raising it) is a failure like any
-                # other, reported now rather than when the state's timeout runs out
-                detail = describe(e)
-                if isinstance(e, asyncio.CancelledError):
-                    detail += " (raised by the task itself; nothing cancelled it)"
-                self._record_task(name, "error", detail)
-                self.report(
-                    logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by
-                )
-                err = self.spec.effect(name).error_event
-                if err is not None and gen == self._gen and not self._closed:
-                    self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
-                return
-            self._record_task(name, "ok")
-            if gen == self._gen and not self._closed:
-                if name in self._linked and self._outputs is not None:
-                    self._outputs.fire(
-                        self.spec.name, name, res.data if isinstance(res, Output) else EMPTY
-                    )
-                if isinstance(res, Event):
-                    self._enqueue((res, None, gen))
-
-        task = asyncio.get_running_loop().create_task(run(), name=f"{self._who()}:{name}")
+        """Start the state's invoked work ``name``: the scheduler's, cancelled when the
+        state is left; how it ends comes back as an event (``_task_ended``)."""
+        try:
+            res = self._effects[name](Event(f"enter:{self._state}"))
+        except (Exception, asyncio.CancelledError) as e:
+            self._task_failed(name, gen, by, e)
+            return
+        if not inspect.isawaitable(res):
+            self._task_succeeded(name, gen, res)
+            return
+        task = self._scheduler.own(
+            res,
+            lambda t: self._task_ended(name, gen, by, t),
+            name=f"{self._who()}:{name}",
+        )
         if self._tasks is None:
             self._tasks = set()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _task_ended(self, name: str, gen: int, by: str, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            if gen != self._gen or self._closed or _cancel_asked(task):
+                return  # cancelled: its state was left, or the loop is closing
+            error: BaseException = asyncio.CancelledError()
+        else:
+            found = task.exception()
+            if found is None:
+                self._task_succeeded(name, gen, task.result())
+                return
+            error = found
+        self._task_failed(name, gen, by, error)
+
+    def _task_failed(self, name: str, gen: int, by: str, e: BaseException) -> None:
+        # a CancelledError nothing sent (a plugin raising it) is a failure like any other,
+        # reported now rather than when the state's timeout runs out
+        detail = describe(e)
+        if isinstance(e, asyncio.CancelledError):
+            detail += " (raised by the task itself; nothing cancelled it)"
+        self._record_task(name, "error", detail)
+        self.report(logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by)
+        err = self.spec.effect(name).error_event
+        if err is not None and gen == self._gen and not self._closed:
+            self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
+
+    def _task_succeeded(self, name: str, gen: int, res: object) -> None:
+        self._record_task(name, "ok")
+        if gen == self._gen and not self._closed:
+            if name in self._linked and self._outputs is not None:
+                self._outputs.fire(
+                    self.spec.name, name, res.data if isinstance(res, Output) else EMPTY
+                )
+            if isinstance(res, Event):
+                self._enqueue((res, None, gen))
 
     def _record_task(self, name: str, outcome: str, detail: str = "") -> None:
         if not self._tracing():
@@ -374,6 +359,7 @@ class Performer(OwnedEmitter[str]):
         )
 
 
-def current_task_cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def _cancel_asked(fut: asyncio.Future[Any]) -> bool:
+    """Whether somebody cancelled ``fut`` (a task that raised CancelledError on its own was
+    not: ``cancelling()`` counts the requests)."""
+    return not isinstance(fut, asyncio.Task) or fut.cancelling() > 0

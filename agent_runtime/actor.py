@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent_runtime._messages import (
@@ -30,9 +30,10 @@ from agent_runtime._messages import (
     StateChanged,
     effect_table,
 )
-from agent_runtime._perform import Entry, Performer, current_task_cancelling
+from agent_runtime._perform import Entry, Performer
 from agent_runtime.clock import AsyncioClock, Clock, TimerHandle
 from agent_runtime.observe.trace import Tracer, TraceRecord, describe
+from agent_runtime.scheduler import Scheduler
 from statemachines import MachineSpec, State, Step
 from statemachines.step import table_of
 
@@ -53,8 +54,29 @@ __all__ = [
 
 logger = logging.getLogger("agent_runtime.actor")
 
-# a step whose effect has to be awaited: (event, its future, the step, traced, effect index)
-_Unfinished = tuple[Event, "asyncio.Future[Step] | None", Step, bool, int]
+
+class _Pending:
+    """A step waiting on one of its effects: the scheduler's work, and its bound."""
+
+    __slots__ = ("bound", "event", "expired", "fut", "index", "st", "tracing", "work")
+
+    def __init__(
+        self,
+        event: Event,
+        fut: asyncio.Future[Step] | None,
+        st: Step,
+        tracing: bool,
+        index: int,
+    ) -> None:
+        self.event, self.fut, self.st, self.tracing, self.index = event, fut, st, tracing, index
+        self.work: asyncio.Future[Any] | None = None
+        self.bound: TimerHandle | None = None
+        self.expired = False
+
+    def expire(self) -> None:
+        if self.work is not None and not self.work.done():
+            self.expired = True
+            self.work.cancel()
 
 
 class Actor(Performer):
@@ -63,7 +85,6 @@ class Actor(Performer):
 
     # six per job: slots keep each one small
     __slots__ = (
-        "_awaited",
         "_closed",
         "_effects",
         "_entered",
@@ -73,7 +94,8 @@ class Actor(Performer):
         "_linked",
         "_mailbox",
         "_outputs",
-        "_runner",
+        "_pending",
+        "_scheduler",
         "_settings",
         "_state",
         "_table",
@@ -99,6 +121,7 @@ class Actor(Performer):
         clock: Clock | None = None,
         tracer: Tracer | None = None,
         effect_timeout: float = 5.0,
+        scheduler: Scheduler | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -123,14 +146,13 @@ class Actor(Performer):
         # the mailbox and the task set are made on first use: most actors of a job sit idle,
         # and every container an idle actor holds is memory and collector work per job
         self._mailbox: deque[Entry] | None = None
-        # the mailbox's drain: a callback while every effect returns at once, a task from
-        # the first effect that has to be awaited (see _drain_now)
-        self._runner: asyncio.Task[None] | asyncio.Handle | None = None
-        self._awaited: Awaitable[Any] | None = None  # that effect, until it is awaited
+        # who steps this actor: its job's scheduler, or one of its own when used alone
+        self._scheduler = scheduler if scheduler is not None else Scheduler()
+        self._pending: _Pending | None = None  # the step waiting on an effect's work
         self._timer: TimerHandle | None = None
         self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
         self._entered_at: float | None = None
-        self._tasks: set[asyncio.Task[Any]] | None = None
+        self._tasks: set[asyncio.Future[Any]] | None = None
         self._closed = False
         self._entered = False
         # the effects whose success the system passes on (their declared links), and how
@@ -158,7 +180,7 @@ class Actor(Performer):
 
     @property
     def idle(self) -> bool:
-        return not self._mailbox and self._runner is None
+        return not self._mailbox and self._pending is None
 
     @property
     def live_tasks(self) -> int:
@@ -209,13 +231,16 @@ class Actor(Performer):
         return await fut
 
     async def join(self) -> None:
-        """Wait until the mailbox is empty (effects included)."""
-        while self._runner is not None:
-            runner = self._runner
-            if isinstance(runner, asyncio.Task):
-                await asyncio.shield(runner)
+        """Wait until the mailbox is empty (effects included). A posted event is handled
+        before ``post`` returns unless an effect is awaited; then until that work ends."""
+        while True:
+            p = self._pending
+            if p is not None and p.work is not None:
+                await asyncio.wait((p.work,))
+            elif self._mailbox and not self._closed:
+                await self._scheduler.stepped()  # posted from outside a step: its next run
             else:
-                await asyncio.sleep(0)  # a drain scheduled before this wakes up runs first
+                return
 
     async def until(self, done: Callable[[str], bool]) -> None:
         """Wait until the mailbox is empty and ``done(state)`` holds, or the actor closed.
@@ -247,25 +272,23 @@ class Actor(Performer):
         self._closed = True
         self._leave_state()
         self.emit("closed", self)  # a failing listener is logged and removed there
-        runner, self._runner = self._runner, None
         if self._mailbox:
             for _, fut, _ in self._mailbox:
                 if fut is not None and not fut.done():
                     fut.set_exception(ActorClosed(f"{self._who()} closed before handling it"))
             self._mailbox.clear()
-        if isinstance(runner, asyncio.Handle):
-            runner.cancel()
-        elif runner is not None and runner is not asyncio.current_task():
-            runner.cancel()
-            await asyncio.gather(runner, return_exceptions=True)
-        awaited, self._awaited = self._awaited, None
-        # an effect whose drain was cancelled before it could await it
-        if asyncio.iscoroutine(awaited):
-            awaited.close()  # never begun
-        elif isinstance(awaited, asyncio.Future) and not awaited.done():
-            awaited.cancel()
-            await asyncio.gather(awaited, return_exceptions=True)
-        tasks = [t for t in self._tasks or () if t is not asyncio.current_task()]
+        p, self._pending = self._pending, None
+        me = asyncio.current_task()
+        if p is not None:
+            if p.bound is not None:
+                p.bound.cancel()
+            if p.fut is not None and not p.fut.done():
+                p.fut.set_exception(ActorClosed(f"{self._who()} closed while handling it"))
+            work = p.work
+            if work is not None and work is not me and not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+        tasks = [t for t in self._tasks or () if t is not me]
         for t in tasks:
             t.cancel()
         if tasks:
@@ -279,95 +302,90 @@ class Actor(Performer):
 
     def _enqueue(self, entry: Entry) -> None:
         self._mail().append(entry)
-        if self._runner is None:
-            self._runner = asyncio.get_running_loop().call_soon(self._drain_now)
+        if self._pending is None:  # an actor waiting on an effect is stepped when it ends
+            self._scheduler.ready(self)
 
-    def _drain_now(self) -> None:
-        """The mailbox, handled in this callback while every effect returns at once (no
-        task, no coroutine per step). From the first effect that returns an awaitable a task
-        takes over: it awaits that effect, runs the rest of its step, then the rest of the
-        mailbox (``_drain``)."""
-        try:
-            self.start()
-            mailbox = self._mail()
-            while mailbox and not self._closed:
-                event, fut, gen = mailbox.popleft()
-                if gen is not None and gen != self._gen:
-                    self._record_stale(event)
-                    continue
-                try:
-                    st, tracing = self._step(event)
-                    pending = self._run_effects_now(st, event, tracing)
-                except (Exception, asyncio.CancelledError) as e:
-                    # a callback nobody cancels: a CancelledError here was raised, not sent
-                    self._failed(event, fut, e)
-                    continue
-                if pending is not None:
-                    # the task awaits the effect itself (no task of its own): its first
-                    # step runs it, as a task's first step would have
-                    index, self._awaited = pending
-                    self._runner = asyncio.get_running_loop().create_task(
-                        self._drain((event, fut, st, tracing, index)),
-                        name=f"actor:{self._who()}",
-                    )
-                    return
-                self._done(event, fut, st)
-        finally:
-            if not isinstance(self._runner, asyncio.Task):
-                self._runner = None
-                if not self._mailbox:
-                    self._mailbox = None  # an idle actor holds no mailbox
+    def step_mailbox(self) -> None:
+        """Handle the mailbox until it is empty, or until an effect has to be awaited: the
+        scheduler then owns that work, and the rest of the step and of the mailbox waits for
+        its end (``_work_ended``). Called by the scheduler only."""
+        if self._pending is not None or self._closed:
+            return
+        self.start()
+        mailbox = self._mailbox
+        while mailbox and not self._closed:
+            event, fut, gen = mailbox.popleft()
+            if gen is not None and gen != self._gen:
+                self._record_stale(event)
+                continue
+            try:
+                st, tracing = self._step(event)
+                if self._effects_from(st, event, fut, tracing, 0):
+                    return  # waiting on an effect: the rest when it ends
+            except (Exception, asyncio.CancelledError) as e:
+                # a CancelledError here was raised by a handler, nobody sent it
+                self._failed(event, fut, e)
+                continue
+            self._done(event, fut, st)
+        if not self._mailbox:
+            self._mailbox = None  # an idle actor holds no mailbox
 
-    async def _drain(self, step: _Unfinished | None = None) -> None:
-        try:
-            if step is not None:
-                await self._finish_step(*step)
-            self.start()
-            mailbox = self._mail()
-            while mailbox and not self._closed:
-                event, fut, gen = mailbox.popleft()
-                if gen is not None and gen != self._gen:
-                    self._record_stale(event)
-                    continue
-                try:
-                    result = await self._handle(event)
-                except asyncio.CancelledError as e:
-                    if self._closed or current_task_cancelling():
-                        raise
-                    self._failed(event, fut, e)  # raised inside the step, not sent to it
-                    continue
-                except Exception as e:
-                    self._failed(event, fut, e)
-                    continue
-                self._done(event, fut, result)
-        finally:
-            if self._runner is asyncio.current_task():
-                self._runner = None
-                if not self._mailbox:
-                    self._mailbox = None  # an idle actor holds no mailbox
-
-    async def _finish_step(
+    def _effects_from(
         self,
+        st: Step,
         event: Event,
         fut: asyncio.Future[Step] | None,
-        st: Step,
         tracing: bool,
         index: int,
-    ) -> None:
-        """The step ``_drain_now`` handed over: its awaited effect, then the effects after it."""
-        awaited, self._awaited = self._awaited, None
-        assert awaited is not None
+    ) -> bool:
+        """Run ``st``'s effects from ``index``; True when one has to be awaited (it is then
+        the scheduler's work, bounded by ``effect_timeout``, and the step pending)."""
+        pending = self._run_effects_now(st, event, tracing, index)
+        if pending is None:
+            return False
+        at, awaitable = pending
+        p = _Pending(event, fut, st, tracing, at)
+        self._pending = p
+        name = st.effects[at]
+        p.work = self._scheduler.own(awaitable, self._work_ended, name=f"{self._who()}:{name}")
+        if not p.work.done():
+            p.bound = self.clock.call_later(self.effect_timeout, p.expire)
+        return True
+
+    def _work_ended(self, work: asyncio.Future[Any]) -> None:
+        p = self._pending
+        if p is None or p.work is not work:
+            return  # the actor closed meanwhile
+        self._pending = None
+        if p.bound is not None:
+            p.bound.cancel()
+        name = p.st.effects[p.index]
+        outcome, detail, follow = "ok", "", None
+        if work.cancelled():
+            if p.expired:
+                outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
+            else:
+                outcome, detail = "error", "cancelled"
+        elif (error := work.exception()) is not None:
+            if isinstance(error, TimeoutError):
+                outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
+            else:
+                outcome, detail = "error", f"{type(error).__name__}: {error}"
+                logger.debug("%s: effect %r failed", self._who(), name, exc_info=error)
+        else:
+            follow = work.result()
         try:
-            await self._await_effect(st.effects[index], event, tracing, awaited)
-            if not self._closed:
-                for name in st.effects[index + 1 :]:
-                    await self._run_effect(name, event, tracing)
-                    if self._closed:
-                        break
+            self._effect_done(name, p.event, p.tracing, outcome, detail, follow)
+            if not self._closed and self._effects_from(
+                p.st, p.event, p.fut, p.tracing, p.index + 1
+            ):
+                return
         except Exception as e:
-            self._failed(event, fut, e)
-            return
-        self._done(event, fut, st)
+            self._failed(p.event, p.fut, e)
+        else:
+            self._done(p.event, p.fut, p.st)
+        if self._mailbox and not self._closed:
+            self._scheduler.ready(self)
 
     def _failed(self, event: Event, fut: asyncio.Future[Step] | None, e: BaseException) -> None:
         if not isinstance(e, Exception):
@@ -390,14 +408,6 @@ class Actor(Performer):
                 )
             else:
                 fut.set_result(result)
-
-    async def _handle(self, event: Event) -> Step:
-        st, tracing = self._step(event)
-        for name in st.effects:
-            await self._run_effect(name, event, tracing)
-            if self._closed:
-                break
-        return st
 
     def _step(self, event: Event) -> tuple[Step, bool]:
         """Decide, change state (timers, tasks, listeners): everything before the effects.

@@ -27,6 +27,7 @@ from agent_runtime.clock import Clock
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.routing import Wiring, guard_table
+from agent_runtime.scheduler import Scheduler
 from statemachines import MachineSpec
 
 E = TypeVar("E")
@@ -48,6 +49,7 @@ class MachineRuntime(OwnedEmitter[E]):
         instance: str = "",
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         effect_timeout: float = 5.0,
         forward: bool = True,
         wiring: Wiring | None = None,
@@ -66,6 +68,7 @@ class MachineRuntime(OwnedEmitter[E]):
             settings=self._timeouts(),
             clock=clock,
             tracer=tracer,
+            scheduler=scheduler,
             effect_timeout=effect_timeout,
         )
         if wiring is not None:

@@ -24,6 +24,7 @@ from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
 from agent_runtime.runtimes.routing import Wiring
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
 from statemachines.finalize import FINALIZE
 
@@ -60,6 +61,7 @@ class FinalizeAnswer(MachineRuntime[str]):
         reply_timeout: float = 3.0,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         instance: str = "",
         wiring: Wiring | None = None,
     ) -> None:
@@ -80,6 +82,7 @@ class FinalizeAnswer(MachineRuntime[str]):
             instance=instance,
             clock=clock or AsyncioClock(),
             tracer=tracer,
+            scheduler=scheduler,
             effect_timeout=reply_timeout,
             forward=False,
             wiring=self._wiring,

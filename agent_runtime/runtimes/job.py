@@ -34,14 +34,19 @@ from agent_runtime.runtimes._base import MachineRuntime
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter, RoomFact, simulators_in
 from agent_runtime.runtimes.routing import Wiring, follow, plain_fact
-from agent_runtime.runtimes.session_host import JobSessionHost, SimulationEndFn, simulation_context
+from agent_runtime.runtimes.session_host import (
+    JobSessionHost,
+    SimulationEndFn,
+    session_host_for,
+    simulation_context,
+)
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
 from agent_runtime.runtimes.teardown import Teardown, Work
-from agent_runtime.sdk.session_transport import RoomRequestTransport, sender_aware
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.settings import check_part, check_setting, observed
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
-from statemachines.system import TEARDOWN, host_drain
+from statemachines.system import TEARDOWN
 
 logger = logging.getLogger("agent_runtime.job")
 
@@ -88,6 +93,7 @@ class JobRuntime(MachineRuntime[str]):
         room: rtc.Room,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         trace_path: str | Path | None = None,
         transport: SessionTransport | None = None,
         simulation: SimulationContext | SimulationDispatch | None = None,
@@ -104,6 +110,8 @@ class JobRuntime(MachineRuntime[str]):
         """``wiring``, ``host`` and ``deletion``: the parts a composing system built and
         holds itself (it forwards their state changes); alone, the job builds its own."""
         super().__init__()
+        # its machines share one scheduler, the job's when composed
+        scheduler = scheduler if scheduler is not None else Scheduler()
         if not isinstance(room, rtc.Room):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         session_end_timeout = check_setting("session_end_timeout", session_end_timeout)
@@ -162,16 +170,28 @@ class JobRuntime(MachineRuntime[str]):
             wiring=self.wiring,
             clock=self._clock,
             tracer=tracer,
+            scheduler=scheduler,
             close_timeout=self._close_timeout,
             is_simulator=lambda identity: identity in self._simulators,
         )
         # the shared guard (statemachines.glue) reads the job's facts view
         self._run_machine(
-            JOB, _EFFECTS, facts=self._facts, instance=instance, clock=self._clock, tracer=tracer
+            JOB,
+            _EFFECTS,
+            facts=self._facts,
+            instance=instance,
+            clock=self._clock,
+            tracer=tracer,
+            scheduler=scheduler,
         )
         # asked for by anyone, run once the job's closing work allows it
         self.deletion = deletion or room_deletion_for(
-            room, delete_room, close_timeout=self._close_timeout, clock=self._clock, tracer=tracer
+            room,
+            delete_room,
+            close_timeout=self._close_timeout,
+            clock=self._clock,
+            tracer=tracer,
+            scheduler=scheduler,
         )
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
@@ -457,40 +477,3 @@ class JobRuntime(MachineRuntime[str]):
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
 _EFFECTS = effect_table(JobRuntime, JOB)
-
-
-def session_host_for(
-    room: rtc.Room,
-    *,
-    transport: SessionTransport | None,
-    simulation: SimulationContext | None,
-    on_simulation_end: SimulationEndFn | None,
-    wiring: Wiring,
-    clock: Clock,
-    tracer: Tracer | None,
-    close_timeout: float,
-    is_simulator: Callable[[str], bool],
-) -> JobSessionHost:
-    """The job's session host: on the room's request transport unless given one, its drain
-    within the host step's share of the close, answering only the simulator."""
-    if transport is None:
-        transport = RoomRequestTransport(room)
-    elif not sender_aware(transport):
-        logger.warning(
-            "the session transport %s cannot say who sent a request: every "
-            "finalize_simulation will be refused (use RoomRequestTransport)",
-            type(transport).__name__,
-        )
-    return JobSessionHost(
-        transport,
-        simulation=simulation,
-        on_simulation_end=on_simulation_end,
-        wiring=wiring,
-        clock=clock,
-        tracer=tracer,
-        instance=room.name or "job",
-        # the host's drain is part of `closing`: it ends inside its step's share
-        drain_timeout=host_drain(close_timeout),
-        # only the simulator participant decides the job's fate
-        is_simulator=is_simulator,
-    )

@@ -38,6 +38,7 @@ from agent_runtime.runtimes.room_events import (
     kind_name,
 )
 from agent_runtime.runtimes.routing import Wiring, follow
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
     DEFAULT_CLOSING_REASONS,
@@ -98,6 +99,7 @@ class ParticipantLink(MachineRuntime[str]):
         session_close_timeout: float = 60.0,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         wiring: Wiring | None = None,
     ) -> None:
         super().__init__()
@@ -128,6 +130,7 @@ class ParticipantLink(MachineRuntime[str]):
             instance=room_events.room.name or "room",
             clock=clock,
             tracer=tracer,
+            scheduler=scheduler,
             wiring=wiring,
         )
         if wiring is not None:

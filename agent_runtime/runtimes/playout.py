@@ -55,6 +55,7 @@ from agent_runtime.runtimes._base import MachineRuntime, listen
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import PlayoutOptions, check_setting
 from statemachines import glue
@@ -185,6 +186,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         link: ParticipantLink | None = None,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         instance: str = "session",
         wiring: Wiring | None = None,
     ) -> None:
@@ -230,6 +232,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             instance=instance or "session",  # a trace names every instance
             clock=self._clock,
             tracer=tracer,
+            scheduler=scheduler,
             wiring=wiring,
         )
         # the avatar's sink is followed from the start (what it was handed, what it reported);

@@ -18,6 +18,7 @@ from agent_runtime.actor import Event, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.scheduler import Scheduler
 from statemachines.room_deletion import ROOM_DELETION
 
 logger = logging.getLogger("agent_runtime.room_deletion")
@@ -36,6 +37,7 @@ class RoomDeletion(MachineRuntime[str]):
         close_timeout: float = 10.0,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         instance: str = "",
     ) -> None:
         super().__init__()
@@ -49,6 +51,7 @@ class RoomDeletion(MachineRuntime[str]):
             instance=instance,
             clock=self._clock,
             tracer=tracer,
+            scheduler=scheduler,
             forward=False,
         )
 
@@ -126,6 +129,7 @@ def room_deletion_for(
     close_timeout: float,
     clock: Clock,
     tracer: Tracer | None,
+    scheduler: Scheduler | None,
 ) -> RoomDeletion:
     """The room's deletion, through ``delete_room`` or the server API."""
     return RoomDeletion(
@@ -133,6 +137,7 @@ def room_deletion_for(
         close_timeout=close_timeout,
         clock=clock,
         tracer=tracer,
+        scheduler=scheduler,
         instance=room.name or "job",
     )
 

@@ -26,8 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from google.protobuf import message as pb_message
-from google.protobuf.unknown_fields import UnknownFieldSet
+from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionHost, SessionTransport
@@ -39,12 +38,21 @@ from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.sdk.session_transport import SenderAware, SessionPipe, sender_aware
+from agent_runtime.sdk.livekit_compat import simulation_context
+from agent_runtime.sdk.session_transport import (
+    RoomRequestTransport,
+    SenderAware,
+    SessionPipe,
+    request_problem,
+    sender_aware,
+)
 from statemachines.session_host import SESSION_HOST
+from statemachines.system import host_drain
 
 if TYPE_CHECKING:
-    from livekit.agents.job import JobContext
+    pass
 
 logger = logging.getLogger("agent_runtime.session_host")
 
@@ -59,28 +67,9 @@ __all__ = [
     "JobSessionHost",
     "SimulationEndFn",
     "request_problem",
+    "session_host_for",
     "simulation_context",
 ]
-
-
-def simulation_context(
-    simulation: SimulationContext | SimulationDispatch | None,
-    job_ctx: JobContext | None = None,
-) -> SimulationContext | None:
-    """A ``SimulationContext`` from either a context or a ``SimulationDispatch``.
-
-    Built from a dispatch outside a job (a bare room), ``job_context`` is ``None``.
-    """
-    if simulation is None or isinstance(simulation, SimulationContext):
-        return simulation
-    if isinstance(simulation, SimulationDispatch):
-        if not simulation.simulation_run_id:
-            raise ValueError("a SimulationDispatch needs a simulation_run_id")
-        return SimulationContext(simulation, cast("JobContext", job_ctx))
-    raise TypeError(
-        "simulation must be a SimulationContext, a SimulationDispatch or None, "
-        f"not {type(simulation).__name__}"
-    )
 
 
 @dataclass
@@ -130,12 +119,15 @@ class JobSessionHost(MachineRuntime[str]):
         on_finalize_answered: Callable[[dict[str, Any] | None], None] | None = None,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         instance: str = "",
         drain_timeout: float = 3.0,
         is_simulator: Callable[[str], bool] | None = None,
         wiring: Wiring | None = None,
     ) -> None:
         super().__init__()
+        # its machines share one scheduler, the job's when composed
+        scheduler = scheduler if scheduler is not None else Scheduler()
         if on_simulation_end is not None and not callable(on_simulation_end):
             raise TypeError("on_simulation_end must be callable")
         if is_simulator is not None and not callable(is_simulator):
@@ -163,6 +155,7 @@ class JobSessionHost(MachineRuntime[str]):
             reply_timeout=drain_timeout,
             clock=self._clock,
             tracer=tracer,
+            scheduler=scheduler,
             instance=instance,
             wiring=self.wiring,
         )
@@ -173,6 +166,7 @@ class JobSessionHost(MachineRuntime[str]):
             instance=instance,
             clock=self._clock,
             tracer=tracer,
+            scheduler=scheduler,
             # closing the finalize answer may wait for a reply under way, then its own
             effect_timeout=max(5.0, 2 * drain_timeout),
             wiring=self.wiring,
@@ -454,8 +448,6 @@ class JobSessionHost(MachineRuntime[str]):
         )
 
 
-# -- request validation -------------------------------------------------------
-
 _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
 
 
@@ -463,24 +455,40 @@ _FINALIZE_FIELDS = ("provisional_success", "provisional_reason")
 _EFFECTS = effect_table(JobSessionHost, SESSION_HOST)
 
 
-def request_problem(req: agent_pb.SessionRequest) -> str | None:
-    """What makes ``req`` unanswerable, or ``None``: an unknown kind, or a field of a known
-    kind that arrived with the wrong wire type (so protobuf set it aside and would read a
-    default in its place, e.g. ``provisional_success`` silently false)."""
-    bad = _mistyped_fields(req)
-    if bad:
-        return f"malformed request: {', '.join(bad)} has the wrong type"
-    kind = req.WhichOneof("request")
-    if kind is None:
-        return "unknown request kind"
-    bad = _mistyped_fields(getattr(req, kind))
-    if bad:
-        return f"malformed {kind}: {', '.join(bad)} has the wrong type"
-    return None
-
-
-def _mistyped_fields(msg: pb_message.Message) -> list[str]:
-    by_number = msg.DESCRIPTOR.fields_by_number
-    unknown = UnknownFieldSet(msg)
-    numbers = {unknown[i].field_number for i in range(len(unknown))}
-    return sorted(by_number[n].name for n in numbers if n in by_number)
+def session_host_for(
+    room: rtc.Room,
+    *,
+    transport: SessionTransport | None,
+    simulation: SimulationContext | None,
+    on_simulation_end: SimulationEndFn | None,
+    wiring: Wiring,
+    clock: Clock,
+    tracer: Tracer | None,
+    scheduler: Scheduler | None,
+    close_timeout: float,
+    is_simulator: Callable[[str], bool],
+) -> JobSessionHost:
+    """The job's session host: on the room's request transport unless given one, its drain
+    within the host step's share of the close, answering only the simulator."""
+    if transport is None:
+        transport = RoomRequestTransport(room)
+    elif not sender_aware(transport):
+        logger.warning(
+            "the session transport %s cannot say who sent a request: every "
+            "finalize_simulation will be refused (use RoomRequestTransport)",
+            type(transport).__name__,
+        )
+    return JobSessionHost(
+        transport,
+        simulation=simulation,
+        on_simulation_end=on_simulation_end,
+        wiring=wiring,
+        clock=clock,
+        tracer=tracer,
+        scheduler=scheduler,
+        instance=room.name or "job",
+        # the host's drain is part of `closing`: it ends inside its step's share
+        drain_timeout=host_drain(close_timeout),
+        # only the simulator participant decides the job's fate
+        is_simulator=is_simulator,
+    )

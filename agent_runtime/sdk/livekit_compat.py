@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from livekit import rtc
 from livekit.agents import AgentSession, CloseReason
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
@@ -31,7 +32,7 @@ from opentelemetry import context as otel_context
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
-    from livekit.agents.simulation import SimulationContext, SimulationVerdict
+    from livekit.agents.simulation import SimulationVerdict
     from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
     from livekit.agents.voice.events import UserState
     from livekit.protocol import agent_simulation as sim_pb
@@ -293,3 +294,23 @@ def server_session_end_timeout(server: Any) -> float:
 def emitter_listeners(emitter: rtc.EventEmitter[Any]) -> list[tuple[Any, Callable[..., Any]]]:
     """Every ``(event, callback)`` registered on a livekit emitter, flattened."""
     return [(event, cb) for event, cbs in listeners(emitter).items() for cb in cbs]
+
+
+def simulation_context(
+    simulation: SimulationContext | SimulationDispatch | None,
+    job_ctx: JobContext | None = None,
+) -> SimulationContext | None:
+    """A ``SimulationContext`` from either a context or a ``SimulationDispatch``.
+
+    Built from a dispatch outside a job (a bare room), ``job_context`` is ``None``.
+    """
+    if simulation is None or isinstance(simulation, SimulationContext):
+        return simulation
+    if isinstance(simulation, SimulationDispatch):
+        if not simulation.simulation_run_id:
+            raise ValueError("a SimulationDispatch needs a simulation_run_id")
+        return SimulationContext(simulation, cast("JobContext", job_ctx))
+    raise TypeError(
+        "simulation must be a SimulationContext, a SimulationDispatch or None, "
+        f"not {type(simulation).__name__}"
+    )

@@ -28,6 +28,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from google.protobuf import message as pb_message
+from google.protobuf.unknown_fields import UnknownFieldSet
 from livekit import rtc
 from livekit.agents.voice.remote_session import (
     TOPIC_SESSION_MESSAGES,
@@ -197,3 +199,26 @@ class SessionPipe(SessionTransport):
         if msg is None:
             raise StopAsyncIteration
         return msg
+
+
+def request_problem(req: agent_pb.SessionRequest) -> str | None:
+    """What makes ``req`` unanswerable, or ``None``: an unknown kind, or a field of a known
+    kind that arrived with the wrong wire type (so protobuf set it aside and would read a
+    default in its place, e.g. ``provisional_success`` silently false)."""
+    bad = _mistyped_fields(req)
+    if bad:
+        return f"malformed request: {', '.join(bad)} has the wrong type"
+    kind = req.WhichOneof("request")
+    if kind is None:
+        return "unknown request kind"
+    bad = _mistyped_fields(getattr(req, kind))
+    if bad:
+        return f"malformed {kind}: {', '.join(bad)} has the wrong type"
+    return None
+
+
+def _mistyped_fields(msg: pb_message.Message) -> list[str]:
+    by_number = msg.DESCRIPTOR.fields_by_number
+    unknown = UnknownFieldSet(msg)
+    numbers = {unknown[i].field_number for i in range(len(unknown))}
+    return sorted(by_number[n].name for n in numbers if n in by_number)

@@ -54,14 +54,19 @@ from agent_runtime.runtimes.avatar import (
     route_of,
     server_api_remover,
 )
-from agent_runtime.runtimes.job import JobRuntime, session_host_for
+from agent_runtime.runtimes.job import JobRuntime
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.playout import PlayoutTracker, RepromptFn
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.runtimes.session_host import SimulationEndFn, simulation_context
+from agent_runtime.runtimes.session_host import (
+    SimulationEndFn,
+    session_host_for,
+    simulation_context,
+)
 from agent_runtime.runtimes.teardown import Teardown, Work
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from statemachines.agent_job import AGENT_JOB
@@ -106,6 +111,8 @@ class JobSystem(MachineRuntime[str]):
         self.room, self.session, self.settings = room, session, settings
         self.clock, self.tracer = parts.clock, parts.tracer
         clock, tracer = parts.clock, parts.tracer
+        # one scheduler steps every actor of the job (agent_runtime.scheduler)
+        self.scheduler = scheduler = Scheduler()
         self.events = RoomEventAdapter(room)
         # the links between the machines (statemachines.glue.LINKS), the job machine's parts
         self.wiring = Wiring(flags={"delete_room_on_close": s.delete_room_on_close})
@@ -118,17 +125,24 @@ class JobSystem(MachineRuntime[str]):
             wiring=self.wiring,
             clock=clock,
             tracer=tracer,
+            scheduler=scheduler,
             close_timeout=s.close_timeout,
             is_simulator=self._is_simulator,
         )
         self.finalize = self.host.finalize
         self.deletion = room_deletion_for(
-            room, parts.delete_room, close_timeout=s.close_timeout, clock=clock, tracer=tracer
+            room,
+            parts.delete_room,
+            close_timeout=s.close_timeout,
+            clock=clock,
+            tracer=tracer,
+            scheduler=scheduler,
         )
         self.job = JobRuntime(
             room=room,
             clock=clock,
             tracer=tracer,
+            scheduler=scheduler,
             simulation=simulation,
             session_end_timeout=s.session_end_timeout,
             close_timeout=s.close_timeout,
@@ -151,6 +165,7 @@ class JobSystem(MachineRuntime[str]):
             session_close_timeout=s.session_close_timeout,
             clock=clock,
             tracer=tracer,
+            scheduler=scheduler,
             wiring=self.wiring,
         )
         self.avatar: AvatarLifecycle | None = None
@@ -162,6 +177,7 @@ class JobSystem(MachineRuntime[str]):
                 retry=s.retry_avatar,
                 clock=clock,
                 tracer=tracer,
+                scheduler=scheduler,
                 room_events=self.events,
                 # the job removes the avatar through the server API whether or not the
                 # plugin's own close did
@@ -177,6 +193,7 @@ class JobSystem(MachineRuntime[str]):
                 link=self.link,
                 clock=clock,
                 tracer=tracer,
+                scheduler=scheduler,
                 instance=room.name or "room",
                 wiring=self.wiring,
             )
@@ -187,6 +204,7 @@ class JobSystem(MachineRuntime[str]):
             instance=room.name or "job",
             clock=clock,
             tracer=tracer,
+            scheduler=scheduler,
             forward=False,
             wiring=self.wiring,
         )

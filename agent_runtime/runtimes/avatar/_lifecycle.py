@@ -43,6 +43,7 @@ from agent_runtime.runtimes.avatar._sink import (
 from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
 from agent_runtime.runtimes.room_events import RoomConnected, RoomEventAdapter, RoomFact
 from agent_runtime.runtimes.routing import follow
+from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, avatar_retry, check_setting
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
@@ -70,6 +71,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         retry: bool | AvatarRetry | Mapping[str, Any] = False,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
         room_events: RoomEventAdapter | None = None,
         remove_participant: RemoveParticipant | None = None,
     ) -> None:
@@ -84,7 +86,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
         self._remove_participant = remove_participant
-
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._route = AudioRoute()  # the session and the room too, once started
@@ -93,16 +94,15 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         # the failed attempt's release, while it runs: the next start waits for it
         self._releasing: asyncio.Future[None] | None = None
         self._close_task: asyncio.Task[None] | None = None  # aclose(), once asked
-
         self._join_timeout = join_timeout
         self._run_machine(
             AVATAR,
             _EFFECTS,
-            # the shared guards (statemachines.glue), on the avatar's facts view
-            facts=self._facts,
+            facts=self._facts,  # the shared guards (statemachines.glue) read this view
             instance=avatar.avatar_identity,
             clock=self._clock,
             tracer=tracer,
+            scheduler=scheduler,
             # closing the plugin gets the same budget as starting it
             effect_timeout=join_timeout,
         )

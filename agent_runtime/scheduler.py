@@ -1,0 +1,132 @@
+"""One scheduler per job: it steps every actor of the job, in a declared order.
+
+An event posted to an actor goes into that actor's mailbox, and the actor is marked ready.
+The scheduler then steps, to completion: each ready actor in turn handles its whole mailbox
+(the events its own effects return included), and actors that become ready meanwhile are
+stepped after it, in the order they became ready. Posted from outside a step (a room fact, a
+timer, a user's call) the step comes in one call of the loop, after the poster returns, so
+every machine one input reaches has it before any of them steps. That order is
+causal (an event is handled after the step that posted it), and where one input reaches
+several machines at once its poster posts them in ``statemachines.system.FOLLOW_ORDER``, so
+the order is declared, never the event loop's ready queue (XState v5's actor system: ``send``
+processes the mailbox to completion).
+
+A step never awaits. An effect or a state's invoked work that has to be awaited is work the
+scheduler owns (``own``): the actor's step has ended when it starts, and what it ends with
+comes back through the actor as an event (XState's ``onDone``/``onError``). Posting from
+inside a step only queues: no actor is ever stepped inside another's step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+logger = logging.getLogger("agent_runtime.scheduler")
+
+
+class Steppable(Protocol):
+    """What the scheduler steps: an actor's mailbox, handled until it is empty or the actor
+    waits on work of its own."""
+
+    def step_mailbox(self) -> None: ...
+
+
+class Scheduler:
+    """Steps the actors of one job in a declared order (see the module's docstring).
+
+    ``work`` counts the awaited effects and invoked tasks in flight: with nothing ready and
+    no work, the job's actors are quiet until the next input."""
+
+    __slots__ = ("_call", "_ready", "_stepping", "_waiters", "work")
+
+    def __init__(self) -> None:
+        self._ready: deque[Steppable] = deque()
+        self._stepping = False
+        self._call: asyncio.Handle | None = None  # the one call that steps what is ready
+        self.work = 0
+        self._waiters: list[asyncio.Future[None]] | None = None  # who waits for the next run
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing to step and no work of an actor's running."""
+        return not self._ready and not self.work
+
+    def ready(self, actor: Steppable) -> None:
+        """``actor`` has mail: it is stepped after the actors already ready, in this step
+        of the scheduler or, posted from outside one, in the next (one call for everything
+        an input posts: every machine a room fact reaches has it before any of them steps)."""
+        self._ready.append(actor)
+        if not self._stepping and self._call is None:
+            self._call = asyncio.get_running_loop().call_soon(self.run)
+
+    def stepped(self) -> asyncio.Future[None]:
+        """Done once the scheduler's next run has stepped what is ready now (the call it has
+        already asked the loop for; a waiter never reorders the steps)."""
+        fut = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(fut)
+        if self._call is None and not self._stepping:
+            self._call = asyncio.get_running_loop().call_soon(self.run)
+        return fut
+
+    def run(self) -> None:
+        """Step every ready actor, and those they make ready, until none is."""
+        if self._stepping:
+            return
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        self._stepping = True
+        ready = self._ready
+        try:
+            while ready:
+                actor = ready.popleft()
+                try:
+                    actor.step_mailbox()
+                except Exception:
+                    # the actor's failure, never the job's: the other actors go on
+                    logger.exception("stepping %r failed", actor)
+        finally:
+            self._stepping = False
+        waiters, self._waiters = self._waiters, None
+        for fut in waiters or ():
+            if not fut.done():
+                fut.set_result(None)
+
+    def own(
+        self,
+        work: Awaitable[Any],
+        ended: Callable[[asyncio.Future[Any]], None],
+        *,
+        name: str,
+    ) -> asyncio.Future[Any]:
+        """Run ``work`` (an effect's or an invoked task's awaitable) as the scheduler's;
+        ``ended(future)`` is told how it ended, then the actors it made ready are stepped.
+        A future is followed as it is (no task of its own), a coroutine gets one task."""
+        if isinstance(work, asyncio.Future):
+            fut: asyncio.Future[Any] = work
+        elif asyncio.iscoroutine(work):
+            fut = asyncio.get_running_loop().create_task(work, name=name)
+        else:
+            fut = asyncio.ensure_future(work)
+        self.work += 1
+        fut.add_done_callback(lambda f: self._ended(f, ended))
+        return fut
+
+    def _ended(
+        self, fut: asyncio.Future[Any], ended: Callable[[asyncio.Future[Any]], None]
+    ) -> None:
+        self.work -= 1
+        stepping, self._stepping = self._stepping, True
+        try:
+            ended(fut)
+        except Exception:
+            logger.exception("handling the end of %r failed", fut)
+        finally:
+            self._stepping = stepping
+        self.run()
