@@ -7,6 +7,7 @@ virtual time. The only stand-in is the transport itself (a room byte stream need
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from livekit.agents import (
@@ -21,6 +22,7 @@ from agent_runtime.runtimes.session_host import (
     HOST_CLOSING,
     NO_ACTIVE_SESSION,
     NOT_THE_SIMULATOR,
+    JobSessionHost,
     request_problem,
     simulation_context,
 )
@@ -648,3 +650,28 @@ async def test_cell(state: str, trigger: str) -> None:
     assert rig.host.actor.live_tasks == 0 and rig.host.finalize.actor.live_tasks == 0
     assert rig.clock.pending == 0
     await asyncio.sleep(0)
+
+
+class _BrokenReads(InMemorySessionTransport):
+    """A transport whose every read fails at once, without waiting for anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def receive(self) -> Any:
+        self.reads += 1
+        raise ValueError("garbled")
+
+
+async def test_a_transport_failing_every_read_is_given_up_on_not_spun_forever(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    transport = _BrokenReads()
+    host = JobSessionHost(transport, clock=VirtualClock())
+    await host.start()  # would never return if the reader held the loop
+    await settle()
+    assert transport.reads == 1000
+    assert "failed 1000 reads in a row" in caplog.text
+    await host.aclose()
+    assert host.state == "closed"

@@ -7,13 +7,14 @@ hung up.
 
 Ordinary requests and event forwarding are livekit's own: each attached session gets a fresh
 livekit ``SessionHost`` over a pipe whose replies and events go out on the job's transport.
-Detaching closes that per-session host, which removes its event subscriptions, so a replaced
-session's events stop at once while a new one's flow (upstream subscribes only the first
-session it ever sees). ``finalize_simulation`` is answered by the host's ``FinalizeAnswer``
-(the ``finalize`` machine), from the job's simulation context, whether or not a session is
-attached. Closing is a state of its own: the replies in flight go out within
-``drain_timeout`` (requests that still arrive get an error reply), a finalize answer still
-being computed is cut (its request gets an error reply), then the transport closes.
+Detaching closes that per-session host, whose first step removes its event subscriptions (on
+the loop's next turn), so a replaced session's events stop while a new one's flow (upstream
+subscribes only the first session it ever sees). ``finalize_simulation`` is answered by the
+host's ``FinalizeAnswer`` (the ``finalize`` machine), from the job's simulation context,
+whether or not a session is attached. Closing is a state of its own: the replies in flight
+go out within ``drain_timeout`` (requests that still arrive get an error reply), a finalize
+answer still being computed is cut (its request gets an error reply), then the transport
+closes.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ logger = logging.getLogger("agent_runtime.session_host")
 NO_ACTIVE_SESSION = "no active session"
 HOST_CLOSING = "the session host is closing"
 NOT_THE_SIMULATOR = "finalize_simulation is accepted only from the simulator"
+_UNREADABLE_IN_A_ROW = 1000
 __all__ = [
     "FINALIZE_UNFINISHED",
     "HOST_CLOSING",
@@ -291,6 +293,7 @@ class JobSessionHost(MachineRuntime[str]):
         # (what isinstance(transport, SenderAware) checks, without the protocol machinery)
         named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None
         it = self._transport.__aiter__()
+        unreadable = 0
         while True:
             sender: str | None = None
             try:
@@ -304,10 +307,15 @@ class JobSessionHost(MachineRuntime[str]):
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # one unreadable message must not stop the host
+                # one unreadable message must not stop the host; a transport that fails
+                # every read, without ever waiting, would hold the loop: it is given up on
+                unreadable += 1
                 logger.warning("unreadable session message", exc_info=True)
-                await asyncio.sleep(0)
+                if unreadable >= _UNREADABLE_IN_A_ROW:
+                    logger.error("the session transport failed %d reads in a row", unreadable)
+                    return
                 continue
+            unreadable = 0
             if msg.HasField("request"):
                 self._on_request(msg.request, sender)
             else:
@@ -348,19 +356,17 @@ class JobSessionHost(MachineRuntime[str]):
         self._attached = _Attached(label, pipe, host)
         await host.start()
 
-    async def _fx_unsubscribe(self, ev: Event) -> None:
+    def _fx_unsubscribe(self, ev: Event) -> None:
         att, self._attached = self._attached, None
         if att is None:
             return
         # closing the per-session host can wait on its in-flight requests; run it aside so
-        # the mailbox keeps moving. Its first step (synchronous, before any await) removes
-        # the session's event subscriptions; one turn of the loop runs exactly that step.
+        # the mailbox keeps moving (its first step, on the loop's next turn, unsubscribes)
         task = asyncio.get_running_loop().create_task(
             att.host.aclose(), name=f"JobSessionHost.detach:{att.label}"
         )
         self._closing_hosts.add(task)
         task.add_done_callback(self._closing_hosts.discard)
-        await asyncio.sleep(0)
 
     def _fx_delegate_request(self, ev: Event) -> None:
         req = self._pending.pop(int(ev.data["ref"]), None)
