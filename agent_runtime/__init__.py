@@ -24,6 +24,7 @@ from agent_runtime.observe.trace import (
     TraceRecord,
     read_trace,
 )
+from agent_runtime.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from agent_runtime.observe.otel import OtelSink
@@ -92,6 +93,7 @@ __all__ = [
     "PlayoutTracker",
     "RoomEventAdapter",
     "RoomRequestTransport",
+    "Scheduler",
     "SessionCloseTimedOut",
     "SettingError",
     "StateChanged",
