@@ -168,9 +168,14 @@ class Performer(OwnedEmitter[str]):
                 logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
                 self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
             else:
-                if inspect.isawaitable(res):
+                if res is None:
+                    # the common case, kept cheap: nothing to queue, record or pass on
+                    if tracing or name in self._linked:
+                        self._effect_done(name, event, tracing, "ok", "")
+                elif inspect.isawaitable(res):
                     return index, res
-                self._effect_done(name, event, tracing, "ok", "", res)
+                else:
+                    self._effect_done(name, event, tracing, "ok", "", res)
             if self._closed:
                 break
         return None

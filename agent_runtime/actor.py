@@ -301,8 +301,11 @@ class Actor(Performer):
         return self._mailbox
 
     def _enqueue(self, entry: Entry) -> None:
-        self._mail().append(entry)
-        if self._pending is None:  # an actor waiting on an effect is stepped when it ends
+        mail = self._mail()
+        mail.append(entry)
+        # an actor with mail already is ready already; one waiting on an effect is stepped
+        # when that ends
+        if len(mail) == 1 and self._pending is None:
             self._scheduler.ready(self)
 
     def step_mailbox(self) -> None:
@@ -320,13 +323,14 @@ class Actor(Performer):
                 continue
             try:
                 st, tracing = self._step(event)
-                if self._effects_from(st, event, fut, tracing, 0):
+                if st.effects and self._effects_from(st, event, fut, tracing, 0):
                     return  # waiting on an effect: the rest when it ends
             except (Exception, asyncio.CancelledError) as e:
                 # a CancelledError here was raised by a handler, nobody sent it
                 self._failed(event, fut, e)
                 continue
-            self._done(event, fut, st)
+            if fut is not None:
+                self._done(event, fut, st)
         if not self._mailbox:
             self._mailbox = None  # an idle actor holds no mailbox
 
