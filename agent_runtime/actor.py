@@ -221,6 +221,14 @@ class Actor(Performer):
             return
         self._enqueue((event, None, None))
 
+    def post_now(self, event: Event) -> None:
+        """``post``, then step what is ready now instead of in the scheduler's next call (the
+        same steps in the same order, sooner): for a caller outside any step, such as a
+        user's ``aclose()``, that must see the machine's new state when this returns. An
+        effect still awaited holds the actor's mailbox as ever."""
+        self.post(event)
+        self._scheduler.run()
+
     async def send(self, event: Event) -> Step:
         """Queue an event and wait for its step; raises ``EventRejected`` on a reject cell."""
         self._check(event)

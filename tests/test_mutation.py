@@ -316,8 +316,9 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     """The premise of the by-hand arguments for (running, started) and (closed, started):
     started is the only way into running and is sent by run_part(session=True) alone, whose
     callers each claim the session first (a second claim raises); the session part links
-    the participant after the session starts, the link refuses to start once closed, and
-    the release closes the link before it ends (released is what leads to closed)."""
+    the participant after the session starts, the link refuses to start once its machine
+    is closed (aclose() steps the close before it first waits), and the release closes
+    the link before it ends (released is what leads to closed)."""
     spec = MACHINES["agent_job"]
     assert {(r.source, r.event) for r in spec.rows if r.dest == "running"} == {
         ("starting", "started")
@@ -345,9 +346,10 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     )
     link = importlib.import_module("agent_runtime.runtimes.participant")
     start = inspect.getsource(link.ParticipantLink.start)
-    assert start.index("if self._close_task is not None:") < start.index("raise RuntimeError")
+    assert start.index('self.actor.state == "closed"') < start.index("raise RuntimeError")
+    # the close is stepped before aclose() first waits: from then on the state is closed
     aclose = inspect.getsource(link.ParticipantLink.aclose)
-    assert aclose.index("self._close_task = ") < aclose.index("await")
+    assert aclose.index('self.actor.post_now(Event("close"))') < aclose.index("await")
     from statemachines.system import RELEASE
 
     assert "participant" in [s.name for s in RELEASE]

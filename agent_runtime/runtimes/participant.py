@@ -19,7 +19,6 @@ the same identity on rejoin by itself, which the link confirms.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
 
-from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effect_table
+from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
@@ -119,9 +118,8 @@ class ParticipantLink(MachineRuntime[str]):
         self._identity: str | None = None
         self._wiring = wiring
         # what the link holds: its room subscription while it follows (from start() to
-        # the close), then the close under way or done; the machine says the rest
+        # the close); the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
-        self._close_task: asyncio.Future[None] | None = None
         self._warned_room_io = False
         # the shared guards (statemachines.glue) read this link as their facts view
         self._run_machine(
@@ -172,7 +170,7 @@ class ParticipantLink(MachineRuntime[str]):
         Call it after ``await session.start(..., room=room)``: the link points the session's
         RoomIO, which exists only from then on.
         """
-        if self._close_task is not None:
+        if self.actor.closed or self.actor.state == "closed":
             raise RuntimeError("ParticipantLink is closed; create a new one")
         if self._unsubscribe is not None:
             return  # following already
@@ -210,22 +208,18 @@ class ParticipantLink(MachineRuntime[str]):
             )
 
     async def aclose(self) -> None:
-        """Stop following: unhook, enter ``closed``. The session is left as it is. A second
-        call waits for the first one's close."""
-        if self._close_task is None:
-            self._close_task = asyncio.ensure_future(self._aclose())
-        await asyncio.shield(self._close_task)
+        """Stop following: unhook, enter ``closed``. The session is left as it is."""
+        self._unhook()
+        if not self.actor.closed and self.actor.state != "closed":
+            self.actor.post_now(Event("close"))  # closed when this returns: start() refuses
+        await self.actor.aclose()
 
-    async def _aclose(self) -> None:
+    def _unhook(self) -> None:
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
             if self._wiring is None:
                 self.session.off("close", self._on_session_close)
-        if not self.actor.closed:
-            with contextlib.suppress(ActorClosed, EventRejected):
-                await self.actor.send(Event("close"))
-        await self.actor.aclose()
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:
@@ -237,10 +231,11 @@ class ParticipantLink(MachineRuntime[str]):
 
     def _post_linked(self, event: Event) -> None:
         """An event the job's wiring brings: the session's close, or the link's own close
-        (the job's close: ``aclose()``, under way until it is done)."""
+        (the job's close)."""
         if event.name == "close":
-            if self._close_task is None:
-                self._close_task = asyncio.ensure_future(self._aclose())
+            # the link's machine closes now; the job's teardown releases it (aclose())
+            self._unhook()
+            self._post(event)
         elif self._unsubscribe is not None:  # while it follows
             self._post(event)
 
