@@ -239,8 +239,9 @@ class Actor(Performer):
         return await fut
 
     async def join(self) -> None:
-        """Wait until the mailbox is empty (effects included). A posted event is handled
-        before ``post`` returns unless an effect is awaited; then until that work ends."""
+        """Wait until the mailbox is empty (effects included): for the scheduler's next run
+        (an event posted from outside a step is handled there), and for an awaited effect's
+        work to end."""
         while True:
             p = self._pending
             if p is not None and p.work is not None:
