@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentSession
-from livekit.agents.simulation import SimulationDispatch
+from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
+from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import AgentJob, VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
@@ -95,6 +96,48 @@ async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator(
     await asyncio.wait_for(job.aclose(graceful=False), 5)
     await asyncio.wait_for(graceful, 5)  # the graceful call returns too
     assert job.lifecycle == "closed"
+    await settle()
+    assert other_tasks() == []
+
+
+async def test_a_graceful_close_in_a_simulation_closes_the_session_then_holds_for_the_verdict(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """livekit's order (``_shutdown_job``): the primary session closes first, then
+    ``on_session_end`` holds for the verdict; the job's own host answers the simulator's
+    finalize with no session attached."""
+    room.add_participant("simulator", attributes=SIM)
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    seen: list[str | None] = []
+
+    async def verdict_of(sim: SimulationContext) -> None:
+        seen.append(job.close_reason)  # the session closed before the verdict was asked
+        sim.fail("too slow")
+
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        transport=agent_end,
+        simulation=DISPATCH,
+        on_simulation_end=verdict_of,
+        otel=False,
+    )
+    await job.start(agent())
+    graceful = asyncio.create_task(job.aclose())
+    await settle()
+    assert job.close_reason == "job_shutdown"  # the session is closed already
+    assert job.states["job"] == "awaiting_finalize"
+    assert job.states["session_host"] == "detached"
+    assert not graceful.done()
+    remote = RemoteSession(sim_end)
+    await remote.start()
+    verdict = await remote.finalize_simulation(provisional_success=True)
+    assert (verdict.user_verdict.success, verdict.user_verdict.reason) == (False, "too slow")
+    assert seen == ["job_shutdown"]
+    await asyncio.wait_for(graceful, 5)
+    assert job.lifecycle == "closed"
+    await remote.aclose()
     await settle()
     assert other_tasks() == []
 

@@ -464,6 +464,13 @@ def _hand_over(s: _W, event: str, params: Params) -> None:
         s.sess_a = "closing"
 
 
+def _ask_shutdown(s: _W, event: str, params: Params) -> None:
+    # JobSystem._fx_ask_shutdown: livekit's order, the primary session closes first (its
+    # close's end reaches the job through the session's links), then the job may hold
+    if s.sess_a == "running":
+        s.sess_a = "closing"
+
+
 def _link(s: _W, event: str, params: Params) -> None:
     s.linked = str(dict(params)["who"])
 
@@ -587,7 +594,7 @@ EFFECTS: dict[str, Effect] = {
     "hand_over": _hand_over,
     # the job's own lifecycle: its asks reach the job machine through their links;
     # run_teardown is closing's state task (TASKS)
-    "ask_shutdown": _nothing,
+    "ask_shutdown": _ask_shutdown,
     "ask_abort": _nothing,
     "run_teardown": _nothing,
 }
