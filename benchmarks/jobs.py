@@ -9,9 +9,9 @@ same avatar plugin (``ScriptedAvatar``: the base ``AvatarSession.start()`` then 
   ``await avatar.start(session, room)``; ``await session.start(agent, room=room)``; the avatar
   joins and publishes its video; closed as a livekit job closes: ``session.aclose()``, the room
   disconnected, then the avatar's ``aclose()`` (its shutdown callback).
-- **runtime**: ``AgentJob(room=..., session=..., avatar=..., playout=False)`` (the reference
-  scenario's machines) with its other defaults (the real
-  clock, the OpenTelemetry sink with no SDK configured, the room's session transport);
+- **runtime**: ``AgentJob(room=..., session=..., avatar=...)``, everything else its defaults, as
+  a user gets it: the playout machine composed (on by default with an avatar), the real clock,
+  the OpenTelemetry sink with no SDK configured, the room's session transport;
   ``await job.start(agent)``; the same join; closed with ``await job.aclose()``.
 
 A job is *live* once the avatar's join has been seen (runtime: every machine in the state the
@@ -123,6 +123,9 @@ class BareJob:
     def closed_problem(self) -> str | None:
         return None if not self.session._started else "the session is still running"
 
+    def machines(self) -> dict[str, str]:
+        return {}  # livekit alone: no machines
+
 
 @dataclass(slots=True)
 class RuntimeJob:
@@ -139,13 +142,9 @@ class RuntimeJob:
         from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
         room = _room(i)
+        # no options: the job users get (with an avatar, that includes the playout machine)
         job = AgentJob(
-            room=room,
-            session=AgentSession(),
-            avatar=ScriptedAvatar(avatar_identity=AVATAR),
-            # the reference scenario composes no playout machine (a scenario asks for one);
-            # AgentJob's default with an avatar would add it
-            playout=False,
+            room=room, session=AgentSession(), avatar=ScriptedAvatar(avatar_identity=AVATAR)
         )
         await job.start(_agent())
         _avatar_joins(room)
@@ -170,6 +169,9 @@ class RuntimeJob:
             return "never closed"
         return _differs(self.closed_states, REFERENCE_STATES["closed"])
 
+    def machines(self) -> dict[str, str]:
+        return dict(self.job.states)
+
 
 JOBS: dict[str, Callable[[int], Awaitable[Any]]] = {
     "bare": BareJob.start,
@@ -180,7 +182,8 @@ REFERENCE_STATES: dict[str, dict[str, str]] = {}
 
 
 def _differs(got: dict[str, str], want: dict[str, str]) -> str | None:
-    bad = {m: s for m, s in got.items() if want.get(m) != s}
+    # both ways: a machine the job lacks (playout left out, say) is a different job too
+    bad = {m: got.get(m) for m in got.keys() | want.keys() if got.get(m) != want.get(m)}
     return f"states {bad}, the reference scenario has {want}" if bad else None
 
 
@@ -258,10 +261,12 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
             out["bytes"] = tracemalloc.get_traced_memory()[0] - before
             tracemalloc.stop()
             _check(jobs, "live")
+            out["machines"] = {"live": jobs[-1].machines()}
             for j in jobs:
                 await j.close()
             await settle()
             _check(jobs, "closed")
+            out["machines"]["closed"] = jobs[-1].machines()
             return out
         timer = GcTimer()
         rss0 = _rss()
@@ -273,6 +278,7 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
         gc.callbacks.remove(timer)
         out["start"] = {"seconds": lap.cpu, "wall_seconds": lap.wall, **timer.take()}
         _check(jobs, "live")
+        out["machines"] = {"live": jobs[-1].machines()}
         gc.collect()
         out["rss_bytes"] = _rss() - rss0
         gc.callbacks.append(timer)
@@ -284,6 +290,7 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
         gc.callbacks.remove(timer)
         out["close"] = {"seconds": lap.cpu, "wall_seconds": lap.wall, **timer.take()}
         _check(jobs, "closed")
+        out["machines"]["closed"] = jobs[-1].machines()
         return out
 
 

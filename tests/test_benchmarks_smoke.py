@@ -239,6 +239,23 @@ def test_a_composed_job_run_checks_its_jobs_and_measures(variant: str, mode: str
         assert out["start"]["seconds"] > 0 and out["close"]["seconds"] > 0
     else:
         assert out["bytes"] > 0
+    if variant == "runtime":
+        # the job AgentJob's defaults build: with an avatar, the playout machine runs in it,
+        # from its first state to its last
+        assert out["machines"]["live"]["playout"] == "idle"
+        assert out["machines"]["closed"]["playout"] == "closed"
+    else:
+        assert out["machines"] == {"live": {}, "closed": {}}
+
+
+def test_a_runtime_job_without_its_playout_machine_is_not_the_benchmarked_job() -> None:
+    jobs.REFERENCE_STATES["closed"] = {"job": "closed", "playout": "closed"}
+    try:
+        j = jobs.RuntimeJob(job=None, closed_states={"job": "closed"})
+        with pytest.raises(RuntimeError, match="'playout': None"):
+            jobs._check([j], "closed")
+    finally:
+        jobs.REFERENCE_STATES.clear()
 
 
 def test_a_composed_job_that_misses_the_reference_states_stops_the_benchmark() -> None:
