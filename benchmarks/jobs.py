@@ -24,7 +24,7 @@ Every measurement is a fresh interpreter (``python -m benchmarks.jobs VARIANT N 
 starts from the same heap. ``time`` runs start N jobs one after the other and keep them live,
 then close them all: CPU time of the process's one thread for each phase, and RSS growth with N
 live jobs. ``memory`` runs do the same under tracemalloc: bytes held with N live jobs after a
-full collection. ``tasks`` runs live N jobs one after the other, each from its start to its
+full collection. ``tasks`` runs take N jobs one after the other, each from its start to its
 close before the next, with a task factory on the loop counting every asyncio task made in each
 phase of its life: start (until the job is live), live (the loop left to settle) and close.
 ``python -m benchmarks.jobs profile VARIANT N PHASE`` prints where the time (cProfile), the
@@ -180,6 +180,8 @@ class RuntimeJob:
         return _differs(self.closed_states, REFERENCE_STATES["closed"])
 
     def machines(self) -> dict[str, str]:
+        # every machine's state now: once aclose() has run, room deletion has gone on from the
+        # reference scenario's last state (allowed) to closed
         return dict(self.job.states)
 
 
