@@ -9,9 +9,9 @@ same avatar plugin (``ScriptedAvatar``: the base ``AvatarSession.start()`` then 
   ``await avatar.start(session, room)``; ``await session.start(agent, room=room)``; the avatar
   joins and publishes its video; closed as a livekit job closes: ``session.aclose()``, the room
   disconnected, then the avatar's ``aclose()`` (its shutdown callback).
-- **runtime**: ``AgentJob(room=..., session=..., avatar=..., playout=False)`` (the reference
-  scenario's machines) with its other defaults (the real
-  clock, the OpenTelemetry sink with no SDK configured, the room's session transport);
+- **runtime**: ``AgentJob(room=..., session=..., avatar=...)``, everything else its defaults, as
+  a user gets it: the playout machine composed (on by default with an avatar), the real clock,
+  the OpenTelemetry sink with no SDK configured, the room's session transport;
   ``await job.start(agent)``; the same join; closed with ``await job.aclose()``.
 
 A job is *live* once the avatar's join has been seen (runtime: every machine in the state the
@@ -24,8 +24,11 @@ Every measurement is a fresh interpreter (``python -m benchmarks.jobs VARIANT N 
 starts from the same heap. ``time`` runs start N jobs one after the other and keep them live,
 then close them all: CPU time of the process's one thread for each phase, and RSS growth with N
 live jobs. ``memory`` runs do the same under tracemalloc: bytes held with N live jobs after a
-full collection. ``python -m benchmarks.jobs profile VARIANT N PHASE`` prints where the time
-(cProfile) or the memory (tracemalloc, by line) goes.
+full collection. ``tasks`` runs take N jobs one after the other, each from its start to its
+close before the next, with a task factory on the loop counting every asyncio task made in each
+phase of its life: start (until the job is live), live (the loop left to settle) and close.
+``python -m benchmarks.jobs profile VARIANT N PHASE`` prints where the time (cProfile), the
+memory (tracemalloc, by line) or the tasks (by coroutine) go.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ import statistics
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,12 @@ USER = "user"
 SHARE_LIMIT = 1.10
 LIMITS = {"start": SHARE_LIMIT, "close": 1.20}
 GROWTH_SLACK = 1.05
+# issue 38: over its whole life, the runtime's job may make at most this many more asyncio tasks
+# than the bare job; counted over this many jobs (a count barely varies from job to job)
+TASK_SLACK = 4
+TASK_JOBS = 20
+PHASES = ("start", "live", "close")
+MODES = ("time", "memory", "tasks")
 
 
 # -- the two jobs ----------------------------------------------------------------------------
@@ -123,6 +133,9 @@ class BareJob:
     def closed_problem(self) -> str | None:
         return None if not self.session._started else "the session is still running"
 
+    def machines(self) -> dict[str, str]:
+        return {}  # livekit alone: no machines
+
 
 @dataclass(slots=True)
 class RuntimeJob:
@@ -139,13 +152,9 @@ class RuntimeJob:
         from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
         room = _room(i)
+        # no options: the job users get (with an avatar, that includes the playout machine)
         job = AgentJob(
-            room=room,
-            session=AgentSession(),
-            avatar=ScriptedAvatar(avatar_identity=AVATAR),
-            # the reference scenario composes no playout machine (a scenario asks for one);
-            # AgentJob's default with an avatar would add it
-            playout=False,
+            room=room, session=AgentSession(), avatar=ScriptedAvatar(avatar_identity=AVATAR)
         )
         await job.start(_agent())
         _avatar_joins(room)
@@ -170,6 +179,11 @@ class RuntimeJob:
             return "never closed"
         return _differs(self.closed_states, REFERENCE_STATES["closed"])
 
+    def machines(self) -> dict[str, str]:
+        # every machine's state now: once aclose() has run, room deletion has gone on from the
+        # reference scenario's last state (allowed) to closed
+        return dict(self.job.states)
+
 
 JOBS: dict[str, Callable[[int], Awaitable[Any]]] = {
     "bare": BareJob.start,
@@ -180,7 +194,8 @@ REFERENCE_STATES: dict[str, dict[str, str]] = {}
 
 
 def _differs(got: dict[str, str], want: dict[str, str]) -> str | None:
-    bad = {m: s for m, s in got.items() if want.get(m) != s}
+    # both ways: a machine the job lacks (playout left out, say) is a different job too
+    bad = {m: got.get(m) for m in got.keys() | want.keys() if got.get(m) != want.get(m)}
     return f"states {bad}, the reference scenario has {want}" if bad else None
 
 
@@ -238,6 +253,69 @@ async def _warm_up(variant: str) -> None:
     await settle()
 
 
+class TaskCounter:
+    """A loop task factory (``loop.set_task_factory``) that counts the tasks made through it,
+    by phase and by coroutine: ``loop.create_task``, ``asyncio.create_task`` and
+    ``ensure_future``/``gather``/``wait_for`` given a coroutine all come here."""
+
+    def __init__(self) -> None:
+        self.phase = ""
+        self.made = 0
+        self.by_coroutine: Counter[tuple[str, str]] = Counter()
+
+    def __call__(
+        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        self.made += 1
+        self.by_coroutine[self.phase, getattr(coro, "__qualname__", type(coro).__name__)] += 1
+        # kwargs: the context create_task passes on when it is given one
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    def take(self) -> int:
+        """Tasks made since the last take."""
+        made, self.made = self.made, 0
+        return made
+
+
+async def count_tasks(start: Callable[[int], Awaitable[Any]], n: int) -> dict[str, Any]:
+    """``n`` jobs one after the other, each from its start to its close (the loop settled
+    after each phase), with every asyncio task made counted: per job and phase, and by
+    coroutine over all of them."""
+    from agent_runtime.clock import settle
+
+    loop = asyncio.get_running_loop()
+    counter = TaskCounter()
+    per_phase: dict[str, list[int]] = {p: [] for p in PHASES}
+    machines: dict[str, dict[str, str]] = {}
+    previous = loop.get_task_factory()
+    loop.set_task_factory(counter)  # type: ignore[arg-type]
+    try:
+        await settle()
+        counter.take()  # nothing from before the first job
+        counter.by_coroutine.clear()
+        for i in range(n):
+            counter.phase = "start"
+            job = await start(i)
+            per_phase["start"].append(counter.take())
+            counter.phase = "live"
+            await settle()
+            per_phase["live"].append(counter.take())
+            _check([job], "live")
+            machines["live"] = job.machines()
+            counter.phase = "close"
+            await job.close()
+            await settle()
+            per_phase["close"].append(counter.take())
+            _check([job], "closed")
+            machines["closed"] = job.machines()
+    finally:
+        loop.set_task_factory(previous)
+    by_coroutine: dict[str, dict[str, float]] = {p: {} for p in PHASES}
+    for (phase, name), made in counter.by_coroutine.most_common():
+        by_coroutine[phase][name] = made / n
+    return {"tasks": per_phase, "by_coroutine": by_coroutine, "machines": machines}
+
+
 async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
     from agent_runtime.clock import settle
     from agent_runtime.testing.inmemory import quiet_sdk_logs
@@ -249,6 +327,9 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
         start = JOBS[variant]
         gc.collect()
         out: dict[str, Any] = {"variant": variant, "jobs": n, "mode": mode}
+        if mode == "tasks":
+            out.update(await count_tasks(start, n))
+            return out
         if mode == "memory":
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
@@ -258,10 +339,12 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
             out["bytes"] = tracemalloc.get_traced_memory()[0] - before
             tracemalloc.stop()
             _check(jobs, "live")
+            out["machines"] = {"live": jobs[-1].machines()}
             for j in jobs:
                 await j.close()
             await settle()
             _check(jobs, "closed")
+            out["machines"]["closed"] = jobs[-1].machines()
             return out
         timer = GcTimer()
         rss0 = _rss()
@@ -273,6 +356,7 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
         gc.callbacks.remove(timer)
         out["start"] = {"seconds": lap.cpu, "wall_seconds": lap.wall, **timer.take()}
         _check(jobs, "live")
+        out["machines"] = {"live": jobs[-1].machines()}
         gc.collect()
         out["rss_bytes"] = _rss() - rss0
         gc.callbacks.append(timer)
@@ -284,6 +368,7 @@ async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
         gc.callbacks.remove(timer)
         out["close"] = {"seconds": lap.cpu, "wall_seconds": lap.wall, **timer.take()}
         _check(jobs, "closed")
+        out["machines"]["closed"] = jobs[-1].machines()
         return out
 
 
@@ -292,7 +377,8 @@ def child(variant: str, n: int, mode: str) -> dict[str, Any]:
 
 
 async def _profile(variant: str, n: int, phase: str, top: int) -> None:
-    """Where ``phase`` (start, close: cProfile; memory: tracemalloc by line) goes."""
+    """Where ``phase`` (start, close: cProfile; memory: tracemalloc by line; tasks: by
+    coroutine) goes."""
     import cProfile
     import pstats
 
@@ -303,6 +389,15 @@ async def _profile(variant: str, n: int, phase: str, top: int) -> None:
     with quiet_sdk_logs(logging.CRITICAL):
         REFERENCE_STATES.update(await reference_states())
         await _warm_up(variant)
+        if phase == "tasks":
+            counted = await count_tasks(JOBS[variant], n)
+            print(f"{variant}: asyncio tasks made per job, by phase and coroutine (top {top})")
+            for p in PHASES:
+                made = counted["tasks"][p]
+                print(f"{p}: {sum(made) / n:g} per job (median {statistics.median(made):g})")
+                for name, per_job in list(counted["by_coroutine"][p].items())[:top]:
+                    print(f"{per_job:8.2f}  {name}")
+            return
         gc.collect()
         prof = cProfile.Profile()
         if phase == "memory":
@@ -398,7 +493,9 @@ def measure(sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
             for v in VARIANTS:
                 time_runs.setdefault((v, n), []).append(_spawn(v, n, "time"))
     memory = {(v, n): _spawn(v, n, "memory")["bytes"] for n in sizes for v in VARIANTS}
-    return {"sizes": sizes, "time": time_runs, "memory": memory}
+    # counted in processes of their own: the counting factory would weigh on the CPU figures
+    tasks = {v: _spawn(v, TASK_JOBS, "tasks") for v in VARIANTS}
+    return {"sizes": sizes, "time": time_runs, "memory": memory, "tasks": tasks}
 
 
 def _per_job(runs: list[dict[str, Any]], phase: str, n: int) -> list[float]:
@@ -525,6 +622,54 @@ def rows_from(results: dict[str, Any]) -> list[Row]:
                     how=how_growth,
                 )
             )
+    rows.extend(task_rows(results["tasks"]))
+    return rows
+
+
+def task_rows(tasks: dict[str, dict[str, Any]]) -> list[Row]:
+    """Tasks over a job's life: each job's figure, and the runtime's extra against its target."""
+    n = len(tasks[VARIANTS[0]]["tasks"]["start"])
+    how = (
+        "asyncio tasks made over a job's life, counted by a task factory on the loop "
+        "(loop.set_task_factory: create_task, and ensure_future, gather and wait_for given a "
+        "coroutine): start (until the job is live), live (the loop left to settle) and close "
+        f"(until the loop settles); the jobs one after the other; median of {n} jobs, in one "
+        "fresh process per variant, each phase's own median beside it"
+    )
+    rows: list[Row] = []
+    median: dict[str, float] = {}
+    for v in VARIANTS:
+        label = "runtime (AgentJob)" if v == "runtime" else "bare livekit-agents"
+        per_phase: dict[str, list[int]] = tasks[v]["tasks"]
+        totals = [sum(job) for job in zip(*(per_phase[p] for p in PHASES), strict=True)]
+        median[v] = statistics.median(totals)
+        phases = {p: statistics.median(per_phase[p]) for p in PHASES}
+        rows.append(
+            Row(
+                SECTION,
+                f"{label}: asyncio tasks over a job's life",
+                median[v],
+                "tasks/job",
+                text=f"{median[v]:g} tasks/job ("
+                + ", ".join(f"{p} {x:g}" for p, x in phases.items())
+                + ")",
+                how=how,
+                samples=tuple(float(t) for t in totals),
+                extra={"by_phase": phases, "by_coroutine": tasks[v]["by_coroutine"]},
+            )
+        )
+    extra = median["runtime"] - median["bare"]
+    rows.append(
+        Row(
+            SECTION,
+            "runtime - bare: asyncio tasks over a job's life",
+            extra,
+            "tasks/job",
+            target=Target("<=", TASK_SLACK),
+            text=f"{extra:+g} tasks/job ({median['runtime']:g} against {median['bare']:g})",
+            how="the runtime's job's median over the bare job's (the rows above)",
+        )
+    )
     return rows
 
 
@@ -534,15 +679,16 @@ def run(cfg: Config) -> list[Row]:
 
 def _main(argv: list[str]) -> int:
     usage = (
-        "usage: python -m benchmarks.jobs {bare|runtime} N {time|memory}\n"
-        "       python -m benchmarks.jobs profile {bare|runtime} N {start|close|memory} [TOP]"
+        "usage: python -m benchmarks.jobs {bare|runtime} N {time|memory|tasks}\n"
+        "       python -m benchmarks.jobs profile {bare|runtime} N {start|close|memory|tasks} "
+        "[TOP]"
     )
     if argv[:1] == ["profile"] and len(argv) in (4, 5):
         _, variant, n, phase, *rest = argv
-        if variant in VARIANTS and phase in ("start", "close", "memory") and int(n) > 0:
+        if variant in VARIANTS and phase in ("start", "close", "memory", "tasks") and int(n) > 0:
             asyncio.run(_profile(variant, int(n), phase, int(rest[0]) if rest else 40))
             return 0
-    elif len(argv) == 3 and argv[0] in VARIANTS and argv[2] in ("time", "memory"):
+    elif len(argv) == 3 and argv[0] in VARIANTS and argv[2] in MODES:
         print(json.dumps(child(argv[0], int(argv[1]), argv[2])))
         return 0
     print(usage, file=sys.stderr)

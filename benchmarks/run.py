@@ -102,12 +102,16 @@ def environment() -> dict[str, Any]:
 
 
 def document(
-    rows: Sequence[Row], cfg: Config, sections: Sequence[str], command: str
+    rows: Sequence[Row],
+    cfg: Config,
+    sections: Sequence[str],
+    command: str,
+    env: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "command": command,
         "generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "environment": environment(),
+        "environment": env if env is not None else environment(),
         "config": asdict(cfg),
         "sections": list(sections),
         "rows": [r.to_dict() for r in rows],
@@ -186,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(e))
     given = list(argv) if argv is not None else sys.argv[1:]
     command = " ".join(["python -m benchmarks", *given])
+    # read before the run: its load average is the machine's, not the benchmarks' own
+    env_at_start = environment()
     rows = collect(cfg, sections, progress=True)
-    doc = document(rows, cfg, sections, command)
+    doc = document(rows, cfg, sections, command, env_at_start)
     env = doc["environment"]
     print(
         f"{command}\n{env['cpu']} x{env['cpus']}, Python {env['python']}, "

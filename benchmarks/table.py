@@ -12,7 +12,8 @@ Comparison = Literal[">=", "<=", ">", "<"]
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A figure the row must reach: ``value OP limit``."""
+    """A figure the row must reach: ``value OP limit``. An ``int`` limit is a count and
+    prints as one."""
 
     op: Comparison
     limit: float
@@ -27,7 +28,8 @@ class Target:
         return value < self.limit
 
     def __str__(self) -> str:
-        return f"{self.op} {_num(self.limit)}"
+        limit = f"{self.limit:,}" if isinstance(self.limit, int) else _num(self.limit)
+        return f"{self.op} {limit}"
 
 
 @dataclass(frozen=True, slots=True)

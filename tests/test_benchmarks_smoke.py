@@ -8,8 +8,11 @@ state the table says, and the command writes JSON that reads back as the printed
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,7 +231,9 @@ def test_rows_refuse_figures_that_cannot_be_printed() -> None:
     assert "never restored" in table and "**MISSED**" in table
 
 
-@pytest.mark.parametrize(("variant", "mode"), [("runtime", "time"), ("bare", "memory")])
+@pytest.mark.parametrize(
+    ("variant", "mode"), [("runtime", "time"), ("bare", "memory"), ("runtime", "tasks")]
+)
 def test_a_composed_job_run_checks_its_jobs_and_measures(variant: str, mode: str) -> None:
     # in a fresh interpreter, as `python -m benchmarks` runs it (each job checked live and
     # closed there): run inside a long pytest process, livekit's native library once died
@@ -237,8 +242,62 @@ def test_a_composed_job_run_checks_its_jobs_and_measures(variant: str, mode: str
     assert out["variant"] == variant and out["jobs"] == 2
     if mode == "time":
         assert out["start"]["seconds"] > 0 and out["close"]["seconds"] > 0
-    else:
+    elif mode == "memory":
         assert out["bytes"] > 0
+    else:
+        per_phase = out["tasks"]
+        assert set(per_phase) == set(jobs.PHASES)
+        assert all(len(counts) == 2 for counts in per_phase.values())
+        # a session's start and its close each make tasks: a count of none is a blind counter
+        assert min(per_phase["start"]) > 0 and min(per_phase["close"]) > 0
+        # every task counted is named by its coroutine, in the phase it was made in
+        for phase in jobs.PHASES:
+            by_name = out["by_coroutine"][phase]
+            assert sum(by_name.values()) == approx(sum(per_phase[phase]) / 2)
+    if variant == "runtime":
+        # the job AgentJob's defaults build: with an avatar, the playout machine runs in it,
+        # from its first state to its last
+        assert out["machines"]["live"]["playout"] == "idle"
+        assert out["machines"]["closed"]["playout"] == "closed"
+    else:
+        assert out["machines"] == {"live": {}, "closed": {}}
+
+
+async def test_the_task_counter_counts_every_task_the_loop_makes() -> None:
+    async def work() -> None:
+        await asyncio.sleep(0)
+
+    loop = asyncio.get_running_loop()
+    counter = jobs.TaskCounter()
+    previous = loop.get_task_factory()
+    loop.set_task_factory(counter)  # type: ignore[arg-type]
+    try:
+        counter.phase = "here"
+        await loop.create_task(work())
+        await asyncio.create_task(work(), context=contextvars.copy_context())
+        await asyncio.ensure_future(work())
+        await asyncio.gather(work(), work())
+        await asyncio.wait_for(work(), timeout=5)
+        made = counter.take()
+        await work()  # awaited in place: no task
+    finally:
+        loop.set_task_factory(previous)
+    # wait_for wraps its coroutine in a task up to Python 3.11, runs it in place from 3.12
+    wait_for_tasks = 1 if sys.version_info < (3, 12) else 0
+    assert made == 5 + wait_for_tasks
+    assert counter.take() == 0
+    name = work.__qualname__
+    assert counter.by_coroutine == {("here", name): 5 + wait_for_tasks}
+
+
+def test_a_runtime_job_without_its_playout_machine_is_not_the_benchmarked_job() -> None:
+    jobs.REFERENCE_STATES["closed"] = {"job": "closed", "playout": "closed"}
+    try:
+        j = jobs.RuntimeJob(job=None, closed_states={"job": "closed"})
+        with pytest.raises(RuntimeError, match="'playout': None"):
+            jobs._check([j], "closed")
+    finally:
+        jobs.REFERENCE_STATES.clear()
 
 
 def test_a_composed_job_that_misses_the_reference_states_stops_the_benchmark() -> None:
@@ -269,7 +328,17 @@ def test_composed_job_rows_carry_the_ratios_and_targets() -> None:
             "rss_bytes": 1000,
         }
 
+    def counted(start: list[int], close: list[int]) -> dict[str, object]:
+        return {
+            "tasks": {"start": start, "live": [0] * len(start), "close": close},
+            "by_coroutine": {},
+        }
+
     results = {
+        "tasks": {
+            "bare": counted([22, 22, 22], [11, 11, 11]),
+            "runtime": counted([26, 25, 26], [13, 30, 12]),
+        },
         "sizes": (10, 100),
         "time": {
             ("bare", 10): [timed(1.0, 0.5)],
@@ -293,3 +362,13 @@ def test_composed_job_rows_carry_the_ratios_and_targets() -> None:
     growth = cases["100 / 10 jobs, runtime: CPU to start"]
     assert growth.value == approx(11.0 / 1.05) and growth.target == Target("<=", 10.5)
     assert cases["100 / 10 jobs, bare: memory"].target is None  # the bare job is the reference
+    # tasks: each job's whole life (its phases summed), the median over the jobs
+    bare = cases["bare livekit-agents: asyncio tasks over a job's life"]
+    assert bare.value == 33 and bare.samples == (33, 33, 33) and bare.target is None
+    assert bare.figure == "33 tasks/job (start 22, live 0, close 11)"
+    runtime = cases["runtime (AgentJob): asyncio tasks over a job's life"]
+    assert runtime.value == 39 and runtime.samples == (39, 55, 38)
+    extra = cases["runtime - bare: asyncio tasks over a job's life"]
+    assert extra.value == 6 and extra.target == Target("<=", 4) and extra.met is False
+    assert extra.figure == "+6 tasks/job (39 against 33)"
+    assert "| <= 4 tasks/job | **MISSED** |" in render_markdown([extra])
