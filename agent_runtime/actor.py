@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent_runtime._messages import (
@@ -276,8 +276,16 @@ class Actor(Performer):
 
     async def aclose(self) -> None:
         """Stop taking events, cancel the state's timer and tasks, drain nothing further."""
+        ending = self.release()
+        if ending is not None:
+            await ending
+
+    def release(self) -> Awaitable[Any] | None:
+        """``aclose()`` without its wait: stop taking events, cancel the state's timer, its
+        tasks and an awaited effect's work. Returns what is still ending (the cancelled
+        work), or None when nothing is: a closer with nothing to wait for needs no task."""
         if self._closed:
-            return
+            return None
         self._closed = True
         self._leave_state()
         self.emit("closed", self)  # a failing listener is logged and removed there
@@ -288,6 +296,7 @@ class Actor(Performer):
             self._mailbox.clear()
         p, self._pending = self._pending, None
         me = asyncio.current_task()
+        ending: list[asyncio.Future[Any]] = []
         if p is not None:
             if p.bound is not None:
                 p.bound.cancel()
@@ -296,12 +305,12 @@ class Actor(Performer):
             work = p.work
             if work is not None and work is not me and not work.done():
                 work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-        tasks = [t for t in self._tasks or () if t is not me]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+                ending.append(work)
+        for t in self._tasks or ():
+            if t is not me and not t.done():
+                t.cancel()
+                ending.append(t)
+        return asyncio.gather(*ending, return_exceptions=True) if ending else None
 
     # -- mailbox -------------------------------------------------------------------------
     def _mail(self) -> deque[Entry]:

@@ -317,7 +317,7 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     started is the only way into running and is sent by run_part(session=True) alone, whose
     callers each claim the session first (a second claim raises); the session part links
     the participant after the session starts, the link refuses to start once its machine
-    is closed (aclose() steps the close before it first waits), and the release closes
+    is closed (its release steps the close before it returns), and the release closes
     the link before it ends (released is what leads to closed)."""
     spec = MACHINES["agent_job"]
     assert {(r.source, r.event) for r in spec.rows if r.dest == "running"} == {
@@ -347,14 +347,16 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     link = importlib.import_module("agent_runtime.runtimes.participant")
     start = inspect.getsource(link.ParticipantLink.start)
     assert start.index('self.actor.state == "closed"') < start.index("raise RuntimeError")
-    # the close is stepped before aclose() first waits: from then on the state is closed
-    aclose = inspect.getsource(link.ParticipantLink.aclose)
-    assert aclose.index('self.actor.post_now(Event("close"))') < aclose.index("await")
+    # the close is stepped before the release returns: from then on the state is closed
+    release = inspect.getsource(link.ParticipantLink.release)
+    # synchronous (no await): the close is stepped before it returns
+    assert not any(isinstance(n, ast.Await) for n in ast.walk(ast.parse(release.strip())))
+    assert release.index('self.actor.post_now(Event("close"))') < release.index("return")
     from statemachines.system import RELEASE
 
     assert "participant" in [s.name for s in RELEASE]
     teardown = inspect.getsource(system.JobSystem._fx_run_teardown)
-    assert '"participant": self.link.aclose' in teardown
+    assert '"participant": self.link.release' in teardown
     assert teardown.index("await teardown.run(works)") < teardown.index('Event("released")')
     assert [(r.source, r.dest) for r in spec.rows if r.dest == "closed"] == [("closing", "closed")]
     assert [r.event for r in spec.rows if r.dest == "closed"] == ["released"]

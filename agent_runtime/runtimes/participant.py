@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,9 +209,22 @@ class ParticipantLink(MachineRuntime[str]):
 
     async def aclose(self) -> None:
         """Stop following: unhook, enter ``closed``. The session is left as it is."""
+        ending = self.release()
+        if ending is not None:
+            await ending
+
+    def release(self) -> Awaitable[Any] | None:
+        """``aclose()`` as the job's teardown runs it: what is left to wait for, or None
+        (the usual case: the close is stepped at once and nothing is running)."""
         self._unhook()
         if not self.actor.closed and self.actor.state != "closed":
             self.actor.post_now(Event("close"))  # closed when this returns: start() refuses
+            if not self.actor.idle:  # an effect still awaited: the close waits for it
+                return self._close_when_idle()
+        return self.actor.release()
+
+    async def _close_when_idle(self) -> None:
+        await self.actor.join()
         await self.actor.aclose()
 
     def _unhook(self) -> None:

@@ -31,11 +31,10 @@ awaited (the reply's playout is the machine's next turn); another awaitable is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,7 +47,7 @@ from livekit.agents.voice.events import (
 )
 from livekit.agents.voice.speech_handle import SpeechHandle
 
-from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effect_table
+from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime, listen
@@ -285,24 +284,43 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
 
     async def aclose(self) -> None:
         """Stop following: the machine closes, listeners and speech followers go."""
-        if not self.actor.closed:
-            with contextlib.suppress(ActorClosed, EventRejected):
-                await self.actor.send(Event("close"))
+        ending = self.release()
+        if ending is not None:
+            await ending
+
+    def release(self) -> Awaitable[Any] | None:
+        """``aclose()`` as the job's teardown runs it: what is left to wait for, or None
+        (the usual case: the close is stepped at once and nothing is running)."""
+        if not self.actor.closed and self.actor.state != "closed":
+            self.actor.post_now(Event("close"))
+            if not self.actor.idle:  # an effect still awaited: the close waits for it
+                return self._close_when_idle()
+        return self._stop()
+
+    async def _close_when_idle(self) -> None:
+        await self.actor.join()
         await self.stop()
 
     async def stop(self) -> None:
         """Stop the machine where it is (no ``close`` event) and stop following."""
-        await self.actor.aclose()
+        ending = self._stop()
+        if ending is not None:
+            await ending
+
+    def _stop(self) -> Awaitable[Any] | None:
+        ending = [self.actor.release()]
         unfollow, self._unfollow = self._unfollow, None
         if unfollow is not None:
             unfollow()
         if self._avatar is not None:
             self._avatar.off("segment_flushed", self._on_segment_flushed)
             self._avatar.off("playback_finished", self._on_playback_report)
-        tasks = list(self._speeches)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for t in self._speeches:
+            if not t.done():
+                t.cancel()
+                ending.append(t)
+        waits = [w for w in ending if w is not None]
+        return asyncio.gather(*waits, return_exceptions=True) if waits else None
 
     # -- what it follows ---------------------------------------------------------------------
     def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:

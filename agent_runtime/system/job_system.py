@@ -419,11 +419,11 @@ class JobSystem(MachineRuntime[str]):
             "starts": self._cut_starts,
             "job": self._job_closed,
             "session": self._no_session_left,
-            "participant": self.link.aclose,
+            "participant": self.link.release,
             "avatar": self._avatar_closed,
         }
         if self.playout is not None:
-            works["playout"] = self.playout.aclose
+            works["playout"] = self.playout.release
         try:
             await teardown.run(works)
         finally:
