@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger("agent_runtime.scheduler")
 
@@ -130,3 +132,16 @@ class Scheduler:
         finally:
             self._stepping = stepping
         self.run()
+
+
+def when_all(futures: Collection[asyncio.Future[Any]], result: T) -> asyncio.Future[T]:
+    """A future done with ``result`` once every one of ``futures`` has ended, however each
+    ended: waiting on work that already runs costs no task of its own."""
+    done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+    def ended(_: object) -> None:
+        if not done.done():
+            done.set_result(result)
+
+    asyncio.gather(*futures, return_exceptions=True).add_done_callback(ended)
+    return done

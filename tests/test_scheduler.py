@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_runtime import Actor, Event, MemorySink, Scheduler, Tracer, VirtualClock
+from agent_runtime.scheduler import when_all
 from statemachines import Effect, MachineSpec, State, cells, row
 
 # a relay: `ping` moves it to `on` and runs `tell` (which may post to another actor);
@@ -182,3 +183,15 @@ async def test_synchronous_effects_cost_no_task_and_one_loop_call_per_input() ->
     # (the other calls are this test's own task waking from its sleep)
     assert [c for c in calls if "TaskStepMethWrapper" not in c] == ["Scheduler.run"] * 10
     assert net.scheduler.quiet
+
+
+async def test_when_all_ends_with_its_result_however_the_work_ended() -> None:
+    loop = asyncio.get_running_loop()
+    ok, failed, cut = (loop.create_future() for _ in range(3))
+    done = when_all([ok, failed, cut], "drained")
+    ok.set_result(1)
+    failed.set_exception(RuntimeError("a close that failed"))
+    await asyncio.sleep(0)
+    assert not done.done()  # one still running
+    cut.cancel()
+    assert await done == "drained"

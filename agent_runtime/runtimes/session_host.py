@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,7 +39,7 @@ from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import MachineRuntime
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, when_all
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import simulation_context
 from agent_runtime.sdk.session_transport import (
@@ -202,11 +202,8 @@ class JobSessionHost(MachineRuntime[str]):
         """Start the transport and begin reading requests; returns once the transport
         started (raising what refused it) or the host closed meanwhile. Idempotent;
         nothing once closing."""
-        if (
-            self._reader is not None
-            or self.actor.closed
-            or self.actor.state in ("closing", "closed")
-        ):
+        state = self.actor.state
+        if self._reader is not None or self.actor.closed or state in ("closing", "closed"):
             return
         self.actor.start()
         loop = asyncio.get_running_loop()
@@ -233,9 +230,8 @@ class JobSessionHost(MachineRuntime[str]):
 
     def session_closed(self, session: AgentSession[Any], reason: str) -> None:
         """``session`` closed: if it is the attached one it detaches and the job is told."""
-        self.actor.post(
-            Event("session_closed", {"session": self.label_of(session), "reason": reason})
-        )
+        label = self.label_of(session)
+        self.actor.post(Event("session_closed", {"session": label, "reason": reason}))
 
     def label_of(self, session: AgentSession[Any]) -> str:
         """A stable label for traces (``session-1``, ``session-2``, ...)."""
@@ -290,7 +286,6 @@ class JobSessionHost(MachineRuntime[str]):
             opened.set_result(None)
         del opened  # a live job holds this frame: nothing more than it needs
         # who sent each request, when the transport can say (RoomRequestTransport can)
-        # (what isinstance(transport, SenderAware) checks, without the protocol machinery)
         named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None
         it = self._transport.__aiter__()
         unreadable = 0
@@ -304,9 +299,7 @@ class JobSessionHost(MachineRuntime[str]):
                     msg = await it.__anext__()
             except StopAsyncIteration:
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except Exception:  # (a CancelledError is no Exception: it goes on up)
                 # one unreadable message must not stop the host; a transport that fails
                 # every read, without ever waiting, would hold the loop: it is given up on
                 unreadable += 1
@@ -403,10 +396,16 @@ class JobSessionHost(MachineRuntime[str]):
                 logger.exception("on_session_closed failed", extra=self.actor.log_fields())
         return Output({"reason": reason})
 
-    async def _fx_drain(self, _ev: Event) -> Event:
-        # a state task of `closing`, cut by its drain_timeout
-        if self._closing_hosts:
-            await asyncio.gather(*self._closing_hosts, return_exceptions=True)
+    def _fx_drain(self, _ev: Event) -> Event | Awaitable[Event]:
+        # closing's state task, cut by its drain_timeout: done at once with nothing in
+        # flight; the per-session closes alone are waited on with no task of its own
+        if self.finalize.state in ("answering", "replying"):
+            return self._drain()
+        closes = self._closing_hosts
+        return when_all(closes, Event("drained")) if closes else Event("drained")
+
+    async def _drain(self) -> Event:
+        await asyncio.gather(*self._closing_hosts, return_exceptions=True)
         await self.finalize.settled()
         return Event("drained")
 
