@@ -399,15 +399,15 @@ class JobSessionHost(MachineRuntime[str]):
     def _fx_drain(self, _ev: Event) -> Event | Awaitable[Event]:
         # closing's state task, cut by its drain_timeout: done at once with nothing in
         # flight; the per-session closes alone are waited on with no task of its own
+        drained, closes = Event("drained"), self._closing_hosts
         if self.finalize.state in ("answering", "replying"):
-            return self._drain()
-        closes = self._closing_hosts
-        return when_all(closes, Event("drained")) if closes else Event("drained")
+            return self._drain(drained)
+        return when_all(closes, drained) if closes else drained
 
-    async def _drain(self) -> Event:
+    async def _drain(self, drained: Event) -> Event:
         await asyncio.gather(*self._closing_hosts, return_exceptions=True)
         await self.finalize.settled()
-        return Event("drained")
+        return drained
 
     async def _fx_reply_closing(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
