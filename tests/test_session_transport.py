@@ -13,13 +13,20 @@ import asyncio
 import logging
 
 import pytest
-from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES
+from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES, SessionHost
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import settle
-from agent_runtime.sdk.session_transport import Received, RoomRequestTransport, SenderAware
+from agent_runtime.sdk.session_transport import (
+    Received,
+    RoomRequestTransport,
+    SenderAware,
+    SessionPipe,
+    start_on_pipe,
+)
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
+from tests.support.host_rig import started_session
 
 
 class Stream:
@@ -144,3 +151,27 @@ async def test_the_in_memory_pair_names_the_sender_too() -> None:
     await agent_end.close()
     with pytest.raises(StopAsyncIteration):
         await agent_end.receive()
+
+
+async def test_a_host_over_a_pipe_starts_at_once_and_answers_what_the_pipe_is_fed() -> None:
+    sim_end, agent_end = InMemorySessionTransport.pair()
+    await sim_end.start()
+    await agent_end.start()
+    session = await started_session("I am piped")
+    pipe = SessionPipe(agent_end)
+    host = SessionHost(pipe)
+    host.register_session(session)
+    start_on_pipe(host)  # returns started: its read and write loops are running
+    pipe.feed(build_request("get_agent_info", request_id="r1"))
+    await settle()
+    (reply,) = [m.response for m in sim_end.receive_nowait() if m.HasField("response")]
+    assert reply.request_id == "r1"
+    assert reply.get_agent_info.instructions == "I am piped"
+    await host.aclose()
+    await session.aclose()
+
+
+async def test_start_on_pipe_refuses_a_host_over_another_transport() -> None:
+    _, agent_end = InMemorySessionTransport.pair()
+    with pytest.raises(TypeError, match="over a SessionPipe"):
+        start_on_pipe(SessionHost(agent_end))

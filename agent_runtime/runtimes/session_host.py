@@ -48,6 +48,7 @@ from agent_runtime.sdk.session_transport import (
     SessionPipe,
     request_problem,
     sender_aware,
+    start_on_pipe,
 )
 from statemachines.session_host import SESSION_HOST
 from statemachines.system import host_drain
@@ -340,14 +341,14 @@ class JobSessionHost(MachineRuntime[str]):
             self.actor.post(Event("request", data))
 
     # -- effects ---------------------------------------------------------------------------
-    async def _fx_subscribe(self, ev: Event) -> None:
+    def _fx_subscribe(self, ev: Event) -> None:
         label = str(ev.data["session"])
         session = self._sessions[label]
         pipe = SessionPipe(self._transport)
         host = SessionHost(pipe)
         host.register_session(session)
         self._attached = _Attached(label, pipe, host)
-        await host.start()
+        start_on_pipe(host)  # never waits: no task for it
 
     def _fx_unsubscribe(self, ev: Event) -> None:
         att, self._attached = self._attached, None

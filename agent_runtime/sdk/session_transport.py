@@ -34,6 +34,7 @@ from livekit import rtc
 from livekit.agents.voice.remote_session import (
     TOPIC_SESSION_MESSAGES,
     RoomSessionTransport,
+    SessionHost,
     SessionTransport,
 )
 from livekit.protocol.agent_pb import agent_session as agent_pb
@@ -199,6 +200,23 @@ class SessionPipe(SessionTransport):
         if msg is None:
             raise StopAsyncIteration
         return msg
+
+
+def start_on_pipe(host: SessionHost) -> None:
+    """Start livekit's ``SessionHost`` over a ``SessionPipe`` now, without a task.
+
+    Its ``start()`` awaits only the pipe's ``start()``, which returns at once, then makes
+    its read and write tasks: the coroutine ends on its first step. One that waits (a
+    livekit that changed it) is refused plainly rather than left half-run."""
+    if not isinstance(host._transport, SessionPipe):
+        raise TypeError("start_on_pipe() is for a SessionHost over a SessionPipe")
+    start = host.start()
+    try:
+        start.send(None)
+    except StopIteration:
+        return
+    start.close()
+    raise RuntimeError("SessionHost.start() waited over a SessionPipe; start it as a task")
 
 
 def request_problem(req: agent_pb.SessionRequest) -> str | None:
