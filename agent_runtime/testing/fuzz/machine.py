@@ -99,7 +99,9 @@ def make_machine(
     simulation switches say which rules exist)."""
     simulation = config.simulation
     avatar = config.avatar_identity
-    people = (USER, STRANGER, *((SIMULATOR,) if simulation else ()))
+    # the user twice: most of what goes wrong in a job's life is the user's comings and
+    # goings, and a bug that needs several of them in a row is found far sooner this way
+    people = (USER, USER, STRANGER, *((SIMULATOR,) if simulation else ()))
 
     class JobFuzz(RuleBasedStateMachine):
         def __init__(self) -> None:
