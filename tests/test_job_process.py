@@ -9,6 +9,7 @@ because they need a server: the room (``InMemoryRoom``) and the session transpor
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from livekit import rtc
@@ -126,6 +127,25 @@ async def test_a_failing_event_handler_fails_the_test(
     agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
     with pytest.raises(UserCodeError, match="raised KeyError"):
         await run_entrypoint.wait_ended()
+
+
+async def test_logging_disabled_is_refused_rather_than_missing_the_agents_failures(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """A handler's failure reaches the kit only through livekit's log: with that log off the
+    kit says so before the entrypoint runs, instead of passing a failing agent."""
+    ran: list[str] = []
+
+    async def entrypoint(ctx: JobContext) -> None:
+        ran.append("entrypoint")
+
+    logging.disable(logging.CRITICAL)
+    try:
+        with pytest.raises(RuntimeError, match=r"logging is disabled at ERROR"):
+            await run_entrypoint(entrypoint)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert ran == []
 
 
 async def test_on_session_end_is_bounded_by_the_servers_timeout_on_virtual_time() -> None:

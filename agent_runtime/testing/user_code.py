@@ -112,6 +112,14 @@ class UserFailures(logging.Handler):
             loop.default_exception_handler(context)
 
     def install(self) -> None:
+        if logging.root.manager.disable >= logging.ERROR:
+            # livekit's emitter logs an event handler's exception and swallows it: with
+            # its log disabled the kit would pass a test whose agent fails
+            raise RuntimeError(
+                "logging is disabled at ERROR (logging.disable): the testing kit hears the "
+                "agent's event handlers fail through livekit's log and would miss them; "
+                "call logging.disable(logging.NOTSET) first, or disable below ERROR only"
+            )
         logging.getLogger().addHandler(self)
         self._loop = asyncio.get_running_loop()
         self._previous = self._loop.get_exception_handler()
