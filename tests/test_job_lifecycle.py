@@ -56,6 +56,25 @@ def agent() -> Agent:
     return Agent(instructions="agent")
 
 
+def simulated_job(
+    room: InMemoryRoom, clock: VirtualClock, **options: Any
+) -> tuple[AgentJob, InMemorySessionTransport]:
+    """A job in a simulation with the simulator in the room, and the simulator's end of the
+    session transport."""
+    room.add_participant("simulator", attributes=SIM)
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        transport=agent_end,
+        simulation=DISPATCH,
+        otel=False,
+        **options,
+    )
+    return job, sim_end
+
+
 async def test_an_abort_while_the_avatar_plugin_hangs_in_start_ends_the_start(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
@@ -79,16 +98,7 @@ async def test_an_abort_while_the_avatar_plugin_hangs_in_start_ends_the_start(
 async def test_an_abort_ends_a_graceful_close_holding_for_the_simulator(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
-    room.add_participant("simulator", attributes=SIM)
-    _sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        clock=clock,
-        transport=agent_end,
-        simulation=DISPATCH,
-        otel=False,
-    )
+    job, _sim_end = simulated_job(room, clock)
     await job.start(agent())
     graceful = asyncio.create_task(job.aclose())
     await settle()
@@ -106,23 +116,13 @@ async def test_a_graceful_close_in_a_simulation_closes_the_session_then_holds_fo
     """livekit's order (``_shutdown_job``): the primary session closes first, then
     ``on_session_end`` holds for the verdict; the job's own host answers the simulator's
     finalize with no session attached."""
-    room.add_participant("simulator", attributes=SIM)
-    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
     seen: list[str | None] = []
 
     async def verdict_of(sim: SimulationContext) -> None:
         seen.append(job.close_reason)  # the session closed before the verdict was asked
         sim.fail("too slow")
 
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        clock=clock,
-        transport=agent_end,
-        simulation=DISPATCH,
-        on_simulation_end=verdict_of,
-        otel=False,
-    )
+    job, sim_end = simulated_job(room, clock, on_simulation_end=verdict_of)
     await job.start(agent())
     graceful = asyncio.create_task(job.aclose())
     await settle()

@@ -348,10 +348,14 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     start = inspect.getsource(link.ParticipantLink.start)
     assert start.index('self.actor.state == "closed"') < start.index("raise RuntimeError")
     # the close is stepped before the release returns: from then on the state is closed
+    base = importlib.import_module("agent_runtime.runtimes._base")
     release = inspect.getsource(link.ParticipantLink.release)
+    close_now = inspect.getsource(base.MachineRuntime._close_now)
     # synchronous (no await): the close is stepped before it returns
-    assert not any(isinstance(n, ast.Await) for n in ast.walk(ast.parse(release.strip())))
-    assert release.index('self.actor.post_now(Event("close"))') < release.index("return")
+    for source in (release, close_now):
+        assert not any(isinstance(n, ast.Await) for n in ast.walk(ast.parse(source.strip())))
+    assert "return self._close_now(" in release
+    assert close_now.index('actor.post_now(Event("close"))') < close_now.index("return _after(")
     from statemachines.system import RELEASE
 
     assert "participant" in [s.name for s in RELEASE]

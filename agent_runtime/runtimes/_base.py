@@ -16,7 +16,7 @@ the same way (``OwnedEmitter._emit_state``, which forwards a change).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from livekit import rtc
@@ -89,6 +89,17 @@ class MachineRuntime(OwnedEmitter[E]):
         value when its state is entered."""
         return EMPTY
 
+    def _close_now(self, release: Callable[[], Awaitable[Any] | None]) -> Awaitable[Any] | None:
+        """Step the machine's ``close`` at once (its state is ``closed`` when this returns),
+        then ``release()``: what is left to wait for, or None. An effect the machine still
+        awaits is waited for first, as the close's step is."""
+        actor = self.actor
+        if not actor.closed and actor.state != "closed":
+            actor.post_now(Event("close"))
+            if not actor.idle:
+                return _after(actor.join(), release)
+        return release()
+
     def _post(self, event: Event) -> None:
         """An event for the machine, unless it is released (then nobody hears it)."""
         if not self.actor.closed:
@@ -113,3 +124,14 @@ def listen(
             emitter.off(name, fn)
 
     return unlisten
+
+
+async def _after(first: Awaitable[Any], then: Callable[[], Awaitable[Any] | None]) -> None:
+    await first
+    await released(then())
+
+
+async def released(ending: Awaitable[Any] | None) -> None:
+    """Wait for what a ``release()`` left running, if anything."""
+    if ending is not None:
+        await ending

@@ -31,7 +31,7 @@ from livekit.agents.voice.room_io import RoomIO
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import MachineRuntime, released
 from agent_runtime.runtimes.room_events import (
     RoomEventAdapter,
     kind_name,
@@ -209,23 +209,13 @@ class ParticipantLink(MachineRuntime[str]):
 
     async def aclose(self) -> None:
         """Stop following: unhook, enter ``closed``. The session is left as it is."""
-        ending = self.release()
-        if ending is not None:
-            await ending
+        await released(self.release())
 
     def release(self) -> Awaitable[Any] | None:
         """``aclose()`` as the job's teardown runs it: what is left to wait for, or None
-        (the usual case: the close is stepped at once and nothing is running)."""
+        (the usual case). The machine is ``closed`` when this returns: ``start()`` refuses."""
         self._unhook()
-        if not self.actor.closed and self.actor.state != "closed":
-            self.actor.post_now(Event("close"))  # closed when this returns: start() refuses
-            if not self.actor.idle:  # an effect still awaited: the close waits for it
-                return self._close_when_idle()
-        return self.actor.release()
-
-    async def _close_when_idle(self) -> None:
-        await self.actor.join()
-        await self.actor.aclose()
+        return self._close_now(self.actor.release)
 
     def _unhook(self) -> None:
         unsubscribe, self._unsubscribe = self._unsubscribe, None

@@ -50,7 +50,7 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, listen
+from agent_runtime.runtimes._base import MachineRuntime, listen, released
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
@@ -284,28 +284,16 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
 
     async def aclose(self) -> None:
         """Stop following: the machine closes, listeners and speech followers go."""
-        ending = self.release()
-        if ending is not None:
-            await ending
+        await released(self.release())
 
     def release(self) -> Awaitable[Any] | None:
         """``aclose()`` as the job's teardown runs it: what is left to wait for, or None
         (the usual case: the close is stepped at once and nothing is running)."""
-        if not self.actor.closed and self.actor.state != "closed":
-            self.actor.post_now(Event("close"))
-            if not self.actor.idle:  # an effect still awaited: the close waits for it
-                return self._close_when_idle()
-        return self._stop()
-
-    async def _close_when_idle(self) -> None:
-        await self.actor.join()
-        await self.stop()
+        return self._close_now(self._stop)
 
     async def stop(self) -> None:
         """Stop the machine where it is (no ``close`` event) and stop following."""
-        ending = self._stop()
-        if ending is not None:
-            await ending
+        await released(self._stop())
 
     def _stop(self) -> Awaitable[Any] | None:
         ending = [self.actor.release()]
