@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent_runtime._messages import (
@@ -53,6 +53,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("agent_runtime.actor")
+
+
+def _any_state(_state: str) -> bool:
+    return True
 
 
 class _Pending:
@@ -102,6 +106,7 @@ class Actor(Performer):
         "_tasks",
         "_timer",
         "_timer_deadline",
+        "_waiters",
         "clock",
         "effect_timeout",
         "instance",
@@ -155,6 +160,8 @@ class Actor(Performer):
         self._tasks: set[asyncio.Future[Any]] | None = None
         self._closed = False
         self._entered = False
+        # who waits for the mailbox to be empty in a state they name (when_settled)
+        self._waiters: list[tuple[asyncio.Future[None], Callable[[str], bool]]] | None = None
         # the effects whose success the system passes on (their declared links), and how
         self._linked: frozenset[str] = NO_NAMES
         self._outputs: OutputFn | None = None
@@ -242,37 +249,37 @@ class Actor(Performer):
         """Wait until the mailbox is empty (effects included): for the scheduler's next run
         (an event posted from outside a step is handled there), and for an awaited effect's
         work to end."""
-        while True:
-            p = self._pending
-            if p is not None and p.work is not None:
-                await asyncio.wait((p.work,))
-            elif self._mailbox and not self._closed:
-                await self._scheduler.stepped()  # posted from outside a step: its next run
-            else:
-                return
+        await self.until(_any_state)
 
     async def until(self, done: Callable[[str], bool]) -> None:
         """Wait until the mailbox is empty and ``done(state)`` holds, or the actor closed.
         Unbounded: the caller's state bounds it (a timeout that ends the awaited state)."""
-        await self.join()
-        if done(self._state) or self._closed:
-            return  # the usual case: nothing to listen for
-        changed = asyncio.Event()
+        if (waiting := self.when_settled(done)) is not None:
+            await waiting
 
-        def wake(*_: Any) -> None:
-            changed.set()
+    def when_settled(
+        self, done: Callable[[str], bool] | None = None
+    ) -> asyncio.Future[None] | None:
+        """None when the mailbox is empty, no effect is awaited and ``done(state)`` holds
+        (any state when ``done`` is None), or the actor is closed; else a future done at the
+        first step's end where that is so, or at the close. Waiting costs no task."""
+        if self._closed or (self.idle and (done is None or done(self._state))):
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append((fut, done or _any_state))
+        return fut
 
-        self.on("state_changed", wake)
-        self.on("closed", wake)
-        try:
-            await self.join()
-            while not done(self._state) and not self._closed:
-                changed.clear()
-                await changed.wait()
-                await self.join()
-        finally:
-            self.off("state_changed", wake)
-            self.off("closed", wake)
+    def _settled(self) -> None:
+        """The mailbox is empty and nothing is awaited: wake who waits for this state."""
+        left = []
+        for fut, done in self._waiters or ():
+            if not fut.done() and (self._closed or done(self._state)):
+                fut.set_result(None)
+            elif not fut.done():
+                left.append((fut, done))
+        self._waiters = left or None
 
     async def aclose(self) -> None:
         """Stop taking events, cancel the state's timer and tasks, drain nothing further."""
@@ -280,7 +287,7 @@ class Actor(Performer):
         if ending is not None:
             await ending
 
-    def release(self) -> Awaitable[Any] | None:
+    def release(self) -> asyncio.Future[Any] | None:
         """``aclose()`` without its wait: stop taking events, cancel the state's timer, its
         tasks and an awaited effect's work. Returns what is still ending (the cancelled
         work), or None when nothing is: a closer with nothing to wait for needs no task."""
@@ -289,6 +296,8 @@ class Actor(Performer):
         self._closed = True
         self._leave_state()
         self.emit("closed", self)  # a failing listener is logged and removed there
+        if self._waiters is not None:
+            self._settled()
         if self._mailbox:
             for _, fut, _ in self._mailbox:
                 if fut is not None and not fut.done():
@@ -351,6 +360,8 @@ class Actor(Performer):
                 self._done(event, fut, st)
         if not self._mailbox:
             self._mailbox = None  # an idle actor holds no mailbox
+            if self._waiters is not None and self._pending is None:
+                self._settled()
 
     def _effects_from(
         self,
@@ -408,6 +419,8 @@ class Actor(Performer):
             self._done(p.event, p.fut, p.st)
         if self._mailbox and not self._closed:
             self._scheduler.ready(self)
+        elif self._waiters is not None:
+            self._settled()
 
     def _failed(self, event: Event, fut: asyncio.Future[Step] | None, e: BaseException) -> None:
         if not isinstance(e, Exception):

@@ -145,3 +145,78 @@ def when_all(futures: Collection[asyncio.Future[Any]], result: T) -> asyncio.Fut
 
     asyncio.gather(*futures, return_exceptions=True).add_done_callback(ended)
     return done
+
+
+def ending(*works: asyncio.Future[Any] | None) -> asyncio.Future[None] | None:
+    """What is done once each of ``works`` still running has ended, however it ended, or
+    None when none runs. Cutting the wait cancels none of them (each has its own owner, who
+    reports its failure)."""
+    running = [w for w in works if w is not None and not w.done()]
+    return when_all(running, None) if running else None
+
+
+def after(
+    first: asyncio.Future[Any] | None, then: Callable[[], asyncio.Future[Any] | None]
+) -> asyncio.Future[None] | None:
+    """``then()`` once ``first`` has ended, however it ended (at once when ``first`` is None
+    or done); returns what waits for what ``then`` left running, or None when nothing is
+    left. Cancelling what it returns cuts the wait, and cancels ``first`` if it still
+    runs; ``then`` runs all the same (a release runs whatever its wait was cut at). A
+    sequence of waits without a task of its own."""
+    if first is None or first.done():
+        if first is not None and not first.cancelled():
+            first.exception()  # retrieved: a failure is its owner's to report
+        return then()
+    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def go(f: asyncio.Future[Any]) -> None:
+        if not f.cancelled():
+            f.exception()
+        try:
+            rest = then()
+        except Exception as e:
+            if not out.done():
+                out.set_exception(e)
+            return
+        if rest is None or rest.done():
+            if rest is not None and not rest.cancelled():
+                rest.exception()
+            if not out.done():
+                out.set_result(None)
+        else:
+            rest.add_done_callback(lambda r: _settle(out, r))
+
+    def cut(o: asyncio.Future[None]) -> None:
+        if o.cancelled() and not first.done():
+            first.cancel()
+
+    first.add_done_callback(go)
+    out.add_done_callback(cut)
+    return out
+
+
+def _settle(out: asyncio.Future[None], ended: asyncio.Future[Any]) -> None:
+    if not ended.cancelled():
+        ended.exception()
+    if not out.done():
+        out.set_result(None)
+
+
+def relay(ending: asyncio.Future[Any], result: T) -> asyncio.Future[T]:
+    """A future done with ``result`` once ``ending`` has ended, however it ended; cancelling
+    it cancels ``ending`` (the work it stands for is cut with it)."""
+    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+    def ended(e: asyncio.Future[Any]) -> None:
+        if not e.cancelled():
+            e.exception()
+        if not out.done():
+            out.set_result(result)
+
+    def cut(o: asyncio.Future[T]) -> None:
+        if o.cancelled() and not ending.done():
+            ending.cancel()
+
+    ending.add_done_callback(ended)
+    out.add_done_callback(cut)
+    return out

@@ -355,13 +355,13 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     for source in (release, close_now):
         assert not any(isinstance(n, ast.Await) for n in ast.walk(ast.parse(source.strip())))
     assert "return self._close_now(" in release
-    assert close_now.index('actor.post_now(Event("close"))') < close_now.index("return _after(")
+    assert close_now.index('actor.post_now(Event("close"))') < close_now.index("return after(")
     from statemachines.system import RELEASE
 
     assert "participant" in [s.name for s in RELEASE]
     teardown = inspect.getsource(system.JobSystem._fx_run_teardown)
     assert '"participant": self.link.release' in teardown
-    assert teardown.index("await teardown.run(works)") < teardown.index('Event("released")')
+    assert teardown.index("teardown.run(works, None)") < teardown.index('Event("released")')
     assert [(r.source, r.dest) for r in spec.rows if r.dest == "closed"] == [("closing", "closed")]
     assert [r.event for r in spec.rows if r.dest == "closed"] == ["released"]
 

@@ -211,13 +211,13 @@ async def test_a_hung_disconnect_is_cut_at_its_share_and_the_room_work_goes_on(
 
 
 @pytest.mark.parametrize("asked", [True, False])
-async def test_a_close_cut_before_the_room_work_deletes_nothing(
-    asked: bool, caplog: pytest.LogCaptureFixture
+async def test_a_disconnect_that_swallows_its_cut_never_holds_the_room_work_back(
+    asked: bool,
 ) -> None:
-    """The job's close bound ends a room work that never finished (a disconnect that does
-    not even yield to its step's cut), so the deletion was never allowed: asked for, it is
-    abandoned at release and says so; not asked, it is released quietly. Either way the
-    room is not deleted."""
+    """A disconnect that hangs and swallows the cancellation at its step's share: the cut
+    step has ended all the same (the runner does not wait on it), so the room work runs at
+    the disconnect's share, and the disconnect is cancelled once more as the close ends:
+    it does not outlive the job's close."""
     deleter = Deleter()
     rig = rig_with(deleter)
     rt = rig.runtime
@@ -226,23 +226,14 @@ async def test_a_close_cut_before_the_room_work_deletes_nothing(
     if asked:
         rt.request_room_deletion()
     rt.shutdown("done")
-    await rig.clock.advance(10)  # the job's close bound ends a room work that never finished
-    assert rt.state == "closed" and rt.deletion.state == ("requested" if asked else "kept")
-    with caplog.at_level(logging.WARNING, logger="agent_runtime.room_deletion"):
-        releasing = asyncio.ensure_future(rt.aclose())
-        await rig.clock.advance(30.0)
-        assert releasing.done()  # the release does not wait on a deletion that cannot run
-        await releasing
-    assert rt.deletion.state == ("abandoned" if asked else "closed") and deleter.calls == []
-    assert rt.room_deleted_at is None
-    warned = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"]
-    if asked:
-        assert warned == [
-            "room deletion was asked for, but the job closed before its room work was done; "
-            "the room is left as it is"
-        ]
-    else:
-        assert warned == []
+    await rig.clock.advance(10)
+    share = bound_of("disconnect", 10.0)
+    assert rt.state == "closed" and rt.closed_at == share
+    assert rt.deletion.state == ("deleted" if asked else "allowed")
+    assert deleter.calls == ([share] if asked else [])
+    assert rig.callbacks == [(share, "done")]
+    assert not [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "hung_disconnect"]  # type: ignore[union-attr]
+    await rt.aclose()
 
 
 # -- every cell of the table, through the runtime -------------------------------------------
@@ -287,11 +278,6 @@ async def _reach(rig: JobRig, state: str, event: str) -> None:
     if state in ("kept", "requested"):
         if state == "requested":
             rt.request_room_deletion()
-        if event == "close":
-            # the job closes at its bound before its room work: nothing allowed the deletion
-            rig.room.disconnect = hung_disconnect  # type: ignore[method-assign]
-            rt.shutdown("setup")
-            await rig.clock.advance(10)
     elif state in ("deleted", "failed"):
         rt.request_room_deletion()
         rt.shutdown("setup")
@@ -326,7 +312,7 @@ async def _cause(rig: JobRig, deleter: Deleter, state: str, event: str) -> async
         deleter.gate.set()
     elif event == "delete_timeout" and state == "deleting":
         await rig.clock.advance(10)
-    elif event == "close" and state in (*WAITING, "deleting"):
+    elif event == "close" and state in ("allowed", "deleting"):
         done = asyncio.ensure_future(rt.aclose())
     else:
         rt.deletion.actor.post(Event(event, {"late": True}))

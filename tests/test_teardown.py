@@ -42,7 +42,7 @@ async def test_steps_run_in_the_declared_order_and_independent_ones_at_once() ->
     began: list[str] = []
     td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t", begin=began.append)
     running = asyncio.ensure_future(
-        td.run({"a": work("a"), "b": work("b", wait=True), "c": work("c"), "d": work("d")})
+        td.run({"a": work("a"), "b": work("b", wait=True), "c": work("c"), "d": work("d")}, None)
     )
     await settle()
     # b waits; c, independent of it, ran anyway; d waits for both
@@ -73,7 +73,7 @@ async def test_a_step_cut_at_its_share_or_failing_never_skips_the_next(
         STEPS, close_timeout=10, clock=clock, log=log, who="t", waiting_for=lambda s: f"{s} hung"
     )
     with caplog.at_level(logging.WARNING, logger="test.teardown"):
-        running = asyncio.ensure_future(td.run({"a": hangs, "b": fails, "d": last}))
+        running = td.run({"a": hangs, "b": fails, "d": last}, None)
         await clock.advance(5)
         await running
     assert ran == [("d", 2.0)]  # a cut at its share (0.2 of 10 s), b failed, c had no work
@@ -89,7 +89,7 @@ async def test_a_work_for_no_declared_step_is_a_clear_error() -> None:
         return None
 
     with pytest.raises(KeyError, match="no teardown step"):
-        await td.run({"z": nothing})
+        td.run({"z": nothing}, None)
 
 
 def test_the_declared_teardowns_leave_the_callbacks_their_share() -> None:
@@ -158,7 +158,7 @@ async def test_a_step_whose_work_raises_cancelled_error_never_skips_the_next(
 
     td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t")
     with caplog.at_level(logging.ERROR, logger="test.teardown"):
-        await td.run({"a": waits_on_a_cancelled_task, "d": last})
+        await td.run({"a": waits_on_a_cancelled_task, "d": last}, None)
     assert ran == ["d"] and td.ended == {"a", "b", "c", "d"}
     assert "t: closing a failed" in [r.getMessage() for r in caplog.records]
 
@@ -174,12 +174,15 @@ async def test_the_teardown_cut_from_outside_stops_where_it_is() -> None:
         ran.append("d")
 
     td = Teardown(STEPS, close_timeout=1000, clock=clock, log=log, who="t")
-    running = asyncio.ensure_future(td.run({"a": hangs, "d": last}))
+    running = td.run({"a": hangs, "d": last}, None)
     await settle()
+    (hung,) = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "hangs"]  # type: ignore[union-attr]
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
+    await settle()  # the cut is the future's done-callback
     assert ran == [] and td.running == [] and td.ended == {"a"}
+    assert hung.cancelled()  # the step's own work is cut with it
 
 
 async def test_a_step_with_nothing_left_to_wait_for_ends_as_it_begins(
@@ -203,10 +206,34 @@ async def test_a_step_with_nothing_left_to_wait_for_ends_as_it_begins(
     td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t", begin=began.append)
     tasks_before = len(asyncio.all_tasks())
     with caplog.at_level(logging.ERROR, logger=log.name):
-        running = asyncio.ensure_future(td.run({"a": done_already, "b": broken, "d": d}))
+        running = td.run({"a": done_already, "b": broken, "d": d}, None)
         await settle()
         await running
     assert seen == ["a asked", "d ran"]
     assert began == ["a", "b", "c", "d"] and td.running == [] and td.ended == set("abcd")
     assert "t: closing b failed" in caplog.text and "cannot even begin" in caplog.text
     assert len(asyncio.all_tasks()) == tasks_before  # nothing left running
+
+
+async def test_a_teardown_following_futures_runs_no_task_and_leaves_them_to_their_owners(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the job's teardowns follow what the machines already run (a state reached, a close
+    # under way): the runner is callbacks, and a cut stops the following, not the work
+    clock = VirtualClock()
+    loop = asyncio.get_running_loop()
+    a: asyncio.Future[None] = loop.create_future()
+    b: asyncio.Future[None] = loop.create_future()
+    tasks_before = asyncio.all_tasks()
+    td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        running = td.run({"a": lambda: a, "b": lambda: b}, "released")
+        assert asyncio.all_tasks() == tasks_before
+        a.set_result(None)
+        await settle()
+        assert td.running == ["b"]
+        await clock.advance(5)  # b is cut at its share (2 s)
+        assert await running == "released"
+    assert "t: closing b took longer than 2s" in caplog.text
+    assert not b.done()  # its owner's to end: only following it was cut
+    assert asyncio.all_tasks() == tasks_before

@@ -16,6 +16,7 @@ the same way (``OwnedEmitter._emit_state``, which forwards a change).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from agent_runtime.clock import Clock
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.routing import Wiring, guard_table
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, after
 from statemachines import MachineSpec
 
 E = TypeVar("E")
@@ -89,15 +90,16 @@ class MachineRuntime(OwnedEmitter[E]):
         value when its state is entered."""
         return EMPTY
 
-    def _close_now(self, release: Callable[[], Awaitable[Any] | None]) -> Awaitable[Any] | None:
+    def _close_now(
+        self, release: Callable[[], asyncio.Future[Any] | None]
+    ) -> asyncio.Future[Any] | None:
         """Step the machine's ``close`` at once (its state is ``closed`` when this returns),
         then ``release()``: what is left to wait for, or None. An effect the machine still
         awaits is waited for first, as the close's step is."""
         actor = self.actor
         if not actor.closed and actor.state != "closed":
             actor.post_now(Event("close"))
-            if not actor.idle:
-                return _after(actor.join(), release)
+            return after(actor.when_settled(), release)
         return release()
 
     def _post(self, event: Event) -> None:
@@ -126,9 +128,9 @@ def listen(
     return unlisten
 
 
-async def _after(first: Awaitable[Any], then: Callable[[], Awaitable[Any] | None]) -> None:
-    await first
-    await released(then())
+def is_closed(state: str) -> bool:
+    """A machine's ``closed`` state (what a wait for the close asks of ``when_settled``)."""
+    return state == "closed"
 
 
 async def released(ending: Awaitable[Any] | None) -> None:

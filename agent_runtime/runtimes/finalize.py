@@ -9,6 +9,7 @@ reply that could not be delivered is sent again on a retry without running it tw
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,9 +23,9 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import MachineRuntime, released
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, after
 from agent_runtime.sdk import livekit_compat as lk
 from statemachines.finalize import FINALIZE
 
@@ -106,11 +107,19 @@ class FinalizeAnswer(MachineRuntime[str]):
 
     async def settled(self) -> None:
         """Wait until no answer is being computed or sent (the caller bounds the wait)."""
-        await self.actor.until(lambda state: state not in ("answering", "replying"))
+        await released(self.when_settled())
+
+    def when_settled(self) -> asyncio.Future[None] | None:
+        """``settled()`` as a future, or None when it is so now."""
+        return self.actor.when_settled(_not_answering)
 
     async def aclose(self) -> None:
-        await self.actor.join()  # a reply under way is bounded by reply_timeout
-        await self.actor.aclose()
+        await released(self.release())
+
+    def release(self) -> asyncio.Future[None] | None:
+        """``aclose()`` without its wait: a reply under way (bounded by ``reply_timeout``)
+        ends first."""
+        return after(self.actor.when_settled(), self.actor.release)
 
     @property
     def is_simulation(self) -> bool:
@@ -219,3 +228,7 @@ class FinalizeAnswer(MachineRuntime[str]):
 
 # the finalize machine's handlers, shared by every instance (Handlers binds them)
 _EFFECTS = effect_table(FinalizeAnswer, FINALIZE)
+
+
+def _not_answering(state: str) -> bool:
+    return state not in ("answering", "replying")

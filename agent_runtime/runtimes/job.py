@@ -30,7 +30,7 @@ from agent_runtime._messages import NO_NAMES
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import MachineRuntime, is_closed, released
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter, RoomFact, simulators_in
 from agent_runtime.runtimes.routing import Wiring, follow, plain_fact
@@ -42,7 +42,7 @@ from agent_runtime.runtimes.session_host import (
 )
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
 from agent_runtime.runtimes.teardown import Teardown, Work
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, after
 from agent_runtime.settings import check_part, check_setting, observed
 from statemachines.glue import SESSION, hold_needed, simulators_after
 from statemachines.job import JOB
@@ -157,8 +157,6 @@ class JobRuntime(MachineRuntime[str]):
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
-        self._closed_at: float | None = None
-        self._closed_waiter: asyncio.Future[None] | None = None  # made for a waiter only
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
         forward = [host is None, deletion is None]
@@ -245,7 +243,8 @@ class JobRuntime(MachineRuntime[str]):
 
     @property
     def closed_at(self) -> float | None:
-        return self._closed_at
+        """When the machine entered ``closed`` (the job's clock), or None before."""
+        return self.actor.entered_at if self.actor.state == "closed" else None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -313,11 +312,12 @@ class JobRuntime(MachineRuntime[str]):
         self._callbacks.add(callback)
 
     async def wait_closed(self) -> None:
-        if self.actor.state == "closed" or self.actor.closed:
-            return
-        if self._closed_waiter is None:
-            self._closed_waiter = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._closed_waiter)
+        await released(self.when_closed())
+
+    def when_closed(self) -> asyncio.Future[None] | None:
+        """``wait_closed()`` as a future (a waiter cancelled leaves the job as it is), or
+        None when the job is closed (or released) now."""
+        return self.actor.when_settled(is_closed)
 
     async def aclose(self) -> None:
         """Shut down (honouring the hold, which is bounded), wait for ``closed``, then release
@@ -337,9 +337,16 @@ class JobRuntime(MachineRuntime[str]):
         """Once ``closed``: stop the host's reader, release every listener. The room
         deletion stays where it is (asked for after the close, it still runs: see
         ``request_room_deletion``) until ``aclose()``. Safe to run again."""
-        await self.actor.aclose()
-        await self.host.aclose()
+        await released(self.release_now())
+
+    def release_now(self) -> asyncio.Future[None] | None:
+        """``release()`` without its wait: what is left to wait for, or None."""
+        return after(self.actor.release(), self._release_host)
+
+    def _release_host(self) -> asyncio.Future[None] | None:
+        ending = self.host.release()
         self._release_listeners()
+        return ending
 
     def _release_listeners(self) -> None:
         if self._unsubscribe_facts is not None:
@@ -376,13 +383,9 @@ class JobRuntime(MachineRuntime[str]):
     def _on_state(self, sc: StateChanged) -> None:
         if sc.event == "hold_timeout":
             self._report_lost_verdict()
-        if sc.dest == "closed":
-            self._closed_at = self._clock.now()
-            if self._closed_waiter is not None and not self._closed_waiter.done():
-                self._closed_waiter.set_result(None)
         self._emit_state(sc)
         if sc.dest == "closed":
-            self.emit("closed", self._closed_at)
+            self.emit("closed", self.closed_at)
 
     def _report_lost_verdict(self) -> None:
         """The hold ran out with the simulator still there: its verdict is lost (the log
@@ -403,7 +406,7 @@ class JobRuntime(MachineRuntime[str]):
         )
 
     # -- closing ---------------------------------------------------------------------------
-    async def _fx_run_close(self, _ev: Event) -> Event:
+    def _fx_run_close(self, _ev: Event) -> asyncio.Future[Event]:
         """``closing``'s task: the steps of ``statemachines.system.TEARDOWN``, each within its
         share of ``close_timeout``; a step cut at its share never keeps the next from
         running. Each step's links (``LINKS``, run_close/STEP) fire as it begins."""
@@ -424,22 +427,22 @@ class JobRuntime(MachineRuntime[str]):
         }
         if self.composed_works is not None:  # the composer's steps (the session, the avatar)
             works.update(self.composed_works())
-        await self._teardown.run(works)
-        return Event("close_done")
+        return self._teardown.run(works, Event("close_done"))
 
     def _begin_step(self, step: str) -> None:
         self.wiring.fire("job", "run_close", step=step)
 
-    def _host_closed(self) -> Awaitable[None]:
-        return self.host.wait_closed()
+    def _host_closed(self) -> asyncio.Future[None] | None:
+        return self.host.released_once_closed()
 
     def _disconnect(self) -> Awaitable[None] | None:
         return self._room.disconnect() if self._room.isconnected() else None
 
-    async def _deletion_settled(self) -> None:
+    def _deletion_settled(self) -> asyncio.Future[None] | None:
         # delete_room_on_close covers every way the job ends (upstream deletes from the
-        # session's close, which a job shutdown also causes), after the hold, never before
-        await self.deletion.settled()  # a deletion asked for runs now
+        # session's close, which a job shutdown also causes), after the hold, never before;
+        # a deletion asked for runs now (the step's links allowed it)
+        return self.deletion.when_settled()
 
     def _waiting_for(self, step: str) -> str:
         """What a step cut at its bound had not seen happen (the log line says it)."""

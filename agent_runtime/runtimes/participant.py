@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,7 +211,7 @@ class ParticipantLink(MachineRuntime[str]):
         """Stop following: unhook, enter ``closed``. The session is left as it is."""
         await released(self.release())
 
-    def release(self) -> Awaitable[Any] | None:
+    def release(self) -> asyncio.Future[Any] | None:
         """``aclose()`` as the job's teardown runs it: what is left to wait for, or None
         (the usual case). The machine is ``closed`` when this returns: ``start()`` refuses."""
         self._unhook()

@@ -34,7 +34,7 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,7 +54,7 @@ from agent_runtime.runtimes._base import MachineRuntime, listen, released
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, ending
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import PlayoutOptions, check_setting
 from statemachines import glue
@@ -286,7 +286,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         """Stop following: the machine closes, listeners and speech followers go."""
         await released(self.release())
 
-    def release(self) -> Awaitable[Any] | None:
+    def release(self) -> asyncio.Future[Any] | None:
         """``aclose()`` as the job's teardown runs it: what is left to wait for, or None
         (the usual case: the close is stepped at once and nothing is running)."""
         return self._close_now(self._stop)
@@ -295,8 +295,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         """Stop the machine where it is (no ``close`` event) and stop following."""
         await released(self._stop())
 
-    def _stop(self) -> Awaitable[Any] | None:
-        ending = [self.actor.release()]
+    def _stop(self) -> asyncio.Future[Any] | None:
+        stopped = self.actor.release()
         unfollow, self._unfollow = self._unfollow, None
         if unfollow is not None:
             unfollow()
@@ -304,11 +304,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             self._avatar.off("segment_flushed", self._on_segment_flushed)
             self._avatar.off("playback_finished", self._on_playback_report)
         for t in self._speeches:
-            if not t.done():
-                t.cancel()
-                ending.append(t)
-        waits = [w for w in ending if w is not None]
-        return asyncio.gather(*waits, return_exceptions=True) if waits else None
+            t.cancel()
+        return ending(stopped, *self._speeches)
 
     # -- what it follows ---------------------------------------------------------------------
     def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:

@@ -8,6 +8,7 @@ hold is over and the room work is done, and it then runs once, bounded by
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from livekit import rtc
 from agent_runtime.actor import Event, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import MachineRuntime, released
 from agent_runtime.scheduler import Scheduler
 from statemachines.room_deletion import ROOM_DELETION
 
@@ -79,7 +80,11 @@ class RoomDeletion(MachineRuntime[str]):
 
     async def settled(self) -> None:
         """Wait until what was posted is handled and no deletion runs (it is bounded)."""
-        await self.actor.until(lambda state: state != "deleting")
+        await released(self.when_settled())
+
+    def when_settled(self) -> asyncio.Future[None] | None:
+        """``settled()`` as a future, or None when it is so now."""
+        return self.actor.when_settled(_not_deleting)
 
     async def aclose(self) -> None:
         """Release: a deletion under way runs to its end or its bound first."""
@@ -152,3 +157,7 @@ def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:
             await lkapi.room.delete_room(api.DeleteRoomRequest(room=room.name))
 
     return delete
+
+
+def _not_deleting(state: str) -> bool:
+    return state != "deleting"

@@ -23,9 +23,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from livekit import rtc
 from livekit.agents import AgentSession
@@ -36,10 +36,10 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import MachineRuntime, is_closed, released
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.scheduler import Scheduler, when_all
+from agent_runtime.scheduler import Scheduler, after, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import simulation_context
 from agent_runtime.sdk.session_transport import (
@@ -52,9 +52,6 @@ from agent_runtime.sdk.session_transport import (
 )
 from statemachines.session_host import SESSION_HOST
 from statemachines.system import host_drain
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("agent_runtime.session_host")
 
@@ -246,20 +243,23 @@ class JobSessionHost(MachineRuntime[str]):
     async def aclose(self) -> None:
         """Close the host (in-flight replies go out within ``drain_timeout``, then the
         transport closes) and release its machines."""
+        await released(self.release())
+
+    def release(self) -> asyncio.Future[None] | None:
+        """``aclose()`` without its wait: what is left to wait for, or None."""
         if not self.actor.closed and self.actor.state in ("detached", "attached"):
             self.actor.post(Event("close"))
-        await self.wait_closed()
+        return self.released_once_closed()
 
-    async def wait_closed(self) -> None:
-        """Wait for the close asked (``close`` posted), then release the host's machines."""
-        if not self.actor.closed:
-            # bounded: closing ends at its drain bound, its effects at theirs
-            await self.actor.until(lambda state: state == "closed")
-        await self.actor.aclose()
-        await self.finalize.aclose()
-        await self._stop_reading()
+    def released_once_closed(self) -> asyncio.Future[None] | None:
+        """The host's machines released once the close asked has ended (bounded: closing
+        ends at its drain bound, its effects at theirs); None when nothing is left."""
+        return after(self.actor.when_settled(is_closed), self._release)
+
+    def _release(self) -> asyncio.Future[None] | None:
         self._sessions.clear()
         self._pending.clear()
+        return ending(self.actor.release(), self.finalize.release(), self._stop_reading())
 
     # -- incoming --------------------------------------------------------------------------
     async def _read(self, opened: asyncio.Future[None]) -> None:
@@ -397,18 +397,11 @@ class JobSessionHost(MachineRuntime[str]):
                 logger.exception("on_session_closed failed", extra=self.actor.log_fields())
         return Output({"reason": reason})
 
-    def _fx_drain(self, _ev: Event) -> Event | Awaitable[Event]:
+    def _fx_drain(self, _ev: Event) -> Event | asyncio.Future[Event]:
         # closing's state task, cut by its drain_timeout: done at once with nothing in
-        # flight; the per-session closes alone are waited on with no task of its own
-        drained, closes = Event("drained"), self._closing_hosts
-        if self.finalize.state in ("answering", "replying"):
-            return self._drain(drained)
-        return when_all(closes, drained) if closes else drained
-
-    async def _drain(self, drained: Event) -> Event:
-        await asyncio.gather(*self._closing_hosts, return_exceptions=True)
-        await self.finalize.settled()
-        return drained
+        # flight; the per-session closes and an answer under way are followed, no task
+        waiting = ending(*self._closing_hosts, self.finalize.when_settled())
+        return Event("drained") if waiting is None else relay(waiting, Event("drained"))
 
     async def _fx_reply_closing(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
@@ -440,11 +433,12 @@ class JobSessionHost(MachineRuntime[str]):
             await self._transport.close()
 
     # -- helpers ---------------------------------------------------------------------------
-    async def _stop_reading(self) -> None:
+    def _stop_reading(self) -> asyncio.Future[Any] | None:
         task, self._reader = self._reader, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if task is None or task is asyncio.current_task() or task.done():
+            return None
+        task.cancel()
+        return task
 
     async def _send_error(self, request_id: str, error: str) -> None:
         await self._transport.send_message(

@@ -20,10 +20,12 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from agent_runtime.clock import Clock
+from agent_runtime.clock import Clock, TimerHandle
 from statemachines.system import TeardownStep
+
+T = TypeVar("T")
 
 # a step's work: what it has to wait for, or None when there is nothing left to do
 Work = Callable[[], Awaitable[Any] | None]
@@ -72,20 +74,22 @@ class Teardown:
         self._begin = begin
         self._waiting_for = waiting_for
 
-    async def run(self, works: Mapping[str, Work]) -> None:
-        """Every step, in waves: the steps whose predecessors have all ended run at once."""
+    def run(self, works: Mapping[str, Work], result: T) -> asyncio.Future[T]:
+        """Every step, in waves: the steps whose predecessors have all ended run at once.
+        Returns what is done with ``result`` once the last step has ended; cancelling it
+        cuts the whole (its state's bound): no step begins after it, and the works the
+        teardown runs itself are cancelled.
+
+        The runner is callbacks on the works' ends, not a task: a work that is a future
+        is followed as it is (never cancelled here: it has its own owner), one that is a
+        coroutine gets a task of its own, the step's, cancelled when the step is cut. A
+        teardown whose machines are already closed costs no task and no timer."""
         unknown = set(works) - {s.name for s in self.steps}
         if unknown:
             raise KeyError(f"no teardown step {sorted(unknown)}")
-        for wave in waves(self.steps):
-            # each step begins and asks its work; only the works that have something to
-            # wait for run (as tasks when more than one does): a wave whose machines are
-            # already closed costs no task and no timer
-            pending = [(s, aw) for s in wave if (aw := self._begin_step(s, works.get(s.name)))]
-            if len(pending) == 1:
-                await self._step(*pending[0])
-            elif pending:
-                await asyncio.gather(*(self._step(s, aw) for s, aw in pending))
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        _Run(self, works, done, result).next_wave()
+        return done
 
     def _begin_step(self, step: TeardownStep, work: Work | None) -> Awaitable[Any] | None:
         """Begin ``step``; what its work has to wait for, or None (it has ended)."""
@@ -106,28 +110,108 @@ class Teardown:
         self.running.remove(step.name)
         self.ended.add(step.name)
 
-    async def _step(self, step: TeardownStep, aw: Awaitable[Any]) -> None:
-        seconds = step.bound * self._close_timeout
-        try:
-            if step.timed_by:
-                await aw  # bounded by that machine's own timers
-            else:
-                await self._clock.wait_for(aw, seconds)
-        except TimeoutError:
-            why = self._waiting_for(step.name) if self._waiting_for is not None else step.what
-            self._log.warning(
-                "%s: closing %s took longer than %gs; cut off, the close goes on (%s)",
-                self._who,
-                step.name,
-                seconds,
-                why,
-            )
-        except (Exception, asyncio.CancelledError) as e:
-            me = asyncio.current_task()
-            if isinstance(e, asyncio.CancelledError) and me is not None and me.cancelling():
-                raise  # the teardown itself is cut (its state's bound): nothing more runs
-            # a work that raised CancelledError with nobody cancelling it (a close task
-            # it waited on was cancelled) failed like any other: the next steps still run
-            self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
-        finally:
-            self._end(step)
+    def _cut(self, step: TeardownStep) -> None:
+        why = self._waiting_for(step.name) if self._waiting_for is not None else step.what
+        self._log.warning(
+            "%s: closing %s took longer than %gs; cut off, the close goes on (%s)",
+            self._who,
+            step.name,
+            step.bound * self._close_timeout,
+            why,
+        )
+
+    def _failed(self, step: TeardownStep, e: BaseException) -> None:
+        self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
+
+
+class _Live:
+    """A step whose work runs: what it waits on, whether the step owns it, its bound."""
+
+    __slots__ = ("bound", "fut", "owned")
+
+    def __init__(self, fut: asyncio.Future[Any], owned: bool, bound: TimerHandle | None) -> None:
+        self.fut, self.owned, self.bound = fut, owned, bound
+
+
+class _Run:
+    """One run of a teardown: the waves left, the steps of the current wave still live."""
+
+    __slots__ = ("done", "live", "result", "stuck", "td", "waves", "works")
+
+    def __init__(
+        self, td: Teardown, works: Mapping[str, Work], done: asyncio.Future[T], result: T
+    ) -> None:
+        self.td, self.works, self.done, self.result = td, works, done, result
+        self.waves = iter(waves(td.steps))
+        self.live: dict[TeardownStep, _Live] = {}
+        # works of the steps cut at their bound that swallowed the cancellation
+        self.stuck: list[asyncio.Future[Any]] = []
+        done.add_done_callback(self._whole_ended)
+
+    def next_wave(self) -> None:
+        """Begin waves until one has work to wait for (or none is left: done)."""
+        while not self.done.done():
+            wave = next(self.waves, None)
+            if wave is None:
+                self.done.set_result(self.result)
+                return
+            for step in wave:
+                aw = self.td._begin_step(step, self.works.get(step.name))
+                if aw is not None:
+                    self._follow(step, aw)
+            if self.live:
+                return  # the last of them to end begins the next wave
+
+    def _follow(self, step: TeardownStep, aw: Awaitable[Any]) -> None:
+        owned = not isinstance(aw, asyncio.Future)
+        fut: asyncio.Future[Any] = asyncio.ensure_future(aw)
+        bound = None
+        if not step.timed_by:  # else that machine's own timers bound it
+            seconds = step.bound * self.td._close_timeout
+            bound = self.td._clock.call_later(seconds, lambda: self._cut(step))
+        self.live[step] = _Live(fut, owned, bound)
+        fut.add_done_callback(lambda f: self._ended(step, f))
+
+    def _ended(self, step: TeardownStep, fut: asyncio.Future[Any]) -> None:
+        failure = None if fut.cancelled() else fut.exception()  # retrieved, whoever ran it
+        live = self.live.get(step)
+        if live is None or live.fut is not fut or self.done.done():
+            return  # cut before, or the whole was cut
+        if live.bound is not None:
+            live.bound.cancel()
+        if fut.cancelled():
+            # a work cancelled with nobody cutting it (a close task it followed was
+            # cancelled) failed like any other: the next steps still run
+            self.td._failed(step, asyncio.CancelledError())
+        elif failure is not None:
+            self.td._failed(step, failure)
+        self._close(step)
+
+    def _cut(self, step: TeardownStep) -> None:
+        live = self.live.get(step)
+        if live is None or self.done.done():
+            return
+        self.td._cut(step)
+        if live.owned:
+            live.fut.cancel()
+            self.stuck.append(live.fut)
+        self._close(step)
+
+    def _close(self, step: TeardownStep) -> None:
+        del self.live[step]
+        self.td._end(step)
+        if not self.live:
+            self.next_wave()
+
+    def _whole_ended(self, done: asyncio.Future[Any]) -> None:
+        """Ended, or cut as a whole: nothing more begins, and no work the steps own outlives
+        the teardown (one cut at its bound that swallowed that cancellation gets another)."""
+        for work in self.stuck:
+            work.cancel()
+        live, self.live = self.live, {}
+        for step, each in live.items():
+            if each.bound is not None:
+                each.bound.cancel()
+            if each.owned:
+                each.fut.cancel()
+            self.td._end(step)

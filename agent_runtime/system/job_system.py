@@ -66,7 +66,7 @@ from agent_runtime.runtimes.session_host import (
     simulation_context,
 )
 from agent_runtime.runtimes.teardown import Teardown, Work
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, after, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from statemachines.agent_job import AGENT_JOB
@@ -383,11 +383,11 @@ class JobSystem(MachineRuntime[str]):
         left, the job asks it to)."""
         if lk.session_live(self.session):
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
-        return _ended(lk.session_closing_task(self.session))
+        return ending(lk.session_closing_task(self.session))
 
     def _avatar_left(self) -> Awaitable[None] | None:
         """The avatar's close (its step's link asked it) and a session close still running."""
-        return _ended(
+        return ending(
             lk.session_closing_task(self.session),
             self.avatar.request_close() if self.avatar is not None else None,
         )
@@ -404,9 +404,10 @@ class JobSystem(MachineRuntime[str]):
     def _fx_ask_abort(self, _ev: Event) -> Output:
         return Output({"reason": "aborted"})
 
-    async def _fx_run_teardown(self, _ev: Event) -> Event:
+    def _fx_run_teardown(self, _ev: Event) -> Event | asyncio.Future[Event]:
         """``closing``'s task: the steps of ``statemachines.system.RELEASE`` (each step's
-        links, run_teardown/STEP, fire as it begins)."""
+        links, run_teardown/STEP, fire as it begins); whatever a step was cut at, the job
+        runtime and the room are let go before ``released``."""
         teardown = Teardown(
             RELEASE,
             close_timeout=self.settings.close_timeout,
@@ -424,13 +425,13 @@ class JobSystem(MachineRuntime[str]):
         }
         if self.playout is not None:
             works["playout"] = self.playout.release
-        try:
-            await teardown.run(works)
-        finally:
-            # whatever a step was cut at: the job runtime and the room are let go
-            await self.job.release()
-            self._unhook()
-        return Event("released")
+        ending = after(teardown.run(works, None), self._let_go)
+        return Event("released") if ending is None else relay(ending, Event("released"))
+
+    def _let_go(self) -> asyncio.Future[None] | None:
+        ending = self.job.release_now()
+        self._unhook()
+        return ending
 
     def _begin_release(self, step: str) -> None:
         self.wiring.fire("agent_job", "run_teardown", step=step)
@@ -441,10 +442,10 @@ class JobSystem(MachineRuntime[str]):
             t.cancel()
         # each start's own awaiter (run_part) retrieves its outcome; one that swallows its
         # cancellation runs on past this step's share
-        return _ended(*starts)
+        return ending(*starts)
 
-    def _job_closed(self) -> Awaitable[None] | None:
-        return None if self.job.state == "closed" else self.job.wait_closed()
+    def _job_closed(self) -> asyncio.Future[None] | None:
+        return self.job.when_closed()
 
     def _no_session_left(self) -> None:
         if lk.session_live(self.session):
@@ -455,7 +456,7 @@ class JobSystem(MachineRuntime[str]):
     def _avatar_closed(self) -> Awaitable[None] | None:
         """The avatar's close, if the job's close was cut before its avatar step (the close
         runs once, whoever asked first)."""
-        return _ended(self.avatar.request_close() if self.avatar is not None else None)
+        return ending(self.avatar.request_close() if self.avatar is not None else None)
 
     def _unhook(self) -> None:
         self.events.aclose()
@@ -466,20 +467,6 @@ LIFECYCLE_SHUTDOWN = "job closed"
 
 # the machines some watch follows
 _WATCHED = frozenset(w.source for w in WATCHES)
-
-
-def _ended(*closes: asyncio.Future[Any] | None) -> Awaitable[None] | None:
-    """What waits for each of ``closes`` still running to end, however it ends, without
-    cancelling it when the wait is cut (each has its own owner); None: nothing runs."""
-    running = [c for c in closes if c is not None and not c.done()]
-    return _wait_ended(running) if running else None
-
-
-async def _wait_ended(closes: list[asyncio.Future[Any]]) -> None:
-    await asyncio.wait(closes)
-    for c in closes:
-        if not c.cancelled():
-            c.exception()  # retrieved: a failed close is its owner's to log
 
 
 # the lifecycle's handlers, shared by every job (Handlers binds them to one)
