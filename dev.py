@@ -6,6 +6,9 @@
     python3 dev.py test --exhaustive [ARGS]  # the exhaustive tier alone (the long explorations)
     python3 dev.py test --all [ARGS]         # both tiers, as CI runs them
     python3 dev.py lint                      # ruff, mypy --strict, diagrams --check
+    python3 dev.py explore [ARGS]            # explore the composed job's model (--help)
+    python3 dev.py conformance [ARGS]        # replay the model's paths through a real job
+    python3 dev.py mutation [ARGS]           # the behaviour-only mutation score (hours)
     python3 dev.py run COMMAND [ARGS...]     # a command of the venv: run agent-runtime --help
     python3 dev.py pythons                   # the supported Python versions, one a line
     python3 dev.py --python 3.13 COMMAND     # any command on that interpreter, in .venv-3.13
@@ -13,7 +16,9 @@
 
 Each creates its venv (.venv for the interpreter running dev.py) and installs the project
 with its dev extra when needed (again whenever pyproject.toml changes). `test` with no
-test named runs on as many pytest-xdist workers as there are cores.
+test named runs on as many pytest-xdist workers as there are cores. `explore`,
+`conformance` and `mutation` check the project's own machines: they run from verification/,
+which the wheel leaves out.
 """
 
 from __future__ import annotations
@@ -35,8 +40,15 @@ if sys.version_info < (3, 11):  # noqa: UP036  (tomllib; the oldest Python suppo
 import tomllib  # noqa: E402  (after the version check, which names what is missing)
 
 EXHAUSTIVE = "exhaustive"  # the marker of the tier `test` leaves out (pyproject's addopts)
+# the project's own verification (verification/, not in the wheel): dev.py's command -> the
+# module run from the project's root, where `python -m` finds the folder
+VERIFICATION = {
+    "explore": "verification.explore",
+    "conformance": "verification.conformance",
+    "mutation": "verification.mutation",
+}
 # the commands that need the venv (`pythons` and `--help` do not)
-COMMANDS = ("simulate", "test", "lint", "run")
+COMMANDS = ("simulate", "test", "lint", "run", *VERIFICATION)
 
 
 def supported() -> list[str]:
@@ -159,6 +171,8 @@ def main(argv: list[str]) -> int:
         return run(str(env.bin / "agent-runtime"), "simulate", *rest)
     if what == "test":
         return run(env.python, "-m", "pytest", *pytest_args(rest))
+    if what in VERIFICATION:
+        return run(env.python, "-m", VERIFICATION[what], *rest)
     if what == "lint":
         codes = [
             run(str(env.bin / "ruff"), "check", "."),

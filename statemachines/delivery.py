@@ -1,7 +1,7 @@
 """How a room fact and an effect's outcome reach the machines of one job, written once.
 
 The runtime (``agent_runtime.runtimes.routing``: each machine's room follower, the job's ``Wiring``)
-and the explorer's model (``agent_runtime.tools.explore.model``) both deliver through these
+and the explorer's model (``verification.explore.model``) both deliver through these
 functions, so the model cannot drift from what the runtime does: which machines hear a fact
 and in which order (``statemachines.system.FOLLOW_ORDER``), which of a machine's routes a
 fact fires (``statemachines.routing.ROUTES``, conditions from

@@ -19,19 +19,19 @@ import json
 import pytest
 
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.tools.cli import main
-from agent_runtime.tools.conformance.harness import Harness
-from agent_runtime.tools.conformance.paths import Path, from_steps
-from agent_runtime.tools.conformance.replay import Mismatch, run
-from agent_runtime.tools.conformance.suite import conformance
-from agent_runtime.tools.explore import LIFECYCLE_CONFIGS, Config
-from agent_runtime.tools.explore.model import Inputs
-from agent_runtime.tools.explore.mutate import set_cell
-from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
 from statemachines.glue import LINKS, without
 from statemachines.machines import MACHINES
 from statemachines.step import table_of
 from statemachines.system import bound_of
+from verification.conformance.command import main
+from verification.conformance.harness import Harness
+from verification.conformance.paths import Path, from_steps
+from verification.conformance.replay import Mismatch, run
+from verification.conformance.suite import conformance
+from verification.explore import LIFECYCLE_CONFIGS, Config
+from verification.explore.model import Inputs
+from verification.explore.mutate import set_cell
+from verification.explore.search import DEFAULT_CONFIGS
 
 # the rows no path takes, each for a reason: an input the model does not produce (the
 # avatar's own lk.playback_finished outside a clear; a detach; the same session attached
@@ -155,11 +155,11 @@ def test_a_retry_keeps_the_new_attempts_route() -> None:
 
 
 def test_the_cli_reports_coverage(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["conformance", "--depth", "2", "--counterexample-depth", "1", "--json"]) == 0
+    assert main(["--depth", "2", "--counterexample-depth", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] and data["paths"] == data["covering"] + data["counterexamples"]
     assert 0 < data["rows_taken"] < data["rows_total"]
-    assert main(["conformance", "--depth", "-1"]) == 2
+    assert main(["--depth", "-1"]) == 2
 
 
 def test_the_avatar_leaves_after_the_session_or_its_share_of_the_bound() -> None:

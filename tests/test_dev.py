@@ -125,3 +125,32 @@ def test_run_runs_a_command_of_the_venv_with_its_arguments_and_exit_code(
     tool.chmod(0o755)
     assert dev.main(["run", "tool", "a", "b c"]) == 3
     assert (tmp_path / "args.txt").read_text() == "a b c\n"  # run in the project's root
+
+
+@pytest.mark.parametrize(
+    ("command", "module"),
+    [
+        ("explore", "verification.explore"),
+        ("conformance", "verification.conformance"),
+        ("mutation", "verification.mutation"),
+    ],
+)
+def test_the_project_s_own_checks_run_from_verification_in_the_venv(
+    dev_in: tuple[ModuleType, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    command: str,
+    module: str,
+) -> None:
+    """`explore`, `conformance` and `mutation` left the wheel's CLI: dev.py runs their
+    module with the venv's Python from the project's root (where verification/ is), with
+    the arguments as given; the help lists them."""
+    dev, ensured = dev_in
+    ran: list[tuple[str, ...]] = []
+    monkeypatch.setattr(dev, "run", lambda *cmd: ran.append(cmd) or 0)
+    assert dev.main([command, "--json", "--depth", "2"]) == 0
+    python = str(tmp_path / ".venv" / "bin" / "python")
+    assert ran == [(python, "-m", module, "--json", "--depth", "2")]
+    assert ensured == [".venv"]
+    assert (ROOT / Path(*module.split(".")) / "__main__.py").is_file()
+    assert re.search(rf"^ +python3 dev\.py {command} \[ARGS\] +# ", dev.__doc__, re.M)

@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from agent_runtime.tools.explore import (
+from statemachines import MachineSpec, Row
+from statemachines.glue import LINKS, Link, without
+from statemachines.machines import MACHINES
+from verification.explore import (
     DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
     DEFAULT_GLUE,
@@ -29,11 +32,8 @@ from agent_runtime.tools.explore import (
     explore,
     explore_plans,
 )
-from agent_runtime.tools.explore.model import Inputs, Mailboxes
-from agent_runtime.tools.explore.mutate import set_cell, set_dest
-from statemachines import MachineSpec, Row
-from statemachines.glue import LINKS, Link, without
-from statemachines.machines import MACHINES
+from verification.explore.model import Inputs, Mailboxes
+from verification.explore.mutate import set_cell, set_dest
 
 AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
 DELETION, FINALIZE = MACHINES["room_deletion"], MACHINES["finalize"]

@@ -1,4 +1,5 @@
-"""``agent-runtime explore``: the report, its JSON form and its exit status."""
+"""``python3 dev.py explore`` (``verification.explore.command``): the report, its JSON form
+and its exit status."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 
 import pytest
 
-from agent_runtime.tools.cli import main
+from verification.explore.command import main
 
 
 def test_explore_prints_what_it_covered_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explore", "--depth", "2", "--workers", "1"]) == 0
+    assert main(["--depth", "2", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("explored ")
     assert "distinct states and" in out and "event sequences (up to depth 2" in out
@@ -19,7 +20,7 @@ def test_explore_prints_what_it_covered_and_exits_0(capsys: pytest.CaptureFixtur
 
 
 def test_explore_json_has_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explore", "--depth", "1", "--workers", "1", "--json"]) == 0
+    assert main(["--depth", "1", "--workers", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is True and data["violations"] == []
     assert data["states"] == sum(e["states"] for e in data["explorations"])
@@ -31,8 +32,8 @@ def test_explore_json_has_the_figures(capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.parametrize("flag", ["--depth", "--workers"])
 def test_explore_refuses_a_negative_number(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explore", flag, "-1"]) == 2
-    assert f"agent-runtime explore: {flag} must be >= " in capsys.readouterr().err
+    assert main([flag, "-1"]) == 2
+    assert f"dev.py explore: {flag} must be >= " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,7 @@ def test_explore_refuses_a_negative_number(flag: str, capsys: pytest.CaptureFixt
 def test_explore_runs_the_configs_asked_for(
     configs: str, shown: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["explore", "--configs", configs, "--depth", "1", "--workers", "1"]) == 0
+    assert main(["--configs", configs, "--depth", "1", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "inputs, depth 1:" in line]
     assert lines and all(shown in line for line in lines), out
@@ -54,6 +55,20 @@ def test_explore_runs_the_configs_asked_for(
 
 def test_explore_refuses_an_unknown_config_set(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["explore", "--configs", "everything"])
+        main(["--configs", "everything"])
     assert exit_.value.code == 2
     assert "invalid choice: 'everything'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["explore", "conformance"])
+def test_the_installed_cli_no_longer_has_the_project_s_own_checks(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They moved to `python3 dev.py explore|conformance` with verification/, which the
+    wheel leaves out (CHANGELOG)."""
+    from agent_runtime.tools.cli import main as agent_runtime
+
+    with pytest.raises(SystemExit) as exit_:
+        agent_runtime([command])
+    assert exit_.value.code == 2
+    assert f"invalid choice: '{command}'" in capsys.readouterr().err

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runtime.tools.explore import (
+from statemachines import MachineSpec
+from statemachines.glue import LINKS, Link, without
+from statemachines.machines import MACHINES
+from statemachines.system import WATCHES, Watch
+from verification.explore import (
     PLAYOUT_CONFIGS,
     Config,
     Model,
@@ -26,12 +30,8 @@ from agent_runtime.tools.explore import (
     explore,
     explore_plans,
 )
-from agent_runtime.tools.explore.model import Inputs, Mailboxes, World
-from agent_runtime.tools.explore.mutate import set_cell
-from statemachines import MachineSpec
-from statemachines.glue import LINKS, Link, without
-from statemachines.machines import MACHINES
-from statemachines.system import WATCHES, Watch
+from verification.explore.model import Inputs, Mailboxes, World
+from verification.explore.mutate import set_cell
 
 PLAYOUT = MACHINES["playout"]
 # the example agent in a simulation, with playout's defaults (no watchdog)

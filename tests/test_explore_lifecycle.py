@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runtime.tools.explore import (
+from statemachines import MachineSpec
+from statemachines.glue import LINKS, Link, without
+from statemachines.machines import MACHINES
+from statemachines.system import WATCHES, Watch
+from verification.explore import (
     DEFAULT_CONFIGS,
     LIFECYCLE_CONFIGS,
     Config,
@@ -28,12 +32,8 @@ from agent_runtime.tools.explore import (
     explore,
     explore_plans,
 )
-from agent_runtime.tools.explore.model import Inputs, World
-from agent_runtime.tools.explore.mutate import set_cell, set_dest
-from statemachines import MachineSpec
-from statemachines.glue import LINKS, Link, without
-from statemachines.machines import MACHINES
-from statemachines.system import WATCHES, Watch
+from verification.explore.model import Inputs, World
+from verification.explore.mutate import set_cell, set_dest
 
 AGENT_JOB = MACHINES["agent_job"]
 # the example agent in a simulation: a graceful close holds for the simulator

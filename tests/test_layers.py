@@ -1,13 +1,15 @@
 """The parts of the code depend on each other one way (``docs/guide/layout.md``).
 
-Every module of ``statemachines/`` and ``agent_runtime/`` belongs to one part, and each part
-has a rank; a module may import its own part and the parts of a lower rank, never a part of
-the same rank or above. Every import counts: at the top, in a function, under
+Every module of ``statemachines/``, ``agent_runtime/`` and ``verification/`` belongs to one
+part, and each part has a rank; a module may import its own part and the parts of a lower
+rank, never a part of the same rank or above. Every import counts: at the top, in a function, under
 ``TYPE_CHECKING``, relative or absolute, ``import a.b`` or ``from a import b`` (``b`` a
 module or a name). What this catches: ``runtimes`` importing ``system`` (the two imported
 each other), ``observe`` importing the actor or the system, ``sdk`` importing the core, the
 core importing a runtime, the testing kit importing the tools, anything importing the
-package's front (``agent_runtime/__init__.py``) but the testing kit and the tools.
+package's front (``agent_runtime/__init__.py``) but the testing kit, the tools and
+``verification``, anything of the installed package importing ``verification`` (the dev
+folder the wheel leaves out).
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ RANKS = {
     "front": 5,  # agent_runtime/__init__.py: the public names
     "testing": 6,  # the testing kit
     "tools": 7,  # the CLI (it runs scenarios with the testing kit)
+    # the project's checks of its own machines (explore, conformance, mutation): a dev
+    # folder, not in the wheel, so nothing installed may import it
+    "verification": 8,
 }
+PACKAGES = ("statemachines", "agent_runtime", "verification")
 _FOLDERS = ("observe", "sdk", "runtimes", "system", "testing", "tools")
 
 
 def part_of(module: str) -> str | None:
     """The part a module of this project belongs to (None: not this project's)."""
     top, *rest = module.split(".")
-    if top == "statemachines":
-        return "statemachines"
+    if top in ("statemachines", "verification"):
+        return top
     if top != "agent_runtime":
         return None
     if not rest:
@@ -46,8 +52,8 @@ def part_of(module: str) -> str | None:
 
 
 def modules(root: Path) -> Iterator[tuple[str, Path]]:
-    """(dotted name, path) of every module of the two packages under ``root``."""
-    for package in ("statemachines", "agent_runtime"):
+    """(dotted name, path) of every module of the project's packages under ``root``."""
+    for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             if parts[-1] == "__init__":
@@ -168,3 +174,28 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
         ["core", "observe", "system", "core"],
         ["runtimes", "system", "runtimes"],
     ]
+
+
+def test_nothing_installed_imports_verification(tmp_path: Path) -> None:
+    """``verification/`` is not in the wheel: a machine, the runtime or the CLI importing it
+    would fail for every user. It may import all of them (it checks them)."""
+    files = {
+        "statemachines/__init__.py": "",
+        "statemachines/delivery.py": "from verification.explore.model import Model\n",
+        "agent_runtime/__init__.py": "",
+        "agent_runtime/tools/__init__.py": "",
+        "agent_runtime/tools/cli.py": "def main():\n    import verification.explore.command\n",
+        "verification/__init__.py": "",
+        "verification/explore/__init__.py": "",
+        "verification/explore/model.py": "import statemachines.delivery\n",
+        "verification/explore/command.py": "from agent_runtime.tools import cli\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = upward_imports(tmp_path)
+    assert [f.split(": ", 1)[0] for f in found] == [
+        "statemachines/delivery.py:1",
+        "agent_runtime/tools/cli.py:2",
+    ]
+    assert "statemachines.delivery (statemachines) imports verification.explore.model" in found[0]

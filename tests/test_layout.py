@@ -1,5 +1,6 @@
-"""What runs in production never imports the testing kit or the tools, and the package's
-public namespace exports the production API only."""
+"""What runs in production never imports the testing kit, the tools or the project's own
+verification (``verification/``, not in the wheel), and the package's public namespace
+exports the production API only."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ PACKAGE = Path(agent_runtime.__file__).parent
 PRODUCTION = sorted(
     p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("testing", "tools")
 )
+
+
+# what production never imports: the testing kit, the tools and the project's own checks
+NOT_PRODUCTION = ("agent_runtime.testing", "agent_runtime.tools", "verification")
 
 
 def _module(path: Path) -> str:
@@ -54,7 +59,9 @@ def test_production_modules_never_import_the_testing_kit_or_the_tools() -> None:
         str(p.relative_to(PACKAGE)): sorted(
             m
             for m in _imports(p)
-            if m.startswith(("agent_runtime.testing", "agent_runtime.tools", "yaml"))
+            if m.startswith(
+                ("agent_runtime.testing", "agent_runtime.tools", "verification", "yaml")
+            )
         )
         for p in PRODUCTION
     }
@@ -81,7 +88,7 @@ def test_importing_the_whole_runtime_loads_neither_the_kit_nor_yaml() -> None:
         "import sys, agent_runtime\n"
         "for n in agent_runtime.__all__: getattr(agent_runtime, n)\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('agent_runtime.testing', "
-        "'agent_runtime.tools')) or m == 'yaml')\n"
+        "'agent_runtime.tools', 'verification')) or m == 'yaml')\n"
         "print(','.join(bad))\n"
     )
     done = subprocess.run(

@@ -1,4 +1,4 @@
-"""The mutation tool (``python -m agent_runtime.tools.mutation``): the swap reaches the
+"""The mutation tool (``python -m verification.mutation``): the swap reaches the
 runtime, the equivalence arguments hold for the code they rely on, and a run on one
 machine's cells kills what its tests notice.
 
@@ -18,8 +18,11 @@ from pathlib import Path
 import pytest
 
 from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
-from agent_runtime.tools.explore.mutate import set_cell, set_dest
-from agent_runtime.tools.mutation.equivalent import (
+from statemachines import MachineSpec, Row
+from statemachines.machines import MACHINES
+from statemachines.routing import ROUTES
+from verification.explore.mutate import set_cell, set_dest
+from verification.mutation.equivalent import (
     API_GUARDED,
     INSTALLED_BY,
     MODULES,
@@ -31,12 +34,9 @@ from agent_runtime.tools.mutation.equivalent import (
     SUBSCRIBED_BY,
     argument,
 )
-from agent_runtime.tools.mutation.mutants import Mutant, all_mutants, mutant, mutants_of
-from agent_runtime.tools.mutation.run import main
-from agent_runtime.tools.mutation.swap import Visits, swapped
-from statemachines import MachineSpec, Row
-from statemachines.machines import MACHINES
-from statemachines.routing import ROUTES
+from verification.mutation.mutants import Mutant, all_mutants, mutant, mutants_of
+from verification.mutation.run import main
+from verification.mutation.swap import Visits, swapped
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,7 @@ def test_the_playout_glue_posts_only_events_the_arguments_treat_as_any_time() ->
 
 
 def test_the_room_routes_only_post_events_the_arguments_treat_as_any_time() -> None:
-    from agent_runtime.tools.mutation.equivalent import possible_states
+    from verification.mutation.equivalent import possible_states
 
     for r in ROUTES:
         routed = frozenset(x.event for x in ROUTES if x.machine == r.machine)
@@ -622,7 +622,7 @@ def test_a_run_on_one_machine_kills_what_its_tests_notice(
 
 
 def test_a_cut_short_run_is_resumed_from_its_workers_logs(tmp_path: Path) -> None:
-    from agent_runtime.tools.mutation.run import read_logs
+    from verification.mutation.run import read_logs
 
     log = tmp_path / "mutants-0.out.json.log"
     log.write_text(

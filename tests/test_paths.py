@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
-from agent_runtime.tools.explore.paths import CoverageError, PathStep, cover
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
+from verification.explore.paths import CoverageError, PathStep, cover
 
 # paths planned from the specs as written
 pytestmark = pytest.mark.snapshot

@@ -1,4 +1,4 @@
-"""The playout machine explored exhaustively (``agent_runtime.tools.explore.playout``): its
+"""The playout machine explored exhaustively (``verification.explore.playout``): its
 guarantees hold in every world its inputs reach, and a spec that breaks one is caught with
 the inputs that show it."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runtime.tools.explore.playout import Report, explore_playout
 from statemachines import Cell, MachineSpec, Row, State
 from statemachines.playout import PLAYOUT
+from verification.explore.playout import Report, explore_playout
 
 
 @pytest.mark.parametrize("watchdog", [True, False])

@@ -1,5 +1,5 @@
-"""``agent-runtime``: simulate scenarios, replay traces, draw and diff the machines,
-explore the composed job.
+"""``agent-runtime``: simulate scenarios, replay traces, draw, diff and export the machines,
+fuzz an agent.
 
 Each command's module is imported only when that command runs, so ``diagrams`` and
 ``table`` never pay for ``livekit.agents``.
@@ -105,50 +105,6 @@ def _parser() -> argparse.ArgumentParser:
     tab = sub.add_parser("table", help="print one machine's state x event table")
     tab.add_argument("machine")
     tab.set_defaults(module="agent_runtime.tools.commands.table")
-
-    exp = sub.add_parser(
-        "explore",
-        help="explore every event sequence of the composed job and check its invariants",
-        description="Breadth-first exploration of an abstract model of the job's machines "
-        "together. By default every world the model can reach (layer after layer until "
-        "nothing new appears); exit 1 with the shortest event sequence to each violation.",
-    )
-    exp.add_argument(
-        "--configs",
-        choices=("default", "playout", "lifecycle", "all"),
-        default="default",
-        help="which configurations: the job as the example composes it and each setting "
-        "both ways (default); with the playout machine; with the user's aclose() and "
-        "aclose(graceful=False) among the inputs; or all of them",
-    )
-    exp.add_argument("--depth", type=int, metavar="N", help="stop after N inputs/timeouts")
-    exp.add_argument(
-        "--deep",
-        action="store_true",
-        help="also every input together and finer interleavings (or AGENT_RUNTIME_DEEP=1)",
-    )
-    exp.add_argument("--workers", type=int, metavar="N", help="processes (default: CPUs)")
-    exp.add_argument("--json", action="store_true", help="print the report as JSON")
-    exp.set_defaults(module="agent_runtime.tools.commands.explore")
-
-    con = sub.add_parser(
-        "conformance",
-        help="replay the model's paths through a real AgentJob and compare after every step",
-        description="Paths that take every transition row the model reaches, and the "
-        "shortest counterexample of every fault the explorer knows, replayed through a real "
-        "AgentJob (in-memory room, virtual clock); after every step the model's view of the "
-        "job and the runtime's must agree. Exit 1 with the first differing step of a path.",
-    )
-    con.add_argument("--depth", type=int, metavar="N", help="moves the covering search goes")
-    con.add_argument(
-        "--counterexample-depth",
-        dest="cex_depth",
-        type=int,
-        metavar="N",
-        help="how deep each fault is explored for its counterexample",
-    )
-    con.add_argument("--json", action="store_true", help="print the report as JSON")
-    con.set_defaults(module="agent_runtime.tools.commands.conformance")
 
     xpo = sub.add_parser(
         "export",

@@ -43,10 +43,10 @@ from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
-from agent_runtime.tools.conformance.observe import Observed, runtime_view
-from agent_runtime.tools.conformance.observe import Sent as Finalize
-from agent_runtime.tools.explore.checks import LIVE_JOB
-from agent_runtime.tools.explore.view import JobView
+from verification.conformance.observe import Observed, runtime_view
+from verification.conformance.observe import Sent as Finalize
+from verification.explore.checks import LIVE_JOB
+from verification.explore.view import JobView
 
 AVATAR = "avatar-1"
 USER = "user"

@@ -1,4 +1,4 @@
-"""One process of a mutation run: ``python -m agent_runtime.tools.mutation.worker JOB.json``.
+"""One process of a mutation run: ``python -m verification.mutation.worker JOB.json``.
 
 ``coverage``: run the behaviour tests once on the unchanged specs (pytest, in this
 process) and record, for each test, its outcome, its time and the cells the actors
@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from agent_runtime.tools.mutation.mutants import Mutant, mutants_of
-from agent_runtime.tools.mutation.swap import Visits, swapped
 from statemachines.machines import MACHINES
+from verification.mutation.mutants import Mutant, mutants_of
+from verification.mutation.swap import Visits, swapped
 
 # the marker of tests that pin the specs as written (left out of the behaviour-only run)
 SNAPSHOT = "snapshot"
@@ -72,7 +72,7 @@ def _same_examples_everywhere() -> None:
 
 
 def _explore(depth: int | None, specs: dict[str, Any] | None, stop_at_first: bool) -> Any:
-    from agent_runtime.tools.explore import explore
+    from verification.explore import explore
 
     return explore(depth, specs=specs, count=False, stop_at_first=stop_at_first)
 
@@ -84,7 +84,7 @@ PLAYOUT_WORLDS = tuple((watchdog, n) for watchdog in (True, False) for n in (0, 
 
 def _explore_playout(spec: Any) -> str:
     """The first broken guarantee of the playout exploration with ``spec``, or ""."""
-    from agent_runtime.tools.explore.playout import explore_playout
+    from verification.explore.playout import explore_playout
 
     for watchdog, n in PLAYOUT_WORLDS:
         report = explore_playout(spec, watchdog=watchdog, max_reprompts=n)
@@ -122,7 +122,7 @@ class _Coverage:
         out: dict[str, Any] = {"tests": self.tests, "explore": None}
         depth = self.job.get("explore_depth", -1)
         if depth is None or depth >= 0:
-            importlib.import_module("agent_runtime.tools.explore.playout")  # before the wrap
+            importlib.import_module("verification.explore.playout")  # before the wrap
             t0 = time.perf_counter()
             visits = Visits()
             with visits.installed(pure=True):

@@ -1,9 +1,9 @@
 """The behaviour-only mutation score of the machines: which one-cell changes do the tests
 that assert behaviour notice?
 
-    python -m agent_runtime.tools.mutation                 # every machine (hours)
-    python -m agent_runtime.tools.mutation --props-examples 50 --explore-depth 4  # minutes
-    python -m agent_runtime.tools.mutation --machine job --json out.json
+    python3 dev.py mutation                # every machine (hours)
+    python3 dev.py mutation --props-examples 50 --explore-depth 4  # minutes
+    python3 dev.py mutation --machine job --json out.json
 
 Every single-cell change of every machine in ``statemachines.machines.MACHINES`` is built
 (``mutants``); one the spec model refuses cannot load and is not counted. Each other one

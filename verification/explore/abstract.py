@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from agent_runtime.tools.explore.checks import LIVE_JOB
 from statemachines.avatar import CAUSES, PLUGIN_CLEARS
 from statemachines.glue import (
     DEFAULT_CLOSING_REASONS,
@@ -46,11 +45,12 @@ from statemachines.glue import (
 )
 from statemachines.playout import TURN as _PLAYOUT_TURN
 from statemachines.system import RELEASE
+from verification.explore.checks import LIVE_JOB
 
 PLAYOUT_TURN = frozenset(_PLAYOUT_TURN)  # the agent's audio is not done
 
 if TYPE_CHECKING:
-    from agent_runtime.tools.explore.model import _W, Model, Params, World
+    from verification.explore.model import _W, Model, Params, World
 
 AVATAR, JOB, HOST, PART = "avatar", "job", "session_host", "participant"
 DEL, FIN, PLAYOUT = "room_deletion", "finalize", "playout"

@@ -22,11 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from agent_runtime.tools.explore.abstract import AUTO_WORK, GRACE_PERIOD, Config, Glue, Inputs
-from agent_runtime.tools.explore.model import MACHINE_NAMES, Kind, Model, Move, World
-from agent_runtime.tools.explore.search import Plan, explore_plan
 from statemachines.glue import LINKS, without
 from statemachines.system import bound_of, host_drain
+from verification.explore.abstract import AUTO_WORK, GRACE_PERIOD, Config, Glue, Inputs
+from verification.explore.model import MACHINE_NAMES, Kind, Model, Move, World
+from verification.explore.search import Plan, explore_plan
 
 # the runtime settings the replay runs with (seconds); a timeout's duration in the walker
 # comes from the same numbers, so a path's timeouts fire in the runtime's order

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-from agent_runtime.tools.explore.model import Inputs
 from statemachines import MachineSpec, Row
 from statemachines.spec import Cell, SpecError
+from verification.explore.model import Inputs
 
 
 def set_cell(
@@ -130,7 +130,7 @@ class MutantOutcome:
 
 
 def _judge(depth: int | None, item: tuple[str, str, MachineSpec]) -> MutantOutcome:
-    from agent_runtime.tools.explore.search import DEFAULT_CONFIGS, Plan, explore_plan
+    from verification.explore.search import DEFAULT_CONFIGS, Plan, explore_plan
 
     label, machine, spec = item
     try:

@@ -4,9 +4,9 @@ machines together (``explore``), the invariants over one view of a job (``checks
 reads the glue the runtime runs on (``statemachines.glue``); what only it says is in
 ``abstract``. Pure: no asyncio, no livekit, no clock."""
 
-from agent_runtime.tools.explore.checks import INVARIANTS, Invariant
-from agent_runtime.tools.explore.model import DEFAULT_GLUE, Config, Glue, Model, World
-from agent_runtime.tools.explore.search import (
+from verification.explore.checks import INVARIANTS, Invariant
+from verification.explore.model import DEFAULT_GLUE, Config, Glue, Model, World
+from verification.explore.search import (
     DEFAULT_CONFIGS,
     DEFAULT_DEPTH,
     LIFECYCLE_CONFIGS,
@@ -20,7 +20,7 @@ from agent_runtime.tools.explore.search import (
     explore_plan,
     explore_plans,
 )
-from agent_runtime.tools.explore.view import JobView, Request
+from verification.explore.view import JobView, Request
 
 __all__ = [
     "DEFAULT_CONFIGS",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent_runtime.tools.explore.mutate import single_cell_mutants
 from statemachines import MachineSpec, SpecError
 from statemachines.machines import MACHINES
+from verification.explore.mutate import single_cell_mutants
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from livekit.agents.voice.remote_session import SessionHost
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
-from agent_runtime.tools.explore.checks import hold_cut, late_timer
-from agent_runtime.tools.explore.model import MACHINE_NAMES
-from agent_runtime.tools.explore.view import JobView, Request
 from statemachines.machines import MACHINES
+from verification.explore.checks import hold_cut, late_timer
+from verification.explore.model import MACHINE_NAMES
+from verification.explore.view import JobView, Request
 
 
 @dataclass

@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from agent_runtime.tools.explore.checks import BY_NUMBER, Finding, eventual, safety, settled
-from agent_runtime.tools.explore.model import (
+from statemachines import MachineSpec
+from statemachines.glue import LINKS, Link
+from statemachines.system import WATCHES, Watch
+from verification.explore.checks import BY_NUMBER, Finding, eventual, safety, settled
+from verification.explore.model import (
     DEFAULT_GLUE,
     Config,
     Glue,
@@ -35,9 +38,6 @@ from agent_runtime.tools.explore.model import (
     World,
     mail_label,
 )
-from statemachines import MachineSpec
-from statemachines.glue import LINKS, Link
-from statemachines.system import WATCHES, Watch
 
 _INTERNAL: frozenset[Kind] = frozenset({"internal"})
 _TIME: frozenset[Kind] = frozenset({"time"})

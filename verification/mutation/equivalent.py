@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import fnmatch
 
-from agent_runtime.tools.mutation.mutants import Mutant
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
+from verification.mutation.mutants import Mutant
 
 # events a runtime awaits with Actor.send without suppressing EventRejected (a reject
 # raises to the caller); the closes the avatar, the participant link and the playout

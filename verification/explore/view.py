@@ -2,7 +2,7 @@
 
 A ``JobView`` is plain data. The explorer builds it from a world of its model
 (``Model.view``); the property tests and the conformance replay build it from a real
-``AgentJob`` and what the test saw (``agent_runtime.tools.conformance.runtime_view``). The
+``AgentJob`` and what the test saw (``verification.conformance.runtime_view``). The
 invariants (``checks``) are written once, over this view.
 """
 

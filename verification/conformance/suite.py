@@ -9,16 +9,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_runtime.tools.conformance.paths import (
+from verification.conformance.paths import (
     Path,
     Walker,
     counterexample_paths,
     covering_paths,
     rows_of_every_machine,
 )
-from agent_runtime.tools.conformance.replay import Mismatch, run
-from agent_runtime.tools.explore.abstract import Config
-from agent_runtime.tools.explore.search import DEFAULT_CONFIGS
+from verification.conformance.replay import Mismatch, run
+from verification.explore.abstract import Config
+from verification.explore.search import DEFAULT_CONFIGS
 
 # how far the searches go by default: the covering search's moves and nodes per config and
 # group of inputs, and the depth each fault is explored to for its counterexample

@@ -36,12 +36,12 @@ from agent_runtime.settings import AvatarRetry, Backoff
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
-from agent_runtime.tools.conformance.observe import Observed, Sent, runtime_view
-from agent_runtime.tools.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
-from agent_runtime.tools.explore.abstract import GRACE_PERIOD, PEOPLE, Config
-from agent_runtime.tools.explore.checks import LIVE_JOB
-from agent_runtime.tools.explore.view import JobView
 from statemachines.machines import MACHINES
+from verification.conformance.observe import Observed, Sent, runtime_view
+from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
+from verification.explore.abstract import GRACE_PERIOD, PEOPLE, Config
+from verification.explore.checks import LIVE_JOB
+from verification.explore.view import JobView
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"

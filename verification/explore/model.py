@@ -36,8 +36,14 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
-from agent_runtime.tools.explore import abstract
-from agent_runtime.tools.explore.abstract import (
+from statemachines import MachineSpec, step
+from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_by_fact, routes_fired
+from statemachines.glue import GUARDS, LINKS, Link, simulators_after
+from statemachines.glue import hold_needed as _hold_needed
+from statemachines.machines import MACHINES
+from statemachines.system import WATCHES, Watch, watched
+from verification.explore import abstract
+from verification.explore.abstract import (
     AGENT_JOB,
     AVATAR,
     CLOSE,
@@ -56,14 +62,8 @@ from agent_runtime.tools.explore.abstract import (
     RoomFactsView,
     event_data,
 )
-from agent_runtime.tools.explore.checks import LIVE_JOB, hold_cut, late_timer
-from agent_runtime.tools.explore.view import JobView, Request
-from statemachines import MachineSpec, step
-from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_by_fact, routes_fired
-from statemachines.glue import GUARDS, LINKS, Link, simulators_after
-from statemachines.glue import hold_needed as _hold_needed
-from statemachines.machines import MACHINES
-from statemachines.system import WATCHES, Watch, watched
+from verification.explore.checks import LIVE_JOB, hold_cut, late_timer
+from verification.explore.view import JobView, Request
 
 __all__ = [
     "DEFAULT_GLUE",

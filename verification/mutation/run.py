@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_runtime.tools.mutation.equivalent import argument
-from agent_runtime.tools.mutation.mutants import Mutant, all_mutants
+from verification.mutation.equivalent import argument
+from verification.mutation.mutants import Mutant, all_mutants
 
 # what the behaviour tests are: the suite and the bundled scenarios, without the
 # exploration tests (the exploration is a stage of its own), the tests of this tool (its
@@ -68,7 +68,7 @@ def _worker(job: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[b
     path.write_text(json.dumps(job))
     log = (workdir / f"{name}.stdout").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "agent_runtime.tools.mutation.worker", str(path)],
+        [sys.executable, "-m", "verification.mutation.worker", str(path)],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -259,7 +259,7 @@ def format_report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m agent_runtime.tools.mutation",
+        prog="dev.py mutation",
         description="The behaviour-only mutation score of the machines. Run from the "
         "repository root. Exit 0 when every mutant is killed, refused or argued equivalent.",
     )
