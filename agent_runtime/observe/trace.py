@@ -343,6 +343,8 @@ def parse_record(line: str, where: str, *, wording: Wording = "fields") -> Trace
 def _fault(
     where: str, wording: Wording, text: str, *, terse: str | None = None, inner: str | None = None
 ) -> TraceError:
+    """The error for a bad line in ``wording``'s words: ``terse`` is watch's phrase where it
+    has one, ``inner`` the bare reason ``record`` puts in parentheses."""
     if wording == "terse" and terse is not None:
         text = terse
     elif wording == "record":
