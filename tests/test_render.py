@@ -9,15 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agent_runtime.tools.drawing import BULLET, Hub, _edges, cell_table, drawing, dump_cell_table
 from agent_runtime.tools.render import (
-    BULLET,
-    Hub,
-    _edges,
-    cell_table,
     diagram_files,
     dot,
-    drawing,
-    dump_cell_table,
     markdown_table,
     mermaid,
     terminal_table,

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from agent_runtime.tools.render import cell_table, describe_cell
+from agent_runtime.tools.drawing import cell_table, describe_cell
 from statemachines import MachineSpec, Row, SpecError, step
 from statemachines.machines import MACHINES
 from statemachines.spec import Cell

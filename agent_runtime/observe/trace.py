@@ -7,11 +7,12 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Any, Literal, Protocol, get_args
 
 from agent_runtime.observe import files
 
@@ -50,6 +51,9 @@ class TraceRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TraceRecord:
         return cls(**d)
+
+
+_FIELDS = tuple(f.name for f in fields(TraceRecord))
 
 
 class TraceSink(Protocol):
@@ -278,26 +282,114 @@ class Tracer:
         )
 
 
-def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
-    that is not a record raises ``ValueError`` naming the file and the line."""
+# -- reading a trace back ------------------------------------------------------------------------
+
+DECISIONS = ("transition", "ignore", "reject")
+_REQUIRED = ("t", "kind", "machine", "instance")
+_TEXT_FIELDS = ("machine", "instance", "event", "source", "dest", "effect", "outcome", "detail")
+_LONG_INT = "a number of more than 4300 digits"  # json's only other ValueError
+
+# How a bad line is said. One reader, one check; the words differ by who reads them:
+#   "fields"  (replay, record, timeline): the field and pydantic's reason, for a file checked
+#   "terse"   (watch): one short line per skipped line of a trace being followed
+#   "record"  (read_trace, the library's API): "not a trace record (why)"
+Wording = Literal["fields", "terse", "record"]
+
+
+class TraceError(ValueError):
+    """A trace, or a line of it, that cannot be read; the message names the file (and line)."""
+
+
+def parse_record(line: str, where: str, *, wording: Wording = "fields") -> TraceRecord:
+    """One JSONL line as a record; ``TraceError`` naming ``where`` when it is not one.
+
+    Strict: every field of its type, ``t`` finite seconds, no unknown field, and a decision
+    (transition, ignore, reject) names its machine and the states it left and entered.
+    """
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _fault(where, wording, f"not JSON ({e.msg})", inner=e.msg) from None
+    except ValueError:  # past Python's int-to-string limit
+        raise _fault(where, wording, f"not JSON ({_LONG_INT})", inner=_LONG_INT) from None
+    except RecursionError:
+        raise _fault(
+            where, wording, "not JSON (nested too deep)", inner="nested too deep"
+        ) from None
+    if not isinstance(raw, dict):
+        raise _fault(where, wording, f"a record is a JSON object, not {type(raw).__name__}")
+    from pydantic import ValidationError  # only reading a trace needs pydantic
+
+    from agent_runtime.observe._trace_model import RecordModel
+
+    try:
+        model = RecordModel.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise _fault(where, wording, f"field {loc!r}: {err['msg']}", terse=_terse(raw)) from None
+    rec = TraceRecord(**model.model_dump())
+    empty = [f"{n!r}" for n in ("machine", "source", "dest") if not getattr(rec, n)]
+    if rec.kind in DECISIONS and empty:
+        raise _fault(
+            where,
+            wording,
+            f"a {rec.kind} record needs a non-empty {empty[0]}",
+            terse=f"a {rec.kind} record needs {' and '.join(empty)}",
+        )
+    return rec
+
+
+def _fault(
+    where: str, wording: Wording, text: str, *, terse: str | None = None, inner: str | None = None
+) -> TraceError:
+    """The error for a bad line in ``wording``'s words: ``terse`` is watch's phrase where it
+    has one, ``inner`` the bare reason ``record`` puts in parentheses."""
+    if wording == "terse" and terse is not None:
+        text = terse
+    elif wording == "record":
+        text = f"not a trace record ({inner or text})"
+    return TraceError(f"{where}: {text}")
+
+
+def _terse(raw: dict[str, Any]) -> str | None:
+    """Watch's words for a record pydantic refused, when it has them (else the field's)."""
+    missing = [f"{k!r}" for k in _REQUIRED if k not in raw]
+    if missing:
+        return f"not a trace record: no {', '.join(missing)}"
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        return f"not a trace record: unknown field {unknown[0]!r}"
+    if raw["kind"] not in get_args(RecordKind):
+        return f"unknown record kind {raw['kind']!r}"
+    t = raw["t"]
+    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+        return f"field 't' must be a number of seconds, not {t!r}"
+    bad = [n for n in _TEXT_FIELDS if n in raw and not isinstance(raw[n], str)]
+    return f"field {bad[0]!r} must be a string" if bad else None
+
+
+def load_trace(path: str | Path, *, wording: Wording = "fields") -> list[tuple[int, TraceRecord]]:
+    """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
+    the file is none (not a regular file, too large, not UTF-8) or names the bad line."""
+    p = str(path)
     try:
         data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
     except files.InputFileError as e:
-        raise ValueError(f"{path}: cannot read the trace: {e}") from None
-    out: list[TraceRecord] = []
+        raise TraceError(f"{p}: cannot read the trace: {e}") from None
+    out: list[tuple[int, TraceRecord]] = []
+    # line by line from the bytes: no second copy of the whole file as text
     for n, raw in enumerate(io.BytesIO(data), 1):
-        line = raw.decode("utf-8", "replace")
-        if not line.strip():
-            continue
         try:
-            out.append(TraceRecord.from_dict(json.loads(line)))
-        except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
-            msg = str(e) if isinstance(e, TypeError | json.JSONDecodeError) else _LONG_INT
-            raise ValueError(f"{path}:{n}: not a trace record ({msg})") from None
-        except RecursionError:
-            raise ValueError(f"{path}:{n}: not a trace record (nested too deep)") from None
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
+        if line.strip():
+            out.append((n, parse_record(line, f"{p}:{n}", wording=wording)))
     return out
 
 
-_LONG_INT = "a number of more than 4300 digits"  # json's only other ValueError
+def read_trace(path: str | Path) -> list[TraceRecord]:
+    """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
+    that is not a record raises ``ValueError`` (a ``TraceError``) naming the file and line."""
+    return [rec for _, rec in load_trace(path, wording="record")]

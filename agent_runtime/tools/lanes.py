@@ -7,49 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
-from agent_runtime.tools.replay import TraceError
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
-
-DECISIONS = ("transition", "ignore", "reject")
-KINDS = (*DECISIONS, "effect", "stale", "input")
-_FIELDS = frozenset(f.name for f in fields(TraceRecord))
-_REQUIRED = ("t", "kind", "machine", "instance")
-_TEXT_FIELDS = ("machine", "instance", "event", "source", "dest", "effect", "outcome", "detail")
-
-
-def parse_record(line: str, where: str) -> TraceRecord:
-    """One JSONL line as a record; ``TraceError`` (naming ``where``) when it is not one."""
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{where}: not JSON ({e.msg})") from None
-    if not isinstance(raw, dict):
-        raise TraceError(f"{where}: a record is a JSON object, not {type(raw).__name__}")
-    missing = [f"{k!r}" for k in _REQUIRED if k not in raw]
-    if missing:
-        raise TraceError(f"{where}: not a trace record: no {', '.join(missing)}")
-    unknown = sorted(set(raw) - _FIELDS)
-    if unknown:
-        raise TraceError(f"{where}: not a trace record: unknown field {unknown[0]!r}")
-    rec = TraceRecord.from_dict(raw)
-    if rec.kind not in KINDS:
-        raise TraceError(f"{where}: unknown record kind {rec.kind!r}")
-    if not isinstance(rec.t, int | float) or isinstance(rec.t, bool) or rec.t != rec.t:
-        raise TraceError(f"{where}: field 't' must be a number of seconds, not {rec.t!r}")
-    for name in _TEXT_FIELDS:
-        if not isinstance(getattr(rec, name), str):
-            raise TraceError(f"{where}: field {name!r} must be a string")
-    empty = [f"{n!r}" for n in ("machine", "source", "dest") if not getattr(rec, n)]
-    if rec.kind in DECISIONS and empty:
-        raise TraceError(f"{where}: a {rec.kind} record needs {' and '.join(empty)}")
-    if not isinstance(rec.effects, list) or not isinstance(rec.guards, dict):
-        raise TraceError(f"{where}: 'effects' must be a list and 'guards' an object")
-    return rec
 
 
 @dataclass(slots=True)

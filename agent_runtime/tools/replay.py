@@ -11,29 +11,30 @@ replay re-decides with a second implementation, so a fault in either shows.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from agent_runtime.observe import files
-from agent_runtime.observe.trace import TraceRecord
+# the trace is read (and its lines checked) by the one reader; replay re-decides
+from agent_runtime.observe.trace import DECISIONS, TraceError, TraceRecord, load_trace
 from statemachines import MachineSpec
 from statemachines.compiled import reference_step
 from statemachines.machines import MACHINES
 
+__all__ = [
+    "Decision",
+    "Divergence",
+    "ReplayReport",
+    "TraceError",
+    "format_report",
+    "load_trace",
+    "replay_file",
+    "replay_records",
+]
+
 logger = logging.getLogger("agent_runtime.tools.replay")
-
-DECISIONS = ("transition", "ignore", "reject")
-
-
-class TraceError(ValueError):
-    """The trace cannot be replayed: a malformed line or a machine this build does not know."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,75 +75,6 @@ class ReplayReport:
         return d
 
 
-class _Record(BaseModel):
-    """What a trace line must be (``TraceRecord``, as ``JsonlSink`` writes it)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    t: float = Field(ge=0, allow_inf_nan=False)  # seconds since the clock's start
-    kind: Literal["transition", "ignore", "reject", "effect", "stale", "input"]
-    machine: str
-    instance: str
-    event: str = ""
-    source: str = ""
-    dest: str = ""
-    effects: list[str] = Field(default_factory=list)
-    guards: dict[str, bool] = Field(default_factory=dict)
-    data: dict[str, Any] = Field(default_factory=dict)
-    effect: str = ""
-    outcome: str = ""
-    detail: str = ""
-
-
-def _record(path: str, n: int, raw: Any) -> TraceRecord:
-    def bad(msg: str) -> TraceError:
-        return TraceError(f"{path}:{n}: {msg}")
-
-    if not isinstance(raw, dict):
-        raise bad(f"a record is a JSON object, not {type(raw).__name__}")
-    try:
-        rec = _Record.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise bad(f"field {where!r}: {err['msg']}") from None
-    if rec.kind in DECISIONS:
-        for name in ("machine", "event", "source", "dest"):
-            if not getattr(rec, name):
-                raise bad(f"a {rec.kind} record needs a non-empty {name!r}")
-    return TraceRecord(**rec.model_dump())
-
-
-def _json_line(path: str, n: int, line: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}:{n}: not JSON ({e.msg})") from None
-    except ValueError:  # past Python's int-to-string limit
-        raise TraceError(f"{path}:{n}: not JSON (a number of more than 4300 digits)") from None
-    except RecursionError:
-        raise TraceError(f"{path}:{n}: not JSON (nested too deep)") from None
-
-
-def load_trace(path: str | Path) -> list[tuple[int, TraceRecord]]:
-    """(line number, record) for every non-blank line; ``TraceError`` names a bad line."""
-    p = str(path)
-    try:
-        data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
-    except files.InputFileError as e:
-        raise TraceError(f"{p}: cannot read the trace: {e}") from None
-    out: list[tuple[int, TraceRecord]] = []
-    # line by line from the bytes: no second copy of the whole file as text
-    for n, raw in enumerate(io.BytesIO(data), 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
-        if line.strip():
-            out.append((n, _record(p, n, _json_line(p, n, line))))
-    return out
-
-
 def replay_records(
     records: Iterable[tuple[int, TraceRecord]],
     *,
@@ -156,6 +88,8 @@ def replay_records(
         report.records += 1
         if rec.kind not in DECISIONS:
             continue  # effect outcomes, stale timers and inputs are context, not decisions
+        if not rec.event:  # the reader needs none; replay re-decides the event
+            raise TraceError(f"{path}:{n}: a {rec.kind} record needs a non-empty 'event'")
         spec = machines.get(rec.machine)
         if spec is None:
             raise TraceError(

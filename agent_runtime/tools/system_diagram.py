@@ -25,15 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent_runtime.tools.drawing import BOX_WRAP, BULLET, wrap
 from agent_runtime.tools.render import (
-    BOX_WRAP,
-    BULLET,
     _dot_escape,
     _dot_lines,
     _dot_quote,
     _md,
     _mermaid_ids,
-    wrap,
 )
 
 if TYPE_CHECKING:

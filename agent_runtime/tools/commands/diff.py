@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agent_runtime.tools import render
-from agent_runtime.tools.render import describe_cell
+from agent_runtime.tools import drawing
+from agent_runtime.tools.drawing import describe_cell
 
-# Run in a fresh interpreter with argv = [root, path of render.py]. render.py is loaded by
+# Run in a fresh interpreter with argv = [root, path of drawing.py]. drawing.py is loaded by
 # path (it imports nothing from agent_runtime), next to the statemachines found at root.
 _LOADER = """
 import importlib.util, json, os, sys
-root, render_path = sys.argv[1], sys.argv[2]
+root, drawing_path = sys.argv[1], sys.argv[2]
 if not os.path.isfile(os.path.join(root, "statemachines", "machines.py")):
     print("{}")
     raise SystemExit(0)
@@ -34,7 +34,7 @@ import statemachines
 if not os.path.abspath(statemachines.__file__).startswith(os.path.abspath(root)):
     raise SystemExit(f"statemachines was imported from {statemachines.__file__}, not {root}")
 from statemachines.machines import MACHINES
-spec = importlib.util.spec_from_file_location("_agent_runtime_render", render_path)
+spec = importlib.util.spec_from_file_location("_agent_runtime_drawing", drawing_path)
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
 spec.loader.exec_module(mod)
@@ -60,7 +60,7 @@ def _git(*args: str, cwd: Path) -> str:
 def load_tables(root: Path, *, what: str) -> dict[str, Any]:
     """The cell tables of the ``statemachines`` package under ``root``, by machine name."""
     done = subprocess.run(
-        [sys.executable, "-I", "-c", _LOADER, str(root), render.__file__],
+        [sys.executable, "-I", "-c", _LOADER, str(root), drawing.__file__],
         cwd=root,
         capture_output=True,
         text=True,

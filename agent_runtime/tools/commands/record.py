@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from agent_runtime.observe.trace import TraceError, load_trace
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
 from agent_runtime.tools.record import RecordError, compare, record, render
-from agent_runtime.tools.replay import TraceError, load_trace
 
 PROG = "agent-runtime record"
 logger = logging.getLogger("agent_runtime.tools.record")

@@ -20,9 +20,8 @@ import textwrap
 import time
 from typing import TextIO
 
-from agent_runtime.observe.trace import TraceRecord
-from agent_runtime.tools.lanes import Entry, Lanes, parse_record
-from agent_runtime.tools.replay import TraceError
+from agent_runtime.observe.trace import TraceError, TraceRecord, parse_record
+from agent_runtime.tools.lanes import Entry, Lanes
 
 PROG = "agent-runtime watch"
 # past an hour between reads the trace is no longer followed (and time.sleep overflows
@@ -91,7 +90,7 @@ class Watch:
         for n, raw in lines:
             where = f"{self.path}:{n}"
             try:
-                rec: TraceRecord = parse_record(raw.decode("utf-8"), where)
+                rec: TraceRecord = parse_record(raw.decode("utf-8"), where, wording="terse")
             except UnicodeDecodeError:
                 problems.append(f"{where}: not UTF-8 text; line skipped")
                 continue

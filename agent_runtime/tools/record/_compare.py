@@ -1,0 +1,61 @@
+"""Checking a run of the recorded scenario against its trace (``record --check``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agent_runtime.observe.trace import TraceRecord
+from statemachines.machines import MACHINES
+
+
+def compare(records: Sequence[TraceRecord], result: dict[str, Any]) -> list[str]:
+    """How a run of the recorded scenario differs from the trace: each machine's final state
+    and its transitions (event, source, dest) in order. Empty when they agree."""
+    want: dict[str, list[tuple[str, str, str]]] = {}
+    finals: dict[str, str] = {}
+    for r in records:
+        if r.kind == "transition" and _compared(r.machine, r.event, r.source, r.dest):
+            want.setdefault(r.machine, []).append((_as_step(r.machine, r.event), r.source, r.dest))
+        if r.kind in ("transition", "ignore", "reject") and r.machine in MACHINES:
+            finals[r.machine] = r.dest or r.source
+    got: dict[str, list[tuple[str, str, str]]] = {}
+    for t in result["transitions"]:
+        if not _compared(t["machine"], t["event"], t["source"], t["dest"]):
+            continue
+        got.setdefault(t["machine"], []).append(
+            (_as_step(t["machine"], t["event"]), t["source"], t["dest"])
+        )
+    out: list[str] = []
+    for machine, state in sorted(finals.items()):
+        ran = result["final_states"].get(machine)
+        if ran != state:
+            out.append(f"final state of {machine}: the trace ends in {state!r}, the run in {ran!r}")
+    for machine in sorted(set(want) | set(got)):
+        w, g = want.get(machine, []), got.get(machine, [])
+        if w == g:
+            continue
+        n = next(
+            (i for i, (a, b) in enumerate(zip(w, g, strict=False)) if a != b), min(len(w), len(g))
+        )
+        out.append(f"{machine}: transition {n + 1} differs: trace {_row(w, n)}, run {_row(g, n)}")
+    return out
+
+
+def _compared(machine: str, event: str, source: str, dest: str | None) -> bool:
+    """Whether a transition is compared: the further parts of a start in parts are the
+    lifecycle's internal rows, which a whole ``AgentJob.start()`` does not make."""
+    return not (machine == "agent_job" and event == "start_part" and dest in (None, source))
+
+
+def _as_step(machine: str, event: str) -> str:
+    """A scenario starts its job in parts (``avatar.start``, ``session.start``): the whole
+    ``AgentJob.start()`` a trace may hold is its first part, to the lifecycle's table."""
+    return "start_part" if (machine, event) == ("agent_job", "start") else event
+
+
+def _row(rows: list[tuple[str, str, str]], n: int) -> str:
+    if n >= len(rows):
+        return "(none)"
+    event, source, dest = rows[n]
+    return f"{source} -> {dest} on {event}"

@@ -1,0 +1,239 @@
+"""The config the events reveal: timeouts (from the ``after`` each timeout event carries,
+or how long a state was held without one), a simulation, the agent's verdict, a room that
+connected late, ``close_on_disconnect``, a configured participant identity,
+``retry_avatar``'s restarts and backoff, ``delete_room_on_close``; and where the work a
+scenario's runner stands in for did not end as it would there."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.settings import ALL_CAUSES, DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
+from agent_runtime.testing.scenario import Config
+from agent_runtime.tools.record._state import _ANSWERED, _DELETED, _SESSION_CLOSE_REPORTS, _State
+from statemachines.machines import MACHINES
+
+_PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+# the work the scenario runner stands in for: the event that ends it well, and what it does
+_STAND_INS: dict[str, tuple[frozenset[str], str]] = {
+    "room_deletion": (_DELETED, "the room deletion succeeds at once"),
+    "finalize": (
+        frozenset({"verdict_ready"}),
+        "on_simulation_end returns at once and its reply goes out",
+    ),
+}
+
+
+def _timeouts() -> dict[tuple[str, str], tuple[str, str, float]]:
+    """(machine, timeout event) -> (state, setting, default), from the specs."""
+    out: dict[tuple[str, str], tuple[str, str, float]] = {}
+    for m in MACHINES.values():
+        for s in m.states:
+            if s.timeout is not None:
+                out[(m.name, s.timeout.event)] = (s.name, s.timeout.setting, s.timeout.default)
+    return out
+
+
+class _ConfigPass(_State):
+    def _settings(self) -> None:
+        entered: dict[tuple[str, str], float] = {}
+        held: dict[tuple[str, str], float] = {}
+        fired: dict[str, float] = {}
+        timeouts = _timeouts()
+        states_with_timeouts = {(m, s) for (m, _), (s, _, _) in timeouts.items()}
+        last = max(r.t for r in self.records)
+        linked: str | None = None
+        refused_eligible = False
+        for r in self.records:
+            if r.kind != "transition":
+                if r.machine == "participant" and r.event == "participant_connected":
+                    refused_eligible |= self._refused(r)
+                continue
+            m = r.machine
+            spec = timeouts.get((m, r.event))
+            if spec is not None and spec[0] == r.source:
+                after = r.data.get("after")
+                since = entered.get((m, r.source), 0.0)
+                value = after if isinstance(after, int | float) else r.t - since
+                fired.setdefault(spec[1], float(value))
+                if spec[1] not in Config.model_fields and spec[1] != "retry_backoff":
+                    self.note(
+                        f"t={r.t:g}: {m} left {r.source} on {r.event} after {float(value):g}s; "
+                        f"a scenario cannot set {spec[1]}, and what {r.source} waited for "
+                        "ends at once in one"
+                    )
+            if r.source != r.dest:
+                if (m, r.source) in entered:
+                    start = entered.pop((m, r.source))
+                    held[(m, r.source)] = max(held.get((m, r.source), 0.0), r.t - start)
+                if (m, r.dest) in states_with_timeouts:
+                    entered[(m, r.dest)] = r.t
+            g, d = r.guards, r.data
+            if (m == "job" and g.get("hold_needed")) or (m == "finalize" and g.get("simulation")):
+                self.config["simulation"] = True
+            if m == "participant" and r.event == "participant_connected":
+                if r.source == "waiting" and r.dest != "waiting" and linked is None:
+                    linked = str(d.get("identity"))
+                refused_eligible |= self._refused(r)
+            if m == "participant" and r.event == "participant_disconnected" and g.get("is_linked"):
+                if g.get("closing_reason") is False and d.get("reason") in DEFAULT_CLOSING_REASONS:
+                    self.config["close_on_disconnect"] = False
+                elif g.get("closing_reason") is False and g.get("grace_enabled") is False:
+                    fired.setdefault("grace_period", 0.0)
+            if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
+                self.config["retry_avatar"] = True
+            if m == "playout" and "playout" not in self.config:
+                # the job ran the playout machine (on by default with an avatar); a scenario
+                # turns it on explicitly
+                self.config["playout"] = True
+            if m == "finalize" and r.event in _ANSWERED:
+                self.config["simulation"] = True
+                verdict = d.get("verdict")
+                if isinstance(verdict, dict):
+                    self.config["agent_verdict"] = {
+                        "success": bool(verdict.get("success")),
+                        "reason": str(verdict.get("reason", "")),
+                    }
+        for (m, s), start in entered.items():  # still held when the trace ends
+            held[(m, s)] = max(held.get((m, s), 0.0), last - start)
+        for (m, _), (s, setting, default) in timeouts.items():
+            if setting not in Config.model_fields:
+                continue
+            if setting in fired:
+                self.config[setting] = fired[setting]
+            elif held.get((m, s), 0.0) >= default:
+                # held that long without its timeout: the setting was longer
+                self.config[setting] = float(math.floor(held[(m, s)]) + 1)
+        if refused_eligible and linked is not None:
+            self.config["participant_identity"] = linked
+
+    def _retry(self) -> None:
+        """``retry_avatar``'s restarts and backoff, from the avatar's own decisions: each
+        ``failed -> backoff`` is a restart the policy allowed, each wait in ``backoff`` one of
+        its delays. The rebuilt policy allows exactly the restarts seen (a trace that ends
+        before the policy gave up shows no more); a cause refused while restarts were still
+        to come was not transient."""
+        restarts: list[str] = []
+        refused: list[tuple[int, str]] = []  # (restarts done then, cause)
+        delays: list[float] = []
+        since: float | None = None
+        for r in self.records:
+            if r.kind != "transition" or r.machine != "avatar":
+                continue
+            if r.source == "failed" and r.event == "route_restored":
+                cause = str(r.data.get("cause", ""))
+                if r.dest == "backoff":
+                    restarts.append(cause)
+                elif r.guards.get("retry_left") is False:
+                    refused.append((len(restarts), cause))
+            if r.dest == "backoff" and r.source != "backoff":
+                since = r.t
+            elif r.source == "backoff" and r.event == "backoff_elapsed" and since is not None:
+                after = r.data.get("after")
+                delays.append(float(after) if isinstance(after, int | float) else r.t - since)
+                since = None
+        if not restarts:
+            return
+        policy: dict[str, Any] = {"attempts": len(restarts)}
+        if delays:
+            initial = delays[0]
+            multiplier = delays[1] / initial if len(delays) > 1 and initial > 0 else 2.0
+            multiplier = min(10.0, max(1.0, multiplier))
+            grown = [initial * multiplier**n for n in range(len(delays))]
+            # a delay short of the growth is the cap; otherwise the default cap, or above
+            capped = [d for d, g in zip(delays, grown, strict=True) if d < g - 1e-9]
+            cap = min(capped) if capped else max(30.0, max(delays))
+            policy["backoff"] = {"initial": initial, "multiplier": multiplier, "max": cap}
+        not_transient = {c for done, c in refused if done < len(restarts)} - set(restarts)
+        if not_transient:
+            policy["transient"] = sorted(ALL_CAUSES - not_transient)
+        if self.config.get("retry_avatar") is True:
+            policy["rejoin"] = True
+        self.config["retry_avatar"] = policy
+
+    def _deletion(self) -> None:
+        """``delete_room_on_close``, from who asked for the room's deletion. With it, the
+        job's close work asks just before it allows the deletion, and the attached session's
+        close asks as the host reports it; a request at any other moment is the agent's own
+        (``request_room_deletion``), which no scenario step makes."""
+        recs = self.of("room_deletion")
+        if not recs:
+            return
+        by_close: set[int] = set()
+        allowed_unasked = False
+        for k, (_, r) in enumerate(recs):
+            if r.event != "allow":
+                continue
+            before = recs[k - 1][1] if k else None
+            if before is not None and before.event == "request" and before.t == r.t:
+                by_close.add(recs[k - 1][0])
+            else:
+                allowed_unasked = True  # the close work allowed it without asking: off
+        by_session: set[int] = set()
+        reported: int | None = None  # the last session close the host reported, unanswered
+        for i, r in enumerate(self.records):
+            if r.kind not in ("transition", "ignore", "reject"):
+                continue
+            if (
+                r.machine == "session_host"
+                and r.event in _SESSION_CLOSE_REPORTS
+                and "report_session_closed" in r.effects
+            ):
+                reported = i
+            elif r.machine == "room_deletion":
+                if (
+                    r.event == "request"
+                    and reported is not None
+                    and self.records[reported].t == r.t
+                ):
+                    by_session.add(i)
+                reported = None
+        on = not allowed_unasked and bool(by_close or by_session)
+        if on:
+            self.config["delete_room_on_close"] = True
+        for i, r in recs:
+            if r.event == "request" and not (on and i in by_close | by_session):
+                self.note(
+                    f"t={r.t:g}: the agent asked for the room's deletion itself "
+                    "(request_room_deletion, as an end-call tool does); no scenario step does "
+                    "that, so the replay does not ask"
+                )
+
+    def _stand_ins(self) -> None:
+        """The work a scenario's runner stands in for ends at once and never fails: the room
+        deletion, ``on_simulation_end`` and the verdict's reply. Say where the trace's did
+        not."""
+        for machine, (result, what) in _STAND_INS.items():
+            spec = MACHINES[machine]
+            failures = {e.error_event: e.name for e in spec.effects if e.error_event}
+            entered: float | None = None
+            for _, r in self.of(machine):
+                if r.kind != "transition" or r.source == r.dest:
+                    continue
+                if r.event in failures:
+                    self.note(
+                        f"t={r.t:g}: {machine} got {r.event} ({failures[r.event]} failed); "
+                        f"in a scenario {what}"
+                    )
+                elif spec.state(r.source).invoke and (
+                    r.event not in result or (entered is not None and r.t > entered)
+                ):
+                    took = f" after {r.t - entered:g}s" if entered is not None else ""
+                    self.note(
+                        f"t={r.t:g}: {machine} left {r.source} on {r.event}{took}; "
+                        f"in a scenario {what}"
+                    )
+                if spec.state(r.dest).invoke:
+                    entered = r.t
+
+    @staticmethod
+    def _refused(r: TraceRecord) -> bool:
+        """A participant of a linkable kind that was not linked (a configured identity)."""
+        attrs = r.data.get("attributes") or {}
+        return (
+            r.guards.get("eligible") is False
+            and r.data.get("kind") in DEFAULT_PARTICIPANT_KINDS
+            and _PUBLISH_ON_BEHALF not in attrs
+        )
