@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_runtime import Actor, Event, MemorySink, Scheduler, Tracer, VirtualClock
-from agent_runtime.scheduler import when_all
+from agent_runtime.scheduler import after, ending, relay, when_all
 from statemachines import Effect, MachineSpec, State, cells, row
 
 # a relay: `ping` moves it to `on` and runs `tell` (which may post to another actor);
@@ -195,3 +195,62 @@ async def test_when_all_ends_with_its_result_however_the_work_ended() -> None:
     assert not done.done()  # one still running
     cut.cancel()
     assert await done == "drained"
+
+
+async def test_when_settled_is_a_future_done_at_the_first_quiet_moment_in_the_state_asked() -> None:
+    net = Net("a")
+    a = net.actors["a"]
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    net.slow["a"] = lambda: gate
+    assert a.when_settled() is None  # idle, nothing asked: nothing to wait for
+    on = a.when_settled(lambda state: state == "on")
+    assert on is not None
+    tasks = asyncio.all_tasks()
+    a.post(Event("ping"))
+    a.post(Event("work"))  # its effect is awaited: `on` holds while it runs
+    await asyncio.sleep(0)
+    assert a.state == "on" and not on.done()
+    assert asyncio.all_tasks() == tasks  # waiting costs no task
+    gate.set_result(None)
+    await on
+    assert net.seen == ["a:tell", "a:slow", "a:log work"]
+    off = a.when_settled(lambda state: state == "off")
+    assert off is not None
+    a.release()
+    await off  # a close wakes every waiter: nothing would ever settle it
+
+
+async def test_after_and_ending_chain_waits_without_a_task() -> None:
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[None] = loop.create_future()
+    second: asyncio.Future[None] = loop.create_future()
+    ran: list[str] = []
+
+    def then() -> asyncio.Future[None] | None:
+        ran.append("then")
+        return ending(second, None)
+
+    tasks = asyncio.all_tasks()
+    chained = after(first, then)
+    assert chained is not None and asyncio.all_tasks() == tasks
+    first.set_exception(RuntimeError("its owner's to report"))
+    await asyncio.sleep(0)
+    assert ran == ["then"] and not chained.done()  # then() runs however first ended
+    second.set_result(None)
+    await chained
+    # nothing to wait for: then() at once, and None back
+    assert after(None, lambda: None) is None and ending(None, second) is None
+
+
+async def test_a_cut_chain_cancels_what_it_waits_on_and_still_runs_the_rest() -> None:
+    loop = asyncio.get_running_loop()
+    waited: asyncio.Future[None] = loop.create_future()
+    ran: list[str] = []
+    chained = after(waited, lambda: ran.append("released") and None)
+    assert chained is not None
+    out = relay(chained, "released")
+    out.cancel()  # the state's bound cut it
+    for _ in range(4):  # each link of the chain hears it on the loop's next turn
+        await asyncio.sleep(0)
+    assert waited.cancelled() and ran == ["released"]
