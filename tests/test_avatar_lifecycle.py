@@ -19,7 +19,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
-from agent_runtime.actor import ActorClosed
+from agent_runtime.actor import ActorClosed, Event
 from agent_runtime.clock import settle
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, audio_tail, route_of
@@ -585,6 +585,29 @@ async def test_a_second_close_returns_once_the_first_one_is_done() -> None:
     await asyncio.gather(first, second)
     assert rig.removed == [AVATAR] and rig.lifecycle.actor.closed
     await rig.lifecycle.aclose()  # and a third, after: at once
+    await rig.session.aclose()
+
+
+async def test_a_start_behind_a_queued_close_is_refused_and_follows_nothing() -> None:
+    """The job's link closes the avatar as its session closes: that close is queued for
+    the scheduler's next run, and a ``start()`` called in between (the user's code, in the
+    same turn of the loop) goes behind it. The table's ``(closed, start)`` refuses it, and
+    so does ``start()``, with the same error as on a closed avatar; nothing it set up is
+    left following the room."""
+    rig = Rig()
+    await rig.start_session()
+    rig.lifecycle.post_linked(Event("close"))  # what the session's close link posts
+    assert rig.lifecycle.state == "idle"  # queued, not yet stepped
+    with pytest.raises(RuntimeError, match="this AvatarLifecycle is closed"):
+        # awaited at once: start() runs up to its send in this same turn
+        await rig.lifecycle.start(rig.session, rig.room)
+    assert rig.lifecycle.state == "closed"
+    assert [r.kind for r in rig.trace.records if r.event == "start"] == ["reject"]
+    assert rig.avatar.start_calls == 0  # the plugin never started
+    rig.join()  # the avatar's participant turning up reaches no machine any more
+    await settle()
+    assert not [r for r in rig.trace.records if r.event == "avatar_connected"]
+    await rig.lifecycle.aclose()
     await rig.session.aclose()
 
 

@@ -93,14 +93,16 @@ class MachineRuntime(OwnedEmitter[E]):
     def _close_now(
         self, release: Callable[[], asyncio.Future[Any] | None]
     ) -> asyncio.Future[Any] | None:
-        """Step the machine's ``close`` at once (its state is ``closed`` when this returns),
-        then ``release()``: what is left to wait for, or None. An effect the machine still
-        awaits is waited for first, as the close's step is."""
+        """Step the machine's ``close`` at once (its state is ``closed`` when this returns,
+        unless it is asked inside a step: then the close is queued, stepped in this run),
+        then ``release()`` once its effects ended: what is left to wait for, or None. A
+        second call waits for the first one's close the same way."""
         actor = self.actor
-        if not actor.closed and actor.state != "closed":
+        if actor.closed:
+            return release()
+        if actor.state != "closed":
             actor.post_now(Event("close"))
-            return after(actor.when_settled(), release)
-        return release()
+        return after(actor.when_settled(), release)
 
     def _post(self, event: Event) -> None:
         """An event for the machine, unless it is released (then nobody hears it)."""

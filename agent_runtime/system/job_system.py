@@ -389,7 +389,7 @@ class JobSystem(MachineRuntime[str]):
         """The avatar's close (its step's link asked it) and a session close still running."""
         return ending(
             lk.session_closing_task(self.session),
-            self.avatar.request_close() if self.avatar is not None else None,
+            self.avatar.release() if self.avatar is not None else None,
         )
 
     # -- the lifecycle's effects -------------------------------------------------------------
@@ -456,7 +456,7 @@ class JobSystem(MachineRuntime[str]):
     def _avatar_closed(self) -> Awaitable[None] | None:
         """The avatar's close, if the job's close was cut before its avatar step (the close
         runs once, whoever asked first)."""
-        return ending(self.avatar.request_close() if self.avatar is not None else None)
+        return ending(self.avatar.release() if self.avatar is not None else None)
 
     def _unhook(self) -> None:
         self.events.aclose()

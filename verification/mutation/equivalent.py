@@ -256,13 +256,6 @@ RECORD_ONLY = (
 
 BY_HAND: tuple[tuple[str, str], ...] = (
     (
-        "avatar (closed, start) *",
-        (
-            "refused by the API: start() refuses once the close began, and only "
-            "request_close() sends close"
-        ),
-    ),
-    (
         "agent_job (new, started) *",
         (
             "never decided there: only run_part(session=True) sends started, after "

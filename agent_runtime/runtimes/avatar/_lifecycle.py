@@ -17,10 +17,10 @@ from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 
-from agent_runtime.actor import Event, StateChanged, effect_table
+from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import MachineRuntime, released
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     RemoveParticipant,
@@ -93,7 +93,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._facts = Facts(self, self._route)
         # the failed attempt's release, while it runs: the next start waits for it
         self._releasing: asyncio.Future[None] | None = None
-        self._close_task: asyncio.Task[None] | None = None  # aclose(), once asked
         self._join_timeout = join_timeout
         self._run_machine(
             AVATAR,
@@ -158,7 +157,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         ``livekit_url``, ``livekit_api_key``, ``livekit_api_secret``), on every attempt;
         options its ``start()`` does not take are refused here (``AvatarPluginError``, a
         ``TypeError``), before anything starts."""
-        if self._close_task is not None or self.actor.closed:
+        if self.actor.closed or self.actor.state == "closed":
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle":
             raise RuntimeError(f"this AvatarLifecycle is already started (state {self.state!r})")
@@ -183,6 +182,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         try:
             await self.actor.send(Event("start"))
             await started
+        except EventRejected as e:
+            # a close queued before it (the job's link, as its session closed): the
+            # table's (closed, start) refuses, and so does start()
+            raise RuntimeError(f"this AvatarLifecycle is {self.state}") from e
         finally:
             started.cancel()
         await self.actor.join()  # a failed start: on to restored
@@ -205,36 +208,23 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     async def aclose(self) -> None:
         """From any state: the guarded restore, the avatar participant removed (best
-        effort), the plugin closed, every listener and task released. Runs once; a second
-        call (or one after ``request_close()``) waits for the first one's close."""
-        first = self._close_task is None
-        task = self.request_close()
-        if first:
-            await task  # cut short (cancelled), the close stops where it is
-        elif not task.done():
-            await asyncio.wait({task})
+        effort), the plugin closed, every listener and task released. A second call (or
+        one after ``release()``) waits for the first one's close."""
+        await released(self.release())
+
+    def release(self) -> asyncio.Future[Any] | None:
+        """``aclose()`` without its wait: the close is stepped at once (outside a step: the
+        machine is ``closed`` when this returns, and ``start()`` refuses), its effects
+        (the plugin's close) run as the scheduler's work; what is left to wait for, or
+        None. A plugin still starting is a state task: cancelled, not awaited."""
+        return self._close_now(self.actor.release)
 
     def post_linked(self, event: Event) -> None:
-        """An event the job's links bring: a close is the whole close (``request_close``)."""
-        if event.name == "close":
-            self.request_close()
-        elif not self.actor.closed:
+        """An event the job's links bring (a close among them: stepped with the rest of
+        what the input reaches, never ahead of it; the job's teardown releases the
+        avatar in its avatar step)."""
+        if not self.actor.closed:
             self.actor.post(event)
-
-    def request_close(self) -> asyncio.Task[None]:
-        """Begin the close (once) and return it, without waiting (the job's links ask it
-        while the room is still connected)."""
-        if self._close_task is None:
-            # the close is this task (start() refuses from now); its close event queues behind
-            # what is queued: a plugin still starting is a state task, cancelled, not awaited
-            self._close_task = asyncio.ensure_future(self._close())
-            if not self.actor.closed:
-                self.actor.post(Event("close"))
-        return self._close_task
-
-    async def _close(self) -> None:
-        await self.actor.join()  # the close's step, its effects included
-        await self.actor.aclose()
 
     # -- room facts (routed by statemachines.routing) ---------------------------------------
     def _after_fact(self, fact: RoomFact) -> None:
@@ -457,7 +447,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         whose clear goes to no participant (a queue to the provider) still drops its audio
         its own way, and the machine finishes what is pending locally."""
         sink = adoption.sink
-        if adoption is not self._adopted or self._close_task is not None or self.actor.closed:
+        if adoption is not self._adopted or self.actor.closed or self.actor.state == "closed":
             # our own swap detaching the sink, or the close: its segments end here, nothing
             # is sent
             finish_pending([sink])
