@@ -34,7 +34,9 @@ from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 
+from agent_runtime.clock import settle
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.inmemory import InMemoryRoom
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,6 +100,25 @@ async def test_the_room_audio_output_is_roomio_s_own() -> None:
     out = lk.new_room_audio_output(rtc.Room())
     assert isinstance(out, AudioOutput) and isinstance(out, room_io_module._ParticipantAudioOutput)
     assert out.sample_rate == AudioOutputOptions().sample_rate
+
+
+async def test_after_room_io_pick_runs_after_roomio_has_taken_its_pick() -> None:
+    # a real RoomIO over an embedded room (no server): its start-up task waits for a pick
+    room = InMemoryRoom()
+    room.connect_locally()
+    session: AgentSession[None] = AgentSession()
+    await session.start(Agent(instructions="compat"), room=room)
+    await settle()
+    rio = session.room_io
+    room.add_participant("alice")  # RoomIO picks her in the room callback
+    seen: list[str | None] = []
+    later = lk.after_room_io_pick(rio, lambda: seen.append(rio._participant_identity))
+    assert later is not None and seen == []  # picked, not yet taken: after the task's step
+    await later
+    assert seen == ["alice"]  # its start-up task had linked her when `then` ran
+    now = lk.after_room_io_pick(rio, lambda: seen.append("now"))
+    assert now is None and seen[-1] == "now"  # nothing pending: at once
+    await session.aclose()
 
 
 def test_begin_finalize_gives_the_simulation_its_verdict_and_run() -> None:

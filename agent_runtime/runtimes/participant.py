@@ -243,15 +243,15 @@ class ParticipantLink(MachineRuntime[str]):
             self._post(event)
 
     # -- effects -----------------------------------------------------------------------------
-    async def _fx_link(self, ev: Event) -> None:
+    def _fx_link(self, ev: Event) -> asyncio.Future[None] | None:
         self._identity = str(ev.data["identity"])
         logger.info("linked participant %s", self._identity)
-        await self._point_room_input(self._identity)
+        return self._point_room_input(self._identity)
 
-    async def _fx_relink(self, ev: Event) -> None:
+    def _fx_relink(self, ev: Event) -> asyncio.Future[None] | None:
         identity = str(ev.data["identity"])
         logger.info("participant %s rejoined: relinked", identity)
-        await self._point_room_input(identity)
+        return self._point_room_input(identity)
 
     def _fx_close_session(self, ev: Event) -> None:
         logger.info(
@@ -299,17 +299,18 @@ class ParticipantLink(MachineRuntime[str]):
             )
         return rio
 
-    async def _point_room_input(self, identity: str) -> None:
-        """Make RoomIO's linked participant the room's current participant ``identity``."""
-        # the room callback that brought this event may also have woken RoomIO's start-up
-        # task with a participant it picked itself; let that land first, then overrule it
-        await asyncio.sleep(0)
+    def _point_room_input(self, identity: str) -> asyncio.Future[None] | None:
+        """Make RoomIO's linked participant the room's current participant ``identity``:
+        after RoomIO's start-up task has taken a participant it picked itself in the room
+        callback that brought this event (it would overrule us otherwise)."""
         rio = self._room_io()
         if rio is None:
-            return
+            return None
+        return lk.after_room_io_pick(rio, lambda: self._point(rio, identity))
+
+    def _point(self, rio: RoomIO, identity: str) -> None:
         target = self.room_events.room.remote_participants.get(identity)
-        current = rio.linked_participant
-        if target is not None and current is target:
+        if target is not None and rio.linked_participant is target:
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)

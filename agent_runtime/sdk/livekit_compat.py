@@ -96,6 +96,34 @@ def room_io_closes_on_disconnect(room_io: Any) -> bool:
     return bool(getattr(getattr(room_io, "_options", None), "close_on_disconnect", False))
 
 
+def after_room_io_pick(room_io: Any, then: Callable[[], None]) -> asyncio.Future[None] | None:
+    """Run ``then`` once RoomIO's start-up task has taken the participant it picked.
+
+    RoomIO picks its first participant in a room callback (it resolves the future its
+    start-up task waits on) and links it on that task's next step. Picked and not yet
+    taken, ``then`` is a callback of that same future: asyncio runs a future's callbacks in
+    the order they were added, so the task's wake-up (added when it began waiting) runs
+    first. Returns what is done once ``then`` ran; None when it ran now (nothing picked is
+    pending)."""
+    init = getattr(room_io, "_init_atask", None)
+    picked = getattr(room_io, "_participant_available_fut", None)
+    if init is None or init.done() or not isinstance(picked, asyncio.Future) or not picked.done():
+        then()
+        return None
+    ran: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def run(_: object) -> None:
+        try:
+            then()
+        except Exception as e:
+            ran.set_exception(e)
+        else:
+            ran.set_result(None)
+
+    picked.add_done_callback(run)
+    return ran
+
+
 # -- the job -----------------------------------------------------------------------------------
 def job_simulation_end_fn(ctx: JobContext) -> Callable[..., Any] | None:
     """The ``on_simulation_end`` given to ``AgentServer.rtc_session``, where the job runner
