@@ -459,6 +459,58 @@ async def test_a_start_that_swallows_the_cut_for_long_does_not_hold_the_close_ba
     assert closed_at <= 10.0  # close_timeout bounds the close, whatever the start does
 
 
+async def test_a_start_runs_in_the_callers_task_and_its_cancellation_stays_the_callers(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The start runs in the task that called ``start()`` (no task of its own); the close
+    cuts it by cancelling that task once, and takes the cancellation back as the start
+    ends: the caller gets the job's plain error, and a task that goes on afterwards (an
+    entrypoint) is not left cancelled. Cancelled by somebody else as well, the caller
+    gets its ``CancelledError``, never the job's error."""
+    job = AgentJob(room=room, session=HangingSession(), clock=clock, otel=False)
+    after: list[str] = []
+
+    async def entrypoint() -> None:
+        try:
+            await job.start(agent())
+        except RuntimeError as e:
+            after.append(str(e))
+        await asyncio.sleep(0)  # the caller's task goes on: not cancelled any more
+        after.append("went on")
+
+    caller = asyncio.create_task(entrypoint())
+    await settle()
+    assert job.lifecycle == "starting" and other_starts() == []
+    closing = asyncio.create_task(job.aclose())
+    await settle()
+    await caller
+    assert after == ["the job was closed before it finished starting", "went on"]
+    assert caller.cancelling() == 0
+    await closing
+
+    second = AgentJob(
+        room=InMemoryRoom(name="lw-2", clock=clock),
+        session=HangingSession(),
+        clock=clock,
+        otel=False,
+    )
+    starting = asyncio.create_task(second.start(agent()))
+    await settle()
+    starting.cancel()  # the caller's own cancellation, with the close's cut at once
+    closing = asyncio.create_task(second.aclose())
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await closing
+    assert second.lifecycle == "closed"
+
+
+def other_starts() -> list[str]:
+    """Tasks running a part of the job's start (none: each part runs in its caller's)."""
+    coros = (t.get_coro() for t in asyncio.all_tasks())
+    names = [getattr(c, "__qualname__", "") for c in coros]
+    return [n for n in names if n.startswith("JobSystem.start")]
+
+
 async def test_concurrent_session_starts_run_one_session_and_say_so_plainly(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:

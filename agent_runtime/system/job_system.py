@@ -226,7 +226,7 @@ class JobSystem(MachineRuntime[str]):
         self.job_context: JobContext | None = None
         self._live_route: Route = "none"
         # the parts of a start still running: the teardown cuts them
-        self._starts: set[asyncio.Task[Any]] = set()
+        self._starts: set[_Part] = set()  # the start parts running, each in its caller
         self._session_start: asyncio.Task[Any] | None = None  # the call starting the session
         # who hears the declared watches (statemachines.system.WATCHES), by machine
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
@@ -275,20 +275,21 @@ class JobSystem(MachineRuntime[str]):
             raise RuntimeError("this job is closed; build a new AgentJob") from None
 
     async def run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
-        """Run one part of the start as a task the teardown can cut; its failure is the
-        lifecycle's ``start_failed`` and is raised to the caller."""
-        task = asyncio.ensure_future(work)
-        self._starts.add(task)
-        task.add_done_callback(self._starts.discard)
+        """Run one part of the start in the calling task, where the teardown can cut it
+        (as ``asyncio.timeout`` does: the caller's task is cancelled and the cut is told
+        from anyone else's cancellation); its failure is the lifecycle's ``start_failed``
+        and is raised to the caller."""
+        part = _Part()
+        self._starts.add(part)
         try:
-            await task
+            await work
         except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if (me is not None and me.cancelling()) or not task.cancelled():
-                raise  # the caller itself was cancelled
+            if part.end() != "alone":
+                raise  # the caller itself was cancelled (too)
             raise RuntimeError("the job was closed before it finished starting") from None
         except Exception as e:
-            ending = self.job.state in ("closing", "closed")  # the room went away meanwhile
+            # the room went away meanwhile, or the cut became another error in the part
+            ending = part.end() != "none" or self.job.state in ("closing", "closed")
             with contextlib.suppress(ActorClosed):
                 await self.lifecycle.send(
                     Event("start_failed", {"error": f"{type(e).__name__}: {e}"})
@@ -296,6 +297,9 @@ class JobSystem(MachineRuntime[str]):
             if ending:
                 raise RuntimeError("the job was closed before it finished starting") from e
             raise
+        finally:
+            self._starts.discard(part)
+            part.end()
         if session:
             with contextlib.suppress(ActorClosed):
                 await self.lifecycle.send(Event("started"))
@@ -437,12 +441,8 @@ class JobSystem(MachineRuntime[str]):
         self.wiring.fire("agent_job", "run_teardown", step=step)
 
     def _cut_starts(self) -> Awaitable[None] | None:
-        starts = [t for t in self._starts if not t.done()]
-        for t in starts:
-            t.cancel()
-        # each start's own awaiter (run_part) retrieves its outcome; one that swallows its
-        # cancellation runs on past this step's share
-        return ending(*starts)
+        # one that swallows its cancellation runs on past this step's share
+        return ending(*(part.cancel() for part in list(self._starts)))
 
     def _job_closed(self) -> asyncio.Future[None] | None:
         return self.job.when_closed()
@@ -467,6 +467,40 @@ LIFECYCLE_SHUTDOWN = "job closed"
 
 # the machines some watch follows
 _WATCHED = frozenset(w.source for w in WATCHES)
+
+
+class _Part:
+    """A part of the start running in its caller's task. The teardown's cut cancels that
+    task once; as the part ends it takes that cancellation back (``uncancel``, as
+    ``asyncio.timeout`` does), so a ``CancelledError`` is the cut's only when nobody else
+    (a timeout around ``start()``) cancelled the caller too."""
+
+    __slots__ = ("_asked", "_base", "_ended", "_outcome", "_task")
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._base = self._task.cancelling() if self._task is not None else 0
+        self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asked = False
+        self._outcome: str | None = None
+
+    def cancel(self) -> asyncio.Future[None]:
+        """Cut the part; what is done once it has ended."""
+        if not self._asked and self._outcome is None and self._task is not None:
+            self._asked = True
+            self._task.cancel()
+        return self._ended
+
+    def end(self) -> str:
+        """The part has ended (once; later calls repeat the answer): ``none`` if it was not
+        cut, ``alone`` if it was and nobody else cancelled its caller, ``also`` if
+        somebody did too."""
+        if self._outcome is None:
+            self._outcome = "none"
+            if self._asked and self._task is not None:
+                self._outcome = "alone" if self._task.uncancel() <= self._base else "also"
+            self._ended.set_result(None)
+        return self._outcome
 
 
 # the lifecycle's handlers, shared by every job (Handlers binds them to one)
