@@ -69,6 +69,7 @@ from agent_runtime.runtimes.teardown import Teardown, Work
 from agent_runtime.scheduler import Scheduler, after, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
+from agent_runtime.system._start_part import StartPart
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, watched
@@ -226,7 +227,7 @@ class JobSystem(MachineRuntime[str]):
         self.job_context: JobContext | None = None
         self._live_route: Route = "none"
         # the parts of a start still running: the teardown cuts them
-        self._starts: set[_Part] = set()  # the start parts running, each in its caller
+        self._starts: set[StartPart] = set()  # the start parts running, each in its caller
         self._session_start: asyncio.Task[Any] | None = None  # the call starting the session
         # who hears the declared watches (statemachines.system.WATCHES), by machine
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
@@ -279,7 +280,7 @@ class JobSystem(MachineRuntime[str]):
         (as ``asyncio.timeout`` does: the caller's task is cancelled and the cut is told
         from anyone else's cancellation); its failure is the lifecycle's ``start_failed``
         and is raised to the caller."""
-        part = _Part()
+        part = StartPart()
         self._starts.add(part)
         try:
             await work
@@ -467,40 +468,6 @@ LIFECYCLE_SHUTDOWN = "job closed"
 
 # the machines some watch follows
 _WATCHED = frozenset(w.source for w in WATCHES)
-
-
-class _Part:
-    """A part of the start running in its caller's task. The teardown's cut cancels that
-    task once; as the part ends it takes that cancellation back (``uncancel``, as
-    ``asyncio.timeout`` does), so a ``CancelledError`` is the cut's only when nobody else
-    (a timeout around ``start()``) cancelled the caller too."""
-
-    __slots__ = ("_asked", "_base", "_ended", "_outcome", "_task")
-
-    def __init__(self) -> None:
-        self._task = asyncio.current_task()
-        self._base = self._task.cancelling() if self._task is not None else 0
-        self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._asked = False
-        self._outcome: str | None = None
-
-    def cancel(self) -> asyncio.Future[None]:
-        """Cut the part; what is done once it has ended."""
-        if not self._asked and self._outcome is None and self._task is not None:
-            self._asked = True
-            self._task.cancel()
-        return self._ended
-
-    def end(self) -> str:
-        """The part has ended (once; later calls repeat the answer): ``none`` if it was not
-        cut, ``alone`` if it was and nobody else cancelled its caller, ``also`` if
-        somebody did too."""
-        if self._outcome is None:
-            self._outcome = "none"
-            if self._asked and self._task is not None:
-                self._outcome = "alone" if self._task.uncancel() <= self._base else "also"
-            self._ended.set_result(None)
-        return self._outcome
 
 
 # the lifecycle's handlers, shared by every job (Handlers binds them to one)
