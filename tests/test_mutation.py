@@ -650,13 +650,14 @@ def _what_the_runtime_reads() -> tuple[object, ...]:
     from statemachines import delivery
     from verification.explore.search import explore
 
-    assert Wiring.__init__.__kwdefaults__ and explore.__kwdefaults__
+    watched = vars(job_system)["watched"]
+    assert Wiring.__init__.__kwdefaults__ and explore.__kwdefaults__ and watched.__kwdefaults__
     return (
-        job.TEARDOWN,  # run_close's steps
-        job_system.RELEASE,  # run_teardown's steps
-        job_system.watched.__kwdefaults__["watches"],  # type: ignore[attr-defined]
+        vars(job)["TEARDOWN"],  # run_close's steps
+        vars(job_system)["RELEASE"],  # run_teardown's steps
+        watched.__kwdefaults__["watches"],
         Wiring.__init__.__kwdefaults__["links"],
-        delivery.FOLLOW_ORDER,
+        vars(delivery)["FOLLOW_ORDER"],
         *(delivery.routes_by_fact(m) for m in ("job", "avatar", "participant")),
         Performer._run_effects_now,  # an effect's links, fired after it succeeded
         explore.__kwdefaults__["links"],
