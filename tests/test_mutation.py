@@ -713,3 +713,47 @@ def test_a_system_mutant_runs_only_the_behaviour_tests_that_reach_what_it_change
         "system": ["follow job", "follow avatar"],
     }
     assert selected_tests(order, coverage) == [("t.py::two", 1.0)]
+
+
+# each a system mutant and a fast behaviour test that kills it (found by `python3 dev.py
+# mutation --system`; the guide's "Mutants of the system" lists every verdict)
+SYSTEM_KILLS = {
+    "links-before-effects": "tests/test_agent_job.py::test_a_session_close_that_hangs_still_"
+    "ends_the_job",
+    "teardown-avatar-before-session": "tests/test_agent_job.py::test_the_session_closes_before"
+    "_the_avatar_goes_and_holds_it_at_most_its_share[closes]",
+    "teardown-session-unbounded": "tests/test_agent_job.py::test_the_session_closes_before_the"
+    "_avatar_goes_and_holds_it_at_most_its_share[hangs]",
+    "teardown-disconnect-no-after": "tests/test_job.py::test_a_finalize_cut_by_the_close_gets_"
+    "its_error_reply_before_the_room_goes",
+    "watch-removed:participant->playout.user_left": "tests/test_playout.py::test_exhausted_"
+    "waits_for_the_user_whose_speech_starts_the_count_again[leaves]",
+    "link-removed:session_host.report_session_closed->job.session_closed": "tests/test_job.py::"
+    "test_ordinary_shutdown_without_simulation_does_not_hold",
+    "route-removed:room_disconnected->job.room_disconnected": "tests/test_job.py::test_the_room_"
+    "disconnecting_while_serving_ends_the_job_at_once",
+}
+
+
+def test_system_mutants_are_killed_by_their_named_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One worker, as a ``--system`` run starts it: each mutant in force, its test fails;
+    the same test passes on the system as declared (or the kill would not count)."""
+    from verification.mutation.run import _wait, _worker
+
+    monkeypatch.chdir(ROOT)
+    job = {
+        "mode": "mutants",
+        "system": True,
+        "explore_depth": -1,
+        "mutants": [
+            {"key": name, "tests": [[test, 0.1]], "explore": False}
+            for name, test in SYSTEM_KILLS.items()
+        ],
+    }
+    _wait([("kills", _worker(job, tmp_path, "kills"))], tmp_path)
+    results = json.loads((tmp_path / "kills.out.json").read_text())
+    assert {r["key"]: (r["status"], r["by"].split(" (")[0]) for r in results} == {
+        name: ("killed", test) for name, test in SYSTEM_KILLS.items()
+    }
