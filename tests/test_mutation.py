@@ -724,6 +724,8 @@ SYSTEM_KILLS = {
     "_the_avatar_goes_and_holds_it_at_most_its_share[closes]",
     "teardown-session-unbounded": "tests/test_agent_job.py::test_the_session_closes_before_the"
     "_avatar_goes_and_holds_it_at_most_its_share[hangs]",
+    "release-followers-before-job": "tests/test_agent_job.py::test_the_session_closes_before"
+    "_the_avatar_goes_and_holds_it_at_most_its_share[aborted]",
     "teardown-disconnect-no-after": "tests/test_job.py::test_a_finalize_cut_by_the_close_gets_"
     "its_error_reply_before_the_room_goes",
     "watch-removed:participant->playout.user_left": "tests/test_playout.py::test_exhausted_"
