@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from verification.mutation.swap import _namespaces
@@ -39,7 +39,6 @@ class SystemMutant:
     # order and fires links as part of its effect's step, so those mutants are not its)
     explores: bool = False
     min_followers: int = 0  # selected only where this many machines follow the room
-    notes: tuple[str, ...] = field(default=())
 
     def selects(self, touched: frozenset[Touch] | set[Touch]) -> bool:
         if self.min_followers:
@@ -180,7 +179,8 @@ def _link_key(k: Any) -> Touch:
 
 
 def _steps_changed(steps: tuple[Any, ...], **changes: dict[str, Any]) -> tuple[Any, ...]:
-    """``steps`` with the fields of the named ones changed, in a new order if ``order``."""
+    """``steps`` with the fields of the named ones changed (``_reordered`` puts each step
+    after the ones it now comes after, as the teardown's check wants)."""
     return tuple(s.model_copy(update=changes.get(s.name, {})) for s in steps)
 
 
@@ -190,7 +190,8 @@ def _reordered(steps: tuple[Any, ...], order: tuple[str, ...]) -> tuple[Any, ...
 
 
 def system_mutants() -> list[SystemMutant]:
-    """The system mutants, in a fixed order (their names are their keys)."""
+    """The system mutants, in a fixed order (their names are their keys). Built from the
+    declarations as they are now: call it with no mutant applied."""
     from statemachines import delivery
     from statemachines.glue import LINKS
     from statemachines.routing import ROUTES
