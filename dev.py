@@ -9,6 +9,7 @@
     python3 dev.py explore [ARGS]            # explore the composed job's model (--help)
     python3 dev.py conformance [ARGS]        # replay the model's paths through a real job
     python3 dev.py mutation [ARGS]           # the behaviour-only mutation score (hours)
+    python3 dev.py mutation --system         # ... of the system between the machines
     python3 dev.py run COMMAND [ARGS...]     # a command of the venv: run agent-runtime --help
     python3 dev.py pythons                   # the supported Python versions, one a line
     python3 dev.py --python 3.13 COMMAND     # any command on that interpreter, in .venv-3.13

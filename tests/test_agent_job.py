@@ -253,6 +253,78 @@ async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room
     assert AgentJob.for_job(ctx) is None
 
 
+@pytest.mark.parametrize(
+    ("how", "hangs"),
+    [("simulator-left", False), ("simulator-left", True), ("aborted", False)],
+    ids=["closes", "hangs", "aborted"],
+)
+async def test_the_session_closes_before_the_avatar_goes_and_holds_it_at_most_its_share(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, how: str, hangs: bool
+) -> None:
+    """The job's close asks the session to close before the avatar's (livekit's order: its
+    speech ends on the route it has, and the avatar's restore builds no room track for a
+    session going away), whether the job ends on its own or is aborted (the lifecycle
+    releases the avatar only once the job machine closed); a session whose close hangs
+    holds the avatar's step back only for the session step's share of close_timeout, and
+    the room still disconnects in time."""
+    from agent_runtime.sdk import livekit_compat as lk
+
+    room.add_participant("user")
+    room.add_participant("simulator", attributes=SIM)
+    session: AgentSession[Any] = AgentSession()
+    closed: list[float] = []  # when the session's close ended
+    session.on("close", lambda _: closed.append(clock.now()))
+    # when, room connected, session live, session closed
+    removed: list[tuple[float, bool, bool, bool]] = []
+
+    async def remove(identity: str) -> None:
+        now = clock.now()
+        removed.append((now, room.isconnected(), lk.session_live(session), bool(closed)))
+        room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    simulated(ctx, None)
+    with injected(clock=clock, remove_avatar_participant=remove):
+        job = AgentJob.from_job_context(
+            ctx,
+            session=session,
+            avatar=ScriptedAvatar(avatar_identity="avatar-1"),
+            participant_identity="user",
+            close_timeout=10,
+        )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("avatar-1", kind="agent")
+    room.publish_track("avatar-1", "video")
+    await settle()
+    assert job.states["avatar"] == "joined"
+    if hangs:
+
+        async def hang(**_: Any) -> None:
+            await asyncio.get_running_loop().create_future()
+
+        session._aclose_impl = hang  # type: ignore[method-assign]
+    t0 = clock.now()
+    aborting = None
+    if how == "aborted":
+        aborting = asyncio.ensure_future(job.aclose(graceful=False))
+    else:
+        room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    # the session step: 0.15 of close_timeout; the avatar's step then waits its own share
+    await clock.advance(1.5 + 1.5 + 0.5)
+    assert len(removed) == 1
+    at, connected, session_live, session_closed = removed[0]
+    assert connected and not session_live  # the session was asked first, the room is there
+    assert session_closed is not hangs  # ... and its close waited for, unless it hangs
+    assert at - t0 == (pytest.approx(1.5) if hangs else 0)
+    assert job.states["job"] == "closed" and not room.isconnected()
+    if hangs:
+        assert session._closing_task is not None
+        session._closing_task.cancel()
+    if aborting is not None:
+        await asyncio.wait_for(aborting, 5)
+    await job.aclose()
+
+
 async def test_a_production_trace_records_every_machine(
     ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, tmp_path: Path
 ) -> None:

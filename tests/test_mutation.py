@@ -9,6 +9,7 @@ The full run (about 25 minutes on two workers with ``--props-examples 50 --explo
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import json
@@ -619,4 +620,127 @@ def test_a_cut_short_run_is_resumed_from_its_workers_logs(tmp_path: Path) -> Non
     assert read_logs([log]) == {
         "job#3": ("killed", "tests/test_job.py::test_x (failed)", 0.4),
         "job#4": ("survived", "", 51.0),
+    }
+
+
+# -- the mutants of the system between the machines --------------------------------------------
+
+
+def _what_the_runtime_reads() -> tuple[object, ...]:
+    """Each declaration (or delivery) where the runtime and the explorer read it."""
+    import agent_runtime.runtimes.job as job
+    import agent_runtime.system.job_system as job_system
+    from agent_runtime._perform import Performer
+    from agent_runtime.runtimes.routing import Wiring
+    from statemachines import delivery
+    from verification.explore.search import explore
+
+    watched = vars(job_system)["watched"]
+    assert Wiring.__init__.__kwdefaults__ and explore.__kwdefaults__ and watched.__kwdefaults__
+    return (
+        vars(job)["TEARDOWN"],  # run_close's steps
+        vars(job_system)["RELEASE"],  # run_teardown's steps
+        watched.__kwdefaults__["watches"],
+        Wiring.__init__.__kwdefaults__["links"],
+        vars(delivery)["FOLLOW_ORDER"],
+        *(delivery.routes_by_fact(m) for m in ("job", "avatar", "participant")),
+        Performer._run_effects_now,  # an effect's links, fired after it succeeded
+        explore.__kwdefaults__["links"],
+        explore.__kwdefaults__["watches"],
+        delivery.FOLLOWERS,  # the model's follow order
+    )
+
+
+def test_each_system_mutant_changes_what_the_runtime_reads_and_is_undone() -> None:
+    from verification.mutation.system import applied, by_name, system_mutants
+
+    mutants = system_mutants()
+    names = [m.name for m in mutants]
+    assert len(names) == len(set(names)) >= 12 and by_name(names[:2]) == mutants[:2]
+    with pytest.raises(ValueError, match="no system mutant 'nope'"):
+        by_name(["nope"])
+    before = _what_the_runtime_reads()
+    for m in mutants:
+        with applied(m) as places:
+            inside = _what_the_runtime_reads()
+        after = _what_the_runtime_reads()
+        changed = [i for i, (a, b) in enumerate(zip(before, inside, strict=True)) if a != b]
+        assert places and changed, f"{m.name} changes nothing the runtime reads"
+        # the explorer's defaults follow the runtime's: the model judges the same change
+        if m.explores:
+            assert {5, 6, 7, 9, 10, 11} & set(changed), m.name
+        # the routes by fact are built again (the cache cleared): equal, not the same
+        assert all(
+            a is b or (isinstance(a, dict) and a == b) for a, b in zip(before, after, strict=True)
+        ), f"{m.name} not undone"
+
+
+def test_a_system_mutant_runs_only_the_behaviour_tests_that_reach_what_it_changes() -> None:
+    from verification.mutation.system import by_name
+    from verification.mutation.system_run import DECLARATION_TESTS, selected_tests
+
+    coverage = {
+        "tests": {
+            "t.py::reaches": {"outcome": "passed", "seconds": 2.0, "system": ["watch a->b.c"]},
+            "t.py::fast": {"outcome": "passed", "seconds": 0.1, "system": ["watch a->b.c"]},
+            "t.py::failing": {"outcome": "failed", "seconds": 0.1, "system": ["watch a->b.c"]},
+            "t.py::elsewhere": {"outcome": "passed", "seconds": 0.1, "system": ["follow job"]},
+            DECLARATION_TESTS[0]: {"outcome": "passed", "seconds": 0.1, "system": ["watch a"]},
+        }
+    }
+    (m,) = by_name(["watch-removed:job->agent_job.job_closed"])
+    m = dataclasses.replace(m, touches=("watch a->b.c",))
+    assert selected_tests(m, coverage) == [("t.py::fast", 0.1), ("t.py::reaches", 2.0)]
+    (order,) = by_name(["follow-order-reversed"])  # two followers or more
+    coverage["tests"]["t.py::two"] = {
+        "outcome": "passed",
+        "seconds": 1.0,
+        "system": ["follow job", "follow avatar"],
+    }
+    assert selected_tests(order, coverage) == [("t.py::two", 1.0)]
+
+
+# each a system mutant and a fast behaviour test that kills it (found by `python3 dev.py
+# mutation --system`; the guide's "Mutants of the system" lists every verdict)
+SYSTEM_KILLS = {
+    "links-before-effects": "tests/test_agent_job.py::test_a_session_close_that_hangs_still_"
+    "ends_the_job",
+    "teardown-avatar-before-session": "tests/test_agent_job.py::test_the_session_closes_before"
+    "_the_avatar_goes_and_holds_it_at_most_its_share[closes]",
+    "teardown-session-unbounded": "tests/test_agent_job.py::test_the_session_closes_before_the"
+    "_avatar_goes_and_holds_it_at_most_its_share[hangs]",
+    "release-followers-before-job": "tests/test_agent_job.py::test_the_session_closes_before"
+    "_the_avatar_goes_and_holds_it_at_most_its_share[aborted]",
+    "teardown-disconnect-no-after": "tests/test_job.py::test_a_finalize_cut_by_the_close_gets_"
+    "its_error_reply_before_the_room_goes",
+    "watch-removed:participant->playout.user_left": "tests/test_playout.py::test_exhausted_"
+    "waits_for_the_user_whose_speech_starts_the_count_again[leaves]",
+    "link-removed:session_host.report_session_closed->job.session_closed": "tests/test_job.py::"
+    "test_ordinary_shutdown_without_simulation_does_not_hold",
+    "route-removed:room_disconnected->job.room_disconnected": "tests/test_job.py::test_the_room_"
+    "disconnecting_while_serving_ends_the_job_at_once",
+}
+
+
+def test_system_mutants_are_killed_by_their_named_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One worker, as a ``--system`` run starts it: each mutant in force, its test fails;
+    the same test passes on the system as declared (or the kill would not count)."""
+    from verification.mutation.run import _wait, _worker
+
+    monkeypatch.chdir(ROOT)
+    job = {
+        "mode": "mutants",
+        "system": True,
+        "explore_depth": -1,
+        "mutants": [
+            {"key": name, "tests": [[test, 0.1]], "explore": False}
+            for name, test in SYSTEM_KILLS.items()
+        ],
+    }
+    _wait([("kills", _worker(job, tmp_path, "kills"))], tmp_path)
+    results = json.loads((tmp_path / "kills.out.json").read_text())
+    assert {r["key"]: (r["status"], r["by"].split(" (")[0]) for r in results} == {
+        name: ("killed", test) for name, test in SYSTEM_KILLS.items()
     }

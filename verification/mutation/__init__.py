@@ -4,6 +4,7 @@ that assert behaviour notice?
     python3 dev.py mutation                # every machine (hours)
     python3 dev.py mutation --props-examples 50 --explore-depth 4  # minutes
     python3 dev.py mutation --machine job --json out.json
+    python3 dev.py mutation --system       # the mutants of the system between them
 
 Every single-cell change of every machine in ``statemachines.machines.MACHINES`` is built
 (``mutants``); one the spec model refuses cannot load and is not counted. Each other one
@@ -22,4 +23,8 @@ is swapped in for the real spec (``swap``) and judged by the behaviour tests alo
 Only the tests in which an actor decided the changed cell run (recorded once, on the
 unchanged specs): a test that never reaches the cell runs as before. A mutant nothing
 notices survives, unless ``equivalent`` argues that no one could notice it.
+
+``--system`` judges the mutants of the system instead (``system``: a link fired before its
+effect, teardown steps swapped, a watch, link or route removed, ...), each by the same
+behaviour tests, those that reach the part it changes (``system_run``).
 """

@@ -298,6 +298,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "its survivors are judged again",
     )
     ap.add_argument(
+        "--system",
+        action="store_true",
+        help="the mutants of the system between the machines instead (links, watches, "
+        "routes, the follow order, the teardowns): verification/mutation/system.py",
+    )
+    ap.add_argument(
+        "--mutant", action="append", metavar="NAME", help="with --system: only this one"
+    )
+    ap.add_argument(
         "--check-arguments",
         action="store_true",
         help="run the mutants argued equivalent too (a kill means the argument is wrong)",
@@ -312,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error("--props-examples must be at least 1")
         # read by tests/test_properties.py in every worker (they inherit the environment)
         os.environ[PROPS_EXAMPLES] = str(args.props_examples)
+    if args.system:
+        return _system(args, ap)
     t0 = time.perf_counter()
     try:
         mutants = all_mutants(args.machine)
@@ -365,3 +376,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     bad = any(v.status == "survived" for v in verdicts) or wrongly_argued(verdicts)
     return 1 if bad else 0
+
+
+def _system(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    from verification.mutation.system_run import system_main
+
+    if args.machine or args.cell or args.resume or args.check_arguments:
+        ap.error("--system takes none of --machine, --cell, --resume, --check-arguments")
+    depth = None if args.explore_depth == 0 else args.explore_depth
+    with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
+        try:
+            return system_main(
+                args.mutant,
+                tests=args.tests,
+                coverage_file=args.coverage,
+                workers=args.workers,
+                explore_depth=depth,
+                json_out=args.json,
+                workdir=Path(tmp),
+            )
+        except ValueError as e:
+            ap.error(str(e))

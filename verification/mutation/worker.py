@@ -34,6 +34,7 @@ import pytest
 from statemachines.machines import MACHINES
 from verification.mutation.mutants import Mutant, mutants_of
 from verification.mutation.swap import Visits, swapped
+from verification.mutation.system import SystemMutant, Touches, applied, by_name
 
 # the marker of tests that pin the specs as written (left out of the behaviour-only run)
 SNAPSHOT = "snapshot"
@@ -98,17 +99,23 @@ class _Coverage:
     def __init__(self, job: dict[str, Any]) -> None:
         self.job = job
         self.visits = Visits()
+        self.touches = Touches()
         self.tests: dict[str, dict[str, Any]] = {}
 
     def _entry(self, nodeid: str) -> dict[str, Any]:
-        return self.tests.setdefault(nodeid, {"seconds": 0.0, "outcome": "passed", "cells": []})
+        return self.tests.setdefault(
+            nodeid, {"seconds": 0.0, "outcome": "passed", "cells": [], "system": []}
+        )
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Iterator[None]:
         self.visits.cells = set()
-        with self.visits.installed():
+        self.touches.touched = set()
+        with self.visits.installed(), self.touches.installed():
             yield
-        self._entry(item.nodeid)["cells"] = sorted(self.visits.cells)
+        entry = self._entry(item.nodeid)
+        entry["cells"] = sorted(self.visits.cells)
+        entry["system"] = sorted(self.touches.touched)  # what it reached of the system
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         e = self._entry(report.nodeid)
@@ -180,6 +187,9 @@ class _Mutants:
                 return "timeout"
             return "failed" if failed else "passed"
 
+        if self.job.get("system"):
+            self.judge_system(run)
+            return
         for want in self.job["mutants"]:
             machine = want["machine"]
             if machine not in built:
@@ -235,6 +245,49 @@ class _Mutants:
                 result["by"] = f"exploration: invariant {v.invariant} ({v.detail})"
         result["seconds"] = time.perf_counter() - t0
         return result
+
+    def judge_system(self, run: Any) -> None:
+        """The system mutants the job names: each one's tests, fastest first, until one
+        fails under it and passes without it; then, if none did and the model reads what
+        it changes, the exploration with it in force."""
+        mutants = {m.name: m for m in by_name([w["key"] for w in self.job["mutants"]])}
+        for want in self.job["mutants"]:
+            m: SystemMutant = mutants[want["key"]]
+            t0 = time.perf_counter()
+            result: dict[str, Any] = {
+                "key": m.name,
+                "status": "survived",
+                "by": "",
+                "tests_run": 0,
+                "exercised": 0,
+                "flaky": [],
+            }
+            for nodeid, seconds in want["tests"]:
+                budget = max(5.0, 10 * seconds)
+                with applied(m):
+                    outcome = run(nodeid, budget)
+                result["tests_run"] += 1
+                if outcome == "passed":
+                    continue
+                if run(nodeid, budget) != "passed":  # it fails without the mutant too
+                    result["flaky"].append(nodeid)
+                    continue
+                result["status"], result["by"] = "killed", f"{nodeid} ({outcome})"
+                break
+            if result["status"] == "survived" and want["explore"] and m.explores:
+                with applied(m):
+                    report = _explore(self.job["explore_depth"], None, True)
+                if report.violations:
+                    v = min(report.violations, key=lambda v: (v.invariant, len(v.steps)))
+                    result["status"] = "killed"
+                    result["by"] = f"exploration: invariant {v.invariant} ({v.detail})"
+            result["seconds"] = time.perf_counter() - t0
+            self.results.append(result)
+            with open(self.job["out"] + ".log", "a") as log:
+                log.write(
+                    f"{m.name} {result['status']} after {result['tests_run']} tests, "
+                    f"{result['seconds']:.1f}s: {m.what}  {result['by']}\n"
+                )
 
 
 def main(argv: list[str]) -> int:
