@@ -391,10 +391,11 @@ class JobSystem(MachineRuntime[str]):
         return ending(lk.session_closing_task(self.session))
 
     def _avatar_left(self) -> Awaitable[None] | None:
-        """The avatar's close (its step's link asked it) and a session close still running."""
+        """The avatar's close, which its step's link asked (the work only waits for it: the
+        link is the one way the close is asked here), and a session close still running."""
         return ending(
             lk.session_closing_task(self.session),
-            self.avatar.release() if self.avatar is not None else None,
+            self.avatar.released_once_closed() if self.avatar is not None else None,
         )
 
     # -- the lifecycle's effects -------------------------------------------------------------

@@ -20,7 +20,7 @@ from livekit.agents.voice.io import AudioOutput
 from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, released
+from agent_runtime.runtimes._base import MachineRuntime, is_closed, released
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     RemoveParticipant,
@@ -43,7 +43,7 @@ from agent_runtime.runtimes.avatar._sink import (
 from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
 from agent_runtime.runtimes.room_events import RoomConnected, RoomEventAdapter, RoomFact
 from agent_runtime.runtimes.routing import follow
-from agent_runtime.scheduler import Scheduler
+from agent_runtime.scheduler import Scheduler, after
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, avatar_retry, check_setting
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
@@ -218,6 +218,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         (the plugin's close) run as the scheduler's work; what is left to wait for, or
         None. A plugin still starting is a state task: cancelled, not awaited."""
         return self._close_now(self.actor.release)
+
+    def released_once_closed(self) -> asyncio.Future[Any] | None:
+        """Once a close asked (by the job's link) has been stepped and its effects ended,
+        the actor released; what is left to wait for, or None."""
+        return after(self.actor.when_settled(is_closed), self.actor.release)
 
     def post_linked(self, event: Event) -> None:
         """An event the job's links bring (a close among them: stepped with the rest of
