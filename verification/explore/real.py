@@ -159,6 +159,26 @@ def _avatar_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
     return out
 
 
+# the stand-ins' outcomes (``_outcomes``): work running aside ending, the world's word
+OUTCOMES = frozenset(
+    {
+        "verdict_ready",
+        "plugin_routed",
+        "plugin_fails",
+        "plugin_no_route",
+        "plugin_returns",
+        "plugin_fails_late",
+        "clear_settles",
+        "a_closed",
+        "a_hangs",
+        "b_closed",
+        "deletion_returns",
+        "deletion_fails",
+        "callbacks_return",
+    }
+)
+
+
 def _outcomes(h: Harness, states: Mapping[str, str]) -> list[str]:
     """The world's word to each stand-in that waits for it now. A hang is no input (the
     stand-in goes on waiting), except a session's close, which the job's view tells apart."""

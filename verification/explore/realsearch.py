@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from verification.conformance.harness import Harness
 from verification.explore.abstract import Config
 from verification.explore.real import (
     CONFIGS,
+    OUTCOMES,
     Inputs,
     Policy,
     Run,
@@ -53,9 +55,10 @@ class RealReport:
     depth: int = 0  # the deepest layer explored (bfs)
     closed: bool = False  # a layer brought nothing new (bfs): every reachable state is in
     budget_hit: bool = False
+    stopped: bool = False  # the search stopped early: its budget, or its first violation
     seconds: float = 0.0
     quiesce_loops: int = 0  # real-time sleeps of the harness, over every run
-    layers: list[int] = field(default_factory=list)  # new states per depth (bfs)
+    layers: list[int] = field(default_factory=list)  # new states per layer (bfs)
     violations: list[Violation] = field(default_factory=list)
 
     @property
@@ -71,6 +74,8 @@ class RealReport:
         per = self.seconds / self.states if self.states else 0.0
         whole = " (all of them: nothing new after that depth)" if self.closed else ""
         budget = " (budget reached)" if self.budget_hit else ""
+        if self.stopped and not self.budget_hit:
+            budget = " (stopped at the first violation)"
         lines = [
             f"real job [{self.config}], {self.inputs} inputs, {self.mode}: "
             f"{self.states:,} states{whole}{budget} to depth {self.depth}, "
@@ -79,7 +84,7 @@ class RealReport:
             f"{self.quiesce_loops} real-time waits"
         ]
         if self.layers:
-            lines.append(f"  new states by depth: {self.layers}")
+            lines.append(f"  new states by depth (outcomes within the layer): {self.layers}")
         lines += [str(v) for v in self.violations]
         lines.append("every invariant holds" if self.ok else f"{len(self.violations)} violation(s)")
         return "\n".join(lines)
@@ -123,54 +128,68 @@ def bfs(
     depth: int = 3,
     budget: int = 5_000,
     setup: Setup | None = None,
+    free_outcomes: bool = True,
+    stop_at_first: bool = False,
 ) -> RealReport:
     """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
-    states."""
+    states. With ``free_outcomes`` a layer is one input from outside or one deadline, as
+    the model's (whose work outcomes are internal steps): the stand-ins' outcomes are taken
+    within the layer, in every order, at no cost in depth. ``stop_at_first``: stop at the
+    first violation."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"bfs depth {depth}")
     seen: set[Snapshot] = set()
+    Node = tuple[tuple[str, ...], tuple[str, ...]]  # (path, inputs enabled at its end)
 
     def is_new(snap: Snapshot) -> bool:
         return snap not in seen  # time let pass alone only from states not seen yet
 
-    def visit(path: tuple[str, ...]) -> Run:
-        """The run to ``path``'s state; from a new one time passes alone twice: the world
-        hanging what may hang (in this run), then answering everything (one more run)."""
+    def visit(path: tuple[str, ...]) -> Node | None:
+        """The run to ``path``'s state: the node when it is new and broke nothing. From a
+        new one time passes alone twice: the world hanging what may hang (in this run),
+        then answering everything (one more run)."""
+        before = len(seen)
         r = run(config, path, inputs=inputs, setup=setup, check_eventual=is_new, policy="hang")
-        if _note(report, r, seen) and r.violation is None:
+        new = _note(report, r, seen)
+        if new and r.violation is None:
             again = run(config, path, inputs=inputs, setup=setup, policy="return")
             _note(report, again, seen)
-            r.violation = again.violation
-        return r
+        if len(seen) > budget and before <= budget:
+            report.budget_hit = report.stopped = True
+        if stop_at_first and report.violations:
+            report.stopped = True
+        broke = r.violation is not None and r.violation.step <= len(path)
+        return (path, r.enabled) if new and not broke else None
+
+    def free(token: str) -> bool:
+        return free_outcomes and token in OUTCOMES
 
     root = visit(())
-    frontier: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-    if root.violation is None or root.violation.step > 0:
-        frontier.append(((), root.enabled))
-    report.layers.append(1)
-    for d in range(1, depth + 1):
-        nxt: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-        for path, enabled in frontier:
-            for token in enabled:
-                if len(seen) >= budget:
-                    report.budget_hit = True
-                    break
-                child = (*path, token)
-                before = len(seen)
-                r = visit(child)
-                broke = r.violation is not None and r.violation.step <= len(child)
-                if len(seen) > before and not broke:
-                    nxt.append((child, r.enabled))
-            if report.budget_hit:
-                break
+    layer = [root] if root is not None else []
+    for d in range(depth + 1):
+        # the layer closed under the stand-ins' outcomes, breadth first
+        queue, order = deque(layer), []
+        while queue and not report.stopped:
+            node = queue.popleft()
+            order.append(node)
+            for token in node[1]:
+                if free(token) and (child := visit((*node[0], token))) is not None:
+                    queue.append(child)
+        report.layers.append(len(order))
         report.depth = d
-        report.layers.append(len(nxt))
-        frontier = nxt
-        if report.budget_hit:
+        if d == depth or report.stopped:
             break
+        nxt: list[Node] = []
+        for path, enabled in order:
+            for token in enabled:
+                if report.stopped:
+                    break
+                if not free(token) and (child := visit((*path, token))) is not None:
+                    nxt.append(child)
         if not nxt:
             report.closed = True
             break
+        layer = nxt
     report.states = len(seen)
     report.seconds = time.perf_counter() - started
     return report
