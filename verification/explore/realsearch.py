@@ -164,6 +164,7 @@ def bfs(
     def free(token: str) -> bool:
         return free_outcomes and token in OUTCOMES
 
+    counted = 0
     root = visit(())
     layer = [root] if root is not None else []
     for d in range(depth + 1):
@@ -175,7 +176,8 @@ def bfs(
             for token in node[1]:
                 if free(token) and (child := visit((*node[0], token))) is not None:
                     queue.append(child)
-        report.layers.append(len(order))
+        report.layers.append(len(seen) - counted)  # new snapshots within this layer
+        counted = len(seen)
         report.depth = d
         if d == depth or report.stopped:
             break
@@ -190,6 +192,8 @@ def bfs(
             report.closed = True
             break
         layer = nxt
+    if report.stopped and len(seen) > counted:
+        report.layers.append(len(seen) - counted)  # the part of the next layer reached
     report.states = len(seen)
     report.seconds = time.perf_counter() - started
     return report
