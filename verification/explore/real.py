@@ -107,8 +107,8 @@ def _job_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
         out.append("finalize")
     if up and not any(not s.simulator for s in sent):
         out.append("stranger_finalize")
-    if up and h.other == 0:
-        # the host's other doors, once each path (they change nothing a view shows)
+    if up:
+        # the host's other doors: a state they change nothing of dedups them away
         out += ["ping", "malformed"]
     host = states.get("session_host")
     if (
@@ -248,7 +248,7 @@ def snapshot(h: Harness, view: JobView) -> Snapshot:
         tuple(sorted((i, _video(h, i)) for i in h.room.remote_participants)),
     )
     jv = tuple(_hashable(getattr(view, f.name)) for f in fields(JobView))
-    return (actors, timers, stand_ins, room, jv, h.other > 0)
+    return (actors, timers, stand_ins, room, jv)
 
 
 async def apply(h: Harness, token: str) -> None:
