@@ -3,10 +3,13 @@
 Two modes, both on fresh harnesses, every run deterministic (one scheduler per job, a
 ``VirtualClock``, inputs in a declared order):
 
-* ``bfs``: breadth first to a depth bound (and a budget of states). Each state is reached
-  by replaying its input path from the start; one run per edge, which also reads the
-  child's snapshot and enabled inputs. A state is new when its snapshot is; only new ones
-  are expanded, and time is let pass alone from each (``checks.eventual``).
+* ``bfs``: breadth first to a depth bound (and a budget of states). A layer is one input
+  from outside or one deadline, the stand-ins' outcomes taken within it (the model's work
+  outcomes are internal steps too). Each state is reached by replaying its input path
+  from the start; one run per edge, which also reads the child's snapshot and enabled
+  inputs (no fork: the SDK's FFI client runs threads). A state is new when its snapshot
+  is; only new ones are expanded, and from each time is let pass alone twice, the world
+  hanging what may hang, then answering everything (``checks.eventual``).
 * ``walks``: seeded random walks (FoundationDB's simulation, TigerBeetle's VOPR): walk
   ``k`` draws its inputs with ``random.Random(seed + k)``; a violation prints that seed.
 
