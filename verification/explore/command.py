@@ -65,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
         "--real",
         action="store_true",
         help="drive the real AgentJob (its system, actors, links and teardown; the SDK's "
-        "outside stood in, on a virtual clock), not the model",
+        "outside stood in, on a virtual clock), not the model: breadth first to --depth "
+        "(3 unless given), or walks with --seed, or --replay",
     )
     real.add_argument("--config", choices=tuple(NAMED_CONFIGS), default="example")
     real.add_argument(
