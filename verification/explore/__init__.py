@@ -2,7 +2,8 @@
 machines together (``explore``), the invariants over one view of a job (``checks`` over
 ``view.JobView``), and path coverage plans for one machine (``paths.cover``). The model
 reads the glue the runtime runs on (``statemachines.glue``); what only it says is in
-``abstract``. Pure: no asyncio, no livekit, no clock."""
+``abstract``. Pure: no asyncio, no livekit, no clock; except ``real`` and ``realsearch``,
+which explore the real job instead of the model (``dev.py explore --real``)."""
 
 from verification.explore.checks import INVARIANTS, Invariant
 from verification.explore.model import DEFAULT_GLUE, Config, Glue, Model, World

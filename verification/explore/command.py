@@ -3,6 +3,10 @@
 job (see ``verification.explore``). Exit 0 when every invariant holds, 1 with the shortest
 event sequence to each one that does not, 2 on a usage error.
 
+``--real`` explores the real job instead (``verification.explore.realsearch``): breadth
+first (``--depth``, ``--budget``), or seeded random walks (``--seed``, ``--walks``,
+``--steps``), or one printed path again (``--replay``).
+
 ``--configs`` picks the configurations: ``default`` (the job as the example composes it,
 and each setting that changes a decision both ways), ``playout`` (the same job with the
 playout machine, as ``AgentJob`` runs it with an avatar), ``lifecycle`` (with the user's
@@ -20,6 +24,7 @@ from verification.explore import Config, Plan, deep_plans, explore_plans
 from verification.explore.search import (
     DEFAULT_CONFIGS,
     LIFECYCLE_CONFIGS,
+    NAMED_CONFIGS,
     PLAYOUT_CONFIGS,
 )
 
@@ -55,10 +60,51 @@ def parser() -> argparse.ArgumentParser:
     )
     exp.add_argument("--workers", type=int, metavar="N", help="processes (default: CPUs)")
     exp.add_argument("--json", action="store_true", help="print the report as JSON")
+    real = exp.add_argument_group("the real job (--real)")
+    real.add_argument(
+        "--real",
+        action="store_true",
+        help="drive the real AgentJob (its system, actors, links and teardown; the SDK's "
+        "outside stood in, on a virtual clock), not the model: breadth first to --depth "
+        "(3 unless given), or walks with --seed, or --replay",
+    )
+    real.add_argument("--config", choices=tuple(NAMED_CONFIGS), default="example")
+    real.add_argument(
+        "--inputs",
+        choices=("all", "job", "avatar"),
+        default="all",
+        help="which inputs: the job's, the avatar's, or all (default)",
+    )
+    real.add_argument(
+        "--budget", type=int, default=5_000, metavar="STATES", help="stop at this many states"
+    )
+    real.add_argument("--seed", type=int, metavar="S", help="random walks from seed S")
+    real.add_argument("--walks", type=int, default=20, metavar="K", help="walks (seeds S..S+K-1)")
+    real.add_argument("--steps", type=int, default=12, metavar="M", help="inputs a walk")
+    real.add_argument(
+        "--replay", metavar="PATH", help="run a printed path again (inputs joined by commas)"
+    )
+    real.add_argument(
+        "--policy",
+        choices=("return", "hang"),
+        default="return",
+        help="with --replay: how the stand-ins end once time passes alone",
+    )
+    real.add_argument(
+        "--drop-link",
+        metavar="SOURCE:ON:TARGET",
+        help="a planted fault: the runtime does not deliver this link of statemachines.glue",
+    )
     return exp
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.real:
+        # imported here: the real job needs livekit, which the model's explorer (and its
+        # spawned workers, which import this module) does without
+        from verification.explore.realsearch import run_real
+
+        return run_real(args)
     if args.depth is not None and args.depth < 0:
         print(f"{PROG}: --depth must be >= 0", file=sys.stderr)
         return 2

@@ -104,6 +104,18 @@ LIFECYCLE_CONFIGS: tuple[Config, ...] = (
     Config(simulation=False, present=(), delete_room_on_close=True, retry_attempts=1, aclose=True),
 )
 
+# the configs by name (``dev.py explore --real --config NAME``): the default ones and the
+# lifecycle ones (the playout ones need a job with playout, which the real explorer's
+# harness runs without)
+NAMED_CONFIGS: dict[str, Config] = {
+    "example": DEFAULT_CONFIGS[0],
+    "sip": DEFAULT_CONFIGS[1],
+    "identity": DEFAULT_CONFIGS[2],
+    "plain": DEFAULT_CONFIGS[3],
+    "aclose": LIFECYCLE_CONFIGS[0],
+    "aclose-plain": LIFECYCLE_CONFIGS[1],
+}
+
 
 @dataclass(frozen=True)
 class Violation:

@@ -1,0 +1,85 @@
+"""The explorer of the real job (``verification.explore.real``/``realsearch``): a real
+``AgentJob`` on a virtual clock, driven by inputs read from the system itself, searched by
+re-execution. Runs are deterministic, the default config holds its invariants within a
+small depth, and a link the runtime no longer delivers is found, its path replayed to the
+same failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from verification.explore.command import main
+from verification.explore.real import CONFIGS, OUTCOMES, TIME, run
+from verification.explore.realsearch import bfs, drop_link, walk, walks
+
+EXAMPLE = CONFIGS["example"]
+# the job stops holding once its verdict went out: a link the runtime delivers
+FAULT = "finalize:report_answered:job"
+
+
+def test_a_replayed_path_and_a_seeded_walk_give_the_same_snapshots() -> None:
+    first = walk(EXAMPLE, 7, 10)
+    again = walk(EXAMPLE, 7, 10)
+    assert first.path == again.path and len(first.path) == 10
+    assert first.snapshots == again.snapshots
+    # the walk's path, replayed, passes through the same states
+    replayed = run(EXAMPLE, first.path, policy="hang" if 7 % 2 else "return")
+    assert replayed.snapshots == first.snapshots
+    # a path through the avatar, time and the close, twice
+    path = ["avatar_start", "plugin_routed", "avatar_joins", "shutdown", TIME, "a_closed"]
+    one, two = run(EXAMPLE, path), run(EXAMPLE, path)
+    assert one.violation is None and one.snapshots == two.snapshots
+    assert len({s for s in one.snapshots}) == len(path) + 1  # each input changed the state
+
+
+def test_the_inputs_come_from_the_real_system() -> None:
+    start = run(EXAMPLE, [], check_eventual=False)
+    # the simulator is in the room (it may leave, not join), nobody waits for the world yet
+    assert "simulator_leaves:CLIENT_INITIATED" in start.enabled
+    assert "simulator_joins" not in start.enabled and "user_joins" in start.enabled
+    assert not OUTCOMES & set(start.enabled)
+    assert TIME not in start.enabled  # no timer is armed in a serving job
+    # the plugin's start waits for its provider: its outcomes, and the join timeout
+    started = run(EXAMPLE, ["avatar_start"], check_eventual=False)
+    assert {"plugin_routed", "plugin_fails", "plugin_no_route", TIME} <= set(started.enabled)
+    assert "avatar_start" not in started.enabled
+    with pytest.raises(ValueError, match="not enabled"):
+        run(EXAMPLE, ["plugin_routed"])
+
+
+def test_the_example_config_holds_its_invariants_to_a_small_depth() -> None:
+    report = bfs(EXAMPLE, "example", depth=1)
+    print(report.summary())
+    assert report.ok, report.summary()
+    assert report.states > 20 and report.layers[0] == 1 and not report.budget_hit
+    walked = walks(EXAMPLE, "example", seed=0, count=6, steps=8)
+    assert walked.ok, walked.summary()
+
+
+def test_a_link_the_runtime_does_not_deliver_is_found_and_replayed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = bfs(
+        EXAMPLE, "example", inputs="job", depth=2, setup=drop_link(FAULT), stop_at_first=True
+    )
+    assert not report.ok and report.stopped
+    (found,) = report.violations
+    assert found.invariant == 7 and "the verdict was delivered" in found.detail
+    assert "verdict_ready" in found.path and "finalize" in found.path
+    printed = str(found)
+    assert f"--replay {','.join(found.path)}" in printed
+    # the printed path, replayed with the same fault, fails the same way; without it, not
+    path = ",".join(found.path)
+    assert main(["--real", "--inputs", "job", "--replay", path, "--drop-link", FAULT]) == 1
+    out = capsys.readouterr().out
+    assert f"invariant 7 violated after input {found.step}" in out
+    assert found.detail in out
+    assert main(["--real", "--inputs", "job", "--replay", path]) == 0
+    assert "every invariant holds" in capsys.readouterr().out
+
+
+def test_the_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--real", "--depth", "-1"]) == 2
+    assert main(["--real", "--drop-link", "a:b:c"]) == 2
+    assert main(["--real", "--replay", "plugin_routed"]) == 1
+    assert "diverged" in capsys.readouterr().err

@@ -1,0 +1,310 @@
+"""Search the real job (``verification.explore.real``) by re-execution.
+
+Two modes, both on fresh harnesses, every run deterministic (one scheduler per job, a
+``VirtualClock``, inputs in a declared order):
+
+* ``bfs``: breadth first to a depth bound (and a budget of states). A layer is one input
+  from outside or one deadline, the stand-ins' outcomes taken within it (the model's work
+  outcomes are internal steps too). Each state is reached by replaying its input path
+  from the start; one run per edge, which also reads the child's snapshot and enabled
+  inputs (no fork: the SDK's FFI client runs threads). A state is new when its snapshot
+  is; only new ones are expanded, and from each time is let pass alone twice, the world
+  hanging what may hang, then answering everything (``checks.eventual``).
+* ``walks``: seeded random walks (FoundationDB's simulation, TigerBeetle's VOPR): walk
+  ``k`` draws its inputs with ``random.Random(seed + k)``; a violation prints that seed.
+
+Either way a violation carries its input path, which ``replay`` runs again to the same
+failure.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent_runtime.runtimes.routing import Wiring
+from statemachines.glue import LINKS, without
+from verification.conformance.harness import Harness
+from verification.explore.abstract import Config
+from verification.explore.real import (
+    CONFIGS,
+    OUTCOMES,
+    Inputs,
+    Policy,
+    Run,
+    Setup,
+    Snapshot,
+    Violation,
+    run,
+)
+
+
+@dataclass
+class RealReport:
+    """What a search of the real job found."""
+
+    config: str
+    inputs: Inputs
+    mode: str  # "bfs depth N" | "walks"
+    states: int = 0  # distinct snapshots reached
+    runs: int = 0  # fresh harnesses driven (edges tried, walks walked)
+    inputs_done: int = 0  # inputs driven over every run (replays included)
+    depth: int = 0  # the deepest layer explored (bfs)
+    closed: bool = False  # a layer brought nothing new (bfs): every reachable state is in
+    budget_hit: bool = False
+    stopped: bool = False  # the search stopped early: its budget, or its first violation
+    seconds: float = 0.0
+    quiesce_loops: int = 0  # real-time sleeps of the harness, over every run
+    layers: list[int] = field(default_factory=list)  # new states per layer (bfs)
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+    def summary(self) -> str:
+        per = self.seconds / self.states if self.states else 0.0
+        whole = " (all of them: nothing new after that depth)" if self.closed else ""
+        budget = " (budget reached)" if self.budget_hit else ""
+        if self.stopped and not self.budget_hit:
+            budget = " (stopped at the first violation)"
+        lines = [
+            f"real job [{self.config}], {self.inputs} inputs, {self.mode}: "
+            f"{self.states:,} states{whole}{budget} to depth {self.depth}, "
+            f"{self.runs:,} runs, {self.inputs_done:,} inputs driven, "
+            f"{self.seconds:.1f} s ({per * 1000:.1f} ms a state), "
+            f"{self.quiesce_loops} real-time waits"
+        ]
+        if self.layers:
+            lines.append(f"  new states by depth (outcomes within the layer): {self.layers}")
+        lines += [str(v) for v in self.violations]
+        lines.append("every invariant holds" if self.ok else f"{len(self.violations)} violation(s)")
+        return "\n".join(lines)
+
+
+def drop_link(spec: str) -> Setup:
+    """A fault for the harness: the runtime does not deliver the link ``SOURCE:ON:TARGET``
+    (``statemachines.glue.without``), as ``tests/test_conformance.py`` plants it."""
+    source, on, target = spec.split(":")
+    if without(LINKS, source, on, target) == LINKS:
+        raise ValueError(f"no link {spec} in statemachines.glue.LINKS")
+
+    def setup(h: Harness) -> None:
+        h.job.system.wiring._links = Wiring(links=without(LINKS, source, on, target))._links
+
+    return setup
+
+
+def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
+    """Count a run; keep its violation when it is the first of its invariant (the shortest,
+    breadth first). Whether the run's last state is new."""
+    report.runs += 1
+    report.inputs_done += len(r.path)
+    report.quiesce_loops += r.quiesce_loops
+    v = r.violation
+    if v is not None and all(w.invariant != v.invariant for w in report.violations):
+        v.config = report.config
+        report.violations.append(v)
+    last = r.snapshots[-1]
+    if last in seen:
+        return False
+    seen.add(last)
+    return True
+
+
+def bfs(
+    config: Config,
+    name: str,
+    *,
+    inputs: Inputs = "all",
+    depth: int = 3,
+    budget: int = 5_000,
+    setup: Setup | None = None,
+    free_outcomes: bool = True,
+    stop_at_first: bool = False,
+) -> RealReport:
+    """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
+    states. With ``free_outcomes`` a layer is one input from outside or one deadline, as
+    the model's (whose work outcomes are internal steps): the stand-ins' outcomes are taken
+    within the layer, in every order, at no cost in depth. ``stop_at_first``: stop at the
+    first violation."""
+    started = time.perf_counter()
+    report = RealReport(name, inputs, f"bfs depth {depth}")
+    seen: set[Snapshot] = set()
+    Node = tuple[tuple[str, ...], tuple[str, ...]]  # (path, inputs enabled at its end)
+
+    def is_new(snap: Snapshot) -> bool:
+        return snap not in seen  # time let pass alone only from states not seen yet
+
+    def visit(path: tuple[str, ...]) -> Node | None:
+        """The run to ``path``'s state: the node when it is new and broke nothing. From a
+        new one time passes alone twice: the world hanging what may hang (in this run),
+        then answering everything (one more run)."""
+        before = len(seen)
+        r = run(config, path, inputs=inputs, setup=setup, check_eventual=is_new, policy="hang")
+        new = _note(report, r, seen)
+        if new and r.violation is None:
+            again = run(config, path, inputs=inputs, setup=setup, policy="return")
+            _note(report, again, seen)
+        if len(seen) > budget and before <= budget:
+            report.budget_hit = report.stopped = True
+        if stop_at_first and report.violations:
+            report.stopped = True
+        broke = r.violation is not None and r.violation.step <= len(path)
+        return (path, r.enabled) if new and not broke else None
+
+    def free(token: str) -> bool:
+        return free_outcomes and token in OUTCOMES
+
+    counted = 0
+    root = visit(())
+    layer = [root] if root is not None else []
+    for d in range(depth + 1):
+        # the layer closed under the stand-ins' outcomes, breadth first
+        queue, order = deque(layer), []
+        while queue and not report.stopped:
+            node = queue.popleft()
+            order.append(node)
+            for token in node[1]:
+                if free(token) and (child := visit((*node[0], token))) is not None:
+                    queue.append(child)
+        report.layers.append(len(seen) - counted)  # new snapshots within this layer
+        counted = len(seen)
+        report.depth = d
+        if d == depth or report.stopped:
+            break
+        nxt: list[Node] = []
+        for path, enabled in order:
+            for token in enabled:
+                if report.stopped:
+                    break
+                if not free(token) and (child := visit((*path, token))) is not None:
+                    nxt.append(child)
+        if not nxt:
+            report.closed = True
+            break
+        layer = nxt
+    if report.stopped and len(seen) > counted:
+        report.layers.append(len(seen) - counted)  # the part of the next layer reached
+    report.states = len(seen)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def walk(
+    config: Config,
+    seed: int,
+    steps: int,
+    *,
+    inputs: Inputs = "all",
+    setup: Setup | None = None,
+) -> Run:
+    """One seeded random walk: ``steps`` inputs, each drawn with ``random.Random(seed)``
+    among the enabled ones, then time let pass alone (the world answering everything for
+    an even seed, hanging what may hang for an odd one)."""
+    rng = random.Random(seed)
+
+    def choose(enabled: tuple[str, ...]) -> str | None:
+        return rng.choice(enabled) if enabled else None
+
+    policy: Policy = "hang" if seed % 2 else "return"
+    return run(
+        config, [], inputs=inputs, setup=setup, choose=choose, steps=steps, seed=seed, policy=policy
+    )
+
+
+def walks(
+    config: Config,
+    name: str,
+    *,
+    seed: int,
+    count: int,
+    steps: int,
+    inputs: Inputs = "all",
+    setup: Setup | None = None,
+    on_walk: Callable[[int, Run], None] | None = None,
+) -> RealReport:
+    """``count`` walks, walk ``k`` with seed ``seed + k``."""
+    started = time.perf_counter()
+    report = RealReport(name, inputs, f"{count} walks of {steps} inputs from seed {seed}")
+    seen: set[Snapshot] = set()
+    for k in range(count):
+        r = walk(config, seed + k, steps, inputs=inputs, setup=setup)
+        _note(report, r, seen)
+        seen.update(r.snapshots)
+        report.depth = max(report.depth, len(r.path))
+        if on_walk is not None:
+            on_walk(seed + k, r)
+    report.states = len(seen)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def replay(
+    config: Config,
+    name: str,
+    path: tuple[str, ...],
+    *,
+    inputs: Inputs = "all",
+    setup: Setup | None = None,
+    policy: Policy = "return",
+) -> RealReport:
+    """Run ``path`` again (and let time pass alone at its end, as ``policy`` says)."""
+    started = time.perf_counter()
+    report = RealReport(name, inputs, f"replay of {len(path)} inputs")
+    seen: set[Snapshot] = set()
+    r = run(config, path, inputs=inputs, setup=setup, policy=policy)
+    _note(report, r, seen)
+    seen.update(r.snapshots)
+    report.depth = len(r.path)
+    report.states = len(seen)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def run_real(args: Any) -> int:
+    """``dev.py explore --real``: exit 0 when every invariant holds, 1 with each violation
+    (its path, and its seed for a walk), 2 on a usage error."""
+    prog = "dev.py explore --real"
+    for name in ("depth", "budget", "walks", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            print(f"{prog}: --{name} must be >= 0", file=sys.stderr)
+            return 2
+    config = CONFIGS[args.config]
+    try:
+        setup = drop_link(args.drop_link) if args.drop_link else None
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    kw: dict[str, Any] = {"inputs": args.inputs, "setup": setup}
+    if args.replay is not None:
+        path = tuple(t for t in args.replay.split(",") if t and t != "-")
+        try:
+            report = replay(config, args.config, path, policy=args.policy, **kw)
+        except ValueError as e:  # an input not enabled: the path is not this config's
+            print(f"{prog}: the replay diverged: {e}", file=sys.stderr)
+            return 1
+    elif args.seed is not None:
+        report = walks(
+            config, args.config, seed=args.seed, count=args.walks, steps=args.steps, **kw
+        )
+    else:
+        depth = 3 if args.depth is None else args.depth
+        report = bfs(config, args.config, depth=depth, budget=args.budget, **kw)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1
