@@ -62,6 +62,18 @@ class Verdict:
         }
 
 
+def shares_of(
+    todo: Sequence[tuple[float, dict[str, Any]]], workers: int
+) -> list[list[dict[str, Any]]]:
+    """The jobs split among ``workers``: the longest first onto the least loaded one."""
+    shares: list[tuple[float, list[dict[str, Any]]]] = [(0.0, []) for _ in range(workers)]
+    for cost, want in sorted(todo, key=lambda t: -t[0]):
+        load, share = min(shares, key=lambda s: s[0])
+        shares.remove((load, share))
+        shares.append((load + cost, [*share, want]))
+    return [share for _, share in shares]
+
+
 def _worker(job: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[bytes]:
     path = workdir / f"{name}.json"
     job["out"] = str(workdir / f"{name}.out.json")
@@ -163,14 +175,8 @@ def judge(
                 },
             )
         )
-    # longest first onto the least loaded worker
-    shares: list[tuple[float, list[dict[str, Any]]]] = [(0.0, []) for _ in range(workers)]
-    for cost, want in sorted(todo, key=lambda t: -t[0]):
-        load, share = min(shares, key=lambda s: s[0])
-        shares.remove((load, share))
-        shares.append((load + cost, [*share, want]))
     procs = []
-    for i, (_, share) in enumerate(shares):
+    for i, share in enumerate(shares_of(todo, workers)):
         if share:
             job = {
                 "mode": "mutants",

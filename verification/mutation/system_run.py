@@ -75,7 +75,7 @@ def judge_system(
     workdir: Path,
     explore_depth: int | None,
 ) -> list[SystemVerdict]:
-    from verification.mutation.run import _wait, _worker
+    from verification.mutation.run import _wait, _worker, shares_of
 
     if any("system" not in t for t in coverage["tests"].values()):
         raise ValueError("this coverage file has no system touches: record it again")
@@ -90,13 +90,8 @@ def judge_system(
             continue
         cost = sum(s for _, s in tests) + (30.0 if v.explored else 0.0)
         todo.append((cost, {"key": m.name, "tests": tests, "explore": v.explored}))
-    shares: list[tuple[float, list[dict[str, Any]]]] = [(0.0, []) for _ in range(workers)]
-    for cost, want in sorted(todo, key=lambda t: -t[0]):
-        load, share = min(shares, key=lambda s: s[0])
-        shares.remove((load, share))
-        shares.append((load + cost, [*share, want]))
     procs = []
-    for i, (_, share) in enumerate(shares):
+    for i, share in enumerate(shares_of(todo, workers)):
         if share:
             job = {"mode": "mutants", "system": True, "mutants": share}
             job["explore_depth"] = explore_depth
