@@ -55,6 +55,13 @@ def state_row(frame: str, machine: str) -> str:
     return rows[0][1] if rows else ""
 
 
+def interruptible() -> None:
+    """In the child, before it runs: Ctrl-C interrupts it, as in a user's terminal. A suite
+    started in the background by a shell without job control (``cmd &`` in a script) runs
+    with SIGINT ignored, and a child would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """A child process on a pseudo-terminal of 120 x 40, its controlling terminal."""
 
@@ -64,6 +71,7 @@ class Terminal:
 
         def become_its_terminal() -> None:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            interruptible()
 
         self.proc = subprocess.Popen(
             args,
@@ -182,6 +190,7 @@ def test_in_a_pipe_each_transition_is_an_appended_line(
         env=ENV,
         cwd=ROOT,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         assert proc.stdout is not None
