@@ -43,14 +43,13 @@ class Scheduler:
     ``work`` counts the awaited effects and invoked tasks in flight: with nothing ready and
     no work, the job's actors are quiet until the next input."""
 
-    __slots__ = ("_call", "_ready", "_stepping", "_waiters", "work")
+    __slots__ = ("_call", "_ready", "_stepping", "work")
 
     def __init__(self) -> None:
         self._ready: deque[Steppable] = deque()
         self._stepping = False
         self._call: asyncio.Handle | None = None  # the one call that steps what is ready
         self.work = 0
-        self._waiters: list[asyncio.Future[None]] | None = None  # who waits for the next run
 
     @property
     def quiet(self) -> bool:
@@ -64,17 +63,6 @@ class Scheduler:
         self._ready.append(actor)
         if not self._stepping and self._call is None:
             self._call = asyncio.get_running_loop().call_soon(self.run)
-
-    def stepped(self) -> asyncio.Future[None]:
-        """Done once the scheduler's next run has stepped what is ready now (the call it has
-        already asked the loop for; a waiter never reorders the steps)."""
-        fut = asyncio.get_running_loop().create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(fut)
-        if self._call is None and not self._stepping:
-            self._call = asyncio.get_running_loop().call_soon(self.run)
-        return fut
 
     def run(self) -> None:
         """Step every ready actor, and those they make ready, until none is."""
@@ -95,10 +83,6 @@ class Scheduler:
                     logger.exception("stepping %r failed", actor)
         finally:
             self._stepping = False
-        waiters, self._waiters = self._waiters, None
-        for fut in waiters or ():
-            if not fut.done():
-                fut.set_result(None)
 
     def own(
         self,
@@ -184,7 +168,7 @@ def after(
             if not out.done():
                 out.set_result(None)
         else:
-            rest.add_done_callback(lambda r: _settle(out, r))
+            rest.add_done_callback(_ends(out, None))
 
     def cut(o: asyncio.Future[None]) -> None:
         if o.cancelled() and not first.done():
@@ -195,28 +179,28 @@ def after(
     return out
 
 
-def _settle(out: asyncio.Future[None], ended: asyncio.Future[Any]) -> None:
-    if not ended.cancelled():
-        ended.exception()
-    if not out.done():
-        out.set_result(None)
-
-
 def relay(ending: asyncio.Future[Any], result: T) -> asyncio.Future[T]:
     """A future done with ``result`` once ``ending`` has ended, however it ended; cancelling
     it cancels ``ending`` (the work it stands for is cut with it)."""
     out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
-    def ended(e: asyncio.Future[Any]) -> None:
-        if not e.cancelled():
-            e.exception()
-        if not out.done():
-            out.set_result(result)
-
     def cut(o: asyncio.Future[T]) -> None:
         if o.cancelled() and not ending.done():
             ending.cancel()
 
-    ending.add_done_callback(ended)
+    ending.add_done_callback(_ends(out, result))
     out.add_done_callback(cut)
     return out
+
+
+def _ends(out: asyncio.Future[T], result: T) -> Callable[[asyncio.Future[Any]], None]:
+    """The done-callback that ends ``out`` with ``result`` however the work it follows
+    ended (its failure retrieved: the work's owner reports it)."""
+
+    def ended(work: asyncio.Future[Any]) -> None:
+        if not work.cancelled():
+            work.exception()
+        if not out.done():
+            out.set_result(result)
+
+    return ended

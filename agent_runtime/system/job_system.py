@@ -431,13 +431,13 @@ class JobSystem(MachineRuntime[str]):
         }
         if self.playout is not None:
             works["playout"] = self.playout.release
-        ending = after(teardown.run(works, None), self._let_go)
-        return Event("released") if ending is None else relay(ending, Event("released"))
+        left = after(teardown.run(works, None), self._let_go)
+        return Event("released") if left is None else relay(left, Event("released"))
 
     def _let_go(self) -> asyncio.Future[None] | None:
-        ending = self.job.release_now()
+        left = self.job.release_now()
         self._unhook()
-        return ending
+        return left
 
     def _begin_release(self, step: str) -> None:
         self.wiring.fire("agent_job", "run_teardown", step=step)
@@ -458,7 +458,7 @@ class JobSystem(MachineRuntime[str]):
     def _avatar_closed(self) -> Awaitable[None] | None:
         """The avatar's close, if the job's close was cut before its avatar step (the close
         runs once, whoever asked first)."""
-        return ending(self.avatar.release() if self.avatar is not None else None)
+        return self.avatar.release() if self.avatar is not None else None
 
     def _unhook(self) -> None:
         self.events.aclose()
