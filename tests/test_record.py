@@ -47,28 +47,6 @@ from statemachines.machines import MACHINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
-# the playout machine's inputs are the session's own (the agent's speech, the user's voice),
-# which the recorder does not rebuild yet: those scenarios are not round-tripped
-NOT_RECORDED = "record does not rebuild the agent's speech and the user's voice (playout)"
-
-
-def _speaks(path: Path) -> bool:
-    """The scenario has the agent speak or the user's voice (what the playout machine,
-    asked for or on by default with an avatar, follows)."""
-    scenario = load_scenario(path)
-    voiced = {"agent.say", "user.speech", "user.state"}
-    return scenario.config.playout is not None or any(s.event in voiced for s in scenario.steps)
-
-
-def _round_trip_params() -> list[Any]:
-    return [
-        pytest.param(
-            p,
-            id=p.stem,
-            marks=[pytest.mark.skip(reason=NOT_RECORDED)] if _speaks(p) else [],
-        )
-        for p in SCENARIOS
-    ]
 
 
 def simulate(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
@@ -93,7 +71,7 @@ def by_machine(transitions: list[dict[str, Any]]) -> dict[str, list[tuple[Any, .
     return out
 
 
-@pytest.mark.parametrize("path", _round_trip_params())
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_bundled_scenario_round_trips_through_its_trace(
     path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -561,9 +539,10 @@ def test_the_recorder_knows_the_data_every_room_fact_carries() -> None:
 
 
 def test_the_recorder_reads_only_events_and_guards_the_specs_declare() -> None:
-    """What the recorder reads by name exists in the machines' specs: a renamed event or
-    guard fails here rather than silently rebuilding nothing from it."""
+    """What the recorder reads by name exists in the machines' specs: a renamed event,
+    guard or effect fails here rather than silently rebuilding nothing from it."""
     for machine, names in USES.items():
         spec = MACHINES[machine]
         assert set(names["events"]) <= set(spec.events), machine
         assert set(names["guards"]) <= set(spec.guards), machine
+        assert set(names.get("effects", ())) <= {e.name for e in spec.effects}, machine
