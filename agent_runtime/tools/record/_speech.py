@@ -115,7 +115,9 @@ class _SpeechPass(_State):
             f"one instant (the room's output is not on its clock), so {_UNTIMED_SAY:g}s of it "
             "stands in for each"
         )
-        done = next((d for _, d in recs[n + 1 :] if d.event == "speech_done"), None)
+        speech = said.data.get("speech_id")
+        ends = (d for _, d in recs[n + 1 :] if d.event == "speech_done")
+        done = next((d for d in ends if d.data.get("speech_id") == speech), None)
         if done is not None and done.t > said.t:
             self.note(
                 f"t={said.t:g}: the agent spoke on the room's audio output until "
