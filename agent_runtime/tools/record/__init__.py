@@ -18,6 +18,12 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
   no machine saw join is put in the room at t=0 with it, one seen without it gains it
   right after the step that last set its attributes; a departure the job took as the last
   simulator's gets the same treatment).
+- the speech the playout machine followed: the agent's (``agent.say``, as many seconds as
+  were handed to the avatar; a re-prompt's is the watchdog's own), the user's
+  (``user.speech``, ending between the playout machine's reads of it), and the playout
+  options its reads and timers show; an interruption the session's close made, and the
+  playout bound's own finish of the avatar's segment (a declared link), follow by
+  themselves.
 - time passing: state timeouts fire by themselves; their settings are read from the
   ``after`` each timeout event carries (or from how long a state was held without one).
 - the config the events reveal: the avatar's identity, a simulation (a hold was needed, or
@@ -45,6 +51,7 @@ from agent_runtime.tools.record._config import _ConfigPass
 from agent_runtime.tools.record._file import ALWAYS, _FilePass, render
 from agent_runtime.tools.record._room import FACT_KEYS, _RoomPass
 from agent_runtime.tools.record._session import _SessionPass
+from agent_runtime.tools.record._speech import _SpeechPass
 from agent_runtime.tools.record._state import Recorded, RecordError
 from statemachines.session_host import REQUESTS
 
@@ -83,10 +90,15 @@ USES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "finalize": {"events": ("verdict_ready",), "guards": ("simulation",)},
     "room_deletion": {"events": ("request", "allow"), "guards": ()},
+    "playout": {
+        "events": ("speech_created", "handed_off", "speech_done", "user_speaking", "interrupted"),
+        "guards": ("watchdog_on", "user_listening", "reprompts_left"),
+        "effects": ("reprompt", "reset_reprompts", "hand_over"),
+    },
 }
 
 
-class _Builder(_RoomPass, _SessionPass, _ConfigPass, _FilePass):
+class _Builder(_RoomPass, _SpeechPass, _SessionPass, _ConfigPass, _FilePass):
     """The passes joined: one per channel of the trace, then the config and the file."""
 
     def build(self, name: str) -> Recorded:
@@ -97,9 +109,14 @@ class _Builder(_RoomPass, _SessionPass, _ConfigPass, _FilePass):
         avatar_identity = self._avatar_identity()
         primary = self._primary_label()
         ending = self._ending_index(primary)
+        closed = self._primary_close(primary)
+        self.primary_closed_at = closed.t if closed is not None else None
+        self.linked = self._linked()
         self._room(facts, replay, avatar_identity)
+        self._speech(primary)
         self._inputs(primary, ending)
         self._settings()
+        self._playout_config()
         self._retry()
         self._deletion()
         self._stand_ins()

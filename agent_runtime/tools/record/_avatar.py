@@ -1,6 +1,7 @@
 """The avatar channel: the user's starts and closes of the avatar (with the plugin's starts
-that raised), interruptions with the outcome of the ``lk.clear_buffer`` RPC that followed,
-and the avatar's ``lk.playback_finished`` RPCs."""
+that raised), interruptions with the outcome of the ``lk.clear_buffer`` RPC that followed
+(but the one the session's close makes), and the avatar's ``lk.playback_finished`` RPCs
+(but the playout bound's own finish, a declared link)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ _RPC_GONE = {1503: "disconnected", 1401: "not_found"}  # RECIPIENT_DISCONNECTED 
 class _AvatarPass(_State):
     def _avatar_input(self, i: int, r: TraceRecord, ending: int) -> None:
         e = r.event
+        if i in self.linked:
+            return  # another machine's effect posted it (the playout bound's finish)
         if e == "start":
             self._avatar_start(i, r)
         elif e == "close":
             if i < ending:
                 self.step(i, r.t, "avatar.close")
         elif e == "interrupt":
+            if r.data.get("origin") == "session" and r.t == self.primary_closed_at:
+                return  # the session's close cut the agent's speech: it follows by itself
             # the plugin's own clear is the task of `clearing` (the avatar is joined)
             if r.dest == "clearing":
                 done = self._next_avatar(i, "clear_buffer_done", until="interrupt")

@@ -10,7 +10,12 @@ import math
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
-from agent_runtime.settings import ALL_CAUSES, DEFAULT_CLOSING_REASONS, DEFAULT_PARTICIPANT_KINDS
+from agent_runtime.settings import (
+    ALL_CAUSES,
+    DEFAULT_CLOSING_REASONS,
+    DEFAULT_PARTICIPANT_KINDS,
+    PlayoutOptions,
+)
 from agent_runtime.testing.scenario import Config
 from agent_runtime.tools.record._state import _ANSWERED, _DELETED, _SESSION_CLOSE_REPORTS, _State
 from statemachines.machines import MACHINES
@@ -24,6 +29,10 @@ _STAND_INS: dict[str, tuple[frozenset[str], str]] = {
         "on_simulation_end returns at once and its reply goes out",
     ),
 }
+
+# timeouts whose setting another pass derives: the avatar's backoff (``_retry``), the
+# playout bound (``margin``, by the speech pass) and the watchdog's (playout options)
+_DERIVED = ("retry_backoff", "playout_bound", *PlayoutOptions.model_fields)
 
 
 def _timeouts() -> dict[tuple[str, str], tuple[str, str, float]]:
@@ -58,7 +67,7 @@ class _ConfigPass(_State):
                 since = entered.get((m, r.source), 0.0)
                 value = after if isinstance(after, int | float) else r.t - since
                 fired.setdefault(spec[1], float(value))
-                if spec[1] not in Config.model_fields and spec[1] != "retry_backoff":
+                if spec[1] not in (*Config.model_fields, *_DERIVED):
                     self.note(
                         f"t={r.t:g}: {m} left {r.source} on {r.event} after {float(value):g}s; "
                         f"a scenario cannot set {spec[1]}, and what {r.source} waited for "
@@ -84,10 +93,6 @@ class _ConfigPass(_State):
                     fired.setdefault("grace_period", 0.0)
             if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
                 self.config["retry_avatar"] = True
-            if m == "playout" and "playout" not in self.config:
-                # the job ran the playout machine (on by default with an avatar); a scenario
-                # turns it on explicitly
-                self.config["playout"] = True
             if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
                 verdict = d.get("verdict")
@@ -99,13 +104,15 @@ class _ConfigPass(_State):
         for (m, s), start in entered.items():  # still held when the trace ends
             held[(m, s)] = max(held.get((m, s), 0.0), last - start)
         for (m, _), (s, setting, default) in timeouts.items():
-            if setting not in Config.model_fields:
+            # a setting of the playout machine's is one of its options
+            into = self.playout if setting in PlayoutOptions.model_fields else self.config
+            if into is self.config and setting not in Config.model_fields:
                 continue
             if setting in fired:
-                self.config[setting] = fired[setting]
+                into[setting] = fired[setting]
             elif held.get((m, s), 0.0) >= default:
                 # held that long without its timeout: the setting was longer
-                self.config[setting] = float(math.floor(held[(m, s)]) + 1)
+                into[setting] = float(math.floor(held[(m, s)]) + 1)
         if refused_eligible and linked is not None:
             self.config["participant_identity"] = linked
 

@@ -70,7 +70,8 @@ class _SessionPass(_AvatarPass, _RequestPass):
                     continue
                 closed = True
                 self.session_closed_at = r.t
-                if reason not in _CONSEQUENT_CLOSES:
+                # the watchdog's hand-over closes it by itself (when_exhausted: close)
+                if reason not in _CONSEQUENT_CLOSES and r.t != self.watchdog_closed_at:
                     self.step(i, r.t, "session.close", reason=reason)
             elif m == "participant" and e == "session_close_timeout":
                 timed_out_at = r.t

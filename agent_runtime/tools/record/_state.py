@@ -55,6 +55,12 @@ class _State:
         self.config: dict[str, Any] = {}
         self.notes: list[str] = []
         self.session_closed_at: float | None = None  # the primary session's, once seen
+        # when the primary session closed (any reason), and when the playout watchdog's
+        # hand-over closed it: what either causes at that instant follows by itself
+        self.primary_closed_at: float | None = None
+        self.watchdog_closed_at: float | None = None
+        self.linked: set[int] = set()  # records a declared link delivered (no input)
+        self.playout: dict[str, Any] = {}  # the playout options the trace shows
 
     # -- helpers -------------------------------------------------------------------------
     def of(self, machine: str) -> list[tuple[int, TraceRecord]]:
@@ -64,6 +70,19 @@ class _State:
             for i, r in enumerate(self.records)
             if r.machine == machine and r.kind in ("transition", "ignore", "reject")
         ]
+
+    def _primary_close(self, primary: str | None) -> TraceRecord | None:
+        """The first record of the primary session's close (any reason)."""
+        return next(
+            (
+                r
+                for r in self.records
+                if r.event == "session_closed"
+                and r.kind == "transition"
+                and (r.machine == "participant" or r.data.get("session") == primary)
+            ),
+            None,
+        )
 
     def step(self, index: int, t: float, event: str, **fields: Any) -> None:
         self.steps.append((index, {"at": t, "event": event, **fields}))

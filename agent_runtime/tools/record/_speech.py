@@ -1,0 +1,213 @@
+"""The speech channel: what the ``playout`` machine followed of the session.
+
+- the agent's speech: each speech the session created, but a re-prompt's (created by the
+  machine's own ``reprompt`` effect), is an ``agent.say`` of the seconds of audio handed to
+  the avatar (``handed_off``'s ``pushed``); on the room's audio output nothing in a
+  scenario's trace times it (it plays at one virtual instant);
+- the user's voice: a ``user.speech`` from each ``user_speaking``; the trace shows when it
+  began and what the machine's ``user_listening`` guard read later, not when it ended;
+- the playout options the machine's reads and timers show: the watchdog on, how many
+  re-prompts it allowed, the hand-over that closed the session (and its reason), the margin
+  of a bound that fired, how long the re-prompt spoke;
+- what a machine's effect posted to another through a declared link
+  (``statemachines.glue.LINKS``: the bound finishing the avatar's segment) is no step.
+"""
+
+from __future__ import annotations
+
+from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.settings import PlayoutOptions
+from agent_runtime.tools.record._state import _State
+from statemachines.glue import links_from
+from statemachines.machines import MACHINES
+
+_PLAYOUT = MACHINES["playout"]
+# the state whose bound the runtime computes from the audio pushed, and its timeout event
+_BOUNDED = next(s for s in _PLAYOUT.states if s.timeout and s.timeout.setting == "playout_bound")
+_BOUND_FIRED = _BOUNDED.timeout.event if _BOUNDED.timeout else ""
+# re-entered rows (not internal ones): each computes the bound again
+_REENTERS = frozenset((r.source, r.event) for r in _PLAYOUT.rows if r.dest == _BOUNDED.name)
+_MAX_SAY = 10.0  # the longest agent.say a scenario takes
+# a speech on the room's audio output plays at one virtual instant in a scenario: the
+# replay's stand-in for a length the trace does not show
+_UNTIMED_SAY = 0.1
+
+
+class _SpeechPass(_State):
+    def _linked(self) -> set[int]:
+        """The records a declared link delivered: an effect's follow-up, not an input."""
+        out: set[int] = set()
+        for i, r in enumerate(self.records):
+            if r.kind != "effect" or r.outcome != "ok":
+                continue
+            for link in links_from(r.machine, r.effect):
+                j = next(
+                    (
+                        j
+                        for j in range(i + 1, len(self.records))
+                        if self.records[j].machine == link.target
+                        and self.records[j].event == link.event
+                        and self.records[j].kind != "effect"
+                        and j not in out
+                    ),
+                    None,
+                )
+                if j is not None and self.records[j].t == r.t:
+                    out.add(j)
+        return out
+
+    def _speech(self, primary: str | None) -> None:
+        recs = self.of("playout")
+        if not recs:
+            if self.of("avatar") and any(r.event == "attach" for _, r in self.of("session_host")):
+                # a session with an avatar and no playout machine: the job turned it off
+                self.config["playout"] = False
+            return
+        self.config["playout"] = True
+        reprompted_at: float | None = None
+        heard = False
+        for n, (i, r) in enumerate(recs):
+            if r.kind == "transition" and "reprompt" in r.effects:
+                reprompted_at = r.t
+            if r.event == "speech_created":
+                seconds = self._spoken(recs, n)
+                if reprompted_at == r.t:  # the re-prompt's own speech, said by the effect
+                    reprompted_at = None
+                    self.config.setdefault("reprompt_speech", seconds)
+                else:
+                    self.step(i, r.t, "agent.say", duration=seconds)
+            elif r.event == "user_speaking":
+                heard = True
+                self.step(i, r.t, "user.speech", duration=self._heard(recs, n))
+            elif r.event == "interrupted" and not self._cut_elsewhere(r):
+                self.note(
+                    f"t={r.t:g}: the agent's speech was interrupted on the room's audio output; "
+                    "a scenario plays that audio at one instant, so the replay's is not cut"
+                )
+        if heard:
+            self.note(
+                "the trace shows when the user began to speak and what the playout machine "
+                "read of it later, not when the speech ended: each ends halfway between the "
+                "last read that found the user speaking and the first that did not (or one "
+                "second after the last read)"
+            )
+        self._watchdog(recs, primary)
+        self._margin(recs)
+
+    def _spoken(self, recs: list[tuple[int, TraceRecord]], n: int) -> float:
+        """Seconds of audio the speech created at ``recs[n]`` handed to the avatar."""
+        said = recs[n][1]
+        for _, r in recs[n + 1 :]:
+            if r.event == "speech_created":
+                break
+            if r.event == "handed_off" and isinstance(r.data.get("pushed"), int | float):
+                pushed = float(r.data["pushed"])
+                if pushed > _MAX_SAY:
+                    self.note(
+                        f"t={said.t:g}: the agent handed {pushed:g}s of audio to the avatar; "
+                        f"a scenario's agent.say says at most {_MAX_SAY:g}s"
+                    )
+                return min(pushed, _MAX_SAY) if pushed > 0 else _UNTIMED_SAY
+            if r.event == "speech_done" and r.data.get("speech_id") == said.data.get("speech_id"):
+                break
+        self.note(
+            "the agent's speech on the room's audio output: a scenario plays that audio at "
+            f"one instant (the room's output is not on its clock), so {_UNTIMED_SAY:g}s of it "
+            "stands in for each"
+        )
+        speech = said.data.get("speech_id")
+        ends = (d for _, d in recs[n + 1 :] if d.event == "speech_done")
+        done = next((d for d in ends if d.data.get("speech_id") == speech), None)
+        if done is not None and done.t > said.t:
+            self.note(
+                f"t={said.t:g}: the agent spoke on the room's audio output until "
+                f"t={done.t:g}; in the replay that speech ends at once"
+            )
+        return _UNTIMED_SAY
+
+    def _heard(self, recs: list[tuple[int, TraceRecord]], n: int) -> float:
+        """How long the user who began to speak at ``recs[n]`` spoke: past every later read
+        of the machine's ``user_listening`` that found them speaking, short of the first
+        that did not (or of their next speech)."""
+        start = recs[n][1].t
+        speaking, silent = start, None
+        for _, r in recs[n + 1 :]:
+            if r.event == "user_speaking":
+                silent = r.t
+                break
+            read = r.guards.get("user_listening")
+            if read is False:
+                speaking = r.t
+            elif read is True:
+                silent = r.t
+                break
+        end = speaking + 1.0 if silent is None else (speaking + silent) / 2
+        return round(max(end - start, 0.001), 6)
+
+    def _cut_elsewhere(self, r: TraceRecord) -> bool:
+        """The interruption is rebuilt by another channel: the avatar machine's (a
+        ``session.interrupt`` step), or the session's close that caused it."""
+        if r.t == self.primary_closed_at:
+            return True
+        return any(a.event == "interrupt" and a.t == r.t for _, a in self.of("avatar"))
+
+    def _watchdog(self, recs: list[tuple[int, TraceRecord]], primary: str | None) -> None:
+        """The watchdog's options its reads and hand-over show."""
+        if any(r.guards.get("watchdog_on") for _, r in recs):
+            self.playout["reprompt"] = True
+        count, allowed = 0, 0
+        closed = self._primary_close(primary)
+        for _, r in recs:
+            if r.kind != "transition":
+                continue
+            if "reset_reprompts" in r.effects:
+                count = 0
+            if r.guards.get("reprompts_left") is True:
+                allowed = max(allowed, count + 1)
+            elif r.guards.get("reprompts_left") is False:
+                self.playout["max_reprompts"] = count
+            if "reprompt" in r.effects:
+                count += 1
+            if "hand_over" in r.effects and closed is not None and closed.t == r.t:
+                self.playout["when_exhausted"] = "close"
+                if closed.data.get("reason"):
+                    self.playout["close_reason"] = str(closed.data["reason"])
+                self.watchdog_closed_at = r.t
+        if "max_reprompts" not in self.playout and allowed > 2:  # 2: the default
+            self.playout["max_reprompts"] = allowed
+
+    def _margin(self, recs: list[tuple[int, TraceRecord]]) -> None:
+        """``margin``, from a bound that fired: what it waited (``after``) less what was
+        left of the audio pushed (cut at an interruption) when the wait began, as the
+        replay's speech, pushed at once when it is said, leaves it."""
+        said: float | None = None
+        pushed = 0.0
+        cut: float | None = None
+        began = 0.0
+        for _, r in recs:
+            if r.event == "speech_created":
+                said = r.t
+            elif r.event == "handed_off" and isinstance(r.data.get("pushed"), int | float):
+                pushed = float(r.data["pushed"])
+            elif r.event == "interrupted":
+                cut = r.t
+            if r.kind != "transition":
+                continue
+            if (r.source, r.event) in _REENTERS and r.dest == _BOUNDED.name:
+                began = r.t
+            after = r.data.get("after")
+            if r.event == _BOUND_FIRED and isinstance(after, int | float):
+                end = began if said is None else said + pushed
+                if cut is not None and (said is None or cut >= said):
+                    end = min(end, cut)
+                margin = round(max(0.0, float(after) - max(0.0, end - began)), 6)
+                self.playout.setdefault("margin", margin)
+
+    def _playout_config(self) -> None:
+        """The playout machine's options, once every pass has read them."""
+        if self.config.get("playout") is not True:
+            return
+        defaults = PlayoutOptions()
+        options = {k: v for k, v in self.playout.items() if getattr(defaults, k) != v}
+        if options:
+            self.config["playout"] = options
