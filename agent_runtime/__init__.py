@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from agent_runtime.actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged
-from agent_runtime.clock import AsyncioClock, Clock, VirtualClock, settle
+from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import (
     JsonlSink,
     LoggingSink,
@@ -99,10 +99,8 @@ __all__ = [
     "StateChanged",
     "TraceRecord",
     "Tracer",
-    "VirtualClock",
     "injected",
     "on_session_end",
     "read_trace",
     "session_end_hook",
-    "settle",
 ]

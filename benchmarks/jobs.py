@@ -248,7 +248,7 @@ async def _warm_up(variant: str) -> None:
     once per process, not per job."""
     job = await JOBS[variant](-1)
     await job.close()
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
 
     await settle()
 
@@ -281,7 +281,7 @@ async def count_tasks(start: Callable[[int], Awaitable[Any]], n: int) -> dict[st
     """``n`` jobs one after the other, each from its start to its close (the loop settled
     after each phase), with every asyncio task made counted: per job and phase, and by
     coroutine over all of them."""
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
 
     loop = asyncio.get_running_loop()
     counter = TaskCounter()
@@ -317,7 +317,7 @@ async def count_tasks(start: Callable[[int], Awaitable[Any]], n: int) -> dict[st
 
 
 async def _run(variant: str, n: int, mode: str) -> dict[str, Any]:
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
     from agent_runtime.testing.inmemory import quiet_sdk_logs
 
     _quiet_loop()
@@ -382,7 +382,7 @@ async def _profile(variant: str, n: int, phase: str, top: int) -> None:
     import cProfile
     import pstats
 
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
     from agent_runtime.testing.inmemory import quiet_sdk_logs
 
     _quiet_loop()

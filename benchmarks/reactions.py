@@ -559,7 +559,7 @@ async def _frames(n: int, rate: int = 24000) -> AsyncIterator[Any]:
 
 
 def _room(*, avatar: bool = False) -> Any:
-    from agent_runtime.clock import VirtualClock
+    from agent_runtime.testing.clock import VirtualClock
     from agent_runtime.testing.inmemory import InMemoryRoom
 
     room = InMemoryRoom(clock=VirtualClock())
@@ -578,8 +578,8 @@ async def upstream_avatar_routes() -> dict[str, str]:
     from livekit import rtc
     from livekit.agents import Agent, AgentSession
 
-    from agent_runtime.clock import settle
     from agent_runtime.runtimes.avatar import audio_chain
+    from agent_runtime.testing.clock import settle
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     out: dict[str, str] = {}
@@ -618,7 +618,7 @@ async def upstream_user_leaves() -> dict[str, Any]:
     from livekit import rtc
     from livekit.agents import Agent, AgentSession
 
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
 
     out: dict[str, Any] = {}
     for reason in ("CLIENT_INITIATED", "CONNECTION_TIMEOUT"):
@@ -657,7 +657,7 @@ async def upstream_interrupt_after_avatar_left(logs: list[logging.LogRecord]) ->
     from livekit.agents.voice import speech_handle
     from livekit.rtc import DisconnectReason
 
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     room = _room(avatar=True)
@@ -734,7 +734,7 @@ async def upstream_playout() -> dict[str, Any]:
     when ``user_away_timeout`` starts."""
     from livekit.rtc import DisconnectReason
 
-    from agent_runtime.clock import settle
+    from agent_runtime.testing.clock import settle
 
     out: dict[str, Any] = {}
     for case in ("silent", "left"):

@@ -11,7 +11,7 @@ import pytest
 from livekit.agents.job import JobContext
 from livekit.agents.testing import fake_job_context
 
-from agent_runtime.clock import VirtualClock
+from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.inmemory import InMemoryRoom
 
 

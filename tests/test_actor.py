@@ -7,16 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent_runtime import (
-    Actor,
-    ActorClosed,
-    Event,
-    EventRejected,
-    MemorySink,
-    Output,
-    Tracer,
-    VirtualClock,
-)
+from agent_runtime import Actor, ActorClosed, Event, EventRejected, MemorySink, Output, Tracer
+from agent_runtime.testing.clock import VirtualClock
 from statemachines import Effect, MachineSpec, State, StateTimeout, UnknownEvent, cells, row
 
 LAMP = MachineSpec(

@@ -24,15 +24,8 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPAT
 from livekit.agents.voice.remote_session import RemoteSession
 from livekit.agents.voice.room_io import RoomOptions
 
-from agent_runtime import (
-    AgentJob,
-    SettingError,
-    VirtualClock,
-    injected,
-    on_session_end,
-    session_end_hook,
-    settle,
-)
+from agent_runtime import AgentJob, SettingError, injected, on_session_end, session_end_hook
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 

@@ -20,10 +20,10 @@ from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
 from agent_runtime.actor import ActorClosed, Event
-from agent_runtime.clock import settle
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, audio_tail, route_of
 from agent_runtime.runtimes.room_events import RoomEventAdapter
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import (
     AVATAR,

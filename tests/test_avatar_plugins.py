@@ -58,12 +58,12 @@ from livekit.plugins import (
 )
 from spatius.telemetry import configure_telemetry
 
-from agent_runtime.clock import settle
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, AvatarPluginError, audio_tail, route_of
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.testing.clock import settle
 from tests.support.avatar_rig import Rig, frames, playback_finished
 
 # spatius's SDK exports its own telemetry to its provider unless told not to (its off switch)

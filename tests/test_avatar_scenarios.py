@@ -17,8 +17,8 @@ import pytest
 import yaml
 from livekit import rtc
 
-from agent_runtime.clock import settle
 from agent_runtime.runtimes.avatar import route_of
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import Rig, add_active
 

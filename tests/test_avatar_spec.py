@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from agent_runtime import Actor, Event, EventRejected, MemorySink, Tracer, VirtualClock
+from agent_runtime import Actor, Event, EventRejected, MemorySink, Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle
+from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.avatar import AVATAR
 

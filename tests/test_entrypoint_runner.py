@@ -15,7 +15,8 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, JobContext
 from livekit.agents.job import get_job_context
 
-from agent_runtime import AgentJob, VirtualClock
+from agent_runtime import AgentJob
+from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 

@@ -24,16 +24,9 @@ from livekit.agents.testing import fake_job_context
 from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import (
-    AgentJob,
-    SettingError,
-    VirtualClock,
-    injected,
-    on_session_end,
-    read_trace,
-    settle,
-)
+from agent_runtime import AgentJob, SettingError, injected, on_session_end, read_trace
 from agent_runtime.runtimes.avatar import route_of
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from examples import agent

@@ -26,18 +26,10 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import (
-    AgentJob,
-    MemorySink,
-    SettingError,
-    Tracer,
-    TraceRecord,
-    VirtualClock,
-    injected,
-    settle,
-)
+from agent_runtime import AgentJob, MemorySink, SettingError, Tracer, TraceRecord, injected
 from agent_runtime.actor import Actor, Event, StateChanged
 from agent_runtime.settings import AvatarRetry, SettingTypeError
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines import Effect, MachineSpec, State, cells, row

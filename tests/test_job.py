@@ -20,10 +20,11 @@ from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason, UserInp
 from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES, SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime import Event, VirtualClock, settle
+from agent_runtime import Event
 from agent_runtime.runtimes.job import JobRuntime
 from agent_runtime.runtimes.session_host import NOT_THE_SIMULATOR
 from agent_runtime.sdk.session_transport import RoomRequestTransport
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from statemachines.system import bound_of

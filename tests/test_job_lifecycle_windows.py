@@ -30,8 +30,9 @@ from livekit.agents.job import JobContext
 from livekit.agents.simulation import SimulationDispatch
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
-from agent_runtime import AgentJob, StateChanged, VirtualClock, settle
+from agent_runtime import AgentJob, StateChanged
 from agent_runtime.system.agent_job import injected
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.tools.cli import main as cli

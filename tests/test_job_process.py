@@ -16,7 +16,8 @@ from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
-from agent_runtime import AgentJob, VirtualClock, on_session_end
+from agent_runtime import AgentJob, on_session_end
+from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.user_code import UserCodeError

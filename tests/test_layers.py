@@ -199,3 +199,63 @@ def test_nothing_installed_imports_verification(tmp_path: Path) -> None:
         "agent_runtime/tools/cli.py:2",
     ]
     assert "statemachines.delivery (statemachines) imports verification.explore.model" in found[0]
+
+
+# the parts that run in production: their order is the scheduler's, never asyncio's
+_RUNTIME_PARTS = ("observe", "sdk", "core", "runtimes", "system", "front")
+
+
+def ready_queue_uses(root: Path) -> list[str]:
+    """``path:line`` of every ``asyncio.sleep(0)`` (yielding so that whatever the loop has
+    ready runs first) and every read of a loop's private ``_ready`` in the runtime's parts;
+    ``self._ready`` (the scheduler's own queue) is not the loop's."""
+    found = []
+    for module, path in modules(root):
+        if part_of(module) not in _RUNTIME_PARTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "sleep"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == 0
+            ):
+                found.append(f"{where}: sleep(0)")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "_ready"
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                found.append(f"{where}: {ast.unparse(node)}")
+        for call in ("getattr(loop, '_ready'", 'getattr(loop, "_ready"'):
+            if call in path.read_text(encoding="utf-8"):
+                found.append(f"{path.relative_to(root)}: {call})")
+    return found
+
+
+def test_the_runtime_never_leans_on_asyncios_ready_queue() -> None:
+    found = ready_queue_uses(ROOT)
+    assert not found, "the runtime orders work by asyncio's ready queue:\n" + "\n".join(found)
+
+
+def test_the_ready_queue_check_catches_a_yield_and_a_read(tmp_path: Path) -> None:
+    files = {
+        "agent_runtime/__init__.py": "",
+        "agent_runtime/scheduler.py": "class S:\n    def f(self):\n        return self._ready\n",
+        "agent_runtime/runtimes/__init__.py": "",
+        "agent_runtime/runtimes/host.py": "import asyncio\nasync def f():\n    await asyncio.sleep(0)\n",
+        "agent_runtime/clock.py": "def f(loop):\n    return loop._ready or getattr(loop, '_ready', 0)\n",
+        "agent_runtime/testing/__init__.py": "",
+        "agent_runtime/testing/clock.py": "import asyncio\nasync def f():\n    await asyncio.sleep(0)\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert ready_queue_uses(tmp_path) == [
+        "agent_runtime/clock.py:2: loop._ready",
+        "agent_runtime/clock.py: getattr(loop, '_ready')",
+        "agent_runtime/runtimes/host.py:3: sleep(0)",
+    ]

@@ -34,8 +34,8 @@ from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 
-from agent_runtime.clock import settle
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 
 ROOT = Path(__file__).resolve().parents[1]

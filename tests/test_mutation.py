@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
+from agent_runtime import Actor, Event, MemorySink, Tracer
+from agent_runtime.testing.clock import VirtualClock
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES

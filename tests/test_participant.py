@@ -22,10 +22,11 @@ from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomOptions
 from livekit.rtc._proto import participant_pb2
 
-from agent_runtime import Event, MemorySink, StateChanged, Tracer, VirtualClock, settle
+from agent_runtime import Event, MemorySink, StateChanged, Tracer
 from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
 from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.settings import SettingError
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.participant import PARTICIPANT
 

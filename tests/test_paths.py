@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from agent_runtime import Actor, Event, MemorySink, Tracer, VirtualClock
+from agent_runtime import Actor, Event, MemorySink, Tracer
+from agent_runtime.testing.clock import VirtualClock
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 from verification.explore.paths import CoverageError, PathStep, cover

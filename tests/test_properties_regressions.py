@@ -11,9 +11,9 @@ from livekit import rtc
 from livekit.agents.simulation import SimulationContext
 
 from agent_runtime.actor import StateChanged
-from agent_runtime.clock import settle
 from agent_runtime.runtimes.avatar import audio_tail
 from agent_runtime.runtimes.session_host import FINALIZE_UNFINISHED
+from agent_runtime.testing.clock import settle
 from tests.support.avatar_rig import AVATAR, frames, session_listeners
 from tests.support.avatar_rig import Rig as AvatarRig
 from tests.support.host_rig import Rig as HostRig

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from livekit.agents import Agent, AgentSession
 
-from agent_runtime import AgentJob, VirtualClock, settle
+from agent_runtime import AgentJob
 from agent_runtime.runtimes.room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -29,6 +29,7 @@ from agent_runtime.runtimes.room_events import (
     TrackPublished,
 )
 from agent_runtime.runtimes.routing import FACT_NAMES, fact_data
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar

@@ -16,7 +16,8 @@ from livekit import rtc
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import read_trace, settle
+from agent_runtime import read_trace
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scenario import load_scenario

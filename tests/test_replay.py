@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_runtime import Actor, Event, JsonlSink, Tracer, VirtualClock
+from agent_runtime import Actor, Event, JsonlSink, Tracer
+from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.tools.cli import main
 from agent_runtime.tools.replay import TraceError, load_trace, replay_file
 from statemachines.machines import MACHINES

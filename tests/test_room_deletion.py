@@ -361,8 +361,8 @@ async def test_a_runtime_s_owner_hears_first_and_one_that_raises_is_dropped(
     """A runtime's owner (what the job system sets with ``set_owner``) hears each of its
     state changes before the listeners; one that raises is logged once and dropped, and the
     listeners and the machine go on (the deletion still runs)."""
-    from agent_runtime import VirtualClock
     from agent_runtime.runtimes.room_deletion import RoomDeletion
+    from agent_runtime.testing.clock import VirtualClock
 
     deleted: list[str] = []
 

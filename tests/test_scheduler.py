@@ -11,8 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent_runtime import Actor, Event, MemorySink, Scheduler, Tracer, VirtualClock
+from agent_runtime import Actor, Event, MemorySink, Scheduler, Tracer
 from agent_runtime.scheduler import after, ending, relay, when_all
+from agent_runtime.testing.clock import VirtualClock
 from statemachines import Effect, MachineSpec, State, cells, row
 
 # a relay: `ping` moves it to `on` and runs `tell` (which may post to another actor);

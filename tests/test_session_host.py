@@ -16,7 +16,7 @@ from livekit.agents import (
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import RemoteSession
 
-from agent_runtime import Event, EventRejected, VirtualClock, settle
+from agent_runtime import Event, EventRejected
 from agent_runtime.runtimes.session_host import (
     FINALIZE_UNFINISHED,
     HOST_CLOSING,
@@ -26,6 +26,7 @@ from agent_runtime.runtimes.session_host import (
     request_problem,
     simulation_context,
 )
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from tests.support.host_rig import DISPATCH, Rig, listeners, say, started_session

@@ -16,7 +16,6 @@ import pytest
 from livekit.agents.voice.remote_session import TOPIC_SESSION_MESSAGES, SessionHost
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime import settle
 from agent_runtime.sdk.session_transport import (
     Received,
     RoomRequestTransport,
@@ -24,6 +23,7 @@ from agent_runtime.sdk.session_transport import (
     SessionPipe,
     start_on_pipe,
 )
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from tests.support.host_rig import started_session

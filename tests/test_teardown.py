@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_runtime import VirtualClock, settle
 from agent_runtime.runtimes.teardown import Teardown
+from agent_runtime.testing.clock import VirtualClock, settle
 from statemachines.system import RELEASE, TEARDOWN, TeardownStep
 
 log = logging.getLogger("test.teardown")

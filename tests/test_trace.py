@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from agent_runtime import Actor, Event, JsonlSink, MemorySink, Tracer, TraceRecord, VirtualClock
+from agent_runtime import Actor, Event, JsonlSink, MemorySink, Tracer, TraceRecord
 from agent_runtime.observe.trace import MAX_PAYLOAD
 from agent_runtime.runtimes.job import JobRuntime
+from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.inmemory import InMemoryRoom
 from tests.test_actor import LAMP, Harness
 

@@ -26,10 +26,11 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 
-from agent_runtime.clock import Clock, settle
+from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.user_code import UserFailure, UserFailures

@@ -39,7 +39,7 @@ import pytest
 if TYPE_CHECKING:
     from livekit.agents.voice.remote_session import RemoteSession
 
-    from agent_runtime.clock import VirtualClock
+    from agent_runtime.testing.clock import VirtualClock
     from agent_runtime.testing.entrypoint import EntrypointRunner
     from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -75,7 +75,7 @@ def _async_fixture(fn: F) -> F:
 @pytest.fixture
 def virtual_clock() -> VirtualClock:
     """A virtual clock at 0: ``await virtual_clock.advance(seconds)`` moves time."""
-    from agent_runtime.clock import VirtualClock
+    from agent_runtime.testing.clock import VirtualClock
 
     return VirtualClock()
 

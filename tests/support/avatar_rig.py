@@ -17,9 +17,9 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession
 from livekit.api import TwirpError
 
-from agent_runtime.clock import VirtualClock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, audio_chain
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 

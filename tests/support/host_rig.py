@@ -14,10 +14,11 @@ from livekit.agents import (
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime import Event, MemorySink, Tracer, VirtualClock, settle
+from agent_runtime import Event, MemorySink, Tracer
 from agent_runtime.runtimes.session_host import (
     JobSessionHost,
 )
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 

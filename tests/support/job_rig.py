@@ -12,8 +12,9 @@ from livekit.agents.voice.remote_session import (
     RemoteSession,
 )
 
-from agent_runtime import MemorySink, Tracer, VirtualClock, settle
+from agent_runtime import MemorySink, Tracer
 from agent_runtime.runtimes.job import JobRuntime
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 
 DISPATCH = SimulationDispatch(simulation_run_id="run-7", job_id="simjob-7")

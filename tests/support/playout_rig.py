@@ -19,10 +19,10 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, llm
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions
 
-from agent_runtime import AgentJob, MemorySink, Tracer, VirtualClock
-from agent_runtime.clock import settle
+from agent_runtime import AgentJob, MemorySink, Tracer
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.settings import PlayoutOptions
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 

@@ -35,11 +35,11 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.rtc._proto import participant_pb2, track_pb2
 
 from agent_runtime.actor import Actor
-from agent_runtime.clock import VirtualClock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
 from agent_runtime.runtimes.avatar import _HANDED_OFF, AvatarLifecycle
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request

@@ -29,11 +29,11 @@ from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
-from agent_runtime.clock import VirtualClock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, Backoff
 from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from statemachines.machines import MACHINES

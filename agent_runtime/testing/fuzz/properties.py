@@ -21,8 +21,8 @@ from agent_runtime.testing.user_code import is_user_file
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
 
-    from agent_runtime.clock import VirtualClock
     from agent_runtime.system.agent_job import AgentJob
+    from agent_runtime.testing.clock import VirtualClock
     from agent_runtime.testing.fuzz.harness import Harness, Sent
     from agent_runtime.testing.inmemory import InMemoryRoom
 
