@@ -141,9 +141,7 @@ class JobSessionHost(MachineRuntime[str]):
         self._sessions: dict[str, AgentSession[Any]] = {}
         self._pending: dict[int, agent_pb.SessionRequest] = {}
         self._refs = itertools.count(1)
-        # the attached session's parts while the machine is attached (data: the state
-        # says whether one is; _attachment() reads it)
-        self._attached: _Attached | None = None
+        self._attached: _Attached | None = None  # its parts; the state says if one is
         self._closing_hosts: set[asyncio.Task[None]] = set()
         # the host's hold on its transport (started, then read), from start() to the close
         self._reader: asyncio.Task[None] | None = None
@@ -183,9 +181,8 @@ class JobSessionHost(MachineRuntime[str]):
     @property
     def session(self) -> AgentSession[Any] | None:
         """The attached session, as of the last event the machine handled."""
-        if self.actor.state != "attached":
-            return None
-        return self._sessions.get(self._attachment().label)
+        # the parts, not the state: a step enters attached before its subscribe has run
+        return self._sessions.get(self._attached.label) if self._attached else None
 
     @property
     def simulation(self) -> SimulationContext | None:
@@ -436,10 +433,8 @@ class JobSessionHost(MachineRuntime[str]):
 
     # -- helpers ---------------------------------------------------------------------------
     def _attachment(self) -> _Attached:
-        """The attached session's parts; asked only while the machine is ``attached`` (its
-        table runs unsubscribe and delegate_request nowhere else)."""
-        att = self._attached
-        if att is None:
+        """The attached session's parts, where the table says one is attached."""
+        if (att := self._attached) is None:
             raise RuntimeError(f"session host {self.actor.instance!r}: no session attached")
         return att
 
