@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from livekit import rtc
-from livekit.agents import AgentSession, CloseReason
+from livekit.agents import Agent, AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 
 from agent_runtime import AgentJob, Event
@@ -729,3 +729,23 @@ def test_the_glue_names_only_events_the_machine_declares() -> None:
     }
     named = {e for e in (*mapped.values(), "avatar_left", "user_left") if e is not None}
     assert named <= set(PLAYOUT.events)
+
+
+async def test_an_avatar_leaving_before_the_session_starts_leaves_playout_following_it() -> None:
+    """The avatar joins and drops while the job's parts start one by one, before the
+    session's: its watch reaches playout first, and the session's turns are still tracked."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.job.start_runtime()
+    await rig.job.start_avatar()
+    rig.join()
+    await rig.settle()
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await rig.settle()
+    await rig.job.start_session(Agent(instructions="test"))
+    await rig.settle()
+    assert rig.job.avatar is not None and rig.job.avatar.state != "joined"
+    for state in ("thinking", "speaking", "listening"):  # the SDK's pipeline, on room audio
+        rig.session._update_agent_state(state)  # type: ignore[arg-type]
+    await rig.settle()
+    assert [d.cause for d in rig.playout.done] == ["agent_listening"]
+    await rig.aclose()

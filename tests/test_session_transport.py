@@ -175,3 +175,20 @@ async def test_start_on_pipe_refuses_a_host_over_another_transport() -> None:
     _, agent_end = InMemorySessionTransport.pair()
     with pytest.raises(TypeError, match="over a SessionPipe"):
         start_on_pipe(SessionHost(agent_end))
+
+
+async def test_a_refused_start_or_a_close_before_start_leaves_the_topic_to_its_owner() -> None:
+    """A transport the room refused (a session's own host has the topic) closes without
+    taking that handler away; one closed before it started never takes the topic."""
+    room, owner = await started()
+    held = room._byte_stream_handlers[TOPIC_SESSION_MESSAGES]
+    refused = RoomRequestTransport(room)
+    with pytest.raises(ValueError):
+        await refused.start()
+    await refused.close()
+    assert room._byte_stream_handlers[TOPIC_SESSION_MESSAGES] == held
+    await owner.close()
+    early = RoomRequestTransport(room)
+    await early.close()
+    await early.start()  # closed: nothing registered
+    assert TOPIC_SESSION_MESSAGES not in room._byte_stream_handlers

@@ -8,10 +8,11 @@ guards (their one definition, ``routing.guard_table``), arms its state timeouts 
 ``_timeouts()``, and forwards its state changes as the runtime's own ``state_changed``.
 
 A runtime's lifecycle is its machine's: what it asks is the actor's state (or
-``actor.closed``), and whether it follows something is the handle it holds (an
-unsubscriber, a task), never a flag kept beside the machine. A listener that fails is the
-``Emitter``'s to log and remove; an owner (``set_owner``) that fails is logged and dropped
-the same way (``OwnedEmitter._emit_state``, which forwards a change).
+``actor.started`` and ``actor.closed``), never a flag or a ``None`` kept beside the
+machine; a handle it holds (a task) is what it releases, not what says that it runs. A
+listener that fails is the ``Emitter``'s to log and remove; an owner (``set_owner``)
+that fails is logged and dropped the same way (``OwnedEmitter._emit_state``, which
+forwards a change).
 """
 
 from __future__ import annotations
@@ -115,19 +116,16 @@ class MachineRuntime(OwnedEmitter[E]):
         self._emit_state(change)
 
 
-def listen(
-    emitter: rtc.EventEmitter[Any], listeners: Mapping[str, Callable[..., Any]]
-) -> Callable[[], None]:
-    """Register each listener on ``emitter``; returns what takes them all back. A runtime
-    holds it while it follows ``emitter``: the handle, not a flag, says that it does."""
+def listen(emitter: rtc.EventEmitter[Any], listeners: Mapping[str, Callable[..., Any]]) -> None:
+    """Register each listener on ``emitter``."""
     for name, fn in listeners.items():
         emitter.on(name, fn)
 
-    def unlisten() -> None:
-        for name, fn in listeners.items():
-            emitter.off(name, fn)
 
-    return unlisten
+def unlisten(emitter: rtc.EventEmitter[Any], listeners: Mapping[str, Callable[..., Any]]) -> None:
+    """Take back each of ``listeners`` from ``emitter``; one not registered is no error."""
+    for name, fn in listeners.items():
+        emitter.off(name, fn)
 
 
 def is_closed(state: str) -> bool:

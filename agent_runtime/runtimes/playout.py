@@ -50,7 +50,7 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, listen, released
+from agent_runtime.runtimes._base import MachineRuntime, listen, released, unlisten
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
@@ -203,15 +203,21 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self._link = link
         # the links the machine's effects post (statemachines.glue.LINKS): the job's, or
         # this tracker's own to its avatar
-        # composed, the session's close comes through the job's links too (one listener
-        # for it per job); alone, the tracker follows it itself
-        self._follow_close = wiring is None
+        # what it follows of the session, from start() to its close; composed, the
+        # session's close comes through the job's links (one listener for it per job),
+        # alone the tracker follows it itself
+        self._follows: dict[str, Callable[..., None]] = {
+            "speech_created": self._on_speech_created,
+            "agent_state_changed": self._on_agent_state,
+            "user_state_changed": self._on_user_state,
+        }
         if wiring is None:
+            self._follows["close"] = self._on_session_close
             wiring = Wiring()
             if avatar is not None:
                 wiring.connect("avatar", _poster(avatar))
         else:
-            wiring.connect("playout", self._post_linked)
+            wiring.connect("playout", self._post)
         self._clock: Clock = clock or AsyncioClock()
         self._on_reprompt = on_reprompt or default_reprompt(opts.reprompt_instructions)
         self._reprompts = 0  # in a row, since the user last spoke
@@ -220,8 +226,6 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self._segment: tuple[float, float] | None = None
         self._cut_at: float | None = None
         self._speeches: set[asyncio.Task[None]] = set()
-        # what takes the session listeners back: held while the tracker follows it
-        self._unfollow: Callable[[], None] | None = None
         self.done: deque[PlayoutDone] = deque(maxlen=self.HISTORY)
         self.reprompted: deque[Reprompted] = deque(maxlen=self.HISTORY)
         self._run_machine(
@@ -255,18 +259,12 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         return glue.avatar_joined(_Facts(self), glue.EMPTY)
 
     def start(self) -> None:
-        """Follow the session (before it starts, so its first speech is seen). Idempotent."""
-        if self._unfollow is not None or self.actor.closed:
+        """Follow the session (before it starts, so its first speech is seen). Idempotent.
+        The machine's start says that it follows: nothing else starts it (``_post``)."""
+        if self.actor.started or self.actor.closed:
             return
-        follows: dict[str, Callable[..., None]] = {
-            "speech_created": self._on_speech_created,
-            "agent_state_changed": self._on_agent_state,
-            "user_state_changed": self._on_user_state,
-        }
-        if self._follow_close:
-            follows["close"] = self._on_session_close
-        self._unfollow = listen(self.session, follows)
         self.actor.start()
+        listen(self.session, self._follows)
 
     def playout_bound(self) -> float:
         """How long the avatar has, from now, to report the audio it was given: what is left
@@ -297,9 +295,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
 
     def _stop(self) -> asyncio.Future[Any] | None:
         stopped = self.actor.release()
-        unfollow, self._unfollow = self._unfollow, None
-        if unfollow is not None:
-            unfollow()
+        unlisten(self.session, self._follows)  # nothing to take back if never started
         if self._avatar is not None:
             self._avatar.off("segment_flushed", self._on_segment_flushed)
             self._avatar.off("playback_finished", self._on_playback_report)
@@ -346,10 +342,12 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _on_session_close(self, ev: CloseEvent) -> None:
         self._post(Event("close", {"reason": str(getattr(ev.reason, "value", ev.reason))}))
 
-    def _post_linked(self, event: Event) -> None:
-        """The job's link: the session's close, once the tracker follows the session."""
-        if self._unfollow is not None:
-            self._post(event)
+    def _post(self, event: Event) -> None:
+        """An event for the machine while it follows the session (started, not released).
+        Before ``start()`` nothing of the session is pending: what another machine says (a
+        watch, the job's link) would change nothing but start the machine early."""
+        if self.actor.started and not self.actor.closed:
+            self.actor.post(event)
 
     def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
         self._segment = (seg.started_at, seg.pushed)

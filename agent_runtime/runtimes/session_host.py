@@ -89,8 +89,8 @@ class _Facts:
 
     @property
     def attached_session(self) -> str | None:
-        att = self._host._attached
-        return att.label if att is not None else None
+        host = self._host
+        return host._attachment().label if host.actor.state == "attached" else None
 
     def is_simulator(self, identity: str) -> bool | None:
         known = self._host._is_simulator
@@ -141,7 +141,7 @@ class JobSessionHost(MachineRuntime[str]):
         self._sessions: dict[str, AgentSession[Any]] = {}
         self._pending: dict[int, agent_pb.SessionRequest] = {}
         self._refs = itertools.count(1)
-        self._attached: _Attached | None = None
+        self._attached: _Attached | None = None  # its parts; the state says if one is
         self._closing_hosts: set[asyncio.Task[None]] = set()
         # the host's hold on its transport (started, then read), from start() to the close
         self._reader: asyncio.Task[None] | None = None
@@ -181,6 +181,7 @@ class JobSessionHost(MachineRuntime[str]):
     @property
     def session(self) -> AgentSession[Any] | None:
         """The attached session, as of the last event the machine handled."""
+        # the parts, not the state: a step enters attached before its subscribe has run
         return self._sessions.get(self._attached.label) if self._attached else None
 
     @property
@@ -351,9 +352,7 @@ class JobSessionHost(MachineRuntime[str]):
         start_on_pipe(host)  # never waits: no task for it
 
     def _fx_unsubscribe(self, ev: Event) -> None:
-        att, self._attached = self._attached, None
-        if att is None:
-            return
+        att, self._attached = self._attachment(), None
         # closing the per-session host can wait on its in-flight requests; run it aside so
         # the mailbox keeps moving (its first step, on the loop's next turn, unsubscribes)
         task = asyncio.get_running_loop().create_task(
@@ -364,8 +363,8 @@ class JobSessionHost(MachineRuntime[str]):
 
     def _fx_delegate_request(self, ev: Event) -> None:
         req = self._pending.pop(int(ev.data["ref"]), None)
-        if req is not None and self._attached is not None:
-            self._attached.pipe.feed(req)
+        if req is not None:
+            self._attachment().pipe.feed(req)
 
     async def _fx_reply_no_session(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
@@ -433,6 +432,12 @@ class JobSessionHost(MachineRuntime[str]):
             await self._transport.close()
 
     # -- helpers ---------------------------------------------------------------------------
+    def _attachment(self) -> _Attached:
+        """The attached session's parts, where the table says one is attached."""
+        if (att := self._attached) is None:
+            raise RuntimeError(f"session host {self.actor.instance!r}: no session attached")
+        return att
+
     def _stop_reading(self) -> asyncio.Future[Any] | None:
         task, self._reader = self._reader, None
         if task is None or task is asyncio.current_task() or task.done():

@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from google.protobuf import message as pb_message
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -82,18 +82,19 @@ class RoomRequestTransport(SessionTransport):
         self._streams: deque[tuple[rtc.ByteStreamReader, str]] | None = None
         self._received: Inbox[Received | None] = Inbox()
         self._read_task: asyncio.Task[None] | None = None
-        self._registered = False
-        self._closed = False
+        # its lifecycle, one value: "open" holds the room's handler for the topic (a start
+        # the room refused leaves it "new": its close must not take another's handler)
+        self._phase: Literal["new", "open", "closed"] = "new"
 
     async def start(self) -> None:
-        if self._registered or self._closed:
+        if self._phase != "new":
             return
         # raises ValueError when the topic already has a handler (a session's own host)
         self._room.register_byte_stream_handler(TOPIC_SESSION_MESSAGES, self._on_stream)
-        self._registered = True
+        self._phase = "open"
 
     def _on_stream(self, reader: rtc.ByteStreamReader, participant_identity: str) -> None:
-        if self._closed or (
+        if self._phase != "open" or (
             self._remote_identity and participant_identity != self._remote_identity
         ):
             reader.close()  # never read: release it
@@ -134,20 +135,19 @@ class RoomRequestTransport(SessionTransport):
         return item
 
     async def send_message(self, msg: agent_pb.AgentSessionMessage) -> None:
-        if self._closed:
+        if self._phase == "closed":
             raise RuntimeError("room session transport is closed")
         if self._out is None:
             self._out = RoomSessionTransport(self._room, self._remote_identity)
         await self._out.send_message(msg)
 
     async def close(self) -> None:
-        if self._closed:
+        phase, self._phase = self._phase, "closed"
+        if phase == "closed":
             return
-        self._closed = True
-        if self._registered:
+        if phase == "open":
             with contextlib.suppress(ValueError, AttributeError):
                 self._room.unregister_byte_stream_handler(TOPIC_SESSION_MESSAGES)
-            self._registered = False
         task, self._read_task = self._read_task, None
         if task is not None:
             task.cancel()

@@ -91,8 +91,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._route = AudioRoute()  # the session and the room too, once started
         self._adopted: SinkAdoption | None = None  # the sink whose clear_buffer we follow
         self._facts = Facts(self, self._route)
-        # the failed attempt's release, while it runs: the next start waits for it
-        self._releasing: asyncio.Future[None] | None = None
         self._join_timeout = join_timeout
         self._run_machine(
             AVATAR,
@@ -257,12 +255,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         """The state task of ``starting``; cancelled when the state is left."""
         session, room = self._route.session, self._route.room
         assert session is not None and room is not None
-        releasing, self._releasing = self._releasing, None
-        if releasing is not None:
-            # entering starting started this task before the row's release_attempt ran:
-            # the plugin starts again only once the failed attempt is closed and forgotten
-            # (the actor handles nothing else meanwhile: it awaits the release too)
-            await asyncio.gather(releasing, return_exceptions=True)
+        # entering starting made this task before the row's effects ran (a retry's
+        # release_attempt): the plugin starts once the actor has handled them, so a failed
+        # attempt is closed and forgotten first; the actor says so, no handle is kept
+        if (handled := self.actor.when_settled()) is not None:
+            await handled
         self._route.take_prev()
         # the sink is recorded right after the plugin's last line, in this task, before
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
@@ -314,18 +311,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             await stop_join_wait(self._avatar)
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
-    def _fx_release_attempt(self, ev: Event) -> asyncio.Future[None]:
+    async def _fx_release_attempt(self, ev: Event) -> None:
         """Before the plugin starts again: the failed attempt's session closed (its avatar
         participant removed, so that two avatars never answer), its sink retired and
-        forgotten. Bounded by the effect budget; a failure here is logged, not fatal.
-
-        Not a coroutine function: this part runs as the actor calls the handler, before
-        the task of ``starting`` (already created) first runs, so that task finds the
-        release and waits for it."""
-        self._releasing = asyncio.ensure_future(self._release_attempt())
-        return self._releasing
-
-    async def _release_attempt(self) -> None:
+        forgotten. Bounded by the effect budget; a failure here is logged, not fatal."""
         self._attempts += 1
         logger.info(
             "avatar %s: starting the plugin again (attempt %d of %d) after %s",
