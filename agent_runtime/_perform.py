@@ -13,7 +13,7 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from agent_runtime._messages import (
     EMPTY,
@@ -36,6 +36,9 @@ logger = logging.getLogger("agent_runtime.actor")
 # a mailbox entry: the event, who waits for its step, and for timer/task events the
 # generation of the state they belong to (stale ones are dropped: they died with it)
 Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
+# an actor's own life, apart from its machine's state: a machine stopped early (a tracker
+# stopped with its session still open) is closed in a state that is not final
+Life = Literal["new", "running", "closed"]
 
 
 class Performer(OwnedEmitter[str]):
@@ -58,7 +61,7 @@ class Performer(OwnedEmitter[str]):
     _settings: Mapping[str, float | None]
     _state: str
     _gen: int
-    _closed: bool
+    _life: Life
     _timer: TimerHandle | None
     _timer_deadline: float
     _entered_at: float | None
@@ -176,7 +179,7 @@ class Performer(OwnedEmitter[str]):
                     return index, res
                 else:
                     self._effect_done(name, event, tracing, "ok", "", res)
-            if self._closed:
+            if self._life == "closed":
                 break
         return None
 
@@ -257,7 +260,7 @@ class Performer(OwnedEmitter[str]):
                 t.cancel()
 
     def _fire(self, event: Event, gen: int) -> None:
-        if gen == self._gen and not self._closed:
+        if gen == self._gen and self._life != "closed":
             self._timer = None
             self._enqueue((event, None, gen))
 
@@ -284,7 +287,7 @@ class Performer(OwnedEmitter[str]):
 
     def _task_ended(self, name: str, gen: int, by: str, task: asyncio.Future[Any]) -> None:
         if task.cancelled():
-            if gen != self._gen or self._closed or _cancel_asked(task):
+            if gen != self._gen or self._life == "closed" or _cancel_asked(task):
                 return  # cancelled: its state was left, or the loop is closing
             error: BaseException = asyncio.CancelledError()
         else:
@@ -304,12 +307,12 @@ class Performer(OwnedEmitter[str]):
         self._record_task(name, "error", detail)
         self.report(logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by)
         err = self.spec.effect(name).error_event
-        if err is not None and gen == self._gen and not self._closed:
+        if err is not None and gen == self._gen and self._life != "closed":
             self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
 
     def _task_succeeded(self, name: str, gen: int, res: object) -> None:
         self._record_task(name, "ok")
-        if gen == self._gen and not self._closed:
+        if gen == self._gen and self._life != "closed":
             if name in self._linked and self._outputs is not None:
                 self._outputs.fire(
                     self.spec.name, name, res.data if isinstance(res, Output) else EMPTY

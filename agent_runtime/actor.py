@@ -30,7 +30,7 @@ from agent_runtime._messages import (
     StateChanged,
     effect_table,
 )
-from agent_runtime._perform import Entry, Performer
+from agent_runtime._perform import Entry, Life, Performer
 from agent_runtime.clock import AsyncioClock, Clock, TimerHandle
 from agent_runtime.observe.trace import Tracer, TraceRecord, describe
 from agent_runtime.scheduler import Scheduler
@@ -89,12 +89,11 @@ class Actor(Performer):
 
     # six per job: slots keep each one small
     __slots__ = (
-        "_closed",
         "_effects",
-        "_entered",
         "_entered_at",
         "_gen",
         "_guards",
+        "_life",
         "_linked",
         "_mailbox",
         "_outputs",
@@ -158,8 +157,9 @@ class Actor(Performer):
         self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
         self._entered_at: float | None = None
         self._tasks: set[asyncio.Future[Any]] | None = None
-        self._closed = False
-        self._entered = False
+        # new (not yet entered its initial state), running, or closed: one value, so no
+        # pair of flags can disagree
+        self._life: Life = "new"
         # who waits for the mailbox to be empty in a state they name (when_settled)
         self._waiters: list[tuple[asyncio.Future[None], Callable[[str], bool]]] | None = None
         # the effects whose success the system passes on (their declared links), and how
@@ -173,12 +173,13 @@ class Actor(Performer):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._life == "closed"
 
     @property
     def started(self) -> bool:
-        """Whether the initial state was entered (by ``start`` or a first event)."""
-        return self._entered
+        """Whether the actor left ``new``: its initial state entered (by ``start`` or a
+        first event), or closed before that."""
+        return self._life != "new"
 
     @property
     def states(self) -> Mapping[str, State]:
@@ -216,14 +217,14 @@ class Actor(Performer):
     def start(self) -> None:
         """Enter the initial state: arm its timeout and start its tasks. Idempotent; the
         first event starts the actor too."""
-        if not self._entered and not self._closed:
-            self._entered = True
+        if self._life == "new":
+            self._life = "running"
             self._enter_state()
 
     def post(self, event: Event) -> None:
         """Queue an event, fire and forget. A rejected event is logged and traced."""
         self._check(event)
-        if self._closed:
+        if self._life == "closed":
             logger.info("%s: dropped %r after close", self._who(), event.name)
             return
         self._enqueue((event, None, None))
@@ -239,7 +240,7 @@ class Actor(Performer):
     async def send(self, event: Event) -> Step:
         """Queue an event and wait for its step; raises ``EventRejected`` on a reject cell."""
         self._check(event)
-        if self._closed:
+        if self._life == "closed":
             raise ActorClosed(f"{self._who()} is closed; {event.name!r} was not handled")
         fut: asyncio.Future[Step] = asyncio.get_running_loop().create_future()
         self._enqueue((event, fut, None))
@@ -263,7 +264,7 @@ class Actor(Performer):
         """None when the mailbox is empty, no effect is awaited and ``done(state)`` holds
         (any state when ``done`` is None), or the actor is closed; else a future done at the
         first step's end where that is so, or at the close. Waiting costs no task."""
-        if self._closed or (self.idle and (done is None or done(self._state))):
+        if self._life == "closed" or (self.idle and (done is None or done(self._state))):
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._waiters is None:
@@ -275,7 +276,7 @@ class Actor(Performer):
         """The mailbox is empty and nothing is awaited: wake who waits for this state."""
         left = []
         for fut, done in self._waiters or ():
-            if not fut.done() and (self._closed or done(self._state)):
+            if not fut.done() and (self._life == "closed" or done(self._state)):
                 fut.set_result(None)
             elif not fut.done():
                 left.append((fut, done))
@@ -291,9 +292,9 @@ class Actor(Performer):
         """``aclose()`` without its wait: stop taking events, cancel the state's timer, its
         tasks and an awaited effect's work. Returns what is still ending (the cancelled
         work), or None when nothing is: a closer with nothing to wait for needs no task."""
-        if self._closed:
+        if self._life == "closed":
             return None
-        self._closed = True
+        self._life = "closed"
         self._leave_state()
         self.emit("closed", self)  # a failing listener is logged and removed there
         if self._waiters is not None:
@@ -339,11 +340,11 @@ class Actor(Performer):
         """Handle the mailbox until it is empty, or until an effect has to be awaited: the
         scheduler then owns that work, and the rest of the step and of the mailbox waits for
         its end (``_work_ended``). Called by the scheduler only."""
-        if self._pending is not None or self._closed:
+        if self._pending is not None or self.closed:
             return
         self.start()
         mailbox = self._mailbox
-        while mailbox and not self._closed:
+        while mailbox and self._life != "closed":
             event, fut, gen = mailbox.popleft()
             if gen is not None and gen != self._gen:
                 self._record_stale(event)
@@ -409,7 +410,7 @@ class Actor(Performer):
             follow = work.result()
         try:
             self._effect_done(name, p.event, p.tracing, outcome, detail, follow)
-            if not self._closed and self._effects_from(
+            if self._life != "closed" and self._effects_from(
                 p.st, p.event, p.fut, p.tracing, p.index + 1
             ):
                 return
@@ -417,7 +418,7 @@ class Actor(Performer):
             self._failed(p.event, p.fut, e)
         else:
             self._done(p.event, p.fut, p.st)
-        if self._mailbox and not self._closed:
+        if self._mailbox and self._life != "closed":
             self._scheduler.ready(self)
         elif self._waiters is not None:
             self._settled()

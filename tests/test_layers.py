@@ -241,15 +241,18 @@ def test_the_runtime_never_leans_on_asyncios_ready_queue() -> None:
     assert not found, "the runtime orders work by asyncio's ready queue:\n" + "\n".join(found)
 
 
+_YIELDS = "import asyncio\nasync def f():\n    await asyncio.sleep(0)\n"
+
+
 def test_the_ready_queue_check_catches_a_yield_and_a_read(tmp_path: Path) -> None:
     files = {
         "agent_runtime/__init__.py": "",
         "agent_runtime/scheduler.py": "class S:\n    def f(self):\n        return self._ready\n",
         "agent_runtime/runtimes/__init__.py": "",
-        "agent_runtime/runtimes/host.py": "import asyncio\nasync def f():\n    await asyncio.sleep(0)\n",
-        "agent_runtime/clock.py": "def f(loop):\n    return loop._ready or getattr(loop, '_ready', 0)\n",
+        "agent_runtime/runtimes/host.py": _YIELDS,
+        "agent_runtime/clock.py": "def f(loop):\n    return loop._ready or getattr(loop, '_ready')",
         "agent_runtime/testing/__init__.py": "",
-        "agent_runtime/testing/clock.py": "import asyncio\nasync def f():\n    await asyncio.sleep(0)\n",
+        "agent_runtime/testing/clock.py": _YIELDS,
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -562,7 +562,7 @@ class ComposedJob(RuleBasedStateMachine):
             return
         for a in self.w.actors():
             spec = a.spec.state(a.state)
-            if not (a.closed or spec.final) and a._entered and a.idle and spec.timeout:
+            if not (a.closed or spec.final) and a.started and a.idle and spec.timeout:
                 seconds = a._settings.get(spec.timeout.setting, spec.timeout.default)
                 assert (seconds is None) != a.timer_armed, f"{a.spec.name} in {a.state}"
 
