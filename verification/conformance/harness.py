@@ -32,19 +32,20 @@ from livekit.protocol.agent_simulation import SimulationDispatch
 from agent_runtime.clock import VirtualClock, settle
 from agent_runtime.observe.trace import MemorySink, Tracer
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import AvatarRetry, Backoff
+from agent_runtime.settings import AvatarRetry, Backoff, PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.wire import build_request
 from statemachines.machines import MACHINES
 from verification.conformance.observe import Observed, Sent, runtime_view
 from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
-from verification.explore.abstract import GRACE_PERIOD, PEOPLE, Config
+from verification.explore.abstract import GRACE_PERIOD, MAX_REPROMPTS, PEOPLE, Config
 from verification.explore.checks import LIVE_JOB
 from verification.explore.view import JobView
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"
+SPEECH = 1.0  # seconds of audio in each of the agent's replies
 
 
 class Gate:
@@ -145,7 +146,10 @@ class _RoomBoundTransport(InMemorySessionTransport):
 class Harness:
     """One ``AgentJob`` set up as the model's ``initial()`` world, driven by path steps."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, playout: bool = False) -> None:
+        """``playout``: the job as users get it, the playout machine on with its avatar
+        (the real explorer's); off, the job the model without playout describes (the
+        conformance replay's)."""
         self.config = config
         self.clock = VirtualClock()
         self.trace = MemorySink()
@@ -161,6 +165,7 @@ class Harness:
         self.deletion_gates: list[Gate] = []
         self.callback = Gate()
         self.other = 0  # requests sent that the model follows no reply of
+        self.reprompts = 0  # the playout watchdog's re-prompts
         self._bg: set[asyncio.Task[Any]] = set()
         self.job = AgentJob(
             room=self.room,
@@ -181,8 +186,8 @@ class Harness:
             session_end_timeout=SETTINGS["session_end_timeout"],
             close_timeout=SETTINGS["close_timeout"],
             delete_room_on_close=config.delete_room_on_close,
-            # the composed model has no playout machine (it is explored on its own)
-            playout=False,
+            playout=self._playout(config) if playout else False,
+            on_reprompt=self._reprompt if playout and config.watchdog != "off" else None,
             clock=self.clock,
             tracer=Tracer(self.trace),
             otel=False,
@@ -202,6 +207,19 @@ class Harness:
         self.observed.watch_job(self.job)
         self._gate_close("A")
         self._watch_rpcs()
+
+    @staticmethod
+    def _playout(config: Config) -> PlayoutOptions | None:
+        # None: AgentJob's own choice, on with an avatar, its defaults (no watchdog)
+        if config.watchdog == "off":
+            return None
+        return PlayoutOptions(
+            reprompt=True, max_reprompts=MAX_REPROMPTS, when_exhausted=config.watchdog
+        )
+
+    def _reprompt(self, session: AgentSession[Any], attempt: int) -> None:
+        # the LLM's reply needs a network: the re-prompt is counted, its reply not spoken
+        self.reprompts += 1
 
     # -- the outside world, as the test decides it ------------------------------------------
     async def _on_simulation_end(self, ctx: Any) -> None:
@@ -437,6 +455,31 @@ async def _clear_settles(h: Harness, _: str) -> None:
         await h.room.invoke_rpc("lk.playback_finished", PEOPLE["avatar"].identity, payload)
 
 
+async def _frames(seconds: float) -> Any:
+    per = 240  # 10 ms at 24 kHz
+    for _ in range(max(1, round(seconds * 100))):
+        yield rtc.AudioFrame(b"\0\0" * per, 24000, 1, per)
+
+
+def _say(h: Harness, _: str) -> None:
+    # the agent's reply, through the SDK's own say() (its audio produced at once: the
+    # hand-off to the sink, if any, comes in the same step)
+    h.sessions["A"].say("A reply.", audio=_frames(SPEECH))
+
+
+def _barge_in(h: Harness, _: str) -> None:
+    # the user speaks over the agent: the session interrupts its speech, its own way
+    done = h.sessions["A"].interrupt()
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+async def _report(h: Harness, _: str) -> None:
+    # the avatar played what it was given, and says so
+    payload = json.dumps({"playback_position": SPEECH, "interrupted": False})
+    with contextlib.suppress(rtc.RpcError):  # nobody takes it: the sink went
+        await h.room.invoke_rpc("lk.playback_finished", PEOPLE["avatar"].identity, payload)
+
+
 def _tell_plugin(word: str) -> Callable[[Harness, str], None]:
     return lambda h, _: h.plugin.told.put_nowait(word)
 
@@ -494,6 +537,12 @@ _ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     ),
     "interrupt": lambda h, _: _interrupt(h, playing=True),
     "interrupt_idle": lambda h, _: _interrupt(h, playing=False),
+    # the agent's speech and the user's, as the session's pipeline and VAD report them
+    "agent_says": _say,
+    "user_interrupts": _barge_in,
+    "avatar_reports": _report,
+    "user_speaks": lambda h, _: lk.set_user_state(h.sessions["A"], "speaking"),
+    "user_listens": lambda h, _: lk.set_user_state(h.sessions["A"], "listening"),
     "avatar_close": lambda h, _: (
         h.bg(h.job.avatar.aclose(), "avatar.aclose") if h.job.avatar is not None else None
     ),
