@@ -16,11 +16,8 @@ What the harness sees of the job, and the job's view, come from ``observe``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from livekit import rtc
@@ -31,16 +28,15 @@ from livekit.protocol.agent_simulation import SimulationDispatch
 
 from agent_runtime.observe.trace import MemorySink, Tracer
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import AvatarRetry, Backoff
+from agent_runtime.settings import AvatarRetry, Backoff, PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
-from agent_runtime.testing.wire import build_request
 from statemachines.machines import MACHINES
-from verification.conformance.observe import Observed, Sent, runtime_view
+from verification.conformance.actions import ACTIONS
+from verification.conformance.observe import Observed, runtime_view
 from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
-from verification.explore.abstract import GRACE_PERIOD, PEOPLE, Config
-from verification.explore.checks import LIVE_JOB
+from verification.explore.abstract import GRACE_PERIOD, MAX_REPROMPTS, PEOPLE, Config
 from verification.explore.view import JobView
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
@@ -145,11 +141,14 @@ class _RoomBoundTransport(InMemorySessionTransport):
 class Harness:
     """One ``AgentJob`` set up as the model's ``initial()`` world, driven by path steps."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, playout: bool = False) -> None:
+        """``playout``: the job as users get it, the playout machine on with its avatar
+        (the real explorer's); off, the job the model without playout describes (the
+        conformance replay's)."""
         self.config = config
         self.clock = VirtualClock()
         self.trace = MemorySink()
-        self.room = InMemoryRoom(name="conformance", clock=self.clock)
+        self.room: InMemoryRoom = InMemoryRoom(name="conformance", clock=self.clock)
         self.observed = Observed()
         agent_end, self.simulator = _RoomBoundTransport(), InMemorySessionTransport()
         agent_end._peer, self.simulator._peer = self.simulator, agent_end
@@ -159,10 +158,11 @@ class Harness:
         self.closes: dict[str, Gate] = {}
         self.verdicts: list[Gate] = []
         self.deletion_gates: list[Gate] = []
-        self.callback = Gate()
+        self.callback: Gate = Gate()
         self.other = 0  # requests sent that the model follows no reply of
+        self.reprompts = 0  # the playout watchdog's re-prompts
         self._bg: set[asyncio.Task[Any]] = set()
-        self.job = AgentJob(
+        self.job: AgentJob = AgentJob(
             room=self.room,
             session=self.sessions["A"],
             avatar=self.plugin,
@@ -181,8 +181,8 @@ class Harness:
             session_end_timeout=SETTINGS["session_end_timeout"],
             close_timeout=SETTINGS["close_timeout"],
             delete_room_on_close=config.delete_room_on_close,
-            # the composed model has no playout machine (it is explored on its own)
-            playout=False,
+            playout=self._playout(config) if playout else False,
+            on_reprompt=self._reprompt if playout and config.watchdog != "off" else None,
             clock=self.clock,
             tracer=Tracer(self.trace),
             otel=False,
@@ -202,6 +202,19 @@ class Harness:
         self.observed.watch_job(self.job)
         self._gate_close("A")
         self._watch_rpcs()
+
+    @staticmethod
+    def _playout(config: Config) -> PlayoutOptions | None:
+        # None: AgentJob's own choice, on with an avatar, its defaults (no watchdog)
+        if config.watchdog == "off":
+            return None
+        return PlayoutOptions(
+            reprompt=True, max_reprompts=MAX_REPROMPTS, when_exhausted=config.watchdog
+        )
+
+    def _reprompt(self, session: AgentSession[Any], attempt: int) -> None:
+        # the LLM's reply needs a network: the re-prompt is counted, its reply not spoken
+        self.reprompts += 1
 
     # -- the outside world, as the test decides it ------------------------------------------
     async def _on_simulation_end(self, ctx: Any) -> None:
@@ -313,7 +326,7 @@ class Harness:
 
     async def do(self, step: Step) -> None:
         """Do what the step says, then let everything it causes settle."""
-        act = _ACTIONS.get(step.action.partition(":")[0])
+        act = ACTIONS.get(step.action.partition(":")[0])
         if step.action.startswith("timeout:") or step.action in (BOUND, WAIT):
             await self._time_passes(step)
         elif act is None:
@@ -366,153 +379,3 @@ class Harness:
             if closing is not None and not closing.done():
                 closing.cancel()
         await self.simulator.close()
-
-
-# -- what each action does to the real job -----------------------------------------------------
-
-
-def _joins(h: Harness, who: str) -> None:
-    p = PEOPLE[who]
-    h.room.add_participant(p.identity, kind=p.kind, attributes=dict(p.attributes))
-
-
-async def _finalize(h: Harness, caller: str) -> None:
-    rid = f"RQ_{len(h.observed.sent) + 1}"
-    req = build_request("finalize_simulation", {"provisional_success": True}, request_id=rid)
-    try:
-        await h.simulator.send_message(agent_pb.AgentSessionMessage(request=req), sender=caller)
-    except RuntimeError:
-        return  # the agent's end is closed: nobody reads it (the model follows nothing)
-    simulator = caller == PEOPLE["simulator"].identity
-    h.observed.sent.append(Sent(rid, simulator, simulator and h.job.job.state in LIVE_JOB))
-
-
-async def _other_request(h: Harness, kind: str, payload: dict[str, Any] | None) -> None:
-    # a request the model follows no reply of: the job's view does not change
-    h.other += 1
-    req = build_request(kind, payload, request_id=f"OTHER_{h.other}")
-    with contextlib.suppress(RuntimeError):  # the agent's end is closed: nobody reads it
-        msg = agent_pb.AgentSessionMessage(request=req)
-        await h.simulator.send_message(msg, sender=PEOPLE["simulator"].identity)
-
-
-async def _attach_b(h: Harness, _: str) -> None:
-    session: AgentSession[Any] = AgentSession()
-    h.sessions["B"] = session
-    h._gate_close("B")
-    h.job.attach(session)
-    # a second session has no room of its own: RoomIO belongs to the primary one
-    await session.start(Agent(instructions="Another agent."), session_host=False)
-
-
-def _close(h: Harness, name: str) -> None:
-    lk.ask_session_close(h.sessions[name], CloseReason.USER_INITIATED)
-
-
-def _shutdown(h: Harness, _: str) -> None:
-    # livekit's order: the primary session closes, then on_session_end (the hold)
-    primary = h.sessions["A"]
-    if lk.session_live(primary):
-        lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)
-    h.job.shutdown("the conformance test ends it")
-
-
-async def _interrupt(h: Harness, playing: bool) -> None:
-    avatar = h.job.avatar
-    assert avatar is not None
-    sink = avatar.installed_sink
-    if playing and avatar.state == "joined" and isinstance(sink, DataStreamAudioOutput):
-        # something is playing to the avatar: one segment in its sink
-        frame = rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
-        await sink.capture_frame(frame)
-        sink.flush()
-    avatar.interrupt()
-
-
-async def _clear_settles(h: Harness, _: str) -> None:
-    # the avatar says where it stopped: the plugin's own clear has its answer
-    payload = json.dumps({"playback_position": 0.0, "interrupted": True})
-    # an RpcError: nobody takes it any more, the clear is over already
-    with contextlib.suppress(rtc.RpcError):
-        await h.room.invoke_rpc("lk.playback_finished", PEOPLE["avatar"].identity, payload)
-
-
-def _tell_plugin(word: str) -> Callable[[Harness, str], None]:
-    return lambda h, _: h.plugin.told.put_nowait(word)
-
-
-def _open(pick: Callable[[Harness], Gate], word: str) -> Callable[[Harness, str], None]:
-    def act(h: Harness, _: str) -> None:
-        pick(h).open(word)
-
-    return act
-
-
-def _nothing(h: Harness, _: str) -> None:
-    return None  # a hang: whatever waits goes on waiting
-
-
-def _person(action: str) -> Callable[[Harness, str], Any]:
-    who, _, event = action.rpartition("_")
-
-    def act(h: Harness, arg: str) -> None:
-        if event == "joins":
-            _joins(h, who)
-        else:
-            h.room.remove_participant(PEOPLE[who].identity, rtc.DisconnectReason.Value(arg))
-
-    return act
-
-
-_ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
-    **{
-        f"{who}_{e}": _person(f"{who}_{e}")
-        for who in ("user", "sip", "simulator")
-        for e in ("joins", "leaves")
-    },
-    "room_disconnects": lambda h, _: h.room.disconnect_locally(),
-    "finalize": lambda h, _: _finalize(h, PEOPLE["simulator"].identity),
-    "stranger_finalize": lambda h, _: _finalize(h, PEOPLE["stranger"].identity),
-    "ping": lambda h, _: _other_request(h, "ping", None),
-    "malformed": lambda h, _: _other_request(
-        h, "finalize_simulation", {"provisional_success": "yes"}
-    ),
-    "attach_b": _attach_b,
-    "close_a": lambda h, _: _close(h, "A"),
-    "close_b": lambda h, _: _close(h, "B"),
-    "shutdown": _shutdown,
-    "request_deletion": lambda h, _: h.job.request_room_deletion(),
-    "release": lambda h, _: h.bg(h.job.aclose(), "job.aclose"),
-    # the user's own calls, each returning once the job is closed
-    "aclose": lambda h, _: h.bg(h.job.aclose(), "job.aclose"),
-    "abort": lambda h, _: h.bg(h.job.aclose(graceful=False), "job.abort"),
-    "avatar_start": lambda h, _: h.bg(h.job.start_avatar(), "avatar.start"),
-    "avatar_joins": lambda h, _: _joins(h, "avatar"),
-    "avatar_video": lambda h, _: h.room.publish_track(PEOPLE["avatar"].identity, "video"),
-    "avatar_leaves": lambda h, _: h.room.remove_participant(
-        PEOPLE["avatar"].identity, rtc.DisconnectReason.CLIENT_INITIATED
-    ),
-    "interrupt": lambda h, _: _interrupt(h, playing=True),
-    "interrupt_idle": lambda h, _: _interrupt(h, playing=False),
-    "avatar_close": lambda h, _: (
-        h.bg(h.job.avatar.aclose(), "avatar.aclose") if h.job.avatar is not None else None
-    ),
-    # outcomes of work running aside
-    "verdict_ready": _open(lambda h: h.verdicts[-1], "return"),
-    "verdict_hangs": _nothing,
-    "plugin_routed": _tell_plugin("route"),
-    "plugin_fails": _tell_plugin("fail"),
-    "plugin_no_route": _tell_plugin("no_route"),
-    "plugin_hangs": _nothing,
-    "plugin_returns": _tell_plugin("return"),
-    "plugin_fails_late": _tell_plugin("fail"),
-    "plugin_hangs_routed": _nothing,
-    "clear_settles": _clear_settles,
-    "a_closed": _open(lambda h: h.closes["A"], "finish"),
-    "a_hangs": _open(lambda h: h.closes["A"], "hang"),
-    "b_closed": _open(lambda h: h.closes["B"], "finish"),
-    "deletion_returns": _open(lambda h: h.deletion_gates[-1], "ok"),
-    "deletion_fails": _open(lambda h: h.deletion_gates[-1], "fail"),
-    "callbacks_return": _open(lambda h: h.callback, "return"),
-    "callback_hangs": _open(lambda h: h.callback, "hang"),
-}

@@ -74,9 +74,9 @@ def runtime_view(
     """The ``JobView`` of a real job: its machines and facts, what the test observed
     (``observed``), its trace (``records``), its sessions by the model's names (``A`` the
     primary) and the primary session's close as the test knows it (``session``)."""
-    # the machines the composed model has, the job's own lifecycle among them (playout is
-    # explored composed, but the replay's job runs without it)
-    actors = {a.spec.name: a for a in job.actors if a.spec.name in MACHINE_NAMES}
+    # the machines the composed model has, the job's own lifecycle among them, and playout
+    # when the job runs it (the real explorer's job; the replay's runs without it)
+    actors = {a.spec.name: a for a in job.actors if a.spec.name in (*MACHINE_NAMES, "playout")}
     states = {name: a.state for name, a in actors.items()}
     host = job.system.host
     attached = host.session
@@ -147,4 +147,15 @@ def runtime_view(
         clear_rpcs=tuple(observed.clear_rpcs),
         marks=tuple(marks),
         aborted=aborted,
+        audio_pending=_audio_pending(job),
     )
+
+
+def _audio_pending(job: AgentJob) -> bool:
+    """Agent audio the avatar's sink took and nobody reported played nor finished, the
+    agent "speaking" on it (what only playout bounds: without it the SDK waits for the
+    avatar's word). A closed session's leftover count keeps nobody speaking."""
+    if job.playout is None or job.session.agent_state != "speaking":
+        return False
+    sink = job.avatar.installed_sink if job.avatar is not None else None
+    return sink is not None and lk.pending_playbacks(sink) > 0

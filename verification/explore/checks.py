@@ -95,6 +95,14 @@ INVARIANTS: tuple[Invariant, ...] = (
         "aclose() returns; aclose() closes the job machine within its bounds, and "
         "aclose(graceful=False) never leaves it serving nor holding for the simulator",
     ),
+    Invariant(
+        11,
+        "ends_with_the_session",
+        "once the primary session closed, the job does not serve on unless another session "
+        "is attached, and its participant link and avatar are closed; once the job closed "
+        "and every bound passed, its avatar and participant link are closed (not only "
+        "stopped where they were)",
+    ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
 BY_NUMBER = {inv.number: inv for inv in INVARIANTS}
@@ -221,6 +229,7 @@ def settled(v: JobView) -> list[Finding]:
             out.append((10, f"the job machine closed but AgentJob's lifecycle is {life}"))
         if v.aborted and job in LIVE_JOB:
             out.append((10, f"aclose(graceful=False) was called but the job is {job}"))
+    out.extend(_session_gone(v))
     playout = v.states.get("playout")
     if playout is not None:
         # what the session's close link and the avatar's watch must have done by now
@@ -232,6 +241,21 @@ def settled(v: JobView) -> list[Finding]:
         link = v.states.get("participant")
         if playout in QUIET and link != "linked":
             out.append((9, f"the watchdog is {playout} with the participant link {link}"))
+    return out
+
+
+def _session_gone(v: JobView) -> list[Finding]:
+    """What the primary session's close must have done by now (its links: the host's report
+    to the job, the participant link's and the avatar's close)."""
+    if v.session != "closed":
+        return []
+    out: list[Finding] = []
+    if v.states.get("job") == "serving" and v.attached != "B":
+        out.append((11, "the primary session closed but the job still serves"))
+    for machine in ("participant", "avatar"):
+        state = v.states.get(machine)
+        if state is not None and state != "closed":
+            out.append((11, f"the primary session closed but the {machine} is {state}"))
     return out
 
 
@@ -262,6 +286,12 @@ def eventual(v: JobView) -> list[Finding]:
             out.append(
                 (5, f"the job closed without its close work (session_host {host}, room {room})")
             )
+    if job == "closed":
+        # its close closed them (the callbacks step), not only the release that stops them
+        for machine in ("participant", "avatar"):
+            state = v.states.get(machine)
+            if state is not None and state != "closed":
+                out.append((11, f"after every bound the job closed but the {machine} is {state}"))
     life = v.states.get("agent_job")
     if life is not None and life != "closed" and (life not in _LIFE_UP or job == "closed"):
         # the job machine closed, or the user called aclose(): it returns once closed

@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
         "outside stood in, on a virtual clock), not the model: breadth first to --depth "
         "(3 unless given), or walks with --seed, or --replay",
     )
-    real.add_argument("--config", choices=tuple(NAMED_CONFIGS), default="example")
+    real.add_argument("--config", choices=(*NAMED_CONFIGS, "watchdog"), default="example")
     real.add_argument(
         "--inputs",
         choices=("all", "job", "avatar"),
@@ -93,7 +93,8 @@ def parser() -> argparse.ArgumentParser:
     real.add_argument(
         "--drop-link",
         metavar="SOURCE:ON:TARGET",
-        help="a planted fault: the runtime does not deliver this link of statemachines.glue",
+        help="a planted fault: the runtime does not deliver this link of statemachines.glue "
+        "(or this watch of statemachines.system, as SOURCE:EVENT:TARGET)",
     )
     return exp
 

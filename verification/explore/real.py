@@ -30,13 +30,14 @@ from typing import Any, Literal
 
 from livekit import rtc
 
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from verification.conformance.harness import Harness
 from verification.conformance.paths import Step
 from verification.conformance.replay import _sdk_failures_quiet
 from verification.explore.abstract import PEOPLE, Config
 from verification.explore.checks import LIVE_JOB, Finding, eventual, safety, settled
-from verification.explore.search import NAMED_CONFIGS
+from verification.explore.search import NAMED_CONFIGS, PLAYOUT_CONFIGS
 from verification.explore.view import JobView
 
 Inputs = Literal["all", "job", "avatar"]
@@ -45,7 +46,9 @@ _LIFE_UP = ("new", "starting", "running")
 _REASONS = ("CLIENT_INITIATED", "SIGNAL_CLOSE")
 _EVENTUAL_LIMIT = 200  # deadlines let pass at a run's end before giving up (a timer loop)
 
-CONFIGS = NAMED_CONFIGS  # the configs by name
+# the configs by name, and the watchdog's (nobody there yet, one re-prompt, then the session
+# closed): the real job runs playout in every one, as AgentJob does with an avatar
+CONFIGS = {**NAMED_CONFIGS, "watchdog": PLAYOUT_CONFIGS[1]}
 
 Snapshot = tuple[Any, ...]
 Setup = Callable[[Harness], Any]
@@ -156,6 +159,26 @@ def _avatar_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
         out.append("interrupt_idle")
     if "conformance:avatar.aclose" not in _bg(h):
         out.append("avatar_close")
+    return out + _playout_inputs(h, view)
+
+
+def _playout_inputs(h: Harness, view: JobView) -> list[str]:
+    """The agent's speech and the user's, and the avatar's report of what it played: what
+    the playout machine follows, as the session and the avatar show them."""
+    session, out = h.sessions["A"], []
+    live = lk.session_live(session)
+    # the agent replies while its audio goes to the avatar (the stand-in room has no
+    # server to play the room's own track, whose end the SDK would report)
+    if live and session.current_speech is None and h.job.audio_route() == "avatar":
+        out.append("agent_says")
+    if live and session.current_speech is not None:
+        out.append("user_interrupts")
+    sink = h.job.avatar.installed_sink if h.job.avatar is not None else None
+    if view.avatar_present and sink is not None and lk.pending_playbacks(sink):
+        out.append("avatar_reports")
+    playout = h.job.playout
+    if live and playout is not None and playout.options.reprompt:
+        out.append("user_listens" if session.user_state == "speaking" else "user_speaks")
     return out
 
 
@@ -243,12 +266,21 @@ def snapshot(h: Harness, view: JobView) -> Snapshot:
         tuple(sorted((n, h.session_state(n)) for n in h.sessions)),
         _bg(h),
     )
+    session = h.sessions["A"]
+    sink = h.job.avatar.installed_sink if h.job.avatar is not None else None
+    speech = (
+        session.agent_state,
+        session.user_state,
+        session.current_speech is not None,
+        lk.pending_playbacks(sink) if sink is not None else 0,
+        h.reprompts,
+    )
     room = (
         h.room.isconnected(),
         tuple(sorted((i, _video(h, i)) for i in h.room.remote_participants)),
     )
     jv = tuple(_hashable(getattr(view, f.name)) for f in fields(JobView))
-    return (actors, timers, stand_ins, room, jv)
+    return (actors, timers, stand_ins, speech, room, jv)
 
 
 async def apply(h: Harness, token: str) -> None:
@@ -327,7 +359,7 @@ async def execute(
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_sdk_failures_quiet)
-    h = Harness(config)
+    h = Harness(config, playout=True)  # the job as users get it: playout with its avatar
     if setup is not None:
         setup(h)
     loops = _count_quiesce(h)

@@ -28,8 +28,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent_runtime.actor import Event
 from agent_runtime.runtimes.routing import Wiring
 from statemachines.glue import LINKS, without
+from statemachines.system import WATCHES
 from verification.conformance.harness import Harness
 from verification.explore.abstract import Config
 from verification.explore.real import (
@@ -104,6 +106,43 @@ def drop_link(spec: str) -> Setup:
         h.job.system.wiring._links = Wiring(links=without(LINKS, source, on, target))._links
 
     return setup
+
+
+def drop_watch(spec: str) -> Setup:
+    """A fault for the harness: the job system does not deliver the watch
+    ``SOURCE:EVENT:TARGET`` (``statemachines.system.WATCHES``): ``TARGET`` never gets
+    ``EVENT`` for ``SOURCE``'s state changes."""
+    source, event, target = spec.split(":")
+    if not any((w.source, w.event, w.target) == (source, event, target) for w in WATCHES):
+        raise ValueError(f"no watch {spec} in statemachines.system.WATCHES")
+
+    def setup(h: Harness) -> None:
+        watchers = h.job.system._watchers
+        post = watchers.get(target)
+        if post is None:
+            return  # the job has no such machine: nothing to drop
+
+        def filtered(ev: Event) -> None:
+            if not (ev.name == event and source in ev.data):
+                post(ev)
+
+        watchers[target] = filtered
+
+    return setup
+
+
+def drop(spec: str) -> Setup:
+    """``drop_link`` or ``drop_watch``, whichever table names ``spec``."""
+    try:
+        return drop_link(spec)
+    except ValueError:
+        return drop_watch(spec)
+
+
+# every link (statemachines.glue.LINKS, by source, effect and target) and watch
+# (statemachines.system.WATCHES, by source, event and target) a fault may drop
+LINK_SPECS: tuple[str, ...] = tuple(dict.fromkeys(f"{k.source}:{k.on}:{k.target}" for k in LINKS))
+WATCH_SPECS: tuple[str, ...] = tuple(f"{w.source}:{w.event}:{w.target}" for w in WATCHES)
 
 
 def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
@@ -284,7 +323,7 @@ def run_real(args: Any) -> int:
             return 2
     config = CONFIGS[args.config]
     try:
-        setup = drop_link(args.drop_link) if args.drop_link else None
+        setup = drop(args.drop_link) if args.drop_link else None
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
