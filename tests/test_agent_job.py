@@ -445,3 +445,47 @@ async def test_the_system_holds_the_job_machines_parts_and_forwards_each_change_
         changes = [c for c in seen if c[0] == machine]
         assert changes and len(changes) == len(set(changes)), machine
     assert {"session_host", "finalize", "room_deletion"} <= {a.spec.name for a in system.actors}
+
+
+async def test_aclose_lets_an_avatar_go_whose_removal_hangs_once_its_bound_passed(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The avatar's participant removal (a server call) never answers, and the avatar's
+    own effect bound (join_timeout) is longer than the job's close: ``aclose()`` returns
+    within close_timeout with the avatar released and its hung call cancelled, as a
+    supervisor stops a child past its shutdown bound, not left running after the job.
+    The server API is stood in (it needs a network); everything else is the real job."""
+    room.add_participant("user")
+    calls: list[str] = []
+
+    async def remove(identity: str) -> None:
+        calls.append("asked")
+        try:
+            await asyncio.get_running_loop().create_future()  # never answers
+        except asyncio.CancelledError:
+            calls.append("cancelled")
+            raise
+
+    with injected(clock=clock, remove_avatar_participant=remove):
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity="avatar-1"),
+            close_timeout=2,
+            join_timeout=30,
+        )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("avatar-1", kind="agent")
+    room.publish_track("avatar-1", "video")
+    await settle()
+    assert job.states["avatar"] == "joined"
+    t0 = clock.now()
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(2.5)  # past close_timeout, far short of the avatar's 30 s
+    assert closing.done(), "aclose() still waits on the avatar's hung removal"
+    await closing
+    assert clock.now() - t0 <= 2.5
+    assert calls == ["asked", "cancelled"]
+    avatar = next(a for a in job.actors if a.spec.name == "avatar")
+    assert avatar.closed and avatar.live_tasks == 0
+    assert job.states["agent_job"] == "closed"

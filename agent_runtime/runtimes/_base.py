@@ -105,6 +105,12 @@ class MachineRuntime(OwnedEmitter[E]):
             actor.post_now(Event("close"))
         return after(actor.when_settled(), release)
 
+    def release_now(self) -> asyncio.Future[Any] | None:
+        """Let the machine go now, whatever its close is still doing (that work is
+        cancelled): the owner's last word once the close had its bound. What is left to
+        wait for (the cancelled work), or None."""
+        return self.actor.release()
+
     def _post(self, event: Event) -> None:
         """An event for the machine, unless it is released (then nobody hears it)."""
         if not self.actor.closed:

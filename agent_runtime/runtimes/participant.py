@@ -217,6 +217,10 @@ class ParticipantLink(MachineRuntime[str]):
         self._unhook()
         return self._close_now(self.actor.release)
 
+    def release_now(self) -> asyncio.Future[Any] | None:
+        self._unhook()
+        return self.actor.release()
+
     def _unhook(self) -> None:
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:

@@ -289,6 +289,9 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         (the usual case: the close is stepped at once and nothing is running)."""
         return self._close_now(self._stop)
 
+    def release_now(self) -> asyncio.Future[Any] | None:
+        return self._stop()
+
     async def stop(self) -> None:
         """Stop the machine where it is (no ``close`` event) and stop following."""
         await released(self._stop())

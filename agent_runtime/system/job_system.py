@@ -436,8 +436,16 @@ class JobSystem(MachineRuntime[str]):
 
     def _let_go(self) -> asyncio.Future[None] | None:
         left = self.job.release_now()
+        # each step had its share: a follower whose close still runs past it (a server
+        # call that hangs) is let go now, its work cancelled, as a supervisor stops a child
+        # past its shutdown bound; the usual follower is released already (nothing to do)
+        cut = [f.release_now() for f in self._followers() if not f.actor.closed]
         self._unhook()
-        return left
+        return ending(left, *cut) if cut else left
+
+    def _followers(self) -> list[MachineRuntime[Any]]:
+        """The runtimes RELEASE lets go after the job machine: the link, avatar, playout."""
+        return [r for r in (self.link, self.avatar, self.playout) if r is not None]
 
     def _begin_release(self, step: str) -> None:
         self.wiring.fire("agent_job", "run_teardown", step=step)
