@@ -91,10 +91,21 @@ def runtime_view(
     room = job.room
     marks = list(observed.marks)
     asked = job.settings.delete_room_on_close
-    shutdown = room_work = timed_out = aborted = False
+    shutdown = room_work = timed_out = aborted = detached_close = False
+    # the host's label of the primary session, if it ever had one (read, not made: the
+    # host's label_of would make one)
+    primary = sessions.get("A")
+    primary_label = next((lbl for lbl, s in host._sessions.items() if s is primary), None)
     for r in records:
         if r.kind not in ("transition", "ignore", "reject"):
             continue
+        if (
+            r.machine == "session_host"
+            and r.event == "session_closed"
+            and "report_session_closed" not in r.effects  # heard, not the job's end
+            and r.data.get("session") == primary_label
+        ):
+            detached_close = True
         spec = MACHINES.get(r.machine)
         if spec is not None and r.source:
             mark = late_timer(spec, r.source, r.event)
@@ -125,6 +136,7 @@ def runtime_view(
         close_on_disconnect=job.settings.close_on_disconnect,
         session=session,
         attached=names.get(id(attached)) if attached is not None else None,
+        primary_closed_detached=detached_close,
         forwarded=tuple(sorted(name for name, s in sessions.items() if forwarding(s))),
         requests=tuple(
             Request(

@@ -98,8 +98,9 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         11,
         "ends_with_the_session",
-        "once the primary session closed, the job does not serve on unless another session "
-        "is attached, and its participant link and avatar are closed; once the job closed "
+        "once the primary session closed, the job does not serve on unless it was no longer "
+        "the attached one (detached, or another attached), and its participant link and "
+        "avatar are closed; once the job closed "
         "and every bound passed, its avatar and participant link are closed (not only "
         "stopped where they were)",
     ),
@@ -250,7 +251,8 @@ def _session_gone(v: JobView) -> list[Finding]:
     if v.session != "closed":
         return []
     out: list[Finding] = []
-    if v.states.get("job") == "serving" and v.attached != "B":
+    # a session detached first (or replaced) is not the job's end: the host's table
+    if v.states.get("job") == "serving" and v.attached != "B" and not v.primary_closed_detached:
         out.append((11, "the primary session closed but the job still serves"))
     for machine in ("participant", "avatar"):
         state = v.states.get(machine)

@@ -61,6 +61,10 @@ class JobView:
     # finished locally (the SDK's playout wait, so the agent's "speaking", hangs on it)
     audio_pending: bool = False
     aborted: bool = False  # the user called aclose(graceful=False)
+    # the primary session closed while not the attached one (the user detached it, or
+    # another replaced it): the host heard its close and, as its table says, did not report
+    # it to the job
+    primary_closed_detached: bool = False
 
 
 # what the conformance replay compares after every step: what a user of the job would see
