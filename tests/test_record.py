@@ -339,3 +339,63 @@ def test_the_recorder_reads_only_events_and_guards_the_specs_declare() -> None:
         assert set(names["events"]) <= set(spec.events), machine
         assert set(names["guards"]) <= set(spec.guards), machine
         assert set(names.get("effects", ())) <= {e.name for e in spec.effects}, machine
+
+
+def test_queued_speeches_each_keep_their_own_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two replies queued through the avatar. In a deployed job the SDK creates the second
+    speech before the first one's audio reaches the sink (an LLM takes its time); a
+    scenario pushes the first at once, so the trace is put in the deployed order here.
+    Each hand-off belongs to the oldest speech still open: each rebuilt ``agent.say``
+    keeps its own length (the second took the first's, the first became room audio)."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "two replies queued",
+                "config": {"avatar_identity": "avatar-1"},
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "session.start"},
+                    {"at": 0.5, "event": "avatar.start"},
+                    {
+                        "at": 1,
+                        "event": "participant_connected",
+                        "identity": "avatar-1",
+                        "kind": "agent",
+                    },
+                    {
+                        "at": 1.5,
+                        "event": "track_published",
+                        "identity": "avatar-1",
+                        "kind": "video",
+                    },
+                    {"at": 2, "event": "agent.say", "duration": 3},
+                    {"at": 2, "event": "agent.say", "duration": 5},
+                    {"at": 30, "event": "end"},
+                ],
+            }
+        )
+    )
+    assert simulate(scenario, capsys, "--trace", str(trace))["_code"] == 0
+    lines = trace.read_text().splitlines()
+
+    def playout(event: str) -> list[int]:
+        return [
+            i
+            for i, line in enumerate(lines)
+            if (r := json.loads(line))["machine"] == "playout"
+            and r["event"] == event
+            and r["kind"] != "effect"
+        ]
+
+    first_handoff, second = playout("handed_off")[0], playout("speech_created")[1]
+    assert first_handoff < second  # as a scenario runs it
+    lines.insert(first_handoff, lines.pop(second))  # as a deployed job records it
+    trace.write_text("\n".join(lines) + "\n")
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    says = [s for s in load_scenario(recorded).steps if s.event == "agent.say"]
+    assert [(s.at, s.duration) for s in says] == [(2, 3), (2, 5)]
+    assert "room's audio output" not in comments(recorded)

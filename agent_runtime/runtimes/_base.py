@@ -8,8 +8,10 @@ guards (their one definition, ``routing.guard_table``), arms its state timeouts 
 ``_timeouts()``, and forwards its state changes as the runtime's own ``state_changed``.
 
 A runtime's lifecycle is its machine's: what it asks is the actor's state (or
-``actor.started`` and ``actor.closed``), never a flag or a ``None`` kept beside the
-machine; a handle it holds (a task) is what it releases, not what says that it runs. A
+``actor.started`` and ``actor.closed``), not a flag or a ``None`` kept beside the
+machine; a handle it holds (a task) is what it releases. Two starts still ask a handle
+whether they already ran (``ParticipantLink.start``'s room subscription, the session
+host's reader): their machines have no state before ``start`` to ask (issue 38). A
 listener that fails is the ``Emitter``'s to log and remove; an owner (``set_owner``)
 that fails is logged and dropped the same way (``OwnedEmitter._emit_state``, which
 forwards a change).

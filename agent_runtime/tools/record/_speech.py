@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.tools.record._state import _State
@@ -31,6 +33,27 @@ _MAX_SAY = 10.0  # the longest agent.say a scenario takes
 # a speech on the room's audio output plays at one virtual instant in a scenario: the
 # replay's stand-in for a length the trace does not show
 _UNTIMED_SAY = 0.1
+
+
+def _pushed_by_speech(recs: list[tuple[int, TraceRecord]]) -> dict[int, float]:
+    """The audio handed to the avatar (``handed_off``'s ``pushed``), by the speech it was
+    (the index in ``recs`` of its ``speech_created``). Speeches play one after another and
+    the SDK creates a queued one before the first plays, so a hand-off is the oldest
+    speech still open (created, not done) that has none yet."""
+    open_: list[tuple[int, Any]] = []
+    out: dict[int, float] = {}
+    for n, (_, r) in enumerate(recs):
+        if r.kind == "effect":
+            continue
+        if r.event == "speech_created":
+            open_.append((n, r.data.get("speech_id")))
+        elif r.event == "handed_off" and isinstance(r.data.get("pushed"), int | float):
+            first = next((m for m, _ in open_ if m not in out), None)
+            if first is not None:
+                out[first] = float(r.data["pushed"])
+        elif r.event == "speech_done":
+            open_ = [(m, sid) for m, sid in open_ if sid != r.data.get("speech_id")]
+    return out
 
 
 class _SpeechPass(_State):
@@ -66,11 +89,12 @@ class _SpeechPass(_State):
         self.config["playout"] = True
         reprompted_at: float | None = None
         heard = False
+        pushed = _pushed_by_speech(recs)
         for n, (i, r) in enumerate(recs):
             if r.kind == "transition" and "reprompt" in r.effects:
                 reprompted_at = r.t
             if r.event == "speech_created":
-                seconds = self._spoken(recs, n)
+                seconds = self._spoken(recs, n, pushed.get(n))
                 if reprompted_at == r.t:  # the re-prompt's own speech, said by the effect
                     reprompted_at = None
                     self.config.setdefault("reprompt_speech", seconds)
@@ -94,22 +118,17 @@ class _SpeechPass(_State):
         self._watchdog(recs, primary)
         self._margin(recs)
 
-    def _spoken(self, recs: list[tuple[int, TraceRecord]], n: int) -> float:
-        """Seconds of audio the speech created at ``recs[n]`` handed to the avatar."""
+    def _spoken(self, recs: list[tuple[int, TraceRecord]], n: int, pushed: float | None) -> float:
+        """Seconds of audio the speech created at ``recs[n]`` handed to the avatar
+        (``pushed``, when it reached the avatar's sink)."""
         said = recs[n][1]
-        for _, r in recs[n + 1 :]:
-            if r.event == "speech_created":
-                break
-            if r.event == "handed_off" and isinstance(r.data.get("pushed"), int | float):
-                pushed = float(r.data["pushed"])
-                if pushed > _MAX_SAY:
-                    self.note(
-                        f"t={said.t:g}: the agent handed {pushed:g}s of audio to the avatar; "
-                        f"a scenario's agent.say says at most {_MAX_SAY:g}s"
-                    )
-                return min(pushed, _MAX_SAY) if pushed > 0 else _UNTIMED_SAY
-            if r.event == "speech_done" and r.data.get("speech_id") == said.data.get("speech_id"):
-                break
+        if pushed is not None:
+            if pushed > _MAX_SAY:
+                self.note(
+                    f"t={said.t:g}: the agent handed {pushed:g}s of audio to the avatar; "
+                    f"a scenario's agent.say says at most {_MAX_SAY:g}s"
+                )
+            return min(pushed, _MAX_SAY) if pushed > 0 else _UNTIMED_SAY
         self.note(
             "the agent's speech on the room's audio output: a scenario plays that audio at "
             f"one instant (the room's output is not on its clock), so {_UNTIMED_SAY:g}s of it "
