@@ -158,7 +158,7 @@ TEARDOWN: tuple[TeardownStep, ...] = (
     ),
 )
 # what AgentJob's closing does around the job machine's close: the start still running
-# is cut first; the followers of the room and the session are released last, at once
+# is cut first; the followers of the room and the session are released at once, then let go
 RELEASE: tuple[TeardownStep, ...] = (
     TeardownStep(name="starts", bound=0.1, what="the parts of a start still running are cut"),
     TeardownStep(
@@ -191,6 +191,14 @@ RELEASE: tuple[TeardownStep, ...] = (
         after=("job",),
         bound=0.3,
         what="the avatar's close, if nothing asked it yet",
+    ),
+    # a supervisor past a child's shutdown bound: a follower whose close ran past its share
+    # (a server call that hangs) has its work cancelled here, not left behind aclose()
+    TeardownStep(
+        name="let_go",
+        after=("session", "playout", "participant", "avatar"),
+        bound=0.1,
+        what="the job machine and any follower still closing are let go, their work cancelled",
     ),
 )
 

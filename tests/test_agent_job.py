@@ -11,6 +11,7 @@ carrying the real protobuf messages) and the avatar participant's removal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -489,3 +490,43 @@ async def test_aclose_lets_an_avatar_go_whose_removal_hangs_once_its_bound_passe
     avatar = next(a for a in job.actors if a.spec.name == "avatar")
     assert avatar.closed and avatar.live_tasks == 0
     assert job.states["agent_job"] == "closed"
+
+
+async def test_aclose_returns_when_a_hung_removal_swallows_its_cancellation(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, but the hung call takes its cancellation back and goes on waiting (a
+    plugin that catches ``CancelledError``): RELEASE's last step (``let_go``) has a share
+    of close_timeout too, so ``aclose()`` still returns and says what it gave up on. The
+    server API is stood in (it needs a network); everything else is the real job."""
+    room.add_participant("user")
+    forever = asyncio.get_running_loop().create_future()
+
+    async def remove(identity: str) -> None:
+        while not forever.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(forever)
+
+    with injected(clock=clock, remove_avatar_participant=remove):
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity="avatar-1"),
+            close_timeout=2,
+            join_timeout=30,
+        )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("avatar-1", kind="agent")
+    room.publish_track("avatar-1", "video")
+    await settle()
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(3.0)  # past close_timeout plus let_go's share (0.1 of it)
+    try:
+        assert closing.done(), "aclose() waits forever on a call that swallows cancellation"
+        await closing
+        assert job.states["agent_job"] == "closed"
+        assert "let_go" in caplog.text
+    finally:
+        forever.set_result(None)
+        closing.cancel()
+        await settle()

@@ -66,7 +66,7 @@ from agent_runtime.runtimes.session_host import (
     simulation_context,
 )
 from agent_runtime.runtimes.teardown import Teardown, Work
-from agent_runtime.scheduler import Scheduler, after, ending, relay
+from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
@@ -412,8 +412,8 @@ class JobSystem(MachineRuntime[str]):
 
     def _fx_run_teardown(self, _ev: Event) -> Event | asyncio.Future[Event]:
         """``closing``'s task: the steps of ``statemachines.system.RELEASE`` (each step's
-        links, run_teardown/STEP, fire as it begins); whatever a step was cut at, the job
-        runtime and the room are let go before ``released``."""
+        links, run_teardown/STEP, fire as it begins); whatever a step was cut at, its last
+        step lets the job runtime and every follower go before ``released``."""
         teardown = Teardown(
             RELEASE,
             close_timeout=self.settings.close_timeout,
@@ -428,17 +428,16 @@ class JobSystem(MachineRuntime[str]):
             "session": self._no_session_left,
             "participant": self.link.release,
             "avatar": self._avatar_closed,
+            "let_go": self._let_go,
         }
         if self.playout is not None:
             works["playout"] = self.playout.release
-        left = after(teardown.run(works, None), self._let_go)
-        return Event("released") if left is None else relay(left, Event("released"))
+        return relay(teardown.run(works, None), Event("released"))
 
     def _let_go(self) -> asyncio.Future[None] | None:
         left = self.job.release_now()
-        # each step had its share: a follower whose close still runs past it (a server
-        # call that hangs) is let go now, its work cancelled, as a supervisor stops a child
-        # past its shutdown bound; the usual follower is released already (nothing to do)
+        # each earlier step had its share: a follower whose close still runs past it is
+        # cut now; the usual follower is released already (nothing to do)
         cut = [f.release_now() for f in self._followers() if not f.actor.closed]
         self._unhook()
         return ending(left, *cut) if cut else left

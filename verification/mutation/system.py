@@ -233,13 +233,14 @@ def system_mutants() -> list[SystemMutant]:
         RELEASE,
         **{n: {"after": ("starts",)} for n in followers},
         job={"after": followers},
+        let_go={"after": ("job",)},
     )
     out.append(
         SystemMutant(
             "release-followers-before-job",
             "RELEASE's order swapped: the followers are released before the job machine closes",
             ("step RELEASE.",),
-            replace=((RELEASE, _reordered(release, ("starts", *followers, "job"))),),
+            replace=((RELEASE, _reordered(release, ("starts", *followers, "job", "let_go"))),),
         )
     )
     out.append(
