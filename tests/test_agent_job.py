@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -448,6 +449,29 @@ async def test_the_system_holds_the_job_machines_parts_and_forwards_each_change_
     assert {"session_host", "finalize", "room_deletion"} <= {a.spec.name for a in system.actors}
 
 
+async def _joined_avatar_job(
+    ctx: JobContext,
+    room: InMemoryRoom,
+    clock: VirtualClock,
+    remove: Callable[[str], Awaitable[None]],
+) -> AgentJob:
+    """A started job whose avatar joined, its participant removal ``remove``; the close
+    bound (2 s) far shorter than the avatar's own (join_timeout, 30 s)."""
+    with injected(clock=clock, remove_avatar_participant=remove):
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity="avatar-1"),
+            close_timeout=2,
+            join_timeout=30,
+        )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("avatar-1", kind="agent")
+    room.publish_track("avatar-1", "video")
+    await settle()
+    return job
+
+
 async def test_aclose_lets_an_avatar_go_whose_removal_hangs_once_its_bound_passed(
     ctx: JobContext, room: InMemoryRoom, clock: VirtualClock
 ) -> None:
@@ -467,18 +491,7 @@ async def test_aclose_lets_an_avatar_go_whose_removal_hangs_once_its_bound_passe
             calls.append("cancelled")
             raise
 
-    with injected(clock=clock, remove_avatar_participant=remove):
-        job = AgentJob.from_job_context(
-            ctx,
-            session=AgentSession(),
-            avatar=ScriptedAvatar(avatar_identity="avatar-1"),
-            close_timeout=2,
-            join_timeout=30,
-        )
-    await job.start(Agent(instructions="agent"))
-    room.add_participant("avatar-1", kind="agent")
-    room.publish_track("avatar-1", "video")
-    await settle()
+    job = await _joined_avatar_job(ctx, room, clock, remove)
     assert job.states["avatar"] == "joined"
     t0 = clock.now()
     closing = asyncio.ensure_future(job.aclose())
@@ -507,18 +520,7 @@ async def test_aclose_returns_when_a_hung_removal_swallows_its_cancellation(
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(forever)
 
-    with injected(clock=clock, remove_avatar_participant=remove):
-        job = AgentJob.from_job_context(
-            ctx,
-            session=AgentSession(),
-            avatar=ScriptedAvatar(avatar_identity="avatar-1"),
-            close_timeout=2,
-            join_timeout=30,
-        )
-    await job.start(Agent(instructions="agent"))
-    room.add_participant("avatar-1", kind="agent")
-    room.publish_track("avatar-1", "video")
-    await settle()
+    job = await _joined_avatar_job(ctx, room, clock, remove)
     closing = asyncio.ensure_future(job.aclose())
     await clock.advance(3.0)  # past close_timeout plus let_go's share (0.1 of it)
     try:

@@ -202,6 +202,15 @@ def test_a_failed_start_whose_retry_joins_is_rebuilt_with_its_failures(
     assert step.model_dump(exclude={"at"}) == {"event": "avatar.start_error", "times": times}
 
 
+# the session started, then the avatar, which joined with its video by t=1.5
+AVATAR_JOINED: list[dict[str, object]] = [
+    {"at": 0, "event": "session.start"},
+    {"at": 0.5, "event": "avatar.start"},
+    {"at": 1, "event": "participant_connected", "identity": "avatar-1", "kind": "agent"},
+    {"at": 1.5, "event": "track_published", "identity": "avatar-1", "kind": "video"},
+]
+
+
 def test_a_clear_the_trace_says_nothing_of_is_not_rebuilt_as_failed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -217,20 +226,7 @@ def test_a_clear_the_trace_says_nothing_of_is_not_rebuilt_as_failed(
                 "config": {"avatar_identity": "avatar-1"},
                 "participants": [{"identity": "user"}],
                 "steps": [
-                    {"at": 0, "event": "session.start"},
-                    {"at": 0.5, "event": "avatar.start"},
-                    {
-                        "at": 1,
-                        "event": "participant_connected",
-                        "identity": "avatar-1",
-                        "kind": "agent",
-                    },
-                    {
-                        "at": 1.5,
-                        "event": "track_published",
-                        "identity": "avatar-1",
-                        "kind": "video",
-                    },
+                    *AVATAR_JOINED,
                     {"at": 2, "event": "agent.say", "duration": 10},
                     {"at": 5, "event": "job.aclose", "graceful": False},
                     {"at": 10, "event": "end"},
@@ -357,20 +353,7 @@ def test_queued_speeches_each_keep_their_own_length(
                 "config": {"avatar_identity": "avatar-1"},
                 "participants": [{"identity": "user"}],
                 "steps": [
-                    {"at": 0, "event": "session.start"},
-                    {"at": 0.5, "event": "avatar.start"},
-                    {
-                        "at": 1,
-                        "event": "participant_connected",
-                        "identity": "avatar-1",
-                        "kind": "agent",
-                    },
-                    {
-                        "at": 1.5,
-                        "event": "track_published",
-                        "identity": "avatar-1",
-                        "kind": "video",
-                    },
+                    *AVATAR_JOINED,
                     {"at": 2, "event": "agent.say", "duration": 3},
                     {"at": 2, "event": "agent.say", "duration": 5},
                     {"at": 30, "event": "end"},
