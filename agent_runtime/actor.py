@@ -126,8 +126,9 @@ class Actor(Performer):
         tracer: Tracer | None = None,
         effect_timeout: float = 5.0,
         scheduler: Scheduler | None = None,
+        owner: Callable[[StateChanged], None] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         self.spec = spec
         self._table = table_of(spec)  # the spec's prebuilt answers, shared by every actor
         self.instance = instance

@@ -144,24 +144,19 @@ _STATE_CHANGED: Any = "state_changed"  # typed Any once: a cast per state change
 
 
 class OwnedEmitter(Emitter[T]):
-    """An ``Emitter`` with an owner: the runtime or system that owns it (one, set with
-    ``set_owner``) hears each state change before the ``state_changed`` listeners. A
+    """An ``Emitter`` with an owner: the runtime or system that owns it (one, given when
+    it is built) hears each state change before the ``state_changed`` listeners. A
     listener entry of its own would be an emitter table per object, memory per job for
     the one listener most actors and runtimes have. An owner that raises is logged and
     dropped, as a listener is."""
 
     __slots__ = ("_owner",)
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Callable[[Any], None] | None = None) -> None:
         super().__init__()
-        self._owner: Callable[[Any], None] | None = None
-
-    def set_owner(self, hear: Callable[[Any], None]) -> None:
-        """``hear`` gets every state change first; the same owner again is kept, another
-        one is refused (``ValueError``)."""
-        if self._owner is not None and self._owner != hear:
-            raise ValueError(f"{type(self).__name__} already has an owner")
-        self._owner = hear
+        if owner is not None and not callable(owner):
+            raise TypeError(f"owner must be callable, not {type(owner).__name__}")
+        self._owner = owner
 
     def _emit_state(self, change: Any) -> None:
         """The owner, then the ``state_changed`` listeners: whatever one raises stays here

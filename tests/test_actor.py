@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ LAMP = MachineSpec(
 
 
 class Harness:
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, owner: Callable[[Any], None] | None = None, **settings: Any) -> None:
         self.clock = VirtualClock()
         self.log: list[str] = []
         self.sink = MemorySink()
@@ -81,6 +82,7 @@ class Harness:
             settings=settings,
             clock=self.clock,
             tracer=Tracer(self.sink),
+            owner=owner,
         )
 
 
@@ -206,17 +208,13 @@ async def test_state_changed_is_emitted() -> None:
 
 
 async def test_the_owner_hears_each_change_before_the_listeners() -> None:
-    h = Harness()
     heard: list[str] = []
 
     def owner(ch: Any) -> None:
         heard.append(f"owner {ch.dest}")
 
+    h = Harness(owner)  # given as it is built: nothing sets it later
     h.actor.on("state_changed", lambda ch: heard.append(f"listener {ch.dest}"))
-    h.actor.set_owner(owner)
-    h.actor.set_owner(owner)  # the same owner again: kept
-    with pytest.raises(ValueError, match="already has an owner"):
-        h.actor.set_owner(lambda ch: None)  # one owner per actor
     await h.actor.send(Event("press"))
     assert heard == ["owner on", "listener on"]
 
@@ -224,14 +222,13 @@ async def test_the_owner_hears_each_change_before_the_listeners() -> None:
 async def test_an_owner_that_raises_is_logged_dropped_and_the_transition_stands(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    h = Harness()
     heard: list[str] = []
 
     def owner(ch: Any) -> None:
         heard.append(f"owner {ch.dest}")
         raise RuntimeError("owner broke")
 
-    h.actor.set_owner(owner)
+    h = Harness(owner)
     h.actor.on("state_changed", lambda ch: heard.append(f"listener {ch.dest}"))
     await h.actor.send(Event("press"))
     await h.actor.send(Event("tick"))

@@ -358,9 +358,10 @@ async def test_cell(state: str, event: str) -> None:
 async def test_a_runtime_s_owner_hears_first_and_one_that_raises_is_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A runtime's owner (what the job system sets with ``set_owner``) hears each of its
-    state changes before the listeners; one that raises is logged once and dropped, and the
-    listeners and the machine go on (the deletion still runs)."""
+    """A part's owner (the job that built it, given as it is built) hears each
+    of its state changes before the listeners; one that raises is logged once and dropped,
+    and the listeners and the machine go on (the deletion still runs). A callable is
+    required."""
     from agent_runtime.runtimes.room_deletion import RoomDeletion
     from agent_runtime.testing.clock import VirtualClock
 
@@ -369,19 +370,17 @@ async def test_a_runtime_s_owner_hears_first_and_one_that_raises_is_dropped(
     async def delete_room() -> None:
         deleted.append("room")
 
-    deletion = RoomDeletion(delete_room, clock=VirtualClock())
-    deletion.actor.set_owner(deletion._emit_state)  # as a job that built it forwards it
     heard: list[str] = []
 
     def owner(change: Any) -> None:
         heard.append(f"owner {change.dest}")
         raise RuntimeError("owner broke")
 
-    deletion.set_owner(owner)
-    deletion.set_owner(owner)  # the same owner again: kept
-    with pytest.raises(ValueError, match="already has an owner"):
-        deletion.set_owner(lambda change: None)
-    deletion.on("state_changed", lambda change: heard.append(f"listener {change.dest}"))
+    with pytest.raises(TypeError, match="owner must be callable"):
+        RoomDeletion(delete_room, clock=VirtualClock(), owner="job")  # type: ignore[arg-type]
+    deletion = RoomDeletion(delete_room, clock=VirtualClock(), owner=owner)
+    # a part: its owner hears the machine itself, and so do the machine's own listeners
+    deletion.actor.on("state_changed", lambda change: heard.append(f"listener {change.dest}"))
     deletion.request()
     await deletion.allow()
     dests = [h.split()[1] for h in heard if h.startswith("listener")]

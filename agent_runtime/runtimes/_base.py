@@ -9,10 +9,9 @@ guards (their one definition, ``routing.guard_table``), arms its state timeouts 
 
 A runtime's lifecycle is its machine's: what it asks is the actor's state (or
 ``actor.started`` and ``actor.closed``), not a flag or a ``None`` kept beside the
-machine; a handle it holds (a task) is what it releases. Two starts still ask a handle
-whether they already ran (``ParticipantLink.start``'s room subscription, the session
-host's reader): their machines have no state before ``start`` to ask (issue 38). A
-listener that fails is the ``Emitter``'s to log and remove; an owner (``set_owner``)
+machine; a handle it holds (a task) is what it releases. A runtime's owner (the system
+that composes it, which forwards every change) is given when it is built, never set
+after: ``owner=``. A listener that fails is the ``Emitter``'s to log and remove; an owner
 that fails is logged and dropped the same way (``OwnedEmitter._emit_state``, which
 forwards a change).
 """
@@ -35,6 +34,8 @@ from agent_runtime.scheduler import Scheduler, after
 from statemachines import MachineSpec
 
 E = TypeVar("E")
+# who hears a machine's changes first: a runtime's owner (the system composing it)
+Hear = Callable[[StateChanged], None]
 
 
 class MachineRuntime(OwnedEmitter[E]):
@@ -55,13 +56,14 @@ class MachineRuntime(OwnedEmitter[E]):
         tracer: Tracer | None = None,
         scheduler: Scheduler | None = None,
         effect_timeout: float = 5.0,
-        forward: bool = True,
+        hear: Hear | None = None,
         wiring: Wiring | None = None,
     ) -> Actor:
         """Build ``self.actor``: ``effects`` is the class's table (``effect_table``), the
         guards read ``facts`` (this runtime when not given), ``wiring`` fires the links of
-        its effects as they succeed. ``forward=False``: a part whose owner hears its
-        ``actor`` (``Actor.set_owner``) and forwards."""
+        its effects as they succeed. ``hear``: who hears the actor's changes first (a part
+        that only forwards them lets its owner hear the actor itself); by default this
+        runtime's ``_on_state``."""
         actor = Actor(
             spec,
             instance=instance,
@@ -74,11 +76,10 @@ class MachineRuntime(OwnedEmitter[E]):
             tracer=tracer,
             scheduler=scheduler,
             effect_timeout=effect_timeout,
+            owner=hear if hear is not None else self._on_state,
         )
         if wiring is not None:
             wiring.bind(actor)
-        if forward:
-            actor.set_owner(self._on_state)
         self.actor = actor
         return actor
 

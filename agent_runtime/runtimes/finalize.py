@@ -23,7 +23,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, released
 from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler, after
 from agent_runtime.sdk import livekit_compat as lk
@@ -65,6 +65,7 @@ class FinalizeAnswer(MachineRuntime[str]):
         scheduler: Scheduler | None = None,
         instance: str = "",
         wiring: Wiring | None = None,
+        owner: Hear | None = None,
     ) -> None:
         super().__init__()
         self._send = send
@@ -85,7 +86,7 @@ class FinalizeAnswer(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
             effect_timeout=reply_timeout,
-            forward=False,
+            hear=owner,  # its owner (the host) hears the actor itself: nothing to add
             wiring=self._wiring,
         )
         self._wiring.connect("finalize", self._post)

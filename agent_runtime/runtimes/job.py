@@ -30,7 +30,7 @@ from agent_runtime._messages import NO_NAMES
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, is_closed, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter, RoomFact, simulators_in
 from agent_runtime.runtimes.routing import Wiring, follow, plain_fact
@@ -106,10 +106,15 @@ class JobRuntime(MachineRuntime[str]):
         wiring: Wiring | None = None,
         host: JobSessionHost | None = None,
         deletion: RoomDeletion | None = None,
+        primary: AgentSession[Any] | None = None,
+        composed_works: Callable[[], Mapping[str, Work]] | None = None,
+        owner: Hear | None = None,
     ) -> None:
         """``wiring``, ``host`` and ``deletion``: the parts a composing system built and
-        holds itself (it forwards their state changes); alone, the job builds its own."""
-        super().__init__()
+        holds itself (its ``owner`` hears their state changes); alone, the job builds its
+        own. ``primary``: the session the links flagged ``primary`` follow (the composer's
+        own); ``composed_works``: the works of run_close's steps the composer does."""
+        super().__init__(owner)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
         if not isinstance(room, rtc.Room):
@@ -146,20 +151,19 @@ class JobRuntime(MachineRuntime[str]):
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
         # the session the participant link follows (AgentJob's own): its close is the one
         # the links flagged `primary` follow
-        self.primary: AgentSession[Any] | None = None
+        self.primary = primary
         self.primary_close_reason: str | None = None  # its CloseReason, once it closed
         self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._callbacks = ShutdownCallbacks()
         # the works of run_close's steps (statemachines.system.TEARDOWN) that whoever
         # composes the job does (the session's and the avatar's), asked for as the close
         # begins: a live job holds no table of them
-        self.composed_works: Callable[[], Mapping[str, Work]] | None = None
+        self._composed_works = composed_works
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
-        forward = [host is None, deletion is None]
         self.host = host or session_host_for(
             room,
             transport=transport,
@@ -171,6 +175,7 @@ class JobRuntime(MachineRuntime[str]):
             scheduler=scheduler,
             close_timeout=self._close_timeout,
             is_simulator=lambda identity: identity in self._simulators,
+            owner=self._emit_state,
         )
         # the shared guard (statemachines.glue) reads the job's facts view
         self._run_machine(
@@ -190,13 +195,10 @@ class JobRuntime(MachineRuntime[str]):
             clock=self._clock,
             tracer=tracer,
             scheduler=scheduler,
+            owner=self._emit_state,
         )
         self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
-        if forward[0]:
-            self.host.set_owner(self._emit_state)
-        if forward[1]:
-            self.deletion.actor.set_owner(self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {
@@ -425,8 +427,8 @@ class JobRuntime(MachineRuntime[str]):
             "room": self._deletion_settled,
             "callbacks": self._run_callbacks,
         }
-        if self.composed_works is not None:  # the composer's steps (the session, the avatar)
-            works.update(self.composed_works())
+        if self._composed_works is not None:  # the composer's (the session, the avatar)
+            works.update(self._composed_works())
         return self._teardown.run(works, Event("close_done"))
 
     def _begin_step(self, step: str) -> None:

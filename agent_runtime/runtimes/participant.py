@@ -31,7 +31,7 @@ from livekit.agents.voice.room_io import RoomIO
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, released
 from agent_runtime.runtimes.room_events import (
     RoomEventAdapter,
     kind_name,
@@ -100,8 +100,9 @@ class ParticipantLink(MachineRuntime[str]):
         tracer: Tracer | None = None,
         scheduler: Scheduler | None = None,
         wiring: Wiring | None = None,
+        owner: Hear | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         if not isinstance(room_events, RoomEventAdapter):
             raise TypeError(f"room_events must be a RoomEventAdapter, got {type(room_events)}")
         participant_identity = check_setting("participant_identity", participant_identity)
@@ -172,8 +173,8 @@ class ParticipantLink(MachineRuntime[str]):
         """
         if self.actor.closed or self.actor.state == "closed":
             raise RuntimeError("ParticipantLink is closed; create a new one")
-        if self._unsubscribe is not None:
-            return  # following already
+        if self.actor.started:
+            return  # following already (the machine starts with the room's subscription)
         if self._room_io() is None:
             if not lk.session_started(self.session):
                 raise RuntimeError(

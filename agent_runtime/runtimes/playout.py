@@ -50,7 +50,7 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, listen, released, unlisten
+from agent_runtime.runtimes._base import Hear, MachineRuntime, listen, released, unlisten
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
@@ -188,8 +188,9 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         scheduler: Scheduler | None = None,
         instance: str = "session",
         wiring: Wiring | None = None,
+        owner: Hear | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         if not isinstance(session, AgentSession):
             raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
         if on_reprompt is not None and not callable(on_reprompt):

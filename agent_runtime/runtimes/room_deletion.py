@@ -18,7 +18,7 @@ from livekit import rtc
 from agent_runtime.actor import Event, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, released
 from agent_runtime.scheduler import Scheduler
 from statemachines.room_deletion import ROOM_DELETION
 
@@ -28,8 +28,8 @@ DeleteRoomFn = Callable[[], Awaitable[Any]]
 
 
 class RoomDeletion(MachineRuntime[str]):
-    """One job's room deletion. ``state_changed`` listeners go on ``actor`` (the job
-    forwards them)."""
+    """One job's room deletion. Built by a job, its ``owner`` (the job) hears the machine
+    itself; alone, its own ``state_changed`` listeners do."""
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class RoomDeletion(MachineRuntime[str]):
         tracer: Tracer | None = None,
         scheduler: Scheduler | None = None,
         instance: str = "",
+        owner: Hear | None = None,
     ) -> None:
         super().__init__()
         self._delete_room = delete_room
@@ -53,7 +54,7 @@ class RoomDeletion(MachineRuntime[str]):
             clock=self._clock,
             tracer=tracer,
             scheduler=scheduler,
-            forward=False,
+            hear=owner,  # its owner (the job) hears the actor itself: nothing to add
         )
 
     def _timeouts(self) -> Mapping[str, float | None]:
@@ -135,6 +136,7 @@ def room_deletion_for(
     clock: Clock,
     tracer: Tracer | None,
     scheduler: Scheduler | None,
+    owner: Hear,
 ) -> RoomDeletion:
     """The room's deletion, through ``delete_room`` or the server API."""
     return RoomDeletion(
@@ -144,6 +146,7 @@ def room_deletion_for(
         tracer=tracer,
         scheduler=scheduler,
         instance=room.name or "job",
+        owner=owner,
     )
 
 

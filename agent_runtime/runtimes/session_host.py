@@ -36,7 +36,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, is_closed, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler, after, ending, relay
@@ -124,8 +124,9 @@ class JobSessionHost(MachineRuntime[str]):
         drain_timeout: float = 3.0,
         is_simulator: Callable[[str], bool] | None = None,
         wiring: Wiring | None = None,
+        owner: Hear | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
         if on_simulation_end is not None and not callable(on_simulation_end):
@@ -158,6 +159,7 @@ class JobSessionHost(MachineRuntime[str]):
             scheduler=scheduler,
             instance=instance,
             wiring=self.wiring,
+            owner=self._emit_state,  # the host forwards its finalize machine's changes
         )
         self._run_machine(
             SESSION_HOST,
@@ -172,7 +174,6 @@ class JobSessionHost(MachineRuntime[str]):
             wiring=self.wiring,
         )
         self.wiring.connect("session_host", self._post)
-        self.finalize.actor.set_owner(self._emit_state)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {"drain_timeout": self._drain_timeout}
@@ -472,6 +473,7 @@ def session_host_for(
     scheduler: Scheduler | None,
     close_timeout: float,
     is_simulator: Callable[[str], bool],
+    owner: Hear,
 ) -> JobSessionHost:
     """The job's session host: on the room's request transport unless given one, its drain
     within the host step's share of the close, answering only the simulator."""
@@ -492,8 +494,7 @@ def session_host_for(
         tracer=tracer,
         scheduler=scheduler,
         instance=room.name or "job",
-        # the host's drain is part of `closing`: it ends inside its step's share
-        drain_timeout=host_drain(close_timeout),
-        # only the simulator participant decides the job's fate
-        is_simulator=is_simulator,
+        drain_timeout=host_drain(close_timeout),  # ends inside the host step's share
+        is_simulator=is_simulator,  # only the simulator participant decides the job's fate
+        owner=owner,
     )

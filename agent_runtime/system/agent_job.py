@@ -171,11 +171,16 @@ class AgentJob(Emitter[Events]):
             avatar_start_options=start_options,
         )
         self.room, self.session, self.clock, self.tracer = room, session, parts.clock, tracer
-        self.system = JobSystem(room=room, session=session, settings=self.settings, parts=parts)
+        self.system = JobSystem(
+            room=room,
+            session=session,
+            settings=self.settings,
+            parts=parts,
+            owner=self._forward_state,
+        )
         sys = self.system
         self.events, self.job, self.link = sys.events, sys.job, sys.link
         self.avatar, self.playout, self.lifecycle_actor = sys.avatar, sys.playout, sys.lifecycle
-        sys.set_owner(self._forward_state)
         sys.on("closed", self._on_closed)
         # what every machine's warnings carry (the log policy: job, room, machine, ...);
         # one dict for all of them, so from_job_context's job id reaches each

@@ -46,7 +46,7 @@ from agent_runtime.actor import (
 )
 from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime
+from agent_runtime.runtimes._base import Hear, MachineRuntime
 from agent_runtime.runtimes.avatar import (
     AvatarLifecycle,
     RemoveParticipant,
@@ -105,9 +105,15 @@ class JobSystem(MachineRuntime[str]):
     (the job machine's time of closing)."""
 
     def __init__(
-        self, *, room: rtc.Room, session: AgentSession[Any], settings: JobSettings, parts: Parts
+        self,
+        *,
+        room: rtc.Room,
+        session: AgentSession[Any],
+        settings: JobSettings,
+        parts: Parts,
+        owner: Hear | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         s = settings
         self.room, self.session, self.settings = room, session, settings
         self.clock, self.tracer = parts.clock, parts.tracer
@@ -115,6 +121,8 @@ class JobSystem(MachineRuntime[str]):
         # one scheduler steps every actor of the job (agent_runtime.scheduler)
         self.scheduler = scheduler = Scheduler()
         self.events = RoomEventAdapter(room)
+        # every part is built with this system as its owner: it hears each change first
+        forward = self._forward_state  # one bound method for every part it owns
         # the links between the machines (statemachines.glue.LINKS), the job machine's parts
         self.wiring = Wiring(flags={"delete_room_on_close": s.delete_room_on_close})
         simulation = simulation_context(parts.simulation)
@@ -129,6 +137,7 @@ class JobSystem(MachineRuntime[str]):
             scheduler=scheduler,
             close_timeout=s.close_timeout,
             is_simulator=self._is_simulator,
+            owner=forward,  # with its finalize machine's
         )
         self.finalize = self.host.finalize
         self.deletion = room_deletion_for(
@@ -138,6 +147,7 @@ class JobSystem(MachineRuntime[str]):
             clock=clock,
             tracer=tracer,
             scheduler=scheduler,
+            owner=forward,
         )
         self.job = JobRuntime(
             room=room,
@@ -151,10 +161,10 @@ class JobSystem(MachineRuntime[str]):
             wiring=self.wiring,
             host=self.host,
             deletion=self.deletion,
+            primary=session,
+            composed_works=self._teardown_works,  # run_close's steps that need the room
+            owner=forward,
         )
-        self.job.primary = session
-        # run_close's steps that need the room: this system's work
-        self.job.composed_works = self._teardown_works
         self.link = ParticipantLink(
             session,
             room_events=self.events,
@@ -168,6 +178,7 @@ class JobSystem(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
             wiring=self.wiring,
+            owner=forward,
         )
         self.avatar: AvatarLifecycle | None = None
         self._avatar_start_options = parts.avatar_start_options
@@ -183,6 +194,8 @@ class JobSystem(MachineRuntime[str]):
                 # the job removes the avatar through the server API whether or not the
                 # plugin's own close did
                 remove_participant=parts.remove_avatar_participant or server_api_remover(room),
+                wiring=self.wiring,
+                owner=forward,
             )
         self.playout: PlayoutTracker | None = None
         if s.playout is not None:
@@ -197,6 +210,7 @@ class JobSystem(MachineRuntime[str]):
                 scheduler=scheduler,
                 instance=room.name or "room",
                 wiring=self.wiring,
+                owner=forward,
             )
         # the job's own lifecycle (statemachines.agent_job): start, close and abort
         self.lifecycle = self._run_machine(
@@ -206,7 +220,7 @@ class JobSystem(MachineRuntime[str]):
             clock=clock,
             tracer=tracer,
             scheduler=scheduler,
-            forward=False,
+            hear=forward,  # this system hears its lifecycle as it hears every part
             wiring=self.wiring,
         )
         # every actor of the job, held here, in MACHINES order
@@ -233,17 +247,6 @@ class JobSystem(MachineRuntime[str]):
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
         if self.playout is not None:
             self._watchers["playout"] = self.playout._post
-        forward = self._forward_state  # one bound method for every part it owns
-        self.lifecycle.set_owner(forward)
-        self.job.set_owner(forward)
-        self.host.set_owner(forward)  # with its finalize machine's
-        self.deletion.actor.set_owner(forward)
-        self.link.set_owner(forward)
-        if self.avatar is not None:
-            self.avatar.set_owner(forward)
-            self.wiring.connect("avatar", self.avatar.post_linked)
-        if self.playout is not None:
-            self.playout.set_owner(forward)
         self.job.on("closed", self._on_job_closed)
 
     # -- state -------------------------------------------------------------------------------

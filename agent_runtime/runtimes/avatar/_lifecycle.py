@@ -20,7 +20,7 @@ from livekit.agents.voice.io import AudioOutput
 from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import MachineRuntime, is_closed, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     RemoveParticipant,
@@ -42,7 +42,7 @@ from agent_runtime.runtimes.avatar._sink import (
 )
 from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
 from agent_runtime.runtimes.room_events import RoomConnected, RoomEventAdapter, RoomFact
-from agent_runtime.runtimes.routing import follow
+from agent_runtime.runtimes.routing import Wiring, follow
 from agent_runtime.scheduler import Scheduler, after
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, avatar_retry, check_setting
@@ -74,8 +74,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         scheduler: Scheduler | None = None,
         room_events: RoomEventAdapter | None = None,
         remove_participant: RemoveParticipant | None = None,
+        wiring: Wiring | None = None,
+        owner: Hear | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         check_plugin(avatar)
         join_timeout = float(check_setting("join_timeout", join_timeout))
         self._avatar = avatar
@@ -103,6 +105,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # closing the plugin gets the same budget as starting it
             effect_timeout=join_timeout,
         )
+        if wiring is not None:  # composed: the job's links reach it (its session's close)
+            wiring.connect("avatar", self.post_linked)
 
     # -- public ----------------------------------------------------------------------------
     @property
