@@ -32,13 +32,13 @@ from livekit import rtc
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.invariants.checks import LIVE_JOB, Finding, eventual, safety, settled
+from agent_runtime.testing.invariants.view import JobView
 from verification.conformance.harness import Harness
 from verification.conformance.paths import Step
 from verification.conformance.replay import _sdk_failures_quiet
 from verification.explore.abstract import PEOPLE, Config
-from verification.explore.checks import LIVE_JOB, Finding, eventual, safety, settled
 from verification.explore.search import NAMED_CONFIGS, PLAYOUT_CONFIGS
-from verification.explore.view import JobView
 
 Inputs = Literal["all", "job", "avatar"]
 TIME = "time"  # the input "time passes to the clock's next deadline"
