@@ -62,6 +62,7 @@ from agent_runtime.runtimes.session_host import (
     NOT_THE_SIMULATOR,
 )
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.invariants.checks import BY_NUMBER, eventual, safety, settled
 from agent_runtime.tools.replay import format_report, replay_records
 from tests.support.world import (
     AVATAR,
@@ -76,7 +77,6 @@ from tests.support.world import (
     stranger,
     stranger_track,
 )
-from verification.explore.checks import BY_NUMBER, eventual, safety, settled
 
 T = TypeVar("T")
 

@@ -19,8 +19,11 @@ class Mismatch:
     expected: Any
     got: Any
     known: tuple[str, ...] = ()
+    message: str = ""  # the whole line, when it says more than expected/got
 
     def line(self) -> str:
+        if self.message:
+            return f"{self.what}: {self.message}"
         if self.known:
             return f"{self.what}: no such fact (known: {', '.join(self.known)})"
         return f"{self.what}: expected {self.expected!r}, got {self.got!r}"
@@ -57,6 +60,11 @@ def mismatches(expect: Expect | None, result: dict[str, Any]) -> list[Mismatch]:
             out.append(Mismatch(f"fact {name}", want, None, known=tuple(sorted(facts))))
         elif not matches(want, facts[name]):
             out.append(Mismatch(f"fact {name}", want, facts[name]))
+    for v in result.get("facts", {}).get("invariant_violations") or ():
+        if expect.checks_invariant(v["invariant"]):
+            message = f"violated at t={v['t']:g} after {v['after']}: {v['detail']}"
+            out.append(Mismatch(f"invariant {v['invariant']} ({v['name']})", "holds", v, (),
+                                message))  # fmt: skip
     return out
 
 

@@ -432,3 +432,32 @@ def quiet_sdk_logs(level: int = logging.ERROR) -> Any:
     finally:
         for n, lvl in zip(names, old, strict=True):
             logging.getLogger(n).setLevel(lvl)
+
+
+def stranger(identity: str) -> rtc.RemoteParticipant:
+    """A participant the room never had (the SFU never reports one; a scenario may)."""
+    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
+    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
+
+
+def stranger_track(kind: str) -> rtc.RemoteTrackPublication:
+    pb = lk.track_pb2
+    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
+    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
+    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))
+
+
+def sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The SDK's own background tasks (an avatar join watcher, a data stream waiting for its
+    participant) fail once a scenario disconnects the room; in a scenario that is expected,
+    so those go to debug. Anything else is reported as usual."""
+    task = context.get("future") or context.get("task")
+    get_coro = getattr(task, "get_coro", None)
+    code = getattr(get_coro(), "cr_code", None) if get_coro is not None else None
+    filename = getattr(code, "co_filename", "")
+    if "/livekit/" in filename.replace("\\", "/"):
+        logging.getLogger("agent_runtime.testing.runner").debug(
+            "SDK background task ended: %s", context.get("exception")
+        )
+        return
+    loop.default_exception_handler(context)

@@ -39,7 +39,15 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import VirtualClock, settle
-from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport, quiet_sdk_logs
+from agent_runtime.testing.inmemory import (
+    InMemoryRoom,
+    InMemorySessionTransport,
+    quiet_sdk_logs,
+    sdk_task_failures_at_debug,
+    stranger,
+    stranger_track,
+)
+from agent_runtime.testing.invariants.watch import InvariantWatch
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
 
@@ -74,6 +82,7 @@ class _Simulation:
         self._closes: list[asyncio.Future[None]] = []  # the scenario's job.aclose steps
         self.agent_listening_at: list[float] = []  # the primary session's own view
         self._reader: asyncio.Task[None] | None = None
+        self.watch: InvariantWatch | None = None  # expect: invariants asks for it
         # the one composition, with only what needs a network stood in
         self.agent_job = AgentJob(
             room=self.room,
@@ -116,6 +125,11 @@ class _Simulation:
         for name, session in self.sessions.items():
             self._watch_close(name, session)
         self.sessions["a"].on("agent_state_changed", self._on_agent_state)
+        self._check("the start")
+
+    def _check(self, where: str, *, end: bool = False) -> None:
+        if self.watch is not None:
+            self.watch.check(where, end=end)
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
         if ev.new_state == "listening" and ev.old_state in ("speaking", "thinking"):
@@ -146,6 +160,8 @@ class _Simulation:
     async def _delete_room(self) -> None:
         # the server API call; recorded here, and the room goes as the SFU would take it
         self.deleted_at = self.clock.now()
+        if self.watch is not None:
+            self.watch.deletion()
         self.room.deleted_at = self.deleted_at
 
     async def _remove_avatar(self, identity: str) -> None:
@@ -170,11 +186,14 @@ class _Simulation:
                     else None
                 )
             self.session_replies.append(entry)
+            if self.watch is not None:
+                kind = "verdict" if resp.HasField("finalize_simulation") else "error"
+                self.watch.replied(resp.request_id, kind)
 
     # -- steps -------------------------------------------------------------------------------
     async def run(self) -> None:
         await self.setup()
-        for step in self.scenario.steps:
+        for i, step in enumerate(self.scenario.steps):
             await self.advance_to(step.at)
             self.tracer.write(
                 TraceRecord(
@@ -193,7 +212,10 @@ class _Simulation:
             except Exception as e:  # a step the runtime refuses is a result, not a crash
                 self.errors.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
             await self.quiesce()
+            self._check(f"step {i + 1} ({step.event})")
         await self.quiesce()
+        # what must hold once every bound passed: only when no timer is left
+        self._check("the last step", end=self.clock.next_deadline() is None)
 
     async def apply(self, step: sc.Step) -> None:
         room = self.room
@@ -272,17 +294,17 @@ class _Simulation:
                 is None
             ):
                 # the SFU never reports a stranger; emit it anyway, the runtime must shrug
-                room.emit("participant_disconnected", _stranger(step.identity))
+                room.emit("participant_disconnected", stranger(step.identity))
         elif isinstance(step, sc.TrackPublished):
             if step.identity in room.remote_participants:
                 room.publish_track(step.identity, step.kind)
             else:
-                room.emit("track_published", _stranger_track(step.kind), _stranger(step.identity))
+                room.emit("track_published", stranger_track(step.kind), stranger(step.identity))
         elif isinstance(step, sc.TrackMuted):
             if step.identity in room.remote_participants:
                 room.mute_track(step.identity)
             else:
-                room.emit("track_muted", _stranger(step.identity), _stranger_track("audio"))
+                room.emit("track_muted", stranger(step.identity), stranger_track("audio"))
         elif isinstance(step, sc.AttributesChanged):
             if step.identity not in room.remote_participants:
                 raise ValueError(f"participant {step.identity!r} is not in the room")
@@ -302,6 +324,8 @@ class _Simulation:
         elif isinstance(step, sc.SessionRequest):
             request_id = f"RQ_{len(self.requests) + 1}"
             self.requests[request_id] = step.request
+            if self.watch is not None and step.request == "finalize_simulation":
+                self.watch.sent(request_id, step.caller)
             req = build_request(step.request, step.payload, request_id=request_id)
             # from the participant the step names, as the room's byte stream would say
             await self.simulator_end.send_message(
@@ -352,6 +376,7 @@ class _Simulation:
         while (deadline := self.clock.next_deadline()) is not None and deadline <= when:
             await self.clock.run_until(deadline)
             await self.quiesce()
+            self._check(f"the deadline at t={deadline:g}")
         await self.clock.run_until(when)
         await self.quiesce()
 
@@ -394,6 +419,9 @@ class _Simulation:
             ],
             "reprompts": [r.t for r in (playout.reprompted if playout else [])],
         }
+        if self.watch is not None:
+            # only when the expect block asks for the invariants
+            facts["invariant_violations"] = list(self.watch.violations)
         return {
             "name": self.scenario.name,
             "final_states": finals,
@@ -437,12 +465,14 @@ async def run_scenario(
     scenario: sc.Scenario, *, trace_path: str | Path | None = None
 ) -> dict[str, Any]:
     """Run one scenario; returns the contract's result object."""
-    asyncio.get_running_loop().set_exception_handler(_sdk_task_failures_at_debug)
+    asyncio.get_running_loop().set_exception_handler(sdk_task_failures_at_debug)
     memory = MemorySink()
     jsonl = JsonlSink(trace_path) if trace_path else None
     tracer = Tracer(memory, *([jsonl] if jsonl else []))
     with quiet_sdk_logs():
         sim = _Simulation(scenario, tracer)
+        if scenario.expect is not None and scenario.expect.invariants is not None:
+            sim.watch = InvariantWatch(sim.agent_job, sim.sessions, memory.records, sim.clock.now)
         try:
             await sim.run()
             result = sim.result(memory.records)
@@ -458,20 +488,6 @@ async def run_scenario(
     return result
 
 
-def _sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The SDK's own background tasks (an avatar join watcher, a data stream waiting for its
-    participant) fail once a scenario disconnects the room; in a scenario that is expected,
-    so those go to debug. Anything else is reported as usual."""
-    task = context.get("future") or context.get("task")
-    get_coro = getattr(task, "get_coro", None)
-    code = getattr(get_coro(), "cr_code", None) if get_coro is not None else None
-    filename = getattr(code, "co_filename", "")
-    if "/livekit/" in filename.replace("\\", "/"):
-        logger.debug("SDK background task ended: %s", context.get("exception"))
-        return
-    loop.default_exception_handler(context)
-
-
 async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
     per = _RATE // 100
     for _ in range(max(1, round(seconds * 100))):
@@ -480,15 +496,3 @@ async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
 
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "scenario"
-
-
-def _stranger(identity: str) -> rtc.RemoteParticipant:
-    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
-    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
-
-
-def _stranger_track(kind: str) -> rtc.RemoteTrackPublication:
-    pb = lk.track_pb2
-    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
-    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
-    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))

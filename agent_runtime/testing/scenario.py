@@ -29,6 +29,7 @@ from agent_runtime.settings import (
     WaitSeconds,
     playout_flag,
 )
+from agent_runtime.testing.invariants.checks import BY_NUMBER
 from agent_runtime.testing.safe_yaml import YamlRefused, load_yaml, yaml_problem
 from statemachines.machines import MACHINES
 
@@ -310,9 +311,41 @@ STEP_EVENTS = (
 _step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
 
 
+InvariantNumber = Annotated[int, Field(strict=True)]
+
+
 class Expect(_Strict):
     final_states: dict[str, str] = Field(default_factory=dict)
     facts: dict[str, Any] = Field(default_factory=dict)
+    # the job's invariants (the ones the explorer checks, by number), checked after the
+    # start, every step and every deadline, and at the end once no timer is left: "all",
+    # or a list of their numbers
+    invariants: Literal["all"] | tuple[InvariantNumber, ...] | None = None
+
+    @field_validator("invariants", mode="before")
+    @classmethod
+    def _known_invariants(cls, v: Any) -> Any:
+        if v is None or v == "all":
+            return v
+        if not isinstance(v, list | tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in v
+        ):
+            raise PydanticCustomError(
+                "invariants", "'all' or a list of invariant numbers, got {v}", {"v": repr(v)}
+            )
+        for number in v:
+            if number not in BY_NUMBER:
+                raise PydanticCustomError(
+                    "unknown_invariant",
+                    "no invariant {number} (invariants: {known})",
+                    {"number": number, "known": ", ".join(map(str, sorted(BY_NUMBER)))},
+                )
+        return v
+
+    def checks_invariant(self, number: int) -> bool:
+        return self.invariants == "all" or (
+            self.invariants is not None and number in self.invariants
+        )
 
     @field_validator("final_states")
     @classmethod

@@ -41,12 +41,12 @@ from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.invariants.checks import LIVE_JOB
+from agent_runtime.testing.invariants.observe import Observed, runtime_view
+from agent_runtime.testing.invariants.observe import Sent as Finalize
+from agent_runtime.testing.invariants.view import JobView
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
-from verification.conformance.observe import Observed, runtime_view
-from verification.conformance.observe import Sent as Finalize
-from verification.explore.checks import LIVE_JOB
-from verification.explore.view import JobView
 
 AVATAR = "avatar-1"
 USER = "user"

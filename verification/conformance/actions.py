@@ -15,10 +15,10 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.invariants.checks import LIVE_JOB
+from agent_runtime.testing.invariants.observe import Sent
 from agent_runtime.testing.wire import build_request
-from verification.conformance.observe import Sent
 from verification.explore.abstract import PEOPLE
-from verification.explore.checks import LIVE_JOB
 
 if TYPE_CHECKING:
     from verification.conformance.harness import Gate, Harness

@@ -32,12 +32,12 @@ from agent_runtime.settings import AvatarRetry, Backoff, PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.invariants.observe import Observed, runtime_view
+from agent_runtime.testing.invariants.view import JobView
 from statemachines.machines import MACHINES
 from verification.conformance.actions import ACTIONS
-from verification.conformance.observe import Observed, runtime_view
 from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
 from verification.explore.abstract import GRACE_PERIOD, MAX_REPROMPTS, PEOPLE, Config
-from verification.explore.view import JobView
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"
@@ -201,7 +201,7 @@ class Harness:
         self.job.add_shutdown_callback(self._shutdown_callback)
         self.observed.watch_job(self.job)
         self._gate_close("A")
-        self._watch_rpcs()
+        self.observed.watch_rpcs(self.job)
 
     @staticmethod
     def _playout(config: Config) -> PlayoutOptions | None:
@@ -249,19 +249,6 @@ class Harness:
                 await _forever()
 
         lk.hold_session_close(session, gated)
-
-    def _watch_rpcs(self) -> None:
-        lp = self.room.local_participant
-        perform = lp.perform_rpc
-
-        async def recorded(**kw: Any) -> str:
-            if kw["method"] == "lk.clear_buffer":
-                state = self.job.avatar.state if self.job.avatar is not None else "none"
-                self.observed.clear_rpcs.append(state)
-            reply: str = await perform(**kw)
-            return reply
-
-        lp.perform_rpc = recorded
 
     def session_state(self, name: str = "A") -> str:
         session, gate = self.sessions[name], self.closes[name]

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.invariants.checks import Finding, safety, settled
+from agent_runtime.testing.invariants.view import COMPARED, JobView, differences
 from verification.conformance.harness import Harness
 from verification.conformance.paths import Node, Path, Walker
-from verification.explore.checks import Finding, safety, settled
-from verification.explore.view import COMPARED, JobView, differences
 
 
 class Mismatch(AssertionError):

@@ -5,7 +5,8 @@ reads the glue the runtime runs on (``statemachines.glue``); what only it says i
 ``abstract``. Pure: no asyncio, no livekit, no clock; except ``real`` and ``realsearch``,
 which explore the real job instead of the model (``dev.py explore --real``)."""
 
-from verification.explore.checks import INVARIANTS, Invariant
+from agent_runtime.testing.invariants.checks import INVARIANTS, Invariant
+from agent_runtime.testing.invariants.view import JobView, Request
 from verification.explore.model import DEFAULT_GLUE, Config, Glue, Model, World
 from verification.explore.search import (
     DEFAULT_CONFIGS,
@@ -21,7 +22,6 @@ from verification.explore.search import (
     explore_plan,
     explore_plans,
 )
-from verification.explore.view import JobView, Request
 
 __all__ = [
     "DEFAULT_CONFIGS",

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
+from agent_runtime.testing.invariants.checks import LIVE_JOB
 from statemachines.avatar import CAUSES, PLUGIN_CLEARS
 from statemachines.glue import (
     DEFAULT_CLOSING_REASONS,
@@ -45,7 +46,6 @@ from statemachines.glue import (
 )
 from statemachines.playout import TURN as _PLAYOUT_TURN
 from statemachines.system import RELEASE
-from verification.explore.checks import LIVE_JOB
 
 PLAYOUT_TURN = frozenset(_PLAYOUT_TURN)  # the agent's audio is not done
 

@@ -96,6 +96,13 @@ def parser() -> argparse.ArgumentParser:
         help="a planted fault: the runtime does not deliver this link of statemachines.glue "
         "(or this watch of statemachines.system, as SOURCE:EVENT:TARGET)",
     )
+    real.add_argument(
+        "--write-scenario",
+        metavar="DIR",
+        help="write each violation as a scenario file in DIR (made if missing), which "
+        "`agent-runtime simulate FILE` replays to the same failure (its expect block "
+        "checks every invariant); a run a scenario cannot reproduce is named, with why",
+    )
     return exp
 
 

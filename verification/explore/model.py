@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
+from agent_runtime.testing.invariants.checks import LIVE_JOB, hold_cut, late_timer
+from agent_runtime.testing.invariants.view import JobView, Request
 from statemachines import MachineSpec, step
 from statemachines.delivery import FOLLOWERS, index_links, links_fired, routes_by_fact, routes_fired
 from statemachines.glue import GUARDS, LINKS, Link, simulators_after
@@ -62,8 +64,6 @@ from verification.explore.abstract import (
     RoomFactsView,
     event_data,
 )
-from verification.explore.checks import LIVE_JOB, hold_cut, late_timer
-from verification.explore.view import JobView, Request
 
 __all__ = [
     "DEFAULT_GLUE",

@@ -32,13 +32,13 @@ from livekit import rtc
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.invariants.checks import LIVE_JOB, Finding, eventual, safety, settled
+from agent_runtime.testing.invariants.view import JobView
 from verification.conformance.harness import Harness
 from verification.conformance.paths import Step
 from verification.conformance.replay import _sdk_failures_quiet
 from verification.explore.abstract import PEOPLE, Config
-from verification.explore.checks import LIVE_JOB, Finding, eventual, safety, settled
 from verification.explore.search import NAMED_CONFIGS, PLAYOUT_CONFIGS
-from verification.explore.view import JobView
 
 Inputs = Literal["all", "job", "avatar"]
 TIME = "time"  # the input "time passes to the clock's next deadline"
@@ -334,6 +334,23 @@ class Run:
     violation: Violation | None = None
     quiesce_loops: int = 0  # real-time sleeps the harness took waiting for a close
     seconds: float = 0.0
+    # every input driven, time let pass alone at the end included, as a scenario's step
+    # needs it (``verification.explore.toscenario``)
+    log: list[Applied] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One input as driven: when, and which stand-ins waited for the world's word then."""
+
+    token: str
+    at: float
+    waiting: tuple[str, ...]
+
+
+async def _apply_logged(h: Harness, token: str, log: list[Applied]) -> None:
+    log.append(Applied(token, h.clock.now(), tuple(_outcomes(h, h.view().states))))
+    await apply(h, token)
 
 
 Chooser = Callable[[tuple[str, ...]], str | None]
@@ -396,7 +413,7 @@ async def execute(
                 break
             run.path.append(token)
             try:
-                await apply(h, token)
+                await _apply_logged(h, token, run.log)
             except Exception as e:  # the job refused an input it showed as possible
                 found = [(-1, f"{token} raised {type(e).__name__}: {e}")]
                 run.violation = _violation(found, run.path, len(run.path), seed)
@@ -405,10 +422,12 @@ async def execute(
             ok = look()
         last = run.snapshots[-1]
         if ok and (check_eventual(last) if callable(check_eventual) else check_eventual):
-            found = await _eventual(h, policy)
+            found = await _eventual(h, policy, run.log)
             if found:
                 run.violation = _violation(found, run.path, len(run.path) + 1, seed)
                 run.violation.policy = policy
+        if not run.log or run.log[-1].token != "end":
+            run.log.append(Applied("end", h.clock.now(), tuple(_outcomes(h, h.view().states))))
     finally:
         await h.aclose()
         run.quiesce_loops = loops[0]
@@ -442,7 +461,7 @@ _ENDS: dict[Policy, tuple[str, ...]] = {
 }
 
 
-async def _eventual(h: Harness, policy: Policy) -> list[Finding]:
+async def _eventual(h: Harness, policy: Policy, log: list[Applied]) -> list[Finding]:
     """Let time pass alone: no input from outside, each stand-in that waits told how it
     ends (``policy``), time run to each next deadline until no timer is left; then what
     must hold once every bound has passed."""
@@ -450,13 +469,12 @@ async def _eventual(h: Harness, policy: Policy) -> list[Finding]:
         waiting = set(_outcomes(h, h.view().states))
         word = next((w for w in _ENDS[policy] if w in waiting), None)
         if word is not None:
-            await apply(h, word)
+            await _apply_logged(h, word, log)
             continue
-        deadline = h.clock.next_deadline()
-        if deadline is None:
+        if h.clock.next_deadline() is None:
+            log.append(Applied("end", h.clock.now(), ()))
             return eventual(h.view())
-        await h.clock.run_until(deadline)
-        await h.quiesce()
+        await _apply_logged(h, TIME, log)
     return [(0, f"still running after {_EVENTUAL_LIMIT} outcomes and deadlines alone")]
 
 

@@ -45,6 +45,7 @@ from verification.explore.real import (
     Violation,
     run,
 )
+from verification.explore.toscenario import NotReproducible, write_scenario
 
 
 @dataclass
@@ -65,6 +66,9 @@ class RealReport:
     quiesce_loops: int = 0  # real-time sleeps of the harness, over every run
     layers: list[int] = field(default_factory=list)  # new states per layer (bfs)
     violations: list[Violation] = field(default_factory=list)
+    # --write-scenario DIR: each violation's scenario file, or why it could not be written
+    scenario_dir: str | None = None
+    scenarios: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -91,6 +95,7 @@ class RealReport:
         if self.layers:
             lines.append(f"  new states by depth (outcomes within the layer): {self.layers}")
         lines += [str(v) for v in self.violations]
+        lines += [f"  {s}" for s in self.scenarios]
         lines.append("every invariant holds" if self.ok else f"{len(self.violations)} violation(s)")
         return "\n".join(lines)
 
@@ -155,11 +160,26 @@ def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
     if v is not None and all(w.invariant != v.invariant for w in report.violations):
         v.config = report.config
         report.violations.append(v)
+        if report.scenario_dir is not None:
+            report.scenarios.append(_write(report, v, r))
     last = r.snapshots[-1]
     if last in seen:
         return False
     seen.add(last)
     return True
+
+
+def _write(report: RealReport, v: Violation, r: Run) -> str:
+    """Write the violation's run as a scenario file: what to print about it."""
+    name = f"invariant-{v.invariant}-{report.config}"
+    name += f"-seed-{v.seed}" if v.seed is not None else f"-{len(v.path)}-inputs"
+    try:
+        path = write_scenario(
+            report.scenario_dir or ".", name, report.config, CONFIGS[report.config], r.log
+        )
+    except NotReproducible as e:
+        return f"invariant {v.invariant}: no scenario written: {e}"
+    return f"invariant {v.invariant}: scenario written; replay: agent-runtime simulate {path}"
 
 
 def bfs(
@@ -172,6 +192,7 @@ def bfs(
     setup: Setup | None = None,
     free_outcomes: bool = True,
     stop_at_first: bool = False,
+    scenario_dir: str | None = None,
 ) -> RealReport:
     """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
     states. With ``free_outcomes`` a layer is one input from outside or one deadline, as
@@ -180,6 +201,7 @@ def bfs(
     first violation."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"bfs depth {depth}")
+    report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     Node = tuple[tuple[str, ...], tuple[str, ...]]  # (path, inputs enabled at its end)
 
@@ -273,10 +295,12 @@ def walks(
     inputs: Inputs = "all",
     setup: Setup | None = None,
     on_walk: Callable[[int, Run], None] | None = None,
+    scenario_dir: str | None = None,
 ) -> RealReport:
     """``count`` walks, walk ``k`` with seed ``seed + k``."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"{count} walks of {steps} inputs from seed {seed}")
+    report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     for k in range(count):
         r = walk(config, seed + k, steps, inputs=inputs, setup=setup)
@@ -298,10 +322,12 @@ def replay(
     inputs: Inputs = "all",
     setup: Setup | None = None,
     policy: Policy = "return",
+    scenario_dir: str | None = None,
 ) -> RealReport:
     """Run ``path`` again (and let time pass alone at its end, as ``policy`` says)."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"replay of {len(path)} inputs")
+    report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     r = run(config, path, inputs=inputs, setup=setup, policy=policy)
     _note(report, r, seen)
@@ -327,7 +353,11 @@ def run_real(args: Any) -> int:
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    kw: dict[str, Any] = {"inputs": args.inputs, "setup": setup}
+    kw: dict[str, Any] = {
+        "inputs": args.inputs,
+        "setup": setup,
+        "scenario_dir": getattr(args, "write_scenario", None),
+    }
     if args.replay is not None:
         path = tuple(t for t in args.replay.split(",") if t and t != "-")
         try:

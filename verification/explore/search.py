@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from agent_runtime.testing.invariants.checks import BY_NUMBER, Finding, eventual, safety, settled
 from statemachines import MachineSpec
 from statemachines.glue import LINKS, Link
 from statemachines.system import WATCHES, Watch
-from verification.explore.checks import BY_NUMBER, Finding, eventual, safety, settled
 from verification.explore.model import (
     DEFAULT_GLUE,
     Config,

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent_runtime.testing.invariants.view import JobView
 from statemachines import MachineSpec
 from statemachines.avatar import PLUGIN_CLEARS, ROUTED
 from statemachines.glue import hold_needed
 from statemachines.machines import MACHINES
 from statemachines.playout import QUIET
-from verification.explore.view import JobView
 
 LIVE_JOB = ("serving", "awaiting_finalize")
 # per machine and state: whether it declares a timeout, and how many tasks it invokes

@@ -1,5 +1,5 @@
 """What a test sees of a real ``AgentJob`` from outside (``Observed``), and the job's view
-(``runtime_view``): the ``JobView`` the shared invariants (``explore.checks``) read and the
+(``runtime_view``): the ``JobView`` the shared invariants (``checks``) read and the
 conformance replay compares with the model's. The property tests build theirs here too."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from livekit.agents.voice.remote_session import SessionHost
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
+from agent_runtime.testing.invariants.checks import hold_cut, late_timer
+from agent_runtime.testing.invariants.view import JobView, Request
 from statemachines.machines import MACHINES
-from verification.explore.checks import hold_cut, late_timer
-from verification.explore.model import MACHINE_NAMES
-from verification.explore.view import JobView, Request
 
 
 @dataclass
@@ -53,6 +52,19 @@ class Observed:
 
         job.job.actor.on("state_changed", on_change)
 
+    def watch_rpcs(self, job: AgentJob) -> None:
+        """Record the avatar's state at each ``lk.clear_buffer`` the agent sends."""
+        lp = job.room.local_participant
+        perform = lp.perform_rpc
+
+        async def recorded(**kw: Any) -> str:
+            if kw["method"] == "lk.clear_buffer":
+                self.clear_rpcs.append(job.avatar.state if job.avatar is not None else "none")
+            reply: str = await perform(**kw)
+            return reply
+
+        lp.perform_rpc = recorded  # type: ignore[method-assign]
+
 
 def forwarding(session: AgentSession[Any]) -> bool:
     """Whether some livekit ``SessionHost`` forwards this session's events."""
@@ -76,7 +88,7 @@ def runtime_view(
     primary) and the primary session's close as the test knows it (``session``)."""
     # the machines the composed model has, the job's own lifecycle among them, and playout
     # when the job runs it (the real explorer's job; the replay's runs without it)
-    actors = {a.spec.name: a for a in job.actors if a.spec.name in (*MACHINE_NAMES, "playout")}
+    actors = {a.spec.name: a for a in job.actors if a.spec.name in MACHINES}
     states = {name: a.state for name, a in actors.items()}
     host = job.system.host
     attached = host.session

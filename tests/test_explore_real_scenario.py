@@ -1,0 +1,105 @@
+"""A violation the real explorer finds becomes a scenario file that ``agent-runtime
+simulate`` replays to the same failure (``verification.explore.toscenario``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agent_runtime.testing import runner
+from agent_runtime.testing.expect import check_expect
+from agent_runtime.testing.scenario import ScenarioError, load_scenario, parse_scenario
+from agent_runtime.tools.cli import main as cli
+from verification.explore.real import CONFIGS, run
+from verification.explore.realsearch import bfs, drop
+from verification.explore.toscenario import NotReproducible, scenario_of, write_scenario
+
+FAULT = "session:close:session_host"  # caught breadth first at depth 1 (invariant 11)
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The scenario runner's job with the same link dropped as the explorer's."""
+    base = runner.AgentJob
+
+    class Faulty(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            drop(FAULT)(SimpleNamespace(job=self))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "AgentJob", Faulty)
+    yield
+
+
+def _simulate(path: Path) -> list[str]:
+    scenario = load_scenario(path)
+    return check_expect(scenario.expect, asyncio.run(runner.run_scenario(scenario)))
+
+
+def _found(tmp_path: Path) -> Path:
+    report = bfs(
+        CONFIGS["example"],
+        "example",
+        inputs="job",
+        depth=1,
+        setup=drop(FAULT),
+        stop_at_first=True,
+        scenario_dir=str(tmp_path),
+    )
+    assert report.violations[0].invariant == 11, report.summary()
+    assert "scenario written; replay: agent-runtime simulate" in report.summary()
+    (written,) = tmp_path.glob("*.yaml")
+    return written
+
+
+def test_a_violation_is_written_and_simulate_fails_on_the_same_invariant(
+    tmp_path: Path, planted: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    written = _found(tmp_path)
+    failures = _simulate(written)
+    assert len(failures) == 1 and failures[0].startswith("invariant 11 (ends_with_the_session)")
+    assert "the primary session closed but the job still serves" in failures[0]
+    assert cli(["simulate", str(written)]) == 1
+    assert "expect failed: invariant 11" in capsys.readouterr().out
+
+
+def test_the_same_scenario_passes_on_the_runtime_as_it_ships(tmp_path: Path) -> None:
+    written = _found(tmp_path)  # the fault planted in the explorer only
+    assert _simulate(written) == []
+
+
+def test_a_path_without_a_violation_replays_cleanly(tmp_path: Path) -> None:
+    path = ["user_joins", "finalize", "verdict_ready", "shutdown", "a_closed"]
+    r = run(CONFIGS["example"], path)
+    assert r.violation is None
+    written = write_scenario(tmp_path, "clean", "example", CONFIGS["example"], r.log)
+    assert _simulate(written) == []
+
+
+def test_an_input_no_scenario_step_reproduces_is_refused_by_name() -> None:
+    r = run(CONFIGS["example"], ["close_a", "a_hangs"])
+    with pytest.raises(NotReproducible, match=r"input 2 \(a_hangs\): no scenario step makes"):
+        scenario_of("example", CONFIGS["example"], r.log, "hang")
+
+
+def test_an_input_while_a_stand_in_waits_is_refused() -> None:
+    r = run(CONFIGS["example"], ["close_a", "ping", "a_closed"])
+    with pytest.raises(NotReproducible, match=r"input 2 \(ping\) comes while a_closed"):
+        scenario_of("example", CONFIGS["example"], r.log, "held")
+
+
+@pytest.mark.parametrize(
+    ("invariants", "message"),
+    [([42], "no invariant 42 (invariants: 0, 1,"), (["9"], "'all' or a list"), ("x", "got 'x'")],
+)
+def test_a_bad_invariants_expectation_is_one_clear_line(invariants: Any, message: str) -> None:
+    raw = {"name": "x", "steps": [{"at": 0, "event": "end"}], "expect": {"invariants": invariants}}
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(raw, source="f.yaml")
+    assert str(e.value).startswith("f.yaml: expect.invariants")
+    assert message in str(e.value) and "\n" not in str(e.value)
