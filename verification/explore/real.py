@@ -46,8 +46,7 @@ _LIFE_UP = ("new", "starting", "running")
 _REASONS = ("CLIENT_INITIATED", "SIGNAL_CLOSE")
 _EVENTUAL_LIMIT = 200  # deadlines let pass at a run's end before giving up (a timer loop)
 
-# the configs by name, and the watchdog's (nobody there yet, one re-prompt, then the session
-# closed): the real job runs playout in every one, as AgentJob does with an avatar
+# the configs by name, and the watchdog's; the real job runs playout in every one
 CONFIGS = {**NAMED_CONFIGS, "watchdog": PLAYOUT_CONFIGS[1]}
 
 Snapshot = tuple[Any, ...]
@@ -334,9 +333,7 @@ class Run:
     violation: Violation | None = None
     quiesce_loops: int = 0  # real-time sleeps the harness took waiting for a close
     seconds: float = 0.0
-    # every input driven, time let pass alone at the end included, as a scenario's step
-    # needs it (``verification.explore.toscenario``)
-    log: list[Applied] = field(default_factory=list)
+    log: list[Applied] = field(default_factory=list)  # every input, as toscenario needs it
 
 
 @dataclass(frozen=True)
@@ -348,9 +345,10 @@ class Applied:
     waiting: tuple[str, ...]
 
 
-async def _apply_logged(h: Harness, token: str, log: list[Applied]) -> None:
+async def _apply_logged(h: Harness, token: str, log: list[Applied], drive: bool = True) -> None:
     log.append(Applied(token, h.clock.now(), tuple(_outcomes(h, h.view().states))))
-    await apply(h, token)
+    if drive:
+        await apply(h, token)
 
 
 Chooser = Callable[[tuple[str, ...]], str | None]
@@ -427,7 +425,7 @@ async def execute(
                 run.violation = _violation(found, run.path, len(run.path) + 1, seed)
                 run.violation.policy = policy
         if not run.log or run.log[-1].token != "end":
-            run.log.append(Applied("end", h.clock.now(), tuple(_outcomes(h, h.view().states))))
+            await _apply_logged(h, "end", run.log, drive=False)
     finally:
         await h.aclose()
         run.quiesce_loops = loops[0]
@@ -440,11 +438,9 @@ def _violation(found: list[Finding], path: list[str], step: int, seed: int | Non
     return Violation(number, detail, tuple(path), step, seed)
 
 
-# how the world ends what it was asked, once no input comes any more: every stand-in that
-# waits gets its word, so the end is one of the model's leaves (where no work is left):
-# "return" everything returns or finishes; "hang" everything that may hang hangs (the
-# close of session B, the room deletion and the plugin's clear are bounded by the SDK or
-# have no hang in the harness: they finish or fail)
+# how the world ends what it was asked once no input comes: "return" everything returns
+# or finishes; "hang" everything that may hang hangs (session B's close, the deletion and
+# the plugin's clear have no hang in the harness: they finish or fail)
 Policy = Literal["return", "hang"]
 _ENDS: dict[Policy, tuple[str, ...]] = {
     "return": (
