@@ -16,6 +16,7 @@ from livekit import rtc
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 
 from agent_runtime.clock import Clock
+from agent_runtime.testing.held import Gate
 
 if TYPE_CHECKING:
     from livekit.agents.voice.agent_session import AgentSession
@@ -40,6 +41,12 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
     ``clock``) stands for the provider's API call. ``sample_rate``, ``wait_remote_track``
     and ``clear_buffer_timeout`` are the installed ``DataStreamAudioOutput``'s own options
     (``None`` for the last: the sink does not hold the next reply after a clear).
+
+    ``held``: the provider is the test's, each ``start()`` waits on ``gate`` (``waits``
+    says where) for its word: before the route (``waits == "start"``) ``routed``,
+    ``no_route`` (return with no route, as simli does) or ``error``; after it
+    (``"routed"``) ``ok`` or ``error``; ``hang`` at either, never. Once ``released`` is
+    set, every wait ends at once with that word.
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         sample_rate: int | None = None,
         wait_remote_track: rtc.TrackKind.ValueType | None = rtc.TrackKind.KIND_VIDEO,
         clear_buffer_timeout: float | None = 2.0,
+        held: bool = False,
     ) -> None:
         super().__init__()
         if start_delay < 0:
@@ -74,6 +82,10 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         self._wait_remote_track = wait_remote_track
         self.start_calls = 0
         self.installed: DataStreamAudioOutput | None = None
+        self.held = held
+        self.gate = Gate()
+        self.waits: str | None = None  # where a held start() waits: "start", "routed"
+        self.released: str | None = None
 
     @property
     def avatar_identity(self) -> str:
@@ -94,6 +106,9 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         await super().start(agent_session, room)
         if self.start_delay and self._clock is not None:
             await self._clock.sleep(self.start_delay)
+        if self.held:
+            await self._held_start(agent_session, room)
+            return
         if self.swallow_error:
             logger.error("scripted avatar: the provider failed; no avatar will come")
             return
@@ -105,6 +120,22 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
                 self.start_errors -= 1
         if error is not None and not self.error_after_route:
             raise error
+        self._route(agent_session, room)
+        if error is not None:
+            raise error
+
+    async def _held_start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+        word = await self._told("start")
+        if word == "error":
+            raise ScriptedAvatarError("the provider failed")
+        if word == "no_route":
+            logger.error("scripted avatar: the provider failed; no avatar will come")
+            return
+        self._route(agent_session, room)
+        if await self._told("routed") == "error":
+            raise ScriptedAvatarError("the provider failed after the route was in")
+
+    def _route(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
         # exactly what the upstream plugins do at the end of their start()
         self.installed = DataStreamAudioOutput(
             room,
@@ -114,5 +145,29 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
             clear_buffer_timeout=self._clear_buffer_timeout,
         )
         agent_session.output.replace_audio_tail(self.installed)
-        if error is not None:
-            raise error
+
+    async def _told(self, where: str) -> str:
+        if self.released is not None:
+            return self.released
+        self.waits = where
+        try:
+            return await self.gate.outcome()
+        finally:
+            self.waits = None
+
+    def release(self, word: str = "error") -> None:
+        """From now on every held wait ends at once with ``word``, the waiting one too."""
+        self.released = word
+        self.gate.release(word)
+
+    def tell(self, word: str) -> None:
+        """End the held start's wait with ``word``, or raise saying it waits elsewhere."""
+        allowed = {"start": ("routed", "no_route", "error", "hang"),
+                   "routed": ("ok", "error", "hang")}.get(self.waits or "", ())  # fmt: skip
+        if word not in allowed:
+            where = {"start": "before its route", "routed": "after its route"}
+            raise RuntimeError(
+                f"the avatar's start {where.get(self.waits or '', 'does not wait')}: "
+                f"{word!r} is not one of {', '.join(allowed) or 'nothing'}"
+            )
+        self.gate.open(word)

@@ -21,7 +21,8 @@ from agent_runtime.testing.wire import build_request
 from verification.explore.abstract import PEOPLE
 
 if TYPE_CHECKING:
-    from verification.conformance.harness import Gate, Harness
+    from agent_runtime.testing.held import Gate
+    from verification.conformance.harness import Harness
 
 SPEECH = 1.0  # seconds of audio in each of the agent's replies
 
@@ -121,7 +122,7 @@ async def _report(h: Harness, _: str) -> None:
 
 
 def _tell_plugin(word: str) -> Callable[[Harness, str], None]:
-    return lambda h, _: h.plugin.told.put_nowait(word)
+    return lambda h, _: h.plugin.tell(word)
 
 
 def _open(pick: Callable[[Harness], Gate], word: str) -> Callable[[Harness, str], None]:
@@ -189,12 +190,12 @@ ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     # outcomes of work running aside
     "verdict_ready": _open(lambda h: h.verdicts[-1], "return"),
     "verdict_hangs": _nothing,
-    "plugin_routed": _tell_plugin("route"),
-    "plugin_fails": _tell_plugin("fail"),
+    "plugin_routed": _tell_plugin("routed"),
+    "plugin_fails": _tell_plugin("error"),
     "plugin_no_route": _tell_plugin("no_route"),
     "plugin_hangs": _nothing,
-    "plugin_returns": _tell_plugin("return"),
-    "plugin_fails_late": _tell_plugin("fail"),
+    "plugin_returns": _tell_plugin("ok"),
+    "plugin_fails_late": _tell_plugin("error"),
     "plugin_hangs_routed": _nothing,
     "clear_settles": _clear_settles,
     "a_closed": _open(lambda h: h.closes["A"], "finish"),

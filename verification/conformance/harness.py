@@ -4,7 +4,8 @@ What runs is the runtime an agent embeds: ``AgentJob`` over an ``InMemoryRoom`` 
 ``rtc.Room`` with no connection), real ``AgentSession``s, the job-owned session host with
 its protobuf messages on a paired in-memory transport, on a ``VirtualClock``. Stood in,
 because they need a server or are the outside world's choice: the avatar provider
-(``GatedAvatar``: its ``start()`` waits for the test to say what the provider does), the
+(a held ``ScriptedAvatar``: its ``start()`` waits for the test to say what the provider
+does), the
 agent's ``on_simulation_end``, room deletion and a shutdown callback (each waits for the
 test to return, fail or hang), and the end of a session's close (the real close runs when
 the test lets it finish; it may hang). The transport refuses to send while the room is
@@ -22,7 +23,6 @@ from typing import Any
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseReason
-from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.protocol.agent_pb import agent_session as agent_pb
 from livekit.protocol.agent_simulation import SimulationDispatch
 
@@ -31,9 +31,11 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, Backoff, PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.held import Gate
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.invariants.observe import Observed, runtime_view
 from agent_runtime.testing.invariants.view import JobView
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.machines import MACHINES
 from verification.conformance.actions import ACTIONS
 from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
@@ -41,84 +43,6 @@ from verification.explore.abstract import GRACE_PERIOD, MAX_REPROMPTS, PEOPLE, C
 
 _REAL_LIMIT = 10.0  # real seconds a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"
-
-
-class Gate:
-    """One wait for the test's word: ``await gate.wait()`` returns what ``open`` said."""
-
-    def __init__(self) -> None:
-        self._fut: asyncio.Future[str] | None = None
-        self.said: str | None = None
-
-    @property
-    def waiting(self) -> bool:
-        return self._fut is not None and not self._fut.done()
-
-    async def wait(self) -> str:
-        self._fut = asyncio.get_running_loop().create_future()
-        self.said = None
-        return await self._fut
-
-    def open(self, word: str) -> None:
-        if self._fut is None or self._fut.done():
-            raise RuntimeError(f"nothing waits to be told {word!r}")
-        self.said = word
-        self._fut.set_result(word)
-
-
-async def _forever() -> None:
-    await asyncio.get_running_loop().create_future()
-
-
-class GatedAvatar(AvatarSession):  # type: ignore[type-arg]
-    """An avatar plugin whose provider is the test: ``start()`` runs the base class's start,
-    then does what it is told, in order: put its route in (``route``), fail (``fail``),
-    return with no route (``no_route``), return (``return``); told nothing, it waits (a
-    hung provider). Its route is what the upstream plugins install."""
-
-    def __init__(self, identity: str) -> None:
-        super().__init__()
-        self._identity = identity
-        self.told: asyncio.Queue[str] = asyncio.Queue()
-        self.starts = 0
-        # where start() waits for the test's word: "start", "routed", or None (the real
-        # explorer offers the provider's outcomes only while it waits)
-        self.waits: str | None = None
-
-    @property
-    def avatar_identity(self) -> str:
-        return self._identity
-
-    @property
-    def provider(self) -> str:
-        return "gated"
-
-    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
-        self.starts += 1
-        await super().start(agent_session, room)
-        word = await self._told("start")
-        if word == "fail":
-            raise RuntimeError("the provider failed")
-        if word == "no_route":
-            return  # its error swallowed and logged, as simli does
-        sink = DataStreamAudioOutput(
-            room,
-            destination_identity=self._identity,
-            wait_remote_track=rtc.TrackKind.KIND_VIDEO,
-            # the test settles a clear itself; the sink's own fallback runs on real time
-            clear_buffer_timeout=3600.0,
-        )
-        agent_session.output.replace_audio_tail(sink)
-        word = await self._told("routed")
-        if word == "fail":
-            raise RuntimeError("the provider failed after the route was in")
-
-    async def _told(self, where: str) -> str:
-        self.waits = where
-        try:
-            return await self.told.get()
-        finally:
-            self.waits = None
 
 
 class _RoomBoundTransport(InMemorySessionTransport):
@@ -153,7 +77,10 @@ class Harness:
         agent_end, self.simulator = _RoomBoundTransport(), InMemorySessionTransport()
         agent_end._peer, self.simulator._peer = self.simulator, agent_end
         agent_end.room, agent_end.observed = self.room, self.observed
-        self.plugin = GatedAvatar(PEOPLE["avatar"].identity)
+        # the test settles a clear itself; the sink's own fallback runs on real time
+        self.plugin = ScriptedAvatar(
+            avatar_identity=PEOPLE["avatar"].identity, held=True, clear_buffer_timeout=3600.0
+        )
         self.sessions: dict[str, AgentSession[Any]] = {"A": AgentSession()}
         self.closes: dict[str, Gate] = {}
         self.verdicts: list[Gate] = []
@@ -220,35 +147,28 @@ class Harness:
     async def _on_simulation_end(self, ctx: Any) -> None:
         gate = Gate()
         self.verdicts.append(gate)
-        if await gate.wait() == "hang":
-            await _forever()
+        await gate.outcome()
         ctx.fail(VERDICT)
 
     async def _delete_room(self) -> None:
         self.observed.deletions.append(self.job.job.state)
         gate = Gate()
         self.deletion_gates.append(gate)
-        if await gate.wait() == "fail":
+        if await gate.outcome() == "fail":
             raise RuntimeError("the server refused to delete the room")
 
     async def _remove_avatar(self, identity: str) -> None:
         self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     async def _shutdown_callback(self) -> None:
-        if await self.callback.wait() == "hang":
-            await _forever()
+        await self.callback.outcome()
 
     def _gate_close(self, name: str) -> None:
         """The session's close runs once the test lets it (``finish``), or never
         (``hang``)."""
         session = self.sessions[name]
         gate = self.closes[name] = Gate()
-
-        async def gated() -> None:
-            if await gate.wait() == "hang":
-                await _forever()
-
-        lk.hold_session_close(session, gated)
+        lk.hold_session_close(session, gate.outcome)
 
     def session_state(self, name: str = "A") -> str:
         session, gate = self.sessions[name], self.closes[name]
@@ -341,10 +261,8 @@ class Harness:
         for gate in (*self.closes.values(), *self.verdicts, *self.deletion_gates, self.callback):
             if gate.waiting:
                 gate.open("finish" if gate in self.closes.values() else "return")
-        while not self.plugin.told.empty():
-            self.plugin.told.get_nowait()
-        for _ in range(4):
-            self.plugin.told.put_nowait("fail")
+        # the provider fails every start from now on, the one waiting too
+        self.plugin.release("error")
         self.bg(self.job.aclose(), "job.aclose")
         for _ in range(120):
             if not self._bg:

@@ -257,7 +257,7 @@ def snapshot(h: Harness, view: JobView) -> Snapshot:
     timers = tuple(sorted(_rel(w, now) for w, _, t in h.clock._timers if not t.cancelled))
     stand_ins = (
         h.plugin.waits,
-        h.plugin.starts,
+        h.plugin.start_calls,
         tuple(g.waiting for g in h.verdicts),
         tuple(g.waiting for g in h.deletion_gates),
         (h.callback.waiting, h.callback.said),
