@@ -39,6 +39,7 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.held import Held
 from agent_runtime.testing.inmemory import (
     InMemoryRoom,
     InMemorySessionTransport,
@@ -48,6 +49,7 @@ from agent_runtime.testing.inmemory import (
     stranger_track,
 )
 from agent_runtime.testing.invariants.watch import InvariantWatch
+from agent_runtime.testing.result import scenario_result
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
 
@@ -70,9 +72,11 @@ class _Simulation:
         self.sessions: dict[str, AgentSession[Any]] = {"a": AgentSession()}
         self.session_closed_at: dict[str, float] = {}
         self.session_close_reason: dict[str, str] = {}
+        self.held = Held(cfg.hold)  # the outside calls a held.end step ends
         self.plugin: ScriptedAvatar | None = None
         if cfg.avatar_identity is not None:
-            self.plugin = ScriptedAvatar(avatar_identity=cfg.avatar_identity)
+            held = self.held.held("avatar_start")
+            self.plugin = ScriptedAvatar(avatar_identity=cfg.avatar_identity, held=held)
         self.deleted_at: float | None = None
         self.session_replies: list[dict[str, Any]] = []
         self.rpc_replies: list[dict[str, Any]] = []
@@ -124,6 +128,8 @@ class _Simulation:
         self._reader = asyncio.create_task(self._read_replies(), name="simulator.replies")
         for name, session in self.sessions.items():
             self._watch_close(name, session)
+        if self.held.held("shutdown_callback"):
+            self.agent_job.add_shutdown_callback(self.held.shutdown_callback)
         self.sessions["a"].on("agent_state_changed", self._on_agent_state)
         self._check("the start")
 
@@ -151,18 +157,21 @@ class _Simulation:
             self.session_close_reason.setdefault(name, getattr(reason, "value", str(reason)))
 
         session.on("close", on_close)
+        self.held.hold_close(session, name)
 
     async def _on_simulation_end(self, ctx: Any) -> None:
+        await self.held.call("simulation_end")
         verdict = self.cfg.agent_verdict
         if not verdict.success:
             ctx.fail(verdict.reason)
 
     async def _delete_room(self) -> None:
-        # the server API call; recorded here, and the room goes as the SFU would take it
-        self.deleted_at = self.clock.now()
+        # the server API call (held: its answer is a held.end step); recorded here, and
+        # the room goes as the SFU would take it
         if self.watch is not None:
             self.watch.deletion()
-        self.room.deleted_at = self.deleted_at
+        await self.held.call("room_deletion")
+        self.room.deleted_at = self.deleted_at = self.clock.now()
 
     async def _remove_avatar(self, identity: str) -> None:
         self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
@@ -250,6 +259,9 @@ class _Simulation:
             if isinstance(step, sc.AvatarStartError):
                 self.plugin.start_error = RuntimeError("scripted start error")
                 self.plugin.start_errors = step.times
+            if self.plugin.held:  # its start waits for held.end steps: begun, not awaited
+                self._aside(self.agent_job.start_avatar(), step)
+                return
             try:
                 await self.agent_job.start_avatar()
             except Exception:
@@ -270,16 +282,7 @@ class _Simulation:
         elif isinstance(step, sc.JobAclose):
             # begun, not awaited: the scenario's next steps (the simulator's request during
             # the hold) happen while it runs; its outcome is the lifecycle's state
-            close = asyncio.ensure_future(self.agent_job.aclose(graceful=step.graceful))
-            at = step.at
-
-            def failed(done: asyncio.Future[None]) -> None:
-                e = None if done.cancelled() else done.exception()
-                if e is not None:
-                    self.errors.append(f"t={at:g} job.aclose: {type(e).__name__}: {e}")
-
-            close.add_done_callback(failed)
-            self._closes.append(close)
+            self._aside(self.agent_job.aclose(graceful=step.graceful), step)
         elif isinstance(step, sc.RoomConnected):
             room.connect_locally()
         elif isinstance(step, sc.RoomDisconnected):
@@ -333,8 +336,26 @@ class _Simulation:
             )
         elif isinstance(step, sc.RpcOutcome):
             room.local_participant.rpc_script[step.method].append(step.result)
+        elif isinstance(step, sc.HeldEnd):
+            if step.call == "avatar_start" and self.plugin is not None and self.plugin.held:
+                self.plugin.tell(step.result)
+            else:
+                key = (step.session or "a") if step.call == "session_close" else ""
+                self.held.end(step.call, step.result, key)
         else:  # pragma: no cover - the scenario model admits no other step
             raise AssertionError(step)
+
+    def _aside(self, work: Any, step: sc.Step) -> None:
+        """``work`` begun at the step, not awaited; its failure is the step's error."""
+        task = asyncio.ensure_future(work)
+
+        def failed(done: asyncio.Future[None]) -> None:
+            e = None if done.cancelled() else done.exception()
+            if e is not None:
+                self.errors.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
+
+        task.add_done_callback(failed)
+        self._closes.append(task)
 
     async def _start_session(self, name: str) -> None:
         session = self.sessions[name]
@@ -357,10 +378,12 @@ class _Simulation:
         """Real (not virtual-time) work in flight: a session closing, the job's close work
         (its machine's and its own teardown's), the participant link waiting on a session
         close."""
-        for s in self.sessions.values():
+        for name, s in self.sessions.items():
             task = lk.session_closing_task(s)
-            if task is not None and not task.done():
+            if task is not None and not task.done() and not self.held.stalled(name):
                 return True
+        if self.held.stalled() or (self.plugin is not None and self.plugin.waits):
+            return False  # the rest waits for a held call, which only a step ends
         if self.job.state == "closing":
             return True
         if self.agent_job.lifecycle == "closing" and self.job.state != "awaiting_finalize":
@@ -389,63 +412,13 @@ class _Simulation:
 
     # -- the result ----------------------------------------------------------------------------
     def result(self, records: list[TraceRecord]) -> dict[str, Any]:
-        finals = self.agent_job.states
-        playout = self.agent_job.playout
-        attached = self.agent_job.system.host.session
-        attached_name = next((n for n, s in self.sessions.items() if s is attached), None)
-        facts: dict[str, Any] = {
-            "audio_output": self.agent_job.audio_route(),
-            "rpcs_sent": [
-                {"t": c.t, "method": c.method, "destination": c.destination, "outcome": c.outcome}
-                for c in self.room.local_participant.rpc_calls
-            ],
-            "finalize_answered": self.job.finalize_answered,
-            "verdict": self.job.verdict,
-            "room_deleted_at": self.job.room_deleted_at,
-            "job_closed_at": self.job.closed_at,
-            "session_closed_at": self.session_closed_at.get("a"),
-            # extensions of the contract
-            "session_close_reason": self.session_close_reason.get("a"),
-            "attached_session": attached_name,
-            "linked_participant": self.link.linked_identity,
-            "session_replies": self.session_replies,
-            "rpc_replies": self.rpc_replies,
-            "step_errors": self.errors,
-            # the agent's audio: the session's own state, and the playout machine's view
-            "agent_state": self.sessions["a"].agent_state,
-            "agent_listening_at": list(self.agent_listening_at),
-            "playout_done": [
-                {"t": d.t, "cause": d.cause} for d in (playout.done if playout else [])
-            ],
-            "reprompts": [r.t for r in (playout.reprompted if playout else [])],
-        }
-        if self.watch is not None:
-            # only when the expect block asks for the invariants
-            facts["invariant_violations"] = list(self.watch.violations)
-        return {
-            "name": self.scenario.name,
-            "final_states": finals,
-            "transitions": [
-                {
-                    "t": r.t,
-                    "machine": r.machine,
-                    "event": r.event,
-                    "source": r.source,
-                    "dest": r.dest,
-                }
-                for r in records
-                if r.kind == "transition"
-            ],
-            "effects": [
-                {"t": r.t, "machine": r.machine, "effect": r.effect, "outcome": r.outcome}
-                for r in records
-                if r.kind == "effect"
-            ],
-            "facts": facts,
-        }
+        return scenario_result(self, records)
 
     async def aclose(self) -> None:
         """Release everything without driving the machines further (the result is taken)."""
+        self.held.release()  # what the steps left held ends now (a hang is cancelled)
+        if self.plugin is not None:
+            self.plugin.release()
         with contextlib.suppress(Exception):
             await self.agent_job.aclose(graceful=False)
         # the scenario's own closes have returned with it (an abort ends a close's hold)
@@ -472,7 +445,13 @@ async def run_scenario(
     with quiet_sdk_logs():
         sim = _Simulation(scenario, tracer)
         if scenario.expect is not None and scenario.expect.invariants is not None:
-            sim.watch = InvariantWatch(sim.agent_job, sim.sessions, memory.records, sim.clock.now)
+            sim.watch = InvariantWatch(
+                sim.agent_job,
+                sim.sessions,
+                memory.records,
+                sim.clock.now,
+                hung=lambda: sim.held.hung("session_close", "a"),
+            )
         try:
             await sim.run()
             result = sim.result(memory.records)

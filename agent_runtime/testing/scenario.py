@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from agent_runtime.observe import files
@@ -29,6 +37,7 @@ from agent_runtime.settings import (
     WaitSeconds,
     playout_flag,
 )
+from agent_runtime.testing.held import RESULTS
 from agent_runtime.testing.invariants.checks import BY_NUMBER
 from agent_runtime.testing.safe_yaml import YamlRefused, load_yaml, yaml_problem
 from statemachines.machines import MACHINES
@@ -58,6 +67,10 @@ Reason = Literal[
 PARTICIPANT_KINDS: tuple[str, ...] = get_args(Kind)
 DISCONNECT_REASONS: tuple[str, ...] = get_args(Reason)
 CLOSE_REASONS: tuple[str, ...] = get_args(CloseReasonName)
+HeldCall = Literal[
+    "session_close", "simulation_end", "room_deletion", "shutdown_callback", "avatar_start"
+]
+HELD_CALLS: tuple[str, ...] = get_args(HeldCall)
 
 
 class ScenarioError(Exception):
@@ -99,6 +112,16 @@ class Config(_Strict):
     simulation: Flag = False
     room_connected: Flag = True  # whether the room is connected at t=0
     agent_verdict: AgentVerdict = AgentVerdict()  # what on_simulation_end decides
+    # the outside calls that wait for a held.end step instead of ending at once
+    hold: tuple[HeldCall, ...] = ()
+
+    @field_validator("hold")
+    @classmethod
+    def _hold_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({c for c in v if v.count(c) > 1})
+        if twice:
+            raise PydanticCustomError("hold", "{call} is held twice", {"call": twice[0]})
+        return v
 
     @field_validator("retry_avatar", mode="before")
     @classmethod
@@ -253,6 +276,36 @@ class RpcOutcome(_Step):
     result: Literal["ok", "timeout", "error", "disconnected", "not_found"]
 
 
+class HeldEnd(_Step):
+    """The world ends a held outside call (``config.hold``) that waits now: ``ok`` (it
+    returns), ``error`` (it raises), ``hang`` (it never ends); the avatar's start takes
+    ``routed`` / ``no_route`` / ``error`` before its route, ``ok`` / ``error`` after.
+    ``session``: whose close (an attached session's name; unsaid, the primary's)."""
+
+    event: Literal["held.end"]
+    call: HeldCall
+    result: Literal["ok", "error", "hang", "routed", "no_route"]
+    session: str | None = Field(default=None, min_length=1)
+
+    @field_validator("result")
+    @classmethod
+    def _fits(cls, v: str, info: ValidationInfo) -> str:
+        call = info.data.get("call")
+        if call is not None and v not in RESULTS[call]:
+            known = ", ".join(RESULTS[call])
+            raise PydanticCustomError(
+                "held", "{call} ends with {known}", {"call": call, "known": known}
+            )
+        return v
+
+    @field_validator("session")
+    @classmethod
+    def _close_only(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("call", "session_close") != "session_close":
+            raise PydanticCustomError("held", "only a session_close names a session", {})
+        return v
+
+
 class End(_Step):
     event: Literal["end"]
 
@@ -280,33 +333,13 @@ Step = Annotated[
     | Rpc
     | SessionRequest
     | RpcOutcome
+    | HeldEnd
     | End,
     Field(discriminator="event"),
 ]
-STEP_EVENTS = (
-    "session.start",
-    "session.close",
-    "session.interrupt",
-    "session.attach",
-    "agent.say",
-    "user.speech",
-    "user.state",
-    "avatar.start",
-    "avatar.start_error",
-    "avatar.close",
-    "job.shutdown",
-    "job.aclose",
-    "room.connected",
-    "room.disconnected",
-    "participant_connected",
-    "participant_disconnected",
-    "track_published",
-    "track_muted",
-    "attributes_changed",
-    "rpc",
-    "session_request",
-    "rpc_outcome",
-    "end",
+# each step's event name, in the order above
+STEP_EVENTS: tuple[str, ...] = tuple(
+    get_args(m.model_fields["event"].annotation)[0] for m in get_args(get_args(Step)[0])
 )
 _step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
 

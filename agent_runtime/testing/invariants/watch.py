@@ -33,8 +33,11 @@ class InvariantWatch:
         sessions: Mapping[str, AgentSession[Any]],
         records: list[TraceRecord],
         now: Callable[[], float],
+        hung: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``hung``: whether the primary session's close was told to hang (held)."""
         self.job, self.sessions, self.records, self.now = job, sessions, records, now
+        self.hung = hung
         self.observed = Observed()
         self.observed.watch_job(job)
         self.observed.watch_rpcs(job)
@@ -56,7 +59,9 @@ class InvariantWatch:
         task = lk.session_closing_task(self.sessions["a"])
         if task is None:
             return "running"
-        return "closed" if task.done() else "closing"
+        if task.done():
+            return "closed"
+        return "hung" if self.hung() else "closing"
 
     def check(self, where: str, *, end: bool = False) -> None:
         """Check the job's view now (``where``: the step just done); ``end``: the run is
