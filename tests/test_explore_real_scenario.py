@@ -13,7 +13,7 @@ import pytest
 
 from agent_runtime.testing import runner
 from agent_runtime.testing.expect import check_expect
-from agent_runtime.testing.scenario import ScenarioError, load_scenario, parse_scenario
+from agent_runtime.testing.scenario import HeldEnd, ScenarioError, load_scenario, parse_scenario
 from agent_runtime.tools.cli import main as cli
 from verification.explore.real import CONFIGS, run
 from verification.explore.realsearch import bfs, drop
@@ -22,17 +22,21 @@ from verification.explore.toscenario import NotReproducible, scenario_of, write_
 FAULT = "session:close:session_host"  # caught breadth first at depth 1 (invariant 11)
 
 
-@pytest.fixture
-def planted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _plant(monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
     """The scenario runner's job with the same link dropped as the explorer's."""
     base = runner.AgentJob
 
     class Faulty(base):  # type: ignore[misc,valid-type]
         def __init__(self, *a: Any, **kw: Any) -> None:
             super().__init__(*a, **kw)
-            drop(FAULT)(SimpleNamespace(job=self))  # type: ignore[arg-type]
+            drop(fault)(SimpleNamespace(job=self))  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner, "AgentJob", Faulty)
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    _plant(monkeypatch, FAULT)
     yield
 
 
@@ -82,15 +86,58 @@ def test_a_path_without_a_violation_replays_cleanly(tmp_path: Path) -> None:
 
 
 def test_an_input_no_scenario_step_reproduces_is_refused_by_name() -> None:
-    r = run(CONFIGS["example"], ["close_a", "a_hangs"])
-    with pytest.raises(NotReproducible, match=r"input 2 \(a_hangs\): no scenario step makes"):
-        scenario_of("example", CONFIGS["example"], r.log, "hang")
+    r = run(CONFIGS["example"], ["request_deletion"])
+    with pytest.raises(NotReproducible, match=r"input 1 \(request_deletion\): no scenario step"):
+        scenario_of("example", CONFIGS["example"], r.log, "asked")
 
 
-def test_an_input_while_a_stand_in_waits_is_refused() -> None:
+def test_an_input_while_a_stand_in_waits_holds_that_call(tmp_path: Path) -> None:
     r = run(CONFIGS["example"], ["close_a", "ping", "a_closed"])
-    with pytest.raises(NotReproducible, match=r"input 2 \(ping\) comes while a_closed"):
-        scenario_of("example", CONFIGS["example"], r.log, "held")
+    assert r.violation is None
+    written = write_scenario(tmp_path, "held", "example", CONFIGS["example"], r.log)
+    scenario = load_scenario(written)
+    assert scenario.config.hold == ("session_close",)
+    ends = [(s.at, s.call, s.result) for s in scenario.steps if isinstance(s, HeldEnd)]
+    assert ends == [(0.0, "session_close", "ok")]
+    assert _simulate(written) == []
+
+
+def test_a_hang_and_a_failure_are_held_ends(tmp_path: Path) -> None:
+    r = run(CONFIGS["example"], ["close_a", "a_hangs"])
+    text = scenario_of("example", CONFIGS["example"], r.log, "hang")
+    assert "hold:\n  - session_close\n" in text and "result: hang" in text
+    written = write_scenario(tmp_path, "hang", "example", CONFIGS["example"], r.log)
+    assert _simulate(written) == []
+
+
+# drops whose path needs a held call (a hang, or a wait still open at the end): the fault,
+# how the explorer finds it, the invariant and the calls the scenario holds
+HELD_DROPS = [
+    ("session:close:playout", "example", 1, 9, ("shutdown_callback",)),
+    ("participant:report_close_timed_out:job", "sip", 2, 8, ("session_close",)),
+    ("finalize:report_answered:job", "example", 2, 7, ("session_close", "simulation_end")),
+]
+
+
+@pytest.mark.parametrize(("fault", "config", "depth", "invariant", "held"), HELD_DROPS)
+def test_a_violation_that_needs_a_held_call_replays_to_the_same_invariant(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str,
+    config: str,
+    depth: int,
+    invariant: int,
+    held: tuple[str, ...],
+) -> None:
+    report = bfs(CONFIGS[config], config, inputs="job", depth=depth, setup=drop(fault),
+                 stop_at_first=True, scenario_dir=str(tmp_path))  # fmt: skip
+    assert report.violations[0].invariant == invariant, report.summary()
+    (written,) = tmp_path.glob("*.yaml")
+    assert load_scenario(written).config.hold == held
+    assert _simulate(written) == []  # the runtime as it ships
+    _plant(monkeypatch, fault)
+    failures = _simulate(written)
+    assert len(failures) == 1 and failures[0].startswith(f"invariant {invariant} ("), failures
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,14 @@ replays: its config as the scenario's ``config``, who is in the room as its
 ``participants``, each input as a step at the virtual time it was driven, and
 ``expect: {invariants: all}``, so simulate fails on the invariant the run broke.
 
-The scenario runner's stand-ins end their work at once (a session's close finishes, the
-agent's ``on_simulation_end`` returns, a deletion returns); the harness's wait for the
-world's word. So an outcome that ends such a wait maps onto nothing, provided it comes
-right after the input that began the wait; an input that comes while such a wait is open,
-or an outcome the runner has no step for (a hang, a failure), makes the run not
-reproducible as a scenario: ``NotReproducible`` says which input, and why.
+The harness's stand-ins wait for the world's word (a session's close, the agent's
+``on_simulation_end``, a deletion, a shutdown callback, the avatar provider's start); the
+scenario runner's end that work at once unless ``config.hold`` names the call, when it
+waits for a ``held.end`` step. So a call is held when the run needs it (an outcome that
+fails or hangs, another input or the end while it waits), and each of its outcomes is a
+``held.end`` step; otherwise an outcome that ends its wait maps onto nothing. An input
+with no scenario step makes the run not reproducible as a scenario: ``NotReproducible``
+says which input, and why.
 """
 
 from __future__ import annotations
@@ -19,27 +21,32 @@ from typing import Any
 
 import yaml
 
-from agent_runtime.testing.scenario import parse_scenario
+from agent_runtime.testing.scenario import HELD_CALLS, parse_scenario
 from verification.conformance.actions import SPEECH
 from verification.conformance.harness import VERDICT
 from verification.conformance.paths import SETTINGS
 from verification.explore.abstract import GRACE_PERIOD, PEOPLE, Config
 from verification.explore.real import TIME, Applied
 
-# outcomes the runner's stand-ins give at once, by themselves
-FOLDED = frozenset(
-    {"a_closed", "b_closed", "verdict_ready", "deletion_returns", "callbacks_return",
-     "plugin_routed", "plugin_returns"}
-)  # fmt: skip
+# each stand-in's outcome: the held call it ends (``config.hold``), its ``held.end``
+# result, and whose close (session_close)
+ENDS: dict[str, tuple[str, str, str | None]] = {
+    "a_closed": ("session_close", "ok", None), "a_hangs": ("session_close", "hang", None),
+    "b_closed": ("session_close", "ok", "B"), "verdict_ready": ("simulation_end", "ok", None),
+    "deletion_returns": ("room_deletion", "ok", None),
+    "deletion_fails": ("room_deletion", "error", None),
+    "callbacks_return": ("shutdown_callback", "ok", None),
+    "callback_hangs": ("shutdown_callback", "hang", None),
+    "plugin_routed": ("avatar_start", "routed", None),
+    "plugin_fails": ("avatar_start", "error", None),
+    "plugin_no_route": ("avatar_start", "no_route", None),
+    "plugin_returns": ("avatar_start", "ok", None),
+    "plugin_fails_late": ("avatar_start", "error", None),
+}  # fmt: skip
+# outcomes the runner's stand-ins give at once, by themselves, when their call is not held
+FOLDED = frozenset(t for t, (_, result, _) in ENDS.items() if result in ("ok", "routed"))
 # inputs with no scenario step, and why
 REFUSED: dict[str, str] = {
-    "a_hangs": "no scenario step makes a session's close hang",
-    "deletion_fails": "no scenario step makes the room deletion fail",
-    "callback_hangs": "no scenario step makes a shutdown callback hang",
-    "plugin_fails": "the harness's avatar fails on the attempt it is told to; a scenario's "
-    "avatar.start_error fails a number of attempts and the retries start at once",
-    "plugin_no_route": "no scenario step makes the avatar plugin return with no route",
-    "plugin_fails_late": "no scenario step makes the avatar plugin fail after its route",
     "request_deletion": "no scenario step asks for the room's deletion",
     "interrupt": "the harness pushes audio straight into the avatar's sink first, which no "
     "scenario step does",
@@ -129,36 +136,43 @@ def _step(token: str) -> dict[str, Any]:
             return {"event": "participant_connected", **_person(who)}
         return {"event": "participant_disconnected", "identity": PEOPLE[who].identity,
                 "reason": reason}  # fmt: skip
-    if token in REFUSED:
-        raise NotReproducible(REFUSED[token])
     if token not in _STEPS:
         raise NotReproducible("no scenario step does it")
     return dict(_STEPS[token])
 
 
-def _steps(log: Sequence[Applied]) -> list[dict[str, Any]]:
-    """Each input as a step: ``TIME`` only moves the next step's ``at``; an outcome the
-    runner gives by itself maps onto nothing."""
+def held_calls(log: Sequence[Applied]) -> tuple[str, ...]:
+    """The calls the scenario holds: one with an outcome the runner does not give by
+    itself (a failure, a hang), or another input (the end too) while it waits."""
+    held: set[str] = set()
+    for a in log:
+        if a.token in ENDS and a.token not in FOLDED:
+            held.add(ENDS[a.token][0])
+        mine = ENDS[a.token][0] if a.token in ENDS else None
+        held.update(ENDS[w][0] for w in a.waiting if w in ENDS and ENDS[w][0] != mine)
+    return tuple(c for c in HELD_CALLS if c in held)
+
+
+def _end(token: str) -> dict[str, Any]:
+    call, result, session = ENDS[token]
+    step = {"event": "held.end", "call": call, "result": result}
+    return step if session is None else {**step, "session": session}
+
+
+def _steps(log: Sequence[Applied], held: Sequence[str]) -> list[dict[str, Any]]:
+    """Each input as a step: ``TIME`` only moves the next step's ``at``; an outcome of a
+    held call is its ``held.end``, of another call nothing (the runner gives it)."""
     steps: list[dict[str, Any]] = [{"at": 0.0, "event": "session.start"}]
     for i, a in enumerate(log, 1):
-        waiting = [w for w in a.waiting if w != "clear_settles"]
         what = f"input {i} ({a.token})"
-        if a.token in FOLDED:
-            if a.token not in waiting:
+        if a.token in ENDS:
+            if a.token not in a.waiting:
                 raise NotReproducible(f"{what}: nothing waits for it")
+            if ENDS[a.token][0] in held:
+                steps.append({"at": round(a.at, 6), **_end(a.token)})
             continue
         if a.token in REFUSED:
             raise NotReproducible(f"{what}: {REFUSED[a.token]}")
-        if waiting and a.token == "end":
-            raise NotReproducible(
-                f"the run ends while {', '.join(waiting)} may still come: the scenario "
-                "runner's stand-ins would end that work at once, and the run go on"
-            )
-        if waiting:
-            raise NotReproducible(
-                f"{what} comes while {', '.join(waiting)} may still come: the scenario "
-                "runner's stand-ins end that work at once, before any other input"
-            )
         if a.token in (TIME, "end"):
             continue
         try:
@@ -173,14 +187,18 @@ def _steps(log: Sequence[Applied]) -> list[dict[str, Any]]:
 def scenario_of(config_name: str, config: Config, log: Sequence[Applied], title: str) -> str:
     """The scenario file's text (YAML), checked by the scenario loader, or
     ``NotReproducible``."""
+    held = held_calls(log)
+    config_out = _config(config)
+    if held:
+        config_out["hold"] = list(held)
     data = {
         "name": title,
         "description": f"Written by dev.py explore --real (config {config_name}): the "
         "inputs the explorer drove, at the virtual times it drove them; every invariant "
         "is expected to hold.",
-        "config": _config(config),
+        "config": config_out,
         "participants": [_person(who) for who in config.present],
-        "steps": _steps(log),
+        "steps": _steps(log, held),
         "expect": {"invariants": "all"},
     }
     text = yaml.safe_dump(data, sort_keys=False)
