@@ -6,12 +6,14 @@ none. The stand-in is the testing kit's ``Gate``, the one the conformance harnes
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent_runtime.testing import runner
 from agent_runtime.testing.held import Gate
+from agent_runtime.testing.safe_yaml import load_yaml
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
 from verification.conformance import harness
 
@@ -114,3 +116,11 @@ def test_bad_hold_keys_are_one_clear_line(
         parse_scenario({"name": "x", "config": config, "steps": steps}, source="f.yaml")
     assert str(e.value).startswith("f.yaml: ") and message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_guides_held_deletion_example_fails_the_deletion() -> None:
+    text = (Path(__file__).parents[1] / "docs/guide/scenarios.md").read_text()
+    block = text.split("<!-- scenario: a held deletion that fails -->\n```yaml\n")[1]
+    raw = load_yaml(block.split("```")[0])
+    r = _run(raw["config"], raw["steps"])
+    assert r["final_states"]["room_deletion"] == "failed"
