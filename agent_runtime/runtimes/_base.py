@@ -9,9 +9,9 @@ guards (their one definition, ``routing.guard_table``), arms its state timeouts 
 
 A runtime's lifecycle is its machine's: what it asks is the actor's state (or
 ``actor.started`` and ``actor.closed``), not a flag or a ``None`` kept beside the
-machine; a handle it holds (a task) is what it releases. Two starts still ask a handle
-whether they already ran (``ParticipantLink.start``'s room subscription, the session
-host's reader): their machines have no state before ``start`` to ask (issue 38). A
+machine; a handle it holds (a task) is what it releases. One start still asks a handle
+whether it already ran (``ParticipantLink.start``'s room subscription): its machine has
+no state before ``start`` to ask (issue 38); the session host's has (``new``). A
 listener that fails is the ``Emitter``'s to log and remove; an owner (``set_owner``)
 that fails is logged and dropped the same way (``OwnedEmitter._emit_state``, which
 forwards a change).
