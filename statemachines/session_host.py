@@ -1,5 +1,9 @@
 """The session host, owned by the job rather than by a session.
 
+It begins ``new``: nothing is read until ``start`` opens the transport (a second ``start``
+changes nothing). Attaching a session before ``start`` starts the host too, so a session
+attached first is served as soon as requests arrive; closing a host that never started
+ends it all the same (nothing was read, the transport is closed).
 At most one session is attached; attaching another detaches the first (and its event
 subscriptions). A session that is not the attached one detaching or closing changes
 nothing (A replaced by B, then A closes: B stays attached). With nothing attached a
@@ -7,7 +11,11 @@ session request gets an explicit ``no active session`` error reply; ``finalize_s
 needs only the job: it is forwarded to the ``finalize`` machine in every open state, when
 it comes from the simulator participant; anyone else's gets an error reply and changes
 nothing (the verdict decides the job's fate).
-Unknown request kinds and malformed requests get an error reply. Closing lets the replies
+Unknown request kinds and malformed requests get an error reply. A session whose
+subscription fails (``subscribe_failed``: livekit's per-session host could not be built)
+is not forwarded: the host is detached again and answers ``no active session``; an event
+queued before that outcome sees the session attached but unserved (a request to it gets
+``no active session``). Closing lets the replies
 in flight go out (``drain``, bounded by ``drain_timeout``; a request that still arrives
 gets an error reply), cuts a finalize answer still being computed (the simulator gets its
 error reply), then closes the transport.
@@ -16,14 +24,16 @@ error reply), then closes the transport.
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
 
 OPEN = ["detached", "attached"]
+ENDING = ["closing", "closed"]
 REQUESTS = ["request", "finalize", "bad_request"]
 DRAIN = ["drained", "drain_timeout"]
 
 SESSION_HOST = MachineSpec(
     name="session_host",
     description="One per job: forwards the attached session, answers the simulator.",
-    initial="detached",
+    initial="new",
     states=(
+        State(name="new", description="not started: the transport is not read yet"),
         State(name="detached", description="no session; requests get 'no active session'"),
         State(name="attached", description="one session's events are forwarded"),
         State(
@@ -35,6 +45,7 @@ SESSION_HOST = MachineSpec(
         State(name="closed", final=True, description="transport closed; nothing is answered"),
     ),
     events=(
+        "start",
         "attach",  # {session}
         "detach",  # {session}
         "session_closed",  # {session, reason}: an attached-at-some-point session closed
@@ -44,12 +55,14 @@ SESSION_HOST = MachineSpec(
         "close",
         "drained",
         "drain_timeout",
+        "subscribe_failed",  # {session, error}: the subscribe effect's failure
     ),
     guards=(
         "is_current",  # the event's session is the attached one
         "from_simulator",  # the request's sender carries the lk.simulator attribute
     ),
     effects=(
+        Effect(name="open_transport", description="start the transport and read requests"),
         Effect(
             name="subscribe", description="forward the new session's events, serve its requests"
         ),
@@ -69,6 +82,9 @@ SESSION_HOST = MachineSpec(
         Effect(name="close_transport", description="close the transport"),
     ),
     rows=(
+        *row("new", "start", "detached", effects=["open_transport"]),
+        *row("new", "attach", "attached", effects=["open_transport", "subscribe"]),
+        *row("new", "close", "closing"),
         *row("detached", "attach", "attached", effects=["subscribe"]),
         *row("attached", "attach", None, guards=["is_current"]),
         *row("attached", "attach", None, effects=["unsubscribe", "subscribe"]),
@@ -82,6 +98,14 @@ SESSION_HOST = MachineSpec(
             effects=["unsubscribe", "report_session_closed"],
         ),
         *row("attached", "session_closed", None),
+        *row(
+            "attached",
+            "subscribe_failed",
+            "detached",
+            guards=["is_current"],
+            effects=["unsubscribe"],
+        ),
+        *row("attached", "subscribe_failed", None),
         *row("detached", "request", None, effects=["reply_no_session"]),
         *row("attached", "request", None, effects=["delegate_request"]),
         *row(OPEN, "bad_request", None, effects=["reply_error"]),
@@ -96,6 +120,12 @@ SESSION_HOST = MachineSpec(
         *row("closing", "drain_timeout", "closed", effects=["close_finalize", "close_transport"]),
     ),
     ignore=(
+        *cells("new", ["detach", "session_closed"], "nothing attached"),
+        *cells("new", REQUESTS, "nothing is read before start"),
+        *cells("new", [*DRAIN, "subscribe_failed"], "nothing ran yet"),
+        *cells([*OPEN, *ENDING], "start", "started already (or ending)"),
+        *cells("detached", "subscribe_failed", "detached before its subscribe's outcome"),
+        *cells(ENDING, "subscribe_failed", "already unsubscribed"),
         *cells("detached", "detach", "nothing attached"),
         *cells("detached", "session_closed", "a detached session closing is not the job's end"),
         *cells(OPEN, DRAIN, "stale task/timer"),

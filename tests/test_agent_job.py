@@ -183,7 +183,7 @@ async def test_room_options_that_would_lose_a_guarantee_are_refused_before_anyth
     before = room.listener_count()
     with pytest.raises(ValueError, match=match):
         await job.start(Agent(instructions="agent"), room_options=options)
-    assert not job.session._started and job.states["session_host"] == "detached"
+    assert not job.session._started and job.states["session_host"] == "new"
     assert room.listener_count() == before
     await job.aclose(graceful=False)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from livekit.agents import (
     AgentSession,
 )
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
-from livekit.agents.voice.remote_session import RemoteSession
+from livekit.agents.voice.remote_session import RemoteSession, SessionHost
 
 from agent_runtime import Event, EventRejected
 from agent_runtime.runtimes.session_host import (
@@ -85,17 +86,111 @@ async def test_a_host_closed_while_its_transport_starts_reads_nothing_after() ->
     rig = Rig(transport=SlowStart)
     starting = asyncio.ensure_future(rig.host.start())
     await rig.settle()
-    await rig.host.start()  # a second call returns at once: the transport starts once
-    assert not starting.done() and starts == ["start"]
+    # a second call is the table's ignore: the transport starts once, and it too returns
+    # once that start is over
+    second = asyncio.ensure_future(rig.host.start())
+    await rig.settle()
+    assert rig.last("start").kind == "ignore"
+    assert not starting.done() and not second.done() and starts == ["start"]
     await rig.host.aclose()
     await settle()
     assert starting.done() and starting.exception() is None
+    assert second.done() and second.exception() is None
     gate.set()
     await settle()
     assert rig.host.state == "closed"
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
     await rig.host.start()  # closed: nothing starts again
     assert starts == ["start"]
+
+
+async def test_attaching_before_start_starts_the_host_and_start_then_changes_nothing() -> None:
+    """An agent that attaches its session first is served at once: attach starts the
+    host (the table's new/attach cell); the start() that follows is ignored."""
+    rig = Rig()
+    a = await started_session("I am A")
+    rig.host.attach(a)
+    await rig.settle()
+    assert rig.host.state == "attached" and rig.host.session is a
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am A"
+    await rig.host.start()
+    assert rig.last("start").kind == "ignore"
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am A"
+    await a.aclose()
+    await rig.host.aclose()
+    assert rig.host.state == "closed" and rig.agent_end.closed
+
+
+async def test_a_host_never_started_closes_cleanly() -> None:
+    rig = Rig()
+    await rig.host.aclose()
+    assert rig.host.state == "closed" and rig.agent_end.closed
+    closes = [r for r in rig.sink.records if r.machine == "session_host" and r.event == "close"]
+    assert [r.source for r in closes] == ["new"]
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
+    await rig.host.start()  # closed: nothing starts
+    assert rig.host.state == "closed"
+
+
+async def test_a_failed_subscribe_detaches_and_the_host_keeps_answering(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """livekit's per-session host cannot be built (patched to raise here: the SDK call is
+    the one thing a test cannot make fail otherwise): the session is not forwarded, the
+    failure is logged with its label, requests get 'no active session', and another
+    session attaches afterwards."""
+    rig = Rig()
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    base_a = listeners(a)
+    with patch("agent_runtime.runtimes.session_host.SessionHost", _RefusedSessionHost):
+        rig.host.attach(a)
+        await rig.settle()
+    assert rig.host.state == "detached" and rig.host.session is None
+    assert rig.last("subscribe_failed").dest == "detached"
+    assert "session-1 cannot be served" in caplog.text
+    assert listeners(a) == base_a  # nothing of a's is forwarded
+    say(a, "lost")
+    await rig.settle()
+    assert rig.sim.transcripts() == []
+    assert (await rig.sim.ask("get_agent_info")).error == NO_ACTIVE_SESSION
+    rig.host.attach(b)
+    await rig.settle()
+    assert rig.host.state == "attached" and rig.host.session is b
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am B"
+    await a.aclose()
+    await b.aclose()
+    await rig.host.aclose()
+    assert rig.host.state == "closed"
+
+
+async def test_events_queued_before_a_failed_subscribe_is_decided() -> None:
+    """Between a failed subscribe and its outcome the session is attached but unserved:
+    a request queued meanwhile gets 'no active session', a session attached meanwhile
+    stays attached (the late outcome names a, not it)."""
+    rig = Rig()
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    with patch("agent_runtime.runtimes.session_host.SessionHost", _RefusedSessionHost):
+        rid = await rig.sim.send("get_agent_info")  # its read is due before the step
+        rig.host.attach(a)
+        await rig.settle()
+    request = rig.last("request")
+    assert (request.source, request.effects) == ("attached", ["delegate_request"])
+    assert (await rig.sim.reply(rid)).error == NO_ACTIVE_SESSION
+    assert rig.host.state == "detached"
+    with patch("agent_runtime.runtimes.session_host.SessionHost", _refusing(a)):
+        rig.host.attach(a)  # its subscribe fails...
+        rig.host.attach(b)  # ...and b's, queued before that outcome, works
+        await rig.settle()
+    await rig.settle()
+    assert rig.last("subscribe_failed").kind == "transition"
+    assert rig.last("subscribe_failed").dest == "attached"  # a's outcome: b stays
+    assert rig.host.session is b
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am B"
+    await a.aclose()
+    await b.aclose()
+    await rig.host.aclose()
 
 
 # -- attach, replace, detach ----------------------------------------------------------------
@@ -482,6 +577,29 @@ def test_simulation_context_from_a_dispatch() -> None:
 OPEN_TO_CLOSING = ("close_finalize", "close_transport")
 # (state, trigger) -> (outcome, dest, effects); written out by hand: a changed cell fails here
 CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
+    ("new", "start"): ("transition", "detached", ("open_transport",)),
+    ("new", "attach"): ("transition", "attached", ("open_transport", "subscribe")),
+    **{
+        ("new", e): ("ignore", "new", ())
+        for e in (
+            "detach",
+            "session_closed",
+            "request",
+            "bad_request",
+            "finalize",
+            "drained",
+            "drain_timeout",
+            "subscribe_failed",
+        )
+    },
+    ("new", "close"): ("transition", "closing", ()),
+    ("detached", "start"): ("ignore", "detached", ()),
+    ("detached", "subscribe_failed"): ("ignore", "detached", ()),
+    ("attached", "start"): ("ignore", "attached", ()),
+    ("attached", "subscribe_failed"): ("transition", "detached", ("unsubscribe",)),
+    ("attached", "subscribe_failed:other"): ("transition", "attached", ()),
+    ("closing", "start"): ("ignore", "closing", ()),
+    ("closing", "subscribe_failed"): ("ignore", "closing", ()),
     ("detached", "attach"): ("transition", "attached", ("subscribe",)),
     ("detached", "detach"): ("ignore", "detached", ()),
     ("detached", "session_closed"): ("ignore", "detached", ()),
@@ -529,6 +647,8 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
             "close",
             "drained",
             "drain_timeout",
+            "start",
+            "subscribe_failed",
         )
     },
     ("closed", "attach"): ("reject", "closed", ()),
@@ -554,7 +674,8 @@ async def test_cell(state: str, trigger: str) -> None:
             await gate.wait()  # a verdict still being computed keeps the host draining
 
     rig = Rig(on_simulation_end=on_simulation_end, is_simulator=lambda who: who == "simulator")
-    await rig.host.start()
+    if state != "new":
+        await rig.host.start()
     a, b = AgentSession(), AgentSession()  # unstarted: subscriptions and ping need no more
     event = trigger.split(":")[0]
     if state in ("attached", "closing", "closed"):
@@ -570,7 +691,25 @@ async def test_cell(state: str, trigger: str) -> None:
     assert rig.host.state == state
     mark = len(rig.sink.records)
 
-    if state == "closed":
+    if event == "start":
+        await rig.host.start()
+    elif state == "new" and event in ("request", "bad_request", "finalize", "subscribe_failed"):
+        # nothing reads the transport yet: what the reader would post, posted by hand
+        data = {"session": "session-1", "ref": 0, "request_id": "early", "error": "x"}
+        await rig.host.actor.send(Event(event, data))
+    elif trigger == "subscribe_failed":
+        if state == "attached":
+            # livekit's per-session host cannot be built for b (the failure injected here:
+            # an SDK that changed under us is the real-world cause)
+            with patch("agent_runtime.runtimes.session_host.SessionHost", _RefusedSessionHost):
+                rig.host.attach(b)
+                await rig.settle()
+        else:  # detached, closing, closed: the outcome of a subscribe left behind
+            await rig.host.actor.send(Event(event, {"session": "session-1", "error": "x"}))
+    elif trigger == "subscribe_failed:other":
+        # a's subscribe failed, b attached before that outcome was decided
+        await rig.host.actor.send(Event(event, {"session": "session-9", "error": "x"}))
+    elif state == "closed":
         # the host reads no more: only what was read before the close reaches the actor
         if event == "attach":
             with pytest.raises(RuntimeError, match="closed"):
@@ -597,11 +736,13 @@ async def test_cell(state: str, trigger: str) -> None:
     elif state == "closing" and event == "close":
         rig.host.actor.post(Event("close"))
     elif trigger in ("attach", "attach:same"):
-        rig.host.attach(a if trigger == "attach:same" or state == "detached" else b)
+        rig.host.attach(a if trigger == "attach:same" or state in ("new", "detached") else b)
     elif trigger in ("detach", "detach:other"):
         rig.host.detach(b if trigger.endswith("other") else a)
     elif trigger in ("session_closed", "session_closed:other"):
         rig.host.session_closed(b if trigger.endswith("other") else a, "user_initiated")
+    elif state == "new" and event == "close":
+        await rig.host.aclose()  # a host never started closes all the same
     elif event == "request":
         resp = await rig.sim.ask("ping")
         assert resp.HasField("pong") == (state == "attached")
@@ -628,15 +769,33 @@ async def test_cell(state: str, trigger: str) -> None:
         dest,
         effects,
     )
-    if not (event == "close" and state in ("detached", "attached")):
+    if not (event == "close" and state in ("new", "detached", "attached")):
         assert rig.host.state == dest
     bad = {k: v for k, v in rig.effect_outcomes().items() if v != "ok"}
     assert bad == {}
     if "report_session_closed" in effects:
         assert rig.closed_reasons == ["user_initiated"]
-    if event == "close" and state in ("detached", "attached"):
+    if event == "close" and state in ("new", "detached", "attached"):
         # nothing in flight: the drain ends at once and the transport is closed
         assert rig.host.state == "closed" and rig.agent_end.closed
+    if (state, event) in (("new", "start"), ("new", "attach")):
+        # the transport is read now: a request is answered (by the session, once attached)
+        resp = await rig.sim.ask("ping")
+        assert resp.HasField("pong") == (event == "attach")
+        assert resp.error == ("" if event == "attach" else NO_ACTIVE_SESSION)
+    elif state == "new" and event != "close":
+        # still not started: nothing reads the transport
+        rid = await rig.sim.send("ping")
+        await rig.settle()
+        rig.sim.pump()
+        assert rid not in rig.sim.responses
+    if trigger == "subscribe_failed" and state == "attached":
+        # b is not forwarded: requests get no active session, and a attaches again
+        assert rig.host.session is None
+        assert (await rig.sim.ask("ping")).error == NO_ACTIVE_SESSION
+        rig.host.attach(a)
+        await rig.settle()
+        assert rig.host.session is a and (await rig.sim.ask("ping")).HasField("pong")
     if state == "closing" and event in ("drained", "drain_timeout"):
         assert rig.host.state == "closed" and rig.agent_end.closed
         rig.sim.pump()
@@ -651,6 +810,25 @@ async def test_cell(state: str, trigger: str) -> None:
     assert rig.host.actor.live_tasks == 0 and rig.host.finalize.actor.live_tasks == 0
     assert rig.clock.pending == 0
     await asyncio.sleep(0)
+
+
+class _RefusedSessionHost:
+    """Stands in for livekit's ``SessionHost`` where its construction fails."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("SessionHost refused")
+
+
+def _refusing(refused: AgentSession[Any]) -> type[SessionHost]:
+    """livekit's ``SessionHost``, refusing to register ``refused`` (and only it)."""
+
+    class Refusing(SessionHost):
+        def register_session(self, session: AgentSession[Any]) -> None:
+            if session is refused:
+                raise RuntimeError("register_session refused")
+            super().register_session(session)
+
+    return Refusing
 
 
 class _BrokenReads(InMemorySessionTransport):

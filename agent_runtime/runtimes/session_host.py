@@ -23,9 +23,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from livekit import rtc
 from livekit.agents import AgentSession
@@ -33,9 +33,9 @@ from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.remote_session import SessionHost, SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-from agent_runtime.actor import Event, Output, effect_table
+from agent_runtime.actor import ActorClosed, Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.observe.trace import Tracer
+from agent_runtime.observe.trace import Tracer, describe
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
@@ -44,8 +44,8 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import simulation_context
 from agent_runtime.sdk.session_transport import (
     RoomRequestTransport,
-    SenderAware,
     SessionPipe,
+    read_requests,
     request_problem,
     sender_aware,
     start_on_pipe,
@@ -58,7 +58,6 @@ logger = logging.getLogger("agent_runtime.session_host")
 NO_ACTIVE_SESSION = "no active session"
 HOST_CLOSING = "the session host is closing"
 NOT_THE_SIMULATOR = "finalize_simulation is accepted only from the simulator"
-_UNREADABLE_IN_A_ROW = 1000
 __all__ = [
     "FINALIZE_UNFINISHED",
     "HOST_CLOSING",
@@ -76,7 +75,7 @@ __all__ = [
 class _Attached:
     label: str
     pipe: SessionPipe
-    host: SessionHost
+    host: SessionHost | None  # None: its subscribe failed (subscribe_failed is queued)
 
 
 class _Facts:
@@ -144,8 +143,10 @@ class JobSessionHost(MachineRuntime[str]):
         self._refs = itertools.count(1)
         self._attached: _Attached | None = None  # its parts; the state says if one is
         self._closing_hosts: set[asyncio.Task[None]] = set()
-        # the host's hold on its transport (started, then read), from start() to the close
+        # open_transport's running work: the transport started, then read, until the close;
+        # and how its start went (what start() waits for). The table says if it started.
         self._reader: asyncio.Task[None] | None = None
+        self._opened: asyncio.Future[None] | None = None
         self._drain_timeout = drain_timeout
         self.wiring = wiring if wiring is not None else Wiring()
         self.finalize = FinalizeAnswer(
@@ -183,7 +184,8 @@ class JobSessionHost(MachineRuntime[str]):
     def session(self) -> AgentSession[Any] | None:
         """The attached session, as of the last event the machine handled."""
         # the parts, not the state: a step enters attached before its subscribe has run
-        return self._sessions.get(self._attached.label) if self._attached else None
+        att = self._attached
+        return self._sessions.get(att.label) if att and att.host else None
 
     @property
     def simulation(self) -> SimulationContext | None:
@@ -199,21 +201,22 @@ class JobSessionHost(MachineRuntime[str]):
         return self.finalize.verdict
 
     async def start(self) -> None:
-        """Start the transport and begin reading requests; returns once the transport
-        started (raising what refused it) or the host closed meanwhile. Idempotent;
-        nothing once closing."""
-        state = self.actor.state
-        if self._reader is not None or self.actor.closed or state in ("closing", "closed"):
+        """Start the transport and begin reading requests (the machine's ``start``; where
+        it started already, by a first ``start()`` or an ``attach()``, the table ignores
+        it); returns once the transport started (raising what refused it) or the host
+        closed meanwhile. Nothing starts once closing."""
+        if self.actor.closed:
             return
-        self.actor.start()
-        loop = asyncio.get_running_loop()
-        opened: asyncio.Future[None] = loop.create_future()
-        # made before anything is awaited: a second start() sees it
-        self._reader = loop.create_task(self._read(opened), name="JobSessionHost._read")
-        await asyncio.shield(opened)
+        try:
+            await self.actor.send(Event("start"))
+        except ActorClosed:
+            return  # released meanwhile: nothing to start
+        if (opened := self._opened) is not None:
+            await asyncio.shield(opened)  # how the transport's start went
 
     def attach(self, session: AgentSession[Any]) -> None:
-        """Attach ``session`` (detaching any other). Raises once the host is closed."""
+        """Attach ``session`` (detaching any other). Before ``start()`` this starts the host
+        too (its transport opens, requests are read). Raises once the host is closed."""
         if not isinstance(session, AgentSession):
             raise TypeError(f"attach() takes an AgentSession, not {type(session).__name__}")
         if self.actor.state in ("closing", "closed") or self.actor.closed:
@@ -233,11 +236,15 @@ class JobSessionHost(MachineRuntime[str]):
         label = self.label_of(session)
         self.actor.post(Event("session_closed", {"session": label, "reason": reason}))
 
+    def known_label(self, session: AgentSession[Any]) -> str | None:
+        """The label ``session`` got here (attached now or before), or None: unlike
+        ``label_of`` it never gives a new one."""
+        return next((label for label, s in self._sessions.items() if s is session), None)
+
     def label_of(self, session: AgentSession[Any]) -> str:
         """A stable label for traces (``session-1``, ``session-2``, ...)."""
-        for label, s in self._sessions.items():
-            if s is session:
-                return label
+        if (known := self.known_label(session)) is not None:
+            return known
         label = f"session-{next(self._labels)}"
         self._sessions[label] = session
         return label
@@ -249,7 +256,7 @@ class JobSessionHost(MachineRuntime[str]):
 
     def release(self) -> asyncio.Future[None] | None:
         """``aclose()`` without its wait: what is left to wait for, or None."""
-        if not self.actor.closed and self.actor.state in ("detached", "attached"):
+        if not self.actor.closed and self.actor.state in ("new", "detached", "attached"):
             self.actor.post(Event("close"))
         return self.released_once_closed()
 
@@ -264,59 +271,6 @@ class JobSessionHost(MachineRuntime[str]):
         return ending(self.actor.release(), self.finalize.release(), self._stop_reading())
 
     # -- incoming --------------------------------------------------------------------------
-    async def _read(self, opened: asyncio.Future[None]) -> None:
-        """Start the transport (``opened`` says how that went), then read it until the
-        close cancels this."""
-        try:
-            await self._transport.start()
-        except asyncio.CancelledError:
-            if not opened.done():
-                opened.set_result(None)  # closed while it started: start() just returns
-            raise
-        except Exception as e:
-            error: Exception = e
-            if isinstance(e, ValueError):
-                # RoomSessionTransport: the topic's handler is taken, by a session's own host
-                error = RuntimeError(
-                    f"the session transport cannot start ({e}); start the AgentSession with "
-                    "session_host=False so the job's host is the only one"
-                )
-                error.__cause__ = e
-            if not opened.done():
-                opened.set_exception(error)
-            return
-        if not opened.done():
-            opened.set_result(None)
-        del opened  # a live job holds this frame: nothing more than it needs
-        # who sent each request, when the transport can say (RoomRequestTransport can)
-        named = cast(SenderAware, self._transport) if sender_aware(self._transport) else None
-        it = self._transport.__aiter__()
-        unreadable = 0
-        while True:
-            sender: str | None = None
-            try:
-                if named is not None:
-                    received = await named.receive()
-                    msg, sender = received.message, received.sender
-                else:
-                    msg = await it.__anext__()
-            except StopAsyncIteration:
-                return
-            except Exception:  # (a CancelledError is no Exception: it goes on up)
-                # one unreadable message must not stop the host; a transport that fails
-                # every read, without ever waiting, would hold the loop: it is given up on
-                unreadable += 1
-                logger.warning("unreadable session message", exc_info=True)
-                if unreadable >= _UNREADABLE_IN_A_ROW:
-                    logger.error("the session transport failed %d reads in a row", unreadable)
-                    return
-                continue
-            unreadable = 0
-            if msg.HasField("request"):
-                self._on_request(msg.request, sender)
-            else:
-                logger.debug("ignored session message %r", msg.WhichOneof("message"))
-
     def _on_request(self, req: agent_pb.SessionRequest, sender: str | None) -> None:
         if self.actor.closed:
             return
@@ -343,17 +297,44 @@ class JobSessionHost(MachineRuntime[str]):
             self.actor.post(Event("request", data))
 
     # -- effects ---------------------------------------------------------------------------
-    def _fx_subscribe(self, ev: Event) -> None:
+    def _fx_open_transport(self, _ev: Event) -> None:
+        loop = asyncio.get_running_loop()
+        self._opened = opened = loop.create_future()
+        # the transport's start and reads run aside for as long as the host is open (the
+        # mailbox keeps moving); start() waits for `opened`, the release cancels the reader
+        self._reader = loop.create_task(
+            read_requests(self._transport, opened, self._on_request), name="JobSessionHost._read"
+        )
+
+    def _fx_subscribe(self, ev: Event) -> Event | None:
         label = str(ev.data["session"])
         session = self._sessions[label]
         pipe = SessionPipe(self._transport)
-        host = SessionHost(pipe)
-        host.register_session(session)
+        # attached from here: until the table hears how this went, the label is the
+        # attached one (the guards read it) and a request to it is answered
+        self._attached = _Attached(label, pipe, None)
+        try:
+            host = SessionHost(pipe)
+            host.register_session(session)
+            start_on_pipe(host)  # never waits: no task for it
+        except Exception as e:
+            self.actor.report(
+                logger,
+                logging.WARNING,
+                "%s cannot be served (%s): it is not forwarded, the host stays detached",
+                label,
+                describe(e),
+                event=ev.name,
+                exc_info=e,
+            )
+            return Event("subscribe_failed", {"session": label, "error": describe(e)})
         self._attached = _Attached(label, pipe, host)
-        start_on_pipe(host)  # never waits: no task for it
+        return None
 
     def _fx_unsubscribe(self, ev: Event) -> None:
         att, self._attached = self._attachment(), None
+        if att.host is None:
+            return  # its subscribe failed: nothing was started for it
         # closing the per-session host can wait on its in-flight requests; run it aside so
         # the mailbox keeps moving (its first step, on the loop's next turn, unsubscribes)
         task = asyncio.get_running_loop().create_task(
@@ -362,10 +343,14 @@ class JobSessionHost(MachineRuntime[str]):
         self._closing_hosts.add(task)
         task.add_done_callback(self._closing_hosts.discard)
 
-    def _fx_delegate_request(self, ev: Event) -> None:
+    def _fx_delegate_request(self, ev: Event) -> Awaitable[None] | None:
+        if self._attachment().host is None:
+            # queued before its subscribe's failure was decided: nobody serves it
+            return self._fx_reply_no_session(ev)
         req = self._pending.pop(int(ev.data["ref"]), None)
         if req is not None:
             self._attachment().pipe.feed(req)
+        return None
 
     async def _fx_reply_no_session(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)

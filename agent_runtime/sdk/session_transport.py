@@ -24,9 +24,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 from google.protobuf import message as pb_message
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -240,3 +240,72 @@ def _mistyped_fields(msg: pb_message.Message) -> list[str]:
     unknown = UnknownFieldSet(msg)
     numbers = {unknown[i].field_number for i in range(len(unknown))}
     return sorted(by_number[n].name for n in numbers if n in by_number)
+
+
+_UNREADABLE_IN_A_ROW = 1000
+OnRequest = Callable[[agent_pb.SessionRequest, str | None], None]
+
+
+async def read_requests(
+    transport: SessionTransport, opened: asyncio.Future[None], on_request: OnRequest
+) -> None:
+    """Start ``transport`` (``opened`` says how that went), then hand each request it
+    reads to ``on_request(request, sender)`` until cancelled (the sender when the
+    transport can say: ``RoomRequestTransport`` can)."""
+    try:
+        await transport.start()
+    except asyncio.CancelledError:
+        if not opened.done():
+            opened.set_result(None)  # closed while it started: its waiter just returns
+        raise
+    except Exception as e:
+        error: Exception = e
+        if isinstance(e, ValueError):
+            # RoomSessionTransport: the topic's handler is taken, by a session's own host
+            error = RuntimeError(
+                f"the session transport cannot start ({e}); start the AgentSession with "
+                "session_host=False so the job's host is the only one"
+            )
+            error.__cause__ = e
+        # its waiter raises it; with none (a host an attach started) it is logged
+        logger.warning("the session transport did not start: %s", error)
+        if not opened.done():
+            opened.set_exception(error)
+            opened.add_done_callback(_retrieved)
+        return
+    if not opened.done():
+        opened.set_result(None)
+    del opened  # a live job holds this frame: nothing more than it needs
+    named = cast(SenderAware, transport) if sender_aware(transport) else None
+    it = transport.__aiter__()
+    unreadable = 0
+    while True:
+        sender: str | None = None
+        try:
+            if named is not None:
+                received = await named.receive()
+                msg, sender = received.message, received.sender
+            else:
+                msg = await it.__anext__()
+        except StopAsyncIteration:
+            return
+        except Exception:  # (a CancelledError is no Exception: it goes on up)
+            # one unreadable message must not stop the host; a transport that fails every
+            # read, without ever waiting, would hold the loop: it is given up on
+            unreadable += 1
+            logger.warning("unreadable session message", exc_info=True)
+            if unreadable >= _UNREADABLE_IN_A_ROW:
+                logger.error("the session transport failed %d reads in a row", unreadable)
+                return
+            continue
+        unreadable = 0
+        if msg.HasField("request"):
+            on_request(msg.request, sender)
+        else:
+            logger.debug("ignored session message %r", msg.WhichOneof("message"))
+
+
+def _retrieved(fut: asyncio.Future[None]) -> None:
+    """Mark a refused start as seen (it was logged): no "never retrieved" report."""
+    if not fut.cancelled():
+        fut.exception()

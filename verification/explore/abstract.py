@@ -564,6 +564,7 @@ EFFECTS: dict[str, Effect] = {
     "report_failure": _nothing,
     "report_never_allowed": _nothing,
     # session host
+    "open_transport": _nothing,  # the model's transport is read from the start
     "subscribe": _subscribe,
     "unsubscribe": _unsubscribe,
     "delegate_request": _nothing,

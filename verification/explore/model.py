@@ -598,7 +598,11 @@ class Model:
     def _start(self) -> World:
         cfg, sp = self.config, self.specs
         present = set(cfg.present)
-        queue: list[Entry] = [(HOST, "attach", (("session", "A"),), NONE)]
+        # JobRuntime.start() starts the host, then the session attaches
+        queue: list[Entry] = [
+            (HOST, "start", (), NONE),
+            (HOST, "attach", (("session", "A"),), NONE),
+        ]
         # ParticipantLink.start(): whoever is in the room, in join order
         queue += [(PART, "participant_connected", (("who", who),), NONE) for who in cfg.present]
         return World(

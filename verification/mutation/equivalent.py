@@ -57,6 +57,7 @@ from verification.mutation.mutants import Mutant
 SENT: frozenset[tuple[str, str]] = frozenset(
     {
         ("avatar", "start"),
+        ("session_host", "start"),
         *(
             ("agent_job", e)
             for e in ("start", "start_part", "follow_room", "started", "start_failed")
@@ -96,6 +97,7 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
     ("avatar", "clear_buffer_done"): {"follow_plugin_clear": "_fx_follow_plugin_clear"},
     ("job", "close_done"): {"run_close": "_fx_run_close"},
     ("session_host", "drained"): {"drain": "_fx_drain"},
+    ("session_host", "subscribe_failed"): {"subscribe": "_fx_subscribe"},
     ("room_deletion", "delete_done"): {"delete_room": "_fx_delete_room"},
     ("finalize", "verdict_ready"): {"compute_verdict": "_fx_compute_verdict"},
     ("finalize", "delivered"): {"send_verdict": "_fx_send_verdict"},
@@ -103,14 +105,25 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
 }
 # (machine, effect) whose handler is synchronous (it neither is a coroutine function nor
 # returns an awaitable): its outcome is queued during the step that ran it
-QUEUED_AT_ONCE: frozenset[tuple[str, str]] = frozenset({("avatar", "reinstall_route")})
+QUEUED_AT_ONCE: frozenset[tuple[str, str]] = frozenset(
+    {("avatar", "reinstall_route"), ("session_host", "subscribe")}
+)
 # events the runtimes construct outside effect handlers (their API, callbacks from the
 # session, the host or the room): these may come at any time
 POSTED: dict[str, frozenset[str]] = {
     "avatar": frozenset({"start", "close", "interrupt", "playback_finished", "avatar_connected"}),
     "job": frozenset({"shutdown", "abort", "session_closed", "finalize_answered"}),
     "session_host": frozenset(
-        {"attach", "detach", "session_closed", "request", "finalize", "bad_request", "close"}
+        {
+            "start",
+            "attach",
+            "detach",
+            "session_closed",
+            "request",
+            "finalize",
+            "bad_request",
+            "close",
+        }
     ),
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
     "room_deletion": frozenset({"request", "allow", "close"}),
@@ -156,6 +169,12 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
         "_claim_playback_rpc",
         frozenset({"start_plugin", "record_route", "check_presence", "reinstall_route"}),
     ),
+    # the host's requests: posted only through the reader open_transport starts with it
+    # (sdk.session_transport.read_requests, which knows nothing of the machine)
+    **{
+        ("session_host", e): ("_on_request", "_fx_open_transport", frozenset({"open_transport"}))
+        for e in ("request", "finalize", "bad_request")
+    },
 }
 # where each machine's runtime lives, for the checks
 MODULES = {

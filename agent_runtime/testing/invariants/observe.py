@@ -107,7 +107,7 @@ def runtime_view(
     # the host's label of the primary session, if it ever had one (read, not made: the
     # host's label_of would make one)
     primary = sessions.get("A")
-    primary_label = next((lbl for lbl, s in host._sessions.items() if s is primary), None)
+    primary_label = host.known_label(primary) if primary is not None else None
     for r in records:
         if r.kind not in ("transition", "ignore", "reject"):
             continue
