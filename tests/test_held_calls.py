@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 
 from agent_runtime.testing import runner
-from agent_runtime.testing.held import Gate
 from agent_runtime.testing.safe_yaml import load_yaml
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
-from verification.conformance import harness
 
 
 def _run(config: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -28,10 +26,6 @@ def _end(at: float, call: str, result: str) -> dict[str, Any]:
 
 
 START = {"at": 0, "event": "session.start"}
-
-
-def test_the_harness_holds_with_the_kits_gate() -> None:
-    assert harness.Gate is Gate
 
 
 def test_a_held_deletion_fails_and_a_second_end_is_refused() -> None:
@@ -106,6 +100,8 @@ def test_a_held_avatar_start_ends_as_its_steps_say(
          "field session: only a session_close names a session"),
         ({}, {"at": 0, "event": "held.end", "call": "room_deletion"},
          "field result: Field required"),
+        ({"hold": ["session_close"]}, _end(0, "room_deletion", "ok"),
+         "step 1 (held.end): room_deletion is not held (list it in config.hold)"),
     ],
 )  # fmt: skip
 def test_bad_hold_keys_are_one_clear_line(

@@ -7,6 +7,7 @@ virtual time. The only stand-in is the transport itself (a room byte stream need
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 from unittest.mock import patch
 
@@ -129,6 +130,32 @@ async def test_a_host_never_started_closes_cleanly() -> None:
     assert [r.source for r in closes] == ["new"]
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
     await rig.host.start()  # closed: nothing starts
+    assert rig.host.state == "closed"
+
+
+async def test_a_subscribe_failing_after_registering_leaves_nothing_on_the_session() -> None:
+    """livekit's per-session host was built, registered the session (its listeners are
+    on it) and began its start, then starting it on the pipe fails (patched: the SDK call
+    cannot be made to fail otherwise; as when its start waits): that host is closed
+    aside, so the session is left with no listener of a host that nobody reads."""
+    rig = Rig()
+    await rig.host.start()
+    a = await started_session("I am A")
+    base_a = listeners(a)
+
+    def refuse(host: Any) -> None:
+        start = host.start()
+        with contextlib.suppress(StopIteration):
+            start.send(None)
+        raise RuntimeError("the pipe refused")
+
+    with patch("agent_runtime.runtimes.session_host.start_on_pipe", refuse):
+        rig.host.attach(a)
+        await rig.settle()
+    assert rig.host.state == "detached" and rig.last("subscribe_failed").dest == "detached"
+    assert listeners(a) == base_a
+    await a.aclose()
+    await rig.host.aclose()
     assert rig.host.state == "closed"
 
 

@@ -313,11 +313,14 @@ class JobSessionHost(MachineRuntime[str]):
         # attached from here: until the table hears how this went, the label is the
         # attached one (the guards read it) and a request to it is answered
         self._attached = _Attached(label, pipe, None)
+        host: SessionHost | None = None
         try:
             host = SessionHost(pipe)
             host.register_session(session)
             start_on_pipe(host)  # never waits: no task for it
         except Exception as e:
+            if host is not None:  # built (maybe subscribed to the session): closed aside
+                self._close_aside(label, host)
             self.actor.report(
                 logger,
                 logging.WARNING,
@@ -335,10 +338,13 @@ class JobSessionHost(MachineRuntime[str]):
         att, self._attached = self._attachment(), None
         if att.host is None:
             return  # its subscribe failed: nothing was started for it
+        self._close_aside(att.label, att.host)
+
+    def _close_aside(self, label: str, host: SessionHost) -> None:
         # closing the per-session host can wait on its in-flight requests; run it aside so
         # the mailbox keeps moving (its first step, on the loop's next turn, unsubscribes)
         task = asyncio.get_running_loop().create_task(
-            att.host.aclose(), name=f"JobSessionHost.detach:{att.label}"
+            host.aclose(), name=f"JobSessionHost.detach:{label}"
         )
         self._closing_hosts.add(task)
         task.add_done_callback(self._closing_hosts.discard)

@@ -35,11 +35,6 @@ class HeldCallError(RuntimeError):
     """A held outside call ended with ``error``."""
 
 
-async def forever() -> None:
-    """Never returns (a hung call); cancelled, it ends."""
-    await asyncio.get_running_loop().create_future()
-
-
 class Gate:
     """One wait for the world's word: ``await gate.wait()`` returns what ``open`` said."""
 

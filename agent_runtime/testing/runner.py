@@ -382,16 +382,16 @@ class _Simulation:
             task = lk.session_closing_task(s)
             if task is not None and not task.done() and not self.held.stalled(name):
                 return True
+        # the room's audio output plays in real time, whatever a held call holds back
+        if self.agent_job.audio_route() == "room" and any(not h.done() for h in self.speeches):
+            return True
         if self.held.stalled() or (self.plugin is not None and self.plugin.waits):
             return False  # the rest waits for a held call, which only a step ends
         if self.job.state == "closing":
             return True
         if self.agent_job.lifecycle == "closing" and self.job.state != "awaiting_finalize":
             return True  # the release after the job's close (the hold is virtual time)
-        if self.link.state == "closing":
-            return True
-        # the room's audio output plays in real time (an avatar's playout is the script's)
-        return self.agent_job.audio_route() == "room" and any(not h.done() for h in self.speeches)
+        return self.link.state == "closing"  # (an avatar's playout is the script's)
 
     async def advance_to(self, when: float) -> None:
         """Virtual time up to ``when``, letting the real work each timer starts finish

@@ -474,7 +474,14 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
         last_at = step.at
         steps.append(step)
     try:
-        return Scenario.model_validate({**raw, "steps": steps})
+        scenario = Scenario.model_validate({**raw, "steps": steps})
     except ValidationError as e:
         err = e.errors()[0]
         raise ScenarioError(f"{source}: {_where(err['loc'])}: {err['msg']}") from None
+    for i, step in enumerate(scenario.steps):
+        if isinstance(step, HeldEnd) and step.call not in scenario.config.hold:
+            raise ScenarioError(
+                f"{source}: step {i + 1} (held.end): {step.call} is not held "
+                "(list it in config.hold)"
+            )
+    return scenario

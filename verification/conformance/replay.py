@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.invariants.checks import Finding, safety, settled
 from agent_runtime.testing.invariants.view import COMPARED, JobView, differences
 from verification.conformance.harness import Harness
@@ -55,7 +55,7 @@ async def replay(
     node: Node = walker.start()
     out = Replayed(path, rows=set(walker.initial_rows))
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_sdk_failures_quiet)
+    loop.set_exception_handler(sdk_task_failures_at_debug)
     h = Harness(path.config)
     if setup is not None:
         setup(h)
@@ -96,14 +96,3 @@ def run(path: Path, **kw: Any) -> Replayed:
     """``replay`` on an event loop of its own, with the SDK's chatter quiet."""
     with quiet_sdk_logs(logging.CRITICAL):
         return asyncio.run(replay(path, **kw))
-
-
-def _sdk_failures_quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The SDK's own background tasks fail once the room goes (an avatar join watcher, a
-    data stream waiting for its participant): expected here. Anything else is reported."""
-    task = context.get("future") or context.get("task")
-    get_coro = getattr(task, "get_coro", None)
-    code = getattr(get_coro(), "cr_code", None) if get_coro is not None else None
-    if "/livekit/" in getattr(code, "co_filename", "").replace("\\", "/"):
-        return
-    loop.default_exception_handler(context)

@@ -31,12 +31,11 @@ from typing import Any, Literal
 from livekit import rtc
 
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.invariants.checks import LIVE_JOB, Finding, eventual, safety, settled
 from agent_runtime.testing.invariants.view import JobView
 from verification.conformance.harness import Harness
 from verification.conformance.paths import Step
-from verification.conformance.replay import _sdk_failures_quiet
 from verification.explore.abstract import PEOPLE, Config
 from verification.explore.search import NAMED_CONFIGS, PLAYOUT_CONFIGS
 
@@ -373,7 +372,7 @@ async def execute(
     diverged: the run is not deterministic, or the path is not one of this config's)."""
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_sdk_failures_quiet)
+    loop.set_exception_handler(sdk_task_failures_at_debug)
     h = Harness(config, playout=True)  # the job as users get it: playout with its avatar
     if setup is not None:
         setup(h)
