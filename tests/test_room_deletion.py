@@ -390,3 +390,20 @@ async def test_a_runtime_s_owner_hears_first_and_one_that_raises_is_dropped(
     failed = [r for r in caplog.records if "owner broke" in r.getMessage()]
     assert len(failed) == 1 and failed[0].levelname == "ERROR"
     await deletion.aclose()
+
+
+async def test_a_deletion_built_alone_tells_its_own_listeners() -> None:
+    """With no owner (no job built it), the runtime's own ``state_changed`` listeners hear
+    each change of its machine (built by a job, its owner hears the machine instead)."""
+    from agent_runtime.runtimes.room_deletion import RoomDeletion
+    from agent_runtime.testing.clock import VirtualClock
+
+    async def delete_room() -> None:
+        pass
+
+    deletion = RoomDeletion(delete_room, clock=VirtualClock())
+    heard: list[str] = []
+    deletion.on("state_changed", lambda change: heard.append(change.dest))
+    deletion.request()
+    await deletion.allow()
+    assert heard and heard[-1] == "deleted"
