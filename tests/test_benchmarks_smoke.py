@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -261,6 +262,39 @@ def test_a_composed_job_run_checks_its_jobs_and_measures(variant: str, mode: str
         assert out["machines"]["closed"]["playout"] == "closed"
     else:
         assert out["machines"] == {"live": {}, "closed": {}}
+
+
+def _children(monkeypatch: pytest.MonkeyPatch, *returncodes: int) -> list[list[str]]:
+    """``subprocess.run`` answering with these exit codes in turn (a negative one: killed by
+    that signal), the last with the figures a child prints."""
+    calls: list[list[str]] = []
+
+    def fake(args: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        rc = returncodes[len(calls)]
+        calls.append(args)
+        return subprocess.CompletedProcess(args, rc, '{"jobs": 2}\n', "panicked in a worker")
+
+    monkeypatch.setattr(subprocess, "run", fake)
+    return calls
+
+
+def test_a_child_killed_by_a_signal_is_run_once_more_and_said(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = _children(monkeypatch, -6, 0)
+    assert jobs._spawn("runtime", 2, "time") == {"jobs": 2}
+    assert len(calls) == 2
+    assert "killed by signal 6; running it once more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("returncodes", [(1,), (-6, -6)], ids=["failed", "killed-twice"])
+def test_a_child_that_fails_or_is_killed_twice_stops_the_benchmark(
+    monkeypatch: pytest.MonkeyPatch, returncodes: tuple[int, ...]
+) -> None:
+    calls = _children(monkeypatch, *returncodes)
+    with pytest.raises(RuntimeError, match=r"child \(runtime, 2, time\) failed"):
+        jobs._spawn("runtime", 2, "time")
+    assert len(calls) == len(returncodes)
 
 
 async def test_the_task_counter_counts_every_task_the_loop_makes() -> None:
