@@ -15,7 +15,9 @@ Unknown request kinds and malformed requests get an error reply. A session whose
 subscription fails (``subscribe_failed``: livekit's per-session host could not be built)
 is not forwarded: the host is detached again and answers ``no active session``; an event
 queued before that outcome sees the session attached but unserved (a request to it gets
-``no active session``). Closing lets the replies
+``no active session``). A transport that cannot start (``transport_failed``: a topic
+another host holds, a server that refuses) leaves nothing to read or answer with: the host
+closes at once, and a later attach is refused. Closing lets the replies
 in flight go out (``drain``, bounded by ``drain_timeout``; a request that still arrives
 gets an error reply), cuts a finalize answer still being computed (the simulator gets its
 error reply), then closes the transport.
@@ -56,6 +58,7 @@ SESSION_HOST = MachineSpec(
         "drained",
         "drain_timeout",
         "subscribe_failed",  # {session, error}: the subscribe effect's failure
+        "transport_failed",  # {error}: the transport's start (open_transport) failed
     ),
     guards=(
         "is_current",  # the event's session is the attached one
@@ -106,6 +109,15 @@ SESSION_HOST = MachineSpec(
             effects=["unsubscribe"],
         ),
         *row("attached", "subscribe_failed", None),
+        *row(
+            "detached", "transport_failed", "closed", effects=["close_finalize", "close_transport"]
+        ),
+        *row(
+            "attached",
+            "transport_failed",
+            "closed",
+            effects=["unsubscribe", "close_finalize", "close_transport"],
+        ),
         *row("detached", "request", None, effects=["reply_no_session"]),
         *row("attached", "request", None, effects=["delegate_request"]),
         *row(OPEN, "bad_request", None, effects=["reply_error"]),
@@ -122,7 +134,8 @@ SESSION_HOST = MachineSpec(
     ignore=(
         *cells("new", ["detach", "session_closed"], "nothing attached"),
         *cells("new", REQUESTS, "nothing is read before start"),
-        *cells("new", [*DRAIN, "subscribe_failed"], "nothing ran yet"),
+        *cells("new", [*DRAIN, "subscribe_failed", "transport_failed"], "nothing ran yet"),
+        *cells(ENDING, "transport_failed", "closing already: the transport is closed next"),
         *cells([*OPEN, *ENDING], "start", "started already (or ending)"),
         *cells("detached", "subscribe_failed", "detached before its subscribe's outcome"),
         *cells(ENDING, "subscribe_failed", "already unsubscribed"),

@@ -59,11 +59,13 @@ NOT_TAKEN = {
     ("session_host", "attached", "attach"),
     ("session_host", "attached", "detach"),
     # the host's start and its faults: the model's job starts its host before any session
-    # attaches and never closes it unstarted, and no subscribe fails in it (these cells:
-    # tests/test_session_host.py)
+    # attaches and never closes it unstarted, and no subscribe or transport fails in it
+    # (these cells: tests/test_session_host.py)
     ("session_host", "new", "attach"),
     ("session_host", "new", "close"),
     ("session_host", "attached", "subscribe_failed"),
+    ("session_host", "detached", "transport_failed"),
+    ("session_host", "attached", "transport_failed"),
     # the job's own lifecycle before its session runs: the replay's job starts as the
     # model's does, with start_runtime() and start_session() (the start's other cells:
     # tests/test_job_lifecycle.py)

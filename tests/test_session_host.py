@@ -122,6 +122,40 @@ async def test_attaching_before_start_starts_the_host_and_start_then_changes_not
     assert rig.host.state == "closed" and rig.agent_end.closed
 
 
+@pytest.mark.parametrize("how", ["attach", "start"])
+async def test_a_transport_that_cannot_start_closes_the_host_and_refuses_attach_after(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The transport refuses to start (a topic another host holds): nothing can be read
+    or answered, so the host closes, says why, and a later attach raises instead of
+    leaving a session attached to a host that serves nothing. A host an attach started
+    has nobody waiting on its start: only the table and the log tell."""
+
+    class Refusing(InMemorySessionTransport):
+        async def start(self) -> None:
+            raise ValueError("topic lk.agent.session is taken")
+
+    rig = Rig(transport=Refusing)
+    a = await started_session("I am A")
+    if how == "attach":
+        rig.host.attach(a)
+    else:
+        with pytest.raises(RuntimeError, match="session_host=False"):
+            await rig.host.start()
+    await rig.settle()
+    failed = rig.last("transport_failed")
+    was = {"attach": "attached", "start": "detached"}[how]
+    assert (failed.kind, failed.source, failed.dest) == ("transition", was, "closed")
+    assert "topic lk.agent.session is taken" in str(failed.data["error"])
+    assert rig.host.state == "closed" and rig.agent_end.closed
+    assert "the session transport did not start" in caplog.text
+    with pytest.raises(RuntimeError, match="the session host is closed"):
+        rig.host.attach(a)
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
+    await a.aclose()
+    await rig.host.aclose()
+
+
 async def test_a_host_never_started_closes_cleanly() -> None:
     rig = Rig()
     await rig.host.aclose()
@@ -617,9 +651,14 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
             "drained",
             "drain_timeout",
             "subscribe_failed",
+            "transport_failed",
         )
     },
     ("new", "close"): ("transition", "closing", ()),
+    # what the reader's failed start posts (posted by hand: the table's part, alone)
+    ("detached", "transport_failed"): ("transition", "closed", OPEN_TO_CLOSING),
+    ("attached", "transport_failed"): ("transition", "closed", ("unsubscribe", *OPEN_TO_CLOSING)),
+    ("closing", "transport_failed"): ("ignore", "closing", ()),
     ("detached", "start"): ("ignore", "detached", ()),
     ("detached", "subscribe_failed"): ("ignore", "detached", ()),
     ("attached", "start"): ("ignore", "attached", ()),
@@ -676,6 +715,7 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
             "drain_timeout",
             "start",
             "subscribe_failed",
+            "transport_failed",
         )
     },
     ("closed", "attach"): ("reject", "closed", ()),
@@ -784,7 +824,8 @@ async def test_cell(state: str, trigger: str) -> None:
         assert not resp.error and rig.host.finalize_answered
     elif event == "close":
         rig.host.actor.post(Event("close"))
-    else:  # drained / drain_timeout outside closing: what a stale task or timer would post
+    else:  # drained / drain_timeout outside closing: what a stale task or timer would post;
+        # transport_failed: what the reader posts when the transport's start fails
         rig.host.actor.post(Event(event, {"late": True}))
     await rig.settle()
 

@@ -305,6 +305,13 @@ class JobSessionHost(MachineRuntime[str]):
         self._reader = loop.create_task(
             read_requests(self._transport, opened, self._on_request), name="JobSessionHost._read"
         )
+        opened.add_done_callback(self._on_opened)
+
+    def _on_opened(self, opened: asyncio.Future[None]) -> None:
+        """How the transport's start went, as an event: one that failed closes the host."""
+        if opened.cancelled() or (error := opened.exception()) is None or self.actor.closed:
+            return
+        self.actor.post(Event("transport_failed", {"error": describe(error)}))
 
     def _fx_subscribe(self, ev: Event) -> Event | None:
         label = str(ev.data["session"])

@@ -267,7 +267,7 @@ async def read_requests(
                 "session_host=False so the job's host is the only one"
             )
             error.__cause__ = e
-        # its waiter raises it; with none (a host an attach started) it is logged
+        # logged here; `opened` raises it to whoever waits on the start
         logger.warning("the session transport did not start: %s", error)
         if not opened.done():
             opened.set_exception(error)

@@ -123,6 +123,7 @@ POSTED: dict[str, frozenset[str]] = {
             "finalize",
             "bad_request",
             "close",
+            "transport_failed",  # the transport's start, read aside: at any time
         }
     ),
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
