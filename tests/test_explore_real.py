@@ -6,6 +6,8 @@ same failure."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from verification.explore.command import main
@@ -52,6 +54,13 @@ def test_the_example_config_holds_its_invariants_to_a_small_depth() -> None:
     print(report.summary())
     assert report.ok, report.summary()
     assert report.states > 20 and report.layers[0] == 1 and not report.budget_hit
+    # what the search never went through is named: the avatar's join takes three inputs;
+    # a state passed through within one input counts (the lifecycle's starting, in the
+    # start), and the JSON report says the same
+    assert "joined" in report.unreached["avatar"] and "starting" not in report.unreached["avatar"]
+    assert "starting" not in report.unreached.get("agent_job", [])
+    assert json.loads(json.dumps(report.as_dict()))["unreached"] == report.unreached
+    assert "states no run went through: " in report.summary()
     walked = walks(EXAMPLE, "example", seed=0, count=6, steps=8)
     assert walked.ok, walked.summary()
 

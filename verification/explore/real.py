@@ -328,6 +328,7 @@ class Run:
 
     path: list[str] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    entered: frozenset[tuple[str, str]] = frozenset()  # (machine, state) the run went through
     enabled: tuple[str, ...] = ()
     violation: Violation | None = None
     quiesce_loops: int = 0  # real-time sleeps the harness took waiting for a close
@@ -425,6 +426,12 @@ async def execute(
                 run.violation.policy = policy
         if not run.log or run.log[-1].token != "end":
             await _apply_logged(h, "end", run.log, drive=False)
+        # what the run went through, passing states included (before the harness's own
+        # cleanup closes everything)
+        run.entered = frozenset(
+            {(a.spec.name, a.spec.initial) for a in h.job.actors}
+            | {(r.machine, r.dest) for r in h.trace.records if r.kind == "transition"}
+        )
     finally:
         await h.aclose()
         run.quiesce_loops = loops[0]

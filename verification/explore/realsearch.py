@@ -31,6 +31,7 @@ from typing import Any
 from agent_runtime.actor import Event
 from agent_runtime.runtimes.routing import Wiring
 from statemachines.glue import LINKS, without
+from statemachines.machines import MACHINES
 from statemachines.system import WATCHES
 from verification.conformance.harness import Harness
 from verification.explore.abstract import Config
@@ -65,6 +66,9 @@ class RealReport:
     seconds: float = 0.0
     quiesce_loops: int = 0  # real-time sleeps of the harness, over every run
     layers: list[int] = field(default_factory=list)  # new states per layer (bfs)
+    # each machine's states no run went through (passing ones count), by machine
+    unreached: dict[str, list[str]] = field(default_factory=dict)
+    entered: set[tuple[str, str]] = field(default_factory=set, repr=False)
     violations: list[Violation] = field(default_factory=list)
     # --write-scenario DIR: each violation's scenario file, or why it could not be written
     scenario_dir: str | None = None
@@ -76,6 +80,7 @@ class RealReport:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["entered"]  # (unreached says it for JSON)
         out["ok"] = self.ok
         return out
 
@@ -94,6 +99,9 @@ class RealReport:
         ]
         if self.layers:
             lines.append(f"  new states by depth (outcomes within the layer): {self.layers}")
+        if self.unreached:
+            never = "; ".join(f"{m}: {', '.join(s)}" for m, s in self.unreached.items())
+            lines.append(f"  states no run went through: {never}")
         lines += [str(v) for v in self.violations]
         lines += [f"  {s}" for s in self.scenarios]
         lines.append("every invariant holds" if self.ok else f"{len(self.violations)} violation(s)")
@@ -154,6 +162,7 @@ def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
     """Count a run; keep its violation when it is the first of its invariant (the shortest,
     breadth first). Whether the run's last state is new."""
     report.runs += 1
+    report.entered |= r.entered
     report.inputs_done += len(r.path)
     report.quiesce_loops += r.quiesce_loops
     v = r.violation
@@ -259,6 +268,7 @@ def bfs(
     if report.stopped and len(seen) > counted:
         report.layers.append(len(seen) - counted)  # the part of the next layer reached
     report.states = len(seen)
+    report.unreached = unreached(report.entered)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -310,8 +320,19 @@ def walks(
         if on_walk is not None:
             on_walk(seed + k, r)
     report.states = len(seen)
+    report.unreached = unreached(report.entered)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def unreached(entered: set[tuple[str, str]]) -> dict[str, list[str]]:
+    """Each machine's states that no run went through, for the machines the runs had."""
+    out = {}
+    for machine in sorted({m for m, _ in entered}):
+        left = [s for s in MACHINES[machine].state_names if (machine, s) not in entered]
+        if left:
+            out[machine] = left
+    return out
 
 
 def replay(
@@ -334,6 +355,7 @@ def replay(
     seen.update(r.snapshots)
     report.depth = len(r.path)
     report.states = len(seen)
+    report.unreached = unreached(report.entered)
     report.seconds = time.perf_counter() - started
     return report
 
