@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol, TypeVar
 
@@ -46,7 +45,8 @@ class Scheduler:
     __slots__ = ("_call", "_ready", "_stepping", "work")
 
     def __init__(self) -> None:
-        self._ready: deque[Steppable] = deque()
+        # a list, drained by index (an empty deque is a 64-slot block, per job)
+        self._ready: list[Steppable] = []
         self._stepping = False
         self._call: asyncio.Handle | None = None  # the one call that steps what is ready
         self.work = 0
@@ -73,15 +73,18 @@ class Scheduler:
             self._call = None
         self._stepping = True
         ready = self._ready
+        i = 0
         try:
-            while ready:
-                actor = ready.popleft()
+            while i < len(ready):
+                actor = ready[i]
+                i += 1
                 try:
                     actor.step_mailbox()
                 except Exception:
                     # the actor's failure, never the job's: the other actors go on
                     logger.exception("stepping %r failed", actor)
         finally:
+            del ready[:i]
             self._stepping = False
 
     def own(

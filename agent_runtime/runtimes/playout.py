@@ -174,6 +174,22 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     """
 
     HISTORY = 256
+    _done: deque[PlayoutDone] | None
+    _reprompted: deque[Reprompted] | None
+
+    @property
+    def done(self) -> deque[PlayoutDone]:
+        """The last ``HISTORY`` turns' ends, oldest first."""
+        if self._done is None:
+            self._done = deque(maxlen=self.HISTORY)
+        return self._done
+
+    @property
+    def reprompted(self) -> deque[Reprompted]:
+        """The last ``HISTORY`` re-prompts, oldest first."""
+        if self._reprompted is None:
+            self._reprompted = deque(maxlen=self.HISTORY)
+        return self._reprompted
 
     def __init__(
         self,
@@ -227,8 +243,10 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self._segment: tuple[float, float] | None = None
         self._cut_at: float | None = None
         self._speeches: set[asyncio.Task[None]] = set()
-        self.done: deque[PlayoutDone] = deque(maxlen=self.HISTORY)
-        self.reprompted: deque[Reprompted] = deque(maxlen=self.HISTORY)
+        # made at the first turn (or read): an empty deque is a 64-slot block, and a job
+        # whose agent has not spoken yet needs neither
+        self._done = None
+        self._reprompted = None
         self._run_machine(
             PLAYOUT,
             _EFFECTS,
