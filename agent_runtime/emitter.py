@@ -60,6 +60,9 @@ def _is_async(callback: Callable[..., Any]) -> bool:
     )
 
 
+_NO_LISTENERS: dict[Any, tuple[Callable[..., Any], ...]] = {}
+
+
 class Emitter(rtc.EventEmitter[T]):
     """``rtc.EventEmitter`` whose ``emit`` does not rebuild each listener's signature, and
     whose listeners of an event are a tuple (replaced on ``on``/``off``, so ``emit`` walks
@@ -68,7 +71,9 @@ class Emitter(rtc.EventEmitter[T]):
     __slots__ = ("_events",)
 
     def __init__(self) -> None:
-        self._events: dict[T, tuple[Callable[..., Any], ...]] = {}  # type: ignore[assignment]
+        # one shared empty dict until the first listener (never written: ``on`` replaces
+        # it): most of a job's emitters are never listened to, and each dict is memory
+        self._events: dict[T, tuple[Callable[..., Any], ...]] = _NO_LISTENERS  # type: ignore[assignment]
 
     def on(self, event: T, callback: Callable[..., Any] | None = None) -> Callable[..., Any]:
         if callback is None:
@@ -85,6 +90,8 @@ class Emitter(rtc.EventEmitter[T]):
             )
         current: tuple[Callable[..., Any], ...] = self._events.get(event, ())
         if callback not in current:
+            if self._events is _NO_LISTENERS:
+                self._events = {}
             self._events[event] = (*current, callback)
         return callback
 

@@ -233,3 +233,24 @@ def test_a_listener_added_or_removed_during_emit_waits_for_the_next_one() -> Non
         return got
 
     assert run(Emitter) == run(rtc.EventEmitter) == ["first", "second", "first", "late"]
+
+
+def test_emitters_that_start_without_listeners_never_share_one() -> None:
+    # (an emitter holds no dict of its own until its first listener: the empty one it
+    # starts with must never be written through)
+    first, second, third = Emitter[str](), Emitter[str](), Emitter[str]()
+    heard: list[str] = []
+    first.on("x", lambda v: heard.append(f"first {v}"))
+    first.once("y", lambda v: heard.append(f"first once {v}"))
+    second.off("x", print)  # an off on an emitter nobody listened to changes nothing
+    second.emit("x", 1)
+    third.emit("y", 2)
+    assert heard == []
+    first.emit("x", 3)
+    first.emit("y", 4)
+    first.emit("y", 5)
+    assert heard == ["first 3", "first once 4"]
+    third.on("x", lambda v: heard.append(f"third {v}"))
+    second.emit("x", 6)
+    third.emit("x", 7)
+    assert heard[2:] == ["third 7"]

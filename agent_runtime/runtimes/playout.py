@@ -31,6 +31,7 @@ awaited (the reply's playout is the machine's next turn); another awaitable is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections import deque
@@ -88,9 +89,10 @@ class Reprompted:
     attempt: int
 
 
+@functools.lru_cache(maxsize=32)
 def default_reprompt(instructions: str) -> RepromptFn:
     """The re-prompt ``AgentJob`` uses unless given one: a short reply with these
-    instructions."""
+    instructions (one function per instructions, shared by the jobs that use them)."""
 
     def reprompt(session: AgentSession[Any], attempt: int) -> SpeechHandle:
         return session.generate_reply(instructions=instructions)
@@ -242,7 +244,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         # when the agent's speech was last interrupted (on this clock)
         self._segment: tuple[float, float] | None = None
         self._cut_at: float | None = None
-        self._speeches: set[asyncio.Task[None]] = set()
+        # re-prompts running (a dict as an ordered set: small while empty, as it mostly is)
+        self._speeches: dict[asyncio.Task[None], None] = {}
         # made at the first turn (or read): an empty deque is a 64-slot block, and a job
         # whose agent has not spoken yet needs neither
         self._done = None
@@ -333,8 +336,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             task = asyncio.get_running_loop().create_task(
                 self._follow_speech(handle), name=f"playout:{handle.id}"
             )
-            self._speeches.add(task)
-            task.add_done_callback(self._speeches.discard)
+            self._speeches[task] = None
+            task.add_done_callback(lambda t: self._speeches.pop(t, None))
 
     async def _follow_speech(self, handle: SpeechHandle) -> None:
         """Until the speech is done: its interruption, then its end, through the handle's

@@ -140,7 +140,7 @@ def room_deletion_for(
 ) -> RoomDeletion:
     """The room's deletion, through ``delete_room`` or the server API."""
     return RoomDeletion(
-        delete_room or _server_api_deleter(room),
+        delete_room or _ServerApiDeleter(room),
         close_timeout=close_timeout,
         clock=clock,
         tracer=tracer,
@@ -150,16 +150,20 @@ def room_deletion_for(
     )
 
 
-def _server_api_deleter(room: rtc.Room) -> DeleteRoomFn:
-    """Delete through the server API with credentials from the environment (as a job does)."""
+class _ServerApiDeleter:
+    """Delete through the server API with credentials from the environment (as a job does).
+    A slotted callable rather than a closure: one is held per job."""
 
-    async def delete() -> None:
+    __slots__ = ("_room",)
+
+    def __init__(self, room: rtc.Room) -> None:
+        self._room = room
+
+    async def __call__(self) -> None:
         from livekit import api
 
         async with api.LiveKitAPI() as lkapi:
-            await lkapi.room.delete_room(api.DeleteRoomRequest(room=room.name))
-
-    return delete
+            await lkapi.room.delete_room(api.DeleteRoomRequest(room=self._room.name))
 
 
 def _not_deleting(state: str) -> bool:

@@ -148,6 +148,12 @@ class _Follower:
             self.post(Event(r.event, fact_data(fact)))
 
 
+@functools.lru_cache(maxsize=64)
+def _frozen_flags(items: frozenset[tuple[str, bool]]) -> Mapping[str, bool]:
+    """One read-only mapping per set of flags, shared by the jobs that have it."""
+    return MappingProxyType(dict(items))
+
+
 class Wiring:
     """The declared links between the machines of one job (``statemachines.glue.LINKS``).
 
@@ -160,7 +166,7 @@ class Wiring:
     def __init__(
         self, *, flags: Mapping[str, bool] | None = None, links: tuple[Link, ...] = LINKS
     ) -> None:
-        self._flags: Mapping[str, bool] = MappingProxyType(dict(flags or {}))
+        self._flags: Mapping[str, bool] = _frozen_flags(frozenset((flags or {}).items()))
         self._posts: dict[str, Callable[[Event], None]] = {}
         # the declared links, indexed once per declaration (every job shares LINKS')
         self._declared = links

@@ -142,7 +142,8 @@ class JobSessionHost(MachineRuntime[str]):
         self._pending: dict[int, agent_pb.SessionRequest] = {}
         self._refs = itertools.count(1)
         self._attached: _Attached | None = None  # its parts; the state says if one is
-        self._closing_hosts: set[asyncio.Task[None]] = set()
+        # per-session hosts closing aside (a dict as an ordered set: small while empty)
+        self._closing_hosts: dict[asyncio.Task[None], None] = {}
         # open_transport's running work: the transport started, then read, until the close;
         # and how its start went (what start() waits for). The table says if it started.
         self._reader: asyncio.Task[None] | None = None
@@ -353,8 +354,8 @@ class JobSessionHost(MachineRuntime[str]):
         task = asyncio.get_running_loop().create_task(
             host.aclose(), name=f"JobSessionHost.detach:{label}"
         )
-        self._closing_hosts.add(task)
-        task.add_done_callback(self._closing_hosts.discard)
+        self._closing_hosts[task] = None
+        task.add_done_callback(lambda t: self._closing_hosts.pop(t, None))
 
     def _fx_delegate_request(self, ev: Event) -> Awaitable[None] | None:
         if self._attachment().host is None:

@@ -63,17 +63,25 @@ def server_api_remover(room: rtc.Room) -> RemoveParticipant:
     """Removes a participant of ``room`` through the LiveKit server API of the job this runs
     in (``get_job_context().api``, credentials from the job's environment), as the plugins'
     own ``aclose()`` does; outside a job there is no server API to call, which is logged."""
+    return _ServerApiRemover(room)
 
-    async def remove(identity: str) -> None:
+
+class _ServerApiRemover:
+    """``server_api_remover``'s callable: slotted rather than a closure (one per job)."""
+
+    __slots__ = ("_room",)
+
+    def __init__(self, room: rtc.Room) -> None:
+        self._room = room
+
+    async def __call__(self, identity: str) -> None:
         ctx = get_job_context(required=False)
         if ctx is None:
             logger.info("avatar %s left in the room: no job context, no server API", identity)
             return
         await ctx.api.room.remove_participant(
-            api.RoomParticipantIdentity(room=room.name, identity=identity)
+            api.RoomParticipantIdentity(room=self._room.name, identity=identity)
         )
-
-    return remove
 
 
 async def remove_avatar_participant(
