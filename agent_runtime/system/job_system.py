@@ -240,9 +240,8 @@ class JobSystem(MachineRuntime[str]):
         )
         self.job_context: JobContext | None = None
         self._live_route: Route = "none"
-        # the parts of a start still running: the teardown cuts them
-        # the start parts running, each in its caller (a dict as an ordered set: an empty
-        # one is a quarter of an empty set's size, per job)
+        # the parts of a start still running, each in its caller: the teardown cuts them
+        # (a dict as an ordered set: an empty one is a quarter of an empty set's size)
         self._starts: dict[StartPart, None] = {}
         self._session_start: asyncio.Task[Any] | None = None  # the call starting the session
         # who hears the declared watches (statemachines.system.WATCHES), by machine
