@@ -24,6 +24,8 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol, TypeVar
 
+from agent_runtime.clock import Clock
+
 T = TypeVar("T")
 
 logger = logging.getLogger("agent_runtime.scheduler")
@@ -179,6 +181,25 @@ def after(
 
     first.add_done_callback(go)
     out.add_done_callback(cut)
+    return out
+
+
+def within(work: asyncio.Future[Any], seconds: float, clock: Clock) -> asyncio.Future[None]:
+    """A future done once ``work`` has ended or ``seconds`` have passed on ``clock``,
+    whichever comes first; ``work`` is left running (its owner cuts it)."""
+    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not out.done():
+            out.set_result(None)
+
+    timer = clock.call_later(seconds, done)
+
+    def ended(_: asyncio.Future[Any]) -> None:
+        timer.cancel()
+        done()
+
+    work.add_done_callback(ended)
     return out
 
 

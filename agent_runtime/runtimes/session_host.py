@@ -20,7 +20,6 @@ closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,7 +38,7 @@ from agent_runtime.observe.trace import Tracer, describe
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
-from agent_runtime.scheduler import Scheduler, after, ending, relay
+from agent_runtime.scheduler import Scheduler, after, ending, relay, within
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import simulation_context
 from agent_runtime.sdk.session_transport import (
@@ -409,27 +408,29 @@ class JobSessionHost(MachineRuntime[str]):
     def _fx_close_finalize(self, _ev: Event) -> None:
         """Its link closes the finalize machine (an unfinished answer is cut)."""
 
-    async def _fx_close_transport(self, _ev: Event) -> None:
-        try:
-            # after close_finalize (the same step): the finalize machine's close handled
-            await self.finalize.actor.join()
-            left = list(self._closing_hosts)
-            if left:
-                # a per-session host's close cut half-way leaves its writer behind: it
-                # gets its drain bound once more to end, then is cut
-                with contextlib.suppress(TimeoutError):
-                    await self._clock.wait_for(
-                        asyncio.shield(asyncio.gather(*left, return_exceptions=True)),
-                        self._drain_timeout,
-                    )
-            for t in left:
+    def _fx_close_transport(self, _ev: Event) -> asyncio.Future[None] | None:
+        """After close_finalize (same step): the finalize machine settled, the per-session
+        hosts closing aside given their drain bound once more (then cut), the reader ends
+        and closes the transport. No task of its own; cut at its bound, the rest runs."""
+        return after(self.finalize.actor.when_settled(), self._close_hosts_left)
+
+    def _close_hosts_left(self) -> asyncio.Future[None] | None:
+        if (left := ending(*self._closing_hosts)) is None:
+            return self._end_reading()
+
+        def cut() -> asyncio.Future[None] | None:
+            for t in list(self._closing_hosts):
                 t.cancel()
-            await asyncio.gather(*left, return_exceptions=True)
-        finally:
-            # whatever the waits above came to (cut at the effect's bound too): the
-            # transport is closed and nothing pending is kept
-            self._pending.clear()
-            await self._transport.close()
+            return after(ending(*self._closing_hosts), self._end_reading)
+
+        return after(within(left, self._drain_timeout, self._clock), cut)
+
+    def _end_reading(self) -> asyncio.Future[None] | None:
+        """Nothing pending kept; the reader, cancelled, closes the transport (or here)."""
+        self._pending.clear()
+        if (reader := self._stop_reading()) is not None:
+            return relay(reader, None)
+        return asyncio.ensure_future(self._transport.close())
 
     # -- helpers ---------------------------------------------------------------------------
     def _attachment(self) -> _Attached:

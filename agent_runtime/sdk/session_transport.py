@@ -250,13 +250,15 @@ async def read_requests(
     transport: SessionTransport, opened: asyncio.Future[None], on_request: OnRequest
 ) -> None:
     """Start ``transport`` (``opened`` says how that went), then hand each request it
-    reads to ``on_request(request, sender)`` until cancelled (the sender when the
-    transport can say: ``RoomRequestTransport`` can)."""
+    reads to ``on_request(request, sender)`` (the sender when the transport can say:
+    ``RoomRequestTransport`` can) until cancelled. Cancelled, it closes the transport
+    before it ends: whoever stops the reading waits for it, with no task of its own."""
     try:
         await transport.start()
     except asyncio.CancelledError:
         if not opened.done():
             opened.set_result(None)  # closed while it started: its waiter just returns
+        await _close(transport)
         raise
     except Exception as e:
         error: Exception = e
@@ -276,6 +278,15 @@ async def read_requests(
     if not opened.done():
         opened.set_result(None)
     del opened  # a live job holds this frame: nothing more than it needs
+    try:
+        await _read(transport, on_request)
+    except asyncio.CancelledError:
+        await _close(transport)
+        raise
+
+
+async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
+    """Each request read, handed on, until the transport ends or fails every read."""
     named = cast(SenderAware, transport) if sender_aware(transport) else None
     it = transport.__aiter__()
     unreadable = 0
@@ -303,6 +314,14 @@ async def read_requests(
             on_request(msg.request, sender)
         else:
             logger.debug("ignored session message %r", msg.WhichOneof("message"))
+
+
+async def _close(transport: SessionTransport) -> None:
+    """Close ``transport``; a close that fails is logged (the reading is over either way)."""
+    try:
+        await transport.close()
+    except Exception:
+        logger.warning("the session transport did not close cleanly", exc_info=True)
 
 
 def _retrieved(fut: asyncio.Future[None]) -> None:
