@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_runtime import Actor, Event, MemorySink, Scheduler, Tracer
-from agent_runtime.scheduler import after, ending, relay, when_all
+from agent_runtime.scheduler import after, ending, relay, when_all, within
 from agent_runtime.testing.clock import VirtualClock
 from statemachines import Effect, MachineSpec, State, cells, row
 
@@ -255,3 +255,21 @@ async def test_a_cut_chain_cancels_what_it_waits_on_and_still_runs_the_rest() ->
     for _ in range(4):  # each link of the chain hears it on the loop's next turn
         await asyncio.sleep(0)
     assert waited.cancelled() and ran == ["released"]
+
+
+async def test_within_ends_at_the_work_or_at_its_bound_and_leaves_the_work_running() -> None:
+    clock = VirtualClock()
+    loop = asyncio.get_running_loop()
+    quick: asyncio.Future[None] = loop.create_future()
+    bounded = within(quick, 3.0, clock)
+    quick.set_result(None)
+    await asyncio.sleep(0)
+    assert bounded.done() and clock.next_deadline() is None  # its timer went with it
+    hung: asyncio.Future[None] = loop.create_future()
+    cut = within(hung, 3.0, clock)
+    await clock.advance(2.9)
+    assert not cut.done()
+    await clock.advance(0.1)
+    assert cut.done() and cut.result() is None
+    assert not hung.done()  # the work is its owner's to cut
+    hung.cancel()

@@ -156,6 +156,25 @@ async def test_a_transport_that_cannot_start_closes_the_host_and_refuses_attach_
     await rig.host.aclose()
 
 
+async def test_a_transport_whose_close_fails_is_logged_and_the_host_still_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reader closes the transport as it ends: a close that raises is logged, the host
+    ends closed, and nothing is left reading or closing."""
+
+    class FailingClose(InMemorySessionTransport):
+        async def close(self) -> None:
+            raise OSError("the room's stream is gone")
+
+    rig = Rig(transport=FailingClose)
+    await rig.host.start()
+    await rig.host.aclose()
+    assert rig.host.state == "closed"
+    assert rig.last("drained").dest == "closed"
+    assert "the session transport did not close cleanly" in caplog.text
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
+
+
 async def test_a_host_never_started_closes_cleanly() -> None:
     rig = Rig()
     await rig.host.aclose()
