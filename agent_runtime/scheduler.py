@@ -200,6 +200,7 @@ def within(work: asyncio.Future[Any], seconds: float, clock: Clock) -> asyncio.F
         done()
 
     work.add_done_callback(ended)
+    out.add_done_callback(lambda _: timer.cancel())  # cut: no timer left behind either
     return out
 
 

@@ -272,4 +272,9 @@ async def test_within_ends_at_the_work_or_at_its_bound_and_leaves_the_work_runni
     await clock.advance(0.1)
     assert cut.done() and cut.result() is None
     assert not hung.done()  # the work is its owner's to cut
+    given_up = within(hung, 3.0, clock)
+    given_up.cancel()  # the wait cut: its timer goes with it
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert clock.next_deadline() is None and not hung.done()
     hung.cancel()

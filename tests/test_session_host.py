@@ -166,13 +166,16 @@ async def test_a_transport_whose_close_fails_is_logged_and_the_host_still_closes
         async def close(self) -> None:
             raise OSError("the room's stream is gone")
 
-    rig = Rig(transport=FailingClose)
-    await rig.host.start()
-    await rig.host.aclose()
-    assert rig.host.state == "closed"
-    assert rig.last("drained").dest == "closed"
-    assert "the session transport did not close cleanly" in caplog.text
-    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
+    for started in (True, False):  # the reader closes it, or (never opened) the host does
+        caplog.clear()
+        rig = Rig(transport=FailingClose)
+        if started:
+            await rig.host.start()
+        await rig.host.aclose()
+        await settle()
+        assert rig.host.state == "closed"
+        assert "the session transport did not close cleanly" in caplog.text
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
 
 
 async def test_a_host_never_started_closes_cleanly() -> None:

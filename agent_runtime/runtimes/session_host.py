@@ -1,20 +1,14 @@
 """A session host owned by the job, driven by the ``session_host`` machine.
 
-One host per job over any ``SessionTransport`` (in production livekit's
-``RoomSessionTransport(room)`` on topic ``lk.agent.session``). Sessions attach and detach;
-the host outlives them, so a simulator's ``finalize_simulation`` is answered after the agent
-hung up.
-
-Ordinary requests and event forwarding are livekit's own: each attached session gets a fresh
-livekit ``SessionHost`` over a pipe whose replies and events go out on the job's transport.
-Detaching closes that per-session host, whose first step removes its event subscriptions (on
-the loop's next turn), so a replaced session's events stop while a new one's flow (upstream
-subscribes only the first session it ever sees). ``finalize_simulation`` is answered by the
-host's ``FinalizeAnswer`` (the ``finalize`` machine), from the job's simulation context,
-whether or not a session is attached. Closing is a state of its own: the replies in flight
-go out within ``drain_timeout`` (requests that still arrive get an error reply), a finalize
-answer still being computed is cut (its request gets an error reply), then the transport
-closes.
+One host per job over any ``SessionTransport`` (in production the room's, on topic
+``lk.agent.session``). Sessions attach and detach; the host outlives them, so a simulator's
+``finalize_simulation`` is answered after the agent hung up. Ordinary requests and event
+forwarding are livekit's own: each attached session gets a fresh livekit ``SessionHost`` over
+a pipe onto the job's transport; detaching closes it (its first step, on the loop's next
+turn, drops its event subscriptions). ``finalize_simulation`` is the host's
+``FinalizeAnswer`` (the ``finalize`` machine), attached session or not. Closing is a state:
+replies in flight go out within ``drain_timeout``, later requests and an unfinished answer
+get an error reply, then the reader ends and closes the transport.
 """
 
 from __future__ import annotations
@@ -44,6 +38,7 @@ from agent_runtime.sdk.livekit_compat import simulation_context
 from agent_runtime.sdk.session_transport import (
     RoomRequestTransport,
     SessionPipe,
+    close_quietly,
     read_requests,
     request_problem,
     sender_aware,
@@ -143,8 +138,7 @@ class JobSessionHost(MachineRuntime[str]):
         self._attached: _Attached | None = None  # its parts; the state says if one is
         # per-session hosts closing aside (a dict as an ordered set: small while empty)
         self._closing_hosts: dict[asyncio.Task[None], None] = {}
-        # open_transport's running work: the transport started, then read, until the close;
-        # and how its start went (what start() waits for). The table says if it started.
+        # open_transport's reader (the transport started, read, closed) and its start's end
         self._reader: asyncio.Task[None] | None = None
         self._opened: asyncio.Future[None] | None = None
         self._drain_timeout = drain_timeout
@@ -300,8 +294,7 @@ class JobSessionHost(MachineRuntime[str]):
     def _fx_open_transport(self, _ev: Event) -> None:
         loop = asyncio.get_running_loop()
         self._opened = opened = loop.create_future()
-        # the transport's start and reads run aside for as long as the host is open (the
-        # mailbox keeps moving); start() waits for `opened`, the release cancels the reader
+        # the transport's start, reads and close run aside (the mailbox keeps moving)
         self._reader = loop.create_task(
             read_requests(self._transport, opened, self._on_request), name="JobSessionHost._read"
         )
@@ -409,9 +402,8 @@ class JobSessionHost(MachineRuntime[str]):
         """Its link closes the finalize machine (an unfinished answer is cut)."""
 
     def _fx_close_transport(self, _ev: Event) -> asyncio.Future[None] | None:
-        """After close_finalize (same step): the finalize machine settled, the per-session
-        hosts closing aside given their drain bound once more (then cut), the reader ends
-        and closes the transport. No task of its own; cut at its bound, the rest runs."""
+        """After close_finalize: the finalize machine settled, the per-session hosts given
+        their drain bound once more (then cut), the reader ended: no task of its own."""
         return after(self.finalize.actor.when_settled(), self._close_hosts_left)
 
     def _close_hosts_left(self) -> asyncio.Future[None] | None:
@@ -426,11 +418,10 @@ class JobSessionHost(MachineRuntime[str]):
         return after(within(left, self._drain_timeout, self._clock), cut)
 
     def _end_reading(self) -> asyncio.Future[None] | None:
-        """Nothing pending kept; the reader, cancelled, closes the transport (or here)."""
         self._pending.clear()
-        if (reader := self._stop_reading()) is not None:
-            return relay(reader, None)
-        return asyncio.ensure_future(self._transport.close())
+        if self._opened is None:  # never opened: closed here all the same
+            return asyncio.ensure_future(close_quietly(self._transport))
+        return self._stop_reading()
 
     # -- helpers ---------------------------------------------------------------------------
     def _attachment(self) -> _Attached:
@@ -439,12 +430,21 @@ class JobSessionHost(MachineRuntime[str]):
             raise RuntimeError(f"session host {self.actor.instance!r}: no session attached")
         return att
 
-    def _stop_reading(self) -> asyncio.Future[Any] | None:
+    def _stop_reading(self) -> asyncio.Future[None] | None:
+        """The reader cancelled, then the transport closed once (``_closed_after``)."""
         task, self._reader = self._reader, None
-        if task is None or task is asyncio.current_task() or task.done():
+        if task is None or task is asyncio.current_task():
             return None
         task.cancel()
-        return task
+        return after(task, lambda: self._closed_after(task))
+
+    def _closed_after(self, reader: asyncio.Task[None]) -> asyncio.Future[None] | None:
+        opened = self._opened
+        if opened is not None and not opened.done():
+            opened.set_result(None)  # cancelled before it ran: start()'s waiter returns
+        elif reader.cancelled() and opened is not None and opened.exception() is None:
+            return None  # its start went, so its cancellation closed the transport
+        return asyncio.ensure_future(close_quietly(self._transport))  # failed, ended, never ran
 
     async def _send_error(self, request_id: str, error: str) -> None:
         await self._transport.send_message(

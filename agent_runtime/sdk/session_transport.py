@@ -258,7 +258,7 @@ async def read_requests(
     except asyncio.CancelledError:
         if not opened.done():
             opened.set_result(None)  # closed while it started: its waiter just returns
-        await _close(transport)
+        await close_quietly(transport)
         raise
     except Exception as e:
         error: Exception = e
@@ -281,7 +281,7 @@ async def read_requests(
     try:
         await _read(transport, on_request)
     except asyncio.CancelledError:
-        await _close(transport)
+        await close_quietly(transport)
         raise
 
 
@@ -316,7 +316,7 @@ async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
             logger.debug("ignored session message %r", msg.WhichOneof("message"))
 
 
-async def _close(transport: SessionTransport) -> None:
+async def close_quietly(transport: SessionTransport) -> None:
     """Close ``transport``; a close that fails is logged (the reading is over either way)."""
     try:
         await transport.close()
