@@ -23,6 +23,7 @@ from agent_runtime.actor import ActorClosed, Event
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, audio_tail, route_of
 from agent_runtime.runtimes.room_events import RoomEventAdapter
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import settle
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import (
@@ -981,6 +982,36 @@ async def test_an_avatar_that_returns_during_backoff_gets_the_audio_with_rejoin(
     assert rig.lifecycle.state == "joined"  # re-routed, not restarted
     assert rig.lifecycle.audio_route() == "avatar"
     assert rig.avatar.start_calls == 1
+    await rig.aclose()
+
+
+async def test_an_avatar_that_left_before_its_video_and_returns_gets_the_audio() -> None:
+    """With rejoin, the avatar joins, leaves before its video is up (the plugin's sink was
+    waiting for that video: its start failed there, and livekit's sink then refuses every
+    frame for good), and comes back with its video: the route goes back in and the agent's
+    audio reaches it, not an error from the sink's first start."""
+    rig = Rig(retry={"rejoin": True})
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join(video=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert isinstance(sink, DataStreamAudioOutput)
+    frame = rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+    capture = asyncio.ensure_future(sink.capture_frame(frame))  # waits for the video
+    await settle()
+    rig.room.remove_participant(AVATAR)
+    await settle()
+    with pytest.raises(RuntimeError, match="disconnected while waiting"):
+        await capture
+    assert rig.lifecycle.state == "restored"
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined" and route_of(rig.session) == "avatar"
+    await sink.capture_frame(frame)
+    sink.flush()
+    await settle()
+    assert lk.pending_playbacks(sink) == 1  # the segment went to the avatar
     await rig.aclose()
 
 

@@ -176,6 +176,19 @@ def pending_playbacks(out: AudioOutput) -> int:
     return int(out._pending_playback_count)
 
 
+def restart_failed_sink(sink: AudioOutput) -> bool:
+    """Let a ``DataStreamAudioOutput`` whose start failed (its avatar left while the sink
+    waited for it) start again at its next frame, as a new one would: livekit's sink keeps
+    that failed start and raises it at every frame after. True when it had failed."""
+    task = getattr(sink, "_start_atask", None)
+    if not isinstance(task, asyncio.Task) or not task.done():
+        return False
+    if not task.cancelled() and task.exception() is None:
+        return False  # started: nothing to do
+    sink._start_atask = None  # type: ignore[attr-defined]
+    return True
+
+
 def keep_sink_off_the_playback_rpc(sink: DataStreamAudioOutput, noop: Callable[..., None]) -> None:
     """Keep ``sink`` from registering its own ``lk.playback_finished`` handler when the room
     connects (it would replace the runtime's)."""

@@ -339,6 +339,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         session, sink = self._route.session, self._route.installed
         assert session is not None and sink is not None
         self._route.take_prev()
+        if lk.restart_failed_sink(sink):  # it had waited for this avatar, who left
+            logger.debug(
+                "avatar %s: its sink's failed start is retried", self._avatar.avatar_identity
+            )
         session.output.replace_audio_tail(sink)
         self._claim_playback_rpc()
         logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
