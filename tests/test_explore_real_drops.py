@@ -63,10 +63,11 @@ ARGUED: dict[str, str] = {
 }
 
 # deeper than the search's budget (an avatar joined, a reply handed to it: five inputs and
-# more): the directed path a user's job takes, and the invariant its end breaks
+# more): the directed path a user's job takes, and the invariant it breaks (here as soon as
+# the bound finished the playout without telling the avatar: its audio waits there unawaited)
 JOINED = "avatar_start,plugin_routed,plugin_returns,avatar_joins,avatar_video,agent_says"
 DIRECTED: dict[str, tuple[str, int]] = {
-    "playout:finish_playout:avatar": (f"{JOINED},time", 9),
+    "playout:finish_playout:avatar": (f"{JOINED},time", 12),
 }
 
 

@@ -280,6 +280,11 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def avatar_joined(self) -> bool:
         return glue.avatar_joined(_Facts(self), glue.EMPTY)
 
+    @property
+    def user_listening(self) -> bool:
+        """A linked user is there and silent (what the watchdog's guard reads)."""
+        return glue.user_listening(_Facts(self), glue.EMPTY)
+
     def start(self) -> None:
         """Follow the session (before it starts, so its first speech is seen). Idempotent.
         The machine's start says that it follows: nothing else starts it (``_post``)."""

@@ -451,6 +451,7 @@ async def run_scenario(
                 memory.records,
                 sim.clock.now,
                 hung=lambda: sim.held.hung("session_close", "a"),
+                tracer=tracer,
             )
         try:
             await sim.run()

@@ -72,6 +72,7 @@ class Harness:
         self.config = config
         self.clock = VirtualClock()
         self.trace = MemorySink()
+        self.tracer = Tracer(self.trace)  # a checker may add its own sink
         self.room: InMemoryRoom = InMemoryRoom(name="conformance", clock=self.clock)
         self.observed = Observed()
         agent_end, self.simulator = _RoomBoundTransport(), InMemorySessionTransport()
@@ -111,7 +112,7 @@ class Harness:
             playout=self._playout(config) if playout else False,
             on_reprompt=self._reprompt if playout and config.watchdog != "off" else None,
             clock=self.clock,
-            tracer=Tracer(self.trace),
+            tracer=self.tracer,
             otel=False,
             transport=agent_end,
             simulation=SimulationDispatch(simulation_run_id="RUN_conformance")

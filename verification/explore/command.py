@@ -71,9 +71,11 @@ def parser() -> argparse.ArgumentParser:
     real.add_argument("--config", choices=(*NAMED_CONFIGS, "watchdog"), default="example")
     real.add_argument(
         "--inputs",
-        choices=("all", "job", "avatar"),
+        choices=("all", "job", "avatar", "playout"),
         default="all",
-        help="which inputs: the job's, the avatar's, or all (default)",
+        help="which inputs: the job's, the avatar's, what the playout machine hears of "
+        "(the avatar's start and presence, the user, the agent's speech, time), or all "
+        "(default)",
     )
     real.add_argument(
         "--budget", type=int, default=5_000, metavar="STATES", help="stop at this many states"

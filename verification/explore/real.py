@@ -33,13 +33,14 @@ from livekit import rtc
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.invariants.checks import LIVE_JOB, Finding, eventual, safety, settled
+from agent_runtime.testing.invariants.playout import PlayoutJudge
 from agent_runtime.testing.invariants.view import JobView
 from verification.conformance.harness import Harness
 from verification.conformance.paths import Step
 from verification.explore.abstract import PEOPLE, Config
 from verification.explore.search import NAMED_CONFIGS, PLAYOUT_CONFIGS
 
-Inputs = Literal["all", "job", "avatar"]
+Inputs = Literal["all", "job", "avatar", "playout"]
 TIME = "time"  # the input "time passes to the clock's next deadline"
 _LIFE_UP = ("new", "starting", "running")
 _REASONS = ("CLIENT_INITIATED", "SIGNAL_CLOSE")
@@ -87,7 +88,35 @@ def enabled(h: Harness, view: JobView, inputs: Inputs = "all") -> tuple[str, ...
     out += _outcomes(h, states)
     if h.clock.next_deadline() is not None:
         out.append(TIME)
+    if inputs == "playout":
+        return tuple(t for t in out if t in PLAYOUT_INPUTS)
     return tuple(out)
+
+
+# what the playout machine hears of, and what gets it there: the avatar's start and its
+# comings and goings, the user's, the agent's speech and the avatar's report of it, time.
+# (Only the outcomes that let an avatar join: a failed one is the avatar's inputs' business.)
+PLAYOUT_INPUTS = frozenset(
+    {
+        "user_joins",
+        "user_leaves:CLIENT_INITIATED",
+        "avatar_start",
+        "plugin_routed",
+        "plugin_returns",
+        "avatar_joins",
+        "avatar_video",
+        "avatar_leaves",
+        "interrupt",
+        "agent_says",
+        "user_interrupts",
+        "avatar_reports",
+        "user_speaks",
+        "user_listens",
+        "clear_settles",
+        "a_closed",
+        TIME,
+    }
+)
 
 
 def _people(h: Harness, who: str, up: bool) -> list[str]:
@@ -375,6 +404,8 @@ async def execute(
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(sdk_task_failures_at_debug)
     h = Harness(config, playout=True)  # the job as users get it: playout with its avatar
+    judge = PlayoutJudge(h.job)  # playout's decisions, judged as they are made
+    h.tracer.sinks.append(judge)
     if setup is not None:
         setup(h)
     loops = _count_quiesce(h)
@@ -386,7 +417,7 @@ async def execute(
             view = h.view()
             run.snapshots.append(snapshot(h, view))
             run.enabled = enabled(h, view, inputs)
-            found = [*safety(view), *settled(view)]
+            found = [*safety(view), *settled(view), *judge.findings]
             if found:
                 run.violation = _violation(found, run.path, len(run.path), seed)
             return not found
@@ -420,7 +451,9 @@ async def execute(
             ok = look()
         last = run.snapshots[-1]
         if ok and (check_eventual(last) if callable(check_eventual) else check_eventual):
+            mark = judge.mark()
             found = await _eventual(h, policy, run.log)
+            found = found or [*judge.findings, *judge.silent_since(mark)]
             if found:
                 run.violation = _violation(found, run.path, len(run.path) + 1, seed)
                 run.violation.policy = policy

@@ -104,6 +104,16 @@ INVARIANTS: tuple[Invariant, ...] = (
         "and every bound passed, its avatar and participant link are closed (not only "
         "stopped where they were)",
     ),
+    Invariant(
+        12,
+        "playout_keeps_its_word",
+        "the playout machine follows every turn and ends it on the SDK's or the avatar's "
+        "report; agent audio at a joined avatar is always waited for; the watchdog is armed "
+        "exactly when it is on and the user is there and silent, never over audio, and once "
+        "armed its timers alone re-prompt (at most max_reprompts times since the user last "
+        "spoke) or hand over; only the session's close ends it, and it moves on nothing else "
+        "than what concerns it (judged at each decision: ``invariants.playout``)",
+    ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
 BY_NUMBER = {inv.number: inv for inv in INVARIANTS}
@@ -174,7 +184,9 @@ def safety(v: JobView) -> list[Finding]:
     if v.timers or v.tasks:
         out.extend(_scoped(v))
     for state in v.clear_rpcs:
-        if state not in ("joined", "clearing"):
+        # starting: the plugin's start() has not returned, its sink is its own (the SDK's
+        # clear reaches it as without the runtime, and the avatar may already be playing)
+        if state not in ("starting", "joined", "clearing"):
             out.append((1, f"lk.clear_buffer went to the avatar while it was {state}"))
     for mark in v.marks:
         out.append((7 if mark.startswith("job went") else 6, mark))
@@ -242,6 +254,9 @@ def settled(v: JobView) -> list[Finding]:
         link = v.states.get("participant")
         if playout in QUIET and link != "linked":
             out.append((9, f"the watchdog is {playout} with the participant link {link}"))
+        if v.audio_pending and avatar in PLUGIN_CLEARS and playout != "remote_playout":
+            # the sink took audio that a joined avatar has not reported: its end is awaited
+            out.append((12, f"agent audio waits at the joined avatar while playout is {playout}"))
     return out
 
 

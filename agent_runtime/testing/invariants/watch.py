@@ -1,7 +1,8 @@
 """The invariants checked on a scenario's run (``expect: invariants``): the job's view
 (``observe.runtime_view``) after the start, after every step and every deadline the run
 lets pass, checked as the explorer checks the real job (``checks.safety`` and
-``checks.settled``), and ``checks.eventual`` at the end when no timer is left."""
+``checks.settled``, and each decision of the playout machine as it is made:
+``playout.PlayoutJudge``), and ``checks.eventual`` at the end when no timer is left."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from livekit.agents import AgentSession
 
-from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.observe.trace import Tracer, TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.invariants.checks import (
@@ -22,6 +23,7 @@ from agent_runtime.testing.invariants.checks import (
     settled,
 )
 from agent_runtime.testing.invariants.observe import Observed, Sent, runtime_view
+from agent_runtime.testing.invariants.playout import PlayoutJudge
 
 
 class InvariantWatch:
@@ -34,14 +36,20 @@ class InvariantWatch:
         records: list[TraceRecord],
         now: Callable[[], float],
         hung: Callable[[], bool] = lambda: False,
+        tracer: Tracer | None = None,
     ) -> None:
-        """``hung``: whether the primary session's close was told to hang (held)."""
+        """``hung``: whether the primary session's close was told to hang (held);
+        ``tracer``: the job's, for the playout machine's decisions to be judged."""
         self.job, self.sessions, self.records, self.now = job, sessions, records, now
         self.hung = hung
         self.observed = Observed()
         self.observed.watch_job(job)
         self.observed.watch_rpcs(job)
         self.violations: list[dict[str, Any]] = []
+        self.judge: PlayoutJudge | None = None
+        if tracer is not None and job.playout is not None:
+            self.judge = PlayoutJudge(job)
+            tracer.sinks.append(self.judge)
 
     def sent(self, request_id: str, caller: str) -> None:
         """A ``finalize_simulation`` the scenario's simulator end sent."""
@@ -71,6 +79,8 @@ class InvariantWatch:
             self.job, self.observed, self.records, sessions=names, session=self._session()
         )
         found: list[Finding] = [*safety(view), *settled(view), *(eventual(view) if end else ())]
+        if self.judge is not None:
+            found += self.judge.findings
         for number, detail in sorted(found):
             if any(v["invariant"] == number for v in self.violations):
                 continue
