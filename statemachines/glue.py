@@ -219,6 +219,8 @@ class PlayoutFacts(Protocol):
     @property
     def avatar_state(self) -> str | None: ...  # the avatar machine's state (None: no avatar)
     @property
+    def audio_at_avatar(self) -> bool: ...  # its sink holds ended segments not reported
+    @property
     def watchdog_on(self) -> bool: ...  # re-prompts are configured
     @property
     def user_linked(self) -> bool: ...  # the link (if any) is linked: someone to re-prompt
@@ -233,6 +235,12 @@ class PlayoutFacts(Protocol):
 def avatar_joined(f: PlayoutFacts, data: EventData) -> bool:
     """The avatar machine is joined (or clearing, which is joined with a clear in flight)."""
     return f.avatar_state in PLUGIN_CLEARS
+
+
+def audio_at_avatar(f: PlayoutFacts, data: EventData) -> bool:
+    """The avatar's sink holds agent audio whose segment ended and that it has not reported
+    played (what the SDK's playout wait hangs on)."""
+    return f.audio_at_avatar
 
 
 def watchdog_on(f: PlayoutFacts, data: EventData) -> bool:
@@ -297,6 +305,7 @@ GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
         "room_deletion": {},
         "playout": {
             "avatar_joined": avatar_joined,
+            "audio_at_avatar": audio_at_avatar,
             "watchdog_on": watchdog_on,
             "user_listening": user_listening,
             "reprompts_left": reprompts_left,

@@ -17,8 +17,12 @@ speaking or leaving, or a new agent turn, disarms it; only the user's speech (or
 resets the count, wherever it comes (a user who answers a re-prompt over the agent
 answered it).
 
+Audio the sink took before the avatar joined (the plugin's start had not returned, or the
+avatar was still routing) is awaited from the join (``avatar_joined``) as if handed then.
+
 Guards (the runtime's view when the event is handled): ``avatar_joined`` (the avatar
-machine is ``joined`` or ``clearing``), ``watchdog_on`` (re-prompts are configured),
+machine is ``joined`` or ``clearing``), ``audio_at_avatar`` (the avatar's sink holds ended
+segments of agent audio it has not reported), ``watchdog_on`` (re-prompts are configured),
 ``user_listening`` (a linked user is there and not speaking), ``reprompts_left``.
 """
 
@@ -39,6 +43,7 @@ EVENTS = (
     "playback_finished",  # lk.playback_finished, accepted from the avatar
     "interrupted",  # the session interrupted the agent's speech
     "avatar_left",  # the avatar machine left joined
+    "avatar_joined",  # the avatar machine became joined (from routing: it was not before)
     "user_speaking",
     "user_left",  # the linked participant left
     "playout_timeout",
@@ -96,7 +101,7 @@ PLAYOUT = MachineSpec(
         State(name="closed", final=True, description="the session closed"),
     ),
     events=EVENTS,
-    guards=("avatar_joined", "watchdog_on", "user_listening", "reprompts_left"),
+    guards=("avatar_joined", "audio_at_avatar", "watchdog_on", "user_listening", "reprompts_left"),
     effects=(
         Effect(name="playout_done", description="log and report the end of playout, its cause"),
         Effect(
@@ -119,6 +124,10 @@ PLAYOUT = MachineSpec(
         # cut before the hand-off: the avatar's word on the cut is awaited, bounded
         *row("agent_turn", "interrupted", "remote_playout", guards=["avatar_joined"]),
         *row("agent_turn", "interrupted", None),
+        # audio its sink took before it joined (the plugin's start had not returned, or the
+        # avatar was still routing): what it plays from its join is awaited, bounded
+        *row("agent_turn", "avatar_joined", "remote_playout", guards=["audio_at_avatar"]),
+        *row("agent_turn", "avatar_joined", None),
         *_ends(),
         *row("settling", "window_elapsed", "watching"),
         *row(
@@ -153,6 +162,7 @@ PLAYOUT = MachineSpec(
         *cells(["agent_turn", *REST], "playback_finished", "not waiting for the avatar"),
         *cells(REST, "interrupted", "nothing of the agent's is playing"),
         *cells(["agent_turn", *REST], "avatar_left", "not waiting for the avatar"),
+        *cells(["remote_playout", *REST], "avatar_joined", "no turn's audio waits for it"),
         *cells(["agent_turn", *REST], "playout_timeout", "a stale timer"),
         *cells(["idle", *TURN, "watching", "exhausted"], "window_elapsed", "a stale timer"),
         *cells(["idle", *TURN, "settling", "exhausted"], "reprompt_timeout", "a stale timer"),

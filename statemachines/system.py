@@ -67,6 +67,13 @@ WATCHES: tuple[Watch, ...] = (
         note="the avatar's sink no longer reports: what it held is not heard",
     ),
     Watch(
+        source="avatar",
+        entering=tuple(PLUGIN_CLEARS),
+        target="playout",
+        event="avatar_joined",
+        note="what its sink took before it joined is played from now: await it",
+    ),
+    Watch(
         source="participant",
         leaving=("linked",),
         target="playout",

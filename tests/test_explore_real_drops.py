@@ -68,6 +68,12 @@ ARGUED: dict[str, str] = {
 JOINED = "avatar_start,plugin_routed,plugin_returns,avatar_joins,avatar_video,agent_says"
 DIRECTED: dict[str, tuple[str, int]] = {
     "playout:finish_playout:avatar": (f"{JOINED},time", 12),
+    # the reply handed to the avatar's sink before the plugin's start() returned: without
+    # the watch, nothing awaits it once the avatar joins
+    "avatar:avatar_joined:playout": (
+        "avatar_start,avatar_joins,plugin_routed,agent_says,avatar_video,plugin_returns",
+        12,
+    ),
 }
 
 

@@ -24,6 +24,7 @@ from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.playout import PLAYOUT
 from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig
 
@@ -562,6 +563,38 @@ async def test_the_avatars_sink_reports_each_segment_it_was_given() -> None:
     await rig.aclose()
 
 
+@pytest.mark.parametrize("reports", [True, False], ids=["reported", "never-reported"])
+async def test_audio_the_avatar_took_before_it_joined_is_awaited_from_its_join(
+    reports: bool,
+) -> None:
+    """An avatar whose sink streams before its video is up (its plugin does not wait for
+    it): the agent's reply is handed to it while it is still routing. Once it joins, what
+    it plays is awaited: its report ends the turn, and without one the bound does (the
+    sink's segment finished locally). The agent is never left speaking."""
+    plugin = ScriptedAvatar(avatar_identity=AVATAR, wait_remote_track=None)
+    rig = PlayoutRig(plugin=plugin, reprompt=False)
+    await rig.start(join=False)
+    rig.room.add_participant(AVATAR, kind="agent")  # there, its video not up yet
+    await rig.settle()
+    assert rig.job.avatar is not None and rig.job.avatar.state == "routing"
+    rig.say(1.0)
+    await rig.settle()
+    assert rig.playout.state == "agent_turn" and rig.session.agent_state == "speaking"
+    rig.room.publish_track(AVATAR, "video")
+    await rig.settle()
+    assert rig.job.avatar.state == "joined"
+    assert rig.playout.state == "remote_playout"
+    if reports:
+        assert await rig.report() == "ok"
+        await rig.settle()
+        assert [d.cause for d in rig.playout.done] == ["playback_finished"]
+    else:
+        await rig.advance(10.0)
+        assert [d.cause for d in rig.playout.done] == ["playout_timeout"]
+    assert rig.session.agent_state == "listening"
+    await rig.aclose()
+
+
 # -- every cell, through the runtime --------------------------------------------------------------
 
 REST = ("idle", "settling", "watching", "exhausted")
@@ -586,6 +619,7 @@ CELLS: dict[tuple[str, str], tuple[str, str]] = {
     ("remote_playout", "playback_finished"): ("transition", "settling"),
     ("remote_playout", "interrupted"): ("transition", "remote_playout"),
     ("remote_playout", "avatar_left"): ("transition", "settling"),
+    ("agent_turn", "avatar_joined"): ("transition", "agent_turn"),
     ("remote_playout", "playout_timeout"): ("transition", "settling"),
     ("settling", "window_elapsed"): ("transition", "watching"),
     ("watching", "reprompt_timeout"): ("transition", "settling"),
@@ -719,15 +753,18 @@ def test_the_glue_names_only_events_the_machine_declares() -> None:
         "speaking": "agent_speaking",
     }
     avatar = MACHINES["avatar"].state_names
-    left = {(a, b) for a in avatar for b in avatar if avatar_change_event(a, b)}
-    assert left == {
-        (a, b) for a in ("joined", "clearing") for b in avatar if b not in ("joined", "clearing")
-    }
+    joined = ("joined", "clearing")
+    left = {(a, b) for a in avatar for b in avatar if avatar_change_event(a, b) == "avatar_left"}
+    assert left == {(a, b) for a in joined for b in avatar if b not in joined}
+    came = {(a, b) for a in avatar for b in avatar if avatar_change_event(a, b) == "avatar_joined"}
+    assert came == {(a, b) for a in avatar for b in joined if a not in joined}
     link = MACHINES["participant"].state_names
     assert {(a, b) for a in link for b in link if link_change_event(a, b)} == {
         ("linked", b) for b in link if b != "linked"
     }
-    named = {e for e in (*mapped.values(), "avatar_left", "user_left") if e is not None}
+    named = {
+        e for e in (*mapped.values(), "avatar_left", "avatar_joined", "user_left") if e is not None
+    }
     assert named <= set(PLAYOUT.events)
 
 

@@ -310,6 +310,7 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
     # what the declarations say, in words
     assert by_pair[("avatar", "playout", "watch")].short == (
         "leaves joined or clearing → avatar_left",
+        "enters joined or clearing → avatar_joined",
     )
     assert by_pair[("job", "agent_job", "watch")].short == ("enters closed → job_closed",)
     assert "agent thinking → agent_thinking" in by_pair[("session", "playout", "watch")].lines
@@ -375,7 +376,10 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
         ("participant", "playout"),
         ("session", "playout"),  # not a machine: its function is named, not evaluated
     ]
-    assert watches[0].lines == ("leaves joined, clearing for failed, closed → avatar_left",)
+    assert watches[0].lines == (
+        "leaves routing for joined → avatar_joined",
+        "leaves joined, clearing for failed, closed → avatar_left",
+    )
     assert watches[1].lines == ("state changes - the link",)
     assert watches[2].lines[0] == "event_of agent_state_event"
     assert view.follow_order == ("job", "avatar", "participant")
@@ -406,6 +410,7 @@ def test_the_whole_job_without_statemachines_system(monkeypatch: pytest.MonkeyPa
     assert view.orders == () and view.follow_order == ()
     by_pair = {(c.source, c.target, c.kind): c for c in view.channels}
     assert by_pair[("avatar", "playout", "watch")].lines == (
+        "leaves routing for joined → avatar_joined",
         "leaves joined, clearing for failed, closed → avatar_left",
     )
     assert ("job", "agent_job", "watch") not in by_pair

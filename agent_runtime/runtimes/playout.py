@@ -120,6 +120,12 @@ class _Facts:
         return avatar.state if avatar is not None else None
 
     @property
+    def audio_at_avatar(self) -> bool:
+        avatar = self._t._avatar
+        sink = avatar.installed_sink if avatar is not None else None
+        return sink is not None and lk.ended_unreported(sink) > 0
+
+    @property
     def watchdog_on(self) -> bool:
         return self._t.options.reprompt
 
@@ -279,6 +285,11 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     @property
     def avatar_joined(self) -> bool:
         return glue.avatar_joined(_Facts(self), glue.EMPTY)
+
+    @property
+    def audio_at_avatar(self) -> bool:
+        """The avatar's sink holds ended segments of agent audio it has not reported."""
+        return _Facts(self).audio_at_avatar
 
     @property
     def user_listening(self) -> bool:

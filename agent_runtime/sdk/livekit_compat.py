@@ -176,6 +176,21 @@ def pending_playbacks(out: AudioOutput) -> int:
     return int(out._pending_playback_count)
 
 
+def segment_open(out: AudioOutput) -> bool:
+    """A segment is being captured (its first frame came, its ``flush()`` not yet)."""
+    return bool(getattr(out, "_AudioOutput__capturing", False))
+
+
+def ended_unreported(out: AudioOutput) -> int:
+    """Segments whose ``flush()`` came and that are not reported finished."""
+    return pending_playbacks(out) - segment_open(out)
+
+
+def pushed_seconds(out: AudioOutput) -> float:
+    """The seconds of audio the sink pushed of its last segment (0 where it keeps no count)."""
+    return float(getattr(out, "_pushed_duration", 0.0) or 0.0)
+
+
 def restart_failed_sink(sink: AudioOutput) -> bool:
     """Let a ``DataStreamAudioOutput`` whose start failed (its avatar left while the sink
     waited for it) start again at its next frame, as a new one would: livekit's sink keeps

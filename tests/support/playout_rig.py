@@ -77,6 +77,7 @@ class PlayoutRig:
         self,
         *,
         avatar: bool = True,
+        plugin: ScriptedAvatar | None = None,
         default_reprompt: bool = False,
         session: AgentSession[Any] | None = None,
         **options: Any,
@@ -86,7 +87,7 @@ class PlayoutRig:
         self.room.connect_locally()
         self.room.add_participant(USER)
         self.session: AgentSession[Any] = session or AgentSession()
-        self.plugin = ScriptedAvatar(avatar_identity=AVATAR) if avatar else None
+        self.plugin = plugin or (ScriptedAvatar(avatar_identity=AVATAR) if avatar else None)
         self.sink = MemorySink()
         self.reprompts: list[tuple[float, int]] = []
         self.transport, _ = InMemorySessionTransport.pair()

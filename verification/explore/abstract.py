@@ -302,6 +302,11 @@ class PlayoutFactsView:
         return self._s.avatar
 
     @property
+    def audio_at_avatar(self) -> bool:
+        # the model hands audio off only to a joined avatar: none waits for a join
+        return self._s.pending
+
+    @property
     def watchdog_on(self) -> bool:
         return self._s.model.config.watchdog != "off"
 

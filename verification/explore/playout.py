@@ -128,7 +128,13 @@ INPUTS: tuple[Input, ...] = (
         lambda w: replace(w, pending=w.pending or (w.joined and w.state in TURN)),
         "interrupted",
     ),
-    ("avatar_joins", lambda w: not w.joined, lambda w: replace(w, joined=True), None),
+    # audio is handed off here only to a joined avatar: none waits for its join
+    (
+        "avatar_joins",
+        lambda w: not w.joined,
+        lambda w: replace(w, joined=True),
+        "avatar_joined",
+    ),
     (
         "avatar_leaves",
         lambda w: w.joined,
@@ -165,6 +171,7 @@ class _Explorer:
     def guards(self, w: World) -> dict[str, bool]:
         return {
             "avatar_joined": w.joined,
+            "audio_at_avatar": w.pending,
             "watchdog_on": self.watchdog,
             "user_listening": w.user == "listening",
             "reprompts_left": w.reprompts < self.max_reprompts,
@@ -237,7 +244,8 @@ class _Explorer:
                 "playout_timeout",
             )
         if before == "agent_turn":
-            return at_avatar or event in ("agent_listening", "speech_done")
+            joined_with_audio = event == "avatar_joined" and w.pending
+            return at_avatar or joined_with_audio or event in ("agent_listening", "speech_done")
         if event in ("user_speaking", "user_left"):
             return after == "idle"
         timer = self.spec.state(before).timeout

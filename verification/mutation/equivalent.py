@@ -156,6 +156,7 @@ POSTED: dict[str, frozenset[str]] = {
             "playback_finished",
             "interrupted",
             "avatar_left",
+            "avatar_joined",
             "user_speaking",
             "user_left",
             "close",

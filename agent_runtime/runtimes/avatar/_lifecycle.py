@@ -427,6 +427,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             on_flushed=lambda seg: self._emit("segment_flushed", seg),
         )
         self._claim_playback_rpc()
+        self._adopted.catch_up()
 
     def _unadopt(self) -> None:
         adopted, self._adopted = self._adopted, None

@@ -96,6 +96,16 @@ class SinkAdoption:
         if isinstance(sink, DataStreamAudioOutput):
             lk.keep_sink_off_the_playback_rpc(sink, _no_registration)
 
+    def catch_up(self) -> None:
+        """What the sink took before it was adopted (while the plugin's start() ran): a
+        segment it is taking is counted on from what it pushed so far; one that ended and
+        was not reported is said as flushed now (when it began is not known: now)."""
+        now, pushed = self._clock.now(), lk.pushed_seconds(self.sink)
+        if lk.segment_open(self.sink):
+            self._segment = (now, pushed)
+        elif lk.ended_unreported(self.sink) > 0:
+            self._on_flushed(SegmentFlushed(now, pushed))
+
     def _clear_buffer(self) -> None:
         self._on_clear(self)
 

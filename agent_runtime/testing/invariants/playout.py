@@ -14,7 +14,7 @@ the documented behaviour, independently of the table that made it:
 - ``turn_not_ended``: the SDK's playout report ends a turn, the avatar's report ends the
   wait for it, and a speech done before any audio ends a turn that has none;
 - ``waits_for_nothing``: the wait for the avatar's report begins only with audio (or a
-  cut) at a joined avatar;
+  cut) at a joined avatar, or with audio its sink took before it joined, as it joins;
 - ``watchdog_misarmed``: a turn that ends arms the watchdog exactly when it is configured
   and the user is there and silent; it is never armed otherwise, and the user speaking or
   leaving disarms it;
@@ -58,6 +58,7 @@ class Facts:
     listening: bool  # a linked user is there and not speaking
     joined: bool  # the avatar is joined (or clearing)
     left: bool  # the decision left its state (a re-entry included)
+    audio: bool = False  # the avatar's sink holds ended segments it has not reported
 
 
 def decision(state: str, event: str, after: str, facts: Facts) -> list[str]:
@@ -77,7 +78,9 @@ def decision(state: str, event: str, after: str, facts: Facts) -> list[str]:
         out.append(f"turn_not_ended: speech_done in agent_turn stays in {after}")
     if event == "playback_finished" and after == "remote_playout":
         out.append("turn_not_ended: playback_finished still waits for the avatar")
-    handed = event in ("handed_off", "interrupted") and facts.joined
+    handed = (event in ("handed_off", "interrupted") and facts.joined) or (
+        event == "avatar_joined" and facts.audio
+    )
     if after == "remote_playout" and state != "remote_playout" and not handed:
         out.append(f"waits_for_nothing: {event} in {state} waits for the avatar's report")
     how = f"watchdog {'on' if facts.watchdog else 'off'}, user {_user(facts)}"
@@ -111,7 +114,9 @@ def _concerns(before: str, event: str, after: str, f: Facts) -> bool:
         ends = ("agent_listening", "playback_finished", "avatar_left", "playout_timeout")
         return at_avatar or event in ends
     if before == "agent_turn":
-        return at_avatar or event in ("agent_listening", "speech_done")
+        # audio the sink took before the avatar joined is awaited from its join
+        joined_with_audio = event == "avatar_joined" and f.audio
+        return at_avatar or joined_with_audio or event in ("agent_listening", "speech_done")
     if event in USER:
         return after == "idle"
     own_timer = event == timer and not reentered
@@ -147,6 +152,7 @@ class PlayoutJudge:
             listening=tracker.user_listening,
             joined=tracker.avatar_joined,
             left=left,
+            audio=tracker.audio_at_avatar,
         )
         for problem in decision(record.source, record.event, after, facts):
             self._flag(problem)
