@@ -210,6 +210,11 @@ class Harness:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _busy(self) -> bool:
+        avatar = self.job.avatar
+        if avatar is not None and avatar.state == "clearing":
+            # the close interrupts the agent's speech, which waits for the plugin's clear,
+            # which waits for the world's word (clear_settles): not for real time
+            return False
         for name, session in self.sessions.items():
             task = lk.session_closing_task(session)
             if task is not None and not task.done() and self.closes[name].said == "finish":

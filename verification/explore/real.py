@@ -113,6 +113,7 @@ PLAYOUT_INPUTS = frozenset(
         "user_speaks",
         "user_listens",
         "clear_settles",
+        "close_a",
         "a_closed",
         TIME,
     }

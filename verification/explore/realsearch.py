@@ -202,12 +202,13 @@ def bfs(
     free_outcomes: bool = True,
     stop_at_first: bool = False,
     scenario_dir: str | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> RealReport:
     """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
-    states. With ``free_outcomes`` a layer is one input from outside or one deadline, as
-    the model's (whose work outcomes are internal steps): the stand-ins' outcomes are taken
-    within the layer, in every order, at no cost in depth. ``stop_at_first``: stop at the
-    first violation."""
+    states, from the start or from where ``prefix`` (a path) leads. With ``free_outcomes``
+    a layer is one input from outside or one deadline, as the model's (whose work outcomes
+    are internal steps): the stand-ins' outcomes are taken within the layer, in every
+    order, at no cost in depth. ``stop_at_first``: stop at the first violation."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"bfs depth {depth}")
     report.scenario_dir = scenario_dir
@@ -238,7 +239,7 @@ def bfs(
         return free_outcomes and token in OUTCOMES
 
     counted = 0
-    root = visit(())
+    root = visit(prefix)
     layer = [root] if root is not None else []
     for d in range(depth + 1):
         # the layer closed under the stand-ins' outcomes, breadth first
@@ -280,10 +281,11 @@ def walk(
     *,
     inputs: Inputs = "all",
     setup: Setup | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> Run:
-    """One seeded random walk: ``steps`` inputs, each drawn with ``random.Random(seed)``
-    among the enabled ones, then time let pass alone (the world answering everything for
-    an even seed, hanging what may hang for an odd one)."""
+    """One seeded random walk (from where ``prefix`` leads): ``steps`` inputs, each drawn
+    with ``random.Random(seed)`` among the enabled ones, then time let pass alone (the world
+    answering everything for an even seed, hanging what may hang for an odd one)."""
     rng = random.Random(seed)
 
     def choose(enabled: tuple[str, ...]) -> str | None:
@@ -291,7 +293,14 @@ def walk(
 
     policy: Policy = "hang" if seed % 2 else "return"
     return run(
-        config, [], inputs=inputs, setup=setup, choose=choose, steps=steps, seed=seed, policy=policy
+        config,
+        prefix,
+        inputs=inputs,
+        setup=setup,
+        choose=choose,
+        steps=steps,
+        seed=seed,
+        policy=policy,
     )
 
 
