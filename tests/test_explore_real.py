@@ -11,7 +11,7 @@ import json
 import pytest
 
 from verification.explore.command import main
-from verification.explore.real import CONFIGS, OUTCOMES, TIME, run
+from verification.explore.real import CONFIGS, OUTCOMES, PLAYOUT_INPUTS, TIME, run
 from verification.explore.realsearch import bfs, drop_link, walk, walks
 
 EXAMPLE = CONFIGS["example"]
@@ -47,6 +47,24 @@ def test_the_inputs_come_from_the_real_system() -> None:
     assert "avatar_start" not in started.enabled
     with pytest.raises(ValueError, match="not enabled"):
         run(EXAMPLE, ["plugin_routed"])
+
+
+def test_the_playout_inputs_start_where_a_prefix_leads_and_reach_the_watchdog() -> None:
+    """``--inputs playout`` offers only what the playout machine hears of; a walk or a
+    search may start where a path leads (the avatar joined, the user there)."""
+    joined = ("avatar_start", "plugin_routed", "plugin_returns", "avatar_joins", "avatar_video")
+    start = run(CONFIGS["watchdog"], [*joined, "user_joins"], inputs="playout")
+    assert start.violation is None
+    assert set(start.enabled) <= PLAYOUT_INPUTS and "agent_says" in start.enabled
+    assert not {"shutdown", "attach_b", "finalize"} & set(start.enabled)
+    one = walk(CONFIGS["watchdog"], 3, 6, inputs="playout", prefix=(*joined, "user_joins"))
+    assert one.path[:6] == [*joined, "user_joins"] and len(one.path) == 12
+    # a reply played at the avatar and reported: the watchdog settles, and one layer on
+    # (time) it times the silence
+    played = (*joined, "user_joins", "agent_says", "avatar_reports")
+    searched = bfs(CONFIGS["watchdog"], "watchdog", inputs="playout", depth=1, prefix=played)
+    assert searched.ok, searched.summary()
+    assert "watching" not in searched.unreached.get("playout", [])
 
 
 def test_the_example_config_holds_its_invariants_to_a_small_depth() -> None:
