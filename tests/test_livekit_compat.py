@@ -31,7 +31,7 @@ from livekit.agents.simulation import (
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice import room_io as room_io_module
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
-from livekit.agents.voice.io import AudioOutput
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.agents.voice.room_io import AudioOutputOptions
 
 from agent_runtime.sdk import livekit_compat as lk
@@ -424,3 +424,58 @@ def test_no_module_outside_sdk_reads_a_private_sdk_name() -> None:
             )
         ]
     assert offenders == []
+
+
+class _Segments(AudioOutput):
+    """The smallest real output: the base class counts the segments."""
+
+    def __init__(self) -> None:
+        super().__init__(label="segments", capabilities=AudioOutputCapabilities(pause=False))
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+
+    def flush(self) -> None:
+        super().flush()
+
+    def clear_buffer(self) -> None:
+        pass
+
+
+async def test_a_sink_s_open_and_ended_segments_are_read_from_the_pinned_sdk() -> None:
+    out = _Segments()
+    frame = rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+    assert not lk.segment_open(out) and lk.ended_unreported(out) == 0
+    await out.capture_frame(frame)
+    assert lk.segment_open(out) and lk.pending_playbacks(out) == 1
+    assert lk.ended_unreported(out) == 0  # still being captured
+    out.flush()
+    assert not lk.segment_open(out) and lk.ended_unreported(out) == 1
+    out.on_playback_finished(playback_position=0.01, interrupted=False)
+    assert lk.ended_unreported(out) == 0
+    # the data stream sink keeps what it pushed of its last segment
+    sink = DataStreamAudioOutput(rtc.Room(), destination_identity="avatar")
+    assert "_AudioOutput__capturing" in vars(sink) and lk.pushed_seconds(sink) == 0.0
+    assert lk.pushed_seconds(out) == 0.0  # an output that keeps no count
+
+
+async def test_a_sink_whose_start_failed_is_let_start_again() -> None:
+    sink = DataStreamAudioOutput(rtc.Room(), destination_identity="avatar")
+    assert not lk.restart_failed_sink(sink)  # never started: nothing to do
+
+    async def fails() -> None:
+        raise RuntimeError("participant 'avatar' disconnected while waiting")
+
+    task = asyncio.ensure_future(fails())
+    with contextlib.suppress(RuntimeError):
+        await task
+    sink._start_atask = task
+    assert lk.restart_failed_sink(sink) and sink._start_atask is None
+
+    async def started() -> None:
+        return None
+
+    ok = asyncio.ensure_future(started())
+    await ok
+    sink._start_atask = ok
+    assert not lk.restart_failed_sink(sink) and sink._start_atask is ok
