@@ -580,10 +580,14 @@ async def test_audio_the_avatar_took_before_it_joined_is_awaited_from_its_join(
     rig.say(1.0)
     await rig.settle()
     assert rig.playout.state == "agent_turn" and rig.session.agent_state == "speaking"
+    await rig.advance(5.0)  # the avatar's video comes long after the reply was pushed
     rig.room.publish_track(AVATAR, "video")
     await rig.settle()
     assert rig.job.avatar.state == "joined"
     assert rig.playout.state == "remote_playout"
+    # it plays from its join: the second of audio pushed, plus the margin, from now
+    deadline = rig.playout.actor.timer_deadline
+    assert deadline is not None and deadline - rig.clock.now() == pytest.approx(3.0)
     if reports:
         assert await rig.report() == "ok"
         await rig.settle()
@@ -591,6 +595,41 @@ async def test_audio_the_avatar_took_before_it_joined_is_awaited_from_its_join(
     else:
         await rig.advance(10.0)
         assert [d.cause for d in rig.playout.done] == ["playout_timeout"]
+    assert rig.session.agent_state == "listening"
+    await rig.aclose()
+
+
+async def test_a_reply_the_sink_took_while_the_plugin_started_is_handed_off_once() -> None:
+    """The plugin's start() installs its sink and goes on (its provider still answering)
+    while the avatar is already in the room with its video: the sink streams the agent's
+    reply before the runtime has adopted it. Once start() returns, the segment it took is
+    handed off once, and as the avatar joins it is awaited for what was pushed plus the
+    margin (not the margin alone)."""
+    plugin = ScriptedAvatar(avatar_identity=AVATAR, held=True)
+    rig = PlayoutRig(plugin=plugin, reprompt=False)
+    await rig.job.start_runtime()
+    starting = asyncio.ensure_future(rig.job.start_avatar())  # returns with the plugin's
+    await rig.settle()
+    rig.join()
+    await rig.job.start_session(Agent(instructions="test"))
+    await rig.settle()
+    assert plugin.waits == "start"
+    plugin.tell("routed")  # the route is in, start() has not returned
+    await rig.settle()
+    rig.say(1.0)
+    await rig.settle()
+    assert rig.job.avatar is not None and rig.job.avatar.state == "starting"
+    assert rig.playout.state == "agent_turn" and rig.decided("handed_off") == []
+    plugin.tell("ok")
+    await rig.settle()
+    await starting
+    assert rig.job.avatar.state == "joined"
+    assert rig.decided("handed_off") == ["agent_turn"]  # said once, as it was adopted
+    assert rig.playout.state == "remote_playout"
+    deadline = rig.playout.actor.timer_deadline
+    assert deadline is not None and deadline - rig.clock.now() == pytest.approx(3.0)
+    await rig.advance(3.0)
+    assert [d.cause for d in rig.playout.done] == ["playout_timeout"]
     assert rig.session.agent_state == "listening"
     await rig.aclose()
 

@@ -311,12 +311,20 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         end = now
         if self._segment is not None:
             started, pushed = self._segment
-            end = started + pushed
+            # audio its sink took before the avatar joined is played from the join on
+            end = max(started, self._joined_since()) + pushed
             if self._cut_at is not None and self._cut_at >= started:
                 end = min(end, self._cut_at)
         elif self._cut_at is not None:
             end = self._cut_at
         return round(max(0.0, end - now) + self.options.margin, 6)
+
+    def _joined_since(self) -> float:
+        """When the avatar last entered ``joined`` (the beginning of time when it is not)."""
+        avatar = self._avatar
+        if avatar is None or avatar.state != "joined" or avatar.actor.entered_at is None:
+            return float("-inf")
+        return avatar.actor.entered_at
 
     async def aclose(self) -> None:
         """Stop following: the machine closes, listeners and speech followers go."""

@@ -178,7 +178,7 @@ def pending_playbacks(out: AudioOutput) -> int:
 
 def segment_open(out: AudioOutput) -> bool:
     """A segment is being captured (its first frame came, its ``flush()`` not yet)."""
-    return bool(getattr(out, "_AudioOutput__capturing", False))
+    return bool(out._AudioOutput__capturing)  # type: ignore[attr-defined]
 
 
 def ended_unreported(out: AudioOutput) -> int:
@@ -195,7 +195,9 @@ def restart_failed_sink(sink: AudioOutput) -> bool:
     """Let a ``DataStreamAudioOutput`` whose start failed (its avatar left while the sink
     waited for it) start again at its next frame, as a new one would: livekit's sink keeps
     that failed start and raises it at every frame after. True when it had failed."""
-    task = getattr(sink, "_start_atask", None)
+    from livekit.agents.voice.avatar import DataStreamAudioOutput
+
+    task = sink._start_atask if isinstance(sink, DataStreamAudioOutput) else None
     if not isinstance(task, asyncio.Task) or not task.done():
         return False
     if not task.cancelled() and task.exception() is None:

@@ -211,11 +211,11 @@ class Harness:
 
     def _busy(self) -> bool:
         avatar = self.job.avatar
-        if avatar is not None and avatar.state == "clearing":
-            # the close interrupts the agent's speech, which waits for the plugin's clear,
-            # which waits for the world's word (clear_settles): not for real time
-            return False
         for name, session in self.sessions.items():
+            if name == "A" and avatar is not None and avatar.state == "clearing":
+                # its close interrupts the agent's speech, which waits for the plugin's
+                # clear, which waits for the world's word (clear_settles), not real time
+                continue
             task = lk.session_closing_task(session)
             if task is not None and not task.done() and self.closes[name].said == "finish":
                 return True

@@ -315,14 +315,16 @@ def walks(
     setup: Setup | None = None,
     on_walk: Callable[[int, Run], None] | None = None,
     scenario_dir: str | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> RealReport:
-    """``count`` walks, walk ``k`` with seed ``seed + k``."""
+    """``count`` walks, walk ``k`` with seed ``seed + k`` (each from where ``prefix``
+    leads)."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"{count} walks of {steps} inputs from seed {seed}")
     report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     for k in range(count):
-        r = walk(config, seed + k, steps, inputs=inputs, setup=setup)
+        r = walk(config, seed + k, steps, inputs=inputs, setup=setup, prefix=prefix)
         _note(report, r, seen)
         seen.update(r.snapshots)
         report.depth = max(report.depth, len(r.path))

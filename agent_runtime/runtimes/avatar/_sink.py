@@ -115,8 +115,13 @@ class SinkAdoption:
         self._segment = (started, pushed + frame.duration)
 
     def _flush(self) -> None:
+        was_open = lk.segment_open(self.sink)
         self._own_flush()
         segment, self._segment = self._segment, None
+        if segment is None and was_open:
+            # a capture begun before the adoption (it waited for the sink's start): its
+            # frames went past the wrapper
+            segment = (self._clock.now(), lk.pushed_seconds(self.sink))
         if segment is not None:
             self._on_flushed(SegmentFlushed(*segment))
 

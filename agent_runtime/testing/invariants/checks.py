@@ -254,7 +254,7 @@ def settled(v: JobView) -> list[Finding]:
         link = v.states.get("participant")
         if playout in QUIET and link != "linked":
             out.append((9, f"the watchdog is {playout} with the participant link {link}"))
-        if v.audio_pending and avatar in PLUGIN_CLEARS and playout != "remote_playout":
+        if v.audio_ended and avatar in PLUGIN_CLEARS and playout != "remote_playout":
             # the sink took audio that a joined avatar has not reported: its end is awaited
             out.append((12, f"agent audio waits at the joined avatar while playout is {playout}"))
     return out

@@ -172,14 +172,18 @@ def runtime_view(
         marks=tuple(marks),
         aborted=aborted,
         audio_pending=_audio_pending(job),
+        audio_ended=_audio_pending(job, ended=True),
     )
 
 
-def _audio_pending(job: AgentJob) -> bool:
+def _audio_pending(job: AgentJob, *, ended: bool = False) -> bool:
     """Agent audio the avatar's sink took and nobody reported played nor finished, the
     agent "speaking" on it (what only playout bounds: without it the SDK waits for the
-    avatar's word). A closed session's leftover count keeps nobody speaking."""
+    avatar's word). A closed session's leftover count keeps nobody speaking. ``ended``:
+    only segments whose end was pushed (one still being captured is not handed off yet)."""
     if job.playout is None or job.session.agent_state != "speaking":
         return False
     sink = job.avatar.installed_sink if job.avatar is not None else None
-    return sink is not None and lk.pending_playbacks(sink) > 0
+    if sink is None:
+        return False
+    return (lk.ended_unreported(sink) if ended else lk.pending_playbacks(sink)) > 0

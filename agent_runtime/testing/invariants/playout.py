@@ -19,7 +19,8 @@ the documented behaviour, independently of the table that made it:
   and the user is there and silent; it is never armed otherwise, and the user speaking or
   leaving disarms it;
 - ``reprompt_count``: at most ``max_reprompts`` re-prompts since the user last spoke or
-  left; ``reprompt_unheard``: never one to a user who is not there and silent;
+  left (whether the user was silent then is judged between inputs: the user's change may
+  be on its way to the machine as its timer fires);
 - ``moved_by_noise``: the machine moves only on what concerns it, and an event that does
   not set a state's timer again does not restart it;
 - ``watchdog_silent`` (``silent_since``, once only time passes): once armed, its own timers
@@ -134,6 +135,13 @@ class PlayoutJudge:
         self._decisions: list[tuple[str, tuple[str, ...]]] = []  # (event, effects)
 
     def write(self, record: TraceRecord) -> None:
+        # a sink that raises is dropped by the tracer, and the check would stop unseen
+        try:
+            self._judge(record)
+        except Exception as e:
+            self._flag(f"judge_failed: {type(e).__name__}: {e}")
+
+    def _judge(self, record: TraceRecord) -> None:
         tracker = self._job.playout
         if record.machine != "playout" or record.kind not in DECISIONS or tracker is None:
             return
@@ -162,8 +170,6 @@ class PlayoutJudge:
             limit = tracker.options.max_reprompts
             if self._unanswered >= limit:
                 self._flag(f"reprompt_count: {self._unanswered + 1} re-prompts in a row")
-            if not facts.listening:
-                self._flag("reprompt_unheard: a re-prompt to a user who is not there and silent")
             self._unanswered += 1
         self._decisions.append((record.event, tuple(record.effects)))
 
