@@ -60,12 +60,14 @@ class JobView:
     # agent audio handed to the avatar's sink that it has neither reported nor been
     # finished locally (the SDK's playout wait, so the agent's "speaking", hangs on it)
     audio_pending: bool = False
-    audio_ended: bool = False  # of it, segments whose end was pushed (handed off)
     aborted: bool = False  # the user called aclose(graceful=False)
     # the primary session closed while not the attached one (the user detached it, or
     # another replaced it): the host heard its close and, as its table says, did not report
     # it to the job
     primary_closed_detached: bool = False
+    # of the audio pending, segments whose end was pushed (handed off). Last: the model
+    # builds its view by position
+    audio_ended: bool = False
 
 
 # what the conformance replay compares after every step: what a user of the job would see
