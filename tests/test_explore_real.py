@@ -110,3 +110,9 @@ def test_the_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["--real", "--drop-link", "a:b:c"]) == 2
     assert main(["--real", "--replay", "plugin_routed"]) == 1
     assert "diverged" in capsys.readouterr().err
+    assert main(["--real", "--prefix", "plugin_routed", "--seed", "0", "--walks", "1"]) == 2
+    assert "--prefix is not a path of this config" in capsys.readouterr().err
+    joined = "avatar_start,plugin_routed,plugin_returns,avatar_joins,avatar_video"
+    argv = ["--real", "--config", "watchdog", "--inputs", "playout", "--prefix", joined]
+    assert main([*argv, "--seed", "0", "--walks", "2", "--steps", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["depth"] == 8  # the prefix, then 3 inputs

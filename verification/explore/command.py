@@ -87,6 +87,13 @@ def parser() -> argparse.ArgumentParser:
         "--replay", metavar="PATH", help="run a printed path again (inputs joined by commas)"
     )
     real.add_argument(
+        "--prefix",
+        metavar="PATH",
+        help="start every walk or search where this path leads (inputs joined by commas), "
+        "e.g. the avatar joined: avatar_start,plugin_routed,plugin_returns,avatar_joins,"
+        "avatar_video",
+    )
+    real.add_argument(
         "--policy",
         choices=("return", "hang"),
         default="return",

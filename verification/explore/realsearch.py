@@ -398,13 +398,27 @@ def run_real(args: Any) -> int:
         except ValueError as e:  # an input not enabled: the path is not this config's
             print(f"{prog}: the replay diverged: {e}", file=sys.stderr)
             return 1
-    elif args.seed is not None:
-        report = walks(
-            config, args.config, seed=args.seed, count=args.walks, steps=args.steps, **kw
-        )
     else:
-        depth = 3 if args.depth is None else args.depth
-        report = bfs(config, args.config, depth=depth, budget=args.budget, **kw)
+        prefix = tuple(t for t in (getattr(args, "prefix", None) or "").split(",") if t)
+        try:
+            if args.seed is not None:
+                report = walks(
+                    config,
+                    args.config,
+                    seed=args.seed,
+                    count=args.walks,
+                    steps=args.steps,
+                    prefix=prefix,
+                    **kw,
+                )
+            else:
+                depth = 3 if args.depth is None else args.depth
+                report = bfs(
+                    config, args.config, depth=depth, budget=args.budget, prefix=prefix, **kw
+                )
+        except ValueError as e:  # an input of the prefix not enabled where it comes
+            print(f"{prog}: --prefix is not a path of this config: {e}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
