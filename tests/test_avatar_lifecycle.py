@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from livekit import rtc
 from livekit.agents.voice.avatar import DataStreamAudioOutput
-from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
 
 from agent_runtime.actor import ActorClosed, Event
@@ -29,6 +28,7 @@ from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import (
     AVATAR,
     USER,
+    OtherSink,
     Rig,
     StuckAvatar,
     frames,
@@ -39,22 +39,6 @@ from tests.support.avatar_rig import (
 
 SYNCED_TO_AVATAR = ["_SyncedAudioOutput", "_AudioSinkProxy", "DataStreamAudioOutput"]
 SYNCED_TO_ROOM = ["_SyncedAudioOutput", "_AudioSinkProxy", "_ParticipantAudioOutput"]
-
-
-class OtherSink(AudioOutput):
-    """Someone else's route (say, a recorder or another avatar) installed after ours."""
-
-    def __init__(self) -> None:
-        super().__init__(label="other", capabilities=AudioOutputCapabilities(pause=False))
-
-    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
-        await super().capture_frame(frame)
-
-    def flush(self) -> None:
-        super().flush()
-
-    def clear_buffer(self) -> None:
-        pass
 
 
 # -- the avatar never joins ----------------------------------------------------------------

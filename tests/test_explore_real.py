@@ -112,6 +112,8 @@ def test_the_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> Non
     assert "diverged" in capsys.readouterr().err
     assert main(["--real", "--prefix", "plugin_routed", "--seed", "0", "--walks", "1"]) == 2
     assert "--prefix is not a path of this config" in capsys.readouterr().err
+    assert main(["--real", "--replay", "avatar_start", "--prefix", "avatar_start"]) == 2
+    assert "a --replay path is whole" in capsys.readouterr().err
     joined = "avatar_start,plugin_routed,plugin_returns,avatar_joins,avatar_video"
     argv = ["--real", "--config", "watchdog", "--inputs", "playout", "--prefix", joined]
     assert main([*argv, "--seed", "0", "--walks", "2", "--steps", "3", "--json"]) == 0

@@ -31,12 +31,13 @@ from livekit.agents.simulation import (
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice import room_io as room_io_module
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
-from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom
+from tests.support.avatar_rig import OtherSink
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -426,24 +427,8 @@ def test_no_module_outside_sdk_reads_a_private_sdk_name() -> None:
     assert offenders == []
 
 
-class _Segments(AudioOutput):
-    """The smallest real output: the base class counts the segments."""
-
-    def __init__(self) -> None:
-        super().__init__(label="segments", capabilities=AudioOutputCapabilities(pause=False))
-
-    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
-        await super().capture_frame(frame)
-
-    def flush(self) -> None:
-        super().flush()
-
-    def clear_buffer(self) -> None:
-        pass
-
-
 async def test_a_sink_s_open_and_ended_segments_are_read_from_the_pinned_sdk() -> None:
-    out = _Segments()
+    out = OtherSink()
     frame = rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
     assert not lk.segment_open(out) and lk.ended_unreported(out) == 0
     await out.capture_frame(frame)

@@ -15,6 +15,7 @@ from typing import Any
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.api import TwirpError
 
 from agent_runtime.observe.trace import MemorySink, Tracer
@@ -78,6 +79,23 @@ class StuckAvatar(ScriptedAvatar):
         except asyncio.CancelledError:
             self.cancelled = True
             raise
+
+
+class OtherSink(AudioOutput):
+    """Someone else's route (say, a recorder or another avatar): the smallest real output,
+    whose segments the SDK's base class counts."""
+
+    def __init__(self) -> None:
+        super().__init__(label="other", capabilities=AudioOutputCapabilities(pause=False))
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+
+    def flush(self) -> None:
+        super().flush()
+
+    def clear_buffer(self) -> None:
+        pass
 
 
 class Rig:

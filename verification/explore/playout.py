@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from agent_runtime.testing.invariants.playout import Facts, decision
 from statemachines import MachineSpec, step
 from statemachines.playout import PLAYOUT, QUIET
 from statemachines.playout import TURN as _TURN
@@ -224,71 +225,23 @@ class _Explorer:
                 out = replace(out, pending=False)
         return out
 
-    def concerns(self, w: World, event: str, after: str, left: bool) -> bool:
-        """Whether ``event`` may take the machine from ``w.state`` to ``after`` (``left``:
-        the state was left; a re-entry counts as a move for a state whose timer it
-        restarts)."""
-        before = w.state
-        reentered = after == before and left
-        if (after == before and not reentered) or event == "close":
-            return True
-        if reentered and self.spec.state(before).timeout is None:
-            return True  # nothing to restart
-        at_avatar = event in ("handed_off", "interrupted") and w.joined
-        if before == "remote_playout":
-            # more audio, or a cut, sets the bound again from what was pushed
-            return at_avatar or event in (
-                "agent_listening",
-                "playback_finished",
-                "avatar_left",
-                "playout_timeout",
-            )
-        if before == "agent_turn":
-            joined_with_audio = event == "avatar_joined" and w.pending
-            return at_avatar or joined_with_audio or event in ("agent_listening", "speech_done")
-        if event in ("user_speaking", "user_left"):
-            return after == "idle"
-        timer = self.spec.state(before).timeout
-        own_timer = timer is not None and event == timer.event and not reentered
-        return own_timer or event in STARTS_A_TURN or (event == "handed_off" and w.joined)
-
     def check_step(
         self, w: World, event: str, after: str, left: bool, path: tuple[str, ...]
     ) -> None:
         """What the documented behaviour asks of one decision (``w`` is the world the
         input made, ``after`` the machine's state once it decided, ``left`` whether it
-        left its state to get there)."""
-        before = w.state
-        if (event == "close") != (after == "closed") and before != "closed":
-            self.flag("not_closed", f"{event} in {before} leads to {after}", path)
-        if not self.concerns(w, event, after, left):
-            self.flag("moved_by_noise", f"{event} moves {before} to {after}", path)
-        if event in STARTS_A_TURN and after not in TURN and before != "closed":
-            self.flag("turn_not_followed", f"{event} in {before} leaves it in {after}", path)
-        if event == "agent_listening" and after in TURN:
-            self.flag("turn_not_ended", f"agent_listening in {before} stays in {after}", path)
-        # a speech that never reached the output ends with no change of the agent state
-        if event == "speech_done" and before == "agent_turn" and after in TURN:
-            self.flag("turn_not_ended", f"speech_done in agent_turn stays in {after}", path)
-        if event == "playback_finished" and after == "remote_playout":
-            self.flag("turn_not_ended", "playback_finished still waits for the avatar", path)
-        if before in TURN and after not in TURN and after != "closed":
-            listening = self.watchdog and w.user == "listening"
-            want = "settling" if listening else "idle"
-            if after != want:
-                self.flag(
-                    "watchdog_misarmed",
-                    f"{event} ends the turn in {after}, not {want} (watchdog "
-                    f"{'on' if self.watchdog else 'off'}, user {w.user})",
-                    path,
-                )
-        if after in ARMED and (not self.watchdog or w.user != "listening"):
-            self.flag(
-                "watchdog_misarmed",
-                f"{event} leaves it armed ({after}) with the watchdog "
-                f"{'on' if self.watchdog else 'off'}, user {w.user}",
-                path,
-            )
+        left its state to get there): the real job's own checks
+        (``agent_runtime.testing.invariants.playout.decision``), on the world's facts."""
+        facts = Facts(
+            watchdog=self.watchdog,
+            listening=w.user == "listening",
+            joined=w.joined,
+            left=left,
+            audio=w.pending,
+        )
+        for problem in decision(w.state, event, after, facts):
+            check, _, detail = problem.partition(": ")
+            self.flag(check, detail, path)
 
     def flag(self, check: str, detail: str, path: tuple[str, ...]) -> None:
         if not any(p.check == check for p in self.report.problems):

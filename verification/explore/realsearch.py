@@ -391,6 +391,11 @@ def run_real(args: Any) -> int:
         "setup": setup,
         "scenario_dir": getattr(args, "write_scenario", None),
     }
+    if args.replay is not None and getattr(args, "prefix", None):
+        print(
+            f"{prog}: --prefix starts walks and searches; a --replay path is whole", file=sys.stderr
+        )
+        return 2
     if args.replay is not None:
         path = tuple(t for t in args.replay.split(",") if t and t != "-")
         try:
