@@ -2,19 +2,29 @@
 ``VirtualClock`` only moves when told to (``advance``, ``run_until``), so tests and scenarios
 run on virtual seconds and never sleep for real. ``settle()`` lets the loop run what is
 ready between two timers; it reads asyncio's ready queue, which is why it lives here and
-not in the runtime (the runtime orders its own work with its scheduler)."""
+not in the runtime (the runtime orders its own work with its scheduler).
+
+The SDK's own timers (livekit's interruption bound, its transcript pacing, a sink's clear
+bound) are the loop's, not the job's clock. On a ``VirtualTimeLoop`` (``run``) they are
+virtual too: the loop's time moves with a ``VirtualClock`` as it advances, and otherwise
+only when nothing at all can run (then straight to the loop's next timer), so a run never
+depends on how fast the machine is: the same inputs give the same run.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import selectors
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from agent_runtime.clock import TimerHandle
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class _VirtualTimer:
@@ -97,18 +107,30 @@ class VirtualClock:
         await self.run_until(self._now + seconds)
 
     async def run_until(self, when: float) -> None:
-        """Fire every timer due up to ``when`` in order, settling the loop after each."""
+        """Fire every timer due up to ``when`` in order, settling the loop after each (on a
+        ``VirtualTimeLoop``, the loop's own timers due meanwhile fire as its time passes
+        with this clock's)."""
+        loop = asyncio.get_running_loop()
+        follow = loop if isinstance(loop, VirtualTimeLoop) else None
         await settle()
         while True:
             deadline = self.next_deadline()
             if deadline is None or deadline > when:
                 break
             _, _, timer = heapq.heappop(self._timers)
-            self._now = max(self._now, timer.when)
+            await self._move_to(timer.when, follow)
             timer.callback()
             await settle()
-        self._now = max(self._now, when)
+        await self._move_to(when, follow)
         await settle()
+
+    async def _move_to(self, when: float, follow: VirtualTimeLoop | None) -> None:
+        if when <= self._now:
+            return
+        if follow is not None:
+            # the loop's timers due before this one fire first, each settled
+            await follow.pass_time(when - self._now)
+        self._now = when
 
 
 async def settle(max_rounds: int = 200) -> None:
@@ -127,3 +149,105 @@ async def settle(max_rounds: int = 200) -> None:
                 return
         else:
             quiet = 0
+
+
+class _NeverBlocks(selectors.BaseSelector):
+    """The loop's selector: I/O as the real one reports it, but a wait for the loop's next
+    timer is the virtual clock jumping to it (see ``VirtualTimeLoop``)."""
+
+    def __init__(self, loop: VirtualTimeLoop) -> None:
+        self._real = selectors.DefaultSelector()
+        self._loop = loop
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._real.select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None or self._loop.threads:
+            # no timer to jump to, or work on a thread the loop waits for: time stands
+            # still while the world (a thread, a socket) answers, for real
+            return self._real.select(None if timeout is None else min(timeout, 0.05))
+        self._loop.jump(timeout)
+        return []
+
+    def close(self) -> None:
+        self._real.close()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.get_key(fileobj)
+
+    def get_map(self) -> Any:
+        return self._real.get_map()
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time: ``time()`` starts at ``start`` and moves only with
+    ``pass_time`` (a ``VirtualClock`` advancing calls it) or when nothing can run until the
+    loop's next timer, which it then jumps to at once. ``asyncio.sleep``, ``wait_for`` and
+    ``call_later`` in any code on the loop (the SDK's included) are virtual; sockets and
+    calls from other threads still arrive as they do, and while the loop waits on work it
+    gave a thread (``run_in_executor``) its time stands still.
+
+    Made for runs whose outside is all stand-ins (scenarios, the explorer, tests): code
+    that talks to a real server would see its timeouts expire before any answer."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__(selector=_NeverBlocks(self))
+        self._virtual_now = start
+        self.threads = 0  # run_in_executor work in flight
+        self.jumped = 0.0  # virtual seconds passed with nothing able to run
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    def jump(self, seconds: float) -> None:
+        """Nothing can run for ``seconds``: time moves on by that much."""
+        self._virtual_now += seconds
+        self.jumped += seconds
+
+    async def pass_time(self, seconds: float) -> None:
+        """Let ``seconds`` pass: each of the loop's timers due meanwhile fires at its time,
+        what it causes settled before the next."""
+        end = self._virtual_now + max(0.0, seconds)
+        while True:
+            due = self._next_timer()
+            if due is None or due > end:
+                break
+            self._virtual_now = max(self._virtual_now, due)
+            await settle()
+        self._virtual_now = end
+        await settle()
+
+    def _next_timer(self) -> float | None:
+        # the loop's own heap of timers: this loop is the one place that reads it
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        live = [h.when() for h in scheduled if not h.cancelled()]
+        return min(live) if live else None
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts
+    ) -> asyncio.Future[T]:
+        fut = super().run_in_executor(executor, func, *args)
+        self.threads += 1
+
+        def ended(_: object) -> None:
+            self.threads -= 1
+
+        fut.add_done_callback(ended)
+        return fut
+
+
+def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
+    """``asyncio.run(main)`` on a ``VirtualTimeLoop``: the same inputs give the same run,
+    whatever the SDK's own timers are and however fast the machine is."""
+    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(start)) as runner:
+        return runner.run(main)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.invariants.checks import Finding, safety, settled
 from agent_runtime.testing.invariants.view import COMPARED, JobView, differences
@@ -93,6 +94,7 @@ def _check(
 
 
 def run(path: Path, **kw: Any) -> Replayed:
-    """``replay`` on an event loop of its own, with the SDK's chatter quiet."""
+    """``replay`` on an event loop of its own, on virtual time (the SDK's own timers
+    included), with the SDK's chatter quiet."""
     with quiet_sdk_logs(logging.CRITICAL):
-        return asyncio.run(replay(path, **kw))
+        return on_virtual_time(replay(path, **kw))

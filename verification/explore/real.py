@@ -31,6 +31,8 @@ from typing import Any, Literal
 from livekit import rtc
 
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.clock import VirtualTimeLoop
+from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.invariants.checks import LIVE_JOB, Finding, eventual, safety, settled
 from agent_runtime.testing.invariants.playout import PlayoutJudge
@@ -361,7 +363,9 @@ class Run:
     entered: frozenset[tuple[str, str]] = frozenset()  # (machine, state) the run went through
     enabled: tuple[str, ...] = ()
     violation: Violation | None = None
-    quiesce_loops: int = 0  # real-time sleeps the harness took waiting for a close
+    # virtual seconds the loop passed with nothing able to run (the SDK's own bounds that
+    # a close the harness waited for ran to)
+    idle_seconds: float = 0.0
     seconds: float = 0.0
     log: list[Applied] = field(default_factory=list)  # every input, as toscenario needs it
 
@@ -409,7 +413,7 @@ async def execute(
     h.tracer.sinks.append(judge)
     if setup is not None:
         setup(h)
-    loops = _count_quiesce(h)
+    idle_from = loop.jumped if isinstance(loop, VirtualTimeLoop) else 0.0
     run = Run()
     try:
         await h.start()
@@ -468,7 +472,8 @@ async def execute(
         )
     finally:
         await h.aclose()
-        run.quiesce_loops = loops[0]
+        if isinstance(loop, VirtualTimeLoop):
+            run.idle_seconds = loop.jumped - idle_from
         run.seconds = time.perf_counter() - started
     return run
 
@@ -514,27 +519,14 @@ async def _eventual(h: Harness, policy: Policy, log: list[Applied]) -> list[Find
     return [(0, f"still running after {_EVENTUAL_LIMIT} outcomes and deadlines alone")]
 
 
-def _count_quiesce(h: Harness) -> list[int]:
-    """Count the harness's real-time waits (its ``_busy`` loop) in this run."""
-    count = [0]
-    busy = h._busy
-
-    def counted() -> bool:
-        b = busy()
-        count[0] += b
-        return b
-
-    h._busy = counted  # type: ignore[method-assign]
-    return count
-
-
 def run(config: Config, path: Sequence[str], **kw: Any) -> Run:
-    """``execute`` on an event loop of its own, with the SDK's and the job's own log lines
-    quiet (a search runs thousands of jobs; what it finds, it prints)."""
+    """``execute`` on an event loop of its own, on virtual time (the SDK's own timers
+    included: the same path gives the same run), with the SDK's and the job's own log
+    lines quiet (a search runs thousands of jobs; what it finds, it prints)."""
     was = logging.root.manager.disable
     with quiet_sdk_logs(logging.CRITICAL):
         logging.disable(logging.CRITICAL)
         try:
-            return asyncio.run(execute(config, path, **kw))
+            return on_virtual_time(execute(config, path, **kw))
         finally:
             logging.disable(was)

@@ -64,7 +64,7 @@ class RealReport:
     budget_hit: bool = False
     stopped: bool = False  # the search stopped early: its budget, or its first violation
     seconds: float = 0.0
-    quiesce_loops: int = 0  # real-time sleeps of the harness, over every run
+    idle_seconds: float = 0.0  # virtual seconds the loop jumped with nothing to run
     layers: list[int] = field(default_factory=list)  # new states per layer (bfs)
     # each machine's states no run went through (passing ones count), by machine
     unreached: dict[str, list[str]] = field(default_factory=dict)
@@ -95,7 +95,7 @@ class RealReport:
             f"{self.states:,} states{whole}{budget} to depth {self.depth}, "
             f"{self.runs:,} runs, {self.inputs_done:,} inputs driven, "
             f"{self.seconds:.1f} s ({per * 1000:.1f} ms a state), "
-            f"{self.quiesce_loops} real-time waits"
+            f"{self.idle_seconds:g} s of the SDK's own time waited for"
         ]
         if self.layers:
             lines.append(f"  new states by depth (outcomes within the layer): {self.layers}")
@@ -164,7 +164,7 @@ def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
     report.runs += 1
     report.entered |= r.entered
     report.inputs_done += len(r.path)
-    report.quiesce_loops += r.quiesce_loops
+    report.idle_seconds += r.idle_seconds
     v = r.violation
     if v is not None and all(w.invariant != v.invariant for w in report.violations):
         v.config = report.config

@@ -1,0 +1,88 @@
+"""``VirtualTimeLoop``: the SDK's own timers (``asyncio.sleep``, ``wait_for``, ``call_later``
+on the loop) run on virtual time, so a run depends on its inputs, never on how fast the
+machine is. Each test runs its own loop through ``clock.run``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from livekit.agents.voice.speech_handle import INTERRUPTION_TIMEOUT
+
+from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, run
+from verification.explore.real import CONFIGS
+from verification.explore.real import run as explore_run
+
+
+def _loop() -> VirtualTimeLoop:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualTimeLoop)
+    return loop
+
+
+def test_a_wait_with_nothing_else_to_run_jumps_to_the_next_timer() -> None:
+    async def main() -> tuple[float, float, bool, float]:
+        loop = _loop()
+        await asyncio.sleep(3600)
+        slept = loop.time()
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.sleep(10), 5)
+        except TimeoutError:
+            timed_out = True
+        return slept, loop.time(), timed_out, loop.jumped
+
+    assert run(main()) == (3600.0, 3605.0, True, 3605.0)
+
+
+def test_time_stands_still_while_a_thread_works_for_the_loop() -> None:
+    data = bytes(20_000_000)
+
+    async def main() -> str:
+        # the thread's answer comes before a bound of one virtual second: without the
+        # loop waiting for it, that bound would fire at once, the thread still hashing
+        # (hashlib lets the loop's thread run meanwhile)
+        work = asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+        return await asyncio.wait_for(work, 1.0)
+
+    assert run(main()) == hashlib.sha256(data).hexdigest()
+
+
+def test_the_loops_timers_fire_in_order_as_a_virtual_clock_advances() -> None:
+    async def main() -> list[tuple[str, float]]:
+        loop, clock = _loop(), VirtualClock()
+        fired: list[tuple[str, float]] = []
+        loop.call_later(2, lambda: fired.append(("loop", loop.time())))
+        loop.call_later(9, lambda: fired.append(("loop, later", loop.time())))
+        clock.call_later(1, lambda: fired.append(("clock", loop.time())))
+        clock.call_later(3, lambda: fired.append(("clock", loop.time())))
+        await clock.advance(5)
+        assert loop.time() == 5.0 and loop.jumped == 0.0  # moved by the clock, not idle
+        return fired
+
+    # one time for both: the job's timers and the SDK's interleave as they would for real
+    assert run(main()) == [("clock", 1.0), ("loop", 2.0), ("clock", 3.0)]
+
+
+def test_the_explorer_waits_the_sdks_own_bound_on_virtual_time_and_replays_it() -> None:
+    # the agent speaks, the avatar leaves, the session is closed: its close waits for the
+    # speech's end, which livekit bounds by its own interruption timer (5 s on the loop)
+    path = [
+        "avatar_start",
+        "plugin_routed",
+        "plugin_returns",
+        "avatar_joins",
+        "avatar_video",
+        "user_joins",
+        "user_speaks",
+        "interrupt",
+        "agent_says",
+        "avatar_leaves",
+        "close_a",
+        "a_closed",
+    ]
+    one = explore_run(CONFIGS["watchdog"], path, inputs="playout", check_eventual=False)
+    two = explore_run(CONFIGS["watchdog"], path, inputs="playout", check_eventual=False)
+    assert one.violation is None
+    assert one.idle_seconds == INTERRUPTION_TIMEOUT
+    assert one.snapshots == two.snapshots and one.enabled == two.enabled
