@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
+import threading
 
 from livekit.agents.voice.speech_handle import INTERRUPTION_TIMEOUT
 
@@ -86,3 +88,34 @@ def test_the_explorer_waits_the_sdks_own_bound_on_virtual_time_and_replays_it() 
     assert one.violation is None
     assert one.idle_seconds == INTERRUPTION_TIMEOUT
     assert one.snapshots == two.snapshots and one.enabled == two.enabled
+
+
+def test_time_stands_still_while_a_subprocess_may_answer() -> None:
+    async def main() -> bytes:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "import sys; sys.stdout.write(sys.stdin.read())",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(b"echoed"), 1.0)
+        return out
+
+    assert run(main()) == b"echoed"
+
+
+def test_a_hung_thread_still_meets_its_bound() -> None:
+    release = threading.Event()
+
+    async def main() -> bool:
+        try:
+            # the thread waits for ever; its bound is real time then, not skipped nor stuck
+            await asyncio.wait_for(asyncio.to_thread(release.wait), 0.05)
+        except TimeoutError:
+            return True
+        finally:
+            release.set()
+        return False
+
+    assert run(main())

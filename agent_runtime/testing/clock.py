@@ -17,6 +17,7 @@ import asyncio
 import heapq
 import itertools
 import selectors
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any, TypeVar, TypeVarTuple, Unpack
@@ -158,6 +159,7 @@ class _NeverBlocks(selectors.BaseSelector):
     def __init__(self, loop: VirtualTimeLoop) -> None:
         self._real = selectors.DefaultSelector()
         self._loop = loop
+        self.own = 0  # what the loop itself registers (its self-pipe): set once it has
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -172,10 +174,15 @@ class _NeverBlocks(selectors.BaseSelector):
         ready = self._real.select(0)
         if ready or timeout == 0:
             return ready
-        if timeout is None or self._loop.threads:
-            # no timer to jump to, or work on a thread the loop waits for: time stands
-            # still while the world (a thread, a socket) answers, for real
-            return self._real.select(None if timeout is None else min(timeout, 0.05))
+        if timeout is None:
+            return self._real.select(None)  # no timer at all: waiting is all there is
+        if self._loop.threads or len(self._real.get_map()) > self.own:
+            # the world may still answer (work on a thread, a child process, a socket or
+            # a pipe open): meanwhile time passes as it does for real
+            began = time.monotonic()
+            ready = self._real.select(timeout)
+            self._loop.elapse(timeout if not ready else min(timeout, time.monotonic() - began))
+            return ready
         self._loop.jump(timeout)
         return []
 
@@ -190,29 +197,36 @@ class _NeverBlocks(selectors.BaseSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual time: ``time()`` starts at ``start`` and moves only with
-    ``pass_time`` (a ``VirtualClock`` advancing calls it) or when nothing can run until the
+    """An event loop on virtual time: ``time()`` starts at ``start`` and moves with
+    ``pass_time`` (a ``VirtualClock`` advancing calls it), or when nothing can run until the
     loop's next timer, which it then jumps to at once. ``asyncio.sleep``, ``wait_for`` and
-    ``call_later`` in any code on the loop (the SDK's included) are virtual; sockets and
-    calls from other threads still arrive as they do, and while the loop waits on work it
-    gave a thread (``run_in_executor``) its time stands still.
+    ``call_later`` in any code on the loop (the SDK's included) are virtual. While the world
+    may still answer (work the loop gave a thread with ``run_in_executor``, a child process,
+    a socket or a pipe open on the loop) time passes as it does for real, so a timeout
+    expires neither ahead of an answer on its way nor never.
 
-    Made for runs whose outside is all stand-ins (scenarios, the explorer, tests): code
-    that talks to a real server would see its timeouts expire before any answer."""
+    Made for runs whose outside is all stand-ins (scenarios, the explorer, tests); a thread
+    of its own that calls the loop (``call_soon_threadsafe``) is not waited for."""
 
     def __init__(self, start: float = 0.0) -> None:
-        super().__init__(selector=_NeverBlocks(self))
+        selector = _NeverBlocks(self)
+        super().__init__(selector=selector)
+        selector.own = len(selector.get_map())
         self._virtual_now = start
-        self.threads = 0  # run_in_executor work in flight
+        self.threads = 0  # run_in_executor work and child processes not ended
         self.jumped = 0.0  # virtual seconds passed with nothing able to run
 
     def time(self) -> float:
         return self._virtual_now
 
     def jump(self, seconds: float) -> None:
-        """Nothing can run for ``seconds``: time moves on by that much."""
+        """Nothing can run for ``seconds``: time moves on by that much, at once."""
         self._virtual_now += seconds
         self.jumped += seconds
+
+    def elapse(self, seconds: float) -> None:
+        """``seconds`` passed for real while the world could answer."""
+        self._virtual_now += seconds
 
     async def pass_time(self, seconds: float) -> None:
         """Let ``seconds`` pass: each of the loop's timers due meanwhile fires at its time,
@@ -232,6 +246,37 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         live = [h.when() for h in scheduled if not h.cancelled()]
         return min(live) if live else None
+
+    async def subprocess_exec(  # type: ignore[override]
+        self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kw: Any
+    ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
+        return await super().subprocess_exec(self._waited(protocol_factory), *args, **kw)
+
+    async def subprocess_shell(  # type: ignore[override]
+        self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kw: Any
+    ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
+        return await super().subprocess_shell(self._waited(protocol_factory), *args, **kw)
+
+    def _waited(
+        self, factory: Callable[[], asyncio.SubprocessProtocol]
+    ) -> Callable[[], asyncio.SubprocessProtocol]:
+        """A child process is world that may answer until it exits (its exit comes from a
+        watcher thread): counted with the threads (one whose start failed stays counted,
+        so time runs at real speed on that loop from then on, never stuck)."""
+
+        def make() -> asyncio.SubprocessProtocol:
+            protocol = factory()
+            exited = protocol.process_exited
+            self.threads += 1
+
+            def process_exited() -> None:
+                self.threads -= 1
+                exited()
+
+            protocol.process_exited = process_exited  # type: ignore[method-assign]
+            return protocol
+
+        return make
 
     def run_in_executor(
         self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts

@@ -18,7 +18,6 @@ scenario runs or a fixture is used, so it costs nothing in test runs that use ne
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,12 +129,13 @@ class ScenarioItem(pytest.Item):
         self.trace_path: Path | None = None
 
     def runtest(self) -> None:
+        from agent_runtime.testing.clock import run as on_virtual_time
         from agent_runtime.testing.expect import mismatches
         from agent_runtime.testing.runner import run_scenario
 
         self.trace_path = self._trace_path()
         try:
-            result = asyncio.run(run_scenario(self.scenario, trace_path=self.trace_path))
+            result = on_virtual_time(run_scenario(self.scenario, trace_path=self.trace_path))
         except OSError as e:
             if self.trace_path is None or str(e.filename) != str(self.trace_path):
                 raise

@@ -11,7 +11,6 @@ or the file cannot be written (one line on stderr).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -50,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     if not args.check:
         return 0
+    from agent_runtime.testing.clock import run as on_virtual_time
     from agent_runtime.testing.runner import (
         run_scenario,  # imports livekit.agents: only when running
     )
 
     try:
-        result = asyncio.run(run_scenario(scenario))
+        result = on_virtual_time(run_scenario(scenario))
     except Exception as e:  # a bug, but still one line and exit 2, never a traceback
         logger.debug("running the recorded scenario failed", exc_info=True)
         return _fail(f"running the rebuilt scenario failed: {' '.join(str(e).split())}")

@@ -9,7 +9,6 @@ stdout, so stdout is always JSON. ``--html`` draws the run's timeline page.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import errno
 import json
@@ -165,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from agent_runtime.testing.clock import run as on_virtual_time
     from agent_runtime.testing.runner import (
         run_scenario,  # imports livekit.agents: only when simulating
     )
@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace) -> int:
     for path, scenario in scenarios:
         try:
             with _trace_warnings_off():
-                result = asyncio.run(run_scenario(scenario, trace_path=args.trace))
+                result = on_virtual_time(run_scenario(scenario, trace_path=args.trace))
         except OSError as e:
             if args.trace is None or e.filename is None or str(e.filename) != str(args.trace):
                 raise _Refused(str(path), f"{path}: the run failed: {_one_line(e)}") from e
