@@ -28,6 +28,9 @@ from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.playout import PLAYOUT
 from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig
 
+# livekit's own timers (the avatar sink's 2 s clear bound) move with the test's clock
+pytestmark = pytest.mark.virtual_time
+
 # -- the wait for the avatar -----------------------------------------------------------------
 
 

@@ -165,6 +165,7 @@ def test_the_c_loader_is_used_when_pyyaml_has_it() -> None:
 # -- issue 40: a scenario's job is AgentJob's, playout included ---------------------------
 
 
+@pytest.mark.virtual_time  # the sink's own 2 s clear bound passes with the clock
 @pytest.mark.parametrize(
     ("playout", "state", "agent_state"),
     [(None, "idle", "listening"), (False, None, "speaking")],

@@ -9,6 +9,7 @@ import hashlib
 import sys
 import threading
 
+import pytest
 from livekit.agents.voice.speech_handle import INTERRUPTION_TIMEOUT
 
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, run
@@ -51,19 +52,43 @@ def test_time_stands_still_while_a_thread_works_for_the_loop() -> None:
 
 
 def test_the_loops_timers_fire_in_order_as_a_virtual_clock_advances() -> None:
-    async def main() -> list[tuple[str, float]]:
+    async def main() -> list[tuple[str, float, float]]:
         loop, clock = _loop(), VirtualClock()
-        fired: list[tuple[str, float]] = []
-        loop.call_later(2, lambda: fired.append(("loop", loop.time())))
-        loop.call_later(9, lambda: fired.append(("loop, later", loop.time())))
-        clock.call_later(1, lambda: fired.append(("clock", loop.time())))
-        clock.call_later(3, lambda: fired.append(("clock", loop.time())))
+        fired: list[tuple[str, float, float]] = []
+
+        def fire(who: str) -> None:
+            fired.append((who, loop.time(), clock.now()))
+
+        loop.call_later(2, lambda: fire("loop"))
+        loop.call_later(9, lambda: fire("loop, later"))
+        clock.call_later(1, lambda: fire("clock"))
+        clock.call_later(3, lambda: fire("clock"))
         await clock.advance(5)
         assert loop.time() == 5.0 and loop.jumped == 0.0  # moved by the clock, not idle
         return fired
 
     # one time for both: the job's timers and the SDK's interleave as they would for real
-    assert run(main()) == [("clock", 1.0), ("loop", 2.0), ("clock", 3.0)]
+    assert run(main()) == [("clock", 1.0, 1.0), ("loop", 2.0, 2.0), ("clock", 3.0, 3.0)]
+
+
+@pytest.mark.virtual_time
+async def test_a_test_marked_virtual_time_runs_the_sdks_timers_with_its_clock(
+    virtual_clock: VirtualClock,
+) -> None:
+    # the testing kit's pytest plugin gives the marked test a VirtualTimeLoop
+    _loop()
+    woke: list[float] = []
+
+    async def sdk_timer() -> None:  # as livekit bounds a speech's interruption
+        await asyncio.sleep(INTERRUPTION_TIMEOUT)
+        woke.append(virtual_clock.now())
+
+    task = asyncio.create_task(sdk_timer())
+    await virtual_clock.advance(INTERRUPTION_TIMEOUT - 1)
+    assert woke == []
+    await virtual_clock.advance(2)
+    assert woke == [INTERRUPTION_TIMEOUT]
+    await task
 
 
 def test_the_explorer_waits_the_sdks_own_bound_on_virtual_time_and_replays_it() -> None:

@@ -129,8 +129,16 @@ class VirtualClock:
         if when <= self._now:
             return
         if follow is not None:
-            # the loop's timers due before this one fire first, each settled
-            await follow.pass_time(when - self._now)
+            # the loop's timers due before ``when`` fire first, each at its time on this
+            # clock too, each settled; those due at ``when`` itself run after this clock's
+            # timer there (the caller's next settle)
+            while (due := follow.next_timer()) is not None and (
+                due - follow.time() < when - self._now
+            ):
+                step = max(0.0, due - follow.time())
+                self._now += step
+                await follow.pass_time(step)
+            follow.elapse(when - self._now)
         self._now = when
 
 
@@ -233,7 +241,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         what it causes settled before the next."""
         end = self._virtual_now + max(0.0, seconds)
         while True:
-            due = self._next_timer()
+            due = self.next_timer()
             if due is None or due > end:
                 break
             self._virtual_now = max(self._virtual_now, due)
@@ -241,7 +249,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now = end
         await settle()
 
-    def _next_timer(self) -> float | None:
+    def next_timer(self) -> float | None:
+        """When the loop's next timer is due, on its time (None: no timer)."""
         # the loop's own heap of timers: this loop is the one place that reads it
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         live = [h.when() for h in scheduled if not h.cancelled()]

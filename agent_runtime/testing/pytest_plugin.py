@@ -18,8 +18,9 @@ scenario runs or a fixture is used, so it costs nothing in test runs that use ne
 
 from __future__ import annotations
 
+import asyncio
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from pprint import pformat
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "scenario: a scenario file run through AgentJob (agent-runtime's plugin)"
     )
+    config.addinivalue_line(
+        "markers",
+        "virtual_time: the test runs on a VirtualTimeLoop (the SDK's own timers virtual too; "
+        "pytest-asyncio 1.4 or later)",
+    )
     dirs: list[Path] = config.getini(INI_DIRS)
     for d in dirs:
         if not d.is_dir():
@@ -79,6 +85,26 @@ def pytest_configure(config: pytest.Config) -> None:
         for d in dirs:
             if not any(d.resolve().is_relative_to(g) for g in given):
                 config.args.append(str(d))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """A test marked ``virtual_time`` runs on a ``VirtualTimeLoop``: livekit's own timers
+    (a speech's interruption bound, a sink's clear bound) are then virtual like the
+    ``virtual_clock`` fixture's, and move with it. Any other test gets the loop
+    pytest-asyncio would make (its event loop policy's); one factory each, so test ids
+    stay as they are."""
+    if item.get_closest_marker("virtual_time") is None:
+        return {"asyncio": _policy_loop}
+    from agent_runtime.testing.clock import VirtualTimeLoop
+
+    return {"virtual_time": VirtualTimeLoop}
+
+
+def _policy_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_event_loop_policy().new_event_loop()
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:

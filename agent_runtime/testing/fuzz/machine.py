@@ -25,6 +25,7 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing import scenario as sc
+from agent_runtime.testing.clock import VirtualTimeLoop
 from agent_runtime.testing.fuzz import properties as props
 from agent_runtime.testing.fuzz.harness import AVATAR, SIMULATOR, Harness
 from agent_runtime.testing.fuzz.properties import Check, FuzzOutcome, Problem
@@ -106,7 +107,8 @@ def make_machine(
     class JobFuzz(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.loop = asyncio.new_event_loop()
+            # virtual time, the SDK's own timers included: a seed replays the same run
+            self.loop = VirtualTimeLoop()
             self.loop.set_exception_handler(_sdk_failures_at_debug)
             # the room (an rtc.Room) takes the current loop when it is made
             asyncio.set_event_loop(self.loop)

@@ -21,6 +21,7 @@ from hypothesis.stateful import get_state_machine_test
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_runtime.testing import scenario as sc
+from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.fuzz.harness import AVATAR, Harness
 from agent_runtime.testing.fuzz.machine import FuzzFailure, Stats, finish, make_machine
 from agent_runtime.testing.fuzz.properties import Check, Problem
@@ -160,7 +161,7 @@ def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzRepo
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid."""
     scenario = sc.load_scenario(path)
     began = time.monotonic()
-    problems = _in_thread(lambda: asyncio.run(_replay(server, scenario, list(checks))))
+    problems = _in_thread(lambda: on_virtual_time(_replay(server, scenario, list(checks))))
     report = FuzzReport(seed=None, examples=1, paths=1, seconds=time.monotonic() - began)
     if problems:
         _fill(report, problems, None, None)
