@@ -15,6 +15,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.invariants.checks import LIVE_JOB
 from agent_runtime.testing.invariants.observe import Sent
 from agent_runtime.testing.wire import build_request
@@ -81,10 +82,17 @@ async def _interrupt(h: Harness, playing: bool) -> None:
     assert avatar is not None
     sink = avatar.installed_sink
     if playing and avatar.state == "joined" and isinstance(sink, DataStreamAudioOutput):
-        # something is playing to the avatar: one segment in its sink
+        # something is playing to the avatar: one segment in its sink, pushed as the SDK
+        # pushes it, from a task of its own (a sink still clearing holds it back there,
+        # not the world's hand)
         frame = rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
-        await sink.capture_frame(frame)
-        sink.flush()
+
+        async def push() -> None:
+            await sink.capture_frame(frame)
+            sink.flush()
+
+        h.bg(push(), "interrupt:segment")
+        await settle()
     avatar.interrupt()
 
 
