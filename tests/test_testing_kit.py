@@ -188,3 +188,42 @@ def test_a_missing_scenario_directory_and_an_unwritable_trace_dir_are_one_line(
         ]
     )
     assert not any("Traceback" in line for line in result.stdout.lines)
+
+
+def test_virtual_time_is_the_marked_tests_and_a_users_own_loop_factory_keeps_the_rest(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        """
+        import asyncio
+
+        class UsersLoop(asyncio.SelectorEventLoop):
+            pass
+
+        def pytest_asyncio_loop_factories(config, item):
+            return {"users": UsersLoop}
+        """
+    )
+    pytester.makepyfile(
+        """
+        import asyncio
+
+        import pytest
+
+        from agent_runtime.testing.clock import VirtualTimeLoop
+
+        async def test_unmarked_keeps_the_users_loop():
+            assert type(asyncio.get_running_loop()).__name__ == "UsersLoop"
+
+        @pytest.mark.virtual_time
+        async def test_marked_runs_on_virtual_time(virtual_clock):
+            loop = asyncio.get_running_loop()
+            assert isinstance(loop, VirtualTimeLoop)
+            await asyncio.sleep(3600)  # livekit's own bounds pass like this one
+            assert loop.time() == 3600.0
+        """
+    )
+    result = run(
+        pytester, "-o", "asyncio_mode=auto", "-o", "asyncio_default_fixture_loop_scope=function"
+    )
+    result.assert_outcomes(passed=2)

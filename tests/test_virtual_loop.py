@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 import sys
 import threading
 
@@ -60,6 +61,7 @@ def test_the_loops_timers_fire_in_order_as_a_virtual_clock_advances() -> None:
             fired.append((who, loop.time(), clock.now()))
 
         loop.call_later(2, lambda: fire("loop"))
+        loop.call_later(3, lambda: fire("loop, same time"))
         loop.call_later(9, lambda: fire("loop, later"))
         clock.call_later(1, lambda: fire("clock"))
         clock.call_later(3, lambda: fire("clock"))
@@ -68,7 +70,13 @@ def test_the_loops_timers_fire_in_order_as_a_virtual_clock_advances() -> None:
         return fired
 
     # one time for both: the job's timers and the SDK's interleave as they would for real
-    assert run(main()) == [("clock", 1.0, 1.0), ("loop", 2.0, 2.0), ("clock", 3.0, 3.0)]
+    # (at the same instant, the job's first)
+    assert run(main()) == [
+        ("clock", 1.0, 1.0),
+        ("loop", 2.0, 2.0),
+        ("clock", 3.0, 3.0),
+        ("loop, same time", 3.0, 3.0),
+    ]
 
 
 @pytest.mark.virtual_time
@@ -144,3 +152,43 @@ def test_a_hung_thread_still_meets_its_bound() -> None:
         return False
 
     assert run(main())
+
+
+def test_a_timer_far_from_zero_still_fires() -> None:
+    # where time() + the clock's resolution is time() itself, a timer landed on exactly
+    # would never be due
+    async def main() -> float:
+        await asyncio.sleep(0.1)
+        await asyncio.sleep(2e7)
+        return asyncio.get_running_loop().time()
+
+    assert run(main(), start=1.7e9) >= 1.7e9 + 2e7
+
+
+def test_an_open_socket_makes_time_pass_at_real_speed() -> None:
+    async def main() -> tuple[float, float]:
+        loop = _loop()
+        ours, theirs = socket.socketpair()
+        loop.add_reader(ours, lambda: None)  # the world may write to it any time
+        try:
+            await asyncio.sleep(0.01)
+        finally:
+            loop.remove_reader(ours)
+            ours.close()
+            theirs.close()
+        jumped_with_the_socket = loop.jumped
+        await asyncio.sleep(60)  # closed: nothing can answer, the loop jumps again
+        return jumped_with_the_socket, loop.jumped
+
+    assert run(main()) == (0.0, 60.0)
+
+
+def test_a_child_process_that_never_started_holds_no_time_back() -> None:
+    async def main() -> tuple[int, float]:
+        loop = _loop()
+        with pytest.raises(FileNotFoundError):
+            await asyncio.create_subprocess_exec("/nonexistent/agent-runtime-test")
+        await asyncio.sleep(3600)
+        return loop.threads, loop.jumped
+
+    assert run(main()) == (0, 3600.0)

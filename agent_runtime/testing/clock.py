@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import selectors
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -26,6 +27,8 @@ from agent_runtime.clock import TimerHandle
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
+# the resolution asyncio reads the monotonic clock at (a due timer runs within it)
+_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
 class _VirtualTimer:
@@ -208,13 +211,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop on virtual time: ``time()`` starts at ``start`` and moves with
     ``pass_time`` (a ``VirtualClock`` advancing calls it), or when nothing can run until the
     loop's next timer, which it then jumps to at once. ``asyncio.sleep``, ``wait_for`` and
-    ``call_later`` in any code on the loop (the SDK's included) are virtual. While the world
-    may still answer (work the loop gave a thread with ``run_in_executor``, a child process,
-    a socket or a pipe open on the loop) time passes as it does for real, so a timeout
-    expires neither ahead of an answer on its way nor never.
+    ``call_later`` in any code on the loop (the SDK's included) are virtual; what reads the
+    wall clock (``time.time()``) is not. While the world may still answer (work the loop
+    gave a thread with ``run_in_executor`` or ``to_thread``, a child process, a socket or a
+    pipe open on the loop) time passes as it does for real, so a timeout expires neither
+    ahead of an answer on its way nor never.
 
     Made for runs whose outside is all stand-ins (scenarios, the explorer, tests); a thread
-    of its own that calls the loop (``call_soon_threadsafe``) is not waited for."""
+    of its own that calls the loop (``call_soon_threadsafe``, as livekit's FFI thread does)
+    is not waited for."""
 
     def __init__(self, start: float = 0.0) -> None:
         selector = _NeverBlocks(self)
@@ -229,12 +234,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def jump(self, seconds: float) -> None:
         """Nothing can run for ``seconds``: time moves on by that much, at once."""
-        self._virtual_now += seconds
+        self._land(self._virtual_now + seconds)
         self.jumped += seconds
 
     def elapse(self, seconds: float) -> None:
         """``seconds`` passed for real while the world could answer."""
-        self._virtual_now += seconds
+        self._land(self._virtual_now + seconds)
+
+    def _land(self, when: float) -> None:
+        # the loop runs a timer once time() + the clock's resolution passes its due time;
+        # far from 0 that sum is time() itself, so land just past it there
+        self._virtual_now = when if when + _RESOLUTION > when else math.nextafter(when, math.inf)
 
     async def pass_time(self, seconds: float) -> None:
         """Let ``seconds`` pass: each of the loop's timers due meanwhile fires at its time,
@@ -244,9 +254,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             due = self.next_timer()
             if due is None or due > end:
                 break
-            self._virtual_now = max(self._virtual_now, due)
+            self._land(max(self._virtual_now, due))
             await settle()
-        self._virtual_now = end
+        self._land(max(self._virtual_now, end))
         await settle()
 
     def next_timer(self) -> float | None:
@@ -259,33 +269,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     async def subprocess_exec(  # type: ignore[override]
         self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kw: Any
     ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
-        return await super().subprocess_exec(self._waited(protocol_factory), *args, **kw)
+        waited = _Waited(self, protocol_factory)
+        try:
+            return await super().subprocess_exec(waited.make, *args, **kw)
+        except BaseException:
+            waited.exited()  # it never started: nothing of it can answer
+            raise
 
     async def subprocess_shell(  # type: ignore[override]
         self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kw: Any
     ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
-        return await super().subprocess_shell(self._waited(protocol_factory), *args, **kw)
-
-    def _waited(
-        self, factory: Callable[[], asyncio.SubprocessProtocol]
-    ) -> Callable[[], asyncio.SubprocessProtocol]:
-        """A child process is world that may answer until it exits (its exit comes from a
-        watcher thread): counted with the threads (one whose start failed stays counted,
-        so time runs at real speed on that loop from then on, never stuck)."""
-
-        def make() -> asyncio.SubprocessProtocol:
-            protocol = factory()
-            exited = protocol.process_exited
-            self.threads += 1
-
-            def process_exited() -> None:
-                self.threads -= 1
-                exited()
-
-            protocol.process_exited = process_exited  # type: ignore[method-assign]
-            return protocol
-
-        return make
+        waited = _Waited(self, protocol_factory)
+        try:
+            return await super().subprocess_shell(waited.make, *args, **kw)
+        except BaseException:
+            waited.exited()
+            raise
 
     def run_in_executor(
         self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts
@@ -298,6 +297,44 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
         fut.add_done_callback(ended)
         return fut
+
+    async def shutdown_default_executor(self, *args: Any, **kw: Any) -> None:
+        # it joins the executor's threads from a thread of its own, within a bound on this
+        # loop's time: that wait is the world's, at real speed
+        self.threads += 1
+        try:
+            await super().shutdown_default_executor(*args, **kw)
+        finally:
+            self.threads -= 1
+
+
+class _Waited:
+    """A child process is world that may answer until it exits (its exit comes from a
+    watcher thread): counted with the loop's threads from its protocol's making."""
+
+    def __init__(
+        self, loop: VirtualTimeLoop, factory: Callable[[], asyncio.SubprocessProtocol]
+    ) -> None:
+        self._loop, self._factory = loop, factory
+        self._counted = False
+
+    def make(self) -> asyncio.SubprocessProtocol:
+        protocol = self._factory()
+        on_exit = protocol.process_exited
+        self._counted = True
+        self._loop.threads += 1
+
+        def process_exited() -> None:
+            self.exited()
+            on_exit()
+
+        protocol.process_exited = process_exited  # type: ignore[method-assign]
+        return protocol
+
+    def exited(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._loop.threads -= 1
 
 
 def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:

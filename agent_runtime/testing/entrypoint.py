@@ -171,7 +171,8 @@ class EntrypointRunner:
         )
 
     async def wait_ended(self, *, timeout: float = 5.0) -> None:
-        """Wait (real seconds) until the last run's job has ended as livekit ends one: its
+        """Wait (``timeout`` in the loop's seconds: real ones, or virtual on a test marked
+        ``virtual_time``) until the last run's job has ended as livekit ends one: its
         ``on_session_end``, the room's disconnect and its shutdown callbacks are over. Then
         raise what failed in the agent's code, if anything did. The job must have been told
         to end (it left, closed, was shut down): this does not end it."""
@@ -211,8 +212,9 @@ class EntrypointRunner:
         """Wait until ``machine`` of the last run's job is in ``state`` (at once if it is).
 
         For what takes real work rather than virtual time (a session closing, the job's
-        close); ``timeout`` is in real seconds, and ``TimeoutError`` says where the machine
-        is instead. Virtual time does not move while waiting: advance the clock for timers.
+        close); ``timeout`` is in the loop's seconds (real ones, or virtual on a test marked
+        ``virtual_time``), and ``TimeoutError`` says where the machine is instead. The job's
+        clock does not move while waiting: advance it for the job's timers.
         """
         from statemachines.machines import MACHINES
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from pprint import pformat
 from typing import TYPE_CHECKING, Any
@@ -87,24 +87,21 @@ def pytest_configure(config: pytest.Config) -> None:
                 config.args.append(str(d))
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(wrapper=True, optionalhook=True)
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
-) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """A test marked ``virtual_time`` runs on a ``VirtualTimeLoop``: livekit's own timers
-    (a speech's interruption bound, a sink's clear bound) are then virtual like the
-    ``virtual_clock`` fixture's, and move with it. Any other test gets the loop
-    pytest-asyncio would make (its event loop policy's); one factory each, so test ids
-    stay as they are."""
+) -> Generator[None, Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None, Any]:
+    """An async test marked ``virtual_time`` runs on a ``VirtualTimeLoop``: livekit's own
+    timers (a speech's interruption bound, a sink's clear bound) are then virtual like the
+    ``virtual_clock`` fixture's, and move with it. Any other test keeps what another
+    plugin or conftest answers, else the loop pytest-asyncio makes by default (one factory,
+    so test ids stay as they are)."""
+    others = yield
     if item.get_closest_marker("virtual_time") is None:
-        return {"asyncio": _policy_loop}
+        return others if others is not None else {"asyncio": asyncio.new_event_loop}
     from agent_runtime.testing.clock import VirtualTimeLoop
 
     return {"virtual_time": VirtualTimeLoop}
-
-
-def _policy_loop() -> asyncio.AbstractEventLoop:
-    return asyncio.get_event_loop_policy().new_event_loop()
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
