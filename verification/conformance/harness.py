@@ -77,10 +77,9 @@ class Harness:
         agent_end, self.simulator = _RoomBoundTransport(), InMemorySessionTransport()
         agent_end._peer, self.simulator._peer = self.simulator, agent_end
         agent_end.room, agent_end.observed = self.room, self.observed
-        # the test settles a clear itself; the sink's own fallback runs on real time
-        self.plugin = ScriptedAvatar(
-            avatar_identity=PEOPLE["avatar"].identity, held=True, clear_buffer_timeout=3600.0
-        )
+        # the world settles a clear (clear_settles), or time passes the sink's own bound
+        # (livekit's 2 s, on the loop's virtual time)
+        self.plugin = ScriptedAvatar(avatar_identity=PEOPLE["avatar"].identity, held=True)
         self.sessions: dict[str, AgentSession[Any]] = {"A": AgentSession()}
         self.closes: dict[str, Gate] = {}
         self.verdicts: list[Gate] = []
