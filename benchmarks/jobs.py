@@ -131,7 +131,9 @@ class BareJob:
         return None if route == "avatar" else f"audio goes to {route}, not the avatar"
 
     def closed_problem(self) -> str | None:
-        return None if not self.session._started else "the session is still running"
+        from agent_runtime.sdk import livekit_compat as lk
+
+        return None if not lk.session_started(self.session) else "the session is still running"
 
     def machines(self) -> dict[str, str]:
         return {}  # livekit alone: no machines

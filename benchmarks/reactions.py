@@ -618,6 +618,7 @@ async def upstream_user_leaves() -> dict[str, Any]:
     from livekit import rtc
     from livekit.agents import Agent, AgentSession
 
+    from agent_runtime.sdk import livekit_compat as lk
     from agent_runtime.testing.clock import settle
 
     out: dict[str, Any] = {}
@@ -642,7 +643,7 @@ async def upstream_user_leaves() -> dict[str, Any]:
             # nothing closed it and nothing is scheduled to: no close task, no timer
             out[reason] = {
                 "closed": closed.done(),
-                "close_pending": session._closing_task is not None,
+                "close_pending": lk.session_closing_task(session) is not None,
             }
             await session.aclose()
     return out
@@ -657,6 +658,7 @@ async def upstream_interrupt_after_avatar_left(logs: list[logging.LogRecord]) ->
     from livekit.agents.voice import speech_handle
     from livekit.rtc import DisconnectReason
 
+    from agent_runtime.sdk import livekit_compat as lk
     from agent_runtime.testing.clock import settle
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
@@ -670,7 +672,7 @@ async def upstream_interrupt_after_avatar_left(logs: list[logging.LogRecord]) ->
     assert sink is not None
     handle = session.say("a long answer", audio=_frames(1_000))
     deadline = time.perf_counter() + 10
-    while not sink._pending_playback_count:  # the avatar is playing a segment
+    while not lk.pending_playbacks(sink):  # the avatar is playing a segment
         if time.perf_counter() > deadline:
             raise RuntimeError("the upstream speech never reached the avatar sink")
         await asyncio.sleep(0.005)
@@ -709,6 +711,7 @@ async def _speaking_to_an_avatar(seconds: float) -> tuple[Any, Any, Any, Any]:
     audio is all pushed: (room, session, plugin, speech handle)."""
     from livekit.agents import Agent, AgentSession
 
+    from agent_runtime.sdk import livekit_compat as lk
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
     room = _room(avatar=True)
@@ -721,7 +724,7 @@ async def _speaking_to_an_avatar(seconds: float) -> tuple[Any, Any, Any, Any]:
     deadline = time.perf_counter() + 10
     sink = plugin.installed
     assert sink is not None
-    while sink._pushed_duration < seconds - 1e-6 or session.agent_state != "speaking":
+    while lk.pushed_seconds(sink) < seconds - 1e-6 or session.agent_state != "speaking":
         if time.perf_counter() > deadline:
             raise RuntimeError("the upstream speech never reached the avatar sink")
         await asyncio.sleep(0.005)
@@ -734,6 +737,7 @@ async def upstream_playout() -> dict[str, Any]:
     when ``user_away_timeout`` starts."""
     from livekit.rtc import DisconnectReason
 
+    from agent_runtime.sdk import livekit_compat as lk
     from agent_runtime.testing.clock import settle
 
     out: dict[str, Any] = {}
@@ -745,7 +749,7 @@ async def upstream_playout() -> dict[str, Any]:
         out[case] = {
             "state": session.agent_state,
             "done": handle.done(),
-            "away_timer": session._user_away_timer is not None,
+            "away_timer": lk.user_away_armed(session),
             "watched": UPSTREAM_WATCH,
         }
         await plugin.aclose()
@@ -770,16 +774,15 @@ async def upstream_playout() -> dict[str, Any]:
 
     # user_away_timeout: armed only once both sides listen, i.e. at the avatar's report
     room, session, plugin, handle = await _speaking_to_an_avatar(0.2)
-    before = session._user_away_timer is not None
+    before = lk.user_away_armed(session)
     await room.invoke_rpc(
         "lk.playback_finished", AVATAR, '{"playback_position": 0.2, "interrupted": false}'
     )
     await asyncio.wait_for(handle.wait_for_playout(), 10)
     await settle()
-    timer = session._user_away_timer
     out["away"] = {
         "before_report": before,
-        "after_report": timer is not None,
+        "after_report": lk.user_away_armed(session),
         "timeout": session.options.user_away_timeout,
     }
     await plugin.aclose()

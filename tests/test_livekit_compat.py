@@ -254,11 +254,11 @@ def _defined(paths: list[Path]) -> set[str]:
 
 def _modules() -> list[Path]:
     """Every module of the package but sdk/'s (the testing kit's and the tools' included),
-    and the examples."""
+    the project's own verification and benchmarks, and the examples."""
     base = ROOT / "agent_runtime"
     return sorted(
         [p for p in base.rglob("*.py") if p.relative_to(base).parts[0] != "sdk"]
-        + list((ROOT / "examples").rglob("*.py"))
+        + [p for d in ("verification", "benchmarks", "examples") for p in (ROOT / d).rglob("*.py")]
     )
 
 

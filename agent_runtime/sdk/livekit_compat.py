@@ -191,6 +191,11 @@ def pushed_seconds(out: AudioOutput) -> float:
     return float(getattr(out, "_pushed_duration", 0.0) or 0.0)
 
 
+def user_away_armed(session: AgentSession[Any]) -> bool:
+    """Whether the session's user-away timer runs (armed once both sides listen)."""
+    return session._user_away_timer is not None
+
+
 def restart_failed_sink(sink: AudioOutput) -> bool:
     """Let a ``DataStreamAudioOutput`` whose start failed (its avatar left while the sink
     waited for it) start again at its next frame, as a new one would: livekit's sink keeps
