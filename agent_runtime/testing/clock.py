@@ -4,11 +4,12 @@ run on virtual seconds and never sleep for real. ``settle()`` lets the loop run 
 ready between two timers; it reads asyncio's ready queue, which is why it lives here and
 not in the runtime (the runtime orders its own work with its scheduler).
 
-The SDK's own timers (livekit's interruption bound, its transcript pacing, a sink's clear
-bound) are the loop's, not the job's clock. On a ``VirtualTimeLoop`` (``run``) they are
+The SDK's own timers (livekit's interruption bound, a sink's clear bound, its user-away
+timer) are the loop's, not the job's clock. On a ``VirtualTimeLoop`` (``run``) they are
 virtual too: the loop's time moves with a ``VirtualClock`` as it advances, and otherwise
-only when nothing at all can run (then straight to the loop's next timer), so a run never
-depends on how fast the machine is: the same inputs give the same run.
+only when nothing at all can run (then straight to the loop's next timer), so when they
+fire does not depend on how fast the machine is. What the SDK reads from the wall clock
+(``time.time()``) stays real.
 """
 
 from __future__ import annotations
@@ -338,7 +339,7 @@ class _Waited:
 
 
 def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
-    """``asyncio.run(main)`` on a ``VirtualTimeLoop``: the same inputs give the same run,
-    whatever the SDK's own timers are and however fast the machine is."""
+    """``asyncio.run(main)`` on a ``VirtualTimeLoop``: the loop's timers, the SDK's
+    included, fire on virtual time, however fast the machine is."""
     with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(start)) as runner:
         return runner.run(main)

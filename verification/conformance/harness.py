@@ -214,7 +214,8 @@ class Harness:
         for name, session in self.sessions.items():
             if name == "A" and avatar is not None and avatar.state == "clearing":
                 # its close interrupts the agent's speech, which waits for the plugin's
-                # clear, which waits for the world's word (clear_settles), not for time
+                # clear, which ends with the world's word (clear_settles) or with the sink's
+                # own bound as time passes: both inputs, not this wait's
                 continue
             task = lk.session_closing_task(session)
             if task is not None and not task.done() and self.closes[name].said == "finish":

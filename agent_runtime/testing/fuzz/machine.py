@@ -107,7 +107,8 @@ def make_machine(
     class JobFuzz(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            # virtual time, the SDK's own timers included: a seed replays the same run
+            # virtual time, the SDK's own timers included: none of them fires early or late
+            # with the machine's speed
             self.loop = VirtualTimeLoop()
             self.loop.set_exception_handler(_sdk_failures_at_debug)
             # the room (an rtc.Room) takes the current loop when it is made
