@@ -227,3 +227,20 @@ def test_virtual_time_is_the_marked_tests_and_a_users_own_loop_factory_keeps_the
         pytester, "-o", "asyncio_mode=auto", "-o", "asyncio_default_fixture_loop_scope=function"
     )
     result.assert_outcomes(passed=2)
+
+
+def test_virtual_time_on_a_sync_test_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.virtual_time
+        def test_sync():
+            pass
+        """
+    )
+    result = run(
+        pytester, "-o", "asyncio_mode=auto", "-o", "asyncio_default_fixture_loop_scope=function"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_sync: virtual_time marks an async test*"])

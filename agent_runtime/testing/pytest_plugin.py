@@ -19,6 +19,7 @@ scenario runs or a fixture is used, so it costs nothing in test runs that use ne
 from __future__ import annotations
 
 import asyncio
+import inspect
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
@@ -102,6 +103,25 @@ def pytest_asyncio_loop_factories(
     from agent_runtime.testing.clock import VirtualTimeLoop
 
     return {"virtual_time": VirtualTimeLoop}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A ``virtual_time`` mark that could not take effect is a usage error, never a test
+    that silently runs on real time."""
+    marked = [i for i in items if i.get_closest_marker("virtual_time") is not None]
+    if not marked:
+        return
+    if not hasattr(config.hook, "pytest_asyncio_loop_factories"):
+        raise pytest.UsageError(
+            f"{marked[0].nodeid}: virtual_time needs pytest-asyncio 1.4 or later ({EXTRA})"
+        )
+    for item in marked:
+        function = getattr(item, "obj", None)
+        if not inspect.iscoroutinefunction(function):
+            raise pytest.UsageError(
+                f"{item.nodeid}: virtual_time marks an async test (a test of its own runs "
+                "a coroutine on virtual time with agent_runtime.testing.clock.run)"
+            )
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
