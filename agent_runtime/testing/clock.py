@@ -270,22 +270,27 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     async def subprocess_exec(  # type: ignore[override]
         self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kw: Any
     ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
-        waited = _Waited(self, protocol_factory)
-        try:
-            return await super().subprocess_exec(waited.make, *args, **kw)
-        except BaseException:
-            waited.exited()  # it never started: nothing of it can answer
-            raise
+        return await self._counted(super().subprocess_exec, protocol_factory, *args, **kw)
 
     async def subprocess_shell(  # type: ignore[override]
         self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kw: Any
     ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
-        waited = _Waited(self, protocol_factory)
+        return await self._counted(super().subprocess_shell, protocol_factory, *args, **kw)
+
+    async def _counted(
+        self,
+        start: Callable[..., Awaitable[tuple[asyncio.SubprocessTransport, Any]]],
+        factory: Callable[[], asyncio.SubprocessProtocol],
+        *args: Any,
+        **kw: Any,
+    ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
+        waited = _Waited(self, factory)
         try:
-            return await super().subprocess_shell(waited.make, *args, **kw)
+            transport, protocol = await start(waited.make, *args, **kw)
         except BaseException:
-            waited.exited()
+            waited.exited()  # it never started: nothing of it can answer
             raise
+        return transport, protocol
 
     def run_in_executor(
         self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts
