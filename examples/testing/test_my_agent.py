@@ -11,7 +11,9 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from my_agent import GRACE_PERIOD, JOIN_TIMEOUT, server
 
-pytestmark = pytest.mark.asyncio  # for strict mode; auto mode needs no mark
+# asyncio: for strict mode (auto mode needs no mark); virtual_time: livekit's own timers
+# move with the test's clock too
+pytestmark = [pytest.mark.asyncio, pytest.mark.virtual_time]
 
 
 async def test_a_user_who_leaves_ends_the_job(agent_room, run_entrypoint):
