@@ -117,7 +117,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     for item in marked:
         function = getattr(item, "obj", None)
-        if not inspect.iscoroutinefunction(function):
+        # a module's or class's mark covers its sync tests too, and means nothing to them;
+        # on the test itself it is a mistake
+        own = any(m.name == "virtual_time" for m in getattr(item, "own_markers", ()))
+        if own and not inspect.iscoroutinefunction(function):
             raise pytest.UsageError(
                 f"{item.nodeid}: virtual_time marks an async test (a test of its own runs "
                 "a coroutine on virtual time with agent_runtime.testing.clock.run)"
