@@ -122,6 +122,7 @@ class JobSessionHost(MachineRuntime[str]):
         super().__init__(owner)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
+        self._scheduler = scheduler
         if on_simulation_end is not None and not callable(on_simulation_end):
             raise TypeError("on_simulation_end must be callable")
         if is_simulator is not None and not callable(is_simulator):
@@ -137,9 +138,8 @@ class JobSessionHost(MachineRuntime[str]):
         self._refs = itertools.count(1)
         self._attached: _Attached | None = None  # its parts; the state says if one is
         # per-session hosts closing aside (a dict as an ordered set: small while empty)
-        self._closing_hosts: dict[asyncio.Task[None], None] = {}
-        # open_transport's reader (the transport started, read, closed) and its start's end
-        self._reader: asyncio.Task[None] | None = None
+        self._closing_hosts: dict[asyncio.Future[Any], None] = {}
+        self._reader: asyncio.Task[None] | None = None  # open_transport's: start, read, close
         self._opened: asyncio.Future[None] | None = None
         self._drain_timeout = drain_timeout
         self.wiring = wiring if wiring is not None else Wiring()
@@ -341,13 +341,14 @@ class JobSessionHost(MachineRuntime[str]):
         self._close_aside(att.label, att.host)
 
     def _close_aside(self, label: str, host: SessionHost) -> None:
-        # closing the per-session host can wait on its in-flight requests; run it aside so
-        # the mailbox keeps moving (its first step, on the loop's next turn, unsubscribes)
-        task = asyncio.get_running_loop().create_task(
-            host.aclose(), name=f"JobSessionHost.detach:{label}"
-        )
-        self._closing_hosts[task] = None
-        task.add_done_callback(lambda t: self._closing_hosts.pop(t, None))
+        # it can wait on its in-flight requests: the scheduler's work, aside from the mailbox
+        name = f"JobSessionHost.detach:{label}"
+        self._closing_hosts[self._scheduler.own(host.aclose(), self._host_closed, name=name)] = None
+
+    def _host_closed(self, work: asyncio.Future[Any]) -> None:
+        self._closing_hosts.pop(work, None)
+        if not work.cancelled() and (error := work.exception()) is not None:
+            self.actor.report(logger, logging.WARNING, "detached host: %s", describe(error))
 
     def _fx_delegate_request(self, ev: Event) -> Awaitable[None] | None:
         if self._attachment().host is None:
@@ -389,8 +390,7 @@ class JobSessionHost(MachineRuntime[str]):
         return Output({"reason": reason})
 
     def _fx_drain(self, _ev: Event) -> Event | asyncio.Future[Event]:
-        # closing's state task, cut by its drain_timeout: done at once with nothing in
-        # flight; the per-session closes and an answer under way are followed, no task
+        # cut by its drain_timeout; the per-session closes and an answer under way followed
         waiting = ending(*self._closing_hosts, self.finalize.when_settled())
         return Event("drained") if waiting is None else relay(waiting, Event("drained"))
 
