@@ -353,6 +353,31 @@ async def test_detach_stops_forwarding_and_the_host_goes_on_answering() -> None:
     await b.aclose()
 
 
+async def test_a_detached_hosts_failing_close_is_logged_and_the_host_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The per-session host of a detached session closes aside, as the job's scheduler's
+    work: a close that raises is a warning, the host still answers, and it closes after."""
+
+    async def failing_close(self: object) -> None:
+        raise OSError("the session's stream is gone")
+
+    rig = Rig()
+    await rig.host.start()
+    a = await started_session("I am A")
+    rig.host.attach(a)
+    await rig.settle()
+    monkeypatch.setattr(SessionHost, "aclose", failing_close)
+    rig.host.detach(a)
+    await rig.settle()
+    assert "detached host: OSError: the session's stream is gone" in caplog.text
+    assert rig.host.state == "detached"
+    assert (await rig.sim.ask("get_agent_info")).error == NO_ACTIVE_SESSION
+    await rig.host.aclose()
+    assert rig.host.state == "closed"
+    await a.aclose()
+
+
 async def test_a_replaced_by_b_then_a_closes_b_stays_attached() -> None:
     rig = Rig()
     await rig.host.start()
