@@ -3,7 +3,8 @@
 
 A run is a fresh conformance ``Harness`` (a real ``AgentJob``: its ``JobSystem`` with its
 actors, scheduler, links, watches and teardown; only the SDK's outside stood in, on a
-``VirtualClock``) driven through a path of inputs. After every input:
+``VirtualClock`` whose advance moves the ``VirtualTimeLoop`` it runs on, so the SDK's own
+timers are virtual too) driven through a path of inputs. After every input:
 
 * the inputs enabled next are read from the real system and its stand-ins (``enabled``):
   who is in the room, which requests may still be sent, the user's calls that would still
