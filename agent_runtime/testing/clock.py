@@ -239,7 +239,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self.jumped += seconds
 
     def elapse(self, seconds: float) -> None:
-        """``seconds`` passed for real while the world could answer."""
+        """``seconds`` passed, not as a jump: with a ``VirtualClock``'s advance, or for real
+        while the world could answer."""
         self._land(self._virtual_now + seconds)
 
     def _land(self, when: float) -> None:
