@@ -11,7 +11,8 @@ import json
 import pytest
 
 from verification.explore.command import main
-from verification.explore.real import CONFIGS, OUTCOMES, PLAYOUT_INPUTS, TIME, run
+from verification.explore.real import CONFIGS, run
+from verification.explore.real_inputs import OUTCOMES, PLAYOUT_INPUTS, TIME
 from verification.explore.realsearch import bfs, drop_link, walk, walks
 
 EXAMPLE = CONFIGS["example"]

@@ -37,8 +37,6 @@ from verification.conformance.harness import Harness
 from verification.explore.abstract import Config
 from verification.explore.real import (
     CONFIGS,
-    OUTCOMES,
-    Inputs,
     Policy,
     Run,
     Setup,
@@ -46,6 +44,7 @@ from verification.explore.real import (
     Violation,
     run,
 )
+from verification.explore.real_inputs import OUTCOMES, Inputs
 from verification.explore.toscenario import NotReproducible, write_scenario
 
 

@@ -26,7 +26,8 @@ from verification.conformance.actions import SPEECH
 from verification.conformance.harness import VERDICT
 from verification.conformance.paths import SETTINGS
 from verification.explore.abstract import GRACE_PERIOD, PEOPLE, Config
-from verification.explore.real import TIME, Applied
+from verification.explore.real import Applied
+from verification.explore.real_inputs import TIME
 
 # each stand-in's outcome: the held call it ends (``config.hold``), its ``held.end``
 # result, and whose close (session_close)
