@@ -58,7 +58,7 @@ def test_the_playout_inputs_start_where_a_prefix_leads_and_reach_the_watchdog() 
     assert start.violation is None
     assert set(start.enabled) <= PLAYOUT_INPUTS and "agent_says" in start.enabled
     assert not {"shutdown", "attach_b", "finalize"} & set(start.enabled)
-    one = walk(CONFIGS["watchdog"], 3, 6, inputs="playout", prefix=(*joined, "user_joins"))
+    one = walk(CONFIGS["watchdog"], 5, 6, inputs="playout", prefix=(*joined, "user_joins"))
     assert one.path[:6] == [*joined, "user_joins"] and len(one.path) == 12
     # a reply played at the avatar and reported: the watchdog settles, and one layer on
     # (time) it times the silence

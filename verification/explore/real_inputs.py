@@ -173,8 +173,9 @@ def _playout_inputs(h: Harness, view: JobView) -> list[str]:
         out.append("agent_says")
     if live and session.current_speech is not None:
         out.append("user_interrupts")
-    sink = h.job.avatar.installed_sink if h.job.avatar is not None else None
-    if view.avatar_present and sink is not None and lk.pending_playbacks(sink):
+    # the avatar's report of what it played, whenever it is there to send one: a report
+    # may come late, after the wait for it ended (its bound, a cut, the SDK's own end)
+    if view.avatar_present and h.job.avatar is not None and h.job.avatar.installed_sink:
         out.append("avatar_reports")
     playout = h.job.playout
     if live and playout is not None and playout.options.reprompt:
