@@ -81,17 +81,17 @@ async def _interrupt(h: Harness, playing: bool) -> None:
     avatar = h.job.avatar
     assert avatar is not None
     sink = avatar.installed_sink
-    if (
-        playing
-        and avatar.state == "joined"
-        and isinstance(sink, DataStreamAudioOutput)
-        and not lk.pending_playbacks(sink)
-    ):
-        # something is playing to the avatar: a reply of the agent's, made by the SDK (a
-        # segment it did not make would be awaited by no speech, and the SDK's next one
-        # stacked on it: a report could not tell them apart). Only where nothing is at the
-        # sink yet; a sink still clearing holds its capture back, in the SDK's task
-        _say(h, "")
+    if playing and avatar.state == "joined" and isinstance(sink, DataStreamAudioOutput):
+        # something is playing to the avatar: one segment in its sink, pushed as the SDK
+        # pushes it, from a task of its own (a sink still clearing holds it back there,
+        # not the world's hand)
+        frame = rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+
+        async def push() -> None:
+            await sink.capture_frame(frame)
+            sink.flush()
+
+        h.bg(push(), "interrupt:segment")
         await settle()
     avatar.interrupt()
 

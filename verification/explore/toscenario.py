@@ -49,8 +49,8 @@ FOLDED = frozenset(t for t, (_, result, _) in ENDS.items() if result in ("ok", "
 # inputs with no scenario step, and why
 REFUSED: dict[str, str] = {
     "request_deletion": "no scenario step asks for the room's deletion",
-    "interrupt": "the harness cuts the agent's reply at the avatar alone (the avatar's "
-    "interrupt()), which no scenario step does",
+    "interrupt": "the harness pushes audio straight into the avatar's sink first, which no "
+    "scenario step does",
 }
 _STEPS: dict[str, dict[str, Any]] = {
     "room_disconnects": {"event": "room.disconnected", "reason": "CLIENT_INITIATED"},
