@@ -128,6 +128,9 @@ PLAYOUT = MachineSpec(
         # avatar was still routing): what it plays from its join is awaited, bounded
         *row("agent_turn", "avatar_joined", "remote_playout", guards=["audio_at_avatar"]),
         *row("agent_turn", "avatar_joined", None),
+        # one report ends one segment (the SDK counts them): while another ended segment
+        # waits for its own, so does the turn, under the bound it has
+        *row("remote_playout", "playback_finished", None, guards=["audio_at_avatar"]),
         *_ends(),
         *row("settling", "window_elapsed", "watching"),
         *row(

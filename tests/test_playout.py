@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -125,7 +126,9 @@ async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut() -> N
 
 async def test_more_audio_at_the_avatar_sets_the_bound_again_from_it() -> None:
     """A plugin's sink that gets a second segment while the first is still awaited: the
-    wait is bounded from the new audio, so the avatar still playing it is not cut."""
+    wait is bounded from the new audio, so the avatar still playing it is not cut. The
+    avatar's one report ends one segment; the SDK's speech, which awaited its own, is done
+    with it, and its playout report ends the turn."""
     rig = PlayoutRig(reprompt=False)
     await rig.start()
     rig.say(1.0)
@@ -144,7 +147,41 @@ async def test_more_audio_at_the_avatar_sets_the_bound_again_from_it() -> None:
     assert rig.playout.state == "remote_playout" and not rig.playout.done
     await rig.report(4.0)
     await rig.settle()
-    assert [(d.t, d.cause) for d in rig.playout.done] == [(5.5, "playback_finished")]
+    assert [(d.t, d.cause) for d in rig.playout.done] == [(5.5, "agent_listening")]
+    await rig.aclose()
+
+
+async def test_a_reply_whose_audio_failed_partway_is_reported_apart_from_the_next() -> None:
+    """A ``say()`` whose audio fails partway: the SDK flushed what it pushed and no speech
+    waits for it; the next reply stacks on it at the avatar's sink. The avatar's first
+    report ends one segment, so the turn still waits for the next one's (the watchdog is
+    not armed over the agent speaking); the second report ends it with the SDK's own."""
+
+    async def fails_partway() -> AsyncIterator[rtc.AudioFrame]:
+        per = RATE // 100
+        for _ in range(30):
+            yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
+        raise RuntimeError("the TTS stream broke")
+
+    rig = PlayoutRig(reprompt=True)
+    await rig.start()
+    rig.user("listening")
+    first = rig.session.say("...", audio=fails_partway())
+    await rig.settle()
+    assert first.done()  # the SDK ended it without waiting for its playout
+    ended = len(rig.playout.done)  # that turn ended with the agent listening again
+    second = rig.say(1.0)
+    await rig.settle()
+    assert rig.playout.state == "remote_playout"
+    await rig.report(0.3)  # the failed reply's audio, played
+    await rig.settle()
+    assert not second.done() and rig.session.agent_state == "speaking"
+    assert rig.playout.state == "remote_playout" and len(rig.playout.done) == ended
+    await rig.report(1.0)
+    await rig.settle()
+    assert second.done() and rig.session.agent_state == "listening"
+    assert [d.cause for d in list(rig.playout.done)[ended:]] == ["playback_finished"]
+    assert rig.playout.state == "settling"
     await rig.aclose()
 
 

@@ -66,7 +66,9 @@ class World:
     state: str
     joined: bool = True  # the avatar is joined
     user: User = "listening"
-    pending: bool = False  # agent audio handed to the joined avatar, not yet played or ended
+    # ended segments of agent audio at the joined avatar, not yet reported (the sink counts
+    # them; two stand for "more than one")
+    pending: int = 0
     reprompts: int = 0  # the machine's count (its effects keep it)
     unanswered: int = 0  # re-prompts since the user last spoke or left (the world's count)
 
@@ -110,15 +112,21 @@ INPUTS: tuple[Input, ...] = (
     ("agent_thinking", _always, _same, "agent_thinking"),
     ("agent_speaking", _always, _same, "agent_speaking"),
     # the SDK's wait ends only once its segment was reported or finished locally
-    ("agent_listening", _always, lambda w: replace(w, pending=False), "agent_listening"),
+    ("agent_listening", _always, lambda w: replace(w, pending=0), "agent_listening"),
     # a speech handle's end says nothing about the avatar (the SDK's fallbacks end it too)
     ("speech_done", _always, _same, "speech_done"),
     # pushed to a joined avatar it waits there; to the room it is the SDK's own
-    ("handed_off", _always, lambda w: replace(w, pending=w.joined), "handed_off"),
+    (
+        "handed_off",
+        _always,
+        lambda w: replace(w, pending=min(w.pending + 1, 2) if w.joined else w.pending),
+        "handed_off",
+    ),
     (
         "playback_finished",
         lambda w: w.joined,
-        lambda w: replace(w, pending=False),
+        # one report, one segment
+        lambda w: replace(w, pending=max(w.pending - 1, 0)),
         "playback_finished",
     ),
     # a cut while a joined avatar has (or is about to have) the agent's audio: its sink
@@ -126,7 +134,7 @@ INPUTS: tuple[Input, ...] = (
     (
         "interrupted",
         _always,
-        lambda w: replace(w, pending=w.pending or (w.joined and w.state in TURN)),
+        lambda w: replace(w, pending=max(w.pending, int(w.joined and w.state in TURN))),
         "interrupted",
     ),
     # audio is handed off here only to a joined avatar: none waits for its join
@@ -139,7 +147,7 @@ INPUTS: tuple[Input, ...] = (
     (
         "avatar_leaves",
         lambda w: w.joined,
-        lambda w: replace(w, joined=False, pending=False),  # nobody plays it any more
+        lambda w: replace(w, joined=False, pending=0),  # nobody plays it any more
         "avatar_left",
     ),
     (
@@ -172,7 +180,7 @@ class _Explorer:
     def guards(self, w: World) -> dict[str, bool]:
         return {
             "avatar_joined": w.joined,
-            "audio_at_avatar": w.pending,
+            "audio_at_avatar": w.pending > 0,
             "watchdog_on": self.watchdog,
             "user_listening": w.user == "listening",
             "reprompts_left": w.reprompts < self.max_reprompts,
@@ -222,7 +230,7 @@ class _Explorer:
             elif effect == "reset_reprompts":
                 out = replace(out, reprompts=0)
             elif effect == "finish_playout":
-                out = replace(out, pending=False)
+                out = replace(out, pending=0)
         return out
 
     def check_step(
@@ -237,7 +245,7 @@ class _Explorer:
             listening=w.user == "listening",
             joined=w.joined,
             left=left,
-            audio=w.pending,
+            audio=w.pending > 0,
         )
         for problem in decision(w.state, event, after, facts):
             check, _, detail = problem.partition(": ")

@@ -12,7 +12,8 @@ the documented behaviour, independently of the table that made it:
 - ``not_closed``: the session's close ends the machine from every state, nothing else does;
 - ``turn_not_followed``: a new turn (a speech queued, thinking, speaking) is followed;
 - ``turn_not_ended``: the SDK's playout report ends a turn, the avatar's report ends the
-  wait for it, and a speech done before any audio ends a turn that has none;
+  wait for it (unless another ended segment still waits for its own report: the SDK
+  counts them), and a speech done before any audio ends a turn that has none;
 - ``waits_for_nothing``: the wait for the avatar's report begins only with audio (or a
   cut) at a joined avatar, or with audio its sink took before it joined, as it joins;
 - ``watchdog_misarmed``: a turn that ends arms the watchdog exactly when it is configured
@@ -77,7 +78,7 @@ def decision(state: str, event: str, after: str, facts: Facts) -> list[str]:
         out.append(f"turn_not_ended: agent_listening in {state} stays in {after}")
     if event == "speech_done" and state == "agent_turn" and after in TURN:
         out.append(f"turn_not_ended: speech_done in agent_turn stays in {after}")
-    if event == "playback_finished" and after == "remote_playout":
+    if event == "playback_finished" and after == "remote_playout" and not facts.audio:
         out.append("turn_not_ended: playback_finished still waits for the avatar")
     handed = (event in ("handed_off", "interrupted") and facts.joined) or (
         event == "avatar_joined" and facts.audio
