@@ -185,6 +185,32 @@ async def test_a_reply_whose_audio_failed_partway_is_reported_apart_from_the_nex
     await rig.aclose()
 
 
+async def test_the_bound_finishes_every_segment_a_silent_avatar_still_owes() -> None:
+    """The same two segments, and an avatar that reports neither: when playout's bound
+    runs out it finishes both, so the SDK's reply is done and the agent listens again
+    (one finished would leave it "speaking" for good)."""
+
+    async def fails_partway() -> AsyncIterator[rtc.AudioFrame]:
+        per = RATE // 100
+        for _ in range(30):
+            yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
+        raise RuntimeError("the TTS stream broke")
+
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.session.say("...", audio=fails_partway())
+    await rig.settle()
+    second = rig.say(1.0)
+    await rig.settle()
+    sink = rig.session.output.audio
+    assert rig.playout.state == "remote_playout" and rig.playout.audio_at_avatar
+    await rig.advance(3.0)  # 1 s of audio + the 2 s margin, and nothing reported
+    assert rig.playout.done[-1].cause == "playout_timeout"
+    assert second.done() and rig.session.agent_state == "listening"
+    assert sink is not None and not rig.playout.audio_at_avatar
+    await rig.aclose()
+
+
 async def test_without_an_avatar_the_sdks_own_playout_report_ends_the_turn() -> None:
     rig = PlayoutRig(avatar=False, reprompt=False)
     await rig.start()

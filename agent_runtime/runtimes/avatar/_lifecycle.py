@@ -364,7 +364,12 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     def _fx_mark_playout_done(self, ev: Event) -> None:
         sink = self._route.installed
-        if sink is not None and lk.pending_playbacks(sink) > 0:
+        if sink is None or lk.pending_playbacks(sink) == 0:
+            return
+        # the avatar's report ends one segment; playout's bound, once it ran out, ends
+        # every ended one the avatar still owes (the SDK's wait counts them all)
+        owed = lk.ended_unreported(sink) if ev.data.get("origin") == "playout" else 0
+        for _ in range(max(owed, 1)):
             sink.on_playback_finished(
                 playback_position=float(ev.data.get("playback_position", 0.0)),
                 interrupted=bool(ev.data.get("interrupted", False)),
