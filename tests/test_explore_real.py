@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from verification.conformance.harness import Harness
 from verification.explore.command import main
 from verification.explore.real import CONFIGS, run
 from verification.explore.real_inputs import OUTCOMES, PLAYOUT_INPUTS, TIME
@@ -66,6 +67,22 @@ def test_the_playout_inputs_start_where_a_prefix_leads_and_reach_the_watchdog() 
     searched = bfs(CONFIGS["watchdog"], "watchdog", inputs="playout", depth=1, prefix=played)
     assert searched.ok, searched.summary()
     assert "watching" not in searched.unreached.get("playout", [])
+
+
+def test_a_reply_on_the_rooms_track_plays_on_the_clock_and_the_sdk_reports_its_end() -> None:
+    """No avatar: the agent's reply goes to the room's track (the harness's speaker, on the
+    job's clock), the turn waits for it, and when its second has passed the SDK's own
+    playout report ends the turn; the watchdog arms, then times the silence."""
+    jobs: list[Harness] = []
+    played = run(
+        CONFIGS["watchdog"], ["user_joins", "agent_says", "time", "time"], setup=jobs.append
+    )
+    assert played.violation is None, played.violation
+    playout = [{m: s for m, _, s, *_ in snap[0]}["playout"] for snap in played.snapshots]
+    assert playout[2:] == ["agent_turn", "settling", "watching"]
+    tracker = jobs[0].job.playout
+    assert tracker is not None
+    assert [(pytest.approx(d.t), d.cause) for d in tracker.done] == [(1.0, "agent_listening")]
 
 
 def test_the_example_config_holds_its_invariants_to_a_small_depth() -> None:

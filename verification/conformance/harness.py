@@ -38,6 +38,7 @@ from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.machines import MACHINES
 from verification.conformance.actions import ACTIONS
 from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
+from verification.conformance.speaker import RoomSpeaker
 from verification.explore.abstract import GRACE_PERIOD, MAX_REPROMPTS, PEOPLE, Config
 
 _CLOSE_LIMIT = 10.0  # seconds of the loop a session's released close may take (it never should)
@@ -188,6 +189,8 @@ class Harness:
             self.room.add_participant(p.identity, kind=p.kind, attributes=dict(p.attributes))
         await self.job.start_runtime()
         await self.job.start_session(Agent(instructions="A conformance agent."))
+        # the room's track plays on the job's clock (no server plays RoomIO's own)
+        self.sessions["A"].output.replace_audio_tail(RoomSpeaker(self.room, self.clock))
         await self.quiesce()
 
     def view(self) -> JobView:

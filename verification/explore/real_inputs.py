@@ -167,15 +167,21 @@ def _playout_inputs(h: Harness, view: JobView) -> list[str]:
     the playout machine follows, as the session and the avatar show them."""
     session, out = h.sessions["A"], []
     live = lk.session_live(session)
-    # the agent replies while its audio goes to the avatar (the stand-in room has no
-    # server to play the room's own track, whose end the SDK would report)
-    if live and session.current_speech is None and h.job.audio_route() == "avatar":
+    # the agent replies, to the avatar or on the room's track (the harness's speaker)
+    if live and session.current_speech is None and h.job.audio_route() != "none":
         out.append("agent_says")
     if live and session.current_speech is not None:
         out.append("user_interrupts")
-    # the avatar's report of what it played, whenever it is there to send one: a report
-    # may come late, after the wait for it ended (its bound, a cut, the SDK's own end)
-    if view.avatar_present and h.job.avatar is not None and h.job.avatar.installed_sink:
+    # the avatar's report of what it played, once it was given audio and while it can
+    # send one: a report may come late, after the wait for it ended (its bound, a cut,
+    # the SDK's own end)
+    sink = h.job.avatar.installed_sink if h.job.avatar is not None else None
+    if (
+        view.avatar_present
+        and h.room.isconnected()
+        and sink is not None
+        and sink.captured_playout_segments > 0
+    ):
         out.append("avatar_reports")
     playout = h.job.playout
     if live and playout is not None and playout.options.reprompt:

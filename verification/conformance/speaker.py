@@ -1,0 +1,92 @@
+"""The room's audio track, played out on the loop's time: the harness's stand-in for what
+needs a server.
+
+RoomIO's own output hands its frames to livekit's FFI, which plays them on a thread of its
+own in real time; on a ``VirtualTimeLoop`` nothing waits for that thread, so a reply on
+room audio would never end. ``RoomSpeaker`` is a room audio output (the runtime's route
+names it ``room``) whose segment plays from its first frame for as long as the audio
+pushed, on the job's clock (a timer there, so time passing is an input that reaches its
+end): its end, or a clear's cut, is reported as livekit's own output reports it, and the
+SDK's playout wait ends there.
+"""
+
+from __future__ import annotations
+
+import time
+
+from livekit import rtc
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+
+from agent_runtime.clock import Clock, TimerHandle
+from agent_runtime.sdk import livekit_compat as lk
+
+SAMPLE_RATE = 24000
+
+
+class RoomSpeaker(lk.RoomAudioOutput):
+    """A room audio output that plays each segment on ``clock``."""
+
+    def __init__(self, room: rtc.Room, clock: Clock) -> None:
+        super().__init__(
+            room,
+            sample_rate=SAMPLE_RATE,
+            num_channels=1,
+            track_publish_options=rtc.TrackPublishOptions(),
+        )
+        self._capabilities = AudioOutputCapabilities(pause=False)
+        self._clock = clock
+        self._pushed = 0.0  # seconds of the segment under way
+        self._began: float | None = None  # when its first frame came
+        self._cut: float | None = None  # where a clear cut it, before its flush
+        self._end: TimerHandle | None = None  # its playout's end, once flushed
+        self._playing = (0.0, 0.0)  # the flushed segment: when it ends, its seconds
+
+    async def start(self, **_: object) -> None:
+        """Nothing to publish: no server listens."""
+
+    async def aclose(self) -> None:
+        if self._end is not None:
+            self._end.cancel()
+            self._end = None
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await AudioOutput.capture_frame(self, frame)
+        if self._began is None:
+            self._began = self._clock.now()
+            self.on_playback_started(created_at=time.time())
+        self._pushed += frame.duration
+
+    def flush(self) -> None:
+        AudioOutput.flush(self)
+        if self._began is None:
+            return
+        pushed = self._pushed
+        if self._cut is not None:  # cut while captured: it ends here, where it was cut
+            position, self._cut = self._cut, None
+            self._played(position, True)
+        else:
+            ends = self._began + pushed
+            self._playing = (ends, pushed)
+            left = max(0.0, ends - self._clock.now())
+            self._end = self._clock.call_later(left, lambda: self._played(pushed, False))
+        self._pushed, self._began = 0.0, None
+
+    def clear_buffer(self) -> None:
+        now = self._clock.now()
+        if self._end is not None:  # flushed, playing: cut where it is
+            self._end.cancel()
+            self._end = None
+            ends, seconds = self._playing
+            self._played(max(0.0, seconds - (ends - now)), True)
+        elif self._began is not None:  # still captured: its flush reports the cut
+            self._cut = min(self._pushed, now - self._began)
+
+    def pause(self) -> None:
+        """Not pausable (the SDK then interrupts instead)."""
+
+    def resume(self) -> None:
+        """Not pausable."""
+
+    def _played(self, position: float, interrupted: bool) -> None:
+        self._end = None
+        self.on_playback_finished(playback_position=position, interrupted=interrupted)
