@@ -106,7 +106,7 @@ PLAYOUT = MachineSpec(
         Effect(name="playout_done", description="log and report the end of playout, its cause"),
         Effect(
             name="finish_playout",
-            description="no report in time: end the sink's segment locally (no RPC), log why",
+            description="no report in time: end the sink's segments locally (no RPC), log why",
         ),
         Effect(name="reprompt", description="count it and call the re-prompt (generate_reply)"),
         Effect(name="reset_reprompts", description="the user answered: the count starts again"),

@@ -204,10 +204,47 @@ async def test_the_bound_finishes_every_segment_a_silent_avatar_still_owes() -> 
     await rig.settle()
     sink = rig.session.output.audio
     assert rig.playout.state == "remote_playout" and rig.playout.audio_at_avatar
-    await rig.advance(3.0)  # 1 s of audio + the 2 s margin, and nothing reported
+    # 0.3 s and 1 s of audio, played in turn, + the 2 s margin, and nothing reported
+    assert rig.playout.actor.timer_deadline == pytest.approx(3.3)
+    await rig.advance(3.3)
     assert rig.playout.done[-1].cause == "playout_timeout"
     assert second.done() and rig.session.agent_state == "listening"
     assert sink is not None and not rig.playout.audio_at_avatar
+    await rig.aclose()
+
+
+async def test_a_segment_stacked_behind_another_is_bounded_from_the_others_end() -> None:
+    """A reply whose 3 s of audio failed at its end, then a 1 s reply: an avatar that
+    plays them in turn reports the second at 4 s. The bound counts the second from the
+    first one's end (4 s + the 2 s margin), so neither the SDK's reply nor the avatar is
+    cut while it plays."""
+
+    async def fails_at_the_end() -> AsyncIterator[rtc.AudioFrame]:
+        per = RATE // 100
+        for _ in range(300):
+            yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
+        raise RuntimeError("the TTS stream broke")
+
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.session.say("...", audio=fails_at_the_end())
+    await rig.settle()
+    ended = len(rig.playout.done)
+    second = rig.say(1.0)
+    await rig.settle()
+    assert rig.playout.actor.timer_deadline == pytest.approx(6.0)
+    await rig.advance(3.0)
+    await rig.report(3.0)  # the first, played; the avatar plays the second now
+    await rig.settle()
+    await rig.advance(0.9)
+    assert not second.done() and rig.session.agent_state == "speaking"
+    await rig.advance(0.1)
+    await rig.report(1.0)
+    await rig.settle()
+    assert second.done() and rig.session.agent_state == "listening"
+    assert [(d.t, d.cause) for d in list(rig.playout.done)[ended:]] == [
+        (pytest.approx(4.0), "playback_finished")
+    ]
     await rig.aclose()
 
 

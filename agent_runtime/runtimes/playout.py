@@ -399,7 +399,13 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             self.actor.post(event)
 
     def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
-        self._segment = (seg.started_at, seg.pushed)
+        started = seg.started_at
+        avatar = self._avatar
+        sink = avatar.installed_sink if avatar is not None else None
+        if self._segment is not None and sink is not None and lk.ended_unreported(sink) > 1:
+            # another ended segment is still owed: the avatar plays this one after it
+            started = max(started, self._segment[0] + self._segment[1])
+        self._segment = (started, seg.pushed)
         self._post(Event("handed_off", {"pushed": round(seg.pushed, 6)}))
 
     def _on_playback_report(self, rep: PlaybackReport) -> None:
@@ -426,7 +432,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             extra=self.actor.log_fields(ev.name),
         )
         # through the avatar's own table (statemachines.glue.LINKS): it ends the sink's
-        # segment (no RPC), as the avatar's report would have
+        # segments still owed (no RPC), as the avatar's reports would have
         return Output(
             {
                 "playback_position": pushed,
