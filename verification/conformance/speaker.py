@@ -38,16 +38,16 @@ class RoomSpeaker(lk.RoomAudioOutput):
         self._pushed = 0.0  # seconds of the segment under way
         self._began: float | None = None  # when its first frame came
         self._cut: float | None = None  # where a clear cut it, before its flush
-        self._end: TimerHandle | None = None  # its playout's end, once flushed
-        self._playing = (0.0, 0.0)  # the flushed segment: when it ends, its seconds
+        # the flushed segments still playing, in turn: (their end's timer, end, seconds)
+        self._playing: list[tuple[TimerHandle, float, float]] = []
 
     async def start(self, **_: object) -> None:
         """Nothing to publish: no server listens."""
 
     async def aclose(self) -> None:
-        if self._end is not None:
-            self._end.cancel()
-            self._end = None
+        for timer, _, _ in self._playing:
+            timer.cancel()
+        self._playing.clear()
 
     async def capture_frame(self, frame: rtc.AudioFrame) -> None:
         await AudioOutput.capture_frame(self, frame)
@@ -63,22 +63,23 @@ class RoomSpeaker(lk.RoomAudioOutput):
         pushed = self._pushed
         if self._cut is not None:  # cut while captured: it ends here, where it was cut
             position, self._cut = self._cut, None
-            self._played(position, True)
+            self.on_playback_finished(playback_position=position, interrupted=True)
         else:
-            ends = self._began + pushed
-            self._playing = (ends, pushed)
-            left = max(0.0, ends - self._clock.now())
-            self._end = self._clock.call_later(left, lambda: self._played(pushed, False))
+            # played after what is still playing, from its first frame
+            start = max([self._began, *(end for _, end, _ in self._playing)])
+            ends = start + pushed
+            timer = self._clock.call_later(max(0.0, ends - self._clock.now()), self._played)
+            self._playing.append((timer, ends, pushed))
         self._pushed, self._began = 0.0, None
 
     def clear_buffer(self) -> None:
         now = self._clock.now()
-        if self._end is not None:  # flushed, playing: cut where it is
-            self._end.cancel()
-            self._end = None
-            ends, seconds = self._playing
-            self._played(max(0.0, seconds - (ends - now)), True)
-        elif self._began is not None:  # still captured: its flush reports the cut
+        playing, self._playing = self._playing, []
+        for timer, ends, seconds in playing:  # cut where each is
+            timer.cancel()
+            position = min(seconds, max(0.0, seconds - (ends - now)))
+            self.on_playback_finished(playback_position=position, interrupted=True)
+        if self._began is not None:  # still captured: its flush reports the cut
             self._cut = min(self._pushed, now - self._began)
 
     def pause(self) -> None:
@@ -87,6 +88,6 @@ class RoomSpeaker(lk.RoomAudioOutput):
     def resume(self) -> None:
         """Not pausable."""
 
-    def _played(self, position: float, interrupted: bool) -> None:
-        self._end = None
-        self.on_playback_finished(playback_position=position, interrupted=interrupted)
+    def _played(self) -> None:
+        _, _, seconds = self._playing.pop(0)
+        self.on_playback_finished(playback_position=seconds, interrupted=False)

@@ -24,7 +24,8 @@ applied to it. Checked in every world and on every step:
 - ``turn_not_followed``: once the agent starts a turn (a speech queued, thinking, speaking)
   the machine follows it (``agent_turn`` or ``remote_playout``): the watchdog is disarmed;
 - ``turn_not_ended``: the SDK's own playout report (``agent_listening``) ends the turn, and
-  the avatar's ``lk.playback_finished`` ends the wait for it;
+  the avatar's ``lk.playback_finished`` ends the wait for it, unless another segment it
+  was given is still unreported (one report ends one segment);
 - ``watchdog_misarmed``: when a turn ends, the watchdog arms (``settling``) exactly when it
   is on and the user is there and silent, and is off (``idle``) otherwise; it is never
   armed while it is off, and the user speaking or leaving disarms it;
