@@ -32,6 +32,15 @@ from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig
 # livekit's own timers (the avatar sink's 2 s clear bound) move with the test's clock
 pytestmark = pytest.mark.virtual_time
 
+
+async def fails_after(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
+    """A reply's audio that breaks after ``seconds`` (its TTS stream failed)."""
+    per = RATE // 100
+    for _ in range(round(seconds * 100)):
+        yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
+    raise RuntimeError("the TTS stream broke")
+
+
 # -- the wait for the avatar -----------------------------------------------------------------
 
 
@@ -157,16 +166,10 @@ async def test_a_reply_whose_audio_failed_partway_is_reported_apart_from_the_nex
     report ends one segment, so the turn still waits for the next one's (the watchdog is
     not armed over the agent speaking); the second report ends it with the SDK's own."""
 
-    async def fails_partway() -> AsyncIterator[rtc.AudioFrame]:
-        per = RATE // 100
-        for _ in range(30):
-            yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
-        raise RuntimeError("the TTS stream broke")
-
     rig = PlayoutRig(reprompt=True)
     await rig.start()
     rig.user("listening")
-    first = rig.session.say("...", audio=fails_partway())
+    first = rig.session.say("...", audio=fails_after(0.3))
     await rig.settle()
     assert first.done()  # the SDK ended it without waiting for its playout
     ended = len(rig.playout.done)  # that turn ended with the agent listening again
@@ -190,15 +193,9 @@ async def test_the_bound_finishes_every_segment_a_silent_avatar_still_owes() -> 
     runs out it finishes both, so the SDK's reply is done and the agent listens again
     (one finished would leave it "speaking" for good)."""
 
-    async def fails_partway() -> AsyncIterator[rtc.AudioFrame]:
-        per = RATE // 100
-        for _ in range(30):
-            yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
-        raise RuntimeError("the TTS stream broke")
-
     rig = PlayoutRig(reprompt=False)
     await rig.start()
-    rig.session.say("...", audio=fails_partway())
+    rig.session.say("...", audio=fails_after(0.3))
     await rig.settle()
     second = rig.say(1.0)
     await rig.settle()
@@ -219,15 +216,9 @@ async def test_a_segment_stacked_behind_another_is_bounded_from_the_others_end()
     first one's end (4 s + the 2 s margin), so neither the SDK's reply nor the avatar is
     cut while it plays."""
 
-    async def fails_at_the_end() -> AsyncIterator[rtc.AudioFrame]:
-        per = RATE // 100
-        for _ in range(300):
-            yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
-        raise RuntimeError("the TTS stream broke")
-
     rig = PlayoutRig(reprompt=False)
     await rig.start()
-    rig.session.say("...", audio=fails_at_the_end())
+    rig.session.say("...", audio=fails_after(3.0))
     await rig.settle()
     ended = len(rig.playout.done)
     second = rig.say(1.0)
