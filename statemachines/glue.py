@@ -239,8 +239,10 @@ def avatar_joined(f: PlayoutFacts, data: EventData) -> bool:
 
 def audio_at_avatar(f: PlayoutFacts, data: EventData) -> bool:
     """The avatar's sink holds agent audio whose segment ended and that it has not reported
-    played (what the SDK's playout wait hangs on)."""
-    return f.audio_at_avatar
+    played (what the SDK's playout wait hangs on). An avatar's report says how many it
+    leaves owed (``owed``, counted as it came: the avatar's own step may count it later)."""
+    owed = data.get("owed")
+    return f.audio_at_avatar if owed is None else bool(owed)
 
 
 def watchdog_on(f: PlayoutFacts, data: EventData) -> bool:

@@ -239,6 +239,23 @@ async def test_a_segment_stacked_behind_another_is_bounded_from_the_others_end()
     await rig.aclose()
 
 
+async def test_a_report_ends_the_wait_when_playout_steps_before_the_avatar_counts_it() -> None:
+    """The user's speech comes in the same turn of the loop as the avatar's report, so the
+    playout machine has mail before the avatar's step counts the report: the report says
+    what it leaves owed, and the wait ends on it."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.advance(0.9)
+    rig.user("speaking")  # playout's mail, ahead of the report's
+    await rig.report(1.0)
+    await rig.settle()
+    assert [d.cause for d in rig.playout.done] == ["playback_finished"]
+    assert rig.playout.state == "idle"
+    await rig.aclose()
+
+
 async def test_without_an_avatar_the_sdks_own_playout_report_ends_the_turn() -> None:
     rig = PlayoutRig(avatar=False, reprompt=False)
     await rig.start()

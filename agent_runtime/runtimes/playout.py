@@ -409,7 +409,16 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self._post(Event("handed_off", {"pushed": round(seg.pushed, 6)}))
 
     def _on_playback_report(self, rep: PlaybackReport) -> None:
-        data = {"playback_position": rep.playback_position, "interrupted": rep.interrupted}
+        avatar = self._avatar
+        sink = avatar.installed_sink if avatar is not None else None
+        # what this report leaves owed, counted as it comes (the avatar counts it in its own
+        # step, which may come after this machine's)
+        owed = max(0, lk.ended_unreported(sink) - 1) if sink is not None else 0
+        data = {
+            "playback_position": rep.playback_position,
+            "interrupted": rep.interrupted,
+            "owed": owed,
+        }
         self._post(Event("playback_finished", data))
 
     # -- effects -------------------------------------------------------------------------------

@@ -161,7 +161,8 @@ class PlayoutJudge:
             listening=tracker.user_listening,
             joined=tracker.avatar_joined,
             left=left,
-            audio=tracker.audio_at_avatar,
+            # what the guard read: a report carries the count it leaves owed
+            audio=bool(record.data.get("owed", tracker.audio_at_avatar)),
         )
         for problem in decision(record.source, record.event, after, facts):
             self._flag(problem)
