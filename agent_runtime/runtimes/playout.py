@@ -121,9 +121,7 @@ class _Facts:
 
     @property
     def audio_at_avatar(self) -> bool:
-        avatar = self._t._avatar
-        sink = avatar.installed_sink if avatar is not None else None
-        return sink is not None and lk.ended_unreported(sink) > 0
+        return self._t._owed() > 0
 
     @property
     def watchdog_on(self) -> bool:
@@ -398,26 +396,27 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         if self.actor.started and not self.actor.closed:
             self.actor.post(event)
 
-    def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
-        started = seg.started_at
+    def _owed(self) -> int:
+        """Ended segments at the avatar's sink it has not reported (0 without one)."""
         avatar = self._avatar
         sink = avatar.installed_sink if avatar is not None else None
-        if self._segment is not None and sink is not None and lk.ended_unreported(sink) > 1:
+        return lk.ended_unreported(sink) if sink is not None else 0
+
+    def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
+        started = seg.started_at
+        if self._segment is not None and self._owed() > 1:
             # another ended segment is still owed: the avatar plays this one after it
             started = max(started, self._segment[0] + self._segment[1])
         self._segment = (started, seg.pushed)
         self._post(Event("handed_off", {"pushed": round(seg.pushed, 6)}))
 
     def _on_playback_report(self, rep: PlaybackReport) -> None:
-        avatar = self._avatar
-        sink = avatar.installed_sink if avatar is not None else None
-        # what this report leaves owed, counted as it comes (the avatar counts it in its own
-        # step, which may come after this machine's)
-        owed = max(0, lk.ended_unreported(sink) - 1) if sink is not None else 0
         data = {
             "playback_position": rep.playback_position,
             "interrupted": rep.interrupted,
-            "owed": owed,
+            # what this report leaves owed, counted as it comes (the avatar counts it in
+            # its own step, which may come after this machine's)
+            "owed": max(0, self._owed() - 1),
         }
         self._post(Event("playback_finished", data))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from livekit import rtc
-from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+from livekit.agents.voice.io import AudioOutput
 
 from agent_runtime.clock import Clock, TimerHandle
 from agent_runtime.sdk import livekit_compat as lk
@@ -33,7 +33,6 @@ class RoomSpeaker(lk.RoomAudioOutput):
             num_channels=1,
             track_publish_options=rtc.TrackPublishOptions(),
         )
-        self._capabilities = AudioOutputCapabilities(pause=False)
         self._clock = clock
         self._pushed = 0.0  # seconds of the segment under way
         self._began: float | None = None  # when its first frame came
@@ -82,8 +81,13 @@ class RoomSpeaker(lk.RoomAudioOutput):
         if self._began is not None:  # still captured: its flush reports the cut
             self._cut = min(self._pushed, now - self._began)
 
-    def pause(self) -> None:
+    @property
+    def can_pause(self) -> bool:
         """Not pausable (the SDK then interrupts instead)."""
+        return False
+
+    def pause(self) -> None:
+        """Not pausable."""
 
     def resume(self) -> None:
         """Not pausable."""
