@@ -132,6 +132,50 @@ async def test_replies_go_out_on_the_topic_and_close_releases_the_room() -> None
     await transport.close()  # twice is fine
 
 
+async def test_a_listener_is_handed_each_request_with_its_sender_and_no_reader_waits() -> None:
+    room = InMemoryRoom()
+    room.connect_locally()
+    transport = RoomRequestTransport(room)
+    got: list[tuple[str, str | None]] = []
+    transport.listen(lambda req, sender: got.append((req.request_id, sender)))
+    event = agent_pb.AgentSessionMessage(event=agent_pb.AgentSessionEvent())
+    deliver(room, Stream(event.SerializeToString()), "simulator")  # not a request: ignored
+    deliver(room, Stream(message("a")), "simulator")
+    deliver(room, Stream(message("b")), "user")
+    await settle()
+    assert got == [("a", "simulator"), ("b", "user")]
+    # nothing was read and nothing was sent: the close has nothing left to wait for
+    assert transport.shut() is None
+    assert TOPIC_SESSION_MESSAGES not in room._byte_stream_handlers
+    with pytest.raises(StopAsyncIteration):
+        await transport.receive()
+
+
+async def test_a_listener_that_raises_is_logged_and_the_next_request_is_handed_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    room = InMemoryRoom()
+    room.connect_locally()
+    transport = RoomRequestTransport(room)
+    got: list[str] = []
+
+    def on_request(req: agent_pb.SessionRequest, _sender: str | None) -> None:
+        if req.request_id == "bad":
+            raise RuntimeError("listener broke")
+        got.append(req.request_id)
+
+    transport.listen(on_request)
+    with caplog.at_level(logging.ERROR, logger="agent_runtime.session_transport"):
+        deliver(room, Stream(message("bad")), "user")
+        deliver(room, Stream(message("ok")), "simulator")
+        await settle()
+    assert got == ["ok"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "handing on a session message from 'user' failed"
+    ]
+    await transport.close()
+
+
 async def test_a_second_handler_on_the_topic_is_refused() -> None:
     room, _transport = await started()
     with pytest.raises(ValueError):

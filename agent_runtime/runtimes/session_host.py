@@ -43,6 +43,7 @@ from agent_runtime.sdk.session_transport import (
     request_problem,
     sender_aware,
     start_on_pipe,
+    start_refused,
 )
 from statemachines.session_host import SESSION_HOST
 from statemachines.system import host_drain
@@ -294,9 +295,21 @@ class JobSessionHost(MachineRuntime[str]):
     def _fx_open_transport(self, _ev: Event) -> None:
         loop = asyncio.get_running_loop()
         self._opened = opened = loop.create_future()
+        transport = self._transport
+        if isinstance(transport, RoomRequestTransport):
+            # the job's usual transport reads its streams itself and hands each request
+            # on: no reader task
+            try:
+                transport.listen(self._on_request)
+            except Exception as e:
+                opened.set_exception(start_refused(e))
+                self._on_opened(opened)
+            else:
+                opened.set_result(None)
+            return
         # the transport's start, reads and close run aside (the mailbox keeps moving)
         self._reader = loop.create_task(
-            read_requests(self._transport, opened, self._on_request), name="JobSessionHost._read"
+            read_requests(transport, opened, self._on_request), name="JobSessionHost._read"
         )
         opened.add_done_callback(self._on_opened)
 
@@ -417,7 +430,7 @@ class JobSessionHost(MachineRuntime[str]):
 
         return after(within(left, self._drain_timeout, self._clock), cut)
 
-    def _end_reading(self) -> asyncio.Future[None] | None:
+    def _end_reading(self) -> asyncio.Future[Any] | None:
         self._pending.clear()
         if self._opened is None:  # never opened: closed here all the same
             return asyncio.ensure_future(close_quietly(self._transport))
@@ -430,10 +443,13 @@ class JobSessionHost(MachineRuntime[str]):
             raise RuntimeError(f"session host {self.actor.instance!r}: no session attached")
         return att
 
-    def _stop_reading(self) -> asyncio.Future[None] | None:
+    def _stop_reading(self) -> asyncio.Future[Any] | None:
         """The reader cancelled, then the transport closed once (``_closed_after``)."""
         task, self._reader = self._reader, None
-        if task is None or task is asyncio.current_task():
+        if task is None:
+            transport = self._transport
+            return transport.shut() if isinstance(transport, RoomRequestTransport) else None
+        if task is asyncio.current_task():
             return None
         task.cancel()
         return after(task, lambda: self._closed_after(task))

@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from google.protobuf import message as pb_message
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -71,7 +71,8 @@ class RoomRequestTransport(SessionTransport):
 
     ``remote_identity`` keeps only that participant's messages, as livekit's does. Streams
     are read one at a time, in the order they opened, by a task that runs only while some
-    wait; nothing is held while none does.
+    wait; nothing is held while none does. ``listen()`` hands each request to a callback as
+    it is read instead (a host that reads this way needs no reader task of its own).
     """
 
     def __init__(self, room: rtc.Room, remote_identity: str | None = None) -> None:
@@ -82,11 +83,22 @@ class RoomRequestTransport(SessionTransport):
         self._streams: deque[tuple[rtc.ByteStreamReader, str]] | None = None
         self._received: Inbox[Received | None] = Inbox()
         self._read_task: asyncio.Task[None] | None = None
+        self._on_request: OnRequest | None = None  # listen()'s: requests go there, not to receive()
         # its lifecycle, one value: "open" holds the room's handler for the topic (a start
         # the room refused leaves it "new": its close must not take another's handler)
         self._phase: Literal["new", "open", "closed"] = "new"
 
     async def start(self) -> None:
+        self._open()
+
+    def listen(self, on_request: OnRequest) -> None:
+        """Start now, and hand each request read to ``on_request(request, sender)`` (other
+        messages are ignored, as ``read_requests`` does); ``receive()`` then gets nothing.
+        Raises what ``start()`` would, at once."""
+        self._on_request = on_request
+        self._open()
+
+    def _open(self) -> None:
         if self._phase != "new":
             return
         # raises ValueError when the topic already has a handler (a session's own host)
@@ -121,7 +133,13 @@ class RoomRequestTransport(SessionTransport):
                     continue
                 finally:
                     reader.close()  # a no-op once read to its end; releases one cut short
-                self._received.put_nowait(Received(msg, sender))
+                if self._on_request is not None:
+                    try:
+                        _hand_on(msg, sender, self._on_request)
+                    except Exception:  # the listener's: the next stream is read all the same
+                        logger.exception("handing on a session message from %r failed", sender)
+                else:
+                    self._received.put_nowait(Received(msg, sender))
         finally:
             self._read_task = None
             if not self._streams:
@@ -142,22 +160,29 @@ class RoomRequestTransport(SessionTransport):
         await self._out.send_message(msg)
 
     async def close(self) -> None:
+        if (left := self.shut()) is not None:
+            await left
+
+    def shut(self) -> asyncio.Future[Any] | None:
+        """``close()``, returning what is still ending (a stream being read), or None when
+        nothing is: a closer with nothing to wait for needs no task."""
         phase, self._phase = self._phase, "closed"
         if phase == "closed":
-            return
+            return None
         if phase == "open":
             with contextlib.suppress(ValueError, AttributeError):
                 self._room.unregister_byte_stream_handler(TOPIC_SESSION_MESSAGES)
         task, self._read_task = self._read_task, None
         if task is not None:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
         streams, self._streams = self._streams or (), None
         for reader, _ in streams:
             reader.close()
         self._received.put_nowait(None)
-        if self._out is not None:
-            await self._out.close()
+        # livekit's sending side holds nothing to release: its reading side never started
+        # (its close only closes two channels of its own)
+        self._out = None
+        return None if task is None else asyncio.gather(task, return_exceptions=True)
 
     def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
         return self
@@ -261,16 +286,8 @@ async def read_requests(
         await close_quietly(transport)
         raise
     except Exception as e:
-        error: Exception = e
-        if isinstance(e, ValueError):
-            # RoomSessionTransport: the topic's handler is taken, by a session's own host
-            error = RuntimeError(
-                f"the session transport cannot start ({e}); start the AgentSession with "
-                "session_host=False so the job's host is the only one"
-            )
-            error.__cause__ = e
-        # logged here; `opened` raises it to whoever waits on the start
-        logger.warning("the session transport did not start: %s", error)
+        # logged there; `opened` raises it to whoever waits on the start
+        error = start_refused(e)
         if not opened.done():
             opened.set_exception(error)
             opened.add_done_callback(_retrieved)
@@ -283,6 +300,20 @@ async def read_requests(
     except asyncio.CancelledError:
         await close_quietly(transport)
         raise
+
+
+def start_refused(e: Exception) -> Exception:
+    """What a transport's failed start means to its host, logged: a topic whose handler is
+    taken (livekit's ``ValueError``) was taken by a session's own host."""
+    error: Exception = e
+    if isinstance(e, ValueError):
+        error = RuntimeError(
+            f"the session transport cannot start ({e}); start the AgentSession with "
+            "session_host=False so the job's host is the only one"
+        )
+        error.__cause__ = e
+    logger.warning("the session transport did not start: %s", error)
+    return error
 
 
 async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
@@ -310,10 +341,14 @@ async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
                 return
             continue
         unreadable = 0
-        if msg.HasField("request"):
-            on_request(msg.request, sender)
-        else:
-            logger.debug("ignored session message %r", msg.WhichOneof("message"))
+        _hand_on(msg, sender, on_request)
+
+
+def _hand_on(msg: agent_pb.AgentSessionMessage, sender: str | None, on_request: OnRequest) -> None:
+    if msg.HasField("request"):
+        on_request(msg.request, sender)
+    else:
+        logger.debug("ignored session message %r", msg.WhichOneof("message"))
 
 
 async def close_quietly(transport: SessionTransport) -> None:

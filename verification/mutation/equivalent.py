@@ -172,7 +172,8 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
         frozenset({"start_plugin", "record_route", "check_presence", "reinstall_route"}),
     ),
     # the host's requests: posted only through the reader open_transport starts with it
-    # (sdk.session_transport.read_requests, which knows nothing of the machine)
+    # (the transport's listen() or sdk.session_transport.read_requests, which know nothing
+    # of the machine)
     **{
         ("session_host", e): ("_on_request", "_fx_open_transport", frozenset({"open_transport"}))
         for e in ("request", "finalize", "bad_request")
