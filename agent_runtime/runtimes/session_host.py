@@ -36,14 +36,13 @@ from agent_runtime.scheduler import Scheduler, after, ending, relay, within
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import simulation_context
 from agent_runtime.sdk.session_transport import (
+    RequestReader,
     RoomRequestTransport,
     SessionPipe,
     close_quietly,
-    read_requests,
     request_problem,
     sender_aware,
     start_on_pipe,
-    start_refused,
 )
 from statemachines.session_host import SESSION_HOST
 from statemachines.system import host_drain
@@ -140,8 +139,7 @@ class JobSessionHost(MachineRuntime[str]):
         self._attached: _Attached | None = None  # its parts; the state says if one is
         # per-session hosts closing aside (a dict as an ordered set: small while empty)
         self._closing_hosts: dict[asyncio.Future[Any], None] = {}
-        self._reader: asyncio.Task[None] | None = None  # open_transport's: start, read, close
-        self._opened: asyncio.Future[None] | None = None
+        self._reading: RequestReader | None = None  # open_transport's
         self._drain_timeout = drain_timeout
         self.wiring = wiring if wiring is not None else Wiring()
         self.finalize = FinalizeAnswer(
@@ -206,8 +204,8 @@ class JobSessionHost(MachineRuntime[str]):
             await self.actor.send(Event("start"))
         except ActorClosed:
             return  # released meanwhile: nothing to start
-        if (opened := self._opened) is not None:
-            await asyncio.shield(opened)  # how the transport's start went
+        if (reading := self._reading) is not None:
+            await asyncio.shield(reading.opened)  # how the transport's start went
 
     def attach(self, session: AgentSession[Any]) -> None:
         """Attach ``session`` (detaching any other). Before ``start()`` this starts the host
@@ -263,7 +261,8 @@ class JobSessionHost(MachineRuntime[str]):
     def _release(self) -> asyncio.Future[None] | None:
         self._sessions.clear()
         self._pending.clear()
-        return ending(self.actor.release(), self.finalize.release(), self._stop_reading())
+        reading = self._reading.stop() if self._reading is not None else None
+        return ending(self.actor.release(), self.finalize.release(), reading)
 
     # -- incoming --------------------------------------------------------------------------
     def _on_request(self, req: agent_pb.SessionRequest, sender: str | None) -> None:
@@ -293,25 +292,12 @@ class JobSessionHost(MachineRuntime[str]):
 
     # -- effects ---------------------------------------------------------------------------
     def _fx_open_transport(self, _ev: Event) -> None:
-        loop = asyncio.get_running_loop()
-        self._opened = opened = loop.create_future()
-        transport = self._transport
-        if isinstance(transport, RoomRequestTransport):
-            # the job's usual transport reads its streams itself and hands each request
-            # on: no reader task
-            try:
-                transport.listen(self._on_request)
-            except Exception as e:
-                opened.set_exception(start_refused(e))
-                self._on_opened(opened)
-            else:
-                opened.set_result(None)
-            return
         # the transport's start, reads and close run aside (the mailbox keeps moving)
-        self._reader = loop.create_task(
-            read_requests(transport, opened, self._on_request), name="JobSessionHost._read"
-        )
-        opened.add_done_callback(self._on_opened)
+        self._reading = reading = RequestReader(self._transport, self._on_request)
+        if reading.opened.done():
+            self._on_opened(reading.opened)
+        else:
+            reading.opened.add_done_callback(self._on_opened)
 
     def _on_opened(self, opened: asyncio.Future[None]) -> None:
         """How the transport's start went, as an event: one that failed closes the host."""
@@ -432,9 +418,9 @@ class JobSessionHost(MachineRuntime[str]):
 
     def _end_reading(self) -> asyncio.Future[Any] | None:
         self._pending.clear()
-        if self._opened is None:  # never opened: closed here all the same
+        if self._reading is None:  # never opened: closed here all the same
             return asyncio.ensure_future(close_quietly(self._transport))
-        return self._stop_reading()
+        return self._reading.stop()
 
     # -- helpers ---------------------------------------------------------------------------
     def _attachment(self) -> _Attached:
@@ -442,25 +428,6 @@ class JobSessionHost(MachineRuntime[str]):
         if (att := self._attached) is None:
             raise RuntimeError(f"session host {self.actor.instance!r}: no session attached")
         return att
-
-    def _stop_reading(self) -> asyncio.Future[Any] | None:
-        """The reader cancelled, then the transport closed once (``_closed_after``)."""
-        task, self._reader = self._reader, None
-        if task is None:
-            transport = self._transport
-            return transport.shut() if isinstance(transport, RoomRequestTransport) else None
-        if task is asyncio.current_task():
-            return None
-        task.cancel()
-        return after(task, lambda: self._closed_after(task))
-
-    def _closed_after(self, reader: asyncio.Task[None]) -> asyncio.Future[None] | None:
-        opened = self._opened
-        if opened is not None and not opened.done():
-            opened.set_result(None)  # cancelled before it ran: start()'s waiter returns
-        elif reader.cancelled() and opened is not None and opened.exception() is None:
-            return None  # its start went, so its cancellation closed the transport
-        return asyncio.ensure_future(close_quietly(self._transport))  # failed, ended, never ran
 
     async def _send_error(self, request_id: str, error: str) -> None:
         await self._transport.send_message(

@@ -271,6 +271,64 @@ _UNREADABLE_IN_A_ROW = 1000
 OnRequest = Callable[[agent_pb.SessionRequest, str | None], None]
 
 
+class RequestReader:
+    """A host's reading of ``transport``, begun at once: each request goes to
+    ``on_request(request, sender)``. ``opened`` says how the transport's start went (its
+    failure, logged, is set there). ``RoomRequestTransport`` hands requests on itself, with
+    no task; any other transport is read by a task (``read_requests``)."""
+
+    def __init__(self, transport: SessionTransport, on_request: OnRequest) -> None:
+        loop = asyncio.get_running_loop()
+        self.opened: asyncio.Future[None] = loop.create_future()
+        self._transport = transport
+        self._task: asyncio.Task[None] | None = None
+        if isinstance(transport, RoomRequestTransport):
+            try:
+                transport.listen(on_request)
+            except Exception as e:
+                self.opened.set_exception(start_refused(e))
+            else:
+                self.opened.set_result(None)
+        else:
+            self._task = loop.create_task(
+                read_requests(transport, self.opened, on_request), name="JobSessionHost._read"
+            )
+
+    def stop(self) -> asyncio.Future[Any] | None:
+        """End the reading and close the transport, once; returns what is still ending, or
+        None when nothing is."""
+        task, self._task = self._task, None
+        if task is None:
+            transport = self._transport
+            return transport.shut() if isinstance(transport, RoomRequestTransport) else None
+        if task is asyncio.current_task():
+            return None  # the reader itself asked: it closes the transport as it ends
+        task.cancel()
+        out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(_: object) -> None:
+            if not out.done():
+                out.set_result(None)
+
+        def ended(_: object) -> None:
+            closing = self._closed_after(task)
+            if closing is None:
+                done(None)
+            else:
+                closing.add_done_callback(done)
+
+        task.add_done_callback(ended)
+        return out
+
+    def _closed_after(self, reader: asyncio.Task[None]) -> asyncio.Future[None] | None:
+        opened = self.opened
+        if not opened.done():
+            opened.set_result(None)  # cancelled before it ran: the start's waiter returns
+        elif reader.cancelled() and opened.exception() is None:
+            return None  # its start went, so its cancellation closed the transport
+        return asyncio.ensure_future(close_quietly(self._transport))  # failed, ended, never ran
+
+
 async def read_requests(
     transport: SessionTransport, opened: asyncio.Future[None], on_request: OnRequest
 ) -> None:
