@@ -283,9 +283,10 @@ class Performer(OwnedEmitter[str]):
         if self._tasks is None:
             self._tasks = set()
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _task_ended(self, name: str, gen: int, by: str, task: asyncio.Future[Any]) -> None:
+        if self._tasks is not None:
+            self._tasks.discard(task)
         if task.cancelled():
             if gen != self._gen or self._life == "closed" or _cancel_asked(task):
                 return  # cancelled: its state was left, or the loop is closing

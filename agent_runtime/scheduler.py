@@ -123,16 +123,44 @@ class Scheduler:
         self.run()
 
 
+class Cuttable(asyncio.Future[T]):
+    """A future that runs ``on_cut`` as it is cancelled, before it is: cutting a wait cuts
+    the work it stands for at once, with no done-callback and no turn of the loop
+    (``Task.cancel`` cancels the future its task awaits through this method)."""
+
+    def __init__(self, on_cut: Callable[[], object]) -> None:
+        super().__init__(loop=asyncio.get_running_loop())
+        self._on_cut: Callable[[], object] | None = on_cut
+
+    def cancel(self, msg: Any = None) -> bool:
+        cut, self._on_cut = self._on_cut, None
+        if cut is not None and not self.done():
+            try:
+                cut()
+            except Exception:
+                logger.exception("cutting %r failed", self)
+        return super().cancel(msg)
+
+
 def when_all(futures: Collection[asyncio.Future[Any]], result: T) -> asyncio.Future[T]:
     """A future done with ``result`` once every one of ``futures`` has ended, however each
-    ended: waiting on work that already runs costs no task of its own."""
+    ended (each failure retrieved: its owner reports it): waiting on work that already runs
+    costs no task of its own."""
     done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    left = len(futures)
 
-    def ended(_: object) -> None:
-        if not done.done():
+    def ended(work: asyncio.Future[Any]) -> None:
+        nonlocal left
+        if not work.cancelled():
+            work.exception()
+        left -= 1
+        if left == 0 and not done.done():
             done.set_result(result)
 
-    asyncio.gather(*futures, return_exceptions=True).add_done_callback(ended)
+    if not left:
+        done.set_result(result)
+    for work in futures:
+        work.add_done_callback(ended)
     return done
 
 
@@ -156,7 +184,7 @@ def after(
         if first is not None and not first.cancelled():
             first.exception()  # retrieved: a failure is its owner's to report
         return then()
-    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    out: asyncio.Future[None] = Cuttable(first.cancel)
 
     def go(f: asyncio.Future[Any]) -> None:
         if not f.cancelled():
@@ -175,46 +203,30 @@ def after(
         else:
             rest.add_done_callback(_ends(out, None))
 
-    def cut(o: asyncio.Future[None]) -> None:
-        if o.cancelled() and not first.done():
-            first.cancel()
-
     first.add_done_callback(go)
-    out.add_done_callback(cut)
     return out
 
 
 def within(work: asyncio.Future[Any], seconds: float, clock: Clock) -> asyncio.Future[None]:
     """A future done once ``work`` has ended or ``seconds`` have passed on ``clock``,
     whichever comes first; ``work`` is left running (its owner cuts it)."""
-    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def done() -> None:
+        timer.cancel()
         if not out.done():
             out.set_result(None)
 
     timer = clock.call_later(seconds, done)
-
-    def ended(_: asyncio.Future[Any]) -> None:
-        timer.cancel()
-        done()
-
-    work.add_done_callback(ended)
-    out.add_done_callback(lambda _: timer.cancel())  # cut: no timer left behind either
+    out: asyncio.Future[None] = Cuttable(timer.cancel)  # cut: no timer left behind either
+    work.add_done_callback(lambda _: done())
     return out
 
 
 def relay(ending: asyncio.Future[Any], result: T) -> asyncio.Future[T]:
     """A future done with ``result`` once ``ending`` has ended, however it ended; cancelling
     it cancels ``ending`` (the work it stands for is cut with it)."""
-    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-
-    def cut(o: asyncio.Future[T]) -> None:
-        if o.cancelled() and not ending.done():
-            ending.cancel()
-
+    out: asyncio.Future[T] = Cuttable(ending.cancel)
     ending.add_done_callback(_ends(out, result))
-    out.add_done_callback(cut)
     return out
 
 

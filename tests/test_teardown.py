@@ -177,12 +177,14 @@ async def test_the_teardown_cut_from_outside_stops_where_it_is() -> None:
     running = td.run({"a": hangs, "d": last}, None)
     await settle()
     (hung,) = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "hangs"]  # type: ignore[union-attr]
-    running.cancel()
+    running.cancel()  # the cut runs as it is asked, not a turn of the loop later
+    assert hung.cancelling() == 1  # the step's own work is cut with it
     with pytest.raises(asyncio.CancelledError):
         await running
-    await settle()  # the cut is the future's done-callback
-    assert ran == [] and td.running == [] and td.ended == {"a"}
-    assert hung.cancelled()  # the step's own work is cut with it
+    await settle()
+    # nothing begins after the cut, and the step it cut is named as cut (still running)
+    assert ran == [] and td.running == ["a"] and td.ended == set()
+    assert hung.cancelled()
 
 
 async def test_a_step_with_nothing_left_to_wait_for_ends_as_it_begins(

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from agent_runtime.clock import Clock, TimerHandle
+from agent_runtime.scheduler import Cuttable
 from statemachines.system import TeardownStep
 
 T = TypeVar("T")
@@ -51,7 +52,8 @@ def waves(steps: tuple[TeardownStep, ...]) -> tuple[tuple[TeardownStep, ...], ..
 
 class Teardown:
     """Runs ``steps`` with the works given to ``run``; ``running`` names the steps begun
-    and not ended, ``ended`` the ones done with (what a cut of the whole says it cut)."""
+    and not ended (after a cut of the whole: the ones it cut), ``ended`` the ones done
+    with (what a cut of the whole says it cut)."""
 
     def __init__(
         self,
@@ -87,9 +89,9 @@ class Teardown:
         unknown = set(works) - {s.name for s in self.steps}
         if unknown:
             raise KeyError(f"no teardown step {sorted(unknown)}")
-        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        _Run(self, works, done, result).next_wave()
-        return done
+        run = _Run(self, works, result)
+        run.next_wave()
+        return run.done
 
     def _begin_step(self, step: TeardownStep, work: Work | None) -> Awaitable[Any] | None:
         """Begin ``step``; what its work has to wait for, or None (it has ended)."""
@@ -138,21 +140,21 @@ class _Run:
 
     __slots__ = ("done", "live", "result", "stuck", "td", "waves", "works")
 
-    def __init__(
-        self, td: Teardown, works: Mapping[str, Work], done: asyncio.Future[T], result: T
-    ) -> None:
-        self.td, self.works, self.done, self.result = td, works, done, result
+    def __init__(self, td: Teardown, works: Mapping[str, Work], result: Any) -> None:
+        self.td, self.works, self.result = td, works, result
+        # cutting it cuts the whole (its state's bound)
+        self.done: asyncio.Future[Any] = Cuttable(self._whole_ended)
         self.waves = iter(waves(td.steps))
         self.live: dict[TeardownStep, _Live] = {}
         # works of the steps cut at their bound that swallowed the cancellation
         self.stuck: list[asyncio.Future[Any]] = []
-        done.add_done_callback(self._whole_ended)
 
     def next_wave(self) -> None:
         """Begin waves until one has work to wait for (or none is left: done)."""
         while not self.done.done():
             wave = next(self.waves, None)
             if wave is None:
+                self._whole_ended()
                 self.done.set_result(self.result)
                 return
             for step in wave:
@@ -203,15 +205,15 @@ class _Run:
         if not self.live:
             self.next_wave()
 
-    def _whole_ended(self, done: asyncio.Future[Any]) -> None:
+    def _whole_ended(self) -> None:
         """Ended, or cut as a whole: nothing more begins, and no work the steps own outlives
-        the teardown (one cut at its bound that swallowed that cancellation gets another)."""
+        the teardown (one cut at its bound that swallowed that cancellation gets another).
+        The steps cut with the whole stay ``running``: what the cut says it cut."""
         for work in self.stuck:
             work.cancel()
         live, self.live = self.live, {}
-        for step, each in live.items():
+        for each in live.values():
             if each.bound is not None:
                 each.bound.cancel()
             if each.owned:
                 each.fut.cancel()
-            self.td._end(step)
