@@ -48,6 +48,24 @@ def positional_arity(fn: Callable[..., Any]) -> int | None:
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
+class Listener:
+    """``fn`` as a listener on one of livekit's emitters. livekit's ``emit`` builds each
+    listener's ``inspect.signature`` on every event (a bound method's or a closure's from
+    scratch, tens of microseconds); this one's is read as it is. ``fn`` gets as many
+    positional arguments as it takes, as livekit's ``emit`` gives them. Keep the instance:
+    it is what ``off`` takes back."""
+
+    __slots__ = ("_n", "fn")
+    __signature__ = inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self._n = positional_arity(fn)
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*(args if self._n is None else args[: self._n]))
+
+
 def _is_async(callback: Callable[..., Any]) -> bool:
     """As livekit's check: a coroutine function, or one tagged with asyncio's legacy marker."""
     func: Any = callback.__func__ if type(callback) is MethodType else callback

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from livekit import rtc
 
-from agent_runtime.emitter import Emitter, positional_arity
+from agent_runtime.emitter import Emitter, Listener, positional_arity
 
 CALLS: list[Any] = []
 
@@ -101,6 +101,43 @@ def test_each_listener_gets_what_livekit_would_give_it(name: str) -> None:
     theirs = _calls(rtc.EventEmitter, fn)
     assert theirs  # the listener ran
     assert _calls(Emitter, fn) == theirs
+
+
+@pytest.mark.parametrize("name", sorted(LISTENERS))
+def test_a_listener_on_livekit_s_emitter_gets_what_the_bare_callable_would(name: str) -> None:
+    # Listener is what the runtime registers on livekit's own emitters (the session's)
+    fn = LISTENERS[name]
+    assert _calls(rtc.EventEmitter, Listener(fn)) == _calls(rtc.EventEmitter, fn)
+
+
+def test_livekit_s_emit_reads_a_listener_s_signature_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import inspect
+
+    built: list[Any] = []
+    real = inspect._signature_from_function  # type: ignore[attr-defined]
+
+    def counting(cls: Any, func: Any, *args: Any, **kw: Any) -> inspect.Signature:
+        built.append(func)
+        return real(cls, func, *args, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(inspect, "_signature_from_function", counting)
+    method = _Listener().method
+    em: rtc.EventEmitter[str] = rtc.EventEmitter()
+    em.on("ev", method)
+    em.emit("ev", 1)
+    assert len(built) == 1  # livekit's emit builds a bare method's signature each time
+    em.off("ev", method)
+    built.clear()
+    listener = Listener(method)
+    em.on("ev", listener)
+    em.emit("ev", 1, 2)
+    assert built == []  # this one's is read as it is
+    em.off("ev", listener)
+    CALLS.clear()
+    em.emit("ev", 3)
+    assert CALLS == []  # the instance registered is the one taken back
 
 
 @pytest.mark.parametrize("name", sorted(LISTENERS))

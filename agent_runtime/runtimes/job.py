@@ -29,6 +29,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 from agent_runtime._messages import NO_NAMES
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
@@ -285,8 +286,9 @@ class JobRuntime(MachineRuntime[str]):
                 self.primary_close_reason = reason
             self.wiring.fire(SESSION, "close", data, primary=session is self.primary)
 
-        session.on("close", on_close)
-        self._session_listeners.append((session, on_close))
+        listener = Listener(on_close)
+        session.on("close", listener)
+        self._session_listeners.append((session, listener))
 
     def detach(self, session: AgentSession[Any]) -> None:
         """Detach ``session`` if it is the attached one; otherwise nothing changes."""

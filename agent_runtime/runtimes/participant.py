@@ -30,6 +30,7 @@ from livekit.agents.voice.room_io import RoomIO
 
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
+from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, released
 from agent_runtime.runtimes.room_events import (
@@ -121,6 +122,7 @@ class ParticipantLink(MachineRuntime[str]):
         # what the link holds: its room subscription while it follows (from start() to
         # the close); the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
+        self._session_close_listener = Listener(self._on_session_close)  # alone only
         self._warned_room_io = False
         # the shared guards (statemachines.glue) read this link as their facts view
         self._run_machine(
@@ -192,7 +194,7 @@ class ParticipantLink(MachineRuntime[str]):
         if self._wiring is None:
             # alone: the link follows its session's close itself (composed, the job's
             # wiring delivers it, as the links declare); taken back with the room's
-            self.session.on("close", self._on_session_close)
+            self.session.on("close", self._session_close_listener)
         self.room_events.start()
         self.actor.start()
         # rtc.Room keeps remote participants in join order
@@ -227,7 +229,7 @@ class ParticipantLink(MachineRuntime[str]):
         if unsubscribe is not None:
             unsubscribe()
             if self._wiring is None:
-                self.session.off("close", self._on_session_close)
+                self.session.off("close", self._session_close_listener)
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:

@@ -50,6 +50,7 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, listen, released, unlisten
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
@@ -230,12 +231,12 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         # session's close comes through the job's links (one listener for it per job),
         # alone the tracker follows it itself
         self._follows: dict[str, Callable[..., None]] = {
-            "speech_created": self._on_speech_created,
-            "agent_state_changed": self._on_agent_state,
-            "user_state_changed": self._on_user_state,
+            "speech_created": Listener(self._on_speech_created),
+            "agent_state_changed": Listener(self._on_agent_state),
+            "user_state_changed": Listener(self._on_user_state),
         }
         if wiring is None:
-            self._follows["close"] = self._on_session_close
+            self._follows["close"] = Listener(self._on_session_close)
             wiring = Wiring()
             if avatar is not None:
                 wiring.connect("avatar", _poster(avatar))

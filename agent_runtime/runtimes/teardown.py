@@ -17,7 +17,6 @@ simulator's hold).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -32,10 +31,22 @@ T = TypeVar("T")
 Work = Callable[[], Awaitable[Any] | None]
 
 
-@functools.cache
 def waves(steps: tuple[TeardownStep, ...]) -> tuple[tuple[TeardownStep, ...], ...]:
     """The steps grouped by when they can begin: each wave once every step of the earlier
-    waves they come after has ended (computed once per declared teardown)."""
+    waves they come after has ended (computed once per declared teardown: looked up by the
+    tuple's identity, since hashing its models on every close costs more than the run)."""
+    known = _WAVES.get(id(steps))
+    if known is not None and known[0] is steps:
+        return known[1]
+    found = _waves(steps)
+    _WAVES[id(steps)] = (steps, found)  # holds the tuple: its id is never reused
+    return found
+
+
+_WAVES: dict[int, tuple[tuple[TeardownStep, ...], tuple[tuple[TeardownStep, ...], ...]]] = {}
+
+
+def _waves(steps: tuple[TeardownStep, ...]) -> tuple[tuple[TeardownStep, ...], ...]:
     ended: set[str] = set()
     left = list(steps)
     out: list[tuple[TeardownStep, ...]] = []
@@ -145,7 +156,7 @@ class _Run:
         # cutting it cuts the whole (its state's bound)
         self.done: asyncio.Future[Any] = Cuttable(self._whole_ended)
         self.waves = iter(waves(td.steps))
-        self.live: dict[TeardownStep, _Live] = {}
+        self.live: dict[str, _Live] = {}  # by step name (a model's hash is slow)
         # works of the steps cut at their bound that swallowed the cancellation
         self.stuck: list[asyncio.Future[Any]] = []
 
@@ -171,12 +182,12 @@ class _Run:
         if not step.timed_by:  # else that machine's own timers bound it
             seconds = step.bound * self.td._close_timeout
             bound = self.td._clock.call_later(seconds, lambda: self._cut(step))
-        self.live[step] = _Live(fut, owned, bound)
+        self.live[step.name] = _Live(fut, owned, bound)
         fut.add_done_callback(lambda f: self._ended(step, f))
 
     def _ended(self, step: TeardownStep, fut: asyncio.Future[Any]) -> None:
         failure = None if fut.cancelled() else fut.exception()  # retrieved, whoever ran it
-        live = self.live.get(step)
+        live = self.live.get(step.name)
         if live is None or live.fut is not fut or self.done.done():
             return  # cut before, or the whole was cut
         if live.bound is not None:
@@ -190,7 +201,7 @@ class _Run:
         self._close(step)
 
     def _cut(self, step: TeardownStep) -> None:
-        live = self.live.get(step)
+        live = self.live.get(step.name)
         if live is None or self.done.done():
             return
         self.td._cut(step)
@@ -200,7 +211,7 @@ class _Run:
         self._close(step)
 
     def _close(self, step: TeardownStep) -> None:
-        del self.live[step]
+        del self.live[step.name]
         self.td._end(step)
         if not self.live:
             self.next_wave()
