@@ -122,7 +122,9 @@ class ParticipantLink(MachineRuntime[str]):
         # what the link holds: its room subscription while it follows (from start() to
         # the close); the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
-        self._session_close_listener = Listener(self._on_session_close)  # alone only
+        # alone, the link follows its session's close itself (composed, the job's wiring
+        # delivers it, as the links declare)
+        self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
         self._warned_room_io = False
         # the shared guards (statemachines.glue) read this link as their facts view
         self._run_machine(
@@ -191,9 +193,7 @@ class ParticipantLink(MachineRuntime[str]):
             )
             return
         self._unsubscribe = follow(self.room_events, "participant", self.actor.post)
-        if self._wiring is None:
-            # alone: the link follows its session's close itself (composed, the job's
-            # wiring delivers it, as the links declare); taken back with the room's
+        if self._session_close_listener is not None:  # taken back with the room's
             self.session.on("close", self._session_close_listener)
         self.room_events.start()
         self.actor.start()
@@ -228,7 +228,7 @@ class ParticipantLink(MachineRuntime[str]):
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
-            if self._wiring is None:
+            if self._session_close_listener is not None:
                 self.session.off("close", self._session_close_listener)
 
     # -- inputs ----------------------------------------------------------------------------
