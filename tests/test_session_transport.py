@@ -18,6 +18,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime.sdk.session_transport import (
     Received,
+    RequestReader,
     RoomRequestTransport,
     SenderAware,
     SessionPipe,
@@ -174,6 +175,46 @@ async def test_a_listener_that_raises_is_logged_and_the_next_request_is_handed_o
         "handing on a session message from 'user' failed"
     ]
     await transport.close()
+
+
+async def test_a_listener_given_a_transport_read_from_before_gets_what_was_read_first() -> None:
+    room, transport = await started()  # a user's transport, started and read from already
+    deliver(room, Stream(message("early")), "simulator")
+    await settle()
+    got: list[str] = []
+    reader = RequestReader(transport, lambda req, _sender: got.append(req.request_id))
+    deliver(room, Stream(message("late")), "simulator")
+    await settle()
+    assert got == ["early", "late"]
+    assert reader.opened.done() and reader.stop() is None
+
+
+async def test_a_host_s_reader_task_logs_a_request_it_could_not_hand_on_and_reads_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # any transport other than the room's is read by a task (read_requests)
+    sim_end, agent_end = InMemorySessionTransport.pair(identities=("simulator", "agent"))
+    got: list[str] = []
+
+    def on_request(req: agent_pb.SessionRequest, _sender: str | None) -> None:
+        if req.request_id == "bad":
+            raise RuntimeError("host broke")
+        got.append(req.request_id)
+
+    reader = RequestReader(agent_end, on_request)
+    with caplog.at_level(logging.ERROR, logger="agent_runtime.session_transport"):
+        for rid in ("bad", "ok"):
+            req = build_request("ping", request_id=rid)
+            await sim_end.send_message(agent_pb.AgentSessionMessage(request=req))
+        await settle()
+    assert got == ["ok"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "handing on a session message from 'simulator' failed"
+    ]
+    stopping = reader.stop()
+    assert stopping is not None
+    await stopping
+    assert agent_end.closed
 
 
 async def test_a_second_handler_on_the_topic_is_refused() -> None:

@@ -187,6 +187,30 @@ async def test_the_teardown_cut_from_outside_stops_where_it_is() -> None:
     assert hung.cancelled()
 
 
+async def test_a_teardown_cut_as_a_step_begins_runs_nothing_of_it() -> None:
+    clock = VirtualClock()
+    ran: list[str] = []
+    running: list[asyncio.Future[None]] = []
+
+    def begin(step: str) -> None:
+        if step == "b":
+            running[0].cancel()  # the whole is cut from the step's own begin (its link)
+
+    async def work() -> None:
+        ran.append("b")
+
+    first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    td = Teardown(STEPS, close_timeout=10, clock=clock, log=log, who="t", begin=begin)
+    running.append(td.run({"a": lambda: first, "b": work}, None))
+    first.set_result(None)  # a ends: b begins, and its begin cuts the whole
+    with pytest.raises(asyncio.CancelledError):
+        await running[0]
+    await settle()
+    assert ran == []  # b's work never ran, and c, begun after the cut, not at all
+    assert td.running == ["b"]  # what the cut says it cut
+    assert clock.pending == 0  # no step's bound left armed
+
+
 async def test_a_step_with_nothing_left_to_wait_for_ends_as_it_begins(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -170,6 +170,9 @@ class _Run:
                 return
             for step in wave:
                 aw = self.td._begin_step(step, self.works.get(step.name))
+                if self.done.done():
+                    _drop(aw)  # the whole was cut as the step began: nothing runs on
+                    return
                 if aw is not None:
                     self._follow(step, aw)
             if self.live:
@@ -228,3 +231,10 @@ class _Run:
                 each.bound.cancel()
             if each.owned:
                 each.fut.cancel()
+
+
+def _drop(aw: Awaitable[Any] | None) -> None:
+    """A step's work begun after its teardown was cut: a coroutine is never run, a future
+    is left to its owner."""
+    if asyncio.iscoroutine(aw):
+        aw.close()

@@ -97,6 +97,14 @@ class RoomRequestTransport(SessionTransport):
         Raises what ``start()`` would, at once."""
         self._on_request = on_request
         self._open()
+        # what was read before (a transport already started and read from): handed on
+        # first, in order
+        while not self._received.empty():
+            item = self._received.get_nowait()
+            if item is None:  # closed: every later read ends too
+                self._received.put_nowait(None)
+                return
+            self._hand_on_safely(item.message, item.sender)
 
     def _open(self) -> None:
         if self._phase != "new":
@@ -134,16 +142,20 @@ class RoomRequestTransport(SessionTransport):
                 finally:
                     reader.close()  # a no-op once read to its end; releases one cut short
                 if self._on_request is not None:
-                    try:
-                        _hand_on(msg, sender, self._on_request)
-                    except Exception:  # the listener's: the next stream is read all the same
-                        logger.exception("handing on a session message from %r failed", sender)
+                    self._hand_on_safely(msg, sender)
                 else:
                     self._received.put_nowait(Received(msg, sender))
         finally:
             self._read_task = None
             if not self._streams:
                 self._streams = None
+
+    def _hand_on_safely(self, msg: agent_pb.AgentSessionMessage, sender: str | None) -> None:
+        assert self._on_request is not None
+        try:
+            _hand_on(msg, sender, self._on_request)
+        except Exception:  # the listener's: the next message is read all the same
+            logger.exception("handing on a session message from %r failed", sender)
 
     async def receive(self) -> Received:
         item = await self._received.get()
@@ -311,6 +323,8 @@ class RequestReader:
                 out.set_result(None)
 
         def ended(_: object) -> None:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                logger.warning("the session transport's reader failed: %s", error)
             closing = self._closed_after(task)
             if closing is None:
                 done(None)
@@ -399,7 +413,10 @@ async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
                 return
             continue
         unreadable = 0
-        _hand_on(msg, sender, on_request)
+        try:
+            _hand_on(msg, sender, on_request)
+        except Exception:  # the host's: the next message is read all the same
+            logger.exception("handing on a session message from %r failed", sender)
 
 
 def _hand_on(msg: agent_pb.AgentSessionMessage, sender: str | None, on_request: OnRequest) -> None:
