@@ -128,6 +128,8 @@ class Cuttable(asyncio.Future[T]):
     the work it stands for at once, with no done-callback and no turn of the loop
     (``Task.cancel`` cancels the future its task awaits through this method)."""
 
+    __slots__ = ("_on_cut",)
+
     def __init__(self, on_cut: Callable[[], object]) -> None:
         super().__init__(loop=asyncio.get_running_loop())
         self._on_cut: Callable[[], object] | None = on_cut
