@@ -95,8 +95,8 @@ class RoomRequestTransport(SessionTransport):
         """Start now, and hand each request read to ``on_request(request, sender)`` (other
         messages are ignored, as ``read_requests`` does); ``receive()`` then gets nothing.
         Raises what ``start()`` would, at once."""
-        self._on_request = on_request
         self._open()
+        self._on_request = on_request
         # what was read before (a transport already started and read from): handed on
         # first, in order
         while not self._received.empty():
