@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from agent_runtime.sdk import livekit_compat as lk
 from verification.conformance.harness import Harness
 from verification.explore.command import main
 from verification.explore.real import CONFIGS, run
@@ -83,6 +84,24 @@ def test_a_reply_on_the_rooms_track_plays_on_the_clock_and_the_sdk_reports_its_e
     tracker = jobs[0].job.playout
     assert tracker is not None
     assert [(pytest.approx(d.t), d.cause) for d in tracker.done] == [(1.0, "agent_listening")]
+
+
+def test_an_avatar_closed_while_its_clear_waits_leaves_no_audio_owed_at_its_sink() -> None:
+    """The session's clear waits for the avatar's report; the room drops and the session's
+    close hangs, so putting the route back detaches nothing; the avatar closes. Its sink
+    is retired with the clear's wait cancelled and the avatar's reports no longer taken:
+    what it still counted as pending ends there, or the agent's audio would be owed to a
+    closed avatar for good (invariant 9; a walk of the explorer found it)."""
+    jobs: list[Harness] = []
+    path = [
+        *("avatar_start", "plugin_routed", "plugin_returns", "avatar_joins", "avatar_video"),
+        *("user_joins", "interrupt", "agent_says", "room_disconnects", "a_hangs"),
+        *("avatar_close", TIME),
+    ]
+    closed = run(CONFIGS["watchdog"], path, policy="hang", setup=jobs.append)
+    assert closed.violation is None, closed.violation
+    sink = jobs[0].job.avatar.installed_sink
+    assert sink is not None and lk.pending_playbacks(sink) == 0
 
 
 def test_the_example_config_holds_its_invariants_to_a_small_depth() -> None:

@@ -185,10 +185,14 @@ class AudioRoute:
         return outcome
 
     async def retire_sink(self) -> None:
-        """Once the plugin's data-stream sink carries no audio: its listener and waits go."""
+        """Once the plugin's data-stream sink carries no audio: its listener and waits go,
+        and what it still counts as pending ends here, interrupted. The avatar's reports
+        are no longer taken and a clear still waiting for one was just cancelled, so no
+        one else would end it (a speech waiting for its playout would wait for good)."""
         sink = self.installed
         if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
             await retire_sink(sink, self.room)
+            finish_pending([sink])
 
     def _attach_room_output(self) -> lk.RoomAudioOutput:
         """A room audio output like the one RoomIO builds (same defaults)."""
