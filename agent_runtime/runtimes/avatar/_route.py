@@ -85,7 +85,9 @@ def finish_orphans(chain: list[AudioOutput]) -> None:
     counts beyond the output below it. Only that sink could have reported it (a local clear
     while its capture waited for the avatar leaves the proxy below already done), and the
     session's playout would wait for it forever."""
-    pending = lk.pending_playbacks
+    # a segment still being captured is not an orphan: it goes on at the output below (the
+    # SDK's proxy keeps it open across the swap), which counts it with its next frame
+    pending = lk.ended_unreported
     for upper, lower in reversed(list(itertools.pairwise(chain))):
         while pending(upper) > pending(lower):
             before = pending(upper)
@@ -192,7 +194,6 @@ class AudioRoute:
         sink = self.installed
         if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
             await retire_sink(sink, self.room)
-            finish_pending([sink])
 
     def _attach_room_output(self) -> lk.RoomAudioOutput:
         """A room audio output like the one RoomIO builds (same defaults)."""
