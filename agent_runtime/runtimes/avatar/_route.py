@@ -87,7 +87,9 @@ def finish_orphans(chain: list[AudioOutput]) -> None:
     session's playout would wait for it forever."""
     # a segment still being captured is not an orphan: it goes on at the output below (the
     # SDK's proxy keeps it open across the swap), which counts it with its next frame
-    pending = lk.ended_unreported
+    def pending(out: AudioOutput) -> int:
+        return max(0, lk.ended_unreported(out))  # an open segment already ended counts none
+
     for upper, lower in reversed(list(itertools.pairwise(chain))):
         while pending(upper) > pending(lower):
             before = pending(upper)
