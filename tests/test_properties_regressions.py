@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
 from livekit import rtc
 from livekit.agents.simulation import SimulationContext
 
 from agent_runtime.actor import StateChanged
-from agent_runtime.runtimes.avatar import audio_tail
+from agent_runtime.runtimes.avatar import audio_chain, audio_tail
 from agent_runtime.runtimes.session_host import FINALIZE_UNFINISHED
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import settle
 from tests.support.avatar_rig import AVATAR, frames, session_listeners
 from tests.support.avatar_rig import Rig as AvatarRig
@@ -141,6 +143,62 @@ class _logs_off:
 
     def __exit__(self, *_: object) -> None:
         logging.disable(logging.NOTSET)
+
+
+async def _gated(
+    gate: asyncio.Event, before: int = 3, after: int = 3
+) -> AsyncIterator[rtc.AudioFrame]:
+    """A reply whose audio comes in two parts: the second once ``gate`` is set."""
+    per = 240
+    for _ in range(before):
+        yield rtc.AudioFrame(b"\0\0" * per, 24000, 1, per)
+    await gate.wait()
+    for _ in range(after):
+        yield rtc.AudioFrame(b"\0\0" * per, 24000, 1, per)
+
+
+def _owed(rig: AvatarRig) -> list[int]:
+    return [lk.pending_playbacks(out) for out in audio_chain(rig.session)]
+
+
+async def test_a_reply_cleared_before_the_join_and_still_captured_when_the_avatar_leaves_ends() -> (
+    None
+):
+    # the local clear ended the proxy's count while the reply went on being captured; the
+    # avatar joined mid-reply and left before its end: the wrapper above still owes it,
+    # and the proxy, owing nothing, would pass no report up (the speech waited for good)
+    rig = AvatarRig(join_timeout=5.0)
+    await rig.start_avatar()
+    await rig.start_session()
+    gate = asyncio.Event()
+    first = rig.session.say("hello", audio=_gated(gate), add_to_chat_ctx=False)
+    await settle()
+    rig.lifecycle.interrupt()  # the app's barge-in while the avatar is not there yet
+    await settle()
+    rig.join()
+    await settle()
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert rig.lifecycle.audio_route() == "room"
+    gate.set()  # the rest of the reply
+    await settle()
+    assert first.done()
+    await rig.aclose()
+
+
+async def test_a_reply_waiting_for_an_avatar_that_never_joins_leaves_nothing_owed() -> None:
+    # the reply's first frame waits at the sink for the avatar; the join times out and the
+    # route goes back: that frame never reaches any output, so no count may stay behind
+    rig = AvatarRig(join_timeout=5.0)
+    await rig.start_avatar()
+    await rig.start_session()
+    first = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    await rig.clock.advance(5)
+    await settle()
+    assert rig.lifecycle.audio_route() == "room" and first.done()
+    assert _owed(rig) == [0] * len(_owed(rig))
+    await rig.aclose()
 
 
 async def test_an_interrupt_before_the_avatar_joined_does_not_silence_the_agent_later() -> None:

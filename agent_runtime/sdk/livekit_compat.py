@@ -196,6 +196,14 @@ def user_away_armed(session: AgentSession[Any]) -> bool:
     return session._user_away_timer is not None
 
 
+def sink_takes_frames(sink: AudioOutput) -> bool:
+    """Whether a frame handed to ``sink`` reaches it: a ``DataStreamAudioOutput`` only once
+    its start (its wait for the avatar) is done; any other output at once."""
+    from livekit.agents.voice.avatar import DataStreamAudioOutput
+
+    return not isinstance(sink, DataStreamAudioOutput) or bool(sink._started)
+
+
 def restart_failed_sink(sink: AudioOutput) -> bool:
     """Let a ``DataStreamAudioOutput`` whose start failed (its avatar left while the sink
     waited for it) start again at its next frame, as a new one would: livekit's sink keeps

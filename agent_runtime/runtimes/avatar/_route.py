@@ -80,18 +80,27 @@ def finish_pending(chain: list[AudioOutput], position: float = 0.0) -> int:
     return finished
 
 
-def finish_orphans(chain: list[AudioOutput]) -> None:
+def finish_orphans(chain: list[AudioOutput], *, carried_on: bool = True) -> None:
     """After the avatar's sink left the chain: end, as interrupted, what a wrapper still
     counts beyond the output below it. Only that sink could have reported it (a local clear
     while its capture waited for the avatar leaves the proxy below already done), and the
-    session's playout would wait for it forever."""
-    # a segment still being captured is not an orphan: it goes on at the output below (the
-    # SDK's proxy keeps it open across the swap), which counts it with its next frame
-    def pending(out: AudioOutput) -> int:
-        return max(0, lk.ended_unreported(out))  # an open segment already ended counts none
+    session's playout would wait for it forever.
 
-    for upper, lower in reversed(list(itertools.pairwise(chain))):
-        while pending(upper) > pending(lower):
+    A segment still being captured by the output just above the new tail goes on at the
+    tail (livekit's proxy keeps it open across the swap; the tail counts it at its next
+    frame), so it is no orphan, unless ``carried_on`` is false: the sink that left never
+    started, and the frame in flight to it fails with it."""
+    pending = lk.pending_playbacks
+    pairs = list(itertools.pairwise(chain))
+    for i, (upper, lower) in reversed(list(enumerate(pairs))):
+        goes_on = (
+            carried_on
+            and i == len(pairs) - 1
+            and lk.segment_open(upper)
+            and pending(upper) > 0  # counted here (a local clear may have ended it already)
+            and not lk.segment_open(lower)
+        )
+        while pending(upper) > pending(lower) + goes_on:
             before = pending(upper)
             upper.on_playback_finished(playback_position=0.0, interrupted=True)
             if pending(upper) >= before:  # an output that does not count; do not spin
@@ -183,16 +192,13 @@ class AudioRoute:
                 session.output.audio = prev.top
                 outcome = "cleared"
             if outcome != "cleared":
-                finish_orphans(audio_chain(session))
+                finish_orphans(audio_chain(session), carried_on=lk.sink_takes_frames(sink))
         now = route_of(session, sink)
         logger.info("avatar %s: audio route restored (%s), now %s", identity, outcome, now)
         return outcome
 
     async def retire_sink(self) -> None:
-        """Once the plugin's data-stream sink carries no audio: its listener and waits go,
-        and what it still counts as pending ends here, interrupted. The avatar's reports
-        are no longer taken and a clear still waiting for one was just cancelled, so no
-        one else would end it (a speech waiting for its playout would wait for good)."""
+        """Once the plugin's data-stream sink carries no audio: its listener and waits go."""
         sink = self.installed
         if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
             await retire_sink(sink, self.room)
