@@ -16,10 +16,11 @@ from agent_runtime.runtimes.avatar import audio_chain, audio_tail
 from agent_runtime.runtimes.session_host import FINALIZE_UNFINISHED
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import settle
-from tests.support.avatar_rig import AVATAR, frames, session_listeners
+from tests.support.avatar_rig import AVATAR, frames, playback_finished, session_listeners
 from tests.support.avatar_rig import Rig as AvatarRig
 from tests.support.host_rig import Rig as HostRig
 from tests.support.job_rig import JobRig
+from verification.conformance.speaker import RoomSpeaker
 
 
 def buggy_listener(_: StateChanged) -> None:
@@ -197,6 +198,85 @@ async def test_a_reply_waiting_for_an_avatar_that_never_joins_leaves_nothing_owe
     await rig.clock.advance(5)
     await settle()
     assert rig.lifecycle.audio_route() == "room" and first.done()
+    assert _owed(rig) == [0] * len(_owed(rig))
+    await rig.aclose()
+
+
+async def test_a_reply_to_an_avatar_with_no_wrapper_above_its_sink_ends_when_it_leaves() -> None:
+    # no transcription wrapper: the avatar's sink is the whole chain, so putting the route
+    # back replaces it whole and the reply waits on the sink itself, which the avatar that
+    # left will never report; retiring the sink ends what it still counts
+    rig = AvatarRig(join_timeout=5.0)
+    await rig.start_session()
+    rig.session.output.audio = RoomSpeaker(rig.room, rig.clock)  # a tail with nothing above
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    gate = asyncio.Event()
+    reply = rig.session.say("hello", audio=_gated(gate), add_to_chat_ctx=False)
+    await settle()
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert rig.lifecycle.audio_route() == "room"
+    gate.set()
+    for _ in range(3):
+        await rig.clock.advance(1)
+        await settle()
+    assert reply.done()
+    await rig.aclose()
+
+
+async def _avatar_before_a_room_speaker() -> AvatarRig:
+    """A joined avatar whose route replaced a room output playing on the rig's clock (the
+    restore puts that output back: its playout ends on virtual time)."""
+    rig = AvatarRig(join_timeout=5.0)
+    await rig.start_session()
+    rig.session.output.replace_audio_tail(RoomSpeaker(rig.room, rig.clock))
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    return rig
+
+
+async def _avatar_leaves_then_time_passes(rig: AvatarRig, gate: asyncio.Event | None) -> None:
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert rig.lifecycle.audio_route() == "room"
+    if gate is not None:
+        gate.set()
+    for _ in range(10):
+        await rig.clock.advance(1)
+        await settle()
+
+
+@pytest.mark.parametrize("after", [3, 0], ids=["frames_after_the_swap", "all_pushed_before"])
+async def test_a_reply_captured_across_the_avatar_leaving_ends_and_leaves_nothing_owed(
+    after: int,
+) -> None:
+    # the reply's capture is open as the route goes back: the rest of it plays in the room;
+    # where all of it was pushed before (only the end of its stream comes after), no frame
+    # reaches the room's output, and the segment ends with its capture instead
+    rig = await _avatar_before_a_room_speaker()
+    gate = asyncio.Event()
+    reply = rig.session.say("hello", audio=_gated(gate, 3, after), add_to_chat_ctx=False)
+    await settle()
+    await _avatar_leaves_then_time_passes(rig, gate)
+    assert reply.done() and _owed(rig) == [0] * len(_owed(rig))
+    await rig.aclose()
+
+
+async def test_a_frame_held_by_the_sinks_clear_as_the_avatar_leaves_leaves_nothing_owed() -> None:
+    # the avatar never answers a clear; its report ends the interrupted reply; the next
+    # reply's first frame waits behind that clear when the avatar leaves: retiring the sink
+    # cancels the clear and the frame fails with it
+    rig = await _avatar_before_a_room_speaker()
+    await rig.hold_clear()
+    report = playback_finished(0.2, interrupted=True)
+    assert await rig.room.invoke_rpc("lk.playback_finished", AVATAR, report) == "ok"
+    await settle()
+    rig.session.say("again", audio=frames(20), add_to_chat_ctx=False)
+    await settle()
+    await _avatar_leaves_then_time_passes(rig, None)
     assert _owed(rig) == [0] * len(_owed(rig))
     await rig.aclose()
 

@@ -105,6 +105,41 @@ def finish_orphans(chain: list[AudioOutput], *, carried_on: bool = True) -> None
             upper.on_playback_finished(playback_position=0.0, interrupted=True)
             if pending(upper) >= before:  # an output that does not count; do not spin
                 break
+        if goes_on:
+            _until_it_reaches(upper, lower, chain)
+
+
+def _until_it_reaches(upper: AudioOutput, tail: AudioOutput, chain: list[AudioOutput]) -> None:
+    """A segment ``upper`` carried over to ``tail`` is an orphan after all if its capture
+    ends (``upper``'s flush reaching ``tail``) before a frame of it reached ``tail``: all of
+    it was pushed before the swap, or the frame in flight failed with the sink that left.
+    The look is taken at the first flush or clear of ``tail`` that ``upper`` no longer
+    captures through, or once ``upper`` moved on to another output; the tail's own methods
+    are back after it."""
+    counted = tail.captured_playout_segments
+    own = {name: tail.__dict__.get(name) for name in ("flush", "clear_buffer")}
+    originals = {name: getattr(tail, name) for name in own}
+
+    def unhook() -> None:
+        for name, mine in own.items():
+            if mine is None:
+                tail.__dict__.pop(name, None)
+            else:
+                tail.__dict__[name] = mine
+
+    def ending(name: str) -> Callable[[], None]:
+        def call() -> None:
+            originals[name]()
+            if upper.next_in_chain is tail and lk.segment_open(upper):
+                return  # a clear, or upper detaching it: the capture has not ended yet
+            unhook()
+            if upper.next_in_chain is tail and tail.captured_playout_segments == counted:
+                finish_orphans(chain, carried_on=False)
+
+        return call
+
+    for name in own:
+        setattr(tail, name, ending(name))
 
 
 class PrevRoute(NamedTuple):
@@ -198,10 +233,14 @@ class AudioRoute:
         return outcome
 
     async def retire_sink(self) -> None:
-        """Once the plugin's data-stream sink carries no audio: its listener and waits go."""
+        """Once the plugin's data-stream sink carries no audio: its listener and waits go,
+        and what it still counts ends here, interrupted: the avatar's reports are no longer
+        taken, and a speech may wait on this sink itself (a chain with no wrapper above
+        it is replaced whole)."""
         sink = self.installed
         if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
             await retire_sink(sink, self.room)
+            finish_pending([sink])
 
     def _attach_room_output(self) -> lk.RoomAudioOutput:
         """A room audio output like the one RoomIO builds (same defaults)."""
