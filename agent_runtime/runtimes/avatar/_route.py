@@ -115,7 +115,12 @@ def _until_it_reaches(upper: AudioOutput, tail: AudioOutput, chain: list[AudioOu
     it was pushed before the swap, or the frame in flight failed with the sink that left.
     The look is taken at the first flush or clear of ``tail`` that ``upper`` no longer
     captures through, or once ``upper`` moved on to another output; the tail's own methods
-    are back after it."""
+    are back after it. The segment is ended in the loop's next turn, once the flush that
+    ended its capture has returned (livekit's transcript synchronizer marks its input done
+    only after it)."""
+    earlier = tail.__dict__.get("flush")
+    if callable(getattr(earlier, "carried_unhook", None)):
+        earlier.carried_unhook()  # type: ignore[union-attr]  # one look per tail: the latest
     counted = tail.captured_playout_segments
     own = {name: tail.__dict__.get(name) for name in ("flush", "clear_buffer")}
     originals = {name: getattr(tail, name) for name in own}
@@ -134,8 +139,11 @@ def _until_it_reaches(upper: AudioOutput, tail: AudioOutput, chain: list[AudioOu
                 return  # a clear, or upper detaching it: the capture has not ended yet
             unhook()
             if upper.next_in_chain is tail and tail.captured_playout_segments == counted:
-                finish_orphans(chain, carried_on=False)
+                asyncio.get_running_loop().call_soon(
+                    lambda: finish_orphans(chain, carried_on=False)
+                )
 
+        call.carried_unhook = unhook  # type: ignore[attr-defined]
         return call
 
     for name in own:
