@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from livekit import rtc
@@ -226,10 +227,10 @@ async def test_a_reply_to_an_avatar_with_no_wrapper_above_its_sink_ends_when_it_
     await rig.aclose()
 
 
-async def _avatar_before_a_room_speaker() -> AvatarRig:
+async def _avatar_before_a_room_speaker(**rig_options: Any) -> AvatarRig:
     """A joined avatar whose route replaced a room output playing on the rig's clock (the
     restore puts that output back: its playout ends on virtual time)."""
-    rig = AvatarRig(join_timeout=5.0)
+    rig = AvatarRig(join_timeout=5.0, **rig_options)
     await rig.start_session()
     rig.session.output.replace_audio_tail(RoomSpeaker(rig.room, rig.clock))
     await rig.start_avatar()
@@ -275,13 +276,7 @@ async def test_an_avatar_that_rejoins_and_leaves_again_mid_reply_leaves_the_tail
     # the first leave hooks the room's output for the carried segment; the rejoin detaches
     # it mid-capture; the second leave puts it back and hooks it again: once the reply has
     # ended, none of the runtime's hooks is left on it
-    rig = AvatarRig(join_timeout=5.0, retry={"rejoin": True})
-    await rig.start_session()
-    speaker = RoomSpeaker(rig.room, rig.clock)
-    rig.session.output.replace_audio_tail(speaker)
-    await rig.start_avatar()
-    rig.join()
-    await settle()
+    rig = await _avatar_before_a_room_speaker(retry={"rejoin": True})
     gate = asyncio.Event()
     reply = rig.session.say("hello", audio=_gated(gate, 3, 0), add_to_chat_ctx=False)
     await settle()
@@ -291,6 +286,8 @@ async def test_an_avatar_that_rejoins_and_leaves_again_mid_reply_leaves_the_tail
     await settle()
     await _avatar_leaves_then_time_passes(rig, gate)
     assert reply.done() and _owed(rig) == [0] * len(_owed(rig))
+    speaker = audio_tail(rig.session)  # the room speaker, put back by the second leave
+    assert isinstance(speaker, RoomSpeaker)
     assert {"flush", "clear_buffer"} & vars(speaker).keys() == set()
     await rig.aclose()
 
