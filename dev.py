@@ -6,8 +6,7 @@
     python3 dev.py test --exhaustive [ARGS]  # the exhaustive tier alone (the long explorations)
     python3 dev.py test --all [ARGS]         # both tiers, as CI runs them
     python3 dev.py lint                      # ruff, mypy --strict, diagrams --check
-    python3 dev.py explore [ARGS]            # explore the composed job's model (--help)
-    python3 dev.py conformance [ARGS]        # replay the model's paths through a real job
+    python3 dev.py explore [ARGS]            # explore the real job, seeded (--help)
     python3 dev.py mutation [ARGS]           # the behaviour-only mutation score (hours)
     python3 dev.py mutation --system         # ... of the system between the machines
     python3 dev.py run COMMAND [ARGS...]     # a command of the venv: run agent-runtime --help
@@ -17,9 +16,9 @@
 
 Each creates its venv (.venv for the interpreter running dev.py) and installs the project
 with its dev extra when needed (again whenever pyproject.toml changes). `test` with no
-test named runs on as many pytest-xdist workers as there are cores. `explore`,
-`conformance` and `mutation` check the project's own machines: they run from verification/,
-which the wheel leaves out.
+test named runs on as many pytest-xdist workers as there are cores. `explore` and
+`mutation` check the project's own machines: they run from verification/, which the
+wheel leaves out.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ EXHAUSTIVE = "exhaustive"  # the marker of the tier `test` leaves out (pyproject
 # module run from the project's root, where `python -m` finds the folder
 VERIFICATION = {
     "explore": "verification.explore",
-    "conformance": "verification.conformance",
     "mutation": "verification.mutation",
 }
 # the commands that need the venv (`pythons` and `--help` do not)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from statemachines import MachineSpec, Row, SpecError, Step, UnknownEvent, UnknownState, step
 from statemachines.compiled import compile_machine, disagreements, reference_step
 from statemachines.machines import MACHINES
-from verification.explore.mutate import set_cell, set_dest, single_cell_mutants
+from verification.mutation.cells import set_cell, set_dest, single_cell_mutants
 
 # the two executors of one table agree whatever the table says
 pytestmark = pytest.mark.snapshot

@@ -17,21 +17,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from verification.conformance.command import main
+from verification.conformance.harness import Harness
+from verification.conformance.paths import Path, from_steps
+from verification.conformance.replay import Mismatch, run
+from verification.conformance.suite import conformance
+from verification.explore.model import Inputs
+from verification.explore.search import DEFAULT_CONFIGS
 
 from agent_runtime.runtimes.routing import Wiring
 from statemachines.glue import LINKS, without
 from statemachines.machines import MACHINES
 from statemachines.step import table_of
 from statemachines.system import bound_of
-from verification.conformance.command import main
-from verification.conformance.harness import Harness
-from verification.conformance.paths import Path, from_steps
-from verification.conformance.replay import Mismatch, run
-from verification.conformance.suite import conformance
 from verification.explore import LIFECYCLE_CONFIGS, Config
-from verification.explore.model import Inputs
-from verification.explore.mutate import set_cell
-from verification.explore.search import DEFAULT_CONFIGS
+from verification.mutation.cells import set_cell
 
 # the rows no path takes, each for a reason: an input the model does not produce (the
 # avatar's own lk.playback_finished outside a clear; a detach; the same session attached

@@ -131,7 +131,6 @@ def test_run_runs_a_command_of_the_venv_with_its_arguments_and_exit_code(
     ("command", "module"),
     [
         ("explore", "verification.explore"),
-        ("conformance", "verification.conformance"),
         ("mutation", "verification.mutation"),
     ],
 )
@@ -142,7 +141,7 @@ def test_the_project_s_own_checks_run_from_verification_in_the_venv(
     command: str,
     module: str,
 ) -> None:
-    """`explore`, `conformance` and `mutation` left the wheel's CLI: dev.py runs their
+    """`explore` and `mutation` left the wheel's CLI: dev.py runs their
     module with the venv's Python from the project's root (where verification/ is), with
     the arguments as given; the help lists them."""
     dev, ensured = dev_in

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import pytest
+from verification.explore.model import Inputs, Mailboxes
 
 from statemachines import MachineSpec, Row
 from statemachines.glue import LINKS, Link, without
@@ -32,8 +33,7 @@ from verification.explore import (
     explore,
     explore_plans,
 )
-from verification.explore.model import Inputs, Mailboxes
-from verification.explore.mutate import set_cell, set_dest
+from verification.mutation.cells import set_cell, set_dest
 
 AVATAR, JOB, HOST, PART = (MACHINES[n] for n in ("avatar", "job", "session_host", "participant"))
 DELETION, FINALIZE = MACHINES["room_deletion"], MACHINES["finalize"]

@@ -16,6 +16,7 @@ one cell of the playout table changed, is reported with the shortest sequence to
 from __future__ import annotations
 
 import pytest
+from verification.explore.model import Inputs, Mailboxes, World
 
 from statemachines import MachineSpec
 from statemachines.glue import LINKS, Link, without
@@ -30,8 +31,7 @@ from verification.explore import (
     explore,
     explore_plans,
 )
-from verification.explore.model import Inputs, Mailboxes, World
-from verification.explore.mutate import set_cell
+from verification.mutation.cells import set_cell
 
 PLAYOUT = MACHINES["playout"]
 # the example agent in a simulation, with playout's defaults (no watchdog)

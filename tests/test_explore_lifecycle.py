@@ -17,6 +17,7 @@ left out of the shared tables, or one cell of the lifecycle's table changed.
 from __future__ import annotations
 
 import pytest
+from verification.explore.model import Inputs, World
 
 from statemachines import MachineSpec
 from statemachines.glue import LINKS, Link, without
@@ -32,8 +33,7 @@ from verification.explore import (
     explore,
     explore_plans,
 )
-from verification.explore.model import Inputs, World
-from verification.explore.mutate import set_cell, set_dest
+from verification.mutation.cells import set_cell, set_dest
 
 AGENT_JOB = MACHINES["agent_job"]
 # the example agent in a simulation: a graceful close holds for the simulator

@@ -12,9 +12,10 @@ import pytest
 
 from agent_runtime.runtimes.avatar import audio_chain
 from agent_runtime.sdk import livekit_compat as lk
-from verification.conformance.harness import Harness
 from verification.explore.command import main
-from verification.explore.real import CONFIGS, run
+from verification.explore.config import CONFIGS
+from verification.explore.harness import Harness
+from verification.explore.real import run
 from verification.explore.real_inputs import OUTCOMES, PLAYOUT_INPUTS, TIME
 from verification.explore.realsearch import bfs, drop_link, walk, walks
 
@@ -136,24 +137,24 @@ def test_a_link_the_runtime_does_not_deliver_is_found_and_replayed(
     assert f"--replay {','.join(found.path)}" in printed
     # the printed path, replayed with the same fault, fails the same way; without it, not
     path = ",".join(found.path)
-    assert main(["--real", "--inputs", "job", "--replay", path, "--drop-link", FAULT]) == 1
+    assert main(["--inputs", "job", "--replay", path, "--drop-link", FAULT]) == 1
     out = capsys.readouterr().out
     assert f"invariant 7 violated after input {found.step}" in out
     assert found.detail in out
-    assert main(["--real", "--inputs", "job", "--replay", path]) == 0
+    assert main(["--inputs", "job", "--replay", path]) == 0
     assert "every invariant holds" in capsys.readouterr().out
 
 
 def test_the_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--real", "--depth", "-1"]) == 2
-    assert main(["--real", "--drop-link", "a:b:c"]) == 2
-    assert main(["--real", "--replay", "plugin_routed"]) == 1
+    assert main(["--depth", "-1"]) == 2
+    assert main(["--drop-link", "a:b:c"]) == 2
+    assert main(["--replay", "plugin_routed"]) == 1
     assert "diverged" in capsys.readouterr().err
-    assert main(["--real", "--prefix", "plugin_routed", "--seed", "0", "--walks", "1"]) == 2
+    assert main(["--prefix", "plugin_routed", "--seed", "0", "--walks", "1"]) == 2
     assert "--prefix is not a path of this config" in capsys.readouterr().err
-    assert main(["--real", "--replay", "avatar_start", "--prefix", "avatar_start"]) == 2
+    assert main(["--replay", "avatar_start", "--prefix", "avatar_start"]) == 2
     assert "a --replay path is whole" in capsys.readouterr().err
     joined = "avatar_start,plugin_routed,plugin_returns,avatar_joins,avatar_video"
-    argv = ["--real", "--config", "watchdog", "--inputs", "playout", "--prefix", joined]
+    argv = ["--config", "watchdog", "--inputs", "playout", "--prefix", joined]
     assert main([*argv, "--seed", "0", "--walks", "2", "--steps", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["depth"] == 8  # the prefix, then 3 inputs

@@ -12,7 +12,8 @@ from typing import Literal
 
 import pytest
 
-from verification.explore.real import CONFIGS, run
+from verification.explore.config import CONFIGS
+from verification.explore.real import run
 from verification.explore.realsearch import LINK_SPECS, WATCH_SPECS, bfs, drop, walks
 
 Search = tuple[Literal["bfs", "walks"], str, Literal["all", "job", "avatar"], int]

@@ -15,7 +15,8 @@ from agent_runtime.testing import runner
 from agent_runtime.testing.expect import check_expect
 from agent_runtime.testing.scenario import HeldEnd, ScenarioError, load_scenario, parse_scenario
 from agent_runtime.tools.cli import main as cli
-from verification.explore.real import CONFIGS, run
+from verification.explore.config import CONFIGS
+from verification.explore.real import run
 from verification.explore.realsearch import bfs, drop
 from verification.explore.toscenario import NotReproducible, scenario_of, write_scenario
 

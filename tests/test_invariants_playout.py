@@ -8,7 +8,8 @@ import pytest
 
 from agent_runtime.testing.invariants.playout import Facts, decision
 from statemachines.playout import PLAYOUT
-from verification.explore.real import CONFIGS, run
+from verification.explore.config import CONFIGS
+from verification.explore.real import run
 from verification.mutation.mutants import mutant
 from verification.mutation.swap import swapped
 

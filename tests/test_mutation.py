@@ -23,7 +23,7 @@ from agent_runtime.testing.clock import VirtualClock
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
-from verification.explore.mutate import set_cell, set_dest
+from verification.mutation.cells import set_cell, set_dest
 from verification.mutation.equivalent import (
     API_GUARDED,
     INSTALLED_BY,
@@ -628,16 +628,15 @@ def test_a_cut_short_run_is_resumed_from_its_workers_logs(tmp_path: Path) -> Non
 
 
 def _what_the_runtime_reads() -> tuple[object, ...]:
-    """Each declaration (or delivery) where the runtime and the explorer read it."""
+    """Each declaration (or delivery) where the runtime reads it."""
     import agent_runtime.runtimes.job as job
     import agent_runtime.system.job_system as job_system
     from agent_runtime._perform import Performer
     from agent_runtime.runtimes.routing import Wiring
     from statemachines import delivery
-    from verification.explore.search import explore
 
     watched = vars(job_system)["watched"]
-    assert Wiring.__init__.__kwdefaults__ and explore.__kwdefaults__ and watched.__kwdefaults__
+    assert Wiring.__init__.__kwdefaults__ and watched.__kwdefaults__
     return (
         vars(job)["TEARDOWN"],  # run_close's steps
         vars(job_system)["RELEASE"],  # run_teardown's steps
@@ -646,9 +645,7 @@ def _what_the_runtime_reads() -> tuple[object, ...]:
         vars(delivery)["FOLLOW_ORDER"],
         *(delivery.routes_by_fact(m) for m in ("job", "avatar", "participant")),
         Performer._run_effects_now,  # an effect's links, fired after it succeeded
-        explore.__kwdefaults__["links"],
-        explore.__kwdefaults__["watches"],
-        delivery.FOLLOWERS,  # the model's follow order
+        delivery.FOLLOWERS,  # the order the followers hear a room fact
     )
 
 
@@ -667,9 +664,6 @@ def test_each_system_mutant_changes_what_the_runtime_reads_and_is_undone() -> No
         after = _what_the_runtime_reads()
         changed = [i for i, (a, b) in enumerate(zip(before, inside, strict=True)) if a != b]
         assert places and changed, f"{m.name} changes nothing the runtime reads"
-        # the explorer's defaults follow the runtime's: the model judges the same change
-        if m.explores:
-            assert {5, 6, 7, 9, 10, 11} & set(changed), m.name
         # the routes by fact are built again (the cache cleared): equal, not the same
         assert all(
             a is b or (isinstance(a, dict) and a == b) for a, b in zip(before, after, strict=True)

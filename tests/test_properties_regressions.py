@@ -21,7 +21,7 @@ from tests.support.avatar_rig import AVATAR, frames, playback_finished, session_
 from tests.support.avatar_rig import Rig as AvatarRig
 from tests.support.host_rig import Rig as HostRig
 from tests.support.job_rig import JobRig
-from verification.conformance.speaker import RoomSpeaker
+from verification.explore.speaker import RoomSpeaker
 
 
 def buggy_listener(_: StateChanged) -> None:

@@ -15,7 +15,7 @@ import pytest
 from livekit.agents.voice.speech_handle import INTERRUPTION_TIMEOUT
 
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, run
-from verification.explore.real import CONFIGS
+from verification.explore.config import CONFIGS
 from verification.explore.real import run as explore_run
 
 

@@ -1,74 +1,30 @@
-"""``python3 dev.py explore [--configs SET] [--depth N] [--deep] [--workers N] [--json]``
-(``python -m verification.explore`` in the venv): exhaustive exploration of the composed
-job (see ``verification.explore``). Exit 0 when every invariant holds, 1 with the shortest
-event sequence to each one that does not, 2 on a usage error.
-
-``--real`` explores the real job instead (``verification.explore.realsearch``): breadth
-first (``--depth``, ``--budget``), or seeded random walks (``--seed``, ``--walks``,
-``--steps``), or one printed path again (``--replay``).
-
-``--configs`` picks the configurations: ``default`` (the job as the example composes it,
-and each setting that changes a decision both ways), ``playout`` (the same job with the
-playout machine, as ``AgentJob`` runs it with an avatar), ``lifecycle`` (with the user's
-``aclose()`` and ``aclose(graceful=False)`` among the inputs), or ``all`` of them."""
+"""``python3 dev.py explore`` (``python -m verification.explore`` in the venv): the real
+job explored (``verification.explore.realsearch``): breadth first (``--depth``,
+``--budget``), or seeded random walks (``--seed``, ``--walks``, ``--steps``), or one
+printed path again (``--replay``). Exit 0 when every invariant holds, 1 with each
+violation (its path, and its seed for a walk), 2 on a usage error."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 from collections.abc import Sequence
 
-from verification.explore import Config, Plan, deep_plans, explore_plans
-from verification.explore.search import (
-    DEFAULT_CONFIGS,
-    LIFECYCLE_CONFIGS,
-    NAMED_CONFIGS,
-    PLAYOUT_CONFIGS,
-)
+from verification.explore.config import CONFIGS
 
 PROG = "dev.py explore"
-CONFIG_SETS: dict[str, tuple[Config, ...]] = {
-    "default": DEFAULT_CONFIGS,
-    "playout": PLAYOUT_CONFIGS,
-    "lifecycle": LIFECYCLE_CONFIGS,
-    "all": DEFAULT_CONFIGS + PLAYOUT_CONFIGS + LIFECYCLE_CONFIGS,
-}
 
 
 def parser() -> argparse.ArgumentParser:
-    exp = argparse.ArgumentParser(
+    real = argparse.ArgumentParser(
         prog=PROG,
-        description="Breadth-first exploration of an abstract model of the job's machines "
-        "together. By default every world the model can reach (layer after layer until "
-        "nothing new appears); exit 1 with the shortest event sequence to each violation.",
+        description="Explore the real AgentJob (its system, actors, links, watches and "
+        "teardown; the SDK's outside stood in, on virtual time): breadth first to --depth "
+        "(3 unless given), or seeded walks with --seed, or one path again with --replay. "
+        "Exit 1 with each violation's path (and seed).",
     )
-    exp.add_argument(
-        "--configs",
-        choices=tuple(CONFIG_SETS),
-        default="default",
-        help="which configurations: the job as the example composes it and each setting "
-        "both ways (default); with the playout machine; with the user's aclose() and "
-        "aclose(graceful=False) among the inputs; or all of them",
-    )
-    exp.add_argument("--depth", type=int, metavar="N", help="stop after N inputs/timeouts")
-    exp.add_argument(
-        "--deep",
-        action="store_true",
-        help="also every input together and finer interleavings (or AGENT_RUNTIME_DEEP=1)",
-    )
-    exp.add_argument("--workers", type=int, metavar="N", help="processes (default: CPUs)")
-    exp.add_argument("--json", action="store_true", help="print the report as JSON")
-    real = exp.add_argument_group("the real job (--real)")
-    real.add_argument(
-        "--real",
-        action="store_true",
-        help="drive the real AgentJob (its system, actors, links and teardown; the SDK's "
-        "outside stood in, on a virtual clock), not the model: breadth first to --depth "
-        "(3 unless given), or walks with --seed, or --replay",
-    )
-    real.add_argument("--config", choices=(*NAMED_CONFIGS, "watchdog"), default="example")
+    real.add_argument("--depth", type=int, metavar="N", help="breadth first to N inputs")
+    real.add_argument("--json", action="store_true", help="print the report as JSON")
+    real.add_argument("--config", choices=tuple(CONFIGS), default="example")
     real.add_argument(
         "--inputs",
         choices=("all", "job", "avatar", "playout"),
@@ -112,35 +68,14 @@ def parser() -> argparse.ArgumentParser:
         "`agent-runtime simulate FILE` replays to the same failure (its expect block "
         "checks every invariant); a run a scenario cannot reproduce is named, with why",
     )
-    return exp
+    return real
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.real:
-        # imported here: the real job needs livekit, which the model's explorer (and its
-        # spawned workers, which import this module) does without
-        from verification.explore.realsearch import run_real
+    # imported here: parsing the options (and --help) needs no livekit
+    from verification.explore.realsearch import run_real
 
-        return run_real(args)
-    if args.depth is not None and args.depth < 0:
-        print(f"{PROG}: --depth must be >= 0", file=sys.stderr)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        print(f"{PROG}: --workers must be >= 1", file=sys.stderr)
-        return 2
-    configs = CONFIG_SETS[args.configs]
-    deep = args.deep or bool(os.environ.get("AGENT_RUNTIME_DEEP"))
-    if deep:
-        plans = deep_plans(configs)
-    else:
-        plans = [Plan(c, g, args.depth) for g in ("job", "avatar") for c in configs]
-    workers = args.workers or os.cpu_count() or 1
-    report = explore_plans(plans, workers=workers)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        print(report.summary())
-    return 0 if report.ok else 1
+    return run_real(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

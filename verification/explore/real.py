@@ -37,9 +37,8 @@ from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_
 from agent_runtime.testing.invariants.checks import Finding, eventual, safety, settled
 from agent_runtime.testing.invariants.playout import PlayoutJudge
 from agent_runtime.testing.invariants.view import JobView
-from verification.conformance.harness import Harness
-from verification.conformance.paths import Step
-from verification.explore.abstract import Config
+from verification.explore.config import Config
+from verification.explore.harness import Harness
 from verification.explore.real_inputs import (
     TIME,
     Inputs,
@@ -48,12 +47,8 @@ from verification.explore.real_inputs import (
     outcomes,
     running_aside,
 )
-from verification.explore.search import NAMED_CONFIGS, PLAYOUT_CONFIGS
 
 _EVENTUAL_LIMIT = 200  # deadlines let pass at a run's end before giving up (a timer loop)
-
-# the configs by name, and the watchdog's; the real job runs playout in every one
-CONFIGS = {**NAMED_CONFIGS, "watchdog": PLAYOUT_CONFIGS[1]}
 
 Snapshot = tuple[Any, ...]
 Setup = Callable[[Harness], Any]
@@ -126,8 +121,7 @@ async def apply(h: Harness, token: str) -> None:
         await h.clock.run_until(deadline)
         await h.quiesce()
         return
-    # the harness's own actions, as the conformance replay drives them
-    await h.do(Step(action=token, label=token, at=h.clock.now()))
+    await h.do(token)
 
 
 @dataclass
@@ -152,7 +146,7 @@ class Violation:
         return (
             f"invariant {self.invariant} violated {where}{seed}: {self.detail}\n"
             f"  path: {','.join(self.path) or '(none)'}\n"
-            f"  replay: python3 dev.py explore --real --replay {','.join(self.path) or '-'}"
+            f"  replay: python3 dev.py explore --replay {','.join(self.path) or '-'}"
             f"{policy}"
         )
 
@@ -212,7 +206,7 @@ async def execute(
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(sdk_task_failures_at_debug)
-    h = Harness(config, playout=True)  # the job as users get it: playout with its avatar
+    h = Harness(config)
     judge = PlayoutJudge(h.job)  # playout's decisions, judged as they are made
     h.tracer.sinks.append(judge)
     if setup is not None:

@@ -16,8 +16,8 @@ from livekit import rtc
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.invariants.checks import LIVE_JOB
 from agent_runtime.testing.invariants.view import JobView
-from verification.conformance.harness import Harness
-from verification.explore.abstract import PEOPLE
+from verification.explore.config import PEOPLE
+from verification.explore.harness import Harness
 
 Inputs = Literal["all", "job", "avatar", "playout"]
 TIME = "time"  # the input "time passes to the clock's next deadline"

@@ -33,10 +33,9 @@ from agent_runtime.runtimes.routing import Wiring
 from statemachines.glue import LINKS, without
 from statemachines.machines import MACHINES
 from statemachines.system import WATCHES
-from verification.conformance.harness import Harness
-from verification.explore.abstract import Config
+from verification.explore.config import CONFIGS, Config
+from verification.explore.harness import Harness
 from verification.explore.real import (
-    CONFIGS,
     Policy,
     Run,
     Setup,
@@ -371,9 +370,9 @@ def replay(
 
 
 def run_real(args: Any) -> int:
-    """``dev.py explore --real``: exit 0 when every invariant holds, 1 with each violation
+    """``dev.py explore``: exit 0 when every invariant holds, 1 with each violation
     (its path, and its seed for a walk), 2 on a usage error."""
-    prog = "dev.py explore --real"
+    prog = "dev.py explore"
     for name in ("depth", "budget", "walks", "steps"):
         value = getattr(args, name)
         if value is not None and value < 0:

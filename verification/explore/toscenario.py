@@ -22,10 +22,9 @@ from typing import Any
 import yaml
 
 from agent_runtime.testing.scenario import HELD_CALLS, parse_scenario
-from verification.conformance.actions import SPEECH
-from verification.conformance.harness import VERDICT
-from verification.conformance.paths import SETTINGS
-from verification.explore.abstract import GRACE_PERIOD, PEOPLE, Config
+from verification.explore.actions import SPEECH
+from verification.explore.config import GRACE_PERIOD, PEOPLE, SETTINGS, Config
+from verification.explore.harness import VERDICT
 from verification.explore.real import Applied
 from verification.explore.real_inputs import TIME
 
@@ -194,7 +193,7 @@ def scenario_of(config_name: str, config: Config, log: Sequence[Applied], title:
         config_out["hold"] = list(held)
     data = {
         "name": title,
-        "description": f"Written by dev.py explore --real (config {config_name}): the "
+        "description": f"Written by dev.py explore (config {config_name}): the "
         "inputs the explorer drove, at the virtual times it drove them; every invariant "
         "is expected to hold.",
         "config": config_out,

@@ -2,7 +2,7 @@
 that assert behaviour notice?
 
     python3 dev.py mutation                # every machine (hours)
-    python3 dev.py mutation --props-examples 50 --explore-depth 4  # minutes
+    python3 dev.py mutation --props-examples 50 --explore-depth 1  # less
     python3 dev.py mutation --machine job --json out.json
     python3 dev.py mutation --system       # the mutants of the system between them
 
@@ -13,12 +13,14 @@ is swapped in for the real spec (``swap``) and judged by the behaviour tests alo
 
 * the suite without the tests marked ``snapshot`` — the golden tables, the hand-written
   per-cell tables, and the paths and counterexamples derived from the specs as written,
-  which catch any cell change by construction — and without the exploration tests, whose
-  invariants are the next stage, the conformance replay (runtime and model read the same
-  changed spec) and this tool's own tests: what is left are the scenario files with their
-  ``expect`` blocks, the runtime and lifecycle tests, the property tests;
-* the exploration of the composed job, to ``--explore-depth``, and its invariants; for
-  the playout machine (not part of that model) its own exploration and guarantees.
+  which catch any cell change by construction — and without the tests of the explorer's
+  command and this tool's own tests: what is left are the scenario files with their
+  ``expect`` blocks, the runtime and lifecycle tests, the property tests, the explorer's
+  tests on the real job;
+* the exploration of the real job with the mutant in force (``explored``: every config
+  breadth first to ``--explore-depth``, then seeded walks) and its invariants; for the
+  playout machine also its table explored against its world (``verification.explore.
+  playout``).
 
 Only the tests in which an actor decided the changed cell run (recorded once, on the
 unchanged specs): a test that never reaches the cell runs as before. A mutant nothing

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from statemachines import MachineSpec, SpecError
 from statemachines.machines import MACHINES
-from verification.explore.mutate import single_cell_mutants
+from verification.mutation.cells import single_cell_mutants
 
 
 @dataclass(frozen=True)

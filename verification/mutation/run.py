@@ -17,21 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from verification.mutation.equivalent import argument
+from verification.mutation.explored import DEPTH as DEFAULT_DEPTH
 from verification.mutation.mutants import Mutant, all_mutants
 
-# what the behaviour tests are: the suite and the bundled scenarios, without the
-# exploration tests (the exploration is a stage of its own), the tests of this tool (its
-# arguments' premises read the specs as written), and the conformance replay (it compares
-# the runtime with the model, and a mutant changes both alike: it judges the glue, which
-# no one-cell change touches; its invariants are the exploration stage's)
+# what the behaviour tests are: the suite and the bundled scenarios, without the tests of
+# the explorer's command (the exploration is a stage of its own) and of this tool (its
+# arguments' premises read the specs as written)
 DEFAULT_PATHS = ("tests", "examples/scenarios")
-IGNORED = (
-    "tests/test_explore.py",
-    "tests/test_explore_cli.py",
-    "tests/test_mutation.py",
-    "tests/test_conformance.py",
-)
-DEFAULT_DEPTH = 6
+IGNORED = ("tests/test_explore_cli.py", "tests/test_mutation.py")
 PROPS_EXAMPLES = "AGENT_RUNTIME_PROPS_EXAMPLES"
 
 
@@ -93,7 +86,7 @@ def _wait(procs: Sequence[tuple[str, subprocess.Popen[bytes]]], workdir: Path) -
             raise RuntimeError(f"worker {name} failed (exit {p.returncode}):\n{tail}")
 
 
-def record_coverage(paths: Sequence[str], depth: int | None, workdir: Path) -> dict[str, Any]:
+def record_coverage(paths: Sequence[str], depth: int, workdir: Path) -> dict[str, Any]:
     """Run the behaviour tests once on the unchanged specs: per test its outcome, time and
     decided cells; and the cells the exploration steps."""
     job: dict[str, Any] = {
@@ -284,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--explore-depth",
         type=int,
         default=DEFAULT_DEPTH,
-        help=f"the exploration stage's depth (default {DEFAULT_DEPTH}; -1: no exploration)",
+        help=f"the exploration stage's breadth-first depth in each config, before its walks "
+        f"(default {DEFAULT_DEPTH}; -1: no exploration)",
     )
     ap.add_argument(
         "--props-examples",
@@ -337,18 +331,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cell:
         wanted = {tuple(c.split(",", 1)) for c in args.cell}
         mutants = [m for m in mutants if (m.state, m.event) in wanted]
-    depth = None if args.explore_depth == 0 else args.explore_depth
+    depth = args.explore_depth
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         workdir = Path(tmp)
         t1 = time.perf_counter()
         if args.coverage and Path(args.coverage).is_file():
             coverage = json.loads(Path(args.coverage).read_text())
             explored = coverage.get("explore")
-            recorded = explored["depth"] if explored else None  # None: unbounded
             # a shallower exploration than the one recorded: judge at that depth
-            if explored and args.explore_depth < 0:
+            if explored and depth < 0:
                 coverage["explore"] = None
-            elif explored and depth is not None and (recorded is None or depth < recorded):
+            elif explored and depth < explored["depth"]:
                 explored["depth"] = depth
         else:
             coverage = record_coverage(args.tests, depth, workdir)
@@ -389,7 +382,7 @@ def _system(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
 
     if args.machine or args.cell or args.resume or args.check_arguments:
         ap.error("--system takes none of --machine, --cell, --resume, --check-arguments")
-    depth = None if args.explore_depth == 0 else args.explore_depth
+    depth = args.explore_depth
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         try:
             return system_main(

@@ -5,7 +5,7 @@ machines follow the room reversed, a step's share or its ``after`` dropped.
 The system is data (``statemachines.glue.LINKS``, ``statemachines.routing.ROUTES``,
 ``statemachines.system``'s ``WATCHES``, ``FOLLOW_ORDER``, ``TEARDOWN``, ``RELEASE``) that the
 runtime reads where it was imported, and as the default of a few parameters
-(``Wiring(links=LINKS)``, ``watched(watches=WATCHES)``, the explorer's ``links=``/``watches=``).
+(``Wiring(links=LINKS)``, ``watched(watches=WATCHES)``).
 ``applied`` puts a changed declaration wherever the original object is read, by identity,
 as ``swap.swapped`` does for a spec, and puts it back after; a change of how links are
 delivered patches the one delivery function instead. ``Touches`` records, per test, which
@@ -35,9 +35,6 @@ class SystemMutant:
     touches: tuple[Touch, ...]  # a test that reached any of these (prefixes) is selected
     replace: tuple[tuple[object, object], ...] = ()  # original -> changed declaration
     patch: Callable[[], AbstractContextManager[Any]] | None = None  # a delivery changed
-    # whether the exploration's model reads what it changes (it hand-writes the teardown
-    # order and fires links as part of its effect's step, so those mutants are not its)
-    explores: bool = False
     min_followers: int = 0  # selected only where this many machines follow the room
 
     def selects(self, touched: frozenset[Touch] | set[Touch]) -> bool:
@@ -281,7 +278,6 @@ def system_mutants() -> list[SystemMutant]:
                 f"the watch {w.source} -> {w.target}.{w.event} removed ({w.note})",
                 (key,),
                 replace=((WATCHES, tuple(x for x in WATCHES if x is not w)),),
-                explores=True,
             )
         )
     chosen = (
@@ -303,7 +299,6 @@ def system_mutants() -> list[SystemMutant]:
                 f"the link {key.removeprefix('link ')} removed",
                 (key,),
                 replace=((LINKS, tuple(k for k in LINKS if k is not link)),),
-                explores=True,
             )
         )
     reversed_order = tuple(reversed(FOLLOW_ORDER))
@@ -321,7 +316,6 @@ def system_mutants() -> list[SystemMutant]:
                     tuple(sorted(delivery.FOLLOWERS, key=lambda m: rank.get(m, len(rank)))),
                 ),
             ),
-            explores=True,
             min_followers=2,
         )
     )
@@ -339,7 +333,6 @@ def system_mutants() -> list[SystemMutant]:
                 f"the room route {fact} -> {machine}.{event} removed",
                 (key,),
                 replace=((ROUTES, tuple(r for r in ROUTES if r is not route)),),
-                explores=True,
             )
         )
     return out

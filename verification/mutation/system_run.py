@@ -1,9 +1,9 @@
 """``python3 dev.py mutation --system``: the mutants of the system between the machines
 (``system``), each judged by the behaviour tests that reach what it changes, then, if it
-survives them and the model reads what it changes, by the exploration.
+survives them, by the exploration of the real job with it in force.
 
-The tests are the cell mutants' (the suite without ``snapshot`` and the exploration,
-conformance and mutation tests); a coverage run on the unchanged system records which
+The tests are the cell mutants' (the suite without ``snapshot`` and the explorer's command
+and mutation tests); a coverage run on the unchanged system records which
 parts of the system each one reaches, and a mutant runs only the tests that reached its
 part, fastest first, until one fails under it and passes without it.
 """
@@ -73,19 +73,19 @@ def judge_system(
     *,
     workers: int,
     workdir: Path,
-    explore_depth: int | None,
+    explore_depth: int,
 ) -> list[SystemVerdict]:
     from verification.mutation.run import _wait, _worker, shares_of
 
     if any("system" not in t for t in coverage["tests"].values()):
         raise ValueError("this coverage file has no system touches: record it again")
     verdicts = {m.name: SystemVerdict(m) for m in mutants}
-    explore = explore_depth is None or explore_depth >= 0
+    explore = explore_depth >= 0
     todo: list[tuple[float, dict[str, Any]]] = []
     for m in mutants:
         tests = selected_tests(m, coverage)
         v = verdicts[m.name]
-        v.reached, v.explored = len(tests), explore and m.explores
+        v.reached, v.explored = len(tests), explore
         if not tests and not v.explored:
             continue
         cost = sum(s for _, s in tests) + (30.0 if v.explored else 0.0)
@@ -135,7 +135,7 @@ def system_main(
     tests: Sequence[str],
     coverage_file: str | None,
     workers: int,
-    explore_depth: int | None,
+    explore_depth: int,
     json_out: str | None,
     workdir: Path,
 ) -> int:

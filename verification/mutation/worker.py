@@ -18,7 +18,6 @@ run, draws the same examples.
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 import os
 import signal
@@ -72,14 +71,14 @@ def _same_examples_everywhere() -> None:
     providers._get_local_constants = lambda: empty
 
 
-def _explore(depth: int | None, specs: dict[str, Any] | None, stop_at_first: bool) -> Any:
-    from verification.explore import explore
+def _explore(depth: int) -> str:
+    from verification.mutation.explored import explore
 
-    return explore(depth, specs=specs, count=False, stop_at_first=stop_at_first)
+    return explore(depth)
 
 
-# the playout machine is not in the composed job's model: its own exploration judges it,
-# in every option world its tests explore (watchdog on/off, 0 to 2 re-prompts)
+# the playout machine's own table is explored against its world too, in every option world
+# its tests explore (watchdog on/off, 0 to 2 re-prompts)
 PLAYOUT_WORLDS = tuple((watchdog, n) for watchdog in (True, False) for n in (0, 1, 2))
 
 
@@ -128,16 +127,16 @@ class _Coverage:
     def finish(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tests": self.tests, "explore": None}
         depth = self.job.get("explore_depth", -1)
-        if depth is None or depth >= 0:
-            importlib.import_module("verification.explore.playout")  # before the wrap
+        if depth >= 0:
             t0 = time.perf_counter()
             visits = Visits()
+            with visits.installed():
+                found = _explore(depth)
             with visits.installed(pure=True):
-                report = _explore(depth, None, False)
-                playout = _explore_playout(MACHINES["playout"])
+                found = found or _explore_playout(MACHINES["playout"])
             out["explore"] = {
                 "depth": depth,
-                "ok": report.ok and not playout,
+                "ok": not found,
                 "seconds": time.perf_counter() - t0,
                 "cells": sorted(visits.cells),
             }
@@ -238,18 +237,16 @@ class _Mutants:
                 result["status"], result["by"] = "killed", found
         elif result["status"] == "survived" and want["explore"]:
             with swapped(original, m.spec):
-                report = _explore(self.job["explore_depth"], {m.machine: m.spec}, True)
-            if report.violations:
-                v = min(report.violations, key=lambda v: (v.invariant, len(v.steps)))
-                result["status"] = "killed"
-                result["by"] = f"exploration: invariant {v.invariant} ({v.detail})"
+                found = _explore(self.job["explore_depth"])
+            if found:
+                result["status"], result["by"] = "killed", found
         result["seconds"] = time.perf_counter() - t0
         return result
 
     def judge_system(self, run: Any) -> None:
         """The system mutants the job names: each one's tests, fastest first, until one
-        fails under it and passes without it; then, if none did and the model reads what
-        it changes, the exploration with it in force."""
+        fails under it and passes without it; then, if none did, the exploration with it
+        in force."""
         mutants = {m.name: m for m in by_name([w["key"] for w in self.job["mutants"]])}
         for want in self.job["mutants"]:
             m: SystemMutant = mutants[want["key"]]
@@ -274,13 +271,11 @@ class _Mutants:
                     continue
                 result["status"], result["by"] = "killed", f"{nodeid} ({outcome})"
                 break
-            if result["status"] == "survived" and want["explore"] and m.explores:
+            if result["status"] == "survived" and want["explore"]:
                 with applied(m):
-                    report = _explore(self.job["explore_depth"], None, True)
-                if report.violations:
-                    v = min(report.violations, key=lambda v: (v.invariant, len(v.steps)))
-                    result["status"] = "killed"
-                    result["by"] = f"exploration: invariant {v.invariant} ({v.detail})"
+                    found = _explore(self.job["explore_depth"])
+                if found:
+                    result["status"], result["by"] = "killed", found
             result["seconds"] = time.perf_counter() - t0
             self.results.append(result)
             with open(self.job["out"] + ".log", "a") as log:

@@ -1,4 +1,4 @@
-"""A real ``AgentJob`` driven one model move at a time, and its view.
+"""A real ``AgentJob`` driven one input at a time, and its view.
 
 What runs is the runtime an agent embeds: ``AgentJob`` over an ``InMemoryRoom`` (a real
 ``rtc.Room`` with no connection), real ``AgentSession``s, the job-owned session host with
@@ -17,7 +17,6 @@ What the harness sees of the job, and the job's view, come from ``observe``.
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from livekit import rtc
@@ -35,11 +34,15 @@ from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTranspor
 from agent_runtime.testing.invariants.observe import Observed, runtime_view
 from agent_runtime.testing.invariants.view import JobView
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
-from statemachines.machines import MACHINES
-from verification.conformance.actions import ACTIONS
-from verification.conformance.paths import BOUND, DRAIN_TIMEOUT, SETTINGS, WAIT, Step
-from verification.conformance.speaker import RoomSpeaker
-from verification.explore.abstract import GRACE_PERIOD, MAX_REPROMPTS, PEOPLE, Config
+from verification.explore.actions import ACTIONS
+from verification.explore.config import (
+    GRACE_PERIOD,
+    MAX_REPROMPTS,
+    PEOPLE,
+    SETTINGS,
+    Config,
+)
+from verification.explore.speaker import RoomSpeaker
 
 _CLOSE_LIMIT = 10.0  # seconds of the loop a session's released close may take (it never should)
 VERDICT = "the harness vetoes this run"
@@ -63,12 +66,10 @@ class _RoomBoundTransport(InMemorySessionTransport):
 
 
 class Harness:
-    """One ``AgentJob`` set up as the model's ``initial()`` world, driven by path steps."""
+    """One ``AgentJob`` as users get it (playout on with its avatar), set up as
+    ``config`` says, driven one input at a time."""
 
-    def __init__(self, config: Config, *, playout: bool = False) -> None:
-        """``playout``: the job as users get it, the playout machine on with its avatar
-        (the real explorer's); off, the job the model without playout describes (the
-        conformance replay's)."""
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.clock = VirtualClock()
         self.trace = MemorySink()
@@ -86,7 +87,7 @@ class Harness:
         self.verdicts: list[Gate] = []
         self.deletion_gates: list[Gate] = []
         self.callback: Gate = Gate()
-        self.other = 0  # requests sent that the model follows no reply of
+        self.other = 0  # requests sent whose replies the view does not follow
         self.reprompts = 0  # the playout watchdog's re-prompts
         self._bg: set[asyncio.Task[Any]] = set()
         self.job: AgentJob = AgentJob(
@@ -108,8 +109,8 @@ class Harness:
             session_end_timeout=SETTINGS["session_end_timeout"],
             close_timeout=SETTINGS["close_timeout"],
             delete_room_on_close=config.delete_room_on_close,
-            playout=self._playout(config) if playout else False,
-            on_reprompt=self._reprompt if playout and config.watchdog != "off" else None,
+            playout=self._playout(config),
+            on_reprompt=self._reprompt if config.watchdog != "off" else None,
             clock=self.clock,
             tracer=self.tracer,
             otel=False,
@@ -120,10 +121,6 @@ class Harness:
             on_simulation_end=self._on_simulation_end,
             delete_room=self._delete_room,
             remove_avatar_participant=self._remove_avatar,
-        )
-        # the walker times the host's drain with the bound the job gives it
-        assert math.isclose(
-            self.job.system.host.actor._settings["drain_timeout"] or 0, DRAIN_TIMEOUT
         )
         self.job.add_shutdown_callback(self._shutdown_callback)
         self.observed.watch_job(self.job)
@@ -181,7 +178,7 @@ class Harness:
 
     # -- start, drive, look ------------------------------------------------------------------
     async def start(self) -> None:
-        """The model's initial world: the room connected with ``config.present`` in it, the
+        """The run's start: the room connected with ``config.present`` in it, the
         session started and attached, the link following, the avatar not started."""
         self.room.connect_locally()
         for who in self.config.present:
@@ -244,30 +241,16 @@ class Harness:
                 kind = "verdict" if resp.HasField("finalize_simulation") else "error"
                 self.observed.replies.setdefault(resp.request_id, []).append(kind)
 
-    async def do(self, step: Step) -> None:
-        """Do what the step says, then let everything it causes settle."""
-        act = ACTIONS.get(step.action.partition(":")[0])
-        if step.action.startswith("timeout:") or step.action in (BOUND, WAIT):
-            await self._time_passes(step)
-        elif act is None:
-            raise KeyError(f"the harness cannot do {step.action!r} ({step.label})")
-        else:
-            res = act(self, step.action.partition(":")[2])
-            if asyncio.iscoroutine(res):
-                await res
+    async def do(self, action: str) -> None:
+        """Do one input (``ACTIONS``: ``NAME`` or ``NAME:ARG``), then let everything it
+        causes settle."""
+        name, _, arg = action.partition(":")
+        if (act := ACTIONS.get(name)) is None:
+            raise KeyError(f"the harness cannot do {action!r}")
+        res = act(self, arg)
+        if asyncio.iscoroutine(res):
+            await res
         await self.quiesce()
-
-    async def _time_passes(self, step: Step) -> None:
-        machine = step.action.removeprefix("timeout:")
-        if machine in MACHINES:
-            actor = {a.spec.name: a for a in self.job.actors}[machine]
-            deadline = actor.timer_deadline
-            if deadline is None or not math.isclose(deadline, step.at):
-                raise AssertionError(
-                    f"{step.label}: the model's timer is due at t={step.at:g}, the runtime's "
-                    f"{machine} timer at {deadline}"
-                )
-        await self.clock.run_until(step.at)
 
     async def aclose(self) -> None:
         """Release everything: every gate told to go on, the job closed, time run out."""

@@ -19,11 +19,11 @@ from agent_runtime.testing.clock import settle
 from agent_runtime.testing.invariants.checks import LIVE_JOB
 from agent_runtime.testing.invariants.observe import Sent
 from agent_runtime.testing.wire import build_request
-from verification.explore.abstract import PEOPLE
+from verification.explore.config import PEOPLE
 
 if TYPE_CHECKING:
     from agent_runtime.testing.held import Gate
-    from verification.conformance.harness import Harness
+    from verification.explore.harness import Harness
 
 SPEECH = 1.0  # seconds of audio in each of the agent's replies
 

@@ -2,21 +2,16 @@
 
 The copies are made with ``model_copy``, which skips validation on purpose: a changed
 cell may well break a rule the spec model enforces (a final state that moves, a row left
-unreachable), and the point is what the exploration makes of it.
+unreachable), and the point is what the tests and the explorer make of it.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from statemachines import MachineSpec, Row
-from statemachines.spec import Cell, SpecError
-from verification.explore.model import Inputs
+from statemachines.spec import Cell
 
 
 def set_cell(
@@ -115,58 +110,3 @@ def single_cell_mutants(
                         f"{where} {kind} -> {d or 'internal'}",
                         set_cell(spec, state, event, rows=[row]),
                     )
-
-
-@dataclass(frozen=True)
-class MutantOutcome:
-    label: str
-    killed_by: tuple[int, ...]  # the invariants reported; empty: the change went unnoticed
-    steps: tuple[str, ...]  # the shortest sequence to the first one reported
-    refused: str = ""  # the spec model itself refuses the changed table (and why)
-
-    @property
-    def noticed(self) -> bool:
-        return bool(self.killed_by or self.refused)
-
-
-def _judge(depth: int | None, item: tuple[str, str, MachineSpec]) -> MutantOutcome:
-    from verification.explore.search import DEFAULT_CONFIGS, Plan, explore_plan
-
-    label, machine, spec = item
-    try:
-        MachineSpec.model_validate(spec.model_dump())
-    except SpecError as e:
-        return MutantOutcome(label, (), (), refused=str(e))
-    found: dict[int, tuple[str, ...]] = {}
-    groups: tuple[Inputs, ...] = ("job", "avatar")
-    for group in groups:
-        for cfg in DEFAULT_CONFIGS:
-            res = explore_plan(
-                Plan(cfg, group, depth),
-                specs={machine: spec},
-                stop_at_first=True,
-                count=False,
-            )
-            for v in res.violations:
-                found.setdefault(v.invariant, v.steps)
-            if found:
-                first = min(found)
-                return MutantOutcome(label, tuple(sorted(found)), found[first])
-    return MutantOutcome(label, (), ())
-
-
-def judge_mutants(
-    specs: Iterable[MachineSpec], *, depth: int | None = 6, workers: int = 1
-) -> list[MutantOutcome]:
-    """Explore every single-cell mutant of ``specs`` (stopping at the first violation)
-    and say which invariants noticed it."""
-    items = [
-        (label, spec.name, m)
-        for spec in specs
-        for label, m in single_cell_mutants(spec, behavioural=True)
-    ]
-    if workers <= 1:
-        return [_judge(depth, it) for it in items]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(partial(_judge, depth), items, chunksize=4))
