@@ -1,8 +1,8 @@
 """How a room fact and an effect's outcome reach the machines of one job, written once.
 
-The runtime (``agent_runtime.runtimes.routing``: each machine's room follower, the job's ``Wiring``)
-and the explorer's model (``verification.explore.model``) both deliver through these
-functions, so the model cannot drift from what the runtime does: which machines hear a fact
+The runtime (``agent_runtime.runtimes.routing``: each machine's room follower, the job's
+``Wiring``) delivers through these functions, and the diagrams and the mutation tool read
+them: which machines hear a fact
 and in which order (``statemachines.system.FOLLOW_ORDER``), which of a machine's routes a
 fact fires (``statemachines.routing.ROUTES``, conditions from
 ``statemachines.glue.ROOM_CONDITIONS``), and which declared links an effect posts

@@ -1,18 +1,17 @@
-"""The glue between the machines, defined once: what the runtime decides by, and what the
-explorer's model reads.
+"""The glue between the machines, defined once: what the runtime decides by.
 
 Pure (no livekit, no I/O, no clock). Three kinds of declaration:
 
 * **guards**: every guard of every spec, as a function of a small facts view of its machine
   (a ``Protocol`` below) and of the event's data. The runtimes evaluate them on facts read
-  from live objects; the explorer's model on its abstract world. ``GUARDS`` lists them by
-  machine (a test keeps it equal to the specs' guards).
+  from live objects. ``GUARDS`` lists them by machine (a test keeps it equal to the
+  specs' guards).
 * **room conditions**: the named conditions of ``statemachines.routing``'s routes, as
   functions of the fact and of what the job knew just before it (``ROOM_CONDITIONS``), and
   how that knowledge follows the facts (``simulators_after``).
 * **links**: an effect, or a session of the job closing, posting an event to another
   machine (``LINKS``). The runtime's wiring (``agent_runtime.runtimes.routing.Wiring``)
-  posts exactly these; the model follows the same table.
+  posts exactly these.
 """
 
 from __future__ import annotations
@@ -391,7 +390,7 @@ def simulators_after(simulators: frozenset[str], fact: Fact) -> frozenset[str]:
 
 # -- links ----------------------------------------------------------------------------------------
 
-# the conditions a link may carry, each a flag the runtime (and the model) knows
+# the conditions a link may carry, each a flag the runtime knows
 LINK_FLAGS: Mapping[str, str] = MappingProxyType(
     {
         "delete_room_on_close": "the job deletes the room when it closes",

@@ -120,7 +120,7 @@ def follow(
     The machines of a job hear each fact in ``statemachines.system.FOLLOW_ORDER``, whatever
     order they were started in. Each route's conditions are evaluated on ``facts`` (what the
     runtime knows of the room) just before ``after`` updates it."""
-    # the delivery is statemachines.delivery's, which the explorer's model imports too
+    # the delivery is statemachines.delivery's, declared once
     follower = _Follower(routes_by_fact(machine), facts or NoRoom(), post, after)
     return adapter.subscribe(follower, rank=follow_rank(machine))
 

@@ -6,8 +6,8 @@ close, the avatar provider's start) awaits ``gate.outcome()``; the test says how
 with ``gate.open(word)``. ``hang`` is a word too: the call then never ends.
 
 ``Held`` is the scenario runner's set of such calls: the ones ``config.hold`` names wait
-for a ``held.end`` step, the others end at once, as they always did. The conformance
-harness and the real explorer hold every call with the same ``Gate``.
+for a ``held.end`` step, the others end at once, as they always did. The explorer's
+harness holds every call with the same ``Gate``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What must hold in a composed job, written once, over its view (``view.JobView``).
 
-The explorer checks its model's worlds with these, the property tests and the conformance
-replay check the real ``AgentJob`` with the same functions. Three kinds, by when they apply:
+The explorer of the real job and the property tests check a real ``AgentJob`` with these.
+Three kinds, by when they apply:
 
 * ``safety``: in every state reached, mid-cascade included;
 * ``settled``: where nothing is left to run but inputs (every mailbox empty, no work

@@ -1,6 +1,6 @@
 """What a test sees of a real ``AgentJob`` from outside (``Observed``), and the job's view
-(``runtime_view``): the ``JobView`` the shared invariants (``checks``) read and the
-conformance replay compares with the model's. The property tests build theirs here too."""
+(``runtime_view``): the ``JobView`` the shared invariants (``checks``) read, for the
+explorer of the real job, the property tests and a scenario's ``expect`` block."""
 
 from __future__ import annotations
 
@@ -84,10 +84,9 @@ def runtime_view(
     session: str,
 ) -> JobView:
     """The ``JobView`` of a real job: its machines and facts, what the test observed
-    (``observed``), its trace (``records``), its sessions by the model's names (``A`` the
+    (``observed``), its trace (``records``), its sessions by name (``A`` the
     primary) and the primary session's close as the test knows it (``session``)."""
-    # the machines the composed model has, the job's own lifecycle among them, and playout
-    # when the job runs it (the real explorer's job; the replay's runs without it)
+    # every machine of the job, its own lifecycle among them, and playout when it runs
     actors = {a.spec.name: a for a in job.actors if a.spec.name in MACHINES}
     states = {name: a.state for name, a in actors.items()}
     host = job.system.host

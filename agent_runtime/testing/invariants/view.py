@@ -1,15 +1,14 @@
-"""One view of a job's state: what the invariants read and the conformance replay compares.
+"""One view of a job's state: what the invariants read.
 
-A ``JobView`` is plain data. The explorer builds it from a world of its model
-(``Model.view``); the property tests and the conformance replay build it from a real
-``AgentJob`` and what the test saw (``verification.conformance.runtime_view``). The
-invariants (``checks``) are written once, over this view.
+A ``JobView`` is plain data, built from a real ``AgentJob`` and what the test saw
+(``observe.runtime_view``): by the explorer of the real job, the property tests and a
+scenario's ``expect: invariants``. The invariants (``checks``) are written once, over it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -65,39 +64,5 @@ class JobView:
     # another replaced it): the host heard its close and, as its table says, did not report
     # it to the job
     primary_closed_detached: bool = False
-    # of the audio pending, segments whose end was pushed (handed off). Last: the model
-    # builds its view by position
+    # of the audio pending, segments whose end was pushed (handed off)
     audio_ended: bool = False
-
-
-# what the conformance replay compares after every step: what a user of the job would see
-# (the marks and the closed actors are the checks' business, not the comparison's)
-COMPARED: tuple[str, ...] = (
-    "states",
-    "audio_route",
-    "room_connected",
-    "linked",
-    "session",
-    "attached",
-    "forwarded",
-    "finalize_answered",
-    "requests",
-    "deletions",
-    "timers",
-    "tasks",
-)
-
-
-def differences(model: JobView, runtime: JobView, names: tuple[str, ...] = COMPARED) -> list[str]:
-    """``field: model ... runtime ...`` for every compared field that differs."""
-    out = []
-    known = {f.name for f in fields(JobView)}
-    for name in names:
-        if name not in known:
-            raise ValueError(f"JobView has no field {name!r}")
-        a, b = getattr(model, name), getattr(runtime, name)
-        if isinstance(a, Mapping):
-            a, b = dict(a), dict(b)
-        if a != b:
-            out.append(f"{name}: model {a!r}, runtime {b!r}")
-    return out
