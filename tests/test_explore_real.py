@@ -123,6 +123,22 @@ def test_the_example_config_holds_its_invariants_to_a_small_depth() -> None:
     assert walked.ok, walked.summary()
 
 
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_config_holds_its_invariants_two_inputs_deep_and_on_300_walks(name: str) -> None:
+    """The exhaustive tier's exploration: every config breadth first to two inputs (the
+    stand-ins' outcomes within a layer), then 300 seeded walks of 25 inputs."""
+    config = CONFIGS[name]
+    report = bfs(config, name, depth=2)
+    print(report.summary())
+    assert report.ok, report.summary()
+    assert report.depth == 2 and report.states > 150 and not report.budget_hit
+    walked = walks(config, name, seed=0, count=300, steps=25)
+    print(walked.summary())
+    assert walked.ok, walked.summary()
+    assert walked.states > report.states
+
+
 def test_a_link_the_runtime_does_not_deliver_is_found_and_replayed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -739,3 +739,21 @@ def test_system_mutants_are_killed_by_their_named_tests(
     assert {r["key"]: (r["status"], r["by"].split(" (")[0]) for r in results} == {
         name: ("killed", test) for name, test in SYSTEM_KILLS.items()
     }
+
+
+def test_the_exploration_stage_kills_a_mutant_no_test_noticed(tmp_path: Path) -> None:
+    """A mutant whose tests all pass is explored on the real job with it in force: the
+    shutdown that skips the hold for the simulator breaks invariant 7 on a walk."""
+    from verification.mutation.worker import _Mutants
+
+    label = "job (serving, shutdown) [hold_needed] -> closing"
+    job = MACHINES["job"]
+    m = mutant(job, label)
+    judge = _Mutants({"explore_depth": 0, "out": str(tmp_path / "out.json")})
+    result = judge.judge(m, {"tests": [], "explore": True}, lambda nodeid, budget: "passed")
+    assert result["status"] == "killed", result
+    assert result["by"].startswith("exploration: example, ")
+    assert "invariant 7 (job went serving -> closing on shutdown with the hold needed)" in (
+        result["by"]
+    )
+    assert MACHINES["job"] is job  # the swap was undone
