@@ -1,7 +1,7 @@
 """Scenario files hold the world's outside work (``config.hold``) and end it with
 ``held.end`` steps: a deletion that fails, a callback or a session's close that hangs, a
 verdict that comes late, an avatar provider that fails after its route or returns with
-none. The stand-in is the testing kit's ``Gate``, the one the conformance harness holds."""
+none. The stand-in is the testing kit's ``Gate``, the one the explorer's harness holds."""
 
 from __future__ import annotations
 

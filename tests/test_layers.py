@@ -31,7 +31,7 @@ RANKS = {
     "front": 5,  # agent_runtime/__init__.py: the public names
     "testing": 6,  # the testing kit
     "tools": 7,  # the CLI (it runs scenarios with the testing kit)
-    # the project's checks of its own machines (explore, conformance, mutation): a dev
+    # the project's checks of its own machines (explore, mutation): a dev
     # folder, not in the wheel, so nothing installed may import it
     "verification": 8,
 }

@@ -753,7 +753,8 @@ def test_the_exploration_stage_kills_a_mutant_no_test_noticed(tmp_path: Path) ->
     result = judge.judge(m, {"tests": [], "explore": True}, lambda nodeid, budget: "passed")
     assert result["status"] == "killed", result
     assert result["by"].startswith("exploration: example, ")
-    assert "invariant 7 (job went serving -> closing on shutdown with the hold needed)" in (
-        result["by"]
+    assert (
+        "invariant 7 (job went serving -> closing on shutdown with the hold needed)"
+        in (result["by"])
     )
     assert MACHINES["job"] is job  # the swap was undone

@@ -11,7 +11,7 @@ session closes, job shutdown; with room deletion, shutdown callbacks, ``on_simul
 the plugin's start and the avatar's removal raising or hanging forever.
 
 After every step, the invariants the explorer checks (``explore.checks``, written once over
-the job's ``JobView``; ``World.view`` builds it as the conformance replay does): the agent's
+the job's ``JobView``; ``World.view`` builds it as the explorer does): the agent's
 audio never points at an avatar outside the states where its route may be in;
 ``lk.clear_buffer`` goes out only while joined; the room is never deleted while the job is
 ``serving`` or ``awaiting_finalize``, nor twice; at most one session's events are forwarded;

@@ -442,9 +442,9 @@ class World:
 
     # -- what happened -------------------------------------------------------------------------
     def view(self) -> JobView:
-        """The job's ``JobView``, as the explorer's invariants read it (and the conformance
-        replay builds it): the sessions by name (``A`` the primary), the finalize requests
-        the transport took and their replies, the deletions and the clear RPCs."""
+        """The job's ``JobView``, as the explorer's invariants read it: the sessions by
+        name (``A`` the primary), the finalize requests the transport took and their
+        replies, the deletions and the clear RPCs."""
         obs = self.observed
         obs.sent = [
             Finalize(rid, s.simulator, s.simulator and s.job_state in LIVE_JOB)

@@ -74,7 +74,7 @@ def _shutdown(h: Harness, _: str) -> None:
     primary = h.sessions["A"]
     if lk.session_live(primary):
         lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)
-    h.job.shutdown("the conformance test ends it")
+    h.job.shutdown("the explorer ends it")
 
 
 async def _interrupt(h: Harness, playing: bool) -> None:

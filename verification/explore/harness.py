@@ -74,7 +74,7 @@ class Harness:
         self.clock = VirtualClock()
         self.trace = MemorySink()
         self.tracer = Tracer(self.trace)  # a checker may add its own sink
-        self.room: InMemoryRoom = InMemoryRoom(name="conformance", clock=self.clock)
+        self.room: InMemoryRoom = InMemoryRoom(name="explored", clock=self.clock)
         self.observed = Observed()
         agent_end, self.simulator = _RoomBoundTransport(), InMemorySessionTransport()
         agent_end._peer, self.simulator._peer = self.simulator, agent_end
@@ -115,7 +115,7 @@ class Harness:
             tracer=self.tracer,
             otel=False,
             transport=agent_end,
-            simulation=SimulationDispatch(simulation_run_id="RUN_conformance")
+            simulation=SimulationDispatch(simulation_run_id="RUN_explored")
             if config.simulation
             else None,
             on_simulation_end=self._on_simulation_end,
@@ -185,7 +185,7 @@ class Harness:
             p = PEOPLE[who]
             self.room.add_participant(p.identity, kind=p.kind, attributes=dict(p.attributes))
         await self.job.start_runtime()
-        await self.job.start_session(Agent(instructions="A conformance agent."))
+        await self.job.start_session(Agent(instructions="An explored agent."))
         # the room's track plays on the job's clock (no server plays RoomIO's own)
         self.sessions["A"].output.replace_audio_tail(RoomSpeaker(self.room, self.clock))
         await self.quiesce()
@@ -200,7 +200,7 @@ class Harness:
         )
 
     def bg(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"conformance:{name}")
+        task = asyncio.get_running_loop().create_task(coro, name=f"harness:{name}")
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
         # a user's call that fails (start_avatar() once the job closed) is the job's

@@ -1,7 +1,7 @@
 """The real system, driven one input at a time: what the explorer of the real job
 (``verification.explore.realsearch``) chooses from, and what it dedups on.
 
-A run is a fresh conformance ``Harness`` (a real ``AgentJob``: its ``JobSystem`` with its
+A run is a fresh ``Harness`` (a real ``AgentJob``: its ``JobSystem`` with its
 actors, scheduler, links, watches and teardown; only the SDK's outside stood in, on a
 ``VirtualClock`` whose advance moves the ``VirtualTimeLoop`` it runs on, so the SDK's own
 timers are virtual too) driven through a path of inputs. After every input:

@@ -157,7 +157,7 @@ def _avatar_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
     out.append("interrupt")
     if state == "joined":
         out.append("interrupt_idle")
-    if "conformance:avatar.aclose" not in running_aside(h):
+    if "harness:avatar.aclose" not in running_aside(h):
         out.append("avatar_close")
     return out + _playout_inputs(h, view)
 

@@ -108,7 +108,7 @@ class RealReport:
 
 def drop_link(spec: str) -> Setup:
     """A fault for the harness: the runtime does not deliver the link ``SOURCE:ON:TARGET``
-    (``statemachines.glue.without``), as ``tests/test_conformance.py`` plants it."""
+    (``statemachines.glue.without``), as ``tests/test_explore_real_drops.py`` plants it."""
     source, on, target = spec.split(":")
     if without(LINKS, source, on, target) == LINKS:
         raise ValueError(f"no link {spec} in statemachines.glue.LINKS")

@@ -64,7 +64,7 @@ _STEPS: dict[str, dict[str, Any]] = {
                   "request": "finalize_simulation", "payload": {"provisional_success": "yes"}},
     "attach_b": {"event": "session.attach", "session": "B"},
     "close_a": {"event": "session.close", "reason": "user_initiated"},
-    "shutdown": {"event": "job.shutdown", "reason": "the conformance test ends it"},
+    "shutdown": {"event": "job.shutdown", "reason": "the explorer ends it"},
     "aclose": {"event": "job.aclose"},
     "abort": {"event": "job.aclose", "graceful": False},
     "avatar_start": {"event": "avatar.start"},
