@@ -742,19 +742,36 @@ def test_system_mutants_are_killed_by_their_named_tests(
 
 
 def test_the_exploration_stage_kills_a_mutant_no_test_noticed(tmp_path: Path) -> None:
-    """A mutant whose tests all pass is explored on the real job with it in force: the
-    shutdown that skips the hold for the simulator breaks invariant 7 on a walk."""
+    """A mutant whose tests all pass is explored on the real job with it in force, from
+    the runs that decided its cell: the shutdown that skips the hold for the simulator
+    breaks invariant 7 on the run that asks for the shutdown."""
     from verification.mutation.worker import _Mutants
 
     label = "job (serving, shutdown) [hold_needed] -> closing"
     job = MACHINES["job"]
     m = mutant(job, label)
     judge = _Mutants({"explore_depth": 0, "out": str(tmp_path / "out.json")})
-    result = judge.judge(m, {"tests": [], "explore": True}, lambda nodeid, budget: "passed")
+    want = {"tests": [], "explore": True, "paths": [["example", "shutdown"]]}
+    result = judge.judge(m, want, lambda nodeid, budget: "passed")
     assert result["status"] == "killed", result
-    assert result["by"].startswith("exploration: example, ")
-    assert (
-        "invariant 7 (job went serving -> closing on shutdown with the hold needed)"
-        in (result["by"])
+    assert result["by"] == (
+        "exploration: example, breadth first: invariant 7 (job went serving -> closing on "
+        "shutdown with the hold needed) after shutdown"
     )
     assert MACHINES["job"] is job  # the swap was undone
+    # no run decided the cell: nothing can tell the mutant apart, nothing is explored
+    none = judge.judge(m, {**want, "paths": []}, lambda nodeid, budget: "passed")
+    assert none["status"] == "survived"
+
+
+def test_the_coverage_keeps_the_shortest_runs_that_decided_each_cell() -> None:
+    from verification.mutation.explored import PATHS, reach
+
+    found = reach(1, walks_=0)
+    shutdown = found["job|serving|shutdown"]
+    assert 1 <= len(shutdown) <= PATHS
+    # one input, the shortest: the shutdown, or the user's aclose() that asks for it
+    assert {path for _, path in shutdown} == {("shutdown",), ("aclose",)}
+    # the job's start decides cells before any input: their runs are the empty path
+    assert ("example", ()) in found["agent_job|new|follow_room"]
+    assert "room_deletion|kept|close" not in found  # the job allows before it releases

@@ -159,6 +159,8 @@ class Run:
     path: list[str] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
     entered: frozenset[tuple[str, str]] = frozenset()  # (machine, state) the run went through
+    # (machine, state, event): every cell an actor decided in the run
+    decided: frozenset[tuple[str, str, str]] = frozenset()
     enabled: tuple[str, ...] = ()
     violation: Violation | None = None
     # virtual seconds the loop passed with nothing able to run (the SDK's own bounds that
@@ -267,6 +269,11 @@ async def execute(
         run.entered = frozenset(
             {(a.spec.name, a.spec.initial) for a in h.job.actors}
             | {(r.machine, r.dest) for r in h.trace.records if r.kind == "transition"}
+        )
+        run.decided = frozenset(
+            (r.machine, r.source, r.event)
+            for r in h.trace.records
+            if r.kind in ("transition", "ignore", "reject")
         )
     finally:
         await h.aclose()

@@ -71,6 +71,8 @@ class RealReport:
     # --write-scenario DIR: each violation's scenario file, or why it could not be written
     scenario_dir: str | None = None
     scenarios: list[str] = field(default_factory=list)
+    # told of every run (the mutation tool records which cells each one decided)
+    on_run: Callable[[Run], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +80,7 @@ class RealReport:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["entered"]  # (unreached says it for JSON)
+        del out["entered"], out["on_run"]  # (unreached says the first for JSON)
         out["ok"] = self.ok
         return out
 
@@ -161,6 +163,8 @@ def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
     breadth first). Whether the run's last state is new."""
     report.runs += 1
     report.entered |= r.entered
+    if report.on_run is not None:
+        report.on_run(r)
     report.inputs_done += len(r.path)
     report.idle_seconds += r.idle_seconds
     v = r.violation
@@ -201,6 +205,7 @@ def bfs(
     stop_at_first: bool = False,
     scenario_dir: str | None = None,
     prefix: tuple[str, ...] = (),
+    on_run: Callable[[Run], None] | None = None,
 ) -> RealReport:
     """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
     states, from the start or from where ``prefix`` (a path) leads. With ``free_outcomes``
@@ -208,7 +213,7 @@ def bfs(
     are internal steps): the stand-ins' outcomes are taken within the layer, in every
     order, at no cost in depth. ``stop_at_first``: stop at the first violation."""
     started = time.perf_counter()
-    report = RealReport(name, inputs, f"bfs depth {depth}")
+    report = RealReport(name, inputs, f"bfs depth {depth}", on_run=on_run)
     report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     Node = tuple[tuple[str, ...], tuple[str, ...]]  # (path, inputs enabled at its end)
@@ -314,11 +319,14 @@ def walks(
     on_walk: Callable[[int, Run], None] | None = None,
     scenario_dir: str | None = None,
     prefix: tuple[str, ...] = (),
+    on_run: Callable[[Run], None] | None = None,
 ) -> RealReport:
     """``count`` walks, walk ``k`` with seed ``seed + k`` (each from where ``prefix``
     leads)."""
     started = time.perf_counter()
-    report = RealReport(name, inputs, f"{count} walks of {steps} inputs from seed {seed}")
+    report = RealReport(
+        name, inputs, f"{count} walks of {steps} inputs from seed {seed}", on_run=on_run
+    )
     report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     for k in range(count):

@@ -1,31 +1,88 @@
 """The mutation run's exploration stage: the real job explored with the mutant in force.
 
-Every config of ``verification.explore.config.CONFIGS``, breadth first to ``depth``
-inputs, then ``WALKS`` seeded walks of ``STEPS`` inputs each, stopping at the first
-violation. Runs are deterministic (a fresh job on virtual time, inputs drawn from the
-walk's seed), so the stage judges a mutant the same way every time, and the cells it
-decides on the machines as written are a fixed set (the coverage run records them).
+A cell mutant changes what one cell decides, so only a run that decides that cell can
+tell it from the machine as written (runs are deterministic: a fresh job on virtual
+time, inputs drawn from a path or a seed). The coverage run explores the machines as
+written (``reach``: every config breadth first to ``depth`` inputs, then ``WALKS`` seeded
+walks of ``STEPS``) and keeps, for each cell decided, the ``PATHS`` shortest runs that
+decided it. A mutant of that cell is then explored from each of them (``explore_cell``):
+the run itself again (the world answering, then hanging what may hang), breadth first
+``depth`` more inputs from where it leads, and a few walks from there. A system mutant
+changes no one cell: ``first_violation`` explores every config as the coverage run does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 
 from verification.explore.config import CONFIGS
-from verification.explore.real import Violation
-from verification.explore.realsearch import bfs, walk
+from verification.explore.real import Run, Violation, run
+from verification.explore.realsearch import bfs, walk, walks
 
 DEPTH = 1  # --explore-depth's default
-WALKS = 40
-STEPS = 20
+WALKS = 300  # the coverage run's walks in each config
+STEPS = 25
+PATHS = 3  # the runs kept for each cell: the shortest ones
+FROM_PATH_WALKS = 10  # walks from where each kept run leads, and their length
+FROM_PATH_STEPS = 10
+
+Cell = tuple[str, str, str]  # (machine, state, event)
+Found = tuple[str, tuple[str, ...]]  # (config, input path)
+
+
+def key(cell: Cell) -> str:
+    return "|".join(cell)
+
+
+def reach(depth: int = DEPTH, *, walks_: int = WALKS, steps: int = STEPS) -> dict[str, list[Found]]:
+    """For every cell the exploration of the machines as written decides, the shortest
+    runs that decided it (``key(cell)`` -> up to ``PATHS`` (config, path))."""
+    found: dict[str, list[Found]] = {}
+
+    def note(config: str, r: Run) -> None:
+        for cell in r.decided:
+            kept = found.setdefault(key(cell), [])
+            item = (config, tuple(r.path))
+            if item not in kept:
+                kept.append(item)
+                kept.sort(key=lambda f: (len(f[1]), f))
+                del kept[PATHS:]
+
+    for name, config in CONFIGS.items():
+        noted = functools.partial(note, name)
+        bfs(config, name, depth=depth, on_run=noted)
+        walks(config, name, seed=0, count=walks_, steps=steps, on_run=noted)
+    return found
+
+
+def explore_cell(paths: Iterable[Sequence[str]], depth: int = DEPTH) -> Violation | None:
+    """The first violation found from the runs that decided the cell (each a
+    ``(config, *inputs)`` sequence, as ``reach`` keeps them)."""
+    for config_name, *path in paths:
+        config = CONFIGS[config_name]
+        for policy in ("return", "hang"):
+            r = run(config, path, policy=policy)
+            if r.violation is not None:
+                r.violation.config = config_name
+                return r.violation
+        report = bfs(config, config_name, depth=depth, prefix=tuple(path), stop_at_first=True)
+        if report.violations:
+            return report.violations[0]
+        for seed in range(FROM_PATH_WALKS):
+            w = walk(config, seed, FROM_PATH_STEPS, prefix=tuple(path))
+            if w.violation is not None:
+                w.violation.config = config_name
+                return w.violation
+    return None
 
 
 def first_violation(
     depth: int = DEPTH,
     *,
     configs: Iterable[str] = CONFIGS,
-    walks: int = WALKS,
-    steps: int = STEPS,
+    walks: int = 40,
+    steps: int = 20,
 ) -> Violation | None:
     """The first violation found in ``configs``, in order: each breadth first, then its
     walks (seeds 0 to ``walks - 1``)."""
@@ -42,9 +99,8 @@ def first_violation(
     return None
 
 
-def explore(depth: int) -> str:
-    """The stage's verdict: the first violation (its config, path and invariant), or ""."""
-    v = first_violation(depth)
+def verdict(v: Violation | None) -> str:
+    """The stage's verdict on a mutant: the violation (config, path, invariant), or ""."""
     if v is None:
         return ""
     how = f"walk seed {v.seed}" if v.seed is not None else "breadth first"

@@ -128,6 +128,8 @@ def judge(
     tests = coverage["tests"]
     explore = coverage.get("explore")
     explored_cells = {tuple(c) for c in explore["cells"]} if explore else set()
+    # the real job's runs that decided each cell (a mutant is explored from them)
+    paths = explore.get("paths", {}) if explore else {}
     by_cell: dict[tuple[str, str, str], list[tuple[str, float]]] = {}
     for nodeid, t in tests.items():
         if t["outcome"] != "passed":
@@ -165,6 +167,7 @@ def judge(
                     "index": m.index,
                     "tests": selected,
                     "explore": v.explored,
+                    "paths": paths.get("|".join(cell), []),
                 },
             )
         )

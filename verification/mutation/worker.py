@@ -71,10 +71,12 @@ def _same_examples_everywhere() -> None:
     providers._get_local_constants = lambda: empty
 
 
-def _explore(depth: int) -> str:
-    from verification.mutation.explored import explore
+def _explore(depth: int, paths: list[list[str]] | None = None) -> str:
+    """The exploration stage's verdict: from the runs that decided the mutant's cell
+    (``paths``), or over every config (a system mutant: ``None``)."""
+    from verification.mutation.explored import explore_cell, first_violation, verdict
 
-    return explore(depth)
+    return verdict(first_violation(depth) if paths is None else explore_cell(paths, depth))
 
 
 # the playout machine's own table is explored against its world too, in every option world
@@ -128,17 +130,23 @@ class _Coverage:
         out: dict[str, Any] = {"tests": self.tests, "explore": None}
         depth = self.job.get("explore_depth", -1)
         if depth >= 0:
+            from verification.mutation.explored import reach
+
             t0 = time.perf_counter()
+            paths = reach(depth)  # the real job's: the runs that decided each cell
             visits = Visits()
-            with visits.installed():
-                found = _explore(depth)
             with visits.installed(pure=True):
-                found = found or _explore_playout(MACHINES["playout"])
+                found = _explore_playout(MACHINES["playout"])
+            playout: dict[str, list[list[str]]] = {
+                key: [] for key in (f"{m}|{s}|{e}" for m, s, e in visits.cells)
+            }
             out["explore"] = {
                 "depth": depth,
                 "ok": not found,
                 "seconds": time.perf_counter() - t0,
-                "cells": sorted(visits.cells),
+                "cells": sorted([*visits.cells, *(k.split("|") for k in paths)]),
+                # each cell's runs, as (config, *inputs); playout's table exploration too
+                "paths": {**playout, **{k: [[c, *p] for c, p in v] for k, v in paths.items()}},
             }
         return out
 
@@ -237,7 +245,7 @@ class _Mutants:
                 result["status"], result["by"] = "killed", found
         elif result["status"] == "survived" and want["explore"]:
             with swapped(original, m.spec):
-                found = _explore(self.job["explore_depth"])
+                found = _explore(self.job["explore_depth"], want.get("paths") or [])
             if found:
                 result["status"], result["by"] = "killed", found
         result["seconds"] = time.perf_counter() - t0
