@@ -181,13 +181,13 @@ def test_nothing_installed_imports_verification(tmp_path: Path) -> None:
     would fail for every user. It may import all of them (it checks them)."""
     files = {
         "statemachines/__init__.py": "",
-        "statemachines/delivery.py": "from verification.explore.model import Model\n",
+        "statemachines/delivery.py": "from verification.explore.real import run\n",
         "agent_runtime/__init__.py": "",
         "agent_runtime/tools/__init__.py": "",
         "agent_runtime/tools/cli.py": "def main():\n    import verification.explore.command\n",
         "verification/__init__.py": "",
         "verification/explore/__init__.py": "",
-        "verification/explore/model.py": "import statemachines.delivery\n",
+        "verification/explore/real.py": "import statemachines.delivery\n",
         "verification/explore/command.py": "from agent_runtime.tools import cli\n",
     }
     for name, text in files.items():
@@ -198,7 +198,7 @@ def test_nothing_installed_imports_verification(tmp_path: Path) -> None:
         "statemachines/delivery.py:1",
         "agent_runtime/tools/cli.py:2",
     ]
-    assert "statemachines.delivery (statemachines) imports verification.explore.model" in found[0]
+    assert "statemachines.delivery (statemachines) imports verification.explore.real" in found[0]
 
 
 # the parts that run in production: their order is the scheduler's, never asyncio's

@@ -85,8 +85,8 @@ async def test_a_machine_follows_exactly_its_routes_with_the_shared_conditions()
 
 
 async def test_machines_hear_a_fact_in_the_declared_order_whatever_order_they_follow() -> None:
-    # statemachines.delivery is the one delivery: the runtime's followers and the explorer's
-    # model both take it, so the order the model explores is the order the runtime runs
+    # statemachines.delivery is the one delivery: every follower of the room takes it, so
+    # the declared order is the order the runtime runs
     room = InMemoryRoom(name="r")
     adapter = RoomEventAdapter(room)
     adapter.start()

@@ -42,13 +42,13 @@ async def _finalize(h: Harness, caller: str) -> None:
     try:
         await h.simulator.send_message(agent_pb.AgentSessionMessage(request=req), sender=caller)
     except RuntimeError:
-        return  # the agent's end is closed: nobody reads it (the model follows nothing)
+        return  # the agent's end is closed: nobody reads it (the view follows nothing)
     simulator = caller == PEOPLE["simulator"].identity
     h.observed.sent.append(Sent(rid, simulator, simulator and h.job.job.state in LIVE_JOB))
 
 
 async def _other_request(h: Harness, kind: str, payload: dict[str, Any] | None) -> None:
-    # a request the model follows no reply of: the job's view does not change
+    # a request the view follows no reply of: the job's view does not change
     h.other += 1
     req = build_request(kind, payload, request_id=f"OTHER_{h.other}")
     with contextlib.suppress(RuntimeError):  # the agent's end is closed: nobody reads it

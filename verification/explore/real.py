@@ -159,8 +159,10 @@ class Run:
     path: list[str] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
     entered: frozenset[tuple[str, str]] = frozenset()  # (machine, state) the run went through
-    # (machine, state, event): every cell an actor decided in the run
-    decided: frozenset[tuple[str, str, str]] = frozenset()
+    # (machine, state, event) -> how many inputs of the path had been driven when an actor
+    # first decided that cell (len(path) + 1: once time passed alone at the end)
+    decided: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    read: int = field(default=0, repr=False)  # the trace records already read for it
     enabled: tuple[str, ...] = ()
     violation: Violation | None = None
     # virtual seconds the loop passed with nothing able to run (the SDK's own bounds that
@@ -219,6 +221,7 @@ async def execute(
         await h.start()
 
         def look() -> bool:
+            _decided(h, run, len(run.path))
             view = h.view()
             run.snapshots.append(snapshot(h, view))
             run.enabled = enabled(h, view, inputs)
@@ -258,6 +261,7 @@ async def execute(
         if ok and (check_eventual(last) if callable(check_eventual) else check_eventual):
             mark = judge.mark()
             found = await _eventual(h, policy, run.log)
+            _decided(h, run, len(run.path) + 1)
             found = found or [*judge.findings, *judge.silent_since(mark)]
             if found:
                 run.violation = _violation(found, run.path, len(run.path) + 1, seed)
@@ -270,17 +274,24 @@ async def execute(
             {(a.spec.name, a.spec.initial) for a in h.job.actors}
             | {(r.machine, r.dest) for r in h.trace.records if r.kind == "transition"}
         )
-        run.decided = frozenset(
-            (r.machine, r.source, r.event)
-            for r in h.trace.records
-            if r.kind in ("transition", "ignore", "reject")
-        )
     finally:
         await h.aclose()
         if isinstance(loop, VirtualTimeLoop):
             run.idle_seconds = loop.jumped - idle_from
         run.seconds = time.perf_counter() - started
     return run
+
+
+_DECISIONS = ("transition", "ignore", "reject")
+
+
+def _decided(h: Harness, run: Run, inputs: int) -> None:
+    """Note the cells decided since the last look (the trace records every decision)."""
+    records = h.trace.records
+    for r in records[run.read :]:
+        if r.kind in _DECISIONS:
+            run.decided.setdefault((r.machine, r.source, r.event), inputs)
+    run.read = len(records)
 
 
 def _violation(found: list[Finding], path: list[str], step: int, seed: int | None) -> Violation:

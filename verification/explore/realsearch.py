@@ -4,12 +4,12 @@ Two modes, both on fresh harnesses, every run deterministic (one scheduler per j
 ``VirtualClock``, inputs in a declared order):
 
 * ``bfs``: breadth first to a depth bound (and a budget of states). A layer is one input
-  from outside or one deadline, the stand-ins' outcomes taken within it (the model's work
-  outcomes are internal steps too). Each state is reached by replaying its input path
-  from the start; one run per edge, which also reads the child's snapshot and enabled
-  inputs (no fork: the SDK's FFI client runs threads). A state is new when its snapshot
-  is; only new ones are expanded, and from each time is let pass alone twice, the world
-  hanging what may hang, then answering everything (``checks.eventual``).
+  from outside or one deadline, the stand-ins' outcomes taken within it. Each state is
+  reached by replaying its input path from the start; one run per edge, which also reads
+  the child's snapshot and enabled inputs (no fork: the SDK's FFI client runs threads). A
+  state is new when its snapshot is; only new ones are expanded, and from each time is
+  let pass alone twice, the world hanging what may hang, then answering everything
+  (``checks.eventual``).
 * ``walks``: seeded random walks (FoundationDB's simulation, TigerBeetle's VOPR): walk
   ``k`` draws its inputs with ``random.Random(seed + k)``; a violation prints that seed.
 
@@ -19,6 +19,7 @@ failure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -79,7 +80,7 @@ class RealReport:
         return not self.violations
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(dataclasses.replace(self, on_run=None))
         del out["entered"], out["on_run"]  # (unreached says the first for JSON)
         out["ok"] = self.ok
         return out
@@ -209,9 +210,9 @@ def bfs(
 ) -> RealReport:
     """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
     states, from the start or from where ``prefix`` (a path) leads. With ``free_outcomes``
-    a layer is one input from outside or one deadline, as the model's (whose work outcomes
-    are internal steps): the stand-ins' outcomes are taken within the layer, in every
-    order, at no cost in depth. ``stop_at_first``: stop at the first violation."""
+    a layer is one input from outside or one deadline: the stand-ins' outcomes are taken
+    within the layer, in every order, at no cost in depth. ``stop_at_first``: stop at the
+    first violation."""
     started = time.perf_counter()
     report = RealReport(name, inputs, f"bfs depth {depth}", on_run=on_run)
     report.scenario_dir = scenario_dir

@@ -14,13 +14,14 @@ is swapped in for the real spec (``swap``) and judged by the behaviour tests alo
 * the suite without the tests marked ``snapshot`` — the golden tables, the hand-written
   per-cell tables, and the paths and counterexamples derived from the specs as written,
   which catch any cell change by construction — and without the tests of the explorer's
-  command and this tool's own tests: what is left are the scenario files with their
-  ``expect`` blocks, the runtime and lifecycle tests, the property tests, the explorer's
-  tests on the real job;
-* the exploration of the real job with the mutant in force (``explored``: every config
-  breadth first to ``--explore-depth``, then seeded walks) and its invariants; for the
-  playout machine also its table explored against its world (``verification.explore.
-  playout``).
+  command and of its planted faults, and this tool's own tests: what is left are the
+  scenario files with their ``expect`` blocks, the runtime and lifecycle tests, the
+  property tests, the explorer's other tests on the real job;
+* the exploration of the real job with the mutant in force (``explored``: from the
+  shortest runs that decided the mutant's cell on the machines as written, breadth first
+  ``--explore-depth`` inputs further and a few walks; a system mutant on every config) and
+  its invariants; for the playout machine its table explored against its world instead
+  (``verification.explore.playout``).
 
 Only the tests in which an actor decided the changed cell run (recorded once, on the
 unchanged specs): a test that never reaches the cell runs as before. A mutant nothing

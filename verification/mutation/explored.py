@@ -17,7 +17,7 @@ import functools
 from collections.abc import Iterable, Sequence
 
 from verification.explore.config import CONFIGS
-from verification.explore.real import Run, Violation, run
+from verification.explore.real import Policy, Run, Violation, run
 from verification.explore.realsearch import bfs, walk, walks
 
 DEPTH = 1  # --explore-depth's default
@@ -35,15 +35,22 @@ def key(cell: Cell) -> str:
     return "|".join(cell)
 
 
-def reach(depth: int = DEPTH, *, walks_: int = WALKS, steps: int = STEPS) -> dict[str, list[Found]]:
+def reach(
+    depth: int = DEPTH, *, walks_: int = WALKS, steps: int = STEPS
+) -> tuple[dict[str, list[Found]], list[Violation]]:
     """For every cell the exploration of the machines as written decides, the shortest
-    runs that decided it (``key(cell)`` -> up to ``PATHS`` (config, path))."""
+    runs that decided it (``key(cell)`` -> up to ``PATHS`` (config, path), each path cut
+    after the input that decided the cell); and what broke on the way (nothing should:
+    a violation there would make every mutant of its cells look killed)."""
     found: dict[str, list[Found]] = {}
+    broke: list[Violation] = []
 
     def note(config: str, r: Run) -> None:
-        for cell in r.decided:
+        if r.violation is not None:
+            broke.append(r.violation)
+        for cell, at in r.decided.items():
             kept = found.setdefault(key(cell), [])
-            item = (config, tuple(r.path))
+            item = (config, tuple(r.path[:at]))
             if item not in kept:
                 kept.append(item)
                 kept.sort(key=lambda f: (len(f[1]), f))
@@ -53,28 +60,40 @@ def reach(depth: int = DEPTH, *, walks_: int = WALKS, steps: int = STEPS) -> dic
         noted = functools.partial(note, name)
         bfs(config, name, depth=depth, on_run=noted)
         walks(config, name, seed=0, count=walks_, steps=steps, on_run=noted)
-    return found
+    return found, broke
 
 
 def explore_cell(paths: Iterable[Sequence[str]], depth: int = DEPTH) -> Violation | None:
     """The first violation found from the runs that decided the cell (each a
-    ``(config, *inputs)`` sequence, as ``reach`` keeps them)."""
+    ``(config, *inputs)`` sequence, as ``reach`` keeps them): breadth first from where the
+    run leads (its own end included, the world answering, then hanging what may hang),
+    then walks from there. A run the mutant does not let happen (an input of it no longer
+    enabled) is passed over."""
     for config_name, *path in paths:
-        config = CONFIGS[config_name]
-        for policy in ("return", "hang"):
-            r = run(config, path, policy=policy)
-            if r.violation is not None:
-                r.violation.config = config_name
-                return r.violation
-        report = bfs(config, config_name, depth=depth, prefix=tuple(path), stop_at_first=True)
-        if report.violations:
-            return report.violations[0]
-        for seed in range(FROM_PATH_WALKS):
-            w = walk(config, seed, FROM_PATH_STEPS, prefix=tuple(path))
-            if w.violation is not None:
-                w.violation.config = config_name
-                return w.violation
+        config, prefix = CONFIGS[config_name], tuple(path)
+        try:
+            report = bfs(config, config_name, depth=depth, prefix=prefix, stop_at_first=True)
+            if report.violations:
+                return report.violations[0]
+            for seed in range(FROM_PATH_WALKS):
+                w = walk(config, seed, FROM_PATH_STEPS, prefix=prefix)
+                if w.violation is not None:
+                    w.violation.config = config_name
+                    return w.violation
+        except ValueError:  # the mutant changed what the run could do before its end
+            continue
     return None
+
+
+def confirmed(v: Violation) -> bool:
+    """Whether the violation is the mutant's: its run, on the machines as written (call it
+    outside the swap), breaks nothing, or cannot happen (the mutant made it)."""
+    policy: Policy = "hang" if v.policy == "hang" else "return"
+    try:
+        again = run(CONFIGS[v.config], v.path, policy=policy)
+    except ValueError:
+        return True
+    return again.violation is None
 
 
 def first_violation(
@@ -100,11 +119,9 @@ def first_violation(
 
 
 def verdict(v: Violation | None) -> str:
-    """The stage's verdict on a mutant: the violation (config, path, invariant), or ""."""
+    """The stage's verdict on a mutant: the violation and how to replay it, or ""."""
     if v is None:
         return ""
     how = f"walk seed {v.seed}" if v.seed is not None else "breadth first"
-    return (
-        f"exploration: {v.config}, {how}: invariant {v.invariant} ({v.detail}) after "
-        f"{','.join(v.path) or 'the start'}"
-    )
+    replay = str(v).rsplit("replay: ", 1)[-1]
+    return f"exploration: {v.config}, {how}: invariant {v.invariant} ({v.detail}); replay: {replay}"

@@ -75,7 +75,7 @@ def swapped(original: MachineSpec, mutant: MachineSpec) -> Iterator[int]:
 
 class Visits:
     """The cells decided while installed: by the actors, and (``pure=True``) by every
-    caller of the pure ``step`` (the exploration's model steps the specs with it)."""
+    caller of the pure ``step`` (the playout table's exploration steps its spec with it)."""
 
     def __init__(self) -> None:
         self.cells: set[Cell] = set()

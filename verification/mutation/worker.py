@@ -71,12 +71,30 @@ def _same_examples_everywhere() -> None:
     providers._get_local_constants = lambda: empty
 
 
-def _explore(depth: int, paths: list[list[str]] | None = None) -> str:
-    """The exploration stage's verdict: from the runs that decided the mutant's cell
-    (``paths``), or over every config (a system mutant: ``None``)."""
-    from verification.mutation.explored import explore_cell, first_violation, verdict
+# how long the exploration stage may take for one mutant (a mutant that makes a run loop
+# is cut as a test would be, and survives: nothing could be seen)
+EXPLORE_BUDGET = 600.0
 
-    return verdict(first_violation(depth) if paths is None else explore_cell(paths, depth))
+
+def _explore(swap: Any, depth: int, paths: list[list[str]] | None = None) -> str:
+    """The exploration stage's verdict with the mutant in force (``swap``): from the runs
+    that decided its cell (``paths``), or over every config (a system mutant: ``None``).
+    A violation counts only if its run breaks nothing without the mutant."""
+    from verification.mutation.explored import (
+        confirmed,
+        explore_cell,
+        first_violation,
+        verdict,
+    )
+
+    try:
+        with _budget(EXPLORE_BUDGET), swap:
+            v = first_violation(depth) if paths is None else explore_cell(paths, depth)
+    except TestTimeout:
+        return ""
+    if v is not None and not confirmed(v):
+        return ""  # its run breaks without the mutant too: not the mutant's doing
+    return verdict(v)
 
 
 # the playout machine's own table is explored against its world too, in every option world
@@ -133,20 +151,20 @@ class _Coverage:
             from verification.mutation.explored import reach
 
             t0 = time.perf_counter()
-            paths = reach(depth)  # the real job's: the runs that decided each cell
+            paths, broke = reach(depth)  # the real job's: the runs that decided each cell
             visits = Visits()
             with visits.installed(pure=True):
                 found = _explore_playout(MACHINES["playout"])
-            playout: dict[str, list[list[str]]] = {
-                key: [] for key in (f"{m}|{s}|{e}" for m, s, e in visits.cells)
-            }
+            # the cells the stage judges: the playout table's (its exploration judges them),
+            # and each cell some run of the real job decided, with those runs
+            real = {tuple(k.split("|")) for k in paths}
             out["explore"] = {
                 "depth": depth,
-                "ok": not found,
+                "ok": not found and not broke,
+                "broke": [str(v) for v in broke[:5]],
                 "seconds": time.perf_counter() - t0,
-                "cells": sorted([*visits.cells, *(k.split("|") for k in paths)]),
-                # each cell's runs, as (config, *inputs); playout's table exploration too
-                "paths": {**playout, **{k: [[c, *p] for c, p in v] for k, v in paths.items()}},
+                "cells": sorted({*visits.cells, *real}),
+                "paths": {k: [[c, *p] for c, p in v] for k, v in paths.items()},
             }
         return out
 
@@ -244,8 +262,8 @@ class _Mutants:
             if found:
                 result["status"], result["by"] = "killed", found
         elif result["status"] == "survived" and want["explore"]:
-            with swapped(original, m.spec):
-                found = _explore(self.job["explore_depth"], want.get("paths") or [])
+            swap = swapped(original, m.spec)
+            found = _explore(swap, self.job["explore_depth"], want["paths"])
             if found:
                 result["status"], result["by"] = "killed", found
         result["seconds"] = time.perf_counter() - t0
@@ -280,8 +298,7 @@ class _Mutants:
                 result["status"], result["by"] = "killed", f"{nodeid} ({outcome})"
                 break
             if result["status"] == "survived" and want["explore"]:
-                with applied(m):
-                    found = _explore(self.job["explore_depth"])
+                found = _explore(applied(m), self.job["explore_depth"])
                 if found:
                     result["status"], result["by"] = "killed", found
             result["seconds"] = time.perf_counter() - t0
