@@ -196,12 +196,15 @@ async def test_an_abort_during_the_hold_still_runs_the_whole_close(
     assert job.states["session_host"] == "closed" and job.closed_at == 8.0
 
 
-async def test_an_abort_while_closing_never_extends_the_close(
-    room: InMemoryRoom, clock: VirtualClock
+@pytest.mark.parametrize("graceful", [True, False], ids=["close", "abort"])
+async def test_a_second_close_while_closing_neither_extends_nor_restarts_the_close(
+    room: InMemoryRoom, clock: VirtualClock, graceful: bool
 ) -> None:
-    """A shutdown callback hangs; an abort arrives mid-close. The close still ends at its
-    own bound from when it began (close_timeout, 10 s), not 10 s after the abort, and the
-    callbacks are not started again."""
+    """A shutdown callback hangs; a second ``aclose()`` (or an abort) arrives mid-close. The
+    close still ends at its own bound from when it began (close_timeout, 10 s), not 10 s
+    after the second call; the callbacks are not started again, and a ``state_changed``
+    listener hears the lifecycle go from ``closing`` to ``closed`` once, nothing between
+    (the close is not begun again over the one running)."""
     job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
     calls: list[float] = []
 
@@ -214,14 +217,18 @@ async def test_an_abort_while_closing_never_extends_the_close(
     closing = asyncio.create_task(job.aclose())
     await settle()
     assert job.states["job"] == "closing" and calls == [0.0]
+    assert job.lifecycle == "closing"
+    changes = heard(job)
     await clock.advance(5.0)
-    aborting = asyncio.create_task(job.aclose(graceful=False))
+    second = asyncio.create_task(job.aclose(graceful=graceful))
     await settle()
-    assert job.states["job"] == "closing" and not aborting.done()
+    assert job.states["job"] == "closing" and not second.done()
+    assert changes == []
     await clock.advance(5.0)
     await settle()
-    assert closing.done() and aborting.done()
+    assert closing.done() and second.done()
     assert job.states["job"] == "closed" and job.closed_at == 10.0 and calls == [0.0]
+    assert changes == [("closing", "closed")]
 
 
 # -- after a start failed --------------------------------------------------------------------
