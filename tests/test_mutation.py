@@ -498,6 +498,58 @@ def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, e
     assert roots == {f"_fx_{name}" for name in effects}
 
 
+def test_the_room_deletion_is_allowed_before_anything_closes_it() -> None:
+    """The premise of the by-hand argument for the room deletion's ``(kept|requested,
+    close)``: ``close`` is constructed only in its ``aclose()``, called only by the job's
+    and the lifecycle's close after they waited for the job machine to close; the job
+    machine is closed only from ``closing``, whose ``run_close`` begins its room step (its
+    link posts ``allow``) before the close's bound can cut it; ``allow`` leaves both
+    states. (The lifecycle is never closed while the job machine is not: invariant 10.)"""
+    from statemachines.glue import LINKS
+    from statemachines.system import TEARDOWN
+
+    assert {fn for e, fn in _constructed("room_deletion") if e == "close"} == {"aclose"}
+    callers = {
+        "agent_runtime/runtimes/job.py": "await self.wait_closed()",
+        "agent_runtime/system/job_system.py": (
+            "await self.lifecycle.until(lambda state: state == 'closed')"
+        ),
+    }
+    for path in (ROOT / "agent_runtime").rglob("*.py"):
+        text = path.read_text()
+        rel = str(path.relative_to(ROOT))
+        if "deletion.aclose()" not in text:
+            continue
+        assert rel in callers, f"{rel} closes the room deletion"
+        tree = ast.parse(text)
+        (fn,) = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.AsyncFunctionDef) and "deletion.aclose()" in ast.unparse(n)
+        ]
+        body = ast.unparse(fn)
+        assert body.count("deletion.aclose()") == 1
+        assert 0 <= body.find(callers[rel]) < body.index("deletion.aclose()"), rel
+    job = MACHINES["job"]
+    assert {r.source for r in job.rows if r.dest == "closed"} == {"closing"}
+    assert "run_close" in job.state("closing").invoke
+    assert any(
+        (link.source, link.on, link.step, link.target, link.event)
+        == ("job", "run_close", "room", "room_deletion", "allow")
+        for link in LINKS
+    )
+    steps = {step.name: step for step in TEARDOWN}
+
+    def begins(name: str) -> float:  # the latest share of close_timeout it can begin at
+        return max((begins(a) + steps[a].bound for a in steps[name].after), default=0.0)
+
+    assert begins("room") < 1.0
+    deletion = MACHINES["room_deletion"]
+    for state in ("kept", "requested"):
+        (allow,) = [r for r in deletion.rows if (r.source, r.event) == (state, "allow")]
+        assert allow.dest not in (None, state) and not allow.guards
+
+
 @pytest.mark.parametrize(("machine", "effect"), sorted(QUEUED_AT_ONCE))
 def test_an_effect_queued_at_once_has_a_synchronous_handler(machine: str, effect: str) -> None:
     """The premise of 'queued during its own step': the handler is a plain function whose

@@ -680,6 +680,157 @@ def test_simulation_context_from_a_dispatch() -> None:
         simulation_context("run-1")  # type: ignore[arg-type]
 
 
+# -- calls in the windows a user can reach --------------------------------------------------
+
+
+def _host_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("JobSessionHost")]
+
+
+@pytest.mark.parametrize("how", ["detach", "session_closed"])
+async def test_a_session_let_go_before_the_host_starts_changes_nothing(how: str) -> None:
+    """A session detached, or reported closed, before the host was started (an agent's
+    cleanup that runs early): the host stays unstarted, the job is not told, and the
+    start that follows opens the transport as ever: requests get 'no active session'
+    until a session attaches, then that session's answers."""
+    rig = Rig()
+    a = await started_session("I am A")
+    if how == "detach":
+        rig.host.detach(a)
+    else:
+        rig.host.session_closed(a, "user_initiated")
+    await rig.settle()
+    assert rig.host.state == "new" and rig.closed_reasons == []
+    await rig.host.start()
+    assert rig.host.state == "detached" and rig.host.session is None
+    assert (await rig.sim.ask("get_agent_info")).error == NO_ACTIVE_SESSION
+    rig.host.attach(a)
+    await rig.settle()
+    assert rig.host.session is a
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am A"
+    await a.aclose()
+    await rig.host.aclose()
+    assert rig.host.state == "closed" and rig.agent_end.closed
+
+
+async def test_a_detached_session_that_closes_later_leaves_the_host_serving() -> None:
+    """A session detached from the host (another one is on the way) closes afterwards: the
+    host goes on answering, the job is not told, and the next session attaches."""
+    rig = Rig()
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    rig.host.attach(a)
+    await rig.settle()
+    rig.host.detach(a)
+    await rig.settle()
+    await a.aclose()
+    rig.host.session_closed(a, "user_initiated")  # as the job's close listener reports it
+    await rig.settle()
+    assert rig.host.state == "detached" and rig.closed_reasons == []
+    assert (await rig.sim.ask("get_agent_info")).error == NO_ACTIVE_SESSION
+    rig.host.attach(b)
+    await rig.settle()
+    assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am B"
+    await b.aclose()
+    await rig.host.aclose()
+    assert rig.host.state == "closed" and rig.agent_end.closed
+
+
+@pytest.mark.parametrize("then", ["detach", "close"])
+async def test_a_session_whose_subscribe_fails_let_go_in_the_same_instant(then: str) -> None:
+    """livekit's per-session host cannot be built (patched to raise: the one thing a test
+    cannot make fail otherwise) for a session attached and, in the same instant, detached
+    again or followed by the host's close: the failure's outcome comes after, and changes
+    nothing. Detached, the host keeps answering and the next session attaches; closing,
+    it still drains the verdict in flight (sent once it is computed), then ends with its
+    transport closed and nothing left reading."""
+    gate = asyncio.Event()
+
+    async def slow(ctx: SimulationContext) -> None:
+        await gate.wait()
+
+    rig = Rig(on_simulation_end=slow)
+    await rig.host.start()
+    a, b = await started_session("I am A"), await started_session("I am B")
+    rid = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    await rig.settle()
+    with patch("agent_runtime.runtimes.session_host.SessionHost", _RefusedSessionHost):
+        rig.host.attach(a)
+        closing = None
+        if then == "detach":
+            rig.host.detach(a)
+        else:
+            closing = rig.host.release()
+        await rig.settle()
+    assert rig.last("subscribe_failed").source == {"detach": "detached", "close": "closing"}[then]
+    if then == "detach":
+        assert rig.host.state == "detached" and rig.host.session is None
+        assert (await rig.sim.ask("get_agent_info")).error == NO_ACTIVE_SESSION
+        rig.host.attach(b)
+        await rig.settle()
+        assert (await rig.sim.ask("get_agent_info")).get_agent_info.instructions == "I am B"
+        gate.set()
+        await rig.host.aclose()
+    else:
+        assert closing is not None
+        await rig.clock.advance(1.0)
+        assert rig.host.state == "closing" and not closing.done()
+        gate.set()
+        await rig.settle()
+        assert closing.done()
+    rig.sim.pump()
+    assert not rig.sim.responses[rid].error and rig.host.finalize_answered
+    assert rig.host.state == "closed" and rig.agent_end.closed and rig.closed_reasons == []
+    assert not _host_tasks()
+    await a.aclose()
+    await b.aclose()
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["answered", "cut"])
+async def test_a_start_that_comes_while_the_host_closes_neither_reopens_nor_extends_it(
+    answers: bool,
+) -> None:
+    """``start()`` called once the host's close was asked (an agent starting its runtime
+    as the job ends), while a verdict is still being computed: it returns without error
+    and the close goes on as asked. The verdict goes out if it comes within the drain's
+    bound (3 s from the close, not from the start); else the simulator gets its one error
+    reply at that bound. Then the transport is closed and nothing is left reading; a start
+    after that changes nothing either."""
+    gate = asyncio.Event()
+
+    async def slow(ctx: SimulationContext) -> None:
+        await gate.wait()
+
+    rig = Rig(on_simulation_end=slow)
+    await rig.host.start()
+    rid = await rig.sim.send("finalize_simulation", {"provisional_success": True})
+    await rig.settle()
+    closing = rig.host.release()
+    assert closing is not None
+    await rig.clock.advance(1.0)
+    await rig.host.start()
+    assert rig.last("start").source == "closing"
+    await rig.clock.advance(1.0)
+    assert rig.host.state == "closing" and not closing.done()
+    if answers:
+        gate.set()
+        await rig.settle()
+        rig.sim.pump()
+        assert not rig.sim.responses[rid].error and rig.host.finalize_answered
+    else:
+        await rig.clock.advance(0.9)
+        assert rig.host.state == "closing" and not closing.done()
+        await rig.clock.advance(0.1)
+        await rig.settle()
+        rig.sim.pump()
+        assert [r.request_id for r in rig.sim.received] == [rid]
+        assert rig.sim.received[0].error == FINALIZE_UNFINISHED
+    assert closing.done() and rig.host.state == "closed" and rig.agent_end.closed
+    assert not _host_tasks()
+    await rig.host.start()
+    assert rig.host.state == "closed"
+
+
 # -- every cell of the table, through the actor -------------------------------------------
 
 OPEN_TO_CLOSING = ("close_finalize", "close_transport")

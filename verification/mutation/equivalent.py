@@ -123,7 +123,7 @@ POSTED: dict[str, frozenset[str]] = {
             "finalize",
             "bad_request",
             "close",
-            "transport_failed",  # the transport's start, read aside: at any time
+            "transport_failed",  # once open_transport started the transport (INSTALLED_BY)
         }
     ),
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
@@ -178,6 +178,12 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
         ("session_host", e): ("_on_request", "_fx_open_transport", frozenset({"open_transport"}))
         for e in ("request", "finalize", "bad_request")
     },
+    # how the transport's start went: the callback open_transport hangs on that start
+    ("session_host", "transport_failed"): (
+        "_on_opened",
+        "_fx_open_transport",
+        frozenset({"open_transport"}),
+    ),
 }
 # where each machine's runtime lives, for the checks
 MODULES = {
@@ -300,6 +306,19 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "participant step closed the link fails in link.start() (run_part sends "
             "start_failed), and closed comes only after that step"
         ),
+    ),
+    *(
+        (
+            f"room_deletion ({state}, close) *",
+            (
+                "never decided there: close is posted only by the deletion's aclose(), which "
+                "the job's and the lifecycle's close call once the job machine is closed; it "
+                "is closed only from closing, whose run_close begins its room step (whose "
+                "link posts allow, which leaves kept and requested) before any bound can cut "
+                "it: the shares of the steps before it add up to less than close_timeout"
+            ),
+        )
+        for state in ("kept", "requested")
     ),
 )
 
