@@ -786,6 +786,57 @@ async def test_a_session_whose_subscribe_fails_let_go_in_the_same_instant(then: 
     await b.aclose()
 
 
+async def test_a_transport_that_fails_to_start_while_the_host_closes_ends_it_in_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The host is closing (a session detached before, whose own host is still closing
+    aside, holds its drain) when its transport's start, slow until then, fails: the
+    failure is logged and ``start()`` raises it, and the close goes on as it was: the host
+    ends at its drain bound (3 s from the close), then lets the slow one go at its own,
+    with nothing left reading."""
+    started, never = asyncio.Event(), asyncio.Event()
+
+    class FailsLate(InMemorySessionTransport):
+        async def start(self) -> None:
+            await started.wait()  # the server answers late, and says no
+            raise ValueError("topic lk.agent.session is taken")
+
+    class ClosesSlowly(SessionHost):
+        async def aclose(self) -> None:
+            await never.wait()  # its in-flight requests take their time
+            await super().aclose()
+
+    rig = Rig(transport=FailsLate)
+    starting = asyncio.ensure_future(rig.host.start())
+    a = await started_session("I am A")
+    with patch("agent_runtime.runtimes.session_host.SessionHost", ClosesSlowly):
+        rig.host.attach(a)
+        await rig.settle()
+        assert rig.host.session is a
+        rig.host.detach(a)  # its own host closes aside, slowly
+        await settle()  # not the rig's: its join waits for the host closing aside
+        closing = rig.host.release()
+        await settle()
+    assert closing is not None
+    await rig.clock.advance(1.0)
+    started.set()
+    await settle()
+    assert rig.last("transport_failed").source == "closing"
+    with pytest.raises(RuntimeError, match="session_host=False"):
+        await starting
+    assert "the session transport did not start" in caplog.text
+    await rig.clock.advance(1.0)
+    assert rig.host.state == "closing" and not closing.done()
+    await rig.clock.advance(1.0)
+    await settle()
+    assert rig.host.state == "closed" and not closing.done()
+    # the session's own host gets the drain bound once more, then it is cut
+    await rig.clock.advance(3.0)
+    await settle()
+    assert closing.done() and rig.agent_end.closed and not _host_tasks()
+    await a.aclose()
+
+
 @pytest.mark.parametrize("answers", [True, False], ids=["answered", "cut"])
 async def test_a_start_that_comes_while_the_host_closes_neither_reopens_nor_extends_it(
     answers: bool,
