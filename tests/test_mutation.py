@@ -498,6 +498,52 @@ def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, e
     assert roots == {f"_fx_{name}" for name in effects}
 
 
+def test_a_reinstall_never_fails_in_clearing() -> None:
+    """The premise of the by-hand argument for the avatar's ``(clearing, start_error)``:
+    ``start_error`` comes from the plugin's start, a task of ``starting`` only, or from the
+    reinstall, a synchronous effect of the rejoin rows, which leave ``backoff`` and
+    ``restored``; those are entered only on ``route_restored``, from ``failed``. The one
+    row into ``clearing`` takes an interrupt its guard reads as delivered, and the runtime
+    marks an interrupt delivered only in the one place that posts it in ``joined`` or
+    ``clearing``."""
+    from statemachines import glue
+    from statemachines.avatar import PLUGIN_CLEARS, WAITING
+
+    avatar = MACHINES["avatar"]
+    assert {e.name for e in avatar.effects if e.error_event == "start_error"} == {
+        "start_plugin",
+        "reinstall_route",
+    }
+    assert [s.name for s in avatar.states if "start_plugin" in s.invoke] == ["starting"]
+    assert not [r for r in avatar.rows if "start_plugin" in r.effects]
+    reinstalls = [r for r in avatar.rows if "reinstall_route" in r.effects]
+    assert reinstalls and {r.source for r in reinstalls} == set(WAITING)
+    assert ("avatar", "reinstall_route") in QUEUED_AT_ONCE
+    into_waiting = [r for r in avatar.rows if r.dest in WAITING and r.source != r.dest]
+    assert {(r.source, r.event) for r in into_waiting} == {("failed", "route_restored")}
+    (into_clearing,) = [r for r in avatar.rows if r.dest == "clearing"]
+    assert (into_clearing.source, into_clearing.event) == ("joined", "interrupt")
+    assert into_clearing.guards == ("clear_pending",)
+    assert 'data.get("delivered")' in inspect.getsource(glue.clear_pending)
+    assert sorted(PLUGIN_CLEARS) == ["clearing", "joined"]
+    tree = ast.parse((ROOT / MODULES["avatar"]).read_text())
+    marked = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Dict)
+        and any(isinstance(k, ast.Constant) and k.value == "delivered" for k in n.keys)
+    ]
+    assert len(marked) == 1
+    guarded = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.If)
+        and ast.unparse(n.test) == "self.actor.state in PLUGIN_CLEARS"
+        and any(m is marked[0] for stmt in n.body for m in ast.walk(stmt))
+    ]
+    assert guarded, "an interrupt is marked delivered outside joined and clearing"
+
+
 def test_the_room_deletion_is_allowed_before_anything_closes_it() -> None:
     """The premise of the by-hand argument for the room deletion's ``(kept|requested,
     close)``: ``close`` is constructed only in its ``aclose()``, called only by the job's

@@ -307,6 +307,18 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "start_failed), and closed comes only after that step"
         ),
     ),
+    (
+        "avatar (clearing, start_error) *",
+        (
+            "never decided there: past starting, start_error is only the reinstall's failure "
+            "(start_plugin's dies with starting), queued in the rejoin's own step "
+            "(reinstall_route is synchronous) behind events posted before it, from backoff or "
+            "restored, entered only on route_restored; the one way into clearing is an "
+            "interrupt marked delivered, which the runtime marks only as it posts it in "
+            "joined or clearing: before route_restored (so decided before the rejoin) or "
+            "after the rejoin's step queued the failure (so decided after it)"
+        ),
+    ),
     *(
         (
             f"room_deletion ({state}, close) *",
