@@ -236,6 +236,10 @@ class AudioRoute:
                 outcome = "cleared"
             if outcome != "cleared":
                 finish_orphans(audio_chain(session), carried_on=lk.sink_takes_frames(sink))
+        if sink not in audio_chain(session):
+            # a chain that was the sink alone is replaced whole: no proxy clears it, and a
+            # speech may wait on the sink itself (kept for a rejoin, it is not retired)
+            finish_pending([sink])
         now = route_of(session, sink)
         logger.info("avatar %s: audio route restored (%s), now %s", identity, outcome, now)
         return outcome
