@@ -498,6 +498,47 @@ def test_an_installed_callback_is_handed_out_only_by_its_effects(machine: str, e
     assert roots == {f"_fx_{name}" for name in effects}
 
 
+def test_the_local_clear_finds_nothing_in_idle() -> None:
+    """The premise of the by-hand argument for the avatar's ``(idle, interrupt)`` made
+    ignore or reject: ``clear_local_buffer`` does nothing unless the route recorded the
+    plugin's sink, which only ``record_installed`` does, reached only from the handlers of
+    ``start_plugin`` (the task of ``starting``) and ``record_route`` (on rows leaving
+    ``starting``); no row enters ``idle``."""
+    lifecycle = ast.parse((ROOT / MODULES["avatar"]).read_text())
+    route = ast.parse((ROOT / "agent_runtime/runtimes/avatar/_route.py").read_text())
+
+    def fn(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+        (found,) = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+        ]
+        return found
+
+    (only,) = fn(lifecycle, "_fx_clear_local_buffer").body
+    assert isinstance(only, ast.If) and not only.orelse
+    assert ast.unparse(only.test) == "self._route.installed is not None"
+    assigns = {
+        (f.name, ast.unparse(a.value))
+        for f in ast.walk(route)
+        if isinstance(f, ast.FunctionDef)
+        for a in ast.walk(f)
+        if (isinstance(a, ast.Assign) and ast.unparse(a.targets[0]) == "self.installed")
+        or (isinstance(a, ast.AnnAssign) and ast.unparse(a.target) == "self.installed")
+    }
+    assert assigns == {("__init__", "None"), ("record_installed", "tail"), ("forget", "None")}
+    callers = _callers("avatar")
+    assert callers["_record_installed"] == {"_fx_start_plugin", "_fx_record_route"}
+    source = (ROOT / MODULES["avatar"]).read_text()
+    assert source.count("record_installed()") == 4  # the method's one call, and its three
+    avatar = MACHINES["avatar"]
+    assert [s.name for s in avatar.states if "start_plugin" in s.invoke] == ["starting"]
+    assert {r.source for r in avatar.rows if {"start_plugin", "record_route"} & set(r.effects)} == {
+        "starting"
+    }
+    assert not [r for r in avatar.rows if r.dest == "idle"]
+
+
 def test_a_reinstall_never_fails_in_clearing() -> None:
     """The premise of the by-hand argument for the avatar's ``(clearing, start_error)``:
     ``start_error`` comes from the plugin's start, a task of ``starting`` only, or from the

@@ -307,6 +307,17 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "start_failed), and closed comes only after that step"
         ),
     ),
+    *(
+        (
+            f"avatar (idle, interrupt) -> {kind}",
+            (
+                "effect finds nothing: clear_local_buffer acts only on the plugin's installed "
+                "sink, recorded only by the effects of starting (start_plugin, record_route), "
+                "and no row enters idle"
+            ),
+        )
+        for kind in ("ignore", "reject")
+    ),
     (
         "avatar (clearing, start_error) *",
         (
