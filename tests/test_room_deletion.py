@@ -407,3 +407,34 @@ async def test_a_deletion_built_alone_tells_its_own_listeners() -> None:
     deletion.request()
     await deletion.allow()
     assert heard and heard[-1] == "deleted"
+
+
+@pytest.mark.parametrize("asked", [True, False], ids=["asked", "not-asked"])
+async def test_a_deletion_released_before_it_was_allowed_leaves_the_room(
+    asked: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deletion is released before the job's close work allowed it (a job whose close
+    was cut before its room step, or a runtime released early): ``aclose()`` returns, no
+    server call is made, the room is left as it is, and a deletion that was asked for says
+    so in the log (one that nobody asked for says nothing)."""
+    from agent_runtime.runtimes.room_deletion import RoomDeletion
+    from agent_runtime.testing.clock import VirtualClock
+
+    calls: list[str] = []
+
+    async def delete_room() -> None:
+        calls.append("delete")
+
+    deletion = RoomDeletion(delete_room, clock=VirtualClock())
+    heard: list[tuple[str, str]] = []
+    deletion.on("state_changed", lambda change: heard.append((change.source, change.dest)))
+    if asked:
+        deletion.request()
+    caplog.set_level(logging.WARNING, logger="agent_runtime.room_deletion")
+    await asyncio.wait_for(deletion.aclose(), 5)
+    assert calls == [] and deletion.deleted_at is None
+    ending = ("requested", "abandoned") if asked else ("kept", "closed")
+    assert heard[-1] == ending
+    warned = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"]
+    never_allowed = "room deletion was asked for, but the job closed before its room work"
+    assert [w.startswith(never_allowed) for w in warned] == ([True] if asked else [])

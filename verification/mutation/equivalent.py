@@ -330,19 +330,6 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "after the rejoin's step queued the failure (so decided after it)"
         ),
     ),
-    *(
-        (
-            f"room_deletion ({state}, close) *",
-            (
-                "never decided there: close is posted only by the deletion's aclose(), which "
-                "the job's and the lifecycle's close call once the job machine is closed; it "
-                "is closed only from closing, whose run_close begins its room step (whose "
-                "link posts allow, which leaves kept and requested) before any bound can cut "
-                "it: the shares of the steps before it add up to less than close_timeout"
-            ),
-        )
-        for state in ("kept", "requested")
-    ),
 )
 
 
