@@ -98,6 +98,38 @@ async def test_a_reply_playing_when_a_rejoinable_avatar_drops_ends_at_once(
     await rig.aclose()
 
 
+@pytest.mark.parametrize("text", [False, True], ids=["sink-alone", "wrapped"])
+async def test_a_reply_waiting_for_an_avatar_that_never_joins_ends_with_rejoin(
+    text: bool,
+) -> None:
+    """With rejoin, the agent speaks before the avatar joined (its reply waits in the
+    avatar's sink for the avatar to arrive), and the avatar never does: at the join bound
+    the agent is back on room audio and that reply has ended; it does not wait for good on
+    a sink kept only for the avatar's return. When the avatar does come back later, the
+    route goes back in and its sink takes the next reply."""
+    rig = Rig(retry={"attempts": 0, "rejoin": True}, join_timeout=5.0)
+    await rig.session.start(
+        Agent(instructions="test"), room=rig.room, room_options=RoomOptions(text_output=text)
+    )
+    await settle()
+    await rig.start_avatar()
+    handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+    assert not handle.done() and rig.lifecycle.state == "routing"
+    await rig.clock.advance(6.0)
+    await settle()
+    assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
+    assert handle.done()
+    rig.join()
+    await settle()
+    assert rig.lifecycle.state == "joined" and rig.lifecycle.audio_route() == "avatar"
+    rig.session.say("again", audio=frames(5), add_to_chat_ctx=False)
+    await settle()
+    sink = rig.lifecycle.installed_sink
+    assert sink is not None and lk.pending_playbacks(sink) == 1
+    await rig.aclose()
+
+
 # -- (starting, avatar_left) ----------------------------------------------------------------
 
 

@@ -284,6 +284,12 @@ def sink_connection_listener(sink: DataStreamAudioOutput) -> Callable[..., Any]:
     return cast("Callable[..., Any]", sink._handle_connection_state_changed)
 
 
+def sink_start_pending(sink: DataStreamAudioOutput) -> bool:
+    """The sink still waits for its avatar (its start began and has not ended)."""
+    task = sink._start_atask
+    return isinstance(task, asyncio.Task) and not task.done()
+
+
 def sink_waits(sink: DataStreamAudioOutput) -> list[asyncio.Task[Any]]:
     """The sink's own tasks: its wait for the avatar, and a clear still holding it."""
     return [t for t in (sink._start_atask, sink._clear_buffer_atask) if t is not None]

@@ -313,6 +313,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # they fail later (unretrieved) when the room goes away
             await self._route.retire_sink()
             await stop_join_wait(self._avatar)
+        else:
+            await self._route.stop_start_wait()
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
     async def _fx_release_attempt(self, ev: Event) -> None:

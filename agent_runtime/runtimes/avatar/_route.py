@@ -254,6 +254,17 @@ class AudioRoute:
             await retire_sink(sink, self.room)
             finish_pending([sink])
 
+    async def stop_start_wait(self) -> None:
+        """Once the plugin's data-stream sink carries no audio but is kept for a rejoin: its
+        wait for the avatar goes, so a reply captured to it before the avatar joined ends
+        instead of waiting for good (the reinstall lets a cut start begin again)."""
+        sink = self.installed
+        if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
+            start = lk.sink_waits(sink)[:1] if lk.sink_start_pending(sink) else []
+            for task in start:
+                task.cancel()
+            await asyncio.gather(*start, return_exceptions=True)
+
     def _attach_room_output(self) -> lk.RoomAudioOutput:
         """A room audio output like the one RoomIO builds (same defaults)."""
         assert self.room is not None
