@@ -284,10 +284,10 @@ def sink_connection_listener(sink: DataStreamAudioOutput) -> Callable[..., Any]:
     return cast("Callable[..., Any]", sink._handle_connection_state_changed)
 
 
-def sink_start_pending(sink: DataStreamAudioOutput) -> bool:
-    """The sink still waits for its avatar (its start began and has not ended)."""
+def sink_start_wait(sink: DataStreamAudioOutput) -> asyncio.Task[Any] | None:
+    """The sink's wait for its avatar (its start), while it runs."""
     task = sink._start_atask
-    return isinstance(task, asyncio.Task) and not task.done()
+    return task if isinstance(task, asyncio.Task) and not task.done() else None
 
 
 def sink_waits(sink: DataStreamAudioOutput) -> list[asyncio.Task[Any]]:

@@ -260,10 +260,10 @@ class AudioRoute:
         instead of waiting for good (the reinstall lets a cut start begin again)."""
         sink = self.installed
         if isinstance(sink, DataStreamAudioOutput) and sink not in audio_chain(self.session):
-            start = lk.sink_waits(sink)[:1] if lk.sink_start_pending(sink) else []
-            for task in start:
-                task.cancel()
-            await asyncio.gather(*start, return_exceptions=True)
+            start = lk.sink_start_wait(sink)
+            if start is not None:
+                start.cancel()
+                await asyncio.gather(start, return_exceptions=True)
 
     def _attach_room_output(self) -> lk.RoomAudioOutput:
         """A room audio output like the one RoomIO builds (same defaults)."""
