@@ -9,9 +9,8 @@ Pure (no livekit, no I/O, no clock). Three kinds of declaration:
 * **room conditions**: the named conditions of ``statemachines.routing``'s routes, as
   functions of the fact and of what the job knew just before it (``ROOM_CONDITIONS``), and
   how that knowledge follows the facts (``simulators_after``).
-* **links**: an effect, or a session of the job closing, posting an event to another
-  machine (``LINKS``). The runtime's wiring (``agent_runtime.runtimes.routing.Wiring``)
-  posts exactly these.
+* **links**: an effect posting an event to another machine (``LINKS``). The runtime's
+  wiring (``agent_runtime.runtimes.routing.Wiring``) posts exactly these.
 """
 
 from __future__ import annotations
@@ -281,6 +280,19 @@ def link_change_event(source: str, dest: str) -> str | None:
     return next(iter(watched("participant", source, dest, "playout")), None)
 
 
+# -- session ----------------------------------------------------------------------------------
+
+
+class SessionFacts(Protocol):
+    @property
+    def own_session(self) -> str | None: ...  # the job's own session's label, if it has one
+
+
+def is_own(f: SessionFacts, data: EventData) -> bool:
+    """The event's session is the job's own (the one the participant link follows)."""
+    return f.own_session is not None and data.get("session") == f.own_session
+
+
 Guard = Callable[[Any, EventData], bool]
 
 GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
@@ -294,6 +306,7 @@ GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
             "grace_enabled": grace_enabled,
         },
         "session_host": {"is_current": is_current, "from_simulator": from_simulator},
+        "session": {"is_own": is_own},
         "finalize": {"simulation": simulation},
         "avatar": {
             "has_video": has_video,
@@ -394,7 +407,6 @@ def simulators_after(simulators: frozenset[str], fact: Fact) -> frozenset[str]:
 LINK_FLAGS: Mapping[str, str] = MappingProxyType(
     {
         "delete_room_on_close": "the job deletes the room when it closes",
-        "primary": "the session is the job's primary one, the one the participant link follows",
     }
 )
 # the tasks that work in steps (statemachines.system's declared teardowns): a link may post
@@ -408,13 +420,11 @@ STEPPED: dict[tuple[str, str], tuple[str, ...]] = {
     ("job", "run_close"): RUN_CLOSE_STEPS,
     ("agent_job", "run_teardown"): tuple(s.name for s in RELEASE),
 }
-SESSION = "session"  # a session of the job, as a link's source (its close)
 
 
 class Link(BaseModel):
-    """When ``source``'s effect ``on`` runs (at ``step`` of a task that works in steps), or
-    a session of the job closes (``source="session"``, ``on="close"``), ``target`` gets
-    ``event`` with the effect's data, if every flag in ``when`` holds."""
+    """When ``source``'s effect ``on`` runs (at ``step`` of a task that works in steps),
+    ``target`` gets ``event`` with the effect's data, if every flag in ``when`` holds."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -429,20 +439,16 @@ class Link(BaseModel):
     @model_validator(mode="after")
     def _known(self) -> Link:
         where = f"link {self.source}.{self.on}{'/' + self.step if self.step else ''}"
-        if self.source == SESSION:
-            if self.on != "close" or self.step:
-                raise ValueError(f"{where}: a session's only link source is its close")
-        else:
-            spec = MACHINES.get(self.source)
-            if spec is None:
-                raise ValueError(f"{where}: unknown machine {self.source!r}")
-            if self.on not in {e.name for e in spec.effects}:
-                raise ValueError(f"{where}: machine {self.source!r} has no effect {self.on!r}")
-            steps = STEPPED.get((self.source, self.on))
-            if self.step and steps is None:
-                raise ValueError(f"{where}: {self.source}.{self.on} does not work in steps")
-            if self.step and steps is not None and self.step not in steps:
-                raise ValueError(f"{where}: {self.on} has no step {self.step!r}")
+        spec = MACHINES.get(self.source)
+        if spec is None:
+            raise ValueError(f"{where}: unknown machine {self.source!r}")
+        if self.on not in {e.name for e in spec.effects}:
+            raise ValueError(f"{where}: machine {self.source!r} has no effect {self.on!r}")
+        steps = STEPPED.get((self.source, self.on))
+        if self.step and steps is None:
+            raise ValueError(f"{where}: {self.source}.{self.on} does not work in steps")
+        if self.step and steps is not None and self.step not in steps:
+            raise ValueError(f"{where}: {self.on} has no step {self.step!r}")
         target = MACHINES.get(self.target)
         if target is None:
             raise ValueError(f"{where}: unknown target machine {self.target!r}")
@@ -455,23 +461,19 @@ class Link(BaseModel):
 
 
 LINKS: tuple[Link, ...] = (
-    # a session of the job closing: JobRuntime.attach's close hook, AgentJob's for its own
-    Link(source=SESSION, on="close", target="session_host", event="session_closed"),
+    # a session of the job closed (the session machine hears the SDK's close event)
+    Link(source="session", on="report_closed", target="session_host", event="session_closed"),
+    Link(source="session", on="report_own_closed", target="participant", event="session_closed"),
     Link(
-        source=SESSION, on="close", when=("primary",), target="participant", event="session_closed"
-    ),
-    Link(
-        source=SESSION,
-        on="close",
-        when=("primary",),
+        source="session",
+        on="report_own_closed",
         target="avatar",
         event="close",
         note="the avatar goes with the session, while the room is still connected",
     ),
     Link(
-        source=SESSION,
-        on="close",
-        when=("primary",),
+        source="session",
+        on="report_own_closed",
         target="playout",
         event="close",
         note="nothing more to follow",

@@ -7,6 +7,7 @@ from .job import JOB
 from .participant import PARTICIPANT
 from .playout import PLAYOUT
 from .room_deletion import ROOM_DELETION
+from .session import SESSION
 from .session_host import SESSION_HOST
 from .spec import MachineSpec
 
@@ -20,6 +21,7 @@ MACHINES: dict[str, MachineSpec] = {
         ROOM_DELETION,
         FINALIZE,
         PLAYOUT,
+        SESSION,
         AGENT_JOB,
     )
 }

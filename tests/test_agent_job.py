@@ -72,6 +72,7 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
         "participant": "linked",
         "room_deletion": "kept",
         "finalize": "idle",
+        "session": "started",
         "agent_job": "running",
     }
     await job.session.aclose()  # upstream: the session closes before on_session_end
@@ -240,6 +241,7 @@ async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room
         "playout": "closed",  # composed by default with an avatar
         "room_deletion": "allowed",  # allowed once the hold ended; nobody asked for it
         "finalize": "closed",
+        "session": "closed",  # its own session ended, then let go with the job
         "agent_job": "closed",  # every follower released with the job
     }
     assert not room.isconnected()
@@ -342,6 +344,7 @@ async def test_a_production_trace_records_every_machine(
         "participant",
         "room_deletion",
         "finalize",
+        "session",
         "agent_job",
     }
 

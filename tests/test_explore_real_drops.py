@@ -21,10 +21,10 @@ Search = tuple[Literal["bfs", "walks"], str, Literal["all", "job", "avatar"], in
 # each drop the explorer catches: how (breadth first to a depth, or seeded walks from seed
 # 0), in which config, over which inputs, and the invariant it reports
 CAUGHT: dict[str, tuple[Search, int]] = {
-    "session:close:session_host": (("bfs", "example", "job", 1), 11),
-    "session:close:participant": (("bfs", "example", "job", 1), 11),
-    "session:close:avatar": (("walks", "example", "all", 100), 11),
-    "session:close:playout": (("bfs", "example", "job", 1), 9),
+    "session:report_closed:session_host": (("bfs", "example", "job", 1), 11),
+    "session:report_own_closed:participant": (("bfs", "example", "job", 1), 11),
+    "session:report_own_closed:avatar": (("walks", "example", "all", 100), 11),
+    "session:report_own_closed:playout": (("bfs", "example", "job", 1), 9),
     "session_host:report_session_closed:job": (("bfs", "example", "job", 1), 11),
     "session_host:forward_finalize:finalize": (("walks", "example", "all", 100), 2),
     "session_host:close_finalize:finalize": (("walks", "example", "all", 100), 2),

@@ -20,7 +20,7 @@ from verification.explore.real import run
 from verification.explore.realsearch import bfs, drop
 from verification.explore.toscenario import NotReproducible, scenario_of, write_scenario
 
-FAULT = "session:close:session_host"  # caught breadth first at depth 1 (invariant 11)
+FAULT = "session:report_closed:session_host"  # caught breadth first at depth 1 (invariant 11)
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
@@ -114,7 +114,7 @@ def test_a_hang_and_a_failure_are_held_ends(tmp_path: Path) -> None:
 # drops whose path needs a held call (a hang, or a wait still open at the end): the fault,
 # how the explorer finds it, the invariant and the calls the scenario holds
 HELD_DROPS = [
-    ("session:close:playout", "example", 1, 9, ("shutdown_callback",)),
+    ("session:report_own_closed:playout", "example", 1, 9, ("shutdown_callback",)),
     ("participant:report_close_timed_out:job", "sip", 2, 8, ("session_close",)),
     ("finalize:report_answered:job", "example", 2, 7, ("session_close", "simulation_end")),
 ]

@@ -50,6 +50,8 @@ def test_links_name_real_effects_steps_events_and_flags() -> None:
         ("finalize", "report_answered", "job"),
         ("participant", "report_close_timed_out", "job"),
         ("job", "run_close", "room_deletion"),
+        ("session", "report_closed", "session_host"),
+        ("session", "report_own_closed", "participant"),
     }
     bad = [
         ({"source": "job", "on": "explode", "target": "job", "event": "shutdown"}, "no effect"),
@@ -70,7 +72,7 @@ def test_links_name_real_effects_steps_events_and_flags() -> None:
              "when": ("sunny",)},
             "unknown flag",
         ),
-        ({"source": "session", "on": "start", "target": "job", "event": "shutdown"}, "close"),
+        ({"source": "session", "on": "close", "target": "job", "event": "shutdown"}, "no effect"),
     ]  # fmt: skip
     for fields, message in bad:
         with pytest.raises(ValidationError, match=message):
@@ -89,12 +91,11 @@ def test_the_wiring_posts_exactly_the_declared_links_whose_flags_hold() -> None:
     ]
     got.clear()
     Wiring().fire("session_host", "report_session_closed")  # nobody connected: nothing
-    wiring.fire("session", "close", {"session": "session-2"}, primary=False)
+    wiring.fire("session", "report_closed", {"session": "session-2"})
     assert got == [("session_host", "session_closed", {"session": "session-2"})]
     got.clear()
-    wiring.fire("session", "close", {"session": "session-1"}, primary=True)
+    wiring.fire("session", "report_own_closed", {"session": "session-1"})
     assert [(m, e) for m, e, _ in got] == [
-        ("session_host", "session_closed"),
         ("participant", "session_closed"),
         ("avatar", "close"),
         ("playout", "close"),

@@ -333,16 +333,23 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
         if isinstance(fn, ast.AsyncFunctionDef) and "session=True" in ast.unparse(fn):
             source = ast.unparse(fn)
             callers += 1
-            assert source.index("self.system.claim_session()") < source.index("session=True")
+            assert source.index("await self.system.claim_session()") < source.index(
+                "session=True"
+            )
     assert callers == 2  # start() and start_session()
     system = importlib.import_module("agent_runtime.system.job_system")
     claim = inspect.getsource(system.JobSystem.claim_session)
-    assert claim.index("if self._session_start is not None:") < claim.index("raise RuntimeError")
-    # the claim is for good: set once at construction (None), then only by the claim
-    source = inspect.getsource(system)
-    assert source.count("self._session_start: ") == 1
-    assert source.count("self._session_start = ") == 1
-    assert "self._session_start = asyncio.current_task()" in claim
+    assert "await self.sessions.claim()" in claim
+    # the claim is the session machine's start: it leaves new for good, and a reject raises
+    session = MACHINES["session"]
+    assert {(r.source, r.event, r.dest) for r in session.rows if r.event == "start"} == {
+        ("new", "start", "started")
+    }
+    assert not any(r.dest == "new" for r in session.rows)
+    sessions = importlib.import_module("agent_runtime.runtimes.sessions")
+    claims = inspect.getsource(sessions.JobSessions.claim)
+    assert claims.index('send(Event("start"))') < claims.index("except (EventRejected")
+    assert "raise RuntimeError" in claims
     start_session = inspect.getsource(system.JobSystem.start_session)
     assert start_session.index("await self.session.start(") < start_session.index(
         "self.link.start()"

@@ -107,7 +107,7 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
         "  - {at: 14.0, event: end}",
         "expect:",
         "  final_states: {agent_job: closed, finalize: closed, job: closed, "
-        "participant: closed, room_deletion: deleted, session_host: closed}",
+        "participant: closed, room_deletion: deleted, session: closed, session_host: closed}",
         "  facts: {job_closed_at: 14.0, session_closed_at: 10.0, room_deleted_at: 14.0, "
         "finalize_answered: true, verdict: {reason: the agent vetoes this run, success: false}}",
     ]

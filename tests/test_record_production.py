@@ -77,6 +77,7 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
         "playout": "closed",  # composed by default with an avatar
         "finalize": "closed",
         "room_deletion": "allowed",
+        "session": "closed",
         "agent_job": "closed",
     }
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"

@@ -285,7 +285,7 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
 
 
 def test_the_whole_job_draws_every_declared_channel() -> None:
-    from statemachines.glue import LINKS, SESSION
+    from statemachines.glue import LINKS
     from statemachines.routing import ROUTES
     from statemachines.system import FOLLOW_ORDER, RELEASE, TEARDOWN, WATCHES
 
@@ -297,8 +297,7 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
         assert f"{r.fact} → {r.event}" in ch.short
         assert any(line.startswith(r.fact) and line.endswith(f"→ {r.event}") for line in ch.lines)
     for k in LINKS:
-        source = "session" if k.source == SESSION else k.source
-        ch = by_pair[(source, k.target, "link")]
+        ch = by_pair[(k.source, k.target, "link")]
         # a step's number in the order of the task that fires it (TEARDOWN or RELEASE)
         steps = [t.name for t in (RELEASE if k.on == "run_teardown" else TEARDOWN)]
         at = f" step {steps.index(k.step) + 1}" if k.step else ""
@@ -313,7 +312,7 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
         "enters joined or clearing → avatar_joined",
     )
     assert by_pair[("job", "agent_job", "watch")].short == ("enters closed → job_closed",)
-    assert "agent thinking → agent_thinking" in by_pair[("session", "playout", "watch")].lines
+    assert "agent thinking → agent_thinking" in by_pair[("agent_session", "playout", "watch")].lines
     # the follow order on the room's arrows, the teardown's step numbers on run_close's
     for i, machine in enumerate(FOLLOW_ORDER):
         assert by_pair[("room", machine, "route")].heading.startswith(("1st", "2nd", "3rd")[i])
@@ -360,7 +359,7 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
         Watch(source="avatar", target="playout", event_of=avatar_change_event),
         {"watched": "participant", "by": "playout", "note": "the link"},
         ("job", "nobody"),  # names one machine only: listed, not drawn
-        {"source": "session", "target": "playout", "event_of": agent_state_event},
+        {"source": "agent_session", "target": "playout", "event_of": agent_state_event},
     )
     fake.FOLLOW_ORDER = ("job", "avatar", "participant")  # type: ignore[attr-defined]
     fake.TEARDOWN = (  # type: ignore[attr-defined]
@@ -374,7 +373,7 @@ def test_the_whole_job_reads_statemachines_system_when_it_exists(
     assert [(c.source, c.target) for c in watches] == [
         ("avatar", "playout"),
         ("participant", "playout"),
-        ("session", "playout"),  # not a machine: its function is named, not evaluated
+        ("agent_session", "playout"),  # not a machine: its function is named, not evaluated
     ]
     assert watches[0].lines == (
         "leaves routing for joined → avatar_joined",

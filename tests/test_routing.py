@@ -126,9 +126,8 @@ def test_a_link_fires_on_its_own_flag_before_the_jobs() -> None:
     assert "room_deletion.request" not in targets(
         {"delete_room_on_close": False}, {"delete_room_on_close": True}
     )
-    # a session's close reaches the link and the avatar only for the primary session
-    closes = ("session", "close", "")
-    primary = [k.target for k in links_fired(index, closes, {"primary": True}, {})]
-    other = [k.target for k in links_fired(index, closes, {"primary": False}, {})]
-    assert {"participant", "avatar"} <= set(primary)
-    assert not {"participant", "avatar"} & set(other)
+    # a session's close reaches the link and the avatar only for the job's own session
+    own = [k.target for k in links_fired(index, ("session", "report_own_closed", ""), {}, {})]
+    other = [k.target for k in links_fired(index, ("session", "report_closed", ""), {}, {})]
+    assert {"participant", "avatar"} <= set(own)
+    assert other == ["session_host"]

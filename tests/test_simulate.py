@@ -130,6 +130,7 @@ def test_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
         "participant": "closed",
         "finalize": "closed",
         "room_deletion": "deleted",
+        "session": "closed",
         "agent_job": "closed",
     }
     facts = r["facts"]

@@ -105,9 +105,9 @@ RUNTIME = Path(__file__).resolve().parent.parent / "agent_runtime"
 
 
 def test_links_are_fired_only_by_the_declared_channels() -> None:
-    """Links fire from an effect's declared outcome (its ``Output``, by the actor), as a
-    declared teardown step begins, or as a session of the job closes (the one observation
-    of it): no other code of the runtime fires one."""
+    """Links fire from an effect's declared outcome (its ``Output``, by the actor; a
+    session's close too, through the session machine) or as a declared teardown step
+    begins: no other code of the runtime fires one."""
     firing: set[tuple[str, str]] = set()
 
     class Uses(ast.NodeVisitor):
@@ -136,7 +136,6 @@ def test_links_are_fired_only_by_the_declared_channels() -> None:
         ("_perform.py", "_task_succeeded"),  # the same, for a state's task
         ("runtimes/job.py", "_begin_step"),  # run_close's steps (TEARDOWN)
         ("system/job_system.py", "_begin_release"),  # run_teardown's steps (RELEASE)
-        ("runtimes/job.py", "on_close"),  # a session of the job closing
     }
 
 

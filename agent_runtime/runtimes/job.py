@@ -15,7 +15,6 @@ disconnects the room, so the hold runs while the simulator can still reach the a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -29,7 +28,6 @@ from livekit.agents.voice.remote_session import SessionTransport
 from agent_runtime._messages import NO_NAMES
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
@@ -41,11 +39,12 @@ from agent_runtime.runtimes.session_host import (
     session_host_for,
     simulation_context,
 )
+from agent_runtime.runtimes.sessions import JobSessions
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
 from agent_runtime.runtimes.teardown import Teardown, Work
-from agent_runtime.scheduler import Scheduler, after
+from agent_runtime.scheduler import Scheduler, after, ending
 from agent_runtime.settings import check_part, check_setting, observed
-from statemachines.glue import SESSION, hold_needed, simulators_after
+from statemachines.glue import hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import TEARDOWN
 
@@ -107,14 +106,15 @@ class JobRuntime(MachineRuntime[str]):
         wiring: Wiring | None = None,
         host: JobSessionHost | None = None,
         deletion: RoomDeletion | None = None,
-        primary: AgentSession[Any] | None = None,
+        sessions: JobSessions | None = None,
         composed_works: Callable[[], Mapping[str, Work]] | None = None,
         owner: Hear | None = None,
     ) -> None:
-        """``wiring``, ``host`` and ``deletion``: the parts a composing system built and
-        holds itself (its ``owner`` hears their state changes); alone, the job builds its
-        own. ``primary``: the session the links flagged ``primary`` follow (the composer's
-        own); ``composed_works``: the works of run_close's steps the composer does."""
+        """``wiring``, ``host``, ``deletion`` and ``sessions``: the parts a composing system
+        built and holds itself (its ``owner`` hears their state changes); alone, the job
+        builds its own (its sessions with no own session: any attached one's close ends the
+        job through the host). ``composed_works``: the works of run_close's steps the
+        composer does."""
         super().__init__(owner)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
@@ -150,11 +150,6 @@ class JobRuntime(MachineRuntime[str]):
         self._facts = _Facts(self)
         # the links between the job's machines, as declared (statemachines.glue.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
-        # the session the participant link follows (AgentJob's own): its close is the one
-        # the links flagged `primary` follow
-        self.primary = primary
-        self.primary_close_reason: str | None = None  # its CloseReason, once it closed
-        self._session_listeners: list[tuple[AgentSession[Any], Callable[[Any], None]]] = []
         self._callbacks = ShutdownCallbacks()
         # the works of run_close's steps (statemachines.system.TEARDOWN) that whoever
         # composes the job does (the session's and the avatar's), asked for as the close
@@ -196,6 +191,17 @@ class JobRuntime(MachineRuntime[str]):
             clock=self._clock,
             tracer=tracer,
             scheduler=scheduler,
+            owner=self._emit_state,
+        )
+        # each session's close, heard once, told through the links
+        self.sessions = sessions or JobSessions(
+            None,
+            label=self.host.label_of,
+            clock=self._clock,
+            tracer=tracer,
+            scheduler=scheduler,
+            wiring=self.wiring,
+            instance=instance,
             owner=self._emit_state,
         )
         self.wiring.connect("job", self._post_linked)
@@ -274,21 +280,7 @@ class JobRuntime(MachineRuntime[str]):
         room deletion is requested, deferred until the hold ends). Attach before
         ``session.start()`` to forward its events from the first one."""
         self.host.attach(session)  # raises on bad input or a closed host, changing nothing
-        if any(s is session for s, _ in self._session_listeners):
-            return
-
-        def on_close(ev: Any) -> None:
-            reason = getattr(getattr(ev, "reason", None), "value", None) or str(
-                getattr(ev, "reason", "")
-            )
-            data = {"session": self.host.label_of(session), "reason": reason}
-            if session is self.primary and self.primary_close_reason is None:
-                self.primary_close_reason = reason
-            self.wiring.fire(SESSION, "close", data, primary=session is self.primary)
-
-        listener = Listener(on_close)
-        session.on("close", listener)
-        self._session_listeners.append((session, listener))
+        self.sessions.follow(session)
 
     def detach(self, session: AgentSession[Any]) -> None:
         """Detach ``session`` if it is the attached one; otherwise nothing changes."""
@@ -348,9 +340,10 @@ class JobRuntime(MachineRuntime[str]):
         return after(self.actor.release(), self._release_host)
 
     def _release_host(self) -> asyncio.Future[None] | None:
-        ending = self.host.release()
+        host = self.host.release()
+        sessions = self.sessions.release_now()
         self._release_listeners()
-        return ending
+        return ending(host, sessions)
 
     def _release_listeners(self) -> None:
         if self._unsubscribe_facts is not None:
@@ -358,10 +351,6 @@ class JobRuntime(MachineRuntime[str]):
             self._unsubscribe_facts = None
         if self._own_events:
             self._room_events.aclose()
-        for session, cb in self._session_listeners:
-            with contextlib.suppress(Exception):
-                session.off("close", cb)
-        self._session_listeners.clear()
         if self._trace_file is not None:
             self._trace_file.close()
 

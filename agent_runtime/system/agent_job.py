@@ -285,7 +285,7 @@ class AgentJob(Emitter[Events]):
         is closed; if the job is closed while this runs, this raises once the start is cut."""
         options = room_options_for(self.settings, room_options)  # refused before anything
         await self.system.begin("start")
-        self.system.claim_session()
+        await self.system.claim_session()
         await self.system.run_part(self.system.start_all(agent, options), session=True)
 
     async def start_runtime(self) -> None:
@@ -310,7 +310,7 @@ class AgentJob(Emitter[Events]):
         then link the participant."""
         options = room_options_for(self.settings, room_options)
         await self.system.begin("start_part")
-        self.system.claim_session()
+        await self.system.claim_session()
         await self.system.run_part(self.system.start_session(agent, options), session=True)
 
     def attach(self, session: AgentSession[Any]) -> None:

@@ -65,6 +65,7 @@ from agent_runtime.runtimes.session_host import (
     session_host_for,
     simulation_context,
 )
+from agent_runtime.runtimes.sessions import JobSessions
 from agent_runtime.runtimes.teardown import Teardown, Work
 from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
@@ -149,6 +150,17 @@ class JobSystem(MachineRuntime[str]):
             scheduler=scheduler,
             owner=forward,
         )
+        # the job's sessions: each one's close heard once (its own is ``session``)
+        self.sessions = JobSessions(
+            session,
+            label=self.host.label_of,
+            clock=clock,
+            tracer=tracer,
+            scheduler=scheduler,
+            wiring=self.wiring,
+            instance=room.name or "job",
+            owner=forward,
+        )
         self.job = JobRuntime(
             room=room,
             clock=clock,
@@ -161,7 +173,7 @@ class JobSystem(MachineRuntime[str]):
             wiring=self.wiring,
             host=self.host,
             deletion=self.deletion,
-            primary=session,
+            sessions=self.sessions,
             composed_works=self._teardown_works,  # run_close's steps that need the room
             owner=forward,
         )
@@ -232,6 +244,7 @@ class JobSystem(MachineRuntime[str]):
             self.link.actor,
             *([self.avatar.actor] if self.avatar is not None else []),
             *([self.playout.actor] if self.playout is not None else []),
+            self.sessions.actor,
             self.lifecycle,
         ]
         order = list(MACHINES)
@@ -243,7 +256,6 @@ class JobSystem(MachineRuntime[str]):
         # the parts of a start still running, each in its caller: the teardown cuts them
         # (a dict as an ordered set: an empty one is a quarter of an empty set's size)
         self._starts: dict[StartPart, None] = {}
-        self._session_start: asyncio.Task[Any] | None = None  # the call starting the session
         # who hears the declared watches (statemachines.system.WATCHES), by machine
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
         if self.playout is not None:
@@ -253,9 +265,9 @@ class JobSystem(MachineRuntime[str]):
     # -- state -------------------------------------------------------------------------------
     @property
     def close_reason(self) -> str | None:
-        """The primary session's ``CloseReason``, once it closed (the job's one listener on
-        the session's close says it)."""
-        return self.job.primary_close_reason
+        """The job's own session's ``CloseReason``, once it closed (as the session machine
+        heard it)."""
+        return self.sessions.own_close_reason
 
     def audio_route(self) -> Route:
         return route_of(self.session, self.avatar.installed_sink if self.avatar else None)
@@ -331,12 +343,11 @@ class JobSystem(MachineRuntime[str]):
         await self.start_runtime()
         await self.avatar.start(self.session, self.room, **self._avatar_start_options)
 
-    def claim_session(self) -> None:
+    async def claim_session(self) -> None:
         """The session's start is the calling start's from here on: a second one (at once,
-        or later) is refused plainly, whatever the SDK's own lock would let through."""
-        if self._session_start is not None:
-            raise RuntimeError("the job's session is already started (or closed)")
-        self._session_start = asyncio.current_task()
+        or later) is refused plainly (the session machine's reject cell), whatever the SDK's
+        own lock would let through."""
+        await self.sessions.claim()
 
     async def start_session(self, agent: Agent, options: RoomOptions) -> None:
         if lk.session_started(self.session) or lk.session_closing_task(self.session):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 NAME = "whole-job"  # its files: whole-job.mmd, whole-job.dot, whole-job.svg
 ROOM = "room"
-SESSION = "session"
+AGENT_SESSION = "agent_session"  # livekit's AgentSession, outside the machines
 # livekit-agents' AgentState values (livekit.agents.voice.events; a test pins them): the
 # session's agent_state_changed the playout machine follows
 AGENT_STATES = ("initializing", "idle", "listening", "thinking", "speaking")
@@ -136,7 +136,7 @@ def _change_summary(
 def _watch(item: Any, machines: Mapping[str, MachineSpec]) -> Channel | None:
     """One declared watch as a channel; None when it does not name two ends."""
     fields = _fields(item)
-    ends = (*machines, ROOM, SESSION)
+    ends = (*machines, ROOM, AGENT_SESSION)
     source, target = fields.get("source"), fields.get("target")
     if source not in ends or target not in ends:
         named = [v for v in fields.values() if isinstance(v, str) and v in ends]
@@ -184,7 +184,7 @@ def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any)
             lines = tuple(f"{when} → {ev}" for ev, when in _change_summary(fn, machines[source]))
             if lines:
                 out.append(Channel(source, "playout", "watch", lines, lines))
-    # the session is not a machine: the playout machine follows its agent state by function
+    # livekit's AgentSession is not a machine: playout follows its agent state by function
     agent_fn = getattr(glue, "agent_state_event", None)
     if agent_fn is not None and "playout" in machines:
         by_event: dict[str, list[str]] = {}
@@ -193,7 +193,7 @@ def _watch_channels(machines: Mapping[str, MachineSpec], system: Any, glue: Any)
             if event:
                 by_event.setdefault(event, []).append(state)
         lines = tuple(f"agent {' or '.join(st)} → {e}" for e, st in by_event.items())
-        out.append(Channel(SESSION, "playout", "watch", lines, lines))
+        out.append(Channel(AGENT_SESSION, "playout", "watch", lines, lines))
     return out
 
 
@@ -266,7 +266,6 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     # the declarations may move into statemachines.system (issue 24): read them there first
     routes = _declared("ROUTES", system, routing)
     links = _declared("LINKS", system, glue)
-    session = getattr(glue, "SESSION", SESSION)
     for r in routes:
         f = _fields(r)
         when = f" [{' and '.join(f.get('when') or ())}]" if f.get("when") else ""
@@ -278,7 +277,7 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
         on = f.get("on") or f.get("effect") or ""
         step = f" (step {f['step']})" if f.get("step") else ""
         when = f" [{' and '.join(f.get('when') or ())}]" if f.get("when") else ""
-        source = SESSION if f.get("source") == session else str(f.get("source"))
+        source = str(f.get("source"))
         key = (source, str(f.get("target")), "link")
         grouped.setdefault(key, []).append(f"{on}{step}{when} → {f.get('event')}")
         at = ""
@@ -306,7 +305,7 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     used = {c.source for c in channels} | {c.target for c in channels}
     return SystemView(
         machines=tuple(machines),
-        outside=tuple(n for n in (ROOM, SESSION) if n in used and n not in machines),
+        outside=tuple(n for n in (ROOM, AGENT_SESSION) if n in used and n not in machines),
         channels=channels,
         follow_order=follow,
         orders=orders,

@@ -58,6 +58,7 @@ SENT: frozenset[tuple[str, str]] = frozenset(
     {
         ("avatar", "start"),
         ("session_host", "start"),
+        ("session", "start"),  # a start of the job claims its session: a reject raises
         *(
             ("agent_job", e)
             for e in ("start", "start_part", "follow_room", "started", "start_failed")
@@ -127,6 +128,8 @@ POSTED: dict[str, frozenset[str]] = {
         }
     ),
     "participant": frozenset({"participant_connected", "session_closed", "close"}),
+    # from the sessions' close listeners, a start's claim and the job's release
+    "session": frozenset({"start", "session_closed", "close"}),
     "room_deletion": frozenset({"request", "allow", "close"}),
     "finalize": frozenset({"request", "close"}),
     # from AgentJob's API (start, its parts, aclose: JobSystem's begin, run_part, aclose)
@@ -194,6 +197,7 @@ MODULES = {
     "room_deletion": "agent_runtime/runtimes/room_deletion.py",
     "finalize": "agent_runtime/runtimes/finalize.py",
     "playout": "agent_runtime/runtimes/playout.py",
+    "session": "agent_runtime/runtimes/sessions.py",
     "agent_job": "agent_runtime/system/job_system.py",
 }
 
@@ -295,7 +299,8 @@ BY_HAND: tuple[tuple[str, str], ...] = (
         "agent_job (running, started) *",
         (
             "never decided there: started is sent by run_part(session=True) only, after "
-            "claim_session(), which lets one session start through per job; its started is "
+            "claim_session(), which the session machine lets through once per job (its "
+            "start leaves new for good); its started is "
             "the only way into running, so none comes after"
         ),
     ),

@@ -1,0 +1,109 @@
+"""``JobSessions``: the job's sessions as the ``session`` machine hears them.
+
+Built beside the job machine (by ``JobSystem``, or by ``JobRuntime`` alone). It listens to
+each session the job follows (``follow``) for the SDK's ``close`` event, once per session,
+and hands it to the machine as ``session_closed``; the machine's effects tell the others
+through the declared links (the session host; for the job's own session also the
+participant link, the avatar and playout). A start of the job takes its own session
+through the machine too (``claim``): a second start is the machine's reject cell. See
+``statemachines.session``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from livekit.agents import AgentSession
+
+from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effect_table
+from agent_runtime.clock import Clock
+from agent_runtime.emitter import Listener
+from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes._base import Hear, MachineRuntime
+from agent_runtime.runtimes.routing import Wiring
+from agent_runtime.scheduler import Scheduler
+from statemachines.session import SESSION
+
+
+class JobSessions(MachineRuntime[str]):
+    """The sessions of one job. ``own``: the job's own session (the one the participant
+    link follows), if it has one; ``label(session)``: its name in traces (the host's)."""
+
+    def __init__(
+        self,
+        own: AgentSession[Any] | None,
+        *,
+        label: Callable[[AgentSession[Any]], str],
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        scheduler: Scheduler | None = None,
+        wiring: Wiring | None = None,
+        instance: str = "",
+        owner: Hear | None = None,
+    ) -> None:
+        super().__init__()
+        self.own = own
+        self._label = label
+        self.own_close_reason: str | None = None  # its CloseReason's value, once it closed
+        self._listeners: list[tuple[AgentSession[Any], Listener]] = []
+        self._run_machine(
+            SESSION,
+            _EFFECTS,
+            instance=instance,
+            clock=clock,
+            tracer=tracer,
+            scheduler=scheduler,
+            hear=owner,
+            wiring=wiring,
+        )
+
+    @property
+    def own_session(self) -> str | None:
+        """The own session's label (what the ``is_own`` guard compares)."""
+        return None if self.own is None else self._label(self.own)
+
+    def follow(self, session: AgentSession[Any]) -> None:
+        """Hear ``session``'s close from now on (once: following it again changes nothing)."""
+        if self.actor.closed or any(s is session for s, _ in self._listeners):
+            return
+        listener = Listener(lambda ev: self._closed(session, ev))
+        session.on("close", listener)
+        self._listeners.append((session, listener))
+
+    async def claim(self) -> None:
+        """A start of the job takes its own session; refused (``RuntimeError``) once one
+        did, whatever became of it, and once the job let its sessions go."""
+        try:
+            await self.actor.send(Event("start"))
+        except (EventRejected, ActorClosed):
+            raise RuntimeError("the job's session is already started (or closed)") from None
+
+    def release_now(self) -> asyncio.Future[Any] | None:
+        """Stop listening and let the machine go (``close``, then released): the job's last
+        word. What is left to wait for, or None."""
+        for session, listener in self._listeners:
+            with contextlib.suppress(Exception):
+                session.off("close", listener)
+        self._listeners.clear()
+        return self._close_now(self.actor.release)
+
+    def _closed(self, session: AgentSession[Any], ev: Any) -> None:
+        reason = getattr(getattr(ev, "reason", None), "value", None) or str(
+            getattr(ev, "reason", "")
+        )
+        self._post(Event("session_closed", {"session": self._label(session), "reason": reason}))
+
+    # -- effects ---------------------------------------------------------------------------
+    def _fx_report_closed(self, ev: Event) -> Output:
+        return Output(dict(ev.data))
+
+    def _fx_report_own_closed(self, ev: Event) -> Output:
+        self.own_close_reason = str(ev.data.get("reason", ""))
+        return Output(dict(ev.data))
+
+
+# the session machine's handlers, shared by every job (Handlers binds them)
+_EFFECTS = effect_table(JobSessions, SESSION)
