@@ -389,4 +389,5 @@ def diagram_svg(spec: MachineSpec, *, standalone: bool = True) -> str:
             )
         out.append(f"{_text(b)}</g>")
     out.append("</svg>")
-    return "".join(out) + ("\n" if standalone else "")
+    # one state, edge or hub a line: a change to the picture reads as a diff in review
+    return "\n".join(out) + ("\n" if standalone else "")
