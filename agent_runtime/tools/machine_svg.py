@@ -129,7 +129,6 @@ def _ranks(spec: MachineSpec) -> dict[str, int]:
 @dataclass
 class _Layout:
     boxes: dict[str, _Box]
-    rows: list[list[str]]  # the keys of each row, top to bottom, left to right
     links: list[tuple[str, str]]  # (from key, to key): the lines between boxes
     width: float
     height: float
@@ -153,7 +152,7 @@ def _place(row: list[_Box], want: dict[str, float], right: float) -> None:
         b.x += shift
 
 
-def layout(d: Drawing, spec: MachineSpec) -> _Layout:
+def _layout(d: Drawing, spec: MachineSpec) -> _Layout:
     """Where every box of the drawing goes, and the lines between them."""
     rank = _ranks(spec)
     boxes: dict[str, _Box] = {}
@@ -225,7 +224,7 @@ def layout(d: Drawing, spec: MachineSpec) -> _Layout:
             boxes[k].y = y + (tallest - boxes[k].h) / 2
         y += tallest + _GAP_Y
     width = max(b.x + b.w for b in boxes.values()) + _LANE * (back + 1) + _MARGIN
-    return _Layout(boxes, rows, links, width, y - _GAP_Y + _MARGIN)
+    return _Layout(boxes, links, width, y - _GAP_Y + _MARGIN)
 
 
 # -- drawing -----------------------------------------------------------------------------------
@@ -305,7 +304,7 @@ def diagram_svg(spec: MachineSpec, *, standalone: bool = True) -> str:
     (``drawing.region_id``) and the style that outlines a linked one; the page embeds
     several machines inline, where those ids would clash, and leaves them out."""
     d = drawing(spec)
-    lay = layout(d, spec)
+    lay = _layout(d, spec)
     ends = _ends(lay)
     name = esc(spec.name)
     mid = f"arrow-{name}"
