@@ -36,7 +36,7 @@ def _index() -> str:
         "# The machines",
         "",
         "Every machine of the runtime, generated from its spec in `statemachines/`: each page "
-        "has the diagram (Graphviz, from `agent-runtime diagrams`) and the whole state x "
+        "has the diagram (drawn by `agent-runtime diagrams`) and the whole state x "
         "event table. `agent-runtime table NAME` prints the same table in a terminal and "
         "`agent-runtime export xstate NAME` writes the machine for XState "
         "([XState](../guide/xstate.md)).",

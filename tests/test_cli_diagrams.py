@@ -14,6 +14,7 @@ import pytest
 
 import agent_runtime.tools.commands.diagrams as diagrams_cmd
 from agent_runtime.tools.cli import main
+from agent_runtime.tools.drawing import cell_regions
 from agent_runtime.tools.render import mermaid, terminal_table
 from statemachines.machines import MACHINES
 
@@ -35,9 +36,8 @@ def test_writes_every_file_then_check_passes(
     assert main(["diagrams", "--out", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
     for m in MACHINES:
-        assert {f"{m}.mmd", f"{m}.dot", f"{m}.md"} <= names
-        if shutil.which("dot"):
-            assert (out / f"{m}.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+        assert {f"{m}.mmd", f"{m}.dot", f"{m}.md", f"{m}.svg"} <= names  # no Graphviz needed
+        assert (out / f"{m}.svg").read_text().startswith("<svg")
     assert "README.md" in names
     assert all(n.split(".")[0] in (*MACHINES, "README", "whole-job") for n in names)
     assert {"whole-job.mmd", "whole-job.dot"} <= names
@@ -58,16 +58,17 @@ def test_every_file_written_is_listed(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["diagrams", "--out", str(out)]) == 0
     wrote = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines()]
     assert sorted(wrote) == sorted(str(p) for p in out.iterdir())
+    assert str(out / "avatar.svg") in wrote
+    # an SVG drawn again is listed when it changed, and only then
+    (out / "avatar.svg").unlink()
+    (out / "job.svg").write_text("<svg/>")
+    assert main(["diagrams", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote {out / 'avatar.svg'}",
+        f"wrote {out / 'job.svg'}",
+    ]
     if shutil.which("dot"):
         assert str(out / "whole-job.svg") in wrote
-        # an SVG rendered again is listed when it changed, and only then
-        (out / "avatar.svg").unlink()
-        (out / "job.svg").write_text("<svg/>")
-        assert main(["diagrams", "--out", str(out)]) == 0
-        assert capsys.readouterr().out.splitlines() == [
-            f"wrote {out / 'avatar.svg'}",
-            f"wrote {out / 'job.svg'}",
-        ]
 
 
 def test_check_names_each_stale_missing_and_stray_file(
@@ -80,16 +81,18 @@ def test_check_names_each_stale_missing_and_stray_file(
     (out / "robot.mmd").write_text("stateDiagram-v2\n")
     (out / "robot.svg").write_text("<svg/>")
     (out / "notes.txt").write_text("not generated")  # not ours: left alone
-    if (out / "participant.svg").exists():
-        (out / "participant.svg").write_text("<svg>other graphviz</svg>")  # never compared
+    (out / "participant.svg").write_text("<svg>edited</svg>")  # a machine's SVG is compared
+    if (out / "whole-job.svg").exists():
+        (out / "whole-job.svg").write_text("<svg>other graphviz</svg>")  # Graphviz's: never
     capsys.readouterr()
     assert main(["diagrams", "--check", "--out", str(out)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert f"stale: {out / 'job.md'}" in err
+    assert f"stale: {out / 'participant.svg'}" in err
     assert f"missing: {out / 'avatar.dot'}" in err
     assert f"stray: {out / 'robot.mmd'} (no machine named 'robot')" in err
     assert f"stray: {out / 'robot.svg'} (no machine named 'robot')" in err
-    assert len(err) == 5 and err[-1].startswith("4 diagram file(s) out of date")
+    assert len(err) == 6 and err[-1].startswith("5 diagram file(s) out of date")
     # regenerating fixes it and removes the strays of the machine that is gone
     assert main(["diagrams", "--out", str(out)]) == 0
     assert not (out / "robot.mmd").exists() and (out / "notes.txt").exists()
@@ -185,19 +188,25 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"agent-runtime {cmd}" in capsys.readouterr().out
 
 
-def test_svgs_name_each_region_and_outline_a_linked_one(tmp_path: Path) -> None:
-    """`agent-runtime diff` links to diagrams/NAME.svg#REGION: the region exists, and the
-    SVG's own style outlines whichever region the link targets."""
-    if shutil.which("dot") is None:
-        pytest.skip("Graphviz is not installed")
+def test_svgs_name_each_region_diff_links_to(tmp_path: Path) -> None:
+    """`agent-runtime diff` links to diagrams/NAME.svg#REGION: every region it can name, for
+    every cell of every machine, is an element of that SVG, and the SVG's own style outlines
+    whichever region the link targets."""
     assert main(["diagrams", "--out", str(tmp_path)]) == 0
-    svg = (tmp_path / "avatar.svg").read_text()
-    assert svg.count(":target") >= 2 and "stroke: #d1242f" in svg
-    ids = {el.get("id") for el in ElementTree.fromstring(svg.encode()).iter()}
+    for name, spec in MACHINES.items():
+        svg = (tmp_path / f"{name}.svg").read_text()
+        assert svg.count("<style>") == 1 and ":target rect" in svg and "#d1242f" in svg
+        ids = [el.get("id") for el in ElementTree.fromstring(svg.encode()).iter()]
+        regions = {
+            ident for cells in cell_regions(spec).values() for r in cells.values() for ident, _ in r
+        }
+        assert regions and regions <= set(ids), f"{name}.svg lacks {regions - set(ids)}"
+        assert len([i for i in ids if i]) == len({i for i in ids if i})  # each id once
+    ids = {
+        el.get("id") for el in ElementTree.fromstring((tmp_path / "avatar.svg").read_bytes()).iter()
+    }
     for region in ("state--routing", "edge--starting--failed", "into--closed", "into--failed"):
         assert region in ids
-    assert main(["diagrams", "--out", str(tmp_path)]) == 0  # styled once, not twice
-    assert (tmp_path / "avatar.svg").read_text().count("<style>") == 1
 
 
 def test_check_fails_when_a_channel_changes_until_regenerated(

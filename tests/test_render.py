@@ -244,7 +244,7 @@ def test_output_is_deterministic() -> None:
     again = diagram_files(dict(MACHINES))
     assert first == again
     assert list(first) == [
-        *(f"{n}.{ext}" for n in MACHINES for ext in ("mmd", "dot", "md")),
+        *(f"{n}.{ext}" for n in MACHINES for ext in ("mmd", "dot", "md", "svg")),
         "whole-job.mmd",
         "whole-job.dot",
         "README.md",

@@ -15,10 +15,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
 from agent_runtime.tools.cli import main as cli
+from agent_runtime.tools.drawing import drawing
 from agent_runtime.tools.timeline import diagram_svg, timeline_html
 from statemachines.machines import MACHINES
 
@@ -60,12 +62,56 @@ def test_the_page_is_self_contained(page: tuple[Path, Path]) -> None:
 
 def test_every_machine_draws_without_graphviz() -> None:
     for name, spec in MACHINES.items():
-        svg = diagram_svg(spec)
+        svg = diagram_svg(spec, standalone=False)
         states = re.findall(r'<g class="state" data-machine="([^"]+)" data-state="([^"]+)"', svg)
         assert states == [(name, s) for s in spec.state_names]
         edges = set(re.findall(r'<g class="edge" data-source="([^"]+)" data-dest="([^"]+)"', svg))
+        hubs = set(re.findall(r'<g class="hub" data-dest="([^"]+)"', svg))
+        # every transition to another state is drawn: as its own edge, or in the box of
+        # rows entering its dest from many states
         want = {(r.source, r.dest) for r in spec.rows if r.dest not in (None, r.source)}
-        assert edges == want
+        assert (
+            {(s, d) for s, d in want if d not in hubs}
+            <= edges
+            <= want | {(r.source, r.source) for r in spec.rows if r.dest == r.source}
+        )
+        assert hubs == {h.dest for h in drawing(spec).hubs}
+
+
+def _boxes(svg: str) -> dict[str, list[tuple[str, ...]]]:
+    """Each state's, edge's and hub's shapes (their geometry), by what they draw."""
+    root = ElementTree.fromstring(re.sub(r' xmlns="[^"]+"', "", svg))
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for g in root.iter("g"):
+        key = " ".join(
+            g.get(a, "") for a in ("class", "data-state", "data-source", "data-dest")
+        ).strip()
+        out[key] = [
+            tuple(el.get(a, "") for a in ("x", "y", "width", "height", "d"))
+            for el in g
+            if el.tag in ("rect", "path")
+        ]
+    return out
+
+
+def test_the_page_shows_the_picture_diagrams_writes(
+    page: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One layout: each diagram on the page has the boxes, edges and hubs of
+    ``diagrams/NAME.svg`` where that file has them, and the same size."""
+    assert cli(["diagrams", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    text = page[1].read_text(encoding="utf-8")
+    shown = re.findall(r'<svg class="diagram" data-machine="([^"]+)".*?</svg>', text, re.S)
+    assert shown == lanes_in(page[0])
+    for name in shown:
+        embedded = re.search(rf'<svg class="diagram" data-machine="{name}".*?</svg>', text, re.S)
+        assert embedded is not None
+        written = (tmp_path / f"{name}.svg").read_text(encoding="utf-8")
+        page_boxes, file_boxes = _boxes(embedded.group()), _boxes(written)
+        assert page_boxes == file_boxes and len(file_boxes) >= len(MACHINES[name].states)
+        size = r'width="(\d+)" height="(\d+)"'
+        assert re.findall(size, embedded.group())[0] == re.findall(size, written)[0]
 
 
 def test_a_trace_of_a_machine_this_build_lacks_still_draws() -> None:

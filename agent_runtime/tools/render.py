@@ -1,6 +1,6 @@
 """Views of a machine spec: Mermaid, Graphviz DOT, Markdown and terminal tables, the golden
 files (``diagrams/``) and their README. What a diagram shows, and the cell table, are
-``drawing.py``'s; this file draws them.
+``drawing.py``'s; this file draws them, and ``machine_svg.py`` draws the SVG.
 
 Pure functions of a ``MachineSpec``: no livekit, same output for the same spec.
 
@@ -28,6 +28,7 @@ from agent_runtime.tools.drawing import (
     seconds,
     wrap,
 )
+from agent_runtime.tools.machine_svg import diagram_svg
 
 if TYPE_CHECKING:
     from statemachines.spec import MachineSpec
@@ -313,16 +314,18 @@ _WHOLE_JOB = "whole-job"  # agent_runtime.tools.system_diagram.NAME (imported la
 
 # -- the diagrams directory --------------------------------------------------------------------
 
-DIAGRAM_SUFFIXES = (".mmd", ".dot", ".md")  # text outputs, compared by ``diagrams --check``
+DIAGRAM_SUFFIXES = (".mmd", ".dot", ".md", ".svg")  # what ``diagrams --check`` compares
 
 
 def diagram_files(machines: Mapping[str, MachineSpec]) -> dict[str, str]:
-    """Every text file of the diagrams directory, by file name, in a stable order."""
+    """Every file of the diagrams directory this module draws, by file name, in a stable
+    order: all but the whole job's SVG, which Graphviz renders from its DOT."""
     files: dict[str, str] = {}
     for name, spec in machines.items():
         files[f"{name}.mmd"] = mermaid(spec)
         files[f"{name}.dot"] = dot(spec)
         files[f"{name}.md"] = markdown_table(spec)
+        files[f"{name}.svg"] = diagram_svg(spec)
     # imported here: `agent-runtime diff` loads this module on its own, by path
     from agent_runtime.tools.system_diagram import system_files
 
@@ -339,10 +342,12 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
         "these files by hand. `agent-runtime diagrams --check` fails while they are out of date.",
         "",
         "Each machine has its Mermaid diagram below (`NAME.mmd`), its whole state x event "
-        "table (`NAME.md`), Graphviz DOT (`NAME.dot`) and, when Graphviz was installed, "
-        "`NAME.svg`; the whole job, every machine and the channels between them, is "
-        f"[below](#the-whole-job) (`{_WHOLE_JOB}.mmd`, `.dot`, `.svg`). The diagrams are drawn "
-        "to be read at a page's width (a machine top to bottom, labels wrapped).",
+        "table (`NAME.md`), Graphviz DOT (`NAME.dot`) and `NAME.svg`, drawn by "
+        "`agent-runtime diagrams` itself (the picture the timeline page shows; a link to "
+        "`NAME.svg#edge--SOURCE--DEST`, as `agent-runtime diff` prints, outlines that edge). "
+        f"The whole job, every machine and the channels between them, is [below](#the-whole-job) "
+        f"(`{_WHOLE_JOB}.mmd`, `.dot`, and `.svg` when Graphviz was installed). The diagrams "
+        "are drawn to be read at a page's width (a machine top to bottom, labels wrapped).",
         "",
         "- An edge is labelled `event [guards] / effects`, one line (`•`) per row when several "
         "rows lead from one state to the same other state; the rows of one cell are tried in "
@@ -355,13 +360,14 @@ def diagrams_readme(machines: Mapping[str, MachineSpec]) -> str:
         "are listed inside the state.",
         "- `ignore` and `reject` cells are not drawn: the table (`NAME.md`) has every cell.",
         "",
-        "| machine | initial | states | events | table | Graphviz |",
-        "|---|---|---|---|---|---|",
+        "| machine | initial | states | events | table | SVG | Graphviz |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, spec in machines.items():
         out.append(
             f"| [{_md(name)}](#{name.lower()}) | `{_md(spec.initial)}` | {len(spec.states)} "
-            f"| {len(spec.events)} | [{name}.md]({name}.md) | [{name}.dot]({name}.dot) |"
+            f"| {len(spec.events)} | [{name}.md]({name}.md) | [{name}.svg]({name}.svg) "
+            f"| [{name}.dot]({name}.dot) |"
         )
     for name, spec in machines.items():
         out += ["", f"## {_md(name)}", ""]

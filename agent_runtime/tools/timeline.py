@@ -4,7 +4,8 @@ scenario's inputs above), and a scrubber that lights each machine's state at tha
 the diagrams.
 
 Everything is inline (CSS, the SVG drawings, a little JavaScript): the page fetches nothing
-and needs no Graphviz; the diagrams are ``machine_svg.py``'s. Open it at
+and needs no Graphviz; the diagrams are ``machine_svg.py``'s, the pictures ``agent-runtime
+diagrams`` writes as ``diagrams/NAME.svg`` (without their link ids). Open it at
 ``page.html#t=12`` to start the scrubber at t = 12.
 """
 
@@ -167,10 +168,6 @@ main { padding: 0 20px 30px; }
 .diagrams { display: flex; flex-wrap: wrap; gap: 14px; }
 .diagram-box { border: 1px solid #ddd; border-radius: 8px; padding: 6px 10px; }
 .diagram-box h3 { margin: 2px 0; font-size: 15px; }
-.state-name { font: 600 13px system-ui, sans-serif; text-anchor: middle; }
-.state-detail { font: 10.5px system-ui, sans-serif; text-anchor: middle; fill: #333; }
-.edge-label { font: 10px system-ui, sans-serif; text-anchor: middle; fill: #333;
-  paint-order: stroke; stroke: #fff; stroke-width: 3px; }
 .state.lit rect:first-of-type { fill: #ffca28; stroke: #d84315; stroke-width: 3; }
 .lane-label { font: 600 13px system-ui, sans-serif; }
 .strip-label { font: italic 12px system-ui, sans-serif; fill: #666; }
@@ -281,7 +278,7 @@ def timeline_html(
     for name in shown:
         spec = machines.get(name)
         body = (
-            diagram_svg(spec)
+            diagram_svg(spec, standalone=False)
             if spec is not None
             else f'<p class="sub">no spec for machine {esc(name)} in this build</p>'
         )

@@ -1,11 +1,12 @@
 """``agent-runtime diagrams [--out DIR] [--check]``: write or check the generated diagrams.
 
 Writes, for every machine, ``NAME.mmd`` (Mermaid), ``NAME.dot`` (Graphviz), ``NAME.md`` (the
-whole table) and ``NAME.svg`` when the ``dot`` program is on PATH; the same for the whole job
-(``whole-job.*``: the machines and the channels between them); and ``README.md`` embedding
-every Mermaid diagram. Each SVG outlines the region a link's ``#id`` names (the ids
-``agent-runtime diff`` prints). ``--check`` compares the text files with the disk (SVG
-bytes vary with the Graphviz version, so they are never compared).
+whole table) and ``NAME.svg`` (``machine_svg.py``'s drawing, the one the timeline page shows;
+a link's ``#id``, as ``agent-runtime diff`` prints, outlines that region); for the whole job
+(``whole-job.*``: the machines and the channels between them) the Mermaid and DOT files, and
+``whole-job.svg`` when Graphviz's ``dot`` program is on PATH; and ``README.md`` embedding
+every Mermaid diagram. ``--check`` compares every file but ``whole-job.svg`` with the disk
+(its bytes vary with the Graphviz version).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from agent_runtime.tools.system_diagram import NAME as WHOLE_JOB
 from statemachines.machines import MACHINES
 from statemachines.spec import MachineSpec
 
-_GENERATED_SUFFIXES = (*DIAGRAM_SUFFIXES, ".svg")
 PROG = "agent-runtime diagrams"
 
 
@@ -33,13 +33,11 @@ def _strays(out: Path, expected: set[str]) -> list[Path]:
     return sorted(
         p
         for p in out.iterdir()
-        if p.is_file() and p.suffix in _GENERATED_SUFFIXES and p.name not in expected
+        if p.is_file() and p.suffix in DIAGRAM_SUFFIXES and p.name not in expected
     )
 
 
-def _svgs(machines: Mapping[str, MachineSpec]) -> set[str]:
-    """Every machine's SVG and the whole job's."""
-    return {f"{name}.svg" for name in (*machines, WHOLE_JOB)}
+_WHOLE_JOB_SVG = f"{WHOLE_JOB}.svg"  # Graphviz's, when installed: expected, never compared
 
 
 def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
@@ -52,8 +50,7 @@ def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
             problems.append(f"missing: {path}")
         elif path.read_text(encoding="utf-8") != text:
             problems.append(f"stale: {path}")
-    svgs = _svgs(machines)
-    for p in _strays(out, set(files) | svgs):
+    for p in _strays(out, {*files, _WHOLE_JOB_SVG}):
         problems.append(f"stray: {p} (no machine named {p.stem!r})")
     return problems
 
@@ -66,51 +63,29 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path}")
-    svgs = _svgs(machines)
-    for p in _strays(out, set(files) | svgs):
+    for p in _strays(out, {*files, _WHOLE_JOB_SVG}):
         p.unlink()
         print(f"removed {p} (no machine named {p.stem!r})")
     dot = shutil.which("dot")
     if dot is None:
-        print("the Graphviz `dot` program is not on PATH: SVGs not rendered", file=sys.stderr)
-        return 0
-    code = 0
-    for name in (*machines, WHOLE_JOB):
-        src, svg = out / f"{name}.dot", out / f"{name}.svg"
-        done = subprocess.run(
-            [dot, "-Tsvg", str(src)],
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            check=False,
+        print(
+            f"the Graphviz `dot` program is not on PATH: {_WHOLE_JOB_SVG} not rendered",
+            file=sys.stderr,
         )
-        if done.returncode != 0:
-            print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
-            code = 1
-            continue
-        # rendered in memory and written only when it differs, so an SVG is listed like
-        # every other file written, and a run that changes nothing lists nothing
-        text = _outline_targets(done.stdout)
-        if not svg.is_file() or svg.read_text(encoding="utf-8") != text:
-            svg.write_text(text, encoding="utf-8")
-            print(f"wrote {svg}")
-    return code
-
-
-# a link to diagrams/NAME.svg#REGION (as `agent-runtime diff` prints) outlines that region
-_TARGET_STYLE = (
-    "<style>:target path, :target polygon, :target ellipse "
-    "{ stroke: #d1242f; stroke-width: 3; } :target text { fill: #d1242f; }</style>"
-)
-
-
-def _outline_targets(text: str) -> str:
-    """The SVG with the style that outlines a linked region, once."""
-    start = text.find("<svg")
-    end = text.find(">", start) + 1
-    if start < 0 or end <= 0 or _TARGET_STYLE in text:
-        return text
-    return text[:end] + "\n" + _TARGET_STYLE + text[end:]
+        return 0
+    src, svg = out / f"{WHOLE_JOB}.dot", out / _WHOLE_JOB_SVG
+    done = subprocess.run(
+        [dot, "-Tsvg", str(src)], capture_output=True, text=True, encoding="utf-8", check=False
+    )
+    if done.returncode != 0:
+        print(f"dot failed on {src}: {done.stderr.strip()}", file=sys.stderr)
+        return 1
+    # rendered in memory and written only when it differs, so it is listed like every other
+    # file written, and a run that changes nothing lists nothing
+    if not svg.is_file() or svg.read_text(encoding="utf-8") != done.stdout:
+        svg.write_text(done.stdout, encoding="utf-8")
+        print(f"wrote {svg}")
+    return 0
 
 
 def _not_a_directory(out: Path) -> Path | None:
