@@ -595,7 +595,7 @@ TABLE: list[Bad] = [
         "unknown-machine",
         record(machine="robot"),
         "1: unknown machine 'robot'; machines: avatar, job, session_host, participant, "
-        "room_deletion, finalize, playout, agent_job",
+        "room_deletion, finalize, playout, session, agent_job",
     ),
     # issue 13 item 8: tracebacks, and traces that said nothing passing as agreement
     trace(

@@ -333,9 +333,7 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
         if isinstance(fn, ast.AsyncFunctionDef) and "session=True" in ast.unparse(fn):
             source = ast.unparse(fn)
             callers += 1
-            assert source.index("await self.system.claim_session()") < source.index(
-                "session=True"
-            )
+            assert source.index("await self.system.claim_session()") < source.index("session=True")
     assert callers == 2  # start() and start_session()
     system = importlib.import_module("agent_runtime.system.job_system")
     claim = inspect.getsource(system.JobSystem.claim_session)

@@ -229,6 +229,7 @@ def test_in_a_browser_the_lanes_match_the_trace_and_the_scrubber_lights_the_stat
         "participant",
         "room_deletion",
         "finalize",
+        "session",
         "agent_job",
     ]
     shown = [el.text for el in browser.find_elements("css selector", "text.lane-label")]
@@ -261,6 +262,7 @@ def test_in_a_browser_the_lanes_match_the_trace_and_the_scrubber_lights_the_stat
         ["participant", "closed"],
         ["room_deletion", "requested"],
         ["finalize", "idle"],
+        ["session", "ended"],  # the user hung up at 10: the job's own session ended
         ["agent_job", "running"],
     ]
     browser.find_element("id", "next").click()  # the next transition: the verdict, t=14
