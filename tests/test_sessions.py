@@ -1,0 +1,97 @@
+"""The ``session`` machine in a real ``AgentJob``: each session's close heard once, from
+livekit's own ``close`` event, and told to whoever follows it.
+
+Real: ``AgentSession`` (started on the room with its RoomIO), every machine's runtime, the
+scripted avatar plugin. Faked, because they need a server: the room (``InMemoryRoom``, a real
+``rtc.Room`` with no connection) and the avatar participant's removal.
+"""
+
+from __future__ import annotations
+
+import pytest
+from livekit.agents import Agent, AgentSession, CloseReason
+
+from agent_runtime import AgentJob, MemorySink, Tracer
+from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.inmemory import InMemoryRoom
+
+ROOM = "sessions-room"  # the room the fixtures build (tests/conftest.py)
+
+
+def agent() -> Agent:
+    return Agent(instructions="agent")
+
+
+async def test_the_jobs_own_session_closing_ends_the_job_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    sink = MemorySink()
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, tracer=Tracer(sink), otel=False)
+    await job.start(agent())
+    await settle()
+    assert job.states["session"] == "started"
+    await job.session.aclose()
+    await settle()
+    await job.wait_closed()
+    assert job.close_reason == "user_initiated"
+    closes = [
+        r
+        for r in sink.records
+        if (r.kind, r.machine, r.event) == ("transition", "session", "session_closed")
+    ]
+    assert [(r.source, r.dest) for r in closes] == [("started", "ended")]  # heard once
+    # the participant link and the host heard it through the machine's links
+    heard = {(r.machine, r.event) for r in sink.records if r.kind == "transition"}
+    assert {("participant", "session_closed"), ("session_host", "session_closed")} <= heard
+    assert job.states["session"] == "closed"  # let go with the job
+    await job.aclose()
+
+
+async def test_another_session_attached_in_its_place_is_still_heard_after_the_own_one_ends(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """``attach(other)``: the job's own session is detached; its close is the participant
+    link's and the avatar's, not the job's end. The attached one's close ends the job."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start(agent())
+    other: AgentSession = AgentSession()  # type: ignore[type-arg]
+    job.attach(other)
+    await settle()
+    await job.session.aclose()
+    await settle()
+    assert job.states["session"] == "ended"
+    assert job.states["participant"] == "closed"  # it followed the job's own session
+    assert job.states["job"] == "serving"  # the attached session still runs
+    other.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    await job.wait_closed()
+    assert job.states["job"] == "closed"
+    await job.aclose()
+
+
+async def test_a_second_start_of_the_session_is_refused_and_the_job_goes_on(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The lifecycle lets a part start while running (the avatar may come later); the
+    session's start is taken once, by the session machine's ``start``."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start_session(agent())
+    with pytest.raises(RuntimeError, match="already started"):
+        await job.start_session(agent())
+    await settle()
+    assert (job.lifecycle, job.states["session"], job.states["job"]) == (
+        "running",
+        "started",
+        "serving",
+    )
+    await job.aclose()
+    assert job.states["session"] == "closed"
+
+
+def _closed(reason: CloseReason) -> object:
+    from livekit.agents.voice.events import CloseEvent
+
+    return CloseEvent(reason=reason)
