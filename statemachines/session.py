@@ -2,12 +2,13 @@
 
 The job's own session (the one ``AgentJob`` starts and the participant link follows) is
 ``new`` until a start of the job takes it (``start``); from then on another start is
-refused, whether the first one is still running, finished or failed. A session of the job
-closing (``session_closed``, the SDK's close event, heard once per session) is told to the
-session host, which decides whether it was the attached one; the job's own session closing
-is also told to the participant link, the avatar and playout, and ends the own session's
-life here (``ended``). A session attached in its place is still heard after that. ``close``
-is the job letting its sessions go: nothing is heard any more.
+refused, whether the first one is still running, finished or failed. Each time a session
+of the job closes (``session_closed``: livekit's ``close`` event, which one listener per
+session hears), the session host is told, and decides whether it was the attached one; the
+job's own session closing is also told to the participant link, the avatar and playout,
+and once it was started that ends its life here (``ended``). A session attached in its
+place is still heard after that. A job with no own session (``JobRuntime`` used alone)
+stays ``new``. ``close`` is the job letting its sessions go: nothing is heard any more.
 """
 
 from .spec import Effect, MachineSpec, State, cells, row
@@ -19,7 +20,10 @@ SESSION = MachineSpec(
     description="One per job: a session of the job closing, told to whoever follows it.",
     initial="new",
     states=(
-        State(name="new", description="the job's own session is not started: a start takes it"),
+        State(
+            name="new",
+            description="the job's own session is not started (or it has none): a start takes it",
+        ),
         State(
             name="started",
             description="a start of the job took its session: another start is refused",
@@ -45,15 +49,23 @@ SESSION = MachineSpec(
     ),
     rows=(
         *row("new", "start", "started"),
+        # closed before any start: livekit lets it start again, and so does the job
         *row(
-            ["new", "started"],
+            "new",
+            "session_closed",
+            None,
+            guards=["is_own"],
+            effects=["report_closed", "report_own_closed"],
+        ),
+        *row(
+            "started",
             "session_closed",
             "ended",
             guards=["is_own"],
             effects=["report_closed", "report_own_closed"],
         ),
-        # the SDK says a session closed once; a second word of the own one changes nothing
-        *row("ended", "session_closed", None, guards=["is_own"]),
+        # any other session, or the own one closing again (started by hand and attached
+        # again): only the host can tell whether it mattered
         *row(HEARING, "session_closed", None, effects=["report_closed"]),
         *row(HEARING, "close", "closed"),
     ),

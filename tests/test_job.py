@@ -437,25 +437,34 @@ async def test_a_verdict_delivered_while_the_host_drains_does_not_restart_the_cl
     await rt.aclose()
 
 
-async def test_the_session_closing_as_the_job_shuts_down_closes_it_once() -> None:
-    """The user hangs up in the very instant the job is asked to shut down: the session's
-    close reaches a job already closing. The close runs once, at once, and the job's
-    path has one close in it."""
+@pytest.mark.parametrize("first", ["shutdown", "close"])
+async def test_the_session_closing_as_the_job_shuts_down_closes_it_once(first: str) -> None:
+    """The user hangs up in the very instant the job is asked to shut down. The close runs
+    once, at once, and the job's path has one close in it, in either order. The session's
+    close reaches the host one step after livekit's event (the session machine tells it):
+    after a shutdown asked first the host is already closing and no longer hears it (the
+    job is ending anyway); a close that came first reaches the job while it closes."""
     rig = JobRig(simulation=None, close_timeout=10.0)
     rt = rig.runtime
     changes = _job_changes(rt)
     session = await session_in(rig.room)
     rt.attach(session)
     await rt.start()
-    # the session's close is heard one step later (the session machine tells the host,
-    # which tells the job), so it reaches the closing job when it comes first
+    if first == "shutdown":
+        rt.shutdown("done")
     session.emit("close", CloseEvent(reason=CloseReason.USER_INITIATED))
-    rt.shutdown("done")
+    if first == "close":
+        rt.shutdown("done")
     await rig.settle()
-    seen = [
-        r.source for r in rig.sink.records if r.machine == "job" and r.event == "session_closed"
-    ]
-    assert "closing" in seen  # the cell this test is about
+    heard = {
+        (r.machine, r.kind, r.source)
+        for r in rig.sink.records
+        if r.event == "session_closed" and r.machine in ("job", "session_host")
+    }
+    if first == "close":
+        assert ("job", "ignore", "closing") in heard  # the job's cell (closing, ...)
+    else:
+        assert heard == {("session_host", "ignore", "closing")}  # "already unsubscribed"
     await rig.clock.advance(10.0)
     assert (rt.state, rt.closed_at) == ("closed", 0.0)
     assert [reason for _, reason in rig.callbacks] == ["done"]

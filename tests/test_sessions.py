@@ -9,7 +9,7 @@ scripted avatar plugin. Faked, because they need a server: the room (``InMemoryR
 from __future__ import annotations
 
 import pytest
-from livekit.agents import Agent, AgentSession, CloseReason
+from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason
 
 from agent_runtime import AgentJob, MemorySink, Tracer
 from agent_runtime.testing.clock import VirtualClock, settle
@@ -91,7 +91,62 @@ async def test_a_second_start_of_the_session_is_refused_and_the_job_goes_on(
     assert job.states["session"] == "closed"
 
 
-def _closed(reason: CloseReason) -> object:
-    from livekit.agents.voice.events import CloseEvent
+async def test_the_own_session_closed_before_any_start_may_still_start(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """livekit lets a session that closed before it started start again; so does the job
+    (the claim is only refused once a start took the session)."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    job.attach(job.session)
+    job.attach(AgentSession())  # attached in its place: the own one's close is not the end
+    await settle()
+    job.session.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    assert (job.states["session"], job.close_reason) == ("new", "user_initiated")
+    await job.start(agent())
+    await settle()
+    assert (job.lifecycle, job.states["session"], job.states["job"]) == (
+        "running",
+        "started",
+        "serving",
+    )
+    await job.aclose()
 
+
+async def test_the_close_reason_is_known_inside_a_users_own_close_handler(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start(agent())
+    seen: list[str | None] = []
+    job.session.on("close", lambda _ev: seen.append(job.close_reason))
+    await job.session.aclose()
+    assert seen == ["user_initiated"]
+    await job.aclose()
+
+
+async def test_the_own_session_attached_again_and_closing_again_ends_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """Its second close is the host's to judge: attached again, it ends the job."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start(agent())
+    job.attach(AgentSession())
+    await settle()
+    await job.session.aclose()
+    await settle()
+    assert (job.states["session"], job.states["job"]) == ("ended", "serving")
+    job.attach(job.session)
+    await settle()
+    job.session.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    await job.wait_closed()
+    assert job.states["job"] == "closed"
+    await job.aclose()
+
+
+def _closed(reason: CloseReason) -> CloseEvent:
     return CloseEvent(reason=reason)

@@ -47,8 +47,11 @@ class JobSessions(MachineRuntime[str]):
         super().__init__()
         self.own = own
         self._label = label
-        self.own_close_reason: str | None = None  # its CloseReason's value, once it closed
-        self._listeners: list[tuple[AgentSession[Any], Listener]] = []
+        # its CloseReason's value, as livekit's close event said it (a user's own close
+        # handler may read it), the first time it closed
+        self.own_close_reason: str | None = None
+        # each session followed: its listener and its label (taken once, as it is followed)
+        self._followed: list[tuple[AgentSession[Any], Listener, str]] = []
         self._run_machine(
             SESSION,
             _EFFECTS,
@@ -62,16 +65,19 @@ class JobSessions(MachineRuntime[str]):
 
     @property
     def own_session(self) -> str | None:
-        """The own session's label (what the ``is_own`` guard compares)."""
-        return None if self.own is None else self._label(self.own)
+        """The own session's label once it is followed (what the ``is_own`` guard
+        compares)."""
+        return next((label for s, _, label in self._followed if s is self.own), None)
 
     def follow(self, session: AgentSession[Any]) -> None:
-        """Hear ``session``'s close from now on (once: following it again changes nothing)."""
-        if self.actor.closed or any(s is session for s, _ in self._listeners):
+        """Hear each close of ``session`` from now on, with one listener (following it
+        again changes nothing)."""
+        if self.actor.closed or any(s is session for s, _, _ in self._followed):
             return
-        listener = Listener(lambda ev: self._closed(session, ev))
+        label = self._label(session)
+        listener = Listener(lambda ev: self._closed(session, label, ev))
         session.on("close", listener)
-        self._listeners.append((session, listener))
+        self._followed.append((session, listener, label))
 
     async def claim(self) -> None:
         """A start of the job takes its own session; refused (``RuntimeError``) once one
@@ -84,24 +90,25 @@ class JobSessions(MachineRuntime[str]):
     def release_now(self) -> asyncio.Future[Any] | None:
         """Stop listening and let the machine go (``close``, then released): the job's last
         word. What is left to wait for, or None."""
-        for session, listener in self._listeners:
+        for session, listener, _ in self._followed:
             with contextlib.suppress(Exception):
                 session.off("close", listener)
-        self._listeners.clear()
+        self._followed.clear()
         return self._close_now(self.actor.release)
 
-    def _closed(self, session: AgentSession[Any], ev: Any) -> None:
+    def _closed(self, session: AgentSession[Any], label: str, ev: Any) -> None:
         reason = getattr(getattr(ev, "reason", None), "value", None) or str(
             getattr(ev, "reason", "")
         )
-        self._post(Event("session_closed", {"session": self._label(session), "reason": reason}))
+        if session is self.own and self.own_close_reason is None:
+            self.own_close_reason = reason
+        self._post(Event("session_closed", {"session": label, "reason": reason}))
 
     # -- effects ---------------------------------------------------------------------------
     def _fx_report_closed(self, ev: Event) -> Output:
         return Output(dict(ev.data))
 
     def _fx_report_own_closed(self, ev: Event) -> Output:
-        self.own_close_reason = str(ev.data.get("reason", ""))
         return Output(dict(ev.data))
 
 
