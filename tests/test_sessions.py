@@ -79,6 +79,11 @@ async def test_a_second_start_of_the_session_is_refused_and_the_job_goes_on(
     room.add_participant("user")
     job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
     await job.start_session(agent())
+    other: AgentSession = AgentSession()  # type: ignore[type-arg]
+    job.attach(other)
+    job.attach(job.session)
+    other.emit("close", _closed(CloseReason.USER_INITIATED))  # another session's close
+    await settle()
     with pytest.raises(RuntimeError, match="already started"):
         await job.start_session(agent())
     await settle()
