@@ -30,6 +30,7 @@ from agent_runtime import AgentJob, SettingError, injected, on_session_end, sess
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from statemachines.machines import MACHINES
 
 DISPATCH = SimulationDispatch(simulation_run_id="run-aj", job_id="simjob-aj")
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
@@ -375,6 +376,10 @@ async def test_a_session_close_that_hangs_still_ends_the_job(
     assert session._closing_task is not None
     session._closing_task.cancel()
     await job.aclose()
+    # released, every machine of the job is in a final state (the session never said it
+    # closed: its machine is let go from started)
+    assert job.states["session"] == "closed"
+    assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
 
 
 class OptionsAvatar(ScriptedAvatar):

@@ -28,6 +28,7 @@ from agent_runtime import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from statemachines.machines import MACHINES
 
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
 DISPATCH = SimulationDispatch(simulation_run_id="run-lc", job_id="simjob-lc")
@@ -350,6 +351,9 @@ async def test_closing_a_job_never_started_runs_its_close_and_returns(
     await asyncio.wait_for(job.aclose(graceful=graceful), 5)
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
     assert ran == ["callback"]
+    # every machine is let go in a final state, the session's from new (never started)
+    assert job.states["session"] == "closed"
+    assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
 
 
 async def test_a_graceful_close_while_the_avatar_hangs_in_start_ends_the_start(

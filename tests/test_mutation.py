@@ -395,6 +395,7 @@ async def test_nothing_in_the_runtime_acts_on_the_state_changes_of_a_reported_on
         "room_deletion": job.deletion.actor,
         "playout": tracker.actor,
         "participant": link.actor,
+        "session": agent_job.system.sessions.actor,
     }
     assert set(actors) == REPORTED_ONLY
     # each runtime forwards its machine's changes (MachineRuntime._on_state), the job and
@@ -915,3 +916,32 @@ def test_the_coverage_run_records_each_cell_with_the_runs_that_decided_it(
     assert any(c[0] == "playout" for c in out["cells"])  # its table's exploration
     assert out["paths"] == {"job|serving|shutdown": [["example", "shutdown"]]}
     assert out["ok"] is True and out["depth"] == 1
+
+
+def test_the_session_machine_is_closed_only_by_the_release_and_claimed_after_begin() -> None:
+    """The premise of the by-hand argument for the session machine's ``(closed, start)``:
+    its close is posted only by ``JobSessions.release_now`` (``_close_now``), called only
+    by the job runtime's release; its start only by ``claim``, called only by
+    ``JobSystem.claim_session``, which ``AgentJob`` calls only after ``begin``."""
+    sessions = (ROOT / "agent_runtime/runtimes/sessions.py").read_text()
+    assert {e for e, _ in _constructed("session")} == {"start", "session_closed"}
+    assert sessions.count("self._close_now(") == 1
+    callers = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "agent_runtime").rglob("*.py")
+        if "sessions.release_now()" in p.read_text()
+    ]
+    assert callers == ["agent_runtime/runtimes/job.py"]
+    job = importlib.import_module("agent_runtime.runtimes.job")
+    assert "self.sessions.release_now()" in inspect.getsource(job.JobRuntime._release_host)
+    claims = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "agent_runtime").rglob("*.py")
+        if "sessions.claim()" in p.read_text()
+    ]
+    assert claims == ["agent_runtime/system/job_system.py"]
+    tree = ast.parse((ROOT / "agent_runtime/system/agent_job.py").read_text())
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.AsyncFunctionDef) and "claim_session()" in ast.unparse(fn):
+            source = ast.unparse(fn)
+            assert source.index("await self.system.begin(") < source.index("claim_session()")

@@ -8,6 +8,8 @@ scripted avatar plugin. Faked, because they need a server: the room (``InMemoryR
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from livekit.agents import Agent, AgentSession, CloseEvent, CloseReason
 
@@ -147,6 +149,79 @@ async def test_the_own_session_attached_again_and_closing_again_ends_the_job(
     job.attach(job.session)
     await settle()
     job.session.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    await job.wait_closed()
+    assert job.states["job"] == "closed"
+    await job.aclose()
+
+
+async def test_two_starts_of_the_session_at_once_let_one_through(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """livekit's own lock lets a second concurrent ``start()`` return quietly; the job
+    refuses it plainly, and the session starts once."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start_runtime()
+    results = await asyncio.gather(
+        job.start_session(agent()), job.start_session(agent()), return_exceptions=True
+    )
+    refused = [r for r in results if isinstance(r, RuntimeError)]
+    assert len(refused) == 1 and "already started" in str(refused[0]), results
+    assert results.count(None) == 1
+    await settle()
+    assert (job.lifecycle, job.states["session"]) == ("running", "started")
+    await job.aclose()
+
+
+async def test_a_session_that_closed_is_not_started_again_by_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """After ``aclose()`` livekit would start the same session again; the job's session
+    was taken by its first start, and a later one is refused."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await job.start_session(agent())
+    job.attach(AgentSession())  # in its place: the own session's close is not the end
+    await settle()
+    await job.session.aclose()
+    await settle()
+    assert (job.states["session"], job.lifecycle) == ("ended", "running")
+    with pytest.raises(RuntimeError, match="already started"):
+        await job.start_session(agent())
+    assert not job.session._started  # the SDK's own flag: it was not started again
+    await job.aclose()
+
+
+async def test_other_sessions_closing_are_heard_whatever_became_of_the_own_one(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """Before the job's start, while its session runs and after it ended, another
+    session's close leaves the job's session where it was, and is still told to the
+    host: the attached one's close ends the job."""
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    first, second, third = AgentSession(), AgentSession(), AgentSession()
+    job.attach(first)
+    job.attach(job.session)  # first detached: its close is no one's end
+    first.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    assert job.states["session"] == "new"
+    await job.start(agent())
+    job.attach(second)
+    job.attach(job.session)
+    second.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    assert job.states["session"] == "started"
+    job.attach(third)
+    await job.session.aclose()
+    await settle()
+    assert job.states["session"] == "ended"
+    job.attach(first)  # third detached, first attached again
+    third.emit("close", _closed(CloseReason.USER_INITIATED))
+    await settle()
+    assert (job.states["session"], job.states["job"]) == ("ended", "serving")
+    first.emit("close", _closed(CloseReason.USER_INITIATED))
     await settle()
     await job.wait_closed()
     assert job.states["job"] == "closed"

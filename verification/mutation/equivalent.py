@@ -85,7 +85,7 @@ SUBSCRIBED_BY: dict[str, str] = {"avatar": "start"}
 # the job system delivers), which a re-entry never does; the job and the avatar (the
 # route, the playout) are acted on
 REPORTED_ONLY: frozenset[str] = frozenset(
-    {"session_host", "finalize", "room_deletion", "playout", "participant"}
+    {"session_host", "finalize", "room_deletion", "playout", "participant", "session"}
 )
 
 # (machine, event) -> {effect: the runtime function that constructs the event}, for every
@@ -333,6 +333,17 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "interrupt marked delivered, which the runtime marks only as it posts it in "
             "joined or clearing: before route_restored (so decided before the rejoin) or "
             "after the rejoin's step queued the failure (so decided after it)"
+        ),
+    ),
+    (
+        "session (closed, start) reject -> *",
+        (
+            "never decided there: a start claims the session only after the lifecycle's "
+            "begin() accepted it (start() and start_session(), each awaiting begin then "
+            "claim_session), and the session machine is closed only by the job runtime's "
+            "release, run by the lifecycle's RELEASE after it left running for closing, "
+            "where begin() refuses every start; and a claim let through there would meet "
+            "run_part's refusal of a start the job closed under (a RuntimeError either way)"
         ),
     ),
 )
