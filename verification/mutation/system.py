@@ -199,7 +199,7 @@ def system_mutants() -> list[SystemMutant]:
             "links-before-effects",
             "every effect's links fire before the effect runs, with the triggering event's "
             "data instead of the effect's Output",
-            tuple(_link_key(k) for k in LINKS if not k.step and k.source != "session"),
+            tuple(_link_key(k) for k in LINKS if not k.step),
             patch=_links_before_effects,
         ),
     ]
