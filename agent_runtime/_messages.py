@@ -37,7 +37,7 @@ class StateChanged:
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """What an effect hands to its declared links (``statemachines.glue.LINKS``), as
+    """What an effect hands to its declared links (``statemachines.links.LINKS``), as
     XState's ``onDone`` output: the actor passes it on once the effect succeeded. An effect
     that returns ``None`` sends its links empty data."""
 

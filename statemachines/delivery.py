@@ -6,7 +6,7 @@ them: which machines hear a fact
 and in which order (``statemachines.system.FOLLOW_ORDER``), which of a machine's routes a
 fact fires (``statemachines.routing.ROUTES``, conditions from
 ``statemachines.glue.ROOM_CONDITIONS``), and which declared links an effect posts
-(``statemachines.glue.LINKS``, with their flags). Pure: nothing here posts anything.
+(``statemachines.links.LINKS``, with their flags). Pure: nothing here posts anything.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 
-from .glue import ROOM_CONDITIONS, Fact, Link, RoomFacts
+from .glue import ROOM_CONDITIONS, Fact, RoomFacts
+from .links import Link
 from .routing import ROUTES, Route, routes_for
 from .system import FOLLOW_ORDER
 

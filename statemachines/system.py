@@ -1,7 +1,7 @@
 """The system between the machines, as data: who follows the room in which order, which
 state change of one machine is an event of another, and the job's teardown.
 
-With ``routing.ROUTES`` (room facts to events) and ``glue.LINKS`` (effects to events) these
+With ``routing.ROUTES`` (room facts to events) and ``links.LINKS`` (effects to events) these
 are every channel of a job: the runtime delivers them, the diagrams draw them, the explorer
 imports them. Nothing here runs anything.
 """
@@ -123,7 +123,7 @@ class TeardownStep(BaseModel):
 
 
 # the job machine's run_close: its steps (each link of run_close/STEP fires as the step
-# begins: statemachines.glue.LINKS). Their shares add up to less than the whole, so even
+# begins: statemachines.links.LINKS). Their shares add up to less than the whole, so even
 # when every earlier step hangs to its share the shutdown callbacks get the rest of
 # close_timeout; the state's own close_timeout only ever cuts what overran.
 TEARDOWN: tuple[TeardownStep, ...] = (

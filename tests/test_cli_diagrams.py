@@ -213,13 +213,13 @@ def test_check_fails_when_a_channel_changes_until_regenerated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The whole job is drawn from the declarations: dropping a link makes it stale."""
-    from statemachines import glue
+    from statemachines import links
 
     out = tmp_path / "d"
     assert main(["diagrams", "--out", str(out)]) == 0
-    fewer = glue.without(glue.LINKS, "finalize", "report_answered", "job")
-    assert len(fewer) == len(glue.LINKS) - 1
-    monkeypatch.setattr(glue, "LINKS", fewer)
+    fewer = links.without(links.LINKS, "finalize", "report_answered", "job")
+    assert len(fewer) == len(links.LINKS) - 1
+    monkeypatch.setattr(links, "LINKS", fewer)
     capsys.readouterr()
     assert main(["diagrams", "--check", "--out", str(out)]) == 1
     err = capsys.readouterr().err

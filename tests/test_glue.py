@@ -17,15 +17,12 @@ from agent_runtime.runtimes.participant import ATTRIBUTE_PUBLISH_ON_BEHALF
 from agent_runtime.runtimes.routing import Wiring
 from statemachines.glue import (
     GUARDS,
-    LINKS,
     PUBLISH_ON_BEHALF,
     ROOM_CONDITIONS,
     SIMULATOR_ATTRIBUTE,
-    Link,
-    links_from,
     simulators_after,
-    without,
 )
+from statemachines.links import LINKS, Link, links_from, without
 from statemachines.machines import MACHINES
 from statemachines.routing import CONDITIONS
 

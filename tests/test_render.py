@@ -285,7 +285,7 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
 
 
 def test_the_whole_job_draws_every_declared_channel() -> None:
-    from statemachines.glue import LINKS
+    from statemachines.links import LINKS
     from statemachines.routing import ROUTES
     from statemachines.system import FOLLOW_ORDER, RELEASE, TEARDOWN, WATCHES
 
@@ -403,7 +403,7 @@ def test_the_whole_job_without_statemachines_system(monkeypatch: pytest.MonkeyPa
 
     import statemachines.glue  # today's glue reads the module itself: loaded before it goes
 
-    assert statemachines.glue.LINKS
+    assert statemachines.links.LINKS
     monkeypatch.setitem(sys.modules, "statemachines.system", None)  # import fails as if absent
     view = system_view(MACHINES)
     assert view.orders == () and view.follow_order == ()

@@ -10,7 +10,7 @@ from agent_runtime.runtimes.room_events import ParticipantLeft, RoomEventAdapter
 from agent_runtime.runtimes.routing import FACT_NAMES, follow
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines.delivery import FOLLOWERS, index_links, links_fired
-from statemachines.glue import LINKS
+from statemachines.links import LINKS
 from statemachines.routing import CONDITIONS, FACTS, ROUTES, Route
 
 

@@ -148,7 +148,7 @@ class JobRuntime(MachineRuntime[str]):
         self._simulation = simulation_context(simulation)
         self._simulators: frozenset[str] = NO_NAMES
         self._facts = _Facts(self)
-        # the links between the job's machines, as declared (statemachines.glue.LINKS)
+        # the links between the job's machines, as declared (statemachines.links.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
         self._callbacks = ShutdownCallbacks()
         # the works of run_close's steps (statemachines.system.TEARDOWN) that whoever
@@ -361,7 +361,7 @@ class JobRuntime(MachineRuntime[str]):
         self._simulators = simulators_after(self._simulators, plain_fact(fact))
 
     def _post_linked(self, event: Event) -> None:
-        """An event another machine's effect sends the job (``statemachines.glue.LINKS``)."""
+        """An event another machine's effect sends the job (``statemachines.links.LINKS``)."""
         reason = str(event.data.get("reason", ""))
         if event.name == "shutdown":
             self.shutdown(reason)

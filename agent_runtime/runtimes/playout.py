@@ -225,7 +225,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self.session = session
         self._avatar = avatar
         self._link = link
-        # the links the machine's effects post (statemachines.glue.LINKS): the job's, or
+        # the links the machine's effects post (statemachines.links.LINKS): the job's, or
         # this tracker's own to its avatar
         # what it follows of the session, from start() to its close; composed, the
         # session's close comes through the job's links (one listener for it per job),
@@ -440,7 +440,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             self.options.margin,
             extra=self.actor.log_fields(ev.name),
         )
-        # through the avatar's own table (statemachines.glue.LINKS): it ends the sink's
+        # through the avatar's own table (statemachines.links.LINKS): it ends the sink's
         # segments still owed (no RPC), as the avatar's reports would have
         return Output(
             {

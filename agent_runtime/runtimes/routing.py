@@ -6,7 +6,7 @@ and evaluates each route's named conditions with their one definition
 just before the fact; ``after`` then updates that knowledge.
 
 An effect that tells another machine something goes through ``Wiring``: the runtime that
-runs the effect fires it, and every link ``statemachines.glue.LINKS`` declares for it posts
+runs the effect fires it, and every link ``statemachines.links.LINKS`` declares for it posts
 its event to the target machine's runtime (each runtime connects its own poster). Nothing
 else turns one machine's work into another machine's event.
 """
@@ -42,7 +42,8 @@ from statemachines.delivery import (
     routes_by_fact,
     routes_fired,
 )
-from statemachines.glue import GUARDS, LINKS, Link, RoomFacts
+from statemachines.glue import GUARDS, RoomFacts
+from statemachines.links import LINKS, Link
 from statemachines.routing import Route
 
 logger = logging.getLogger("agent_runtime.routing")
@@ -155,7 +156,7 @@ def _frozen_flags(items: frozenset[tuple[str, bool]]) -> Mapping[str, bool]:
 
 
 class Wiring:
-    """The declared links between the machines of one job (``statemachines.glue.LINKS``).
+    """The declared links between the machines of one job (``statemachines.links.LINKS``).
 
     ``connect(machine, post)`` says how an event reaches ``machine``'s runtime;
     ``fire(source, effect, data)`` posts every link of that effect whose flags hold (the

@@ -124,7 +124,7 @@ class JobSystem(MachineRuntime[str]):
         self.events = RoomEventAdapter(room)
         # every part is built with this system as its owner: it hears each change first
         forward = self._forward_state  # one bound method for every part it owns
-        # the links between the machines (statemachines.glue.LINKS), the job machine's parts
+        # the links between the machines (statemachines.links.LINKS), the job machine's parts
         self.wiring = Wiring(flags={"delete_room_on_close": s.delete_room_on_close})
         simulation = simulation_context(parts.simulation)
         self.host = session_host_for(
@@ -414,7 +414,7 @@ class JobSystem(MachineRuntime[str]):
         )
 
     # -- the lifecycle's effects -------------------------------------------------------------
-    # the job machine hears them through the declared links (statemachines.glue.LINKS)
+    # the job machine hears them through the declared links (statemachines.links.LINKS)
     def _fx_ask_shutdown(self, _ev: Event) -> Output:
         # livekit's order (_shutdown_job): the primary session closes first, then the job
         # holds for a verdict (on_session_end); the job's own host answers it meanwhile

@@ -4,7 +4,7 @@ labelled arrow.
 Read from the declarations the runtime delivers, never written by hand:
 
 * ``statemachines.routing.ROUTES``: room facts to machine events (from the room);
-* ``statemachines.glue.LINKS``: an effect (or a session's close) posting an event;
+* ``statemachines.links.LINKS``: an effect (or a session's close) posting an event;
 * the state changes the playout machine follows (``glue.avatar_change_event``,
   ``glue.link_change_event``, ``glue.agent_state_event``), evaluated on every transition
   the watched machine declares;
@@ -243,6 +243,7 @@ def _order(items: Any) -> tuple[tuple[str, str], ...]:
 def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     """Every channel the declarations name, grouped by (source, target, kind)."""
     from statemachines import glue, routing
+    from statemachines import links as declared_links
 
     system = _system_module()
     grouped: dict[tuple[str, str, str], list[str]] = {}
@@ -265,7 +266,7 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     }
     # the declarations may move into statemachines.system (issue 24): read them there first
     routes = _declared("ROUTES", system, routing)
-    links = _declared("LINKS", system, glue)
+    links = _declared("LINKS", system, declared_links)
     for r in routes:
         f = _fields(r)
         when = f" [{' and '.join(f.get('when') or ())}]" if f.get("when") else ""

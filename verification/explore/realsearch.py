@@ -31,7 +31,7 @@ from typing import Any
 
 from agent_runtime.actor import Event
 from agent_runtime.runtimes.routing import Wiring
-from statemachines.glue import LINKS, without
+from statemachines.links import LINKS, without
 from statemachines.machines import MACHINES
 from statemachines.system import WATCHES
 from verification.explore.config import CONFIGS, Config
@@ -111,10 +111,10 @@ class RealReport:
 
 def drop_link(spec: str) -> Setup:
     """A fault for the harness: the runtime does not deliver the link ``SOURCE:ON:TARGET``
-    (``statemachines.glue.without``), as ``tests/test_explore_real_drops.py`` plants it."""
+    (``statemachines.links.without``), as ``tests/test_explore_real_drops.py`` plants it."""
     source, on, target = spec.split(":")
     if without(LINKS, source, on, target) == LINKS:
-        raise ValueError(f"no link {spec} in statemachines.glue.LINKS")
+        raise ValueError(f"no link {spec} in statemachines.links.LINKS")
 
     def setup(h: Harness) -> None:
         h.job.system.wiring._links = Wiring(links=without(LINKS, source, on, target))._links
@@ -153,7 +153,7 @@ def drop(spec: str) -> Setup:
         return drop_watch(spec)
 
 
-# every link (statemachines.glue.LINKS, by source, effect and target) and watch
+# every link (statemachines.links.LINKS, by source, effect and target) and watch
 # (statemachines.system.WATCHES, by source, event and target) a fault may drop
 LINK_SPECS: tuple[str, ...] = tuple(dict.fromkeys(f"{k.source}:{k.on}:{k.target}" for k in LINKS))
 WATCH_SPECS: tuple[str, ...] = tuple(f"{w.source}:{w.event}:{w.target}" for w in WATCHES)

@@ -2,7 +2,7 @@
 effect, a teardown's steps swapped, a watch, link or room route removed, the order the
 machines follow the room reversed, a step's share or its ``after`` dropped.
 
-The system is data (``statemachines.glue.LINKS``, ``statemachines.routing.ROUTES``,
+The system is data (``statemachines.links.LINKS``, ``statemachines.routing.ROUTES``,
 ``statemachines.system``'s ``WATCHES``, ``FOLLOW_ORDER``, ``TEARDOWN``, ``RELEASE``) that the
 runtime reads where it was imported, and as the default of a few parameters
 (``Wiring(links=LINKS)``, ``watched(watches=WATCHES)``).
@@ -190,7 +190,7 @@ def system_mutants() -> list[SystemMutant]:
     """The system mutants, in a fixed order (their names are their keys). Built from the
     declarations as they are now: call it with no mutant applied."""
     from statemachines import delivery
-    from statemachines.glue import LINKS
+    from statemachines.links import LINKS
     from statemachines.routing import ROUTES
     from statemachines.system import FOLLOW_ORDER, RELEASE, TEARDOWN, WATCHES
 

@@ -10,7 +10,7 @@
   re-prompts it allowed, the hand-over that closed the session (and its reason), the margin
   of a bound that fired, how long the re-prompt spoke;
 - what a machine's effect posted to another through a declared link
-  (``statemachines.glue.LINKS``: the bound finishing the avatar's segment) is no step.
+  (``statemachines.links.LINKS``: the bound finishing the avatar's segment) is no step.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.tools.record._state import _State
-from statemachines.glue import links_from
+from statemachines.links import links_from
 from statemachines.machines import MACHINES
 
 _PLAYOUT = MACHINES["playout"]
