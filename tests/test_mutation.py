@@ -921,11 +921,13 @@ def test_the_coverage_run_records_each_cell_with_the_runs_that_decided_it(
 def test_the_session_machine_is_closed_only_by_the_release_and_claimed_after_begin() -> None:
     """The premise of the by-hand argument for the session machine's ``(closed, start)``:
     its close is posted only by ``JobSessions.release_now`` (``_close_now``), called only
-    by the job runtime's release; its start only by ``claim``, called only by
-    ``JobSystem.claim_session``, which ``AgentJob`` calls only after ``begin``."""
-    sessions = (ROOT / "agent_runtime/runtimes/sessions.py").read_text()
+    by the job runtime's release, after the host's; its start only by ``claim``, called
+    only by ``JobSystem.claim_session``, which ``AgentJob`` calls only after ``begin``; a
+    claim on a closed machine says what a start part the job closed under says; the
+    session part attaches the session (which a closed host refuses) before it starts it."""
+    sessions = importlib.import_module("agent_runtime.runtimes.sessions")
     assert {e for e, _ in _constructed("session")} == {"start", "session_closed"}
-    assert sessions.count("self._close_now(") == 1
+    assert inspect.getsource(sessions).count("self._close_now(") == 1
     callers = [
         p.relative_to(ROOT).as_posix()
         for p in (ROOT / "agent_runtime").rglob("*.py")
@@ -933,15 +935,29 @@ def test_the_session_machine_is_closed_only_by_the_release_and_claimed_after_beg
     ]
     assert callers == ["agent_runtime/runtimes/job.py"]
     job = importlib.import_module("agent_runtime.runtimes.job")
-    assert "self.sessions.release_now()" in inspect.getsource(job.JobRuntime._release_host)
+    release = inspect.getsource(job.JobRuntime._release_host)
+    assert release.index("self.host.release()") < release.index("self.sessions.release_now()")
     claims = [
         p.relative_to(ROOT).as_posix()
         for p in (ROOT / "agent_runtime").rglob("*.py")
         if "sessions.claim()" in p.read_text()
     ]
     assert claims == ["agent_runtime/system/job_system.py"]
+    claim = inspect.getsource(sessions.JobSessions.claim)
+    assert "the job was closed before it finished starting" in claim
+    system = importlib.import_module("agent_runtime.system.job_system")
+    assert "the job was closed before it finished starting" in inspect.getsource(
+        system.JobSystem.run_part
+    )
+    start_session = inspect.getsource(system.JobSystem.start_session)
+    assert start_session.index("self.job.attach(") < start_session.index("self.session.start(")
+    host = importlib.import_module("agent_runtime.runtimes.session_host")
+    assert "no session can attach" in inspect.getsource(host.JobSessionHost.attach)
     tree = ast.parse((ROOT / "agent_runtime/system/agent_job.py").read_text())
+    checked = 0
     for fn in ast.walk(tree):
         if isinstance(fn, ast.AsyncFunctionDef) and "claim_session()" in ast.unparse(fn):
             source = ast.unparse(fn)
             assert source.index("await self.system.begin(") < source.index("claim_session()")
+            checked += 1
+    assert checked == 2  # start() and start_session()

@@ -81,10 +81,14 @@ class JobSessions(MachineRuntime[str]):
 
     async def claim(self) -> None:
         """A start of the job takes its own session; refused (``RuntimeError``) once one
-        did, whatever became of it, and once the job let its sessions go."""
+        did, whatever became of it, and, as any part of a start, once the job let its
+        sessions go."""
         try:
             await self.actor.send(Event("start"))
         except (EventRejected, ActorClosed):
+            if self.actor.closed or self.actor.state == "closed":
+                # the job closed on its own between the start's begin() and this claim
+                raise RuntimeError("the job was closed before it finished starting") from None
             raise RuntimeError("the job's session is already started (or closed)") from None
 
     def release_now(self) -> asyncio.Future[Any] | None:

@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     real.add_argument(
         "--drop-link",
         metavar="SOURCE:ON:TARGET",
-        help="a planted fault: the runtime does not deliver this link of statemachines.glue "
+        help="a planted fault: the runtime does not deliver this link of statemachines.links "
         "(or this watch of statemachines.system, as SOURCE:EVENT:TARGET)",
     )
     real.add_argument(

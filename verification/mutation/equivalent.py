@@ -338,12 +338,13 @@ BY_HAND: tuple[tuple[str, str], ...] = (
     (
         "session (closed, start) reject -> *",
         (
-            "never decided there: a start claims the session only after the lifecycle's "
-            "begin() accepted it (start() and start_session(), each awaiting begin then "
-            "claim_session), and the session machine is closed only by the job runtime's "
-            "release, run by the lifecycle's RELEASE after it left running for closing, "
-            "where begin() refuses every start; and a claim let through there would meet "
-            "run_part's refusal of a start the job closed under (a RuntimeError either way)"
+            "the same refusal: the machine is closed only by the job runtime's release, "
+            "after the lifecycle left running (begin() refuses every start there), so a "
+            "claim meets closed only when the job closed on its own while a start was "
+            "between begin() and its claim; the claim refused says 'the job was closed "
+            "before it finished starting', and a claim let through has its start part "
+            "refused the same way (the release closed the session host first, so attach() "
+            "raises and run_part reports a start the job closed under): nothing starts"
         ),
     ),
 )

@@ -287,6 +287,7 @@ def system_mutants() -> list[SystemMutant]:
         ("participant", "report_close_timed_out", "", "job"),
         ("finalize", "report_answered", "", "job"),
         ("job", "run_close", "avatar", "avatar"),
+        ("session", "report_own_closed", "", "participant"),
     )
     for source, on, step, target in chosen:
         (link,) = [
