@@ -19,7 +19,7 @@ from .links import Link
 from .routing import ROUTES, Route, routes_for
 from .system import FOLLOW_ORDER
 
-LinkKey = tuple[str, str, str]  # (source, effect or close, run_close step or "")
+LinkKey = tuple[str, str, str]  # (source machine, its effect, its task's step or "")
 
 
 def follow_rank(machine: str) -> int:

@@ -193,7 +193,7 @@ class JobRuntime(MachineRuntime[str]):
             scheduler=scheduler,
             owner=self._emit_state,
         )
-        # each session's close, heard once, told through the links
+        # each session's close, one listener per session, told through the links
         self.sessions = sessions or JobSessions(
             None,
             label=self.host.label_of,

@@ -1,11 +1,11 @@
 """``JobSessions``: the job's sessions as the ``session`` machine hears them.
 
-Built beside the job machine (by ``JobSystem``, or by ``JobRuntime`` alone). It listens to
-each session the job follows (``follow``) for the SDK's ``close`` event, once per session,
-and hands it to the machine as ``session_closed``; the machine's effects tell the others
-through the declared links (the session host; for the job's own session also the
-participant link, the avatar and playout). A start of the job takes its own session
-through the machine too (``claim``): a second start is the machine's reject cell. See
+Built beside the job machine (by ``JobSystem``, or by ``JobRuntime`` alone). One listener
+per session the job follows (``follow``) hears the SDK's ``close`` event and hands each
+close to the machine as ``session_closed``; the machine's effects tell the others through
+the declared links (the session host; for the job's own session also the participant
+link, the avatar and playout). A start of the job takes its own session through the
+machine too (``claim``): a second start is the machine's reject cell. See
 ``statemachines.session``.
 """
 

@@ -150,7 +150,7 @@ class JobSystem(MachineRuntime[str]):
             scheduler=scheduler,
             owner=forward,
         )
-        # the job's sessions: each one's close heard once (its own is ``session``)
+        # the job's sessions: one listener per session hears its close (its own: ``session``)
         self.sessions = JobSessions(
             session,
             label=self.host.label_of,
