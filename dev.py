@@ -159,6 +159,14 @@ def main(argv: list[str]) -> int:
     if what not in COMMANDS:
         print(f"unknown command {what!r} (python3 dev.py --help lists them)", file=sys.stderr)
         return 2
+    if what == "lint" and rest:
+        # lint takes no arguments: --help says what it runs, anything else is refused
+        if rest in (["-h"], ["--help"]):
+            print("python3 dev.py lint: ruff check, ruff format --check, mypy --strict and")
+            print("agent-runtime diagrams --check, over the whole project (no arguments)")
+            return 0
+        print(f"dev.py lint takes no arguments (got {' '.join(rest)!r})", file=sys.stderr)
+        return 2
     if what == "run" and not rest:
         print(
             "dev.py run: name the command to run, e.g. python3 dev.py run agent-runtime --help",

@@ -62,11 +62,10 @@ def index_links(links: Iterable[Link]) -> dict[LinkKey, tuple[Link, ...]]:
 def links_fired(
     index: Mapping[LinkKey, tuple[Link, ...]],
     key: LinkKey,
-    flags: Mapping[str, bool],
     job_flags: Mapping[str, bool],
 ) -> Iterator[Link]:
-    """The links of ``key`` whose flags all hold: the firing's own ``flags`` first, else
-    the job's."""
+    """The links of ``key`` whose flags all hold in the job's ``job_flags`` (a flag the job
+    does not set is off)."""
     for link in index.get(key, ()):
-        if all(flags.get(f, job_flags.get(f, False)) for f in link.when):
+        if all(job_flags.get(f, False) for f in link.when):
             yield link

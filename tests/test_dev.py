@@ -85,8 +85,9 @@ def test_help_lists_run(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["run"], "dev.py run: name the command to run, e.g. python3 dev.py run agent-runtime"),
         (["frobnicate"], "unknown command 'frobnicate'"),
+        (["lint", "--fix"], "dev.py lint takes no arguments (got '--fix')"),
     ],
-    ids=["run-without-a-command", "unknown-command"],
+    ids=["run-without-a-command", "unknown-command", "lint-with-an-argument"],
 )
 def test_a_missing_or_unknown_command_is_refused_before_the_venv_is_made(
     dev_in: tuple[ModuleType, list[str]],
@@ -99,6 +100,17 @@ def test_a_missing_or_unknown_command_is_refused_before_the_venv_is_made(
     assert dev.main(argv) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(message)  # one line, no usage text after it
+    assert ensured == []
+
+
+def test_lint_help_says_what_it_runs_and_runs_nothing(
+    dev_in: tuple[ModuleType, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python3 dev.py lint --help` used to run the whole lint."""
+    dev, ensured = dev_in
+    assert dev.main(["lint", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "ruff" in out and "mypy --strict" in out and "diagrams --check" in out
     assert ensured == []
 
 

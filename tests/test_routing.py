@@ -113,21 +113,18 @@ async def test_machines_hear_a_fact_in_the_declared_order_whatever_order_they_fo
     adapter.aclose()
 
 
-def test_a_link_fires_on_its_own_flag_before_the_jobs() -> None:
+def test_a_link_with_a_flag_fires_only_when_the_job_sets_it() -> None:
     index = index_links(LINKS)
     key = ("job", "run_close", "room")  # the deletion is asked only when configured
 
-    def targets(flags: dict[str, bool], job: dict[str, bool]) -> list[str]:
-        return [f"{k.target}.{k.event}" for k in links_fired(index, key, flags, job)]
+    def targets(job: dict[str, bool]) -> list[str]:
+        return [f"{k.target}.{k.event}" for k in links_fired(index, key, job)]
 
-    assert "room_deletion.request" not in targets({}, {})
-    assert "room_deletion.request" in targets({}, {"delete_room_on_close": True})
-    # the firing's own value wins over the job's
-    assert "room_deletion.request" not in targets(
-        {"delete_room_on_close": False}, {"delete_room_on_close": True}
-    )
+    assert "room_deletion.request" not in targets({})
+    assert "room_deletion.request" not in targets({"delete_room_on_close": False})
+    assert "room_deletion.request" in targets({"delete_room_on_close": True})
     # a session's close reaches the link and the avatar only for the job's own session
-    own = [k.target for k in links_fired(index, ("session", "report_own_closed", ""), {}, {})]
-    other = [k.target for k in links_fired(index, ("session", "report_closed", ""), {}, {})]
+    own = [k.target for k in links_fired(index, ("session", "report_own_closed", ""), {})]
+    other = [k.target for k in links_fired(index, ("session", "report_closed", ""), {})]
     assert {"participant", "avatar"} <= set(own)
     assert other == ["session_host"]

@@ -160,7 +160,7 @@ class Wiring:
 
     ``connect(machine, post)`` says how an event reaches ``machine``'s runtime;
     ``fire(source, effect, data)`` posts every link of that effect whose flags hold (the
-    job's flags, given here, and the firing's own). A target no runtime connected is
+    job's flags, given here). A target no runtime connected is
     skipped: a runtime used alone has nobody to tell.
     """
 
@@ -195,9 +195,8 @@ class Wiring:
         data: Mapping[str, Any] | None = None,
         *,
         step: str = "",
-        **flags: bool,
     ) -> None:
-        for link in links_fired(self._links, (source, on, step), flags, self._flags):
+        for link in links_fired(self._links, (source, on, step), self._flags):
             post = self._posts.get(link.target)
             if post is None:
                 continue

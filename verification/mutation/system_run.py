@@ -26,7 +26,7 @@ DECLARATION_TESTS = (
     "tests/test_glue.py::test_the_wiring_posts_exactly_the_declared_links_whose_flags_hold",
     "tests/test_routing.py::test_a_machine_follows_exactly_its_routes_with_the_shared_conditions",
     "tests/test_routing.py::test_machines_hear_a_fact_in_the_declared_order_whatever_order_",
-    "tests/test_routing.py::test_a_link_fires_on_its_own_flag_before_the_jobs",
+    "tests/test_routing.py::test_a_link_with_a_flag_fires_only_when_the_job_sets_it",
     "tests/test_teardown.py::test_the_declared_teardowns_leave_the_callbacks_their_share",
 )
 
