@@ -23,7 +23,7 @@ EVENTS = (
     "start_part",  # one of the agent's parts of it: the avatar, the session
     "follow_room",  # start_runtime(): follow the room, start the job machine and its host
     "started",  # the session runs under the job
-    "start_failed",  # a part of the start raised (its caller gets the error)
+    "start_failed",  # a part of the start raised, or its caller cancelled it
     "close",  # aclose(): shut down, honouring the bounded hold
     "abort",  # aclose(graceful=False): the same teardown, no hold
     "job_closed",  # the job machine closed on its own

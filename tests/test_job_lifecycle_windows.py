@@ -512,6 +512,30 @@ async def test_a_start_runs_in_the_callers_task_and_its_cancellation_stays_the_c
     assert second.lifecycle == "closed"
 
 
+async def test_a_start_its_caller_gave_up_on_fails_and_closes_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """A timeout around ``start()`` (the caller's cancellation, not the close's cut) fails
+    the start: the job closes with what did start, a second ``start()`` says the job is
+    closed, and the caller still gets its own cancellation. It used to leave the lifecycle
+    ``starting`` for good: the start refused as "already starting", the room's end never
+    heard, nothing logged."""
+    avatar = ScriptedAvatar(avatar_identity="avatar-1", clock=clock)
+    job = AgentJob(room=room, session=HangingSession(), clock=clock, avatar=avatar, otel=False)
+    changes = heard(job)
+    starting = asyncio.create_task(clock.wait_for(job.start(agent()), 5))
+    await clock.advance(6)
+    with pytest.raises(TimeoutError):
+        await starting
+    await settle()
+    assert job.lifecycle == "closed"
+    assert changes == [("new", "starting"), ("starting", "closing"), ("closing", "closed")]
+    # every machine at its end (room deletion, not asked for, stays allowed until aclose)
+    assert {m: s for m, s in job.states.items() if s != "closed"} == {"room_deletion": "allowed"}
+    await assert_every_start_is_refused(job)
+    await asyncio.wait_for(job.aclose(), 5)  # nothing left to close: returns at once
+
+
 def other_starts() -> list[str]:
     """Tasks running a part of the job's start (none: each part runs in its caller's)."""
     coros = (t.get_coro() for t in asyncio.all_tasks())

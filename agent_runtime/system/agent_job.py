@@ -282,7 +282,9 @@ class AgentJob(Emitter[Events]):
         the plugins expect), the session, then the participant link.
 
         Refused (``RuntimeError``) while the job is already starting or started, or once it
-        is closed; if the job is closed while this runs, this raises once the start is cut."""
+        is closed; if the job is closed while this runs, this raises once the start is cut.
+        A start that fails, or that its caller cancels (a timeout around it), closes the
+        job with what did start."""
         options = room_options_for(self.settings, room_options)  # refused before anything
         await self.system.begin("start")
         await self.system.claim_session()

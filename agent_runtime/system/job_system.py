@@ -294,14 +294,16 @@ class JobSystem(MachineRuntime[str]):
     async def run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
         """Run one part of the start in the calling task, where the teardown can cut it
         (as ``asyncio.timeout`` does: the caller's task is cancelled and the cut is told
-        from anyone else's cancellation); its failure is the lifecycle's ``start_failed``
-        and is raised to the caller."""
+        from anyone else's cancellation); its failure, or its caller's cancellation, is the
+        lifecycle's ``start_failed`` (the job closes what did start) and is raised."""
         part = StartPart()
         self._starts[part] = None
         try:
             await work
         except asyncio.CancelledError:
-            if part.end() != "alone":
+            if (cut := part.end()) == "none":  # the caller gave up (a timeout): it failed
+                self.lifecycle.post(Event("start_failed", {"error": "start() was cancelled"}))
+            if cut != "alone":
                 raise  # the caller itself was cancelled (too)
             raise RuntimeError("the job was closed before it finished starting") from None
         except Exception as e:
