@@ -14,7 +14,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agent_runtime.actor import Actor, ActorClosed, Event, EventRejected, Output, StateChanged
+from agent_runtime.actor import (
+    Actor,
+    ActorClosed,
+    AlreadyStarted,
+    Event,
+    EventRejected,
+    Output,
+    StateChanged,
+)
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import (
     JsonlSink,
@@ -74,6 +82,7 @@ __all__ = [
     "Actor",
     "ActorClosed",
     "AgentJob",
+    "AlreadyStarted",
     "AsyncioClock",
     "AvatarLifecycle",
     "Clock",

@@ -71,6 +71,10 @@ class EventRejected(RuntimeError):
         self.event = event
 
 
+class AlreadyStarted(RuntimeError):
+    """A start refused because one already began (or ended); nothing changed."""
+
+
 class ActorClosed(RuntimeError):
     """The actor was closed; it takes no more events."""
 

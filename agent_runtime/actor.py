@@ -19,6 +19,7 @@ from agent_runtime._messages import (
     EMPTY,
     NO_NAMES,
     ActorClosed,
+    AlreadyStarted,
     EffectHandler,
     EffectResult,
     Event,
@@ -40,6 +41,7 @@ from statemachines.step import table_of
 __all__ = [
     "Actor",
     "ActorClosed",
+    "AlreadyStarted",
     "EffectHandler",
     "EffectResult",
     "Event",

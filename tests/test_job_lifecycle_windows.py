@@ -536,6 +536,36 @@ async def test_a_start_its_caller_gave_up_on_fails_and_closes_the_job(
     await asyncio.wait_for(job.aclose(), 5)  # nothing left to close: returns at once
 
 
+async def test_a_second_avatar_start_is_refused_and_changes_nothing(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """``start_avatar()`` again, after it or at the same time, is refused as "already
+    started"; the job goes on and its session still starts. The refusal used to fail the
+    start: the whole job closed, and the concurrent one cut the good start."""
+    room.add_participant("user-1")
+    for concurrent in (False, True):
+        avatar = ScriptedAvatar(avatar_identity="avatar-1", start_delay=1.0, clock=clock)
+        job = AgentJob(room=room, session=AgentSession(), clock=clock, avatar=avatar, otel=False)
+        first = asyncio.create_task(job.start_avatar())
+        if not concurrent:
+            await clock.advance(2)
+            await first
+        with pytest.raises(RuntimeError, match="already started"):
+            await job.start_avatar()
+        await clock.advance(2)
+        await first
+        assert avatar.start_calls == 1
+        assert job.lifecycle == "starting" and job.states["job"] != "closing"
+        await job.start_session(agent())
+        room.add_participant("avatar-1", kind="agent")
+        room.publish_track("avatar-1", "video")
+        await clock.advance(1)
+        assert job.lifecycle == "running" and job.states["avatar"] == "joined"
+        assert job.audio_route() == "avatar"
+        await asyncio.wait_for(job.aclose(), 5)
+        room.remove_participant("avatar-1")
+
+
 def other_starts() -> list[str]:
     """Tasks running a part of the job's start (none: each part runs in its caller's)."""
     coros = (t.get_coro() for t in asyncio.all_tasks())

@@ -38,6 +38,7 @@ from livekit.agents.voice.room_io import RoomOptions
 from agent_runtime.actor import (
     Actor,
     ActorClosed,
+    AlreadyStarted,
     Event,
     EventRejected,
     Output,
@@ -117,8 +118,7 @@ class JobSystem(MachineRuntime[str]):
         super().__init__(owner)
         s = settings
         self.room, self.session, self.settings = room, session, settings
-        self.clock, self.tracer = parts.clock, parts.tracer
-        clock, tracer = parts.clock, parts.tracer
+        self.clock, self.tracer = clock, tracer = parts.clock, parts.tracer
         # one scheduler steps every actor of the job (agent_runtime.scheduler)
         self.scheduler = scheduler = Scheduler()
         self.events = RoomEventAdapter(room)
@@ -306,6 +306,8 @@ class JobSystem(MachineRuntime[str]):
             if cut != "alone":
                 raise  # the caller itself was cancelled (too)
             raise RuntimeError("the job was closed before it finished starting") from None
+        except AlreadyStarted:
+            raise  # a part started twice is refused, and nothing changes
         except Exception as e:
             # the room went away meanwhile, or the cut became another error in the part
             ending = part.end() != "none" or self.job.state in ("closing", "closed")
@@ -346,9 +348,8 @@ class JobSystem(MachineRuntime[str]):
         await self.avatar.start(self.session, self.room, **self._avatar_start_options)
 
     async def claim_session(self) -> None:
-        """The session's start is the calling start's from here on: a second one (at once,
-        or later) is refused plainly (the session machine's reject cell), whatever the SDK's
-        own lock would let through."""
+        """The session's start is the calling start's from here on: a second one is refused
+        plainly (the session machine's reject cell), whatever the SDK's lock lets through."""
         await self.sessions.claim()
 
     async def start_session(self, agent: Agent, options: RoomOptions) -> None:

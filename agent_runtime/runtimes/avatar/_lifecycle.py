@@ -17,7 +17,7 @@ from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 
-from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
+from agent_runtime.actor import AlreadyStarted, Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
@@ -161,8 +161,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         ``TypeError``), before anything starts."""
         if self.actor.closed or self.actor.state == "closed":
             raise RuntimeError("this AvatarLifecycle is closed")
-        if self.state != "idle":
-            raise RuntimeError(f"this AvatarLifecycle is already started (state {self.state!r})")
+        if self.state != "idle" or self._adapter is not None:  # or its start is queued
+            raise AlreadyStarted(f"this AvatarLifecycle is already started (state {self.state!r})")
         if not isinstance(agent_session, AgentSession):
             raise TypeError(f"agent_session must be an AgentSession, got {agent_session!r}")
         if not isinstance(room, rtc.Room):
