@@ -14,10 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from agent_runtime._messages import AlreadyStarted
 from agent_runtime.actor import (
     Actor,
     ActorClosed,
-    AlreadyStarted,
     Event,
     EventRejected,
     Output,

@@ -19,7 +19,6 @@ from agent_runtime._messages import (
     EMPTY,
     NO_NAMES,
     ActorClosed,
-    AlreadyStarted,
     EffectHandler,
     EffectResult,
     Event,
@@ -41,7 +40,6 @@ from statemachines.step import table_of
 __all__ = [
     "Actor",
     "ActorClosed",
-    "AlreadyStarted",
     "EffectHandler",
     "EffectResult",
     "Event",

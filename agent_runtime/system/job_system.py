@@ -35,10 +35,10 @@ from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 
+from agent_runtime._messages import AlreadyStarted
 from agent_runtime.actor import (
     Actor,
     ActorClosed,
-    AlreadyStarted,
     Event,
     EventRejected,
     Output,

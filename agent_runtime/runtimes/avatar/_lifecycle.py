@@ -17,7 +17,8 @@ from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 
-from agent_runtime.actor import AlreadyStarted, Event, EventRejected, StateChanged, effect_table
+from agent_runtime._messages import AlreadyStarted
+from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
@@ -156,9 +157,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         ``aclose()`` cut it short.
 
         ``plugin_options`` go to the plugin's own ``start()`` as keyword arguments (e.g.
-        ``livekit_url``, ``livekit_api_key``, ``livekit_api_secret``), on every attempt;
-        options its ``start()`` does not take are refused here (``AvatarPluginError``, a
-        ``TypeError``), before anything starts."""
+        ``livekit_url``), on every attempt; options its ``start()`` does not take are
+        refused here (``AvatarPluginError``, a ``TypeError``), before anything starts."""
         if self.actor.closed or self.actor.state == "closed":
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle" or self._adapter is not None:  # or its start is queued
