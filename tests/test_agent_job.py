@@ -190,6 +190,31 @@ async def test_room_options_that_would_lose_a_guarantee_are_refused_before_anyth
     await job.aclose(graceful=False)
 
 
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        (None, "agent must be a livekit.agents.Agent, not NoneType"),
+        ("be helpful", "agent must be a livekit.agents.Agent, not str"),
+        (Agent, "agent must be an Agent instance, not the class Agent"),
+    ],
+    ids=["none", "instructions", "the-class"],
+)
+async def test_a_start_without_an_agent_is_refused_and_changes_nothing(
+    room: InMemoryRoom, clock: VirtualClock, given: Any, match: str
+) -> None:
+    """It used to be an ``AttributeError`` from deep in the start, and the job closed: a
+    second start with a real ``Agent`` was refused as "closed"."""
+    job = AgentJob(room=room, session=AgentSession(), clock=clock)
+    before = room.listener_count()
+    for start in (job.start, job.start_session):
+        with pytest.raises(TypeError, match=match):
+            await start(given)
+    assert job.lifecycle == "new" and room.listener_count() == before
+    await job.start(Agent(instructions="agent"))
+    assert job.lifecycle == "running" and job.session._started
+    await job.aclose()
+
+
 async def test_a_started_session_is_refused(room: InMemoryRoom) -> None:
     session: AgentSession[Any] = AgentSession()
     await session.start(Agent(instructions="agent"))

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from livekit import rtc
-from livekit.agents import NOT_GIVEN, NotGivenOr
+from livekit.agents import NOT_GIVEN, Agent, NotGivenOr
 from livekit.agents.utils import is_given
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.room_io import RoomOptions
@@ -95,6 +95,14 @@ def build_avatar(
         return None, error
     check_start_options(built, start_options)  # the code's own mistake: refused
     return built, None
+
+
+def check_agent(agent: object) -> None:
+    """``start()``'s agent, refused before anything starts when it is no ``Agent``."""
+    if isinstance(agent, type) and issubclass(agent, Agent):
+        raise TypeError(f"agent must be an Agent instance, not the class {agent.__name__}")
+    if not isinstance(agent, Agent):
+        raise TypeError(f"agent must be a livekit.agents.Agent, not {type(agent).__name__}")
 
 
 def room_options(settings: JobSettings, given: NotGivenOr[RoomOptions]) -> RoomOptions:

@@ -51,6 +51,7 @@ from agent_runtime.settings import (
 from agent_runtime.system._inputs import (
     AvatarPlugin,
     build_avatar,
+    check_agent,
     check_avatar,
     injected,
     injections,
@@ -285,7 +286,8 @@ class AgentJob(Emitter[Events]):
         is closed; if the job is closed while this runs, this raises once the start is cut.
         A start that fails, or that its caller cancels (a timeout around it), closes the
         job with what did start."""
-        options = room_options_for(self.settings, room_options)  # refused before anything
+        check_agent(agent)  # refused before anything, as are the options
+        options = room_options_for(self.settings, room_options)
         await self.system.begin("start")
         await self.system.claim_session()
         await self.system.run_part(self.system.start_all(agent, options), session=True)
@@ -310,6 +312,7 @@ class AgentJob(Emitter[Events]):
     ) -> None:
         """Start the session on the room with the job's host and the machines' close rules,
         then link the participant."""
+        check_agent(agent)
         options = room_options_for(self.settings, room_options)
         await self.system.begin("start_part")
         await self.system.claim_session()
