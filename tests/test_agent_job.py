@@ -407,6 +407,36 @@ async def test_a_session_close_that_hangs_still_ends_the_job(
     assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
 
 
+async def test_without_an_avatar_a_hung_session_close_holds_the_close_only_its_share(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job with no avatar has no avatar step to wait for: a session whose close hangs is
+    cut at the session step's share (0.15 of close_timeout), the shutdown callbacks run
+    then, and no warning names an avatar. The avatar step used to wait on the session's
+    close once more and warn that "the avatar had not closed"."""
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, close_timeout=4)
+    ran: list[float] = []
+    job.add_shutdown_callback(lambda: ran.append(clock.now()))
+    await job.start(Agent(instructions="agent"))
+    await settle()
+
+    async def hang(**_: Any) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    session._aclose_impl = hang  # type: ignore[method-assign]
+    t0 = clock.now()
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(5)
+    assert closing.done() and job.states["job"] == "closed"
+    assert ran == [pytest.approx(t0 + 0.6)]
+    warned = [r.getMessage() for r in caplog.records if "took longer" in r.getMessage()]
+    assert len(warned) == 1 and "closing session took longer than 0.6s" in warned[0], warned
+    assert session._closing_task is not None
+    session._closing_task.cancel()
+
+
 class OptionsAvatar(ScriptedAvatar):
     """A plugin whose ``start()`` takes the credentials keywords the published plugins do."""
 

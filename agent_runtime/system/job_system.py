@@ -410,11 +410,11 @@ class JobSystem(MachineRuntime[str]):
 
     def _avatar_left(self) -> Awaitable[None] | None:
         """The avatar's close, which its step's link asked (the work only waits for it: the
-        link is the one way the close is asked here), and a session close still running."""
-        return ending(
-            lk.session_closing_task(self.session),
-            self.avatar.released_once_closed() if self.avatar is not None else None,
-        )
+        link is the one way the close is asked here), and a session close still running.
+        With no avatar there is nothing to wait for: the session had its own share."""
+        if self.avatar is None:
+            return None
+        return ending(lk.session_closing_task(self.session), self.avatar.released_once_closed())
 
     # -- the lifecycle's effects -------------------------------------------------------------
     # the job machine hears them through the declared links (statemachines.links.LINKS)
