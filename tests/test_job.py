@@ -575,6 +575,9 @@ async def test_bad_options_and_arguments_get_clear_errors() -> None:
         rt.attach(object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="callable"):
         rt.add_shutdown_callback(3)  # type: ignore[arg-type]
+    # one it could not call at the close is refused now, not logged as failed then
+    with pytest.raises(TypeError, match="must take the job's reason or no argument"):
+        rt.add_shutdown_callback(lambda reason, other: None)
     with pytest.raises(TypeError, match="reason"):
         rt.shutdown(5)  # type: ignore[arg-type]
     await rig.settle()

@@ -32,6 +32,7 @@ class ShutdownCallbacks:
     def add(self, callback: ShutdownCallback) -> None:
         if not callable(callback):
             raise TypeError("a shutdown callback must be callable")
+        _check_callable_as_run(callback)
         self._callbacks.append(callback)
 
     def waiting_for(self) -> str:
@@ -64,3 +65,19 @@ def _takes_argument(cb: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return n is None or n > 0
+
+
+def _check_callable_as_run(cb: Callable[..., Any]) -> None:
+    """Refused when it is added, not at the close: ``run`` calls it with the reason when it
+    takes an argument, else with none."""
+    try:
+        sig = inspect.signature(cb)
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin): called as livekit would
+    try:
+        sig.bind("reason") if _takes_argument(cb) else sig.bind()
+    except TypeError:
+        name = getattr(cb, "__qualname__", repr(cb))
+        raise TypeError(
+            f"shutdown callback {name}{sig} must take the job's reason or no argument"
+        ) from None
