@@ -179,7 +179,10 @@ RELEASE: tuple[TeardownStep, ...] = (
         name="session",
         after=("job",),
         bound=0.3,
-        what="a session still running is asked to close (the job's bound cut its close)",
+        what=(
+            "a session still running is asked to close (the job's bound cut its close); "
+            "what a start cut or failed half-way left (its RoomIO) is released"
+        ),
     ),
     TeardownStep(
         name="playout",

@@ -38,6 +38,7 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from tests.support.avatar_rig import OtherSink
+from tests.support.playout_rig import AskedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,6 +121,31 @@ async def test_after_room_io_pick_runs_after_roomio_has_taken_its_pick() -> None
     now = lk.after_room_io_pick(rio, lambda: seen.append("now"))
     assert now is None and seen[-1] == "now"  # nothing pending: at once
     await session.aclose()
+
+
+class _RefusingLLM(AskedLLM):
+    def prewarm(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        raise ConnectionError("the model provider refused the session")
+
+
+async def test_a_start_that_failed_after_roomio_started_is_released() -> None:
+    # a real RoomIO over an embedded room; the agent's activity fails as it starts
+    room = InMemoryRoom()
+    room.connect_locally()
+    session: AgentSession[None] = AgentSession()
+    assert not lk.session_half_started(session)  # nothing begun
+    agent = Agent(instructions="compat", llm=_RefusingLLM())
+    with contextlib.suppress(ConnectionError):
+        await session.start(agent, room=room)
+    assert not lk.session_started(session)
+    assert lk.session_half_started(session) and room.listener_count() > 0
+    await session.aclose()  # livekit's own close: nothing, the session never started
+    assert lk.session_half_started(session) and room.listener_count() > 0
+    await lk.release_half_started(session)
+    assert not lk.session_half_started(session) and room.listener_count() == 0
+    assert session.output.audio is None and session.input.audio is None
+    assert agent._activity is None  # its activity's teardown ran: the agent can start again
+    await lk.release_half_started(session)  # once is all: nothing left
 
 
 def test_begin_finalize_gives_the_simulation_its_verdict_and_run() -> None:

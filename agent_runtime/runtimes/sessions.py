@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from livekit.agents import AgentSession
@@ -25,6 +25,7 @@ from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime
 from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler
+from agent_runtime.sdk import livekit_compat as lk
 from statemachines.session import SESSION
 
 
@@ -90,6 +91,15 @@ class JobSessions(MachineRuntime[str]):
                 # the job closed on its own between the start's begin() and this claim
                 raise RuntimeError("the job was closed before it finished starting") from None
             raise RuntimeError("the job's session is already started (or closed)") from None
+
+    def release_half_started(self) -> Coroutine[Any, Any, None] | None:
+        """What releasing the own session takes when a start of it was cut or failed
+        half-way (its RoomIO's listeners and tasks, its activity: livekit's ``aclose()``
+        does nothing for a session that never finished starting), or None when nothing
+        is left. The teardown runs it within its step's share and logs its failure."""
+        if self.own is None or not lk.session_half_started(self.own):
+            return None
+        return lk.release_half_started(self.own)
 
     def release_now(self) -> asyncio.Future[Any] | None:
         """Stop listening and let the machine go (``close``, then released): the job's last

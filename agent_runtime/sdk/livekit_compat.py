@@ -61,6 +61,42 @@ def ask_session_close(session: AgentSession[Any], reason: CloseReason) -> None:
     session._close_soon(reason=reason)
 
 
+def session_half_started(session: AgentSession[Any]) -> bool:
+    """A ``start()`` began and did not finish (it was cut, or it raised) and left what it
+    had begun behind: RoomIO (its room listeners, its tasks, the inputs and outputs it gave
+    the session) or the agent's activity. livekit's ``start()`` only cancels the tasks it
+    was awaiting when it fails, and its ``aclose()`` does nothing for a session that is not
+    ``_started``. A close asked and still running is not this (that close owns them)."""
+    if session._started or (session._room_io is None and session._activity is None):
+        return False
+    closing = session_closing_task(session)
+    return closing is None or closing.done()
+
+
+async def release_half_started(session: AgentSession[Any]) -> None:
+    """Release what a start that did not finish left behind (``session_half_started``),
+    as livekit's own close would for a started session: RoomIO first (the inputs and
+    outputs it attached detached, its listeners and tasks gone), then the activity's
+    teardown. Under the session's lock, as livekit's start and close run: a start still
+    running is waited for, and a session that started meanwhile is left as it is."""
+    async with session._lock:
+        if not session_half_started(session):
+            return
+        room_io, session._room_io = session._room_io, None
+        if room_io is not None:
+            attached = (
+                (session.input, "audio", room_io.audio_input),
+                (session.input, "video", room_io.video_input),
+                (session.output, "audio", room_io.audio_output),
+                (session.output, "transcription", room_io.transcription_output),
+            )
+            for side, name, own in attached:
+                if own is not None and getattr(side, name) is own:
+                    setattr(side, name, None)
+            await room_io.aclose()
+        await session._teardown_activity(reason=CloseReason.JOB_SHUTDOWN, drain=False)
+
+
 def set_user_state(session: AgentSession[Any], state: UserState) -> None:
     """Set the user's state (``speaking``, ``listening``, ``away``) as the session's audio
     recognition does, ``user_state_changed`` and all."""

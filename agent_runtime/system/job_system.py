@@ -410,9 +410,8 @@ class JobSystem(MachineRuntime[str]):
 
     def _avatar_left(self) -> Awaitable[None] | None:
         """The avatar's close, which its step's link asked (the work only waits for it: the
-        link is the one way the close is asked here), and a session close still running.
-        With no avatar there is nothing to wait for: the session had its own share."""
-        if self.avatar is None:
+        link is the one way the close is asked here), and a session close still running."""
+        if self.avatar is None:  # nothing to wait for: the session had its own share
             return None
         return ending(lk.session_closing_task(self.session), self.avatar.released_once_closed())
 
@@ -474,11 +473,12 @@ class JobSystem(MachineRuntime[str]):
     def _job_closed(self) -> asyncio.Future[None] | None:
         return self.job.when_closed()
 
-    def _no_session_left(self) -> None:
+    def _no_session_left(self) -> Awaitable[None] | None:
         if lk.session_live(self.session):
             # the job's bound cut its close before the session's step: a closed job leaves
             # no session running (its close is the session's own; not waited for here)
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
+        return self.sessions.release_half_started()  # a start cut or failed half-way
 
     def _avatar_closed(self) -> Awaitable[None] | None:
         """The avatar's close, if the job's close was cut before its avatar step (the close

@@ -1,0 +1,141 @@
+"""A session whose ``start()`` did not finish is released with the job.
+
+livekit's ``AgentSession.start()`` starts RoomIO (its room listeners, its transcript and
+audio tasks, the inputs and outputs it gives the session) before it starts the agent's
+activity. When the start is cut there (the job closes, the room goes away) or fails there
+(a model provider refuses), livekit only cancels the tasks it was awaiting, and its
+``aclose()`` does nothing for a session that is not started. What a user notices after
+``aclose()`` is what these tests pin: the room has the listeners it had before the job, no
+task of the session runs on, ``audio_route()`` says ``none``, and the agent can be started
+again in a new job.
+
+Real: ``AgentSession`` and its RoomIO, every machine's runtime. Faked, because they need a
+server: the room (``InMemoryRoom``), and the model provider behind the agent's activity (a
+toolset whose setup never answers, an LLM that refuses as it is warmed up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, llm
+
+from agent_runtime import AgentJob
+from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.inmemory import InMemoryRoom
+from tests.support.playout_rig import AskedLLM
+
+ROOM = "hs-room"  # the room the fixtures build (tests/conftest.py)
+
+
+class SilentProvider(llm.Toolset):
+    """A toolset whose setup waits on a provider that never answers (an MCP server that
+    accepts the connection and says nothing), until it is cancelled."""
+
+    async def setup(self) -> SilentProvider:
+        await asyncio.get_running_loop().create_future()
+        return self
+
+
+class RefusingLLM(AskedLLM):
+    """A model provider that refuses the session once, as the agent's activity starts (a
+    flaky network), and takes it the next time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = False
+
+    def prewarm(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not self.refused:
+            self.refused = True
+            raise ConnectionError("the model provider refused the session")
+
+
+def other_tasks() -> list[str]:
+    me = asyncio.current_task()
+    return sorted(
+        getattr(t.get_coro(), "__qualname__", t.get_name())
+        for t in asyncio.all_tasks()
+        if t is not me and not t.done()
+    )
+
+
+async def assert_released(job: AgentJob, room: InMemoryRoom, listeners: int) -> None:
+    await settle()
+    assert job.lifecycle == "closed" and not job.session._started
+    assert room.listener_count() == listeners
+    assert other_tasks() == []  # no RoomIO._forward_user_transcript, no audio forwarding
+    assert job.audio_route() == "none"
+
+
+async def run_until(clock: VirtualClock, done: Any, limit: float = 20.0) -> None:
+    while not done():
+        assert clock.now() < limit, "still waiting"
+        await settle()
+        await clock.advance(1.0)
+
+
+@pytest.mark.parametrize("how", ["close", "abort", "room-gone"])
+async def test_a_session_start_cut_after_roomio_started_leaves_nothing_behind(
+    room: InMemoryRoom, clock: VirtualClock, how: str
+) -> None:
+    room.add_participant("user")
+    listeners = room.listener_count()
+    agent = Agent(instructions="agent", tools=[SilentProvider(id="mcp")])
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    starting = asyncio.create_task(job.start(agent))
+    await settle()
+    await clock.advance(1.0)
+    # RoomIO runs (the agent's activity waits on its provider): the room is followed
+    assert job.lifecycle == "starting" and room.listener_count() > listeners
+    assert "RoomIO._forward_user_transcript" in other_tasks()
+    if how == "room-gone":
+        room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
+    else:
+        closing = asyncio.create_task(job.aclose(graceful=how == "close"))
+    await run_until(clock, lambda: starting.done() and job.lifecycle == "closed")
+    with pytest.raises(RuntimeError, match="closed before it finished starting"):
+        await starting
+    if how != "room-gone":
+        await closing
+    await asyncio.wait_for(job.wait_closed(), 5)
+    await assert_released(job, room, listeners)
+
+
+async def test_a_session_start_that_fails_after_roomio_started_leaves_nothing_behind(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("user")
+    listeners = room.listener_count()
+    agent = Agent(instructions="agent", llm=RefusingLLM())
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    with pytest.raises(ConnectionError, match="refused the session"):
+        await job.start(agent)
+    await asyncio.wait_for(job.aclose(), 5)
+    await assert_released(job, room, listeners)
+    # the agent's half-started activity went with it: the user can try again with it
+    again = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    await again.start(agent)
+    assert again.lifecycle == "running" and again.audio_route() == "room"
+    await asyncio.wait_for(again.aclose(), 5)
+    await assert_released(again, room, listeners)
+
+
+async def test_half_started_sessions_do_not_pile_up_across_jobs(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    room.add_participant("user")
+    listeners = room.listener_count()
+    for _ in range(3):  # one worker process serves job after job
+        agent = Agent(instructions="agent", tools=[SilentProvider(id="mcp")])
+        job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+        starting = asyncio.create_task(job.start(agent))
+        await settle()
+        closing = asyncio.create_task(job.aclose())
+        both = asyncio.gather(starting, closing, return_exceptions=True)
+        await run_until(clock, both.done, clock.now() + 20)
+        await both
+        await assert_released(job, room, listeners)
