@@ -984,6 +984,27 @@ async def test_transient_failures_are_retried_after_backoff_on_room_audio() -> N
     await rig.aclose()
 
 
+async def test_a_retry_after_a_failure_during_the_session_s_start_stays_on_room_audio() -> None:
+    # the first attempt fails while session.start() waits for the agent's tools; the
+    # second routes over the room output the first one's restore attached, and fails too
+    policy = {"attempts": 1, "backoff": {"initial": 1.0}}
+    rig = Rig(join_timeout=2.0, retry=policy)
+    await rig.start_avatar()
+    session_started = await rig.start_session_aside(tools_setup=3.0)
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "backoff" and not session_started.done()
+    assert rig.lifecycle.audio_route() == "room"  # during the start already
+    await rig.clock.advance(1)
+    assert session_started.done() and rig.lifecycle.state == "routing"
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "restored" and rig.lifecycle.attempts == 1
+    assert rig.lifecycle.audio_route() == "room"
+    assert route_names(rig.session) == SYNCED_TO_ROOM
+    assert len(rig.room.local_participant.track_publications) == 1
+    await rig.aclose()
+
+
 @pytest.mark.parametrize(
     ("policy", "want", "starts"),
     [
