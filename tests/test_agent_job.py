@@ -27,10 +27,13 @@ from livekit.agents.voice.remote_session import RemoteSession
 from livekit.agents.voice.room_io import RoomOptions
 
 from agent_runtime import AgentJob, SettingError, injected, on_session_end, session_end_hook
+from agent_runtime.runtimes.avatar import audio_tail
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.machines import MACHINES
+from tests.support.avatar_rig import SlowToolset
 
 DISPATCH = SimulationDispatch(simulation_run_id="run-aj", job_id="simjob-aj")
 SIM = {ATTRIBUTE_SIMULATOR: "1"}
@@ -467,6 +470,36 @@ async def test_avatar_start_options_reach_the_plugins_start(
     )
     await job.start(Agent(instructions="test"))
     assert plugin.options == {"livekit_url": "wss://lk.invalid", "livekit_api_key": "k"}
+    await job.aclose(graceful=False)
+    await session.aclose()
+
+
+async def test_an_avatar_that_fails_while_the_session_starts_leaves_the_agent_on_room_audio(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The agent's tools take 3 s to set up (an MCP server connecting): ``session.start()``
+    has seen the avatar's route (RoomIO's audio output off) and waits for them when the
+    avatar's join_timeout (2 s) runs out. Once the session is up, the agent is heard in the
+    room, as with a session that starts at once."""
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(
+        room=room,
+        session=session,
+        avatar=ScriptedAvatar(avatar_identity="avatar-1"),
+        join_timeout=2,
+        clock=clock,
+    )
+    started = asyncio.ensure_future(
+        job.start(Agent(instructions="test", tools=[SlowToolset(clock, 3)]))
+    )
+    await clock.advance(2)
+    assert job.states["avatar"] == "restored" and not started.done()
+    await clock.advance(1)
+    assert started.done() and started.exception() is None
+    assert job.audio_route() == "room" and job.live_audio_route == "room"
+    assert isinstance(audio_tail(session), lk.RoomAudioOutput)
+    assert len(room.local_participant.track_publications) == 1  # the agent's track
     await job.aclose(graceful=False)
     await session.aclose()
 

@@ -97,6 +97,59 @@ async def test_failure_before_session_start_leaves_room_audio_to_session_start()
     await rig.aclose()
 
 
+async def test_failure_while_the_session_starts_ends_on_room_audio_once_it_started() -> None:
+    # session.start() saw the avatar's route and turned RoomIO's audio output off, then
+    # waits for the agent's tools (an MCP server connecting); the avatar fails meanwhile
+    rig = Rig(join_timeout=2.0)
+    await rig.start_avatar()
+    session_started = await rig.start_session_aside(tools_setup=3.0)
+    assert route_names(rig.session) == SYNCED_TO_AVATAR
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "restored"
+    assert not session_started.done()  # still starting
+    await rig.clock.advance(1)
+    assert session_started.done() and session_started.exception() is None
+    assert rig.lifecycle.audio_route() == "room"
+    assert route_names(rig.session) == SYNCED_TO_ROOM
+    # the agent's one audio track is in the room
+    assert len(rig.room.local_participant.track_publications) == 1
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("tools_setup", [0.5, 4.0])
+async def test_a_session_start_begun_while_the_plugin_starts_gets_roomio_output_back(
+    tools_setup: float,
+) -> None:
+    # the session starts after the lifecycle took the route the plugin would replace (none
+    # then) and before the plugin installed its own over RoomIO's; the avatar fails after
+    # the session started (0.5 s) or while it still waits for its tools (4 s)
+    rig = Rig()
+    rig.avatar = ScriptedAvatar(avatar_identity=AVATAR, start_delay=1.0, clock=rig.clock)
+    rig.lifecycle = AvatarLifecycle(
+        rig.avatar,
+        join_timeout=2.0,
+        clock=rig.clock,
+        tracer=Tracer(rig.trace),
+        remove_participant=rig._remove,
+    )
+    await rig.start_avatar_aside()
+    session_started = await rig.start_session_aside(tools_setup=tools_setup)
+    roomio_output = audio_tail(rig.session)  # no route was in: RoomIO made its own
+    assert isinstance(roomio_output, _ParticipantAudioOutput)
+    await rig.clock.advance(1)
+    assert rig.lifecycle.audio_route() == "avatar"  # the plugin's route replaced it
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "restored"
+    assert session_started.done() == (tools_setup < 3)
+    await rig.clock.advance(2)
+    assert session_started.done() and session_started.exception() is None
+    assert audio_tail(rig.session) is roomio_output  # the very output RoomIO made
+    assert rig.lifecycle.audio_route() == "room"
+    assert route_names(rig.session) == SYNCED_TO_ROOM
+    assert len(rig.room.local_participant.track_publications) == 1  # no second track
+    await rig.aclose()
+
+
 @pytest.mark.parametrize("after_route", [False, True])
 async def test_start_error_ends_on_room_audio(after_route: bool) -> None:
     avatar = ScriptedAvatar(avatar_identity=AVATAR, start_error="no capacity")
@@ -928,6 +981,27 @@ async def test_transient_failures_are_retried_after_backoff_on_room_audio() -> N
     await settle()
     assert rig.lifecycle.state == "joined"
     assert rig.lifecycle.audio_route() == "avatar"
+    await rig.aclose()
+
+
+async def test_a_retry_after_a_failure_during_the_session_s_start_stays_on_room_audio() -> None:
+    # the first attempt fails while session.start() waits for the agent's tools; the
+    # second routes over the room output the first one's restore attached, and fails too
+    policy = {"attempts": 1, "backoff": {"initial": 1.0}}
+    rig = Rig(join_timeout=2.0, retry=policy)
+    await rig.start_avatar()
+    session_started = await rig.start_session_aside(tools_setup=3.0)
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "backoff" and not session_started.done()
+    assert rig.lifecycle.audio_route() == "room"  # during the start already
+    await rig.clock.advance(1)
+    assert session_started.done() and rig.lifecycle.state == "routing"
+    assert rig.lifecycle.audio_route() == "avatar"
+    await rig.clock.advance(2)
+    assert rig.lifecycle.state == "restored" and rig.lifecycle.attempts == 1
+    assert rig.lifecycle.audio_route() == "room"
+    assert route_names(rig.session) == SYNCED_TO_ROOM
+    assert len(rig.room.local_participant.track_publications) == 1
     await rig.aclose()
 
 

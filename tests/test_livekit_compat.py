@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import livekit.agents
 import livekit.api
 import livekit.rtc
+import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, CloseReason, JobContext
 from livekit.agents.simulation import (
@@ -34,6 +35,7 @@ from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 
+from agent_runtime.runtimes.avatar import audio_tail
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -102,6 +104,25 @@ async def test_the_room_audio_output_is_roomio_s_own() -> None:
     out = lk.new_room_audio_output(rtc.Room())
     assert isinstance(out, AudioOutput) and isinstance(out, room_io_module._ParticipantAudioOutput)
     assert out.sample_rate == AudioOutputOptions().sample_rate
+
+
+@pytest.mark.parametrize("route_first", [False, True])
+async def test_roomio_s_own_room_output_is_read_from_the_pinned_sdk(route_first: bool) -> None:
+    # a real RoomIO over an embedded room: its own output, or none when session.start()
+    # found an audio route in place
+    room = InMemoryRoom()
+    room.connect_locally()
+    session: AgentSession[None] = AgentSession()
+    if route_first:
+        session.output.audio = OtherSink()
+    await session.start(Agent(instructions="compat"), room=room)
+    own = lk.room_io_audio_output(session.room_io)
+    if route_first:
+        assert own is None
+    else:
+        assert isinstance(own, lk.RoomAudioOutput) and audio_tail(session) is own
+    await session.aclose()
+    await settle()
 
 
 async def test_after_room_io_pick_runs_after_roomio_has_taken_its_pick() -> None:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from livekit.agents.simulation import SimulationVerdict
     from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
     from livekit.agents.voice.events import UserState
+    from livekit.agents.voice.room_io import RoomIO
     from livekit.protocol import agent_simulation as sim_pb
 
 
@@ -290,6 +291,13 @@ def avatar_join_task(avatar: AvatarSession[Any]) -> asyncio.Task[None] | None:
 
 # RoomIO's audio output to the room (a private class of the SDK's)
 RoomAudioOutput = _ParticipantAudioOutput
+
+
+def room_io_audio_output(room_io: RoomIO) -> RoomAudioOutput | None:
+    """RoomIO's own audio output to the room; None when it was built without one
+    (``session.start()`` turns it off when ``output.audio`` is already set)."""
+    out = getattr(room_io, "_audio_output", None)
+    return out if isinstance(out, RoomAudioOutput) else None
 
 
 def new_room_audio_output(room: rtc.Room) -> RoomAudioOutput:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from livekit import rtc
-from livekit.agents import Agent, AgentSession
+from livekit.agents import Agent, AgentSession, llm
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 from livekit.api import TwirpError
 
@@ -81,6 +81,19 @@ class StuckAvatar(ScriptedAvatar):
             raise
 
 
+class SlowToolset(llm.Toolset):
+    """An agent's tools whose setup takes ``seconds`` on ``clock`` (an MCP server or a
+    realtime model connecting): ``session.start()`` awaits it, RoomIO already built."""
+
+    def __init__(self, clock: VirtualClock, seconds: float) -> None:
+        super().__init__(id="slow")
+        self._clock, self._seconds = clock, seconds
+
+    async def setup(self) -> SlowToolset:
+        await self._clock.sleep(self._seconds)
+        return self
+
+
 class OtherSink(AudioOutput):
     """Someone else's route (say, a recorder or another avatar): the smallest real output,
     whose segments the SDK's base class counts."""
@@ -128,6 +141,14 @@ class Rig:
     async def start_session(self) -> None:
         await self.session.start(Agent(instructions="test"), room=self.room)
         await settle()
+
+    async def start_session_aside(self, tools_setup: float) -> asyncio.Future[None]:
+        """Start the session without waiting for its start(), whose agent's tools take
+        ``tools_setup`` seconds to set up."""
+        agent = Agent(instructions="test", tools=[SlowToolset(self.clock, tools_setup)])
+        started = asyncio.ensure_future(self.session.start(agent, room=self.room))
+        await settle()
+        return started
 
     async def start_avatar(self) -> None:
         await self.lifecycle.start(self.session, self.room)

@@ -4,6 +4,13 @@
 before), the sink it installed (recorded just after), and, when putting the route back
 needs one, a room audio output of our own. Putting back is guarded by identity: only
 while the chain's tail is still the plugin's sink.
+
+Where the audio goes back to, when the plugin replaced no route, is read from the session's
+RoomIO: ``session.start()`` builds it in its first step (before any await of its own), and
+decides there whether RoomIO makes room audio. So a RoomIO built since the route was taken
+is a start that has made its choice, finished or still running (its agent's tools may take
+seconds to set up); no RoomIO yet is a start still to come, which makes room audio itself
+when no route is in.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from livekit import rtc
 from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
+from livekit.agents.voice.room_io import RoomIO
 
 from agent_runtime.runtimes.avatar._sink import retire_sink
 from agent_runtime.sdk import livekit_compat as lk
@@ -27,7 +35,9 @@ logger = logging.getLogger("agent_runtime.avatar")
 
 Route = Literal["avatar", "room", "none"]
 # what putting the route back did (reported with route_restored)
-RestoreOutcome = Literal["nothing_installed", "left_alone", "previous", "room_attached", "cleared"]
+RestoreOutcome = Literal[
+    "nothing_installed", "left_alone", "previous", "room_io_output", "room_attached", "cleared"
+]
 
 # the room outputs handed to a still-running session at close, until that session closes
 _HANDED_OFF: set[asyncio.Task[None]] = set()
@@ -41,6 +51,17 @@ def audio_chain(session: AgentSession[Any] | None) -> list[AudioOutput]:
         out.append(cur)
         cur = cur.next_in_chain
     return out
+
+
+def session_room_io(session: AgentSession[Any] | None) -> RoomIO | None:
+    """The RoomIO the session's start() built (in its first step); None before that, for a
+    session started without a room, and once it closed."""
+    if session is None:
+        return None
+    try:
+        return session.room_io
+    except RuntimeError:
+        return None
 
 
 def audio_tail(session: AgentSession[Any] | None) -> AudioOutput | None:
@@ -155,7 +176,7 @@ class PrevRoute(NamedTuple):
 
     top: AudioOutput | None
     tail: AudioOutput | None
-    session_running: bool
+    room_io: RoomIO | None  # the session's then: a later one is a start that saw our route
 
 
 class AudioRoute:
@@ -178,7 +199,9 @@ class AudioRoute:
     def take_prev(self) -> None:
         chain = audio_chain(self.session)
         self.prev = PrevRoute(
-            chain[0] if chain else None, chain[-1] if chain else None, self.session_running()
+            chain[0] if chain else None,
+            chain[-1] if chain else None,
+            session_room_io(self.session),
         )
 
     def record_installed(self) -> AudioOutput | None:
@@ -221,21 +244,13 @@ class AudioRoute:
         if audio_tail(session) is not sink:
             logger.info("avatar %s: the audio route was replaced since; leaving it alone", identity)
             return "left_alone"
-        outcome: RestoreOutcome
         with detaching():
-            if prev.tail is not None:
-                session.output.replace_audio_tail(prev.tail)
-                outcome = "previous"
-            elif self.session_running() and not prev.session_running:
-                # session.start() saw our route and turned RoomIO's audio output off
-                session.output.replace_audio_tail(self._attach_room_output())
-                outcome = "room_attached"
-            else:
-                # not started yet: with no route in place, session.start() makes room audio
-                session.output.audio = prev.top
-                outcome = "cleared"
-            if outcome != "cleared":
+            back, outcome = self._route_back(prev)
+            if back is not None:
+                session.output.replace_audio_tail(back)
                 finish_orphans(audio_chain(session), carried_on=lk.sink_takes_frames(sink))
+            else:
+                session.output.audio = prev.top
         if sink not in audio_chain(session):
             # a chain that was the sink alone is replaced whole: no proxy clears it, and a
             # speech may wait on the sink itself (kept for a rejoin, it is not retired)
@@ -243,6 +258,22 @@ class AudioRoute:
         now = route_of(session, sink)
         logger.info("avatar %s: audio route restored (%s), now %s", identity, outcome, now)
         return outcome
+
+    def _route_back(self, prev: PrevRoute) -> tuple[AudioOutput | None, RestoreOutcome]:
+        """The output to put back at the tail, or None to put the previous top back."""
+        if prev.tail is not None:
+            return prev.tail, "previous"
+        room_io = session_room_io(self.session)
+        if room_io is None or room_io is prev.room_io:
+            # no start yet (with no route in, it makes room audio), or the session ran with
+            # no audio route before ours: nothing to put back
+            return None, "cleared"
+        # a start since the route was taken, finished or not
+        own = lk.room_io_audio_output(room_io)
+        if own is not None:
+            return own, "room_io_output"  # it began before the plugin put its sink over it
+        # it saw our route and turned RoomIO's audio output off
+        return self._attach_room_output(), "room_attached"
 
     async def retire_sink(self) -> None:
         """Once the plugin's data-stream sink carries no audio: its listener and waits go,
