@@ -459,7 +459,7 @@ def test_a_refused_start_error_leaves_the_plugin_as_it_was(
     doc = yaml.safe_load(REFUSED_START_ERROR)
     r = simulate_json(write(tmp_path, doc), capsys)
     assert r["facts"]["step_errors"] == [
-        "t=1 avatar.start_error: RuntimeError: this AvatarLifecycle is already started "
+        "t=1 avatar.start_error: AlreadyStarted: this AvatarLifecycle is already started "
         "(state 'routing')"
     ]
     assert (r["final_states"]["avatar"], r["facts"]["audio_output"]) == ("joined", "avatar")
