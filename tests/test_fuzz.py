@@ -44,6 +44,8 @@ def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
         (["--seed", "-1"], "--seed: Input should be greater than or equal to 0"),
         (["--steps", "101"], "--steps: Input should be less than or equal to 100"),
         (["--out", "pyproject.toml"], "--out pyproject.toml: exists and is not a directory"),
+        (["--out", "pyproject.toml/found"], "cannot write there (NotADirectoryError"),
+        (["--out", "/proc/found"], "--out /proc/found: cannot write there ("),
         (["--replay", "nope.yaml"], "nope.yaml: cannot read"),
         (["--check", "tests.support.planted:nope"], "has no 'nope'"),
         (["--check", "nocolon"], "give MODULE:NAME"),
@@ -77,6 +79,86 @@ def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(
     monkeypatch.chdir(ROOT)
     code, _, err = _fuzz_cli(capsys, agent)
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_out_is_created_before_the_run_and_a_failed_write_still_prints_the_report(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "new" / "found"
+
+    def unwritable(*_: Any) -> Path:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("agent_runtime.testing.fuzz.run.write_scenario", unwritable)
+    code, stdout, _ = _fuzz_cli(
+        capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--seed", "7", "--out", str(out)
+    )
+    assert out.is_dir() and list(out.iterdir()) == []  # made and probed, before the run
+    assert code == 1 and "seed 7: a property failed" in stdout
+    assert "the shortest sequence found:" in stdout and "released: tasks still running" in stdout
+    assert f"  not written: {out}: PermissionError: Permission denied" in stdout
+
+
+REPLAY_STEPS = [{"at": 0, "event": "session.start"}, {"at": 3, "event": "end"}]
+
+
+@pytest.mark.parametrize(
+    ("doc", "options", "message"),
+    [
+        (
+            {"steps": [*REPLAY_STEPS[:1], {"at": 1, "event": "avatar.close"}, REPLAY_STEPS[1]]},
+            [],
+            "steps the fuzzer does not take (t=1 avatar.close: agent-runtime simulate runs them)",
+        ),
+        (
+            {"steps": [{"at": 1, "event": "session.close", "reason": "user_initiated"}]},
+            [],
+            "t=1 session.close: agent-runtime simulate runs them); no session.start step",
+        ),
+        ({"steps": REPLAY_STEPS[1:]}, [], "no session.start step (the entrypoint would never run)"),
+        (
+            {"config": {"grace_period": 3}, "steps": REPLAY_STEPS},
+            [],
+            "config grace_period (the entrypoint's own AgentJob options",
+        ),
+        ({"steps": REPLAY_STEPS}, ["--seed", "1"], "--seed: no meaning with --replay"),
+        (
+            {"steps": REPLAY_STEPS},
+            ["--examples", "3", "--no-avatar", "--no-simulation"],
+            "--examples, --no-avatar, --no-simulation: no meaning with --replay",
+        ),
+    ],
+    ids=["avatar-close", "session-close", "no-start", "own-config", "seed", "drawing-options"],
+)
+def test_a_replay_the_fuzzer_cannot_perform_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    doc: dict[str, Any],
+    options: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "by-hand.yaml"
+    path.write_text(yaml.safe_dump({"name": "by hand", **doc}))
+    code, out, err = _fuzz_cli(
+        capsys, f"{PLANTED}:FIXED_LEAKY_TASK", "--replay", str(path), *options
+    )
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+def test_a_replay_says_which_steps_the_room_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "ghost.yaml"
+    leave = {"at": 1, "event": "participant_disconnected", "identity": "ghost"}
+    path.write_text(yaml.safe_dump({"name": "ghost", "steps": [REPLAY_STEPS[0], leave]}))
+    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:FIXED_LEAKY_TASK", "--replay", str(path))
+    assert code == 0 and "nothing found" in out
+    assert "step refused (it changed nothing): t=1 participant_disconnected: " in out
+    assert "'ghost' is not in the room" in out
 
 
 # -- planted bugs ------------------------------------------------------------------------------

@@ -7,6 +7,10 @@ context current and the test's parts injected (``agent_runtime.injected``): ever
 session transport (the simulator is on the other end), an avatar plugin stand-in if one is
 given, room deletion and avatar removal recorded on the room instead of sent to a server,
 and a memory trace the test can read. Nothing in the entrypoint changes.
+
+As livekit's job runner, the run goes on once the entrypoint has started its job: an
+entrypoint that keeps running after ``await job.start(...)`` (waiting for the room to go,
+say) runs on as a task, awaited at the job's end within livekit's bound and then cancelled.
 """
 
 from __future__ import annotations
@@ -47,6 +51,38 @@ SimulationEndFn = Callable[[SimulationContext], Any]
 
 # how long (real seconds) teardown waits for a session that is still open to close
 _CLOSE_LIMIT = 10.0
+# the lifecycle states of an AgentJob whose start is over (started, or cut by its close)
+_START_OVER = ("running", "closing", "closed")
+
+
+class NoAgentJob(RuntimeError):
+    """The entrypoint ended without building an ``AgentJob`` for its job context."""
+
+
+class EntrypointStalled(TimeoutError):
+    """The entrypoint neither started its job nor ended within the wait."""
+
+
+class _StartWatch:
+    """A trace sink that sees the jobs an entrypoint builds: the first one (taken while it
+    is registered for the job context, so also once it closed) and when its start is over
+    (the ``agent_job`` machine reaching ``running``, or ``closing``: the start was cut)."""
+
+    def __init__(self) -> None:
+        self.ctx: JobContext | None = None
+        self.job: AgentJob | None = None
+        self.started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def write(self, record: TraceRecord) -> None:
+        if self.job is None and self.ctx is not None:
+            self.job = AgentJob.for_job(self.ctx)
+        if (
+            record.kind == "transition"
+            and record.machine == "agent_job"
+            and record.dest in _START_OVER
+            and not self.started.done()
+        ):
+            self.started.set_result(None)
 
 
 class _Run:
@@ -64,8 +100,9 @@ class EntrypointRunner:
     """Runs ``rtc_session`` entrypoints on one in-memory room, clock and session transport.
 
     ``await runner(server)`` (an ``AgentServer`` with an ``rtc_session`` entrypoint) or
-    ``await runner(entrypoint)`` runs the entrypoint once and returns the ``AgentJob`` it
-    built, started. ``aclose()`` stops what is still running and releases the job contexts.
+    ``await runner(entrypoint)`` runs the entrypoint until it started its job (or ended) and
+    returns the ``AgentJob`` it built. ``aclose()`` stops what is still running and releases
+    the job contexts.
     """
 
     def __init__(
@@ -94,8 +131,11 @@ class EntrypointRunner:
         on_session_end: SessionEndFn | None = None,
         avatar: AvatarSession | None = None,  # type: ignore[type-arg]
         job_id: str = "test-job",
+        start_timeout: float = 5.0,
     ) -> AgentJob:
-        """Run ``entrypoint`` once and return the ``AgentJob`` it built (started).
+        """Run ``entrypoint`` until it started its job, or ended, and return the ``AgentJob``
+        it built. What the entrypoint does after ``await job.start(...)`` runs on as a task
+        (awaited at the job's end, 15 s on the job's clock, then cancelled, as livekit does).
 
         ``entrypoint``: an ``AgentServer`` (its ``rtc_session`` entrypoint and the
         ``on_session_end``/``on_simulation_end`` given there) or the entrypoint function.
@@ -103,14 +143,18 @@ class EntrypointRunner:
         ``SimulationDispatch``). ``on_simulation_end``/``on_session_end`` override the
         server's. ``avatar``: an ``AvatarSession`` (the ``scripted_avatar``) that stands in
         for the avatar plugin the entrypoint gives its job, if it gives one.
+        ``start_timeout`` (the loop's seconds: real ones, or virtual on a ``VirtualTimeLoop``):
+        ``EntrypointStalled`` if the entrypoint has neither started its job nor ended by then.
+        ``NoAgentJob`` if it ended without building one; its own failure is raised as is.
         """
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
         end_timeout = lk.server_session_end_timeout(entrypoint) if fn is not entrypoint else 300.0
         if avatar is not None and not isinstance(avatar, AvatarSession):
             raise TypeError(f"avatar must be an AvatarSession, not {type(avatar).__name__}")
+        watch = _StartWatch()
         parts: dict[str, Any] = {
             "clock": self.clock,
-            "tracer": Tracer(self.sink),
+            "tracer": Tracer(self.sink, watch),
             "delete_room": self._delete_room,
             "remove_avatar_participant": self._remove_avatar,
         }
@@ -131,6 +175,7 @@ class EntrypointRunner:
                     dispatch
                 )
             lk.set_job_simulation_end_fn(ctx, on_simulation_end or server_simulation_end)
+            watch.ctx = ctx
             context = contextvars.copy_context()
         if not self._runs:
             self.failures.install()
@@ -148,16 +193,38 @@ class EntrypointRunner:
             _as_coroutine(fn(ctx)), name="job_user_entrypoint", context=context
         )
         process.watch_entrypoint(entry)
-        await entry  # its failure is the test's, with its traceback
-        await settle()
-        job = AgentJob.for_job(ctx)
+        # livekit's runner goes on once the job runs: the entrypoint may keep running
+        await asyncio.wait(
+            {entry, watch.started}, timeout=start_timeout, return_when="FIRST_COMPLETED"
+        )
+        if entry.done():
+            await entry  # its failure is the test's, with its traceback
+        else:
+            # what it fails with from here on is the test's too, as a failure of its code
+            entry.add_done_callback(self._entry_done)
+        await settle()  # the entrypoint runs on until it waits (its code after the start)
+        job = watch.job or AgentJob.for_job(ctx)
+        if job is None and not entry.done():
+            raise EntrypointStalled(
+                f"the entrypoint has neither built its AgentJob nor ended after "
+                f"{start_timeout:g}s: it waits for something that has not happened"
+            )
         if job is None:
-            raise RuntimeError(
-                "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx, ...) "
-                "in it (or the job closed before the entrypoint returned)"
+            raise NoAgentJob(
+                "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx, "
+                "session=...) in it and start the job there (docs/guide/testing.md)"
             )
         run.job = job
+        if not watch.started.done() and not entry.done():
+            raise EntrypointStalled(
+                f"the entrypoint has not started its job after {start_timeout:g}s (the job "
+                f"is {job.lifecycle}): it waits for something that has not happened"
+            )
         return job
+
+    def _entry_done(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self.failures.add("entrypoint", error)
 
     def session_end(self) -> asyncio.Task[None]:
         """End the last run's job now, as ``ctx.shutdown("session ended")`` would: livekit's
@@ -277,9 +344,10 @@ class EntrypointRunner:
     async def aclose(self, *, report: bool = True) -> None:
         """The test is over: every job still running ends as a worker's shutdown ends it
         (``test ended``; no hold: the job is aborted), through livekit's order (its
-        ``on_session_end``, the room's disconnect, its shutdown callbacks); the job contexts
-        are released (their temporary directories). Then what failed in the agent's code
-        and was not reported yet is raised (``report=False``: kept in ``user_failures``)."""
+        ``on_session_end``, the room's disconnect, its shutdown callbacks; an entrypoint
+        still running once the job closed is cancelled at once); the job contexts are
+        released (their temporary directories). Then what failed in the agent's code and was
+        not reported yet is raised (``report=False``: kept in ``user_failures``)."""
         runs, self._runs = self._runs, []
         for run in runs:
             run.process.shutdown("test ended")
@@ -287,6 +355,8 @@ class EntrypointRunner:
             if job is not None:
                 with contextlib.suppress(Exception):
                     await job.aclose(graceful=False)
+            await settle()
+            run.process.cut_entrypoint()  # its bound is the test's end: it is over
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(run.process.ended), _CLOSE_LIMIT)
             if job is not None:

@@ -151,12 +151,14 @@ def fuzz_entrypoint(tmp_path: Any) -> Callable[..., Any]:
         from pathlib import Path
 
         from agent_runtime.testing.fuzz import FuzzOptions, fuzz
+        from agent_runtime.testing.fuzz.run import print_progress
 
         report = fuzz(
             server,
             FuzzOptions(**options),
             checks=checks,
             out=Path(out) if out is not None else tmp_path,
+            progress=print_progress,  # the seed first, on the test's captured stderr
         )
         if not report.ok:
             detail = report.details[0] if report.details else ""

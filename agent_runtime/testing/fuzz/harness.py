@@ -275,6 +275,27 @@ class Harness:
 
 _CLOSING = ("CLIENT_INITIATED", "ROOM_DELETED", "USER_REJECTED")
 
+# the steps ``Harness.step`` takes (``_apply``), and ``end``: a scenario with others cannot
+# be replayed against an entrypoint (``simulate`` runs the job itself and takes them all)
+TAKES: tuple[type[Any], ...] = (
+    sc.SessionStart,
+    sc.AvatarStartError,
+    sc.ParticipantConnected,
+    sc.ParticipantDisconnected,
+    sc.TrackPublished,
+    sc.Rpc,
+    sc.SessionRequest,
+    sc.RoomDisconnected,
+    sc.UserSpeech,
+    sc.SessionInterrupt,
+    sc.AgentSay,
+    sc.JobAclose,
+    sc.JobShutdown,
+    sc.End,
+)
+# the config a replay honours: the rest is the entrypoint's own (its AgentJob's options)
+CONFIG = ("avatar_identity", "simulation", "room_connected")
+
 
 def _listening(session: Any) -> None:
     if lk.session_live(session):

@@ -18,17 +18,30 @@ import yaml
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import get_state_machine_test
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.fuzz.harness import AVATAR, Harness
-from agent_runtime.testing.fuzz.machine import FuzzFailure, Stats, finish, make_machine
+from agent_runtime.testing.entrypoint import NoAgentJob
+from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
+from agent_runtime.testing.fuzz.machine import (
+    FuzzFailure,
+    Stats,
+    finish,
+    make_machine,
+    scenario_of,
+)
 from agent_runtime.testing.fuzz.properties import Check, Problem
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
+
+
+class NotReplayable(ValueError):
+    """A scenario file the fuzzer cannot replay against an entrypoint (the one line says
+    which steps or settings, and why)."""
 
 
 class FuzzOptions(BaseModel):
@@ -57,6 +70,8 @@ class FuzzReport(BaseModel):
     details: list[str] = Field(default_factory=list)
     scenario: dict[str, Any] | None = None
     written: str | None = None
+    write_error: str | None = None  # why the scenario file could not be written
+    skipped: list[str] = Field(default_factory=list)  # replay: steps the world refused
 
     @property
     def ok(self) -> bool:
@@ -67,14 +82,17 @@ class FuzzReport(BaseModel):
             f"{self.examples} example(s) run, {self.paths} distinct path(s), "
             f"{self.seconds:.1f}s" + (f", seed {self.seed}" if self.seed is not None else "")
         )
+        skipped = [f"  step refused (it changed nothing): {s}" for s in self.skipped]
         if self.ok:
-            return f"{head}: nothing found"
-        lines = [f"{head}: a property failed", *(f"  {p}" for p in self.problems)]
+            return "\n".join([f"{head}: nothing found", *skipped])
+        lines = [f"{head}: a property failed", *(f"  {p}" for p in self.problems), *skipped]
         if self.scenario is not None:
             lines.append("  the shortest sequence found:")
             lines += [f"    {_step_line(s)}" for s in self.scenario["steps"]]
         if self.written:
             lines.append(f"  written to {self.written} (replay: --replay {self.written})")
+        if self.write_error:
+            lines.append(f"  not written: {self.write_error}")
         return "\n".join(lines)
 
 
@@ -94,7 +112,9 @@ def fuzz(
 ) -> FuzzReport:
     """Fuzz ``server``'s entrypoint; returns what was found (the failure shrunk, written to
     ``out`` as a scenario file when given). Each run has an event loop of its own, in a
-    thread of the fuzzer's (the caller's loop, if it has one, is left alone)."""
+    thread of the fuzzer's (the caller's loop, if it has one, is left alone). ``progress``
+    gets a line with the seed first, then one every ``progress_every`` seconds.
+    ``NoAgentJob`` (before any drawing) if the entrypoint builds no ``AgentJob``."""
     return _in_thread(lambda: _fuzz(server, options, list(checks), out, progress), always=True)  # type: ignore[no-any-return]
 
 
@@ -106,6 +126,10 @@ def _fuzz(
     progress: Callable[[str], None] | None,
 ) -> FuzzReport:
     seed = options.seed if options.seed is not None else random.randrange(MAX_SEED)
+    config = config_of(options)
+    _preflight(server, config)
+    if progress is not None:  # first: a run cut short (Ctrl-C) can be drawn again
+        progress(f"fuzz: seed {seed} (the same draws again: --seed {seed})")
     stats = Stats()
     began = time.monotonic()
     last = [began]
@@ -121,7 +145,7 @@ def _fuzz(
             )
 
     stats.on_example = on_example
-    machine = make_machine(server, config_of(options), list(checks), stats)
+    machine = make_machine(server, config, list(checks), stats)
     test = get_state_machine_test(
         machine,
         settings=settings(
@@ -152,39 +176,97 @@ def _fuzz(
     if failure is not None:
         _fill(report, failure.problems, failure.scenario, seed)
         if out is not None:
-            report.written = str(write_scenario(report.scenario or {}, out, seed))
+            try:
+                report.written = str(write_scenario(report.scenario or {}, out, seed))
+            except OSError as e:  # the report stands without its file
+                report.write_error = f"{out}: {type(e).__name__}: {e.strerror or e}"
     return report
+
+
+def _preflight(server: Any, config: sc.Config) -> None:
+    """One plain run (the entrypoint started, the job let end) before any drawing:
+    ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, a usage error rather than a
+    property; what else the run shows is left to the drawing."""
+    participants: list[dict[str, Any]] = [{"identity": "user"}]
+    if config.simulation:
+        participants.append({"identity": SIMULATOR, "attributes": {ATTRIBUTE_SIMULATOR: "true"}})
+    steps = [{"at": 0, "event": "session.start"}, {"at": 0, "event": "end"}]
+    scenario = sc.parse_scenario({"name": "preflight", **scenario_of(config, participants, steps)})
+    on_virtual_time(_replay(server, scenario, []))
+
+
+def check_replayable(scenario: sc.Scenario, source: str) -> None:
+    """``NotReplayable`` naming what of ``scenario`` a replay against an entrypoint cannot
+    do: steps the fuzzer does not take, settings that are the entrypoint's own, no
+    ``session.start`` (the entrypoint would never run) or more than one."""
+    why: list[str] = []
+    foreign = [s for s in scenario.steps if not isinstance(s, TAKES)]
+    if foreign:
+        names = ", ".join(f"t={s.at:g} {s.event}" for s in foreign)
+        why.append(f"steps the fuzzer does not take ({names}: agent-runtime simulate runs them)")
+    starts = sum(isinstance(s, sc.SessionStart) for s in scenario.steps)
+    if starts != 1:
+        why.append(
+            "no session.start step (the entrypoint would never run)"
+            if not starts
+            else f"{starts} session.start steps (the entrypoint runs once)"
+        )
+    own = sorted(set(scenario.config.model_fields_set) - set(CONFIG))
+    if own:
+        why.append(
+            f"config {', '.join(own)} (the entrypoint's own AgentJob options; a replay takes "
+            f"only {', '.join(CONFIG)})"
+        )
+    if scenario.expect is not None:
+        why.append("an expect block (a replay checks the fuzzer's properties)")
+    if why:
+        raise NotReplayable(f"{source}: cannot replay it against the agent: {'; '.join(why)}")
 
 
 def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzReport:
     """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
-    ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid."""
+    ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
+    ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
+    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``."""
     scenario = sc.load_scenario(path)
+    check_replayable(scenario, str(path))
     began = time.monotonic()
-    problems = _in_thread(lambda: on_virtual_time(_replay(server, scenario, list(checks))))
-    report = FuzzReport(seed=None, examples=1, paths=1, seconds=time.monotonic() - began)
+    refused: list[str] = []
+    problems = _in_thread(lambda: on_virtual_time(_replay(server, scenario, list(checks), refused)))
+    report = FuzzReport(
+        seed=None, examples=1, paths=1, seconds=time.monotonic() - began, skipped=refused
+    )
     if problems:
         _fill(report, problems, None, None)
     return report
 
 
-async def _replay(server: Any, scenario: sc.Scenario, checks: list[Check]) -> list[Problem]:
+async def _replay(
+    server: Any, scenario: sc.Scenario, checks: list[Check], refused: list[str] | None = None
+) -> list[Problem]:
     from agent_runtime.testing.fuzz import properties as props
 
     with quiet_sdk_logs(logging.ERROR):
         h = Harness(server, scenario.config)
         await h.open(scenario.participants)
         steps = [s.model_dump() for s in scenario.steps]
-        for step in scenario.steps:
-            if isinstance(step, sc.End):
-                await h.advance_to(step.at)
-                break
-            await h.step(step)
-            problems = [p for check in props.DURING for p in check(h)]
-            if problems:
-                await h.close()
-                return problems
-        return await finish(h, checks, steps)
+        try:
+            for step in scenario.steps:
+                if isinstance(step, sc.End):
+                    await h.advance_to(step.at)
+                    break
+                await h.step(step)
+                if isinstance(h.entry_error, NoAgentJob):
+                    await h.close()
+                    raise h.entry_error
+                problems = [p for check in props.DURING for p in check(h)]
+                if problems:
+                    await h.close()
+                    return problems
+            return await finish(h, checks, steps)
+        finally:
+            if refused is not None:
+                refused += h.refused
 
 
 def _fill(
@@ -227,7 +309,8 @@ def _in_thread(fn: Callable[[], Any], *, always: bool = False) -> Any:
         except BaseException as e:  # re-raised in the caller's thread
             box["error"] = e
 
-    t = threading.Thread(target=target, name="agent-runtime-fuzz")
+    # a daemon: a run cut short (Ctrl-C in the caller's join) does not keep the process
+    t = threading.Thread(target=target, name="agent-runtime-fuzz", daemon=True)
     t.start()
     t.join()
     if "error" in box:

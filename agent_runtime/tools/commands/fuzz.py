@@ -6,8 +6,11 @@ entrypoint, or the entrypoint function) in ``MODULE`` (a module name or a ``.py`
 hypothesis draws sequences of what can happen to a job, runs each against the entrypoint on
 the in-memory room and a virtual clock, checks the properties, shrinks a failure and writes
 it to ``--out`` as a scenario file; ``--replay FILE`` runs such a file again. Every option is
-checked before anything runs. Exit 0 nothing found, 1 a property failed (also on replay),
-2 a usage error (one line on stderr).
+checked before anything runs (``--out`` created and written to; a replay file the fuzzer
+cannot perform refused; the options that draw refused with ``--replay``; an entrypoint that
+builds no ``AgentJob`` refused after one plain run). Exit 0 nothing found, 1 a property
+failed (also on replay, and when the failure could not be written), 2 a usage error (one
+line on stderr).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +91,49 @@ def _checks(specs: list[str]) -> list[Any]:
 
 
 def _out(value: str | None) -> Path | None:
+    """The directory, created, with a file written there and removed: a failure found
+    after a long run must not be lost to a directory that cannot take it."""
     if value is None:
         return None
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {value}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".fuzz-probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"--out {value}: cannot write there ({type(e).__name__}: {e.strerror or e})"
+        ) from None
     return path
+
+
+# what draws runs: nothing with --replay, where the file says what runs
+_DRAWING = (
+    ("--examples", "examples"),
+    ("--seed", "seed"),
+    ("--steps", "steps"),
+    ("--out", "out"),
+    ("--no-avatar", "no_avatar"),
+    ("--no-simulation", "no_simulation"),
+)
+
+
+def _replayable(args: argparse.Namespace) -> None:
+    from agent_runtime.testing.fuzz.run import NotReplayable, check_replayable
+    from agent_runtime.testing.scenario import ScenarioError, load_scenario
+
+    given = [option for option, name in _DRAWING if getattr(args, name) not in (None, False)]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: no meaning with --replay (the file's config and steps say "
+            "what runs); leave {} out".format("it" if len(given) == 1 else "them")
+        )
+    try:
+        check_replayable(load_scenario(args.replay), args.replay)
+    except (ScenarioError, NotReplayable) as e:
+        raise UsageError(str(e)) from None
 
 
 def _int(option: str, value: str) -> int:
@@ -103,9 +144,9 @@ def _int(option: str, value: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent_runtime.testing.entrypoint import NoAgentJob
     from agent_runtime.testing.fuzz import FuzzOptions, fuzz, replay
     from agent_runtime.testing.fuzz.run import print_progress
-    from agent_runtime.testing.scenario import ScenarioError, load_scenario
 
     try:
         try:
@@ -123,21 +164,23 @@ def run(args: argparse.Namespace) -> int:
         except ValidationError as e:
             err = e.errors()[0]
             raise UsageError(f"--{err['loc'][0]}: {err['msg']}") from None
-        out = _out(args.out)
         if args.replay is not None:
-            try:
-                load_scenario(args.replay)  # checked before the agent is imported
-            except ScenarioError as e:
-                raise UsageError(str(e)) from None
+            _replayable(args)  # checked before the agent is imported
+            out = None
+        else:
+            out = _out(args.out)
         server = _server(args.agent)
         checks = _checks(args.check or [])
+        try:
+            if args.replay is not None:
+                report = replay(server, Path(args.replay), checks=checks)
+            else:
+                report = fuzz(server, options, checks=checks, out=out, progress=print_progress)
+        except NoAgentJob as e:
+            raise UsageError(f"agent {args.agent!r}: {e}") from None
     except UsageError as e:
         print(f"agent-runtime fuzz: {e}", file=sys.stderr)
         return 2
-    if args.replay is not None:
-        report = replay(server, Path(args.replay), checks=checks)
-    else:
-        report = fuzz(server, options, checks=checks, out=out, progress=print_progress)
     print(report.summary())
     for detail in report.details[:1]:
         print(detail.rstrip())
