@@ -27,7 +27,7 @@ logger = logging.getLogger("agent_runtime.tools.record")
 
 def run(args: argparse.Namespace) -> int:
     try:
-        records = [rec for _, rec in load_trace(args.trace)]
+        records = [rec for _, rec in load_trace(args.trace, warn=_warn)]
         recorded = record(records, name=args.name or f"recorded from {Path(args.trace).name}")
     except (TraceError, RecordError) as e:
         return _fail(f"{args.trace}: {e}" if isinstance(e, RecordError) else str(e))
@@ -71,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
 
 
 def _fail(message: str) -> int:

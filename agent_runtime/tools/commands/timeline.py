@@ -19,7 +19,10 @@ def draw(
     trace: str, out: str, *, title: str | None = None, source: str | None = None, prog: str
 ) -> int:
     try:
-        records = [rec for _, rec in load_trace(trace)]
+        records = [
+            rec
+            for _, rec in load_trace(trace, warn=lambda m: print(f"{prog}: {m}", file=sys.stderr))
+        ]
     except TraceError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
