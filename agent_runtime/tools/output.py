@@ -111,11 +111,14 @@ def not_a_directory(out: Path) -> Path | None:
 def check_directory(out: Path, names: list[str] | None = None) -> str | None:
     """Why the files ``names`` could not be written in the directory ``out`` (made if
     missing), if they could not: a file where a directory is needed, a directory where a
-    file would be written, a parent that cannot be written."""
+    file would be written, a parent that cannot be written. ``names`` ``None``: ``out`` is
+    only read, and only a file standing where it would be is a reason."""
     blocker = not_a_directory(out)
     if blocker is not None:
         return "not a directory" + ("" if blocker == out else f" ({blocker} is a file)")
-    for name in names or []:
+    if names is None:
+        return None
+    for name in names:
         target = out / name
         if target.exists() and not target.is_file():
             return (
