@@ -78,7 +78,7 @@ def discard(stream: TextIO) -> None:
 
 def unwritable(path: str | Path) -> str | None:
     """Why a file could not be written at ``path`` (what ``open`` would say), found without
-    creating it; ``None`` when it can be."""
+    leaving anything behind; ``None`` when it can be."""
     p = Path(path)
     if p.is_dir():
         return os.strerror(errno.EISDIR)
@@ -86,8 +86,16 @@ def unwritable(path: str | Path) -> str | None:
         return os.strerror(errno.ENOENT)
     if not p.parent.is_dir():
         return os.strerror(errno.ENOTDIR)
-    if not os.access(p if p.exists() else p.parent, os.W_OK):
-        return os.strerror(errno.EACCES)
+    if p.exists():
+        return None if os.access(p, os.W_OK) else os.strerror(errno.EACCES)
+    # a file made and removed at once: permissions say nothing of /proc, /sys, a
+    # read-only mount, where even root cannot create a file
+    try:
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 
