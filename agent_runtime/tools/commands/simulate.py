@@ -159,7 +159,7 @@ def _check_outputs(args: argparse.Namespace, files: list[Path]) -> None:
                 f"{path}: cannot write the {what}"
                 + (f": {why}" if what == "trace" else f" ({why})"),
             )
-    if len(outputs) == 2 and same_file(args.trace, html):
+    if args.trace and html and same_file(args.trace, html):
         raise _Refused(
             html, f"--trace and --html name the same file {html}; one would overwrite the other"
         )
