@@ -562,7 +562,9 @@ TABLE: list[Bad] = [
     # -- trace files (agent-runtime replay) ---------------------------------------------------
     trace("not-utf8", b"\xff\xfe", "not a UTF-8 text file (invalid start byte)"),
     trace(
-        "not-json", "{not json", "1: not JSON (Expecting property name enclosed in double quotes)"
+        "not-json",
+        "{not json",
+        "1: not JSON (Expecting property name enclosed in double quotes at column 2)",
     ),
     trace("a-list", "[1, 2]", "1: a record is a JSON object, not list"),
     trace(

@@ -284,5 +284,5 @@ def test_export_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFi
     f = tmp_path / "file"
     f.write_text("x")
     assert main(["export", "xstate", "--out", str(f)]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"agent-runtime export: {f}: not a directory\n"
     assert f.read_text() == "x"

@@ -9,7 +9,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, get_args
@@ -309,7 +309,10 @@ def parse_record(line: str, where: str, *, wording: Wording = "fields") -> Trace
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as e:
-        raise _fault(where, wording, f"not JSON ({e.msg})", inner=e.msg) from None
+        # where in the line: the line itself is named by ``where``
+        # (json's "Unterminated string starting at" ends with its own "at")
+        why = f"{e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno}"
+        raise _fault(where, wording, f"not JSON ({why})", inner=why) from None
     except ValueError:  # past Python's int-to-string limit
         raise _fault(where, wording, f"not JSON ({_LONG_INT})", inner=_LONG_INT) from None
     except RecursionError:
@@ -363,15 +366,38 @@ def _terse(raw: dict[str, Any]) -> str | None:
     if raw["kind"] not in get_args(RecordKind):
         return f"unknown record kind {raw['kind']!r}"
     t = raw["t"]
-    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-        return f"field 't' must be a number of seconds, not {t!r}"
+    if not _seconds(t):
+        shown = f"an integer of {len(str(abs(t)))} digits" if type(t) is int else repr(t)
+        return f"field 't' must be a number of seconds, not {shown}"
     bad = [n for n in _TEXT_FIELDS if n in raw and not isinstance(raw[n], str)]
     return f"field {bad[0]!r} must be a string" if bad else None
 
 
-def load_trace(path: str | Path, *, wording: Wording = "fields") -> list[tuple[int, TraceRecord]]:
+def _seconds(t: Any) -> bool:
+    """Whether ``t`` is a time a trace can hold: a finite number, 0 or more, that is a float
+    (an integer of 400 digits is not: it overflowed the readers that took it)."""
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        return False
+    try:
+        return math.isfinite(float(t)) and t >= 0
+    except OverflowError:
+        return False
+
+
+def load_trace(
+    path: str | Path,
+    *,
+    wording: Wording = "fields",
+    warn: Callable[[str], None] | None = None,
+) -> list[tuple[int, TraceRecord]]:
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
-    the file is none (not a regular file, too large, not UTF-8) or names the bad line."""
+    the file is none (not a regular file, too large, not UTF-8) or names the bad line.
+
+    A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
+    line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
+    running job's trace): it is left out, and ``warn`` (by default a warning logged on
+    ``agent_runtime.trace``) is told in one line. A bad line anywhere else is an error.
+    """
     p = str(path)
     try:
         data = files.read_input(path, limit=files.MAX_TRACE_BYTES, what="a trace file")
@@ -382,14 +408,37 @@ def load_trace(path: str | Path, *, wording: Wording = "fields") -> list[tuple[i
     for n, raw in enumerate(io.BytesIO(data), 1):
         try:
             line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
-        if line.strip():
-            out.append((n, parse_record(line, f"{p}:{n}", wording=wording)))
+            if line.strip():
+                out.append((n, parse_record(line, f"{p}:{n}", wording=wording)))
+        except (UnicodeDecodeError, TraceError) as e:
+            if not raw.endswith(b"\n") and _unfinished(raw):
+                message = (
+                    f"{p}:{n}: the last line is incomplete (a trace still being written, "
+                    f"or cut); " + (f"read up to line {n - 1}" if n > 1 else "nothing before it")
+                )
+                (warn or logger.warning)(message)
+                break
+            if isinstance(e, UnicodeDecodeError):
+                raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
+            raise
     return out
+
+
+def _unfinished(raw: bytes) -> bool:
+    """Whether a line is not a whole JSON value: cut while it was written."""
+    try:
+        json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:  # a character cut short, or bytes that are no text
+        return e.reason == "unexpected end of data"
+    except json.JSONDecodeError:  # a value cut short
+        return True
+    except (ValueError, RecursionError):  # a whole value, too long or too deep: a bad line
+        return False
+    return False
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
-    that is not a record raises ``ValueError`` (a ``TraceError``) naming the file and line."""
+    that is not a record raises ``ValueError`` (a ``TraceError``) naming the file and line.
+    A last line cut while it was written is left out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]

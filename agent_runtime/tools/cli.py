@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from agent_runtime import __version__
+from agent_runtime.tools.output import OutputGone, discard, guard
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,8 +157,40 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# the exit codes every command shares, besides its own 0, 1 and 2
+EXIT_STDOUT_FAILED = 2  # stdout could not be written (a full disk): an error like any other
+EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`| head`): 128 + SIGPIPE, as a shell's
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run one command. Whatever the command, the end of its output is handled here: a
+    reader of stdout that leaves stops it quietly (exit 141), a stdout that cannot be
+    written (a full disk) is one line on stderr (exit 2), Ctrl-C is one line "interrupted"
+    (exit 130); never a traceback."""
+    stdout = sys.stdout
+    sys.stdout = guard(stdout)
+    prog = "agent-runtime"
+    try:
+        args = _parser().parse_args(argv)
+        prog = f"agent-runtime {args.command}"
+        code = _run(args)
+        sys.stdout.flush()  # a failure to write what is buffered is the command's too
+        return code
+    except OutputGone as e:
+        discard(stdout)
+        if e.broken_pipe:
+            return EXIT_BROKEN_PIPE
+        print(f"{prog}: cannot write to stdout ({e.error.strerror or e.error})", file=sys.stderr)
+        return EXIT_STDOUT_FAILED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        sys.stdout = stdout
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(args.module)
     except ModuleNotFoundError as e:

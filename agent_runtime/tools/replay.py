@@ -12,7 +12,7 @@ replay re-decides with a second implementation, so a fault in either shows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,10 +167,14 @@ def _compare(
 
 
 def replay_file(
-    path: str | Path, *, machines: Mapping[str, MachineSpec] = MACHINES
+    path: str | Path,
+    *,
+    machines: Mapping[str, MachineSpec] = MACHINES,
+    warn: Callable[[str], None] | None = None,
 ) -> ReplayReport:
-    """Load and replay a JSONL trace; raises ``TraceError`` for a file that cannot be replayed."""
-    return replay_records(load_trace(path), path=str(path), machines=machines)
+    """Load and replay a JSONL trace; raises ``TraceError`` for a file that cannot be replayed.
+    ``warn`` is told of a last line cut while it was written (``load_trace``)."""
+    return replay_records(load_trace(path, warn=warn), path=str(path), machines=machines)
 
 
 def _decision(d: Decision) -> str:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from agent_runtime.tools.output import check_directory, write_all
 from agent_runtime.tools.render import DIAGRAM_SUFFIXES, diagram_files
 from agent_runtime.tools.system_diagram import NAME as WHOLE_JOB
 from statemachines.machines import MACHINES
@@ -57,12 +58,15 @@ def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
 
 def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
     files = diagram_files(machines)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        path = out / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path}")
+    changed = {
+        name: text
+        for name, text in files.items()
+        if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text
+    }
+    # all written or none (each to a temporary file first): a directory stopped half-way
+    # would be neither the old diagrams nor the new
+    for path in write_all(out, changed):
+        print(f"wrote {path}")
     for p in _strays(out, {*files, _WHOLE_JOB_SVG}):
         p.unlink()
         print(f"removed {p} (no machine named {p.stem!r})")
@@ -88,22 +92,13 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
     return 0
 
 
-def _not_a_directory(out: Path) -> Path | None:
-    """The existing file that stands where ``out`` or one of its parents would be a
-    directory, if any."""
-    for p in (out, *out.parents):
-        if p.exists():
-            return None if p.is_dir() else p
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    blocker = _not_a_directory(out)
-    if blocker is not None:
-        # refused before anything is written: a file there is the user's, never replaced
-        where = "" if blocker == out else f" ({blocker} is a file)"
-        print(f"{PROG}: {out}: not a directory{where}", file=sys.stderr)
+    # refused before anything is written: a file there is the user's, never replaced
+    names = None if args.check else [*diagram_files(MACHINES), _WHOLE_JOB_SVG]
+    why = check_directory(out, names)
+    if why is not None:
+        print(f"{PROG}: {out}: {why}", file=sys.stderr)
         return 2
     if args.check:
         problems = check(out, MACHINES)

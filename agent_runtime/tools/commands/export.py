@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from agent_runtime.tools.output import check_directory, write_all
 from agent_runtime.tools.xstate import module
 from statemachines.machines import MACHINES
 
@@ -34,12 +35,18 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(module(MACHINES[args.machine]))
         return 0
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        print(f"agent-runtime export: --out {out} is not a directory", file=sys.stderr)
+    files = {f"{name}.js": module(MACHINES[name]) for name in names}
+    # every target checked first, then all written or none: a file there is the user's
+    why = check_directory(out, list(files))
+    if why is not None:
+        print(f"agent-runtime export: {out}: {why}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        path = out / f"{name}.js"
-        path.write_text(module(MACHINES[name]), encoding="utf-8")
+    try:
+        written = write_all(out, files)
+    except OSError as e:  # a read-only or full disk, /proc, /sys
+        failed = e.filename if e.filename is not None else out
+        print(f"agent-runtime export: {failed}: cannot write ({e.strerror or e})", file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}")
     return 0

@@ -19,6 +19,7 @@ import yaml
 
 from agent_runtime.observe.trace import TraceError, load_trace
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
+from agent_runtime.tools.output import same_file
 from agent_runtime.tools.record import RecordError, compare, record, render
 
 PROG = "agent-runtime record"
@@ -26,8 +27,10 @@ logger = logging.getLogger("agent_runtime.tools.record")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out and same_file(args.out, args.trace):
+        return _fail(f"-o {args.out} is the trace; it would be overwritten")
     try:
-        records = [rec for _, rec in load_trace(args.trace)]
+        records = [rec for _, rec in load_trace(args.trace, warn=_warn)]
         recorded = record(records, name=args.name or f"recorded from {Path(args.trace).name}")
     except (TraceError, RecordError) as e:
         return _fail(f"{args.trace}: {e}" if isinstance(e, RecordError) else str(e))
@@ -71,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
 
 
 def _fail(message: str) -> int:

@@ -17,7 +17,7 @@ logger = logging.getLogger("agent_runtime.tools.replay")
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = replay_file(args.trace)
+        report = replay_file(args.trace, warn=_warn)
     except TraceError as e:
         return _fail(args, str(e))
     except Exception as e:  # a bug, but still one line and exit 2, never a traceback
@@ -30,6 +30,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_report(report))
     return 0 if report.ok else 1
+
+
+def _warn(message: str) -> None:
+    print(f"agent-runtime replay: {message}", file=sys.stderr)
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import logging
 import math
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 from agent_runtime.testing.expect import check_expect
 from agent_runtime.testing.scenario import Scenario, ScenarioError, load_scenario
+from agent_runtime.tools.output import same_file, unwritable
 
 DEFAULT_DIR = Path("examples/scenarios")
 
@@ -129,30 +128,49 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
     return "\n".join(lines)
 
 
-def _unwritable(path: str) -> str | None:
-    """Why a file could not be written at ``path`` (what ``open`` would say), found without
-    creating it."""
-    p = Path(path)
-    if p.is_dir():
-        return os.strerror(errno.EISDIR)
-    if not p.parent.exists():
-        return os.strerror(errno.ENOENT)
-    if not p.parent.is_dir():
-        return os.strerror(errno.ENOTDIR)
-    if not os.access(p if p.exists() else p.parent, os.W_OK):
-        return os.strerror(errno.EACCES)
-    return None
+def _check_outputs(args: argparse.Namespace, files: list[Path]) -> None:
+    """Every option checked before anything runs: a run is not made only to be lost, and no
+    output may overwrite an input."""
+    if not files:
+        raise _Refused(None, "no scenario files found")
+    html = getattr(args, "html", None)
+    for option, given, says in (
+        ("--html", html, "draws"),
+        ("--trace", args.trace, "records"),
+        ("--json", args.json, "prints the result object of"),
+    ):
+        if given and len(files) != 1:
+            found = f" ({len(files)} scenario files found)" if len(files) != len(args.files) else ""
+            raise _Refused(None, f"{option} {says} exactly one FILE{found}")
+    outputs = [
+        (o, p, w) for o, p, w in (("--trace", args.trace, "trace"), ("--html", html, "page")) if p
+    ]
+    for option, path, what in outputs:
+        for f in files:
+            if same_file(path, f):
+                raise _Refused(
+                    path, f"{option} {path} is the scenario file {f}; it would be overwritten"
+                )
+        why = unwritable(path)
+        if why is not None:
+            # the trace's words are the ones its open() says when the run makes it
+            raise _Refused(
+                path,
+                f"{path}: cannot write the {what}"
+                + (f": {why}" if what == "trace" else f" ({why})"),
+            )
+    if args.trace and html and same_file(args.trace, html):
+        raise _Refused(
+            html, f"--trace and --html name the same file {html}; one would overwrite the other"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        files = _files(args)
+        _check_outputs(args, files)
+        args.files = [str(f) for f in files]
         if getattr(args, "html", None):
-            if len(args.files) != 1:
-                raise _Refused(None, "--html draws exactly one FILE")
-            # checked before the run, as the trace is: a run is not made only to be lost
-            why = _unwritable(args.html)
-            if why is not None:
-                raise _Refused(args.html, f"{args.html}: cannot write the page ({why})")
             from agent_runtime.tools.commands.timeline import (
                 simulate_then_draw,  # the page is drawn from the run's trace
             )
@@ -169,13 +187,7 @@ def _run(args: argparse.Namespace) -> int:
         run_scenario,  # imports livekit.agents: only when simulating
     )
 
-    files = _files(args)
-    if not files:
-        raise _Refused(None, "no scenario files found")
-    if args.json and len(files) != 1:
-        raise _Refused(None, "--json prints the result object of exactly one FILE")
-    if args.trace and len(files) != 1:
-        raise _Refused(None, "--trace records exactly one FILE")
+    files = [Path(f) for f in args.files]  # resolved and checked by run()
     scenarios: list[tuple[Path, Scenario]] = []
     for f in files:
         try:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent_runtime.observe.trace import TraceError, load_trace
+from agent_runtime.tools.output import same_file
 from agent_runtime.tools.timeline import write_timeline
 
 
@@ -19,7 +20,10 @@ def draw(
     trace: str, out: str, *, title: str | None = None, source: str | None = None, prog: str
 ) -> int:
     try:
-        records = [rec for _, rec in load_trace(trace)]
+        records = [
+            rec
+            for _, rec in load_trace(trace, warn=lambda m: print(f"{prog}: {m}", file=sys.stderr))
+        ]
     except TraceError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
@@ -36,7 +40,11 @@ def draw(
 
 
 def run(args: argparse.Namespace) -> int:
-    return draw(args.trace, args.out, title=args.title, prog="agent-runtime timeline")
+    prog = "agent-runtime timeline"
+    if same_file(args.out, args.trace):
+        print(f"{prog}: -o {args.out} is the trace; it would be overwritten", file=sys.stderr)
+        return 2
+    return draw(args.trace, args.out, title=args.title, prog=prog)
 
 
 def simulate_then_draw(
@@ -50,7 +58,7 @@ def simulate_then_draw(
         code = simulate(args)
         if code == 2 or not Path(args.trace).is_file():
             return code
-        scenario = args.files[0]
+        scenario = str(args.files[0])
         title = f"{Path(scenario).name}: timeline"
         drawn = draw(
             args.trace, args.html, title=title, source=scenario, prog="agent-runtime simulate"

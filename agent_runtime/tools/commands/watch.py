@@ -22,6 +22,7 @@ from typing import TextIO
 
 from agent_runtime.observe.trace import TraceError, TraceRecord, parse_record
 from agent_runtime.tools.lanes import Entry, Lanes
+from agent_runtime.tools.output import OutputGone, discard
 
 PROG = "agent-runtime watch"
 # past an hour between reads the trace is no longer followed (and time.sleep overflows
@@ -179,11 +180,14 @@ def run(args: argparse.Namespace) -> int:
         if out.isatty():
             return _live(watch, out, args)
         return _lines(watch, out, args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # how a follower is stopped: not an interruption
         return 0
-    except BrokenPipeError:  # `watch trace | head`: the reader has gone
+    except (BrokenPipeError, OutputGone) as e:
+        # `watch trace | head`: the reader has gone, which is the other way a follower ends
+        if isinstance(e, OutputGone) and not e.broken_pipe:
+            raise  # a full disk: the CLI says so
         # stdout is gone; let the interpreter's flush at exit find nothing to write
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard(sys.stdout)
         return 0
 
 

@@ -1,0 +1,164 @@
+"""Where the CLI's commands write: stdout, guarded, and the files named by ``--out``/``-o``/
+``--trace``/``--html``, checked before anything runs.
+
+A command writes to stdout as to any stream; the CLI's ``main`` wraps it so that a write or
+flush that fails (the reader of a pipe gone, a full disk) raises ``OutputGone``, which no
+command's ``except OSError`` (meant for its own files) or ``except Exception`` (a bug said in
+one line) takes for something else: ``main`` answers it once for every command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+
+class OutputGone(BaseException):
+    """stdout cannot be written (``error`` says why): the command stops there.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: it ends the command, and no handler
+    of a command's own errors may report it as one of them."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+    @property
+    def broken_pipe(self) -> bool:
+        return isinstance(self.error, BrokenPipeError)
+
+
+class _Guarded:
+    """``stream`` whose ``write`` and ``flush`` raise ``OutputGone`` for an ``OSError``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            raise OutputGone(e) from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            raise OutputGone(e) from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard(stream: TextIO) -> TextIO:
+    return cast(TextIO, _Guarded(stream))
+
+
+def discard(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at the null device: what is still buffered, and
+    the interpreter's flush at exit, then go nowhere instead of failing again."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (a test's capture)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+# -- output files --------------------------------------------------------------------------------
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why a file could not be written at ``path`` (what ``open`` would say), found without
+    leaving anything behind; ``None`` when it can be."""
+    p = Path(path)
+    if p.is_dir():
+        return os.strerror(errno.EISDIR)
+    if not p.parent.exists():
+        return os.strerror(errno.ENOENT)
+    if not p.parent.is_dir():
+        return os.strerror(errno.ENOTDIR)
+    if p.exists():
+        return None if os.access(p, os.W_OK) else os.strerror(errno.EACCES)
+    # a file made and removed at once: permissions say nothing of /proc, /sys, a
+    # read-only mount, where even root cannot create a file
+    try:
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (the same path, a link, a hard link)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def not_a_directory(out: Path) -> Path | None:
+    """The existing file that stands where ``out`` or one of its parents would be a
+    directory, if any."""
+    for p in (out, *out.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def check_directory(out: Path, names: list[str] | None = None) -> str | None:
+    """Why the files ``names`` could not be written in the directory ``out`` (made if
+    missing), if they could not: a file where a directory is needed, a directory where a
+    file would be written, a parent that cannot be written. ``names`` ``None``: ``out`` is
+    only read, and only a file standing where it would be is a reason."""
+    blocker = not_a_directory(out)
+    if blocker is not None:
+        return "not a directory" + ("" if blocker == out else f" ({blocker} is a file)")
+    if names is None:
+        return None
+    for name in names:
+        target = out / name
+        if target.exists() and not target.is_file():
+            return (
+                f"{target} is a directory, not a file"
+                if target.is_dir()
+                else (f"{target} is not a regular file")
+            )
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return os.strerror(errno.EACCES) + (f" ({existing})" if existing != out else "")
+    return None
+
+
+def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
+    """Write every ``NAME: text`` in ``files`` to ``out/NAME`` (``out`` made if missing), all
+    or none: each is written to a temporary file beside it first, and only when every one is
+    written are they renamed into place. Returns the paths written; raises ``OSError``."""
+    out.mkdir(parents=True, exist_ok=True)
+    mask = os.umask(0)
+    os.umask(mask)
+    staged: list[tuple[str, Path]] = []
+    try:
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+            staged.append((tmp, out / name))
+            os.fchmod(fd, 0o666 & ~mask)  # as open() makes a file, not mkstemp's 0600
+            with open(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return [target for _, target in staged]

@@ -1,0 +1,278 @@
+"""What every command does when its output cannot go where it was sent: stdout's reader
+gone (``| head``), a full stdout, Ctrl-C, an ``--out`` that cannot be a directory, an output
+file that is one of the inputs. Each is one line on stderr (or nothing, for a pipe whose
+reader left) and an exit code, never a traceback, and no input file is changed."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_runtime.tools.cli import _parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "examples" / "scenarios" / "sim_hangup_then_finalize.yaml"
+CLI = [sys.executable, "-m", "agent_runtime.tools.cli"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+FULL = Path("/dev/full")
+WAIT = 120
+
+
+def _closed_pipe() -> int:
+    """The write end of a pipe whose reader has already gone."""
+    read, write = os.pipe()
+    os.close(read)
+    return write
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["table", "avatar"], ["export", "xstate", "avatar"], ["simulate", str(SCENARIO)]],
+    ids=["table", "export", "simulate"],
+)
+def test_a_reader_that_left_stops_the_command_quietly(argv: list[str]) -> None:
+    write = _closed_pipe()
+    try:
+        done = subprocess.run(
+            [*CLI, *argv], stdout=write, stderr=subprocess.PIPE, env=ENV, cwd=ROOT, timeout=WAIT
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr.decode()) == (141, "")
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="no /dev/full here")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["table", "avatar"],
+        ["export", "xstate", "avatar"],
+        ["diagrams", "--out", "{tmp}"],
+        ["--help"],
+    ],
+    ids=["table", "export", "diagrams", "help"],
+)
+def test_a_full_stdout_is_one_line_naming_stdout(argv: list[str], tmp_path: Path) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path / "dg")) for a in argv]
+    with FULL.open("w") as full:
+        done = subprocess.run(
+            [*CLI, *argv], stdout=full, stderr=subprocess.PIPE, env=ENV, cwd=ROOT, timeout=WAIT
+        )
+    prog = "agent-runtime" if argv == ["--help"] else f"agent-runtime {argv[0]}"
+    assert (done.returncode, done.stderr.decode()) == (
+        2,
+        f"{prog}: cannot write to stdout (No space left on device)\n",
+    )
+
+
+def test_ctrl_c_during_simulate_is_one_line_and_exit_130() -> None:
+    proc = subprocess.Popen(
+        [*CLI, "simulate", str(ROOT / "examples" / "scenarios")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+        text=True,
+        # a child of a non-interactive shell may inherit SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # it is running scenarios
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert err.splitlines()[-1] == "agent-runtime simulate: interrupted"
+    assert "Traceback" not in err
+
+
+# every command, with the arguments it needs to be parsed
+COMMANDS = {
+    "simulate": ["simulate"],
+    "replay": ["replay", "t.jsonl"],
+    "record": ["record", "t.jsonl"],
+    "watch": ["watch", "t.jsonl"],
+    "timeline": ["timeline", "t.jsonl", "-o", "p.html"],
+    "diagrams": ["diagrams"],
+    "table": ["table", "job"],
+    "export": ["export", "xstate"],
+    "fuzz": ["fuzz", "agent:server"],
+    "diff": ["diff", "HEAD"],
+}
+
+
+def test_the_list_has_every_command() -> None:
+    listed = re.findall(r"^    (\w+)  ", _parser().format_help(), flags=re.M)
+    assert sorted(listed) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = importlib.import_module(_parser().parse_args(COMMANDS[command]).module)
+
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "run", interrupted)
+    assert main(COMMANDS[command]) == 130
+    assert capsys.readouterr().err == f"agent-runtime {command}: interrupted\n"
+
+
+# -- --out and output files ----------------------------------------------------------------------
+
+
+def test_export_out_that_cannot_be_made_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "somefile"
+    blocker.write_text("mine")
+    (tmp_path / "d" / "avatar.js").mkdir(parents=True)
+    cases = {
+        str(blocker / "sub"): f"not a directory ({blocker} is a file)",
+        str(tmp_path / "d"): f"{tmp_path / 'd' / 'avatar.js'} is a directory, not a file",
+    }
+    for out, why in cases.items():
+        assert main(["export", "xstate", "avatar", "--out", out]) == 2
+        assert capsys.readouterr().err == f"agent-runtime export: {out}: {why}\n"
+    assert blocker.read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["avatar.js"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc here")
+def test_export_out_under_proc_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "xstate", "avatar", "--out", "/proc/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agent-runtime export: /proc/x: cannot write (") and err.count("\n") == 1
+
+
+def test_export_out_writes_every_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", "xstate", "--out", str(tmp_path)]) == 0
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == sorted(
+        f"{n}.js" for n in importlib.import_module("statemachines.machines").MACHINES
+    )  # and no temporary file left beside them
+    assert capsys.readouterr().out.count("wrote ") == len(written)
+
+
+def test_diagrams_with_a_directory_where_a_file_goes_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "dg"
+    (out / "avatar.svg").mkdir(parents=True)
+    assert main(["diagrams", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime diagrams: {out}: {out / 'avatar.svg'} is a directory, not a file\n"
+    )
+    assert [p.name for p in out.iterdir()] == ["avatar.svg"]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_simulate_html_of_a_directory_names_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    scenarios = tmp_path / "s"
+    scenarios.mkdir()
+    for name in ("a.yaml", "b.yaml"):
+        (scenarios / name).write_bytes(SCENARIO.read_bytes())
+    page = tmp_path / "p.html"
+    argv = ["simulate", str(scenarios), "--html", str(page), *(["--json"] if as_json else [])]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = "--html draws exactly one FILE (2 scenario files found)"
+    assert captured.err == f"agent-runtime simulate: {line}\n"
+    assert captured.out == (
+        '{"ok": false, "file": null, "error": "' + line + '"}\n' if as_json else ""
+    )
+    assert not page.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc here")
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_simulate_html_under_proc_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    argv = ["simulate", str(SCENARIO), "--html", "/proc/x.html", *(["--json"] if as_json else [])]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = "/proc/x.html: cannot write the page (No such file or directory)"
+    assert captured.err == f"agent-runtime simulate: {line}\n"
+    assert "final" not in captured.out and "transitions" not in captured.out  # nothing ran
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    dest.write_bytes(src.read_bytes())
+    return dest
+
+
+@pytest.fixture(scope="module")
+def run_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    trace = tmp_path_factory.mktemp("run") / "run.jsonl"
+    assert main(["simulate", str(SCENARIO), "--trace", str(trace)]) == 0
+    return trace
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["simulate", "{s}", "--trace", "{s}"],
+            "agent-runtime simulate: --trace {s} is the scenario file {s}; it would be overwritten",
+        ),
+        (
+            ["simulate", "{s}", "--html", "./{s}"],
+            "agent-runtime simulate: --html ./{s} is the scenario file {s}; it would be "
+            "overwritten",
+        ),
+        (
+            ["simulate", "{s}", "--trace", "{t}", "--html", "{t}"],
+            "agent-runtime simulate: --trace and --html name the same file {t}; one would "
+            "overwrite the other",
+        ),
+        (
+            ["timeline", "{t}", "-o", "{t}"],
+            "agent-runtime timeline: -o {t} is the trace; it would be overwritten",
+        ),
+        (
+            ["record", "{t}", "-o", "./{t}"],
+            "agent-runtime record: -o ./{t} is the trace; it would be overwritten",
+        ),
+    ],
+    ids=["simulate-trace", "simulate-html", "trace-is-html", "timeline", "record"],
+)
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
+    tmp_path: Path,
+    run_jsonl: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    line: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    s, t = _copy(SCENARIO, tmp_path / "s.yaml"), _copy(run_jsonl, tmp_path / "t.jsonl")
+    before = (s.read_bytes(), t.read_bytes())
+    names = {"{s}": s.name, "{t}": t.name}
+
+    def fill(text: str) -> str:
+        for k, v in names.items():
+            text = text.replace(k, v)
+        return text
+
+    assert main([fill(a) for a in argv]) == 2
+    captured = capsys.readouterr()
+    assert (captured.err, captured.out) == (fill(line) + "\n", "")
+    assert (s.read_bytes(), t.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "t.jsonl"]

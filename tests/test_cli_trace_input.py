@@ -1,0 +1,142 @@
+"""Traces as they are found after an incident, read by ``replay``, ``record``, ``timeline``
+and ``watch --once``: a last line cut while the job wrote it is left out with one warning
+(the records before it are used), a bad line in the middle is still an error naming where
+in the line, and a time no float can hold is a field error, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from agent_runtime import read_trace
+from agent_runtime.tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "examples" / "scenarios" / "sim_hangup_then_finalize.yaml"
+
+CUT = '{"t": 99, "machine": "job", "ins'
+
+
+@pytest.fixture(scope="module")
+def run_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    trace = tmp_path_factory.mktemp("run") / "run.jsonl"
+    assert main(["simulate", str(SCENARIO), "--trace", str(trace)]) == 0
+    return trace
+
+
+def _lines(trace: Path) -> list[str]:
+    return trace.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def _commands(trace: Path, tmp_path: Path) -> dict[str, list[str]]:
+    return {
+        "replay": ["replay", str(trace)],
+        "record": ["record", str(trace), "-o", str(tmp_path / "incident.yaml")],
+        "timeline": ["timeline", str(trace), "-o", str(tmp_path / "page.html")],
+    }
+
+
+@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
+def test_a_cut_last_line_is_a_warning_and_the_records_before_it_are_used(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    lines = _lines(run_jsonl)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines) + CUT, encoding="utf-8")
+    capsys.readouterr()
+    assert main(_commands(cut, tmp_path)[command]) == 0
+    err = capsys.readouterr().err.splitlines()
+    n = len(lines) + 1
+    assert err[0] == (
+        f"agent-runtime {command}: {cut}:{n}: the last line is incomplete (a trace still "
+        f"being written, or cut); read up to line {n - 1}"
+    )
+    assert not any("Traceback" in line for line in err)
+
+
+def test_replay_of_a_cut_trace_replays_every_whole_record(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(_lines(run_jsonl)) + CUT, encoding="utf-8")
+    assert main(["replay", str(run_jsonl), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(cut), "--json"]) == 0
+    assert {**json.loads(capsys.readouterr().out), "path": whole["path"]} == whole
+
+
+def test_a_character_cut_in_two_is_a_cut_line_too(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(run_jsonl.read_bytes() + '{"t": 1, "detail": "caf\u00e9'.encode()[:-1])
+    assert main(["replay", str(cut)]) == 0
+    assert "the last line is incomplete" in capsys.readouterr().err
+
+
+def test_the_library_reader_leaves_a_cut_line_out_with_a_logged_warning(
+    run_jsonl: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(_lines(run_jsonl)) + CUT, encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.trace"):
+        assert read_trace(cut) == read_trace(run_jsonl)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{cut}:{len(_lines(run_jsonl)) + 1}: the last line is incomplete (a trace still "
+        f"being written, or cut); read up to line {len(_lines(run_jsonl))}"
+    ]
+
+
+@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
+def test_a_bad_line_in_the_middle_is_an_error_naming_the_column(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    lines = _lines(run_jsonl)
+    bad = tmp_path / "bad.jsonl"
+    broken = '{"t": 1,, "kind": "input"}\n'
+    bad.write_text("".join([*lines[:5], broken, *lines[5:]]), encoding="utf-8")
+    args = _commands(bad, tmp_path)[command]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:6: not JSON (Expecting property name enclosed in "
+        "double quotes at column 9)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+
+
+def test_a_cut_last_line_that_is_not_text_stays_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\xff\xfe")  # not a character cut in two: bytes that are no text
+    assert main(["replay", str(bad)]) == 2
+    assert "not a UTF-8 text file (invalid start byte)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "t", ["1" + "0" * 400, "-1" + "0" * 400], ids=["401-digit-integer", "negative-401-digits"]
+)
+@pytest.mark.parametrize("command", ["replay", "record", "timeline", "watch"])
+def test_a_time_no_float_holds_is_a_field_error(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, t: str
+) -> None:
+    lines = _lines(run_jsonl)
+    record = json.loads(lines[10])
+    record["t"] = 0
+    bad = tmp_path / "big.jsonl"
+    text = json.dumps(record).replace('"t": 0', f'"t": {t}')
+    bad.write_text("".join([*lines[:10], text + "\n", *lines[11:]]), encoding="utf-8")
+    args = {**_commands(bad, tmp_path), "watch": ["watch", "--once", str(bad)]}[command]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    if command == "watch":
+        assert err == (
+            f"agent-runtime watch: {bad}:11: field 't' must be a number of seconds, not an "
+            "integer of 401 digits; line skipped\n"
+        )
+    else:
+        assert err.startswith(f"agent-runtime {command}: {bad}:11: field 't': Input should be")
+        assert len(err.splitlines()) == 1
