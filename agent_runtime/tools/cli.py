@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from agent_runtime import __version__
@@ -184,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: cannot write to stdout ({e.error.strerror or e.error})", file=sys.stderr)
         return EXIT_STDOUT_FAILED
     except KeyboardInterrupt:
+        # what the cut run left unawaited is collected as the process exits: not news
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
