@@ -73,7 +73,7 @@ from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
-from statemachines.system import RELEASE, WATCHES, watched
+from statemachines.system import RELEASE, WATCHES, bound_of, watched
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -198,6 +198,8 @@ class JobSystem(MachineRuntime[str]):
             self.avatar = AvatarLifecycle(
                 parts.plugin,
                 join_timeout=s.join_timeout,
+                # its close ends within the avatar step's share, while the room is connected
+                close_timeout=bound_of("avatar", s.close_timeout),
                 retry=s.retry_avatar,
                 clock=clock,
                 tracer=tracer,
