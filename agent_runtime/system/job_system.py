@@ -198,16 +198,15 @@ class JobSystem(MachineRuntime[str]):
             self.avatar = AvatarLifecycle(
                 parts.plugin,
                 join_timeout=s.join_timeout,
-                # its close ends within the avatar step's share, while the room is connected
-                close_timeout=bound_of("avatar", s.close_timeout),
                 retry=s.retry_avatar,
                 clock=clock,
                 tracer=tracer,
                 scheduler=scheduler,
                 room_events=self.events,
                 # the job removes the avatar through the server API whether or not the
-                # plugin's own close did
+                # plugin's own close did, within the avatar step's share (room connected)
                 remove_participant=parts.remove_avatar_participant or server_api_remover(room),
+                close_timeout=bound_of("avatar", s.close_timeout),
                 wiring=self.wiring,
                 owner=forward,
             )
