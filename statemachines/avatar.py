@@ -19,10 +19,14 @@ Every way out of ``starting``/``routing``/``joined``/``clearing`` (where our rou
 in) short of success goes through ``failed``, whose only work is putting the previous route
 back (identity-guarded) before ``restored``; ``restore_route`` always answers
 ``route_restored`` with the cause. When the retry policy calls that cause transient and has
-attempts left, ``backoff`` waits (the agent on room audio) for ``backoff_elapsed``, then the
-failed attempt is released and the plugin started again. ``close`` says by its source what
+attempts left, ``backoff`` waits (the agent on room audio) for ``backoff_elapsed``, then
+``releasing`` closes the failed attempt (its plugin session closed, its avatar participant
+removed) as a state task bounded by a ``join_timeout`` of its own, and ``starting`` starts the
+plugin again with its whole ``join_timeout`` (``released``, or ``release_timeout`` if the
+release hung). ``close`` says by its source what
 is left to undo: nothing from ``idle``; from the states where our route may be in, the
-guarded restore, then the plugin; from ``failed``/``backoff``/``restored`` only the plugin.
+guarded restore, then the plugin; from ``failed``/``backoff``/``releasing``/``restored`` only
+the plugin.
 A start cut short (its timeout, or ``close``) first records any sink the plugin had put in.
 
 A late join in ``backoff`` or ``restored`` is ignored unless the policy's ``rejoin`` holds
@@ -38,7 +42,7 @@ ACTIVE = ["routing", "joined", "clearing"]  # the plugin's start has been handle
 # the states in which the session's clear reaches the plugin's sink as without the
 # lifecycle (the runtime delivers it there, synchronously, before posting ``interrupt``)
 PLUGIN_CLEARS = ["joined", "clearing"]
-DONE = ["failed", "backoff", "restored"]  # our route is already put back
+DONE = ["failed", "backoff", "releasing", "restored"]  # our route is already put back
 WAITING = ["backoff", "restored"]  # a late join may be routed to again (rejoin)
 # what can end an attempt, as route_restored's cause (the retry policy names the transient)
 CAUSES = ("start_error", "start_timeout", "no_route", "join_timeout", "avatar_left")
@@ -58,6 +62,8 @@ EVENTS = (
     "clear_buffer_done",
     "route_restored",
     "backoff_elapsed",
+    "released",
+    "release_timeout",
     "close",
 )
 CLOSE_PLUGIN = ["put_route_back", "unhook", "close_plugin"]
@@ -101,6 +107,14 @@ AVATAR = MachineSpec(
             timeout=StateTimeout(event="backoff_elapsed", setting="retry_backoff", default=1.0),
             description="on room audio, waiting to start the plugin again",
         ),
+        State(
+            name="releasing",
+            # the failed attempt's close has a bound of its own: the next attempt's start
+            # gets its whole join_timeout from when that start begins
+            timeout=StateTimeout(event="release_timeout", setting="join_timeout", default=30.0),
+            invoke=("release_attempt",),
+            description="on room audio, the failed attempt closed before the plugin starts again",
+        ),
         State(name="restored", description="the previous route is back; the agent is audible"),
         State(name="closed", final=True, description="route restored, plugin closed, unhooked"),
     ),
@@ -134,7 +148,10 @@ AVATAR = MachineSpec(
         ),
         Effect(
             name="release_attempt",
-            description="before a retry: close the failed attempt's plugin session and sink",
+            # a release that failed is over too: the next attempt starts
+            error_event="released",
+            description="before a retry: close the failed attempt's plugin session and sink, "
+            "remove its avatar participant",
         ),
         Effect(
             name="reinstall_route",
@@ -198,7 +215,10 @@ AVATAR = MachineSpec(
         *row("clearing", "clear_buffer_done", "joined"),
         *row("failed", "route_restored", "backoff", guards=["retry_left"]),
         *row("failed", "route_restored", "restored"),
-        *row("backoff", "backoff_elapsed", "starting", effects=["release_attempt"]),
+        *row("backoff", "backoff_elapsed", "releasing"),
+        *row("releasing", "released", "starting"),
+        # the old attempt's close hung past its bound: logged by it, the new start goes on
+        *row("releasing", "release_timeout", "starting"),
         *row(
             WAITING, "avatar_connected", "routing", guards=["rejoin"], effects=["reinstall_route"]
         ),
@@ -217,7 +237,7 @@ AVATAR = MachineSpec(
             "routing checks presence on entry",
         ),
         *cells(["idle", "joined", "clearing", *DONE], "room_connected", "only routing looks"),
-        *cells(["idle", "failed"], "avatar_connected", "the avatar is not awaited"),
+        *cells(["idle", "failed", "releasing"], "avatar_connected", "the avatar is not awaited"),
         *cells(["joined", "clearing"], "avatar_connected", "already joined"),
         *cells(["idle", "joined", "clearing", *DONE], "video_published", "not awaited"),
         *cells(["idle", "starting", "joined", "clearing", *DONE], "join_timeout", "a stale timer"),
@@ -233,8 +253,19 @@ AVATAR = MachineSpec(
             "clear_buffer_done",
             "a late clear outcome",
         ),
-        *cells(["idle", *ROUTED, "backoff", "restored"], "route_restored", "not restoring"),
-        *cells(["idle", *ROUTED, "failed", "restored"], "backoff_elapsed", "a stale backoff timer"),
+        *cells(
+            ["idle", *ROUTED, "backoff", "releasing", "restored"], "route_restored", "not restoring"
+        ),
+        *cells(
+            ["idle", *ROUTED, "failed", "releasing", "restored"],
+            "backoff_elapsed",
+            "a stale backoff timer",
+        ),
+        *cells(
+            ["idle", *ROUTED, "failed", "backoff", "restored"],
+            ["released", "release_timeout"],
+            "no release running (a stale outcome)",
+        ),
         *cells("closed", _all_but("start"), "closed: nothing left to do"),
     ),
     reject=(

@@ -1528,9 +1528,9 @@ async def test_an_interruption_queued_behind_the_join_sends_nothing() -> None:
 
 async def test_a_playback_report_as_the_retry_starts_changes_nothing() -> None:
     """The avatar that failed to join reports a playback in the very instant the retry
-    starts (its report handler is still ours until the failed attempt is released): the
+    begins (its report handler is still ours until the failed attempt is released): the
     report is answered, finds nothing left to report for, and the retry goes on; a
-    user's listener sees the retry and nothing else."""
+    user's listener sees the release, the retry and nothing else."""
     rig = Rig(join_timeout=10.0, retry={"attempts": 1, "backoff": {"initial": 5.0}})
     await rig.start_session()
     await rig.start_avatar()
@@ -1539,7 +1539,7 @@ async def test_a_playback_report_as_the_retry_starts_changes_nothing() -> None:
     replies: list[asyncio.Future[str]] = []
 
     def on_change(ev: Any) -> None:
-        if (ev.source, ev.dest) == ("backoff", "starting") and not replies:
+        if (ev.source, ev.dest) == ("backoff", "releasing") and not replies:
             _report_playback(rig, replies)
 
     rig.lifecycle.on("state_changed", on_change)
@@ -1547,9 +1547,10 @@ async def test_a_playback_report_as_the_retry_starts_changes_nothing() -> None:
     await rig.clock.advance(5.0)
     await settle()
     assert [await r for r in replies] == ["ok"]
-    assert rig.decided("playback_finished") == ["starting"]  # the cell
+    assert rig.decided("playback_finished") == ["releasing"]  # the cell
     assert changes == [
-        ("backoff", "starting", "backoff_elapsed"),
+        ("backoff", "releasing", "backoff_elapsed"),
+        ("releasing", "starting", "released"),
         ("starting", "routing", "plugin_started"),
     ]
     assert rig.lifecycle.state == "routing" and rig.avatar.start_calls == 2

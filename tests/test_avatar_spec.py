@@ -26,6 +26,7 @@ pytestmark = pytest.mark.snapshot
 _ROUTING = [("start", {}), ("plugin_started", {})]
 _JOINED = [*_ROUTING, ("avatar_connected", {"has_video": True})]
 _FAILED = [*_ROUTING, ("join_timeout", {})]
+_BACKOFF = [*_FAILED, ("route_restored", {"retry_left": True})]
 PATHS: dict[str, list[tuple[str, dict[str, bool]]]] = {
     "idle": [],
     "starting": [("start", {})],
@@ -33,7 +34,8 @@ PATHS: dict[str, list[tuple[str, dict[str, bool]]]] = {
     "joined": _JOINED,
     "clearing": [*_JOINED, ("interrupt", {"clear_pending": True})],
     "failed": _FAILED,
-    "backoff": [*_FAILED, ("route_restored", {"retry_left": True})],
+    "backoff": _BACKOFF,
+    "releasing": [*_BACKOFF, ("backoff_elapsed", {})],
     "restored": [*_FAILED, ("route_restored", {})],
     "closed": [("close", {})],
 }
@@ -111,7 +113,7 @@ class Recorder:
 def test_every_cell_has_a_case() -> None:
     ids = {(p.values[0], p.values[1]) for p in _cases()}
     assert ids == {(s, e) for s in AVATAR.state_names for e in AVATAR.events}
-    assert len(AVATAR.state_names) * len(AVATAR.events) == 9 * 16
+    assert len(AVATAR.state_names) * len(AVATAR.events) == 10 * 18
 
 
 @pytest.mark.parametrize(("state", "event", "kind", "row"), _cases())
@@ -193,15 +195,33 @@ def test_decisions_the_issue_asks_for() -> None:
     held_nothing = step(AVATAR, "joined", "interrupt", {"delivered": True})
     assert (held_nothing.dest, held_nothing.effects) == ("joined", ())
     # everywhere else (and an interrupt asked before the join was seen): locally, no RPC
-    for s in ("idle", "starting", "routing", "joined", "failed", "backoff", "restored"):
+    for s in ("idle", "starting", "routing", "joined", "failed", "backoff", "releasing"):
         assert step(AVATAR, s, "interrupt").effects == ("clear_local_buffer",)
+    assert step(AVATAR, "restored", "interrupt").effects == ("clear_local_buffer",)
     # retry: a transient cause with attempts left waits in backoff (on room audio, the
-    # route restored on the way), then releases the attempt and starts the plugin again
+    # route restored on the way), then releases the attempt in a state of its own (bounded
+    # by a join_timeout of its own, so the next start gets its whole join_timeout) and
+    # starts the plugin again, whether the release ended or was cut
     assert step(AVATAR, "failed", "route_restored", {"retry_left": True}).dest == "backoff"
     backoff = AVATAR.state("backoff")
     assert backoff.timeout is not None and backoff.timeout.event == "backoff_elapsed"
     again = step(AVATAR, "backoff", "backoff_elapsed")
-    assert (again.dest, again.effects) == ("starting", ("release_attempt",))
+    assert (again.dest, again.effects) == ("releasing", ())
+    releasing = AVATAR.state("releasing")
+    assert releasing.invoke == ("release_attempt",)
+    assert releasing.timeout is not None
+    assert (releasing.timeout.event, releasing.timeout.setting) == (
+        "release_timeout",
+        "join_timeout",
+    )
+    for ended in ("released", "release_timeout"):
+        assert (
+            step(AVATAR, "releasing", ended).dest,
+            step(AVATAR, "releasing", ended).effects,
+        ) == (
+            "starting",
+            (),
+        )
     # a late join while waiting or after giving up: ignored unless rejoin; then routed again
     for s in ("backoff", "restored"):
         late = step(AVATAR, s, "avatar_connected", {"rejoin": False})
@@ -218,6 +238,7 @@ def test_decisions_the_issue_asks_for() -> None:
         "clearing": plugin,
         "failed": ("unhook", "close_plugin"),
         "backoff": ("unhook", "close_plugin"),
+        "releasing": ("unhook", "close_plugin"),
         "restored": ("unhook", "close_plugin"),
     }
     for s, effects in closes.items():

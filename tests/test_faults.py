@@ -369,6 +369,179 @@ async def test_a_plugin_start_raising_cancelled_error_is_a_failure_at_once(
     await job.aclose(graceful=False)
 
 
+# -- 6b. a plugin's aclose() that hangs or raises CancelledError; a retry's release --------------
+
+
+class _CloseHangs(ScriptedAvatar):
+    """A plugin whose aclose() never returns (its provider's teardown call hangs)."""
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().create_future()
+
+
+class _CloseRaisesCancelled(ScriptedAvatar):
+    """A plugin whose aclose() raises CancelledError of its own (nothing cancelled it)."""
+
+    async def aclose(self) -> None:
+        raise asyncio.CancelledError
+
+
+class _SlowClose(ScriptedAvatar):
+    """A plugin whose start() takes 1 s and whose aclose() takes ``close_takes`` seconds
+    (None: it never returns); records when each start() began and how it ended."""
+
+    def __init__(self, clock: VirtualClock, close_takes: float | None) -> None:
+        super().__init__(avatar_identity="av", start_delay=1.0, clock=clock)
+        self.starts: list[tuple[float, str]] = []
+        self._close_takes = close_takes
+        self._virtual = clock
+
+    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+        began = self._virtual.now()
+        try:
+            await super().start(agent_session, room)
+        except asyncio.CancelledError:
+            self.starts.append((began, f"cut after {self._virtual.now() - began:g}s"))
+            raise
+        self.starts.append((began, "returned"))
+
+    async def aclose(self) -> None:
+        if self._close_takes is None:
+            await asyncio.get_running_loop().create_future()
+        await self._virtual.sleep(self._close_takes)
+        await super().aclose()
+
+
+def _remover(room: InMemoryRoom, clock: VirtualClock, removed: list[tuple[float, bool]]) -> Any:
+    async def remove(identity: str) -> None:
+        removed.append((clock.now(), room.isconnected()))
+        if identity in room.remote_participants:
+            room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    return remove
+
+
+@pytest.mark.parametrize(
+    ("plugin", "join_timeout"),
+    [(_CloseHangs, 1.0), (_CloseHangs, 30.0), (_CloseRaisesCancelled, 30.0)],
+    # the close's budget is the effect's bound (join_timeout 1 s), or the avatar step's
+    # share of close_timeout (1.5 s of 10 s) when that is shorter
+    ids=["hangs-effect-bound", "hangs-step-share", "raises-cancelled"],
+)
+async def test_a_plugin_close_that_hangs_or_raises_cancelled_error_still_removes_the_avatar(
+    room: InMemoryRoom,
+    clock: VirtualClock,
+    caplog: pytest.LogCaptureFixture,
+    plugin: type[ScriptedAvatar],
+    join_timeout: float,
+) -> None:
+    """The avatar participant is removed (while the room is connected) whether or not the
+    plugin's own aclose() returned: left in the room, it is still billed by its provider.
+    The plugin's close is cut at its own bound, and the hang or the failure is a WARNING."""
+    room.add_participant("user")
+    removed: list[tuple[float, bool]] = []
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin(avatar_identity="av"),
+        clock=clock,
+        otel=False,
+        join_timeout=join_timeout,
+        close_timeout=10,
+        remove_avatar_participant=_remover(room, clock, removed),
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("av", kind="agent")
+    room.publish_track("av", "video")
+    await settle()
+    assert job.states["avatar"] == "joined"
+    with caplog.at_level(logging.INFO):
+        closing = asyncio.ensure_future(job.aclose())
+        await clock.advance(12)
+        await settle()
+    assert closing.done() and closing.exception() is None
+    assert [connected for _, connected in removed] == [True]
+    assert "av" not in room.remote_participants
+    warned = [r for r in _records(caplog, logging.WARNING) if "aclose()" in r.getMessage()]
+    assert len(warned) == 1 and getattr(warned[0], "machine", None) == "avatar"
+    if plugin is _CloseHangs:
+        # cut at half of the close's budget, so the removal has the rest
+        assert removed[0][0] == min(join_timeout, 1.5) / 2
+
+
+async def test_a_retry_whose_old_close_hangs_removes_the_old_avatar_and_starts_again(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """With retry_avatar, the failed attempt's release removes its avatar participant (two
+    avatars never answer) and the plugin starts again, though the old plugin's aclose()
+    never returns."""
+    room.add_participant("user")
+    removed: list[tuple[float, bool]] = []
+    plugin = _CloseHangs(avatar_identity="av")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=2),
+        remove_avatar_participant=_remover(room, clock, removed),
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("av", kind="agent")  # joins without video, never publishes
+    await settle()
+    await clock.advance(3.1)  # join_timeout: backoff (1 s), then the release
+    assert job.states["avatar"] == "backoff"
+    await clock.advance(1.0 + 1.5)  # the old close cut at its bound, the avatar removed
+    await settle()
+    assert [t for t, _ in removed] == [5.5] and "av" not in room.remote_participants
+    assert plugin.start_calls == 2 and job.states["avatar"] == "routing"
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(20)  # its close hangs again: cut at its bound
+    await closing
+
+
+@pytest.mark.parametrize("close_takes", [2.5, None], ids=["slow", "hangs"])
+async def test_each_retry_s_start_gets_its_whole_join_timeout_after_the_release(
+    room: InMemoryRoom,
+    clock: VirtualClock,
+    caplog: pytest.LogCaptureFixture,
+    close_takes: float | None,
+) -> None:
+    """The failed attempt's release (the old plugin's aclose(), 2.5 s or never returning)
+    is bounded on its own, before the next attempt: each retry's start() (1 s) runs to its
+    end instead of being cut by a join_timeout (3 s) the release used up, and no attempt is
+    reported as a start_timeout."""
+    room.add_participant("user")
+    plugin = _SlowClose(clock, close_takes)
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=2),
+        remove_avatar_participant=lambda _: None,
+    )
+    with caplog.at_level(logging.INFO):
+        started = asyncio.ensure_future(job.start(Agent(instructions="agent")))
+        await clock.advance(1.5)
+        await started
+        await clock.advance(60)  # the avatar never joins: join_timeout, then two retries
+        await settle()
+    assert [how for _, how in plugin.starts] == ["returned"] * 3
+    assert job.states["avatar"] == "restored"
+    gone = [
+        r.getMessage() for r in _records(caplog, logging.WARNING) if "is gone" in r.getMessage()
+    ]
+    assert len(gone) == 3 and not [m for m in gone if "start_timeout" in m]
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(20)  # its close is slow again: cut at its bound
+    await closing
+
+
 # -- 7. durations: sane upper bounds ------------------------------------------------------------
 
 

@@ -74,7 +74,7 @@ from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
-from statemachines.system import RELEASE, WATCHES, watched
+from statemachines.system import RELEASE, WATCHES, bound_of, watched
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -203,9 +203,9 @@ class JobSystem(MachineRuntime[str]):
                 tracer=tracer,
                 scheduler=scheduler,
                 room_events=self.events,
-                # the job removes the avatar through the server API whether or not the
-                # plugin's own close did
+                # removed through the server API whether or not the plugin's close did
                 remove_participant=parts.remove_avatar_participant or server_api_remover(room),
+                close_timeout=bound_of("avatar", s.close_timeout),
                 wiring=self.wiring,
                 owner=forward,
             )

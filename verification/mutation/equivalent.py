@@ -96,6 +96,7 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
     ("avatar", "no_route"): {"start_plugin": "_fx_start_plugin"},
     ("avatar", "route_restored"): {"restore_route": "_fx_restore_route"},
     ("avatar", "clear_buffer_done"): {"follow_plugin_clear": "_fx_follow_plugin_clear"},
+    ("avatar", "released"): {"release_attempt": "_fx_release_attempt"},
     ("job", "close_done"): {"run_close": "_fx_run_close"},
     ("session_host", "drained"): {"drain": "_fx_drain"},
     ("session_host", "subscribe_failed"): {"subscribe": "_fx_subscribe"},

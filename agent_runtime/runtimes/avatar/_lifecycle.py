@@ -24,12 +24,11 @@ from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
+    PluginCloser,
     RemoveParticipant,
     check_plugin,
     check_start_options,
-    close_plugin,
     plugin_name,
-    remove_avatar_participant,
     stop_join_wait,
 )
 from agent_runtime.runtimes.avatar._route import AudioRoute, Route, finish_pending, route_of
@@ -58,9 +57,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     ``SegmentFlushed``: the session's audio reached the plugin's sink) and
     ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
 
-    ``remove_participant(identity)`` removes the avatar participant on close, after the
-    plugin's own ``aclose()`` (best effort; a not-found answer is fine; an in-process avatar
-    is the agent itself, never removed). ``server_api_remover(room)`` does it through the
+    ``remove_participant(identity)`` removes the avatar participant on close, once the
+    plugin's own ``aclose()`` returned or ran past its half of ``close_timeout`` (default
+    ``join_timeout``; the job gives its avatar step's share): best effort, a not-found answer
+    is fine, an in-process avatar is the agent itself, never removed. A retry's release does
+    the same within ``join_timeout``. ``server_api_remover(room)`` does it through the
     server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
     """
 
@@ -69,6 +70,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         avatar: AvatarSession,  # type: ignore[type-arg]
         *,
         join_timeout: float = 30.0,
+        close_timeout: float | None = None,
         retry: bool | AvatarRetry | Mapping[str, Any] = False,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
@@ -81,6 +83,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         super().__init__(owner)
         check_plugin(avatar)
         join_timeout = float(check_setting("join_timeout", join_timeout))
+        # what a close may take in all: the effect's bound, or the job's share if less
+        budget = join_timeout if close_timeout is None else close_timeout
+        self._close_budget = min(join_timeout, float(check_setting("close_timeout", budget)))
         self._avatar = avatar
         self._retry: AvatarRetry = avatar_retry(retry)
         self._attempts = 0  # restarts made so far
@@ -88,7 +93,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
-        self._remove_participant = remove_participant
+        self._closer = PluginCloser(avatar, remove_participant, self._clock, warn=self._warn)
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._route = AudioRoute()  # the session and the room too, once started
@@ -247,6 +252,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)
         self._emit_state(ev)
 
+    def _warn(self, msg: str, *args: Any, exc_info: BaseException | None = None) -> None:
+        self.actor.report(logger, logging.WARNING, msg, *args, exc_info=exc_info)
+
     def _presence_event(self) -> Event | None:
         """An avatar already in the room produces no participant_connected for us (nor does
         one that runs in the agent's own process)."""
@@ -259,11 +267,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         """The state task of ``starting``; cancelled when the state is left."""
         session, room = self._route.session, self._route.room
         assert session is not None and room is not None
-        # entering starting made this task before the row's effects ran (a retry's
-        # release_attempt): the plugin starts once the actor has handled them, so a failed
-        # attempt is closed and forgotten first; the actor says so, no handle is kept
-        if (handled := self.actor.when_settled()) is not None:
-            await handled
+        # a new attempt: nothing of a released one is recorded (a release cut at its bound
+        # did not get to forget it)
+        self._route.forget()
+        self._facts.forget()
         self._route.take_prev()
         # the sink is recorded right after the plugin's last line, in this task, before
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
@@ -317,10 +324,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             await self._route.stop_start_wait()
         return Event("route_restored", {"outcome": outcome, "cause": ev.name})
 
-    async def _fx_release_attempt(self, ev: Event) -> None:
-        """Before the plugin starts again: the failed attempt's session closed (its avatar
-        participant removed, so that two avatars never answer), its sink retired and
-        forgotten. Bounded by the effect budget; a failure here is logged, not fatal."""
+    async def _fx_release_attempt(self, ev: Event) -> Event:
+        """The state task of ``releasing``, before the plugin starts again: the failed
+        attempt's session closed (its avatar participant removed, whether or not the plugin's
+        close returned, so that two avatars never answer), its sink retired. Bounded by the
+        state's own timeout; a failure here is logged, not fatal."""
         self._attempts += 1
         logger.info(
             "avatar %s: starting the plugin again (attempt %d of %d) after %s",
@@ -329,13 +337,12 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             self._retry.attempts,
             self._cause,
         )
-        await close_plugin(self._avatar, " before a retry")
+        await self._closer.close(self._join_timeout, " before a retry")  # the state's bound
         await self._route.retire_sink()
         self._unadopt()
         self._release_playback_rpc()
-        await self._remove_avatar_participant()
-        self._route.forget()
-        self._facts.forget()
+        await self._closer.remove(self._route.room, in_process=self._facts.in_process)
+        return Event("released")
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
         session, sink = self._route.session, self._route.installed
@@ -392,12 +399,13 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._adapter = None
 
     async def _fx_close_plugin(self, ev: Event) -> None:
-        await close_plugin(self._avatar)
+        # cut at its part of the budget: a hung plugin close never keeps the avatar in the room
+        await self._closer.close(self._close_budget)
         await self._route.retire_sink()
         await self._route.settle_room_output()
         # last: a server API that never answers (this effect's bound, join_timeout, can be
         # shorter than the removal's) must not keep the plugin and its sink open
-        await self._remove_avatar_participant()
+        await self._closer.remove(self._route.room, in_process=self._facts.in_process)
 
     # -- the route -------------------------------------------------------------------------
     def _record_installed(self) -> None:
@@ -415,14 +423,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             yield
         finally:
             self._adopted = adopted
-
-    async def _remove_avatar_participant(self) -> None:
-        """After the plugin's own close (in case it did not, or could not: spatialreal drops
-        its room first); never an avatar that is the agent itself."""
-        if not self._facts.in_process:
-            await remove_avatar_participant(
-                self._remove_participant, self._route.room, self._avatar, self._clock
-            )
 
     # -- following the sink's clear, taking the playback_finished RPC ---------------------------
     def _adopt(self, sink: AudioOutput) -> None:

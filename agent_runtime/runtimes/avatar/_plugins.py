@@ -20,7 +20,11 @@ from agent_runtime.sdk import livekit_compat as lk
 logger = logging.getLogger("agent_runtime.avatar")
 
 RemoveParticipant = Callable[[str], Awaitable[object] | object]
+Warn = Callable[..., None]  # logs a WARNING: (msg, *args, exc_info=...)
 REMOVAL_TIMEOUT = 5.0  # a server API that never answers must not hold the close
+# the part of a close's budget the plugin's own aclose() may take: the avatar participant's
+# removal comes after it, whether or not it returned, within the rest
+PLUGIN_CLOSE_SHARE = 0.5
 
 
 class AvatarPluginError(TypeError):
@@ -108,12 +112,35 @@ async def remove_avatar_participant(
             logger.warning("could not remove the avatar participant %s: %s", identity, e)
 
 
-async def close_plugin(avatar: AvatarSession[Any], when: str = "") -> None:
-    """The plugin's own ``aclose()``; a failure is logged (``when`` says which close)."""
+async def close_plugin(
+    avatar: AvatarSession[Any],
+    clock: Clock,
+    bound: float,
+    when: str = "",
+    warn: Warn | None = None,
+) -> None:
+    """The plugin's own ``aclose()``, cut after ``bound`` seconds: a hang, a failure or a
+    ``CancelledError`` it raised itself (nothing cancelled it) is logged by ``warn`` (a
+    WARNING), never raised, so what follows it (the avatar participant's removal) always
+    runs. ``when`` says which close. A cancellation of the caller's goes on up."""
+    warn = warn or logger.warning
+    name = plugin_name(avatar)
     try:
-        await avatar.aclose()
-    except Exception:
-        logger.warning("avatar plugin aclose() failed%s", when, exc_info=True)
+        await clock.wait_for(avatar.aclose(), bound)
+    except TimeoutError:
+        warn("avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when)
+    except asyncio.CancelledError as e:
+        me = asyncio.current_task()
+        if me is None or me.cancelling():
+            raise
+        warn(
+            "avatar plugin %s: aclose() raised CancelledError%s (nothing cancelled it)",
+            name,
+            when,
+            exc_info=e,
+        )
+    except Exception as e:
+        warn("avatar plugin %s: aclose() failed%s", name, when, exc_info=e)
 
 
 async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
@@ -122,3 +149,31 @@ async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
     if join is not None:
         join.cancel()
         await asyncio.gather(join, return_exceptions=True)
+
+
+class PluginCloser:
+    """An attempt's close, as the lifecycle runs it: the plugin's own ``aclose()`` within
+    its part of the close's budget (``PLUGIN_CLOSE_SHARE``), then, whether or not that
+    returned, the avatar participant removed (never an avatar that is the agent itself)."""
+
+    __slots__ = ("_avatar", "_clock", "_remove", "_warn")
+
+    def __init__(
+        self,
+        avatar: AvatarSession[Any],
+        remove: RemoveParticipant | None,
+        clock: Clock,
+        warn: Warn | None = None,
+    ) -> None:
+        self._avatar, self._remove, self._clock, self._warn = avatar, remove, clock, warn
+
+    async def close(self, budget: float, when: str = "") -> None:
+        """The plugin's ``aclose()``, cut at its share of ``budget`` seconds (logged)."""
+        bound = PLUGIN_CLOSE_SHARE * budget
+        await close_plugin(self._avatar, self._clock, bound, when, self._warn)
+
+    async def remove(self, room: rtc.Room | None, *, in_process: bool) -> None:
+        """After the plugin's own close (in case it did not, or could not: spatialreal drops
+        its room first, a hung one was cut)."""
+        if not in_process:
+            await remove_avatar_participant(self._remove, room, self._avatar, self._clock)
