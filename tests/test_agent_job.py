@@ -300,6 +300,8 @@ async def test_the_session_closes_before_the_avatar_goes_and_holds_it_at_most_it
     session: AgentSession[Any] = AgentSession()
     closed: list[float] = []  # when the session's close ended
     session.on("close", lambda _: closed.append(clock.now()))
+    order: list[str] = []  # the session's close and the avatar's leaving, as they happen
+    session.on("close", lambda _: order.append("session closed"))
     # when, room connected, session live, session closed
     removed: list[tuple[float, bool, bool, bool]] = []
 
@@ -322,6 +324,10 @@ async def test_the_session_closes_before_the_avatar_goes_and_holds_it_at_most_it
     room.publish_track("avatar-1", "video")
     await settle()
     assert job.states["avatar"] == "joined"
+    job.on(
+        "state_changed",
+        lambda sc: order.append(f"avatar left {sc.source}") if sc.machine == "avatar" else None,
+    )
     if hangs:
 
         async def hang(**_: Any) -> None:
@@ -341,6 +347,8 @@ async def test_the_session_closes_before_the_avatar_goes_and_holds_it_at_most_it
     at, connected, session_live, session_closed = removed[0]
     assert connected and not session_live  # the session was asked first, the room is there
     assert session_closed is not hangs  # ... and its close waited for, unless it hangs
+    if not hangs:  # the avatar leaves joined only once the session's close has ended
+        assert order[:2] == ["session closed", "avatar left joined"], order
     assert at - t0 == (pytest.approx(1.5) if hangs else 0)
     assert job.states["job"] == "closed" and not room.isconnected()
     if hangs:
