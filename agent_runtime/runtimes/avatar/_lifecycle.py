@@ -337,7 +337,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             self._retry.attempts,
             self._cause,
         )
-        await self._closer.close(self._join_timeout, " before a retry")  # the state's bound
+        await self._closer.close_before_retry(self._join_timeout)  # the state's bound
         await self._route.retire_sink()
         self._unadopt()
         self._release_playback_rpc()

@@ -22,9 +22,13 @@ logger = logging.getLogger("agent_runtime.avatar")
 RemoveParticipant = Callable[[str], Awaitable[object] | object]
 Warn = Callable[..., None]  # logs a WARNING: (msg, *args, exc_info=...)
 REMOVAL_TIMEOUT = 5.0  # a server API that never answers must not hold the close
-# the part of a close's budget the plugin's own aclose() may take: the avatar participant's
-# removal comes after it, whether or not it returned, within the rest
-PLUGIN_CLOSE_SHARE = 0.5
+# the part of a close's budget the plugin's own aclose() may take; the avatar participant's
+# removal comes after it, whether or not it returned, in the rest. Closing with the job,
+# most of it (a provider's "end session" call is not cut short; the rest lets the removal
+# begin while the room is connected); before a retry, half of join_timeout (the removal
+# has to end within that state's own bound too)
+PLUGIN_CLOSE_SHARE = 0.9
+RETRY_CLOSE_SHARE = 0.5
 
 
 class AvatarPluginError(TypeError):
@@ -153,8 +157,9 @@ async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
 
 class PluginCloser:
     """An attempt's close, as the lifecycle runs it: the plugin's own ``aclose()`` within
-    its part of the close's budget (``PLUGIN_CLOSE_SHARE``), then, whether or not that
-    returned, the avatar participant removed (never an avatar that is the agent itself)."""
+    its part of the close's budget (``PLUGIN_CLOSE_SHARE``, or ``RETRY_CLOSE_SHARE`` before
+    a retry), then, whether or not that returned, the avatar participant removed (never an
+    avatar that is the agent itself)."""
 
     __slots__ = ("_avatar", "_clock", "_remove", "_warn")
 
@@ -167,10 +172,14 @@ class PluginCloser:
     ) -> None:
         self._avatar, self._remove, self._clock, self._warn = avatar, remove, clock, warn
 
-    async def close(self, budget: float, when: str = "") -> None:
+    async def close(self, budget: float) -> None:
         """The plugin's ``aclose()``, cut at its share of ``budget`` seconds (logged)."""
-        bound = PLUGIN_CLOSE_SHARE * budget
-        await close_plugin(self._avatar, self._clock, bound, when, self._warn)
+        await close_plugin(self._avatar, self._clock, PLUGIN_CLOSE_SHARE * budget, "", self._warn)
+
+    async def close_before_retry(self, budget: float) -> None:
+        """``close`` for a retry's release: within half of ``budget`` (the state's bound)."""
+        bound = RETRY_CLOSE_SHARE * budget
+        await close_plugin(self._avatar, self._clock, bound, " before a retry", self._warn)
 
     async def remove(self, room: rtc.Room | None, *, in_process: bool) -> None:
         """After the plugin's own close (in case it did not, or could not: spatialreal drops
