@@ -490,10 +490,12 @@ async def test_a_slow_plugin_close_that_ends_within_the_avatar_step_is_not_cut(
         otel=False,
         remove_avatar_participant=_remover(room, clock, removed),
     )
-    await job.start(Agent(instructions="agent"))
+    starting = asyncio.ensure_future(job.start(Agent(instructions="agent")))
+    await clock.advance(1.5)  # the plugin's start takes 1 s
+    await starting
     room.add_participant("av", kind="agent")
     room.publish_track("av", "video")
-    await clock.advance(1.5)
+    await clock.advance(0.5)
     assert job.states["avatar"] == "joined"
     t0 = clock.now()
     with caplog.at_level(logging.INFO):
@@ -503,6 +505,40 @@ async def test_a_slow_plugin_close_that_ends_within_the_avatar_step_is_not_cut(
     assert plugin.closes_ended == [pytest.approx(t0 + takes)]  # returned: it was not cut
     assert [(round(t - t0, 6), connected) for t, connected in removed] == [(takes, True)]
     assert not [r for r in _records(caplog, logging.WARNING) if "aclose()" in r.getMessage()]
+
+
+async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The job closes while the avatar is ``releasing`` (the failed attempt's plugin close
+    still running): no new attempt starts, the avatar ends ``closed``, its participant is
+    removed once, and the job closes within its bound."""
+    room.add_participant("user")
+    removed: list[tuple[float, bool]] = []
+    plugin = _SlowClose(clock, close_takes=1.0)
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=2),
+        remove_avatar_participant=_remover(room, clock, removed),
+    )
+    starting = asyncio.ensure_future(job.start(Agent(instructions="agent")))
+    await clock.advance(1.5)  # the plugin's start takes 1 s
+    await starting
+    room.add_participant("av", kind="agent")  # joins without video, never publishes
+    await settle()
+    await clock.advance(3.1 + 1.0 - 1.5 + 1.0 + 0.2)  # join_timeout, backoff, the release
+    assert job.states["avatar"] == "releasing"
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(12)
+    assert closing.done() and closing.exception() is None
+    assert job.states["avatar"] == "closed" and job.lifecycle == "closed"
+    assert plugin.start_calls == 1  # no attempt started under the close
+    assert len(removed) == 1 and "av" not in room.remote_participants
 
 
 async def test_a_retry_whose_old_close_hangs_removes_the_old_avatar_and_starts_again(
