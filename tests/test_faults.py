@@ -541,6 +541,91 @@ async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once
     assert len(removed) == 1 and "av" not in room.remote_participants
 
 
+async def test_the_old_avatar_seen_during_the_release_is_not_the_new_attempts_join(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """While the failed attempt is released, the old avatar's facts (its video, the room
+    reconnecting, the avatar participant connecting) change nothing: the release runs once
+    to its end, then the new attempt starts and decides on presence itself."""
+    room.add_participant("user")
+    removed: list[tuple[float, bool]] = []
+    plugin = _SlowClose(clock, close_takes=1.0)
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=2),
+        remove_avatar_participant=_remover(room, clock, removed),
+    )
+    moves: list[str] = []
+    job.on("state_changed", lambda sc: moves.append(sc.dest) if sc.machine == "avatar" else None)
+    starting = asyncio.ensure_future(job.start(Agent(instructions="agent")))
+    await clock.advance(1.5)
+    await starting
+    room.add_participant("av", kind="agent")  # joins without video, never publishes
+    await settle()
+    await clock.advance(3.1 + 1.0 - 1.5 + 1.0 + 0.2)  # join_timeout, backoff, the release
+    assert job.states["avatar"] == "releasing"
+    moves.clear()
+    room.publish_track("av", "video")
+    room.remove_participant("av")
+    room.add_participant("av", kind="agent")
+    room.emit("reconnected")
+    await settle()
+    assert job.states["avatar"] == "releasing" and moves == []
+    await clock.advance(1.0)  # the old plugin's close ends, the old avatar is removed
+    assert moves[:1] == ["starting"] and len(plugin.closes_ended) == 1
+    assert plugin.start_calls == 2
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(12)
+    assert closing.done()
+
+
+async def test_a_release_that_outlives_join_timeout_starts_the_next_attempt_at_its_bound(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The old plugin's close hangs (cut at half of join_timeout) and the server API's
+    removal is slow: at join_timeout the release gives up waiting and the next attempt's
+    start begins then, not when the removal ends."""
+    room.add_participant("user")
+    removed: list[tuple[float, bool]] = []
+
+    async def slow_remove(identity: str) -> None:
+        removed.append((clock.now(), room.isconnected()))
+        await clock.sleep(4.0)
+
+    plugin = _CloseHangs(avatar_identity="av")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=2),
+        remove_avatar_participant=slow_remove,
+    )
+    moves: list[tuple[float, str]] = []
+    job.on(
+        "state_changed",
+        lambda sc: moves.append((clock.now(), sc.dest)) if sc.machine == "avatar" else None,
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant("av", kind="agent")  # joins without video, never publishes
+    await settle()
+    await clock.advance(3.1 + 1.0)  # join_timeout, then backoff: into the release
+    began = next(t for t, state in moves if state == "releasing")
+    await clock.advance(3.5)
+    assert (began + 3.0, "starting") in [(pytest.approx(t), s) for t, s in moves]
+    assert plugin.start_calls == 2
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(20)
+    assert closing.done()
+
+
 async def test_a_retry_whose_old_close_hangs_removes_the_old_avatar_and_starts_again(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
