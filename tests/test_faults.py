@@ -533,9 +533,12 @@ async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once
     await settle()
     await clock.advance(3.1 + 1.0 - 1.5 + 1.0 + 0.2)  # join_timeout, backoff, the release
     assert job.states["avatar"] == "releasing"
+    moves: list[str] = []
+    job.on("state_changed", lambda sc: moves.append(sc.dest) if sc.machine == "avatar" else None)
     closing = asyncio.ensure_future(job.aclose(graceful=False))
     await clock.advance(12)
     assert closing.done() and closing.exception() is None
+    assert moves == ["closed"]  # straight from releasing: nothing else in between
     assert job.states["avatar"] == "closed" and job.lifecycle == "closed"
     assert plugin.start_calls == 1  # no attempt started under the close
     assert len(removed) == 1 and "av" not in room.remote_participants
@@ -573,7 +576,7 @@ async def test_the_old_avatar_seen_during_the_release_is_not_the_new_attempts_jo
     room.publish_track("av", "video")
     room.remove_participant("av")
     room.add_participant("av", kind="agent")
-    room.emit("reconnected")
+    room.reconnect_locally()
     await settle()
     assert job.states["avatar"] == "releasing" and moves == []
     await clock.advance(1.0)  # the old plugin's close ends, the old avatar is removed
