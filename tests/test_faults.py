@@ -507,12 +507,12 @@ async def test_a_slow_plugin_close_that_ends_within_the_avatar_step_is_not_cut(
     assert not [r for r in _records(caplog, logging.WARNING) if "aclose()" in r.getMessage()]
 
 
-async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once(
+async def _in_release(
     room: InMemoryRoom, clock: VirtualClock
-) -> None:
-    """The job closes while the avatar is ``releasing`` (the failed attempt's plugin close
-    still running): no new attempt starts, the avatar ends ``closed``, its participant is
-    removed once, and the job closes within its bound."""
+) -> tuple[AgentJob, _SlowClose, list[tuple[float, bool]], list[str]]:
+    """A job whose avatar's first attempt timed out (it joined without video) and whose
+    release of it (a plugin close of 1 s) is under way: the job, its plugin, the removals
+    and the avatar's moves from here on."""
     room.add_participant("user")
     removed: list[tuple[float, bool]] = []
     plugin = _SlowClose(clock, close_takes=1.0)
@@ -535,6 +535,16 @@ async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once
     assert job.states["avatar"] == "releasing"
     moves: list[str] = []
     job.on("state_changed", lambda sc: moves.append(sc.dest) if sc.machine == "avatar" else None)
+    return job, plugin, removed, moves
+
+
+async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The job closes while the avatar is ``releasing`` (the failed attempt's plugin close
+    still running): no new attempt starts, the avatar ends ``closed``, its participant is
+    removed once, and the job closes within its bound."""
+    job, plugin, removed, moves = await _in_release(room, clock)
     closing = asyncio.ensure_future(job.aclose(graceful=False))
     await clock.advance(12)
     assert closing.done() and closing.exception() is None
@@ -550,29 +560,7 @@ async def test_the_old_avatar_seen_during_the_release_is_not_the_new_attempts_jo
     """While the failed attempt is released, the old avatar's facts (its video, the room
     reconnecting, the avatar participant connecting) change nothing: the release runs once
     to its end, then the new attempt starts and decides on presence itself."""
-    room.add_participant("user")
-    removed: list[tuple[float, bool]] = []
-    plugin = _SlowClose(clock, close_takes=1.0)
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=3,
-        retry_avatar=AvatarRetry(attempts=2),
-        remove_avatar_participant=_remover(room, clock, removed),
-    )
-    moves: list[str] = []
-    job.on("state_changed", lambda sc: moves.append(sc.dest) if sc.machine == "avatar" else None)
-    starting = asyncio.ensure_future(job.start(Agent(instructions="agent")))
-    await clock.advance(1.5)
-    await starting
-    room.add_participant("av", kind="agent")  # joins without video, never publishes
-    await settle()
-    await clock.advance(3.1 + 1.0 - 1.5 + 1.0 + 0.2)  # join_timeout, backoff, the release
-    assert job.states["avatar"] == "releasing"
-    moves.clear()
+    job, plugin, _removed, moves = await _in_release(room, clock)
     room.publish_track("av", "video")
     room.remove_participant("av")
     room.add_participant("av", kind="agent")

@@ -58,11 +58,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
 
     ``remove_participant(identity)`` removes the avatar participant on close, once the
-    plugin's own ``aclose()`` returned or ran past its half of ``close_timeout`` (default
+    plugin's own ``aclose()`` returned or ran past 0.9 of ``close_timeout`` (default
     ``join_timeout``; the job gives its avatar step's share): best effort, a not-found answer
-    is fine, an in-process avatar is the agent itself, never removed. A retry's release does
-    the same within ``join_timeout``. ``server_api_remover(room)`` does it through the
-    server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
+    is fine, an in-process avatar is the agent itself, never removed (a retry's release too,
+    its plugin close cut at half of ``join_timeout``). ``server_api_remover(room)`` removes
+    through the server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
     """
 
     def __init__(
