@@ -1223,6 +1223,42 @@ async def test_the_backoff_is_not_disturbed_by_what_does_not_concern_it(meanwhil
     await rig.aclose()
 
 
+class _SlowCloseFlaky(FlakyAvatar):
+    """FlakyAvatar whose provider takes 1 s (on ``clock``, the rig's) to end a session."""
+
+    clock: Any = None
+
+    async def aclose(self) -> None:
+        await self.clock.sleep(1.0)
+        await super().aclose()
+
+
+async def test_an_interruption_during_the_release_leaves_it_alone() -> None:
+    """The user interrupts while the failed attempt is being released (its plugin's close
+    under way): the release is not restarted nor cut, nothing goes to an avatar, and the
+    new attempt starts once, when the release ends."""
+    avatar = _SlowCloseFlaky(failures=1)
+    rig = Rig(avatar=avatar, retry={"attempts": 1, "backoff": {"initial": 1.0}})
+    avatar.clock = rig.clock
+    await rig.start_session()
+    await rig.start_avatar()
+    assert rig.lifecycle.state == "backoff"
+    await rig.clock.advance(1.2)  # the backoff ran out: the old session's close is running
+    assert rig.lifecycle.state == "releasing" and avatar.closes == 0
+    changes = rig.watch()
+    rig.lifecycle.interrupt()
+    await settle()
+    assert rig.lifecycle.state == "releasing" and changes == []
+    assert rig.lifecycle.audio_route() == "room" and rig.rpcs() == []
+    await rig.clock.advance(1.0)  # the provider's close ends: the release is over
+    assert avatar.closes == 1 and avatar.start_calls == 2
+    assert [dest for _src, dest, _on in changes][:1] == ["starting"]
+    assert rig.decided("interrupt")[-1:] == ["releasing"]
+    closing = asyncio.ensure_future(rig.aclose())
+    await rig.clock.advance(5.0)  # the new attempt's close takes its second too
+    assert closing.done() and closing.exception() is None
+
+
 @pytest.mark.parametrize("state", ["starting", "routing", "joined", "backoff", "restored"])
 async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None:
     """The room reconnects (its connection state back to connected): the lifecycle, its
