@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, llm
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_runtime import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
@@ -139,3 +140,30 @@ async def test_half_started_sessions_do_not_pile_up_across_jobs(
         await run_until(clock, both.done, clock.now() + 20)
         await both
         await assert_released(job, room, listeners)
+
+
+@pytest.mark.parametrize("how", ["cut", "failed"])
+async def test_a_half_started_sessions_span_ends_with_the_job(
+    room: InMemoryRoom, clock: VirtualClock, spans: InMemorySpanExporter, how: str
+) -> None:
+    """The ``agent_session`` span livekit opens as the start begins is ended by the job's
+    close, as livekit's own close ends a started session's: an exporter gets it (an open
+    span is never exported, and the session's time never shows in the trace backend)."""
+    room.add_participant("user")
+    if how == "cut":
+        agent = Agent(instructions="agent", tools=[SilentProvider(id="mcp")])
+    else:
+        agent = Agent(instructions="agent", llm=RefusingLLM())
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False)
+    starting = asyncio.create_task(job.start(agent))
+    await settle()
+    await clock.advance(1.0)
+    if how == "cut":  # the start still runs: its span is open
+        assert not [s for s in spans.get_finished_spans() if s.name == "agent_session"]
+    closing = asyncio.create_task(job.aclose())
+    both = asyncio.gather(starting, closing, return_exceptions=True)
+    await run_until(clock, both.done)
+    await both
+    await assert_released(job, room, room.listener_count())
+    ended = [s for s in spans.get_finished_spans() if s.name == "agent_session"]
+    assert len(ended) == 1 and ended[0].end_time is not None

@@ -10,7 +10,6 @@ everywhere: the room's server side (in-memory room).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_runtime import AgentJob, injected
@@ -37,20 +35,6 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 
 def scenario(name: str) -> str:
     return (SCENARIOS / name).read_text(encoding="utf-8")
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """livekit-agents' tracer with an SDK provider exporting to memory, for the test only."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    before = telemetry.tracer._tracer_provider
-    telemetry.tracer.set_provider(provider)
-    try:
-        yield exporter
-    finally:
-        telemetry.tracer.set_provider(before)
 
 
 @pytest.fixture

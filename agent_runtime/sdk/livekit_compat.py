@@ -78,7 +78,7 @@ async def release_half_started(session: AgentSession[Any]) -> None:
     """Release what a start that did not finish left behind (``session_half_started``),
     as livekit's own close would for a started session: RoomIO first (the inputs and
     outputs it attached detached, its listeners and tasks gone), then the activity's
-    teardown. Under the session's lock, as livekit's start and close run: a start still
+    teardown, then the session's ``agent_session`` span. Under the session's lock, as livekit's start and close run: a start still
     running is waited for, and a session that started meanwhile is left as it is."""
     async with session._lock:
         if not session_half_started(session):
@@ -96,6 +96,11 @@ async def release_half_started(session: AgentSession[Any]) -> None:
                     setattr(side, name, None)
             await room_io.aclose()
         await session._teardown_activity(reason=CloseReason.JOB_SHUTDOWN, drain=False)
+        # the span the start opened is ended as livekit's close ends it: an open span is
+        # never exported
+        span, session._session_span = session._session_span, None
+        if span is not None:
+            span.end()
 
 
 def set_user_state(session: AgentSession[Any], state: UserState) -> None:
