@@ -582,6 +582,10 @@ async def test_bad_options_and_arguments_get_clear_errors() -> None:
         rt.shutdown(5)  # type: ignore[arg-type]
     await rig.settle()
     assert (rt.state, rt.host_state) == ("serving", "detached")
+    with pytest.raises(RuntimeError, match=r"serving, not closed: aclose\(\)"):
+        await rt.release()  # it would skip the close: the host and listeners stay
+    await rig.settle()
+    assert (rt.state, rt.host_state) == ("serving", "detached")
     rt.shutdown("done")
     await rig.settle()
     with pytest.raises(RuntimeError, match="closed"):

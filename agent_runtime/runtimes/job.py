@@ -332,7 +332,13 @@ class JobRuntime(MachineRuntime[str]):
     async def release(self) -> None:
         """Once ``closed``: stop the host's reader, release every listener. The room
         deletion stays where it is (asked for after the close, it still runs: see
-        ``request_room_deletion``) until ``aclose()``. Safe to run again."""
+        ``request_room_deletion``) until ``aclose()``. Safe to run again. Refused
+        (``RuntimeError``, nothing changes) before the job is closed: it would skip the
+        close (``aclose()``, ``abort()``)."""
+        if not self.actor.closed and self.actor.state != "closed":
+            raise RuntimeError(
+                f"the job is {self.actor.state}, not closed: aclose() (or abort()) closes it"
+            )
         await released(self.release_now())
 
     def release_now(self) -> asyncio.Future[None] | None:
