@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from livekit import rtc
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agent_runtime.observe.trace import JsonlSink, LoggingSink, Tracer
 from statemachines import glue
@@ -62,6 +69,8 @@ def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
     """``rtc.ParticipantKind`` values or names (``sip``, ``PARTICIPANT_KIND_SIP``) -> names."""
     if isinstance(kinds, str | int | bytes):
         raise TypeError("participant_kinds must be a collection of kinds, not a single kind")
+    if not isinstance(kinds, Iterable):
+        raise TypeError(f"participant_kinds must be a collection of kinds, not {kinds!r}")
     out: list[str] = []
     for k in kinds:
         if isinstance(k, bool):
@@ -90,6 +99,8 @@ def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
     """``rtc.DisconnectReason`` values or names -> names (``CLIENT_INITIATED``, ...)."""
     if isinstance(reasons, str | int | bytes):
         raise TypeError("closing_reasons must be a collection of reasons, not a single one")
+    if not isinstance(reasons, Iterable):
+        raise TypeError(f"closing_reasons must be a collection of reasons, not {reasons!r}")
     out: list[str] = []
     for r in reasons:
         if isinstance(r, bool):
@@ -142,6 +153,16 @@ class Backoff(BaseModel):
     initial: WaitSeconds = 1.0
     multiplier: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False, strict=True)] = 2.0
     max: WaitSeconds = 30.0
+
+    @model_validator(mode="after")
+    def _initial_within_max(self) -> Backoff:
+        if self.initial > self.max:
+            # every wait would be max: the initial asked for would never be waited
+            raise ValueError(
+                f"initial ({self.initial:g} s) is above max ({self.max:g} s): raise max "
+                f"or lower initial"
+            )
+        return self
 
     def delay(self, n: int) -> float:
         # the exponent is capped: past it the cap has long been reached
@@ -351,8 +372,8 @@ def job_options(values: Mapping[str, Any]) -> JobSettings:
 
 def check_part(name: str, value: Any) -> None:
     """``SettingTypeError`` naming ``name`` unless ``value`` is a part a job can run with
-    (``None`` is: the job's default)."""
-    if value is None:
+    (``None`` is: the job's default; ``otel``, a switch, is said with a bool)."""
+    if value is None and name != "otel":
         return
     want = _part_type(name, value)
     if want is not None:

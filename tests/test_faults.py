@@ -147,6 +147,7 @@ async def test_a_sink_whose_active_raises_is_dropped_and_the_user_is_linked(
         ("delete_room", "bogus", "delete_room must be an async callable"),
         ("remove_avatar_participant", 3, "remove_avatar_participant must be an async callable"),
         ("otel", "yes", "otel must be True, False or an OtelSink, not str"),
+        ("otel", None, "otel must be True, False or an OtelSink, not NoneType"),
         ("on_reprompt", 1, "on_reprompt must be callable as on_reprompt(session, attempt)"),
     ],
 )

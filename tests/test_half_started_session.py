@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from livekit import rtc
-from livekit.agents import Agent, AgentSession, llm
+from livekit.agents import Agent, AgentSession, JobContext, llm
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_runtime import AgentJob
@@ -167,3 +167,23 @@ async def test_a_half_started_sessions_span_ends_with_the_job(
     await assert_released(job, room, room.listener_count())
     ended = [s for s in spans.get_finished_spans() if s.name == "agent_session"]
     assert len(ended) == 1 and ended[0].end_time is not None
+
+
+async def test_a_failed_start_returns_once_the_job_and_its_job_context_ended(
+    ctx: JobContext, room: InMemoryRoom
+) -> None:
+    """``start()`` raises the session's failure once the job it closed is ``closed`` (its
+    room disconnected, as livekit's shutdown does): a second ``AgentJob`` for that job
+    context, or a second ``start()``, is refused saying the job has ended, not sent to a
+    room that is gone."""
+    room.add_participant("user")
+    agent = Agent(instructions="agent", llm=RefusingLLM())
+    job = AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
+    with pytest.raises(ConnectionError, match="refused the session"):
+        await job.start(agent)
+    assert job.lifecycle == "closed" and not room.isconnected()
+    assert AgentJob.for_job(ctx) is None
+    with pytest.raises(RuntimeError, match="AgentJob is closed, and its room disconnected"):
+        AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
+    with pytest.raises(RuntimeError, match="a new session comes as a new job"):
+        await job.start(agent)

@@ -72,6 +72,7 @@ from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
+from agent_runtime.system.livekit_job import CONTEXT_ENDED
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
@@ -236,17 +237,9 @@ class JobSystem(MachineRuntime[str]):
             wiring=self.wiring,
         )
         # every actor of the job, held here, in MACHINES order
-        owned = [
-            self.job.actor,
-            self.host.actor,
-            self.finalize.actor,
-            self.deletion.actor,
-            self.link.actor,
-            *([self.avatar.actor] if self.avatar is not None else []),
-            *([self.playout.actor] if self.playout is not None else []),
-            self.sessions.actor,
-            self.lifecycle,
-        ]
+        owned = [self.job.actor, self.host.actor, self.finalize.actor, self.deletion.actor]
+        owned += [r.actor for r in (self.link, self.avatar, self.playout) if r is not None]
+        owned += [self.sessions.actor, self.lifecycle]
         order = list(MACHINES)
         self.actors: tuple[Actor, ...] = tuple(
             sorted(owned, key=lambda a: order.index(a.spec.name))
@@ -289,6 +282,8 @@ class JobSystem(MachineRuntime[str]):
                 raise RuntimeError("this job is already starting") from None
             if state == "running":
                 raise RuntimeError("this job is already started") from None
+            if self.job_context is not None:
+                raise RuntimeError(CONTEXT_ENDED) from None
             raise RuntimeError("this job is closed; build a new AgentJob") from None
 
     async def run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
@@ -317,6 +312,9 @@ class JobSystem(MachineRuntime[str]):
                 )
             if ending:
                 raise RuntimeError("the job was closed before it finished starting") from e
+            if self.lifecycle.state == "closing":  # heard once the job closed what started
+                with contextlib.suppress(ActorClosed):
+                    await self.lifecycle.until(lambda state: state == "closed")
             raise
         finally:
             self._starts.pop(part, None)

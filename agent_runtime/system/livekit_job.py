@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ logger = logging.getLogger("agent_runtime.agent_job")
 
 # the live job of each job context, for on_session_end / on_simulation_end; dropped at close
 _JOBS: dict[Any, AgentJob] = {}
+# the contexts whose job closed: its close disconnected their room (livekit's shutdown)
+_ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
 def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +35,8 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
     if ctx in _JOBS:
         raise RuntimeError("this job context already has an AgentJob")
+    if ctx in _ENDED:
+        raise RuntimeError(CONTEXT_ENDED)
     trace_path = options.get("trace_path")
     if isinstance(trace_path, str):
         try:
@@ -72,7 +77,14 @@ def job_of(ctx: JobContext) -> AgentJob | None:
 
 
 def forget(ctx: JobContext) -> None:
-    _JOBS.pop(ctx, None)
+    if _JOBS.pop(ctx, None) is not None:
+        _ENDED.add(ctx)
+
+
+CONTEXT_ENDED = (
+    "this job context's AgentJob is closed, and its room disconnected with it: livekit "
+    "ends the job; a new session comes as a new job"
+)
 
 
 async def on_session_end(ctx: JobContext) -> None:
