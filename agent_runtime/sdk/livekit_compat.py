@@ -78,8 +78,9 @@ async def release_half_started(session: AgentSession[Any]) -> None:
     """Release what a start that did not finish left behind (``session_half_started``),
     as livekit's own close would for a started session: RoomIO first (the inputs and
     outputs it attached detached, its listeners and tasks gone), then the activity's
-    teardown, then the session's ``agent_session`` span. Under the session's lock, as livekit's start and close run: a start still
-    running is waited for, and a session that started meanwhile is left as it is."""
+    teardown, then the session's ``agent_session`` span. Under the session's lock, as
+    livekit's start and close run: a start still running is waited for, and a session that
+    started meanwhile is left as it is."""
     async with session._lock:
         if not session_half_started(session):
             return
