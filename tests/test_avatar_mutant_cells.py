@@ -185,6 +185,7 @@ async def test_a_playback_report_the_instant_the_plugins_start_returns_ends_the_
     handle = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
     await settle()
     assert not handle.done() and _agent_state(rig) == "speaking"
+    changes = rig.watch()
     rig.avatar.tell("ok")  # the provider answers: the plugin's start() returns ...
     reply = asyncio.ensure_future(  # ... and the avatar's report arrives in that instant
         rig.room.invoke_rpc("lk.playback_finished", AVATAR, playback_finished())
@@ -195,6 +196,11 @@ async def test_a_playback_report_the_instant_the_plugins_start_returns_ends_the_
     assert handle.done() and not handle.interrupted
     assert _agent_state(rig) == "listening"
     assert start.done() and rig.lifecycle.state == "joined"
+    # a state_changed listener hears the start's outcome, then the join it already saw
+    assert [(src, dest) for src, dest, _on in changes] == [
+        ("starting", "routing"),
+        ("routing", "joined"),
+    ]
     assert rig.lifecycle.audio_route() == "avatar" and rig.rpcs() == []
     await rig.aclose()
 
