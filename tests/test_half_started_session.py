@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 from livekit import rtc
-from livekit.agents import Agent, AgentSession, JobContext, llm
+from livekit.agents import Agent, AgentSession, JobContext, llm, telemetry
+from livekit.agents.testing import fake_job_context
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_runtime import AgentJob
@@ -169,21 +171,82 @@ async def test_a_half_started_sessions_span_ends_with_the_job(
     assert len(ended) == 1 and ended[0].end_time is not None
 
 
-async def test_a_failed_start_returns_once_the_job_and_its_job_context_ended(
+async def test_a_job_context_whose_job_closed_on_its_room_is_refused_saying_so(
     ctx: JobContext, room: InMemoryRoom
 ) -> None:
-    """``start()`` raises the session's failure once the job it closed is ``closed`` (its
-    room disconnected, as livekit's shutdown does): a second ``AgentJob`` for that job
-    context, or a second ``start()``, is refused saying the job has ended, not sent to a
-    room that is gone."""
+    """A start that fails closes the job (raised at once; ``wait_closed()`` waits for the
+    close), and the close disconnects the room the job followed, as livekit's shutdown
+    does: a second ``AgentJob`` for that job context, or a second ``start()``, is refused
+    saying the job has ended, not started on a room that is gone."""
     room.add_participant("user")
     agent = Agent(instructions="agent", llm=RefusingLLM())
     job = AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
     with pytest.raises(ConnectionError, match="refused the session"):
         await job.start(agent)
-    assert job.lifecycle == "closed" and not room.isconnected()
-    assert AgentJob.for_job(ctx) is None
+    with pytest.raises(RuntimeError, match=r"already has an AgentJob \(closing\)"):
+        AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    assert not room.isconnected() and AgentJob.for_job(ctx) is None
     with pytest.raises(RuntimeError, match="AgentJob is closed, and its room disconnected"):
         AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
     with pytest.raises(RuntimeError, match="a new session comes as a new job"):
         await job.start(agent)
+
+
+@pytest.mark.parametrize("how", ["connect-failed", "closed-before-start"])
+async def test_a_job_context_whose_job_never_followed_its_room_takes_a_new_job(
+    room: InMemoryRoom, how: str
+) -> None:
+    """A job closed before it followed the room (its ``ctx.connect()`` failed once, or it
+    was closed before it started) disconnected nothing and ended no livekit job: a new
+    ``AgentJob`` for the same context starts."""
+    room.disconnect_locally()  # as a real job's room before ctx.connect()
+    room.add_participant("user")
+    connects = 0
+
+    async def flaky_connect(*_: Any, **__: Any) -> None:
+        nonlocal connects
+        connects += 1
+        if connects == 1 and how == "connect-failed":
+            raise ConnectionError("signal timeout")
+        if not room.isconnected():
+            room.connect_locally()
+
+    with fake_job_context(room=room) as ctx:
+        ctx.connect = flaky_connect  # type: ignore[method-assign]
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
+        if how == "connect-failed":
+            with pytest.raises(ConnectionError, match="signal timeout"):
+                await job.start(Agent(instructions="agent"))
+        await asyncio.wait_for(job.aclose(), 5)
+        with pytest.raises(RuntimeError, match="this job is closed; build a new AgentJob"):
+            await job.start(Agent(instructions="agent"))
+        again = AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
+        await again.start(Agent(instructions="agent"))
+        assert again.lifecycle == "running" and again.audio_route() == "room"
+        await asyncio.wait_for(again.aclose(), 5)
+
+
+async def test_after_a_half_start_the_jobs_records_go_to_the_job_span(
+    room: InMemoryRoom, spans: InMemorySpanExporter
+) -> None:
+    """Once the half-started session's span is ended, the job's later transitions (its
+    close) are events of the span around the job (livekit's ``job_entrypoint``), as after
+    a started session's close: not of the ended session span, where nobody sees them."""
+    room.add_participant("user")
+    root = telemetry.tracer.start_span("job_entrypoint")
+    with trace.use_span(root, end_on_exit=False):
+        job = AgentJob(room=room, session=AgentSession())
+        with pytest.raises(ConnectionError, match="refused the session"):
+            await job.start(Agent(instructions="agent", llm=RefusingLLM()))
+    await asyncio.wait_for(job.wait_closed(), 5)
+    root.end()
+    closed = [
+        s.name
+        for s in spans.get_finished_spans()
+        for e in s.events
+        if e.name == "fsm.transition"
+        and (e.attributes or {}).get("fsm.machine") == "agent_job"
+        and (e.attributes or {}).get("fsm.dest") == "closed"
+    ]
+    assert closed == ["job_entrypoint"]

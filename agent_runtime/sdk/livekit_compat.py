@@ -102,6 +102,7 @@ async def release_half_started(session: AgentSession[Any]) -> None:
         span, session._session_span = session._session_span, None
         if span is not None:
             span.end()
+            session._root_span_context = None  # the job's later records go to its own parent
 
 
 def set_user_state(session: AgentSession[Any], state: UserState) -> None:

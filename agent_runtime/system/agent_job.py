@@ -285,7 +285,7 @@ class AgentJob(Emitter[Events]):
         Refused (``RuntimeError``) while the job is already starting or started, or once it
         is closed; if the job is closed while this runs, this raises once the start is cut.
         A start that fails, or that its caller cancels (a timeout around it), closes the
-        job with what did start."""
+        job with what did start: raised at once, ``wait_closed()`` waits for that close."""
         check_agent(agent)  # refused before anything, as are the options
         options = room_options_for(self.settings, room_options)
         await self.system.begin("start")
@@ -376,7 +376,7 @@ class AgentJob(Emitter[Events]):
 
     def _forget(self) -> None:
         if self.system.job_context is not None:
-            forget(self.system.job_context)
+            forget(self.system.job_context, room_followed=self.system.events.started)
 
 
 __all__ = ["AgentJob", "injected", "on_session_end", "session_end_hook"]

@@ -72,7 +72,7 @@ from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
-from agent_runtime.system.livekit_job import CONTEXT_ENDED
+from agent_runtime.system.livekit_job import CONTEXT_ENDED, context_ended
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
@@ -282,7 +282,7 @@ class JobSystem(MachineRuntime[str]):
                 raise RuntimeError("this job is already starting") from None
             if state == "running":
                 raise RuntimeError("this job is already started") from None
-            if self.job_context is not None:
+            if self.job_context is not None and context_ended(self.job_context):
                 raise RuntimeError(CONTEXT_ENDED) from None
             raise RuntimeError("this job is closed; build a new AgentJob") from None
 
@@ -312,9 +312,6 @@ class JobSystem(MachineRuntime[str]):
                 )
             if ending:
                 raise RuntimeError("the job was closed before it finished starting") from e
-            if self.lifecycle.state == "closing":  # heard once the job closed what started
-                with contextlib.suppress(ActorClosed):
-                    await self.lifecycle.until(lambda state: state == "closed")
             raise
         finally:
             self._starts.pop(part, None)

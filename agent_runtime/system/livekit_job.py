@@ -22,7 +22,8 @@ logger = logging.getLogger("agent_runtime.agent_job")
 
 # the live job of each job context, for on_session_end / on_simulation_end; dropped at close
 _JOBS: dict[Any, AgentJob] = {}
-# the contexts whose job closed: its close disconnected their room (livekit's shutdown)
+# the contexts whose job closed after it followed their room: that room is disconnected
+# now (the job's close disconnects it, as livekit's shutdown does)
 _ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
@@ -33,8 +34,8 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(ctx, JobContext):
         # before anything reads it: None failed deep inside, on a missing attribute
         raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
-    if ctx in _JOBS:
-        raise RuntimeError("this job context already has an AgentJob")
+    if (job := _JOBS.get(ctx)) is not None:
+        raise RuntimeError(f"this job context already has an AgentJob ({job.lifecycle})")
     if ctx in _ENDED:
         raise RuntimeError(CONTEXT_ENDED)
     trace_path = options.get("trace_path")
@@ -76,9 +77,14 @@ def job_of(ctx: JobContext) -> AgentJob | None:
     return _JOBS.get(ctx)
 
 
-def forget(ctx: JobContext) -> None:
-    if _JOBS.pop(ctx, None) is not None:
+def forget(ctx: JobContext, *, room_followed: bool) -> None:
+    """``ctx``'s job closed; a job that had followed its room ended the livekit job."""
+    if _JOBS.pop(ctx, None) is not None and room_followed:
         _ENDED.add(ctx)
+
+
+def context_ended(ctx: JobContext) -> bool:
+    return ctx in _ENDED
 
 
 CONTEXT_ENDED = (
