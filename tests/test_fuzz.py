@@ -238,6 +238,37 @@ def test_each_planted_bug_is_found_with_the_defaults_and_the_fixed_agent_fuzzes_
     assert fuzz(make(False), FuzzOptions(seed=SEED)).ok
 
 
+def test_an_entrypoint_that_waits_for_its_participant_fuzzes_clean(tmp_path: Path) -> None:
+    """``await ctx.wait_for_participant()`` before the job is built: runs where the user
+    joins later build and start the job then; runs where the room goes first end the wait
+    as livekit does. Neither is the agent's fault (both were flagged: "EntrypointStalled",
+    then the wait's own error)."""
+    late_user = {
+        "name": "the user joins a second after the job starts",
+        "config": {"simulation": False},
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "participant_connected", "identity": "user"},
+            {"at": 2, "event": "end"},
+        ],
+    }
+    path = tmp_path / "late_user.yaml"
+    path.write_text(yaml.safe_dump(late_user), encoding="utf-8")
+    outcome: list[FuzzOutcome] = []
+    report = replay(
+        planted.waits_for_participant_server(),
+        path,
+        checks=[lambda o: outcome.append(o) or True],
+    )
+    assert report.ok, report.problems
+    assert outcome and outcome[0].job is not None  # built once the user came
+    linked = [t for t in outcome[0].transitions if t["machine"] == "participant"]
+    assert [t["dest"] for t in linked][:1] == ["linked"]
+    no_sim = FuzzOptions(seed=3, examples=200, simulation=False)
+    report = fuzz(planted.waits_for_participant_server(), no_sim)
+    assert report.ok, report.problems
+
+
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [

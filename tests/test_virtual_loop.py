@@ -208,3 +208,25 @@ def test_closing_the_loop_waits_for_its_executors_threads_for_real() -> None:
         warnings.simplefilter("error", RuntimeWarning)
         for _ in range(5):
             assert run(asyncio.to_thread(lambda: 7)) == 7
+
+
+@pytest.mark.parametrize("where", ["_make_self_pipe", "__init__"])
+def test_a_loop_cut_half_built_by_ctrl_c_says_nothing_when_collected(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Ctrl-C while a run builds its loop: the KeyboardInterrupt goes up as it is, and the
+    half-built loop is collected silently (its close found no self-pipe: the CLI's
+    one-line "interrupted" was followed by an AttributeError)."""
+    import gc
+    from asyncio import selector_events
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(selector_events.BaseSelectorEventLoop, where, interrupted)
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(KeyboardInterrupt):
+        VirtualTimeLoop()
+    gc.collect()
+    assert unraisable == []

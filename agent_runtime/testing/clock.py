@@ -223,8 +223,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     is not waited for."""
 
     def __init__(self, start: float = 0.0) -> None:
-        selector = _NeverBlocks(self)
-        super().__init__(selector=selector)
+        # a loop cut half-built (Ctrl-C) has nothing to close: its __del__ must not try
+        self._closed = True
+        try:
+            selector = _NeverBlocks(self)
+            super().__init__(selector=selector)
+        except BaseException:
+            self._closed = True
+            raise
         selector.own = len(selector.get_map())
         self._virtual_now = start
         self.threads = 0  # run_in_executor work and child processes not ended

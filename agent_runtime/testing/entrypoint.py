@@ -89,10 +89,13 @@ class _Run:
     """One run of an entrypoint: its job context, the context its tasks run in, and its end
     as livekit's job process runs it."""
 
-    def __init__(self, ctx: JobContext, context: contextvars.Context, process: JobProcess) -> None:
+    def __init__(
+        self, ctx: JobContext, context: contextvars.Context, process: JobProcess, watch: _StartWatch
+    ) -> None:
         self.ctx = ctx
         self.context = context
         self.process = process
+        self.watch = watch  # sees the job the entrypoint builds, also after a stalled start
         self.job: AgentJob | None = None
 
 
@@ -187,7 +190,7 @@ class EntrypointRunner:
             failures=self.failures,
             context=context,
         )
-        run = _Run(ctx, context, process)
+        run = _Run(ctx, context, process, watch)
         self._runs.append(run)
         entry = asyncio.get_running_loop().create_task(
             _as_coroutine(fn(ctx)), name="job_user_entrypoint", context=context
@@ -320,8 +323,10 @@ class EntrypointRunner:
 
     @property
     def job(self) -> AgentJob:
-        """The ``AgentJob`` of the last run (also once it closed)."""
-        job = self._last().job
+        """The ``AgentJob`` of the last run (also once it closed, and once an entrypoint
+        that stalled before it built it went on to build it)."""
+        run = self._last()
+        job = run.job or run.watch.job
         if job is None:
             raise RuntimeError("the last run built no AgentJob")
         return job

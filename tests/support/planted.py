@@ -42,6 +42,21 @@ def simulator_lookup_server(buggy: bool = True) -> AgentServer:
     return server
 
 
+def waits_for_participant_server() -> AgentServer:
+    """The usual livekit entrypoint: connect, wait for the user, then build and start the
+    job (no bug planted: the fuzzer must not flag the wait)."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        await ctx.connect()
+        participant = await ctx.wait_for_participant()
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions=f"talk with {participant.identity}"))
+
+    return server
+
+
 def rejoin_greeting_server(buggy: bool = True) -> AgentServer:
     """The agent greets a participant who comes back. Its handler says hello on the session
     without asking whether the session still runs: one who left and comes back after the

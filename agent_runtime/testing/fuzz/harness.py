@@ -28,7 +28,7 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import VirtualClock, settle
-from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -107,6 +107,7 @@ class Harness:
         except Exception as e:  # a step the world refuses changes nothing
             self.refused.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
         await self.quiesce()
+        self._take_job()
 
     async def _apply(self, step: sc.Step) -> None:
         room, job = self.room, self.job
@@ -178,12 +179,22 @@ class Harness:
                 avatar=self.avatar,
                 job_id="fuzz-job",
             )
+        except EntrypointStalled:
+            # it waits (for a participant, say) as a livekit job would: its job, once
+            # built, is taken after a later step (_take_job)
+            pass
         except Exception as e:
             self.entry_error = e
             self.end_condition("the entrypoint raised")
         finally:
             with contextlib.suppress(RuntimeError):  # refused before it ran: no run
                 self.ctx, self.process = self.runner.ctx, self.runner.process
+
+    def _take_job(self) -> None:
+        """The job an entrypoint that waited built since."""
+        if self.job is None and self.started:
+            with contextlib.suppress(RuntimeError):  # none built yet
+                self.job = self.runner.job
 
     def _session(self) -> Any:
         if self.job is None or not lk.session_live(self.job.session):
