@@ -559,6 +559,12 @@ TABLE: list[Bad] = [
         "name: x\nparticipants: [{identity: ''}]\nsteps: [{at: 0, event: end}]\n",
         "participants.0.identity: String should have at least 1 character",
     ),
+    scenario(
+        "participant-twice",
+        "name: x\nparticipants: [{identity: u}, {identity: u, kind: sip}]\n"
+        "steps: [{at: 0, event: end}]\n",
+        "participants: u is listed twice",
+    ),
     # -- trace files (agent-runtime replay) ---------------------------------------------------
     trace("not-utf8", b"\xff\xfe", "not a UTF-8 text file (invalid start byte)"),
     trace(

@@ -269,6 +269,14 @@ def test_an_entrypoint_that_waits_for_its_participant_fuzzes_clean(tmp_path: Pat
     assert report.ok, report.problems
 
 
+def test_a_check_that_is_not_callable_is_refused_before_any_run(tmp_path: Path) -> None:
+    server = planted.waits_for_participant_server()
+    with pytest.raises(TypeError, match="a check must be callable as check\\(outcome\\)"):
+        fuzz(server, FuzzOptions(seed=SEED, examples=5), checks=["notcallable"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="a check must be callable"):
+        replay(server, tmp_path / "never-read.yaml", checks=[3])  # type: ignore[list-item]
+
+
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [

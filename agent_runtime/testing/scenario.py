@@ -410,6 +410,15 @@ class Scenario(_Strict):
     steps: tuple[Step, ...]
     expect: Expect | None = None
 
+    @field_validator("participants")
+    @classmethod
+    def _each_once(cls, v: tuple[Participant, ...]) -> tuple[Participant, ...]:
+        ids = [p.identity for p in v]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise PydanticCustomError("twice", "{who} is listed twice", {"who": twice[0]})
+        return v
+
 
 def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"

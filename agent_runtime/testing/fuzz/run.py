@@ -115,7 +115,14 @@ def fuzz(
     thread of the fuzzer's (the caller's loop, if it has one, is left alone). ``progress``
     gets a line with the seed first, then one every ``progress_every`` seconds.
     ``NoAgentJob`` (before any drawing) if the entrypoint builds no ``AgentJob``."""
+    _check_checks(checks)
     return _in_thread(lambda: _fuzz(server, options, list(checks), out, progress), always=True)  # type: ignore[no-any-return]
+
+
+def _check_checks(checks: Sequence[Check]) -> None:
+    for check in checks:
+        if not callable(check):
+            raise TypeError(f"a check must be callable as check(outcome), not {check!r}")
 
 
 def _fuzz(
@@ -228,6 +235,7 @@ def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzRepo
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
     ``NoAgentJob`` if the entrypoint builds no ``AgentJob``."""
+    _check_checks(checks)
     scenario = sc.load_scenario(path)
     check_replayable(scenario, str(path))
     began = time.monotonic()
