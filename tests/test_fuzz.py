@@ -224,8 +224,9 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
         ),
         (planted.avatar_mute_server, "audible: t="),
         (planted.leaky_task_server, "released: tasks still running after the job ended: "),
+        (planted.no_hook_server, "verdict: the simulator's finalize_simulation (RQ_1) got no"),
     ],
-    ids=["simulator-lookup", "rejoin-greeting", "avatar-mute", "leaky-task"],
+    ids=["simulator-lookup", "rejoin-greeting", "avatar-mute", "leaky-task", "no-hook"],
 )
 def test_each_planted_bug_is_found_with_the_defaults_and_the_fixed_agent_fuzzes_clean(
     tmp_path: Path, make: Any, found: str
@@ -267,6 +268,37 @@ def test_an_entrypoint_that_waits_for_its_participant_fuzzes_clean(tmp_path: Pat
     no_sim = FuzzOptions(seed=3, examples=200, simulation=False)
     report = fuzz(planted.waits_for_participant_server(), no_sim)
     assert report.ok, report.problems
+
+
+def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(tmp_path: Path) -> None:
+    """The agent hangs up, then the simulator asks for its verdict: the job of a server
+    given ``on_session_end`` holds and answers; one without it has left the room, and the
+    request goes unanswered (it was passed as "changed nothing")."""
+    hang_up_then_ask = {
+        "name": "the agent hangs up, then the simulator asks for the verdict",
+        "config": {"simulation": True},
+        "participants": [
+            {"identity": "user"},
+            {"identity": "simulator", "attributes": {"lk.simulator": "true"}},
+        ],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "job.shutdown"},
+            {
+                "at": 5,
+                "event": "session_request",
+                "caller": "simulator",
+                "request": "finalize_simulation",
+                "payload": {"provisional_success": True},
+            },
+            {"at": 400, "event": "end"},
+        ],
+    }
+    path = tmp_path / "hang_up_then_ask.yaml"
+    path.write_text(yaml.safe_dump(hang_up_then_ask), encoding="utf-8")
+    report = replay(planted.no_hook_server(True), path)
+    assert report.problems == ["verdict: the simulator's finalize_simulation (RQ_1) got no reply"]
+    assert replay(planted.no_hook_server(False), path).ok
 
 
 def test_a_check_that_is_not_callable_is_refused_before_any_run(tmp_path: Path) -> None:

@@ -109,6 +109,23 @@ def avatar_mute_server(buggy: bool = True) -> AgentServer:
     return server
 
 
+def no_hook_server(buggy: bool = True) -> AgentServer:
+    """The agent's server is not given ``on_session_end``: livekit's shutdown disconnects
+    the room before the job hears of it, so the simulator that asks for its verdict after
+    the hang-up gets no answer. Fixed: ``rtc_session(on_session_end=on_session_end)``."""
+    server = AgentServer()
+
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    if buggy:
+        server.rtc_session()(entrypoint)
+    else:
+        server.rtc_session(on_session_end=on_session_end)(entrypoint)
+    return server
+
+
 def leaky_task_server(buggy: bool = True) -> AgentServer:
     """The agent starts a heartbeat task in its entrypoint and never stops it: in a worker
     that runs jobs in one process, it outlives the job. Fixed: a shutdown callback stops it."""

@@ -48,7 +48,9 @@ class Sent:
     request_id: str
     caller: str
     request: str
-    while_open: bool  # the job could still answer (serving, or holding for the verdict)
+    # the job could still answer (serving, or holding for the verdict), or should: a
+    # graceful end began with the simulator there, and livekit's on_session_end holds then
+    while_open: bool
     replies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -76,6 +78,10 @@ class Harness:
         self.closes: list[asyncio.Future[None]] = []
         self.refused: list[str] = []
         self.ended_at: float | None = None  # when something first told the job to end
+        self.aborted = False  # an aclose(graceful=False) came: no hold is owed from then on
+        # the world's side (the agent's own leaving is not the simulator's or the room's end)
+        self.simulator_here = False
+        self.room_gone = False
         self.end_cause: str | None = None
         self.listeners_before: list[tuple[str, Any]] = []
         self.tasks_before: set[asyncio.Task[Any]] = set()
@@ -89,6 +95,7 @@ class Harness:
         self.listeners_before = lk.emitter_listeners(self.room)
         for p in participants:
             self.room.add_participant(p.identity, kind=p.kind, attributes=p.attributes)
+        self.simulator_here = SIMULATOR in self.room.remote_participants
         self._reader = asyncio.get_running_loop().create_task(self._read_replies())
 
     @property
@@ -122,11 +129,13 @@ class Harness:
             if step.identity in room.remote_participants:
                 raise ValueError(f"{step.identity!r} is already in the room")
             room.add_participant(step.identity, kind=step.kind, attributes=step.attributes)
+            self.simulator_here = self.simulator_here or step.identity == SIMULATOR
         elif isinstance(step, sc.ParticipantDisconnected):
             linked = job.link.linked_identity if job is not None else None
             p = room.remove_participant(step.identity, rtc.DisconnectReason.Value(step.reason))
             if p is None:
                 raise ValueError(f"{step.identity!r} is not in the room")
+            self.simulator_here = self.simulator_here and step.identity != SIMULATOR
             if ATTRIBUTE_SIMULATOR in p.attributes:
                 self.end_condition("the simulator left")
             elif step.identity == linked and step.reason in _CLOSING:
@@ -141,6 +150,7 @@ class Harness:
             await self._request(step)
         elif isinstance(step, sc.RoomDisconnected):
             self.end_condition(f"the room went ({step.reason})")
+            self.room_gone = True
             room.disconnect_locally(rtc.DisconnectReason.Value(step.reason))
         elif isinstance(step, sc.UserSpeech):
             session = self._session()
@@ -154,6 +164,7 @@ class Harness:
             if job is None:
                 raise RuntimeError("no job yet")
             self.end_condition("the agent's code closed the job")
+            self.aborted = self.aborted or not step.graceful
             self.closes.append(asyncio.ensure_future(job.aclose(graceful=step.graceful)))
         elif isinstance(step, sc.JobShutdown):
             if not self.started:
@@ -207,8 +218,25 @@ class Harness:
         msg = agent_pb.AgentSessionMessage(request=req)
         job = self.job
         open_ = job is not None and job.states.get("job") in ("serving", "awaiting_finalize")
-        await self.simulator_end.send_message(msg, sender=step.caller)
+        open_ = open_ or self._hold_owed()
+        # recorded first: one the agent's closed end refuses is a request never answered
         self.sent[request_id] = Sent(request_id, step.caller, step.request, open_)
+        await self.simulator_end.send_message(msg, sender=step.caller)
+
+    def _hold_owed(self) -> bool:
+        """A graceful end began in a simulation with the simulator still in the room and no
+        verdict given yet: the job holds for it (``on_session_end``), up to its bounds."""
+        job, process = self.job, self.process
+        if job is None or process is None or self.ended_at is None or self.aborted:
+            return False
+        if self.entry_error is not None or not self.config.simulation:
+            return False
+        if not self.simulator_here or self.room_gone:
+            return False
+        if any(s.request == "finalize_simulation" and s.replies for s in self.sent.values()):
+            return False
+        hold = min(job.settings.session_end_timeout, process.session_end_timeout)
+        return self.clock.now() < self.ended_at + hold  # at its end the hold is over
 
     async def _read_replies(self) -> None:
         async for msg in self.simulator_end:
