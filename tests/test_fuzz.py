@@ -268,9 +268,15 @@ def test_an_entrypoint_that_waits_for_its_participant_fuzzes_clean(tmp_path: Pat
     no_sim = FuzzOptions(seed=3, examples=200, simulation=False)
     report = fuzz(planted.waits_for_participant_server(), no_sim)
     assert report.ok, report.problems
+    # what the entrypoint raises once its wait is over is its own (not the room's end)
+    report = replay(planted.waits_for_participant_server(buggy=True), path)
+    assert report.problems[:1] == ["user code: the agent's entrypoint raised KeyError: 'language'"]
 
 
-def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stranger_first", [False, True])
+def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
+    tmp_path: Path, stranger_first: bool
+) -> None:
     """The agent hangs up, then the simulator asks for its verdict: the job of a server
     given ``on_session_end`` holds and answers; one without it has left the room, and the
     request goes unanswered (it was passed as "changed nothing")."""
@@ -283,6 +289,20 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(tmp_path: 
         ],
         "steps": [
             {"at": 0, "event": "session.start"},
+            # a stranger's finalize, refused, is not the simulator's verdict
+            *(
+                [
+                    {
+                        "at": 0.5,
+                        "event": "session_request",
+                        "caller": "stranger",
+                        "request": "finalize_simulation",
+                        "payload": {"provisional_success": True},
+                    }
+                ]
+                if stranger_first
+                else []
+            ),
             {"at": 1, "event": "job.shutdown"},
             {
                 "at": 5,
@@ -297,7 +317,8 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(tmp_path: 
     path = tmp_path / "hang_up_then_ask.yaml"
     path.write_text(yaml.safe_dump(hang_up_then_ask), encoding="utf-8")
     report = replay(planted.no_hook_server(True), path)
-    assert report.problems == ["verdict: the simulator's finalize_simulation (RQ_1) got no reply"]
+    rq = "RQ_2" if stranger_first else "RQ_1"
+    assert report.problems == [f"verdict: the simulator's finalize_simulation ({rq}) got no reply"]
     assert replay(planted.no_hook_server(False), path).ok
 
 

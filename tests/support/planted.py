@@ -42,15 +42,18 @@ def simulator_lookup_server(buggy: bool = True) -> AgentServer:
     return server
 
 
-def waits_for_participant_server() -> AgentServer:
+def waits_for_participant_server(buggy: bool = False) -> AgentServer:
     """The usual livekit entrypoint: connect, wait for the user, then build and start the
-    job (no bug planted: the fuzzer must not flag the wait)."""
+    job (the wait is no bug: the fuzzer must not flag it). Buggy: it reads an attribute
+    the user does not have, after the wait."""
     server = AgentServer()
 
     @server.rtc_session(on_session_end=on_session_end)
     async def entrypoint(ctx: JobContext) -> None:
         await ctx.connect()
         participant = await ctx.wait_for_participant()
+        if buggy:
+            logger.info("language %s", participant.attributes["language"])
         job = AgentJob.from_job_context(ctx, session=AgentSession())
         await job.start(Agent(instructions=f"talk with {participant.identity}"))
 

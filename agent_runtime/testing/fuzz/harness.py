@@ -83,6 +83,7 @@ class Harness:
         self.simulator_here = False
         self.room_gone = False
         self.end_cause: str | None = None
+        self.failures_at_end = 0
         self.listeners_before: list[tuple[str, Any]] = []
         self.tasks_before: set[asyncio.Task[Any]] = set()
         self._reader: asyncio.Task[None] | None = None
@@ -105,6 +106,7 @@ class Harness:
     def end_condition(self, cause: str) -> None:
         if self.ended_at is None:
             self.ended_at, self.end_cause = self.clock.now(), cause
+            self.failures_at_end = len(self.runner.user_failures)  # those before it
 
     # -- steps ---------------------------------------------------------------------------
     async def step(self, step: sc.Step) -> None:
@@ -213,6 +215,7 @@ class Harness:
         return self.job.session
 
     async def _request(self, step: sc.SessionRequest) -> None:
+        self._take_job()  # one built on a timer since the last step
         request_id = f"RQ_{len(self.sent) + 1}"
         req = build_request(step.request, step.payload, request_id=request_id)
         msg = agent_pb.AgentSessionMessage(request=req)
@@ -225,7 +228,10 @@ class Harness:
 
     def _hold_owed(self) -> bool:
         """A graceful end began in a simulation with the simulator still in the room and no
-        verdict given yet: the job holds for it (``on_session_end``), up to its bounds."""
+        verdict given yet: the job holds for it (``on_session_end``), up to its bounds,
+        unless the job machine itself ends the hold (its timeout, the simulator leaving).
+        Owed, then: a job that never held, or whose hold its own room's end cut (the
+        agent's side left, the server did not delete the room)."""
         job, process = self.job, self.process
         if job is None or process is None or self.ended_at is None or self.aborted:
             return False
@@ -233,10 +239,21 @@ class Harness:
             return False
         if not self.simulator_here or self.room_gone:
             return False
-        if any(s.request == "finalize_simulation" and s.replies for s in self.sent.values()):
+        if any(
+            s.caller == SIMULATOR and any(r.get("verdict") for r in s.replies)
+            for s in self.sent.values()
+        ):
+            return False
+        began, left = self.ended_at, None
+        for t in self.runner.transitions:
+            if t["machine"] == "job" and t["dest"] == "awaiting_finalize" and left is None:
+                began = min(began, t["t"])
+            elif t["machine"] == "job" and t["source"] == "awaiting_finalize" and left is None:
+                left = t["event"]
+        if left is not None and left != "room_disconnected":
             return False
         hold = min(job.settings.session_end_timeout, process.session_end_timeout)
-        return self.clock.now() < self.ended_at + hold  # at its end the hold is over
+        return self.clock.now() < began + hold  # at its end the hold is over
 
     async def _read_replies(self) -> None:
         async for msg in self.simulator_end:

@@ -181,14 +181,14 @@ def _user_callable(cb: Any) -> bool:
 
 def user_code(h: Harness) -> list[Problem]:
     """No exception escaped the agent's own code. Not counted: an entrypoint that was still
-    waiting, its job not built, when the room went (livekit's ``wait_for_participant``
-    raises then, and the job ends as it would have)."""
+    waiting, its job not built, when a step ended the job (the room deleted, a shutdown:
+    livekit's ``wait_for_participant`` raises then, and the job ends as it would have)."""
     out: list[Problem] = []
     if h.entry_error is not None:
         out.append(_raised("entrypoint", h.entry_error))
-    waiting_when_the_room_went = h.job is None and not h.room.isconnected()
-    for f in h.runner.user_failures:
-        if not (f.where == "entrypoint" and waiting_when_the_room_went):
+    waiting = h.job is None and h.ended_at is not None
+    for i, f in enumerate(h.runner.user_failures):
+        if not (f.where == "entrypoint" and waiting and i >= h.failures_at_end):
             out.append(_raised(f.where, f.error))
     return out
 
