@@ -273,6 +273,16 @@ def test_an_entrypoint_that_waits_for_its_participant_fuzzes_clean(tmp_path: Pat
     assert report.problems[:1] == ["user code: the agent's entrypoint raised KeyError: 'language'"]
 
 
+def _finalize(at: float, caller: str) -> dict[str, Any]:
+    return {
+        "at": at,
+        "event": "session_request",
+        "caller": caller,
+        "request": "finalize_simulation",
+        "payload": {"provisional_success": True},
+    }
+
+
 @pytest.mark.parametrize("stranger_first", [False, True])
 def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     tmp_path: Path, stranger_first: bool
@@ -290,27 +300,9 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
         "steps": [
             {"at": 0, "event": "session.start"},
             # a stranger's finalize, refused, is not the simulator's verdict
-            *(
-                [
-                    {
-                        "at": 0.5,
-                        "event": "session_request",
-                        "caller": "stranger",
-                        "request": "finalize_simulation",
-                        "payload": {"provisional_success": True},
-                    }
-                ]
-                if stranger_first
-                else []
-            ),
+            *([_finalize(0.5, "stranger")] if stranger_first else []),
             {"at": 1, "event": "job.shutdown"},
-            {
-                "at": 5,
-                "event": "session_request",
-                "caller": "simulator",
-                "request": "finalize_simulation",
-                "payload": {"provisional_success": True},
-            },
+            _finalize(5, "simulator"),
             {"at": 400, "event": "end"},
         ],
     }
