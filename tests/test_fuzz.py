@@ -314,6 +314,36 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     assert replay(planted.no_hook_server(False), path).ok
 
 
+def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
+    """The user drops: after its 10 s grace the job holds 30 s for the verdict (11 to 41)
+    and ends the hold itself; a later ``ctx.shutdown()`` does not start a new window, so
+    a finalize at 45 is owed nothing (it was flagged)."""
+    scenario = {
+        "name": "the job's own hold ends before the hang-up's window would",
+        "config": {"simulation": True},
+        "participants": [
+            {"identity": "user"},
+            {"identity": "simulator", "attributes": {"lk.simulator": "true"}},
+        ],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {
+                "at": 1,
+                "event": "participant_disconnected",
+                "identity": "user",
+                "reason": "UNKNOWN_REASON",
+            },
+            {"at": 30, "event": "job.shutdown"},
+            _finalize(45, "simulator"),
+            {"at": 46, "event": "end"},
+        ],
+    }
+    path = tmp_path / "short_hold.yaml"
+    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+    report = replay(planted.short_hold_server(), path)
+    assert report.ok, report.problems
+
+
 def test_a_check_that_is_not_callable_is_refused_before_any_run(tmp_path: Path) -> None:
     server = planted.waits_for_participant_server()
     with pytest.raises(TypeError, match="a check must be callable as check\\(outcome\\)"):

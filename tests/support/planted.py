@@ -129,6 +129,21 @@ def no_hook_server(buggy: bool = True) -> AgentServer:
     return server
 
 
+def short_hold_server() -> AgentServer:
+    """A correct agent whose job holds 30 s for the verdict and waits 10 s for a user who
+    dropped (no bug planted: the fuzzer must not owe a verdict past the job's own hold)."""
+    server = AgentServer(session_end_timeout=100)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), grace_period=10, session_end_timeout=30
+        )
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
 def leaky_task_server(buggy: bool = True) -> AgentServer:
     """The agent starts a heartbeat task in its entrypoint and never stops it: in a worker
     that runs jobs in one process, it outlives the job. Fixed: a shutdown callback stops it."""
