@@ -508,6 +508,20 @@ async def test_a_slow_plugin_close_that_ends_within_the_avatar_step_is_not_cut(
     assert not [r for r in _records(caplog, logging.WARNING) if "aclose()" in r.getMessage()]
 
 
+def _retrying_job(room: InMemoryRoom, clock: VirtualClock, plugin: Any, remove: Any) -> AgentJob:
+    """A job whose avatar is started again once after a failure (join_timeout 3 s)."""
+    return AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=2),
+        remove_avatar_participant=remove,
+    )
+
+
 async def _in_release(
     room: InMemoryRoom, clock: VirtualClock
 ) -> tuple[AgentJob, _SlowClose, list[tuple[float, bool]], list[str]]:
@@ -517,16 +531,7 @@ async def _in_release(
     room.add_participant("user")
     removed: list[tuple[float, bool]] = []
     plugin = _SlowClose(clock, close_takes=1.0)
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=3,
-        retry_avatar=AvatarRetry(attempts=2),
-        remove_avatar_participant=_remover(room, clock, removed),
-    )
+    job = _retrying_job(room, clock, plugin, _remover(room, clock, removed))
     starting = asyncio.ensure_future(job.start(Agent(instructions="agent")))
     await clock.advance(1.5)  # the plugin's start takes 1 s
     await starting
@@ -590,16 +595,7 @@ async def test_a_release_that_outlives_join_timeout_starts_the_next_attempt_at_i
         await clock.sleep(4.0)
 
     plugin = _CloseHangs(avatar_identity="av")
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=3,
-        retry_avatar=AvatarRetry(attempts=2),
-        remove_avatar_participant=slow_remove,
-    )
+    job = _retrying_job(room, clock, plugin, slow_remove)
     moves: list[tuple[float, str]] = []
     job.on(
         "state_changed",
@@ -627,16 +623,7 @@ async def test_a_retry_whose_old_close_hangs_removes_the_old_avatar_and_starts_a
     room.add_participant("user")
     removed: list[tuple[float, bool]] = []
     plugin = _CloseHangs(avatar_identity="av")
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=3,
-        retry_avatar=AvatarRetry(attempts=2),
-        remove_avatar_participant=_remover(room, clock, removed),
-    )
+    job = _retrying_job(room, clock, plugin, _remover(room, clock, removed))
     await job.start(Agent(instructions="agent"))
     room.add_participant("av", kind="agent")  # joins without video, never publishes
     await settle()
@@ -664,16 +651,7 @@ async def test_each_retry_s_start_gets_its_whole_join_timeout_after_the_release(
     reported as a start_timeout."""
     room.add_participant("user")
     plugin = _SlowClose(clock, close_takes)
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=3,
-        retry_avatar=AvatarRetry(attempts=2),
-        remove_avatar_participant=lambda _: None,
-    )
+    job = _retrying_job(room, clock, plugin, lambda _: None)
     with caplog.at_level(logging.INFO):
         started = asyncio.ensure_future(job.start(Agent(instructions="agent")))
         await clock.advance(1.5)

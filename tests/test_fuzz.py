@@ -273,6 +273,16 @@ def test_an_entrypoint_that_waits_for_its_participant_fuzzes_clean(tmp_path: Pat
     assert report.problems[:1] == ["user code: the agent's entrypoint raised KeyError: 'language'"]
 
 
+# a simulation run with the user and the simulator in the room from the start
+_WITH_SIMULATOR: dict[str, Any] = {
+    "config": {"simulation": True},
+    "participants": [
+        {"identity": "user"},
+        {"identity": "simulator", "attributes": {"lk.simulator": "true"}},
+    ],
+}
+
+
 def _finalize(at: float, caller: str) -> dict[str, Any]:
     return {
         "at": at,
@@ -292,11 +302,7 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     request goes unanswered (it was passed as "changed nothing")."""
     hang_up_then_ask = {
         "name": "the agent hangs up, then the simulator asks for the verdict",
-        "config": {"simulation": True},
-        "participants": [
-            {"identity": "user"},
-            {"identity": "simulator", "attributes": {"lk.simulator": "true"}},
-        ],
+        **_WITH_SIMULATOR,
         "steps": [
             {"at": 0, "event": "session.start"},
             # a stranger's finalize, refused, is not the simulator's verdict
@@ -320,11 +326,7 @@ def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
     a finalize at 45 is owed nothing (it was flagged)."""
     scenario = {
         "name": "the job's own hold ends before the hang-up's window would",
-        "config": {"simulation": True},
-        "participants": [
-            {"identity": "user"},
-            {"identity": "simulator", "attributes": {"lk.simulator": "true"}},
-        ],
+        **_WITH_SIMULATOR,
         "steps": [
             {"at": 0, "event": "session.start"},
             {

@@ -223,18 +223,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     is not waited for."""
 
     def __init__(self, start: float = 0.0) -> None:
-        # a loop cut half-built (Ctrl-C) has nothing to close: its __del__ must not try
-        self._closed = True
-        try:
-            selector = _NeverBlocks(self)
-            super().__init__(selector=selector)
-        except BaseException:
-            self._closed = True
-            raise
+        selector = _NeverBlocks(self)
+        super().__init__(selector=selector)
         selector.own = len(selector.get_map())
         self._virtual_now = start
         self.threads = 0  # run_in_executor work and child processes not ended
         self.jumped = 0.0  # virtual seconds passed with nothing able to run
+        self._built = True  # last: a loop cut half-built (Ctrl-C) has nothing to close
+
+    def __del__(self) -> None:
+        if self.__dict__.get("_built"):
+            super().__del__()
 
     def time(self) -> float:
         return self._virtual_now
