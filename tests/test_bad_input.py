@@ -41,7 +41,7 @@ from livekit import rtc
 from agent_runtime.runtimes.session_host import NO_ACTIVE_SESSION, NOT_THE_SIMULATOR
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.runner import run_scenario
-from agent_runtime.testing.scenario import STEP_EVENTS, parse_scenario
+from agent_runtime.testing.scenario import FACTS, STEP_EVENTS, parse_scenario
 from agent_runtime.tools.cli import main
 from statemachines.machines import MACHINES
 from tests.support.world import AVATAR, SIMULATOR, USER, VETO, Config, World, frames
@@ -433,6 +433,17 @@ TABLE: list[Bad] = [
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {final_states: {job: servng}}\n",
         "expect.final_states: job has no state 'servng' (states: serving, "
         "awaiting_finalize, closing, closed)",
+    ),
+    # a misspelt fact too (it ran the whole scenario, then failed it: exit 1, not 2)
+    scenario(
+        "expect-unknown-fact",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {verdit: null}}\n",
+        "expect.facts: no fact 'verdit' (facts: " + ", ".join(FACTS) + ")",
+    ),
+    scenario(
+        "expect-violations-unchecked",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {invariant_violations: []}}\n",
+        "expect: fact invariant_violations is only there with an 'invariants' entry",
     ),
     scenario(
         "negative-timeout",

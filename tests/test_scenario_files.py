@@ -107,13 +107,13 @@ def test_expect_reports_each_mismatch() -> None:
     assert check_expect(ok, result) == []
     bad = Expect(
         final_states={"job": "serving", "avatar": "joined"},
-        facts={"job_closed_at": 15, "nope": 1, "verdict": {"success": True}},
+        facts={"job_closed_at": 15, "reprompts": [], "verdict": {"success": True}},
     )
     failures = check_expect(bad, result)
     assert failures[0] == "final state of job: expected 'serving', got 'closed'"
     assert failures[1] == "final state of avatar: expected 'joined', got None"
     assert "fact job_closed_at: expected 15, got 14.0000001" in failures
-    assert any(f.startswith("fact nope: no such fact") for f in failures)
+    assert any(f.startswith("fact reprompts: no such fact") for f in failures)
     assert any(f.startswith("fact verdict:") for f in failures)
 
 
@@ -205,3 +205,22 @@ async def test_an_avatar_that_never_reports_playback_with_the_default_playout(
     # playout machine the session waits for a report that never comes
     assert result["final_states"].get("playout") == state
     assert result["facts"]["agent_state"] == agent_state
+
+
+async def test_an_expect_block_may_name_exactly_the_facts_a_run_reports() -> None:
+    # the loader refuses a fact by this list before the run: a fact the run reports that the
+    # list lacks would be refused, a listed one the run lacks would fail every expectation
+    from agent_runtime.testing.runner import run_scenario
+    from agent_runtime.testing.scenario import FACTS
+
+    scenario = parse_scenario(
+        {
+            "name": "every fact",
+            "participants": [{"identity": "user"}],
+            "steps": [{"at": 0, "event": "session.start"}, {"at": 1, "event": "end"}],
+            "expect": {"invariants": "all", "facts": {"step_errors": []}},
+        }
+    )
+    result = await run_scenario(scenario)
+    assert sorted(result["facts"]) == sorted(FACTS)
+    assert check_expect(scenario.expect, result) == []

@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -347,6 +348,29 @@ _step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
 InvariantNumber = Annotated[int, Field(strict=True)]
 
 
+# the facts a run's result holds (``testing.result``): an ``expect`` block may name these only
+FACTS = (
+    "audio_output",
+    "rpcs_sent",
+    "finalize_answered",
+    "verdict",
+    "room_deleted_at",
+    "job_closed_at",
+    "session_closed_at",
+    "session_close_reason",
+    "attached_session",
+    "linked_participant",
+    "session_replies",
+    "rpc_replies",
+    "step_errors",
+    "agent_state",
+    "agent_listening_at",
+    "playout_done",
+    "reprompts",
+    "invariant_violations",  # only with an ``invariants`` entry
+)
+
+
 class Expect(_Strict):
     final_states: dict[str, str] = Field(default_factory=dict)
     facts: dict[str, Any] = Field(default_factory=dict)
@@ -379,6 +403,29 @@ class Expect(_Strict):
         return self.invariants == "all" or (
             self.invariants is not None and number in self.invariants
         )
+
+    @field_validator("facts")
+    @classmethod
+    def _known_facts(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # a misspelt fact is the file's error too, found before the run
+        for name in v:
+            if name not in FACTS:
+                raise PydanticCustomError(
+                    "unknown_fact",
+                    "no fact {name} (facts: {known})",
+                    {"name": repr(name), "known": ", ".join(FACTS)},
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _violations_checked(self) -> Expect:
+        if "invariant_violations" in self.facts and self.invariants is None:
+            raise PydanticCustomError(
+                "unchecked",
+                "fact invariant_violations is only there with an 'invariants' entry",
+                {},
+            )
+        return self
 
     @field_validator("final_states")
     @classmethod
