@@ -450,3 +450,15 @@ def test_the_cli_takes_checks_and_says_what_it_ran(
     )
     assert code == 0, out
     assert "example(s) run" in out and "distinct path(s)" in out and "seed 3" in out
+
+
+def test_progress_says_when_the_runs_are_shrinking_past_the_examples_asked() -> None:
+    # once a run failed, hypothesis shrinks it, and --examples does not bound those runs:
+    # the progress line said "27 runs (of 3 to draw)"
+    lines: list[str] = []
+    options = FuzzOptions(seed=SEED, examples=3, progress_every=1e-9)  # a line per run
+    report = fuzz(planted.leaky_task_server(True), options, progress=lines.append)
+    assert report.examples > 3 and not report.ok
+    runs = lines[1:]  # after the seed's line
+    assert runs and all(line.startswith("fuzz: found a problem, shrinking it: ") for line in runs)
+    assert runs[-1].startswith(f"fuzz: found a problem, shrinking it: {report.examples} runs")

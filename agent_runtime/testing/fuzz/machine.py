@@ -52,6 +52,7 @@ class Stats:
 
     examples: int = 0
     paths: set[int] = field(default_factory=set)
+    failed: int = 0  # runs that showed a problem: past the first, hypothesis is shrinking
     on_example: Callable[[Stats], None] | None = None
 
 
@@ -296,6 +297,7 @@ def make_machine(
                 # job's end (the session over, the room still there): where orders go wrong
                 target(float(self.in_the_end), label="steps in the job's end")
                 stats.examples += 1
+                stats.failed += bool(self.failed or problems)
                 stats.paths.add(
                     hash(tuple((t["machine"], t["dest"]) for t in self.h.runner.transitions))
                 )

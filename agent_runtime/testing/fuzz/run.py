@@ -145,11 +145,18 @@ def _fuzz(
         now = time.monotonic()
         if progress is not None and now - last[0] >= options.progress_every:
             last[0] = now
-            # hypothesis' count: draws, and shrinks once something failed
-            progress(
-                f"fuzz: {s.examples} runs (of {options.examples} to draw), "
-                f"{len(s.paths)} distinct paths, {now - began:.0f}s"
-            )
+            # hypothesis' count: draws, then, once something failed, its shrinking runs
+            # (which --examples does not bound)
+            if s.failed:
+                progress(
+                    f"fuzz: found a problem, shrinking it: {s.examples} runs, "
+                    f"{s.failed} of them failing, {now - began:.0f}s"
+                )
+            else:
+                progress(
+                    f"fuzz: {s.examples} runs (of {options.examples} to draw), "
+                    f"{len(s.paths)} distinct paths, {now - began:.0f}s"
+                )
 
     stats.on_example = on_example
     machine = make_machine(server, config, list(checks), stats)
