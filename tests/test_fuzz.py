@@ -225,8 +225,16 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
         (planted.avatar_mute_server, "audible: t="),
         (planted.leaky_task_server, "released: tasks still running after the job ended: "),
         (planted.no_hook_server, "verdict: the simulator's finalize_simulation (RQ_1) got no"),
+        (planted.hung_callback_server, "<locals>.flush_metrics never returned"),
     ],
-    ids=["simulator-lookup", "rejoin-greeting", "avatar-mute", "leaky-task", "no-hook"],
+    ids=[
+        "simulator-lookup",
+        "rejoin-greeting",
+        "avatar-mute",
+        "leaky-task",
+        "no-hook",
+        "hung-callback",
+    ],
 )
 def test_each_planted_bug_is_found_with_the_defaults_and_the_fixed_agent_fuzzes_clean(
     tmp_path: Path, make: Any, found: str
@@ -362,6 +370,21 @@ def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_pa
     ]
     assert report.scenario is not None
     assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]
+
+
+def test_a_shutdown_callback_that_never_returns_is_named_as_the_agents(tmp_path: Path) -> None:
+    # it was reported as the kit's own frames (JobProcess._run, _as_coroutine) still running
+    # and the kit's room listener left
+    report = fuzz(planted.hung_callback_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    assert report.problems == [
+        "user code: the agent's shutdown callback "
+        "hung_callback_server.<locals>.entrypoint.<locals>.flush_metrics never returned "
+        "(livekit's worker kills the job's process after shutdown_process_timeout)"
+    ]
+    assert report.scenario is not None
+    assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]
+    assert report.written is not None
+    assert replay(planted.hung_callback_server(False), Path(report.written)).ok
 
 
 def test_the_rejoin_bug_needs_its_steps_in_order() -> None:

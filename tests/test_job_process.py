@@ -24,7 +24,11 @@ from agent_runtime.testing.user_code import UserCodeError
 
 
 def _server(
-    seen: list[str], *, failing_callback: bool = False, end_timeout: float = 315.0
+    seen: list[str],
+    *,
+    failing_callback: bool = False,
+    hanging_callback: bool = False,
+    end_timeout: float = 315.0,
 ) -> AgentServer:
     server = AgentServer(session_end_timeout=end_timeout)
 
@@ -40,6 +44,8 @@ def _server(
             seen.append(f"callback {reason} connected={ctx.room.isconnected()}")
             if failing_callback:
                 raise ValueError("the upload's bucket is gone")
+            if hanging_callback:
+                await asyncio.Event().wait()  # an upload that never returns
 
         ctx.add_shutdown_callback(upload)
         await job.start(Agent(instructions="test"))
@@ -109,6 +115,23 @@ async def test_a_failing_shutdown_callback_fails_the_test_with_its_traceback(
         await run_entrypoint.wait_ended()
     assert isinstance(info.value.__cause__, ValueError)
     assert info.value.__cause__.__traceback__ is not None
+
+
+@pytest.mark.virtual_time
+async def test_a_shutdown_callback_that_never_returns_is_named_and_fails_the_test(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # it passed: livekit's worker would kill the process at shutdown_process_timeout
+    agent_room.add_participant("user")
+    await run_entrypoint(_server([], hanging_callback=True))
+    run_entrypoint.ctx.shutdown("bye")
+    process = run_entrypoint.process
+    with pytest.raises(TimeoutError, match=r"shutdown callback .*upload has not returned"):
+        await run_entrypoint.wait_ended(timeout=1)
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*upload never returned") as info:
+        await run_entrypoint.aclose()
+    assert process.ended.done()  # cancelled, as the kill ends it
+    assert isinstance(info.value.__cause__, TimeoutError)
 
 
 async def test_a_failing_event_handler_fails_the_test(

@@ -250,7 +250,14 @@ class EntrypointRunner:
         try:
             await asyncio.wait_for(asyncio.shield(process.ended), timeout)
         except TimeoutError:
-            why = f"ending: {process.reason}" if process.reason else "nothing ended it"
+            hung = process.hung_callbacks
+            why = (
+                f"its shutdown callback {', '.join(hung)} has not returned"
+                if hung
+                else f"ending: {process.reason}"
+                if process.reason
+                else "nothing ended it"
+            )
             raise TimeoutError(f"the job has not ended after {timeout:g}s ({why})") from None
         await settle()
         self.raise_failures()
@@ -364,6 +371,7 @@ class EntrypointRunner:
             run.process.cut_entrypoint()  # its bound is the test's end: it is over
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(run.process.ended), _CLOSE_LIMIT)
+            await run.process.cut_hung_callbacks()
             if job is not None:
                 session = job.session
                 if lk.session_live(session):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.clock import Clock
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.testing.user_code import UserFailures
+from agent_runtime.testing.user_code import CallbackHung, UserFailures
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -63,6 +63,7 @@ class JobProcess:
         self._context = context
         self._entry: asyncio.Task[Any] | None = None
         self._task: asyncio.Task[None] | None = None
+        self.callbacks: list[asyncio.Task[Any]] = []  # the shutdown callbacks, once run
         self._simulator_left = lk.job_simulator_left(ctx)
         lk.set_job_shutdown_hook(ctx, self.shutdown)
         ctx.room.on("disconnected", self._on_disconnected)
@@ -155,13 +156,34 @@ class JobProcess:
         self._step("disconnect")
         await self.ctx.room.disconnect()
         self._step("callbacks")
-        callbacks = lk.job_shutdown_callbacks(self.ctx)
-        results = await asyncio.gather(
-            *(_as_coroutine(cb(reason)) for cb in callbacks), return_exceptions=True
-        )
+        loop = asyncio.get_running_loop()
+        # a task each, named as livekit names its span: one that never returns is named
+        self.callbacks = [
+            loop.create_task(_as_coroutine(cb(reason)), name=callback_name(cb))
+            for cb in lk.job_shutdown_callbacks(self.ctx)
+        ]
+        results = await asyncio.gather(*self.callbacks, return_exceptions=True)
         for res in results:
             if isinstance(res, Exception):
                 self.failures.add("shutdown callback", res)
+
+    @property
+    def hung_callbacks(self) -> list[str]:
+        """The shutdown callbacks run and not returned (livekit's worker kills the job's
+        process at ``shutdown_process_timeout`` for them)."""
+        return [t.get_name() for t in self.callbacks if not t.done()]
+
+    async def cut_hung_callbacks(self) -> None:
+        """The test is over and shutdown callbacks still run: each is the agent's failure
+        (``CallbackHung``), and is cancelled, as the worker's kill of the process ends it."""
+        hung = [t for t in self.callbacks if not t.done()]
+        for task in hung:
+            self.failures.add("shutdown callback", CallbackHung(task.get_name()))
+            task.cancel()
+        if hung:
+            await asyncio.gather(*hung, return_exceptions=True)
+            if self._task is not None:
+                await asyncio.gather(self._task, return_exceptions=True)
 
     def _unhook(self) -> None:
         room = self.ctx.room
@@ -180,3 +202,7 @@ async def _as_coroutine(aw: Any) -> Any:
     if asyncio.iscoroutine(aw) or isinstance(aw, Awaitable):
         return await aw
     return aw
+
+
+def callback_name(cb: Any) -> str:
+    return str(getattr(cb, "__qualname__", None) or getattr(cb, "__name__", None) or repr(cb))

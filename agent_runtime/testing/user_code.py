@@ -56,6 +56,18 @@ class UserCodeError(AssertionError):
     """The agent's own code failed while the kit ran its job (the cause is its exception)."""
 
 
+class CallbackHung(TimeoutError):
+    """A shutdown callback never returned: livekit's worker kills the job's process then
+    (``shutdown_process_timeout``, 10 s by default), and logs only that the process did not
+    exit in time."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"{name} never returned (livekit's worker kills the job's process after "
+            "shutdown_process_timeout)"
+        )
+
+
 @dataclass(frozen=True)
 class UserFailure:
     """Where the user's code failed (``entrypoint``, ``on_session_end``, ``shutdown
@@ -66,12 +78,10 @@ class UserFailure:
 
     def describe(self) -> str:
         lines = traceback.format_exception(self.error)
-        return f"{self.where} raised {type(self.error).__name__}: {self.error}\n" + "".join(lines)
+        return f"{self.where} {said(self.error)}\n" + "".join(lines)
 
     def as_error(self) -> UserCodeError:
-        err = UserCodeError(
-            f"the agent's {self.where} raised {type(self.error).__name__}: {self.error}"
-        )
+        err = UserCodeError(f"the agent's {self.where} {said(self.error)}")
         err.__cause__ = self.error
         return err
 
@@ -135,3 +145,10 @@ class UserFailures(logging.Handler):
         """The failures not yet taken (each is reported once)."""
         out, self.failures = self.failures, []
         return out
+
+
+def said(error: BaseException) -> str:
+    """What the user's code did: ``raised ValueError: ...``, or that it never returned."""
+    if isinstance(error, CallbackHung):
+        return str(error)
+    return f"raised {type(error).__name__}: {error}"

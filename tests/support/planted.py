@@ -5,6 +5,7 @@ with ``buggy=False`` the same agent written correctly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -164,6 +165,30 @@ def leaky_task_server(buggy: bool = True) -> AgentServer:
                 task.cancel()
 
             ctx.add_shutdown_callback(stop)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def hung_callback_server(buggy: bool = True) -> AgentServer:
+    """The agent flushes its metrics in a shutdown callback that waits for a reply that
+    never comes: livekit's worker kills the job's process at its shutdown deadline. Fixed:
+    the flush has its own bound."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        never = asyncio.Event()  # the metrics endpoint's reply
+
+        async def flush_metrics(_: str) -> None:
+            if buggy:
+                await never.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(never.wait(), 2.0)
+
+        ctx.add_shutdown_callback(flush_metrics)
         await job.start(Agent(instructions="test"))
 
     return server

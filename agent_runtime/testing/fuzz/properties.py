@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
-from agent_runtime.testing.user_code import is_user_file
+from agent_runtime.testing.user_code import is_user_file, said
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -216,7 +216,7 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
 def _raised(where: str, e: BaseException) -> Problem:
     return Problem(
         "user code",
-        f"the agent's {where} raised {type(e).__name__}: {e}",
+        f"the agent's {where} {said(e)}",
         "".join(traceback.format_exception(e)),
     )
 
