@@ -837,6 +837,35 @@ async def test_a_hung_shutdown_callback_is_cut_at_close_timeout_and_logged(
     await rt.aclose()
 
 
+async def test_a_failing_shutdown_callback_is_logged_though_another_one_hangs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # its failure was logged only once every callback had returned: never, when the close
+    # was cut at its bound
+    async def never_returns() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise ValueError("the upload's bucket is gone")
+
+    rig = JobRig(simulation=None, close_timeout=4.0)
+    rt = rig.runtime
+    rt.add_shutdown_callback(never_returns)
+    rt.add_shutdown_callback(fails)
+    await rt.start()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        rt.shutdown("done")
+        await rig.clock.advance(4)
+        await rig.settle()
+    assert rt.state == "closed"
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "agent_runtime.job"]
+    assert logged[0] == (logging.ERROR, f"shutdown callback {fails!r} failed")
+    failed = next(r for r in caplog.records if r.levelno == logging.ERROR)
+    assert failed.exc_info is not None and isinstance(failed.exc_info[1], ValueError)
+    assert logged[1][0] == logging.WARNING and "never_returns had not returned" in logged[1][1]
+    await rt.aclose()
+
+
 async def test_a_hung_room_deletion_is_cut_at_its_share_and_the_callbacks_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -49,14 +49,14 @@ class ShutdownCallbacks:
                 res = cb(reason) if _takes_argument(cb) else cb()
                 if inspect.isawaitable(res):
                     await res
+            except Exception as e:
+                # logged as it fails: a close cut at its bound (another callback hung)
+                # never reaches the end of the gather
+                logger.error("shutdown callback %r failed", cb, exc_info=e, extra=log_fields)
             finally:
                 self._running.pop(id(cb), None)
 
-        callbacks = list(self._callbacks)
-        results = await asyncio.gather(*(run(cb) for cb in callbacks), return_exceptions=True)
-        for cb, res in zip(callbacks, results, strict=True):
-            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
-                logger.error("shutdown callback %r failed", cb, exc_info=res, extra=log_fields)
+        await asyncio.gather(*(run(cb) for cb in self._callbacks), return_exceptions=True)
 
 
 def _takes_argument(cb: Callable[..., Any]) -> bool:
