@@ -61,8 +61,9 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
         order.append(f"on_simulation_end {sim.simulation_run_id} {job.close_reason}")
         sim.fail("veto")
 
-    async def users_own_session_end(_ctx: Any) -> None:
-        order.append("user's on_session_end")
+    async def users_own_session_end(ctx: JobContext) -> None:
+        # livekit runs it with the room still connected: so does the hook
+        order.append(f"user's on_session_end connected={ctx.room.isconnected()}")
 
     simulated(ctx, on_simulation_end)
     with injected(clock=clock, transport=agent_end):
@@ -90,7 +91,10 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
     fin = await remote.finalize_simulation(provisional_success=True)
     await asyncio.wait_for(hook, 5)  # returns once the verdict is out
     assert fin.user_verdict.reason == "veto"
-    assert order == ["on_simulation_end run-aj user_initiated", "user's on_session_end"]
+    assert order == [
+        "user's on_session_end connected=True",
+        "on_simulation_end run-aj user_initiated",
+    ]
     assert job.states["job"] == "closed" and job.closed_at == 12.0
     assert AgentJob.for_job(ctx) is None  # released with the job
     # the safety net registered on the job context runs harmlessly once closed
@@ -100,6 +104,22 @@ async def test_from_job_context_holds_for_the_verdict_then_the_hook_returns(
     await asyncio.wait_for(safety_net("done"), 5)
     await remote.aclose()
     await job.aclose()
+
+
+async def test_a_failing_session_end_of_the_users_still_ends_the_job_then_raises(
+    ctx: JobContext, clock: VirtualClock
+) -> None:
+    async def users_own_session_end(_ctx: JobContext) -> None:
+        raise ValueError("the transcript store is gone")
+
+    with injected(clock=clock):
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+    await job.start(Agent(instructions="agent"))
+    await job.session.aclose()
+    await settle()
+    with pytest.raises(ValueError, match="the transcript store is gone"):
+        await asyncio.wait_for(session_end_hook(users_own_session_end)(ctx), 5)
+    assert job.lifecycle == "closed" and job.states["job"] == "closed"
 
 
 async def test_on_session_end_without_a_job_returns(ctx: JobContext) -> None:

@@ -111,15 +111,27 @@ async def on_session_end(ctx: JobContext) -> None:
 def session_end_hook(
     then: Callable[[JobContext], Any] | None = None,
 ) -> Callable[[JobContext], Awaitable[None]]:
-    """``on_session_end`` followed by your own session-end callback ``then(ctx)``."""
+    """Your own session-end callback ``then(ctx)``, then ``on_session_end``.
+
+    Yours runs first, where livekit runs it alone: the session closed, the room still
+    connected (the job's close disconnects it), within the server's
+    ``session_end_timeout``. The simulator's verdict, if any, comes after it: read it in
+    ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
+    (livekit logs it, as it logs a failing ``on_session_end``)."""
     if then is not None and not callable(then):
         raise TypeError("then must be callable")
 
     async def hook(ctx: JobContext) -> None:
+        failed: Exception | None = None
+        try:
+            if then is not None:
+                res = then(ctx)
+                if inspect.isawaitable(res):
+                    await res
+        except Exception as e:  # raised once the job has ended (a cut is not caught)
+            failed = e
         await on_session_end(ctx)
-        if then is not None:
-            res = then(ctx)
-            if inspect.isawaitable(res):
-                await res
+        if failed is not None:
+            raise failed
 
     return hook
