@@ -14,6 +14,7 @@ import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, JobContext
 from livekit.agents.job import get_job_context
+from livekit.agents.utils import http_context
 
 from agent_runtime import AgentJob
 from agent_runtime.testing.clock import VirtualClock
@@ -44,6 +45,57 @@ async def test_the_job_context_is_current_inside_the_entrypoint_and_the_parts_ar
     await run_entrypoint.wait_for("job", "closed")
     closed = [(t["t"], t["machine"]) for t in run_entrypoint.transitions if t["dest"] == "closed"]
     assert (5.0, "job") in closed  # the grace ran out on the test's virtual clock
+
+
+async def test_plugins_get_the_jobs_http_session_as_under_livekits_job_runner(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # livekit's runner binds one per job: an HTTP plugin (an avatar, a TTS) failed here only
+    # ("Attempted to use an http session outside of a job context")
+    sessions: list[Any] = []
+
+    async def with_a_plugin(ctx: JobContext) -> None:
+        sessions.append(http_context.http_session())
+        await entrypoint(ctx)
+
+    agent_room.add_participant("user")
+    await run_entrypoint(with_a_plugin)
+    (session,) = sessions
+    assert not session.closed
+    await run_entrypoint.aclose()
+    assert session.closed  # after the job, as the runner closes it
+
+
+async def test_the_job_knows_its_agents_identity_as_avatar_plugins_read_it(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # livekit's fake job context has an empty token: local_participant_identity raised
+    # ("Not enough segments"), and avatar plugins read it for lk.publish_on_behalf
+    seen: list[str] = []
+
+    async def looking(ctx: JobContext) -> None:
+        seen.append(ctx.local_participant_identity)
+        await entrypoint(ctx)
+
+    agent_room.add_participant("user")
+    await run_entrypoint(looking)
+    assert seen == [agent_room.local_participant.identity]
+
+
+async def test_a_tests_own_http_session_is_the_one_the_plugins_get(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    sessions: list[Any] = []
+
+    async def with_a_plugin(ctx: JobContext) -> None:
+        sessions.append(http_context.http_session())
+        await entrypoint(ctx)
+
+    agent_room.add_participant("user")
+    async with http_context.open() as own:
+        await run_entrypoint(with_a_plugin)
+        await run_entrypoint.aclose()
+        assert sessions == [own] and not own.closed  # the test's to close
 
 
 async def test_an_entrypoint_that_builds_no_job_is_told_what_to_do(

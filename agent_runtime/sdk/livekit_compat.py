@@ -13,12 +13,14 @@ upgrade is this file to read, and its test to run.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from livekit import rtc
+from livekit import api, rtc
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.utils import http_context
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import AudioOutputOptions
 from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
@@ -178,6 +180,37 @@ def job_simulation_end_fn(ctx: JobContext) -> Callable[..., Any] | None:
 def set_job_simulation_end_fn(ctx: JobContext, fn: Callable[..., Any] | None) -> None:
     """Give a job context the ``on_simulation_end`` the job runner would have given it."""
     ctx._simulation_end_fnc = fn
+
+
+def bind_job_http(context: contextvars.Context) -> bool:
+    """Give ``context`` the per-job HTTP session livekit's job runner binds before the
+    entrypoint (what plugins' ``utils.http_context.http_session()`` returns); False when
+    one is bound there already (a test's own ``http_context.open()``: left to it)."""
+    if context.get(http_context._ContextVar, None) is not None:
+        return False
+    context.run(http_context._new_session_ctx)
+    return True
+
+
+async def close_job_http(context: contextvars.Context) -> None:
+    """Close the session ``bind_job_http`` bound, as the job runner does after the job."""
+    await asyncio.get_running_loop().create_task(http_context._close_http_ctx(), context=context)
+
+
+def give_job_token(ctx: JobContext, identity: str, room: str) -> None:
+    """livekit's ``fake_job_context`` leaves the job's token empty, so
+    ``ctx.local_participant_identity`` (which avatar plugins read to name their
+    ``lk.publish_on_behalf``) fails on it: give the job the agent token a worker would have
+    got, for ``identity`` in ``room``. livekit reads it without checking its signature; the
+    key and secret are placeholders."""
+    grants = api.VideoGrants(room_join=True, room=room, agent=True)
+    ctx._info.token = (
+        api.AccessToken("test-key", "test-secret-placeholder-of-32-bytes")
+        .with_identity(identity)
+        .with_kind("agent")
+        .with_grants(grants)
+        .to_jwt()
+    )
 
 
 def release_job_context(ctx: JobContext) -> None:

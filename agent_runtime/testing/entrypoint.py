@@ -6,7 +6,9 @@ context current and the test's parts injected (``agent_runtime.injected``): ever
 ``AgentJob`` it builds takes the test's virtual clock, the agent's end of an in-memory
 session transport (the simulator is on the other end), an avatar plugin stand-in if one is
 given, room deletion and avatar removal recorded on the room instead of sent to a server,
-and a memory trace the test can read. Nothing in the entrypoint changes.
+and a memory trace the test can read. livekit's per-job HTTP session is bound there too
+(what plugins' ``http_session()`` returns; one the test bound itself is left in place), and
+closed after the job. Nothing in the entrypoint changes.
 
 As livekit's job runner, the run goes on once the entrypoint has started its job: an
 entrypoint that keeps running after ``await job.start(...)`` (waiting for the room to go,
@@ -90,10 +92,16 @@ class _Run:
     as livekit's job process runs it."""
 
     def __init__(
-        self, ctx: JobContext, context: contextvars.Context, process: JobProcess, watch: _StartWatch
+        self,
+        ctx: JobContext,
+        context: contextvars.Context,
+        process: JobProcess,
+        watch: _StartWatch,
+        http_bound: bool,
     ) -> None:
         self.ctx = ctx
         self.context = context
+        self.http_bound = http_bound  # the job's HTTP session is the kit's to close
         self.process = process
         self.watch = watch  # sees the job the entrypoint builds, also after a stalled start
         self.job: AgentJob | None = None
@@ -167,7 +175,12 @@ class EntrypointRunner:
             parts["avatar"] = avatar
         # what livekit's job runner sets up: the job context current while the entrypoint
         # and the session-end hook run, in tasks that carry it (and the injected parts)
-        with fake_job_context(room=self.room, job_id=job_id) as ctx, injected(**parts):
+        agent = self.room.local_participant.identity
+        with (
+            fake_job_context(room=self.room, job_id=job_id, agent_identity=agent) as ctx,
+            injected(**parts),
+        ):
+            lk.give_job_token(ctx, agent, self.room.name)
             if simulation is not False:
                 dispatch = (
                     simulation
@@ -180,6 +193,7 @@ class EntrypointRunner:
             lk.set_job_simulation_end_fn(ctx, on_simulation_end or server_simulation_end)
             watch.ctx = ctx
             context = contextvars.copy_context()
+        http_bound = lk.bind_job_http(context)
         if not self._runs:
             self.failures.install()
         process = JobProcess(
@@ -190,7 +204,7 @@ class EntrypointRunner:
             failures=self.failures,
             context=context,
         )
-        run = _Run(ctx, context, process, watch)
+        run = _Run(ctx, context, process, watch, http_bound)
         self._runs.append(run)
         entry = asyncio.get_running_loop().create_task(
             _as_coroutine(fn(ctx)), name="job_user_entrypoint", context=context
@@ -377,6 +391,9 @@ class EntrypointRunner:
                 if lk.session_live(session):
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(session.aclose(), _CLOSE_LIMIT)
+            if run.http_bound:
+                with contextlib.suppress(Exception):
+                    await lk.close_job_http(run.context)
             lk.release_job_context(run.ctx)  # upstream's job cleanup would; a fake job does not
         if runs:
             await settle()
