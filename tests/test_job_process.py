@@ -94,6 +94,26 @@ async def test_a_shutdown_asks_on_session_end_while_the_hold_keeps_the_room(
     assert run_entrypoint.shutdown_steps[-1][0] == 300.0
 
 
+async def test_a_hold_cut_by_the_servers_shorter_bound_says_what_bound_it_needs(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # livekit says only "on_session_end timed out after 60s"; the verdict is lost with it
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    await run_entrypoint(_server([], end_timeout=60), simulation=True)
+    run_entrypoint.ctx.shutdown("the agent hung up")
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        await virtual_clock.advance(60)
+        with pytest.raises(UserCodeError, match="on_session_end timed out after 60s"):
+            await run_entrypoint.wait_ended()
+    (cut,) = [r.getMessage() for r in caplog.records if "was cut before" in r.getMessage()]
+    assert "in job state awaiting_finalize" in cut
+    assert "up to 310s (its session_end_timeout 300s + close_timeout 10s)" in cut
+
+
 async def test_the_simulator_leaving_ends_the_job_as_livekit_does(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:

@@ -3,6 +3,7 @@ job of each context, and the ``on_session_end`` hook that ends it."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import weakref
@@ -105,7 +106,23 @@ async def on_session_end(ctx: JobContext) -> None:
         logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
         return
     job.shutdown("session ended")
-    await job.wait_closed()
+    try:
+        await job.wait_closed()
+    except asyncio.CancelledError:
+        if job.lifecycle != "closed":
+            # livekit's own line says only that on_session_end timed out
+            s = job.settings
+            logger.warning(
+                "on_session_end was cut before the job closed (livekit's session_end_timeout "
+                "on AgentServer, or the worker shutting down) in job state %s: the job's hold "
+                "and close take up to %gs (its session_end_timeout %gs + close_timeout %gs); "
+                "give AgentServer(session_end_timeout=...) at least that",
+                job.states.get("job"),
+                s.session_end_timeout + s.close_timeout,
+                s.session_end_timeout,
+                s.close_timeout,
+            )
+        raise
 
 
 def session_end_hook(
