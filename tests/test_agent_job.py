@@ -406,6 +406,33 @@ async def test_a_production_trace_records_every_machine(
     }
 
 
+@pytest.mark.parametrize(
+    ("room_name", "file_name"),
+    [("../victim", ".._victim.jsonl"), ("team/standup", "team_standup.jsonl"), ("..", "__.jsonl")],
+)
+async def test_a_room_name_filled_into_the_trace_path_stays_one_file_name(
+    clock: VirtualClock, tmp_path: Path, room_name: str, file_name: str
+) -> None:
+    # room names come from clients: "../victim" truncated a file outside the trace
+    # directory, "team/standup" failed the job's construction
+    from livekit.agents.testing import fake_job_context
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text("keep\n", encoding="utf-8")
+    room = InMemoryRoom(name=room_name, clock=clock)
+    room.connect_locally()
+    with fake_job_context(room=room) as ctx, injected(clock=clock):
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), trace_path=str(traces / "{room}.jsonl")
+        )
+        await job.aclose()
+        ctx._tempdir.cleanup()
+    assert [p.name for p in traces.iterdir()] == [file_name]
+    assert victim.read_text(encoding="utf-8") == "keep\n"
+
+
 async def test_a_session_close_that_hangs_still_ends_the_job(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:

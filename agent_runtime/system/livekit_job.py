@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,19 @@ _JOBS: dict[Any, AgentJob] = {}
 _ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
+# what a name filled into a path must not hold: a separator (a room named "../x" wrote
+# outside the trace directory; "team/standup" named a directory that is not there), a
+# control character, or what Windows refuses in a file name
+_UNSAFE = re.compile(r'[/\\\x00-\x1f:*?"<>|]')
+
+
+def _file_part(name: str) -> str:
+    """``name`` as one file-name part: unsafe characters as ``_``, at most 128 of them,
+    never ``.`` or ``..``."""
+    part = _UNSAFE.sub("_", name)[:128]
+    return part if part.strip(".") else part.replace(".", "_") or "_"
+
+
 def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with what ``ctx`` gives where they are silent: its simulation context,
     the ``on_simulation_end`` given to ``AgentServer.rtc_session``, ``ctx.delete_room``;
@@ -42,7 +56,9 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     trace_path = options.get("trace_path")
     if isinstance(trace_path, str):
         try:
-            options["trace_path"] = trace_path.format(job_id=ctx.job.id, room=ctx.room.name)
+            options["trace_path"] = trace_path.format(
+                job_id=_file_part(ctx.job.id), room=_file_part(ctx.room.name)
+            )
         except (KeyError, IndexError, ValueError) as e:
             raise SettingError(
                 f"trace_path: only {{job_id}} and {{room}} can be filled in ({e})"
