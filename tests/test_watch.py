@@ -236,6 +236,41 @@ def test_once_prints_the_view_and_exits(tmp_path: Path, trace_lines: list[str]) 
     assert state_row(done.stdout, "participant") == "closed"
 
 
+def test_once_in_a_pipe_prints_whole_lines_and_the_last_record_without_its_newline(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    # lines were cut at the terminal's width (100 in a pipe), and a finished trace whose
+    # last line had no newline lost that record
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines).rstrip("\n"), encoding="utf-8")
+    done = subprocess.run(
+        [*CLI, str(trace), "--once", "--last", "1000"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "COLUMNS": "40"},
+        cwd=ROOT,
+        timeout=WAIT,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    last = json.loads(trace_lines[-1])
+    assert f"{len(trace_lines)} records, t = {last['t']:.3f}" in done.stdout
+    assert "agent_job      closing -> closed  on released" in done.stdout  # past column 40
+
+
+def test_a_transition_back_into_its_own_state_is_listed(tmp_path: Path) -> None:
+    # a session attached in place of another (attached -> attached, its effects
+    # unsubscribe, subscribe) was not in the list: invisible in a production trace
+    import asyncio
+
+    trace = tmp_path / "attach.jsonl"
+    scenario = load_scenario(ROOT / "examples" / "scenarios" / "host_attach_a_then_b.yaml")
+    asyncio.run(run_scenario(scenario, trace_path=trace))
+    watch = Watch(str(trace))
+    watch.poll(final=True)
+    lines = watch.view(last=1000, width=None)
+    assert any("session_host" in ln and "attached -> attached  on attach" in ln for ln in lines)
+
+
 def test_the_sample_view_in_the_docs_is_what_watch_prints(
     tmp_path: Path, trace_lines: list[str]
 ) -> None:
@@ -250,7 +285,7 @@ def test_the_sample_view_in_the_docs_is_what_watch_prints(
         [*CLI, "run.jsonl", "--once"],
         capture_output=True,
         text=True,
-        env={**ENV, "COLUMNS": "100"},  # the width a pipe is drawn at
+        env={**ENV, "COLUMNS": "100"},  # a pipe's lines are whole whatever the width
         cwd=tmp_path,
         timeout=WAIT,
     )

@@ -88,14 +88,13 @@ class Lanes:
             if rec.dest != rec.source:
                 lane.segments[-1].end = rec.t
                 lane.segments.append(Segment(rec.dest, rec.t, None, rec.event))
-                self.history.append(
-                    Entry(
-                        rec.t,
-                        rec.machine,
-                        rec.instance,
-                        f"{rec.source} -> {rec.dest}  on {rec.event}",
-                    )
+            # one back into its own state too (a session attached in place of another):
+            # a decision with its effects, only no new segment
+            self.history.append(
+                Entry(
+                    rec.t, rec.machine, rec.instance, f"{rec.source} -> {rec.dest}  on {rec.event}"
                 )
+            )
         elif rec.kind in ("reject", "ignore"):
             lane.marks.append(Mark(rec.t, rec.kind, rec.event))
             if rec.kind == "reject":

@@ -5,7 +5,7 @@ On a terminal the view is redrawn in place; otherwise each transition (and each 
 failed effect, scenario input) is one appended line. A line that is not a trace record is
 named in one line and skipped; a file that is truncated (a new job writing the same path)
 starts the view over. Ctrl-C stops it. ``--once`` prints the current view and exits (2 when
-a line was not a record).
+a line was not a record); its lines are cut to the width only on a terminal.
 """
 
 from __future__ import annotations
@@ -40,10 +40,13 @@ class Follower:
         self._line = 0
         self._rest = b""
         self._ident: tuple[int, int] | None = None
+        self.unterminated: int | None = None  # the last line read with no newline (final)
 
-    def poll(self) -> tuple[list[tuple[int, bytes]], bool]:
-        """(line number, bytes) of each new complete line, and whether the file restarted.
-        Raises ``OSError`` when the file cannot be read."""
+    def poll(self, *, final: bool = False) -> tuple[list[tuple[int, bytes]], bool]:
+        """(line number, bytes) of each new complete line, and whether the file restarted;
+        ``final``: a last line with no newline counts too (the caller reads it once, and
+        drops it if it is not a whole record yet). Raises ``OSError`` when the file cannot
+        be read."""
         restarted = False
         with open(self.path, "rb") as fh:
             st = os.fstat(fh.fileno())
@@ -56,6 +59,11 @@ class Follower:
             data = fh.read()
         self._pos += len(data)
         *complete, self._rest = (self._rest + data).split(b"\n")
+        self.unterminated = None
+        if final and self._rest.strip():
+            complete.append(self._rest)
+            self._rest = b""
+            self.unterminated = self._line + len(complete)
         out: list[tuple[int, bytes]] = []
         for raw in complete:
             self._line += 1
@@ -73,11 +81,12 @@ class Watch:
         self.lanes = Lanes()
         self.problems: list[str] = []
 
-    def poll(self) -> tuple[list[Entry], list[str], bool]:
-        """New history entries, new problems, and whether the trace restarted."""
+    def poll(self, *, final: bool = False) -> tuple[list[Entry], list[str], bool]:
+        """New history entries, new problems, and whether the trace restarted (``final``:
+        the last line even without its newline, when it is a whole record)."""
         problems: list[str] = []
         try:
-            lines, restarted = self.follower.poll()
+            lines, restarted = self.follower.poll(final=final)
         except OSError as e:
             problem = f"{self.path}: cannot read the trace ({e.strerror or e})"
             if not self.problems or self.problems[-1] != problem:
@@ -96,6 +105,8 @@ class Watch:
                 problems.append(f"{where}: not UTF-8 text; line skipped")
                 continue
             except TraceError as e:
+                if n == self.follower.unterminated:
+                    continue  # a last line still being written, as following would wait
                 problems.append(f"{e}; line skipped")
                 continue
             self.lanes.add(rec)
@@ -103,7 +114,8 @@ class Watch:
         return self.lanes.history[before:], problems, restarted
 
     # -- the view ------------------------------------------------------------------------------
-    def view(self, *, last: int, width: int) -> list[str]:
+    def view(self, *, last: int, width: int | None) -> list[str]:
+        """The view's lines, each cut at ``width`` (None: whole, for a file or a pipe)."""
         lanes = self.lanes
         t = f"t = {lanes.t1:.3f}" if lanes.t1 is not None else "no records yet"
         out = [f"{PROG} {self.path}: {lanes.records} records, {t}", ""]
@@ -121,11 +133,15 @@ class Watch:
         out += ["", "last transitions"]
         recent = lanes.history[-last:] if last > 0 else []
         out += [_entry_line(e, lanes) for e in recent] or ["  (none yet)"]
-        out = [line[:width] for line in out]
+        if width is not None:
+            out = [line[:width] for line in out]
         if self.problems:
             # wrapped, not cut: a problem is read whole
             out += ["", "problems"]
             for p in self.problems[-3:]:
+                if width is None:
+                    out.append(f"  {p}")
+                    continue
                 out += textwrap.wrap(p, width, initial_indent="  ", subsequent_indent="    ") or [
                     "  "
                 ]
@@ -171,10 +187,11 @@ def run(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     try:
         if args.once:
-            _, problems, _ = watch.poll()
+            _, problems, _ = watch.poll(final=True)
             for p in problems:
                 print(f"{PROG}: {p}", file=sys.stderr)
-            width = shutil.get_terminal_size((100, 24)).columns
+            # cut to the terminal only on one: a file or a pipe gets whole lines
+            width = shutil.get_terminal_size((100, 24)).columns if out.isatty() else None
             out.write("\n".join(watch.view(last=args.last, width=width)) + "\n")
             return 2 if watch.problems else 0
         if out.isatty():
