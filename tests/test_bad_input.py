@@ -870,3 +870,26 @@ CHECKS: dict[str, Callable[..., Any]] = {
     "scenario": check_scenario,
     "trace": check_trace,
 }
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["replay", "--bogus", "x.jsonl"], "agent-runtime replay: unrecognized arguments: --bogus"),
+        (["replay"], "agent-runtime replay: the following arguments are required: TRACE.jsonl"),
+        (["fuzz"], "agent-runtime fuzz: the following arguments are required: MODULE:SERVER"),
+        (["nope"], "agent-runtime: argument COMMAND: invalid choice: 'nope'"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_command(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    # argparse printed the usage too, and the top level's for a command's unknown option
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(line), err
+    assert err.rstrip().endswith("--help)")

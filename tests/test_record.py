@@ -382,3 +382,20 @@ def test_queued_speeches_each_keep_their_own_length(
     says = [s for s in load_scenario(recorded).steps if s.event == "agent.say"]
     assert [(s.at, s.duration) for s in says] == [(2, 3), (2, 5)]
     assert "room's audio output" not in comments(recorded)
+
+
+def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the error named the -o file, which it had not written; --name '' took the default
+    trace = tmp_path / "run.jsonl"
+    simulate(ROOT / "examples" / "scenarios" / "user_leaves.yaml", capsys, "--trace", str(trace))
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text(trace.read_text() * 2)
+    out = tmp_path / "keep.yaml"
+    assert main(["record", str(joined), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agent-runtime record: the scenario rebuilt from the trace is invalid: {joined}")
+    assert "time goes backwards" in err and "keep.yaml" not in err and not out.exists()
+    assert main(["record", str(trace), "-o", str(out), "--name", " "]) == 2
+    assert "--name is empty" in capsys.readouterr().err and not out.exists()

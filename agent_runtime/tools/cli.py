@@ -12,13 +12,22 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import NoReturn
 
 from agent_runtime import __version__
 from agent_runtime.tools.output import OutputGone, discard, guard
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage errors in one line (as every error of the CLI); the
+    usage itself is for ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="agent-runtime",
         description="Explicit state machines for LiveKit agents: scenarios, traces, diagrams.",
     )
@@ -173,8 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout = guard(stdout)
     prog = "agent-runtime"
     try:
-        args = _parser().parse_args(argv)
+        args, extra = _parser().parse_known_args(argv)
         prog = f"agent-runtime {args.command}"
+        if extra:  # named by the command they were given to, not the top level
+            print(f"{prog}: unrecognized arguments: {' '.join(extra)} (see {prog} --help)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         code = _run(args)
         sys.stdout.flush()  # a failure to write what is buffered is the command's too
         return code

@@ -27,6 +27,8 @@ logger = logging.getLogger("agent_runtime.tools.record")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.name is not None and not args.name.strip():
+        return _fail("--name is empty: give the scenario a name, or leave it out")
     if args.out and same_file(args.out, args.trace):
         return _fail(f"-o {args.out} is the trace; it would be overwritten")
     try:
@@ -36,9 +38,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{args.trace}: {e}" if isinstance(e, RecordError) else str(e))
     text = render(recorded, source=args.trace)
     try:
-        scenario = parse_scenario(yaml.safe_load(text), source=args.out or "<recorded>")
-    except ScenarioError as e:  # a bug here, said in one line
-        return _fail(f"the rebuilt scenario is invalid: {e}")
+        # named by the trace it comes from: the -o file is not written yet
+        scenario = parse_scenario(yaml.safe_load(text), source=args.trace)
+    except ScenarioError as e:  # a trace whose times go back (two joined), or a bug
+        return _fail(f"the scenario rebuilt from the trace is invalid: {e}")
     if args.out:
         try:
             Path(args.out).write_text(text, encoding="utf-8")
