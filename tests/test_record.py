@@ -395,7 +395,8 @@ def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     out = tmp_path / "keep.yaml"
     assert main(["record", str(joined), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"agent-runtime record: the scenario rebuilt from the trace is invalid: {joined}")
+    rebuilt = "agent-runtime record: the scenario rebuilt from the trace is invalid"
+    assert err.startswith(f"{rebuilt}: {joined}")
     assert "time goes backwards" in err and "keep.yaml" not in err and not out.exists()
     assert main(["record", str(trace), "-o", str(out), "--name", " "]) == 2
     assert "--name is empty" in capsys.readouterr().err and not out.exists()
