@@ -585,7 +585,9 @@ TABLE: list[Bad] = [
     ),
     trace("a-list", "[1, 2]", "1: a record is a JSON object, not list"),
     trace(
-        "unknown-field", record(colour="red"), "1: field 'colour': Extra inputs are not permitted"
+        "unknown-field",
+        record(colour="red"),
+        "1: field 'colour': not a field of this version's records (a trace of another version?)",
     ),
     trace("fields-missing", json.dumps({"kind": "transition"}), "1: field 't': Field required"),
     trace(

@@ -330,7 +330,10 @@ def parse_record(line: str, where: str, *, wording: Wording = "fields") -> Trace
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise _fault(where, wording, f"field {loc!r}: {err['msg']}", terse=_terse(raw)) from None
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":  # most likely a trace of another version
+            msg = "not a field of this version's records (a trace of another version?)"
+        raise _fault(where, wording, f"field {loc!r}: {msg}", terse=_terse(raw)) from None
     rec = TraceRecord(**model.model_dump())
     empty = [f"{n!r}" for n in ("machine", "source", "dest") if not getattr(rec, n)]
     if rec.kind in DECISIONS and empty:
