@@ -17,7 +17,7 @@ from livekit.agents.job import get_job_context
 from livekit.agents.utils import http_context
 
 from agent_runtime import AgentJob
-from agent_runtime.testing.clock import VirtualClock
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 
@@ -62,8 +62,10 @@ async def test_plugins_get_the_jobs_http_session_as_under_livekits_job_runner(
     await run_entrypoint(with_a_plugin)
     (session,) = sessions
     assert not session.closed
-    await run_entrypoint.aclose()
-    assert session.closed  # after the job, as the runner closes it
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    await settle()
+    assert session.closed  # after the job's end, as the runner closes it
 
 
 async def test_the_job_knows_its_agents_identity_as_avatar_plugins_read_it(

@@ -866,6 +866,29 @@ async def test_a_failing_shutdown_callback_is_logged_though_another_one_hangs(
     await rt.aclose()
 
 
+async def test_a_shutdown_callback_raising_a_base_exception_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Abandoned(BaseException):
+        pass
+
+    async def abandons() -> None:
+        raise Abandoned("a library's own BaseException")
+
+    rig = JobRig(simulation=None)
+    rt = rig.runtime
+    rt.add_shutdown_callback(abandons)
+    await rt.start()
+    with caplog.at_level(logging.ERROR, logger="agent_runtime"):
+        rt.shutdown("done")
+        await rig.clock.advance(1)
+        await rig.settle()
+    assert rt.state == "closed"
+    (failed,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed.exc_info is not None and isinstance(failed.exc_info[1], Abandoned)
+    await rt.aclose()
+
+
 async def test_a_hung_room_deletion_is_cut_at_its_share_and_the_callbacks_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
-from agent_runtime import AgentJob, on_session_end
+from agent_runtime import AgentJob, on_session_end, session_end_hook
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -45,7 +46,10 @@ def _server(
             if failing_callback:
                 raise ValueError("the upload's bucket is gone")
             if hanging_callback:
-                await asyncio.Event().wait()  # an upload that never returns
+                try:
+                    await asyncio.Event().wait()  # an upload that never returns
+                except asyncio.CancelledError:
+                    await asyncio.Event().wait()  # and takes no for an answer only twice
 
         ctx.add_shutdown_callback(upload)
         await job.start(Agent(instructions="test"))
@@ -149,9 +153,68 @@ async def test_a_shutdown_callback_that_never_returns_is_named_and_fails_the_tes
     with pytest.raises(TimeoutError, match=r"shutdown callback .*upload has not returned"):
         await run_entrypoint.wait_ended(timeout=1)
     with pytest.raises(UserCodeError, match=r"shutdown callback .*upload never returned") as info:
-        await run_entrypoint.aclose()
-    assert process.ended.done()  # cancelled, as the kill ends it
+        await run_entrypoint.aclose()  # bounded, though the callback swallowed a cancel
     assert isinstance(info.value.__cause__, TimeoutError)
+    assert process.hung_callbacks  # swallowed: the test's end cancels it again
+
+
+async def test_a_close_still_running_is_not_named_as_the_agents_callback(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    # the job's own safety net (waiting on the job's bounded close) was named "its shutdown
+    # callback register.<locals>.on_livekit_shutdown has not returned"
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()  # no on_session_end: the job closes from its shutdown callback
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+        async def slow_upload() -> None:
+            await asyncio.Event().wait()
+
+        job.add_shutdown_callback(slow_upload)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(TimeoutError) as info:
+        await run_entrypoint.wait_ended(timeout=0.5)
+    assert "on_livekit_shutdown" not in str(info.value)
+    assert run_entrypoint.process.hung_callbacks == []
+    await virtual_clock.advance(10)  # the job's close_timeout cuts the upload: the end ends
+    await run_entrypoint.wait_ended()
+
+
+@pytest.mark.virtual_time
+async def test_a_session_end_of_the_agents_that_never_returns_fails_the_test(
+    agent_room: InMemoryRoom,
+) -> None:
+    # it passed; the job's end was left running past the test, and the HTTP session the
+    # callback used was closed under it
+    from livekit.agents.utils import http_context
+
+    used: list[Any] = []
+
+    async def upload_transcript(ctx: JobContext) -> None:
+        used.append(http_context.http_session())
+        await asyncio.Event().wait()  # the transcript store never answers
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=session_end_hook(upload_transcript))
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    runner = EntrypointRunner(room=agent_room)
+    agent_room.add_participant("user")
+    await runner(server)
+    runner.ctx.shutdown("bye")
+    process = runner.process
+    with pytest.raises(UserCodeError, match=r"the agent's on_session_end .* never returned"):
+        await asyncio.wait_for(runner.aclose(), 60)
+    assert process.ended.done() and used[0].closed
 
 
 async def test_a_failing_event_handler_fails_the_test(

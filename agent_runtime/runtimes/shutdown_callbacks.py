@@ -49,7 +49,9 @@ class ShutdownCallbacks:
                 res = cb(reason) if _takes_argument(cb) else cb()
                 if inspect.isawaitable(res):
                     await res
-            except Exception as e:
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:
                 # logged as it fails: a close cut at its bound (another callback hung)
                 # never reaches the end of the gather
                 logger.error("shutdown callback %r failed", cb, exc_info=e, extra=log_fields)

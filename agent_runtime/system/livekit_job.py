@@ -146,10 +146,12 @@ def session_end_hook(
 ) -> Callable[[JobContext], Awaitable[None]]:
     """Your own session-end callback ``then(ctx)``, then ``on_session_end``.
 
-    Yours runs first, where livekit runs it alone: the session closed, the room still
-    connected (the job's close disconnects it), within the server's
-    ``session_end_timeout``. The simulator's verdict, if any, comes after it: read it in
-    ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
+    Yours runs first, where livekit runs it alone: after the session closed, within the
+    server's ``session_end_timeout``. In a simulation the job is holding for the
+    simulator's verdict then, so the room is connected as yours begins (a verdict that
+    comes while yours runs closes the job, and the room, under it); outside one the job
+    closed with its session, and its close disconnected the room already. Read the verdict
+    in ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
     (livekit logs it, as it logs a failing ``on_session_end``)."""
     if then is not None and not callable(then):
         raise TypeError("then must be callable")

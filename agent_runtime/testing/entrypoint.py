@@ -102,9 +102,19 @@ class _Run:
         self.ctx = ctx
         self.context = context
         self.http_bound = http_bound  # the job's HTTP session is the kit's to close
+        self._http_closing: asyncio.Task[None] | None = None
         self.process = process
         self.watch = watch  # sees the job the entrypoint builds, also after a stalled start
         self.job: AgentJob | None = None
+
+    def close_http(self) -> asyncio.Task[None] | None:
+        """Close the job's HTTP session, once: as livekit's runner does after the job's
+        end (its shutdown callbacks), or at the test's end."""
+        if self.http_bound and self._http_closing is None:
+            self._http_closing = asyncio.get_running_loop().create_task(
+                lk.close_job_http(self.context), name="job_http_close"
+            )
+        return self._http_closing
 
 
 class EntrypointRunner:
@@ -206,6 +216,7 @@ class EntrypointRunner:
         )
         run = _Run(ctx, context, process, watch, http_bound)
         self._runs.append(run)
+        process.ended.add_done_callback(lambda _: run.close_http())
         entry = asyncio.get_running_loop().create_task(
             _as_coroutine(fn(ctx)), name="job_user_entrypoint", context=context
         )
@@ -385,15 +396,15 @@ class EntrypointRunner:
             run.process.cut_entrypoint()  # its bound is the test's end: it is over
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(run.process.ended), _CLOSE_LIMIT)
-            await run.process.cut_hung_callbacks()
+            await run.process.kill(_CLOSE_LIMIT)
             if job is not None:
                 session = job.session
                 if lk.session_live(session):
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(session.aclose(), _CLOSE_LIMIT)
-            if run.http_bound:
-                with contextlib.suppress(Exception):
-                    await lk.close_job_http(run.context)
+            closing = run.close_http()
+            if closing is not None:
+                await asyncio.gather(closing, return_exceptions=True)
             lk.release_job_context(run.ctx)  # upstream's job cleanup would; a fake job does not
         if runs:
             await settle()

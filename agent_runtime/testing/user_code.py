@@ -10,6 +10,7 @@ library and this project's own packages: the agent under test.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sysconfig
 import traceback
@@ -42,6 +43,16 @@ def is_user_file(filename: str) -> bool:
     except OSError:
         return False
     return not path.startswith(_NOT_USER)
+
+
+def is_user_callable(cb: Any) -> bool:
+    """``cb`` is the agent's own: its code is in the agent's files (one with no code of its
+    own, a partial say, by its function's)."""
+    fn = getattr(cb, "__func__", cb)
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code is not None and is_user_file(code.co_filename)
 
 
 def user_frames(tb: TracebackType | None) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
-from agent_runtime.testing.user_code import is_user_file, said
+from agent_runtime.testing.user_code import is_user_callable, is_user_file, said
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -163,7 +163,7 @@ def released(h: Harness) -> list[Problem]:
         for event, cb in lk.emitter_listeners(h.room)
         if (event, cb) not in h.listeners_before
         and getattr(cb, "__self__", None) is not h.ctx
-        and not _user_callable(cb)
+        and not is_user_callable(cb)
     ]
     if left_on_room:
         out.append(
@@ -172,11 +172,6 @@ def released(h: Harness) -> list[Problem]:
             )
         )
     return out
-
-
-def _user_callable(cb: Any) -> bool:
-    code = getattr(getattr(cb, "__func__", cb), "__code__", None)
-    return code is not None and is_user_file(code.co_filename)
 
 
 def user_code(h: Harness) -> list[Problem]:
