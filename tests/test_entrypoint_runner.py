@@ -7,6 +7,7 @@ a server: the room (``InMemoryRoom``) and the session transport's byte stream.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +48,24 @@ async def test_the_job_context_is_current_inside_the_entrypoint_and_the_parts_ar
     assert (5.0, "job") in closed  # the grace ran out on the test's virtual clock
 
 
+def _http_user(sessions: list[Any]) -> Callable[[JobContext], Awaitable[None]]:
+    """The entrypoint, with a plugin's call for the job's HTTP session (kept in
+    ``sessions``)."""
+
+    async def with_a_plugin(ctx: JobContext) -> None:
+        sessions.append(http_context.http_session())
+        await entrypoint(ctx)
+
+    return with_a_plugin
+
+
 async def test_plugins_get_the_jobs_http_session_as_under_livekits_job_runner(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:
     # livekit's runner binds one per job: an HTTP plugin (an avatar, a TTS) failed here only
     # ("Attempted to use an http session outside of a job context")
     sessions: list[Any] = []
-
-    async def with_a_plugin(ctx: JobContext) -> None:
-        sessions.append(http_context.http_session())
-        await entrypoint(ctx)
-
+    with_a_plugin = _http_user(sessions)
     agent_room.add_participant("user")
     await run_entrypoint(with_a_plugin)
     (session,) = sessions
@@ -88,11 +96,7 @@ async def test_a_tests_own_http_session_is_the_one_the_plugins_get(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:
     sessions: list[Any] = []
-
-    async def with_a_plugin(ctx: JobContext) -> None:
-        sessions.append(http_context.http_session())
-        await entrypoint(ctx)
-
+    with_a_plugin = _http_user(sessions)
     agent_room.add_participant("user")
     async with http_context.open() as own:
         await run_entrypoint(with_a_plugin)
