@@ -142,6 +142,57 @@ async def test_a_failing_shutdown_callback_fails_the_test_with_its_traceback(
 
 
 @pytest.mark.virtual_time
+async def test_a_shutdown_callback_without_the_reason_that_never_returns_is_named_too(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # livekit wraps one that takes no reason in a function of its own: it was taken for
+    # livekit's and cancelled unnamed
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+        async def flush() -> None:
+            await asyncio.Event().wait()
+
+        ctx.add_shutdown_callback(flush)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*entrypoint.<locals>.flush never"):
+        await run_entrypoint.aclose()
+
+
+@pytest.mark.virtual_time
+async def test_a_shutdown_callback_raising_a_base_exception_fails_the_test(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    class Abandoned(BaseException):
+        pass
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+        async def abandon(_: str) -> None:
+            raise Abandoned("gone")
+
+        ctx.add_shutdown_callback(abandon)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError, match="shutdown callback raised Abandoned: gone"):
+        await run_entrypoint.wait_ended()
+
+
+@pytest.mark.virtual_time
 async def test_a_shutdown_callback_that_never_returns_is_named_and_fails_the_test(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:
@@ -212,9 +263,42 @@ async def test_a_session_end_of_the_agents_that_never_returns_fails_the_test(
     await runner(server)
     runner.ctx.shutdown("bye")
     process = runner.process
-    with pytest.raises(UserCodeError, match=r"the agent's on_session_end .* never returned"):
+    with pytest.raises(
+        UserCodeError,
+        match=r"the agent's on_session_end session_end_hook\(.*upload_transcript\) never",
+    ):
         await asyncio.wait_for(runner.aclose(), 60)
     assert process.ended.done() and used[0].closed
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize(("kill_after", "killed"), [(60.0, False), (10.0, True)])
+async def test_a_slow_session_end_is_cut_at_the_servers_shutdown_process_timeout(
+    agent_room: InMemoryRoom, kill_after: float, killed: bool
+) -> None:
+    # the kit waited 10 s whatever the server gave its process: a 12 s upload failed a
+    # test whose server gives 60
+    server = AgentServer(session_end_timeout=315, shutdown_process_timeout=kill_after)
+
+    async def upload_transcript(_ctx: JobContext) -> None:
+        await asyncio.sleep(12)
+
+    @server.rtc_session(on_session_end=session_end_hook(upload_transcript))
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    runner = EntrypointRunner(room=agent_room)
+    agent_room.add_participant("user")
+    await runner(server)
+    runner.ctx.shutdown("bye")
+    process = runner.process
+    if killed:
+        with pytest.raises(UserCodeError, match=r"upload_transcript\) never returned"):
+            await runner.aclose()
+    else:
+        await runner.aclose()
+        assert process.ended.done()
 
 
 async def test_a_failing_event_handler_fails_the_test(

@@ -452,6 +452,12 @@ def server_session_end_timeout(server: Any) -> float:
     return float(getattr(server, "_session_end_timeout", 300.0))
 
 
+def server_shutdown_process_timeout(server: Any) -> float:
+    """``AgentServer(shutdown_process_timeout=...)``: how long a worker's shutdown waits for
+    a job process before it kills it."""
+    return float(getattr(server, "_shutdown_process_timeout", 10.0))
+
+
 def emitter_listeners(emitter: rtc.EventEmitter[Any]) -> list[tuple[Any, Callable[..., Any]]]:
     """Every ``(event, callback)`` registered on a livekit emitter, flattened."""
     return [(event, cb) for event, cbs in listeners(emitter).items() for cb in cbs]

@@ -169,4 +169,7 @@ def session_end_hook(
         if failed is not None:
             raise failed
 
+    if then is not None:  # named for yours, as livekit names a callback it wraps
+        hook.__qualname__ = f"session_end_hook({getattr(then, '__qualname__', repr(then))})"
+        hook.__module__ = getattr(then, "__module__", None) or hook.__module__
     return hook

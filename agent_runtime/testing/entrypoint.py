@@ -98,8 +98,10 @@ class _Run:
         process: JobProcess,
         watch: _StartWatch,
         http_bound: bool,
+        kill_after: float,
     ) -> None:
         self.ctx = ctx
+        self.kill_after = kill_after  # the server's shutdown_process_timeout
         self.context = context
         self.http_bound = http_bound  # the job's HTTP session is the kit's to close
         self._http_closing: asyncio.Task[None] | None = None
@@ -169,7 +171,9 @@ class EntrypointRunner:
         ``NoAgentJob`` if it ended without building one; its own failure is raised as is.
         """
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
-        end_timeout = lk.server_session_end_timeout(entrypoint) if fn is not entrypoint else 300.0
+        served = fn is not entrypoint  # an AgentServer, with its own bounds
+        end_timeout = lk.server_session_end_timeout(entrypoint) if served else 300.0
+        kill_after = lk.server_shutdown_process_timeout(entrypoint) if served else 10.0
         if avatar is not None and not isinstance(avatar, AvatarSession):
             raise TypeError(f"avatar must be an AvatarSession, not {type(avatar).__name__}")
         watch = _StartWatch()
@@ -214,7 +218,7 @@ class EntrypointRunner:
             failures=self.failures,
             context=context,
         )
-        run = _Run(ctx, context, process, watch, http_bound)
+        run = _Run(ctx, context, process, watch, http_bound, kill_after)
         self._runs.append(run)
         process.ended.add_done_callback(lambda _: run.close_http())
         entry = asyncio.get_running_loop().create_task(
@@ -395,7 +399,8 @@ class EntrypointRunner:
             await settle()
             run.process.cut_entrypoint()  # its bound is the test's end: it is over
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(run.process.ended), _CLOSE_LIMIT)
+                # as a worker's shutdown waits for a job process, then kills it
+                await asyncio.wait_for(asyncio.shield(run.process.ended), run.kill_after)
             await run.process.kill(_CLOSE_LIMIT)
             if job is not None:
                 session = job.session

@@ -166,7 +166,8 @@ class JobProcess:
         ]
         results = await asyncio.gather(*self.callbacks, return_exceptions=True)
         for res in results:
-            if isinstance(res, Exception):
+            # livekit's gather lets any of these out of _shutdown_job (a cancel is the kill's)
+            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 self.failures.add("shutdown callback", res)
 
     @property
@@ -188,9 +189,9 @@ class JobProcess:
         if self._task is None or self._task.done():
             return
         step = self.steps[-1][1] if self.steps else ""
-        if step == "on_session_end" and self._on_session_end is not None:
-            name = callback_name(self._on_session_end)
-            self.failures.add("on_session_end", CallbackHung(name))
+        session_end = self._on_session_end
+        if step == "on_session_end" and session_end is not None and is_user_callable(session_end):
+            self.failures.add("on_session_end", CallbackHung(callback_name(session_end)))
         for name in self.hung_callbacks:
             self.failures.add("shutdown callback", CallbackHung(name))
         running = [t for t in self.callbacks if not t.done()] + [self._task]

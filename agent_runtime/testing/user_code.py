@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass
@@ -46,13 +47,19 @@ def is_user_file(filename: str) -> bool:
 
 
 def is_user_callable(cb: Any) -> bool:
-    """``cb`` is the agent's own: its code is in the agent's files (one with no code of its
-    own, a partial say, by its function's)."""
+    """``cb`` is the agent's own: its code is in the agent's files (a partial: its
+    function's), or it is a wrapper that says it stands for a function of the agent's
+    module (livekit wraps a shutdown callback that takes no reason so, giving the wrapper
+    the callback's ``__module__``)."""
     fn = getattr(cb, "__func__", cb)
     while isinstance(fn, functools.partial):
         fn = fn.func
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    return code is not None and is_user_file(code.co_filename)
+    if code is not None and is_user_file(code.co_filename):
+        return True
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    where = getattr(module, "__file__", None)
+    return isinstance(where, str) and is_user_file(where)
 
 
 def user_frames(tb: TracebackType | None) -> bool:
