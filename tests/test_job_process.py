@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -52,6 +53,20 @@ def _server(
                     await asyncio.Event().wait()  # and takes no for an answer only twice
 
         ctx.add_shutdown_callback(upload)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def _with_callback(callback: Callable[..., Any], *, on_job: bool = False) -> AgentServer:
+    """A server whose entrypoint adds ``callback`` as a shutdown callback: the job
+    context's (livekit's), or the job's own (``on_job``)."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        (job if on_job else ctx).add_shutdown_callback(callback)
         await job.start(Agent(instructions="test"))
 
     return server
@@ -147,22 +162,13 @@ async def test_a_shutdown_callback_without_the_reason_that_never_returns_is_name
 ) -> None:
     # livekit wraps one that takes no reason in a function of its own: it was taken for
     # livekit's and cancelled unnamed
-    server = AgentServer(session_end_timeout=315)
-
-    @server.rtc_session()
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-
-        async def flush() -> None:
-            await asyncio.Event().wait()
-
-        ctx.add_shutdown_callback(flush)
-        await job.start(Agent(instructions="test"))
+    async def flush() -> None:
+        await asyncio.Event().wait()
 
     agent_room.add_participant("user")
-    await run_entrypoint(server)
+    await run_entrypoint(_with_callback(flush))
     run_entrypoint.ctx.shutdown("bye")
-    with pytest.raises(UserCodeError, match=r"shutdown callback .*entrypoint.<locals>.flush never"):
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*<locals>.flush never"):
         await run_entrypoint.aclose()
 
 
@@ -173,20 +179,11 @@ async def test_a_shutdown_callback_raising_a_base_exception_fails_the_test(
     class Abandoned(BaseException):
         pass
 
-    server = AgentServer(session_end_timeout=315)
-
-    @server.rtc_session()
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-
-        async def abandon(_: str) -> None:
-            raise Abandoned("gone")
-
-        ctx.add_shutdown_callback(abandon)
-        await job.start(Agent(instructions="test"))
+    async def abandon(_: str) -> None:
+        raise Abandoned("gone")
 
     agent_room.add_participant("user")
-    await run_entrypoint(server)
+    await run_entrypoint(_with_callback(abandon))
     run_entrypoint.ctx.shutdown("bye")
     with pytest.raises(UserCodeError, match="shutdown callback raised Abandoned: gone"):
         await run_entrypoint.wait_ended()
@@ -214,20 +211,12 @@ async def test_a_close_still_running_is_not_named_as_the_agents_callback(
 ) -> None:
     # the job's own safety net (waiting on the job's bounded close) was named "its shutdown
     # callback register.<locals>.on_livekit_shutdown has not returned"
-    server = AgentServer(session_end_timeout=315)
-
-    @server.rtc_session()  # no on_session_end: the job closes from its shutdown callback
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-
-        async def slow_upload() -> None:
-            await asyncio.Event().wait()
-
-        job.add_shutdown_callback(slow_upload)
-        await job.start(Agent(instructions="test"))
+    async def slow_upload() -> None:
+        await asyncio.Event().wait()
 
     agent_room.add_participant("user")
-    await run_entrypoint(server)
+    # no on_session_end: the job closes from its own shutdown callback on the job context
+    await run_entrypoint(_with_callback(slow_upload, on_job=True))
     run_entrypoint.ctx.shutdown("bye")
     with pytest.raises(TimeoutError) as info:
         await run_entrypoint.wait_ended(timeout=0.5)

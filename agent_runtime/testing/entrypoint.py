@@ -51,7 +51,8 @@ Entrypoint = Callable[["JobContext"], Awaitable[None]]
 SessionEndFn = Callable[["JobContext"], Awaitable[None]]
 SimulationEndFn = Callable[[SimulationContext], Any]
 
-# how long (real seconds) teardown waits for a session that is still open to close
+# how long (the loop's seconds) teardown waits for a session still open to close, and for
+# the job's end once it cancelled it
 _CLOSE_LIMIT = 10.0
 # the lifecycle states of an AgentJob whose start is over (started, or cut by its close)
 _START_OVER = ("running", "closing", "closed")
