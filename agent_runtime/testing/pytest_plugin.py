@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from agent_runtime.sdk.native_exit import release_at_exit
 from agent_runtime.testing.fixtures import (  # noqa: F401 - registered as this plugin's fixtures
     agent_room,
     agent_session_transports,
@@ -86,6 +87,12 @@ def pytest_configure(config: pytest.Config) -> None:
         for d in dirs:
             if not any(d.resolve().is_relative_to(g) for g in given):
                 config.args.append(str(d))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # the RoomIO a job starts uses livekit's native runtime: disposed at exit so that its
+    # last log record cannot abort a run that passed (an in-process run leaves it usable)
+    release_at_exit()
 
 
 @pytest.hookimpl(wrapper=True, optionalhook=True)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from agent_runtime import __version__
+from agent_runtime.sdk.native_exit import release_at_exit
 from agent_runtime.tools.output import OutputGone, discard, guard
 
 
@@ -204,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         sys.stdout = stdout
+        release_at_exit()  # a job's RoomIO used livekit's native runtime: see native_exit
 
 
 def _run(args: argparse.Namespace) -> int:
