@@ -5,8 +5,9 @@ it is disposed at exit; a callback still waiting for the GIL as the interpreter 
 aborts the process (SIGABRT, a run that passed reported as failed: CI drew it once). The
 race itself is not reproducible on demand, so these tests pin what removes it: by the time
 the runtime is disposed it sends its records to its own logger (``RUST_LOG`` makes that
-logger print), not through Python. Each runs a fresh interpreter: disposing the runtime
-here would leave this test process without room events.
+logger print), not through Python. The release is tried in fresh interpreters (on this
+tree: ``PYTHONPATH``): disposing the runtime here would leave this test process without
+room events.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ async def test_a_user_leaves(agent_room, run_entrypoint):
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RUST_LOG": "livekit_ffi=debug"}
-    env.pop("PYTEST_ADDOPTS", None)
+    env = {**os.environ, "RUST_LOG": "livekit_ffi=debug", "PYTHONPATH": str(ROOT)}
+    for name in ("PYTEST_ADDOPTS", "RUST_LOG_STYLE"):  # the output is read as plain text
+        env.pop(name, None)
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
