@@ -357,3 +357,33 @@ async def test_on_session_end_is_bounded_by_the_servers_timeout_on_virtual_time(
         await runner.wait_ended()
     assert runner.shutdown_steps[-1] == (30.0, "callbacks")
     await runner.aclose()
+
+
+@pytest.mark.virtual_time
+async def test_the_tests_end_is_over_when_speech_waits_for_an_avatar_that_never_joined(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, scripted_avatar: Any
+) -> None:
+    # the session's close drains a speech that waits for the avatar; the job's own bounds
+    # (join_timeout, then its close's) are on the virtual clock, which the test's end used
+    # to leave standing: the test never finished
+    from tests.support.avatar_rig import frames
+
+    class Greeter(Agent):
+        async def on_enter(self) -> None:
+            self.session.say("hello", audio=frames(100))
+
+    server = AgentServer()
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=scripted_avatar, join_timeout=8.0
+        )
+        await job.start(Greeter(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    job.session.shutdown()
+    await asyncio.wait_for(run_entrypoint.aclose(), 60)  # the loop's seconds: virtual too
+    assert job.states["job"] == "closed"
+    assert job.states["avatar"] in ("failed", "closed")

@@ -36,7 +36,7 @@ from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
-from agent_runtime.testing.clock import settle
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.user_code import UserFailure, UserFailures
@@ -387,22 +387,28 @@ class EntrypointRunner:
         """The test is over: every job still running ends as a worker's shutdown ends it
         (``test ended``; no hold: the job is aborted), through livekit's order (its
         ``on_session_end``, the room's disconnect, its shutdown callbacks; an entrypoint
-        still running once the job closed is cancelled at once); the job contexts are
-        released (their temporary directories). Then what failed in the agent's code and was
-        not reported yet is raised (``report=False``: kept in ``user_failures``)."""
+        still running once the job closed is cancelled at once), the virtual clock running
+        meanwhile (its timers, up to the server's ``shutdown_process_timeout``); the job
+        contexts are released (their temporary directories). Then what failed in the
+        agent's code and was not reported yet is raised (``report=False``: kept in
+        ``user_failures``)."""
         runs, self._runs = self._runs, []
         for run in runs:
             run.process.shutdown("test ended")
             job = run.job or AgentJob.for_job(run.ctx)
-            if job is not None:
-                with contextlib.suppress(Exception):
-                    await job.aclose(graceful=False)
-            await settle()
+            closing = None if job is None else asyncio.ensure_future(job.aclose(graceful=False))
+            # a worker's time goes on while it waits for the job: the job's own bounds (a
+            # session whose close waits for an avatar that never joined) are met
+            await self._pass_time([f for f in (closing, run.process.ended) if f], run.kill_after)
             run.process.cut_entrypoint()  # its bound is the test's end: it is over
             with contextlib.suppress(TimeoutError):
                 # as a worker's shutdown waits for a job process, then kills it
                 await asyncio.wait_for(asyncio.shield(run.process.ended), run.kill_after)
             await run.process.kill(_CLOSE_LIMIT)
+            if closing is not None:
+                await asyncio.wait([closing], timeout=_CLOSE_LIMIT)
+                closing.cancel()
+                await asyncio.gather(closing, return_exceptions=True)
             if job is not None:
                 session = job.session
                 if lk.session_live(session):
@@ -417,6 +423,19 @@ class EntrypointRunner:
             self.failures.uninstall()
         if report:
             self.raise_failures()
+
+    async def _pass_time(self, waiting: list[asyncio.Future[None]], limit: float) -> None:
+        """Run the virtual clock timer by timer, for at most ``limit`` of its seconds, until
+        everything in ``waiting`` is done (a clock of another kind is left as it is)."""
+        await settle()
+        if not isinstance(self.clock, VirtualClock):
+            return
+        end = self.clock.now() + limit
+        while not all(f.done() for f in waiting):
+            deadline = self.clock.next_deadline()
+            if deadline is None or deadline > end:
+                return
+            await self.clock.run_until(deadline)
 
     # -- parts ---------------------------------------------------------------------------------
     async def _delete_room(self) -> None:
