@@ -14,6 +14,8 @@ registered under the same name and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import shutil
 import subprocess
@@ -244,3 +246,40 @@ def test_virtual_time_on_a_sync_test_is_a_usage_error(pytester: pytest.Pytester)
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_sync: virtual_time marks an async test*"])
+
+
+
+async def test_an_agent_failure_livekit_logged_is_not_reported_again_when_its_task_goes() -> None:
+    """livekit logs the agent's failure inside its task (``log_exceptions``), re-raises it,
+    and never retrieves the task (``on_enter``'s): collected later, the task reported it a
+    second time, which CPython 3.11 turns into an INTERNALERROR hiding the failure when the
+    report's log falls inside pytest formatting one."""
+    import gc
+
+    from livekit.agents.utils import log_exceptions
+
+    from agent_runtime.testing.user_code import UserFailures
+
+    loop = asyncio.get_running_loop()
+    reports: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reports.append(context["message"]))
+    failures = UserFailures()
+    failures.install()
+    try:
+
+        @log_exceptions(logger=logging.getLogger("livekit.agents"))
+        async def on_enter() -> None:
+            raise RuntimeError("the agent's own bug")
+
+        task = loop.create_task(on_enter())
+        await asyncio.wait([task])
+        (failure,) = failures.take()
+        assert str(failure.error) == "the agent's own bug"
+        failures.uninstall()
+        del task, failure
+        gc.collect()
+        assert reports == []
+    finally:
+        failures.uninstall()
+        loop.set_exception_handler(previous)

@@ -128,6 +128,12 @@ class UserFailures(logging.Handler):
         if exc is not None and not is_user_file(record.pathname) and user_frames(exc.__traceback__):
             where = "event handler" if "emit" in record.getMessage() else "code"
             self.add(where, exc)
+            try:
+                task = asyncio.current_task()  # livekit logs inside the task, then re-raises
+            except RuntimeError:  # logged from a thread
+                task = None
+            if task is not None:
+                task.add_done_callback(functools.partial(_retrieve, exc))
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
@@ -163,6 +169,15 @@ class UserFailures(logging.Handler):
         """The failures not yet taken (each is reported once)."""
         out, self.failures = self.failures, []
         return out
+
+
+def _retrieve(error: BaseException, task: asyncio.Future[Any]) -> None:
+    """Mark ``task`` retrieved when it ended with ``error``, the test's failure now: left,
+    it logs the error again as "never retrieved" whenever it is collected, which CPython
+    3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest formatting
+    a failure. (``_exception`` is asyncio's, read so that another error is left to log.)"""
+    if not task.cancelled() and getattr(task, "_exception", None) is error:
+        task.exception()
 
 
 def said(error: BaseException) -> str:
