@@ -401,6 +401,12 @@ TABLE: list[Bad] = [
         "step 1 (session.start): field at: Input should be a valid number",
     ),
     scenario(
+        "at-in-an-exponent-yaml-reads-as-text",
+        "name: x\nsteps: [{at: 1e5, event: session.start}]\n",
+        "step 1 (session.start): field at: Input should be a valid number ('1e5' is text to "
+        "YAML: a number with an exponent needs a dot and a sign, as 1.0e+5)",
+    ),
+    scenario(
         "unknown-reason",
         "name: x\nsteps: [{at: 0, event: participant_disconnected, identity: u, reason: BORED}]\n",
         f"step 1 (participant_disconnected): field reason: Input should be {REASONS}",

@@ -68,6 +68,7 @@ def test_a_bad_option_is_one_line_and_exit_2(
     ("agent", "message"),
     [
         ("nope.py:server", "nope.py: no such file"),
+        ("examples/:server", "examples/: a directory; name the agent's .py file in it"),
         ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
         ("examples/agent.py:missing", "has no 'missing'"),
         ("server", "give MODULE:NAME"),

@@ -248,7 +248,6 @@ def test_virtual_time_on_a_sync_test_is_a_usage_error(pytester: pytest.Pytester)
     result.stderr.fnmatch_lines(["*test_sync: virtual_time marks an async test*"])
 
 
-
 async def test_an_agent_failure_livekit_logged_is_not_reported_again_when_its_task_goes() -> None:
     """livekit logs the agent's failure inside its task (``log_exceptions``), re-raises it,
     and never retrieves the task (``on_enter``'s): collected later, the task reported it a

@@ -471,6 +471,21 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _said(err: Any) -> str:
+    """pydantic's message, and why when YAML read a number as text (``1e5``, ``1.0e5``)."""
+    value = err.get("input")
+    if isinstance(value, str) and err["type"] in ("float_type", "int_type", "float_parsing"):
+        try:
+            float(value)
+        except ValueError:
+            return str(err["msg"])
+        return (
+            f"{err['msg']} ({value!r} is text to YAML: a number with an exponent needs a "
+            "dot and a sign, as 1.0e+5)"
+        )
+    return str(err["msg"])
+
+
 def load_scenario(path: str | Path, *, source: str | None = None) -> Scenario:
     """Parse and validate a scenario file, or raise ``ScenarioError`` saying what is wrong.
     Messages name the file as ``source`` (default: ``path`` as given)."""
@@ -519,7 +534,7 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
             err = e.errors()[0]
             loc = [p for p in err["loc"] if p != s["event"]]
             raise ScenarioError(
-                f"{source}: {label}: field {_where(tuple(loc))}: {err['msg']}"
+                f"{source}: {label}: field {_where(tuple(loc))}: {_said(err)}"
             ) from None
         if step.at < last_at:
             raise ScenarioError(
@@ -533,7 +548,7 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
         scenario = Scenario.model_validate({**raw, "steps": steps})
     except ValidationError as e:
         err = e.errors()[0]
-        raise ScenarioError(f"{source}: {_where(err['loc'])}: {err['msg']}") from None
+        raise ScenarioError(f"{source}: {_where(err['loc'])}: {_said(err)}") from None
     for i, step in enumerate(scenario.steps):
         if isinstance(step, HeldEnd) and step.call not in scenario.config.hold:
             raise ScenarioError(

@@ -35,6 +35,8 @@ class UsageError(Exception):
 def _module(name: str) -> Any:
     if name.endswith(".py") or "/" in name:
         path = Path(name)
+        if path.is_dir():
+            raise UsageError(f"{name}: a directory; name the agent's .py file in it")
         if not path.is_file():
             raise UsageError(f"{name}: no such file")
         spec = importlib.util.spec_from_file_location(path.stem, path)
