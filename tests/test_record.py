@@ -202,6 +202,34 @@ def test_a_failed_start_whose_retry_joins_is_rebuilt_with_its_failures(
     assert step.model_dump(exclude={"at"}) == {"event": "avatar.start_error", "times": times}
 
 
+def test_a_shutdown_while_the_avatar_plugin_still_starts_is_rebuilt_with_the_start_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plugin's start never ended before the job closed: the rebuilt start is held, or
+    it would start at once and route (the incident the trace shows would not replay)."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "a shutdown during a slow avatar start",
+                "config": {"avatar_identity": "avatar-1", "hold": ["avatar_start"]},
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "avatar.start"},
+                    {"at": 0, "event": "session.start"},
+                    {"at": 1, "event": "job.shutdown", "reason": "bye"},
+                    {"at": 30, "event": "end"},
+                ],
+            }
+        )
+    )
+    original = simulate(scenario, capsys, "--trace", str(trace))
+    assert original["final_states"]["avatar"] == "closed"
+    assert main(["record", str(trace), "-o", str(recorded), "--check"]) == 0
+    capsys.readouterr()
+    assert load_scenario(recorded).config.hold == ("avatar_start",)
+
+
 # the session started, then the avatar, which joined with its video by t=1.5
 AVATAR_JOINED: list[dict[str, object]] = [
     {"at": 0, "event": "session.start"},

@@ -49,7 +49,8 @@ class _AvatarPass(_State):
 
     def _avatar_start(self, i: int, r: TraceRecord) -> None:
         """The user's avatar start at ``i``, with the plugin's starts that raised: a
-        scenario scripts the first ones (``avatar.start_error {times}``), or every one."""
+        scenario scripts the first ones (``avatar.start_error {times}``), or every one; a
+        start that never ended is held (``config.hold``)."""
         attempts = self._plugin_starts(i)
         raised = [a for a in attempts if a is not None]
         leading = next((n for n, a in enumerate(attempts) if a is None), len(attempts))
@@ -60,6 +61,12 @@ class _AvatarPass(_State):
                 "not; a scenario scripts only the first starts' failures, so the replay's "
                 "retry starts"
             )
+        if not attempts:
+            # the plugin's start neither returned nor raised before the avatar closed or the
+            # trace ended: it was still running, as a held start is
+            held = self.config.setdefault("hold", [])
+            if "avatar_start" not in held:
+                held.append("avatar_start")
         if leading == 0:
             self.step(i, r.t, "avatar.start")
             return
