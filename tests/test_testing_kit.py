@@ -282,3 +282,31 @@ async def test_an_agent_failure_livekit_logged_is_not_reported_again_when_its_ta
     finally:
         failures.uninstall()
         loop.set_exception_handler(previous)
+
+
+async def test_another_error_the_task_ended_with_is_the_tests_failure_too() -> None:
+    """The task that logged one error of the agent's ended with another: that one is not
+    taken as retrieved with the first, it is reported (a failure of the agent's too)."""
+    from livekit.agents.utils import log_exceptions
+
+    from agent_runtime.testing.user_code import UserFailures
+
+    @log_exceptions(logger=logging.getLogger("livekit.agents"))
+    async def on_enter() -> None:
+        raise RuntimeError("the first bug")
+
+    async def step() -> None:
+        try:
+            await on_enter()
+        except RuntimeError:
+            raise KeyError("the second bug") from None
+
+    failures = UserFailures()
+    failures.install()
+    try:
+        task = asyncio.get_running_loop().create_task(step())
+        await asyncio.wait([task])
+        await asyncio.sleep(0)  # the done callbacks
+        assert [str(f.error) for f in failures.take()] == ["the first bug", "'the second bug'"]
+    finally:
+        failures.uninstall()

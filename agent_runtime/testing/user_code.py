@@ -172,12 +172,17 @@ class UserFailures(logging.Handler):
 
 
 def _retrieve(error: BaseException, task: asyncio.Future[Any]) -> None:
-    """Mark ``task`` retrieved when it ended with ``error``, the test's failure now: left,
-    it logs the error again as "never retrieved" whenever it is collected, which CPython
+    """Take ``task``'s outcome once it is done: ``error`` is the test's failure now. Left,
+    the task logs it again as "never retrieved" whenever it is collected, which CPython
     3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest formatting
-    a failure. (``_exception`` is asyncio's, read so that another error is left to log.)"""
-    if not task.cancelled() and getattr(task, "_exception", None) is error:
-        task.exception()
+    a failure. Another error it ended with is reported now, as asyncio would have later."""
+    if task.cancelled():
+        return
+    other = task.exception()
+    if other is not None and other is not error:
+        task.get_loop().call_exception_handler(
+            {"message": "Task exception was never retrieved", "exception": other, "future": task}
+        )
 
 
 def said(error: BaseException) -> str:
