@@ -407,6 +407,11 @@ TABLE: list[Bad] = [
         "YAML: a number with an exponent needs a dot and a sign, as 1.0e+5)",
     ),
     scenario(
+        "at-quoted-is-text-with-no-exponent-hint",
+        "name: x\nsteps: [{at: '5', event: session.start}]\n",
+        "step 1 (session.start): field at: Input should be a valid number",
+    ),
+    scenario(
         "unknown-reason",
         "name: x\nsteps: [{at: 0, event: participant_disconnected, identity: u, reason: BORED}]\n",
         f"step 1 (participant_disconnected): field reason: Input should be {REASONS}",

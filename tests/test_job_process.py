@@ -387,3 +387,30 @@ async def test_the_tests_end_is_over_when_speech_waits_for_an_avatar_that_never_
     await asyncio.wait_for(run_entrypoint.aclose(), 60)  # the loop's seconds: virtual too
     assert job.states["job"] == "closed"
     assert job.states["avatar"] in ("failed", "closed")
+
+
+@pytest.mark.virtual_time
+async def test_an_entrypoint_still_running_at_the_tests_end_is_cut_before_time_passes(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # the test's end runs the virtual clock for the job's end; the entrypoint's own 15 s
+    # bound is not one of the job's: the promise is that it is cancelled at once
+    cancelled_at: list[float] = []
+    server = AgentServer(shutdown_process_timeout=20)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+        try:
+            await asyncio.Event().wait()  # the agent's own loop, after the start
+        except asyncio.CancelledError:
+            cancelled_at.append(run_entrypoint.clock.now())
+            raise
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    process = run_entrypoint.process
+    await run_entrypoint.aclose()
+    assert cancelled_at == [0.0]
+    assert {t for t, _ in process.steps} == {0.0}

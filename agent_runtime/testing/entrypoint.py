@@ -54,6 +54,8 @@ SimulationEndFn = Callable[[SimulationContext], Any]
 # how long (the loop's seconds) teardown waits for a session still open to close, and for
 # the job's end once it cancelled it
 _CLOSE_LIMIT = 10.0
+# how many of the virtual clock's timers the test's end runs at the most, waiting for a job
+_TIMERS_AT_TEARDOWN = 10_000
 # the lifecycle states of an AgentJob whose start is over (started, or cut by its close)
 _START_OVER = ("running", "closing", "closed")
 
@@ -399,8 +401,8 @@ class EntrypointRunner:
             closing = None if job is None else asyncio.ensure_future(job.aclose(graceful=False))
             # a worker's time goes on while it waits for the job: the job's own bounds (a
             # session whose close waits for an avatar that never joined) are met
-            await self._pass_time([f for f in (closing, run.process.ended) if f], run.kill_after)
             run.process.cut_entrypoint()  # its bound is the test's end: it is over
+            await self._pass_time([f for f in (closing, run.process.ended) if f], run.kill_after)
             with contextlib.suppress(TimeoutError):
                 # as a worker's shutdown waits for a job process, then kills it
                 await asyncio.wait_for(asyncio.shield(run.process.ended), run.kill_after)
@@ -431,7 +433,9 @@ class EntrypointRunner:
         if not isinstance(self.clock, VirtualClock):
             return
         end = self.clock.now() + limit
-        while not all(f.done() for f in waiting):
+        for _ in range(_TIMERS_AT_TEARDOWN):  # a timer that re-arms itself at once ends it
+            if all(f.done() for f in waiting):
+                return
             deadline = self.clock.next_deadline()
             if deadline is None or deadline > end:
                 return

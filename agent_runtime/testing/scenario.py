@@ -8,6 +8,7 @@ file, the step and what is wrong, before anything runs.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -471,14 +472,18 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+# a number with an exponent YAML 1.1 reads as text (no dot, or no sign: 1e5, 1.0e5)
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _said(err: Any) -> str:
     """pydantic's message, and why when YAML read a number as text (``1e5``, ``1.0e5``)."""
     value = err.get("input")
-    if isinstance(value, str) and err["type"] in ("float_type", "int_type", "float_parsing"):
-        try:
-            float(value)
-        except ValueError:
-            return str(err["msg"])
+    if (
+        isinstance(value, str)
+        and err["type"] in ("float_type", "int_type", "float_parsing")
+        and _EXPONENT.fullmatch(value.strip())
+    ):
         return (
             f"{err['msg']} ({value!r} is text to YAML: a number with an exponent needs a "
             "dot and a sign, as 1.0e+5)"
