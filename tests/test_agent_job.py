@@ -683,3 +683,20 @@ async def test_aclose_returns_when_a_hung_removal_swallows_its_cancellation(
         forever.set_result(None)
         closing.cancel()
         await settle()
+
+
+async def test_the_trace_path_names_the_jobs_room_before_the_room_connects(
+    clock: VirtualClock, tmp_path: Path
+) -> None:
+    # livekit's runner gives the entrypoint an unconnected rtc.Room(), named only once it
+    # connects: every job wrote "_.jsonl", each truncating the one before
+    from livekit.agents.testing import fake_job_context
+
+    with fake_job_context(room=rtc.Room(), job_id="AJ_abc") as ctx, injected(clock=clock):
+        ctx.job.room.name = "team-standup"
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), trace_path=str(tmp_path / "{room}-{job_id}.jsonl")
+        )
+        await job.aclose()
+        ctx._tempdir.cleanup()
+    assert [p.name for p in tmp_path.iterdir()] == ["team-standup-AJ_abc.jsonl"]
