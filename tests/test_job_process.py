@@ -414,3 +414,29 @@ async def test_an_entrypoint_still_running_at_the_tests_end_is_cut_before_time_p
     await run_entrypoint.aclose()
     assert cancelled_at == [0.0]
     assert {t for t, _ in process.steps} == {0.0}
+
+
+async def test_the_scripted_avatars_close_asks_no_server_to_remove_its_participant(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    scripted_avatar: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # livekit's AvatarSession.aclose() removes the participant through the server API: in a
+    # test that was a warning with a traceback ("url must be set") at every test's end
+    server = AgentServer()
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=scripted_avatar)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    agent_room.add_participant(scripted_avatar.avatar_identity, kind="agent")
+    agent_room.publish_track(scripted_avatar.avatar_identity, "video")
+    with caplog.at_level(logging.DEBUG, logger="livekit.agents"):
+        await run_entrypoint.aclose()
+    removal = [r for r in caplog.records if "remove avatar participant" in r.getMessage()]
+    assert removal == []
+    assert scripted_avatar.avatar_identity not in agent_room.remote_participants

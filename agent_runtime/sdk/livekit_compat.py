@@ -213,6 +213,18 @@ def give_job_token(ctx: JobContext, identity: str, room: str) -> None:
     )
 
 
+async def outside_job_context(aw: Awaitable[Any]) -> Any:
+    """Await ``aw`` with no job context current: livekit's ``AvatarSession.aclose()`` then
+    leaves the avatar participant's removal to its caller instead of the server API."""
+    from livekit.agents.job import _JobContextVar
+
+    token = _JobContextVar.set(cast("JobContext", None))
+    try:
+        return await aw
+    finally:
+        _JobContextVar.reset(token)
+
+
 def release_job_context(ctx: JobContext) -> None:
     """Remove the job context's temporary directory (the job runner's cleanup does, after
     the job; a job context made outside a job runner has nobody else to)."""
