@@ -282,27 +282,3 @@ async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducibl
         "t=2: the agent asked for the room's deletion itself (request_room_deletion, as an "
         "end-call tool does); no scenario step does that"
     ) in comments(recorded)
-
-
-async def test_a_job_aborted_by_its_code_is_traced_to_every_machines_end_and_reproduced(
-    tmp_path: Path,
-    agent_room: InMemoryRoom,
-    run_entrypoint: EntrypointRunner,
-    example_env: None,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """``job.aclose(graceful=False)``: the room deletion closes after the job's lifecycle
-    (it goes on to its own bound); the trace file was closed with the lifecycle and lost
-    that last transition, so ``--check`` found the trace ending in ``allowed``."""
-    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
-    agent_room.add_participant("user")
-    job = await run_entrypoint(agent.server)
-    await run_entrypoint.clock.advance(5)
-    await job.aclose(graceful=False)
-    await run_entrypoint.wait_ended()
-    trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
-    last = {r.machine: r.dest for r in read_trace(trace) if r.kind == "transition"}
-    assert last == job.states  # every machine's last transition is in the file
-
-    args = ["record", str(trace), "-o", str(recorded), "--check"]
-    assert await asyncio.to_thread(main, args) == 0, capsys.readouterr().err

@@ -347,7 +347,6 @@ class AgentJob(Emitter[Events]):
         ends a graceful close's hold). Either way this returns once every listener and task
         is released."""
         await self.system.aclose(graceful=graceful)
-        self._close_sinks()  # released: what did not reach a final state will write no more
 
     # -- observation -------------------------------------------------------------------------
     def _otel_parent(self) -> otel_context.Context:
@@ -362,20 +361,13 @@ class AgentJob(Emitter[Events]):
 
     def _forward_state(self, sc: StateChanged) -> None:
         if sc.machine == "agent_job" and sc.dest == "closed":
+            # after the lifecycle's own last transition is written: every machine is closed
+            if self.otel is not None:
+                self.otel.close()  # a state span still open was abandoned
+            if self._trace_file is not None:
+                self._trace_file.close()
             self._forget()
-        if self.lifecycle == "closed" and all(
-            a.spec.state(a.state).final for a in self.system.actors
-        ):
-            # after the last machine's last transition is written: the room deletion may
-            # close after the job's lifecycle (it goes on to its own bound)
-            self._close_sinks()
         self.emit("state_changed", sc)  # a listener that fails: the Emitter logs and drops it
-
-    def _close_sinks(self) -> None:
-        if self.otel is not None:
-            self.otel.close()  # a state span still open was abandoned
-        if self._trace_file is not None:
-            self._trace_file.close()
 
     def _on_closed(self, t: float | None) -> None:
         logger.info("job closed (%s)", self.job.reason or "no reason given")
