@@ -282,3 +282,28 @@ async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducibl
         "t=2: the agent asked for the room's deletion itself (request_room_deletion, as an "
         "end-call tool does); no scenario step does that"
     ) in comments(recorded)
+
+
+async def test_a_job_aborted_by_its_code_is_recorded_and_reproduced(
+    tmp_path: Path,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    example_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``job.aclose(graceful=False)``: ``aclose()`` closes the room deletion after the
+    lifecycle, and the job's trace file closes with the lifecycle; ``--check`` found the
+    trace ending in ``allowed`` and the rebuilt file failed its own ``expect``."""
+    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
+    agent_room.add_participant("user")
+    job = await run_entrypoint(agent.server)
+    await run_entrypoint.clock.advance(5)
+    await job.aclose(graceful=False)
+    await run_entrypoint.wait_ended()
+    trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
+    args = ["record", str(trace), "-o", str(recorded), "--check"]
+    assert await asyncio.to_thread(main, args) == 0, capsys.readouterr().err
+    assert "room deletion's close by aclose()" in comments(recorded)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["simulate", str(recorded)]) == 0
+    assert "all held" in capsys.readouterr().out

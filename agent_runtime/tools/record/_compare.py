@@ -20,7 +20,16 @@ def compare(records: Sequence[TraceRecord], result: dict[str, Any]) -> list[str]
         if r.kind in ("transition", "ignore", "reject") and r.machine in MACHINES:
             finals[r.machine] = r.dest or r.source
     got: dict[str, list[tuple[str, str, str]]] = {}
+    ran_finals = dict(result["final_states"])
+    traced = any(r.machine == "room_deletion" and r.event == "close" for r in records)
+    closed = False  # the run's lifecycle is closed: what comes after is the release's
     for t in result["transitions"]:
+        closed = closed or (t["machine"] == "agent_job" and t["dest"] == "closed")
+        if closed and not traced and (t["machine"], t["event"]) == ("room_deletion", "close"):
+            # aclose() closes the deletion after the lifecycle, and a job's trace file is
+            # closed with the lifecycle: no trace of a job holds it
+            ran_finals["room_deletion"] = t["source"]
+            continue
         if not _compared(t["machine"], t["event"], t["source"], t["dest"]):
             continue
         got.setdefault(t["machine"], []).append(
@@ -28,7 +37,7 @@ def compare(records: Sequence[TraceRecord], result: dict[str, Any]) -> list[str]
         )
     out: list[str] = []
     for machine, state in sorted(finals.items()):
-        ran = result["final_states"].get(machine)
+        ran = ran_finals.get(machine)
         if ran != state:
             out.append(f"final state of {machine}: the trace ends in {state!r}, the run in {ran!r}")
     for machine in sorted(set(want) | set(got)):
