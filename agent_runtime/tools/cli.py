@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import warnings
 from collections.abc import Sequence
@@ -199,13 +200,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: cannot write to stdout ({e.error.strerror or e.error})", file=sys.stderr)
         return EXIT_STDOUT_FAILED
     except KeyboardInterrupt:
-        # what the cut run left unawaited is collected as the process exits: not news
+        # what the cut run left unawaited or pending is collected as the process exits (when
+        # is the collector's choice, its exit hooks included): not news
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        logging.getLogger("asyncio").addFilter(_not_a_pending_task)
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         sys.stdout = stdout
         release_at_exit()  # a job's RoomIO used livekit's native runtime: see native_exit
+
+
+def _not_a_pending_task(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Task was destroyed but it is pending")
 
 
 def _run(args: argparse.Namespace) -> int:
