@@ -72,6 +72,25 @@ def _with_callback(callback: Callable[..., Any], *, on_job: bool = False) -> Age
     return server
 
 
+async def _shut_down(
+    room: InMemoryRoom, session_end: Callable[[JobContext], Any], **server: Any
+) -> tuple[EntrypointRunner, Any]:
+    """A job whose server runs ``session_end`` through ``session_end_hook``, started with a
+    user in the room and shut down: its runner (for the test to close) and its process."""
+    served = AgentServer(session_end_timeout=315, **server)
+
+    @served.rtc_session(on_session_end=session_end_hook(session_end))
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    runner = EntrypointRunner(room=room)
+    room.add_participant("user")
+    await runner(served)
+    runner.ctx.shutdown("bye")
+    return runner, runner.process
+
+
 async def test_a_user_who_leaves_ends_the_job_through_on_session_end_then_the_callbacks(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:
@@ -240,18 +259,7 @@ async def test_a_session_end_of_the_agents_that_never_returns_fails_the_test(
         used.append(http_context.http_session())
         await asyncio.Event().wait()  # the transcript store never answers
 
-    server = AgentServer(session_end_timeout=315)
-
-    @server.rtc_session(on_session_end=session_end_hook(upload_transcript))
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    runner = EntrypointRunner(room=agent_room)
-    agent_room.add_participant("user")
-    await runner(server)
-    runner.ctx.shutdown("bye")
-    process = runner.process
+    runner, process = await _shut_down(agent_room, upload_transcript)
     with pytest.raises(
         UserCodeError,
         match=r"the agent's on_session_end session_end_hook\(.*upload_transcript\) never",
@@ -267,21 +275,12 @@ async def test_a_slow_session_end_is_cut_at_the_servers_shutdown_process_timeout
 ) -> None:
     # the kit waited 10 s whatever the server gave its process: a 12 s upload failed a
     # test whose server gives 60
-    server = AgentServer(session_end_timeout=315, shutdown_process_timeout=kill_after)
-
     async def upload_transcript(_ctx: JobContext) -> None:
         await asyncio.sleep(12)
 
-    @server.rtc_session(on_session_end=session_end_hook(upload_transcript))
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    runner = EntrypointRunner(room=agent_room)
-    agent_room.add_participant("user")
-    await runner(server)
-    runner.ctx.shutdown("bye")
-    process = runner.process
+    runner, process = await _shut_down(
+        agent_room, upload_transcript, shutdown_process_timeout=kill_after
+    )
     if killed:
         with pytest.raises(UserCodeError, match=r"upload_transcript\) never returned"):
             await runner.aclose()

@@ -27,6 +27,11 @@ from examples import agent
 from tests.test_record import comments
 
 
+async def record_check(trace: Path, recorded: Path) -> int:
+    """``agent-runtime record TRACE -o RECORDED --check``, on a loop of its own (a thread)."""
+    return await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+
+
 @pytest.fixture
 def example_env() -> Iterator[None]:
     keep = {k: os.environ.get(k) for k in ("AGENT_TRACE", "AGENT_AVATAR")}
@@ -83,10 +88,7 @@ async def test_a_production_trace_of_the_example_agent_round_trips(
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
     assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace
 
-    # --check runs the scenario on a loop of its own: from a thread here
-    assert (
-        await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"]) == 0
-    )
+    assert await record_check(trace, recorded) == 0
     err = capsys.readouterr().err
     assert "reproduces the trace: every machine ends in the same state" in err
     steps = [line for line in recorded.read_text().splitlines() if "{at:" in line]
@@ -154,8 +156,7 @@ async def test_a_job_aborted_while_the_agent_speaks_through_the_avatar_is_reprod
     interrupted = [r for r in read_trace(trace) if r.event in ("interrupted", "interrupt")]
     assert {(r.machine, r.t) for r in interrupted} == {("playout", 6.0), ("avatar", 6.0)}
 
-    args = ["record", str(trace), "-o", str(recorded), "--check"]
-    assert await asyncio.to_thread(main, args) == 0, capsys.readouterr().err
+    assert await record_check(trace, recorded) == 0, capsys.readouterr().err
     assert "reproduces the trace" in capsys.readouterr().err
     steps = [
         s for s in load_scenario(recorded).steps if s.event in ("agent.say", "session.interrupt")
@@ -190,8 +191,7 @@ async def test_an_avatar_join_seen_with_its_video_is_named_as_not_reproducible(
     await run_entrypoint.wait_for("job", "closed")
 
     recorded = tmp_path / "incident.yaml"
-    args = ["record", str(tmp_path / "test-job.jsonl"), "-o", str(recorded), "--check"]
-    assert await asyncio.to_thread(main, args) == 1
+    assert await record_check(tmp_path / "test-job.jsonl", recorded) == 1
     err = capsys.readouterr().err
     assert (
         "avatar: transition 3 differs: trace routing -> joined on avatar_connected, "
@@ -231,8 +231,7 @@ async def test_a_simulator_that_gained_its_attribute_after_joining_still_gets_th
     assert job.states["finalize"] == "closed" and job.finalize_answered
 
     recorded = tmp_path / "incident.yaml"
-    args = ["record", str(tmp_path / "test-job.jsonl"), "-o", str(recorded), "--check"]
-    assert await asyncio.to_thread(main, args) == 0, capsys.readouterr().err
+    assert await record_check(tmp_path / "test-job.jsonl", recorded) == 0, capsys.readouterr().err
     steps = [line for line in recorded.read_text().splitlines() if "{at:" in line]
     assert steps[1:3] == [
         "  - {at: 1.0, event: participant_connected, identity: simulator}",
@@ -270,8 +269,7 @@ async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducibl
     assert job.states["room_deletion"] == "deleted"
 
     recorded = tmp_path / "incident.yaml"
-    args = ["record", str(tmp_path / "test-job.jsonl"), "-o", str(recorded), "--check"]
-    assert await asyncio.to_thread(main, args) == 1
+    assert await record_check(tmp_path / "test-job.jsonl", recorded) == 1
     err = capsys.readouterr().err
     assert (
         "room_deletion: transition 1 differs: trace kept -> requested on request, "
@@ -301,8 +299,7 @@ async def test_a_job_aborted_by_its_code_is_recorded_and_reproduced(
     await job.aclose(graceful=False)
     await run_entrypoint.wait_ended()
     trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
-    args = ["record", str(trace), "-o", str(recorded), "--check"]
-    assert await asyncio.to_thread(main, args) == 0, capsys.readouterr().err
+    assert await record_check(trace, recorded) == 0, capsys.readouterr().err
     assert "room deletion's close by aclose()" in comments(recorded)
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["simulate", str(recorded)]) == 0
