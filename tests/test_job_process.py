@@ -108,6 +108,29 @@ async def test_a_user_who_leaves_ends_the_job_through_on_session_end_then_the_ca
     assert steps[-3:] == ["report", "disconnect", "callbacks"]
 
 
+async def test_an_agent_that_ends_the_call_has_the_room_in_its_on_session_end(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # livekit disconnects after on_session_end; the job's own close disconnected the room
+    # first, under the agent's session-end callback (an end-call tool's path)
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    await run_entrypoint(_server(seen))
+    run_entrypoint.ctx.shutdown("the agent ended the call")
+    await run_entrypoint.wait_ended()
+    assert seen == [
+        "on_session_end connected=True",
+        "callback the agent ended the call connected=False",
+    ]
+    assert [s for _, s in run_entrypoint.shutdown_steps] == [
+        "session",
+        "on_session_end",
+        "report",
+        "disconnect",
+        "callbacks",
+    ]
+
+
 async def test_a_shutdown_asks_on_session_end_while_the_hold_keeps_the_room(
     agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
 ) -> None:

@@ -442,10 +442,11 @@ def job_shutdown_callbacks(ctx: JobContext) -> list[Callable[[str], Any]]:
     return list(getattr(ctx, "_shutdown_callbacks", ()))
 
 
-def set_job_shutdown_hook(ctx: JobContext, hook: Callable[[str], None]) -> None:
-    """What ``ctx.shutdown(reason)`` calls (the job process's shutdown; a fake job's does
-    nothing)."""
-    ctx._on_shutdown = hook
+def set_job_shutdown_hook(ctx: JobContext, hook: Callable[[str], None]) -> Callable[[str], None]:
+    """Make ``hook`` what ``ctx.shutdown(reason)`` calls (the job process's shutdown; a fake
+    job's does nothing); returns what it called before."""
+    before, ctx._on_shutdown = ctx._on_shutdown, hook
+    return before
 
 
 def job_simulator_left(ctx: JobContext) -> Callable[[rtc.RemoteParticipant], None]:

@@ -72,7 +72,7 @@ from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
-from agent_runtime.system.livekit_job import CONTEXT_ENDED, context_ended
+from agent_runtime.system.livekit_job import CONTEXT_ENDED, context_ended, shutdown_asked
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
@@ -394,7 +394,12 @@ class JobSystem(MachineRuntime[str]):
     # running after its step's share no longer holds the avatar's close back (the avatar
     # must leave while the room is connected).
     def _teardown_works(self) -> dict[str, Work]:
-        return {"session": self._close_session, "avatar": self._avatar_left}
+        works: dict[str, Work] = {"session": self._close_session, "avatar": self._avatar_left}
+        if self.job_context is not None and shutdown_asked(self.job_context):
+            # livekit disconnects the room after on_session_end (_shutdown_job's order): a
+            # session-end callback still has the room, as without this runtime
+            works["disconnect"] = lambda: None
+        return works
 
     def _close_session(self) -> Awaitable[None] | None:
         """The session closes (when the job ends for another reason, e.g. the simulator

@@ -25,8 +25,10 @@ logger = logging.getLogger("agent_runtime.agent_job")
 # the live job of each job context, for on_session_end / on_simulation_end; dropped at close
 _JOBS: dict[Any, AgentJob] = {}
 # the contexts whose job closed after it followed their room: that room is disconnected
-# now (the job's close disconnects it, as livekit's shutdown does)
+# now, or about to be (the job's close disconnects it, or livekit's shutdown under way does)
 _ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
+# the contexts whose job process was asked to shut down (ctx.shutdown)
+_SHUTTING_DOWN: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
 # what a name filled into a path must not hold: a separator (a room named "../x" wrote
@@ -84,6 +86,12 @@ def register(ctx: JobContext, job: AgentJob) -> None:
     """``job`` is ``ctx``'s until it closes; it closes with livekit's own shutdown too."""
     _JOBS[ctx] = job
 
+    def shut_down(reason: str) -> None:
+        _SHUTTING_DOWN.add(ctx)
+        process_shutdown(reason)
+
+    process_shutdown = lk.set_job_shutdown_hook(ctx, shut_down)
+
     # the safety net when on_session_end was not passed (no hold then: the room is
     # already disconnected)
     async def on_livekit_shutdown(reason: str) -> None:
@@ -105,6 +113,13 @@ def forget(ctx: JobContext, *, room_followed: bool) -> None:
 
 def context_ended(ctx: JobContext) -> bool:
     return ctx in _ENDED
+
+
+def shutdown_asked(ctx: JobContext) -> bool:
+    """``ctx.shutdown()`` was called (the agent's code, an end-call tool, the simulator
+    leaving): livekit's own end is under way, and it disconnects the room after
+    ``on_session_end``."""
+    return ctx in _SHUTTING_DOWN
 
 
 CONTEXT_ENDED = (
@@ -150,12 +165,15 @@ def session_end_hook(
     """Your own session-end callback ``then(ctx)``, then ``on_session_end``.
 
     Yours runs first, where livekit runs it alone: after the session closed, within the
-    server's ``session_end_timeout``. In a simulation the job is holding for the
-    simulator's verdict then, so the room is connected as yours begins (a verdict that
-    comes while yours runs closes the job, and the room, under it); outside one the job
-    closed with its session, and its close disconnected the room already. Read the verdict
-    in ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
-    (livekit logs it, as it logs a failing ``on_session_end``)."""
+    server's ``session_end_timeout``. When the job was shut down through livekit
+    (``ctx.shutdown()``: your code, an end-call tool, the simulator leaving) the room is
+    connected while yours runs: livekit disconnects it afterwards, and the job leaves it
+    to livekit. When the job ended on its own (the user left, say), its close disconnected
+    the room, which is what ended the livekit job: yours runs with the room gone, as
+    livekit alone runs it once the room ends. In a simulation the job holds for the
+    verdict while yours runs; read the verdict in ``on_simulation_end``. If yours raises,
+    the job still ends, then its error is raised (livekit logs it, as it logs a failing
+    ``on_session_end``)."""
     if then is not None and not callable(then):
         raise TypeError("then must be callable")
 
