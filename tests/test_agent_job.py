@@ -495,6 +495,31 @@ async def test_without_an_avatar_a_hung_session_close_holds_the_close_only_its_s
     session._closing_task.cancel()
 
 
+async def test_a_close_cut_at_its_bound_names_the_job_as_every_warning_does(
+    ctx: JobContext, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the teardown's warning began "job aj-room:" (a room presented as a job; "job job:"
+    # when the room had no name yet), where every other warning names the job and its room
+    with injected(clock=clock):
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), close_timeout=4)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+
+    async def hang(**_: Any) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    job.session._aclose_impl = hang  # type: ignore[method-assign]
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(5)
+    assert closing.done()
+    (warned,) = [r.getMessage() for r in caplog.records if "took longer" in r.getMessage()]
+    assert warned.startswith(
+        f"job {ctx.job.id} (room {ROOM}), job[{ROOM}]: closing session took longer than 0.6s"
+    ), warned
+    assert job.session._closing_task is not None
+    job.session._closing_task.cancel()
+
+
 class OptionsAvatar(ScriptedAvatar):
     """A plugin whose ``start()`` takes the credentials keywords the published plugins do."""
 

@@ -188,3 +188,15 @@ def test_the_readme_machines_table_names_every_state_of_each_machine() -> None:
     for name, states in rows.items():
         named = set(re.findall(r"\w+", states))
         assert named == set(MACHINES[name].state_names), (name, states)
+
+
+def test_the_observability_page_names_every_state_that_gets_a_span() -> None:
+    """The page's list of states that take time is exactly the ones the OTel sink spans
+    (it named four of sixteen)."""
+    from agent_runtime.observe.otel import held_states
+
+    text = (ROOT / "docs" / "guide" / "observability.md").read_text(encoding="utf-8")
+    (row,) = [line for line in text.splitlines() if "each state that takes time" in line]
+    listed = row.split("state task (", 1)[1].split(")", 1)[0]
+    named = {tuple(s.split(".")) for s in re.findall(r"`(\w+\.\w+)`", listed)}
+    assert named == set(held_states())

@@ -414,7 +414,7 @@ class JobRuntime(MachineRuntime[str]):
             close_timeout=self._close_timeout,
             clock=self._clock,
             log=logger,
-            who=f"job {self.actor.instance}",
+            who=self.actor.where(),
             begin=self._begin_step,
             waiting_for=self._waiting_for,
         )

@@ -436,7 +436,7 @@ class JobSystem(MachineRuntime[str]):
             close_timeout=self.settings.close_timeout,
             clock=self.clock,
             log=logger,
-            who=f"job {self.room.name}",
+            who=self.lifecycle.where(),
             begin=self._begin_release,
         )
         works: dict[str, Work] = {
