@@ -441,6 +441,9 @@ def observed(
     trace_file: JsonlSink | None = None
     if trace_path is not None:
         try:
+            # a directory a job's name fills in ("traces/{job_id}/...") cannot be there
+            # before the job: the missing ones are made, as a log file's would be
+            Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
             trace_file = JsonlSink(trace_path)
         except OSError as e:
             raise SettingError(

@@ -159,7 +159,7 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
         (lambda s: {"session": "agent"}, TypeError, "session must be an AgentSession"),
         (lambda s: {"session": s, "nope": 1}, TypeError, "nope"),
         (
-            lambda s: {"session": s, "trace_path": "/nonexistent-dir/{job_id}.jsonl"},
+            lambda s: {"session": s, "trace_path": "/dev/null/{job_id}.jsonl"},
             SettingError,
             "trace_path: cannot write the trace",
         ),

@@ -100,7 +100,8 @@ def test_the_server_registers_the_entrypoint_and_both_hooks() -> None:
 
 async def test_user_linked_then_leaving_closes_the_session_and_the_job(tmp_path: Path) -> None:
     with Job(("user", {})) as job, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AGENT_TRACE", str(tmp_path / "{job_id}.jsonl"))
+        # a directory per job: made as the job opens its trace (it failed every call)
+        mp.setenv("AGENT_TRACE", str(tmp_path / "traces" / "{job_id}" / "{room}.jsonl"))
         await job.run()
         await settle()
         parts = job.parts
@@ -121,7 +122,8 @@ async def test_user_linked_then_leaving_closes_the_session_and_the_job(tmp_path:
         assert job.room.listener_count() == job.baseline
         assert parts.link.state == "closed"
 
-    trace = read_trace(tmp_path / "fake-job.jsonl")  # one file per job, closed with it
+    # one file per job, closed with it
+    trace = read_trace(tmp_path / "traces" / "fake-job" / "example-room.jsonl")
     path = {(r.machine, r.dest) for r in trace if r.kind == "transition"}
     assert {("participant", "linked"), ("participant", "closing"), ("job", "closed")} <= path
     assert ("session_host", "closed") in path
@@ -241,11 +243,10 @@ def test_an_avatar_factory_must_load_and_make_an_avatar_session() -> None:
 async def test_an_unwritable_trace_path_fails_the_job_before_anything_starts(
     tmp_path: Path,
 ) -> None:
+    (tmp_path / "a-file").write_text("")  # a directory that cannot be made
     with Job(("user", {})) as job, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AGENT_TRACE", str(tmp_path / "missing-dir" / "{room}.jsonl"))
-        with pytest.raises(
-            SettingError, match=r"trace_path: cannot write the trace to .*/missing-dir/"
-        ):
+        mp.setenv("AGENT_TRACE", str(tmp_path / "a-file" / "{room}.jsonl"))
+        with pytest.raises(SettingError, match=r"trace_path: cannot write the trace to .*/a-file/"):
             await job.run()
         assert AgentJob.for_job(job.ctx) is None
         assert job.room.listener_count() == job.baseline and job.room.isconnected()

@@ -818,7 +818,8 @@ async def test_a_job_runtime_whose_trace_file_cannot_be_written_says_so_and_subs
     from agent_runtime.settings import SettingError
 
     listeners = room.listener_count()
-    missing = tmp_path / "missing-dir" / "trace.jsonl"
-    with pytest.raises(SettingError, match=r"trace_path: cannot write the trace to .*missing-dir"):
+    (tmp_path / "a-file").write_text("")
+    missing = tmp_path / "a-file" / "trace.jsonl"  # a directory that cannot be made
+    with pytest.raises(SettingError, match=r"trace_path: cannot write the trace to .*a-file"):
         JobRuntime(room=room, trace_path=missing)
-    assert room.listener_count() == listeners and not missing.parent.exists()
+    assert room.listener_count() == listeners and not missing.parent.is_dir()
