@@ -122,6 +122,53 @@ async def test_an_entrypoint_that_waits_before_building_its_job_is_named(
         await asyncio.wait_for(run_entrypoint(lingering.waits_before_its_job_server()), 30)
 
 
+def _avatar_server() -> Any:
+    from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+
+    from agent_runtime import AgentJob
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    server = AgentServer()
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar-1")
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+@pytest.mark.virtual_time
+async def test_a_stall_on_the_avatar_plugins_start_says_so_and_how_to_test_it(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    # it said only "the job is starting" (a real plugin retrying its provider, say)
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    agent_room.add_participant("user")
+    hangs = ScriptedAvatar(avatar_identity="avatar-1", held=True)
+    with pytest.raises(EntrypointStalled, match=r"avatar plugin's start\(\) has not returned"):
+        await asyncio.wait_for(run_entrypoint(_avatar_server(), avatar=hangs), 30)
+    await run_entrypoint.aclose()
+
+
+@pytest.mark.virtual_time
+async def test_a_hanging_avatar_start_is_tested_by_moving_the_clock_past_join_timeout(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    agent_room.add_participant("user")
+    hangs = ScriptedAvatar(avatar_identity="avatar-1", held=True)
+    started = asyncio.ensure_future(
+        run_entrypoint(_avatar_server(), avatar=hangs, start_timeout=60)
+    )
+    await virtual_clock.advance(30)  # join_timeout: the start is given up
+    job = await asyncio.wait_for(started, 30)
+    assert job.lifecycle == "running" and job.audio_route() == "room"
+
+
 async def test_an_entrypoint_that_builds_no_job_is_no_agent_job(
     run_entrypoint: EntrypointRunner,
 ) -> None:

@@ -68,6 +68,20 @@ class EntrypointStalled(TimeoutError):
     """The entrypoint neither started its job nor ended within the wait."""
 
 
+def _still_starting(job: AgentJob) -> str:
+    """What of a job's start has not returned, for the stall's message."""
+    if job.states.get("avatar") == "starting":
+        return (
+            "; its avatar plugin's start() has not returned: a real plugin calls its "
+            "provider (with retries of its own), avatar=scripted_avatar stands in for it; "
+            "to test a start that hangs, run run_entrypoint as a task with a start_timeout "
+            "past join_timeout and move the clock past join_timeout"
+        )
+    if job.states.get("session") == "new":
+        return "; its session has not started"
+    return ""
+
+
 class _StartWatch:
     """A trace sink that sees the jobs an entrypoint builds: the first one (taken while it
     is registered for the job context, so also once it closed) and when its start is over
@@ -253,7 +267,8 @@ class EntrypointRunner:
         if not watch.started.done() and not entry.done():
             raise EntrypointStalled(
                 f"the entrypoint has not started its job after {start_timeout:g}s (the job "
-                f"is {job.lifecycle}): it waits for something that has not happened"
+                f"is {job.lifecycle}{_still_starting(job)}): it waits for something that "
+                "has not happened"
             )
         return job
 
