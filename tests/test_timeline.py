@@ -297,3 +297,34 @@ def test_simulate_html_draws_one_file_only(
         "file": None,
         "error": "--html draws exactly one FILE",
     }
+
+
+def test_a_failed_effect_is_not_hidden_under_one_drawn_at_the_same_instant(
+    tmp_path: Path,
+) -> None:
+    # the avatar's failed start and the restore it causes are at one instant: the restore's
+    # green mark was drawn over the red one, so the page showed no failure
+    scenario = tmp_path / "fails_once.yaml"
+    scenario.write_text(
+        "name: avatar start fails once, retry joins\n"
+        "config: {avatar_identity: av, retry_avatar: {attempts: 1, backoff: {initial: 0.5}}}\n"
+        "participants: [{identity: alice}]\n"
+        "steps:\n"
+        "  - {at: 0, event: session.start}\n"
+        "  - {at: 0, event: avatar.start_error, times: 1}\n"
+        "  - {at: 3, event: participant_connected, identity: av, kind: agent}\n"
+        "  - {at: 3.2, event: track_published, identity: av, kind: video}\n"
+        "  - {at: 20, event: end}\n",
+        encoding="utf-8",
+    )
+    trace, html = tmp_path / "t.jsonl", tmp_path / "page.html"
+    assert cli(["simulate", str(scenario), "--trace", str(trace), "--html", str(html)]) == 0
+    marks = re.findall(
+        r'<path class="mark effect( failed)?" d="([^"]+)"><title>([^<]*)</title>', html.read_text()
+    )
+    failure = [(d, tip) for bad, d, tip in marks if "start_plugin: error" in tip]
+    assert len(failure) == 1, marks
+    at, tip = failure[0]
+    drawn_there = [bad for bad, d, _ in marks if d == at]
+    assert drawn_there == [" failed"]  # one mark at that spot, red
+    assert "restore_route: ok" in tip  # naming each effect drawn there

@@ -129,17 +129,27 @@ def _segments(lane: Lane, spec: MachineSpec | None, y: float, x: Any, t1: float)
 def _marks(lane: Lane, y: float, x: Any) -> list[str]:
     out = []
     base = y + _LANE_H + 1
+    # effects drawn at one spot are one mark, red if any failed, its title naming each: a
+    # failure followed at once by a restore was drawn under the restore's green mark
+    effects: dict[str, list[str]] = {}
+    failed: set[str] = set()
+    for m in lane.marks:
+        if m.kind == "effect":
+            at = f"{x(m.t):.1f}"
+            tip = f"t={m.t:g} effect {m.name}: {m.outcome}" + (f" ({m.detail})" if m.detail else "")
+            effects.setdefault(at, []).append(tip)
+            if m.outcome not in ("ok", "cancelled", ""):
+                failed.add(at)
+    for at, tips in effects.items():
+        cx = float(at)
+        out.append(
+            f'<path class="mark effect{" failed" if at in failed else ""}" '
+            f'd="M{cx:.1f},{base - 4:.1f} L{cx + 4:.1f},{base:.1f} L{cx:.1f},{base + 4:.1f} '
+            f'L{cx - 4:.1f},{base:.1f} z"><title>{esc(chr(10).join(tips))}</title></path>'
+        )
     for m in lane.marks:
         cx = x(m.t)
-        if m.kind == "effect":
-            bad = m.outcome not in ("ok", "cancelled", "")
-            tip = f"t={m.t:g} effect {m.name}: {m.outcome}" + (f" ({m.detail})" if m.detail else "")
-            out.append(
-                f'<path class="mark effect{" failed" if bad else ""}" '
-                f'd="M{cx:.1f},{base - 4:.1f} L{cx + 4:.1f},{base:.1f} L{cx:.1f},{base + 4:.1f} '
-                f'L{cx - 4:.1f},{base:.1f} z"><title>{esc(tip)}</title></path>'
-            )
-        elif m.kind == "reject":
+        if m.kind == "reject":
             out.append(
                 f'<path class="mark reject" d="M{cx - 4:.1f},{y - 4:.1f} L{cx + 4:.1f},{y + 4:.1f} '
                 f'M{cx + 4:.1f},{y - 4:.1f} L{cx - 4:.1f},{y + 4:.1f}">'
