@@ -6,14 +6,15 @@ none. The stand-in is the testing kit's ``Gate``, the one the explorer's harness
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent_runtime.testing import runner
-from agent_runtime.testing.safe_yaml import load_yaml
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
+from agent_runtime.tools.cli import main as cli
 
 
 def _run(config: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -114,9 +115,14 @@ def test_bad_hold_keys_are_one_clear_line(
     assert "\n" not in str(e.value)
 
 
-def test_the_guides_held_deletion_example_fails_the_deletion() -> None:
+def test_the_guides_held_deletion_example_fails_the_deletion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # run as a user runs it, copied into a file (it lacked the name a file needs)
     text = (Path(__file__).parents[1] / "docs/guide/scenarios.md").read_text()
     block = text.split("<!-- scenario: a held deletion that fails -->\n```yaml\n")[1]
-    raw = load_yaml(block.split("```")[0])
-    r = _run(raw["config"], raw["steps"])
-    assert r["final_states"]["room_deletion"] == "failed"
+    copied = tmp_path / "held.yaml"
+    copied.write_text(block.split("```")[0], encoding="utf-8")
+    assert cli(["simulate", str(copied), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["final_states"]["room_deletion"] == "failed"
