@@ -95,8 +95,9 @@ def test_uncommitted_and_committed_changes(repo: Path, capsys: pytest.CaptureFix
     edit(
         lamp, 'cells(["off", "on"], "tick")', 'cells(["off", "on"], "tick"), *cells("on", "surge")'
     )
-    assert main(["diff", "HEAD"]) == 0
+    assert main(["diff", "HEAD"]) == 1  # changed: as diff(1), so CI can gate on it
     out = capsys.readouterr().out
+    head = git(repo, "rev-parse", "--short", "HEAD").strip()
     assert "lamp: 2 changed\n" in out
     assert "  ~ (on, surge)\n      was: -> broken\n      now: ignore\n" in out
     assert "  ~ (on, press)\n      was: -> off\n      now: -> off / glow\n" in out
@@ -104,16 +105,37 @@ def test_uncommitted_and_committed_changes(repo: Path, capsys: pytest.CaptureFix
     assert (
         "      now: -> off / glow\n      drawn: edge on -> off  (diagrams/lamp.svg#edge--on--off)\n"
     ) in out
-    # a transition that became ignore: where it was drawn, in the picture before
+    # a transition that became ignore: where it was drawn, in the picture of the revision
+    # (it was a bare link into today's picture, which has no such region)
     assert (
-        "      now: ignore\n      drawn: edge on -> broken  (diagrams/lamp.svg#edge--on--broken)\n"
+        "      now: ignore\n      drawn before: edge on -> broken  "
+        f"(diagrams/lamp.svg#edge--on--broken as of {head})\n"
     ) in out
 
     git(repo, "commit", "-qam", "lamp: surges no longer break a lit lamp")
     assert main(["diff", "HEAD"]) == 0
     assert "lamp: no change" in capsys.readouterr().out
-    assert main(["diff", "HEAD~1"]) == 0
+    assert main(["diff", "HEAD~1"]) == 1
     assert "~ (on, surge)" in capsys.readouterr().out
+
+
+def test_a_cell_that_moved_links_both_places_each_in_its_own_picture(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(
+        repo / "statemachines" / "lamp.py",
+        '*row("on", "press", "off"),',
+        '*row("on", "press", "broken"),',
+    )
+    assert main(["diff", "HEAD"]) == 1
+    head = git(repo, "rev-parse", "--short", "HEAD").strip()
+    assert (
+        "  ~ (on, press)\n"
+        "      was: -> off\n"
+        "      now: -> broken\n"
+        "      drawn: edge on -> broken  (diagrams/lamp.svg#edge--on--broken)\n"
+        f"      drawn before: edge on -> off  (diagrams/lamp.svg#edge--on--off as of {head})\n"
+    ) in capsys.readouterr().out
 
 
 def test_added_and_removed_cells(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,7 +152,7 @@ def test_added_and_removed_cells(repo: Path, capsys: pytest.CaptureFixture[str])
             "    ignore=(", '    reject=(*cells("off", "dim"),),\n    ignore=('
         )
     )
-    assert main(["diff", "HEAD"]) == 0
+    assert main(["diff", "HEAD"]) == 1
     out = capsys.readouterr().out
     assert "lamp: 3 added\n" in out
     assert "  + (off, dim): reject\n" in out
@@ -144,7 +166,7 @@ def test_added_and_removed_cells(repo: Path, capsys: pytest.CaptureFixture[str])
 def test_a_revision_before_the_machines_shows_them_all_new(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["diff", "HEAD~1"]) == 0
+    assert main(["diff", "HEAD~1"]) == 1
     out = capsys.readouterr().out
     assert "lamp: new machine, 9 cells" in out
     assert "  + (off, press): [armed] -> on / glow; else -> off" in out

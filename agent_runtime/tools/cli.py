@@ -163,8 +163,14 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--no-simulation", action="store_true", help="a plain job, no simulator")
     fz.set_defaults(module="agent_runtime.tools.commands.fuzz")
 
-    dif = sub.add_parser("diff", help="cells added, removed or changed since a git revision")
-    dif.add_argument("rev")
+    dif = sub.add_parser(
+        "diff",
+        help="cells added, removed or changed since a git revision",
+        description="The machine cells added, removed or changed since a git revision, "
+        "compared with the working tree, each with where its diagram draws it. Exit 0 "
+        "when no cell changed, 1 when one did, 2 on an error (one line).",
+    )
+    dif.add_argument("rev", metavar="REV", help="a git revision (main, HEAD~1, a commit id)")
     dif.set_defaults(module="agent_runtime.tools.commands.diff")
     return p
 

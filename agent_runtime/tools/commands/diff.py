@@ -106,17 +106,29 @@ def _text(cell: Any) -> str:
     return "; ".join(describe_cell(cell))
 
 
-def _drawn(name: str, key: tuple[str, str], *tables: dict[str, Any]) -> list[str]:
-    """Where the cell is drawn in ``diagrams/NAME.svg`` (each side's picture, once), as a
-    link a reviewer opens to see that region outlined."""
-    seen: list[str] = []
-    lines: list[str] = []
-    for table in tables:
-        for ident, words in table.get("regions", {}).get(key[0], {}).get(key[1], []):
-            if ident not in seen:
-                seen.append(ident)
-                lines.append(f"      drawn: {words}  (diagrams/{name}.svg#{ident})")
-    if not lines and any("regions" in t for t in tables):
+def _drawn(
+    name: str,
+    key: tuple[str, str],
+    now: dict[str, Any] | None,
+    before: dict[str, Any] | None = None,
+    rev: str = "",
+) -> list[str]:
+    """Where the cell is drawn in ``diagrams/NAME.svg``, as links a reviewer opens to see
+    that region outlined: the working tree's picture (``drawn``), and a place only the
+    picture at ``rev`` has (``drawn before``, a region of that revision's file)."""
+
+    def regions(table: dict[str, Any] | None) -> list[tuple[str, str]]:
+        found = (table or {}).get("regions", {}).get(key[0], {}).get(key[1], [])
+        return [(ident, words) for ident, words in found]
+
+    here = regions(now)
+    lines = [f"      drawn: {words}  (diagrams/{name}.svg#{ident})" for ident, words in here]
+    lines += [
+        f"      drawn before: {words}  (diagrams/{name}.svg#{ident} as of {rev})"
+        for ident, words in regions(before)
+        if ident not in {i for i, _ in here}
+    ]
+    if not lines and any(t is not None and "regions" in t for t in (now, before)):
         lines.append(
             f"      drawn: nowhere, {key[1]} is not a transition in {key[0]} "
             f"(the table: diagrams/{name}.md)"
@@ -124,9 +136,9 @@ def _drawn(name: str, key: tuple[str, str], *tables: dict[str, Any]) -> list[str
     return lines
 
 
-def diff_tables(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def diff_tables(old: dict[str, Any], new: dict[str, Any], rev: str = "REV") -> list[str]:
     """Readable lines: per machine, cells added (+), removed (-) and changed (~), each
-    followed by where it is drawn."""
+    followed by where it is drawn (``rev``: the old side, named in its links)."""
     out: list[str] = []
     names = [*new, *(n for n in old if n not in new)]
     for name in names:
@@ -152,11 +164,11 @@ def diff_tables(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 lines.append(f"  ~ ({key[0]}, {key[1]})")
                 lines.append(f"      was: {_text(before[key])}")
                 lines.append(f"      now: {_text(cell)}")
-                lines += _drawn(name, key, new[name], old[name])
+                lines += _drawn(name, key, new[name], old[name], rev)
         for key, cell in before.items():
             if key not in after:
                 lines.append(f"  - ({key[0]}, {key[1]}): {_text(cell)}")
-                lines += _drawn(name, key, old[name])
+                lines += _drawn(name, key, None, old[name], rev)
         if not lines:
             out.append(f"{name}: no change")
             continue
@@ -190,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"machine cells since {args.rev} ({short}), compared with the working tree")
     print("  + added   - removed   ~ changed   (rows of a cell are tried in order)")
-    for line in diff_tables(old, new):
+    lines = diff_tables(old, new, short)
+    for line in lines:
         print(line)
-    return 0
+    # as diff(1) and git diff --exit-code: 1 when a cell changed, so CI can gate on it
+    return 0 if all(line.endswith(": no change") for line in lines) else 1
