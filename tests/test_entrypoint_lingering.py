@@ -208,3 +208,39 @@ def test_the_cli_refuses_an_entrypoint_that_builds_no_job_as_a_usage_error(
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1, out + err
     assert "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx" in err
+
+
+@pytest.mark.virtual_time
+async def test_an_entrypoint_cut_by_the_jobs_end_before_its_start_returned_returns_its_job(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    # a shutdown while the avatar's start hung: livekit cancels the entrypoint 15 s into the
+    # job's end, and run_entrypoint raised that bare CancelledError into the test
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    agent_room.add_participant("user")
+    hangs = ScriptedAvatar(avatar_identity="avatar-1", held=True)
+    started = asyncio.ensure_future(
+        run_entrypoint(_avatar_server(), avatar=hangs, start_timeout=60)
+    )
+    await asyncio.sleep(0.1)  # the entrypoint waits in job.start()
+    run_entrypoint.ctx.shutdown("bye")
+    await virtual_clock.advance(16)
+    job = await asyncio.wait_for(started, 30)
+    assert job.lifecycle in ("closing", "closed")
+    await run_entrypoint.wait_ended()
+    assert job.lifecycle == "closed"
+
+
+@pytest.mark.virtual_time
+async def test_an_entrypoint_cut_by_the_jobs_end_before_it_built_a_job_says_so(
+    virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    started = asyncio.ensure_future(
+        run_entrypoint(lingering.waits_before_its_job_server(), start_timeout=60)
+    )
+    await asyncio.sleep(0.1)
+    run_entrypoint.ctx.shutdown("bye")
+    await virtual_clock.advance(16)
+    with pytest.raises(NoAgentJob, match="cancelled before it built an AgentJob"):
+        await asyncio.wait_for(started, 30)

@@ -247,7 +247,8 @@ class EntrypointRunner:
             {entry, watch.started}, timeout=start_timeout, return_when="FIRST_COMPLETED"
         )
         if entry.done():
-            await entry  # its failure is the test's, with its traceback
+            if not entry.cancelled():  # cut by the job's end (livekit's 15 s): no failure
+                await entry  # its failure is the test's, with its traceback
         else:
             # what it fails with from here on is the test's too, as a failure of its code
             entry.add_done_callback(self._entry_done)
@@ -257,6 +258,11 @@ class EntrypointRunner:
             raise EntrypointStalled(
                 f"the entrypoint has neither built its AgentJob nor ended after "
                 f"{start_timeout:g}s: it waits for something that has not happened"
+            )
+        if job is None and entry.cancelled():
+            raise NoAgentJob(
+                "the entrypoint was cancelled before it built an AgentJob (livekit cancels "
+                "it 15 s into the job's end)"
             )
         if job is None:
             raise NoAgentJob(
