@@ -131,6 +131,22 @@ async def test_an_agent_that_ends_the_call_has_the_room_in_its_on_session_end(
     ]
 
 
+async def test_the_kits_session_end_is_the_agents_shutdown_room_and_all(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # it ended the job process behind the job context: the job's own close then
+    # disconnected the room before on_session_end, which ctx.shutdown() does not do
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    await run_entrypoint(_server(seen))
+    await asyncio.wait_for(run_entrypoint.session_end(), 5)
+    await run_entrypoint.wait_ended()
+    assert seen == [
+        "on_session_end connected=True",
+        "callback session ended connected=False",
+    ]
+
+
 async def test_a_shutdown_asks_on_session_end_while_the_hold_keeps_the_room(
     agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
 ) -> None:

@@ -287,8 +287,9 @@ class EntrypointRunner:
         end of a job begins (the session closes, then ``on_session_end(ctx)``, where the job
         holds for a simulator's verdict). Returns a task that ends once ``on_session_end``
         returned; await it (while virtual time moves on) for the hold's end."""
-        process = self._last().process
-        process.shutdown("session ended")
+        run = self._last()
+        process = run.process
+        run.ctx.shutdown("session ended")  # the context's, as an agent's: the job hears it
         return asyncio.get_running_loop().create_task(
             _wait(process.session_end_done), name="on_session_end"
         )
