@@ -244,3 +244,19 @@ async def test_an_entrypoint_cut_by_the_jobs_end_before_it_built_a_job_says_so(
     await virtual_clock.advance(16)
     with pytest.raises(NoAgentJob, match="cancelled before it built an AgentJob"):
         await asyncio.wait_for(started, 30)
+
+
+@pytest.mark.virtual_time
+async def test_an_entrypoint_its_own_code_cancelled_is_not_taken_for_the_jobs_end(
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    # it was explained as livekit's cut ("cancelled before it built an AgentJob"), though
+    # no end of the job had begun
+    async def cancels_itself(ctx: Any) -> None:
+        f = asyncio.get_running_loop().create_future()
+        f.cancel()
+        await f
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run_entrypoint(cancels_itself), 30)
+    assert not run_entrypoint.process.begun

@@ -246,10 +246,12 @@ class EntrypointRunner:
         await asyncio.wait(
             {entry, watch.started}, timeout=start_timeout, return_when="FIRST_COMPLETED"
         )
-        if entry.done():
-            if not entry.cancelled():  # cut by the job's end (livekit's 15 s): no failure
-                await entry  # its failure is the test's, with its traceback
-        else:
+        # an entrypoint the job's end cut (livekit cancels it 15 s in) has no failure of its
+        # own; one its own code cancelled is the test's, as any failure of its code
+        cut = entry.done() and entry.cancelled() and process.begun
+        if entry.done() and not cut:
+            await entry  # its failure is the test's, with its traceback
+        elif not entry.done():
             # what it fails with from here on is the test's too, as a failure of its code
             entry.add_done_callback(self._entry_done)
         await settle()  # the entrypoint runs on until it waits (its code after the start)
@@ -259,7 +261,7 @@ class EntrypointRunner:
                 f"the entrypoint has neither built its AgentJob nor ended after "
                 f"{start_timeout:g}s: it waits for something that has not happened"
             )
-        if job is None and entry.cancelled():
+        if job is None and cut:
             raise NoAgentJob(
                 "the entrypoint was cancelled before it built an AgentJob (livekit cancels "
                 "it 15 s into the job's end)"
