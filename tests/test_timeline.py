@@ -299,11 +299,13 @@ def test_simulate_html_draws_one_file_only(
     }
 
 
+@pytest.mark.parametrize("later", [0.0, 0.05], ids=["same-instant", "a-few-pixels-later"])
 def test_a_failed_effect_is_not_hidden_under_one_drawn_at_the_same_instant(
-    tmp_path: Path,
+    tmp_path: Path, later: float
 ) -> None:
-    # the avatar's failed start and the restore it causes are at one instant: the restore's
-    # green mark was drawn over the red one, so the page showed no failure
+    # the avatar's failed start and the restore it causes are at one instant (or a little
+    # later, on a real clock): the restore's green mark was drawn over the red one, so the
+    # page showed no failure
     scenario = tmp_path / "fails_once.yaml"
     scenario.write_text(
         "name: avatar start fails once, retry joins\n"
@@ -318,7 +320,13 @@ def test_a_failed_effect_is_not_hidden_under_one_drawn_at_the_same_instant(
         encoding="utf-8",
     )
     trace, html = tmp_path / "t.jsonl", tmp_path / "page.html"
-    assert cli(["simulate", str(scenario), "--trace", str(trace), "--html", str(html)]) == 0
+    assert cli(["simulate", str(scenario), "--trace", str(trace)]) == 0
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    first = next(i for i, r in enumerate(records) if r.get("effect") == "restore_route")
+    for rec in records[first:]:  # the restore and all after it: the times still go on
+        rec["t"] += later
+    trace.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert cli(["timeline", str(trace), "-o", str(html)]) == 0
     marks = re.findall(
         r'<path class="mark effect( failed)?" d="([^"]+)"><title>([^<]*)</title>', html.read_text()
     )

@@ -126,24 +126,26 @@ def _segments(lane: Lane, spec: MachineSpec | None, y: float, x: Any, t1: float)
     return out
 
 
+_MARK_W = 8.0  # an effect's mark is a diamond this wide
+
+
 def _marks(lane: Lane, y: float, x: Any) -> list[str]:
     out = []
     base = y + _LANE_H + 1
-    # effects drawn at one spot are one mark, red if any failed, its title naming each: a
-    # failure followed at once by a restore was drawn under the restore's green mark
-    effects: dict[str, list[str]] = {}
-    failed: set[str] = set()
+    # effects whose marks would overlap are one mark, red if any failed, its title naming
+    # each: a failure followed at once by a restore was drawn under the restore's green mark
+    groups: list[tuple[float, list[str], list[bool]]] = []  # (x, titles, failed)
     for m in lane.marks:
         if m.kind == "effect":
-            at = f"{x(m.t):.1f}"
+            cx = x(m.t)
             tip = f"t={m.t:g} effect {m.name}: {m.outcome}" + (f" ({m.detail})" if m.detail else "")
-            effects.setdefault(at, []).append(tip)
-            if m.outcome not in ("ok", "cancelled", ""):
-                failed.add(at)
-    for at, tips in effects.items():
-        cx = float(at)
+            if not groups or cx - groups[-1][0] >= _MARK_W:
+                groups.append((cx, [], []))
+            groups[-1][1].append(tip)
+            groups[-1][2].append(m.outcome not in ("ok", "cancelled", ""))
+    for cx, tips, failed in groups:
         out.append(
-            f'<path class="mark effect{" failed" if at in failed else ""}" '
+            f'<path class="mark effect{" failed" if any(failed) else ""}" '
             f'd="M{cx:.1f},{base - 4:.1f} L{cx + 4:.1f},{base:.1f} L{cx:.1f},{base + 4:.1f} '
             f'L{cx - 4:.1f},{base:.1f} z"><title>{esc(chr(10).join(tips))}</title></path>'
         )
