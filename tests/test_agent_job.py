@@ -512,10 +512,14 @@ async def test_a_close_cut_at_its_bound_names_the_job_as_every_warning_does(
     closing = asyncio.ensure_future(job.aclose(graceful=False))
     await clock.advance(5)
     assert closing.done()
-    (warned,) = [r.getMessage() for r in caplog.records if "took longer" in r.getMessage()]
+    (record,) = [r for r in caplog.records if "took longer" in r.getMessage()]
+    warned = record.getMessage()
     assert warned.startswith(
         f"job {ctx.job.id} (room {ROOM}), job[{ROOM}]: closing session took longer than 0.6s"
     ), warned
+    # and its structured fields, as every warning's (the log policy)
+    fields = {k: getattr(record, k, None) for k in ("job_id", "room", "machine", "instance")}
+    assert fields == {"job_id": ctx.job.id, "room": ROOM, "machine": "job", "instance": ROOM}
     assert job.session._closing_task is not None
     job.session._closing_task.cancel()
 

@@ -415,6 +415,7 @@ class JobRuntime(MachineRuntime[str]):
             clock=self._clock,
             log=logger,
             who=self.actor.where(),
+            fields=self.actor.log_fields(),
             begin=self._begin_step,
             waiting_for=self._waiting_for,
         )

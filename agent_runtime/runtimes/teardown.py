@@ -74,6 +74,7 @@ class Teardown:
         clock: Clock,
         log: logging.Logger,
         who: str,
+        fields: Mapping[str, Any] | None = None,
         begin: Callable[[str], None] | None = None,
         waiting_for: Callable[[str], str] | None = None,
     ) -> None:
@@ -84,6 +85,7 @@ class Teardown:
         self._clock = clock
         self._log = log
         self._who = who
+        self._fields = dict(fields or {})  # a log line's structured fields (the log policy)
         self._begin = begin
         self._waiting_for = waiting_for
 
@@ -114,7 +116,7 @@ class Teardown:
             if work is not None:
                 aw = work()
         except Exception as e:
-            self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
+            self._failed(step, e)
         if aw is None:
             self._end(step)
         return aw
@@ -131,10 +133,13 @@ class Teardown:
             step.name,
             step.bound * self._close_timeout,
             why,
+            extra=self._fields,
         )
 
     def _failed(self, step: TeardownStep, e: BaseException) -> None:
-        self._log.error("%s: closing %s failed", self._who, step.name, exc_info=e)
+        self._log.error(
+            "%s: closing %s failed", self._who, step.name, exc_info=e, extra=self._fields
+        )
 
 
 class _Live:

@@ -396,8 +396,7 @@ class JobSystem(MachineRuntime[str]):
     def _teardown_works(self) -> dict[str, Work]:
         works: dict[str, Work] = {"session": self._close_session, "avatar": self._avatar_left}
         if self.job_context is not None and shutdown_asked(self.job_context):
-            # livekit disconnects the room after on_session_end (_shutdown_job's order): a
-            # session-end callback still has the room, as without this runtime
+            # livekit disconnects it after on_session_end: that callback still has the room
             works["disconnect"] = lambda: None
         return works
 
@@ -437,6 +436,7 @@ class JobSystem(MachineRuntime[str]):
             clock=self.clock,
             log=logger,
             who=self.lifecycle.where(),
+            fields=self.lifecycle.log_fields(),
             begin=self._begin_release,
         )
         works: dict[str, Work] = {
