@@ -193,14 +193,16 @@ async def test_a_job_context_whose_job_closed_on_its_room_is_refused_saying_so(
         await job.start(agent)
 
 
-@pytest.mark.parametrize("how", ["connect-failed", "closed-before-start"])
+@pytest.mark.parametrize("how", ["connect-failed", "closed-before-start", "agent-connected-first"])
 async def test_a_job_context_whose_job_never_followed_its_room_takes_a_new_job(
     room: InMemoryRoom, how: str
 ) -> None:
     """A job closed before it followed the room (its ``ctx.connect()`` failed once, or it
     was closed before it started) disconnected nothing and ended no livekit job: a new
-    ``AgentJob`` for the same context starts."""
-    room.disconnect_locally()  # as a real job's room before ctx.connect()
+    ``AgentJob`` for the same context starts. The room the agent connected itself before
+    building the job was disconnected by that close: the new job ran on a dead room."""
+    if how != "agent-connected-first":
+        room.disconnect_locally()  # as a real job's room before ctx.connect()
     room.add_participant("user")
     connects = 0
 
@@ -219,6 +221,7 @@ async def test_a_job_context_whose_job_never_followed_its_room_takes_a_new_job(
             with pytest.raises(ConnectionError, match="signal timeout"):
                 await job.start(Agent(instructions="agent"))
         await asyncio.wait_for(job.aclose(), 5)
+        assert room.isconnected() == (how == "agent-connected-first")  # left as it was
         with pytest.raises(RuntimeError, match="this job is closed; build a new AgentJob"):
             await job.start(Agent(instructions="agent"))
         again = AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)

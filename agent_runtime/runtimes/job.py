@@ -436,7 +436,10 @@ class JobRuntime(MachineRuntime[str]):
         return self.host.released_once_closed()
 
     def _disconnect(self) -> Awaitable[None] | None:
-        return self._room.disconnect() if self._room.isconnected() else None
+        # a room the job never followed (closed before it started) is not its to end
+        if not self._room_events.started or not self._room.isconnected():
+            return None
+        return self._room.disconnect()
 
     def _deletion_settled(self) -> asyncio.Future[None] | None:
         # delete_room_on_close covers every way the job ends (upstream deletes from the
