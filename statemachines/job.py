@@ -7,7 +7,8 @@ the ``lk.simulator`` attribute is present, the room is connected and no finalize
 answered yet. The hold ends on the first of: finalize answered, the simulator left (other
 participants such as a SIP leg or an avatar do not count), the room disconnected,
 ``session_end_timeout``, or an ``abort`` (``AgentJob.aclose(graceful=False)``: no hold).
-``closing`` closes the host, then the room work (disconnect), then
+``closing`` closes the host, then the room work (disconnect; a room whose livekit job was
+asked to shut down is livekit's to disconnect, after ``on_session_end``), then
 allows the room deletion (``room_deletion``) and waits for it, then runs the shutdown
 callbacks, all bounded by ``close_timeout``.
 """

@@ -3,10 +3,10 @@
 Deletion is asked for (``request``) by an end-call tool (``request_room_deletion``), or,
 with ``delete_room_on_close``, by the attached session closing or by the job closing. The
 job allows it (``allow``) from ``closing``, once the hold is over and its room work (host
-closed, room disconnected) is done. It then runs once, as the task of ``deleting``,
-bounded by ``close_timeout``; a request that arrives after ``allow`` runs at once. Its
-failure and its cut-off are logged. ``close`` is the job runtime being released: a deletion
-asked for but never allowed is abandoned then.
+closed, room disconnected, or left to livekit's shutdown when that was asked) is done. It
+then runs once, as the task of ``deleting``, bounded by ``close_timeout``; a request that
+arrives after ``allow`` runs at once. Its failure and its cut-off are logged. ``close`` is
+the job runtime being released: a deletion asked for but never allowed is abandoned then.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row

@@ -148,7 +148,7 @@ TEARDOWN: tuple[TeardownStep, ...] = (
         name="disconnect",
         after=("avatar",),
         bound=0.1,
-        what="the room disconnects",
+        what="the room disconnects (livekit's, after on_session_end, once ctx.shutdown() ran)",
     ),
     TeardownStep(
         name="room",

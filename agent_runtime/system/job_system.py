@@ -16,8 +16,8 @@ session starts with ``session_host=False`` and is attached before it starts), th
 the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
 optional ``playout`` machine. When the session closes the avatar goes with it while the room
 is still connected; the job's ``closing`` closes the host, then the session and avatar if
-they are still up, then disconnects, deletes the room if asked and runs the shutdown
-callbacks.
+they are still up, disconnects the room it followed (livekit does, after on_session_end,
+once its shutdown was asked), deletes the room if asked and runs the shutdown callbacks.
 """
 
 from __future__ import annotations

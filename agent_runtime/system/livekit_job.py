@@ -123,8 +123,8 @@ def shutdown_asked(ctx: JobContext) -> bool:
 
 
 CONTEXT_ENDED = (
-    "this job context's AgentJob is closed, and its room disconnected with it: livekit "
-    "ends the job; a new session comes as a new job"
+    "this job context's AgentJob is closed, and its room goes with it: livekit ends the "
+    "job; a new session comes as a new job"
 )
 
 
@@ -166,14 +166,14 @@ def session_end_hook(
 
     Yours runs first, where livekit runs it alone: after the session closed, within the
     server's ``session_end_timeout``. When the job was shut down through livekit
-    (``ctx.shutdown()``: your code, an end-call tool, the simulator leaving) the room is
-    connected while yours runs: livekit disconnects it afterwards, and the job leaves it
-    to livekit. When the job ended on its own (the user left, say), its close disconnected
-    the room, which is what ended the livekit job: yours runs with the room gone, as
-    livekit alone runs it once the room ends. In a simulation the job holds for the
-    verdict while yours runs; read the verdict in ``on_simulation_end``. If yours raises,
-    the job still ends, then its error is raised (livekit logs it, as it logs a failing
-    ``on_session_end``)."""
+    (``ctx.shutdown()`` once the job was built: your code, an end-call tool, the simulator
+    leaving) the room is connected while yours runs: livekit disconnects it afterwards,
+    and the job leaves it to livekit. When the job ended on its own (the user left, say),
+    its close disconnected the room, which is what ended the livekit job: yours runs with
+    the room gone, as livekit alone runs it once the room ends. In a simulation the job
+    holds for the verdict while yours runs; read the verdict in ``on_simulation_end``. If
+    yours raises, the job still ends, then its error is raised (livekit logs it, as it
+    logs a failing ``on_session_end``)."""
     if then is not None and not callable(then):
         raise TypeError("then must be callable")
 

@@ -62,8 +62,9 @@ INVARIANTS: tuple[Invariant, ...] = (
         5,
         "shutdown_closes",
         "once shutdown is asked (or the job left serving) and time passes the bounds, the "
-        "job reaches closed, through its close work (host closed, room disconnected, deleted "
-        "if asked) unless the close bound ran out, and not later than that work",
+        "job reaches closed, through its close work (host closed, room disconnected unless "
+        "livekit's shutdown has it, deleted if asked) unless the close bound ran out, and "
+        "not later than that work",
     ),
     Invariant(6, "scoped_timers", "no timer or task outlives its state (or its machine)"),
     Invariant(
