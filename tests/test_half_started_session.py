@@ -187,7 +187,7 @@ async def test_a_job_context_whose_job_closed_on_its_room_is_refused_saying_so(
         AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
     await asyncio.wait_for(job.wait_closed(), 5)
     assert not room.isconnected() and AgentJob.for_job(ctx) is None
-    with pytest.raises(RuntimeError, match="AgentJob is closed, and its room disconnected"):
+    with pytest.raises(RuntimeError, match="AgentJob is closed, and its room goes with it"):
         AgentJob.from_job_context(ctx, session=AgentSession(), otel=False)
     with pytest.raises(RuntimeError, match="a new session comes as a new job"):
         await job.start(agent)
