@@ -387,6 +387,31 @@ def _seconds(t: Any) -> bool:
         return False
 
 
+class TimeGoesBack(TraceError):
+    """A record whose time is before that of the record before it."""
+
+
+class TraceOrder:
+    """The rule a record meets beside those before it, in the file's order (``load_trace``;
+    ``watch`` as a trace grows). A trace is one job's records, written in time order from
+    its one clock: a time that goes back is two traces joined, or an edited one."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int] | None = None  # the last time taken, and its line
+
+    def check(self, rec: TraceRecord, path: str, line: int) -> None:
+        """``TraceError`` naming ``path:line`` when ``rec`` breaks the rule; else its time
+        is the one the next record must not go back from."""
+        where = f"{path}:{line}"
+        if self._last is not None and rec.t < self._last[0]:
+            t, n = self._last
+            raise TimeGoesBack(
+                f"{where}: time goes backwards ({rec.t!r} after {t!r} on line {n}): not one "
+                "job's trace (two joined, or an edited one?)"
+            )
+        self._last = (rec.t, line)
+
+
 def load_trace(
     path: str | Path,
     *,
@@ -394,7 +419,8 @@ def load_trace(
     warn: Callable[[str], None] | None = None,
 ) -> list[tuple[int, TraceRecord]]:
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
-    the file is none (not a regular file, too large, not UTF-8) or names the bad line.
+    the file is none (not a regular file, too large, not UTF-8) or names the bad line, or
+    the first record whose time goes back (``TraceOrder``).
 
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
@@ -407,12 +433,14 @@ def load_trace(
     except files.InputFileError as e:
         raise TraceError(f"{p}: cannot read the trace: {e}") from None
     out: list[tuple[int, TraceRecord]] = []
+    order = TraceOrder()
     # line by line from the bytes: no second copy of the whole file as text
     for n, raw in enumerate(io.BytesIO(data), 1):
         try:
             line = raw.decode("utf-8")
-            if line.strip():
-                out.append((n, parse_record(line, f"{p}:{n}", wording=wording)))
+            if not line.strip():
+                continue
+            rec = parse_record(line, f"{p}:{n}", wording=wording)
         except (UnicodeDecodeError, TraceError) as e:
             if not raw.endswith(b"\n") and _unfinished(raw):
                 message = (
@@ -424,6 +452,8 @@ def load_trace(
             if isinstance(e, UnicodeDecodeError):
                 raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
             raise
+        order.check(rec, p, n)
+        out.append((n, rec))
     return out
 
 
@@ -441,7 +471,8 @@ def _unfinished(raw: bytes) -> bool:
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
-    that is not a record raises ``ValueError`` (a ``TraceError``) naming the file and line.
-    A last line cut while it was written is left out with a warning logged."""
+    """Read a JSONL trace; a file that is none (not a regular file, too large), a line that
+    is not a record, or one whose time goes back (``TraceOrder``) raises ``ValueError`` (a
+    ``TraceError``) naming the file and line. A last line cut while it was written is left
+    out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]

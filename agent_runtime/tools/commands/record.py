@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # named by the trace it comes from: the -o file is not written yet
         scenario = parse_scenario(yaml.safe_load(text), source=args.trace)
-    except ScenarioError as e:  # a trace whose times go back (two joined), or a bug
+    except ScenarioError as e:  # a bug: the reader refuses a trace whose times go back
         return _fail(f"the scenario rebuilt from the trace is invalid: {e}")
     if args.out:
         try:
