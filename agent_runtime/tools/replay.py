@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 # the trace is read (and its lines checked) by the one reader; replay re-decides
-from agent_runtime.observe.trace import DECISIONS, TraceError, TraceRecord, load_trace
+from agent_runtime.observe.trace import (
+    DECISIONS,
+    TraceError,
+    TraceRecord,
+    load_trace,
+    unknown_machine,
+)
 from statemachines import MachineSpec
 from statemachines.compiled import reference_step
 from statemachines.machines import MACHINES
@@ -92,9 +98,7 @@ def replay_records(
             raise TraceError(f"{path}:{n}: a {rec.kind} record needs a non-empty 'event'")
         spec = machines.get(rec.machine)
         if spec is None:
-            raise TraceError(
-                f"{path}:{n}: unknown machine {rec.machine!r}; machines: {', '.join(machines)}"
-            )
+            raise unknown_machine(f"{path}:{n}", rec.machine, machines)
         unknown = [g for g in rec.guards if g not in spec.guards]
         if unknown:
             raise TraceError(f"{path}:{n}: machine {rec.machine!r} has no guard {unknown[0]!r}")
@@ -174,7 +178,9 @@ def replay_file(
 ) -> ReplayReport:
     """Load and replay a JSONL trace; raises ``TraceError`` for a file that cannot be replayed.
     ``warn`` is told of a last line cut while it was written (``load_trace``)."""
-    return replay_records(load_trace(path, warn=warn), path=str(path), machines=machines)
+    return replay_records(
+        load_trace(path, warn=warn, machines=machines), path=str(path), machines=machines
+    )
 
 
 def _decision(d: Decision) -> str:
