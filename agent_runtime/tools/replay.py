@@ -34,6 +34,7 @@ __all__ = [
     "Divergence",
     "ReplayReport",
     "TraceError",
+    "another_actor",
     "format_report",
     "load_trace",
     "replay_file",
@@ -104,12 +105,7 @@ def replay_records(
             raise TraceError(f"{path}:{n}: machine {rec.machine!r} has no guard {unknown[0]!r}")
         key = (rec.machine, rec.instance)
         current = states.get(key)
-        if current is None:
-            report.instances[rec.machine] = report.instances.get(rec.machine, 0) + 1
-            current = spec.initial
-        elif spec.state(current).final and rec.source == spec.initial and current != rec.source:
-            # a final state is never left: a record from the initial state is a new actor
-            # that reuses the instance name (e.g. a second session in the same job)
+        if current is None or another_actor(spec, current, rec):
             report.instances[rec.machine] = report.instances.get(rec.machine, 0) + 1
             current = spec.initial
         report.decisions += 1
@@ -133,6 +129,17 @@ def replay_records(
             f"({', '.join(DECISIONS)})"
         )
     return report
+
+
+def another_actor(spec: MachineSpec, current: str | None, rec: TraceRecord) -> bool:
+    """Whether the decision ``rec`` is the first of another actor of ``spec`` than the one
+    last seen under its instance name (in state ``current``; None: none was): a final
+    state is never left, so a record from the initial state after one is a new actor that
+    reuses the name (a second session in the same job)."""
+    if current is None:
+        return True
+    final = current in spec.state_names and spec.state(current).final
+    return final and rec.source == spec.initial and current != rec.source
 
 
 def _compare(

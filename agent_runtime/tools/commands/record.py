@@ -4,8 +4,8 @@ scenario file and then a test.
 
 Exit 0 with the scenario written (to stdout without ``-o``); with ``--check`` the scenario is
 also run and compared with the trace: exit 1 naming each machine whose final state or
-transitions differ. Exit 2 when the trace cannot be read or holds nothing to rebuild from,
-or the file cannot be written (one line on stderr).
+transitions differ. Exit 2 when the trace cannot be read, holds nothing to rebuild from or
+more than one job, or the file cannot be written (one line on stderr).
 """
 
 from __future__ import annotations
