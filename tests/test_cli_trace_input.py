@@ -1,7 +1,9 @@
 """Traces as they are found after an incident, read by ``replay``, ``record``, ``timeline``
 and ``watch --once``: a last line cut while the job wrote it is left out with one warning
 (the records before it are used), a bad line in the middle is still an error naming where
-in the line, and a time no float can hold is a field error, never a traceback."""
+in the line, and a time no float can hold is a field error, never a traceback. A time that
+goes back (two traces joined, an edited one) and a machine the runtime does not have are
+the same one-line error in every reader."""
 
 from __future__ import annotations
 
@@ -140,3 +142,96 @@ def test_a_time_no_float_holds_is_a_field_error(
     else:
         assert err.startswith(f"agent-runtime {command}: {bad}:11: field 't': Input should be")
         assert len(err.splitlines()) == 1
+
+
+MACHINE_NAMES = (
+    "avatar, job, session_host, participant, room_deletion, finalize, playout, session, agent_job"
+)
+
+
+def _backwards(run_jsonl: Path, tmp_path: Path, how: str) -> tuple[Path, int, str]:
+    """The trace with its time going back, the line where it does, and the line before."""
+    lines = _lines(run_jsonl)
+    path = tmp_path / f"{how}.jsonl"
+    if how == "joined":  # two traces in one file (cat a.jsonl b.jsonl)
+        path.write_text("".join(lines * 2), encoding="utf-8")
+        return path, len(lines) + 1, lines[-1]
+    # an edited time: the first record at 14 s said 3 s
+    n = next(i for i, line in enumerate(lines) if json.loads(line)["t"] == 14.0)
+    lines[n] = lines[n].replace('"t": 14.0', '"t": 3.0')
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, n + 1, lines[n - 1]
+
+
+@pytest.mark.parametrize("how", ["joined", "edited"])
+@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
+def test_a_time_that_goes_back_is_an_error_naming_the_line(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, how: str
+) -> None:
+    # replay said "Every decision agrees", timeline drew the page (exit 0), record blamed
+    # the scenario it rebuilt (or, two traces joined, wrote one merged scenario, exit 0)
+    bad, n, before = _backwards(run_jsonl, tmp_path, how)
+    t, last = json.loads(bad.read_text().splitlines()[n - 1])["t"], json.loads(before)["t"]
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{n}: time goes backwards ({t!r} after {last!r} on "
+        f"line {n - 1}): not one job's trace (two joined, or an edited one?)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+    with pytest.raises(ValueError, match=f"{n}: time goes backwards"):
+        read_trace(bad)  # the library's reader too
+
+
+@pytest.mark.parametrize("how", ["joined", "edited"])
+def test_watch_once_starts_the_view_over_where_the_time_goes_back_and_exits_2(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    bad, n, before = _backwards(run_jsonl, tmp_path, how)
+    t, last = json.loads(bad.read_text().splitlines()[n - 1])["t"], json.loads(before)["t"]
+    assert main(["watch", "--once", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"agent-runtime watch: {bad}:{n}: time goes backwards ({t!r} after {last!r} on line "
+        f"{n - 1}): not one job's trace (two joined, or an edited one?); the view starts over "
+        "from this line\n"
+    )
+    total = len(bad.read_text().splitlines())
+    assert f"{total - n + 1} records, t = 30.000" in captured.out  # from that line on
+
+
+def _unknown_machine(run_jsonl: Path, tmp_path: Path) -> tuple[Path, list[int]]:
+    """The trace with its participant machine misspelt, and the lines that name it."""
+    lines = [
+        line.replace('"machine": "participant"', '"machine": "particpant"')
+        for line in _lines(run_jsonl)
+    ]
+    path = tmp_path / "typo.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, [i for i, line in enumerate(lines, 1) if "particpant" in line]
+
+
+@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
+def test_a_machine_the_runtime_does_not_have_is_the_error_replay_gives(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # record wrote a scenario without the participant (exit 0); timeline drew its lane
+    bad, named = _unknown_machine(run_jsonl, tmp_path)
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{named[0]}: unknown machine 'particpant'; "
+        f"machines: {MACHINE_NAMES}\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+
+
+def test_watch_skips_the_records_of_a_machine_the_runtime_does_not_have(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it drew a "particpant" lane, exit 0
+    bad, named = _unknown_machine(run_jsonl, tmp_path)
+    assert main(["watch", "--once", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"agent-runtime watch: {bad}:{n}: unknown machine 'particpant'; line skipped" for n in named
+    ]
+    assert not [row for row in captured.out.splitlines() if row.startswith("particpant")]

@@ -412,19 +412,44 @@ def test_queued_speeches_each_keep_their_own_length(
     assert "room's audio output" not in comments(recorded)
 
 
+def test_a_trace_of_two_jobs_is_refused_not_merged_into_one_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # two jobs on one clock (their times never go back): record wrote one scenario of both
+    trace = tmp_path / "run.jsonl"
+    simulate(ROOT / "examples" / "scenarios" / "user_leaves.yaml", capsys, "--trace", str(trace))
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    later = [{**r, "t": r["t"] + 100} for r in records]
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(json.dumps(r) + "\n" for r in records + later))
+    second = next(r for r in later if r["machine"] == "agent_job")
+    out = tmp_path / "keep.yaml"
+    assert main(["record", str(two), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime record: {two}: the trace holds more than one job (the agent_job "
+        f"machine starts again at t = {second['t']!r}, in {second['instance']!r}); a scenario "
+        "is one job: record one job's trace (trace_path with {job_id} writes one per job)\n"
+    )
+    assert not out.exists()
+
+
 def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # the error named the -o file, which it had not written; --name '' took the default
+    # the error named the -o file, which it had not written, then blamed the scenario
+    # rebuilt from the trace, not the trace's line; --name '' took the default
     trace = tmp_path / "run.jsonl"
     simulate(ROOT / "examples" / "scenarios" / "user_leaves.yaml", capsys, "--trace", str(trace))
     joined = tmp_path / "joined.jsonl"
     joined.write_text(trace.read_text() * 2)
+    n = len(trace.read_text().splitlines())
+    last = json.loads(trace.read_text().splitlines()[-1])["t"]
     out = tmp_path / "keep.yaml"
     assert main(["record", str(joined), "-o", str(out)]) == 2
-    err = capsys.readouterr().err
-    rebuilt = "agent-runtime record: the scenario rebuilt from the trace is invalid"
-    assert err.startswith(f"{rebuilt}: {joined}")
-    assert "time goes backwards" in err and "keep.yaml" not in err and not out.exists()
+    assert capsys.readouterr().err == (
+        f"agent-runtime record: {joined}:{n + 1}: time goes backwards (0.0 after {last!r} on "
+        f"line {n}): not one job's trace (two joined, or an edited one?)\n"
+    )
+    assert not out.exists()
     assert main(["record", str(trace), "-o", str(out), "--name", " "]) == 2
     assert "--name is empty" in capsys.readouterr().err and not out.exists()

@@ -195,7 +195,9 @@ def test_a_dropped_record_shows_as_a_source_mismatch(trace: Path, tmp_path: Path
 
 def test_a_reused_instance_name_starts_from_the_initial_state(trace: Path, tmp_path: Path) -> None:
     records = _lines(trace)
-    again = [r for r in records if r["machine"] == "participant"]
+    # a second participant of the same name, later in the same job (its clock goes on)
+    end = records[-1]["t"]
+    again = [{**r, "t": end + r["t"]} for r in records if r["machine"] == "participant"]
     _write(tmp_path / "t.jsonl", records + again)
     report = replay_file(tmp_path / "t.jsonl")
     assert report.ok and report.instances["participant"] == 2

@@ -401,3 +401,31 @@ def test_a_truncated_trace_starts_the_view_over(tmp_path: Path, trace_lines: lis
         )
     entries, problems, _ = watch.poll()
     assert [e.text for e in entries] == ["closing -> closed  on close_done"] and problems == []
+
+
+def test_another_jobs_records_appended_start_the_view_over_where_the_time_goes_back(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    # each of the second job's lines was skipped ("line skipped"): the view stayed on the
+    # first job for as long as the second one wrote
+    first, rest = split_at_hold(trace_lines)
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(first), encoding="utf-8")
+    watch = Watch(str(trace))
+    watch.poll()
+    with trace.open("a", encoding="utf-8") as fh:  # the job goes on, then another appends
+        fh.write("".join(rest) + "".join(first))
+    entries, problems, restarted = watch.poll()
+    n = len(trace_lines) + 1
+    last = json.loads(trace_lines[-1])["t"]
+    assert problems == [
+        f"{trace}:{n}: time goes backwards (0.0 after {last!r} on line {n - 1}): not one "
+        "job's trace (two joined, or an edited one?); the view starts over from this line"
+    ]
+    assert not restarted  # the file was not replaced: read on from where it was
+    # the first job's end, then the second job's start
+    texts = [e.text for e in entries]
+    end = texts.index("closing -> closed  on close_done")
+    assert texts.index("serving -> awaiting_finalize  on session_closed") > end
+    states = {lane.machine: lane.state for lane in watch.lanes.lanes()}
+    assert states["job"] == "awaiting_finalize" and watch.lanes.records == len(first)

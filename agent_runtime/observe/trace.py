@@ -9,7 +9,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, get_args
@@ -387,14 +387,57 @@ def _seconds(t: Any) -> bool:
         return False
 
 
+def unknown_machine(where: str, machine: str, machines: Collection[str]) -> TraceError:
+    """The one error for a record of a machine not in ``machines`` (the reader's, replay's)."""
+    return TraceError(f"{where}: unknown machine {machine!r}; machines: {', '.join(machines)}")
+
+
+class TimeGoesBack(TraceError):
+    """A record whose time is before that of the record before it."""
+
+
+class TraceOrder:
+    """The rules a record meets beside those before it, in the file's order (``load_trace``;
+    ``watch`` as a trace grows). A trace is one job's records, written in time order from
+    its one clock: a time that goes back is two traces joined, or an edited one. A record
+    (but a scenario's ``input``) is of one of ``machines``, by default the runtime's: of
+    another, it is no machine this build can replay or draw (a typo, another version)."""
+
+    def __init__(self, machines: Collection[str] | None = None) -> None:
+        if machines is None:
+            from statemachines.machines import MACHINES  # only reading a trace needs them
+
+            machines = MACHINES
+        self.machines = machines
+        self._last: tuple[float, int] | None = None  # the last time taken, and its line
+
+    def check(self, rec: TraceRecord, path: str, line: int, *, terse: bool = False) -> None:
+        """``TraceError`` naming ``path:line`` when ``rec`` breaks a rule; else its time is
+        the one the next record must not go back from. ``terse``: no list of machines."""
+        where = f"{path}:{line}"
+        if rec.kind != "input" and rec.machine not in self.machines:
+            if terse:
+                raise TraceError(f"{where}: unknown machine {rec.machine!r}")
+            raise unknown_machine(where, rec.machine, self.machines)
+        if self._last is not None and rec.t < self._last[0]:
+            t, n = self._last
+            raise TimeGoesBack(
+                f"{where}: time goes backwards ({rec.t!r} after {t!r} on line {n}): not one "
+                "job's trace (two joined, or an edited one?)"
+            )
+        self._last = (rec.t, line)
+
+
 def load_trace(
     path: str | Path,
     *,
     wording: Wording = "fields",
     warn: Callable[[str], None] | None = None,
+    machines: Collection[str] | None = None,
 ) -> list[tuple[int, TraceRecord]]:
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
-    the file is none (not a regular file, too large, not UTF-8) or names the bad line.
+    the file is none (not a regular file, too large, not UTF-8) or names the bad line, or
+    the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows).
 
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
@@ -407,12 +450,14 @@ def load_trace(
     except files.InputFileError as e:
         raise TraceError(f"{p}: cannot read the trace: {e}") from None
     out: list[tuple[int, TraceRecord]] = []
+    order = TraceOrder(machines)
     # line by line from the bytes: no second copy of the whole file as text
     for n, raw in enumerate(io.BytesIO(data), 1):
         try:
             line = raw.decode("utf-8")
-            if line.strip():
-                out.append((n, parse_record(line, f"{p}:{n}", wording=wording)))
+            if not line.strip():
+                continue
+            rec = parse_record(line, f"{p}:{n}", wording=wording)
         except (UnicodeDecodeError, TraceError) as e:
             if not raw.endswith(b"\n") and _unfinished(raw):
                 message = (
@@ -424,6 +469,8 @@ def load_trace(
             if isinstance(e, UnicodeDecodeError):
                 raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
             raise
+        order.check(rec, p, n)
+        out.append((n, rec))
     return out
 
 
@@ -441,7 +488,8 @@ def _unfinished(raw: bytes) -> bool:
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Read a JSONL trace; a file that is none (not a regular file, too large) or a line
-    that is not a record raises ``ValueError`` (a ``TraceError``) naming the file and line.
-    A last line cut while it was written is left out with a warning logged."""
+    """Read a JSONL trace; a file that is none (not a regular file, too large), a line that
+    is not a record, or one whose time goes back or whose machine is not the runtime's
+    (``TraceOrder``) raises ``ValueError`` (a ``TraceError``) naming the file and line. A
+    last line cut while it was written is left out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]

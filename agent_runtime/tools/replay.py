@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 # the trace is read (and its lines checked) by the one reader; replay re-decides
-from agent_runtime.observe.trace import DECISIONS, TraceError, TraceRecord, load_trace
+from agent_runtime.observe.trace import (
+    DECISIONS,
+    TraceError,
+    TraceRecord,
+    load_trace,
+    unknown_machine,
+)
 from statemachines import MachineSpec
 from statemachines.compiled import reference_step
 from statemachines.machines import MACHINES
@@ -28,6 +34,7 @@ __all__ = [
     "Divergence",
     "ReplayReport",
     "TraceError",
+    "another_actor",
     "format_report",
     "load_trace",
     "replay_file",
@@ -92,20 +99,13 @@ def replay_records(
             raise TraceError(f"{path}:{n}: a {rec.kind} record needs a non-empty 'event'")
         spec = machines.get(rec.machine)
         if spec is None:
-            raise TraceError(
-                f"{path}:{n}: unknown machine {rec.machine!r}; machines: {', '.join(machines)}"
-            )
+            raise unknown_machine(f"{path}:{n}", rec.machine, machines)
         unknown = [g for g in rec.guards if g not in spec.guards]
         if unknown:
             raise TraceError(f"{path}:{n}: machine {rec.machine!r} has no guard {unknown[0]!r}")
         key = (rec.machine, rec.instance)
         current = states.get(key)
-        if current is None:
-            report.instances[rec.machine] = report.instances.get(rec.machine, 0) + 1
-            current = spec.initial
-        elif spec.state(current).final and rec.source == spec.initial and current != rec.source:
-            # a final state is never left: a record from the initial state is a new actor
-            # that reuses the instance name (e.g. a second session in the same job)
+        if current is None or another_actor(spec, current, rec):
             report.instances[rec.machine] = report.instances.get(rec.machine, 0) + 1
             current = spec.initial
         report.decisions += 1
@@ -129,6 +129,17 @@ def replay_records(
             f"({', '.join(DECISIONS)})"
         )
     return report
+
+
+def another_actor(spec: MachineSpec, current: str | None, rec: TraceRecord) -> bool:
+    """Whether the decision ``rec`` is the first of another actor of ``spec`` than the one
+    last seen under its instance name (in state ``current``; None: none was): a final
+    state is never left, so a record from the initial state after one is a new actor that
+    reuses the name (a second session in the same job)."""
+    if current is None:
+        return True
+    final = current in spec.state_names and spec.state(current).final
+    return final and rec.source == spec.initial and current != rec.source
 
 
 def _compare(
@@ -174,7 +185,9 @@ def replay_file(
 ) -> ReplayReport:
     """Load and replay a JSONL trace; raises ``TraceError`` for a file that cannot be replayed.
     ``warn`` is told of a last line cut while it was written (``load_trace``)."""
-    return replay_records(load_trace(path, warn=warn), path=str(path), machines=machines)
+    return replay_records(
+        load_trace(path, warn=warn, machines=machines), path=str(path), machines=machines
+    )
 
 
 def _decision(d: Decision) -> str:

@@ -4,8 +4,8 @@ scenario file and then a test.
 
 Exit 0 with the scenario written (to stdout without ``-o``); with ``--check`` the scenario is
 also run and compared with the trace: exit 1 naming each machine whose final state or
-transitions differ. Exit 2 when the trace cannot be read or holds nothing to rebuild from,
-or the file cannot be written (one line on stderr).
+transitions differ. Exit 2 when the trace cannot be read, holds nothing to rebuild from or
+more than one job, or the file cannot be written (one line on stderr).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # named by the trace it comes from: the -o file is not written yet
         scenario = parse_scenario(yaml.safe_load(text), source=args.trace)
-    except ScenarioError as e:  # a trace whose times go back (two joined), or a bug
+    except ScenarioError as e:  # a bug: the reader refuses a trace whose times go back
         return _fail(f"the scenario rebuilt from the trace is invalid: {e}")
     if args.out:
         try:

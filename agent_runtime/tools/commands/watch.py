@@ -2,10 +2,12 @@
 it grows and show each machine's current state and the last transitions.
 
 On a terminal the view is redrawn in place; otherwise each transition (and each reject,
-failed effect, scenario input) is one appended line. A line that is not a trace record is
-named in one line and skipped; a file that is truncated (a new job writing the same path)
-starts the view over. Ctrl-C stops it. ``--once`` prints the current view and exits (2 when
-a line was not a record); its lines are cut to the width only on a terminal.
+failed effect, scenario input) is one appended line. A line that is not a trace record, or
+a record of a machine this build does not have, is named in one line and skipped. A record
+whose time goes back (``TraceOrder``: another job's records appended) is named and starts
+the view over from it, as a file that is truncated (a new job writing the same path)
+starts it over from its start. Ctrl-C stops it. ``--once`` prints the current view and
+exits (2 when a line was named); its lines are cut to the width only on a terminal.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ import textwrap
 import time
 from typing import TextIO
 
-from agent_runtime.observe.trace import TraceError, TraceRecord, parse_record
+from agent_runtime.observe.trace import (
+    TimeGoesBack,
+    TraceError,
+    TraceOrder,
+    TraceRecord,
+    parse_record,
+)
 from agent_runtime.tools.lanes import Entry, Lanes
 from agent_runtime.tools.output import OutputGone, discard
 
@@ -79,6 +87,7 @@ class Watch:
         self.path = path
         self.follower = Follower(path)
         self.lanes = Lanes()
+        self.order = TraceOrder(self.lanes.machines)  # the rules between records, as read
         self.problems: list[str] = []
 
     def poll(self, *, final: bool = False) -> tuple[list[Entry], list[str], bool]:
@@ -95,7 +104,9 @@ class Watch:
             return [], [], False
         if restarted:
             self.lanes = Lanes()
+            self.order = TraceOrder(self.lanes.machines)
             self.problems = []
+        entries: list[Entry] = []
         before = len(self.lanes.history)
         for n, raw in lines:
             where = f"{self.path}:{n}"
@@ -109,9 +120,23 @@ class Watch:
                     continue  # a last line still being written, as following would wait
                 problems.append(f"{e}; line skipped")
                 continue
+            try:
+                self.order.check(rec, self.path, n, terse=True)
+            except TimeGoesBack as e:
+                # another job's records from here on (one appended to the file): followed
+                # from here, as a file a new job rewrote is (skipping them would stop the
+                # follower on the old job for good)
+                problems.append(f"{e}; the view starts over from this line")
+                entries += self.lanes.history[before:]
+                self.lanes, before = Lanes(), 0
+                self.order = TraceOrder(self.lanes.machines)
+                self.order.check(rec, self.path, n)
+            except TraceError as e:  # a machine this build does not have
+                problems.append(f"{e}; line skipped")
+                continue
             self.lanes.add(rec)
         self.problems += problems
-        return self.lanes.history[before:], problems, restarted
+        return entries + self.lanes.history[before:], problems, restarted
 
     # -- the view ------------------------------------------------------------------------------
     def view(self, *, last: int, width: int | None) -> list[str]:
