@@ -108,8 +108,16 @@ def _parser() -> argparse.ArgumentParser:
     tim.add_argument("--title", help="the page's title (default: the trace's file name)")
     tim.set_defaults(module="agent_runtime.tools.commands.timeline")
 
-    dia = sub.add_parser("diagrams", help="write Mermaid, DOT, SVG and Markdown tables")
-    dia.add_argument("--out", default="diagrams", metavar="DIR")
+    dia = sub.add_parser(
+        "diagrams",
+        help="write Mermaid, DOT, SVG and Markdown tables",
+        description="Write (or check) the machines' diagrams. Without --out: ./diagrams/, "
+        "else, when the package runs from a clone of the project, the clone's (made here "
+        "when there is neither).",
+    )
+    dia.add_argument(
+        "--out", metavar="DIR", help="the directory (default: the project's diagrams/)"
+    )
     dia.add_argument(
         "--check", action="store_true", help="exit 1 naming each file that is out of date"
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 from agent_runtime.testing.expect import check_expect
 from agent_runtime.testing.scenario import Scenario, ScenarioError, load_scenario
-from agent_runtime.tools.output import same_file, unwritable
+from agent_runtime.tools.output import project_dir, same_file, unwritable
 
 DEFAULT_DIR = Path("examples/scenarios")
 
@@ -38,15 +38,11 @@ class _Refused(Exception):
 
 def _default_dir() -> Path:
     """Where ``simulate`` with no FILE looks: ``examples/scenarios`` in the current
-    directory, else in the clone this package runs from (the source tree, an editable
-    install). An installed copy has none beside it: the wheel holds no scenarios."""
-    if DEFAULT_DIR.is_dir():
-        return DEFAULT_DIR
-    # a clone is where pyproject.toml is: a site-packages with some other project's
-    # examples/scenarios in it is not ours to run
-    clone = Path(__file__).resolve().parents[3]
-    if (clone / "pyproject.toml").is_file() and (clone / DEFAULT_DIR).is_dir():
-        return clone / DEFAULT_DIR
+    directory, else in the clone this package runs from. An installed copy has none beside
+    it: the wheel holds no scenarios."""
+    found = project_dir(DEFAULT_DIR, __file__)
+    if found is not None:
+        return found
     raise _Refused(
         None,
         f"no scenario given, and no {DEFAULT_DIR.as_posix()}/ directory here to run by "
