@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_runtime.testing.expect import check_expect
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import Scenario, ScenarioError, load_scenario
 from agent_runtime.tools.output import project_dir, same_file, unwritable
 
@@ -93,6 +94,11 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _fact(value: Any) -> str:
+    """A fact as JSON writes it, but a time (``session_closed_at``) in plain seconds."""
+    return seconds_text(value) if isinstance(value, float) else json.dumps(value)
+
+
 def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: list[str]) -> str:
     facts = result["facts"]
     status = "ok" if not failures else "FAILED"
@@ -110,10 +116,10 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
         "room_deleted_at",
         "job_closed_at",
     )
-    lines.append("  facts: " + ", ".join(f"{k}={json.dumps(facts.get(k))}" for k in keys))
+    lines.append("  facts: " + ", ".join(f"{k}={_fact(facts.get(k))}" for k in keys))
     if facts.get("rpcs_sent"):
         rpcs = ", ".join(
-            f"{r['method']}->{r['destination']}:{r['outcome']}@{r['t']:g}"
+            f"{r['method']}->{r['destination']}:{r['outcome']}@{seconds_text(r['t'])}"
             for r in facts["rpcs_sent"]
         )
         lines.append(f"  rpcs:  {rpcs}")
