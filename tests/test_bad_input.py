@@ -432,6 +432,18 @@ TABLE: list[Bad] = [
         "step 1 (end): 'end' must be the last step",
     ),
     scenario("no-name", "steps: [{at: 0, event: end}]\n", "name: Field required"),
+    # a misspelt key is named (it said "missing 'event'", "field identity: Field required")
+    scenario(
+        "misspelt-event-key",
+        "name: x\nsteps: [{at: 0, event: session.start}, {at: 1, evnet: end}]\n",
+        "step 2: field evnet: Extra inputs are not permitted (did you mean 'event'?)",
+    ),
+    scenario(
+        "misspelt-field-key",
+        "name: x\nsteps: [{at: 0, event: participant_connected, identiy: alice}]\n",
+        "step 1 (participant_connected): field identiy: Extra inputs are not permitted "
+        "(did you mean 'identity'?)",
+    ),
     # a misspelt machine or state in expect is the file's error (it read as a failed
     # expectation, "expected 'serving', got None")
     scenario(

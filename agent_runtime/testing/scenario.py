@@ -8,9 +8,11 @@ file, the step and what is wrong, before anything runs.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -344,6 +346,10 @@ STEP_EVENTS: tuple[str, ...] = tuple(
     get_args(m.model_fields["event"].annotation)[0] for m in get_args(get_args(Step)[0])
 )
 _step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
+_STEP_MODELS: dict[str, type[_Step]] = dict(
+    zip(STEP_EVENTS, get_args(get_args(Step)[0]), strict=True)
+)
+_STEP_KEYS = {key for m in _STEP_MODELS.values() for key in m.model_fields}
 
 
 InvariantNumber = Annotated[int, Field(strict=True)]
@@ -472,6 +478,42 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _model_at(model: Any, loc: tuple[int | str, ...]) -> Any:
+    """The type found at ``loc`` under ``model`` (a tuple's items, an optional's model)."""
+    for part in (*loc, None):
+        args = [a for a in get_args(model) if a is not type(None) and a is not Ellipsis]
+        if get_origin(model) in (Union, UnionType, tuple) and len(args) == 1:
+            model = args[0]
+        if part is None or isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", {})
+        model = fields[part].annotation if part in fields else None
+    return model
+
+
+def _unknown(key: str, given: Any, known: Any) -> str:
+    """pydantic's word for a key no model has, and the missing one it likely meant: a key
+    misspelt made pydantic say first that the one meant is missing (`identity: Field
+    required`), never naming the key written."""
+    left = [k for k in known if not (isinstance(given, dict) and k in given)]
+    near = difflib.get_close_matches(key, left, n=1)
+    return "Extra inputs are not permitted" + (f" (did you mean {near[0]!r}?)" if near else "")
+
+
+def _first(errors: list[Any], model: Any, raw: Any) -> tuple[tuple[int | str, ...], str]:
+    """The error to report, where and what: a key the model does not have first (it is
+    often what made the others)."""
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(err["loc"])
+    if err["type"] != "extra_forbidden":
+        return loc, _said(err)
+    given = raw
+    for part in loc[:-1]:
+        given = given[part] if isinstance(given, dict | list) else None
+    known = getattr(_model_at(model, loc[:-1]), "model_fields", {})
+    return loc, _unknown(str(loc[-1]), given, known)
+
+
 # a number with an exponent YAML 1.1 reads as text (no dot, or no sign: 1e5, 1.0e5)
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -524,6 +566,13 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
             label += f" ({s['event']})"
         if not isinstance(s, dict):
             raise ScenarioError(f"{source}: {label}: a step is a mapping with 'at' and 'event'")
+        unknown = [str(k) for k in s if k not in _STEP_KEYS]
+        for key in ("event", "at"):
+            near = difflib.get_close_matches(key, unknown, n=1)
+            if key not in s and near:
+                raise ScenarioError(
+                    f"{source}: {label}: field {near[0]}: {_unknown(near[0], s, [key])}"
+                )
         if "event" not in s:
             raise ScenarioError(f"{source}: {label}: missing 'event'")
         if s["event"] not in STEP_EVENTS:
@@ -536,11 +585,9 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
         try:
             step = _step_adapter.validate_python(s)
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = [p for p in err["loc"] if p != s["event"]]
-            raise ScenarioError(
-                f"{source}: {label}: field {_where(tuple(loc))}: {_said(err)}"
-            ) from None
+            errors = [{**err, "loc": err["loc"][1:]} for err in e.errors()]  # the event's tag
+            where, said = _first(errors, _STEP_MODELS[s["event"]], s)
+            raise ScenarioError(f"{source}: {label}: field {_where(where)}: {said}") from None
         if step.at < last_at:
             raise ScenarioError(
                 f"{source}: {label}: time goes backwards ({step.at} after {last_at})"
@@ -552,8 +599,8 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate({**raw, "steps": steps})
     except ValidationError as e:
-        err = e.errors()[0]
-        raise ScenarioError(f"{source}: {_where(err['loc'])}: {_said(err)}") from None
+        where, said = _first(e.errors(), Scenario, raw)
+        raise ScenarioError(f"{source}: {_where(where)}: {said}") from None
     for i, step in enumerate(scenario.steps):
         if isinstance(step, HeldEnd) and step.call not in scenario.config.hold:
             raise ScenarioError(
