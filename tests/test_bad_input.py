@@ -463,6 +463,17 @@ TABLE: list[Bad] = [
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {verdit: null}}\n",
         "expect.facts: no fact 'verdit' (facts: " + ", ".join(FACTS) + ")",
     ),
+    # a fact's value of the wrong kind too (it ran, then failed: "expected 'soon', got None")
+    scenario(
+        "expect-fact-of-the-wrong-kind",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {job_closed_at: soon}}\n",
+        "expect.facts: job_closed_at is seconds or null, not 'soon'",
+    ),
+    scenario(
+        "expect-fact-list-of-the-wrong-kind",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {reprompts: [1, true]}}\n",
+        "expect.facts: reprompts is a list of seconds, not [1, True]",
+    ),
     scenario(
         "expect-violations-unchecked",
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {invariant_violations: []}}\n",

@@ -9,7 +9,9 @@ file, the step and what is wrong, before anything runs.
 from __future__ import annotations
 
 import difflib
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -355,27 +357,51 @@ _STEP_KEYS = {key for m in _STEP_MODELS.values() for key in m.model_fields}
 InvariantNumber = Annotated[int, Field(strict=True)]
 
 
-# the facts a run's result holds (``testing.result``): an ``expect`` block may name these only
-FACTS = (
-    "audio_output",
-    "rpcs_sent",
-    "finalize_answered",
-    "verdict",
-    "room_deleted_at",
-    "job_closed_at",
-    "session_closed_at",
-    "session_close_reason",
-    "attached_session",
-    "linked_participant",
-    "session_replies",
-    "rpc_replies",
-    "step_errors",
-    "agent_state",
-    "agent_listening_at",
-    "playout_done",
-    "reprompts",
-    "invariant_violations",  # only with an ``invariants`` entry
-)
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _object(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _or_null(kind: tuple[str, Callable[[Any], bool]]) -> tuple[str, Callable[[Any], bool]]:
+    return f"{kind[0]} or null", lambda v: v is None or kind[1](v)
+
+
+def _list_of(kind: tuple[str, Callable[[Any], bool]]) -> tuple[str, Callable[[Any], bool]]:
+    return f"a list of {kind[0]}", lambda v: isinstance(v, list) and all(map(kind[1], v))
+
+
+_TEXT, _SECONDS, _OBJECT = ("text", _text), ("seconds", _seconds), ("an object", _object)
+_OBJECTS = _list_of(("objects", _object))
+# the facts a run's result holds (``testing.result``): an ``expect`` block may name these
+# only, each with a value of the fact's kind (what the check compares it with)
+FACT_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "audio_output": _TEXT,
+    "rpcs_sent": _OBJECTS,
+    "finalize_answered": ("true or false", lambda v: isinstance(v, bool)),
+    "verdict": _or_null(_OBJECT),
+    "room_deleted_at": _or_null(_SECONDS),
+    "job_closed_at": _or_null(_SECONDS),
+    "session_closed_at": _or_null(_SECONDS),
+    "session_close_reason": _or_null(_TEXT),
+    "attached_session": _or_null(_TEXT),
+    "linked_participant": _or_null(_TEXT),
+    "session_replies": _OBJECTS,
+    "rpc_replies": _OBJECTS,
+    "step_errors": _list_of(_TEXT),
+    "agent_state": _TEXT,
+    "agent_listening_at": _list_of(_SECONDS),
+    "playout_done": _OBJECTS,
+    "reprompts": _list_of(_SECONDS),
+    "invariant_violations": _OBJECTS,  # only with an ``invariants`` entry
+}
+FACTS = tuple(FACT_KINDS)
 
 
 class Expect(_Strict):
@@ -421,6 +447,15 @@ class Expect(_Strict):
                     "unknown_fact",
                     "no fact {name} (facts: {known})",
                     {"name": repr(name), "known": ", ".join(FACTS)},
+                )
+        # a value of the wrong kind too: it ran, then failed ("expected 'soon', got None")
+        for name, want in v.items():
+            kind, fits = FACT_KINDS[name]
+            if not fits(want):
+                raise PydanticCustomError(
+                    "fact_kind",
+                    "{name} is {kind}, not {value}",
+                    {"name": name, "kind": kind, "value": repr(want)},
                 )
         return v
 
