@@ -123,6 +123,12 @@ def empty_dir(tmp: Path) -> Path:
     return path
 
 
+def yml_only_dir(tmp: Path) -> Path:
+    path = empty_dir(tmp)
+    (path / "a.yml").write_text("name: x\nsteps: [{at: 0, event: end}]\n")
+    return path
+
+
 def step_file(step: str, config: str = "") -> str:
     """A scenario whose first step (or config) is the bad part."""
     return f"name: x\n{config}steps: [{step}, {{at: 9, event: end}}]\n"
@@ -594,6 +600,13 @@ TABLE: list[Bad] = [
     ),
     # issue 13 item 11: a directory runs its *.yaml; one with none is an error naming it
     scenario("empty-directory", empty_dir, "a directory with no *.yaml file in it"),
+    # ... not even a.yml, which it did not mention
+    scenario(
+        "yml-only-directory",
+        yml_only_dir,
+        "a directory with no *.yaml file in it (a.yml: a directory runs its *.yaml only; "
+        "name a .yml file to run it)",
+    ),
     scenario(
         "unknown-setting",
         "name: x\nconfig: {colour: 1}\nsteps: [{at: 0, event: end}]\n",

@@ -60,13 +60,22 @@ def _files(args: argparse.Namespace) -> list[Path]:
         if f.is_dir():
             found = sorted(p for p in f.glob("*.yaml") if not p.is_dir())
             if not found:
-                raise _Refused(
-                    str(f), f"{f}: a directory with no *.yaml file in it", prefix="invalid scenario"
-                )
+                raise _Refused(str(f), f"{f}: a directory with no *.yaml file in it" + _yml(f),
+                               prefix="invalid scenario")  # fmt: skip
             out += found
         else:
             out.append(f)
     return out
+
+
+def _yml(directory: Path) -> str:
+    """What a directory with no *.yaml holds that was meant, perhaps: its *.yml files (a
+    directory runs its *.yaml, as the pytest plugin collects them)."""
+    yml = sorted(p.name for p in directory.glob("*.yml") if not p.is_dir())
+    if not yml:
+        return ""
+    names = ", ".join(yml[:3]) + (f" and {len(yml) - 3} more" if len(yml) > 3 else "")
+    return f" ({names}: a directory runs its *.yaml only; name a .yml file to run it)"
 
 
 def _fail(args: argparse.Namespace, e: _Refused) -> int:
