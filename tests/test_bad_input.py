@@ -123,6 +123,12 @@ def empty_dir(tmp: Path) -> Path:
     return path
 
 
+def yml_only_dir(tmp: Path) -> Path:
+    path = empty_dir(tmp)
+    (path / "a.yml").write_text("name: x\nsteps: [{at: 0, event: end}]\n")
+    return path
+
+
 def step_file(step: str, config: str = "") -> str:
     """A scenario whose first step (or config) is the bad part."""
     return f"name: x\n{config}steps: [{step}, {{at: 9, event: end}}]\n"
@@ -432,6 +438,18 @@ TABLE: list[Bad] = [
         "step 1 (end): 'end' must be the last step",
     ),
     scenario("no-name", "steps: [{at: 0, event: end}]\n", "name: Field required"),
+    # a misspelt key is named (it said "missing 'event'", "field identity: Field required")
+    scenario(
+        "misspelt-event-key",
+        "name: x\nsteps: [{at: 0, event: session.start}, {at: 1, evnet: end}]\n",
+        "step 2: field evnet: Extra inputs are not permitted (did you mean 'event'?)",
+    ),
+    scenario(
+        "misspelt-field-key",
+        "name: x\nsteps: [{at: 0, event: participant_connected, identiy: alice}]\n",
+        "step 1 (participant_connected): field identiy: Extra inputs are not permitted "
+        "(did you mean 'identity'?)",
+    ),
     # a misspelt machine or state in expect is the file's error (it read as a failed
     # expectation, "expected 'serving', got None")
     scenario(
@@ -450,6 +468,17 @@ TABLE: list[Bad] = [
         "expect-unknown-fact",
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {verdit: null}}\n",
         "expect.facts: no fact 'verdit' (facts: " + ", ".join(FACTS) + ")",
+    ),
+    # a fact's value of the wrong kind too (it ran, then failed: "expected 'soon', got None")
+    scenario(
+        "expect-fact-of-the-wrong-kind",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {job_closed_at: soon}}\n",
+        "expect.facts: job_closed_at is seconds or null, not 'soon'",
+    ),
+    scenario(
+        "expect-fact-list-of-the-wrong-kind",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {reprompts: [1, true]}}\n",
+        "expect.facts: reprompts is a list of seconds, not [1, True]",
     ),
     scenario(
         "expect-violations-unchecked",
@@ -571,6 +600,13 @@ TABLE: list[Bad] = [
     ),
     # issue 13 item 11: a directory runs its *.yaml; one with none is an error naming it
     scenario("empty-directory", empty_dir, "a directory with no *.yaml file in it"),
+    # ... not even a.yml, which it did not mention
+    scenario(
+        "yml-only-directory",
+        yml_only_dir,
+        "a directory with no *.yaml file in it (a.yml: a directory runs its *.yaml only; "
+        "name a .yml file to run it)",
+    ),
     scenario(
         "unknown-setting",
         "name: x\nconfig: {colour: 1}\nsteps: [{at: 0, event: end}]\n",

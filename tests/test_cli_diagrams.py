@@ -122,8 +122,62 @@ def test_check_fails_after_a_spec_change_until_regenerated(
 
 
 def test_check_on_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["diagrams", "--check", "--out", str(tmp_path / "none")]) == 1
-    assert "missing:" in capsys.readouterr().err
+    """It listed every file as "missing:" and said they were out of date."""
+    none = tmp_path / "none"
+    assert main(["diagrams", "--check", "--out", str(none)]) == 2
+    assert capsys.readouterr().err == f"agent-runtime diagrams: {none}: no such directory\n"
+    assert not none.exists()
+
+
+def run_from(monkeypatch: pytest.MonkeyPatch, root: Path, *, clone: bool) -> Path:
+    """The diagrams command as if its package were under ``root`` (a clone with its
+    pyproject.toml and diagrams/, or a site-packages), run from ``root/docs``."""
+    if clone:
+        (root / "pyproject.toml").parent.mkdir(parents=True)
+        (root / "pyproject.toml").write_text("[project]\n")
+        assert main(["diagrams", "--out", str(root / "diagrams")]) == 0
+    module = root / "agent_runtime" / "tools" / "commands" / "diagrams.py"
+    monkeypatch.setattr(diagrams_cmd, "__file__", str(module))
+    (root / "docs").mkdir(parents=True)
+    monkeypatch.chdir(root / "docs")
+    return root / "docs"
+
+
+def test_from_elsewhere_in_a_clone_the_clones_diagrams_are_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run from a clone's docs/, --check said each file was missing (exit 1), and the
+    `agent-runtime diagrams` it advised wrote a new docs/diagrams/."""
+    clone = tmp_path / "clone"
+    here = run_from(monkeypatch, clone, clone=True)
+    (clone / "diagrams" / "job.md").write_text("edited by hand\n")
+    capsys.readouterr()
+    assert main(["diagrams", "--check"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"stale: {clone / 'diagrams' / 'job.md'}" and len(err) == 2
+    assert err[1].endswith("run `agent-runtime diagrams` and commit the result")
+    assert main(["diagrams"]) == 0
+    assert capsys.readouterr().out == f"wrote {clone / 'diagrams' / 'job.md'}\n"
+    assert main(["diagrams", "--check"]) == 0
+    assert capsys.readouterr().out.startswith(f"{clone / 'diagrams'}: diagrams of ")
+    assert list(here.iterdir()) == []
+
+
+def test_with_no_diagrams_directory_check_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Installed (no clone) and run where there is no diagrams/, --check said every file
+    was missing and out of date."""
+    here = run_from(monkeypatch, tmp_path / "site-packages", clone=False)
+    assert main(["diagrams", "--check"]) == 2
+    assert capsys.readouterr().err == (
+        "agent-runtime diagrams: no diagrams/ directory here (nor in a clone of the project "
+        "this package runs from) to check: give --out DIR\n"
+    )
+    assert list(here.iterdir()) == []
+    # writing them is asked for: they are written here
+    assert main(["diagrams"]) == 0
+    assert (here / "diagrams" / "job.mmd").is_file()
 
 
 @pytest.mark.parametrize("check", [False, True], ids=["write", "check"])

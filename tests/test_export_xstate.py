@@ -280,6 +280,20 @@ def test_export_bad_input_is_one_line(
     assert message in err and err.count("\n") == 1
 
 
+def test_the_help_says_what_a_bare_export_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help said MACHINE "(default: all)" and --out "(default: stdout)", and a bare
+    `export xstate` refused both: it names what it needs, and the help says so too."""
+    with pytest.raises(SystemExit) as exc:
+        main(["export", "xstate", "--help"])
+    assert exc.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert main(["export", "xstate"]) == 2
+    refusal = capsys.readouterr().err.removeprefix("agent-runtime export: ").strip()
+    assert refusal == "name a MACHINE to print its module, or give --out DIR to write them all"
+    assert refusal[0].upper() + refusal[1:] in help_text
+    assert "default: all" not in help_text and "default: stdout" not in help_text
+
+
 def test_export_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "file"
     f.write_text("x")

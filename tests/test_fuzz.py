@@ -476,6 +476,17 @@ def test_the_cli_takes_checks_and_says_what_it_ran(
     assert "example(s) run" in out and "distinct path(s)" in out and "seed 3" in out
 
 
+def test_with_nothing_found_the_examples_run_are_the_examples_asked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--examples 50 --seed 3` said "55 example(s) run": the 5 runs hypothesis cut short
+    (an overrun) and drew again were counted, and checked."""
+    monkeypatch.chdir(ROOT)
+    code, out, _ = _fuzz_cli(capsys, "examples/agent.py:server", "--examples", "50", "--seed", "3")
+    assert code == 0 and out.startswith("50 example(s) run, ")
+    assert out.rstrip().endswith("seed 3: nothing found")
+
+
 def test_progress_says_when_the_runs_are_shrinking_past_the_examples_asked() -> None:
     # once a run failed, hypothesis shrinks it, and --examples does not bound those runs:
     # the progress line said "27 runs (of 3 to draw)"

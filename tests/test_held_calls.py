@@ -73,9 +73,12 @@ def test_a_late_verdict_answers_when_on_simulation_end_returns() -> None:
     [
         ([("routed", 2), ("error", 3)], None),  # fails after its route
         ([("no_route", 2)], None),  # returns with no route
-        ([("ok", 2)], "the avatar's start before its route: 'ok' is not one of"),
+        ([("ok", 2)], "the avatar's start, held before its route, ends with routed, "
+                      "no_route, error or hang, not 'ok'"),
+        ([("routed", 2), ("routed", 3)], "the avatar's start, held after its route, ends "
+                                         "with ok, error or hang, not 'routed'"),
     ],
-)
+)  # fmt: skip
 def test_a_held_avatar_start_ends_as_its_steps_say(
     ends: list[tuple[str, float]], error: str | None
 ) -> None:
@@ -88,6 +91,16 @@ def test_a_held_avatar_start_ends_as_its_steps_say(
         assert r["facts"]["audio_output"] == "room"
     else:
         assert len(errors) == 1 and error in errors[0]
+
+
+def test_a_held_avatar_start_a_shutdown_ended_is_refused_as_any_held_call() -> None:
+    """It said "the avatar's start does not wait: 'routed' is not one of nothing"."""
+    steps = [START, {"at": 1, "event": "avatar.start"}, {"at": 2, "event": "job.shutdown"},
+             _end(3, "avatar_start", "routed"), {"at": 30, "event": "end"}]  # fmt: skip
+    r = _run({"avatar_identity": "avatar", "hold": ["avatar_start"]}, steps)
+    assert r["facts"]["step_errors"] == [
+        "t=3 held.end: RuntimeError: no avatar_start call waits to be ended"
+    ]
 
 
 @pytest.mark.parametrize(

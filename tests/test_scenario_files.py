@@ -53,6 +53,17 @@ def test_bundled_scenarios_load(path: Path) -> None:
         ([{"at": -1, "event": "session.start"}], r"field at: Input should be greater"),
         ([{"at": "soon", "event": "session.start"}], r"field at: Input should be a valid number"),
         ([{"at": 0, "event": "session.start", "colour": "red"}], r"field colour: Extra inputs"),
+        # a misspelt key: it said "missing 'event'" and "field identity: Field required"
+        (
+            [{"at": 1, "evnet": "end"}],
+            r"step 1: field evnet: Extra inputs are not permitted \(did you mean 'event'\?\)$",
+        ),
+        ([{"att": 1, "event": "end"}], r"step 1 \(end\): field att: .* \(did you mean 'at'\?\)$"),
+        (
+            [{"at": 0, "event": "participant_connected", "identiy": "alice"}],
+            r"step 1 \(participant_connected\): field identiy: Extra inputs are not permitted "
+            r"\(did you mean 'identity'\?\)$",
+        ),
         (
             [{"at": 0, "event": "rpc_outcome", "method": "lk.clear_buffer", "result": "maybe"}],
             r"field result: Input should be",
@@ -89,6 +100,31 @@ def test_invalid_top_level(tmp_path: Path) -> None:
         load_scenario(bad)
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"nmae": "x"}, "nmae: Extra inputs are not permitted (did you mean 'name'?)"),
+        (
+            {"name": "x", "config": {"join_timout": 3}},
+            "config.join_timout: Extra inputs are not permitted (did you mean 'join_timeout'?)",
+        ),
+        (
+            {"name": "x", "participants": [{"identiy": "u"}]},
+            "participants.0.identiy: Extra inputs are not permitted (did you mean 'identity'?)",
+        ),
+        (
+            {"name": "x", "expect": {"final_state": {"job": "closed"}}},
+            "expect.final_state: Extra inputs are not permitted (did you mean 'final_states'?)",
+        ),
+    ],
+)
+def test_a_misspelt_key_is_named(raw: dict[str, object], message: str) -> None:
+    """A misspelt required key said the one meant was missing (`name: Field required`)."""
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({**raw, "steps": [{"at": 0, "event": "end"}]}, source="s.yaml")
+    assert str(err.value) == f"s.yaml: {message}"
 
 
 def test_expect_reports_each_mismatch() -> None:

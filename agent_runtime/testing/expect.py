@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import Expect
 
 
@@ -62,7 +63,7 @@ def mismatches(expect: Expect | None, result: dict[str, Any]) -> list[Mismatch]:
             out.append(Mismatch(f"fact {name}", want, facts[name]))
     for v in result.get("facts", {}).get("invariant_violations") or ():
         if expect.checks_invariant(v["invariant"]):
-            message = f"violated at t={v['t']:g} after {v['after']}: {v['detail']}"
+            message = f"violated at t={seconds_text(v['t'])} after {v['after']}: {v['detail']}"
             out.append(Mismatch(f"invariant {v['invariant']} ({v['name']})", "holds", v, (),
                                 message))  # fmt: skip
     return out

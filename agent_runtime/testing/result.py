@@ -3,12 +3,30 @@ prints (``final_states``, ``transitions``, ``effects``, ``facts``)."""
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from agent_runtime.observe.trace import TraceRecord
 
 if TYPE_CHECKING:
     from agent_runtime.testing.runner import _Simulation
+
+
+def seconds_text(t: float) -> str:
+    """A time in seconds as a reader writes it: a plain decimal (``0.0000001``,
+    ``1733450000.25``; ``%g`` wrote ``1e-07`` and ``1.73345e+09``), to the 15 significant
+    digits a float holds (``0.1 + 0.2`` is ``0.3``), with no trailing zeros (``10``)."""
+    if not math.isfinite(t):
+        return str(t)
+    text = format(Decimal(f"{t:.15g}"), "f")
+    text = text.rstrip("0").rstrip(".") if "." in text else text
+    return "0" if text in ("", "-0") else text
+
+
+def refusal(at: float, event: str, error: BaseException) -> str:
+    """A step the runtime refused, as the result's ``step_errors`` lists it."""
+    return f"t={seconds_text(at)} {event}: {type(error).__name__}: {error}"
 
 
 def scenario_result(sim: _Simulation, records: list[TraceRecord]) -> dict[str, Any]:

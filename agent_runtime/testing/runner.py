@@ -49,7 +49,7 @@ from agent_runtime.testing.inmemory import (
     stranger_track,
 )
 from agent_runtime.testing.invariants.watch import InvariantWatch
-from agent_runtime.testing.result import scenario_result
+from agent_runtime.testing.result import refusal, scenario_result, seconds_text
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
 
@@ -219,7 +219,7 @@ class _Simulation:
             try:
                 await self.apply(step)
             except Exception as e:  # a step the runtime refuses is a result, not a crash
-                self.errors.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
+                self.errors.append(refusal(step.at, step.event, e))
             await self.quiesce()
             self._check(f"step {i + 1} ({step.event})")
         await self.quiesce()
@@ -352,7 +352,7 @@ class _Simulation:
         def failed(done: asyncio.Future[None]) -> None:
             e = None if done.cancelled() else done.exception()
             if e is not None:
-                self.errors.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
+                self.errors.append(refusal(step.at, step.event, e))
 
         task.add_done_callback(failed)
         self._closes.append(task)
@@ -399,7 +399,7 @@ class _Simulation:
         while (deadline := self.clock.next_deadline()) is not None and deadline <= when:
             await self.clock.run_until(deadline)
             await self.quiesce()
-            self._check(f"the deadline at t={deadline:g}")
+            self._check(f"the deadline at t={seconds_text(deadline)}")
         await self.clock.run_until(when)
         await self.quiesce()
 

@@ -8,9 +8,13 @@ file, the step and what is wrong, before anything runs.
 
 from __future__ import annotations
 
+import difflib
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -344,32 +348,60 @@ STEP_EVENTS: tuple[str, ...] = tuple(
     get_args(m.model_fields["event"].annotation)[0] for m in get_args(get_args(Step)[0])
 )
 _step_adapter: TypeAdapter[Step] = TypeAdapter(Step)
+_STEP_MODELS: dict[str, type[_Step]] = dict(
+    zip(STEP_EVENTS, get_args(get_args(Step)[0]), strict=True)
+)
+_STEP_KEYS = {key for m in _STEP_MODELS.values() for key in m.model_fields}
 
 
 InvariantNumber = Annotated[int, Field(strict=True)]
 
 
-# the facts a run's result holds (``testing.result``): an ``expect`` block may name these only
-FACTS = (
-    "audio_output",
-    "rpcs_sent",
-    "finalize_answered",
-    "verdict",
-    "room_deleted_at",
-    "job_closed_at",
-    "session_closed_at",
-    "session_close_reason",
-    "attached_session",
-    "linked_participant",
-    "session_replies",
-    "rpc_replies",
-    "step_errors",
-    "agent_state",
-    "agent_listening_at",
-    "playout_done",
-    "reprompts",
-    "invariant_violations",  # only with an ``invariants`` entry
-)
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _object(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _or_null(kind: tuple[str, Callable[[Any], bool]]) -> tuple[str, Callable[[Any], bool]]:
+    return f"{kind[0]} or null", lambda v: v is None or kind[1](v)
+
+
+def _list_of(kind: tuple[str, Callable[[Any], bool]]) -> tuple[str, Callable[[Any], bool]]:
+    return f"a list of {kind[0]}", lambda v: isinstance(v, list) and all(map(kind[1], v))
+
+
+_TEXT, _SECONDS, _OBJECT = ("text", _text), ("seconds", _seconds), ("an object", _object)
+_OBJECTS = _list_of(("objects", _object))
+# the facts a run's result holds (``testing.result``): an ``expect`` block may name these
+# only, each with a value of the fact's kind (what the check compares it with)
+FACT_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "audio_output": _TEXT,
+    "rpcs_sent": _OBJECTS,
+    "finalize_answered": ("true or false", lambda v: isinstance(v, bool)),
+    "verdict": _or_null(_OBJECT),
+    "room_deleted_at": _or_null(_SECONDS),
+    "job_closed_at": _or_null(_SECONDS),
+    "session_closed_at": _or_null(_SECONDS),
+    "session_close_reason": _or_null(_TEXT),
+    "attached_session": _or_null(_TEXT),
+    "linked_participant": _or_null(_TEXT),
+    "session_replies": _OBJECTS,
+    "rpc_replies": _OBJECTS,
+    "step_errors": _list_of(_TEXT),
+    "agent_state": _TEXT,
+    "agent_listening_at": _list_of(_SECONDS),
+    "playout_done": _OBJECTS,
+    "reprompts": _list_of(_SECONDS),
+    "invariant_violations": _OBJECTS,  # only with an ``invariants`` entry
+}
+FACTS = tuple(FACT_KINDS)
 
 
 class Expect(_Strict):
@@ -415,6 +447,15 @@ class Expect(_Strict):
                     "unknown_fact",
                     "no fact {name} (facts: {known})",
                     {"name": repr(name), "known": ", ".join(FACTS)},
+                )
+        # a value of the wrong kind too: it ran, then failed ("expected 'soon', got None")
+        for name, want in v.items():
+            kind, fits = FACT_KINDS[name]
+            if not fits(want):
+                raise PydanticCustomError(
+                    "fact_kind",
+                    "{name} is {kind}, not {value}",
+                    {"name": name, "kind": kind, "value": repr(want)},
                 )
         return v
 
@@ -472,6 +513,42 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _model_at(model: Any, loc: tuple[int | str, ...]) -> Any:
+    """The type found at ``loc`` under ``model`` (a tuple's items, an optional's model)."""
+    for part in (*loc, None):
+        args = [a for a in get_args(model) if a is not type(None) and a is not Ellipsis]
+        if get_origin(model) in (Union, UnionType, tuple) and len(args) == 1:
+            model = args[0]
+        if part is None or isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", {})
+        model = fields[part].annotation if part in fields else None
+    return model
+
+
+def _unknown(key: str, given: Any, known: Any) -> str:
+    """pydantic's word for a key no model has, and the missing one it likely meant: a key
+    misspelt made pydantic say first that the one meant is missing (`identity: Field
+    required`), never naming the key written."""
+    left = [k for k in known if not (isinstance(given, dict) and k in given)]
+    near = difflib.get_close_matches(key, left, n=1)
+    return "Extra inputs are not permitted" + (f" (did you mean {near[0]!r}?)" if near else "")
+
+
+def _first(errors: list[Any], model: Any, raw: Any) -> tuple[tuple[int | str, ...], str]:
+    """The error to report, where and what: a key the model does not have first (it is
+    often what made the others)."""
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(err["loc"])
+    if err["type"] != "extra_forbidden":
+        return loc, _said(err)
+    given = raw
+    for part in loc[:-1]:
+        given = given[part] if isinstance(given, dict | list) else None
+    known = getattr(_model_at(model, loc[:-1]), "model_fields", {})
+    return loc, _unknown(str(loc[-1]), given, known)
+
+
 # a number with an exponent YAML 1.1 reads as text (no dot, or no sign: 1e5, 1.0e5)
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -524,6 +601,13 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
             label += f" ({s['event']})"
         if not isinstance(s, dict):
             raise ScenarioError(f"{source}: {label}: a step is a mapping with 'at' and 'event'")
+        unknown = [str(k) for k in s if k not in _STEP_KEYS]
+        for key in ("event", "at"):
+            near = difflib.get_close_matches(key, unknown, n=1)
+            if key not in s and near:
+                raise ScenarioError(
+                    f"{source}: {label}: field {near[0]}: {_unknown(near[0], s, [key])}"
+                )
         if "event" not in s:
             raise ScenarioError(f"{source}: {label}: missing 'event'")
         if s["event"] not in STEP_EVENTS:
@@ -536,11 +620,9 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
         try:
             step = _step_adapter.validate_python(s)
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = [p for p in err["loc"] if p != s["event"]]
-            raise ScenarioError(
-                f"{source}: {label}: field {_where(tuple(loc))}: {_said(err)}"
-            ) from None
+            errors = [{**err, "loc": err["loc"][1:]} for err in e.errors()]  # the event's tag
+            where, said = _first(errors, _STEP_MODELS[s["event"]], s)
+            raise ScenarioError(f"{source}: {label}: field {_where(where)}: {said}") from None
         if step.at < last_at:
             raise ScenarioError(
                 f"{source}: {label}: time goes backwards ({step.at} after {last_at})"
@@ -552,8 +634,8 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate({**raw, "steps": steps})
     except ValidationError as e:
-        err = e.errors()[0]
-        raise ScenarioError(f"{source}: {_where(err['loc'])}: {_said(err)}") from None
+        where, said = _first(e.errors(), Scenario, raw)
+        raise ScenarioError(f"{source}: {_where(where)}: {said}") from None
     for i, step in enumerate(scenario.steps):
         if isinstance(step, HeldEnd) and step.call not in scenario.config.hold:
             raise ScenarioError(

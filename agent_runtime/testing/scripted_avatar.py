@@ -172,10 +172,12 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         """End the held start's wait with ``word``, or raise saying it waits elsewhere."""
         allowed = {"start": ("routed", "no_route", "error", "hang"),
                    "routed": ("ok", "error", "hang")}.get(self.waits or "", ())  # fmt: skip
+        if not allowed:  # not begun, or ended (a shutdown cut it): as Held.end says it
+            raise RuntimeError("no avatar_start call waits to be ended")
         if word not in allowed:
-            where = {"start": "before its route", "routed": "after its route"}
+            where = "before its route" if self.waits == "start" else "after its route"
             raise RuntimeError(
-                f"the avatar's start {where.get(self.waits or '', 'does not wait')}: "
-                f"{word!r} is not one of {', '.join(allowed) or 'nothing'}"
+                f"the avatar's start, held {where}, ends with {', '.join(allowed[:-1])} or "
+                f"{allowed[-1]}, not {word!r}"
             )
         self.gate.open(word)

@@ -108,8 +108,16 @@ def _parser() -> argparse.ArgumentParser:
     tim.add_argument("--title", help="the page's title (default: the trace's file name)")
     tim.set_defaults(module="agent_runtime.tools.commands.timeline")
 
-    dia = sub.add_parser("diagrams", help="write Mermaid, DOT, SVG and Markdown tables")
-    dia.add_argument("--out", default="diagrams", metavar="DIR")
+    dia = sub.add_parser(
+        "diagrams",
+        help="write Mermaid, DOT, SVG and Markdown tables",
+        description="Write (or check) the machines' diagrams. Without --out: ./diagrams/, "
+        "else, when the package runs from a clone of the project, the clone's (made here "
+        "when there is neither).",
+    )
+    dia.add_argument(
+        "--out", metavar="DIR", help="the directory (default: the project's diagrams/)"
+    )
     dia.add_argument(
         "--check", action="store_true", help="exit 1 naming each file that is out of date"
     )
@@ -126,11 +134,22 @@ def _parser() -> argparse.ArgumentParser:
         "setup().createMachine(): every cell in `on` (ignore and reject cells explicit), "
         "guards as named guards, state timeouts as `after` with the settings' defaults as "
         "named delays, state tasks as `invoke`, effects as named actions. Guards, actions "
-        "and actors are stubs to replace with machine.provide().",
+        "and actors are stubs to replace with machine.provide(). Name a MACHINE to print "
+        "its module, or give --out DIR to write them all (modules one after another are "
+        "not one module).",
     )
     xpo.add_argument("format", choices=["xstate"], help="the target (xstate: XState v5)")
-    xpo.add_argument("machine", nargs="?", metavar="MACHINE", help="one machine (default: all)")
-    xpo.add_argument("--out", metavar="DIR", help="write DIR/MACHINE.js (default: stdout)")
+    xpo.add_argument(
+        "machine",
+        nargs="?",
+        metavar="MACHINE",
+        help="the machine whose module is printed (with --out: the only one written)",
+    )
+    xpo.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write DIR/NAME.js for every machine (MACHINE's only, if named)",
+    )
     xpo.set_defaults(module="agent_runtime.tools.commands.export")
 
     fz = sub.add_parser(

@@ -1,5 +1,6 @@
 """Where the CLI's commands write: stdout, guarded, and the files named by ``--out``/``-o``/
-``--trace``/``--html``, checked before anything runs.
+``--trace``/``--html``, checked before anything runs; and the project's directories a
+command defaults to (``project_dir``).
 
 A command writes to stdout as to any stream; the CLI's ``main`` wraps it so that a write or
 flush that fails (the reader of a pipe gone, a full disk) raises ``OutputGone``, which no
@@ -71,6 +72,24 @@ def discard(stream: TextIO) -> None:
         os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+# -- the project's directories ---------------------------------------------------------------
+
+
+def project_dir(relative: Path, command_file: str) -> Path | None:
+    """``relative`` (``examples/scenarios``, ``diagrams``) in the current directory, else in
+    the clone of the project the package runs from (the source tree, an editable install),
+    found from ``command_file``, a command's module (``agent_runtime/tools/commands/X.py``);
+    ``None`` when neither has it. An installed copy has no clone beside it, and a
+    site-packages holding some other project's ``relative`` is not ours: a clone is where
+    pyproject.toml is."""
+    if relative.is_dir():
+        return relative
+    clone = Path(command_file).resolve().parents[3]
+    if (clone / "pyproject.toml").is_file() and (clone / relative).is_dir():
+        return clone / relative
+    return None
 
 
 # -- output files --------------------------------------------------------------------------------

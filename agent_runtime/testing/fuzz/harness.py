@@ -31,6 +31,7 @@ from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.job_process import JobProcess
+from agent_runtime.testing.result import refusal
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
 
@@ -114,7 +115,7 @@ class Harness:
         try:
             await self._apply(step)
         except Exception as e:  # a step the world refuses changes nothing
-            self.refused.append(f"t={step.at:g} {step.event}: {type(e).__name__}: {e}")
+            self.refused.append(refusal(step.at, step.event, e))
         await self.quiesce()
         self._take_job()
 

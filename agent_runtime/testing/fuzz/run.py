@@ -34,6 +34,7 @@ from agent_runtime.testing.fuzz.machine import (
 )
 from agent_runtime.testing.fuzz.properties import Check, Problem
 from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.result import seconds_text
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
@@ -216,7 +217,7 @@ def check_replayable(scenario: sc.Scenario, source: str) -> None:
     why: list[str] = []
     foreign = [s for s in scenario.steps if not isinstance(s, TAKES)]
     if foreign:
-        names = ", ".join(f"t={s.at:g} {s.event}" for s in foreign)
+        names = ", ".join(f"t={seconds_text(s.at)} {s.event}" for s in foreign)
         why.append(f"steps the fuzzer does not take ({names}: agent-runtime simulate runs them)")
     starts = sum(isinstance(s, sc.SessionStart) for s in scenario.steps)
     if starts != 1:
@@ -335,7 +336,7 @@ def _in_thread(fn: Callable[[], Any], *, always: bool = False) -> Any:
 
 def _step_line(step: dict[str, Any]) -> str:
     rest = ", ".join(f"{k}={v!r}" for k, v in step.items() if k not in ("at", "event"))
-    return f"t={step['at']:g} {step['event']}" + (f" ({rest})" if rest else "")
+    return f"t={seconds_text(step['at'])} {step['event']}" + (f" ({rest})" if rest else "")
 
 
 def print_progress(line: str) -> None:

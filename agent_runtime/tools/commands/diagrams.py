@@ -1,5 +1,8 @@
 """``agent-runtime diagrams [--out DIR] [--check]``: write or check the generated diagrams.
 
+Without ``--out``: the project's ``diagrams/`` (here, else in the clone the package runs
+from), from whatever directory it is run.
+
 Writes, for every machine, ``NAME.mmd`` (Mermaid), ``NAME.dot`` (Graphviz), ``NAME.md`` (the
 whole table) and ``NAME.svg`` (``machine_svg.py``'s drawing, the one the timeline page shows;
 a link's ``#id``, as ``agent-runtime diff`` prints, outlines that region); for the whole job
@@ -18,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from agent_runtime.tools.output import check_directory, write_all
+from agent_runtime.tools.output import check_directory, project_dir, write_all
 from agent_runtime.tools.render import DIAGRAM_SUFFIXES, diagram_files
 from agent_runtime.tools.system_diagram import NAME as WHOLE_JOB
 from statemachines.machines import MACHINES
@@ -92,11 +95,33 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
     return 0
 
 
+DEFAULT_DIR = Path("diagrams")
+
+
+def _out(args: argparse.Namespace) -> Path | None:
+    """``--out``, else the project's ``diagrams/``: the one here, else the clone's this
+    package runs from (as ``simulate`` finds ``examples/scenarios``); with neither, a write
+    makes ``./diagrams`` and a check has nothing to check (``None``)."""
+    if args.out is not None:
+        return Path(args.out)
+    found = project_dir(DEFAULT_DIR, __file__)
+    return found if found is not None or args.check else DEFAULT_DIR
+
+
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    out = _out(args)
+    if out is None:
+        print(
+            f"{PROG}: no {DEFAULT_DIR}/ directory here (nor in a clone of the project this "
+            "package runs from) to check: give --out DIR",
+            file=sys.stderr,
+        )
+        return 2
     # refused before anything is written: a file there is the user's, never replaced
     names = None if args.check else [*diagram_files(MACHINES), _WHOLE_JOB_SVG]
     why = check_directory(out, names)
+    if why is None and args.check and not out.is_dir():
+        why = "no such directory"
     if why is not None:
         print(f"{PROG}: {out}: {why}", file=sys.stderr)
         return 2
@@ -107,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                 print(line, file=sys.stderr)
             print(
                 f"{len(problems)} diagram file(s) out of date; run `agent-runtime diagrams"
-                + (f" --out {args.out}" if args.out != "diagrams" else "")
+                + (f" --out {args.out}" if args.out is not None else "")
                 + "` and commit the result",
                 file=sys.stderr,
             )

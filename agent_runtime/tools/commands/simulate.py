@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from agent_runtime.testing.expect import check_expect
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import Scenario, ScenarioError, load_scenario
-from agent_runtime.tools.output import same_file, unwritable
+from agent_runtime.tools.output import project_dir, same_file, unwritable
 
 DEFAULT_DIR = Path("examples/scenarios")
 
@@ -38,15 +39,11 @@ class _Refused(Exception):
 
 def _default_dir() -> Path:
     """Where ``simulate`` with no FILE looks: ``examples/scenarios`` in the current
-    directory, else in the clone this package runs from (the source tree, an editable
-    install). An installed copy has none beside it: the wheel holds no scenarios."""
-    if DEFAULT_DIR.is_dir():
-        return DEFAULT_DIR
-    # a clone is where pyproject.toml is: a site-packages with some other project's
-    # examples/scenarios in it is not ours to run
-    clone = Path(__file__).resolve().parents[3]
-    if (clone / "pyproject.toml").is_file() and (clone / DEFAULT_DIR).is_dir():
-        return clone / DEFAULT_DIR
+    directory, else in the clone this package runs from. An installed copy has none beside
+    it: the wheel holds no scenarios."""
+    found = project_dir(DEFAULT_DIR, __file__)
+    if found is not None:
+        return found
     raise _Refused(
         None,
         f"no scenario given, and no {DEFAULT_DIR.as_posix()}/ directory here to run by "
@@ -63,13 +60,22 @@ def _files(args: argparse.Namespace) -> list[Path]:
         if f.is_dir():
             found = sorted(p for p in f.glob("*.yaml") if not p.is_dir())
             if not found:
-                raise _Refused(
-                    str(f), f"{f}: a directory with no *.yaml file in it", prefix="invalid scenario"
-                )
+                raise _Refused(str(f), f"{f}: a directory with no *.yaml file in it" + _yml(f),
+                               prefix="invalid scenario")  # fmt: skip
             out += found
         else:
             out.append(f)
     return out
+
+
+def _yml(directory: Path) -> str:
+    """What a directory with no *.yaml holds that was meant, perhaps: its *.yml files (a
+    directory runs its *.yaml, as the pytest plugin collects them)."""
+    yml = sorted(p.name for p in directory.glob("*.yml") if not p.is_dir())
+    if not yml:
+        return ""
+    names = ", ".join(yml[:3]) + (f" and {len(yml) - 3} more" if len(yml) > 3 else "")
+    return f" ({names}: a directory runs its *.yaml only; name a .yml file to run it)"
 
 
 def _fail(args: argparse.Namespace, e: _Refused) -> int:
@@ -97,6 +103,11 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _fact(value: Any) -> str:
+    """A fact as JSON writes it, but a time (``session_closed_at``) in plain seconds."""
+    return seconds_text(value) if isinstance(value, float) else json.dumps(value)
+
+
 def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: list[str]) -> str:
     facts = result["facts"]
     status = "ok" if not failures else "FAILED"
@@ -114,10 +125,10 @@ def _summary(path: Path, scenario: Scenario, result: dict[str, Any], failures: l
         "room_deleted_at",
         "job_closed_at",
     )
-    lines.append("  facts: " + ", ".join(f"{k}={json.dumps(facts.get(k))}" for k in keys))
+    lines.append("  facts: " + ", ".join(f"{k}={_fact(facts.get(k))}" for k in keys))
     if facts.get("rpcs_sent"):
         rpcs = ", ".join(
-            f"{r['method']}->{r['destination']}:{r['outcome']}@{r['t']:g}"
+            f"{r['method']}->{r['destination']}:{r['outcome']}@{seconds_text(r['t'])}"
             for r in facts["rpcs_sent"]
         )
         lines.append(f"  rpcs:  {rpcs}")
