@@ -42,6 +42,23 @@ def _strays(out: Path, expected: set[str]) -> list[Path]:
 
 
 _WHOLE_JOB_SVG = f"{WHOLE_JOB}.svg"  # Graphviz's, when installed: expected, never compared
+_OURS = "by `agent-runtime diagrams`"  # in the README.md this command writes
+
+
+def _not_ours(out: Path) -> str | None:
+    """Why ``out`` is not this command's to write: it holds files and no README.md of its
+    own (a write replaces the README and removes every other diagram-like file there)."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    try:
+        if _OURS in (out / "README.md").read_text(encoding="utf-8"):
+            return None
+    except (OSError, UnicodeDecodeError):
+        pass
+    return (
+        "holds files agent-runtime diagrams did not write (no README.md of its own): give "
+        "--out a new or empty directory"
+    )
 
 
 def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
@@ -119,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # refused before anything is written: a file there is the user's, never replaced
     names = None if args.check else [*diagram_files(MACHINES), _WHOLE_JOB_SVG]
-    why = check_directory(out, names)
+    why = check_directory(out, names) or _not_ours(out)
     if why is None and args.check and not out.is_dir():
         why = "no such directory"
     if why is not None:
