@@ -336,3 +336,16 @@ def test_a_failed_effect_is_not_hidden_under_one_drawn_at_the_same_instant(
     drawn_there = [bad for bad, d, _ in marks if d == at]
     assert drawn_there == [" failed"]  # one mark at that spot, red
     assert "restore_route: ok" in tip  # naming each effect drawn there
+
+
+def test_tiny_times_read_as_plain_seconds() -> None:
+    # the header read "0 s to 1.4001e-05 s" for a production trace's first records
+    from agent_runtime.observe.trace import TraceRecord
+
+    records = [
+        TraceRecord(0.0, "transition", "job", "r", event="start", source="serving", dest="serving"),
+        TraceRecord(1.4001e-05, "transition", "job", "r", event="shutdown", source="serving",
+                    dest="closing"),
+    ]  # fmt: skip
+    html = timeline_html(records, title="tiny")
+    assert "0 s to 0.000014001 s on the job" in html and "1.4001e-05 s" not in html

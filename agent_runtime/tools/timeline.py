@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.lanes import Lane, Lanes, summarise
 from agent_runtime.tools.machine_svg import diagram_svg, esc, state_colour, text_width
 from statemachines import MachineSpec
@@ -74,13 +75,13 @@ def timeline_svg(lanes: Lanes, machines: Mapping[str, MachineSpec], t0: float, t
         out.append(
             f'<line x1="{x(tick):.1f}" y1="14" x2="{x(tick):.1f}" y2="{height}" '
             'stroke="#e6e6e6"/>'
-            f'<text x="{x(tick):.1f}" y="11" class="tick">{tick:g}s</text>'
+            f'<text x="{x(tick):.1f}" y="11" class="tick">{secs(tick)}s</text>'
         )
     out.append('<text x="8" y="36" class="strip-label">inputs</text>')
     for rec in lanes.inputs:
         cx = x(rec.t)
         rpc = rec.event in ("rpc", "session_request")
-        tip = f"t={rec.t:g} {rec.event} {summarise(rec.data)}"
+        tip = f"t={secs(rec.t)} {rec.event} {summarise(rec.data)}"
         out.append(
             f'<path class="input{" rpc" if rpc else ""}" d="M{cx - 5:.1f},24 L{cx + 5:.1f},24 '
             f'L{cx:.1f},34 z"><title>{esc(tip)}</title></path>'
@@ -113,7 +114,7 @@ def _segments(lane: Lane, spec: MachineSpec | None, y: float, x: Any, t1: float)
         x0, x1 = x(seg.start), x(end)
         w = max(x1 - x0, 2.0)
         entered = f", entered on {seg.entered_by}" if seg.entered_by else ""
-        tip = f"{seg.state}: {seg.start:g}s to {end:g}s{entered}"
+        tip = f"{seg.state}: {secs(seg.start)}s to {secs(end)}s{entered}"
         out.append(
             f'<rect class="seg" data-state="{esc(seg.state)}" x="{x0:.1f}" y="{y:.1f}" '
             f'width="{w:.1f}" height="{_LANE_H}" rx="4" fill="{state_colour(spec, seg.state)}" '
@@ -138,7 +139,9 @@ def _marks(lane: Lane, y: float, x: Any) -> list[str]:
     for m in lane.marks:
         if m.kind == "effect":
             cx = x(m.t)
-            tip = f"t={m.t:g} effect {m.name}: {m.outcome}" + (f" ({m.detail})" if m.detail else "")
+            tip = f"t={secs(m.t)} effect {m.name}: {m.outcome}" + (
+                f" ({m.detail})" if m.detail else ""
+            )
             if not groups or cx - groups[-1][0] >= _MARK_W:
                 groups.append((cx, [], []))
             groups[-1][1].append(tip)
@@ -155,7 +158,7 @@ def _marks(lane: Lane, y: float, x: Any) -> list[str]:
             out.append(
                 f'<path class="mark reject" d="M{cx - 4:.1f},{y - 4:.1f} L{cx + 4:.1f},{y + 4:.1f} '
                 f'M{cx + 4:.1f},{y - 4:.1f} L{cx - 4:.1f},{y + 4:.1f}">'
-                f"<title>t={m.t:g} rejected {esc(m.name)}</title></path>"
+                f"<title>t={secs(m.t)} rejected {esc(m.name)}</title></path>"
             )
     return out
 
@@ -303,7 +306,7 @@ def timeline_html(
     )
     summary = (
         f"{lanes.records} records, {len(ordered)} machine instances, "
-        f"{t0:g} s to {t1:g} s on the job's clock"
+        f"{secs(t0)} s to {secs(t1)} s on the job's clock"
     )
     if source:
         summary = f"{source}: {summary}"

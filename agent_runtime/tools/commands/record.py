@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from agent_runtime.observe.trace import TraceError, load_trace
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
 from agent_runtime.tools.output import same_file
 from agent_runtime.tools.record import RecordError, compare, record, render
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{args.out}: cannot write the scenario ({e.strerror or e})")
         steps = len(scenario.steps)
         print(
-            f"wrote {args.out} ({steps} steps, t = 0 .. {scenario.steps[-1].at:g})", file=sys.stderr
+            f"wrote {args.out} ({steps} steps, t = 0 .. {secs(scenario.steps[-1].at)})",
+            file=sys.stderr,
         )
     else:
         sys.stdout.write(text)

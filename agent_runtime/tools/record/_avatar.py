@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _State
 
 _RPC_TIMEOUT_CODES = frozenset({1501, 1502})  # CONNECTION_TIMEOUT, RESPONSE_TIMEOUT
@@ -57,7 +58,7 @@ class _AvatarPass(_State):
         if leading < len(raised):  # one raised after a start that did not
             later = raised[leading]
             self.note(
-                f"t={later.t:g}: a retry's plugin start raised after an earlier one did "
+                f"t={secs(later.t)}: a retry's plugin start raised after an earlier one did "
                 "not; a scenario scripts only the first starts' failures, so the replay's "
                 "retry starts"
             )
@@ -75,8 +76,8 @@ class _AvatarPass(_State):
         outcome = first.data.get("outcome", "error")
         if outcome != "error":
             self.note(
-                f"t={r.t:g}: the avatar plugin's start ended in {outcome} at t={first.t:g}; "
-                "replayed as a start that raises at once"
+                f"t={secs(r.t)}: the avatar plugin's start ended in {outcome} at "
+                f"t={secs(first.t)}; replayed as a start that raises at once"
             )
         if leading == len(attempts):
             self.step(i, r.t, "avatar.start_error")  # every attempt raised

@@ -16,6 +16,7 @@ from agent_runtime.settings import (
     DEFAULT_PARTICIPANT_KINDS,
     PlayoutOptions,
 )
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import Config
 from agent_runtime.tools.record._state import _ANSWERED, _DELETED, _SESSION_CLOSE_REPORTS, _State
 from statemachines.machines import MACHINES
@@ -69,8 +70,9 @@ class _ConfigPass(_State):
                 fired.setdefault(spec[1], float(value))
                 if spec[1] not in (*Config.model_fields, *_DERIVED):
                     self.note(
-                        f"t={r.t:g}: {m} left {r.source} on {r.event} after {float(value):g}s; "
-                        f"a scenario cannot set {spec[1]}, and what {r.source} waited for "
+                        f"t={secs(r.t)}: {m} left {r.source} on {r.event} after "
+                        f"{secs(float(value))}s; a scenario cannot set {spec[1]}, and what "
+                        f"{r.source} waited for "
                         "ends at once in one"
                     )
             if r.source != r.dest:
@@ -203,7 +205,7 @@ class _ConfigPass(_State):
         for i, r in recs:
             if r.event == "request" and not (on and i in by_close | by_session):
                 self.note(
-                    f"t={r.t:g}: the agent asked for the room's deletion itself "
+                    f"t={secs(r.t)}: the agent asked for the room's deletion itself "
                     "(request_room_deletion, as an end-call tool does); no scenario step does "
                     "that, so the replay does not ask"
                 )
@@ -221,15 +223,15 @@ class _ConfigPass(_State):
                     continue
                 if r.event in failures:
                     self.note(
-                        f"t={r.t:g}: {machine} got {r.event} ({failures[r.event]} failed); "
+                        f"t={secs(r.t)}: {machine} got {r.event} ({failures[r.event]} failed); "
                         f"in a scenario {what}"
                     )
                 elif spec.state(r.source).invoke and (
                     r.event not in result or (entered is not None and r.t > entered)
                 ):
-                    took = f" after {r.t - entered:g}s" if entered is not None else ""
+                    took = f" after {secs(r.t - entered)}s" if entered is not None else ""
                     self.note(
-                        f"t={r.t:g}: {machine} left {r.source} on {r.event}{took}; "
+                        f"t={secs(r.t)}: {machine} left {r.source} on {r.event}{took}; "
                         f"in a scenario {what}"
                     )
                 if spec.state(r.dest).invoke:

@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _FINALIZE_REQUESTS, _SIMULATOR_ATTRIBUTE, _State
 
 # who sent a request, when the trace does not say (a transport that cannot tell)
@@ -39,7 +40,7 @@ class _RequestPass(_State):
             self.step(i, r.t, "session_request", caller=caller, request=kind)
         else:
             self.note(
-                f"t={r.t:g}: a malformed {kind} request ({d.get('error', '')}): its bytes are "
+                f"t={secs(r.t)}: a malformed {kind} request ({d.get('error', '')}): its bytes are "
                 "not in the trace, so it is left out"
             )
 
@@ -50,7 +51,7 @@ class _RequestPass(_State):
         if caller is None:
             if accepted is not True:
                 self.note(
-                    f"t={r.t:g}: who sent this finalize_simulation (not taken as the "
+                    f"t={secs(r.t)}: who sent this finalize_simulation (not taken as the "
                     f"simulator's) is not in the trace; replayed as sent by {_UNNAMED_CALLER}, "
                     "who is not in the room"
                 )
@@ -66,12 +67,12 @@ class _RequestPass(_State):
         if accepted is not True:
             if accepted is False and _SIMULATOR_ATTRIBUTE in (self._attributes_at(i, caller) or {}):
                 self.note(
-                    f"t={r.t:g}: {caller}'s finalize_simulation was refused as not the "
+                    f"t={secs(r.t)}: {caller}'s finalize_simulation was refused as not the "
                     "simulator's, but the steps leave it carrying lk.simulator (its removal is "
                     "not in the trace): the replay answers it"
                 )
             return caller
         self._make_simulator(
-            caller, i, f"t={r.t:g}: {caller} sent finalize_simulation as the simulator"
+            caller, i, f"t={secs(r.t)}: {caller} sent finalize_simulation as the simulator"
         )
         return caller

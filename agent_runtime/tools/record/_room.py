@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _SIMULATOR_ATTRIBUTE, _State
 from statemachines.routing import ROUTES
 
@@ -119,7 +120,7 @@ class _RoomPass(_State):
                 self.step(index, f.t, "participant_connected", **fields)
                 if any(r.machine == "avatar" and r.guards.get("has_video") for r in f.records):
                     self.note(
-                        f"t={f.t:g}: the avatar machine saw {ident}'s join with its video "
+                        f"t={secs(f.t)}: the avatar machine saw {ident}'s join with its video "
                         "already published; replayed as the join, then the video, it reaches "
                         "joined on video_published instead (same final state)"
                     )
@@ -140,7 +141,9 @@ class _RoomPass(_State):
                     attrs = {_SIMULATOR_ATTRIBUTE: "true"} if simulator else {}
                     self._initial(ident, d.get("kind"), attrs)
                 if simulator:
-                    self._make_simulator(ident, index, f"t={f.t:g}: {ident} left as the simulator")
+                    self._make_simulator(
+                        ident, index, f"t={secs(f.t)}: {ident} left as the simulator"
+                    )
                 self.present.discard(ident)
                 self._seen(ident, index, None)
                 self.step(
@@ -152,7 +155,9 @@ class _RoomPass(_State):
                 if d.get("muted", True):
                     self.step(index, f.t, "track_muted", identity=ident)
                 else:
-                    self.note(f"t={f.t:g}: {ident} unmuted a track; scenarios have no unmute step")
+                    self.note(
+                        f"t={secs(f.t)}: {ident} unmuted a track; scenarios have no unmute step"
+                    )
             elif f.name == "attributes_changed":
                 now = self._attributes_at(index, ident)
                 if now is not None:
@@ -172,4 +177,4 @@ class _RoomPass(_State):
                     continue  # the job's own disconnect as it closed, or one that changed nothing
                 self.step(index, f.t, "room.disconnected", reason=d["reason"])
             else:  # reconnecting / reconnected
-                self.note(f"t={f.t:g}: the room {f.name}; scenarios have no such step")
+                self.note(f"t={secs(f.t)}: the room {f.name}; scenarios have no such step")

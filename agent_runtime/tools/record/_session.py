@@ -6,6 +6,7 @@ their passes."""
 from __future__ import annotations
 
 from agent_runtime.system.job_system import LIFECYCLE_SHUTDOWN
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import CLOSE_REASONS
 from agent_runtime.tools.record._avatar import _AvatarPass
 from agent_runtime.tools.record._requests import _RequestPass
@@ -50,7 +51,7 @@ class _SessionPass(_AvatarPass, _RequestPass):
             if m == "session_host" and e == "attach":
                 label = str(d.get("session", ""))
                 if label in attached:
-                    self.note(f"t={r.t:g}: {label} attached again; a scenario cannot do that")
+                    self.note(f"t={secs(r.t)}: {label} attached again; a scenario cannot do that")
                     continue
                 attached.add(label)
                 if label == primary:
@@ -62,7 +63,7 @@ class _SessionPass(_AvatarPass, _RequestPass):
                 if m == "session_host" and d.get("session") != primary:
                     if reason not in _CONSEQUENT_CLOSES:
                         self.note(
-                            f"t={r.t:g}: {d.get('session')} closed ({reason}); a scenario "
+                            f"t={secs(r.t)}: {d.get('session')} closed ({reason}); a scenario "
                             "closes only the primary session"
                         )
                     continue

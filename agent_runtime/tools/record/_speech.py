@@ -19,6 +19,7 @@ from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.settings import PlayoutOptions
+from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _State
 from statemachines.links import links_from
 from statemachines.machines import MACHINES
@@ -105,8 +106,9 @@ class _SpeechPass(_State):
                 self.step(i, r.t, "user.speech", duration=self._heard(recs, n))
             elif r.event == "interrupted" and not self._cut_elsewhere(r):
                 self.note(
-                    f"t={r.t:g}: the agent's speech was interrupted on the room's audio output; "
-                    "a scenario plays that audio at one instant, so the replay's is not cut"
+                    f"t={secs(r.t)}: the agent's speech was interrupted on the room's audio "
+                    "output; a scenario plays that audio at one instant, so the replay's is "
+                    "not cut"
                 )
         if heard:
             self.note(
@@ -125,13 +127,13 @@ class _SpeechPass(_State):
         if pushed is not None:
             if pushed > _MAX_SAY:
                 self.note(
-                    f"t={said.t:g}: the agent handed {pushed:g}s of audio to the avatar; "
-                    f"a scenario's agent.say says at most {_MAX_SAY:g}s"
+                    f"t={secs(said.t)}: the agent handed {secs(pushed)}s of audio to the avatar; "
+                    f"a scenario's agent.say says at most {secs(_MAX_SAY)}s"
                 )
             return min(pushed, _MAX_SAY) if pushed > 0 else _UNTIMED_SAY
         self.note(
             "the agent's speech on the room's audio output: a scenario plays that audio at "
-            f"one instant (the room's output is not on its clock), so {_UNTIMED_SAY:g}s of it "
+            f"one instant (the room's output is not on its clock), so {secs(_UNTIMED_SAY)}s of it "
             "stands in for each"
         )
         speech = said.data.get("speech_id")
@@ -139,8 +141,8 @@ class _SpeechPass(_State):
         done = next((d for d in ends if d.data.get("speech_id") == speech), None)
         if done is not None and done.t > said.t:
             self.note(
-                f"t={said.t:g}: the agent spoke on the room's audio output until "
-                f"t={done.t:g}; in the replay that speech ends at once"
+                f"t={secs(said.t)}: the agent spoke on the room's audio output until "
+                f"t={secs(done.t)}; in the replay that speech ends at once"
             )
         return _UNTIMED_SAY
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.testing.result import seconds_text as secs
 from statemachines.machines import MACHINES
 
 _SIMULATOR_ATTRIBUTE = "lk.simulator"
@@ -144,7 +145,7 @@ class _State:
             self.step(
                 at, self.records[at].t, "attributes_changed", identity=identity, attributes=changed
             )
-        when = "t=0" if at < 0 else f"t={self.records[at].t:g}"
+        when = "t=0" if at < 0 else f"t={secs(self.records[at].t)}"
         self.note(
             f"{what}; the trace does not show it gaining lk.simulator, so it carries it from "
             f"{when} (the last time the steps set its attributes)"
