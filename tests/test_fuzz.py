@@ -10,6 +10,7 @@ transport's byte stream.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -497,3 +498,28 @@ def test_progress_says_when_the_runs_are_shrinking_past_the_examples_asked() -> 
     runs = lines[1:]  # after the seed's line
     assert runs and all(line.startswith("fuzz: found a problem, shrinking it: ") for line in runs)
     assert runs[-1].startswith(f"fuzz: found a problem, shrinking it: {report.examples} runs")
+
+
+@pytest.mark.virtual_time
+async def test_a_run_cut_short_during_a_held_close_is_closed_without_waiting_for_the_hold() -> None:
+    # hypothesis cuts a run short (an overrun) wherever it is: here a graceful aclose()
+    # holding for the simulator's verdict, on a clock only the run moves. Closing the run
+    # waited for that aclose() first, so the fuzzer hung for good while it shrank a failure
+    from livekit.agents.types import ATTRIBUTE_SIMULATOR
+
+    from agent_runtime.testing import scenario as sc
+    from agent_runtime.testing.fuzz.harness import SIMULATOR, Harness
+    from tests.support import lingering
+
+    h = Harness(lingering.waits_forever_server(), sc.Config(simulation=True))
+    await h.open(
+        (
+            sc.Participant(identity="user"),
+            sc.Participant(identity=SIMULATOR, attributes={ATTRIBUTE_SIMULATOR: "true"}),
+        )
+    )
+    await h.step(sc.SessionStart(at=0, event="session.start"))
+    await h.step(sc.JobAclose(at=1, event="job.aclose"))
+    assert h.job is not None and h.job.states["job"] == "awaiting_finalize"
+    await asyncio.wait_for(h.close(), 60)  # the loop's seconds: virtual, so a hang fails
+    assert h.job.lifecycle == "closed" and all(c.done() for c in h.closes)

@@ -320,9 +320,11 @@ class Harness:
     async def close(self) -> None:
         """End the job as the end of a test does, then release everything (the agent's
         failures stay in ``runner.failures``)."""
-        await asyncio.gather(*self.closes, return_exceptions=True)
         if self.started:
+            # first: the test's end moves the job's clock until its end is over, which the
+            # job.aclose() steps still waiting may need (a run hypothesis cut short)
             await self.runner.aclose(report=False)
+        await asyncio.gather(*self.closes, return_exceptions=True)
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
