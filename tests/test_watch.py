@@ -375,6 +375,29 @@ def test_an_interval_or_a_count_out_of_range_is_refused(
     assert line.startswith(f"agent-runtime watch: {message}")
 
 
+def test_a_trace_truncated_and_written_past_its_old_end_between_polls_starts_over(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    # the next job's trace on the same path, longer than the last by the next poll: the
+    # file never looked smaller, so its new start was read from the old position on
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines), encoding="utf-8")
+    watch = Watch(str(trace))
+    watch.poll()
+    size = trace.stat().st_size
+    records, t = [], 0.0
+    while sum(len(r) for r in records) <= size:
+        rec = {"t": t, "kind": "transition", "machine": "job", "instance": "next"}
+        rec |= {"event": "shutdown", "source": "serving", "dest": "serving"}
+        records.append(json.dumps(rec) + "\n")
+        t += 1.0
+    trace.write_text("".join(records), encoding="utf-8")
+    entries, problems, restarted = watch.poll()
+    assert restarted and problems == []
+    assert len(entries) == len(records)  # every record of the new trace, from its start
+    assert [(ln.machine, ln.instance) for ln in watch.lanes.lanes()] == [("job", "next")]
+
+
 def test_a_truncated_trace_starts_the_view_over(tmp_path: Path, trace_lines: list[str]) -> None:
     trace = tmp_path / "job.jsonl"
     trace.write_text("".join(trace_lines), encoding="utf-8")

@@ -38,6 +38,9 @@ PROG = "agent-runtime watch"
 MAX_INTERVAL = 3600.0
 
 
+_HEAD = 4096  # how much of a file's start tells one trace from the next on its path
+
+
 class Follower:
     """Reads the complete lines a file gains, from where it stopped; a partly written last
     line waits for its end. Starts over when the file is replaced or truncated."""
@@ -48,6 +51,7 @@ class Follower:
         self._line = 0
         self._rest = b""
         self._ident: tuple[int, int] | None = None
+        self._head = b""  # the file's first bytes as read (up to _HEAD)
         self.unterminated: int | None = None  # the last line read with no newline (final)
 
     def poll(self, *, final: bool = False) -> tuple[list[tuple[int, bytes]], bool]:
@@ -59,12 +63,19 @@ class Follower:
         with open(self.path, "rb") as fh:
             st = os.fstat(fh.fileno())
             ident = (st.st_dev, st.st_ino)
-            if self._ident is not None and (ident != self._ident or st.st_size < self._pos):
-                self._pos, self._line, self._rest = 0, 0, b""
+            # truncated and written past the old end between two polls (the next job's
+            # trace on the same path) is seen by its start, which is not what was read
+            head = fh.read(len(self._head))
+            if self._ident is not None and (
+                ident != self._ident or st.st_size < self._pos or head != self._head
+            ):
+                self._pos, self._line, self._rest, self._head = 0, 0, b"", b""
                 restarted = True
             self._ident = ident
             fh.seek(self._pos)
             data = fh.read()
+        if len(self._head) < _HEAD:
+            self._head += data[: _HEAD - len(self._head)]
         self._pos += len(data)
         *complete, self._rest = (self._rest + data).split(b"\n")
         self.unterminated = None
