@@ -25,7 +25,8 @@ class Clock(Protocol):
 
 
 class AsyncioClock:
-    """Real time from the running loop; ``now()`` counts seconds since the clock was made."""
+    """Real time from the running loop; ``now()`` counts seconds since the clock was first
+    used (two clocks count from different zeros: runtimes that share a tracer share one)."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None

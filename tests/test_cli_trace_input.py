@@ -175,7 +175,8 @@ def test_a_time_that_goes_back_is_an_error_naming_the_line(
     assert main(_commands(bad, tmp_path)[command]) == 2
     assert capsys.readouterr().err == (
         f"agent-runtime {command}: {bad}:{n}: time goes backwards ({t!r} after {last!r} on "
-        f"line {n - 1}): not one job's trace (two joined, or an edited one?)\n"
+        f"line {n - 1}): not one clock's trace (two joined, an edited one, "
+        "or runtimes with clocks of their own writing to one tracer?)\n"
     )
     assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
     with pytest.raises(ValueError, match=f"{n}: time goes backwards"):
@@ -192,7 +193,8 @@ def test_watch_once_starts_the_view_over_where_the_time_goes_back_and_exits_2(
     captured = capsys.readouterr()
     assert captured.err == (
         f"agent-runtime watch: {bad}:{n}: time goes backwards ({t!r} after {last!r} on line "
-        f"{n - 1}): not one job's trace (two joined, or an edited one?); the view starts over "
+        f"{n - 1}): not one clock's trace (two joined, an edited one, "
+        "or runtimes with clocks of their own writing to one tracer?); the view starts over "
         "from this line\n"
     )
     total = len(bad.read_text().splitlines())

@@ -448,7 +448,8 @@ def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     assert main(["record", str(joined), "-o", str(out)]) == 2
     assert capsys.readouterr().err == (
         f"agent-runtime record: {joined}:{n + 1}: time goes backwards (0.0 after {last!r} on "
-        f"line {n}): not one job's trace (two joined, or an edited one?)\n"
+        f"line {n}): not one clock's trace (two joined, an edited one, "
+        "or runtimes with clocks of their own writing to one tracer?)\n"
     )
     assert not out.exists()
     assert main(["record", str(trace), "-o", str(out), "--name", " "]) == 2

@@ -443,7 +443,8 @@ def test_another_jobs_records_appended_start_the_view_over_where_the_time_goes_b
     last = json.loads(trace_lines[-1])["t"]
     assert problems == [
         f"{trace}:{n}: time goes backwards (0.0 after {last!r} on line {n - 1}): not one "
-        "job's trace (two joined, or an edited one?); the view starts over from this line"
+        "clock's trace (two joined, an edited one, or runtimes with clocks of their own "
+        "writing to one tracer?); the view starts over from this line"
     ]
     assert not restarted  # the file was not replaced: read on from where it was
     # the first job's end, then the second job's start

@@ -423,7 +423,8 @@ class TraceOrder:
             t, n = self._last
             raise TimeGoesBack(
                 f"{where}: time goes backwards ({rec.t!r} after {t!r} on line {n}): not one "
-                "job's trace (two joined, or an edited one?)"
+                "clock's trace (two joined, an edited one, or runtimes with clocks of their "
+                "own writing to one tracer?)"
             )
         self._last = (rec.t, line)
 
