@@ -200,21 +200,28 @@ def test_an_out_that_is_a_file_is_one_line_and_changes_nothing(
     assert existing.read_text() == "mine\n" and list(tmp_path.iterdir()) == [existing]
 
 
-@pytest.mark.parametrize("check", [False, True], ids=["write", "check"])
 def test_a_directory_of_someone_elses_files_is_refused_and_left_as_it_was(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], check: bool
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # `--out docs` replaced the README there and removed every .md beside it as a "stray"
     out = tmp_path / "docs"
     out.mkdir()
     (out / "README.md").write_text("# my project\n")
     (out / "notes.md").write_text("mine\n")
-    code = main(["diagrams", "--out", str(out), *(["--check"] if check else [])])
+    code = main(["diagrams", "--out", str(out)])
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1, err
     assert "holds files agent-runtime diagrams did not write" in err[0]
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "notes.md"]
     assert (out / "README.md").read_text() == "# my project\n"
+    # a check only reads: it lists what differs there
+    assert main(["diagrams", "--out", str(out), "--check"]) == 1
+    assert f"stray: {out / 'notes.md'}" in capsys.readouterr().err
+    # a directory holding only a .gitkeep is an empty one
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / ".gitkeep").write_text("")
+    assert main(["diagrams", "--out", str(kept)]) == 0 and (kept / "README.md").is_file()
 
 
 def test_diagrams_and_table_do_not_import_livekit_agents(tmp_path: Path) -> None:

@@ -48,8 +48,8 @@ _OURS = "by `agent-runtime diagrams`"  # in the README.md this command writes
 def _not_ours(out: Path) -> str | None:
     """Why ``out`` is not this command's to write: it holds files and no README.md of its
     own (a write replaces the README and removes every other diagram-like file there)."""
-    if not out.is_dir() or not any(out.iterdir()):
-        return None
+    if not out.is_dir() or all(p.name.startswith(".") for p in out.iterdir()):
+        return None  # new, empty, or only a .gitkeep
     try:
         if _OURS in (out / "README.md").read_text(encoding="utf-8"):
             return None
@@ -57,7 +57,7 @@ def _not_ours(out: Path) -> str | None:
         pass
     return (
         "holds files agent-runtime diagrams did not write (no README.md of its own): give "
-        "--out a new or empty directory"
+        "--out a new or empty directory (or put back the README.md it wrote there)"
     )
 
 
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # refused before anything is written: a file there is the user's, never replaced
     names = None if args.check else [*diagram_files(MACHINES), _WHOLE_JOB_SVG]
-    why = check_directory(out, names) or _not_ours(out)
+    why = check_directory(out, names) or (None if args.check else _not_ours(out))
     if why is None and args.check and not out.is_dir():
         why = "no such directory"
     if why is not None:
