@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from livekit.agents import Agent, AgentSession
 
 from agent_runtime import AgentJob
@@ -31,6 +32,7 @@ from agent_runtime.runtimes.room_events import (
 from agent_runtime.runtimes.routing import FACT_NAMES, fact_data
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.tools.cli import main
@@ -72,7 +74,12 @@ def test_every_bundled_scenario_round_trips_through_its_trace(
     assert original["_code"] == 0
 
     assert main(["record", str(trace), "-o", str(recorded)]) == 0
-    assert f"wrote {recorded}" in capsys.readouterr().err
+    steps = yaml.safe_load(recorded.read_text())["steps"]
+    first, last = (seconds_text(float(steps[i]["at"])) for i in (0, -1))
+    # the span of its steps (it said "t = 0 .." whatever time the first one had)
+    assert f"wrote {recorded} ({len(steps)} steps, t = {first} .. {last})" in (
+        capsys.readouterr().err
+    )
     again = simulate(recorded, capsys)
 
     assert again["_code"] == 0, again["expect"]  # its own expect block holds

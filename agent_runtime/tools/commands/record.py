@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{args.out}: cannot write the scenario ({e.strerror or e})")
         steps = len(scenario.steps)
         print(
-            f"wrote {args.out} ({steps} steps, t = 0 .. {secs(scenario.steps[-1].at)})",
+            f"wrote {args.out} ({steps} steps, t = {secs(scenario.steps[0].at)} .. "
+            f"{secs(scenario.steps[-1].at)})",
             file=sys.stderr,
         )
     else:
