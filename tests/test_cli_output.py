@@ -91,7 +91,7 @@ def test_ctrl_c_during_simulate_is_one_line_and_exit_130() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err  # what it said, if the interrupt went astray
     assert err.splitlines()[-1] == "agent-runtime simulate: interrupted"
     assert "Traceback" not in err
 
