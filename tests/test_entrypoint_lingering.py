@@ -153,17 +153,23 @@ async def test_a_stall_on_the_avatar_plugins_start_says_so_and_how_to_test_it(
     await run_entrypoint.aclose()
 
 
+def _starting_on_a_hanging_avatar(
+    room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> asyncio.Future[Any]:
+    """The entrypoint run as a task, its avatar's start waiting for ever (the testing
+    guide's recipe): the job's clock is the test's to move."""
+    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+    room.add_participant("user")
+    hangs = ScriptedAvatar(avatar_identity="avatar-1", held=True)
+    return asyncio.ensure_future(run_entrypoint(_avatar_server(), avatar=hangs, start_timeout=60))
+
+
 @pytest.mark.virtual_time
 async def test_a_hanging_avatar_start_is_tested_by_moving_the_clock_past_join_timeout(
     agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
 ) -> None:
-    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
-
-    agent_room.add_participant("user")
-    hangs = ScriptedAvatar(avatar_identity="avatar-1", held=True)
-    started = asyncio.ensure_future(
-        run_entrypoint(_avatar_server(), avatar=hangs, start_timeout=60)
-    )
+    started = _starting_on_a_hanging_avatar(agent_room, run_entrypoint)
     await virtual_clock.advance(30)  # join_timeout: the start is given up
     job = await asyncio.wait_for(started, 30)
     assert job.lifecycle == "running" and job.audio_route() == "room"
@@ -216,13 +222,7 @@ async def test_an_entrypoint_cut_by_the_jobs_end_before_its_start_returned_retur
 ) -> None:
     # a shutdown while the avatar's start hung: livekit cancels the entrypoint 15 s into the
     # job's end, and run_entrypoint raised that bare CancelledError into the test
-    from agent_runtime.testing.scripted_avatar import ScriptedAvatar
-
-    agent_room.add_participant("user")
-    hangs = ScriptedAvatar(avatar_identity="avatar-1", held=True)
-    started = asyncio.ensure_future(
-        run_entrypoint(_avatar_server(), avatar=hangs, start_timeout=60)
-    )
+    started = _starting_on_a_hanging_avatar(agent_room, run_entrypoint)
     await asyncio.sleep(0.1)  # the entrypoint waits in job.start()
     run_entrypoint.ctx.shutdown("bye")
     await virtual_clock.advance(16)

@@ -108,19 +108,24 @@ async def test_a_user_who_leaves_ends_the_job_through_on_session_end_then_the_ca
     assert steps[-3:] == ["report", "disconnect", "callbacks"]
 
 
+@pytest.mark.parametrize("how", ["ctx.shutdown", "kit session_end"])
 async def test_an_agent_that_ends_the_call_has_the_room_in_its_on_session_end(
-    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, how: str
 ) -> None:
     # livekit disconnects after on_session_end; the job's own close disconnected the room
-    # first, under the agent's session-end callback (an end-call tool's path)
+    # first, under the agent's session-end callback (an end-call tool's path). The kit's
+    # session_end() ended the job process behind the context, with the same result
     seen: list[str] = []
     agent_room.add_participant("user")
     await run_entrypoint(_server(seen))
-    run_entrypoint.ctx.shutdown("the agent ended the call")
+    if how == "ctx.shutdown":
+        run_entrypoint.ctx.shutdown("session ended")
+    else:
+        await asyncio.wait_for(run_entrypoint.session_end(), 5)
     await run_entrypoint.wait_ended()
     assert seen == [
         "on_session_end connected=True",
-        "callback the agent ended the call connected=False",
+        "callback session ended connected=False",
     ]
     assert [s for _, s in run_entrypoint.shutdown_steps] == [
         "session",
@@ -128,22 +133,6 @@ async def test_an_agent_that_ends_the_call_has_the_room_in_its_on_session_end(
         "report",
         "disconnect",
         "callbacks",
-    ]
-
-
-async def test_the_kits_session_end_is_the_agents_shutdown_room_and_all(
-    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
-) -> None:
-    # it ended the job process behind the job context: the job's own close then
-    # disconnected the room before on_session_end, which ctx.shutdown() does not do
-    seen: list[str] = []
-    agent_room.add_participant("user")
-    await run_entrypoint(_server(seen))
-    await asyncio.wait_for(run_entrypoint.session_end(), 5)
-    await run_entrypoint.wait_ended()
-    assert seen == [
-        "on_session_end connected=True",
-        "callback session ended connected=False",
     ]
 
 
