@@ -288,33 +288,29 @@ async def test_a_session_end_of_the_agents_that_never_returns_fails_the_test(
         await asyncio.Event().wait()  # the transcript store never answers
 
     runner, process = await _shut_down(agent_room, upload_transcript)
-    with pytest.raises(
-        UserCodeError,
-        match=r"the agent's on_session_end session_end_hook\(.*upload_transcript\) never",
-    ):
-        await asyncio.wait_for(runner.aclose(), 60)
+    # livekit's process cuts it at the server's session_end_timeout and ends the job
+    with pytest.raises(UserCodeError, match=r"on_session_end timed out after 315s"):
+        await asyncio.wait_for(runner.aclose(), 1000)  # loop seconds: virtual
     assert process.ended.done() and used[0].closed
+    assert [s for _, s in process.steps][-3:] == ["report", "disconnect", "callbacks"]
 
 
 @pytest.mark.virtual_time
-@pytest.mark.parametrize(("kill_after", "killed"), [(60.0, False), (10.0, True)])
-async def test_a_slow_session_end_is_cut_at_the_servers_shutdown_process_timeout(
-    agent_room: InMemoryRoom, kill_after: float, killed: bool
+@pytest.mark.parametrize("kill_after", [60.0, 10.0])
+async def test_a_slow_session_end_has_the_servers_session_end_timeout_whatever_the_kill_bound(
+    agent_room: InMemoryRoom, kill_after: float
 ) -> None:
-    # the kit waited 10 s whatever the server gave its process: a 12 s upload failed a
-    # test whose server gives 60
+    # a worker counts shutdown_process_timeout once the process says it is shutting down,
+    # after on_session_end: a 12 s upload failed a test whose server kills after 10 s
     async def upload_transcript(_ctx: JobContext) -> None:
         await asyncio.sleep(12)
 
     runner, process = await _shut_down(
         agent_room, upload_transcript, shutdown_process_timeout=kill_after
     )
-    if killed:
-        with pytest.raises(UserCodeError, match=r"upload_transcript\) never returned"):
-            await runner.aclose()
-    else:
-        await runner.aclose()
-        assert process.ended.done()
+    await runner.aclose()
+    assert process.ended.done()
+    assert [s for _, s in process.steps][-3:] == ["report", "disconnect", "callbacks"]
 
 
 async def test_a_failing_event_handler_fails_the_test(

@@ -36,7 +36,7 @@ from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
-from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.user_code import UserFailure, UserFailures
@@ -427,8 +427,9 @@ class EntrypointRunner:
             # session whose close waits for an avatar that never joined) are met
             run.process.cut_entrypoint()  # its bound is the test's end: it is over
             await self._pass_time([f for f in (closing, run.process.ended) if f], run.kill_after)
+            await self._session_end_over(run.process, run.kill_after)
             with contextlib.suppress(TimeoutError):
-                # as a worker's shutdown waits for a job process, then kills it
+                # then gives the process shutdown_process_timeout to end, and kills it
                 await asyncio.wait_for(asyncio.shield(run.process.ended), run.kill_after)
             await run.process.kill(_CLOSE_LIMIT)
             if closing is not None:
@@ -449,6 +450,20 @@ class EntrypointRunner:
             self.failures.uninstall()
         if report:
             self.raise_failures()
+
+    async def _session_end_over(self, process: JobProcess, kill_after: float) -> None:
+        """As a worker's shutdown: it waits for the job process to say it is shutting down,
+        which it does once ``on_session_end`` is over (the process bounds it by the
+        server's ``session_end_timeout``), and only then counts ``shutdown_process_timeout``
+        (on a loop of real time, at most that long: a test is not kept minutes). One still
+        running then is cut at its bound, as the process cuts it."""
+        done = process.session_end_done
+        virtual = isinstance(asyncio.get_running_loop(), VirtualTimeLoop)
+        wait = process.session_end_timeout if virtual else kill_after
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), wait)
+        if virtual and not done.done():
+            await self._pass_time([done], process.session_end_timeout)
 
     async def _pass_time(self, waiting: list[asyncio.Future[None]], limit: float) -> None:
         """Run the virtual clock timer by timer, for at most ``limit`` of its seconds, until
