@@ -58,8 +58,8 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     trace_path = options.get("trace_path")
     if isinstance(trace_path, str):
         try:
-            # the job's room: livekit's runner builds the entrypoint's rtc.Room unconnected,
-            # and it has no name until it connects
+            # the job's room, as the dispatch names it (livekit's runner names ctx.room from
+            # it; a room built by hand may have no name before it connects)
             room = ctx.job.room.name or ctx.room.name
             options["trace_path"] = trace_path.format(
                 job_id=_file_part(ctx.job.id), room=_file_part(room)
