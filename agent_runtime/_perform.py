@@ -343,7 +343,7 @@ class Performer(OwnedEmitter[str]):
             return False
         try:
             return bool(tracer.active)
-        except BaseException as e:
+        except (Exception, asyncio.CancelledError) as e:
             self._drop_tracer(e)
             return False
 
@@ -352,7 +352,7 @@ class Performer(OwnedEmitter[str]):
             return
         try:
             self.tracer.write(record)
-        except BaseException as e:
+        except (Exception, asyncio.CancelledError) as e:
             self._drop_tracer(e)
 
     def _drop_tracer(self, error: BaseException) -> None:

@@ -129,7 +129,7 @@ class Emitter(rtc.EventEmitter[T]):
             try:
                 n = positional_arity(callback)
                 callback(*(args if n is None else args[:n]))
-            except BaseException as e:
+            except (Exception, asyncio.CancelledError) as e:
                 # removed, so it fails (and is logged) once; the other listeners still hear
                 self.off(event, callback)
                 self._listener_failed(event, callback, e, args)
@@ -191,7 +191,7 @@ class OwnedEmitter(Emitter[T]):
         if owner is not None:
             try:
                 owner(change)
-            except BaseException as e:
+            except (Exception, asyncio.CancelledError) as e:
                 self._owner = None
                 self._listener_failed(_STATE_CHANGED, owner, e, (change,))
         self.emit(_STATE_CHANGED, change)

@@ -156,8 +156,8 @@ def test_the_arity_read_from_code_is_the_signature_s(name: str) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [RuntimeError("boom"), TypeError("bad"), asyncio.CancelledError(), KeyboardInterrupt()],
-    ids=["exception", "type-error", "cancelled", "base-exception"],
+    [RuntimeError("boom"), TypeError("bad"), asyncio.CancelledError()],
+    ids=["exception", "type-error", "cancelled"],
 )
 def test_whatever_a_listener_raises_is_logged_once_and_the_listener_removed(
     caplog: pytest.LogCaptureFixture, error: BaseException
@@ -182,6 +182,27 @@ def test_whatever_a_listener_raises_is_logged_once_and_the_listener_removed(
     logged = [r for r in caplog.records if "a ev listener failed" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.ERROR
     assert type(error).__name__ in logged[0].getMessage()
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_ctrl_c_or_exit_inside_a_listener_ends_the_program_and_keeps_the_listener(
+    error: type[BaseException],
+) -> None:
+    """A Ctrl-C that lands while a listener runs is the user's, not the listener's failure:
+    swallowing it kept ``agent-runtime simulate`` running (exit 1, not 130)."""
+    em: Emitter[str] = Emitter()
+    calls: list[int] = []
+
+    def interrupted(x: int) -> None:
+        calls.append(x)
+        raise error
+
+    em.on("ev", interrupted)
+    with pytest.raises(error):
+        em.emit("ev", 1)
+    with pytest.raises(error):
+        em.emit("ev", 2)
+    assert calls == [1, 2]
 
 
 def test_once_and_off_behave_as_livekit_s() -> None:

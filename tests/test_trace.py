@@ -116,6 +116,23 @@ async def test_a_failing_sink_changes_nothing_the_actor_does(
         await h.actor.aclose()
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_ctrl_c_while_a_sink_writes_is_not_the_sink_s_failure(error: type[BaseException]) -> None:
+    """A Ctrl-C landing in a write ends the program; it no longer disables the sink (and
+    goes unheard) as a disk error does."""
+
+    class Interrupted(MemorySink):
+        def write(self, record: TraceRecord) -> None:
+            raise error
+
+    sink = Interrupted()
+    tracer = Tracer(sink)
+    record = TraceRecord(t=0.0, kind="transition", machine="job", instance="j", event="x")
+    with pytest.raises(error):
+        tracer.write(record)
+    assert tracer.sinks == [sink]
+
+
 async def test_a_tracer_that_raises_does_not_skip_the_step() -> None:
     """The actor's own guard: even a tracer of someone else's making that raises cannot
     cut a transition short."""

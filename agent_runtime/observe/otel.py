@@ -25,6 +25,7 @@ no-op one is in place.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -149,7 +150,7 @@ class OtelSink:
             return False
         try:
             return bool(self._held) or self._metrics() is not None or self._target() is not None
-        except BaseException as e:
+        except (Exception, asyncio.CancelledError) as e:
             self._fail(e)
             return False
 
@@ -158,7 +159,7 @@ class OtelSink:
             return
         try:
             self._write(record)
-        except BaseException as e:
+        except (Exception, asyncio.CancelledError) as e:
             self._fail(e)
 
     def _fail(self, error: BaseException) -> None:

@@ -3,6 +3,7 @@ decision can be replayed offline), every transition and every effect outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -252,7 +253,7 @@ class Tracer:
             try:
                 if getattr(s, "active", True):
                     return True
-            except BaseException as e:
+            except (Exception, asyncio.CancelledError) as e:
                 self._disable(s, e, "active")
         return False
 
@@ -261,7 +262,7 @@ class Tracer:
         for s in self.sinks:
             try:
                 s.write(record)
-            except BaseException as e:
+            except (Exception, asyncio.CancelledError) as e:
                 self._disable(s, e, "write")
 
     def _disable(self, sink: TraceSink, error: BaseException, where: str) -> None:
