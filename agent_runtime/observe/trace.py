@@ -231,7 +231,7 @@ class Tracer:
     tracer records nothing.
 
     Tracing is observation: a sink that raises, in ``write`` or in ``active`` and whatever
-    it raises (a ``CancelledError``, any ``BaseException``), is logged once and disabled
+    it raises (a ``CancelledError`` too; a Ctrl-C goes up), is logged once and disabled
     (its name and error stay in ``failures``); the other sinks and the machines go on as if
     it were not there. Disabled, not retried: a trace is read in order (replay feeds its
     decisions one after the other), so a file that stops at its last good record is
