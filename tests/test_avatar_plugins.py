@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -59,12 +61,18 @@ from livekit.plugins import (
 from spatius.telemetry import configure_telemetry
 
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes.avatar import AvatarLifecycle, AvatarPluginError, audio_tail, route_of
+from agent_runtime.runtimes.avatar import (
+    AvatarLifecycle,
+    AvatarPluginError,
+    audio_tail,
+    plugin_name,
+    route_of,
+)
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import settle
-from tests.support.avatar_rig import Rig, frames, playback_finished
+from tests.support.avatar_rig import Rig, frames, playback_finished, session_listeners
 
 # spatius's SDK exports its own telemetry to its provider unless told not to (its off switch)
 configure_telemetry("")
@@ -974,6 +982,33 @@ async def test_hedra_stub_is_named_and_the_agent_runs_on_room_audio(
     await rig.session.aclose()
     with pytest.raises(TypeError, match=r"livekit\.plugins\.hedra\.avatar\.AvatarSession"):
         AvatarLifecycle(object.__new__(hedra.AvatarSession))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("factory", "why"),
+    [
+        (
+            functools.partial(bey.AvatarSession, avatr_id="a"),
+            "unexpected keyword argument 'avatr_id'",
+        ),
+        (anam.AvatarSession, "missing a required argument: 'persona_config'"),
+        (simli.AvatarSession, "missing a required argument: 'simli_config'"),
+    ],
+    ids=["misspelt-keyword", "anam-without-persona", "simli-without-config"],
+)
+async def test_a_factory_that_can_never_build_its_plugin_is_refused_before_anything_is_built(
+    factory: Any, why: str
+) -> None:
+    """A factory's call that cannot bind is the code's mistake, like a wrong plugin: it
+    used to be logged at run time and the job shipped green on room audio."""
+    rig = Rig()
+    before = (session_listeners(rig.session), sum(map(len, rig.room._events.values())))
+    with pytest.raises(AvatarPluginError, match=re.escape(why)) as refused:
+        AgentJob(room=rig.room, session=rig.session, avatar=factory, clock=rig.clock)
+    assert "cannot be built from what was given" in str(refused.value)
+    assert plugin_name(factory) in str(refused.value)
+    after = (session_listeners(rig.session), sum(map(len, rig.room._events.values())))
+    assert after == before  # nothing was touched
 
 
 # -- the docs table ----------------------------------------------------------------------------

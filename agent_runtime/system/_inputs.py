@@ -17,7 +17,12 @@ from livekit.agents.utils import is_given
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.room_io import RoomOptions
 
-from agent_runtime.runtimes.avatar import check_plugin, check_start_options, plugin_name
+from agent_runtime.runtimes.avatar import (
+    check_factory,
+    check_plugin,
+    check_start_options,
+    plugin_name,
+)
 from agent_runtime.settings import JobSettings
 
 logger = logging.getLogger("agent_runtime.agent_job")
@@ -58,9 +63,13 @@ AvatarPlugin = AvatarSession | Callable[[], AvatarSession]  # type: ignore[type-
 
 def check_avatar(avatar: AvatarPlugin | None, start_options: object) -> dict[str, Any]:
     """The plugin's start options, once the plugin given and its options are checked (a
-    factory is only checked once it builds, in ``build_avatar``)."""
-    if avatar is not None and not isinstance(avatar, AvatarSession) and not callable(avatar):
-        check_plugin(avatar)  # AvatarPluginError (a TypeError) naming it
+    factory's call is checked against its signature here, what it builds in
+    ``build_avatar``)."""
+    if avatar is not None and not isinstance(avatar, AvatarSession):
+        if callable(avatar):
+            check_factory(avatar)  # a misspelt keyword, a required option not given
+        else:
+            check_plugin(avatar)  # AvatarPluginError (a TypeError) naming it
     if start_options is not None and not isinstance(start_options, Mapping):
         raise TypeError(
             "avatar_start_options must be a mapping of the plugin's start() keyword "

@@ -46,6 +46,7 @@ from agent_runtime.runtimes.avatar._lifecycle import AvatarLifecycle
 from agent_runtime.runtimes.avatar._plugins import (
     AvatarPluginError,
     RemoveParticipant,
+    check_factory,
     check_plugin,
     check_start_options,
     plugin_name,
@@ -76,6 +77,7 @@ __all__ = [
     "SegmentFlushed",
     "audio_chain",
     "audio_tail",
+    "check_factory",
     "check_plugin",
     "check_start_options",
     "plugin_name",

@@ -54,6 +54,29 @@ def check_plugin(avatar: object) -> None:
         )
 
 
+def check_factory(factory: Callable[[], object]) -> None:
+    """``AvatarPluginError`` naming the plugin when its factory cannot be called with no
+    arguments, as the job calls it: a misspelt keyword in a ``functools.partial``, a plugin
+    class given without the options it requires. That is the code's mistake, found before
+    anything starts; what only the call can tell (a provider key missing in one deployment)
+    stays a fault of the run."""
+    func: Callable[..., object] = factory
+    args: tuple[Any, ...] = ()
+    keywords: dict[str, Any] = {}
+    if isinstance(factory, functools.partial):
+        func, args, keywords = factory.func, factory.args, factory.keywords
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return  # none to read (a builtin, an extension type): only its call can tell
+    try:
+        signature.bind(*args, **keywords)
+    except TypeError as e:
+        raise AvatarPluginError(
+            f"avatar plugin {plugin_name(factory)} cannot be built from what was given ({e})"
+        ) from None
+
+
 def check_start_options(avatar: AvatarSession, options: Mapping[str, Any]) -> None:  # type: ignore[type-arg]
     """``AvatarPluginError`` unless the plugin's ``start()`` takes these keyword options."""
     if not options:
