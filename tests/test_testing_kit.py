@@ -192,6 +192,25 @@ def test_a_missing_scenario_directory_and_an_unwritable_trace_dir_are_one_line(
     assert not any("Traceback" in line for line in result.stdout.lines)
 
 
+@pytest.mark.parametrize("name", ["incident.yaml", "incident.yml"])
+def test_a_plain_yaml_named_on_the_command_line_runs_as_a_scenario(
+    pytester: pytest.Pytester, name: str
+) -> None:
+    """``pytest incident.yaml`` (a scenario ``record`` wrote under a name of the user's
+    choosing) ran nothing: pytest said it found no collectors for the file."""
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nasyncio_default_fixture_loop_scope = "function"\n'
+    )
+    (pytester.path / name).write_text(
+        (SAMPLE / "scenarios" / "user_drops_past_grace.yaml").read_text()
+    )
+    (pytester.path / "notes.yaml").write_text("not: a scenario\n")  # not named: left alone
+    result = run(pytester, name)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*1 passed*"])
+    assert run(pytester).ret == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
 def test_virtual_time_is_the_marked_tests_and_a_users_own_loop_factory_keeps_the_rest(
     pytester: pytest.Pytester,
 ) -> None:
