@@ -433,6 +433,26 @@ async def test_a_room_name_filled_into_the_trace_path_stays_one_file_name(
     assert victim.read_text(encoding="utf-8") == "keep\n"
 
 
+@pytest.mark.parametrize(
+    ("template", "named"),
+    [
+        ("{room.name}.jsonl", "{room.name}"),  # an AttributeError came out of str.format
+        ("{room.__class__}.jsonl", "{room.__class__}"),  # wrote "<class 'str'>.jsonl"
+        ("{job_id:>300}.jsonl", "{job_id:>300}"),  # a 300-character name, past the clean-up
+        ("{jobid}.jsonl", "{jobid}"),
+        ("{room!r}.jsonl", "{room!r}"),
+        ("trace{.jsonl", "expected '}' before end of string"),
+    ],
+)
+def test_a_trace_path_field_that_cannot_be_filled_in_is_a_setting_error(
+    ctx: JobContext, tmp_path: Path, template: str, named: str
+) -> None:
+    with pytest.raises(SettingError, match=r"^trace_path: ") as refused:
+        AgentJob.from_job_context(ctx, session=AgentSession(), trace_path=str(tmp_path / template))
+    assert named in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 async def test_a_session_close_that_hangs_still_ends_the_job(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:

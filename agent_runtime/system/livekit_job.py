@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import logging
 import re
+import string
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -57,17 +58,10 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(CONTEXT_ENDED)
     trace_path = options.get("trace_path")
     if isinstance(trace_path, str):
-        try:
-            # the job's room, as the dispatch names it (livekit's runner names ctx.room from
-            # it; a room built by hand may have no name before it connects)
-            room = ctx.job.room.name or ctx.room.name
-            options["trace_path"] = trace_path.format(
-                job_id=_file_part(ctx.job.id), room=_file_part(room)
-            )
-        except (KeyError, IndexError, ValueError) as e:
-            raise SettingError(
-                f"trace_path: only {{job_id}} and {{room}} can be filled in ({e})"
-            ) from None
+        # the job's room, as the dispatch names it (livekit's runner names ctx.room from it;
+        # a room built by hand may have no name before it connects)
+        room = ctx.job.room.name or ctx.room.name
+        options["trace_path"] = _fill(trace_path, job_id=ctx.job.id, room=room)
     if options.get("simulation") is None:
         options["simulation"] = ctx.simulation_context()
     if options.get("on_simulation_end") is None:
@@ -80,6 +74,24 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
 
         options["delete_room"] = delete_room
     return options
+
+
+def _fill(template: str, **values: str) -> str:
+    """``template`` with ``{job_id}`` and ``{room}`` filled in, each as one file name; any
+    other field (``{room.name}``, ``{jobid}``, ``{job_id:>300}``, ``{room!r}``) is a
+    ``SettingError`` naming it, not a Python error from ``str.format``."""
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as e:  # a lone "{" or "}"
+        raise SettingError(f"trace_path: {e} (write {{{{ or }}}} for a brace)") from None
+    for _, name, spec, conversion in fields:
+        if name is not None and (name not in values or spec or conversion):
+            field = "{" + name + (f"!{conversion}" if conversion else "")
+            field += (f":{spec}" if spec else "") + "}"
+            raise SettingError(
+                f"trace_path: {field} cannot be filled in; only {{job_id}} and {{room}} can"
+            )
+    return template.format(**{k: _file_part(v) for k, v in values.items()})
 
 
 def register(ctx: JobContext, job: AgentJob) -> None:
