@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from agent_runtime.runtimes.room_events import RoomEventAdapter
     from agent_runtime.runtimes.session_host import JobSessionHost
     from agent_runtime.sdk.session_transport import RoomRequestTransport
-    from agent_runtime.settings import JobSettings, PlayoutOptions, SettingError
+    from agent_runtime.settings import JobSettings, PlayoutOptions, SettingError, SettingTypeError
     from agent_runtime.system.agent_job import AgentJob, injected, on_session_end, session_end_hook
 
 # the one version source: pyproject.toml reads it (setuptools' dynamic version, by AST)
@@ -68,6 +68,7 @@ _LAZY = {
     "JobSnapshot": "observe.snapshot",
     "OtelSink": "observe.otel",
     "SettingError": "settings",
+    "SettingTypeError": "settings",
 }
 
 
@@ -105,6 +106,7 @@ __all__ = [
     "Scheduler",
     "SessionCloseTimedOut",
     "SettingError",
+    "SettingTypeError",
     "StateChanged",
     "TraceRecord",
     "Tracer",

@@ -87,6 +87,9 @@ class Emitter(rtc.EventEmitter[T]):
     a snapshot without copying it) rather than a dict per event."""
 
     __slots__ = ("_events",)
+    # the events a class emits, when it names them: ``on`` refuses any other (a typo would
+    # register a listener that is never called)
+    _EVENT_NAMES: frozenset[str] | None = None
 
     def __init__(self) -> None:
         # one shared empty dict until the first listener (never written: ``on`` replaces
@@ -101,6 +104,14 @@ class Emitter(rtc.EventEmitter[T]):
                 return callback
 
             return decorator
+        if not callable(callback):  # it would fail at the first emit, deep in a step
+            raise TypeError(f"a listener must be callable, not {type(callback).__name__}")
+        names = self._EVENT_NAMES
+        if names is not None and event not in names:
+            raise ValueError(
+                f"{type(self).__name__} emits no {event!r} event "
+                f"(it emits {', '.join(map(repr, sorted(names)))})"
+            )
         if _is_async(callback):
             raise ValueError(
                 "Cannot register an async callback with `.on()`. Use `asyncio.create_task` "

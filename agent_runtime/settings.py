@@ -8,6 +8,7 @@ the value given, before anything is built.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -68,9 +69,9 @@ class SettingTypeError(SettingError, TypeError):
 def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
     """``rtc.ParticipantKind`` values or names (``sip``, ``PARTICIPANT_KIND_SIP``) -> names."""
     if isinstance(kinds, str | int | bytes):
-        raise TypeError("participant_kinds must be a collection of kinds, not a single kind")
+        raise SettingTypeError("participant_kinds must be a collection of kinds, not a single kind")
     if not isinstance(kinds, Iterable):
-        raise TypeError(f"participant_kinds must be a collection of kinds, not {kinds!r}")
+        raise SettingTypeError(f"participant_kinds must be a collection of kinds, not {kinds!r}")
     out: list[str] = []
     for k in kinds:
         if isinstance(k, bool):
@@ -98,9 +99,9 @@ def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
 def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
     """``rtc.DisconnectReason`` values or names -> names (``CLIENT_INITIATED``, ...)."""
     if isinstance(reasons, str | int | bytes):
-        raise TypeError("closing_reasons must be a collection of reasons, not a single one")
+        raise SettingTypeError("closing_reasons must be a collection of reasons, not a single one")
     if not isinstance(reasons, Iterable):
-        raise TypeError(f"closing_reasons must be a collection of reasons, not {reasons!r}")
+        raise SettingTypeError(f"closing_reasons must be a collection of reasons, not {reasons!r}")
     out: list[str] = []
     for r in reasons:
         if isinstance(r, bool):
@@ -348,11 +349,12 @@ JOB_PARTS = (
     "remove_avatar_participant",
     "on_reprompt",
 )
+# what each callable part must be, and how many positional arguments the job calls it with
 _CALLABLE_PARTS = {
-    "on_simulation_end": "callable as on_simulation_end(simulation_context)",
-    "delete_room": "an async callable taking no arguments",
-    "remove_avatar_participant": "an async callable taking the avatar's identity",
-    "on_reprompt": "callable as on_reprompt(session, attempt)",
+    "on_simulation_end": ("callable as on_simulation_end(simulation_context)", 1),
+    "delete_room": ("an async callable taking no arguments", 0),
+    "remove_avatar_participant": ("an async callable taking the avatar's identity", 1),
+    "on_reprompt": ("callable as on_reprompt(session, attempt)", 2),
 }
 _CLOCK_METHODS = ("now", "call_later", "sleep", "wait_for")
 
@@ -406,8 +408,24 @@ def _part_type(name: str, value: Any) -> str | None:
         ok = isinstance(value, SimulationContext | SimulationDispatch)
         return None if ok else "a livekit SimulationContext or SimulationDispatch"
     if name in _CALLABLE_PARTS:
-        return None if callable(value) else _CALLABLE_PARTS[name]
+        want, args = _CALLABLE_PARTS[name]
+        return None if callable(value) and _takes(value, args) else want
     raise KeyError(name)  # a part this module does not know: the caller's bug
+
+
+def _takes(fn: Callable[..., Any], args: int) -> bool:
+    """Whether ``fn`` can be called with ``args`` positional arguments (a mistake found at
+    construction, not at the first call deep in a step); unknown for a signature that
+    cannot be read (a builtin), which passes."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*([None] * args))
+    except TypeError:
+        return False
+    return True
 
 
 def check_setting(name: str, value: Any) -> Any:
@@ -419,8 +437,9 @@ def check_setting(name: str, value: Any) -> Any:
 def setting_error(e: ValidationError) -> SettingError:
     err = e.errors()[0]
     name = ".".join(str(x) for x in err["loc"]) if err["loc"] else "settings"
-    if isinstance(err.get("ctx", {}).get("error"), SettingError):
-        return SettingError(str(err["ctx"]["error"]))
+    raised = err.get("ctx", {}).get("error")
+    if isinstance(raised, SettingError):  # a validator's own: its class (a type error) kept
+        return raised
     msg = str(err["msg"]).removeprefix("Value error, ")
     cls = SettingTypeError if str(err["type"]).endswith("_type") else SettingError
     # the value of the field named, not the whole mapping it sits in (retry_avatar.attempts

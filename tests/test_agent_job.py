@@ -26,7 +26,15 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPAT
 from livekit.agents.voice.remote_session import RemoteSession
 from livekit.agents.voice.room_io import RoomOptions
 
-from agent_runtime import AgentJob, SettingError, injected, on_session_end, session_end_hook
+from agent_runtime import (
+    AgentJob,
+    PlayoutOptions,
+    SettingError,
+    SettingTypeError,
+    injected,
+    on_session_end,
+    session_end_hook,
+)
 from agent_runtime.runtimes.avatar import audio_tail
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import VirtualClock, settle
@@ -164,6 +172,47 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
             "trace_path: cannot write the trace",
         ),
         (lambda s: {"session": s, "trace_path": "{call}.jsonl"}, SettingError, "job_id"),
+        # each refusal is a SettingError (SettingTypeError for a type), as the guide says
+        (
+            lambda s: {"session": s, "participant_kinds": "sip"},
+            SettingTypeError,
+            "participant_kinds must be a collection of kinds, not a single kind",
+        ),
+        (
+            lambda s: {"session": s, "closing_reasons": "CLIENT_INITIATED"},
+            SettingTypeError,
+            "closing_reasons must be a collection of reasons, not a single one",
+        ),
+        (
+            lambda s: {"session": s, "avatar_start_options": {"x": 1}},
+            SettingError,
+            "avatar_start_options given without an avatar",
+        ),
+        (
+            lambda s: {"session": s, "on_reprompt": lambda _s, _n: None},
+            SettingError,
+            "on_reprompt given, but the watchdog is off",
+        ),
+        # a callable the job would call with the wrong arguments, deep in a step
+        (
+            lambda s: {
+                "session": s,
+                "playout": PlayoutOptions(reprompt=True),
+                "on_reprompt": lambda: None,
+            },
+            SettingTypeError,
+            r"on_reprompt must be callable as on_reprompt\(session, attempt\)",
+        ),
+        (
+            lambda s: {"session": s, "delete_room": lambda room_name: None},
+            SettingTypeError,
+            "delete_room must be an async callable taking no arguments",
+        ),
+        (
+            lambda s: {"session": s, "on_simulation_end": lambda: None},
+            SettingTypeError,
+            "on_simulation_end must be callable as on_simulation_end",
+        ),
     ],
 )
 async def test_bad_options_are_refused_and_change_nothing(
@@ -175,6 +224,31 @@ async def test_bad_options_are_refused_and_change_nothing(
         AgentJob.from_job_context(ctx, **make(session))
     assert AgentJob.for_job(ctx) is None and room.listener_count() == before
     assert not session._events.get("close")
+
+
+async def test_a_listener_that_cannot_be_called_or_a_misspelt_event_is_refused(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """Both were accepted: the first failed at the job's first transition (an ERROR with a
+    traceback), the second was never called."""
+    job = AgentJob(room=room, session=AgentSession(), clock=clock)
+    with pytest.raises(TypeError, match="a listener must be callable, not int"):
+        job.on("state_changed", 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="AgentJob emits no 'state_chnaged' event"):
+        job.on("state_chnaged", print)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="graceful must be True or False, not 'no'"):
+        await job.aclose(graceful="no")  # type: ignore[arg-type]
+    assert job.lifecycle == "new"  # none of them changed the job
+    seen: list[str] = []
+    job.on("state_changed", lambda sc: seen.append(sc.machine))
+    await job.aclose(graceful=False)
+    assert seen and job.lifecycle == "closed"
+
+
+@pytest.mark.parametrize("given", ["x", None])
+async def test_on_session_end_given_no_job_context_is_refused(given: Any) -> None:
+    with pytest.raises(TypeError, match="ctx must be a livekit-agents JobContext"):
+        await on_session_end(given)
 
 
 @pytest.mark.parametrize("given", [None, "ctx", 7], ids=["None", "a-str", "an-int"])

@@ -23,7 +23,7 @@ from agent_runtime.runtimes.avatar import (
     check_start_options,
     plugin_name,
 )
-from agent_runtime.settings import JobSettings
+from agent_runtime.settings import JobSettings, SettingError
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
@@ -77,7 +77,7 @@ def check_avatar(avatar: AvatarPlugin | None, start_options: object) -> dict[str
         )
     options = dict(start_options or {})
     if options and avatar is None:
-        raise ValueError("avatar_start_options given without an avatar")
+        raise SettingError("avatar_start_options given without an avatar")
     if isinstance(avatar, AvatarSession):
         check_start_options(avatar, options)
     return options

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
@@ -45,6 +45,7 @@ from agent_runtime.settings import (
     AvatarRetry,
     JobSettings,
     PlayoutOptions,
+    SettingError,
     job_options,
     observed,
 )
@@ -85,6 +86,8 @@ class AgentJob(Emitter[Events]):
     Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
     (the job's virtual or real time of closing).
     """
+
+    _EVENT_NAMES = frozenset(get_args(Events))  # on("state_chnaged", ...) is refused
 
     def __init__(
         self,
@@ -140,7 +143,7 @@ class AgentJob(Emitter[Events]):
         if on_reprompt is not None and (
             self.settings.playout is None or not self.settings.playout.reprompt
         ):
-            raise ValueError(
+            raise SettingError(
                 "on_reprompt given, but the watchdog is off: pass "
                 "playout=PlayoutOptions(reprompt=True) too"
             )
@@ -346,6 +349,8 @@ class AgentJob(Emitter[Events]):
         honouring the bounded hold. Otherwise the same teardown with no hold (an abort also
         ends a graceful close's hold). Either way this returns once every listener and task
         is released."""
+        if not isinstance(graceful, bool):  # "no" would have closed gracefully
+            raise TypeError(f"graceful must be True or False, not {graceful!r}")
         await self.system.aclose(graceful=graceful)
 
     # -- observation -------------------------------------------------------------------------

@@ -147,6 +147,8 @@ async def on_session_end(ctx: JobContext) -> None:
     room: the job shuts down here, holding for the simulator's finalize (bounded by
     ``session_end_timeout``), and this returns once the job is ``closed``.
     """
+    if not isinstance(ctx, JobContext):  # on_session_end("x") was logged as no job
+        raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
     job = _JOBS.get(ctx)
     if job is None:
         logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
