@@ -83,10 +83,16 @@ def _parser() -> argparse.ArgumentParser:
         "watch",
         help="follow a JSONL trace as it grows: each machine's state and the last transitions",
         description="Follow a production trace as it is written. On a terminal the view is "
-        "redrawn in place; otherwise each transition is one appended line. Ctrl-C stops.",
+        "redrawn in place; otherwise each transition is one appended line. Ctrl-C stops. "
+        "A trace not written yet (nor its directory) is waited for, as tail -F does; a "
+        "directory, a path under a file or a FIFO is refused (exit 2).",
     )
     wat.add_argument("trace", metavar="TRACE.jsonl")
-    wat.add_argument("--once", action="store_true", help="print the current view and exit")
+    wat.add_argument(
+        "--once",
+        action="store_true",
+        help="print the current view and exit (a trace not written yet is an error)",
+    )
     wat.add_argument(
         "--interval",
         type=float,
