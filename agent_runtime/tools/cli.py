@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "replay",
         help="replay a JSONL trace through the machines and report the first divergence",
+        description="Replay every decision of a JSONL trace through the machines: exit 0 "
+        "when all agree, 1 at the first divergence, 2 when the trace cannot be replayed. "
+        "Jobs one after the other in one trace are replayed each from the initial states; "
+        "jobs that ran at once into one trace are refused.",
     )
     rep.add_argument("trace", metavar="TRACE.jsonl")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")

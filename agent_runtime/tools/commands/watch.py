@@ -4,10 +4,11 @@ it grows and show each machine's current state and the last transitions.
 On a terminal the view is redrawn in place; otherwise each transition (and each reject,
 failed effect, scenario input) is one appended line. A line that is not a trace record, or
 a record of a machine this build does not have, is named in one line and skipped. A record
-whose time goes back (``TraceOrder``: another job's records appended) is named and starts
-the view over from it, as a file that is truncated (a new job writing the same path)
-starts it over from its start. Ctrl-C stops it. ``--once`` prints the current view and
-exits (2 when a line was named); its lines are cut to the width only on a terminal.
+whose time goes back or that starts another job (``TraceOrder``: another job's records
+appended) is named and starts the view over from it, as a file that is truncated (a new
+job writing the same path) starts it over from its start. Ctrl-C stops it. ``--once``
+prints the current view and exits (2 when a line was named); its lines are cut to the
+width only on a terminal.
 
 Started before the job, it waits for the trace to be written (and for the directories on
 its way, which the runtime makes), saying so once on stderr; ``--once`` does not wait. A
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from agent_runtime.observe.trace import (
+    AnotherJob,
     TimeGoesBack,
     TraceError,
     TraceOrder,
@@ -140,10 +142,10 @@ class Watch:
                 continue
             try:
                 self.order.check(rec, self.path, n, terse=True)
-            except TimeGoesBack as e:
-                # another job's records from here on (one appended to the file): followed
-                # from here, as a file a new job rewrote is (skipping them would stop the
-                # follower on the old job for good)
+            except (TimeGoesBack, AnotherJob) as e:
+                # another job's records from here on (one appended to the file, on its own
+                # clock or on the same one): followed from here, as a file a new job
+                # rewrote is (skipping them would stop the follower on the old job for good)
                 problems.append(f"{e}; the view starts over from this line")
                 entries += self.lanes.history[before:]
                 self.lanes, before = Lanes(), 0
