@@ -12,7 +12,9 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
   closing for a reason of its own (``user_initiated``, ``error``, ``task_completed``; a
   close caused by a departure or the job's shutdown follows by itself), the job asked to
   shut down, the avatar started (or its plugin failing to start) and closed before the
-  session ended, interruptions (with the outcome of the ``lk.clear_buffer`` that followed),
+  session ended (held, each plugin start ended where the trace shows, when one of them,
+  the first or a retry's, was still starting at the avatar's close or the trace's end),
+  interruptions (with the outcome of the ``lk.clear_buffer`` that followed),
   the avatar's ``lk.playback_finished`` RPCs, session requests with their sender (a
   finalize the host took as the simulator's needs its sender to carry ``lk.simulator``: one
   no machine saw join is put in the room at t=0 with it, one seen without it gains it
