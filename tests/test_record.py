@@ -18,6 +18,7 @@ import yaml
 from livekit.agents import Agent, AgentSession
 
 from agent_runtime import AgentJob
+from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.runtimes.room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -36,7 +37,7 @@ from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.tools.cli import main
-from agent_runtime.tools.record import FACT_KEYS, USES
+from agent_runtime.tools.record import FACT_KEYS, USES, RecordError, record
 from statemachines.machines import MACHINES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -429,14 +430,22 @@ def test_a_trace_of_two_jobs_is_refused_not_merged_into_one_scenario(
     later = [{**r, "t": r["t"] + 100} for r in records]
     two = tmp_path / "two.jsonl"
     two.write_text("".join(json.dumps(r) + "\n" for r in records + later))
-    second = next(r for r in later if r["machine"] == "agent_job")
-    out = tmp_path / "keep.yaml"
-    assert main(["record", str(two), "-o", str(out)]) == 2
-    assert capsys.readouterr().err == (
-        f"agent-runtime record: {two}: the trace holds more than one job (the agent_job "
-        f"machine starts again at t = {second['t']!r}, in {second['instance']!r}); a scenario "
-        "is one job: record one job's trace (trace_path with {job_id} writes one per job)\n"
+    n, second = next(
+        (len(records) + i, r) for i, r in enumerate(later, 1) if r["machine"] == "agent_job"
     )
+    out = tmp_path / "keep.yaml"
+    said = (
+        f"the trace holds more than one job: the agent_job machine starts again here "
+        f"(t = {second['t']!r}, in {second['instance']!r}) after the job before it ended; "
+        'write each job to its own file (trace_path="traces/{job_id}.jsonl")'
+    )
+    assert main(["record", str(two), "-o", str(out)]) == 2
+    # named by the one trace reader, as replay, timeline and watch name it
+    assert capsys.readouterr().err == f"agent-runtime record: {two}:{n}: {said}\n"
+    # and by record() itself, given the records
+    with pytest.raises(RecordError) as refused:
+        record([TraceRecord(**r) for r in records + later], name="two")
+    assert str(refused.value) == said
     assert not out.exists()
 
 

@@ -385,7 +385,8 @@ def test_a_trace_truncated_and_written_past_its_old_end_between_polls_starts_ove
     watch = Watch(str(trace))
     watch.poll()
     size = trace.stat().st_size
-    records, t = [], 0.0
+    records: list[str] = []
+    t = 0.0
     while sum(len(r) for r in records) <= size:
         rec = {"t": t, "kind": "transition", "machine": "job", "instance": "next"}
         rec |= {"event": "shutdown", "source": "serving", "dest": "serving"}

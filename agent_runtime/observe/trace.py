@@ -397,19 +397,35 @@ class TimeGoesBack(TraceError):
     """A record whose time is before that of the record before it."""
 
 
+class AnotherJob(TraceError):
+    """The first record of a second job in the trace (``agent_runtime.observe.jobs``)."""
+
+    def __init__(self, message: str, *, after_end: bool) -> None:
+        super().__init__(message)
+        self.after_end = after_end  # the job before it had ended: the jobs can be split
+
+
 class TraceOrder:
     """The rules a record meets beside those before it, in the file's order (``load_trace``;
     ``watch`` as a trace grows). A trace is one job's records, written in time order from
-    its one clock: a time that goes back is two traces joined, or an edited one. A record
-    (but a scenario's ``input``) is of one of ``machines``, by default the runtime's: of
-    another, it is no machine this build can replay or draw (a typo, another version)."""
+    its one clock: a time that goes back is two traces joined, or an edited one, and a
+    second job's records (``AnotherJob``) are another trace's too; ``several_jobs``: jobs
+    one after the other are taken (replay reads each by itself), jobs at once never. A
+    record (but a scenario's ``input``) is of one of ``machines``, by default the runtime's:
+    of another, it is no machine this build can replay or draw (a typo, another version)."""
 
-    def __init__(self, machines: Collection[str] | None = None) -> None:
+    def __init__(
+        self, machines: Collection[str] | None = None, *, several_jobs: bool = False
+    ) -> None:
         if machines is None:
             from statemachines.machines import MACHINES  # only reading a trace needs them
 
             machines = MACHINES
+        from agent_runtime.observe.jobs import JobBounds
+
         self.machines = machines
+        self.several_jobs = several_jobs
+        self._jobs = JobBounds()
         self._last: tuple[float, int] | None = None  # the last time taken, and its line
 
     def check(self, rec: TraceRecord, path: str, line: int, *, terse: bool = False) -> None:
@@ -427,6 +443,9 @@ class TraceOrder:
                 "clock's trace (two joined, an edited one, or runtimes with clocks of their "
                 "own writing to one tracer?)"
             )
+        job = self._jobs.next_job(rec)
+        if job is not None and not (self.several_jobs and job.after_end):
+            raise AnotherJob(f"{where}: {job.describe()}", after_end=job.after_end)
         self._last = (rec.t, line)
 
 
@@ -436,10 +455,12 @@ def load_trace(
     wording: Wording = "fields",
     warn: Callable[[str], None] | None = None,
     machines: Collection[str] | None = None,
+    several_jobs: bool = False,
 ) -> list[tuple[int, TraceRecord]]:
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
     the file is none (not a regular file, too large, not UTF-8) or names the bad line, or
-    the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows).
+    the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows; a
+    second job is one, unless ``several_jobs`` and the first had ended before it).
 
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
@@ -452,7 +473,7 @@ def load_trace(
     except files.InputFileError as e:
         raise TraceError(f"{p}: cannot read the trace: {e}") from None
     out: list[tuple[int, TraceRecord]] = []
-    order = TraceOrder(machines)
+    order = TraceOrder(machines, several_jobs=several_jobs)
     # line by line from the bytes: no second copy of the whole file as text
     for n, raw in enumerate(io.BytesIO(data), 1):
         try:
@@ -491,7 +512,8 @@ def _unfinished(raw: bytes) -> bool:
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """Read a JSONL trace; a file that is none (not a regular file, too large), a line that
-    is not a record, or one whose time goes back or whose machine is not the runtime's
-    (``TraceOrder``) raises ``ValueError`` (a ``TraceError``) naming the file and line. A
+    is not a record, or one whose time goes back, whose machine is not the runtime's or
+    that starts a second job (``TraceOrder``) raises ``ValueError`` (a ``TraceError``)
+    naming the file and line. A
     last line cut while it was written is left out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]

@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "replay",
         help="replay a JSONL trace through the machines and report the first divergence",
+        description="Replay every decision of a JSONL trace through the machines: exit 0 "
+        "when all agree, 1 at the first divergence, 2 when the trace cannot be replayed. "
+        "Jobs one after the other in one trace are replayed each from the initial states; "
+        "jobs that ran at once into one trace are refused.",
     )
     rep.add_argument("trace", metavar="TRACE.jsonl")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -83,10 +87,16 @@ def _parser() -> argparse.ArgumentParser:
         "watch",
         help="follow a JSONL trace as it grows: each machine's state and the last transitions",
         description="Follow a production trace as it is written. On a terminal the view is "
-        "redrawn in place; otherwise each transition is one appended line. Ctrl-C stops.",
+        "redrawn in place; otherwise each transition is one appended line. Ctrl-C stops. "
+        "A trace not written yet (nor its directory) is waited for, as tail -F does; a "
+        "directory, a path under a file or a FIFO is refused (exit 2).",
     )
     wat.add_argument("trace", metavar="TRACE.jsonl")
-    wat.add_argument("--once", action="store_true", help="print the current view and exit")
+    wat.add_argument(
+        "--once",
+        action="store_true",
+        help="print the current view and exit (a trace not written yet is an error)",
+    )
     wat.add_argument(
         "--interval",
         type=float,

@@ -5,8 +5,11 @@ actor consulted. Replay starts each (machine, instance) in its spec's initial st
 the recorded events through the compiled machine (``statemachines.compiled.reference_step``)
 with those guard values, and stops at the first record where the recording and the spec
 disagree: a different source state, outcome, destination or effects, or a guard the spec
-needs that the recording never consulted. The actor decides with ``statemachines.step``;
-replay re-decides with a second implementation, so a fault in either shows.
+needs that the recording never consulted. A trace of jobs one after the other (on one
+clock: ``agent_runtime.observe.jobs``) is replayed job by job, each from the initial
+states; jobs at once in one trace cannot be told apart, and are refused. The actor
+decides with ``statemachines.step``; replay re-decides with a second implementation, so a
+fault in either shows.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 # the trace is read (and its lines checked) by the one reader; replay re-decides
+from agent_runtime.observe.jobs import JobBounds, another_actor
 from agent_runtime.observe.trace import (
     DECISIONS,
+    AnotherJob,
     TraceError,
     TraceRecord,
     load_trace,
@@ -70,6 +75,7 @@ class ReplayReport:
     decisions: int = 0  # decision records replayed (up to and including a divergence)
     outcomes: dict[str, int] = field(default_factory=dict)
     instances: dict[str, int] = field(default_factory=dict)  # machine -> instances seen
+    jobs: int = 1  # jobs one after the other in the trace, each replayed by itself
     divergence: Divergence | None = None
 
     @property
@@ -91,8 +97,15 @@ def replay_records(
     """Replay decision records; the report holds the first divergence, if any."""
     report = ReplayReport(path=path)
     states: dict[tuple[str, str], str] = {}
+    jobs = JobBounds()
     for n, rec in records:
         report.records += 1
+        job = jobs.next_job(rec)
+        if job is not None:
+            if not job.after_end:
+                raise AnotherJob(f"{path}:{n}: {job.describe()}", after_end=False)
+            report.jobs += 1
+            states = {}  # the next job's machines start from their initial states
         if rec.kind not in DECISIONS:
             continue  # effect outcomes, stale timers and inputs are context, not decisions
         if not rec.event:  # the reader needs none; replay re-decides the event
@@ -129,17 +142,6 @@ def replay_records(
             f"({', '.join(DECISIONS)})"
         )
     return report
-
-
-def another_actor(spec: MachineSpec, current: str | None, rec: TraceRecord) -> bool:
-    """Whether the decision ``rec`` is the first of another actor of ``spec`` than the one
-    last seen under its instance name (in state ``current``; None: none was): a final
-    state is never left, so a record from the initial state after one is a new actor that
-    reuses the name (a second session in the same job)."""
-    if current is None:
-        return True
-    final = current in spec.state_names and spec.state(current).final
-    return final and rec.source == spec.initial and current != rec.source
 
 
 def _compare(
@@ -186,7 +188,9 @@ def replay_file(
     """Load and replay a JSONL trace; raises ``TraceError`` for a file that cannot be replayed.
     ``warn`` is told of a last line cut while it was written (``load_trace``)."""
     return replay_records(
-        load_trace(path, warn=warn, machines=machines), path=str(path), machines=machines
+        load_trace(path, warn=warn, machines=machines, several_jobs=True),
+        path=str(path),
+        machines=machines,
     )
 
 
@@ -204,9 +208,10 @@ def format_report(report: ReplayReport) -> str:
         labels = {"transition": "transitions", "ignore": "ignored", "reject": "rejected"}
         counts = ", ".join(f"{report.outcomes.get(k, 0)} {v}" for k, v in labels.items())
         machines = ", ".join(f"{m} x{n}" for m, n in report.instances.items()) or "none"
+        jobs = f" in {report.jobs} jobs, each from the initial states" if report.jobs > 1 else ""
         return (
             f"{report.path}: {report.decisions} decisions replayed ({counts}) "
-            f"from {report.records} records; instances: {machines}.\n"
+            f"from {report.records} records{jobs}; instances: {machines}.\n"
             "Every decision agrees with the machines.\n"
         )
     d = report.divergence

@@ -1,7 +1,8 @@
 """``agent-runtime replay TRACE.jsonl [--json]``: exit 0 when the machines agree with every
 recorded decision, 1 at the first divergence, 2 when the trace cannot be replayed (one line
 on stderr naming the file; with ``--json`` also ``{"ok": false, "file": ..., "error": ...}``
-on stdout)."""
+on stdout). Jobs one after the other in the trace are replayed each by itself; jobs at
+once are exit 2 (``agent_runtime.observe.jobs``)."""
 
 from __future__ import annotations
 

@@ -4,10 +4,16 @@ it grows and show each machine's current state and the last transitions.
 On a terminal the view is redrawn in place; otherwise each transition (and each reject,
 failed effect, scenario input) is one appended line. A line that is not a trace record, or
 a record of a machine this build does not have, is named in one line and skipped. A record
-whose time goes back (``TraceOrder``: another job's records appended) is named and starts
-the view over from it, as a file that is truncated (a new job writing the same path)
-starts it over from its start. Ctrl-C stops it. ``--once`` prints the current view and
-exits (2 when a line was named); its lines are cut to the width only on a terminal.
+whose time goes back or that starts another job (``TraceOrder``: another job's records
+appended) is named and starts the view over from it, as a file that is truncated (a new
+job writing the same path) starts it over from its start. Ctrl-C stops it. ``--once``
+prints the current view and exits (2 when a line was named); its lines are cut to the
+width only on a terminal.
+
+Started before the job, it waits for the trace to be written (and for the directories on
+its way, which the runtime makes), saying so once on stderr; ``--once`` does not wait. A
+path that can never be a trace (a directory, one under a file, not a regular file) is
+refused at once, exit 2.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import stat
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import TextIO
 
 from agent_runtime.observe.trace import (
+    AnotherJob,
     TimeGoesBack,
     TraceError,
     TraceOrder,
@@ -36,6 +44,7 @@ PROG = "agent-runtime watch"
 # past an hour between reads the trace is no longer followed (and time.sleep overflows
 # long before a float runs out)
 MAX_INTERVAL = 3600.0
+pause = time.sleep  # between two reads (the tests step through it)
 
 
 _HEAD = 4096  # how much of a file's start tells one trace from the next on its path
@@ -133,10 +142,10 @@ class Watch:
                 continue
             try:
                 self.order.check(rec, self.path, n, terse=True)
-            except TimeGoesBack as e:
-                # another job's records from here on (one appended to the file): followed
-                # from here, as a file a new job rewrote is (skipping them would stop the
-                # follower on the old job for good)
+            except (TimeGoesBack, AnotherJob) as e:
+                # another job's records from here on (one appended to the file, on its own
+                # clock or on the same one): followed from here, as a file a new job
+                # rewrote is (skipping them would stop the follower on the old job for good)
                 problems.append(f"{e}; the view starts over from this line")
                 entries += self.lanes.history[before:]
                 self.lanes, before = Lanes(), 0
@@ -204,6 +213,32 @@ def _bad_option(args: argparse.Namespace) -> str | None:
     return None
 
 
+NOT_YET = "no such file"  # what _not_a_trace says of a trace that may still be written
+
+
+def _not_a_trace(path: str) -> str | None:
+    """Why ``path`` is not a trace file to follow, or None: ``NOT_YET`` when it (or a
+    directory on its way, which the runtime makes for its trace) does not exist yet; else
+    why it never will be one (a directory, a file where a directory must be, no access)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return NOT_YET
+    except NotADirectoryError:
+        # a file on the way: the runtime cannot make the directory it stands for
+        blocker = next(
+            (p for p in reversed(Path(path).parents) if p.exists() and not p.is_dir()), None
+        )
+        return f"{blocker or 'a parent'} is not a directory: no trace can be written there"
+    except OSError as e:
+        return e.strerror or str(e)
+    if stat.S_ISDIR(mode):
+        return "a directory, not a trace file"
+    if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end
+        return "not a regular file"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     bad = _bad_option(args)
     if bad is not None:
@@ -211,13 +246,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path: str = args.trace
     try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        reason = "no such file" if isinstance(e, FileNotFoundError) else e.strerror or str(e)
-        print(f"{PROG}: {path}: {reason}", file=sys.stderr)
-        return 2
-    if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end
-        print(f"{PROG}: {path}: not a regular file", file=sys.stderr)
+        problem = _not_a_trace(path)
+        if problem == NOT_YET and not args.once:  # --once shows what is there now
+            # started before the job: its trace (and the directories the runtime makes for
+            # it) comes when the job starts, as `tail -F` waits for a log
+            print(f"{PROG}: waiting for {path} to be written", file=sys.stderr)
+            while problem == NOT_YET:
+                pause(args.interval)
+                problem = _not_a_trace(path)
+    except KeyboardInterrupt:  # how a follower is stopped, waiting too
+        return 0
+    if problem is not None:
+        print(f"{PROG}: {path}: {problem}", file=sys.stderr)
         return 2
     watch = Watch(path)
     out: TextIO = sys.stdout
@@ -254,7 +294,7 @@ def _lines(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
         for p in problems:
             print(f"{PROG}: {p}", file=sys.stderr)
         out.flush()
-        time.sleep(args.interval)
+        pause(args.interval)
 
 
 def _live(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
@@ -273,7 +313,7 @@ def _live(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
                 out.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in lines) + "\x1b[J")
                 out.flush()
                 drawn = lines
-            time.sleep(args.interval)
+            pause(args.interval)
     finally:
         out.write("\x1b[?25h\n")
         out.flush()

@@ -12,7 +12,9 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
   closing for a reason of its own (``user_initiated``, ``error``, ``task_completed``; a
   close caused by a departure or the job's shutdown follows by itself), the job asked to
   shut down, the avatar started (or its plugin failing to start) and closed before the
-  session ended, interruptions (with the outcome of the ``lk.clear_buffer`` that followed),
+  session ended (held, each plugin start ended where the trace shows, when one of them,
+  the first or a retry's, was still starting at the avatar's close or the trace's end),
+  interruptions (with the outcome of the ``lk.clear_buffer`` that followed),
   the avatar's ``lk.playback_finished`` RPCs, session requests with their sender (a
   finalize the host took as the simulator's needs its sender to carry ``lk.simulator``: one
   no machine saw join is put in the room at t=0 with it, one seen without it gains it
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agent_runtime.observe.jobs import first_next_job
 from agent_runtime.observe.trace import DECISIONS, TraceRecord
 from agent_runtime.tools.record._compare import compare
 from agent_runtime.tools.record._config import _ConfigPass
@@ -53,8 +56,6 @@ from agent_runtime.tools.record._room import FACT_KEYS, _RoomPass
 from agent_runtime.tools.record._session import _SessionPass
 from agent_runtime.tools.record._speech import _SpeechPass
 from agent_runtime.tools.record._state import Recorded, RecordError
-from agent_runtime.tools.replay import another_actor
-from statemachines.machines import MACHINES
 from statemachines.session_host import REQUESTS
 
 __all__ = ["ALWAYS", "FACT_KEYS", "USES", "RecordError", "Recorded", "compare", "record", "render"]
@@ -106,13 +107,9 @@ class _Builder(_RoomPass, _SpeechPass, _SessionPass, _ConfigPass, _FilePass):
     def build(self, name: str) -> Recorded:
         if not any(r.kind in DECISIONS for r in self.records):
             raise RecordError("the trace holds no machine event to rebuild a scenario from")
-        second = _second_job(self.records)
-        if second is not None:
-            raise RecordError(
-                f"the trace holds more than one job (the {second.machine} machine starts "
-                f"again at t = {second.t!r}, in {second.instance!r}); a scenario is one job: "
-                "record one job's trace (trace_path with {job_id} writes one per job)"
-            )
+        second = first_next_job(self.records)
+        if second is not None:  # a scenario is one job
+            raise RecordError(second.describe())
         replay = self._initial_look()
         facts = self._facts(replay)
         avatar_identity = self._avatar_identity()
@@ -130,22 +127,6 @@ class _Builder(_RoomPass, _SpeechPass, _SessionPass, _ConfigPass, _FilePass):
         self._deletion()
         self._stand_ins()
         return Recorded(self._scenario(name, primary), self.notes)
-
-
-def _second_job(records: Sequence[TraceRecord]) -> TraceRecord | None:
-    """The first record of a second job, if any: a machine a job has one of seen as another
-    actor (replay's rule), under another instance name or started again after its end."""
-    for machine in ("agent_job", "job"):
-        spec, seen = MACHINES[machine], 0
-        states: dict[str, str] = {}
-        for r in records:
-            if r.machine == machine and r.kind in DECISIONS:
-                if another_actor(spec, states.get(r.instance), r):
-                    seen += 1
-                    if seen == 2:
-                        return r
-                states[r.instance] = r.dest
-    return None
 
 
 def record(records: Sequence[TraceRecord], *, name: str) -> Recorded:

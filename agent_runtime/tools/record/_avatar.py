@@ -50,9 +50,18 @@ class _AvatarPass(_State):
 
     def _avatar_start(self, i: int, r: TraceRecord) -> None:
         """The user's avatar start at ``i``, with the plugin's starts that raised: a
-        scenario scripts the first ones (``avatar.start_error {times}``), or every one; a
-        start that never ended is held (``config.hold``)."""
-        attempts = self._plugin_starts(i)
+        scenario scripts the first ones (``avatar.start_error {times}``), or every one; when
+        a start (the first or a retry) never ended by itself before the avatar closed or
+        the trace ended, every start is held and ended where the trace shows
+        (``_held_start``)."""
+        if self._starts_held():
+            self._held_start(i, r)
+            return
+        attempts = [
+            self.records[n] if how == "raised" else None
+            for n, how in self._plugin_starts(i)[0]
+            if how != "timed_out"
+        ]
         raised = [a for a in attempts if a is not None]
         leading = next((n for n, a in enumerate(attempts) if a is None), len(attempts))
         if leading < len(raised):  # one raised after a start that did not
@@ -62,12 +71,6 @@ class _AvatarPass(_State):
                 "not; a scenario scripts only the first starts' failures, so the replay's "
                 "retry starts"
             )
-        if not attempts:
-            # the plugin's start neither returned nor raised before the avatar closed or the
-            # trace ended: it was still running, as a held start is
-            held = self.config.setdefault("hold", [])
-            if "avatar_start" not in held:
-                held.append("avatar_start")
         if leading == 0:
             self.step(i, r.t, "avatar.start")
             return
@@ -84,20 +87,69 @@ class _AvatarPass(_State):
         else:
             self.step(i, r.t, "avatar.start_error", times=leading)
 
-    def _plugin_starts(self, start: int) -> list[TraceRecord | None]:
-        """Each plugin start of the user's ``start`` at ``start`` and its retries, in
-        order: the ``start_error`` it raised, or None when it returned."""
-        out: list[TraceRecord | None] = []
-        for r in self.records[start + 1 :]:
+    def _held_start(self, i: int, r: TraceRecord) -> None:
+        """The user's start at ``i`` with the provider's side held (``config.hold``): each
+        plugin start that ended is ended by a ``held.end`` step where the trace shows it,
+        one still running at the avatar's close (or the trace's end) is left held."""
+        held = self.config.setdefault("hold", [])
+        if "avatar_start" not in held:
+            held.append("avatar_start")
+        self.step(i, r.t, "avatar.start")
+        end = {"event": "held.end", "call": "avatar_start"}
+        for n, how in self._plugin_starts(i)[0]:
+            t = self.records[n].t
+            if how == "no_route":
+                self.steps.append((n, {"at": t, **end, "result": "no_route"}))
+            elif how == "returned":  # with its route in
+                self.steps.append((n, {"at": t, **end, "result": "routed"}))
+                self.steps.append((n, {"at": t, **end, "result": "ok"}))
+            elif how == "raised":
+                outcome = self.records[n].data.get("outcome", "error")
+                if outcome != "error":
+                    self.note(
+                        f"t={secs(t)}: the avatar plugin's start ended in {outcome}; "
+                        "replayed as a start that raises then"
+                    )
+                self.steps.append((n, {"at": t, **end, "result": "error"}))
+            # timed_out: left held, the runtime's start_timeout ends it as it did
+
+    def _starts_held(self) -> bool:
+        """Whether a plugin start (a user's start or a retry) never ended by itself before
+        the avatar closed or the trace ended (or ``start_timeout`` cut it): a scenario
+        holds the avatar's starts then."""
+        if self._held_starts is None:
+            self._held_starts = any(
+                self._plugin_starts(i)[1]
+                for i, r in enumerate(self.records)
+                if r.machine == "avatar" and r.kind == "transition" and r.event == "start"
+            )
+        return self._held_starts
+
+    def _plugin_starts(self, start: int) -> tuple[list[tuple[int, str]], bool]:
+        """How each plugin start of the user's ``start`` at ``start`` and its retries
+        ended, in order: (the index of the record that says so, ``raised``, ``returned``,
+        ``no_route`` or ``timed_out``: the runtime's ``start_timeout``), and whether one
+        never ended by itself: one more began (the user's, or a retry) and never ended, or
+        one was cut by ``start_timeout``."""
+        out: list[tuple[int, str]] = []
+        began = 1 if self.records[start].kind == "transition" else 0
+        for n in range(start + 1, len(self.records)):
+            r = self.records[n]
             if r.machine != "avatar" or r.kind == "effect":
                 continue
             if r.event in ("start", "close"):
                 break  # the user's next start, or the end
-            if r.event == "start_error" and r.data.get("effect") == "start_plugin":
-                out.append(r)
-            elif r.event in ("plugin_started", "no_route"):
-                out.append(None)
-        return out
+            if r.kind == "transition" and r.dest == "starting" and r.source != "starting":
+                began += 1  # a retry's start, once the last attempt is released
+            elif r.event == "start_error" and r.data.get("effect") == "start_plugin":
+                out.append((n, "raised"))
+            elif r.event == "plugin_started":
+                out.append((n, "returned"))
+            elif r.event == "no_route":
+                out.append((n, "no_route"))
+            elif r.event == "start_timeout" and r.kind == "transition":
+                out.append((n, "timed_out"))
+        return out, began > len(out) or any(how == "timed_out" for _, how in out)
 
     def _next_avatar(self, start: int, event: str, *, until: str) -> TraceRecord | None:
         for r in self.records[start + 1 :]:

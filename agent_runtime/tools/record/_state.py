@@ -62,6 +62,7 @@ class _State:
         self.watchdog_closed_at: float | None = None
         self.linked: set[int] = set()  # records a declared link delivered (no input)
         self.playout: dict[str, Any] = {}  # the playout options the trace shows
+        self._held_starts: bool | None = None  # the avatar's starts are held (_AvatarPass)
 
     # -- helpers -------------------------------------------------------------------------
     def of(self, machine: str) -> list[tuple[int, TraceRecord]]:

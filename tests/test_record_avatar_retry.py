@@ -1,0 +1,70 @@
+"""``agent-runtime record`` on a trace whose avatar retry was still starting when the job
+closed: the retry's plugin start had begun and never ended. The rebuilt scenario holds the
+avatar's starts and ends each one that did end where the trace shows it, so ``--check``
+replays it to the same trace (it was a scenario whose every start raised at once: the
+retry failed instead of being cut by the close).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent_runtime.testing.scenario import load_scenario
+from agent_runtime.tools.cli import main
+
+CONFIG = {
+    "avatar_identity": "avatar-1",
+    "join_timeout": 2,
+    "retry_avatar": {"attempts": 2, "backoff": {"initial": 1, "max": 2}},
+    "hold": ["avatar_start"],
+}
+HELD = {"event": "held.end", "call": "avatar_start"}
+CASES: dict[str, list[dict[str, Any]]] = {
+    # the first start raised at t=1; its retry starts at t=2 and is cut by the close at 3
+    "after-a-start-that-raised": [
+        {"at": 1, **HELD, "result": "error"},
+        {"at": 3, "event": "job.shutdown", "reason": "done"},
+    ],
+    # the first start returned at t=1 but the avatar never joined: failed at 3, retried at
+    # 4, and the job closed at 5 while that start was still running
+    "after-a-start-that-never-joined": [
+        {"at": 1, **HELD, "result": "routed"},
+        {"at": 1, **HELD, "result": "ok"},
+        {"at": 5, "event": "job.shutdown", "reason": "done"},
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_retry_still_starting_at_the_close_is_rebuilt_and_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    scenario = tmp_path / "incident.yaml"
+    steps = [
+        {"at": 0, "event": "avatar.start"},
+        {"at": 0.5, "event": "session.start"},
+        *CASES[case],
+        {"at": 20, "event": "end"},
+    ]
+    scenario.write_text(
+        yaml.safe_dump(
+            {"name": case, "config": CONFIG, "participants": [{"identity": "user"}], "steps": steps}
+        )
+    )
+    trace, recorded = tmp_path / "run.jsonl", tmp_path / "recorded.yaml"
+    assert main(["simulate", str(scenario), "--trace", str(trace)]) == 0
+    assert '"source": "releasing"' in trace.read_text()  # a retry began
+    capsys.readouterr()
+
+    code = main(["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "the rebuilt scenario reproduces the trace" in err
+    rebuilt = load_scenario(recorded)
+    assert "avatar_start" in rebuilt.config.hold
+    held = [(s.at, getattr(s, "result", None)) for s in rebuilt.steps if s.event == "held.end"]
+    assert held == [(float(s["at"]), s["result"]) for s in CASES[case] if s["event"] == "held.end"]
