@@ -18,7 +18,9 @@ from agent_runtime import AgentJob, on_session_end
 GRACE_PERIOD = 30.0
 JOIN_TIMEOUT = 10.0
 
-server = AgentServer()
+# livekit bounds on_session_end by this: room for the job's simulation hold (300 s) and its
+# close (10 s); livekit's default, 300 s, would cut the hold's end
+server = AgentServer(session_end_timeout=315)
 
 
 async def check_run(sim: SimulationContext) -> None:
