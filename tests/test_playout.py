@@ -64,7 +64,10 @@ async def test_a_silent_avatar_gets_the_audio_plus_the_margin_then_the_agent_lis
     assert rig.job.avatar is not None and rig.job.avatar.state == "joined"
     assert rig.rpcs() == []  # nothing was sent to the avatar
     (msg,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.playout"]
-    assert msg.startswith("playout: avatar avatar sent no lk.playback_finished within 5.00s")
+    assert msg.startswith(
+        "playout: avatar avatar sent no lk.playback_finished within 5s "
+        "(3s of audio pushed and a 2s margin); "
+    )
     await rig.aclose()
 
 
@@ -116,7 +119,9 @@ async def test_an_avatar_that_leaves_ends_the_wait_at_once_and_nothing_is_sent_t
     await rig.aclose()
 
 
-async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut() -> None:
+async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     rig = PlayoutRig(reprompt=False)
     await rig.start()
     handle = rig.say(5.0)
@@ -127,8 +132,12 @@ async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut() -> N
     assert rig.rpcs() == ["lk.clear_buffer"]  # the plugin's own clear: the avatar is joined
     assert rig.playout.state == "remote_playout"
     assert rig.playout.actor.timer_deadline == pytest.approx(3.0)  # the cut + 2 s, not 7 s
-    await rig.advance(2.0)
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.playout"):
+        await rig.advance(2.0)
     assert [(d.t, d.cause) for d in rig.playout.done] == [(3.0, "playout_timeout")]
+    # the wait it names is the one it waited (it read "within 2s (5s of audio pushed, ...)")
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.playout"]
+    assert "within 2s of the interruption's clear;" in msg
     assert handle.done() and handle.interrupted and rig.session.agent_state == "listening"
     await rig.aclose()
 

@@ -431,13 +431,18 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _fx_finish_playout(self, ev: Event) -> Output:
         pushed = self._segment[1] if self._segment is not None else 0.0
         avatar = self._avatar
+        # the wait: the audio pushed plus the margin, or after a clear the margin alone
+        why = (
+            "of the interruption's clear"
+            if self._cut_at is not None
+            else f"({pushed:g}s of audio pushed and a {self.options.margin:g}s margin)"
+        )
         logger.warning(
-            "playout: avatar %s sent no lk.playback_finished within %.2fs (%.2fs of audio "
-            "pushed, margin %.2fs); counting the playout done and finishing it locally",
+            "playout: avatar %s sent no lk.playback_finished within %gs %s; counting the "
+            "playout done and finishing it locally",
             avatar.avatar.avatar_identity if avatar is not None else "?",
             float(ev.data.get("after", 0.0)),
-            pushed,
-            self.options.margin,
+            why,
             extra=self.actor.log_fields(ev.name),
         )
         # through the avatar's own table (statemachines.links.LINKS): it ends the sink's
