@@ -185,8 +185,22 @@ def _retrieve(error: BaseException, task: asyncio.Future[Any]) -> None:
         )
 
 
+# livekit's Plugin.register_plugin (plugin.py), which every plugin package's import calls
+PLUGIN_THREAD = "Plugins must be registered on the main thread"
+
+
 def said(error: BaseException) -> str:
     """What the user's code did: ``raised ValueError: ...``, or that it never returned."""
     if isinstance(error, CallbackHung):
         return str(error)
-    return f"raised {type(error).__name__}: {error}"
+    text = f"raised {type(error).__name__}: {error}"
+    if isinstance(error, RuntimeError) and str(error) == PLUGIN_THREAD:
+        text += (
+            " (it imported a livekit plugin, which registers itself: livekit's job process "
+            "runs the entrypoint on its main thread, where that works, but the kit ran it "
+            "off the main thread: fuzz_entrypoint or fuzz() called while an event loop "
+            "runs, as in an async test, fuzz on a thread of their own; import the plugin "
+            "at the top of the agent's module, as livekit advises, or fuzz from a sync test "
+            "or with agent-runtime fuzz)"
+        )
+    return text
