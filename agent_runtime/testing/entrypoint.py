@@ -39,7 +39,12 @@ from agent_runtime.system.agent_job import AgentJob, injected
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
-from agent_runtime.testing.user_code import UserFailure, UserFailures
+from agent_runtime.testing.user_code import (
+    TasksLeftRunning,
+    UserFailure,
+    UserFailures,
+    task_name,
+)
 
 if TYPE_CHECKING:
     from livekit.agents import AgentServer
@@ -160,6 +165,9 @@ class EntrypointRunner:
         self.sink = MemorySink()
         self.failures = UserFailures()
         self._runs: list[_Run] = []
+        # the tasks there before the first run: any other still running after the job's end
+        # is one the run left (tasks_left)
+        self._tasks_before: set[asyncio.Task[Any]] | None = None
 
     # -- running -------------------------------------------------------------------------
     async def __call__(
@@ -188,6 +196,8 @@ class EntrypointRunner:
         ``NoAgentJob`` if it ended without building one; its own failure is raised as is.
         """
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
+        if self._tasks_before is None:
+            self._tasks_before = set(asyncio.all_tasks())
         served = fn is not entrypoint  # an AgentServer, with its own bounds
         end_timeout = lk.server_session_end_timeout(entrypoint) if served else 300.0
         kill_after = lk.server_shutdown_process_timeout(entrypoint) if served else 10.0
@@ -408,6 +418,19 @@ class EntrypointRunner:
             if r.kind == "transition"
         ]
 
+    def tasks_left(self) -> list[asyncio.Task[Any]]:
+        """The tasks started since the first run that are still running (the caller's own
+        aside), by name: once the job's end is over, each is one the agent left running
+        (its entrypoint's, an event handler's), or the SDK's. ``aclose()`` fails the test on
+        them (``TasksLeftRunning``, each named by its coroutine); the fuzzer's ``released``
+        property reads the same."""
+        before = self._tasks_before
+        if before is None:
+            return []
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and t not in before and not t.done()]
+        return sorted(left, key=task_name)
+
     # -- teardown ------------------------------------------------------------------------------
     async def aclose(self, *, report: bool = True) -> None:
         """The test is over: every job still running ends as a worker's shutdown ends it
@@ -449,6 +472,9 @@ class EntrypointRunner:
             await settle()
             self.failures.uninstall()
         if report:
+            left = self.tasks_left() if runs else []
+            if left:
+                self.failures.add("job", TasksLeftRunning([task_name(t) for t in left]))
             self.raise_failures()
 
     async def _session_end_over(self, process: JobProcess, kill_after: float) -> None:
