@@ -145,7 +145,10 @@ def _fuzz(
 ) -> FuzzReport:
     seed = options.seed if options.seed is not None else random.randrange(MAX_SEED)
     config = config_of(options)
-    _preflight(server, config)
+    if not _preflight(server, config):
+        # the entrypoint gives its job no avatar: nothing the avatar's provider does can
+        # reach this agent, so no run draws it (and a failure is written without one)
+        config = config.model_copy(update={"avatar_identity": None})
     if progress is not None:  # first: a run cut short (Ctrl-C) can be drawn again
         progress(f"fuzz: seed {seed} (the same draws again: --seed {seed})")
     stats = Stats()
@@ -208,20 +211,24 @@ def _fuzz(
     return report
 
 
-def _preflight(server: Any, config: sc.Config) -> None:
+def _preflight(server: Any, config: sc.Config) -> bool:
     """One plain run (the entrypoint started, the job let end) before any drawing:
     ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` when
     it imports a plugin off the main thread, usage errors rather than properties; what else
-    the run shows is left to the drawing."""
+    the run shows is left to the drawing. Returns whether the entrypoint gave its job an
+    avatar (the run's scripted avatar stood in for it)."""
     participants: list[dict[str, Any]] = [{"identity": "user"}]
     if config.simulation:
         participants.append({"identity": SIMULATOR, "attributes": {ATTRIBUTE_SIMULATOR: "true"}})
     steps = [{"at": 0, "event": "session.start"}, {"at": 0, "event": "end"}]
     scenario = sc.parse_scenario({"name": "preflight", **scenario_of(config, participants, steps)})
-    problems = on_virtual_time(_replay(server, scenario, []))
+    ran: list[Harness] = []
+    problems = on_virtual_time(_replay(server, scenario, [], probe=ran))
     for problem in problems:
         if PLUGIN_THREAD in problem.message:
             raise PluginOffMainThread(problem.message)
+    job = ran[0].job if ran else None
+    return job is not None and job.avatar is not None
 
 
 def check_replayable(scenario: sc.Scenario, source: str) -> None:
@@ -272,12 +279,19 @@ def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzRepo
 
 
 async def _replay(
-    server: Any, scenario: sc.Scenario, checks: list[Check], refused: list[str] | None = None
+    server: Any,
+    scenario: sc.Scenario,
+    checks: list[Check],
+    refused: list[str] | None = None,
+    *,
+    probe: list[Harness] | None = None,
 ) -> list[Problem]:
     from agent_runtime.testing.fuzz import properties as props
 
     with quiet_sdk_logs(logging.ERROR):
         h = Harness(server, scenario.config)
+        if probe is not None:
+            probe.append(h)
         await h.open(scenario.participants)
         steps = [s.model_dump() for s in scenario.steps]
         try:
