@@ -39,6 +39,7 @@ from agent_runtime.system.agent_job import AgentJob, injected
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
+from agent_runtime.testing.room_audio import pace_room_audio
 from agent_runtime.testing.user_code import (
     TasksLeftRunning,
     UserFailure,
@@ -168,6 +169,7 @@ class EntrypointRunner:
         # the tasks there before the first run: any other still running after the job's end
         # is one the run left (tasks_left)
         self._tasks_before: set[asyncio.Task[Any]] | None = None
+        room.local_participant.on_publish.append(self._on_publish)
 
     # -- running -------------------------------------------------------------------------
     async def __call__(
@@ -513,6 +515,21 @@ class EntrypointRunner:
 
     async def _remove_avatar(self, identity: str) -> None:
         self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    def _on_publish(self, _: Any) -> None:
+        """A track is published: on a virtual-time loop, the room audio outputs of the
+        jobs run so far get the stand-in for livekit's native audio source, whose real-time
+        pacing that loop does not wait for (``testing/room_audio.py``)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if not isinstance(loop, VirtualTimeLoop):
+            return
+        for run in self._runs:
+            job = run.job or run.watch.job
+            if job is not None:
+                pace_room_audio(job.session)
 
     def _last(self) -> _Run:
         if not self._runs:
