@@ -39,7 +39,13 @@ from agent_runtime.system.agent_job import AgentJob, injected
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
-from agent_runtime.testing.user_code import UserFailure, UserFailures
+from agent_runtime.testing.room_audio import pace_room_audio
+from agent_runtime.testing.user_code import (
+    TasksLeftRunning,
+    UserFailure,
+    UserFailures,
+    task_name,
+)
 
 if TYPE_CHECKING:
     from livekit.agents import AgentServer
@@ -160,6 +166,10 @@ class EntrypointRunner:
         self.sink = MemorySink()
         self.failures = UserFailures()
         self._runs: list[_Run] = []
+        # the tasks there before the first run: any other still running after the job's end
+        # is one the run left (tasks_left)
+        self._tasks_before: set[asyncio.Task[Any]] | None = None
+        room.local_participant.on_publish.append(self._on_publish)
 
     # -- running -------------------------------------------------------------------------
     async def __call__(
@@ -188,6 +198,8 @@ class EntrypointRunner:
         ``NoAgentJob`` if it ended without building one; its own failure is raised as is.
         """
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
+        if self._tasks_before is None:
+            self._tasks_before = set(asyncio.all_tasks())
         served = fn is not entrypoint  # an AgentServer, with its own bounds
         end_timeout = lk.server_session_end_timeout(entrypoint) if served else 300.0
         kill_after = lk.server_shutdown_process_timeout(entrypoint) if served else 10.0
@@ -408,6 +420,19 @@ class EntrypointRunner:
             if r.kind == "transition"
         ]
 
+    def tasks_left(self) -> list[asyncio.Task[Any]]:
+        """The tasks started since the first run that are still running (the caller's own
+        aside), by name: once the job's end is over, each is one the agent left running
+        (its entrypoint's, an event handler's), or the SDK's. ``aclose()`` fails the test on
+        them (``TasksLeftRunning``, each named by its coroutine); the fuzzer's ``released``
+        property reads the same."""
+        before = self._tasks_before
+        if before is None:
+            return []
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and t not in before and not t.done()]
+        return sorted(left, key=task_name)
+
     # -- teardown ------------------------------------------------------------------------------
     async def aclose(self, *, report: bool = True) -> None:
         """The test is over: every job still running ends as a worker's shutdown ends it
@@ -449,6 +474,9 @@ class EntrypointRunner:
             await settle()
             self.failures.uninstall()
         if report:
+            left = self.tasks_left() if runs else []
+            if left:
+                self.failures.add("job", TasksLeftRunning([task_name(t) for t in left]))
             self.raise_failures()
 
     async def _session_end_over(self, process: JobProcess, kill_after: float) -> None:
@@ -487,6 +515,21 @@ class EntrypointRunner:
 
     async def _remove_avatar(self, identity: str) -> None:
         self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+    def _on_publish(self, _: Any) -> None:
+        """A track is published: on a virtual-time loop, the room audio outputs of the
+        jobs run so far get the stand-in for livekit's native audio source, whose real-time
+        pacing that loop does not wait for (``testing/room_audio.py``)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if not isinstance(loop, VirtualTimeLoop):
+            return
+        for run in self._runs:
+            job = run.job or run.watch.job
+            if job is not None:
+                pace_room_audio(job.session)
 
     def _last(self) -> _Run:
         if not self._runs:

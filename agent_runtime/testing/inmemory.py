@@ -76,6 +76,9 @@ class InMemoryLocalParticipant:
         self.rpc_calls: list[RpcCall] = []
         self.sent_bytes: list[tuple[str, bytes, list[str] | None]] = []
         self.track_publications: dict[str, Any] = {}
+        # called with each track as it is published, before publish_track returns (the
+        # entrypoint runner puts its stand-in behind a room audio output there)
+        self.on_publish: list[Callable[[Any], None]] = []
 
     # -- RPC -------------------------------------------------------------------------------
     def register_rpc_method(
@@ -179,6 +182,8 @@ class InMemoryLocalParticipant:
     async def publish_track(self, track: Any, options: Any = None) -> Any:
         sid = f"TR_local_{len(self.track_publications) + 1}"
         self.track_publications[sid] = track
+        for hook in list(self.on_publish):
+            hook(track)
         return _LocalPublication(sid, track)
 
     async def unpublish_track(self, track_sid: str) -> None:

@@ -86,10 +86,36 @@ class CallbackHung(TimeoutError):
         )
 
 
+class TasksLeftRunning(RuntimeError):
+    """Tasks still running once the job's end was over (``EntrypointRunner.tasks_left``):
+    livekit's job process cancels them only as the process exits, so in a worker they run
+    on after the call. The message names each task's coroutine."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        one = len(names) == 1
+        super().__init__(
+            f"left {'a task' if one else 'tasks'} running after it ended: {', '.join(names)} "
+            f"(livekit's job process cancels {'it' if one else 'them'} only as the process "
+            "exits)"
+        )
+
+
+def task_name(task: asyncio.Task[Any]) -> str:
+    """A task by its coroutine's qualified name (``(agent code)`` when it is the agent's),
+    or by the task's own name when it runs no coroutine of its own."""
+    coro = task.get_coro()
+    code = getattr(coro, "cr_code", None)
+    where = getattr(code, "co_qualname", None) or task.get_name()
+    user = code is not None and is_user_file(code.co_filename)
+    return f"{where}{' (agent code)' if user else ''}"
+
+
 @dataclass(frozen=True)
 class UserFailure:
     """Where the user's code failed (``entrypoint``, ``on_session_end``, ``shutdown
-    callback``, ``event handler``, ``task``) and its exception."""
+    callback``, ``event handler``, ``task``; ``job`` for tasks it left running) and its
+    exception."""
 
     where: str
     error: BaseException
@@ -185,8 +211,22 @@ def _retrieve(error: BaseException, task: asyncio.Future[Any]) -> None:
         )
 
 
+# livekit's Plugin.register_plugin (plugin.py), which every plugin package's import calls
+PLUGIN_THREAD = "Plugins must be registered on the main thread"
+
+
 def said(error: BaseException) -> str:
     """What the user's code did: ``raised ValueError: ...``, or that it never returned."""
-    if isinstance(error, CallbackHung):
+    if isinstance(error, (CallbackHung, TasksLeftRunning)):
         return str(error)
-    return f"raised {type(error).__name__}: {error}"
+    text = f"raised {type(error).__name__}: {error}"
+    if isinstance(error, RuntimeError) and str(error) == PLUGIN_THREAD:
+        text += (
+            " (it imported a livekit plugin, which registers itself: livekit's job process "
+            "runs the entrypoint on its main thread, where that works, but the kit ran it "
+            "off the main thread: fuzz_entrypoint or fuzz() called while an event loop "
+            "runs, as in an async test, fuzz on a thread of their own; import the plugin "
+            "at the top of the agent's module, as livekit advises, or fuzz from a sync test "
+            "or with agent-runtime fuzz)"
+        )
+    return text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -216,3 +217,19 @@ BUGGY_AVATAR_MUTE = avatar_mute_server(True)
 FIXED_AVATAR_MUTE = avatar_mute_server(False)
 BUGGY_LEAKY_TASK = leaky_task_server(True)
 FIXED_LEAKY_TASK = leaky_task_server(False)
+
+
+def lazy_plugin_server() -> AgentServer:
+    """An agent that imports its plugin inside its entrypoint (as ``my_agent`` imports bey
+    when ``BEY_API_KEY`` is set): livekit's job process runs the entrypoint on its main
+    thread, where a plugin may register."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        importlib.import_module("tests.support.lazy_plugin")  # registers its Plugin
+
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server

@@ -3,6 +3,20 @@ happen to a job, against the agent's own entrypoint (``agent-runtime fuzz``,
 ``fuzz_entrypoint``)."""
 
 from agent_runtime.testing.fuzz.properties import FuzzOutcome, Problem
-from agent_runtime.testing.fuzz.run import FuzzOptions, FuzzReport, fuzz, replay
+from agent_runtime.testing.fuzz.run import (
+    FuzzOptions,
+    FuzzReport,
+    PluginOffMainThread,
+    fuzz,
+    replay,
+)
 
-__all__ = ["FuzzOptions", "FuzzOutcome", "FuzzReport", "Problem", "fuzz", "replay"]
+__all__ = [
+    "FuzzOptions",
+    "FuzzOutcome",
+    "FuzzReport",
+    "PluginOffMainThread",
+    "Problem",
+    "fuzz",
+    "replay",
+]

@@ -86,12 +86,10 @@ class Harness:
         self.end_cause: str | None = None
         self.failures_at_end = 0
         self.listeners_before: list[tuple[str, Any]] = []
-        self.tasks_before: set[asyncio.Task[Any]] = set()
         self._reader: asyncio.Task[None] | None = None
 
     # -- set-up --------------------------------------------------------------------------
     async def open(self, participants: tuple[sc.Participant, ...]) -> None:
-        self.tasks_before = set(asyncio.all_tasks())
         if self.config.room_connected:
             self.room.connect_locally()
         self.listeners_before = lk.emitter_listeners(self.room)

@@ -96,6 +96,15 @@ def _sdk_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, A
     logger.debug("background task ended: %s", context.get("exception") or context.get("message"))
 
 
+async def _harness(server: Any, config: sc.Config) -> Harness:
+    return Harness(server, config)
+
+
+async def _gathered(tasks: set[asyncio.Task[Any]]) -> None:
+    # on the run's loop, even with no task (gather() alone would take the thread's loop)
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def make_machine(
     server: Any, config: sc.Config, checks: list[Check], stats: Stats
 ) -> type[RuleBasedStateMachine]:
@@ -114,9 +123,10 @@ def make_machine(
             # with the machine's speed
             self.loop = VirtualTimeLoop()
             self.loop.set_exception_handler(_sdk_failures_at_debug)
-            # the room (an rtc.Room) takes the current loop when it is made
-            asyncio.set_event_loop(self.loop)
-            self.h = Harness(server, config)
+            # made on the loop: the room (an rtc.Room) takes the running loop, and the
+            # caller's thread (the main one, where the entrypoint runs as under livekit's
+            # job process) keeps its own current loop
+            self.h = self.loop.run_until_complete(_harness(server, config))
             self.steps: list[dict[str, Any]] = []
             self.participants: list[dict[str, Any]] = []
             self.video = False
@@ -214,16 +224,11 @@ def make_machine(
                     self._do("rpc", method="lk.playback_finished", caller=AVATAR, payload=payload)
 
         # -- requests: the simulator's finalize (or someone else's), strangers' RPCs -------
+        # the avatar's RPCs reach an agent only through its avatar's sink
+        avatar_rpcs = ("rpc:lk.playback_finished", "rpc:lk.clear_buffer") if avatar else ()
+
         @rule(
-            what=st.sampled_from(
-                (
-                    "finalize",
-                    "finalize",
-                    "rpc:lk.playback_finished",
-                    "rpc:lk.clear_buffer",
-                    "rpc:unknown",
-                )
-            ),
+            what=st.sampled_from(("finalize", "finalize", *avatar_rpcs, "rpc:unknown")),
             caller=st.sampled_from((SIMULATOR, USER, STRANGER)),
         )
         def request(self, what: str, caller: str) -> None:
@@ -317,10 +322,9 @@ def make_machine(
                 left = asyncio.all_tasks(self.loop)
                 for task in left:
                     task.cancel()
-                self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                self.loop.run_until_complete(_gathered(left))
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
                 self.loop.close()
-                asyncio.set_event_loop(None)
 
     JobFuzz.__name__ = JobFuzz.__qualname__ = "JobFuzz"
     return JobFuzz

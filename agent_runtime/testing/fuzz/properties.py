@@ -8,7 +8,6 @@ it fails by raising (``assert``) or by returning ``False``.
 
 from __future__ import annotations
 
-import asyncio
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
-from agent_runtime.testing.user_code import is_user_callable, is_user_file, said
+from agent_runtime.testing.user_code import is_user_callable, said, task_name
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -149,12 +148,9 @@ def closes(h: Harness) -> list[Problem]:
 def released(h: Harness) -> list[Problem]:
     """Nothing the job started is left running, no room listener of its is left."""
     out: list[Problem] = []
-    me = asyncio.current_task()
-    left = [
-        t for t in asyncio.all_tasks() if t is not me and t not in h.tasks_before and not t.done()
-    ]
+    left = h.runner.tasks_left()  # the runner's check, as run_entrypoint's teardown makes it
     if left:
-        names = ", ".join(sorted(_task_name(t) for t in left))
+        names = ", ".join(task_name(t) for t in left)
         out.append(Problem("released", f"tasks still running after the job ended: {names}"))
     # livekit's JobContext keeps its own listener, and the agent's own are its business
     # (the room goes with the job's process)
@@ -214,11 +210,3 @@ def _raised(where: str, e: BaseException) -> Problem:
         f"the agent's {where} {said(e)}",
         "".join(traceback.format_exception(e)),
     )
-
-
-def _task_name(t: asyncio.Task[Any]) -> str:
-    coro = t.get_coro()
-    code = getattr(coro, "cr_code", None)
-    where = getattr(code, "co_qualname", None) or t.get_name()
-    user = code is not None and is_user_file(code.co_filename)
-    return f"{where}{' (agent code)' if user else ''}"

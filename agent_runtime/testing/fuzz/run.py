@@ -35,6 +35,7 @@ from agent_runtime.testing.fuzz.machine import (
 from agent_runtime.testing.fuzz.properties import Check, Problem
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.result import seconds_text
+from agent_runtime.testing.user_code import PLUGIN_THREAD
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
@@ -43,6 +44,12 @@ MAX_SEED = 2**32 - 1
 class NotReplayable(ValueError):
     """A scenario file the fuzzer cannot replay against an entrypoint (the one line says
     which steps or settings, and why)."""
+
+
+class PluginOffMainThread(RuntimeError):
+    """The entrypoint registered a livekit plugin (imported one) where the fuzzer had to run
+    it off the main thread: livekit refuses that, as it would under its own thread executor.
+    The message says what to do."""
 
 
 class FuzzOptions(BaseModel):
@@ -112,12 +119,15 @@ def fuzz(
     progress: Callable[[str], None] | None = None,
 ) -> FuzzReport:
     """Fuzz ``server``'s entrypoint; returns what was found (the failure shrunk, written to
-    ``out`` as a scenario file when given). Each run has an event loop of its own, in a
-    thread of the fuzzer's (the caller's loop, if it has one, is left alone). ``progress``
-    gets a line with the seed first, then one every ``progress_every`` seconds.
-    ``NoAgentJob`` (before any drawing) if the entrypoint builds no ``AgentJob``."""
+    ``out`` as a scenario file when given). Each run has an event loop of its own, on the
+    caller's thread, as livekit's job process runs the entrypoint on its main thread (a
+    plugin imported there registers); when the caller's thread runs a loop already (an
+    async test), on a thread of the fuzzer's, that loop left alone. ``progress`` gets a line
+    with the seed first, then one every ``progress_every`` seconds. Before any drawing:
+    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` if it
+    imports a plugin and had to run off the main thread."""
     _check_checks(checks)
-    return _in_thread(lambda: _fuzz(server, options, list(checks), out, progress), always=True)  # type: ignore[no-any-return]
+    return _in_thread(lambda: _fuzz(server, options, list(checks), out, progress))  # type: ignore[no-any-return]
 
 
 def _check_checks(checks: Sequence[Check]) -> None:
@@ -135,7 +145,10 @@ def _fuzz(
 ) -> FuzzReport:
     seed = options.seed if options.seed is not None else random.randrange(MAX_SEED)
     config = config_of(options)
-    _preflight(server, config)
+    if not _preflight(server, config):
+        # the entrypoint gives its job no avatar: nothing the avatar's provider does can
+        # reach this agent, so no run draws it (and a failure is written without one)
+        config = config.model_copy(update={"avatar_identity": None})
     if progress is not None:  # first: a run cut short (Ctrl-C) can be drawn again
         progress(f"fuzz: seed {seed} (the same draws again: --seed {seed})")
     stats = Stats()
@@ -198,16 +211,24 @@ def _fuzz(
     return report
 
 
-def _preflight(server: Any, config: sc.Config) -> None:
+def _preflight(server: Any, config: sc.Config) -> bool:
     """One plain run (the entrypoint started, the job let end) before any drawing:
-    ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, a usage error rather than a
-    property; what else the run shows is left to the drawing."""
+    ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` when
+    it imports a plugin off the main thread, usage errors rather than properties; what else
+    the run shows is left to the drawing. Returns whether the entrypoint gave its job an
+    avatar (the run's scripted avatar stood in for it)."""
     participants: list[dict[str, Any]] = [{"identity": "user"}]
     if config.simulation:
         participants.append({"identity": SIMULATOR, "attributes": {ATTRIBUTE_SIMULATOR: "true"}})
     steps = [{"at": 0, "event": "session.start"}, {"at": 0, "event": "end"}]
     scenario = sc.parse_scenario({"name": "preflight", **scenario_of(config, participants, steps)})
-    on_virtual_time(_replay(server, scenario, []))
+    ran: list[Harness] = []
+    problems = on_virtual_time(_replay(server, scenario, [], probe=ran))
+    for problem in problems:
+        if PLUGIN_THREAD in problem.message:
+            raise PluginOffMainThread(problem.message)
+    job = ran[0].job if ran else None
+    return job is not None and job.avatar is not None
 
 
 def check_replayable(scenario: sc.Scenario, source: str) -> None:
@@ -258,12 +279,19 @@ def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzRepo
 
 
 async def _replay(
-    server: Any, scenario: sc.Scenario, checks: list[Check], refused: list[str] | None = None
+    server: Any,
+    scenario: sc.Scenario,
+    checks: list[Check],
+    refused: list[str] | None = None,
+    *,
+    probe: list[Harness] | None = None,
 ) -> list[Problem]:
     from agent_runtime.testing.fuzz import properties as props
 
     with quiet_sdk_logs(logging.ERROR):
         h = Harness(server, scenario.config)
+        if probe is not None:
+            probe.append(h)
         await h.open(scenario.participants)
         steps = [s.model_dump() for s in scenario.steps]
         try:
@@ -306,16 +334,12 @@ def write_scenario(scenario: dict[str, Any], out: Path, seed: int) -> Path:
     return path
 
 
-def _in_thread(fn: Callable[[], Any], *, always: bool = False) -> Any:
-    """``fn()`` where no event loop runs (a fresh thread when this one runs one, or
-    ``always``)."""
+def _in_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` where no event loop runs: this thread, or a fresh one when this one runs a
+    loop."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        running = False
-    else:
-        running = True
-    if not running and not always:
         return fn()
     box: dict[str, Any] = {}
 

@@ -148,7 +148,7 @@ def _int(option: str, value: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from agent_runtime.testing.entrypoint import NoAgentJob
     from agent_runtime.testing.fuzz import FuzzOptions, fuzz, replay
-    from agent_runtime.testing.fuzz.run import print_progress
+    from agent_runtime.testing.fuzz.run import PluginOffMainThread, print_progress
 
     try:
         try:
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
                 report = replay(server, Path(args.replay), checks=checks)
             else:
                 report = fuzz(server, options, checks=checks, out=out, progress=print_progress)
-        except NoAgentJob as e:
+        except (NoAgentJob, PluginOffMainThread) as e:
             raise UsageError(f"agent {args.agent!r}: {e}") from None
     except UsageError as e:
         print(f"agent-runtime fuzz: {e}", file=sys.stderr)
