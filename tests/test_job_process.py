@@ -204,6 +204,38 @@ async def test_a_failing_shutdown_callback_fails_the_test_with_its_traceback(
 
 
 @pytest.mark.virtual_time
+async def test_two_failing_shutdown_callbacks_are_both_reported(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """The job's and livekit's callbacks both raise: the second was taken with the first
+    and never raised, so it showed only once the first was fixed."""
+    server = AgentServer(session_end_timeout=315)
+
+    async def job_callback(_: str) -> None:
+        raise RuntimeError("job callback boom")
+
+    async def ctx_callback(_: str) -> None:
+        raise KeyError("ctx callback boom")
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_shutdown_callback(ctx_callback)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.add_shutdown_callback(job_callback)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError, match=r"\(and 1 more: see below\)") as info:
+        await run_entrypoint.wait_ended()
+    told = [str(info.value), *info.value.__notes__]
+    assert sum("job callback boom" in t for t in told) == 1
+    assert sum("ctx callback boom" in t for t in told) == 1
+    assert run_entrypoint.user_failures == []  # each reported once
+
+
+@pytest.mark.virtual_time
 async def test_a_shutdown_callback_without_the_reason_that_never_returns_is_named_too(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:

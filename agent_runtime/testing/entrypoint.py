@@ -331,11 +331,19 @@ class EntrypointRunner:
         self.raise_failures()
 
     def raise_failures(self) -> None:
-        """Raise the first failure of the agent's code not yet reported (``UserCodeError``,
-        caused by the agent's own exception and its traceback)."""
+        """Raise the failures of the agent's code not yet reported: the first as a
+        ``UserCodeError`` caused by the agent's own exception (its traceback), each other
+        one named in the message and told in full in a note (they were taken all at once,
+        and the later ones were lost)."""
         failures = self.failures.take()
-        if failures:
-            raise failures[0].as_error()
+        if not failures:
+            return
+        error = failures[0].as_error()
+        if len(failures) > 1:
+            error.args = (f"{error} (and {len(failures) - 1} more: see below)",)
+            for other in failures[1:]:
+                error.add_note(f"also: the agent's {other.describe()}")
+        raise error
 
     @property
     def user_failures(self) -> list[UserFailure]:
