@@ -24,14 +24,8 @@ from agent_runtime.actor import (
     StateChanged,
 )
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.observe.trace import (
-    JsonlSink,
-    LoggingSink,
-    MemorySink,
-    Tracer,
-    TraceRecord,
-    read_trace,
-)
+from agent_runtime.observe.reading import read_trace
+from agent_runtime.observe.trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord
 from agent_runtime.scheduler import Scheduler
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent_runtime.observe.trace import DECISIONS, TraceRecord
+from agent_runtime.observe.reading import DECISIONS
+from agent_runtime.observe.trace import TraceRecord
 
 if TYPE_CHECKING:
     from statemachines import MachineSpec

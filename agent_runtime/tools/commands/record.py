@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from agent_runtime.observe.trace import TraceError, load_trace
+from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
 from agent_runtime.tools.output import same_file

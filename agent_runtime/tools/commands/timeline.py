@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_runtime.observe.trace import TraceError, load_trace
+from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.tools.output import same_file
 from agent_runtime.tools.timeline import write_timeline
 

@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from agent_runtime.observe.trace import (
+from agent_runtime.observe.reading import (
     AnotherJob,
     TimeGoesBack,
     TraceError,
     TraceOrder,
-    TraceRecord,
     parse_record,
 )
+from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.tools.lanes import Entry, Lanes
 from agent_runtime.tools.output import OutputGone, discard
 
