@@ -142,6 +142,38 @@ async def test_an_interruption_bounds_the_wait_by_the_margin_from_the_cut(
     await rig.aclose()
 
 
+async def test_an_earlier_interruption_does_not_make_a_later_unreported_segment_interrupted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cut was kept for the job's life: a later utterance the avatar never reported was
+    finished as interrupted (its chat message marked so) and named as a clear's wait."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(5.0)
+    await rig.settle()
+    await rig.advance(1.0)
+    rig.session.interrupt()
+    await rig.settle()
+    await rig.report(1.0, interrupted=True)
+    await rig.advance(5.0)
+    assert rig.playout.state == "idle"
+    sink = rig.session.output.audio
+    assert sink is not None
+    finished: list[bool] = []
+    sink.on("playback_finished", lambda ev: finished.append(ev.interrupted))
+    handle = rig.say(3.0)
+    await rig.settle()
+    assert rig.playout.actor.timer_deadline == pytest.approx(11.0)  # 3 s of audio + 2 s
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.playout"):
+        await rig.advance(5.0)
+    assert [d.cause for d in rig.playout.done][-1] == "playout_timeout"
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.playout"]
+    assert "within 5s (3s of audio pushed and a 2s margin);" in msg
+    assert handle.done() and not handle.interrupted
+    assert finished == [False]  # the SDK hears it played out, not cut
+    await rig.aclose()
+
+
 async def test_more_audio_at_the_avatar_sets_the_bound_again_from_it() -> None:
     """A plugin's sink that gets a second segment while the first is still awaited: the
     wait is bounded from the new audio, so the avatar still playing it is not cut. The

@@ -429,12 +429,14 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self.emit("playout_done", done)
 
     def _fx_finish_playout(self, ev: Event) -> Output:
-        pushed = self._segment[1] if self._segment is not None else 0.0
+        started, pushed = self._segment if self._segment is not None else (None, 0.0)
         avatar = self._avatar
+        # this segment's interruption (as playout_bound reads it), not an earlier one's
+        cut = self._cut_at is not None and (started is None or self._cut_at >= started)
         # the wait: the audio pushed plus the margin, or after a clear the margin alone
         why = (
             "of the interruption's clear"
-            if self._cut_at is not None
+            if cut
             else f"({pushed:g}s of audio pushed and a {self.options.margin:g}s margin)"
         )
         logger.warning(
@@ -450,7 +452,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         return Output(
             {
                 "playback_position": pushed,
-                "interrupted": self._cut_at is not None,
+                "interrupted": cut,
                 "origin": "playout",
             }
         )
