@@ -209,6 +209,24 @@ def test_a_plain_yaml_named_on_the_command_line_runs_as_a_scenario(
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*1 passed*"])
     assert run(pytester).ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    # named through a link (macOS's /tmp is one): the same file
+    (pytester.path / "link").symlink_to(pytester.path, target_is_directory=True)
+    run(pytester, f"link/{name}").assert_outcomes(passed=1)
+
+
+def test_a_yml_in_a_scenario_directory_is_left_alone(pytester: pytest.Pytester) -> None:
+    """The directories collect ``.yaml``: a ``docker-compose.yml`` beside the scenarios
+    stopped the whole run with a collection error."""
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nasyncio_default_fixture_loop_scope = "function"\n'
+        'agent_runtime_scenarios = ["scenarios"]\n'
+    )
+    scenarios = pytester.mkdir("scenarios")
+    (scenarios / "leave.yaml").write_text(
+        (SAMPLE / "scenarios" / "user_drops_past_grace.yaml").read_text()
+    )
+    (scenarios / "docker-compose.yml").write_text("services: {}\n")
+    run(pytester).assert_outcomes(passed=1)
 
 
 def test_virtual_time_is_the_marked_tests_and_a_users_own_loop_factory_keeps_the_rest(

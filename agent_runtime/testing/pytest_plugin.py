@@ -136,12 +136,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
     config = parent.config
-    if file_path.name.endswith(SUFFIX) or (
-        file_path.suffix in (".yaml", ".yml")
-        and (
-            any(file_path.is_relative_to(d) for d in config.getini(INI_DIRS))
-            or _named(file_path, config)
+    if (
+        file_path.name.endswith(SUFFIX)
+        or (
+            file_path.suffix == ".yaml"
+            and any(file_path.is_relative_to(d) for d in config.getini(INI_DIRS))
         )
+        or (file_path.suffix in (".yaml", ".yml") and _named(file_path, config))
     ):
         file: ScenarioFile = ScenarioFile.from_parent(parent, path=file_path)
         return file
@@ -152,7 +153,8 @@ def _named(file_path: Path, config: pytest.Config) -> bool:
     """Whether the file was named on pytest's command line (``pytest incident.yaml``): it is
     meant as a test, where left alone pytest would say it found nothing to run."""
     here = config.invocation_params.dir
-    return any((here / arg.split("::")[0]).resolve() == file_path for arg in config.args)
+    found = file_path.resolve()  # both sides resolved: /tmp is a link on macOS
+    return any((here / arg.split("::")[0]).resolve() == found for arg in config.args)
 
 
 class ScenarioFile(pytest.File):
