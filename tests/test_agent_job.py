@@ -453,6 +453,14 @@ async def test_the_session_closes_before_the_avatar_goes_and_holds_it_at_most_it
     await job.aclose()
 
 
+def test_a_trace_path_may_say_s_as_format_does(ctx: JobContext, tmp_path: Path) -> None:
+    job = AgentJob.from_job_context(
+        ctx, session=AgentSession(), trace_path=str(tmp_path / "{job_id!s}-{room:s}.jsonl")
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["fake-job-aj-room.jsonl"]
+    del job
+
+
 async def test_a_production_trace_records_every_machine(
     ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, tmp_path: Path
 ) -> None:

@@ -78,18 +78,21 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
 
 def _fill(template: str, **values: str) -> str:
     """``template`` with ``{job_id}`` and ``{room}`` filled in, each as one file name; any
-    other field (``{room.name}``, ``{jobid}``, ``{job_id:>300}``, ``{room!r}``) is a
-    ``SettingError`` naming it, not a Python error from ``str.format``."""
+    other field, spec or conversion (``{room.name}``, ``{jobid}``, ``{job_id:>300}``,
+    ``{room!r}``) is a ``SettingError`` naming it, not a Python error from ``format``."""
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as e:  # a lone "{" or "}"
         raise SettingError(f"trace_path: {e} (write {{{{ or }}}} for a brace)") from None
     for _, name, spec, conversion in fields:
-        if name is not None and (name not in values or spec or conversion):
+        # !s and :s say what filling in does anyway: a string as it is
+        if name is not None and (
+            name not in values or spec not in ("", "s") or conversion not in (None, "s")
+        ):
             field = "{" + name + (f"!{conversion}" if conversion else "")
             field += (f":{spec}" if spec else "") + "}"
             raise SettingError(
-                f"trace_path: {field} cannot be filled in; only {{job_id}} and {{room}} can"
+                f"trace_path: only {{job_id}} and {{room}} can be filled in, not {field}"
             )
     return template.format(**{k: _file_part(v) for k, v in values.items()})
 
