@@ -41,8 +41,8 @@ def write(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 def one_after_the_other(job: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The same job again, 100 s later, in the same room: the runtime's clock is
-    monotonic, so two jobs' traces joined read as one clock's."""
+    """The same job again, 100 s later, in the same room, on the clock both shared (a
+    test's injected clock); each job's own clock starts at zero."""
     return job + [{**r, "t": r["t"] + 100} for r in job]
 
 
