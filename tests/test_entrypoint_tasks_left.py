@@ -10,11 +10,14 @@ hypothesis. Faked, because they need a server: the room and the session transpor
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from livekit import rtc
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 
+from agent_runtime import AgentJob
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.fuzz import FuzzOptions, fuzz
@@ -58,3 +61,87 @@ async def test_the_same_agent_stopping_its_task_passes() -> None:
 def test_the_fuzzer_reports_the_same_check(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=1), out=tmp_path)
     assert report.problems == [f"released: tasks still running after the job ended: {HEARTBEAT}"]
+
+
+@pytest.mark.virtual_time
+async def test_the_tests_own_task_is_not_the_agents() -> None:
+    """A test that drives a simulated user with a task of its own, started after the run:
+    that task was named as one the agent left running."""
+    runner = _runner()
+    await runner(planted.leaky_task_server(False))
+
+    async def user_simulator() -> None:
+        await asyncio.Event().wait()
+
+    mine = asyncio.create_task(user_simulator())
+    await asyncio.sleep(0)
+    await runner.aclose()  # no failure: the task is the test's
+    mine.cancel()
+
+
+def _cancels_without_waiting() -> AgentServer:
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        async def recorder() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.05)  # its file closed: cleanup that takes a moment
+                raise
+
+        task = asyncio.create_task(recorder())
+
+        async def stop(_: str) -> None:
+            task.cancel()  # not awaited
+
+        ctx.add_shutdown_callback(stop)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+@pytest.mark.virtual_time
+async def test_a_task_the_agent_cancelled_is_not_left_running() -> None:
+    """Cancelled without waiting for it, as many agents do: livekit's process loop lets it
+    end; it was named as left running, by run_entrypoint and by the fuzzer alike."""
+    runner = _runner()
+    await runner(_cancels_without_waiting())
+    runner.room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await runner.wait_ended()
+    await runner.aclose()
+
+
+def test_the_fuzzer_does_not_report_a_task_the_agent_cancelled(tmp_path: Path) -> None:
+    report = fuzz(_cancels_without_waiting(), FuzzOptions(seed=1, examples=10), out=tmp_path)
+    assert report.problems == []
+
+
+@pytest.mark.virtual_time
+async def test_the_tests_own_failure_is_not_the_agents() -> None:
+    """The agent's room handler raises (its bug, reported once) while the test's own task
+    emits the event; that task then fails on the test's own assertion, which was reported
+    as "the agent's task raised AssertionError" beside the agent's error."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.room.on("participant_disconnected", lambda p: {}["missing"])
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    runner = _runner()
+    await runner(server)
+
+    async def my_check() -> None:
+        runner.room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+        raise AssertionError("my test's own assertion")
+
+    with pytest.raises(AssertionError, match="my test's own assertion"):
+        await asyncio.create_task(my_check())
+    with pytest.raises(UserCodeError) as caught:
+        await runner.aclose()
+    assert "KeyError" in str(caught.value)
+    assert "more" not in str(caught.value) and not getattr(caught.value, "__notes__", [])

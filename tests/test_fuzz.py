@@ -454,6 +454,15 @@ def test_the_fuzz_fixture_takes_user_properties_and_fails_the_test(
         )
 
 
+def test_a_found_failures_traceback_is_the_agents_alone(tmp_path: Path) -> None:
+    """Run on the caller's thread, every failure was told "during handling" of the
+    fuzzer's own RuntimeError ("no running event loop"), which came first."""
+    report = fuzz(planted.simulator_lookup_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    (detail,) = [d for d in report.details if "IndexError" in d]
+    assert "During handling of the above exception" not in detail
+    assert "no running event loop" not in detail
+
+
 async def test_the_fuzz_fixture_runs_from_an_async_test_too(fuzz_entrypoint: Any) -> None:
     report = fuzz_entrypoint(planted.simulator_lookup_server(False), examples=5, seed=SEED)
     assert report.ok

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.room_audio import pace_room_audio
 from agent_runtime.testing.user_code import (
+    JOB_SIDE,
     TasksLeftRunning,
     UserFailure,
     UserFailures,
@@ -166,9 +168,12 @@ class EntrypointRunner:
         self.sink = MemorySink()
         self.failures = UserFailures()
         self._runs: list[_Run] = []
-        # the tasks there before the first run: any other still running after the job's end
-        # is one the run left (tasks_left)
+        # the tasks there before the first run, and those made since in the job's context
+        # (JOB_SIDE), by a task factory on the loop: one of them still running after the
+        # job's end is one the run left (tasks_left); the test's own are its business
         self._tasks_before: set[asyncio.Task[Any]] | None = None
+        self._job_tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        self._factory: tuple[asyncio.AbstractEventLoop, Any, Any] | None = None
         room.local_participant.on_publish.append(self._on_publish)
 
     # -- running -------------------------------------------------------------------------
@@ -200,6 +205,7 @@ class EntrypointRunner:
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
         if self._tasks_before is None:
             self._tasks_before = set(asyncio.all_tasks())
+            self._count_job_tasks()
         served = fn is not entrypoint  # an AgentServer, with its own bounds
         end_timeout = lk.server_session_end_timeout(entrypoint) if served else 300.0
         kill_after = lk.server_shutdown_process_timeout(entrypoint) if served else 10.0
@@ -236,6 +242,7 @@ class EntrypointRunner:
             lk.set_job_simulation_end_fn(ctx, on_simulation_end or server_simulation_end)
             watch.ctx = ctx
             context = contextvars.copy_context()
+        context.run(JOB_SIDE.set, True)  # what runs in it, and all it starts, is the job's
         http_bound = lk.bind_job_http(context)
         if not self._runs:
             self.failures.install()
@@ -428,18 +435,64 @@ class EntrypointRunner:
             if r.kind == "transition"
         ]
 
-    def tasks_left(self) -> list[asyncio.Task[Any]]:
-        """The tasks started since the first run that are still running (the caller's own
-        aside), by name: once the job's end is over, each is one the agent left running
-        (its entrypoint's, an event handler's), or the SDK's. ``aclose()`` fails the test on
-        them (``TasksLeftRunning``, each named by its coroutine); the fuzzer's ``released``
-        property reads the same."""
+    def tasks_left(self, *, callers_too: bool = False) -> list[asyncio.Task[Any]]:
+        """The tasks the job started (from the first run on, in its context: the
+        entrypoint, what it started, the handlers the SDK and the runtime call from there)
+        still running and not being cancelled, by name: once the job's end is over, each is
+        one the agent left running, or the SDK's. ``aclose()`` fails the test on them
+        (``TasksLeftRunning``, each named by its coroutine). A task the test started is its
+        own, and so is one the agent starts in a handler the test's own call ran (a room
+        event it emitted). ``callers_too``: those as well, every task started since the
+        first run (the fuzzer's ``released``: its every input is the job's world)."""
         before = self._tasks_before
         if before is None:
             return []
         me = asyncio.current_task()
-        left = [t for t in asyncio.all_tasks() if t is not me and t not in before and not t.done()]
+        ours = set(self._job_tasks)
+        left = [
+            t
+            for t in asyncio.all_tasks()
+            if t is not me
+            and t not in before
+            and (callers_too or t in ours)
+            and not t.done()
+            and not t.cancelling()  # stopped: livekit's loop lets it end as the process exits
+        ]
         return sorted(left, key=task_name)
+
+    def _count_job_tasks(self) -> None:
+        """Put a task factory on the loop that notes the tasks made in the job's context
+        (``JOB_SIDE``), over the loop's own factory if it has one; ``aclose()`` takes it
+        off."""
+        loop = asyncio.get_running_loop()
+        previous = loop.get_task_factory()
+        made = self._job_tasks
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+        ) -> asyncio.Future[Any]:
+            task = (
+                previous(loop, coro, **kwargs)
+                if previous
+                else asyncio.Task(coro, loop=loop, **kwargs)
+            )
+            context = kwargs.get("context")
+            if isinstance(task, asyncio.Task) and (
+                context.get(JOB_SIDE, False) if context is not None else JOB_SIDE.get()
+            ):
+                made.add(task)
+            return task
+
+        loop.set_task_factory(factory)
+        self._factory = (loop, previous, factory)
+
+    def _uncount_job_tasks(self) -> None:
+        if self._factory is None:
+            return
+        loop, previous, factory = self._factory
+        self._factory = None
+        if not loop.is_closed() and loop.get_task_factory() is factory:
+            loop.set_task_factory(previous)
 
     # -- teardown ------------------------------------------------------------------------------
     async def aclose(self, *, report: bool = True) -> None:
@@ -481,8 +534,9 @@ class EntrypointRunner:
         if runs:
             await settle()
             self.failures.uninstall()
+        left = self.tasks_left() if runs and report else []
+        self._uncount_job_tasks()
         if report:
-            left = self.tasks_left() if runs else []
             if left:
                 self.failures.add("job", TasksLeftRunning([task_name(t) for t in left]))
             self.raise_failures()

@@ -10,6 +10,7 @@ library and this project's own packages: the agent under test.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import sys
@@ -86,6 +87,13 @@ class CallbackHung(TimeoutError):
         )
 
 
+# True in the job's context (the entrypoint's task, the session-end hook's, and all they
+# start): what runs there is the job's; what the test's own task does is the test's
+JOB_SIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "agent_runtime_job_side", default=False
+)
+
+
 class TasksLeftRunning(RuntimeError):
     """Tasks still running once the job's end was over (``EntrypointRunner.tasks_left``):
     livekit's job process cancels them only as the process exits, so in a worker they run
@@ -158,7 +166,9 @@ class UserFailures(logging.Handler):
                 task = asyncio.current_task()  # livekit logs inside the task, then re-raises
             except RuntimeError:  # logged from a thread
                 task = None
-            if task is not None:
+            # a task of the job's (the SDK's logging ones): the test's own task, which
+            # called into the agent (a room event it emitted), ends as the test says
+            if task is not None and JOB_SIDE.get():
                 task.add_done_callback(functools.partial(_retrieve, exc))
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

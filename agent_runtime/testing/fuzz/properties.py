@@ -148,7 +148,8 @@ def closes(h: Harness) -> list[Problem]:
 def released(h: Harness) -> list[Problem]:
     """Nothing the job started is left running, no room listener of its is left."""
     out: list[Problem] = []
-    left = h.runner.tasks_left()  # the runner's check, as run_entrypoint's teardown makes it
+    # the runner's check, as run_entrypoint's teardown makes it, the harness's inputs too
+    left = h.runner.tasks_left(callers_too=True)
     if left:
         names = ", ".join(task_name(t) for t in left)
         out.append(Problem("released", f"tasks still running after the job ended: {names}"))

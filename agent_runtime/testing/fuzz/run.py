@@ -340,6 +340,10 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # outside the except: what fn raises is not "during" the lookup
         return fn()
     box: dict[str, Any] = {}
 
