@@ -204,6 +204,61 @@ async def test_a_failing_shutdown_callback_fails_the_test_with_its_traceback(
 
 
 @pytest.mark.virtual_time
+async def test_livekits_own_room_deletion_deletes_the_tests_room(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """``ctx.delete_room()``, as livekit's EndCallTool runs it in a shutdown callback: a
+    fake job's only logged "not executed while in console mode", so a test could not tell
+    an agent that deletes its room from one that never does."""
+
+    async def delete_the_room() -> None:
+        await ctx_of[0].delete_room()
+
+    ctx_of: list[JobContext] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx_of.append(ctx)
+        ctx.add_shutdown_callback(delete_the_room)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("user ended the call")
+    await run_entrypoint.wait_ended()
+    assert agent_room.deleted_at is not None
+
+
+@pytest.mark.virtual_time
+async def test_a_participant_entrypoint_runs_for_those_already_in_the_room(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """livekit's ``ctx.connect()`` runs the participant entrypoints for the participants
+    already there; a fake job context is connected from the start, so they ran only for
+    those who joined later."""
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    async def greet(_: JobContext, p: rtc.RemoteParticipant) -> None:
+        seen.append(p.identity)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_participant_entrypoint(greet)
+        await ctx.connect()
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))  # connects again: nothing more
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    agent_room.add_participant("late")
+    await run_entrypoint.wait_for("job", "serving")
+    assert seen == ["user", "late"]
+
+
+@pytest.mark.virtual_time
 async def test_two_failing_shutdown_callbacks_are_both_reported(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:

@@ -15,6 +15,7 @@ registered under the same name and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import shutil
@@ -285,6 +286,16 @@ def test_virtual_time_on_a_sync_test_is_a_usage_error(pytester: pytest.Pytester)
     result.stderr.fnmatch_lines(["*test_sync: virtual_time marks an async test*"])
 
 
+def _job_side() -> contextvars.Context:
+    """A context of the job's, as the kit runs the entrypoint in: a task started there is
+    the job's (the test's own task ends as the test says)."""
+    from agent_runtime.testing.user_code import JOB_SIDE
+
+    context = contextvars.copy_context()
+    context.run(JOB_SIDE.set, True)
+    return context
+
+
 async def test_an_agent_failure_livekit_logged_is_not_reported_again_when_its_task_goes() -> None:
     """livekit logs the agent's failure inside its task (``log_exceptions``), re-raises it,
     and never retrieves the task (``on_enter``'s): collected later, the task reported it a
@@ -308,7 +319,7 @@ async def test_an_agent_failure_livekit_logged_is_not_reported_again_when_its_ta
         async def on_enter() -> None:
             raise RuntimeError("the agent's own bug")
 
-        task = loop.create_task(on_enter())
+        task = loop.create_task(on_enter(), context=_job_side())
         await asyncio.wait([task])
         (failure,) = failures.take()
         assert str(failure.error) == "the agent's own bug"
@@ -341,7 +352,7 @@ async def test_another_error_the_task_ended_with_is_the_tests_failure_too() -> N
     failures = UserFailures()
     failures.install()
     try:
-        task = asyncio.get_running_loop().create_task(step())
+        task = asyncio.get_running_loop().create_task(step(), context=_job_side())
         await asyncio.wait([task])
         await asyncio.sleep(0)  # the done callbacks
         assert [str(f.error) for f in failures.take()] == ["the first bug", "'the second bug'"]

@@ -76,6 +76,31 @@ class EntrypointStalled(TimeoutError):
     """The entrypoint neither started its job nor ended within the wait."""
 
 
+def _first_connect(ctx: JobContext, room: rtc.Room) -> Callable[..., Awaitable[None]]:
+    """``ctx.connect`` whose first call does what livekit's does for the participants
+    already in the room: the participant entrypoints added before it run for each. A fake
+    job context is connected from the start, so its own ``connect()`` does nothing, and
+    ``ctx.add_participant_entrypoint`` ran only for participants who joined later."""
+    connect = ctx.connect
+    first = [True]
+
+    async def connect_once(**options: Any) -> None:
+        await connect(**options)
+        if first[0]:
+            first[0] = False
+            # the listener the context put on the room for participants who join
+            joined = [
+                cb
+                for event, cb in lk.emitter_listeners(room)
+                if event == "participant_connected" and getattr(cb, "__self__", None) is ctx
+            ]
+            for p in list(room.remote_participants.values()):
+                for available in joined:
+                    available(p)
+
+    return connect_once
+
+
 def _still_starting(job: AgentJob) -> str:
     """What of a job's start has not returned, for the stall's message."""
     if job.states.get("avatar") == "starting":
@@ -230,6 +255,10 @@ class EntrypointRunner:
             injected(**parts),
         ):
             lk.give_job_token(ctx, agent, self.room.name)
+            # livekit's own deletion (EndCallTool's delete_room=True) on the room too: a
+            # fake job's logs "not executed while in console mode" and does nothing
+            ctx.delete_room = self._ctx_delete_room  # type: ignore[method-assign]
+            ctx.connect = _first_connect(ctx, self.room)  # type: ignore[method-assign]
             if simulation is not False:
                 dispatch = (
                     simulation
@@ -574,6 +603,15 @@ class EntrypointRunner:
     async def _delete_room(self) -> None:
         # the server API call, recorded: the room goes as the server would take it
         self.room.deleted_at = self.clock.now()
+
+    def _ctx_delete_room(self, room_name: str | None = None) -> asyncio.Future[Any]:
+        """``JobContext.delete_room`` as the server would answer it: the test's room
+        deleted (another room's name is no room of the test's: nothing to record)."""
+        if room_name not in (None, self.room.name):
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return asyncio.ensure_future(self._delete_room())
 
     async def _remove_avatar(self, identity: str) -> None:
         self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
