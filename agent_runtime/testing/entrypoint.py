@@ -258,7 +258,7 @@ class EntrypointRunner:
             # livekit's own deletion (EndCallTool's delete_room=True) on the room too: a
             # fake job's logs "not executed while in console mode" and does nothing
             ctx.delete_room = self._ctx_delete_room  # type: ignore[method-assign]
-            ctx.connect = _first_connect(ctx, self.room)  # type: ignore[method-assign]
+            ctx.connect = _first_connect(ctx, self.room)  # type: ignore[method-assign,assignment]
             if simulation is not False:
                 dispatch = (
                     simulation
