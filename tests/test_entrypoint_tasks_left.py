@@ -145,3 +145,91 @@ async def test_the_tests_own_failure_is_not_the_agents() -> None:
         await runner.aclose()
     assert "KeyError" in str(caught.value)
     assert "more" not in str(caught.value) and not getattr(caught.value, "__notes__", [])
+
+
+async def _forever() -> None:
+    while True:
+        await asyncio.sleep(3600)
+
+
+def _leaks_in(where: str) -> AgentServer:
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        session: AgentSession[None] = AgentSession()
+        if where == "session close":
+            session.on("close", lambda _: asyncio.create_task(_forever()))
+        else:
+            ctx.room.on("disconnected", lambda *_: asyncio.create_task(_forever()))
+        job = AgentJob.from_job_context(ctx, session=session)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("where", ["session close", "room disconnected"])
+async def test_a_task_started_in_a_handler_of_the_jobs_close_is_the_jobs(where: str) -> None:
+    """The user leaves (the test removes them): the job's close, and the handlers it runs,
+    came from the test's call, so what they started was taken for the test's own. The
+    room's events come in the job's context now, as a real room's come from its task."""
+    runner = _runner()
+    await runner(_leaks_in(where))
+    runner.room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await runner.wait_ended()
+    with pytest.raises(UserCodeError, match="left a task running after it ended: _forever"):
+        await runner.aclose()
+
+
+def _swallows_its_cancel() -> AgentServer:
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        async def worker() -> None:
+            while True:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    if stop.is_set():
+                        return
+                    continue  # "interrupted": on to the next item
+
+        task = asyncio.create_task(worker())
+
+        async def cancel(_: str) -> None:
+            task.cancel()
+
+        ctx.add_shutdown_callback(cancel)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    stop = asyncio.Event()
+    server.stop = stop  # type: ignore[attr-defined]
+    return server
+
+
+@pytest.mark.virtual_time
+async def test_a_task_that_takes_no_for_an_answer_is_named_though_cancelled() -> None:
+    runner = _runner()
+    server = _swallows_its_cancel()
+    await runner(server)
+    runner.room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await runner.wait_ended()
+    with pytest.raises(UserCodeError, match=r"left a task running after it ended: .*worker"):
+        await runner.aclose()
+    server.stop.set()  # type: ignore[attr-defined]
+    await asyncio.sleep(61)
+
+
+@pytest.mark.virtual_time
+async def test_two_runners_count_their_own_jobs_tasks_and_leave_no_factory() -> None:
+    loop = asyncio.get_running_loop()
+    before = loop.get_task_factory()
+    first, second = _runner(), _runner()
+    await first(planted.leaky_task_server(False))
+    await second(planted.leaky_task_server(False))
+    await first.aclose()  # the second's job still runs: its tasks are not the first's
+    await second.aclose()
+    assert loop.get_task_factory() is before

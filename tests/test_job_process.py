@@ -259,6 +259,36 @@ async def test_a_participant_entrypoint_runs_for_those_already_in_the_room(
 
 
 @pytest.mark.virtual_time
+async def test_a_participant_who_joins_before_the_first_connect_is_greeted_once(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """A real room brings no event before ``connect()``, which then runs the participant
+    entrypoints once for each participant there: the fake context heard the join too."""
+    seen: list[str] = []
+    loaded = asyncio.Event()
+    server = AgentServer(session_end_timeout=315)
+
+    async def greet(_: JobContext, p: rtc.RemoteParticipant) -> None:
+        seen.append(p.identity)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_participant_entrypoint(greet)
+        await loaded.wait()  # loading a model, say
+        await ctx.connect()
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    started = asyncio.ensure_future(run_entrypoint(server))
+    await asyncio.sleep(0.01)
+    agent_room.add_participant("user")  # joins while the entrypoint loads
+    loaded.set()
+    await started
+    await asyncio.sleep(0.01)
+    assert seen == ["user"]
+
+
+@pytest.mark.virtual_time
 async def test_two_failing_shutdown_callbacks_are_both_reported(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:

@@ -77,26 +77,31 @@ class EntrypointStalled(TimeoutError):
 
 
 def _first_connect(ctx: JobContext, room: rtc.Room) -> Callable[..., Awaitable[None]]:
-    """``ctx.connect`` whose first call does what livekit's does for the participants
-    already in the room: the participant entrypoints added before it run for each. A fake
-    job context is connected from the start, so its own ``connect()`` does nothing, and
-    ``ctx.add_participant_entrypoint`` ran only for participants who joined later."""
+    """``ctx.connect`` whose first call does what livekit's does: the participant
+    entrypoints run for each participant already in the room, then for each who joins. A
+    fake job context is connected from the start (its own ``connect()`` does nothing) and
+    hears joins at once: its listener is held until that first call, as a real room
+    brings no event before it connects, so none runs twice or too early."""
     connect = ctx.connect
-    first = [True]
+    # the listener the context put on the room for participants who join
+    joined = [
+        cb
+        for event, cb in lk.emitter_listeners(room)
+        if event == "participant_connected" and getattr(cb, "__self__", None) is ctx
+    ]
+    for cb in joined:
+        room.off("participant_connected", cb)
 
     async def connect_once(**options: Any) -> None:
         await connect(**options)
-        if first[0]:
-            first[0] = False
-            # the listener the context put on the room for participants who join
-            joined = [
-                cb
-                for event, cb in lk.emitter_listeners(room)
-                if event == "participant_connected" and getattr(cb, "__self__", None) is ctx
-            ]
+        if joined:
+            held = list(joined)
+            joined.clear()
             for p in list(room.remote_participants.values()):
-                for available in joined:
+                for available in held:
                     available(p)
+            for cb in held:
+                room.on("participant_connected", cb)
 
     return connect_once
 
@@ -169,6 +174,39 @@ class _Run:
         return self._http_closing
 
 
+class _CountingFactory:
+    """A loop task factory that notes, in its runner's ``_job_tasks``, the tasks made in
+    that runner's job's context (``JOB_SIDE``), over the factory it found (or plain
+    ``asyncio.Task``)."""
+
+    def __init__(self, runner: EntrypointRunner, previous: Any) -> None:
+        self.runner = runner
+        self.previous = previous
+        self.active = True
+
+    def __call__(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        previous = self.previous
+        task = (
+            previous(loop, coro, **kwargs) if previous else asyncio.Task(coro, loop=loop, **kwargs)
+        )
+        if self.active and isinstance(task, asyncio.Task):
+            context = kwargs.get("context")
+            side = context.get(JOB_SIDE) if context is not None else JOB_SIDE.get()
+            if side is self.runner:
+                self.runner._job_tasks.add(task)
+        return task
+
+    def handing_on(self) -> Any:
+        """The factory to put back: the first below this one that is not a runner's
+        that was taken off already."""
+        previous = self.previous
+        while isinstance(previous, _CountingFactory) and not previous.active:
+            previous = previous.previous
+        return previous
+
+
 class EntrypointRunner:
     """Runs ``rtc_session`` entrypoints on one in-memory room, clock and session transport.
 
@@ -194,11 +232,12 @@ class EntrypointRunner:
         self.failures = UserFailures()
         self._runs: list[_Run] = []
         # the tasks there before the first run, and those made since in the job's context
-        # (JOB_SIDE), by a task factory on the loop: one of them still running after the
-        # job's end is one the run left (tasks_left); the test's own are its business
+        # (JOB_SIDE is this runner there), noted by a task factory on the loop: one of them
+        # still running after the job's end is one the run left (tasks_left); the test's
+        # own are its business
         self._tasks_before: set[asyncio.Task[Any]] | None = None
         self._job_tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
-        self._factory: tuple[asyncio.AbstractEventLoop, Any, Any] | None = None
+        self._factory: tuple[asyncio.AbstractEventLoop, _CountingFactory] | None = None
         room.local_participant.on_publish.append(self._on_publish)
 
     # -- running -------------------------------------------------------------------------
@@ -271,9 +310,12 @@ class EntrypointRunner:
             lk.set_job_simulation_end_fn(ctx, on_simulation_end or server_simulation_end)
             watch.ctx = ctx
             context = contextvars.copy_context()
-        context.run(JOB_SIDE.set, True)  # what runs in it, and all it starts, is the job's
+        context.run(JOB_SIDE.set, self)  # what runs in it, and all it starts, is the job's
+        self.room.deliver_in(context)  # as a real room's events come from its own task
         http_bound = lk.bind_job_http(context)
         if not self._runs:
+            self.failures.caller = asyncio.current_task()
+            self.failures.is_jobs = self._job_tasks.__contains__
             self.failures.install()
         process = JobProcess(
             ctx,
@@ -468,7 +510,8 @@ class EntrypointRunner:
         """The tasks the job started (from the first run on, in its context: the
         entrypoint, what it started, the handlers the SDK and the runtime call from there)
         still running and not being cancelled, by name: once the job's end is over, each is
-        one the agent left running, or the SDK's. ``aclose()`` fails the test on them
+        one the agent left running, or the SDK's (one it cancelled had ``aclose()``'s bound
+        to end, as livekit's process loop lets it end). ``aclose()`` fails the test on them
         (``TasksLeftRunning``, each named by its coroutine). A task the test started is its
         own, and so is one the agent starts in a handler the test's own call ran (a room
         event it emitted). ``callers_too``: those as well, every task started since the
@@ -481,47 +524,33 @@ class EntrypointRunner:
         left = [
             t
             for t in asyncio.all_tasks()
-            if t is not me
-            and t not in before
-            and (callers_too or t in ours)
-            and not t.done()
-            and not t.cancelling()  # stopped: livekit's loop lets it end as the process exits
+            if t is not me and t not in before and (callers_too or t in ours) and not t.done()
         ]
         return sorted(left, key=task_name)
 
     def _count_job_tasks(self) -> None:
-        """Put a task factory on the loop that notes the tasks made in the job's context
-        (``JOB_SIDE``), over the loop's own factory if it has one; ``aclose()`` takes it
-        off."""
+        """Put a task factory on the loop that notes the tasks made in this runner's job's
+        context (``JOB_SIDE``), over the loop's own factory if it has one; ``aclose()``
+        takes it off."""
         loop = asyncio.get_running_loop()
-        previous = loop.get_task_factory()
-        made = self._job_tasks
-
-        def factory(
-            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
-        ) -> asyncio.Future[Any]:
-            task = (
-                previous(loop, coro, **kwargs)
-                if previous
-                else asyncio.Task(coro, loop=loop, **kwargs)
-            )
-            context = kwargs.get("context")
-            if isinstance(task, asyncio.Task) and (
-                context.get(JOB_SIDE, False) if context is not None else JOB_SIDE.get()
-            ):
-                made.add(task)
-            return task
-
+        factory = _CountingFactory(self, loop.get_task_factory())
         loop.set_task_factory(factory)
-        self._factory = (loop, previous, factory)
+        self._factory = (loop, factory)
 
-    def _uncount_job_tasks(self) -> None:
+    def _uncount_job_tasks(self) -> bool:
+        """Take the factory off; whether it was still the loop's all along. Under another
+        runner's it stays, only handing on, and that one's removal skips it."""
         if self._factory is None:
-            return
-        loop, previous, factory = self._factory
+            return True
+        loop, factory = self._factory
         self._factory = None
-        if not loop.is_closed() and loop.get_task_factory() is factory:
-            loop.set_task_factory(previous)
+        factory.active = False
+        if loop.is_closed():
+            return True
+        ours = loop.get_task_factory() is factory
+        if ours:
+            loop.set_task_factory(factory.handing_on())
+        return ours
 
     # -- teardown ------------------------------------------------------------------------------
     async def aclose(self, *, report: bool = True) -> None:
@@ -560,11 +589,24 @@ class EntrypointRunner:
             if closing is not None:
                 await asyncio.gather(closing, return_exceptions=True)
             lk.release_job_context(run.ctx)  # upstream's job cleanup would; a fake job does not
-        if runs:
-            await settle()
-            self.failures.uninstall()
-        left = self.tasks_left() if runs and report else []
-        self._uncount_job_tasks()
+        try:
+            if runs:
+                await settle()
+                # a task the agent cancelled ends its cleanup, as livekit's process loop
+                # lets it end; one that takes no for an answer is still running after
+                stopping = [t for t in self.tasks_left(callers_too=True) if t.cancelling()]
+                if stopping:
+                    await asyncio.wait(stopping, timeout=_CLOSE_LIMIT)
+                self.failures.uninstall()
+            left = self.tasks_left() if runs and report else []
+        finally:
+            counted = self._uncount_job_tasks()
+            self.room.deliver_in(None)
+        if runs and not counted:
+            logger.warning(
+                "the loop's task factory was replaced during the run (by the agent's code?): "
+                "the tasks started after that were not checked for being left running"
+            )
         if report:
             if left:
                 self.failures.add("job", TasksLeftRunning([task_name(t) for t in left]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 from collections import defaultdict, deque
@@ -228,6 +229,20 @@ class InMemoryRoom(rtc.Room):
         lk.set_room_info(self, room_pb2.RoomInfo(name=name))
         self._sids = itertools.count(1)
         self.deleted_at: float | None = None
+        self._delivery: contextvars.Context | None = None
+
+    def deliver_in(self, context: contextvars.Context | None) -> None:
+        """Emit the room's events in (a copy of) ``context``, or, given None, in the
+        caller's. A real room's events come from its own task, one of the job's; this
+        room's come from the test's call, so the kit delivers them in the job's context
+        (what its handlers start is the job's)."""
+        self._delivery = context
+
+    def emit(self, event: Any, *args: Any) -> None:
+        if self._delivery is None:
+            super().emit(event, *args)
+        else:
+            self._delivery.copy().run(super().emit, event, *args)
 
     # the network side the SDK would give us after connect()
     @property

@@ -16,6 +16,7 @@ import logging
 import sys
 import sysconfig
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -87,10 +88,11 @@ class CallbackHung(TimeoutError):
         )
 
 
-# True in the job's context (the entrypoint's task, the session-end hook's, and all they
-# start): what runs there is the job's; what the test's own task does is the test's
-JOB_SIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "agent_runtime_job_side", default=False
+# the runner whose job's context this is (the entrypoint's task, the session-end hook's,
+# the room's events, and all they start): what runs there is that job's; what the test's
+# own task starts is the test's
+JOB_SIDE: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "agent_runtime_job_side", default=None
 )
 
 
@@ -145,6 +147,9 @@ class UserFailures(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.ERROR)
         self.failures: list[UserFailure] = []
+        self.caller: asyncio.Task[Any] | None = None  # the test's own task, once known
+        # whether a task is the job's (the runner's count): None, every task is
+        self.is_jobs: Callable[[asyncio.Task[Any]], bool] | None = None
         self._seen: set[int] = set()
         self._previous: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -166,10 +171,11 @@ class UserFailures(logging.Handler):
                 task = asyncio.current_task()  # livekit logs inside the task, then re-raises
             except RuntimeError:  # logged from a thread
                 task = None
-            # a task of the job's (the SDK's logging ones): the test's own task, which
-            # called into the agent (a room event it emitted), ends as the test says
-            if task is not None and JOB_SIDE.get():
-                task.add_done_callback(functools.partial(_retrieve, exc))
+            # the test's own task, which called into the agent, ends as the test says; a
+            # task the test started is retrieved, but how it ends is not the agent's
+            if task is not None and task is not self.caller:
+                report = self.is_jobs is None or self.is_jobs(task)
+                task.add_done_callback(functools.partial(_retrieve, exc, report))
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
@@ -207,15 +213,16 @@ class UserFailures(logging.Handler):
         return out
 
 
-def _retrieve(error: BaseException, task: asyncio.Future[Any]) -> None:
+def _retrieve(error: BaseException, report: bool, task: asyncio.Future[Any]) -> None:
     """Take ``task``'s outcome once it is done: ``error`` is the test's failure now. Left,
     the task logs it again as "never retrieved" whenever it is collected, which CPython
     3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest formatting
-    a failure. Another error it ended with is reported now, as asyncio would have later."""
+    a failure. Another error it ended with is reported now, as asyncio would have later,
+    when ``report`` (a task of the job's: a test's own task's end is the test's)."""
     if task.cancelled():
         return
     other = task.exception()
-    if other is not None and other is not error:
+    if report and other is not None and other is not error:
         task.get_loop().call_exception_handler(
             {"message": "Task exception was never retrieved", "exception": other, "future": task}
         )
