@@ -23,7 +23,6 @@ import contextlib
 import functools
 import importlib
 import json
-import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -991,8 +990,8 @@ async def test_hedra_stub_is_named_and_the_agent_runs_on_room_audio(
             functools.partial(bey.AvatarSession, avatr_id="a"),
             "unexpected keyword argument 'avatr_id'",
         ),
-        (anam.AvatarSession, "missing a required argument: 'persona_config'"),
-        (simli.AvatarSession, "missing a required argument: 'simli_config'"),
+        (anam.AvatarSession, r"missing a required (keyword-only )?argument: 'persona_config'"),
+        (simli.AvatarSession, r"missing a required (keyword-only )?argument: 'simli_config'"),
     ],
     ids=["misspelt-keyword", "anam-without-persona", "simli-without-config"],
 )
@@ -1003,7 +1002,7 @@ async def test_a_factory_that_can_never_build_its_plugin_is_refused_before_anyth
     used to be logged at run time and the job shipped green on room audio."""
     rig = Rig()
     before = (session_listeners(rig.session), sum(map(len, rig.room._events.values())))
-    with pytest.raises(AvatarPluginError, match=re.escape(why)) as refused:
+    with pytest.raises(AvatarPluginError, match=why) as refused:
         AgentJob(room=rig.room, session=rig.session, avatar=factory, clock=rig.clock)
     assert "cannot be built from what was given" in str(refused.value)
     assert plugin_name(factory) in str(refused.value)
