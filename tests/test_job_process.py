@@ -231,14 +231,10 @@ async def test_livekits_own_room_deletion_deletes_the_tests_room(
     assert agent_room.deleted_at is not None
 
 
-@pytest.mark.virtual_time
-async def test_a_participant_entrypoint_runs_for_those_already_in_the_room(
-    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
-) -> None:
-    """livekit's ``ctx.connect()`` runs the participant entrypoints for the participants
-    already there; a fake job context is connected from the start, so they ran only for
-    those who joined later."""
-    seen: list[str] = []
+def _greets(seen: list[str], loaded: asyncio.Event | None = None) -> AgentServer:
+    """A server whose entrypoint adds a participant entrypoint noting who it greets, (waits
+    for ``loaded``, as an agent loading a model,) connects, then starts its job (which
+    connects again: nothing more)."""
     server = AgentServer(session_end_timeout=315)
 
     async def greet(_: JobContext, p: rtc.RemoteParticipant) -> None:
@@ -247,12 +243,25 @@ async def test_a_participant_entrypoint_runs_for_those_already_in_the_room(
     @server.rtc_session()
     async def entrypoint(ctx: JobContext) -> None:
         ctx.add_participant_entrypoint(greet)
+        if loaded is not None:
+            await loaded.wait()
         await ctx.connect()
         job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))  # connects again: nothing more
+        await job.start(Agent(instructions="test"))
 
+    return server
+
+
+@pytest.mark.virtual_time
+async def test_a_participant_entrypoint_runs_for_those_already_in_the_room(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """livekit's ``ctx.connect()`` runs the participant entrypoints for the participants
+    already there; a fake job context is connected from the start, so they ran only for
+    those who joined later."""
+    seen: list[str] = []
     agent_room.add_participant("user")
-    await run_entrypoint(server)
+    await run_entrypoint(_greets(seen))
     agent_room.add_participant("late")
     await run_entrypoint.wait_for("job", "serving")
     assert seen == ["user", "late"]
@@ -266,20 +275,7 @@ async def test_a_participant_who_joins_before_the_first_connect_is_greeted_once(
     entrypoints once for each participant there: the fake context heard the join too."""
     seen: list[str] = []
     loaded = asyncio.Event()
-    server = AgentServer(session_end_timeout=315)
-
-    async def greet(_: JobContext, p: rtc.RemoteParticipant) -> None:
-        seen.append(p.identity)
-
-    @server.rtc_session()
-    async def entrypoint(ctx: JobContext) -> None:
-        ctx.add_participant_entrypoint(greet)
-        await loaded.wait()  # loading a model, say
-        await ctx.connect()
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    started = asyncio.ensure_future(run_entrypoint(server))
+    started = asyncio.ensure_future(run_entrypoint(_greets(seen, loaded)))
     await asyncio.sleep(0.01)
     agent_room.add_participant("user")  # joins while the entrypoint loads
     loaded.set()

@@ -15,8 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent_runtime.observe.reading import DECISIONS
-from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.observe.trace import DECISIONS, TraceRecord
 
 if TYPE_CHECKING:
     from statemachines import MachineSpec

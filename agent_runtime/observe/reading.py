@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from agent_runtime.observe import files
-from agent_runtime.observe.trace import RecordKind, TraceRecord
+from agent_runtime.observe.jobs import JobBounds
+from agent_runtime.observe.trace import DECISIONS, RecordKind, TraceRecord
 
 logger = logging.getLogger("agent_runtime.trace")  # the trace's, as its writers'
 
 _FIELDS = tuple(f.name for f in fields(TraceRecord))
 
-DECISIONS = ("transition", "ignore", "reject")
 _REQUIRED = ("t", "kind", "machine", "instance")
 _TEXT_FIELDS = ("machine", "instance", "event", "source", "dest", "effect", "outcome", "detail")
 _LONG_INT = "a number of more than 4300 digits"  # json's only other ValueError
@@ -156,8 +156,6 @@ class TraceOrder:
             from statemachines.machines import MACHINES  # only reading a trace needs them
 
             machines = MACHINES
-        from agent_runtime.observe.jobs import JobBounds
-
         self.machines = machines
         self.several_jobs = several_jobs
         self._jobs = JobBounds()

@@ -24,6 +24,7 @@ def describe(error: BaseException) -> str:
 
 
 RecordKind = Literal["transition", "ignore", "reject", "effect", "stale", "input"]
+DECISIONS = ("transition", "ignore", "reject")  # the kinds that are a machine's decision
 
 
 @dataclass(slots=True)

@@ -175,12 +175,15 @@ class _Run:
 
 
 class _CountingFactory:
-    """A loop task factory that notes, in its runner's ``_job_tasks``, the tasks made in
-    that runner's job's context (``JOB_SIDE``), over the factory it found (or plain
+    """A loop task factory that notes, in ``made``, the tasks made in the context whose
+    ``JOB_SIDE`` is ``side`` (a runner's job's), over the factory it found (or plain
     ``asyncio.Task``)."""
 
-    def __init__(self, runner: EntrypointRunner, previous: Any) -> None:
-        self.runner = runner
+    def __init__(
+        self, side: object, made: weakref.WeakSet[asyncio.Task[Any]], previous: Any
+    ) -> None:
+        self.side = side
+        self.made = made
         self.previous = previous
         self.active = True
 
@@ -194,8 +197,8 @@ class _CountingFactory:
         if self.active and isinstance(task, asyncio.Task):
             context = kwargs.get("context")
             side = context.get(JOB_SIDE) if context is not None else JOB_SIDE.get()
-            if side is self.runner:
-                self.runner._job_tasks.add(task)
+            if side is self.side:
+                self.made.add(task)
         return task
 
     def handing_on(self) -> Any:
@@ -508,14 +511,14 @@ class EntrypointRunner:
 
     def tasks_left(self, *, callers_too: bool = False) -> list[asyncio.Task[Any]]:
         """The tasks the job started (from the first run on, in its context: the
-        entrypoint, what it started, the handlers the SDK and the runtime call from there)
-        still running and not being cancelled, by name: once the job's end is over, each is
-        one the agent left running, or the SDK's (one it cancelled had ``aclose()``'s bound
-        to end, as livekit's process loop lets it end). ``aclose()`` fails the test on them
-        (``TasksLeftRunning``, each named by its coroutine). A task the test started is its
-        own, and so is one the agent starts in a handler the test's own call ran (a room
-        event it emitted). ``callers_too``: those as well, every task started since the
-        first run (the fuzzer's ``released``: its every input is the job's world)."""
+        entrypoint, what it started, the handlers the SDK and the runtime call from there,
+        what ``agent_room``'s events start) still running, by name: once the job's end is
+        over, each is one the agent left running, or the SDK's. ``aclose()`` gives those
+        being cancelled its bound to end first, as livekit's process loop lets them, then
+        fails the test on the rest (``TasksLeftRunning``, each named by its coroutine). A
+        task the test started is its own. ``callers_too``: those as well, every task
+        started since the first run (the fuzzer's ``released``: its every input is the
+        job's world)."""
         before = self._tasks_before
         if before is None:
             return []
@@ -533,7 +536,7 @@ class EntrypointRunner:
         context (``JOB_SIDE``), over the loop's own factory if it has one; ``aclose()``
         takes it off."""
         loop = asyncio.get_running_loop()
-        factory = _CountingFactory(self, loop.get_task_factory())
+        factory = _CountingFactory(self, self._job_tasks, loop.get_task_factory())
         loop.set_task_factory(factory)
         self._factory = (loop, factory)
 

@@ -21,7 +21,7 @@ from typing import Any
 from livekit import rtc
 from livekit.agents import AgentSession
 
-from agent_runtime.runtimes.avatar._route import audio_chain, session_room_io
+from agent_runtime.runtimes.avatar import audio_chain, session_room_io
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.room_audio import room_output_source, set_room_output_source
 

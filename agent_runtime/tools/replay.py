@@ -22,14 +22,8 @@ from typing import Any
 
 # the trace is read (and its lines checked) by the one reader; replay re-decides
 from agent_runtime.observe.jobs import JobBounds, another_actor
-from agent_runtime.observe.reading import (
-    DECISIONS,
-    AnotherJob,
-    TraceError,
-    load_trace,
-    unknown_machine,
-)
-from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.observe.reading import AnotherJob, TraceError, load_trace, unknown_machine
+from agent_runtime.observe.trace import DECISIONS, TraceRecord
 from statemachines import MachineSpec
 from statemachines.compiled import reference_step
 from statemachines.machines import MACHINES

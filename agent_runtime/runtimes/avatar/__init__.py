@@ -55,7 +55,13 @@ from agent_runtime.runtimes.avatar._plugins import (
 from agent_runtime.runtimes.avatar._route import (
     _HANDED_OFF as _HANDED_OFF,  # what the tests' leak check counts
 )
-from agent_runtime.runtimes.avatar._route import Route, audio_chain, audio_tail, route_of
+from agent_runtime.runtimes.avatar._route import (
+    Route,
+    audio_chain,
+    audio_tail,
+    route_of,
+    session_room_io,
+)
 from agent_runtime.runtimes.avatar._sink import (
     RPC_CLEAR_BUFFER,
     RPC_PLAYBACK_FINISHED,
@@ -83,4 +89,5 @@ __all__ = [
     "plugin_name",
     "route_of",
     "server_api_remover",
+    "session_room_io",
 ]

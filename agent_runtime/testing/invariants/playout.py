@@ -36,8 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent_runtime.observe.reading import DECISIONS
-from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.observe.trace import DECISIONS, TraceRecord
 from statemachines.playout import PLAYOUT, QUIET
 from statemachines.playout import TURN as _TURN
 

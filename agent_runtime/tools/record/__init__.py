@@ -48,8 +48,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent_runtime.observe.jobs import first_next_job
-from agent_runtime.observe.reading import DECISIONS
-from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.observe.trace import DECISIONS, TraceRecord
 from agent_runtime.tools.record._compare import compare
 from agent_runtime.tools.record._config import _ConfigPass
 from agent_runtime.tools.record._file import ALWAYS, _FilePass, render
