@@ -567,6 +567,64 @@ async def test_a_session_close_that_hangs_still_ends_the_job(
     assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
 
 
+async def start_while(
+    room: InMemoryRoom, clock: VirtualClock, during: Callable[[], None]
+) -> AgentJob:
+    """A job whose avatar plugin takes 5 s to start; ``during`` runs 2 s into it."""
+    plugin = ScriptedAvatar(avatar_identity="avatar-1", start_delay=5, clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock)
+    start = asyncio.ensure_future(job.start(Agent(instructions="agent")))
+    await clock.advance(2)
+    during()
+    await settle()
+    assert not start.done() and job.states["participant"] == "waiting"  # still starting
+    await clock.advance(3)
+    await start
+    await settle()
+    return job
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["was-there", "joined-during"])
+async def test_a_user_who_leaves_while_the_avatar_starts_ends_the_job_once_it_started(
+    room: InMemoryRoom, clock: VirtualClock, present: bool
+) -> None:
+    """The session's room input exists only once the session started, after the avatar's
+    start: what the user did meanwhile is heard then, in order, and their leaving closes
+    the session at once (it did not: the job served an empty room)."""
+    if present:
+        room.add_participant("user")
+
+    def comes_and_goes() -> None:
+        if not present:
+            room.add_participant("user")
+        room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+
+    job = await start_while(room, clock, comes_and_goes)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    assert job.close_reason == "participant_disconnected"
+    assert job.states["participant"] == "closed" and job.states["job"] == "closed"
+    await job.aclose()
+
+
+async def test_a_user_who_drops_and_rejoins_while_the_avatar_starts_stays_linked(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """A departure that is not a closing reason, then the same identity back, both during
+    the start: the session ends up linked to the participant who is in the room."""
+    room.add_participant("user")
+
+    def drops_and_rejoins() -> None:
+        room.remove_participant("user", rtc.DisconnectReason.SIGNAL_CLOSE)
+        room.add_participant("user")
+
+    job = await start_while(room, clock, drops_and_rejoins)
+    assert job.states["participant"] == "linked" and job.states["job"] == "serving"
+    assert job.session.room_io.linked_participant is room.remote_participants["user"]
+    await clock.advance(60)  # no grace timer left running from the drop
+    assert job.states["participant"] == "linked" and job.states["job"] == "serving"
+    await job.aclose()
+
+
 async def test_without_an_avatar_a_hung_session_close_holds_the_close_only_its_share(
     room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
 ) -> None:

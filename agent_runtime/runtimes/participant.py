@@ -122,6 +122,9 @@ class ParticipantLink(MachineRuntime[str]):
         # what the link holds: its room subscription while it follows (from start() to
         # the close); the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
+        # what the room's participants did between listen() and start(), in order: the
+        # machine hears it once the session's room input exists to act on it
+        self._held: list[Event] = []
         # alone, the link follows its session's close itself (composed, the job's wiring
         # delivers it, as the links declare)
         self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
@@ -169,8 +172,19 @@ class ParticipantLink(MachineRuntime[str]):
             return None  # an rtc.Room that never connected has no local participant
         return identity if isinstance(identity, str) else None
 
+    def listen(self) -> None:
+        """Hear the room's participants from now on, before the session has started: what
+        they do is held and handed to the machine, in order, by ``start()``. A job listens
+        from its own start, so a user who leaves while the avatar or the session is still
+        starting is seen leaving."""
+        if self._unsubscribe is None and not self.actor.started:
+            self._held = _present(self.room_events)
+            self._unsubscribe = follow(self.room_events, "participant", self._hear)
+            self.room_events.start()
+
     def start(self) -> None:
-        """Follow the room; a participant already there is considered in join order.
+        """Follow the room; a participant already there is considered in join order (and,
+        after ``listen()``, what the room's participants did since, in that order).
 
         Call it after ``await session.start(..., room=room)``: the link points the session's
         RoomIO, which exists only from then on.
@@ -191,24 +205,24 @@ class ParticipantLink(MachineRuntime[str]):
                 "nothing to follow and stays %r",
                 self.state,
             )
+            self._unhook()
             return
-        self._unsubscribe = follow(self.room_events, "participant", self.actor.post)
+        if self._unsubscribe is None:
+            self._held = _present(self.room_events)
+            self._unsubscribe = follow(self.room_events, "participant", self._hear)
+        held, self._held = self._held, []
         if self._session_close_listener is not None:  # taken back with the room's
             self.session.on("close", self._session_close_listener)
         self.room_events.start()
         self.actor.start()
-        # rtc.Room keeps remote participants in join order
-        for p in list(self.room_events.room.remote_participants.values()):
-            self.actor.post(
-                Event(
-                    "participant_connected",
-                    {
-                        "identity": p.identity,
-                        "kind": kind_name(p.kind),
-                        "attributes": dict(p.attributes),
-                    },
-                )
-            )
+        for event in held:
+            self.actor.post(event)
+
+    def _hear(self, event: Event) -> None:
+        if self.actor.started:
+            self.actor.post(event)
+        else:  # listening before the session started: start() hands it on
+            self._held.append(event)
 
     async def aclose(self) -> None:
         """Stop following: unhook, enter ``closed``. The session is left as it is."""
@@ -225,6 +239,7 @@ class ParticipantLink(MachineRuntime[str]):
         return self.actor.release()
 
     def _unhook(self) -> None:
+        self._held = []
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
@@ -246,7 +261,7 @@ class ParticipantLink(MachineRuntime[str]):
             # the link's machine closes now; the job's teardown releases it (aclose())
             self._unhook()
             self._post(event)
-        elif self._unsubscribe is not None:  # while it follows
+        elif self._unsubscribe is not None and self.actor.started:  # while it follows
             self._post(event)
 
     # -- effects -----------------------------------------------------------------------------
@@ -321,6 +336,18 @@ class ParticipantLink(MachineRuntime[str]):
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)
+
+
+def _present(room_events: RoomEventAdapter) -> list[Event]:
+    """The room's remote participants as the joins that brought them (rtc.Room keeps them
+    in join order)."""
+    return [
+        Event(
+            "participant_connected",
+            {"identity": p.identity, "kind": kind_name(p.kind), "attributes": dict(p.attributes)},
+        )
+        for p in list(room_events.room.remote_participants.values())
+    ]
 
 
 # the participant machine's handlers, shared by every instance (Handlers binds them)

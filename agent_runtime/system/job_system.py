@@ -11,13 +11,13 @@ its user-facing front: it checks the input, sets up tracing and hands the parts 
 
 The composition: the room-event adapter (room facts reach each machine through the declared
 routing table, in ``FOLLOW_ORDER``), the ``job`` machine and the job's session host (the
-session starts with ``session_host=False`` and is attached before it starts), the linked
-``participant`` (RoomIO's own ``close_on_disconnect`` and ``delete_room_on_close`` are off:
-the machines decide), the optional ``avatar`` around any ``AvatarSession`` plugin, the
-optional ``playout`` machine. When the session closes the avatar goes with it while the room
-is still connected; the job's ``closing`` closes the host, then the session and avatar if
-they are still up, disconnects the room it followed (livekit does, after on_session_end,
-once its shutdown was asked), deletes the room if asked and runs the shutdown callbacks.
+session starts with ``session_host=False``, attached before it starts), the linked
+``participant`` (listening from the job's start; RoomIO's ``close_on_disconnect`` and
+``delete_room_on_close`` are off: the machines decide), the optional ``avatar`` around any
+``AvatarSession`` plugin, the optional ``playout`` machine. The avatar goes with the session
+while the room is still connected; the job's ``closing`` closes the host, then the session
+and avatar if still up, disconnects the room (livekit does, after on_session_end, once its
+shutdown was asked), deletes the room if asked and runs the shutdown callbacks.
 """
 
 from __future__ import annotations
@@ -102,10 +102,8 @@ class Parts:
 
 class JobSystem(MachineRuntime[str]):
     """The actors of one job and every channel between them; the runtime of the job's own
-    lifecycle (``actor``, also ``lifecycle``).
-
-    Emits ``state_changed`` (a ``StateChanged`` from any machine of the job) and ``closed``
-    (the job machine's time of closing)."""
+    lifecycle (``actor``, also ``lifecycle``). Emits ``state_changed`` (a ``StateChanged``
+    from any machine of the job) and ``closed`` (the job machine's time of closing)."""
 
     def __init__(
         self,
@@ -335,6 +333,7 @@ class JobSystem(MachineRuntime[str]):
         if self.job_context is not None:
             await self.job_context.connect()
         self.events.start()
+        self.link.listen()
         await self.job.start()
 
     async def start_avatar(self) -> None:
