@@ -76,8 +76,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         8,
         "departure_noticed",
-        "a linked participant who left does not keep the session open past the grace bound, "
-        "and a session close that hangs past its bound shuts the job down",
+        "a linked participant who left does not keep the session open past the grace bound "
+        "(nor does the first one the link could follow since the job started, once the "
+        "session started: one who left while it was starting), and a session close that "
+        "hangs past its bound shuts the job down",
     ),
     Invariant(
         9,
@@ -323,7 +325,12 @@ def eventual(v: JobView) -> list[Finding]:
                 f"(avatar {v.states.get('avatar')}, playout {playout})",
             )
         )
-    if v.close_on_disconnect and v.linked is not None and not v.linked_present:
+    who, here = v.linked, v.linked_present
+    if who is None and v.states.get("session") in ("started", "ended"):
+        # nobody linked once the session started, though someone the link could follow was
+        # there after the job started: the link must have heard them leave
+        who, here = v.first_eligible, v.first_eligible_present
+    if v.close_on_disconnect and who is not None and not here:
         if v.session == "hung":
             # the link gives up on it, and the job does not serve on with it
             serves = job == "serving" and not v.shutdown_asked
@@ -336,5 +343,5 @@ def eventual(v: JobView) -> list[Finding]:
                     )
                 )
         elif v.session != "closed":
-            out.append((8, f"{v.linked} left but the session is still {v.session}"))
+            out.append((8, f"{who} left but the session is still {v.session}"))
     return out

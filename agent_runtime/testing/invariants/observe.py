@@ -8,14 +8,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from livekit import rtc
 from livekit.agents import AgentSession
 from livekit.agents.voice.remote_session import SessionHost
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.runtimes.room_events import kind_name
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.invariants.checks import hold_cut, late_timer
 from agent_runtime.testing.invariants.view import JobView, Request
+from statemachines.glue import eligible
 from statemachines.machines import MACHINES
 
 
@@ -39,10 +42,14 @@ class Observed:
     deletions: list[str] = field(default_factory=list)
     clear_rpcs: list[str] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)
+    # the room's participants from the job's start on (those there then, then each join),
+    # as the joins that brought them: who the link could follow, seen from outside the job
+    joined: list[dict[str, Any]] = field(default_factory=list)
 
     def watch_job(self, job: AgentJob) -> None:
         """Mark a job step that stops holding while the hold is needed (``checks.hold_cut``
-        with the job's own facts, just after the step)."""
+        with the job's own facts, just after the step), and note who was in the room from
+        the job's start on."""
 
         def on_change(sc: Any) -> None:
             if sc.machine == "job":
@@ -51,6 +58,21 @@ class Observed:
                     self.marks.append(mark)
 
         job.job.actor.on("state_changed", on_change)
+        started: list[bool] = []
+
+        def on_life(sc: Any) -> None:
+            if sc.source == "new" and not started:  # any start of the job: it follows the room
+                started.append(True)
+                self.joined += [_joined(p) for p in job.room.remote_participants.values()]
+            if sc.dest == "closed":  # the job leaves no listener on the room
+                job.room.off("participant_connected", on_join)
+
+        def on_join(p: rtc.RemoteParticipant) -> None:
+            if started:
+                self.joined.append(_joined(p))
+
+        job.system.lifecycle.on("state_changed", on_life)
+        job.room.on("participant_connected", on_join)
 
     def watch_rpcs(self, job: AgentJob) -> None:
         """Record the avatar's state at each ``lk.clear_buffer`` the agent sends."""
@@ -64,6 +86,10 @@ class Observed:
             return reply
 
         lp.perform_rpc = recorded  # type: ignore[method-assign]
+
+
+def _joined(p: rtc.RemoteParticipant) -> dict[str, Any]:
+    return {"identity": p.identity, "kind": kind_name(p.kind), "attributes": dict(p.attributes)}
 
 
 def forwarding(session: AgentSession[Any]) -> bool:
@@ -99,6 +125,8 @@ def runtime_view(
         else None
     )
     linked = job.link.linked_identity
+    # the first of them the link's own rule (its ``eligible`` guard) lets it follow
+    first = next((j["identity"] for j in observed.joined if eligible(job.link, j)), None)
     room = job.room
     marks = list(observed.marks)
     asked = job.settings.delete_room_on_close
@@ -144,6 +172,8 @@ def runtime_view(
         and job.avatar.avatar.avatar_identity in room.remote_participants,
         linked=linked,
         linked_present=linked is not None and linked in room.remote_participants,
+        first_eligible=first,
+        first_eligible_present=first is not None and first in room.remote_participants,
         close_on_disconnect=job.settings.close_on_disconnect,
         session=session,
         attached=names.get(id(attached)) if attached is not None else None,

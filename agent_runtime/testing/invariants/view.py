@@ -41,6 +41,9 @@ class JobView:
     avatar_present: bool = False
     linked: str | None = None  # the identity the participant link follows
     linked_present: bool = False
+    # the first participant the link could follow, seen from outside from the job's start
+    first_eligible: str | None = None
+    first_eligible_present: bool = False
     close_on_disconnect: bool = True
     session: str = "running"  # the primary session: running | closing | closed | hung
     attached: str | None = None  # the attached session: "A" (primary) or "B"
