@@ -71,6 +71,60 @@ async def test_a_silent_avatar_gets_the_audio_plus_the_margin_then_the_agent_lis
     await rig.aclose()
 
 
+async def test_a_late_report_for_audio_finished_here_does_not_end_the_next_reply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The avatar reports reply A only after playout's bound finished it here, while it
+    plays reply B: the report is A's, so B goes on (speaking, interruptible, no re-prompt
+    over it) until its own report. Taken for B's, it left the agent listening 0.5 s into 8
+    s of audio the avatar still played, as the plugin alone never does."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    first = rig.say(1.0)
+    await rig.settle()
+    await rig.advance(3.0)  # 1 s of audio + the 2 s margin: finished here
+    assert first.done() and rig.playout.done[-1].cause == "playout_timeout"
+    second = rig.say(8.0)
+    await rig.settle()
+    await rig.advance(0.5)
+    with caplog.at_level(logging.INFO, logger="agent_runtime.avatar"):
+        assert await rig.report(1.0) == "ok"  # A's, late
+        await rig.settle()
+    assert any("late lk.playback_finished" in r.getMessage() for r in caplog.records)
+    assert not second.done() and rig.session.agent_state == "speaking"
+    assert rig.playout.state == "remote_playout"
+    await rig.advance(7.5)
+    assert await rig.report(8.0) == "ok"  # B's own
+    await rig.settle()
+    assert second.done() and rig.session.agent_state == "listening"
+    assert rig.playout.done[-1].cause == "playback_finished"
+    await rig.aclose()
+
+
+async def test_an_avatar_that_dropped_a_report_still_ends_the_next_reply_with_its_own() -> None:
+    """A's report never comes (finished here by the bound); B's own report, when B could
+    have played, ends B at once: it is not taken for A's."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.advance(3.0)
+    second = rig.say(2.0)
+    await rig.settle()
+    await rig.advance(2.1)
+    assert await rig.report(2.0) == "ok"
+    await rig.settle()
+    assert second.done() and rig.session.agent_state == "listening"
+    assert [d.cause for d in rig.playout.done][-1] == "playback_finished"
+    third = rig.say(1.0)  # and the next report after it is its own again
+    await rig.settle()
+    await rig.advance(1.0)
+    await rig.report(1.0)
+    await rig.settle()
+    assert third.done() and rig.playout.done[-1].cause == "playback_finished"
+    await rig.aclose()
+
+
 async def test_a_long_session_keeps_only_the_last_turns() -> None:
     """A session of many turns: what the tracker keeps of them stays bounded."""
     rig = PlayoutRig(reprompt=False)

@@ -37,6 +37,7 @@ from agent_runtime.runtimes.avatar._sink import (
     SinkAdoption,
     accept_playback_report,
     claim_playback_rpc,
+    finish_segments,
     release_playback_rpc,
     report_identity,
 )
@@ -372,17 +373,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             finish_pending(self._route.chain_to_sink())
 
     def _fx_mark_playout_done(self, ev: Event) -> None:
-        sink = self._route.installed
-        if sink is None or lk.pending_playbacks(sink) == 0:
-            return
-        # the avatar's report ends one segment; playout's bound, once it ran out, ends
-        # every ended one the avatar still owes (the SDK's wait counts them all)
-        owed = lk.ended_unreported(sink) if ev.data.get("origin") == "playout" else 0
-        for _ in range(max(owed, 1)):
-            sink.on_playback_finished(
-                playback_position=float(ev.data.get("playback_position", 0.0)),
-                interrupted=bool(ev.data.get("interrupted", False)),
-            )
+        if self._route.installed is not None:
+            finish_segments(self._route.installed, self._adopted, ev.data)
 
     def _fx_put_route_back(self, ev: Event) -> None:
         outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
@@ -486,6 +478,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         # the plugin's sink names who reports its playback (its destination), whatever the
         # avatar participant is called
         report = accept_playback_report(data, self.report_identity)
+        adopted = self._adopted
+        if adopted is not None and adopted.is_late(report, self._clock.now()):
+            return "ok"  # not for the audio it plays now (logged)
         self.actor.post(
             Event(
                 "playback_finished",

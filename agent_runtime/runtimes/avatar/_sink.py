@@ -2,10 +2,11 @@
 ``lk.playback_finished`` RPC it takes over from it.
 
 The session's interruption reaches the sink as ``clear_buffer()``, and what the sink is
-given (each segment's frames, then its ``flush()``) is what playout follows: ``SinkAdoption``
-wraps those three on the instance and ``release()`` takes the wrappers off again. A
-data-stream sink would register its own ``lk.playback_finished`` handler when the room
-connects, replacing the lifecycle's; the adoption keeps it from doing so.
+given (each segment's frames, then its ``flush()``) is what playout follows, and each end
+of a segment (``on_playback_finished``) tells which segment the avatar's next report is
+for: ``SinkAdoption`` wraps those four on the instance and ``release()`` takes the wrappers
+off again. A data-stream sink would register its own ``lk.playback_finished`` handler when
+the room connects, replacing the lifecycle's; the adoption keeps it from doing so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import math
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -63,11 +65,14 @@ class SinkAdoption:
 
     __slots__ = (
         "_clock",
+        "_ended",
         "_on_clear",
         "_on_flushed",
         "_own_capture",
+        "_own_finished",
         "_own_flush",
         "_segment",
+        "late",
         "own_clear",
         "sink",
     )
@@ -85,14 +90,20 @@ class SinkAdoption:
         self._on_clear, self._on_flushed = on_clear, on_flushed
         # the segment the sink is taking: (first frame at, seconds pushed)
         self._segment: tuple[float, float] | None = None
+        # the segments flushed and not finished, oldest first: (first frame at, seconds)
+        self._ended: deque[tuple[float, float]] = deque()
+        # segments playout's bound finished here whose report the avatar may still send
+        self.late = 0
         # the session's interruption reaches the sink as clear_buffer(): the lifecycle sees
         # it first, and hands it to the sink's own clear where that is safe
         self.own_clear: Callable[[], None] = sink.clear_buffer
         self._own_capture, self._own_flush = sink.capture_frame, sink.flush
+        self._own_finished = sink.on_playback_finished
         # bound methods of this object, not closures: smaller, and a job holds them all along
         sink.clear_buffer = self._clear_buffer  # type: ignore[method-assign]
         sink.capture_frame = self._capture_frame  # type: ignore[method-assign]
         sink.flush = self._flush  # type: ignore[method-assign]
+        sink.on_playback_finished = self._finished  # type: ignore[method-assign]
         if isinstance(sink, DataStreamAudioOutput):
             lk.keep_sink_off_the_playback_rpc(sink, _no_registration)
 
@@ -103,7 +114,8 @@ class SinkAdoption:
         now, pushed = self._clock.now(), lk.pushed_seconds(self.sink)
         if lk.segment_open(self.sink):
             self._segment = (now, pushed)
-        elif lk.ended_unreported(self.sink) > 0:
+        elif (owed := lk.ended_unreported(self.sink)) > 0:
+            self._ended.extend([(now, pushed)] * owed)
             self._on_flushed(SegmentFlushed(now, pushed))
 
     def _clear_buffer(self) -> None:
@@ -123,14 +135,66 @@ class SinkAdoption:
             # frames went past the wrapper
             segment = (self._clock.now(), lk.pushed_seconds(self.sink))
         if segment is not None:
+            self._ended.append(segment)
             self._on_flushed(SegmentFlushed(*segment))
+
+    def _finished(self, **kw: Any) -> None:
+        # the sink's base class ends its oldest segment: a flushed one, if any is left
+        if self._ended and lk.ended_unreported(self.sink) > 0:
+            self._ended.popleft()
+        self._own_finished(**kw)
+
+    def is_late(self, report: PlaybackReport, now: float) -> bool:
+        """Whether the avatar's report is one it owed for audio that playout's bound already
+        finished here: it must not end the segment the sink holds now (the next reply, which
+        it would leave unheard to the session: not speaking, not interruptible). A report
+        can be the oldest segment's only if that segment began ``playback_position`` seconds
+        ago, and, played to its end, only if it is that long."""
+        if not self.late:
+            return False
+        head = self._ended[0] if self._ended else None
+        pos = report.playback_position
+        late = head is None or now + _SLACK < head[0] + pos
+        if not late and head is not None and not report.interrupted:
+            late = pos + _SLACK < head[1]
+        # a report of the audio held now: the avatar moved on, the owed ones will not come
+        self.late = self.late - 1 if late else 0
+        if late:
+            logger.info(
+                "a late %s from %s for audio finished here; not taken for the audio it plays now",
+                RPC_PLAYBACK_FINISHED,
+                lk.sink_destination(self.sink)
+                if isinstance(self.sink, DataStreamAudioOutput)
+                else "the avatar",
+            )
+        return late
 
     def release(self) -> None:
         """Give the sink its own methods back (the class's)."""
         self._segment = None
-        for name in ("clear_buffer", "capture_frame", "flush"):
+        for name in ("clear_buffer", "capture_frame", "flush", "on_playback_finished"):
             vars(self.sink).pop(name, None)
         lk.let_sink_register_the_playback_rpc(self.sink)
+
+
+def finish_segments(sink: AudioOutput, adoption: SinkAdoption | None, data: Any) -> None:
+    """The avatar's report ends one segment; playout's bound, once it ran out, ends every
+    ended one the avatar still owes (the SDK's wait counts them all), whose reports may
+    still come (``SinkAdoption.is_late``)."""
+    if lk.pending_playbacks(sink) == 0:
+        return
+    owed = lk.ended_unreported(sink) if data.get("origin") == "playout" else 0
+    if owed and adoption is not None:
+        adoption.late += owed
+    for _ in range(max(owed, 1)):
+        sink.on_playback_finished(
+            playback_position=float(data.get("playback_position", 0.0)),
+            interrupted=bool(data.get("interrupted", False)),
+        )
+
+
+# how far a report may be off the segment it is for: frames rounded, the clock's steps
+_SLACK = 0.25
 
 
 def report_identity(sink: AudioOutput | None) -> str | None:
