@@ -24,6 +24,7 @@ from typing import Any
 
 import agent_runtime
 import statemachines
+from agent_runtime.sdk import asyncio_compat as aio
 
 _NOT_USER = tuple(
     str(Path(p).resolve())
@@ -214,17 +215,32 @@ class UserFailures(logging.Handler):
 
 
 def _retrieve(error: BaseException, report: bool, task: asyncio.Future[Any]) -> None:
-    """Take ``task``'s outcome once it is done: ``error`` is the test's failure now. Left,
-    the task logs it again as "never retrieved" whenever it is collected, which CPython
-    3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest formatting
-    a failure. Another error it ended with is reported now, as asyncio would have later,
-    when ``report`` (a task of the job's: a test's own task's end is the test's)."""
+    """Take ``task``'s outcome once it is done, when it is ``error``, the test's failure
+    now. Left, the task logs it again as "never retrieved" whenever it is collected, which
+    CPython 3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest
+    formatting a failure. Another error it ended with is its owner's: it is looked at
+    without being taken, and once the task's other done callbacks (its owner's, a task
+    awaiting it) have run, reported now if none of them took it, as asyncio would have
+    later, when ``report`` (a task of the job's: a test's own task's end is the test's).
+    The runtime's own tasks (an avatar plugin's start that failed) are taken by the
+    runtime: asyncio would not report them, nor does the kit."""
     if task.cancelled():
         return
-    other = task.exception()
-    if report and other is not None and other is not error:
+    ended_with = aio.peek_exception(task)
+    if ended_with is error:
+        task.exception()
+    elif ended_with is not None and report:
+        task.get_loop().call_soon(_report_untaken, task)
+
+
+def _report_untaken(task: asyncio.Future[Any]) -> None:
+    if not aio.exception_retrieved(task):
         task.get_loop().call_exception_handler(
-            {"message": "Task exception was never retrieved", "exception": other, "future": task}
+            {
+                "message": "Task exception was never retrieved",
+                "exception": task.exception(),
+                "future": task,
+            }
         )
 
 
