@@ -231,6 +231,54 @@ async def test_livekits_own_room_deletion_deletes_the_tests_room(
     assert agent_room.deleted_at is not None
 
 
+@pytest.mark.virtual_time
+async def test_livekits_room_deletion_disconnects_everyone_and_ends_the_job(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """``ctx.delete_room()`` while the job serves (an end-call tool's, or the agent's own
+    call): the server deletes the room and disconnects everyone, the agent's room with
+    ``ROOM_DELETED``, and livekit's job process ends the job on that. The kit only noted
+    ``deleted_at``: the room stayed connected, the user linked, the job serving."""
+    reasons: list[int] = []
+    agent_room.on("disconnected", reasons.append)
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server([]))
+    await virtual_clock.advance(3)
+
+    await run_entrypoint.ctx.delete_room()
+    assert agent_room.deleted_at == 3.0
+    assert reasons == [rtc.DisconnectReason.ROOM_DELETED] and not agent_room.isconnected()
+    await run_entrypoint.wait_ended()
+    assert run_entrypoint.process.reason == "room disconnected"
+    assert job.states["job"] == "closed" and job.states["participant"] == "closed"
+
+
+@pytest.mark.virtual_time
+async def test_the_jobs_own_room_deletion_goes_through_the_same_server(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """The job's own deletion (asked, run once its close allows it) runs after the job
+    disconnected its room, as deployed: the room's one disconnect is the job's own. The
+    room is deleted once: a later ``ctx.delete_room()`` finds none (the server's
+    ``NOT_FOUND``, which livekit ignores) and changes nothing; the kit moved
+    ``deleted_at`` to the later call."""
+    reasons: list[int] = []
+    agent_room.on("disconnected", reasons.append)
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server([]))
+    job.request_room_deletion()
+    await virtual_clock.advance(5)
+    assert agent_room.deleted_at is None and agent_room.isconnected()
+
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    assert agent_room.deleted_at == 5.0 and job.room_deleted_at == 5.0
+    assert reasons == [rtc.DisconnectReason.CLIENT_INITIATED]
+    await virtual_clock.advance(1)
+    await run_entrypoint.ctx.delete_room()
+    assert agent_room.deleted_at == 5.0
+
+
 def _greets(seen: list[str], loaded: asyncio.Event | None = None) -> AgentServer:
     """A server whose entrypoint adds a participant entrypoint noting who it greets, (waits
     for ``loaded``, as an agent loading a model,) connects, then starts its job (which

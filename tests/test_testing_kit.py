@@ -358,3 +358,59 @@ async def test_another_error_the_task_ended_with_is_the_tests_failure_too() -> N
         assert [str(f.error) for f in failures.take()] == ["the first bug", "'the second bug'"]
     finally:
         failures.uninstall()
+
+
+@pytest.mark.parametrize("owner", ["done callback", "awaiting task"])
+async def test_another_error_the_tasks_owner_took_is_not_reported(owner: str) -> None:
+    """The task that logged the agent's error ended with another, which its owner took: a
+    done callback added as the task was made (the runtime's scheduler takes its tasks'
+    ends so), or a task that began awaiting it after the log. asyncio reports nothing
+    then; the kit reported it as never retrieved (an avatar start that failed after the
+    agent's bug was the agent's second failure, or an ERROR log line without the kit's)."""
+    from livekit.agents.utils import log_exceptions
+
+    from agent_runtime.testing.user_code import UserFailures
+
+    @log_exceptions(logger=logging.getLogger("livekit.agents"))
+    async def on_enter() -> None:
+        raise RuntimeError("the agent's bug")
+
+    go_on = asyncio.Event()
+
+    async def step() -> None:
+        try:
+            await on_enter()
+        except RuntimeError:
+            await go_on.wait()
+            raise KeyError("its owner's to handle") from None
+
+    taken: list[BaseException | None] = []
+
+    async def awaits(task: asyncio.Task[None]) -> None:
+        try:
+            await task
+        except KeyError as e:
+            taken.append(e)
+
+    loop = asyncio.get_running_loop()
+    reports: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reports.append(context["message"]))
+    failures = UserFailures()
+    failures.install()
+    try:
+        task = loop.create_task(step(), context=_job_side())
+        if owner == "done callback":
+            task.add_done_callback(lambda t: taken.append(t.exception()))
+        await asyncio.sleep(0)  # the agent's bug is logged
+        waiter = loop.create_task(awaits(task)) if owner == "awaiting task" else task
+        await asyncio.sleep(0)
+        go_on.set()
+        await asyncio.wait([task, waiter])
+        for _ in range(3):
+            await asyncio.sleep(0)  # the done callbacks, and what they call soon
+        assert [str(f.error) for f in failures.take()] == ["the agent's bug"]
+        assert [type(e) for e in taken] == [KeyError] and reports == []
+    finally:
+        failures.uninstall()
+        loop.set_exception_handler(previous)

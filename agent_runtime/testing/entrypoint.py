@@ -5,8 +5,9 @@ worker) over the test's in-memory room, and runs in a task whose context has tha
 context current and the test's parts injected (``agent_runtime.injected``): every
 ``AgentJob`` it builds takes the test's virtual clock, the agent's end of an in-memory
 session transport (the simulator is on the other end), an avatar plugin stand-in if one is
-given, room deletion and avatar removal recorded on the room instead of sent to a server,
-and a memory trace the test can read. livekit's per-job HTTP session is bound there too
+given, room deletion and avatar removal done on the room as the server would (a deleted
+room disconnects, with ``ROOM_DELETED``) instead of sent to one, and a memory trace the test
+can read. livekit's per-job HTTP session is bound there too
 (what plugins' ``http_session()`` returns; one the test bound itself is left in place), and
 closed after the job. Nothing in the entrypoint changes.
 
@@ -646,12 +647,20 @@ class EntrypointRunner:
 
     # -- parts ---------------------------------------------------------------------------------
     async def _delete_room(self) -> None:
-        # the server API call, recorded: the room goes as the server would take it
+        """The server API call, as the server answers it: the room is deleted and everyone
+        in it disconnected (reason ``ROOM_DELETED``). The agent hears only its own room's
+        ``disconnected``, as a real room's SDK does (its listener ends there), and the job
+        ends as livekit's job process ends one whose room disconnected. A room deleted
+        already is no room to delete (the server's ``NOT_FOUND``, which livekit ignores)."""
+        if self.room.deleted_at is not None:
+            return
         self.room.deleted_at = self.clock.now()
+        self.room.disconnect_locally(rtc.DisconnectReason.ROOM_DELETED)
 
     def _ctx_delete_room(self, room_name: str | None = None) -> asyncio.Future[Any]:
         """``JobContext.delete_room`` as the server would answer it: the test's room
-        deleted (another room's name is no room of the test's: nothing to record)."""
+        deleted, and disconnected if it still was connected (another room's name is no room
+        of the test's: nothing to record)."""
         if room_name not in (None, self.room.name):
             done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             done.set_result(None)

@@ -5,11 +5,18 @@ that dies, an ``on_session_end`` or shutdown callback that raises) and goes on; 
 that is a log line nobody reads. The kit keeps each one, with its traceback, and the test
 fails on it. "The user's code" is any frame outside the installed packages, the standard
 library and this project's own packages: the agent under test.
+
+A failure a library logged is the agent's when the library called the agent's code and that
+code raised: livekit's emitter calling a handler, ``log_exceptions`` around the agent's
+coroutine. One a library logged of its own work is the library's, handled there, even when
+a frame of the user's files is on the way: a plugin catching its provider's error, raised by
+a fake the test put in place of the HTTP client (reached through another library).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -24,6 +31,7 @@ from typing import Any
 
 import agent_runtime
 import statemachines
+from agent_runtime.sdk import asyncio_compat as aio
 
 _NOT_USER = tuple(
     str(Path(p).resolve())
@@ -64,10 +72,59 @@ def is_user_callable(cb: Any) -> bool:
     return isinstance(where, str) and is_user_file(where)
 
 
-def user_frames(tb: TracebackType | None) -> bool:
+# where a library frame belongs: installed packages by their top-level name (livekit's
+# rtc, agents, api and plugins are one: livekit), the standard library and this project's
+# own packages pass the agent's code on and own nothing
+_SITE = tuple(
+    str(Path(p).resolve())
+    for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
+_PASSING = tuple(
+    str(Path(p).resolve())
+    for p in {
+        str(Path(agent_runtime.__file__).parent),
+        str(Path(statemachines.__file__).parent),
+    }
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _library(filename: str) -> str | None:
+    """The installed package a frame's file belongs to (its top-level name), ``""`` for
+    the standard library's and this project's, ``None`` for the user's."""
+    if filename.startswith("<"):
+        return ""  # frozen modules (importlib's), code compiled from a string
+    if is_user_file(filename):
+        return None
+    path = Path(filename)
+    with contextlib.suppress(OSError):
+        path = path.resolve()
+    if str(path).startswith(_PASSING):
+        return ""
+    for site in _SITE:
+        if path.is_relative_to(site):
+            return path.relative_to(site).parts[0].removesuffix(".py")
+    return ""  # the standard library's
+
+
+def user_frames(tb: TracebackType | None, catcher: str | None = None) -> bool:
+    """Whether the agent's code raised the exception of traceback ``tb``, caught by the
+    installed package ``catcher`` (by default the first one the traceback goes through):
+    a frame of the user's files is on the way from where it was caught to where it was
+    raised, and the library that called it is the catcher (the standard library and this
+    project's own pass calls on). The catcher called the agent's code, which raised:
+    livekit's emitter a handler, its ``log_exceptions`` a coroutine, a task's coroutine
+    being the agent's. A frame of the user's that another library called (aiohttp calling
+    a fake the test put in place of its request, under a plugin that caught the error) is
+    that library's work failing, and the catcher's to handle."""
+    caller: str | None = None
     while tb is not None:
-        if is_user_file(tb.tb_frame.f_code.co_filename):
-            return True
+        owner = _library(tb.tb_frame.f_code.co_filename)
+        if owner is None:
+            return caller is None or caller == catcher
+        if owner:
+            caller = owner
+            catcher = catcher or owner
         tb = tb.tb_next
     return False
 
@@ -164,7 +221,11 @@ class UserFailures(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         exc = record.exc_info[1] if record.exc_info else None
         # what a library logged of the user's code; the agent's own logging is its choice
-        if exc is not None and not is_user_file(record.pathname) and user_frames(exc.__traceback__):
+        if (
+            exc is not None
+            and not is_user_file(record.pathname)
+            and user_frames(exc.__traceback__, _library(record.pathname) or None)
+        ):
             where = "event handler" if "emit" in record.getMessage() else "code"
             self.add(where, exc)
             try:
@@ -214,17 +275,32 @@ class UserFailures(logging.Handler):
 
 
 def _retrieve(error: BaseException, report: bool, task: asyncio.Future[Any]) -> None:
-    """Take ``task``'s outcome once it is done: ``error`` is the test's failure now. Left,
-    the task logs it again as "never retrieved" whenever it is collected, which CPython
-    3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest formatting
-    a failure. Another error it ended with is reported now, as asyncio would have later,
-    when ``report`` (a task of the job's: a test's own task's end is the test's)."""
+    """Take ``task``'s outcome once it is done, when it is ``error``, the test's failure
+    now. Left, the task logs it again as "never retrieved" whenever it is collected, which
+    CPython 3.11 turns into pytest's INTERNALERROR when that is in the middle of pytest
+    formatting a failure. Another error it ended with is its owner's: it is looked at
+    without being taken, and once the task's other done callbacks (its owner's, a task
+    awaiting it) have run, reported now if none of them took it, as asyncio would have
+    later, when ``report`` (a task of the job's: a test's own task's end is the test's).
+    The runtime's own tasks (an avatar plugin's start that failed) are taken by the
+    runtime: asyncio would not report them, nor does the kit."""
     if task.cancelled():
         return
-    other = task.exception()
-    if report and other is not None and other is not error:
+    ended_with = aio.peek_exception(task)
+    if ended_with is error:
+        task.exception()
+    elif ended_with is not None and report:
+        task.get_loop().call_soon(_report_untaken, task)
+
+
+def _report_untaken(task: asyncio.Future[Any]) -> None:
+    if not aio.exception_retrieved(task):
         task.get_loop().call_exception_handler(
-            {"message": "Task exception was never retrieved", "exception": other, "future": task}
+            {
+                "message": "Task exception was never retrieved",
+                "exception": task.exception(),
+                "future": task,
+            }
         )
 
 
