@@ -67,9 +67,10 @@ class Observed:
             if sc.dest == "closed":  # the job leaves no listener on the room
                 job.room.off("participant_connected", on_join)
 
-        def on_join(p: rtc.RemoteParticipant) -> None:
-            if started:
-                self.joined.append(_joined(p))
+        def on_join(*args: Any) -> None:
+            # the room's own listeners come after this one: a malformed emit is theirs
+            if started and args and isinstance(args[0], rtc.RemoteParticipant):
+                self.joined.append(_joined(args[0]))
 
         job.system.lifecycle.on("state_changed", on_life)
         job.room.on("participant_connected", on_join)
