@@ -9,12 +9,14 @@ the example agent's own entrypoint are in ``test_record_production.py``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from livekit import rtc
 from livekit.agents import Agent, AgentSession
 
 from agent_runtime import AgentJob
@@ -470,3 +472,38 @@ def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     assert not out.exists()
     assert main(["record", str(trace), "-o", str(out), "--name", " "]) == 2
     assert "--name is empty" in capsys.readouterr().err and not out.exists()
+
+
+async def test_a_production_trace_whose_user_is_a_connector_is_recorded_and_reproduced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """connector is a kind AgentJob links by default: record refused the scenario it rebuilt
+    from such a trace ("field kind"), exit 2, while replay took the trace."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name="phone-room", clock=clock)
+    room.connect_locally()
+    room.add_participant("phone", kind="connector")
+    room.add_participant("bridge-1", kind="bridge")
+    trace = tmp_path / "run.jsonl"
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False, trace_path=trace)
+    await job.start(Agent(instructions="agent"))
+    room.remove_participant("phone", rtc.DisconnectReason.SIGNAL_CLOSE)
+    await clock.advance(2.0)
+    room.add_participant("phone", kind="connector")
+    await clock.advance(1.0)
+    room.remove_participant("phone", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    await job.aclose()
+
+    recorded = tmp_path / "r.yaml"
+    # --check runs the rebuilt scenario on a loop of its own: from a thread
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    assert "the rebuilt scenario reproduces the trace" in capsys.readouterr().err
+    scenario = load_scenario(recorded)
+    assert [(p.identity, p.kind) for p in scenario.participants] == [
+        ("phone", "connector"),
+        ("bridge-1", "bridge"),
+    ]
+    rejoined = [s for s in scenario.steps if s.event == "participant_connected"]
+    assert [getattr(s, "kind", None) for s in rejoined] == ["connector"]
