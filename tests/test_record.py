@@ -507,3 +507,41 @@ async def test_a_production_trace_whose_user_is_a_connector_is_recorded_and_repr
     ]
     rejoined = [s for s in scenario.steps if s.event == "participant_connected"]
     assert [getattr(s, "kind", None) for s in rejoined] == ["connector"]
+
+
+def test_speech_on_room_audio_is_rebuilt_with_the_seconds_it_played_and_its_interruption(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scenario's speech on the room's audio output takes its length in virtual seconds:
+    the recorder rebuilds that length from the trace (it wrote 0.1 s, "played at one
+    instant") and an interruption there as a session.interrupt (it was "not cut")."""
+    doc = {
+        "name": "room audio",
+        "config": {"playout": True},
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "agent.say", "duration": 4},
+            {"at": 8, "event": "agent.say", "duration": 3},
+            {"at": 9.5, "event": "session.interrupt"},
+            {"at": 12, "event": "end"},
+        ],
+    }
+    path, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    original = simulate(path, capsys, "--trace", str(trace))
+    assert original["facts"]["agent_listening_at"] == pytest.approx([5.0, 9.5])
+
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    steps = yaml.safe_load(recorded.read_text())["steps"]
+    assert [s for s in steps if s["event"] in ("agent.say", "session.interrupt")] == [
+        {"at": 1.0, "event": "agent.say", "duration": 4.0},
+        {"at": 8.0, "event": "agent.say", "duration": 10.0},
+        {"at": 9.5, "event": "session.interrupt"},
+    ]
+    assert "t=8: how long the agent's speech on the room's audio output would have played" in (
+        comments(recorded)
+    )
+    again = simulate(recorded, capsys)
+    assert again["_code"] == 0, again["expect"]
+    assert by_machine(again["transitions"]) == by_machine(original["transitions"])
