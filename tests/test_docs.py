@@ -200,3 +200,14 @@ def test_the_observability_page_names_every_state_that_gets_a_span() -> None:
     listed = row.split("state task (", 1)[1].split(")", 1)[0]
     named = {tuple(s.split(".")) for s in re.findall(r"`(\w+\.\w+)`", listed)}
     assert named == set(held_states())
+
+
+def test_the_scenarios_page_names_every_participant_kind_a_scenario_takes() -> None:
+    """The page's list of kinds is exactly the scenario format's (it named none, and the
+    format took five of livekit's seven)."""
+    from agent_runtime.testing.scenario import PARTICIPANT_KINDS
+
+    text = (ROOT / "docs" / "guide" / "scenarios.md").read_text(encoding="utf-8")
+    listed = text.split("`kind` is one of the", 1)[1].split(";", 1)[0]
+    named = re.findall(r"`(\w+)`", listed.split(":", 1)[1])
+    assert sorted(named) == sorted(PARTICIPANT_KINDS)

@@ -903,3 +903,24 @@ async def test_aclose_while_waiting_on_the_user_or_the_close_ends_the_link_at_on
     assert world.states()[-1] == (where, "closed", "close")
     await world.clock.advance(120.0)  # past the grace period and the close bound
     assert (world.closes, timed_out) == ([], [])
+
+
+async def test_a_connector_user_is_linked_by_the_default_kinds_and_a_bridge_is_not(
+    world: World,
+) -> None:
+    """connector is one of livekit's default linkable kinds: the in-memory room refused it."""
+    await world.start_session()
+    link = world.link()
+    link.start()
+    world.room.add_participant("bridge-1", kind="bridge")
+    await world.idle()
+    assert link.state == "waiting"
+    world.room.add_participant("phone", kind="connector")
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "phone")
+    world.room.remove_participant("phone", R.SIGNAL_CLOSE)
+    await world.idle()
+    assert link.state == "grace"
+    world.room.add_participant("phone", kind="connector")
+    await world.idle()
+    assert (link.state, link.linked_identity) == ("linked", "phone")

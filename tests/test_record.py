@@ -9,12 +9,14 @@ the example agent's own entrypoint are in ``test_record_production.py``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from livekit import rtc
 from livekit.agents import Agent, AgentSession
 
 from agent_runtime import AgentJob
@@ -470,3 +472,76 @@ def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     assert not out.exists()
     assert main(["record", str(trace), "-o", str(out), "--name", " "]) == 2
     assert "--name is empty" in capsys.readouterr().err and not out.exists()
+
+
+async def test_a_production_trace_whose_user_is_a_connector_is_recorded_and_reproduced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """connector is a kind AgentJob links by default: record refused the scenario it rebuilt
+    from such a trace ("field kind"), exit 2, while replay took the trace."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name="phone-room", clock=clock)
+    room.connect_locally()
+    room.add_participant("phone", kind="connector")
+    room.add_participant("bridge-1", kind="bridge")
+    trace = tmp_path / "run.jsonl"
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False, trace_path=trace)
+    await job.start(Agent(instructions="agent"))
+    room.remove_participant("phone", rtc.DisconnectReason.SIGNAL_CLOSE)
+    await clock.advance(2.0)
+    room.add_participant("phone", kind="connector")
+    await clock.advance(1.0)
+    room.remove_participant("phone", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    await job.aclose()
+
+    recorded = tmp_path / "r.yaml"
+    # --check runs the rebuilt scenario on a loop of its own: from a thread
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    assert "the rebuilt scenario reproduces the trace" in capsys.readouterr().err
+    scenario = load_scenario(recorded)
+    assert [(p.identity, p.kind) for p in scenario.participants] == [
+        ("phone", "connector"),
+        ("bridge-1", "bridge"),
+    ]
+    rejoined = [s for s in scenario.steps if s.event == "participant_connected"]
+    assert [getattr(s, "kind", None) for s in rejoined] == ["connector"]
+
+
+def test_speech_on_room_audio_is_rebuilt_with_the_seconds_it_played_and_its_interruption(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scenario's speech on the room's audio output takes its length in virtual seconds:
+    the recorder rebuilds that length from the trace (it wrote 0.1 s, "played at one
+    instant") and an interruption there as a session.interrupt (it was "not cut")."""
+    doc = {
+        "name": "room audio",
+        "config": {"playout": True},
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "agent.say", "duration": 4},
+            {"at": 8, "event": "agent.say", "duration": 3},
+            {"at": 9.5, "event": "session.interrupt"},
+            {"at": 12, "event": "end"},
+        ],
+    }
+    path, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    original = simulate(path, capsys, "--trace", str(trace))
+    assert original["facts"]["agent_listening_at"] == pytest.approx([5.0, 9.5])
+
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    steps = yaml.safe_load(recorded.read_text())["steps"]
+    assert [s for s in steps if s["event"] in ("agent.say", "session.interrupt")] == [
+        {"at": 1.0, "event": "agent.say", "duration": 4.0},
+        {"at": 8.0, "event": "agent.say", "duration": 10.0},
+        {"at": 9.5, "event": "session.interrupt"},
+    ]
+    assert "t=8: how long the agent's speech on the room's audio output would have played" in (
+        comments(recorded)
+    )
+    again = simulate(recorded, capsys)
+    assert again["_code"] == 0, again["expect"]
+    assert by_machine(again["transitions"]) == by_machine(original["transitions"])

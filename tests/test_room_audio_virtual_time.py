@@ -13,9 +13,16 @@ pacing: the room, the session transport, the native audio source.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 
@@ -25,7 +32,9 @@ from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.room_audio import PacedAudioSource, room_outputs
+from agent_runtime.tools.cli import main
 
+ROOT = Path(__file__).resolve().parents[1]
 GREETING = 2.0  # seconds of audio
 
 
@@ -83,3 +92,86 @@ async def test_a_greeting_interrupted_halfway_stops_there(
     handle.interrupt()
     await asyncio.wait_for(handle.wait_for_playout(), 10)
     assert handle.interrupted and source.captured < 10.0
+
+
+# -- the scenario runner (simulate, record --check, scenario files under pytest) ---------------
+
+
+def _say_on_room_audio(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *, interrupt_at: float | None
+) -> dict[str, Any]:
+    """``simulate --json`` of a scenario with no avatar whose agent says 4 s at t=1."""
+    steps: list[dict[str, Any]] = [
+        {"at": 0, "event": "session.start"},
+        {"at": 1, "event": "agent.say", "duration": 4, "text": "a long story"},
+    ]
+    if interrupt_at is not None:
+        steps.append({"at": interrupt_at, "event": "session.interrupt"})
+    steps.append({"at": 10, "event": "end"})
+    doc = {
+        "name": "room audio",
+        "config": {"playout": True},
+        "participants": [{"identity": "user"}],
+        "steps": steps,
+    }
+    path = tmp_path / "say.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code = main(["simulate", str(path), "--json"])
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["facts"]["step_errors"] == []
+    assert result["facts"]["audio_output"] == "room"
+    return result
+
+
+def _playout(result: dict[str, Any]) -> list[tuple[float, str, str]]:
+    return [
+        (t["t"], t["event"], t["dest"]) for t in result["transitions"] if t["machine"] == "playout"
+    ]
+
+
+def test_a_scenarios_speech_on_room_audio_takes_its_length_in_virtual_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ended at its step's instant (played in real seconds while the virtual clock stood
+    at t=1), and cost that long in wall-clock time."""
+    result = _say_on_room_audio(tmp_path, capsys, interrupt_at=None)
+    assert result["facts"]["agent_listening_at"] == pytest.approx([5.0])
+    assert result["facts"]["playout_done"] == [
+        {"t": pytest.approx(5.0), "cause": "agent_listening"}
+    ]
+
+
+def test_a_scenarios_speech_on_room_audio_interrupted_halfway_stops_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The interrupt 2 s into 4 s of speech had nothing left to interrupt: the speech had
+    ended at t=1."""
+    result = _say_on_room_audio(tmp_path, capsys, interrupt_at=3)
+    assert _playout(result) == [
+        (1.0, "speech_created", "agent_turn"),
+        (3.0, "interrupted", "agent_turn"),
+        (3.0, "agent_listening", "idle"),
+    ]
+    assert result["facts"]["agent_listening_at"] == [3.0]
+    assert result["facts"]["agent_state"] == "listening"
+
+
+def test_simulate_of_speech_on_room_audio_logs_no_native_error() -> None:
+    """livekit's native source behind the room's output wrote "[AUDIO_CAPTURE] Failed to
+    send callback ...: the server is not configured" as an ERROR on stderr (the runtime's
+    disposal at exit: hence a fresh interpreter, on this tree) for a bundled scenario that
+    passed. ``RUST_LOG`` unset: the native logger's default, errors."""
+    scenario = ROOT / "examples" / "scenarios" / "playout_room_audio_reprompt.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("RUST_LOG", "PYTEST_ADDOPTS"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_runtime.tools.cli", "simulate", str(scenario)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all held" in done.stdout
+    assert "ERROR" not in done.stderr and "livekit_ffi" not in done.stderr, done.stderr

@@ -92,3 +92,19 @@ async def test_a_failing_subscriber_does_not_reach_the_room(
     adapter.subscribe(boom)
     room.add_participant("u")
     assert facts == [ParticipantJoined("u", "standard", {})]
+
+
+# every kind livekit's rtc knows (UNKNOWN is what the server never sends): the kit took five
+# of seven, and refused connector (a default linkable kind) and bridge
+SDK_KINDS = [n for n in rtc.ParticipantKind.keys() if n != "PARTICIPANT_KIND_UNKNOWN"]  # noqa: SIM118
+
+
+@pytest.mark.parametrize("sdk_name", SDK_KINDS)
+async def test_the_in_memory_room_takes_every_participant_kind_the_sdk_knows(
+    wired: tuple[InMemoryRoom, RoomEventAdapter, list[RoomFact]], sdk_name: str
+) -> None:
+    room, _, facts = wired
+    name = sdk_name.removeprefix("PARTICIPANT_KIND_").lower()
+    p = room.add_participant("p", kind=name)
+    assert p.kind == rtc.ParticipantKind.Value(sdk_name)
+    assert facts == [ParticipantJoined("p", name, {})]

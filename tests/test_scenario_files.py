@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from livekit import rtc
 
 from agent_runtime.settings import JobSettings, SettingError, check_setting
 from agent_runtime.testing.expect import check_expect
@@ -260,3 +261,56 @@ async def test_an_expect_block_may_name_exactly_the_facts_a_run_reports() -> Non
     result = await run_scenario(scenario)
     assert sorted(result["facts"]) == sorted(FACTS)
     assert check_expect(scenario.expect, result) == []
+
+
+# -- every participant kind livekit's rtc knows ------------------------------------------------
+
+SDK_KINDS = [
+    n.removeprefix("PARTICIPANT_KIND_").lower()
+    for n in rtc.ParticipantKind.keys()  # noqa: SIM118 - a protobuf enum wrapper
+    if n != "PARTICIPANT_KIND_UNKNOWN"
+]
+
+
+@pytest.mark.parametrize("kind", SDK_KINDS)
+def test_a_scenario_takes_every_participant_kind_the_sdk_knows(kind: str) -> None:
+    """connector (a kind AgentJob links by default) and bridge were refused as a field kind."""
+    s = parse_scenario(
+        {
+            "name": "kinds",
+            "participants": [{"identity": "u", "kind": kind}],
+            "steps": [
+                {"at": 0, "event": "participant_connected", "identity": "v", "kind": kind},
+                {"at": 1, "event": "end"},
+            ],
+        }
+    )
+    assert s.participants[0].kind == kind
+    assert getattr(s.steps[0], "kind", None) == kind
+
+
+@pytest.mark.virtual_time
+async def test_a_connector_user_is_linked_and_a_bridge_is_not() -> None:
+    from agent_runtime.testing.runner import run_scenario
+
+    scenario = parse_scenario(
+        {
+            "name": "a phone user through a connector",
+            "participants": [{"identity": "bridge-1", "kind": "bridge"}],
+            "steps": [
+                {"at": 0, "event": "session.start"},
+                {
+                    "at": 1,
+                    "event": "participant_connected",
+                    "identity": "phone",
+                    "kind": "connector",
+                },
+                {"at": 2, "event": "participant_disconnected", "identity": "phone"},
+                {"at": 3, "event": "end"},
+            ],
+        }
+    )
+    result = await run_scenario(scenario)
+    assert result["facts"]["linked_participant"] == "phone"
+    assert result["facts"]["session_closed_at"] == 2.0
+    assert result["final_states"]["participant"] == "closed"

@@ -80,6 +80,37 @@ def test_the_loops_timers_fire_in_order_as_a_virtual_clock_advances() -> None:
     ]
 
 
+def test_a_clock_timer_a_loop_timer_arms_fires_at_its_time_within_one_advance() -> None:
+    """A speech the loop paces ends at 1.2 and the job then waits 5 s on its clock: that
+    timer fired at the advance's end (12), not at 6.2, as it was armed while the clock was
+    already on its way past it (a re-prompt on room audio came late)."""
+
+    async def main() -> list[tuple[str, float, float]]:
+        loop, clock = _loop(), VirtualClock()
+        fired: list[tuple[str, float, float]] = []
+
+        def fire(who: str) -> None:
+            fired.append((who, loop.time(), clock.now()))
+
+        def speech_ended() -> None:
+            fire("loop")
+            clock.call_later(5, lambda: fire("clock, armed by the loop"))
+            clock.call_later(0, lambda: fire("clock, at once"))
+
+        loop.call_later(1.2, speech_ended)
+        loop.call_later(8, lambda: fire("loop, later"))
+        await clock.advance(12)
+        assert clock.now() == 12.0
+        return fired
+
+    assert run(main()) == [
+        ("loop", 1.2, 1.2),
+        ("clock, at once", 1.2, 1.2),
+        ("clock, armed by the loop", 6.2, 6.2),
+        ("loop, later", 8.0, 8.0),
+    ]
+
+
 @pytest.mark.virtual_time
 async def test_a_test_marked_virtual_time_runs_the_sdks_timers_with_its_clock(
     virtual_clock: VirtualClock,

@@ -120,18 +120,23 @@ class VirtualClock:
         await settle()
         while True:
             deadline = self.next_deadline()
-            if deadline is None or deadline > when:
+            due = deadline is not None and deadline <= when
+            target = deadline if due and deadline is not None else when
+            if not await self._move_to(target, follow):
+                continue  # a loop timer on the way armed one of ours, due first
+            if not due:
                 break
             _, _, timer = heapq.heappop(self._timers)
-            await self._move_to(timer.when, follow)
             timer.callback()
             await settle()
-        await self._move_to(when, follow)
         await settle()
 
-    async def _move_to(self, when: float, follow: VirtualTimeLoop | None) -> None:
+    async def _move_to(self, when: float, follow: VirtualTimeLoop | None) -> bool:
+        """Time up to ``when``; False when it stopped short, at a loop timer that armed a
+        timer of this clock due before ``when`` (a speech the loop paced ending, the job
+        then waiting from there)."""
         if when <= self._now:
-            return
+            return True
         if follow is not None:
             # the loop's timers due before ``when`` fire first, each at its time on this
             # clock too, each settled; those due at ``when`` itself run after this clock's
@@ -142,8 +147,12 @@ class VirtualClock:
                 step = max(0.0, due - follow.time())
                 self._now += step
                 await follow.pass_time(step)
+                mine = self.next_deadline()
+                if mine is not None and mine < when:
+                    return False
             follow.elapse(when - self._now)
         self._now = when
+        return True
 
 
 async def settle(max_rounds: int = 200) -> None:

@@ -25,6 +25,7 @@ from livekit import rtc
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
+from agent_runtime import settings
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import participant_pb2, room_pb2, track_pb2
@@ -34,12 +35,10 @@ logger = logging.getLogger("agent_runtime.testing.inmemory")
 
 RpcResult = Literal["ok", "timeout", "error", "disconnected", "not_found"]
 
+# every rtc.ParticipantKind the SDK knows, by the names settings derives from the enum
 PARTICIPANT_KINDS: dict[str, int] = {
-    "standard": participant_pb2.ParticipantKind.PARTICIPANT_KIND_STANDARD,
-    "agent": participant_pb2.ParticipantKind.PARTICIPANT_KIND_AGENT,
-    "sip": participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP,
-    "ingress": participant_pb2.ParticipantKind.PARTICIPANT_KIND_INGRESS,
-    "egress": participant_pb2.ParticipantKind.PARTICIPANT_KIND_EGRESS,
+    name: participant_pb2.ParticipantKind.Value(f"PARTICIPANT_KIND_{name.upper()}")
+    for name in settings.PARTICIPANT_KINDS
 }
 TRACK_KINDS: dict[str, int] = {
     "audio": track_pb2.TrackKind.KIND_AUDIO,

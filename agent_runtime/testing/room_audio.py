@@ -6,17 +6,18 @@ real seconds: a capture waits for the native queue (200 ms) to have room, answer
 livekit's FFI thread. A ``VirtualTimeLoop`` does not wait for that thread: it jumps to its
 next timer (a test's ``wait_for`` bound) while the native side is still pacing, so a
 greeting never finished under the ``virtual_time`` marker. On such a loop the kit puts a
-``PacedAudioSource`` behind every room audio output of the job: the same pacing on the
-loop's clock, the audio sent nowhere (the in-memory room has no one to hear it). Only the
-native source is stood in for; the output, its playout accounting, interruptions and the
-session are livekit's own. The real source is kept for the track published with it, and
-closed with the stand-in.
+``PacedAudioSource`` behind every room audio output of the job (the entrypoint runner's
+and the scenario runner's): the same pacing on the loop's clock, the audio sent nowhere
+(the in-memory room has no one to hear it). Only the native source is stood in for; the
+output, its playout accounting, interruptions and the session are livekit's own. The real
+source is kept for the track published with it, and closed with the stand-in.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
 from livekit.agents import AgentSession
@@ -24,6 +25,10 @@ from livekit.agents import AgentSession
 from agent_runtime.runtimes.avatar import audio_chain, session_room_io
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.room_audio import room_output_source, set_room_output_source
+from agent_runtime.testing.clock import VirtualTimeLoop
+
+if TYPE_CHECKING:
+    from agent_runtime.testing.inmemory import InMemoryRoom
 
 # RoomIO's rtc.AudioSource(queue_size_ms=200): how far ahead of the playhead it takes audio
 ROOM_IO_QUEUE = 0.2
@@ -112,3 +117,20 @@ def pace_room_audio(session: AgentSession[Any]) -> None:
         source = room_output_source(out)
         if isinstance(source, rtc.AudioSource):
             set_room_output_source(out, PacedAudioSource(source))
+
+
+def pace_as_published(
+    room: InMemoryRoom, sessions: Callable[[], Iterable[AgentSession[Any]]]
+) -> bool:
+    """On a ``VirtualTimeLoop``, have each track the agent publishes in ``room`` put the
+    stand-in behind the room audio outputs of ``sessions()``; whether it does (on another
+    loop livekit's native source plays in real time, as the loop does)."""
+    if not isinstance(asyncio.get_running_loop(), VirtualTimeLoop):
+        return False
+
+    def published(_: Any) -> None:
+        for session in sessions():
+            pace_room_audio(session)
+
+    room.local_participant.on_publish.append(published)
+    return True

@@ -10,8 +10,12 @@ re-prompt says ``reprompt_speech`` seconds of audio instead).
 
 The agent speaks through the SDK's own ``session.say(..., audio=...)``: real frames down the
 session's real audio chain. To an avatar the audio is pushed at once and its playout ends
-when the avatar says so (an ``rpc`` step of ``lk.playback_finished``); the room's audio
-output plays it in real time, which the runner waits for at the step's virtual instant.
+when the avatar says so (an ``rpc`` step of ``lk.playback_finished``). On a
+``VirtualTimeLoop`` (simulate, record --check, scenario files under pytest) the room's
+audio output plays it through the kit's stand-in for livekit's native source, on the
+loop's clock (``testing/room_audio.py``): it takes its length in virtual seconds; on
+another loop livekit's own source plays it in real time, which the runner waits for at
+the step's virtual instant.
 The user's voice activity is the session's own user state, set as its VAD sets it.
 """
 
@@ -50,6 +54,7 @@ from agent_runtime.testing.inmemory import (
 )
 from agent_runtime.testing.invariants.watch import InvariantWatch
 from agent_runtime.testing.result import refusal, scenario_result, seconds_text
+from agent_runtime.testing.room_audio import pace_as_published
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.wire import build_request
 
@@ -117,6 +122,8 @@ class _Simulation:
         self.job = self.agent_job.job
         self.link = self.agent_job.link
         self.avatar = self.agent_job.avatar
+        # on a VirtualTimeLoop the room's audio output plays on its clock (the module's doc)
+        self.paced = pace_as_published(self.room, self.sessions.values)
 
     # -- set-up ------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -382,8 +389,9 @@ class _Simulation:
             task = lk.session_closing_task(s)
             if task is not None and not task.done() and not self.held.stalled(name):
                 return True
-        # the room's audio output plays in real time, whatever a held call holds back
-        if self.agent_job.audio_route() == "room" and any(not h.done() for h in self.speeches):
+        # unpaced, the room's audio output plays in real time, whatever a held call holds back
+        speaking = any(not h.done() for h in self.speeches)
+        if not self.paced and speaking and self.agent_job.audio_route() == "room":
             return True
         if self.held.stalled() or (self.plugin is not None and self.plugin.waits):
             return False  # the rest waits for a held call, which only a step ends

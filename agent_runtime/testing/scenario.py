@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -31,6 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from agent_runtime.observe import files
 from agent_runtime.settings import (
+    PARTICIPANT_KINDS,
     AvatarRetry,
     CloseReasonName,
     Flag,
@@ -48,7 +49,12 @@ from agent_runtime.testing.invariants.checks import BY_NUMBER
 from agent_runtime.testing.safe_yaml import YamlRefused, load_yaml, yaml_problem
 from statemachines.machines import MACHINES
 
-Kind = Literal["standard", "agent", "sip", "ingress", "egress"]
+# every rtc.ParticipantKind the SDK knows (settings derives the names from the enum): a
+# Literal built from them, so a wrong kind is refused naming them all
+if TYPE_CHECKING:
+    Kind = str
+else:
+    Kind = Literal[PARTICIPANT_KINDS]
 Reason = Literal[
     "UNKNOWN_REASON",
     "CLIENT_INITIATED",
@@ -70,7 +76,6 @@ Reason = Literal[
 ]
 
 # the names a scenario may use, for messages and for tools that list them
-PARTICIPANT_KINDS: tuple[str, ...] = get_args(Kind)
 DISCONNECT_REASONS: tuple[str, ...] = get_args(Reason)
 CLOSE_REASONS: tuple[str, ...] = get_args(CloseReasonName)
 HeldCall = Literal[

@@ -2,8 +2,8 @@
 
 - the agent's speech: each speech the session created, but a re-prompt's (created by the
   machine's own ``reprompt`` effect), is an ``agent.say`` of the seconds of audio handed to
-  the avatar (``handed_off``'s ``pushed``); on the room's audio output nothing in a
-  scenario's trace times it (it plays at one virtual instant);
+  the avatar (``handed_off``'s ``pushed``); on the room's audio output, of the seconds it
+  played (from its creation to its end), and an interruption there a ``session.interrupt``;
 - the user's voice: a ``user.speech`` from each ``user_speaking``; the trace shows when it
   began and what the machine's ``user_listening`` guard read later, not when it ended;
 - the playout options the machine's reads and timers show: the watchdog on, how many
@@ -31,8 +31,7 @@ _BOUND_FIRED = _BOUNDED.timeout.event if _BOUNDED.timeout else ""
 # re-entered rows (not internal ones): each computes the bound again
 _REENTERS = frozenset((r.source, r.event) for r in _PLAYOUT.rows if r.dest == _BOUNDED.name)
 _MAX_SAY = 10.0  # the longest agent.say a scenario takes
-# a speech on the room's audio output plays at one virtual instant in a scenario: the
-# replay's stand-in for a length the trace does not show
+# a speech on the room's audio output that ended as it began: the shortest a step says
 _UNTIMED_SAY = 0.1
 
 
@@ -105,11 +104,8 @@ class _SpeechPass(_State):
                 heard = True
                 self.step(i, r.t, "user.speech", duration=self._heard(recs, n))
             elif r.event == "interrupted" and not self._cut_elsewhere(r):
-                self.note(
-                    f"t={secs(r.t)}: the agent's speech was interrupted on the room's audio "
-                    "output; a scenario plays that audio at one instant, so the replay's is "
-                    "not cut"
-                )
+                # on the room's audio output (the avatar's channel rebuilds its own)
+                self.step(i, r.t, "session.interrupt")
         if heard:
             self.note(
                 "the trace shows when the user began to speak and what the playout machine "
@@ -131,20 +127,26 @@ class _SpeechPass(_State):
                     f"a scenario's agent.say says at most {secs(_MAX_SAY)}s"
                 )
             return min(pushed, _MAX_SAY) if pushed > 0 else _UNTIMED_SAY
-        self.note(
-            "the agent's speech on the room's audio output: a scenario plays that audio at "
-            f"one instant (the room's output is not on its clock), so {secs(_UNTIMED_SAY)}s of it "
-            "stands in for each"
-        )
+        # on the room's audio output: it plays as long as the trace shows it did
         speech = said.data.get("speech_id")
         ends = (d for _, d in recs[n + 1 :] if d.event == "speech_done")
         done = next((d for d in ends if d.data.get("speech_id") == speech), None)
-        if done is not None and done.t > said.t:
+        spoke = None if done is None else done.t - said.t
+        cut = done is None or bool(done.data.get("interrupted"))
+        if spoke is not None and (spoke > _MAX_SAY or (cut and spoke >= _MAX_SAY)):
             self.note(
-                f"t={secs(said.t)}: the agent spoke on the room's audio output until "
-                f"t={secs(done.t)}; in the replay that speech ends at once"
+                f"t={secs(said.t)}: the agent spoke {secs(spoke)}s on the room's audio "
+                f"output; a scenario's agent.say says at most {secs(_MAX_SAY)}s"
             )
-        return _UNTIMED_SAY
+        if cut or spoke is None:
+            self.note(
+                f"t={secs(said.t)}: how long the agent's speech on the room's audio output "
+                f"would have played is not in the trace (it was cut, or had not ended): "
+                f"{secs(_MAX_SAY)}s stands in"
+            )
+            return _MAX_SAY
+        played = round(spoke, 6)
+        return min(played, _MAX_SAY) if played > 0 else _UNTIMED_SAY
 
     def _heard(self, recs: list[tuple[int, TraceRecord]], n: int) -> float:
         """How long the user who began to speak at ``recs[n]`` spoke: past every later read
