@@ -68,3 +68,60 @@ def test_a_retry_still_starting_at_the_close_is_rebuilt_and_checked(
     assert "avatar_start" in rebuilt.config.hold
     held = [(s.at, getattr(s, "result", None)) for s in rebuilt.steps if s.event == "held.end"]
     assert held == [(float(s["at"]), s["result"]) for s in CASES[case] if s["event"] == "held.end"]
+
+
+RELEASE_CASES: dict[str, list[dict[str, Any]]] = {
+    # the avatar joined without its video: the join timed out at 3.1, the retry's release
+    # at 5.1 removed it, and the user left while the new attempt waited
+    "removed-then-the-user-left": [
+        {"at": 1, "event": "participant_connected", "identity": "av", "kind": "agent"},
+        {"at": 6, "event": "participant_disconnected", "identity": "user"},
+    ],
+    # removed at 5.1 as above, it came back with its video and the job closed (the close
+    # removed it again)
+    "removed-then-back": [
+        {"at": 1, "event": "participant_connected", "identity": "av", "kind": "agent"},
+        {"at": 6, "event": "participant_connected", "identity": "av", "kind": "agent"},
+        {"at": 6.5, "event": "track_published", "identity": "av", "kind": "video"},
+        {"at": 8, "event": "job.shutdown", "reason": "done"},
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(RELEASE_CASES))
+def test_the_avatar_a_retry_removed_is_not_a_departure_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """A retry's release removes the failed attempt's avatar participant: the departure
+    that follows is the runtime's own, so the rebuilt scenario leaves it to its avatar
+    (as a step, it came as a stranger's departure during the new attempt and failed it)."""
+    scenario = tmp_path / "incident.yaml"
+    config = {
+        "avatar_identity": "av",
+        "join_timeout": 3,
+        "retry_avatar": {"attempts": 2, "backoff": {"initial": 2, "max": 5}},
+    }
+    steps = [
+        {"at": 0, "event": "session.start"},
+        {"at": 0.1, "event": "avatar.start"},
+        *RELEASE_CASES[case],
+        {"at": 30, "event": "end"},
+    ]
+    scenario.write_text(
+        yaml.safe_dump(
+            {"name": case, "config": config, "participants": [{"identity": "user"}], "steps": steps}
+        )
+    )
+    trace, recorded = tmp_path / "run.jsonl", tmp_path / "recorded.yaml"
+    assert main(["simulate", str(scenario), "--trace", str(trace)]) == 0
+    assert "PARTICIPANT_REMOVED" in trace.read_text()  # the release removed it
+    capsys.readouterr()
+
+    code = main(["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "the rebuilt scenario reproduces the trace" in err
+    assert "PARTICIPANT_REMOVED" not in recorded.read_text()
+    rebuilt = load_scenario(recorded)
+    joins = [s.at for s in rebuilt.steps if s.event == "participant_connected"]
+    assert joins == [float(s["at"]) for s in steps if s["event"] == "participant_connected"]

@@ -7,7 +7,8 @@ outcomes — not the room's raw inputs. The scenario is rebuilt from those event
 - room facts, found through the declared routing table (``statemachines.routing``): an
   event some route delivers, carrying that fact's data, is the fact; one fact seen by
   several machines is one step. Participants the agent found in the room when its session
-  started (the link's first look) are put in the room at t=0.
+  started (the link's first look) are put in the room at t=0. The avatar participant's
+  removal the avatar asked for (a retry's release, its close) follows by itself.
 - the session starting (the host's first ``attach``) or another one attached, the session
   closing for a reason of its own (``user_initiated``, ``error``, ``task_completed``; a
   close caused by a departure or the job's shutdown follows by itself), the job asked to

@@ -1,6 +1,8 @@
 """The room channel: the facts the room delivered (joins, departures, tracks, attributes,
 the room's connection), found through the declared routing table, become steps; the
-participants the link found in the room at its first look are in the room at t=0."""
+participants the link found in the room at its first look are in the room at t=0; the
+avatar participant's removal the avatar asked for (a retry's release, its close) is no step:
+the replay's avatar removes it by itself."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _SIMULATOR_ATTRIBUTE, _State
+from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
 
 # the data each room fact carries to every machine it is routed to (agent_runtime.runtimes.routing's
@@ -26,6 +29,14 @@ FACT_KEYS: dict[str, frozenset[str]] = {
     "reconnecting": frozenset(),
     "reconnected": frozenset(),
 }
+
+
+# the avatar's effects that remove its participant from the room (a retry's release, the
+# close): the PARTICIPANT_REMOVED departure that follows is the runtime's own, no room input
+REMOVING_EFFECTS = frozenset({"release_attempt", "close_plugin"})
+_REMOVING_STATES = frozenset(
+    s.name for s in MACHINES["avatar"].states if REMOVING_EFFECTS & set(s.invoke)
+)
 
 
 @dataclass
@@ -46,6 +57,16 @@ def _routes() -> dict[tuple[str, str], list[str]]:
 
 def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def _asks_removal(r: TraceRecord) -> bool:
+    """Whether the avatar machine's record ``r`` starts an effect that removes its
+    participant (a row running it, or a state invoking it)."""
+    if r.machine != "avatar" or r.kind != "transition":
+        return False
+    return bool(REMOVING_EFFECTS & set(r.effects)) or (
+        r.dest in _REMOVING_STATES and r.source != r.dest
+    )
 
 
 class _RoomPass(_State):
@@ -90,13 +111,20 @@ class _RoomPass(_State):
 
     def _room(self, facts: list[_Fact], replay: set[int], avatar: str | None) -> None:
         first_participant_record = next((i for i, _ in self.of("participant")), None)
-        avatar_closed_at = next((i for i, r in self.of("avatar") if r.event == "close"), None)
         # the link's first look, in join order, placed when it happened
         events: list[tuple[int, str, Any]] = [(i, "look", self.records[i]) for i in replay]
         events += [(f.index, "fact", f) for f in facts]
+        # the avatar asking its participant's removal (a retry's release, its close)
+        events += [(i, "remove", None) for i, r in enumerate(self.records) if _asks_removal(r)]
         events.sort(key=lambda e: e[0])
         room_was_up = False
+        removing = False  # a removal asked while the avatar participant was in the room
         for index, what, item in events:
+            if what == "remove":
+                # in the room, or never seen by the steps (there before the link looked)
+                there = avatar in self.present or avatar not in self.history
+                removing = removing or (avatar is not None and there)
+                continue
             if what == "look":
                 r: TraceRecord = item
                 ident = str(r.data.get("identity"))
@@ -125,13 +153,13 @@ class _RoomPass(_State):
                         "joined on video_published instead (same final state)"
                     )
             elif f.name == "participant_left":
-                if (
-                    ident == avatar
-                    and d.get("reason") == "PARTICIPANT_REMOVED"
-                    and avatar_closed_at is not None
-                    and index > avatar_closed_at
-                ):
-                    continue  # the job removed its avatar as it closed: that follows by itself
+                if removing and ident == avatar and d.get("reason") == "PARTICIPANT_REMOVED":
+                    # the avatar removed its participant (a retry's release, its close):
+                    # the replay's avatar does that by itself
+                    removing = False
+                    self.present.discard(ident)
+                    self._seen(ident, index, None)
+                    continue
                 # the job saw the last simulator leave: it carried lk.simulator then
                 simulator = any(r.machine == "job" for r in f.records)
                 if ident not in self.present and (
