@@ -130,8 +130,21 @@ REPLAY_STEPS = [{"at": 0, "event": "session.start"}, {"at": 3, "event": "end"}]
             ["--examples", "3", "--no-avatar", "--no-simulation"],
             "--examples, --no-avatar, --no-simulation: no meaning with --replay",
         ),
+        (
+            {"steps": [REPLAY_STEPS[0], {"at": 1.0e300, "event": "end"}]},
+            [],
+            "step 2 (end): field at: Input should be less than or equal to 86400",
+        ),
     ],
-    ids=["avatar-close", "session-close", "no-start", "own-config", "seed", "drawing-options"],
+    ids=[
+        "avatar-close",
+        "session-close",
+        "no-start",
+        "own-config",
+        "seed",
+        "drawing-options",
+        "past-a-day",
+    ],
 )
 def test_a_replay_the_fuzzer_cannot_perform_is_refused_in_one_line(
     capsys: pytest.CaptureFixture[str],

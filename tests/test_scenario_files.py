@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from livekit import rtc
 
 from agent_runtime.settings import JobSettings, SettingError, check_setting
@@ -18,7 +19,9 @@ from agent_runtime.testing.scenario import (
     load_scenario,
     parse_scenario,
 )
+from agent_runtime.tools.cli import main
 
+ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted(Path(__file__).parent.parent.joinpath("examples/scenarios").glob("*.yaml"))
 
 
@@ -73,6 +76,16 @@ def test_bundled_scenarios_load(path: Path) -> None:
         ([{"at": 0, "event": "agent.say", "duration": 0}], r"field duration: Input should be"),
         ([{"at": 0, "event": "agent.say", "duration": 60}], r"field duration: Input should be"),
         ([{"at": 0, "event": "user.speech", "duration": -1}], r"field duration: Input should"),
+        # a day at most: at 1.0e+300 a timer fired at the instant it was armed
+        (
+            [{"at": 1.0e300, "event": "session.start"}],
+            r"step 1 \(session.start\): field at: Input should be less than or equal to 86400$",
+        ),
+        ([{"at": 86400.001, "event": "end"}], r"field at: Input should be less than or equal"),
+        (
+            [{"at": 0, "event": "user.speech", "duration": 1.0e300}],
+            r"field duration: Input should be less than or equal to 86400$",
+        ),
         ([{"at": 0, "event": "user.state", "state": "bored"}], r"field state: Input should be"),
     ],
 )
@@ -80,6 +93,54 @@ def test_invalid_steps_are_named(steps: list[dict[str, object]], message: str) -
     with pytest.raises(ScenarioError, match=message) as err:
         parse_scenario({"name": "x", "steps": steps}, source="bad.yaml")
     assert str(err.value).startswith("bad.yaml: step ")
+
+
+def test_a_day_of_steps_runs_with_its_timers_to_the_millisecond(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The cap is a day of virtual time (scenarios.md says so): a grace period begun at the
+    last instant still ends its 15 s later, not at the instant it began."""
+    assert "from 0 to 86400 (a day of virtual time" in " ".join(
+        (ROOT / "docs/guide/scenarios.md").read_text().split()
+    )
+    last = 86400 - 20.0
+    doc = {
+        "name": "late",
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {
+                "at": last,
+                "event": "participant_disconnected",
+                "identity": "user",
+                "reason": "SIGNAL_CLOSE",
+            },
+            {"at": last + 14.999, "event": "end"},
+        ],
+        "expect": {"final_states": {"participant": "grace"}},
+    }
+    path = tmp_path / "late.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["simulate", str(path)]) == 0, capsys.readouterr().out
+
+
+def test_a_step_past_a_day_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "huge.yaml"
+    path.write_text(
+        "name: x\nparticipants: [{identity: user}]\nsteps:\n"
+        "  - {at: 0, event: session.start}\n"
+        "  - {at: 1.0e+300, event: participant_disconnected, identity: user}\n"
+        "  - {at: 1.0e+300, event: end}\n"
+    )
+    assert main(["simulate", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"invalid scenario: {path}: step 2 (participant_disconnected): field at: "
+        "Input should be less than or equal to 86400\n"
+    )
 
 
 def test_invalid_top_level(tmp_path: Path) -> None:

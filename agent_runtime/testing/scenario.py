@@ -39,8 +39,6 @@ from agent_runtime.settings import (
     Identity,
     JobSettings,
     PlayoutOptions,
-    PositiveSeconds,
-    Seconds,
     WaitSeconds,
     playout_flag,
 )
@@ -82,6 +80,16 @@ HeldCall = Literal[
     "session_close", "simulation_end", "room_deletion", "shutdown_callback", "avatar_start"
 ]
 HELD_CALLS: tuple[str, ...] = get_args(HeldCall)
+
+# a scenario's instants (``at``) and the user's speech are bounded too, at a day of virtual
+# time: far past any setting (an hour at most), near enough that a float still tells a
+# millisecond timer's instant from the next (1.0e+300 s is finite, yet a timer there fires
+# at the instant it was armed, and 1.0e+300 + 15 is 1.0e+300)
+MAX_SCENARIO_SECONDS = 86_400
+Instant = Annotated[float, Field(ge=0, le=MAX_SCENARIO_SECONDS, allow_inf_nan=False, strict=True)]
+SpeechSeconds = Annotated[
+    float, Field(gt=0, le=MAX_SCENARIO_SECONDS, allow_inf_nan=False, strict=True)
+]
 
 
 class ScenarioError(Exception):
@@ -152,7 +160,7 @@ class Participant(_Strict):
 
 
 class _Step(_Strict):
-    at: Seconds  # virtual seconds from the start: finite, never a bool
+    at: Instant  # virtual seconds from the start: finite, at most a day, never a bool
 
 
 class SessionStart(_Step):
@@ -188,7 +196,7 @@ class UserSpeech(_Step):
     then ``listening`` (set as the session's voice activity sets it)."""
 
     event: Literal["user.speech"]
-    duration: PositiveSeconds
+    duration: SpeechSeconds
 
 
 class UserState(_Step):
