@@ -87,6 +87,14 @@ def test_bundled_scenarios_load(path: Path) -> None:
             r"field duration: Input should be less than or equal to 86400$",
         ),
         ([{"at": 0, "event": "user.state", "state": "bored"}], r"field state: Input should be"),
+        # "no", "off" and 0 ran as an abort; every other flag is true or false too
+        *(
+            (
+                [{"at": 0, "event": "job.aclose", "graceful": word}],
+                r"step 1 \(job.aclose\): field graceful: Input should be a valid boolean$",
+            )
+            for word in ("no", "off", 0, "false")
+        ),
     ],
 )
 def test_invalid_steps_are_named(steps: list[dict[str, object]], message: str) -> None:

@@ -231,7 +231,7 @@ class JobAclose(_Step):
     simulator)."""
 
     event: Literal["job.aclose"]
-    graceful: bool = True
+    graceful: Flag = True  # true or false, never "no", "off" or 0
 
 
 class RoomConnected(_Step):
