@@ -133,7 +133,7 @@ REPLAY_STEPS = [{"at": 0, "event": "session.start"}, {"at": 3, "event": "end"}]
         (
             {"steps": [REPLAY_STEPS[0], {"at": 1.0e300, "event": "end"}]},
             [],
-            "step 2 (end): field at: Input should be less than or equal to 86400",
+            "step 2 (end): field at: Input should be less than or equal to 604800",
         ),
     ],
     ids=[
@@ -143,7 +143,7 @@ REPLAY_STEPS = [{"at": 0, "event": "session.start"}, {"at": 3, "event": "end"}]
         "own-config",
         "seed",
         "drawing-options",
-        "past-a-day",
+        "past-a-week",
     ],
 )
 def test_a_replay_the_fuzzer_cannot_perform_is_refused_in_one_line(

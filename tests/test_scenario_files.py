@@ -76,15 +76,15 @@ def test_bundled_scenarios_load(path: Path) -> None:
         ([{"at": 0, "event": "agent.say", "duration": 0}], r"field duration: Input should be"),
         ([{"at": 0, "event": "agent.say", "duration": 60}], r"field duration: Input should be"),
         ([{"at": 0, "event": "user.speech", "duration": -1}], r"field duration: Input should"),
-        # a day at most: at 1.0e+300 a timer fired at the instant it was armed
+        # a week at most: at 1.0e+300 a timer fired at the instant it was armed
         (
             [{"at": 1.0e300, "event": "session.start"}],
-            r"step 1 \(session.start\): field at: Input should be less than or equal to 86400$",
+            r"step 1 \(session.start\): field at: Input should be less than or equal to 604800$",
         ),
-        ([{"at": 86400.001, "event": "end"}], r"field at: Input should be less than or equal"),
+        ([{"at": 604800.001, "event": "end"}], r"field at: Input should be less than or equal"),
         (
             [{"at": 0, "event": "user.speech", "duration": 1.0e300}],
-            r"field duration: Input should be less than or equal to 86400$",
+            r"field duration: Input should be less than or equal to 604800$",
         ),
         ([{"at": 0, "event": "user.state", "state": "bored"}], r"field state: Input should be"),
         # "no", "off" and 0 ran as an abort; every other flag is true or false too
@@ -106,12 +106,12 @@ def test_invalid_steps_are_named(steps: list[dict[str, object]], message: str) -
 def test_a_day_of_steps_runs_with_its_timers_to_the_millisecond(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """The cap is a day of virtual time (scenarios.md says so): a grace period begun at the
+    """The cap is a week of virtual time (scenarios.md says so): a grace period begun at the
     last instant still ends its 15 s later, not at the instant it began."""
-    assert "from 0 to 86400 (a day of virtual time" in " ".join(
+    assert "from 0 to 604800 (a week of virtual time" in " ".join(
         (ROOT / "docs/guide/scenarios.md").read_text().split()
     )
-    last = 86400 - 20.0
+    last = 604800 - 20.0
     doc = {
         "name": "late",
         "participants": [{"identity": "user"}],
@@ -132,7 +132,7 @@ def test_a_day_of_steps_runs_with_its_timers_to_the_millisecond(
     assert main(["simulate", str(path)]) == 0, capsys.readouterr().out
 
 
-def test_a_step_past_a_day_is_one_line_and_exit_2(
+def test_a_step_past_a_week_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     path = tmp_path / "huge.yaml"
@@ -147,7 +147,7 @@ def test_a_step_past_a_day_is_one_line_and_exit_2(
     assert out == ""
     assert err == (
         f"invalid scenario: {path}: step 2 (participant_disconnected): field at: "
-        "Input should be less than or equal to 86400\n"
+        "Input should be less than or equal to 604800\n"
     )
 
 

@@ -81,11 +81,12 @@ HeldCall = Literal[
 ]
 HELD_CALLS: tuple[str, ...] = get_args(HeldCall)
 
-# a scenario's instants (``at``) and the user's speech are bounded too, at a day of virtual
-# time: far past any setting (an hour at most), near enough that a float still tells a
-# millisecond timer's instant from the next (1.0e+300 s is finite, yet a timer there fires
-# at the instant it was armed, and 1.0e+300 + 15 is 1.0e+300)
-MAX_SCENARIO_SECONDS = 86_400
+# a scenario's instants (``at``) and the user's speech are bounded too, at a week of
+# virtual time: far past any setting (an hour at most) and any job a trace is recorded from,
+# near enough that a float still tells a millisecond timer's instant from the next (1e-10 s
+# apart there; 1.0e+300 s is finite, yet a timer there fires at the instant it was armed,
+# and 1.0e+300 + 15 is 1.0e+300)
+MAX_SCENARIO_SECONDS = 604_800
 Instant = Annotated[float, Field(ge=0, le=MAX_SCENARIO_SECONDS, allow_inf_nan=False, strict=True)]
 SpeechSeconds = Annotated[
     float, Field(gt=0, le=MAX_SCENARIO_SECONDS, allow_inf_nan=False, strict=True)
@@ -160,7 +161,7 @@ class Participant(_Strict):
 
 
 class _Step(_Strict):
-    at: Instant  # virtual seconds from the start: finite, at most a day, never a bool
+    at: Instant  # virtual seconds from the start: finite, at most a week, never a bool
 
 
 class SessionStart(_Step):
