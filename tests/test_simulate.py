@@ -351,6 +351,28 @@ def test_a_trace_on_a_full_disk_runs_and_says_the_trace_is_incomplete(
         assert "ok" in captured.out.splitlines()[0]  # the expectations held all the same
 
 
+@pytest.mark.skipif(not FULL_DISK.exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_page_on_a_full_disk_is_one_line_and_the_json_says_so(
+    capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """``--json --html /dev/full`` exited 2 with the plain success object on stdout: the
+    page's failure is in the result, as a trace's is."""
+    path = SCENARIOS / "sim_hangup_then_finalize.yaml"
+    assert main(["simulate", str(path), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    code = main(["simulate", str(path), "--html", str(FULL_DISK), *(["--json"] if as_json else [])])
+    captured = capsys.readouterr()
+    line = f"{FULL_DISK}: cannot write the page (No space left on device)"
+    assert (code, captured.err) == (2, f"agent-runtime simulate: {line}\n")
+    if as_json:
+        drawn = json.loads(captured.out)
+        assert drawn.pop("html_error") == line
+        assert drawn == plain
+    else:
+        assert "ok" in captured.out.splitlines()[0]  # the run is reported all the same
+
+
 @pytest.mark.parametrize("kind", ["missing-directory", "fifo-without-reader", "a-directory"])
 def test_a_trace_that_cannot_be_opened_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str

@@ -3,7 +3,9 @@
 Exit 0 when every expectation held, 1 when one failed, 2 on an error: an invalid scenario
 file, a trace that cannot be written, a run that failed. An error is one line on stderr
 naming the file; with ``--json`` it is also ``{"ok": false, "file": ..., "error": ...}`` on
-stdout, so stdout is always JSON. ``--html`` draws the run's timeline page.
+stdout, so stdout is always JSON. ``--html`` draws the run's timeline page; a trace or a page
+that fails while written is exit 2 too, the run reported with ``trace_error`` or
+``html_error`` in its JSON.
 """
 
 from __future__ import annotations
@@ -205,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
             scenarios.append((f, load_scenario(f)))
         except ScenarioError as e:
             raise _Refused(str(f), str(e), prefix="invalid scenario") from None
-    failed = trace_failed = False
+    failed = output_failed = False
     for path, scenario in scenarios:
         try:
             with _trace_warnings_off():
@@ -224,10 +226,18 @@ def _run(args: argparse.Namespace) -> int:
             None if scenario.expect is None else {"held": not failures, "failures": failures}
         )
         failed = failed or bool(failures)
+        page_error = _page(args, path, result)
+        if page_error is not None:
+            result["html_error"] = page_error  # the run's report says the page is missing
         if args.json:
             print(_json(result))
         else:
             print(_summary(path, scenario, result, failures))
+        if page_error is not None:
+            print(f"agent-runtime simulate: {page_error}", file=sys.stderr)
+            output_failed = True
+        elif getattr(args, "html", None) and not result.get("trace_error"):
+            print(f"wrote {args.html}", file=sys.stderr)
         if result.get("trace_error"):
             # the run is reported as it happened; the trace it asked for is incomplete
             print(
@@ -235,7 +245,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"({result['trace_error']}); it stops before the failed record",
                 file=sys.stderr,
             )
-            trace_failed = True
+            output_failed = True
     if not args.json:
         checked = sum(1 for _, s in scenarios if s.expect is not None)
         if checked:
@@ -243,7 +253,17 @@ def _run(args: argparse.Namespace) -> int:
         else:  # nothing was checked, so nothing is said to have held
             outcome = "no expectations to check"
         print(f"\n{len(scenarios)} scenario(s) run, {outcome}")
-    return 2 if trace_failed else 1 if failed else 0
+    return 2 if output_failed else 1 if failed else 0
+
+
+def _page(args: argparse.Namespace, path: Path, result: dict[str, Any]) -> str | None:
+    """``--html``'s page drawn from the run's trace: None, or why it could not be (a trace
+    that failed is not drawn: its own line says so)."""
+    if not getattr(args, "html", None) or result.get("trace_error"):
+        return None
+    from agent_runtime.tools.commands.timeline import simulated_page
+
+    return simulated_page(args, str(path))
 
 
 @contextlib.contextmanager

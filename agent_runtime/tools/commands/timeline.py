@@ -19,24 +19,41 @@ from agent_runtime.tools.timeline import write_timeline
 def draw(
     trace: str, out: str, *, title: str | None = None, source: str | None = None, prog: str
 ) -> int:
-    try:
-        records = [
-            rec
-            for _, rec in load_trace(trace, warn=lambda m: print(f"{prog}: {m}", file=sys.stderr))
-        ]
-    except TraceError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 2
-    if not records:  # refused as replay and record refuse it: a page of nothing says nothing
-        print(f"{prog}: {trace}: nothing to draw: the trace is empty", file=sys.stderr)
-        return 2
-    try:
-        write_timeline(records, out, title=title or Path(trace).name, source=source or trace)
-    except OSError as e:
-        print(f"{prog}: {out}: cannot write the page ({e.strerror or e})", file=sys.stderr)
+    why = draw_page(
+        trace,
+        out,
+        title=title,
+        source=source,
+        warn=lambda m: print(f"{prog}: {m}", file=sys.stderr),
+    )
+    if why is not None:
+        print(f"{prog}: {why}", file=sys.stderr)
         return 2
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def draw_page(
+    trace: str,
+    out: str,
+    *,
+    title: str | None = None,
+    source: str | None = None,
+    warn: Callable[[str], None],
+) -> str | None:
+    """The page of ``trace`` written to ``out``: None, or why not (one line naming the
+    file)."""
+    try:
+        records = [rec for _, rec in load_trace(trace, warn=warn)]
+    except TraceError as e:
+        return str(e)
+    if not records:  # refused as replay and record refuse it: a page of nothing says nothing
+        return f"{trace}: nothing to draw: the trace is empty"
+    try:
+        write_timeline(records, out, title=title or Path(trace).name, source=source or trace)
+    except OSError as e:
+        return f"{out}: cannot write the page ({e.strerror or e})"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,17 +67,23 @@ def run(args: argparse.Namespace) -> int:
 def simulate_then_draw(
     args: argparse.Namespace, simulate: Callable[[argparse.Namespace], int]
 ) -> int:
-    """``simulate FILE --html PAGE``: the run as usual, then its trace drawn (``simulate``
-    checked there is one FILE and the page can be written)."""
+    """``simulate FILE --html PAGE``: the run with a trace (a temporary one unless
+    ``--trace`` names it), which ``simulate`` draws before it reports the run, so a page
+    that cannot be written is in its report (``simulate`` checked there is one FILE and the
+    page can be written)."""
     with tempfile.TemporaryDirectory(prefix="agent-runtime-") as tmp:
         if not args.trace:
             args.trace = str(Path(tmp) / "trace.jsonl")
-        code = simulate(args)
-        if code == 2 or not Path(args.trace).is_file():
-            return code
-        scenario = str(args.files[0])
-        title = f"{Path(scenario).name}: timeline"
-        drawn = draw(
-            args.trace, args.html, title=title, source=scenario, prog="agent-runtime simulate"
-        )
-    return code if drawn == 0 else drawn
+        return simulate(args)
+
+
+def simulated_page(args: argparse.Namespace, scenario: str) -> str | None:
+    """``simulate --html``'s page, drawn from the run's trace: None, or why it could not
+    be (one line)."""
+    return draw_page(
+        args.trace,
+        args.html,
+        title=f"{Path(scenario).name}: timeline",
+        source=scenario,
+        warn=lambda m: print(f"agent-runtime simulate: {m}", file=sys.stderr),
+    )
