@@ -237,3 +237,55 @@ def test_watch_skips_the_records_of_a_machine_the_runtime_does_not_have(
         f"agent-runtime watch: {bad}:{n}: unknown machine 'particpant'; line skipped" for n in named
     ]
     assert not [row for row in captured.out.splitlines() if row.startswith("particpant")]
+
+
+def _unknown_event(run_jsonl: Path, tmp_path: Path) -> tuple[Path, int]:
+    """The trace with its participant machine's first decision renamed ``teleported``."""
+    lines = _lines(run_jsonl)
+    n = next(
+        i
+        for i, line in enumerate(lines)
+        if '"participant_connected"' in line and '"machine": "participant"' in line
+    )
+    lines[n] = lines[n].replace('"participant_connected"', '"teleported"')
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, n + 1
+
+
+@pytest.mark.parametrize("command", ["record", "timeline"])
+def test_an_event_its_machine_does_not_declare_is_an_error_naming_the_line(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # record wrote a scenario without the join (exit 0); timeline drew it
+    bad, n = _unknown_event(run_jsonl, tmp_path)
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{n}: machine 'participant' declares no event "
+        "'teleported' (an edited trace, or another version's?)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+    with pytest.raises(ValueError, match=f":{n}: machine 'participant' declares no event"):
+        read_trace(bad)
+
+
+def test_replay_still_reports_an_undeclared_event_as_its_divergence(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_event(run_jsonl, tmp_path)
+    assert main(["replay", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{bad}:{n}: participant[") and (
+        "the machine declares no event 'teleported'" in out
+    )
+
+
+def test_watch_skips_a_record_whose_event_its_machine_does_not_declare(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_event(run_jsonl, tmp_path)
+    assert main(["watch", "--once", str(bad)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"agent-runtime watch: {bad}:{n}: machine 'participant' declares no event "
+        "'teleported'; line skipped"
+    ]

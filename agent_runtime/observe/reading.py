@@ -8,14 +8,17 @@ import io
 import json
 import logging
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from agent_runtime.observe import files
 from agent_runtime.observe.jobs import JobBounds
 from agent_runtime.observe.trace import DECISIONS, RecordKind, TraceRecord
+
+if TYPE_CHECKING:
+    from statemachines import MachineSpec
 
 logger = logging.getLogger("agent_runtime.trace")  # the trace's, as its writers'
 
@@ -146,11 +149,18 @@ class TraceOrder:
     its one clock: a time that goes back is two traces joined, or an edited one, and a
     second job's records (``AnotherJob``) are another trace's too; ``several_jobs``: jobs
     one after the other are taken (replay reads each by itself), jobs at once never. A
-    record (but a scenario's ``input``) is of one of ``machines``, by default the runtime's:
-    of another, it is no machine this build can replay or draw (a typo, another version)."""
+    record (but a scenario's ``input``) is of one of ``machines``, by default the runtime's,
+    and names an event its machine declares: of another machine, or with another event, it
+    is nothing this build can rebuild or draw (a typo, an edit, another version).
+    ``any_event``: an event the machine does not declare is taken (replay judges it itself,
+    as a divergence)."""
 
     def __init__(
-        self, machines: Collection[str] | None = None, *, several_jobs: bool = False
+        self,
+        machines: Mapping[str, MachineSpec] | None = None,
+        *,
+        several_jobs: bool = False,
+        any_event: bool = False,
     ) -> None:
         if machines is None:
             from statemachines.machines import MACHINES  # only reading a trace needs them
@@ -158,6 +168,7 @@ class TraceOrder:
             machines = MACHINES
         self.machines = machines
         self.several_jobs = several_jobs
+        self.any_event = any_event
         self._jobs = JobBounds()
         self._last: tuple[float, int] | None = None  # the last time taken, and its line
 
@@ -169,6 +180,16 @@ class TraceOrder:
             if terse:
                 raise TraceError(f"{where}: unknown machine {rec.machine!r}")
             raise unknown_machine(where, rec.machine, self.machines)
+        if (
+            rec.kind != "input"
+            and rec.event
+            and not self.any_event
+            and rec.event not in self.machines[rec.machine].events
+        ):
+            raise TraceError(
+                f"{where}: machine {rec.machine!r} declares no event {rec.event!r}"
+                + ("" if terse else " (an edited trace, or another version's?)")
+            )
         if self._last is not None and rec.t < self._last[0]:
             t, n = self._last
             raise TimeGoesBack(
@@ -187,13 +208,15 @@ def load_trace(
     *,
     wording: Wording = "fields",
     warn: Callable[[str], None] | None = None,
-    machines: Collection[str] | None = None,
+    machines: Mapping[str, MachineSpec] | None = None,
     several_jobs: bool = False,
+    any_event: bool = False,
 ) -> list[tuple[int, TraceRecord]]:
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
     the file is none (not a regular file, too large, not UTF-8) or names the bad line, or
-    the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows; a
-    second job is one, unless ``several_jobs`` and the first had ended before it).
+    the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows, and
+    their events unless ``any_event``; a second job is one, unless ``several_jobs`` and the
+    first had ended before it).
 
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
@@ -206,7 +229,7 @@ def load_trace(
     except files.InputFileError as e:
         raise TraceError(f"{p}: cannot read the trace: {e}") from None
     out: list[tuple[int, TraceRecord]] = []
-    order = TraceOrder(machines, several_jobs=several_jobs)
+    order = TraceOrder(machines, several_jobs=several_jobs, any_event=any_event)
     # line by line from the bytes: no second copy of the whole file as text
     for n, raw in enumerate(io.BytesIO(data), 1):
         try:
@@ -245,8 +268,8 @@ def _unfinished(raw: bytes) -> bool:
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """Read a JSONL trace; a file that is none (not a regular file, too large), a line that
-    is not a record, or one whose time goes back, whose machine is not the runtime's or
-    that starts a second job (``TraceOrder``) raises ``ValueError`` (a ``TraceError``)
-    naming the file and line. A
-    last line cut while it was written is left out with a warning logged."""
+    is not a record, or one whose time goes back, whose machine is not the runtime's (or
+    event not its machine's) or that starts a second job (``TraceOrder``) raises
+    ``ValueError`` (a ``TraceError``) naming the file and line. A last line cut while it
+    was written is left out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]
