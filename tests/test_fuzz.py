@@ -83,6 +83,60 @@ def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(
     assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
+NOT_ENTRYPOINTS = """
+from livekit.agents import AgentServer
+
+def plain():
+    pass
+
+def sync_ctx(ctx):
+    pass
+
+async def no_context():
+    pass
+
+async def two(ctx, more):
+    pass
+
+server = AgentServer()
+
+@server.rtc_session()
+def sync_entry(ctx):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "plain",
+            "not an AgentServer, nor an entrypoint function (an async function taking "
+            "the JobContext): plain is not an async function",
+        ),
+        ("sync_ctx", "sync_ctx is not an async function"),
+        ("no_context", "no_context() does not take the JobContext as its argument"),
+        ("two", "two(ctx, more) does not take the JobContext as its argument"),
+        (
+            "server",
+            "its rtc_session entrypoint is no entrypoint function (an async function "
+            "taking the JobContext): sync_entry is not an async function",
+        ),
+    ],
+)
+def test_a_function_that_is_no_entrypoint_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, message: str
+) -> None:
+    """A sync function of no arguments was run, and its TypeError reported as a bug found in
+    the agent (exit 1)."""
+    agent = tmp_path / "not_entrypoints_agent.py"
+    agent.write_text(NOT_ENTRYPOINTS)
+    code, out, err = _fuzz_cli(capsys, f"{agent}:{name}", "--examples", "1")
+    assert code == 2 and out == ""
+    assert err.startswith(f"agent-runtime fuzz: agent '{agent}:{name}': "), err
+    assert err.count("\n") == 1 and message in err, err
+
+
 def test_out_is_created_before_the_run_and_a_failed_write_still_prints_the_report(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

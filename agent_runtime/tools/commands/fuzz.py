@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import sys
 import tempfile
 from pathlib import Path
@@ -79,7 +80,33 @@ def _server(spec: str) -> Any:
             f"agent {spec!r}: not an AgentServer with an rtc_session entrypoint, nor an "
             "entrypoint function"
         )
+    entrypoint = server if hooks is None else hooks.entrypoint
+    why = _not_an_entrypoint(entrypoint)
+    if why is not None:
+        what = (
+            "not an AgentServer, nor an entrypoint function"
+            if hooks is None
+            else "its rtc_session entrypoint is no entrypoint function"
+        )
+        raise UsageError(f"agent {spec!r}: {what} (an async function taking the JobContext): {why}")
     return server
+
+
+def _not_an_entrypoint(fn: Any) -> str | None:
+    """Why ``fn`` cannot be the job's entrypoint (livekit awaits what it returns for the
+    JobContext it is called with); None when it can. Run, it failed as a bug in the
+    agent."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    call = fn if inspect.isroutine(fn) or not callable(fn) else type(fn).__call__
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)):
+        return f"{name} is not an async function"
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return f"{name}{inspect.signature(fn)} does not take the JobContext as its argument"
+    except ValueError:  # no signature to read: it runs as it is
+        return None
+    return None
 
 
 def _checks(specs: list[str]) -> list[Any]:
