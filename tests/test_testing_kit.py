@@ -182,15 +182,14 @@ def test_a_missing_scenario_directory_and_an_unwritable_trace_dir_are_one_line(
         (SAMPLE / "scenarios" / "user_drops_past_grace.yaml").read_text()
     )
     (pytester.path / "file").write_text("not a directory")
+    # one usage error before anything runs (each scenario failed with this line)
     result = run(pytester, "--trace-dir", "file/traces")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*scenario: the user drops and does not come back within the grace period*",
-            "--trace-dir: cannot create file/traces: Not a directory",
-        ]
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (
+        result.stderr.lines[0] == "ERROR: --trace-dir: cannot create file/traces: Not a directory"
     )
-    assert not any("Traceback" in line for line in result.stdout.lines)
+    assert not any("Traceback" in line for line in result.outlines + result.errlines)
+    assert not any("scenario:" in line for line in result.outlines)  # nothing ran
 
 
 @pytest.mark.parametrize("name", ["incident.yaml", "incident.yml"])

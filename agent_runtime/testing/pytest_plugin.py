@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import tempfile
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
@@ -81,12 +82,33 @@ def pytest_configure(config: pytest.Config) -> None:
     for d in dirs:
         if not d.is_dir():
             raise pytest.UsageError(f"{INI_DIRS}: {d} is not a directory")
+    trace_dir = config.getoption("trace_dir")
+    if trace_dir:
+        # one usage error up front, not every scenario failing with the same line
+        why = _unwritable_dir(Path(trace_dir))
+        if why is not None:
+            raise pytest.UsageError(f"--trace-dir: {why}")
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         # run with no arguments: the configured directories are collected as testpaths are
         given = [Path(a).resolve() for a in config.args]
         for d in dirs:
             if not any(d.resolve().is_relative_to(g) for g in given):
                 config.args.append(str(d))
+
+
+def _unwritable_dir(d: Path) -> str | None:
+    """Why traces cannot be kept in ``d`` (made if missing, a file made there and removed
+    at once: permissions say nothing of /proc or a read-only mount); None when they can."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create {d}: {e.strerror or e}"
+    try:
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".trace-dir-probe-"):
+            pass
+    except OSError as e:
+        return f"cannot write in {d}: {e.strerror or e}"
+    return None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
