@@ -6,7 +6,10 @@ job allows it (``allow``) from ``closing``, once the hold is over and its room w
 closed, room disconnected, or left to livekit's shutdown when that was asked) is done. It
 then runs once, as the task of ``deleting``, bounded by ``close_timeout``; a request that
 arrives after ``allow`` runs at once. Its failure and its cut-off are logged. ``close`` is
-the job runtime being released: a deletion asked for but never allowed is abandoned then.
+the job runtime being released (``aclose()``): a deletion asked for but never allowed is
+abandoned then; one under way runs on to its own bound, and ``aclose()`` returns once it
+ends (the job itself closed before: its room step waits only its share of
+``close_timeout``, so a hung deletion costs the shutdown callbacks nothing).
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
@@ -68,7 +71,11 @@ ROOM_DELETION = MachineSpec(
         *cells("allowed", "allow", "allowed already"),
         *cells(WAITING, RESULTS, "only deleting runs the call and arms its bound"),
         *cells("deleting", ["request", "allow"], "it runs once"),
-        *cells("deleting", "close", "bounded by its own timeout; the release waits for it"),
+        *cells(
+            "deleting",
+            "close",
+            "bounded by its own timeout: it runs on to that bound; aclose() returns once it ends",
+        ),
         *cells(FINAL, EVENTS, "final"),
     ),
 )

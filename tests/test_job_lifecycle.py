@@ -245,6 +245,43 @@ async def test_a_hung_room_deletion_does_not_lose_the_shutdown_callbacks(
     assert job.states["room_deletion"] == "abandoned"
 
 
+async def test_aclose_returns_once_a_hung_deletion_reaches_its_own_bound(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """What the room deletion's ``(deleting, close)`` cell says: the job closes at its room
+    step's share of ``close_timeout`` (the callbacks are not held), the deletion ignores the
+    release's ``close`` and runs on to its own bound, and ``aclose()`` returns then."""
+    from statemachines.room_deletion import ROOM_DELETION
+    from statemachines.system import bound_of
+
+    async def hangs() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        clock=clock,
+        delete_room_on_close=True,
+        delete_room=hangs,
+        close_timeout=10.0,
+        otel=False,
+    )
+    await job.start(agent())
+    closing = asyncio.ensure_future(job.aclose())
+    returned: list[float] = []
+    closing.add_done_callback(lambda _: returned.append(clock.now()))
+    for _ in range(12):
+        await settle()
+        await clock.advance(1.0)
+    await asyncio.wait_for(closing, 5)
+    assert job.closed_at == pytest.approx(bound_of("room", 10.0))  # 1.5 s: the room share
+    assert returned == [10.0] and job.states["room_deletion"] == "abandoned"
+    reason = next(
+        c.note for c in ROOM_DELETION.ignore if (c.state, c.event) == ("deleting", "close")
+    )
+    assert "runs on to that bound; aclose() returns once it ends" in reason
+
+
 def test_the_room_fact_channels_are_registered_only_by_a_started_job(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
