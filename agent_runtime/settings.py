@@ -176,8 +176,10 @@ class AvatarRetry(BaseModel):
     ``attempts``: how many times the plugin is started again after a failure whose cause is
     in ``transient`` (over the lifecycle's whole life), each after ``backoff`` on room
     audio. ``rejoin``: an avatar that joins late (while waiting, or after giving up) gets
-    the audio again. ``True``/``False`` stand for ``AvatarRetry(rejoin=True)`` and the
-    default, the spelling ``retry_avatar`` had when it was a flag.
+    the audio again, through the route its plugin's start installed (after a start that
+    installed none, one that raised, the late join is ignored). ``True``/``False`` stand for
+    ``AvatarRetry(rejoin=True)`` and the default, the spelling ``retry_avatar`` had when it
+    was a flag.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

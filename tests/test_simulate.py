@@ -477,6 +477,36 @@ def test_a_start_error_on_the_first_starts_lets_a_retry_join(
         assert (r["final_states"]["avatar"], r["facts"]["audio_output"]) == ("joined", "avatar")
 
 
+@pytest.mark.parametrize("start", ["avatar.start", "avatar.start_error"])
+def test_rejoin_routes_a_late_avatar_only_when_a_start_installed_a_route(
+    start: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What embedding.md says of ``rejoin=True``: the avatar that joins after the job gave
+    up (``restored``) gets the audio when its start had installed a route (it never joined
+    in time); after a start that raised there is no route to put back: room audio."""
+    doc = {
+        "name": "a late avatar",
+        "config": {"avatar_identity": "av", "retry_avatar": True, "join_timeout": 3},
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 0.1, "event": start},
+            {"at": 5, "event": "participant_connected", "identity": "av", "kind": "agent"},
+            {"at": 5.1, "event": "track_published", "identity": "av", "kind": "video"},
+            {"at": 8, "event": "end"},
+        ],
+    }
+    r = simulate_json(write(tmp_path, doc), capsys)
+    gave_up = [
+        t["t"] for t in r["transitions"] if t["machine"] == "avatar" and t["dest"] == "restored"
+    ]
+    assert gave_up and gave_up[0] < 5
+    routed = (r["final_states"]["avatar"], r["facts"]["audio_output"])
+    assert routed == (("joined", "avatar") if start == "avatar.start" else ("restored", "room"))
+    page = " ".join((ROOT / "docs/guide/embedding.md").read_text().split())
+    assert "when the last start installed none" in page and "the late join is ignored" in page
+
+
 def test_a_start_error_on_no_start_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
