@@ -606,6 +606,46 @@ async def test_a_user_who_leaves_while_the_avatar_starts_ends_the_job_once_it_st
     await job.aclose()
 
 
+async def test_a_user_who_leaves_while_another_joins_during_the_start_leaves_the_other_linked(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """What happened during the start decides only when nobody is left to follow: with
+    another user there once the session started, the link follows the room as it is, as
+    RoomIO picks (it closed the session on the first user's leaving, the second there)."""
+    room.add_participant("alice")
+
+    def alice_leaves_bob_joins() -> None:
+        room.remove_participant("alice", rtc.DisconnectReason.CLIENT_INITIATED)
+        room.add_participant("bob")
+
+    job = await start_while(room, clock, alice_leaves_bob_joins)
+    assert job.states["participant"] == "linked" and job.link.linked_identity == "bob"
+    assert job.states["job"] == "serving"
+    assert job.session.room_io.linked_participant is room.remote_participants["bob"]
+    await job.aclose()
+
+
+async def test_a_user_already_in_a_room_that_connects_after_the_jobs_start_is_linked(
+    clock: VirtualClock,
+) -> None:
+    """A room handed over before it connected: rtc.Room fills its participants from the
+    join response with no participant_connected. The link reads the room when the session
+    starts, and follows the user out."""
+    room = InMemoryRoom(name="late-connect", clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), clock=clock)
+    await job.start_runtime()
+    donor = InMemoryRoom(name="join-response", clock=clock)  # builds the participant
+    lk.room_participants(room)["user"] = donor.add_participant("user")
+    room.connect_locally()
+    await job.start_session(Agent(instructions="agent"))
+    await settle()
+    assert job.states["participant"] == "linked" and job.link.linked_identity == "user"
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    assert job.close_reason == "participant_disconnected"
+    await job.aclose()
+
+
 async def test_a_user_who_drops_and_rejoins_while_the_avatar_starts_stays_linked(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:

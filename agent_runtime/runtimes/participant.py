@@ -48,7 +48,7 @@ from agent_runtime.settings import (
     reason_names,
     shared_names,
 )
-from statemachines.glue import PUBLISH_ON_BEHALF
+from statemachines.glue import PUBLISH_ON_BEHALF, eligible
 from statemachines.participant import PARTICIPANT
 
 logger = logging.getLogger("agent_runtime.participant")
@@ -173,18 +173,18 @@ class ParticipantLink(MachineRuntime[str]):
         return identity if isinstance(identity, str) else None
 
     def listen(self) -> None:
-        """Hear the room's participants from now on, before the session has started: what
-        they do is held and handed to the machine, in order, by ``start()``. A job listens
-        from its own start, so a user who leaves while the avatar or the session is still
-        starting is seen leaving."""
+        """Hear the room's participants from now on, before the session has started. At
+        ``start()``, when nobody the link may follow is in the room, what they did meanwhile
+        is handed to the machine in order: a job listens from its own start, so a user who
+        left while the avatar or the session was still starting is seen leaving."""
         if self._unsubscribe is None and not self.actor.started:
             self._held = _present(self.room_events)
             self._unsubscribe = follow(self.room_events, "participant", self._hear)
             self.room_events.start()
 
     def start(self) -> None:
-        """Follow the room; a participant already there is considered in join order (and,
-        after ``listen()``, what the room's participants did since, in that order).
+        """Follow the room; a participant already there is considered in join order (after
+        ``listen()``, with nobody to follow there, what the room's participants did since).
 
         Call it after ``await session.start(..., room=room)``: the link points the session's
         RoomIO, which exists only from then on.
@@ -211,6 +211,11 @@ class ParticipantLink(MachineRuntime[str]):
             self._held = _present(self.room_events)
             self._unsubscribe = follow(self.room_events, "participant", self._hear)
         held, self._held = self._held, []
+        present = _present(self.room_events)
+        if any(eligible(self, e.data) for e in present):
+            # someone the link may follow is here now: the room as it is decides, as RoomIO
+            # picks (what happened meanwhile decides only when nobody is left to follow)
+            held = present
         if self._session_close_listener is not None:  # taken back with the room's
             self.session.on("close", self._session_close_listener)
         self.room_events.start()
