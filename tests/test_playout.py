@@ -27,7 +27,7 @@ from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.playout import PLAYOUT
-from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig
+from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig, frames
 
 # livekit's own timers (the avatar sink's 2 s clear bound) move with the test's clock
 pytestmark = pytest.mark.virtual_time
@@ -122,6 +122,62 @@ async def test_an_avatar_that_dropped_a_report_still_ends_the_next_reply_with_it
     await rig.report(1.0)
     await rig.settle()
     assert third.done() and rig.playout.done[-1].cause == "playback_finished"
+    await rig.aclose()
+
+
+async def test_an_avatar_that_reports_early_after_one_lost_report_costs_one_bound_only() -> None:
+    """A's report lost (finished here by the bound); the avatar then reports each reply as
+    soon as it has its audio, before it could have played it. The first such report is
+    taken for A's, late: that reply waits for the bound, once. The bound does not count
+    its report as still owed, so every later reply ends on its own report at once (each
+    one waited for the bound before)."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.advance(3.0)
+    ended_at_once = []
+    for _ in range(3):
+        reply = rig.say(2.0)
+        await rig.settle()
+        await rig.advance(0.1)
+        await rig.report(2.0)  # early: it cannot have played 2 s in 0.1 s
+        await rig.settle()
+        ended_at_once.append(reply.done())
+        await rig.advance(5.0)
+    assert ended_at_once == [False, True, True]
+    causes = [d.cause for d in rig.playout.done]
+    assert causes[-3:] == ["playout_timeout", "playback_finished", "playback_finished"]
+    await rig.aclose()
+
+
+async def test_a_reply_cut_before_its_end_reached_the_sink_is_not_counted_as_owed() -> None:
+    """The avatar's clear confirmed for a reply still being produced: its segment ends
+    before the sink's flush, and the flush adds nothing the avatar owes. A later reply's
+    own full report is then read against that reply, not the one before it."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    gate = asyncio.Event()
+    rig.session.say("...", audio=frames(3.0, gate=gate))
+    await rig.settle()
+    await rig.advance(0.5)
+    assert rig.job.avatar is not None
+    rig.job.avatar.interrupt()
+    await rig.settle()
+    await rig.report(0.5, interrupted=True)  # the avatar confirms the clear
+    await rig.settle()
+    gate.set()  # the reply's last frame, then its flush
+    await rig.settle()
+    await rig.advance(5.0)
+    rig.say(4.0)  # its report is lost: finished here by the bound
+    await rig.settle()
+    await rig.advance(6.1)
+    shorter = rig.say(1.0)
+    await rig.settle()
+    await rig.advance(1.0)
+    await rig.report(1.0)  # its own, in full, on time
+    await rig.settle()
+    assert shorter.done() and rig.session.agent_state == "listening"
     await rig.aclose()
 
 

@@ -90,8 +90,8 @@ class SinkAdoption:
         self._on_clear, self._on_flushed = on_clear, on_flushed
         # the segment the sink is taking: (first frame at, seconds pushed)
         self._segment: tuple[float, float] | None = None
-        # the segments flushed and not finished, oldest first: (first frame at, seconds)
-        self._ended: deque[tuple[float, float]] = deque()
+        # the segments flushed and not finished, oldest first, as the sink counts them
+        self._ended: deque[_Ended] = deque()
         # segments playout's bound finished here whose report the avatar may still send
         self.late = 0
         # the session's interruption reaches the sink as clear_buffer(): the lifecycle sees
@@ -115,7 +115,7 @@ class SinkAdoption:
         if lk.segment_open(self.sink):
             self._segment = (now, pushed)
         elif (owed := lk.ended_unreported(self.sink)) > 0:
-            self._ended.extend([(now, pushed)] * owed)
+            self._ended.extend(_Ended(now, pushed) for _ in range(owed))
             self._on_flushed(SegmentFlushed(now, pushed))
 
     def _clear_buffer(self) -> None:
@@ -135,14 +135,20 @@ class SinkAdoption:
             # frames went past the wrapper
             segment = (self._clock.now(), lk.pushed_seconds(self.sink))
         if segment is not None:
-            self._ended.append(segment)
+            if lk.ended_unreported(self.sink) > len(self._ended):  # not finished already
+                self._ended.append(_Ended(*segment))
             self._on_flushed(SegmentFlushed(*segment))
 
     def _finished(self, **kw: Any) -> None:
-        # the sink's base class ends its oldest segment: a flushed one, if any is left
-        if self._ended and lk.ended_unreported(self.sink) > 0:
-            self._ended.popleft()
         self._own_finished(**kw)
+        # the sink's base class ended its oldest segment: a flushed one, if any was left
+        while len(self._ended) > lk.ended_unreported(self.sink):
+            self._ended.popleft()
+
+    def finished_here(self, owed: int) -> None:
+        """Playout's bound is finishing the ``owed`` oldest segments: their reports may
+        still come, but for one whose report may have come already, taken for late."""
+        self.late += sum(1 for seg in list(self._ended)[:owed] if not seg.answered)
 
     def is_late(self, report: PlaybackReport, now: float) -> bool:
         """Whether the avatar's report is one it owed for audio that playout's bound already
@@ -154,12 +160,14 @@ class SinkAdoption:
             return False
         head = self._ended[0] if self._ended else None
         pos = report.playback_position
-        late = head is None or now + _SLACK < head[0] + pos
+        late = head is None or now + _SLACK < head.started + pos
         if not late and head is not None and not report.interrupted:
-            late = pos + _SLACK < head[1]
+            late = pos + _SLACK < head.pushed
         # a report of the audio held now: the avatar moved on, the owed ones will not come
         self.late = self.late - 1 if late else 0
         if late:
+            if head is not None:  # unless this was its own, early: then not owed again
+                head.answered = True
             logger.info(
                 "a late %s from %s for audio finished here; not taken for the audio it plays now",
                 RPC_PLAYBACK_FINISHED,
@@ -185,12 +193,21 @@ def finish_segments(sink: AudioOutput, adoption: SinkAdoption | None, data: Any)
         return
     owed = lk.ended_unreported(sink) if data.get("origin") == "playout" else 0
     if owed and adoption is not None:
-        adoption.late += owed
+        adoption.finished_here(owed)
     for _ in range(max(owed, 1)):
         sink.on_playback_finished(
             playback_position=float(data.get("playback_position", 0.0)),
             interrupted=bool(data.get("interrupted", False)),
         )
+
+
+@dataclass(slots=True)
+class _Ended:
+    """A segment the sink was given in full and the avatar has not reported."""
+
+    started: float  # when its first frame was accepted by the sink
+    pushed: float  # seconds of audio
+    answered: bool = False  # a report was taken for an earlier segment's, late, meanwhile
 
 
 # how far a report may be off the segment it is for: frames rounded, the clock's steps

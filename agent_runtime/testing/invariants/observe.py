@@ -60,20 +60,35 @@ class Observed:
         job.job.actor.on("state_changed", on_change)
         started: list[bool] = []
 
-        def on_life(sc: Any) -> None:
-            if sc.source == "new" and not started:  # any start of the job: it follows the room
+        def following(leaving: Any = None) -> bool:
+            """Whether the job follows the room; its participants are noted the first
+            time that is seen (one leaving then among them)."""
+            if not started and job.system.events.started:
                 started.append(True)
-                self.joined += [_joined(p) for p in job.room.remote_participants.values()]
+                there = list(job.room.remote_participants.values())
+                if isinstance(leaving, rtc.RemoteParticipant):
+                    there.insert(0, leaving)
+                self.joined += [_joined(p) for p in there]
+                return False  # noted now
+            return bool(started)
+
+        def on_life(sc: Any) -> None:
+            following()
             if sc.dest == "closed":  # the job leaves no listener on the room
                 job.room.off("participant_connected", on_join)
+                job.room.off("participant_disconnected", on_leave)
 
         def on_join(*args: Any) -> None:
             # the room's own listeners come after this one: a malformed emit is theirs
-            if started and args and isinstance(args[0], rtc.RemoteParticipant):
+            if following() and args and isinstance(args[0], rtc.RemoteParticipant):
                 self.joined.append(_joined(args[0]))
+
+        def on_leave(*args: Any) -> None:
+            following(args[0] if args else None)
 
         job.system.lifecycle.on("state_changed", on_life)
         job.room.on("participant_connected", on_join)
+        job.room.on("participant_disconnected", on_leave)
 
     def watch_rpcs(self, job: AgentJob) -> None:
         """Record the avatar's state at each ``lk.clear_buffer`` the agent sends."""
