@@ -36,8 +36,9 @@ start returns and no ``join_timeout`` can fail it, and it is never removed from 
 
 The package, one idea a module: ``_lifecycle`` (the machine's runtime), ``_route`` (the
 audio chain and the avatar's route in it), ``_sink`` (the adopted sink and the playback
-RPC), ``_plugins`` (what is asked of a plugin), ``_facts`` (what the guards and timers
-read), ``_waits`` (waiting on its states). The SDK's private names they need are read
+RPC), ``_plugins`` (what is asked of a plugin), ``_attempts`` (the retry policy at work:
+restarts, causes, what is logged of them), ``_facts`` (what the guards and timers read),
+``_waits`` (waiting on its states). The SDK's private names they need are read
 through ``agent_runtime.sdk.livekit_compat``.
 """
 
