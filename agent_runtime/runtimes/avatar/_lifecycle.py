@@ -318,6 +318,15 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         await self._close_attempt(" before a retry")
         return Event("released")
 
+    async def _fx_retire_attempt(self, ev: Event) -> Event:
+        """The state task of ``retiring``: an attempt given up (no retry, no rejoin) closed
+        as a retry's release closes it, so that its avatar is not left in the room, still
+        billed by its provider; again for a late avatar of it. Bounded by the state's own
+        timeout; a failure here is logged, not fatal."""
+        self._tries.retire()
+        await self._close_attempt(" as it is retired")
+        return Event("released")
+
     async def _close_attempt(self, when: str) -> None:
         """A failed attempt's close: its plugin's own ``aclose()`` cut at half of
         ``join_timeout`` (the state's bound), its sink retired and let go, then its avatar

@@ -26,8 +26,8 @@ REMOVAL_TIMEOUT = 5.0  # a server API that never answers must not hold the close
 # the part of a close's budget the plugin's own aclose() may take; the avatar participant's
 # removal comes after it, whether or not it returned, in the rest. Closing with the job,
 # most of it (a provider's "end session" call is not cut short; the rest lets the removal
-# begin while the room is connected); before a retry, half of join_timeout (the removal
-# has to end within that state's own bound too)
+# begin while the room is connected); a failed attempt's (before a retry, or given up), half
+# of join_timeout (the removal has to end within that state's own bound too)
 PLUGIN_CLOSE_SHARE = 0.9
 RETRY_CLOSE_SHARE = 0.5
 
@@ -201,7 +201,7 @@ async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
 class PluginCloser:
     """An attempt's close, as the lifecycle runs it: the plugin's own ``aclose()`` within
     its part of the close's budget (``PLUGIN_CLOSE_SHARE``, or ``RETRY_CLOSE_SHARE`` for a
-    failed attempt's release), then, whether or not that returned, the avatar
+    failed attempt's release or retirement), then, whether or not that returned, the avatar
     participant removed (never an avatar that is the agent itself)."""
 
     __slots__ = ("_avatar", "_clock", "_remove", "_warn")
@@ -220,8 +220,8 @@ class PluginCloser:
         await close_plugin(self._avatar, self._clock, PLUGIN_CLOSE_SHARE * budget, "", self._warn)
 
     async def close_attempt(self, budget: float, when: str) -> None:
-        """``close`` for a failed attempt's release: within half of ``budget`` (the state's
-        bound); ``when`` says which release in a warning."""
+        """``close`` for a failed attempt's release (before a retry, or given up): within
+        half of ``budget`` (the state's bound); ``when`` says which in a warning."""
         bound = RETRY_CLOSE_SHARE * budget
         await close_plugin(self._avatar, self._clock, bound, when, self._warn)
 
