@@ -68,3 +68,38 @@ def test_a_retry_still_starting_at_the_close_is_rebuilt_and_checked(
     assert "avatar_start" in rebuilt.config.hold
     held = [(s.at, getattr(s, "result", None)) for s in rebuilt.steps if s.event == "held.end"]
     assert held == [(float(s["at"]), s["result"]) for s in CASES[case] if s["event"] == "held.end"]
+
+
+def test_an_attempt_given_up_and_kept_for_a_rejoin_is_rebuilt_with_rejoin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An avatar that never joins, with ``retry_avatar: {rejoin: true}`` and nobody coming
+    back: the trace shows the attempt kept (``failed -> restored``, its rejoin guard read
+    true) rather than retired. The rebuilt scenario has rejoin on, so ``--check`` replays
+    it to the same transitions (without it, the attempt would be retired)."""
+    scenario = tmp_path / "kept.yaml"
+    config = {"avatar_identity": "avatar-1", "join_timeout": 2, "retry_avatar": {"rejoin": True}}
+    steps = [
+        {"at": 0, "event": "avatar.start"},
+        {"at": 0.5, "event": "session.start"},
+        {"at": 5, "event": "end"},
+    ]
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "name": "kept",
+                "config": config,
+                "participants": [{"identity": "user"}],
+                "steps": steps,
+            }
+        )
+    )
+    trace, recorded = tmp_path / "run.jsonl", tmp_path / "recorded.yaml"
+    assert main(["simulate", str(scenario), "--trace", str(trace)]) == 0
+    assert '"dest": "retiring"' not in trace.read_text()
+    capsys.readouterr()
+    code = main(["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "the rebuilt scenario reproduces the trace" in err
+    assert load_scenario(recorded).config.retry_avatar.rejoin

@@ -22,6 +22,8 @@ from agent_runtime.tools.record._state import _ANSWERED, _DELETED, _SESSION_CLOS
 from statemachines.machines import MACHINES
 
 _PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+# the avatar's events whose rows read its rejoin guard: a late join, an attempt given up
+_REJOIN_READ = frozenset({"avatar_connected", "route_restored"})
 # the work the scenario runner stands in for: the event that ends it well, and what it does
 _STAND_INS: dict[str, tuple[frozenset[str], str]] = {
     "room_deletion": (_DELETED, "the room deletion succeeds at once"),
@@ -93,7 +95,8 @@ class _ConfigPass(_State):
                     self.config["close_on_disconnect"] = False
                 elif g.get("closing_reason") is False and g.get("grace_enabled") is False:
                     fired.setdefault("grace_period", 0.0)
-            if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
+            # a late join routed to again, or an attempt given up and kept for one
+            if m == "avatar" and r.event in _REJOIN_READ and g.get("rejoin"):
                 self.config["retry_avatar"] = True
             if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
