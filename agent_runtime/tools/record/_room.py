@@ -11,6 +11,7 @@ from typing import Any
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _SIMULATOR_ATTRIBUTE, _State
+from statemachines.avatar import RELEASES
 from statemachines.routing import ROUTES
 
 # the data each room fact carries to every machine it is routed to (agent_runtime.runtimes.routing's
@@ -128,10 +129,14 @@ class _RoomPass(_State):
                 if (
                     ident == avatar
                     and d.get("reason") == "PARTICIPANT_REMOVED"
-                    and avatar_closed_at is not None
-                    and index > avatar_closed_at
+                    and (
+                        (avatar_closed_at is not None and index > avatar_closed_at)
+                        or any(r.machine == "avatar" and r.source in RELEASES for r in f.records)
+                    )
                 ):
-                    continue  # the job removed its avatar as it closed: that follows by itself
+                    # the job removed its avatar as it closed, or as it closed a failed
+                    # attempt (releasing, retiring): that follows by itself
+                    continue
                 # the job saw the last simulator leave: it carried lk.simulator then
                 simulator = any(r.machine == "job" for r in f.records)
                 if ident not in self.present and (
