@@ -39,12 +39,13 @@ _DERIVED = ("retry_backoff", "playout_bound", *PlayoutOptions.model_fields)
 
 
 def _timeouts() -> dict[tuple[str, str], tuple[str, str, float]]:
-    """(machine, timeout event) -> (state, setting, default), from the specs."""
+    """(machine, state) -> (its timeout event, setting, default), from the specs (two states
+    may time out with the same event: the avatar's releasing and retiring)."""
     out: dict[tuple[str, str], tuple[str, str, float]] = {}
     for m in MACHINES.values():
         for s in m.states:
             if s.timeout is not None:
-                out[(m.name, s.timeout.event)] = (s.name, s.timeout.setting, s.timeout.default)
+                out[(m.name, s.name)] = (s.timeout.event, s.timeout.setting, s.timeout.default)
     return out
 
 
@@ -54,7 +55,7 @@ class _ConfigPass(_State):
         held: dict[tuple[str, str], float] = {}
         fired: dict[str, float] = {}
         timeouts = _timeouts()
-        states_with_timeouts = {(m, s) for (m, _), (s, _, _) in timeouts.items()}
+        states_with_timeouts = set(timeouts)
         last = max(r.t for r in self.records)
         linked: str | None = None
         refused_eligible = False
@@ -64,8 +65,8 @@ class _ConfigPass(_State):
                     refused_eligible |= self._refused(r)
                 continue
             m = r.machine
-            spec = timeouts.get((m, r.event))
-            if spec is not None and spec[0] == r.source:
+            spec = timeouts.get((m, r.source or ""))
+            if spec is not None and spec[0] == r.event:
                 after = r.data.get("after")
                 since = entered.get((m, r.source), 0.0)
                 value = after if isinstance(after, int | float) else r.t - since
@@ -108,7 +109,7 @@ class _ConfigPass(_State):
                     }
         for (m, s), start in entered.items():  # still held when the trace ends
             held[(m, s)] = max(held.get((m, s), 0.0), last - start)
-        for (m, _), (s, setting, default) in timeouts.items():
+        for (m, s), (_, setting, default) in timeouts.items():
             # a setting of the playout machine's is one of its options
             into = self.playout if setting in PlayoutOptions.model_fields else self.config
             if into is self.config and setting not in Config.model_fields:
@@ -116,8 +117,10 @@ class _ConfigPass(_State):
             if setting in fired:
                 into[setting] = fired[setting]
             elif held.get((m, s), 0.0) >= default:
-                # held that long without its timeout: the setting was longer
-                into[setting] = float(math.floor(held[(m, s)]) + 1)
+                # held that long without its timeout: the setting was longer (than every
+                # state that takes it was held)
+                longer = float(math.floor(held[(m, s)]) + 1)
+                into[setting] = max(longer, float(into.get(setting, 0.0)))
         if refused_eligible and linked is not None:
             self.config["participant_identity"] = linked
 
