@@ -34,10 +34,12 @@ participant's removal answers "not found").
 A start cut short (its timeout, or ``close``) first records any sink the plugin had put in.
 
 A late join in ``backoff`` is ignored unless ``rejoin`` holds (the next attempt's release
-removes it); in ``restored`` (and ``retiring``) it is retired unless ``rejoin`` holds: the
-late avatar is removed and its plugin closed again. With ``rejoin`` the avatar's route goes
-back in and the join is awaited again under a fresh ``join_timeout``. A reinstall that fails
-reports ``start_error``, a failure wherever the events queued before it took the machine.
+removes it); in ``restored`` it is retired unless ``rejoin`` holds (the late avatar removed,
+the plugin closed again, harmlessly), and in ``retiring`` (entered only without ``rejoin``)
+``retiring`` is entered anew, as the join may have come after the removal was asked. With
+``rejoin`` the avatar's route goes back in and the join is awaited again under a fresh
+``join_timeout``. A reinstall that fails reports ``start_error``, a failure wherever the
+events queued before it took the machine.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
