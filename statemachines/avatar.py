@@ -23,16 +23,23 @@ attempts left, ``backoff`` waits (the agent on room audio) for ``backoff_elapsed
 ``releasing`` closes the failed attempt (its plugin session closed, its avatar participant
 removed) as a state task bounded by a ``join_timeout`` of its own, and ``starting`` starts the
 plugin again with its whole ``join_timeout`` (``released``, or ``release_timeout`` if the
-release hung). ``close`` says by its source what
-is left to undo: nothing from ``idle``; from the states where our route may be in, the
-guarded restore, then the plugin; from ``failed``/``backoff``/``releasing``/``restored`` only
-the plugin.
+release hung). An attempt that failed for good is kept only for a rejoin (the policy's
+``rejoin``, and a route to reinstall): otherwise ``retiring`` closes it the same way (same
+task work, same bound, same outcomes), so that no avatar is left in the room, still billed
+by its provider, and then the machine rests in ``restored``. ``close`` says by its source
+what is left to undo: nothing from ``idle``; from the states where our route may be in, the
+guarded restore, then the plugin; from ``failed``/``backoff``/``releasing``/``retiring``/
+``restored`` only the plugin (a plugin closed already closes again harmlessly, and its
+participant's removal answers "not found").
 A start cut short (its timeout, or ``close``) first records any sink the plugin had put in.
 
-A late join in ``backoff`` or ``restored`` is ignored unless the policy's ``rejoin`` holds
-(and there is a route to reinstall): then the avatar's route goes back in and the join is
-awaited again under a fresh ``join_timeout``. A reinstall that fails reports
-``start_error``, a failure wherever the events queued before it took the machine.
+A late join in ``backoff`` is ignored unless ``rejoin`` holds (the next attempt's release
+removes it); in ``restored`` it is retired unless ``rejoin`` holds (the late avatar removed,
+the plugin closed again, harmlessly), and in ``retiring`` (entered only without ``rejoin``)
+``retiring`` is entered anew, as the join may have come after the removal was asked. With
+``rejoin`` the avatar's route goes back in and the join is awaited again under a fresh
+``join_timeout``. A reinstall that fails reports ``start_error``, a failure wherever the
+events queued before it took the machine.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row
@@ -42,8 +49,10 @@ ACTIVE = ["routing", "joined", "clearing"]  # the plugin's start has been handle
 # the states in which the session's clear reaches the plugin's sink as without the
 # lifecycle (the runtime delivers it there, synchronously, before posting ``interrupt``)
 PLUGIN_CLEARS = ["joined", "clearing"]
-DONE = ["failed", "backoff", "releasing", "restored"]  # our route is already put back
+DONE = ["failed", "backoff", "releasing", "retiring", "restored"]  # our route is put back
 WAITING = ["backoff", "restored"]  # a late join may be routed to again (rejoin)
+# an attempt's close (its plugin session and sink closed, its participant removed), bounded
+RELEASES = ["releasing", "retiring"]
 # what can end an attempt, as route_restored's cause (the retry policy names the transient)
 CAUSES = ("start_error", "start_timeout", "no_route", "join_timeout", "avatar_left")
 EVENTS = (
@@ -115,6 +124,13 @@ AVATAR = MachineSpec(
             invoke=("release_attempt",),
             description="on room audio, the failed attempt closed before the plugin starts again",
         ),
+        State(
+            name="retiring",
+            # as releasing: the same close of the attempt, within the same bound
+            timeout=StateTimeout(event="release_timeout", setting="join_timeout", default=30.0),
+            invoke=("retire_attempt",),
+            description="on room audio for good, the failed attempt closed (no rejoin)",
+        ),
         State(name="restored", description="the previous route is back; the agent is audible"),
         State(name="closed", final=True, description="route restored, plugin closed, unhooked"),
     ),
@@ -152,6 +168,13 @@ AVATAR = MachineSpec(
             error_event="released",
             description="before a retry: close the failed attempt's plugin session and sink, "
             "remove its avatar participant",
+        ),
+        Effect(
+            name="retire_attempt",
+            # a retirement that failed is over too: the agent is on room audio either way
+            error_event="released",
+            description="no retry, no rejoin: close the failed attempt's plugin session and "
+            "sink, remove its avatar participant",
         ),
         Effect(
             name="reinstall_route",
@@ -214,15 +237,23 @@ AVATAR = MachineSpec(
         *row(ROUTED, "playback_finished", None, effects=["mark_playout_done"]),
         *row("clearing", "clear_buffer_done", "joined"),
         *row("failed", "route_restored", "backoff", guards=["retry_left"]),
-        *row("failed", "route_restored", "restored"),
+        # given up: kept for a late join only if it can get the audio again
+        *row("failed", "route_restored", "restored", guards=["rejoin"]),
+        *row("failed", "route_restored", "retiring"),
         *row("backoff", "backoff_elapsed", "releasing"),
         *row("releasing", "released", "starting"),
         # the old attempt's close hung past its bound: logged by it, the new start goes on
         *row("releasing", "release_timeout", "starting"),
+        # the attempt closed (or its close cut at its bound, logged): on room audio for good
+        *row("retiring", "released", "restored"),
+        *row("retiring", "release_timeout", "restored"),
         *row(
             WAITING, "avatar_connected", "routing", guards=["rejoin"], effects=["reinstall_route"]
         ),
-        *row(WAITING, "avatar_connected", None),
+        *row("backoff", "avatar_connected", None),  # the next attempt's release removes it
+        # a late avatar of an attempt given up: retired (its removal asked again), as one
+        # that joins while the retirement runs (re-entered: it may come after the removal)
+        *row(["restored", "retiring"], "avatar_connected", "retiring"),
         *row("idle", "close", "closed", effects=["unhook"]),
         *row("starting", "close", "closed", effects=["record_route", *CLOSE_PLUGIN]),
         *row(ACTIVE, "close", "closed", effects=CLOSE_PLUGIN),
@@ -254,10 +285,10 @@ AVATAR = MachineSpec(
             "a late clear outcome",
         ),
         *cells(
-            ["idle", *ROUTED, "backoff", "releasing", "restored"], "route_restored", "not restoring"
+            ["idle", *ROUTED, "backoff", *RELEASES, "restored"], "route_restored", "not restoring"
         ),
         *cells(
-            ["idle", *ROUTED, "failed", "releasing", "restored"],
+            ["idle", *ROUTED, "failed", *RELEASES, "restored"],
             "backoff_elapsed",
             "a stale backoff timer",
         ),

@@ -66,8 +66,11 @@ async def test_never_joins_avatar_started_before_session_ends_on_room_audio() ->
         (0.0, "start", "idle", "starting"),
         (0.0, "plugin_started", "starting", "routing"),
         (30.0, "join_timeout", "routing", "failed"),
-        (30.0, "route_restored", "failed", "restored"),
+        # given up (no retry, no rejoin): the attempt closed, its avatar removal asked
+        (30.0, "route_restored", "failed", "retiring"),
+        (30.0, "released", "retiring", "restored"),
     ]
+    assert rig.avatar.installed is not None and rig.removed == [AVATAR]
     await rig.aclose()
 
 
@@ -207,11 +210,12 @@ async def test_joins_then_drops_restores_on_that_same_event() -> None:
     await settle()
     assert rig.lifecycle.state == "restored"
     assert rig.lifecycle.audio_route() == "room"
-    assert rig.transitions()[-3:] == [
+    assert rig.transitions()[-4:] == [
         # both facts arrived before the mailbox ran: the guard reads the room as it is
         (1.0, "avatar_connected", "routing", "joined"),
         (10.0, "avatar_left", "joined", "failed"),
-        (10.0, "route_restored", "failed", "restored"),
+        (10.0, "route_restored", "failed", "retiring"),
+        (10.0, "released", "retiring", "restored"),
     ]
     assert rig.clock.pending == 0  # no timer was involved
     await rig.aclose()
@@ -576,8 +580,10 @@ async def test_close_from_every_state_restores_and_unhooks_everything(state: str
         assert "clear_buffer" not in vars(sink)  # the sink is the SDK's own again
         assert isinstance(sink, DataStreamAudioOutput)
         assert sink._start_atask is None or sink._start_atask.done()
-    # removal is tried once started; "not found" (starting, routing, restored) is fine
-    assert rig.removed == ([] if state == "idle" else [AVATAR])
+    # removal is tried once started (restored: by the retirement on the way there, then by
+    # the close, which asks whoever may have joined since); "not found" (starting,
+    # routing, restored) is fine
+    assert rig.removed == {"idle": [], "restored": [AVATAR, AVATAR]}.get(state, [AVATAR])
     assert AVATAR not in rig.room.remote_participants
     await rig.lifecycle.aclose()  # idempotent
     await rig.session.aclose()
@@ -738,8 +744,11 @@ async def test_a_start_that_never_returns_is_cut_at_join_timeout(route_first: bo
     assert rig.transitions() == [
         (0.0, "start", "idle", "starting"),
         (5.0, "start_timeout", "starting", "failed"),
-        (5.0, "route_restored", "failed", "restored"),
+        # the cut start may have asked its provider for an avatar already: closed, removed
+        (5.0, "route_restored", "failed", "retiring"),
+        (5.0, "released", "retiring", "restored"),
     ]
+    assert rig.removed == [AVATAR]
     restored = [r for r in rig.trace.records if r.event == "route_restored"]
     assert restored[0].data["outcome"] == ("previous" if route_first else "nothing_installed")
     await rig.aclose()
@@ -800,7 +809,10 @@ async def test_room_output_attached_by_restore_outlives_close_until_the_session_
 
 
 @pytest.mark.parametrize("retry", [False, True])
-async def test_late_join_after_restored_is_ignored_unless_retry(retry: bool) -> None:
+async def test_late_join_after_restored_is_removed_unless_rejoin(retry: bool) -> None:
+    """An avatar that joins after its attempt was given up: with rejoin (``retry=True``)
+    it gets the audio again; without, it is removed from the room (its plugin closed
+    again), and the agent stays on room audio."""
     rig = Rig(join_timeout=5.0, retry=retry)
     await rig.start_session()
     await rig.start_avatar()
@@ -821,9 +833,13 @@ async def test_late_join_after_restored_is_ignored_unless_retry(retry: bool) -> 
         await settle()
         assert rig.lifecycle.state == "restored"
     else:
-        rig.room.publish_track(AVATAR, "video")
-        await settle()
-        assert rig.lifecycle.state == "restored" and changes == []
+        assert changes == [
+            ("restored", "retiring", "avatar_connected"),
+            ("retiring", "restored", "released"),
+        ]
+        assert rig.lifecycle.state == "restored"
+        # asked when the attempt was given up (not found), then for the late avatar
+        assert rig.removed == [AVATAR, AVATAR] and AVATAR not in rig.room.remote_participants
     assert rig.lifecycle.audio_route() == "room"
     await rig.aclose()
 
@@ -845,7 +861,7 @@ async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
     waiting = asyncio.ensure_future(rig.lifecycle.wait_for("restored"))
     await rig.clock.advance(4)
     assert waiting.done() and waiting.exception() is None
-    assert seen == ["starting", "routing", "failed", "restored"]
+    assert seen == ["starting", "routing", "failed", "retiring", "restored"]
     closed_first = asyncio.ensure_future(rig.lifecycle.wait_for("joined"))
     await settle()
     await rig.aclose()
@@ -1118,8 +1134,8 @@ async def test_a_reaction_the_instant_the_avatar_fails_is_handled_in_failed(reac
     await settle()
     assert route_of(rig.session) == "room"
     assert rig.rpcs() == []
-    then = ("failed", "closed", "close") if reaction == "close" else _restored[0]
-    assert changes == [("joined", "failed", "avatar_left"), then]
+    then = [("failed", "closed", "close")] if reaction == "close" else _restored
+    assert changes == [("joined", "failed", "avatar_left"), *then]
     if reaction == "close":
         assert rig.lifecycle.state == "closed" and rig.removed == [AVATAR]
     else:
@@ -1301,9 +1317,12 @@ async def test_a_network_blip_leaves_the_avatar_where_it_was(state: str) -> None
 @pytest.mark.parametrize("state", ["routing", "backoff", "restored"])
 async def test_a_playback_report_while_not_joined_moves_nothing(state: str) -> None:
     """The avatar reports a playback before its video is up, or late, once it failed to
-    join (its report handler is still ours then): the report is answered and the
-    lifecycle stays where it was, the route and the timers with it."""
-    retry = {"attempts": 1, "backoff": {"initial": 5.0}} if state == "backoff" else {}
+    join and is waited for again or kept for a rejoin (its report handler is still ours
+    then): the report is answered and the lifecycle stays where it was, the route and the
+    timers with it."""
+    retry: dict[str, Any] = {"attempts": 1, "backoff": {"initial": 5.0}}
+    if state != "backoff":
+        retry = {"rejoin": True} if state == "restored" else {}
     rig = Rig(join_timeout=10.0, retry=retry)
     await rig.start_session()
     await rig.start_avatar()
@@ -1324,21 +1343,26 @@ async def test_a_playback_report_while_not_joined_moves_nothing(state: str) -> N
     await rig.aclose()
 
 
-async def test_a_late_avatar_that_comes_and_goes_after_restore_changes_nothing() -> None:
-    """Restored on room audio (no retry, no rejoin): the avatar turning up late and leaving
-    again neither moves the audio nor restarts anything."""
-    rig = Rig(avatar=FlakyAvatar(failures=1))
+async def test_a_late_avatar_after_restore_is_removed_and_moves_nothing_else() -> None:
+    """Restored on room audio (no retry, no rejoin): the avatar turning up late is removed
+    from the room (its plugin closed again), and neither the audio moves nor anything
+    restarts; its report handler went with the retirement of its attempt."""
+    avatar = FlakyAvatar(failures=1)
+    rig = Rig(avatar=avatar)
     await rig.start_session()
     await rig.start_avatar()
-    assert rig.lifecycle.state == "restored"
+    assert rig.lifecycle.state == "restored" and avatar.closes == 1
     changes = rig.watch()
     rig.join()
     await settle()
-    rig.room.remove_participant(AVATAR)
-    await settle()
-    assert changes == []
+    assert changes == [
+        ("restored", "retiring", "avatar_connected"),
+        ("retiring", "restored", "released"),
+    ]
+    assert AVATAR not in rig.room.remote_participants and avatar.closes == 2
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
     assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
+    assert "lk.playback_finished" not in rig.room.local_participant.rpc_handlers
     await rig.aclose()
 
 
@@ -1396,7 +1420,7 @@ async def test_what_the_room_says_as_the_avatar_fails_is_taken_in_failed(meanwhi
     assert rig.decided(event)[-1] == "failed"  # the cell this test is about
     cause = "join_timeout" if meanwhile == "left" else "avatar_left"
     before = "routing" if meanwhile == "left" else "joined"
-    assert changes == [(before, "failed", cause), ("failed", "restored", "route_restored")]
+    assert changes == [(before, "failed", cause), *_restored]
     assert rig.lifecycle.audio_route() == "room"
     assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
     assert [await r for r in replies] == (["ok"] if meanwhile == "report" else [])
@@ -1476,17 +1500,20 @@ async def test_a_returning_avatar_whose_route_cannot_go_back_in_ends_on_room_aud
     assert route_of(rig.session) == "room"
     back = [("restored", "routing", "avatar_connected")]
     if then == "nothing":
-        assert changes == [*back, ("routing", "failed", "start_error"), *_restored]
+        assert changes == [*back, ("routing", "failed", "start_error"), *_kept]
     elif then == "video":
         joined = ("routing", "joined", "video_published")
-        assert changes == [*back, joined, ("joined", "failed", "start_error"), *_restored]
+        assert changes == [*back, joined, ("joined", "failed", "start_error"), *_kept]
     else:
-        assert changes == [*back, ("routing", "failed", "avatar_left"), *_restored]
+        assert changes == [*back, ("routing", "failed", "avatar_left"), *_kept]
         assert rig.decided("start_error") == ["failed"]
     await rig.aclose()
 
 
-_restored = [("failed", "restored", "route_restored")]
+# given up (no retry, no rejoin): the failed attempt is closed on the way to restored
+_restored = [("failed", "retiring", "route_restored"), ("retiring", "restored", "released")]
+# given up with rejoin (and a route to reinstall): kept as it is for a late join
+_kept = [("failed", "restored", "route_restored")]
 
 
 @pytest.mark.parametrize(
@@ -1496,26 +1523,22 @@ _restored = [("failed", "restored", "route_restored")]
         ("joined", "report"),
         ("joined", "video"),
         ("joined", "announced"),
-        ("restored", "back"),
     ],
 )
 async def test_what_does_not_concern_the_lifecycle_leaves_it_where_it_is(
     state: str, meanwhile: str
 ) -> None:
     """The avatar's playback report (the segment it played ends, nothing else), another
-    video from it, the room announcing it again, or (restored, no rejoin) the avatar
-    turning up with its video: a user's listener sees no state change, the audio stays
+    video from it, or the room announcing it again: a user's listener sees no state
+    change, the audio stays
     where it was, nothing is sent and nothing restarts. (Routing, the avatar's sink is
     one that streams before the avatar's video is up, as its plugin may set it.)"""
     plays_early = ScriptedAvatar(avatar_identity=AVATAR, wait_remote_track=None)
     rig = Rig(join_timeout=10.0, avatar=plays_early if state == "routing" else None)
     await rig.start_session()
     await rig.start_avatar()
-    if state == "restored":
-        await rig.clock.advance(10.0)  # never joined
-    else:
-        rig.join(video=state == "joined")
-        await settle()
+    rig.join(video=state == "joined")
+    await settle()
     assert rig.lifecycle.state == state
     handle = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
     await settle()
@@ -1528,10 +1551,8 @@ async def test_what_does_not_concern_the_lifecycle_leaves_it_where_it_is(
         )
     elif meanwhile == "video":
         rig.room.publish_track(AVATAR, "video")
-    elif meanwhile == "announced":
-        rig.room.emit("participant_connected", rig.room.remote_participants[AVATAR])
     else:
-        rig.join()
+        rig.room.emit("participant_connected", rig.room.remote_participants[AVATAR])
     await settle()
     if meanwhile == "report":
         assert handle.done()

@@ -21,6 +21,7 @@ from agent_runtime.runtimes.avatar import route_of
 from agent_runtime.testing.clock import settle
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import Rig, add_active
+from tests.support.world import stranger, stranger_track
 
 SCENARIOS = sorted((Path(__file__).parent.parent / "examples" / "scenarios").glob("avatar_*.yaml"))
 CHECKED_FACTS = ("audio_output", "rpcs_sent")
@@ -58,7 +59,11 @@ async def play(doc: dict[str, Any]) -> dict[str, Any]:
         elif ev == "participant_connected":
             add_active(rig.room, step["identity"], kind=step.get("kind", "standard"))
         elif ev == "track_published":
-            rig.room.publish_track(step["identity"], step.get("kind", "audio"))
+            if step["identity"] in rig.room.remote_participants:
+                rig.room.publish_track(step["identity"], step.get("kind", "audio"))
+            else:  # as the runner does: a stranger's event (an avatar removed meanwhile)
+                track = stranger_track(step.get("kind", "audio"))
+                rig.room.emit("track_published", track, stranger(step["identity"]))
         elif ev == "participant_disconnected":
             reason = rtc.DisconnectReason.Value(step.get("reason", "CLIENT_INITIATED"))
             rig.room.remove_participant(step["identity"], reason)
@@ -123,7 +128,7 @@ async def test_bundled_avatar_scenario(path: Path) -> None:
 
 
 NEVER_JOINS = """
-name: never joins, avatar first; then a late join that is ignored
+name: never joins, avatar first; then a late join that is removed
 config: {avatar_identity: avatar-1, join_timeout: 5}
 participants: [{identity: user}]
 steps:

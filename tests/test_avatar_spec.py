@@ -36,7 +36,8 @@ PATHS: dict[str, list[tuple[str, dict[str, bool]]]] = {
     "failed": _FAILED,
     "backoff": _BACKOFF,
     "releasing": [*_BACKOFF, ("backoff_elapsed", {})],
-    "restored": [*_FAILED, ("route_restored", {})],
+    "retiring": [*_FAILED, ("route_restored", {})],
+    "restored": [*_FAILED, ("route_restored", {}), ("released", {})],
     "closed": [("close", {})],
 }
 INVOKED = {name for st in AVATAR.states for name in st.invoke}
@@ -113,7 +114,7 @@ class Recorder:
 def test_every_cell_has_a_case() -> None:
     ids = {(p.values[0], p.values[1]) for p in _cases()}
     assert ids == {(s, e) for s in AVATAR.state_names for e in AVATAR.events}
-    assert len(AVATAR.state_names) * len(AVATAR.events) == 10 * 18
+    assert len(AVATAR.state_names) * len(AVATAR.events) == 11 * 18
 
 
 @pytest.mark.parametrize(("state", "event", "kind", "row"), _cases())
@@ -146,8 +147,9 @@ async def test_cell(state: str, event: str, kind: str, row: Any) -> None:
     assert len(trans) == 1 and trans[0].dest == (r.dest or state)
     assert {g: trans[0].guards[g] for g in r.guards} == {g: True for g in r.guards}
     # a state entered starts its task; one left has its task cancelled; an internal row
-    # leaves the state's task running, not started again
-    entered = r.dest is not None and r.dest != state
+    # leaves the state's task running, not started again; a self-transition leaves and
+    # enters again: its task cancelled and started anew
+    entered = r.dest is not None
     assert await rec.running() == (list(AVATAR.state(r.dest).invoke) if entered else [])
     await rec.actor.aclose()
 
@@ -171,7 +173,7 @@ def test_decisions_the_issue_asks_for() -> None:
     assert step(AVATAR, "routing", "avatar_connected", {"has_video": True}).dest == "joined"
     assert step(AVATAR, "routing", "video_published", {"avatar_present": True}).dest == "joined"
     # every failure restores (a start cut short records its route first), and failed always
-    # ends in restored
+    # ends in restored (through retiring unless the attempt is kept for a rejoin)
     for s, ev in (
         ("routing", "join_timeout"),
         ("starting", "start_error"),
@@ -181,7 +183,8 @@ def test_decisions_the_issue_asks_for() -> None:
     assert step(AVATAR, "starting", "start_timeout").effects == ("record_route", "restore_route")
     for s in ("routing", "joined", "clearing"):
         assert step(AVATAR, s, "avatar_left").dest == "failed"
-    assert step(AVATAR, "failed", "route_restored").dest == "restored"
+    assert step(AVATAR, "failed", "route_restored", {"rejoin": True}).dest == "restored"
+    assert step(AVATAR, "failed", "route_restored").dest == "retiring"
     # a start that returns with no route in fails at once, not after join_timeout
     assert step(AVATAR, "starting", "no_route").dest == "failed"
     assert step(AVATAR, "starting", "no_route").effects == ("restore_route",)
@@ -197,6 +200,7 @@ def test_decisions_the_issue_asks_for() -> None:
     # everywhere else (and an interrupt asked before the join was seen): locally, no RPC
     for s in ("idle", "starting", "routing", "joined", "failed", "backoff", "releasing"):
         assert step(AVATAR, s, "interrupt").effects == ("clear_local_buffer",)
+    assert step(AVATAR, "retiring", "interrupt").effects == ("clear_local_buffer",)
     assert step(AVATAR, "restored", "interrupt").effects == ("clear_local_buffer",)
     # retry: a transient cause with attempts left waits in backoff (on room audio, the
     # route restored on the way), then releases the attempt in a state of its own (bounded
@@ -222,12 +226,30 @@ def test_decisions_the_issue_asks_for() -> None:
             "starting",
             (),
         )
-    # a late join while waiting or after giving up: ignored unless rejoin; then routed again
+    # given up for good with no rejoin: the attempt is closed (its plugin session and sink,
+    # its participant removed) in a state of its own, bounded as a retry's release, and
+    # the machine rests in restored however that close ended
+    retiring = AVATAR.state("retiring")
+    assert retiring.invoke == ("retire_attempt",)
+    assert retiring.timeout is not None
+    assert (retiring.timeout.event, retiring.timeout.setting) == ("release_timeout", "join_timeout")
+    assert AVATAR.effect("retire_attempt").error_event == "released"
+    for ended in ("released", "release_timeout"):
+        assert (step(AVATAR, "retiring", ended).dest, step(AVATAR, "retiring", ended).effects) == (
+            "restored",
+            (),
+        )
+    # a late join while waiting or after giving up: routed again with rejoin; without it,
+    # ignored while waiting (the next release removes it), retired after giving up (and
+    # while retiring: the state entered again, its removal asked anew)
     for s in ("backoff", "restored"):
-        late = step(AVATAR, s, "avatar_connected", {"rejoin": False})
-        assert (late.dest, late.effects) == (s, ())
         back = step(AVATAR, s, "avatar_connected", {"rejoin": True})
         assert (back.dest, back.effects) == ("routing", ("reinstall_route",))
+    late = step(AVATAR, "backoff", "avatar_connected", {"rejoin": False})
+    assert (late.dest, late.effects, late.changed) == ("backoff", (), False)
+    for s in ("restored", "retiring"):
+        late = step(AVATAR, s, "avatar_connected", {"rejoin": False})
+        assert (late.dest, late.effects, late.changed) == ("retiring", (), True)
     # close from every live state, undoing what that state says is there
     plugin = ("put_route_back", "unhook", "close_plugin")
     closes = {
@@ -239,6 +261,7 @@ def test_decisions_the_issue_asks_for() -> None:
         "failed": ("unhook", "close_plugin"),
         "backoff": ("unhook", "close_plugin"),
         "releasing": ("unhook", "close_plugin"),
+        "retiring": ("unhook", "close_plugin"),
         "restored": ("unhook", "close_plugin"),
     }
     for s, effects in closes.items():

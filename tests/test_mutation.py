@@ -555,7 +555,8 @@ def test_a_reinstall_never_fails_in_clearing() -> None:
     """The premise of the by-hand argument for the avatar's ``(clearing, start_error)``:
     ``start_error`` comes from the plugin's start, a task of ``starting`` only, or from the
     reinstall, a synchronous effect of the rejoin rows, which leave ``backoff`` and
-    ``restored``; those are entered only on ``route_restored``, from ``failed``. The one
+    ``restored``; those are entered only after ``failed``: on its ``route_restored``, or
+    from ``retiring``, itself entered only from ``failed`` and ``restored``. The one
     row into ``clearing`` takes an interrupt its guard reads as delivered, and the runtime
     marks an interrupt delivered only in the one place that posts it in ``joined`` or
     ``clearing``."""
@@ -574,7 +575,16 @@ def test_a_reinstall_never_fails_in_clearing() -> None:
     assert reinstalls and {r.source for r in reinstalls} == set(WAITING)
     assert ("avatar", "reinstall_route") in QUEUED_AT_ONCE
     into_waiting = [r for r in avatar.rows if r.dest in WAITING and r.source != r.dest]
-    assert {(r.source, r.event) for r in into_waiting} == {("failed", "route_restored")}
+    assert {(r.source, r.event) for r in into_waiting} == {
+        ("failed", "route_restored"),
+        ("retiring", "released"),
+        ("retiring", "release_timeout"),
+    }
+    assert {r.source for r in avatar.rows if r.dest == "retiring"} == {
+        "failed",
+        "restored",
+        "retiring",
+    }
     (into_clearing,) = [r for r in avatar.rows if r.dest == "clearing"]
     assert (into_clearing.source, into_clearing.event) == ("joined", "interrupt")
     assert into_clearing.guards == ("clear_pending",)

@@ -7,14 +7,22 @@ retry failed instead of being cut by the close).
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from livekit.agents import Agent, AgentSession
 
+from agent_runtime import AgentJob, MemorySink, Tracer
+from agent_runtime.settings import AvatarRetry
+from agent_runtime.testing.clock import VirtualClock
+from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scenario import load_scenario
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.tools.cli import main
+from agent_runtime.tools.record import record
 
 CONFIG = {
     "avatar_identity": "avatar-1",
@@ -125,3 +133,88 @@ def test_the_avatar_a_retry_removed_is_not_a_departure_step(
     rebuilt = load_scenario(recorded)
     joins = [s.at for s in rebuilt.steps if s.event == "participant_connected"]
     assert joins == [float(s["at"]) for s in steps if s["event"] == "participant_connected"]
+
+
+def test_an_attempt_given_up_and_kept_for_a_rejoin_is_rebuilt_with_rejoin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An avatar that never joins, with ``retry_avatar: {rejoin: true}`` and nobody coming
+    back: the trace shows the attempt kept (``failed -> restored``, its rejoin guard read
+    true) rather than retired. The rebuilt scenario has rejoin on, so ``--check`` replays
+    it to the same transitions (without it, the attempt would be retired)."""
+    scenario = tmp_path / "kept.yaml"
+    config = {"avatar_identity": "avatar-1", "join_timeout": 2, "retry_avatar": {"rejoin": True}}
+    steps = [
+        {"at": 0, "event": "avatar.start"},
+        {"at": 0.5, "event": "session.start"},
+        {"at": 5, "event": "end"},
+    ]
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "name": "kept",
+                "config": config,
+                "participants": [{"identity": "user"}],
+                "steps": steps,
+            }
+        )
+    )
+    trace, recorded = tmp_path / "run.jsonl", tmp_path / "recorded.yaml"
+    assert main(["simulate", str(scenario), "--trace", str(trace)]) == 0
+    assert '"dest": "retiring"' not in trace.read_text()
+    capsys.readouterr()
+    code = main(["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "the rebuilt scenario reproduces the trace" in err
+    assert load_scenario(recorded).config.retry_avatar.rejoin
+
+
+class _Unclosable(ScriptedAvatar):
+    """A plugin whose first start raises and whose aclose() never returns (its provider's
+    end-session call hangs, after the base class's close)."""
+
+    def __init__(self) -> None:
+        super().__init__(avatar_identity="avatar-1", start_error="the provider failed")
+        self.start_errors = 1
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await asyncio.get_running_loop().create_future()
+
+
+async def test_a_release_cut_at_its_bound_tells_join_timeout(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The failed attempt's release hangs (its plugin's close and the participant's removal
+    never end) until ``release_timeout``, after ``join_timeout`` (3 s): the only timeout
+    of that setting the trace shows, as the job closes before the next attempt's join
+    timeout. The rebuilt config has ``join_timeout: 3`` (two states time out with
+    ``release_timeout``: releasing and retiring, each read as its own)."""
+
+    async def hangs(identity: str) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    sink = MemorySink()
+    room.add_participant("user")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=_Unclosable(),
+        clock=clock,
+        otel=False,
+        tracer=Tracer(sink),
+        join_timeout=3,
+        retry_avatar=AvatarRetry(attempts=1, backoff={"initial": 1}),
+        remove_avatar_participant=hangs,
+    )
+    await job.start(Agent(instructions="agent"))
+    await clock.advance(4.5)  # start_error at 0, backoff 1 s, released by its bound at 4
+    assert [(r.source, r.t) for r in sink.records if r.event == "release_timeout"] == [
+        ("releasing", 4.0)
+    ]
+    assert job.states["avatar"] == "routing"
+    closing = asyncio.ensure_future(job.aclose(graceful=False))
+    await clock.advance(30)
+    await closing
+    assert record(sink.records, name="cut").scenario["config"]["join_timeout"] == 3.0

@@ -96,7 +96,10 @@ PRODUCERS: dict[tuple[str, str], dict[str, str]] = {
     ("avatar", "no_route"): {"start_plugin": "_fx_start_plugin"},
     ("avatar", "route_restored"): {"restore_route": "_fx_restore_route"},
     ("avatar", "clear_buffer_done"): {"follow_plugin_clear": "_fx_follow_plugin_clear"},
-    ("avatar", "released"): {"release_attempt": "_fx_release_attempt"},
+    ("avatar", "released"): {
+        "release_attempt": "_fx_release_attempt",
+        "retire_attempt": "_fx_retire_attempt",
+    },
     ("job", "close_done"): {"run_close": "_fx_run_close"},
     ("session_host", "drained"): {"drain": "_fx_drain"},
     ("session_host", "subscribe_failed"): {"subscribe": "_fx_subscribe"},
@@ -330,7 +333,8 @@ BY_HAND: tuple[tuple[str, str], ...] = (
             "never decided there: past starting, start_error is only the reinstall's failure "
             "(start_plugin's dies with starting), queued in the rejoin's own step "
             "(reinstall_route is synchronous) behind events posted before it, from backoff or "
-            "restored, entered only on route_restored; the one way into clearing is an "
+            "restored, entered only after failed (on route_restored, or from retiring, "
+            "entered only from failed and restored); the one way into clearing is an "
             "interrupt marked delivered, which the runtime marks only as it posts it in "
             "joined or clearing: before route_restored (so decided before the rejoin) or "
             "after the rejoin's step queued the failure (so decided after it)"

@@ -26,7 +26,11 @@ given (``segment_flushed``: a segment's audio all pushed, with its duration) and
 ``lk.playback_finished`` it accepts (``playback_finished``), from the identity the plugin's
 own sink accepts it from: the sink's destination, which need not be the avatar participant
 (avatartalk streams to ``listener``). A retry policy (``AvatarRetry``) may start the plugin
-again after a transient loss, after a backoff spent on room audio.
+again after a transient loss, after a backoff spent on room audio, the failed attempt
+closed first (``releasing``). An attempt given up for good is closed the same way
+(``retiring``: its plugin session and sink closed, its avatar participant removed, so it is
+not left in the room, still billed by its provider) unless the policy's ``rejoin`` keeps it
+for a late join; without ``rejoin`` an avatar that joins late is removed too.
 
 The join signal depends on how the plugin delivers its audio (``join_signal``): an avatar
 that is a participant of its own waits for it to be there with video (``video``); an
@@ -36,8 +40,9 @@ start returns and no ``join_timeout`` can fail it, and it is never removed from 
 
 The package, one idea a module: ``_lifecycle`` (the machine's runtime), ``_route`` (the
 audio chain and the avatar's route in it), ``_sink`` (the adopted sink and the playback
-RPC), ``_plugins`` (what is asked of a plugin), ``_facts`` (what the guards and timers
-read), ``_waits`` (waiting on its states). The SDK's private names they need are read
+RPC), ``_plugins`` (what is asked of a plugin), ``_attempts`` (the retry policy at work:
+restarts, causes, what is logged of them), ``_facts`` (what the guards and timers read),
+``_waits`` (waiting on its states). The SDK's private names they need are read
 through ``agent_runtime.sdk.livekit_compat``.
 """
 

@@ -95,7 +95,7 @@ class Facts:
 
     @property
     def last_cause(self) -> str:
-        return self._lc._cause
+        return self._lc._tries.cause
 
     @property
     def retry(self) -> AvatarRetry:

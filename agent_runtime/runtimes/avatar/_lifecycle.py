@@ -22,12 +22,13 @@ from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
+from agent_runtime.runtimes.avatar._attempts import Attempts
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     PluginCloser,
     RemoveParticipant,
     check_plugin,
-    check_start_options,
+    check_start_args,
     plugin_name,
     stop_join_wait,
 )
@@ -89,8 +90,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._close_budget = min(join_timeout, float(check_setting("close_timeout", budget)))
         self._avatar = avatar
         self._retry: AvatarRetry = avatar_retry(retry)
-        self._attempts = 0  # restarts made so far
-        self._cause = ""  # what ended the last attempt
+        self._tries = Attempts(self._retry, avatar, lambda *a, **kw: self.actor.report(*a, **kw))
         self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
@@ -133,7 +133,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     @property
     def attempts(self) -> int:
         """How many times the plugin was started again after a transient loss."""
-        return self._attempts
+        return self._tries.made
 
     def audio_route(self) -> Route:
         """Where the agent's audio goes now: ``avatar`` (the plugin's sink), ``room``, ``none``."""
@@ -169,14 +169,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle" or self._adapter is not None:  # or its start is queued
             raise AlreadyStarted(f"this AvatarLifecycle is already started (state {self.state!r})")
-        if not isinstance(agent_session, AgentSession):
-            raise TypeError(f"agent_session must be an AgentSession, got {agent_session!r}")
-        if not isinstance(room, rtc.Room):
-            raise TypeError(f"room must be an rtc.Room, got {room!r}")
         adapter = self._given_adapter
-        if adapter is not None and adapter.room is not room:
-            raise ValueError("room_events must be an adapter of the same room")
-        check_start_options(self._avatar, plugin_options)
+        given_room = None if adapter is None else adapter.room
+        check_start_args(self._avatar, agent_session, room, given_room, plugin_options)
         self._plugin_options = dict(plugin_options)
         self._route.session, self._route.room = agent_session, room
         if adapter is None:
@@ -302,20 +297,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         return self._presence_event()
 
     async def _fx_restore_route(self, ev: Event) -> Event:
-        self._cause = ev.name  # kept first: the retry guard reads it if this effect fails
+        self._tries.cause = ev.name  # kept first: the retry guard reads it if this fails
         outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
         # the log policy: what the user hears changed; the cause's detail was logged with it
-        retrying = self._retry.retries(ev.name, self._attempts)
-        self.actor.report(
-            logger,
-            logging.WARNING,
-            "the avatar is gone (%s, attempt %d of %d); the agent is on room audio%s",
-            ev.name,
-            self._attempts + 1,
-            self._retry.attempts + 1,
-            " until the next attempt" if retrying else " (gave up)" if self._attempts else "",
-            event=ev.name,
-        )
+        self._tries.say_lost()
         if not self._retry.rejoin:
             # nothing will route to this avatar again: stop the SDK's waits for it now, or
             # they fail later (unretrieved) when the room goes away
@@ -327,23 +312,30 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     async def _fx_release_attempt(self, ev: Event) -> Event:
         """The state task of ``releasing``, before the plugin starts again: the failed
-        attempt's session closed (its avatar participant removed, whether or not the plugin's
-        close returned, so that two avatars never answer), its sink retired. Bounded by the
-        state's own timeout; a failure here is logged, not fatal."""
-        self._attempts += 1
-        logger.info(
-            "avatar %s: starting the plugin again (attempt %d of %d) after %s",
-            self._avatar.avatar_identity,
-            self._attempts,
-            self._retry.attempts,
-            self._cause,
-        )
-        await self._closer.close_before_retry(self._join_timeout)  # the state's bound
+        attempt closed (``_close_attempt``: so that two avatars never answer). Bounded by
+        the state's own timeout; a failure here is logged, not fatal."""
+        self._tries.restart()
+        await self._close_attempt(" before a retry")
+        return Event("released")
+
+    async def _fx_retire_attempt(self, ev: Event) -> Event:
+        """The state task of ``retiring``: an attempt given up (no retry, no rejoin) closed
+        as a retry's release closes it, so that its avatar is not left in the room, still
+        billed by its provider; again for a late avatar of it. Bounded by the state's own
+        timeout; a failure here is logged, not fatal."""
+        self._tries.retire()
+        await self._close_attempt(" as it is retired")
+        return Event("released")
+
+    async def _close_attempt(self, when: str) -> None:
+        """A failed attempt's close: its plugin's own ``aclose()`` cut at half of
+        ``join_timeout`` (the state's bound), its sink retired and let go, then its avatar
+        participant removed whether or not that close returned."""
+        await self._closer.close_attempt(self._join_timeout, when)
         await self._route.retire_sink()
         self._unadopt()
         self._release_playback_rpc()
         await self._closer.remove(self._route.room, in_process=self._facts.in_process)
-        return Event("released")
 
     def _fx_reinstall_route(self, ev: Event) -> Event | None:
         session, sink = self._route.session, self._route.installed

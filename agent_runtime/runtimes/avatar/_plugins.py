@@ -12,6 +12,7 @@ from typing import Any
 
 from livekit import api, rtc
 from livekit.agents import get_job_context
+from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession
 
 from agent_runtime.clock import Clock
@@ -25,8 +26,8 @@ REMOVAL_TIMEOUT = 5.0  # a server API that never answers must not hold the close
 # the part of a close's budget the plugin's own aclose() may take; the avatar participant's
 # removal comes after it, whether or not it returned, in the rest. Closing with the job,
 # most of it (a provider's "end session" call is not cut short; the rest lets the removal
-# begin while the room is connected); before a retry, half of join_timeout (the removal
-# has to end within that state's own bound too)
+# begin while the room is connected); a failed attempt's (before a retry, or given up), half
+# of join_timeout (the removal has to end within that state's own bound too)
 PLUGIN_CLOSE_SHARE = 0.9
 RETRY_CLOSE_SHARE = 0.5
 
@@ -88,6 +89,25 @@ def check_start_options(avatar: AvatarSession, options: Mapping[str, Any]) -> No
             f"avatar plugin {plugin_name(avatar)}: its start() does not take "
             f"{', '.join(sorted(options))} ({e})"
         ) from None
+
+
+def check_start_args(
+    avatar: AvatarSession,  # type: ignore[type-arg]
+    agent_session: object,
+    room: object,
+    adapter_room: rtc.Room | None,
+    options: Mapping[str, Any],
+) -> None:
+    """What the lifecycle's ``start()`` is given: an ``AgentSession``, an ``rtc.Room`` (the
+    one its room events adapter follows, if one was given), options the plugin's
+    ``start()`` takes; refused before anything starts."""
+    if not isinstance(agent_session, AgentSession):
+        raise TypeError(f"agent_session must be an AgentSession, got {agent_session!r}")
+    if not isinstance(room, rtc.Room):
+        raise TypeError(f"room must be an rtc.Room, got {room!r}")
+    if adapter_room is not None and adapter_room is not room:
+        raise ValueError("room_events must be an adapter of the same room")
+    check_start_options(avatar, options)
 
 
 def server_api_remover(room: rtc.Room) -> RemoveParticipant:
@@ -180,9 +200,9 @@ async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
 
 class PluginCloser:
     """An attempt's close, as the lifecycle runs it: the plugin's own ``aclose()`` within
-    its part of the close's budget (``PLUGIN_CLOSE_SHARE``, or ``RETRY_CLOSE_SHARE`` before
-    a retry), then, whether or not that returned, the avatar participant removed (never an
-    avatar that is the agent itself)."""
+    its part of the close's budget (``PLUGIN_CLOSE_SHARE``, or ``RETRY_CLOSE_SHARE`` for a
+    failed attempt's release or retirement), then, whether or not that returned, the avatar
+    participant removed (never an avatar that is the agent itself)."""
 
     __slots__ = ("_avatar", "_clock", "_remove", "_warn")
 
@@ -199,10 +219,11 @@ class PluginCloser:
         """The plugin's ``aclose()``, cut at its share of ``budget`` seconds (logged)."""
         await close_plugin(self._avatar, self._clock, PLUGIN_CLOSE_SHARE * budget, "", self._warn)
 
-    async def close_before_retry(self, budget: float) -> None:
-        """``close`` for a retry's release: within half of ``budget`` (the state's bound)."""
+    async def close_attempt(self, budget: float, when: str) -> None:
+        """``close`` for a failed attempt's release (before a retry, or given up): within
+        half of ``budget`` (the state's bound); ``when`` says which in a warning."""
         bound = RETRY_CLOSE_SHARE * budget
-        await close_plugin(self._avatar, self._clock, bound, " before a retry", self._warn)
+        await close_plugin(self._avatar, self._clock, bound, when, self._warn)
 
     async def remove(self, room: rtc.Room | None, *, in_process: bool) -> None:
         """After the plugin's own close (in case it did not, or could not: spatialreal drops

@@ -22,6 +22,8 @@ from agent_runtime.tools.record._state import _ANSWERED, _DELETED, _SESSION_CLOS
 from statemachines.machines import MACHINES
 
 _PUBLISH_ON_BEHALF = "lk.publish_on_behalf"
+# the avatar's events whose rows read its rejoin guard: a late join, an attempt given up
+_REJOIN_READ = frozenset({"avatar_connected", "route_restored"})
 # the work the scenario runner stands in for: the event that ends it well, and what it does
 _STAND_INS: dict[str, tuple[frozenset[str], str]] = {
     "room_deletion": (_DELETED, "the room deletion succeeds at once"),
@@ -37,12 +39,13 @@ _DERIVED = ("retry_backoff", "playout_bound", *PlayoutOptions.model_fields)
 
 
 def _timeouts() -> dict[tuple[str, str], tuple[str, str, float]]:
-    """(machine, timeout event) -> (state, setting, default), from the specs."""
+    """(machine, state) -> (its timeout event, setting, default), from the specs (two states
+    may time out with the same event: the avatar's releasing and retiring)."""
     out: dict[tuple[str, str], tuple[str, str, float]] = {}
     for m in MACHINES.values():
         for s in m.states:
             if s.timeout is not None:
-                out[(m.name, s.timeout.event)] = (s.name, s.timeout.setting, s.timeout.default)
+                out[(m.name, s.name)] = (s.timeout.event, s.timeout.setting, s.timeout.default)
     return out
 
 
@@ -52,7 +55,7 @@ class _ConfigPass(_State):
         held: dict[tuple[str, str], float] = {}
         fired: dict[str, float] = {}
         timeouts = _timeouts()
-        states_with_timeouts = {(m, s) for (m, _), (s, _, _) in timeouts.items()}
+        states_with_timeouts = set(timeouts)
         last = max(r.t for r in self.records)
         linked: str | None = None
         refused_eligible = False
@@ -62,8 +65,8 @@ class _ConfigPass(_State):
                     refused_eligible |= self._refused(r)
                 continue
             m = r.machine
-            spec = timeouts.get((m, r.event))
-            if spec is not None and spec[0] == r.source:
+            spec = timeouts.get((m, r.source or ""))
+            if spec is not None and spec[0] == r.event:
                 after = r.data.get("after")
                 since = entered.get((m, r.source), 0.0)
                 value = after if isinstance(after, int | float) else r.t - since
@@ -93,7 +96,8 @@ class _ConfigPass(_State):
                     self.config["close_on_disconnect"] = False
                 elif g.get("closing_reason") is False and g.get("grace_enabled") is False:
                     fired.setdefault("grace_period", 0.0)
-            if m == "avatar" and r.event == "avatar_connected" and g.get("rejoin"):
+            # a late join routed to again, or an attempt given up and kept for one
+            if m == "avatar" and r.event in _REJOIN_READ and g.get("rejoin"):
                 self.config["retry_avatar"] = True
             if m == "finalize" and r.event in _ANSWERED:
                 self.config["simulation"] = True
@@ -105,7 +109,7 @@ class _ConfigPass(_State):
                     }
         for (m, s), start in entered.items():  # still held when the trace ends
             held[(m, s)] = max(held.get((m, s), 0.0), last - start)
-        for (m, _), (s, setting, default) in timeouts.items():
+        for (m, s), (_, setting, default) in timeouts.items():
             # a setting of the playout machine's is one of its options
             into = self.playout if setting in PlayoutOptions.model_fields else self.config
             if into is self.config and setting not in Config.model_fields:
@@ -113,8 +117,10 @@ class _ConfigPass(_State):
             if setting in fired:
                 into[setting] = fired[setting]
             elif held.get((m, s), 0.0) >= default:
-                # held that long without its timeout: the setting was longer
-                into[setting] = float(math.floor(held[(m, s)]) + 1)
+                # held that long without its timeout: the setting was longer (than every
+                # state that takes it was held)
+                longer = float(math.floor(held[(m, s)]) + 1)
+                into[setting] = max(longer, float(into.get(setting, 0.0)))
         if refused_eligible and linked is not None:
             self.config["participant_identity"] = linked
 

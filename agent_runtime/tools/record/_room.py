@@ -31,12 +31,15 @@ FACT_KEYS: dict[str, frozenset[str]] = {
 }
 
 
-# the avatar's effects that remove its participant from the room (a retry's release, the
-# close): the PARTICIPANT_REMOVED departure that follows is the runtime's own, no room input
-REMOVING_EFFECTS = frozenset({"release_attempt", "close_plugin"})
+# the avatar's effects that remove its participant from the room (a retry's release, a
+# retirement, the close): the PARTICIPANT_REMOVED departure that follows is the runtime's
+# own, no room input
+REMOVING_EFFECTS = frozenset({"release_attempt", "retire_attempt", "close_plugin"})
 _REMOVING_STATES = frozenset(
     s.name for s in MACHINES["avatar"].states if REMOVING_EFFECTS & set(s.invoke)
 )
+# the rows that enter their own state anew (its invoked work asked again)
+_REENTERING = frozenset((r.source, r.event) for r in MACHINES["avatar"].rows if r.dest == r.source)
 
 
 @dataclass
@@ -65,7 +68,8 @@ def _asks_removal(r: TraceRecord) -> bool:
     if r.machine != "avatar" or r.kind != "transition":
         return False
     return bool(REMOVING_EFFECTS & set(r.effects)) or (
-        r.dest in _REMOVING_STATES and r.source != r.dest
+        r.dest in _REMOVING_STATES
+        and (r.source != r.dest or (str(r.source), r.event) in _REENTERING)
     )
 
 

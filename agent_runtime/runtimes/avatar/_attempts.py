@@ -1,0 +1,72 @@
+"""The retry policy at work for one avatar lifecycle: the restarts made so far, what ended
+the last attempt, and what the log policy (docs/guide/reliability.md) says of each: an
+attempt lost, the agent on room audio, is a WARNING (naming the job and the machine); a
+restart, and an attempt given up and closed, an INFO line."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from livekit.agents.voice.avatar import AvatarSession
+
+from agent_runtime.settings import AvatarRetry
+
+logger = logging.getLogger("agent_runtime.avatar")
+
+# ``Actor.report``: (logger, level, msg, *args, event=...), the line naming job and machine
+Report = Callable[..., None]
+
+
+class Attempts:
+    """One lifecycle's attempts under its ``AvatarRetry`` policy."""
+
+    __slots__ = ("_avatar", "_report", "cause", "made", "policy")
+
+    def __init__(
+        self,
+        policy: AvatarRetry,
+        avatar: AvatarSession[Any],
+        report: Report,
+    ) -> None:
+        self.policy = policy
+        self.made = 0  # restarts made so far
+        self.cause = ""  # what ended the last attempt
+        self._avatar = avatar
+        self._report = report
+
+    def say_lost(self) -> None:
+        """The attempt that ``cause`` ended is lost, its route put back."""
+        cause = self.cause
+        retrying = self.policy.retries(cause, self.made)
+        self._report(
+            logger,
+            logging.WARNING,
+            "the avatar is gone (%s, attempt %d of %d); the agent is on room audio%s",
+            cause,
+            self.made + 1,
+            self.policy.attempts + 1,
+            " until the next attempt" if retrying else " (gave up)" if self.made else "",
+            event=cause,
+        )
+
+    def restart(self) -> None:
+        """A retry's release begins: one restart more."""
+        self.made += 1
+        logger.info(
+            "avatar %s: starting the plugin again (attempt %d of %d) after %s",
+            self._avatar.avatar_identity,
+            self.made,
+            self.policy.attempts,
+            self.cause,
+        )
+
+    def retire(self) -> None:
+        """An attempt given up for good (no retry left, no rejoin) is closed: no restart."""
+        logger.info(
+            "avatar %s: given up after %s, no rejoin: closing its plugin session and "
+            "removing it from the room",
+            self._avatar.avatar_identity,
+            self.cause,
+        )

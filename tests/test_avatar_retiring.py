@@ -1,0 +1,207 @@
+"""An avatar attempt given up for good is retired: with no retry left and ``retry_avatar``'s
+``rejoin`` off, the failed attempt's plugin session is closed and its avatar participant
+removed (``retiring``, bounded as a retry's release), and one that joins late is removed
+too, so no silent avatar video stays in the room, still billed by its provider, until the
+job ends. With ``rejoin`` the attempt is kept as before: a late join gets the audio again.
+
+Each test runs a whole ``AgentJob`` on an ``InMemoryRoom`` (a real ``rtc.Room`` with no
+connection) with the scripted avatar plugin, on virtual time; the server API that removes
+a participant is stood in (it needs a network), answering "not found" as the server does
+for someone not in the room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+from livekit.api import TwirpError
+
+from agent_runtime import AgentJob
+from agent_runtime.settings import AvatarRetry
+from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+ROOM = "retiring-room"  # the room the fixtures build (tests/conftest.py)
+AV = "av"
+JOIN_TIMEOUT = 3.0
+
+
+class _Provider(ScriptedAvatar):
+    """The scripted plugin, counting its ``aclose()`` calls (its provider session's end);
+    with ``close_hangs`` that call never returns (its provider's end-session call hangs)."""
+
+    def __init__(self, *, close_hangs: bool = False) -> None:
+        super().__init__(avatar_identity=AV)
+        self.closes = 0
+        self.close_hangs = close_hangs
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        if self.close_hangs:
+            await asyncio.get_running_loop().create_future()
+        await super().aclose()
+
+
+class _Server:
+    """The server API's removal, as the job is given it: what was asked (when, of whom),
+    and who was in the room to remove; someone not there is "not found"."""
+
+    def __init__(self, room: InMemoryRoom, clock: VirtualClock) -> None:
+        self.room, self.clock = room, clock
+        self.asked: list[tuple[float, str, bool]] = []  # (when, identity, was in the room)
+
+    async def remove(self, identity: str) -> None:
+        here = identity in self.room.remote_participants
+        self.asked.append((self.clock.now(), identity, here))
+        if not here:
+            raise TwirpError("not_found", "participant not found", status=404)
+        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+
+
+def _job(
+    room: InMemoryRoom, clock: VirtualClock, plugin: _Provider, server: _Server, **opts: Any
+) -> AgentJob:
+    room.add_participant("user")
+    return AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=JOIN_TIMEOUT,
+        remove_avatar_participant=server.remove,
+        **opts,
+    )
+
+
+def _avatar_moves(job: AgentJob) -> list[str]:
+    moves: list[str] = []
+    job.on("state_changed", lambda sc: moves.append(sc.dest) if sc.machine == "avatar" else None)
+    return moves
+
+
+def _late_avatar(room: InMemoryRoom) -> None:
+    """The provider's avatar worker joins, with its video, after the job gave up on it."""
+    room.add_participant(AV, kind="agent")
+    room.publish_track(AV, "video")
+
+
+@pytest.mark.parametrize("close_hangs", [False, True], ids=["closes", "close-hangs"])
+async def test_an_avatar_given_up_at_join_timeout_is_closed_and_removed(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, close_hangs: bool
+) -> None:
+    """No retry, no rejoin: the avatar's worker came into the room but never published its
+    video. At join_timeout the agent goes back to room audio, and the attempt is closed:
+    the plugin's aclose() runs (its provider session ended), the worker is removed from
+    the room. A plugin whose aclose() hangs is cut at half of join_timeout (a WARNING),
+    and the removal follows all the same. The job serves on, on room audio."""
+    plugin, server = _Provider(close_hangs=close_hangs), _Server(room, clock)
+    job = _job(room, clock, plugin, server)
+    moves = _avatar_moves(job)
+    await job.start(Agent(instructions="agent"))
+    room.add_participant(AV, kind="agent")  # joins, never publishes its video
+    await settle()
+    with caplog.at_level(logging.INFO, logger="agent_runtime.avatar"):
+        await clock.advance(JOIN_TIMEOUT + 0.1)
+        assert job.audio_route() == "room"  # the agent is heard at once
+        await clock.advance(JOIN_TIMEOUT / 2)  # the hung close's cut, if it hangs
+    assert plugin.closes == 1
+    retired_at = JOIN_TIMEOUT + (JOIN_TIMEOUT / 2 if close_hangs else 0.0)
+    assert [(t, who, here) for t, who, here in server.asked] == [
+        (pytest.approx(retired_at), AV, True)
+    ]
+    assert AV not in room.remote_participants
+    assert moves == ["starting", "routing", "failed", "retiring", "restored"]
+    assert job.states["avatar"] == "restored" and job.states["job"] == "serving"
+    assert job.audio_route() == "room"
+    said = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.avatar"]
+    assert any("given up after join_timeout" in m for m in said), said
+    cut = [m for m in said if "aclose() did not return" in m]
+    assert len(cut) == close_hangs
+    assert all(m.endswith("_Provider: aclose() did not return within 1.5s as it is retired; cut")
+               and m.startswith(f"room {ROOM}, avatar[av]: ") for m in cut)  # fmt: skip
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(job.settings.close_timeout)  # a hung aclose() again: cut at its bound
+    await closing
+
+
+async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The user's report: the provider's avatar joins after join_timeout (no retry, no
+    rejoin). It used to stay in the room for the rest of the call, a silent video still
+    billed by its provider; now it is removed as it arrives (the plugin closed again,
+    harmlessly), the agent stays on room audio, and the job's close later asks its removal
+    once more, which "not found" answers without a warning."""
+    plugin, server = _Provider(), _Server(room, clock)
+    job = _job(room, clock, plugin, server)
+    await job.start(Agent(instructions="agent"))
+    await clock.advance(JOIN_TIMEOUT + 1)
+    assert job.states["avatar"] == "restored"
+    moves = _avatar_moves(job)
+    _late_avatar(room)
+    await settle()
+    assert AV not in room.remote_participants
+    assert server.asked == [
+        (pytest.approx(JOIN_TIMEOUT), AV, False),  # as it was given up: nobody there yet
+        (pytest.approx(JOIN_TIMEOUT + 1), AV, True),  # as it joined late
+    ]
+    assert moves == ["retiring", "restored"] and plugin.closes == 2
+    assert job.audio_route() == "room" and job.states["job"] == "serving"
+    before = len(caplog.records)
+    await job.aclose()
+    assert job.states["avatar"] == "closed" and plugin.closes == 3
+    assert [here for _, _, here in server.asked] == [False, True, False]
+    assert not [r for r in caplog.records[before:] if r.levelno >= logging.WARNING]
+
+
+async def test_with_rejoin_an_avatar_that_joins_late_gets_the_audio_again(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """``rejoin`` keeps the attempt given up: nothing is closed nor removed, and the
+    avatar that joins late is routed to again (unchanged)."""
+    plugin, server = _Provider(), _Server(room, clock)
+    job = _job(room, clock, plugin, server, retry_avatar=AvatarRetry(rejoin=True))
+    moves = _avatar_moves(job)
+    await job.start(Agent(instructions="agent"))
+    await clock.advance(JOIN_TIMEOUT + 1)
+    assert job.states["avatar"] == "restored" and job.audio_route() == "room"
+    assert plugin.closes == 0 and server.asked == []
+    _late_avatar(room)
+    await settle()
+    assert moves == ["starting", "routing", "failed", "restored", "routing", "joined"]
+    assert job.audio_route() == "avatar" and AV in room.remote_participants
+    assert plugin.closes == 0 and server.asked == []
+    await job.aclose()
+    assert plugin.closes == 1 and [here for _, _, here in server.asked] == [True]
+
+
+async def test_closing_the_job_while_the_avatar_is_retired_is_bounded_and_removes_it_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The job closes while the given-up attempt's close hangs (``retiring``): the
+    avatar goes straight to ``closed``, the job's close is done within close_timeout,
+    and the avatar participant is removed once, by the close."""
+    plugin, server = _Provider(close_hangs=True), _Server(room, clock)
+    job = _job(room, clock, plugin, server, close_timeout=10)
+    await job.start(Agent(instructions="agent"))
+    room.add_participant(AV, kind="agent")  # joins, never publishes its video
+    await settle()
+    await clock.advance(JOIN_TIMEOUT + 0.5)
+    assert job.states["avatar"] == "retiring" and plugin.closes == 1 and server.asked == []
+    moves = _avatar_moves(job)
+    t0 = clock.now()
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(10)
+    assert closing.done() and closing.exception() is None
+    assert moves == ["closed"]  # straight from retiring: nothing else in between
+    assert job.states["avatar"] == "closed" and job.lifecycle == "closed"
+    assert [who for _, who, _ in server.asked] == [AV] and AV not in room.remote_participants
+    assert server.asked[0][0] - t0 < 10  # within the close's bound
+    assert plugin.closes == 2  # the retirement's, cut; the close's own, cut at its share
