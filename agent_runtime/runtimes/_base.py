@@ -21,7 +21,7 @@ remove; an owner that fails is logged and dropped the same way
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from livekit import rtc
@@ -46,6 +46,7 @@ class MachineRuntime(OwnedEmitter[E]):
     the machine's."""
 
     actor: Actor
+    _room_labels: Mapping[str, str] = EMPTY  # the room it runs over (``_label_room``)
 
     def _run_machine(
         self,
@@ -89,6 +90,16 @@ class MachineRuntime(OwnedEmitter[E]):
     def state(self) -> str:
         return self.actor.state
 
+    @property
+    def _log_labels(self) -> Mapping[str, str]:
+        """What a failing listener's log line names (``Emitter._listener_failed``): the
+        job's labels when composed (its actor's), else the room it runs over, if known."""
+        return self.actor.labels or self._room_labels
+
+    def _label_room(self, room: rtc.Room) -> None:
+        """Its listeners' failures name ``room`` when no job labels it."""
+        self._room_labels = RoomLabels(room)
+
     def _timeouts(self) -> Mapping[str, float | None]:
         """The machine's state timeouts by setting name (a state's ``timeout.setting``),
         from this runtime's settings; a setting left out keeps the spec's default, ``None``
@@ -125,6 +136,27 @@ class MachineRuntime(OwnedEmitter[E]):
         """What the runtime does on its machine's change: forward it (a runtime that acts
         on its own changes extends this)."""
         self._emit_state(change)
+
+
+class RoomLabels(Mapping[str, str]):
+    """A lone runtime's log labels: its room's name, read as a line is written (a room is
+    named once it connects)."""
+
+    __slots__ = ("_room",)
+
+    def __init__(self, room: rtc.Room) -> None:
+        self._room = room
+
+    def __getitem__(self, key: str) -> str:
+        if key != "room":
+            raise KeyError(key)
+        return self._room.name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("room",))
+
+    def __len__(self) -> int:
+        return 1
 
 
 def listen(emitter: rtc.EventEmitter[Any], listeners: Mapping[str, Callable[..., Any]]) -> None:

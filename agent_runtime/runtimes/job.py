@@ -183,6 +183,7 @@ class JobRuntime(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
         )
+        self._label_room(room)  # a failing listener of its own names the room
         # asked for by anyone, run once the job's closing work allows it
         self.deletion = deletion or room_deletion_for(
             room,

@@ -139,6 +139,7 @@ class ParticipantLink(MachineRuntime[str]):
             scheduler=scheduler,
             wiring=wiring,
         )
+        self._label_room(room_events.room)  # a failing listener of its own names the room
         if wiring is not None:
             wiring.connect("participant", self._post_linked)
 

@@ -178,6 +178,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         check_start_options(self._avatar, plugin_options)
         self._plugin_options = dict(plugin_options)
         self._route.session, self._route.room = agent_session, room
+        self._label_room(room)  # a failing listener of its own names the room
         if adapter is None:
             adapter = RoomEventAdapter(room)
         adapter.start()
@@ -431,7 +432,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             sink,
             clock=self._clock,
             on_clear=self._on_sink_clear,
-            on_flushed=lambda seg: self._emit("segment_flushed", seg),
+            on_flushed=lambda seg: self.emit("segment_flushed", seg),
         )
         self._claim_playback_rpc()
         self._adopted.catch_up()
@@ -440,15 +441,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         adopted, self._adopted = self._adopted, None
         if adopted is not None:
             adopted.release()
-
-    def _emit(self, event: LifecycleEvents, value: object) -> None:
-        try:
-            self.emit(event, value)
-        except Exception:
-            # a listener's failure is its own (the SDK's emitter lets a TypeError through):
-            # the actor's later listeners still hear the change (start() and wait_for()
-            # wait on them), and the sink's call that reported it goes on
-            logger.exception("avatar %s: a %s listener failed", self._avatar.avatar_identity, event)
 
     def _on_sink_clear(self, adoption: SinkAdoption) -> None:
         """The session's clear (or ``interrupt()``). Joined: the plugin's own clear, here and
@@ -492,7 +484,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
                 {"playback_position": report.playback_position, "interrupted": report.interrupted},
             )
         )
-        self._emit("playback_finished", report)
+        self.emit("playback_finished", report)  # a listener's failure is logged there
         return "ok"
 
 
