@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from livekit import rtc
+from livekit.agents import AgentSession
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,6 +26,7 @@ from pydantic import (
 )
 
 from agent_runtime.observe.trace import JsonlSink, LoggingSink, Tracer
+from agent_runtime.scheduler import Scheduler
 from statemachines import glue
 
 if TYPE_CHECKING:
@@ -354,6 +356,8 @@ _CALLABLE_PARTS = {
     "on_simulation_end": ("callable as on_simulation_end(simulation_context)", 1),
     "delete_room": ("an async callable taking no arguments", 0),
     "remove_avatar_participant": ("an async callable taking the avatar's identity", 1),
+    # AvatarLifecycle's name for it
+    "remove_participant": ("an async callable taking the avatar's identity", 1),
     "on_reprompt": ("callable as on_reprompt(session, attempt)", 2),
 }
 _CLOCK_METHODS = ("now", "call_later", "sleep", "wait_for")
@@ -372,10 +376,11 @@ def job_options(values: Mapping[str, Any]) -> JobSettings:
     return settings
 
 
-def check_part(name: str, value: Any) -> None:
+def check_part(name: str, value: Any, *, required: bool = False) -> None:
     """``SettingTypeError`` naming ``name`` unless ``value`` is a part a job can run with
-    (``None`` is: the job's default; ``otel``, a switch, is said with a bool)."""
-    if value is None and name != "otel":
+    (``None`` is, unless ``required``: the job's default; ``otel``, a switch, is said with a
+    bool)."""
+    if value is None and name != "otel" and not required:
         return
     want = _part_type(name, value)
     if want is not None:
@@ -394,6 +399,12 @@ def _part_type(name: str, value: Any) -> str | None:
         return None if ok else "a Clock (with now, call_later, sleep and wait_for)"
     if name == "tracer":
         return None if isinstance(value, Tracer) else "an agent_runtime Tracer"
+    if name == "scheduler":
+        return None if isinstance(value, Scheduler) else "an agent_runtime Scheduler"
+    if name == "session":
+        return None if isinstance(value, AgentSession) else "an AgentSession"
+    if name == "room":
+        return None if isinstance(value, rtc.Room) else "an rtc.Room"
     if name == "otel":
         from agent_runtime.observe.otel import OtelSink
 

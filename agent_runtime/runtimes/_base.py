@@ -31,8 +31,10 @@ from agent_runtime.actor import Actor
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.runtimes.routing import Wiring, guard_table
 from agent_runtime.scheduler import Scheduler, after
+from agent_runtime.settings import SettingTypeError, check_part
 from statemachines import MachineSpec
 
 E = TypeVar("E")
@@ -66,7 +68,9 @@ class MachineRuntime(OwnedEmitter[E]):
         guards read ``facts`` (this runtime when not given), ``wiring`` fires the links of
         its effects as they succeed. ``hear``: who hears the actor's changes first (a part
         that only forwards them lets its owner hear the actor itself); by default this
-        runtime's ``_on_state``."""
+        runtime's ``_on_state``. The parts are checked first (``check_part``): a clock, tracer
+        or scheduler of the wrong type is refused naming it, before the actor exists."""
+        check_parts(clock=clock, tracer=tracer, scheduler=scheduler)
         actor = Actor(
             spec,
             instance=instance,
@@ -136,6 +140,25 @@ class MachineRuntime(OwnedEmitter[E]):
         """What the runtime does on its machine's change: forward it (a runtime that acts
         on its own changes extends this)."""
         self._emit_state(change)
+
+
+def check_parts(**parts: Any) -> None:
+    """Each of ``parts`` (``settings.check_part``'s names, or ``room_events``) refused
+    naming it, a ``SettingTypeError``, unless it is None or of its kind: at construction,
+    not as an ``AttributeError`` deep in a step (or a machine that never steps)."""
+    for name, value in parts.items():
+        if name == "room_events":
+            check_instance(name, value, RoomEventAdapter)
+        else:
+            check_part(name, value)
+
+
+def check_instance(name: str, value: object, kind: type, *, required: bool = False) -> None:
+    """``SettingTypeError`` naming ``name`` unless ``value`` is a ``kind`` (or None, unless
+    ``required``): a runtime handed another runtime, or the room's adapter."""
+    if not isinstance(value, kind) and (required or value is not None):
+        a = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise SettingTypeError(f"{name} must be {a} {kind.__name__}, not {type(value).__name__}")
 
 
 class RoomLabels(Mapping[str, str]):

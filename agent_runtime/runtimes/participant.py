@@ -32,7 +32,7 @@ from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, check_instance, released
 from agent_runtime.runtimes.room_events import (
     RoomEventAdapter,
     kind_name,
@@ -43,6 +43,7 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
+    check_part,
     check_setting,
     kind_names,
     reason_names,
@@ -104,8 +105,9 @@ class ParticipantLink(MachineRuntime[str]):
         owner: Hear | None = None,
     ) -> None:
         super().__init__(owner)
-        if not isinstance(room_events, RoomEventAdapter):
-            raise TypeError(f"room_events must be a RoomEventAdapter, got {type(room_events)}")
+        check_part("session", session, required=True)  # not an AttributeError at start()
+        # required: the link has no adapter of its own
+        check_instance("room_events", room_events, RoomEventAdapter, required=True)
         participant_identity = check_setting("participant_identity", participant_identity)
         grace_period = check_setting("grace_period", grace_period)
         session_close_timeout = check_setting("session_close_timeout", session_close_timeout)

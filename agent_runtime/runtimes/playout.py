@@ -52,17 +52,22 @@ from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, listen, released, unlisten
+from agent_runtime.runtimes._base import (
+    Hear,
+    MachineRuntime,
+    check_instance,
+    listen,
+    released,
+    unlisten,
+)
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler, ending
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import PlayoutOptions, check_setting
+from agent_runtime.settings import PlayoutOptions, check_part, check_setting
 from statemachines import glue
-from statemachines.glue import (
-    agent_state_event,
-)
+from statemachines.glue import agent_state_event
 from statemachines.playout import PLAYOUT
 
 logger = logging.getLogger("agent_runtime.playout")
@@ -154,13 +159,10 @@ class _Timeouts(Mapping[str, float | None]):
         self._t = tracker
 
     def __getitem__(self, key: str) -> float | None:
-        opts = self._t.options
         if key == "playout_bound":
             return self._t.playout_bound()
-        if key == "safety_window":
-            return opts.safety_window
-        if key == "reprompt_after":
-            return opts.reprompt_after
+        if key in ("safety_window", "reprompt_after"):
+            return float(getattr(self._t.options, key))
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
@@ -214,10 +216,10 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         owner: Hear | None = None,
     ) -> None:
         super().__init__(owner)
-        if not isinstance(session, AgentSession):
-            raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
-        if on_reprompt is not None and not callable(on_reprompt):
-            raise TypeError("on_reprompt must be callable as on_reprompt(session, attempt)")
+        check_part("session", session, required=True)
+        check_part("on_reprompt", on_reprompt)  # its arity too: called (session, attempt)
+        check_instance("avatar", avatar, AvatarLifecycle)
+        check_instance("link", link, ParticipantLink)
         opts = check_setting("playout", options)
         if opts is None:
             raise ValueError("options=False: build no PlayoutTracker instead")

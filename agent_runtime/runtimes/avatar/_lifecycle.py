@@ -21,7 +21,7 @@ from agent_runtime._messages import AlreadyStarted
 from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     PluginCloser,
@@ -82,6 +82,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     ) -> None:
         super().__init__(owner)
         check_plugin(avatar)
+        check_parts(room_events=room_events, remove_participant=remove_participant)
         join_timeout = float(check_setting("join_timeout", join_timeout))
         # what a close may take in all: the effect's bound, or the job's share if less
         budget = join_timeout if close_timeout is None else close_timeout
