@@ -18,7 +18,7 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from types import FunctionType, MethodType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from livekit import rtc
 
@@ -206,6 +206,11 @@ class OwnedEmitter(Emitter[T]):
                 self._owner = None
                 self._listener_failed(_STATE_CHANGED, owner, e, (change,))
         self.emit(_STATE_CHANGED, change)
+
+
+def event_names(events: Any) -> frozenset[str]:
+    """A ``Literal`` of event names as a class's ``_EVENT_NAMES`` (what its ``on`` takes)."""
+    return frozenset(get_args(events))
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

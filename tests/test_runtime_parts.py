@@ -3,8 +3,9 @@
 ``RoomEventAdapter``) check what they are handed as ``AgentJob`` does: a part of the wrong
 type is refused at construction naming it (``SettingTypeError``), before anything is hooked
 (an ``AvatarLifecycle`` given ``clock="x"`` was accepted, then its ``start()`` and its
-``aclose()`` never returned); a failing listener's log line names the room, and never an
-empty job id."""
+``aclose()`` never returned); ``on()`` refuses an event the runtime never emits (a typo's
+listener never ran); a failing listener's log line names the room, and never an empty
+job id."""
 
 from __future__ import annotations
 
@@ -142,6 +143,31 @@ async def test_an_avatar_lifecycle_with_a_bad_clock_is_refused_before_it_can_han
 def test_a_room_event_adapter_over_no_room_is_refused_naming_it() -> None:
     with pytest.raises(SettingTypeError, match=r"^room must be an rtc\.Room, not str$"):
         RoomEventAdapter("x")  # type: ignore[arg-type]
+
+
+# -- on(): only the events a runtime emits ---------------------------------------------------
+
+
+EMITS = {
+    "AvatarLifecycle": {"state_changed", "segment_flushed", "playback_finished"},
+    "ParticipantLink": {"state_changed", "close_timed_out"},
+    "PlayoutTracker": {"state_changed", "playout_done", "reprompt"},
+    "JobRuntime": {"state_changed", "closed"},
+    "JobSessionHost": {"state_changed"},
+}
+
+
+@pytest.mark.parametrize("runtime", sorted(EMITS))
+async def test_on_refuses_an_event_the_runtime_never_emits(
+    room: InMemoryRoom, clock: VirtualClock, runtime: str
+) -> None:
+    built = BUILDERS[runtime](room, clock=clock)
+    names = ", ".join(repr(n) for n in sorted(EMITS[runtime]))
+    with pytest.raises(ValueError) as e:
+        built.on("state_chnaged", print)
+    assert str(e.value) == f"{runtime} emits no 'state_chnaged' event (it emits {names})"
+    for name in EMITS[runtime]:  # each it emits is taken
+        built.on(name, print)
 
 
 # -- a failing listener's log line -------------------------------------------------------------

@@ -48,6 +48,9 @@ class MachineRuntime(OwnedEmitter[E]):
     the machine's."""
 
     actor: Actor
+    # what ``on`` takes (a typo is refused, not a listener that never runs); a runtime that
+    # emits more events names them all
+    _EVENT_NAMES: frozenset[str] | None = frozenset({"state_changed"})
     _room_labels: Mapping[str, str] = EMPTY  # the room it runs over (``_label_room``)
 
     def _run_machine(

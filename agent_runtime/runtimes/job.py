@@ -87,6 +87,8 @@ class JobRuntime(MachineRuntime[str]):
     Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
     """
 
+    _EVENT_NAMES = frozenset({"state_changed", "closed"})  # on("state_chnaged") is refused
+
     def __init__(
         self,
         *,

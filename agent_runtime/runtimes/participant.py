@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
@@ -30,7 +30,7 @@ from livekit.agents.voice.room_io import RoomIO
 
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
-from agent_runtime.emitter import Listener
+from agent_runtime.emitter import Listener, event_names
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_instance, released
 from agent_runtime.runtimes.room_events import (
@@ -58,6 +58,7 @@ logger = logging.getLogger("agent_runtime.participant")
 ATTRIBUTE_PUBLISH_ON_BEHALF = PUBLISH_ON_BEHALF
 
 DEFAULT_KINDS = DEFAULT_PARTICIPANT_KINDS
+LinkEvents = Literal["state_changed", "close_timed_out"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class SessionCloseTimedOut:
     reason: str
 
 
-class ParticipantLink(MachineRuntime[str]):
+class ParticipantLink(MachineRuntime[LinkEvents]):
     """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged)
     and ``close_timed_out`` (SessionCloseTimedOut).
 
@@ -86,6 +87,8 @@ class ParticipantLink(MachineRuntime[str]):
     job down through it. The link is itself the facts view its guards read
     (``statemachines.glue.ParticipantFacts``).
     """
+
+    _EVENT_NAMES = event_names(LinkEvents)  # on("state_chnaged", ...) is refused
 
     def __init__(
         self,

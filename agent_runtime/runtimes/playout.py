@@ -50,7 +50,7 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.emitter import Listener
+from agent_runtime.emitter import Listener, event_names
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import (
     Hear,
@@ -183,6 +183,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     """
 
     HISTORY = 256
+    _EVENT_NAMES = event_names(PlayoutEvents)  # on("state_chnaged", ...) is refused
     _done: deque[PlayoutDone] | None
     _reprompted: deque[Reprompted] | None
 

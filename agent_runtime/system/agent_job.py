@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
@@ -30,7 +30,7 @@ from opentelemetry import context as otel_context
 
 from agent_runtime.actor import Actor, StateChanged
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.emitter import Emitter
+from agent_runtime.emitter import Emitter, event_names
 from agent_runtime.observe.otel import OtelSink
 from agent_runtime.observe.snapshot import JobSnapshot
 from agent_runtime.observe.trace import Tracer
@@ -87,7 +87,7 @@ class AgentJob(Emitter[Events]):
     (the job's virtual or real time of closing).
     """
 
-    _EVENT_NAMES = frozenset(get_args(Events))  # on("state_chnaged", ...) is refused
+    _EVENT_NAMES = event_names(Events)  # on("state_chnaged", ...) is refused
 
     def __init__(
         self,

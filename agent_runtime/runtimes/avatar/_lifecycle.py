@@ -20,6 +20,7 @@ from livekit.agents.voice.io import AudioOutput
 from agent_runtime._messages import AlreadyStarted
 from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.emitter import event_names
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
@@ -64,6 +65,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     its plugin close cut at half of ``join_timeout``). ``server_api_remover(room)`` removes
     through the server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
     """
+
+    _EVENT_NAMES = event_names(LifecycleEvents)  # on("state_chnaged", ...) is refused
 
     def __init__(
         self,
