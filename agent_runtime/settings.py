@@ -359,6 +359,8 @@ _CALLABLE_PARTS = {
     # AvatarLifecycle's name for it
     "remove_participant": ("an async callable taking the avatar's identity", 1),
     "on_reprompt": ("callable as on_reprompt(session, attempt)", 2),
+    # session_end_hook's own callback
+    "then": ("callable as then(ctx), with the livekit JobContext", 1),
 }
 _CLOCK_METHODS = ("now", "call_later", "sleep", "wait_for")
 

@@ -130,6 +130,21 @@ async def test_a_failing_session_end_of_the_users_still_ends_the_job_then_raises
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
 
 
+@pytest.mark.parametrize(
+    ("then", "kind"),
+    [(lambda: None, "function"), (lambda ctx, extra: None, "function"), (5, "int")],
+)
+def test_a_session_end_of_the_users_that_cannot_take_the_ctx_is_refused_when_wrapped(
+    then: Any, kind: str
+) -> None:
+    # a then() taking no ctx was accepted, then failed at every job's end (TypeError)
+    with pytest.raises(SettingTypeError) as e:
+        session_end_hook(then)
+    assert str(e.value) == (
+        f"then must be callable as then(ctx), with the livekit JobContext, not {kind}"
+    )
+
+
 async def test_on_session_end_without_a_job_returns(ctx: JobContext) -> None:
     await asyncio.wait_for(on_session_end(ctx), 5)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from livekit.agents.job import JobContext
 
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import SettingError
+from agent_runtime.settings import SettingError, check_part
 from agent_runtime.system._inputs import injections
 
 if TYPE_CHECKING:
@@ -191,8 +191,8 @@ def session_end_hook(
     holds for the verdict while yours runs; read the verdict in ``on_simulation_end``. If
     yours raises, the job still ends, then its error is raised (livekit logs it, as it
     logs a failing ``on_session_end``)."""
-    if then is not None and not callable(then):
-        raise TypeError("then must be callable")
+    # its arity too, as on_simulation_end's: a then() taking no ctx failed at every job end
+    check_part("then", then)
 
     async def hook(ctx: JobContext) -> None:
         failed: Exception | None = None
