@@ -505,7 +505,12 @@ async def test_a_production_trace_records_every_machine(
 
 @pytest.mark.parametrize(
     ("room_name", "file_name"),
-    [("../victim", ".._victim.jsonl"), ("team/standup", "team_standup.jsonl"), ("..", "__.jsonl")],
+    [
+        ("../victim", ".._victim.jsonl"),
+        ("team/standup", "team_standup.jsonl"),
+        ("..", "__.jsonl"),
+        ("{job_id}", "{job_id}.jsonl"),  # filled in once: a name is no template
+    ],
 )
 async def test_a_room_name_filled_into_the_trace_path_stays_one_file_name(
     clock: VirtualClock, tmp_path: Path, room_name: str, file_name: str
@@ -548,6 +553,46 @@ def test_a_trace_path_field_that_cannot_be_filled_in_is_a_setting_error(
         AgentJob.from_job_context(ctx, session=AgentSession(), trace_path=str(tmp_path / template))
     assert named in str(refused.value)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+async def test_a_job_built_directly_fills_in_its_rooms_name_in_the_trace_path(
+    room: InMemoryRoom, clock: VirtualClock, tmp_path: Path
+) -> None:
+    # it was left literal: every job wrote (truncated) one file under a directory "{room}"
+    job = AgentJob(
+        room=room, session=AgentSession(), clock=clock, trace_path=str(tmp_path / "{room}/t.jsonl")
+    )
+    await job.aclose()
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.jsonl")] == [f"{ROOM}/t.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (
+            "{room}/{job_id}.jsonl",
+            "trace_path: {job_id} is filled in only inside a livekit job "
+            "(AgentJob.from_job_context); a job built with AgentJob(...) has no job id",
+        ),
+        ("{jobid}.jsonl", "trace_path: only {job_id} and {room} can be filled in, not {jobid}"),
+        ("{room.name}.jsonl", "trace_path: only {job_id} and {room} can be filled in, not"),
+    ],
+)
+def test_a_job_built_directly_refuses_a_trace_path_field_it_cannot_fill_in(
+    room: InMemoryRoom, tmp_path: Path, template: str, message: str
+) -> None:
+    with pytest.raises(SettingError) as refused:
+        AgentJob(room=room, session=AgentSession(), trace_path=str(tmp_path / template))
+    assert str(refused.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+async def test_a_job_built_directly_over_a_room_with_no_name_yet_refuses_room_in_its_trace_path(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SettingError, match=r"^trace_path: \{room\} is the room's name, and"):
+        AgentJob(room=rtc.Room(), session=AgentSession(), trace_path=str(tmp_path / "{room}.t"))
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_a_session_close_that_hangs_still_ends_the_job(

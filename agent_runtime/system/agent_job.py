@@ -61,6 +61,7 @@ from agent_runtime.system._inputs import room_options as room_options_for
 from agent_runtime.system.job_system import JobSystem, Parts
 from agent_runtime.system.livekit_job import (
     context_options,
+    fill_trace_path,
     forget,
     job_of,
     on_session_end,
@@ -131,6 +132,8 @@ class AgentJob(Emitter[Events]):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         if not isinstance(session, AgentSession):
             raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
+        if isinstance(trace_path, str):  # from_job_context's is filled in already (a Path)
+            trace_path = fill_trace_path(trace_path, room=room.name)
         inject = injections()
         if avatar is not None and inject.get("avatar") is not None:
             avatar = inject["avatar"]  # a test's scripted avatar stands in for the plugin
@@ -206,7 +209,8 @@ class AgentJob(Emitter[Events]):
     ) -> AgentJob:
         """A job over ``ctx.room``, with its simulation context, the ``on_simulation_end``
         given to ``AgentServer.rtc_session`` and ``ctx.delete_room``, unless given in
-        ``options``. ``trace_path`` may contain ``{job_id}`` and ``{room}``. Found again by
+        ``options``. ``trace_path`` may contain ``{job_id}`` (only here: ``AgentJob(...)``
+        has no job id) and ``{room}``. Found again by
         ``AgentJob.for_job(ctx)`` and by ``on_session_end``."""
         options = context_options(ctx, options)
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)
