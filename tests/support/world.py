@@ -349,8 +349,9 @@ class World:
             raise InjectedFault("remove participant")
         if mode == "hang":
             await _forever()
-        if self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED) is None:
+        if identity not in self.room.remote_participants:
             raise TwirpError("not_found", "participant not found", status=404)
+        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
         if mode == "not_found":
             raise TwirpError("not_found", "participant not found", status=404)
 
