@@ -203,6 +203,13 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
             SettingError,
             "avatar_start_options given without an avatar",
         ),
+        # it was accepted, a policy for an avatar the job never has
+        (lambda s: {"session": s, "retry_avatar": True}, SettingError, "retry_avatar given"),
+        (
+            lambda s: {"session": s, "retry_avatar": {"attempts": 2}},
+            SettingError,
+            "retry_avatar given without an avatar",
+        ),
         (
             lambda s: {"session": s, "on_reprompt": lambda _s, _n: None},
             SettingError,

@@ -143,6 +143,9 @@ class AgentJob(Emitter[Events]):
                 "(with session_host=False and RoomIO's own close rules off) in job.start()"
             )
         start_options = check_avatar(avatar, avatar_start_options)
+        if avatar is None and self.settings.retry_avatar != AvatarRetry():
+            # as avatar_start_options: a policy for an avatar the job will never have
+            raise SettingError("retry_avatar given without an avatar")
         if on_reprompt is not None and (
             self.settings.playout is None or not self.settings.playout.reprompt
         ):
