@@ -31,10 +31,11 @@ from agent_runtime.actor import Actor
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.parts import check_part
 from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.runtimes.routing import Wiring, guard_table
 from agent_runtime.scheduler import Scheduler, after
-from agent_runtime.settings import SettingTypeError, check_part
+from agent_runtime.settings import SettingTypeError
 from statemachines import MachineSpec
 
 E = TypeVar("E")
@@ -146,7 +147,7 @@ class MachineRuntime(OwnedEmitter[E]):
 
 
 def check_parts(**parts: Any) -> None:
-    """Each of ``parts`` (``settings.check_part``'s names, or ``room_events``) refused
+    """Each of ``parts`` (``parts.check_part``'s names, or ``room_events``) refused
     naming it, a ``SettingTypeError``, unless it is None or of its kind: at construction,
     not as an ``AttributeError`` deep in a step (or a machine that never steps)."""
     for name, value in parts.items():

@@ -32,6 +32,7 @@ from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import Listener, event_names
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.parts import check_part
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_instance, released
 from agent_runtime.runtimes.room_events import (
     RoomEventAdapter,
@@ -43,7 +44,6 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
-    check_part,
     check_setting,
     kind_names,
     reason_names,

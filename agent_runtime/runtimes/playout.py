@@ -52,6 +52,7 @@ from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.emitter import Listener, event_names
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.parts import check_part
 from agent_runtime.runtimes._base import (
     Hear,
     MachineRuntime,
@@ -65,9 +66,8 @@ from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler, ending
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import PlayoutOptions, check_part, check_setting
+from agent_runtime.settings import PlayoutOptions, check_setting
 from statemachines import glue
-from statemachines.glue import agent_state_event
 from statemachines.playout import PLAYOUT
 
 logger = logging.getLogger("agent_runtime.playout")
@@ -382,7 +382,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         )
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
-        event = agent_state_event(ev.new_state)
+        event = glue.agent_state_event(ev.new_state)
         if event is not None:
             self._post(Event(event, {"state": ev.new_state}))
 

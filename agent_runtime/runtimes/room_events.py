@@ -19,7 +19,7 @@ from livekit import rtc
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime._messages import NO_NAMES
-from agent_runtime.settings import check_part
+from agent_runtime.parts import check_part
 
 logger = logging.getLogger("agent_runtime.room_events")
 

@@ -29,6 +29,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.actor import ActorClosed, Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer, describe
+from agent_runtime.parts import check_part
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
@@ -44,7 +45,6 @@ from agent_runtime.sdk.session_transport import (
     sender_aware,
     start_on_pipe,
 )
-from agent_runtime.settings import check_part
 from statemachines.session_host import SESSION_HOST
 from statemachines.system import host_drain
 

@@ -34,6 +34,7 @@ from agent_runtime.emitter import Emitter, event_names
 from agent_runtime.observe.otel import OtelSink
 from agent_runtime.observe.snapshot import JobSnapshot
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.parts import JOB_PARTS, job_options
 from agent_runtime.runtimes.avatar import RemoveParticipant, Route
 from agent_runtime.runtimes.playout import RepromptFn
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn
@@ -41,12 +42,10 @@ from agent_runtime.runtimes.session_host import SimulationEndFn
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
-    JOB_PARTS,
     AvatarRetry,
     JobSettings,
     PlayoutOptions,
     SettingError,
-    job_options,
     observed,
 )
 from agent_runtime.system._inputs import (

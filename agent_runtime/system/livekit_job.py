@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from livekit.agents.job import JobContext
 
+from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import SettingError, check_part
+from agent_runtime.settings import SettingError
 from agent_runtime.system._inputs import injections
 
 if TYPE_CHECKING:
