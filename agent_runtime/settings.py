@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from livekit import rtc
 from pydantic import (
@@ -144,10 +144,30 @@ ALL_CAUSES: frozenset[AvatarCause] = frozenset(
 )
 
 
-class Backoff(BaseModel):
-    """The wait before restart ``n`` (0-based): ``min(max, initial * multiplier ** n)``."""
+class SettingModel(BaseModel):
+    """A setting made of fields (``PlayoutOptions``, ``AvatarRetry``). Built directly, a bad
+    field is a ``SettingError`` (``SettingTypeError`` for a type) naming it as the setting's
+    (``playout.margin``), as when the same value is given to ``AgentJob``: not pydantic's
+    ``ValidationError``. Validated as a part of a job's settings, pydantic names it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    setting: ClassVar[str]  # what the setting is called where a job is given it
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise setting_error(e, self.setting) from None
+
+    # pydantic's own mark of its __init__: nested in other settings (a job's, a scenario's),
+    # the value is validated by pydantic as before, its errors located by the outer model
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+
+class Backoff(SettingModel):
+    """The wait before restart ``n`` (0-based): ``min(max, initial * multiplier ** n)``."""
+
+    setting = "retry_avatar.backoff"
 
     initial: WaitSeconds = 1.0
     multiplier: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False, strict=True)] = 2.0
@@ -168,7 +188,7 @@ class Backoff(BaseModel):
         return float(min(self.max, self.initial * self.multiplier ** min(n, 64)))
 
 
-class AvatarRetry(BaseModel):
+class AvatarRetry(SettingModel):
     """What the avatar lifecycle does after a transient loss. The default retries nothing.
 
     ``attempts``: how many times the plugin is started again after a failure whose cause is
@@ -178,7 +198,7 @@ class AvatarRetry(BaseModel):
     default, the spelling ``retry_avatar`` had when it was a flag.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    setting = "retry_avatar"
 
     attempts: Annotated[int, Field(ge=0, le=100, strict=True)] = 0
     backoff: Backoff = Backoff()
@@ -206,7 +226,7 @@ DEFAULT_REPROMPT_INSTRUCTIONS = (
 )
 
 
-class PlayoutOptions(BaseModel):
+class PlayoutOptions(SettingModel):
     """The ``playout`` machine: how long a joined avatar may take to report that it played
     the agent's audio, and the re-prompt watchdog (off unless ``reprompt``). ``AgentJob``
     composes it with these defaults whenever an avatar is configured (``playout=False``
@@ -222,7 +242,7 @@ class PlayoutOptions(BaseModel):
     ``session.generate_reply(instructions=...)``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    setting = "playout"
 
     margin: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False, strict=True)] = 2.0
     reprompt: Flag = False
@@ -339,9 +359,10 @@ def check_setting(name: str, value: Any) -> Any:
     return getattr(job_settings({name: value}), name)
 
 
-def setting_error(e: ValidationError) -> SettingError:
+def setting_error(e: ValidationError, setting: str = "") -> SettingError:
+    """``e``'s first error as a ``SettingError`` naming its field (within ``setting``)."""
     err = e.errors()[0]
-    name = ".".join(str(x) for x in err["loc"]) if err["loc"] else "settings"
+    name = ".".join([*([setting] if setting else []), *map(str, err["loc"])]) or "settings"
     raised = err.get("ctx", {}).get("error")
     if isinstance(raised, SettingError):  # a validator's own: its class (a type error) kept
         return raised
