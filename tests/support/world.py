@@ -231,7 +231,7 @@ class World:
             close_on_disconnect=cfg.close_on_disconnect,
             grace_period=cfg.grace_period,
             join_timeout=cfg.join_timeout,
-            retry_avatar=cfg.retry_avatar,
+            retry_avatar=cfg.retry_avatar if cfg.avatar else False,  # refused without one
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
             delete_room_on_close=cfg.delete_room_on_close,
