@@ -26,7 +26,7 @@ from agent_runtime._messages import (
 )
 from agent_runtime.clock import Clock, TimerHandle
 from agent_runtime.emitter import OwnedEmitter
-from agent_runtime.observe.trace import Tracer, TraceRecord, describe
+from agent_runtime.observe.trace import Tracer, TraceRecord, describe, job_place
 from agent_runtime.scheduler import Scheduler
 from statemachines import MachineSpec, Step, UnknownEvent
 from statemachines.step import Table
@@ -91,10 +91,8 @@ class Performer(OwnedEmitter[str]):
 
     def where(self) -> str:
         """The job, room and machine, for a log line: ``job J (room R), avatar[a]``."""
-        job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
-        if job:
-            return f"job {job} (room {room}), {self._who()}"
-        return f"room {room}, {self._who()}" if room else self._who()
+        place = job_place(self.labels)
+        return f"{place}, {self._who()}" if place else self._who()
 
     def report(
         self,

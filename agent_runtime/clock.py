@@ -24,6 +24,19 @@ class Clock(Protocol):
     async def wait_for(self, aw: Awaitable[T], timeout: float | None) -> T: ...
 
 
+def check_seconds(what: str, value: object, *, negative: bool = False) -> float:
+    """``value`` as a finite number of seconds (at least 0, unless ``negative``: a time
+    rather than a duration) for ``what``, named in the error: ``TypeError`` for what is no
+    number (a bool included), ``ValueError`` for a NaN, an infinite or a negative one (NaN
+    would stop a clock for good, a negative wait would be skipped without a word)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} takes a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or (value < 0 and not negative):
+        least = "" if negative else ", at least 0"
+        raise ValueError(f"{what} takes a finite number of seconds{least}, not {value!r}")
+    return float(value)
+
+
 class AsyncioClock:
     """Real time from the running loop; ``now()`` counts seconds since the clock was first
     used (two clocks count from different zeros: runtimes that share a tracer share one)."""

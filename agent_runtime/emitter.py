@@ -18,11 +18,11 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from types import FunctionType, MethodType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from livekit import rtc
 
-from agent_runtime.observe.trace import describe
+from agent_runtime.observe.trace import describe, job_place
 
 logger = logging.getLogger("agent_runtime.emitter")
 
@@ -149,9 +149,10 @@ class Emitter(rtc.EventEmitter[T]):
         self, event: T, callback: Callable[..., Any], error: BaseException, args: tuple[Any, ...]
     ) -> None:
         """Log a listener's failure (it has been removed). ERROR: a callback the user
-        registered will not run again. The line names the job when the emitter carries its
-        labels (``_log_labels``: ``AgentJob``; ``Actor`` says more), and the machine when
-        the argument is a state change."""
+        registered will not run again. The line names the job and its room when the emitter
+        carries their labels (``_log_labels``: ``AgentJob``'s; a runtime's: its job's, or
+        the room it runs over; ``Actor`` says more), and the machine when the argument is a
+        state change."""
         labels: Mapping[str, str] = getattr(self, "_log_labels", None) or {}
         change = args[0] if args else None
         fields = {
@@ -163,9 +164,8 @@ class Emitter(rtc.EventEmitter[T]):
             "event": str(getattr(change, "event", "")),
             "listener": _name_of(callback),
         }
-        who = type(self).__name__
-        if fields["job_id"] or fields["room"]:
-            who = f"job {fields['job_id']} (room {fields['room']}), {who}"
+        place, who = job_place(labels), type(self).__name__
+        who = f"{place}, {who}" if place else who
         logger.error(
             "%s: a %s listener failed (%s); it is removed, the machines go on",
             who,
@@ -206,6 +206,11 @@ class OwnedEmitter(Emitter[T]):
                 self._owner = None
                 self._listener_failed(_STATE_CHANGED, owner, e, (change,))
         self.emit(_STATE_CHANGED, change)
+
+
+def event_names(events: Any) -> frozenset[str]:
+    """A ``Literal`` of event names as a class's ``_EVENT_NAMES`` (what its ``on`` takes)."""
+    return frozenset(get_args(events))
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

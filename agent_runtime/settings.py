@@ -8,11 +8,9 @@ the value given, before anything is built.
 
 from __future__ import annotations
 
-import inspect
-import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from livekit import rtc
 from pydantic import (
@@ -146,10 +144,30 @@ ALL_CAUSES: frozenset[AvatarCause] = frozenset(
 )
 
 
-class Backoff(BaseModel):
-    """The wait before restart ``n`` (0-based): ``min(max, initial * multiplier ** n)``."""
+class SettingModel(BaseModel):
+    """A setting made of fields (``PlayoutOptions``, ``AvatarRetry``). Built directly, a bad
+    field is a ``SettingError`` (``SettingTypeError`` for a type) naming it as the setting's
+    (``playout.margin``), as when the same value is given to ``AgentJob``: not pydantic's
+    ``ValidationError``. Validated as a part of a job's settings, pydantic names it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    setting: ClassVar[str]  # what the setting is called where a job is given it
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise setting_error(e, self.setting) from None
+
+    # pydantic's own mark of its __init__: nested in other settings (a job's, a scenario's),
+    # the value is validated by pydantic as before, its errors located by the outer model
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+
+class Backoff(SettingModel):
+    """The wait before restart ``n`` (0-based): ``min(max, initial * multiplier ** n)``."""
+
+    setting = "retry_avatar.backoff"
 
     initial: WaitSeconds = 1.0
     multiplier: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False, strict=True)] = 2.0
@@ -170,7 +188,7 @@ class Backoff(BaseModel):
         return float(min(self.max, self.initial * self.multiplier ** min(n, 64)))
 
 
-class AvatarRetry(BaseModel):
+class AvatarRetry(SettingModel):
     """What the avatar lifecycle does after a transient loss. The default retries nothing.
 
     ``attempts``: how many times the plugin is started again after a failure whose cause is
@@ -182,7 +200,7 @@ class AvatarRetry(BaseModel):
     was a flag.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    setting = "retry_avatar"
 
     attempts: Annotated[int, Field(ge=0, le=100, strict=True)] = 0
     backoff: Backoff = Backoff()
@@ -210,7 +228,7 @@ DEFAULT_REPROMPT_INSTRUCTIONS = (
 )
 
 
-class PlayoutOptions(BaseModel):
+class PlayoutOptions(SettingModel):
     """The ``playout`` machine: how long a joined avatar may take to report that it played
     the agent's audio, and the re-prompt watchdog (off unless ``reprompt``). ``AgentJob``
     composes it with these defaults whenever an avatar is configured (``playout=False``
@@ -226,7 +244,7 @@ class PlayoutOptions(BaseModel):
     ``session.generate_reply(instructions=...)``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    setting = "playout"
 
     margin: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False, strict=True)] = 2.0
     reprompt: Flag = False
@@ -337,108 +355,16 @@ def job_settings(values: Mapping[str, Any] | None = None, /, **kw: Any) -> JobSe
     return settings
 
 
-# the parts of a job (objects, not settings), checked with the settings before anything is
-# built: a part of the wrong type fails at construction naming it, not deep in a step later
-JOB_PARTS = (
-    "trace_path",
-    "tracer",
-    "otel",
-    "clock",
-    "transport",
-    "simulation",
-    "on_simulation_end",
-    "delete_room",
-    "remove_avatar_participant",
-    "on_reprompt",
-)
-# what each callable part must be, and how many positional arguments the job calls it with
-_CALLABLE_PARTS = {
-    "on_simulation_end": ("callable as on_simulation_end(simulation_context)", 1),
-    "delete_room": ("an async callable taking no arguments", 0),
-    "remove_avatar_participant": ("an async callable taking the avatar's identity", 1),
-    "on_reprompt": ("callable as on_reprompt(session, attempt)", 2),
-}
-_CLOCK_METHODS = ("now", "call_later", "sleep", "wait_for")
-
-
-def job_options(values: Mapping[str, Any]) -> JobSettings:
-    """Every option of a job checked at once, its settings (``JobSettings``) and its parts
-    (``JOB_PARTS``: their types): returns the settings, or raises ``SettingError`` (or
-    ``SettingTypeError``, also a ``TypeError``) naming the first bad option. ``AgentJob``
-    calls it before it opens a file, adds a listener or starts a task, so a refusal
-    changes nothing."""
-    parts = {k: v for k, v in values.items() if k in JOB_PARTS}
-    settings = job_settings({k: v for k, v in values.items() if k not in JOB_PARTS})
-    for name, value in parts.items():
-        check_part(name, value)
-    return settings
-
-
-def check_part(name: str, value: Any) -> None:
-    """``SettingTypeError`` naming ``name`` unless ``value`` is a part a job can run with
-    (``None`` is: the job's default; ``otel``, a switch, is said with a bool)."""
-    if value is None and name != "otel":
-        return
-    want = _part_type(name, value)
-    if want is not None:
-        raise SettingTypeError(f"{name} must be {want}, not {type(value).__name__}")
-    if name == "trace_path" and not os.fspath(value):
-        raise SettingError("trace_path is empty: pass a file path, or None for no trace file")
-
-
-def _part_type(name: str, value: Any) -> str | None:
-    """What ``value`` should have been, when it is not."""
-    if name == "trace_path":
-        ok = isinstance(value, str | os.PathLike) and isinstance(os.fspath(value), str)
-        return None if ok else "a file path (a str or an os.PathLike)"
-    if name == "clock":
-        ok = all(callable(getattr(value, m, None)) for m in _CLOCK_METHODS)
-        return None if ok else "a Clock (with now, call_later, sleep and wait_for)"
-    if name == "tracer":
-        return None if isinstance(value, Tracer) else "an agent_runtime Tracer"
-    if name == "otel":
-        from agent_runtime.observe.otel import OtelSink
-
-        return None if isinstance(value, bool | OtelSink) else "True, False or an OtelSink"
-    if name == "transport":
-        from livekit.agents.voice.remote_session import SessionTransport
-
-        return None if isinstance(value, SessionTransport) else "a livekit SessionTransport"
-    if name == "simulation":
-        from livekit.agents.simulation import SimulationContext, SimulationDispatch
-
-        ok = isinstance(value, SimulationContext | SimulationDispatch)
-        return None if ok else "a livekit SimulationContext or SimulationDispatch"
-    if name in _CALLABLE_PARTS:
-        want, args = _CALLABLE_PARTS[name]
-        return None if callable(value) and _takes(value, args) else want
-    raise KeyError(name)  # a part this module does not know: the caller's bug
-
-
-def _takes(fn: Callable[..., Any], args: int) -> bool:
-    """Whether ``fn`` can be called with ``args`` positional arguments (a mistake found at
-    construction, not at the first call deep in a step); unknown for a signature that
-    cannot be read (a builtin), which passes."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return True
-    try:
-        signature.bind(*([None] * args))
-    except TypeError:
-        return False
-    return True
-
-
 def check_setting(name: str, value: Any) -> Any:
     """Validate one setting alone (the runtimes of single machines use this); returns the
     value as the runtime keeps it."""
     return getattr(job_settings({name: value}), name)
 
 
-def setting_error(e: ValidationError) -> SettingError:
+def setting_error(e: ValidationError, setting: str = "") -> SettingError:
+    """``e``'s first error as a ``SettingError`` naming its field (within ``setting``)."""
     err = e.errors()[0]
-    name = ".".join(str(x) for x in err["loc"]) if err["loc"] else "settings"
+    name = ".".join([*([setting] if setting else []), *map(str, err["loc"])]) or "settings"
     raised = err.get("ctx", {}).get("error")
     if isinstance(raised, SettingError):  # a validator's own: its class (a type error) kept
         return raised

@@ -130,6 +130,21 @@ async def test_a_failing_session_end_of_the_users_still_ends_the_job_then_raises
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
 
 
+@pytest.mark.parametrize(
+    ("then", "kind"),
+    [(lambda: None, "function"), (lambda ctx, extra: None, "function"), (5, "int")],
+)
+def test_a_session_end_of_the_users_that_cannot_take_the_ctx_is_refused_when_wrapped(
+    then: Any, kind: str
+) -> None:
+    # a then() taking no ctx was accepted, then failed at every job's end (TypeError)
+    with pytest.raises(SettingTypeError) as e:
+        session_end_hook(then)
+    assert str(e.value) == (
+        f"then must be callable as then(ctx), with the livekit JobContext, not {kind}"
+    )
+
+
 async def test_on_session_end_without_a_job_returns(ctx: JobContext) -> None:
     await asyncio.wait_for(on_session_end(ctx), 5)
 
@@ -187,6 +202,13 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
             lambda s: {"session": s, "avatar_start_options": {"x": 1}},
             SettingError,
             "avatar_start_options given without an avatar",
+        ),
+        # it was accepted, a policy for an avatar the job never has
+        (lambda s: {"session": s, "retry_avatar": True}, SettingError, "retry_avatar given"),
+        (
+            lambda s: {"session": s, "retry_avatar": {"attempts": 2}},
+            SettingError,
+            "retry_avatar given without an avatar",
         ),
         (
             lambda s: {"session": s, "on_reprompt": lambda _s, _n: None},
@@ -490,7 +512,12 @@ async def test_a_production_trace_records_every_machine(
 
 @pytest.mark.parametrize(
     ("room_name", "file_name"),
-    [("../victim", ".._victim.jsonl"), ("team/standup", "team_standup.jsonl"), ("..", "__.jsonl")],
+    [
+        ("../victim", ".._victim.jsonl"),
+        ("team/standup", "team_standup.jsonl"),
+        ("..", "__.jsonl"),
+        ("{job_id}", "{job_id}.jsonl"),  # filled in once: a name is no template
+    ],
 )
 async def test_a_room_name_filled_into_the_trace_path_stays_one_file_name(
     clock: VirtualClock, tmp_path: Path, room_name: str, file_name: str
@@ -533,6 +560,46 @@ def test_a_trace_path_field_that_cannot_be_filled_in_is_a_setting_error(
         AgentJob.from_job_context(ctx, session=AgentSession(), trace_path=str(tmp_path / template))
     assert named in str(refused.value)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+async def test_a_job_built_directly_fills_in_its_rooms_name_in_the_trace_path(
+    room: InMemoryRoom, clock: VirtualClock, tmp_path: Path
+) -> None:
+    # it was left literal: every job wrote (truncated) one file under a directory "{room}"
+    job = AgentJob(
+        room=room, session=AgentSession(), clock=clock, trace_path=str(tmp_path / "{room}/t.jsonl")
+    )
+    await job.aclose()
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.jsonl")] == [f"{ROOM}/t.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (
+            "{room}/{job_id}.jsonl",
+            "trace_path: {job_id} is filled in only inside a livekit job "
+            "(AgentJob.from_job_context); a job built with AgentJob(...) has no job id",
+        ),
+        ("{jobid}.jsonl", "trace_path: only {job_id} and {room} can be filled in, not {jobid}"),
+        ("{room.name}.jsonl", "trace_path: only {job_id} and {room} can be filled in, not"),
+    ],
+)
+def test_a_job_built_directly_refuses_a_trace_path_field_it_cannot_fill_in(
+    room: InMemoryRoom, tmp_path: Path, template: str, message: str
+) -> None:
+    with pytest.raises(SettingError) as refused:
+        AgentJob(room=room, session=AgentSession(), trace_path=str(tmp_path / template))
+    assert str(refused.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+async def test_a_job_built_directly_over_a_room_with_no_name_yet_refuses_room_in_its_trace_path(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SettingError, match=r"^trace_path: \{room\} is the room's name, and"):
+        AgentJob(room=rtc.Room(), session=AgentSession(), trace_path=str(tmp_path / "{room}.t"))
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_a_session_close_that_hangs_still_ends_the_job(

@@ -855,8 +855,12 @@ async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
     await rig.start_avatar()
     too_soon = asyncio.ensure_future(rig.lifecycle.wait_for("joined", timeout=1.0))
     await rig.clock.advance(1)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError) as timed_out:
         await too_soon
+    # it said nothing: which state, how long, where the lifecycle is instead
+    assert str(timed_out.value) == (
+        "the avatar lifecycle was not 'joined' within 1s (it is 'routing')"
+    )
     await rig.lifecycle.wait_for("routing")  # already there
     waiting = asyncio.ensure_future(rig.lifecycle.wait_for("restored"))
     await rig.clock.advance(4)
@@ -869,6 +873,31 @@ async def test_wait_for_and_state_changed_run_on_virtual_time() -> None:
         await closed_first
     with pytest.raises(ValueError, match="unknown avatar state"):
         await rig.lifecycle.wait_for("limbo")
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error", "message"),
+    [
+        (-1, ValueError, "wait_for's timeout takes a finite number of seconds, at least 0, not -1"),
+        (
+            float("nan"),
+            ValueError,
+            "wait_for's timeout takes a finite number of seconds, at least 0, not nan",
+        ),
+        ("5", TypeError, "wait_for's timeout takes a number of seconds, not str"),
+    ],
+)
+async def test_wait_for_refuses_a_timeout_that_is_no_duration(
+    timeout: Any, error: type[Exception], message: str
+) -> None:
+    # -1 was a TimeoutError with an empty message, at once; NaN waited for good (bounded
+    # in real time here as a guard against that hang)
+    rig = Rig(join_timeout=5.0)
+    with pytest.raises(error) as e:
+        await asyncio.wait_for(rig.lifecycle.wait_for("joined", timeout=timeout), 5)
+    assert str(e.value) == message
+    assert rig.lifecycle.state == "idle"
+    await rig.aclose()
 
 
 async def test_a_listener_that_raises_stalls_neither_start_nor_wait_for(

@@ -37,7 +37,9 @@ async def play(doc: dict[str, Any]) -> dict[str, Any]:
         retry=config.get("retry_avatar", False),
     )
     for p in doc.get("participants", []):
-        add_active(rig.room, p["identity"], kind=p.get("kind", "standard"))
+        # the rig's room has its user already: the SFU would not report it joining twice
+        if p["identity"] not in rig.room.remote_participants:
+            add_active(rig.room, p["identity"], kind=p.get("kind", "standard"))
     for step in doc["steps"]:
         await rig.clock.run_until(float(step["at"]))
         ev = step["event"]

@@ -321,6 +321,8 @@ class ComposedJob(RuleBasedStateMachine):
     @rule(identity=st.sampled_from([*sorted(PEOPLE), AVATAR]), reason=st.sampled_from(REASONS))
     def participant_leaves(self, identity: str, reason: str) -> None:
         room = self.world.room
+        if identity not in room.remote_participants:  # nobody to leave: nothing happens
+            return
         self.act(lambda: room.remove_participant(identity, rtc.DisconnectReason.Value(reason)))
 
     @patient

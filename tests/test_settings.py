@@ -10,8 +10,12 @@ import pytest
 from livekit import rtc
 from livekit.agents.job import DEFAULT_PARTICIPANT_KINDS
 from livekit.agents.voice.room_io.types import DEFAULT_CLOSE_ON_DISCONNECT_REASONS
+from pydantic import BaseModel
 
 from agent_runtime.settings import (
+    AvatarRetry,
+    Backoff,
+    PlayoutOptions,
     SettingError,
     SettingTypeError,
     check_setting,
@@ -142,3 +146,52 @@ def test_a_bad_field_shows_its_own_value(values: dict[str, Any], message: str) -
     with pytest.raises(SettingError) as raised:
         job_settings(**values)
     assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (
+            lambda: PlayoutOptions(margin=-1),
+            SettingError,
+            "playout.margin: input should be greater than or equal to 0 (got -1)",
+        ),
+        (
+            lambda: PlayoutOptions(bogus=1),
+            SettingError,
+            "playout.bogus: extra inputs are not permitted (got 1)",
+        ),
+        (
+            lambda: AvatarRetry(attempts="x"),
+            SettingTypeError,
+            "retry_avatar.attempts: input should be a valid integer (got 'x')",
+        ),
+        (
+            lambda: AvatarRetry(backoff={"initial": -1}),
+            SettingError,
+            "retry_avatar.backoff.initial: input should be greater than 0 (got -1)",
+        ),
+        (
+            lambda: Backoff(initial=50, max=10),
+            SettingError,
+            "retry_avatar.backoff: initial (50 s) is above max (10 s): raise max or lower "
+            "initial (got {'initial': 50, 'max': 10})",
+        ),
+    ],
+)
+def test_a_setting_model_built_directly_refuses_a_bad_field_as_agent_job_does(
+    build: Any, error: type[Exception], message: str
+) -> None:
+    # it was pydantic's ValidationError, naming neither the setting nor as AgentJob does
+    with pytest.raises(error) as e:
+        build()
+    assert type(e.value) is error and str(e.value) == message
+
+
+def test_the_setting_models_stay_pydantic_models_and_nested_errors_keep_their_place() -> None:
+    assert issubclass(PlayoutOptions, BaseModel) and issubclass(AvatarRetry, BaseModel)
+    assert PlayoutOptions.model_validate({"margin": 1}) == PlayoutOptions(margin=1.0)
+    # given to a job, the same value is named the same way, from the job's settings
+    with pytest.raises(SettingError) as e:
+        job_settings(playout={"margin": -1})
+    assert str(e.value) == "playout.margin: input should be greater than or equal to 0 (got -1)"

@@ -266,12 +266,22 @@ class Tracer:
         self.failures.append(f"{sink!r}: {text}")
         # WARNING: a trace is lost from here on (the log policy)
         job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
+        place = job_place(self.labels)
         logger.warning(
             "%strace sink %r failed in %s (%s); it is disabled, the machines go on without it",
-            f"job {job} (room {room}): " if job else f"room {room}: " if room else "",
+            f"{place}: " if place else "",
             sink,
             where,
             text,
             exc_info=error if not isinstance(error, Exception) else None,
             extra={"job_id": job, "room": room, "sink": repr(sink)},
         )
+
+
+def job_place(labels: Mapping[str, str]) -> str:
+    """Where a log line comes from, by a job's labels: ``job J (room R)``, ``job J``,
+    ``room R``, or nothing when neither is known (a job built by hand has no id)."""
+    job, room = labels.get("job_id", ""), labels.get("room", "")
+    if job:
+        return f"job {job} (room {room})" if room else f"job {job}"
+    return f"room {room}" if room else ""

@@ -21,7 +21,7 @@ remove; an owner that fails is logged and dropped the same way
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from livekit import rtc
@@ -31,8 +31,11 @@ from agent_runtime.actor import Actor
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import OwnedEmitter
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.parts import check_part
+from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.runtimes.routing import Wiring, guard_table
 from agent_runtime.scheduler import Scheduler, after
+from agent_runtime.settings import SettingTypeError
 from statemachines import MachineSpec
 
 E = TypeVar("E")
@@ -46,6 +49,10 @@ class MachineRuntime(OwnedEmitter[E]):
     the machine's."""
 
     actor: Actor
+    # what ``on`` takes (a typo is refused, not a listener that never runs); a runtime that
+    # emits more events names them all
+    _EVENT_NAMES: frozenset[str] | None = frozenset({"state_changed"})
+    _room_labels: Mapping[str, str] = EMPTY  # the room it runs over (``_label_room``)
 
     def _run_machine(
         self,
@@ -65,7 +72,9 @@ class MachineRuntime(OwnedEmitter[E]):
         guards read ``facts`` (this runtime when not given), ``wiring`` fires the links of
         its effects as they succeed. ``hear``: who hears the actor's changes first (a part
         that only forwards them lets its owner hear the actor itself); by default this
-        runtime's ``_on_state``."""
+        runtime's ``_on_state``. The parts are checked first (``check_part``): a clock, tracer
+        or scheduler of the wrong type is refused naming it, before the actor exists."""
+        check_parts(clock=clock, tracer=tracer, scheduler=scheduler)
         actor = Actor(
             spec,
             instance=instance,
@@ -88,6 +97,16 @@ class MachineRuntime(OwnedEmitter[E]):
     @property
     def state(self) -> str:
         return self.actor.state
+
+    @property
+    def _log_labels(self) -> Mapping[str, str]:
+        """What a failing listener's log line names (``Emitter._listener_failed``): the
+        job's labels when composed (its actor's), else the room it runs over, if known."""
+        return self.actor.labels or self._room_labels
+
+    def _label_room(self, room: rtc.Room) -> None:
+        """Its listeners' failures name ``room`` when no job labels it."""
+        self._room_labels = RoomLabels(room)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         """The machine's state timeouts by setting name (a state's ``timeout.setting``),
@@ -125,6 +144,46 @@ class MachineRuntime(OwnedEmitter[E]):
         """What the runtime does on its machine's change: forward it (a runtime that acts
         on its own changes extends this)."""
         self._emit_state(change)
+
+
+def check_parts(**parts: Any) -> None:
+    """Each of ``parts`` (``parts.check_part``'s names, or ``room_events``) refused
+    naming it, a ``SettingTypeError``, unless it is None or of its kind: at construction,
+    not as an ``AttributeError`` deep in a step (or a machine that never steps)."""
+    for name, value in parts.items():
+        if name == "room_events":
+            check_instance(name, value, RoomEventAdapter)
+        else:
+            check_part(name, value)
+
+
+def check_instance(name: str, value: object, kind: type, *, required: bool = False) -> None:
+    """``SettingTypeError`` naming ``name`` unless ``value`` is a ``kind`` (or None, unless
+    ``required``): a runtime handed another runtime, or the room's adapter."""
+    if not isinstance(value, kind) and (required or value is not None):
+        a = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise SettingTypeError(f"{name} must be {a} {kind.__name__}, not {type(value).__name__}")
+
+
+class RoomLabels(Mapping[str, str]):
+    """A lone runtime's log labels: its room's name, read as a line is written (a room is
+    named once it connects)."""
+
+    __slots__ = ("_room",)
+
+    def __init__(self, room: rtc.Room) -> None:
+        self._room = room
+
+    def __getitem__(self, key: str) -> str:
+        if key != "room":
+            raise KeyError(key)
+        return self._room.name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("room",))
+
+    def __len__(self) -> int:
+        return 1
 
 
 def listen(emitter: rtc.EventEmitter[Any], listeners: Mapping[str, Callable[..., Any]]) -> None:

@@ -29,7 +29,7 @@ from agent_runtime._messages import NO_NAMES
 from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter, RoomFact, simulators_in
 from agent_runtime.runtimes.routing import Wiring, follow, plain_fact
@@ -43,7 +43,7 @@ from agent_runtime.runtimes.sessions import JobSessions
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
 from agent_runtime.runtimes.teardown import Teardown, Work
 from agent_runtime.scheduler import Scheduler, after, ending
-from agent_runtime.settings import check_part, check_setting, observed
+from agent_runtime.settings import check_setting, observed
 from statemachines.glue import hold_needed, simulators_after
 from statemachines.job import JOB
 from statemachines.system import TEARDOWN
@@ -87,6 +87,8 @@ class JobRuntime(MachineRuntime[str]):
     Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
     """
 
+    _EVENT_NAMES = frozenset({"state_changed", "closed"})  # on("state_chnaged") is refused
+
     def __init__(
         self,
         *,
@@ -122,8 +124,17 @@ class JobRuntime(MachineRuntime[str]):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         session_end_timeout = check_setting("session_end_timeout", session_end_timeout)
         close_timeout = check_setting("close_timeout", close_timeout)
-        if delete_room is not None and not callable(delete_room):
-            raise TypeError("delete_room must be an async callable taking no arguments")
+        # every part's type, before the trace file is opened (truncated)
+        check_parts(
+            trace_path=trace_path,
+            clock=clock,
+            tracer=tracer,
+            transport=transport,
+            scheduler=scheduler,
+            on_simulation_end=on_simulation_end,
+            delete_room=delete_room,
+            room_events=room_events,
+        )
         if room_events is not None and room_events.room is not room:
             raise ValueError("room_events must be an adapter over the same room")
         if host is not None and (transport is not None or on_simulation_end is not None):
@@ -132,9 +143,6 @@ class JobRuntime(MachineRuntime[str]):
             raise ValueError("give a deletion, or delete_room: not both")
         if wiring is not None and delete_room_on_close:
             raise ValueError("with a wiring given, delete_room_on_close is the wiring's flag")
-        parts = {"trace_path": trace_path, "clock": clock, "tracer": tracer, "transport": transport}
-        for name, value in parts.items():
-            check_part(name, value)  # before the trace file is opened (truncated)
         # production traces: the same JSONL `agent-runtime replay` reads, plus the logs
         tracer, self._trace_file, _ = observed(tracer, trace_path, otel=False)
         self.tracer = tracer  # hand it to ParticipantLink/AvatarLifecycle to trace them too
@@ -183,6 +191,7 @@ class JobRuntime(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
         )
+        self._label_room(room)  # a failing listener of its own names the room
         # asked for by anyone, run once the job's closing work allows it
         self.deletion = deletion or room_deletion_for(
             room,

@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
@@ -30,9 +30,10 @@ from livekit.agents.voice.room_io import RoomIO
 
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
-from agent_runtime.emitter import Listener
+from agent_runtime.emitter import Listener, event_names
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, released
+from agent_runtime.parts import check_part
+from agent_runtime.runtimes._base import Hear, MachineRuntime, check_instance, released
 from agent_runtime.runtimes.room_events import (
     RoomEventAdapter,
     kind_name,
@@ -57,6 +58,7 @@ logger = logging.getLogger("agent_runtime.participant")
 ATTRIBUTE_PUBLISH_ON_BEHALF = PUBLISH_ON_BEHALF
 
 DEFAULT_KINDS = DEFAULT_PARTICIPANT_KINDS
+LinkEvents = Literal["state_changed", "close_timed_out"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,7 @@ class SessionCloseTimedOut:
     reason: str
 
 
-class ParticipantLink(MachineRuntime[str]):
+class ParticipantLink(MachineRuntime[LinkEvents]):
     """The ``participant`` machine for one session. Emits ``state_changed`` (StateChanged)
     and ``close_timed_out`` (SessionCloseTimedOut).
 
@@ -85,6 +87,8 @@ class ParticipantLink(MachineRuntime[str]):
     job down through it. The link is itself the facts view its guards read
     (``statemachines.glue.ParticipantFacts``).
     """
+
+    _EVENT_NAMES = event_names(LinkEvents)  # on("state_chnaged", ...) is refused
 
     def __init__(
         self,
@@ -104,8 +108,9 @@ class ParticipantLink(MachineRuntime[str]):
         owner: Hear | None = None,
     ) -> None:
         super().__init__(owner)
-        if not isinstance(room_events, RoomEventAdapter):
-            raise TypeError(f"room_events must be a RoomEventAdapter, got {type(room_events)}")
+        check_part("session", session, required=True)  # not an AttributeError at start()
+        # required: the link has no adapter of its own
+        check_instance("room_events", room_events, RoomEventAdapter, required=True)
         participant_identity = check_setting("participant_identity", participant_identity)
         grace_period = check_setting("grace_period", grace_period)
         session_close_timeout = check_setting("session_close_timeout", session_close_timeout)
@@ -139,6 +144,7 @@ class ParticipantLink(MachineRuntime[str]):
             scheduler=scheduler,
             wiring=wiring,
         )
+        self._label_room(room_events.room)  # a failing listener of its own names the room
         if wiring is not None:
             wiring.connect("participant", self._post_linked)
 

@@ -50,9 +50,17 @@ from livekit.agents.voice.speech_handle import SpeechHandle
 
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.emitter import Listener
+from agent_runtime.emitter import Listener, event_names
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, listen, released, unlisten
+from agent_runtime.parts import check_part
+from agent_runtime.runtimes._base import (
+    Hear,
+    MachineRuntime,
+    check_instance,
+    listen,
+    released,
+    unlisten,
+)
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Wiring
@@ -60,9 +68,6 @@ from agent_runtime.scheduler import Scheduler, ending
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import PlayoutOptions, check_setting
 from statemachines import glue
-from statemachines.glue import (
-    agent_state_event,
-)
 from statemachines.playout import PLAYOUT
 
 logger = logging.getLogger("agent_runtime.playout")
@@ -154,13 +159,10 @@ class _Timeouts(Mapping[str, float | None]):
         self._t = tracker
 
     def __getitem__(self, key: str) -> float | None:
-        opts = self._t.options
         if key == "playout_bound":
             return self._t.playout_bound()
-        if key == "safety_window":
-            return opts.safety_window
-        if key == "reprompt_after":
-            return opts.reprompt_after
+        if key in ("safety_window", "reprompt_after"):
+            return float(getattr(self._t.options, key))
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
@@ -181,6 +183,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     """
 
     HISTORY = 256
+    _EVENT_NAMES = event_names(PlayoutEvents)  # on("state_chnaged", ...) is refused
     _done: deque[PlayoutDone] | None
     _reprompted: deque[Reprompted] | None
 
@@ -214,10 +217,10 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         owner: Hear | None = None,
     ) -> None:
         super().__init__(owner)
-        if not isinstance(session, AgentSession):
-            raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
-        if on_reprompt is not None and not callable(on_reprompt):
-            raise TypeError("on_reprompt must be callable as on_reprompt(session, attempt)")
+        check_part("session", session, required=True)
+        check_part("on_reprompt", on_reprompt)  # its arity too: called (session, attempt)
+        check_instance("avatar", avatar, AvatarLifecycle)
+        check_instance("link", link, ParticipantLink)
         opts = check_setting("playout", options)
         if opts is None:
             raise ValueError("options=False: build no PlayoutTracker instead")
@@ -379,7 +382,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         )
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
-        event = agent_state_event(ev.new_state)
+        event = glue.agent_state_event(ev.new_state)
         if event is not None:
             self._post(Event(event, {"state": ev.new_state}))
 

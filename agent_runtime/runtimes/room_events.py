@@ -19,6 +19,7 @@ from livekit import rtc
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime._messages import NO_NAMES
+from agent_runtime.parts import check_part
 
 logger = logging.getLogger("agent_runtime.room_events")
 
@@ -146,6 +147,7 @@ class RoomEventAdapter:
     """Hooks one room, fans facts out to subscribers in subscription order."""
 
     def __init__(self, room: rtc.Room) -> None:
+        check_part("room", room, required=True)  # not an AttributeError at start()
         self.room = room
         self._subscribers: list[Subscriber] = []
         self._ranks: list[int] = []  # each subscriber's rank, in the same order

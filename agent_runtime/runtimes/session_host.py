@@ -29,7 +29,8 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.actor import ActorClosed, Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer, describe
-from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
+from agent_runtime.parts import check_part
+from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.finalize import FINALIZE_UNFINISHED, FinalizeAnswer, SimulationEndFn
 from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler, after, ending, relay, within
@@ -120,11 +121,12 @@ class JobSessionHost(MachineRuntime[str]):
         owner: Hear | None = None,
     ) -> None:
         super().__init__(owner)
+        # its parts, refused naming them before anything is built on them
+        check_part("transport", transport, required=True)
+        check_parts(on_simulation_end=on_simulation_end)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
         self._scheduler = scheduler
-        if on_simulation_end is not None and not callable(on_simulation_end):
-            raise TypeError("on_simulation_end must be callable")
         if is_simulator is not None and not callable(is_simulator):
             raise TypeError("is_simulator must be callable")
         self._is_simulator = is_simulator

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
@@ -30,10 +30,11 @@ from opentelemetry import context as otel_context
 
 from agent_runtime.actor import Actor, StateChanged
 from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.emitter import Emitter
+from agent_runtime.emitter import Emitter, event_names
 from agent_runtime.observe.otel import OtelSink
 from agent_runtime.observe.snapshot import JobSnapshot
 from agent_runtime.observe.trace import Tracer
+from agent_runtime.parts import JOB_PARTS, job_options
 from agent_runtime.runtimes.avatar import RemoveParticipant, Route
 from agent_runtime.runtimes.playout import RepromptFn
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn
@@ -41,12 +42,10 @@ from agent_runtime.runtimes.session_host import SimulationEndFn
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
-    JOB_PARTS,
     AvatarRetry,
     JobSettings,
     PlayoutOptions,
     SettingError,
-    job_options,
     observed,
 )
 from agent_runtime.system._inputs import (
@@ -61,6 +60,7 @@ from agent_runtime.system._inputs import room_options as room_options_for
 from agent_runtime.system.job_system import JobSystem, Parts
 from agent_runtime.system.livekit_job import (
     context_options,
+    fill_trace_path,
     forget,
     job_of,
     on_session_end,
@@ -87,7 +87,7 @@ class AgentJob(Emitter[Events]):
     (the job's virtual or real time of closing).
     """
 
-    _EVENT_NAMES = frozenset(get_args(Events))  # on("state_chnaged", ...) is refused
+    _EVENT_NAMES = event_names(Events)  # on("state_chnaged", ...) is refused
 
     def __init__(
         self,
@@ -131,6 +131,8 @@ class AgentJob(Emitter[Events]):
             raise TypeError(f"room must be an rtc.Room, not {type(room).__name__}")
         if not isinstance(session, AgentSession):
             raise TypeError(f"session must be an AgentSession, not {type(session).__name__}")
+        if isinstance(trace_path, str):  # from_job_context's is filled in already (a Path)
+            trace_path = fill_trace_path(trace_path, room=room.name)
         inject = injections()
         if avatar is not None and inject.get("avatar") is not None:
             avatar = inject["avatar"]  # a test's scripted avatar stands in for the plugin
@@ -140,6 +142,9 @@ class AgentJob(Emitter[Events]):
                 "(with session_host=False and RoomIO's own close rules off) in job.start()"
             )
         start_options = check_avatar(avatar, avatar_start_options)
+        if avatar is None and self.settings.retry_avatar != AvatarRetry():
+            # as avatar_start_options: a policy for an avatar the job will never have
+            raise SettingError("retry_avatar given without an avatar")
         if on_reprompt is not None and (
             self.settings.playout is None or not self.settings.playout.reprompt
         ):
@@ -206,7 +211,8 @@ class AgentJob(Emitter[Events]):
     ) -> AgentJob:
         """A job over ``ctx.room``, with its simulation context, the ``on_simulation_end``
         given to ``AgentServer.rtc_session`` and ``ctx.delete_room``, unless given in
-        ``options``. ``trace_path`` may contain ``{job_id}`` and ``{room}``. Found again by
+        ``options``. ``trace_path`` may contain ``{job_id}`` (only here: ``AgentJob(...)``
+        has no job id) and ``{room}``. Found again by
         ``AgentJob.for_job(ctx)`` and by ``on_session_end``."""
         options = context_options(ctx, options)
         job = cls(room=ctx.room, session=session, avatar=avatar, **options)

@@ -37,7 +37,6 @@ from livekit.agents.voice.room_io import RoomOptions
 
 from agent_runtime._messages import AlreadyStarted
 from agent_runtime.actor import (
-    Actor,
     ActorClosed,
     Event,
     EventRejected,
@@ -104,6 +103,8 @@ class JobSystem(MachineRuntime[str]):
     """The actors of one job and every channel between them; the runtime of the job's own
     lifecycle (``actor``, also ``lifecycle``). Emits ``state_changed`` (a ``StateChanged``
     from any machine of the job) and ``closed`` (the job machine's time of closing)."""
+
+    _EVENT_NAMES = frozenset({"state_changed", "closed"})
 
     def __init__(
         self,
@@ -239,9 +240,7 @@ class JobSystem(MachineRuntime[str]):
         owned += [r.actor for r in (self.link, self.avatar, self.playout) if r is not None]
         owned += [self.sessions.actor, self.lifecycle]
         order = list(MACHINES)
-        self.actors: tuple[Actor, ...] = tuple(
-            sorted(owned, key=lambda a: order.index(a.spec.name))
-        )
+        self.actors = tuple(sorted(owned, key=lambda a: order.index(a.spec.name)))
         self.job_context: JobContext | None = None
         self._live_route: Route = "none"
         # the parts of a start still running, each in its caller: the teardown cuts them

@@ -10,10 +10,12 @@ import re
 import string
 import weakref
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from livekit.agents.job import JobContext
 
+from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import SettingError
 from agent_runtime.system._inputs import injections
@@ -61,7 +63,8 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
         # the job's room, as the dispatch names it (livekit's runner names ctx.room from it;
         # a room built by hand may have no name before it connects)
         room = ctx.job.room.name or ctx.room.name
-        options["trace_path"] = _fill(trace_path, job_id=ctx.job.id, room=room)
+        # a Path: filled in, it is no template any more (AgentJob fills only a str)
+        options["trace_path"] = Path(fill_trace_path(trace_path, room=room, job_id=ctx.job.id))
     if options.get("simulation") is None:
         options["simulation"] = ctx.simulation_context()
     if options.get("on_simulation_end") is None:
@@ -76,15 +79,28 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _fill(template: str, **values: str) -> str:
-    """``template`` with ``{job_id}`` and ``{room}`` filled in, each as one file name; any
-    other field, spec or conversion (``{room.name}``, ``{jobid}``, ``{job_id:>300}``,
-    ``{room!r}``) is a ``SettingError`` naming it, not a Python error from ``format``."""
+def fill_trace_path(template: str, *, room: str, job_id: str | None = None) -> str:
+    """``template`` with ``{room}`` and, inside a livekit job, ``{job_id}`` filled in, each
+    as one file name. ``{job_id}`` outside a livekit job (``job_id`` None: ``AgentJob(...)``
+    built directly), ``{room}`` of a room with no name yet there, and any other field, spec
+    or conversion (``{room.name}``, ``{jobid}``, ``{job_id:>300}``, ``{room!r}``) is a
+    ``SettingError`` naming it, not a Python error from ``format`` or a literal name."""
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as e:  # a lone "{" or "}"
         raise SettingError(f"trace_path: {e} (write {{{{ or }}}} for a brace)") from None
+    values = {"room": room} if job_id is None else {"room": room, "job_id": job_id}
     for _, name, spec, conversion in fields:
+        if name == "job_id" and job_id is None:
+            raise SettingError(
+                "trace_path: {job_id} is filled in only inside a livekit job "
+                "(AgentJob.from_job_context); a job built with AgentJob(...) has no job id"
+            )
+        if name == "room" and not room and job_id is None:
+            raise SettingError(
+                "trace_path: {room} is the room's name, and this room has none yet (a room "
+                "is named as it connects): connect it before building the job"
+            )
         # !s and :s say what filling in does anyway: a string as it is
         if name is not None and (
             name not in values or spec not in ("", "s") or conversion not in (None, "s")
@@ -191,8 +207,8 @@ def session_end_hook(
     holds for the verdict while yours runs; read the verdict in ``on_simulation_end``. If
     yours raises, the job still ends, then its error is raised (livekit logs it, as it
     logs a failing ``on_session_end``)."""
-    if then is not None and not callable(then):
-        raise TypeError("then must be callable")
+    # its arity too, as on_simulation_end's: a then() taking no ctx failed at every job end
+    check_part("then", then)
 
     async def hook(ctx: JobContext) -> None:
         failed: Exception | None = None

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from agent_runtime.clock import TimerHandle
+from agent_runtime.clock import TimerHandle, check_seconds
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -109,12 +109,15 @@ class VirtualClock:
             handle.cancel()
 
     async def advance(self, seconds: float) -> None:
-        await self.run_until(self._now + seconds)
+        """Move time on by ``seconds`` (a finite number, at least 0: time never goes back,
+        and NaN would stop it for good), firing what falls due on the way."""
+        await self.run_until(self._now + check_seconds("advance", seconds))
 
     async def run_until(self, when: float) -> None:
         """Fire every timer due up to ``when`` in order, settling the loop after each (on a
         ``VirtualTimeLoop``, the loop's own timers due meanwhile fire as its time passes
-        with this clock's)."""
+        with this clock's). A ``when`` already past only settles the loop."""
+        check_seconds("run_until", when, negative=True)
         loop = asyncio.get_running_loop()
         follow = loop if isinstance(loop, VirtualTimeLoop) else None
         await settle()

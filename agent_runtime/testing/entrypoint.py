@@ -668,7 +668,8 @@ class EntrypointRunner:
         return asyncio.ensure_future(self._delete_room())
 
     async def _remove_avatar(self, identity: str) -> None:
-        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+        if identity in self.room.remote_participants:  # the server's "not found" is fine
+            self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     def _on_publish(self, _: Any) -> None:
         """A track is published: on a virtual-time loop, the room audio outputs of the

@@ -46,6 +46,12 @@ TRACK_KINDS: dict[str, int] = {
 }
 
 
+class NotInRoom(KeyError):
+    """Who a test named is not in the room (a ``KeyError``, with a message saying who is)."""
+
+    __str__ = BaseException.__str__  # not KeyError's, which quotes the message
+
+
 @dataclass(frozen=True, slots=True)
 class RpcCall:
     """An outgoing RPC the agent made, and how it ended."""
@@ -290,6 +296,11 @@ class InMemoryRoom(rtc.Room):
         kind: str = "standard",
         attributes: Mapping[str, str] | None = None,
     ) -> rtc.RemoteParticipant:
+        if not isinstance(identity, str) or not identity:
+            error = ValueError if isinstance(identity, str) else TypeError
+            raise error(f"identity must be a non-empty string, not {identity!r}")
+        if identity in self.remote_participants:  # the SFU never lists an identity twice
+            raise ValueError(f"{identity!r} is already in the room (a rejoin: remove, then add)")
         if kind not in PARTICIPANT_KINDS:
             raise ValueError(f"unknown participant kind {kind!r}: one of {list(PARTICIPANT_KINDS)}")
         info = participant_pb2.ParticipantInfo(
@@ -308,16 +319,22 @@ class InMemoryRoom(rtc.Room):
 
     def remove_participant(
         self, identity: str, reason: int = rtc.DisconnectReason.CLIENT_INITIATED
-    ) -> rtc.RemoteParticipant | None:
-        p = lk.room_participants(self).pop(identity, None)
-        if p is None:
-            return None
+    ) -> rtc.RemoteParticipant:
+        p = self.participant(identity, "remove_participant")
+        del lk.room_participants(self)[identity]
         lk.participant_info(p).disconnect_reason = reason  # type: ignore[assignment]
         self.emit("participant_disconnected", p)
         return p
 
+    def participant(self, identity: str, doing: str = "participant") -> rtc.RemoteParticipant:
+        """The participant ``identity`` in the room, or ``NotInRoom`` saying who is."""
+        if (p := self.remote_participants.get(identity)) is None:
+            here = ", ".join(map(repr, self.remote_participants)) or "nobody"
+            raise NotInRoom(f"{doing}: {identity!r} is not in the room (in the room: {here})")
+        return p
+
     def publish_track(self, identity: str, kind: str = "audio") -> rtc.RemoteTrackPublication:
-        p = self.remote_participants[identity]
+        p = self.participant(identity, "publish_track")
         if kind not in TRACK_KINDS:
             raise ValueError(f"unknown track kind {kind!r}: audio or video")
         sid = f"TR_{next(self._sids)}"
@@ -331,14 +348,14 @@ class InMemoryRoom(rtc.Room):
         return pub
 
     def mute_track(self, identity: str, *, muted: bool = True) -> None:
-        p = self.remote_participants[identity]
+        p = self.participant(identity, "mute_track")
         for pub in p.track_publications.values():
             lk.publication_info(pub).muted = muted
             # the Python SDK's order: (participant, publication)
             self.emit("track_muted" if muted else "track_unmuted", p, pub)
 
     def set_participant_attributes(self, identity: str, attributes: Mapping[str, str]) -> None:
-        p = self.remote_participants[identity]
+        p = self.participant(identity, "set_participant_attributes")
         changed = dict(attributes)
         lk.participant_info(p).attributes.update(changed)
         self.emit("participant_attributes_changed", changed, p)

@@ -181,7 +181,8 @@ class _Simulation:
         self.room.deleted_at = self.deleted_at = self.clock.now()
 
     async def _remove_avatar(self, identity: str) -> None:
-        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+        if identity in self.room.remote_participants:  # the server's "not found" is fine
+            self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     async def _read_replies(self) -> None:
         async for msg in self.simulator_end:
@@ -299,11 +300,9 @@ class _Simulation:
                 raise ValueError(f"participant {step.identity!r} is already in the room")
             room.add_participant(step.identity, kind=step.kind, attributes=step.attributes)
         elif isinstance(step, sc.ParticipantDisconnected):
-            if (
+            if step.identity in room.remote_participants:
                 room.remove_participant(step.identity, rtc.DisconnectReason.Value(step.reason))
-                is None
-            ):
-                # the SFU never reports a stranger; emit it anyway, the runtime must shrug
+            else:  # the SFU never reports a stranger; emit it anyway, the runtime must shrug
                 room.emit("participant_disconnected", stranger(step.identity))
         elif isinstance(step, sc.TrackPublished):
             if step.identity in room.remote_participants:

@@ -135,8 +135,9 @@ class Rig:
     async def _remove(self, identity: str) -> None:
         # the in-memory room has no server API: do what the server would, answer included
         self.removed.append(identity)
-        if self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED) is None:
+        if identity not in self.room.remote_participants:
             raise TwirpError("not_found", "participant not found", status=404)
+        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     async def start_session(self) -> None:
         await self.session.start(Agent(instructions="test"), room=self.room)

@@ -113,7 +113,8 @@ class PlayoutRig:
         self.reprompts.append((self.clock.now(), attempt))
 
     async def _remove(self, identity: str) -> None:
-        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
+        if identity in self.room.remote_participants:  # the server's "not found" is fine
+            self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     @property
     def playout(self) -> PlayoutTracker:

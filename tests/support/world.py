@@ -231,7 +231,7 @@ class World:
             close_on_disconnect=cfg.close_on_disconnect,
             grace_period=cfg.grace_period,
             join_timeout=cfg.join_timeout,
-            retry_avatar=cfg.retry_avatar,
+            retry_avatar=cfg.retry_avatar if cfg.avatar else False,  # refused without one
             session_end_timeout=cfg.session_end_timeout,
             close_timeout=cfg.close_timeout,
             delete_room_on_close=cfg.delete_room_on_close,
@@ -349,8 +349,9 @@ class World:
             raise InjectedFault("remove participant")
         if mode == "hang":
             await _forever()
-        if self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED) is None:
+        if identity not in self.room.remote_participants:
             raise TwirpError("not_found", "participant not found", status=404)
+        self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
         if mode == "not_found":
             raise TwirpError("not_found", "participant not found", status=404)
 

@@ -20,8 +20,9 @@ from livekit.agents.voice.io import AudioOutput
 from agent_runtime._messages import AlreadyStarted
 from agent_runtime.actor import Event, EventRejected, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.emitter import event_names
 from agent_runtime.observe.trace import Tracer
-from agent_runtime.runtimes._base import Hear, MachineRuntime, is_closed, released
+from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.avatar._attempts import Attempts
 from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
@@ -67,6 +68,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     through the server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
     """
 
+    _EVENT_NAMES = event_names(LifecycleEvents)  # on("state_chnaged", ...) is refused
+
     def __init__(
         self,
         avatar: AvatarSession,  # type: ignore[type-arg]
@@ -84,6 +87,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     ) -> None:
         super().__init__(owner)
         check_plugin(avatar)
+        check_parts(room_events=room_events, remove_participant=remove_participant)
         join_timeout = float(check_setting("join_timeout", join_timeout))
         # what a close may take in all: the effect's bound, or the job's share if less
         budget = join_timeout if close_timeout is None else close_timeout
@@ -174,6 +178,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         check_start_args(self._avatar, agent_session, room, given_room, plugin_options)
         self._plugin_options = dict(plugin_options)
         self._route.session, self._route.room = agent_session, room
+        self._label_room(room)  # a failing listener of its own names the room
         if adapter is None:
             adapter = RoomEventAdapter(room)
         adapter.start()
@@ -415,7 +420,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             sink,
             clock=self._clock,
             on_clear=self._on_sink_clear,
-            on_flushed=lambda seg: self._emit("segment_flushed", seg),
+            on_flushed=lambda seg: self.emit("segment_flushed", seg),
         )
         self._claim_playback_rpc()
         self._adopted.catch_up()
@@ -424,15 +429,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         adopted, self._adopted = self._adopted, None
         if adopted is not None:
             adopted.release()
-
-    def _emit(self, event: LifecycleEvents, value: object) -> None:
-        try:
-            self.emit(event, value)
-        except Exception:
-            # a listener's failure is its own (the SDK's emitter lets a TypeError through):
-            # the actor's later listeners still hear the change (start() and wait_for()
-            # wait on them), and the sink's call that reported it goes on
-            logger.exception("avatar %s: a %s listener failed", self._avatar.avatar_identity, event)
 
     def _on_sink_clear(self, adoption: SinkAdoption) -> None:
         """The session's clear (or ``interrupt()``). Joined: the plugin's own clear, here and
@@ -479,7 +475,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
                 {"playback_position": report.playback_position, "interrupted": report.interrupted},
             )
         )
-        self._emit("playback_finished", report)
+        self.emit("playback_finished", report)  # a listener's failure is logged there
         return "ok"
 
 

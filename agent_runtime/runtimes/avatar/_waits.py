@@ -7,6 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from agent_runtime.actor import Actor, ActorClosed, StateChanged
+from agent_runtime.clock import check_seconds
 from statemachines.avatar import AVATAR
 
 if TYPE_CHECKING:
@@ -15,9 +16,12 @@ if TYPE_CHECKING:
 
 async def wait_for_state(actor: Actor, state: str, clock: Clock, timeout: float | None) -> None:
     """Until ``actor`` is in ``state`` (at once if it is). ``TimeoutError`` after
-    ``timeout`` seconds of ``clock``; ``ActorClosed`` if it closes first."""
+    ``timeout`` seconds of ``clock`` (None: no bound), naming the state; ``ActorClosed`` if
+    it closes first."""
     if state not in actor.states:
         raise ValueError(f"unknown avatar state {state!r}: one of {list(AVATAR.state_names)}")
+    if timeout is not None:  # a negative or NaN one was a TimeoutError with no message
+        check_seconds("wait_for's timeout", timeout)
     if actor.state == state:
         return
     if actor.state == "closed":
@@ -35,6 +39,10 @@ async def wait_for_state(actor: Actor, state: str, clock: Clock, timeout: float 
     actor.on("state_changed", on_change)
     try:
         await clock.wait_for(fut, timeout)
+    except TimeoutError:
+        raise TimeoutError(
+            f"the avatar lifecycle was not {state!r} within {timeout:g}s (it is {actor.state!r})"
+        ) from None
     finally:
         actor.off("state_changed", on_change)
 

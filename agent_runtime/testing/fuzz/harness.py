@@ -133,9 +133,9 @@ class Harness:
             self.simulator_here = self.simulator_here or step.identity == SIMULATOR
         elif isinstance(step, sc.ParticipantDisconnected):
             linked = job.link.linked_identity if job is not None else None
-            p = room.remove_participant(step.identity, rtc.DisconnectReason.Value(step.reason))
-            if p is None:
+            if step.identity not in room.remote_participants:
                 raise ValueError(f"{step.identity!r} is not in the room")
+            p = room.remove_participant(step.identity, rtc.DisconnectReason.Value(step.reason))
             self.simulator_here = self.simulator_here and step.identity != SIMULATOR
             if ATTRIBUTE_SIMULATOR in p.attributes:
                 self.end_condition("the simulator left")

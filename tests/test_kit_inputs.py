@@ -1,0 +1,119 @@
+"""What a test hands the testing kit's own stand-ins is checked as the runtime's options
+are: ``VirtualClock.advance`` refuses a duration that is no finite number of seconds
+(``NaN`` stopped the clock for good, a negative one was skipped without a word, a string
+was a ``TypeError`` from an addition), naming ``advance``; ``InMemoryRoom`` refuses a
+participant who is not there saying who is (a bare ``KeyError: 'nobody'``, or nothing at
+all for a removal), an identity that is no string, and one already in the room. Nothing
+moves, and the room emits nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from agent_runtime.testing.clock import VirtualClock
+from agent_runtime.testing.inmemory import InMemoryRoom, NotInRoom
+
+
+@pytest.mark.parametrize(
+    ("seconds", "error", "message"),
+    [
+        (math.nan, ValueError, "advance takes a finite number of seconds, at least 0, not nan"),
+        (math.inf, ValueError, "advance takes a finite number of seconds, at least 0, not inf"),
+        (-3, ValueError, "advance takes a finite number of seconds, at least 0, not -3"),
+        ("x", TypeError, "advance takes a number of seconds, not str"),
+        (True, TypeError, "advance takes a number of seconds, not bool"),
+        (None, TypeError, "advance takes a number of seconds, not NoneType"),
+    ],
+)
+async def test_advance_refuses_what_is_no_duration_naming_it_and_time_stays(
+    seconds: Any, error: type[Exception], message: str
+) -> None:
+    clock = VirtualClock()
+    await clock.advance(5)
+    fired: list[float] = []
+    clock.call_later(5, lambda: fired.append(clock.now()))
+    with pytest.raises(error) as e:
+        await clock.advance(seconds)
+    assert str(e.value) == message
+    assert clock.now() == 5.0 and fired == []  # nothing moved, nothing fired
+    await clock.advance(10)  # and the clock still runs: its timer fires on time
+    assert (clock.now(), fired) == (15.0, [10.0])
+
+
+async def test_advance_by_zero_settles_and_run_until_a_past_time_is_still_fine() -> None:
+    clock = VirtualClock()
+    await clock.advance(2.5)
+    await clock.advance(0)
+    await clock.run_until(1)  # already past: only settles
+    assert clock.now() == 2.5
+    with pytest.raises(ValueError, match=r"^run_until takes a finite number of seconds, not nan$"):
+        await clock.run_until(math.nan)
+    assert clock.now() == 2.5
+
+
+def _room() -> tuple[InMemoryRoom, list[str]]:
+    room = InMemoryRoom(name="kit-room")
+    room.connect_locally()
+    room.add_participant("user")
+    room.add_participant("avatar", kind="agent")
+    events: list[str] = []
+    for name in ("participant_connected", "participant_disconnected", "track_published"):
+        room.on(name, lambda *_, name=name: events.append(name))
+    return room, events
+
+
+@pytest.mark.parametrize(
+    ("act", "message"),
+    [
+        (
+            lambda room: room.publish_track("nobody", "video"),
+            "publish_track: 'nobody' is not in the room (in the room: 'user', 'avatar')",
+        ),
+        (
+            lambda room: room.remove_participant("nobody"),
+            "remove_participant: 'nobody' is not in the room (in the room: 'user', 'avatar')",
+        ),
+        (
+            lambda room: room.mute_track("nobody"),
+            "mute_track: 'nobody' is not in the room (in the room: 'user', 'avatar')",
+        ),
+        (
+            lambda room: room.set_participant_attributes("nobody", {"a": "b"}),
+            "set_participant_attributes: 'nobody' is not in the room "
+            "(in the room: 'user', 'avatar')",
+        ),
+    ],
+)
+async def test_a_participant_who_is_not_in_the_room_is_refused_saying_who_is(
+    act: Any, message: str
+) -> None:
+    room, events = _room()
+    with pytest.raises(NotInRoom) as e:
+        act(room)
+    assert str(e.value) == message
+    assert isinstance(e.value, KeyError)  # what the room's own lookup raised
+    assert events == [] and sorted(room.remote_participants) == ["avatar", "user"]
+
+
+@pytest.mark.parametrize(
+    ("identity", "error", "message"),
+    [
+        (5, TypeError, "identity must be a non-empty string, not 5"),
+        ("", ValueError, "identity must be a non-empty string, not ''"),
+        ("user", ValueError, "'user' is already in the room (a rejoin: remove, then add)"),
+    ],
+)
+async def test_add_participant_refuses_an_identity_that_cannot_join(
+    identity: Any, error: type[Exception], message: str
+) -> None:
+    room, events = _room()
+    before = room.remote_participants["user"]
+    with pytest.raises(error) as e:
+        room.add_participant(identity)
+    assert str(e.value) == message
+    # the user already there is the same participant (a second add replaced it silently)
+    assert events == [] and room.remote_participants["user"] is before
+    assert sorted(room.remote_participants) == ["avatar", "user"]
