@@ -51,6 +51,17 @@ class Facts:
         self._agent_is_avatar = bool(local) and self._lc.avatar.avatar_identity == local
         return self._agent_is_avatar
 
+    @property
+    def agent_identity(self) -> bool:
+        """The avatar is named as the agent's own participant (an in-process avatar, even one
+        whose start failed before it installed anything): never removed from the room."""
+        room = self._route.room
+        try:
+            local = room.local_participant.identity if room is not None else None
+        except Exception:  # not connected yet
+            return False
+        return bool(local) and self._lc.avatar.avatar_identity == local
+
     def forget(self) -> None:
         """A released attempt: the next start says again where its avatar runs."""
         self._agent_is_avatar = False

@@ -328,6 +328,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         as a retry's release closes it, so that its avatar is not left in the room, still
         billed by its provider; again for a late avatar of it. Bounded by the state's own
         timeout; a failure here is logged, not fatal."""
+        if self._facts.in_process or self._facts.agent_identity:
+            # the avatar is the agent itself: nothing of it is in the room apart from the
+            # agent, and its plugin's close (which asks the server to remove that identity)
+            # waits for the job's own close
+            return Event("released")
         self._tries.retire()
         await self._close_attempt(" as it is retired")
         return Event("released")

@@ -148,6 +148,8 @@ async def remove_avatar_participant(
     if remove is None or room is None or not room.isconnected():
         return
     identity = avatar.avatar_identity
+    if identity == room.local_participant.identity:
+        return  # an in-process avatar is the agent itself: never removed
     try:
         res = remove(identity)
         if inspect.isawaitable(res):
