@@ -35,8 +35,9 @@ A start cut short (its timeout, or ``close``) first records any sink the plugin 
 
 A late join in ``backoff`` is ignored unless ``rejoin`` holds (the next attempt's release
 removes it); in ``restored`` it is retired unless ``rejoin`` holds (the late avatar removed,
-the plugin closed again, harmlessly), and in ``retiring`` (entered only without ``rejoin``)
-``retiring`` is entered anew, as the join may have come after the removal was asked. With
+the plugin closed again, harmlessly). One that joins while ``retiring`` runs is not let cut
+the plugin's close under way: ``restored`` looks for it on entry (``look_for_late_avatar``)
+and retires it then. With
 ``rejoin`` the avatar's route goes back in and the join is awaited again under a fresh
 ``join_timeout``. A reinstall that fails reports ``start_error``, a failure wherever the
 events queued before it took the machine.
@@ -177,6 +178,11 @@ AVATAR = MachineSpec(
             "sink, remove its avatar participant",
         ),
         Effect(
+            name="look_for_late_avatar",
+            description="an avatar participant of the attempt retired still in the room (it "
+            "joined while the retirement ran): retire it too",
+        ),
+        Effect(
             name="reinstall_route",
             error_event="start_error",
             description="route audio to the returning avatar again",
@@ -245,15 +251,14 @@ AVATAR = MachineSpec(
         # the old attempt's close hung past its bound: logged by it, the new start goes on
         *row("releasing", "release_timeout", "starting"),
         # the attempt closed (or its close cut at its bound, logged): on room audio for good
-        *row("retiring", "released", "restored"),
-        *row("retiring", "release_timeout", "restored"),
+        *row("retiring", "released", "restored", effects=["look_for_late_avatar"]),
+        *row("retiring", "release_timeout", "restored", effects=["look_for_late_avatar"]),
         *row(
             WAITING, "avatar_connected", "routing", guards=["rejoin"], effects=["reinstall_route"]
         ),
         *row("backoff", "avatar_connected", None),  # the next attempt's release removes it
-        # a late avatar of an attempt given up: retired (its removal asked again), as one
-        # that joins while the retirement runs (re-entered: it may come after the removal)
-        *row(["restored", "retiring"], "avatar_connected", "retiring"),
+        # a late avatar of an attempt given up: retired (its removal asked again)
+        *row("restored", "avatar_connected", "retiring"),
         *row("idle", "close", "closed", effects=["unhook"]),
         *row("starting", "close", "closed", effects=["record_route", *CLOSE_PLUGIN]),
         *row(ACTIVE, "close", "closed", effects=CLOSE_PLUGIN),
@@ -269,6 +274,11 @@ AVATAR = MachineSpec(
         ),
         *cells(["idle", "joined", "clearing", *DONE], "room_connected", "only routing looks"),
         *cells(["idle", "failed", "releasing"], "avatar_connected", "the avatar is not awaited"),
+        *cells(
+            "retiring",
+            "avatar_connected",
+            "the plugin's close under way is not cut: restored looks for the avatar on entry",
+        ),
         *cells(["joined", "clearing"], "avatar_connected", "already joined"),
         *cells(["idle", "joined", "clearing", *DONE], "video_published", "not awaited"),
         *cells(["idle", "starting", "joined", "clearing", *DONE], "join_timeout", "a stale timer"),

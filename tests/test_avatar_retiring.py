@@ -205,3 +205,83 @@ async def test_closing_the_job_while_the_avatar_is_retired_is_bounded_and_remove
     assert [who for _, who, _ in server.asked] == [AV] and AV not in room.remote_participants
     assert server.asked[0][0] - t0 < 10  # within the close's bound
     assert plugin.closes == 2  # the retirement's, cut; the close's own, cut at its share
+
+
+class _ForgetfulProvider(ScriptedAvatar):
+    """``aclose()`` as protoface's: the provider session's id forgotten, then its end call
+    (0.5 s): a close cut halfway never ends the session."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(avatar_identity=AV)
+        self.clock = clock
+        self.session_id: str | None = "sess-1"
+        self.ended: list[str] = []
+
+    async def aclose(self) -> None:
+        sid, self.session_id = self.session_id, None
+        try:
+            if sid is not None:
+                await self.clock.sleep(0.5)
+                self.ended.append(sid)
+        finally:
+            await super().aclose()
+
+
+async def test_an_avatar_joining_while_the_retirement_runs_does_not_cut_it_and_is_removed(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The provider's avatar arrives while the plugin's close is under way: the close runs
+    to its end (entering ``retiring`` anew cut it, and the provider session was never
+    ended), then ``restored`` finds the late avatar and retires it too."""
+    plugin = _ForgetfulProvider(clock)
+    server = _Server(room, clock)
+    room.add_participant("user")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=JOIN_TIMEOUT,
+        remove_avatar_participant=server.remove,
+    )
+    await job.start(Agent(instructions="agent"))
+    await clock.advance(JOIN_TIMEOUT + 0.1)
+    assert job.states["avatar"] == "retiring"
+    room.add_participant(AV, kind="agent")
+    room.publish_track(AV, "video")
+    await settle()
+    await clock.advance(5)
+    assert plugin.ended == ["sess-1"]
+    assert AV not in room.remote_participants and job.states["avatar"] == "restored"
+    assert job.audio_route() == "room"
+    await job.aclose()
+
+
+async def test_an_avatar_whose_removal_fails_is_not_retired_over_and_over(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The removal answers but the avatar stays (a server that failed it): ``restored``
+    looks for a late avatar, and this one is the one the retirement asked to remove, so
+    the machine rests (it went back and forth between retiring and restored for good)."""
+    plugin = _ForgetfulProvider(clock)
+    room.add_participant("user")
+    asked: list[str] = []
+
+    async def fails(identity: str) -> None:
+        asked.append(identity)
+
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=JOIN_TIMEOUT,
+        remove_avatar_participant=fails,
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant(AV, kind="agent")  # joins without its video: never joined
+    await clock.advance(JOIN_TIMEOUT + 5)
+    assert job.states["avatar"] == "restored" and asked == [AV]
+    await job.aclose()

@@ -22,7 +22,7 @@ Report = Callable[..., None]
 class Attempts:
     """One lifecycle's attempts under its ``AvatarRetry`` policy."""
 
-    __slots__ = ("_avatar", "_report", "cause", "made", "policy")
+    __slots__ = ("_avatar", "_report", "cause", "made", "policy", "retired")
 
     def __init__(
         self,
@@ -33,6 +33,9 @@ class Attempts:
         self.policy = policy
         self.made = 0  # restarts made so far
         self.cause = ""  # what ended the last attempt
+        # the avatar participant (its sid) a retirement asked to remove, or "" for none:
+        # one still there after it is not a late avatar to retire again
+        self.retired = ""
         self._avatar = avatar
         self._report = report
 
@@ -62,8 +65,10 @@ class Attempts:
             self.cause,
         )
 
-    def retire(self) -> None:
-        """An attempt given up for good (no retry left, no rejoin) is closed: no restart."""
+    def retire(self, sid: str) -> None:
+        """An attempt given up for good (no retry left, no rejoin) is closed: no restart.
+        ``sid``: its avatar participant's, if it is in the room."""
+        self.retired = sid
         logger.info(
             "avatar %s: given up after %s, no rejoin: closing its plugin session and "
             "removing it from the room",

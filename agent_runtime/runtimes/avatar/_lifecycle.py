@@ -297,6 +297,16 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     def _fx_record_route(self, ev: Event) -> None:
         self._record_installed()
 
+    def _fx_look_for_late_avatar(self, ev: Event) -> Event | None:
+        # one that joined after the removal was asked (not one whose removal failed)
+        sid = self._avatar_sid()
+        return self._presence_event() if sid and sid != self._tries.retired else None
+
+    def _avatar_sid(self) -> str:
+        room = self._route.room
+        p = room.remote_participants.get(self._avatar.avatar_identity) if room else None
+        return p.sid if p is not None else ""
+
     def _fx_check_presence(self, ev: Event) -> Event | None:
         self._claim_playback_rpc()
         return self._presence_event()
@@ -333,7 +343,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # agent, and its plugin's close (which asks the server to remove that identity)
             # waits for the job's own close
             return Event("released")
-        self._tries.retire()
+        self._tries.retire(self._avatar_sid())
         await self._close_attempt(" as it is retired")
         return Event("released")
 
