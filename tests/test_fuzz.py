@@ -89,9 +89,6 @@ from livekit.agents import AgentServer
 def plain():
     pass
 
-def sync_ctx(ctx):
-    pass
-
 async def no_context():
     pass
 
@@ -101,7 +98,7 @@ async def two(ctx, more):
 server = AgentServer()
 
 @server.rtc_session()
-def sync_entry(ctx):
+def no_ctx_entry():
     pass
 """
 
@@ -111,16 +108,15 @@ def sync_entry(ctx):
     [
         (
             "plain",
-            "not an AgentServer, nor an entrypoint function (an async function taking "
-            "the JobContext): plain is not an async function",
+            "not an AgentServer, nor an entrypoint function (a function taking "
+            "the JobContext): plain() does not take the JobContext as its argument",
         ),
-        ("sync_ctx", "sync_ctx is not an async function"),
         ("no_context", "no_context() does not take the JobContext as its argument"),
         ("two", "two(ctx, more) does not take the JobContext as its argument"),
         (
             "server",
-            "its rtc_session entrypoint is no entrypoint function (an async function "
-            "taking the JobContext): sync_entry is not an async function",
+            "its rtc_session entrypoint is no entrypoint function (a function "
+            "taking the JobContext): no_ctx_entry() does not take the JobContext",
         ),
     ],
 )
@@ -135,6 +131,44 @@ def test_a_function_that_is_no_entrypoint_is_one_line_and_exit_2(
     assert code == 2 and out == ""
     assert err.startswith(f"agent-runtime fuzz: agent '{agent}:{name}': "), err
     assert err.count("\n") == 1 and message in err, err
+
+
+WRAPPED_ENTRYPOINTS = """
+import functools
+
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+
+from agent_runtime import AgentJob
+
+
+def traced(fn):  # a sync decorator, as tracing helpers are: it returns fn's coroutine
+    @functools.wraps(fn)
+    def wrapper(ctx):
+        return fn(ctx)
+
+    return wrapper
+
+
+async def main(ctx: JobContext) -> None:
+    await AgentJob.from_job_context(ctx, session=AgentSession()).start(Agent(instructions="hi"))
+
+
+server = AgentServer()
+server.rtc_session()(traced(main))
+lam = lambda ctx: main(ctx)  # noqa: E731
+"""
+
+
+@pytest.mark.parametrize("name", ["server", "lam"])
+def test_an_entrypoint_livekit_awaits_through_a_plain_function_is_fuzzed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    """livekit awaits what the entrypoint returns: a sync decorator around the async one,
+    or a lambda, is an entrypoint (the fuzzer refused them as no async function)."""
+    agent = tmp_path / "wrapped_agent.py"
+    agent.write_text(WRAPPED_ENTRYPOINTS)
+    code, _, err = _fuzz_cli(capsys, f"{agent}:{name}", "--examples", "1")
+    assert code == 0, err
 
 
 def test_out_is_created_before_the_run_and_a_failed_write_still_prints_the_report(

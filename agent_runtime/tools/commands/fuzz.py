@@ -88,7 +88,7 @@ def _server(spec: str) -> Any:
             if hooks is None
             else "its rtc_session entrypoint is no entrypoint function"
         )
-        raise UsageError(f"agent {spec!r}: {what} (an async function taking the JobContext): {why}")
+        raise UsageError(f"agent {spec!r}: {what} (a function taking the JobContext): {why}")
     return server
 
 
@@ -97,9 +97,10 @@ def _not_an_entrypoint(fn: Any) -> str | None:
     JobContext it is called with); None when it can. Run, it failed as a bug in the
     agent."""
     name = getattr(fn, "__name__", type(fn).__name__)
-    call = fn if inspect.isroutine(fn) or not callable(fn) else type(fn).__call__
-    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)):
-        return f"{name} is not an async function"
+    if not callable(fn):
+        return f"{name} cannot be called"
+    # whether it is async is not checked: livekit awaits what a plain function returns too
+    # (a lambda, a sync tracing decorator around the async entrypoint)
     try:
         inspect.signature(fn).bind(None)
     except TypeError:
