@@ -162,7 +162,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self, agent_session: AgentSession[Any], room: rtc.Room, **plugin_options: Any
     ) -> None:
         """Start the plugin with its route recorded; returns once the outcome of the start
-        itself has been handled: ``routing`` (or further), ``restored`` (or ``backoff``)
+        itself has been handled: ``routing`` (or further), ``restored`` (``backoff``, or
+        ``retiring`` while a given-up attempt is closed: the agent on room audio either way)
         after a failed, routeless or timed-out start (not raised), or ``closed`` when
         ``aclose()`` cut it short.
 
