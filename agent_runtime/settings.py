@@ -195,9 +195,9 @@ class AvatarRetry(SettingModel):
     in ``transient`` (over the lifecycle's whole life), each after ``backoff`` on room
     audio. ``rejoin``: an avatar that joins late (while waiting, or after giving up) gets
     the audio again, through the route its plugin's start installed (after a start that
-    installed none, one that raised, the attempt is retired and a late avatar removed). ``True``/``False`` stand for
-    ``AvatarRetry(rejoin=True)`` and the default, the spelling ``retry_avatar`` had when it
-    was a flag.
+    installed none, one that raised, the attempt is retired and a late avatar removed).
+    ``True``/``False`` stand for ``AvatarRetry(rejoin=True)`` and the default, the spelling
+    ``retry_avatar`` had when it was a flag.
     """
 
     setting = "retry_avatar"
