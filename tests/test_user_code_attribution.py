@@ -14,8 +14,11 @@ test of the user's would fake it), the room.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import sysconfig
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -213,3 +216,46 @@ def test_an_error_is_the_agents_when_the_library_that_caught_it_called_the_agent
 ) -> None:
     assert user_frames(_traceback(*chain)) is agents
     assert user_frames(_traceback(*chain), "livekit") is agents
+
+
+async def test_an_earlier_tests_task_collected_during_the_job_is_not_the_agents() -> None:
+    """A task of an earlier test's loop that failed in that test's code and was never
+    retrieved is reported by asyncio ("never retrieved", through its logger) whenever the
+    garbage collector takes it: here while this job runs. That is another loop's failure,
+    not the agent's; the kit failed this test with it ("the agent's code raised
+    RuntimeError: the TTS stream broke", found when CI ran the suite in another order)."""
+
+    async def broke() -> None:
+        raise RuntimeError("an earlier test's stream broke")
+
+    earlier: list[asyncio.Task[None]] = []
+
+    def earlier_test() -> None:  # its own loop, on a thread: this test's loop is running
+        other = asyncio.new_event_loop()
+        try:
+            earlier.append(other.create_task(broke()))
+            other.run_until_complete(asyncio.sleep(0))
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=earlier_test)
+    thread.start()
+    thread.join()
+    assert earlier[0].done()
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    runner, clock = _runner()
+    await runner(server)
+    await clock.advance(1)
+    earlier.clear()  # the earlier test's task is collected now, in the middle of this job
+    gc.collect()
+    runner.room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await runner.wait_ended()
+    await runner.aclose()
+    assert runner.user_failures == []

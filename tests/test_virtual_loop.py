@@ -261,3 +261,38 @@ def test_a_loop_cut_half_built_by_ctrl_c_says_nothing_when_collected(
         VirtualTimeLoop()
     gc.collect()
     assert unraisable == []
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["ctrl-c", "ctrl-c twice"])
+def test_ctrl_c_landing_as_the_run_starts_is_a_keyboard_interrupt(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    """A Ctrl-C whose handler runs right as the run installs it (the signal came while the
+    run was being set up) cancels the run's task and comes out as ``KeyboardInterrupt``,
+    the CLI's exit 130. With ``asyncio.Runner.run`` it came out as a ``CancelledError``
+    traceback: the Runner counts interrupts from after installing its handler (seen once in
+    CI: ``simulate`` interrupted between two scenarios)."""
+    import signal
+
+    install = signal.signal
+    started: list[bool] = []
+
+    def install_then_interrupted(signum: int, handler: object) -> object:
+        previous = install(signum, handler)  # type: ignore[arg-type]
+        if (
+            signum == signal.SIGINT
+            and callable(handler)
+            and handler is not signal.default_int_handler
+        ):
+            for _ in range(count):
+                handler(signal.SIGINT, None)
+        return previous
+
+    async def main() -> None:
+        started.append(True)
+
+    monkeypatch.setattr(signal, "signal", install_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(main())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert started == []  # cancelled before its first step

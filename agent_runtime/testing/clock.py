@@ -19,9 +19,12 @@ import heapq
 import itertools
 import math
 import selectors
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
+from types import FrameType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from agent_runtime.clock import TimerHandle, check_seconds
@@ -365,4 +368,34 @@ def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
     """``asyncio.run(main)`` on a ``VirtualTimeLoop``: the loop's timers, the SDK's
     included, fire on virtual time, however fast the machine is."""
     with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(start)) as runner:
-        return runner.run(main)
+        loop = runner.get_loop()
+        task = loop.create_task(main)
+        interrupts = 0
+
+        # Ctrl-C cancels the task, and a second one interrupts: as asyncio.Runner does, but
+        # counted from before the handler is in place (the Runner's count is reset after
+        # installing its own, so a Ctrl-C landing in between came out as a CancelledError)
+        def on_interrupt(signum: int, frame: FrameType | None) -> None:
+            nonlocal interrupts
+            interrupts += 1
+            if interrupts == 1 and not task.done():
+                task.cancel()
+                loop.call_soon_threadsafe(lambda: None)  # wake a loop waiting on a selector
+                return
+            raise KeyboardInterrupt
+
+        ours = (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )
+        try:
+            if ours:
+                signal.signal(signal.SIGINT, on_interrupt)
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if interrupts and task.uncancel() == 0:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            if ours:
+                signal.signal(signal.SIGINT, signal.default_int_handler)

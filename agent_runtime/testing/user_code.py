@@ -219,6 +219,10 @@ class UserFailures(logging.Handler):
 
     # -- what livekit only logs -------------------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "asyncio":
+            # a loop's exception handler reporting: the job's loop reports to
+            # _on_loop_error; this is another loop's task, collected now (an earlier test's)
+            return
         exc = record.exc_info[1] if record.exc_info else None
         # what a library logged of the user's code; the agent's own logging is its choice
         if (
