@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,23 @@ def test_a_small_payload_is_kept_as_it_is() -> None:
     (rec,) = sink.records
     assert rec.data == data
     assert rec.data["reason"] is CloseReason.PARTICIPANT_DISCONNECTED
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Tracer("trace.jsonl"), "Tracer takes sinks .* not 'trace.jsonl'"),  # type: ignore[arg-type]
+        (lambda: JsonlSink(5), r"JsonlSink takes a file path \(str or Path\), not 5"),  # type: ignore[arg-type]
+    ],
+    ids=["a path given as a sink", "a number given as a path"],
+)
+def test_a_tracer_or_sink_built_from_the_wrong_thing_says_so(
+    build: Callable[[], object], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Tracer("trace.jsonl")`` was accepted and every record then disabled it with an
+    AttributeError; ``JsonlSink(5)`` failed with Python's own "expected str, bytes or
+    os.PathLike object, not int". Each names what it takes, and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=message):
+        build()
+    assert list(tmp_path.iterdir()) == []

@@ -159,6 +159,8 @@ class JsonlSink:
     """
 
     def __init__(self, path: str | Path) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"JsonlSink takes a file path (str or Path), not {path!r}")
         self.path = str(path)
         self.failed: str | None = None
         self.written = 0
@@ -233,6 +235,12 @@ class Tracer:
     """
 
     def __init__(self, *sinks: TraceSink) -> None:
+        for s in sinks:
+            if not callable(getattr(s, "write", None)):
+                raise TypeError(
+                    f"Tracer takes sinks (objects with a write(record) method: JsonlSink, "
+                    f"MemorySink, ...), not {s!r}"
+                )
         self.sinks: list[TraceSink] = list(sinks)
         self.failures: list[str] = []
         # the job's log fields (job_id, room), set by whoever composes the job
