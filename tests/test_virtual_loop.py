@@ -296,3 +296,28 @@ def test_ctrl_c_landing_as_the_run_starts_is_a_keyboard_interrupt(
         run(main())
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert started == []  # cancelled before its first step
+
+
+@pytest.mark.parametrize(
+    "later", [None, 50.0, 20.0], ids=["alone", "one due after", "one due on the way"]
+)
+def test_a_clock_timer_a_loop_timer_cancels_on_the_way_never_fires(later: float | None) -> None:
+    """A clock timer (a grace period, a hold) cancelled by a loop timer due before it (a
+    plugin's retry sleep ending, its start failing) in the middle of one ``advance``: it
+    does not fire, and the clock's next timer fires at its own time. The advance raised an
+    ``IndexError`` inside the kit, or fired the next timer at the cancelled one's time
+    (one due at 50 fired at 10)."""
+
+    async def main() -> tuple[list[tuple[str, float]], float]:
+        clock = VirtualClock()
+        fired: list[tuple[str, float]] = []
+        cancelled = clock.call_later(10, lambda: fired.append(("cancelled", clock.now())))
+        if later is not None:
+            clock.call_later(later, lambda: fired.append(("next", clock.now())))
+        asyncio.get_running_loop().call_later(5, cancelled.cancel)
+        await clock.advance(30)
+        return fired, clock.now()
+
+    fired, now = run(main())
+    assert now == 30.0
+    assert fired == ([("next", later)] if later is not None and later <= 30 else [])

@@ -132,6 +132,9 @@ class VirtualClock:
                 continue  # a loop timer on the way armed one of ours, due first
             if not due:
                 break
+            head = self.next_deadline()
+            if head is None or head > self._now:
+                continue  # a loop timer on the way cancelled the one due here
             _, _, timer = heapq.heappop(self._timers)
             timer.callback()
             await settle()
