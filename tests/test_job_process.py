@@ -457,6 +457,26 @@ async def test_a_session_end_of_the_agents_that_never_returns_fails_the_test(
 
 
 @pytest.mark.virtual_time
+async def test_a_wait_for_the_end_names_the_agents_session_end_that_has_not_returned(
+    agent_room: InMemoryRoom,
+) -> None:
+    # the stall said only "ending: room disconnected": the agent's on_session_end, where the
+    # end waited, was named only later, as a teardown error
+    async def upload_transcript(ctx: JobContext) -> None:
+        await asyncio.Event().wait()  # the transcript store never answers
+
+    runner, _ = await _shut_down(agent_room, upload_transcript)
+    with pytest.raises(
+        TimeoutError,
+        match=r"its on_session_end .*upload_transcript\) has not returned \(livekit bounds it "
+        r"by the server's session_end_timeout, 315s\)",
+    ):
+        await runner.wait_ended(timeout=30)
+    with pytest.raises(UserCodeError, match=r"on_session_end timed out after 315s"):
+        await asyncio.wait_for(runner.aclose(), 1000)
+
+
+@pytest.mark.virtual_time
 @pytest.mark.parametrize("kill_after", [60.0, 10.0])
 async def test_a_slow_session_end_has_the_servers_session_end_timeout_whatever_the_kill_bound(
     agent_room: InMemoryRoom, kill_after: float

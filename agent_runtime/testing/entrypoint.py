@@ -400,14 +400,7 @@ class EntrypointRunner:
         try:
             await asyncio.wait_for(asyncio.shield(process.ended), timeout)
         except TimeoutError:
-            hung = process.hung_callbacks
-            why = (
-                f"its shutdown callback {', '.join(hung)} has not returned"
-                if hung
-                else f"ending: {process.reason}"
-                if process.reason
-                else "nothing ended it"
-            )
+            why = process.waiting_on() if process.reason else "nothing ended it"
             raise TimeoutError(f"the job has not ended after {timeout:g}s ({why})") from None
         await settle()
         self.raise_failures()

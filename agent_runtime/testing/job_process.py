@@ -180,6 +180,28 @@ class JobProcess:
             if not t.done() and is_user_callable(cb)
         ]
 
+    def waiting_on(self) -> str:
+        """What the job's end waits for now, for a stall's message: the agent's own code
+        first (a shutdown callback, ``on_session_end``), then livekit's step."""
+        if hung := self.hung_callbacks:
+            return f"its shutdown callback {', '.join(hung)} has not returned"
+        step = self.steps[-1][1] if self.steps else ""
+        if step == "on_session_end" and self._on_session_end is not None:
+            name = callback_name(self._on_session_end)
+            whose = "its " if is_user_callable(self._on_session_end) else ""
+            return (
+                f"{whose}on_session_end {name} has not returned (livekit bounds it by the "
+                f"server's session_end_timeout, {self.session_end_timeout:g}s)"
+            )
+        doing = {
+            "entrypoint": "the entrypoint to return",
+            "session": "the session's close",
+            "report": "the session report",
+            "disconnect": "the room's disconnect",
+            "callbacks": "the shutdown callbacks",
+        }.get(step)
+        return f"ending: {self.reason}" + (f", waiting for {doing}" if doing else "")
+
     async def kill(self, limit: float) -> None:
         """The test is over, and the job's end is not after the wait livekit's worker
         gives a job process before it kills it (``shutdown_process_timeout``): what of the
