@@ -24,7 +24,7 @@ import contextvars
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from google.protobuf import json_format
 from livekit import rtc
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from livekit.agents.job import JobContext
 
 logger = logging.getLogger("agent_runtime.testing.entrypoint")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 Entrypoint = Callable[["JobContext"], Awaitable[None]]
 SessionEndFn = Callable[["JobContext"], Awaitable[None]]
@@ -389,6 +391,16 @@ class EntrypointRunner:
         return asyncio.get_running_loop().create_task(
             _wait(process.session_end_done), name="on_session_end"
         )
+
+    def in_job(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Call ``fn(*args, **kwargs)`` as the agent's own code runs: in the last run's job
+        context (``get_job_context()`` works there), and what it starts is the job's. For a
+        turn the test drives (``run_entrypoint.in_job(job.session.generate_reply,
+        user_input="bye")``) whose tools reach the job, as an end-call tool does; a
+        coroutine runs there as a task: ``await run_entrypoint.in_job(asyncio.ensure_future,
+        coro)``. Called from the test's own task, such a tool fails with livekit's "no job
+        context found"."""
+        return self._last().context.copy().run(fn, *args, **kwargs)
 
     async def wait_ended(self, *, timeout: float = 5.0) -> None:
         """Wait (``timeout`` in the loop's seconds: real ones, or virtual on a test marked

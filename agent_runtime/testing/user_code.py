@@ -308,6 +308,8 @@ def _report_untaken(task: asyncio.Future[Any]) -> None:
         )
 
 
+# livekit's get_job_context() with no job context current
+NO_JOB_CONTEXT = "no job context found"
 # livekit's Plugin.register_plugin (plugin.py), which every plugin package's import calls
 PLUGIN_THREAD = "Plugins must be registered on the main thread"
 
@@ -325,5 +327,11 @@ def said(error: BaseException) -> str:
             "runs, as in an async test, fuzz on a thread of their own; import the plugin "
             "at the top of the agent's module, as livekit advises, or fuzz from a sync test "
             "or with agent-runtime fuzz)"
+        )
+    elif isinstance(error, RuntimeError) and str(error).startswith(NO_JOB_CONTEXT):
+        text += (
+            " (it ran outside the job's context: livekit runs every turn inside it; a turn "
+            "the test starts itself runs there with run_entrypoint.in_job(...), e.g. "
+            "in_job(session.generate_reply, user_input=...))"
         )
     return text
