@@ -360,3 +360,20 @@ async def test_an_avatar_whose_removal_fails_is_not_retired_over_and_over(
     await clock.advance(JOIN_TIMEOUT + 5)
     assert job.states["avatar"] == "restored" and asked == [AV]
     await job.aclose()
+
+
+async def test_an_avatar_let_go_while_the_attempt_is_closed_leaves_no_close_running(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The avatar let go at once (``release_now``: the owner's last word, whatever its close
+    is still doing), in the middle of a failed attempt's close that hangs: that aclose() is
+    cut with it, never left running after the machine."""
+    plugin, server = _Provider(close_hangs=True), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, "retiring")
+    assert job.avatar is not None and len(_close_tasks()) == 1
+    ending = job.avatar.release_now()
+    if ending is not None:
+        await ending
+    await settle()
+    assert plugin.cuts == 1 and _close_tasks() == []
+    await job.aclose()

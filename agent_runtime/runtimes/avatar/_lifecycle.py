@@ -116,6 +116,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # closing the plugin gets the same budget as starting it
             effect_timeout=join_timeout,
         )
+        self.actor.on("closed", self._closer.cut)  # no plugin close outlives the machine
         if wiring is not None:  # composed: the job's links reach it (its session's close)
             wiring.connect("avatar", self.post_linked)
 
@@ -338,8 +339,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     async def _fx_retire_attempt(self, ev: Event) -> Event:
         """The state task of ``retiring``: an attempt given up (no retry, no rejoin) closed
         as a retry's release closes it, so that its avatar is not left in the room, still
-        billed by its provider; a late avatar of it removed (its ``aclose()`` is not run
-        twice). Bounded by the state's own timeout; a failure here is logged, not fatal."""
+        billed by its provider; a late avatar of it removed. Bounded by the state's timeout."""
         if self._facts.in_process or self._facts.agent_identity:
             # the avatar is the agent itself: nothing of it is in the room apart from the
             # agent, and its plugin's close (which asks the server to remove that identity)

@@ -199,9 +199,16 @@ class PluginCloser:
     def begin(self) -> None:
         """A new attempt starts (the plugin's ``start()`` again): its close is its own. The
         last one's has ended: its release waited for it, cutting it within its bound."""
-        closing, self._closing = self._closing, None
+        self.cut()  # two attempts never overlap (not reached: see above)
+        self._closing = None
+
+    def cut(self, *_: object) -> None:
+        """The machine is let go (its actor's ``closed``): an ``aclose()`` still running
+        is cut, so nothing of an attempt outlives it. The job's close has waited for it
+        within its share; one let go at once (``release_now``) has not."""
+        closing = self._closing
         if closing is not None and not closing.done():
-            closing.cancel()  # two attempts never overlap (not reached: see above)
+            closing.cancel()
 
     async def close(self, budget: float) -> None:
         """The job's close: the attempt's ``aclose()`` (a failed attempt's close still
