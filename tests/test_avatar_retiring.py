@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 from livekit import rtc
-from livekit.agents import Agent, AgentSession
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.api import TwirpError
 
-from agent_runtime import AgentJob
+from agent_runtime import AgentJob, on_session_end
 from agent_runtime.settings import AvatarRetry
 from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
@@ -377,3 +378,36 @@ async def test_an_avatar_let_go_while_the_attempt_is_closed_leaves_no_close_runn
     await settle()
     assert plugin.cuts == 1 and _close_tasks() == []
     await job.aclose()
+
+
+@pytest.mark.virtual_time
+async def test_the_user_leaving_while_the_attempt_is_retired_leaves_no_task_running() -> None:
+    """Through livekit's own job (the testing kit's runner, which fails a test on a task
+    the job left running): the user leaves while the given-up attempt's close ends its
+    provider session; the job's end waits for it, and livekit's shutdown then runs the
+    plugin's own aclose() (its start() registered it), which has nothing left to end."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name=ROOM, clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    plugin = _ForgetfulProvider(clock)
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=plugin, join_timeout=JOIN_TIMEOUT
+        )
+        await job.start(Agent(instructions="agent"))
+
+    runner = EntrypointRunner(room=room, clock=clock)
+    job = await runner(server)
+    await clock.advance(JOIN_TIMEOUT + 0.5)
+    assert job.states["avatar"] == "retiring" and plugin.ended == []
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    ended = asyncio.ensure_future(runner.wait_ended(timeout=60))
+    await clock.advance(60)
+    await ended
+    await runner.aclose()  # raises TasksLeftRunning for a task the job left running
+    assert plugin.ended == ["sess-1"]
+    assert job.states["avatar"] == "closed"
