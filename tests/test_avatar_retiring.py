@@ -318,6 +318,35 @@ async def test_a_job_closed_while_the_attempt_is_closed_ends_its_provider_sessio
     assert AV not in room.remote_participants and _close_tasks() == []
 
 
+class _CloseFails(_ForgetfulProvider):
+    """protoface's close whose end-session call fails after its 1 s (the provider answered
+    an error): the session id forgotten all the same."""
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        self.session_id = None
+        await self.clock.sleep(1.0)
+        raise RuntimeError("the provider could not end the session")
+
+
+async def test_a_failed_attempts_close_that_fails_under_the_jobs_close_is_logged_once(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retirement's aclose() fails after the job's close began: its failure is a
+    WARNING, once, naming the close it was (the retirement's), and the job's close does not
+    call aclose() again; the avatar is removed all the same."""
+    plugin, server = _CloseFails(clock), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, "retiring")
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.avatar"):
+        closing = asyncio.ensure_future(job.aclose())
+        await clock.advance(10)
+    assert closing.done() and closing.exception() is None
+    failed = [r.getMessage() for r in caplog.records if "aclose()" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].endswith("aclose() failed as it is retired"), failed
+    assert plugin.closes == 1 and job.states["avatar"] == "closed"
+    assert [who for _, who, _ in server.asked] == [AV] and AV not in room.remote_participants
+
+
 async def test_a_retry_after_a_finished_release_closes_its_new_attempt_with_the_job(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
