@@ -29,18 +29,18 @@ task work, same bound, same outcomes), so that no avatar is left in the room, st
 by its provider, and then the machine rests in ``restored``. ``close`` says by its source
 what is left to undo: nothing from ``idle``; from the states where our route may be in, the
 guarded restore, then the plugin; from ``failed``/``backoff``/``releasing``/``retiring``/
-``restored`` only the plugin (a plugin closed already closes again harmlessly, and its
-participant's removal answers "not found").
+``restored`` only the plugin (its ``aclose()`` runs once per attempt: a close under way
+in ``releasing``/``retiring`` is waited for, not cut and called again, and one that ended
+is not called again; its participant's removal answers "not found").
 A start cut short (its timeout, or ``close``) first records any sink the plugin had put in.
 
 A late join in ``backoff`` is ignored unless ``rejoin`` holds (the next attempt's release
-removes it); in ``restored`` it is retired unless ``rejoin`` holds (the late avatar removed,
-the plugin closed again, harmlessly). One that joins while ``retiring`` runs is not let cut
-the plugin's close under way: ``restored`` looks for it on entry (``look_for_late_avatar``)
-and retires it then. With
-``rejoin`` the avatar's route goes back in and the join is awaited again under a fresh
-``join_timeout``. A reinstall that fails reports ``start_error``, a failure wherever the
-events queued before it took the machine.
+removes it); in ``restored`` it is retired unless ``rejoin`` holds (the late avatar removed;
+the plugin, closed already, is not closed again). One that joins while ``retiring`` runs is
+not let cut the plugin's close under way: ``restored`` looks for it on entry
+(``look_for_late_avatar``) and retires it then. With ``rejoin`` the avatar's route goes
+back in and the join is awaited again under a fresh ``join_timeout``. A reinstall that fails
+reports ``start_error``, a failure wherever the events queued before it took the machine.
 """
 
 from .spec import Effect, MachineSpec, State, StateTimeout, cells, row

@@ -1374,8 +1374,9 @@ async def test_a_playback_report_while_not_joined_moves_nothing(state: str) -> N
 
 async def test_a_late_avatar_after_restore_is_removed_and_moves_nothing_else() -> None:
     """Restored on room audio (no retry, no rejoin): the avatar turning up late is removed
-    from the room (its plugin closed again), and neither the audio moves nor anything
-    restarts; its report handler went with the retirement of its attempt."""
+    from the room (its plugin, closed with the retirement, is not closed again), and
+    neither the audio moves nor anything restarts; its report handler went with the
+    retirement of its attempt."""
     avatar = FlakyAvatar(failures=1)
     rig = Rig(avatar=avatar)
     await rig.start_session()
@@ -1388,11 +1389,12 @@ async def test_a_late_avatar_after_restore_is_removed_and_moves_nothing_else() -
         ("restored", "retiring", "avatar_connected"),
         ("retiring", "restored", "released"),
     ]
-    assert AVATAR not in rig.room.remote_participants and avatar.closes == 2
+    assert AVATAR not in rig.room.remote_participants and avatar.closes == 1
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
     assert rig.avatar.start_calls == 1 and rig.clock.pending == 0 and rig.rpcs() == []
     assert "lk.playback_finished" not in rig.room.local_participant.rpc_handlers
     await rig.aclose()
+    assert avatar.closes == 1  # one attempt, one aclose()
 
 
 # -- what arrives while the machine passes through failed or clearing -------------------------

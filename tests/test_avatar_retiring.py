@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 from livekit import rtc
-from livekit.agents import Agent, AgentSession
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.api import TwirpError
 
-from agent_runtime import AgentJob
+from agent_runtime import AgentJob, on_session_end
 from agent_runtime.settings import AvatarRetry
 from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
@@ -34,17 +35,23 @@ JOIN_TIMEOUT = 3.0
 
 class _Provider(ScriptedAvatar):
     """The scripted plugin, counting its ``aclose()`` calls (its provider session's end);
-    with ``close_hangs`` that call never returns (its provider's end-session call hangs)."""
+    with ``close_hangs`` that call never returns (its provider's end-session call hangs)
+    unless cut (``cuts`` counts those)."""
 
     def __init__(self, *, close_hangs: bool = False) -> None:
         super().__init__(avatar_identity=AV)
         self.closes = 0
+        self.cuts = 0
         self.close_hangs = close_hangs
 
     async def aclose(self) -> None:
         self.closes += 1
-        if self.close_hangs:
-            await asyncio.get_running_loop().create_future()
+        try:
+            if self.close_hangs:
+                await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            self.cuts += 1
+            raise
         await super().aclose()
 
 
@@ -127,8 +134,9 @@ async def test_an_avatar_given_up_at_join_timeout_is_closed_and_removed(
     assert all(m.endswith("_Provider: aclose() did not return within 1.5s as it is retired; cut")
                and m.startswith(f"room {ROOM}, avatar[av]: ") for m in cut)  # fmt: skip
     closing = asyncio.ensure_future(job.aclose())
-    await clock.advance(job.settings.close_timeout)  # a hung aclose() again: cut at its bound
+    await clock.advance(job.settings.close_timeout)
     await closing
+    assert plugin.closes == 1  # cut as it was retired, it is not called again
 
 
 async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
@@ -136,9 +144,10 @@ async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
 ) -> None:
     """The user's report: the provider's avatar joins after join_timeout (no retry, no
     rejoin). It used to stay in the room for the rest of the call, a silent video still
-    billed by its provider; now it is removed as it arrives (the plugin closed again,
-    harmlessly), the agent stays on room audio, and the job's close later asks its removal
-    once more, which "not found" answers without a warning."""
+    billed by its provider; now it is removed as it arrives (the plugin, closed with the
+    retirement, is not closed again: one attempt, one aclose()), the agent stays on room
+    audio, and the job's close later asks its removal once more, which "not found" answers
+    without a warning."""
     plugin, server = _Provider(), _Server(room, clock)
     job = _job(room, clock, plugin, server)
     await job.start(Agent(instructions="agent"))
@@ -152,11 +161,11 @@ async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
         (pytest.approx(JOIN_TIMEOUT), AV, False),  # as it was given up: nobody there yet
         (pytest.approx(JOIN_TIMEOUT + 1), AV, True),  # as it joined late
     ]
-    assert moves == ["retiring", "restored"] and plugin.closes == 2
+    assert moves == ["retiring", "restored"] and plugin.closes == 1
     assert job.audio_route() == "room" and job.states["job"] == "serving"
     before = len(caplog.records)
     await job.aclose()
-    assert job.states["avatar"] == "closed" and plugin.closes == 3
+    assert job.states["avatar"] == "closed" and plugin.closes == 1
     assert [here for _, _, here in server.asked] == [False, True, False]
     assert not [r for r in caplog.records[before:] if r.levelno >= logging.WARNING]
 
@@ -182,46 +191,77 @@ async def test_with_rejoin_an_avatar_that_joins_late_gets_the_audio_again(
     assert plugin.closes == 1 and [here for _, _, here in server.asked] == [True]
 
 
-async def test_closing_the_job_while_the_avatar_is_retired_is_bounded_and_removes_it_once(
-    room: InMemoryRoom, clock: VirtualClock
-) -> None:
-    """The job closes while the given-up attempt's close hangs (``retiring``): the
-    avatar goes straight to ``closed``, the job's close is done within close_timeout,
-    and the avatar participant is removed once, by the close."""
-    plugin, server = _Provider(close_hangs=True), _Server(room, clock)
-    job = _job(room, clock, plugin, server, close_timeout=10)
+async def _closing_attempt(
+    room: InMemoryRoom, clock: VirtualClock, plugin: ScriptedAvatar, server: _Server, state: str
+) -> AgentJob:
+    """A job (close_timeout 10 s) whose avatar joined without its video and timed out: its
+    failed attempt is being closed, 0.5 s into that close, in ``state`` (``retiring``: no
+    retry; ``releasing``: one retry, after its 1 s backoff)."""
+    retry = {"retry_avatar": AvatarRetry(attempts=1)} if state == "releasing" else {}
+    job = _job(room, clock, plugin, server, close_timeout=10, **retry)  # type: ignore[arg-type]
     await job.start(Agent(instructions="agent"))
     room.add_participant(AV, kind="agent")  # joins, never publishes its video
     await settle()
-    await clock.advance(JOIN_TIMEOUT + 0.5)
-    assert job.states["avatar"] == "retiring" and plugin.closes == 1 and server.asked == []
+    await clock.advance(JOIN_TIMEOUT + (1.0 if state == "releasing" else 0.0) + 0.5)
+    assert job.states["avatar"] == state
+    return job
+
+
+def _close_tasks() -> list[asyncio.Task[Any]]:
+    """The plugin closes still running (the runtime names each task it runs one in)."""
+    return [t for t in asyncio.all_tasks() if not t.done() and "aclose()" in t.get_name()]
+
+
+@pytest.mark.parametrize("state", ["retiring", "releasing"])
+async def test_closing_the_job_while_the_attempt_is_closed_is_bounded_and_closes_it_once(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, state: str
+) -> None:
+    """The job closes while the failed attempt's close hangs (``retiring``, or
+    ``releasing`` before a retry): the avatar goes straight to ``closed``, the job's close
+    waits for that same aclose() (it is not called again) and cuts it at its own share
+    (0.9 of the avatar step's 1.5 s: a WARNING), nothing of it runs on after the job, and
+    the avatar participant is removed once, by the close."""
+    plugin, server = _Provider(close_hangs=True), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, state)
+    assert plugin.closes == 1 and plugin.cuts == 0 and server.asked == []
     moves = _avatar_moves(job)
     t0 = clock.now()
-    closing = asyncio.ensure_future(job.aclose())
-    await clock.advance(10)
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.avatar"):
+        closing = asyncio.ensure_future(job.aclose())
+        await clock.advance(10)
     assert closing.done() and closing.exception() is None
-    assert moves == ["closed"]  # straight from retiring: nothing else in between
+    assert moves == ["closed"]  # straight from the attempt's close: nothing in between
     assert job.states["avatar"] == "closed" and job.lifecycle == "closed"
     assert [who for _, who, _ in server.asked] == [AV] and AV not in room.remote_participants
-    assert server.asked[0][0] - t0 < 10  # within the close's bound
-    assert plugin.closes == 2  # the retirement's, cut; the close's own, cut at its share
+    assert server.asked[0][0] - t0 == pytest.approx(1.35)  # after the cut, within the bound
+    assert plugin.closes == 1 and plugin.cuts == 1  # the attempt's one close, cut by the job's
+    cut = [r.getMessage() for r in caplog.records if "aclose() did not return" in r.getMessage()]
+    assert len(cut) == 1 and cut[0].endswith("aclose() did not return within 1.35s; cut"), cut
+    assert _close_tasks() == []
 
 
 class _ForgetfulProvider(ScriptedAvatar):
     """``aclose()`` as protoface's: the provider session's id forgotten, then its end call
-    (0.5 s): a close cut halfway never ends the session."""
+    (1 s): a close cut halfway never ends the session. Each start is a session of its
+    own (``sess-1``, ``sess-2``...)."""
 
     def __init__(self, clock: VirtualClock) -> None:
         super().__init__(avatar_identity=AV)
         self.clock = clock
-        self.session_id: str | None = "sess-1"
+        self.session_id: str | None = None
         self.ended: list[str] = []
+        self.closes = 0
+
+    async def start(self, agent_session: AgentSession[Any], room: rtc.Room) -> None:
+        self.session_id = f"sess-{self.start_calls + 1}"
+        await super().start(agent_session, room)
 
     async def aclose(self) -> None:
+        self.closes += 1
         sid, self.session_id = self.session_id, None
         try:
             if sid is not None:
-                await self.clock.sleep(0.5)
+                await self.clock.sleep(1.0)
                 self.ended.append(sid)
         finally:
             await super().aclose()
@@ -258,6 +298,71 @@ async def test_an_avatar_joining_while_the_retirement_runs_does_not_cut_it_and_i
     await job.aclose()
 
 
+@pytest.mark.parametrize("state", ["retiring", "releasing"])
+async def test_a_job_closed_while_the_attempt_is_closed_ends_its_provider_session(
+    room: InMemoryRoom, clock: VirtualClock, state: str
+) -> None:
+    """The job closes (or the user leaves) 0.5 s into the failed attempt's close, as its
+    plugin ends its provider session: that close runs to its end within the job's close
+    (it used to be cut there, the session id already forgotten, and the job's own second
+    aclose() found nothing to end: the session stayed billed). One aclose(), the session
+    ended; no new attempt started under the close."""
+    plugin, server = _ForgetfulProvider(clock), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, state)
+    assert plugin.closes == 1 and plugin.ended == []
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(10)
+    assert closing.done() and closing.exception() is None
+    assert plugin.ended == ["sess-1"] and plugin.closes == 1
+    assert plugin.start_calls == 1 and job.states["avatar"] == "closed"
+    assert AV not in room.remote_participants and _close_tasks() == []
+
+
+class _CloseFails(_ForgetfulProvider):
+    """protoface's close whose end-session call fails after its 1 s (the provider answered
+    an error): the session id forgotten all the same."""
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        self.session_id = None
+        await self.clock.sleep(1.0)
+        raise RuntimeError("the provider could not end the session")
+
+
+async def test_a_failed_attempts_close_that_fails_under_the_jobs_close_is_logged_once(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retirement's aclose() fails after the job's close began: its failure is a
+    WARNING, once, naming the close it was (the retirement's), and the job's close does not
+    call aclose() again; the avatar is removed all the same."""
+    plugin, server = _CloseFails(clock), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, "retiring")
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.avatar"):
+        closing = asyncio.ensure_future(job.aclose())
+        await clock.advance(10)
+    assert closing.done() and closing.exception() is None
+    failed = [r.getMessage() for r in caplog.records if "aclose()" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].endswith("aclose() failed as it is retired"), failed
+    assert plugin.closes == 1 and job.states["avatar"] == "closed"
+    assert [who for _, who, _ in server.asked] == [AV] and AV not in room.remote_participants
+
+
+async def test_a_retry_after_a_finished_release_closes_its_new_attempt_with_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """One aclose() per attempt, not per plugin: the first attempt's release ended its
+    session, the retry started a second one, and the job's close ends that one too."""
+    plugin, server = _ForgetfulProvider(clock), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, "releasing")
+    await clock.advance(1.0)  # the release's close ends: the plugin starts again
+    assert plugin.ended == ["sess-1"] and plugin.start_calls == 2
+    assert job.states["avatar"] == "routing"
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(10)
+    assert closing.done() and closing.exception() is None
+    assert plugin.ended == ["sess-1", "sess-2"] and plugin.closes == 2
+
+
 async def test_an_avatar_whose_removal_fails_is_not_retired_over_and_over(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:
@@ -285,3 +390,53 @@ async def test_an_avatar_whose_removal_fails_is_not_retired_over_and_over(
     await clock.advance(JOIN_TIMEOUT + 5)
     assert job.states["avatar"] == "restored" and asked == [AV]
     await job.aclose()
+
+
+async def test_an_avatar_let_go_while_the_attempt_is_closed_leaves_no_close_running(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The avatar let go at once (``release_now``: the owner's last word, whatever its close
+    is still doing), in the middle of a failed attempt's close that hangs: that aclose() is
+    cut with it, never left running after the machine."""
+    plugin, server = _Provider(close_hangs=True), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, "retiring")
+    assert job.avatar is not None and len(_close_tasks()) == 1
+    ending = job.avatar.release_now()
+    if ending is not None:
+        await ending
+    await settle()
+    assert plugin.cuts == 1 and _close_tasks() == []
+    await job.aclose()
+
+
+@pytest.mark.virtual_time
+async def test_the_user_leaving_while_the_attempt_is_retired_leaves_no_task_running() -> None:
+    """Through livekit's own job (the testing kit's runner, which fails a test on a task
+    the job left running): the user leaves while the given-up attempt's close ends its
+    provider session; the job's end waits for it, and livekit's shutdown then runs the
+    plugin's own aclose() (its start() registered it), which has nothing left to end."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name=ROOM, clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    plugin = _ForgetfulProvider(clock)
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=plugin, join_timeout=JOIN_TIMEOUT
+        )
+        await job.start(Agent(instructions="agent"))
+
+    runner = EntrypointRunner(room=room, clock=clock)
+    job = await runner(server)
+    await clock.advance(JOIN_TIMEOUT + 0.5)
+    assert job.states["avatar"] == "retiring" and plugin.ended == []
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    ended = asyncio.ensure_future(runner.wait_ended(timeout=60))
+    await clock.advance(60)
+    await ended
+    await runner.aclose()  # raises TasksLeftRunning for a task the job left running
+    assert plugin.ended == ["sess-1"]
+    assert job.states["avatar"] == "closed"

@@ -40,6 +40,14 @@ async def test_a_failed_in_process_avatar_retired_leaves_the_agent_in_the_room(
             asked.append(req.identity)
 
         monkeypatch.setattr(get_job_context().api.room, "remove_participant", server_removal)
+        closes: list[str] = []
+        plugin_aclose = rig.avatar.aclose
+
+        async def aclose() -> None:
+            closes.append(rig.lifecycle.state)
+            await plugin_aclose()
+
+        monkeypatch.setattr(rig.avatar, "aclose", aclose)
         states: list[str] = []
         rig.lifecycle.on("state_changed", lambda sc: states.append(sc.dest))
         await start(rig)
@@ -49,3 +57,6 @@ async def test_a_failed_in_process_avatar_retired_leaves_the_agent_in_the_room(
         assert "retiring" in states and rig.lifecycle.state == "restored"
         assert agent not in rig.removed  # the runtime's removal
         assert agent not in asked  # the plugin's own close, through the server API
+        assert closes == []  # its close waits for the job's
+        await rig.lifecycle.aclose()
+        assert closes == ["closed"]  # the job's, once

@@ -394,6 +394,7 @@ class _SlowClose(ScriptedAvatar):
     def __init__(self, clock: VirtualClock, close_takes: float | None) -> None:
         super().__init__(avatar_identity="av", start_delay=1.0, clock=clock)
         self.starts: list[tuple[float, str]] = []
+        self.close_calls = 0
         self.closes_ended: list[float] = []  # when each aclose() returned
         self._close_takes = close_takes
         self._virtual = clock
@@ -408,6 +409,7 @@ class _SlowClose(ScriptedAvatar):
         self.starts.append((began, "returned"))
 
     async def aclose(self) -> None:
+        self.close_calls += 1
         if self._close_takes is None:
             await asyncio.get_running_loop().create_future()
         await self._virtual.sleep(self._close_takes)
@@ -549,8 +551,11 @@ async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once
 ) -> None:
     """The job closes while the avatar is ``releasing`` (the failed attempt's plugin close
     still running): no new attempt starts, the avatar ends ``closed``, its participant is
-    removed once, and the job closes within its bound."""
+    removed once, and the job closes within its bound. The plugin's aclose() under way
+    runs to its end (0.7 s later): the job's close waits for it rather than cutting it and
+    calling aclose() again."""
     job, plugin, removed, moves = await _in_release(room, clock)
+    t0 = clock.now()
     closing = asyncio.ensure_future(job.aclose(graceful=False))
     await clock.advance(12)
     assert closing.done() and closing.exception() is None
@@ -558,6 +563,7 @@ async def test_a_close_while_the_failed_attempt_is_released_ends_the_avatar_once
     assert job.states["avatar"] == "closed" and job.lifecycle == "closed"
     assert plugin.start_calls == 1  # no attempt started under the close
     assert len(removed) == 1 and "av" not in room.remote_participants
+    assert plugin.close_calls == 1 and plugin.closes_ended == [pytest.approx(t0 + 0.7)]
 
 
 async def test_the_old_avatar_seen_during_the_release_is_not_the_new_attempts_join(

@@ -116,6 +116,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # closing the plugin gets the same budget as starting it
             effect_timeout=join_timeout,
         )
+        self.actor.on("closed", self._closer.cut)  # no plugin close outlives the machine
         if wiring is not None:  # composed: the job's links reach it (its session's close)
             wiring.connect("avatar", self.post_linked)
 
@@ -270,9 +271,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         session, room = self._route.session, self._route.room
         assert session is not None and room is not None
         # a new attempt: nothing of a released one is recorded (a release cut at its bound
-        # did not get to forget it)
+        # did not get to forget it), and its close will be its own
         self._route.forget()
         self._facts.forget()
+        self._closer.begin()
         self._route.take_prev()
         # the sink is recorded right after the plugin's last line, in this task, before
         # anything the plugin scheduled runs (its sink registers an RPC on the next tick);
@@ -337,8 +339,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     async def _fx_retire_attempt(self, ev: Event) -> Event:
         """The state task of ``retiring``: an attempt given up (no retry, no rejoin) closed
         as a retry's release closes it, so that its avatar is not left in the room, still
-        billed by its provider; again for a late avatar of it. Bounded by the state's own
-        timeout; a failure here is logged, not fatal."""
+        billed by its provider; a late avatar of it removed. Bounded by the state's timeout."""
         if self._facts.in_process or self._facts.agent_identity:
             # the avatar is the agent itself: nothing of it is in the room apart from the
             # agent, and its plugin's close (which asks the server to remove that identity)
@@ -349,9 +350,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         return Event("released")
 
     async def _close_attempt(self, when: str) -> None:
-        """A failed attempt's close: its plugin's own ``aclose()`` cut at half of
-        ``join_timeout`` (the state's bound), its sink retired and let go, then its avatar
-        participant removed whether or not that close returned."""
+        """A failed attempt's close: its plugin's ``aclose()`` cut at half of ``join_timeout``
+        (the state's bound; left running if the state is left, for the job's close), its
+        sink retired and let go, then its avatar participant removed in any case."""
         await self._closer.close_attempt(self._join_timeout, when)
         await self._route.retire_sink()
         self._unadopt()

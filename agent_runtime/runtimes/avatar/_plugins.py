@@ -161,37 +161,6 @@ async def remove_avatar_participant(
             logger.warning("could not remove the avatar participant %s: %s", identity, e)
 
 
-async def close_plugin(
-    avatar: AvatarSession[Any],
-    clock: Clock,
-    bound: float,
-    when: str = "",
-    warn: Warn | None = None,
-) -> None:
-    """The plugin's own ``aclose()``, cut after ``bound`` seconds: a hang, a failure or a
-    ``CancelledError`` it raised itself (nothing cancelled it) is logged by ``warn`` (a
-    WARNING), never raised, so what follows it (the avatar participant's removal) always
-    runs. ``when`` says which close. A cancellation of the caller's goes on up."""
-    warn = warn or logger.warning
-    name = plugin_name(avatar)
-    try:
-        await clock.wait_for(avatar.aclose(), bound)
-    except TimeoutError:
-        warn("avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when)
-    except asyncio.CancelledError as e:
-        me = asyncio.current_task()
-        if me is None or me.cancelling():
-            raise
-        warn(
-            "avatar plugin %s: aclose() raised CancelledError%s (nothing cancelled it)",
-            name,
-            when,
-            exc_info=e,
-        )
-    except Exception as e:
-        warn("avatar plugin %s: aclose() failed%s", name, when, exc_info=e)
-
-
 async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
     """Cancel the plugin base class's wait for its avatar to join, if it still runs."""
     join = lk.avatar_join_task(avatar)
@@ -204,9 +173,16 @@ class PluginCloser:
     """An attempt's close, as the lifecycle runs it: the plugin's own ``aclose()`` within
     its part of the close's budget (``PLUGIN_CLOSE_SHARE``, or ``RETRY_CLOSE_SHARE`` for a
     failed attempt's release or retirement), then, whether or not that returned, the avatar
-    participant removed (never an avatar that is the agent itself)."""
+    participant removed (never an avatar that is the agent itself).
 
-    __slots__ = ("_avatar", "_clock", "_remove", "_warn")
+    ``aclose()`` runs once per attempt (``begin()`` says one starts), as a task of this
+    closer's: a close asked while it runs, or after it ended, waits for that one rather
+    than calling it again (a published plugin forgets its provider session before its
+    "end session" call: a second call ends nothing). A failed attempt's close is not cut
+    when its state is left: the job's close waits for it, within its own share, and cuts
+    it there at the latest, so nothing outlives the job."""
+
+    __slots__ = ("_avatar", "_clock", "_closing", "_remove", "_warn")
 
     def __init__(
         self,
@@ -215,20 +191,89 @@ class PluginCloser:
         clock: Clock,
         warn: Warn | None = None,
     ) -> None:
-        self._avatar, self._remove, self._clock, self._warn = avatar, remove, clock, warn
+        self._avatar, self._remove, self._clock = avatar, remove, clock
+        self._warn: Warn = warn or logger.warning
+        # the current attempt's aclose(), once a close asked for it (None: not yet)
+        self._closing: asyncio.Task[None] | None = None
+
+    def begin(self) -> None:
+        """A new attempt starts (the plugin's ``start()`` again): its close is its own. The
+        last one's has ended: its release waited for it, cutting it within its bound."""
+        self.cut()  # two attempts never overlap (not reached: see above)
+        self._closing = None
+
+    def cut(self, *_: object) -> None:
+        """The machine is let go (its actor's ``closed``): an ``aclose()`` still running
+        is cut, so nothing of an attempt outlives it. The job's close has waited for it
+        within its share; one let go at once (``release_now``) has not."""
+        closing = self._closing
+        if closing is not None and not closing.done():
+            closing.cancel()
 
     async def close(self, budget: float) -> None:
-        """The plugin's ``aclose()``, cut at its share of ``budget`` seconds (logged)."""
-        await close_plugin(self._avatar, self._clock, PLUGIN_CLOSE_SHARE * budget, "", self._warn)
+        """The job's close: the attempt's ``aclose()`` (a failed attempt's close still
+        running, or a new one) waited for within its share of ``budget`` seconds, cut there
+        (logged); cancelled, it cuts that ``aclose()`` too."""
+        await self._wait(self._aclose(""), PLUGIN_CLOSE_SHARE * budget, "", cuts=True)
 
     async def close_attempt(self, budget: float, when: str) -> None:
         """``close`` for a failed attempt's release (before a retry, or given up): within
-        half of ``budget`` (the state's bound); ``when`` says which in a warning."""
-        bound = RETRY_CLOSE_SHARE * budget
-        await close_plugin(self._avatar, self._clock, bound, when, self._warn)
+        half of ``budget`` (the state's bound), cut there; cancelled (its state left), it
+        leaves the ``aclose()`` running. ``when`` says which in a warning."""
+        await self._wait(self._aclose(when), RETRY_CLOSE_SHARE * budget, when, cuts=False)
 
     async def remove(self, room: rtc.Room | None, *, in_process: bool) -> None:
         """After the plugin's own close (in case it did not, or could not: spatialreal drops
         its room first, a hung one was cut)."""
         if not in_process:
             await remove_avatar_participant(self._remove, room, self._avatar, self._clock)
+
+    def _aclose(self, when: str) -> asyncio.Task[None]:
+        """The attempt's ``aclose()``: started by the first close asked (``when`` names it
+        in a warning), the same task for every close after."""
+        if self._closing is None:
+            name = f"avatar plugin {plugin_name(self._avatar)}: aclose(){when}"
+            self._closing = asyncio.get_running_loop().create_task(self._run(when), name=name)
+        return self._closing
+
+    async def _run(self, when: str) -> None:
+        """The plugin's own ``aclose()``: a failure or a ``CancelledError`` it raised itself
+        (nothing cancelled it) is logged by ``warn`` (a WARNING), never raised; a cut goes
+        on up."""
+        name = plugin_name(self._avatar)
+        try:
+            await self._avatar.aclose()
+        except asyncio.CancelledError as e:
+            me = asyncio.current_task()
+            if me is None or me.cancelling():
+                raise
+            self._warn(
+                "avatar plugin %s: aclose() raised CancelledError%s (nothing cancelled it)",
+                name,
+                when,
+                exc_info=e,
+            )
+        except Exception as e:
+            self._warn("avatar plugin %s: aclose() failed%s", name, when, exc_info=e)
+
+    async def _wait(self, task: asyncio.Task[None], bound: float, when: str, *, cuts: bool) -> None:
+        """Until ``task`` (the attempt's ``aclose()``) has ended, cut after ``bound`` seconds
+        (a WARNING). A cancellation of the caller's goes on up, cutting ``task`` only if
+        ``cuts``; at once if it has ended (returned, failed or cut)."""
+        if task.done():
+            return
+        try:
+            await self._clock.wait_for(task if cuts else asyncio.shield(task), bound)
+        except TimeoutError:
+            name = plugin_name(self._avatar)
+            self._warn(
+                "avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when
+            )
+            if not task.done():  # a shielded wait left it running
+                task.cancel()
+                await asyncio.wait([task])
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is None or me.cancelling():
+                raise
+            # nothing cancelled this wait: another close's bound cut the task (logged there)
