@@ -194,7 +194,7 @@ class PluginCloser:
         self._avatar, self._remove, self._clock = avatar, remove, clock
         self._warn: Warn = warn or logger.warning
         # the current attempt's aclose(), once a close asked for it (None: not yet)
-        self._closing: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
 
     def begin(self) -> None:
         """A new attempt starts (the plugin's ``start()`` again): its close is its own. The
@@ -214,7 +214,20 @@ class PluginCloser:
         """The job's close: the attempt's ``aclose()`` (a failed attempt's close still
         running, or a new one) waited for within its share of ``budget`` seconds, cut there
         (logged); cancelled, it cuts that ``aclose()`` too."""
-        await self._wait(self._aclose(""), PLUGIN_CLOSE_SHARE * budget, "", cuts=True)
+        bound = PLUGIN_CLOSE_SHARE * budget
+        if self._closing is not None:
+            await self._wait(self._closing, bound, "", cuts=True)
+            return
+        # none under way (the usual close): run in the close's own task, no task of its
+        # own, marked as this attempt's close for any close asked after it
+        ran = self._closing = asyncio.get_running_loop().create_future()
+        try:
+            await self._clock.wait_for(self._run(""), bound)
+        except TimeoutError:
+            self._warn_cut(bound, "")
+        finally:
+            if not ran.done():
+                ran.set_result(None)
 
     async def close_attempt(self, budget: float, when: str) -> None:
         """``close`` for a failed attempt's release (before a retry, or given up): within
@@ -228,7 +241,7 @@ class PluginCloser:
         if not in_process:
             await remove_avatar_participant(self._remove, room, self._avatar, self._clock)
 
-    def _aclose(self, when: str) -> asyncio.Task[None]:
+    def _aclose(self, when: str) -> asyncio.Future[None]:
         """The attempt's ``aclose()``: started by the first close asked (``when`` names it
         in a warning), the same task for every close after."""
         if self._closing is None:
@@ -256,7 +269,9 @@ class PluginCloser:
         except Exception as e:
             self._warn("avatar plugin %s: aclose() failed%s", name, when, exc_info=e)
 
-    async def _wait(self, task: asyncio.Task[None], bound: float, when: str, *, cuts: bool) -> None:
+    async def _wait(
+        self, task: asyncio.Future[None], bound: float, when: str, *, cuts: bool
+    ) -> None:
         """Until ``task`` (the attempt's ``aclose()``) has ended, cut after ``bound`` seconds
         (a WARNING). A cancellation of the caller's goes on up, cutting ``task`` only if
         ``cuts``; at once if it has ended (returned, failed or cut)."""
@@ -265,10 +280,7 @@ class PluginCloser:
         try:
             await self._clock.wait_for(task if cuts else asyncio.shield(task), bound)
         except TimeoutError:
-            name = plugin_name(self._avatar)
-            self._warn(
-                "avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when
-            )
+            self._warn_cut(bound, when)
             if not task.done():  # a shielded wait left it running
                 task.cancel()
                 await asyncio.wait([task])
@@ -277,3 +289,7 @@ class PluginCloser:
             if me is None or me.cancelling():
                 raise
             # nothing cancelled this wait: another close's bound cut the task (logged there)
+
+    def _warn_cut(self, bound: float, when: str) -> None:
+        name = plugin_name(self._avatar)
+        self._warn("avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when)
