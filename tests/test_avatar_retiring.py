@@ -154,8 +154,16 @@ async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
     await clock.advance(JOIN_TIMEOUT + 1)
     assert job.states["avatar"] == "restored"
     moves = _avatar_moves(job)
-    _late_avatar(room)
-    await settle()
+    with caplog.at_level(logging.INFO, logger="agent_runtime.avatar"):
+        _late_avatar(room)
+        await settle()
+    said = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.avatar"]
+    # one line per retirement, each saying what it does: the late one closes no session
+    assert said[-1] == (
+        f"avatar {AV} joined after its attempt was given up (join_timeout), no rejoin: "
+        "removing it from the room"
+    )
+    assert not [m for m in said if "closing its plugin session" in m], said
     assert AV not in room.remote_participants
     assert server.asked == [
         (pytest.approx(JOIN_TIMEOUT), AV, False),  # as it was given up: nobody there yet

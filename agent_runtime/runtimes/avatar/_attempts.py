@@ -22,7 +22,7 @@ Report = Callable[..., None]
 class Attempts:
     """One lifecycle's attempts under its ``AvatarRetry`` policy."""
 
-    __slots__ = ("_avatar", "_report", "cause", "made", "policy", "retired")
+    __slots__ = ("_avatar", "_report", "cause", "made", "policy", "retired", "retirements")
 
     def __init__(
         self,
@@ -36,6 +36,7 @@ class Attempts:
         # the avatar participant (its sid) a retirement asked to remove, or "" for none:
         # one still there after it is not a late avatar to retire again
         self.retired = ""
+        self.retirements = 0  # the first closes the attempt; a later one a late avatar's
         self._avatar = avatar
         self._report = report
 
@@ -69,6 +70,15 @@ class Attempts:
         """An attempt given up for good (no retry left, no rejoin) is closed: no restart.
         ``sid``: its avatar participant's, if it is in the room."""
         self.retired = sid
+        self.retirements += 1
+        if self.retirements > 1:
+            logger.info(
+                "avatar %s joined after its attempt was given up (%s), no rejoin: removing "
+                "it from the room",
+                self._avatar.avatar_identity,
+                self.cause,
+            )
+            return
         logger.info(
             "avatar %s: given up after %s, no rejoin: closing its plugin session and "
             "removing it from the room",
