@@ -38,11 +38,13 @@ class _Provider(ScriptedAvatar):
     with ``close_hangs`` that call never returns (its provider's end-session call hangs)
     unless cut (``cuts`` counts those)."""
 
-    def __init__(self, *, close_hangs: bool = False) -> None:
+    def __init__(self, *, close_hangs: bool = False, cleans_up: bool = False) -> None:
         super().__init__(avatar_identity=AV)
         self.closes = 0
         self.cuts = 0
         self.close_hangs = close_hangs
+        self.cleans_up = cleans_up  # cut, it cleans up first (protoface's finally does)
+        self.cleaned = 0
 
     async def aclose(self) -> None:
         self.closes += 1
@@ -51,6 +53,10 @@ class _Provider(ScriptedAvatar):
                 await asyncio.get_running_loop().create_future()
         except asyncio.CancelledError:
             self.cuts += 1
+            if self.cleans_up:
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                self.cleaned += 1
             raise
         await super().aclose()
 
@@ -406,14 +412,13 @@ async def test_an_avatar_let_go_while_the_attempt_is_closed_leaves_no_close_runn
     """The avatar let go at once (``release_now``: the owner's last word, whatever its close
     is still doing), in the middle of a failed attempt's close that hangs: that aclose() is
     cut with it, never left running after the machine."""
-    plugin, server = _Provider(close_hangs=True), _Server(room, clock)
+    plugin, server = _Provider(close_hangs=True, cleans_up=True), _Server(room, clock)
     job = await _closing_attempt(room, clock, plugin, server, "retiring")
     assert job.avatar is not None and len(_close_tasks()) == 1
     ending = job.avatar.release_now()
-    if ending is not None:
-        await ending
-    await settle()
-    assert plugin.cuts == 1 and _close_tasks() == []
+    assert ending is not None
+    await ending  # the cut close's cleanup is part of what is left to wait for
+    assert plugin.cuts == 1 and plugin.cleaned == 1 and _close_tasks() == []
     await job.aclose()
 
 

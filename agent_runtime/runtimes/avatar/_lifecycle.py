@@ -46,7 +46,7 @@ from agent_runtime.runtimes.avatar._sink import (
 from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
 from agent_runtime.runtimes.room_events import RoomConnected, RoomEventAdapter, RoomFact
 from agent_runtime.runtimes.routing import Wiring, follow
-from agent_runtime.scheduler import Scheduler, after
+from agent_runtime.scheduler import Scheduler, after, ending
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import AvatarRetry, avatar_retry, check_setting
 from statemachines.avatar import AVATAR, PLUGIN_CLEARS
@@ -116,7 +116,6 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # closing the plugin gets the same budget as starting it
             effect_timeout=join_timeout,
         )
-        self.actor.on("closed", self._closer.cut)  # no plugin close outlives the machine
         if wiring is not None:  # composed: the job's links reach it (its session's close)
             wiring.connect("avatar", self.post_linked)
 
@@ -229,6 +228,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         None. A plugin still starting is a state task: cancelled, not awaited."""
         return self._close_now(self.actor.release)
 
+    def release_now(self) -> asyncio.Future[Any] | None:
+        # a failed attempt's aclose() outlives its state: cut with the machine, waited for
+        return ending(self.actor.release(), self._closer.cut())
+
     def released_once_closed(self) -> asyncio.Future[Any] | None:
         """Once a close asked (by the job's link) has been stepped and its effects ended,
         the actor released; what is left to wait for, or None."""
@@ -302,13 +305,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     def _fx_look_for_late_avatar(self, ev: Event) -> Event | None:
         # one that joined after the removal was asked (not one whose removal failed)
-        sid = self._avatar_sid()
+        sid = self._route.sid_of(self._avatar.avatar_identity)
         return self._presence_event() if sid and sid != self._tries.retired else None
-
-    def _avatar_sid(self) -> str:
-        room = self._route.room
-        p = room.remote_participants.get(self._avatar.avatar_identity) if room else None
-        return p.sid if p is not None else ""
 
     def _fx_check_presence(self, ev: Event) -> Event | None:
         self._claim_playback_rpc()
@@ -345,7 +343,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             # agent, and its plugin's close (which asks the server to remove that identity)
             # waits for the job's own close
             return Event("released")
-        self._tries.retire(self._avatar_sid())
+        self._tries.retire(self._route.sid_of(self._avatar.avatar_identity))
         await self._close_attempt(" as it is retired")
         return Event("released")
 

@@ -175,12 +175,13 @@ class PluginCloser:
     failed attempt's release or retirement), then, whether or not that returned, the avatar
     participant removed (never an avatar that is the agent itself).
 
-    ``aclose()`` runs once per attempt (``begin()`` says one starts), as a task of this
-    closer's: a close asked while it runs, or after it ended, waits for that one rather
-    than calling it again (a published plugin forgets its provider session before its
-    "end session" call: a second call ends nothing). A failed attempt's close is not cut
-    when its state is left: the job's close waits for it, within its own share, and cuts
-    it there at the latest, so nothing outlives the job."""
+    ``aclose()`` runs once per attempt (``begin()`` says one starts): a close asked while
+    it runs, or after it ended, waits for that one rather than calling it again (a
+    published plugin forgets its provider session before its "end session" call: a second
+    call ends nothing). A failed attempt's close runs as a task of this closer's, which
+    its state's end does not cut: the job's close waits for it, within its own share, and
+    cuts it there at the latest, so nothing outlives the job. The job's usual close (none
+    under way) runs it in the close's own task."""
 
     __slots__ = ("_avatar", "_clock", "_closing", "_remove", "_warn")
 
@@ -198,17 +199,20 @@ class PluginCloser:
 
     def begin(self) -> None:
         """A new attempt starts (the plugin's ``start()`` again): its close is its own. The
-        last one's has ended: its release waited for it, cutting it within its bound."""
-        self.cut()  # two attempts never overlap (not reached: see above)
+        last one's has ended: its release waited for it, cutting it within its bound (one
+        still finishing after that cut, a plugin slow to take it, is cut again here)."""
+        self.cut()
         self._closing = None
 
-    def cut(self, *_: object) -> None:
-        """The machine is let go (its actor's ``closed``): an ``aclose()`` still running
-        is cut, so nothing of an attempt outlives it. The job's close has waited for it
-        within its share; one let go at once (``release_now``) has not."""
+    def cut(self) -> asyncio.Future[None] | None:
+        """The machine is let go at once (``release_now``): an ``aclose()`` still running
+        is cut, so nothing of an attempt outlives it; returned, to be waited for (a plugin
+        may clean up when cut). The job's close has waited for it within its share."""
         closing = self._closing
-        if closing is not None and not closing.done():
-            closing.cancel()
+        if closing is None or closing.done():
+            return None
+        closing.cancel()
+        return closing
 
     async def close(self, budget: float) -> None:
         """The job's close: the attempt's ``aclose()`` (a failed attempt's close still

@@ -196,6 +196,11 @@ class AudioRoute:
     def session_running(self) -> bool:
         return self.session is not None and lk.session_started(self.session)
 
+    def sid_of(self, identity: str) -> str:
+        """The sid of the participant ``identity`` in the room, or ``""`` if absent."""
+        p = self.room.remote_participants.get(identity) if self.room else None
+        return p.sid if p is not None else ""
+
     def take_prev(self) -> None:
         chain = audio_chain(self.session)
         self.prev = PrevRoute(
