@@ -393,7 +393,10 @@ def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
         )
         try:
             if ours:
-                signal.signal(signal.SIGINT, on_interrupt)
+                try:
+                    signal.signal(signal.SIGINT, on_interrupt)
+                except ValueError:  # an interpreter that takes no handler: as asyncio does
+                    ours = False
             return loop.run_until_complete(task)
         except asyncio.CancelledError:
             if interrupts and task.uncancel() == 0:
