@@ -15,6 +15,7 @@ fire does not depend on how fast the machine is. What the SDK reads from the wal
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import math
@@ -36,12 +37,15 @@ _RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
 class _VirtualTimer:
-    __slots__ = ("callback", "cancelled", "when")
+    __slots__ = ("callback", "cancelled", "context", "when")
 
     def __init__(self, when: float, callback: Callable[[], None]) -> None:
         self.when = when
         self.callback = callback
         self.cancelled = False
+        # fired in the context it was armed in, as the loop's call_later does: a job's
+        # timer runs as the job's code (its job context current), not as the test's
+        self.context = contextvars.copy_context()
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -136,7 +140,7 @@ class VirtualClock:
             if head is None or head > self._now:
                 continue  # a loop timer on the way cancelled the one due here
             _, _, timer = heapq.heappop(self._timers)
-            timer.callback()
+            timer.context.run(timer.callback)
             await settle()
         await settle()
 
