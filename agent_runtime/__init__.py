@@ -38,7 +38,14 @@ if TYPE_CHECKING:
     from agent_runtime.runtimes.room_events import RoomEventAdapter
     from agent_runtime.runtimes.session_host import JobSessionHost
     from agent_runtime.sdk.session_transport import RoomRequestTransport
-    from agent_runtime.settings import JobSettings, PlayoutOptions, SettingError, SettingTypeError
+    from agent_runtime.settings import (
+        AvatarRetry,
+        Backoff,
+        JobSettings,
+        PlayoutOptions,
+        SettingError,
+        SettingTypeError,
+    )
     from agent_runtime.system.agent_job import AgentJob, injected, on_session_end, session_end_hook
 
 # the one version source: pyproject.toml reads it (setuptools' dynamic version, by AST)
@@ -50,6 +57,8 @@ _LAZY = {
     "JobSessionHost": "runtimes.session_host",
     "ParticipantLink": "runtimes.participant",
     "PlayoutOptions": "settings",
+    "AvatarRetry": "settings",
+    "Backoff": "settings",
     "PlayoutTracker": "runtimes.playout",
     "RoomEventAdapter": "runtimes.room_events",
     "RoomRequestTransport": "sdk.session_transport",
@@ -80,6 +89,8 @@ __all__ = [
     "AlreadyStarted",
     "AsyncioClock",
     "AvatarLifecycle",
+    "AvatarRetry",
+    "Backoff",
     "Clock",
     "Event",
     "EventRejected",
