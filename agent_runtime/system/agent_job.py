@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
+from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 from opentelemetry import context as otel_context
@@ -177,6 +178,7 @@ class AgentJob(Emitter[Events]):
             or inject.get("remove_avatar_participant"),
             on_reprompt=on_reprompt,
             plugin=plugin,
+            rebuild_avatar=None if isinstance(avatar, AvatarSession) else avatar,
             avatar_start_options=start_options,
         )
         self.room, self.session, self.clock, self.tracer = room, session, parts.clock, tracer

@@ -96,6 +96,7 @@ class Parts:
     remove_avatar_participant: RemoveParticipant | None = None
     on_reprompt: RepromptFn | None = None
     plugin: AvatarSession | None = None  # type: ignore[type-arg]
+    rebuild_avatar: Callable[[], AvatarSession] | None = None  # type: ignore[type-arg]
     avatar_start_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -199,6 +200,7 @@ class JobSystem(MachineRuntime[str]):
                 parts.plugin,
                 join_timeout=s.join_timeout,
                 retry=s.retry_avatar,
+                rebuild=parts.rebuild_avatar,
                 clock=clock,
                 tracer=tracer,
                 scheduler=scheduler,

@@ -22,7 +22,7 @@ Report = Callable[..., None]
 class Attempts:
     """One lifecycle's attempts under its ``AvatarRetry`` policy."""
 
-    __slots__ = ("_avatar", "_report", "cause", "made", "policy", "retired", "retirements")
+    __slots__ = ("_report", "cause", "made", "plugin", "policy", "retired", "retirements")
 
     def __init__(
         self,
@@ -37,7 +37,7 @@ class Attempts:
         # one still there after it is not a late avatar to retire again
         self.retired = ""
         self.retirements = 0  # the first closes the attempt; a later one a late avatar's
-        self._avatar = avatar
+        self.plugin = avatar  # the current attempt's
         self._report = report
 
     def say_lost(self) -> None:
@@ -60,7 +60,7 @@ class Attempts:
         self.made += 1
         logger.info(
             "avatar %s: starting the plugin again (attempt %d of %d) after %s",
-            self._avatar.avatar_identity,
+            self.plugin.avatar_identity,
             self.made,
             self.policy.attempts,
             self.cause,
@@ -75,13 +75,13 @@ class Attempts:
             logger.info(
                 "avatar %s joined after its attempt was given up (%s), no rejoin: removing "
                 "it from the room",
-                self._avatar.avatar_identity,
+                self.plugin.avatar_identity,
                 self.cause,
             )
             return
         logger.info(
             "avatar %s: given up after %s, no rejoin: closing its plugin session and "
             "removing it from the room",
-            self._avatar.avatar_identity,
+            self.plugin.avatar_identity,
             self.cause,
         )

@@ -28,10 +28,11 @@ from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     PluginCloser,
     RemoveParticipant,
+    built_plugin,
     check_plugin,
     check_start_args,
-    plugin_name,
     stop_join_wait,
+    warn_no_route,
 )
 from agent_runtime.runtimes.avatar._route import AudioRoute, Route, finish_pending, route_of
 from agent_runtime.runtimes.avatar._sink import (
@@ -77,6 +78,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         join_timeout: float = 30.0,
         close_timeout: float | None = None,
         retry: bool | AvatarRetry | Mapping[str, Any] = False,
+        rebuild: Callable[[], AvatarSession] | None = None,  # type: ignore[type-arg]
         clock: Clock | None = None,
         tracer: Tracer | None = None,
         scheduler: Scheduler | None = None,
@@ -92,7 +94,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         # what a close may take in all: the effect's bound, or the job's share if less
         budget = join_timeout if close_timeout is None else close_timeout
         self._close_budget = min(join_timeout, float(check_setting("close_timeout", budget)))
-        self._avatar = avatar
+        self._avatar, self._rebuild = avatar, rebuild
         self._retry: AvatarRetry = avatar_retry(retry)
         self._tries = Attempts(self._retry, avatar, lambda *a, **kw: self.actor.report(*a, **kw))
         self._plugin_options: dict[str, Any] = {}
@@ -277,6 +279,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         # did not get to forget it), and its close will be its own
         self._route.forget()
         self._facts.forget()
+        if self._tries.made and self._rebuild is not None:
+            self._use(built_plugin(self._rebuild))  # a retry: a fresh plugin from the factory
         self._closer.begin()
         self._route.take_prev()
         # the sink is recorded right after the plugin's last line, in this task, before
@@ -291,14 +295,12 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         if self._route.installed is None:
             # a plugin that caught its provider's error logs it and returns: no route is the
             # only sign, and waiting out join_timeout for it would help nobody
-            logger.warning(
-                "avatar %s (%s): the plugin's start() returned without installing an audio "
-                "route; treating it as a failed start",
-                self._avatar.avatar_identity,
-                plugin_name(self._avatar),
-            )
+            warn_no_route(self._avatar)
             return Event("no_route")
         return Event("plugin_started")
+
+    def _use(self, plugin: AvatarSession) -> None:  # type: ignore[type-arg]
+        self._avatar = self._tries.plugin = self._closer.plugin = plugin
 
     def _fx_record_route(self, ev: Event) -> None:
         self._record_installed()

@@ -161,6 +161,24 @@ async def remove_avatar_participant(
             logger.warning("could not remove the avatar participant %s: %s", identity, e)
 
 
+def built_plugin(factory: Callable[[], AvatarSession[Any]]) -> AvatarSession[Any]:
+    """A fresh plugin for a retry's attempt, from the factory the job was given (a plugin
+    may not be restartable: runway reuses its first close's end-of-session task, so a
+    second session on the same object is never ended). Raising, it is a failed start."""
+    plugin = factory()
+    check_plugin(plugin)
+    return plugin
+
+
+def warn_no_route(avatar: AvatarSession[Any]) -> None:
+    logger.warning(
+        "avatar %s (%s): the plugin's start() returned without installing an audio route; "
+        "treating it as a failed start",
+        avatar.avatar_identity,
+        plugin_name(avatar),
+    )
+
+
 async def stop_join_wait(avatar: AvatarSession[Any]) -> None:
     """Cancel the plugin base class's wait for its avatar to join, if it still runs."""
     join = lk.avatar_join_task(avatar)
@@ -183,7 +201,7 @@ class PluginCloser:
     cuts it there at the latest, so nothing outlives the job. The job's usual close (none
     under way) runs it in the close's own task."""
 
-    __slots__ = ("_avatar", "_clock", "_closing", "_remove", "_warn")
+    __slots__ = ("_clock", "_closing", "_remove", "_warn", "plugin")
 
     def __init__(
         self,
@@ -192,7 +210,7 @@ class PluginCloser:
         clock: Clock,
         warn: Warn | None = None,
     ) -> None:
-        self._avatar, self._remove, self._clock = avatar, remove, clock
+        self.plugin, self._remove, self._clock = avatar, remove, clock  # the current attempt's
         self._warn: Warn = warn or logger.warning
         # the current attempt's aclose(), once a close asked for it (None: not yet)
         self._closing: asyncio.Future[None] | None = None
@@ -243,13 +261,13 @@ class PluginCloser:
         """After the plugin's own close (in case it did not, or could not: spatialreal drops
         its room first, a hung one was cut)."""
         if not in_process:
-            await remove_avatar_participant(self._remove, room, self._avatar, self._clock)
+            await remove_avatar_participant(self._remove, room, self.plugin, self._clock)
 
     def _aclose(self, when: str) -> asyncio.Future[None]:
         """The attempt's ``aclose()``: started by the first close asked (``when`` names it
         in a warning), the same task for every close after."""
         if self._closing is None:
-            name = f"avatar plugin {plugin_name(self._avatar)}: aclose(){when}"
+            name = f"avatar plugin {plugin_name(self.plugin)}: aclose(){when}"
             self._closing = asyncio.get_running_loop().create_task(self._run(when), name=name)
         return self._closing
 
@@ -257,9 +275,9 @@ class PluginCloser:
         """The plugin's own ``aclose()``: a failure or a ``CancelledError`` it raised itself
         (nothing cancelled it) is logged by ``warn`` (a WARNING), never raised; a cut goes
         on up."""
-        name = plugin_name(self._avatar)
+        name = plugin_name(self.plugin)
         try:
-            await self._avatar.aclose()
+            await self.plugin.aclose()
         except asyncio.CancelledError as e:
             me = asyncio.current_task()
             if me is None or me.cancelling():
@@ -295,5 +313,5 @@ class PluginCloser:
             # nothing cancelled this wait: another close's bound cut the task (logged there)
 
     def _warn_cut(self, bound: float, when: str) -> None:
-        name = plugin_name(self._avatar)
+        name = plugin_name(self.plugin)
         self._warn("avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when)
