@@ -101,6 +101,90 @@ async def test_a_late_report_for_audio_finished_here_does_not_end_the_next_reply
     await rig.aclose()
 
 
+@pytest.mark.parametrize(
+    ("position", "interrupted"),
+    [(0.4, True), (3.0, False)],
+    ids=["interrupted-with-no-clear", "played-in-full"],
+)
+async def test_a_late_report_for_a_reply_finished_here_does_not_end_the_reply_after_it(
+    caplog: pytest.LogCaptureFixture, position: float, interrupted: bool
+) -> None:
+    """Reply A (3 s) is finished here by the bound; 0.5 s into reply B (6 s) A's report
+    comes after all. Saying ``interrupted`` it cannot be B's: nothing was cleared since B
+    began, and an avatar says so only of a clear. Taken for B's, the agent listened (the
+    user speaking was no interruption, a re-prompt could run) while B still played; a
+    full play of 3 s is not B's either. B goes on until its own report."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    first = rig.say(3.0)
+    await rig.settle()
+    await rig.advance(5.0)  # 3 s of audio + the 2 s margin: finished here
+    assert first.done() and rig.playout.done[-1].cause == "playout_timeout"
+    await rig.advance(0.5)
+    second = rig.say(6.0)
+    await rig.settle()
+    await rig.advance(0.5)
+    with caplog.at_level(logging.INFO, logger="agent_runtime.avatar"):
+        assert await rig.report(position, interrupted=interrupted) == "ok"  # A's, late
+        await rig.settle()
+    assert any("late lk.playback_finished" in r.getMessage() for r in caplog.records)
+    assert not second.done()
+    assert (rig.playout.state, rig.session.agent_state) == ("remote_playout", "speaking")
+    await rig.advance(5.5)
+    assert await rig.report(6.0) == "ok"  # B's own
+    await rig.settle()
+    assert second.done() and rig.session.agent_state == "listening"
+    assert rig.playout.done[-1].cause == "playback_finished"
+    await rig.aclose()
+
+
+async def test_an_interruption_of_the_reply_after_one_finished_here_ends_it_on_its_report() -> None:
+    """Reply A is finished here by the bound; the user interrupts reply B: the clear goes
+    to the avatar, and its ``interrupted`` report ends B at once (B's, not A's late one),
+    not after the plugin's own 2 s wait for it."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(3.0)
+    await rig.settle()
+    await rig.advance(5.5)
+    second = rig.say(6.0)
+    await rig.settle()
+    await rig.advance(0.5)
+    rig.session.interrupt()
+    await rig.settle()
+    assert rig.rpcs() == ["lk.clear_buffer"]
+    assert await rig.report(0.4, interrupted=True) == "ok"
+    await rig.settle()
+    assert second.done() and second.interrupted and rig.session.agent_state == "listening"
+    assert rig.playout.done[-1].cause == "playback_finished"
+    await rig.aclose()
+
+
+async def test_a_reply_after_a_late_interrupted_report_is_still_owed_its_own_late_report() -> None:
+    """A's report comes late, as ``interrupted`` with nothing cleared, during reply B: it
+    cannot be B's own (sent early), so B still owes its report. B's is lost too and the
+    bound finishes B; B's report, late in turn, does not end reply C 0.5 s in."""
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    rig.say(3.0)
+    await rig.settle()
+    await rig.advance(5.5)
+    rig.say(2.0)
+    await rig.settle()
+    await rig.advance(0.5)
+    assert await rig.report(0.4, interrupted=True) == "ok"  # A's, late
+    await rig.settle()
+    await rig.advance(3.6)  # 2 s of audio + the 2 s margin from B's hand-off
+    assert rig.playout.done[-1].cause == "playout_timeout"
+    third = rig.say(6.0)
+    await rig.settle()
+    await rig.advance(0.5)
+    assert await rig.report(2.0) == "ok"  # B's, late
+    await rig.settle()
+    assert not third.done() and rig.session.agent_state == "speaking"
+    await rig.aclose()
+
+
 async def test_an_avatar_that_dropped_a_report_still_ends_the_next_reply_with_its_own() -> None:
     """A's report never comes (finished here by the bound); B's own report, when B could
     have played, ends B at once: it is not taken for A's."""

@@ -64,16 +64,17 @@ class SinkAdoption:
     ``on_flushed`` gets each segment the sink was given, as it is flushed."""
 
     __slots__ = (
+        "_clears",
         "_clock",
         "_ended",
         "_on_clear",
         "_on_flushed",
         "_own_capture",
+        "_own_clear",
         "_own_finished",
         "_own_flush",
         "_segment",
         "late",
-        "own_clear",
         "sink",
     )
 
@@ -88,15 +89,18 @@ class SinkAdoption:
         self.sink = sink
         self._clock = clock
         self._on_clear, self._on_flushed = on_clear, on_flushed
-        # the segment the sink is taking: (first frame at, seconds pushed)
-        self._segment: tuple[float, float] | None = None
+        # the segment the sink is taking: (first frame at, seconds pushed, clears before it)
+        self._segment: tuple[float, float, int] | None = None
+        # the sink's own clears so far (each can send lk.clear_buffer, the only thing an
+        # avatar answers with an interrupted report)
+        self._clears = 0
         # the segments flushed and not finished, oldest first, as the sink counts them
         self._ended: deque[_Ended] = deque()
         # segments playout's bound finished here whose report the avatar may still send
         self.late = 0
         # the session's interruption reaches the sink as clear_buffer(): the lifecycle sees
         # it first, and hands it to the sink's own clear where that is safe
-        self.own_clear: Callable[[], None] = sink.clear_buffer
+        self._own_clear: Callable[[], None] = sink.clear_buffer
         self._own_capture, self._own_flush = sink.capture_frame, sink.flush
         self._own_finished = sink.on_playback_finished
         # bound methods of this object, not closures: smaller, and a job holds them all along
@@ -113,18 +117,23 @@ class SinkAdoption:
         was not reported is said as flushed now (when it began is not known: now)."""
         now, pushed = self._clock.now(), lk.pushed_seconds(self.sink)
         if lk.segment_open(self.sink):
-            self._segment = (now, pushed)
+            self._segment = (now, pushed, self._clears)
         elif (owed := lk.ended_unreported(self.sink)) > 0:
-            self._ended.extend(_Ended(now, pushed) for _ in range(owed))
+            self._ended.extend(_Ended(now, pushed, self._clears) for _ in range(owed))
             self._on_flushed(SegmentFlushed(now, pushed))
+
+    def own_clear(self) -> None:
+        """The sink's own ``clear_buffer()`` (for a data stream, its ``lk.clear_buffer``)."""
+        self._clears += 1
+        self._own_clear()
 
     def _clear_buffer(self) -> None:
         self._on_clear(self)
 
     async def _capture_frame(self, frame: rtc.AudioFrame) -> None:
         await self._own_capture(frame)
-        started, pushed = self._segment or (self._clock.now(), 0.0)
-        self._segment = (started, pushed + frame.duration)
+        started, pushed, clears = self._segment or (self._clock.now(), 0.0, self._clears)
+        self._segment = (started, pushed + frame.duration, clears)
 
     def _flush(self) -> None:
         was_open = lk.segment_open(self.sink)
@@ -133,11 +142,11 @@ class SinkAdoption:
         if segment is None and was_open:
             # a capture begun before the adoption (it waited for the sink's start): its
             # frames went past the wrapper
-            segment = (self._clock.now(), lk.pushed_seconds(self.sink))
+            segment = (self._clock.now(), lk.pushed_seconds(self.sink), self._clears)
         if segment is not None:
             if lk.ended_unreported(self.sink) > len(self._ended):  # not finished already
                 self._ended.append(_Ended(*segment))
-            self._on_flushed(SegmentFlushed(*segment))
+            self._on_flushed(SegmentFlushed(*segment[:2]))
 
     def _finished(self, **kw: Any) -> None:
         self._own_finished(**kw)
@@ -155,19 +164,24 @@ class SinkAdoption:
         finished here: it must not end the segment the sink holds now (the next reply, which
         it would leave unheard to the session: not speaking, not interruptible). A report
         can be the oldest segment's only if that segment began ``playback_position`` seconds
-        ago, and, played to its end, only if it is that long."""
+        ago; interrupted, only if the sink was cleared since it began (an avatar says
+        ``interrupted`` only of an ``lk.clear_buffer``); played to its end, only if it is
+        that long."""
         if not self.late:
             return False
         head = self._ended[0] if self._ended else None
         pos = report.playback_position
-        late = head is None or now + _SLACK < head.started + pos
+        # interrupted with no clear since the head began: not the head's own, not even sent
+        # early, so the head still owes its report
+        uncleared = head is not None and report.interrupted and self._clears == head.clears
+        late = uncleared or head is None or now + _SLACK < head.started + pos
         if not late and head is not None and not report.interrupted:
             late = pos + _SLACK < head.pushed
         # a report of the audio held now: the avatar moved on, the owed ones will not come
         self.late = self.late - 1 if late else 0
         if late:
-            if head is not None:  # unless this was its own, early: then not owed again
-                head.answered = True
+            if head is not None and not uncleared:  # unless this was its own, early: then
+                head.answered = True  # not owed again
             logger.info(
                 "a late %s from %s for audio finished here; not taken for the audio it plays now",
                 RPC_PLAYBACK_FINISHED,
@@ -207,6 +221,7 @@ class _Ended:
 
     started: float  # when its first frame was accepted by the sink
     pushed: float  # seconds of audio
+    clears: int  # the sink's own clears before it began
     answered: bool = False  # a report was taken for an earlier segment's, late, meanwhile
 
 
