@@ -264,6 +264,31 @@ def test_a_replay_says_which_steps_the_room_refused(
     assert "'ghost' is not in the room" in out
 
 
+def test_a_simulator_back_after_its_leaving_ended_the_job_is_owed_no_verdict(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The simulator leaves (livekit ends a simulation then, with no hold: the job closes at
+    once), comes back and asks for the verdict, which the job that left cannot answer. The
+    fuzzer took that for "finalize_simulation got no reply" (a random seed of a CLI test
+    found it): the hold is owed only when the simulator was there as the end began."""
+    monkeypatch.chdir(ROOT)
+    sim = {"identity": "simulator", "attributes": {"lk.simulator": "true"}}
+    steps = [
+        {"at": 0, "event": "session.start"},
+        {"at": 0, "event": "participant_disconnected", "identity": "simulator"},
+        {"at": 0, "event": "participant_connected", **sim},
+        {"at": 0, "event": "session_request", "caller": "simulator",
+         "request": "finalize_simulation", "payload": {"provisional_success": True}},
+        {"at": 0, "event": "end"},
+    ]  # fmt: skip
+    path = tmp_path / "back.yaml"
+    doc = {"name": "back", "config": {"simulation": True}, "participants": [sim], "steps": steps}
+    path.write_text(yaml.safe_dump(doc))
+    code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:FIXED_LEAKY_TASK", "--replay", str(path))
+    assert code == 0 and "nothing found" in out, out
+    assert "t=0 session_request: RuntimeError: session transport is closed" in out
+
+
 # -- planted bugs ------------------------------------------------------------------------------
 
 

@@ -82,6 +82,7 @@ class Harness:
         self.aborted = False  # an aclose(graceful=False) came: no hold is owed from then on
         # the world's side (the agent's own leaving is not the simulator's or the room's end)
         self.simulator_here = False
+        self.simulator_at_end = False  # in the room when the job was told to end
         self.room_gone = False
         self.end_cause: str | None = None
         self.failures_at_end = 0
@@ -105,6 +106,7 @@ class Harness:
     def end_condition(self, cause: str) -> None:
         if self.ended_at is None:
             self.ended_at, self.end_cause = self.clock.now(), cause
+            self.simulator_at_end = self.simulator_here
             self.failures_at_end = len(self.runner.user_failures)  # those before it
 
     # -- steps ---------------------------------------------------------------------------
@@ -236,7 +238,9 @@ class Harness:
             return False
         if self.entry_error is not None or not self.config.simulation:
             return False
-        if not self.simulator_here or self.room_gone:
+        if not (self.simulator_at_end and self.simulator_here) or self.room_gone:
+            # the end began as the simulator left (livekit ends a simulation then, with no
+            # hold): a simulator back later finds the job gone
             return False
         if any(
             s.caller == SIMULATOR and any(r.get("verdict") for r in s.replies)
