@@ -9,7 +9,8 @@ timer) are the loop's, not the job's clock. On a ``VirtualTimeLoop`` (``run``) t
 virtual too: the loop's time moves with a ``VirtualClock`` as it advances, and otherwise
 only when nothing at all can run (then straight to the loop's next timer), so when they
 fire does not depend on how fast the machine is. What the SDK reads from the wall clock
-(``time.time()``) stays real.
+(``time.time()``) stays real. The loop's time starts at ``UPTIME``, not 0: a real loop's
+reads the machine's uptime, and code takes 0 for "never".
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 # the resolution asyncio reads the monotonic clock at (a due timer runs within it)
 _RESOLUTION = time.get_clock_info("monotonic").resolution
+# where a VirtualTimeLoop's time starts. A real loop's reads the machine's uptime, never 0,
+# and code takes 0 for "never": livekit's utils.aio.interval waited for nothing after a
+# first tick at 0, so a plugin's keep-alive on it (liveavatar's) looped for ever without
+# once yielding to the loop
+UPTIME = 1000.0
 
 
 class _VirtualTimer:
@@ -227,20 +233,20 @@ class _NeverBlocks(selectors.BaseSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual time: ``time()`` starts at ``start`` and moves with
-    ``pass_time`` (a ``VirtualClock`` advancing calls it), or when nothing can run until the
-    loop's next timer, which it then jumps to at once. ``asyncio.sleep``, ``wait_for`` and
-    ``call_later`` in any code on the loop (the SDK's included) are virtual; what reads the
-    wall clock (``time.time()``) is not. While the world may still answer (work the loop
-    gave a thread with ``run_in_executor`` or ``to_thread``, a child process, a socket or a
-    pipe open on the loop) time passes as it does for real, so a timeout expires neither
-    ahead of an answer on its way nor never.
+    """An event loop on virtual time: ``time()`` starts at ``start`` (by default ``UPTIME``:
+    a real loop never reads 0) and moves with ``pass_time`` (a ``VirtualClock`` advancing
+    calls it), or when nothing can run until the loop's next timer, which it then jumps to
+    at once. ``asyncio.sleep``, ``wait_for`` and ``call_later`` in any code on the loop
+    (the SDK's included) are virtual; what reads the wall clock (``time.time()``) is not.
+    While the world may still answer (work the loop gave a thread with ``run_in_executor``
+    or ``to_thread``, a child process, a socket or a pipe open on the loop) time passes as
+    it does for real, so a timeout expires neither ahead of an answer on its way nor never.
 
     Made for runs whose outside is all stand-ins (scenarios, the explorer, tests); a thread
     of its own that calls the loop (``call_soon_threadsafe``, as livekit's FFI thread does)
     is not waited for."""
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = UPTIME) -> None:
         selector = _NeverBlocks(self)
         super().__init__(selector=selector)
         selector.own = len(selector.get_map())
@@ -367,7 +373,7 @@ class _Waited:
             self._loop.threads -= 1
 
 
-def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
+def run(main: Coroutine[Any, Any, T], *, start: float = UPTIME) -> T:
     """``asyncio.run(main)`` on a ``VirtualTimeLoop``: the loop's timers, the SDK's
     included, fire on virtual time, however fast the machine is."""
     with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(start)) as runner:
