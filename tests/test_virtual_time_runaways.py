@@ -16,6 +16,7 @@ and websocket (``aiohttp.ClientSession._request``/``_ws_connect``), the room.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 from typing import Any
@@ -26,8 +27,15 @@ from livekit.agents import Agent, AgentServer, AgentSession, APIConnectOptions, 
 from livekit.plugins import liveavatar
 
 from agent_runtime import AgentJob, on_session_end
-from agent_runtime.testing.clock import UPTIME, VirtualClock, VirtualTimeLoop, run, settle
-from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.clock import (
+    UPTIME,
+    VirtualClock,
+    VirtualTimeLoop,
+    VirtualTimeStalled,
+    run,
+    settle,
+)
+from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled
 from agent_runtime.testing.inmemory import InMemoryRoom
 
 KEEP_ALIVE = "session.keep_alive"
@@ -204,3 +212,67 @@ async def test_liveavatars_keep_alive_goes_every_60_virtual_seconds(
     assert [t for t, what in sockets[0].sent if what == KEEP_ALIVE] == [0.0, 60.0, 120.0]
     if wrapped:
         assert job.states["avatar"] == "joined"
+
+
+# -- a loop kept busy ----------------------------------------------------------------------------
+
+
+async def _keep_alive(every: float, sent: list[float]) -> None:
+    while True:
+        await asyncio.sleep(every)
+        sent.append(asyncio.get_running_loop().time())
+
+
+@pytest.mark.virtual_time
+async def test_the_kits_bounds_fire_at_their_virtual_time_with_a_periodic_timer_running(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # what the trial's report suspected, and did not happen: time jumps from tick to tick
+    # and the bound's own timer fires in its turn
+    sent: list[float] = []
+    ticking = asyncio.create_task(_keep_alive(60, sent))
+
+    async def waits_for_ever(ctx: JobContext) -> None:
+        await asyncio.Event().wait()
+
+    agent_room.add_participant("user")
+    began = _loop().time()
+    with pytest.raises(EntrypointStalled, match="after 600s"):
+        await run_entrypoint(waits_for_ever, start_timeout=600)
+    assert _loop().time() - began == 600.0 and len(sent) == 10
+    ticking.cancel()
+
+
+def test_a_loop_that_never_has_nothing_to_do_fails_its_run() -> None:
+    """A task that awaits ``asyncio.sleep(0)`` in a loop: virtual time passes only when
+    nothing can run, so it stood still and the 5 s bound never fired (the run went on for
+    ever; here the spin gives up after 200,000 rounds, and the bound fires)."""
+
+    async def spin() -> None:
+        for _ in range(200_000):
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        _loop().max_busy_rounds = 10_000
+        spinning = asyncio.create_task(spin(), name="polls")
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), 5)
+        finally:
+            spinning.cancel()
+
+    with pytest.raises(VirtualTimeStalled, match=r"stood still at 0s .*'polls' \(.*spin\)"):
+        run(main())
+
+
+def test_a_loop_polling_a_thread_is_not_stalled() -> None:
+    # the thread may answer: the loop's rounds meanwhile are not a spin
+    data = bytes(20_000_000)
+
+    async def main() -> str:
+        _loop().max_busy_rounds = 100
+        work = asyncio.ensure_future(asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest()))
+        while not work.done():
+            await asyncio.sleep(0)
+        return work.result()
+
+    assert run(main()) == hashlib.sha256(data).hexdigest()

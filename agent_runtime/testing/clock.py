@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from agent_runtime.clock import TimerHandle, check_seconds
+from agent_runtime.sdk.asyncio_compat import handle_callback
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -206,13 +207,21 @@ class _NeverBlocks(selectors.BaseSelector):
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
 
+    def _world_may_answer(self) -> bool:
+        """Work on a thread, a child process, a socket or a pipe open on the loop."""
+        return bool(self._loop.threads) or len(self._real.get_map()) > self.own
+
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0 and not self._world_may_answer():
+            self._loop._busy_round()
+        else:
+            self._loop._busy = 0
         ready = self._real.select(0)
         if ready or timeout == 0:
             return ready
         if timeout is None:
             return self._real.select(None)  # no timer at all: waiting is all there is
-        if self._loop.threads or len(self._real.get_map()) > self.own:
+        if self._world_may_answer():
             # the world may still answer (work on a thread, a child process, a socket or
             # a pipe open): meanwhile time passes as it does for real
             began = time.monotonic()
@@ -250,9 +259,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector = _NeverBlocks(self)
         super().__init__(selector=selector)
         selector.own = len(selector.get_map())
-        self._virtual_now = start
+        self._virtual_now = self.start = start
         self.threads = 0  # run_in_executor work and child processes not ended
         self.jumped = 0.0  # virtual seconds passed with nothing able to run
+        # rounds in a row at one time, something ready in each and nothing outside that
+        # could answer: past max_busy_rounds the loop fails its run (VirtualTimeStalled)
+        self._busy = 0
+        self._busy_at = start
+        self.max_busy_rounds = MAX_BUSY_ROUNDS
         self._built = True  # last: a loop cut half-built (Ctrl-C) has nothing to close
 
     def __del__(self) -> None:
@@ -261,6 +275,25 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def _busy_round(self) -> None:
+        """A round with something ready and nothing outside that could answer: past
+        ``max_busy_rounds`` of them in a row at one time, the loop spins, and as virtual
+        time passes only when nothing can run, no bound (``wait_for``, a job's timer, the
+        kit's) would ever fire: ``VirtualTimeStalled``, out of the loop's run."""
+        if self._virtual_now != self._busy_at:
+            self._busy_at, self._busy = self._virtual_now, 0
+        self._busy += 1
+        if self._busy < self.max_busy_rounds:
+            return
+        self._busy = 0
+        raise VirtualTimeStalled(
+            f"virtual time stood still at {self._virtual_now - self.start:g}s for "
+            f"{self.max_busy_rounds:,} rounds of the loop, something ready in each "
+            f"({_spinning(self)}): a task that spins (awaits asyncio.sleep(0) in a loop, "
+            "polls, re-arms a callback at once) keeps every timeout from firing, as "
+            "virtual time passes only when nothing can run"
+        )
 
     def jump(self, seconds: float) -> None:
         """Nothing can run for ``seconds``: time moves on by that much, at once."""
@@ -342,6 +375,32 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             await super().shutdown_default_executor(*args, **kw)
         finally:
             self.threads -= 1
+
+
+class VirtualTimeStalled(RuntimeError):
+    """A ``VirtualTimeLoop`` that never had nothing to do for ``max_busy_rounds`` rounds,
+    its time standing still: raised out of the loop's run (the test fails with it)."""
+
+
+# rounds a VirtualTimeLoop may run in a row at one time, always busy (the project's own
+# suite needs about 500; a task awaiting asyncio.sleep(0) in a loop runs 1,000,000 in 2 s)
+MAX_BUSY_ROUNDS = 1_000_000
+
+
+def _spinning(loop: asyncio.AbstractEventLoop) -> str:
+    """What was ready in the loop's last round: its tasks by name and coroutine."""
+    names: list[str] = []
+    for handle in getattr(loop, "_ready", ()):
+        callback = handle_callback(handle)
+        task = getattr(callback, "__self__", None)
+        if isinstance(task, asyncio.Task):
+            coro = task.get_coro()
+            what = getattr(coro, "__qualname__", type(coro).__name__)
+            names.append(f"task {task.get_name()!r} ({what})")
+        else:
+            names.append(getattr(callback, "__qualname__", repr(callback)))
+    shown = ", ".join(dict.fromkeys(names[:5]))
+    return f"ready: {shown}{', ...' if len(names) > 5 else ''}" if names else "nothing named"
 
 
 class _Waited:
