@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import socket
+import threading
+import time
 from typing import Any
 
 import aiohttp
@@ -276,3 +279,43 @@ def test_a_loop_polling_a_thread_is_not_stalled() -> None:
         return work.result()
 
     assert run(main()) == hashlib.sha256(data).hexdigest()
+
+
+def _on_a_runner(runner: str, main: Any) -> None:
+    if runner == "clock.run":
+        run(main)
+    else:  # as pytest-asyncio runs a test marked virtual_time
+        with asyncio.Runner(loop_factory=VirtualTimeLoop) as r:
+            r.run(main)
+
+
+@pytest.mark.parametrize("runner", ["clock.run", "asyncio.Runner"])
+def test_ctrl_c_stops_a_run_stuck_in_a_callback_that_never_returns(runner: str) -> None:
+    """The trial's spin, as Ctrl-C met it: the runner's handler cancels its task and wakes
+    the loop, which never comes round to either; a second Ctrl-C was needed. Now the loop
+    sends it again itself once INTERRUPT_GRACE has passed (here the callback gives up
+    after 10 real seconds, then the first cancel gets through)."""
+    assert threading.current_thread() is threading.main_thread()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    spinning = threading.Event()
+
+    def stuck() -> None:
+        spinning.set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # never awaits: the loop is stuck here
+            pass
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_soon(stuck)
+        await asyncio.Event().wait()
+
+    def ctrl_c() -> None:
+        if spinning.wait(10):
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _on_a_runner(runner, main())
+    assert time.monotonic() - began < 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

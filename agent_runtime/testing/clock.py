@@ -15,6 +15,7 @@ reads the machine's uptime, and code takes 0 for "never".
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import heapq
 import itertools
@@ -212,6 +213,7 @@ class _NeverBlocks(selectors.BaseSelector):
         return bool(self._loop.threads) or len(self._real.get_map()) > self.own
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._loop.rounds += 1
         if timeout == 0 and not self._world_may_answer():
             self._loop._busy_round()
         else:
@@ -262,6 +264,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now = self.start = start
         self.threads = 0  # run_in_executor work and child processes not ended
         self.jumped = 0.0  # virtual seconds passed with nothing able to run
+        self.rounds = 0  # the loop's rounds (its selector asked for what is ready)
         # rounds in a row at one time, something ready in each and nothing outside that
         # could answer: past max_busy_rounds the loop fails its run (VirtualTimeStalled)
         self._busy = 0
@@ -275,6 +278,44 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def run_forever(self) -> None:
+        # the runner's Ctrl-C handler (asyncio.Runner's, pytest-asyncio's through it, run's
+        # below) cancels its task and wakes the loop: what a callback that never returns
+        # (a loop that never awaits) never lets through. Wrapped, a Ctrl-C the loop has not
+        # gone on from within INTERRUPT_GRACE real seconds is sent again, which the runner
+        # raises as KeyboardInterrupt where the callback is
+        handler = signal.getsignal(signal.SIGINT)
+        wrapped: Callable[[int, FrameType | None], Any] | None = None
+        if (
+            threading.current_thread() is threading.main_thread()
+            and callable(handler)
+            and handler is not signal.default_int_handler
+        ):
+            runners = handler
+
+            def on_interrupt(signum: int, frame: FrameType | None) -> None:
+                runners(signum, frame)
+                self._interrupted(self.rounds)
+
+            try:
+                signal.signal(signal.SIGINT, on_interrupt)
+                wrapped = on_interrupt
+            except ValueError:  # an interpreter that takes no handler: as run does
+                pass
+        try:
+            super().run_forever()
+        finally:
+            if wrapped is not None and signal.getsignal(signal.SIGINT) is wrapped:
+                signal.signal(signal.SIGINT, handler)
+
+    def _interrupted(self, rounds: int) -> None:
+        def again() -> None:
+            time.sleep(INTERRUPT_GRACE)  # real time: the loop's thread is the one stuck
+            if self.rounds == rounds and self.is_running():
+                _thread.interrupt_main(signal.SIGINT)
+
+        threading.Thread(target=again, name="VirtualTimeLoop interrupted", daemon=True).start()
 
     def _busy_round(self) -> None:
         """A round with something ready and nothing outside that could answer: past
@@ -382,6 +423,8 @@ class VirtualTimeStalled(RuntimeError):
     its time standing still: raised out of the loop's run (the test fails with it)."""
 
 
+# real seconds a VirtualTimeLoop's round may go on after a Ctrl-C before it is sent again
+INTERRUPT_GRACE = 1.0
 # rounds a VirtualTimeLoop may run in a row at one time, always busy (the project's own
 # suite needs about 500; a task awaiting asyncio.sleep(0) in a loop runs 1,000,000 in 2 s)
 MAX_BUSY_ROUNDS = 1_000_000
