@@ -249,7 +249,7 @@ def test_virtual_time_is_the_marked_tests_and_a_users_own_loop_factory_keeps_the
 
         import pytest
 
-        from agent_runtime.testing.clock import VirtualTimeLoop
+        from agent_runtime.testing.clock import UPTIME, VirtualTimeLoop
 
         async def test_unmarked_keeps_the_users_loop():
             assert type(asyncio.get_running_loop()).__name__ == "UsersLoop"
@@ -259,7 +259,7 @@ def test_virtual_time_is_the_marked_tests_and_a_users_own_loop_factory_keeps_the
             loop = asyncio.get_running_loop()
             assert isinstance(loop, VirtualTimeLoop)
             await asyncio.sleep(3600)  # livekit's own bounds pass like this one
-            assert loop.time() == 3600.0
+            assert loop.time() == UPTIME + 3600.0
         """
     )
     result = run(

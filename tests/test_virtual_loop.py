@@ -14,7 +14,7 @@ import warnings
 import pytest
 from livekit.agents.voice.speech_handle import INTERRUPTION_TIMEOUT
 
-from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, run
+from agent_runtime.testing.clock import UPTIME, VirtualClock, VirtualTimeLoop, run
 from verification.explore.config import CONFIGS
 from verification.explore.real import run as explore_run
 
@@ -35,7 +35,7 @@ def test_a_wait_with_nothing_else_to_run_jumps_to_the_next_timer() -> None:
             await asyncio.wait_for(asyncio.sleep(10), 5)
         except TimeoutError:
             timed_out = True
-        return slept, loop.time(), timed_out, loop.jumped
+        return slept - UPTIME, loop.time() - UPTIME, timed_out, loop.jumped
 
     assert run(main()) == (3600.0, 3605.0, True, 3605.0)
 
@@ -71,8 +71,9 @@ def test_the_loops_timers_fire_in_order_as_a_virtual_clock_advances() -> None:
         return fired
 
     # one time for both: the job's timers and the SDK's interleave as they would for real
-    # (at the same instant, the job's first)
-    assert run(main()) == [
+    # (at the same instant, the job's first); from 0, so that the loop's times are the
+    # clock's exactly (from UPTIME, 1.2 s on is 1.2000000000000455)
+    assert run(main(), start=0.0) == [
         ("clock", 1.0, 1.0),
         ("loop", 2.0, 2.0),
         ("clock", 3.0, 3.0),
@@ -103,7 +104,7 @@ def test_a_clock_timer_a_loop_timer_arms_fires_at_its_time_within_one_advance() 
         assert clock.now() == 12.0
         return fired
 
-    assert run(main()) == [
+    assert run(main(), start=0.0) == [
         ("loop", 1.2, 1.2),
         ("clock, at once", 1.2, 1.2),
         ("clock, armed by the loop", 6.2, 6.2),

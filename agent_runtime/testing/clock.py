@@ -9,11 +9,13 @@ timer) are the loop's, not the job's clock. On a ``VirtualTimeLoop`` (``run``) t
 virtual too: the loop's time moves with a ``VirtualClock`` as it advances, and otherwise
 only when nothing at all can run (then straight to the loop's next timer), so when they
 fire does not depend on how fast the machine is. What the SDK reads from the wall clock
-(``time.time()``) stays real.
+(``time.time()``) stays real. The loop's time starts at ``UPTIME``, not 0: a real loop's
+reads the machine's uptime, and code takes 0 for "never".
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextvars
 import heapq
@@ -29,11 +31,17 @@ from types import FrameType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from agent_runtime.clock import TimerHandle, check_seconds
+from agent_runtime.sdk.asyncio_compat import handle_callback
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 # the resolution asyncio reads the monotonic clock at (a due timer runs within it)
 _RESOLUTION = time.get_clock_info("monotonic").resolution
+# where a VirtualTimeLoop's time starts. A real loop's reads the machine's uptime, never 0,
+# and code takes 0 for "never": livekit's utils.aio.interval waited for nothing after a
+# first tick at 0, so a plugin's keep-alive on it (liveavatar's) looped for ever without
+# once yielding to the loop
+UPTIME = 1000.0
 
 
 class _VirtualTimer:
@@ -204,13 +212,22 @@ class _NeverBlocks(selectors.BaseSelector):
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
 
+    def _world_may_answer(self) -> bool:
+        """Work on a thread, a child process, a socket or a pipe open on the loop."""
+        return bool(self._loop.threads) or len(self._real.get_map()) > self.own
+
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._loop.rounds += 1
+        if timeout == 0 and not self._world_may_answer():
+            self._loop._busy_round()
+        else:
+            self._loop._busy = 0
         ready = self._real.select(0)
         if ready or timeout == 0:
             return ready
         if timeout is None:
             return self._real.select(None)  # no timer at all: waiting is all there is
-        if self._loop.threads or len(self._real.get_map()) > self.own:
+        if self._world_may_answer():
             # the world may still answer (work on a thread, a child process, a socket or
             # a pipe open): meanwhile time passes as it does for real
             began = time.monotonic()
@@ -231,26 +248,32 @@ class _NeverBlocks(selectors.BaseSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual time: ``time()`` starts at ``start`` and moves with
-    ``pass_time`` (a ``VirtualClock`` advancing calls it), or when nothing can run until the
-    loop's next timer, which it then jumps to at once. ``asyncio.sleep``, ``wait_for`` and
-    ``call_later`` in any code on the loop (the SDK's included) are virtual; what reads the
-    wall clock (``time.time()``) is not. While the world may still answer (work the loop
-    gave a thread with ``run_in_executor`` or ``to_thread``, a child process, a socket or a
-    pipe open on the loop) time passes as it does for real, so a timeout expires neither
-    ahead of an answer on its way nor never.
+    """An event loop on virtual time: ``time()`` starts at ``start`` (by default ``UPTIME``:
+    a real loop never reads 0) and moves with ``pass_time`` (a ``VirtualClock`` advancing
+    calls it), or when nothing can run until the loop's next timer, which it then jumps to
+    at once. ``asyncio.sleep``, ``wait_for`` and ``call_later`` in any code on the loop
+    (the SDK's included) are virtual; what reads the wall clock (``time.time()``) is not.
+    While the world may still answer (work the loop gave a thread with ``run_in_executor``
+    or ``to_thread``, a child process, a socket or a pipe open on the loop) time passes as
+    it does for real, so a timeout expires neither ahead of an answer on its way nor never.
 
     Made for runs whose outside is all stand-ins (scenarios, the explorer, tests); a thread
     of its own that calls the loop (``call_soon_threadsafe``, as livekit's FFI thread does)
     is not waited for."""
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = UPTIME) -> None:
         selector = _NeverBlocks(self)
         super().__init__(selector=selector)
         selector.own = len(selector.get_map())
-        self._virtual_now = start
+        self._virtual_now = self.start = start
         self.threads = 0  # run_in_executor work and child processes not ended
         self.jumped = 0.0  # virtual seconds passed with nothing able to run
+        self.rounds = 0  # the loop's rounds (its selector asked for what is ready)
+        # rounds in a row at one time, something ready in each and nothing outside that
+        # could answer: past max_busy_rounds the loop fails its run (VirtualTimeStalled)
+        self._busy = 0
+        self._busy_at = start
+        self.max_busy_rounds = MAX_BUSY_ROUNDS
         self._built = True  # last: a loop cut half-built (Ctrl-C) has nothing to close
 
     def __del__(self) -> None:
@@ -259,6 +282,63 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def run_forever(self) -> None:
+        # the runner's Ctrl-C handler (asyncio.Runner's, pytest-asyncio's through it, run's
+        # below) cancels its task and wakes the loop: what a callback that never returns
+        # (a loop that never awaits) never lets through. Wrapped, a Ctrl-C the loop has not
+        # gone on from within INTERRUPT_GRACE real seconds is sent again, which the runner
+        # raises as KeyboardInterrupt where the callback is
+        handler = signal.getsignal(signal.SIGINT)
+        wrapped: Callable[[int, FrameType | None], Any] | None = None
+        if (
+            threading.current_thread() is threading.main_thread()
+            and callable(handler)
+            and handler is not signal.default_int_handler
+        ):
+            runners = handler
+
+            def on_interrupt(signum: int, frame: FrameType | None) -> None:
+                runners(signum, frame)
+                self._interrupted(self.rounds)
+
+            try:
+                signal.signal(signal.SIGINT, on_interrupt)
+                wrapped = on_interrupt
+            except ValueError:  # an interpreter that takes no handler: as run does
+                pass
+        try:
+            super().run_forever()
+        finally:
+            if wrapped is not None and signal.getsignal(signal.SIGINT) is wrapped:
+                signal.signal(signal.SIGINT, handler)
+
+    def _interrupted(self, rounds: int) -> None:
+        def again() -> None:
+            time.sleep(INTERRUPT_GRACE)  # real time: the loop's thread is the one stuck
+            if self.rounds == rounds and self.is_running():
+                _thread.interrupt_main(signal.SIGINT)
+
+        threading.Thread(target=again, name="VirtualTimeLoop interrupted", daemon=True).start()
+
+    def _busy_round(self) -> None:
+        """A round with something ready and nothing outside that could answer: past
+        ``max_busy_rounds`` of them in a row at one time, the loop spins, and as virtual
+        time passes only when nothing can run, no bound (``wait_for``, a job's timer, the
+        kit's) would ever fire: ``VirtualTimeStalled``, out of the loop's run."""
+        if self._virtual_now != self._busy_at:
+            self._busy_at, self._busy = self._virtual_now, 0
+        self._busy += 1
+        if self._busy < self.max_busy_rounds:
+            return
+        self._busy = 0
+        raise VirtualTimeStalled(
+            f"virtual time stood still at {self._virtual_now - self.start:g}s for "
+            f"{self.max_busy_rounds:,} rounds of the loop, something ready in each "
+            f"({_spinning(self)}): a task that spins (awaits asyncio.sleep(0) in a loop, "
+            "polls, re-arms a callback at once) keeps every timeout from firing, as "
+            "virtual time passes only when nothing can run"
+        )
 
     def jump(self, seconds: float) -> None:
         """Nothing can run for ``seconds``: time moves on by that much, at once."""
@@ -342,6 +422,34 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self.threads -= 1
 
 
+class VirtualTimeStalled(RuntimeError):
+    """A ``VirtualTimeLoop`` that never had nothing to do for ``max_busy_rounds`` rounds,
+    its time standing still: raised out of the loop's run (the test fails with it)."""
+
+
+# real seconds a VirtualTimeLoop's round may go on after a Ctrl-C before it is sent again
+INTERRUPT_GRACE = 1.0
+# rounds a VirtualTimeLoop may run in a row at one time, always busy (the project's own
+# suite needs about 500; a task awaiting asyncio.sleep(0) in a loop runs 1,000,000 in 2 s)
+MAX_BUSY_ROUNDS = 1_000_000
+
+
+def _spinning(loop: asyncio.AbstractEventLoop) -> str:
+    """What was ready in the loop's last round: its tasks by name and coroutine."""
+    names: list[str] = []
+    for handle in getattr(loop, "_ready", ()):
+        callback = handle_callback(handle)
+        task = getattr(callback, "__self__", None)
+        if isinstance(task, asyncio.Task):
+            coro = task.get_coro()
+            what = getattr(coro, "__qualname__", type(coro).__name__)
+            names.append(f"task {task.get_name()!r} ({what})")
+        else:
+            names.append(getattr(callback, "__qualname__", repr(callback)))
+    shown = ", ".join(dict.fromkeys(names[:5]))
+    return f"ready: {shown}{', ...' if len(names) > 5 else ''}" if names else "nothing named"
+
+
 class _Waited:
     """A child process is world that may answer until it exits (its exit comes from a
     watcher thread): counted with the loop's threads from its protocol's making."""
@@ -371,7 +479,7 @@ class _Waited:
             self._loop.threads -= 1
 
 
-def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
+def run(main: Coroutine[Any, Any, T], *, start: float = UPTIME) -> T:
     """``asyncio.run(main)`` on a ``VirtualTimeLoop``: the loop's timers, the SDK's
     included, fire on virtual time, however fast the machine is."""
     with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(start)) as runner:
