@@ -9,7 +9,7 @@ retrieved" report for good. The testing kit asks before it takes one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 
@@ -31,10 +31,3 @@ def handle_callback(handle: asyncio.Handle) -> Callable[..., Any] | None:
     its ``__self__`` is the task)."""
     callback = getattr(handle, "_callback", None)
     return callback if callable(callback) else None
-
-
-def ready_handles(loop: asyncio.AbstractEventLoop) -> Sequence[asyncio.Handle] | None:
-    """The callbacks a loop will run in its next round (``None`` for a loop that keeps no
-    such queue): the testing kit's settling and its stall report read them."""
-    ready: Sequence[asyncio.Handle] | None = getattr(loop, "_ready", None)
-    return ready

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from agent_runtime.clock import TimerHandle, check_seconds
-from agent_runtime.sdk.asyncio_compat import handle_callback, ready_handles
+from agent_runtime.sdk.asyncio_compat import handle_callback
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -185,7 +185,7 @@ async def settle(max_rounds: int = 200) -> None:
     quiet = 0
     for _ in range(max_rounds):
         await asyncio.sleep(0)
-        ready = ready_handles(loop)
+        ready = getattr(loop, "_ready", None)
         if ready is not None and len(ready) == 0:
             quiet += 1
             if quiet >= 3:
@@ -437,7 +437,8 @@ MAX_BUSY_ROUNDS = 1_000_000
 def _spinning(loop: asyncio.AbstractEventLoop) -> str:
     """What was ready in the loop's last round: its tasks by name and coroutine."""
     names: list[str] = []
-    for handle in ready_handles(loop) or ():
+    # the kit may read the loop's queue (the runtime never does: tests/test_layers.py)
+    for handle in getattr(loop, "_ready", ()):
         callback = handle_callback(handle)
         task = getattr(callback, "__self__", None)
         if isinstance(task, asyncio.Task):
