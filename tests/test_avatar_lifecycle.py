@@ -1278,27 +1278,43 @@ class _SlowCloseFlaky(FlakyAvatar):
         await super().aclose()
 
 
-async def test_an_interruption_during_the_release_leaves_it_alone() -> None:
-    """The user interrupts while the failed attempt is being released (its plugin's close
-    under way): the release is not restarted nor cut, nothing goes to an avatar, and the
-    new attempt starts once, when the release ends."""
+@pytest.mark.parametrize("state", ["releasing", "retiring"])
+async def test_an_interruption_while_the_failed_attempt_is_closed_leaves_it_alone(
+    state: str,
+) -> None:
+    """The user interrupts while the failed attempt is being closed (its plugin's close
+    under way), before a retry (``releasing``) or given up for good (``retiring``: no retry
+    left, no rejoin): the close is not restarted nor cut, nothing goes to an avatar, the
+    agent stays on room audio; when the close ends, the new attempt starts once, or (given
+    up) the lifecycle rests on room audio, nothing started again."""
     avatar = _SlowCloseFlaky(failures=1)
-    rig = Rig(avatar=avatar, retry={"attempts": 1, "backoff": {"initial": 1.0}})
+    retry: Any = {"attempts": 1, "backoff": {"initial": 1.0}} if state == "releasing" else False
+    rig = Rig(avatar=avatar, retry=retry)
     avatar.clock = rig.clock
     await rig.start_session()
     await rig.start_avatar()
-    assert rig.lifecycle.state == "backoff"
-    await rig.clock.advance(1.2)  # the backoff ran out: the old session's close is running
-    assert rig.lifecycle.state == "releasing" and avatar.closes == 0
+    if state == "releasing":
+        assert rig.lifecycle.state == "backoff"
+        await rig.clock.advance(1.2)  # the backoff ran out: the old session's close is running
+    else:
+        await rig.clock.advance(0.2)  # 0.2 s into the old session's close
+    assert rig.lifecycle.state == state and avatar.closes == 0
     changes = rig.watch()
     rig.lifecycle.interrupt()
     await settle()
-    assert rig.lifecycle.state == "releasing" and changes == []
+    assert rig.lifecycle.state == state and changes == []
     assert rig.lifecycle.audio_route() == "room" and rig.rpcs() == []
-    await rig.clock.advance(1.0)  # the provider's close ends: the release is over
-    assert avatar.closes == 1 and avatar.start_calls == 2
-    assert [dest for _src, dest, _on in changes][:1] == ["starting"]
-    assert rig.decided("interrupt")[-1:] == ["releasing"]
+    await rig.clock.advance(1.0)  # the provider's close ends: the attempt is closed
+    assert avatar.closes == 1
+    assert rig.decided("interrupt")[-1:] == [state]
+    if state == "releasing":
+        assert avatar.start_calls == 2
+        assert [dest for _src, dest, _on in changes][:1] == ["starting"]
+    else:
+        assert avatar.start_calls == 1 and changes == [("retiring", "restored", "released")]
+        await rig.clock.advance(60.0)
+        assert rig.lifecycle.state == "restored" and avatar.start_calls == 1
+        assert rig.lifecycle.audio_route() == "room" and rig.rpcs() == []
     closing = asyncio.ensure_future(rig.aclose())
     await rig.clock.advance(5.0)  # the new attempt's close takes its second too
     assert closing.done() and closing.exception() is None
@@ -1614,32 +1630,47 @@ async def test_an_interruption_queued_behind_the_join_sends_nothing() -> None:
     await rig.aclose()
 
 
-async def test_a_playback_report_as_the_retry_starts_changes_nothing() -> None:
-    """The avatar that failed to join reports a playback in the very instant the retry
-    begins (its report handler is still ours until the failed attempt is released): the
-    report is answered, finds nothing left to report for, and the retry goes on; a
-    user's listener sees the release, the retry and nothing else."""
-    rig = Rig(join_timeout=10.0, retry={"attempts": 1, "backoff": {"initial": 5.0}})
+@pytest.mark.parametrize("state", ["releasing", "retiring"])
+async def test_a_playback_report_as_the_failed_attempt_is_closed_changes_nothing(
+    state: str,
+) -> None:
+    """The avatar that failed to join reports a playback in the very instant its attempt's
+    close begins (its report handler is still ours until that close lets it go), before a
+    retry (``releasing``) or given up for good (``retiring``): the report is answered,
+    finds nothing left to report for, and the close goes on; a user's listener sees the
+    close, then the retry (or the rest on room audio), and nothing else."""
+    retry: Any = {"attempts": 1, "backoff": {"initial": 5.0}} if state == "releasing" else False
+    rig = Rig(join_timeout=10.0, retry=retry)
     await rig.start_session()
     await rig.start_avatar()
-    await rig.clock.advance(10.0)  # never joined: its report handler is still ours
-    assert rig.lifecycle.state == "backoff"
+    changes = rig.watch()
     replies: list[asyncio.Future[str]] = []
 
     def on_change(ev: Any) -> None:
-        if (ev.source, ev.dest) == ("backoff", "releasing") and not replies:
+        if ev.dest == state and not replies:
             _report_playback(rig, replies)
 
     rig.lifecycle.on("state_changed", on_change)
-    changes = rig.watch()
-    await rig.clock.advance(5.0)
+    await rig.clock.advance(10.0)  # never joined: its report handler is still ours
+    if state == "releasing":
+        assert rig.lifecycle.state == "backoff"
+        await rig.clock.advance(5.0)
     await settle()
     assert [await r for r in replies] == ["ok"]
-    assert rig.decided("playback_finished") == ["releasing"]  # the cell
-    assert changes == [
-        ("backoff", "releasing", "backoff_elapsed"),
-        ("releasing", "starting", "released"),
-        ("starting", "routing", "plugin_started"),
-    ]
-    assert rig.lifecycle.state == "routing" and rig.avatar.start_calls == 2
+    assert rig.decided("playback_finished") == [state]  # the cell
+    if state == "releasing":
+        assert changes[2:] == [
+            ("backoff", "releasing", "backoff_elapsed"),
+            ("releasing", "starting", "released"),
+            ("starting", "routing", "plugin_started"),
+        ]
+        assert rig.lifecycle.state == "routing" and rig.avatar.start_calls == 2
+    else:
+        assert changes == [
+            ("routing", "failed", "join_timeout"),
+            ("failed", "retiring", "route_restored"),
+            ("retiring", "restored", "released"),
+        ]
+        assert rig.lifecycle.state == "restored" and rig.avatar.start_calls == 1
+        assert rig.lifecycle.audio_route() == "room"
     await rig.aclose()

@@ -286,7 +286,8 @@ async def test_an_avatar_joining_while_the_retirement_runs_does_not_cut_it_and_i
 ) -> None:
     """The provider's avatar arrives while the plugin's close is under way: the close runs
     to its end (entering ``retiring`` anew cut it, and the provider session was never
-    ended), then ``restored`` finds the late avatar and retires it too."""
+    ended), then the retirement's removal finds the late avatar in the room and removes it,
+    once; a user's listener sees the retirement end and nothing more."""
     plugin = _ForgetfulProvider(clock)
     server = _Server(room, clock)
     room.add_participant("user")
@@ -302,12 +303,17 @@ async def test_an_avatar_joining_while_the_retirement_runs_does_not_cut_it_and_i
     await job.start(Agent(instructions="agent"))
     await clock.advance(JOIN_TIMEOUT + 0.1)
     assert job.states["avatar"] == "retiring"
+    moves = _avatar_moves(job)
     room.add_participant(AV, kind="agent")
     room.publish_track(AV, "video")
     await settle()
+    assert moves == []  # the close under way goes on
     await clock.advance(5)
     assert plugin.ended == ["sess-1"]
     assert AV not in room.remote_participants and job.states["avatar"] == "restored"
+    # the close ran to its end, then its removal found the late avatar there: removed, once
+    assert moves == ["restored"]
+    assert [(who, here) for _, who, here in server.asked] == [(AV, True)]
     assert job.audio_route() == "room"
     await job.aclose()
 
@@ -453,3 +459,128 @@ async def test_the_user_leaving_while_the_attempt_is_retired_leaves_no_task_runn
     await runner.aclose()  # raises TasksLeftRunning for a task the job left running
     assert plugin.ended == ["sess-1"]
     assert job.states["avatar"] == "closed"
+
+
+async def test_the_room_reconnecting_while_the_attempt_is_retired_changes_nothing(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A network blip 0.5 s into the given-up attempt's close (its provider session being
+    ended): the close is neither cut nor begun again, nothing starts; it runs once to its
+    end, the avatar is removed once, and the agent stays on room audio throughout."""
+    plugin, server = _ForgetfulProvider(clock), _Server(room, clock)
+    job = await _closing_attempt(room, clock, plugin, server, "retiring")
+    moves = _avatar_moves(job)
+    with caplog.at_level(logging.INFO, logger="agent_runtime.avatar"):
+        room.reconnect_locally()
+        await settle()
+        assert moves == [] and job.audio_route() == "room"
+        await clock.advance(0.5)  # the provider's end-session call returns
+        await settle()
+    assert plugin.ended == ["sess-1"] and plugin.closes == 1 and plugin.start_calls == 1
+    assert moves == ["restored"] and job.states["job"] == "serving"
+    assert [(who, here) for _, who, here in server.asked] == [(AV, True)]
+    assert AV not in room.remote_participants and job.audio_route() == "room"
+    said = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.avatar"]
+    assert not [m for m in said if "removing it from the room" in m], said  # one retirement
+    await job.aclose()
+
+
+async def test_a_retirement_that_outlives_join_timeout_ends_at_its_bound(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The given-up attempt's close hangs (cut at half of join_timeout) and the server
+    API's removal is slow (4 s): at join_timeout the retirement gives up waiting, the
+    lifecycle rests on room audio then, not when the removal would end, nothing starts
+    again, and the job serves on; its close asks the removal once more."""
+    plugin = _Provider(close_hangs=True)
+    asked: list[float] = []
+
+    async def slow_remove(identity: str) -> None:
+        asked.append(clock.now())
+        await clock.sleep(4.0)
+
+    room.add_participant("user")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=JOIN_TIMEOUT,
+        close_timeout=10,
+        remove_avatar_participant=slow_remove,
+    )
+    moves: list[tuple[float, str]] = []
+    job.on(
+        "state_changed",
+        lambda sc: moves.append((clock.now(), sc.dest)) if sc.machine == "avatar" else None,
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant(AV, kind="agent")  # joins, never publishes its video
+    await settle()
+    await clock.advance(JOIN_TIMEOUT + 0.1)
+    began = next(t for t, state in moves if state == "retiring")
+    assert asked == [] and job.audio_route() == "room"
+    await clock.advance(JOIN_TIMEOUT)  # the close cut at 1.5 s, the removal still running
+    assert asked == [pytest.approx(began + JOIN_TIMEOUT / 2)]
+    assert [s for _, s in moves][-2:] == ["retiring", "restored"]
+    assert moves[-1][0] == pytest.approx(began + JOIN_TIMEOUT)  # at its bound
+    await clock.advance(10)
+    assert [s for _, s in moves][-2:] == ["retiring", "restored"]  # and nothing after
+    assert job.states["avatar"] == "restored" and job.states["job"] == "serving"
+    assert plugin.start_calls == 1 and plugin.closes == 1 and job.audio_route() == "room"
+    closing = asyncio.ensure_future(job.aclose())
+    await clock.advance(10)
+    assert closing.done() and closing.exception() is None
+    assert len(asked) == 2 and plugin.closes == 1 and job.states["avatar"] == "closed"
+
+
+@pytest.mark.parametrize("rejoin", [True, False], ids=["rejoin", "no-rejoin"])
+async def test_an_avatar_leaving_after_the_job_fell_back_for_good_changes_nothing(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, rejoin: bool
+) -> None:
+    """The avatar given up (it joined without its video and timed out) is still in the
+    room once the agent is back on room audio for good: with ``rejoin`` it is kept, and
+    without, its removal did not take (a server that answered but left it). Then it
+    leaves: nothing is rerouted, started, closed nor removed, no WARNING is logged, and the
+    job serves on, on room audio. With ``rejoin``, when it comes back with its video it
+    gets the audio again."""
+    plugin = _Provider()
+    asked: list[str] = []
+
+    async def remove(identity: str) -> None:  # the server answers, the avatar stays
+        asked.append(identity)
+
+    opts: dict[str, Any] = {"retry_avatar": AvatarRetry(rejoin=True)} if rejoin else {}
+    room.add_participant("user")
+    job = AgentJob(
+        room=room,
+        session=AgentSession(),
+        avatar=plugin,
+        clock=clock,
+        otel=False,
+        join_timeout=JOIN_TIMEOUT,
+        remove_avatar_participant=remove,
+        **opts,
+    )
+    await job.start(Agent(instructions="agent"))
+    room.add_participant(AV, kind="agent")  # joins, never publishes its video
+    await settle()
+    await clock.advance(JOIN_TIMEOUT + 1)
+    assert job.states["avatar"] == "restored" and AV in room.remote_participants
+    closes, removals = plugin.closes, len(asked)
+    moves = _avatar_moves(job)
+    before = len(caplog.records)
+    with caplog.at_level(logging.INFO):
+        room.remove_participant(AV)
+        await settle()
+        await clock.advance(JOIN_TIMEOUT * 2)
+    assert moves == [] and job.states["avatar"] == "restored"
+    assert job.states["job"] == "serving" and job.audio_route() == "room"
+    assert plugin.start_calls == 1 and plugin.closes == closes and len(asked) == removals
+    assert not [r for r in caplog.records[before:] if r.levelno >= logging.WARNING]
+    if rejoin:
+        _late_avatar(room)
+        await settle()
+        assert moves == ["routing", "joined"] and job.audio_route() == "avatar"
+    await job.aclose()
