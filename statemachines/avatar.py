@@ -257,6 +257,9 @@ AVATAR = MachineSpec(
             WAITING, "avatar_connected", "routing", guards=["rejoin"], effects=["reinstall_route"]
         ),
         *row("backoff", "avatar_connected", None),  # the next attempt's release removes it
+        # one there without video when it was given up, its video now: as if it joined
+        *row(WAITING, "video_published", "routing", guards=["rejoin"], effects=["reinstall_route"]),
+        *row(WAITING, "video_published", None),
         # a late avatar of an attempt given up: retired (its removal asked again)
         *row("restored", "avatar_connected", "retiring"),
         *row("idle", "close", "closed", effects=["unhook"]),
@@ -280,7 +283,11 @@ AVATAR = MachineSpec(
             "the plugin's close under way is not cut: restored looks for the avatar on entry",
         ),
         *cells(["joined", "clearing"], "avatar_connected", "already joined"),
-        *cells(["idle", "joined", "clearing", *DONE], "video_published", "not awaited"),
+        *cells(
+            ["idle", "joined", "clearing", "failed", "releasing", "retiring"],
+            "video_published",
+            "not awaited",
+        ),
         *cells(["idle", "starting", "joined", "clearing", *DONE], "join_timeout", "a stale timer"),
         *cells(["idle", *DONE], "avatar_left", "its route is already gone"),
         *cells("clearing", "interrupt", "the plugin's clear in flight answers for it"),

@@ -205,6 +205,31 @@ async def test_with_rejoin_an_avatar_that_joins_late_gets_the_audio_again(
     assert plugin.closes == 1 and [here for _, _, here in server.asked] == [True]
 
 
+@pytest.mark.parametrize("retries", [0, 1], ids=["given-up", "in-backoff"])
+async def test_with_rejoin_an_avatar_there_without_video_gets_the_audio_once_it_publishes(
+    room: InMemoryRoom, clock: VirtualClock, retries: int
+) -> None:
+    """The provider's avatar joined before ``join_timeout`` but published its video only
+    after it (a slow worker): with ``rejoin``, its video is its late arrival and it gets
+    the agent's audio, from ``restored`` (given up) as from ``backoff``. Only a join was
+    heard: the agent stayed on room audio for good while the avatar showed its face (a
+    review's repro)."""
+    plugin, server = _Provider(), _Server(room, clock)
+    retry = AvatarRetry(rejoin=True, attempts=retries, backoff={"initial": 60, "max": 60})
+    job = _job(room, clock, plugin, server, retry_avatar=retry)
+    await job.start(Agent(instructions="agent"))
+    room.add_participant(AV, kind="agent")  # joins, its video not yet published
+    await settle()
+    await clock.advance(JOIN_TIMEOUT + 0.1)
+    assert job.states["avatar"] == ("restored" if retries == 0 else "backoff")
+    assert job.audio_route() == "room"
+    room.publish_track(AV, "video")
+    await settle()
+    assert job.states["avatar"] == "joined" and job.audio_route() == "avatar"
+    assert plugin.closes == 0 and server.asked == []  # the same attempt, kept
+    await job.aclose()
+
+
 async def _closing_attempt(
     room: InMemoryRoom, clock: VirtualClock, plugin: ScriptedAvatar, server: _Server, state: str
 ) -> AgentJob:
