@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.api import TwirpError
 
 from agent_runtime import AgentJob, on_session_end
-from agent_runtime.settings import AvatarRetry
+from agent_runtime.settings import AvatarRetry, Backoff
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -78,8 +79,14 @@ class _Server:
 
 
 def _job(
-    room: InMemoryRoom, clock: VirtualClock, plugin: _Provider, server: _Server, **opts: Any
+    room: InMemoryRoom,
+    clock: VirtualClock,
+    plugin: ScriptedAvatar,
+    remove: Callable[[str], Awaitable[None]],
+    **opts: Any,
 ) -> AgentJob:
+    """The job of these tests, with a user in the room: ``remove`` is the server API's
+    removal of a participant (``_Server.remove``, or a test's own)."""
     room.add_participant("user")
     return AgentJob(
         room=room,
@@ -88,7 +95,7 @@ def _job(
         clock=clock,
         otel=False,
         join_timeout=JOIN_TIMEOUT,
-        remove_avatar_participant=server.remove,
+        remove_avatar_participant=remove,
         **opts,
     )
 
@@ -115,7 +122,7 @@ async def test_an_avatar_given_up_at_join_timeout_is_closed_and_removed(
     the room. A plugin whose aclose() hangs is cut at half of join_timeout (a WARNING),
     and the removal follows all the same. The job serves on, on room audio."""
     plugin, server = _Provider(close_hangs=close_hangs), _Server(room, clock)
-    job = _job(room, clock, plugin, server)
+    job = _job(room, clock, plugin, server.remove)
     moves = _avatar_moves(job)
     await job.start(Agent(instructions="agent"))
     room.add_participant(AV, kind="agent")  # joins, never publishes its video
@@ -155,7 +162,7 @@ async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
     audio, and the job's close later asks its removal once more, which "not found" answers
     without a warning."""
     plugin, server = _Provider(), _Server(room, clock)
-    job = _job(room, clock, plugin, server)
+    job = _job(room, clock, plugin, server.remove)
     await job.start(Agent(instructions="agent"))
     await clock.advance(JOIN_TIMEOUT + 1)
     assert job.states["avatar"] == "restored"
@@ -190,7 +197,7 @@ async def test_with_rejoin_an_avatar_that_joins_late_gets_the_audio_again(
     """``rejoin`` keeps the attempt given up: nothing is closed nor removed, and the
     avatar that joins late is routed to again (unchanged)."""
     plugin, server = _Provider(), _Server(room, clock)
-    job = _job(room, clock, plugin, server, retry_avatar=AvatarRetry(rejoin=True))
+    job = _job(room, clock, plugin, server.remove, retry_avatar=AvatarRetry(rejoin=True))
     moves = _avatar_moves(job)
     await job.start(Agent(instructions="agent"))
     await clock.advance(JOIN_TIMEOUT + 1)
@@ -215,8 +222,8 @@ async def test_with_rejoin_an_avatar_there_without_video_gets_the_audio_once_it_
     heard: the agent stayed on room audio for good while the avatar showed its face (a
     review's repro)."""
     plugin, server = _Provider(), _Server(room, clock)
-    retry = AvatarRetry(rejoin=True, attempts=retries, backoff={"initial": 60, "max": 60})
-    job = _job(room, clock, plugin, server, retry_avatar=retry)
+    retry = AvatarRetry(rejoin=True, attempts=retries, backoff=Backoff(initial=60, max=60))
+    job = _job(room, clock, plugin, server.remove, retry_avatar=retry)
     await job.start(Agent(instructions="agent"))
     room.add_participant(AV, kind="agent")  # joins, its video not yet published
     await settle()
@@ -237,7 +244,7 @@ async def _closing_attempt(
     failed attempt is being closed, 0.5 s into that close, in ``state`` (``retiring``: no
     retry; ``releasing``: one retry, after its 1 s backoff)."""
     retry = {"retry_avatar": AvatarRetry(attempts=1)} if state == "releasing" else {}
-    job = _job(room, clock, plugin, server, close_timeout=10, **retry)  # type: ignore[arg-type]
+    job = _job(room, clock, plugin, server.remove, close_timeout=10, **retry)
     await job.start(Agent(instructions="agent"))
     room.add_participant(AV, kind="agent")  # joins, never publishes its video
     await settle()
@@ -315,16 +322,7 @@ async def test_an_avatar_joining_while_the_retirement_runs_does_not_cut_it_and_i
     once; a user's listener sees the retirement end and nothing more."""
     plugin = _ForgetfulProvider(clock)
     server = _Server(room, clock)
-    room.add_participant("user")
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=JOIN_TIMEOUT,
-        remove_avatar_participant=server.remove,
-    )
+    job = _job(room, clock, plugin, server.remove)
     await job.start(Agent(instructions="agent"))
     await clock.advance(JOIN_TIMEOUT + 0.1)
     assert job.states["avatar"] == "retiring"
@@ -415,21 +413,12 @@ async def test_an_avatar_whose_removal_fails_is_not_retired_over_and_over(
     looks for a late avatar, and this one is the one the retirement asked to remove, so
     the machine rests (it went back and forth between retiring and restored for good)."""
     plugin = _ForgetfulProvider(clock)
-    room.add_participant("user")
     asked: list[str] = []
 
     async def fails(identity: str) -> None:
         asked.append(identity)
 
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=JOIN_TIMEOUT,
-        remove_avatar_participant=fails,
-    )
+    job = _job(room, clock, plugin, fails)
     await job.start(Agent(instructions="agent"))
     room.add_participant(AV, kind="agent")  # joins without its video: never joined
     await clock.advance(JOIN_TIMEOUT + 5)
@@ -524,17 +513,7 @@ async def test_a_retirement_that_outlives_join_timeout_ends_at_its_bound(
         asked.append(clock.now())
         await clock.sleep(4.0)
 
-    room.add_participant("user")
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=JOIN_TIMEOUT,
-        close_timeout=10,
-        remove_avatar_participant=slow_remove,
-    )
+    job = _job(room, clock, plugin, slow_remove, close_timeout=10)
     moves: list[tuple[float, str]] = []
     job.on(
         "state_changed",
@@ -577,17 +556,7 @@ async def test_an_avatar_leaving_after_the_job_fell_back_for_good_changes_nothin
         asked.append(identity)
 
     opts: dict[str, Any] = {"retry_avatar": AvatarRetry(rejoin=True)} if rejoin else {}
-    room.add_participant("user")
-    job = AgentJob(
-        room=room,
-        session=AgentSession(),
-        avatar=plugin,
-        clock=clock,
-        otel=False,
-        join_timeout=JOIN_TIMEOUT,
-        remove_avatar_participant=remove,
-        **opts,
-    )
+    job = _job(room, clock, plugin, remove, **opts)
     await job.start(Agent(instructions="agent"))
     room.add_participant(AV, kind="agent")  # joins, never publishes its video
     await settle()

@@ -138,18 +138,25 @@ async def test_a_late_report_for_a_reply_finished_here_does_not_end_the_reply_af
     await rig.aclose()
 
 
+async def _reply_after_one_finished_here(rig: PlayoutRig, seconds: float) -> Any:
+    """Reply A (3 s, no report) finished here by the bound, then reply B of ``seconds``
+    handed to the avatar 0.5 s ago: B's handle."""
+    await rig.start()
+    rig.say(3.0)
+    await rig.settle()
+    await rig.advance(5.5)
+    second = rig.say(seconds)
+    await rig.settle()
+    await rig.advance(0.5)
+    return second
+
+
 async def test_an_interruption_of_the_reply_after_one_finished_here_ends_it_on_its_report() -> None:
     """Reply A is finished here by the bound; the user interrupts reply B: the clear goes
     to the avatar, and its ``interrupted`` report ends B at once (B's, not A's late one),
     not after the plugin's own 2 s wait for it."""
     rig = PlayoutRig(reprompt=False)
-    await rig.start()
-    rig.say(3.0)
-    await rig.settle()
-    await rig.advance(5.5)
-    second = rig.say(6.0)
-    await rig.settle()
-    await rig.advance(0.5)
+    second = await _reply_after_one_finished_here(rig, 6.0)
     rig.session.interrupt()
     await rig.settle()
     assert rig.rpcs() == ["lk.clear_buffer"]
@@ -165,13 +172,7 @@ async def test_a_reply_after_a_late_interrupted_report_is_still_owed_its_own_lat
     cannot be B's own (sent early), so B still owes its report. B's is lost too and the
     bound finishes B; B's report, late in turn, does not end reply C 0.5 s in."""
     rig = PlayoutRig(reprompt=False)
-    await rig.start()
-    rig.say(3.0)
-    await rig.settle()
-    await rig.advance(5.5)
-    rig.say(2.0)
-    await rig.settle()
-    await rig.advance(0.5)
+    await _reply_after_one_finished_here(rig, 2.0)
     assert await rig.report(0.4, interrupted=True) == "ok"  # A's, late
     await rig.settle()
     await rig.advance(3.6)  # 2 s of audio + the 2 s margin from B's hand-off
