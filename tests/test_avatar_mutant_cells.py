@@ -23,7 +23,9 @@ from livekit.agents.voice.room_io import RoomOptions
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import AvatarLifecycle, route_of
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.room_audio import room_output_source
 from agent_runtime.testing.clock import settle
+from agent_runtime.testing.room_audio import pace_as_published, room_outputs
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import AVATAR, Rig, frames, playback_finished, route_names
 
@@ -105,9 +107,12 @@ async def test_a_reply_waiting_for_an_avatar_that_never_joins_ends_with_rejoin(
     """With rejoin, the agent speaks before the avatar joined (its reply waits in the
     avatar's sink for the avatar to arrive), and the avatar never does: at the join bound
     the agent is back on room audio and that reply has ended; it does not wait for good on
-    a sink kept only for the avatar's return. When the avatar does come back later, the
-    route goes back in and its sink takes the next reply."""
+    a sink kept only for the avatar's return: below a wrapper (the transcript's), the
+    reply goes on in the room, the frame that waited first; a sink alone in the chain is
+    replaced whole, and the reply ends. When the avatar does come back later, the route
+    goes back in and its sink takes the next reply."""
     rig = Rig(retry={"attempts": 0, "rejoin": True}, join_timeout=5.0)
+    pace_as_published(rig.room, lambda: [rig.session])  # the room's audio on virtual time
     await rig.session.start(
         Agent(instructions="test"), room=rig.room, room_options=RoomOptions(text_output=text)
     )
@@ -116,9 +121,16 @@ async def test_a_reply_waiting_for_an_avatar_that_never_joins_ends_with_rejoin(
     handle = rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
     await settle()
     assert not handle.done() and rig.lifecycle.state == "routing"
-    await rig.clock.advance(6.0)
+    await rig.clock.advance(5.0)  # the join bound
     await settle()
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
+    played = [room_output_source(out).captured for out in room_outputs(rig.session)]
+    if text:
+        assert not handle.done()  # playing in the room
+        await rig.clock.advance(0.5)
+        await settle()
+        played = [room_output_source(out).captured for out in room_outputs(rig.session)]
+    assert played == [pytest.approx(0.5 if text else 0.0)]
     assert handle.done()
     rig.join()
     await settle()

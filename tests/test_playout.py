@@ -23,8 +23,10 @@ from livekit.agents.voice.events import CloseEvent
 from agent_runtime import AgentJob, Event
 from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
+from agent_runtime.sdk.room_audio import room_output_source
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.room_audio import pace_as_published, room_outputs
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.playout import PLAYOUT
 from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig, frames
@@ -508,6 +510,7 @@ async def test_without_an_avatar_the_sdks_own_playout_report_ends_the_turn() -> 
 
 async def test_audio_to_an_avatar_that_has_not_joined_waits_for_the_sdk_not_for_a_report() -> None:
     rig = PlayoutRig(reprompt=False, max_reprompts=0)
+    pace_as_published(rig.room, lambda: [rig.session])  # the room's audio on virtual time
     await rig.start(join=False)
     handle = rig.say(1.0)
     await rig.settle()
@@ -515,9 +518,14 @@ async def test_audio_to_an_avatar_that_has_not_joined_waits_for_the_sdk_not_for_
     assert rig.playout.state == "agent_turn"
     await rig.advance(30.0)  # the avatar's join_timeout: its route goes back to the room
     assert rig.job.avatar is not None and rig.job.avatar.state == "restored"
-    assert rig.playout.state == "idle" and handle.done()
-    # it never reached "speaking" (the sink never took a frame): the speech's end ends it
-    assert [d.cause for d in rig.playout.done] == ["speech_done"]
+    # the reply goes on in the room, the frame that waited at the sink first
+    assert rig.playout.state == "agent_turn" and not handle.done()
+    await rig.advance(1.0)
+    assert rig.playout.state == "idle" and handle.done() and not handle.interrupted
+    played = [room_output_source(out).captured for out in room_outputs(rig.session)]
+    assert played == [pytest.approx(1.0)]
+    # the avatar never took a frame: the agent's turn ends as it listens again
+    assert [d.cause for d in rig.playout.done] == ["agent_listening"]
     assert rig.rpcs() == []
     await rig.aclose()
 

@@ -189,17 +189,25 @@ async def test_a_reply_cleared_before_the_join_and_still_captured_when_the_avata
     await rig.aclose()
 
 
-async def test_a_reply_waiting_for_an_avatar_that_never_joins_leaves_nothing_owed() -> None:
+async def test_a_reply_waiting_for_an_avatar_that_never_joins_plays_in_the_room() -> None:
     # the reply's first frame waits at the sink for the avatar; the join times out and the
-    # route goes back: that frame never reaches any output, so no count may stay behind
+    # route goes back: that frame and the rest of the reply go to the room (it was lost, the
+    # speech done as if played in full), and no count stays behind once it played there
     rig = AvatarRig(join_timeout=5.0)
-    await rig.start_avatar()
     await rig.start_session()
+    speaker = RoomSpeaker(rig.room, rig.clock)
+    rig.session.output.replace_audio_tail(speaker)
+    await rig.start_avatar()
     first = rig.session.say("hello", audio=frames(5), add_to_chat_ctx=False)
     await settle()
     await rig.clock.advance(5)
     await settle()
-    assert rig.lifecycle.audio_route() == "room" and first.done()
+    assert rig.lifecycle.audio_route() == "room" and audio_tail(rig.session) is speaker
+    assert not first.done()  # playing in the room
+    await rig.clock.advance(0.05)  # its 5 frames of 10 ms
+    await settle()
+    assert first.done() and not first.interrupted
+    assert speaker.captured_playout_segments == 1
     assert _owed(rig) == [0] * len(_owed(rig))
     await rig.aclose()
 

@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GREETING = 2.0  # seconds of audio
 
 
-async def _audio(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
+async def _audio(seconds: float, rate: int = 48000) -> AsyncIterator[rtc.AudioFrame]:
     for _ in range(round(seconds * 100)):
-        yield rtc.AudioFrame(b"\0\0" * 480, 48000, 1, 480)
+        yield rtc.AudioFrame(b"\0\0" * (rate // 100), rate, 1, rate // 100)
 
 
 def greeter(said_at: list[float]) -> AgentServer:
@@ -92,6 +92,48 @@ async def test_a_greeting_interrupted_halfway_stops_there(
     handle.interrupt()
     await asyncio.wait_for(handle.wait_for_playout(), 10)
     assert handle.interrupted and source.captured < 10.0
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("retry", [False, {"rejoin": True}], ids=["given-up", "rejoin"])
+async def test_a_greeting_said_while_an_avatar_never_joins_plays_in_the_room(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    scripted_avatar: Any,
+    retry: Any,
+) -> None:
+    """The agent greets in ``on_enter`` while its avatar is still joining; it never joins.
+    At ``join_timeout`` the route goes back to the room and so does the greeting, the frame
+    that waited at the avatar's sink first. It was lost: the speech was done, as if played
+    in full, with nothing played anywhere (a trial's report)."""
+    handles: list[Any] = []
+
+    class Greeter(Agent):
+        async def on_enter(self) -> None:
+            # at the room output's rate: no resampler's tail in what it plays
+            handles.append(self.session.say("welcome", audio=_audio(GREETING, 24000)))
+
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=scripted_avatar, join_timeout=10, retry_avatar=retry
+        )
+        await job.start(Greeter(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await virtual_clock.advance(10)
+    assert job.audio_route() == "room" and not handles[0].done()
+    await virtual_clock.advance(GREETING)
+    assert handles[0].done() and not handles[0].interrupted
+    assert [room_output_source(out).captured for out in room_outputs(job.session)] == [
+        pytest.approx(GREETING)
+    ]
+    (said,) = [m for m in job.session.history.items if m.type == "message"]
+    assert said.text_content == "welcome" and not said.interrupted
 
 
 # -- the scenario runner (simulate, record --check, scenario files under pytest) ---------------

@@ -1,8 +1,7 @@
 """``AvatarLifecycle``: the ``avatar`` machine around one unchanged plugin. The state says
-where it is; what it holds says the rest: its close is ``aclose()``'s task, the sink it
-follows its ``SinkAdoption`` (none while its own swap detaches the sink), its claim on the
-playback RPC the handler registered in the room. Every event the machine hears is made here.
-"""
+where it is; what it holds says the rest: the sink it follows (its ``SinkAdoption``, none
+while its own swap detaches the sink), its claim on the playback RPC (the handler
+registered in the room). Every event the machine hears is made here."""
 
 from __future__ import annotations
 
@@ -61,12 +60,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     ``SegmentFlushed``: the session's audio reached the plugin's sink) and
     ``playback_finished`` (a ``PlaybackReport``: the avatar said it played it).
 
-    ``remove_participant(identity)`` removes the avatar participant on close, once the
-    plugin's own ``aclose()`` returned or ran past 0.9 of ``close_timeout`` (default
-    ``join_timeout``; the job gives its avatar step's share): best effort, a not-found answer
-    is fine, an in-process avatar is the agent itself, never removed (a retry's release too,
-    its plugin close cut at half of ``join_timeout``). ``server_api_remover(room)`` removes
-    through the server API (``AgentJob``'s default). ``None``: rely on the plugin alone.
+    ``remove_participant(identity)`` removes the avatar participant on close (and on a
+    retry's release), once the plugin's own ``aclose()`` returned or ran past its bound:
+    best effort, an in-process avatar (the agent itself) never. ``server_api_remover(room)``
+    removes through the server API (``AgentJob``'s default); ``None`` leaves it to the plugin.
     """
 
     _EVENT_NAMES = event_names(LifecycleEvents)  # on("state_chnaged", ...) is refused
@@ -163,11 +160,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     async def start(
         self, agent_session: AgentSession[Any], room: rtc.Room, **plugin_options: Any
     ) -> None:
-        """Start the plugin with its route recorded; returns once the outcome of the start
-        itself has been handled: ``routing`` (or further), ``restored`` (``backoff``, or
-        ``retiring`` while a given-up attempt is closed: the agent on room audio either way)
-        after a failed, routeless or timed-out start (not raised), or ``closed`` when
-        ``aclose()`` cut it short.
+        """Start the plugin with its route recorded; returns once its outcome is handled:
+        ``routing`` (or further); after a failed, routeless or timed-out start (not raised)
+        ``restored``, ``backoff`` or ``retiring`` (on room audio either way); ``closed``
+        when ``aclose()`` cut it short.
 
         ``plugin_options`` go to the plugin's own ``start()`` as keyword arguments (e.g.
         ``livekit_url``), on every attempt; options its ``start()`` does not take are
@@ -316,7 +312,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     async def _fx_restore_route(self, ev: Event) -> Event:
         self._tries.cause = ev.name  # kept first: the retry guard reads it if this fails
-        outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
+        outcome = self._put_back()
         # the log policy: what the user hears changed; the cause's detail was logged with it
         self._tries.say_lost()
         if not self._retry.rejoin:
@@ -390,7 +386,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         if self._route.installed is not None:
             finish_segments(self._route.installed, self._adopted, ev.data)
 
-    def _fx_put_route_back(self, ev: Event) -> None:
+    def _fx_put_route_back(self, ev: Event) -> None:  # closing: a waiting frame ends with it
         outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
         logger.debug("avatar %s closing: route %s", self._avatar.avatar_identity, outcome)
 
@@ -416,14 +412,17 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     # -- the route -------------------------------------------------------------------------
     def _record_installed(self) -> None:
         """Record the sink the plugin's start() put at the tail, once, and adopt it."""
-        sink = self._route.record_installed()
-        if sink is not None:
+        if (sink := self._route.record_installed()) is not None:
             self._adopt(sink)
+
+    def _put_back(self) -> str:  # a frame waiting at the adopted sink moves on with it
+        waiting = self._adopted if self._adopted and self._adopted.waiting else None
+        return self._route.put_back(self._avatar.avatar_identity, self._detaching, waiting)
 
     @contextlib.contextmanager
     def _detaching(self) -> Iterator[None]:
-        """Our own swap detaches the sink: its clear is not followed meanwhile (the SDK
-        clears a sink it detaches; that clear ends its segments here and sends nothing)."""
+        """Our own swap detaches the sink: the SDK's clear of it is not followed (it ends
+        its segments here and sends nothing)."""
         adopted, self._adopted = self._adopted, None
         try:
             yield

@@ -28,7 +28,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import RoomIO
 
-from agent_runtime.runtimes.avatar._sink import retire_sink
+from agent_runtime.runtimes.avatar._sink import SinkAdoption, retire_sink
 from agent_runtime.sdk import livekit_compat as lk
 
 logger = logging.getLogger("agent_runtime.avatar")
@@ -225,6 +225,13 @@ class AudioRoute:
         self.installed = None
         self.prev = None
 
+    def moved_from(self, sink: AudioOutput) -> AudioOutput | None:
+        """Where the session's audio goes now, if the route moved off ``sink`` below an
+        output that stays (livekit's proxy: it sends the rest of a segment and its flush
+        there). A chain that was the sink alone was replaced whole: None."""
+        chain = audio_chain(self.session)
+        return chain[-1] if len(chain) > 1 and sink not in chain else None
+
     def chain_to_sink(self) -> list[AudioOutput]:
         """The outputs from the top down to the plugin's sink (just the sink when it is
         not in the chain any more)."""
@@ -237,12 +244,16 @@ class AudioRoute:
         return [sink]
 
     def put_back(
-        self, identity: str, detaching: Callable[[], contextlib.AbstractContextManager[None]]
+        self,
+        identity: str,
+        detaching: Callable[[], contextlib.AbstractContextManager[None]],
+        waiting: SinkAdoption | None = None,
     ) -> RestoreOutcome:
         """Put the previous route back unless ours was replaced since (``identity``, the
         avatar's, names it in the log). The swap runs inside ``detaching()``: the SDK clears
         the sink it detaches, and that clear is the swap's. Only the rows out of the states
-        where our route may be in ask for it, so it runs once per route."""
+        where our route may be in ask for it, so it runs once per route. ``waiting``: the
+        adoption of a sink a frame waits at; that frame goes on to the route put back."""
         session, sink, prev = self.session, self.installed, self.prev
         if session is None or sink is None or prev is None:
             return "nothing_installed"
@@ -253,7 +264,10 @@ class AudioRoute:
             back, outcome = self._route_back(prev)
             if back is not None:
                 session.output.replace_audio_tail(back)
-                finish_orphans(audio_chain(session), carried_on=lk.sink_takes_frames(sink))
+                if waiting is not None:
+                    waiting.moved_to = self.moved_from(sink)
+                carried = waiting is not None or lk.sink_takes_frames(sink)
+                finish_orphans(audio_chain(session), carried_on=carried)
             else:
                 session.output.audio = prev.top
         if sink not in audio_chain(session):

@@ -75,7 +75,9 @@ class SinkAdoption:
         "_own_flush",
         "_segment",
         "late",
+        "moved_to",
         "sink",
+        "waiting",
     )
 
     def __init__(
@@ -89,6 +91,11 @@ class SinkAdoption:
         self.sink = sink
         self._clock = clock
         self._on_clear, self._on_flushed = on_clear, on_flushed
+        # a frame handed to the sink and not taken yet (a data stream's waits for its avatar)
+        self.waiting = False
+        # where that frame goes if the sink fails it: the route put back under the output
+        # that carries the rest of its segment there (the lifecycle's restore sets it)
+        self.moved_to: AudioOutput | None = None
         # the segment the sink is taking: (first frame at, seconds pushed, clears before it)
         self._segment: tuple[float, float, int] | None = None
         # the sink's own clears so far (each can send lk.clear_buffer, the only thing an
@@ -131,7 +138,21 @@ class SinkAdoption:
         self._on_clear(self)
 
     async def _capture_frame(self, frame: rtc.AudioFrame) -> None:
-        await self._own_capture(frame)
+        self.waiting = True
+        try:
+            await self._own_capture(frame)
+        except (Exception, asyncio.CancelledError):
+            task = asyncio.current_task()
+            tail, self.moved_to = self.moved_to, None
+            if tail is None or (task is not None and task.cancelling()):
+                raise
+            # the route moved off this sink while the frame waited for the avatar (it
+            # never came, or left): the frame goes where the rest of its segment goes, not
+            # lost with the reply
+            await tail.capture_frame(frame)
+            return
+        finally:
+            self.waiting = False
         started, pushed, clears = self._segment or (self._clock.now(), 0.0, self._clears)
         self._segment = (started, pushed + frame.duration, clears)
 
