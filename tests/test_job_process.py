@@ -180,6 +180,37 @@ async def test_a_hold_cut_by_the_servers_shorter_bound_says_what_bound_it_needs(
     assert "up to 310s (its session_end_timeout 300s + close_timeout 10s)" in cut
 
 
+async def test_a_simulation_job_with_no_on_session_end_hook_warns_that_its_verdict_was_lost(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # rtc_session without on_session_end=on_session_end: livekit disconnects the room as
+    # the session closes, which ends the hold before the simulator could ask; the verdict
+    # was lost with nothing above INFO (a trial's report); the log says what to pass
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    await run_entrypoint(server, simulation=True)
+    with caplog.at_level(logging.INFO, logger="agent_runtime"):
+        run_entrypoint.ctx.shutdown("the agent hung up")
+        await run_entrypoint.wait_ended()
+    assert not agent_room.isconnected()
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(": ", 1)[1] for r in warned] == [
+        "the hold ended as the room disconnected (a livekit job's room is disconnected as "
+        "its session closes unless rtc_session was given on_session_end=on_session_end) "
+        "without the simulator's verdict: the simulator had not asked for it "
+        "(finalize_simulation); the job closes without it"
+    ]
+
+
 async def test_the_simulator_leaving_ends_the_job_as_livekit_does(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:

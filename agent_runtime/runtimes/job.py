@@ -389,28 +389,33 @@ class JobRuntime(MachineRuntime[str]):
         self._post(event)
 
     def _on_state(self, sc: StateChanged) -> None:
-        if sc.event == "hold_timeout":
-            self._report_lost_verdict()
+        if sc.source == "awaiting_finalize" and sc.event in ("hold_timeout", "room_disconnected"):
+            self._report_lost_verdict(sc.event)
         self._emit_state(sc)
         if sc.dest == "closed":
             self.emit("closed", self.closed_at)
 
-    def _report_lost_verdict(self) -> None:
-        """The hold ran out with the simulator still there: its verdict is lost (the log
-        policy: a WARNING naming why)."""
+    def _report_lost_verdict(self, event: str) -> None:
+        """The hold ran out or lost its room with the simulator still there: its verdict is
+        lost (the log policy: a WARNING naming why)."""
         step = self.host.finalize.actor.state
         why = {
             "answering": "on_simulation_end had not returned",
             "replying": "the reply was still being sent",
         }.get(step, "the simulator had not asked for it (finalize_simulation)")
+        ended = (
+            f"after session_end_timeout ({self._session_end_timeout:g}s)"
+            if event == "hold_timeout"
+            else "as the room disconnected (a livekit job's room is disconnected as its session "
+            "closes unless rtc_session was given on_session_end=on_session_end)"
+        )
         self.actor.report(
             logger,
             logging.WARNING,
-            "the hold ended after session_end_timeout (%gs) without the simulator's verdict: "
-            "%s; the job closes without it",
-            self._session_end_timeout,
+            "the hold ended %s without the simulator's verdict: %s; the job closes without it",
+            ended,
             why,
-            event="hold_timeout",
+            event=event,
         )
 
     # -- closing ---------------------------------------------------------------------------
