@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import pytest
+from livekit import rtc
 
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.inmemory import InMemoryRoom, NotInRoom
@@ -117,3 +118,29 @@ async def test_add_participant_refuses_an_identity_that_cannot_join(
     # the user already there is the same participant (a second add replaced it silently)
     assert events == [] and room.remote_participants["user"] is before
     assert sorted(room.remote_participants) == ["avatar", "user"]
+
+
+@pytest.mark.parametrize("reason", [None, "bogus", "CLIENT_INITIATED", 999, 3.5, True])
+async def test_remove_participant_refuses_a_reason_that_is_no_disconnect_reason(
+    reason: Any,
+) -> None:
+    # the removal went halfway: the user was gone from the room, but no
+    # participant_disconnected was emitted (the job still followed the user) and a retry
+    # with a good reason was refused as "not in the room"
+    room, events = _room()
+    with pytest.raises(ValueError) as e:
+        room.remove_participant("user", reason)
+    assert str(e.value) == f"remove_participant: {reason!r} is no rtc.DisconnectReason value"
+    assert events == [] and sorted(room.remote_participants) == ["avatar", "user"]
+    room.remove_participant("user", rtc.DisconnectReason.CONNECTION_TIMEOUT)
+    assert events == ["participant_disconnected"] and "user" not in room.remote_participants
+
+
+@pytest.mark.parametrize("attributes", [{"a": 1}, {1: "a"}, ["a"], "a=b"])
+async def test_add_participant_refuses_attributes_that_are_no_strings(attributes: Any) -> None:
+    # the protobuf's own refusal was "bad argument type for built-in operation"
+    room, events = _room()
+    with pytest.raises(TypeError) as e:
+        room.add_participant("guest", attributes=attributes)
+    assert str(e.value) == f"attributes must map strings to strings, not {attributes!r}"
+    assert events == [] and "guest" not in room.remote_participants

@@ -303,11 +303,14 @@ class InMemoryRoom(rtc.Room):
             raise ValueError(f"{identity!r} is already in the room (a rejoin: remove, then add)")
         if kind not in PARTICIPANT_KINDS:
             raise ValueError(f"unknown participant kind {kind!r}: one of {list(PARTICIPANT_KINDS)}")
+        attrs = dict(attributes or {}) if isinstance(attributes, Mapping | None) else None
+        if attrs is None or not all(isinstance(x, str) for kv in attrs.items() for x in kv):
+            raise TypeError(f"attributes must map strings to strings, not {attributes!r}")
         info = participant_pb2.ParticipantInfo(
             identity=identity,
             sid=f"PA_{next(self._sids)}",
             kind=PARTICIPANT_KINDS[kind],  # type: ignore[arg-type]
-            attributes=dict(attributes or {}),
+            attributes=attrs,
         )
         p = rtc.RemoteParticipant(participant_pb2.OwnedParticipant(info=info))
         lk.room_participants(self)[identity] = p
@@ -321,6 +324,8 @@ class InMemoryRoom(rtc.Room):
         self, identity: str, reason: int = rtc.DisconnectReason.CLIENT_INITIATED
     ) -> rtc.RemoteParticipant:
         p = self.participant(identity, "remove_participant")
+        if isinstance(reason, bool) or reason not in rtc.DisconnectReason.values():
+            raise ValueError(f"remove_participant: {reason!r} is no rtc.DisconnectReason value")
         del lk.room_participants(self)[identity]
         lk.participant_info(p).disconnect_reason = reason  # type: ignore[assignment]
         self.emit("participant_disconnected", p)
@@ -468,19 +473,6 @@ def quiet_sdk_logs(level: int = logging.ERROR) -> Any:
     finally:
         for n, lvl in zip(names, old, strict=True):
             logging.getLogger(n).setLevel(lvl)
-
-
-def stranger(identity: str) -> rtc.RemoteParticipant:
-    """A participant the room never had (the SFU never reports one; a scenario may)."""
-    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
-    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
-
-
-def stranger_track(kind: str) -> rtc.RemoteTrackPublication:
-    pb = lk.track_pb2
-    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
-    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
-    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))
 
 
 def sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

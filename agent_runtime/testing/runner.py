@@ -49,8 +49,6 @@ from agent_runtime.testing.inmemory import (
     InMemorySessionTransport,
     quiet_sdk_logs,
     sdk_task_failures_at_debug,
-    stranger,
-    stranger_track,
 )
 from agent_runtime.testing.invariants.watch import InvariantWatch
 from agent_runtime.testing.result import refusal, scenario_result, seconds_text
@@ -483,3 +481,16 @@ async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
 
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "scenario"
+
+
+def stranger(identity: str) -> rtc.RemoteParticipant:
+    """A participant the room never had (the SFU never reports one; a scenario may)."""
+    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
+    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
+
+
+def stranger_track(kind: str) -> rtc.RemoteTrackPublication:
+    pb = lk.track_pb2
+    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
+    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
+    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))
