@@ -557,6 +557,52 @@ def verdict_reaches_simulator(outcome: FuzzOutcome) -> None:
             assert request.replies, f"{request.request_id} got no reply"
 
 
+async def _no_context() -> None:
+    """An entrypoint that takes no JobContext."""
+
+
+@pytest.mark.parametrize(
+    ("agent", "error", "message"),
+    [
+        (
+            _no_context,
+            TypeError,
+            "the entrypoint must be a function taking the JobContext: _no_context() -> 'None' "
+            "does not take the JobContext as its argument",
+        ),
+        (None, TypeError, "give an AgentServer or an entrypoint function, not NoneType"),
+        ("agent.py:server", TypeError, "give an AgentServer or an entrypoint function, not str"),
+    ],
+)
+def test_the_fixture_refuses_what_is_no_agent_before_any_run(
+    fuzz_entrypoint: Any, tmp_path: Path, agent: Any, error: type[Exception], message: str
+) -> None:
+    # as the CLI does (exit 2, one line); the fixture fuzzed them, each run failing as "the
+    # agent's entrypoint raised TypeError", and wrote a scenario file of it
+    with pytest.raises(error) as e:
+        fuzz_entrypoint(agent, examples=5, seed=SEED, out=tmp_path)
+    assert str(e.value) == message
+    with pytest.raises(error):
+        replay(agent, tmp_path / "never-read.yaml")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"examples": 0}, "fuzz_entrypoint(examples=...): Input should be greater than or "),
+        ({"seed": 1.5}, "fuzz_entrypoint(seed=...): Input should be a valid integer"),
+        ({"sedd": 1}, "fuzz_entrypoint(sedd=...): Extra inputs are not permitted"),
+    ],
+)
+def test_the_fixture_refuses_a_bad_option_in_one_line(
+    fuzz_entrypoint: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError) as e:
+        fuzz_entrypoint(planted.waits_for_participant_server(), **options)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
 def never_more_than_one_minute(outcome: FuzzOutcome) -> bool:
     """A property this agent breaks: some runs take longer than a minute."""
     return outcome.clock.now() <= 60

@@ -144,3 +144,60 @@ async def test_add_participant_refuses_attributes_that_are_no_strings(attributes
         room.add_participant("guest", attributes=attributes)
     assert str(e.value) == f"attributes must map strings to strings, not {attributes!r}"
     assert events == [] and "guest" not in room.remote_participants
+
+
+@pytest.mark.parametrize(
+    ("start", "error", "message"),
+    [
+        (-5, ValueError, "VirtualClock(start=...) takes a finite number of seconds, at least 0, "),
+        (math.nan, ValueError, "VirtualClock(start=...) takes a finite number of seconds, at "),
+        ("x", TypeError, "VirtualClock(start=...) takes a number of seconds, not str"),
+    ],
+)
+def test_a_virtual_clock_refuses_a_start_that_is_no_time(
+    start: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as e:
+        VirtualClock(start)
+    assert str(e.value).startswith(message)
+
+
+async def test_call_later_refuses_what_it_could_never_fire_and_arms_nothing() -> None:
+    # a None callback was taken, and the advance() that fired it raised "'NoneType' object
+    # is not callable"; a NaN delay broke the timers' order
+    clock = VirtualClock()
+    with pytest.raises(TypeError, match=r"^call_later takes a callback to call, not None$"):
+        clock.call_later(1, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^call_later takes a finite number of seconds, not nan$"):
+        clock.call_later(math.nan, lambda: None)
+    assert clock.pending == 0
+    fired: list[float] = []
+    clock.call_later(-1, lambda: fired.append(clock.now()))  # as the loop's: due now
+    await clock.advance(1)
+    assert fired == [0.0]
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error", "message"),
+    [
+        (-1, ValueError, "start_timeout takes a finite number of seconds, at least 0, not -1"),
+        (
+            math.nan,
+            ValueError,
+            "start_timeout takes a finite number of seconds, at least 0, not nan",
+        ),
+        ("5", TypeError, "start_timeout takes a number of seconds, not str"),
+    ],
+)
+async def test_run_entrypoint_refuses_a_start_timeout_that_is_no_duration_before_running(
+    run_entrypoint: Any, timeout: Any, error: type[Exception], message: str
+) -> None:
+    # -1 and NaN were taken; "5" failed as "unsupported operand type(s) for +"
+    ran: list[object] = []
+
+    async def entrypoint(ctx: Any) -> None:
+        ran.append(ctx)
+
+    with pytest.raises(error) as e:
+        await run_entrypoint(entrypoint, start_timeout=timeout)
+    assert str(e.value) == message and ran == []

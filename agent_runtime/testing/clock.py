@@ -64,7 +64,7 @@ class VirtualClock:
     and the loop is let run between them so every consequence of one timer settles first."""
 
     def __init__(self, start: float = 0.0) -> None:
-        self._now = start
+        self._now = check_seconds("VirtualClock(start=...)", start)
         self._seq = itertools.count()
         self._timers: list[tuple[float, int, _VirtualTimer]] = []
 
@@ -72,6 +72,10 @@ class VirtualClock:
         return self._now
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        # as the loop's call_later: a negative delay is now; a NaN would break the order
+        delay = check_seconds("call_later", delay, negative=True)
+        if not callable(callback):  # else it failed at the advance() that fired it
+            raise TypeError(f"call_later takes a callback to call, not {callback!r}")
         timer = _VirtualTimer(self._now + max(0.0, delay), callback)
         heapq.heappush(self._timers, (timer.when, next(self._seq), timer))
         return timer

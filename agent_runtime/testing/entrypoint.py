@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,7 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
 
-from agent_runtime.clock import Clock
+from agent_runtime.clock import Clock, check_seconds
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
@@ -273,6 +274,7 @@ class EntrypointRunner:
         ``NoAgentJob`` if it ended without building one; its own failure is raised as is.
         """
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
+        start_timeout = check_seconds("start_timeout", start_timeout)
         if self._tasks_before is None:
             self._tasks_before = set(asyncio.all_tasks())
             self._count_job_tasks()
@@ -703,6 +705,33 @@ async def _wait(fut: asyncio.Future[None]) -> None:
 
 async def _as_coroutine(aw: Awaitable[Any]) -> Any:
     return await aw
+
+
+def not_an_entrypoint(fn: Any) -> str | None:
+    """Why ``fn`` cannot be the job's entrypoint (livekit awaits what it returns for the
+    JobContext it is called with); None when it can. Run, it failed as a bug in the
+    agent."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not callable(fn):
+        return f"{name} cannot be called"
+    # whether it is async is not checked: livekit awaits what a plain function returns too
+    # (a lambda, a sync tracing decorator around the async entrypoint)
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return f"{name}{inspect.signature(fn)} does not take the JobContext as its argument"
+    except ValueError:  # no signature to read: it runs as it is
+        return None
+    return None
+
+
+def check_agent(agent: Any) -> None:
+    """Refuse, before anything runs, what cannot be run as a job: neither an
+    ``AgentServer`` with an ``rtc_session`` entrypoint nor an entrypoint function."""
+    entrypoint, _, _ = _entrypoint_of(agent)
+    why = not_an_entrypoint(entrypoint)
+    if why is not None:
+        raise TypeError(f"the entrypoint must be a function taking the JobContext: {why}")
 
 
 def _entrypoint_of(

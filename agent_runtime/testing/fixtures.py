@@ -150,12 +150,19 @@ def fuzz_entrypoint(tmp_path: Any) -> Callable[..., Any]:
     ) -> Any:
         from pathlib import Path
 
+        from pydantic import ValidationError
+
         from agent_runtime.testing.fuzz import FuzzOptions, fuzz
         from agent_runtime.testing.fuzz.run import print_progress
 
+        try:
+            fuzz_options = FuzzOptions(**options)
+        except ValidationError as e:  # one line naming the option, as the CLI's
+            err = e.errors()[0]
+            raise ValueError(f"fuzz_entrypoint({err['loc'][0]}=...): {err['msg']}") from None
         report = fuzz(
             server,
-            FuzzOptions(**options),
+            fuzz_options,
             checks=checks,
             out=Path(out) if out is not None else tmp_path,
             progress=print_progress,  # the seed first, on the test's captured stderr

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.entrypoint import NoAgentJob
+from agent_runtime.testing.entrypoint import NoAgentJob, check_agent
 from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
 from agent_runtime.testing.fuzz.machine import (
     FuzzFailure,
@@ -126,6 +126,7 @@ def fuzz(
     with the seed first, then one every ``progress_every`` seconds. Before any drawing:
     ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` if it
     imports a plugin and had to run off the main thread."""
+    check_agent(server)
     _check_checks(checks)
     return _in_thread(lambda: _fuzz(server, options, list(checks), out, progress))  # type: ignore[no-any-return]
 
@@ -264,6 +265,7 @@ def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzRepo
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
     ``NoAgentJob`` if the entrypoint builds no ``AgentJob``."""
+    check_agent(server)
     _check_checks(checks)
     scenario = sc.load_scenario(path)
     check_replayable(scenario, str(path))

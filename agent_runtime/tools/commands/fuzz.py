@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import inspect
 import sys
 import tempfile
 from pathlib import Path
@@ -73,6 +72,8 @@ def load(spec: str, what: str) -> Any:
 
 
 def _server(spec: str) -> Any:
+    from agent_runtime.testing.entrypoint import not_an_entrypoint
+
     server = load(spec, "agent")
     hooks = lk.server_hooks(server)
     if (hooks.entrypoint is None) if hooks is not None else not callable(server):
@@ -81,7 +82,7 @@ def _server(spec: str) -> Any:
             "entrypoint function"
         )
     entrypoint = server if hooks is None else hooks.entrypoint
-    why = _not_an_entrypoint(entrypoint)
+    why = not_an_entrypoint(entrypoint)
     if why is not None:
         what = (
             "not an AgentServer, nor an entrypoint function"
@@ -90,24 +91,6 @@ def _server(spec: str) -> Any:
         )
         raise UsageError(f"agent {spec!r}: {what} (a function taking the JobContext): {why}")
     return server
-
-
-def _not_an_entrypoint(fn: Any) -> str | None:
-    """Why ``fn`` cannot be the job's entrypoint (livekit awaits what it returns for the
-    JobContext it is called with); None when it can. Run, it failed as a bug in the
-    agent."""
-    name = getattr(fn, "__name__", type(fn).__name__)
-    if not callable(fn):
-        return f"{name} cannot be called"
-    # whether it is async is not checked: livekit awaits what a plain function returns too
-    # (a lambda, a sync tracing decorator around the async entrypoint)
-    try:
-        inspect.signature(fn).bind(None)
-    except TypeError:
-        return f"{name}{inspect.signature(fn)} does not take the JobContext as its argument"
-    except ValueError:  # no signature to read: it runs as it is
-        return None
-    return None
 
 
 def _checks(specs: list[str]) -> list[Any]:
