@@ -1,6 +1,7 @@
 """User-style agents whose entrypoint does not simply return once its job started, as
-livekit allows: it waits for the room to go, or for ever, or before it builds its job; and
-one that builds no ``AgentJob`` at all. For the runner's and the fuzzer's tests."""
+livekit allows: it waits for the room to go, or for ever, or before it builds its job; one
+that builds no ``AgentJob`` at all, one that builds it and never starts it. For the
+runner's and the fuzzer's tests."""
 
 from __future__ import annotations
 
@@ -64,6 +65,18 @@ def no_job_server() -> AgentServer:
     return server
 
 
+def unstarted_job_server() -> AgentServer:
+    """The entrypoint builds its ``AgentJob`` and returns without starting it."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        AgentJob.from_job_context(ctx, session=AgentSession())
+
+    return server
+
+
 WAITS_FOR_DISCONNECT = waits_for_disconnect_server()
 WAITS_FOREVER = waits_forever_server()
 NO_JOB = no_job_server()
+UNSTARTED = unstarted_job_server()
