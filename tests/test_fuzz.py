@@ -11,6 +11,8 @@ transport's byte stream.
 from __future__ import annotations
 
 import asyncio
+import signal
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -601,6 +603,31 @@ def test_the_fixture_refuses_a_bad_option_in_one_line(
     with pytest.raises(ValueError) as e:
         fuzz_entrypoint(planted.waits_for_participant_server(), **options)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_ctrl_c_landing_in_a_garbage_collectors_callback_still_stops_the_fuzz() -> None:
+    """Python's own handler raised ``KeyboardInterrupt`` where the signal landed: in a
+    weakref callback it was printed and dropped, and the fuzz went on (a trial's Ctrl-C:
+    ten more minutes, 1.1 GB, killed by its pid). The fuzz takes it at its next step."""
+    runs: list[int] = []
+
+    def ctrl_c_in_a_finalizer(outcome: FuzzOutcome) -> bool:
+        runs.append(1)
+        if len(runs) == 1:
+            held = FuzzOptions()  # any object the collector may take
+            weakref.finalize(held, signal.raise_signal, signal.SIGINT)
+            del held
+        return True
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        fuzz(
+            planted.waits_for_participant_server(),
+            FuzzOptions(seed=SEED, examples=20),
+            checks=[ctrl_c_in_a_finalizer],
+        )
+    assert runs == [1]  # no run after it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
 def never_more_than_one_minute(outcome: FuzzOutcome) -> bool:

@@ -30,6 +30,7 @@ from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import VirtualTimeLoop
 from agent_runtime.testing.fuzz import properties as props
 from agent_runtime.testing.fuzz.harness import AVATAR, SIMULATOR, Harness
+from agent_runtime.testing.fuzz.interrupt import Interrupts
 from agent_runtime.testing.fuzz.properties import Check, FuzzOutcome, Problem
 
 logger = logging.getLogger("agent_runtime.testing.fuzz")
@@ -56,6 +57,7 @@ class Stats:
     paths: set[int] = field(default_factory=set)
     failed: int = 0  # runs that showed a problem: past the first, hypothesis is shrinking
     on_example: Callable[[Stats], None] | None = None
+    interrupts: Interrupts = field(default_factory=Interrupts)  # Ctrl-C, taken at a step
 
 
 def scenario_of(
@@ -123,6 +125,7 @@ def make_machine(
             # with the machine's speed
             self.loop = VirtualTimeLoop()
             self.loop.set_exception_handler(_sdk_failures_at_debug)
+            stats.interrupts.check()
             # made on the loop: the room (an rtc.Room) takes the running loop, and the
             # caller's thread (the main one, where the entrypoint runs as under livekit's
             # job process) keeps its own current loop
@@ -141,7 +144,13 @@ def make_machine(
             raw = {"at": round(self.h.clock.now(), 3), "event": event, **fields}
             self.steps.append(raw)
             step = sc.parse_scenario({"name": "step", "steps": [raw]}).steps[0]
-            self.loop.run_until_complete(self.h.step(step))
+            self._run(self.h.step(step))
+
+        def _run(self, aw: Any) -> Any:
+            if stats.interrupts.asked:  # a Ctrl-C between runs or steps: before this one
+                aw.close()
+                raise KeyboardInterrupt
+            return self.loop.run_until_complete(aw)
 
         def _present(self, identity: str) -> bool:
             return identity in self.h.room.remote_participants
@@ -178,7 +187,7 @@ def make_machine(
                     "steps": [{"at": 0, "event": "end"}],
                 }
             )
-            self.loop.run_until_complete(self.h.open(parsed.participants))
+            self._run(self.h.open(parsed.participants))
             if avatar_fails:
                 self._do("avatar.start_error")
             self._do("session.start")
@@ -284,7 +293,7 @@ def make_machine(
         @rule(seconds=st.sampled_from(GAPS))
         def wait(self, seconds: float) -> None:
             until = self.h.clock.now() + seconds
-            self.loop.run_until_complete(self.h.advance_to(until))
+            self._run(self.h.advance_to(until))
 
         # -- the properties -------------------------------------------------------------------
         @invariant()
@@ -294,6 +303,8 @@ def make_machine(
 
         def teardown(self) -> None:
             try:
+                if stats.interrupts.asked:
+                    return  # the fuzz stops: nothing of this run is checked or counted
                 if isinstance(sys.exc_info()[1], StopTest):
                     # hypothesis cut the run short (an overrun: it drew more than a run
                     # may) and draws another in its place: not one of the --examples,

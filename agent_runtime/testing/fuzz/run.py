@@ -191,7 +191,7 @@ def _fuzz(
         ),
     )
     failure: FuzzFailure | None = None
-    with quiet_sdk_logs(logging.ERROR):
+    with quiet_sdk_logs(logging.ERROR), stats.interrupts.installed():
         try:
             hypothesis_seed(seed)(test)()
         except FuzzFailure as e:
