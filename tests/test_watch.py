@@ -220,6 +220,35 @@ def test_in_a_pipe_each_transition_is_an_appended_line(
     ]
 
 
+def test_in_a_pipe_whose_reader_left_with_nothing_new_to_write_the_follower_ends(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    """``watch trace | head -2`` on a finished trace: the pipe took every line at once,
+    head left, and the follower, with nothing more to write, never heard of it: it ran on
+    until the trace grew (a trial's runs, 2 of 6). It asks the pipe, as ``tail -f`` does."""
+    trace = tmp_path / "job.jsonl"
+    trace.write_text("".join(trace_lines), encoding="utf-8")
+    proc = subprocess.Popen(
+        [*CLI, str(trace), "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+        preexec_fn=interruptible,
+    )
+    entries, _, _ = Watch(str(trace)).poll(final=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        for _ in entries:  # every line it will print: nothing more is written after them
+            assert proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves
+        assert proc.wait(timeout=WAIT) == 0
+        assert proc.stderr.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_once_prints_the_view_and_exits(tmp_path: Path, trace_lines: list[str]) -> None:
     trace = tmp_path / "job.jsonl"
     trace.write_text("".join(trace_lines), encoding="utf-8")

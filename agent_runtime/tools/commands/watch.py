@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import select
 import shutil
 import stat
 import sys
@@ -294,7 +295,24 @@ def _lines(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
         for p in problems:
             print(f"{PROG}: {p}", file=sys.stderr)
         out.flush()
+        if _reader_gone(out):
+            raise BrokenPipeError  # as a write would, had there been one
         pause(args.interval)
+
+
+def _reader_gone(out: TextIO) -> bool:
+    """Whether ``out`` is a pipe whose reader has gone (``watch trace | head`` once head
+    has its lines): the pipe took all that was written, so with nothing new to write the
+    follower would never hear of it (as ``tail -f`` asks the pipe, this asks it)."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):
+        return False
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # an error or a hang-up is reported whatever is asked
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
 
 
 def _live(watch: Watch, out: TextIO, args: argparse.Namespace) -> int:
