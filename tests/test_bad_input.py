@@ -480,6 +480,18 @@ TABLE: list[Bad] = [
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {reprompts: [1, true]}}\n",
         "expect.facts: reprompts is a list of seconds, not [1, True]",
     ),
+    # an audio route there is not (it ran, then failed: exit 1)
+    scenario(
+        "expect-audio-output-no-route",
+        "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {audio_output: loud}}\n",
+        "expect.facts: audio_output is avatar or room or none, not 'loud'",
+    ),
+    # AgentJob refuses it only as the run begins (a trial: earlier files ran first)
+    scenario(
+        "retry-without-an-avatar",
+        "name: x\nconfig: {retry_avatar: {attempts: 1}}\nsteps: [{at: 0, event: end}]\n",
+        "config: retry_avatar is given without an avatar_identity",
+    ),
     scenario(
         "expect-violations-unchecked",
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {invariant_violations: []}}\n",

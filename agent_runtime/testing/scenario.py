@@ -148,6 +148,15 @@ class Config(_Strict):
     def _retry(cls, v: Any) -> Any:
         return AvatarRetry(rejoin=v) if isinstance(v, bool) else v
 
+    @model_validator(mode="after")
+    def _retry_needs_an_avatar(self) -> Config:
+        # AgentJob refuses it too, but only once the run began: earlier files had run
+        if self.avatar_identity is None and self.retry_avatar != AvatarRetry():
+            raise PydanticCustomError(
+                "retry_without_avatar", "retry_avatar is given without an avatar_identity", {}
+            )
+        return self
+
     @field_validator("playout", mode="before")
     @classmethod
     def _playout(cls, v: Any) -> Any:
@@ -391,12 +400,16 @@ def _list_of(kind: tuple[str, Callable[[Any], bool]]) -> tuple[str, Callable[[An
     return f"a list of {kind[0]}", lambda v: isinstance(v, list) and all(map(kind[1], v))
 
 
+def _one_of(*values: str) -> tuple[str, Callable[[Any], bool]]:
+    return " or ".join(values), lambda v: v in values
+
+
 _TEXT, _SECONDS, _OBJECT = ("text", _text), ("seconds", _seconds), ("an object", _object)
 _OBJECTS = _list_of(("objects", _object))
 # the facts a run's result holds (``testing.result``): an ``expect`` block may name these
 # only, each with a value of the fact's kind (what the check compares it with)
 FACT_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "audio_output": _TEXT,
+    "audio_output": _one_of("avatar", "room", "none"),  # where the agent's audio goes
     "rpcs_sent": _OBJECTS,
     "finalize_answered": ("true or false", lambda v: isinstance(v, bool)),
     "verdict": _or_null(_OBJECT),
