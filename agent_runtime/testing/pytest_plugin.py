@@ -135,8 +135,9 @@ def pytest_asyncio_loop_factories(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A ``virtual_time`` mark that could not take effect is a usage error, never a test
-    that silently runs on real time."""
+    """A ``virtual_time`` mark that could not take effect is a usage error (no
+    pytest-asyncio that takes it) or that test's failure (a sync test), never a test that
+    silently runs on real time."""
     marked = [i for i in items if i.get_closest_marker("virtual_time") is not None]
     if not marked:
         return
@@ -150,10 +151,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # on the test itself it is a mistake
         own = any(m.name == "virtual_time" for m in getattr(item, "own_markers", ()))
         if own and not inspect.iscoroutinefunction(function):
-            raise pytest.UsageError(
+            # that test fails, not the whole run (it stopped a run that deselected it)
+            item.stash[_MISMARKED] = (
                 f"{item.nodeid}: virtual_time marks an async test (a test of its own runs "
                 "a coroutine on virtual time with agent_runtime.testing.clock.run)"
             )
+
+
+_MISMARKED = pytest.StashKey[str]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if (why := item.stash.get(_MISMARKED, None)) is not None:
+        pytest.fail(why, pytrace=False)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
