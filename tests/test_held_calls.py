@@ -40,6 +40,18 @@ def test_a_held_deletion_fails_and_a_second_end_is_refused() -> None:
     ]
 
 
+def test_ending_a_held_close_of_a_session_that_has_none_names_the_one_that_waits() -> None:
+    # it said "no session_close call waits to be ended" while session a's close waited
+    steps = [START, {"at": 1, "event": "session.close"},
+             {**_end(2, "session_close", "ok"), "session": "nope"}]  # fmt: skip
+    r = _run({"hold": ["session_close"]}, steps)
+    assert r["facts"]["step_errors"] == [
+        "t=2 held.end: RuntimeError: no session_close call of session 'nope' waits to be "
+        "ended (one of 'a' does)"
+    ]
+    assert r["facts"]["session_closed_at"] is None  # still held
+
+
 def test_a_held_deletion_returns_when_its_step_says() -> None:
     steps = [START, {"at": 1, "event": "job.shutdown"}, _end(4, "room_deletion", "ok"),
              {"at": 30, "event": "end"}]  # fmt: skip

@@ -122,6 +122,16 @@ class Held:
         if call not in self.hold:
             raise RuntimeError(f"{call} is not held (config.hold)")
         if not gates or not gates[-1].waiting:
+            waiting = sorted(
+                k.partition(":")[2]
+                for k, g in self.gates.items()
+                if k.startswith(f"{call}:") and g and g[-1].waiting
+            )
+            if key and waiting:  # one waits, of another session: say which
+                raise RuntimeError(
+                    f"no {call} call of session {key!r} waits to be ended (one of "
+                    f"{', '.join(map(repr, waiting))} does)"
+                )
             raise RuntimeError(f"no {call} call waits to be ended")
         gates[-1].open(result)
 
