@@ -14,6 +14,8 @@ from agent_runtime.settings import (
     ALL_CAUSES,
     DEFAULT_CLOSING_REASONS,
     DEFAULT_PARTICIPANT_KINDS,
+    MAX_WAIT,
+    Backoff,
     PlayoutOptions,
 )
 from agent_runtime.testing.result import seconds_text as secs
@@ -36,6 +38,13 @@ _STAND_INS: dict[str, tuple[frozenset[str], str]] = {
 # timeouts whose setting another pass derives: the avatar's backoff (``_retry``), the
 # playout bound (``margin``, by the speech pass) and the watchdog's (playout options)
 _DERIVED = ("retry_backoff", "playout_bound", *PlayoutOptions.model_fields)
+
+
+def _outlasting(held: float) -> float:
+    """A timeout longer than ``held``, for a state held that long without it firing: the
+    next whole second past it. Not ``held`` itself: a timeout due at the instant of the event
+    that ended the state fires before that event in the replay."""
+    return float(math.floor(held) + 1)
 
 
 def _timeouts() -> dict[tuple[str, str], tuple[str, str, float]]:
@@ -119,7 +128,7 @@ class _ConfigPass(_State):
             elif held.get((m, s), 0.0) >= default:
                 # held that long without its timeout: the setting was longer (than every
                 # state that takes it was held)
-                longer = float(math.floor(held[(m, s)]) + 1)
+                longer = _outlasting(held[(m, s)])
                 into[setting] = max(longer, float(into.get(setting, 0.0)))
         if refused_eligible and linked is not None:
             self.config["participant_identity"] = linked
@@ -127,12 +136,15 @@ class _ConfigPass(_State):
     def _retry(self) -> None:
         """``retry_avatar``'s restarts and backoff, from the avatar's own decisions: each
         ``failed -> backoff`` is a restart the policy allowed, each wait in ``backoff`` one of
-        its delays. The rebuilt policy allows exactly the restarts seen (a trace that ends
-        before the policy gave up shows no more); a cause refused while restarts were still
-        to come was not transient."""
+        its delays, and each wait left on another event (or still waited when the trace
+        ends) was shorter than its delay. The rebuilt policy allows exactly the restarts
+        seen (a trace that ends before the policy gave up shows no more); a cause refused
+        while restarts were still to come was not transient."""
         restarts: list[str] = []
         refused: list[tuple[int, str]] = []  # (restarts done then, cause)
         delays: list[float] = []
+        # the waits the timer did not end: (restarts made before, seconds held, left at)
+        cut: list[tuple[int, float, float]] = []
         since: float | None = None
         for r in self.records:
             if r.kind != "transition" or r.machine != "avatar":
@@ -145,13 +157,41 @@ class _ConfigPass(_State):
                     refused.append((len(restarts), cause))
             if r.dest == "backoff" and r.source != "backoff":
                 since = r.t
-            elif r.source == "backoff" and r.event == "backoff_elapsed" and since is not None:
+            elif r.source == "backoff" and r.dest != "backoff" and since is not None:
                 after = r.data.get("after")
-                delays.append(float(after) if isinstance(after, int | float) else r.t - since)
+                if r.event == "backoff_elapsed":
+                    delays.append(float(after) if isinstance(after, int | float) else r.t - since)
+                else:  # closed (or rejoined) while it waited
+                    cut.append((len(delays), r.t - since, r.t))
                 since = None
+        if since is not None:
+            last = max(r.t for r in self.records)
+            cut.append((len(delays), last - since, last))
         if not restarts:
             return
         policy: dict[str, Any] = {"attempts": len(restarts)}
+        backoff = self._backoff(delays, cut)
+        if backoff is not None:
+            policy["backoff"] = backoff
+        not_transient = {c for done, c in refused if done < len(restarts)} - set(restarts)
+        if not_transient:
+            policy["transient"] = sorted(ALL_CAUSES - not_transient)
+        if self.config.get("retry_avatar") is True:
+            policy["rejoin"] = True
+        self.config["retry_avatar"] = policy
+
+    def _backoff(
+        self, delays: list[float], cut: list[tuple[int, float, float]]
+    ) -> dict[str, float] | None:
+        """The backoff the waits show (None: the default). ``delays[n]`` is the delay
+        before restart ``n``, its wait ended on its timer; each of ``cut``, ``(n, held, t)``,
+        was left at ``t`` after ``held`` seconds on another event: the delay before restart
+        ``n`` was longer. What the delays fix is kept (the first one the initial, the second
+        the growth, one short of the growth the cap); what they do not (the defaults) is
+        raised to outlast each cut wait."""
+        default = Backoff()
+        initial, multiplier, cap = default.initial, default.multiplier, default.max
+        cap_seen = False
         if delays:
             initial = delays[0]
             multiplier = delays[1] / initial if len(delays) > 1 and initial > 0 else 2.0
@@ -159,14 +199,31 @@ class _ConfigPass(_State):
             grown = [initial * multiplier**n for n in range(len(delays))]
             # a delay short of the growth is the cap; otherwise the default cap, or above
             capped = [d for d, g in zip(delays, grown, strict=True) if d < g - 1e-9]
+            cap_seen = bool(capped)
             cap = min(capped) if capped else max(30.0, max(delays))
-            policy["backoff"] = {"initial": initial, "multiplier": multiplier, "max": cap}
-        not_transient = {c for done, c in refused if done < len(restarts)} - set(restarts)
-        if not_transient:
-            policy["transient"] = sorted(ALL_CAUSES - not_transient)
-        if self.config.get("retry_avatar") is True:
-            policy["rejoin"] = True
-        self.config["retry_avatar"] = policy
+        changed = bool(delays)
+        for n, held, t in cut:
+            delay = Backoff.model_construct(initial=initial, multiplier=multiplier, max=cap).delay
+            if delay(n) > held:
+                continue
+            need = min(_outlasting(held), float(MAX_WAIT))
+            if not delays:  # the first wait (no delay came before it): the initial
+                initial = need
+            elif n == 1 and len(delays) == 1 and initial > 0:  # the growth no delay shows
+                multiplier = min(10.0, max(multiplier, need / initial))
+            if not cap_seen:
+                cap = max(cap, need, initial)
+            changed = True
+            delay = Backoff.model_construct(initial=initial, multiplier=multiplier, max=cap).delay
+            if delay(n) <= held:
+                self.note(
+                    f"t={secs(t)}: the avatar waited {secs(held)}s to restart and its backoff "
+                    f"did not end the wait; the backoff the trace's other waits show ends it "
+                    f"after {secs(delay(n))}s, so the replay restarts the avatar then"
+                )
+        if not changed:
+            return None
+        return {"initial": initial, "multiplier": multiplier, "max": cap}
 
     def _deletion(self) -> None:
         """``delete_room_on_close``, from who asked for the room's deletion. With it, the

@@ -15,7 +15,8 @@ from statemachines.machines import MACHINES
 ALWAYS = (
     "participants the agent found in the room when its session started are in the room at "
     "t=0: the trace does not say when they joined",
-    "settings the trace does not show stay at their defaults (a timeout that never fired; "
+    "settings the trace does not show stay at their defaults (a timeout that never fired, "
+    "unless its state was held that long: then the next whole second past the hold; "
     "delete_room_on_close when the room deletion was never asked for: a job that did not "
     "close, nor report its session's close, shows nothing of it)",
     "what the session said or heard, payloads of session requests other than "

@@ -30,6 +30,12 @@ _BOUNDED = next(s for s in _PLAYOUT.states if s.timeout and s.timeout.setting ==
 _BOUND_FIRED = _BOUNDED.timeout.event if _BOUNDED.timeout else ""
 # re-entered rows (not internal ones): each computes the bound again
 _REENTERS = frozenset((r.source, r.event) for r in _PLAYOUT.rows if r.dest == _BOUNDED.name)
+# the avatar's state whose entry the bound counts audio its sink took before from, and the
+# rows that enter it again (a transition from it to it that is not internal)
+_JOINED = "joined"
+_REJOINS = frozenset(
+    (r.source, r.event) for r in MACHINES["avatar"].rows if r.source == r.dest == _JOINED
+)
 _MAX_SAY = 10.0  # the longest agent.say a scenario takes
 # a speech on the room's audio output that ended as it began: the shortest a step says
 _UNTIMED_SAY = 0.1
@@ -202,12 +208,14 @@ class _SpeechPass(_State):
     def _margin(self, recs: list[tuple[int, TraceRecord]]) -> None:
         """``margin``, from a bound that fired: what it waited (``after``) less what was
         left of the audio pushed (cut at an interruption) when the wait began, as the
-        replay's speech, pushed at once when it is said, leaves it."""
+        replay's speech, pushed at once when it is said, leaves it. Audio pushed before
+        the avatar joined plays from the join on (``PlayoutRuntime.playout_bound``)."""
         said: float | None = None
         pushed = 0.0
         cut: float | None = None
         began = 0.0
-        for _, r in recs:
+        joined = float("-inf")  # when the avatar entered joined, as the wait began
+        for i, r in recs:
             if r.event == "speech_created":
                 said = r.t
             elif r.event == "handed_off" and isinstance(r.data.get("pushed"), int | float):
@@ -217,14 +225,29 @@ class _SpeechPass(_State):
             if r.kind != "transition":
                 continue
             if (r.source, r.event) in _REENTERS and r.dest == _BOUNDED.name:
-                began = r.t
+                began, joined = r.t, self._joined_since(i)
             after = r.data.get("after")
             if r.event == _BOUND_FIRED and isinstance(after, int | float):
-                end = began if said is None else said + pushed
+                end = began if said is None else max(said, joined) + pushed
                 if cut is not None and (said is None or cut >= said):
                     end = min(end, cut)
                 margin = round(max(0.0, float(after) - max(0.0, end - began)), 6)
                 self.playout.setdefault("margin", margin)
+
+    def _joined_since(self, i: int) -> float:
+        """When the avatar entered ``joined``, if it is there as ``self.records[i]`` is
+        handled (the beginning of time when it is not, or there is no avatar)."""
+        since = float("-inf")
+        for n, r in self.of("avatar"):
+            if n >= i:
+                break
+            if r.kind != "transition":
+                continue
+            if r.dest != _JOINED:
+                since = float("-inf")
+            elif r.source != _JOINED or (r.source, r.event) in _REJOINS:
+                since = r.t
+        return since
 
     def _playout_config(self) -> None:
         """The playout machine's options, once every pass has read them."""
