@@ -248,7 +248,10 @@ def test_a_value_is_accepted_by_the_scenario_exactly_when_the_runtime_takes_it(n
             runtime_takes_it = True
         except (SettingError, TypeError):
             runtime_takes_it = False
-        doc = {"name": "x", "config": {name: value}, "steps": [{"at": 0, "event": "end"}]}
+        config = {name: value}
+        if name == "retry_avatar":  # its range, not the rule that it needs an avatar
+            config["avatar_identity"] = "avatar"
+        doc = {"name": "x", "config": config, "steps": [{"at": 0, "event": "end"}]}
         try:
             parse_scenario(doc, source="s.yaml")
             scenario_takes_it = True
