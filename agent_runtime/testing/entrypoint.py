@@ -370,12 +370,6 @@ class EntrypointRunner:
                 "session=...) in it and start the job there (docs/guide/testing.md)"
             )
         run.job = job
-        if entry.done() and not cut and job.lifecycle == "new":
-            # livekit would leave such a job waiting for the room to end, no session running
-            raise NoAgentJob(
-                "the entrypoint built its AgentJob and returned without starting it: "
-                "await job.start(agent) in the entrypoint"
-            )
         if not watch.started.done() and not entry.done():
             raise EntrypointStalled(
                 f"the entrypoint has not started its job after {start_timeout:g}s (the job "

@@ -89,7 +89,16 @@ async def finish(h: Harness, checks: list[Check], steps: list[dict[str, Any]]) -
         shutdown_steps=list(h.process.steps) if h.process is not None else [],
         transitions=h.runner.transitions,
     )
-    return problems + props.run_checks(checks, outcome)
+    problems += props.run_checks(checks, outcome)
+    if problems and not any(
+        t["machine"] == "agent_job" and t["dest"] == "starting" for t in h.runner.transitions
+    ):
+        # first, as the cause of the rest (a start deferred to a room event is livekit's
+        # to allow, so it is no refusal up front)
+        problems.insert(
+            0, Problem("started", "the entrypoint's AgentJob was never started (job.start)")
+        )
+    return problems
 
 
 def _sdk_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
