@@ -171,6 +171,42 @@ def _until_it_reaches(upper: AudioOutput, tail: AudioOutput, chain: list[AudioOu
         setattr(tail, name, ending(name))
 
 
+def keep_to_its_rate(out: AudioOutput, sink: AudioOutput) -> None:
+    """Have ``out``, put back in place of ``sink``, resample a frame of another rate to its
+    own (once per instance, only where the two rates differ). A segment carried across a
+    swap keeps the rate its forwarder chose for the sink that left (livekit's forwarding
+    task picks its resampler at a segment's first frame, for the tail of then): a 16 kHz
+    avatar sink's frames pushed as they are into a 24 kHz room output played 1.5x fast."""
+    rate = out.sample_rate
+    if rate is None or sink.sample_rate in (None, rate) or "capture_frame" in vars(out):
+        return
+    own_capture = out.capture_frame
+    resampling: dict[int, rtc.AudioResampler] = {}
+
+    async def capture_frame(frame: rtc.AudioFrame) -> None:
+        if frame.sample_rate == rate:
+            await own_capture(frame)
+            return
+        resampler = resampling.get(frame.sample_rate)
+        if resampler is None:
+            resampler = resampling[frame.sample_rate] = rtc.AudioResampler(
+                input_rate=frame.sample_rate, output_rate=rate, num_channels=frame.num_channels
+            )
+        for f in resampler.push(frame):
+            await own_capture(f)
+
+    def ending(own: Callable[[], None]) -> Callable[[], None]:
+        def call() -> None:  # a segment's end: the next one is resampled afresh
+            resampling.clear()
+            own()
+
+        return call
+
+    out.capture_frame = capture_frame  # type: ignore[method-assign]
+    out.flush = ending(out.flush)  # type: ignore[method-assign]
+    out.clear_buffer = ending(out.clear_buffer)  # type: ignore[method-assign]
+
+
 class PrevRoute(NamedTuple):
     """The route a plugin's start (or a reinstall) replaced, taken just before it."""
 
@@ -263,6 +299,7 @@ class AudioRoute:
         with detaching():
             back, outcome = self._route_back(prev)
             if back is not None:
+                keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
                 session.output.replace_audio_tail(back)
                 if waiting is not None:
                     waiting.moved_to = self.moved_from(sink)

@@ -152,7 +152,7 @@ class SinkAdoption:
             await tail.capture_frame(frame)
             return
         finally:
-            self.waiting = False
+            self.waiting, self.moved_to = False, None  # for this frame only
         started, pushed, clears = self._segment or (self._clock.now(), 0.0, self._clears)
         self._segment = (started, pushed + frame.duration, clears)
 
