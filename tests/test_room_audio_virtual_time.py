@@ -97,27 +97,32 @@ async def test_a_greeting_interrupted_halfway_stops_there(
 
 @pytest.mark.virtual_time
 @pytest.mark.parametrize("retry", [False, {"rejoin": True}], ids=["given-up", "rejoin"])
-@pytest.mark.parametrize("rate", [None, 16000], ids=["room-rate", "16kHz-avatar"])
+@pytest.mark.parametrize(
+    ("rate", "tts_rate"),
+    [(None, 24000), (16000, 24000), (None, 48000)],
+    ids=["room-rate", "16kHz-avatar", "48kHz-tts-to-a-sink-of-no-rate"],
+)
 async def test_a_greeting_said_while_an_avatar_never_joins_plays_in_the_room(
     agent_room: InMemoryRoom,
     virtual_clock: VirtualClock,
     run_entrypoint: EntrypointRunner,
     retry: Any,
     rate: int | None,
+    tts_rate: int,
 ) -> None:
     """The agent greets in ``on_enter`` while its avatar is still joining; it never joins.
     At ``join_timeout`` the route goes back to the room and so does the greeting, the frame
     that waited at the avatar's sink first. It was lost: the speech was done, as if played
     in full, with nothing played anywhere (a trial's report). An avatar that takes 16 kHz
-    (bey, simli, runway...) had the greeting resampled for it: the room's output resamples
-    it back, or it played 1.5x fast (a review's)."""
+    (bey, simli, runway...) had the greeting resampled for it, and one that declares no
+    rate (bithuman cloud, trugen) none: the room's output resamples it to its own rate, or
+    it played 1.5x fast (a review's), or at half speed (a trial's)."""
     handles: list[Any] = []
     avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock, sample_rate=rate)
 
     class Greeter(Agent):
         async def on_enter(self) -> None:
-            # at the room output's rate: no resampler's tail in what it plays
-            handles.append(self.session.say("welcome", audio=_audio(GREETING, 24000)))
+            handles.append(self.session.say("welcome", audio=_audio(GREETING, tts_rate)))
 
     server = AgentServer()
 
@@ -134,9 +139,10 @@ async def test_a_greeting_said_while_an_avatar_never_joins_plays_in_the_room(
     assert job.audio_route() == "room" and not handles[0].done()
     await virtual_clock.advance(GREETING)
     assert handles[0].done() and not handles[0].interrupted
-    # two resamplings hold back a few frames of the 16 kHz round trip's end
+    # a resampler holds back a few ms of a resampled reply's end
+    resampled = rate is not None or tts_rate != 24000
     assert [room_output_source(out).captured for out in room_outputs(job.session)] == [
-        pytest.approx(GREETING, abs=0.05 if rate else 1e-6)
+        pytest.approx(GREETING, abs=0.05 if resampled else 1e-6)
     ]
     (said,) = [m for m in job.session.history.items if m.type == "message"]
     assert said.text_content == "welcome" and not said.interrupted

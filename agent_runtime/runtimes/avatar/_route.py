@@ -173,20 +173,26 @@ def _until_it_reaches(upper: AudioOutput, tail: AudioOutput, chain: list[AudioOu
 
 def keep_to_its_rate(out: AudioOutput, sink: AudioOutput) -> None:
     """Have ``out``, put back in place of ``sink``, resample a frame of another rate to its
-    own (once per instance, only where the two rates differ). A segment carried across a
-    swap keeps the rate its forwarder chose for the sink that left (livekit's forwarding
-    task picks its resampler at a segment's first frame, for the tail of then): a 16 kHz
-    avatar sink's frames pushed as they are into a 24 kHz room output played 1.5x fast."""
+    own (once per instance, where the rates may differ). A segment carried across a swap
+    keeps the rate its forwarder gave the sink that left (livekit's forwarding task picks
+    its resampler at a segment's first frame, for the tail of then; none for a sink that
+    declares no rate): a 16 kHz avatar sink's frames pushed as they are into a 24 kHz room
+    output played 1.5x fast, a 48 kHz TTS's at half speed."""
     rate = out.sample_rate
-    if rate is None or sink.sample_rate in (None, rate) or "capture_frame" in vars(out):
+    if rate is None or sink.sample_rate == rate or "capture_frame" in vars(out):
         return
     own_capture = out.capture_frame
     resampling: dict[int, rtc.AudioResampler] = {}
+    began = False  # a resampled frame reached the segment under way
 
     async def capture_frame(frame: rtc.AudioFrame) -> None:
+        nonlocal began
         if frame.sample_rate == rate:
             await own_capture(frame)
             return
+        if began and not lk.segment_open(out):  # that segment ended: the next one afresh
+            resampling.clear()
+            began = False
         resampler = resampling.get(frame.sample_rate)
         if resampler is None:
             resampler = resampling[frame.sample_rate] = rtc.AudioResampler(
@@ -194,17 +200,9 @@ def keep_to_its_rate(out: AudioOutput, sink: AudioOutput) -> None:
             )
         for f in resampler.push(frame):
             await own_capture(f)
-
-    def ending(own: Callable[[], None]) -> Callable[[], None]:
-        def call() -> None:  # a segment's end: the next one is resampled afresh
-            resampling.clear()
-            own()
-
-        return call
+            began = True
 
     out.capture_frame = capture_frame  # type: ignore[method-assign]
-    out.flush = ending(out.flush)  # type: ignore[method-assign]
-    out.clear_buffer = ending(out.clear_buffer)  # type: ignore[method-assign]
 
 
 class PrevRoute(NamedTuple):

@@ -90,11 +90,12 @@ async def finish(h: Harness, checks: list[Check], steps: list[dict[str, Any]]) -
         transitions=h.runner.transitions,
     )
     problems += props.run_checks(checks, outcome)
-    if problems and not any(
+    never_started = h.job is not None and not any(
         t["machine"] == "agent_job" and t["dest"] == "starting" for t in h.runner.transitions
-    ):
-        # first, as the cause of the rest (a start deferred to a room event is livekit's
-        # to allow, so it is no refusal up front)
+    )
+    if never_started and problems and all(p.prop != "user code" for p in problems):
+        # built, never started, nothing of the agent's failed: first, as the cause of the
+        # rest (a start deferred to a room event is livekit's to allow: no refusal up front)
         problems.insert(
             0, Problem("started", "the entrypoint's AgentJob was never started (job.start)")
         )
@@ -130,11 +131,11 @@ def make_machine(
     class JobFuzz(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
+            stats.interrupts.check()  # a Ctrl-C between runs: no other
             # virtual time, the SDK's own timers included: none of them fires early or late
             # with the machine's speed
             self.loop = VirtualTimeLoop()
             self.loop.set_exception_handler(_sdk_failures_at_debug)
-            stats.interrupts.check()
             # made on the loop: the room (an rtc.Room) takes the running loop, and the
             # caller's thread (the main one, where the entrypoint runs as under livekit's
             # job process) keeps its own current loop
