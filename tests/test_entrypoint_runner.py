@@ -148,6 +148,21 @@ async def test_bad_arguments_are_refused_before_anything_runs(
         run_entrypoint.session_end()
 
 
+async def test_a_room_given_unconnected_is_connected_as_the_job_context_is() -> None:
+    # the job served on a room that never connected, so it never disconnected either: the
+    # user left, the job closed, and wait_ended() said "nothing ended it" (a trial's)
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.add_participant("user")
+    runner = EntrypointRunner(room=room, clock=clock)
+    job = await runner(entrypoint)
+    assert room.isconnected() and job.states["job"] == "serving"
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await runner.wait_ended()
+    assert job.states["job"] == "closed" and runner.process.reason == "room disconnected"
+    await runner.aclose()
+
+
 async def test_teardown_stops_a_running_job_and_releases_its_context() -> None:
     clock = VirtualClock()
     room = InMemoryRoom(name="r", clock=clock)

@@ -219,8 +219,9 @@ class EntrypointRunner:
 
     ``await runner(server)`` (an ``AgentServer`` with an ``rtc_session`` entrypoint) or
     ``await runner(entrypoint)`` runs the entrypoint until it started its job (or ended) and
-    returns the ``AgentJob`` it built. ``aclose()`` stops what is still running and releases
-    the job contexts.
+    returns the ``AgentJob`` it built, the room connected first if it was not (as a job's
+    is once its entrypoint connects; ``connect=False``: left as it is). ``aclose()`` stops
+    what is still running and releases the job contexts.
     """
 
     def __init__(
@@ -229,10 +230,14 @@ class EntrypointRunner:
         room: InMemoryRoom,
         clock: Clock | None = None,
         transport: SessionTransport | None = None,
+        connect: bool = True,
     ) -> None:
         if not isinstance(room, InMemoryRoom):
             raise TypeError(f"room must be an InMemoryRoom, not {type(room).__name__}")
         self.room = room
+        # each run connects the room first, as a job's entrypoint does (False: the caller
+        # connects it, when it says: the fuzzer's room_connected)
+        self._connect = connect
         self.clock: Clock = clock or room.clock
         self.transport = transport
         self.sink = MemorySink()
@@ -294,6 +299,11 @@ class EntrypointRunner:
             parts["transport"] = self.transport
         if avatar is not None:
             parts["avatar"] = avatar
+        # the fake job context is connected from the start (its connect() does nothing), as
+        # the room of a job livekit runs is once the entrypoint connects: a room left
+        # unconnected here never disconnected, and the job's end never came
+        if self._connect and not self.room.isconnected():
+            self.room.connect_locally()
         # what livekit's job runner sets up: the job context current while the entrypoint
         # and the session-end hook run, in tasks that carry it (and the injected parts)
         agent = self.room.local_participant.identity

@@ -67,7 +67,9 @@ class Harness:
         self.agent_end, self.simulator_end = InMemorySessionTransport.pair(
             identities=("agent", SIMULATOR)
         )
-        self.runner = EntrypointRunner(room=self.room, clock=self.clock, transport=self.agent_end)
+        self.runner = EntrypointRunner(
+            room=self.room, clock=self.clock, transport=self.agent_end, connect=False
+        )
         self.avatar: ScriptedAvatar | None = None
         if config.avatar_identity is not None:
             self.avatar = ScriptedAvatar(avatar_identity=config.avatar_identity, clock=self.clock)
