@@ -195,8 +195,13 @@ def keep_to_its_rate(out: AudioOutput, sink: AudioOutput) -> None:
             began = False
         resampler = resampling.get(frame.sample_rate)
         if resampler is None:
+            # quick: its output comes at once (medium holds ~30 ms, and nothing flushes it
+            # here: a short carried reply came out empty)
             resampler = resampling[frame.sample_rate] = rtc.AudioResampler(
-                input_rate=frame.sample_rate, output_rate=rate, num_channels=frame.num_channels
+                input_rate=frame.sample_rate,
+                output_rate=rate,
+                num_channels=frame.num_channels,
+                quality=rtc.AudioResamplerQuality.QUICK,
             )
         for f in resampler.push(frame):
             await own_capture(f)
