@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from agent_runtime.observe import files
+from agent_runtime.runtimes.avatar import Route
 from agent_runtime.settings import (
     PARTICIPANT_KINDS,
     AvatarRetry,
@@ -409,7 +410,7 @@ _OBJECTS = _list_of(("objects", _object))
 # the facts a run's result holds (``testing.result``): an ``expect`` block may name these
 # only, each with a value of the fact's kind (what the check compares it with)
 FACT_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "audio_output": _one_of("avatar", "room", "none"),  # where the agent's audio goes
+    "audio_output": _one_of(*get_args(Route)),  # where the agent's audio goes
     "rpcs_sent": _OBJECTS,
     "finalize_answered": ("true or false", lambda v: isinstance(v, bool)),
     "verdict": _or_null(_OBJECT),
