@@ -95,6 +95,7 @@ WORKLOADS: dict[str, Workload] = {
             "clear_pending": False,
             "delivered": False,
             "retry_left": False,
+            "speaking_in_room": False,
             "rejoin": True,
         },
         settings={"join_timeout": 3600.0},

@@ -19,9 +19,10 @@ Every way out of ``starting``/``routing``/``joined``/``clearing`` (where our rou
 in) short of success goes through ``failed``, whose only work is putting the previous route
 back (identity-guarded) before ``restored``; ``restore_route`` always answers
 ``route_restored`` with the cause. When the retry policy calls that cause transient and has
-attempts left, ``backoff`` waits (the agent on room audio) for ``backoff_elapsed``, then
-``releasing`` closes the failed attempt (its plugin session closed, its avatar participant
-removed) as a state task bounded by a ``join_timeout`` of its own, and ``starting`` starts the
+attempts left, ``backoff`` waits (the agent on room audio) for ``backoff_elapsed`` (again
+while the agent is speaking there: the next start would cut that reply), then ``releasing``
+closes the failed attempt (its plugin session closed, its avatar participant removed) as a
+state task bounded by a ``join_timeout`` of its own, and ``starting`` starts the
 plugin again with its whole ``join_timeout`` (``released``, or ``release_timeout`` if the
 release hung). An attempt that failed for good is kept only for a rejoin (the policy's
 ``rejoin``, and a route to reinstall): otherwise ``retiring`` closes it the same way (same
@@ -142,6 +143,7 @@ AVATAR = MachineSpec(
         "clear_pending",
         "delivered",
         "retry_left",
+        "speaking_in_room",
         "rejoin",
     ),
     effects=(
@@ -246,6 +248,9 @@ AVATAR = MachineSpec(
         # given up: kept for a late join only if it can get the audio again
         *row("failed", "route_restored", "restored", guards=["rejoin"]),
         *row("failed", "route_restored", "retiring"),
+        # the next attempt's start swaps its sink in under the reply playing in the room
+        # (livekit clears the output it detaches): the backoff starts again until it is said
+        *row("backoff", "backoff_elapsed", "backoff", guards=["speaking_in_room"]),
         *row("backoff", "backoff_elapsed", "releasing"),
         *row("releasing", "released", "starting"),
         # the old attempt's close hung past its bound: logged by it, the new start goes on

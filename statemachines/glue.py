@@ -166,6 +166,8 @@ class AvatarFacts(Protocol):
     @property
     def plugin_clear_in_flight(self) -> bool: ...  # the plugin's own clear holds its sink
     @property
+    def agent_speaking(self) -> bool: ...  # the session's agent state is speaking
+    @property
     def route_recorded(self) -> bool: ...  # the sink the plugin installed is known
     @property
     def attempts(self) -> int: ...  # restarts made so far
@@ -199,6 +201,12 @@ def retry_left(f: AvatarFacts, data: EventData) -> bool:
     """The policy calls this loss transient and has restarts left."""
     cause = data.get("cause", f.last_cause)
     return str(cause) in f.retry.transient and f.attempts < f.retry.attempts
+
+
+def speaking_in_room(f: AvatarFacts, data: EventData) -> bool:
+    """The agent is speaking on room audio (where the machine's route is put back): the
+    next attempt's start would swap its sink in under that reply and cut it."""
+    return f.agent_speaking
 
 
 def rejoin(f: AvatarFacts, data: EventData) -> bool:
@@ -310,6 +318,7 @@ GUARDS: Mapping[str, Mapping[str, Guard]] = MappingProxyType(
             "clear_pending": clear_pending,
             "delivered": delivered,
             "retry_left": retry_left,
+            "speaking_in_room": speaking_in_room,
             "rejoin": rejoin,
         },
         "room_deletion": {},

@@ -154,6 +154,54 @@ async def test_a_greeting_said_while_an_avatar_never_joins_plays_in_the_room(
     assert said.text_content == "welcome" and not said.interrupted
 
 
+@pytest.mark.virtual_time
+async def test_a_retry_waits_for_the_greeting_playing_in_the_room(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """The avatar never joins; the greeting that waited for it goes to the room at
+    ``join_timeout``, and the retry's backoff (1 s) ends while it plays there. The next
+    attempt's start swaps its sink in, and livekit clears the output it detaches: the
+    greeting was cut 1 s in, its speech done and the history saying it was said in full (a
+    trial's report). The retry now waits for the greeting's end, a backoff at a time."""
+    handles: list[Any] = []
+    avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+    seconds = 4.0
+
+    class Greeter(Agent):
+        async def on_enter(self) -> None:
+            handles.append(self.session.say("welcome", audio=_audio(seconds, 24000)))
+
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=avatar,
+            join_timeout=10,
+            retry_avatar={"attempts": 1},
+        )
+        await job.start(Greeter(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await virtual_clock.advance(10 + 3)  # three backoffs ended while the greeting played
+    assert job.states["avatar"] == "backoff" and job.audio_route() == "room"
+    assert not handles[0].done()
+    (room,) = [room_output_source(out) for out in room_outputs(job.session)]
+    await virtual_clock.advance(seconds - 3 - 0.01)
+    assert job.states["avatar"] == "backoff" and not handles[0].done()
+    await virtual_clock.advance(0.01)
+    assert handles[0].done() and not handles[0].interrupted
+    assert room.captured == pytest.approx(seconds, abs=0.002)  # all of it, in the room
+    (said,) = [m for m in job.session.history.items if m.type == "message"]
+    assert said.text_content == "welcome" and not said.interrupted
+    # the backoff that ended as the agent went quiet started the next attempt
+    await virtual_clock.advance(0.01)
+    assert job.states["avatar"] == "routing" and job.audio_route() == "avatar"
+
+
 # -- the scenario runner (simulate, record --check, scenario files under pytest) ---------------
 
 

@@ -97,6 +97,11 @@ class Facts:
         return self.plugin_clear_task() is not None
 
     @property
+    def agent_speaking(self) -> bool:
+        session = self._route.session
+        return session is not None and session.agent_state == "speaking"
+
+    @property
     def route_recorded(self) -> bool:
         return self._route.installed is not None
 
