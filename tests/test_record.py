@@ -348,6 +348,20 @@ def test_a_trace_with_nothing_to_rebuild_is_one_line_exit_2(
     assert len(err.splitlines()) == 1 and not out.exists()
 
 
+def test_dash_writes_the_scenario_to_stdout_and_no_file_named_dash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "run.jsonl"
+    assert simulate(SCENARIOS[0], capsys, "--trace", str(trace))["_code"] == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", str(trace)]) == 0
+    plain = capsys.readouterr().out
+    assert main(["record", str(trace), "-o", "-"]) == 0  # it wrote a file named "-"
+    out, err = capsys.readouterr()
+    assert out == plain and yaml.safe_load(out)["steps"] and err == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"]
+
+
 def test_the_recorder_knows_the_data_every_room_fact_carries() -> None:
     """Facts are told from the runtime's own events by their data: the recorder's table
     must be the routing's ``fact_data``, fact for fact."""

@@ -150,6 +150,22 @@ def test_a_trace_that_cannot_be_drawn_is_one_line(
     assert message in err[0] and not out.exists()
 
 
+def test_dash_writes_the_page_to_stdout_and_no_file_named_dash(
+    page: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ``-o -`` wrote a file named "-" in the working directory (a trial's)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli(["timeline", str(page[0]), "-o", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("<!DOCTYPE html>") and out.rstrip().endswith("</html>")
+    assert "<svg" in out and "run.jsonl" in out  # the trace's page, titled by its name
+    assert err == "" and list(tmp_path.iterdir()) == []
+
+
 def test_a_page_that_cannot_be_written_is_one_line(
     page: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         "when --check finds the run differs from the trace, 2 on an error (one line).",
     )
     rec.add_argument("trace", metavar="TRACE.jsonl")
-    rec.add_argument("-o", "--out", metavar="OUT.yaml", help="write here (default: stdout)")
+    rec.add_argument("-o", "--out", metavar="OUT.yaml", help="write here (default, or -: stdout)")
     rec.add_argument("--name", help="the scenario's name (default: from the trace's file name)")
     rec.add_argument(
         "--check",
@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         help="draw a trace as one self-contained HTML page (diagrams, lanes, a scrubber)",
     )
     tim.add_argument("trace", metavar="TRACE.jsonl")
-    tim.add_argument("-o", "--out", required=True, metavar="PAGE.html")
+    tim.add_argument("-o", "--out", required=True, metavar="PAGE.html", help="- for stdout")
     tim.add_argument("--title", help="the page's title (default: the trace's file name)")
     tim.set_defaults(module="agent_runtime.tools.commands.timeline")
 

@@ -30,6 +30,8 @@ logger = logging.getLogger("agent_runtime.tools.record")
 def run(args: argparse.Namespace) -> int:
     if args.name is not None and not args.name.strip():
         return _fail("--name is empty: give the scenario a name, or leave it out")
+    if args.out == "-":  # standard output, as without -o
+        args.out = None
     if args.out and same_file(args.out, args.trace):
         return _fail(f"-o {args.out} is the trace; it would be overwritten")
     try:

@@ -1,5 +1,5 @@
 """``agent-runtime timeline TRACE.jsonl -o PAGE.html [--title T]``: draw a trace as one
-self-contained HTML page (``agent_runtime.tools.timeline``). Exit 0 with the page written,
+self-contained HTML page (``agent_runtime.tools.timeline``; ``-o -``: on stdout). Exit 0 with the page written,
 2 when the trace cannot be read or is empty, or the page cannot be written (one line on
 stderr)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.tools.output import same_file
-from agent_runtime.tools.timeline import write_timeline
+from agent_runtime.tools.timeline import timeline_html, write_timeline
 
 
 def draw(
@@ -29,7 +29,8 @@ def draw(
     if why is not None:
         print(f"{prog}: {why}", file=sys.stderr)
         return 2
-    print(f"wrote {out}", file=sys.stderr)
+    if out != "-":
+        print(f"wrote {out}", file=sys.stderr)
     return 0
 
 
@@ -50,7 +51,11 @@ def draw_page(
     if not records:  # refused as replay and record refuse it: a page of nothing says nothing
         return f"{trace}: nothing to draw: the trace is empty"
     try:
-        write_timeline(records, out, title=title or Path(trace).name, source=source or trace)
+        if out == "-":
+            html = timeline_html(records, title=title or Path(trace).name, source=source or trace)
+            sys.stdout.write(html)
+        else:
+            write_timeline(records, out, title=title or Path(trace).name, source=source or trace)
     except OSError as e:
         return f"{out}: cannot write the page ({e.strerror or e})"
     return None
@@ -58,7 +63,7 @@ def draw_page(
 
 def run(args: argparse.Namespace) -> int:
     prog = "agent-runtime timeline"
-    if same_file(args.out, args.trace):
+    if args.out != "-" and same_file(args.out, args.trace):
         print(f"{prog}: -o {args.out} is the trace; it would be overwritten", file=sys.stderr)
         return 2
     return draw(args.trace, args.out, title=args.title, prog=prog)
