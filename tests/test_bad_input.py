@@ -630,6 +630,11 @@ TABLE: list[Bad] = [
         "participants.0.identity: String should have at least 1 character",
     ),
     scenario(
+        "empty-name",  # a report, trace or recorded file named by nothing
+        "name: '  '\nsteps: [{at: 0, event: end}]\n",
+        "name: the scenario's name is empty",
+    ),
+    scenario(
         "participant-twice",
         "name: x\nparticipants: [{identity: u}, {identity: u, kind: sip}]\n"
         "steps: [{at: 0, event: end}]\n",

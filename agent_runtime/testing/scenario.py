@@ -527,6 +527,13 @@ class Scenario(_Strict):
     steps: tuple[Step, ...]
     expect: Expect | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if not v.strip():  # reports, traces and recorded files name the scenario by it
+            raise PydanticCustomError("empty_name", "the scenario's name is empty", {})
+        return v
+
     @field_validator("participants")
     @classmethod
     def _each_once(cls, v: tuple[Participant, ...]) -> tuple[Participant, ...]:
