@@ -31,7 +31,7 @@ from agent_runtime.scheduler import Scheduler
 if TYPE_CHECKING:
     from agent_runtime.observe.otel import OtelSink
     from agent_runtime.observe.snapshot import JobSnapshot
-    from agent_runtime.runtimes.avatar import AvatarLifecycle
+    from agent_runtime.runtimes.avatar import AvatarLifecycle, AvatarPluginError
     from agent_runtime.runtimes.job import JobRuntime
     from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
     from agent_runtime.runtimes.playout import PlayoutTracker
@@ -53,6 +53,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "AvatarLifecycle": "runtimes.avatar",
+    "AvatarPluginError": "runtimes.avatar",
     "JobRuntime": "runtimes.job",
     "JobSessionHost": "runtimes.session_host",
     "ParticipantLink": "runtimes.participant",
@@ -89,6 +90,7 @@ __all__ = [
     "AlreadyStarted",
     "AsyncioClock",
     "AvatarLifecycle",
+    "AvatarPluginError",
     "AvatarRetry",
     "Backoff",
     "Clock",

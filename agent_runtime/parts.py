@@ -69,7 +69,7 @@ def check_part(name: str, value: Any, *, required: bool = False) -> None:
         return
     want = _part_type(name, value)
     if want is not None:
-        raise SettingTypeError(f"{name} must be {want}, not {type(value).__name__}")
+        raise SettingTypeError(f"{name} must be {want}, not {_kind(value)}")
     if name == "trace_path" and not os.fspath(value):
         raise SettingError("trace_path is empty: pass a file path, or None for no trace file")
 
@@ -107,6 +107,23 @@ def _part_type(name: str, value: Any) -> str | None:
         want, args = _CALLABLE_PARTS[name]
         return None if callable(value) and _takes(value, args) else want
     raise KeyError(name)  # a part this module does not know: the caller's bug
+
+
+def _kind(value: Any) -> str:
+    """The type of what was given; for a callable, also its name and what it takes."""
+    kind = type(value).__name__
+    if not callable(value) or isinstance(value, type):
+        return kind
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return kind
+    empty = inspect.Parameter.empty
+    bare = signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
+    return f"{kind} {getattr(value, '__name__', '')}{bare}"
 
 
 def _takes(fn: Callable[..., Any], args: int) -> bool:

@@ -132,12 +132,17 @@ async def test_a_failing_session_end_of_the_users_still_ends_the_job_then_raises
 
 @pytest.mark.parametrize(
     ("then", "kind"),
-    [(lambda: None, "function"), (lambda ctx, extra: None, "function"), (5, "int")],
+    [
+        (lambda: None, "function <lambda>()"),
+        (lambda ctx, extra: None, "function <lambda>(ctx, extra)"),
+        (5, "int"),
+    ],
 )
 def test_a_session_end_of_the_users_that_cannot_take_the_ctx_is_refused_when_wrapped(
     then: Any, kind: str
 ) -> None:
-    # a then() taking no ctx was accepted, then failed at every job's end (TypeError)
+    # a then() taking no ctx was accepted, then failed at every job's end (TypeError);
+    # refused, it is named with what it takes ("not function" alone told nothing)
     with pytest.raises(SettingTypeError) as e:
         session_end_hook(then)
     assert str(e.value) == (

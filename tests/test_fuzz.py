@@ -29,6 +29,11 @@ PLANTED = "tests/support/planted.py"
 SEED = 1  # any seed finds them; one is fixed so a failure here is reproducible
 
 
+def two_arguments(outcome: Any, extra: Any) -> bool:
+    """A --check that cannot be called with the outcome alone."""
+    return True
+
+
 def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["fuzz", *args])
     out, err = capsys.readouterr()
@@ -52,6 +57,14 @@ def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
         (["--replay", "nope.yaml"], "nope.yaml: cannot read"),
         (["--check", "tests.support.planted:nope"], "has no 'nope'"),
         (["--check", "nocolon"], "give MODULE:NAME"),
+        # a check is called with the outcome: one that cannot take it failed every run,
+        # reported as a property the agent broke, after the drawing and the shrinking
+        (
+            ["--check", "tests.support.planted:short_hold_server"],
+            "--check 'tests.support.planted:short_hold_server': short_hold_server() cannot "
+            "be called with the outcome (a function of one argument, the FuzzOutcome)",
+        ),
+        (["--check", "tests.test_fuzz:two_arguments"], "two_arguments(outcome, extra) cannot"),
     ],
 )
 def test_a_bad_option_is_one_line_and_exit_2(

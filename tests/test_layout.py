@@ -83,6 +83,15 @@ def test_the_public_namespace_is_the_production_api() -> None:
         assert not module.startswith(("agent_runtime.testing", "agent_runtime.tools")), name
 
 
+def test_the_error_agent_job_raises_for_a_wrong_plugin_is_a_public_name() -> None:
+    """The embedding guide names ``AvatarPluginError`` as what ``AgentJob(avatar=...)``
+    raises; a user catches it from ``agent_runtime``, where every public name is."""
+    from agent_runtime.runtimes.avatar import AvatarPluginError
+
+    assert "AvatarPluginError" in agent_runtime.__all__
+    assert agent_runtime.AvatarPluginError is AvatarPluginError
+
+
 def test_importing_the_whole_runtime_loads_neither_the_kit_nor_yaml() -> None:
     code = (
         "import sys, agent_runtime\n"
