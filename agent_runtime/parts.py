@@ -69,7 +69,7 @@ def check_part(name: str, value: Any, *, required: bool = False) -> None:
         return
     want = _part_type(name, value)
     if want is not None:
-        raise SettingTypeError(f"{name} must be {want}, not {_kind(value)}")
+        raise SettingTypeError(f"{name} must be {want}, not {described(value)}")
     if name == "trace_path" and not os.fspath(value):
         raise SettingError("trace_path is empty: pass a file path, or None for no trace file")
 
@@ -105,11 +105,11 @@ def _part_type(name: str, value: Any) -> str | None:
         return None if ok else "a livekit SimulationContext or SimulationDispatch"
     if name in _CALLABLE_PARTS:
         want, args = _CALLABLE_PARTS[name]
-        return None if callable(value) and _takes(value, args) else want
+        return None if callable(value) and takes(value, args) else want
     raise KeyError(name)  # a part this module does not know: the caller's bug
 
 
-def _kind(value: Any) -> str:
+def described(value: Any) -> str:
     """The type of what was given; for a callable, also its name and what it takes."""
     kind = type(value).__name__
     if not callable(value) or isinstance(value, type):
@@ -126,7 +126,7 @@ def _kind(value: Any) -> str:
     return f"{kind} {getattr(value, '__name__', '')}{bare}"
 
 
-def _takes(fn: Callable[..., Any], args: int) -> bool:
+def takes(fn: Callable[..., Any], args: int) -> bool:
     """Whether ``fn`` can be called with ``args`` positional arguments (a mistake found at
     construction, not at the first call deep in a step); unknown for a signature that
     cannot be read (a builtin), which passes."""

@@ -61,8 +61,8 @@ def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
         # reported as a property the agent broke, after the drawing and the shrinking
         (
             ["--check", "tests.support.planted:short_hold_server"],
-            "--check 'tests.support.planted:short_hold_server': short_hold_server() cannot "
-            "be called with the outcome (a function of one argument, the FuzzOutcome)",
+            "--check 'tests.support.planted:short_hold_server': function short_hold_server() "
+            "cannot be called with the outcome (a function of one argument, the FuzzOutcome)",
         ),
         (["--check", "tests.test_fuzz:two_arguments"], "two_arguments(outcome, extra) cannot"),
     ],
@@ -503,6 +503,12 @@ def test_a_check_that_is_not_callable_is_refused_before_any_run(tmp_path: Path) 
         fuzz(server, FuzzOptions(seed=SEED, examples=5), checks=["notcallable"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="a check must be callable"):
         replay(server, tmp_path / "never-read.yaml", checks=[3])  # type: ignore[list-item]
+    # one that cannot take the outcome failed every run, reported as the agent's bug (the
+    # CLI refused it; fuzz_entrypoint and fuzz() ran it)
+    with pytest.raises(TypeError, match=r"not function two_arguments\(outcome, extra\)$"):
+        fuzz(server, FuzzOptions(seed=SEED, examples=5), checks=[two_arguments])
+    with pytest.raises(TypeError, match=r"not function two_arguments\(outcome, extra\)$"):
+        replay(server, tmp_path / "never-read.yaml", checks=[two_arguments])
 
 
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from hypothesis.stateful import get_state_machine_test
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.entrypoint import NoAgentJob, check_agent
@@ -133,8 +134,9 @@ def fuzz(
 
 def _check_checks(checks: Sequence[Check]) -> None:
     for check in checks:
-        if not callable(check):
-            raise TypeError(f"a check must be callable as check(outcome), not {check!r}")
+        if not callable(check) or not takes(check, 1):
+            what = described(check) if callable(check) else repr(check)
+            raise TypeError(f"a check must be callable as check(outcome), not {what}")
 
 
 def _fuzz(

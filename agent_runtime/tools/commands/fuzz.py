@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import inspect
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent_runtime.parts import described, takes
 from agent_runtime.sdk import livekit_compat as lk
 
 
@@ -100,26 +100,11 @@ def _checks(specs: list[str]) -> list[Any]:
         fn = load(spec, "--check")
         if not callable(fn):
             raise UsageError(f"--check {spec!r}: not a function")
-        try:
-            signature: inspect.Signature | None = inspect.signature(fn)
-        except (TypeError, ValueError):  # a builtin's may not be readable: it is tried
-            signature = None
-        if signature is not None:
-            try:
-                signature.bind(None)
-            except TypeError:
-                bare = signature.replace(
-                    parameters=[
-                        p.replace(annotation=inspect.Parameter.empty)
-                        for p in signature.parameters.values()
-                    ],
-                    return_annotation=inspect.Signature.empty,
-                )
-                name = getattr(fn, "__name__", spec)
-                raise UsageError(
-                    f"--check {spec!r}: {name}{bare} cannot be called with the outcome "
-                    "(a function of one argument, the FuzzOutcome)"
-                ) from None
+        if not takes(fn, 1):
+            raise UsageError(
+                f"--check {spec!r}: {described(fn)} cannot be called with the outcome "
+                "(a function of one argument, the FuzzOutcome)"
+            )
         checks.append(fn)
     return checks
 
