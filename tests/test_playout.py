@@ -66,8 +66,9 @@ async def test_a_silent_avatar_gets_the_audio_plus_the_margin_then_the_agent_lis
     assert rig.job.avatar is not None and rig.job.avatar.state == "joined"
     assert rig.rpcs() == []  # nothing was sent to the avatar
     (msg,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.playout"]
+    # named as the job's other warnings are: the room (and job), then the machine
     assert msg.startswith(
-        "playout: avatar avatar sent no lk.playback_finished within 5s "
+        "room room, playout[room]: avatar avatar sent no lk.playback_finished within 5s "
         "(3s of audio pushed and a 2s margin); "
     )
     await rig.aclose()

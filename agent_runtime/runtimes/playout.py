@@ -442,13 +442,15 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             if cut
             else f"({pushed:g}s of audio pushed and a {self.options.margin:g}s margin)"
         )
-        logger.warning(
-            "playout: avatar %s sent no lk.playback_finished within %gs %s; counting the "
-            "playout done and finishing it locally",
+        self.actor.report(
+            logger,
+            logging.WARNING,
+            "avatar %s sent no lk.playback_finished within %gs %s; counting the playout "
+            "done and finishing it locally",
             avatar.avatar.avatar_identity if avatar is not None else "?",
             float(ev.data.get("after", 0.0)),
             why,
-            extra=self.actor.log_fields(ev.name),
+            event=ev.name,
         )
         # through the avatar's own table (statemachines.links.LINKS): it ends the sink's
         # segments still owed (no RPC), as the avatar's reports would have
@@ -465,11 +467,14 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         n = self._reprompts
         sent = Reprompted(self._clock.now(), n)
         self.reprompted.append(sent)
-        logger.info(
-            "playout: the user has been silent for %.1fs; re-prompt %d of %d",
+        self.actor.report(
+            logger,
+            logging.INFO,
+            "the user has been silent for %.1fs; re-prompt %d of %d",
             self.options.reprompt_after,
             n,
             self.options.max_reprompts,
+            event=ev.name,
         )
         self.emit("reprompt", sent)
         res = self._on_reprompt(self.session, n)
@@ -482,17 +487,24 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _fx_hand_over(self, ev: Event) -> None:
         opts = self.options
         if opts.when_exhausted == "close":
-            logger.info(
-                "playout: no answer after %d re-prompts; closing the session (%s)",
+            self.actor.report(
+                logger,
+                logging.INFO,
+                "no answer after %d re-prompts; closing the session (%s)",
                 self._reprompts,
                 opts.close_reason,
+                event=ev.name,
             )
             s = self.session
             if lk.session_live(s):
                 lk.ask_session_close(s, CloseReason(opts.close_reason))
         else:
-            logger.info(
-                "playout: no answer after %d re-prompts; waiting for the user", self._reprompts
+            self.actor.report(
+                logger,
+                logging.INFO,
+                "no answer after %d re-prompts; waiting for the user",
+                self._reprompts,
+                event=ev.name,
             )
 
 
