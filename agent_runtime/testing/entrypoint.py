@@ -377,7 +377,8 @@ class EntrypointRunner:
         if job is None:
             raise NoAgentJob(
                 "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx, "
-                "session=...) in it and start the job there (docs/guide/testing.md)"
+                'session=...) in it and start the job there (the testing guide, "Your entrypoint '
+                'under test")'
             )
         run.job = job
         if not watch.started.done() and not entry.done():
