@@ -264,12 +264,14 @@ def reprompts_left(f: PlayoutFacts, data: EventData) -> bool:
 # event for it (None: nothing)
 
 
-def agent_state_event(new_state: str) -> str | None:
-    """The event for the session's ``agent_state_changed`` to ``new_state``."""
+def agent_state_event(new_state: str, old_state: str | None = None) -> str | None:
+    """The event for the session's ``agent_state_changed`` to ``new_state`` (from
+    ``old_state``, when known). The session's start (from ``initializing``) ends no turn:
+    a greeting queued in ``on_enter`` is created before it."""
     if new_state in ("thinking", "speaking"):
         return f"agent_{new_state}"
     if new_state in ("listening", "idle"):
-        return "agent_listening"
+        return None if old_state == "initializing" else "agent_listening"
     return None  # initializing
 
 

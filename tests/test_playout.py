@@ -1147,6 +1147,10 @@ def test_the_glue_names_only_events_the_machine_declares() -> None:
         "thinking": "agent_thinking",
         "speaking": "agent_speaking",
     }
+    # the session's start ends no turn (a greeting in on_enter is queued before it)
+    assert agent_state_event("listening", "initializing") is None
+    assert agent_state_event("speaking", "initializing") == "agent_speaking"
+    assert agent_state_event("listening", "speaking") == "agent_listening"
     avatar = MACHINES["avatar"].state_names
     joined = ("joined", "clearing")
     left = {(a, b) for a in avatar for b in avatar if avatar_change_event(a, b) == "avatar_left"}

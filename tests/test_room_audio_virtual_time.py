@@ -155,6 +155,54 @@ async def test_a_greeting_said_while_an_avatar_never_joins_plays_in_the_room(
 
 
 @pytest.mark.virtual_time
+@pytest.mark.parametrize("avatar_joins_at", [None, 5.0], ids=["room", "avatar-late"])
+async def test_a_greeting_in_on_enter_is_one_playout_ended_once_it_played(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    avatar_joins_at: float | None,
+) -> None:
+    """The greeting said in ``on_enter`` is queued before the session's start makes the
+    agent ``listening``: that first change ended the greeting's turn before it played
+    (``playout.done`` said so at t=0, a ``playout_done`` was emitted, and with an avatar
+    still joining the machine sat idle while the greeting waited for it)."""
+    avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+
+    class Greeter(Agent):
+        async def on_enter(self) -> None:
+            self.session.say("welcome", audio=_audio(GREETING, 24000))
+
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=avatar if avatar_joins_at else None,
+            playout=True,  # on with an avatar by default; asked for here without one
+        )
+        await job.start(Greeter(instructions="test"))
+
+    agent_room.add_participant("user")
+    began = virtual_clock.now()
+    job = await run_entrypoint(server)
+    assert job.playout is not None
+    await virtual_clock.advance(0.5)
+    assert job.playout.state == "agent_turn" and list(job.playout.done) == []
+    if avatar_joins_at is not None:
+        await virtual_clock.advance(avatar_joins_at - 0.5)
+        agent_room.add_participant("avatar", kind="agent")
+        agent_room.publish_track("avatar", "video")
+        assert job.playout.state in ("agent_turn", "remote_playout")
+    # the greeting's 2 s, and the avatar's playout bound (its 2 s margin: this avatar
+    # never reports)
+    await virtual_clock.advance(GREETING + 3.0)
+    (done,) = job.playout.done  # the greeting's, once it played
+    assert done.t - began >= (avatar_joins_at or 0.0) + GREETING - 0.01
+
+
+@pytest.mark.virtual_time
 async def test_a_retry_waits_for_the_greeting_playing_in_the_room(
     agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
 ) -> None:

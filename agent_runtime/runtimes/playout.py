@@ -382,7 +382,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         )
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
-        event = glue.agent_state_event(ev.new_state)
+        event = glue.agent_state_event(ev.new_state, ev.old_state)
         if event is not None:
             self._post(Event(event, {"state": ev.new_state}))
 
