@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from livekit import rtc
-from livekit.agents import Agent, AgentSession
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 
-from agent_runtime import AgentJob
+from agent_runtime import AgentJob, on_session_end
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.runtimes.room_events import (
     AttributesChanged,
@@ -521,6 +522,57 @@ async def test_a_production_trace_whose_user_is_a_connector_is_recorded_and_repr
     ]
     rejoined = [s for s in scenario.steps if s.event == "participant_connected"]
     assert [getattr(s, "kind", None) for s in rejoined] == ["connector"]
+
+
+@pytest.mark.virtual_time
+async def test_a_greeting_that_waited_for_an_avatar_that_never_came_is_recorded_and_reproduced(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The greeting said in on_enter waits at the avatar's sink, goes to the room at the
+    join timeout and plays there, the retry waiting for it: record rebuilt it as 14 s of
+    speech (from its creation, its wait included) where it played 4, and the playout
+    machine's turn as ended at the session's start; the scenario did not reproduce it."""
+    trace = tmp_path / "run.jsonl"
+
+    async def greeting() -> AsyncIterator[rtc.AudioFrame]:
+        for _ in range(400):  # 4 s
+            yield rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+
+    class Greeter(Agent):
+        async def on_enter(self) -> None:
+            self.session.say("welcome", audio=greeting())
+
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
+            join_timeout=10,
+            retry_avatar={"attempts": 1},
+            trace_path=trace,
+        )
+        await job.start(Greeter(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    await virtual_clock.advance(30)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "the rebuilt scenario reproduces the trace" in err
+    said = [s for s in load_scenario(recorded).steps if s.event == "agent.say"]
+    assert [(s.at, getattr(s, "duration", None)) for s in said] == [(0.0, 4.0)]
 
 
 def test_speech_on_room_audio_is_rebuilt_with_the_seconds_it_played_and_its_interruption(

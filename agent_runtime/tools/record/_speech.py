@@ -3,7 +3,8 @@
 - the agent's speech: each speech the session created, but a re-prompt's (created by the
   machine's own ``reprompt`` effect), is an ``agent.say`` of the seconds of audio handed to
   the avatar (``handed_off``'s ``pushed``); on the room's audio output, of the seconds it
-  played (from its creation to its end), and an interruption there a ``session.interrupt``;
+  played (from its creation, or from the avatar's route put back when it waited at the
+  avatar's sink, to its end), and an interruption there a ``session.interrupt``;
 - the user's voice: a ``user.speech`` from each ``user_speaking``; the trace shows when it
   began and what the machine's ``user_listening`` guard read later, not when it ended;
 - the playout options the machine's reads and timers show: the watchdog on, how many
@@ -21,6 +22,8 @@ from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.settings import PlayoutOptions
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _State
+from statemachines.avatar import ROUTED
+from statemachines.glue import avatar_change_event
 from statemachines.links import links_from
 from statemachines.machines import MACHINES
 
@@ -88,8 +91,13 @@ class _SpeechPass(_State):
     def _speech(self, primary: str | None) -> None:
         recs = self.of("playout")
         if not recs:
-            if self.of("avatar") and any(r.event == "attach" for _, r in self.of("session_host")):
-                # a session with an avatar and no playout machine: the job turned it off
+            heard = any(
+                r.kind == "transition" and avatar_change_event(r.source, r.dest)
+                for _, r in self.of("avatar")
+            )
+            if heard and any(r.event == "attach" for _, r in self.of("session_host")):
+                # the avatar's changes a playout machine hears, and none there: the job
+                # turned it off (a trace that shows neither leaves AgentJob's default)
                 self.config["playout"] = False
             return
         self.config["playout"] = True
@@ -137,7 +145,8 @@ class _SpeechPass(_State):
         speech = said.data.get("speech_id")
         ends = (d for _, d in recs[n + 1 :] if d.event == "speech_done")
         done = next((d for d in ends if d.data.get("speech_id") == speech), None)
-        spoke = None if done is None else done.t - said.t
+        began = self._on_room_audio_from(recs[n][0], said.t)
+        spoke = None if done is None else done.t - (began if began <= done.t else said.t)
         cut = done is None or bool(done.data.get("interrupted"))
         if spoke is not None and (spoke > _MAX_SAY or (cut and spoke >= _MAX_SAY)):
             self.note(
@@ -153,6 +162,23 @@ class _SpeechPass(_State):
             return _MAX_SAY
         played = round(spoke, 6)
         return min(played, _MAX_SAY) if played > 0 else _UNTIMED_SAY
+
+    def _on_room_audio_from(self, index: int, t: float) -> float:
+        """When a speech created at ``t`` (record ``index``) that reached no avatar began on
+        the room's audio output: at once, unless the avatar's route was in then: its first
+        frame waited at the avatar's sink until that route was put back (a scenario's
+        ``agent.say`` then waits there too)."""
+        state: str | None = None
+        for j, r in self.of("avatar"):
+            if r.kind != "transition":
+                continue
+            if j < index:
+                state = r.dest
+            elif state not in ROUTED:
+                return t
+            elif r.event == "route_restored":
+                return r.t
+        return t
 
     def _heard(self, recs: list[tuple[int, TraceRecord]], n: int) -> float:
         """How long the user who began to speak at ``recs[n]`` spoke: past every later read
