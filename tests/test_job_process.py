@@ -675,3 +675,29 @@ async def test_the_scripted_avatars_close_asks_no_server_to_remove_its_participa
     removal = [r for r in caplog.records if "remove avatar participant" in r.getMessage()]
     assert removal == []
     assert scripted_avatar.avatar_identity not in agent_room.remote_participants
+
+
+async def test_a_hold_whose_room_drops_does_not_blame_a_missing_on_session_end_hook(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the hook is given and holding; the server drops the room (a network loss): the
+    # warning said the room went because rtc_session lacked on_session_end=on_session_end,
+    # sending the operator to fix a configuration that was right
+    seen: list[str] = []
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(_server(seen), simulation=True)
+    job.session.shutdown()
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    held = run_entrypoint.session_end()
+    await virtual_clock.advance(5)
+    with caplog.at_level(logging.INFO, logger="agent_runtime"):
+        agent_room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+        await held
+        await run_entrypoint.wait_ended()
+    assert seen[0] == "on_session_end connected=True"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "the hold ended as the room disconnected" in warned[0]
+    assert "on_session_end=on_session_end" not in warned[0]

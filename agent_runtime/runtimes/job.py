@@ -166,6 +166,8 @@ class JobRuntime(MachineRuntime[str]):
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
+        # why the room may have gone during a hold, for the lost verdict's line (livekit_job)
+        self.disconnect_hint = ""
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
         self.host = host or session_host_for(
@@ -406,8 +408,7 @@ class JobRuntime(MachineRuntime[str]):
         ended = (
             f"after session_end_timeout ({self._session_end_timeout:g}s)"
             if event == "hold_timeout"
-            else "as the room disconnected (a livekit job's room is disconnected as its session "
-            "closes unless rtc_session was given on_session_end=on_session_end)"
+            else f"as the room disconnected{self.disconnect_hint}"
         )
         self.actor.report(
             logger,
