@@ -701,3 +701,46 @@ async def test_a_hold_whose_room_drops_does_not_blame_a_missing_on_session_end_h
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1 and "the hold ended as the room disconnected" in warned[0]
     assert "on_session_end=on_session_end" not in warned[0]
+
+
+async def test_the_job_s_own_shutdown_callback_lines_name_the_job_and_the_callback(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the log policy: a line an operator reads names the job; these two named neither the
+    # job nor its room, and the failed callback as a repr with a memory address
+    async def never_returns() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise ValueError("the upload's bucket is gone")
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), close_timeout=4)
+        job.add_shutdown_callback(never_returns)
+        job.add_shutdown_callback(fails)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+        await virtual_clock.advance(4)
+        with pytest.raises(UserCodeError, match="bucket is gone"):
+            await run_entrypoint.wait_ended()
+    assert job.closed_at == 4.0
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "agent_runtime.job"]
+    place = "job test-job (room test-room), job[test-room]: "
+    assert lines == [
+        (logging.ERROR, place + f"shutdown callback {fails.__qualname__} failed"),
+        (
+            logging.WARNING,
+            place + "closing the job was cut off after 4s (close_timeout): shutdown callback "
+            f"{never_returns.__qualname__} had not returned",
+        ),
+    ]

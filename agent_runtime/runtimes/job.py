@@ -483,17 +483,13 @@ class JobRuntime(MachineRuntime[str]):
         if self._callbacks and not started:
             parts.append("the shutdown callbacks did not run")
         what = "; ".join(parts) or "its last step had ended"
-        logger.warning(
-            "closing the job was cut off after %gs (close_timeout): %s",
-            after,
-            what,
-            extra=self.actor.log_fields(ev.name),
-        )
+        msg = "closing the job was cut off after %gs (close_timeout): %s"
+        self.actor.report(logger, logging.WARNING, msg, after, what, event=ev.name)
 
     def _run_callbacks(self) -> Awaitable[None] | None:
         if not self._callbacks:
             return None
-        return self._callbacks.run(self._reason, log_fields=self.actor.log_fields())
+        return self._callbacks.run(self._reason, self.actor)
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)
