@@ -744,3 +744,28 @@ async def test_the_job_s_own_shutdown_callback_lines_name_the_job_and_the_callba
             f"{never_returns.__qualname__} had not returned",
         ),
     ]
+
+
+async def test_a_failing_on_simulation_end_s_line_names_the_job(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    simulator: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the verdict is lost to a bug in the agent's code: the ERROR line named neither the job
+    # nor the room, which an operator needs to find the run
+    async def broken_verdict(_sim: Any) -> None:
+        raise KeyError("score")
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    await run_entrypoint(_server([]), simulation=True, on_simulation_end=broken_verdict)
+    with (
+        caplog.at_level(logging.ERROR, logger="agent_runtime"),
+        pytest.raises(RuntimeError, match="on_simulation_end failed: KeyError"),
+    ):
+        await simulator.finalize_simulation(provisional_success=True)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith("job test-job (room test-room), finalize")
+    assert line.endswith("on_simulation_end failed: KeyError: 'score'")
+    with pytest.raises(UserCodeError, match="score"):
+        await run_entrypoint.aclose()
