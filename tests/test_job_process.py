@@ -769,3 +769,25 @@ async def test_a_failing_on_simulation_end_s_line_names_the_job(
     assert line.endswith("on_simulation_end failed: KeyError: 'score'")
     with pytest.raises(UserCodeError, match="score"):
         await run_entrypoint.aclose()
+
+
+async def test_the_job_s_shutdown_callbacks_get_the_reason_given_to_ctx_shutdown(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # livekit's own callbacks got "the agent hung up"; the job's got the session's close
+    # ("session closed: user_initiated"), the close livekit made after it was told why
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.add_shutdown_callback(lambda reason: seen.append(f"job: {reason}"))
+        ctx.add_shutdown_callback(lambda reason: seen.append(f"livekit: {reason}"))
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("the agent hung up")
+    await run_entrypoint.wait_ended()
+    assert sorted(seen) == ["job: the agent hung up", "livekit: the agent hung up"]

@@ -304,6 +304,10 @@ class JobRuntime(MachineRuntime[str]):
         self._reason = self._reason or reason
         self._post(Event("shutdown", {"reason": reason}))
 
+    def note_reason(self, reason: str) -> None:
+        """Why the job ends, told to livekit first (``ctx.shutdown``); the first stands."""
+        self._reason = self._reason or reason
+
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).
         Deferred to ``closing``; after the room work there it runs at once."""

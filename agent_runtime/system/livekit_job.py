@@ -119,6 +119,9 @@ def register(ctx: JobContext, job: AgentJob) -> None:
 
     def shut_down(reason: str) -> None:
         _SHUTTING_DOWN.add(ctx)
+        # the job's close (its callbacks, its log line) gives this reason, not the session
+        # close livekit makes from it
+        job.job.note_reason(reason)
         process_shutdown(reason)
 
     process_shutdown = lk.set_job_shutdown_hook(ctx, shut_down)
