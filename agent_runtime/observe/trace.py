@@ -236,6 +236,10 @@ class Tracer:
 
     def __init__(self, *sinks: TraceSink) -> None:
         for s in sinks:
+            if isinstance(s, type):  # its write is a function wanting self: the first fails
+                raise TypeError(
+                    f"Tracer takes sinks, not a sink class, {s.__name__}: pass {s.__name__}()"
+                )
             if not callable(getattr(s, "write", None)):
                 raise TypeError(
                     f"Tracer takes sinks (objects with a write(record) method: JsonlSink, "
