@@ -791,3 +791,32 @@ async def test_the_job_s_shutdown_callbacks_get_the_reason_given_to_ctx_shutdown
     run_entrypoint.ctx.shutdown("the agent hung up")
     await run_entrypoint.wait_ended()
     assert sorted(seen) == ["job: the agent hung up", "livekit: the agent hung up"]
+
+
+async def test_a_finalize_from_a_stranger_is_refused_in_a_line_naming_the_job(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    agent_session_transports: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a simulator whose participant lacks lk.simulator loses its verdict this way: the
+    # WARNING named the caller but not the job or the room it asked
+    from livekit.protocol.agent_pb import agent_session as agent_pb
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    agent_room.add_participant("user")
+    await run_entrypoint(_server([]), simulation=True)
+    request = agent_pb.SessionRequest(
+        request_id="req-1",
+        finalize_simulation=agent_pb.SessionRequest.FinalizeSimulation(provisional_success=True),
+    )
+    sim_end = agent_session_transports[1]
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        await sim_end.send_message(agent_pb.AgentSessionMessage(request=request), sender="user")
+        reply = await asyncio.wait_for(sim_end.receive(), 5)
+        while not reply.message.HasField("response"):  # the session's events come too
+            reply = await asyncio.wait_for(sim_end.receive(), 5)
+    assert "only from the simulator" in reply.message.response.error
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith("job test-job (room test-room), session_host")
+    assert line.endswith("refused finalize_simulation from 'user': not the simulator participant")
