@@ -820,3 +820,25 @@ async def test_a_finalize_from_a_stranger_is_refused_in_a_line_naming_the_job(
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert line.startswith("job test-job (room test-room), session_host")
     assert line.endswith("refused finalize_simulation from 'user': not the simulator participant")
+
+
+async def test_the_job_s_shutdown_callbacks_say_the_room_disconnected_when_it_did(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # the server dropped the room: livekit's job process closes the session (aclose(),
+    # user_initiated) and the job's callbacks were told "session closed: user_initiated",
+    # what a callback reads as the user hanging up
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.add_shutdown_callback(lambda reason: seen.append(reason))
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    agent_room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+    await run_entrypoint.wait_ended()
+    assert seen == ["room disconnected"]

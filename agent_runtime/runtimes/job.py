@@ -159,15 +159,13 @@ class JobRuntime(MachineRuntime[str]):
         # the links between the job's machines, as declared (statemachines.links.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
         self._callbacks = ShutdownCallbacks()
-        # the works of run_close's steps (statemachines.system.TEARDOWN) that whoever
-        # composes the job does (the session's and the avatar's), asked for as the close
-        # begins: a live job holds no table of them
+        # the works of run_close's steps (statemachines.system.TEARDOWN) its composer does
+        # (the session's, the avatar's), asked for as the close begins: no table is kept
         self._composed_works = composed_works
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
-        # why the room may have gone during a hold, for the lost verdict's line (livekit_job)
-        self.disconnect_hint = ""
+        self.disconnect_hint = ""  # why a room may go in a hold, for a lost verdict's line
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
         self.host = host or session_host_for(
@@ -375,11 +373,13 @@ class JobRuntime(MachineRuntime[str]):
         if self._trace_file is not None:
             self._trace_file.close()
 
-    # -- inputs ----------------------------------------------------------------------------
-    # -- room facts (routed by statemachines.routing) ---------------------------------------
+    # -- inputs: room facts (routed by statemachines.routing) -------------------------------
     def _track_simulators(self, fact: RoomFact) -> None:
-        """Which participants carry the simulator attribute, after ``fact``."""
-        self._simulators = simulators_after(self._simulators, plain_fact(fact))
+        """The simulators after ``fact``; a room that drops is why the job ends, if first."""
+        seen = plain_fact(fact)
+        if seen["fact"] == "room_disconnected":
+            self._reason = self._reason or "room disconnected"
+        self._simulators = simulators_after(self._simulators, seen)
 
     def _post_linked(self, event: Event) -> None:
         """An event another machine's effect sends the job (``statemachines.links.LINKS``)."""
