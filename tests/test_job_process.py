@@ -842,3 +842,27 @@ async def test_the_job_s_shutdown_callbacks_say_the_room_disconnected_when_it_di
     agent_room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
     await run_entrypoint.wait_ended()
     assert seen == ["room disconnected"]
+
+
+async def test_an_on_session_end_cut_by_livekit_warns_naming_the_job_and_the_bound_to_give(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # AgentServer's session_end_timeout shorter than the job's hold: livekit cuts the hook
+    # mid-hold; the line says what to give, and (the log policy) which job it was
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(_server([], end_timeout=100), simulation=True)
+    job.session.shutdown()
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    held = run_entrypoint.session_end()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        await virtual_clock.advance(100)
+        await held
+        with pytest.raises(UserCodeError, match="timed out after 100s"):
+            await run_entrypoint.wait_ended()
+    cut = [r.getMessage() for r in caplog.records if "was cut" in r.getMessage()]
+    assert len(cut) == 1 and cut[0].startswith("job test-job (room test-room), job[test-room]: ")
+    assert "in job state awaiting_finalize" in cut[0]
+    assert "give AgentServer(session_end_timeout=...) at least that" in cut[0]

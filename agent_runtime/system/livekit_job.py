@@ -191,7 +191,9 @@ async def on_session_end(ctx: JobContext) -> None:
         if job.lifecycle != "closed":
             # livekit's own line says only that on_session_end timed out
             s = job.settings
-            logger.warning(
+            job.job.actor.report(
+                logger,
+                logging.WARNING,
                 "on_session_end was cut before the job closed (livekit's session_end_timeout "
                 "on AgentServer, or the worker shutting down) in job state %s: the job's hold "
                 "and close take up to %gs (its session_end_timeout %gs + close_timeout %gs); "
