@@ -229,11 +229,11 @@ class InMemoryRoom(rtc.Room):
     def __init__(
         self, *, name: str = "room", agent_identity: str = "agent", clock: Clock | None = None
     ) -> None:
+        super().__init__()  # first: a room refused below is still one rtc.Room can delete
         for what, value in (("name", name), ("agent_identity", agent_identity)):
             if not isinstance(value, str):
                 raise TypeError(f"InMemoryRoom: {what} must be a str, not {type(value).__name__}")
         check_part("clock", clock)
-        super().__init__()
         self.clock: Clock = clock or AsyncioClock()
         self._local = InMemoryLocalParticipant(self, agent_identity)
         lk.set_room_info(self, room_pb2.RoomInfo(name=name))
