@@ -8,6 +8,7 @@ the value given, before anything is built.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -22,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from agent_runtime.observe.trace import JsonlSink, LoggingSink, Tracer
+from agent_runtime.observe.trace import JsonlSink, LoggingSink, TraceFileBusy, Tracer
 from statemachines import glue
 
 if TYPE_CHECKING:
@@ -392,12 +393,19 @@ def observed(
             # before the job: the missing ones are made, as a log file's would be
             Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
             trace_file = JsonlSink(trace_path)
+        except TraceFileBusy:
+            # observation: the job runs, and the other job's trace is left whole
+            logging.getLogger("agent_runtime.trace").warning(
+                "trace_path: %r is being written by another job's trace: this job writes no "
+                "trace file (put {job_id} in trace_path for one file a job)",
+                str(trace_path),
+            )
         except OSError as e:
             raise SettingError(
                 f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
             ) from None
-        # production traces: the JSONL `agent-runtime replay` reads, plus the logs
-        tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), trace_file)
+        if trace_file is not None:  # the JSONL `agent-runtime replay` reads, plus the logs
+            tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), trace_file)
     sink: OtelSink | None = None
     if otel is not False:
         # imported here, as in _part_type: OpenTelemetry loads only for a job that uses it

@@ -831,8 +831,8 @@ async def test_a_hung_shutdown_callback_is_cut_at_close_timeout_and_logged(
     assert [(r.levelno, r.getMessage()) for r in cut] == [
         (
             logging.WARNING,
-            "closing the job was cut off after 4s (close_timeout): shutdown callback "
-            f"{never_returns.__qualname__} had not returned",
+            "job[sim-room]: closing the job was cut off after 4s (close_timeout): shutdown "
+            f"callback {never_returns.__qualname__} had not returned",
         )
     ]
     await rt.aclose()
@@ -860,7 +860,10 @@ async def test_a_failing_shutdown_callback_is_logged_though_another_one_hangs(
         await rig.settle()
     assert rt.state == "closed"
     logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "agent_runtime.job"]
-    assert logged[0] == (logging.ERROR, f"shutdown callback {fails!r} failed")
+    assert logged[0] == (
+        logging.ERROR,
+        f"job[sim-room]: shutdown callback {fails.__qualname__} failed",
+    )
     failed = next(r for r in caplog.records if r.levelno == logging.ERROR)
     assert failed.exc_info is not None and isinstance(failed.exc_info[1], ValueError)
     assert logged[1][0] == logging.WARNING and "never_returns had not returned" in logged[1][1]

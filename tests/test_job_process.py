@@ -675,3 +675,194 @@ async def test_the_scripted_avatars_close_asks_no_server_to_remove_its_participa
     removal = [r for r in caplog.records if "remove avatar participant" in r.getMessage()]
     assert removal == []
     assert scripted_avatar.avatar_identity not in agent_room.remote_participants
+
+
+async def test_a_hold_whose_room_drops_does_not_blame_a_missing_on_session_end_hook(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the hook is given and holding; the server drops the room (a network loss): the
+    # warning said the room went because rtc_session lacked on_session_end=on_session_end,
+    # sending the operator to fix a configuration that was right
+    seen: list[str] = []
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(_server(seen), simulation=True)
+    job.session.shutdown()
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    held = run_entrypoint.session_end()
+    await virtual_clock.advance(5)
+    with caplog.at_level(logging.INFO, logger="agent_runtime"):
+        agent_room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+        await held
+        await run_entrypoint.wait_ended()
+    assert seen[0] == "on_session_end connected=True"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "the hold ended as the room disconnected" in warned[0]
+    assert "on_session_end=on_session_end" not in warned[0]
+
+
+async def test_the_job_s_own_shutdown_callback_lines_name_the_job_and_the_callback(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the log policy: a line an operator reads names the job; these two named neither the
+    # job nor its room, and the failed callback as a repr with a memory address
+    async def never_returns() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise ValueError("the upload's bucket is gone")
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), close_timeout=4)
+        job.add_shutdown_callback(never_returns)
+        job.add_shutdown_callback(fails)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+        await virtual_clock.advance(4)
+        with pytest.raises(UserCodeError, match="bucket is gone"):
+            await run_entrypoint.wait_ended()
+    assert job.closed_at == 4.0
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "agent_runtime.job"]
+    place = "job test-job (room test-room), job[test-room]: "
+    assert lines == [
+        (logging.ERROR, place + f"shutdown callback {fails.__qualname__} failed"),
+        (
+            logging.WARNING,
+            place + "closing the job was cut off after 4s (close_timeout): shutdown callback "
+            f"{never_returns.__qualname__} had not returned",
+        ),
+    ]
+
+
+async def test_a_failing_on_simulation_end_s_line_names_the_job(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    simulator: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the verdict is lost to a bug in the agent's code: the ERROR line named neither the job
+    # nor the room, which an operator needs to find the run
+    async def broken_verdict(_sim: Any) -> None:
+        raise KeyError("score")
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    await run_entrypoint(_server([]), simulation=True, on_simulation_end=broken_verdict)
+    with (
+        caplog.at_level(logging.ERROR, logger="agent_runtime"),
+        pytest.raises(RuntimeError, match="on_simulation_end failed: KeyError"),
+    ):
+        await simulator.finalize_simulation(provisional_success=True)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith("job test-job (room test-room), finalize")
+    assert line.endswith("on_simulation_end failed: KeyError: 'score'")
+    with pytest.raises(UserCodeError, match="score"):
+        await run_entrypoint.aclose()
+
+
+async def test_the_job_s_shutdown_callbacks_get_the_reason_given_to_ctx_shutdown(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # livekit's own callbacks got "the agent hung up"; the job's got the session's close
+    # ("session closed: user_initiated"), the close livekit made after it was told why
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.add_shutdown_callback(lambda reason: seen.append(f"job: {reason}"))
+        ctx.add_shutdown_callback(lambda reason: seen.append(f"livekit: {reason}"))
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("the agent hung up")
+    await run_entrypoint.wait_ended()
+    assert sorted(seen) == ["job: the agent hung up", "livekit: the agent hung up"]
+
+
+async def test_a_finalize_from_a_stranger_is_refused_in_a_line_naming_the_job(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    agent_session_transports: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a simulator whose participant lacks lk.simulator loses its verdict this way: the
+    # WARNING named the caller but not the job or the room it asked
+    from livekit.protocol.agent_pb import agent_session as agent_pb
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    agent_room.add_participant("user")
+    await run_entrypoint(_server([]), simulation=True)
+    request = agent_pb.SessionRequest(
+        request_id="req-1",
+        finalize_simulation=agent_pb.SessionRequest.FinalizeSimulation(provisional_success=True),
+    )
+    sim_end = agent_session_transports[1]
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        await sim_end.send_message(agent_pb.AgentSessionMessage(request=request), sender="user")
+        reply = await asyncio.wait_for(sim_end.receive(), 5)
+        while not reply.message.HasField("response"):  # the session's events come too
+            reply = await asyncio.wait_for(sim_end.receive(), 5)
+    assert "only from the simulator" in reply.message.response.error
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith("job test-job (room test-room), session_host")
+    assert line.endswith("refused finalize_simulation from 'user': not the simulator participant")
+
+
+async def test_the_job_s_shutdown_callbacks_say_the_room_disconnected_when_it_did(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # the server dropped the room: livekit's job process closes the session (aclose(),
+    # user_initiated) and the job's callbacks were told "session closed: user_initiated",
+    # what a callback reads as the user hanging up
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.add_shutdown_callback(lambda reason: seen.append(reason))
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    agent_room.disconnect_locally(rtc.DisconnectReason.SIGNAL_CLOSE)
+    await run_entrypoint.wait_ended()
+    assert seen == ["room disconnected"]
+
+
+async def test_an_on_session_end_cut_by_livekit_warns_naming_the_job_and_the_bound_to_give(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # AgentServer's session_end_timeout shorter than the job's hold: livekit cuts the hook
+    # mid-hold; the line says what to give, and (the log policy) which job it was
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(_server([], end_timeout=100), simulation=True)
+    job.session.shutdown()
+    await run_entrypoint.wait_for("job", "awaiting_finalize")
+    held = run_entrypoint.session_end()
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        await virtual_clock.advance(100)
+        await held
+        with pytest.raises(UserCodeError, match="timed out after 100s"):
+            await run_entrypoint.wait_ended()
+    cut = [r.getMessage() for r in caplog.records if "was cut" in r.getMessage()]
+    assert len(cut) == 1 and cut[0].startswith("job test-job (room test-room), job[test-room]: ")
+    assert "in job state awaiting_finalize" in cut[0]
+    assert "give AgentServer(session_end_timeout=...) at least that" in cut[0]

@@ -8,14 +8,18 @@ moves, and the room emits nothing."""
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
 import pytest
 from livekit import rtc
 
+from agent_runtime import MemorySink, Tracer
 from agent_runtime.testing.clock import VirtualClock
+from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom, NotInRoom
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
 
 @pytest.mark.parametrize(
@@ -201,3 +205,49 @@ async def test_run_entrypoint_refuses_a_start_timeout_that_is_no_duration_before
     with pytest.raises(error) as e:
         await run_entrypoint(entrypoint, start_timeout=timeout)
     assert str(e.value) == message and ran == []
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: InMemoryRoom(name=5), "InMemoryRoom: name must be a str, not int"),
+        (
+            lambda: InMemoryRoom(agent_identity=None),
+            "InMemoryRoom: agent_identity must be a str, not NoneType",
+        ),
+        (
+            lambda: InMemoryRoom(clock="x"),
+            "clock must be a Clock (with now, call_later, sleep and wait_for), not str",
+        ),
+        (
+            lambda: EntrypointRunner(room=InMemoryRoom(), clock="x"),
+            "clock must be a Clock (with now, call_later, sleep and wait_for), not str",
+        ),
+        (
+            lambda: EntrypointRunner(room=InMemoryRoom(), transport="x"),
+            "transport must be a livekit SessionTransport, not str",
+        ),
+        (
+            lambda: ScriptedAvatar(clock=3),
+            "clock must be a Clock (with now, call_later, sleep and wait_for), not int",
+        ),
+    ],
+)
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+async def test_the_kit_s_stand_ins_refuse_parts_of_the_wrong_type_naming_them(
+    build: Any, message: str
+) -> None:
+    # InMemoryRoom(name=5) was "bad argument type for built-in operation" from protobuf;
+    # a clock or transport of the wrong type was taken, and failed deep in the job's run
+    # (the job refusing a clock the test never gave it)
+    with pytest.raises(TypeError) as e:
+        build()
+    assert str(e.value) == message
+    gc.collect()  # a room refused half-built failed in rtc.Room.__del__ (unraisable)
+
+
+def test_a_tracer_refuses_a_sink_class_for_a_sink() -> None:
+    # Tracer(MemorySink) was taken (the class has a write method) and failed at the first
+    # record: the job's trace was lost with a warning, for a missing pair of brackets
+    with pytest.raises(TypeError, match=r"a sink class, MemorySink: pass MemorySink\(\)"):
+        Tracer(MemorySink)

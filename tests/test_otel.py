@@ -297,3 +297,24 @@ async def test_the_otel_option() -> None:
     assert on.otel is not None and on.tracer is not None and on.otel in on.tracer.sinks
     await off.aclose(graceful=False)
     await on.aclose(graceful=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tracer": 5}, "OtelSink: tracer must be an OpenTelemetry Tracer, not int"),
+        (
+            {"meter_provider": "x"},
+            "OtelSink: meter_provider must be an OpenTelemetry MeterProvider, not str",
+        ),
+        ({"parent": 3}, "OtelSink: parent must be callable, not int"),
+    ],
+)
+def test_an_otel_sink_refuses_parts_of_the_wrong_type_naming_them(
+    options: dict[str, Any], message: str
+) -> None:
+    # a tracer of 5 was taken, and the job's OTel output went off at its first record
+    # (one WARNING) for a typo in its construction
+    with pytest.raises(TypeError) as e:
+        OtelSink(**options)
+    assert str(e.value) == message

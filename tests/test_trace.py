@@ -312,3 +312,34 @@ def test_a_tracer_or_sink_built_from_the_wrong_thing_says_so(
     with pytest.raises(TypeError, match=message):
         build()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_trace_file_another_job_writes_is_left_to_it_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # one trace_path for every job (no {job_id} in it): the second job's open truncated the
+    # file the first was still writing, both wrote on at their own offsets, and the first
+    # job's trace was gone, without a word
+    from livekit.agents import AgentSession
+
+    from agent_runtime import AgentJob
+
+    path = tmp_path / "agent.jsonl"
+    clock = VirtualClock()
+    rooms = [InMemoryRoom(name=n, clock=clock) for n in ("a", "b")]
+    first = AgentJob(room=rooms[0], session=AgentSession(), trace_path=path, clock=clock)
+    await first.start_runtime()
+    written = path.read_text()
+    assert '"instance": "a"' in written
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
+        second = AgentJob(room=rooms[1], session=AgentSession(), trace_path=path, clock=clock)
+    assert path.read_text().startswith(written)  # the first job's records are still there
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning == (
+        f"trace_path: {str(path)!r} is being written by another job's trace: this job "
+        "writes no trace file (put {job_id} in trace_path for one file a job)"
+    )
+    await second.start_runtime()
+    await second.aclose(graceful=False)
+    await first.aclose(graceful=False)
+    assert '"instance": "b"' not in path.read_text()

@@ -127,6 +127,15 @@ class OtelSink:
         parent: ParentFn | None = None,
         machines: Mapping[str, MachineSpec] = MACHINES,
     ) -> None:
+        # checked here: a part of the wrong type turned the job's OTel output off at its
+        # first record, far from the typo
+        for name, value, method, kind in (
+            ("tracer", tracer, "start_span", "an OpenTelemetry Tracer"),
+            ("meter_provider", meter_provider, "get_meter", "an OpenTelemetry MeterProvider"),
+            ("parent", parent, "__call__", "callable"),
+        ):
+            if value is not None and not callable(getattr(value, method, None)):
+                raise TypeError(f"OtelSink: {name} must be {kind}, not {type(value).__name__}")
         if tracer is None:
             from livekit.agents.telemetry import tracer as livekit_tracer
 

@@ -8,10 +8,15 @@ import contextlib
 import json
 import logging
 import os
+import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
+
+if sys.platform != "win32":  # no advisory locks there: a trace file is truncated as opened
+    import fcntl
 
 logger = logging.getLogger("agent_runtime.trace")
 
@@ -151,6 +156,10 @@ class MemorySink:
         self.records.append(record)
 
 
+class TraceFileBusy(OSError):
+    """The trace file is being written by another ``JsonlSink`` (another job's, say)."""
+
+
 class JsonlSink:
     """One JSON object a line; flushed per record so a crash keeps what led to it.
 
@@ -166,10 +175,18 @@ class JsonlSink:
         self.written = 0
         # non-blocking open: a FIFO with no reader is an error at once (ENXIO), not a
         # hang; then blocking writes as for any file
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NONBLOCK", 0), 0o666
-        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
+            # truncated only once no other trace writes it (a job still running on one
+            # trace_path): its records were lost to this one's
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                if sys.platform != "win32":
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        msg = f"{self.path!r} is being written by another trace"
+                        raise TraceFileBusy(msg) from None
+                os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
             self._fh: IO[str] | None = open(fd, "w", encoding="utf-8")  # noqa: SIM115
         except BaseException:
@@ -236,6 +253,10 @@ class Tracer:
 
     def __init__(self, *sinks: TraceSink) -> None:
         for s in sinks:
+            if isinstance(s, type):  # its write is a function wanting self: the first fails
+                raise TypeError(
+                    f"Tracer takes sinks, not a sink class, {s.__name__}: pass {s.__name__}()"
+                )
             if not callable(getattr(s, "write", None)):
                 raise TypeError(
                     f"Tracer takes sinks (objects with a write(record) method: JsonlSink, "

@@ -161,8 +161,9 @@ class FinalizeAnswer(MachineRuntime[str]):
                 result.user_verdict.reason = uv.reason
         except Exception as e:
             # the simulator still gets an answer: its own verdict stands
-            logger.exception("on_simulation_end failed", extra=self.actor.log_fields("request"))
-            return result, f"on_simulation_end failed: {type(e).__name__}: {e}"
+            error = f"on_simulation_end failed: {type(e).__name__}: {e}"
+            self.actor.report(logger, logging.ERROR, "%s", error, event="request", exc_info=e)
+            return result, error
         return result, ""
 
     async def _fx_send_verdict(self, ev: Event) -> Event:

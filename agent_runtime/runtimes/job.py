@@ -159,13 +159,13 @@ class JobRuntime(MachineRuntime[str]):
         # the links between the job's machines, as declared (statemachines.links.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
         self._callbacks = ShutdownCallbacks()
-        # the works of run_close's steps (statemachines.system.TEARDOWN) that whoever
-        # composes the job does (the session's and the avatar's), asked for as the close
-        # begins: a live job holds no table of them
+        # the works of run_close's steps (statemachines.system.TEARDOWN) its composer does
+        # (the session's, the avatar's), asked for as the close begins: no table is kept
         self._composed_works = composed_works
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
+        self.disconnect_hint = ""  # why a room may go in a hold, for a lost verdict's line
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
         self.host = host or session_host_for(
@@ -302,6 +302,10 @@ class JobRuntime(MachineRuntime[str]):
         self._reason = self._reason or reason
         self._post(Event("shutdown", {"reason": reason}))
 
+    def note_reason(self, reason: str) -> None:
+        """Why the job ends, told to livekit first (``ctx.shutdown``); the first stands."""
+        self._reason = self._reason or reason
+
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).
         Deferred to ``closing``; after the room work there it runs at once."""
@@ -369,11 +373,13 @@ class JobRuntime(MachineRuntime[str]):
         if self._trace_file is not None:
             self._trace_file.close()
 
-    # -- inputs ----------------------------------------------------------------------------
-    # -- room facts (routed by statemachines.routing) ---------------------------------------
+    # -- inputs: room facts (routed by statemachines.routing) -------------------------------
     def _track_simulators(self, fact: RoomFact) -> None:
-        """Which participants carry the simulator attribute, after ``fact``."""
-        self._simulators = simulators_after(self._simulators, plain_fact(fact))
+        """The simulators after ``fact``; a room that drops is why the job ends, if first."""
+        seen = plain_fact(fact)
+        if seen["fact"] == "room_disconnected":
+            self._reason = self._reason or "room disconnected"
+        self._simulators = simulators_after(self._simulators, seen)
 
     def _post_linked(self, event: Event) -> None:
         """An event another machine's effect sends the job (``statemachines.links.LINKS``)."""
@@ -406,8 +412,7 @@ class JobRuntime(MachineRuntime[str]):
         ended = (
             f"after session_end_timeout ({self._session_end_timeout:g}s)"
             if event == "hold_timeout"
-            else "as the room disconnected (a livekit job's room is disconnected as its session "
-            "closes unless rtc_session was given on_session_end=on_session_end)"
+            else f"as the room disconnected{self.disconnect_hint}"
         )
         self.actor.report(
             logger,
@@ -482,17 +487,13 @@ class JobRuntime(MachineRuntime[str]):
         if self._callbacks and not started:
             parts.append("the shutdown callbacks did not run")
         what = "; ".join(parts) or "its last step had ended"
-        logger.warning(
-            "closing the job was cut off after %gs (close_timeout): %s",
-            after,
-            what,
-            extra=self.actor.log_fields(ev.name),
-        )
+        msg = "closing the job was cut off after %gs (close_timeout): %s"
+        self.actor.report(logger, logging.WARNING, msg, after, what, event=ev.name)
 
     def _run_callbacks(self) -> Awaitable[None] | None:
         if not self._callbacks:
             return None
-        return self._callbacks.run(self._reason, log_fields=self.actor.log_fields())
+        return self._callbacks.run(self._reason, self.actor)
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)

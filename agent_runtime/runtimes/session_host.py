@@ -374,10 +374,9 @@ class JobSessionHost(MachineRuntime[str]):
 
     async def _fx_refuse_stranger(self, ev: Event) -> None:
         self._pending.pop(int(ev.data["ref"]), None)
-        logger.warning(
-            "refused finalize_simulation from %r: not the simulator participant",
-            ev.data.get("caller"),
-        )
+        who = ev.data.get("caller")
+        msg = "refused finalize_simulation from %r: not the simulator participant"
+        self.actor.report(logger, logging.WARNING, msg, who, event=ev.name)
         await self._send_error(str(ev.data["request_id"]), NOT_THE_SIMULATOR)
 
     def _fx_report_session_closed(self, ev: Event) -> Output:

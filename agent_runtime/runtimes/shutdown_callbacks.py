@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
+from agent_runtime.actor import Actor
 from agent_runtime.emitter import positional_arity
 
 logger = logging.getLogger("agent_runtime.job")
@@ -42,9 +43,14 @@ class ShutdownCallbacks:
             f"shutdown callback{'s' if len(names) > 1 else ''} {', '.join(names)} had not returned"
         )
 
-    async def run(self, reason: str, *, log_fields: Mapping[str, Any]) -> None:
+    async def run(self, reason: str, actor: Actor) -> None:
+        """Run every callback at once; the line of one that fails names the job and the
+        machine (``actor.where()``, the log policy) and carries ``actor.log_fields()``."""
+        prefix, log_fields = f"{actor.where()}: ", actor.log_fields()
+
         async def run(cb: ShutdownCallback) -> None:
-            self._running[id(cb)] = getattr(cb, "__qualname__", repr(cb))
+            name = getattr(cb, "__qualname__", None) or repr(cb)
+            self._running[id(cb)] = name
             try:
                 res = cb(reason) if _takes_argument(cb) else cb()
                 if inspect.isawaitable(res):
@@ -54,7 +60,9 @@ class ShutdownCallbacks:
             except BaseException as e:
                 # logged as it fails: a close cut at its bound (another callback hung)
                 # never reaches the end of the gather
-                logger.error("shutdown callback %r failed", cb, exc_info=e, extra=log_fields)
+                logger.error(
+                    "%sshutdown callback %s failed", prefix, name, exc_info=e, extra=log_fields
+                )
             finally:
                 self._running.pop(id(cb), None)
 

@@ -119,9 +119,15 @@ def register(ctx: JobContext, job: AgentJob) -> None:
 
     def shut_down(reason: str) -> None:
         _SHUTTING_DOWN.add(ctx)
+        # the job's close (its callbacks, its log line) gives this reason, not the session
+        # close livekit makes from it
+        job.job.note_reason(reason)
         process_shutdown(reason)
 
     process_shutdown = lk.set_job_shutdown_hook(ctx, shut_down)
+    # until livekit runs on_session_end, a room that goes during a hold may be livekit's
+    # own disconnect, which the hook's absence causes; once it runs, it is not
+    job.job.disconnect_hint = NO_HOOK_HINT
 
     # the safety net when on_session_end was not passed (no hold then: the room is
     # already disconnected)
@@ -153,6 +159,11 @@ def shutdown_asked(ctx: JobContext) -> bool:
     return ctx in _SHUTTING_DOWN
 
 
+NO_HOOK_HINT = (
+    " (a livekit job's room is disconnected as its session closes unless rtc_session was "
+    "given on_session_end=on_session_end)"
+)
+
 CONTEXT_ENDED = (
     "this job context's AgentJob is closed, and its room goes with it: livekit ends the "
     "job; a new session comes as a new job"
@@ -172,6 +183,7 @@ async def on_session_end(ctx: JobContext) -> None:
     if job is None:
         logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
         return
+    job.job.disconnect_hint = ""  # the hook is given: a room lost now is no missing hook
     job.shutdown("session ended")
     try:
         await job.wait_closed()
@@ -179,7 +191,9 @@ async def on_session_end(ctx: JobContext) -> None:
         if job.lifecycle != "closed":
             # livekit's own line says only that on_session_end timed out
             s = job.settings
-            logger.warning(
+            job.job.actor.report(
+                logger,
+                logging.WARNING,
                 "on_session_end was cut before the job closed (livekit's session_end_timeout "
                 "on AgentServer, or the worker shutting down) in job state %s: the job's hold "
                 "and close take up to %gs (its session_end_timeout %gs + close_timeout %gs); "
@@ -211,6 +225,8 @@ def session_end_hook(
     check_part("then", then)
 
     async def hook(ctx: JobContext) -> None:
+        if (job := _JOBS.get(ctx)) is not None:
+            job.job.disconnect_hint = ""  # the hook is given, though yours runs first
         failed: Exception | None = None
         try:
             if then is not None:

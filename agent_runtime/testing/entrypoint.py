@@ -37,6 +37,7 @@ from livekit.agents.voice.remote_session import SessionTransport
 
 from agent_runtime.clock import Clock, check_seconds
 from agent_runtime.observe.trace import MemorySink, Tracer, TraceRecord
+from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
@@ -234,6 +235,8 @@ class EntrypointRunner:
     ) -> None:
         if not isinstance(room, InMemoryRoom):
             raise TypeError(f"room must be an InMemoryRoom, not {type(room).__name__}")
+        check_part("clock", clock)
+        check_part("transport", transport)
         self.room = room
         # each run connects the room first, as a job's entrypoint does (False: the caller
         # connects it, when it says: the fuzzer's room_connected)

@@ -27,6 +27,7 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import settings
 from agent_runtime.clock import AsyncioClock, Clock
+from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import participant_pb2, room_pb2, track_pb2
 from agent_runtime.sdk.session_transport import Received
@@ -228,7 +229,11 @@ class InMemoryRoom(rtc.Room):
     def __init__(
         self, *, name: str = "room", agent_identity: str = "agent", clock: Clock | None = None
     ) -> None:
-        super().__init__()
+        super().__init__()  # first: a room refused below is still one rtc.Room can delete
+        for what, value in (("name", name), ("agent_identity", agent_identity)):
+            if not isinstance(value, str):
+                raise TypeError(f"InMemoryRoom: {what} must be a str, not {type(value).__name__}")
+        check_part("clock", clock)
         self.clock: Clock = clock or AsyncioClock()
         self._local = InMemoryLocalParticipant(self, agent_identity)
         lk.set_room_info(self, room_pb2.RoomInfo(name=name))

@@ -16,6 +16,7 @@ from livekit import rtc
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 
 from agent_runtime.clock import Clock
+from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.held import Gate
 
@@ -64,6 +65,7 @@ class ScriptedAvatar(AvatarSession):  # type: ignore[type-arg]
         clear_buffer_timeout: float | None = 2.0,
         held: bool = False,
     ) -> None:
+        check_part("clock", clock)
         super().__init__()
         if start_delay < 0:
             raise ValueError(f"start_delay must be >= 0, got {start_delay!r}")
