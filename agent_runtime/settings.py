@@ -400,10 +400,19 @@ def observed(
                 "trace file (put {job_id} in trace_path for one file a job)",
                 str(trace_path),
             )
-        except OSError as e:
+        except (NotADirectoryError, IsADirectoryError, FileNotFoundError, FileExistsError) as e:
+            # no file can be there: the path is wrong, which a refusal says at once
             raise SettingError(
                 f"trace_path: cannot write the trace to {str(trace_path)!r}: {e}"
             ) from None
+        except OSError as e:
+            # a fault of the disk or its mount (full, read-only, no permission): the job
+            # serves its user all the same, as it does once a write fails mid-job
+            logging.getLogger("agent_runtime.trace").warning(
+                "trace_path: cannot write the trace to %r (%s): this job writes no trace file",
+                str(trace_path),
+                e.strerror or e,
+            )
         if trace_file is not None:  # the JSONL `agent-runtime replay` reads, plus the logs
             tracer = Tracer(*(tracer.sinks if tracer else [LoggingSink()]), trace_file)
     sink: OtelSink | None = None

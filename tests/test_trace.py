@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,30 @@ async def test_a_full_disk_does_not_stop_the_job(caplog: pytest.LogCaptureFixtur
     assert warnings[0].startswith(f"trace sink JsonlSink({str(FULL_DISK)!r}) failed")
     assert "No space left on device" in warnings[0]
     assert "it is disabled" in warnings[0]
+
+
+@pytest.mark.parametrize("where", ["fifo-without-reader", "sysfs"])
+async def test_a_trace_file_the_disk_will_not_open_does_not_stop_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """A trace file the system refuses to open (a FIFO nobody reads, ENXIO; a filesystem
+    that takes no new file, EACCES even as root) refused the job: its user was never
+    served. A disk fault at the open is what a full disk mid-job is: one WARNING, the job
+    as without a trace file (a path no file can be at is still refused: test_faults)."""
+    if where == "fifo-without-reader":
+        path = tmp_path / "trace.fifo"
+        os.mkfifo(path)
+    else:
+        path = Path("/sys/agent-runtime-trace.jsonl")
+        if not Path("/sys").is_dir():
+            pytest.skip("no /sys here")
+    without = await _job_path(None, None)
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.trace"):
+        faulty = await _job_path(None, path)
+    assert faulty == without
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.trace"]
+    assert warning.startswith(f"trace_path: cannot write the trace to {str(path)!r} (")
+    assert warning.endswith("): this job writes no trace file")
 
 
 async def test_a_failing_sink_changes_nothing_the_actor_does(
