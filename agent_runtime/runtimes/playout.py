@@ -454,13 +454,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         )
         # through the avatar's own table (statemachines.links.LINKS): it ends the sink's
         # segments still owed (no RPC), as the avatar's reports would have
-        return Output(
-            {
-                "playback_position": pushed,
-                "interrupted": cut,
-                "origin": "playout",
-            }
-        )
+        return Output({"playback_position": pushed, "interrupted": cut, "origin": "playout"})
 
     async def _fx_reprompt(self, ev: Event) -> None:
         self._reprompts += 1
@@ -486,26 +480,19 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
 
     def _fx_hand_over(self, ev: Event) -> None:
         opts = self.options
-        if opts.when_exhausted == "close":
-            self.actor.report(
-                logger,
-                logging.INFO,
-                "no answer after %d re-prompts; closing the session (%s)",
-                self._reprompts,
-                opts.close_reason,
-                event=ev.name,
-            )
-            s = self.session
-            if lk.session_live(s):
-                lk.ask_session_close(s, CloseReason(opts.close_reason))
-        else:
-            self.actor.report(
-                logger,
-                logging.INFO,
-                "no answer after %d re-prompts; waiting for the user",
-                self._reprompts,
-                event=ev.name,
-            )
+        close = opts.when_exhausted == "close"
+        then = f"closing the session ({opts.close_reason})" if close else "waiting for the user"
+        self.actor.report(
+            logger,
+            logging.INFO,
+            "no answer after %d re-prompts; %s",
+            self._reprompts,
+            then,
+            event=ev.name,
+        )
+        s = self.session
+        if close and lk.session_live(s):
+            lk.ask_session_close(s, CloseReason(opts.close_reason))
 
 
 # the playout machine's handlers, shared by every instance (Handlers binds them)
