@@ -208,6 +208,36 @@ def test_a_backoff_started_again_while_the_agent_spoke_is_rebuilt_with_its_delay
     assert by_machine(again["transitions"]) == by_machine(original["transitions"])
 
 
+def test_a_backoff_started_again_for_speech_no_record_holds_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the playout machine off, the reply that made the backoff start again is in no
+    record: the rebuilt run starts the retry at once, and the file says why."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    config = {
+        "avatar_identity": "avatar-1",
+        "join_timeout": 2,
+        "playout": False,
+        "retry_avatar": {"attempts": 1, "backoff": {"initial": 1.0}},
+    }
+    steps = [
+        {"at": 0, "event": "avatar.start"},
+        {"at": 0.5, "event": "session.start"},
+        {"at": 2.5, "event": "agent.say", "duration": 2, "text": "a reply"},
+        {"at": 12, "event": "end"},
+    ]
+    scenario.write_text(
+        json.dumps({"name": "unheard", "config": config, "participants": [], "steps": steps})
+    )
+    simulate(scenario, capsys, "--trace", str(trace))
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    assert (
+        "t=3, 4: the avatar's backoff started again while the agent was speaking in the room; "
+        "with the playout machine off the trace holds no speech" in comments(recorded)
+    )
+
+
 @pytest.mark.parametrize("times", [1, 2, None])
 def test_a_failed_start_whose_retry_joins_is_rebuilt_with_its_failures(
     times: int | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]

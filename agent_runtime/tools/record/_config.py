@@ -185,6 +185,23 @@ class _ConfigPass(_State):
         if self.config.get("retry_avatar") is True:
             policy["rejoin"] = True
         self.config["retry_avatar"] = policy
+        self._unheard_rearms()
+
+    def _unheard_rearms(self) -> None:
+        """A backoff started again while the agent spoke in the room, in a trace with no
+        playout machine: the speech is in no record, and the rebuilt run does not wait."""
+        again = [
+            r.t
+            for r in self.records
+            if r.kind == "transition" and r.machine == "avatar" and r.source == r.dest == "backoff"
+        ]
+        if again and not self.of("playout"):
+            self.note(
+                f"t={', '.join(secs(t) for t in again)}: the avatar's backoff started again "
+                f"while the agent was speaking in the room; with the playout machine off the "
+                f"trace holds no speech, so the rebuilt run starts the retry at the first "
+                f"backoff's end (record --check names where it differs)"
+            )
 
     def _backoff(
         self, delays: list[float], cut: list[tuple[int, float, float]]
