@@ -23,7 +23,17 @@ from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from tests.support.avatar_rig import Rig, add_active
 from tests.support.world import stranger, stranger_track
 
-SCENARIOS = sorted((Path(__file__).parent.parent / "examples" / "scenarios").glob("avatar_*.yaml"))
+BUNDLED = sorted((Path(__file__).parent.parent / "examples" / "scenarios").glob("avatar_*.yaml"))
+
+
+def _speaks(path: Path) -> bool:
+    """A file where the agent speaks: this stand-in has no room audio paced on its clock,
+    so such a file is the real runner's alone (``tests/test_record.py`` simulates every
+    bundled file, its expect block checked)."""
+    return any(step["event"] == "agent.say" for step in yaml.safe_load(path.read_text())["steps"])
+
+
+SCENARIOS = [p for p in BUNDLED if not _speaks(p)]
 CHECKED_FACTS = ("audio_output", "rpcs_sent")
 
 
@@ -152,3 +162,11 @@ async def test_the_stand_in_plays_and_checks() -> None:
     assert check(doc, result) == []
     doc["expect"]["facts"]["audio_output"] = "avatar"
     assert check(doc, result) == ["audio_output: expected 'avatar', got 'room'"]
+
+
+def test_only_the_files_where_the_agent_speaks_are_left_to_the_real_runner() -> None:
+    # the retry that waits for the agent's reply was added without the stand-in playing
+    # agent.say: it failed here with "event 'agent.say' is not played by this stand-in"
+    left = [p.stem for p in BUNDLED if p not in SCENARIOS]
+    assert left == ["avatar_retry_waits_for_speech"]
+    assert len(SCENARIOS) >= 10
