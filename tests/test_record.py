@@ -168,6 +168,77 @@ def test_a_retry_policy_is_rebuilt_from_the_restarts_and_waits_it_caused(
     assert by_machine(again["transitions"]) == by_machine(original["transitions"])
 
 
+def test_a_backoff_started_again_while_the_agent_spoke_is_rebuilt_with_its_delay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The retry's 1 s backoff ended twice while a reply played in the room and started
+    again each time (backoff -> backoff), and the trace ends during the third wait. That
+    wait is 0.5 s old, not the 2.5 s since the avatar went back to room audio: the rebuilt
+    backoff is the 1 s the trace shows (it said 3 s, and the rebuilt run restarted nothing)."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    policy = {"attempts": 1, "backoff": {"initial": 1.0, "multiplier": 2.0, "max": 30.0}}
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "retry waits for the reply",
+                "config": {
+                    "avatar_identity": "avatar-1",
+                    "join_timeout": 2,
+                    "retry_avatar": policy,
+                },
+                "participants": [{"identity": "user"}],
+                "steps": [
+                    {"at": 0, "event": "avatar.start"},
+                    {"at": 0.5, "event": "session.start"},
+                    {"at": 2.5, "event": "agent.say", "duration": 3, "text": "a reply"},
+                    {"at": 4.5, "event": "end"},
+                ],
+            }
+        )
+    )
+    original = simulate(scenario, capsys, "--trace", str(trace))
+    assert [t["event"] for t in original["transitions"] if t["machine"] == "avatar"][-2:] == [
+        "backoff_elapsed",
+        "backoff_elapsed",
+    ]
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    rebuilt = load_scenario(recorded).config.retry_avatar
+    assert rebuilt.model_dump(mode="json", exclude={"transient", "rejoin"}) == policy
+    again = simulate(recorded, capsys)
+    assert by_machine(again["transitions"]) == by_machine(original["transitions"])
+
+
+def test_a_backoff_started_again_for_speech_no_record_holds_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the playout machine off, the reply that made the backoff start again is in no
+    record: the rebuilt run starts the retry at once, and the file says why."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    config = {
+        "avatar_identity": "avatar-1",
+        "join_timeout": 2,
+        "playout": False,
+        "retry_avatar": {"attempts": 1, "backoff": {"initial": 1.0}},
+    }
+    steps = [
+        {"at": 0, "event": "avatar.start"},
+        {"at": 0.5, "event": "session.start"},
+        {"at": 2.5, "event": "agent.say", "duration": 2, "text": "a reply"},
+        {"at": 12, "event": "end"},
+    ]
+    scenario.write_text(
+        json.dumps({"name": "unheard", "config": config, "participants": [], "steps": steps})
+    )
+    simulate(scenario, capsys, "--trace", str(trace))
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    capsys.readouterr()
+    assert (
+        "t=3, 4: the avatar's backoff started again while the agent was speaking in the room; "
+        "with the playout machine off the trace holds no speech" in comments(recorded)
+    )
+
+
 @pytest.mark.parametrize("times", [1, 2, None])
 def test_a_failed_start_whose_retry_joins_is_rebuilt_with_its_failures(
     times: int | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -250,6 +250,40 @@ async def test_a_retry_waits_for_the_greeting_playing_in_the_room(
     assert job.states["avatar"] == "routing" and job.audio_route() == "avatar"
 
 
+@pytest.mark.virtual_time
+async def test_a_reply_begun_while_the_retry_starts_is_still_cut(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """What the retry's wait does not cover (the avatar-plugins guide says so): the agent
+    is quiet when the backoff ends, the next attempt's start runs 1 s (a real plugin calls
+    its provider), and a reply that began in the room 0.5 s into it is cut when the sink
+    goes in, under 1 s of its 3 s heard, its message not marked interrupted."""
+    avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, join_timeout=2, retry_avatar={"attempts": 1}
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    avatar.start_delay = 1.0  # the retry's start, not the first
+    await virtual_clock.advance(2 + 1 + 0.5)  # join_timeout, the backoff, into the start
+    assert job.states["avatar"] == "starting" and job.audio_route() == "room"
+    handle = job.session.say("reply", audio=_audio(3.0, 24000))
+    (room,) = [room_output_source(out) for out in room_outputs(job.session)]
+    await virtual_clock.advance(0.25)
+    assert job.session.agent_state == "speaking"
+    await virtual_clock.advance(4)
+    assert job.audio_route() == "room"  # the retry's avatar never came either
+    assert handle.done() and room.captured < 1.0
+    (said,) = [m for m in job.session.history.items if m.type == "message"]
+    assert not said.interrupted
+
+
 # -- the scenario runner (simulate, record --check, scenario files under pytest) ---------------
 
 

@@ -315,6 +315,22 @@ def test_simulate_html_draws_one_file_only(
     }
 
 
+def test_simulate_html_dash_is_refused_not_mixed_into_the_report(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the timeline's ``-o -`` (stdout) reached ``simulate --html -`` through the page
+    # drawing they share: the page went to stdout ahead of the report (and of --json's
+    # object, which no longer parsed)
+    monkeypatch.chdir(tmp_path)
+    why = "--html -: the run's report goes to stdout; name a file for the page"
+    assert cli(["simulate", str(SCENARIO), "--html", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"agent-runtime simulate: {why}"
+    assert cli(["simulate", str(SCENARIO), "--html", "-", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out) == {"ok": False, "file": None, "error": why}
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("later", [0.0, 0.05], ids=["same-instant", "a-few-pixels-later"])
 def test_a_failed_effect_is_not_hidden_under_one_drawn_at_the_same_instant(
     tmp_path: Path, later: float

@@ -155,6 +155,8 @@ def _check_outputs(args: argparse.Namespace, files: list[Path]) -> None:
         if given and len(files) != 1:
             found = f" ({len(files)} scenario files found)" if len(files) != len(args.files) else ""
             raise _Refused(None, f"{option} {says} exactly one FILE{found}")
+    if html == "-":  # the timeline's own -o - is stdout; here the run's report is there
+        raise _Refused(None, "--html -: the run's report goes to stdout; name a file for the page")
     outputs = [
         (o, p, w) for o, p, w in (("--trace", args.trace, "trace"), ("--html", html, "page")) if p
     ]

@@ -1,7 +1,7 @@
 """``agent-runtime timeline TRACE.jsonl -o PAGE.html [--title T]``: draw a trace as one
-self-contained HTML page (``agent_runtime.tools.timeline``; ``-o -``: on stdout). Exit 0 with the page written,
-2 when the trace cannot be read or is empty, or the page cannot be written (one line on
-stderr)."""
+self-contained HTML page (``agent_runtime.tools.timeline``; ``-o -``: on stdout). Exit 0
+with the page written, 2 when the trace cannot be read or is empty, or the page cannot be
+written (one line on stderr)."""
 
 from __future__ import annotations
 

@@ -143,7 +143,8 @@ class _ConfigPass(_State):
         restarts: list[str] = []
         refused: list[tuple[int, str]] = []  # (restarts done then, cause)
         delays: list[float] = []
-        # the waits the timer did not end: (restarts made before, seconds held, left at)
+        # the waits the timer did not end: (restarts made before, seconds held since the
+        # wait last started, left at)
         cut: list[tuple[int, float, float]] = []
         since: float | None = None
         for r in self.records:
@@ -157,14 +158,19 @@ class _ConfigPass(_State):
                     refused.append((len(restarts), cause))
             if r.dest == "backoff" and r.source != "backoff":
                 since = r.t
-            elif r.source == "backoff" and r.dest != "backoff" and since is not None:
+            elif r.source == "backoff" and since is not None:
                 after = r.data.get("after")
                 if r.event == "backoff_elapsed":
-                    delays.append(float(after) if isinstance(after, int | float) else r.t - since)
-                else:  # closed (or rejoined) while it waited
+                    # a wait started again (backoff -> backoff) shows its delay as well
+                    if len(delays) < len(restarts):
+                        delays.append(
+                            float(after) if isinstance(after, int | float) else r.t - since
+                        )
+                elif r.dest != "backoff" and len(delays) < len(restarts):
+                    # closed (or rejoined) while it waited, measured from its last start
                     cut.append((len(delays), r.t - since, r.t))
-                since = None
-        if since is not None:
+                since = r.t if r.dest == "backoff" else None
+        if since is not None and len(delays) < len(restarts):
             last = max(r.t for r in self.records)
             cut.append((len(delays), last - since, last))
         if not restarts:
@@ -179,6 +185,23 @@ class _ConfigPass(_State):
         if self.config.get("retry_avatar") is True:
             policy["rejoin"] = True
         self.config["retry_avatar"] = policy
+        self._unheard_rearms()
+
+    def _unheard_rearms(self) -> None:
+        """A backoff started again while the agent spoke in the room, in a trace with no
+        playout machine: the speech is in no record, and the rebuilt run does not wait."""
+        again = [
+            r.t
+            for r in self.records
+            if r.kind == "transition" and r.machine == "avatar" and r.source == r.dest == "backoff"
+        ]
+        if again and not self.of("playout"):
+            self.note(
+                f"t={', '.join(secs(t) for t in again)}: the avatar's backoff started again "
+                f"while the agent was speaking in the room; with the playout machine off the "
+                f"trace holds no speech, so the rebuilt run starts the retry at the first "
+                f"backoff's end (record --check names where it differs)"
+            )
 
     def _backoff(
         self, delays: list[float], cut: list[tuple[int, float, float]]
