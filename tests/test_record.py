@@ -646,6 +646,49 @@ async def test_a_greeting_that_waited_for_an_avatar_that_never_came_is_recorded_
     assert [(s.at, getattr(s, "duration", None)) for s in said] == [(0.0, 4.0)]
 
 
+@pytest.mark.virtual_time
+async def test_an_avatar_that_joined_while_its_plugin_started_is_recorded_and_reproduced(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The plugin's start() takes 2 s (its provider's call) and the avatar joins with its
+    video meanwhile, as a real one does: the machine sees it when the start ends
+    (``routing -> joined`` on the presence check). The start was rebuilt as instant, so the
+    replay's avatar joined during ``routing`` without its video: ``--check`` failed."""
+    trace = tmp_path / "run.jsonl"
+    avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock, start_delay=2.0)
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    started = asyncio.ensure_future(run_entrypoint(server, start_timeout=60))
+    await virtual_clock.advance(1.0)
+    agent_room.add_participant("avatar", kind="agent")
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(2.0)
+    job = await started
+    assert job.states["avatar"] == "joined"
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    scenario = load_scenario(recorded)
+    ends = [(s.at, getattr(s, "result", None)) for s in scenario.steps if s.event == "held.end"]
+    assert ends == [(2.0, "routed"), (2.0, "ok")]  # the start ended where the trace says
+
+
 def test_speech_on_room_audio_is_rebuilt_with_the_seconds_it_played_and_its_interruption(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -115,8 +115,8 @@ class _AvatarPass(_State):
 
     def _starts_held(self) -> bool:
         """Whether a plugin start (a user's start or a retry) never ended by itself before
-        the avatar closed or the trace ended (or ``start_timeout`` cut it): a scenario
-        holds the avatar's starts then."""
+        the avatar closed or the trace ended, ``start_timeout`` cut it, or it took time: a
+        scenario holds the avatar's starts then."""
         if self._held_starts is None:
             self._held_starts = any(
                 self._plugin_starts(i)[1]
@@ -128,11 +128,14 @@ class _AvatarPass(_State):
     def _plugin_starts(self, start: int) -> tuple[list[tuple[int, str]], bool]:
         """How each plugin start of the user's ``start`` at ``start`` and its retries
         ended, in order: (the index of the record that says so, ``raised``, ``returned``,
-        ``no_route`` or ``timed_out``: the runtime's ``start_timeout``), and whether one
-        never ended by itself: one more began (the user's, or a retry) and never ended, or
-        one was cut by ``start_timeout``."""
+        ``no_route`` or ``timed_out``: the runtime's ``start_timeout``), and whether a
+        scenario must hold them to end each where the trace shows: one more began (the
+        user's, or a retry) and never ended, one was cut by ``start_timeout``, or one took
+        time (the provider's call: an avatar joining meanwhile is seen only by the start's
+        end, not at once as after an instant start)."""
         out: list[tuple[int, str]] = []
         began = 1 if self.records[start].kind == "transition" else 0
+        since = [self.records[start].t]  # when each start began
         for n in range(start + 1, len(self.records)):
             r = self.records[n]
             if r.machine != "avatar" or r.kind == "effect":
@@ -141,6 +144,7 @@ class _AvatarPass(_State):
                 break  # the user's next start, or the end
             if r.kind == "transition" and r.dest == "starting" and r.source != "starting":
                 began += 1  # a retry's start, once the last attempt is released
+                since.append(r.t)
             elif r.event == "start_error" and r.data.get("effect") == "start_plugin":
                 out.append((n, "raised"))
             elif r.event == "plugin_started":
@@ -149,7 +153,9 @@ class _AvatarPass(_State):
                 out.append((n, "no_route"))
             elif r.event == "start_timeout" and r.kind == "transition":
                 out.append((n, "timed_out"))
-        return out, began > len(out) or any(how == "timed_out" for _, how in out)
+        took_time = any(self.records[n].t > t for (n, _), t in zip(out, since, strict=False))
+        held = began > len(out) or any(how == "timed_out" for _, how in out)
+        return out, held or took_time
 
     def _next_avatar(self, start: int, event: str, *, until: str) -> TraceRecord | None:
         for r in self.records[start + 1 :]:
