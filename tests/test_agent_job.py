@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -1001,3 +1002,29 @@ async def test_the_trace_path_names_the_jobs_room_before_the_room_connects(
         await job.aclose()
         ctx._tempdir.cleanup()
     assert [p.name for p in tmp_path.iterdir()] == ["team-standup-AJ_abc.jsonl"]
+
+
+async def test_an_avatar_start_with_no_route_and_a_failed_removal_are_logged_naming_the_job(
+    ctx: JobContext, room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log policy: a warning names the job, its room and the machine, with its
+    structured fields. These two said only "avatar avatar-1 (...)" and "could not remove
+    the avatar participant avatar-1": an operator could not tell which job of a worker."""
+
+    async def remove(identity: str) -> None:
+        raise RuntimeError("the server API answered 500")
+
+    plugin = ScriptedAvatar(avatar_identity="avatar-1", swallow_error=True)
+    with injected(clock=clock, remove_avatar_participant=remove):
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=plugin)
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.avatar"):
+        await job.start(Agent(instructions="agent"))
+        await settle()
+        await job.aclose()
+    place = f"job {ctx.job.id} (room {room.name}), avatar[avatar-1]: "
+    lines = {r.getMessage(): r for r in caplog.records if r.name == "agent_runtime.avatar"}
+    no_route = place + "the plugin's start() (agent_runtime.testing.scripted_avatar.ScriptedAvatar)"
+    removal = place + "could not remove the avatar participant avatar-1: the server API"
+    for head in (no_route, removal):
+        (line,) = [m for m in lines if m.startswith(head)]
+        assert lines[line].job_id == ctx.job.id and lines[line].machine == "avatar"  # type: ignore[attr-defined]

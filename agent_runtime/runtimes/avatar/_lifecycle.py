@@ -291,7 +291,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         if self._route.installed is None:
             # a plugin that caught its provider's error logs it and returns: no route is the
             # only sign, and waiting out join_timeout for it would help nobody
-            warn_no_route(self._avatar)
+            warn_no_route(self._avatar, self._warn)
             return Event("no_route")
         return Event("plugin_started")
 

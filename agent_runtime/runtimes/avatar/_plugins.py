@@ -140,6 +140,7 @@ async def remove_avatar_participant(
     room: rtc.Room | None,
     avatar: AvatarSession[Any],
     clock: Clock,
+    warn: Warn = logger.warning,
 ) -> None:
     """``remove(identity)`` of the plugin's avatar while the room is connected (the server
     API needs it), bounded, best effort: "not found" (the plugin removed it already) is
@@ -158,7 +159,7 @@ async def remove_avatar_participant(
         if getattr(e, "code", None) == "not_found":
             logger.debug("avatar %s was not in the room any more", identity)
         else:
-            logger.warning("could not remove the avatar participant %s: %s", identity, e)
+            warn("could not remove the avatar participant %s: %s", identity, e)
 
 
 def built_plugin(factory: Callable[[], AvatarSession[Any]]) -> AvatarSession[Any]:
@@ -170,11 +171,10 @@ def built_plugin(factory: Callable[[], AvatarSession[Any]]) -> AvatarSession[Any
     return plugin
 
 
-def warn_no_route(avatar: AvatarSession[Any]) -> None:
-    logger.warning(
-        "avatar %s (%s): the plugin's start() returned without installing an audio route; "
-        "treating it as a failed start",
-        avatar.avatar_identity,
+def warn_no_route(avatar: AvatarSession[Any], warn: Warn = logger.warning) -> None:
+    warn(
+        "the plugin's start() (%s) returned without installing an audio route; treating it "
+        "as a failed start",
         plugin_name(avatar),
     )
 
@@ -261,7 +261,9 @@ class PluginCloser:
         """After the plugin's own close (in case it did not, or could not: spatialreal drops
         its room first, a hung one was cut)."""
         if not in_process:
-            await remove_avatar_participant(self._remove, room, self.plugin, self._clock)
+            await remove_avatar_participant(
+                self._remove, room, self.plugin, self._clock, self._warn
+            )
 
     def _aclose(self, when: str) -> asyncio.Future[None]:
         """The attempt's ``aclose()``: started by the first close asked (``when`` names it
