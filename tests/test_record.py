@@ -725,3 +725,56 @@ def test_speech_on_room_audio_is_rebuilt_with_the_seconds_it_played_and_its_inte
     again = simulate(recorded, capsys)
     assert again["_code"] == 0, again["expect"]
     assert by_machine(again["transitions"]) == by_machine(original["transitions"])
+
+
+async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
+    for _ in range(round(seconds * 100)):  # 10 ms of silence each
+        yield rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+
+
+@pytest.mark.virtual_time
+async def test_a_reply_queued_behind_another_through_the_avatar_keeps_the_default_margin(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The agent says 3 s then 2 s back to back through its avatar; the avatar reports the
+    first at t=5 and never the second, so the bound (2 s pushed at t=5, the default 2 s
+    margin) fires at t=9. record took the second speech's audio as pushed when it was
+    said (t=1), not when the queue reached it, and rebuilt a 4 s margin: the replay's
+    bound fired at t=11, which --check did not see (it compares transitions, not times)."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(0.5)
+    job.session.say("one", audio=_frames(3))
+    job.session.say("two", audio=_frames(2))
+    await virtual_clock.advance(4)
+    finished = '{"playback_position": 3.0, "interrupted": false}'
+    await agent_room.invoke_rpc("lk.playback_finished", "avatar", finished)
+    await virtual_clock.advance(6)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    records = run_entrypoint.records
+    fired = [r.t for r in records if (r.event, r.kind) == ("playout_timeout", "transition")]
+    assert fired == [9.0]
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    assert yaml.safe_load(recorded.read_text())["config"]["playout"] is True  # no margin
