@@ -778,3 +778,30 @@ async def test_a_reply_queued_behind_another_through_the_avatar_keeps_the_defaul
     code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
     assert code == 0, capsys.readouterr().err
     assert yaml.safe_load(recorded.read_text())["config"]["playout"] is True  # no margin
+
+
+def test_check_names_a_transition_the_run_makes_at_another_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--check compared each machine's transitions as (event, source, dest) only: a run
+    whose playout bound fired 2 s late (a margin rebuilt too long) was said to reproduce
+    the trace with nothing more. The first transition of a machine that the run makes at
+    another time than the trace is now named (not failed: a deployed job's answers take
+    time a scenario's stand-ins do not)."""
+    from agent_runtime import read_trace
+    from agent_runtime.tools.record import timing
+
+    path = ROOT / "examples" / "scenarios" / "avatar_interrupt_while_joined.yaml"
+    trace = tmp_path / "run.jsonl"
+    result = simulate(path, capsys, "--trace", str(trace))
+    records = read_trace(trace)
+    assert timing(records, result) == []
+    moved = next(t for t in result["transitions"] if t["machine"] == "avatar" and t["t"] > 0)
+    row = f"{moved['source']} -> {moved['dest']} on {moved['event']}"
+    was = moved["t"]
+    moved["t"] = was + 2
+    n = [t for t in result["transitions"] if t["machine"] == "avatar"].index(moved) + 1
+    assert timing(records, result) == [
+        f"avatar: transition {n} ({row}) is at t={seconds_text(was)} in the trace, "
+        f"t={seconds_text(was + 2)} in the run"
+    ]
