@@ -805,3 +805,54 @@ def test_check_names_a_transition_the_run_makes_at_another_time(
         f"avatar: transition {n} ({row}) is at t={seconds_text(was)} in the trace, "
         f"t={seconds_text(was + 2)} in the run"
     ]
+
+
+@pytest.mark.virtual_time
+async def test_an_interruption_whose_clear_rpc_went_unanswered_is_rebuilt_with_its_timeout(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The user interrupts the agent speaking through its avatar, whose lk.clear_buffer
+    goes unanswered: the plugin's own clear waits the SDK's round trip (7 s) and the
+    avatar stays ``clearing`` until t=11. That RPC is not in the trace; record rebuilt it
+    as answered at once, so the replay's clear ended at t=6 (what --check now names)."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(0.5)
+    agent_room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
+    job.session.say("long", audio=_frames(8))
+    await virtual_clock.advance(3)
+    job.session.interrupt()
+    await virtual_clock.advance(10)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    done = [r.t for r in run_entrypoint.records if r.event == "clear_buffer_done"]
+    assert done == [11.0]
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "not every one at the trace's time" not in err
+    outcomes = [s for s in load_scenario(recorded).steps if s.event == "rpc_outcome"]
+    assert [(s.at, getattr(s, "result", None)) for s in outcomes] == [(4.0, "timeout")]
+    assert "t=4: the avatar plugin's own clear took 7 s, the SDK's round-trip budget" in (
+        comments(recorded)
+    )
