@@ -856,3 +856,50 @@ async def test_an_interruption_whose_clear_rpc_went_unanswered_is_rebuilt_with_i
     assert "t=4: the avatar plugin's own clear took 7 s, the SDK's round-trip budget" in (
         comments(recorded)
     )
+
+
+@pytest.mark.virtual_time
+async def test_a_retry_whose_second_attempt_joined_says_its_attempts_are_a_floor(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """retry_avatar={"attempts": 2}: the first attempt times out, the restart joins. The
+    trace shows one restart and no refusal, so the rebuilt policy allows 1 (which
+    reproduces the trace); the header did not say the job's own may have been larger."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
+            join_timeout=10,
+            retry_avatar={"attempts": 2},
+            trace_path=trace,
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await virtual_clock.advance(12)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(1)
+    assert job.states["avatar"] == "joined"
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    assert load_scenario(recorded).config.retry_avatar.attempts == 1
+    assert (
+        "retry_avatar.attempts is 1, the restarts the trace shows: the avatar never ran out "
+        "of them, so the job may have allowed more"
+    ) in comments(recorded)
