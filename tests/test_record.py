@@ -903,3 +903,50 @@ async def test_a_retry_whose_second_attempt_joined_says_its_attempts_are_a_floor
         "retry_avatar.attempts is 1, the restarts the trace shows: the avatar never ran out "
         "of them, so the job may have allowed more"
     ) in comments(recorded)
+
+
+@pytest.mark.virtual_time
+async def test_a_session_shut_down_while_its_avatar_spoke_says_when_the_ask_is_unknown(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The agent hangs up (``session.shutdown()``) at t=3 while it speaks 6 s through its
+    avatar: the session waits for the speech (the playout bound ends it at t=9) and closes
+    then. The trace shows only the close at t=9, rebuilt as a close there (which
+    reproduces it); the header did not say the shutdown may have been asked earlier."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(0.5)
+    job.session.say("bye", audio=_frames(6))
+    await virtual_clock.advance(2)
+    job.session.shutdown()
+    await virtual_clock.advance(8)
+    await run_entrypoint.wait_ended()
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    closes = [s.at for s in load_scenario(recorded).steps if s.event == "session.close"]
+    assert closes == [9.0]
+    assert (
+        "t=9: the session closed (user_initiated) as the agent's speech ended: a session's "
+        "shutdown lets the speech in progress end first, and the trace does not show when "
+        "it was asked"
+    ) in comments(recorded)
