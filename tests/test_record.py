@@ -725,3 +725,228 @@ def test_speech_on_room_audio_is_rebuilt_with_the_seconds_it_played_and_its_inte
     again = simulate(recorded, capsys)
     assert again["_code"] == 0, again["expect"]
     assert by_machine(again["transitions"]) == by_machine(original["transitions"])
+
+
+async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
+    for _ in range(round(seconds * 100)):  # 10 ms of silence each
+        yield rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
+
+
+@pytest.mark.virtual_time
+async def test_a_reply_queued_behind_another_through_the_avatar_keeps_the_default_margin(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The agent says 3 s then 2 s back to back through its avatar; the avatar reports the
+    first at t=5 and never the second, so the bound (2 s pushed at t=5, the default 2 s
+    margin) fires at t=9. record took the second speech's audio as pushed when it was
+    said (t=1), not when the queue reached it, and rebuilt a 4 s margin: the replay's
+    bound fired at t=11, which --check did not see (it compares transitions, not times)."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(0.5)
+    job.session.say("one", audio=_frames(3))
+    job.session.say("two", audio=_frames(2))
+    await virtual_clock.advance(4)
+    finished = '{"playback_position": 3.0, "interrupted": false}'
+    await agent_room.invoke_rpc("lk.playback_finished", "avatar", finished)
+    await virtual_clock.advance(6)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    records = run_entrypoint.records
+    fired = [r.t for r in records if (r.event, r.kind) == ("playout_timeout", "transition")]
+    assert fired == [9.0]
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    assert yaml.safe_load(recorded.read_text())["config"]["playout"] is True  # no margin
+
+
+def test_check_names_a_transition_the_run_makes_at_another_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--check compared each machine's transitions as (event, source, dest) only: a run
+    whose playout bound fired 2 s late (a margin rebuilt too long) was said to reproduce
+    the trace with nothing more. The first transition of a machine that the run makes at
+    another time than the trace is now named (not failed: a deployed job's answers take
+    time a scenario's stand-ins do not)."""
+    from agent_runtime import read_trace
+    from agent_runtime.tools.record import timing
+
+    path = ROOT / "examples" / "scenarios" / "avatar_interrupt_while_joined.yaml"
+    trace = tmp_path / "run.jsonl"
+    result = simulate(path, capsys, "--trace", str(trace))
+    records = read_trace(trace)
+    assert timing(records, result) == []
+    moved = next(t for t in result["transitions"] if t["machine"] == "avatar" and t["t"] > 0)
+    row = f"{moved['source']} -> {moved['dest']} on {moved['event']}"
+    was = moved["t"]
+    moved["t"] = was + 2
+    n = [t for t in result["transitions"] if t["machine"] == "avatar"].index(moved) + 1
+    assert timing(records, result) == [
+        f"avatar: transition {n} ({row}) is at t={seconds_text(was)} in the trace, "
+        f"t={seconds_text(was + 2)} in the run"
+    ]
+
+
+@pytest.mark.virtual_time
+async def test_an_interruption_whose_clear_rpc_went_unanswered_is_rebuilt_with_its_timeout(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The user interrupts the agent speaking through its avatar, whose lk.clear_buffer
+    goes unanswered: the plugin's own clear waits the SDK's round trip (7 s) and the
+    avatar stays ``clearing`` until t=11. That RPC is not in the trace; record rebuilt it
+    as answered at once, so the replay's clear ended at t=6 (what --check now names)."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(0.5)
+    agent_room.local_participant.rpc_script["lk.clear_buffer"].append("timeout")
+    job.session.say("long", audio=_frames(8))
+    await virtual_clock.advance(3)
+    job.session.interrupt()
+    await virtual_clock.advance(10)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    done = [r.t for r in run_entrypoint.records if r.event == "clear_buffer_done"]
+    assert done == [11.0]
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "not every one at the trace's time" not in err
+    outcomes = [s for s in load_scenario(recorded).steps if s.event == "rpc_outcome"]
+    assert [(s.at, getattr(s, "result", None)) for s in outcomes] == [(4.0, "timeout")]
+    assert "t=4: the avatar plugin's own clear took 7 s, the SDK's round-trip budget" in (
+        comments(recorded)
+    )
+
+
+@pytest.mark.virtual_time
+async def test_a_retry_whose_second_attempt_joined_says_its_attempts_are_a_floor(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """retry_avatar={"attempts": 2}: the first attempt times out, the restart joins. The
+    trace shows one restart and no refusal, so the rebuilt policy allows 1 (which
+    reproduces the trace); the header did not say the job's own may have been larger."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
+            join_timeout=10,
+            retry_avatar={"attempts": 2},
+            trace_path=trace,
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await virtual_clock.advance(12)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(1)
+    assert job.states["avatar"] == "joined"
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    assert load_scenario(recorded).config.retry_avatar.attempts == 1
+    assert (
+        "retry_avatar.attempts is 1, the restarts the trace shows: the avatar never ran out "
+        "of them, so the job may have allowed more"
+    ) in comments(recorded)
+
+
+@pytest.mark.virtual_time
+async def test_a_session_shut_down_while_its_avatar_spoke_says_when_the_ask_is_unknown(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    run_entrypoint: Any,
+) -> None:
+    """The agent hangs up (``session.shutdown()``) at t=3 while it speaks 6 s through its
+    avatar: the session waits for the speech (the playout bound ends it at t=9) and closes
+    then. The trace shows only the close at t=9, rebuilt as a close there (which
+    reproduces it); the header did not say the shutdown may have been asked earlier."""
+    trace = tmp_path / "run.jsonl"
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+        job = AgentJob.from_job_context(
+            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
+        )
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    agent_room.add_participant("avatar", kind="agent")
+    await virtual_clock.advance(0.5)
+    agent_room.publish_track("avatar", "video")
+    await virtual_clock.advance(0.5)
+    job.session.say("bye", audio=_frames(6))
+    await virtual_clock.advance(2)
+    job.session.shutdown()
+    await virtual_clock.advance(8)
+    await run_entrypoint.wait_ended()
+
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    assert code == 0, capsys.readouterr().err
+    closes = [s.at for s in load_scenario(recorded).steps if s.event == "session.close"]
+    assert closes == [9.0]
+    assert (
+        "t=9: the session closed (user_initiated) as the agent's speech ended: a session's "
+        "shutdown lets the speech in progress end first, and the trace does not show when "
+        "it was asked"
+    ) in comments(recorded)

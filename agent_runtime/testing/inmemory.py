@@ -47,6 +47,11 @@ TRACK_KINDS: dict[str, int] = {
 }
 
 
+# how long an RPC the SDK sends waits for an answer by default (its round-trip budget), then
+# fails with CONNECTION_TIMEOUT
+RPC_ROUND_TRIP_BUDGET = 7.0
+
+
 class NotInRoom(KeyError):
     """Who a test named is not in the room (a ``KeyError``, with a message saying who is)."""
 
@@ -121,7 +126,11 @@ class InMemoryLocalParticipant:
             if result == "ok":
                 return ""
             if result == "timeout":
-                wait = max_round_trip_latency if max_round_trip_latency is not None else 7.0
+                wait = (
+                    max_round_trip_latency
+                    if max_round_trip_latency is not None
+                    else RPC_ROUND_TRIP_BUDGET
+                )
                 if response_timeout is not None:
                     wait = min(wait, response_timeout)
                 await clock.sleep(wait)

@@ -21,7 +21,7 @@ from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
 from agent_runtime.tools.output import same_file
-from agent_runtime.tools.record import RecordError, compare, record, render
+from agent_runtime.tools.record import RecordError, compare, record, render, timing
 
 PROG = "agent-runtime record"
 logger = logging.getLogger("agent_runtime.tools.record")
@@ -81,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
         "after the same transitions",
         file=sys.stderr,
     )
+    late = timing(records, result)
+    if late:
+        print("but not every one at the trace's time:", file=sys.stderr)
+        for d in late:
+            print(f"  {d}", file=sys.stderr)
     return 0
 
 

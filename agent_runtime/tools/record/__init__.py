@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 from agent_runtime.observe.jobs import first_next_job
 from agent_runtime.observe.trace import DECISIONS, TraceRecord
-from agent_runtime.tools.record._compare import compare
+from agent_runtime.tools.record._compare import compare, timing
 from agent_runtime.tools.record._config import _ConfigPass
 from agent_runtime.tools.record._file import ALWAYS, _FilePass, render
 from agent_runtime.tools.record._room import FACT_KEYS, _RoomPass
@@ -59,7 +59,17 @@ from agent_runtime.tools.record._speech import _SpeechPass
 from agent_runtime.tools.record._state import Recorded, RecordError
 from statemachines.session_host import REQUESTS
 
-__all__ = ["ALWAYS", "FACT_KEYS", "USES", "RecordError", "Recorded", "compare", "record", "render"]
+__all__ = [
+    "ALWAYS",
+    "FACT_KEYS",
+    "USES",
+    "RecordError",
+    "Recorded",
+    "compare",
+    "record",
+    "render",
+    "timing",
+]
 
 # the events and guards of the specs the recorder reads by name (a test pins each one to
 # its spec); what an event means is read from the rows' effects where a row says it

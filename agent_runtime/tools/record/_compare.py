@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
+from agent_runtime.testing.result import seconds_text
 from statemachines.machines import MACHINES
 
 
@@ -48,6 +49,37 @@ def compare(records: Sequence[TraceRecord], result: dict[str, Any]) -> list[str]
             (i for i, (a, b) in enumerate(zip(w, g, strict=False)) if a != b), min(len(w), len(g))
         )
         out.append(f"{machine}: transition {n + 1} differs: trace {_row(w, n)}, run {_row(g, n)}")
+    return out
+
+
+# how far apart a transition's time in the run and in the trace may be before it is named:
+# a trace written on a deployed job's clock holds times the scenario's steps round to the
+# microsecond
+TIME_TOLERANCE = 1e-3
+
+
+def timing(records: Sequence[TraceRecord], result: dict[str, Any]) -> list[str]:
+    """Where a run whose transitions agree with the trace's (``compare`` empty) makes one at
+    another time: the first such transition of each machine. A deployed job's answers take
+    time a scenario's stand-ins do not (an RPC, a plugin's call), so these are named, not
+    failed."""
+    want: dict[str, list[tuple[float, str]]] = {}
+    for r in records:
+        if r.kind == "transition" and _compared(r.machine, r.event, r.source, r.dest):
+            want.setdefault(r.machine, []).append((r.t, f"{r.source} -> {r.dest} on {r.event}"))
+    got: dict[str, list[float]] = {}
+    for t in result["transitions"]:
+        if t["machine"] in want and _compared(t["machine"], t["event"], t["source"], t["dest"]):
+            got.setdefault(t["machine"], []).append(float(t["t"]))
+    out: list[str] = []
+    for machine, rows in sorted(want.items()):
+        for n, ((at, row), ran) in enumerate(zip(rows, got.get(machine, []), strict=False)):
+            if abs(at - ran) > TIME_TOLERANCE:
+                out.append(
+                    f"{machine}: transition {n + 1} ({row}) is at t={seconds_text(at)} in the "
+                    f"trace, t={seconds_text(ran)} in the run"
+                )
+                break
     return out
 
 

@@ -176,6 +176,11 @@ class _ConfigPass(_State):
         if not restarts:
             return
         policy: dict[str, Any] = {"attempts": len(restarts)}
+        if not any(done == len(restarts) for done, _ in refused):
+            self.note(
+                f"retry_avatar.attempts is {len(restarts)}, the restarts the trace shows: "
+                "the avatar never ran out of them, so the job may have allowed more"
+            )
         backoff = self._backoff(delays, cut)
         if backoff is not None:
             policy["backoff"] = backoff

@@ -74,6 +74,13 @@ class _SessionPass(_AvatarPass, _RequestPass):
                 # the watchdog's hand-over closes it by itself (when_exhausted: close)
                 if reason not in _CONSEQUENT_CLOSES and r.t != self.watchdog_closed_at:
                     self.step(i, r.t, "session.close", reason=reason)
+                    if any(s.event == "speech_done" and s.t == r.t for _, s in self.of("playout")):
+                        self.note(
+                            f"t={secs(r.t)}: the session closed ({reason}) as the agent's "
+                            "speech ended: a session's shutdown lets the speech in progress "
+                            "end first, and the trace does not show when it was asked; it "
+                            "is rebuilt as a close at that instant"
+                        )
             elif m == "participant" and e == "session_close_timeout":
                 timed_out_at = r.t
             elif m == "agent_job" and e in ("close", "abort"):

@@ -235,15 +235,28 @@ class _SpeechPass(_State):
         """``margin``, from a bound that fired: what it waited (``after``) less what was
         left of the audio pushed (cut at an interruption) when the wait began, as the
         replay's speech, pushed at once when it is said, leaves it. Audio pushed before
-        the avatar joined plays from the join on (``PlayoutRuntime.playout_bound``)."""
+        the avatar joined plays from the join on (``PlayoutRuntime.playout_bound``). A
+        speech said while another was playing waits in the session's queue: its audio is
+        pushed once the one before it is done, not when it was said."""
         said: float | None = None
         pushed = 0.0
         cut: float | None = None
         began = 0.0
         joined = float("-inf")  # when the avatar entered joined, as the wait began
+        playing: set[Any] = set()  # the speeches created and not done
+        queued: list[tuple[Any, float]] = []  # said while another played: (id, when)
         for i, r in recs:
             if r.event == "speech_created":
-                said = r.t
+                if playing:
+                    queued.append((r.data.get("speech_id"), r.t))
+                else:
+                    said = r.t
+                playing.add(r.data.get("speech_id"))
+            elif r.event == "speech_done":
+                playing.discard(r.data.get("speech_id"))
+                queued = [(sid, t) for sid, t in queued if sid in playing]
+                if queued and playing == {sid for sid, _ in queued}:
+                    said = max(queued.pop(0)[1], r.t)  # the next one in the queue starts
             elif r.event == "handed_off" and isinstance(r.data.get("pushed"), int | float):
                 pushed = float(r.data["pushed"])
             elif r.event == "interrupted":
