@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -368,3 +369,26 @@ async def test_a_trace_file_another_job_writes_is_left_to_it_with_a_warning(
     await second.aclose(graceful=False)
     await first.aclose(graceful=False)
     assert '"instance": "b"' not in path.read_text()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no advisory locks there")
+def test_a_trace_file_on_a_filesystem_without_locks_is_still_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem that refuses locks (some NFS mounts: ENOLCK) cannot say whether another
+    trace writes the file: it is written as it was before locks were taken, not dropped.
+    No such mount here: the lock's refusal is injected (fcntl.flock), the file is real."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "trace.jsonl"
+    path.write_text("an older job's line\n")
+    sink = JsonlSink(path)
+    sink.write(TraceRecord(t=0.0, kind="transition", machine="job", instance="r", event="start"))
+    sink.close()
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["event"] == "start" and sink.failed is None

@@ -186,6 +186,8 @@ class JsonlSink:
                     except BlockingIOError:
                         msg = f"{self.path!r} is being written by another trace"
                         raise TraceFileBusy(msg) from None
+                    except OSError:
+                        pass  # a filesystem with no locks (some NFS): written unguarded
                 os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
             self._fh: IO[str] | None = open(fd, "w", encoding="utf-8")  # noqa: SIM115
