@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -560,6 +560,29 @@ def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     assert "--name is empty" in capsys.readouterr().err and not out.exists()
 
 
+def _traced_server(
+    trace: Path, agent: Callable[[], Agent] = lambda: Agent(instructions="test"), **options: Any
+) -> AgentServer:
+    """A server whose ``rtc_session`` entrypoint runs an ``AgentJob`` tracing to ``trace``
+    (``options``: the job's own, its avatar among them) and starts ``agent()`` in it."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), trace_path=trace, **options)
+        await job.start(agent())
+
+    return server
+
+
+async def _record_check(trace: Path, tmp_path: Path) -> tuple[int, Path]:
+    """``record TRACE -o r.yaml --check``: the exit code and the file (the check runs the
+    rebuilt scenario on a loop of its own: from a thread)."""
+    recorded = tmp_path / "r.yaml"
+    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    return code, recorded
+
+
 async def test_a_production_trace_whose_user_is_a_connector_is_recorded_and_reproduced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -581,9 +604,7 @@ async def test_a_production_trace_whose_user_is_a_connector_is_recorded_and_repr
     await settle()
     await job.aclose()
 
-    recorded = tmp_path / "r.yaml"
-    # --check runs the rebuilt scenario on a loop of its own: from a thread
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     assert code == 0, capsys.readouterr().err
     assert "the rebuilt scenario reproduces the trace" in capsys.readouterr().err
     scenario = load_scenario(recorded)
@@ -617,19 +638,13 @@ async def test_a_greeting_that_waited_for_an_avatar_that_never_came_is_recorded_
         async def on_enter(self) -> None:
             self.session.say("welcome", audio=greeting())
 
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx,
-            session=AgentSession(),
-            avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
-            join_timeout=10,
-            retry_avatar={"attempts": 1},
-            trace_path=trace,
-        )
-        await job.start(Greeter(instructions="test"))
+    server = _traced_server(
+        trace,
+        agent=lambda: Greeter(instructions="test"),
+        avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
+        join_timeout=10,
+        retry_avatar={"attempts": 1},
+    )
 
     agent_room.add_participant("user")
     await run_entrypoint(server)
@@ -637,8 +652,7 @@ async def test_a_greeting_that_waited_for_an_avatar_that_never_came_is_recorded_
     agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
     await run_entrypoint.wait_ended()
 
-    recorded = tmp_path / "r.yaml"
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     err = capsys.readouterr().err
     assert code == 0, err
     assert "the rebuilt scenario reproduces the trace" in err
@@ -660,14 +674,7 @@ async def test_an_avatar_that_joined_while_its_plugin_started_is_recorded_and_re
     replay's avatar joined during ``routing`` without its video: ``--check`` failed."""
     trace = tmp_path / "run.jsonl"
     avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock, start_delay=2.0)
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
-        )
-        await job.start(Agent(instructions="test"))
+    server = _traced_server(trace, avatar=avatar)
 
     agent_room.add_participant("user")
     started = asyncio.ensure_future(run_entrypoint(server, start_timeout=60))
@@ -680,8 +687,7 @@ async def test_an_avatar_that_joined_while_its_plugin_started_is_recorded_and_re
     agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
     await run_entrypoint.wait_ended()
 
-    recorded = tmp_path / "r.yaml"
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     err = capsys.readouterr().err
     assert code == 0, err
     scenario = load_scenario(recorded)
@@ -746,15 +752,9 @@ async def test_a_reply_queued_behind_another_through_the_avatar_keeps_the_defaul
     said (t=1), not when the queue reached it, and rebuilt a 4 s margin: the replay's
     bound fired at t=11, which --check did not see (it compares transitions, not times)."""
     trace = tmp_path / "run.jsonl"
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
-        job = AgentJob.from_job_context(
-            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
-        )
-        await job.start(Agent(instructions="test"))
+    server = _traced_server(
+        trace, avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+    )
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
@@ -774,8 +774,7 @@ async def test_a_reply_queued_behind_another_through_the_avatar_keeps_the_defaul
     fired = [r.t for r in records if (r.event, r.kind) == ("playout_timeout", "transition")]
     assert fired == [9.0]
 
-    recorded = tmp_path / "r.yaml"
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     assert code == 0, capsys.readouterr().err
     assert yaml.safe_load(recorded.read_text())["config"]["playout"] is True  # no margin
 
@@ -820,15 +819,9 @@ async def test_an_interruption_whose_clear_rpc_went_unanswered_is_rebuilt_with_i
     avatar stays ``clearing`` until t=11. That RPC is not in the trace; record rebuilt it
     as answered at once, so the replay's clear ended at t=6 (what --check now names)."""
     trace = tmp_path / "run.jsonl"
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
-        job = AgentJob.from_job_context(
-            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
-        )
-        await job.start(Agent(instructions="test"))
+    server = _traced_server(
+        trace, avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+    )
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
@@ -846,8 +839,7 @@ async def test_an_interruption_whose_clear_rpc_went_unanswered_is_rebuilt_with_i
     done = [r.t for r in run_entrypoint.records if r.event == "clear_buffer_done"]
     assert done == [11.0]
 
-    recorded = tmp_path / "r.yaml"
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     err = capsys.readouterr().err
     assert code == 0, err
     assert "not every one at the trace's time" not in err
@@ -870,19 +862,12 @@ async def test_a_retry_whose_second_attempt_joined_says_its_attempts_are_a_floor
     trace shows one restart and no refusal, so the rebuilt policy allows 1 (which
     reproduces the trace); the header did not say the job's own may have been larger."""
     trace = tmp_path / "run.jsonl"
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx,
-            session=AgentSession(),
-            avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
-            join_timeout=10,
-            retry_avatar={"attempts": 2},
-            trace_path=trace,
-        )
-        await job.start(Agent(instructions="test"))
+    server = _traced_server(
+        trace,
+        avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock),
+        join_timeout=10,
+        retry_avatar={"attempts": 2},
+    )
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
@@ -895,8 +880,7 @@ async def test_a_retry_whose_second_attempt_joined_says_its_attempts_are_a_floor
     agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
     await run_entrypoint.wait_ended()
 
-    recorded = tmp_path / "r.yaml"
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     assert code == 0, capsys.readouterr().err
     assert load_scenario(recorded).config.retry_avatar.attempts == 1
     assert (
@@ -918,15 +902,9 @@ async def test_a_session_shut_down_while_its_avatar_spoke_says_when_the_ask_is_u
     then. The trace shows only the close at t=9, rebuilt as a close there (which
     reproduces it); the header did not say the shutdown may have been asked earlier."""
     trace = tmp_path / "run.jsonl"
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
-        job = AgentJob.from_job_context(
-            ctx, session=AgentSession(), avatar=avatar, trace_path=trace
-        )
-        await job.start(Agent(instructions="test"))
+    server = _traced_server(
+        trace, avatar=ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
+    )
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
@@ -940,8 +918,7 @@ async def test_a_session_shut_down_while_its_avatar_spoke_says_when_the_ask_is_u
     await virtual_clock.advance(8)
     await run_entrypoint.wait_ended()
 
-    recorded = tmp_path / "r.yaml"
-    code = await asyncio.to_thread(main, ["record", str(trace), "-o", str(recorded), "--check"])
+    code, recorded = await _record_check(trace, tmp_path)
     assert code == 0, capsys.readouterr().err
     closes = [s.at for s in load_scenario(recorded).steps if s.event == "session.close"]
     assert closes == [9.0]
