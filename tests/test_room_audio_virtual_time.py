@@ -13,11 +13,12 @@ pacing: the room, the session transport, the native audio source.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,31 @@ GREETING = 2.0  # seconds of audio
 async def _audio(seconds: float, rate: int = 48000) -> AsyncIterator[rtc.AudioFrame]:
     for _ in range(round(seconds * 100)):
         yield rtc.AudioFrame(b"\0\0" * (rate // 100), rate, 1, rate // 100)
+
+
+def _greeter(
+    greeting: Callable[[], AsyncIterator[rtc.AudioFrame]] | None,
+    handles: list[Any] | None = None,
+    **options: Any,
+) -> AgentServer:
+    """A server whose entrypoint runs an ``AgentJob`` (``options``) with an agent that says
+    ``greeting()`` in ``on_enter`` (its speech handle appended to ``handles``), or nothing."""
+
+    class Greeter(Agent):
+        async def on_enter(self) -> None:
+            if greeting is not None:
+                handle = self.session.say("welcome", audio=greeting())
+                if handles is not None:
+                    handles.append(handle)
+
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), **options)
+        await job.start(Greeter(instructions="test"))
+
+    return server
 
 
 def greeter(said_at: list[float]) -> AgentServer:
@@ -126,18 +152,8 @@ async def test_a_greeting_said_while_an_avatar_never_joins_plays_in_the_room(
     handles: list[Any] = []
     avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock, sample_rate=rate)
 
-    class Greeter(Agent):
-        async def on_enter(self) -> None:
-            handles.append(self.session.say("welcome", audio=_audio(seconds, tts_rate)))
-
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx, session=AgentSession(), avatar=avatar, join_timeout=10, retry_avatar=retry
-        )
-        await job.start(Greeter(instructions="test"))
+    greeting = functools.partial(_audio, seconds, tts_rate)
+    server = _greeter(greeting, handles, avatar=avatar, join_timeout=10, retry_avatar=retry)
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
@@ -168,21 +184,11 @@ async def test_a_greeting_in_on_enter_is_one_playout_ended_once_it_played(
     still joining the machine sat idle while the greeting waited for it)."""
     avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
 
-    class Greeter(Agent):
-        async def on_enter(self) -> None:
-            self.session.say("welcome", audio=_audio(GREETING, 24000))
-
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx,
-            session=AgentSession(),
-            avatar=avatar if avatar_joins_at else None,
-            playout=True,  # on with an avatar by default; asked for here without one
-        )
-        await job.start(Greeter(instructions="test"))
+    server = _greeter(
+        functools.partial(_audio, GREETING, 24000),
+        avatar=avatar if avatar_joins_at else None,
+        playout=True,  # on with an avatar by default; asked for here without one
+    )
 
     agent_room.add_participant("user")
     began = virtual_clock.now()
@@ -215,22 +221,10 @@ async def test_a_retry_waits_for_the_greeting_playing_in_the_room(
     avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
     seconds = 4.0
 
-    class Greeter(Agent):
-        async def on_enter(self) -> None:
-            handles.append(self.session.say("welcome", audio=_audio(seconds, 24000)))
-
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx,
-            session=AgentSession(),
-            avatar=avatar,
-            join_timeout=10,
-            retry_avatar={"attempts": 1},
-        )
-        await job.start(Greeter(instructions="test"))
+    greeting = functools.partial(_audio, seconds, 24000)
+    server = _greeter(
+        greeting, handles, avatar=avatar, join_timeout=10, retry_avatar={"attempts": 1}
+    )
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
@@ -259,14 +253,7 @@ async def test_a_reply_begun_while_the_retry_starts_is_still_cut(
     its provider), and a reply that began in the room 0.5 s into it is cut when the sink
     goes in, under 1 s of its 3 s heard, its message not marked interrupted."""
     avatar = ScriptedAvatar(avatar_identity="avatar", clock=virtual_clock)
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(
-            ctx, session=AgentSession(), avatar=avatar, join_timeout=2, retry_avatar={"attempts": 1}
-        )
-        await job.start(Agent(instructions="test"))
+    server = _greeter(None, avatar=avatar, join_timeout=2, retry_avatar={"attempts": 1})
 
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
