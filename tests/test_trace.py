@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from livekit.agents import Agent, AgentSession
 
-from agent_runtime import Actor, Event, JsonlSink, MemorySink, Tracer, TraceRecord
+from agent_runtime import Actor, AgentJob, Event, JsonlSink, MemorySink, Tracer, TraceRecord
 from agent_runtime.observe.trace import MAX_PAYLOAD
 from agent_runtime.runtimes.job import JobRuntime
 from agent_runtime.testing.clock import VirtualClock
@@ -392,3 +393,48 @@ def test_a_trace_file_on_a_filesystem_without_locks_is_still_written(
     sink.close()
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["event"] == "start" and sink.failed is None
+
+
+class _FailsWhenTold:
+    """A sink that works until told to fail, as a disk fills up mid-job."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def write(self, record: TraceRecord) -> None:
+        if self.fail:
+            raise OSError(5, "Input/output error")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+async def test_a_tracer_shared_by_jobs_does_not_blame_the_last_one_built(
+    caplog: pytest.LogCaptureFixture, jobs: int
+) -> None:
+    """A worker handing one ``Tracer`` to each of its jobs: the sink's failure was logged
+    as the last job built's (its room named), whichever job's record failed and though
+    the sink is gone for all of them. Alone, the job is named; shared, none is, and the
+    line says every job sharing it lost the sink."""
+    clock = VirtualClock()
+    sink = _FailsWhenTold()
+    tracer = Tracer(sink)
+    built = []
+    for name in ["first", "second"][:jobs]:
+        room = InMemoryRoom(name=name, clock=clock)
+        room.connect_locally()
+        built.append(
+            AgentJob(room=room, session=AgentSession(), clock=clock, tracer=tracer, otel=False)
+        )
+    sink.fail = True
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.trace"):
+        await built[0].start(Agent(instructions="agent"))  # the first job's record fails
+    for job in built:
+        await asyncio.wait_for(job.aclose(), 5)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.trace"]
+    assert len(warnings) == 1, warnings
+    if jobs == 1:
+        assert warnings[0].startswith("room first: trace sink")
+        assert "sharing" not in warnings[0]
+    else:
+        assert "room second" not in warnings[0]
+        assert warnings[0].startswith("trace sink")
+        assert "disabled for every job sharing its tracer" in warnings[0]

@@ -266,8 +266,17 @@ class Tracer:
                 )
         self.sinks: list[TraceSink] = list(sinks)
         self.failures: list[str] = []
-        # the job's log fields (job_id, room), set by whoever composes the job
+        # the job's log fields (job_id, room), set by whoever composes the job (``label``)
         self.labels: Mapping[str, str] = {}
+        self.shared = False  # given to more than one job: its failure is every one's
+
+    def label(self, labels: Mapping[str, str]) -> None:
+        """Name the job this tracer traces, in its warnings. A tracer given to a second job
+        names none: a sink failing then is disabled for every job that shares it."""
+        if self.shared or (self.labels and self.labels is not labels):
+            self.shared, self.labels = True, {}
+        else:
+            self.labels = labels
 
     @property
     def active(self) -> bool:
@@ -299,11 +308,12 @@ class Tracer:
         job, room = self.labels.get("job_id", ""), self.labels.get("room", "")
         place = job_place(self.labels)
         logger.warning(
-            "%strace sink %r failed in %s (%s); it is disabled, the machines go on without it",
+            "%strace sink %r failed in %s (%s); it is disabled%s, the machines go on without it",
             f"{place}: " if place else "",
             sink,
             where,
             text,
+            " for every job sharing its tracer" if self.shared else "",
             exc_info=error if not isinstance(error, Exception) else None,
             extra={"job_id": job, "room": room, "sink": repr(sink)},
         )

@@ -199,7 +199,7 @@ class AgentJob(Emitter[Events]):
         for actor in sys.actors:
             actor.labels = self._log_labels
         if tracer is not None:
-            tracer.labels = self._log_labels
+            tracer.label(self._log_labels)
 
     # -- livekit-agents jobs ---------------------------------------------------------------
     @classmethod
