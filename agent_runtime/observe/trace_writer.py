@@ -108,7 +108,7 @@ class LineWriter:
 
     def _write(self, data: bytes) -> tuple[int, OSError | None]:
         """(bytes written, the error that stopped the write or None)."""
-        sent, full = 0, False
+        sent, full, view = 0, False, memoryview(data)
         while sent < len(data):
             # the close's bound is past: not one more write (close() counted the lost)
             if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
@@ -116,7 +116,7 @@ class LineWriter:
             if full:
                 select.select([], [self._fd], [], POLL)
             try:
-                sent += os.write(self._fd, data[sent:])
+                sent += os.write(self._fd, view[sent:])
                 full = False
             except BlockingIOError:  # a pipe full: its reader has not read it yet
                 full = True
