@@ -4,16 +4,18 @@ decision can be replayed offline), every transition and every effect outcome."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import stat
 import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from agent_runtime.observe.trace_writer import GaveUp, LineWriter
 
 if sys.platform != "win32":  # no advisory locks there: a trace file is truncated as opened
     import fcntl
@@ -160,11 +162,32 @@ class TraceFileBusy(OSError):
     """The trace file is being written by another ``JsonlSink`` (another job's, say)."""
 
 
+class TraceFileStalled(OSError):
+    """The trace file takes no more records: its reader stopped reading (a FIFO), or its
+    disk stalled (a network mount that does not answer)."""
+
+
+# a test may lower them
+MAX_QUEUED = 4 * 1024 * 1024  # bytes of records that may wait for the file: minutes of a job
+CLOSE_WAIT = 1.0  # real seconds close() waits for them to be written, then gives up
+
+
 class JsonlSink:
-    """One JSON object a line; flushed per record so a crash keeps what led to it.
+    """One JSON object a line, in order, written by a thread of the sink's own: the event
+    loop only hands each record over, so a file that takes no more (a FIFO whose reader
+    stopped reading, a stalled network mount) never blocks the job.
+
+    Each record is flushed once the thread writes it (no buffer keeps it), so a crash
+    keeps what led to it, but for the records handed over and not written yet: those of
+    the crash's last moment, if the process ends without closing the sink (``kill -9``,
+    ``os._exit``; an interpreter that exits closes it).
 
     A write that fails (a full disk) disables the sink: the file keeps the records before
-    it, ``failed`` says why, and the error goes to the tracer, which logs it once.
+    it, ``failed`` says why, and the error goes to the tracer, which logs it once (with
+    the next record, or from ``close()`` if none came). Records the file does not take
+    (``MAX_QUEUED`` bytes of them waiting) disable it the same way (``TraceFileStalled``).
+    ``close()`` waits up to ``CLOSE_WAIT`` seconds for the records still waiting (none once
+    the file stalled), then gives up, and says how many the file did not get.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -172,9 +195,10 @@ class JsonlSink:
             raise TypeError(f"JsonlSink takes a file path (str or Path), not {path!r}")
         self.path = str(path)
         self.failed: str | None = None
-        self.written = 0
+        self._reported = False  # whether ``failed`` was raised to the tracer or logged
+        self._written: int | None = None  # the records in the file, once closed
         # non-blocking open: a FIFO with no reader is an error at once (ENXIO), not a
-        # hang; then blocking writes as for any file
+        # hang; and non-blocking it stays, so that the writer can give up on a full pipe
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
         try:
             # truncated only once no other trace writes it (a job still running on one
@@ -189,34 +213,82 @@ class JsonlSink:
                     except OSError:
                         pass  # a filesystem with no locks (some NFS): written unguarded
                 os.ftruncate(fd, 0)
-            os.set_blocking(fd, True)
-            self._fh: IO[str] | None = open(fd, "w", encoding="utf-8")  # noqa: SIM115
+            self._writer: LineWriter | None = LineWriter(fd, self.path, MAX_QUEUED)
         except BaseException:
             os.close(fd)
             raise
+        # a sink never closed (a program's own): closed when collected, or at the exit
+        self._finalizer = weakref.finalize(self, self._writer.close, CLOSE_WAIT)
 
     def __repr__(self) -> str:
         return f"JsonlSink({self.path!r})"
 
+    @property
+    def written(self) -> int:
+        """The records in the file (so far, while the sink is open)."""
+        if self._written is not None:
+            return self._written
+        return self._writer.counts()[0] if self._writer is not None else 0
+
     def write(self, record: TraceRecord) -> None:
-        if self._fh is None:
+        writer = self._writer
+        if writer is None or self.failed is not None:
             return
+        if writer.error is not None:  # the thread's last write failed
+            self._fail(describe(writer.error), CLOSE_WAIT)
+            raise writer.error
         try:
             line = json.dumps(record.to_dict(), default=_short_repr, sort_keys=True)
-            self._fh.write(line + "\n")
-            self._fh.flush()
         except Exception as e:
-            self.failed = f"{type(e).__name__}: {e}"
-            self.close()
+            self._fail(describe(e), CLOSE_WAIT)
             raise
-        self.written += 1
+        if not writer.put(f"{line}\n".encode()):
+            _, waiting = writer.counts()
+            stalled = TraceFileStalled(
+                f"the trace file takes no more records: its reader stopped reading, or its "
+                f"disk stalled ({_records(waiting)} waiting to be written); none is written "
+                "from here on"
+            )
+            self._fail(describe(stalled), 0.0)
+            raise stalled
+
+    def flush(self, timeout: float = CLOSE_WAIT) -> bool:
+        """Wait up to ``timeout`` real seconds for the records written so far to be in
+        the file (or its write to fail); whether they are."""
+        return self._writer is None or self._writer.flush(timeout)
+
+    def _fail(self, why: str, wait: float) -> None:
+        self.failed, self._reported = why, True  # the tracer logs what write raises
+        self._close(wait)
 
     def close(self) -> None:
-        fh, self._fh = self._fh, None
-        if fh is not None:
-            # what a failed write left in the buffer cannot be written either
-            with contextlib.suppress(OSError):
-                fh.close()
+        """Write the records still waiting (for ``CLOSE_WAIT`` seconds at most; at once
+        if the file stalled) and close the file. Records it did not get are logged."""
+        self._close(0.0 if self.failed is not None else CLOSE_WAIT)
+        if self.failed is not None and not self._reported:
+            self._reported = True
+            logger.warning("trace sink %r failed at its close (%s)", self, self.failed)
+
+    def _close(self, wait: float) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        self._finalizer.detach()
+        writer.close(wait)
+        self._written, lost = writer.counts()
+        if self.failed is not None or not lost:
+            return
+        if writer.error is not None and not isinstance(writer.error, GaveUp):
+            self.failed = f"{describe(writer.error)}: {_records(lost)} not written"
+        else:
+            self.failed = (
+                f"the trace file took no more records in the {wait:g} s its close waits: its "
+                f"reader stopped reading, or its disk stalled; {_records(lost)} not written"
+            )
+
+
+def _records(n: int) -> str:
+    return f"{n:,} record" if n == 1 else f"{n:,} records"
 
 
 def _short_repr(value: Any) -> str:
