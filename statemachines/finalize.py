@@ -19,7 +19,7 @@ EVENTS = ("request", "verdict_ready", "delivered", "undelivered", "close")
 
 FINALIZE = MachineSpec(
     name="finalize",
-    description="One per job: the simulation verdict, answered once to the simulator.",
+    description="One per job: the simulation verdict, computed once, for the simulator only.",
     initial="idle",
     states=(
         State(name="idle", description="no finalize answered yet"),
