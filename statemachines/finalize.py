@@ -4,10 +4,13 @@ The session host forwards each well-formed finalize (``request``). The first one
 answered: ``answering`` runs the agent's ``on_simulation_end`` as its task (it often calls
 a model) and reports ``verdict_ready``; ``replying`` sends the verdict, which is
 ``delivered`` (``answered``: the job is told) or ``undelivered`` (back to ``idle`` with the
-verdict kept: a retry gets the same one, ``on_simulation_end`` does not run twice). A
-finalize while one is being answered, after one was answered, or in a job that is not a
-simulation gets an explicit error reply. ``close`` comes from the host closing, after its
-drain: an answer still being computed is cut and the simulator gets its one error reply.
+verdict kept: a retry gets the same one, ``on_simulation_end`` does not run twice). The
+simulator asking again (its own wait for the reply ran out, and livekit's ``RemoteSession``
+forgets a request it stopped waiting for) gets the same verdict: while it is computed, the
+new request waits for it with the first; once it is known, the kept verdict is sent at
+once. A finalize in a job that is not a simulation gets an explicit error reply. ``close``
+comes from the host closing, after its drain: an answer still being computed is cut and
+each request waiting for it gets its one error reply.
 """
 
 from .spec import Effect, MachineSpec, State, cells, row
@@ -16,7 +19,7 @@ EVENTS = ("request", "verdict_ready", "delivered", "undelivered", "close")
 
 FINALIZE = MachineSpec(
     name="finalize",
-    description="One per job: the simulation verdict, answered once to the simulator.",
+    description="One per job: the simulation verdict, computed once, for the simulator only.",
     initial="idle",
     states=(
         State(name="idle", description="no finalize answered yet"),
@@ -43,19 +46,28 @@ FINALIZE = MachineSpec(
             description="reply with the verdict (reported as delivered)",
         ),
         Effect(name="report_answered", description="tell the job the verdict was delivered"),
-        Effect(name="refuse_busy", description="error reply: already being answered"),
-        Effect(name="refuse_answered", description="error reply: already answered"),
+        Effect(
+            name="await_verdict",
+            description="the simulator asked again: the verdict, once ready, answers this too",
+        ),
+        Effect(
+            name="resend_verdict",
+            description="the simulator asked again: reply with the kept verdict (not run again)",
+        ),
         Effect(name="refuse_not_simulation", description="error reply: not a simulation"),
         Effect(
             name="reply_unfinished",
-            description="error reply: on_simulation_end did not finish before the host closed",
+            description=(
+                "error reply to each waiting request: on_simulation_end did not finish "
+                "before the host closed"
+            ),
         ),
     ),
     rows=(
         *row("idle", "request", "answering", guards=["simulation"], effects=["take_request"]),
         *row("idle", "request", None, effects=["refuse_not_simulation"]),
-        *row(["answering", "replying"], "request", None, effects=["refuse_busy"]),
-        *row("answered", "request", None, effects=["refuse_answered"]),
+        *row("answering", "request", None, effects=["await_verdict"]),
+        *row(["replying", "answered"], "request", None, effects=["resend_verdict"]),
         *row("answering", "verdict_ready", "replying", effects=["send_verdict"]),
         *row("replying", "delivered", "answered", effects=["report_answered"]),
         *row("replying", "undelivered", "idle"),  # the verdict is kept for a retry

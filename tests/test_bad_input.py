@@ -319,43 +319,6 @@ TABLE: list[Bad] = [
     ),
     # -- steps a running scenario refuses -----------------------------------------------------
     step(
-        "finalize-payload-unknown-field",
-        [
-            {
-                "event": "session_request",
-                "caller": SIMULATOR,
-                "request": "finalize_simulation",
-                "payload": {"colour": "red"},
-            }
-        ],
-        "ValueError: finalize_simulation has no field 'colour' "
-        "(fields: provisional_success, provisional_reason)",
-    ),
-    step(
-        "unknown-kind-with-payload",
-        [
-            {
-                "event": "session_request",
-                "caller": SIMULATOR,
-                "request": "launch_rockets",
-                "payload": {"count": 3},
-            }
-        ],
-        "ValueError: unknown request kind 'launch_rockets' cannot carry a payload",
-    ),
-    step(
-        "finalize-payload-without-a-wire-form",
-        [
-            {
-                "event": "session_request",
-                "caller": SIMULATOR,
-                "request": "finalize_simulation",
-                "payload": {"provisional_success": [True]},
-            }
-        ],
-        "ValueError: finalize_simulation.provisional_success: cannot put a list on the wire",
-    ),
-    step(
         "joins-twice",
         [{"event": "participant_connected", "identity": USER}],
         "ValueError: participant 'user' is already in the room",
@@ -383,6 +346,34 @@ TABLE: list[Bad] = [
     ),
     # -- scenario files (agent-runtime simulate) ------------------------------------------------
     scenario("not-utf8", b"\xff\xfename: x\n", "not a UTF-8 text file (invalid start byte)"),
+    # a payload no simulator could send is the file's mistake, named before anything runs
+    scenario(
+        "finalize-payload-unknown-field",
+        step_file(
+            "{at: 0, event: session_request, caller: simulator, "
+            "request: finalize_simulation, payload: {colour: red}}"
+        ),
+        "step 1 (session_request): field payload: finalize_simulation has no field 'colour' "
+        "(fields: provisional_success, provisional_reason)",
+    ),
+    scenario(
+        "unknown-kind-with-payload",
+        step_file(
+            "{at: 0, event: session_request, caller: simulator, "
+            "request: launch_rockets, payload: {count: 3}}"
+        ),
+        "step 1 (session_request): field payload: unknown request kind 'launch_rockets' "
+        "cannot carry a payload",
+    ),
+    scenario(
+        "finalize-payload-without-a-wire-form",
+        step_file(
+            "{at: 0, event: session_request, caller: simulator, "
+            "request: finalize_simulation, payload: {provisional_success: [true]}}"
+        ),
+        "step 1 (session_request): field payload: finalize_simulation.provisional_success: "
+        "cannot put a list on the wire",
+    ),
     scenario("a-list", "- 1\n", "a scenario is a mapping with name and steps"),
     scenario("no-steps", "name: x\n", "'steps' must be a non-empty list"),
     scenario(

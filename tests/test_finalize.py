@@ -85,24 +85,45 @@ async def test_a_reply_that_cannot_be_delivered_is_sent_again_with_the_same_verd
     await rig.host.aclose()
 
 
-async def test_a_second_finalize_gets_an_explicit_error_while_answering_and_after() -> None:
+async def test_a_simulator_that_asks_again_while_answering_gets_the_verdict_on_both() -> None:
+    """The simulator gave up on its first request (its own timeout: livekit's
+    ``RemoteSession`` forgets a request it stopped waiting for) and asks again while
+    ``on_simulation_end`` still runs. The verdict, once ready, answers both requests;
+    the agent's callback runs once and the job is told once."""
     t = Setup()
     rig = t.rig
     await rig.host.start()
     t.compute.clear()
     first = await rig.sim.send("finalize_simulation", FIN)
     await rig.settle()
-    busy = await rig.sim.ask("finalize_simulation", FIN)
-    assert busy.error == "finalize_simulation was already being answered"
+    second = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    assert second not in rig.sim.responses  # no error: it waits for the verdict
     t.compute.set()
-    assert (await rig.sim.reply(first)).finalize_simulation.user_verdict.reason == "veto 1"
-    again = await rig.sim.ask("finalize_simulation", FIN)
-    assert again.error == "finalize_simulation was already answered"
+    for rid in (first, second):
+        resp = await rig.sim.reply(rid)
+        assert not resp.error and resp.finalize_simulation.user_verdict.reason == "veto 1"
     assert t.calls == 1 and rig.answered == [{"success": False, "reason": "veto 1"}]
     await rig.host.aclose()
 
 
-async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_busy_error() -> None:
+async def test_a_simulator_that_asks_again_after_the_answer_gets_the_same_verdict() -> None:
+    """A reply the simulator did not wait for is lost to it: asked again, the agent sends
+    the verdict it kept, without running ``on_simulation_end`` again (as livekit alone
+    would) and without telling the job a second time."""
+    t = Setup()
+    rig = t.rig
+    await rig.host.start()
+    first = await rig.sim.ask("finalize_simulation", FIN)
+    assert first.finalize_simulation.user_verdict.reason == "veto 1"
+    for _ in range(2):  # and every one after it, alike
+        again = await rig.sim.ask("finalize_simulation", FIN)
+        assert not again.error and again.finalize_simulation.user_verdict.reason == "veto 1"
+    assert t.calls == 1 and rig.answered == [{"success": False, "reason": "veto 1"}]
+    await rig.host.aclose()
+
+
+async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_verdict_too() -> None:
     t = Setup()
     rig = t.rig
     await rig.host.start()
@@ -114,15 +135,33 @@ async def test_a_second_finalize_while_the_verdict_is_being_sent_gets_the_busy_e
     second = await rig.sim.send("finalize_simulation", FIN)
     await rig.settle()
     t.end.release.set()
-    assert (await rig.sim.reply(first)).finalize_simulation.user_verdict.reason == "veto 1"
-    busy = await rig.sim.reply(second)
-    assert busy.error == "finalize_simulation was already being answered"
+    for rid in (first, second):
+        assert (await rig.sim.reply(rid)).finalize_simulation.user_verdict.reason == "veto 1"
     assert t.calls == 1 and rig.answered == [{"success": False, "reason": "veto 1"}]
     await rig.host.aclose()
     await rig.settle()
     rig.sim.pump()
-    # one reply per request: the verdict once, the busy error once
+    # one reply per request
     assert sorted(r.request_id for r in rig.sim.received) == sorted([first, second])
+
+
+async def test_the_host_closing_while_answering_two_requests_tells_both() -> None:
+    t = Setup()
+    rig = t.rig
+    await rig.host.start()
+    t.compute.clear()  # on_simulation_end never returns
+    first = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    second = await rig.sim.send("finalize_simulation", FIN)
+    await rig.settle()
+    closing = asyncio.ensure_future(rig.host.aclose())
+    await rig.clock.advance(3)  # the drain bound
+    await rig.settle()
+    assert closing.done() and t.fin.state == "closed"
+    rig.sim.pump()
+    assert sorted(rig.sim.responses) == sorted([first, second])
+    assert {r.error for r in rig.sim.responses.values()} == {FINALIZE_UNFINISHED}
+    assert rig.answered == []
 
 
 async def test_the_host_closing_while_answering_gets_the_simulator_one_error_reply() -> None:
@@ -182,17 +221,17 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("idle", "delivered"): ("ignore", "idle", ()),
     ("idle", "undelivered"): ("ignore", "idle", ()),
     ("idle", "close"): ("transition", "closed", ()),
-    ("answering", "request"): ("transition", "answering", ("refuse_busy",)),
+    ("answering", "request"): ("transition", "answering", ("await_verdict",)),
     ("answering", "verdict_ready"): ("transition", "replying", ("send_verdict",)),
     ("answering", "delivered"): ("ignore", "answering", ()),
     ("answering", "undelivered"): ("ignore", "answering", ()),
     ("answering", "close"): ("transition", "closed", ("reply_unfinished",)),
-    ("replying", "request"): ("transition", "replying", ("refuse_busy",)),
+    ("replying", "request"): ("transition", "replying", ("resend_verdict",)),
     ("replying", "verdict_ready"): ("ignore", "replying", ()),
     ("replying", "delivered"): ("transition", "answered", ("report_answered",)),
     ("replying", "undelivered"): ("transition", "idle", ()),
     ("replying", "close"): ("ignore", "replying", ()),
-    ("answered", "request"): ("transition", "answered", ("refuse_answered",)),
+    ("answered", "request"): ("transition", "answered", ("resend_verdict",)),
     ("answered", "verdict_ready"): ("ignore", "answered", ()),
     ("answered", "delivered"): ("ignore", "answered", ()),
     ("answered", "undelivered"): ("ignore", "answered", ()),
@@ -203,9 +242,6 @@ CELLS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
 # what the simulator is told about the request a cell's event is (or its first request)
 REPLIES = {
     ("idle", "request:no_simulation"): "this job is not a simulation",
-    ("answering", "request"): "finalize_simulation was already being answered",
-    ("replying", "request"): "finalize_simulation was already being answered",
-    ("answered", "request"): "finalize_simulation was already answered",
     ("answering", "close"): FINALIZE_UNFINISHED,
 }
 
@@ -305,7 +341,11 @@ async def test_cell(state: str, trigger: str) -> None:
     # the job is told of the verdict exactly when the simulator got it
     got = [rig.sim.responses.get(r) for r in (first, asked) if r is not None]
     verdicts = [r for r in got if r is not None and r.HasField("finalize_simulation")]
-    assert len(rig.answered) == len(verdicts) <= 1
+    # (a request asked again gets the kept verdict too; the job is told once)
+    assert len(rig.answered) == min(len(verdicts), 1)
+    if event == "request" and state in ("replying", "answered"):
+        assert asked is not None
+        assert rig.sim.responses[asked].finalize_simulation.user_verdict.reason == "veto 1"
     if dest == "answered" and state != "answered":
         assert rig.answered == [{"success": False, "reason": "veto 1"}]
     t.compute.set()

@@ -195,6 +195,56 @@ async def test_connection_timeout_without_rejoin_closes_when_grace_ends(world: W
     ]
 
 
+async def test_the_log_says_who_dropped_why_and_how_long_the_session_waits(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drop was silent until the grace ended, and the close then named only
+    ``grace_timeout``: reading the log, a developer could not tell why the user was
+    dropped nor that the session had been waiting for them."""
+    world.room.add_participant("u")
+    world.room.add_participant("bob")
+    await world.start_session()
+    link = world.link(grace_period=15.0)
+    link.start()
+    await world.idle()
+    with caplog.at_level(logging.INFO, logger="agent_runtime.participant"):
+        world.room.remove_participant("u", R.SIGNAL_CLOSE)
+        world.room.remove_participant("bob", R.CLIENT_INITIATED)  # not the linked one
+        await world.idle()
+        world.room.add_participant("u")
+        await world.idle()
+        world.room.remove_participant("u", R.CONNECTION_TIMEOUT)
+        await world.idle()
+        await world.clock.advance(15.0)
+        await world.session_closed()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "participant u dropped (SIGNAL_CLOSE): the session waits up to 15s for them to rejoin",
+        "participant u rejoined: relinked",
+        "participant u dropped (CONNECTION_TIMEOUT): the session waits up to 15s for them "
+        "to rejoin",
+        "closing the session: participant u did not rejoin within 15s",
+    ]
+
+
+async def test_the_log_says_a_departure_leaves_the_session_open_without_close_on_disconnect(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(close_on_disconnect=False)
+    link.start()
+    await world.idle()
+    with caplog.at_level(logging.INFO, logger="agent_runtime.participant"):
+        world.room.remove_participant("u", R.CLIENT_INITIATED)
+        await world.idle()
+    assert link.state == "grace"
+    assert [r.getMessage() for r in caplog.records] == [
+        "participant u left (CLIENT_INITIATED): close_on_disconnect is off, the session "
+        "stays open and waits for them to rejoin"
+    ]
+
+
 @pytest.mark.parametrize("someone_else", ["joins", "leaves"])
 async def test_someone_else_during_grace_does_not_extend_it(
     world: World, someone_else: str

@@ -87,6 +87,34 @@ def test_bundled_scenarios_load(path: Path) -> None:
             r"field duration: Input should be less than or equal to 604800$",
         ),
         ([{"at": 0, "event": "user.state", "state": "bored"}], r"field state: Input should be"),
+        # a misspelt request kind with its payload: it ran, refused as a step, exit 0
+        (
+            [
+                {
+                    "at": 0,
+                    "event": "session_request",
+                    "caller": "simulator",
+                    "request": "finalise_simulation",
+                    "payload": {"provisional_success": True},
+                }
+            ],
+            r"step 1 \(session_request\): field payload: unknown request kind "
+            r"'finalise_simulation' cannot carry a payload "
+            r"\(did you mean 'finalize_simulation'\?\)$",
+        ),
+        (
+            [
+                {
+                    "at": 0,
+                    "event": "session_request",
+                    "caller": "simulator",
+                    "request": "finalize_simulation",
+                    "payload": {"provisional_sucess": True},
+                }
+            ],
+            r"step 1 \(session_request\): field payload: finalize_simulation has no field "
+            r"'provisional_sucess' \(fields: provisional_success, provisional_reason\)$",
+        ),
         # "no", "off" and 0 ran as an abort; every other flag is true or false too
         *(
             (

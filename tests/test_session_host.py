@@ -452,19 +452,24 @@ async def test_malformed_finalize_gets_an_error_and_changes_nothing() -> None:
     await rig.host.aclose()
 
 
-async def test_second_finalize_after_one_was_answered_gets_an_error() -> None:
+async def test_second_finalize_after_one_was_answered_gets_the_same_verdict() -> None:
     calls: list[SimulationContext] = []
-    rig = Rig(on_simulation_end=calls.append)
+
+    def veto(ctx: SimulationContext) -> None:
+        calls.append(ctx)
+        ctx.fail("vetoed")
+
+    rig = Rig(on_simulation_end=veto)
     await rig.host.start()
     assert not (await rig.sim.ask("finalize_simulation", {"provisional_success": True})).error
-    for _ in range(2):  # and every one after it, alike
+    for _ in range(2):  # and every one after it, alike: the kept verdict, not run again
         resp = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
-        assert resp.error == "finalize_simulation was already answered"
-    assert len(calls) == 1 and rig.answered == [None]
+        assert not resp.error and resp.finalize_simulation.user_verdict.reason == "vetoed"
+    assert len(calls) == 1 and rig.answered == [{"success": False, "reason": "vetoed"}]
     await rig.host.aclose()
 
 
-async def test_finalize_while_one_is_being_answered_gets_an_error() -> None:
+async def test_finalize_while_one_is_being_answered_waits_for_the_same_verdict() -> None:
     rig_clock: list[VirtualClock] = []
 
     async def slow(ctx: SimulationContext) -> None:
@@ -475,11 +480,11 @@ async def test_finalize_while_one_is_being_answered_gets_an_error() -> None:
     rig_clock.append(rig.clock)
     await rig.host.start()
     first = await rig.sim.send("finalize_simulation", {"provisional_success": True})
-    second = await rig.sim.ask("finalize_simulation", {"provisional_success": True})
-    assert second.error == "finalize_simulation was already being answered"
+    second = await rig.sim.send("finalize_simulation", {"provisional_success": True})
     await rig.clock.advance(10)
-    resp = await rig.sim.reply(first)
-    assert resp.finalize_simulation.user_verdict.reason == "slow veto"
+    for rid in (first, second):
+        resp = await rig.sim.reply(rid)
+        assert resp.finalize_simulation.user_verdict.reason == "slow veto"
     assert rig.host.verdict == {"success": False, "reason": "slow veto"}
     await rig.host.aclose()
 

@@ -3,8 +3,8 @@
 
 Owned by the job's session host, which forwards every well-formed finalize to it. The
 agent's ``on_simulation_end`` runs as the task of ``answering``; its verdict is kept, so a
-reply that could not be delivered is sent again on a retry without running it twice. See
-``statemachines.finalize`` for the table.
+reply that could not be delivered, or that the simulator stopped waiting for, is sent again
+when it asks again, without running it twice. See ``statemachines.finalize`` for the table.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ class FinalizeAnswer(MachineRuntime[str]):
         # the verdict of on_simulation_end (and its error, if it failed), kept for a retry
         self._result: tuple[FinalizeResult, str] | None = None
         self._request: dict[str, Any] = {}  # the request being answered
+        # every request the verdict being computed answers: the first, then each the
+        # simulator sent again meanwhile
+        self._waiting: list[str] = []
         self._delivered: _Delivered | None = None
         # the shared guard (statemachines.glue) reads this answer as its facts view
         self._run_machine(
@@ -133,6 +136,10 @@ class FinalizeAnswer(MachineRuntime[str]):
         # an effect of the step that entered `answering`: it runs before the state's task
         # gets its first turn of the loop
         self._request = dict(ev.data)
+        self._waiting = [str(ev.data.get("request_id", ""))]
+
+    def _fx_await_verdict(self, ev: Event) -> None:
+        self._waiting.append(str(ev.data.get("request_id", "")))
 
     async def _fx_compute_verdict(self, _ev: Event) -> Event:
         if self._result is None:
@@ -167,28 +174,44 @@ class FinalizeAnswer(MachineRuntime[str]):
         return result, ""
 
     async def _fx_send_verdict(self, ev: Event) -> Event:
-        assert self._result is not None  # verdict_ready follows the computed verdict
-        result, error = self._result
-        rid = str(ev.data.get("request_id", ""))
-        resp = agent_pb.SessionResponse(
-            request_id=rid, error=error or None, finalize_simulation=result
-        )
-        try:
-            await self._send(agent_pb.AgentSessionMessage(response=resp))
-        except Exception as e:
+        waiting, self._waiting = self._waiting, []
+        delivered: str | None = None
+        failure: Exception | None = None
+        for rid in waiting:
+            try:
+                await self._send_verdict(rid)
+            except Exception as e:
+                failure = e
+            else:
+                delivered = rid if delivered is None else delivered
+        if delivered is None:
             # the machine goes back to idle: a retry is answered with the same verdict
             logger.warning(
                 "could not deliver the finalize_simulation reply: %s",
-                e,
+                failure,
                 extra=self.actor.log_fields(ev.name),
             )
-            raise
-        verdict = (
-            {"success": result.user_verdict.success, "reason": result.user_verdict.reason}
-            if result.HasField("user_verdict")
-            else None
+            assert failure is not None
+            raise failure
+        return Event("delivered", {"request_id": delivered, "verdict": self._kept_verdict()})
+
+    async def _fx_resend_verdict(self, ev: Event) -> None:
+        await self._send_verdict(str(ev.data.get("request_id", "")))
+
+    async def _send_verdict(self, request_id: str) -> None:
+        assert self._result is not None  # verdict_ready follows the computed verdict
+        result, error = self._result
+        resp = agent_pb.SessionResponse(
+            request_id=request_id, error=error or None, finalize_simulation=result
         )
-        return Event("delivered", {"request_id": rid, "verdict": verdict})
+        await self._send(agent_pb.AgentSessionMessage(response=resp))
+
+    def _kept_verdict(self) -> dict[str, Any] | None:
+        assert self._result is not None
+        result = self._result[0]
+        if not result.HasField("user_verdict"):
+            return None
+        return {"success": result.user_verdict.success, "reason": result.user_verdict.reason}
 
     def _fx_report_answered(self, ev: Event) -> Output:
         verdict = ev.data.get("verdict")
@@ -204,18 +227,21 @@ class FinalizeAnswer(MachineRuntime[str]):
                 logger.exception("on_finalize_answered failed", extra=self.actor.log_fields())
         return Output({"verdict": self._delivered.verdict})
 
-    async def _fx_refuse_busy(self, ev: Event) -> None:
-        await self._error(ev, "finalize_simulation was already being answered")
-
-    async def _fx_refuse_answered(self, ev: Event) -> None:
-        await self._error(ev, "finalize_simulation was already answered")
-
     async def _fx_refuse_not_simulation(self, ev: Event) -> None:
         await self._error(ev, "this job is not a simulation")
 
     async def _fx_reply_unfinished(self, _ev: Event) -> None:
-        # the answer was cut with its state: the simulator gets this rather than silence
-        await self._send_error(str(self._request.get("request_id", "")), FINALIZE_UNFINISHED)
+        # the answer was cut with its state: each request waiting for it gets this rather
+        # than silence
+        waiting, self._waiting = self._waiting, []
+        failure: Exception | None = None
+        for rid in waiting:
+            try:
+                await self._send_error(rid, FINALIZE_UNFINISHED)
+            except Exception as e:  # the next request waiting is still told
+                failure = e
+        if failure is not None:
+            raise failure
 
     async def _error(self, ev: Event, error: str) -> None:
         await self._send_error(str(ev.data.get("request_id", "")), error)

@@ -28,6 +28,7 @@ from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
 
+from agent_runtime._messages import StateChanged
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import Listener, event_names
@@ -134,6 +135,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # delivers it, as the links declare)
         self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
         self._warned_room_io = False
+        # why each participant last left, for the log line of a drop the machine waits on
+        self._left: dict[str, str] = {}
         # the shared guards (statemachines.glue) read this link as their facts view
         self._run_machine(
             PARTICIPANT,
@@ -230,6 +233,11 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             self.actor.post(event)
 
     def _hear(self, event: Event) -> None:
+        identity = str(event.data.get("identity", ""))
+        if event.name == "participant_disconnected":
+            self._left[identity] = str(event.data.get("reason", "UNKNOWN_REASON"))
+        elif event.name == "participant_connected":
+            self._left.pop(identity, None)
         if self.actor.started:
             self.actor.post(event)
         else:  # listening before the session started: start() hands it on
@@ -256,6 +264,26 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             unsubscribe()
             if self._session_close_listener is not None:
                 self.session.off("close", self._session_close_listener)
+
+    def _on_state(self, change: StateChanged) -> None:
+        if change.dest == "grace" and change.source == "linked":
+            who = self._identity
+            why = self._left.get(who or "", "UNKNOWN_REASON")
+            if self.close_on_disconnect:
+                logger.info(
+                    "participant %s dropped (%s): the session waits up to %gs for them to rejoin",
+                    who,
+                    why,
+                    self.grace_period,
+                )
+            else:
+                logger.info(
+                    "participant %s left (%s): close_on_disconnect is off, the session stays "
+                    "open and waits for them to rejoin",
+                    who,
+                    why,
+                )
+        super()._on_state(change)
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:
@@ -287,11 +315,18 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         return self._point_room_input(identity)
 
     def _fx_close_session(self, ev: Event) -> None:
-        logger.info(
-            "closing the session: participant %s left (%s)",
-            self._identity,
-            ev.data.get("reason", ev.name),
-        )
+        if ev.name == "grace_timeout":
+            logger.info(
+                "closing the session: participant %s did not rejoin within %gs",
+                self._identity,
+                self.grace_period,
+            )
+        else:
+            logger.info(
+                "closing the session: participant %s left (%s)",
+                self._identity,
+                ev.data.get("reason", ev.name),
+            )
         # the session's own close path, as RoomIO uses it: its `close` event then carries
         # CloseReason.PARTICIPANT_DISCONNECTED for the job
         lk.ask_session_close(self.session, CloseReason.PARTICIPANT_DISCONNECTED)

@@ -46,6 +46,7 @@ from agent_runtime.settings import (
 from agent_runtime.testing.held import RESULTS
 from agent_runtime.testing.invariants.checks import BY_NUMBER
 from agent_runtime.testing.safe_yaml import YamlRefused, load_yaml, yaml_problem
+from agent_runtime.testing.wire import REQUEST_KINDS, build_request
 from statemachines.machines import MACHINES
 
 # every rtc.ParticipantKind the SDK knows (settings derives the names from the enum): a
@@ -296,6 +297,23 @@ class SessionRequest(_Step):
     caller: Identity
     request: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("payload")
+    @classmethod
+    def _encodable(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """A payload no simulator could send is the file's mistake (a misspelt request kind
+        or field), not a step the runtime refuses. An unknown kind without a payload stays:
+        it is how a newer simulator's request reaches this agent."""
+        kind = info.data.get("request")
+        if not isinstance(kind, str) or not v:
+            return v
+        try:
+            build_request(kind, v, request_id="check")
+        except ValueError as e:
+            near = difflib.get_close_matches(kind, sorted(REQUEST_KINDS), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near and kind not in REQUEST_KINDS else ""
+            raise PydanticCustomError("payload", "{problem}", {"problem": f"{e}{hint}"}) from e
+        return v
 
 
 class RpcOutcome(_Step):

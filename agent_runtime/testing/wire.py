@@ -15,7 +15,7 @@ from google.protobuf import descriptor, json_format, message_factory
 from google.protobuf import message as pb_message
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
-_REQUEST_KINDS = frozenset(
+REQUEST_KINDS = frozenset(
     f.name for f in agent_pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"].fields
 )
 # a request kind this agent has no name for is sent on a field number the protocol does not
@@ -39,7 +39,7 @@ def build_request(
         raise ValueError("a session request needs a kind name")
     payload = dict(payload or {})
     base = agent_pb.SessionRequest(request_id=request_id).SerializeToString()
-    if kind not in _REQUEST_KINDS:
+    if kind not in REQUEST_KINDS:
         if payload:
             raise ValueError(f"unknown request kind {kind!r} cannot carry a payload")
         body = b""

@@ -49,7 +49,8 @@ INVARIANTS: tuple[Invariant, ...] = (
         "finalize_once",
         "a finalize request that arrives before the hold ends is answered, exactly once "
         "(unless the room went before the reply): with the verdict, or with an explicit "
-        "error; the verdict goes to the simulator only, once",
+        "error; the verdict goes to the simulator only, and reaches the job once (a "
+        "request the simulator sent again gets the same verdict)",
     ),
     Invariant(
         3,
@@ -151,20 +152,13 @@ def safety(v: JobView) -> list[Finding]:
     states = v.states
     if v.audio_route == "avatar" and states.get("avatar") not in ROUTED:
         out.append((1, f"audio goes to the avatar while it is {states.get('avatar')}"))
-    if v.requests:
-        verdicts = 0
-        for i, r in enumerate(v.requests):
-            if len(r.replies) > 1:
-                out.append((2, f"finalize request #{i + 1} got {len(r.replies)} replies"))
-            if "verdict" in r.replies:
-                verdicts += r.replies.count("verdict")
-                if not r.simulator:
-                    n = i + 1
-                    out.append(
-                        (2, f"finalize request #{n}, not from the simulator, got the verdict")
-                    )
-        if verdicts > 1:
-            out.append((2, f"the verdict was delivered {verdicts} times"))
+    for i, r in enumerate(v.requests):
+        if len(r.replies) > 1:
+            out.append((2, f"finalize request #{i + 1} got {len(r.replies)} replies"))
+        if "verdict" in r.replies and not r.simulator:
+            out.append((2, f"finalize request #{i + 1}, not from the simulator, got the verdict"))
+    if v.verdict_reports > 1:
+        out.append((2, f"the verdict was delivered {v.verdict_reports} times"))
     if v.deletions:
         job = states.get("job", "")
         if job in LIVE_JOB:

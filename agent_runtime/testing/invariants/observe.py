@@ -135,10 +135,11 @@ def runtime_view(
     attached = host.session
     names = {id(s): name for name, s in sessions.items()}
     answering = job.system.host.finalize
-    answering_id = (
-        str(answering._request.get("request_id", ""))
+    # every request the verdict being computed (or sent) answers
+    answering_ids = (
+        set(answering._waiting) | {str(answering._request.get("request_id", ""))}
         if answering.state in ("answering", "replying")
-        else None
+        else set()
     )
     linked = job.link.linked_identity
     # the first of them the link's own rule (its ``eligible`` guard) lets it follow
@@ -147,6 +148,7 @@ def runtime_view(
     marks = list(observed.marks)
     asked = job.settings.delete_room_on_close
     shutdown = room_work = timed_out = aborted = detached_close = False
+    reports = 0
     # the host's label of the primary session, if it ever had one (read, not made: the
     # host's label_of would make one)
     primary = sessions.get("A")
@@ -176,6 +178,8 @@ def runtime_view(
             asked = True
         if r.machine == "room_deletion" and r.event == "allow":
             room_work = True
+        if r.machine == "finalize" and "report_answered" in r.effects:
+            reports += 1
     shutdown = shutdown or states.get("job") != "serving"
     return JobView(
         states=states,
@@ -201,10 +205,11 @@ def runtime_view(
                 simulator=s.simulator,
                 replies=tuple(observed.replies.get(s.request_id, ())),
                 excused=s.request_id in observed.excused,
-                answering=s.request_id == answering_id,
+                answering=s.request_id in answering_ids,
             )
             for s in observed.sent
         ),
+        verdict_reports=reports,
         deletions=tuple(observed.deletions),
         deletion_asked=asked,
         shutdown_asked=shutdown,

@@ -49,6 +49,7 @@ class JobView:
     attached: str | None = None  # the attached session: "A" (primary) or "B"
     forwarded: tuple[str, ...] = ()  # sessions whose events are forwarded
     requests: tuple[Request, ...] = ()
+    verdict_reports: int = 0  # times the finalize machine told the job a verdict went out
     deletions: tuple[str, ...] = ()  # the job's state when each deletion call began
     deletion_asked: bool = False  # someone asked for the room deletion
     shutdown_asked: bool = False
