@@ -491,19 +491,19 @@ TABLE: list[Bad] = [
     scenario(
         "negative-timeout",
         "name: x\nconfig: {join_timeout: -1}\nsteps: [{at: 0, event: end}]\n",
-        "config.join_timeout: Input should be greater than 0",
+        "config.join_timeout: Input should be greater than 0 (got -1)",
     ),
     # issue 13 item 6: values the loader took and the runtime refused (a traceback, a step
     # error); the scenario model now checks them through the runtime's own definitions
     scenario(
         "join-timeout-zero",
         step_file("{at: 0, event: session.start}", "config: {join_timeout: 0}\n"),
-        "config.join_timeout: Input should be greater than 0",
+        "config.join_timeout: Input should be greater than 0 (got 0)",
     ),
     scenario(
         "join-timeout-infinite",
         step_file("{at: 0, event: session.start}", "config: {join_timeout: .inf}\n"),
-        "config.join_timeout: Input should be a finite number",
+        "config.join_timeout: Input should be a finite number (got inf)",
     ),
     scenario(
         "retry-backoff-infinite",
@@ -511,27 +511,42 @@ TABLE: list[Bad] = [
             "{at: 0, event: session.start}",
             "config: {retry_avatar: {attempts: 2, backoff: {initial: .inf}}}\n",
         ),
-        "config.retry_avatar.backoff.initial: Input should be a finite number",
+        "config.retry_avatar.backoff.initial: Input should be a finite number (got inf)",
     ),
     scenario(
         "grace-period-infinite",
         step_file("{at: 0, event: session.start}", "config: {grace_period: .inf}\n"),
-        "config.grace_period: Input should be a finite number",
+        "config.grace_period: Input should be a finite number (got inf)",
+    ),
+    # a trial: the scenario file's error did not say the value, where AgentJob's does
+    scenario(
+        "grace-period-negative",
+        step_file("{at: 0, event: session.start}", "config: {grace_period: -1}\n"),
+        "config.grace_period: Input should be greater than or equal to 0 (got -1)",
+    ),
+    scenario(  # a long value is cut: the message stays one short line
+        "reprompt-instructions-too-long",
+        step_file(
+            "{at: 0, event: session.start}",
+            "config: {playout: {reprompt_instructions: " + "x" * 2001 + "}}\n",
+        ),
+        "config.playout.reprompt_instructions: String should have at most 2000 characters "
+        "(got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...)",
     ),
     scenario(
         "avatar-identity-empty",
         step_file("{at: 0, event: session.start}", "config: {avatar_identity: ''}\n"),
-        "config.avatar_identity: String should have at least 1 character",
+        "config.avatar_identity: String should have at least 1 character (got '')",
     ),
     scenario(
         "participant-identity-empty",
         step_file("{at: 0, event: session.start}", "config: {participant_identity: ''}\n"),
-        "config.participant_identity: String should have at least 1 character",
+        "config.participant_identity: String should have at least 1 character (got '')",
     ),
     scenario(
         "simulation-a-string",
         step_file("{at: 0, event: session.start}", "config: {simulation: 'yes'}\n"),
-        "config.simulation: Input should be a valid boolean",
+        "config.simulation: Input should be a valid boolean (got 'yes')",
     ),
     scenario(
         "at-true",

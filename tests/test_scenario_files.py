@@ -288,6 +288,33 @@ def test_a_value_is_accepted_by_the_scenario_exactly_when_the_runtime_takes_it(n
         assert scenario_takes_it == runtime_takes_it, (name, value)
 
 
+@pytest.mark.parametrize("name", SHARED)
+def test_a_refused_value_is_named_by_the_scenario_as_by_the_runtime(name: str) -> None:
+    """A trial: ``config.grace_period: Input should be greater than or equal to 0``, where
+    ``AgentJob(grace_period=-1)`` says ``(got -1)``: the file's error names the value too."""
+    named = 0
+    for value in ODD_VALUES:
+        try:
+            check_setting(name, value)
+            continue
+        except (SettingError, TypeError) as e:
+            runtime = str(e)
+        config = {name: value}
+        if name == "retry_avatar":
+            config["avatar_identity"] = "avatar"
+        doc = {"name": "x", "config": config, "steps": [{"at": 0, "event": "end"}]}
+        with pytest.raises(ScenarioError) as refused:
+            parse_scenario(doc, source="s.yaml")
+        said = str(refused.value)
+        assert "\n" not in said
+        assert said.startswith(f"s.yaml: config.{name}"), said
+        got = runtime[runtime.rindex(" (got ") :] if " (got " in runtime else None
+        if got is not None:
+            named += 1
+            assert said.endswith(got), (said, runtime)
+    assert named, name
+
+
 def test_the_c_loader_is_used_when_pyyaml_has_it() -> None:
     """Item 5: most of the time of a large file was the pure-Python loader."""
     import yaml

@@ -588,13 +588,33 @@ def _unknown(key: str, given: Any, known: Any) -> str:
     return "Extra inputs are not permitted" + (f" (did you mean {near[0]!r}?)" if near else "")
 
 
-def _first(errors: list[Any], model: Any, raw: Any) -> tuple[tuple[int | str, ...], str]:
+# the longest value an error quotes: a message stays one short line
+_GOT_MAX = 60
+
+
+def _got(err: Any) -> str:
+    """`` (got VALUE)``: the value given, as ``AgentJob`` names it (``(got -1)``); nothing
+    for a mapping (the error is about the mapping as a whole: a missing key, a rule between
+    fields) or a value the message already quotes (an exponent YAML read as text)."""
+    value = err.get("input")
+    if err["type"] == "missing" or isinstance(value, dict) or _said(err) != err["msg"]:
+        return ""
+    shown = repr(value)
+    if len(shown) > _GOT_MAX:
+        shown = shown[: _GOT_MAX - 3] + "..."
+    return f" (got {shown})"
+
+
+def _first(
+    errors: list[Any], model: Any, raw: Any, *, valued: tuple[str, ...] = ()
+) -> tuple[tuple[int | str, ...], str]:
     """The error to report, where and what: a key the model does not have first (it is
-    often what made the others)."""
+    often what made the others); an error under one of the ``valued`` fields names the
+    value given."""
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(err["loc"])
     if err["type"] != "extra_forbidden":
-        return loc, _said(err)
+        return loc, _said(err) + (_got(err) if loc[:1] and loc[0] in valued else "")
     given = raw
     for part in loc[:-1]:
         given = given[part] if isinstance(given, dict | list) else None
@@ -687,7 +707,8 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate({**raw, "steps": steps})
     except ValidationError as e:
-        where, said = _first(e.errors(), Scenario, raw)
+        # a config error names the value given, as AgentJob's error for the same setting
+        where, said = _first(e.errors(), Scenario, raw, valued=("config",))
         raise ScenarioError(f"{source}: {_where(where)}: {said}") from None
     for i, step in enumerate(scenario.steps):
         if isinstance(step, HeldEnd) and step.call not in scenario.config.hold:
