@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from livekit import rtc
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from agent_runtime.observe.trace import JsonlSink, LoggingSink, TraceFileBusy, Tracer
 from statemachines import glue
@@ -43,6 +45,20 @@ MAX_WAIT = 600
 HoldSeconds = Annotated[float, Field(ge=0, le=MAX_HOLD, allow_inf_nan=False, strict=True)]
 WaitSeconds = Annotated[float, Field(gt=0, le=MAX_WAIT, allow_inf_nan=False, strict=True)]
 Identity = Annotated[str, Field(min_length=1, strict=True)]
+
+
+def _not_blank(identity: str) -> str:
+    if not identity.strip():
+        # worded as pydantic words the empty one ("should have at least 1 character")
+        raise PydanticCustomError(
+            "blank_identity", "String should have at least 1 character other than whitespace"
+        )
+    return identity
+
+
+# the identity a job links to: one of only whitespace ("  ", a blank from a template or
+# an environment variable) would keep the link waiting for no one, as an empty one would
+LinkedIdentity = Annotated[Identity, AfterValidator(_not_blank)]
 Flag = Annotated[bool, Field(strict=True)]
 
 # rtc.ParticipantKind names in lowercase, without the prefix: standard, sip, agent, ...
@@ -278,7 +294,7 @@ class JobSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # participant: who is linked, and what a departure means
-    participant_identity: Identity | None = None
+    participant_identity: LinkedIdentity | None = None
     participant_kinds: tuple[str, ...] = DEFAULT_PARTICIPANT_KINDS
     close_on_disconnect: Flag = True
     closing_reasons: tuple[str, ...] = DEFAULT_CLOSING_REASONS

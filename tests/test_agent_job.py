@@ -179,6 +179,13 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
     ("make", "error", "match"),
     [
         (lambda s: {"session": s, "grace_period": -1}, SettingError, "grace_period"),
+        # a trial: it was accepted, and the link waited for a participant nobody is
+        (
+            lambda s: {"session": s, "participant_identity": "  "},
+            SettingError,
+            r"^participant_identity: string should have at least 1 character other than "
+            r"whitespace \(got '  '\)$",
+        ),
         (lambda s: {"session": s, "join_timeout": "30"}, TypeError, "join_timeout"),
         (
             lambda s: {"session": s, "avatar": object()},

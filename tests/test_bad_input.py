@@ -543,6 +543,12 @@ TABLE: list[Bad] = [
         step_file("{at: 0, event: session.start}", "config: {participant_identity: ''}\n"),
         "config.participant_identity: String should have at least 1 character (got '')",
     ),
+    scenario(  # a trial: it ran, the link waiting for a participant nobody is
+        "participant-identity-blank",
+        step_file("{at: 0, event: session.start}", "config: {participant_identity: '  '}\n"),
+        "config.participant_identity: String should have at least 1 character other than "
+        "whitespace (got '  ')",
+    ),
     scenario(
         "simulation-a-string",
         step_file("{at: 0, event: session.start}", "config: {simulation: 'yes'}\n"),

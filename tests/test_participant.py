@@ -542,6 +542,7 @@ async def test_aclose_unhooks_everything(world: World) -> None:
         ({"participant_kinds": ["robot"]}, ValueError, "unknown participant kind 'robot'"),
         ({"participant_kinds": []}, ValueError, "empty"),
         ({"participant_identity": ""}, ValueError, "participant_identity"),
+        ({"participant_identity": " \t"}, ValueError, "participant_identity: .* whitespace"),
     ],
 )
 async def test_bad_options_are_refused(

@@ -254,7 +254,7 @@ def test_expect_reports_each_mismatch() -> None:
 # -- issue 13 item 6: one definition of each setting's range, shared with the runtime ------
 
 SHARED = [n for n in Config.model_fields if n in JobSettings.model_fields]
-ODD_VALUES = [0, -1, 0.5, 30, math.inf, -math.inf, math.nan, True, "30", "", "u", None, [1]]
+ODD_VALUES = [0, -1, 0.5, 30, math.inf, -math.inf, math.nan, True, "30", "", "  ", "u", None, [1]]
 
 
 def test_the_scenario_config_is_built_from_the_runtime_definitions() -> None:

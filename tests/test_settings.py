@@ -137,8 +137,14 @@ def test_playout_is_off_unless_asked_and_true_means_its_defaults() -> None:
             "playout.margin: input should be greater than or equal to 0 (got -0.5)",
         ),
         ({"grace_period": -1}, "grace_period: input should be greater than or equal to 0 (got -1)"),
+        # a trial: accepted, the link then waited for a participant nobody is
+        (
+            {"participant_identity": "  "},
+            "participant_identity: string should have at least 1 character other than "
+            "whitespace (got '  ')",
+        ),
     ],
-    ids=["retry-field", "nested-field", "playout-field", "top-level"],
+    ids=["retry-field", "nested-field", "playout-field", "top-level", "blank-identity"],
 )
 def test_a_bad_field_shows_its_own_value(values: dict[str, Any], message: str) -> None:
     """A bad field inside a mapping showed the whole mapping, ``(got {'attempts': 'x'})``;

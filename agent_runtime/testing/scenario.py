@@ -39,6 +39,7 @@ from agent_runtime.settings import (
     HoldSeconds,
     Identity,
     JobSettings,
+    LinkedIdentity,
     PlayoutOptions,
     WaitSeconds,
     playout_flag,
@@ -124,7 +125,7 @@ class Config(_Strict):
     grace_period: HoldSeconds = _DEFAULT["grace_period"]
     session_close_timeout: WaitSeconds = _DEFAULT["session_close_timeout"]
     close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
-    participant_identity: Identity | None = _DEFAULT["participant_identity"]
+    participant_identity: LinkedIdentity | None = _DEFAULT["participant_identity"]
     delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]
     # the playout machine: true (its defaults), false (None) or PlayoutOptions' fields;
     # unsaid (not in model_fields_set), AgentJob's default: on with an avatar, else off
