@@ -23,6 +23,7 @@ from livekit.agents.voice.events import CloseEvent
 from agent_runtime import AgentJob, Event
 from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
+from agent_runtime.sdk import asyncio_compat as aio
 from agent_runtime.sdk.room_audio import room_output_source
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -40,7 +41,62 @@ async def fails_after(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
     per = RATE // 100
     for _ in range(round(seconds * 100)):
         yield rtc.AudioFrame(b"\0\0" * per, RATE, 1, per)
-    raise RuntimeError("the TTS stream broke")
+    raise RuntimeError(TTS_BROKE)
+
+
+TTS_BROKE = "the TTS stream broke"
+
+
+def say_failing(rig: PlayoutRig, seconds: float) -> tuple[Any, list[asyncio.Task[Any]]]:
+    """``session.say()`` with audio that breaks after ``seconds``: the handle, and the
+    reply's task livekit made for it (``AgentActivity.tts_say``, made within ``say()``).
+
+    That task is livekit's, not the runtime's: it ends with the stream's error, livekit
+    logs it ("Error in _tts_task") yet never reads it, and the handle does not carry it
+    (``handle.exception()`` is None). livekit alone, with no runtime, leaves the same
+    failure unread, so asyncio reports it ("Task exception was never retrieved")
+    whenever the task is collected, in whichever later test that is. The test provoked
+    that failure, so it takes it with :func:`the_failure`."""
+    before = asyncio.all_tasks()
+    handle = rig.session.say("...", audio=fails_after(seconds))
+    made = [t for t in asyncio.all_tasks() - before if t.get_name() == "AgentActivity.tts_say"]
+    assert len(made) == 1, made
+    return handle, made
+
+
+def the_failure(tasks: list[asyncio.Task[Any]]) -> str:
+    """What the reply's task ended with, read (so asyncio has nothing left to report)."""
+    (task,) = tasks
+    assert task.done()
+    return str(task.exception())
+
+
+@pytest.fixture(autouse=True)
+async def no_failure_left_unread() -> AsyncIterator[None]:
+    """Every task made during the test (the runtime's, livekit's, the test's) that failed
+    had its failure read by the end of the test. One left unread is reported by asyncio
+    ("Task exception was never retrieved") whenever it is collected: printed after the
+    whole run, or in the middle of a later test, far from the task that failed."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+    made: list[asyncio.Task[Any]] = []
+
+    def recording(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        task = previous(loop, coro, **kw) if previous else asyncio.Task(coro, loop=loop, **kw)
+        made.append(task)
+        return task  # type: ignore[return-value]
+
+    loop.set_task_factory(recording)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        loop.set_task_factory(previous)
+    unread = [
+        f"{t.get_name()}: {aio.peek_exception(t)!r}"
+        for t in made
+        if t.done() and not t.cancelled() and not aio.exception_retrieved(t)
+    ]
+    assert unread == []
 
 
 # -- the wait for the avatar -----------------------------------------------------------------
@@ -408,9 +464,10 @@ async def test_a_reply_whose_audio_failed_partway_is_reported_apart_from_the_nex
     rig = PlayoutRig(reprompt=True)
     await rig.start()
     rig.user("listening")
-    first = rig.session.say("...", audio=fails_after(0.3))
+    first, failed = say_failing(rig, 0.3)
     await rig.settle()
     assert first.done()  # the SDK ended it without waiting for its playout
+    assert the_failure(failed) == TTS_BROKE
     ended = len(rig.playout.done)  # that turn ended with the agent listening again
     second = rig.say(1.0)
     await rig.settle()
@@ -434,8 +491,9 @@ async def test_the_bound_finishes_every_segment_a_silent_avatar_still_owes() -> 
 
     rig = PlayoutRig(reprompt=False)
     await rig.start()
-    rig.session.say("...", audio=fails_after(0.3))
+    _, failed = say_failing(rig, 0.3)
     await rig.settle()
+    assert the_failure(failed) == TTS_BROKE
     second = rig.say(1.0)
     await rig.settle()
     sink = rig.session.output.audio
@@ -457,8 +515,9 @@ async def test_a_segment_stacked_behind_another_is_bounded_from_the_others_end()
 
     rig = PlayoutRig(reprompt=False)
     await rig.start()
-    rig.session.say("...", audio=fails_after(3.0))
+    _, failed = say_failing(rig, 3.0)
     await rig.settle()
+    assert the_failure(failed) == TTS_BROKE
     ended = len(rig.playout.done)
     second = rig.say(1.0)
     await rig.settle()
