@@ -467,8 +467,17 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     path.write_text(yaml.safe_dump(hang_up_then_ask), encoding="utf-8")
     report = replay(planted.no_hook_server(True), path)
     rq = "RQ_2" if stranger_first else "RQ_1"
-    assert report.problems == [f"verdict: the simulator's finalize_simulation ({rq}) got no reply"]
+    # the cause is named, with what to do: a newcomer has no traceback to go on here
+    assert report.problems == [
+        f"verdict: the simulator's finalize_simulation ({rq}) got no reply: the job never "
+        "held for it, as agent_runtime's on_session_end did not run and livekit's shutdown "
+        "disconnected the room at once (give the server's rtc_session "
+        "on_session_end=on_session_end, or await on_session_end(ctx) in your own)"
+    ]
     assert replay(planted.no_hook_server(False), path).ok
+    # a hook of the agent's own that does not await the runtime's loses it the same way
+    own = replay(planted.no_hook_server(True, own_hook=True), path)
+    assert own.problems == report.problems
 
 
 def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
@@ -509,6 +518,35 @@ def test_a_check_that_is_not_callable_is_refused_before_any_run(tmp_path: Path) 
         fuzz(server, FuzzOptions(seed=SEED, examples=5), checks=[two_arguments])
     with pytest.raises(TypeError, match=r"not function two_arguments\(outcome, extra\)$"):
         replay(server, tmp_path / "never-read.yaml", checks=[two_arguments])
+
+
+def test_fuzz_takes_out_as_a_str_and_refuses_arguments_of_the_wrong_kind_before_any_run(
+    tmp_path: Path,
+) -> None:
+    """``out="found"`` (a str, as a newcomer writes it) ended a whole run that had found
+    its failure in ``AttributeError: 'str' object has no attribute 'mkdir'``, the report
+    lost; options given as a dict or a single check not in a list were attribute and
+    iteration errors from inside the fuzzer."""
+    out = tmp_path / "found"
+    report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=str(out))
+    assert not report.ok and report.written == str(out / f"fuzz-{SEED}.yaml")
+    assert replay(planted.leaky_task_server(True), report.written).problems == report.problems
+
+    server = planted.waits_for_participant_server()
+    refused = [
+        (lambda: fuzz(server, {"examples": 5}), "options must be a FuzzOptions"),  # type: ignore[arg-type]
+        (lambda: fuzz(server, out=3), "out must be a path (a str or a Path), not int"),  # type: ignore[arg-type]
+        (
+            lambda: fuzz(server, checks=two_arguments),  # type: ignore[arg-type]
+            "checks must be a list of functions (checks=[my_check]), not function two_arguments",
+        ),
+        (lambda: fuzz(server, progress=1), "progress must be callable"),  # type: ignore[arg-type]
+        (lambda: replay(server, None), "path must be a path (a str or a Path), not NoneType"),  # type: ignore[arg-type]
+    ]
+    for call, message in refused:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert message in str(info.value)
 
 
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:

@@ -114,18 +114,22 @@ def avatar_mute_server(buggy: bool = True) -> AgentServer:
     return server
 
 
-def no_hook_server(buggy: bool = True) -> AgentServer:
-    """The agent's server is not given ``on_session_end``: livekit's shutdown disconnects
-    the room before the job hears of it, so the simulator that asks for its verdict after
-    the hang-up gets no answer. Fixed: ``rtc_session(on_session_end=on_session_end)``."""
+def no_hook_server(buggy: bool = True, *, own_hook: bool = False) -> AgentServer:
+    """The agent's server is not given ``on_session_end`` (``own_hook``: given one of the
+    agent's own that does not await the runtime's): livekit's shutdown disconnects the
+    room before the job hears of it, so the simulator that asks for its verdict after the
+    hang-up gets no answer. Fixed: ``rtc_session(on_session_end=on_session_end)``."""
     server = AgentServer()
 
     async def entrypoint(ctx: JobContext) -> None:
         job = AgentJob.from_job_context(ctx, session=AgentSession())
         await job.start(Agent(instructions="test"))
 
+    async def log_the_end(ctx: JobContext) -> None:
+        logger.info("session over")
+
     if buggy:
-        server.rtc_session()(entrypoint)
+        server.rtc_session(on_session_end=log_the_end if own_hook else None)(entrypoint)
     else:
         server.rtc_session(on_session_end=on_session_end)(entrypoint)
     return server

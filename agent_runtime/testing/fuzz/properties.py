@@ -103,15 +103,32 @@ DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts)
 
 # -- once the job has ended ---------------------------------------------------------------
 def answered(h: Harness) -> list[Problem]:
-    """The simulator's finalize, asked while the job could answer, got its one reply."""
+    """The simulator's finalize, asked while the job could answer, got its one reply. When
+    the runtime's ``on_session_end`` never ran (the server was not given it, or the
+    agent's own hook does not await it), that is named as the cause: livekit's shutdown
+    disconnected the room with no hold."""
+    cause = ""
+    if h.job is not None and h.job.job.disconnect_hint:
+        cause = f": {NO_HOLD}"
     return [
-        Problem("verdict", f"the simulator's finalize_simulation ({sent.request_id}) got no reply")
+        Problem(
+            "verdict",
+            f"the simulator's finalize_simulation ({sent.request_id}) got no reply{cause}",
+        )
         for sent in h.sent.values()
         if sent.caller == "simulator"
         and sent.request == "finalize_simulation"
         and sent.while_open
         and not sent.replies
     ]
+
+
+# why a verdict owed after the hang-up is lost when the runtime's on_session_end never ran
+NO_HOLD = (
+    "the job never held for it, as agent_runtime's on_session_end did not run and livekit's "
+    "shutdown disconnected the room at once (give the server's rtc_session "
+    "on_session_end=on_session_end, or await on_session_end(ctx) in your own)"
+)
 
 
 def end_bound(h: Harness) -> float:
