@@ -11,6 +11,7 @@ transport's byte stream.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 import weakref
 from pathlib import Path
@@ -547,6 +548,21 @@ def test_fuzz_takes_out_as_a_str_and_refuses_arguments_of_the_wrong_kind_before_
         with pytest.raises(TypeError) as info:
             call()
         assert message in str(info.value)
+
+
+def test_a_failure_livekit_caught_in_the_agents_code_names_the_function_and_line(
+    tmp_path: Path,
+) -> None:
+    """A tool, ``on_exit`` or a node livekit called and caught the failure of was reported
+    as "the agent's code raised ValueError: ...": which code, the traceback alone said."""
+    path = tmp_path / "start_end.yaml"
+    path.write_text(yaml.safe_dump({"name": "start, end", "steps": REPLAY_STEPS}))
+    report = replay(planted.on_exit_server(), path)
+    line = inspect.getsourcelines(planted.SummaryAgent.on_exit)[1] + 1
+    assert report.problems == [
+        f"user code: the agent's code in SummaryAgent.on_exit (planted.py:{line}) raised "
+        "ValueError: could not save the summary"
+    ]
 
 
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:

@@ -129,6 +129,20 @@ def user_frames(tb: TracebackType | None, catcher: str | None = None) -> bool:
     return False
 
 
+def _code_at(error: BaseException) -> str:
+    """``code in Booker.book (agent.py:49)``: the agent's innermost frame on the way to
+    ``error``, for a failure a library caught and logged without saying whose code it
+    called (a tool, ``on_exit``, a node the agent overrides)."""
+    place = None
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            place = f"{code.co_qualname} ({Path(code.co_filename).name}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return f"code in {place}" if place is not None else "code"
+
+
 class UserCodeError(AssertionError):
     """The agent's own code failed while the kit ran its job (the cause is its exception)."""
 
@@ -230,7 +244,7 @@ class UserFailures(logging.Handler):
             and not is_user_file(record.pathname)
             and user_frames(exc.__traceback__, _library(record.pathname) or None)
         ):
-            where = "event handler" if "emit" in record.getMessage() else "code"
+            where = "event handler" if "emit" in record.getMessage() else _code_at(exc)
             self.add(where, exc)
             try:
                 task = asyncio.current_task()  # livekit logs inside the task, then re-raises

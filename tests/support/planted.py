@@ -199,6 +199,29 @@ def hung_callback_server(buggy: bool = True) -> AgentServer:
     return server
 
 
+class SummaryAgent(Agent):
+    """Saves a summary as it leaves; the save fails (livekit logs it and goes on)."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="test")
+
+    async def on_exit(self) -> None:
+        raise ValueError("could not save the summary")
+
+
+def on_exit_server() -> AgentServer:
+    """An agent whose ``on_exit`` raises: livekit catches and logs it as the session
+    closes, saying only "error" of its own, not whose code it called."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(SummaryAgent())
+
+    return server
+
+
 def _ProviderAvatar() -> Any:
     # the avatar plugin this agent deploys with; the kit's scripted avatar stands in for it
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
