@@ -866,3 +866,40 @@ async def test_an_on_session_end_cut_by_livekit_warns_naming_the_job_and_the_bou
     assert len(cut) == 1 and cut[0].startswith("job test-job (room test-room), job[test-room]: ")
     assert "in job state awaiting_finalize" in cut[0]
     assert "give AgentServer(session_end_timeout=...) at least that" in cut[0]
+
+
+@pytest.mark.virtual_time
+async def test_a_callback_still_running_when_another_raises_is_named_as_cut(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """livekit gathers the shutdown callbacks without ``return_exceptions``: the first to
+    raise ends the job's shutdown and its process exits, so a slower one (a transcript
+    saved in 3 s) is cut deployed. Only the one that raised was reported: the lost save
+    passed here."""
+    saved: list[str] = []
+
+    async def save_transcript(_: str) -> None:
+        await asyncio.sleep(3)
+        saved.append("transcript")
+
+    async def notify_crm() -> None:
+        raise ConnectionError("crm down")
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_shutdown_callback(save_transcript)
+        ctx.add_shutdown_callback(notify_crm)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError, match="shutdown callback raised ConnectionError") as info:
+        await run_entrypoint.wait_ended()
+    told = [str(info.value), *getattr(info.value, "__notes__", [])]
+    cut = [t for t in told if "save_transcript was still running when" in t]
+    assert len(cut) == 1 and "notify_crm raised" in cut[0], told
+    assert saved == ["transcript"]  # the kit still lets it finish: its own failures show

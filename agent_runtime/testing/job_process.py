@@ -12,7 +12,8 @@ livekit's order and with its bounds, on the job's clock (virtual time in tests):
 3. ``on_session_end(ctx)``, bounded by the server's ``session_end_timeout``;
 4. the session report;
 5. ``room.disconnect()``;
-6. every shutdown callback at once, each with the reason.
+6. every shutdown callback at once, each with the reason (livekit's process exits on the
+   first that raises: the agent's callbacks still running then are named as cut).
 
 What fails in the user's code on the way is kept (``UserFailures``) for the test to fail on,
 where livekit would log it.
@@ -27,7 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.clock import Clock
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.testing.user_code import CallbackHung, UserFailures, is_user_callable
+from agent_runtime.testing.user_code import (
+    CallbackCut,
+    CallbackHung,
+    UserFailures,
+    is_user_callable,
+)
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -164,11 +170,28 @@ class JobProcess:
             loop.create_task(_as_coroutine(cb(reason)), name=callback_name(cb))
             for cb in self._callback_fns
         ]
-        results = await asyncio.gather(*self.callbacks, return_exceptions=True)
-        for res in results:
-            # livekit's gather lets any of these out of _shutdown_job (a cancel is the kill's)
-            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
-                self.failures.add("shutdown callback", res)
+        await self._await_callbacks()
+
+    async def _await_callbacks(self) -> None:
+        """Every callback to its end. livekit gathers them without ``return_exceptions``:
+        the first to raise ends ``_shutdown_job``, and the job's process exits, so an
+        agent's callback still running then is cut deployed (``CallbackCut``, named);
+        here it runs on, so that what it does fails or passes on its own."""
+        pending: set[asyncio.Task[Any]] = set(self.callbacks)
+        first: str | None = None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in (t for t in self.callbacks if t in done):
+                error = None if task.cancelled() else task.exception()
+                # a cancel is the kill's
+                if error is None or isinstance(error, asyncio.CancelledError):
+                    continue
+                self.failures.add("shutdown callback", error)
+                if first is None:
+                    first = task.get_name()
+                    for t, cb in zip(self.callbacks, self._callback_fns, strict=True):
+                        if t in pending and is_user_callable(cb):
+                            self.failures.add("shutdown callback", CallbackCut(t.get_name(), first))
 
     @property
     def hung_callbacks(self) -> list[str]:

@@ -159,6 +159,19 @@ class CallbackHung(TimeoutError):
         )
 
 
+class CallbackCut(RuntimeError):
+    """A shutdown callback was still running when another one raised: livekit's job
+    process gathers them and exits on the first failure, so deployed this one is cut
+    where it was (what it was saving is lost)."""
+
+    def __init__(self, name: str, by: str) -> None:
+        super().__init__(
+            f"{name} was still running when {by} raised: livekit's job process exits on "
+            "the first shutdown callback that fails, cutting the others (deployed, it would "
+            "not have finished)"
+        )
+
+
 # the runner whose job's context this is (the entrypoint's task, the session-end hook's,
 # the room's events, and all they start): what runs there is that job's; what the test's
 # own task starts is the test's
@@ -330,7 +343,7 @@ PLUGIN_THREAD = "Plugins must be registered on the main thread"
 
 def said(error: BaseException) -> str:
     """What the user's code did: ``raised ValueError: ...``, or that it never returned."""
-    if isinstance(error, (CallbackHung, TasksLeftRunning)):
+    if isinstance(error, (CallbackHung, CallbackCut, TasksLeftRunning)):
         return str(error)
     text = f"raised {type(error).__name__}: {error}"
     if isinstance(error, RuntimeError) and str(error) == PLUGIN_THREAD:
