@@ -783,7 +783,11 @@ async def test_the_job_s_shutdown_callbacks_get_the_reason_given_to_ctx_shutdown
     async def entrypoint(ctx: JobContext) -> None:
         job = AgentJob.from_job_context(ctx, session=AgentSession())
         job.add_shutdown_callback(lambda reason: seen.append(f"job: {reason}"))
-        ctx.add_shutdown_callback(lambda reason: seen.append(f"livekit: {reason}"))
+
+        async def livekits(reason: str) -> None:  # livekit awaits its callbacks
+            seen.append(f"livekit: {reason}")
+
+        ctx.add_shutdown_callback(livekits)
         await job.start(Agent(instructions="test"))
 
     agent_room.add_participant("user")
@@ -903,3 +907,41 @@ async def test_a_callback_still_running_when_another_raises_is_named_as_cut(
     cut = [t for t in told if "save_transcript was still running when" in t]
     assert len(cut) == 1 and "notify_crm raised" in cut[0], told
     assert saved == ["transcript"]  # the kit still lets it finish: its own failures show
+
+
+@pytest.mark.parametrize("takes_reason", [True, False])
+async def test_a_plain_function_as_shutdown_callback_or_session_end_fails_as_livekit_awaits_it(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, takes_reason: bool
+) -> None:
+    """livekit awaits what a shutdown callback and ``on_session_end`` return: a plain
+    function's ``None`` is a ``TypeError`` in its job process (a callback's cuts the
+    others). The kit took a plain callback taking the reason, and a plain
+    ``on_session_end``, as if they were awaited, and the test passed."""
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    def save(reason: str) -> None:
+        seen.append("saved")
+
+    def session_over(ctx: JobContext) -> None:
+        seen.append("over")
+
+    @server.rtc_session(on_session_end=session_over)
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_shutdown_callback(save if takes_reason else (lambda: seen.append("saved")))
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError) as info:
+        await run_entrypoint.wait_ended()
+    told = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert (
+        "the agent's on_session_end raised TypeError: "
+        "test_a_plain_function_as_shutdown_callback_or_session_end_fails_as_livekit_awaits_it"
+        ".<locals>.session_over returned None, not an awaitable" in told
+    )
+    assert "the agent's shutdown callback raised TypeError" in told
+    assert seen == ["over", "saved"]  # each ran, as deployed, before the await failed

@@ -147,7 +147,7 @@ class JobProcess:
             self._step("on_session_end")
             try:
                 await self.clock.wait_for(
-                    _as_coroutine(self._on_session_end(self.ctx)), self.session_end_timeout
+                    _call(self._on_session_end, self.ctx), self.session_end_timeout
                 )
             except TimeoutError:
                 self.failures.add(
@@ -167,8 +167,7 @@ class JobProcess:
         # a task each, named as livekit names its span: one that never returns is named
         self._callback_fns = list(lk.job_shutdown_callbacks(self.ctx))
         self.callbacks = [
-            loop.create_task(_as_coroutine(cb(reason)), name=callback_name(cb))
-            for cb in self._callback_fns
+            loop.create_task(_call(cb, reason), name=callback_name(cb)) for cb in self._callback_fns
         ]
         await self._await_callbacks()
 
@@ -257,10 +256,19 @@ class JobProcess:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
-async def _as_coroutine(aw: Any) -> Any:
+async def _call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` awaited as livekit awaits it, in the caller's task (what a plain
+    function raises is its failure there): a plain function's ``None`` is livekit's
+    ``TypeError`` (logged by its job process; a shutdown callback's cuts the others),
+    named here with what to do."""
+    aw = fn(*args)
     if asyncio.iscoroutine(aw) or isinstance(aw, Awaitable):
         return await aw
-    return aw
+    raise TypeError(
+        f"{callback_name(fn)} returned {'None' if aw is None else type(aw).__name__}, not an "
+        "awaitable: livekit awaits "
+        "it (a TypeError in its job process), so declare it async def"
+    )
 
 
 def callback_name(cb: Any) -> str:
