@@ -565,6 +565,20 @@ def test_a_failure_livekit_caught_in_the_agents_code_names_the_function_and_line
     ]
 
 
+def test_an_entrypoints_traceback_starts_at_the_agents_frame_not_the_kits(
+    tmp_path: Path,
+) -> None:
+    """It began with the harness's and the runner's frames (``harness.py ... _start``,
+    ``entrypoint.py ... __call__``), the kit looking like what failed."""
+    path = tmp_path / "start_end.yaml"
+    path.write_text(yaml.safe_dump({"name": "start, end", "steps": REPLAY_STEPS}))
+    report = replay(planted.raises_before_its_job_server(), path)
+    assert report.problems == ["user code: the agent's entrypoint raised KeyError: 'voice'"]
+    (detail,) = report.details
+    frames = [line for line in detail.splitlines() if line.startswith('  File "')]
+    assert len(frames) == 1 and "planted.py" in frames[0] and "in entrypoint" in frames[0]
+
+
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [

@@ -222,6 +222,21 @@ def on_exit_server() -> AgentServer:
     return server
 
 
+def raises_before_its_job_server() -> AgentServer:
+    """An entrypoint that connects, then fails reading its configuration."""
+    server = AgentServer(session_end_timeout=315)
+    config: dict[str, str] = {}
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        await ctx.connect()
+        logger.info("voice %s", config["voice"])
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
 def _ProviderAvatar() -> Any:
     # the avatar plugin this agent deploys with; the kit's scripted avatar stands in for it
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar

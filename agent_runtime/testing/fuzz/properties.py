@@ -11,6 +11,8 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from agent_runtime.sdk import livekit_compat as lk
@@ -223,8 +225,23 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
 
 
 def _raised(where: str, e: BaseException) -> Problem:
-    return Problem(
-        "user code",
-        f"the agent's {where} {said(e)}",
-        "".join(traceback.format_exception(e)),
-    )
+    return Problem("user code", f"the agent's {where} {said(e)}", agents_traceback(e))
+
+
+_KIT = str(Path(__file__).resolve().parents[2])  # agent_runtime/
+
+
+def agents_traceback(e: BaseException) -> str:
+    """``e``'s traceback from the first frame that is not the kit's own (the harness and
+    the runner that called the entrypoint, a callback, are not what failed)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None and _kit_frame(tb.tb_frame.f_code):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def _kit_frame(code: CodeType) -> bool:
+    try:
+        return str(Path(code.co_filename).resolve()).startswith(_KIT)
+    except OSError:
+        return False
