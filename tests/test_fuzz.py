@@ -577,6 +577,17 @@ def test_an_entrypoints_traceback_starts_at_the_agents_frame_not_the_kits(
     (detail,) = report.details
     frames = [line for line in detail.splitlines() if line.startswith('  File "')]
     assert len(frames) == 1 and "planted.py" in frames[0] and "in entrypoint" in frames[0]
+    # a check of the user's that raises: its own frame first too (properties.py came first)
+    checked = replay(planted.simulator_lookup_server(False), path, checks=[_no_job_end])
+    assert checked.problems == ["check _no_job_end: AssertionError: the job ended"]
+    (detail,) = checked.details
+    frames = [line for line in detail.splitlines() if line.startswith('  File "')]
+    assert len(frames) == 1 and "test_fuzz.py" in frames[0] and "_no_job_end" in frames[0]
+
+
+def _no_job_end(outcome: FuzzOutcome) -> None:
+    if outcome.shutdown_reason is not None:
+        raise AssertionError("the job ended")
 
 
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:

@@ -215,7 +215,7 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
                 Problem(
                     f"check {name}",
                     f"{type(e).__name__}: {e}",
-                    "".join(traceback.format_exception(e)),
+                    agents_traceback(e),
                 )
             )
             continue
