@@ -590,6 +590,13 @@ def _no_job_end(outcome: FuzzOutcome) -> None:
         raise AssertionError("the job ended")
 
 
+def test_a_text_only_agent_is_not_found_inaudible() -> None:
+    """``RoomOptions(audio_output=False)``, as a chat agent starts its session: every run
+    failed at once with "audible: t=0: the agent's audio goes nowhere"."""
+    report = fuzz(planted.text_only_server(), FuzzOptions(seed=SEED, examples=40))
+    assert report.ok, report.problems
+
+
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from livekit import rtc
-from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext, room_io
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime import AgentJob, on_session_end
@@ -233,6 +233,20 @@ def raises_before_its_job_server() -> AgentServer:
         logger.info("voice %s", config["voice"])
         job = AgentJob.from_job_context(ctx, session=AgentSession())
         await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def text_only_server() -> AgentServer:
+    """A correct text-only agent: its session has no audio output to the room, as it asked
+    (no bug planted: the fuzzer must not find its audio "going nowhere")."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        text_only = room_io.RoomOptions(audio_input=False, audio_output=False)
+        await job.start(Agent(instructions="test"), room_options=text_only)
 
     return server
 

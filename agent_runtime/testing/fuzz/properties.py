@@ -15,6 +15,7 @@ from pathlib import Path
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from agent_runtime.runtimes.avatar import session_room_io
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
 from agent_runtime.testing.user_code import is_user_callable, said, task_name
@@ -63,9 +64,13 @@ Check = Callable[[FuzzOutcome], Any]
 
 # -- during the run -----------------------------------------------------------------------
 def audible(h: Harness) -> list[Problem]:
-    """The agent's audio reaches the room or a joined avatar while its session runs."""
+    """The agent's audio reaches the room or a joined avatar while its session runs,
+    unless the agent itself started it with no audio output and no avatar (a text-only
+    agent: ``RoomOptions(audio_output=False)``, or an ``output.audio`` of its own)."""
     job = h.job
     if job is None or job.lifecycle != "running" or not lk.session_live(job.session):
+        return []
+    if job.avatar is None and _no_room_audio(job.session):
         return []
     route = job.audio_route()
     if route == "none":
@@ -82,6 +87,13 @@ def audible(h: Harness) -> list[Problem]:
                 )
             ]
     return []
+
+
+def _no_room_audio(session: Any) -> bool:
+    """The session's RoomIO was built without its audio output to the room: the agent
+    asked for none, or gave the session an audio output of its own before the start."""
+    room_io = session_room_io(session)
+    return room_io is not None and lk.room_io_audio_output(room_io) is None
 
 
 def verdicts(h: Harness) -> list[Problem]:
