@@ -182,8 +182,13 @@ def released(h: Harness) -> list[Problem]:
     # the runner's check, as run_entrypoint's teardown makes it, the harness's inputs too
     left = h.runner.tasks_left(callers_too=True)
     if left:
-        names = ", ".join(task_name(t) for t in left)
-        out.append(Problem("released", f"tasks still running after the job ended: {names}"))
+        names = [task_name(t) for t in left]
+        hint = RELEASE_HINT if any(n.endswith(" (agent code)") for n in names) else ""
+        out.append(
+            Problem(
+                "released", f"tasks still running after the job ended: {', '.join(names)}{hint}"
+            )
+        )
     # livekit's JobContext keeps its own listener, and the agent's own are its business
     # (the room goes with the job's process)
     left_on_room = [
@@ -200,6 +205,13 @@ def released(h: Harness) -> list[Problem]:
             )
         )
     return out
+
+
+# what to do about a task of the agent's left running, for a newcomer who sees no fault
+RELEASE_HINT = (
+    " (livekit's job process cancels them only as it exits, so deployed they run on after "
+    "the call: cancel the agent's own at the job's end, in a shutdown callback say)"
+)
 
 
 def user_code(h: Harness) -> list[Problem]:
