@@ -369,7 +369,7 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
         (planted.avatar_mute_server, "audible: t="),
         (planted.leaky_task_server, "released: tasks still running after the job ended: "),
         (planted.no_hook_server, "verdict: the simulator's finalize_simulation (RQ_1) got no"),
-        (planted.hung_callback_server, "<locals>.flush_metrics never returned"),
+        (planted.hung_callback_server, "<locals>.flush_metrics had not returned"),
     ],
     ids=[
         "simulator-lookup",
@@ -615,8 +615,9 @@ def test_a_shutdown_callback_that_never_returns_is_named_as_the_agents(tmp_path:
     report = fuzz(planted.hung_callback_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [
         "user code: the agent's shutdown callback "
-        "hung_callback_server.<locals>.entrypoint.<locals>.flush_metrics never returned "
-        "(livekit's worker kills the job's process after shutdown_process_timeout)"
+        "hung_callback_server.<locals>.entrypoint.<locals>.flush_metrics had not returned "
+        "when livekit's worker kills the job's process (the server's "
+        "shutdown_process_timeout, 10s): one that never returns, or takes longer, is cut there"
     ]
     assert report.scenario is not None
     assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]

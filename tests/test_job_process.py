@@ -407,7 +407,7 @@ async def test_a_shutdown_callback_without_the_reason_that_never_returns_is_name
     agent_room.add_participant("user")
     await run_entrypoint(_with_callback(flush))
     run_entrypoint.ctx.shutdown("bye")
-    with pytest.raises(UserCodeError, match=r"shutdown callback .*<locals>.flush never"):
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*<locals>.flush had not returned"):
         await run_entrypoint.aclose()
 
 
@@ -439,7 +439,7 @@ async def test_a_shutdown_callback_that_never_returns_is_named_and_fails_the_tes
     process = run_entrypoint.process
     with pytest.raises(TimeoutError, match=r"shutdown callback .*upload has not returned"):
         await run_entrypoint.wait_ended(timeout=1)
-    with pytest.raises(UserCodeError, match=r"shutdown callback .*upload never returned") as info:
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*upload had not returned") as info:
         await run_entrypoint.aclose()  # bounded, though the callback swallowed a cancel
     assert isinstance(info.value.__cause__, TimeoutError)
     assert process.hung_callbacks  # swallowed: the test's end cancels it again
@@ -945,3 +945,29 @@ async def test_a_plain_function_as_shutdown_callback_or_session_end_fails_as_liv
     )
     assert "the agent's shutdown callback raised TypeError" in told
     assert seen == ["over", "saved"]  # each ran, as deployed, before the await failed
+
+
+@pytest.mark.virtual_time
+async def test_a_slow_shutdown_callback_is_named_as_cut_at_the_servers_bound_not_as_hung(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """A 20 s upload under a server whose ``shutdown_process_timeout`` is 10 s: it was
+    reported as one that "never returned", which it does, later than the worker waits."""
+    uploaded: list[str] = []
+
+    async def upload_recording(_: str) -> None:
+        await asyncio.sleep(20)
+        uploaded.append("recording")
+
+    agent_room.add_participant("user")
+    await run_entrypoint(_with_callback(upload_recording))
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError) as info:
+        await run_entrypoint.aclose()
+    assert str(info.value) == (
+        "the agent's shutdown callback "
+        f"{upload_recording.__qualname__} had not returned when livekit's worker kills the "
+        "job's process (the server's shutdown_process_timeout, 10s): one that never returns, "
+        "or takes longer, is cut there"
+    )
+    assert uploaded == []

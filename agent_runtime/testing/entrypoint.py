@@ -600,7 +600,7 @@ class EntrypointRunner:
             with contextlib.suppress(TimeoutError):
                 # then gives the process shutdown_process_timeout to end, and kills it
                 await asyncio.wait_for(asyncio.shield(run.process.ended), run.kill_after)
-            await run.process.kill(_CLOSE_LIMIT)
+            await run.process.kill(_CLOSE_LIMIT, bound=run.kill_after)
             if closing is not None:
                 await asyncio.wait([closing], timeout=_CLOSE_LIMIT)
                 closing.cancel()

@@ -224,20 +224,21 @@ class JobProcess:
         }.get(step)
         return f"ending: {self.reason}" + (f", waiting for {doing}" if doing else "")
 
-    async def kill(self, limit: float) -> None:
+    async def kill(self, limit: float, *, bound: float | None = None) -> None:
         """The test is over, and the job's end is not after the wait livekit's worker
         gives a job process before it kills it (``shutdown_process_timeout``): what of the
         agent's was still running is its failure (``CallbackHung``, named), and the end is
         cancelled, as the kill ends it (waited for up to ``limit`` loop seconds more: a
-        callback may swallow the cancellation)."""
+        callback may swallow the cancellation). ``bound``: the server's
+        ``shutdown_process_timeout``, for the message."""
         if self._task is None or self._task.done():
             return
         step = self.steps[-1][1] if self.steps else ""
         session_end = self._on_session_end
         if step == "on_session_end" and session_end is not None and is_user_callable(session_end):
-            self.failures.add("on_session_end", CallbackHung(callback_name(session_end)))
+            self.failures.add("on_session_end", CallbackHung(callback_name(session_end), bound))
         for name in self.hung_callbacks:
-            self.failures.add("shutdown callback", CallbackHung(name))
+            self.failures.add("shutdown callback", CallbackHung(name, bound))
         running = [t for t in self.callbacks if not t.done()] + [self._task]
         for task in running:
             task.cancel()

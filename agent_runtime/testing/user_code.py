@@ -148,14 +148,16 @@ class UserCodeError(AssertionError):
 
 
 class CallbackHung(TimeoutError):
-    """A shutdown callback never returned: livekit's worker kills the job's process then
-    (``shutdown_process_timeout``, 10 s by default), and logs only that the process did not
-    exit in time."""
+    """A shutdown callback (or ``on_session_end``) had not returned when livekit's worker
+    kills the job's process (``shutdown_process_timeout``, 10 s by default), which logs
+    only that the process did not exit in time: one that never returns, or one that takes
+    longer (an upload), is cut there."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, bound: float | None = None) -> None:
+        timeout = "shutdown_process_timeout" + (f", {bound:g}s" if bound is not None else "")
         super().__init__(
-            f"{name} never returned (livekit's worker kills the job's process after "
-            "shutdown_process_timeout)"
+            f"{name} had not returned when livekit's worker kills the job's process (the "
+            f"server's {timeout}): one that never returns, or takes longer, is cut there"
         )
 
 
@@ -342,7 +344,7 @@ PLUGIN_THREAD = "Plugins must be registered on the main thread"
 
 
 def said(error: BaseException) -> str:
-    """What the user's code did: ``raised ValueError: ...``, or that it never returned."""
+    """What the user's code did: ``raised ValueError: ...``, or that it had not returned."""
     if isinstance(error, (CallbackHung, CallbackCut, TasksLeftRunning)):
         return str(error)
     text = f"raised {type(error).__name__}: {error}"
