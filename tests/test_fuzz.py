@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -595,6 +596,27 @@ def test_a_text_only_agent_is_not_found_inaudible() -> None:
     failed at once with "audible: t=0: the agent's audio goes nowhere"."""
     report = fuzz(planted.text_only_server(), FuzzOptions(seed=SEED, examples=40))
     assert report.ok, report.problems
+
+
+def test_an_on_exit_that_never_returns_is_named_and_each_run_takes_no_real_seconds(
+    tmp_path: Path,
+) -> None:
+    """The session's close waits on the agent's ``on_exit`` until livekit's 60 s bound.
+    It was reported as livekit's own tasks and listeners left running ("released: ...
+    VADStream._metrics_monitor_task, ..."), the agent's code unnamed, and each run waited
+    the harness's 10 real seconds for the close at every step."""
+    path = tmp_path / "shutdown.yaml"
+    steps = [REPLAY_STEPS[0], {"at": 1, "event": "job.shutdown"}, {"at": 100, "event": "end"}]
+    path.write_text(yaml.safe_dump({"name": "shut down", "steps": steps}))
+    began = time.monotonic()
+    report = replay(planted.hung_on_exit_server(), path)
+    assert time.monotonic() - began < 5.0
+    line = inspect.getsourcelines(planted.ForeverExit.on_exit)[1] + 1
+    assert report.problems == [
+        f"user code: the agent's session close waited on ForeverExit.on_exit (planted.py:{line}), "
+        "which had not returned at livekit's bound on the session's close (60s): deployed, "
+        'livekit logs "AgentSession.aclose() timed out" and the job ends that much later'
+    ]
 
 
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:

@@ -971,3 +971,19 @@ async def test_a_slow_shutdown_callback_is_named_as_cut_at_the_servers_bound_not
         "or takes longer, is cut there"
     )
     assert uploaded == []
+
+
+@pytest.mark.virtual_time
+async def test_an_on_exit_that_never_returns_fails_the_test_naming_it(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """livekit cuts the session's close at 60 s and logs only that ``aclose()`` timed out;
+    the test passed, the agent's ``on_exit`` unnamed."""
+    from tests.support.planted import hung_on_exit_server
+
+    agent_room.add_participant("user")
+    await run_entrypoint(hung_on_exit_server())
+    run_entrypoint.ctx.shutdown("bye")
+    await virtual_clock.advance(61)
+    with pytest.raises(UserCodeError, match=r"session close waited on ForeverExit\.on_exit \("):
+        await run_entrypoint.wait_ended()

@@ -623,7 +623,9 @@ class EntrypointRunner:
                 if stopping:
                     await asyncio.wait(stopping, timeout=_CLOSE_LIMIT)
                 self.failures.uninstall()
-            left = self.tasks_left() if runs and report else []
+            # a session whose close the agent's code held is left half closed (reported)
+            held = self.failures.close_held
+            left = self.tasks_left() if runs and report and not held else []
         finally:
             counted = self._uncount_job_tasks()
             self.room.deliver_in(None)

@@ -31,7 +31,9 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.user_code import (
     CallbackCut,
     CallbackHung,
+    SessionCloseHeld,
     UserFailures,
+    agents_code_waiting,
     is_user_callable,
 )
 
@@ -141,8 +143,16 @@ class JobProcess:
         session = lk.job_primary_session(self.ctx)
         if session is not None:
             self._step("session")
-            with contextlib.suppress(TimeoutError):
-                await self.clock.wait_for(session.aclose(), SESSION_CLOSE)
+            closing = asyncio.ensure_future(session.aclose())
+            try:
+                await self.clock.wait_for(asyncio.shield(closing), SESSION_CLOSE)
+            except TimeoutError:
+                # what of the agent's holds it, seen before livekit's cancel reaches it
+                held = agents_code_waiting(self.failures.is_jobs)
+                closing.cancel()
+                await asyncio.gather(closing, return_exceptions=True)
+                if held:
+                    self.failures.add("session close", SessionCloseHeld(held, SESSION_CLOSE))
         if self._on_session_end is not None:
             self._step("on_session_end")
             try:

@@ -174,6 +174,43 @@ class CallbackCut(RuntimeError):
         )
 
 
+class SessionCloseHeld(TimeoutError):
+    """The primary session's close was still waiting on the agent's code (an ``on_exit``
+    that never returns, say) at livekit's bound on it: livekit logs that ``aclose()`` timed
+    out and goes on with the job's end that much later."""
+
+    def __init__(self, waiting: list[str], bound: float) -> None:
+        super().__init__(
+            f"waited on {', '.join(waiting)}, which had not returned at livekit's bound on "
+            f"the session's close ({bound:g}s): deployed, livekit logs \"AgentSession.aclose() "
+            'timed out" and the job ends that much later'
+        )
+
+
+def agents_code_waiting(
+    is_jobs: Callable[[asyncio.Task[Any]], bool] | None = None,
+) -> list[str]:
+    """Where the agent's code waits now, in the job's tasks (``is_jobs``; every task when
+    None): each task's innermost frame of the agent's files along its chain of awaits,
+    ``A.on_exit (agent.py:14)``."""
+    found: list[str] = []
+    me = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is me or task.done() or (is_jobs is not None and not is_jobs(task)):
+            continue
+        place = None
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None and is_user_file(frame.f_code.co_filename):
+                place = f"{frame.f_code.co_qualname} ({Path(frame.f_code.co_filename).name}:"
+                place += f"{frame.f_lineno})"
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        if place is not None and place not in found:
+            found.append(place)
+    return found
+
+
 # the runner whose job's context this is (the entrypoint's task, the session-end hook's,
 # the room's events, and all they start): what runs there is that job's; what the test's
 # own task starts is the test's
@@ -233,6 +270,9 @@ class UserFailures(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.ERROR)
         self.failures: list[UserFailure] = []
+        # a session close the agent's code held was cut: the session's own tasks left
+        # running are that failure's consequence, not one more
+        self.close_held = False
         self.caller: asyncio.Task[Any] | None = None  # the test's own task, once known
         # whether a task is the job's (the runner's count): None, every task is
         self.is_jobs: Callable[[asyncio.Task[Any]], bool] | None = None
@@ -243,6 +283,7 @@ class UserFailures(logging.Handler):
     def add(self, where: str, error: BaseException) -> None:
         if id(error) in self._seen:
             return
+        self.close_held = self.close_held or isinstance(error, SessionCloseHeld)
         self._seen.add(id(error))
         self.failures.append(UserFailure(where, error))
 
@@ -345,7 +386,7 @@ PLUGIN_THREAD = "Plugins must be registered on the main thread"
 
 def said(error: BaseException) -> str:
     """What the user's code did: ``raised ValueError: ...``, or that it had not returned."""
-    if isinstance(error, (CallbackHung, CallbackCut, TasksLeftRunning)):
+    if isinstance(error, (CallbackHung, CallbackCut, SessionCloseHeld, TasksLeftRunning)):
         return str(error)
     text = f"raised {type(error).__name__}: {error}"
     if isinstance(error, RuntimeError) and str(error) == PLUGIN_THREAD:

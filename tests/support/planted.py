@@ -251,6 +251,29 @@ def text_only_server() -> AgentServer:
     return server
 
 
+class ForeverExit(Agent):
+    """Waits in ``on_exit`` for a CRM that never answers."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="test")
+
+    async def on_exit(self) -> None:
+        await asyncio.Event().wait()
+
+
+def hung_on_exit_server() -> AgentServer:
+    """An agent whose ``on_exit`` never returns: livekit's job process cuts the session's
+    close at 60 s, logs it and goes on."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(ForeverExit())
+
+    return server
+
+
 def _ProviderAvatar() -> Any:
     # the avatar plugin this agent deploys with; the kit's scripted avatar stands in for it
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
