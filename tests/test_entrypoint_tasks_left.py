@@ -21,6 +21,7 @@ from agent_runtime import AgentJob
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.fuzz import FuzzOptions, fuzz
+from agent_runtime.testing.fuzz.properties import RELEASE_HINT
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.user_code import UserCodeError
 from tests.support import planted
@@ -60,7 +61,9 @@ async def test_the_same_agent_stopping_its_task_passes() -> None:
 
 def test_the_fuzzer_reports_the_same_check(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=1), out=tmp_path)
-    assert report.problems == [f"released: tasks still running after the job ended: {HEARTBEAT}"]
+    assert report.problems == [
+        f"released: tasks still running after the job ended: {HEARTBEAT}{RELEASE_HINT}"
+    ]
 
 
 @pytest.mark.virtual_time

@@ -11,7 +11,9 @@ transport's byte stream.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -368,7 +370,7 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
         (planted.avatar_mute_server, "audible: t="),
         (planted.leaky_task_server, "released: tasks still running after the job ended: "),
         (planted.no_hook_server, "verdict: the simulator's finalize_simulation (RQ_1) got no"),
-        (planted.hung_callback_server, "<locals>.flush_metrics never returned"),
+        (planted.hung_callback_server, "<locals>.flush_metrics had not returned"),
     ],
     ids=[
         "simulator-lookup",
@@ -467,8 +469,17 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     path.write_text(yaml.safe_dump(hang_up_then_ask), encoding="utf-8")
     report = replay(planted.no_hook_server(True), path)
     rq = "RQ_2" if stranger_first else "RQ_1"
-    assert report.problems == [f"verdict: the simulator's finalize_simulation ({rq}) got no reply"]
+    # the cause is named, with what to do: a newcomer has no traceback to go on here
+    assert report.problems == [
+        f"verdict: the simulator's finalize_simulation ({rq}) got no reply: the job never "
+        "held for it, as agent_runtime's on_session_end did not run and livekit's shutdown "
+        "disconnected the room at once (give the server's rtc_session "
+        "on_session_end=on_session_end, or await on_session_end(ctx) in your own)"
+    ]
     assert replay(planted.no_hook_server(False), path).ok
+    # a hook of the agent's own that does not await the runtime's loses it the same way
+    own = replay(planted.no_hook_server(True, own_hook=True), path)
+    assert own.problems == report.problems
 
 
 def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
@@ -511,11 +522,110 @@ def test_a_check_that_is_not_callable_is_refused_before_any_run(tmp_path: Path) 
         replay(server, tmp_path / "never-read.yaml", checks=[two_arguments])
 
 
+def test_fuzz_takes_out_as_a_str_and_refuses_arguments_of_the_wrong_kind_before_any_run(
+    tmp_path: Path,
+) -> None:
+    """``out="found"`` (a str, as a newcomer writes it) ended a whole run that had found
+    its failure in ``AttributeError: 'str' object has no attribute 'mkdir'``, the report
+    lost; options given as a dict or a single check not in a list were attribute and
+    iteration errors from inside the fuzzer."""
+    out = tmp_path / "found"
+    report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=str(out))
+    assert not report.ok and report.written == str(out / f"fuzz-{SEED}.yaml")
+    assert replay(planted.leaky_task_server(True), report.written).problems == report.problems
+
+    server = planted.waits_for_participant_server()
+    refused = [
+        (lambda: fuzz(server, {"examples": 5}), "options must be a FuzzOptions"),  # type: ignore[arg-type]
+        (lambda: fuzz(server, out=3), "out must be a path (a str or a Path), not int"),  # type: ignore[arg-type]
+        (
+            lambda: fuzz(server, checks=two_arguments),  # type: ignore[arg-type]
+            "checks must be a list of functions (checks=[my_check]), not function two_arguments",
+        ),
+        (lambda: fuzz(server, progress=1), "progress must be callable"),  # type: ignore[arg-type]
+        (lambda: replay(server, None), "path must be a path (a str or a Path), not NoneType"),  # type: ignore[arg-type]
+    ]
+    for call, message in refused:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert message in str(info.value)
+
+
+def test_a_failure_livekit_caught_in_the_agents_code_names_the_function_and_line(
+    tmp_path: Path,
+) -> None:
+    """A tool, ``on_exit`` or a node livekit called and caught the failure of was reported
+    as "the agent's code raised ValueError: ...": which code, the traceback alone said."""
+    path = tmp_path / "start_end.yaml"
+    path.write_text(yaml.safe_dump({"name": "start, end", "steps": REPLAY_STEPS}))
+    report = replay(planted.on_exit_server(), path)
+    line = inspect.getsourcelines(planted.SummaryAgent.on_exit)[1] + 1
+    assert report.problems == [
+        f"user code: the agent's code in SummaryAgent.on_exit (planted.py:{line}) raised "
+        "ValueError: could not save the summary"
+    ]
+
+
+def test_an_entrypoints_traceback_starts_at_the_agents_frame_not_the_kits(
+    tmp_path: Path,
+) -> None:
+    """It began with the harness's and the runner's frames (``harness.py ... _start``,
+    ``entrypoint.py ... __call__``), the kit looking like what failed."""
+    path = tmp_path / "start_end.yaml"
+    path.write_text(yaml.safe_dump({"name": "start, end", "steps": REPLAY_STEPS}))
+    report = replay(planted.raises_before_its_job_server(), path)
+    assert report.problems == ["user code: the agent's entrypoint raised KeyError: 'voice'"]
+    (detail,) = report.details
+    frames = [line for line in detail.splitlines() if line.startswith('  File "')]
+    assert len(frames) == 1 and "planted.py" in frames[0] and "in entrypoint" in frames[0]
+    # a check of the user's that raises: its own frame first too (properties.py came first)
+    checked = replay(planted.simulator_lookup_server(False), path, checks=[_no_job_end])
+    assert checked.problems == ["check _no_job_end: AssertionError: the job ended"]
+    (detail,) = checked.details
+    frames = [line for line in detail.splitlines() if line.startswith('  File "')]
+    assert len(frames) == 1 and "test_fuzz.py" in frames[0] and "_no_job_end" in frames[0]
+
+
+def _no_job_end(outcome: FuzzOutcome) -> None:
+    if outcome.shutdown_reason is not None:
+        raise AssertionError("the job ended")
+
+
+def test_a_text_only_agent_is_not_found_inaudible() -> None:
+    """``RoomOptions(audio_output=False)``, as a chat agent starts its session: every run
+    failed at once with "audible: t=0: the agent's audio goes nowhere"."""
+    report = fuzz(planted.text_only_server(), FuzzOptions(seed=SEED, examples=40))
+    assert report.ok, report.problems
+
+
+def test_an_on_exit_that_never_returns_is_named_and_each_run_takes_no_real_seconds(
+    tmp_path: Path,
+) -> None:
+    """The session's close waits on the agent's ``on_exit`` until livekit's 60 s bound.
+    It was reported as livekit's own tasks and listeners left running ("released: ...
+    VADStream._metrics_monitor_task, ..."), the agent's code unnamed, and each run waited
+    the harness's 10 real seconds for the close at every step."""
+    path = tmp_path / "shutdown.yaml"
+    steps = [REPLAY_STEPS[0], {"at": 1, "event": "job.shutdown"}, {"at": 100, "event": "end"}]
+    path.write_text(yaml.safe_dump({"name": "shut down", "steps": steps}))
+    began = time.monotonic()
+    report = replay(planted.hung_on_exit_server(), path)
+    assert time.monotonic() - began < 5.0
+    line = inspect.getsourcelines(planted.ForeverExit.on_exit)[1] + 1
+    assert report.problems == [
+        f"user code: the agent's session close waited on ForeverExit.on_exit (planted.py:{line}), "
+        "which had not returned at livekit's bound on the session's close (60s): deployed, "
+        'livekit logs "AgentSession.aclose() timed out" and the job ends that much later'
+    ]
+
+
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [
         "released: tasks still running after the job ended: "
-        "leaky_task_server.<locals>.entrypoint.<locals>.heartbeat (agent code)"
+        "leaky_task_server.<locals>.entrypoint.<locals>.heartbeat (agent code) (livekit's job "
+        "process cancels them only as it exits, so deployed they run on after the call: "
+        "cancel the agent's own at the job's end, in a shutdown callback say)"
     ]
     assert report.scenario is not None
     assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]
@@ -527,8 +637,9 @@ def test_a_shutdown_callback_that_never_returns_is_named_as_the_agents(tmp_path:
     report = fuzz(planted.hung_callback_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [
         "user code: the agent's shutdown callback "
-        "hung_callback_server.<locals>.entrypoint.<locals>.flush_metrics never returned "
-        "(livekit's worker kills the job's process after shutdown_process_timeout)"
+        "hung_callback_server.<locals>.entrypoint.<locals>.flush_metrics had not returned "
+        "when livekit's worker kills the job's process (the server's "
+        "shutdown_process_timeout, 10s): one that never returns, or takes longer, is cut there"
     ]
     assert report.scenario is not None
     assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]

@@ -407,7 +407,7 @@ async def test_a_shutdown_callback_without_the_reason_that_never_returns_is_name
     agent_room.add_participant("user")
     await run_entrypoint(_with_callback(flush))
     run_entrypoint.ctx.shutdown("bye")
-    with pytest.raises(UserCodeError, match=r"shutdown callback .*<locals>.flush never"):
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*<locals>.flush had not returned"):
         await run_entrypoint.aclose()
 
 
@@ -439,7 +439,7 @@ async def test_a_shutdown_callback_that_never_returns_is_named_and_fails_the_tes
     process = run_entrypoint.process
     with pytest.raises(TimeoutError, match=r"shutdown callback .*upload has not returned"):
         await run_entrypoint.wait_ended(timeout=1)
-    with pytest.raises(UserCodeError, match=r"shutdown callback .*upload never returned") as info:
+    with pytest.raises(UserCodeError, match=r"shutdown callback .*upload had not returned") as info:
         await run_entrypoint.aclose()  # bounded, though the callback swallowed a cancel
     assert isinstance(info.value.__cause__, TimeoutError)
     assert process.hung_callbacks  # swallowed: the test's end cancels it again
@@ -783,7 +783,11 @@ async def test_the_job_s_shutdown_callbacks_get_the_reason_given_to_ctx_shutdown
     async def entrypoint(ctx: JobContext) -> None:
         job = AgentJob.from_job_context(ctx, session=AgentSession())
         job.add_shutdown_callback(lambda reason: seen.append(f"job: {reason}"))
-        ctx.add_shutdown_callback(lambda reason: seen.append(f"livekit: {reason}"))
+
+        async def livekits(reason: str) -> None:  # livekit awaits its callbacks
+            seen.append(f"livekit: {reason}")
+
+        ctx.add_shutdown_callback(livekits)
         await job.start(Agent(instructions="test"))
 
     agent_room.add_participant("user")
@@ -866,3 +870,120 @@ async def test_an_on_session_end_cut_by_livekit_warns_naming_the_job_and_the_bou
     assert len(cut) == 1 and cut[0].startswith("job test-job (room test-room), job[test-room]: ")
     assert "in job state awaiting_finalize" in cut[0]
     assert "give AgentServer(session_end_timeout=...) at least that" in cut[0]
+
+
+@pytest.mark.virtual_time
+async def test_a_callback_still_running_when_another_raises_is_named_as_cut(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """livekit gathers the shutdown callbacks without ``return_exceptions``: the first to
+    raise ends the job's shutdown and its process exits, so a slower one (a transcript
+    saved in 3 s) is cut deployed. Only the one that raised was reported: the lost save
+    passed here."""
+    saved: list[str] = []
+
+    async def save_transcript(_: str) -> None:
+        await asyncio.sleep(3)
+        saved.append("transcript")
+
+    async def notify_crm() -> None:
+        raise ConnectionError("crm down")
+
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_shutdown_callback(save_transcript)
+        ctx.add_shutdown_callback(notify_crm)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError, match="shutdown callback raised ConnectionError") as info:
+        await run_entrypoint.wait_ended()
+    told = [str(info.value), *getattr(info.value, "__notes__", [])]
+    cut = [t for t in told if "save_transcript was still running when" in t]
+    assert len(cut) == 1 and "notify_crm raised" in cut[0], told
+    assert saved == ["transcript"]  # the kit still lets it finish: its own failures show
+
+
+@pytest.mark.parametrize("takes_reason", [True, False])
+async def test_a_plain_function_as_shutdown_callback_or_session_end_fails_as_livekit_awaits_it(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, takes_reason: bool
+) -> None:
+    """livekit awaits what a shutdown callback and ``on_session_end`` return: a plain
+    function's ``None`` is a ``TypeError`` in its job process (a callback's cuts the
+    others). The kit took a plain callback taking the reason, and a plain
+    ``on_session_end``, as if they were awaited, and the test passed."""
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    def save(reason: str) -> None:
+        seen.append("saved")
+
+    def session_over(ctx: JobContext) -> None:
+        seen.append("over")
+
+    @server.rtc_session(on_session_end=session_over)
+    async def entrypoint(ctx: JobContext) -> None:
+        ctx.add_shutdown_callback(save if takes_reason else (lambda: seen.append("saved")))
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    await run_entrypoint(server)
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError) as info:
+        await run_entrypoint.wait_ended()
+    told = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert (
+        "the agent's on_session_end raised TypeError: "
+        "test_a_plain_function_as_shutdown_callback_or_session_end_fails_as_livekit_awaits_it"
+        ".<locals>.session_over returned None, not an awaitable" in told
+    )
+    assert "the agent's shutdown callback raised TypeError" in told
+    assert seen == ["over", "saved"]  # each ran, as deployed, before the await failed
+
+
+@pytest.mark.virtual_time
+async def test_a_slow_shutdown_callback_is_named_as_cut_at_the_servers_bound_not_as_hung(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    """A 20 s upload under a server whose ``shutdown_process_timeout`` is 10 s: it was
+    reported as one that "never returned", which it does, later than the worker waits."""
+    uploaded: list[str] = []
+
+    async def upload_recording(_: str) -> None:
+        await asyncio.sleep(20)
+        uploaded.append("recording")
+
+    agent_room.add_participant("user")
+    await run_entrypoint(_with_callback(upload_recording))
+    run_entrypoint.ctx.shutdown("bye")
+    with pytest.raises(UserCodeError) as info:
+        await run_entrypoint.aclose()
+    assert str(info.value) == (
+        "the agent's shutdown callback "
+        f"{upload_recording.__qualname__} had not returned when livekit's worker kills the "
+        "job's process (the server's shutdown_process_timeout, 10s): one that never returns, "
+        "or takes longer, is cut there"
+    )
+    assert uploaded == []
+
+
+@pytest.mark.virtual_time
+async def test_an_on_exit_that_never_returns_fails_the_test_naming_it(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """livekit cuts the session's close at 60 s and logs only that ``aclose()`` timed out;
+    the test passed, the agent's ``on_exit`` unnamed."""
+    from tests.support.planted import hung_on_exit_server
+
+    agent_room.add_participant("user")
+    await run_entrypoint(hung_on_exit_server())
+    run_entrypoint.ctx.shutdown("bye")
+    await virtual_clock.advance(61)
+    with pytest.raises(UserCodeError, match=r"session close waited on ForeverExit\.on_exit \("):
+        await run_entrypoint.wait_ended()

@@ -600,7 +600,7 @@ class EntrypointRunner:
             with contextlib.suppress(TimeoutError):
                 # then gives the process shutdown_process_timeout to end, and kills it
                 await asyncio.wait_for(asyncio.shield(run.process.ended), run.kill_after)
-            await run.process.kill(_CLOSE_LIMIT)
+            await run.process.kill(_CLOSE_LIMIT, bound=run.kill_after)
             if closing is not None:
                 await asyncio.wait([closing], timeout=_CLOSE_LIMIT)
                 closing.cancel()
@@ -623,7 +623,9 @@ class EntrypointRunner:
                 if stopping:
                     await asyncio.wait(stopping, timeout=_CLOSE_LIMIT)
                 self.failures.uninstall()
-            left = self.tasks_left() if runs and report else []
+            # a session whose close the agent's code held is left half closed (reported)
+            held = self.failures.close_held
+            left = self.tasks_left() if runs and report and not held else []
         finally:
             counted = self._uncount_job_tasks()
             self.room.deliver_in(None)

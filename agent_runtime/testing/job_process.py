@@ -12,7 +12,8 @@ livekit's order and with its bounds, on the job's clock (virtual time in tests):
 3. ``on_session_end(ctx)``, bounded by the server's ``session_end_timeout``;
 4. the session report;
 5. ``room.disconnect()``;
-6. every shutdown callback at once, each with the reason.
+6. every shutdown callback at once, each with the reason (livekit's process exits on the
+   first that raises: the agent's callbacks still running then are named as cut).
 
 What fails in the user's code on the way is kept (``UserFailures``) for the test to fail on,
 where livekit would log it.
@@ -27,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.clock import Clock
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.testing.user_code import CallbackHung, UserFailures, is_user_callable
+from agent_runtime.testing.user_code import (
+    CallbackCut,
+    CallbackHung,
+    SessionCloseHeld,
+    UserFailures,
+    agents_code_waiting,
+    is_user_callable,
+)
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -135,13 +143,21 @@ class JobProcess:
         session = lk.job_primary_session(self.ctx)
         if session is not None:
             self._step("session")
-            with contextlib.suppress(TimeoutError):
-                await self.clock.wait_for(session.aclose(), SESSION_CLOSE)
+            closing = asyncio.ensure_future(session.aclose())
+            try:
+                await self.clock.wait_for(asyncio.shield(closing), SESSION_CLOSE)
+            except TimeoutError:
+                # what of the agent's holds it, seen before livekit's cancel reaches it
+                held = agents_code_waiting(self.failures.is_jobs)
+                closing.cancel()
+                await asyncio.gather(closing, return_exceptions=True)
+                if held:
+                    self.failures.add("session close", SessionCloseHeld(held, SESSION_CLOSE))
         if self._on_session_end is not None:
             self._step("on_session_end")
             try:
                 await self.clock.wait_for(
-                    _as_coroutine(self._on_session_end(self.ctx)), self.session_end_timeout
+                    _call(self._on_session_end, self.ctx), self.session_end_timeout
                 )
             except TimeoutError:
                 self.failures.add(
@@ -161,14 +177,30 @@ class JobProcess:
         # a task each, named as livekit names its span: one that never returns is named
         self._callback_fns = list(lk.job_shutdown_callbacks(self.ctx))
         self.callbacks = [
-            loop.create_task(_as_coroutine(cb(reason)), name=callback_name(cb))
-            for cb in self._callback_fns
+            loop.create_task(_call(cb, reason), name=callback_name(cb)) for cb in self._callback_fns
         ]
-        results = await asyncio.gather(*self.callbacks, return_exceptions=True)
-        for res in results:
-            # livekit's gather lets any of these out of _shutdown_job (a cancel is the kill's)
-            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
-                self.failures.add("shutdown callback", res)
+        await self._await_callbacks()
+
+    async def _await_callbacks(self) -> None:
+        """Every callback to its end. livekit gathers them without ``return_exceptions``:
+        the first to raise ends ``_shutdown_job``, and the job's process exits, so an
+        agent's callback still running then is cut deployed (``CallbackCut``, named);
+        here it runs on, so that what it does fails or passes on its own."""
+        pending: set[asyncio.Task[Any]] = set(self.callbacks)
+        first: str | None = None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in (t for t in self.callbacks if t in done):
+                error = None if task.cancelled() else task.exception()
+                # a cancel is the kill's
+                if error is None or isinstance(error, asyncio.CancelledError):
+                    continue
+                self.failures.add("shutdown callback", error)
+                if first is None:
+                    first = task.get_name()
+                    for t, cb in zip(self.callbacks, self._callback_fns, strict=True):
+                        if t in pending and is_user_callable(cb):
+                            self.failures.add("shutdown callback", CallbackCut(t.get_name(), first))
 
     @property
     def hung_callbacks(self) -> list[str]:
@@ -202,20 +234,21 @@ class JobProcess:
         }.get(step)
         return f"ending: {self.reason}" + (f", waiting for {doing}" if doing else "")
 
-    async def kill(self, limit: float) -> None:
+    async def kill(self, limit: float, *, bound: float | None = None) -> None:
         """The test is over, and the job's end is not after the wait livekit's worker
         gives a job process before it kills it (``shutdown_process_timeout``): what of the
         agent's was still running is its failure (``CallbackHung``, named), and the end is
         cancelled, as the kill ends it (waited for up to ``limit`` loop seconds more: a
-        callback may swallow the cancellation)."""
+        callback may swallow the cancellation). ``bound``: the server's
+        ``shutdown_process_timeout``, for the message."""
         if self._task is None or self._task.done():
             return
         step = self.steps[-1][1] if self.steps else ""
         session_end = self._on_session_end
         if step == "on_session_end" and session_end is not None and is_user_callable(session_end):
-            self.failures.add("on_session_end", CallbackHung(callback_name(session_end)))
+            self.failures.add("on_session_end", CallbackHung(callback_name(session_end), bound))
         for name in self.hung_callbacks:
-            self.failures.add("shutdown callback", CallbackHung(name))
+            self.failures.add("shutdown callback", CallbackHung(name, bound))
         running = [t for t in self.callbacks if not t.done()] + [self._task]
         for task in running:
             task.cancel()
@@ -234,10 +267,19 @@ class JobProcess:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
-async def _as_coroutine(aw: Any) -> Any:
+async def _call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` awaited as livekit awaits it, in the caller's task (what a plain
+    function raises is its failure there): a plain function's ``None`` is livekit's
+    ``TypeError`` (logged by its job process; a shutdown callback's cuts the others),
+    named here with what to do."""
+    aw = fn(*args)
     if asyncio.iscoroutine(aw) or isinstance(aw, Awaitable):
         return await aw
-    return aw
+    raise TypeError(
+        f"{callback_name(fn)} returned {'None' if aw is None else type(aw).__name__}, not an "
+        "awaitable: livekit awaits "
+        "it (a TypeError in its job process), so declare it async def"
+    )
 
 
 def callback_name(cb: Any) -> str:

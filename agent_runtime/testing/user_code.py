@@ -129,20 +129,86 @@ def user_frames(tb: TracebackType | None, catcher: str | None = None) -> bool:
     return False
 
 
+def _code_at(error: BaseException) -> str:
+    """``code in Booker.book (agent.py:49)``: the agent's innermost frame on the way to
+    ``error``, for a failure a library caught and logged without saying whose code it
+    called (a tool, ``on_exit``, a node the agent overrides)."""
+    place = None
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            place = f"{code.co_qualname} ({Path(code.co_filename).name}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return f"code in {place}" if place is not None else "code"
+
+
 class UserCodeError(AssertionError):
     """The agent's own code failed while the kit ran its job (the cause is its exception)."""
 
 
 class CallbackHung(TimeoutError):
-    """A shutdown callback never returned: livekit's worker kills the job's process then
-    (``shutdown_process_timeout``, 10 s by default), and logs only that the process did not
-    exit in time."""
+    """A shutdown callback (or ``on_session_end``) had not returned when livekit's worker
+    kills the job's process (``shutdown_process_timeout``, 10 s by default), which logs
+    only that the process did not exit in time: one that never returns, or one that takes
+    longer (an upload), is cut there."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, bound: float | None = None) -> None:
+        timeout = "shutdown_process_timeout" + (f", {bound:g}s" if bound is not None else "")
         super().__init__(
-            f"{name} never returned (livekit's worker kills the job's process after "
-            "shutdown_process_timeout)"
+            f"{name} had not returned when livekit's worker kills the job's process (the "
+            f"server's {timeout}): one that never returns, or takes longer, is cut there"
         )
+
+
+class CallbackCut(RuntimeError):
+    """A shutdown callback was still running when another one raised: livekit's job
+    process gathers them and exits on the first failure, so deployed this one is cut
+    where it was (what it was saving is lost)."""
+
+    def __init__(self, name: str, by: str) -> None:
+        super().__init__(
+            f"{name} was still running when {by} raised: livekit's job process exits on "
+            "the first shutdown callback that fails, cutting the others (deployed, it would "
+            "not have finished)"
+        )
+
+
+class SessionCloseHeld(TimeoutError):
+    """The primary session's close was still waiting on the agent's code (an ``on_exit``
+    that never returns, say) at livekit's bound on it: livekit logs that ``aclose()`` timed
+    out and goes on with the job's end that much later."""
+
+    def __init__(self, waiting: list[str], bound: float) -> None:
+        super().__init__(
+            f"waited on {', '.join(waiting)}, which had not returned at livekit's bound on "
+            f"the session's close ({bound:g}s): deployed, livekit logs \"AgentSession.aclose() "
+            'timed out" and the job ends that much later'
+        )
+
+
+def agents_code_waiting(
+    is_jobs: Callable[[asyncio.Task[Any]], bool] | None = None,
+) -> list[str]:
+    """Where the agent's code waits now, in the job's tasks (``is_jobs``; every task when
+    None): each task's innermost frame of the agent's files along its chain of awaits,
+    ``A.on_exit (agent.py:14)``."""
+    found: list[str] = []
+    me = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is me or task.done() or (is_jobs is not None and not is_jobs(task)):
+            continue
+        place = None
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None and is_user_file(frame.f_code.co_filename):
+                place = f"{frame.f_code.co_qualname} ({Path(frame.f_code.co_filename).name}:"
+                place += f"{frame.f_lineno})"
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        if place is not None and place not in found:
+            found.append(place)
+    return found
 
 
 # the runner whose job's context this is (the entrypoint's task, the session-end hook's,
@@ -204,6 +270,9 @@ class UserFailures(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.ERROR)
         self.failures: list[UserFailure] = []
+        # a session close the agent's code held was cut: the session's own tasks left
+        # running are that failure's consequence, not one more
+        self.close_held = False
         self.caller: asyncio.Task[Any] | None = None  # the test's own task, once known
         # whether a task is the job's (the runner's count): None, every task is
         self.is_jobs: Callable[[asyncio.Task[Any]], bool] | None = None
@@ -214,6 +283,7 @@ class UserFailures(logging.Handler):
     def add(self, where: str, error: BaseException) -> None:
         if id(error) in self._seen:
             return
+        self.close_held = self.close_held or isinstance(error, SessionCloseHeld)
         self._seen.add(id(error))
         self.failures.append(UserFailure(where, error))
 
@@ -230,7 +300,7 @@ class UserFailures(logging.Handler):
             and not is_user_file(record.pathname)
             and user_frames(exc.__traceback__, _library(record.pathname) or None)
         ):
-            where = "event handler" if "emit" in record.getMessage() else "code"
+            where = "event handler" if "emit" in record.getMessage() else _code_at(exc)
             self.add(where, exc)
             try:
                 task = asyncio.current_task()  # livekit logs inside the task, then re-raises
@@ -315,8 +385,8 @@ PLUGIN_THREAD = "Plugins must be registered on the main thread"
 
 
 def said(error: BaseException) -> str:
-    """What the user's code did: ``raised ValueError: ...``, or that it never returned."""
-    if isinstance(error, (CallbackHung, TasksLeftRunning)):
+    """What the user's code did: ``raised ValueError: ...``, or that it had not returned."""
+    if isinstance(error, (CallbackHung, CallbackCut, SessionCloseHeld, TasksLeftRunning)):
         return str(error)
     text = f"raised {type(error).__name__}: {error}"
     if isinstance(error, RuntimeError) and str(error) == PLUGIN_THREAD:

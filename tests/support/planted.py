@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from livekit import rtc
-from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext, room_io
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime import AgentJob, on_session_end
@@ -114,18 +114,22 @@ def avatar_mute_server(buggy: bool = True) -> AgentServer:
     return server
 
 
-def no_hook_server(buggy: bool = True) -> AgentServer:
-    """The agent's server is not given ``on_session_end``: livekit's shutdown disconnects
-    the room before the job hears of it, so the simulator that asks for its verdict after
-    the hang-up gets no answer. Fixed: ``rtc_session(on_session_end=on_session_end)``."""
+def no_hook_server(buggy: bool = True, *, own_hook: bool = False) -> AgentServer:
+    """The agent's server is not given ``on_session_end`` (``own_hook``: given one of the
+    agent's own that does not await the runtime's): livekit's shutdown disconnects the
+    room before the job hears of it, so the simulator that asks for its verdict after the
+    hang-up gets no answer. Fixed: ``rtc_session(on_session_end=on_session_end)``."""
     server = AgentServer()
 
     async def entrypoint(ctx: JobContext) -> None:
         job = AgentJob.from_job_context(ctx, session=AgentSession())
         await job.start(Agent(instructions="test"))
 
+    async def log_the_end(ctx: JobContext) -> None:
+        logger.info("session over")
+
     if buggy:
-        server.rtc_session()(entrypoint)
+        server.rtc_session(on_session_end=log_the_end if own_hook else None)(entrypoint)
     else:
         server.rtc_session(on_session_end=on_session_end)(entrypoint)
     return server
@@ -191,6 +195,81 @@ def hung_callback_server(buggy: bool = True) -> AgentServer:
 
         ctx.add_shutdown_callback(flush_metrics)
         await job.start(Agent(instructions="test"))
+
+    return server
+
+
+class SummaryAgent(Agent):
+    """Saves a summary as it leaves; the save fails (livekit logs it and goes on)."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="test")
+
+    async def on_exit(self) -> None:
+        raise ValueError("could not save the summary")
+
+
+def on_exit_server() -> AgentServer:
+    """An agent whose ``on_exit`` raises: livekit catches and logs it as the session
+    closes, saying only "error" of its own, not whose code it called."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(SummaryAgent())
+
+    return server
+
+
+def raises_before_its_job_server() -> AgentServer:
+    """An entrypoint that connects, then fails reading its configuration."""
+    server = AgentServer(session_end_timeout=315)
+    config: dict[str, str] = {}
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        await ctx.connect()
+        logger.info("voice %s", config["voice"])
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def text_only_server() -> AgentServer:
+    """A correct text-only agent: its session has no audio output to the room, as it asked
+    (no bug planted: the fuzzer must not find its audio "going nowhere")."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        text_only = room_io.RoomOptions(audio_input=False, audio_output=False)
+        await job.start(Agent(instructions="test"), room_options=text_only)
+
+    return server
+
+
+class ForeverExit(Agent):
+    """Waits in ``on_exit`` for a CRM that never answers."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="test")
+
+    async def on_exit(self) -> None:
+        await asyncio.Event().wait()
+
+
+def hung_on_exit_server() -> AgentServer:
+    """An agent whose ``on_exit`` never returns: livekit's job process cuts the session's
+    close at 60 s, logs it and goes on."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(ForeverExit())
 
     return server
 

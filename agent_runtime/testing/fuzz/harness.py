@@ -297,7 +297,12 @@ class Harness:
     async def quiesce(self) -> None:
         await settle()
         deadline = time.monotonic() + _REAL_LIMIT
-        while self._busy() and time.monotonic() < deadline:
+        # the loop's seconds too: on a virtual loop with nothing on a thread or a socket
+        # they pass at once, and a close waiting on what never comes (the agent's on_exit)
+        # spent the whole real limit at every step
+        loop = asyncio.get_running_loop()
+        loop_deadline = loop.time() + _REAL_LIMIT
+        while self._busy() and time.monotonic() < deadline and loop.time() < loop_deadline:
             await asyncio.sleep(0.001)
             await settle()
 

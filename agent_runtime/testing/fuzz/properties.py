@@ -11,8 +11,11 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from agent_runtime.runtimes.avatar import session_room_io
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
 from agent_runtime.testing.user_code import is_user_callable, said, task_name
@@ -61,9 +64,13 @@ Check = Callable[[FuzzOutcome], Any]
 
 # -- during the run -----------------------------------------------------------------------
 def audible(h: Harness) -> list[Problem]:
-    """The agent's audio reaches the room or a joined avatar while its session runs."""
+    """The agent's audio reaches the room or a joined avatar while its session runs,
+    unless the agent itself started it with no audio output and no avatar (a text-only
+    agent: ``RoomOptions(audio_output=False)``, or an ``output.audio`` of its own)."""
     job = h.job
     if job is None or job.lifecycle != "running" or not lk.session_live(job.session):
+        return []
+    if job.avatar is None and _no_room_audio(job.session):
         return []
     route = job.audio_route()
     if route == "none":
@@ -80,6 +87,13 @@ def audible(h: Harness) -> list[Problem]:
                 )
             ]
     return []
+
+
+def _no_room_audio(session: Any) -> bool:
+    """The session's RoomIO was built without its audio output to the room: the agent
+    asked for none, or gave the session an audio output of its own before the start."""
+    room_io = session_room_io(session)
+    return room_io is not None and lk.room_io_audio_output(room_io) is None
 
 
 def verdicts(h: Harness) -> list[Problem]:
@@ -103,15 +117,32 @@ DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts)
 
 # -- once the job has ended ---------------------------------------------------------------
 def answered(h: Harness) -> list[Problem]:
-    """The simulator's finalize, asked while the job could answer, got its one reply."""
+    """The simulator's finalize, asked while the job could answer, got its one reply. When
+    the runtime's ``on_session_end`` never ran (the server was not given it, or the
+    agent's own hook does not await it), that is named as the cause: livekit's shutdown
+    disconnected the room with no hold."""
+    cause = ""
+    if h.job is not None and h.job.job.disconnect_hint:
+        cause = f": {NO_HOLD}"
     return [
-        Problem("verdict", f"the simulator's finalize_simulation ({sent.request_id}) got no reply")
+        Problem(
+            "verdict",
+            f"the simulator's finalize_simulation ({sent.request_id}) got no reply{cause}",
+        )
         for sent in h.sent.values()
         if sent.caller == "simulator"
         and sent.request == "finalize_simulation"
         and sent.while_open
         and not sent.replies
     ]
+
+
+# why a verdict owed after the hang-up is lost when the runtime's on_session_end never ran
+NO_HOLD = (
+    "the job never held for it, as agent_runtime's on_session_end did not run and livekit's "
+    "shutdown disconnected the room at once (give the server's rtc_session "
+    "on_session_end=on_session_end, or await on_session_end(ctx) in your own)"
+)
 
 
 def end_bound(h: Harness) -> float:
@@ -151,8 +182,13 @@ def released(h: Harness) -> list[Problem]:
     # the runner's check, as run_entrypoint's teardown makes it, the harness's inputs too
     left = h.runner.tasks_left(callers_too=True)
     if left:
-        names = ", ".join(task_name(t) for t in left)
-        out.append(Problem("released", f"tasks still running after the job ended: {names}"))
+        names = [task_name(t) for t in left]
+        hint = RELEASE_HINT if any(n.endswith(" (agent code)") for n in names) else ""
+        out.append(
+            Problem(
+                "released", f"tasks still running after the job ended: {', '.join(names)}{hint}"
+            )
+        )
     # livekit's JobContext keeps its own listener, and the agent's own are its business
     # (the room goes with the job's process)
     left_on_room = [
@@ -169,6 +205,13 @@ def released(h: Harness) -> list[Problem]:
             )
         )
     return out
+
+
+# what to do about a task of the agent's left running, for a newcomer who sees no fault
+RELEASE_HINT = (
+    " (livekit's job process cancels them only as it exits, so deployed they run on after "
+    "the call: cancel the agent's own at the job's end, in a shutdown callback say)"
+)
 
 
 def user_code(h: Harness) -> list[Problem]:
@@ -196,7 +239,7 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
                 Problem(
                     f"check {name}",
                     f"{type(e).__name__}: {e}",
-                    "".join(traceback.format_exception(e)),
+                    agents_traceback(e),
                 )
             )
             continue
@@ -206,8 +249,23 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
 
 
 def _raised(where: str, e: BaseException) -> Problem:
-    return Problem(
-        "user code",
-        f"the agent's {where} {said(e)}",
-        "".join(traceback.format_exception(e)),
-    )
+    return Problem("user code", f"the agent's {where} {said(e)}", agents_traceback(e))
+
+
+_KIT = str(Path(__file__).resolve().parents[2])  # agent_runtime/
+
+
+def agents_traceback(e: BaseException) -> str:
+    """``e``'s traceback from the first frame that is not the kit's own (the harness and
+    the runner that called the entrypoint, a callback, are not what failed)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None and _kit_frame(tb.tb_frame.f_code):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def _kit_frame(code: CodeType) -> bool:
+    try:
+        return str(Path(code.co_filename).resolve()).startswith(_KIT)
+    except OSError:
+        return False

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,30 +114,53 @@ def config_of(options: FuzzOptions) -> sc.Config:
 
 def fuzz(
     server: Any,
-    options: FuzzOptions,
+    options: FuzzOptions | None = None,
     *,
     checks: Sequence[Check] = (),
-    out: Path | None = None,
+    out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> FuzzReport:
     """Fuzz ``server``'s entrypoint; returns what was found (the failure shrunk, written to
-    ``out`` as a scenario file when given). Each run has an event loop of its own, on the
+    ``out``, a directory, as a scenario file when given). ``options`` by default
+    ``FuzzOptions()``. Each run has an event loop of its own, on the
     caller's thread, as livekit's job process runs the entrypoint on its main thread (a
     plugin imported there registers); when the caller's thread runs a loop already (an
     async test), on a thread of the fuzzer's, that loop left alone. ``progress`` gets a line
-    with the seed first, then one every ``progress_every`` seconds. Before any drawing:
-    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` if it
-    imports a plugin and had to run off the main thread."""
+    with the seed first, then one every ``progress_every`` seconds. Before any drawing: a
+    ``TypeError`` for an argument of the wrong kind, ``NoAgentJob`` if the entrypoint builds
+    no ``AgentJob``, ``PluginOffMainThread`` if it imports a plugin and had to run off the
+    main thread."""
     check_agent(server)
+    if options is None:
+        options = FuzzOptions()
+    elif not isinstance(options, FuzzOptions):
+        raise TypeError(
+            "options must be a FuzzOptions (FuzzOptions(examples=..., seed=...)), "
+            f"not {type(options).__name__}"
+        )
     _check_checks(checks)
-    return _in_thread(lambda: _fuzz(server, options, list(checks), out, progress))  # type: ignore[no-any-return]
+    out_dir = _path_of("out", out) if out is not None else None
+    if progress is not None and not callable(progress):
+        raise TypeError(
+            f"progress must be callable with a line (print_progress, say), not {progress!r}"
+        )
+    return _in_thread(lambda: _fuzz(server, options, list(checks), out_dir, progress))  # type: ignore[no-any-return]
 
 
 def _check_checks(checks: Sequence[Check]) -> None:
+    if callable(checks) or isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable):
+        what = described(checks) if callable(checks) else repr(checks)
+        raise TypeError(f"checks must be a list of functions (checks=[my_check]), not {what}")
     for check in checks:
         if not callable(check) or not takes(check, 1):
             what = described(check) if callable(check) else repr(check)
             raise TypeError(f"a check must be callable as check(outcome), not {what}")
+
+
+def _path_of(name: str, value: Any) -> Path:
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise TypeError(f"{name} must be a path (a str or a Path), not {type(value).__name__}")
 
 
 def _fuzz(
@@ -264,14 +288,16 @@ def check_replayable(scenario: sc.Scenario, source: str) -> None:
         raise NotReplayable(f"{source}: cannot replay it against the agent: {'; '.join(why)}")
 
 
-def replay(server: Any, path: Path, *, checks: Sequence[Check] = ()) -> FuzzReport:
+def replay(
+    server: Any, path: str | os.PathLike[str], *, checks: Sequence[Check] = ()
+) -> FuzzReport:
     """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
     ``NoAgentJob`` if the entrypoint builds no ``AgentJob``."""
     check_agent(server)
     _check_checks(checks)
-    scenario = sc.load_scenario(path)
+    scenario = sc.load_scenario(_path_of("path", path))
     check_replayable(scenario, str(path))
     began = time.monotonic()
     refused: list[str] = []
