@@ -12,6 +12,7 @@ import contextlib
 import os
 import queue
 import select
+import sys
 import threading
 import time
 
@@ -113,9 +114,9 @@ class LineWriter:
             # the close's bound is past: not one more write (close() counted the lost)
             if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
                 return sent, GaveUp("the file took no more lines before the close's bound")
-            if full:
-                select.select([], [self._fd], [], POLL)
             try:
+                if full:
+                    _wait_writable(self._fd, POLL)
                 sent += os.write(self._fd, view[sent:])
                 full = False
             except BlockingIOError:  # a pipe full: its reader has not read it yet
@@ -123,6 +124,21 @@ class LineWriter:
             except OSError as e:
                 return sent, e
         return sent, None
+
+
+def _wait_writable(fd: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``fd`` to take more (a pipe's reader read)."""
+    if hasattr(select, "poll") and sys.platform != "darwin":  # macOS's fails on devices
+        # any descriptor: select() takes only those below FD_SETSIZE (1024), and a busy
+        # worker's trace file may be above
+        waiting = select.poll()
+        waiting.register(fd, select.POLLOUT)
+        waiting.poll(timeout * 1000)
+        return
+    try:
+        select.select([], [fd], [], timeout)
+    except ValueError:  # a descriptor select() cannot take: look again after the wait
+        time.sleep(timeout)
 
 
 def _whole(lines: list[bytes], sent: int) -> int:
