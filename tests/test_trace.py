@@ -183,11 +183,32 @@ def test_jsonl_sink_on_a_full_disk_disables_itself() -> None:
     sink = JsonlSink(FULL_DISK)
     tracer = Tracer(sink)
     tracer.write(TraceRecord(0.0, "transition", "job", "j", event="shutdown"))
-    assert sink.flush()  # the sink's thread has tried to write it (and failed)
+    assert not sink.flush()  # the sink's thread has tried to write it, and failed
     tracer.write(TraceRecord(1.0, "transition", "job", "j", event="close_done"))
     assert sink.failed is not None and "No space left on device" in sink.failed
     assert tracer.failures == [f"JsonlSink({str(FULL_DISK)!r}): {sink.failed}"]
     sink.close()  # closing a sink whose last write failed does not raise either
+
+
+@needs_dev_full
+def test_flush_says_the_records_did_not_reach_a_full_disk() -> None:
+    """``flush()`` is how a program makes sure its records are in the file: it said they
+    were (True) when the disk refused them, open or closed, while ``failed`` said nothing
+    until the next record."""
+    sink = JsonlSink(FULL_DISK)
+    sink.write(TraceRecord(0.0, "transition", "job", "j", event="shutdown"))
+    assert not sink.flush()
+    sink.close()
+    assert not sink.flush() and sink.failed is not None
+
+
+def test_flush_says_the_records_reached_the_file(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "trace.jsonl")
+    sink.write(TraceRecord(0.0, "transition", "job", "j", event="shutdown"))
+    assert sink.flush()
+    assert (tmp_path / "trace.jsonl").read_text().count("\n") == 1
+    sink.close()
+    assert sink.flush() and sink.failed is None
 
 
 @needs_dev_full

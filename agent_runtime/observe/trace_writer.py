@@ -61,13 +61,13 @@ class LineWriter:
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` real seconds for every line queued to be written (or the
-        write to fail); whether it was."""
+        write to fail); whether it was (not if the write failed)."""
         deadline = time.monotonic() + timeout
         while self.written < self._given and self.error is None:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.001)  # the thread's, which is writing them
-        return True
+        return self.written == self._given
 
     def close(self, timeout: float) -> bool:
         """Write what is queued, waiting up to ``timeout`` real seconds, then stop and close
