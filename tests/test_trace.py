@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,33 @@ async def test_a_trace_file_the_disk_will_not_open_does_not_stop_the_job(
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.trace"]
     assert warning.startswith(f"trace_path: cannot write the trace to {str(path)!r} (")
     assert warning.endswith("): this job writes no trace file")
+
+
+async def test_a_trace_file_without_a_thread_to_write_it_does_not_stop_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace file's writer is a thread: a process at its limit of threads (a
+    container's pids limit) refuses it, and the job failed to build (``RuntimeError: can't
+    start new thread``). Like a disk that will not open the file: one WARNING, the job as
+    without a trace file."""
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name.startswith("trace writer"):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    without = await _job_path(None, None)
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    path = tmp_path / "trace.jsonl"
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.trace"):
+        faulty = await _job_path(None, path)
+    assert faulty == without
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.trace"]
+    assert warning == (
+        f"trace_path: cannot write the trace to {str(path)!r} (no thread to write it: "
+        "can't start new thread): this job writes no trace file"
+    )
 
 
 async def test_a_failing_sink_changes_nothing_the_actor_does(

@@ -9,6 +9,7 @@ queued in one go and flushes it (a write is a system call; nothing is kept in a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import queue
 import select
@@ -42,7 +43,10 @@ class LineWriter:
         self.error: OSError | None = None  # the write that failed: the thread stopped there
         self._thread = threading.Thread(target=self._run, name=f"trace writer {name}")
         self._thread.daemon = True  # a file that never takes its lines keeps no process alive
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # the process's limit of threads: as a file not opened
+            raise OSError(errno.EAGAIN, f"no thread to write it: {e}") from e
 
     def counts(self) -> tuple[int, int]:
         """(lines written, lines given and not written): a stopped writer's lost ones."""
