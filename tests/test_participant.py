@@ -227,6 +227,28 @@ async def test_the_log_says_who_dropped_why_and_how_long_the_session_waits(
     ]
 
 
+async def test_a_drop_and_rejoin_heard_together_still_log_why_the_user_dropped(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The room reports the drop and the rejoin in one turn of the loop (a quick
+    reconnect), before the link's machine steps: the drop's line still names its reason
+    (it said ``UNKNOWN_REASON``: the rejoin, heard first, had forgotten it)."""
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(grace_period=15.0)
+    link.start()
+    await world.idle()
+    with caplog.at_level(logging.INFO, logger="agent_runtime.participant"):
+        world.room.remove_participant("u", R.SIGNAL_CLOSE)
+        world.room.add_participant("u")
+        await world.idle()
+    assert link.state == "linked"
+    assert [r.getMessage() for r in caplog.records] == [
+        "participant u dropped (SIGNAL_CLOSE): the session waits up to 15s for them to rejoin",
+        "participant u rejoined: relinked",
+    ]
+
+
 async def test_the_log_says_a_departure_leaves_the_session_open_without_close_on_disconnect(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:

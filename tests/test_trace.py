@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,33 @@ async def test_a_trace_file_the_disk_will_not_open_does_not_stop_the_job(
     assert warning.endswith("): this job writes no trace file")
 
 
+async def test_a_trace_file_without_a_thread_to_write_it_does_not_stop_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace file's writer is a thread: a process at its limit of threads (a
+    container's pids limit) refuses it, and the job failed to build (``RuntimeError: can't
+    start new thread``). Like a disk that will not open the file: one WARNING, the job as
+    without a trace file."""
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name.startswith("trace writer"):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    without = await _job_path(None, None)
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    path = tmp_path / "trace.jsonl"
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.trace"):
+        faulty = await _job_path(None, path)
+    assert faulty == without
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.trace"]
+    assert warning == (
+        f"trace_path: cannot write the trace to {str(path)!r} (no thread to write it: "
+        "can't start new thread): this job writes no trace file"
+    )
+
+
 async def test_a_failing_sink_changes_nothing_the_actor_does(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -183,11 +211,32 @@ def test_jsonl_sink_on_a_full_disk_disables_itself() -> None:
     sink = JsonlSink(FULL_DISK)
     tracer = Tracer(sink)
     tracer.write(TraceRecord(0.0, "transition", "job", "j", event="shutdown"))
-    assert sink.flush()  # the sink's thread has tried to write it (and failed)
+    assert not sink.flush()  # the sink's thread has tried to write it, and failed
     tracer.write(TraceRecord(1.0, "transition", "job", "j", event="close_done"))
     assert sink.failed is not None and "No space left on device" in sink.failed
     assert tracer.failures == [f"JsonlSink({str(FULL_DISK)!r}): {sink.failed}"]
     sink.close()  # closing a sink whose last write failed does not raise either
+
+
+@needs_dev_full
+def test_flush_says_the_records_did_not_reach_a_full_disk() -> None:
+    """``flush()`` is how a program makes sure its records are in the file: it said they
+    were (True) when the disk refused them, open or closed, while ``failed`` said nothing
+    until the next record."""
+    sink = JsonlSink(FULL_DISK)
+    sink.write(TraceRecord(0.0, "transition", "job", "j", event="shutdown"))
+    assert not sink.flush()
+    sink.close()
+    assert not sink.flush() and sink.failed is not None
+
+
+def test_flush_says_the_records_reached_the_file(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "trace.jsonl")
+    sink.write(TraceRecord(0.0, "transition", "job", "j", event="shutdown"))
+    assert sink.flush()
+    assert (tmp_path / "trace.jsonl").read_text().count("\n") == 1
+    sink.close()
+    assert sink.flush() and sink.failed is None
 
 
 @needs_dev_full

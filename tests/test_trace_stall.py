@@ -173,3 +173,60 @@ def test_a_trace_file_gets_every_record_in_order_by_its_close(tmp_path: Path) ->
     lines = path.read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["event"] for line in lines] == [f"e{n}" for n in range(5000)]
     assert sink.written == 5000 and sink.failed is None and tracer.sinks == [sink]
+
+
+@pytest.fixture
+def high_descriptors() -> Iterator[None]:
+    """The next file opened gets a descriptor number of 1024 or more, as in a busy worker
+    (select() takes only those below 1024)."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"at most {hard} open files here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    taken: list[int] = []
+    try:
+        while not taken or taken[-1] < 1024:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+        os.close(taken.pop())  # the one at 1024 or above: the trace file's
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_trace_reader_that_reads_late_gets_every_record_in_a_busy_process(
+    stalled_fifo: tuple[Path, int], high_descriptors: None
+) -> None:
+    """The pipe fills before its reader reads (a log shipper starting, a ``tail`` resumed):
+    once it reads, it gets every record. With the file's descriptor at 1024 or above the
+    writer's thread died at the first full pipe (``select()``: filedescriptor out of range,
+    a traceback on stderr), and the rest of the trace was lost for a reader that did read."""
+    fifo, reader = stalled_fifo
+    sink = JsonlSink(fifo)
+    tracer = Tracer(sink)
+    for n in range(200):  # some 200 KB: three times what the pipe holds
+        tracer.write(TraceRecord(float(n), "input", "job", "r", event="e", data={"x": "y" * 900}))
+    assert not sink.flush(0.2)  # the pipe is full: its reader has read nothing yet
+    got: list[bytes] = []
+
+    def read_all() -> None:
+        while True:
+            try:
+                chunk = os.read(reader, 1 << 16)
+            except BlockingIOError:
+                threading.Event().wait(0.001)
+                continue
+            if not chunk:  # the writer closed the file
+                return
+            got.append(chunk)
+
+    drain = threading.Thread(target=read_all, daemon=True)
+    drain.start()
+    sink.close()
+    drain.join(FROZEN)
+    assert not drain.is_alive()
+    assert sink.failed is None and sink.written == 200 and tracer.sinks == [sink]
+    lines = b"".join(got).decode().splitlines()
+    assert [json.loads(line)["t"] for line in lines] == [float(n) for n in range(200)]

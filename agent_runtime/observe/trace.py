@@ -254,8 +254,11 @@ class JsonlSink:
 
     def flush(self, timeout: float = CLOSE_WAIT) -> bool:
         """Wait up to ``timeout`` real seconds for the records written so far to be in
-        the file (or its write to fail); whether they are."""
-        return self._writer is None or self._writer.flush(timeout)
+        the file (or its write to fail); whether they are: not once a write failed, nor
+        after a close that lost some."""
+        if self._writer is None:  # closed: by a close that wrote every one, or not
+            return self.failed is None
+        return self._writer.flush(timeout)
 
     def _fail(self, why: str, wait: float) -> None:
         self.failed, self._reported = why, True  # the tracer logs what write raises

@@ -9,9 +9,11 @@ queued in one go and flushes it (a write is a system call; nothing is kept in a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import queue
 import select
+import sys
 import threading
 import time
 
@@ -41,7 +43,10 @@ class LineWriter:
         self.error: OSError | None = None  # the write that failed: the thread stopped there
         self._thread = threading.Thread(target=self._run, name=f"trace writer {name}")
         self._thread.daemon = True  # a file that never takes its lines keeps no process alive
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # the process's limit of threads: as a file not opened
+            raise OSError(errno.EAGAIN, f"no thread to write it: {e}") from e
 
     def counts(self) -> tuple[int, int]:
         """(lines written, lines given and not written): a stopped writer's lost ones."""
@@ -60,13 +65,13 @@ class LineWriter:
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` real seconds for every line queued to be written (or the
-        write to fail); whether it was."""
+        write to fail); whether it was (not if the write failed)."""
         deadline = time.monotonic() + timeout
         while self.written < self._given and self.error is None:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.001)  # the thread's, which is writing them
-        return True
+        return self.written == self._given
 
     def close(self, timeout: float) -> bool:
         """Write what is queued, waiting up to ``timeout`` real seconds, then stop and close
@@ -113,9 +118,9 @@ class LineWriter:
             # the close's bound is past: not one more write (close() counted the lost)
             if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
                 return sent, GaveUp("the file took no more lines before the close's bound")
-            if full:
-                select.select([], [self._fd], [], POLL)
             try:
+                if full:
+                    _wait_writable(self._fd, POLL)
                 sent += os.write(self._fd, view[sent:])
                 full = False
             except BlockingIOError:  # a pipe full: its reader has not read it yet
@@ -123,6 +128,21 @@ class LineWriter:
             except OSError as e:
                 return sent, e
         return sent, None
+
+
+def _wait_writable(fd: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``fd`` to take more (a pipe's reader read)."""
+    if hasattr(select, "poll") and sys.platform != "darwin":  # macOS's fails on devices
+        # any descriptor: select() takes only those below FD_SETSIZE (1024), and a busy
+        # worker's trace file may be above
+        waiting = select.poll()
+        waiting.register(fd, select.POLLOUT)
+        waiting.poll(timeout * 1000)
+        return
+    try:
+        select.select([], [fd], [], timeout)
+    except ValueError:  # a descriptor select() cannot take: look again after the wait
+        time.sleep(timeout)
 
 
 def _whole(lines: list[bytes], sent: int) -> int:

@@ -135,7 +135,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # delivers it, as the links declare)
         self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
         self._warned_room_io = False
-        # why each participant last left, for the log line of a drop the machine waits on
+        # why each participant last left (as heard), for the log line of a drop the machine
+        # waits on
         self._left: dict[str, str] = {}
         # the shared guards (statemachines.glue) read this link as their facts view
         self._run_machine(
@@ -233,11 +234,10 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             self.actor.post(event)
 
     def _hear(self, event: Event) -> None:
-        identity = str(event.data.get("identity", ""))
         if event.name == "participant_disconnected":
+            # kept past a rejoin: the room may report both before the machine steps the drop
+            identity = str(event.data.get("identity", ""))
             self._left[identity] = str(event.data.get("reason", "UNKNOWN_REASON"))
-        elif event.name == "participant_connected":
-            self._left.pop(identity, None)
         if self.actor.started:
             self.actor.post(event)
         else:  # listening before the session started: start() hands it on
