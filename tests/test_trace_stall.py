@@ -152,8 +152,9 @@ def test_closing_a_trace_whose_reader_stopped_gives_up_and_says_what_was_lost(
         finishes(job, reader)
     assert tracer.sinks == [sink]  # no write failed: the records were kept for the reader
     assert sink.failed is not None
+    # on a loaded machine the thread may not have written even what the pipe holds
     lost = 200 - sink.written
-    assert 0 < lost < 200 and f"{lost:,} records not written" in sink.failed
+    assert 0 < lost <= 200 and f"{lost:,} records not written" in sink.failed
     assert "its reader stopped reading" in sink.failed
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.trace"]
     assert warning == f"trace sink JsonlSink({str(fifo)!r}) failed at its close ({sink.failed})"
