@@ -23,7 +23,6 @@ from livekit.agents.voice.events import CloseEvent
 from agent_runtime import AgentJob, Event
 from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
-from agent_runtime.sdk import asyncio_compat as aio
 from agent_runtime.sdk.room_audio import room_output_source
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -69,34 +68,6 @@ def the_failure(tasks: list[asyncio.Task[Any]]) -> str:
     (task,) = tasks
     assert task.done()
     return str(task.exception())
-
-
-@pytest.fixture(autouse=True)
-async def no_failure_left_unread() -> AsyncIterator[None]:
-    """Every task made during the test (the runtime's, livekit's, the test's) that failed
-    had its failure read by the end of the test. One left unread is reported by asyncio
-    ("Task exception was never retrieved") whenever it is collected: printed after the
-    whole run, or in the middle of a later test, far from the task that failed."""
-    loop = asyncio.get_running_loop()
-    previous = loop.get_task_factory()
-    made: list[asyncio.Task[Any]] = []
-
-    def recording(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
-        task = previous(loop, coro, **kw) if previous else asyncio.Task(coro, loop=loop, **kw)
-        made.append(task)
-        return task  # type: ignore[return-value]
-
-    loop.set_task_factory(recording)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        loop.set_task_factory(previous)
-    unread = [
-        f"{t.get_name()}: {aio.peek_exception(t)!r}"
-        for t in made
-        if t.done() and not t.cancelled() and not aio.exception_retrieved(t)
-    ]
-    assert unread == []
 
 
 # -- the wait for the avatar -----------------------------------------------------------------
