@@ -541,6 +541,12 @@ TABLE: list[Bad] = [
         "config.avatar_identity: String should have at least 1 character (got '')",
     ),
     scenario(
+        "avatar-identity-whitespace",
+        step_file("{at: 0, event: session.start}", "config: {avatar_identity: '  '}\n"),
+        "config.avatar_identity: String should have at least 1 character other than "
+        "whitespace (got '  ')",
+    ),
+    scenario(
         "participant-identity-empty",
         step_file("{at: 0, event: session.start}", "config: {participant_identity: ''}\n"),
         "config.participant_identity: String should have at least 1 character (got '')",

@@ -182,6 +182,31 @@ def test_a_step_past_a_week_is_one_line_and_exit_2(
     )
 
 
+def test_a_participant_whose_identity_is_whitespace_is_a_room_fact_a_trace_can_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """livekit's server refuses only an empty identity: someone can join as "  ", a trace
+    holds them, and ``record`` rebuilds the scenario that says so (only a setting naming
+    an identity, ``participant_identity`` or ``avatar_identity``, refuses whitespace)."""
+    path = tmp_path / "blank.yaml"
+    path.write_text(
+        "name: blank\nparticipants: [{identity: '  '}]\nsteps:\n"
+        "  - {at: 0, event: session.start}\n"
+        "  - {at: 5, event: participant_disconnected, identity: '  '}\n"
+        "  - {at: 20, event: end}\n"
+        "expect: {facts: {session_closed_at: 5}}\n"
+    )
+    trace, rebuilt = tmp_path / "blank.jsonl", tmp_path / "rebuilt.yaml"
+    assert main(["simulate", str(path), "--trace", str(trace)]) == 0
+    assert main(["record", str(trace), "-o", str(rebuilt), "--check"]) == 0
+    capsys.readouterr()
+    assert [p.identity for p in load_scenario(rebuilt).participants] == ["  "]
+    with pytest.raises(ScenarioError, match=r"config.avatar_identity: .* whitespace \(got ' '\)$"):
+        parse_scenario(
+            {"name": "x", "config": {"avatar_identity": " "}, "steps": [{"at": 0, "event": "end"}]}
+        )
+
+
 def test_invalid_top_level(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="'steps' must be a non-empty list"):
         parse_scenario({"name": "x"}, source="s.yaml")

@@ -39,8 +39,8 @@ from agent_runtime.settings import (
     HoldSeconds,
     Identity,
     JobSettings,
-    LinkedIdentity,
     PlayoutOptions,
+    RoomIdentity,
     WaitSeconds,
     playout_flag,
 )
@@ -125,7 +125,7 @@ class Config(_Strict):
     grace_period: HoldSeconds = _DEFAULT["grace_period"]
     session_close_timeout: WaitSeconds = _DEFAULT["session_close_timeout"]
     close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
-    participant_identity: LinkedIdentity | None = _DEFAULT["participant_identity"]
+    participant_identity: Identity | None = _DEFAULT["participant_identity"]
     delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]
     # the playout machine: true (its defaults), false (None) or PlayoutOptions' fields;
     # unsaid (not in model_fields_set), AgentJob's default: on with an avatar, else off
@@ -167,7 +167,7 @@ class Config(_Strict):
 
 
 class Participant(_Strict):
-    identity: Identity
+    identity: RoomIdentity
     kind: Kind = "standard"
     attributes: dict[str, str] = Field(default_factory=dict)
 
@@ -258,44 +258,44 @@ class RoomDisconnected(_Step):
 
 class ParticipantConnected(_Step):
     event: Literal["participant_connected"]
-    identity: Identity
+    identity: RoomIdentity
     kind: Kind = "standard"
     attributes: dict[str, str] = Field(default_factory=dict)
 
 
 class ParticipantDisconnected(_Step):
     event: Literal["participant_disconnected"]
-    identity: Identity
+    identity: RoomIdentity
     reason: Reason = "CLIENT_INITIATED"
 
 
 class TrackPublished(_Step):
     event: Literal["track_published"]
-    identity: Identity
+    identity: RoomIdentity
     kind: Literal["audio", "video"] = "audio"
 
 
 class TrackMuted(_Step):
     event: Literal["track_muted"]
-    identity: Identity
+    identity: RoomIdentity
 
 
 class AttributesChanged(_Step):
     event: Literal["attributes_changed"]
-    identity: Identity
+    identity: RoomIdentity
     attributes: dict[str, str]
 
 
 class Rpc(_Step):
     event: Literal["rpc"]
     method: str = Field(min_length=1)
-    caller: Identity
+    caller: RoomIdentity
     payload: Any = ""
 
 
 class SessionRequest(_Step):
     event: Literal["session_request"]
-    caller: Identity
+    caller: RoomIdentity
     request: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
 
