@@ -382,7 +382,7 @@ def test_a_file_already_at_the_fuzzers_name_is_never_replaced(tmp_path: Path) ->
     beside = tmp_path / f"fuzz-tests.support.planted.entrypoint-{SEED}-2.yaml"
     assert first.read_text() == "# the user's notes\n"
     assert report.written == str(beside) and report.kept == str(first)
-    assert f"  {first} was there already, with another scenario: left as it was" in (
+    assert f"  {first} was there already, another file: left as it was" in (
         report.summary().splitlines()
     )
     again = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)

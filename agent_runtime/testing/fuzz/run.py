@@ -81,7 +81,7 @@ class FuzzReport(BaseModel):
     details: list[str] = Field(default_factory=list)
     scenario: dict[str, Any] | None = None
     written: str | None = None
-    kept: str | None = None  # a file of another scenario at the name, left as it was
+    kept: str | None = None  # another file at the name, left as it was
     write_error: str | None = None  # why the scenario file could not be written
     skipped: list[str] = Field(default_factory=list)  # replay: steps the world refused
 
@@ -104,7 +104,7 @@ class FuzzReport(BaseModel):
         if self.written:
             lines.append(f"  written to {self.written} (replay: --replay {self.written})")
         if self.kept:
-            lines.append(f"  {self.kept} was there already, with another scenario: left as it was")
+            lines.append(f"  {self.kept} was there already, another file: left as it was")
         if self.write_error:
             lines.append(f"  not written: {self.write_error}")
         return "\n".join(lines)
