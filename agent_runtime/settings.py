@@ -44,7 +44,6 @@ MAX_HOLD = 3600
 MAX_WAIT = 600
 HoldSeconds = Annotated[float, Field(ge=0, le=MAX_HOLD, allow_inf_nan=False, strict=True)]
 WaitSeconds = Annotated[float, Field(gt=0, le=MAX_WAIT, allow_inf_nan=False, strict=True)]
-Identity = Annotated[str, Field(min_length=1, strict=True)]
 
 
 def _not_blank(identity: str) -> str:
@@ -56,9 +55,13 @@ def _not_blank(identity: str) -> str:
     return identity
 
 
-# the identity a job links to: one of only whitespace ("  ", a blank from a template or
-# an environment variable) would keep the link waiting for no one, as an empty one would
-LinkedIdentity = Annotated[Identity, AfterValidator(_not_blank)]
+# an identity a participant has in a room: livekit's server refuses only the empty one, so
+# "  " is an identity someone can join with (a trace may hold one; a scenario says it)
+RoomIdentity = Annotated[str, Field(min_length=1, strict=True)]
+# an identity a setting names (who is linked, the avatar's): one of only whitespace ("  ",
+# a blank from a template or an environment variable) is a mistake, as livekit's own
+# synthesia plugin says of its avatar's: the link would wait for no one
+Identity = Annotated[RoomIdentity, AfterValidator(_not_blank)]
 Flag = Annotated[bool, Field(strict=True)]
 
 # rtc.ParticipantKind names in lowercase, without the prefix: standard, sip, agent, ...
@@ -294,7 +297,7 @@ class JobSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # participant: who is linked, and what a departure means
-    participant_identity: LinkedIdentity | None = None
+    participant_identity: Identity | None = None
     participant_kinds: tuple[str, ...] = DEFAULT_PARTICIPANT_KINDS
     close_on_disconnect: Flag = True
     closing_reasons: tuple[str, ...] = DEFAULT_CLOSING_REASONS

@@ -39,6 +39,7 @@ import pytest
 from livekit import rtc
 
 from agent_runtime.runtimes.session_host import NO_ACTIVE_SESSION, NOT_THE_SIMULATOR
+from agent_runtime.settings import PARTICIPANT_KINDS
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.runner import run_scenario
 from agent_runtime.testing.scenario import FACTS, STEP_EVENTS, parse_scenario
@@ -395,7 +396,7 @@ TABLE: list[Bad] = [
     scenario(
         "at-a-word",
         "name: x\nsteps: [{at: soon, event: session.start}]\n",
-        "step 1 (session.start): field at: Input should be a valid number",
+        "step 1 (session.start): field at: Input should be a valid number (got 'soon')",
     ),
     scenario(
         "at-in-an-exponent-yaml-reads-as-text",
@@ -406,17 +407,18 @@ TABLE: list[Bad] = [
     scenario(
         "at-quoted-is-text-with-no-exponent-hint",
         "name: x\nsteps: [{at: '5', event: session.start}]\n",
-        "step 1 (session.start): field at: Input should be a valid number",
+        "step 1 (session.start): field at: Input should be a valid number (got '5')",
     ),
     scenario(
         "unknown-reason",
         "name: x\nsteps: [{at: 0, event: participant_disconnected, identity: u, reason: BORED}]\n",
-        f"step 1 (participant_disconnected): field reason: Input should be {REASONS}",
+        f"step 1 (participant_disconnected): field reason: Input should be {REASONS} (got 'BORED')",
     ),
     scenario(
         "attribute-not-a-string",
         "name: x\nsteps:\n- {at: 0, event: participant_connected, identity: u, attributes: {a: 1}}",
-        "step 1 (participant_connected): field attributes.a: Input should be a valid string",
+        "step 1 (participant_connected): field attributes.a: Input should be a valid string "
+        "(got 1)",
     ),
     scenario(
         "time-goes-backwards",
@@ -539,6 +541,12 @@ TABLE: list[Bad] = [
         "config.avatar_identity: String should have at least 1 character (got '')",
     ),
     scenario(
+        "avatar-identity-whitespace",
+        step_file("{at: 0, event: session.start}", "config: {avatar_identity: '  '}\n"),
+        "config.avatar_identity: String should have at least 1 character other than "
+        "whitespace (got '  ')",
+    ),
+    scenario(
         "participant-identity-empty",
         step_file("{at: 0, event: session.start}", "config: {participant_identity: ''}\n"),
         "config.participant_identity: String should have at least 1 character (got '')",
@@ -557,12 +565,12 @@ TABLE: list[Bad] = [
     scenario(
         "at-true",
         step_file("{at: true, event: session.start}"),
-        "step 1 (session.start): field at: Input should be a valid number",
+        "step 1 (session.start): field at: Input should be a valid number (got True)",
     ),
     scenario(  # issue 13 item 7: it ran, and --json printed Infinity (not JSON)
         "at-infinite",
         step_file("{at: .inf, event: session.start}"),
-        "step 1 (session.start): field at: Input should be a finite number",
+        "step 1 (session.start): field at: Input should be a finite number (got inf)",
     ),
     scenario(
         "duplicate-key",
@@ -639,7 +647,28 @@ TABLE: list[Bad] = [
     scenario(
         "empty-identity",
         "name: x\nparticipants: [{identity: ''}]\nsteps: [{at: 0, event: end}]\n",
-        "participants.0.identity: String should have at least 1 character",
+        "participants.0.identity: String should have at least 1 character (got '')",
+    ),
+    # a trial: a step's error did not say the value given, where config's did
+    scenario(
+        "say-too-long",
+        step_file("{at: 0, event: agent.say, duration: 11}"),
+        "step 1 (agent.say): field duration: Input should be less than or equal to 10 (got 11)",
+    ),
+    scenario(  # a long value is cut, as config's: the message stays one short line
+        "reason-too-long",
+        step_file(
+            "{at: 0, event: participant_disconnected, identity: u, reason: " + "X" * 80 + "}"
+        ),
+        f"step 1 (participant_disconnected): field reason: Input should be {REASONS} "
+        "(got 'XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX...)",
+    ),
+    scenario(
+        "participant-kind-unknown",
+        "name: x\nparticipants: [{identity: u, kind: robot}]\nsteps: [{at: 0, event: end}]\n",
+        "participants.0.kind: Input should be "
+        + ", ".join(repr(k) for k in PARTICIPANT_KINDS[:-1])
+        + f" or {PARTICIPANT_KINDS[-1]!r} (got 'robot')",
     ),
     scenario(
         "empty-name",  # a report, trace or recorded file named by nothing

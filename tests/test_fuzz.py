@@ -319,13 +319,75 @@ def test_a_failure_is_printed_with_its_seed_written_and_replayed(
     assert code == 1, out
     assert "seed 7: a property failed" in out and "example(s) run" in out
     assert "released: tasks still running after the job ended: " in out
-    written = tmp_path / "fuzz-7.yaml"
+    written = tmp_path / "fuzz-planted.entrypoint-7.yaml"  # the agent loaded from its file
     assert f"written to {written}" in out
     assert [s.event for s in load_scenario(written).steps] == ["session.start", "end"]
     code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--replay", str(written))
     assert code == 1 and "released: tasks still running" in out
     code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:FIXED_LEAKY_TASK", "--replay", str(written))
     assert code == 0 and "nothing found" in out
+
+
+TWO_AGENTS = """
+import asyncio
+
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+
+from agent_runtime import AgentJob, on_session_end
+
+server = AgentServer(session_end_timeout=315)
+
+
+@server.rtc_session(on_session_end=on_session_end)
+async def NAME(ctx: JobContext) -> None:
+    job = AgentJob.from_job_context(ctx, session=AgentSession())
+
+    async def heartbeat() -> None:
+        await asyncio.sleep(3600)
+
+    asyncio.create_task(heartbeat())  # never stopped: the fuzzer finds it at once
+    await job.start(Agent(instructions="NAME"))
+"""
+
+
+def test_two_agents_fuzzed_with_one_seed_into_one_folder_keep_both_failures(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Both were written to ``found/fuzz-7.yaml``: the second agent's failure silently
+    replaced the first's. Each file is named by its agent, and says which it is."""
+    found = tmp_path / "found"
+    written = {}
+    for name in ("sales", "support"):
+        (tmp_path / f"{name}.py").write_text(TWO_AGENTS.replace("NAME", name))
+        code, out, _ = _fuzz_cli(
+            capsys, f"{tmp_path / name}.py:server", "--seed", "7", "--out", str(found)
+        )
+        assert code == 1, out
+        written[name] = found / f"fuzz-{name}.{name}-7.yaml"
+        assert f"written to {written[name]} (replay: --replay {written[name]})" in out
+    assert sorted(found.glob("*.yaml")) == [written["sales"], written["support"]]
+    for name, path in written.items():
+        description = load_scenario(path).description
+        assert f"found by agent-runtime fuzz of {name}.{name} (seed 7)" in description
+        assert f"{name}.<locals>.heartbeat" in description
+
+
+def test_a_file_already_at_the_fuzzers_name_is_never_replaced(tmp_path: Path) -> None:
+    """Two agents of one name (the planted ones are all ``planted.entrypoint``), or a
+    file of the user's at that name: the new failure goes beside it, the report says so;
+    the same failure found again is the same file, not a copy."""
+    first = tmp_path / f"fuzz-tests.support.planted.entrypoint-{SEED}.yaml"
+    first.write_text("# the user's notes\n")
+    report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    beside = tmp_path / f"fuzz-tests.support.planted.entrypoint-{SEED}-2.yaml"
+    assert first.read_text() == "# the user's notes\n"
+    assert report.written == str(beside) and report.kept == str(first)
+    assert f"  {first} was there already, another file: left as it was" in (
+        report.summary().splitlines()
+    )
+    again = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    assert again.written == str(beside) and again.kept == str(first)
+    assert sorted(tmp_path.iterdir()) == sorted([first, beside])
 
 
 @pytest.mark.exhaustive
@@ -346,7 +408,9 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
     events = [(s.event, getattr(s, "identity", None)) for s in scenario.steps]
     # shrunk to what matters: the simulator leaves before the session ends
     assert ("participant_disconnected", "simulator") in events and len(events) <= 4
-    assert "found by agent-runtime fuzz (seed 1)" in scenario.description
+    assert "found by agent-runtime fuzz of tests.support.planted.entrypoint (seed 1)" in (
+        scenario.description
+    )
 
     code, out, _ = _fuzz_cli(
         capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--replay", str(written[0])
@@ -531,7 +595,9 @@ def test_fuzz_takes_out_as_a_str_and_refuses_arguments_of_the_wrong_kind_before_
     iteration errors from inside the fuzzer."""
     out = tmp_path / "found"
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=str(out))
-    assert not report.ok and report.written == str(out / f"fuzz-{SEED}.yaml")
+    assert not report.ok and report.written == str(
+        out / f"fuzz-tests.support.planted.entrypoint-{SEED}.yaml"
+    )
     assert replay(planted.leaky_task_server(True), report.written).problems == report.problems
 
     server = planted.waits_for_participant_server()

@@ -23,8 +23,10 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import re
 import weakref
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from google.protobuf import json_format
@@ -748,6 +750,25 @@ def check_agent(agent: Any) -> None:
     why = not_an_entrypoint(entrypoint)
     if why is not None:
         raise TypeError(f"the entrypoint must be a function taking the JobContext: {why}")
+
+
+def agent_label(agent: Any) -> str:
+    """The agent's name for files written about it: its entrypoint's module and function
+    (``my_agent.entrypoint``; a script run as ``__main__`` by its file's name), only
+    letters, digits, ``_``, ``.`` and ``-``."""
+    hooks = lk.server_hooks(agent)
+    fn: Any = hooks.entrypoint if hooks is not None else agent
+    with contextlib.suppress(ValueError):  # a cycle of __wrapped__: the function as given
+        fn = inspect.unwrap(fn)
+    module = getattr(fn, "__module__", None) or ""
+    if module == "__main__":
+        try:
+            module = Path(inspect.getfile(fn)).stem
+        except TypeError:  # no file (a builtin, a callable object)
+            module = ""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{module}.{name}" if module else name)
+    return label.strip(".-")[:100] or "agent"
 
 
 def _entrypoint_of(

@@ -39,8 +39,8 @@ from agent_runtime.settings import (
     HoldSeconds,
     Identity,
     JobSettings,
-    LinkedIdentity,
     PlayoutOptions,
+    RoomIdentity,
     WaitSeconds,
     playout_flag,
 )
@@ -125,7 +125,7 @@ class Config(_Strict):
     grace_period: HoldSeconds = _DEFAULT["grace_period"]
     session_close_timeout: WaitSeconds = _DEFAULT["session_close_timeout"]
     close_on_disconnect: Flag = _DEFAULT["close_on_disconnect"]
-    participant_identity: LinkedIdentity | None = _DEFAULT["participant_identity"]
+    participant_identity: Identity | None = _DEFAULT["participant_identity"]
     delete_room_on_close: Flag = _DEFAULT["delete_room_on_close"]
     # the playout machine: true (its defaults), false (None) or PlayoutOptions' fields;
     # unsaid (not in model_fields_set), AgentJob's default: on with an avatar, else off
@@ -167,7 +167,7 @@ class Config(_Strict):
 
 
 class Participant(_Strict):
-    identity: Identity
+    identity: RoomIdentity
     kind: Kind = "standard"
     attributes: dict[str, str] = Field(default_factory=dict)
 
@@ -258,44 +258,44 @@ class RoomDisconnected(_Step):
 
 class ParticipantConnected(_Step):
     event: Literal["participant_connected"]
-    identity: Identity
+    identity: RoomIdentity
     kind: Kind = "standard"
     attributes: dict[str, str] = Field(default_factory=dict)
 
 
 class ParticipantDisconnected(_Step):
     event: Literal["participant_disconnected"]
-    identity: Identity
+    identity: RoomIdentity
     reason: Reason = "CLIENT_INITIATED"
 
 
 class TrackPublished(_Step):
     event: Literal["track_published"]
-    identity: Identity
+    identity: RoomIdentity
     kind: Literal["audio", "video"] = "audio"
 
 
 class TrackMuted(_Step):
     event: Literal["track_muted"]
-    identity: Identity
+    identity: RoomIdentity
 
 
 class AttributesChanged(_Step):
     event: Literal["attributes_changed"]
-    identity: Identity
+    identity: RoomIdentity
     attributes: dict[str, str]
 
 
 class Rpc(_Step):
     event: Literal["rpc"]
     method: str = Field(min_length=1)
-    caller: Identity
+    caller: RoomIdentity
     payload: Any = ""
 
 
 class SessionRequest(_Step):
     event: Literal["session_request"]
-    caller: Identity
+    caller: RoomIdentity
     request: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
 
@@ -595,10 +595,14 @@ _GOT_MAX = 60
 
 def _got(err: Any) -> str:
     """`` (got VALUE)``: the value given, as ``AgentJob`` names it (``(got -1)``); nothing
-    for a mapping (the error is about the mapping as a whole: a missing key, a rule between
-    fields) or a value the message already quotes (an exponent YAML read as text)."""
+    for a mapping or a list of them (the error is about them as a whole: a missing key, a
+    rule between fields, a participant listed twice) or a value the message already quotes
+    (an exponent YAML read as text)."""
     value = err.get("input")
-    if err["type"] == "missing" or isinstance(value, dict) or _said(err) != err["msg"]:
+    whole = isinstance(value, dict) or (
+        isinstance(value, list | tuple) and any(isinstance(v, dict | BaseModel) for v in value)
+    )
+    if err["type"] == "missing" or whole or _said(err) != err["msg"]:
         return ""
     shown = repr(value)
     if len(shown) > _GOT_MAX:
@@ -607,15 +611,16 @@ def _got(err: Any) -> str:
 
 
 def _first(
-    errors: list[Any], model: Any, raw: Any, *, valued: tuple[str, ...] = ()
+    errors: list[Any], model: Any, raw: Any, *, valued: tuple[str, ...] | None = None
 ) -> tuple[tuple[int | str, ...], str]:
     """The error to report, where and what: a key the model does not have first (it is
-    often what made the others); an error under one of the ``valued`` fields names the
-    value given."""
+    often what made the others); an error under one of the ``valued`` fields (``None``:
+    any field) names the value given."""
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(err["loc"])
     if err["type"] != "extra_forbidden":
-        return loc, _said(err) + (_got(err) if loc[:1] and loc[0] in valued else "")
+        named = valued is None or (loc[:1] and loc[0] in valued)
+        return loc, _said(err) + (_got(err) if named else "")
     given = raw
     for part in loc[:-1]:
         given = given[part] if isinstance(given, dict | list) else None
@@ -695,6 +700,7 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
             step = _step_adapter.validate_python(s)
         except ValidationError as e:
             errors = [{**err, "loc": err["loc"][1:]} for err in e.errors()]  # the event's tag
+            # any field of a step names the value given, as config's do
             where, said = _first(errors, _STEP_MODELS[s["event"]], s)
             raise ScenarioError(f"{source}: {label}: field {_where(where)}: {said}") from None
         if step.at < last_at:
@@ -708,8 +714,9 @@ def parse_scenario(raw: Any, *, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate({**raw, "steps": steps})
     except ValidationError as e:
-        # a config error names the value given, as AgentJob's error for the same setting
-        where, said = _first(e.errors(), Scenario, raw, valued=("config",))
+        # a config error names the value given, as AgentJob's error for the same setting;
+        # a participant's too, as a step's
+        where, said = _first(e.errors(), Scenario, raw, valued=("config", "participants"))
         raise ScenarioError(f"{source}: {_where(where)}: {said}") from None
     for i, step in enumerate(scenario.steps):
         if isinstance(step, HeldEnd) and step.call not in scenario.config.hold:

@@ -5,6 +5,7 @@ that ``replay`` runs again against the same entrypoint."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import random
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.entrypoint import NoAgentJob, check_agent
+from agent_runtime.testing.entrypoint import NoAgentJob, agent_label, check_agent
 from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
 from agent_runtime.testing.fuzz.machine import (
     FuzzFailure,
@@ -80,6 +81,7 @@ class FuzzReport(BaseModel):
     details: list[str] = Field(default_factory=list)
     scenario: dict[str, Any] | None = None
     written: str | None = None
+    kept: str | None = None  # another file at the name, left as it was
     write_error: str | None = None  # why the scenario file could not be written
     skipped: list[str] = Field(default_factory=list)  # replay: steps the world refused
 
@@ -101,6 +103,8 @@ class FuzzReport(BaseModel):
             lines += [f"    {_step_line(s)}" for s in self.scenario["steps"]]
         if self.written:
             lines.append(f"  written to {self.written} (replay: --replay {self.written})")
+        if self.kept:
+            lines.append(f"  {self.kept} was there already, another file: left as it was")
         if self.write_error:
             lines.append(f"  not written: {self.write_error}")
         return "\n".join(lines)
@@ -121,7 +125,8 @@ def fuzz(
     progress: Callable[[str], None] | None = None,
 ) -> FuzzReport:
     """Fuzz ``server``'s entrypoint; returns what was found (the failure shrunk, written to
-    ``out``, a directory, as a scenario file when given). ``options`` by default
+    ``out``, a directory, as a scenario file when given: ``fuzz-AGENT-SEED.yaml``, never
+    over another file, see ``write_scenario``). ``options`` by default
     ``FuzzOptions()``. Each run has an event loop of its own, on the
     caller's thread, as livekit's job process runs the entrypoint on its main thread (a
     plugin imported there registers); when the caller's thread runs a loop already (an
@@ -231,10 +236,13 @@ def _fuzz(
         seconds=time.monotonic() - began,
     )
     if failure is not None:
-        _fill(report, failure.problems, failure.scenario, seed)
+        label = agent_label(server)
+        _fill(report, failure.problems, failure.scenario, seed, label)
         if out is not None:
             try:
-                report.written = str(write_scenario(report.scenario or {}, out, seed))
+                written, kept = write_scenario(report.scenario or {}, out, f"fuzz-{label}-{seed}")
+                report.written = str(written)
+                report.kept = None if kept is None else str(kept)
             except OSError as e:  # the report stands without its file
                 report.write_error = f"{out}: {type(e).__name__}: {e.strerror or e}"
     return report
@@ -346,7 +354,11 @@ async def _replay(
 
 
 def _fill(
-    report: FuzzReport, problems: list[Problem], scenario: dict[str, Any] | None, seed: int | None
+    report: FuzzReport,
+    problems: list[Problem],
+    scenario: dict[str, Any] | None,
+    seed: int | None,
+    label: str | None = None,
 ) -> None:
     report.problems = [str(p) for p in problems]
     report.details = [p.detail for p in problems if p.detail]
@@ -354,16 +366,44 @@ def _fill(
         what = problems[0]
         report.scenario = {
             "name": f"fuzz: {what.prop}",
-            "description": f"found by agent-runtime fuzz (seed {seed}), shrunk: {what.message}",
+            "description": f"found by agent-runtime fuzz of {label} (seed {seed}), shrunk: "
+            + what.message,
             **scenario,
         }
 
 
-def write_scenario(scenario: dict[str, Any], out: Path, seed: int) -> Path:
+def write_scenario(scenario: dict[str, Any], out: Path, name: str) -> tuple[Path, Path | None]:
+    """Write ``scenario`` to ``out/NAME.yaml`` without ever replacing a file: one there
+    already with the same text is the file written; one with other text (another agent's
+    failure, a file of the user's) is left as it was and the scenario goes to the first free
+    ``NAME-2.yaml``, ``NAME-3.yaml``, ... Returns the path written and the one stepped
+    round (``None`` when none); raises ``OSError``."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fuzz-{seed}.yaml"
-    path.write_text(yaml.safe_dump(scenario, sort_keys=False, width=100))
-    return path
+    text = yaml.safe_dump(scenario, sort_keys=False, width=100)
+    first = out / f"{name}.yaml"
+    for n in range(1, 1000):
+        path = first if n == 1 else out / f"{name}-{n}.yaml"
+        try:
+            fh = path.open("x", encoding="utf-8")  # made here, or FileExistsError
+        except FileExistsError:
+            if _holds(path, text):
+                return path, None if n == 1 else first
+            continue
+        try:
+            with fh:
+                fh.write(text)
+        except OSError:  # no half-written scenario left behind
+            path.unlink(missing_ok=True)
+            raise
+        return path, None if n == 1 else first
+    raise FileExistsError(errno.EEXIST, f"{first} and 998 numbered after it exist")
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):  # a directory, unreadable: not this scenario
+        return False
 
 
 def _in_thread(fn: Callable[[], Any]) -> Any:
