@@ -685,6 +685,26 @@ def test_an_on_exit_that_never_returns_is_named_and_each_run_takes_no_real_secon
     ]
 
 
+def test_a_task_the_agent_leaves_running_is_found_though_its_on_exit_hangs(
+    tmp_path: Path,
+) -> None:
+    """A close the agent's ``on_exit`` held leaves livekit's session half closed, its tasks
+    not counted; the agent's own task left running was not counted either."""
+    path = tmp_path / "shutdown.yaml"
+    steps = [REPLAY_STEPS[0], {"at": 1, "event": "job.shutdown"}, {"at": 100, "event": "end"}]
+    path.write_text(yaml.safe_dump({"name": "shut down", "steps": steps}))
+    report = replay(planted.hung_on_exit_server(leak=True), path)
+    assert len(report.problems) == 2, report.problems
+    assert report.problems[0].startswith(
+        "user code: the agent's session close waited on ForeverExit.on_exit (planted.py:"
+    )
+    assert "heartbeat" not in report.problems[0]
+    assert report.problems[1].startswith(
+        "released: tasks still running after the job ended: "
+        "hung_on_exit_server.<locals>.entrypoint.<locals>.heartbeat (agent code) ("
+    )
+
+
 def test_a_task_the_agent_leaves_running_is_found_and_shrunk_to_the_start(tmp_path: Path) -> None:
     report = fuzz(planted.leaky_task_server(True), FuzzOptions(seed=SEED), out=tmp_path)
     assert report.problems == [

@@ -987,3 +987,27 @@ async def test_an_on_exit_that_never_returns_fails_the_test_naming_it(
     await virtual_clock.advance(61)
     with pytest.raises(UserCodeError, match=r"session close waited on ForeverExit\.on_exit \("):
         await run_entrypoint.wait_ended()
+
+
+@pytest.mark.virtual_time
+async def test_a_task_the_agent_leaves_running_is_reported_too_when_its_on_exit_hangs(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    """A held close leaves livekit's own tasks of the half-closed session running (not
+    reported); the agent's own task left running was not reported either, found only once
+    the ``on_exit`` was fixed."""
+    from tests.support.planted import hung_on_exit_server
+
+    agent_room.add_participant("user")
+    await run_entrypoint(hung_on_exit_server(leak=True))
+    run_entrypoint.ctx.shutdown("bye")
+    await virtual_clock.advance(61)
+    with pytest.raises(UserCodeError) as raised:
+        await run_entrypoint.aclose()
+    text = "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
+    # the close is held by the on_exit alone, not by the heartbeat (it was named too)
+    assert "session close waited on ForeverExit.on_exit (planted.py:" in text
+    assert "heartbeat (planted.py" not in text
+    assert "left a task running after it ended: " in text
+    assert "heartbeat (agent code)" in text
+    assert "VADStream" not in text and "_metrics_monitor_task" not in text

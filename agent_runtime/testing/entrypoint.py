@@ -51,6 +51,7 @@ from agent_runtime.testing.user_code import (
     TasksLeftRunning,
     UserFailure,
     UserFailures,
+    is_agents_task,
     task_name,
 )
 
@@ -625,9 +626,11 @@ class EntrypointRunner:
                 if stopping:
                     await asyncio.wait(stopping, timeout=_CLOSE_LIMIT)
                 self.failures.uninstall()
-            # a session whose close the agent's code held is left half closed (reported)
-            held = self.failures.close_held
-            left = self.tasks_left() if runs and report and not held else []
+            # a session whose close the agent's code held is left half closed (reported):
+            # livekit's tasks left then are its consequence; the agent's own are not
+            left = self.tasks_left() if runs and report else []
+            if self.failures.close_held:
+                left = [t for t in left if is_agents_task(t)]
         finally:
             counted = self._uncount_job_tasks()
             self.room.deliver_in(None)

@@ -200,6 +200,8 @@ def agents_code_waiting(
             continue
         place = None
         coro: Any = task.get_coro()
+        if _is_agents_own(coro):  # a task the agent started holds no close of livekit's
+            continue
         while coro is not None:
             frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
             if frame is not None and is_user_file(frame.f_code.co_filename):
@@ -209,6 +211,16 @@ def agents_code_waiting(
         if place is not None and place not in found:
             found.append(place)
     return found
+
+
+def _is_agents_own(coro: Any) -> bool:
+    code = getattr(coro, "cr_code", None) or getattr(coro, "ag_code", None)
+    return code is not None and is_user_file(code.co_filename)
+
+
+def is_agents_task(task: asyncio.Task[Any]) -> bool:
+    """The task runs a coroutine of the agent's own files (one it started itself)."""
+    return _is_agents_own(task.get_coro())
 
 
 # the runner whose job's context this is (the entrypoint's task, the session-end hook's,

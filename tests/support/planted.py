@@ -261,14 +261,25 @@ class ForeverExit(Agent):
         await asyncio.Event().wait()
 
 
-def hung_on_exit_server() -> AgentServer:
+_LEFT: list[asyncio.Task[None]] = []  # the heartbeats left running, kept from collection
+
+
+def hung_on_exit_server(leak: bool = False) -> AgentServer:
     """An agent whose ``on_exit`` never returns: livekit's job process cuts the session's
-    close at 60 s, logs it and goes on."""
+    close at 60 s, logs it and goes on. ``leak``: its entrypoint also starts a heartbeat
+    task it never stops."""
     server = AgentServer(session_end_timeout=315)
 
     @server.rtc_session(on_session_end=on_session_end)
     async def entrypoint(ctx: JobContext) -> None:
         job = AgentJob.from_job_context(ctx, session=AgentSession())
+        if leak:
+
+            async def heartbeat() -> None:
+                while True:
+                    await asyncio.sleep(3600)
+
+            _LEFT.append(asyncio.create_task(heartbeat(), name="heartbeat"))
         await job.start(ForeverExit())
 
     return server

@@ -80,8 +80,7 @@ async def finish(h: Harness, checks: list[Check], steps: list[dict[str, Any]]) -
     # the agent's own failure first: what it left running is often its consequence, and
     # a session whose close the agent's code held is left half closed, with its tasks
     problems += props.user_code(h)
-    if not h.runner.failures.close_held:
-        problems += props.released(h)
+    problems += props.released(h)
     outcome = FuzzOutcome(
         steps=steps,
         job=h.job,
