@@ -372,6 +372,22 @@ def test_two_agents_fuzzed_with_one_seed_into_one_folder_keep_both_failures(
         assert f"{name}.<locals>.heartbeat" in description
 
 
+async def _entry_with_options(ctx: Any, options: dict[str, Any]) -> None:
+    """An entrypoint a server is given bound to its options, ``functools.partial``."""
+
+
+def test_an_entrypoint_given_as_a_partial_names_the_file_by_its_function() -> None:
+    """Every agent given as a ``functools.partial`` was ``fuzz-functools.partial-SEED.yaml``
+    (its file and description named functools, not the agent)."""
+    import functools
+
+    from agent_runtime.testing.entrypoint import agent_label
+
+    bound = functools.partial(_entry_with_options, options={"lang": "fr"})
+    assert agent_label(bound) == f"{__name__}._entry_with_options"
+    assert agent_label(functools.partial(bound)) == f"{__name__}._entry_with_options"
+
+
 def test_a_file_already_at_the_fuzzers_name_is_never_replaced(tmp_path: Path) -> None:
     """Two agents of one name (the planted ones are all ``planted.entrypoint``), or a
     file of the user's at that name: the new failure goes beside it, the report says so;

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import re
@@ -761,13 +762,19 @@ def agent_label(agent: Any) -> str:
     letters, digits, ``_``, ``.`` and ``-``."""
     hooks = lk.server_hooks(agent)
     fn: Any = hooks.entrypoint if hooks is not None else agent
-    with contextlib.suppress(ValueError):  # a cycle of __wrapped__: the function as given
-        fn = inspect.unwrap(fn)
+    for _ in range(100):  # functools.partial (nested too), __wrapped__: the function inside
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        with contextlib.suppress(ValueError):  # a cycle of __wrapped__: the function as given
+            fn = inspect.unwrap(fn)
+        if not isinstance(fn, functools.partial):
+            break
     module = getattr(fn, "__module__", None) or ""
     if module == "__main__":
         try:
-            module = Path(inspect.getfile(fn)).stem
-        except TypeError:  # no file (a builtin, a callable object)
+            module = Path(inspect.getfile(fn if inspect.isroutine(fn) else type(fn))).stem
+        except TypeError:  # no file (a builtin)
             module = ""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{module}.{name}" if module else name)
