@@ -633,6 +633,23 @@ def test_fuzz_takes_out_as_a_str_and_refuses_arguments_of_the_wrong_kind_before_
         assert message in str(info.value)
 
 
+def test_fuzz_refuses_an_out_that_is_a_file_before_any_run(tmp_path: Path) -> None:
+    """``out`` naming a file: every example ran, then the failure found was not written
+    ("not written: ... FileExistsError"); it is refused before the first run now, the
+    file as it was."""
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    ran: list[str] = []
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        fuzz(
+            planted.leaky_task_server(True),
+            FuzzOptions(seed=SEED),
+            out=taken,
+            progress=ran.append,
+        )
+    assert ran == [] and taken.read_text() == "mine"
+
+
 def test_a_failure_livekit_caught_in_the_agents_code_names_the_function_and_line(
     tmp_path: Path,
 ) -> None:

@@ -145,6 +145,9 @@ def fuzz(
         )
     _check_checks(checks)
     out_dir = _path_of("out", out) if out is not None else None
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        # found only after every example ran, the failure's file was lost
+        raise ValueError(f"out {str(out_dir)!r} exists and is not a directory")
     if progress is not None and not callable(progress):
         raise TypeError(
             f"progress must be callable with a line (print_progress, say), not {progress!r}"
