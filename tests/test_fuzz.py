@@ -424,9 +424,8 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
     events = [(s.event, getattr(s, "identity", None)) for s in scenario.steps]
     # shrunk to what matters: the simulator leaves before the session ends
     assert ("participant_disconnected", "simulator") in events and len(events) <= 4
-    assert "found by agent-runtime fuzz of tests.support.planted.entrypoint (seed 1)" in (
-        scenario.description
-    )
+    # the agent given by its file: named by the file's module
+    assert "found by agent-runtime fuzz of planted.entrypoint (seed 1)" in scenario.description
 
     code, out, _ = _fuzz_cli(
         capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--replay", str(written[0])
