@@ -110,13 +110,15 @@ class JobRuntime(MachineRuntime[str]):
         deletion: RoomDeletion | None = None,
         sessions: JobSessions | None = None,
         composed_works: Callable[[], Mapping[str, Work]] | None = None,
+        lost_room_hint: Callable[[], str] | None = None,
         owner: Hear | None = None,
     ) -> None:
         """``wiring``, ``host``, ``deletion`` and ``sessions``: the parts a composing system
         built and holds itself (its ``owner`` hears their state changes); alone, the job
         builds its own (its sessions with no own session: any attached one's close ends the
         job through the host). ``composed_works``: the works of run_close's steps the
-        composer does."""
+        composer does. ``lost_room_hint()``: what a lost verdict's line adds when the room
+        went during the hold (inside a livekit job, the hook that was not given)."""
         super().__init__(owner)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
@@ -165,7 +167,7 @@ class JobRuntime(MachineRuntime[str]):
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
-        self.disconnect_hint = ""  # why a room may go in a hold, for a lost verdict's line
+        self._lost_room_hint = lost_room_hint
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
         self.host = host or session_host_for(
@@ -305,6 +307,11 @@ class JobRuntime(MachineRuntime[str]):
     def note_reason(self, reason: str) -> None:
         """Why the job ends, told to livekit first (``ctx.shutdown``); the first stands."""
         self._reason = self._reason or reason
+
+    @property
+    def disconnect_hint(self) -> str:
+        """Why the room may go during a hold (empty when nothing is known to cause it)."""
+        return self._lost_room_hint() if self._lost_room_hint is not None else ""
 
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -79,6 +80,9 @@ Events = Literal["state_changed", "closed"]
 # what AgentJob's keywords hand job_options: the settings (None: the default) and the parts
 _OPTIONAL = frozenset({"participant_kinds", "closing_reasons"})
 _OPTIONS = (*JobSettings.model_fields, *JOB_PARTS)
+# the livekit job context a job is being built for, inside from_job_context only: the job is
+# built with it, nothing is handed to it afterwards
+_BUILDING_FOR: ContextVar[JobContext | None] = ContextVar("agent_job_building_for", default=None)
 
 
 class AgentJob(Emitter[Events]):
@@ -180,6 +184,7 @@ class AgentJob(Emitter[Events]):
             plugin=plugin,
             rebuild_avatar=None if isinstance(avatar, AvatarSession) else avatar,
             avatar_start_options=start_options,
+            job_context=(ctx := _BUILDING_FOR.get()),
         )
         self.room, self.session, self.clock, self.tracer = room, session, parts.clock, tracer
         self.system = JobSystem(
@@ -196,6 +201,8 @@ class AgentJob(Emitter[Events]):
         # what every machine's warnings carry (the log policy: job, room, machine, ...);
         # one dict for all of them, so from_job_context's job id reaches each
         self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
+        if ctx is not None:  # the room is not connected yet (its name comes with it); ctx has it
+            self._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or room.name)
         for actor in sys.actors:
             actor.labels = self._log_labels
         if tracer is not None:
@@ -217,10 +224,11 @@ class AgentJob(Emitter[Events]):
         has no job id) and ``{room}``. Found again by
         ``AgentJob.for_job(ctx)`` and by ``on_session_end``."""
         options = context_options(ctx, options)
-        job = cls(room=ctx.room, session=session, avatar=avatar, **options)
-        job.system.job_context = ctx
-        # the room is not connected yet (its name comes with the connection); the job has it
-        job._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or ctx.room.name)
+        token = _BUILDING_FOR.set(ctx)
+        try:
+            job = cls(room=ctx.room, session=session, avatar=avatar, **options)
+        finally:
+            _BUILDING_FOR.reset(token)
         register(ctx, job)
         return job
 

@@ -71,7 +71,12 @@ from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
-from agent_runtime.system.livekit_job import CONTEXT_ENDED, context_ended, shutdown_asked
+from agent_runtime.system.livekit_job import (
+    CONTEXT_ENDED,
+    context_ended,
+    hold_hint,
+    shutdown_asked,
+)
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
@@ -98,6 +103,7 @@ class Parts:
     plugin: AvatarSession | None = None  # type: ignore[type-arg]
     rebuild_avatar: Callable[[], AvatarSession] | None = None  # type: ignore[type-arg]
     avatar_start_options: dict[str, Any] = field(default_factory=dict)
+    job_context: JobContext | None = None  # the livekit job it runs in (from_job_context)
 
 
 class JobSystem(MachineRuntime[str]):
@@ -119,6 +125,7 @@ class JobSystem(MachineRuntime[str]):
         super().__init__(owner)
         s = settings
         self.room, self.session, self.settings = room, session, settings
+        self.job_context = ctx = parts.job_context
         self.clock, self.tracer = clock, tracer = parts.clock, parts.tracer
         # one scheduler steps every actor of the job (agent_runtime.scheduler)
         self.scheduler = scheduler = Scheduler()
@@ -176,6 +183,7 @@ class JobSystem(MachineRuntime[str]):
             deletion=self.deletion,
             sessions=self.sessions,
             composed_works=self._teardown_works,  # run_close's steps that need the room
+            lost_room_hint=None if ctx is None else lambda: hold_hint(ctx),
             owner=forward,
         )
         self.link = ParticipantLink(
@@ -243,7 +251,6 @@ class JobSystem(MachineRuntime[str]):
         owned += [self.sessions.actor, self.lifecycle]
         order = list(MACHINES)
         self.actors = tuple(sorted(owned, key=lambda a: order.index(a.spec.name)))
-        self.job_context: JobContext | None = None
         self._live_route: Route = "none"
         # the parts of a start still running, each in its caller: the teardown cuts them
         # (a dict as an ordered set: an empty one is a quarter of an empty set's size)

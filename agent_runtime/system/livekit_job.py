@@ -32,6 +32,8 @@ _JOBS: dict[Any, AgentJob] = {}
 _ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 # the contexts whose job process was asked to shut down (ctx.shutdown)
 _SHUTTING_DOWN: weakref.WeakSet[JobContext] = weakref.WeakSet()
+# the contexts whose on_session_end livekit has called: their room no longer goes for want of it
+_HOOKED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
 # what a name filled into a path must not hold: a separator (a room named "../x" wrote
@@ -125,9 +127,6 @@ def register(ctx: JobContext, job: AgentJob) -> None:
         process_shutdown(reason)
 
     process_shutdown = lk.set_job_shutdown_hook(ctx, shut_down)
-    # until livekit runs on_session_end, a room that goes during a hold may be livekit's
-    # own disconnect, which the hook's absence causes; once it runs, it is not
-    job.job.disconnect_hint = NO_HOOK_HINT
 
     # the safety net when on_session_end was not passed (no hold then: the room is
     # already disconnected)
@@ -159,6 +158,12 @@ def shutdown_asked(ctx: JobContext) -> bool:
     return ctx in _SHUTTING_DOWN
 
 
+def hold_hint(ctx: JobContext) -> str:
+    """Until livekit runs ``on_session_end``, a room that goes during a hold may be
+    livekit's own disconnect, which the hook's absence causes; once it runs, it is not."""
+    return "" if ctx in _HOOKED else NO_HOOK_HINT
+
+
 NO_HOOK_HINT = (
     " (a livekit job's room is disconnected as its session closes unless rtc_session was "
     "given on_session_end=on_session_end)"
@@ -183,7 +188,7 @@ async def on_session_end(ctx: JobContext) -> None:
     if job is None:
         logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
         return
-    job.job.disconnect_hint = ""  # the hook is given: a room lost now is no missing hook
+    _HOOKED.add(ctx)  # the hook is given: a room lost now is no missing hook
     job.shutdown("session ended")
     try:
         await job.wait_closed()
@@ -225,8 +230,8 @@ def session_end_hook(
     check_part("then", then)
 
     async def hook(ctx: JobContext) -> None:
-        if (job := _JOBS.get(ctx)) is not None:
-            job.job.disconnect_hint = ""  # the hook is given, though yours runs first
+        if isinstance(ctx, JobContext):
+            _HOOKED.add(ctx)  # the hook is given, though yours runs first
         failed: Exception | None = None
         try:
             if then is not None:
