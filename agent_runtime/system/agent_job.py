@@ -198,8 +198,7 @@ class AgentJob(Emitter[Events]):
         self.events, self.job, self.link = sys.events, sys.job, sys.link
         self.avatar, self.playout, self.lifecycle_actor = sys.avatar, sys.playout, sys.lifecycle
         sys.on("closed", self._on_closed)
-        # what every machine's warnings carry (the log policy: job, room, machine, ...);
-        # one dict for all of them, so from_job_context's job id reaches each
+        # what every machine's warnings carry (the log policy: job, room, machine, ...)
         self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
         if ctx is not None:  # the room is not connected yet (its name comes with it); ctx has it
             self._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or room.name)
