@@ -289,3 +289,61 @@ def test_watch_skips_a_record_whose_event_its_machine_does_not_declare(
         f"agent-runtime watch: {bad}:{n}: machine 'participant' declares no event "
         "'teleported'; line skipped"
     ]
+
+
+def _unknown_state(run_jsonl: Path, tmp_path: Path) -> tuple[Path, int]:
+    """The trace with the participant machine's first move to ``linked`` going to ``linkd``."""
+    lines = _lines(run_jsonl)
+    n = next(
+        i
+        for i, line in enumerate(lines)
+        if '"dest": "linked"' in line and '"machine": "participant"' in line
+    )
+    lines[n] = lines[n].replace('"dest": "linked"', '"dest": "linkd"')
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, n + 1
+
+
+@pytest.mark.parametrize("command", ["record", "timeline"])
+def test_a_state_its_machine_does_not_have_is_an_error_naming_the_line(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # timeline drew a 'linkd' bar no diagram lights; record wrote a scenario (exit 0), or,
+    # for a final state, said the scenario it rebuilt was invalid without naming the line
+    bad, n = _unknown_state(run_jsonl, tmp_path)
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{n}: machine 'participant' has no state "
+        "'linkd' (an edited trace, or another version's?)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+    with pytest.raises(ValueError, match=f":{n}: machine 'participant' has no state 'linkd'"):
+        read_trace(bad)
+
+
+def test_replay_still_reports_a_state_its_machine_does_not_have_as_its_divergence(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_state(run_jsonl, tmp_path)
+    assert main(["replay", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{bad}:{n}: participant[") and (
+        "destination differs: 'linked' replayed, 'linkd' recorded" in out
+    )
+
+
+def test_watch_skips_a_record_whose_state_its_machine_does_not_have(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # watch listed 'participant  linkd' as the machine's state, exit 0
+    bad, n = _unknown_state(run_jsonl, tmp_path)
+    assert main(["watch", "--once", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"agent-runtime watch: {bad}:{n}: machine 'participant' has no state 'linkd'; line skipped"
+    ]
+    assert not [row for row in captured.out.splitlines() if "-> linkd" in row]
+    assert not [
+        row for row in captured.out.splitlines() if row.split()[:2] == ["participant", "linkd"]
+    ]

@@ -150,10 +150,10 @@ class TraceOrder:
     second job's records (``AnotherJob``) are another trace's too; ``several_jobs``: jobs
     one after the other are taken (replay reads each by itself), jobs at once never. A
     record (but a scenario's ``input``) is of one of ``machines``, by default the runtime's,
-    and names an event its machine declares: of another machine, or with another event, it
-    is nothing this build can rebuild or draw (a typo, an edit, another version).
-    ``any_event``: an event the machine does not declare is taken (replay judges it itself,
-    as a divergence)."""
+    and names an event and states its machine declares: of another machine, or with another
+    event or state, it is nothing this build can rebuild or draw (a typo, an edit, another
+    version). ``any_event``: an event or a state the machine does not declare is taken
+    (replay judges it itself, as a divergence)."""
 
     def __init__(
         self,
@@ -190,6 +190,14 @@ class TraceOrder:
                 f"{where}: machine {rec.machine!r} declares no event {rec.event!r}"
                 + ("" if terse else " (an edited trace, or another version's?)")
             )
+        if rec.kind != "input" and not self.any_event:
+            states = self.machines[rec.machine].state_names
+            state = next((s for s in (rec.source, rec.dest) if s and s not in states), None)
+            if state is not None:
+                raise TraceError(
+                    f"{where}: machine {rec.machine!r} has no state {state!r}"
+                    + ("" if terse else " (an edited trace, or another version's?)")
+                )
         if self._last is not None and rec.t < self._last[0]:
             t, n = self._last
             raise TimeGoesBack(
@@ -215,8 +223,8 @@ def load_trace(
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
     the file is none (not a regular file, too large, not UTF-8) or names the bad line, or
     the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows, and
-    their events unless ``any_event``; a second job is one, unless ``several_jobs`` and the
-    first had ended before it).
+    their events and states unless ``any_event``; a second job is one, unless
+    ``several_jobs`` and the first had ended before it).
 
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
@@ -269,7 +277,7 @@ def _unfinished(raw: bytes) -> bool:
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """Read a JSONL trace; a file that is none (not a regular file, too large), a line that
     is not a record, or one whose time goes back, whose machine is not the runtime's (or
-    event not its machine's) or that starts a second job (``TraceOrder``) raises
+    event or state not its machine's) or that starts a second job (``TraceOrder``) raises
     ``ValueError`` (a ``TraceError``) naming the file and line. A last line cut while it
     was written is left out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]
