@@ -371,3 +371,31 @@ def test_an_output_named_by_dev_stdout_in_a_pipe_is_written_there(run_jsonl: Pat
     )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().startswith("# Recorded by `agent-runtime record`")
+
+
+@pytest.mark.parametrize("command", ["export", "diagrams"])
+def test_an_out_directory_cut_by_a_full_disk_is_not_left_behind(
+    tmp_path: Path, command: str
+) -> None:
+    # every file was left out, as promised, but the directories made for them stayed
+    out = tmp_path / "new" / "out"
+    argv = (
+        ["export", "xstate", "--out", str(out)]
+        if command == "export"
+        else [
+            "diagrams",
+            "--out",
+            str(out),
+        ]
+    )
+    done = subprocess.run(
+        [*CLI, *argv],
+        capture_output=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+        preexec_fn=lambda: _with_file_size_limit(1024),
+    )
+    err = done.stderr.decode().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and "(File too large)" in err[0], err
+    assert list(tmp_path.iterdir()) == []

@@ -197,11 +197,14 @@ def _umask() -> int:
 def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
     """Write every ``NAME: text`` in ``files`` to ``out/NAME`` (``out`` made if missing), all
     or none: each is written to a temporary file beside it first, and only when every one is
-    written are they renamed into place. Returns the paths written; raises ``OSError``."""
-    out.mkdir(parents=True, exist_ok=True)
+    written are they renamed into place (the directories made for them are removed again
+    when one fails). Returns the paths written; raises ``OSError``."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
     mask = _umask()
     staged: list[tuple[str, Path]] = []
+    done = False
     try:
+        out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
             staged.append((tmp, out / name))
@@ -210,8 +213,13 @@ def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
                 fh.write(text)
         for tmp, target in staged:
             os.replace(tmp, target)
+        done = True
     finally:
         for tmp, _ in staged:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        if not done:
+            for p in made:  # the deepest first; one that holds something else stays
+                with contextlib.suppress(OSError):
+                    p.rmdir()
     return [target for _, target in staged]
