@@ -8,9 +8,11 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -399,3 +401,40 @@ def test_an_out_directory_cut_by_a_full_disk_is_not_left_behind(
     err = done.stderr.decode().splitlines()
     assert done.returncode == 2 and len(err) == 1 and "(File too large)" in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_the_user_may_write_in_a_directory_they_may_not_is_still_written(
+    run_jsonl: Path,
+) -> None:
+    # no temporary file can be made beside it: the page is written in place, as before
+    base = Path(tempfile.mkdtemp(prefix="agent-runtime-ro-"))  # for nobody too, as root
+    try:
+        os.chmod(base, 0o755)
+        trace = _copy(run_jsonl, base / "run.jsonl")
+        os.chmod(trace, 0o644)
+        shared = base / "shared"
+        shared.mkdir()
+        page = shared / "page.html"
+        page.write_text("old page\n", encoding="utf-8")
+        os.chmod(page, 0o666)
+        os.chmod(shared, 0o555)
+
+        def as_someone_else() -> None:
+            if os.geteuid() == 0:  # root writes anywhere: be nobody
+                os.setgid(65534)
+                os.setuid(65534)
+
+        done = subprocess.run(
+            [*CLI, "timeline", str(trace), "-o", str(page)],
+            capture_output=True,
+            env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"},
+            cwd=base,
+            timeout=WAIT,
+            preexec_fn=as_someone_else,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+        assert [p.name for p in shared.iterdir()] == ["page.html"]
+    finally:
+        os.chmod(base / "shared", 0o755)
+        shutil.rmtree(base)

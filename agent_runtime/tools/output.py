@@ -164,18 +164,25 @@ def write_file(path: str | Path, text: str) -> None:
     """Write ``text`` to the file ``path``, whole or not at all: to a temporary file beside
     it first, renamed into place once written, so a write that fails (a full disk) leaves
     no half-written file and whatever was at ``path`` as it was. A link's target is the
-    file replaced; a device or a FIFO (``/dev/stdout``) is written as it is. Raises
-    ``OSError``."""
+    file replaced. Written as it is: a device or a FIFO (``/dev/stdout``), and a file its
+    user may write in a directory they may not. Raises ``OSError``."""
     try:
         mode: int | None = os.stat(path).st_mode
     except FileNotFoundError:
         mode = None
-    if mode is not None and not stat.S_ISREG(mode):
+    target = Path(os.path.realpath(path))
+    staged: tuple[int, str] | None = None
+    if mode is None or stat.S_ISREG(mode):
+        try:
+            staged = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        except PermissionError:
+            if mode is None:
+                raise
+    if staged is None:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
         return
-    target = Path(os.path.realpath(path))
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp = staged
     try:
         # the file's own permissions kept; a new one's as open() makes it, not mkstemp's 0600
         os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
