@@ -347,3 +347,68 @@ def test_watch_skips_a_record_whose_state_its_machine_does_not_have(
     assert not [
         row for row in captured.out.splitlines() if row.split()[:2] == ["participant", "linkd"]
     ]
+
+
+def _unknown_effect(run_jsonl: Path, tmp_path: Path, *, in_decision: bool) -> tuple[Path, int]:
+    """The trace with the participant's ``link`` effect renamed ``lnk``: in its effect
+    record, or in the transition that ran it (``in_decision``)."""
+    lines = _lines(run_jsonl)
+    old = '"effects": ["link"]' if in_decision else '"effect": "link"'
+    n = next(i for i, line in enumerate(lines) if old in line)
+    lines[n] = lines[n].replace(old, old.replace('"link"', '"lnk"'))
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, n + 1
+
+
+@pytest.mark.parametrize("in_decision", [False, True], ids=["effect-record", "transition"])
+@pytest.mark.parametrize("command", ["record", "timeline"])
+def test_an_effect_its_machine_does_not_declare_is_an_error_naming_the_line(
+    run_jsonl: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    in_decision: bool,
+) -> None:
+    # timeline drew a mark for an effect no machine has; record wrote its scenario, exit 0
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=in_decision)
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{n}: machine 'participant' declares no effect "
+        "'lnk' (an edited trace, or another version's?)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+    with pytest.raises(ValueError, match=f":{n}: machine 'participant' declares no effect"):
+        read_trace(bad)
+
+
+def test_replay_refuses_an_effect_record_its_machine_does_not_declare(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # replay judges decisions, not effect records: it said every decision agrees, exit 0
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=False)
+    assert main(["replay", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime replay: {bad}:{n}: machine 'participant' declares no effect 'lnk' "
+        "(an edited trace, or another version's?)\n"
+    )
+
+
+def test_replay_still_reports_a_transition_s_undeclared_effect_as_its_divergence(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=True)
+    assert main(["replay", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{bad}:{n}: participant[") and "effects differ" in out
+
+
+def test_watch_skips_a_record_whose_effect_its_machine_does_not_declare(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=False)
+    assert main(["watch", "--once", str(bad)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"agent-runtime watch: {bad}:{n}: machine 'participant' declares no effect 'lnk'; "
+        "line skipped"
+    ]

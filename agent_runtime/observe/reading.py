@@ -150,10 +150,10 @@ class TraceOrder:
     second job's records (``AnotherJob``) are another trace's too; ``several_jobs``: jobs
     one after the other are taken (replay reads each by itself), jobs at once never. A
     record (but a scenario's ``input``) is of one of ``machines``, by default the runtime's,
-    and names an event and states its machine declares: of another machine, or with another
-    event or state, it is nothing this build can rebuild or draw (a typo, an edit, another
-    version). ``any_event``: an event or a state the machine does not declare is taken
-    (replay judges it itself, as a divergence)."""
+    and names an event, states and effects its machine declares: of another machine, or
+    naming another, it is nothing this build can rebuild or draw (a typo, an edit, another
+    version). ``any_event``: a decision's event, states and effects the machine does not
+    declare are taken (replay judges them itself, as a divergence)."""
 
     def __init__(
         self,
@@ -171,6 +171,8 @@ class TraceOrder:
         self.any_event = any_event
         self._jobs = JobBounds()
         self._last: tuple[float, int] | None = None  # the last time taken, and its line
+        # each machine's declared events, states and effects, as first needed
+        self._declared: dict[str, tuple[frozenset[str], ...]] = {}
 
     def check(self, rec: TraceRecord, path: str, line: int, *, terse: bool = False) -> None:
         """``TraceError`` naming ``path:line`` when ``rec`` breaks a rule; else its time is
@@ -180,24 +182,12 @@ class TraceOrder:
             if terse:
                 raise TraceError(f"{where}: unknown machine {rec.machine!r}")
             raise unknown_machine(where, rec.machine, self.machines)
-        if (
-            rec.kind != "input"
-            and rec.event
-            and not self.any_event
-            and rec.event not in self.machines[rec.machine].events
-        ):
+        why = self._undeclared(rec) if rec.kind != "input" else None
+        if why is not None:
             raise TraceError(
-                f"{where}: machine {rec.machine!r} declares no event {rec.event!r}"
+                f"{where}: machine {rec.machine!r} {why}"
                 + ("" if terse else " (an edited trace, or another version's?)")
             )
-        if rec.kind != "input" and not self.any_event:
-            states = self.machines[rec.machine].state_names
-            state = next((s for s in (rec.source, rec.dest) if s and s not in states), None)
-            if state is not None:
-                raise TraceError(
-                    f"{where}: machine {rec.machine!r} has no state {state!r}"
-                    + ("" if terse else " (an edited trace, or another version's?)")
-                )
         if self._last is not None and rec.t < self._last[0]:
             t, n = self._last
             raise TimeGoesBack(
@@ -209,6 +199,30 @@ class TraceOrder:
         if job is not None and not (self.several_jobs and job.after_end):
             raise AnotherJob(f"{where}: {job.describe()}", after_end=job.after_end)
         self._last = (rec.t, line)
+
+    def _undeclared(self, rec: TraceRecord) -> str | None:
+        """What ``rec`` names that its machine does not declare (an event, a state, an
+        effect), in words; None when it names none. ``any_event``: only an effect record's
+        effect is checked (replay judges a decision's event, states and effects itself)."""
+        declared = self._declared.get(rec.machine)
+        if declared is None:
+            spec = self.machines[rec.machine]
+            declared = self._declared[rec.machine] = (
+                frozenset(spec.events),
+                frozenset(spec.state_names),
+                frozenset(e.name for e in spec.effects),
+            )
+        events, states, effects = declared
+        if self.any_event:
+            named = [rec.effect] if rec.kind == "effect" and rec.effect else []
+            return next((f"declares no effect {e!r}" for e in named if e not in effects), None)
+        if rec.event and rec.event not in events:
+            return f"declares no event {rec.event!r}"
+        state = next((s for s in (rec.source, rec.dest) if s and s not in states), None)
+        if state is not None:
+            return f"has no state {state!r}"
+        named = [*rec.effects, rec.effect] if rec.effect else rec.effects
+        return next((f"declares no effect {e!r}" for e in named if e not in effects), None)
 
 
 def load_trace(
