@@ -67,7 +67,9 @@ def test_replay_of_a_cut_trace_replays_every_whole_record(
     assert main(["replay", str(run_jsonl), "--json"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert main(["replay", str(cut), "--json"]) == 0
-    assert {**json.loads(capsys.readouterr().out), "path": whole["path"]} == whole
+    got = json.loads(capsys.readouterr().out)
+    assert got["warnings"] and not whole["warnings"]  # the cut is said (below)
+    assert {**got, "path": whole["path"], "warnings": []} == whole
 
 
 def test_a_character_cut_in_two_is_a_cut_line_too(
@@ -412,3 +414,28 @@ def test_watch_skips_a_record_whose_effect_its_machine_does_not_declare(
         f"agent-runtime watch: {bad}:{n}: machine 'participant' declares no effect 'lnk'; "
         "line skipped"
     ]
+
+
+def test_replay_json_says_the_last_line_was_cut(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the object said ok over the records before the cut, and nothing of the cut: only
+    # stderr did, which a reader of --json does not read
+    lines = _lines(run_jsonl)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines) + CUT, encoding="utf-8")
+    assert main(["replay", "--json", str(cut)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    n = len(lines) + 1
+    assert report["ok"] and report["records"] == len(lines)
+    assert report["warnings"] == [
+        f"{cut}:{n}: the last line is incomplete (a trace still being written, or cut); "
+        f"read up to line {n - 1}"
+    ]
+
+
+def test_replay_json_of_a_whole_trace_has_no_warnings(
+    run_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "--json", str(run_jsonl)]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
