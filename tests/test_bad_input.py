@@ -745,7 +745,9 @@ TABLE: list[Bad] = [
     trace("empty", "", "nothing to replay: the trace is empty"),
     trace(
         "effects-only",
-        json.dumps({"t": 0, "kind": "effect", "machine": "job", "instance": "j", "effect": "x"}),
+        json.dumps(
+            {"t": 0, "kind": "effect", "machine": "job", "instance": "j", "effect": "run_close"}
+        ),
         "nothing to replay: 1 record, none of them a decision (transition, ignore, reject)",
     ),
     trace("a-fifo", fifo, "cannot read the trace: a FIFO, not a regular file"),

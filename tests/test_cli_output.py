@@ -8,9 +8,11 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -304,3 +306,135 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
     assert (captured.err, captured.out) == (fill(line) + "\n", "")
     assert (s.read_bytes(), t.read_bytes()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "t.jsonl"]
+
+
+def _with_file_size_limit(limit: int) -> None:
+    """In the child: a file written past ``limit`` bytes fails (EFBIG), as on a full disk."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails rather than the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.parametrize(
+    ("argv", "what", "limit"),
+    [
+        (["timeline", "{t}", "-o", "{o}"], "page", 8192),
+        (["record", "{t}", "-o", "{o}"], "scenario", 512),
+        (["simulate", str(SCENARIO), "--html", "{o}"], "page", 32768),
+    ],
+    ids=["timeline", "record", "simulate-html"],
+)
+def test_an_output_cut_by_a_full_disk_leaves_the_file_there_as_it_was(
+    tmp_path: Path, run_jsonl: Path, argv: list[str], what: str, limit: int
+) -> None:
+    # the page was written up to the disk's end over the user's file: a half page, the
+    # file that was there lost
+    out = tmp_path / "out" / "kept.txt"
+    out.parent.mkdir()
+    out.write_text("the user's own file\n", encoding="utf-8")
+    argv = [a.replace("{t}", str(run_jsonl)).replace("{o}", str(out)) for a in argv]
+    done = subprocess.run(
+        [*CLI, *argv],
+        capture_output=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+        preexec_fn=lambda: _with_file_size_limit(limit),
+    )
+    err = done.stderr.decode().splitlines()
+    assert done.returncode == 2, err
+    assert f"agent-runtime {argv[0]}: {out}: cannot write the {what} (File too large)" in err
+    assert not any("Traceback" in line for line in err)
+    assert out.read_text(encoding="utf-8") == "the user's own file\n"
+    assert [p.name for p in out.parent.iterdir()] == ["kept.txt"]  # no half-written file left
+
+
+def test_an_output_through_a_link_replaces_the_linked_file_and_keeps_the_link(
+    tmp_path: Path, run_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = tmp_path / "pages" / "page.html"
+    real.parent.mkdir()
+    real.write_text("old page\n", encoding="utf-8")
+    link = tmp_path / "latest.html"
+    link.symlink_to(real)
+    assert main(["timeline", str(run_jsonl), "-o", str(link)]) == 0
+    assert link.is_symlink() and real.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in real.parent.iterdir()) == ["page.html"]
+
+
+def test_an_output_named_by_dev_stdout_in_a_pipe_is_written_there(run_jsonl: Path) -> None:
+    done = subprocess.run(
+        [*CLI, "record", str(run_jsonl), "-o", "/dev/stdout"],
+        capture_output=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().startswith("# Recorded by `agent-runtime record`")
+
+
+@pytest.mark.parametrize("command", ["export", "diagrams"])
+def test_an_out_directory_cut_by_a_full_disk_is_not_left_behind(
+    tmp_path: Path, command: str
+) -> None:
+    # every file was left out, as promised, but the directories made for them stayed
+    out = tmp_path / "new" / "out"
+    argv = (
+        ["export", "xstate", "--out", str(out)]
+        if command == "export"
+        else [
+            "diagrams",
+            "--out",
+            str(out),
+        ]
+    )
+    done = subprocess.run(
+        [*CLI, *argv],
+        capture_output=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+        preexec_fn=lambda: _with_file_size_limit(1024),
+    )
+    err = done.stderr.decode().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and "(File too large)" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_the_user_may_write_in_a_directory_they_may_not_is_still_written(
+    run_jsonl: Path,
+) -> None:
+    # no temporary file can be made beside it: the page is written in place, as before
+    base = Path(tempfile.mkdtemp(prefix="agent-runtime-ro-"))  # for nobody too, as root
+    try:
+        os.chmod(base, 0o755)
+        trace = _copy(run_jsonl, base / "run.jsonl")
+        os.chmod(trace, 0o644)
+        shared = base / "shared"
+        shared.mkdir()
+        page = shared / "page.html"
+        page.write_text("old page\n", encoding="utf-8")
+        os.chmod(page, 0o666)
+        os.chmod(shared, 0o555)
+
+        def as_someone_else() -> None:
+            if os.geteuid() == 0:  # root writes anywhere: be nobody
+                os.setgid(65534)
+                os.setuid(65534)
+
+        done = subprocess.run(
+            [*CLI, "timeline", str(trace), "-o", str(page)],
+            capture_output=True,
+            env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"},
+            cwd=base,
+            timeout=WAIT,
+            preexec_fn=as_someone_else,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+        assert [p.name for p in shared.iterdir()] == ["page.html"]
+    finally:
+        os.chmod(base / "shared", 0o755)
+        shutil.rmtree(base)

@@ -67,7 +67,9 @@ def test_replay_of_a_cut_trace_replays_every_whole_record(
     assert main(["replay", str(run_jsonl), "--json"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert main(["replay", str(cut), "--json"]) == 0
-    assert {**json.loads(capsys.readouterr().out), "path": whole["path"]} == whole
+    got = json.loads(capsys.readouterr().out)
+    assert got["warnings"] and not whole["warnings"]  # the cut is said (below)
+    assert {**got, "path": whole["path"], "warnings": []} == whole
 
 
 def test_a_character_cut_in_two_is_a_cut_line_too(
@@ -289,3 +291,151 @@ def test_watch_skips_a_record_whose_event_its_machine_does_not_declare(
         f"agent-runtime watch: {bad}:{n}: machine 'participant' declares no event "
         "'teleported'; line skipped"
     ]
+
+
+def _unknown_state(run_jsonl: Path, tmp_path: Path) -> tuple[Path, int]:
+    """The trace with the participant machine's first move to ``linked`` going to ``linkd``."""
+    lines = _lines(run_jsonl)
+    n = next(
+        i
+        for i, line in enumerate(lines)
+        if '"dest": "linked"' in line and '"machine": "participant"' in line
+    )
+    lines[n] = lines[n].replace('"dest": "linked"', '"dest": "linkd"')
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, n + 1
+
+
+@pytest.mark.parametrize("command", ["record", "timeline"])
+def test_a_state_its_machine_does_not_have_is_an_error_naming_the_line(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # timeline drew a 'linkd' bar no diagram lights; record wrote a scenario (exit 0), or,
+    # for a final state, said the scenario it rebuilt was invalid without naming the line
+    bad, n = _unknown_state(run_jsonl, tmp_path)
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{n}: machine 'participant' has no state "
+        "'linkd' (an edited trace, or another version's?)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+    with pytest.raises(ValueError, match=f":{n}: machine 'participant' has no state 'linkd'"):
+        read_trace(bad)
+
+
+def test_replay_still_reports_a_state_its_machine_does_not_have_as_its_divergence(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_state(run_jsonl, tmp_path)
+    assert main(["replay", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{bad}:{n}: participant[") and (
+        "destination differs: 'linked' replayed, 'linkd' recorded" in out
+    )
+
+
+def test_watch_skips_a_record_whose_state_its_machine_does_not_have(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # watch listed 'participant  linkd' as the machine's state, exit 0
+    bad, n = _unknown_state(run_jsonl, tmp_path)
+    assert main(["watch", "--once", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"agent-runtime watch: {bad}:{n}: machine 'participant' has no state 'linkd'; line skipped"
+    ]
+    assert not [row for row in captured.out.splitlines() if "-> linkd" in row]
+    assert not [
+        row for row in captured.out.splitlines() if row.split()[:2] == ["participant", "linkd"]
+    ]
+
+
+def _unknown_effect(run_jsonl: Path, tmp_path: Path, *, in_decision: bool) -> tuple[Path, int]:
+    """The trace with the participant's ``link`` effect renamed ``lnk``: in its effect
+    record, or in the transition that ran it (``in_decision``)."""
+    lines = _lines(run_jsonl)
+    old = '"effects": ["link"]' if in_decision else '"effect": "link"'
+    n = next(i for i, line in enumerate(lines) if old in line)
+    lines[n] = lines[n].replace(old, old.replace('"link"', '"lnk"'))
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path, n + 1
+
+
+@pytest.mark.parametrize("in_decision", [False, True], ids=["effect-record", "transition"])
+@pytest.mark.parametrize("command", ["record", "timeline"])
+def test_an_effect_its_machine_does_not_declare_is_an_error_naming_the_line(
+    run_jsonl: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    in_decision: bool,
+) -> None:
+    # timeline drew a mark for an effect no machine has; record wrote its scenario, exit 0
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=in_decision)
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime {command}: {bad}:{n}: machine 'participant' declares no effect "
+        "'lnk' (an edited trace, or another version's?)\n"
+    )
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+    with pytest.raises(ValueError, match=f":{n}: machine 'participant' declares no effect"):
+        read_trace(bad)
+
+
+def test_replay_refuses_an_effect_record_its_machine_does_not_declare(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # replay judges decisions, not effect records: it said every decision agrees, exit 0
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=False)
+    assert main(["replay", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime replay: {bad}:{n}: machine 'participant' declares no effect 'lnk' "
+        "(an edited trace, or another version's?)\n"
+    )
+
+
+def test_replay_still_reports_a_transition_s_undeclared_effect_as_its_divergence(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=True)
+    assert main(["replay", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{bad}:{n}: participant[") and "effects differ" in out
+
+
+def test_watch_skips_a_record_whose_effect_its_machine_does_not_declare(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, n = _unknown_effect(run_jsonl, tmp_path, in_decision=False)
+    assert main(["watch", "--once", str(bad)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"agent-runtime watch: {bad}:{n}: machine 'participant' declares no effect 'lnk'; "
+        "line skipped"
+    ]
+
+
+def test_replay_json_says_the_last_line_was_cut(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the object said ok over the records before the cut, and nothing of the cut: only
+    # stderr did, which a reader of --json does not read
+    lines = _lines(run_jsonl)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines) + CUT, encoding="utf-8")
+    assert main(["replay", "--json", str(cut)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    n = len(lines) + 1
+    assert report["ok"] and report["records"] == len(lines)
+    assert report["warnings"] == [
+        f"{cut}:{n}: the last line is incomplete (a trace still being written, or cut); "
+        f"read up to line {n - 1}"
+    ]
+
+
+def test_replay_json_of_a_whole_trace_has_no_warnings(
+    run_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "--json", str(run_jsonl)]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []

@@ -150,10 +150,10 @@ class TraceOrder:
     second job's records (``AnotherJob``) are another trace's too; ``several_jobs``: jobs
     one after the other are taken (replay reads each by itself), jobs at once never. A
     record (but a scenario's ``input``) is of one of ``machines``, by default the runtime's,
-    and names an event its machine declares: of another machine, or with another event, it
-    is nothing this build can rebuild or draw (a typo, an edit, another version).
-    ``any_event``: an event the machine does not declare is taken (replay judges it itself,
-    as a divergence)."""
+    and names an event, states and effects its machine declares: of another machine, or
+    naming another, it is nothing this build can rebuild or draw (a typo, an edit, another
+    version). ``any_event``: a decision's event, states and effects the machine does not
+    declare are taken (replay judges them itself, as a divergence)."""
 
     def __init__(
         self,
@@ -171,6 +171,8 @@ class TraceOrder:
         self.any_event = any_event
         self._jobs = JobBounds()
         self._last: tuple[float, int] | None = None  # the last time taken, and its line
+        # each machine's declared events, states and effects, as first needed
+        self._declared: dict[str, tuple[frozenset[str], ...]] = {}
 
     def check(self, rec: TraceRecord, path: str, line: int, *, terse: bool = False) -> None:
         """``TraceError`` naming ``path:line`` when ``rec`` breaks a rule; else its time is
@@ -180,14 +182,10 @@ class TraceOrder:
             if terse:
                 raise TraceError(f"{where}: unknown machine {rec.machine!r}")
             raise unknown_machine(where, rec.machine, self.machines)
-        if (
-            rec.kind != "input"
-            and rec.event
-            and not self.any_event
-            and rec.event not in self.machines[rec.machine].events
-        ):
+        why = self._undeclared(rec) if rec.kind != "input" else None
+        if why is not None:
             raise TraceError(
-                f"{where}: machine {rec.machine!r} declares no event {rec.event!r}"
+                f"{where}: machine {rec.machine!r} {why}"
                 + ("" if terse else " (an edited trace, or another version's?)")
             )
         if self._last is not None and rec.t < self._last[0]:
@@ -202,6 +200,30 @@ class TraceOrder:
             raise AnotherJob(f"{where}: {job.describe()}", after_end=job.after_end)
         self._last = (rec.t, line)
 
+    def _undeclared(self, rec: TraceRecord) -> str | None:
+        """What ``rec`` names that its machine does not declare (an event, a state, an
+        effect), in words; None when it names none. ``any_event``: only an effect record's
+        effect is checked (replay judges a decision's event, states and effects itself)."""
+        declared = self._declared.get(rec.machine)
+        if declared is None:
+            spec = self.machines[rec.machine]
+            declared = self._declared[rec.machine] = (
+                frozenset(spec.events),
+                frozenset(spec.state_names),
+                frozenset(e.name for e in spec.effects),
+            )
+        events, states, effects = declared
+        if self.any_event:
+            named = [rec.effect] if rec.kind == "effect" and rec.effect else []
+            return next((f"declares no effect {e!r}" for e in named if e not in effects), None)
+        if rec.event and rec.event not in events:
+            return f"declares no event {rec.event!r}"
+        state = next((s for s in (rec.source, rec.dest) if s and s not in states), None)
+        if state is not None:
+            return f"has no state {state!r}"
+        named = [*rec.effects, rec.effect] if rec.effect else rec.effects
+        return next((f"declares no effect {e!r}" for e in named if e not in effects), None)
+
 
 def load_trace(
     path: str | Path,
@@ -215,8 +237,8 @@ def load_trace(
     """(line number, record) for every non-blank line of a JSONL trace; ``TraceError`` when
     the file is none (not a regular file, too large, not UTF-8) or names the bad line, or
     the first record that breaks ``TraceOrder``'s rules (``machines``: those it knows, and
-    their events unless ``any_event``; a second job is one, unless ``several_jobs`` and the
-    first had ended before it).
+    their events and states unless ``any_event``; a second job is one, unless
+    ``several_jobs`` and the first had ended before it).
 
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
@@ -269,7 +291,7 @@ def _unfinished(raw: bytes) -> bool:
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """Read a JSONL trace; a file that is none (not a regular file, too large), a line that
     is not a record, or one whose time goes back, whose machine is not the runtime's (or
-    event not its machine's) or that starts a second job (``TraceOrder``) raises
+    event or state not its machine's) or that starts a second job (``TraceOrder``) raises
     ``ValueError`` (a ``TraceError``) naming the file and line. A last line cut while it
     was written is left out with a warning logged."""
     return [rec for _, rec in load_trace(path, wording="record")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -159,15 +160,58 @@ def check_directory(out: Path, names: list[str] | None = None) -> str | None:
     return None
 
 
+def write_file(path: str | Path, text: str) -> None:
+    """Write ``text`` to the file ``path``, whole or not at all: to a temporary file beside
+    it first, renamed into place once written, so a write that fails (a full disk) leaves
+    no half-written file and whatever was at ``path`` as it was. A link's target is the
+    file replaced. Written as it is: a device or a FIFO (``/dev/stdout``), and a file its
+    user may write in a directory they may not. Raises ``OSError``."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    target = Path(os.path.realpath(path))
+    staged: tuple[int, str] | None = None
+    if mode is None or stat.S_ISREG(mode):
+        try:
+            staged = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        except PermissionError:
+            if mode is None:
+                raise
+    if staged is None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
+    fd, tmp = staged
+    try:
+        # the file's own permissions kept; a new one's as open() makes it, not mkstemp's 0600
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
     """Write every ``NAME: text`` in ``files`` to ``out/NAME`` (``out`` made if missing), all
     or none: each is written to a temporary file beside it first, and only when every one is
-    written are they renamed into place. Returns the paths written; raises ``OSError``."""
-    out.mkdir(parents=True, exist_ok=True)
-    mask = os.umask(0)
-    os.umask(mask)
+    written are they renamed into place (the directories made for them are removed again
+    when one fails). Returns the paths written; raises ``OSError``."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
+    mask = _umask()
     staged: list[tuple[str, Path]] = []
+    done = False
     try:
+        out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
             staged.append((tmp, out / name))
@@ -176,8 +220,13 @@ def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
                 fh.write(text)
         for tmp, target in staged:
             os.replace(tmp, target)
+        done = True
     finally:
         for tmp, _ in staged:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        if not done:
+            for p in made:  # the deepest first; one that holds something else stays
+                with contextlib.suppress(OSError):
+                    p.rmdir()
     return [target for _, target in staged]

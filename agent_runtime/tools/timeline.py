@@ -21,6 +21,7 @@ from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.lanes import Lane, Lanes, summarise
 from agent_runtime.tools.machine_svg import diagram_svg, esc, state_colour, text_width
+from agent_runtime.tools.output import write_file
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
 
@@ -350,4 +351,5 @@ request)</span><span>click the timeline or move the slider</span></div>
 def write_timeline(
     records: Sequence[TraceRecord], out: str | Path, *, title: str, source: str = ""
 ) -> None:
-    Path(out).write_text(timeline_html(records, title=title, source=source), encoding="utf-8")
+    """The page written to ``out`` whole or not at all (a full disk leaves what was there)."""
+    write_file(out, timeline_html(records, title=title, source=source))

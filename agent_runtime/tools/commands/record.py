@@ -20,7 +20,7 @@ import yaml
 from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import ScenarioError, parse_scenario
-from agent_runtime.tools.output import same_file
+from agent_runtime.tools.output import same_file, write_file
 from agent_runtime.tools.record import RecordError, compare, record, render, timing
 
 PROG = "agent-runtime record"
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"the scenario rebuilt from the trace is invalid: {e}")
     if args.out:
         try:
-            Path(args.out).write_text(text, encoding="utf-8")
+            write_file(args.out, text)
         except OSError as e:
             return _fail(f"{args.out}: cannot write the scenario ({e.strerror or e})")
         steps = len(scenario.steps)
