@@ -63,6 +63,22 @@ async def test_the_reason_the_agent_gives_reaches_every_shutdown_callback(
     assert job.states["job"] == "closed" and not agent_room.isconnected()
 
 
+@pytest.mark.parametrize("graceful", [True, False], ids=["aclose", "abort"])
+async def test_the_agents_own_close_is_what_livekits_end_hears(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, graceful: bool
+) -> None:
+    # the agent's await job.aclose() is its ctx.shutdown(): livekit's callbacks heard "room
+    # disconnected" while the job's heard "job closed" ("aborted")
+    reason = "job closed" if graceful else "aborted"
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server(seen))
+    await run_entrypoint.in_job(job.aclose, graceful=graceful)
+    await run_entrypoint.wait_ended()
+    assert sorted(seen) == [f"ctx callback: {reason}", f"job callback: {reason}"]
+    assert run_entrypoint.process.reason == reason
+
+
 async def test_a_job_that_ends_on_its_own_still_ends_livekits_on_the_rooms_disconnect(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
 ) -> None:

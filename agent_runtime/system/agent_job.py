@@ -58,7 +58,7 @@ from agent_runtime.system._inputs import (
     injections,
 )
 from agent_runtime.system._inputs import room_options as room_options_for
-from agent_runtime.system.job_system import JobSystem, Parts
+from agent_runtime.system.job_system import LIFECYCLE_SHUTDOWN, JobSystem, Parts
 from agent_runtime.system.livekit_job import (
     agent_asked,
     context_options,
@@ -363,6 +363,8 @@ class AgentJob(Emitter[Events]):
         is released."""
         if not isinstance(graceful, bool):  # "no" would have closed gracefully
             raise TypeError(f"graceful must be True or False, not {graceful!r}")
+        if self.system.job_context is not None:  # livekit's end hears why, as from shutdown()
+            agent_asked(self.system.job_context, LIFECYCLE_SHUTDOWN)
         await self.system.aclose(graceful=graceful)
 
     # -- observation -------------------------------------------------------------------------
