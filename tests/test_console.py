@@ -28,7 +28,8 @@ def _portaudio_missing() -> str | None:
     return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
 
 
-def test_the_example_runs_in_console_text_mode_without_an_error() -> None:
+def _console(agent: Path, cwd: Path) -> str:
+    """``python AGENT console --text``, given one line; what it printed (it exited 0)."""
     missing = _portaudio_missing()
     if missing is not None:
         pytest.skip(f"the console needs PortAudio (apt-get install libportaudio2): {missing}")
@@ -43,17 +44,22 @@ def test_the_example_runs_in_console_text_mode_without_an_error() -> None:
     for name in ("AGENT_STT", "AGENT_LLM", "AGENT_TTS", "AGENT_AVATAR", "AGENT_TRACE"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "agent.py"), "console", "--text"],
+        [sys.executable, str(agent), "console", "--text"],
         input="hello\n",
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         timeout=120,
         check=False,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
+    return out
+
+
+def test_the_example_runs_in_console_text_mode_without_an_error() -> None:
+    out = _console(ROOT / "examples" / "agent.py", ROOT)
     assert "Traceback" not in out and "unhandled exception" not in out, out[-3000:]
     assert "(none) -> `AgentSession` -> (none)" in out  # console mode: no room I/O
     assert "the participant machine has nothing to follow" in out
@@ -61,3 +67,16 @@ def test_the_example_runs_in_console_text_mode_without_an_error() -> None:
     # close (the console's end of input) or livekit's on_session_end, names the reason
     closed = r"job closed \((session ended|session closed: user_initiated)\)"
     assert re.search(closed, out), out[-3000:]
+
+
+def test_the_readmes_agent_runs_in_console_text_mode_as_written(tmp_path: Path) -> None:
+    # a new developer's first run of the README's my_agent.py: `python my_agent.py console`
+    # exited 0 having printed nothing (no livekit CLI in the file), the agent never run
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- quickstart: file my_agent.py -->\n```python\n(.*?)```", readme, re.S)
+    assert found is not None, "the README's quick start has no my_agent.py"
+    (tmp_path / "my_agent.py").write_text(found[1], encoding="utf-8")
+    out = _console(tmp_path / "my_agent.py", tmp_path)
+    assert "Traceback" not in out and "unhandled exception" not in out, out[-3000:]
+    assert "(none) -> `AgentSession` -> (none)" in out, out[-3000:]  # livekit's console ran it
+    assert re.search(r"job closed \((session ended|session closed: user_initiated)\)", out)

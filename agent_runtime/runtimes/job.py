@@ -447,7 +447,7 @@ class JobRuntime(MachineRuntime[str]):
         )
         works: dict[str, Work] = {
             "host": self._host_closed,
-            "disconnect": self._disconnect,
+            "disconnect": self.disconnect_room,
             "room": self._deletion_settled,
             "callbacks": self._run_callbacks,
         }
@@ -461,7 +461,7 @@ class JobRuntime(MachineRuntime[str]):
     def _host_closed(self) -> asyncio.Future[None] | None:
         return self.host.released_once_closed()
 
-    def _disconnect(self) -> Awaitable[None] | None:
+    def disconnect_room(self) -> Awaitable[None] | None:
         # a room the job never followed (closed before it started) is not its to end
         if not self._room_events.started or not self._room.isconnected():
             return None

@@ -59,8 +59,9 @@ from agent_runtime.system._inputs import (
     injections,
 )
 from agent_runtime.system._inputs import room_options as room_options_for
-from agent_runtime.system.job_system import JobSystem, Parts
+from agent_runtime.system.job_system import LIFECYCLE_SHUTDOWN, JobSystem, Parts
 from agent_runtime.system.livekit_job import (
+    agent_asked,
     context_options,
     fill_trace_path,
     forget,
@@ -343,8 +344,11 @@ class AgentJob(Emitter[Events]):
 
     # -- ending ------------------------------------------------------------------------------
     def shutdown(self, reason: str = "") -> None:
-        """Ask the job to end: it holds for the simulator if one can still ask, then closes."""
-        self.job.shutdown(reason)
+        """Ask the job to end: it holds for the simulator if one can still ask, then closes.
+        Inside a livekit job, livekit's end is given ``reason`` too, as by ``ctx.shutdown``."""
+        self.job.shutdown(reason)  # refuses a reason that is no str, changing nothing
+        if self.system.job_context is not None:
+            agent_asked(self.system.job_context, reason)
 
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does)."""
@@ -366,6 +370,8 @@ class AgentJob(Emitter[Events]):
         is released."""
         if not isinstance(graceful, bool):  # "no" would have closed gracefully
             raise TypeError(f"graceful must be True or False, not {graceful!r}")
+        if self.system.job_context is not None:  # livekit's end hears why, as from shutdown()
+            agent_asked(self.system.job_context, LIFECYCLE_SHUTDOWN)
         await self.system.aclose(graceful=graceful)
 
     # -- observation -------------------------------------------------------------------------

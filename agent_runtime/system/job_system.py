@@ -74,8 +74,8 @@ from agent_runtime.system._start_part import StartPart
 from agent_runtime.system.livekit_job import (
     CONTEXT_ENDED,
     context_ended,
+    disconnect_work,
     hold_hint,
-    shutdown_asked,
 )
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
@@ -402,9 +402,8 @@ class JobSystem(MachineRuntime[str]):
     # must leave while the room is connected).
     def _teardown_works(self) -> dict[str, Work]:
         works: dict[str, Work] = {"session": self._close_session, "avatar": self._avatar_left}
-        if self.job_context is not None and shutdown_asked(self.job_context):
-            # livekit disconnects it after on_session_end: that callback still has the room
-            works["disconnect"] = lambda: None
+        if self.job_context is not None:  # livekit's end: told why, or left to disconnect
+            works["disconnect"] = disconnect_work(self.job_context, self.job, self.events)
         return works
 
     def _close_session(self) -> Awaitable[None] | None:

@@ -21,6 +21,8 @@ from agent_runtime.settings import SettingError
 from agent_runtime.system._inputs import injections
 
 if TYPE_CHECKING:
+    from agent_runtime.runtimes.job import JobRuntime
+    from agent_runtime.runtimes.room_events import RoomEventAdapter
     from agent_runtime.system.agent_job import AgentJob
 
 logger = logging.getLogger("agent_runtime.agent_job")
@@ -34,6 +36,12 @@ _ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 _SHUTTING_DOWN: weakref.WeakSet[JobContext] = weakref.WeakSet()
 # the contexts whose on_session_end livekit has called: their room no longer goes for want of it
 _HOOKED: weakref.WeakSet[JobContext] = weakref.WeakSet()
+# livekit's own shutdown of each context's job process (what ctx.shutdown called before the
+# job's hook), and the contexts whose agent asked its job to end with a reason
+_PROCESS_SHUTDOWN: weakref.WeakKeyDictionary[JobContext, Callable[[str], None]] = (
+    weakref.WeakKeyDictionary()
+)
+_AGENT_ASKED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
 # what a name filled into a path must not hold: a separator (a room named "../x" wrote
@@ -127,14 +135,41 @@ def register(ctx: JobContext, job: AgentJob) -> None:
         process_shutdown(reason)
 
     process_shutdown = lk.set_job_shutdown_hook(ctx, shut_down)
+    _PROCESS_SHUTDOWN[ctx] = process_shutdown
 
     # the safety net when on_session_end was not passed (no hold then: the room is
     # already disconnected)
     async def on_livekit_shutdown(reason: str) -> None:
-        job.shutdown(reason)
+        job.job.shutdown(reason)  # livekit's own end: not the agent's to tell livekit
         await job.wait_closed()
 
     ctx.add_shutdown_callback(on_livekit_shutdown)
+
+
+def agent_asked(ctx: JobContext, reason: str) -> None:
+    """The agent's code asked the job to end with ``reason`` (``job.shutdown(reason)``)."""
+    if reason:
+        _AGENT_ASKED.add(ctx)
+
+
+def disconnect_work(
+    ctx: JobContext, job: JobRuntime, events: RoomEventAdapter
+) -> Callable[[], Awaitable[None] | None]:
+    """The job close's ``disconnect`` step inside a livekit job. When livekit's shutdown is
+    under way it disconnects the room after ``on_session_end``, which still has the room:
+    the step does nothing. When the agent asked the job to end with a reason, livekit's
+    process is told it before the room goes, as ``ctx.shutdown(reason)`` tells it (its
+    shutdown callbacks and its exit say why, not "room disconnected")."""
+    if shutdown_asked(ctx):
+        return lambda: None
+
+    def disconnect() -> Awaitable[None] | None:
+        tell = _PROCESS_SHUTDOWN.get(ctx)
+        if ctx in _AGENT_ASKED and tell is not None and events.started and ctx.room.isconnected():
+            tell(job.reason)
+        return job.disconnect_room()
+
+    return disconnect
 
 
 def job_of(ctx: JobContext) -> AgentJob | None:
@@ -189,7 +224,7 @@ async def on_session_end(ctx: JobContext) -> None:
         logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
         return
     _HOOKED.add(ctx)  # the hook is given: a room lost now is no missing hook
-    job.shutdown("session ended")
+    job.job.shutdown("session ended")  # livekit's own end: not the agent's to tell livekit
     try:
         await job.wait_closed()
     except asyncio.CancelledError:

@@ -1,0 +1,93 @@
+"""The reason the agent gives ``job.shutdown(reason)`` reaches livekit's end of the job, as
+the one given ``ctx.shutdown(reason)`` does without the runtime.
+
+A trial's agent ended its call from a tool with ``job.shutdown("the user said bye")``: the
+job's own shutdown callbacks heard that reason, but livekit's (``ctx.add_shutdown_callback``,
+the job process's exit, its ``job_shutdown`` span) heard "room disconnected", as for a room
+the server dropped: the job's close disconnects the room, and livekit's end began on that.
+With ``ctx.shutdown(reason)``, livekit alone gives every callback the reason. The job tells
+livekit's process the reason before its close disconnects the room.
+
+Real: livekit's fake ``JobContext``, ``AgentSession``, ``AgentServer``, the runtime. Faked,
+because they need a server: the room (``InMemoryRoom``) and the session transport.
+"""
+
+from __future__ import annotations
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+
+from agent_runtime import AgentJob, on_session_end
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom
+
+pytestmark = pytest.mark.virtual_time
+
+
+def _server(seen: list[str]) -> AgentServer:
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        async def livekits(reason: str) -> None:
+            seen.append(f"ctx callback: {reason}")
+
+        async def jobs(reason: str) -> None:
+            seen.append(f"job callback: {reason}")
+
+        ctx.add_shutdown_callback(livekits)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.add_shutdown_callback(jobs)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+@pytest.mark.parametrize("ended_by", ["job.shutdown", "ctx.shutdown"])
+async def test_the_reason_the_agent_gives_reaches_every_shutdown_callback(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, ended_by: str
+) -> None:
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server(seen))
+    end = job.shutdown if ended_by == "job.shutdown" else run_entrypoint.ctx.shutdown
+    run_entrypoint.in_job(end, "the user said bye")  # as an end-call tool of the agent's
+    await run_entrypoint.wait_ended()
+
+    assert sorted(seen) == [
+        "ctx callback: the user said bye",
+        "job callback: the user said bye",
+    ]
+    assert run_entrypoint.process.reason == "the user said bye"
+    assert job.states["job"] == "closed" and not agent_room.isconnected()
+
+
+@pytest.mark.parametrize("graceful", [True, False], ids=["aclose", "abort"])
+async def test_the_agents_own_close_is_what_livekits_end_hears(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, graceful: bool
+) -> None:
+    # the agent's await job.aclose() is its ctx.shutdown(): livekit's callbacks heard "room
+    # disconnected" while the job's heard "job closed" ("aborted")
+    reason = "job closed" if graceful else "aborted"
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server(seen))
+    await run_entrypoint.in_job(job.aclose, graceful=graceful)
+    await run_entrypoint.wait_ended()
+    assert sorted(seen) == [f"ctx callback: {reason}", f"job callback: {reason}"]
+    assert run_entrypoint.process.reason == reason
+
+
+async def test_a_job_that_ends_on_its_own_still_ends_livekits_on_the_rooms_disconnect(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # no reason from the agent: livekit's end comes from the disconnect, as before
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server(seen))
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    assert "ctx callback: room disconnected" in seen
+    assert run_entrypoint.process.reason == "room disconnected"
+    assert job.states["job"] == "closed"
