@@ -23,12 +23,11 @@ from typing import Any, TypeVar, get_args
 from livekit import rtc
 
 from agent_runtime.observe.trace import describe, job_place
+from agent_runtime.sdk.asyncio_compat import marked_coroutine
 
 logger = logging.getLogger("agent_runtime.emitter")
 
 T = TypeVar("T")
-
-_COROUTINE_MARKER = getattr(asyncio.coroutines, "_is_coroutine", None)
 
 
 def positional_arity(fn: Callable[..., Any]) -> int | None:
@@ -72,10 +71,7 @@ def _is_async(callback: Callable[..., Any]) -> bool:
     if type(func) is FunctionType and not func.__dict__:
         # a plain function (no marker, no wrapper): its code says it all
         return bool(func.__code__.co_flags & inspect.CO_COROUTINE)
-    return inspect.iscoroutinefunction(callback) or (
-        _COROUTINE_MARKER is not None
-        and getattr(callback, "_is_coroutine", None) is _COROUTINE_MARKER
-    )
+    return inspect.iscoroutinefunction(callback) or marked_coroutine(callback)
 
 
 _NO_LISTENERS: dict[Any, tuple[Callable[..., Any], ...]] = {}

@@ -647,6 +647,35 @@ async def test_a_session_close_that_hangs_still_ends_the_job(
     assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
 
 
+async def test_a_session_close_that_fails_still_ends_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The user leaves and the session's close fails (a plugin raises in its teardown:
+    livekit then never emits ``close``). The participant link gives up at its bound and
+    the job shuts down; it used to close the link at once and leave the job serving, with
+    nobody there, for good."""
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, session_close_timeout=20)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+
+    async def failing(**_: Any) -> None:
+        raise RuntimeError("a plugin failed while closing")  # fault injection
+
+    session._teardown_activity = failing  # type: ignore[method-assign]
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert job.states["job"] == "serving"
+    await clock.advance(19.9)
+    assert job.states["participant"] == "closing" and job.states["job"] == "serving"
+    await clock.advance(0.1 + 10)  # the give-up, then the job's own bounded close
+    assert job.states["participant"] == "closed" and job.states["job"] == "closed"
+    assert job.job.reason == "the session did not close within 20s after participant user left"
+    await job.aclose()
+    assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
+
+
 async def start_while(
     room: InMemoryRoom, clock: VirtualClock, during: Callable[[], None]
 ) -> AgentJob:

@@ -7,6 +7,7 @@ same failure."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -159,6 +160,25 @@ def test_a_link_the_runtime_does_not_deliver_is_found_and_replayed(
     assert found.detail in out
     assert main(["--inputs", "job", "--replay", path]) == 0
     assert "every invariant holds" in capsys.readouterr().out
+
+
+def test_the_replay_command_a_planted_fault_prints_fails_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command a violation prints is the one to copy: run as printed it fails on the
+    same invariant (it named the path and the config, not the inputs drawn from nor the
+    fault planted, so it passed)."""
+    path = "finalize,shutdown,verdict_ready"  # as the search above finds it
+    argv = ["--inputs", "job", "--replay", path, "--drop-link", FAULT]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.strip().startswith("replay: ")]
+    printed = shlex.split(line.split("python3 dev.py explore ", 1)[1])
+    assert printed[printed.index("--drop-link") + 1] == FAULT
+    assert printed[printed.index("--inputs") + 1] == "job"
+    assert main(printed) == 1
+    again = capsys.readouterr().out
+    assert "invariant 7 violated" in again and line in again
 
 
 def test_the_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:

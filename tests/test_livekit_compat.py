@@ -314,28 +314,30 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _livekit_privates(cls: type) -> set[str]:
-    """The private names the livekit classes among ``cls``'s bases define (but those a
-    project class among them took over: ``OWN_IN_SUBCLASS``)."""
+def _livekit_privates(cls: type, package: str = "livekit") -> set[str]:
+    """The private names the classes of ``package`` (livekit, or asyncio) among ``cls``'s
+    bases define (but those a project class among them took over: ``OWN_IN_SUBCLASS``)."""
     names: set[str] = set()
     taken: set[str] = set()
     for base in cls.__mro__:
-        if base is not cls and base.__module__.split(".")[0] == "livekit":
+        if base is not cls and base.__module__.split(".")[0] == package:
             with contextlib.suppress(OSError, TypeError):
                 names |= {n for n in _DEFINED.findall(inspect.getsource(base)) if n[:2] != "__"}
         taken |= OWN_IN_SUBCLASS.get(f"{base.__module__}.{base.__qualname__}", set())
     return names - taken
 
 
-def _classes(module: str, tree: ast.Module) -> list[tuple[ast.ClassDef, set[str]]]:
-    """Each top-level class of ``module`` with the private names its livekit bases define
-    (none for a class of the project's own)."""
+def _classes(
+    module: str, tree: ast.Module, package: str = "livekit"
+) -> list[tuple[ast.ClassDef, set[str]]]:
+    """Each top-level class of ``module`` with the private names its bases of ``package``
+    define (none for a class of the project's own)."""
     out = []
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             if module.startswith("agent_runtime"):
                 cls = getattr(importlib.import_module(module), node.name)
-                out.append((node, _livekit_privates(cls)))
+                out.append((node, _livekit_privates(cls, package)))
             else:
                 out.append((node, set()))
     return out
@@ -376,14 +378,16 @@ def private_reads(
     own: set[str],
     subclasses: list[tuple[ast.ClassDef, set[str]]] = (),  # type: ignore[assignment]
     module: str = "",
+    shared: frozenset[str] | set[str] = SHARED,
+    package: str = "livekit",
 ) -> list[tuple[int, str]]:
     """(line, name) wherever ``source`` reads or writes a private name of the SDK: an
     attribute of anything but ``self``/``cls`` that the SDK defines and the project does
-    not (or one of ``SHARED``), such a name given to ``getattr`` and its kind, a private
-    name or module imported from ``livekit``, and in a subclass of a livekit class any
-    ``self._name`` its livekit bases define (``subclasses``: the class nodes of ``source``
-    with those names)."""
-    theirs = (sdk - own) | SHARED
+    not (or one of ``shared``), such a name given to ``getattr`` and its kind, a private
+    name or module imported from ``package``, and in a subclass of a class of ``package``
+    any ``self._name`` its bases there define (``subclasses``: the class nodes of
+    ``source`` with those names). ``sdk``: the private names ``package`` defines."""
+    theirs = (sdk - own) | shared
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in theirs:
@@ -399,7 +403,7 @@ def private_reads(
             and node.args[1].value in theirs
         ):
             found.append((node.lineno, str(node.args[1].value)))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("livekit"):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package:
             name = node.module or ""
             private_module = any(part.startswith("_") for part in name.split("."))
             for alias in node.names:
@@ -472,6 +476,116 @@ def test_no_module_outside_sdk_reads_a_private_sdk_name() -> None:
             )
         ]
     assert offenders == []
+
+
+# -- asyncio's private names too: read in sdk/asyncio_compat.py only -----------------------
+_ASYNCIO_SOURCES = [Path(asyncio.__file__).parent]
+# asyncio private names the project also gives attributes of its own (the scheduler's
+# ``_ready``): read on anything but ``self`` they are asyncio's
+ASYNCIO_SHARED = frozenset({"_ready", "_scheduled", "_is_coroutine", "_callback"})
+
+
+def asyncio_private_reads(paths: list[Path]) -> list[str]:
+    """``path:line name`` wherever one of ``paths`` reads a private name of asyncio: a
+    loop's ready queue or timer heap, a future's state, the legacy coroutine marker, on an
+    object, through ``getattr``, imported, or inherited by a subclass of an asyncio class
+    (a loop of the kit's reading its base's ``self._scheduled``)."""
+    sdk = _defined([p for d in _ASYNCIO_SOURCES for p in d.rglob("*.py")])
+    own = _own(_modules())
+    found = []
+    for path in paths:
+        source = path.read_text(encoding="utf-8")
+        module = _module_name(path)
+        tree = ast.parse(source)
+        subclasses = [(c, names) for c, names in _classes(module, tree, "asyncio") if names]
+        found += [
+            f"{path.relative_to(ROOT)}:{line} {name}"
+            for line, name in private_reads(
+                source,
+                sdk=sdk,
+                own=own,
+                subclasses=subclasses,
+                module=module,
+                shared=ASYNCIO_SHARED,
+                package="asyncio",
+            )
+        ]
+    return found
+
+
+def test_the_asyncio_check_finds_a_private_name_however_it_is_read() -> None:
+    """What the kit's virtual time and the emitter read before they went through
+    ``asyncio_compat``: each is found, by line."""
+    source = (
+        "import asyncio\n"
+        "from asyncio.base_events import _format_handle\n"
+        "MARK = getattr(asyncio.coroutines, '_is_coroutine', None)\n"
+        "def settle(loop):\n"
+        "    return getattr(loop, '_ready', None), loop._ready, fut._log_traceback\n"
+        "class Sched:\n"
+        "    def f(self):\n"
+        "        return self._ready\n"
+    )
+    sdk = _defined([p for d in _ASYNCIO_SOURCES for p in d.rglob("*.py")])
+    reads = private_reads(source, sdk=sdk, own=set(), shared=ASYNCIO_SHARED, package="asyncio")
+    assert reads == [
+        (2, "asyncio.base_events._format_handle"),
+        (3, "_is_coroutine"),
+        (5, "_log_traceback"),
+        (5, "_ready"),
+    ]
+    loop_source = (
+        "class Loop(asyncio.SelectorEventLoop):\n"
+        "    def next_timer(self):\n"
+        "        return self._scheduled, self._mine\n"
+    )
+    cls = ast.parse(loop_source).body[0]
+    assert isinstance(cls, ast.ClassDef)
+    inherited = _livekit_privates(type("Loop", (asyncio.SelectorEventLoop,), {}), "asyncio")
+    reads = private_reads(
+        loop_source,
+        sdk=sdk,
+        own={"_mine"},
+        subclasses=[(cls, inherited)],
+        shared=ASYNCIO_SHARED,
+        package="asyncio",
+    )
+    assert reads == [(3, "self._scheduled")]
+
+
+def test_no_module_outside_sdk_reads_a_private_asyncio_name() -> None:
+    """The kit's ``settle()`` and its loop's timers, the emitter's coroutine check: read
+    through ``agent_runtime.sdk.asyncio_compat`` (the runtime, the kit, the tools, the
+    project's verification, the benchmarks and the examples checked)."""
+    modules = _modules()
+    assert ROOT / "agent_runtime" / "testing" / "clock.py" in modules
+    assert asyncio_private_reads(modules) == []
+
+
+async def test_the_asyncio_accessors_read_a_running_loop() -> None:
+    """``ready_handles`` holds what the loop runs next; ``scheduled_timers`` a timer armed,
+    and ``marked_coroutine`` asyncio's legacy marker (none on a plain function)."""
+    from agent_runtime.sdk import asyncio_compat as aio
+
+    loop = asyncio.get_running_loop()
+    handle = loop.call_soon(lambda: None)
+    ready = aio.ready_handles(loop)
+    assert ready is not None and handle in ready
+    timer = loop.call_later(60, lambda: None)
+    assert timer in aio.scheduled_timers(loop)
+    timer.cancel()
+    handle.cancel()
+    marker = getattr(asyncio.coroutines, "_is_coroutine", None)
+
+    def plain() -> None:
+        return None
+
+    assert not aio.marked_coroutine(plain)
+    if marker is not None:
+        plain._is_coroutine = marker  # type: ignore[attr-defined]
+        assert aio.marked_coroutine(plain)
+    assert aio.ready_handles(object()) is None  # type: ignore[arg-type]
+    assert aio.scheduled_timers(object()) == ()  # type: ignore[arg-type]
 
 
 async def test_a_sink_s_open_and_ended_segments_are_read_from_the_pinned_sdk() -> None:

@@ -351,6 +351,12 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             outcome = "close_failed"
         else:
             outcome = "close_finished"
+        if self._wiring is not None and outcome != "close_finished":
+            # composed, the session machine is who hears the session's close, and tells
+            # the job: a close that failed never emits it, so the link stays closing and
+            # its bound (session_close_timeout) gives up on it and shuts the job down, as
+            # for a close that hangs (closed here, the job served on without its user)
+            return
         self._post_session_closed(outcome)
 
     # -- RoomIO ------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Virtual time, the testing kit's stand-in for ``agent_runtime.clock.AsyncioClock``: a
 ``VirtualClock`` only moves when told to (``advance``, ``run_until``), so tests and scenarios
 run on virtual seconds and never sleep for real. ``settle()`` lets the loop run what is
-ready between two timers; it reads asyncio's ready queue, which is why it lives here and
-not in the runtime (the runtime orders its own work with its scheduler).
+ready between two timers; it reads asyncio's ready queue (through ``sdk/asyncio_compat``),
+which is why it lives here and not in the runtime (the runtime orders its own work with
+its scheduler).
 
 The SDK's own timers (livekit's interruption bound, a sink's clear bound, its user-away
 timer) are the loop's, not the job's clock. On a ``VirtualTimeLoop`` (``run``) they are
@@ -31,7 +32,7 @@ from types import FrameType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from agent_runtime.clock import TimerHandle, check_seconds
-from agent_runtime.sdk.asyncio_compat import handle_callback
+from agent_runtime.sdk.asyncio_compat import handle_callback, ready_handles, scheduled_timers
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -189,7 +190,7 @@ async def settle(max_rounds: int = 200) -> None:
     quiet = 0
     for _ in range(max_rounds):
         await asyncio.sleep(0)
-        ready = getattr(loop, "_ready", None)
+        ready = ready_handles(loop)
         if ready is not None and len(ready) == 0:
             quiet += 1
             if quiet >= 3:
@@ -375,8 +376,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def next_timer(self) -> float | None:
         """When the loop's next timer is due, on its time (None: no timer)."""
         # the loop's own heap of timers: this loop is the one place that reads it
-        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        live = [h.when() for h in scheduled if not h.cancelled()]
+        live = [h.when() for h in scheduled_timers(self) if not h.cancelled()]
         return min(live) if live else None
 
     async def subprocess_exec(  # type: ignore[override]
@@ -442,7 +442,7 @@ def _spinning(loop: asyncio.AbstractEventLoop) -> str:
     """What was ready in the loop's last round: its tasks by name and coroutine."""
     names: list[str] = []
     # the kit may read the loop's queue (the runtime never does: tests/test_layers.py)
-    for handle in getattr(loop, "_ready", ()):
+    for handle in ready_handles(loop) or ():
         callback = handle_callback(handle)
         task = getattr(callback, "__self__", None)
         if isinstance(task, asyncio.Task):

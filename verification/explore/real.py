@@ -135,19 +135,26 @@ class Violation:
     seed: int | None = None
     policy: str = ""  # how the stand-ins ended, for a violation once time passed alone
     config: str = ""  # the config's name (``CONFIGS``)
+    inputs: str = ""  # the inputs the search drew from (``--inputs``), when not all
+    fault: str = ""  # the planted fault it ran with (``--drop-link``), if any
 
     def __str__(self) -> str:
         where = "at the start" if self.step == 0 else f"after input {self.step}"
-        policy = f" --config {self.config}" if self.config else ""
+        # the replay command runs the path as it was found: its config, inputs and fault
+        again = f" --config {self.config}" if self.config else ""
+        if self.inputs and self.inputs != "all":
+            again += f" --inputs {self.inputs}"
+        if self.fault:
+            again += f" --drop-link {self.fault}"
         if self.step > len(self.path):
             where = "once time passed every bound after the last input"
-            policy += f" --policy {self.policy}"
+            again += f" --policy {self.policy}"
         seed = f" (walk seed {self.seed})" if self.seed is not None else ""
         return (
             f"invariant {self.invariant} violated {where}{seed}: {self.detail}\n"
             f"  path: {','.join(self.path) or '(none)'}\n"
             f"  replay: python3 dev.py explore --replay {','.join(self.path) or '-'}"
-            f"{policy}"
+            f"{again}"
         )
 
 

@@ -69,6 +69,8 @@ class RealReport:
     unreached: dict[str, list[str]] = field(default_factory=dict)
     entered: set[tuple[str, str]] = field(default_factory=set, repr=False)
     violations: list[Violation] = field(default_factory=list)
+    # --drop-link SPEC: the fault planted in every run (its violations' replay names it)
+    fault: str = ""
     # --write-scenario DIR: each violation's scenario file, or why it could not be written
     scenario_dir: str | None = None
     scenarios: list[str] = field(default_factory=list)
@@ -170,7 +172,7 @@ def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:
     report.idle_seconds += r.idle_seconds
     v = r.violation
     if v is not None and all(w.invariant != v.invariant for w in report.violations):
-        v.config = report.config
+        v.config, v.inputs, v.fault = report.config, report.inputs, report.fault
         report.violations.append(v)
         if report.scenario_dir is not None:
             report.scenarios.append(_write(report, v, r))
@@ -207,14 +209,16 @@ def bfs(
     scenario_dir: str | None = None,
     prefix: tuple[str, ...] = (),
     on_run: Callable[[Run], None] | None = None,
+    fault: str = "",
 ) -> RealReport:
     """Breadth first over the real job's snapshots, up to ``depth`` inputs and ``budget``
     states, from the start or from where ``prefix`` (a path) leads. With ``free_outcomes``
     a layer is one input from outside or one deadline: the stand-ins' outcomes are taken
     within the layer, in every order, at no cost in depth. ``stop_at_first``: stop at the
-    first violation."""
+    first violation. ``fault``: the ``--drop-link`` spec ``setup`` plants, for the replay
+    command a violation prints."""
     started = time.perf_counter()
-    report = RealReport(name, inputs, f"bfs depth {depth}", on_run=on_run)
+    report = RealReport(name, inputs, f"bfs depth {depth}", on_run=on_run, fault=fault)
     report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     Node = tuple[tuple[str, ...], tuple[str, ...]]  # (path, inputs enabled at its end)
@@ -321,12 +325,17 @@ def walks(
     scenario_dir: str | None = None,
     prefix: tuple[str, ...] = (),
     on_run: Callable[[Run], None] | None = None,
+    fault: str = "",
 ) -> RealReport:
     """``count`` walks, walk ``k`` with seed ``seed + k`` (each from where ``prefix``
-    leads)."""
+    leads); ``fault`` as for ``bfs``."""
     started = time.perf_counter()
     report = RealReport(
-        name, inputs, f"{count} walks of {steps} inputs from seed {seed}", on_run=on_run
+        name,
+        inputs,
+        f"{count} walks of {steps} inputs from seed {seed}",
+        on_run=on_run,
+        fault=fault,
     )
     report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
@@ -362,10 +371,12 @@ def replay(
     setup: Setup | None = None,
     policy: Policy = "return",
     scenario_dir: str | None = None,
+    fault: str = "",
 ) -> RealReport:
-    """Run ``path`` again (and let time pass alone at its end, as ``policy`` says)."""
+    """Run ``path`` again (and let time pass alone at its end, as ``policy`` says);
+    ``fault`` as for ``bfs``."""
     started = time.perf_counter()
-    report = RealReport(name, inputs, f"replay of {len(path)} inputs")
+    report = RealReport(name, inputs, f"replay of {len(path)} inputs", fault=fault)
     report.scenario_dir = scenario_dir
     seen: set[Snapshot] = set()
     r = run(config, path, inputs=inputs, setup=setup, policy=policy)
@@ -396,6 +407,7 @@ def run_real(args: Any) -> int:
     kw: dict[str, Any] = {
         "inputs": args.inputs,
         "setup": setup,
+        "fault": args.drop_link or "",
         "scenario_dir": getattr(args, "write_scenario", None),
     }
     if args.replay is not None and getattr(args, "prefix", None):
