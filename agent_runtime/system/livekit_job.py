@@ -178,6 +178,8 @@ def job_of(ctx: JobContext) -> AgentJob | None:
 
 def forget(ctx: JobContext, *, room_followed: bool) -> None:
     """``ctx``'s job closed; a job that had followed its room ended the livekit job."""
+    # livekit's shutdown holds the context (its value holds its key): let go with the job
+    _PROCESS_SHUTDOWN.pop(ctx, None)
     if _JOBS.pop(ctx, None) is not None and room_followed:
         _ENDED.add(ctx)
 
