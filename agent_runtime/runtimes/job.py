@@ -117,8 +117,7 @@ class JobRuntime(MachineRuntime[str]):
         built and holds itself (its ``owner`` hears their state changes); alone, the job
         builds its own (its sessions with no own session: any attached one's close ends the
         job through the host). ``composed_works``: the works of run_close's steps the
-        composer does. ``lost_room_hint()``: what a lost verdict's line adds when the room
-        went during the hold (inside a livekit job, the hook that was not given)."""
+        composer does; ``lost_room_hint()``: a lost verdict's word on a room gone in a hold."""
         super().__init__(owner)
         # its machines share one scheduler, the job's when composed
         scheduler = scheduler if scheduler is not None else Scheduler()
@@ -161,13 +160,12 @@ class JobRuntime(MachineRuntime[str]):
         # the links between the job's machines, as declared (statemachines.links.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
         self._callbacks = ShutdownCallbacks()
-        # the works of run_close's steps (statemachines.system.TEARDOWN) its composer does
-        # (the session's, the avatar's), asked for as the close begins: no table is kept
+        # run_close's steps its composer does (the session's, the avatar's), asked at the close
         self._composed_works = composed_works
         # run_close as it runs: what the log line says when the close bound cuts it
         self._teardown: Teardown | None = None
         self._reason = ""
-        self._lost_room_hint = lost_room_hint
+        self.disconnect_hint: Callable[[], str] = lost_room_hint or str  # str(): ""
         instance = room.name or "job"
         # a part the job builds itself, it forwards the changes of (a composer forwards its own)
         self.host = host or session_host_for(
@@ -308,11 +306,6 @@ class JobRuntime(MachineRuntime[str]):
         """Why the job ends, told to livekit first (``ctx.shutdown``); the first stands."""
         self._reason = self._reason or reason
 
-    @property
-    def disconnect_hint(self) -> str:
-        """Why the room may go during a hold (empty when nothing is known to cause it)."""
-        return self._lost_room_hint() if self._lost_room_hint is not None else ""
-
     def request_room_deletion(self) -> None:
         """Delete the room once the hold is over (what an end-call tool's delete_room does).
         Deferred to ``closing``; after the room work there it runs at once."""
@@ -419,7 +412,7 @@ class JobRuntime(MachineRuntime[str]):
         ended = (
             f"after session_end_timeout ({self._session_end_timeout:g}s)"
             if event == "hold_timeout"
-            else f"as the room disconnected{self.disconnect_hint}"
+            else f"as the room disconnected{self.disconnect_hint()}"
         )
         self.actor.report(
             logger,

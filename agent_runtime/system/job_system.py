@@ -71,12 +71,7 @@ from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system._start_part import StartPart
-from agent_runtime.system.livekit_job import (
-    CONTEXT_ENDED,
-    context_ended,
-    disconnect_work,
-    hold_hint,
-)
+from agent_runtime.system import livekit_job
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
@@ -183,7 +178,7 @@ class JobSystem(MachineRuntime[str]):
             deletion=self.deletion,
             sessions=self.sessions,
             composed_works=self._teardown_works,  # run_close's steps that need the room
-            lost_room_hint=None if ctx is None else lambda: hold_hint(ctx),
+            lost_room_hint=None if ctx is None else lambda: livekit_job.hold_hint(ctx),
             owner=forward,
         )
         self.link = ParticipantLink(
@@ -288,8 +283,8 @@ class JobSystem(MachineRuntime[str]):
                 raise RuntimeError("this job is already starting") from None
             if state == "running":
                 raise RuntimeError("this job is already started") from None
-            if self.job_context is not None and context_ended(self.job_context):
-                raise RuntimeError(CONTEXT_ENDED) from None
+            if self.job_context is not None and livekit_job.context_ended(self.job_context):
+                raise RuntimeError(livekit_job.CONTEXT_ENDED) from None
             raise RuntimeError("this job is closed; build a new AgentJob") from None
 
     async def run_part(self, work: Awaitable[None], *, session: bool = False) -> None:
@@ -397,13 +392,12 @@ class JobSystem(MachineRuntime[str]):
     # -- the job machine's run_close: the session and avatar steps ---------------------------
     # In livekit's order: the session's close first (its speech ends on the route it has,
     # and its close event closes the avatar), then the avatar, so the avatar's restore never
-    # builds a room track for a session that is going away. A session whose close is still
-    # running after its step's share no longer holds the avatar's close back (the avatar
-    # must leave while the room is connected).
+    # builds a room track for a session that is going away. A session still closing after
+    # its step's share no longer holds the avatar's close back (it leaves while connected).
     def _teardown_works(self) -> dict[str, Work]:
         works: dict[str, Work] = {"session": self._close_session, "avatar": self._avatar_left}
-        if self.job_context is not None:  # livekit's end: told why, or left to disconnect
-            works["disconnect"] = disconnect_work(self.job_context, self.job, self.events)
+        if (ctx := self.job_context) is not None:  # livekit's end: told why, or left to go
+            works["disconnect"] = livekit_job.disconnect_work(ctx, self.job, self.events)
         return works
 
     def _close_session(self) -> Awaitable[None] | None:

@@ -122,7 +122,7 @@ def answered(h: Harness) -> list[Problem]:
     agent's own hook does not await it), that is named as the cause: livekit's shutdown
     disconnected the room with no hold."""
     cause = ""
-    if h.job is not None and h.job.job.disconnect_hint:
+    if h.job is not None and h.job.job.disconnect_hint():
         cause = f": {NO_HOLD}"
     return [
         Problem(
