@@ -70,8 +70,8 @@ from agent_runtime.runtimes.teardown import Teardown, Work
 from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
-from agent_runtime.system._start_part import StartPart
 from agent_runtime.system import livekit_job
+from agent_runtime.system._start_part import StartPart
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
