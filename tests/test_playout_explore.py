@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from statemachines import Cell, MachineSpec, Row, State
+from statemachines.glue import GUARDS
 from statemachines.playout import PLAYOUT
 from verification.explore.playout import Report, explore_playout
 
@@ -136,3 +137,13 @@ def test_a_watchdog_that_never_arms_is_caught() -> None:
 def test_a_negative_count_is_refused() -> None:
     with pytest.raises(ValueError, match="max_reprompts must be >= 0"):
         explore_playout(max_reprompts=-1)
+
+
+def test_the_explorer_decides_with_the_runtime_s_own_guards() -> None:
+    """A guard the runtime would get wrong is caught: the watchdog's ``user_listening``
+    read as "linked" alone, a speaking user would be re-prompted over."""
+    broken = dict(GUARDS["playout"], user_listening=lambda f, data: f.user_linked)
+    found = _problems(explore_playout(guards=broken))
+    assert "reprompt_over_audio" in found
+    assert "user_speaks" in found["reprompt_over_audio"]
+    assert explore_playout(guards=GUARDS["playout"]).ok

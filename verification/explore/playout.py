@@ -5,8 +5,9 @@ the user is listening, speaking or gone, whether agent audio handed to the avata
 unplayed (``pending``), and the re-prompts used. Every input the session, the avatar and
 the user can produce is tried in every world reached, in any order, with the state's own
 timeout whenever one is armed; the machine decides with the same pure
-``statemachines.step`` the runtime runs, its guards read from the world, its effects
-applied to it. Checked in every world and on every step:
+``statemachines.step`` the runtime runs and the runtime's own guards
+(``statemachines.glue``) reading the world, its effects applied to it. Checked in every
+world and on every step:
 
 - ``avatar_gone``: never waiting in ``remote_playout`` for an avatar that is not joined;
 - ``reprompt_over_audio``: a re-prompt never runs while agent audio is pending or the user
@@ -46,12 +47,13 @@ input sequence reaching each problem.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from agent_runtime.testing.invariants.playout import Facts, decision
 from statemachines import MachineSpec, step
+from statemachines.glue import EMPTY, GUARDS, Guard
 from statemachines.playout import PLAYOUT, QUIET
 from statemachines.playout import TURN as _TURN
 
@@ -169,9 +171,46 @@ INPUTS: tuple[Input, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """A world as the runtime's guards read it (``statemachines.glue.PlayoutFacts``)."""
+
+    world: World
+    watchdog_on: bool
+    max_reprompts: int
+
+    @property
+    def avatar_state(self) -> str:
+        return "joined" if self.world.joined else "routing"
+
+    @property
+    def audio_at_avatar(self) -> bool:
+        return self.world.pending > 0
+
+    @property
+    def user_linked(self) -> bool:
+        return self.world.user != "gone"
+
+    @property
+    def user_speaking(self) -> bool:
+        return self.world.user == "speaking"
+
+    @property
+    def reprompts(self) -> int:
+        return self.world.reprompts
+
+
 class _Explorer:
-    def __init__(self, spec: MachineSpec, *, watchdog: bool, max_reprompts: int) -> None:
+    def __init__(
+        self,
+        spec: MachineSpec,
+        guards: Mapping[str, Guard],
+        *,
+        watchdog: bool,
+        max_reprompts: int,
+    ) -> None:
         self.spec = spec
+        self._guards = guards
         self.watchdog = watchdog
         self.max_reprompts = max_reprompts
         self.report = Report()
@@ -179,13 +218,9 @@ class _Explorer:
         self._row_index = {id(r): k for k, r in enumerate(spec.rows)}
 
     def guards(self, w: World) -> dict[str, bool]:
-        return {
-            "avatar_joined": w.joined,
-            "audio_at_avatar": w.pending > 0,
-            "watchdog_on": self.watchdog,
-            "user_listening": w.user == "listening",
-            "reprompts_left": w.reprompts < self.max_reprompts,
-        }
+        """The runtime's own guards (``statemachines.glue``), on the world's facts."""
+        facts = _Facts(w, self.watchdog, self.max_reprompts)
+        return {name: guard(facts, EMPTY) for name, guard in self._guards.items()}
 
     def inputs(self, w: World) -> Iterator[tuple[str, World, str | None]]:
         for name, allowed, change, event in INPUTS:
@@ -313,9 +348,14 @@ class _Explorer:
 
 
 def explore_playout(
-    spec: MachineSpec = PLAYOUT, *, watchdog: bool = True, max_reprompts: int = 2
+    spec: MachineSpec = PLAYOUT,
+    *,
+    watchdog: bool = True,
+    max_reprompts: int = 2,
+    guards: Mapping[str, Guard] = GUARDS["playout"],
 ) -> Report:
-    """Every world the machine and its inputs can reach, each checked; see the module."""
+    """Every world the machine and its inputs can reach, each checked; see the module.
+    ``guards`` are the runtime's own unless a test breaks one."""
     if max_reprompts < 0:
         raise ValueError("max_reprompts must be >= 0")
-    return _Explorer(spec, watchdog=watchdog, max_reprompts=max_reprompts).run()
+    return _Explorer(spec, guards, watchdog=watchdog, max_reprompts=max_reprompts).run()
