@@ -5,8 +5,8 @@ The testing kit (in-memory room, scripted avatar, scenarios) is ``agent_runtime.
 the tools (CLI, renderers, replay, exploration) are ``agent_runtime.tools``. Neither is
 imported from here.
 
-The runtime classes that need ``livekit.agents`` (about a second to import) load on first
-use, so commands such as ``agent-runtime diagrams`` never pay for them.
+Every name loads on first use: ``livekit.agents`` takes about a second to import, and
+commands such as ``agent-runtime diagrams`` never pay for it.
 """
 
 from __future__ import annotations
@@ -14,29 +14,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agent_runtime._messages import AlreadyStarted
-from agent_runtime.actor import (
-    Actor,
-    ActorClosed,
-    Event,
-    EventRejected,
-    Output,
-    StateChanged,
-)
-from agent_runtime.clock import AsyncioClock, Clock
-from agent_runtime.observe.reading import read_trace
-from agent_runtime.observe.trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord
-from agent_runtime.scheduler import Scheduler
-
 if TYPE_CHECKING:
+    from agent_runtime._messages import AlreadyStarted
+    from agent_runtime.actor import (
+        Actor,
+        ActorClosed,
+        Event,
+        EventRejected,
+        Output,
+        StateChanged,
+    )
+    from agent_runtime.clock import AsyncioClock, Clock
     from agent_runtime.observe.otel import OtelSink
+    from agent_runtime.observe.reading import read_trace
     from agent_runtime.observe.snapshot import JobSnapshot
+    from agent_runtime.observe.trace import JsonlSink, LoggingSink, MemorySink, Tracer, TraceRecord
     from agent_runtime.runtimes.avatar import AvatarLifecycle, AvatarPluginError
     from agent_runtime.runtimes.job import JobRuntime
     from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
     from agent_runtime.runtimes.playout import PlayoutTracker
     from agent_runtime.runtimes.room_events import RoomEventAdapter
     from agent_runtime.runtimes.session_host import JobSessionHost
+    from agent_runtime.scheduler import Scheduler
     from agent_runtime.sdk.session_transport import RoomRequestTransport
     from agent_runtime.settings import (
         AvatarRetry,
@@ -51,7 +50,25 @@ if TYPE_CHECKING:
 # the one version source: pyproject.toml reads it (setuptools' dynamic version, by AST)
 __version__ = "0.1.0"
 
+# every name loads on first use: importing the package (as the CLI does before its Ctrl-C
+# handler is in place) costs nothing of livekit's or the machines'
 _LAZY = {
+    "Actor": "actor",
+    "ActorClosed": "actor",
+    "Event": "actor",
+    "EventRejected": "actor",
+    "Output": "actor",
+    "StateChanged": "actor",
+    "AlreadyStarted": "_messages",
+    "AsyncioClock": "clock",
+    "Clock": "clock",
+    "read_trace": "observe.reading",
+    "JsonlSink": "observe.trace",
+    "LoggingSink": "observe.trace",
+    "MemorySink": "observe.trace",
+    "Tracer": "observe.trace",
+    "TraceRecord": "observe.trace",
+    "Scheduler": "scheduler",
     "AvatarLifecycle": "runtimes.avatar",
     "AvatarPluginError": "runtimes.avatar",
     "JobRuntime": "runtimes.job",

@@ -98,6 +98,23 @@ def test_ctrl_c_during_simulate_is_one_line_and_exit_130() -> None:
     assert "Traceback" not in err
 
 
+def test_ctrl_c_while_the_command_loads_is_one_line_too() -> None:
+    """Ctrl-C in a command's first half second landed before ``main``'s handler, in the
+    package's import of the machines and livekit's protobufs: a traceback. Importing the
+    CLI now loads neither; each command loads them inside ``main``."""
+    script = (
+        "import sys\n"
+        "import agent_runtime.tools.cli\n"
+        "heavy = ('livekit', 'statemachines', 'pydantic', 'agent_runtime.actor')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=ENV, cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 # every command, with the arguments it needs to be parsed
 COMMANDS = {
     "simulate": ["simulate"],
