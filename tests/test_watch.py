@@ -286,6 +286,30 @@ def test_once_in_a_pipe_prints_whole_lines_and_the_last_record_without_its_newli
     assert "agent_job      closing -> closed  on released" in done.stdout  # past column 40
 
 
+def test_once_says_a_last_line_still_being_written_is_not_shown(
+    tmp_path: Path, trace_lines: list[str]
+) -> None:
+    # a job writing its trace as --once reads it: the cut last line was dropped in silence,
+    # the view one record short with nothing saying so
+    trace = tmp_path / "job.jsonl"
+    cut = trace_lines[-1][: len(trace_lines[-1]) // 2]
+    trace.write_text("".join(trace_lines[:-1]) + cut, encoding="utf-8")
+    done = subprocess.run(
+        [*CLI, str(trace), "--once", "--last", "1000"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=WAIT,
+    )
+    assert done.returncode == 0, done.stderr
+    n = len(trace_lines)
+    assert done.stderr == (
+        f"agent-runtime watch: {trace}:{n}: not whole yet (still being written?); not shown\n"
+    )
+    assert f"{n - 1} records" in done.stdout
+
+
 def test_a_transition_back_into_its_own_state_is_listed(tmp_path: Path) -> None:
     # a session attached in place of another (attached -> attached, its effects
     # unsubscribe, subscribe) was not in the list: invisible in a production trace

@@ -8,7 +8,7 @@ whose time goes back or that starts another job (``TraceOrder``: another job's r
 appended) is named and starts the view over from it, as a file that is truncated (a new
 job writing the same path) starts it over from its start. Ctrl-C stops it. ``--once``
 prints the current view and exits (2 when a line was named); its lines are cut to the
-width only on a terminal.
+width only on a terminal, and a last line the job is still writing is left out, saying so.
 
 Started before the job, it waits for the trace to be written (and for the directories on
 its way, which the runtime makes), saying so once on stderr; ``--once`` does not wait. A
@@ -110,6 +110,7 @@ class Watch:
         self.lanes = Lanes()
         self.order = TraceOrder(self.lanes.machines)  # the rules between records, as read
         self.problems: list[str] = []
+        self.cut: int | None = None  # a last line not whole yet, left out (final only)
 
     def poll(self, *, final: bool = False) -> tuple[list[Entry], list[str], bool]:
         """New history entries, new problems, and whether the trace restarted (``final``:
@@ -138,7 +139,8 @@ class Watch:
                 continue
             except TraceError as e:
                 if n == self.follower.unterminated:
-                    continue  # a last line still being written, as following would wait
+                    self.cut = n  # a last line still being written, as following would wait
+                    continue
                 problems.append(f"{e}; line skipped")
                 continue
             try:
@@ -267,6 +269,9 @@ def run(args: argparse.Namespace) -> int:
             _, problems, _ = watch.poll(final=True)
             for p in problems:
                 print(f"{PROG}: {p}", file=sys.stderr)
+            if watch.cut is not None:  # not a problem: the job is writing it
+                print(f"{PROG}: {path}:{watch.cut}: not whole yet (still being written?); "
+                      "not shown", file=sys.stderr)  # fmt: skip
             # cut to the terminal only on one: a file or a pipe gets whole lines
             width = shutil.get_terminal_size((100, 24)).columns if out.isatty() else None
             out.write("\n".join(watch.view(last=args.last, width=width)) + "\n")
