@@ -676,6 +676,11 @@ TABLE: list[Bad] = [
         "name: the scenario's name is empty",
     ),
     scenario(
+        "name-of-two-lines",  # a report's one line per scenario became two
+        'name: "two\\nlines"\nsteps: [{at: 0, event: end}]\n',
+        "name: the scenario's name holds a control character ('\\n'): it is one line",
+    ),
+    scenario(
         "participant-twice",
         "name: x\nparticipants: [{identity: u}, {identity: u, kind: sip}]\n"
         "steps: [{at: 0, event: end}]\n",

@@ -538,6 +538,17 @@ class Expect(_Strict):
         return v
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a scenario, if it cannot: reports, traces and recorded files
+    name the scenario by it, on one line."""
+    if not name.strip():
+        return "the scenario's name is empty"
+    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        return f"the scenario's name holds a control character ({bad!r}): it is one line"
+    return None
+
+
 class Scenario(_Strict):
     name: str
     description: str = ""
@@ -549,8 +560,9 @@ class Scenario(_Strict):
     @field_validator("name")
     @classmethod
     def _named(cls, v: str) -> str:
-        if not v.strip():  # reports, traces and recorded files name the scenario by it
-            raise PydanticCustomError("empty_name", "the scenario's name is empty", {})
+        problem = name_problem(v)
+        if problem is not None:
+            raise PydanticCustomError("bad_name", problem, {})
         return v
 
     @field_validator("participants")

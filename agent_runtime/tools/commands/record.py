@@ -19,7 +19,7 @@ import yaml
 
 from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.testing.result import seconds_text as secs
-from agent_runtime.testing.scenario import ScenarioError, parse_scenario
+from agent_runtime.testing.scenario import ScenarioError, name_problem, parse_scenario
 from agent_runtime.tools.output import same_file, write_file
 from agent_runtime.tools.record import RecordError, compare, record, render, timing
 
@@ -28,8 +28,8 @@ logger = logging.getLogger("agent_runtime.tools.record")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.name is not None and not args.name.strip():
-        return _fail("--name is empty: give the scenario a name, or leave it out")
+    if args.name is not None and (problem := name_problem(args.name)) is not None:
+        return _fail(f"--name: {problem}")
     if args.out == "-":  # standard output, as without -o
         args.out = None
     if args.out and same_file(args.out, args.trace):
