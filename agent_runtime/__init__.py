@@ -2,7 +2,7 @@
 runtimes of the machines.
 
 The testing kit (in-memory room, scripted avatar, scenarios) is ``agent_runtime.testing``;
-the tools (CLI, renderers, replay, exploration) are ``agent_runtime.tools``. Neither is
+the tools (CLI, renderers, replay, record, watch) are ``agent_runtime.tools``. Neither is
 imported from here.
 
 Every name loads on first use: ``livekit.agents`` takes about a second to import, and
