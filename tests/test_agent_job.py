@@ -36,6 +36,7 @@ from agent_runtime import (
     on_session_end,
     session_end_hook,
 )
+from agent_runtime.observe.trace import MemorySink, Tracer
 from agent_runtime.runtimes.avatar import audio_tail
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import VirtualClock, settle
@@ -670,6 +671,63 @@ async def test_a_session_close_that_fails_still_ends_the_job(
     await clock.advance(19.9)
     assert job.states["participant"] == "closing" and job.states["job"] == "serving"
     await clock.advance(0.1 + 10)  # the give-up, then the job's own bounded close
+    assert job.states["participant"] == "closed" and job.states["job"] == "closed"
+    assert job.job.reason == "the session did not close within 20s after participant user left"
+    await job.aclose()
+    assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
+
+
+async def test_the_participant_link_hears_the_sessions_close_once(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The user leaves, the link closes the session: the session machine hears livekit's
+    ``close`` and the links tell the participant machine. The link also followed the
+    session's closing task and told itself when it ended, so its trace showed the close
+    twice (the second ignored in ``closed``, with a made-up reason ``close_finished``)."""
+    room.add_participant("user")
+    sink = MemorySink()
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, tracer=Tracer(sink))
+    await job.start(Agent(instructions="agent"))
+    await settle()
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await asyncio.wait_for(job.wait_closed(), 5)
+    await job.aclose()
+    heard = [
+        (r.kind, r.source, r.dest, r.data.get("reason"))
+        for r in sink.records
+        if r.machine == "participant" and r.event == "session_closed"
+    ]
+    assert heard == [("transition", "closing", "closed", "participant_disconnected")]
+
+
+async def test_a_user_who_leaves_after_the_sessions_own_close_failed_ends_the_job(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    """The session's close failed once (a plugin raised in its teardown: livekit stops the
+    session and never emits ``close``), then the user leaves. The link asks the session to
+    close again; livekit returns at once for a session that is not started, again with no
+    ``close``. The link took the end of that close for the session's close and went
+    ``closed``, and the job served an empty room for good; now the link waits for the
+    session to say so, gives up at ``session_close_timeout`` and the job shuts down."""
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, session_close_timeout=20)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+    teardown = session._teardown_activity
+
+    async def failing(**_: Any) -> None:
+        raise RuntimeError("a plugin failed while closing")  # fault injection
+
+    session._teardown_activity = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="a plugin failed while closing"):
+        await session.aclose()
+    session._teardown_activity = teardown  # type: ignore[method-assign]
+    assert not lk.session_started(session) and job.states["job"] == "serving"
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert job.states["participant"] == "closing"
+    await clock.advance(20 + 10)  # the give-up, then the job's own bounded close
     assert job.states["participant"] == "closed" and job.states["job"] == "closed"
     assert job.job.reason == "the session did not close within 20s after participant user left"
     await job.aclose()

@@ -199,7 +199,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         Call it after ``await session.start(..., room=room)``: the link points the session's
         RoomIO, which exists only from then on.
         """
-        if self.actor.closed or self.actor.state == "closed":
+        if self.actor.state == "closed":
             raise RuntimeError("ParticipantLink is closed; create a new one")
         if self.actor.started:
             return  # following already (the machine starts with the room's subscription)
@@ -331,8 +331,17 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # CloseReason.PARTICIPANT_DISCONNECTED for the job
         lk.ask_session_close(self.session, CloseReason.PARTICIPANT_DISCONNECTED)
         task = lk.session_closing_task(self.session)
-        if isinstance(task, asyncio.Future):
-            # a close whose teardown fails never emits `close`: its end is enough
+        if not isinstance(task, asyncio.Future):
+            return
+        if self._wiring is not None:
+            # composed, the session machine alone hears the session's close and the links
+            # tell this machine, once. A close that never says so (its teardown failed, or
+            # the session had stopped already: livekit then returns without `close`) leaves
+            # the link closing until session_close_timeout, which shuts the job down. The
+            # failure of the close it asked for is read (the SDK logged it already)
+            task.add_done_callback(_read_failure)
+        else:
+            # alone, a close whose teardown fails never emits `close`: its end is enough
             task.add_done_callback(self._on_close_task_done)
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
@@ -351,12 +360,6 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             outcome = "close_failed"
         else:
             outcome = "close_finished"
-        if self._wiring is not None and outcome != "close_finished":
-            # composed, the session machine is who hears the session's close, and tells
-            # the job: a close that failed never emits it, so the link stays closing and
-            # its bound (session_close_timeout) gives up on it and shuts the job down, as
-            # for a close that hangs (closed here, the job served on without its user)
-            return
         self._post_session_closed(outcome)
 
     # -- RoomIO ------------------------------------------------------------------------------
@@ -388,6 +391,11 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)
+
+
+def _read_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _present(room_events: RoomEventAdapter) -> list[Event]:

@@ -341,7 +341,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         return self._stop()
 
     async def stop(self) -> None:
-        """Stop the machine where it is (no ``close`` event) and stop following."""
+        """Stop following at once: the machine is let go (its table's ``close``, traced,
+        whatever it was doing), its listeners and speech followers go."""
         await released(self._stop())
 
     def _stop(self) -> asyncio.Future[Any] | None:
