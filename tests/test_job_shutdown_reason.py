@@ -91,3 +91,41 @@ async def test_a_job_that_ends_on_its_own_still_ends_livekits_on_the_rooms_disco
     assert "ctx callback: room disconnected" in seen
     assert run_entrypoint.process.reason == "room disconnected"
     assert job.states["job"] == "closed"
+
+
+class _FailingStart(AgentSession):  # type: ignore[type-arg]
+    async def start(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        raise RuntimeError("the STT plugin's key is wrong")
+
+
+async def test_a_start_that_fails_ends_livekits_job_with_the_jobs_own_reason(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # the agent catches the failed start and waits for the job's close: the job aborts what
+    # did start, and its callbacks hear "aborted"; livekit's heard "room disconnected", as
+    # for a room the server dropped
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        async def livekits(reason: str) -> None:
+            seen.append(f"ctx callback: {reason}")
+
+        async def jobs(reason: str) -> None:
+            seen.append(f"job callback: {reason}")
+
+        ctx.add_shutdown_callback(livekits)
+        job = AgentJob.from_job_context(ctx, session=_FailingStart())
+        job.add_shutdown_callback(jobs)
+        try:
+            await job.start(Agent(instructions="test"))
+        except RuntimeError:
+            await job.wait_closed()
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await run_entrypoint.wait_ended()
+    assert sorted(seen) == ["ctx callback: aborted", "job callback: aborted"]
+    assert run_entrypoint.process.reason == "aborted"
+    assert job.lifecycle == "closed" and not agent_room.isconnected()
