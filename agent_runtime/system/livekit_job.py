@@ -47,6 +47,9 @@ class _Registration:
     livekit_asked: bool = False
     # livekit has called on_session_end: a room lost in a hold is no missing hook
     session_end_called: bool = False
+    # the job's close began with the room its to end (livekit's end not asked): done once
+    # its disconnect step is over, which session_end_hook waits for before yours
+    room_ended: asyncio.Future[None] | None = None
 
 
 # the live job of each job context, for on_session_end / on_simulation_end; dropped at close
@@ -179,14 +182,31 @@ def disconnect_work(
         return job.disconnect_room
     if reg.livekit_asked:
         return lambda: None
+    ended = reg.room_ended = asyncio.get_running_loop().create_future()
 
     def disconnect() -> Awaitable[None] | None:
         asked = reg.agent_gave_reason or reg.job.lifecycle == "closing"
         if asked and job.reason and events.started and ctx.room.isconnected():
-            ctx.shutdown(job.reason)
-        return job.disconnect_room()
+            ctx.shutdown(job.reason)  # livekit's end begins: on_session_end runs meanwhile
+        return _then_done(job.disconnect_room(), ended)
 
     return disconnect
+
+
+def _then_done(work: Awaitable[None] | None, done: asyncio.Future[None]) -> Awaitable[None] | None:
+    """``work`` (a coroutine: its step's task, cut at its bound), then ``done``, however
+    ``work`` ended; ``done`` at once when there is no work."""
+    if work is None:
+        done.set_result(None)
+        return None
+
+    async def run() -> None:
+        try:
+            await work
+        finally:
+            done.set_result(None)
+
+    return run()
 
 
 def job_of(ctx: JobContext) -> AgentJob | None:
@@ -208,6 +228,14 @@ def hold_hint(ctx: JobContext) -> str:
     livekit's own disconnect, which the hook's absence causes; once it runs, it is not."""
     reg = _JOBS.get(ctx)
     return "" if reg is not None and reg.session_end_called else NO_HOOK_HINT
+
+
+async def _room_ended_by_the_job(reg: _Registration) -> None:
+    """Until the job's close has disconnected the room, when its close is what ends it, or
+    until the job is closed (a disconnect cut at its bound)."""
+    ended, closed = reg.room_ended, reg.job.job.when_closed()
+    if ended is not None and not ended.done() and closed is not None:
+        await asyncio.wait((ended, closed), return_when=asyncio.FIRST_COMPLETED)
 
 
 NO_HOOK_HINT = (
@@ -267,18 +295,21 @@ def session_end_hook(
     server's ``session_end_timeout``. When the job was shut down through livekit
     (``ctx.shutdown()`` once the job was built: your code, an end-call tool, the simulator
     leaving) the room is connected while yours runs: livekit disconnects it afterwards,
-    and the job leaves it to livekit. When the job ended on its own (the user left, say),
-    its close disconnected the room, which is what ended the livekit job: yours runs with
-    the room gone, as livekit alone runs it once the room ends. In a simulation the job
-    holds for the verdict while yours runs; read the verdict in ``on_simulation_end``. If
-    yours raises, the job still ends, then its error is raised (livekit logs it, as it
-    logs a failing ``on_session_end``)."""
+    and the job leaves it to livekit. When the job's own close ended it (the user left, say,
+    or your ``job.shutdown(reason)`` or ``aclose()``), its close disconnects the room: yours
+    runs once the room is gone, as livekit alone runs it once the room ends. In a
+    simulation the job holds for the verdict while yours runs; read the verdict in
+    ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
+    (livekit logs it, as it logs a failing ``on_session_end``)."""
     # its arity too, as on_simulation_end's: a then() taking no ctx failed at every job end
     check_part("then", then)
 
     async def hook(ctx: JobContext) -> None:
         if isinstance(ctx, JobContext) and (reg := _JOBS.get(ctx)) is not None:
             reg.session_end_called = True  # the hook is given, though yours runs first
+            # the job's close is disconnecting the room (yours ran as the disconnect raced
+            # livekit here: with the room, or without it, or losing it as it ran)
+            await _room_ended_by_the_job(reg)
         failed: Exception | None = None
         try:
             if then is not None:
