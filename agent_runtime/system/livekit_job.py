@@ -47,8 +47,8 @@ class _Registration:
     livekit_asked: bool = False
     # livekit has called on_session_end: a room lost in a hold is no missing hook
     session_end_called: bool = False
-    # the job's close began with the room its to end (livekit's end not asked): done once
-    # its disconnect step is over, which session_end_hook waits for before yours
+    # the job's close began, and the room is its own to end (livekit's end was not asked):
+    # done once its disconnect step is over, which session_end_hook waits for before yours
     room_ended: asyncio.Future[None] | None = None
 
 
@@ -233,8 +233,8 @@ def hold_hint(ctx: JobContext) -> str:
 async def _room_ended_by_the_job(reg: _Registration) -> None:
     """Until the job's close has disconnected the room, when its close is what ends it, or
     until the job is closed (a disconnect cut at its bound)."""
-    ended, closed = reg.room_ended, reg.job.job.when_closed()
-    if ended is not None and not ended.done() and closed is not None:
+    ended = reg.room_ended
+    if ended is not None and not ended.done() and (closed := reg.job.job.when_closed()):
         await asyncio.wait((ended, closed), return_when=asyncio.FIRST_COMPLETED)
 
 
