@@ -14,11 +14,14 @@ because they need a server: the room (``InMemoryRoom``) and the session transpor
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 
-from agent_runtime import AgentJob, on_session_end
+from agent_runtime import AgentJob, on_session_end, session_end_hook
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 
@@ -91,3 +94,81 @@ async def test_a_job_that_ends_on_its_own_still_ends_livekits_on_the_rooms_disco
     assert "ctx callback: room disconnected" in seen
     assert run_entrypoint.process.reason == "room disconnected"
     assert job.states["job"] == "closed"
+
+
+class _FailingStart(AgentSession):  # type: ignore[type-arg]
+    async def start(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        raise RuntimeError("the STT plugin's key is wrong")
+
+
+async def test_a_start_that_fails_ends_livekits_job_with_the_jobs_own_reason(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner
+) -> None:
+    # the agent catches the failed start and waits for the job's close: the job aborts what
+    # did start, and its callbacks hear "aborted"; livekit's heard "room disconnected", as
+    # for a room the server dropped
+    seen: list[str] = []
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        async def livekits(reason: str) -> None:
+            seen.append(f"ctx callback: {reason}")
+
+        async def jobs(reason: str) -> None:
+            seen.append(f"job callback: {reason}")
+
+        ctx.add_shutdown_callback(livekits)
+        job = AgentJob.from_job_context(ctx, session=_FailingStart())
+        job.add_shutdown_callback(jobs)
+        try:
+            await job.start(Agent(instructions="test"))
+        except RuntimeError:
+            await job.wait_closed()
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await run_entrypoint.wait_ended()
+    assert sorted(seen) == ["ctx callback: aborted", "job callback: aborted"]
+    assert run_entrypoint.process.reason == "aborted"
+    assert job.lifecycle == "closed" and not agent_room.isconnected()
+
+
+@pytest.mark.parametrize("ended_by", ["job.shutdown", "aclose"])
+async def test_the_agents_session_end_callback_runs_once_the_jobs_close_ended_the_room(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, ended_by: str
+) -> None:
+    # the job's close asks livekit's end with the agent's reason, then disconnects the room;
+    # livekit runs on_session_end meanwhile. A real room's disconnect is a round trip to its
+    # native side: the agent's session_end_hook(then) saw the room connected or gone,
+    # whichever came first (and lost it under its feet). It runs once the room is gone, as
+    # after a user who left; ctx.shutdown() is how to keep the room for it
+    seen: list[str] = []
+    disconnect = agent_room.disconnect
+
+    async def native_disconnect(**kwargs: Any) -> None:
+        await asyncio.sleep(0.05)  # the loop's virtual time
+        await disconnect(**kwargs)
+
+    agent_room.disconnect = native_disconnect  # type: ignore[method-assign]
+    server = AgentServer(session_end_timeout=315)
+
+    async def then(ctx: JobContext) -> None:
+        seen.append(f"then connected={ctx.room.isconnected()}")
+
+    @server.rtc_session(on_session_end=session_end_hook(then))
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    if ended_by == "job.shutdown":
+        run_entrypoint.in_job(job.shutdown, "the user said bye")
+    else:
+        await run_entrypoint.in_job(job.aclose)
+    await run_entrypoint.wait_ended()
+    assert seen == ["then connected=False"]
+    assert run_entrypoint.process.reason == (
+        "the user said bye" if ended_by == "job.shutdown" else "job closed"
+    )

@@ -59,7 +59,7 @@ from agent_runtime.system._inputs import (
     injections,
 )
 from agent_runtime.system._inputs import room_options as room_options_for
-from agent_runtime.system.job_system import LIFECYCLE_SHUTDOWN, JobSystem, Parts
+from agent_runtime.system.job_system import JobSystem, Parts
 from agent_runtime.system.livekit_job import (
     agent_asked,
     context_options,
@@ -370,8 +370,7 @@ class AgentJob(Emitter[Events]):
         is released."""
         if not isinstance(graceful, bool):  # "no" would have closed gracefully
             raise TypeError(f"graceful must be True or False, not {graceful!r}")
-        if self.system.job_context is not None:  # livekit's end hears why, as from shutdown()
-            agent_asked(self.system.job_context, LIFECYCLE_SHUTDOWN)
+        # inside a livekit job its end hears why, as from shutdown(): the lifecycle is closing
         await self.system.aclose(graceful=graceful)
 
     # -- observation -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import re
 import string
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,21 +28,35 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
+
+@dataclass(eq=False)
+class _Registration:
+    """An ``AgentJob`` in its livekit job context, from ``from_job_context`` until the job
+    closed. What the job's machines know is read from them: its reason and its close (the
+    ``job`` machine), an ``aclose()`` (the lifecycle is ``closing``), whether it followed
+    the room. Kept here is only what none of them hears: what livekit's process did, and
+    whether the agent's code gave ``job.shutdown`` a reason (the ``job`` machine hears a
+    ``shutdown`` alike from the agent, the participant link and livekit's hooks)."""
+
+    job: AgentJob
+    # job.shutdown(reason) was given a reason: the job's close ends livekit's job with it
+    agent_gave_reason: bool = False
+    # ctx.shutdown() was called (the agent's code, an end-call tool, the simulator leaving):
+    # livekit's end is under way, and it disconnects the room after on_session_end (read as
+    # the job's close begins: the close's own ask, at its disconnect step, changes nothing)
+    livekit_asked: bool = False
+    # livekit has called on_session_end: a room lost in a hold is no missing hook
+    session_end_called: bool = False
+    # the job's close began, and the room is its own to end (livekit's end was not asked):
+    # done once its disconnect step is over, which session_end_hook waits for before yours
+    room_ended: asyncio.Future[None] | None = None
+
+
 # the live job of each job context, for on_session_end / on_simulation_end; dropped at close
-_JOBS: dict[Any, AgentJob] = {}
+_JOBS: dict[Any, _Registration] = {}
 # the contexts whose job closed after it followed their room: that room is disconnected
 # now, or about to be (the job's close disconnects it, or livekit's shutdown under way does)
 _ENDED: weakref.WeakSet[JobContext] = weakref.WeakSet()
-# the contexts whose job process was asked to shut down (ctx.shutdown)
-_SHUTTING_DOWN: weakref.WeakSet[JobContext] = weakref.WeakSet()
-# the contexts whose on_session_end livekit has called: their room no longer goes for want of it
-_HOOKED: weakref.WeakSet[JobContext] = weakref.WeakSet()
-# livekit's own shutdown of each context's job process (what ctx.shutdown called before the
-# job's hook), and the contexts whose agent asked its job to end with a reason
-_PROCESS_SHUTDOWN: weakref.WeakKeyDictionary[JobContext, Callable[[str], None]] = (
-    weakref.WeakKeyDictionary()
-)
-_AGENT_ASKED: weakref.WeakSet[JobContext] = weakref.WeakSet()
 
 
 # what a name filled into a path must not hold: a separator (a room named "../x" wrote
@@ -64,8 +79,8 @@ def context_options(ctx: JobContext, options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(ctx, JobContext):
         # before anything reads it: None failed deep inside, on a missing attribute
         raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
-    if (job := _JOBS.get(ctx)) is not None:
-        raise RuntimeError(f"this job context already has an AgentJob ({job.lifecycle})")
+    if (reg := _JOBS.get(ctx)) is not None:
+        raise RuntimeError(f"this job context already has an AgentJob ({reg.job.lifecycle})")
     if ctx in _ENDED:
         raise RuntimeError(CONTEXT_ENDED)
     trace_path = options.get("trace_path")
@@ -125,17 +140,17 @@ def fill_trace_path(template: str, *, room: str, job_id: str | None = None) -> s
 
 def register(ctx: JobContext, job: AgentJob) -> None:
     """``job`` is ``ctx``'s until it closes; it closes with livekit's own shutdown too."""
-    _JOBS[ctx] = job
+    _JOBS[ctx] = _Registration(job)
 
     def shut_down(reason: str) -> None:
-        _SHUTTING_DOWN.add(ctx)
-        # the job's close (its callbacks, its log line) gives this reason, not the session
-        # close livekit makes from it
-        job.job.note_reason(reason)
+        if (reg := _JOBS.get(ctx)) is not None:
+            reg.livekit_asked = True
+            # the job's close (its callbacks, its log line) gives this reason, not the
+            # session close livekit makes from it
+            reg.job.job.note_reason(reason)
         process_shutdown(reason)
 
     process_shutdown = lk.set_job_shutdown_hook(ctx, shut_down)
-    _PROCESS_SHUTDOWN[ctx] = process_shutdown
 
     # the safety net when on_session_end was not passed (no hold then: the room is
     # already disconnected)
@@ -148,38 +163,58 @@ def register(ctx: JobContext, job: AgentJob) -> None:
 
 def agent_asked(ctx: JobContext, reason: str) -> None:
     """The agent's code asked the job to end with ``reason`` (``job.shutdown(reason)``)."""
-    if reason:
-        _AGENT_ASKED.add(ctx)
+    if reason and (reg := _JOBS.get(ctx)) is not None:
+        reg.agent_gave_reason = True
 
 
 def disconnect_work(
     ctx: JobContext, job: JobRuntime, events: RoomEventAdapter
 ) -> Callable[[], Awaitable[None] | None]:
-    """The job close's ``disconnect`` step inside a livekit job. When livekit's shutdown is
-    under way it disconnects the room after ``on_session_end``, which still has the room:
-    the step does nothing. When the agent asked the job to end with a reason, livekit's
-    process is told it before the room goes, as ``ctx.shutdown(reason)`` tells it (its
-    shutdown callbacks and its exit say why, not "room disconnected")."""
-    if shutdown_asked(ctx):
+    """The job close's ``disconnect`` step inside a livekit job, as its close begins. When
+    livekit's shutdown is under way it disconnects the room after ``on_session_end``, which
+    still has the room: the step does nothing. Otherwise the job disconnects the room it
+    followed; when the agent asked the job to end (``job.shutdown(reason)``, ``aclose()``:
+    the lifecycle is ``closing``), livekit's end is asked first with the job's reason, as
+    ``ctx.shutdown(reason)`` asks it (its shutdown callbacks and its exit say why, not
+    "room disconnected")."""
+    reg = _JOBS.get(ctx)
+    if reg is None:
+        return job.disconnect_room
+    if reg.livekit_asked:
         return lambda: None
+    ended = reg.room_ended = asyncio.get_running_loop().create_future()
 
     def disconnect() -> Awaitable[None] | None:
-        tell = _PROCESS_SHUTDOWN.get(ctx)
-        if ctx in _AGENT_ASKED and tell is not None and events.started and ctx.room.isconnected():
-            tell(job.reason)
-        return job.disconnect_room()
+        asked = reg.agent_gave_reason or reg.job.lifecycle == "closing"
+        if asked and job.reason and events.started and ctx.room.isconnected():
+            ctx.shutdown(job.reason)  # livekit's end begins: on_session_end runs meanwhile
+        return _then_done(job.disconnect_room(), ended)
 
     return disconnect
 
 
+def _then_done(work: Awaitable[None] | None, done: asyncio.Future[None]) -> Awaitable[None] | None:
+    """``work`` (a coroutine: its step's task, cut at its bound), then ``done``, however
+    ``work`` ended; ``done`` at once when there is no work."""
+    if work is None:
+        done.set_result(None)
+        return None
+
+    async def run() -> None:
+        try:
+            await work
+        finally:
+            done.set_result(None)
+
+    return run()
+
+
 def job_of(ctx: JobContext) -> AgentJob | None:
-    return _JOBS.get(ctx)
+    return reg.job if (reg := _JOBS.get(ctx)) is not None else None
 
 
 def forget(ctx: JobContext, *, room_followed: bool) -> None:
     """``ctx``'s job closed; a job that had followed its room ended the livekit job."""
-    # livekit's shutdown holds the context (its value holds its key): let go with the job
-    _PROCESS_SHUTDOWN.pop(ctx, None)
     if _JOBS.pop(ctx, None) is not None and room_followed:
         _ENDED.add(ctx)
 
@@ -188,17 +223,19 @@ def context_ended(ctx: JobContext) -> bool:
     return ctx in _ENDED
 
 
-def shutdown_asked(ctx: JobContext) -> bool:
-    """``ctx.shutdown()`` was called (the agent's code, an end-call tool, the simulator
-    leaving): livekit's own end is under way, and it disconnects the room after
-    ``on_session_end``."""
-    return ctx in _SHUTTING_DOWN
-
-
 def hold_hint(ctx: JobContext) -> str:
     """Until livekit runs ``on_session_end``, a room that goes during a hold may be
     livekit's own disconnect, which the hook's absence causes; once it runs, it is not."""
-    return "" if ctx in _HOOKED else NO_HOOK_HINT
+    reg = _JOBS.get(ctx)
+    return "" if reg is not None and reg.session_end_called else NO_HOOK_HINT
+
+
+async def _room_ended_by_the_job(reg: _Registration) -> None:
+    """Until the job's close has disconnected the room, when its close is what ends it, or
+    until the job is closed (a disconnect cut at its bound)."""
+    ended = reg.room_ended
+    if ended is not None and not ended.done() and (closed := reg.job.job.when_closed()):
+        await asyncio.wait((ended, closed), return_when=asyncio.FIRST_COMPLETED)
 
 
 NO_HOOK_HINT = (
@@ -221,11 +258,12 @@ async def on_session_end(ctx: JobContext) -> None:
     """
     if not isinstance(ctx, JobContext):  # on_session_end("x") was logged as no job
         raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
-    job = _JOBS.get(ctx)
-    if job is None:
+    reg = _JOBS.get(ctx)
+    if reg is None:
         logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
         return
-    _HOOKED.add(ctx)  # the hook is given: a room lost now is no missing hook
+    reg.session_end_called = True  # the hook is given: a room lost now is no missing hook
+    job = reg.job
     job.job.shutdown("session ended")  # livekit's own end: not the agent's to tell livekit
     try:
         await job.wait_closed()
@@ -257,18 +295,21 @@ def session_end_hook(
     server's ``session_end_timeout``. When the job was shut down through livekit
     (``ctx.shutdown()`` once the job was built: your code, an end-call tool, the simulator
     leaving) the room is connected while yours runs: livekit disconnects it afterwards,
-    and the job leaves it to livekit. When the job ended on its own (the user left, say),
-    its close disconnected the room, which is what ended the livekit job: yours runs with
-    the room gone, as livekit alone runs it once the room ends. In a simulation the job
-    holds for the verdict while yours runs; read the verdict in ``on_simulation_end``. If
-    yours raises, the job still ends, then its error is raised (livekit logs it, as it
-    logs a failing ``on_session_end``)."""
+    and the job leaves it to livekit. When the job's own close ended it (the user left, say,
+    or your ``job.shutdown(reason)`` or ``aclose()``), its close disconnects the room: yours
+    runs once the room is gone, as livekit alone runs it once the room ends. In a
+    simulation the job holds for the verdict while yours runs; read the verdict in
+    ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
+    (livekit logs it, as it logs a failing ``on_session_end``)."""
     # its arity too, as on_simulation_end's: a then() taking no ctx failed at every job end
     check_part("then", then)
 
     async def hook(ctx: JobContext) -> None:
-        if isinstance(ctx, JobContext):
-            _HOOKED.add(ctx)  # the hook is given, though yours runs first
+        if isinstance(ctx, JobContext) and (reg := _JOBS.get(ctx)) is not None:
+            reg.session_end_called = True  # the hook is given, though yours runs first
+            # the job's close is disconnecting the room (yours ran as the disconnect raced
+            # livekit here: with the room, or without it, or losing it as it ran)
+            await _room_ended_by_the_job(reg)
         failed: Exception | None = None
         try:
             if then is not None:
