@@ -418,9 +418,15 @@ class EntrypointRunner:
         turn the test drives (``run_entrypoint.in_job(job.session.generate_reply,
         user_input="bye")``) whose tools reach the job, as an end-call tool does; a
         coroutine runs there as a task: ``await run_entrypoint.in_job(asyncio.ensure_future,
-        coro)``. Called from the test's own task, such a tool fails with livekit's "no job
-        context found"."""
-        return self._last().context.copy().run(fn, *args, **kwargs)
+        coro)``, and so does what an async ``fn`` returns (``await
+        run_entrypoint.in_job(agent.end_call, None)``): its body would otherwise run where
+        it is awaited, outside the job. Called from the test's own task, such a tool fails
+        with livekit's "no job context found"."""
+        context = self._last().context.copy()
+        result = context.run(fn, *args, **kwargs)
+        if asyncio.iscoroutine(result):
+            return asyncio.get_running_loop().create_task(result, context=context)  # type: ignore[return-value]
+        return result
 
     async def wait_ended(self, *, timeout: float = 5.0) -> None:
         """Wait (``timeout`` in the loop's seconds: real ones, or virtual on a test marked
