@@ -11,6 +11,8 @@ hypothesis. Faked, because they need a server: the room and the session transpor
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.user_code import UserCodeError
 from tests.support import planted
 
+ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT = "leaky_task_server.<locals>.entrypoint.<locals>.heartbeat (agent code)"
 
 
@@ -236,3 +239,43 @@ async def test_two_runners_count_their_own_jobs_tasks_and_leave_no_factory() -> 
     await first.aclose()  # the second's job still runs: its tasks are not the first's
     await second.aclose()
     assert loop.get_task_factory() is before
+
+
+# -- an entrypoint that swallows every cancel: the run ends, naming it ----------------------
+# Before, the kit named nothing: the test (or the fuzzer's first run) hung for ever in the
+# loop's own close, which cancels and awaits every task left. A subprocess bounds the hang.
+SWALLOWS = (
+    "deaf_entrypoint_server.<locals>.entrypoint (agent code), which swallowed its cancellation"
+)
+
+
+def test_a_test_whose_entrypoint_swallows_every_cancel_ends_and_names_it(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_deaf="""
+        import pytest
+        from livekit import rtc
+        from tests.support import planted
+
+        @pytest.mark.virtual_time
+        async def test_user_leaves(agent_room, run_entrypoint):
+            agent_room.add_participant("user")
+            await run_entrypoint(planted.DEAF_ENTRYPOINT)
+            agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+        """
+    )
+    pytester.syspathinsert(ROOT)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto", timeout=60
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"*left a task running after it ended: {SWALLOWS}*"])
+
+
+def test_the_fuzzer_on_such_an_entrypoint_ends_and_reports_it(tmp_path: Path) -> None:
+    args = ["fuzz", "tests/support/planted.py:DEAF_ENTRYPOINT", "--examples", "3", "--seed", "1"]
+    cli = [sys.executable, "-m", "agent_runtime.tools.cli", *args, "--out", str(tmp_path)]
+    done = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert f"released: tasks still running after the job ended: {SWALLOWS}" in done.stdout

@@ -998,3 +998,42 @@ def test_a_fuzz_run_leaves_no_native_thread_behind() -> None:
     assert report.ok and report.examples >= 20
     gc.collect()
     assert threads() - before < 20, f"{threads() - before} threads more after 20 examples"
+
+
+HOOKED_AGENT = """
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+
+from agent_runtime import AgentJob, on_session_end
+
+server = AgentServer(session_end_timeout=315)
+
+
+@server.rtc_session(on_session_end=on_session_end)
+async def entrypoint(ctx: JobContext) -> None:
+    await AgentJob.from_job_context(ctx, session=AgentSession()).start(Agent(instructions="hi"))
+"""
+
+
+@pytest.mark.parametrize("name", ["server", "entrypoint"])
+def test_an_entrypoint_named_by_its_function_runs_with_its_servers_hooks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    """``agent-runtime fuzz my_agent.py:entrypoint`` (the CLI takes the entrypoint
+    function) ran it without the server's ``on_session_end``: the agent, whose server has
+    it, was reported to drop the simulator's verdict and told to add what it has."""
+    agent = tmp_path / "hooked_agent.py"
+    agent.write_text(HOOKED_AGENT, encoding="utf-8")
+    scenario = {
+        "name": "the agent hangs up, then the simulator asks for the verdict",
+        **_WITH_SIMULATOR,
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "job.shutdown"},
+            _finalize(5, "simulator"),
+            {"at": 400, "event": "end"},
+        ],
+    }
+    path = tmp_path / "hang_up_then_ask.yaml"
+    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+    code, out, err = _fuzz_cli(capsys, f"{agent}:{name}", "--replay", str(path))
+    assert code == 0, out + err

@@ -103,3 +103,19 @@ async def test_a_turn_the_test_starts_from_its_own_task_is_told_where_to_run(
     with pytest.raises(UserCodeError, match=r"no job context found.*run_entrypoint\.in_job"):
         run_entrypoint.raise_failures()
     await job.aclose()
+
+
+async def test_an_async_tool_the_test_awaits_through_in_job_runs_in_the_job(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock, run_entrypoint: EntrypointRunner
+) -> None:
+    # a user's test awaited the agent's own async end-call tool through in_job, as the guide
+    # says to run the agent's code: the call made a coroutine in the job's context, but its
+    # body ran where the test awaited it, and get_job_context() raised "no job context found"
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server())
+    agent = job.session.current_agent
+    assert isinstance(agent, _Concierge)
+    await run_entrypoint.in_job(agent.end_call, None)  # the tool, called as the model would
+    await run_entrypoint.wait_ended()
+    assert run_entrypoint.process.reason == "the user said bye"
+    assert job.states["agent_job"] == "closed"

@@ -53,6 +53,7 @@ from agent_runtime.testing.user_code import (
     UserFailure,
     UserFailures,
     is_agents_task,
+    stop_task,
     task_name,
 )
 
@@ -256,6 +257,9 @@ class EntrypointRunner:
         # own are its business
         self._tasks_before: set[asyncio.Task[Any]] | None = None
         self._job_tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        # tasks that refused their cancellation at the end, stopped as the worker's kill
+        # stops them (still named as left running)
+        self._stopped: list[asyncio.Task[Any]] = []
         self._factory: tuple[asyncio.AbstractEventLoop, _CountingFactory] | None = None
         room.local_participant.on_publish.append(self._on_publish)
 
@@ -353,8 +357,11 @@ class EntrypointRunner:
         run = _Run(ctx, context, process, watch, http_bound, kill_after)
         self._runs.append(run)
         process.ended.add_done_callback(lambda _: run.close_http())
+        aw = fn(ctx)  # the entrypoint's own coroutine is the task's: named by it when left
         entry = asyncio.get_running_loop().create_task(
-            _as_coroutine(fn(ctx)), name="job_user_entrypoint", context=context
+            aw if asyncio.iscoroutine(aw) else _as_coroutine(aw),
+            name="job_user_entrypoint",
+            context=context,
         )
         process.watch_entrypoint(entry)
         # livekit's runner goes on once the job runs: the entrypoint may keep running
@@ -397,6 +404,8 @@ class EntrypointRunner:
         return job
 
     def _entry_done(self, task: asyncio.Task[Any]) -> None:
+        if task in self._stopped:  # the kill's end, not its own: named as left running
+            return
         if not task.cancelled() and (error := task.exception()) is not None:
             self.failures.add("entrypoint", error)
 
@@ -418,9 +427,15 @@ class EntrypointRunner:
         turn the test drives (``run_entrypoint.in_job(job.session.generate_reply,
         user_input="bye")``) whose tools reach the job, as an end-call tool does; a
         coroutine runs there as a task: ``await run_entrypoint.in_job(asyncio.ensure_future,
-        coro)``. Called from the test's own task, such a tool fails with livekit's "no job
-        context found"."""
-        return self._last().context.copy().run(fn, *args, **kwargs)
+        coro)``, and so does what an async ``fn`` returns (``await
+        run_entrypoint.in_job(agent.end_call, None)``): its body would otherwise run where
+        it is awaited, outside the job. Called from the test's own task, such a tool fails
+        with livekit's "no job context found"."""
+        context = self._last().context.copy()
+        result = context.run(fn, *args, **kwargs)
+        if asyncio.iscoroutine(result):
+            return asyncio.get_running_loop().create_task(result, context=context)  # type: ignore[return-value]
+        return result
 
     async def wait_ended(self, *, timeout: float = 5.0) -> None:
         """Wait (``timeout`` in the loop's seconds: real ones, or virtual on a test marked
@@ -552,10 +567,21 @@ class EntrypointRunner:
         ours = set(self._job_tasks)
         left = [
             t
-            for t in asyncio.all_tasks()
-            if t is not me and t not in before and (callers_too or t in ours) and not t.done()
+            for t in [*asyncio.all_tasks(), *self._stopped]
+            if t is not me
+            and t not in before
+            and (callers_too or t in ours)
+            and (not t.done() or t in self._stopped)
         ]
-        return sorted(left, key=task_name)
+        return sorted(set(left), key=task_name)
+
+    def name_left(self, task: asyncio.Task[Any]) -> str:
+        """A task of ``tasks_left`` by its coroutine, saying so when it swallowed its
+        cancellation at the end (and was stopped then, as the worker's kill stops it)."""
+        if task not in self._stopped:
+            return task_name(task)
+        why = "which swallowed its cancellation (livekit's job end waits for it)"
+        return f"{task_name(task)}, {why}"
 
     def _count_job_tasks(self) -> None:
         """Put a task factory on the loop that notes the tasks made in this runner's job's
@@ -626,6 +652,7 @@ class EntrypointRunner:
                 stopping = [t for t in self.tasks_left(callers_too=True) if t.cancelling()]
                 if stopping:
                     await asyncio.wait(stopping, timeout=_CLOSE_LIMIT)
+                await self._stop_refusing(stopping)
                 self.failures.uninstall()
             # a session whose close the agent's code held is left half closed (reported):
             # livekit's tasks left then are its consequence; the agent's own are not
@@ -642,8 +669,20 @@ class EntrypointRunner:
             )
         if report:
             if left:
-                self.failures.add("job", TasksLeftRunning([task_name(t) for t in left]))
+                self.failures.add("job", TasksLeftRunning([self.name_left(t) for t in left]))
             self.raise_failures()
+
+    async def _stop_refusing(self, stopping: list[asyncio.Task[Any]]) -> None:
+        """A task that swallowed its cancellation past the bound would hang the loop's own
+        close (``asyncio.run`` and pytest-asyncio cancel and await every task): the
+        worker's kill ends it, and so does this (``stop_task``), the agent's own first (the
+        tasks waiting on them then end by themselves). They are still named as left."""
+        for agents in (True, False):
+            for task in stopping:
+                if not task.done() and is_agents_task(task) == agents:
+                    stop_task(task)
+                    self._stopped.append(task)
+            await settle()
 
     async def _session_end_over(self, process: JobProcess, kill_after: float) -> None:
         """As a worker's shutdown: it waits for the job process to say it is shutting down,

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import inspect
 import logging
 import sys
 import sysconfig
@@ -244,6 +245,21 @@ class TasksLeftRunning(RuntimeError):
             f"(livekit's job process cancels {'it' if one else 'them'} only as the process "
             "exits)"
         )
+
+
+def stop_task(task: asyncio.Task[Any]) -> None:
+    """End a task that swallows its cancellation, as a killed process ends it: its
+    coroutine is closed where it waits (``GeneratorExit``: its ``finally`` blocks run, an
+    ``except CancelledError`` does not catch it), then the task is cancelled, and ends at
+    its next step. Without this, the loop's own close (``asyncio.run``, pytest-asyncio's
+    runner) cancels and awaits it for ever."""
+    coro = task.get_coro()
+    if inspect.iscoroutine(coro):
+        with contextlib.suppress(RuntimeError):  # it ignored GeneratorExit too
+            coro.close()
+    task.cancel()
+    # what it ends with (the closed coroutine's "cannot reuse" error) is nobody's to read
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def task_name(task: asyncio.Task[Any]) -> str:

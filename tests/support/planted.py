@@ -298,6 +298,25 @@ async def _silence() -> AsyncIterator[rtc.AudioFrame]:
         yield rtc.AudioFrame(b"\0\0" * 240, 24000, 1, 240)
 
 
+def deaf_entrypoint_server() -> AgentServer:
+    """The entrypoint polls after its start and swallows every cancel (an ``except
+    CancelledError: pass`` around its sleep): livekit's job end waits for it, until the
+    worker kills the process. Nothing else stops it."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+        while True:
+            try:  # noqa: SIM105 (as an agent writes it)
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                pass
+
+    return server
+
+
 # for `agent-runtime fuzz tests/support/planted.py:NAME`
 BUGGY_SIMULATOR_LOOKUP = simulator_lookup_server(True)
 FIXED_SIMULATOR_LOOKUP = simulator_lookup_server(False)
@@ -307,6 +326,7 @@ BUGGY_AVATAR_MUTE = avatar_mute_server(True)
 FIXED_AVATAR_MUTE = avatar_mute_server(False)
 BUGGY_LEAKY_TASK = leaky_task_server(True)
 FIXED_LEAKY_TASK = leaky_task_server(False)
+DEAF_ENTRYPOINT = deaf_entrypoint_server()
 
 
 def lazy_plugin_server() -> AgentServer:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from agent_runtime.runtimes.avatar import session_room_io
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
-from agent_runtime.testing.user_code import is_agents_task, is_user_callable, said, task_name
+from agent_runtime.testing.user_code import is_agents_task, is_user_callable, said
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -187,12 +187,12 @@ def released(h: Harness) -> list[Problem]:
         left = [t for t in left if is_agents_task(t)]
         if not left:
             return []
-        mine = ", ".join(task_name(t) for t in left)
+        mine = ", ".join(h.runner.name_left(t) for t in left)
         return [
             Problem("released", f"tasks still running after the job ended: {mine}{RELEASE_HINT}")
         ]
     if left:
-        names = [task_name(t) for t in left]
+        names = [h.runner.name_left(t) for t in left]
         hint = RELEASE_HINT if any(n.endswith(" (agent code)") for n in names) else ""
         out.append(
             Problem(

@@ -55,6 +55,11 @@ def _module(name: str) -> Any:
 
 def load(spec: str, what: str) -> Any:
     """``MODULE:NAME`` -> the object, or ``UsageError`` saying why not."""
+    return _load(spec, what)[1]
+
+
+def _load(spec: str, what: str) -> tuple[Any, Any]:
+    """``MODULE:NAME`` -> the module and the object."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"{what} {spec!r}: give MODULE:NAME (a module or .py file, a name in it)")
@@ -67,7 +72,7 @@ def load(spec: str, what: str) -> Any:
             f"{what} {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
         ) from None
     try:
-        return getattr(module, attr)
+        return module, getattr(module, attr)
     except AttributeError:
         raise UsageError(f"{what} {spec!r}: {module_name} has no {attr!r}") from None
 
@@ -75,8 +80,20 @@ def load(spec: str, what: str) -> Any:
 def _server(spec: str) -> Any:
     from agent_runtime.testing.entrypoint import not_an_entrypoint
 
-    server = load(spec, "agent")
+    module, server = _load(spec, "agent")
     hooks = lk.server_hooks(server)
+    if hooks is None:
+        # the entrypoint function an AgentServer of its module registered: run with that
+        # server's on_session_end and on_simulation_end, as a worker runs it
+        servers = list(
+            {
+                id(v): v
+                for v in vars(module).values()
+                if (h := lk.server_hooks(v)) is not None and h.entrypoint is server
+            }.values()
+        )
+        if len(servers) == 1:
+            server, hooks = servers[0], lk.server_hooks(servers[0])
     if (hooks.entrypoint is None) if hooks is not None else not callable(server):
         raise UsageError(
             f"agent {spec!r}: not an AgentServer with an rtc_session entrypoint, nor an "
