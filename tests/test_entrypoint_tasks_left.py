@@ -250,7 +250,7 @@ SWALLOWS = (
 
 
 def test_a_test_whose_entrypoint_swallows_every_cancel_ends_and_names_it(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(
         test_deaf="""
@@ -265,7 +265,9 @@ def test_a_test_whose_entrypoint_swallows_every_cancel_ends_and_names_it(
             agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
         """
     )
-    pytester.syspathinsert(ROOT)
+    # the subprocess imports the project's tests package: from the clone, whatever the
+    # caller's environment (sys.path alone does not reach a subprocess)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto", timeout=60
     )
