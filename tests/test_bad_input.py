@@ -415,6 +415,20 @@ TABLE: list[Bad] = [
         f"step 1 (participant_disconnected): field reason: Input should be {REASONS} (got 'BORED')",
     ),
     scenario(
+        "reason-in-lower-case",  # reasons are livekit's upper-case names: no hint said so
+        "name: x\nsteps: [{at: 0, event: participant_disconnected, identity: u, "
+        "reason: client_initiated}]\n",
+        f"step 1 (participant_disconnected): field reason: Input should be {REASONS} "
+        "(got 'client_initiated') (did you mean 'CLIENT_INITIATED'?)",
+    ),
+    scenario(
+        "kind-in-upper-case",
+        "name: x\nparticipants: [{identity: u, kind: SIP}]\nsteps: [{at: 0, event: end}]\n",
+        "participants.0.kind: Input should be "
+        + ", ".join(repr(k) for k in PARTICIPANT_KINDS[:-1])
+        + f" or {PARTICIPANT_KINDS[-1]!r} (got 'SIP') (did you mean 'sip'?)",
+    ),
+    scenario(
         "attribute-not-a-string",
         "name: x\nsteps:\n- {at: 0, event: participant_connected, identity: u, attributes: {a: 1}}",
         "step 1 (participant_connected): field attributes.a: Input should be a valid string "

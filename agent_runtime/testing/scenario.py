@@ -632,7 +632,7 @@ def _first(
     loc = tuple(err["loc"])
     if err["type"] != "extra_forbidden":
         named = valued is None or (loc[:1] and loc[0] in valued)
-        return loc, _said(err) + (_got(err) if named else "")
+        return loc, _said(err) + (_got(err) if named else "") + _case_hint(err)
     given = raw
     for part in loc[:-1]:
         given = given[part] if isinstance(given, dict | list) else None
@@ -642,6 +642,17 @@ def _first(
 
 # a number with an exponent YAML 1.1 reads as text (no dot, or no sign: 1e5, 1.0e5)
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _case_hint(err: Any) -> str:
+    """`` (did you mean 'X'?)`` for a choice given in another case: disconnect reasons are
+    livekit's upper-case names, participant kinds lower case."""
+    value = err.get("input")
+    if err["type"] != "literal_error" or not isinstance(value, str):
+        return ""
+    choices = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+    same = [c for c in choices if c.casefold() == value.strip().casefold() and c != value]
+    return f" (did you mean {same[0]!r}?)" if same else ""
 
 
 def _said(err: Any) -> str:
