@@ -173,7 +173,7 @@ class Actor(Performer):
 
     @property
     def closed(self) -> bool:
-        """Released: no more events; its machine then says so (``_close_released``)."""
+        """Released: no more events (the state says so only where ``close`` ends it)."""
         return self._life == "closed"
 
     @property

@@ -1037,3 +1037,31 @@ def test_an_entrypoint_named_by_its_function_runs_with_its_servers_hooks(
     path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
     code, out, err = _fuzz_cli(capsys, f"{agent}:{name}", "--replay", str(path))
     assert code == 0, out + err
+
+
+def test_an_entrypoint_found_beside_a_global_that_refuses_attribute_reads(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Finding the server of ``my_agent.py:entrypoint`` reads the module's globals; one
+    that raises on any attribute read (a web framework's proxy used outside its request)
+    made the command end in that error's traceback. It is no server: the entrypoint's own
+    is found beside it and the run goes on."""
+    touchy = "class _Proxy:\n    def __getattr__(self, name):\n"
+    touchy += '        raise RuntimeError("working outside of an application context")\n\n'
+    touchy += "current_app = _Proxy()\n"
+    agent = tmp_path / "proxied_agent.py"
+    agent.write_text(HOOKED_AGENT + "\n" + touchy, encoding="utf-8")
+    scenario = {
+        "name": "the agent hangs up, then the simulator asks for the verdict",
+        **_WITH_SIMULATOR,
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "job.shutdown"},
+            _finalize(5, "simulator"),
+            {"at": 400, "event": "end"},
+        ],
+    }
+    path = tmp_path / "hang_up_then_ask.yaml"
+    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+    code, out, err = _fuzz_cli(capsys, f"{agent}:entrypoint", "--replay", str(path))
+    assert code == 0, out + err

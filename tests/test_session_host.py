@@ -1183,3 +1183,21 @@ async def test_a_transport_failing_every_read_is_given_up_on_not_spun_forever(
     assert "failed 1000 reads in a row" in caplog.text
     await host.aclose()
     assert host.state == "closed"
+
+
+async def test_a_host_let_go_before_its_close_refuses_a_session_and_keeps_none() -> None:
+    """``release_now()`` lets the host go where it is (its table's ``close`` leads to
+    ``closing``, which no release steps): it says ``detached`` still, yet takes nothing
+    more. ``attach`` refused it, as for a closed host; it went on, kept the session and
+    posted an attach the released machine dropped, the session attached to nothing."""
+    host = JobSessionHost(InMemorySessionTransport(), clock=VirtualClock())
+    await host.start()
+    assert host.state == "detached"
+    ending = host.release_now()
+    if ending is not None:
+        await ending
+    session = await started_session("late")
+    with pytest.raises(RuntimeError, match="the session host is closed"):
+        host.attach(session)
+    assert host.known_label(session) is None
+    await session.aclose()

@@ -89,7 +89,7 @@ def _server(spec: str) -> Any:
             {
                 id(v): v
                 for v in vars(module).values()
-                if (h := lk.server_hooks(v)) is not None and h.entrypoint is server
+                if (h := _hooks_of(v)) is not None and h.entrypoint is server
             }.values()
         )
         if len(servers) == 1:
@@ -109,6 +109,15 @@ def _server(spec: str) -> Any:
         )
         raise UsageError(f"agent {spec!r}: {what} (a function taking the JobContext): {why}")
     return server
+
+
+def _hooks_of(value: Any) -> Any:
+    """``value``'s server hooks; None for a global of the module whose attribute reads
+    raise (a framework's proxy outside its context): it is no server."""
+    try:
+        return lk.server_hooks(value)
+    except Exception:
+        return None
 
 
 def _checks(specs: list[str]) -> list[Any]:
