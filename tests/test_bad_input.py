@@ -692,7 +692,14 @@ TABLE: list[Bad] = [
     scenario(
         "name-of-two-lines",  # a report's one line per scenario became two
         'name: "two\\nlines"\nsteps: [{at: 0, event: end}]\n',
-        "name: the scenario's name holds a control character ('\\n'): it is one line",
+        "name: the scenario's name holds a control character or a line break ('\\n'): "
+        "it is one line",
+    ),
+    scenario(
+        "name-with-a-line-separator",  # U+2028: a line break to every reader of the report
+        'name: "two\\u2028lines"\nsteps: [{at: 0, event: end}]\n',
+        "name: the scenario's name holds a control character or a line break ('\\u2028'): "
+        "it is one line",
     ),
     scenario(
         "participant-twice",

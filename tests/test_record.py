@@ -562,8 +562,8 @@ def test_two_joined_traces_are_blamed_on_the_trace_and_an_empty_name_is_refused(
     # a name of two lines: the recorded scenario's report would be two lines
     assert main(["record", str(trace), "-o", str(out), "--name", "two\nlines"]) == 2
     assert capsys.readouterr().err == (
-        "agent-runtime record: --name: the scenario's name holds a control character "
-        "('\\n'): it is one line\n"
+        "agent-runtime record: --name: the scenario's name holds a control character or a "
+        "line break ('\\n'): it is one line\n"
     )
     assert not out.exists()
 

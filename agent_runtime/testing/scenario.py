@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
@@ -543,9 +544,11 @@ def name_problem(name: str) -> str | None:
     name the scenario by it, on one line."""
     if not name.strip():
         return "the scenario's name is empty"
-    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    # a control character, or a line or paragraph separator (what splits a line)
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
-        return f"the scenario's name holds a control character ({bad!r}): it is one line"
+        why = f"a control character or a line break ({bad!r})"
+        return f"the scenario's name holds {why}: it is one line"
     return None
 
 
