@@ -507,23 +507,3 @@ def test_another_jobs_records_appended_start_the_view_over_where_the_time_goes_b
     assert texts.index("serving -> awaiting_finalize  on session_closed") > end
     states = {lane.machine: lane.state for lane in watch.lanes.lanes()}
     assert states["job"] == "awaiting_finalize" and watch.lanes.records == len(first)
-
-
-def test_a_machine_let_go_by_its_owner_is_told_from_its_own_close() -> None:
-    """A release steps the table's ``close`` (data ``released``): the history said the same
-    ``remote_playout -> closed  on close`` as the session's own close, so a reader took a
-    tracker stopped mid-turn for a session that had closed."""
-    from agent_runtime.observe.trace import TraceRecord
-    from agent_runtime.tools.lanes import Lanes
-
-    def close(t: float, **data: bool) -> TraceRecord:
-        return TraceRecord(
-            t, "transition", "playout", "session", event="close",
-            source="remote_playout", dest="closed", data=dict(data),
-        )  # fmt: skip
-
-    lanes = Lanes().extend([close(1.0, released=True), close(2.0)])
-    assert [e.text for e in lanes.history] == [
-        "remote_playout -> closed  on close (released)",
-        "remote_playout -> closed  on close",
-    ]

@@ -90,10 +90,11 @@ class Lanes:
                 lane.segments.append(Segment(rec.dest, rec.t, None, rec.event))
             # one back into its own state too (a session attached in place of another):
             # a decision with its effects, only no new segment
-            text = f"{rec.source} -> {rec.dest}  on {rec.event}"
-            if rec.data.get("released") is True:  # let go by its owner, not its own close
-                text += " (released)"
-            self.history.append(Entry(rec.t, rec.machine, rec.instance, text))
+            self.history.append(
+                Entry(
+                    rec.t, rec.machine, rec.instance, f"{rec.source} -> {rec.dest}  on {rec.event}"
+                )
+            )
         elif rec.kind in ("reject", "ignore"):
             lane.marks.append(Mark(rec.t, rec.kind, rec.event))
             if rec.kind == "reject":
