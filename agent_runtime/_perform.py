@@ -208,7 +208,19 @@ class Performer(OwnedEmitter[str]):
                 event=event.name,
             )
         if tracing or (outcome != "ok" and self._tracing()):
-            self._record_effect(event, name, outcome, detail)
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "effect",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                    effect=name,
+                    outcome=outcome,
+                    detail=detail,
+                )
+            )
         if outcome != "ok":
             err = self.spec.effect(name).error_event
             if err is not None:
@@ -243,22 +255,19 @@ class Performer(OwnedEmitter[str]):
         event = Event("close", {"released": True})
         st, tracing = self._step(event)
         for name in st.effects if tracing else ():
-            self._record_effect(event, name, "cancelled", "released before it ran")
-
-    def _record_effect(self, event: Event, name: str, outcome: str, detail: str) -> None:
-        self._record(
-            TraceRecord(
-                self.clock.now(),
-                "effect",
-                self.spec.name,
-                self.instance,
-                event=event.name,
-                source=self._state,
-                effect=name,
-                outcome=outcome,
-                detail=detail,
+            self._record(
+                TraceRecord(
+                    self.clock.now(),
+                    "effect",
+                    self.spec.name,
+                    self.instance,
+                    event=event.name,
+                    source=self._state,
+                    effect=name,
+                    outcome="cancelled",
+                    detail="released before it ran",
+                )
             )
-        )
 
     # -- state entry and exit ----------------------------------------------------------------
     def _enter_state(self, by: str = "") -> None:
