@@ -38,9 +38,8 @@ logger = logging.getLogger("agent_runtime.actor")
 Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
 # an actor's own life: new (its initial state not entered yet), running, or released. A
 # release steps the machine's declared close where the table ends the machine with it
-# (``Performer._close_released``), so a released actor's machine says ``closed``; one whose
-# table answers ``close`` otherwise (a close of its own to run, ``closing``; one under way;
-# none at all) stays where it was cut, and only ``Actor.closed`` says it is released
+# (``Performer._close_released``), so a released actor's machine says ``closed``; only one
+# cut where its table's close is already under way (or it has none) stays where it was cut
 Life = Literal["new", "running", "closed"]
 
 
