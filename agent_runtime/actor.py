@@ -295,8 +295,8 @@ class Actor(Performer):
         work cancelled. What is still ending (the cancelled work), or None: no task."""
         if self._life == "closed":
             return None
-        self._life = "closed"  # first: whoever hears the close step can post nothing more
         self._close_released()
+        self._life = "closed"
         self._leave_state()
         self.emit("closed", self)  # a failing listener is logged and removed there
         if self._waiters is not None:

@@ -967,17 +967,6 @@ async def test_a_tracker_stopped_before_it_started_says_closed() -> None:
         await tracker.actor.send(Event("close"))
 
 
-async def test_a_listener_that_lets_the_tracker_go_again_as_it_hears_the_stop_changes_nothing() -> (
-    None
-):
-    tracker = PlayoutTracker(AgentSession())
-    closes: list[Any] = []
-    tracker.actor.on("closed", closes.append)
-    tracker.on("state_changed", lambda _sc: tracker.actor.release())
-    await tracker.stop()
-    assert closes == [tracker.actor] and tracker.state == "closed"  # closed once
-
-
 async def test_the_avatars_sink_reports_each_segment_it_was_given() -> None:
     rig = PlayoutRig(reprompt=False)
     segments: list[SegmentFlushed] = []
