@@ -36,10 +36,8 @@ logger = logging.getLogger("agent_runtime.actor")
 # a mailbox entry: the event, who waits for its step, and for timer/task events the
 # generation of the state they belong to (stale ones are dropped: they died with it)
 Entry = tuple[Event, "asyncio.Future[Step] | None", int | None]
-# an actor's own life: new (its initial state not entered yet), running, or released. A
-# release steps the machine's declared close where the table ends the machine with it
-# (``Performer._close_released``), so a released actor's machine says ``closed``; only one
-# cut where its table's close is already under way (or it has none) stays where it was cut
+# an actor's own life, apart from its machine's state: a machine stopped early (a tracker
+# stopped with its session still open) is closed in a state that is not final
 Life = Literal["new", "running", "closed"]
 
 
@@ -233,39 +231,6 @@ class Performer(OwnedEmitter[str]):
         if name in self._linked and self._outputs is not None:
             self._outputs.fire(
                 self.spec.name, name, follow.data if isinstance(follow, Output) else EMPTY
-            )
-
-    def _step(self, event: Event) -> tuple[Step, bool]:
-        raise NotImplementedError  # Actor's: decide and change state, before the effects
-
-    def _close_released(self) -> None:
-        """A release is the machine's declared ``close`` wherever its table answers ``close``
-        with a plain transition into a final state: stepped as any step (traced, its
-        listeners and its owner hear the change), so the released machine says where it
-        ended. Nothing more runs once released: the step's effects are recorded cancelled."""
-        table = self._table
-        if "close" not in table.events or table.states[self._state].final:
-            return
-        st = table.cell(self._state, "close")
-        if not isinstance(st, Step) or st.outcome != "transition":
-            return  # a close under way (its own bound ends it), or a guarded answer
-        if not table.states[st.dest].final:
-            return
-        event = Event("close", {"released": True})
-        st, tracing = self._step(event)
-        for name in st.effects if tracing else ():
-            self._record(
-                TraceRecord(
-                    self.clock.now(),
-                    "effect",
-                    self.spec.name,
-                    self.instance,
-                    event=event.name,
-                    source=self._state,
-                    effect=name,
-                    outcome="cancelled",
-                    detail="released before it ran",
-                )
             )
 
     # -- state entry and exit ----------------------------------------------------------------

@@ -158,7 +158,8 @@ class Actor(Performer):
         self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
         self._entered_at: float | None = None
         self._tasks: set[asyncio.Future[Any]] | None = None
-        # new (its initial state not entered yet), running, or released (``Life``)
+        # new (not yet entered its initial state), running, or closed: one value, so no
+        # pair of flags can disagree
         self._life: Life = "new"
         # who waits for the mailbox to be empty in a state they name (when_settled)
         self._waiters: list[tuple[asyncio.Future[None], Callable[[str], bool]]] | None = None
@@ -173,7 +174,6 @@ class Actor(Performer):
 
     @property
     def closed(self) -> bool:
-        """Released: no more events (the state says so only where ``close`` ends it)."""
         return self._life == "closed"
 
     @property
@@ -290,12 +290,11 @@ class Actor(Performer):
             await ending
 
     def release(self) -> asyncio.Future[Any] | None:
-        """``aclose()`` without its wait: the table's ``close`` where it ends the machine
-        (``_close_released``), then no more events, the state's timer, tasks and awaited
-        work cancelled. What is still ending (the cancelled work), or None: no task."""
+        """``aclose()`` without its wait: stop taking events, cancel the state's timer, its
+        tasks and an awaited effect's work. Returns what is still ending (the cancelled
+        work), or None when nothing is: a closer with nothing to wait for needs no task."""
         if self._life == "closed":
             return None
-        self._close_released()
         self._life = "closed"
         self._leave_state()
         self.emit("closed", self)  # a failing listener is logged and removed there

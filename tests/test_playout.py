@@ -21,7 +21,6 @@ from livekit.agents import Agent, AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 
 from agent_runtime import AgentJob, Event
-from agent_runtime.actor import ActorClosed
 from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.sdk.room_audio import room_output_source
@@ -933,38 +932,6 @@ async def test_closing_releases_every_listener_and_task() -> None:
             getattr(fn, "__self__", None) is tracker for fn in rig.session._events.get(name, ())
         )
     await rig.aclose()
-
-
-async def test_a_stopped_tracker_says_closed_as_its_listeners_and_trace_heard_it() -> None:
-    """``stop()`` stops the machine where it is: its actor was closed (it took nothing
-    more) while its state still said ``remote_playout``, no listener heard a change and the
-    trace showed none, so whoever asked the state and whoever asked ``closed`` disagreed.
-    The release is the table's ``close``, stepped like any step: all of them say closed."""
-    rig = PlayoutRig(reprompt=False)
-    await rig.start()
-    rig.say(3.0)
-    await rig.settle()
-    tracker = rig.playout
-    assert tracker.state == "remote_playout"
-    heard: list[tuple[str, str, str]] = []
-    tracker.on("state_changed", lambda sc: heard.append((sc.source, sc.dest, sc.event)))
-    await tracker.stop()
-    assert (tracker.state, tracker.actor.closed) == ("closed", True)
-    assert rig.job.states["playout"] == "closed"
-    assert heard == [("remote_playout", "closed", "close")]
-    assert rig.path()[-1] == (0.0, "close", "remote_playout", "closed")
-    tracker.actor.post(Event("speech_created", {"speech_id": "late", "source": "say"}))
-    await rig.advance(10.0)  # its bound would have fired; nothing is taken after the stop
-    assert tracker.state == "closed" and rig.path()[-1][1:] == ("close", "remote_playout", "closed")
-    await rig.aclose()
-
-
-async def test_a_tracker_stopped_before_it_started_says_closed() -> None:
-    tracker = PlayoutTracker(AgentSession())
-    await tracker.stop()
-    assert (tracker.state, tracker.actor.closed) == ("closed", True)
-    with pytest.raises(ActorClosed):
-        await tracker.actor.send(Event("close"))
 
 
 async def test_the_avatars_sink_reports_each_segment_it_was_given() -> None:

@@ -341,8 +341,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         return self._stop()
 
     async def stop(self) -> None:
-        """Stop following at once: the machine is let go (its table's ``close``, traced,
-        whatever it was doing), its listeners and speech followers go."""
+        """Stop the machine where it is (no ``close`` event) and stop following."""
         await released(self._stop())
 
     def _stop(self) -> asyncio.Future[Any] | None:
