@@ -233,9 +233,8 @@ async def _drive_actor(w: Workload, names: list[str], tracer: Tracer | None) -> 
         actor.post(ev)
     await actor.join()
     lap = sw.lap()
-    final = actor.state  # where the events left it (the release then closes it)
     await actor.aclose()
-    return lap, final
+    return lap, actor.state
 
 
 async def run_actor(w: Workload, names: list[str]) -> tuple[Lap, str]:
@@ -274,9 +273,8 @@ async def run_actor_send(w: Workload, names: list[str]) -> tuple[Lap, str]:
     for ev in events:
         await actor.send(ev)
     lap = sw.lap()
-    final = actor.state  # where the events left it (the release then closes it)
     await actor.aclose()
-    return lap, final
+    return lap, actor.state
 
 
 # issue 16: the actor costs at most a raw Machine trigger per event, and is at least this many
