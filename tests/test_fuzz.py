@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -1065,3 +1066,50 @@ def test_an_entrypoint_found_beside_a_global_that_refuses_attribute_reads(
     path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
     code, out, err = _fuzz_cli(capsys, f"{agent}:entrypoint", "--replay", str(path))
     assert code == 0, out + err
+
+
+COUNTED_AGENT = HOOKED_AGENT.replace(
+    "from agent_runtime import AgentJob, on_session_end\n",
+    "from agent_runtime import AgentJob, on_session_end as runtime_hook\n\n"
+    "ENDS = []\n\n\nasync def on_session_end(ctx):\n"
+    "    ENDS.append(ctx.job.id)\n    await runtime_hook(ctx)\n",
+)
+
+
+def test_the_python_api_runs_an_entrypoint_function_with_its_servers_hooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fuzz(entrypoint)`` and ``replay(entrypoint, ...)`` (the Python API given the
+    function an ``AgentServer`` registered, as ``agent-runtime fuzz my_agent.py:entrypoint``
+    is) ran it with no server hooks: the agent's ``on_session_end`` never ran and the
+    simulator's verdict was reported dropped. They find the server as the CLI does."""
+    (tmp_path / "counted_agent.py").write_text(COUNTED_AGENT, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import counted_agent  # type: ignore[import-not-found]
+
+    try:
+        _replay_and_fuzz_counted(counted_agent, tmp_path)
+    finally:
+        sys.modules.pop("counted_agent", None)
+
+
+def _replay_and_fuzz_counted(counted_agent: Any, tmp_path: Path) -> None:
+    scenario = {
+        "name": "the agent hangs up, then the simulator asks for the verdict",
+        **_WITH_SIMULATOR,
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 1, "event": "job.shutdown"},
+            _finalize(5, "simulator"),
+            {"at": 400, "event": "end"},
+        ],
+    }
+    path = tmp_path / "hang_up_then_ask.yaml"
+    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+    report = replay(counted_agent.entrypoint, path)
+    assert report.ok, report.summary()
+    assert counted_agent.ENDS == ["fuzz-job"]
+
+    report = fuzz(counted_agent.entrypoint, FuzzOptions(examples=5, seed=SEED))
+    assert report.ok, report.summary()
+    assert len(counted_agent.ENDS) > 1  # the preflight's run and the drawn ones

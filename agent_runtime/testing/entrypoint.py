@@ -25,6 +25,7 @@ import functools
 import inspect
 import logging
 import re
+import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -793,6 +794,40 @@ def check_agent(agent: Any) -> None:
     why = not_an_entrypoint(entrypoint)
     if why is not None:
         raise TypeError(f"the entrypoint must be a function taking the JobContext: {why}")
+
+
+def served(agent: Any, module: Any = None) -> Any:
+    """The ``AgentServer`` whose ``rtc_session`` entrypoint ``agent`` is, when ``agent`` is
+    an entrypoint function and exactly one server among the globals of ``module`` (by
+    default the function's own module) registered it: run with that server's
+    ``on_session_end`` and ``on_simulation_end``, as a worker runs it. Anything else (a
+    server, a function no server of its module registered, or that two did) is returned
+    as given."""
+    if _hooks_of(agent) is not None or not callable(agent):
+        return agent
+    if module is None:
+        module = sys.modules.get(getattr(agent, "__module__", None) or "")
+    if module is None:
+        return agent
+    try:
+        values = list(vars(module).values())
+    except TypeError:  # no namespace to look in
+        return agent
+    servers = {
+        id(v): v
+        for v in values
+        if (hooks := _hooks_of(v)) is not None and hooks.entrypoint is agent
+    }
+    return next(iter(servers.values())) if len(servers) == 1 else agent
+
+
+def _hooks_of(value: Any) -> Any:
+    """``value``'s server hooks; None for what is no server, and for a global of a module
+    whose attribute reads raise (a framework's proxy outside its context)."""
+    try:
+        return lk.server_hooks(value)
+    except Exception:
+        return None
 
 
 def agent_label(agent: Any) -> str:

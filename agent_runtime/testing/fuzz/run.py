@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.entrypoint import NoAgentJob, agent_label, check_agent
+from agent_runtime.testing.entrypoint import NoAgentJob, agent_label, check_agent, served
 from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
 from agent_runtime.testing.fuzz.machine import (
     FuzzFailure,
@@ -134,7 +134,14 @@ def fuzz(
     with the seed first, then one every ``progress_every`` seconds. Before any drawing: a
     ``TypeError`` for an argument of the wrong kind, ``NoAgentJob`` if the entrypoint builds
     no ``AgentJob``, ``PluginOffMainThread`` if it imports a plugin and had to run off the
-    main thread."""
+    main thread.
+
+    ``server``: an ``AgentServer`` with an ``rtc_session`` entrypoint, or the entrypoint
+    function; a function that an ``AgentServer`` of its module registered runs with that
+    server's ``on_session_end`` and ``on_simulation_end`` (as a worker runs it, and as
+    ``agent-runtime fuzz MODULE:entrypoint`` does), a function no server registered with
+    none."""
+    server = served(server)
     check_agent(server)
     if options is None:
         options = FuzzOptions()
@@ -305,7 +312,9 @@ def replay(
     """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
-    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``."""
+    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``. ``server`` as for ``fuzz``: a
+    function an ``AgentServer`` of its module registered runs with that server's hooks."""
+    server = served(server)
     check_agent(server)
     _check_checks(checks)
     scenario = sc.load_scenario(_path_of("path", path))

@@ -78,22 +78,13 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
 
 
 def _server(spec: str) -> Any:
-    from agent_runtime.testing.entrypoint import not_an_entrypoint
+    from agent_runtime.testing.entrypoint import not_an_entrypoint, served
 
-    module, server = _load(spec, "agent")
+    module, given = _load(spec, "agent")
+    # the entrypoint function an AgentServer of its module registered: run with that
+    # server's on_session_end and on_simulation_end, as a worker runs it (fuzz() does too)
+    server = served(given, module)
     hooks = lk.server_hooks(server)
-    if hooks is None:
-        # the entrypoint function an AgentServer of its module registered: run with that
-        # server's on_session_end and on_simulation_end, as a worker runs it
-        servers = list(
-            {
-                id(v): v
-                for v in vars(module).values()
-                if (h := _hooks_of(v)) is not None and h.entrypoint is server
-            }.values()
-        )
-        if len(servers) == 1:
-            server, hooks = servers[0], lk.server_hooks(servers[0])
     if (hooks.entrypoint is None) if hooks is not None else not callable(server):
         raise UsageError(
             f"agent {spec!r}: not an AgentServer with an rtc_session entrypoint, nor an "
@@ -109,15 +100,6 @@ def _server(spec: str) -> Any:
         )
         raise UsageError(f"agent {spec!r}: {what} (a function taking the JobContext): {why}")
     return server
-
-
-def _hooks_of(value: Any) -> Any:
-    """``value``'s server hooks; None for a global of the module whose attribute reads
-    raise (a framework's proxy outside its context): it is no server."""
-    try:
-        return lk.server_hooks(value)
-    except Exception:
-        return None
 
 
 def _checks(specs: list[str]) -> list[Any]:
