@@ -37,6 +37,19 @@ def two_arguments(outcome: Any, extra: Any) -> bool:
     return True
 
 
+def misspelt(outcome: Any) -> bool:
+    """A --check that reads what the outcome does not have, in every run."""
+    return bool(outcome.jobb.lifecycle == "closed")
+
+
+def misspelt_later(outcome: Any) -> bool:
+    """A --check that reads what the outcome does not have only in a run with a request
+    (not the plain run before the drawing)."""
+    if any(step["event"] == "session_request" for step in outcome.steps):
+        return outcome.request is not None
+    return True
+
+
 def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["fuzz", *args])
     out, err = capsys.readouterr()
@@ -1113,3 +1126,92 @@ def _replay_and_fuzz_counted(counted_agent: Any, tmp_path: Path) -> None:
     report = fuzz(counted_agent.entrypoint, FuzzOptions(examples=5, seed=SEED))
     assert report.ok, report.summary()
     assert len(counted_agent.ENDS) > 1  # the preflight's run and the drawn ones
+
+
+@pytest.mark.parametrize(
+    ("check", "message"),
+    [
+        (
+            "misspelt",
+            "check misspelt reads outcome.jobb, which a FuzzOutcome does not have (did you "
+            "mean job?); it has steps, job, ctx, room, clock, requests, shutdown_reason, ",
+        ),
+        ("misspelt_later", "reads outcome.request, which a FuzzOutcome does not have (did you"),
+    ],
+)
+def test_a_check_that_reads_what_the_outcome_has_not_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    check: str,
+    message: str,
+) -> None:
+    """``--check`` of a function reading ``outcome.jobb`` (a misspelt name) failed every
+    run as a property the agent broke: exit 1, the "shortest sequence" shrunk and written
+    to ``--out``, the traceback of the user's check. It is the check's mistake: one line,
+    exit 2, the ``--out`` directory the command made removed again."""
+    monkeypatch.chdir(ROOT)
+    out_dir = tmp_path / "found" / "here"
+    code, out, err = _fuzz_cli(
+        capsys,
+        "examples/agent.py:server",
+        "--examples",
+        "50",
+        "--seed",
+        str(SEED),
+        "--out",
+        str(out_dir),
+        "--check",
+        f"tests.test_fuzz:{check}",
+    )
+    assert (code, out) == (2, ""), out + err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"agent-runtime fuzz: --check 'tests.test_fuzz:{check}': "), err
+    assert message in last, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "found").exists()
+
+
+def test_the_python_api_refuses_a_check_that_reads_what_the_outcome_has_not(
+    tmp_path: Path,
+) -> None:
+    """``fuzz(server, checks=[misspelt])`` reported the agent as failing; it raises
+    ``BadCheck`` (a ``TypeError``) and writes nothing."""
+    from agent_runtime.testing.fuzz import BadCheck
+
+    with pytest.raises(BadCheck, match=r"reads outcome\.jobb, .*did you mean job\?") as caught:
+        fuzz(
+            planted.no_hook_server(False),
+            FuzzOptions(examples=5, seed=SEED),
+            checks=[misspelt],
+            out=tmp_path,
+        )
+    assert isinstance(caught.value, TypeError) and caught.value.check is misspelt
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("agent", "check"),
+    [
+        ("examples/agent.py:missing", "tests.test_fuzz:misspelt"),
+        ("examples/agent.py:server", "tests.support.planted:nope"),
+    ],
+)
+def test_a_usage_error_leaves_no_out_directory_behind(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    agent: str,
+    check: str,
+) -> None:
+    """``--out found/`` was made (and probed) first: a bad agent or ``--check`` found
+    after it was exit 2 and one line, and left the directory made behind. A usage error
+    changes nothing; a directory that was there already stays."""
+    monkeypatch.chdir(ROOT)
+    there = tmp_path / "there"
+    there.mkdir()
+    code, _, err = _fuzz_cli(
+        capsys, agent, "--out", str(there / "new" / "deeper"), "--check", check
+    )
+    assert code == 2 and err.count("\n") == 1, err
+    assert list(there.iterdir()) == []

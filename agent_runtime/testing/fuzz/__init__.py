@@ -2,7 +2,7 @@
 happen to a job, against the agent's own entrypoint (``agent-runtime fuzz``,
 ``fuzz_entrypoint``)."""
 
-from agent_runtime.testing.fuzz.properties import FuzzOutcome, Problem
+from agent_runtime.testing.fuzz.properties import BadCheck, FuzzOutcome, Problem
 from agent_runtime.testing.fuzz.run import (
     FuzzOptions,
     FuzzReport,
@@ -12,6 +12,7 @@ from agent_runtime.testing.fuzz.run import (
 )
 
 __all__ = [
+    "BadCheck",
     "FuzzOptions",
     "FuzzOutcome",
     "FuzzReport",

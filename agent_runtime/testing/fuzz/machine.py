@@ -48,6 +48,15 @@ class FuzzFailure(AssertionError):
         self.scenario = scenario
 
 
+class CheckStopped(BaseException):
+    """A ``BadCheck`` in a run: the fuzz stops there (hypothesis shrinks what raises an
+    ``Exception``, and a check that cannot read the outcome fails every run alike)."""
+
+    def __init__(self, error: props.BadCheck) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class Stats:
     """What every run so far showed: how many, which distinct paths (the machines'
@@ -326,7 +335,10 @@ def make_machine(
                     return
                 if not self.failed:
                     self.steps.append({"at": round(self.h.clock.now(), 3), "event": "end"})
-                    problems = self.loop.run_until_complete(finish(self.h, checks, self.steps))
+                    try:
+                        problems = self.loop.run_until_complete(finish(self.h, checks, self.steps))
+                    except props.BadCheck as e:
+                        raise CheckStopped(e) from None
                 else:
                     problems = []
                     self.loop.run_until_complete(self.h.close())

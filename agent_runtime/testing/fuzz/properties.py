@@ -8,9 +8,10 @@ it fails by raising (``assert``) or by returning ``False``.
 
 from __future__ import annotations
 
+import difflib
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import CodeType
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,26 @@ class FuzzOutcome:
 
 
 Check = Callable[[FuzzOutcome], Any]
+
+
+class BadCheck(TypeError):
+    """A check of the user's that reads what a ``FuzzOutcome`` does not have
+    (``outcome.jobb``): the check's own mistake, which no run of the agent can pass, not a
+    property the agent broke. ``check`` is the function."""
+
+    def __init__(self, check: Check, message: str) -> None:
+        super().__init__(message)
+        self.check = check
+
+
+def _misread(name: str, missing: str | None) -> str:
+    have = [f.name for f in fields(FuzzOutcome)]
+    close = difflib.get_close_matches(missing or "", have, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (
+        f"check {name} reads outcome.{missing}, which a FuzzOutcome does not have{hint}; "
+        f"it has {', '.join(have)}"
+    )
 
 
 # -- during the run -----------------------------------------------------------------------
@@ -239,12 +260,16 @@ def user_code(h: Harness) -> list[Problem]:
 
 
 def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
+    """The user's checks on ``outcome``: a problem for each that raised or returned
+    ``False``; ``BadCheck`` for one that read what the outcome does not have."""
     out: list[Problem] = []
     for check in checks:
         name = getattr(check, "__qualname__", repr(check))
         try:
             ok = check(outcome)
         except Exception as e:
+            if isinstance(e, AttributeError) and e.obj is outcome:
+                raise BadCheck(check, _misread(name, e.name)) from None
             out.append(
                 Problem(
                     f"check {name}",

@@ -29,6 +29,7 @@ from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.entrypoint import NoAgentJob, agent_label, check_agent, served
 from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
 from agent_runtime.testing.fuzz.machine import (
+    CheckStopped,
     FuzzFailure,
     Stats,
     finish,
@@ -134,7 +135,9 @@ def fuzz(
     with the seed first, then one every ``progress_every`` seconds. Before any drawing: a
     ``TypeError`` for an argument of the wrong kind, ``NoAgentJob`` if the entrypoint builds
     no ``AgentJob``, ``PluginOffMainThread`` if it imports a plugin and had to run off the
-    main thread.
+    main thread. ``BadCheck`` (a ``TypeError``) if a check reads what a ``FuzzOutcome``
+    does not have (``outcome.jobb``): found by that plain run, or by the first drawn run
+    that reaches it, which stops the drawing (nothing reported, nothing written).
 
     ``server``: an ``AgentServer`` with an ``rtc_session`` entrypoint, or the entrypoint
     function; a function that an ``AgentServer`` of its module registered runs with that
@@ -187,7 +190,7 @@ def _fuzz(
 ) -> FuzzReport:
     seed = options.seed if options.seed is not None else random.randrange(MAX_SEED)
     config = config_of(options)
-    if not _preflight(server, config):
+    if not _preflight(server, config, checks):
         # the entrypoint gives its job no avatar: nothing the avatar's provider does can
         # reach this agent, so no run draws it (and a failure is written without one)
         config = config.model_copy(update={"avatar_identity": None})
@@ -237,6 +240,8 @@ def _fuzz(
             hypothesis_seed(seed)(test)()
         except FuzzFailure as e:
             failure = e
+        except CheckStopped as e:  # the check's mistake, not the agent's: no report of it
+            raise e.error from None
         # one that came after the last step (its run left unchecked): no report of it
         stats.interrupts.check()
     report = FuzzReport(
@@ -258,10 +263,11 @@ def _fuzz(
     return report
 
 
-def _preflight(server: Any, config: sc.Config) -> bool:
+def _preflight(server: Any, config: sc.Config, checks: list[Check]) -> bool:
     """One plain run (the entrypoint started, the job let end) before any drawing:
     ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` when
-    it imports a plugin off the main thread, usage errors rather than properties; what else
+    it imports a plugin off the main thread, ``BadCheck`` when a check reads what the
+    outcome does not have: usage errors rather than properties; what else
     the run shows is left to the drawing. Returns whether the entrypoint gave its job an
     avatar (the run's scripted avatar stood in for it)."""
     participants: list[dict[str, Any]] = [{"identity": "user"}]
@@ -270,7 +276,8 @@ def _preflight(server: Any, config: sc.Config) -> bool:
     steps = [{"at": 0, "event": "session.start"}, {"at": 0, "event": "end"}]
     scenario = sc.parse_scenario({"name": "preflight", **scenario_of(config, participants, steps)})
     ran: list[Harness] = []
-    problems = on_virtual_time(_replay(server, scenario, [], probe=ran))
+    # the user's checks too: one that reads what the outcome does not have is refused here
+    problems = on_virtual_time(_replay(server, scenario, checks, probe=ran))
     for problem in problems:
         if PLUGIN_THREAD in problem.message:
             raise PluginOffMainThread(problem.message)
@@ -312,7 +319,8 @@ def replay(
     """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
-    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``. ``server`` as for ``fuzz``: a
+    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``BadCheck`` if a check reads
+    what a ``FuzzOutcome`` does not have. ``server`` as for ``fuzz``: a
     function an ``AgentServer`` of its module registered runs with that server's hooks."""
     server = served(server)
     check_agent(server)

@@ -16,6 +16,7 @@ line on stderr).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -117,14 +118,16 @@ def _checks(specs: list[str]) -> list[Any]:
     return checks
 
 
-def _out(value: str | None) -> Path | None:
+def _out(value: str | None, made: list[Path]) -> Path | None:
     """The directory, created, with a file written there and removed: a failure found
-    after a long run must not be lost to a directory that cannot take it."""
+    after a long run must not be lost to a directory that cannot take it. The directories
+    it made go to ``made`` (the innermost last), for a usage error found later to remove."""
     if value is None:
         return None
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {value}: exists and is not a directory")
+    missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".fuzz-probe-"):
@@ -133,7 +136,17 @@ def _out(value: str | None) -> Path | None:
         raise UsageError(
             f"--out {value}: cannot write there ({type(e).__name__}: {e.strerror or e})"
         ) from None
+    finally:
+        made += [p for p in reversed(missing) if p.is_dir()]
     return path
+
+
+def _unmake(made: list[Path]) -> None:
+    """A usage error changes nothing: the ``--out`` directories made are removed (only
+    while empty: never what something else put there meanwhile)."""
+    for path in reversed(made):
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 # what draws runs: nothing with --replay, where the file says what runs
@@ -172,9 +185,10 @@ def _int(option: str, value: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from agent_runtime.testing.entrypoint import NoAgentJob
-    from agent_runtime.testing.fuzz import FuzzOptions, fuzz, replay
+    from agent_runtime.testing.fuzz import BadCheck, FuzzOptions, fuzz, replay
     from agent_runtime.testing.fuzz.run import PluginOffMainThread, print_progress
 
+    made: list[Path] = []
     try:
         try:
             given = {
@@ -195,9 +209,10 @@ def run(args: argparse.Namespace) -> int:
             _replayable(args)  # checked before the agent is imported
             out = None
         else:
-            out = _out(args.out)
+            out = _out(args.out, made)
         server = _server(args.agent)
-        checks = _checks(args.check or [])
+        specs = args.check or []
+        checks = _checks(specs)
         try:
             if args.replay is not None:
                 report = replay(server, Path(args.replay), checks=checks)
@@ -205,7 +220,11 @@ def run(args: argparse.Namespace) -> int:
                 report = fuzz(server, options, checks=checks, out=out, progress=print_progress)
         except (NoAgentJob, PluginOffMainThread) as e:
             raise UsageError(f"agent {args.agent!r}: {e}") from None
+        except BadCheck as e:
+            spec = next(sp for sp, fn in zip(specs, checks, strict=True) if fn is e.check)
+            raise UsageError(f"--check {spec!r}: {e}") from None
     except UsageError as e:
+        _unmake(made)
         print(f"agent-runtime fuzz: {e}", file=sys.stderr)
         return 2
     print(report.summary())
