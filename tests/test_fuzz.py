@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import signal
 import sys
 import time
@@ -1215,3 +1216,58 @@ def test_a_usage_error_leaves_no_out_directory_behind(
     )
     assert code == 2 and err.count("\n") == 1, err
     assert list(there.iterdir()) == []
+
+
+def _hung_verdict_server() -> Any:
+    """The README's agent, whose ``on_simulation_end`` never returns."""
+    from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+
+    from agent_runtime import AgentJob, on_session_end
+
+    server = AgentServer(session_end_timeout=315)
+
+    async def never(_: Any) -> None:
+        await asyncio.Event().wait()
+
+    @server.rtc_session(on_session_end=on_session_end, on_simulation_end=never)
+    async def entrypoint(ctx: JobContext) -> None:
+        await AgentJob.from_job_context(ctx, session=AgentSession()).start(Agent(instructions="hi"))
+
+    return server
+
+
+@pytest.mark.parametrize(
+    ("asks", "warned"),
+    [
+        # the run's simulator never asks: the hold runs out as it should, nothing lost by
+        # the agent; the warning, once per such run, read as a fault in a passing fuzz
+        (False, []),
+        # it asks and the agent's on_simulation_end never returns: a verdict really lost
+        (True, ["on_simulation_end had not returned"]),
+    ],
+)
+def test_a_passing_run_does_not_warn_of_a_verdict_the_simulator_never_asked_for(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, asks: bool, warned: list[str]
+) -> None:
+    steps: list[dict[str, Any]] = [
+        {"at": 0, "event": "session.start"},
+        {"at": 1, "event": "job.shutdown"},
+    ]
+    if asks:
+        steps.append(_finalize(5, "simulator"))
+    scenario = {
+        "name": "the agent hangs up",
+        **_WITH_SIMULATOR,
+        "steps": [*steps, {"at": 400, "event": "end"}],
+    }
+    path = tmp_path / "hang_up.yaml"
+    path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+    caplog.set_level(logging.WARNING, logger="agent_runtime")
+    report = replay(_hung_verdict_server(), path)
+    assert report.ok, report.summary()
+    lost = [
+        r.getMessage().split("verdict: ", 1)[1].split("; the job")[0]
+        for r in caplog.records
+        if "without the simulator's verdict" in r.getMessage()
+    ]
+    assert lost == warned, caplog.text
