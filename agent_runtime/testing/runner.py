@@ -410,8 +410,12 @@ class _Simulation:
 
     async def quiesce(self) -> None:
         await settle()
+        # the loop's seconds bound work that never settles alike on any machine; the wall
+        # clock's stays as a guard for a loop whose time cannot move (tests/test_quiesce_bound)
         deadline = time.monotonic() + _REAL_SETTLE_LIMIT
-        while self._busy() and time.monotonic() < deadline:
+        loop = asyncio.get_running_loop()
+        loop_deadline = loop.time() + _REAL_SETTLE_LIMIT
+        while self._busy() and time.monotonic() < deadline and loop.time() < loop_deadline:
             await asyncio.sleep(0.002)
             await settle()
 
