@@ -343,6 +343,10 @@ class Harness:
             await asyncio.gather(self._reader, return_exceptions=True)
         await self.agent_end.close()
         await self.simulator_end.close()
+        self.release_log()
+
+    def release_log(self) -> None:
+        """Stop sifting the job's log (``close`` does; a run cut short calls it alone)."""
         _JOB_LOG.removeFilter(self._quiet)
 
     def simulator_asked(self) -> bool:

@@ -354,6 +354,7 @@ def make_machine(
                     stats.on_example(stats)
                 self._fail(problems)
             finally:
+                self.h.release_log()
                 # what the run left (found above, or cut by a failure) goes with its loop
                 left = asyncio.all_tasks(self.loop)
                 for task in left:
