@@ -885,6 +885,27 @@ async def test_a_close_whose_teardown_fails_ends_the_link_and_says_so(
     assert (last.event, last.data) == ("close_failed", {"detail": error})
 
 
+async def test_alone_the_link_hears_the_sessions_close_once(world: World) -> None:
+    """Alone, the link hears the session's ``close`` from its own listener; it also
+    followed the end of the close it asked, and told itself again: a second
+    ``session_closed`` (``close_finished``) ignored in ``closed``, in every such trace."""
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    for _ in range(4):
+        await world.idle()
+    heard = [
+        (r.kind, r.source, r.dest, r.data.get("reason"))
+        for r in world.sink.records
+        if r.machine == "participant" and r.event == "session_closed"
+    ]
+    assert heard == [("transition", "closing", "closed", "participant_disconnected")]
+
+
 # -- issue 13 item 2: a session close that hangs is bounded ------------------------------------
 
 
