@@ -347,7 +347,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             # failure of the close it asked for is read (the SDK logged it already)
             task.add_done_callback(_read_failure)
         else:
-            # alone, a close whose teardown fails never emits `close`: its end is enough
+            # alone, a close whose teardown fails never emits `close`: its end says so
+            # (close_failed), and a close that ended without `close` is the session's end
             task.add_done_callback(self._on_close_task_done)
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
