@@ -4,7 +4,8 @@ comes back is heard again.
 A closing disconnect reason closes the session (reason ``participant_disconnected``), which
 drives the job; any other reason opens a ``grace`` period in which the same identity
 relinks; the grace timer ends it. A session whose close hangs is given up after
-``session_close_timeout`` (the link is ``closed`` and says so: the job shuts down without it).
+``session_close_timeout``, and one that cannot even be asked to close (``close_failed``) at
+once: the link is ``closed`` and says so, and the job shuts down without the session.
 
 Guards (evaluated by the runtime on the event's data):
 
@@ -24,6 +25,7 @@ EVENTS = (
     "participant_disconnected",
     "grace_timeout",
     "session_close_timeout",
+    "close_failed",
     "session_closed",
     "close",
 )
@@ -57,13 +59,17 @@ PARTICIPANT = MachineSpec(
         Effect(name="relink", description="point the room input at the rejoined participant"),
         Effect(
             name="close_session",
-            # a close that cannot even be started leaves nothing to wait for
-            error_event="session_closed",
+            # a close that cannot even be asked leaves nothing to wait for; the session
+            # did not close, so the link gives up on it as on a close that hangs
+            error_event="close_failed",
             description="close the session with reason participant_disconnected",
         ),
         Effect(
             name="report_close_timed_out",
-            description="log and emit close_timed_out: the job shuts down without the session",
+            description=(
+                "log and emit close_timed_out (the close hung, or could not be asked): the "
+                "job shuts down without the session"
+            ),
         ),
     ),
     rows=(
@@ -91,6 +97,7 @@ PARTICIPANT = MachineSpec(
         *row("grace", "participant_connected", None),  # someone else joined: keep waiting
         *row("grace", "grace_timeout", "closing", effects=["close_session"]),
         *row("closing", "session_close_timeout", "closed", effects=["report_close_timed_out"]),
+        *row("closing", "close_failed", "closed", effects=["report_close_timed_out"]),
         *row([*LIVE, "closing"], "session_closed", "closed"),
         *row([*LIVE, "closing"], "close", "closed"),
     ),
@@ -104,6 +111,7 @@ PARTICIPANT = MachineSpec(
         *cells("grace", "participant_disconnected", "the linked identity is already gone"),
         *cells(["waiting", "linked", "closing"], "grace_timeout", "only grace arms the timer"),
         *cells(LIVE, "session_close_timeout", "only closing arms the timer"),
+        *cells(LIVE, "close_failed", "only closing asks the session to close"),
         *cells(
             "closing",
             ["participant_connected", "participant_disconnected"],

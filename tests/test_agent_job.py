@@ -734,6 +734,43 @@ async def test_a_user_who_leaves_after_the_sessions_own_close_failed_ends_the_jo
     assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
 
 
+async def test_a_user_who_leaves_when_the_session_cannot_be_asked_to_close_ends_the_job(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The user leaves and asking livekit to close the session raises (fault injected:
+    ``AgentSession._close_soon`` fails). The link took its own failure for the session's
+    close, went ``closed`` and told nobody: the job served an empty room for good. Now the
+    link gives up on the close at once, says why, and the job shuts down."""
+    room.add_participant("user")
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, session_close_timeout=20)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+    close_soon = session._close_soon
+
+    def broken(**_: Any) -> None:
+        raise RuntimeError("no loop to close on")  # fault injection
+
+    session._close_soon = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.participant"):
+        room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+        await settle()
+    left_at = clock.now()
+    await clock.advance(3600)  # an hour on: the job had been serving an empty room since
+    assert job.states["participant"] == "closed" and job.states["job"] == "closed"
+    closed_at = job.job.closed_at
+    assert closed_at is not None and closed_at - left_at <= 10  # the job's own bounded close
+    reason = (
+        "the session could not be asked to close after participant user left "
+        "(RuntimeError: no loop to close on)"
+    )
+    assert job.job.reason == reason
+    assert f"{reason}; the link gives up on it" in [r.getMessage() for r in caplog.records]
+    await job.aclose()  # the job's own close could not ask the session either: bounded
+    assert all(MACHINES[m].state(s).final for m, s in job.states.items()), job.states
+    session._close_soon = close_soon  # type: ignore[method-assign]
+
+
 async def start_while(
     room: InMemoryRoom, clock: VirtualClock, during: Callable[[], None]
 ) -> AgentJob:

@@ -652,12 +652,15 @@ def left(identity: str, reason: str) -> dict[str, Any]:
 
 
 CLOSED = ("transition", "closed")
+# what the actor posts when the link's close_session effect raises
+FAILED = {"effect": "close_session", "outcome": "error", "detail": "RuntimeError: no loop"}
 CASES = [
     Case("waiting", "participant_connected", U, "transition", "linked", ("link",), ("eligible",)),
     Case("waiting", "participant_connected", BOT, "transition", "waiting"),
     Case("waiting", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "waiting"),
     Case("waiting", "grace_timeout", {}, "ignore", "waiting"),
     Case("waiting", "session_close_timeout", {}, "ignore", "waiting"),
+    Case("waiting", "close_failed", FAILED, "ignore", "waiting"),
     Case("waiting", "session_closed", {"reason": "error"}, *CLOSED),
     Case("waiting", "close", {}, *CLOSED),
     Case("linked", "participant_connected", V, "ignore", "linked"),
@@ -698,6 +701,7 @@ CASES = [
     ),
     Case("linked", "grace_timeout", {}, "ignore", "linked"),
     Case("linked", "session_close_timeout", {}, "ignore", "linked"),
+    Case("linked", "close_failed", FAILED, "ignore", "linked"),
     Case("linked", "session_closed", {"reason": "error"}, *CLOSED),
     Case("linked", "close", {}, *CLOSED),
     Case(
@@ -707,6 +711,7 @@ CASES = [
     Case("grace", "participant_disconnected", left("u", "CLIENT_INITIATED"), "ignore", "grace"),
     Case("grace", "grace_timeout", {}, "transition", "closing", ("close_session",)),
     Case("grace", "session_close_timeout", {}, "ignore", "grace"),
+    Case("grace", "close_failed", FAILED, "ignore", "grace"),
     Case("grace", "session_closed", {"reason": "error"}, *CLOSED),
     Case("grace", "close", {}, *CLOSED),
     Case("closing", "participant_connected", U, "ignore", "closing"),
@@ -721,6 +726,8 @@ CASES = [
         "closed",
         ("report_close_timed_out",),
     ),
+    # the session could not be asked to close: given up on at once, and the job told
+    Case("closing", "close_failed", FAILED, "transition", "closed", ("report_close_timed_out",)),
     Case("closing", "session_closed", {"reason": "participant_disconnected"}, *CLOSED),
     Case("closing", "close", {}, *CLOSED),
     *[
@@ -730,6 +737,7 @@ CASES = [
             ("participant_disconnected", left("u", "CLIENT_INITIATED")),
             ("grace_timeout", {}),
             ("session_close_timeout", {}),
+            ("close_failed", FAILED),
             ("session_closed", {"reason": "error"}),
             ("close", {}),
         )
@@ -790,23 +798,45 @@ async def test_every_cell_through_the_actor(world: World, case: Case) -> None:
         assert world.clock.pending == 0  # no timer outlives the link's live states
 
 
-async def test_a_close_that_cannot_start_ends_the_link(
-    world: World, monkeypatch: pytest.MonkeyPatch
+async def test_a_close_that_cannot_be_asked_ends_the_link_and_says_so(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Asking livekit to close the session raises (fault injected: ``_close_soon`` fails).
+    The link took its own failure for the session's close (``session_closed``) and said
+    nothing, so whoever wired ``close_timed_out`` to the job's shutdown kept the job
+    serving an empty room. Now it gives up on the close at once and says so."""
     world.room.add_participant("u")
     await world.start_session()
     link = world.link()
     link.start()
+    timed_out: list[SessionCloseTimedOut] = []
+    link.on("close_timed_out", timed_out.append)
 
     def broken(**_: Any) -> None:
-        raise RuntimeError("no loop")
+        raise RuntimeError("no loop")  # fault injection
 
     monkeypatch.setattr(world.session, "_close_soon", broken)
-    world.room.remove_participant("u", R.CLIENT_INITIATED)
-    await world.idle()
-    assert link.state == "closed"
-    effects = [r for r in world.sink.records if r.kind == "effect"]
-    assert (effects[-1].effect, effects[-1].outcome) == ("close_session", "error")
+    with caplog.at_level(logging.WARNING, logger="agent_runtime.participant"):
+        world.room.remove_participant("u", R.CLIENT_INITIATED)
+        await world.idle()
+    reason = (
+        "the session could not be asked to close after participant u left (RuntimeError: no loop)"
+    )
+    assert link.state == "closed" and world.closes == []
+    (told,) = timed_out  # nothing was said: the session "closed"
+    assert (told.identity, told.after, told.reason) == ("u", 0.0, reason)
+    assert told.error == "RuntimeError: no loop"
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        (
+            "agent_runtime.actor",
+            "participant[r1]: effect 'close_session' failed: RuntimeError: no loop",
+        ),
+        ("agent_runtime.participant", f"{reason}; the link gives up on it"),
+    ]
+    assert world.states()[-1] == ("closing", "closed", "close_failed")
+    effects = [(r.effect, r.outcome) for r in world.sink.records if r.kind == "effect"]
+    assert effects[-2:] == [("close_session", "error"), ("report_close_timed_out", "ok")]
+    assert world.clock.pending == 0
 
 
 async def test_identity_filter_wins_when_roomio_picks_someone_else_in_the_same_tick(
@@ -822,14 +852,19 @@ async def test_identity_filter_wins_when_roomio_picks_someone_else_in_the_same_t
     assert world.session.room_io.linked_participant is bob
 
 
-async def test_a_close_whose_teardown_fails_still_ends_the_link(
+async def test_a_close_whose_teardown_fails_ends_the_link_and_says_so(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Alone, the session's close fails (a plugin raises in its teardown: livekit then
+    never emits ``close``). The link took the end of that close for the session's close and
+    said nothing; now it gives up on it and says so (``close_timed_out``)."""
     world.room.add_participant("u")
     await world.start_session()
     link = world.link()
     link.start()
     await world.idle()
+    timed_out: list[SessionCloseTimedOut] = []
+    link.on("close_timed_out", timed_out.append)
 
     async def failing_teardown(**_: Any) -> None:
         raise RuntimeError("a plugin failed while closing")  # fault injection
@@ -837,13 +872,38 @@ async def test_a_close_whose_teardown_fails_still_ends_the_link(
     # the session then never emits `close`; the end of its close task is what remains
     monkeypatch.setattr(world.session, "_teardown_activity", failing_teardown)
     world.room.remove_participant("u", R.CLIENT_INITIATED)
-    await world.idle()
-    for _ in range(3):
+    for _ in range(4):
         await world.idle()
     assert world.closes == []
     assert link.state == "closed"
+    error = "RuntimeError: a plugin failed while closing"
+    (told,) = timed_out  # nothing was said: the session "closed"
+    reason = f"the session's close failed after participant u left ({error})"
+    assert (told.identity, told.after, told.reason) == ("u", 0.0, reason)
+    assert told.error == error
     last = [r for r in world.sink.records if r.kind == "transition"][-1]
-    assert (last.event, last.data) == ("session_closed", {"reason": "close_failed"})
+    assert (last.event, last.data) == ("close_failed", {"detail": error})
+
+
+async def test_alone_the_link_hears_the_sessions_close_once(world: World) -> None:
+    """Alone, the link hears the session's ``close`` from its own listener; it also
+    followed the end of the close it asked, and told itself again: a second
+    ``session_closed`` (``close_finished``) ignored in ``closed``, in every such trace."""
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    for _ in range(4):
+        await world.idle()
+    heard = [
+        (r.kind, r.source, r.dest, r.data.get("reason"))
+        for r in world.sink.records
+        if r.machine == "participant" and r.event == "session_closed"
+    ]
+    assert heard == [("transition", "closing", "closed", "participant_disconnected")]
 
 
 # -- issue 13 item 2: a session close that hangs is bounded ------------------------------------

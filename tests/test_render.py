@@ -208,7 +208,7 @@ def test_markdown_shows_guards_in_order_timeouts_tasks_and_error_events() -> Non
         "3. [is_linked] → closing / close_session<br>4. else internal"
     ) in text
     assert "| `grace` |  | `grace_timeout` after `grace_period` (default 15s) |" in text
-    assert "| `close_session` | `session_closed` |" in text
+    assert "| `close_session` | `close_failed` |" in text
     assert "ignore (nobody is linked)" in text
     job = markdown_table(MACHINES["job"])
     assert (

@@ -6,9 +6,10 @@ what its departure means: a closing reason closes the session through the sessio
 close path, so its ``close`` event carries ``CloseReason.PARTICIPANT_DISCONNECTED`` and the
 job sees it; any other reason waits ``grace_period`` seconds for the same identity, whose
 rejoin points the session's room input (RoomIO) at the new participant object. A session
-whose close hangs is given up after ``session_close_timeout`` seconds: the link is then
-``closed`` and emits ``close_timed_out`` (a ``SessionCloseTimedOut``), on which the job that
-composes the link shuts down.
+whose close hangs is given up after ``session_close_timeout`` seconds, and one that cannot
+be asked to close (or, alone, whose close fails) at once: the link is then ``closed`` and
+emits ``close_timed_out`` (a ``SessionCloseTimedOut``), on which the job that composes the
+link shuts down.
 
 RoomIO has its own ``close_on_disconnect`` (on by default, for CLIENT_INITIATED,
 ROOM_DELETED and USER_REJECTED). Start the session with
@@ -32,7 +33,7 @@ from agent_runtime._messages import StateChanged
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import Listener, event_names
-from agent_runtime.observe.trace import Tracer
+from agent_runtime.observe.trace import Tracer, describe
 from agent_runtime.parts import check_part
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_instance, released
 from agent_runtime.runtimes.room_events import (
@@ -65,11 +66,14 @@ LinkEvents = Literal["state_changed", "close_timed_out"]
 @dataclass(frozen=True, slots=True)
 class SessionCloseTimedOut:
     """Emitted as ``close_timed_out``: the session's close did not end within ``after``
-    seconds; the link is ``closed``. ``reason`` is a shutdown reason for the job."""
+    seconds, or ``error`` says why it failed (then ``after`` is 0: it could not be asked,
+    or, with no job's wiring, its teardown failed); the link is ``closed``. ``reason`` is a
+    shutdown reason for the job."""
 
     identity: str | None  # the participant whose departure started the close
     after: float
     reason: str
+    error: str | None = None
 
 
 class ParticipantLink(MachineRuntime[LinkEvents]):
@@ -78,7 +82,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
 
     Wire ``close_timed_out`` to the job's shutdown, e.g.
     ``link.on("close_timed_out", lambda ev: job.shutdown(ev.reason))``: the session will not
-    say it closed, so nothing else would end the job.
+    say it closed (its close hung or failed), so nothing else would end the job.
 
     The link does not own the session, the room or the adapter: ``aclose()`` only stops
     following (it never closes the session).
@@ -134,6 +138,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # alone, the link follows its session's close itself (composed, the job's wiring
         # delivers it, as the links declare)
         self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
+        self._heard_close = False  # alone: the session said it closed (its `close` event)
         self._warned_room_io = False
         # why each participant last left (as heard), for the log line of a drop the machine
         # waits on
@@ -287,6 +292,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:
+        self._heard_close = True  # the end of the close the link asked says nothing more
         reason = getattr(ev, "reason", None)
         self._post_session_closed(getattr(reason, "value", str(reason)))
 
@@ -341,26 +347,36 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             # failure of the close it asked for is read (the SDK logged it already)
             task.add_done_callback(_read_failure)
         else:
-            # alone, a close whose teardown fails never emits `close`: its end is enough
+            # alone, a close whose teardown fails never emits `close`: its end says so
+            # (close_failed), and a close that ended without `close` is the session's end
             task.add_done_callback(self._on_close_task_done)
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
-        after = float(ev.data.get("after", self.session_close_timeout))
-        reason = (
-            f"the session did not close within {after:g}s after participant {self._identity} left"
-        )
+        who = f"participant {self._identity} left"
+        error: str | None = None
+        if ev.name == "close_failed":  # it failed: nothing to wait for
+            after, error = 0.0, str(ev.data.get("detail", "")) or "no detail"
+            if ev.data.get("effect") == "close_session":
+                reason = f"the session could not be asked to close after {who} ({error})"
+            else:
+                reason = f"the session's close failed after {who} ({error})"
+        else:
+            after = float(ev.data.get("after", self.session_close_timeout))
+            reason = f"the session did not close within {after:g}s after {who}"
         logger.warning("%s; the link gives up on it", reason, extra=self.actor.log_fields(ev.name))
-        self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason))
+        self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason, error))
         return Output({"reason": reason})
 
     def _on_close_task_done(self, task: asyncio.Future[Any]) -> None:
         if task.cancelled():
-            outcome = "close_cancelled"
-        elif task.exception() is not None:  # retrieved: the SDK has logged it already
-            outcome = "close_failed"
-        else:
-            outcome = "close_finished"
-        self._post_session_closed(outcome)
+            self._post(Event("close_failed", {"detail": "the close was cancelled"}))
+        elif (error := task.exception()) is not None:  # the SDK has logged it already
+            # livekit then never says `close`: the session did not close as asked
+            self._post(Event("close_failed", {"detail": describe(error)}))
+        elif not self._heard_close:
+            # it ended without `close` (the session had stopped already): nothing is left
+            # to close. A close it said is heard once, from its `close` listener
+            self._post_session_closed("close_finished")
 
     # -- RoomIO ------------------------------------------------------------------------------
     def _room_io(self) -> RoomIO | None:

@@ -131,7 +131,14 @@ POSTED: dict[str, frozenset[str]] = {
             "transport_failed",  # once open_transport started the transport (INSTALLED_BY)
         }
     ),
-    "participant": frozenset({"participant_connected", "session_closed", "close"}),
+    "participant": frozenset(
+        {
+            "participant_connected",
+            "session_closed",
+            "close",
+            "close_failed",  # alone, from the end of the close close_session asked (INSTALLED_BY)
+        }
+    ),
     # from the sessions' close listeners, a start's claim and the job's release
     "session": frozenset({"start", "session_closed", "close"}),
     "room_deletion": frozenset({"request", "allow", "close"}),
@@ -190,6 +197,13 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
         "_on_opened",
         "_fx_open_transport",
         frozenset({"open_transport"}),
+    ),
+    # alone, the link follows the end of the close it asked: the callback close_session
+    # hangs on the session's closing task (its own failure is the effect's error event)
+    ("participant", "close_failed"): (
+        "_on_close_task_done",
+        "_fx_close_session",
+        frozenset({"close_session"}),
     ),
 }
 # where each machine's runtime lives, for the checks
