@@ -138,7 +138,6 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # alone, the link follows its session's close itself (composed, the job's wiring
         # delivers it, as the links declare)
         self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
-        self._heard_close = False  # alone: the session said it closed (its `close` event)
         self._warned_room_io = False
         # why each participant last left (as heard), for the log line of a drop the machine
         # waits on
@@ -292,7 +291,6 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
 
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:
-        self._heard_close = True  # the end of the close the link asked says nothing more
         reason = getattr(ev, "reason", None)
         self._post_session_closed(getattr(reason, "value", str(reason)))
 
@@ -373,9 +371,10 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         elif (error := task.exception()) is not None:  # the SDK has logged it already
             # livekit then never says `close`: the session did not close as asked
             self._post(Event("close_failed", {"detail": describe(error)}))
-        elif not self._heard_close:
+        elif self.actor.state != "closed":
             # it ended without `close` (the session had stopped already): nothing is left
-            # to close. A close it said is heard once, from its `close` listener
+            # to close. A close it said was heard once, from its `close` listener: the
+            # machine stepped it before the task's end reached here
             self._post_session_closed("close_finished")
 
     # -- RoomIO ------------------------------------------------------------------------------
