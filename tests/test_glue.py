@@ -76,7 +76,7 @@ def test_links_name_real_effects_steps_events_and_flags() -> None:
             Link(**fields)
 
 
-def test_reports_name_real_machines_events_and_what_the_runtimes_emit_and_hear() -> None:
+async def test_reports_name_real_machines_events_and_what_the_runtimes_emit_and_hear() -> None:
     """Each declared report is one its source's runtime emits and its target's runtime has
     a handler for (and no handler waits for a report nobody declared); a report that names
     a machine or an event that does not exist, or a state change, is refused."""
