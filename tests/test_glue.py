@@ -106,6 +106,18 @@ async def test_reports_name_real_machines_events_and_what_the_runtimes_emit_and_
             Report(**fields)
     with pytest.raises(ValueError, match="declared twice"):
         check_reports((REPORTS[0], REPORTS[0]))
+    # no runtime subscribes to a report by hand: the table is the one way one is heard
+    from pathlib import Path
+
+    import agent_runtime
+
+    package = Path(agent_runtime.__file__).parent
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] in ("testing", "tools"):
+            continue  # what users run beside a job, not the job
+        text = path.read_text()
+        for r in REPORTS:
+            assert f'.on("{r.report}"' not in text, f"{path} hears {r.report} by hand"
     # a report its target's runtime has no handler for is refused, and nothing connected
     source: Emitter[str] = Emitter()
     got: list[Event] = []

@@ -338,7 +338,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _stop(self) -> asyncio.Future[Any] | None:
         stopped = self.actor.release()
         unlisten(self.session, self._follows)  # nothing to take back if never started
-        if self._unhear is not None:
+        if self._unhear is not None:  # composed, the job takes its connections back
             self._unhear()
         for t in self._speeches:
             t.cancel()
