@@ -3,8 +3,9 @@
 Pure, like the rest of ``statemachines``. ``LINKS`` is what the runtime's wiring
 (``agent_runtime.runtimes.routing.Wiring``) posts: when an effect succeeds (its ``Output``,
 as XState's ``onDone``), or as a step of a task that works in steps begins. With
-``routing.ROUTES`` (room facts to events) and ``system.WATCHES`` (state changes to events)
-they are every channel of a job.
+``routing.ROUTES`` (room facts to events), ``system.WATCHES`` (state changes to events) and
+``system.REPORTS`` (a runtime's reports of its livekit part to events) they are every
+channel of a job.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The system between the machines, as data: who follows the room in which order, which
-state change of one machine is an event of another, and the job's teardown.
+state change of one machine is an event of another, which report of a runtime about the
+livekit part it drives is an event of another machine, and the job's teardown.
 
 With ``routing.ROUTES`` (room facts to events) and ``links.LINKS`` (effects to events) these
 are every channel of a job: the runtime delivers them, the diagrams draw them, the explorer
@@ -105,6 +106,72 @@ def watched(
         for w in watches
         if w.source == source and w.target == target and w.fires(from_state, to_state)
     )
+
+
+class Report(BaseModel):
+    """When ``source``'s runtime reports ``report`` (a fact of the livekit part it drives,
+    not a change of its machine: what its audio sink was handed, what the avatar said it
+    played), ``target`` gets ``event``. The target's runtime makes the event's data from the
+    report (its handler of ``report``); who hears it, as which event, is said here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    report: str
+    target: str
+    event: str
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _known(self) -> Report:
+        where = f"report {self.source}.{self.report} -> {self.target}.{self.event}"
+        if self.source not in MACHINES:
+            raise ValueError(f"{where}: unknown machine {self.source!r}")
+        if not self.report.isidentifier() or self.report == "state_changed":
+            raise ValueError(
+                f"{where}: a report is named by what the runtime emits, other than "
+                "state_changed (a state change is a watch)"
+            )
+        target = MACHINES.get(self.target)
+        if target is None:
+            raise ValueError(f"{where}: unknown target machine {self.target!r}")
+        if self.target == self.source:
+            raise ValueError(f"{where}: a report goes to another machine")
+        if self.event not in target.events:
+            raise ValueError(f"{where}: machine {self.target!r} has no event {self.event!r}")
+        return self
+
+
+REPORTS: tuple[Report, ...] = (
+    Report(
+        source="avatar",
+        report="segment_flushed",
+        target="playout",
+        event="handed_off",
+        note="the session ended a segment at the avatar's sink: all its audio is pushed",
+    ),
+    Report(
+        source="avatar",
+        report="playback_finished",
+        target="playout",
+        event="playback_finished",
+        note="the avatar's lk.playback_finished, accepted: it played a segment",
+    ),
+)
+
+
+def check_reports(reports: tuple[Report, ...]) -> None:
+    """``ValueError`` if two of ``reports`` say the same report to the same machine (it
+    would hear it twice)."""
+    seen: set[tuple[str, str, str]] = set()
+    for r in reports:
+        key = (r.source, r.report, r.target)
+        if key in seen:
+            raise ValueError(f"report {r.source}.{r.report} -> {r.target} declared twice")
+        seen.add(key)
+
+
+check_reports(REPORTS)
 
 
 class TeardownStep(BaseModel):

@@ -76,6 +76,56 @@ def test_links_name_real_effects_steps_events_and_flags() -> None:
             Link(**fields)
 
 
+async def test_reports_name_real_machines_events_and_what_the_runtimes_emit_and_hear() -> None:
+    """Each declared report is one its source's runtime emits and its target's runtime has
+    a handler for (and no handler waits for a report nobody declared); a report that names
+    a machine or an event that does not exist, or a state change, is refused."""
+    from livekit.agents import AgentSession
+
+    from agent_runtime.emitter import Emitter
+    from agent_runtime.runtimes.avatar import AvatarLifecycle
+    from agent_runtime.runtimes.playout import PlayoutTracker
+    from agent_runtime.runtimes.routing import hear_reports
+    from statemachines.system import REPORTS, Report, check_reports
+
+    emits = {"avatar": AvatarLifecycle._EVENT_NAMES or frozenset()}
+    for r in REPORTS:
+        assert r.report in emits[r.source], r
+    handlers = PlayoutTracker(AgentSession()).hearer()[1]
+    assert set(handlers) == {(r.source, r.report) for r in REPORTS if r.target == "playout"}
+    ok = {"source": "avatar", "report": "segment_flushed", "target": "playout"}
+    bad = [
+        ({**ok, "event": "flushed"}, "machine 'playout' has no event 'flushed'"),
+        ({**ok, "source": "robot", "event": "handed_off"}, "unknown machine 'robot'"),
+        ({**ok, "target": "robot", "event": "handed_off"}, "unknown target machine 'robot'"),
+        ({**ok, "target": "avatar", "event": "close"}, "goes to another machine"),
+        ({**ok, "report": "state_changed", "event": "handed_off"}, "a state change is a watch"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(ValidationError, match=message):
+            Report(**fields)
+    with pytest.raises(ValueError, match="declared twice"):
+        check_reports((REPORTS[0], REPORTS[0]))
+    # no runtime subscribes to a report by hand: the table is the one way one is heard
+    from pathlib import Path
+
+    import agent_runtime
+
+    package = Path(agent_runtime.__file__).parent
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] in ("testing", "tools"):
+            continue  # what users run beside a job, not the job
+        text = path.read_text()
+        for r in REPORTS:
+            assert f'.on("{r.report}"' not in text, f"{path} hears {r.report} by hand"
+    # a report its target's runtime has no handler for is refused, and nothing connected
+    source: Emitter[str] = Emitter()
+    got: list[Event] = []
+    with pytest.raises(ValueError, match="the playout runtime has no handler for it"):
+        hear_reports({"avatar": source}, {"playout": (got.append, {})})
+    assert not source._events
+
+
 def test_the_wiring_posts_exactly_the_declared_links_whose_flags_hold() -> None:
     got: list[tuple[str, str, dict[str, object]]] = []
     wiring = Wiring(flags={"delete_room_on_close": True})

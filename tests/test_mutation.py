@@ -741,15 +741,17 @@ def _what_the_runtime_reads() -> tuple[object, ...]:
     import agent_runtime.runtimes.job as job
     import agent_runtime.system.job_system as job_system
     from agent_runtime._perform import Performer
-    from agent_runtime.runtimes.routing import Wiring
+    from agent_runtime.runtimes.routing import Wiring, hear_reports
     from statemachines import delivery
 
     watched = vars(job_system)["watched"]
     assert Wiring.__init__.__kwdefaults__ and watched.__kwdefaults__
+    assert hear_reports.__kwdefaults__
     return (
         vars(job)["TEARDOWN"],  # run_close's steps
         vars(job_system)["RELEASE"],  # run_teardown's steps
         watched.__kwdefaults__["watches"],
+        hear_reports.__kwdefaults__["reports"],
         Wiring.__init__.__kwdefaults__["links"],
         vars(delivery)["FOLLOW_ORDER"],
         *(delivery.routes_by_fact(m) for m in ("job", "avatar", "participant")),
@@ -819,6 +821,10 @@ SYSTEM_KILLS = {
     "its_error_reply_before_the_room_goes",
     "watch-removed:participant->playout.user_left": "tests/test_playout.py::test_exhausted_"
     "waits_for_the_user_whose_speech_starts_the_count_again[leaves]",
+    "report-removed:avatar.segment_flushed->playout.handed_off": "tests/test_playout.py::test_a"
+    "_silent_avatar_gets_the_audio_plus_the_margin_then_the_agent_listens_again",
+    "report-removed:avatar.playback_finished->playout.playback_finished": "tests/test_playout.py"
+    "::test_a_late_report_for_audio_finished_here_does_not_end_the_next_reply",
     "link-removed:session_host.report_session_closed->job.session_closed": "tests/test_job.py::"
     "test_ordinary_shutdown_without_simulation_does_not_hold",
     "route-removed:room_disconnected->job.room_disconnected": "tests/test_job.py::test_the_room_"

@@ -23,12 +23,14 @@ from livekit.agents.voice.events import CloseEvent
 from agent_runtime import AgentJob, Event
 from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
+from agent_runtime.runtimes.routing import hear_reports
 from agent_runtime.sdk.room_audio import room_output_source
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.room_audio import pace_as_published, room_outputs
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from statemachines.playout import PLAYOUT
+from statemachines.system import REPORTS, Report
 from tests.support.playout_rig import AVATAR, RATE, USER, AskedLLM, PlayoutRig, frames
 
 # livekit's own timers (the avatar sink's 2 s clear bound) move with the test's clock
@@ -911,6 +913,89 @@ async def test_bad_options_are_refused_naming_them_before_anything_is_built() ->
     assert AgentJob(room=room, session=AgentSession()).playout is None  # off by default
 
 
+# -- the avatar's reports: declared, delivered from the table ---------------------------------
+
+
+def without(report: str) -> tuple[Report, ...]:
+    """``REPORTS`` with ``report`` left out."""
+    return tuple(r for r in REPORTS if r.report != report)
+
+
+@pytest.mark.parametrize(
+    ("left_out", "avatar_reports", "done", "agent"),
+    [
+        ("", False, [(5.0, "playout_timeout")], "listening"),
+        ("segment_flushed", False, [], "speaking"),
+        ("", True, [(3.0, "playback_finished")], "listening"),
+        ("playback_finished", True, [(3.0, "agent_listening")], "listening"),
+    ],
+    ids=["silent-avatar", "silent-avatar-no-handoff", "reported", "reported-not-declared"],
+)
+async def test_the_job_connects_playout_to_the_avatars_sink_as_reports_declares(
+    monkeypatch: pytest.MonkeyPatch,
+    left_out: str,
+    avatar_reports: bool,
+    done: list[tuple[float, str]],
+    agent: str,
+) -> None:
+    """Who hears the avatar's sink is ``statemachines.system.REPORTS``, and the job connects
+    exactly that. Declared, a silent avatar's 3 s reply is bounded from the hand-off the sink
+    reports (3 s + the 2 s margin) and the avatar's own report ends the turn. With the
+    hand-off left out of the table playout never learns the audio went to the avatar: the
+    agent stays speaking as with livekit alone. With the avatar's report left out, playout
+    never hears it: the turn ends only on the SDK's own playout report."""
+    if left_out:
+        monkeypatch.setitem(hear_reports.__kwdefaults__, "reports", without(left_out))
+    rig = PlayoutRig(reprompt=False)
+    await rig.start()
+    handle = rig.say(3.0)
+    await rig.settle()
+    if avatar_reports:
+        await rig.advance(3.0)
+        assert await rig.report(3.0) == "ok"
+        await rig.settle()
+    await rig.advance(60.0)
+    assert [(d.t, d.cause) for d in rig.playout.done] == done
+    assert rig.session.agent_state == agent and handle.done() == (agent == "listening")
+    await rig.aclose()
+
+
+@pytest.mark.parametrize("left_out", ["", "playback_finished"])
+async def test_a_tracker_built_by_hand_hears_its_avatars_reports_from_the_same_table(
+    monkeypatch: pytest.MonkeyPatch, left_out: str
+) -> None:
+    """Alone (no job), the tracker connects its avatar's reports itself, from
+    ``REPORTS``: the hand-off starts the wait for the avatar, the avatar's report ends it;
+    its close takes the connections back."""
+    from tests.support.avatar_rig import AVATAR as RIG_AVATAR
+    from tests.support.avatar_rig import Rig, playback_finished
+
+    if left_out:
+        monkeypatch.setitem(hear_reports.__kwdefaults__, "reports", without(left_out))
+    rig = Rig()
+    tracker = PlayoutTracker(rig.session, avatar=rig.lifecycle, clock=rig.clock)
+    tracker.start()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await rig.clock.advance(0)
+    rig.session.say("...", audio=frames(3.0))
+    for _ in range(3):
+        await rig.clock.advance(0)
+    assert tracker.state == "remote_playout"  # the sink's hand-off, heard
+    await rig.clock.advance(3.0)
+    payload = playback_finished(3.0)
+    assert await rig.room.invoke_rpc("lk.playback_finished", RIG_AVATAR, payload) == "ok"
+    for _ in range(3):
+        await rig.clock.advance(0)
+    cause = "agent_listening" if left_out else "playback_finished"
+    assert [d.cause for d in tracker.done] == [cause]
+    await tracker.aclose()
+    for name in ("segment_flushed", "playback_finished"):
+        assert not rig.lifecycle._events.get(name)
+    await rig.aclose()
+
+
 async def test_closing_releases_every_listener_and_task() -> None:
     rig = PlayoutRig()
     before = sum(len(v) for v in rig.session._events.values())
@@ -923,15 +1008,20 @@ async def test_closing_releases_every_listener_and_task() -> None:
     assert not tracker._speeches and tracker.actor.live_tasks == 0
     avatar = rig.job.avatar
     assert avatar is not None
-    followed = (tracker._on_segment_flushed, tracker._on_playback_report)
-    for name in ("segment_flushed", "playback_finished"):
-        assert not any(fn in followed for fn in avatar._events.get(name, ()))
     assert sum(len(v) for v in rig.session._events.values()) >= before  # the job's own
     for name in ("speech_created", "agent_state_changed", "user_state_changed"):
         assert not any(
             getattr(fn, "__self__", None) is tracker for fn in rig.session._events.get(name, ())
         )
+    # the avatar's reports are the job's channels (statemachines.system.REPORTS): a closed
+    # tracker hears none, and the job's close takes them back
+    heard = len([r for r in rig.sink.records if r.machine == "playout"])
+    avatar.emit("segment_flushed", SegmentFlushed(rig.clock.now(), 1.0))
+    await rig.settle()
+    assert len([r for r in rig.sink.records if r.machine == "playout"]) == heard
     await rig.aclose()
+    for name in ("segment_flushed", "playback_finished"):
+        assert not avatar._events.get(name)
 
 
 async def test_the_avatars_sink_reports_each_segment_it_was_given() -> None:

@@ -287,7 +287,7 @@ def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
 def test_the_whole_job_draws_every_declared_channel() -> None:
     from statemachines.links import LINKS
     from statemachines.routing import ROUTES
-    from statemachines.system import FOLLOW_ORDER, RELEASE, TEARDOWN, WATCHES
+    from statemachines.system import FOLLOW_ORDER, RELEASE, REPORTS, TEARDOWN, WATCHES
 
     view = system_view(MACHINES)
     assert view.machines == tuple(MACHINES)
@@ -306,6 +306,12 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
         assert any(
             line.endswith(f"→ {w.event}") for line in by_pair[(w.source, w.target, "watch")].short
         )
+    for rep in REPORTS:  # what a runtime reports of its livekit part, to another machine
+        assert f"{rep.report} → {rep.event}" in by_pair[(rep.source, rep.target, "report")].short
+    assert by_pair[("avatar", "playout", "report")].short == (
+        "segment_flushed → handed_off",
+        "playback_finished → playback_finished",
+    )
     # what the declarations say, in words
     assert by_pair[("avatar", "playout", "watch")].short == (
         "leaves joined or clearing → avatar_left",

@@ -10,11 +10,13 @@ that hangs or leaves never sends, so upstream the agent stays "speaking" and the
 - the session's own events: ``speech_created``, ``agent_state_changed``,
   ``user_state_changed``, ``close``, and each speech handle's interruption (its public
   ``wait_if_not_interrupted``);
-- the avatar lifecycle (``AvatarLifecycle``, when the job has one), by subscription to its
-  ``state_changed`` (joined or not: the machine's output, not a room fact, so it is not in
-  the room routing table), its ``segment_flushed`` (the session's audio reached the plugin's
-  sink, with its duration) and its ``playback_finished`` (the avatar's own report);
-- the participant link's ``state_changed`` (the linked user left).
+- the avatar lifecycle (``AvatarLifecycle``, when the job has one): its state changes
+  (``statemachines.system.WATCHES``) and its reports of the plugin's sink
+  (``statemachines.system.REPORTS``: ``segment_flushed``, the session's audio reached the
+  sink, with its duration; ``playback_finished``, the avatar's own report), whose event
+  data the handlers here make; composed, the job system delivers both, alone the tracker
+  connects the reports itself (``routing.hear_reports``);
+- the participant link's state changes (the linked user left, ``WATCHES``).
 
 The wait for the avatar is bounded by what was pushed: the segment's first frame plus its
 duration (cut short by an interruption) plus ``margin``, computed when the wait begins. On
@@ -63,7 +65,7 @@ from agent_runtime.runtimes._base import (
 )
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
-from agent_runtime.runtimes.routing import Wiring
+from agent_runtime.runtimes.routing import Hearer, Wiring, hear_reports
 from agent_runtime.scheduler import Scheduler, ending
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import PlayoutOptions, check_setting
@@ -104,14 +106,6 @@ def default_reprompt(instructions: str) -> RepromptFn:
         return session.generate_reply(instructions=instructions)
 
     return reprompt
-
-
-def _poster(avatar: AvatarLifecycle) -> Callable[[Event], None]:
-    def post(ev: Event) -> None:
-        if not avatar.actor.closed:
-            avatar.actor.post(ev)
-
-    return post
 
 
 class _Facts:
@@ -186,6 +180,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     _EVENT_NAMES = event_names(PlayoutEvents)  # on("state_chnaged", ...) is refused
     _done: deque[PlayoutDone] | None
     _reprompted: deque[Reprompted] | None
+    _unhear: Callable[[], None] | None = None  # alone: what takes its reports back
 
     @property
     def done(self) -> deque[PlayoutDone]:
@@ -242,7 +237,9 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             self._follows["close"] = Listener(self._on_session_close)
             wiring = Wiring()
             if avatar is not None:
-                wiring.connect("avatar", _poster(avatar))
+                wiring.connect("avatar", avatar.post_linked)  # as the job's links reach it
+            # its avatar's reports, from the start, as the job system would connect them
+            self._unhear = hear_reports({"avatar": avatar}, {"playout": self.hearer()})
         else:
             wiring.connect("playout", self._post)
         self._clock: Clock = clock or AsyncioClock()
@@ -268,12 +265,6 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             scheduler=scheduler,
             wiring=wiring,
         )
-        # the avatar's sink is followed from the start (what it was handed, what it reported);
-        # the avatar's and the link's state changes reach the machine as the job system
-        # delivers statemachines.system.WATCHES
-        if avatar is not None:
-            avatar.on("segment_flushed", self._on_segment_flushed)
-            avatar.on("playback_finished", self._on_playback_report)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return _Timeouts(self)
@@ -347,9 +338,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _stop(self) -> asyncio.Future[Any] | None:
         stopped = self.actor.release()
         unlisten(self.session, self._follows)  # nothing to take back if never started
-        if self._avatar is not None:
-            self._avatar.off("segment_flushed", self._on_segment_flushed)
-            self._avatar.off("playback_finished", self._on_playback_report)
+        if self._unhear is not None:  # composed, the job takes its connections back
+            self._unhear()
         for t in self._speeches:
             t.cancel()
         return ending(stopped, *self._speeches)
@@ -406,23 +396,30 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         sink = avatar.installed_sink if avatar is not None else None
         return lk.ended_unreported(sink) if sink is not None else 0
 
-    def _on_segment_flushed(self, seg: SegmentFlushed) -> None:
+    def hearer(self) -> Hearer:
+        """How it hears the reports declared to it (``statemachines.system.REPORTS``): its
+        poster, and the event's data each report makes."""
+        return self._post, {
+            ("avatar", "segment_flushed"): self._segment_flushed,
+            ("avatar", "playback_finished"): self._playback_report,
+        }
+
+    def _segment_flushed(self, seg: SegmentFlushed) -> dict[str, Any]:
         started = seg.started_at
         if self._segment is not None and self._owed() > 1:
             # another ended segment is still owed: the avatar plays this one after it
             started = max(started, self._segment[0] + self._segment[1])
         self._segment = (started, seg.pushed)
-        self._post(Event("handed_off", {"pushed": round(seg.pushed, 6)}))
+        return {"pushed": round(seg.pushed, 6)}
 
-    def _on_playback_report(self, rep: PlaybackReport) -> None:
-        data = {
+    def _playback_report(self, rep: PlaybackReport) -> dict[str, Any]:
+        return {
             "playback_position": rep.playback_position,
             "interrupted": rep.interrupted,
             # what this report leaves owed, counted as it comes (the avatar counts it in
             # its own step, which may come after this machine's)
             "owed": max(0, self._owed() - 1),
         }
-        self._post(Event("playback_finished", data))
 
     # -- effects -------------------------------------------------------------------------------
     def _fx_playout_done(self, ev: Event) -> None:

@@ -7,8 +7,10 @@ just before the fact; ``after`` then updates that knowledge.
 
 An effect that tells another machine something goes through ``Wiring``: the runtime that
 runs the effect fires it, and every link ``statemachines.links.LINKS`` declares for it posts
-its event to the target machine's runtime (each runtime connects its own poster). Nothing
-else turns one machine's work into another machine's event.
+its event to the target machine's runtime (each runtime connects its own poster). A report
+of a runtime about the livekit part it drives (``statemachines.system.REPORTS``) reaches
+another machine through ``hear_reports``. Nothing else turns one machine's work into
+another machine's event.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from agent_runtime.actor import Actor, Event
+from agent_runtime.emitter import Emitter
 from agent_runtime.runtimes.room_events import (
     AttributesChanged,
     ParticipantJoined,
@@ -45,6 +48,7 @@ from statemachines.delivery import (
 from statemachines.glue import GUARDS, RoomFacts
 from statemachines.links import LINKS, Link
 from statemachines.routing import Route
+from statemachines.system import REPORTS, Report
 
 logger = logging.getLogger("agent_runtime.routing")
 
@@ -228,3 +232,68 @@ def _linked_effects(links: tuple[Link, ...], source: str) -> frozenset[str]:
     if effects is None:
         effects = _LINKED[key] = frozenset(k.on for k in links if k.source == source and not k.step)
     return effects
+
+
+# a runtime's handler of a report declared to its machine: the data of the event the report
+# is posted as, made from what the source emitted (and what the runtime keeps of it)
+ReportHandler = Callable[[Any], Mapping[str, Any]]
+# how a runtime hears reports: its poster, and its handlers by (source machine, report)
+Hearer = tuple[Callable[[Event], None], Mapping[tuple[str, str], ReportHandler]]
+
+
+def hear_reports(
+    sources: Mapping[str, Emitter[Any] | None],
+    hearers: Mapping[str, Hearer],
+    *,
+    reports: tuple[Report, ...] = REPORTS,
+) -> Callable[[], None]:
+    """Connect each declared report whose two machines' runtimes are given: whenever the
+    source's runtime emits ``report``, the target's handler makes the data of ``event``,
+    posted to the target. A report with an end missing is skipped (a runtime used alone
+    has nobody to tell); one its target has no handler for is refused before anything is
+    connected. Returns what takes every connection back."""
+    wired: list[tuple[Emitter[Any], Report, ReportHandler, Callable[[Event], None]]] = []
+    for r in reports:
+        source, hearer = sources.get(r.source), hearers.get(r.target)
+        if source is None or hearer is None:
+            continue
+        post, handlers = hearer
+        handler = handlers.get((r.source, r.report))
+        if handler is None:
+            raise ValueError(
+                f"report {r.source}.{r.report} -> {r.target}.{r.event}: the {r.target} "
+                "runtime has no handler for it"
+            )
+        wired.append((source, r, handler, post))
+    listeners = [(source, r.report, _hearing(r, h, post)) for source, r, h, post in wired]
+
+    def unhear() -> None:
+        for source, name, listener in listeners:
+            source.off(name, listener)
+
+    try:
+        for source, name, listener in listeners:
+            source.on(name, listener)  # a name the source never emits is refused here
+    except ValueError:
+        unhear()
+        raise
+    return unhear
+
+
+def _hearing(
+    report: Report, handler: ReportHandler, post: Callable[[Event], None]
+) -> Callable[[Any], None]:
+    def hear(payload: Any) -> None:
+        deliver_report(report, handler, post, payload)
+
+    # a failure is logged naming the listener: the handler's name says whose it was
+    hear.__qualname__ = getattr(handler, "__qualname__", hear.__qualname__)
+    return hear
+
+
+def deliver_report(
+    report: Report, handler: ReportHandler, post: Callable[[Event], None], payload: Any
+) -> None:
+    """One report as its declared event (looked up at each report: the mutation tool
+    records which reports a test reached here)."""
+    post(Event(report.event, dict(handler(payload))))

@@ -1,6 +1,7 @@
 """What a user hands ``AgentJob``, checked before anything changes: the avatar plugin and its
 start options, the ``RoomOptions`` a start is given, and the parts the testing kit injects
-(``injected``). The tracing a job writes to is ``settings.observed``."""
+(``injected``); what a job is built from besides its settings (``Parts``). The tracing a
+job writes to is ``settings.observed``."""
 
 from __future__ import annotations
 
@@ -9,21 +10,33 @@ import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
 from livekit.agents import NOT_GIVEN, Agent, NotGivenOr
 from livekit.agents.utils import is_given
 from livekit.agents.voice.avatar import AvatarSession
+from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 
+from agent_runtime.clock import Clock
+from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes.avatar import (
+    RemoveParticipant,
     check_factory,
     check_plugin,
     check_start_options,
     plugin_name,
 )
+from agent_runtime.runtimes.playout import RepromptFn
+from agent_runtime.runtimes.room_deletion import DeleteRoomFn
+from agent_runtime.runtimes.session_host import SimulationEndFn
 from agent_runtime.settings import JobSettings, SettingError
+
+if TYPE_CHECKING:
+    from livekit.agents.job import JobContext
+    from livekit.agents.simulation import SimulationContext, SimulationDispatch
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
@@ -150,3 +163,21 @@ def room_options(settings: JobSettings, given: NotGivenOr[RoomOptions]) -> RoomO
         rtc.ParticipantKind.Value(f"PARTICIPANT_KIND_{k.upper()}") for k in s.participant_kinds
     ]
     return opts
+
+
+@dataclass
+class Parts:
+    """What a job is built from besides its settings: each has a production default."""
+
+    clock: Clock
+    tracer: Tracer | None = None
+    transport: SessionTransport | None = None
+    simulation: SimulationContext | SimulationDispatch | None = None
+    on_simulation_end: SimulationEndFn | None = None
+    delete_room: DeleteRoomFn | None = None
+    remove_avatar_participant: RemoveParticipant | None = None
+    on_reprompt: RepromptFn | None = None
+    plugin: AvatarSession | None = None  # type: ignore[type-arg]
+    rebuild_avatar: Callable[[], AvatarSession] | None = None  # type: ignore[type-arg]
+    avatar_start_options: dict[str, Any] = field(default_factory=dict)
+    job_context: JobContext | None = None  # the livekit job it runs in (from_job_context)

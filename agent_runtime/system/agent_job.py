@@ -52,6 +52,7 @@ from agent_runtime.settings import (
 )
 from agent_runtime.system._inputs import (
     AvatarPlugin,
+    Parts,
     build_avatar,
     check_agent,
     check_avatar,
@@ -59,7 +60,7 @@ from agent_runtime.system._inputs import (
     injections,
 )
 from agent_runtime.system._inputs import room_options as room_options_for
-from agent_runtime.system.job_system import JobSystem, Parts
+from agent_runtime.system.job_system import JobSystem
 from agent_runtime.system.livekit_job import (
     agent_asked,
     context_options,

@@ -4,10 +4,11 @@ It builds the runtimes side by side (the links' wiring; the session host with it
 answer; the room deletion; the job machine, handed those; the participant link; the avatar;
 playout) and the job's own lifecycle (``statemachines.agent_job``), holds their actors in
 ``MACHINES`` order, delivers the declared channels that are not room facts
-(``statemachines.system.WATCHES``, the links' targets) and runs the lifecycle's teardown as
-declared (``statemachines.system.RELEASE``, through ``teardown.Teardown``: each step
-bounded, a cut step never skipping the next, independent steps at once). ``AgentJob`` is
-its user-facing front: it checks the input, sets up tracing and hands the parts here.
+(``statemachines.system.WATCHES`` and ``REPORTS``, the links' targets) and runs the
+lifecycle's teardown as declared (``statemachines.system.RELEASE``, through
+``teardown.Teardown``: each step bounded, a cut step never skipping the next, independent
+steps at once). ``AgentJob`` is its user-facing front: it checks the input, sets up tracing
+and hands the parts (``Parts``) here.
 
 The composition: the room-event adapter (room facts reach each machine through the declared
 routing table, in ``FOLLOW_ORDER``), the ``job`` machine and the job's session host (the
@@ -26,13 +27,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseReason
-from livekit.agents.voice.avatar import AvatarSession
-from livekit.agents.voice.remote_session import SessionTransport
 from livekit.agents.voice.room_io import RoomOptions
 
 from agent_runtime._messages import AlreadyStarted
@@ -44,24 +42,20 @@ from agent_runtime.actor import (
     StateChanged,
     effect_table,
 )
-from agent_runtime.clock import Clock
-from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime
 from agent_runtime.runtimes.avatar import (
     AvatarLifecycle,
-    RemoveParticipant,
     Route,
     route_of,
     server_api_remover,
 )
 from agent_runtime.runtimes.job import JobRuntime
 from agent_runtime.runtimes.participant import ParticipantLink
-from agent_runtime.runtimes.playout import PlayoutTracker, RepromptFn
-from agent_runtime.runtimes.room_deletion import DeleteRoomFn, room_deletion_for
+from agent_runtime.runtimes.playout import PlayoutTracker
+from agent_runtime.runtimes.room_deletion import room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter
-from agent_runtime.runtimes.routing import Wiring
+from agent_runtime.runtimes.routing import Wiring, hear_reports
 from agent_runtime.runtimes.session_host import (
-    SimulationEndFn,
     session_host_for,
     simulation_context,
 )
@@ -71,34 +65,13 @@ from agent_runtime.scheduler import Scheduler, ending, relay
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import JobSettings
 from agent_runtime.system import livekit_job
+from agent_runtime.system._inputs import Parts
 from agent_runtime.system._start_part import StartPart
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, bound_of, watched
 
-if TYPE_CHECKING:
-    from livekit.agents.job import JobContext
-    from livekit.agents.simulation import SimulationContext, SimulationDispatch
-
 logger = logging.getLogger("agent_runtime.system")
-
-
-@dataclass
-class Parts:
-    """What a job is built from besides its settings: each has a production default."""
-
-    clock: Clock
-    tracer: Tracer | None = None
-    transport: SessionTransport | None = None
-    simulation: SimulationContext | SimulationDispatch | None = None
-    on_simulation_end: SimulationEndFn | None = None
-    delete_room: DeleteRoomFn | None = None
-    remove_avatar_participant: RemoveParticipant | None = None
-    on_reprompt: RepromptFn | None = None
-    plugin: AvatarSession | None = None  # type: ignore[type-arg]
-    rebuild_avatar: Callable[[], AvatarSession] | None = None  # type: ignore[type-arg]
-    avatar_start_options: dict[str, Any] = field(default_factory=dict)
-    job_context: JobContext | None = None  # the livekit job it runs in (from_job_context)
 
 
 class JobSystem(MachineRuntime[str]):
@@ -254,6 +227,10 @@ class JobSystem(MachineRuntime[str]):
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
         if self.playout is not None:
             self._watchers["playout"] = self.playout._post
+        # the followers' reports of their livekit parts (statemachines.system.REPORTS)
+        hearers = {"playout": self.playout.hearer()} if self.playout is not None else {}
+        sources = {r.actor.spec.name: r for r in self._followers()}
+        self._unhear = hear_reports(sources, hearers)
         self.job.on("closed", self._on_job_closed)
 
     # -- state -------------------------------------------------------------------------------
@@ -487,6 +464,7 @@ class JobSystem(MachineRuntime[str]):
 
     def _unhook(self) -> None:
         self.events.aclose()
+        self._unhear()
 
 
 # the reason the job machine's shutdown carries when the user's aclose() asked it

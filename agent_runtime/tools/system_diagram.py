@@ -9,7 +9,8 @@ Read from the declarations the runtime delivers, never written by hand:
   ``glue.link_change_event``, ``glue.agent_state_event``), evaluated on every transition
   the watched machine declares;
 * when ``statemachines.system`` exists: its ``WATCHES`` (state-change watches, drawn instead
-  of the playout functions above), ``FOLLOW_ORDER`` (the order machines follow the room) and
+  of the playout functions above), ``REPORTS`` (a runtime's reports of the livekit part it
+  drives, when declared), ``FOLLOW_ORDER`` (the order machines follow the room) and
   ``TEARDOWN`` (the teardown order). That module is read by duck typing, so a shape it
   grows later still draws (fields it does not know are printed as they are).
 
@@ -49,7 +50,7 @@ AGENT_STATES = ("initializing", "idle", "listening", "thinking", "speaking")
 class Channel:
     source: str
     target: str
-    kind: str  # route | link | watch
+    kind: str  # route | link | watch | report
     lines: tuple[str, ...]  # every declaration in full, as the table under the diagram lists
     short: tuple[str, ...] = ()  # what the arrow says: each fact or effect and its event
     heading: str = ""  # a line above them (the room's arrows: their place in the follow order)
@@ -290,6 +291,13 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
         key = (ch.source, ch.target, ch.kind)
         grouped.setdefault(key, []).extend(ch.lines)
         short.setdefault(key, []).extend(ch.short)
+    for r in _declared("REPORTS", system):
+        f = _fields(r)
+        key = (str(f.get("source")), str(f.get("target")), "report")
+        arrow = f"{f.get('report')} → {f.get('event')}"
+        note = f.get("note") or ""
+        grouped.setdefault(key, []).append(f"{arrow} - {note}" if note else arrow)
+        short.setdefault(key, []).append(arrow)
     # the arrow says which fact or effect gives which event; conditions, steps and flags
     # are in the table under the diagram (an arrow per declaration would not fit a page)
     channels = tuple(
@@ -313,11 +321,15 @@ def system_view(machines: Mapping[str, MachineSpec]) -> SystemView:
     )
 
 
-_COLOURS = {"route": "#1f6feb", "watch": "#8250df"}
+_COLOURS = {"route": "#1f6feb", "watch": "#8250df", "report": "#bf3989"}
 _KIND_STYLE = {  # DOT edge attributes per kind of channel, and the legend's words for them
     "route": ('color="#1f6feb", fontcolor="#1f6feb"', "room fact → event"),
     "link": ("", "effect outcome → event"),
     "watch": ('style=dashed, color="#8250df", fontcolor="#8250df"', "state change → event"),
+    "report": (
+        'style=dotted, color="#bf3989", fontcolor="#bf3989"',
+        "report of a livekit part → event",
+    ),
 }
 
 
@@ -378,14 +390,14 @@ def system_mermaid(view: SystemView) -> str:
         lines.append(f'    {ids[name]}(["{_flow_text(name)}"])')
     for name in view.machines:
         lines.append(f'    {ids[name]}["{_flow_text(name)}"]')
-    arrows = {"route": "-->", "link": "-->", "watch": "-.->"}
+    arrows = {"route": "-->", "link": "-->", "watch": "-.->", "report": "-.->"}
     for ch in view.channels:
         label = "<br>".join(_flow_text(p) for p in _channel_label(ch, 22))
         lines.append(f'    {ids[ch.source]} {arrows[ch.kind]}|"{label}"| {ids[ch.target]}')
     for n, (name, steps) in enumerate(view.orders):
         items = "<br>".join(_flow_text(f"{i}. {short}") for i, (short, _) in enumerate(steps, 1))
         lines.append(f'    order_{n}["{_flow_text(name)}, in order<br>{items}"]')
-    for kind, colour in (("route", "#1f6feb"), ("watch", "#8250df")):
+    for kind, colour in _COLOURS.items():
         numbers = [str(i) for i, ch in enumerate(view.channels) if ch.kind == kind]
         if numbers:  # the same colours as the SVG's
             lines.append(f"    linkStyle {','.join(numbers)} stroke:{colour},color:{colour}")
@@ -408,7 +420,13 @@ def system_markdown(view: SystemView) -> list[str]:
         "(`ROUTES`), effect outcomes to events (`LINKS`), the state changes a machine "
         "follows"
         + (
-            " (`WATCHES`), the order machines follow the room in and the teardown orders "
+            " (`WATCHES`)"
+            + (
+                ", a runtime's reports of the livekit part it drives (`REPORTS`)"
+                if any(c.kind == "report" for c in view.channels)
+                else ""
+            )
+            + ", the order machines follow the room in and the teardown orders "
             "(`statemachines/system.py`)"
             if view.orders or view.follow_order
             else " (the playout machine's, `statemachines/glue.py`)"

@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--system",
         action="store_true",
         help="the mutants of the system between the machines instead (links, watches, "
-        "routes, the follow order, the teardowns): verification/mutation/system.py",
+        "reports, routes, the follow order, the teardowns): verification/mutation/system.py",
     )
     ap.add_argument(
         "--mutant", action="append", metavar="NAME", help="with --system: only this one"

@@ -1,17 +1,18 @@
 """Mutants of the system between the machines, not of a table cell: a link fired before its
-effect, a teardown's steps swapped, a watch, link or room route removed, the order the
-machines follow the room reversed, a step's share or its ``after`` dropped.
+effect, a teardown's steps swapped, a watch, report, link or room route removed, the order
+the machines follow the room reversed, a step's share or its ``after`` dropped.
 
 The system is data (``statemachines.links.LINKS``, ``statemachines.routing.ROUTES``,
-``statemachines.system``'s ``WATCHES``, ``FOLLOW_ORDER``, ``TEARDOWN``, ``RELEASE``) that the
-runtime reads where it was imported, and as the default of a few parameters
-(``Wiring(links=LINKS)``, ``watched(watches=WATCHES)``).
+``statemachines.system``'s ``WATCHES``, ``REPORTS``, ``FOLLOW_ORDER``, ``TEARDOWN``,
+``RELEASE``) that the runtime reads where it was imported, and as the default of a few
+parameters (``Wiring(links=LINKS)``, ``watched(watches=WATCHES)``,
+``hear_reports(reports=REPORTS)``).
 ``applied`` puts a changed declaration wherever the original object is read, by identity,
 as ``swap.swapped`` does for a spec, and puts it back after; a change of how links are
 delivered patches the one delivery function instead. ``Touches`` records, per test, which
 parts of the system it reached (a link posted, a watch fired, a route fired, a follower
-subscribed, a teardown step begun or cut): a mutant is judged by the tests that reach
-what it changes.
+subscribed, a report delivered, a teardown step begun or cut): a mutant is judged by the
+tests that reach what it changes.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Any
 
 from verification.mutation.swap import _namespaces
 
-Touch = str  # "link S.ON[/STEP]->T.EV", "watch S->T.EV", "route FACT->M.EV", "follow M",
-# "step DECL.NAME", "cut DECL.NAME" (DECL: TEARDOWN or RELEASE)
+Touch = str  # "link S.ON[/STEP]->T.EV", "watch S->T.EV", "report S.R->T.EV",
+# "route FACT->M.EV", "follow M", "step DECL.NAME", "cut DECL.NAME" (DECL: TEARDOWN or RELEASE)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,10 @@ def _link_key(k: Any) -> Touch:
     return f"link {k.source}.{k.on}{step}->{k.target}.{k.event}"
 
 
+def _report_key(r: Any) -> Touch:
+    return f"report {r.source}.{r.report}->{r.target}.{r.event}"
+
+
 def _steps_changed(steps: tuple[Any, ...], **changes: dict[str, Any]) -> tuple[Any, ...]:
     """``steps`` with the fields of the named ones changed (``_reordered`` puts each step
     after the ones it now comes after, as the teardown's check wants)."""
@@ -192,7 +197,7 @@ def system_mutants() -> list[SystemMutant]:
     from statemachines import delivery
     from statemachines.links import LINKS
     from statemachines.routing import ROUTES
-    from statemachines.system import FOLLOW_ORDER, RELEASE, TEARDOWN, WATCHES
+    from statemachines.system import FOLLOW_ORDER, RELEASE, REPORTS, TEARDOWN, WATCHES
 
     out: list[SystemMutant] = [
         SystemMutant(
@@ -278,6 +283,16 @@ def system_mutants() -> list[SystemMutant]:
                 f"the watch {w.source} -> {w.target}.{w.event} removed ({w.note})",
                 (key,),
                 replace=((WATCHES, tuple(x for x in WATCHES if x is not w)),),
+            )
+        )
+    for r in REPORTS:
+        key = _report_key(r)
+        out.append(
+            SystemMutant(
+                f"report-removed:{key.removeprefix('report ')}",
+                f"the report {key.removeprefix('report ')} removed ({r.note})",
+                (key,),
+                replace=((REPORTS, tuple(x for x in REPORTS if x is not r)),),
             )
         )
     chosen = (
@@ -371,6 +386,7 @@ class Touches:
         # the names the runtime calls them by, looked up at each call
         links_fired, routes_fired = vars(routing)["links_fired"], vars(routing)["routes_fired"]
         follow_rank, watched = vars(routing)["follow_rank"], vars(job_system)["watched"]
+        deliver_report = vars(routing)["deliver_report"]
         begin, cut = Teardown._begin_step, Teardown._cut
 
         def decl(td: Teardown) -> str:
@@ -395,6 +411,10 @@ class Touches:
             touched.update(f"watch {source}->{target}.{e}" for e in events)
             return events
 
+        def reported(report: Any, handler: Any, post: Any, payload: Any) -> None:
+            touched.add(_report_key(report))
+            deliver_report(report, handler, post, payload)
+
         def begin_step(td: Teardown, step: Any, work: Any) -> Any:
             touched.add(f"step {decl(td)}.{step.name}")
             return begin(td, step, work)
@@ -408,6 +428,7 @@ class Touches:
             (routing, "routes_fired", routes, routes_fired),
             (routing, "follow_rank", rank, follow_rank),
             (job_system, "watched", watches, watched),
+            (routing, "deliver_report", reported, deliver_report),
             (Teardown, "_begin_step", begin_step, begin),
             (Teardown, "_cut", cut_step, cut),
         )

@@ -108,8 +108,8 @@ def judge_system(
 def format_system_report(verdicts: Sequence[SystemVerdict], seconds: dict[str, float]) -> str:
     killed = sum(v.status == "killed" for v in verdicts)
     lines = [
-        "mutants of the system: links, watches, routes, the follow order and the teardowns "
-        "changed, judged by the behaviour tests that reach them and the exploration",
+        "mutants of the system: links, watches, reports, routes, the follow order and the "
+        "teardowns changed, judged by the behaviour tests that reach them and the exploration",
         "",
     ]
     for v in verdicts:
