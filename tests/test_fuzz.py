@@ -1271,3 +1271,39 @@ def test_a_passing_run_does_not_warn_of_a_verdict_the_simulator_never_asked_for(
         if "without the simulator's verdict" in r.getMessage()
     ]
     assert lost == warned, caplog.text
+
+
+def test_an_entrypoint_two_servers_registered_with_the_same_hooks_runs_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One entrypoint registered on two ``AgentServer``s of its module (a dev and a prod
+    server, say), both given the same ``on_session_end``: ``replay(entrypoint, ...)`` ran it
+    with no hooks at all, the verdict was reported dropped and the user told to give the
+    server the ``on_session_end`` both have. Whichever server runs it, its hooks are those."""
+    two_servers = COUNTED_AGENT + (
+        "\n\nother = AgentServer(session_end_timeout=315)\n"
+        "other.rtc_session(on_session_end=on_session_end)(entrypoint)\n"
+    )
+    (tmp_path / "twice_served_agent.py").write_text(two_servers, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import twice_served_agent  # type: ignore[import-not-found]
+
+    try:
+        assert twice_served_agent.other is not twice_served_agent.server
+        scenario = {
+            "name": "the agent hangs up, then the simulator asks for the verdict",
+            **_WITH_SIMULATOR,
+            "steps": [
+                {"at": 0, "event": "session.start"},
+                {"at": 1, "event": "job.shutdown"},
+                _finalize(5, "simulator"),
+                {"at": 400, "event": "end"},
+            ],
+        }
+        path = tmp_path / "hang_up_then_ask.yaml"
+        path.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+        report = replay(twice_served_agent.entrypoint, path)
+        assert report.ok, report.summary()
+        assert twice_served_agent.ENDS == ["fuzz-job"]
+    finally:
+        sys.modules.pop("twice_served_agent", None)

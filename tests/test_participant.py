@@ -885,6 +885,42 @@ async def test_a_close_whose_teardown_fails_ends_the_link_and_says_so(
     assert (last.event, last.data) == ("close_failed", {"detail": error})
 
 
+async def test_alone_a_session_stopped_by_a_failed_close_is_given_up_on_when_the_user_leaves(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's own close failed earlier (a plugin raised in its teardown: livekit
+    stops the session and never emits ``close``), then the user leaves. The link asks the
+    session to close; livekit returns at once, again without ``close``. Alone, the link
+    took that for the session's close, went ``closed`` and said nothing, so whoever wired
+    ``close_timed_out`` to the job's shutdown kept serving an empty room (the composed job
+    gives up on it and shuts down). It says so now."""
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link()
+    link.start()
+    await world.idle()
+    timed_out: list[SessionCloseTimedOut] = []
+    link.on("close_timed_out", timed_out.append)
+
+    async def failing_teardown(**_: Any) -> None:
+        raise RuntimeError("a plugin failed while closing")  # fault injection
+
+    with monkeypatch.context() as patch:
+        patch.setattr(world.session, "_teardown_activity", failing_teardown)
+        with pytest.raises(RuntimeError, match="a plugin failed while closing"):
+            await world.session.aclose()
+    assert world.closes == [] and link.state == "linked"
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    for _ in range(4):
+        await world.idle()
+    assert world.closes == [] and link.state == "closed"
+    (told,) = timed_out
+    assert told.identity == "u" and told.after == 0.0
+    assert told.error is not None and "without closing" in told.error
+    assert told.reason == f"the session's close failed after participant u left ({told.error})"
+    assert world.states()[-1] == ("closing", "closed", "close_failed")
+
+
 async def test_alone_the_link_hears_the_sessions_close_once(world: World) -> None:
     """Alone, the link hears the session's ``close`` from its own listener; it also
     followed the end of the close it asked, and told itself again: a second

@@ -25,7 +25,7 @@ from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.runtimes.routing import hear_reports
 from agent_runtime.sdk.room_audio import room_output_source
-from agent_runtime.settings import SettingError
+from agent_runtime.settings import SettingError, SettingTypeError
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.room_audio import pace_as_published, room_outputs
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -1304,4 +1304,18 @@ async def test_an_avatar_leaving_before_the_session_starts_leaves_playout_follow
         rig.session._update_agent_state(state)  # type: ignore[arg-type]
     await rig.settle()
     assert [d.cause for d in rig.playout.done] == ["agent_listening"]
+    await rig.aclose()
+
+
+async def test_a_tracker_refused_at_construction_leaves_its_avatars_reports_unheard() -> None:
+    """Bad input changes nothing: a tracker built alone and refused (a tracer of the wrong
+    kind) has not connected itself to its avatar, whose reports would otherwise reach a
+    tracker that was never built."""
+    from tests.support.avatar_rig import Rig
+
+    rig = Rig()
+    with pytest.raises(SettingTypeError, match="tracer must be an agent_runtime Tracer"):
+        PlayoutTracker(rig.session, avatar=rig.lifecycle, clock=rig.clock, tracer="x")  # type: ignore[arg-type]
+    for name in ("segment_flushed", "playback_finished"):
+        assert not rig.lifecycle._events.get(name)
     await rig.aclose()

@@ -935,3 +935,40 @@ async def test_a_session_shut_down_while_its_avatar_spoke_says_when_the_ask_is_u
         "shutdown lets the speech in progress end first, and the trace does not show when "
         "it was asked"
     ) in comments(recorded)
+
+
+async def test_a_session_that_could_not_be_asked_to_close_is_said_not_rebuilt_as_a_shutdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user leaves and asking livekit to close the session raises (fault injected): the
+    link gives up on the close (``close_failed``) and the job shuts down on its own, as it
+    does for a close that hung. The recorder wrote that shutdown as a ``job.shutdown`` step
+    the world took, and the file did not say the close could not be asked."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r", clock=clock)
+    room.connect_locally()
+    room.add_participant("user")
+    trace = tmp_path / "run.jsonl"
+    session: AgentSession[Any] = AgentSession()
+    job = AgentJob(room=room, session=session, clock=clock, otel=False, trace_path=trace)
+    await job.start(Agent(instructions="agent"))
+    await settle()
+
+    def broken(**_: Any) -> None:
+        raise RuntimeError("no loop to close on")  # fault injection
+
+    session._close_soon = broken  # type: ignore[method-assign]
+    room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    await clock.advance(60)
+    await job.aclose()
+    assert job.states["participant"] == "closed" and job.states["job"] == "closed"
+
+    recorded = tmp_path / "r.yaml"
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0, capsys.readouterr().err
+    steps = [s.event for s in load_scenario(recorded).steps]
+    assert "job.shutdown" not in steps
+    assert (
+        "t=0: the session could not be asked to close (RuntimeError: no loop to close on): "
+        "the link gave up on it and the job shut down; no scenario step does that"
+    ) in comments(recorded)

@@ -67,8 +67,8 @@ LinkEvents = Literal["state_changed", "close_timed_out"]
 class SessionCloseTimedOut:
     """Emitted as ``close_timed_out``: the session's close did not end within ``after``
     seconds, or ``error`` says why it failed (then ``after`` is 0: it could not be asked,
-    or, with no job's wiring, its teardown failed); the link is ``closed``. ``reason`` is a
-    shutdown reason for the job."""
+    or, with no job's wiring, its teardown failed or an earlier one had stopped the
+    session); the link is ``closed``. ``reason`` is a shutdown reason for the job."""
 
     identity: str | None  # the participant whose departure started the close
     after: float
@@ -292,10 +292,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
     # -- inputs ----------------------------------------------------------------------------
     def _on_session_close(self, ev: CloseEvent) -> None:
         reason = getattr(ev, "reason", None)
-        self._post_session_closed(getattr(reason, "value", str(reason)))
-
-    def _post_session_closed(self, reason: str) -> None:
-        self._post(Event("session_closed", {"reason": reason}))
+        self._post(Event("session_closed", {"reason": getattr(reason, "value", str(reason))}))
 
     def _post_linked(self, event: Event) -> None:
         """An event the job's wiring brings: the session's close, or the link's own close
@@ -345,8 +342,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             # failure of the close it asked for is read (the SDK logged it already)
             task.add_done_callback(_read_failure)
         else:
-            # alone, a close whose teardown fails never emits `close`: its end says so
-            # (close_failed), and a close that ended without `close` is the session's end
+            # alone, a close whose teardown fails never emits `close`, nor one of a session
+            # that had stopped without closing: its end says so (close_failed)
             task.add_done_callback(self._on_close_task_done)
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
@@ -372,10 +369,12 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             # livekit then never says `close`: the session did not close as asked
             self._post(Event("close_failed", {"detail": describe(error)}))
         elif self.actor.state != "closed":
-            # it ended without `close` (the session had stopped already): nothing is left
-            # to close. A close it said was heard once, from its `close` listener: the
-            # machine stepped it before the task's end reached here
-            self._post_session_closed("close_finished")
+            # it ended without `close`: the session had stopped without closing (its own
+            # close failed before), and will never say it closed, as the composed job
+            # finds at session_close_timeout. A close it said was heard once, from its
+            # `close` listener: the machine stepped it before the task's end reached here
+            detail = "the session had stopped without closing (an earlier close failed)"
+            self._post(Event("close_failed", {"detail": detail}))
 
     # -- RoomIO ------------------------------------------------------------------------------
     def _room_io(self) -> RoomIO | None:

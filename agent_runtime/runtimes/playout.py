@@ -233,13 +233,12 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             "agent_state_changed": Listener(self._on_agent_state),
             "user_state_changed": Listener(self._on_user_state),
         }
+        alone = wiring is None
         if wiring is None:
             self._follows["close"] = Listener(self._on_session_close)
             wiring = Wiring()
             if avatar is not None:
                 wiring.connect("avatar", avatar.post_linked)  # as the job's links reach it
-            # its avatar's reports, from the start, as the job system would connect them
-            self._unhear = hear_reports({"avatar": avatar}, {"playout": self.hearer()})
         else:
             wiring.connect("playout", self._post)
         self._clock: Clock = clock or AsyncioClock()
@@ -265,6 +264,9 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             scheduler=scheduler,
             wiring=wiring,
         )
+        if alone:  # its avatar's reports, as the job system would connect them; once built,
+            # so that a tracker refused above leaves its avatar as it was
+            self._unhear = hear_reports({"avatar": avatar}, {"playout": self.hearer()})
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return _Timeouts(self)

@@ -798,11 +798,12 @@ def check_agent(agent: Any) -> None:
 
 def served(agent: Any, module: Any = None) -> Any:
     """The ``AgentServer`` whose ``rtc_session`` entrypoint ``agent`` is, when ``agent`` is
-    an entrypoint function and exactly one server among the globals of ``module`` (by
-    default the function's own module) registered it: run with that server's
-    ``on_session_end`` and ``on_simulation_end``, as a worker runs it. Anything else (a
-    server, a function no server of its module registered, or that two did) is returned
-    as given."""
+    an entrypoint function and a server among the globals of ``module`` (by default the
+    function's own module) registered it: run with that server's ``on_session_end``,
+    ``on_simulation_end`` and timeouts, as a worker runs it; servers that registered it
+    alike (those the same) are one answer. Anything else (a server, a function no server
+    of its module registered, or that servers registered with different hooks) is
+    returned as given."""
     if _hooks_of(agent) is not None or not callable(agent):
         return agent
     if module is None:
@@ -818,7 +819,22 @@ def served(agent: Any, module: Any = None) -> Any:
         for v in values
         if (hooks := _hooks_of(v)) is not None and hooks.entrypoint is agent
     }
-    return next(iter(servers.values())) if len(servers) == 1 else agent
+    if not servers:
+        return agent
+    first, *others = servers.values()
+    same = all(_run_as(o) == _run_as(first) for o in others)
+    return first if same else agent
+
+
+def _run_as(server: Any) -> tuple[Any, ...]:
+    """What of ``server`` a run of its entrypoint uses besides the entrypoint."""
+    hooks = _hooks_of(server)
+    return (
+        getattr(hooks, "session_end", None),
+        getattr(hooks, "simulation_end", None),
+        lk.server_session_end_timeout(server),
+        lk.server_shutdown_process_timeout(server),
+    )
 
 
 def _hooks_of(value: Any) -> Any:

@@ -85,6 +85,7 @@ USES: dict[str, dict[str, tuple[str, ...]]] = {
             "participant_disconnected",
             "session_closed",
             "session_close_timeout",
+            "close_failed",
         ),
         "guards": ("eligible", "is_linked", "closing_reason", "grace_enabled"),
     },

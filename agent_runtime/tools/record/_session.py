@@ -42,7 +42,7 @@ class _SessionPass(_AvatarPass, _RequestPass):
         recs = self.records
         attached: set[str] = set()
         closed = False
-        timed_out_at: float | None = None
+        given_up_at: float | None = None
         lifecycle_close_at: float | None = None
         for i, r in enumerate(recs):
             m, e, d = r.machine, r.event, r.data
@@ -82,7 +82,14 @@ class _SessionPass(_AvatarPass, _RequestPass):
                             "is rebuilt as a close at that instant"
                         )
             elif m == "participant" and e == "session_close_timeout":
-                timed_out_at = r.t
+                given_up_at = r.t
+            elif m == "participant" and e == "close_failed" and r.kind == "transition":
+                given_up_at = r.t  # the job's shutdown that follows is its own answer
+                self.note(
+                    f"t={secs(r.t)}: the session could not be asked to close "
+                    f"({d.get('detail', 'no detail')}): the link gave up on it and the job "
+                    "shut down; no scenario step does that"
+                )
             elif m == "agent_job" and e in ("close", "abort"):
                 # the user's aclose(): the job machine's shutdown (or abort) follows from it
                 lifecycle_close_at = r.t
@@ -91,8 +98,8 @@ class _SessionPass(_AvatarPass, _RequestPass):
                 else:
                     self.step(i, r.t, "job.aclose", graceful=False)
             elif m == "job" and e == "shutdown":
-                if timed_out_at is not None and r.t == timed_out_at:
-                    continue  # the job's own answer to a session close that hung
+                if given_up_at is not None and r.t == given_up_at:
+                    continue  # the job's own answer to a session close given up on
                 if lifecycle_close_at == r.t and d.get("reason") == LIFECYCLE_SHUTDOWN:
                     continue  # asked by the user's aclose(), a step already
                 self.step(i, r.t, "job.shutdown", reason=str(d.get("reason", "")))
