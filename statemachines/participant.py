@@ -4,8 +4,9 @@ comes back is heard again.
 A closing disconnect reason closes the session (reason ``participant_disconnected``), which
 drives the job; any other reason opens a ``grace`` period in which the same identity
 relinks; the grace timer ends it. A session whose close hangs is given up after
-``session_close_timeout``, and one that cannot even be asked to close (``close_failed``) at
-once: the link is ``closed`` and says so, and the job shuts down without the session.
+``session_close_timeout``; one that ends without the session saying it closed (it failed,
+or could not even be asked: ``close_failed``) at once. The link is ``closed`` and says so,
+and the job shuts down without the session.
 
 Guards (evaluated by the runtime on the event's data):
 
@@ -60,7 +61,8 @@ PARTICIPANT = MachineSpec(
         Effect(
             name="close_session",
             # a close that cannot even be asked leaves nothing to wait for; the session
-            # did not close, so the link gives up on it as on a close that hangs
+            # did not close, so the link gives up on it as on a close that hangs (the
+            # runtime posts close_failed too for a close that ends without `close`)
             error_event="close_failed",
             description="close the session with reason participant_disconnected",
         ),

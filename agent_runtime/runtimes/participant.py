@@ -6,10 +6,10 @@ what its departure means: a closing reason closes the session through the sessio
 close path, so its ``close`` event carries ``CloseReason.PARTICIPANT_DISCONNECTED`` and the
 job sees it; any other reason waits ``grace_period`` seconds for the same identity, whose
 rejoin points the session's room input (RoomIO) at the new participant object. A session
-whose close hangs is given up after ``session_close_timeout`` seconds, and one that cannot
-be asked to close (or, alone, whose close fails) at once: the link is then ``closed`` and
-emits ``close_timed_out`` (a ``SessionCloseTimedOut``), on which the job that composes the
-link shuts down.
+whose close hangs is given up after ``session_close_timeout`` seconds, and one that fails
+(it ends without ``close``) or cannot even be asked at once: the link is then ``closed``
+and emits ``close_timed_out`` (a ``SessionCloseTimedOut``), on which the job that composes
+the link shuts down.
 
 RoomIO has its own ``close_on_disconnect`` (on by default, for CLIENT_INITIATED,
 ROOM_DELETED and USER_REJECTED). Start the session with
@@ -334,17 +334,11 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         task = lk.session_closing_task(self.session)
         if not isinstance(task, asyncio.Future):
             return
-        if self._wiring is not None:
-            # composed, the session machine alone hears the session's close and the links
-            # tell this machine, once. A close that never says so (its teardown failed, or
-            # the session had stopped already: livekit then returns without `close`) leaves
-            # the link closing until session_close_timeout, which shuts the job down. The
-            # failure of the close it asked for is read (the SDK logged it already)
-            task.add_done_callback(_read_failure)
-        else:
-            # alone, a close whose teardown fails never emits `close`, nor one of a session
-            # that had stopped without closing: its end says so (close_failed)
-            task.add_done_callback(self._on_close_task_done)
+        # the session says it closed with its `close` event (composed, to the session
+        # machine, whose links tell this one; alone, to the link's own listener), heard
+        # once. A close that never says so (its teardown failed, or the session had
+        # stopped without closing) is told by the task's end: close_failed
+        task.add_done_callback(self._on_close_task_done)
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
         who = f"participant {self._identity} left"
@@ -370,10 +364,10 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             self._post(Event("close_failed", {"detail": describe(error)}))
         elif self.actor.state != "closed":
             # it ended without `close`: the session had stopped without closing (its own
-            # close failed before), and will never say it closed, as the composed job
-            # finds at session_close_timeout. A close it said was heard once, from its
-            # `close` listener: the machine stepped it before the task's end reached here
-            detail = "the session had stopped without closing (an earlier close failed)"
+            # close failed before), and will never say it closed. A close it said was
+            # heard once, by the time the task's end reaches here: its `close` was
+            # stepped first (posted as it was emitted, before the task ended)
+            detail = "the session had stopped without closing: an earlier close failed"
             self._post(Event("close_failed", {"detail": detail}))
 
     # -- RoomIO ------------------------------------------------------------------------------
@@ -405,11 +399,6 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)
-
-
-def _read_failure(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def _present(room_events: RoomEventAdapter) -> list[Event]:

@@ -136,7 +136,7 @@ POSTED: dict[str, frozenset[str]] = {
             "participant_connected",
             "session_closed",
             "close",
-            "close_failed",  # alone, from the end of the close close_session asked (INSTALLED_BY)
+            "close_failed",  # from the end of the close close_session asked (INSTALLED_BY)
         }
     ),
     # from the sessions' close listeners, a start's claim and the job's release
@@ -198,7 +198,7 @@ INSTALLED_BY: dict[tuple[str, str], tuple[str, str, frozenset[str]]] = {
         "_fx_open_transport",
         frozenset({"open_transport"}),
     ),
-    # alone, the link follows the end of the close it asked: the callback close_session
+    # the link follows the end of the close it asked: the callback close_session
     # hangs on the session's closing task (its own failure is the effect's error event)
     ("participant", "close_failed"): (
         "_on_close_task_done",
