@@ -1,4 +1,4 @@
-"""Every link and watch the real job's system delivers, dropped one at a time: the explorer
+"""Every link, watch and report the real job's system delivers, dropped one at a time: the explorer
 of the real job (``verification.explore.realsearch``) reports each drop as an invariant
 broken, within a small search, or the drop is argued here to change nothing a user relies
 on (another path backs it up), or it is reached only by a directed path (deeper than the
@@ -14,9 +14,17 @@ import pytest
 
 from verification.explore.config import CONFIGS
 from verification.explore.real import run
-from verification.explore.realsearch import LINK_SPECS, WATCH_SPECS, bfs, drop, walks
+from verification.explore.command import main
+from verification.explore.realsearch import (
+    LINK_SPECS,
+    REPORT_SPECS,
+    WATCH_SPECS,
+    bfs,
+    drop,
+    walks,
+)
 
-Search = tuple[Literal["bfs", "walks"], str, Literal["all", "job", "avatar"], int]
+Search = tuple[Literal["bfs", "walks"], str, Literal["all", "job", "avatar", "playout"], int]
 
 # each drop the explorer catches: how (breadth first to a depth, or seeded walks from seed
 # 0), in which config, over which inputs, and the invariant it reports
@@ -36,6 +44,9 @@ CAUGHT: dict[str, tuple[Search, int]] = {
     "agent_job:ask_abort:job": (("bfs", "aclose", "job", 1), 10),
     "job:job_closed:agent_job": (("bfs", "example", "job", 1), 10),
     "participant:user_left:playout": (("walks", "watchdog", "avatar", 300), 9),
+    # a report (statemachines.system.REPORTS), named by what the avatar's runtime emits:
+    # the reply's end at the joined avatar's sink is never heard, nobody awaits its audio
+    "avatar:segment_flushed:playout": (("bfs", "example", "playout", 4), 12),
 }
 
 # drops that change no promise: why
@@ -50,6 +61,17 @@ ARGUED: dict[str, str] = {
         "avatar; when that close hangs, the release closes it once the job machine closed. "
         "Only the order changes (the avatar closed after the disconnect), which no "
         "invariant states"
+    ),
+    "avatar:playback_finished:playout": (
+        "livekit's own sink hears the same lk.playback_finished (the runtime's handler hands "
+        "it on): the speech's playout ends and the agent state turns listening in the same "
+        "step, and agent_listening ends playout's wait (TURN) at the same time. Only the event "
+        "that ends the wait changes, which no invariant states (invariant 12 judges each "
+        "decision made, and every one made is right; one that saw the drop would compare the "
+        "avatar's accepted reports with playout's decisions). Bfs to depth 4 from the joined "
+        "avatar over the playout inputs (example, watchdog) and 150 walks of 25 (example, "
+        "watchdog, identity) found nothing; tests/test_playout.py, run with it dropped, fails "
+        "only where it asserts which event ended the wait"
     ),
     "job:run_close:participant": (
         "as the avatar: the session's close link, else the release, closes the link; it "
@@ -78,15 +100,37 @@ DIRECTED: dict[str, tuple[str, int]] = {
 }
 
 
-def test_every_link_and_watch_is_listed_once() -> None:
+def test_every_link_watch_and_report_is_listed_once() -> None:
     listed = [*CAUGHT, *ARGUED, *DIRECTED]
-    assert sorted(listed) == sorted({*LINK_SPECS, *WATCH_SPECS})
+    assert sorted(listed) == sorted({*LINK_SPECS, *WATCH_SPECS, *REPORT_SPECS})
     assert len(listed) == len(set(listed))
+    # one spec names one channel: --drop-link SPEC drops what its table declares
+    assert not {*LINK_SPECS} & {*WATCH_SPECS} and not {*LINK_SPECS, *WATCH_SPECS} & {*REPORT_SPECS}
+
+
+def test_a_dropped_report_is_named_as_the_fault_of_the_violation_it_causes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--drop-link SOURCE:REPORT:TARGET`` drops a declared report (it dropped links and
+    watches only: "no watch ... in statemachines.system.WATCHES", exit 2). The joined
+    avatar's sink ends the reply's segment, playout never hears it: invariant 12, and the
+    replay printed names the fault; without it the same path holds."""
+    spec = "avatar:segment_flushed:playout"
+    path = JOINED
+    assert main(["--inputs", "playout", "--replay", path, "--drop-link", spec]) == 1
+    out = capsys.readouterr().out
+    assert "invariant 12 violated after input 6: agent audio waits at the joined avatar" in out
+    assert f"--drop-link {spec}" in out
+    assert main(["--inputs", "playout", "--replay", path]) == 0
+    assert "every invariant holds" in capsys.readouterr().out
+    assert main(["--drop-link", "avatar:segment_flushed:job"]) == 2
+    err = capsys.readouterr().err
+    assert "no link, watch or report avatar:segment_flushed:job" in err
 
 
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("spec", sorted(CAUGHT))
-def test_a_dropped_link_or_watch_is_caught_by_the_explorer(spec: str) -> None:
+def test_a_dropped_link_watch_or_report_is_caught_by_the_explorer(spec: str) -> None:
     (mode, name, inputs, size), invariant = CAUGHT[spec]
     config = CONFIGS[name]
     if mode == "bfs":

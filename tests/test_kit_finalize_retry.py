@@ -85,3 +85,53 @@ async def test_asked_again_after_the_answer_the_simulator_gets_the_same_verdict(
     reply = await again
     assert reply.user_verdict.reason == "the agent vetoes this run"
     assert len(calls) == 1 and job.states["job"] == "serving"  # the session goes on
+
+
+async def test_the_entrypoint_function_runs_with_the_hooks_its_server_gave_it(
+    agent_room, virtual_clock, simulator, run_entrypoint
+):
+    """``run_entrypoint(entrypoint)`` (the function this module's ``server`` registered,
+    not the server) ran it with no hooks: no ``on_session_end``, so the hang-up ended the
+    hold before the simulator asked, and no ``on_simulation_end``, so the agent's veto was
+    never heard. It runs as a worker runs it, as ``fuzz(entrypoint)`` does."""
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(entrypoint, simulation=True)
+    job.session.shutdown()  # the agent hangs up: the server's on_session_end holds
+    await virtual_clock.advance(1)
+    held = run_entrypoint.session_end()
+    asked = asyncio.ensure_future(simulator.finalize_simulation(provisional_success=True))
+    await virtual_clock.advance(JUDGING)
+    reply = await asked
+    assert reply.user_verdict.reason == "the agent vetoes this run"
+    await held
+    assert len(calls) == 1 and job.states["job"] == "closed"
+
+
+async def test_hooks_given_to_run_entrypoint_win_over_those_of_the_functions_server(
+    agent_room, virtual_clock, simulator, run_entrypoint
+):
+    """``on_session_end=``/``on_simulation_end=`` given to ``run_entrypoint`` replace the
+    server's, for the server and for the function its server registered alike."""
+    ends: list[str] = []
+
+    async def own_end(ctx: JobContext) -> None:
+        ends.append(ctx.job.id)
+        await on_session_end(ctx)
+
+    def lenient(sim: SimulationContext) -> None:
+        ends.append("lenient")
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(
+        entrypoint, simulation=True, on_session_end=own_end, on_simulation_end=lenient
+    )
+    job.session.shutdown()
+    await virtual_clock.advance(1)
+    held = run_entrypoint.session_end()
+    asked = asyncio.ensure_future(simulator.finalize_simulation(provisional_success=True))
+    await virtual_clock.advance(1)
+    reply = await asked
+    assert reply.user_verdict.reason != "the agent vetoes this run"
+    await held
+    assert sorted(ends) == ["lenient", "test-job"] and calls == []
+    assert job.states["job"] == "closed"

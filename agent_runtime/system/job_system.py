@@ -69,7 +69,7 @@ from agent_runtime.system._inputs import Parts
 from agent_runtime.system._start_part import StartPart
 from statemachines.agent_job import AGENT_JOB
 from statemachines.machines import MACHINES
-from statemachines.system import RELEASE, WATCHES, bound_of, watched
+from statemachines.system import RELEASE, WATCHES, Report, bound_of, watched
 
 logger = logging.getLogger("agent_runtime.system")
 
@@ -227,10 +227,7 @@ class JobSystem(MachineRuntime[str]):
         self._watchers: dict[str, Callable[[Event], None]] = {"agent_job": self._post}
         if self.playout is not None:
             self._watchers["playout"] = self.playout._post
-        # the followers' reports of their livekit parts (statemachines.system.REPORTS)
-        hearers = {"playout": self.playout.hearer()} if self.playout is not None else {}
-        sources = {r.actor.spec.name: r for r in self._followers()}
-        self._unhear = hear_reports(sources, hearers)
+        self._unhear = self._hear_reports()
         self.job.on("closed", self._on_job_closed)
 
     # -- state -------------------------------------------------------------------------------
@@ -435,6 +432,14 @@ class JobSystem(MachineRuntime[str]):
         cut = [f.release_now() for f in self._followers() if not f.actor.closed]
         self._unhook()
         return ending(left, *cut) if cut else left
+
+    def _hear_reports(self, **table: tuple[Report, ...]) -> Callable[[], None]:
+        """Connect the followers' reports of their livekit parts: those declared
+        (``statemachines.system.REPORTS``, ``hear_reports``' default), or ``reports=``
+        another table (the explorer's faults)."""
+        hearers = {"playout": self.playout.hearer()} if self.playout is not None else {}
+        sources = {r.actor.spec.name: r for r in self._followers()}
+        return hear_reports(sources, hearers, **table)
 
     def _followers(self) -> list[MachineRuntime[Any]]:
         """The runtimes RELEASE lets go after the job machine: the link, avatar, playout."""

@@ -225,7 +225,8 @@ class EntrypointRunner:
     """Runs ``rtc_session`` entrypoints on one in-memory room, clock and session transport.
 
     ``await runner(server)`` (an ``AgentServer`` with an ``rtc_session`` entrypoint) or
-    ``await runner(entrypoint)`` runs the entrypoint until it started its job (or ended) and
+    ``await runner(entrypoint)`` (with the hooks of the server of its module that registered
+    it, if one did) runs the entrypoint until it started its job (or ended) and
     returns the ``AgentJob`` it built, the room connected first if it was not (as a job's
     is once its entrypoint connects; ``connect=False``: left as it is). ``aclose()`` stops
     what is still running and releases the job contexts.
@@ -281,7 +282,10 @@ class EntrypointRunner:
         (awaited at the job's end, 15 s on the job's clock, then cancelled, as livekit does).
 
         ``entrypoint``: an ``AgentServer`` (its ``rtc_session`` entrypoint and the
-        ``on_session_end``/``on_simulation_end`` given there) or the entrypoint function.
+        ``on_session_end``/``on_simulation_end`` given there) or the entrypoint function;
+        a function that an ``AgentServer`` of its module registered runs with that
+        server's hooks and bounds, as a worker runs it (``served``, as ``fuzz()`` finds
+        it), one no server registered (or that two did) with none.
         ``simulation``: run the job as a simulation dispatch (``True`` or a
         ``SimulationDispatch``). ``on_simulation_end``/``on_session_end`` override the
         server's. ``avatar``: an ``AvatarSession`` (the ``scripted_avatar``) that stands in
@@ -290,14 +294,16 @@ class EntrypointRunner:
         ``EntrypointStalled`` if the entrypoint has neither started its job nor ended by then.
         ``NoAgentJob`` if it ended without building one; its own failure is raised as is.
         """
+        # the function a server of its module registered: that server's hooks and bounds
+        entrypoint = served(entrypoint)
         fn, server_session_end, server_simulation_end = _entrypoint_of(entrypoint)
         start_timeout = check_seconds("start_timeout", start_timeout)
         if self._tasks_before is None:
             self._tasks_before = set(asyncio.all_tasks())
             self._count_job_tasks()
-        served = fn is not entrypoint  # an AgentServer, with its own bounds
-        end_timeout = lk.server_session_end_timeout(entrypoint) if served else 300.0
-        kill_after = lk.server_shutdown_process_timeout(entrypoint) if served else 10.0
+        by_server = fn is not entrypoint  # an AgentServer, with its own bounds
+        end_timeout = lk.server_session_end_timeout(entrypoint) if by_server else 300.0
+        kill_after = lk.server_shutdown_process_timeout(entrypoint) if by_server else 10.0
         if avatar is not None and not isinstance(avatar, AvatarSession):
             raise TypeError(f"avatar must be an AvatarSession, not {type(avatar).__name__}")
         watch = _StartWatch()

@@ -14,7 +14,8 @@ Registered by the plugin (``pytest_plugin.py``); every one is function-scoped:
   is the test: it joins when the test adds its participant and publishes video.
 - ``run_entrypoint``: an ``EntrypointRunner`` for this room, clock and transport;
   ``job = await run_entrypoint(server)`` runs the server's ``rtc_session`` entrypoint
-  unchanged and returns the ``AgentJob`` it built. At teardown, a job still running ends
+  unchanged and returns the ``AgentJob`` it built (the entrypoint function a server of
+  its module registered runs with that server's hooks). At teardown, a job still running ends
   as livekit ends one (``test ended``), the job contexts are released, and what failed in
   the agent's code fails the test.
 - ``fuzz_entrypoint``: ``fuzz_entrypoint(server, *checks, examples=1000, seed=None, ...)``
@@ -128,7 +129,9 @@ async def run_entrypoint(
     virtual_clock: VirtualClock,
     agent_session_transports: tuple[InMemorySessionTransport, InMemorySessionTransport],
 ) -> AsyncIterator[EntrypointRunner]:
-    """``job = await run_entrypoint(server_or_entrypoint, simulation=..., avatar=...)``."""
+    """``job = await run_entrypoint(server_or_entrypoint, simulation=..., avatar=...)``: an
+    entrypoint function that an ``AgentServer`` of its module registered runs with that
+    server's ``on_session_end`` and ``on_simulation_end``."""
     from agent_runtime.testing.entrypoint import EntrypointRunner
 
     runner = EntrypointRunner(

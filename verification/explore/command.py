@@ -59,7 +59,8 @@ def parser() -> argparse.ArgumentParser:
         "--drop-link",
         metavar="SOURCE:ON:TARGET",
         help="a planted fault: the runtime does not deliver this link of statemachines.links "
-        "(or this watch of statemachines.system, as SOURCE:EVENT:TARGET)",
+        "(or this watch of statemachines.system.WATCHES, as SOURCE:EVENT:TARGET, or this "
+        "report of statemachines.system.REPORTS, as SOURCE:REPORT:TARGET)",
     )
     real.add_argument(
         "--write-scenario",

@@ -33,7 +33,7 @@ from agent_runtime.actor import Event
 from agent_runtime.runtimes.routing import Wiring
 from statemachines.links import LINKS, without
 from statemachines.machines import MACHINES
-from statemachines.system import WATCHES
+from statemachines.system import REPORTS, WATCHES
 from verification.explore.config import CONFIGS, Config
 from verification.explore.harness import Harness
 from verification.explore.real import (
@@ -147,18 +147,45 @@ def drop_watch(spec: str) -> Setup:
     return setup
 
 
+def drop_report(spec: str) -> Setup:
+    """A fault for the harness: the job system does not deliver the report
+    ``SOURCE:REPORT:TARGET`` (``statemachines.system.REPORTS``, named by what the source's
+    runtime emits, as a link by its effect): ``TARGET`` never hears it."""
+    key = tuple(spec.split(":"))
+    if not any((r.source, r.report, r.target) == key for r in REPORTS):
+        raise ValueError(f"no report {spec} in statemachines.system.REPORTS")
+    kept = tuple(r for r in REPORTS if (r.source, r.report, r.target) != key)
+
+    def setup(h: Harness) -> None:
+        system = h.job.system
+        system._unhear()
+        system._unhear = system._hear_reports(reports=kept)
+
+    return setup
+
+
 def drop(spec: str) -> Setup:
-    """``drop_link`` or ``drop_watch``, whichever table names ``spec``."""
+    """``drop_link``, ``drop_watch`` or ``drop_report``, whichever table names ``spec``."""
+    for plant in (drop_link, drop_watch):
+        try:
+            return plant(spec)
+        except ValueError:
+            pass
     try:
-        return drop_link(spec)
+        return drop_report(spec)
     except ValueError:
-        return drop_watch(spec)
+        raise ValueError(
+            f"no link, watch or report {spec} (statemachines.links.LINKS, "
+            "statemachines.system.WATCHES, REPORTS)"
+        ) from None
 
 
-# every link (statemachines.links.LINKS, by source, effect and target) and watch
-# (statemachines.system.WATCHES, by source, event and target) a fault may drop
+# every link (statemachines.links.LINKS, by source, effect and target), watch
+# (statemachines.system.WATCHES, by source, event and target) and report (REPORTS, by
+# source, report and target) a fault may drop
 LINK_SPECS: tuple[str, ...] = tuple(dict.fromkeys(f"{k.source}:{k.on}:{k.target}" for k in LINKS))
 WATCH_SPECS: tuple[str, ...] = tuple(f"{w.source}:{w.event}:{w.target}" for w in WATCHES)
+REPORT_SPECS: tuple[str, ...] = tuple(f"{r.source}:{r.report}:{r.target}" for r in REPORTS)
 
 
 def _note(report: RealReport, r: Run, seen: set[Snapshot]) -> bool:

@@ -9,6 +9,7 @@ it fails by raising (``assert``) or by returning ``False``.
 from __future__ import annotations
 
 import difflib
+import inspect
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -64,13 +65,34 @@ Check = Callable[[FuzzOutcome], Any]
 
 
 class BadCheck(TypeError):
-    """A check of the user's that reads what a ``FuzzOutcome`` does not have
-    (``outcome.jobb``): the check's own mistake, which no run of the agent can pass, not a
-    property the agent broke. ``check`` is the function."""
+    """A check of the user's that cannot check an outcome: one that reads what a
+    ``FuzzOutcome`` does not have (``outcome.jobb``), a class (calling it makes an
+    instance, which passes whatever the agent did), a callable that cannot be called with
+    the outcome, an ``async`` one (never awaited). The check's own mistake, which no run of
+    the agent can pass (or fail), not a property the agent broke. ``check`` is it."""
 
     def __init__(self, check: Check, message: str) -> None:
         super().__init__(message)
         self.check = check
+
+
+def not_a_check(check: Any) -> str | None:
+    """Why the callable ``check`` cannot be a check, seen before any run; None when it
+    may be one (what cannot be called with the outcome and has no signature to read, a
+    builtin, is found by its first call: ``run_checks``)."""
+    if isinstance(check, type):
+        return (
+            f"{check.__name__} is a class: calling it with the outcome makes an instance, "
+            "which passes whatever the agent did (a check is a function of the outcome "
+            "that raises or returns False)"
+        )
+    if inspect.iscoroutinefunction(check):
+        return f"{_name(check)} is async: a check is called, never awaited (make it a def)"
+    return None
+
+
+def _name(check: Any) -> str:
+    return str(getattr(check, "__qualname__", None) or repr(check))
 
 
 def _misread(name: str, missing: str | None) -> str:
@@ -264,12 +286,16 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
     ``False``; ``BadCheck`` for one that read what the outcome does not have."""
     out: list[Problem] = []
     for check in checks:
-        name = getattr(check, "__qualname__", repr(check))
+        name = _name(check)
         try:
             ok = check(outcome)
         except Exception as e:
             if isinstance(e, AttributeError) and e.obj is outcome:
                 raise BadCheck(check, _misread(name, e.name)) from None
+            if isinstance(e, TypeError) and _at_the_call(e):
+                # no code of the check ran: it cannot take the outcome (a builtin whose
+                # signature could not be read before the run, time.time or len)
+                raise BadCheck(check, f"check {name} cannot check the outcome: {e}") from None
             out.append(
                 Problem(
                     f"check {name}",
@@ -278,9 +304,24 @@ def run_checks(checks: list[Check], outcome: FuzzOutcome) -> list[Problem]:
                 )
             )
             continue
+        if inspect.isawaitable(ok):
+            if inspect.iscoroutine(ok):
+                ok.close()  # never run: no "never awaited" warning on top
+            raise BadCheck(
+                check,
+                f"check {name} returned {type(ok).__name__}: a check is called, never "
+                "awaited (make it a plain function that raises or returns False)",
+            )
         if ok is False:
             out.append(Problem(f"check {name}", "returned False"))
     return out
+
+
+def _at_the_call(e: BaseException) -> bool:
+    """Whether ``e`` was raised by the call itself, before any Python code of the callee
+    ran (its traceback goes no deeper than the caller's frame)."""
+    tb = e.__traceback__
+    return tb is not None and tb.tb_next is None
 
 
 def _raised(where: str, e: BaseException) -> Problem:

@@ -36,7 +36,7 @@ from agent_runtime.testing.fuzz.machine import (
     make_machine,
     scenario_of,
 )
-from agent_runtime.testing.fuzz.properties import Check, Problem
+from agent_runtime.testing.fuzz.properties import BadCheck, Check, Problem, not_a_check
 from agent_runtime.testing.inmemory import quiet_sdk_logs
 from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.user_code import PLUGIN_THREAD
@@ -135,9 +135,11 @@ def fuzz(
     with the seed first, then one every ``progress_every`` seconds. Before any drawing: a
     ``TypeError`` for an argument of the wrong kind, ``NoAgentJob`` if the entrypoint builds
     no ``AgentJob``, ``PluginOffMainThread`` if it imports a plugin and had to run off the
-    main thread. ``BadCheck`` (a ``TypeError``) if a check reads what a ``FuzzOutcome``
-    does not have (``outcome.jobb``): found by that plain run, or by the first drawn run
-    that reaches it, which stops the drawing (nothing reported, nothing written).
+    main thread. ``BadCheck`` (a ``TypeError``) for a check that cannot check an outcome:
+    a class, an ``async`` function or one that cannot take the outcome, before any run; one
+    that reads what a ``FuzzOutcome`` does not have (``outcome.jobb``), or a builtin that
+    cannot be called with it, found by that plain run or by the first drawn run that
+    reaches it, which stops the drawing (nothing reported, nothing written).
 
     ``server``: an ``AgentServer`` with an ``rtc_session`` entrypoint, or the entrypoint
     function; a function that an ``AgentServer`` of its module registered runs with that
@@ -170,9 +172,14 @@ def _check_checks(checks: Sequence[Check]) -> None:
         what = described(checks) if callable(checks) else repr(checks)
         raise TypeError(f"checks must be a list of functions (checks=[my_check]), not {what}")
     for check in checks:
-        if not callable(check) or not takes(check, 1):
-            what = described(check) if callable(check) else repr(check)
-            raise TypeError(f"a check must be callable as check(outcome), not {what}")
+        if not callable(check):
+            raise TypeError(f"a check must be callable as check(outcome), not {check!r}")
+        if (why := not_a_check(check)) is not None:
+            raise BadCheck(check, why)
+        if not takes(check, 1):
+            raise BadCheck(
+                check, f"a check must be callable as check(outcome), not {described(check)}"
+            )
 
 
 def _path_of(name: str, value: Any) -> Path:
@@ -267,9 +274,9 @@ def _preflight(server: Any, config: sc.Config, checks: list[Check]) -> bool:
     """One plain run (the entrypoint started, the job let end) before any drawing:
     ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` when
     it imports a plugin off the main thread, ``BadCheck`` when a check reads what the
-    outcome does not have: usage errors rather than properties; what else
-    the run shows is left to the drawing. Returns whether the entrypoint gave its job an
-    avatar (the run's scripted avatar stood in for it)."""
+    outcome does not have or cannot be called with it: usage errors rather than
+    properties; what else the run shows is left to the drawing. Returns whether the
+    entrypoint gave its job an avatar (the run's scripted avatar stood in for it)."""
     participants: list[dict[str, Any]] = [{"identity": "user"}]
     if config.simulation:
         participants.append({"identity": SIMULATOR, "attributes": {ATTRIBUTE_SIMULATOR: "true"}})
@@ -319,8 +326,8 @@ def replay(
     """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
-    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``BadCheck`` if a check reads
-    what a ``FuzzOutcome`` does not have. ``server`` as for ``fuzz``: a
+    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``BadCheck`` if a check cannot
+    check an outcome (as for ``fuzz``). ``server`` as for ``fuzz``: a
     function an ``AgentServer`` of its module registered runs with that server's hooks."""
     server = served(server)
     check_agent(server)

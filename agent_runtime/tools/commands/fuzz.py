@@ -104,11 +104,15 @@ def _server(spec: str) -> Any:
 
 
 def _checks(specs: list[str]) -> list[Any]:
+    from agent_runtime.testing.fuzz.properties import not_a_check
+
     checks = []
     for spec in specs:
         fn = load(spec, "--check")
         if not callable(fn):
             raise UsageError(f"--check {spec!r}: not a function")
+        if (why := not_a_check(fn)) is not None:
+            raise UsageError(f"--check {spec!r}: {why}")
         if not takes(fn, 1):
             raise UsageError(
                 f"--check {spec!r}: {described(fn)} cannot be called with the outcome "
