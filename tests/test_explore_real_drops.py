@@ -12,9 +12,9 @@ from typing import Literal
 
 import pytest
 
+from verification.explore.command import main
 from verification.explore.config import CONFIGS
 from verification.explore.real import run
-from verification.explore.command import main
 from verification.explore.realsearch import (
     LINK_SPECS,
     REPORT_SPECS,
