@@ -1307,3 +1307,35 @@ def test_an_entrypoint_two_servers_registered_with_the_same_hooks_runs_with_them
         assert twice_served_agent.ENDS == ["fuzz-job"]
     finally:
         sys.modules.pop("twice_served_agent", None)
+
+
+def test_an_entrypoint_servers_registered_with_different_hooks_is_refused_naming_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One entrypoint registered on two ``AgentServer``s of its module with different
+    ``on_session_end`` hooks: it ran with none, and the user was told to give the server the
+    hook both servers have. Which server's hooks apply is the user's to say: the Python API
+    refuses it with a ``TypeError`` naming the servers, the CLI in one line (exit 2), before
+    any run, and a server given explicitly still runs."""
+    two_servers = COUNTED_AGENT + (
+        "\n\nasync def other_end(ctx):\n    pass\n\n"
+        "other = AgentServer(session_end_timeout=315)\n"
+        "other.rtc_session(on_session_end=other_end)(entrypoint)\n"
+    )
+    (tmp_path / "differently_served_agent.py").write_text(two_servers, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import differently_served_agent as mod  # type: ignore[import-not-found]
+
+    try:
+        with pytest.raises(TypeError, match=r"different hooks or timeouts \(server, other\)"):
+            fuzz(mod.entrypoint, FuzzOptions(examples=1, seed=1))
+        assert mod.ENDS == []  # nothing ran
+        code, _, err = _fuzz_cli(
+            capsys, "differently_served_agent:entrypoint", "--examples", "1"
+        )
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "(server, other): pass the server to run it with" in err, err
+        assert fuzz(mod.server, FuzzOptions(examples=2, seed=1)).ok
+    finally:
+        sys.modules.pop("differently_served_agent", None)

@@ -807,9 +807,10 @@ def served(agent: Any, module: Any = None) -> Any:
     an entrypoint function and a server among the globals of ``module`` (by default the
     function's own module) registered it: run with that server's ``on_session_end``,
     ``on_simulation_end`` and timeouts, as a worker runs it; servers that registered it
-    alike (those the same) are one answer. Anything else (a server, a function no server
-    of its module registered, or that servers registered with different hooks) is
-    returned as given."""
+    alike (those the same) are one answer. Servers that registered it with different
+    hooks or timeouts are a ``TypeError`` naming them: which one runs it is the caller's
+    to say (pass that server). Anything else (a server, a function no server of its
+    module registered) is returned as given."""
     if _hooks_of(agent) is not None or not callable(agent):
         return agent
     if module is None:
@@ -817,19 +818,23 @@ def served(agent: Any, module: Any = None) -> Any:
     if module is None:
         return agent
     try:
-        values = list(vars(module).values())
+        named = list(vars(module).items())
     except TypeError:  # no namespace to look in
         return agent
-    servers = {
-        id(v): v
-        for v in values
-        if (hooks := _hooks_of(v)) is not None and hooks.entrypoint is agent
-    }
+    servers: dict[int, tuple[str, Any]] = {}
+    for name, v in named:
+        if (hooks := _hooks_of(v)) is not None and hooks.entrypoint is agent:
+            servers.setdefault(id(v), (name, v))
     if not servers:
         return agent
-    first, *others = servers.values()
-    same = all(_run_as(o) == _run_as(first) for o in others)
-    return first if same else agent
+    (_, first), *others = servers.values()
+    if any(_run_as(o) != _run_as(first) for _, o in others):
+        names = ", ".join(name for name, _ in servers.values())
+        raise TypeError(
+            f"{getattr(agent, '__qualname__', agent)!s} is the entrypoint of AgentServers "
+            f"with different hooks or timeouts ({names}): pass the server to run it with"
+        )
+    return first
 
 
 def _run_as(server: Any) -> tuple[Any, ...]:

@@ -84,7 +84,10 @@ def _server(spec: str) -> Any:
     module, given = _load(spec, "agent")
     # the entrypoint function an AgentServer of its module registered: run with that
     # server's on_session_end and on_simulation_end, as a worker runs it (fuzz() does too)
-    server = served(given, module)
+    try:
+        server = served(given, module)
+    except TypeError as e:  # servers with different hooks registered it: which one?
+        raise UsageError(f"agent {spec!r}: {e}") from None
     hooks = lk.server_hooks(server)
     if (hooks.entrypoint is None) if hooks is not None else not callable(server):
         raise UsageError(
