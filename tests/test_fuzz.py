@@ -1331,9 +1331,7 @@ def test_an_entrypoint_servers_registered_with_different_hooks_is_refused_naming
         with pytest.raises(TypeError, match=r"different hooks or timeouts \(server, other\)"):
             fuzz(mod.entrypoint, FuzzOptions(examples=1, seed=1))
         assert mod.ENDS == []  # nothing ran
-        code, _, err = _fuzz_cli(
-            capsys, "differently_served_agent:entrypoint", "--examples", "1"
-        )
+        code, _, err = _fuzz_cli(capsys, "differently_served_agent:entrypoint", "--examples", "1")
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "(server, other): pass the server to run it with" in err, err
         assert fuzz(mod.server, FuzzOptions(examples=2, seed=1)).ok
