@@ -940,6 +940,8 @@ async def test_alone_the_link_hears_the_sessions_close_once(world: World) -> Non
         if r.machine == "participant" and r.event == "session_closed"
     ]
     assert heard == [("transition", "closing", "closed", "participant_disconnected")]
+    # nor is the close it asked, which ended well, taken for a failure after it
+    assert not [r for r in world.sink.records if r.event == "close_failed"]
 
 
 # -- issue 13 item 2: a session close that hangs is bounded ------------------------------------

@@ -20,6 +20,7 @@ the same identity on rejoin by itself, which the link confirms.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -330,6 +331,9 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             )
         # the session's own close path, as RoomIO uses it: its `close` event then carries
         # CloseReason.PARTICIPANT_DISCONNECTED for the job
+        # a session stopped already (an earlier close of its own failed) returns from this
+        # close at once and never says `close`: known now, not guessed from an order later
+        stopped = not lk.session_started(self.session)
         lk.ask_session_close(self.session, CloseReason.PARTICIPANT_DISCONNECTED)
         task = lk.session_closing_task(self.session)
         if not isinstance(task, asyncio.Future):
@@ -338,7 +342,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # machine, whose links tell this one; alone, to the link's own listener), heard
         # once. A close that never says so (its teardown failed, or the session had
         # stopped without closing) is told by the task's end: close_failed
-        task.add_done_callback(self._on_close_task_done)
+        task.add_done_callback(functools.partial(self._on_close_task_done, stopped))
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
         who = f"participant {self._identity} left"
@@ -356,17 +360,16 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         self.emit("close_timed_out", SessionCloseTimedOut(self._identity, after, reason, error))
         return Output({"reason": reason})
 
-    def _on_close_task_done(self, task: asyncio.Future[Any]) -> None:
+    def _on_close_task_done(self, stopped: bool, task: asyncio.Future[Any]) -> None:
         if task.cancelled():
             self._post(Event("close_failed", {"detail": "the close was cancelled"}))
         elif (error := task.exception()) is not None:  # the SDK has logged it already
             # livekit then never says `close`: the session did not close as asked
             self._post(Event("close_failed", {"detail": describe(error)}))
-        elif self.actor.state != "closed":
+        elif stopped:
             # it ended without `close`: the session had stopped without closing (its own
-            # close failed before), and will never say it closed. A close it said was
-            # heard once, by the time the task's end reaches here: its `close` was
-            # stepped first (posted as it was emitted, before the task ended)
+            # close failed before), and will never say it closed. A close of a running
+            # session that ends well said `close`, heard once (its listener, or the links)
             detail = "the session had stopped without closing: an earlier close failed"
             self._post(Event("close_failed", {"detail": detail}))
 
