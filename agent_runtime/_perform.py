@@ -66,7 +66,7 @@ class Performer(OwnedEmitter[str]):
     _timer_deadline: float
     _entered_at: float | None
     _tasks: set[asyncio.Future[Any]] | None
-    _scheduler: Scheduler
+    scheduler: Scheduler
 
     def _mail(self) -> deque[Entry]:
         """The mailbox (``Actor``)."""
@@ -273,7 +273,7 @@ class Performer(OwnedEmitter[str]):
         if not inspect.isawaitable(res):
             self._task_succeeded(name, gen, res)
             return
-        task = self._scheduler.own(
+        task = self.scheduler.own(
             res,
             lambda t: self._task_ended(name, gen, by, t),
             name=f"{self._who()}:{name}",

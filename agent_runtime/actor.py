@@ -98,7 +98,6 @@ class Actor(Performer):
         "_mailbox",
         "_outputs",
         "_pending",
-        "_scheduler",
         "_settings",
         "_state",
         "_table",
@@ -110,6 +109,7 @@ class Actor(Performer):
         "effect_timeout",
         "instance",
         "labels",
+        "scheduler",
         "spec",
         "tracer",
     )
@@ -151,8 +151,8 @@ class Actor(Performer):
         # the mailbox and the task set are made on first use: most actors of a job sit idle,
         # and every container an idle actor holds is memory and collector work per job
         self._mailbox: deque[Entry] | None = None
-        # who steps this actor: its job's scheduler, or one of its own when used alone
-        self._scheduler = scheduler if scheduler is not None else Scheduler()
+        # who steps it: its job's scheduler, or its own alone (shared with the parts it builds)
+        self.scheduler = scheduler if scheduler is not None else Scheduler()
         self._pending: _Pending | None = None  # the step waiting on an effect's work
         self._timer: TimerHandle | None = None
         self._timer_deadline = 0.0  # when the armed timer fires, on this actor's clock
@@ -236,7 +236,7 @@ class Actor(Performer):
         user's ``aclose()``, that must see the machine's new state when this returns. An
         effect still awaited holds the actor's mailbox as ever."""
         self.post(event)
-        self._scheduler.run()
+        self.scheduler.run()
 
     async def send(self, event: Event) -> Step:
         """Queue an event and wait for its step; raises ``EventRejected`` on a reject cell."""
@@ -335,7 +335,7 @@ class Actor(Performer):
         # an actor with mail already is ready already; one waiting on an effect is stepped
         # when that ends
         if len(mail) == 1 and self._pending is None:
-            self._scheduler.ready(self)
+            self.scheduler.ready(self)
 
     def step_mailbox(self) -> None:
         """Handle the mailbox until it is empty, or until an effect has to be awaited: the
@@ -382,7 +382,7 @@ class Actor(Performer):
         p = _Pending(event, fut, st, tracing, at)
         self._pending = p
         name = st.effects[at]
-        p.work = self._scheduler.own(awaitable, self._work_ended, name=f"{self._who()}:{name}")
+        p.work = self.scheduler.own(awaitable, self._work_ended, name=f"{self._who()}:{name}")
         if not p.work.done():
             p.bound = self.clock.call_later(self.effect_timeout, p.expire)
         return True
@@ -420,7 +420,7 @@ class Actor(Performer):
         else:
             self._done(p.event, p.fut, p.st)
         if self._mailbox and self._life != "closed":
-            self._scheduler.ready(self)
+            self.scheduler.ready(self)
         elif self._waiters is not None:
             self._settled()
 

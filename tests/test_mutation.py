@@ -943,12 +943,19 @@ def test_the_session_machine_is_closed_only_by_the_release_and_claimed_after_beg
     sessions = importlib.import_module("agent_runtime.runtimes.sessions")
     assert {e for e, _ in _constructed("session")} == {"start", "session_closed"}
     assert inspect.getsource(sessions).count("self._close_now(") == 1
-    callers = [
-        p.relative_to(ROOT).as_posix()
+    callers = {
+        p.relative_to(ROOT).as_posix(): p.read_text()
         for p in (ROOT / "agent_runtime").rglob("*.py")
         if "sessions.release_now()" in p.read_text()
-    ]
-    assert callers == ["agent_runtime/runtimes/job.py"]
+    }
+    # a runtime used alone releases the session machine of its own (own_sessions), which
+    # nothing claims (claim_session is the job's, on the job's machine): no start meets it
+    alone = {"agent_runtime/runtimes/participant.py", "agent_runtime/runtimes/playout.py"}
+    assert set(callers) == {"agent_runtime/runtimes/job.py", *alone}
+    for path in alone:
+        text = callers[path]
+        assert text.count("sessions.release_now()") == text.count("_own_sessions.release_now()")
+        assert "claim" not in text
     job = importlib.import_module("agent_runtime.runtimes.job")
     release = inspect.getsource(job.JobRuntime._release_host)
     assert release.index("self.host.release()") < release.index("self.sessions.release_now()")

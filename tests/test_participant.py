@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +23,16 @@ from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomOptions
 from livekit.rtc._proto import participant_pb2
 
-from agent_runtime import Event, MemorySink, StateChanged, Tracer
+from agent_runtime import AgentJob, Event, JsonlSink, MemorySink, StateChanged, Tracer
+from agent_runtime.emitter import Listener
 from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
 from agent_runtime.runtimes.room_events import RoomEventAdapter
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import SettingError
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.tools.cli import main
+from agent_runtime.tools.replay import replay_file
 from statemachines.participant import PARTICIPANT
 
 R = rtc.DisconnectReason
@@ -187,11 +192,13 @@ async def test_connection_timeout_without_rejoin_closes_when_grace_ends(world: W
     assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
     assert world.closes[0][0] == pytest.approx(15.0)
     assert link.state == "closed"
-    assert [r.event for r in world.sink.records if r.kind == "transition"] == [
-        "participant_connected",
-        "participant_disconnected",
-        "grace_timeout",
-        "session_closed",
+    assert [(r.machine, r.event) for r in world.sink.records if r.kind == "transition"] == [
+        ("participant", "participant_connected"),
+        ("participant", "participant_disconnected"),
+        ("participant", "grace_timeout"),
+        # alone too, the session's close comes from a session machine (the link's own)
+        ("session", "session_closed"),
+        ("participant", "session_closed"),
     ]
 
 
@@ -1095,3 +1102,91 @@ async def test_a_connector_user_is_linked_by_the_default_kinds_and_a_bridge_is_n
     world.room.add_participant("phone", kind="connector")
     await world.idle()
     assert (link.state, link.linked_identity) == ("linked", "phone")
+
+
+async def _close_heard(*, alone: bool) -> tuple[list[tuple[str, str, str, str]], int, int]:
+    """A user leaves (a closing reason) and the link closes the session: the trace's
+    transitions of the session and participant machines (machine, event, and the link's
+    states), and the listeners on the session's ``close`` while the link follows and once
+    it was let go."""
+    clock = VirtualClock()
+    room = InMemoryRoom(name="r1", clock=clock)
+    room.connect_locally()
+    room.add_participant("u")
+    sink, session = MemorySink(), AgentSession()
+    closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    session.once("close", lambda _: closed.set_result(None))
+    if alone:
+        adapter = RoomEventAdapter(room)
+        opts = RoomOptions(close_on_disconnect=False)
+        await session.start(Agent(instructions="agent"), room=room, room_options=opts)
+        link = ParticipantLink(session, room_events=adapter, clock=clock, tracer=Tracer(sink))
+        link.start()
+    else:
+        job = AgentJob(room=room, session=session, clock=clock, tracer=Tracer(sink))
+        await job.start(Agent(instructions="agent"))
+    await settle()
+    following = ours(session)
+    room.remove_participant("u", R.CLIENT_INITIATED)
+    await asyncio.wait_for(closed, 5)
+    await settle()
+    if alone:
+        await link.aclose()
+        adapter.aclose()
+    else:
+        await job.aclose()
+    heard = [
+        (r.machine, r.event, r.source if r.machine == "participant" else "", r.dest)
+        for r in sink.records
+        if r.kind == "transition" and r.machine in ("session", "participant")
+    ]
+    return heard, following, ours(session)
+
+
+def ours(session: AgentSession) -> int:
+    """The runtime's listeners on the session's ``close`` (livekit has its own)."""
+    return sum(isinstance(fn, Listener) for fn in lk.listeners(session).get("close", ()))
+
+
+async def test_alone_the_link_hears_its_sessions_close_by_the_path_a_job_takes() -> None:
+    """Used alone, the link listened to its session's ``close`` itself, and in a job the
+    session machine's declared link told it: two paths, which differed before (a failed
+    close told nobody in one of them). Now a link alone builds a session machine of its
+    own: the close reaches the participant machine after the session machine heard it,
+    exactly as in a job, and ``aclose()`` lets that machine go: no listener of the link's
+    is left on the session."""
+    alone, following, left = await _close_heard(alone=True)
+    composed, _, _ = await _close_heard(alone=False)
+    link_path = [(m, e, s, d) for m, e, s, d in alone if m == "participant"]
+    assert link_path == [
+        ("participant", "participant_connected", "waiting", "linked"),
+        ("participant", "participant_disconnected", "linked", "closing"),
+        ("participant", "session_closed", "closing", "closed"),
+    ]
+    assert link_path == [row for row in composed if row[0] == "participant"]
+    closes = [(m, e) for m, e, _, _ in alone if e == "session_closed"]
+    assert closes == [("session", "session_closed"), ("participant", "session_closed")]
+    assert closes == [(m, e) for m, e, _, _ in composed if e == "session_closed"]
+    assert (following, left) == (1, 0)  # its own session machine's, then taken back
+
+
+async def test_a_trace_of_a_link_used_alone_is_read_by_the_trace_tools(
+    world: World, tmp_path: Path
+) -> None:
+    """A link used alone now traces its own session machine's steps beside its own:
+    ``replay`` agrees with both machines, ``record`` and ``timeline`` read the trace."""
+    path = tmp_path / "link.jsonl"
+    sink = JsonlSink(path)
+    world.room.add_participant("u")
+    await world.start_session()
+    link = world.link(tracer=Tracer(sink))
+    link.start()
+    await world.idle()
+    world.room.remove_participant("u", R.CLIENT_INITIATED)
+    assert await world.session_closed() == CloseReason.PARTICIPANT_DISCONNECTED
+    await link.aclose()
+    sink.close()
+    report = replay_file(path)
+    assert report.ok and report.instances == {"participant": 1, "session": 1}
+    assert main(["record", str(path), "-o", str(tmp_path / "link.yaml")]) == 0
+    assert main(["timeline", str(path), "-o", str(tmp_path / "link.html")]) == 0

@@ -20,10 +20,12 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, CloseReason
 from livekit.agents.voice.events import CloseEvent
 
-from agent_runtime import AgentJob, Event
+from agent_runtime import AgentJob, Event, Tracer
+from agent_runtime.emitter import Listener
 from agent_runtime.runtimes.avatar import SegmentFlushed
 from agent_runtime.runtimes.playout import PlayoutTracker
 from agent_runtime.runtimes.routing import hear_reports
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.room_audio import room_output_source
 from agent_runtime.settings import SettingError, SettingTypeError
 from agent_runtime.testing.inmemory import InMemoryRoom
@@ -994,6 +996,47 @@ async def test_a_tracker_built_by_hand_hears_its_avatars_reports_from_the_same_t
     for name in ("segment_flushed", "playback_finished"):
         assert not rig.lifecycle._events.get(name)
     await rig.aclose()
+
+
+async def test_a_tracker_built_by_hand_hears_its_sessions_close_by_the_path_a_job_takes() -> None:
+    """Alone, the tracker listened to its session's ``close`` itself; now, as in a job, a
+    session machine hears it (the tracker's own) and its declared link closes the
+    playout machine. Its avatar, which it does not own, stays as it was (in a job the
+    same link closes it), and ``aclose()`` leaves no listener of the tracker's on the
+    session."""
+    from tests.support.avatar_rig import Rig
+
+    rig = Rig()
+    tracker = PlayoutTracker(
+        rig.session, avatar=rig.lifecycle, clock=rig.clock, tracer=Tracer(rig.trace)
+    )
+    tracker.start()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await rig.clock.advance(0)
+    assert (tracker.state, rig.lifecycle.state) == ("idle", "joined")
+    assert ours(rig.session) == 1  # its own session machine's
+    await rig.session.aclose()
+    for _ in range(3):
+        await rig.clock.advance(0)
+    closes = [
+        (r.machine, r.event, r.dest)
+        for r in rig.trace.records
+        if r.kind == "transition"
+        and r.machine in ("session", "playout", "avatar")
+        and r.event in ("session_closed", "close")
+    ]
+    assert closes == [("session", "session_closed", "new"), ("playout", "close", "closed")]
+    assert rig.lifecycle.state == "joined"
+    await tracker.aclose()
+    assert ours(rig.session) == 0
+    await rig.aclose()
+
+
+def ours(session: AgentSession[Any]) -> int:
+    """The runtime's listeners on the session's ``close`` (livekit has its own)."""
+    return sum(isinstance(fn, Listener) for fn in lk.listeners(session).get("close", ()))
 
 
 async def test_closing_releases_every_listener_and_task() -> None:

@@ -49,6 +49,7 @@ class MachineRuntime(OwnedEmitter[E]):
     the machine's."""
 
     actor: Actor
+    wiring: Wiring  # the links its effects fire and that reach it (``_run_machine``)
     # what ``on`` takes (a typo is refused, not a listener that never runs); a runtime that
     # emits more events names them all
     _EVENT_NAMES: frozenset[str] | None = frozenset({"state_changed"})
@@ -67,13 +68,16 @@ class MachineRuntime(OwnedEmitter[E]):
         effect_timeout: float = 5.0,
         hear: Hear | None = None,
         wiring: Wiring | None = None,
+        post: Callable[[Event], None] | None = None,
     ) -> Actor:
-        """Build ``self.actor``: ``effects`` is the class's table (``effect_table``), the
-        guards read ``facts`` (this runtime when not given), ``wiring`` fires the links of
-        its effects as they succeed. ``hear``: who hears the actor's changes first (a part
-        that only forwards them lets its owner hear the actor itself); by default this
-        runtime's ``_on_state``. The parts are checked first (``check_part``): a clock, tracer
-        or scheduler of the wrong type is refused naming it, before the actor exists."""
+        """Build ``self.actor`` and ``self.wiring``: ``effects`` is the class's table
+        (``effect_table``), the guards read ``facts`` (this runtime when not given). The
+        links (``wiring``: the job's, or used alone links of its own) fire those of its
+        effects as they succeed, and reach it by ``post``.
+        ``hear``: who hears the actor's changes first (a part that only forwards them lets
+        its owner hear the actor itself); by default this runtime's ``_on_state``. The
+        parts are checked first (``check_part``): a clock, tracer or scheduler of the wrong
+        type is refused naming it, before the actor exists."""
         check_parts(clock=clock, tracer=tracer, scheduler=scheduler)
         actor = Actor(
             spec,
@@ -89,8 +93,10 @@ class MachineRuntime(OwnedEmitter[E]):
             effect_timeout=effect_timeout,
             owner=hear if hear is not None else self._on_state,
         )
-        if wiring is not None:
-            wiring.bind(actor)
+        self.wiring = wiring or Wiring()
+        self.wiring.bind(actor)
+        if post is not None:
+            self.wiring.connect(spec.name, post)
         self.actor = actor
         return actor
 

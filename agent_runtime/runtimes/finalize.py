@@ -69,7 +69,6 @@ class FinalizeAnswer(MachineRuntime[str]):
     ) -> None:
         super().__init__()
         self._send = send
-        self._wiring = wiring if wiring is not None else Wiring()
         self._simulation = simulation
         self._on_simulation_end = on_simulation_end
         self._on_answered = on_answered
@@ -90,9 +89,9 @@ class FinalizeAnswer(MachineRuntime[str]):
             scheduler=scheduler,
             effect_timeout=reply_timeout,
             hear=owner,  # its owner (the host) hears the actor itself: nothing to add
-            wiring=self._wiring,
+            wiring=wiring,
+            post=self._post,
         )
-        self._wiring.connect("finalize", self._post)
 
     @property
     def answered(self) -> bool:

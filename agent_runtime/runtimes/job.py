@@ -190,6 +190,8 @@ class JobRuntime(MachineRuntime[str]):
             clock=self._clock,
             tracer=tracer,
             scheduler=scheduler,
+            wiring=self.wiring,
+            post=self._post_linked,
         )
         self._label_room(room)  # a failing listener of its own names the room
         # asked for by anyone, run once the job's closing work allows it
@@ -213,7 +215,6 @@ class JobRuntime(MachineRuntime[str]):
             instance=instance,
             owner=self._emit_state,
         )
-        self.wiring.connect("job", self._post_linked)
         self.wiring.connect("room_deletion", self.deletion.post)
 
     def _timeouts(self) -> Mapping[str, float | None]:
@@ -359,8 +360,7 @@ class JobRuntime(MachineRuntime[str]):
         return after(self.actor.release(), self._release_host)
 
     def _release_host(self) -> asyncio.Future[None] | None:
-        host = self.host.release()
-        sessions = self.sessions.release_now()
+        host, sessions = self.host.release(), self.sessions.release_now()
         self._release_listeners()
         return ending(host, sessions)
 

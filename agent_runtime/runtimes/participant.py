@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from livekit.agents import AgentSession, CloseReason
-from livekit.agents.voice.events import CloseEvent
 from livekit.agents.voice.room_io import RoomIO
 
 from agent_runtime._messages import StateChanged
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import Clock
-from agent_runtime.emitter import Listener, event_names
+from agent_runtime.emitter import event_names
 from agent_runtime.observe.trace import Tracer, describe
 from agent_runtime.parts import check_part
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_instance, released
@@ -42,6 +41,7 @@ from agent_runtime.runtimes.room_events import (
     kind_name,
 )
 from agent_runtime.runtimes.routing import Wiring, follow
+from agent_runtime.runtimes.sessions import own_sessions
 from agent_runtime.scheduler import Scheduler
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import (
@@ -68,8 +68,8 @@ LinkEvents = Literal["state_changed", "close_timed_out"]
 class SessionCloseTimedOut:
     """Emitted as ``close_timed_out``: the session's close did not end within ``after``
     seconds, or ``error`` says why it failed (then ``after`` is 0: it could not be asked,
-    or, with no job's wiring, its teardown failed or an earlier one had stopped the
-    session); the link is ``closed``. ``reason`` is a shutdown reason for the job."""
+    its teardown failed or an earlier one had stopped the session); the link is
+    ``closed``. ``reason`` is a shutdown reason for the job."""
 
     identity: str | None  # the participant whose departure started the close
     after: float
@@ -90,7 +90,9 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
 
     In a composed job pass ``wiring`` (the job's declared links): the session's close and
     the link's own close reach the machine through it, and ``close_timed_out`` shuts the
-    job down through it. The link is itself the facts view its guards read
+    job down through it. Alone, the link has links of its own and a session machine of its
+    own (``own_sessions``), from ``start()`` to ``aclose()``: the session's close comes
+    by the same declared link. The link is itself the facts view its guards read
     (``statemachines.glue.ParticipantFacts``).
     """
 
@@ -129,16 +131,12 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         self.grace_period = float(grace_period)
         self.session_close_timeout = float(session_close_timeout)
         self._identity: str | None = None
-        self._wiring = wiring
         # what the link holds: its room subscription while it follows (from start() to
         # the close); the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
         # what the room's participants did between listen() and start(), in order: the
         # machine hears it once the session's room input exists to act on it
         self._held: list[Event] = []
-        # alone, the link follows its session's close itself (composed, the job's wiring
-        # delivers it, as the links declare)
-        self._session_close_listener = Listener(self._on_session_close) if wiring is None else None
         self._warned_room_io = False
         # why each participant last left (as heard), for the log line of a drop the machine
         # waits on
@@ -152,10 +150,10 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             tracer=tracer,
             scheduler=scheduler,
             wiring=wiring,
+            post=self._post_linked,
         )
         self._label_room(room_events.room)  # a failing listener of its own names the room
-        if wiring is not None:
-            wiring.connect("participant", self._post_linked)
+        self._own_sessions = own_sessions(wiring, self.actor, self._post_linked, session)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         # without close_on_disconnect a departure never closes: grace waits with no timer
@@ -231,8 +229,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             # someone the link may follow is here now: the room as it is decides, as RoomIO
             # picks (what happened meanwhile decides only when nobody is left to follow)
             held = present
-        if self._session_close_listener is not None:  # taken back with the room's
-            self.session.on("close", self._session_close_listener)
+        if self._own_sessions is not None:  # let go with the room's subscription
+            self._own_sessions.follow(self.session)
         self.room_events.start()
         self.actor.start()
         for event in held:
@@ -267,8 +265,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
-            if self._session_close_listener is not None:
-                self.session.off("close", self._session_close_listener)
+        if self._own_sessions is not None:  # its listener goes now; its close runs no effect
+            self._own_sessions.release_now()
 
     def _on_state(self, change: StateChanged) -> None:
         if change.dest == "grace" and change.source == "linked":
@@ -291,13 +289,9 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         super()._on_state(change)
 
     # -- inputs ----------------------------------------------------------------------------
-    def _on_session_close(self, ev: CloseEvent) -> None:
-        reason = getattr(ev, "reason", None)
-        self._post(Event("session_closed", {"reason": getattr(reason, "value", str(reason))}))
-
     def _post_linked(self, event: Event) -> None:
-        """An event the job's wiring brings: the session's close, or the link's own close
-        (the job's close)."""
+        """An event its links bring: the session's close (from the job's session machine,
+        or its own), or the link's own close (the job's close)."""
         if event.name == "close":
             # the link's machine closes now; the job's teardown releases it (aclose())
             self._unhook()
@@ -338,10 +332,10 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         task = lk.session_closing_task(self.session)
         if not isinstance(task, asyncio.Future):
             return
-        # the session says it closed with its `close` event (composed, to the session
-        # machine, whose links tell this one; alone, to the link's own listener), heard
-        # once. A close that never says so (its teardown failed, or the session had
-        # stopped without closing) is told by the task's end: close_failed
+        # the session says it closed with its `close` event (to the session machine, the
+        # job's or its own, whose links tell this one), heard once. A close that never says
+        # so (its teardown failed, or the session had stopped without closing) is told by
+        # the task's end: close_failed
         task.add_done_callback(functools.partial(self._on_close_task_done, stopped))
 
     def _fx_report_close_timed_out(self, ev: Event) -> Output:
@@ -369,7 +363,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         elif stopped:
             # it ended without `close`: the session had stopped without closing (its own
             # close failed before), and will never say it closed. A close of a running
-            # session that ends well said `close`, heard once (its listener, or the links)
+            # session that ends well said `close`, heard once (by the links)
             detail = "the session had stopped without closing: an earlier close failed"
             self._post(Event("close_failed", {"detail": detail}))
 

@@ -8,8 +8,9 @@ that hangs or leaves never sends, so upstream the agent stays "speaking" and the
 ``PlayoutTracker`` follows, without changing them:
 
 - the session's own events: ``speech_created``, ``agent_state_changed``,
-  ``user_state_changed``, ``close``, and each speech handle's interruption (its public
-  ``wait_if_not_interrupted``);
+  ``user_state_changed``, and each speech handle's interruption (its public
+  ``wait_if_not_interrupted``); its ``close`` through the ``session`` machine's link (the
+  job's, or alone one of its own: ``sessions.own_sessions``);
 - the avatar lifecycle (``AvatarLifecycle``, when the job has one): its state changes
   (``statemachines.system.WATCHES``) and its reports of the plugin's sink
   (``statemachines.system.REPORTS``: ``segment_flushed``, the session's audio reached the
@@ -44,7 +45,6 @@ from typing import Any, Literal
 from livekit.agents import AgentSession, CloseReason
 from livekit.agents.voice.events import (
     AgentStateChangedEvent,
-    CloseEvent,
     SpeechCreatedEvent,
     UserStateChangedEvent,
 )
@@ -66,6 +66,7 @@ from agent_runtime.runtimes._base import (
 from agent_runtime.runtimes.avatar import AvatarLifecycle, PlaybackReport, SegmentFlushed
 from agent_runtime.runtimes.participant import ParticipantLink
 from agent_runtime.runtimes.routing import Hearer, Wiring, hear_reports
+from agent_runtime.runtimes.sessions import own_sessions
 from agent_runtime.scheduler import Scheduler, ending
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.settings import PlayoutOptions, check_setting
@@ -223,24 +224,13 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         self.session = session
         self._avatar = avatar
         self._link = link
-        # the links the machine's effects post (statemachines.links.LINKS): the job's, or
-        # this tracker's own to its avatar
-        # what it follows of the session, from start() to its close; composed, the
-        # session's close comes through the job's links (one listener for it per job),
-        # alone the tracker follows it itself
+        # what it follows of the session, from start() to its close; the session's close
+        # comes by the links, from the job's session machine or its own (own_sessions)
         self._follows: dict[str, Callable[..., None]] = {
             "speech_created": Listener(self._on_speech_created),
             "agent_state_changed": Listener(self._on_agent_state),
             "user_state_changed": Listener(self._on_user_state),
         }
-        alone = wiring is None
-        if wiring is None:
-            self._follows["close"] = Listener(self._on_session_close)
-            wiring = Wiring()
-            if avatar is not None:
-                wiring.connect("avatar", avatar.post_linked)  # as the job's links reach it
-        else:
-            wiring.connect("playout", self._post)
         self._clock: Clock = clock or AsyncioClock()
         self._on_reprompt = on_reprompt or default_reprompt(opts.reprompt_instructions)
         self._reprompts = 0  # in a row, since the user last spoke
@@ -263,9 +253,13 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             tracer=tracer,
             scheduler=scheduler,
             wiring=wiring,
+            post=self._post,
         )
-        if alone:  # its avatar's reports, as the job system would connect them; once built,
-            # so that a tracker refused above leaves its avatar as it was
+        self._own_sessions = own_sessions(wiring, self.actor, self._post, session)
+        if self._own_sessions is not None and avatar is not None:
+            # alone, its avatar hears its links and it hears its avatar's reports, as in a
+            # job; once built, so that a tracker refused above leaves its avatar as it was
+            self.wiring.connect("avatar", avatar.post_linked)
             self._unhear = hear_reports({"avatar": avatar}, {"playout": self.hearer()})
 
     def _timeouts(self) -> Mapping[str, float | None]:
@@ -298,6 +292,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             return
         self.actor.start()
         listen(self.session, self._follows)
+        if self._own_sessions is not None:  # alone: its close, by its own session machine
+            self._own_sessions.follow(self.session)
 
     def playout_bound(self) -> float:
         """How long the avatar has, from now, to report the audio it was given: what is left
@@ -340,6 +336,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _stop(self) -> asyncio.Future[Any] | None:
         stopped = self.actor.release()
         unlisten(self.session, self._follows)  # nothing to take back if never started
+        if self._own_sessions is not None:  # its listener goes now; its close runs no effect
+            self._own_sessions.release_now()
         if self._unhear is not None:  # composed, the job takes its connections back
             self._unhear()
         for t in self._speeches:
@@ -381,9 +379,6 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking":
             self._post(Event("user_speaking"))
-
-    def _on_session_close(self, ev: CloseEvent) -> None:
-        self._post(Event("close", {"reason": str(getattr(ev.reason, "value", ev.reason))}))
 
     def _post(self, event: Event) -> None:
         """An event for the machine while it follows the session (started, not released).

@@ -168,8 +168,8 @@ class JobSessionHost(MachineRuntime[str]):
             # closing the finalize answer may wait for a reply under way, then its own
             effect_timeout=max(5.0, 2 * drain_timeout),
             wiring=self.wiring,
+            post=self._post,
         )
-        self.wiring.connect("session_host", self._post)
 
     def _timeouts(self) -> Mapping[str, float | None]:
         return {"drain_timeout": self._drain_timeout}

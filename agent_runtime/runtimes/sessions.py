@@ -1,12 +1,12 @@
 """``JobSessions``: the job's sessions as the ``session`` machine hears them.
 
-Built beside the job machine (by ``JobSystem``, or by ``JobRuntime`` alone). One listener
-per session the job follows (``follow``) hears the SDK's ``close`` event and hands each
-close to the machine as ``session_closed``; the machine's effects tell the others through
-the declared links (the session host; for the job's own session also the participant
-link, the avatar and playout). A start of the job takes its own session through the
-machine too (``claim``): a second start is the machine's reject cell. See
-``statemachines.session``.
+Built beside the job machine (by ``JobSystem``, or by ``JobRuntime`` alone; by a link or a
+tracker used alone, ``own_sessions``). One listener per session the job follows
+(``follow``) hears the SDK's ``close`` event and hands each close to the machine as
+``session_closed``; the machine's effects tell the others through the declared links (the
+session host; for the job's own session also the participant link, the avatar and
+playout). A start of the job takes its own session through the machine too (``claim``): a
+second start is the machine's reject cell. See ``statemachines.session``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from livekit.agents import AgentSession
 
-from agent_runtime.actor import ActorClosed, Event, EventRejected, Output, effect_table
+from agent_runtime.actor import Actor, ActorClosed, Event, EventRejected, Output, effect_table
 from agent_runtime.clock import Clock
 from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
@@ -124,6 +124,31 @@ class JobSessions(MachineRuntime[str]):
 
     def _fx_report_own_closed(self, ev: Event) -> Output:
         return Output(dict(ev.data))
+
+
+def own_sessions(
+    job_wiring: Wiring | None,
+    beside: Actor,
+    post: Callable[[Event], None],
+    session: AgentSession[Any],
+) -> JobSessions | None:
+    """The session machine that tells ``beside``'s runtime (by ``post``) its session's
+    close: in a job (``job_wiring``) the job's, so None; used alone one of its own, on its
+    clock, tracer and scheduler, whose links reach that runtime only: the close comes by
+    the same declared link. It hears ``session`` from ``follow`` until ``release_now()``."""
+    if job_wiring is not None:
+        return None
+    name = beside.instance  # its session's name in traces, the runtime's
+    own = JobSessions(
+        session,
+        label=lambda _: name,
+        clock=beside.clock,
+        tracer=beside.tracer,
+        scheduler=beside.scheduler,
+        instance=name,
+    )
+    own.wiring.connect(beside.spec.name, post)
+    return own
 
 
 # the session machine's handlers, shared by every job (Handlers binds them)

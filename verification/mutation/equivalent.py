@@ -357,7 +357,8 @@ BY_HAND: tuple[tuple[str, str], ...] = (
     (
         "session (closed, start) reject -> *",
         (
-            "the same refusal: the machine is closed only by the job runtime's release, "
+            "the same refusal: the job's machine is closed only by the job runtime's "
+            "release (a runtime used alone closes only its own, which nothing claims), "
             "after the lifecycle left running (begin() refuses every start there), so a "
             "claim meets closed only when the job closed on its own while a start was "
             "between begin() and its claim; the claim refused says 'the job was closed "

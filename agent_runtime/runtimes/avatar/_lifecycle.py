@@ -114,9 +114,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             scheduler=scheduler,
             # closing the plugin gets the same budget as starting it
             effect_timeout=join_timeout,
+            wiring=wiring,
+            post=self.post_linked,  # the job's links reach it (the session's close)
         )
-        if wiring is not None:  # composed: the job's links reach it (its session's close)
-            wiring.connect("avatar", self.post_linked)
 
     # -- public ----------------------------------------------------------------------------
     @property
