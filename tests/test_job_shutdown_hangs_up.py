@@ -57,3 +57,41 @@ async def test_the_agent_that_ends_its_call_in_a_simulation_is_off_the_call_duri
     await simulator.finalize_simulation(provisional_success=True)
     await run_entrypoint.wait_ended()
     assert job.states["job"] == "closed" and job.finalize_answered
+
+
+class _EndsAtOnce(Agent):
+    """An agent with nothing to do: it ends the call from ``on_enter``, while the session
+    is still starting."""
+
+    def __init__(self, job: AgentJob) -> None:
+        super().__init__(instructions="test")
+        self._job = job
+
+    async def on_enter(self) -> None:
+        self._job.shutdown("nothing to do")
+
+
+async def test_an_agent_that_ends_its_call_while_starting_is_off_the_call_during_the_hold(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    simulator: RemoteSession,
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(_EndsAtOnce(job))
+
+    agent_room.add_participant("user")
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(server, simulation=True)
+    await run_entrypoint.wait_for("session", "ended")
+    await virtual_clock.advance(5)
+    assert job.states["job"] == "awaiting_finalize"
+    assert job.states["participant"] == "closed" and job.close_reason == "job_shutdown"
+
+    await simulator.finalize_simulation(provisional_success=True)
+    await run_entrypoint.wait_ended()
+    assert job.states["job"] == "closed" and job.finalize_answered

@@ -336,6 +336,8 @@ class JobSystem(MachineRuntime[str]):
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
         self._live_route = route_of(self.session)
         self.link.start()
+        if self.job.actor.state != "serving":
+            self.hang_up()  # the end was asked while it started (its agent's on_enter, say)
 
     # -- ending ------------------------------------------------------------------------------
     async def aclose(self, *, graceful: bool) -> None:
