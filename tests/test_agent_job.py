@@ -531,6 +531,8 @@ async def test_a_production_trace_records_every_machine(
         ("team/standup", "team_standup.jsonl"),
         ("..", "__.jsonl"),
         ("{job_id}", "{job_id}.jsonl"),  # filled in once: a name is no template
+        # 128 characters of 3 bytes each: past the system's 255 bytes, so no trace at all
+        pytest.param("会議室" * 60, "会議室" * 14 + ".jsonl", id="non-latin-long"),
     ],
 )
 async def test_a_room_name_filled_into_the_trace_path_stays_one_file_name(

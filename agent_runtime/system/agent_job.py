@@ -345,9 +345,11 @@ class AgentJob(Emitter[Events]):
 
     # -- ending ------------------------------------------------------------------------------
     def shutdown(self, reason: str = "") -> None:
-        """Ask the job to end: it holds for the simulator if one can still ask, then closes.
-        Inside a livekit job, livekit's end is given ``reason`` too, as by ``ctx.shutdown``."""
+        """Ask the job to end: its session closes, then it holds for the simulator if one
+        can still ask, then closes. Inside a livekit job, livekit's end is given ``reason``
+        too, as by ``ctx.shutdown``."""
         self.job.shutdown(reason)  # refuses a reason that is no str, changing nothing
+        self.system.hang_up()  # as ctx.shutdown: no hold with the agent still on the call
         if self.system.job_context is not None:
             agent_asked(self.system.job_context, reason)
 

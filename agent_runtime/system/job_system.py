@@ -336,6 +336,8 @@ class JobSystem(MachineRuntime[str]):
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
         self._live_route = route_of(self.session)
         self.link.start()
+        if self.job.actor.state != "serving":
+            self.hang_up()  # the end was asked while it started (its agent's on_enter, say)
 
     # -- ending ------------------------------------------------------------------------------
     async def aclose(self, *, graceful: bool) -> None:
@@ -390,11 +392,15 @@ class JobSystem(MachineRuntime[str]):
 
     # -- the lifecycle's effects -------------------------------------------------------------
     # the job machine hears them through the declared links (statemachines.links.LINKS)
-    def _fx_ask_shutdown(self, _ev: Event) -> Output:
-        # livekit's order (_shutdown_job): the primary session closes first, then the job
-        # holds for a verdict (on_session_end); the job's own host answers it meanwhile
+    def hang_up(self) -> None:
+        """livekit's order (``_shutdown_job``): the primary session closes first, then the
+        job holds for a verdict (``on_session_end``); the job's own host answers it
+        meanwhile. A session left live would stay on the call through the hold."""
         if lk.session_live(self.session):
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
+
+    def _fx_ask_shutdown(self, _ev: Event) -> Output:
+        self.hang_up()
         return Output({"reason": LIFECYCLE_SHUTDOWN})
 
     def _fx_ask_abort(self, _ev: Event) -> Output:

@@ -66,9 +66,11 @@ _UNSAFE = re.compile(r'[/\\\x00-\x1f:*?"<>|]')
 
 
 def _file_part(name: str) -> str:
-    """``name`` as one file-name part: unsafe characters as ``_``, at most 128 of them,
-    never ``.`` or ``..``."""
-    part = _UNSAFE.sub("_", name)[:128]
+    """``name`` as one file-name part: unsafe characters as ``_``, at most 128 bytes of
+    UTF-8 (whole characters), never ``.`` or ``..``."""
+    # bytes, not characters: the system's limit is 255 bytes, which 128 characters of a
+    # non-Latin room name pass (no trace file at all)
+    part = _UNSAFE.sub("_", name).encode(errors="replace")[:128].decode(errors="ignore")
     return part if part.strip(".") else part.replace(".", "_") or "_"
 
 

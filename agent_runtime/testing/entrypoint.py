@@ -48,6 +48,7 @@ from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.room_audio import pace_room_audio
+from agent_runtime.testing.server_api import KitRoomService, KitServerApi
 from agent_runtime.testing.user_code import (
     JOB_SIDE,
     TasksLeftRunning,
@@ -333,6 +334,10 @@ class EntrypointRunner:
             # livekit's own deletion (EndCallTool's delete_room=True) on the room too: a
             # fake job's logs "not executed while in console mode" and does nothing
             ctx.delete_room = self._ctx_delete_room  # type: ignore[method-assign]
+            # and the server client livekit's AvatarSession.aclose() removes its avatar with
+            ctx.api = KitServerApi(  # type: ignore[assignment]
+                KitRoomService(self.room.name, self._remove_avatar, self._ctx_delete_room)
+            )
             ctx.connect = _first_connect(ctx, self.room)  # type: ignore[method-assign,assignment]
             if simulation is not False:
                 dispatch = (
