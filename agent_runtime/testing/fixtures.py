@@ -144,9 +144,10 @@ async def run_entrypoint(
 @pytest.fixture
 def fuzz_entrypoint(tmp_path: Any) -> Callable[..., Any]:
     """``fuzz_entrypoint(server, *checks, examples=1000, seed=None, steps=25, avatar=True,
-    simulation=True, out=None)``: fuzz the entrypoint; returns the ``FuzzReport`` when
-    nothing was found, fails the test with the shrunk sequence, its seed and the scenario
-    file written (``out``, by default the test's temporary directory) otherwise."""
+    simulation=True, logs=False, out=None)``: fuzz the entrypoint; returns the
+    ``FuzzReport`` when nothing was found, fails the test with the shrunk sequence, its
+    seed, the failing run's log and the scenario file written (``out``, by default the
+    test's temporary directory) otherwise."""
 
     def fuzz_entrypoint(
         server: Any, *checks: Callable[..., Any], out: Any = None, **options: Any

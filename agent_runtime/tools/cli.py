@@ -190,6 +190,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     fz.add_argument("--no-avatar", action="store_true", help="no avatar stands in for the plugin")
     fz.add_argument("--no-simulation", action="store_true", help="a plain job, no simulator")
+    fz.add_argument(
+        "--logs",
+        action="store_true",
+        help="every run's log as it comes (INFO and above on stderr, unless the agent sets up "
+        "logging itself), rather than only the failing run's, in its report",
+    )
     fz.set_defaults(module="agent_runtime.tools.commands.fuzz")
 
     dif = sub.add_parser(

@@ -481,7 +481,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     def _on_playback_finished_rpc(self, data: rtc.RpcInvocationData) -> str:
         # the plugin's sink names who reports its playback (its destination), whatever the
         # avatar participant is called
-        report = accept_playback_report(data, self.report_identity)
+        report = accept_playback_report(data, self.report_identity, self.actor.report)
         adopted = self._adopted
         if adopted is not None and adopted.is_late(report, self._clock.now()):
             return "ok"  # not for the audio it plays now (logged)

@@ -291,11 +291,16 @@ def release_playback_rpc(room: rtc.Room, handler: Callable[[rtc.RpcInvocationDat
         logger.debug("could not unregister %s", RPC_PLAYBACK_FINISHED, exc_info=True)
 
 
-def accept_playback_report(data: rtc.RpcInvocationData, identity: str) -> PlaybackReport:
+def accept_playback_report(
+    data: rtc.RpcInvocationData, identity: str, report: Callable[..., None]
+) -> PlaybackReport:
     """The report in an ``lk.playback_finished`` call from ``identity``; ``rtc.RpcError``
-    (the caller's answer) for a call from anyone else or a malformed payload."""
+    (the caller's answer) for a malformed payload or a call from anyone else (logged
+    through ``report``, the avatar actor's: the line names its job)."""
     if data.caller_identity != identity:
-        logger.warning(
+        report(
+            logger,
+            logging.WARNING,
             "%s refused from %r (the avatar's sink streams to %r)",
             RPC_PLAYBACK_FINISHED,
             data.caller_identity,

@@ -30,6 +30,7 @@ from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled
+from agent_runtime.testing.fuzz.runlog import RunLog
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.result import refusal
@@ -61,7 +62,7 @@ class Harness:
     """Runs scenario steps against ``server``'s entrypoint; ``close()`` ends the job as the
     test's end does and releases everything."""
 
-    def __init__(self, server: Any, config: sc.Config) -> None:
+    def __init__(self, server: Any, config: sc.Config, *, keep_logs: bool = True) -> None:
         self.server = server
         self.config = config
         self.clock = VirtualClock()
@@ -92,11 +93,17 @@ class Harness:
         self.failures_at_end = 0
         self.listeners_before: list[tuple[str, Any]] = []
         self._reader: asyncio.Task[None] | None = None
-        self._quiet = _UnaskedVerdict(self)
+        # the run's records, kept for its report rather than printed (none: printed)
+        self.log: RunLog | None = None
+        if keep_logs:
+            self.log = RunLog(self.clock, JOB_ID, self.room.name, self._hears)
 
     # -- set-up --------------------------------------------------------------------------
     async def open(self, participants: tuple[sc.Participant, ...]) -> None:
-        _JOB_LOG.addFilter(self._quiet)
+        """The room as the run starts; the run's log taken from here until ``release_log``
+        (``close`` does it)."""
+        if self.log is not None:
+            self.log.install()
         if self.config.room_connected:
             self.room.connect_locally()
         self.listeners_before = lk.emitter_listeners(self.room)
@@ -346,34 +353,19 @@ class Harness:
         self.release_log()
 
     def release_log(self) -> None:
-        """Stop sifting the job's log (``close`` does; a run cut short calls it alone)."""
-        _JOB_LOG.removeFilter(self._quiet)
+        """Stop taking the run's log (``close`` does; whoever opened the run calls it in a
+        ``finally`` too, for a run cut short): what was kept stays in ``log_lines``."""
+        if self.log is not None:
+            self.log.remove()
 
-    def simulator_asked(self) -> bool:
-        """The run's simulator sent a ``finalize_simulation``."""
-        return any(
-            s.caller == SIMULATOR and s.request == "finalize_simulation" for s in self.sent.values()
-        )
+    def log_lines(self) -> list[str]:
+        """The run's records kept for its report (none when they were printed)."""
+        return self.log.report_lines() if self.log is not None else []
 
-
-_JOB_LOG = logging.getLogger("agent_runtime.job")
-
-
-class _UnaskedVerdict(logging.Filter):
-    """The job's warning that its hold ended without the simulator's verdict, in a run
-    whose simulator never asked for it: the drawn world's own choice (a simulator that
-    stays silent), which the job met as it should (the hold ran its bound, or the room the
-    run deleted ended it), and nothing the agent lost: a passing fuzz logged it for every
-    such run. A verdict the simulator asked for and did not get still warns."""
-
-    def __init__(self, harness: Harness) -> None:
-        super().__init__()
-        self.harness = harness
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        lost = "without the simulator's verdict" in str(record.msg)
-        ours = getattr(record, "job_id", None) == JOB_ID  # another job's is left alone
-        return not (lost and ours) or self.harness.simulator_asked()
+    def _hears(self) -> logging.Handler | None:
+        # the run's UserFailures, while it listens: what it would have heard, it hears
+        failures = self.runner.failures
+        return failures if failures in logging.getLogger().handlers else None
 
 
 _CLOSING = ("CLIENT_INITIATED", "ROOM_DELETED", "USER_REJECTED")

@@ -42,10 +42,11 @@ GAPS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 class FuzzFailure(AssertionError):
     """Properties that did not hold in one run: its problems and its scenario."""
 
-    def __init__(self, problems: list[Problem], scenario: dict[str, Any]) -> None:
+    def __init__(self, problems: list[Problem], scenario: dict[str, Any], logs: list[str]) -> None:
         super().__init__("; ".join(str(p) for p in problems))
         self.problems = problems
         self.scenario = scenario
+        self.logs = logs  # the run's log lines kept for the report (Harness.log_lines)
 
 
 class CheckStopped(BaseException):
@@ -120,8 +121,8 @@ def _sdk_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, A
     logger.debug("background task ended: %s", context.get("exception") or context.get("message"))
 
 
-async def _harness(server: Any, config: sc.Config) -> Harness:
-    return Harness(server, config)
+async def _harness(server: Any, config: sc.Config, keep_logs: bool) -> Harness:
+    return Harness(server, config, keep_logs=keep_logs)
 
 
 async def _gathered(tasks: set[asyncio.Task[Any]]) -> None:
@@ -130,10 +131,11 @@ async def _gathered(tasks: set[asyncio.Task[Any]]) -> None:
 
 
 def make_machine(
-    server: Any, config: sc.Config, checks: list[Check], stats: Stats
+    server: Any, config: sc.Config, checks: list[Check], stats: Stats, *, keep_logs: bool = True
 ) -> type[RuleBasedStateMachine]:
     """The state machine class for ``server``'s entrypoint under ``config`` (its avatar and
-    simulation switches say which rules exist)."""
+    simulation switches say which rules exist); ``keep_logs``: each run's log is kept for
+    a failure's report rather than printed (``Harness``)."""
     simulation = config.simulation
     avatar = config.avatar_identity
     # the user twice: most of what goes wrong in a job's life is the user's comings and
@@ -151,7 +153,7 @@ def make_machine(
             # made on the loop: the room (an rtc.Room) takes the running loop, and the
             # caller's thread (the main one, where the entrypoint runs as under livekit's
             # job process) keeps its own current loop
-            self.h = self.loop.run_until_complete(_harness(server, config))
+            self.h = self.loop.run_until_complete(_harness(server, config, keep_logs))
             self.steps: list[dict[str, Any]] = []
             self.participants: list[dict[str, Any]] = []
             self.video = False
@@ -188,7 +190,7 @@ def make_machine(
         def _fail(self, problems: list[Problem]) -> None:
             if problems:
                 self.failed = problems
-                raise FuzzFailure(problems, self.scenario())
+                raise FuzzFailure(problems, self.scenario(), self.h.log_lines())
 
         def scenario(self) -> dict[str, Any]:
             return scenario_of(config, self.participants, self.steps)

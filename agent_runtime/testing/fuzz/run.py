@@ -67,6 +67,8 @@ class FuzzOptions(BaseModel):
     avatar: bool = Field(default=True, strict=True)  # the scripted avatar stands in for the plugin
     simulation: bool = Field(default=True, strict=True)  # a simulation dispatch, its simulator
     progress_every: float = Field(default=5.0, gt=0, le=3600, strict=True)  # real seconds
+    # every run's log to your logging as it comes, rather than the failing run's in the report
+    logs: bool = Field(default=False, strict=True)
 
 
 class FuzzReport(BaseModel):
@@ -85,6 +87,7 @@ class FuzzReport(BaseModel):
     kept: str | None = None  # another file at the name, left as it was
     write_error: str | None = None  # why the scenario file could not be written
     skipped: list[str] = Field(default_factory=list)  # replay: steps the world refused
+    logs: list[str] = Field(default_factory=list)  # the failing run's log (runlog.py)
 
     @property
     def ok(self) -> bool:
@@ -102,6 +105,9 @@ class FuzzReport(BaseModel):
         if self.scenario is not None:
             lines.append("  the shortest sequence found:")
             lines += [f"    {_step_line(s)}" for s in self.scenario["steps"]]
+        if self.logs:
+            lines.append("  the run's log (the job's and livekit's records):")
+            lines += [f"    {line}" for line in self.logs]
         if self.written:
             lines.append(f"  written to {self.written} (replay: --replay {self.written})")
         if self.kept:
@@ -225,7 +231,7 @@ def _fuzz(
                 )
 
     stats.on_example = on_example
-    machine = make_machine(server, config, list(checks), stats)
+    machine = make_machine(server, config, list(checks), stats, keep_logs=not options.logs)
     test = get_state_machine_test(
         machine,
         settings=settings(
@@ -260,6 +266,7 @@ def _fuzz(
     if failure is not None:
         label = agent_label(server)
         _fill(report, failure.problems, failure.scenario, seed, label)
+        report.logs = failure.logs
         if out is not None:
             try:
                 written, kept = write_scenario(report.scenario or {}, out, f"fuzz-{label}-{seed}")
@@ -321,14 +328,19 @@ def check_replayable(scenario: sc.Scenario, source: str) -> None:
 
 
 def replay(
-    server: Any, path: str | os.PathLike[str], *, checks: Sequence[Check] = ()
+    server: Any,
+    path: str | os.PathLike[str],
+    *,
+    checks: Sequence[Check] = (),
+    logs: bool = False,
 ) -> FuzzReport:
     """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
     ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
     ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
     ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``BadCheck`` if a check cannot
-    check an outcome (as for ``fuzz``). ``server`` as for ``fuzz``: a
-    function an ``AgentServer`` of its module registered runs with that server's hooks."""
+    check an outcome (as for ``fuzz``); ``logs`` as ``FuzzOptions.logs``. ``server`` as for
+    ``fuzz``: a function an ``AgentServer`` of its module registered runs with that server's
+    hooks."""
     server = served(server)
     check_agent(server)
     _check_checks(checks)
@@ -336,12 +348,18 @@ def replay(
     check_replayable(scenario, str(path))
     began = time.monotonic()
     refused: list[str] = []
-    problems = _in_thread(lambda: on_virtual_time(_replay(server, scenario, list(checks), refused)))
+    kept: list[str] = []
+    problems = _in_thread(
+        lambda: on_virtual_time(
+            _replay(server, scenario, list(checks), refused, logs=kept, keep_logs=not logs)
+        )
+    )
     report = FuzzReport(
         seed=None, examples=1, paths=1, seconds=time.monotonic() - began, skipped=refused
     )
     if problems:
         _fill(report, problems, None, None)
+        report.logs = kept
     return report
 
 
@@ -352,16 +370,20 @@ async def _replay(
     refused: list[str] | None = None,
     *,
     probe: list[Harness] | None = None,
+    logs: list[str] | None = None,
+    keep_logs: bool = True,
 ) -> list[Problem]:
+    """The scenario's run; its log kept (``keep_logs``, else printed), its lines added
+    to ``logs``."""
     from agent_runtime.testing.fuzz import properties as props
 
     with quiet_sdk_logs(logging.ERROR):
-        h = Harness(server, scenario.config)
+        h = Harness(server, scenario.config, keep_logs=keep_logs)
         if probe is not None:
             probe.append(h)
-        await h.open(scenario.participants)
         steps = [s.model_dump() for s in scenario.steps]
         try:
+            await h.open(scenario.participants)
             for step in scenario.steps:
                 if isinstance(step, sc.End):
                     await h.advance_to(step.at)
@@ -376,8 +398,11 @@ async def _replay(
                     return problems
             return await finish(h, checks, steps)
         finally:
+            h.release_log()  # a run cut short (a step raised) leaves no filter behind
             if refused is not None:
                 refused += h.refused
+            if logs is not None:
+                logs += h.log_lines()
 
 
 def _fill(

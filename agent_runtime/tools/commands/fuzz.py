@@ -1,5 +1,5 @@
 """``agent-runtime fuzz MODULE:SERVER [--examples N] [--seed S] [--out DIR] [--replay FILE]
-[--check MODULE:FUNCTION ...] [--steps N] [--no-avatar] [--no-simulation]``.
+[--check MODULE:FUNCTION ...] [--steps N] [--no-avatar] [--no-simulation] [--logs]``.
 
 Fuzzes the lifecycle of the agent ``SERVER`` (an ``AgentServer`` with an ``rtc_session``
 entrypoint, or the entrypoint function) in ``MODULE`` (a module name or a ``.py`` file):
@@ -10,7 +10,8 @@ checked before anything runs (``--out`` created and written to; a replay file th
 cannot perform refused; the options that draw refused with ``--replay``; an entrypoint that
 builds no ``AgentJob`` refused after one plain run). Exit 0 nothing found, 1 a property
 failed (also on replay, and when the failure could not be written), 2 a usage error (one
-line on stderr).
+line on stderr). The runs' log records are kept out of the output, the failing run's
+shown in its report; ``--logs`` prints every run's as it comes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -208,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
                 **{k: _int(f"--{k}", v) for k, v in given.items() if v is not None},
                 avatar=not args.no_avatar,
                 simulation=not args.no_simulation,
+                logs=args.logs,
             )
         except ValidationError as e:
             err = e.errors()[0]
@@ -220,9 +223,12 @@ def run(args: argparse.Namespace) -> int:
         server = _server(args.agent)
         specs = args.check or []
         checks = _checks(specs)
+        if args.logs and not logging.getLogger().handlers:
+            # the agent set up no logging of its own: the records go somewhere to be seen
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         try:
             if args.replay is not None:
-                report = replay(server, Path(args.replay), checks=checks)
+                report = replay(server, Path(args.replay), checks=checks, logs=args.logs)
             else:
                 report = fuzz(server, options, checks=checks, out=out, progress=print_progress)
         except (NoAgentJob, PluginOffMainThread) as e:
