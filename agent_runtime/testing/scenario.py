@@ -235,7 +235,17 @@ class AvatarClose(_Step):
 
 
 class JobShutdown(_Step):
+    """The agent's ``job.shutdown(reason)`` (what an end-call tool calls)."""
+
     event: Literal["job.shutdown"]
+    reason: str = ""
+
+
+class CtxShutdown(_Step):
+    """livekit's ``ctx.shutdown(reason)``: the primary session closes, then the job is told
+    (``on_session_end``, the hold)."""
+
+    event: Literal["ctx.shutdown"]
     reason: str = ""
 
 
@@ -372,6 +382,7 @@ Step = Annotated[
     | AvatarStartError
     | AvatarClose
     | JobShutdown
+    | CtxShutdown
     | JobAclose
     | RoomConnected
     | RoomDisconnected
