@@ -229,6 +229,23 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
             SettingError,
             "on_reprompt given, but the watchdog is off",
         ),
+        # a trial: accepted, and the link waited for a user who is the avatar (kind agent,
+        # on the agent's behalf: never followed), as the plugin's or a factory's
+        (
+            lambda s: {"session": s, "avatar": ScriptedAvatar(), "participant_identity": "avatar"},
+            SettingError,
+            r"^participant_identity 'avatar' is the avatar's identity \(avatar_identity "
+            r"'avatar'\): the link never follows the avatar",
+        ),
+        (
+            lambda s: {
+                "session": s,
+                "avatar": lambda: ScriptedAvatar(avatar_identity="tavus-avatar"),
+                "participant_identity": "tavus-avatar",
+            },
+            SettingError,
+            r"^participant_identity 'tavus-avatar' is the avatar's identity",
+        ),
         # a callable the job would call with the wrong arguments, deep in a step
         (
             lambda s: {

@@ -499,6 +499,14 @@ TABLE: list[Bad] = [
         "name: x\nconfig: {retry_avatar: {attempts: 1}}\nsteps: [{at: 0, event: end}]\n",
         "config: retry_avatar is given without an avatar_identity",
     ),
+    # AgentJob refuses it too; the participant link waited forever for the avatar
+    scenario(
+        "participant-is-the-avatar",
+        "name: x\nconfig: {avatar_identity: av, participant_identity: av}\n"
+        "steps: [{at: 0, event: end}]\n",
+        "config: participant_identity 'av' is the avatar's identity (avatar_identity 'av'): "
+        "the link never follows the avatar, which publishes on the agent's behalf",
+    ),
     scenario(
         "expect-violations-unchecked",
         "name: x\nsteps: [{at: 0, event: end}]\nexpect: {facts: {invariant_violations: []}}\n",

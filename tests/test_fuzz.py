@@ -554,7 +554,7 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
             {"at": 0, "event": "session.start"},
             # a stranger's finalize, refused, is not the simulator's verdict
             *([_finalize(0.5, "stranger")] if stranger_first else []),
-            {"at": 1, "event": "job.shutdown"},
+            {"at": 1, "event": "ctx.shutdown"},
             _finalize(5, "simulator"),
             {"at": 400, "event": "end"},
         ],
@@ -591,7 +591,7 @@ def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
                 "identity": "user",
                 "reason": "UNKNOWN_REASON",
             },
-            {"at": 30, "event": "job.shutdown"},
+            {"at": 30, "event": "ctx.shutdown"},
             _finalize(45, "simulator"),
             {"at": 46, "event": "end"},
         ],
@@ -719,7 +719,7 @@ def test_an_on_exit_that_never_returns_is_named_and_each_run_takes_no_real_secon
     VADStream._metrics_monitor_task, ..."), the agent's code unnamed, and each run waited
     the harness's 10 real seconds for the close at every step."""
     path = tmp_path / "shutdown.yaml"
-    steps = [REPLAY_STEPS[0], {"at": 1, "event": "job.shutdown"}, {"at": 100, "event": "end"}]
+    steps = [REPLAY_STEPS[0], {"at": 1, "event": "ctx.shutdown"}, {"at": 100, "event": "end"}]
     path.write_text(yaml.safe_dump({"name": "shut down", "steps": steps}))
     began = time.monotonic()
     report = replay(planted.hung_on_exit_server(), path)
@@ -738,7 +738,7 @@ def test_a_task_the_agent_leaves_running_is_found_though_its_on_exit_hangs(
     """A close the agent's ``on_exit`` held leaves livekit's session half closed, its tasks
     not counted; the agent's own task left running was not counted either."""
     path = tmp_path / "shutdown.yaml"
-    steps = [REPLAY_STEPS[0], {"at": 1, "event": "job.shutdown"}, {"at": 100, "event": "end"}]
+    steps = [REPLAY_STEPS[0], {"at": 1, "event": "ctx.shutdown"}, {"at": 100, "event": "end"}]
     path.write_text(yaml.safe_dump({"name": "shut down", "steps": steps}))
     report = replay(planted.hung_on_exit_server(leak=True), path)
     assert len(report.problems) == 2, report.problems
@@ -791,7 +791,7 @@ def test_the_rejoin_bug_needs_its_steps_in_order() -> None:
             "identity": "user",
             "reason": "SIGNAL_CLOSE",
         },
-        {"at": 1, "event": "job.shutdown"},
+        {"at": 1, "event": "ctx.shutdown"},
         {"at": 2, "event": "participant_connected", "identity": "user"},
     ]
     reordered = [steps[0], steps[1], {**steps[3], "at": 1}, {**steps[2], "at": 2}]
@@ -1043,7 +1043,7 @@ def test_an_entrypoint_named_by_its_function_runs_with_its_servers_hooks(
         **_WITH_SIMULATOR,
         "steps": [
             {"at": 0, "event": "session.start"},
-            {"at": 1, "event": "job.shutdown"},
+            {"at": 1, "event": "ctx.shutdown"},
             _finalize(5, "simulator"),
             {"at": 400, "event": "end"},
         ],
@@ -1071,7 +1071,7 @@ def test_an_entrypoint_found_beside_a_global_that_refuses_attribute_reads(
         **_WITH_SIMULATOR,
         "steps": [
             {"at": 0, "event": "session.start"},
-            {"at": 1, "event": "job.shutdown"},
+            {"at": 1, "event": "ctx.shutdown"},
             _finalize(5, "simulator"),
             {"at": 400, "event": "end"},
         ],
@@ -1113,7 +1113,7 @@ def _replay_and_fuzz_counted(counted_agent: Any, tmp_path: Path) -> None:
         **_WITH_SIMULATOR,
         "steps": [
             {"at": 0, "event": "session.start"},
-            {"at": 1, "event": "job.shutdown"},
+            {"at": 1, "event": "ctx.shutdown"},
             _finalize(5, "simulator"),
             {"at": 400, "event": "end"},
         ],
@@ -1246,7 +1246,7 @@ def test_a_passing_run_keeps_the_jobs_verdict_warning_to_itself_unless_asked_to_
     # prints both, as they come
     steps: list[dict[str, Any]] = [
         {"at": 0, "event": "session.start"},
-        {"at": 1, "event": "job.shutdown"},
+        {"at": 1, "event": "ctx.shutdown"},
     ]
     if asks:
         steps.append(_finalize(5, "simulator"))
@@ -1293,7 +1293,7 @@ def test_an_entrypoint_two_servers_registered_with_the_same_hooks_runs_with_them
             **_WITH_SIMULATOR,
             "steps": [
                 {"at": 0, "event": "session.start"},
-                {"at": 1, "event": "job.shutdown"},
+                {"at": 1, "event": "ctx.shutdown"},
                 _finalize(5, "simulator"),
                 {"at": 400, "event": "end"},
             ],

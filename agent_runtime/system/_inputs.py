@@ -119,6 +119,23 @@ def build_avatar(
     return built, None
 
 
+def check_linked_identity(
+    participant_identity: str | None, plugin: AvatarSession[Any] | None
+) -> None:
+    """``participant_identity`` naming the avatar is refused: the avatar publishes on the
+    agent's behalf, and the link never follows it, so it would wait for its user forever."""
+    if plugin is None or participant_identity is None:
+        return
+    avatar = plugin.avatar_identity
+    if participant_identity == avatar:
+        raise SettingError(
+            f"participant_identity {participant_identity!r} is the avatar's identity "
+            f"(avatar_identity {avatar!r}): the link never follows the avatar, which "
+            "publishes on the agent's behalf; name the user's identity (or None: the first "
+            "user who joins)"
+        )
+
+
 def check_agent(agent: object) -> None:
     """``start()``'s agent, refused before anything starts when it is no ``Agent``."""
     if isinstance(agent, type) and issubclass(agent, Agent):

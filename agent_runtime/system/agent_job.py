@@ -56,6 +56,7 @@ from agent_runtime.system._inputs import (
     build_avatar,
     check_agent,
     check_avatar,
+    check_linked_identity,
     injected,
     injections,
 )
@@ -161,12 +162,14 @@ class AgentJob(Emitter[Events]):
             )
         if otel is True and isinstance(inject.get("otel"), OtelSink):
             otel = inject["otel"]
-        # a factory-built plugin's start options are the last check: only then is the trace
-        # file opened (truncated), the one thing construction changes outside this object
+        # a factory-built plugin's start options and identity are the last check: only then
+        # is the trace file opened (truncated), the one thing construction changes outside
+        # this object
         self.avatar_error: str | None = None  # why the job runs without the avatar it was given
         plugin = None
         if avatar is not None:
             plugin, self.avatar_error = build_avatar(avatar, start_options)
+            check_linked_identity(self.settings.participant_identity, plugin)
         # the span current now (job_entrypoint inside a livekit job) takes the machines'
         # events whenever no session span is running
         self._otel_context = otel_context.get_current()

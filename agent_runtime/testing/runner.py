@@ -280,9 +280,9 @@ class _Simulation:
                 raise RuntimeError("no avatar configured (config.avatar_identity)")
             await self.avatar.aclose()
         elif isinstance(step, sc.JobShutdown):
-            # livekit's order: the primary session closes, then on_session_end (the hold)
-            primary = self.sessions["a"]
-            if lk.session_started(primary):
+            self.agent_job.shutdown(step.reason)  # what the agent's end-call tool calls
+        elif isinstance(step, sc.CtxShutdown):  # livekit's order: the session, then the hold
+            if lk.session_started(primary := self.sessions["a"]):
                 lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)
             self.job.shutdown(step.reason)
         elif isinstance(step, sc.JobAclose):

@@ -161,6 +161,20 @@ class Config(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _link_never_follows_the_avatar(self) -> Config:
+        # AgentJob refuses it too, once the run began; the participant stayed waiting
+        who = self.participant_identity
+        if who is not None and who == self.avatar_identity:
+            raise PydanticCustomError(
+                "participant_is_avatar",
+                "participant_identity '{who}' is the avatar's identity (avatar_identity "
+                "'{who}'): the link never follows the avatar, which publishes on the "
+                "agent's behalf",
+                {"who": who},
+            )
+        return self
+
     @field_validator("playout", mode="before")
     @classmethod
     def _playout(cls, v: Any) -> Any:
@@ -235,7 +249,17 @@ class AvatarClose(_Step):
 
 
 class JobShutdown(_Step):
+    """The agent's ``job.shutdown(reason)`` (what an end-call tool calls)."""
+
     event: Literal["job.shutdown"]
+    reason: str = ""
+
+
+class CtxShutdown(_Step):
+    """livekit's ``ctx.shutdown(reason)``: the primary session closes, then the job is told
+    (``on_session_end``, the hold)."""
+
+    event: Literal["ctx.shutdown"]
     reason: str = ""
 
 
@@ -372,6 +396,7 @@ Step = Annotated[
     | AvatarStartError
     | AvatarClose
     | JobShutdown
+    | CtxShutdown
     | JobAclose
     | RoomConnected
     | RoomDisconnected

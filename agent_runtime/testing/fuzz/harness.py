@@ -183,6 +183,11 @@ class Harness:
             self.aborted = self.aborted or not step.graceful
             self.closes.append(asyncio.ensure_future(job.aclose(graceful=step.graceful)))
         elif isinstance(step, sc.JobShutdown):
+            if job is None:
+                raise RuntimeError("no job yet")
+            self.end_condition("the agent's code shut the job down")
+            self.runner.in_job(job.shutdown, step.reason)  # as its end-call tool calls it
+        elif isinstance(step, sc.CtxShutdown):
             if not self.started:
                 raise RuntimeError("no job yet")
             self.end_condition("ctx.shutdown()")
@@ -386,6 +391,7 @@ TAKES: tuple[type[Any], ...] = (
     sc.AgentSay,
     sc.JobAclose,
     sc.JobShutdown,
+    sc.CtxShutdown,
     sc.End,
 )
 # the config a replay honours: the rest is the entrypoint's own (its AgentJob's options)

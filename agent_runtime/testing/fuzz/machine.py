@@ -297,15 +297,18 @@ def make_machine(
 
         # -- the job ended from the agent's side or the server's (one rule: each of them
         # ends the run's interesting part, so together they are drawn as often as one) ------
-        @rule(how=st.sampled_from(("shutdown", "aclose", "abort", "room_deleted")))
+        @rule(how=st.sampled_from(("ctx", "shutdown", "aclose", "abort", "room_deleted")))
         def hang_up(self, how: str) -> None:
             job = self.h.job
             if how == "room_deleted":
                 if self.h.room.isconnected():
                     self._do("room.disconnected", reason="ROOM_DELETED")
-            elif how == "shutdown":
+            elif how == "ctx":
                 # once: a second ctx.shutdown() is ignored by livekit
                 if self.h.process is not None and not self.h.process.begun:
+                    self._do("ctx.shutdown", reason="the agent hung up")
+            elif how == "shutdown":  # job.shutdown(reason): an end-call tool's
+                if job is not None and job.lifecycle in ("starting", "running"):
                     self._do("job.shutdown", reason="the agent hung up")
             elif how == "aclose":
                 if job is not None and job.lifecycle in ("starting", "running"):

@@ -155,7 +155,24 @@ def verdicts(h: Harness) -> list[Problem]:
     return out
 
 
-DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts)
+def off_the_call(h: Harness) -> list[Problem]:
+    """While the job holds for the simulator's verdict, the agent is off the call: its
+    session closed first (livekit's order), whichever way the job was asked to end."""
+    job = h.job
+    if job is None or job.states.get("job") != "awaiting_finalize":
+        return []
+    if not lk.session_live(job.session):
+        return []
+    return [
+        Problem(
+            "off the call",
+            f"t={h.clock.now():g}: the job holds for the simulator's verdict with the "
+            "agent's session still running (the agent is still on the call)",
+        )
+    ]
+
+
+DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts, off_the_call)
 
 
 # -- once the job has ended ---------------------------------------------------------------
