@@ -12,7 +12,9 @@ declared teardown (``statemachines.system.TEARDOWN``) as its task: the parts of 
 still running are cut, the ``job`` machine closes (host, session, avatar, room,
 callbacks), then the followers are released; ``released`` ends it. The ``job`` machine
 closing on its own (the user left, the room went away, or before the job started) is
-``job_closed``.
+``job_closed``. The ``job`` machine holding for the simulator's verdict is ``job_holding``:
+the agent hangs up first (livekit closes the primary session before ``on_session_end``),
+whoever asked the job to end.
 """
 
 from .spec import Cell, Effect, MachineSpec, State, cells, row
@@ -27,6 +29,7 @@ EVENTS = (
     "close",  # aclose(): shut down, honouring the bounded hold
     "abort",  # aclose(graceful=False): the same teardown, no hold
     "job_closed",  # the job machine closed on its own
+    "job_holding",  # the job machine holds for the simulator's verdict
     "released",  # the teardown's steps have all run (or been cut at their bounds)
 )
 UP = ["starting", "running"]
@@ -60,6 +63,7 @@ AGENT_JOB = MachineSpec(
         ),
         Effect(name="ask_shutdown", description="the job machine: shutdown (it may hold)"),
         Effect(name="ask_abort", description="the job machine: abort (no hold)"),
+        Effect(name="hang_up", description="close the session: nobody's call during a hold"),
     ),
     rows=(
         *row("new", "start", "starting"),
@@ -75,13 +79,16 @@ AGENT_JOB = MachineSpec(
         *row(UP, "abort", "closing", effects=["ask_abort"]),
         # the job closed on its own (never started, or its room went away): release the rest
         *row(["new", *UP], "job_closed", "closing"),
+        # however the job was asked to end (the agent's job.shutdown(), the job machine's
+        # own shutdown), it holds off the call, as livekit's end does
+        *row([*UP, "closing"], "job_holding", None, effects=["hang_up"]),
         # an abort while a graceful close holds ends the hold: the close goes on without it
         *row("closing", "abort", None, effects=["ask_abort"]),
         *row("closing", "released", "closed"),
     ),
     ignore=(
         *cells(["new", *UP], "follow_room", "following the room is no part of the agent"),
-        *cells("new", ["started", "start_failed", "released"], "nothing runs"),
+        *cells("new", ["started", "start_failed", "released", "job_holding"], "nothing runs"),
         *cells(UP, "released", "no teardown runs"),
         *cells("running", "started", "the session already runs"),
         *cells("running", "start_failed", "a later part's failure is its caller's to handle"),

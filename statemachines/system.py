@@ -88,6 +88,13 @@ WATCHES: tuple[Watch, ...] = (
         event="job_closed",
         note="the job closed on its own (the user left, the room went away): release the rest",
     ),
+    Watch(
+        source="job",
+        entering=("awaiting_finalize",),
+        target="agent_job",
+        event="job_holding",
+        note="livekit closes the session before the hold: the agent is off the call",
+    ),
 )
 
 

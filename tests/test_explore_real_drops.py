@@ -73,6 +73,12 @@ ARGUED: dict[str, str] = {
         "watchdog, identity) found nothing; tests/test_playout.py, run with it dropped, fails "
         "only where it asserts which event ended the wait"
     ),
+    "job:job_holding:agent_job": (
+        "every way the explorer's job reaches the hold has closed the session first: "
+        "ctx.shutdown() (livekit's order), aclose() (ask_shutdown hangs up), the session's "
+        "own close; the agent's own AgentJob.shutdown(), which the watch is for, is drawn by "
+        "the fuzzer (its 'off the call' check) and tests/test_job_shutdown_hangs_up.py"
+    ),
     "job:run_close:participant": (
         "as the avatar: the session's close link, else the release, closes the link; it "
         "follows nobody once the session is gone (invariant 11)"

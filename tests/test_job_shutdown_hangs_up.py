@@ -95,3 +95,28 @@ async def test_an_agent_that_ends_its_call_while_starting_is_off_the_call_during
     await simulator.finalize_simulation(provisional_success=True)
     await run_entrypoint.wait_ended()
     assert job.states["job"] == "closed" and job.finalize_answered
+
+
+async def test_the_job_machine_asked_to_end_holds_off_the_call_too(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    simulator: RemoteSession,
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    # the hang-up is the lifecycle's, on the job machine's hold (a declared watch), not a
+    # step of AgentJob.shutdown(): the job machine's own shutdown (`job.job`, public) holds
+    # off the call as well
+    agent_room.add_participant("user")
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(_server(), simulation=True)
+    await virtual_clock.advance(3)
+
+    run_entrypoint.in_job(job.job.shutdown, "the user said bye")
+    await run_entrypoint.wait_for("session", "ended")
+    await virtual_clock.advance(5)
+    assert job.states["job"] == "awaiting_finalize"
+    assert job.states["participant"] == "closed" and job.close_reason == "job_shutdown"
+
+    await simulator.finalize_simulation(provisional_success=True)
+    await run_entrypoint.wait_ended()
+    assert job.states["job"] == "closed" and job.finalize_answered

@@ -352,7 +352,6 @@ class AgentJob(Emitter[Events]):
         can still ask, then closes. Inside a livekit job, livekit's end is given ``reason``
         too, as by ``ctx.shutdown``."""
         self.job.shutdown(reason)  # refuses a reason that is no str, changing nothing
-        self.system.hang_up()  # as ctx.shutdown: no hold with the agent still on the call
         if self.system.job_context is not None:
             agent_asked(self.system.job_context, reason)
 

@@ -403,6 +403,9 @@ class JobSystem(MachineRuntime[str]):
         self.hang_up()
         return Output({"reason": LIFECYCLE_SHUTDOWN})
 
+    def _fx_hang_up(self, _ev: Event) -> None:
+        self.hang_up()
+
     def _fx_ask_abort(self, _ev: Event) -> Output:
         return Output({"reason": "aborted"})
 
