@@ -61,6 +61,19 @@ def test_a_failed_close_closes_the_link_and_shuts_the_job_down_with_its_reason()
     assert run(SIP, LEAVES).violation is None
 
 
+@pytest.mark.parametrize("policy", ["return", "hang"])
+def test_a_close_that_fails_after_the_link_gave_up_on_it_breaks_nothing(policy: str) -> None:
+    """The link gave up at the close's bound (the job shut down for that), then the close
+    failed: the link, closed, ignores it, and the job's reason is the bound's."""
+    jobs: list[Harness] = []
+    path = [LEAVES[0], "time", "a_fails"]
+    r = run(SIP, path, setup=jobs.append, policy=policy)  # type: ignore[arg-type]
+    assert r.violation is None, r.violation
+    view = jobs[0].view()
+    assert view.session == "failed" and view.close_failed is None
+    assert any("did not close within 60s" in reason for reason in view.shutdown_reasons)
+
+
 def test_a_job_left_serving_by_a_failed_close_is_found_and_replayed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

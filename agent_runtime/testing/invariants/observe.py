@@ -186,7 +186,9 @@ def runtime_view(
         if r.machine == "job" and r.event == "shutdown":
             shutdown = True
             reasons.append(str(r.data.get("reason", "")))
-        if r.machine == "participant" and r.event == "close_failed" and r.dest == "closed":
+        if r.machine == "participant" and r.event == "close_failed" and r.kind == "transition":
+            # (heard while closing: once closed, on the timeout or the job's close, it is
+            # ignored, and the job was told something else)
             close_failed = str(r.data.get("detail", ""))
         if r.machine == "agent_job" and r.event == "abort":
             aborted = True  # aclose(graceful=False) was called
