@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -898,6 +900,62 @@ async def test_a_user_who_drops_and_rejoins_while_the_avatar_starts_stays_linked
     assert job.session.room_io.linked_participant is room.remote_participants["user"]
     await clock.advance(60)  # no grace timer left running from the drop
     assert job.states["participant"] == "linked" and job.states["job"] == "serving"
+    await job.aclose()
+
+
+@pytest.mark.parametrize("last", ["CLIENT_INITIATED", "SIGNAL_CLOSE"], ids=["leaves", "drops"])
+async def test_a_room_churning_through_a_long_start_holds_bounded_memory_and_decides_alike(
+    room: InMemoryRoom, clock: VirtualClock, last: str
+) -> None:
+    """Until the session started, the link holds what the room's participants did, for the
+    machine to hear then. A room whose people come and go all through a long start (the
+    user dropping and rejoining, another user and a stranger coming and going) held every
+    event: memory grew with each. What it holds now is bounded, and the start decides as
+    the whole story would: the first user linked, then their last leaving heard."""
+    plugin = ScriptedAvatar(avatar_identity="avatar-1", start_delay=5, clock=clock)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock)
+    room.add_participant("user")
+    start = asyncio.ensure_future(job.start(Agent(instructions="agent")))
+    await clock.advance(2)
+
+    def churn(times: int) -> None:
+        for _ in range(times):
+            room.remove_participant("user", rtc.DisconnectReason.SIGNAL_CLOSE)
+            room.add_participant("user")
+            room.add_participant("bob")
+            room.remove_participant("bob", rtc.DisconnectReason.CLIENT_INITIATED)
+            room.add_participant("bot", kind="agent")
+            room.remove_participant("bot", rtc.DisconnectReason.CLIENT_INITIATED)
+
+    churn(50)  # every identity and reason seen once: whatever is kept of them is kept
+    await settle()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        churn(2_000)
+        await settle()
+        gc.collect()  # what is still held, not garbage not yet collected
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # every event held: about 5 MB; what can still decide: a few kB
+    assert grown < 200_000, f"{grown:,} bytes held for 12,000 events of a churning room"
+    room.remove_participant("user", getattr(rtc.DisconnectReason, last))
+    await settle()
+    assert not start.done() and job.states["participant"] == "waiting"  # still starting
+    await clock.advance(3)
+    await start
+    await settle()
+    if last == "CLIENT_INITIATED":  # a closing reason: the session closes at once
+        await asyncio.wait_for(job.wait_closed(), 5)
+        assert job.close_reason == "participant_disconnected"
+        assert job.states["participant"] == "closed"
+    else:  # a drop: the grace period, then the close
+        assert job.states["participant"] == "grace" and job.link.linked_identity == "user"
+        await clock.advance(15)
+        await asyncio.wait_for(job.wait_closed(), 5)
+        assert job.close_reason == "participant_disconnected"
     await job.aclose()
 
 

@@ -120,7 +120,8 @@ def test_a_held_avatar_start_a_shutdown_ended_is_refused_as_any_held_call() -> N
     [
         ({"hold": ["room"]}, None, "config.hold.0: Input should be 'session_close',"),
         ({"hold": ["room_deletion", "room_deletion"]}, None, "room_deletion is held twice"),
-        ({}, _end(0, "session_close", "error"), "field result: session_close ends with ok, hang"),
+        ({}, _end(0, "session_close", "routed"),
+         "field result: session_close ends with ok, error, hang"),
         ({}, _end(0, "deletion", "ok"), "field call: Input should be 'session_close',"),
         ({}, {**_end(0, "room_deletion", "ok"), "session": "B"},
          "field session: only a session_close names a session"),

@@ -37,6 +37,7 @@ from livekit.agents.voice.room_io import AudioOutputOptions
 
 from agent_runtime.runtimes.avatar import audio_tail
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.session_close import hold_session_close, session_close_failed
 from agent_runtime.testing.clock import settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from tests.support.avatar_rig import OtherSink
@@ -185,7 +186,7 @@ async def test_the_user_state_and_a_held_close_on_a_real_session() -> None:
     assert session.user_state == "speaking" and seen == ["speaking"]
 
     release = asyncio.Event()
-    lk.hold_session_close(session, release.wait)
+    hold_session_close(session, release.wait)
     lk.ask_session_close(session, CloseReason.USER_INITIATED)
     task = lk.session_closing_task(session)
     assert task is not None
@@ -193,7 +194,27 @@ async def test_the_user_state_and_a_held_close_on_a_real_session() -> None:
     assert not task.done()  # held
     release.set()
     await asyncio.wait_for(task, 5)
-    assert not lk.session_live(session)
+    assert not lk.session_live(session) and not session_close_failed(session)
+
+
+async def test_a_held_close_that_fails_stops_the_session_without_saying_close() -> None:
+    session: AgentSession[None] = AgentSession()
+    await session.start(Agent(instructions="compat"))
+    closes: list[object] = []
+    session.on("close", closes.append)
+
+    async def fails() -> None:
+        raise RuntimeError("a plugin's teardown failed")
+
+    hold_session_close(session, fails)
+    lk.ask_session_close(session, CloseReason.USER_INITIATED)
+    task = lk.session_closing_task(session)
+    assert task is not None
+    with pytest.raises(RuntimeError, match="teardown failed"):
+        await asyncio.wait_for(task, 5)
+    # livekit's own failed close: stopped, no `close` said, the teardown its own again
+    assert not lk.session_started(session) and closes == [] and session_close_failed(session)
+    assert "_teardown_activity" not in vars(session)
 
 
 async def test_a_job_context_s_parts_and_a_server_s_hooks() -> None:

@@ -134,8 +134,9 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # what the link holds: its room subscription while it follows (from start() to
         # the close); the machine says the rest
         self._unsubscribe: Callable[[], None] | None = None
-        # what the room's participants did between listen() and start(), in order: the
-        # machine hears it once the session's room input exists to act on it
+        # what the room's participants did between listen() and start() that start() may
+        # need, in order (``_hold``): the machine hears it once the session's room input
+        # exists to act on it
         self._held: list[Event] = []
         self._warned_room_io = False
         # why each participant last left (as heard), for the log line of a drop the machine
@@ -191,7 +192,9 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         is handed to the machine in order: a job listens from its own start, so a user who
         left while the avatar or the session was still starting is seen leaving."""
         if self._unsubscribe is None and not self.actor.started:
-            self._held = _present(self.room_events)
+            self._held = []
+            for event in _present(self.room_events):
+                self._hold(event)
             self._unsubscribe = follow(self.room_events, "participant", self._hear)
             self.room_events.start()
 
@@ -244,7 +247,30 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         if self.actor.started:
             self.actor.post(event)
         else:  # listening before the session started: start() hands it on
-            self._held.append(event)
+            self._hold(event)
+
+    def _hold(self, event: Event) -> None:
+        """Keep of an event heard before ``start()`` what the machine may need, so that a
+        room churning through a long start holds a bounded list: the comings and goings of
+        the first participant the link may follow (nobody else's moves the machine from
+        waiting, nor once it follows them), less a leave and rejoin whose leave's reason was
+        held already (it leads where the first one did: closing, or back to linked)."""
+        held = self._held
+        if not held:
+            if event.name == "participant_connected" and eligible(self, event.data):
+                held.append(event)
+            return
+        if event.data.get("identity") != held[0].data.get("identity"):
+            return
+        last = held[-1]
+        if (
+            event.name == "participant_connected"
+            and last.name == "participant_disconnected"
+            and any(_reason(e) == _reason(last) for e in held[1:-1])
+        ):
+            held.pop()  # back where the same leave and rejoin left it before
+            return
+        held.append(event)
 
     async def aclose(self) -> None:
         """Stop following: unhook, enter ``closed``. The session is left as it is."""
@@ -396,6 +422,12 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             return
         # a participant not in the room (yet) pins RoomIO to the identity
         rio.set_participant(identity)
+
+
+def _reason(event: Event) -> str | None:
+    if event.name != "participant_disconnected":
+        return None
+    return str(event.data.get("reason", "UNKNOWN_REASON"))
 
 
 def _present(room_events: RoomEventAdapter) -> list[Event]:

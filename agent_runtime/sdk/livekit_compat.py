@@ -113,18 +113,6 @@ def set_user_state(session: AgentSession[Any], state: UserState) -> None:
     session._update_user_state(state)
 
 
-def hold_session_close(session: AgentSession[Any], before: Callable[[], Awaitable[object]]) -> None:
-    """The session's close, however it is asked, does its work only once ``before()`` has
-    returned (``before`` may never return: a close that hangs)."""
-    close = session._aclose_impl
-
-    async def held(**kwargs: Any) -> None:
-        await before()
-        await close(**kwargs)
-
-    session._aclose_impl = held  # type: ignore[method-assign]
-
-
 def session_span_context(session: AgentSession[Any]) -> otel_context.Context | None:
     """The context of the session's ``agent_session`` span, from ``start()`` to the end of
     its close."""

@@ -16,14 +16,14 @@ import asyncio
 from collections.abc import Collection
 from typing import Any
 
-from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.session_close import hold_session_close
 
 HANG = "hang"  # the word that makes a held call never end
 # the outside calls a scenario may hold (``config.hold``), and the words that end each
 # (``held.end``'s ``result``): avatar_start's first word comes before the route is in
 # (routed, no_route, error), its second after (ok, error)
 RESULTS: dict[str, tuple[str, ...]] = {
-    "session_close": ("ok", HANG),
+    "session_close": ("ok", "error", HANG),
     "simulation_end": ("ok", "error", HANG),
     "room_deletion": ("ok", "error", HANG),
     "shutdown_callback": ("ok", "error", HANG),
@@ -112,9 +112,10 @@ class Held:
         await self.call("shutdown_callback")
 
     def hold_close(self, session: Any, name: str) -> None:
-        """The session's close does its work once ``held.end`` says ``ok``, when held."""
+        """The session's close does its work once ``held.end`` says ``ok``, when held;
+        ``error``: its teardown raises, as a plugin's may (``hold_session_close``)."""
         if "session_close" in self.hold:
-            lk.hold_session_close(session, lambda: self.call("session_close", name))
+            hold_session_close(session, lambda: self.call("session_close", name))
 
     def end(self, call: str, result: str, key: str = "") -> None:
         """End the held call waiting now, or raise saying nothing waits."""

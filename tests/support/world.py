@@ -42,7 +42,7 @@ from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.invariants.checks import LIVE_JOB
-from agent_runtime.testing.invariants.observe import Observed, runtime_view
+from agent_runtime.testing.invariants.observe import Observed, runtime_view, session_state
 from agent_runtime.testing.invariants.observe import Sent as Finalize
 from agent_runtime.testing.invariants.view import JobView
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -458,8 +458,7 @@ class World:
         }
         obs.deletions = [state for _, state in self.deletions]
         obs.clear_rpcs = [state for m, _, state in self.rpc_log if m == "lk.clear_buffer"]
-        task = self.primary._closing_task
-        session = "running" if task is None else "closed" if task.done() else "closing"
+        session = session_state(self.primary)
         return runtime_view(
             self.agent_job,
             obs,

@@ -208,6 +208,8 @@ ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     "clear_settles": _clear_settles,
     "a_closed": _open(lambda h: h.closes["A"], "finish"),
     "a_hangs": _open(lambda h: h.closes["A"], "hang"),
+    # its teardown raises (a plugin's may): the session stops and never says `close`
+    "a_fails": _open(lambda h: h.closes["A"], "fail"),
     "b_closed": _open(lambda h: h.closes["B"], "finish"),
     "deletion_returns": _open(lambda h: h.deletion_gates[-1], "ok"),
     "deletion_fails": _open(lambda h: h.deletion_gates[-1], "fail"),

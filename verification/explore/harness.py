@@ -26,12 +26,13 @@ from livekit.protocol.agent_simulation import SimulationDispatch
 
 from agent_runtime.observe.trace import MemorySink, Tracer
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.session_close import hold_session_close
 from agent_runtime.settings import AvatarRetry, Backoff, PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.held import Gate
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
-from agent_runtime.testing.invariants.observe import Observed, runtime_view
+from agent_runtime.testing.invariants.observe import Observed, runtime_view, session_state
 from agent_runtime.testing.invariants.view import JobView
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from verification.explore.actions import ACTIONS
@@ -161,20 +162,18 @@ class Harness:
         await self.callback.outcome()
 
     def _gate_close(self, name: str) -> None:
-        """The session's close runs once the test lets it (``finish``), or never
-        (``hang``)."""
-        session = self.sessions[name]
+        """The session's close runs once the test lets it (``finish``), fails in its
+        teardown (``fail``), or never ends (``hang``)."""
         gate = self.closes[name] = Gate()
-        lk.hold_session_close(session, gate.outcome)
+
+        async def before() -> None:
+            if await gate.outcome() == "fail":
+                raise RuntimeError("a plugin raised in the session's teardown")
+
+        hold_session_close(self.sessions[name], before)
 
     def session_state(self, name: str = "A") -> str:
-        session, gate = self.sessions[name], self.closes[name]
-        task = lk.session_closing_task(session)
-        if task is None:
-            return "running"
-        if task.done():
-            return "closed"
-        return "hung" if gate.said == "hang" else "closing"
+        return session_state(self.sessions[name], hung=self.closes[name].said == "hang")
 
     # -- start, drive, look ------------------------------------------------------------------
     async def start(self) -> None:
@@ -218,7 +217,8 @@ class Harness:
                 # own bound as time passes: both inputs, not this wait's
                 continue
             task = lk.session_closing_task(session)
-            if task is not None and not task.done() and self.closes[name].said == "finish":
+            said = self.closes[name].said
+            if task is not None and not task.done() and said in ("finish", "fail"):
                 busy.append(task)
         return busy
 

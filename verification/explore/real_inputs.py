@@ -201,6 +201,7 @@ OUTCOMES = frozenset(
         "clear_settles",
         "a_closed",
         "a_hangs",
+        "a_fails",
         "b_closed",
         "deletion_returns",
         "deletion_fails",
@@ -222,7 +223,7 @@ def outcomes(h: Harness, states: Mapping[str, str]) -> list[str]:
     if states.get("avatar") == "clearing":
         out.append("clear_settles")
     if h.closes["A"].waiting:
-        out += ["a_closed", "a_hangs"]
+        out += ["a_closed", "a_hangs", "a_fails"]
     if "B" in h.closes and h.closes["B"].waiting:
         out.append("b_closed")
     if h.deletion_gates and h.deletion_gates[-1].waiting:

@@ -32,6 +32,7 @@ from verification.explore.real_inputs import TIME
 # result, and whose close (session_close)
 ENDS: dict[str, tuple[str, str, str | None]] = {
     "a_closed": ("session_close", "ok", None), "a_hangs": ("session_close", "hang", None),
+    "a_fails": ("session_close", "error", None),
     "b_closed": ("session_close", "ok", "B"), "verdict_ready": ("simulation_end", "ok", None),
     "deletion_returns": ("room_deletion", "ok", None),
     "deletion_fails": ("room_deletion", "error", None),

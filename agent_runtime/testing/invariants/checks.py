@@ -80,7 +80,8 @@ INVARIANTS: tuple[Invariant, ...] = (
         "a linked participant who left does not keep the session open past the grace bound "
         "(nor does the first one the link could follow since the job started, once the "
         "session started: one who left while it was starting), and a session close that "
-        "hangs past its bound shuts the job down",
+        "hangs past its bound, or fails, shuts the job down (a failed one: the link closed "
+        "and the job shut down with the failure as its reason)",
     ),
     Invariant(
         9,
@@ -336,6 +337,26 @@ def eventual(v: JobView) -> list[Finding]:
                         f"and the job is {job}",
                     )
                 )
+        elif v.session == "failed":
+            out.extend(_close_failed(v))
         elif v.session != "closed":
             out.append((8, f"{who} left but the session is still {v.session}"))
     return out
+
+
+def _close_failed(v: JobView) -> list[Finding]:
+    """The session's close failed (livekit never says ``close``, so it never stops as a
+    closed one does): the link is closed, and when it was the one to hear the failure, the
+    job was shut down with that failure as its reason."""
+    link, job = v.states.get("participant"), v.states.get("job")
+    told = v.close_failed is None or any(v.close_failed in r for r in v.shutdown_reasons)
+    if link == "closed" and told and v.shutdown_asked:
+        return []
+    heard = "never heard" if v.close_failed is None else f"heard ({v.close_failed})"
+    return [
+        (
+            8,
+            f"the session's close failed, the link is {link} (the failure {heard}) and the "
+            f"job is {job}" + ("" if told else ", shut down for another reason"),
+        )
+    ]

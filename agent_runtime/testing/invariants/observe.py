@@ -15,6 +15,7 @@ from livekit.agents.voice.remote_session import SessionHost
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.runtimes.room_events import kind_name
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.session_close import session_close_failed
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.invariants.checks import hold_cut, late_timer
 from agent_runtime.testing.invariants.view import JobView, Request
@@ -117,6 +118,18 @@ def forwarding(session: AgentSession[Any]) -> bool:
     )
 
 
+def session_state(session: AgentSession[Any], *, hung: bool = False) -> str:
+    """The session's close as the view reads it: running (never asked), closing (under
+    way; ``hung`` when the world said it never ends), closed, or failed (it ended without
+    closing: livekit never said ``close``)."""
+    task = lk.session_closing_task(session)
+    if task is None:
+        return "running"
+    if not task.done():
+        return "hung" if hung else "closing"
+    return "failed" if session_close_failed(session) else "closed"
+
+
 def runtime_view(
     job: AgentJob,
     observed: Observed,
@@ -149,6 +162,8 @@ def runtime_view(
     asked = job.settings.delete_room_on_close
     shutdown = room_work = timed_out = aborted = detached_close = False
     reports = 0
+    reasons: list[str] = []
+    close_failed: str | None = None
     # the host's label of the primary session, if it ever had one (read, not made: the
     # host's label_of would make one)
     primary = sessions.get("A")
@@ -170,6 +185,11 @@ def runtime_view(
                 marks.append(mark)
         if r.machine == "job" and r.event == "shutdown":
             shutdown = True
+            reasons.append(str(r.data.get("reason", "")))
+        if r.machine == "participant" and r.event == "close_failed" and r.kind == "transition":
+            # (heard while closing: once closed, on the timeout or the job's close, it is
+            # ignored, and the job was told something else)
+            close_failed = str(r.data.get("detail", ""))
         if r.machine == "agent_job" and r.event == "abort":
             aborted = True  # aclose(graceful=False) was called
         if r.machine == "job" and r.event == "close_timeout":
@@ -223,6 +243,8 @@ def runtime_view(
         aborted=aborted,
         audio_pending=_audio_pending(job),
         audio_ended=_audio_pending(job, ended=True),
+        close_failed=close_failed,
+        shutdown_reasons=tuple(reasons),
     )
 
 

@@ -45,7 +45,9 @@ class JobView:
     first_eligible: str | None = None
     first_eligible_present: bool = False
     close_on_disconnect: bool = True
-    session: str = "running"  # the primary session: running | closing | closed | hung
+    # the primary session: running | closing | closed | hung | failed (its close ended
+    # without closing it: livekit never said `close`)
+    session: str = "running"
     attached: str | None = None  # the attached session: "A" (primary) or "B"
     forwarded: tuple[str, ...] = ()  # sessions whose events are forwarded
     requests: tuple[Request, ...] = ()
@@ -70,3 +72,7 @@ class JobView:
     primary_closed_detached: bool = False
     # of the audio pending, segments whose end was pushed (handed off)
     audio_ended: bool = False
+    # the participant link heard the session's close end without closing it (its trace's
+    # close_failed): what it said went wrong; and the reason of each shutdown the job heard
+    close_failed: str | None = None
+    shutdown_reasons: tuple[str, ...] = ()

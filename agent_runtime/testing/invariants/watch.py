@@ -12,7 +12,6 @@ from typing import Any
 from livekit.agents import AgentSession
 
 from agent_runtime.observe.trace import Tracer, TraceRecord
-from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.invariants.checks import (
     BY_NUMBER,
@@ -22,7 +21,7 @@ from agent_runtime.testing.invariants.checks import (
     safety,
     settled,
 )
-from agent_runtime.testing.invariants.observe import Observed, Sent, runtime_view
+from agent_runtime.testing.invariants.observe import Observed, Sent, runtime_view, session_state
 from agent_runtime.testing.invariants.playout import PlayoutJudge
 
 
@@ -64,12 +63,7 @@ class InvariantWatch:
         self.observed.deletions.append(self.job.job.state)
 
     def _session(self) -> str:
-        task = lk.session_closing_task(self.sessions["a"])
-        if task is None:
-            return "running"
-        if task.done():
-            return "closed"
-        return "hung" if self.hung() else "closing"
+        return session_state(self.sessions["a"], hung=self.hung())
 
     def check(self, where: str, *, end: bool = False) -> None:
         """Check the job's view now (``where``: the step just done); ``end``: the run is
