@@ -166,7 +166,9 @@ class Performer(OwnedEmitter[str]):
             except asyncio.CancelledError:
                 self._effect_done(name, event, tracing, "error", "cancelled")
             except Exception as e:
-                logger.debug("%s: effect %r failed", self._who(), name, exc_info=True)
+                self.report(
+                    logger, logging.DEBUG, "effect %r failed", name, event=event.name, exc_info=e
+                )
                 self._effect_done(name, event, tracing, "error", f"{type(e).__name__}: {e}")
             else:
                 if res is None:

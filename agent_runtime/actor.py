@@ -226,7 +226,7 @@ class Actor(Performer):
         """Queue an event, fire and forget. A rejected event is logged and traced."""
         self._check(event)
         if self._life == "closed":
-            logger.info("%s: dropped %r after close", self._who(), event.name)
+            self.report(logger, logging.INFO, "dropped %r after close", event.name)
             return
         self._enqueue((event, None, None))
 
@@ -406,7 +406,7 @@ class Actor(Performer):
                 outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
             else:
                 outcome, detail = "error", f"{type(error).__name__}: {error}"
-                logger.debug("%s: effect %r failed", self._who(), name, exc_info=error)
+                self.report(logger, logging.DEBUG, "effect %r failed", name, exc_info=error)
         else:
             follow = work.result()
         try:
@@ -463,7 +463,7 @@ class Actor(Performer):
                 self._leave_state()
             self._state = st.dest
         elif st.outcome == "reject":
-            logger.info("%s rejects %r in state %r", self._who(), event.name, st.source)
+            self.report(logger, logging.INFO, "rejects %r in state %r", event.name, st.source)
         if tracing:
             self._record(
                 TraceRecord(

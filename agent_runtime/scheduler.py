@@ -37,6 +37,10 @@ class Steppable(Protocol):
 
     def step_mailbox(self) -> None: ...
 
+    def log_fields(self, event: str = "") -> dict[str, Any]:
+        """What a line about it carries (the log policy: its job's labels, ...)."""
+        ...
+
 
 class Scheduler:
     """Steps the actors of one job in a declared order (see the module's docstring).
@@ -84,7 +88,7 @@ class Scheduler:
                     actor.step_mailbox()
                 except Exception:
                     # the actor's failure, never the job's: the other actors go on
-                    logger.exception("stepping %r failed", actor)
+                    logger.exception("stepping %r failed", actor, extra=actor.log_fields())
         finally:
             del ready[:i]
             self._stepping = False

@@ -173,7 +173,8 @@ async def test_an_avatar_that_joins_after_it_was_given_up_is_removed(
     said = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.avatar"]
     # one line per retirement, each saying what it does: the late one closes no session
     assert said[-1] == (
-        f"avatar {AV} joined after its attempt was given up (join_timeout), no rejoin: "
+        f"room {ROOM}, avatar[{AV}]: the avatar joined after its attempt was given up "
+        "(join_timeout), no rejoin: "
         "removing it from the room"
     )
     assert not [m for m in said if "closing its plugin session" in m], said

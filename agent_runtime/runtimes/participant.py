@@ -220,6 +220,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
                 "the session has no room I/O (console mode?): the participant machine has "
                 "nothing to follow and stays %r",
                 self.state,
+                extra=self.actor.log_fields(),
             )
             self._unhook()
             return
@@ -304,6 +305,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
                     who,
                     why,
                     self.grace_period,
+                    extra=self.actor.log_fields(change.event),
                 )
             else:
                 logger.info(
@@ -311,6 +313,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
                     "open and waits for them to rejoin",
                     who,
                     why,
+                    extra=self.actor.log_fields(change.event),
                 )
         super()._on_state(change)
 
@@ -328,12 +331,14 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
     # -- effects -----------------------------------------------------------------------------
     def _fx_link(self, ev: Event) -> asyncio.Future[None] | None:
         self._identity = str(ev.data["identity"])
-        logger.info("linked participant %s", self._identity)
+        logger.info("linked participant %s", self._identity, extra=self.actor.log_fields(ev.name))
         return self._point_room_input(self._identity)
 
     def _fx_relink(self, ev: Event) -> asyncio.Future[None] | None:
         identity = str(ev.data["identity"])
-        logger.info("participant %s rejoined: relinked", identity)
+        logger.info(
+            "participant %s rejoined: relinked", identity, extra=self.actor.log_fields(ev.name)
+        )
         return self._point_room_input(identity)
 
     def _fx_close_session(self, ev: Event) -> None:
@@ -342,12 +347,14 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
                 "closing the session: participant %s did not rejoin within %gs",
                 self._identity,
                 self.grace_period,
+                extra=self.actor.log_fields(ev.name),
             )
         else:
             logger.info(
                 "closing the session: participant %s left (%s)",
                 self._identity,
                 ev.data.get("reason", ev.name),
+                extra=self.actor.log_fields(ev.name),
             )
         # the session's own close path, as RoomIO uses it: its `close` event then carries
         # CloseReason.PARTICIPANT_DISCONNECTED for the job
@@ -403,7 +410,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
             self._warned_room_io = True
             logger.warning(
                 "RoomIO also closes the session on its default disconnect reasons; start the "
-                "session with RoomOptions(close_on_disconnect=False) so the link alone decides"
+                "session with RoomOptions(close_on_disconnect=False) so the link alone decides",
+                extra=self.actor.log_fields(),
             )
         return rio
 

@@ -422,7 +422,7 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
     def _fx_playout_done(self, ev: Event) -> None:
         done = PlayoutDone(self._clock.now(), ev.name)
         self.done.append(done)
-        logger.debug("playout done (%s)", ev.name)
+        logger.debug("playout done (%s)", ev.name, extra=self.actor.log_fields(ev.name))
         self.emit("playout_done", done)
 
     def _fx_finish_playout(self, ev: Event) -> Output:

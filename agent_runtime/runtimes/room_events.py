@@ -154,6 +154,8 @@ class RoomEventAdapter:
         # the listeners on the room while it is followed
         # (one per _HOOKS entry, in its order: the names are the table's, not held per job)
         self._hooks_on: tuple[_Hook, ...] | None = None
+        # its job's labels, as its machines carry them (the job sets them): its lines name it
+        self.labels: Mapping[str, str] = {}
 
     @property
     def started(self) -> bool:
@@ -200,13 +202,18 @@ class RoomEventAdapter:
             try:
                 fn(fact)
             except Exception:
-                logger.exception("room fact subscriber failed on %r", fact)
+                logger.exception("room fact subscriber failed on %r", fact, extra=self._fields())
+
+    def _fields(self) -> dict[str, str]:
+        return {"job_id": self.labels.get("job_id", ""), "room": self.labels.get("room", "")}
 
     def _guarded(self, what: str, build: Callable[[], RoomFact | None]) -> None:
         try:
             fact = build()
         except Exception as e:
-            logger.warning("ignored %s with unexpected arguments: %s", what, e)
+            logger.warning(
+                "ignored %s with unexpected arguments: %s", what, e, extra=self._fields()
+            )
             return
         if fact is not None:
             self.publish(fact)

@@ -294,9 +294,20 @@ class JobSessionHost(MachineRuntime[str]):
             self.actor.post(Event("request", data))
 
     # -- effects ---------------------------------------------------------------------------
-    def _fx_open_transport(self, _ev: Event) -> None:
+    def _fx_open_transport(self, ev: Event) -> None:
+        if self._is_simulator is not None and not sender_aware(self._transport):
+            self.actor.report(
+                logger,
+                logging.WARNING,
+                "the session transport %s cannot say who sent a request: every "
+                "finalize_simulation will be refused (use RoomRequestTransport)",
+                type(self._transport).__name__,
+                event=ev.name,
+            )
         # the transport's start, reads and close run aside (the mailbox keeps moving)
-        self._reading = reading = RequestReader(self._transport, self._on_request)
+        self._reading = reading = RequestReader(
+            self._transport, self._on_request, self.actor.log_fields
+        )
         if reading.opened.done():
             self._on_opened(reading.opened)
         else:
@@ -421,7 +432,7 @@ class JobSessionHost(MachineRuntime[str]):
     def _end_reading(self) -> asyncio.Future[Any] | None:
         self._pending.clear()
         if self._reading is None:  # never opened: closed here all the same
-            return asyncio.ensure_future(close_quietly(self._transport))
+            return asyncio.ensure_future(close_quietly(self._transport, self.actor.log_fields))
         return self._reading.stop()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -464,12 +475,6 @@ def session_host_for(
     within the host step's share of the close, answering only the simulator."""
     if transport is None:
         transport = RoomRequestTransport(room)
-    elif not sender_aware(transport):
-        logger.warning(
-            "the session transport %s cannot say who sent a request: every "
-            "finalize_simulation will be refused (use RoomRequestTransport)",
-            type(transport).__name__,
-        )
     return JobSessionHost(
         transport,
         simulation=simulation,

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
@@ -42,6 +42,14 @@ from livekit.protocol.agent_pb import agent_session as agent_pb
 from agent_runtime.sdk.inbox import Inbox
 
 logger = logging.getLogger("agent_runtime.session_transport")
+
+# the labels of the host's job, for each line logged about its transport (its actor's
+# ``log_fields``: the log policy's); none outside a job
+Fields = Callable[[], Mapping[str, Any]]
+
+
+def _no_fields() -> Mapping[str, Any]:
+    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,7 @@ class RoomRequestTransport(SessionTransport):
         self._received: Inbox[Received | None] = Inbox()
         self._read_task: asyncio.Task[None] | None = None
         self._on_request: OnRequest | None = None  # listen()'s: requests go there, not to receive()
+        self._fields: Fields = _no_fields  # listen()'s: what its lines carry
         # its lifecycle, one value: "open" holds the room's handler for the topic (a start
         # the room refused leaves it "new": its close must not take another's handler)
         self._phase: Literal["new", "open", "closed"] = "new"
@@ -91,12 +100,12 @@ class RoomRequestTransport(SessionTransport):
     async def start(self) -> None:
         self._open()
 
-    def listen(self, on_request: OnRequest) -> None:
+    def listen(self, on_request: OnRequest, *, fields: Fields = _no_fields) -> None:
         """Start now, and hand each request read to ``on_request(request, sender)`` (other
         messages are ignored, as ``read_requests`` does); ``receive()`` then gets nothing.
-        Raises what ``start()`` would, at once."""
+        Raises what ``start()`` would, at once. ``fields``: what its log lines carry."""
         self._open()
-        self._on_request = on_request
+        self._on_request, self._fields = on_request, fields
         # what was read before (a transport already started and read from): handed on
         # first, in order
         while not self._received.empty():
@@ -137,7 +146,9 @@ class RoomRequestTransport(SessionTransport):
                     msg = agent_pb.AgentSessionMessage()
                     msg.ParseFromString(data)
                 except Exception as e:
-                    logger.warning("unreadable session message from %r: %s", sender, e)
+                    logger.warning(
+                        "unreadable session message from %r: %s", sender, e, extra=self._fields()
+                    )
                     continue
                 finally:
                     reader.close()  # a no-op once read to its end; releases one cut short
@@ -153,9 +164,11 @@ class RoomRequestTransport(SessionTransport):
     def _hand_on_safely(self, msg: agent_pb.AgentSessionMessage, sender: str | None) -> None:
         assert self._on_request is not None
         try:
-            _hand_on(msg, sender, self._on_request)
+            _hand_on(msg, sender, self._on_request, self._fields)
         except Exception:  # the listener's: the next message is read all the same
-            logger.exception("handing on a session message from %r failed", sender)
+            logger.exception(
+                "handing on a session message from %r failed", sender, extra=self._fields()
+            )
 
     async def receive(self) -> Received:
         item = await self._received.get()
@@ -287,23 +300,27 @@ class RequestReader:
     """A host's reading of ``transport``, begun at once: each request goes to
     ``on_request(request, sender)``. ``opened`` says how the transport's start went (its
     failure, logged, is set there). ``RoomRequestTransport`` hands requests on itself, with
-    no task; any other transport is read by a task (``read_requests``)."""
+    no task; any other transport is read by a task (``read_requests``). ``fields``: what
+    its log lines carry (the host's job's labels)."""
 
-    def __init__(self, transport: SessionTransport, on_request: OnRequest) -> None:
+    def __init__(
+        self, transport: SessionTransport, on_request: OnRequest, fields: Fields = _no_fields
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.opened: asyncio.Future[None] = loop.create_future()
-        self._transport = transport
+        self._transport, self._fields = transport, fields
         self._task: asyncio.Task[None] | None = None
         if isinstance(transport, RoomRequestTransport):
             try:
-                transport.listen(on_request)
+                transport.listen(on_request, fields=fields)
             except Exception as e:
-                self.opened.set_exception(start_refused(e))
+                self.opened.set_exception(start_refused(e, fields))
             else:
                 self.opened.set_result(None)
         else:
             self._task = loop.create_task(
-                read_requests(transport, self.opened, on_request), name="JobSessionHost._read"
+                read_requests(transport, self.opened, on_request, fields),
+                name="JobSessionHost._read",
             )
 
     def stop(self) -> asyncio.Future[Any] | None:
@@ -324,7 +341,9 @@ class RequestReader:
 
         def ended(_: object) -> None:
             if not task.cancelled() and (error := task.exception()) is not None:
-                logger.warning("the session transport's reader failed: %s", error)
+                logger.warning(
+                    "the session transport's reader failed: %s", error, extra=self._fields()
+                )
             closing = self._closed_after(task)
             if closing is None:
                 done(None)
@@ -340,11 +359,15 @@ class RequestReader:
             opened.set_result(None)  # cancelled before it ran: the start's waiter returns
         elif reader.cancelled() and opened.exception() is None:
             return None  # its start went, so its cancellation closed the transport
-        return asyncio.ensure_future(close_quietly(self._transport))  # failed, ended, never ran
+        # failed, ended, never ran
+        return asyncio.ensure_future(close_quietly(self._transport, self._fields))
 
 
 async def read_requests(
-    transport: SessionTransport, opened: asyncio.Future[None], on_request: OnRequest
+    transport: SessionTransport,
+    opened: asyncio.Future[None],
+    on_request: OnRequest,
+    fields: Fields = _no_fields,
 ) -> None:
     """Start ``transport`` (``opened`` says how that went), then hand each request it
     reads to ``on_request(request, sender)`` (the sender when the transport can say:
@@ -355,11 +378,11 @@ async def read_requests(
     except asyncio.CancelledError:
         if not opened.done():
             opened.set_result(None)  # closed while it started: its waiter just returns
-        await close_quietly(transport)
+        await close_quietly(transport, fields)
         raise
     except Exception as e:
         # logged there; `opened` raises it to whoever waits on the start
-        error = start_refused(e)
+        error = start_refused(e, fields)
         if not opened.done():
             opened.set_exception(error)
             opened.add_done_callback(_retrieved)
@@ -368,13 +391,13 @@ async def read_requests(
         opened.set_result(None)
     del opened  # a live job holds this frame: nothing more than it needs
     try:
-        await _read(transport, on_request)
+        await _read(transport, on_request, fields)
     except asyncio.CancelledError:
-        await close_quietly(transport)
+        await close_quietly(transport, fields)
         raise
 
 
-def start_refused(e: Exception) -> Exception:
+def start_refused(e: Exception, fields: Fields = _no_fields) -> Exception:
     """What a transport's failed start means to its host, logged: a topic whose handler is
     taken (livekit's ``ValueError``) was taken by a session's own host."""
     error: Exception = e
@@ -384,11 +407,11 @@ def start_refused(e: Exception) -> Exception:
             "session_host=False so the job's host is the only one"
         )
         error.__cause__ = e
-    logger.warning("the session transport did not start: %s", error)
+    logger.warning("the session transport did not start: %s", error, extra=fields())
     return error
 
 
-async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
+async def _read(transport: SessionTransport, on_request: OnRequest, fields: Fields) -> None:
     """Each request read, handed on, until the transport ends or fails every read."""
     named = cast(SenderAware, transport) if sender_aware(transport) else None
     it = transport.__aiter__()
@@ -407,31 +430,35 @@ async def _read(transport: SessionTransport, on_request: OnRequest) -> None:
             # one unreadable message must not stop the host; a transport that fails every
             # read, without ever waiting, would hold the loop: it is given up on
             unreadable += 1
-            logger.warning("unreadable session message", exc_info=True)
+            logger.warning("unreadable session message", exc_info=True, extra=fields())
             if unreadable >= _UNREADABLE_IN_A_ROW:
-                logger.error("the session transport failed %d reads in a row", unreadable)
+                logger.error(
+                    "the session transport failed %d reads in a row", unreadable, extra=fields()
+                )
                 return
             continue
         unreadable = 0
         try:
-            _hand_on(msg, sender, on_request)
+            _hand_on(msg, sender, on_request, fields)
         except Exception:  # the host's: the next message is read all the same
-            logger.exception("handing on a session message from %r failed", sender)
+            logger.exception("handing on a session message from %r failed", sender, extra=fields())
 
 
-def _hand_on(msg: agent_pb.AgentSessionMessage, sender: str | None, on_request: OnRequest) -> None:
+def _hand_on(
+    msg: agent_pb.AgentSessionMessage, sender: str | None, on_request: OnRequest, fields: Fields
+) -> None:
     if msg.HasField("request"):
         on_request(msg.request, sender)
     else:
-        logger.debug("ignored session message %r", msg.WhichOneof("message"))
+        logger.debug("ignored session message %r", msg.WhichOneof("message"), extra=fields())
 
 
-async def close_quietly(transport: SessionTransport) -> None:
+async def close_quietly(transport: SessionTransport, fields: Fields = _no_fields) -> None:
     """Close ``transport``; a close that fails is logged (the reading is over either way)."""
     try:
         await transport.close()
     except Exception:
-        logger.warning("the session transport did not close cleanly", exc_info=True)
+        logger.warning("the session transport did not close cleanly", exc_info=True, extra=fields())
 
 
 def _retrieved(fut: asyncio.Future[None]) -> None:

@@ -97,7 +97,7 @@ def check_avatar(avatar: AvatarPlugin | None, start_options: object) -> dict[str
 
 
 def build_avatar(
-    avatar: AvatarPlugin, start_options: Mapping[str, Any]
+    avatar: AvatarPlugin, start_options: Mapping[str, Any], labels: Mapping[str, str]
 ) -> tuple[AvatarSession | None, str | None]:  # type: ignore[type-arg]
     """The plugin, built by its factory when one was given, or why there is none. A factory
     that raises (a plugin whose service is gone, a provider key missing in this deployment)
@@ -113,7 +113,7 @@ def build_avatar(
             f"avatar plugin {plugin_name(avatar)} could not be built "
             f"({type(e).__name__}: {e}); the agent runs on room audio"
         )
-        logger.error("%s", error)
+        logger.error("%s", error, extra=dict(labels))
         return None, error
     check_start_options(built, start_options)  # the code's own mistake: refused
     return built, None

@@ -162,13 +162,18 @@ class AgentJob(Emitter[Events]):
             )
         if otel is True and isinstance(inject.get("otel"), OtelSink):
             otel = inject["otel"]
+        # what every line about this job carries (the log policy: job, room, machine, ...)
+        self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
+        if (ctx := _BUILDING_FOR.get()) is not None:
+            # the room is not connected yet (its name comes with it); ctx has it
+            self._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or room.name)
         # a factory-built plugin's start options and identity are the last check: only then
         # is the trace file opened (truncated), the one thing construction changes outside
         # this object
         self.avatar_error: str | None = None  # why the job runs without the avatar it was given
         plugin = None
         if avatar is not None:
-            plugin, self.avatar_error = build_avatar(avatar, start_options)
+            plugin, self.avatar_error = build_avatar(avatar, start_options, self._log_labels)
             check_linked_identity(self.settings.participant_identity, plugin)
         # the span current now (job_entrypoint inside a livekit job) takes the machines'
         # events whenever no session span is running
@@ -189,7 +194,7 @@ class AgentJob(Emitter[Events]):
             plugin=plugin,
             rebuild_avatar=None if isinstance(avatar, AvatarSession) else avatar,
             avatar_start_options=start_options,
-            job_context=(ctx := _BUILDING_FOR.get()),
+            job_context=ctx,
         )
         self.room, self.session, self.clock, self.tracer = room, session, parts.clock, tracer
         self.system = JobSystem(
@@ -203,12 +208,9 @@ class AgentJob(Emitter[Events]):
         self.events, self.job, self.link = sys.events, sys.job, sys.link
         self.avatar, self.playout, self.lifecycle_actor = sys.avatar, sys.playout, sys.lifecycle
         sys.on("closed", self._on_closed)
-        # what every machine's warnings carry (the log policy: job, room, machine, ...)
-        self._log_labels: dict[str, str] = {"job_id": "", "room": room.name}
-        if ctx is not None:  # the room is not connected yet (its name comes with it); ctx has it
-            self._log_labels.update(job_id=ctx.job.id, room=ctx.job.room.name or room.name)
         for actor in sys.actors:
             actor.labels = self._log_labels
+        sys.events.labels = self._log_labels
         if tracer is not None:
             tracer.label(self._log_labels)
 
@@ -400,7 +402,11 @@ class AgentJob(Emitter[Events]):
         self.emit("state_changed", sc)  # a listener that fails: the Emitter logs and drops it
 
     def _on_closed(self, t: float | None) -> None:
-        logger.info("job closed (%s)", self.job.reason or "no reason given")
+        logger.info(
+            "job closed (%s)",
+            self.job.reason or "no reason given",
+            extra=self.lifecycle_actor.log_fields(),
+        )
         self._forget()
         self.emit("closed", t)
 

@@ -262,7 +262,10 @@ async def on_session_end(ctx: JobContext) -> None:
         raise TypeError(f"ctx must be a livekit-agents JobContext, not {type(ctx).__name__}")
     reg = _JOBS.get(ctx)
     if reg is None:
-        logger.info("on_session_end: no live AgentJob for this job (none made, or closed)")
+        logger.info(
+            "on_session_end: no live AgentJob for this job (none made, or closed)",
+            extra={"job_id": ctx.job.id, "room": ctx.job.room.name},
+        )
         return
     reg.session_end_called = True  # the hook is given: a room lost now is no missing hook
     job = reg.job

@@ -58,9 +58,10 @@ class Attempts:
     def restart(self) -> None:
         """A retry's release begins: one restart more."""
         self.made += 1
-        logger.info(
-            "avatar %s: starting the plugin again (attempt %d of %d) after %s",
-            self.plugin.avatar_identity,
+        self._report(
+            logger,
+            logging.INFO,
+            "starting the plugin again (attempt %d of %d) after %s",
             self.made,
             self.policy.attempts,
             self.cause,
@@ -72,16 +73,18 @@ class Attempts:
         self.retired = sid
         self.retirements += 1
         if self.retirements > 1:
-            logger.info(
-                "avatar %s joined after its attempt was given up (%s), no rejoin: removing "
+            self._report(
+                logger,
+                logging.INFO,
+                "the avatar joined after its attempt was given up (%s), no rejoin: removing "
                 "it from the room",
-                self.plugin.avatar_identity,
                 self.cause,
             )
             return
-        logger.info(
-            "avatar %s: given up after %s, no rejoin: closing its plugin session and "
-            "removing it from the room",
-            self.plugin.avatar_identity,
+        self._report(
+            logger,
+            logging.INFO,
+            "given up after %s, no rejoin: closing its plugin session and removing it from "
+            "the room",
             self.cause,
         )

@@ -253,7 +253,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         return Timeouts(self, self._join_timeout)
 
     def _on_state(self, ev: StateChanged) -> None:
-        logger.debug("avatar %s: %s -> %s on %s", ev.instance, ev.source, ev.dest, ev.event)
+        self.actor.report(logger, logging.DEBUG, "%s -> %s on %s", ev.source, ev.dest, ev.event)
         self._emit_state(ev)
 
     def _warn(self, msg: str, *args: Any, exc_info: BaseException | None = None) -> None:
@@ -360,12 +360,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         assert session is not None and sink is not None
         self._route.take_prev()
         if lk.restart_failed_sink(sink):  # it had waited for this avatar, who left
-            logger.debug(
-                "avatar %s: its sink's failed start is retried", self._avatar.avatar_identity
-            )
+            self.actor.report(logger, logging.DEBUG, "its sink's failed start is retried")
         session.output.replace_audio_tail(sink)
         self._claim_playback_rpc()
-        logger.info("avatar %s is back: audio routed to it again", self._avatar.avatar_identity)
+        self.actor.report(logger, logging.INFO, "the avatar is back: audio routed to it again")
         return self._presence_event()
 
     async def _fx_follow_plugin_clear(self, ev: Event) -> Event:
@@ -387,8 +385,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             finish_segments(self._route.installed, self._adopted, ev.data)
 
     def _fx_put_route_back(self, ev: Event) -> None:  # closing: a waiting frame ends with it
-        outcome = self._route.put_back(self._avatar.avatar_identity, self._detaching)
-        logger.debug("avatar %s closing: route %s", self._avatar.avatar_identity, outcome)
+        outcome = self._route.put_back(self.actor.report, self._detaching)
+        self.actor.report(logger, logging.DEBUG, "closing: route %s", outcome, event=ev.name)
 
     def _fx_unhook(self, ev: Event) -> None:
         self._release_playback_rpc()
@@ -417,7 +415,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
 
     def _put_back(self) -> str:  # a frame waiting at the adopted sink moves on with it
         waiting = self._adopted if self._adopted and self._adopted.waiting else None
-        return self._route.put_back(self._avatar.avatar_identity, self._detaching, waiting)
+        return self._route.put_back(self.actor.report, self._detaching, waiting)
 
     @contextlib.contextmanager
     def _detaching(self) -> Iterator[None]:
@@ -483,7 +481,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         # avatar participant is called
         report = accept_playback_report(data, self.report_identity, self.actor.report)
         adopted = self._adopted
-        if adopted is not None and adopted.is_late(report, self._clock.now()):
+        if adopted is not None and adopted.is_late(report, self._clock.now(), self.actor.report):
             return "ok"  # not for the audio it plays now (logged)
         self.actor.post(
             Event(

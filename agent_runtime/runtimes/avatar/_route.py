@@ -284,20 +284,21 @@ class AudioRoute:
 
     def put_back(
         self,
-        identity: str,
+        report: Callable[..., None],
         detaching: Callable[[], contextlib.AbstractContextManager[None]],
         waiting: SinkAdoption | None = None,
     ) -> RestoreOutcome:
-        """Put the previous route back unless ours was replaced since (``identity``, the
-        avatar's, names it in the log). The swap runs inside ``detaching()``: the SDK clears
-        the sink it detaches, and that clear is the swap's. Only the rows out of the states
-        where our route may be in ask for it, so it runs once per route. ``waiting``: the
-        adoption of a sink a frame waits at; that frame goes on to the route put back."""
+        """Put the previous route back unless ours was replaced since (logged through
+        ``report``, the avatar actor's: the line names its job). The swap runs inside
+        ``detaching()``: the SDK clears the sink it detaches, and that clear is the swap's.
+        Only the rows out of the states where our route may be in ask for it, so it runs
+        once per route. ``waiting``: the adoption of a sink a frame waits at; that frame goes
+        on to the route put back."""
         session, sink, prev = self.session, self.installed, self.prev
         if session is None or sink is None or prev is None:
             return "nothing_installed"
         if audio_tail(session) is not sink:
-            logger.info("avatar %s: the audio route was replaced since; leaving it alone", identity)
+            report(logger, logging.INFO, "the audio route was replaced since; leaving it alone")
             return "left_alone"
         with detaching():
             back, outcome = self._route_back(prev)
@@ -315,7 +316,7 @@ class AudioRoute:
             # speech may wait on the sink itself (kept for a rejoin, it is not retired)
             finish_pending([sink])
         now = route_of(session, sink)
-        logger.info("avatar %s: audio route restored (%s), now %s", identity, outcome, now)
+        report(logger, logging.INFO, "audio route restored (%s), now %s", outcome, now)
         return outcome
 
     def _route_back(self, prev: PrevRoute) -> tuple[AudioOutput | None, RestoreOutcome]:

@@ -180,14 +180,14 @@ class SinkAdoption:
         still come, but for one whose report may have come already, taken for late."""
         self.late += sum(1 for seg in list(self._ended)[:owed] if not seg.answered)
 
-    def is_late(self, report: PlaybackReport, now: float) -> bool:
+    def is_late(self, report: PlaybackReport, now: float, say: Callable[..., None]) -> bool:
         """Whether the avatar's report is one it owed for audio that playout's bound already
         finished here: it must not end the segment the sink holds now (the next reply, which
         it would leave unheard to the session: not speaking, not interruptible). A report
         can be the oldest segment's only if that segment began ``playback_position`` seconds
         ago; interrupted, only if the sink was cleared since it began (an avatar says
         ``interrupted`` only of an ``lk.clear_buffer``); played to its end, only if it is
-        that long."""
+        that long. A late one is logged through ``say`` (the avatar actor's ``report``)."""
         if not self.late:
             return False
         head = self._ended[0] if self._ended else None
@@ -203,7 +203,9 @@ class SinkAdoption:
         if late:
             if head is not None and not uncleared:  # unless this was its own, early: then
                 head.answered = True  # not owed again
-            logger.info(
+            say(
+                logger,
+                logging.INFO,
                 "a late %s from %s for audio finished here; not taken for the audio it plays now",
                 RPC_PLAYBACK_FINISHED,
                 lk.sink_destination(self.sink)
@@ -313,7 +315,7 @@ def accept_playback_report(
     try:
         return PlaybackReport(*parse_playback_finished(data.payload))
     except ValueError as e:
-        logger.info("malformed %s from %r: %s", RPC_PLAYBACK_FINISHED, identity, e)
+        report(logger, logging.INFO, "malformed %s from %r: %s", RPC_PLAYBACK_FINISHED, identity, e)
         raise rtc.RpcError(
             rtc.RpcError.ErrorCode.APPLICATION_ERROR,
             f"malformed {RPC_PLAYBACK_FINISHED} payload: {e}",
