@@ -317,7 +317,10 @@ def test_the_whole_job_draws_every_declared_channel() -> None:
         "leaves joined or clearing → avatar_left",
         "enters joined or clearing → avatar_joined",
     )
-    assert by_pair[("job", "agent_job", "watch")].short == ("enters closed → job_closed",)
+    assert by_pair[("job", "agent_job", "watch")].short == (
+        "enters closed → job_closed",
+        "enters awaiting_finalize → job_holding",
+    )
     assert "agent thinking → agent_thinking" in by_pair[("agent_session", "playout", "watch")].lines
     # the follow order on the room's arrows, the teardown's step numbers on run_close's
     for i, machine in enumerate(FOLLOW_ORDER):
