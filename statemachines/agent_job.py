@@ -61,7 +61,10 @@ AGENT_JOB = MachineSpec(
             error_event="released",
             description="cut the start, close the job machine, release (each step bounded)",
         ),
-        Effect(name="ask_shutdown", description="the job machine: shutdown (it may hold)"),
+        Effect(
+            name="ask_shutdown",
+            description="the session closes (livekit's order), then the job machine: shutdown",
+        ),
         Effect(name="ask_abort", description="the job machine: abort (no hold)"),
         Effect(name="hang_up", description="close the session: nobody's call during a hold"),
     ),
