@@ -46,6 +46,7 @@ class JobView:
     first_eligible_present: bool = False
     close_on_disconnect: bool = True
     session: str = "running"  # the primary session: running | closing | closed | hung
+    on_call: bool = False  # the primary session started and is not closing
     attached: str | None = None  # the attached session: "A" (primary) or "B"
     forwarded: tuple[str, ...] = ()  # sessions whose events are forwarded
     requests: tuple[Request, ...] = ()
