@@ -35,7 +35,7 @@ def test_a_replayed_path_and_a_seeded_walk_give_the_same_snapshots() -> None:
     replayed = run(EXAMPLE, first.path, policy="hang" if seed % 2 else "return")
     assert replayed.snapshots == first.snapshots
     # a path through the avatar, time and the close, twice
-    path = ["avatar_start", "plugin_routed", "avatar_joins", "shutdown", TIME, "a_closed"]
+    path = ["avatar_start", "plugin_routed", "avatar_joins", "ctx_shutdown", TIME, "a_closed"]
     one, two = run(EXAMPLE, path), run(EXAMPLE, path)
     assert one.violation is None and one.snapshots == two.snapshots
     assert len({s for s in one.snapshots}) == len(path) + 1  # each input changed the state
@@ -63,7 +63,7 @@ def test_the_playout_inputs_start_where_a_prefix_leads_and_reach_the_watchdog() 
     start = run(CONFIGS["watchdog"], [*joined, "user_joins"], inputs="playout")
     assert start.violation is None
     assert set(start.enabled) <= PLAYOUT_INPUTS and "agent_says" in start.enabled
-    assert not {"shutdown", "attach_b", "finalize"} & set(start.enabled)
+    assert not {"ctx_shutdown", "job_shutdown", "attach_b", "finalize"} & set(start.enabled)
     one = walk(CONFIGS["watchdog"], 5, 6, inputs="playout", prefix=(*joined, "user_joins"))
     assert one.path[:6] == [*joined, "user_joins"] and len(one.path) == 12
     # a reply played at the avatar and reported: the watchdog settles, and one layer on
@@ -169,7 +169,7 @@ def test_the_replay_command_a_planted_fault_prints_fails_again(
     """The command a violation prints is the one to copy: run as printed it fails on the
     same invariant (it named the path and the config, not the inputs drawn from nor the
     fault planted, so it passed)."""
-    path = "finalize,shutdown,verdict_ready"  # as the search above finds it
+    path = "finalize,ctx_shutdown,verdict_ready"  # as the search above finds it
     argv = ["--inputs", "job", "--replay", path, "--drop-link", FAULT]
     assert main(argv) == 1
     out = capsys.readouterr().out

@@ -43,6 +43,8 @@ CAUGHT: dict[str, tuple[Search, int]] = {
     "agent_job:ask_shutdown:job": (("bfs", "aclose", "job", 1), 10),
     "agent_job:ask_abort:job": (("bfs", "aclose", "job", 1), 10),
     "job:job_closed:agent_job": (("bfs", "example", "job", 1), 10),
+    # the agent's own job.shutdown(): the job holds with the agent still on the call
+    "job:job_holding:agent_job": (("bfs", "example", "job", 1), 13),
     "participant:user_left:playout": (("walks", "watchdog", "avatar", 300), 9),
     # a report (statemachines.system.REPORTS), named by what the avatar's runtime emits:
     # the reply's end at the joined avatar's sink is never heard, nobody awaits its audio
@@ -72,12 +74,6 @@ ARGUED: dict[str, str] = {
         "avatar over the playout inputs (example, watchdog) and 150 walks of 25 (example, "
         "watchdog, identity) found nothing; tests/test_playout.py, run with it dropped, fails "
         "only where it asserts which event ended the wait"
-    ),
-    "job:job_holding:agent_job": (
-        "every way the explorer's job reaches the hold has closed the session first: "
-        "ctx.shutdown() (livekit's order), aclose() (ask_shutdown hangs up), the session's "
-        "own close; the agent's own AgentJob.shutdown(), which the watch is for, is drawn by "
-        "the fuzzer (its 'off the call' check) and tests/test_job_shutdown_hangs_up.py"
     ),
     "job:run_close:participant": (
         "as the avatar: the session's close link, else the release, closes the link; it "

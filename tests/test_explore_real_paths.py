@@ -61,7 +61,7 @@ def test_the_avatar_leaves_after_the_session_or_its_share_of_the_bound() -> None
         "plugin_returns",
         "avatar_joins",
         "avatar_video",
-        "shutdown",
+        "ctx_shutdown",
         TIME,
     ]
     views, times = _views("plain", path)

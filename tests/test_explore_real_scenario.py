@@ -79,11 +79,32 @@ def test_the_same_scenario_passes_on_the_runtime_as_it_ships(tmp_path: Path) -> 
 
 
 def test_a_path_without_a_violation_replays_cleanly(tmp_path: Path) -> None:
-    path = ["user_joins", "finalize", "verdict_ready", "shutdown", "a_closed"]
+    path = ["user_joins", "finalize", "verdict_ready", "ctx_shutdown", "a_closed"]
     r = run(CONFIGS["example"], path)
     assert r.violation is None
     written = write_scenario(tmp_path, "clean", "example", CONFIGS["example"], r.log)
     assert _simulate(written) == []
+
+
+@pytest.mark.parametrize(
+    ("token", "step", "broken"),
+    [("job_shutdown", "job.shutdown", True), ("ctx_shutdown", "ctx.shutdown", False)],
+)
+def test_each_shutdown_is_written_as_its_own_step_and_replays_as_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str, step: str, broken: bool
+) -> None:
+    """The agent's ``job.shutdown()`` and livekit's ``ctx.shutdown()`` are two inputs and two
+    steps: without the ``job_holding`` watch only the agent's own call holds on the call
+    (invariant 13; livekit's closed the session first), in the explorer and in simulate."""
+    fault = "job:job_holding:agent_job"
+    r = run(CONFIGS["example"], [token], setup=drop(fault))
+    assert (r.violation is not None and r.violation.invariant == 13) is broken
+    written = write_scenario(tmp_path, token, "example", CONFIGS["example"], r.log)
+    assert [s.event for s in load_scenario(written).steps][1:-1] == [step]
+    _plant(monkeypatch, fault)
+    failures = _simulate(written)
+    assert bool(failures) is broken
+    assert all(f.startswith("invariant 13 (off_the_call)") for f in failures), failures
 
 
 def test_an_input_no_scenario_step_reproduces_is_refused_by_name() -> None:

@@ -867,18 +867,18 @@ def test_the_exploration_stage_kills_a_mutant_no_test_noticed(tmp_path: Path) ->
     job = MACHINES["job"]
     m = mutant(job, label)
     judge = _Mutants({"explore_depth": 0, "out": str(tmp_path / "out.json")})
-    want = {"tests": [], "explore": True, "paths": [["example", "shutdown"]]}
+    want = {"tests": [], "explore": True, "paths": [["example", "ctx_shutdown"]]}
     result = judge.judge(m, want, lambda nodeid, budget: "passed")
     assert result["status"] == "killed", result
     assert result["by"] == (
         "exploration: example, breadth first: invariant 7 (job went serving -> closing on "
-        "shutdown with the hold needed); replay: python3 dev.py explore --replay shutdown "
+        "shutdown with the hold needed); replay: python3 dev.py explore --replay ctx_shutdown "
         "--config example"
     )
     assert MACHINES["job"] is job  # the swap was undone
     # a run that cannot happen (an input of it not enabled where it comes: the mutant may
     # change what a kept run can do) is passed over, not an error of the stage
-    gone = [["example", "shutdown", "plugin_routed"], ["example", "shutdown"]]
+    gone = [["example", "ctx_shutdown", "plugin_routed"], ["example", "ctx_shutdown"]]
     again = judge.judge(m, {**want, "paths": gone}, lambda n, b: "passed")
     assert again["status"] == "killed" and again["by"] == result["by"]
 
@@ -908,8 +908,8 @@ def test_the_coverage_keeps_the_shortest_runs_that_decided_each_cell() -> None:
     assert broke == []  # the machines as written break nothing on the way
     shutdown = found["job|serving|shutdown"]
     assert 1 <= len(shutdown) <= PATHS
-    # one input, the shortest: the shutdown, or the user's aclose() that asks for it
-    assert {path for _, path in shutdown} == {("shutdown",), ("aclose",)}
+    # one input, the shortest: either shutdown, or the user's aclose() that asks for it
+    assert {path for _, path in shutdown} == {("ctx_shutdown",), ("job_shutdown",), ("aclose",)}
     # the job's start decides cells before any input: their runs are the empty path
     assert ("example", ()) in found["agent_job|new|follow_room"]
     assert "room_deletion|kept|close" not in found  # the job allows before it releases
@@ -923,7 +923,7 @@ def test_the_coverage_run_records_each_cell_with_the_runs_that_decided_it(
     from verification.mutation import explored
     from verification.mutation.worker import _Coverage
 
-    runs = {"job|serving|shutdown": [("example", ("shutdown",))]}
+    runs = {"job|serving|shutdown": [("example", ("ctx_shutdown",))]}
     monkeypatch.setattr(explored, "reach", lambda depth: (runs, []))
     out = _Coverage({"explore_depth": 1}).finish()["explore"]
     out = json.loads(json.dumps(out))

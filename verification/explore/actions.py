@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from verification.explore.harness import Harness
 
 SPEECH = 1.0  # seconds of audio in each of the agent's replies
+SHUTDOWN_REASON = "the explorer ends it"
 
 
 # -- what each action does to the real job -----------------------------------------------------
@@ -69,12 +70,13 @@ def _close(h: Harness, name: str) -> None:
     lk.ask_session_close(h.sessions[name], CloseReason.USER_INITIATED)
 
 
-def _shutdown(h: Harness, _: str) -> None:
-    # livekit's order: the primary session closes, then on_session_end (the hold)
+def _ctx_shutdown(h: Harness, _: str) -> None:
+    # livekit's ctx.shutdown(): the primary session closes, then on_session_end tells the
+    # job machine (the hold)
     primary = h.sessions["A"]
     if lk.session_live(primary):
         lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)
-    h.job.shutdown("the explorer ends it")
+    h.job.job.shutdown(SHUTDOWN_REASON)
 
 
 async def _interrupt(h: Harness, playing: bool) -> None:
@@ -172,7 +174,9 @@ ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     "attach_b": _attach_b,
     "close_a": lambda h, _: _close(h, "A"),
     "close_b": lambda h, _: _close(h, "B"),
-    "shutdown": _shutdown,
+    "ctx_shutdown": _ctx_shutdown,
+    # the agent's own job.shutdown() (an end-call tool's): the job hangs up by itself
+    "job_shutdown": lambda h, _: h.job.shutdown(SHUTDOWN_REASON),
     "request_deletion": lambda h, _: h.job.request_room_deletion(),
     "release": lambda h, _: h.bg(h.job.aclose(), "job.aclose"),
     # the user's own calls, each returning once the job is closed

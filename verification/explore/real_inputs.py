@@ -125,7 +125,11 @@ def _job_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
         if name in h.sessions and h.session_state(name) == "running":
             out.append(f"close_{name.lower()}")
     if states.get("job") in LIVE_JOB and not _traced(h, "job", "shutdown"):
-        out.append("shutdown")
+        out.append("ctx_shutdown")  # livekit's order: the session closed first
+        if cfg.simulation:
+            # the agent's own call, which must hang up by itself before the hold; outside
+            # a simulation nothing holds, and the close goes as aclose()'s
+            out.append("job_shutdown")
     if not cfg.delete_room_on_close and not view.deletion_asked:
         out.append("request_deletion")
     if cfg.aclose:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from agent_runtime.testing.scenario import HELD_CALLS, parse_scenario
-from verification.explore.actions import SPEECH
+from verification.explore.actions import SHUTDOWN_REASON, SPEECH
 from verification.explore.config import GRACE_PERIOD, PEOPLE, SETTINGS, Config
 from verification.explore.harness import VERDICT
 from verification.explore.real import Applied
@@ -65,7 +65,8 @@ _STEPS: dict[str, dict[str, Any]] = {
                   "request": "finalize_simulation", "payload": {"provisional_success": "yes"}},
     "attach_b": {"event": "session.attach", "session": "B"},
     "close_a": {"event": "session.close", "reason": "user_initiated"},
-    "shutdown": {"event": "job.shutdown", "reason": "the explorer ends it"},
+    "ctx_shutdown": {"event": "ctx.shutdown", "reason": SHUTDOWN_REASON},
+    "job_shutdown": {"event": "job.shutdown", "reason": SHUTDOWN_REASON},
     "aclose": {"event": "job.aclose"},
     "abort": {"event": "job.aclose", "graceful": False},
     "avatar_start": {"event": "avatar.start"},

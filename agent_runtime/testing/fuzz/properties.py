@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.runtimes.avatar import session_room_io
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.invariants.checks import off_the_call as holding_on_the_call
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
 from agent_runtime.testing.user_code import is_agents_task, is_user_callable, said
 
@@ -157,19 +158,13 @@ def verdicts(h: Harness) -> list[Problem]:
 
 def off_the_call(h: Harness) -> list[Problem]:
     """While the job holds for the simulator's verdict, the agent is off the call: its
-    session closed first (livekit's order), whichever way the job was asked to end."""
+    session closed first (livekit's order), whichever way the job was asked to end
+    (invariant 13, ``invariants.checks.off_the_call``)."""
     job = h.job
-    if job is None or job.states.get("job") != "awaiting_finalize":
+    if job is None:
         return []
-    if not lk.session_live(job.session):
-        return []
-    return [
-        Problem(
-            "off the call",
-            f"t={h.clock.now():g}: the job holds for the simulator's verdict with the "
-            "agent's session still running (the agent is still on the call)",
-        )
-    ]
+    held = holding_on_the_call(job.states.get("job"), lk.session_live(job.session))
+    return [Problem("off the call", f"t={h.clock.now():g}: {held}")] if held else []
 
 
 DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts, off_the_call)

@@ -119,6 +119,13 @@ INVARIANTS: tuple[Invariant, ...] = (
         "spoke) or hand over; only the session's close ends it, and it moves on nothing else "
         "than what concerns it (judged at each decision: ``invariants.playout``)",
     ),
+    Invariant(
+        13,
+        "off_the_call",
+        "with AgentJob's lifecycle composed: while the job holds for the simulator's verdict "
+        "(awaiting_finalize), the agent's session is not running (it is off the call), once "
+        "the step that entered the hold has settled, whichever way the job was asked to end",
+    ),
     Invariant(0, "terminates", "internal steps and timeouts alone never run in a cycle"),
 )
 BY_NUMBER = {inv.number: inv for inv in INVARIANTS}
@@ -130,6 +137,22 @@ Finding = tuple[int, str]  # (invariant number, what is wrong)
 _HOLD_ENDS = frozenset({"simulator_left", "room_disconnected", "hold_timeout", "abort"})
 # AgentJob's lifecycle before any close (statemachines.agent_job)
 _LIFE_UP = ("new", "starting", "running")
+
+
+def off_the_call(job: str | None, on_call: bool) -> str:
+    """What is wrong when the job holds for the simulator's verdict (``job``, the job
+    machine's state) with the agent still on the call (``on_call``: its primary session
+    started and not closing), or ``""``. livekit closes the session before the hold; so
+    does the runtime (the ``job_holding`` watch's ``hang_up``), whoever asked the job to
+    end. It applies where the hold was entered by an ``AgentJob``: a ``JobRuntime`` used
+    alone has no session of its own to hang up. Invariant 13, and the fuzzer's "off the
+    call" check."""
+    if job == "awaiting_finalize" and on_call:
+        return (
+            "the job holds for the simulator's verdict with the agent's session still "
+            "running (the agent is still on the call)"
+        )
+    return ""
 
 
 def hold_cut(source: str, dest: str, event: str, needed: bool) -> str:
@@ -240,6 +263,9 @@ def settled(v: JobView) -> list[Finding]:
             out.append((10, f"the job machine closed but AgentJob's lifecycle is {life}"))
         if v.aborted and job in LIVE_JOB:
             out.append((10, f"aclose(graceful=False) was called but the job is {job}"))
+        # what the job_holding watch's hang_up must have done by now
+        if held := off_the_call(job, v.on_call):
+            out.append((13, held))
     out.extend(_session_gone(v))
     playout = v.states.get("playout")
     if playout is not None:

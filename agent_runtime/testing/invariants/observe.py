@@ -216,6 +216,7 @@ def runtime_view(
         first_eligible_present=first is not None and first in room.remote_participants,
         close_on_disconnect=job.settings.close_on_disconnect,
         session=session,
+        on_call=lk.session_live(job.session),
         attached=names.get(id(attached)) if attached is not None else None,
         primary_closed_detached=detached_close,
         forwarded=tuple(sorted(name for name, s in sessions.items() if forwarding(s))),

@@ -48,6 +48,7 @@ class JobView:
     # the primary session: running | closing | closed | hung | failed (its close ended
     # without closing it: livekit never said `close`)
     session: str = "running"
+    on_call: bool = False  # the primary session started and is not closing
     attached: str | None = None  # the attached session: "A" (primary) or "B"
     forwarded: tuple[str, ...] = ()  # sessions whose events are forwarded
     requests: tuple[Request, ...] = ()
