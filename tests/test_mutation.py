@@ -929,7 +929,7 @@ def test_the_coverage_run_records_each_cell_with_the_runs_that_decided_it(
     out = json.loads(json.dumps(out))
     assert ["job", "serving", "shutdown"] in out["cells"]
     assert any(c[0] == "playout" for c in out["cells"])  # its table's exploration
-    assert out["paths"] == {"job|serving|shutdown": [["example", "shutdown"]]}
+    assert out["paths"] == {"job|serving|shutdown": [["example", "ctx_shutdown"]]}
     assert out["ok"] is True and out["depth"] == 1
 
 
