@@ -285,12 +285,6 @@ def playout_flag(value: Any) -> Any:
     return None if value is False else value
 
 
-def playout_options(value: Any) -> PlayoutOptions | None:
-    """``playout``'s value: options, a mapping of their fields, ``True`` (the defaults) or
-    ``False``/``None`` (no playout machine); ``SettingError`` naming the field otherwise."""
-    return check_setting("playout", value)  # type: ignore[no-any-return]
-
-
 class JobSettings(BaseModel):
     """Every setting of a composed job, with livekit-agents' defaults where it has one."""
 
