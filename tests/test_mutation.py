@@ -288,13 +288,16 @@ async def test_a_sent_event_ignored_or_taken_by_an_internal_no_op_returns_alike(
 
 
 def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
-    """The premise of the by-hand argument for (new, started): no row enters new; start and
-    start_part leave it for starting; only run_part(session=True) sends started, and each
+    """The premise of the by-hand argument for (new, started) and (held, started): no row
+    enters new, only new's job_holding enters held; start and start_part leave them for
+    starting and starting_held; only run_part(session=True) sends started, and each
     AgentJob method that calls it so first awaits begin() with start or start_part."""
     spec = MACHINES["agent_job"]
     assert spec.initial == "new" and not [r for r in spec.rows if r.dest == "new"]
-    for event in ("start", "start_part"):
-        assert [r.dest for r in spec.rows if (r.source, r.event) == ("new", event)] == ["starting"]
+    assert [(r.source, r.event) for r in spec.rows if r.dest == "held"] == [("new", "job_holding")]
+    for state, dest in (("new", "starting"), ("held", "starting_held")):
+        for event in ("start", "start_part"):
+            assert [r.dest for r in spec.rows if (r.source, r.event) == (state, event)] == [dest]
     assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
     system = importlib.import_module("agent_runtime.system.job_system")
     run_part = inspect.getsource(system.JobSystem.run_part)
@@ -324,7 +327,8 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     the link before it ends (released is what leads to closed)."""
     spec = MACHINES["agent_job"]
     assert {(r.source, r.event) for r in spec.rows if r.dest == "running"} == {
-        ("starting", "started")
+        ("starting", "started"),
+        ("starting_held", "started"),
     }
     assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
     tree = ast.parse((ROOT / "agent_runtime/system/agent_job.py").read_text())

@@ -305,13 +305,17 @@ RECORD_ONLY = (
 )
 
 BY_HAND: tuple[tuple[str, str], ...] = (
-    (
-        "agent_job (new, started) *",
+    *(
         (
-            "never decided there: only run_part(session=True) sends started, after "
-            "begin() accepted start or start_part, which new answers by leaving for "
-            "starting; no row enters new"
-        ),
+            f"agent_job ({state}, started) *",
+            (
+                "never decided there: only run_part(session=True) sends started, after "
+                "begin() accepted start or start_part, which new and held answer by "
+                "leaving for starting or starting_held; no row enters new, and only "
+                "new's job_holding enters held"
+            ),
+        )
+        for state in ("new", "held")
     ),
     (
         "agent_job (running, started) *",
