@@ -24,6 +24,7 @@ from agent_runtime.testing.clock import VirtualClock
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
+from statemachines.system import WATCHES
 from verification.mutation.cells import set_cell, set_dest
 from verification.mutation.equivalent import (
     API_GUARDED,
@@ -316,6 +317,28 @@ def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
         assert begin.start() < source.index("session=True"), fn.name
     assert callers == 2  # start() and start_session()
     assert "session=True" not in (ROOT / "agent_runtime/system/job_system.py").read_text()
+
+
+def test_the_job_lifecycle_hears_job_holding_once_and_only_that_leads_to_a_held_state() -> None:
+    """The premise of the by-hand argument for (held, job_holding) and (starting_held,
+    job_holding): the watch fires on the job machine entering awaiting_finalize, which
+    only serving's rows enter and none leads back to serving; held and starting_held are
+    entered on job_holding, or by a start from held."""
+    job = MACHINES["job"]
+    assert {r.source for r in job.rows if r.dest == "awaiting_finalize"} == {"serving"}
+    assert not [r for r in job.rows if r.dest == "serving"]
+    holding = [w for w in WATCHES if (w.target, w.event) == ("agent_job", "job_holding")]
+    assert [(w.source, w.entering, w.leaving) for w in holding] == [
+        ("job", ("awaiting_finalize",), ())
+    ]
+    spec = MACHINES["agent_job"]
+    into = {(r.source, r.event) for r in spec.rows if r.dest in ("held", "starting_held")}
+    assert into == {
+        ("new", "job_holding"),
+        ("starting", "job_holding"),
+        ("held", "start"),
+        ("held", "start_part"),
+    }
 
 
 def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:

@@ -317,6 +317,25 @@ BY_HAND: tuple[tuple[str, str], ...] = (
         )
         for state in ("new", "held")
     ),
+    *(
+        (
+            f"agent_job ({state}, job_holding) *",
+            (
+                "never decided there: job_holding is the watch on the job machine entering "
+                "awaiting_finalize, which only serving's rows enter and no row enters "
+                "serving: it comes once per job, and it is what entered this state"
+            ),
+        )
+        for state in ("held", "starting_held")
+    ),
+    (
+        "agent_job (held, start_failed) *",
+        (
+            "never decided there: the job holds only once its room is followed (it knows "
+            "the simulator from the room), after which start_runtime() returns at once; "
+            "every other part begins with start or start_part, which leave held"
+        ),
+    ),
     (
         "agent_job (running, started) *",
         (
