@@ -13,15 +13,20 @@ the runtime. Faked, because they need a server: the room and the session transpo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import AgentJob, on_session_end
+from agent_runtime.actor import StateChanged
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
+from statemachines import step
+from statemachines.agent_job import AGENT_JOB
 
 pytestmark = pytest.mark.virtual_time
 
@@ -59,6 +64,16 @@ async def test_the_agent_that_ends_its_call_in_a_simulation_is_off_the_call_duri
     assert job.states["job"] == "closed" and job.finalize_answered
 
 
+def _lifecycle_into(states: list[str]) -> Callable[[StateChanged], None]:
+    """A ``state_changed`` listener keeping where the job's own lifecycle went."""
+
+    def heard(sc: StateChanged) -> None:
+        if sc.machine == "agent_job" and sc.dest != sc.source:
+            states.append(sc.dest)
+
+    return heard
+
+
 class _EndsAtOnce(Agent):
     """An agent with nothing to do: it ends the call from ``on_enter``, while the session
     is still starting."""
@@ -79,9 +94,12 @@ async def test_an_agent_that_ends_its_call_while_starting_is_off_the_call_during
 ) -> None:
     server = AgentServer(session_end_timeout=315)
 
+    lifecycle: list[str] = []
+
     @server.rtc_session(on_session_end=on_session_end)
     async def entrypoint(ctx: JobContext) -> None:
         job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.on("state_changed", _lifecycle_into(lifecycle))
         await job.start(_EndsAtOnce(job))
 
     agent_room.add_participant("user")
@@ -91,6 +109,8 @@ async def test_an_agent_that_ends_its_call_while_starting_is_off_the_call_during
     await virtual_clock.advance(5)
     assert job.states["job"] == "awaiting_finalize"
     assert job.states["participant"] == "closed" and job.close_reason == "job_shutdown"
+    # the lifecycle's table kept the hang-up until the session ran
+    assert lifecycle == ["starting", "starting_held", "running"]
 
     await simulator.finalize_simulation(provisional_success=True)
     await run_entrypoint.wait_ended()
@@ -120,3 +140,66 @@ async def test_the_job_machine_asked_to_end_holds_off_the_call_too(
     await simulator.finalize_simulation(provisional_success=True)
     await run_entrypoint.wait_ended()
     assert job.states["job"] == "closed" and job.finalize_answered
+
+
+async def test_an_agent_started_once_the_job_holds_hangs_up_once_its_session_runs(
+    agent_room: InMemoryRoom,
+    virtual_clock: VirtualClock,
+    simulator: RemoteSession,
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    # the room followed first (start_runtime()), the end asked before the agent started:
+    # the job holds with no session to close; the start goes on and hangs up once it runs
+    server = AgentServer(session_end_timeout=315)
+    seen: dict[str, str] = {}
+    lifecycle: list[str] = []
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        job.on("state_changed", _lifecycle_into(lifecycle))
+        await job.start_runtime()
+        job.shutdown("nothing to do")
+        await virtual_clock.advance(1)
+        seen.update(job=job.states["job"], lifecycle=job.lifecycle)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(server, simulation=True)
+    await run_entrypoint.wait_for("session", "ended")
+    await virtual_clock.advance(5)
+    assert seen == {"job": "awaiting_finalize", "lifecycle": "held"}
+    assert lifecycle == ["held", "starting_held", "running"]
+    assert job.states["job"] == "awaiting_finalize"
+    assert job.states["participant"] == "closed" and job.close_reason == "job_shutdown"
+
+    await simulator.finalize_simulation(provisional_success=True)
+    await run_entrypoint.wait_ended()
+    assert job.states["job"] == "closed" and job.finalize_answered
+
+
+@pytest.mark.parametrize(
+    ("events", "path"),
+    [
+        (("job_holding", "start", "started"), ["held", "starting_held", "running"]),
+        (("start", "job_holding", "started"), ["starting", "starting_held", "running"]),
+        (("start_part", "job_holding", "started"), ["starting", "starting_held", "running"]),
+    ],
+)
+def test_the_lifecycle_keeps_a_hold_heard_before_its_session_runs_and_hangs_up_then(
+    events: tuple[str, ...], path: list[str]
+) -> None:
+    # the table alone: a hold heard before the start or while it runs is kept, and the
+    # hang-up comes with the session's start, once (nothing runs to close before it)
+    state = AGENT_JOB.initial
+    states: list[str] = []
+    effects: list[tuple[str, ...]] = []
+    for event in events:
+        s = step(AGENT_JOB, state, event)
+        assert s.outcome == "transition", (state, event)
+        state = s.dest
+        states.append(state)
+        effects.append(s.effects)
+    assert states == path
+    assert effects == [(), (), ("hang_up",)]

@@ -3,7 +3,7 @@
 The scenario runner's ``job.shutdown`` step closed the session itself before telling the
 job, as ``ctx.shutdown()`` does, and the fuzzer drew only ``ctx.shutdown()``: an
 ``AgentJob.shutdown()`` that left the agent on the call through the hold (fixed in
-``JobSystem.hang_up``) passed every scenario and every fuzz. With that fix undone here
+``JobSystem._hang_up``) passed every scenario and every fuzz. With that fix undone here
 (``hang_up`` doing nothing), a scenario and a fuzz now show it; ``ctx.shutdown`` is the
 step for livekit's own end.
 
@@ -30,7 +30,7 @@ SEED = 1
 
 
 def _hang_up_undone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(JobSystem, "hang_up", lambda self: None)
+    monkeypatch.setattr(JobSystem, "_hang_up", lambda self: None)
 
 
 def _held(event: str) -> dict[str, Any]:

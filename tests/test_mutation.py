@@ -24,6 +24,7 @@ from agent_runtime.testing.clock import VirtualClock
 from statemachines import MachineSpec, Row
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
+from statemachines.system import WATCHES
 from verification.mutation.cells import set_cell, set_dest
 from verification.mutation.equivalent import (
     API_GUARDED,
@@ -288,13 +289,16 @@ async def test_a_sent_event_ignored_or_taken_by_an_internal_no_op_returns_alike(
 
 
 def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
-    """The premise of the by-hand argument for (new, started): no row enters new; start and
-    start_part leave it for starting; only run_part(session=True) sends started, and each
+    """The premise of the by-hand argument for (new, started) and (held, started): no row
+    enters new, only new's job_holding enters held; start and start_part leave them for
+    starting and starting_held; only run_part(session=True) sends started, and each
     AgentJob method that calls it so first awaits begin() with start or start_part."""
     spec = MACHINES["agent_job"]
     assert spec.initial == "new" and not [r for r in spec.rows if r.dest == "new"]
-    for event in ("start", "start_part"):
-        assert [r.dest for r in spec.rows if (r.source, r.event) == ("new", event)] == ["starting"]
+    assert [(r.source, r.event) for r in spec.rows if r.dest == "held"] == [("new", "job_holding")]
+    for state, dest in (("new", "starting"), ("held", "starting_held")):
+        for event in ("start", "start_part"):
+            assert [r.dest for r in spec.rows if (r.source, r.event) == (state, event)] == [dest]
     assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
     system = importlib.import_module("agent_runtime.system.job_system")
     run_part = inspect.getsource(system.JobSystem.run_part)
@@ -315,6 +319,28 @@ def test_the_job_lifecycle_hears_started_only_once_it_left_new() -> None:
     assert "session=True" not in (ROOT / "agent_runtime/system/job_system.py").read_text()
 
 
+def test_the_job_lifecycle_hears_job_holding_once_and_only_that_leads_to_a_held_state() -> None:
+    """The premise of the by-hand argument for (held, job_holding) and (starting_held,
+    job_holding): the watch fires on the job machine entering awaiting_finalize, which
+    only serving's rows enter and none leads back to serving; held and starting_held are
+    entered on job_holding, or by a start from held."""
+    job = MACHINES["job"]
+    assert {r.source for r in job.rows if r.dest == "awaiting_finalize"} == {"serving"}
+    assert not [r for r in job.rows if r.dest == "serving"]
+    holding = [w for w in WATCHES if (w.target, w.event) == ("agent_job", "job_holding")]
+    assert [(w.source, w.entering, w.leaving) for w in holding] == [
+        ("job", ("awaiting_finalize",), ())
+    ]
+    spec = MACHINES["agent_job"]
+    into = {(r.source, r.event) for r in spec.rows if r.dest in ("held", "starting_held")}
+    assert into == {
+        ("new", "job_holding"),
+        ("starting", "job_holding"),
+        ("held", "start"),
+        ("held", "start_part"),
+    }
+
+
 def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     """The premise of the by-hand arguments for (running, started) and (closed, started):
     started is the only way into running and is sent by run_part(session=True) alone, whose
@@ -324,7 +350,8 @@ def test_the_job_lifecycle_hears_started_once_and_never_once_closed() -> None:
     the link before it ends (released is what leads to closed)."""
     spec = MACHINES["agent_job"]
     assert {(r.source, r.event) for r in spec.rows if r.dest == "running"} == {
-        ("starting", "started")
+        ("starting", "started"),
+        ("starting_held", "started"),
     }
     assert {fn for e, fn in _constructed("agent_job") if e == "started"} == {"run_part"}
     tree = ast.parse((ROOT / "agent_runtime/system/agent_job.py").read_text())

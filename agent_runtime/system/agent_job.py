@@ -256,7 +256,9 @@ class AgentJob(Emitter[Events]):
 
     @property
     def lifecycle(self) -> str:
-        """The job's own state: ``new``, ``starting``, ``running``, ``closing``, ``closed``."""
+        """The job's own state: ``new``, ``starting``, ``running``, ``closing``, ``closed``;
+        ``held`` and ``starting_held`` while the job holds before its session ran (it hangs
+        up once it does)."""
         return self.system.lifecycle.state
 
     @property

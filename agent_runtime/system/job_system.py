@@ -67,7 +67,7 @@ from agent_runtime.settings import JobSettings
 from agent_runtime.system import livekit_job
 from agent_runtime.system._inputs import Parts
 from agent_runtime.system._start_part import StartPart
-from statemachines.agent_job import AGENT_JOB
+from statemachines.agent_job import AGENT_JOB, STARTING
 from statemachines.machines import MACHINES
 from statemachines.system import RELEASE, WATCHES, Report, bound_of, watched
 
@@ -253,7 +253,7 @@ class JobSystem(MachineRuntime[str]):
             await self.lifecycle.send(Event(event))
         except EventRejected:
             state = self.lifecycle.state
-            if state == "starting":
+            if state in STARTING:
                 raise RuntimeError("this job is already starting") from None
             if state == "running":
                 raise RuntimeError("this job is already started") from None
@@ -336,8 +336,6 @@ class JobSystem(MachineRuntime[str]):
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
         self._live_route = route_of(self.session)
         self.link.start()
-        if self.job.actor.state != "serving":
-            self.hang_up()  # the end was asked while it started (its agent's on_enter, say)
 
     # -- ending ------------------------------------------------------------------------------
     async def aclose(self, *, graceful: bool) -> None:
@@ -392,7 +390,7 @@ class JobSystem(MachineRuntime[str]):
 
     # -- the lifecycle's effects -------------------------------------------------------------
     # the job machine hears them through the declared links (statemachines.links.LINKS)
-    def hang_up(self) -> None:
+    def _hang_up(self) -> None:
         """livekit's order (``_shutdown_job``): the primary session closes first, then the
         job holds for a verdict (``on_session_end``); the job's own host answers it
         meanwhile. A session left live would stay on the call through the hold."""
@@ -400,11 +398,11 @@ class JobSystem(MachineRuntime[str]):
             lk.ask_session_close(self.session, CloseReason.JOB_SHUTDOWN)
 
     def _fx_ask_shutdown(self, _ev: Event) -> Output:
-        self.hang_up()
+        self._hang_up()
         return Output({"reason": LIFECYCLE_SHUTDOWN})
 
     def _fx_hang_up(self, _ev: Event) -> None:
-        self.hang_up()
+        self._hang_up()
 
     def _fx_ask_abort(self, _ev: Event) -> Output:
         return Output({"reason": "aborted"})

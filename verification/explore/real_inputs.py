@@ -14,14 +14,13 @@ from typing import Literal
 from livekit import rtc
 
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.testing.invariants.checks import LIVE_JOB
+from agent_runtime.testing.invariants.checks import LIFE_UP, LIVE_JOB
 from agent_runtime.testing.invariants.view import JobView
 from verification.explore.config import PEOPLE
 from verification.explore.harness import Harness
 
 Inputs = Literal["all", "job", "avatar", "playout"]
 TIME = "time"  # the input "time passes to the clock's next deadline"
-_LIFE_UP = ("new", "starting", "running")
 _REASONS = ("CLIENT_INITIATED", "SIGNAL_CLOSE")
 
 
@@ -134,9 +133,9 @@ def _job_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
         out.append("request_deletion")
     if cfg.aclose:
         life = states.get("agent_job", "")
-        if life in _LIFE_UP:
+        if life in LIFE_UP:
             out.append("aclose")
-        if not view.aborted and (life in _LIFE_UP or states.get("job") in LIVE_JOB):
+        if not view.aborted and (life in LIFE_UP or states.get("job") in LIVE_JOB):
             out.append("abort")
     return out
 
@@ -150,7 +149,7 @@ def _avatar_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
     identity = PEOPLE["avatar"].identity
     present = identity in h.room.remote_participants
     if state == "idle":
-        if view.states.get("agent_job") in _LIFE_UP:
+        if view.states.get("agent_job") in LIFE_UP:
             out.append("avatar_start")
     elif up and not present:
         out.append("avatar_joins")

@@ -305,12 +305,35 @@ RECORD_ONLY = (
 )
 
 BY_HAND: tuple[tuple[str, str], ...] = (
-    (
-        "agent_job (new, started) *",
+    *(
         (
-            "never decided there: only run_part(session=True) sends started, after "
-            "begin() accepted start or start_part, which new answers by leaving for "
-            "starting; no row enters new"
+            f"agent_job ({state}, started) *",
+            (
+                "never decided there: only run_part(session=True) sends started, after "
+                "begin() accepted start or start_part, which new and held answer by "
+                "leaving for starting or starting_held; no row enters new, and only "
+                "new's job_holding enters held"
+            ),
+        )
+        for state in ("new", "held")
+    ),
+    *(
+        (
+            f"agent_job ({state}, job_holding) *",
+            (
+                "never decided there: job_holding is the watch on the job machine entering "
+                "awaiting_finalize, which only serving's rows enter and no row enters "
+                "serving: it comes once per job, and it is what entered this state"
+            ),
+        )
+        for state in ("held", "starting_held")
+    ),
+    (
+        "agent_job (held, start_failed) *",
+        (
+            "never decided there: the job holds only once its room is followed (it knows "
+            "the simulator from the room), after which start_runtime() returns at once; "
+            "every other part begins with start or start_part, which leave held"
         ),
     ),
     (

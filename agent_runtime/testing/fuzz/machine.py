@@ -32,6 +32,7 @@ from agent_runtime.testing.fuzz import properties as props
 from agent_runtime.testing.fuzz.harness import AVATAR, SIMULATOR, Harness
 from agent_runtime.testing.fuzz.interrupt import Interrupts
 from agent_runtime.testing.fuzz.properties import Check, FuzzOutcome, Problem
+from statemachines.agent_job import STARTING
 
 logger = logging.getLogger("agent_runtime.testing.fuzz")
 
@@ -104,7 +105,7 @@ async def finish(h: Harness, checks: list[Check], steps: list[dict[str, Any]]) -
     )
     problems += props.run_checks(checks, outcome)
     never_started = h.job is not None and not any(
-        t["machine"] == "agent_job" and t["dest"] == "starting" for t in h.runner.transitions
+        t["machine"] == "agent_job" and t["dest"] in STARTING for t in h.runner.transitions
     )
     if never_started and problems and all(p.prop != "user code" for p in problems):
         # built, never started, nothing of the agent's failed: first, as the cause of the
@@ -308,10 +309,10 @@ def make_machine(
                 if self.h.process is not None and not self.h.process.begun:
                     self._do("ctx.shutdown", reason="the agent hung up")
             elif how == "shutdown":  # job.shutdown(reason): an end-call tool's
-                if job is not None and job.lifecycle in ("starting", "running"):
+                if job is not None and job.lifecycle in (*STARTING, "running"):
                     self._do("job.shutdown", reason="the agent hung up")
             elif how == "aclose":
-                if job is not None and job.lifecycle in ("starting", "running"):
+                if job is not None and job.lifecycle in (*STARTING, "running"):
                     self._do("job.aclose", graceful=True)
             elif job is not None and job.lifecycle != "closed":
                 self._do("job.aclose", graceful=False)

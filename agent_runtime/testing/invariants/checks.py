@@ -135,8 +135,8 @@ Finding = tuple[int, str]  # (invariant number, what is wrong)
 # the events that may end a hold: the simulator gone, the room gone, the bound, and the
 # user's own abort (aclose(graceful=False): no hold, by the user's choice)
 _HOLD_ENDS = frozenset({"simulator_left", "room_disconnected", "hold_timeout", "abort"})
-# AgentJob's lifecycle before any close (statemachines.agent_job)
-_LIFE_UP = ("new", "starting", "running")
+# AgentJob's lifecycle before any close (statemachines.agent_job): the states a close leaves
+LIFE_UP = tuple(r.source for r in MACHINES["agent_job"].rows if r.event == "close" and r.dest)
 
 
 def off_the_call(job: str | None, on_call: bool) -> str:
@@ -334,7 +334,7 @@ def eventual(v: JobView) -> list[Finding]:
             if state is not None and state != "closed":
                 out.append((11, f"after every bound the job closed but the {machine} is {state}"))
     life = v.states.get("agent_job")
-    if life is not None and life != "closed" and (life not in _LIFE_UP or job == "closed"):
+    if life is not None and life != "closed" and (life not in LIFE_UP or job == "closed"):
         # the job machine closed, or the user called aclose(): it returns once closed
         out.append((10, f"after every bound AgentJob's lifecycle is {life} (the job {job})"))
     if v.audio_pending:
