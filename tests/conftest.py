@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from _pytest.assertion import rewrite as _assert_rewrite
 from livekit.agents import telemetry
 from livekit.agents.job import JobContext
 from livekit.agents.testing import fake_job_context
@@ -22,6 +23,26 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agent_runtime.sdk import asyncio_compat as aio
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.inmemory import InMemoryRoom
+
+_rewrite_test = _assert_rewrite._rewrite_test
+
+
+def _rewrite_test_without_collector(fn: Any, config: Any) -> Any:
+    # a module first imported mid-test (the CLI's commands, a --check module) is rewritten
+    # there; on CPython 3.11 a collection in the middle of that ast.parse runs earlier
+    # tests' finalizers, and one that imports (so parses) too fails the outer parse with
+    # "SystemError: AST constructor recursion depth mismatch" (gh-106905; as _parse in
+    # test_layout). Seen twice in test_fuzz's CLI tests under load
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _rewrite_test(fn, config)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_assert_rewrite._rewrite_test = _rewrite_test_without_collector
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
