@@ -90,6 +90,15 @@ def test_no_production_module_is_over_500_lines() -> None:
     assert {name: n for name, n in sizes.items() if n > 500} == {}
 
 
+def test_no_tool_module_is_over_500_lines() -> None:
+    """The tools and the project's own verification keep to the same size (issue 39)."""
+    root = PACKAGE.parent
+    tools = [*(PACKAGE / "tools").rglob("*.py"), *(root / "verification").rglob("*.py")]
+    assert len(tools) > 30
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in tools}
+    assert {name: n for name, n in sizes.items() if n > 500} == {}
+
+
 def test_the_public_namespace_is_the_production_api() -> None:
     for name in agent_runtime.__all__:
         obj = getattr(agent_runtime, name)
