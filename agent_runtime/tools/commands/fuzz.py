@@ -31,6 +31,18 @@ from pydantic import ValidationError
 from agent_runtime.parts import described, takes
 from agent_runtime.sdk import livekit_compat as lk
 
+# at the top, so a venv without the tools extra (hypothesis) is told so as the command loads
+from agent_runtime.testing.entrypoint import NoAgentJob, not_an_entrypoint, served
+from agent_runtime.testing.fuzz import BadCheck, FuzzOptions, fuzz, replay
+from agent_runtime.testing.fuzz.properties import not_a_check
+from agent_runtime.testing.fuzz.run import (
+    NotReplayable,
+    PluginOffMainThread,
+    check_replayable,
+    print_progress,
+)
+from agent_runtime.testing.scenario import ScenarioError, load_scenario
+
 
 class UsageError(Exception):
     """A bad argument; the message is the one line printed."""
@@ -81,7 +93,6 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
 
 
 def _server(spec: str) -> Any:
-    from agent_runtime.testing.entrypoint import not_an_entrypoint, served
 
     module, given = _load(spec, "agent")
     # the entrypoint function an AgentServer of its module registered: run with that
@@ -109,7 +120,6 @@ def _server(spec: str) -> Any:
 
 
 def _checks(specs: list[str]) -> list[Any]:
-    from agent_runtime.testing.fuzz.properties import not_a_check
 
     checks = []
     for spec in specs:
@@ -170,8 +180,6 @@ _DRAWING = (
 
 
 def _replayable(args: argparse.Namespace) -> None:
-    from agent_runtime.testing.fuzz.run import NotReplayable, check_replayable
-    from agent_runtime.testing.scenario import ScenarioError, load_scenario
 
     given = [option for option, name in _DRAWING if getattr(args, name) not in (None, False)]
     if given:
@@ -193,9 +201,6 @@ def _int(option: str, value: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent_runtime.testing.entrypoint import NoAgentJob
-    from agent_runtime.testing.fuzz import BadCheck, FuzzOptions, fuzz, replay
-    from agent_runtime.testing.fuzz.run import PluginOffMainThread, print_progress
 
     made: list[Path] = []
     try:
