@@ -55,10 +55,15 @@ def _module(name: str) -> Any:
             raise UsageError(f"{name}: a directory; name the agent's .py file in it")
         if not path.is_file():
             raise UsageError(f"{name}: no such file")
+        sys.path.insert(0, str(path.resolve().parent))  # its sibling modules, as a script's
+        package = _package_module(path)
+        if package is not None:
+            root, dotted = package
+            sys.path.insert(0, str(root))
+            return importlib.import_module(dotted)
         spec = importlib.util.spec_from_file_location(path.stem, path)
         if spec is None or spec.loader is None:
             raise UsageError(f"{name}: cannot load it as a module")
-        sys.path.insert(0, str(path.resolve().parent))
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module
         spec.loader.exec_module(module)
@@ -66,6 +71,19 @@ def _module(name: str) -> Any:
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     return importlib.import_module(name)
+
+
+def _package_module(path: Path) -> tuple[Path, str] | None:
+    """A file in a package (a folder with ``__init__.py``, as in a ``src/`` layout): the
+    folder above the package and the module's dotted name, so its relative imports work
+    as when it runs deployed (``python -m shop.agent``); None for a file on its own."""
+    folder, parts = path.resolve().parent, [path.stem]
+    while (folder / "__init__.py").is_file() and folder.name.isidentifier():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) == 1:
+        return None
+    return folder, ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def load(spec: str, what: str) -> Any:
