@@ -100,6 +100,12 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
         module = _module(module_name)
     except UsageError:
         raise
+    except SystemExit as e:  # livekit's cli.run_app at import exits, having parsed our argv
+        raise UsageError(
+            f"{what} {spec!r}: cannot import {module_name}: it exited as it was imported "
+            f"(SystemExit: {e.code}); a call such as cli.run_app(server) belongs under "
+            'if __name__ == "__main__":'
+        ) from None
     except Exception as e:  # the user's module failing to import is a usage error here
         raise UsageError(
             f"{what} {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
