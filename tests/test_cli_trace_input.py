@@ -138,12 +138,27 @@ def test_a_time_no_float_holds_is_a_field_error(
     err = capsys.readouterr().err
     if command == "watch":
         assert err == (
-            f"agent-runtime watch: {bad}:11: field 't' must be a number of seconds, not an "
-            "integer of 401 digits; line skipped\n"
+            f"agent-runtime watch: {bad}:11: field 't' must be a number of seconds, 0 or more, "
+            f"not {'a negative' if t.startswith('-') else 'an'} integer of 401 digits; line "
+            "skipped\n"
         )
     else:
         assert err.startswith(f"agent-runtime {command}: {bad}:11: field 't': Input should be")
         assert len(err.splitlines()) == 1
+
+
+def test_watch_names_a_negative_time_as_it_is_written(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = _lines(run_jsonl)
+    edited = json.loads(lines[10]) | {"t": -5}
+    bad = tmp_path / "edited.jsonl"
+    bad.write_text("".join([*lines[:10], json.dumps(edited) + "\n", *lines[11:]]), "utf-8")
+    assert main(["watch", "--once", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"agent-runtime watch: {bad}:11: field 't' must be a number of seconds, 0 or more, "
+        "not -5; line skipped\n"
+    )
 
 
 MACHINE_NAMES = (

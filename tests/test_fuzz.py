@@ -334,7 +334,8 @@ def test_a_failure_is_printed_with_its_seed_written_and_replayed(
     assert code == 1, out
     assert "seed 7: a property failed" in out and "example(s) run" in out
     assert "released: tasks still running after the job ended: " in out
-    written = tmp_path / "fuzz-planted.entrypoint-7.yaml"  # the agent loaded from its file
+    # the agent loaded from its file, a module of the package tests/support
+    written = tmp_path / "fuzz-support.planted.entrypoint-7.yaml"
     assert f"written to {written}" in out
     assert [s.event for s in load_scenario(written).steps] == ["session.start", "end"]
     code, out, _ = _fuzz_cli(capsys, f"{PLANTED}:BUGGY_LEAKY_TASK", "--replay", str(written))
@@ -439,8 +440,8 @@ def test_on_session_end_that_expects_the_simulator_is_found_shrunk_written_and_r
     events = [(s.event, getattr(s, "identity", None)) for s in scenario.steps]
     # shrunk to what matters: the simulator leaves before the session ends
     assert ("participant_disconnected", "simulator") in events and len(events) <= 4
-    # the agent given by its file: named by the file's module
-    assert "found by agent-runtime fuzz of planted.entrypoint (seed 1)" in scenario.description
+    # the agent given by its file: named by the file's module, in its package
+    assert "fuzz of support.planted.entrypoint (seed 1)" in scenario.description
 
     code, out, _ = _fuzz_cli(
         capsys, f"{PLANTED}:BUGGY_SIMULATOR_LOOKUP", "--replay", str(written[0])

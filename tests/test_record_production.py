@@ -245,7 +245,7 @@ async def test_a_simulator_that_gained_its_attribute_after_joining_still_gets_th
     ) in comments(recorded)
 
 
-async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducible(
+async def test_a_deletion_the_agent_asked_for_itself_is_a_step_and_reproduced(
     tmp_path: Path,
     agent_room: InMemoryRoom,
     run_entrypoint: EntrypointRunner,
@@ -253,9 +253,9 @@ async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducibl
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """An end-call tool asks for the room's deletion mid-session (``request_room_deletion``);
-    ``delete_room_on_close`` is off. No scenario step does that: the file does not turn it
-    into ``delete_room_on_close`` (whose request would come at the close instead), says why,
-    and ``--check`` names the difference."""
+    ``delete_room_on_close`` is off. It is the step ``job.request_room_deletion`` at its
+    time, not ``delete_room_on_close`` (whose request would come at the close instead).
+    No step did that: ``--check`` failed on every trace of an agent with such a tool."""
     clock = run_entrypoint.clock
     os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
     os.environ.pop("AGENT_AVATAR", None)
@@ -269,17 +269,14 @@ async def test_a_deletion_the_agent_asked_for_itself_is_named_as_not_reproducibl
     assert job.states["room_deletion"] == "deleted"
 
     recorded = tmp_path / "incident.yaml"
-    assert await record_check(tmp_path / "test-job.jsonl", recorded) == 1
-    err = capsys.readouterr().err
-    assert (
-        "room_deletion: transition 1 differs: trace kept -> requested on request, "
-        "run kept -> allowed on allow"
-    ) in err
-    assert "delete_room_on_close" not in recorded.read_text().split("name:", 1)[1]
-    assert (
-        "t=2: the agent asked for the room's deletion itself (request_room_deletion, as an "
-        "end-call tool does); no scenario step does that"
-    ) in comments(recorded)
+    assert await record_check(tmp_path / "test-job.jsonl", recorded) == 0, capsys.readouterr()
+    scenario = load_scenario(recorded)
+    assert [(s.at, s.event) for s in scenario.steps][:2] == [
+        (0, "session.start"),
+        (2, "job.request_room_deletion"),
+    ]
+    assert "delete_room_on_close" not in scenario.config.model_fields_set
+    assert "request_room_deletion" not in comments(recorded)
 
 
 async def test_a_job_aborted_by_its_code_is_recorded_and_reproduced(

@@ -109,8 +109,14 @@ def _terse(raw: dict[str, Any]) -> str | None:
         return f"unknown record kind {raw['kind']!r}"
     t = raw["t"]
     if not _seconds(t):
-        shown = f"an integer of {len(str(abs(t)))} digits" if type(t) is int else repr(t)
-        return f"field 't' must be a number of seconds, not {shown}"
+        digits = len(str(abs(t))) if type(t) is int else 0
+        # one too long to print is told by its size (and sign), any other as it is written
+        shown = (
+            f"{'a negative' if t < 0 else 'an'} integer of {digits} digits"
+            if digits > 20
+            else repr(t)
+        )
+        return f"field 't' must be a number of seconds, 0 or more, not {shown}"
     bad = [n for n in _TEXT_FIELDS if n in raw and not isinstance(raw[n], str)]
     return f"field {bad[0]!r} must be a string" if bad else None
 

@@ -281,6 +281,8 @@ class _Simulation:
             await self.avatar.aclose()
         elif isinstance(step, sc.JobShutdown):
             self.agent_job.shutdown(step.reason)  # what the agent's end-call tool calls
+        elif isinstance(step, sc.JobRequestRoomDeletion):
+            self.agent_job.request_room_deletion()
         elif isinstance(step, sc.CtxShutdown):  # livekit's order: the session, then the hold
             if lk.session_started(primary := self.sessions["a"]):
                 lk.ask_session_close(primary, CloseReason.JOB_SHUTDOWN)

@@ -255,6 +255,13 @@ class JobShutdown(_Step):
     reason: str = ""
 
 
+class JobRequestRoomDeletion(_Step):
+    """The agent's ``job.request_room_deletion()`` (an end-call tool's, before its
+    ``job.shutdown``): the room is deleted once the hold and the close are over."""
+
+    event: Literal["job.request_room_deletion"]
+
+
 class CtxShutdown(_Step):
     """livekit's ``ctx.shutdown(reason)``: the primary session closes, then the job is told
     (``on_session_end``, the hold)."""
@@ -396,6 +403,7 @@ Step = Annotated[
     | AvatarStartError
     | AvatarClose
     | JobShutdown
+    | JobRequestRoomDeletion
     | CtxShutdown
     | JobAclose
     | RoomConnected

@@ -256,15 +256,19 @@ def _not_a_pending_task(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Task was destroyed but it is pending")
 
 
+# what the tools extra brings that a command may import as it loads, by import name
+TOOLS_EXTRA = {"yaml": "PyYAML", "hypothesis": "hypothesis"}
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(args.module)
     except ModuleNotFoundError as e:
-        if e.name != "yaml":
+        if e.name not in TOOLS_EXTRA:
             raise
         print(
-            f"agent-runtime {args.command}: needs PyYAML; install the project's tools extra "
-            "(from a clone: pip install '.[tools]')",
+            f"agent-runtime {args.command}: needs {TOOLS_EXTRA[e.name]}; install the project's "
+            "tools extra (from a clone: pip install '.[tools]')",
             file=sys.stderr,
         )
         return 2

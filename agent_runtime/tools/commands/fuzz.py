@@ -31,6 +31,18 @@ from pydantic import ValidationError
 from agent_runtime.parts import described, takes
 from agent_runtime.sdk import livekit_compat as lk
 
+# at the top, so a venv without the tools extra (hypothesis) is told so as the command loads
+from agent_runtime.testing.entrypoint import NoAgentJob, not_an_entrypoint, served
+from agent_runtime.testing.fuzz import BadCheck, FuzzOptions, fuzz, replay
+from agent_runtime.testing.fuzz.properties import not_a_check
+from agent_runtime.testing.fuzz.run import (
+    NotReplayable,
+    PluginOffMainThread,
+    check_replayable,
+    print_progress,
+)
+from agent_runtime.testing.scenario import ScenarioError, load_scenario
+
 
 class UsageError(Exception):
     """A bad argument; the message is the one line printed."""
@@ -43,10 +55,15 @@ def _module(name: str) -> Any:
             raise UsageError(f"{name}: a directory; name the agent's .py file in it")
         if not path.is_file():
             raise UsageError(f"{name}: no such file")
+        sys.path.insert(0, str(path.resolve().parent))  # its sibling modules, as a script's
+        package = _package_module(path)
+        if package is not None:
+            root, dotted = package
+            sys.path.insert(0, str(root))
+            return importlib.import_module(dotted)
         spec = importlib.util.spec_from_file_location(path.stem, path)
         if spec is None or spec.loader is None:
             raise UsageError(f"{name}: cannot load it as a module")
-        sys.path.insert(0, str(path.resolve().parent))
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module
         spec.loader.exec_module(module)
@@ -54,6 +71,19 @@ def _module(name: str) -> Any:
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     return importlib.import_module(name)
+
+
+def _package_module(path: Path) -> tuple[Path, str] | None:
+    """A file in a package (a folder with ``__init__.py``, as in a ``src/`` layout): the
+    folder above the package and the module's dotted name, so its relative imports work
+    as when it runs deployed (``python -m shop.agent``); None for a file on its own."""
+    folder, parts = path.resolve().parent, [path.stem]
+    while (folder / "__init__.py").is_file() and folder.name.isidentifier():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) == 1:
+        return None
+    return folder, ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def load(spec: str, what: str) -> Any:
@@ -70,6 +100,12 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
         module = _module(module_name)
     except UsageError:
         raise
+    except SystemExit as e:  # livekit's cli.run_app at import exits, having parsed our argv
+        raise UsageError(
+            f"{what} {spec!r}: cannot import {module_name}: it exited as it was imported "
+            f"(SystemExit: {e.code}); a call such as cli.run_app(server) belongs under "
+            'if __name__ == "__main__":'
+        ) from None
     except Exception as e:  # the user's module failing to import is a usage error here
         raise UsageError(
             f"{what} {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
@@ -81,7 +117,6 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
 
 
 def _server(spec: str) -> Any:
-    from agent_runtime.testing.entrypoint import not_an_entrypoint, served
 
     module, given = _load(spec, "agent")
     # the entrypoint function an AgentServer of its module registered: run with that
@@ -109,7 +144,6 @@ def _server(spec: str) -> Any:
 
 
 def _checks(specs: list[str]) -> list[Any]:
-    from agent_runtime.testing.fuzz.properties import not_a_check
 
     checks = []
     for spec in specs:
@@ -170,8 +204,6 @@ _DRAWING = (
 
 
 def _replayable(args: argparse.Namespace) -> None:
-    from agent_runtime.testing.fuzz.run import NotReplayable, check_replayable
-    from agent_runtime.testing.scenario import ScenarioError, load_scenario
 
     given = [option for option, name in _DRAWING if getattr(args, name) not in (None, False)]
     if given:
@@ -193,9 +225,6 @@ def _int(option: str, value: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent_runtime.testing.entrypoint import NoAgentJob
-    from agent_runtime.testing.fuzz import BadCheck, FuzzOptions, fuzz, replay
-    from agent_runtime.testing.fuzz.run import PluginOffMainThread, print_progress
 
     made: list[Path] = []
     try:

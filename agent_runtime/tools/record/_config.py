@@ -257,7 +257,7 @@ class _ConfigPass(_State):
         """``delete_room_on_close``, from who asked for the room's deletion. With it, the
         job's close work asks just before it allows the deletion, and the attached session's
         close asks as the host reports it; a request at any other moment is the agent's own
-        (``request_room_deletion``), which no scenario step makes."""
+        (``request_room_deletion``), the step ``job.request_room_deletion``."""
         recs = self.of("room_deletion")
         if not recs:
             return
@@ -295,11 +295,7 @@ class _ConfigPass(_State):
             self.config["delete_room_on_close"] = True
         for i, r in recs:
             if r.event == "request" and not (on and i in by_close | by_session):
-                self.note(
-                    f"t={secs(r.t)}: the agent asked for the room's deletion itself "
-                    "(request_room_deletion, as an end-call tool does); no scenario step does "
-                    "that, so the replay does not ask"
-                )
+                self.step(i, r.t, "job.request_room_deletion")
 
     def _stand_ins(self) -> None:
         """The work a scenario's runner stands in for ends at once and never fails: the room
