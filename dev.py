@@ -9,6 +9,7 @@
     python3 dev.py explore [ARGS]            # explore the real job, seeded (--help)
     python3 dev.py mutation [ARGS]           # the behaviour-only mutation score (hours)
     python3 dev.py mutation --system         # ... of the system between the machines
+    python3 dev.py golden                    # rewrite tests/tables/*.json after a table change
     python3 dev.py run COMMAND [ARGS...]     # a command of the venv: run agent-runtime --help
     python3 dev.py pythons                   # the supported Python versions, one a line
     python3 dev.py --python 3.13 COMMAND     # any command on that interpreter, in .venv-3.13
@@ -16,8 +17,8 @@
 
 Each creates its venv (.venv for the interpreter running dev.py) and installs the project
 with its dev extra when needed (again whenever pyproject.toml changes). `test` with no
-test named runs on as many pytest-xdist workers as there are cores. `explore` and
-`mutation` check the project's own machines: they run from verification/, which the
+test named runs on as many pytest-xdist workers as there are cores. `explore`, `mutation`
+and `golden` check the project's own machines: they run from verification/, which the
 wheel leaves out.
 """
 
@@ -45,6 +46,7 @@ EXHAUSTIVE = "exhaustive"  # the marker of the tier `test` leaves out (pyproject
 VERIFICATION = {
     "explore": "verification.explore",
     "mutation": "verification.mutation",
+    "golden": "verification.golden",
 }
 # the commands that need the venv (`pythons` and `--help` do not)
 COMMANDS = ("simulate", "test", "lint", "run", *VERIFICATION)

@@ -270,15 +270,23 @@ def test_golden_dump_is_one_cell_a_line_and_valid_json() -> None:
 def test_golden_command_writes_one_table_per_machine_and_drops_stale_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agent_runtime.tools.render import main
+    from verification.golden import main
 
     (tmp_path / "robot.json").write_text("{}")
-    assert main(["--golden", "--out", str(tmp_path)]) == 0
+    assert main(["--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{m}.json" for m in MACHINES)
     for name, spec in MACHINES.items():
         assert (tmp_path / f"{name}.json").read_text() == dump_cell_table(cell_table(spec))
-    assert main([]) == 2  # nothing asked: prints the help
-    assert "--golden" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("wrote ") == len(MACHINES)
+
+
+def test_the_golden_tables_are_what_the_command_writes() -> None:
+    """``tests/tables`` is the command's default, and the checked-in tables are current."""
+    from verification.golden import TABLES
+
+    assert Path(__file__).parent / "tables" == TABLES
+    for name, spec in MACHINES.items():
+        assert (TABLES / f"{name}.json").read_text() == dump_cell_table(cell_table(spec))
 
 
 # -- the whole job ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ So changing a cell (a destination, a guard, an effect, transition <-> ignore <->
 fails the test named ``machine-state-event``. After an intended change to a machine,
 regenerate the golden tables and review their diff with the spec change:
 
-    python -m agent_runtime.tools.render --golden        # rewrites tests/tables/*.json
+    python3 dev.py golden        # rewrites tests/tables/*.json
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ pytestmark = pytest.mark.snapshot
 
 TABLES = Path(__file__).parent / "tables"
 GOLDEN: dict[str, Any] = {p.stem: json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json"))}
-UPDATE = (
-    "if the change is intended, run `python -m agent_runtime.tools.render --golden` "
-    "and review the diff"
-)
+UPDATE = "if the change is intended, run `python3 dev.py golden` and review the diff"
 
 
 def _cell_ids() -> list[Any]:

@@ -3,18 +3,12 @@ files (``diagrams/``) and their README. What a diagram shows, and the cell table
 ``drawing.py``'s; this file draws them, and ``machine_svg.py`` draws the SVG.
 
 Pure functions of a ``MachineSpec``: no livekit, same output for the same spec.
-
-``python -m agent_runtime.tools.render --golden [--out DIR]`` rewrites the golden tables
-(``tests/tables/NAME.json``) after an intended change to a machine.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent_runtime.tools.drawing import (
@@ -23,7 +17,6 @@ from agent_runtime.tools.drawing import (
     cell_table,
     describe_cell,
     drawing,
-    dump_cell_table,
     region_id,
     seconds,
     wrap,
@@ -402,43 +395,3 @@ def routing_markdown() -> list[str]:
     out += ["", "| condition | holds when |", "|---|---|"]
     out += [f"| `{name}` | {_md(text)} |" for name, text in CONDITIONS.items()]
     return out
-
-
-# -- golden tables ---------------------------------------------------------------------------------
-
-
-def write_golden(machines: Mapping[str, MachineSpec], out: Path) -> list[Path]:
-    """Write ``out/NAME.json`` for every machine; remove tables of machines that are gone."""
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name, spec in sorted(machines.items()):
-        path = out / f"{name}.json"
-        path.write_text(dump_cell_table(cell_table(spec)), encoding="utf-8")
-        written.append(path)
-    for stray in sorted(out.glob("*.json")):
-        if stray.stem not in machines:
-            stray.unlink()
-    return written
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m agent_runtime.tools.render",
-        description="Rewrite the golden transition tables the table tests compare the specs "
-        "with. Run it only after an intended change to a machine, and review the diff.",
-    )
-    p.add_argument("--golden", action="store_true", help="write the golden tables")
-    p.add_argument("--out", default="tests/tables", metavar="DIR")
-    args = p.parse_args(argv)
-    if not args.golden:
-        p.print_help()
-        return 2
-    from statemachines.machines import MACHINES
-
-    for path in write_golden(MACHINES, Path(args.out)):
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
