@@ -83,6 +83,8 @@ async def _interrupt(h: Harness, playing: bool) -> None:
     avatar = h.job.avatar
     assert avatar is not None
     sink = avatar.installed_sink
+    # (only a session's speech pushes audio to the avatar: none before the session began)
+    playing = playing and h.session_began()
     if playing and avatar.state == "joined" and isinstance(sink, DataStreamAudioOutput):
         # something is playing to the avatar: one segment in its sink, pushed as the SDK
         # pushes it, from a task of its own (a sink still clearing holds it back there,
@@ -183,6 +185,7 @@ ACTIONS: dict[str, Callable[[Harness, str], Any]] = {
     "aclose": lambda h, _: h.bg(h.job.aclose(), "job.aclose"),
     "abort": lambda h, _: h.bg(h.job.aclose(graceful=False), "job.abort"),
     "avatar_start": lambda h, _: h.bg(h.job.start_avatar(), "avatar.start"),
+    "session_start": lambda h, _: h.bg(h.start_session(), "session.start"),
     "avatar_joins": lambda h, _: _joins(h, "avatar"),
     "avatar_video": lambda h, _: h.room.publish_track(PEOPLE["avatar"].identity, "video"),
     "avatar_leaves": lambda h, _: h.room.remove_participant(

@@ -60,6 +60,9 @@ class Config:
     watchdog: Literal["off", "wait", "close"] = "off"
     # the user's own AgentJob.aclose() and aclose(graceful=False) among the inputs
     aclose: bool = False
+    # the session started at the run's start; off: only the runtime follows the room then,
+    # and the session's start is an input (a shutdown or the avatar's start may come first)
+    session_started: bool = True
 
     def label(self) -> str:
         parts = ["simulation" if self.simulation else "no simulation"]
@@ -79,6 +82,8 @@ class Config:
             parts.append(f"watchdog then {self.watchdog}")
         if self.aclose:
             parts.append("aclose")
+        if not self.session_started:
+            parts.append("the session started late")
         parts.append(f"present: {', '.join(self.present) or 'nobody'}")
         return ", ".join(parts)
 
@@ -112,4 +117,7 @@ CONFIGS: dict[str, Config] = {
     "watchdog-wait": Config(
         present=("sip", "simulator"), grace=False, delete_room_on_close=True, watchdog="wait"
     ),
+    # as example, the session's start an input: the job may hold before it (held), or while
+    # the avatar's start runs (starting_held)
+    "late-start": Config(session_started=False),
 }

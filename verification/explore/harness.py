@@ -177,17 +177,29 @@ class Harness:
 
     # -- start, drive, look ------------------------------------------------------------------
     async def start(self) -> None:
-        """The run's start: the room connected with ``config.present`` in it, the
-        session started and attached, the link following, the avatar not started."""
+        """The run's start: the room connected with ``config.present`` in it, the runtime
+        following the room, the avatar not started; the session started and attached and
+        the link following, unless ``config.session_started`` is off (an input then)."""
         self.room.connect_locally()
         for who in self.config.present:
             p = PEOPLE[who]
             self.room.add_participant(p.identity, kind=p.kind, attributes=dict(p.attributes))
         await self.job.start_runtime()
+        if self.config.session_started:
+            await self.start_session()
+        await self.quiesce()
+
+    async def start_session(self) -> None:
+        """The user's ``job.start_session()``, then the room's track on the job's clock."""
         await self.job.start_session(Agent(instructions="An explored agent."))
         # the room's track plays on the job's clock (no server plays RoomIO's own)
         self.sessions["A"].output.replace_audio_tail(RoomSpeaker(self.room, self.clock))
-        await self.quiesce()
+
+    def session_began(self) -> bool:
+        """The primary session started, whether or not it closed since (the SDK says a
+        closed session is not started: its close is what tells)."""
+        session = self.sessions["A"]
+        return lk.session_started(session) or lk.session_closing_task(session) is not None
 
     def view(self) -> JobView:
         return runtime_view(

@@ -50,6 +50,8 @@ def enabled(h: Harness, view: JobView, inputs: Inputs = "all") -> tuple[str, ...
     if life != "closed":
         if up:
             out.append("room_disconnects")
+        if _session_may_start(h, life):
+            out.append("session_start")
         if inputs != "avatar":
             out += _job_inputs(h, view, up)
         else:
@@ -64,14 +66,16 @@ def enabled(h: Harness, view: JobView, inputs: Inputs = "all") -> tuple[str, ...
     return tuple(out)
 
 
-# what the playout machine hears of, and what gets it there: the avatar's start and its
-# comings and goings, the user's, the agent's speech and the avatar's report of it, time.
+# what the playout machine hears of, and what gets it there: the session's start (when it
+# is an input), the avatar's start and its comings and goings, the user's, the agent's
+# speech and the avatar's report of it, time.
 # (Only the outcomes that let an avatar join: a failed one is the avatar's inputs' business.)
 PLAYOUT_INPUTS = frozenset(
     {
         "user_joins",
         "user_leaves:CLIENT_INITIATED",
         "avatar_start",
+        "session_start",
         "plugin_routed",
         "plugin_returns",
         "avatar_joins",
@@ -89,6 +93,16 @@ PLAYOUT_INPUTS = frozenset(
         TIME,
     }
 )
+
+
+def _session_may_start(h: Harness, life: str) -> bool:
+    """The user's ``job.start_session()`` would start it: never started nor starting, and
+    the job not closing (a start is refused then)."""
+    return (
+        life in LIFE_UP
+        and not h.session_began()
+        and "harness:session.start" not in running_aside(h)
+    )
 
 
 def _people(h: Harness, who: str, up: bool) -> list[str]:
@@ -121,7 +135,9 @@ def _job_inputs(h: Harness, view: JobView, up: bool) -> list[str]:
         # (attach() refuses, raising, once the host closes: a call no user makes twice)
         out.append("attach_b")
     for name in ("A", "B"):
-        if name in h.sessions and h.session_state(name) == "running":
+        # (the view reads a session never started as running: nothing to close yet)
+        session = h.sessions.get(name)
+        if session is not None and lk.session_live(session):
             out.append(f"close_{name.lower()}")
     if states.get("job") in LIVE_JOB and not _traced(h, "job", "shutdown"):
         out.append("ctx_shutdown")  # livekit's order: the session closed first

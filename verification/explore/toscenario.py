@@ -70,6 +70,7 @@ _STEPS: dict[str, dict[str, Any]] = {
     "aclose": {"event": "job.aclose"},
     "abort": {"event": "job.aclose", "graceful": False},
     "avatar_start": {"event": "avatar.start"},
+    "session_start": {"event": "session.start"},
     "avatar_video": {"event": "track_published", "identity": PEOPLE["avatar"].identity,
                      "kind": "video"},
     "avatar_leaves": {"event": "participant_disconnected",
@@ -161,10 +162,12 @@ def _end(token: str) -> dict[str, Any]:
     return step if session is None else {**step, "session": session}
 
 
-def _steps(log: Sequence[Applied], held: Sequence[str]) -> list[dict[str, Any]]:
+def _steps(log: Sequence[Applied], held: Sequence[str], started: bool) -> list[dict[str, Any]]:
     """Each input as a step: ``TIME`` only moves the next step's ``at``; an outcome of a
-    held call is its ``held.end``, of another call nothing (the runner gives it)."""
-    steps: list[dict[str, Any]] = [{"at": 0.0, "event": "session.start"}]
+    held call is its ``held.end``, of another call nothing (the runner gives it). The
+    session's start comes first when the run began with it (``started``), else where the
+    path has it."""
+    steps: list[dict[str, Any]] = [{"at": 0.0, "event": "session.start"}] if started else []
     for i, a in enumerate(log, 1):
         what = f"input {i} ({a.token})"
         if a.token in ENDS:
@@ -200,7 +203,7 @@ def scenario_of(config_name: str, config: Config, log: Sequence[Applied], title:
         "is expected to hold.",
         "config": config_out,
         "participants": [_person(who) for who in config.present],
-        "steps": _steps(log, held),
+        "steps": _steps(log, held, config.session_started),
         "expect": {"invariants": "all"},
     }
     text = yaml.safe_dump(data, sort_keys=False)
