@@ -343,6 +343,29 @@ async def test_the_avatar_may_start_after_the_session_and_the_job_keeps_running(
     await job.aclose()
 
 
+async def test_a_late_avatar_start_its_caller_gives_up_on_leaves_the_job_running(
+    room: InMemoryRoom, clock: VirtualClock
+) -> None:
+    # the avatar started once the agent already talks (a late plugin, a retry by the
+    # agent's code), under the caller's own timeout: the provider hangs, the caller gives
+    # up (its task cancelled), and the call goes on with the agent on the room's audio
+    plugin = ScriptedAvatar(clock=clock, held=True)
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    await job.start_session(agent())
+    assert job.lifecycle == "running"
+    late = asyncio.create_task(job.start_avatar())
+    await settle()
+    assert not late.done()  # waiting on the provider
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    await settle()
+    assert job.lifecycle == "running" and job.states["job"] == "serving"
+    assert job.session._started and job.audio_route() == "room"
+    await job.aclose()
+    assert job.lifecycle == "closed"
+
+
 async def test_start_after_start_is_refused_and_changes_nothing(
     room: InMemoryRoom, clock: VirtualClock
 ) -> None:

@@ -119,8 +119,9 @@ async def test_a_start_under_the_hold_refuses_a_second_one_and_hangs_up_once_it_
 
     session.answer.set_result(True)
     assert start is not None
-    await asyncio.wait_for(start, 5)
     await settle()
+    assert start.done()  # no clock moves: the start ends as its session runs
+    await start
     assert moves(sink, "agent_job") == ["starting", "starting_held", "running"]
     assert job.states["session"] == "ended" and job.close_reason == "job_shutdown"
     assert job.states["job"] == "awaiting_finalize"  # the verdict can still be asked
@@ -175,7 +176,9 @@ async def test_a_close_under_the_hold_cuts_the_start_and_waits_for_the_hold(
             await start
     assert job.states["job"] == "awaiting_finalize"  # the simulator may still ask
     room.remove_participant("simulator")
-    await asyncio.wait_for(closing, 5)
+    await settle()
+    assert closing.done()  # no clock moves: the hold ends as the simulator leaves
+    await closing
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
     assert moves(sink, "agent_job")[-2:] == ["closing", "closed"]
 
@@ -186,7 +189,7 @@ async def test_the_hold_ending_on_its_own_closes_the_job_and_cuts_the_start(
 ) -> None:
     job, _, start, sink = await holding(room, clock, starting=starting)
     room.remove_participant("simulator")  # nobody left to ask for the verdict
-    await asyncio.wait_for(job.wait_closed(), 5)  # nobody has to call aclose()
+    await settle()  # no clock moves, and nobody has to call aclose()
     assert job.lifecycle == "closed" and job.states["job"] == "closed"
     held = "starting_held" if starting else "held"
     path = [*(["starting"] if starting else []), held, "closing", "closed"]
