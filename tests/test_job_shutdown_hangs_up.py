@@ -52,12 +52,19 @@ async def test_the_agent_that_ends_its_call_in_a_simulation_is_off_the_call_duri
     agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
     job = await run_entrypoint(_server(), simulation=True)
     await virtual_clock.advance(3)
+    heard: list[tuple[str, str]] = []  # a dashboard's listener on the job's own lifecycle
+    job.on(
+        "state_changed",
+        lambda sc: heard.append((sc.source, sc.dest)) if sc.machine == "agent_job" else None,
+    )
 
     run_entrypoint.in_job(job.shutdown, "the user said bye")  # the agent's end-call tool
     await run_entrypoint.wait_for("session", "ended")
     await virtual_clock.advance(5)
     assert job.states["job"] == "awaiting_finalize"  # still holding for the verdict
     assert job.states["participant"] == "closed" and job.close_reason == "job_shutdown"
+    # the hang-up is no change of the lifecycle's: it runs until the job closes
+    assert job.lifecycle == "running" and heard == []
 
     await simulator.finalize_simulation(provisional_success=True)
     await run_entrypoint.wait_ended()
