@@ -117,7 +117,6 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
 
 
 def _server(spec: str) -> Any:
-
     module, given = _load(spec, "agent")
     # the entrypoint function an AgentServer of its module registered: run with that
     # server's on_session_end and on_simulation_end, as a worker runs it (fuzz() does too)
@@ -144,7 +143,6 @@ def _server(spec: str) -> Any:
 
 
 def _checks(specs: list[str]) -> list[Any]:
-
     checks = []
     for spec in specs:
         fn = load(spec, "--check")
@@ -204,7 +202,6 @@ _DRAWING = (
 
 
 def _replayable(args: argparse.Namespace) -> None:
-
     given = [option for option, name in _DRAWING if getattr(args, name) not in (None, False)]
     if given:
         raise UsageError(
@@ -225,7 +222,6 @@ def _int(option: str, value: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-
     made: list[Path] = []
     try:
         try:
