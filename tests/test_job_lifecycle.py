@@ -353,6 +353,11 @@ async def test_a_late_avatar_start_its_caller_gives_up_on_leaves_the_job_running
     job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
     await job.start_session(agent())
     assert job.lifecycle == "running"
+    heard: list[tuple[str, str]] = []  # a dashboard's listener on the job's own lifecycle
+    job.on(
+        "state_changed",
+        lambda sc: heard.append((sc.source, sc.dest)) if sc.machine == "agent_job" else None,
+    )
     late = asyncio.create_task(job.start_avatar())
     await settle()
     assert not late.done()  # waiting on the provider
@@ -360,7 +365,7 @@ async def test_a_late_avatar_start_its_caller_gives_up_on_leaves_the_job_running
     with pytest.raises(asyncio.CancelledError):
         await late
     await settle()
-    assert job.lifecycle == "running" and job.states["job"] == "serving"
+    assert job.lifecycle == "running" and job.states["job"] == "serving" and heard == []
     assert job.session._started and job.audio_route() == "room"
     await job.aclose()
     assert job.lifecycle == "closed"
