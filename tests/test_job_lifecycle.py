@@ -25,6 +25,7 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import AgentJob
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -366,7 +367,7 @@ async def test_a_late_avatar_start_its_caller_gives_up_on_leaves_the_job_running
         await late
     await settle()
     assert job.lifecycle == "running" and job.states["job"] == "serving" and heard == []
-    assert job.session._started and job.audio_route() == "room"
+    assert lk.session_started(job.session) and job.audio_route() == "room"
     await job.aclose()
     assert job.lifecycle == "closed"
 

@@ -23,6 +23,7 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPAT
 from livekit.agents.voice.remote_session import RemoteSession
 
 from agent_runtime import AgentJob, injected, session_end_hook
+from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -47,7 +48,7 @@ async def test_every_runtime_line_of_a_job_s_life_carries_the_job_s_labels(
         room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(DISPATCH)
-    ctx._simulation_end_fnc = verdict
+    lk.set_job_simulation_end_fn(ctx, verdict)
     plugin = ScriptedAvatar(avatar_identity="avatar-1")
     with caplog.at_level(logging.INFO, logger="agent_runtime"):
         with injected(clock=clock, transport=agent_end, remove_avatar_participant=remove):
