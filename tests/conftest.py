@@ -5,6 +5,7 @@ precedence. And, for every test, the check that no task's failure was left unrea
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
 import threading
@@ -12,7 +13,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from _pytest.assertion import rewrite as _assert_rewrite
 from livekit.agents import telemetry
 from livekit.agents.job import JobContext
 from livekit.agents.testing import fake_job_context
@@ -24,25 +24,25 @@ from agent_runtime.sdk import asyncio_compat as aio
 from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.inmemory import InMemoryRoom
 
-_rewrite_test = _assert_rewrite._rewrite_test
+_parse = ast.parse
 
 
-def _rewrite_test_without_collector(fn: Any, config: Any) -> Any:
-    # a module first imported mid-test (the CLI's commands, a --check module) is rewritten
-    # there; on CPython 3.11 a collection in the middle of that ast.parse runs earlier
-    # tests' finalizers, and one that imports (so parses) too fails the outer parse with
-    # "SystemError: AST constructor recursion depth mismatch" (gh-106905; as _parse in
-    # test_layout). Seen twice in test_fuzz's CLI tests under load
+def _parse_without_collector(*args: Any, **kwargs: Any) -> Any:
+    # on CPython 3.11 a parse nested in another breaks the outer one with "SystemError: AST
+    # constructor recursion depth mismatch" (gh-106905, never fixed there). A collection in
+    # the middle of a parse runs earlier tests' finalizers, and one that imports a module
+    # nests pytest's assertion rewrite (a parse) inside it. Seen in test_fuzz under load,
+    # from pytest's rewrite of a module imported mid-test and from hypothesis' getsource
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _rewrite_test(fn, config)
+        return _parse(*args, **kwargs)
     finally:
         if enabled:
             gc.enable()
 
 
-_assert_rewrite._rewrite_test = _rewrite_test_without_collector
+ast.parse = _parse_without_collector
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -5,7 +5,6 @@ exports the production API only."""
 from __future__ import annotations
 
 import ast
-import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -29,22 +28,9 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _parse(source: str) -> ast.Module:
-    """``ast.parse`` with the collector off: on CPython 3.11 a collection in the middle of
-    it runs earlier tests' finalizers there, and the parse fails with ``SystemError: AST
-    constructor recursion depth mismatch`` (CPython gh-106905) depending on what they left."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return ast.parse(source)
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _imports(path: Path) -> set[str]:
     """Every module name ``path`` imports, relative imports resolved from its package."""
-    tree = _parse(path.read_text(encoding="utf-8"))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     package = _module(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -232,21 +234,22 @@ def _fuzz(
 
     stats.on_example = on_example
     machine = make_machine(server, config, list(checks), stats, keep_logs=not options.logs)
-    test = get_state_machine_test(
-        machine,
-        settings=settings(
-            max_examples=options.examples,
-            stateful_step_count=options.steps,
-            deadline=None,
-            database=None,
-            derandomize=False,
-            report_multiple_bugs=False,
-            print_blob=False,
-            verbosity=Verbosity.quiet,
-            suppress_health_check=list(HealthCheck),
-            phases=(Phase.generate, Phase.shrink),
-        ),
-    )
+    with _collector_paused():  # hypothesis parses the machine's source here
+        test = get_state_machine_test(
+            machine,
+            settings=settings(
+                max_examples=options.examples,
+                stateful_step_count=options.steps,
+                deadline=None,
+                database=None,
+                derandomize=False,
+                report_multiple_bugs=False,
+                print_blob=False,
+                verbosity=Verbosity.quiet,
+                suppress_health_check=list(HealthCheck),
+                phases=(Phase.generate, Phase.shrink),
+            ),
+        )
     failure: FuzzFailure | None = None
     with quiet_sdk_logs(logging.ERROR), stats.interrupts.installed():
         try:
@@ -456,6 +459,21 @@ def _holds(path: Path, text: str) -> bool:
         return path.read_text(encoding="utf-8") == text
     except (OSError, UnicodeDecodeError):  # a directory, unreadable: not this scenario
         return False
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No garbage collection inside: on CPython 3.11 a parse nested in another (a finalizer
+    that imports a module under pytest's assertion rewrite, run by a collection in the middle
+    of the outer parse) fails the outer one with "AST constructor recursion depth mismatch"
+    (gh-106905, never fixed in 3.11)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _in_thread(fn: Callable[[], Any]) -> Any:
