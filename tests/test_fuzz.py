@@ -920,7 +920,9 @@ def test_the_fuzz_fixture_takes_user_properties_and_fails_the_test(
 def test_a_found_failures_traceback_is_the_agents_alone(tmp_path: Path) -> None:
     """Run on the caller's thread, every failure was told "during handling" of the
     fuzzer's own RuntimeError ("no running event loop"), which came first."""
-    report = fuzz(planted.simulator_lookup_server(True), FuzzOptions(seed=SEED), out=tmp_path)
+    # seed 3 finds it as every seed does, and shrinks it in seconds (SEED's shrink took a
+    # minute): the traceback's shape is what this test reads
+    report = fuzz(planted.simulator_lookup_server(True), FuzzOptions(seed=3), out=tmp_path)
     (detail,) = [d for d in report.details if "IndexError" in d]
     assert "During handling of the above exception" not in detail
     assert "no running event loop" not in detail
