@@ -96,14 +96,20 @@ def project_dir(relative: Path, command_file: str) -> Path | None:
 # -- output files --------------------------------------------------------------------------------
 
 
-def unwritable(path: str | Path) -> str | None:
+def unwritable(path: str | Path, *, make_parents: bool = False) -> str | None:
     """Why a file could not be written at ``path`` (what ``open`` would say), found without
-    leaving anything behind; ``None`` when it can be."""
+    leaving anything behind; ``None`` when it can be. ``make_parents``: missing directories
+    will be made first, so only what would stop ``mkdir -p`` is a reason."""
     p = Path(path)
     if p.is_dir():
         return os.strerror(errno.EISDIR)
     if not p.parent.exists():
-        return os.strerror(errno.ENOENT)
+        if not make_parents:
+            return os.strerror(errno.ENOENT)
+        if not_a_directory(p.parent) is not None:
+            return os.strerror(errno.ENOTDIR)
+        existing = next(d for d in p.parents if d.exists())
+        return None if os.access(existing, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
     if not p.parent.is_dir():
         return os.strerror(errno.ENOTDIR)
     if p.exists():
