@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
+import re
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -150,8 +152,20 @@ def test_a_session_end_of_the_users_that_cannot_take_the_ctx_is_refused_when_wra
     with pytest.raises(SettingTypeError) as e:
         session_end_hook(then)
     assert str(e.value) == (
-        f"then must be callable as then(ctx), with the livekit JobContext, not {kind}"
+        "session_end_hook(then): then must be callable as then(ctx), with the livekit "
+        f"JobContext, not {kind}"
     )
+
+
+def test_session_end_hook_s_refusal_and_the_guide_name_its_parameter_as_its_signature() -> None:
+    """The guide called the callback ``session_end_hook(yours)`` while the refusal said
+    ``then must be ...`` (with no word of whose ``then``): both say the signature's name."""
+    (name,) = inspect.signature(session_end_hook).parameters
+    with pytest.raises(SettingTypeError) as e:
+        session_end_hook(5)
+    assert str(e.value).startswith(f"session_end_hook({name}): {name} must be callable as")
+    guide = (Path(__file__).parents[1] / "docs" / "guide" / "embedding.md").read_text()
+    assert set(re.findall(r"session_end_hook\((\w+)\)", guide)) == {name}
 
 
 async def test_on_session_end_without_a_job_returns(ctx: JobContext) -> None:

@@ -380,6 +380,55 @@ def test_an_output_through_a_link_replaces_the_linked_file_and_keeps_the_link(
     assert sorted(p.name for p in real.parent.iterdir()) == ["page.html"]
 
 
+@pytest.mark.parametrize("command", ["export", "diagrams"])
+@pytest.mark.parametrize("link_to", ["a-file", "no-file-yet"])
+def test_an_out_directory_s_file_through_a_link_writes_the_linked_file_and_keeps_the_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, link_to: str
+) -> None:
+    """``export --out``/``diagrams --out`` replaced a link standing for one of their files
+    (a dangling one too) with a file of their own: the link's file is written and the
+    link kept, as ``record -o``, ``timeline -o`` and ``simulate --trace`` do."""
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    kept.mkdir()
+    argv = ["export", "xstate", "avatar"] if command == "export" else ["diagrams"]
+    assert main([*argv, "--out", str(out)]) == 0  # diagrams writes only where it wrote
+    capsys.readouterr()
+    name = "avatar.js" if command == "export" else "avatar.md"
+    real = kept / name
+    if link_to == "a-file":
+        real.write_text("the user's own copy\n", encoding="utf-8")
+    (out / name).unlink()
+    (out / name).symlink_to(real)
+    assert main([*argv, "--out", str(out)]) == 0, capsys.readouterr().err
+    assert f"wrote {out / name}\n" in capsys.readouterr().out
+    assert (out / name).is_symlink() and os.readlink(out / name) == str(real)
+    assert real.read_text(encoding="utf-8") != "the user's own copy\n"
+    assert [p.name for p in kept.iterdir()] == [name]  # no temporary file left
+
+
+@pytest.mark.parametrize("command", ["export", "diagrams"])
+@pytest.mark.parametrize("where", ["the-directory", "a-file"])
+def test_an_out_link_to_nothing_is_one_line_naming_the_link_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, where: str
+) -> None:
+    """A link that leads into no directory was ``cannot write (File exists)`` for ``--out``
+    itself, and named a temporary file of the command's for one of its files."""
+    argv = ["export", "xstate", "avatar"] if command == "export" else ["diagrams"]
+    out = tmp_path / "out"
+    if where == "the-directory":
+        out.symlink_to(tmp_path / "gone")
+        why = f"a link to {tmp_path / 'gone'}, which is not there"
+    else:
+        out.mkdir()
+        link = out / ("avatar.js" if command == "export" else "avatar.md")
+        link.symlink_to("../gone/x")
+        why = f"{link} is a link into a directory that is not there (../gone/x)"
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"agent-runtime {command}: {out}: {why}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert out.is_symlink() or [p.name for p in out.iterdir()] == [link.name]
+
+
 def test_an_output_named_by_dev_stdout_in_a_pipe_is_written_there(run_jsonl: Path) -> None:
     done = subprocess.run(
         [*CLI, "record", str(run_jsonl), "-o", "/dev/stdout"],

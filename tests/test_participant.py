@@ -256,6 +256,60 @@ async def test_a_drop_and_rejoin_heard_together_still_log_why_the_user_dropped(
     ]
 
 
+@pytest.mark.parametrize("while_", ["linked", "waiting"])
+async def test_a_long_job_of_guests_coming_and_going_holds_bounded_memory_and_logs_alike(
+    world: World, caplog: pytest.LogCaptureFixture, while_: str
+) -> None:
+    """The link kept why each identity last left, for the log line of a drop, and never
+    forgot one: every guest who ever left the room stayed in memory for the job's life.
+    Only the identity it follows, or may still follow, is kept now (guests come and go
+    while it follows ``u``, or while it waits for ``u``, the one identity it may follow);
+    the user's drop, heard with their rejoin in one turn, still names its reason."""
+    import gc
+    import tracemalloc
+
+    if while_ == "linked":
+        world.room.add_participant("u")
+    await world.start_session()
+    opts = {"participant_identity": "u"} if while_ == "waiting" else {}
+    link = world.link(grace_period=15.0, tracer=Tracer(), **opts)  # no sink keeps records
+    link.start()
+    await world.idle()
+    guests = iter(range(10**9))
+
+    async def churn(times: int) -> None:
+        for _ in range(times):
+            guest = f"guest-{next(guests)}"
+            world.room.add_participant(guest)
+            world.room.remove_participant(guest, R.SIGNAL_CLOSE)
+        await world.idle()
+
+    await churn(50)  # whatever is made once (a dict's first slots, the loop's) is made
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        await churn(1_000)
+        gc.collect()  # what is still held, not garbage not yet collected
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # a reason kept per guest: about 150 kB; the user's alone: nothing to see
+    assert grown < 50_000, f"{grown:,} bytes held for 1,000 guests who came and went"
+    if while_ == "waiting":
+        world.room.add_participant("u")
+        await world.idle()
+    with caplog.at_level(logging.INFO, logger="agent_runtime.participant"):
+        world.room.remove_participant("u", R.SIGNAL_CLOSE)
+        world.room.add_participant("u")
+        await world.idle()
+    assert link.state == "linked"
+    assert [r.getMessage() for r in caplog.records] == [
+        "participant u dropped (SIGNAL_CLOSE): the session waits up to 15s for them to rejoin",
+        "participant u rejoined: relinked",
+    ]
+
+
 async def test_the_log_says_a_departure_leaves_the_session_open_without_close_on_disconnect(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -373,14 +373,27 @@ def test_a_page_on_a_full_disk_is_one_line_and_the_json_says_so(
         assert "ok" in captured.out.splitlines()[0]  # the run is reported all the same
 
 
-@pytest.mark.parametrize("kind", ["missing-directory", "fifo-without-reader", "a-directory"])
+def test_a_trace_into_missing_directories_makes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--trace nodir/x.jsonl`` was refused (no such directory) while
+    ``AgentJob(trace_path=...)`` makes a trace's missing directories: the CLI makes them too."""
+    trace = tmp_path / "traces" / "today" / "run.jsonl"
+    result = simulate_json(SCENARIOS / "user_leaves.yaml", capsys, "--trace", str(trace))
+    assert result["_code"] == 0
+    assert main(["replay", str(trace)]) == 0
+    assert "Every decision agrees" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["under-a-file", "fifo-without-reader", "a-directory"])
 def test_a_trace_that_cannot_be_opened_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     import os
 
-    if kind == "missing-directory":
-        out, why = tmp_path / "nope" / "t.jsonl", "No such file or directory"
+    if kind == "under-a-file":  # no directory can be made there: nothing is made, nothing runs
+        (tmp_path / "f").write_text("mine")
+        out, why = tmp_path / "f" / "sub" / "t.jsonl", "Not a directory"
     elif kind == "fifo-without-reader":  # opening it for writing would wait for a reader
         out, why = tmp_path / "t.fifo", "No such device or address"
         os.mkfifo(out)

@@ -139,8 +139,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         # exists to act on it
         self._held: list[Event] = []
         self._warned_room_io = False
-        # why each participant last left (as heard), for the log line of a drop the machine
-        # waits on
+        # why each participant the link follows or may still follow last left (as heard),
+        # for the log line of a drop the machine waits on; once it follows one, only theirs
         self._left: dict[str, str] = {}
         # the shared guards (statemachines.glue) read this link as their facts view
         self._run_machine(
@@ -244,7 +244,10 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         if event.name == "participant_disconnected":
             # kept past a rejoin: the room may report both before the machine steps the drop
             identity = str(event.data.get("identity", ""))
-            self._left[identity] = str(event.data.get("reason", "UNKNOWN_REASON"))
+            if identity == self._identity or (
+                self._identity is None and eligible(self, event.data)
+            ):
+                self._left[identity] = str(event.data.get("reason", "UNKNOWN_REASON"))
         if self.actor.started:
             self.actor.post(event)
         else:  # listening before the session started: start() hands it on
@@ -331,6 +334,8 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
     # -- effects -----------------------------------------------------------------------------
     def _fx_link(self, ev: Event) -> asyncio.Future[None] | None:
         self._identity = str(ev.data["identity"])
+        # the link follows nobody else from now on (a rejoin is the same identity)
+        self._left = {k: v for k, v in self._left.items() if k == self._identity}
         logger.info("linked participant %s", self._identity, extra=self.actor.log_fields(ev.name))
         return self._point_room_input(self._identity)
 

@@ -18,7 +18,7 @@ from livekit.agents.job import JobContext
 
 from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
-from agent_runtime.settings import SettingError
+from agent_runtime.settings import SettingError, SettingTypeError
 from agent_runtime.system._inputs import injections
 
 if TYPE_CHECKING:
@@ -307,7 +307,10 @@ def session_end_hook(
     ``on_simulation_end``. If yours raises, the job still ends, then its error is raised
     (livekit logs it, as it logs a failing ``on_session_end``)."""
     # its arity too, as on_simulation_end's: a then() taking no ctx failed at every job end
-    check_part("then", then)
+    try:
+        check_part("then", then)
+    except SettingTypeError as e:  # "then must be ..." alone does not say whose then
+        raise SettingTypeError(f"session_end_hook(then): {e}") from None
 
     async def hook(ctx: JobContext) -> None:
         if isinstance(ctx, JobContext) and (reg := _JOBS.get(ctx)) is not None:

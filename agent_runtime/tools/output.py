@@ -96,14 +96,20 @@ def project_dir(relative: Path, command_file: str) -> Path | None:
 # -- output files --------------------------------------------------------------------------------
 
 
-def unwritable(path: str | Path) -> str | None:
+def unwritable(path: str | Path, *, make_parents: bool = False) -> str | None:
     """Why a file could not be written at ``path`` (what ``open`` would say), found without
-    leaving anything behind; ``None`` when it can be."""
+    leaving anything behind; ``None`` when it can be. ``make_parents``: missing directories
+    will be made first, so only what would stop ``mkdir -p`` is a reason."""
     p = Path(path)
     if p.is_dir():
         return os.strerror(errno.EISDIR)
     if not p.parent.exists():
-        return os.strerror(errno.ENOENT)
+        if not make_parents:
+            return os.strerror(errno.ENOENT)
+        if not_a_directory(p.parent) is not None:
+            return os.strerror(errno.ENOTDIR)
+        existing = next(d for d in p.parents if d.exists())
+        return None if os.access(existing, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
     if not p.parent.is_dir():
         return os.strerror(errno.ENOTDIR)
     if p.exists():
@@ -144,10 +150,14 @@ def check_directory(out: Path, names: list[str] | None = None) -> str | None:
     blocker = not_a_directory(out)
     if blocker is not None:
         return "not a directory" + ("" if blocker == out else f" ({blocker} is a file)")
+    if out.is_symlink() and not out.exists():  # mkdir would say "File exists"
+        return f"a link to {os.readlink(out)}, which is not there"
     if names is None:
         return None
     for name in names:
         target = out / name
+        if target.is_symlink() and not Path(os.path.realpath(target)).parent.is_dir():
+            return f"{target} is a link into a directory that is not there ({os.readlink(target)})"
         if target.exists() and not target.is_file():
             return (
                 f"{target} is a directory, not a file"
@@ -205,7 +215,8 @@ def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
     """Write every ``NAME: text`` in ``files`` to ``out/NAME`` (``out`` made if missing), all
     or none: each is written to a temporary file beside it first, and only when every one is
     written are they renamed into place (the directories made for them are removed again
-    when one fails). Returns the paths written; raises ``OSError``."""
+    when one fails). A link's target is the file replaced, as ``write_file``'s. Returns the
+    paths written; raises ``OSError``."""
     made = [p for p in (out, *out.parents) if not p.exists()]
     mask = _umask()
     staged: list[tuple[str, Path]] = []
@@ -213,8 +224,9 @@ def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-            staged.append((tmp, out / name))
+            target = Path(os.path.realpath(out / name))
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".tmp")
+            staged.append((tmp, target))
             os.fchmod(fd, 0o666 & ~mask)  # as open() makes a file, not mkstemp's 0600
             with open(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
@@ -229,4 +241,4 @@ def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
             for p in made:  # the deepest first; one that holds something else stays
                 with contextlib.suppress(OSError):
                     p.rmdir()
-    return [target for _, target in staged]
+    return [out / name for name in files]

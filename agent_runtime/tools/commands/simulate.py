@@ -166,7 +166,8 @@ def _check_outputs(args: argparse.Namespace, files: list[Path]) -> None:
                 raise _Refused(
                     path, f"{option} {path} is the scenario file {f}; it would be overwritten"
                 )
-        why = unwritable(path)
+        # the trace's missing directories are made, as AgentJob(trace_path=...) makes them
+        why = unwritable(path, make_parents=what == "trace")
         if why is not None:
             # the trace's words are the ones its open() says when the run makes it
             raise _Refused(
@@ -209,6 +210,13 @@ def _run(args: argparse.Namespace) -> int:
             scenarios.append((f, load_scenario(f)))
         except ScenarioError as e:
             raise _Refused(str(f), str(e), prefix="invalid scenario") from None
+    if args.trace is not None:
+        try:
+            Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # checked before the run: only a race gets here
+            raise _Refused(
+                args.trace, f"{args.trace}: cannot write the trace: {e.strerror or e}"
+            ) from None
     failed = output_failed = False
     for path, scenario in scenarios:
         try:
