@@ -72,6 +72,10 @@ def check_part(name: str, value: Any, *, required: bool = False) -> None:
         raise SettingTypeError(f"{name} must be {want}, not {described(value)}")
     if name == "trace_path" and not os.fspath(value):
         raise SettingError("trace_path is empty: pass a file path, or None for no trace file")
+    if name == "trace_path" and "\0" in os.fspath(value):  # else the OS's "embedded null byte"
+        raise SettingError(
+            f"trace_path: {os.fspath(value)!r} has a NUL character: no file name can have one"
+        )
 
 
 def _part_type(name: str, value: Any) -> str | None:

@@ -9,6 +9,7 @@ the value given, before anything is built.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -386,8 +387,21 @@ def setting_error(e: ValidationError, setting: str = "") -> SettingError:
     cls = SettingTypeError if str(err["type"]).endswith("_type") else SettingError
     # the value of the field named, not the whole mapping it sits in (retry_avatar.attempts
     # showed {'attempts': 'x'})
-    got = err["input"]
-    return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {got!r})")
+    return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {shown(err['input'])})")
+
+
+GOT_MAX = 60  # the longest value an error quotes: a message stays one short line
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error quotes it: its repr, cut at ``GOT_MAX`` characters; an integer
+    past Python's int-to-string limit (its repr raises) by its size."""
+    try:
+        text = repr(value)
+    except ValueError:
+        what = "an integer" if isinstance(value, int) else f"a {type(value).__name__} holding one"
+        return f"{what} of more than {sys.get_int_max_str_digits()} digits"
+    return text if len(text) <= GOT_MAX else text[: GOT_MAX - 3] + "..."
 
 
 def observed(

@@ -282,6 +282,25 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
             SettingTypeError,
             "on_simulation_end must be callable as on_simulation_end",
         ),
+        # a new user's tries: each raised Python's own error, naming no option
+        # ("sequence item 0: expected str instance", "embedded null byte", "Exceeds the
+        # limit (4300 digits) for integer string conversion")
+        (
+            lambda s: {"session": s, "avatar": ScriptedAvatar(), "avatar_start_options": {1: 2}},
+            SettingTypeError,
+            r"^avatar_start_options: the plugin's start\(\) takes keyword names \(str\), not 1$",
+        ),
+        (
+            lambda s: {"session": s, "trace_path": "a\x00b.jsonl"},
+            SettingError,
+            r"^trace_path: 'a\\x00b.jsonl' has a NUL character: no file name can have one$",
+        ),
+        (
+            lambda s: {"session": s, "grace_period": 10**5000},
+            SettingError,
+            r"^grace_period: input should be a valid number \(got an integer of more than 4300 "
+            r"digits\)$",
+        ),
     ],
 )
 async def test_bad_options_are_refused_and_change_nothing(

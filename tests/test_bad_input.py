@@ -644,6 +644,22 @@ TABLE: list[Bad] = [
         step_file("{at: 0, event: rpc, method: m, caller: c, payload: &p [1, *p]}"),
         "an alias refers to a collection that contains it (line 2, column 60)",
     ),
+    # a new user's tries: Python's own ValueError or KeyError, a traceback and exit 1
+    scenario(
+        "integer-of-5000-digits",
+        step_file("{at: 0, event: end}", config="config: {grace_period: 1" + "0" * 5000 + "}\n"),
+        "not valid YAML: a number of more than 4300 digits (line 2, column 24)",
+    ),
+    scenario(
+        "int-tag-on-a-word",
+        step_file("{at: !!int soon, event: end}"),
+        "not valid YAML: not a valid int: 'soon' (line 2, column 14)",
+    ),
+    scenario(
+        "bool-tag-on-a-word",
+        step_file("{at: 0, event: end}", config="config: {delete_room_on_close: !!bool maybe}\n"),
+        "not valid YAML: not a valid bool: 'maybe' (line 2, column 32)",
+    ),
     scenario("a-fifo", fifo, "cannot read: a FIFO, not a regular file"),
     scenario("dev-zero", dev_zero, "cannot read: a character device, not a regular file"),
     scenario(

@@ -829,3 +829,52 @@ async def test_a_job_runtime_whose_trace_file_cannot_be_written_says_so_and_subs
     with pytest.raises(SettingError, match=r"trace_path: cannot write the trace to .*a-file"):
         JobRuntime(room=room, trace_path=missing)
     assert room.listener_count() == listeners and not missing.parent.is_dir()
+
+
+# -- 9. the room's own disconnect fails or hangs -------------------------------------------------
+
+
+class _DisconnectFails(InMemoryRoom):
+    """A room whose ``disconnect()`` fails (the SDK's request to its native side) or never
+    returns; it stays connected, as a real room would."""
+
+    hangs = False
+
+    async def disconnect(self, *, reason: Any = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
+        if self.hangs:
+            await asyncio.get_running_loop().create_future()
+        raise RuntimeError("the native side did not answer the disconnect")
+
+
+@pytest.mark.parametrize("hangs", [False, True], ids=["fails", "hangs"])
+async def test_a_room_whose_disconnect_fails_or_hangs_is_one_warning_and_the_close_goes_on(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture, hangs: bool
+) -> None:
+    """The close's ``disconnect`` step is the room's own call, as a room deletion is the
+    server's: a fault of the run, one WARNING with its cause (a hang: cut at the step's
+    share), and the steps after it run. A failure was an ERROR with a traceback, the log
+    policy's level for a bug in code. livekit alone awaits the same call in its shutdown,
+    with nothing after it run if it raises."""
+    room = _DisconnectFails(name=ROOM, clock=clock)
+    room.hangs = hangs
+    room.connect_locally()
+    room.add_participant("user")
+    heard: list[str] = []
+    job = AgentJob(room=room, session=AgentSession(), clock=clock, otel=False, close_timeout=10)
+    job.add_shutdown_callback(heard.append)
+    await job.start(Agent(instructions="agent"))
+    with caplog.at_level(logging.INFO):
+        job.shutdown("done")
+        closing = asyncio.ensure_future(job.wait_closed())
+        await clock.advance(10)
+        await settle()
+    assert closing.done() and closing.exception() is None
+    assert job.lifecycle == "closed" and heard == ["done"]
+    assert room.listener_count() == 0
+    runtime = [r for r in caplog.records if r.name.startswith("agent_runtime")]
+    warned = [r for r in runtime if r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.exc_info) for r in warned] == [(logging.WARNING, None)]
+    cause = "took longer than 1s" if hangs else "RuntimeError: the native side did not answer"
+    assert "closing disconnect" in warned[0].getMessage() and cause in warned[0].getMessage()
+    assert getattr(warned[0], "machine", None) == "job"
+    await job.aclose()

@@ -143,8 +143,13 @@ def test_playout_is_off_unless_asked_and_true_means_its_defaults() -> None:
             "participant_identity: string should have at least 1 character other than "
             "whitespace (got '  ')",
         ),
+        # a new user's try: the whole 100,000 characters were the message
+        (
+            {"grace_period": "9" * 100_000},
+            "grace_period: input should be a valid number (got '" + "9" * 56 + "...)",
+        ),
     ],
-    ids=["retry-field", "nested-field", "playout-field", "top-level", "blank-identity"],
+    ids=["retry-field", "nested-field", "playout-field", "top-level", "blank-identity", "long"],
 )
 def test_a_bad_field_shows_its_own_value(values: dict[str, Any], message: str) -> None:
     """A bad field inside a mapping showed the whole mapping, ``(got {'attempts': 'x'})``;

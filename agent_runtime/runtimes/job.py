@@ -41,7 +41,7 @@ from agent_runtime.runtimes.session_host import (
 )
 from agent_runtime.runtimes.sessions import JobSessions
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
-from agent_runtime.runtimes.teardown import Teardown, Work
+from agent_runtime.runtimes.teardown import Teardown, Work, service_call
 from agent_runtime.scheduler import Scheduler, after, ending
 from agent_runtime.settings import check_setting, observed
 from statemachines.glue import hold_needed, simulators_after
@@ -458,7 +458,7 @@ class JobRuntime(MachineRuntime[str]):
         # a room the job never followed (closed before it started) is not its to end
         if not self._room_events.started or not self._room.isconnected():
             return None
-        return self._room.disconnect()
+        return service_call(self._room.disconnect())
 
     def _deletion_settled(self) -> asyncio.Future[None] | None:
         # delete_room_on_close covers every way the job ends (upstream deletes from the

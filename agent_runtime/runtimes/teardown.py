@@ -137,9 +137,32 @@ class Teardown:
         )
 
     def _failed(self, step: TeardownStep, e: BaseException) -> None:
+        if isinstance(e, ServiceFailed):  # a fault of the run, as a hang is: no traceback
+            self._log.warning(
+                "%s: closing %s failed (%s); the close goes on",
+                self._who,
+                step.name,
+                e,
+                extra=self._fields,
+            )
+            return
         self._log.error(
             "%s: closing %s failed", self._who, step.name, exc_info=e, extra=self._fields
         )
+
+
+class ServiceFailed(Exception):
+    """A step's call to a service failed on the service's side (the room's own
+    ``disconnect()``): logged as a WARNING naming the cause, where a step that raised is a
+    bug's ERROR with its traceback."""
+
+
+async def service_call(call: Awaitable[T]) -> T:
+    """``call``, its failure a ``ServiceFailed`` saying what it was."""
+    try:
+        return await call
+    except Exception as e:
+        raise ServiceFailed(f"{type(e).__name__}: {e}") from e
 
 
 class _Live:

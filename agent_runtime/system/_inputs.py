@@ -32,7 +32,7 @@ from agent_runtime.runtimes.avatar import (
 from agent_runtime.runtimes.playout import RepromptFn
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn
 from agent_runtime.runtimes.session_host import SimulationEndFn
-from agent_runtime.settings import JobSettings, SettingError
+from agent_runtime.settings import JobSettings, SettingError, SettingTypeError
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -89,6 +89,11 @@ def check_avatar(avatar: AvatarPlugin | None, start_options: object) -> dict[str
             f"options, not {type(start_options).__name__}"
         )
     options = dict(start_options or {})
+    for key in options:  # else "sequence item 0: expected str instance" from deep inside
+        if not isinstance(key, str):
+            raise SettingTypeError(
+                f"avatar_start_options: the plugin's start() takes keyword names (str), not {key!r}"
+            )
     if options and avatar is None:
         raise SettingError("avatar_start_options given without an avatar")
     if isinstance(avatar, AvatarSession):

@@ -10,11 +10,14 @@ output, would hold each of them).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from agent_runtime.settings import shown
 
 MAX_DEPTH = 32  # nested collections; a scenario needs five or six
 MAX_ALIAS_NODES = 10_000  # nodes aliases may add once expanded
@@ -42,6 +45,24 @@ class _Loader(_Base):  # type: ignore[misc]
                 seen.add(key)
         mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return mapping
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        # a scalar its tag's constructor cannot read (an int past Python's int-to-string
+        # limit, "!!int abc", "!!bool maybe") raised Python's own error: a traceback, exit 1
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, KeyError, TypeError) as e:
+            if isinstance(e, YamlRefused):
+                raise
+            raise ConstructorError(None, None, _unreadable(node), node.start_mark) from None
+
+
+def _unreadable(node: Node) -> str:
+    tag = str(node.tag).rsplit(":", 1)[-1]  # "int" of tag:yaml.org,2002:int
+    limit = sys.get_int_max_str_digits()
+    if tag == "int" and isinstance(node.value, str) and len(node.value) > limit:
+        return f"a number of more than {limit} digits"
+    return f"not a valid {tag}: {shown(node.value)}"
 
 
 def load_yaml(text: str) -> Any:

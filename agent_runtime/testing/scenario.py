@@ -44,6 +44,7 @@ from agent_runtime.settings import (
     RoomIdentity,
     WaitSeconds,
     playout_flag,
+    shown,
 )
 from agent_runtime.testing.held import RESULTS
 from agent_runtime.testing.invariants.checks import BY_NUMBER
@@ -637,10 +638,6 @@ def _unknown(key: str, given: Any, known: Any) -> str:
     return "Extra inputs are not permitted" + (f" (did you mean {near[0]!r}?)" if near else "")
 
 
-# the longest value an error quotes: a message stays one short line
-_GOT_MAX = 60
-
-
 def _got(err: Any) -> str:
     """`` (got VALUE)``: the value given, as ``AgentJob`` names it (``(got -1)``); nothing
     for a mapping or a list of them (the error is about them as a whole: a missing key, a
@@ -652,10 +649,7 @@ def _got(err: Any) -> str:
     )
     if err["type"] == "missing" or whole or _said(err) != err["msg"]:
         return ""
-    shown = repr(value)
-    if len(shown) > _GOT_MAX:
-        shown = shown[: _GOT_MAX - 3] + "..."
-    return f" (got {shown})"
+    return f" (got {shown(value)})"
 
 
 def _first(
