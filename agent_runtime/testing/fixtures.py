@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
     from agent_runtime.testing.clock import VirtualClock
     from agent_runtime.testing.entrypoint import EntrypointRunner
-    from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+    from agent_runtime.testing.inmemory import InMemoryRoom
+    from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
     from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,7 +97,7 @@ def agent_session_transports() -> tuple[InMemorySessionTransport, InMemorySessio
     """The two ends of an in-memory session transport: ``(agent's end, simulator's end)``.
     What the simulator's end sends comes from the participant ``simulator`` (add it to the
     room with the ``lk.simulator`` attribute: only the simulator gets the verdict)."""
-    from agent_runtime.testing.inmemory import InMemorySessionTransport
+    from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
 
     return InMemorySessionTransport.pair(identities=("agent", SIMULATOR_IDENTITY))
 

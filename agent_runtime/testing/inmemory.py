@@ -12,29 +12,44 @@ handlers registered with ``register_rpc_method``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import itertools
-import logging
-from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Awaitable, Mapping
+from typing import Any
 
 from livekit import rtc
-from livekit.agents.voice.remote_session import SessionTransport
-from livekit.protocol.agent_pb import agent_session as agent_pb
 
 from agent_runtime import settings
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.parts import check_part
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.sdk.livekit_compat import participant_pb2, room_pb2, track_pb2
-from agent_runtime.sdk.session_transport import Received
+from agent_runtime.testing.inmemory_participant import (
+    RPC_ROUND_TRIP_BUDGET,
+    InMemoryLocalParticipant,
+    InMemoryStream,
+    RpcCall,
+)
+from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
+from agent_runtime.testing.sdk_logs import quiet_sdk_logs, sdk_task_failures_at_debug
 
-logger = logging.getLogger("agent_runtime.testing.inmemory")
-
-RpcResult = Literal["ok", "timeout", "error", "disconnected", "not_found"]
+# the local participant, the session transport and the SDK's logs have modules of their own;
+# their names stay here too, where users import them
+__all__ = [
+    "PARTICIPANT_KINDS",
+    "RPC_ROUND_TRIP_BUDGET",
+    "TRACK_KINDS",
+    "InMemoryLocalParticipant",
+    "InMemoryRoom",
+    "InMemorySessionTransport",
+    "InMemoryStream",
+    "NotInRoom",
+    "RpcCall",
+    "quiet_sdk_logs",
+    "sdk_task_failures_at_debug",
+    "stranger",
+    "stranger_track",
+]
 
 # every rtc.ParticipantKind the SDK knows, by the names settings derives from the enum
 PARTICIPANT_KINDS: dict[str, int] = {
@@ -47,189 +62,10 @@ TRACK_KINDS: dict[str, int] = {
 }
 
 
-# how long an RPC the SDK sends waits for an answer by default (its round-trip budget), then
-# fails with CONNECTION_TIMEOUT
-RPC_ROUND_TRIP_BUDGET = 7.0
-
-
 class NotInRoom(KeyError):
     """Who a test named is not in the room (a ``KeyError``, with a message saying who is)."""
 
     __str__ = BaseException.__str__  # not KeyError's, which quotes the message
-
-
-@dataclass(frozen=True, slots=True)
-class RpcCall:
-    """An outgoing RPC the agent made, and how it ended."""
-
-    t: float
-    method: str
-    destination: str
-    payload: str
-    outcome: str  # ok | timeout | error | disconnected | not_found
-
-
-class InMemoryLocalParticipant:
-    """Stands in for ``rtc.LocalParticipant``'s network side; everything else is real."""
-
-    def __init__(self, room: InMemoryRoom, identity: str) -> None:
-        self._room = room
-        self.identity = identity
-        self.sid = "PA_local"
-        self.attributes: dict[str, str] = {}
-        self.rpc_handlers: dict[str, Callable[[rtc.RpcInvocationData], Awaitable[str] | str]] = {}
-        # the SDK's LocalParticipant keeps them under this name, and DataStreamAudioOutput
-        # reads it there
-        self._rpc_handlers = self.rpc_handlers
-        self.kind = participant_pb2.ParticipantKind.PARTICIPANT_KIND_AGENT
-        self.streams: list[InMemoryStream] = []
-        # per method: how the next outgoing calls end, consumed in order
-        self.rpc_script: dict[str, deque[RpcResult]] = defaultdict(deque)
-        self.rpc_calls: list[RpcCall] = []
-        self.sent_bytes: list[tuple[str, bytes, list[str] | None]] = []
-        self.track_publications: dict[str, Any] = {}
-        # called with each track as it is published, before publish_track returns (the
-        # entrypoint runner puts its stand-in behind a room audio output there)
-        self.on_publish: list[Callable[[Any], None]] = []
-
-    # -- RPC -------------------------------------------------------------------------------
-    def register_rpc_method(
-        self, method_name: str, handler: Callable[[rtc.RpcInvocationData], Any] | None = None
-    ) -> Any:
-        def register(fn: Callable[[rtc.RpcInvocationData], Any]) -> Any:
-            self.rpc_handlers[method_name] = fn
-            return fn
-
-        return register(handler) if handler is not None else register
-
-    def unregister_rpc_method(self, method: str) -> None:
-        self.rpc_handlers.pop(method, None)
-
-    async def perform_rpc(
-        self,
-        *,
-        destination_identity: str,
-        method: str,
-        payload: str,
-        response_timeout: float | None = None,
-        max_round_trip_latency: float | None = None,
-    ) -> str:
-        clock = self._room.clock
-        start = clock.now()
-        script = self.rpc_script.get(method)
-        result: RpcResult = script.popleft() if script else "ok"
-        if result == "ok" and destination_identity not in self._room.remote_participants:
-            # nobody there to answer: the SDK gives up after its round-trip budget (7 s)
-            result = "timeout"
-        outcome = result
-        try:
-            if result == "ok":
-                return ""
-            if result == "timeout":
-                wait = (
-                    max_round_trip_latency
-                    if max_round_trip_latency is not None
-                    else RPC_ROUND_TRIP_BUDGET
-                )
-                if response_timeout is not None:
-                    wait = min(wait, response_timeout)
-                await clock.sleep(wait)
-                raise rtc.RpcError(rtc.RpcError.ErrorCode.CONNECTION_TIMEOUT, "Connection timeout")
-            if result == "disconnected":
-                raise rtc.RpcError(
-                    rtc.RpcError.ErrorCode.RECIPIENT_DISCONNECTED, "Recipient disconnected"
-                )
-            if result == "not_found":
-                raise rtc.RpcError(
-                    rtc.RpcError.ErrorCode.RECIPIENT_NOT_FOUND, "Recipient not found"
-                )
-            raise rtc.RpcError(rtc.RpcError.ErrorCode.APPLICATION_ERROR, "Application error")
-        except asyncio.CancelledError:
-            outcome = "cancelled"  # type: ignore[assignment]
-            raise
-        finally:
-            self.rpc_calls.append(RpcCall(start, method, destination_identity, payload, outcome))
-
-    # -- data and tracks -------------------------------------------------------------------
-    async def send_bytes(
-        self,
-        data: bytes,
-        *,
-        topic: str = "",
-        destination_identities: list[str] | None = None,
-        **_: Any,
-    ) -> None:
-        if not self._room.isconnected():
-            raise RuntimeError("room is not connected")
-        self.sent_bytes.append((topic, data, destination_identities))
-
-    async def send_text(self, text: str, *, topic: str = "", **_: Any) -> None:
-        if not self._room.isconnected():
-            raise RuntimeError("room is not connected")
-
-    async def stream_bytes(
-        self,
-        name: str = "",
-        *,
-        destination_identities: list[str] | None = None,
-        attributes: dict[str, str] | None = None,
-        topic: str = "",
-        **_: Any,
-    ) -> InMemoryStream:
-        """A byte stream (the audio sent to an avatar): records what is written to it."""
-        stream = InMemoryStream(topic, list(destination_identities or []), dict(attributes or {}))
-        self.streams.append(stream)
-        return stream
-
-    async def stream_text(
-        self,
-        *,
-        destination_identities: list[str] | None = None,
-        attributes: dict[str, str] | None = None,
-        topic: str = "",
-        **_: Any,
-    ) -> InMemoryStream:
-        """A text stream (the agent's transcription)."""
-        return InMemoryStream(topic, list(destination_identities or []), dict(attributes or {}))
-
-    async def set_attributes(self, attributes: dict[str, str]) -> None:
-        self.attributes.update(attributes)
-
-    async def publish_track(self, track: Any, options: Any = None) -> Any:
-        sid = f"TR_local_{len(self.track_publications) + 1}"
-        self.track_publications[sid] = track
-        for hook in list(self.on_publish):
-            hook(track)
-        return _LocalPublication(sid, track)
-
-    async def unpublish_track(self, track_sid: str) -> None:
-        self.track_publications.pop(track_sid, None)
-
-
-@dataclass
-class InMemoryStream:
-    """What ``stream_bytes``/``stream_text`` hand back: records the chunks written."""
-
-    topic: str
-    destination: list[str]
-    attributes: dict[str, str]
-    chunks: list[bytes] = field(default_factory=list)
-    closed: bool = False
-
-    async def write(self, data: bytes | str) -> None:
-        self.chunks.append(data.encode() if isinstance(data, str) else data)
-
-    async def aclose(self, **_: Any) -> None:
-        self.closed = True
-
-
-@dataclass
-class _LocalPublication:
-    sid: str
-    track: Any
-
-    async def wait_for_subscription(self) -> None:
-        return None
 
 
 class InMemoryRoom(rtc.Room):
@@ -406,100 +242,14 @@ class InMemoryRoom(rtc.Room):
         return sum(len(v) for v in lk.listeners(self).values())
 
 
-class InMemorySessionTransport(SessionTransport):
-    """One end of a paired transport carrying serialized ``AgentSessionMessage`` bytes.
-
-    Like the room's byte streams, each message arrives with the identity of its sender:
-    this end's ``identity``, or the ``sender`` given to ``send_message`` (a test playing
-    several participants over one end). ``receive()`` returns both.
-    """
-
-    def __init__(self, identity: str | None = None) -> None:
-        # bytes put here directly (a test's garbage on the wire) have no known sender
-        self._inbox: asyncio.Queue[tuple[bytes, str | None] | bytes | None] = asyncio.Queue()
-        self._peer: InMemorySessionTransport | None = None
-        self.identity = identity
-        self.closed = False
-
-    @classmethod
-    def pair(
-        cls, *, identities: tuple[str | None, str | None] = (None, None)
-    ) -> tuple[InMemorySessionTransport, InMemorySessionTransport]:
-        a, b = cls(), cls()
-        a.identity, b.identity = identities
-        a._peer, b._peer = b, a
-        return a, b
-
-    async def start(self) -> None:
-        return None
-
-    async def send_message(
-        self, msg: agent_pb.AgentSessionMessage, *, sender: str | None = None
-    ) -> None:
-        if self.closed or self._peer is None or self._peer.closed:
-            raise RuntimeError("session transport is closed")
-        self._peer._inbox.put_nowait((msg.SerializeToString(), sender or self.identity))
-
-    async def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._inbox.put_nowait(None)
-
-    async def receive(self) -> Received:
-        item = await self._inbox.get()
-        if item is None:
-            self._inbox.put_nowait(None)  # every later read ends too
-            raise StopAsyncIteration
-        data, sender = item if isinstance(item, tuple) else (item, None)
-        msg = agent_pb.AgentSessionMessage()
-        msg.ParseFromString(data)
-        return Received(msg, sender)
-
-    def __aiter__(self) -> AsyncIterator[agent_pb.AgentSessionMessage]:
-        return self
-
-    async def __anext__(self) -> agent_pb.AgentSessionMessage:
-        return (await self.receive()).message
-
-    def receive_nowait(self) -> list[agent_pb.AgentSessionMessage]:
-        """Every message waiting at this end (for a test's simulator side)."""
-        out: list[agent_pb.AgentSessionMessage] = []
-        while not self._inbox.empty():
-            item = self._inbox.get_nowait()
-            if item is None:
-                self._inbox.put_nowait(None)
-                break
-            msg = agent_pb.AgentSessionMessage()
-            msg.ParseFromString(item[0] if isinstance(item, tuple) else item)
-            out.append(msg)
-        return out
+def stranger(identity: str) -> rtc.RemoteParticipant:
+    """A participant the room never had (the SFU never reports one; a scenario may)."""
+    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
+    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
 
 
-@contextlib.contextmanager
-def quiet_sdk_logs(level: int = logging.ERROR) -> Any:
-    """Silence the SDK's own chatter about an unconnected room (scenario output stays clean)."""
-    names = ("livekit", "livekit.agents")
-    old = [logging.getLogger(n).level for n in names]
-    for n in names:
-        logging.getLogger(n).setLevel(level)
-    try:
-        yield
-    finally:
-        for n, lvl in zip(names, old, strict=True):
-            logging.getLogger(n).setLevel(lvl)
-
-
-def sdk_task_failures_at_debug(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The SDK's own background tasks (an avatar join watcher, a data stream waiting for its
-    participant) fail once a scenario disconnects the room; in a scenario that is expected,
-    so those go to debug. Anything else is reported as usual."""
-    task = context.get("future") or context.get("task")
-    get_coro = getattr(task, "get_coro", None)
-    code = getattr(get_coro(), "cr_code", None) if get_coro is not None else None
-    filename = getattr(code, "co_filename", "")
-    if "/livekit/" in filename.replace("\\", "/"):
-        logging.getLogger("agent_runtime.testing.runner").debug(
-            "SDK background task ended: %s", context.get("exception")
-        )
-        return
-    loop.default_exception_handler(context)
+def stranger_track(kind: str) -> rtc.RemoteTrackPublication:
+    pb = lk.track_pb2
+    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
+    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
+    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))

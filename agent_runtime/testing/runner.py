@@ -27,7 +27,6 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +41,16 @@ from agent_runtime.observe.trace import JsonlSink, MemorySink, Tracer, TraceReco
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
+from agent_runtime.testing._silence import silence
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.held import Held
-from agent_runtime.testing.inmemory import (
-    InMemoryRoom,
-    InMemorySessionTransport,
-    quiet_sdk_logs,
-    sdk_task_failures_at_debug,
-)
+from agent_runtime.testing.inmemory import InMemoryRoom, stranger, stranger_track
+from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
 from agent_runtime.testing.invariants.watch import InvariantWatch
 from agent_runtime.testing.result import refusal, scenario_result, seconds_text
 from agent_runtime.testing.room_audio import pace_as_published
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+from agent_runtime.testing.sdk_logs import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.wire import build_request
 
 logger = logging.getLogger("agent_runtime.testing.runner")
@@ -61,7 +58,9 @@ logger = logging.getLogger("agent_runtime.testing.runner")
 # how long (real seconds) to let real SDK work finish (a session closing, the job's close
 # work) before virtual time moves on; generous, it only bounds a stuck step
 _REAL_SETTLE_LIMIT = 10.0
-_RATE = 24000  # the scenario speech's sample rate (10 ms frames of silence)
+
+# stranger and stranger_track are the room's now (inmemory.py); they stay here too
+__all__ = ["run_scenario", "stranger", "stranger_track"]
 
 
 class _Simulation:
@@ -147,7 +146,7 @@ class _Simulation:
             self.agent_listening_at.append(self.clock.now())
 
     def _say(self, session: AgentSession[Any], text: str, seconds: float) -> SpeechHandle:
-        handle = session.say(text, audio=_frames(seconds))
+        handle = session.say(text, audio=silence(seconds))
         self.speeches.append(handle)
         return handle
 
@@ -479,24 +478,5 @@ async def run_scenario(
     return result
 
 
-async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
-    per = _RATE // 100
-    for _ in range(max(1, round(seconds * 100))):
-        yield rtc.AudioFrame(b"\0\0" * per, _RATE, 1, per)
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "scenario"
-
-
-def stranger(identity: str) -> rtc.RemoteParticipant:
-    """A participant the room never had (the SFU never reports one; a scenario may)."""
-    info = lk.participant_pb2.ParticipantInfo(identity=identity, sid="PA_unknown")
-    return rtc.RemoteParticipant(lk.participant_pb2.OwnedParticipant(info=info))
-
-
-def stranger_track(kind: str) -> rtc.RemoteTrackPublication:
-    pb = lk.track_pb2
-    k = pb.TrackKind.KIND_VIDEO if kind == "video" else pb.TrackKind.KIND_AUDIO
-    info = pb.TrackPublicationInfo(sid="TR_unknown", kind=k)
-    return rtc.RemoteTrackPublication(pb.OwnedTrackPublication(info=info))

@@ -31,7 +31,8 @@ from agent_runtime.settings import AvatarRetry, Backoff, PlayoutOptions
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.held import Gate
-from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
 from agent_runtime.testing.invariants.observe import Observed, runtime_view, session_state
 from agent_runtime.testing.invariants.view import JobView
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar

@@ -33,10 +33,10 @@ from typing import Any, Literal
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.clock import VirtualTimeLoop
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.inmemory import quiet_sdk_logs, sdk_task_failures_at_debug
 from agent_runtime.testing.invariants.checks import Finding, eventual, safety, settled
 from agent_runtime.testing.invariants.playout import PlayoutJudge
 from agent_runtime.testing.invariants.view import JobView
+from agent_runtime.testing.sdk_logs import quiet_sdk_logs, sdk_task_failures_at_debug
 from verification.explore.config import Config
 from verification.explore.harness import Harness
 from verification.explore.real_inputs import (

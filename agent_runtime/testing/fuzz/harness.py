@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +27,12 @@ from livekit.protocol.agent_simulation import SimulationDispatch, SimulationMode
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
+from agent_runtime.testing._silence import silence
 from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled
 from agent_runtime.testing.fuzz.runlog import RunLog
-from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
 from agent_runtime.testing.job_process import JobProcess
 from agent_runtime.testing.result import refusal
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
@@ -42,7 +43,6 @@ JOB_ID = "fuzz-job"
 SIMULATOR = "simulator"
 # how long (real seconds) a step's real work may take before virtual time moves on anyway
 _REAL_LIMIT = 10.0
-_RATE = 24000
 
 
 @dataclass
@@ -175,7 +175,7 @@ class Harness:
         elif isinstance(step, sc.SessionInterrupt):
             self._session().interrupt()
         elif isinstance(step, sc.AgentSay):
-            self._session().say(step.text, audio=_frames(step.duration))
+            self._session().say(step.text, audio=silence(step.duration))
         elif isinstance(step, sc.JobAclose):
             if job is None:
                 raise RuntimeError("no job yet")
@@ -401,9 +401,3 @@ CONFIG = ("avatar_identity", "simulation", "room_connected")
 def _listening(session: Any) -> None:
     if lk.session_live(session):
         lk.set_user_state(session, "listening")
-
-
-async def _frames(seconds: float) -> AsyncIterator[rtc.AudioFrame]:
-    per = _RATE // 100
-    for _ in range(max(1, round(seconds * 100))):
-        yield rtc.AudioFrame(b"\0\0" * per, _RATE, 1, per)

@@ -5,7 +5,6 @@ that ``replay`` runs again against the same entrypoint."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import logging
 import os
@@ -18,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import get_state_machine_test
@@ -39,9 +37,26 @@ from agent_runtime.testing.fuzz.machine import (
     scenario_of,
 )
 from agent_runtime.testing.fuzz.properties import BadCheck, Check, Problem, not_a_check
-from agent_runtime.testing.inmemory import quiet_sdk_logs
+from agent_runtime.testing.fuzz.report import FuzzReport, fill_report, write_scenario
 from agent_runtime.testing.result import seconds_text
+from agent_runtime.testing.sdk_logs import quiet_sdk_logs
 from agent_runtime.testing.user_code import PLUGIN_THREAD
+
+# the report has a module of its own; its names stay here too, where users import them
+__all__ = [
+    "MAX_EXAMPLES",
+    "MAX_SEED",
+    "FuzzOptions",
+    "FuzzReport",
+    "NotReplayable",
+    "PluginOffMainThread",
+    "check_replayable",
+    "config_of",
+    "fuzz",
+    "print_progress",
+    "replay",
+    "write_scenario",
+]
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
@@ -71,52 +86,6 @@ class FuzzOptions(BaseModel):
     progress_every: float = Field(default=5.0, gt=0, le=3600, strict=True)  # real seconds
     # every run's log to your logging as it comes, rather than the failing run's in the report
     logs: bool = Field(default=False, strict=True)
-
-
-class FuzzReport(BaseModel):
-    """What a fuzz (or a replay) found."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    seed: int | None
-    examples: int
-    paths: int
-    seconds: float
-    problems: list[str] = Field(default_factory=list)
-    details: list[str] = Field(default_factory=list)
-    scenario: dict[str, Any] | None = None
-    written: str | None = None
-    kept: str | None = None  # another file at the name, left as it was
-    write_error: str | None = None  # why the scenario file could not be written
-    skipped: list[str] = Field(default_factory=list)  # replay: steps the world refused
-    logs: list[str] = Field(default_factory=list)  # the failing run's log (runlog.py)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def summary(self) -> str:
-        head = (
-            f"{self.examples} example(s) run, {self.paths} distinct path(s), "
-            f"{self.seconds:.1f}s" + (f", seed {self.seed}" if self.seed is not None else "")
-        )
-        skipped = [f"  step refused (it changed nothing): {s}" for s in self.skipped]
-        if self.ok:
-            return "\n".join([f"{head}: nothing found", *skipped])
-        lines = [f"{head}: a property failed", *(f"  {p}" for p in self.problems), *skipped]
-        if self.scenario is not None:
-            lines.append("  the shortest sequence found:")
-            lines += [f"    {_step_line(s)}" for s in self.scenario["steps"]]
-        if self.logs:
-            lines.append("  the run's log (the job's and livekit's records):")
-            lines += [f"    {line}" for line in self.logs]
-        if self.written:
-            lines.append(f"  written to {self.written} (replay: --replay {self.written})")
-        if self.kept:
-            lines.append(f"  {self.kept} was there already, another file: left as it was")
-        if self.write_error:
-            lines.append(f"  not written: {self.write_error}")
-        return "\n".join(lines)
 
 
 def config_of(options: FuzzOptions) -> sc.Config:
@@ -268,7 +237,7 @@ def _fuzz(
     )
     if failure is not None:
         label = agent_label(server)
-        _fill(report, failure.problems, failure.scenario, seed, label)
+        fill_report(report, failure.problems, failure.scenario, seed, label)
         report.logs = failure.logs
         if out is not None:
             try:
@@ -361,7 +330,7 @@ def replay(
         seed=None, examples=1, paths=1, seconds=time.monotonic() - began, skipped=refused
     )
     if problems:
-        _fill(report, problems, None, None)
+        fill_report(report, problems, None, None)
         report.logs = kept
     return report
 
@@ -408,59 +377,6 @@ async def _replay(
                 logs += h.log_lines()
 
 
-def _fill(
-    report: FuzzReport,
-    problems: list[Problem],
-    scenario: dict[str, Any] | None,
-    seed: int | None,
-    label: str | None = None,
-) -> None:
-    report.problems = [str(p) for p in problems]
-    report.details = [p.detail for p in problems if p.detail]
-    if scenario is not None:
-        what = problems[0]
-        report.scenario = {
-            "name": f"fuzz: {what.prop}",
-            "description": f"found by agent-runtime fuzz of {label} (seed {seed}), shrunk: "
-            + what.message,
-            **scenario,
-        }
-
-
-def write_scenario(scenario: dict[str, Any], out: Path, name: str) -> tuple[Path, Path | None]:
-    """Write ``scenario`` to ``out/NAME.yaml`` without ever replacing a file: one there
-    already with the same text is the file written; one with other text (another agent's
-    failure, a file of the user's) is left as it was and the scenario goes to the first free
-    ``NAME-2.yaml``, ``NAME-3.yaml``, ... Returns the path written and the one stepped
-    round (``None`` when none); raises ``OSError``."""
-    out.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(scenario, sort_keys=False, width=100)
-    first = out / f"{name}.yaml"
-    for n in range(1, 1000):
-        path = first if n == 1 else out / f"{name}-{n}.yaml"
-        try:
-            fh = path.open("x", encoding="utf-8")  # made here, or FileExistsError
-        except FileExistsError:
-            if _holds(path, text):
-                return path, None if n == 1 else first
-            continue
-        try:
-            with fh:
-                fh.write(text)
-        except OSError:  # no half-written scenario left behind
-            path.unlink(missing_ok=True)
-            raise
-        return path, None if n == 1 else first
-    raise FileExistsError(errno.EEXIST, f"{first} and 998 numbered after it exist")
-
-
-def _holds(path: Path, text: str) -> bool:
-    try:
-        return path.read_text(encoding="utf-8") == text
-    except (OSError, UnicodeDecodeError):  # a directory, unreadable: not this scenario
-        return False
-
-
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """No garbage collection inside: on CPython 3.11 a parse nested in another (a finalizer
@@ -502,11 +418,6 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
-
-
-def _step_line(step: dict[str, Any]) -> str:
-    rest = ", ".join(f"{k}={v!r}" for k, v in step.items() if k not in ("at", "event"))
-    return f"t={seconds_text(step['at'])} {step['event']}" + (f" ({rest})" if rest else "")
 
 
 def print_progress(line: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
-from agent_runtime.testing.inmemory import RPC_ROUND_TRIP_BUDGET
+from agent_runtime.testing.inmemory_participant import RPC_ROUND_TRIP_BUDGET
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.record._state import _State
 
