@@ -31,6 +31,8 @@ class FuzzReport(BaseModel):
     write_error: str | None = None  # why the scenario file could not be written
     skipped: list[str] = Field(default_factory=list)  # replay: steps the world refused
     logs: list[str] = Field(default_factory=list)  # the failing run's log (runlog.py)
+    # the failing run passed when it ran again: the scenario is that run, not shrunk
+    flaky: bool = False
 
     @property
     def ok(self) -> bool:
@@ -45,8 +47,13 @@ class FuzzReport(BaseModel):
         if self.ok:
             return "\n".join([f"{head}: nothing found", *skipped])
         lines = [f"{head}: a property failed", *(f"  {p}" for p in self.problems), *skipped]
+        if self.flaky:
+            lines.append(
+                "  the same run passed when it ran again: the agent depends on more than the "
+                "run (state kept between jobs, the wall clock, the network)"
+            )
         if self.scenario is not None:
-            lines.append("  the shortest sequence found:")
+            lines.append("  the failing run:" if self.flaky else "  the shortest sequence found:")
             lines += [f"    {_step_line(s)}" for s in self.scenario["steps"]]
         if self.logs:
             lines.append("  the run's log (the job's and livekit's records):")

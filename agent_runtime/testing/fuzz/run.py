@@ -15,14 +15,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_runtime.observe.trace import describe
 from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
@@ -57,6 +59,8 @@ __all__ = [
     "replay",
     "write_scenario",
 ]
+
+logger = logging.getLogger("agent_runtime.fuzz")
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
@@ -178,25 +182,25 @@ def _fuzz(
         # the entrypoint gives its job no avatar: nothing the avatar's provider does can
         # reach this agent, so no run draws it (and a failure is written without one)
         config = config.model_copy(update={"avatar_identity": None})
-    if progress is not None:  # first: a run cut short (Ctrl-C) can be drawn again
-        progress(f"fuzz: seed {seed} (the same draws again: --seed {seed})")
+    tell = _Progress(progress)
+    tell(f"fuzz: seed {seed} (the same draws again: --seed {seed})")  # first: see Ctrl-C
     stats = Stats()
     began = time.monotonic()
     last = [began]
 
     def on_example(s: Stats) -> None:
         now = time.monotonic()
-        if progress is not None and now - last[0] >= options.progress_every:
+        if tell.on and now - last[0] >= options.progress_every:
             last[0] = now
             # hypothesis' count: draws, then, once something failed, its shrinking runs
             # (which --examples does not bound)
             if s.failed:
-                progress(
+                tell(
                     f"fuzz: found a problem, shrinking it: {s.examples} runs, "
                     f"{s.failed} of them failing, {now - began:.0f}s"
                 )
             else:
-                progress(
+                tell(
                     f"fuzz: {s.examples} runs (of {options.examples} to draw), "
                     f"{len(s.paths)} distinct paths, {now - began:.0f}s"
                 )
@@ -220,9 +224,22 @@ def _fuzz(
             ),
         )
     failure: FuzzFailure | None = None
+    flaky = False
     with quiet_sdk_logs(logging.ERROR), stats.interrupts.installed():
         try:
-            hypothesis_seed(seed)(test)()
+            try:
+                hypothesis_seed(seed)(test)()
+            except Flaky as e:
+                # the run failed, and passed when hypothesis ran it again: the agent's failure
+                # is in the group; the agent depends on more than the run (state kept between
+                # jobs, the wall clock, the network)
+                failure = _inner(e, FuzzFailure)
+                stopped = _inner(e, CheckStopped)
+                if stopped is not None:
+                    raise stopped from None
+                if failure is None:
+                    raise
+                flaky = True
         except FuzzFailure as e:
             failure = e
         except CheckStopped as e:  # the check's mistake, not the agent's: no report of it
@@ -238,6 +255,7 @@ def _fuzz(
     if failure is not None:
         label = agent_label(server)
         fill_report(report, failure.problems, failure.scenario, seed, label)
+        report.flaky = flaky
         report.logs = failure.logs
         if out is not None:
             try:
@@ -375,6 +393,48 @@ async def _replay(
                 refused += h.refused
             if logs is not None:
                 logs += h.log_lines()
+
+
+class _Progress:
+    """The caller's ``progress``, called by the fuzz: output, never the agent's failure.
+    Called inside a run, its error was taken for the agent's (hypothesis shrank it, then
+    called the run flaky); its first error is one WARNING, and no more lines are sent."""
+
+    def __init__(self, progress: Callable[[str], None] | None) -> None:
+        self._progress = progress
+
+    @property
+    def on(self) -> bool:
+        return self._progress is not None
+
+    def __call__(self, line: str) -> None:
+        if self._progress is None:
+            return
+        try:
+            self._progress(line)
+        except Exception as e:
+            self._progress = None
+            logger.warning(
+                "fuzz: the progress callback raised %s; no more progress lines", describe(e)
+            )
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _inner(error: BaseException, kind: type[_E]) -> _E | None:
+    """The first ``kind`` inside ``error``: itself, in its group, or what it came from."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, kind):
+            return e
+        todo += [*getattr(e, "exceptions", ()), *(c for c in (e.__cause__, e.__context__) if c)]
+    return None
 
 
 @contextmanager
