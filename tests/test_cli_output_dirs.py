@@ -6,7 +6,12 @@ rewrites, and names the file the user gave, never a temporary file of its own.""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +145,36 @@ def test_a_link_where_no_file_can_be_made_is_named_not_a_temporary_file(
     err = capsys.readouterr().err
     assert err == f"agent-runtime {command}: {link}: {what} (No such file or directory)\n"
     assert link.is_symlink()
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="no Graphviz `dot` here")
+def test_the_whole_job_svg_cut_by_a_full_disk_leaves_the_file_there_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """``diagrams --out`` wrote the whole job's SVG (Graphviz's) in place, not through the
+    writer every other file goes through: a full disk left half of it."""
+    out = tmp_path / "out"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    svg = out / "whole-job.svg"
+    size = svg.stat().st_size
+    svg.write_text("the old drawing\n", encoding="utf-8")  # the only file to rewrite
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_runtime.tools.cli", "diagrams", "--out", str(out)],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=120,
+        preexec_fn=lambda: _with_file_size_limit(size // 2),
+    )
+    err = done.stderr.decode().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and "(File too large)" in err[0], err
+    assert svg.read_text(encoding="utf-8") == "the old drawing\n"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+def _with_file_size_limit(limit: int) -> None:
+    """In the child: a file written past ``limit`` bytes fails (EFBIG), as on a full disk."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails rather than the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
