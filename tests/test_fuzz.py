@@ -68,8 +68,11 @@ def _fuzz_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
         (["--examples", "ten"], "--examples: 'ten' is not a whole number"),
         (["--seed", "-1"], "--seed: Input should be greater than or equal to 0"),
         (["--steps", "101"], "--steps: Input should be less than or equal to 100"),
-        (["--out", "pyproject.toml"], "--out pyproject.toml: exists and is not a directory"),
-        (["--out", "pyproject.toml/found"], "cannot write there (NotADirectoryError"),
+        (["--out", "pyproject.toml"], "--out pyproject.toml: not a directory\n"),
+        (
+            ["--out", "pyproject.toml/found"],
+            "--out pyproject.toml/found: not a directory (pyproject.toml is a file)",
+        ),
         (["--out", "/proc/found"], "--out /proc/found: cannot write there ("),
         (["--replay", "nope.yaml"], "nope.yaml: cannot read"),
         (["--check", "tests.support.planted:nope"], "has no 'nope'"),
@@ -95,6 +98,29 @@ def test_a_bad_option_is_one_line_and_exit_2(
     code, out, err = _fuzz_cli(capsys, "examples/agent.py:server", *args)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("where", ["the-directory", "a-parent"])
+def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    where: str,
+) -> None:
+    """``--out`` a link that leads nowhere was ``cannot write there (FileExistsError: File
+    exists)``: it is refused as ``export --out`` refuses it."""
+    monkeypatch.chdir(ROOT)
+    link = tmp_path / "found"
+    link.symlink_to(tmp_path / "gone")
+    out = link if where == "the-directory" else link / "sub"
+    code, _, err = _fuzz_cli(capsys, "examples/agent.py:server", "--out", str(out))
+    assert main(["export", "xstate", "avatar", "--out", str(out)]) == 2
+    export_err = capsys.readouterr().err
+    assert code == 2 and "a link to " in err, err
+    assert err.removeprefix("agent-runtime fuzz: --out ") == export_err.removeprefix(
+        "agent-runtime export: "
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["found"]
 
 
 @pytest.mark.parametrize(

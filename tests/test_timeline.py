@@ -169,12 +169,11 @@ def test_dash_writes_the_page_to_stdout_and_no_file_named_dash(
 def test_a_page_that_cannot_be_written_is_one_line(
     page: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    target = tmp_path / "no-such-dir" / "page.html"
+    (tmp_path / "a-file").write_text("mine")
+    target = tmp_path / "a-file" / "page.html"
     assert cli(["timeline", str(page[0]), "-o", str(target)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == (
-        f"agent-runtime timeline: {target}: cannot write the page (No such file or directory)"
-    )
+    assert line == f"agent-runtime timeline: {target}: cannot write the page (Not a directory)"
 
 
 # -- in the browser ----------------------------------------------------------------------------

@@ -47,11 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("files", nargs="*", metavar="FILE|DIR")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
-    sim.add_argument(
-        "--trace",
-        metavar="OUT.jsonl",
-        help="write the JSONL trace here (missing directories are made)",
-    )
+    sim.add_argument("--trace", metavar="OUT.jsonl", help="write the JSONL trace here")
     sim.add_argument("--html", metavar="PAGE.html", help="draw the run's timeline page here")
     sim.set_defaults(module="agent_runtime.tools.commands.simulate")
 

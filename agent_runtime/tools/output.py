@@ -15,7 +15,7 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -96,32 +96,43 @@ def project_dir(relative: Path, command_file: str) -> Path | None:
 # -- output files --------------------------------------------------------------------------------
 
 
-def unwritable(path: str | Path, *, make_parents: bool = False) -> str | None:
-    """Why a file could not be written at ``path`` (what ``open`` would say), found without
-    leaving anything behind; ``None`` when it can be. ``make_parents``: missing directories
-    will be made first, so only what would stop ``mkdir -p`` is a reason."""
+def unwritable(path: str | Path) -> str | None:
+    """Why a file could not be written at ``path`` (what ``open`` would say once the missing
+    directories are made, as ``write_file`` makes them), found without leaving anything
+    behind; ``None`` when it can be. A link is judged by the file it leads to."""
     p = Path(path)
     if p.is_dir():
         return os.strerror(errno.EISDIR)
-    if not p.parent.exists():
-        if not make_parents:
-            return os.strerror(errno.ENOENT)
-        if not_a_directory(p.parent) is not None:
-            return os.strerror(errno.ENOTDIR)
-        existing = next(d for d in p.parents if d.exists())
-        return None if os.access(existing, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
-    if not p.parent.is_dir():
-        return os.strerror(errno.ENOTDIR)
     if p.exists():
         return None if os.access(p, os.W_OK) else os.strerror(errno.EACCES)
-    # a file made and removed at once: permissions say nothing of /proc, /sys, a
-    # read-only mount, where even root cannot create a file
+    if p.is_symlink():  # to no file yet: the file is made where it leads
+        p = Path(os.path.realpath(p))
+        if not p.parent.is_dir():  # open() makes no directory for a link's file
+            return os.strerror(errno.ENOENT)
+    if not_a_directory(p.parent) is not None:
+        return os.strerror(errno.ENOTDIR)
+    if (link := dangling_link(p.parent)) is not None:
+        return f"{link} is a link to {os.readlink(link)}, which is not there"
+    # a file made and removed at once where the first missing directory would be made:
+    # permissions say nothing of /proc, /sys, a read-only mount, where even root cannot
+    existing = next(d for d in p.parents if d.exists())
     try:
-        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=f".{p.name}.", suffix=".tmp")
     except OSError as e:
         return e.strerror or str(e)
     os.close(fd)
     os.unlink(probe)
+    return None
+
+
+def dangling_link(p: Path) -> Path | None:
+    """The link among ``p`` and the parents to be made for it that leads nowhere, if any:
+    no directory can be made there (``mkdir`` says "File exists")."""
+    for d in (p, *p.parents):
+        if d.exists():
+            return None
+        if d.is_symlink():
+            return d
     return None
 
 
@@ -150,8 +161,9 @@ def check_directory(out: Path, names: list[str] | None = None) -> str | None:
     blocker = not_a_directory(out)
     if blocker is not None:
         return "not a directory" + ("" if blocker == out else f" ({blocker} is a file)")
-    if out.is_symlink() and not out.exists():  # mkdir would say "File exists"
-        return f"a link to {os.readlink(out)}, which is not there"
+    if (link := dangling_link(out)) is not None:
+        where = "" if link == out else f"{link} is "
+        return f"{where}a link to {os.readlink(link)}, which is not there"
     if names is None:
         return None
     for name in names:
@@ -173,72 +185,115 @@ def check_directory(out: Path, names: list[str] | None = None) -> str | None:
 def write_file(path: str | Path, text: str) -> None:
     """Write ``text`` to the file ``path``, whole or not at all: to a temporary file beside
     it first, renamed into place once written, so a write that fails (a full disk) leaves
-    no half-written file and whatever was at ``path`` as it was. A link's target is the
-    file replaced. Written as it is: a device or a FIFO (``/dev/stdout``), and a file its
-    user may write in a directory they may not. Raises ``OSError``."""
+    no half-written file and whatever was at ``path`` as it was. Missing directories are
+    made (and removed again when the write fails). A link's target is the file replaced,
+    its permissions kept. Written as it is: a device or a FIFO (``/dev/stdout``), and a
+    file its user may write in a directory they may not. Raises ``OSError`` naming
+    ``path``."""
+    p = Path(path)
+    made = _missing(p.parent)
+    done = False
     try:
-        mode: int | None = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    target = Path(os.path.realpath(path))
-    staged: tuple[int, str] | None = None
-    if mode is None or stat.S_ISREG(mode):
-        try:
-            staged = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        except PermissionError:
-            if mode is None:
-                raise
-    if staged is None:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        return
-    fd, tmp = staged
-    try:
-        # the file's own permissions kept; a new one's as open() makes it, not mkstemp's 0600
-        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
-        with open(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        with _naming(p):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            mode = _mode(p)
+            staged: tuple[str, Path] | None = None
+            if mode is None or stat.S_ISREG(mode):
+                try:
+                    staged = _staged(p, text, mode)
+                except PermissionError:
+                    if mode is None:
+                        raise
+            if staged is None:
+                with open(p, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+            else:
+                tmp, target = staged
+                try:
+                    os.replace(tmp, target)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+        done = True
+    finally:
+        if not done:
+            _unmake(made)
 
 
 def write_all(out: Path, files: Mapping[str, str]) -> list[Path]:
     """Write every ``NAME: text`` in ``files`` to ``out/NAME`` (``out`` made if missing), all
     or none: each is written to a temporary file beside it first, and only when every one is
     written are they renamed into place (the directories made for them are removed again
-    when one fails). A link's target is the file replaced, as ``write_file``'s. Returns the
-    paths written; raises ``OSError``."""
-    made = [p for p in (out, *out.parents) if not p.exists()]
-    mask = _umask()
+    when one fails). A link's target is the file replaced, its permissions kept, as
+    ``write_file``'s. Returns the paths written; raises ``OSError`` naming one of them."""
+    made = _missing(out)
     staged: list[tuple[str, Path]] = []
     done = False
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
-            target = Path(os.path.realpath(out / name))
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".tmp")
-            staged.append((tmp, target))
-            os.fchmod(fd, 0o666 & ~mask)  # as open() makes a file, not mkstemp's 0600
-            with open(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        for tmp, target in staged:
-            os.replace(tmp, target)
+            with _naming(out / name):
+                staged.append(_staged(out / name, text, _mode(out / name)))
+        for (tmp, target), name in zip(staged, files, strict=True):
+            with _naming(out / name):
+                os.replace(tmp, target)
         done = True
     finally:
         for tmp, _ in staged:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         if not done:
-            for p in made:  # the deepest first; one that holds something else stays
-                with contextlib.suppress(OSError):
-                    p.rmdir()
+            _unmake(made)
     return [out / name for name in files]
+
+
+def _staged(path: Path, text: str, mode: int | None) -> tuple[str, Path]:
+    """``text`` in a temporary file beside the file ``path`` leads to, with ``mode``'s
+    permissions (a new file's, ``None``, as ``open`` makes them, not mkstemp's 0600).
+    Returns the temporary file and the file it is to replace; raises ``OSError``."""
+    target = Path(os.path.realpath(path))
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with open(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
+            fh.write(text)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp, target
+
+
+def _mode(path: Path) -> int | None:
+    """The mode of the file ``path`` leads to; ``None`` when there is none yet."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` raised inside names ``path``, the file the user asked for, never a
+    temporary file of ours."""
+    try:
+        yield
+    except OSError as e:
+        e.filename, e.filename2 = str(path), None
+        raise
+
+
+def _missing(d: Path) -> list[Path]:
+    """``d`` and its parents that are not there, the deepest first."""
+    return [p for p in (d, *d.parents) if not p.exists()]
+
+
+def _unmake(made: list[Path]) -> None:
+    for p in made:  # the deepest first; one that holds something else stays
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

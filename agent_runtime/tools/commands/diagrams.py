@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from agent_runtime.tools.output import check_directory, project_dir, write_all
+from agent_runtime.tools.output import check_directory, project_dir, write_all, write_file
 from agent_runtime.tools.render import DIAGRAM_SUFFIXES, diagram_files
 from agent_runtime.tools.system_diagram import NAME as WHOLE_JOB
 from statemachines.machines import MACHINES
@@ -107,7 +107,7 @@ def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
     # rendered in memory and written only when it differs, so it is listed like every other
     # file written, and a run that changes nothing lists nothing
     if not svg.is_file() or svg.read_text(encoding="utf-8") != done.stdout:
-        svg.write_text(done.stdout, encoding="utf-8")
+        write_file(svg, done.stdout)
         print(f"wrote {svg}")
     return 0
 

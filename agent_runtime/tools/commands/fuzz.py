@@ -42,6 +42,7 @@ from agent_runtime.testing.fuzz.run import (
     print_progress,
 )
 from agent_runtime.testing.scenario import ScenarioError, load_scenario
+from agent_runtime.tools.output import check_directory
 
 
 class UsageError(Exception):
@@ -166,8 +167,9 @@ def _out(value: str | None, made: list[Path]) -> Path | None:
     if value is None:
         return None
     path = Path(value)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {value}: exists and is not a directory")
+    why = check_directory(path)  # a file or a link to nothing where a directory is needed
+    if why is not None:
+        raise UsageError(f"--out {value}: {why}")
     missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import yaml
 from agent_runtime.observe.reading import TraceError, load_trace
 from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.testing.scenario import ScenarioError, name_problem, parse_scenario
-from agent_runtime.tools.output import same_file, write_file
+from agent_runtime.tools.output import same_file, unwritable, write_file
 from agent_runtime.tools.record import RecordError, compare, record, render, timing
 
 PROG = "agent-runtime record"
@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         args.out = None
     if args.out and same_file(args.out, args.trace):
         return _fail(f"-o {args.out} is the trace; it would be overwritten")
+    if args.out and (why := unwritable(args.out)) is not None:
+        return _fail(f"{args.out}: cannot write the scenario ({why})")
     try:
         records = [rec for _, rec in load_trace(args.trace, warn=_warn)]
         recorded = record(records, name=args.name or f"recorded from {Path(args.trace).name}")

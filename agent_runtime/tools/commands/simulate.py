@@ -166,8 +166,7 @@ def _check_outputs(args: argparse.Namespace, files: list[Path]) -> None:
                 raise _Refused(
                     path, f"{option} {path} is the scenario file {f}; it would be overwritten"
                 )
-        # the trace's missing directories are made, as AgentJob(trace_path=...) makes them
-        why = unwritable(path, make_parents=what == "trace")
+        why = unwritable(path)
         if why is not None:
             # the trace's words are the ones its open() says when the run makes it
             raise _Refused(

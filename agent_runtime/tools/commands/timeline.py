@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent_runtime.observe.reading import TraceError, load_trace
-from agent_runtime.tools.output import same_file
+from agent_runtime.tools.output import same_file, unwritable
 from agent_runtime.tools.timeline import timeline_html, write_timeline
 
 
@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     prog = "agent-runtime timeline"
     if args.out != "-" and same_file(args.out, args.trace):
         print(f"{prog}: -o {args.out} is the trace; it would be overwritten", file=sys.stderr)
+        return 2
+    if args.out != "-" and (why := unwritable(args.out)) is not None:
+        print(f"{prog}: {args.out}: cannot write the page ({why})", file=sys.stderr)
         return 2
     return draw(args.trace, args.out, title=args.title, prog=prog)
 
