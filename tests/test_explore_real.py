@@ -141,11 +141,26 @@ def test_every_config_holds_its_invariants_two_inputs_deep_and_on_300_walks(name
     assert walked.states > report.states
 
 
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        # the search from the simulator's request: one input and the outcomes after it
+        pytest.param(("finalize",), id="from-the-request"),
+        # the same search from the start, two inputs deep (several times as long)
+        pytest.param((), id="from-the-start", marks=pytest.mark.exhaustive),
+    ],
+)
 def test_a_link_the_runtime_does_not_deliver_is_found_and_replayed(
-    capsys: pytest.CaptureFixture[str],
+    prefix: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = bfs(
-        EXAMPLE, "example", inputs="job", depth=2, setup=drop_link(FAULT), stop_at_first=True
+        EXAMPLE,
+        "example",
+        inputs="job",
+        depth=2 - len(prefix),
+        prefix=prefix,
+        setup=drop_link(FAULT),
+        stop_at_first=True,
     )
     assert not report.ok and report.stopped
     (found,) = report.violations

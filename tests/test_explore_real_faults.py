@@ -235,16 +235,21 @@ SLOW: list[tuple[str, MachineSpec, Fault, str, int, str]] = [
 ]
 
 
-def _found(original: MachineSpec, fault: Fault, config: str) -> Violation:
+# the cases the walks after a one-input search find: the two-input search finds them too,
+# several times later (the exhaustive tier runs it)
+WALKED = {"a hold that outlives the simulator", "an abort while a graceful close holds, ignored"}
+
+
+def _found(original: MachineSpec, fault: Fault, config: str, depth: int) -> Violation:
     with swapped(original, fault()):
-        v = first_violation(2, configs=[config])
+        v = first_violation(depth, configs=[config])
     assert v is not None, "the explorer found nothing"
     return v
 
 
-def _check(case: tuple[str, MachineSpec, Fault, str, int, str]) -> None:
+def _check(case: tuple[str, MachineSpec, Fault, str, int, str], depth: int = 2) -> None:
     _, original, fault, config, number, detail = case
-    v = _found(original, fault, config)
+    v = _found(original, fault, config, depth)
     assert (v.config, v.invariant, v.detail) == (config, number, detail), str(v)
     # the path it prints replays to the same failure with the fault; without it, the path
     # breaks nothing (or cannot happen: the fault made it possible)
@@ -259,11 +264,14 @@ def _check(case: tuple[str, MachineSpec, Fault, str, int, str]) -> None:
 def test_a_planted_fault_is_found_on_the_real_job(
     case: tuple[str, MachineSpec, Fault, str, int, str],
 ) -> None:
-    _check(case)
+    _check(case, 1 if case[0] in WALKED else 2)
+
+
+DEEPER = [*SLOW, *(c for c in CASES if c[0] in WALKED)]
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("case", SLOW, ids=[c[0] for c in SLOW])
+@pytest.mark.parametrize("case", DEEPER, ids=[c[0] for c in DEEPER])
 def test_a_planted_fault_deeper_in_is_found_on_the_real_job(
     case: tuple[str, MachineSpec, Fault, str, int, str],
 ) -> None:
