@@ -2,7 +2,8 @@
 blocking work handed to a thread (``asyncio.to_thread``, a thread pool) at the job's end is
 waited for, rather than the fuzzer's clock running past it to the bounds; a handler of the
 session's events (the user's turn, the session's close) runs in the job's context, where
-an end-call tool it calls finds the job.
+an end-call tool it calls finds the job; a second session handed the call starts its
+room I/O beside the first's published audio, as on a real room.
 
 Real: livekit's fake ``JobContext``, ``AgentSession``, ``AgentServer``, the runtime, the
 threads. Faked: the room (``InMemoryRoom``) and the session transport.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import time
 from pathlib import Path
 
@@ -161,3 +163,47 @@ def test_a_close_the_agents_code_asks_runs_its_handlers_in_the_job(
     reported: list[str] = []
     assert replay(reports_the_call_as_the_session_closes(reported), path).problems == []
     assert reported == ["fuzz-room"]
+
+
+def hands_the_call_to_a_second_session() -> AgentServer:
+    """A warm transfer: the user's first turn hands the call to a specialist's session,
+    started on the room beside the first session's published audio, and attached."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        first: AgentSession = AgentSession()
+        job = AgentJob.from_job_context(ctx, session=first)
+        transfers: list[asyncio.Task[None]] = []
+
+        async def transfer() -> None:
+            second: AgentSession = AgentSession()
+            await first.aclose()
+            specialist = Agent(instructions="specialist")
+            await second.start(agent=specialist, room=ctx.room, session_host=False)
+            job.attach(second)
+
+        def on_user(ev: UserStateChangedEvent) -> None:
+            if ev.new_state == "speaking" and not transfers:
+                transfers.append(asyncio.create_task(transfer()))
+
+        first.on("user_state_changed", on_user)
+        await job.start(Agent(instructions="front desk"))
+
+    return server
+
+
+def test_a_second_session_starts_its_room_io_beside_the_first_sessions_audio(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # was: livekit's "Error in _init_task" (AttributeError: 'LocalAudioTrack' object has no
+    # attribute 'track'): the in-memory room kept the agent's tracks, not their
+    # publications, where the second session's transcription looks for the audio's
+    path = tmp_path / "transfer.yaml"
+    speech = {"at": 0, "event": "user.speech", "duration": 0.5}
+    steps = [HANG_UP["steps"][0], speech, {"at": 5, "event": "end"}]
+    path.write_text(yaml.safe_dump({**HANG_UP, "steps": steps}))
+    with caplog.at_level(logging.ERROR):
+        report = replay(hands_the_call_to_a_second_session(), path, logs=True)
+    assert report.problems == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
