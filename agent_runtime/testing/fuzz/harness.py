@@ -317,6 +317,12 @@ class Harness:
             and (process.steps[-1][1] in ("session", "report", "disconnect"))
         )
 
+    def _ending(self) -> bool:
+        """livekit's end of the job is under way, and the run may still wait on threads."""
+        process = self.process
+        ending = process is not None and process.begun and not process.ended.done()
+        return ending and self.thread_wait > 0
+
     async def quiesce(self) -> None:
         await settle()
         deadline = time.monotonic() + _REAL_LIMIT
@@ -326,9 +332,10 @@ class Harness:
         loop = asyncio.get_running_loop()
         loop_deadline = loop.time() + _REAL_LIMIT
         while time.monotonic() < deadline and loop.time() < loop_deadline:
-            # work on a thread (to_thread, run_in_executor) takes real time: the job's clock
-            # waits for it, as the loop's own does, rather than running past it to a bound
-            threads = self.thread_wait > 0 and getattr(loop, "threads", 0) > 0
+            # work on a thread (to_thread, run_in_executor) in the job's end takes real
+            # time: the job's clock waits for it, as the loop's own does, rather than
+            # running past it to a bound (during the session the SDK's own keep it busy)
+            threads = self._ending() and getattr(loop, "threads", 0) > 0
             if not (threads or self._busy()):
                 break
             began = time.monotonic()
