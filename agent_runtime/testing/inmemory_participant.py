@@ -166,10 +166,12 @@ class InMemoryLocalParticipant:
 
     async def publish_track(self, track: Any, options: Any = None) -> Any:
         sid = f"TR_local_{len(self.track_publications) + 1}"
-        self.track_publications[sid] = track
+        source = options.source if options is not None else rtc.TrackSource.SOURCE_UNKNOWN
+        # publications, as the SDK keeps them: a second session's room I/O reads them
+        self.track_publications[sid] = publication = _LocalPublication(sid, track, source)
         for hook in list(self.on_publish):
             hook(track)
-        return _LocalPublication(sid, track)
+        return publication
 
     async def unpublish_track(self, track_sid: str) -> None:
         self.track_publications.pop(track_sid, None)
@@ -196,6 +198,7 @@ class InMemoryStream:
 class _LocalPublication:
     sid: str
     track: Any
+    source: int  # rtc.TrackSource
 
     async def wait_for_subscription(self) -> None:
         return None

@@ -93,6 +93,9 @@ class Harness:
         self.failures_at_end = 0
         self.listeners_before: list[tuple[str, Any]] = []
         self._reader: asyncio.Task[None] | None = None
+        # real seconds the run may still wait for work the agent gave a thread: one that
+        # never ends (a blocking consumer) costs the run this much once, not at every step
+        self.thread_wait = _REAL_LIMIT
         # the run's records, kept for its report rather than printed (none: printed)
         self.log: RunLog | None = None
         if keep_logs:
@@ -168,20 +171,24 @@ class Harness:
             self.end_condition(f"the room went ({step.reason})")
             self.room_gone = True
             room.disconnect_locally(rtc.DisconnectReason.Value(step.reason))
+        # the session's turns in the job's context, as livekit runs them: what the agent's
+        # handlers start there (an end-call tool) finds its job (get_job_context())
         elif isinstance(step, sc.UserSpeech):
-            session = self._session()
-            lk.set_user_state(session, "speaking")
-            self.clock.call_later(step.duration, lambda: _listening(session))
+            session, in_job = self._session(), self.runner.in_job
+            in_job(lk.set_user_state, session, "speaking")
+            self.clock.call_later(step.duration, lambda: in_job(_listening, session))
         elif isinstance(step, sc.SessionInterrupt):
-            self._session().interrupt()
+            self.runner.in_job(self._session().interrupt)
         elif isinstance(step, sc.AgentSay):
-            self._session().say(step.text, audio=silence(step.duration))
+            self.runner.in_job(self._session().say, step.text, audio=silence(step.duration))
         elif isinstance(step, sc.JobAclose):
             if job is None:
                 raise RuntimeError("no job yet")
             self.end_condition("the agent's code closed the job")
             self.aborted = self.aborted or not step.graceful
-            self.closes.append(asyncio.ensure_future(job.aclose(graceful=step.graceful)))
+            # from the agent's code, in the job's context: what its close handlers start too
+            close = job.aclose(graceful=step.graceful)
+            self.closes.append(self.runner.in_job(asyncio.ensure_future, close))
         elif isinstance(step, sc.JobShutdown):
             if job is None:
                 raise RuntimeError("no job yet")
@@ -310,6 +317,12 @@ class Harness:
             and (process.steps[-1][1] in ("session", "report", "disconnect"))
         )
 
+    def _ending(self) -> bool:
+        """livekit's end of the job is under way, and the run may still wait on threads."""
+        process = self.process
+        ending = process is not None and process.begun and not process.ended.done()
+        return ending and self.thread_wait > 0
+
     async def quiesce(self) -> None:
         await settle()
         deadline = time.monotonic() + _REAL_LIMIT
@@ -318,9 +331,18 @@ class Harness:
         # spent the whole real limit at every step
         loop = asyncio.get_running_loop()
         loop_deadline = loop.time() + _REAL_LIMIT
-        while self._busy() and time.monotonic() < deadline and loop.time() < loop_deadline:
+        while time.monotonic() < deadline and loop.time() < loop_deadline:
+            # work on a thread (to_thread, run_in_executor) in the job's end takes real
+            # time: the job's clock waits for it, as the loop's own does, rather than
+            # running past it to a bound (during the session the SDK's own keep it busy)
+            threads = self._ending() and getattr(loop, "threads", 0) > 0
+            if not (threads or self._busy()):
+                break
+            began = time.monotonic()
             await asyncio.sleep(0.001)
             await settle()
+            if threads:
+                self.thread_wait -= time.monotonic() - began
 
     async def advance_to(self, when: float) -> None:
         while (deadline := self.clock.next_deadline()) is not None and deadline <= when:
