@@ -88,7 +88,12 @@ __all__ = [
 
 
 class NoAgentJob(RuntimeError):
-    """The entrypoint ended without building an ``AgentJob`` for its job context."""
+    """The entrypoint ended without building an ``AgentJob`` for its job context: it
+    returned (``cut`` false), or the job's end cancelled it first (``cut``)."""
+
+    def __init__(self, message: str, *, cut: bool = False) -> None:
+        super().__init__(message)
+        self.cut = cut
 
 
 class EntrypointStalled(TimeoutError):
@@ -246,7 +251,8 @@ class EntrypointRunner:
         if job is None and cut:
             raise NoAgentJob(
                 "the entrypoint was cancelled before it built an AgentJob (livekit cancels "
-                "it 15 s into the job's end)"
+                "it 15 s into the job's end)",
+                cut=True,
             )
         if job is None:
             raise NoAgentJob(

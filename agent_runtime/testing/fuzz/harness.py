@@ -29,7 +29,7 @@ from agent_runtime.system.agent_job import AgentJob
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing._silence import silence
 from agent_runtime.testing.clock import VirtualClock, settle
-from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled
+from agent_runtime.testing.entrypoint import EntrypointRunner, EntrypointStalled, NoAgentJob
 from agent_runtime.testing.fuzz.runlog import RunLog
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.inmemory_transport import InMemorySessionTransport
@@ -80,6 +80,7 @@ class Harness:
         self.ctx: Any = None  # the run's JobContext, and its end (kept past the release)
         self.process: JobProcess | None = None
         self.entry_error: BaseException | None = None
+        self.declined: NoAgentJob | None = None  # the entrypoint returned without a job
         self.sent: dict[str, Sent] = {}
         self.closes: list[asyncio.Future[None]] = []
         self.refused: list[str] = []
@@ -222,6 +223,15 @@ class Harness:
             # it waits (for a participant, say) as a livekit job would: its job, once
             # built, is taken after a later step (_take_job)
             pass
+        except NoAgentJob as e:
+            if e.cut:  # the job's end cancelled it first
+                self.entry_error = e
+                self.end_condition("the entrypoint raised")
+            else:
+                # it returned without a job: a room it declines (nobody in it yet, say) is
+                # the agent's choice, checked as a run with no job; the preflight refuses
+                # an agent that declines every room
+                self.declined = e
         except Exception as e:
             self.entry_error = e
             self.end_condition("the entrypoint raised")

@@ -28,7 +28,7 @@ from agent_runtime.observe.trace import describe
 from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.entrypoint import NoAgentJob, agent_label, check_agent, served
+from agent_runtime.testing.entrypoint import agent_label, check_agent, served
 from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
 from agent_runtime.testing.fuzz.machine import (
     CheckStopped,
@@ -379,9 +379,12 @@ async def _replay(
                     await h.advance_to(step.at)
                     break
                 await h.step(step)
-                if isinstance(h.entry_error, NoAgentJob):
+                if h.declined is not None and _with_a_user(scenario):
+                    # as the preflight's room: an agent that builds no job with a user
+                    # there builds none anywhere (a usage error, not a property); a room
+                    # with none is one it may decline
                     await h.close()
-                    raise h.entry_error
+                    raise h.declined
                 problems = [p for check in props.DURING for p in check(h)]
                 if problems:
                     await h.close()
@@ -393,6 +396,11 @@ async def _replay(
                 refused += h.refused
             if logs is not None:
                 logs += h.log_lines()
+
+
+def _with_a_user(scenario: sc.Scenario) -> bool:
+    """Someone other than the simulator is in the room as the run begins."""
+    return any(ATTRIBUTE_SIMULATOR not in p.attributes for p in scenario.participants)
 
 
 class _Progress:
