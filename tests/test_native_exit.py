@@ -117,3 +117,25 @@ def test_an_in_process_kit_run_leaves_the_runtime_to_the_process_that_runs_it(
     )
     result.assert_outcomes(passed=1)
     assert native_exit._live_client() is not None, "the inner run disposed the runtime"
+
+
+def test_an_agent_run_by_livekits_own_console_disposes_the_native_runtime_outside_python(
+    tmp_path: Path,
+) -> None:
+    """The user's agent, run as deployed (livekit's CLI, not the kit): livekit's own exit
+    hook disposed the runtime with its logs still going through Python, and a console run
+    of the example aborted at exit (SIGABRT, "panic in a function that cannot unwind") on
+    CI once. The job's start registers the release."""
+    env = {"COLUMNS": "250", "LIVEKIT_URL": "", "LIVEKIT_API_KEY": "", "LIVEKIT_API_SECRET": ""}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "agent.py"), "console", "--text"],
+        input="hello\n",
+        cwd=tmp_path,
+        env={**os.environ, **env, "RUST_LOG": "livekit_ffi=debug", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert DISPOSED_OUTSIDE_PYTHON in done.stdout + done.stderr, done.stderr[-3000:]

@@ -43,6 +43,7 @@ from agent_runtime.runtimes.room_deletion import DeleteRoomFn
 from agent_runtime.runtimes.session_host import SimulationEndFn
 from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.sdk.native_exit import release_at_exit
 from agent_runtime.settings import (
     AvatarRetry,
     JobSettings,
@@ -318,6 +319,8 @@ class AgentJob(Emitter[Events]):
         await self.system.begin("start")
         await self.system.claim_session()
         await self.system.run_part(self.system.start_all(agent, options), session=True)
+        # the room and its I/O started livekit's native runtime: its exit made safe
+        release_at_exit()
 
     async def start_runtime(self) -> None:
         """Connect (inside a livekit job), follow the room, start the job machine and the
