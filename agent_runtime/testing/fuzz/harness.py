@@ -58,6 +58,20 @@ class Sent:
     replies: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Declined:
+    """The entrypoint returned without a job: a room it declines."""
+
+    error: NoAgentJob
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The entrypoint raised, or the job's end cut it before it built a job."""
+
+    error: BaseException
+
+
 class Harness:
     """Runs scenario steps against ``server``'s entrypoint; ``close()`` ends the job as the
     test's end does and releases everything."""
@@ -79,8 +93,9 @@ class Harness:
         self.job: AgentJob | None = None
         self.ctx: Any = None  # the run's JobContext, and its end (kept past the release)
         self.process: JobProcess | None = None
-        self.entry_error: BaseException | None = None
-        self.declined: NoAgentJob | None = None  # the entrypoint returned without a job
+        # how the entrypoint ended without handing over a job (none: not run yet, still
+        # waiting, or it handed one over)
+        self.entry: Declined | Failed | None = None
         self.sent: dict[str, Sent] = {}
         self.closes: list[asyncio.Future[None]] = []
         self.refused: list[str] = []
@@ -225,15 +240,15 @@ class Harness:
             pass
         except NoAgentJob as e:
             if e.cut:  # the job's end cancelled it first
-                self.entry_error = e
+                self.entry = Failed(e)
                 self.end_condition("the entrypoint raised")
             else:
                 # it returned without a job: a room it declines (nobody in it yet, say) is
                 # the agent's choice, checked as a run with no job; the preflight refuses
                 # an agent that declines every room
-                self.declined = e
+                self.entry = Declined(e)
         except Exception as e:
-            self.entry_error = e
+            self.entry = Failed(e)
             self.end_condition("the entrypoint raised")
         finally:
             with contextlib.suppress(RuntimeError):  # refused before it ran: no run
@@ -271,7 +286,7 @@ class Harness:
         job, process = self.job, self.process
         if job is None or process is None or self.ended_at is None or self.aborted:
             return False
-        if self.entry_error is not None or not self.config.simulation:
+        if isinstance(self.entry, Failed) or not self.config.simulation:
             return False
         if not (self.simulator_at_end and self.simulator_here) or self.room_gone:
             # the end began as the simulator left (livekit ends a simulation then, with no

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runtime.runtimes.avatar import session_room_io
 from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.fuzz.harness import Failed
 from agent_runtime.testing.invariants.checks import off_the_call as holding_on_the_call
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
 from agent_runtime.testing.user_code import is_agents_task, is_user_callable, said
@@ -284,8 +285,8 @@ def user_code(h: Harness) -> list[Problem]:
     waiting, its job not built, when a step ended the job (the room deleted, a shutdown:
     livekit's ``wait_for_participant`` raises then, and the job ends as it would have)."""
     out: list[Problem] = []
-    if h.entry_error is not None:
-        out.append(_raised("entrypoint", h.entry_error))
+    if isinstance(h.entry, Failed):
+        out.append(_raised("entrypoint", h.entry.error))
     waiting = h.job is None and h.ended_at is not None
     for i, f in enumerate(h.runner.user_failures):
         if not (f.where == "entrypoint" and waiting and i >= h.failures_at_end):

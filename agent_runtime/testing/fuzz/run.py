@@ -29,7 +29,14 @@ from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.entrypoint import agent_label, check_agent, served
-from agent_runtime.testing.fuzz.harness import AVATAR, CONFIG, SIMULATOR, TAKES, Harness
+from agent_runtime.testing.fuzz.harness import (
+    AVATAR,
+    CONFIG,
+    SIMULATOR,
+    TAKES,
+    Declined,
+    Harness,
+)
 from agent_runtime.testing.fuzz.machine import (
     CheckStopped,
     FuzzFailure,
@@ -379,12 +386,12 @@ async def _replay(
                     await h.advance_to(step.at)
                     break
                 await h.step(step)
-                if h.declined is not None and _with_a_user(scenario):
+                if isinstance(h.entry, Declined) and _with_a_user(scenario):
                     # as the preflight's room: an agent that builds no job with a user
                     # there builds none anywhere (a usage error, not a property); a room
                     # with none is one it may decline
                     await h.close()
-                    raise h.declined
+                    raise h.entry.error
                 problems = [p for check in props.DURING for p in check(h)]
                 if problems:
                     await h.close()
