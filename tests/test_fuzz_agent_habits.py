@@ -30,6 +30,7 @@ from livekit.agents import (
 
 from agent_runtime import AgentJob, on_session_end
 from agent_runtime.testing.fuzz import FuzzOutcome, replay
+from tests.support import planted
 
 # the shortest run the fuzzer found for both agents: the agent hangs up at once
 HANG_UP = {
@@ -67,18 +68,12 @@ def saves_in_a_shutdown_callback() -> AgentServer:
 
 def saves_in_on_session_end() -> AgentServer:
     """The agent's on_session_end saves the call's record on a thread, then holds."""
-    server = AgentServer(session_end_timeout=315)
 
     async def session_end(ctx: JobContext) -> None:
         await asyncio.to_thread(blocking_save)
         await on_session_end(ctx)
 
-    @server.rtc_session(on_session_end=session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    return server
+    return planted.session_end_server(session_end)
 
 
 @pytest.mark.parametrize("agent", [saves_in_a_shutdown_callback, saves_in_on_session_end])

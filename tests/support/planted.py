@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from livekit import rtc
@@ -20,10 +20,23 @@ from agent_runtime import AgentJob, on_session_end
 logger = logging.getLogger("planted")
 
 
+def session_end_server(session_end: Callable[[JobContext], Awaitable[None]]) -> AgentServer:
+    """An agent whose ``session_end`` (its server's ``on_session_end``) does work of its own
+    at the job's end, then holds as the runtime's does; its entrypoint builds and starts its
+    job."""
+    server = AgentServer(session_end_timeout=315)
+
+    @server.rtc_session(on_session_end=session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
 def simulator_lookup_server(buggy: bool = True) -> AgentServer:
     """on_session_end finds the simulator in the room to log its identity: the simulator
     that left first (which itself ends the job) is not there any more."""
-    server = AgentServer(session_end_timeout=315)
 
     async def session_end(ctx: JobContext) -> None:
         sims = [
@@ -36,12 +49,7 @@ def simulator_lookup_server(buggy: bool = True) -> AgentServer:
             logger.info("session over for simulator %s", sims[0].identity)
         await on_session_end(ctx)
 
-    @server.rtc_session(on_session_end=session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    return server
+    return session_end_server(session_end)
 
 
 def waits_for_participant_server(buggy: bool = False) -> AgentServer:
