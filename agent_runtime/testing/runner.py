@@ -51,6 +51,7 @@ from agent_runtime.testing.result import refusal, scenario_result, seconds_text
 from agent_runtime.testing.room_audio import pace_as_published
 from agent_runtime.testing.scripted_avatar import ScriptedAvatar
 from agent_runtime.testing.sdk_logs import quiet_sdk_logs, sdk_task_failures_at_debug
+from agent_runtime.testing.server_api import KitServer
 from agent_runtime.testing.wire import build_request
 
 logger = logging.getLogger("agent_runtime.testing.runner")
@@ -114,7 +115,7 @@ class _Simulation:
             else None,
             on_simulation_end=self._on_simulation_end,
             delete_room=self._delete_room,
-            remove_avatar_participant=self._remove_avatar,
+            remove_avatar_participant=KitServer(self.room, self.clock).remove_avatar,
         )
         self.job = self.agent_job.job
         self.link = self.agent_job.link
@@ -176,10 +177,6 @@ class _Simulation:
             self.watch.deletion()
         await self.held.call("room_deletion")
         self.room.deleted_at = self.deleted_at = self.clock.now()
-
-    async def _remove_avatar(self, identity: str) -> None:
-        if identity in self.room.remote_participants:  # the server's "not found" is fine
-            self.room.remove_participant(identity, rtc.DisconnectReason.PARTICIPANT_REMOVED)
 
     async def _read_replies(self) -> None:
         async for msg in self.simulator_end:
