@@ -9,7 +9,6 @@ import gc
 import logging
 import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,7 +23,6 @@ from hypothesis.stateful import get_state_machine_test
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_runtime.observe.trace import describe
 from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
@@ -45,13 +43,15 @@ from agent_runtime.testing.fuzz.machine import (
     make_machine,
     scenario_of,
 )
+from agent_runtime.testing.fuzz.progress import Progress, print_progress
 from agent_runtime.testing.fuzz.properties import BadCheck, Check, Problem, not_a_check
 from agent_runtime.testing.fuzz.report import FuzzReport, fill_report, write_scenario
 from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.sdk_logs import quiet_sdk_logs
 from agent_runtime.testing.user_code import PLUGIN_THREAD
 
-# the report has a module of its own; its names stay here too, where users import them
+# the report and the progress lines have modules of their own; their names stay here too,
+# where users import them
 __all__ = [
     "MAX_EXAMPLES",
     "MAX_SEED",
@@ -66,8 +66,6 @@ __all__ = [
     "replay",
     "write_scenario",
 ]
-
-logger = logging.getLogger("agent_runtime.fuzz")
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
@@ -189,30 +187,10 @@ def _fuzz(
         # the entrypoint gives its job no avatar: nothing the avatar's provider does can
         # reach this agent, so no run draws it (and a failure is written without one)
         config = config.model_copy(update={"avatar_identity": None})
-    tell = _Progress(progress)
+    tell = Progress(progress, options.progress_every, options.examples)
     tell(f"fuzz: seed {seed} (the same draws again: --seed {seed})")  # first: see Ctrl-C
-    stats = Stats()
+    stats = Stats(on_example=tell.on_example)
     began = time.monotonic()
-    last = [began]
-
-    def on_example(s: Stats) -> None:
-        now = time.monotonic()
-        if tell.on and now - last[0] >= options.progress_every:
-            last[0] = now
-            # hypothesis' count: draws, then, once something failed, its shrinking runs
-            # (which --examples does not bound)
-            if s.failed:
-                tell(
-                    f"fuzz: found a problem, shrinking it: {s.examples} runs, "
-                    f"{s.failed} of them failing, {now - began:.0f}s"
-                )
-            else:
-                tell(
-                    f"fuzz: {s.examples} runs (of {options.examples} to draw), "
-                    f"{len(s.paths)} distinct paths, {now - began:.0f}s"
-                )
-
-    stats.on_example = on_example
     machine = make_machine(server, config, list(checks), stats, keep_logs=not options.logs)
     with _collector_paused():  # hypothesis parses the machine's source here
         test = get_state_machine_test(
@@ -410,30 +388,6 @@ def _with_a_user(scenario: sc.Scenario) -> bool:
     return any(ATTRIBUTE_SIMULATOR not in p.attributes for p in scenario.participants)
 
 
-class _Progress:
-    """The caller's ``progress``, called by the fuzz: output, never the agent's failure.
-    Called inside a run, its error was taken for the agent's (hypothesis shrank it, then
-    called the run flaky); its first error is one WARNING, and no more lines are sent."""
-
-    def __init__(self, progress: Callable[[str], None] | None) -> None:
-        self._progress = progress
-
-    @property
-    def on(self) -> bool:
-        return self._progress is not None
-
-    def __call__(self, line: str) -> None:
-        if self._progress is None:
-            return
-        try:
-            self._progress(line)
-        except Exception as e:
-            self._progress = None
-            logger.warning(
-                "fuzz: the progress callback raised %s; no more progress lines", describe(e)
-            )
-
-
 _E = TypeVar("_E", bound=BaseException)
 
 
@@ -493,7 +447,3 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
-
-
-def print_progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
