@@ -27,19 +27,9 @@ from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
 from statemachines import step
 from statemachines.agent_job import AGENT_JOB
+from tests.support import planted
 
 pytestmark = pytest.mark.virtual_time
-
-
-def _server() -> AgentServer:
-    server = AgentServer(session_end_timeout=315)
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    return server
 
 
 async def test_the_agent_that_ends_its_call_in_a_simulation_is_off_the_call_during_the_hold(
@@ -50,7 +40,7 @@ async def test_the_agent_that_ends_its_call_in_a_simulation_is_off_the_call_duri
 ) -> None:
     agent_room.add_participant("user")
     agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
-    job = await run_entrypoint(_server(), simulation=True)
+    job = await run_entrypoint(planted.session_end_server(on_session_end), simulation=True)
     await virtual_clock.advance(3)
     heard: list[tuple[str, str]] = []  # a dashboard's listener on the job's own lifecycle
     job.on(
@@ -135,7 +125,7 @@ async def test_the_job_machine_asked_to_end_holds_off_the_call_too(
     # off the call as well
     agent_room.add_participant("user")
     agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
-    job = await run_entrypoint(_server(), simulation=True)
+    job = await run_entrypoint(planted.session_end_server(on_session_end), simulation=True)
     await virtual_clock.advance(3)
 
     run_entrypoint.in_job(job.job.shutdown, "the user said bye")

@@ -16,24 +16,14 @@ from __future__ import annotations
 
 import pytest
 from livekit import api, rtc
-from livekit.agents import Agent, AgentServer, AgentSession, JobContext, get_job_context
+from livekit.agents import get_job_context
 
-from agent_runtime import AgentJob, on_session_end
+from agent_runtime import on_session_end
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.inmemory import InMemoryRoom
+from tests.support import planted
 
 pytestmark = pytest.mark.virtual_time
-
-
-def _server() -> AgentServer:
-    server = AgentServer(session_end_timeout=315)
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession())
-        await job.start(Agent(instructions="test"))
-
-    return server
 
 
 async def _calls_the_server(calls: list[str]) -> None:
@@ -64,7 +54,7 @@ async def test_ctx_api_answers_on_the_tests_room_and_reaches_no_server(
     monkeypatch.setattr("aiohttp.ClientSession._request", no_server)
     agent_room.add_participant("user")
     agent_room.add_participant("avatar", kind="agent")
-    await run_entrypoint(_server())
+    await run_entrypoint(planted.session_end_server(on_session_end))
 
     calls: list[str] = []
     await run_entrypoint.in_job(_calls_the_server, calls)

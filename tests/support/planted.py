@@ -21,9 +21,8 @@ logger = logging.getLogger("planted")
 
 
 def session_end_server(session_end: Callable[[JobContext], Awaitable[None]]) -> AgentServer:
-    """An agent whose ``session_end`` (its server's ``on_session_end``) does work of its own
-    at the job's end, then holds as the runtime's does; its entrypoint builds and starts its
-    job."""
+    """An ordinary agent: its entrypoint builds and starts its job; ``session_end`` is its
+    server's ``on_session_end`` (the runtime's, or the agent's own that awaits it)."""
     server = AgentServer(session_end_timeout=315)
 
     @server.rtc_session(on_session_end=session_end)
