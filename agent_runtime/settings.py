@@ -91,6 +91,11 @@ def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
         raise SettingTypeError("participant_kinds must be a collection of kinds, not a single kind")
     if not isinstance(kinds, Iterable):
         raise SettingTypeError(f"participant_kinds must be a collection of kinds, not {kinds!r}")
+    if isinstance(kinds, Mapping):
+        # read as its keys, its values would be dropped unread ({"sip": False} links SIP)
+        raise SettingTypeError(
+            f"participant_kinds must be a collection of kinds, not a mapping ({shown(kinds)})"
+        )
     out: list[str] = []
     for k in kinds:
         if isinstance(k, bool):
@@ -121,6 +126,10 @@ def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
         raise SettingTypeError("closing_reasons must be a collection of reasons, not a single one")
     if not isinstance(reasons, Iterable):
         raise SettingTypeError(f"closing_reasons must be a collection of reasons, not {reasons!r}")
+    if isinstance(reasons, Mapping):
+        raise SettingTypeError(
+            f"closing_reasons must be a collection of reasons, not a mapping ({shown(reasons)})"
+        )
     out: list[str] = []
     for r in reasons:
         if isinstance(r, bool):
