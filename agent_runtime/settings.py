@@ -410,7 +410,21 @@ def shown(value: Any) -> str:
     except ValueError:
         what = "an integer" if isinstance(value, int) else f"a {type(value).__name__} holding one"
         return f"{what} of more than {sys.get_int_max_str_digits()} digits"
-    return text if len(text) <= GOT_MAX else text[: GOT_MAX - 3] + "..."
+    return cut(text, GOT_MAX)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut at ``limit`` characters, ``...`` saying so."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+REASON_MAX = 200  # the longest shutdown reason a log line says (the trace keeps it whole)
+
+
+def one_line(text: str, limit: int = REASON_MAX) -> str:
+    """Free text a log line says (a shutdown reason): on one line, at most ``limit``
+    characters; a whole transcript passed as a reason made the INFO line as long."""
+    return cut(" ".join(text.split()), limit)
 
 
 def observed(

@@ -15,6 +15,7 @@ because they need a server: the room (``InMemoryRoom``) and the session transpor
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -172,3 +173,26 @@ async def test_the_agents_session_end_callback_runs_once_the_jobs_close_ended_th
     assert run_entrypoint.process.reason == (
         "the user said bye" if ended_by == "job.shutdown" else "job closed"
     )
+
+
+async def test_a_long_reason_is_cut_in_the_close_s_log_line_and_kept_whole_elsewhere(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent that passed a whole transcript as the reason made the INFO ``job closed``
+    line as long, over several lines; every shutdown callback, livekit's included, still
+    gets all of it."""
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server(seen))
+    reason = "the user said:\n" + "goodbye and thank you " * 200
+    with caplog.at_level(logging.INFO, logger="agent_runtime"):
+        run_entrypoint.in_job(job.shutdown, reason)
+        await run_entrypoint.wait_ended()
+
+    closed = [r.getMessage() for r in caplog.records if "job closed (" in r.getMessage()]
+    assert len(closed) == 1
+    said = closed[0].split("job closed (", 1)[1].removesuffix(")")
+    assert said.startswith("the user said: goodbye and thank you goodbye")
+    assert said.endswith("...") and len(said) == 200 and "\n" not in closed[0]
+    assert sorted(seen) == [f"ctx callback: {reason}", f"job callback: {reason}"]
+    assert run_entrypoint.process.reason == reason
