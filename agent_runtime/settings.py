@@ -91,6 +91,11 @@ def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
         raise SettingTypeError("participant_kinds must be a collection of kinds, not a single kind")
     if not isinstance(kinds, Iterable):
         raise SettingTypeError(f"participant_kinds must be a collection of kinds, not {kinds!r}")
+    if isinstance(kinds, Mapping):
+        # read as its keys, its values would be dropped unread ({"sip": False} links SIP)
+        raise SettingTypeError(
+            f"participant_kinds must be a collection of kinds, not a mapping ({shown(kinds)})"
+        )
     out: list[str] = []
     for k in kinds:
         if isinstance(k, bool):
@@ -121,6 +126,10 @@ def reason_names(reasons: Iterable[str | int]) -> tuple[str, ...]:
         raise SettingTypeError("closing_reasons must be a collection of reasons, not a single one")
     if not isinstance(reasons, Iterable):
         raise SettingTypeError(f"closing_reasons must be a collection of reasons, not {reasons!r}")
+    if isinstance(reasons, Mapping):
+        raise SettingTypeError(
+            f"closing_reasons must be a collection of reasons, not a mapping ({shown(reasons)})"
+        )
     out: list[str] = []
     for r in reasons:
         if isinstance(r, bool):
@@ -401,7 +410,21 @@ def shown(value: Any) -> str:
     except ValueError:
         what = "an integer" if isinstance(value, int) else f"a {type(value).__name__} holding one"
         return f"{what} of more than {sys.get_int_max_str_digits()} digits"
-    return text if len(text) <= GOT_MAX else text[: GOT_MAX - 3] + "..."
+    return cut(text, GOT_MAX)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut at ``limit`` characters, ``...`` saying so."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+REASON_MAX = 200  # the longest shutdown reason a log line says (the trace keeps it whole)
+
+
+def one_line(text: str, limit: int = REASON_MAX) -> str:
+    """Free text a log line says (a shutdown reason): on one line, at most ``limit``
+    characters; a whole transcript passed as a reason made the INFO line as long."""
+    return cut(" ".join(text.split()), limit)
 
 
 def observed(

@@ -228,6 +228,18 @@ async def test_the_session_runs_with_the_jobs_host_and_the_machines_close_rules(
             SettingTypeError,
             "closing_reasons must be a collection of reasons, not a single one",
         ),
+        # it was read as its keys, the values dropped: {"sip": False} linked SIP callers
+        (
+            lambda s: {"session": s, "participant_kinds": {"standard": 1, "sip": False}},
+            SettingTypeError,
+            r"^participant_kinds must be a collection of kinds, not a mapping "
+            r"\(\{'standard': 1, 'sip': False\}\)$",
+        ),
+        (
+            lambda s: {"session": s, "closing_reasons": {"CLIENT_INITIATED": True}},
+            SettingTypeError,
+            "closing_reasons must be a collection of reasons, not a mapping",
+        ),
         (
             lambda s: {"session": s, "avatar_start_options": {"x": 1}},
             SettingError,

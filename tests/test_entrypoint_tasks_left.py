@@ -11,18 +11,20 @@ hypothesis. Faked, because they need a server: the room and the session transpor
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 
 from agent_runtime import AgentJob
-from agent_runtime.testing.clock import VirtualClock
+from agent_runtime.testing.clock import VirtualClock, settle
 from agent_runtime.testing.entrypoint import EntrypointRunner
-from agent_runtime.testing.fuzz import FuzzOptions, fuzz
+from agent_runtime.testing.fuzz import FuzzOptions, fuzz, replay
 from agent_runtime.testing.fuzz.properties import RELEASE_HINT
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.user_code import UserCodeError
@@ -281,3 +283,57 @@ def test_the_fuzzer_on_such_an_entrypoint_ends_and_reports_it(tmp_path: Path) ->
     done = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert f"released: tasks still running after the job ended: {SWALLOWS}" in done.stdout
+
+
+async def _greet(identity: str) -> None:
+    raise RuntimeError(f"could not greet {identity}")
+
+
+def _keeps_its_failed_task(where: str) -> AgentServer:
+    """A room handler starts a greeting task the agent keeps (in a set, never looked at
+    again): in the job's context, or with a context of its own (as from a thread)."""
+    server = AgentServer(session_end_timeout=315)
+    kept: set[asyncio.Task[None]] = set()
+
+    @server.rtc_session()
+    async def entrypoint(ctx: JobContext) -> None:
+        def joined(p: rtc.RemoteParticipant) -> None:
+            own = contextvars.Context() if where == "own context" else None
+            kept.add(asyncio.create_task(_greet(p.identity), context=own))
+
+        ctx.room.on("participant_connected", joined)
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("where", ["job's context", "own context"])
+async def test_a_failed_task_the_agent_keeps_is_its_failure(where: str) -> None:
+    """asyncio reports a task's failure nobody took only as the task is collected: one the
+    agent keeps never is during the run, and the test passed, as did the fuzzer's run. (So
+    did one the agent dropped, under this suite's conftest, which holds every failed task
+    until the test's end.)"""
+    runner = _runner()
+    await runner(_keeps_its_failed_task(where))
+    runner.room.add_participant("caller")
+    await settle()
+    with pytest.raises(UserCodeError) as caught:
+        await runner.aclose()
+    assert str(caught.value) == ("the agent's task raised RuntimeError: could not greet caller")
+
+
+@pytest.mark.parametrize("where", ["job's context", "own context"])
+def test_the_fuzzer_reports_a_failed_task_the_agent_keeps(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "caller.yaml"
+    steps = [
+        {"at": 0, "event": "session.start"},
+        {"at": 1, "event": "participant_connected", "identity": "caller"},
+        {"at": 2, "event": "end"},
+    ]
+    path.write_text(yaml.safe_dump({"name": "a caller joins", "steps": steps}))
+    report = replay(_keeps_its_failed_task(where), path)
+    assert report.problems == [
+        "user code: the agent's task raised RuntimeError: could not greet caller"
+    ]

@@ -474,6 +474,42 @@ async def test_a_plugin_close_that_hangs_or_raises_cancelled_error_still_removes
         assert removed[0][0] == pytest.approx(min(join_timeout, 1.5) * 0.9)
 
 
+class _CloseFails(ScriptedAvatar):
+    """A plugin whose aclose() fails: its provider's "end session" call answered an error."""
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        raise RuntimeError("HTTP 500: could not end the session")
+
+
+@pytest.mark.parametrize("fails", ["start", "aclose"])
+async def test_a_plugin_that_fails_at_its_start_or_its_close_is_one_warning_naming_the_cause(
+    room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, fails: str
+) -> None:
+    """A provider's failure is a fault of the run either way: one WARNING line with its
+    cause, its traceback at DEBUG. The close's was a WARNING with a traceback where the
+    start's was one line."""
+    plugin = (
+        ScriptedAvatar(avatar_identity="av", start_error="HTTP 500: could not start")
+        if fails == "start"
+        else _CloseFails(avatar_identity="av")
+    )
+    room.add_participant("user")
+    job = AgentJob(room=room, session=AgentSession(), avatar=plugin, clock=clock, otel=False)
+    with caplog.at_level(logging.DEBUG):
+        await job.start(Agent(instructions="agent"))
+        await settle()
+        closing = asyncio.ensure_future(job.aclose())
+        await clock.advance(12)
+        await settle()
+    assert closing.done() and closing.exception() is None
+    cause = f"Error: HTTP 500: could not {'start' if fails == 'start' else 'end'}"
+    warned = [r for r in _records(caplog, logging.WARNING) if "HTTP 500" in r.getMessage()]
+    assert [(cause in r.getMessage(), r.exc_info) for r in warned] == [(True, None)]
+    assert getattr(warned[0], "machine", None) == "avatar"
+    assert "\n" not in warned[0].getMessage()
+
+
 @pytest.mark.parametrize("takes", [0.8, 1.3])
 async def test_a_slow_plugin_close_that_ends_within_the_avatar_step_is_not_cut(
     room: InMemoryRoom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, takes: float

@@ -15,15 +15,19 @@ because they need a server: the room (``InMemoryRoom``) and the session transpor
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+from livekit.agents.simulation import SimulationDispatch
+from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime import AgentJob, on_session_end, session_end_hook
+from agent_runtime.testing.clock import settle
 from agent_runtime.testing.entrypoint import EntrypointRunner
-from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.inmemory import InMemoryRoom, InMemorySessionTransport
 
 pytestmark = pytest.mark.virtual_time
 
@@ -172,3 +176,67 @@ async def test_the_agents_session_end_callback_runs_once_the_jobs_close_ended_th
     assert run_entrypoint.process.reason == (
         "the user said bye" if ended_by == "job.shutdown" else "job closed"
     )
+
+
+async def test_a_long_reason_is_cut_in_the_close_s_log_line_and_kept_whole_elsewhere(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent that passed a whole transcript as the reason made the INFO ``job closed``
+    line as long, over several lines; every shutdown callback, livekit's included, still
+    gets all of it."""
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    job = await run_entrypoint(_server(seen))
+    reason = "the user said:\n" + "goodbye and thank you " * 200
+    with caplog.at_level(logging.INFO, logger="agent_runtime"):
+        run_entrypoint.in_job(job.shutdown, reason)
+        await run_entrypoint.wait_ended()
+
+    closed = [r.getMessage() for r in caplog.records if "job closed (" in r.getMessage()]
+    assert len(closed) == 1
+    said = closed[0].split("job closed (", 1)[1].removesuffix(")")
+    assert said.startswith("the user said: goodbye and thank you goodbye")
+    assert said.endswith("...") and len(said) == 200 and "\n" not in closed[0]
+    assert sorted(seen) == [f"ctx callback: {reason}", f"job callback: {reason}"]
+    assert run_entrypoint.process.reason == reason
+
+
+@pytest.mark.parametrize("where", ["livekit job", "plain room"])
+async def test_a_job_ended_by_the_simulator_leaving_says_the_simulation_completed(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    caplog: pytest.LogCaptureFixture,
+    where: str,
+) -> None:
+    """livekit's ``JobContext`` ends the job with "simulation completed" as the simulator
+    leaves. Used with a plain ``rtc.Room``, the job said "room disconnected" instead (its
+    own close disconnects the room), to its shutdown callbacks and in its log."""
+    seen: list[str] = []
+    agent_room.add_participant("user")
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "1"})
+    with caplog.at_level(logging.INFO, logger="agent_runtime"):
+        if where == "livekit job":
+            job = await run_entrypoint(_server(seen), simulation=True)
+        else:
+            job = AgentJob(
+                room=agent_room,
+                session=AgentSession(),
+                clock=run_entrypoint.clock,
+                otel=False,
+                transport=InMemorySessionTransport.pair(identities=("agent", "simulator"))[0],
+                simulation=SimulationDispatch(simulation_run_id="RUN_1", job_id="job"),
+            )
+            job.add_shutdown_callback(lambda reason: seen.append(f"job callback: {reason}"))
+            await job.start(Agent(instructions="test"))
+        await settle()
+        agent_room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
+        await settle()
+        await run_entrypoint.clock.advance(job.settings.close_timeout)
+        await settle()
+        if where == "plain room":
+            await job.aclose()
+
+    assert job.states["job"] == "closed"
+    assert "job callback: simulation completed" in seen
+    closed = [r.getMessage() for r in caplog.records if "job closed (" in r.getMessage()]
+    assert closed == ["job closed (simulation completed)"]

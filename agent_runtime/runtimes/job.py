@@ -3,13 +3,12 @@ room deletion (built here when used alone; handed in by ``JobSystem`` when compo
 
 The job keeps its room and its session host until the simulator has had its verdict:
 shutdown holds in ``awaiting_finalize`` only while a simulator is there to ask, and room
-deletion (``room_deletion``, a machine of its own) waits for the hold to end. See
-``statemachines.job`` for the table.
-
-With livekit-agents, use ``AgentJob.from_job_context(ctx, ...)`` (which composes this with
-the session, the participant link and the avatar) and pass ``on_session_end`` to
-``AgentServer.rtc_session``: upstream calls it after the session closed and before it
-disconnects the room, so the hold runs while the simulator can still reach the agent.
+deletion (``room_deletion``, a machine of its own) waits for the hold to end (the table:
+``statemachines.job``). With livekit-agents, use ``AgentJob.from_job_context(ctx, ...)``
+(which composes this with the session, the participant link and the avatar) and pass
+``on_session_end`` to ``AgentServer.rtc_session``: upstream calls it after the session
+closed and before it disconnects the room, so the hold runs while the simulator can still
+reach the agent.
 """
 
 from __future__ import annotations
@@ -82,10 +81,8 @@ class _Facts:
 
 
 class JobRuntime(MachineRuntime[str]):
-    """The job machine, its session host and its room deletion, over one room.
-
-    Emits ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``.
-    """
+    """The job machine, its session host and its room deletion, over one room. Emits
+    ``state_changed`` (a ``StateChanged``, from any of those machines) and ``closed``."""
 
     _EVENT_NAMES = frozenset({"state_changed", "closed"})  # on("state_chnaged") is refused
 
@@ -395,6 +392,8 @@ class JobRuntime(MachineRuntime[str]):
         self._post(event)
 
     def _on_state(self, sc: StateChanged) -> None:
+        if sc.event == "simulator_left":  # livekit's JobContext's reason then
+            self._reason = self._reason or "simulation completed"
         if sc.source == "awaiting_finalize" and sc.event in ("hold_timeout", "room_disconnected"):
             self._report_lost_verdict(sc.event)
         self._emit_state(sc)

@@ -50,6 +50,7 @@ from agent_runtime.settings import (
     PlayoutOptions,
     SettingError,
     observed,
+    one_line,
 )
 from agent_runtime.system._inputs import (
     AvatarPlugin,
@@ -409,7 +410,7 @@ class AgentJob(Emitter[Events]):
     def _on_closed(self, t: float | None) -> None:
         logger.info(
             "job closed (%s)",
-            self.job.reason or "no reason given",
+            one_line(self.job.reason) or "no reason given",
             extra=self.lifecycle_actor.log_fields(),
         )
         self._forget()

@@ -1,6 +1,7 @@
 """The tasks a runner's jobs start: noted as they are made (a task factory on the loop), so
-that one still running after the job's end is named as left running, and one that refuses
-its cancellation at the end is stopped as the worker's kill stops it."""
+that one still running after the job's end is named as left running, one that refuses its
+cancellation at the end is stopped as the worker's kill stops it, and one whose failure in
+the agent's code nobody took is the run's failure."""
 
 from __future__ import annotations
 
@@ -8,20 +9,33 @@ import asyncio
 import weakref
 from typing import Any
 
+from agent_runtime.sdk import asyncio_compat as aio
 from agent_runtime.testing.clock import settle
-from agent_runtime.testing.user_code import JOB_SIDE, is_agents_task, stop_task, task_name
+from agent_runtime.testing.user_code import (
+    JOB_SIDE,
+    UserFailures,
+    is_agents_task,
+    stop_task,
+    task_name,
+    user_frames,
+)
 
 
 class _CountingFactory:
     """A loop task factory that notes, in ``made``, the tasks made in the context whose
-    ``JOB_SIDE`` is ``side`` (a runner's job's), over the factory it found (or plain
-    ``asyncio.Task``)."""
+    ``JOB_SIDE`` is ``side`` (a runner's job's), and in ``every`` all of them, over the
+    factory it found (or plain ``asyncio.Task``)."""
 
     def __init__(
-        self, side: object, made: weakref.WeakSet[asyncio.Task[Any]], previous: Any
+        self,
+        side: object,
+        made: weakref.WeakSet[asyncio.Task[Any]],
+        every: weakref.WeakSet[asyncio.Task[Any]],
+        previous: Any,
     ) -> None:
         self.side = side
         self.made = made
+        self.every = every
         self.previous = previous
         self.active = True
 
@@ -33,6 +47,7 @@ class _CountingFactory:
             previous(loop, coro, **kwargs) if previous else asyncio.Task(coro, loop=loop, **kwargs)
         )
         if self.active and isinstance(task, asyncio.Task):
+            self.every.add(task)
             context = kwargs.get("context")
             side = context.get(JOB_SIDE) if context is not None else JOB_SIDE.get()
             if side is self.side:
@@ -56,6 +71,7 @@ class JobTasks:
         self.side = side
         self.before: set[asyncio.Task[Any]] | None = None
         self.made: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        self.every: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         # tasks that refused their cancellation at the end, stopped as the worker's kill
         # stops them (still named as left running)
         self.stopped: list[asyncio.Task[Any]] = []
@@ -69,7 +85,7 @@ class JobTasks:
             return
         self.before = set(asyncio.all_tasks())
         loop = asyncio.get_running_loop()
-        factory = _CountingFactory(self.side, self.made, loop.get_task_factory())
+        factory = _CountingFactory(self.side, self.made, self.every, loop.get_task_factory())
         loop.set_task_factory(factory)
         self._factory = (loop, factory)
 
@@ -125,3 +141,17 @@ class JobTasks:
                     stop_task(task)
                     self.stopped.append(task)
             await settle()
+
+    def take_failed(self, failures: UserFailures) -> None:
+        """Every task started since ``count()`` (in the job's context or not: one the agent
+        started from a thread, or with a context of its own) that failed in the agent's
+        code, its error taken by nobody: asyncio reports one only as it is collected,
+        which a task the agent still holds (in a set, say) never is during the run. Each
+        is added to ``failures`` and taken (never reported again as it is collected)."""
+        for task in list(self.every):
+            if not task.done() or task.cancelled() or aio.exception_retrieved(task):
+                continue
+            error = aio.peek_exception(task)
+            if error is not None and user_frames(error.__traceback__):
+                task.exception()
+                failures.add("task", error)

@@ -455,6 +455,7 @@ class EntrypointRunner:
                 if stopping:
                     await asyncio.wait(stopping, timeout=CLOSE_LIMIT)
                 await self._tasks.stop_refusing(stopping)
+                self._tasks.take_failed(self.failures)
                 self.failures.uninstall()
             # a session whose close the agent's code held is left half closed (reported):
             # livekit's tasks left then are its consequence; the agent's own are not

@@ -256,8 +256,8 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self.actor.report(logger, logging.DEBUG, "%s -> %s on %s", ev.source, ev.dest, ev.event)
         self._emit_state(ev)
 
-    def _warn(self, msg: str, *args: Any, exc_info: BaseException | None = None) -> None:
-        self.actor.report(logger, logging.WARNING, msg, *args, exc_info=exc_info)
+    def _warn(self, msg: str, *args: Any) -> None:
+        self.actor.report(logger, logging.WARNING, msg, *args)
 
     def _presence_event(self) -> Event | None:
         """An avatar already in the room produces no participant_connected for us (nor does

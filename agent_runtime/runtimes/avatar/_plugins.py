@@ -16,12 +16,13 @@ from livekit.agents.voice.agent_session import AgentSession
 from livekit.agents.voice.avatar import AvatarSession
 
 from agent_runtime.clock import Clock
+from agent_runtime.observe.trace import describe
 from agent_runtime.sdk import livekit_compat as lk
 
 logger = logging.getLogger("agent_runtime.avatar")
 
 RemoveParticipant = Callable[[str], Awaitable[object] | object]
-Warn = Callable[..., None]  # logs a WARNING: (msg, *args, exc_info=...)
+Warn = Callable[..., None]  # logs a WARNING: (msg, *args)
 REMOVAL_TIMEOUT = 5.0  # a server API that never answers must not hold the close
 # the part of a close's budget the plugin's own aclose() may take; the avatar participant's
 # removal comes after it, whether or not it returned, in the rest. Closing with the job,
@@ -275,8 +276,8 @@ class PluginCloser:
 
     async def _run(self, when: str) -> None:
         """The plugin's own ``aclose()``: a failure or a ``CancelledError`` it raised itself
-        (nothing cancelled it) is logged by ``warn`` (a WARNING), never raised; a cut goes
-        on up."""
+        (nothing cancelled it) is logged by ``warn``, a WARNING naming its cause as a failed
+        start's is (its traceback at DEBUG), never raised; a cut goes on up."""
         name = plugin_name(self.plugin)
         try:
             await self.plugin.aclose()
@@ -288,10 +289,12 @@ class PluginCloser:
                 "avatar plugin %s: aclose() raised CancelledError%s (nothing cancelled it)",
                 name,
                 when,
-                exc_info=e,
             )
+            logger.debug("avatar plugin %s: aclose()'s CancelledError", name, exc_info=e)
         except Exception as e:
-            self._warn("avatar plugin %s: aclose() failed%s", name, when, exc_info=e)
+            # a provider's failure, as a failed start is: one line with its cause
+            self._warn("avatar plugin %s: aclose() failed%s (%s)", name, when, describe(e))
+            logger.debug("avatar plugin %s: aclose()'s failure", name, exc_info=e)
 
     async def _wait(
         self, task: asyncio.Future[None], bound: float, when: str, *, cuts: bool
