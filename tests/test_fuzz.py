@@ -128,6 +128,8 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
     [
         ("nope.py:server", "nope.py: no such file"),
         ("examples/:server", "examples/: a directory; name the agent's .py file in it"),
+        # it is there: "no such file" sent the developer looking for a typo
+        ("/dev/null:server", "/dev/null: a character device, not a regular file"),
         ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
         ("examples/agent.py:missing", "has no 'missing'"),
         ("server", "give MODULE:NAME"),

@@ -24,6 +24,11 @@ _KINDS = (
 )
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, by its ``st_mode`` ("a FIFO", ...)."""
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
 class InputFileError(ValueError):
     """The file cannot be read as input; the message says why (without the path)."""
 
@@ -41,8 +46,7 @@ def read_input(path: str | Path, *, limit: int, what: str) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "a special file")
-            raise InputFileError(f"{kind}, not a regular file")
+            raise InputFileError(f"{file_kind(mode)}, not a regular file")
         os.set_blocking(fd, True)
         chunks: list[bytes] = []
         size = 0

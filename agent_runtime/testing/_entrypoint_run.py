@@ -24,8 +24,9 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.system.agent_job import AgentJob, injected
 from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
-from agent_runtime.testing.job_process import JobProcess
+from agent_runtime.testing.job_process import JobProcess, callback_name
 from agent_runtime.testing.server_api import KitServer
+from agent_runtime.testing.user_code import UserFailure
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -208,6 +209,19 @@ def job_context(
         lk.set_job_simulation_end_fn(ctx, on_simulation_end)
         context = contextvars.copy_context()
     return ctx, context
+
+
+def prewarm(server: Any, ctx: JobContext) -> None:
+    """The server's ``setup_fnc`` (livekit's docs call it ``prewarm``) on the job's process,
+    as livekit's job process runs it before its one job: outside any job context, filling
+    ``ctx.proc.userdata`` for the entrypoint. What it raises is a ``UserCodeError`` naming
+    it, caused by its exception (the entrypoint never runs)."""
+    setup = getattr(server, "setup_fnc", None)
+    if setup is not None:
+        try:
+            setup(ctx.proc)
+        except Exception as e:
+            raise UserFailure(f"setup_fnc {callback_name(setup)}", e).as_error() from e
 
 
 async def session_end_over(clock: Clock, process: JobProcess, kill_after: float) -> None:

@@ -39,6 +39,7 @@ from agent_runtime.testing._entrypoint_run import (
     StartWatch,
     as_coroutine,
     job_context,
+    prewarm,
     still_starting,
     wait_shielded,
 )
@@ -203,6 +204,7 @@ class EntrypointRunner:
             simulation,
             on_simulation_end or server_simulation_end,
         )
+        prewarm(entrypoint if by_server else None, ctx)  # what livekit's process did first
         watch.ctx = ctx
         context.run(JOB_SIDE.set, self)  # what runs in it, and all it starts, is the job's
         self.room.deliver_in(context)  # as a real room's events come from its own task

@@ -22,7 +22,12 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.fuzz.harness import Failed
 from agent_runtime.testing.invariants.checks import off_the_call as holding_on_the_call
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
-from agent_runtime.testing.user_code import is_agents_task, is_user_callable, said
+from agent_runtime.testing.user_code import (
+    UserCodeError,
+    is_agents_task,
+    is_user_callable,
+    said,
+)
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -286,7 +291,12 @@ def user_code(h: Harness) -> list[Problem]:
     livekit's ``wait_for_participant`` raises then, and the job ends as it would have)."""
     out: list[Problem] = []
     if isinstance(h.entry, Failed):
-        out.append(_raised("entrypoint", h.entry.error))
+        error = h.entry.error
+        if isinstance(error, UserCodeError) and error.__cause__ is not None:
+            # the kit named it already (the server's setup_fnc, run before the entrypoint)
+            out.append(Problem("user code", str(error), agents_traceback(error.__cause__)))
+        else:
+            out.append(_raised("entrypoint", error))
     waiting = h.job is None and h.ended_at is not None
     for i, f in enumerate(h.runner.user_failures):
         if not (f.where == "entrypoint" and waiting and i >= h.failures_at_end):

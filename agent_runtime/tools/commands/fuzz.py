@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent_runtime.observe.files import file_kind
 from agent_runtime.parts import described, takes
 from agent_runtime.sdk import livekit_compat as lk
 
@@ -49,13 +50,21 @@ class UsageError(Exception):
     """A bad argument; the message is the one line printed."""
 
 
+def not_a_file(path: Path) -> str:
+    """Why ``path``, not a directory, cannot be the agent's file."""
+    try:
+        return f"{file_kind(path.stat().st_mode)}, not a regular file"
+    except OSError:
+        return "no such file"
+
+
 def _module(name: str) -> Any:
     if name.endswith(".py") or "/" in name:
         path = Path(name)
         if path.is_dir():
             raise UsageError(f"{name}: a directory; name the agent's .py file in it")
         if not path.is_file():
-            raise UsageError(f"{name}: no such file")
+            raise UsageError(f"{name}: {not_a_file(path)}")
         sys.path.insert(0, str(path.resolve().parent))  # its sibling modules, as a script's
         package = _package_module(path)
         if package is not None:
