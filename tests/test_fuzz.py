@@ -133,6 +133,9 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
         ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
         ("examples/agent.py:missing", "has no 'missing'"),
         ("server", "give MODULE:NAME"),
+        # not "cannot import examples/agent.py:server" nor "has no 'ser ver'"
+        ("examples/agent.py:server:extra", "give MODULE:NAME (a module or .py file, one colon"),
+        ("examples/agent.py:ser ver", "give MODULE:NAME"),
     ],
 )
 def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(

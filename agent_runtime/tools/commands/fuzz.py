@@ -104,8 +104,14 @@ def load(spec: str, what: str) -> Any:
 def _load(spec: str, what: str) -> tuple[Any, Any]:
     """``MODULE:NAME`` -> the module and the object."""
     module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"{what} {spec!r}: give MODULE:NAME (a module or .py file, a name in it)")
+    # a second colon (no file of that name) or a NAME no Python name: the import or the
+    # lookup would fail on a module or a name the user never wrote
+    extra = ":" in module_name and not Path(module_name).exists()
+    if not sep or not module_name or not attr.isidentifier() or extra:
+        raise UsageError(
+            f"{what} {spec!r}: give MODULE:NAME (a module or .py file, one colon, a Python "
+            "name in it)"
+        )
     try:
         module = _module(module_name)
     except UsageError:
