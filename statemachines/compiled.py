@@ -23,7 +23,7 @@ cache, the cache holds specs weakly.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -228,15 +228,24 @@ def disagreements(
     """Every cell of ``spec`` (or only ``cells``) under every combination of the machine's
     guards, through ``step`` and through the ``transitions`` machine compiled from
     ``compiled`` (by default the same spec); an empty list when they agree everywhere."""
+    return list(each_disagreement(spec, compiled=compiled, cells=cells))
+
+
+def each_disagreement(
+    spec: MachineSpec,
+    *,
+    compiled: MachineSpec | None = None,
+    cells: Iterable[tuple[str, str]] | None = None,
+) -> Iterator[Disagreement]:
+    """``disagreements`` one at a time, in the same order: the first costs only the
+    combinations before it (a mutant's cell has up to 2^7 of them)."""
     other = spec if compiled is None else compiled
     names = sorted({*spec.guards, *other.guards})
     if cells is None:
         cells = [(s, e) for s in spec.state_names for e in spec.events]
-    out: list[Disagreement] = []
     for state, event in cells:
         for bits in range(1 << len(names)):
             values = {g: bool(bits >> i & 1) for i, g in enumerate(names)}
             d = compare(spec, state, event, values, compiled=other)
             if d is not None:
-                out.append(d)
-    return out
+                yield d

@@ -26,7 +26,7 @@ from agent_runtime.testing.fuzz import FuzzOptions, fuzz, replay
 from agent_runtime.testing.runner import run_scenario
 from agent_runtime.testing.scenario import load_scenario, parse_scenario
 
-SEED = 1
+SEED = 4  # finds the fault in 10 runs and shrinks it in seconds (seed 1: 101 runs, 30 s)
 
 
 def _hang_up_undone(monkeypatch: pytest.MonkeyPatch) -> None:
