@@ -321,7 +321,9 @@ async def test_a_failed_task_the_agent_keeps_is_its_failure(where: str) -> None:
     await settle()
     with pytest.raises(UserCodeError) as caught:
         await runner.aclose()
-    assert str(caught.value) == ("the agent's task raised RuntimeError: could not greet caller")
+    assert str(caught.value) == (
+        "the agent's task _greet raised RuntimeError: could not greet caller"
+    )
 
 
 @pytest.mark.parametrize("where", ["job's context", "own context"])
@@ -335,5 +337,20 @@ def test_the_fuzzer_reports_a_failed_task_the_agent_keeps(tmp_path: Path, where:
     path.write_text(yaml.safe_dump({"name": "a caller joins", "steps": steps}))
     report = replay(_keeps_its_failed_task(where), path)
     assert report.problems == [
-        "user code: the agent's task raised RuntimeError: could not greet caller"
+        "user code: the agent's task _greet raised RuntimeError: could not greet caller"
     ]
+
+
+@pytest.mark.virtual_time
+async def test_a_failed_task_is_named_by_its_coroutine() -> None:
+    # one the test started and never read fails the run too: its name says whose it is
+    runner = _runner()
+    await runner(_keeps_its_failed_task("job's context"))
+
+    async def probe() -> None:
+        raise AssertionError("the test's own probe failed")
+
+    asyncio.create_task(probe())  # noqa: RUF006
+    await settle()
+    with pytest.raises(UserCodeError, match=r"task .*probe raised AssertionError"):
+        await runner.aclose()

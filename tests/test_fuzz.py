@@ -136,6 +136,7 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
         # not "cannot import examples/agent.py:server" nor "has no 'ser ver'"
         ("examples/agent.py:server:extra", "give MODULE:NAME (a module or .py file, one colon"),
         ("examples/agent.py:ser ver", "give MODULE:NAME"),
+        ("a" * 300 + ":x:y", "give MODULE:NAME"),  # a name too long for the system
     ],
 )
 def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(

@@ -9,6 +9,9 @@ the room (``InMemoryRoom``) and the session transport.
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,8 +77,17 @@ async def test_each_job_gets_a_process_prewarmed_for_it() -> None:
 
 
 async def test_a_prewarm_that_raises_fails_before_the_entrypoint_runs_naming_it(
-    run_entrypoint: EntrypointRunner,
+    run_entrypoint: EntrypointRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    made: list[str] = []
+
+    class Noted(tempfile.TemporaryDirectory[str]):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self.name)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", Noted)  # the job context's folder
+
     def broken(proc: JobProcess) -> None:
         raise OSError("the VAD model file is missing")
 
@@ -89,6 +101,30 @@ async def test_a_prewarm_that_raises_fails_before_the_entrypoint_runs_naming_it(
     with pytest.raises(UserCodeError, match=r"the agent's setup_fnc .*broken raised OSError"):
         await run_entrypoint(server)
     assert ran == []  # as livekit's process, whose initialization failed: no job
+    # the job context made for it is released (its temporary folder was left behind)
+    assert made and not any(Path(name).exists() for name in made)
+
+
+async def test_a_prewarm_runs_before_any_event_loop_as_livekits_process_runs_it(
+    run_entrypoint: EntrypointRunner,
+) -> None:
+    # livekit calls it before the job's loop exists: a prewarm may run a loop of its own,
+    # and one that reaches for a running loop fails there as it fails deployed
+    async def load() -> str:
+        return "vad"
+
+    def own_loop(proc: JobProcess) -> None:
+        proc.userdata["vad"] = asyncio.run(load())
+
+    def jobs_loop(proc: JobProcess) -> None:
+        proc.userdata["vad"] = asyncio.get_running_loop()
+
+    run_entrypoint.room.add_participant("user")
+    await run_entrypoint(prewarmed(own_loop))
+    assert run_entrypoint.ctx.proc.userdata == {"vad": "vad"}
+    await run_entrypoint.aclose()
+    with pytest.raises(UserCodeError, match="jobs_loop raised RuntimeError: no running"):
+        await EntrypointRunner(room=InMemoryRoom(name="again"))(prewarmed(jobs_loop))
 
 
 def test_a_prewarm_that_raises_is_reported_as_the_prewarms_by_the_fuzzer() -> None:

@@ -392,7 +392,7 @@ class JobRuntime(MachineRuntime[str]):
         self._post(event)
 
     def _on_state(self, sc: StateChanged) -> None:
-        if sc.event == "simulator_left":  # livekit's JobContext's reason then
+        if sc.event == "simulator_left" and sc.machine == "job":  # livekit's reason then
             self._reason = self._reason or "simulation completed"
         if sc.source == "awaiting_finalize" and sc.event in ("hold_timeout", "room_disconnected"):
             self._report_lost_verdict(sc.event)

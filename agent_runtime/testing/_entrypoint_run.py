@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from agent_runtime.testing.clock import VirtualClock, VirtualTimeLoop, settle
 from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.testing.job_process import JobProcess, callback_name
 from agent_runtime.testing.server_api import KitServer
-from agent_runtime.testing.user_code import UserFailure
+from agent_runtime.testing.user_code import PrewarmFailed, said
 
 if TYPE_CHECKING:
     from livekit.agents.job import JobContext
@@ -213,15 +214,33 @@ def job_context(
 
 def prewarm(server: Any, ctx: JobContext) -> None:
     """The server's ``setup_fnc`` (livekit's docs call it ``prewarm``) on the job's process,
-    as livekit's job process runs it before its one job: outside any job context, filling
-    ``ctx.proc.userdata`` for the entrypoint. What it raises is a ``UserCodeError`` naming
-    it, caused by its exception (the entrypoint never runs)."""
+    as livekit's job process runs it before its one job: outside any job context and any
+    event loop, filling ``ctx.proc.userdata`` for the entrypoint. What it raises is a
+    ``PrewarmFailed`` naming it, caused by its exception; the job's context is released
+    then (the entrypoint never runs)."""
     setup = getattr(server, "setup_fnc", None)
-    if setup is not None:
+    if setup is None:
+        return
+    failed: list[Exception] = []
+
+    def run() -> None:
         try:
             setup(ctx.proc)
         except Exception as e:
-            raise UserFailure(f"setup_fnc {callback_name(setup)}", e).as_error() from e
+            failed.append(e)
+
+    # on a thread of its own, the loop blocked as a process's start blocks: livekit runs it
+    # before the job's loop exists, so a prewarm running a loop of its own (asyncio.run)
+    # works, and one reaching for the job's loop fails, as deployed
+    thread = threading.Thread(target=run, name=f"prewarm {callback_name(setup)}")
+    thread.start()
+    thread.join()
+    if failed:
+        lk.release_job_context(ctx)
+        error = failed[0]
+        raise PrewarmFailed(
+            f"the agent's setup_fnc {callback_name(setup)} {said(error)}"
+        ) from error
 
 
 async def session_end_over(clock: Clock, process: JobProcess, kill_after: float) -> None:

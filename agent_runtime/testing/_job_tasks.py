@@ -154,4 +154,5 @@ class JobTasks:
             error = aio.peek_exception(task)
             if error is not None and user_frames(error.__traceback__):
                 task.exception()
-                failures.add("task", error)
+                # named: a task the test itself started and never read is reported too
+                failures.add(f"task {task_name(task).removesuffix(' (agent code)')}", error)

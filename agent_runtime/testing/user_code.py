@@ -148,6 +148,10 @@ class UserCodeError(AssertionError):
     """The agent's own code failed while the kit ran its job (the cause is its exception)."""
 
 
+class PrewarmFailed(UserCodeError):
+    """The server's ``setup_fnc`` (its prewarm) raised: the job's entrypoint never ran."""
+
+
 class CallbackHung(TimeoutError):
     """A shutdown callback (or ``on_session_end``) had not returned when livekit's worker
     kills the job's process (``shutdown_process_timeout``, 10 s by default), which logs

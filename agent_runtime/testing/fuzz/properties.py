@@ -23,7 +23,7 @@ from agent_runtime.testing.fuzz.harness import Failed
 from agent_runtime.testing.invariants.checks import off_the_call as holding_on_the_call
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
 from agent_runtime.testing.user_code import (
-    UserCodeError,
+    PrewarmFailed,
     is_agents_task,
     is_user_callable,
     said,
@@ -292,7 +292,7 @@ def user_code(h: Harness) -> list[Problem]:
     out: list[Problem] = []
     if isinstance(h.entry, Failed):
         error = h.entry.error
-        if isinstance(error, UserCodeError) and error.__cause__ is not None:
+        if isinstance(error, PrewarmFailed) and error.__cause__ is not None:
             # the kit named it already (the server's setup_fnc, run before the entrypoint)
             out.append(Problem("user code", str(error), agents_traceback(error.__cause__)))
         else:

@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -106,7 +107,7 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
     module_name, sep, attr = spec.rpartition(":")
     # a second colon (no file of that name) or a NAME no Python name: the import or the
     # lookup would fail on a module or a name the user never wrote
-    extra = ":" in module_name and not Path(module_name).exists()
+    extra = ":" in module_name and not os.path.exists(module_name)  # False on any OSError
     if not sep or not module_name or not attr.isidentifier() or extra:
         raise UsageError(
             f"{what} {spec!r}: give MODULE:NAME (a module or .py file, one colon, a Python "
