@@ -169,6 +169,12 @@ patient = precondition(lambda self: len(self.world.steps) >= self.patience)
 class ComposedJob(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        # the last example's garbage collected, then everything older frozen: each
+        # example's own collection (see teardown) walks only what the example built, not
+        # the heap every earlier test of the worker left (a full walk of that cost about
+        # 0.2 s an example inside the whole tier, against 0.02 s alone)
+        gc.collect()
+        gc.freeze()
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.quiet = quiet_sdk_logs()
