@@ -390,7 +390,9 @@ class JobRuntime(MachineRuntime[str]):
         self._post(event)
 
     def _on_state(self, sc: StateChanged) -> None:
-        if sc.event == "simulator_left" and sc.machine == "job":  # livekit's reason then
+        # livekit's reason then; set here, before the change is heard (an effect of the row
+        # runs after its listeners), as every other reason is set before its step
+        if sc.event == "simulator_left" and sc.machine == "job":
             self._reason = self._reason or "simulation completed"
         if sc.source == "awaiting_finalize" and sc.event in ("hold_timeout", "room_disconnected"):
             self._report_lost_verdict(sc.event)
