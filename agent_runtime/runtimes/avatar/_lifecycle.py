@@ -93,11 +93,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         self._close_budget = min(join_timeout, float(check_setting("close_timeout", budget)))
         self._avatar, self._rebuild = avatar, rebuild
         self._retry: AvatarRetry = avatar_retry(retry)
-        self._tries = Attempts(self._retry, avatar, lambda *a, **kw: self.actor.report(*a, **kw))
+        self._tries = Attempts(self._retry, avatar, self._report)
         self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
-        self._closer = PluginCloser(avatar, remove_participant, self._clock, warn=self._warn)
+        self._closer = PluginCloser(avatar, remove_participant, self._clock, self._report)
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._route = AudioRoute()  # the session and the room too, once started
@@ -217,6 +217,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
     def _on_state(self, ev: StateChanged) -> None:
         self.actor.report(logger, logging.DEBUG, "%s -> %s on %s", ev.source, ev.dest, ev.event)
         self._emit_state(ev)
+
+    def _report(self, *args: Any, **kw: Any) -> None:
+        # the actor's, for the parts built before it (each line names the job and machine)
+        self.actor.report(*args, **kw)
 
     def _warn(self, msg: str, *args: Any) -> None:
         self.actor.report(logger, logging.WARNING, msg, *args)
