@@ -307,6 +307,7 @@ class Performer(OwnedEmitter[str]):
             detail += " (raised by the task itself; nothing cancelled it)"
         self._record_task(name, "error", detail)
         self.report(logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by)
+        self.report(logger, logging.DEBUG, "state task %r failed", name, event=by, exc_info=e)
         err = self.spec.effect(name).error_event
         if err is not None and gen == self._gen and self._life != "closed":
             self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))

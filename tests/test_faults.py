@@ -508,6 +508,18 @@ async def test_a_plugin_that_fails_at_its_start_or_its_close_is_one_warning_nami
     assert [(cause in r.getMessage(), r.exc_info) for r in warned] == [(True, None)]
     assert getattr(warned[0], "machine", None) == "avatar"
     assert "\n" not in warned[0].getMessage()
+    # the traceback's line carries the machine's fields too (the close's had none), so a
+    # log filtered by job or machine keeps it
+    traced = [
+        r
+        for r in _records(caplog, logging.DEBUG)
+        if r.exc_info and "HTTP 500" in str(r.exc_info[1])
+    ]
+    fields = ("job_id", "room", "machine", "instance", "state")
+    assert len(traced) == 1
+    assert {f: getattr(traced[0], f, None) for f in fields} == {
+        f: getattr(warned[0], f) for f in fields
+    }
 
 
 @pytest.mark.parametrize("takes", [0.8, 1.3])

@@ -130,6 +130,8 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
         ("examples/:server", "examples/: a directory; name the agent's .py file in it"),
         # it is there: "no such file" sent the developer looking for a typo
         ("/dev/null:server", "/dev/null: a character device, not a regular file"),
+        # a folder with no __init__.py imports, empty: "examples has no 'server'" said nothing
+        ("examples:server", "examples: a folder that is not a package (no __init__.py)"),
         ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
         ("examples/agent.py:missing", "has no 'missing'"),
         ("server", "give MODULE:NAME"),

@@ -210,7 +210,9 @@ async def test_a_job_ended_by_the_simulator_leaving_says_the_simulation_complete
 ) -> None:
     """livekit's ``JobContext`` ends the job with "simulation completed" as the simulator
     leaves. Used with a plain ``rtc.Room``, the job said "room disconnected" instead (its
-    own close disconnects the room), to its shutdown callbacks and in its log."""
+    own close disconnects the room), to its shutdown callbacks and in its log. Whoever hears
+    the job closing reads why already (a note of the reason as an effect of the
+    ``simulator_left`` rows ran after the listeners: they read ``""``)."""
     seen: list[str] = []
     agent_room.add_participant("user")
     agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "1"})
@@ -228,6 +230,15 @@ async def test_a_job_ended_by_the_simulator_leaving_says_the_simulation_complete
             )
             job.add_shutdown_callback(lambda reason: seen.append(f"job callback: {reason}"))
             await job.start(Agent(instructions="test"))
+        heard: list[str] = []  # why, as the job is heard closing (its reason is known by then)
+        job.on(
+            "state_changed",
+            lambda sc: (
+                heard.append(job.snapshot()["job_reason"])
+                if (sc.machine, sc.dest) == ("job", "closing")
+                else None
+            ),
+        )
         await settle()
         agent_room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
         await settle()
@@ -237,6 +248,7 @@ async def test_a_job_ended_by_the_simulator_leaving_says_the_simulation_complete
             await job.aclose()
 
     assert job.states["job"] == "closed"
+    assert heard == ["simulation completed"]
     assert "job callback: simulation completed" in seen
     closed = [r.getMessage() for r in caplog.records if "job closed (" in r.getMessage()]
     assert closed == ["job closed (simulation completed)"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from agent_runtime.testing.clock import VirtualClock
 from agent_runtime.testing.entrypoint import EntrypointRunner
 from agent_runtime.testing.fuzz import FuzzOptions, fuzz
 from agent_runtime.testing.inmemory import InMemoryRoom
-from agent_runtime.testing.user_code import UserCodeError
+from agent_runtime.testing.user_code import PrewarmFailed, UserCodeError
 
 
 def prewarmed(prewarm: Any) -> AgentServer:
@@ -141,3 +142,80 @@ def test_an_agent_with_a_prewarm_is_fuzzed_as_it_runs_deployed() -> None:
     # its entrypoint raised KeyError: 'vad' in every run, reported as the agent's failure
     report = fuzz(prewarmed(load_vad), FuzzOptions(examples=5, seed=1))
     assert report.ok, report.summary()
+
+
+def noting_job_folders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The temporary folders the job contexts make (each released with its context)."""
+    made: list[str] = []
+
+    class Noted(tempfile.TemporaryDirectory[str]):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self.name)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", Noted)
+    return made
+
+
+async def test_a_prewarm_that_hangs_fails_at_the_servers_initialize_process_timeout(
+    run_entrypoint: EntrypointRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # livekit's worker gives the process initialize_process_timeout (10 s by default) to
+    # finish its prewarm, then gives up on it: the kit did wait forever
+    made = noting_job_folders(monkeypatch)
+    loading = threading.Event()
+
+    def hangs(proc: JobProcess) -> None:
+        loading.wait()  # a model download that never ends (released after the check)
+
+    ran: list[JobContext] = []
+
+    async def entrypoint(ctx: JobContext) -> None:
+        ran.append(ctx)
+
+    server = AgentServer(setup_fnc=hangs, initialize_process_timeout=0.05)
+    server.rtc_session()(entrypoint)
+    try:
+        with pytest.raises(
+            PrewarmFailed,
+            match=r"setup_fnc .*hangs had not returned after 0.05s \(the server's "
+            r"initialize_process_timeout\)",
+        ):
+            await run_entrypoint(server)
+        assert ran == []
+        assert made and not any(Path(name).exists() for name in made)  # released
+    finally:
+        loading.set()
+
+
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt()], ids=repr)
+async def test_a_prewarm_that_raises_a_base_exception_fails_naming_it(
+    run_entrypoint: EntrypointRunner, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    # livekit's process fails its initialization then too (it exits): the kit's thread let
+    # it escape, printed by threading, and the entrypoint ran without its userdata
+    made = noting_job_folders(monkeypatch)
+
+    def exits(proc: JobProcess) -> None:
+        raise error
+
+    with pytest.raises(PrewarmFailed, match=f"exits raised {type(error).__name__}") as caught:
+        await run_entrypoint(prewarmed(exits))
+    assert caught.value.__cause__ is error
+    assert made and not any(Path(name).exists() for name in made)
+
+
+def test_a_prewarm_that_hangs_is_reported_as_the_prewarms_by_the_fuzzer() -> None:
+    loading = threading.Event()
+
+    def hangs(proc: JobProcess) -> None:
+        loading.wait()
+
+    server = prewarmed(hangs)
+    server.update_options(initialize_process_timeout=0.05)
+    try:
+        report = fuzz(server, FuzzOptions(examples=1, seed=1))
+    finally:
+        loading.set()
+    assert report.problems[0].startswith("user code: the agent's setup_fnc ")
+    assert "hangs had not returned after 0.05s" in report.problems[0]

@@ -99,7 +99,14 @@ def test_no_testing_kit_module_is_over_500_lines() -> None:
 # from (the guides, the reference pages, their own tests): each still imports from there
 _MOVED = {
     "clock": ("VirtualTimeLoop", "VirtualTimeStalled", "UPTIME", "run", "settle"),
-    "entrypoint": ("served", "check_agent", "agent_label", "not_an_entrypoint"),
+    "entrypoint": (
+        "served",
+        "check_agent",
+        "agent_label",
+        "not_an_entrypoint",
+        "EntrypointStalled",
+        "NoAgentJob",
+    ),
     "inmemory": ("InMemorySessionTransport", "RpcCall", "quiet_sdk_logs", "RPC_ROUND_TRIP_BUDGET"),
     "scenario": ("SessionStart", "HeldEnd", "Step", "STEP_EVENTS", "Expect", "FACTS"),
     "runner": ("stranger", "stranger_track"),

@@ -765,7 +765,7 @@ def test_a_cut_short_run_is_resumed_from_its_workers_logs(tmp_path: Path) -> Non
 
 def _what_the_runtime_reads() -> tuple[object, ...]:
     """Each declaration (or delivery) where the runtime reads it."""
-    import agent_runtime.runtimes.job as job
+    import agent_runtime.runtimes.job_close as job_close
     import agent_runtime.system.job_system as job_system
     from agent_runtime._perform import Performer
     from agent_runtime.runtimes.routing import Wiring, hear_reports
@@ -775,7 +775,7 @@ def _what_the_runtime_reads() -> tuple[object, ...]:
     assert Wiring.__init__.__kwdefaults__ and watched.__kwdefaults__
     assert hear_reports.__kwdefaults__
     return (
-        vars(job)["TEARDOWN"],  # run_close's steps
+        vars(job_close)["TEARDOWN"],  # run_close's steps
         vars(job_system)["RELEASE"],  # run_teardown's steps
         watched.__kwdefaults__["watches"],
         hear_reports.__kwdefaults__["reports"],

@@ -134,7 +134,7 @@ def test_links_are_fired_only_by_the_declared_channels() -> None:
         # an effect's success: the actor passes its Output to the wiring it was bound to
         ("_perform.py", "_effect_done"),
         ("_perform.py", "_task_succeeded"),  # the same, for a state's task
-        ("runtimes/job.py", "_begin_step"),  # run_close's steps (TEARDOWN)
+        ("runtimes/job_close.py", "_begin_step"),  # run_close's steps (TEARDOWN)
         ("system/job_system.py", "_begin_release"),  # run_teardown's steps (RELEASE)
     }
 

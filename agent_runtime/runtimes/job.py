@@ -29,6 +29,7 @@ from agent_runtime.actor import Event, StateChanged, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
+from agent_runtime.runtimes.job_close import JobClose
 from agent_runtime.runtimes.room_deletion import DeleteRoomFn, RoomDeletion, room_deletion_for
 from agent_runtime.runtimes.room_events import RoomEventAdapter, RoomFact, simulators_in
 from agent_runtime.runtimes.routing import Wiring, follow, plain_fact
@@ -39,13 +40,12 @@ from agent_runtime.runtimes.session_host import (
     simulation_context,
 )
 from agent_runtime.runtimes.sessions import JobSessions
-from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback, ShutdownCallbacks
-from agent_runtime.runtimes.teardown import Teardown, Work, service_call
+from agent_runtime.runtimes.shutdown_callbacks import ShutdownCallback
+from agent_runtime.runtimes.teardown import Work, service_call
 from agent_runtime.scheduler import Scheduler, after, ending
 from agent_runtime.settings import check_setting, observed
 from statemachines.glue import hold_needed, simulators_after
 from statemachines.job import JOB
-from statemachines.system import TEARDOWN
 
 logger = logging.getLogger("agent_runtime.job")
 
@@ -156,11 +156,9 @@ class JobRuntime(MachineRuntime[str]):
         self._facts = _Facts(self)
         # the links between the job's machines, as declared (statemachines.links.LINKS)
         self.wiring = wiring or Wiring(flags={"delete_room_on_close": bool(delete_room_on_close)})
-        self._callbacks = ShutdownCallbacks()
-        # run_close's steps its composer does (the session's, the avatar's), asked at the close
-        self._composed_works = composed_works
-        # run_close as it runs: what the log line says when the close bound cuts it
-        self._teardown: Teardown | None = None
+        self._close = JobClose(
+            self, composed_works, close_timeout=self._close_timeout, clock=self._clock
+        )
         self._reason = ""
         self.disconnect_hint: Callable[[], str] = lost_room_hint or str  # str(): ""
         instance = room.name or "job"
@@ -316,7 +314,7 @@ class JobRuntime(MachineRuntime[str]):
             raise TypeError("a shutdown callback must be callable")
         if self.actor.state == "closed":
             raise RuntimeError("the job is closed; the callback would never run")
-        self._callbacks.add(callback)
+        self._close.callbacks.add(callback)
 
     async def wait_closed(self) -> None:
         await released(self.when_closed())
@@ -392,7 +390,9 @@ class JobRuntime(MachineRuntime[str]):
         self._post(event)
 
     def _on_state(self, sc: StateChanged) -> None:
-        if sc.event == "simulator_left" and sc.machine == "job":  # livekit's reason then
+        # livekit's reason then; set here, before the change is heard (an effect of the row
+        # runs after its listeners), as every other reason is set before its step
+        if sc.event == "simulator_left" and sc.machine == "job":
             self._reason = self._reason or "simulation completed"
         if sc.source == "awaiting_finalize" and sc.event in ("hold_timeout", "room_disconnected"):
             self._report_lost_verdict(sc.event)
@@ -422,77 +422,19 @@ class JobRuntime(MachineRuntime[str]):
             event=event,
         )
 
-    # -- closing ---------------------------------------------------------------------------
+    # -- closing (run_close's steps: job_close) --------------------------------------------
     def _fx_run_close(self, _ev: Event) -> asyncio.Future[Event]:
-        """``closing``'s task: the steps of ``statemachines.system.TEARDOWN``, each within its
-        share of ``close_timeout``; a step cut at its share never keeps the next from
-        running. Each step's links (``LINKS``, run_close/STEP) fire as it begins."""
-        self._teardown = Teardown(
-            TEARDOWN,
-            close_timeout=self._close_timeout,
-            clock=self._clock,
-            log=logger,
-            who=self.actor.where(),
-            fields=self.actor.log_fields(),
-            begin=self._begin_step,
-            waiting_for=self._waiting_for,
-        )
-        works: dict[str, Work] = {
-            "host": self._host_closed,
-            "disconnect": self.disconnect_room,
-            "room": self._deletion_settled,
-            "callbacks": self._run_callbacks,
-        }
-        if self._composed_works is not None:  # the composer's (the session, the avatar)
-            works.update(self._composed_works())
-        return self._teardown.run(works, Event("close_done"))
+        """``closing``'s task: the steps of ``statemachines.system.TEARDOWN``."""
+        return self._close.run(Event("close_done"))
 
-    def _begin_step(self, step: str) -> None:
-        self.wiring.fire("job", "run_close", step=step)
-
-    def _host_closed(self) -> asyncio.Future[None] | None:
-        return self.host.released_once_closed()
+    def _fx_report_cut(self, ev: Event) -> None:
+        self._close.report_cut(ev)
 
     def disconnect_room(self) -> Awaitable[None] | None:
         # a room the job never followed (closed before it started) is not its to end
         if not self._room_events.started or not self._room.isconnected():
             return None
         return service_call(self._room.disconnect())
-
-    def _deletion_settled(self) -> asyncio.Future[None] | None:
-        # delete_room_on_close covers every way the job ends (upstream deletes from the
-        # session's close, which a job shutdown also causes), after the hold, never before;
-        # a deletion asked for runs now (the step's links allowed it)
-        return self.deletion.when_settled()
-
-    def _waiting_for(self, step: str) -> str:
-        """What a step cut at its bound had not seen happen (the log line says it)."""
-        if step == "callbacks":
-            return self._callbacks.waiting_for()
-        return {
-            "host": "the session host had not closed",
-            "session": "the session had not closed",
-            "avatar": "the avatar had not closed",
-            "disconnect": "the room had not disconnected",
-            "room": "the room deletion had not returned",
-        }.get(step, f"its {step} step had not ended")
-
-    def _fx_report_cut(self, ev: Event) -> None:
-        after = ev.data.get("after", self._close_timeout)
-        td = self._teardown
-        running = list(td.running) if td is not None else []
-        parts = [self._waiting_for(step) for step in running]
-        started = td is not None and ("callbacks" in running or "callbacks" in td.ended)
-        if self._callbacks and not started:
-            parts.append("the shutdown callbacks did not run")
-        what = "; ".join(parts) or "its last step had ended"
-        msg = "closing the job was cut off after %gs (close_timeout): %s"
-        self.actor.report(logger, logging.WARNING, msg, after, what, event=ev.name)
-
-    def _run_callbacks(self) -> Awaitable[None] | None:
-        if not self._callbacks:
-            return None
-        return self._callbacks.run(self._reason, self.actor)
 
 
 # the job machine's handlers, shared by every job (Handlers binds them to one)

@@ -453,6 +453,12 @@ def server_session_end_timeout(server: Any) -> float:
     return float(getattr(server, "_session_end_timeout", 300.0))
 
 
+def server_initialize_process_timeout(server: Any) -> float:
+    """``AgentServer(initialize_process_timeout=...)``: how long a worker waits for a job
+    process to initialize (its prewarm, ``setup_fnc``) before it gives up on it."""
+    return float(getattr(server, "_initialize_process_timeout", 10.0))
+
+
 def server_shutdown_process_timeout(server: Any) -> float:
     """``AgentServer(shutdown_process_timeout=...)``: how long a worker's shutdown waits for
     a job process before it kills it."""

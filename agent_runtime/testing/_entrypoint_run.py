@@ -215,32 +215,42 @@ def job_context(
 def prewarm(server: Any, ctx: JobContext) -> None:
     """The server's ``setup_fnc`` (livekit's docs call it ``prewarm``) on the job's process,
     as livekit's job process runs it before its one job: outside any job context and any
-    event loop, filling ``ctx.proc.userdata`` for the entrypoint. What it raises is a
+    event loop, filling ``ctx.proc.userdata`` for the entrypoint, within the server's
+    ``initialize_process_timeout`` (real seconds, as the worker counts them). What it
+    raises (``SystemExit`` too: the process exits), or its not returning by then, is a
     ``PrewarmFailed`` naming it, caused by its exception; the job's context is released
     then (the entrypoint never runs)."""
     setup = getattr(server, "setup_fnc", None)
     if setup is None:
         return
-    failed: list[Exception] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
         try:
             setup(ctx.proc)
-        except Exception as e:
+        except BaseException as e:  # livekit's process fails its initialization on any
             failed.append(e)
 
     # on a thread of its own, the loop blocked as a process's start blocks: livekit runs it
     # before the job's loop exists, so a prewarm running a loop of its own (asyncio.run)
-    # works, and one reaching for the job's loop fails, as deployed
-    thread = threading.Thread(target=run, name=f"prewarm {callback_name(setup)}")
+    # works, and one reaching for the job's loop fails, as deployed. One that hangs is left
+    # to itself (a thread cannot be killed as the worker kills the process); a daemon, it
+    # never holds the interpreter's exit
+    name = callback_name(setup)
+    thread = threading.Thread(target=run, name=f"prewarm {name}", daemon=True)
+    bound = lk.server_initialize_process_timeout(server)
     thread.start()
-    thread.join()
+    thread.join(bound)
+    if thread.is_alive():
+        lk.release_job_context(ctx)
+        raise PrewarmFailed(
+            f"the agent's setup_fnc {name} had not returned after {bound:g}s (the server's "
+            "initialize_process_timeout): livekit's worker gives up on the process then"
+        )
     if failed:
         lk.release_job_context(ctx)
         error = failed[0]
-        raise PrewarmFailed(
-            f"the agent's setup_fnc {callback_name(setup)} {said(error)}"
-        ) from error
+        raise PrewarmFailed(f"the agent's setup_fnc {name} {said(error)}") from error
 
 
 async def session_end_over(clock: Clock, process: JobProcess, kill_after: float) -> None:

@@ -40,9 +40,9 @@ from agent_runtime.testing._entrypoint_run import (
     as_coroutine,
     job_context,
     prewarm,
-    still_starting,
     wait_shielded,
 )
+from agent_runtime.testing._entrypoint_start import EntrypointStalled, NoAgentJob, started_job
 from agent_runtime.testing._job_tasks import JobTasks
 from agent_runtime.testing.clock import VirtualTimeLoop, settle
 from agent_runtime.testing.entrypoint_lookup import (
@@ -86,19 +86,6 @@ __all__ = [
     "not_an_entrypoint",
     "served",
 ]
-
-
-class NoAgentJob(RuntimeError):
-    """The entrypoint ended without building an ``AgentJob`` for its job context: it
-    returned (``cut`` false), or the job's end cancelled it first (``cut``)."""
-
-    def __init__(self, message: str, *, cut: bool = False) -> None:
-        super().__init__(message)
-        self.cut = cut
-
-
-class EntrypointStalled(TimeoutError):
-    """The entrypoint neither started its job nor ended within the wait."""
 
 
 class EntrypointRunner:
@@ -231,45 +218,7 @@ class EntrypointRunner:
             context=context,
         )
         process.watch_entrypoint(entry)
-        # livekit's runner goes on once the job runs: the entrypoint may keep running
-        await asyncio.wait(
-            {entry, watch.started}, timeout=start_timeout, return_when="FIRST_COMPLETED"
-        )
-        # an entrypoint the job's end cut (livekit cancels it 15 s in) has no failure of its
-        # own; one its own code cancelled is the test's, as any failure of its code
-        cut = entry.done() and entry.cancelled() and process.begun
-        if entry.done() and not cut:
-            await entry  # its failure is the test's, with its traceback
-        elif not entry.done():
-            # what it fails with from here on is the test's too, as a failure of its code
-            entry.add_done_callback(self._entry_done)
-        await settle()  # the entrypoint runs on until it waits (its code after the start)
-        job = watch.job or AgentJob.for_job(ctx)
-        if job is None and not entry.done():
-            raise EntrypointStalled(
-                f"the entrypoint has neither built its AgentJob nor ended after "
-                f"{start_timeout:g}s: it waits for something that has not happened"
-            )
-        if job is None and cut:
-            raise NoAgentJob(
-                "the entrypoint was cancelled before it built an AgentJob (livekit cancels "
-                "it 15 s into the job's end)",
-                cut=True,
-            )
-        if job is None:
-            raise NoAgentJob(
-                "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx, "
-                'session=...) in it and start the job there (the testing guide, "Your entrypoint '
-                'under test")'
-            )
-        run.job = job
-        if not watch.started.done() and not entry.done():
-            raise EntrypointStalled(
-                f"the entrypoint has not started its job after {start_timeout:g}s (the job "
-                f"is {job.lifecycle}{still_starting(job)}): it waits for something that "
-                "has not happened"
-            )
-        return job
+        return await started_job(run, entry, start_timeout, self._entry_done)
 
     def _entry_done(self, task: asyncio.Task[Any]) -> None:
         if task in self._tasks.stopped:  # the kill's end, not its own: named as left running

@@ -149,7 +149,8 @@ class UserCodeError(AssertionError):
 
 
 class PrewarmFailed(UserCodeError):
-    """The server's ``setup_fnc`` (its prewarm) raised: the job's entrypoint never ran."""
+    """The server's ``setup_fnc`` (its prewarm) raised, or had not returned within the
+    server's ``initialize_process_timeout``: the job's entrypoint never ran."""
 
 
 class CallbackHung(TimeoutError):

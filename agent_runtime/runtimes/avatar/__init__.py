@@ -38,12 +38,12 @@ avatar that runs inside the agent's own process (its identity is the agent's own
 bithuman's local mode) has nothing to wait for (``none``), so it is joined as soon as its
 start returns and no ``join_timeout`` can fail it, and it is never removed from the room.
 
-The package, one idea a module: ``_lifecycle`` (the machine's runtime), ``_route`` (the
-audio chain and the avatar's route in it), ``_sink`` (the adopted sink and the playback
-RPC), ``_plugins`` (what is asked of a plugin), ``_attempts`` (the retry policy at work:
-restarts, causes, what is logged of them), ``_facts`` (what the guards and timers read),
-``_waits`` (waiting on its states). The SDK's private names they need are read
-through ``agent_runtime.sdk.livekit_compat``.
+The package, one idea a module: ``_lifecycle`` (the machine's runtime; what it tells
+without moving it in ``_view``), ``_route`` (the audio chain and the avatar's route in
+it), ``_sink`` (the adopted sink and the playback RPC), ``_plugins`` (what is asked of a
+plugin), ``_attempts`` (the retry policy at work: restarts, causes, what is logged of
+them), ``_facts`` (what the guards and timers read), ``_waits`` (waiting on its states).
+The SDK's private names they need are read through ``agent_runtime.sdk.livekit_compat``.
 """
 
 from agent_runtime.runtimes.avatar._facts import JoinSignal

@@ -23,7 +23,7 @@ from agent_runtime.emitter import event_names
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, check_parts, is_closed, released
 from agent_runtime.runtimes.avatar._attempts import Attempts
-from agent_runtime.runtimes.avatar._facts import Facts, JoinSignal, Timeouts
+from agent_runtime.runtimes.avatar._facts import Facts, Timeouts
 from agent_runtime.runtimes.avatar._plugins import (
     PluginCloser,
     RemoveParticipant,
@@ -33,7 +33,7 @@ from agent_runtime.runtimes.avatar._plugins import (
     stop_join_wait,
     warn_no_route,
 )
-from agent_runtime.runtimes.avatar._route import AudioRoute, Route, finish_pending, route_of
+from agent_runtime.runtimes.avatar._route import AudioRoute, finish_pending
 from agent_runtime.runtimes.avatar._sink import (
     LifecycleEvents,
     SinkAdoption,
@@ -41,8 +41,8 @@ from agent_runtime.runtimes.avatar._sink import (
     claim_playback_rpc,
     finish_segments,
     release_playback_rpc,
-    report_identity,
 )
+from agent_runtime.runtimes.avatar._view import AvatarView
 from agent_runtime.runtimes.avatar._waits import leaving, wait_for_state
 from agent_runtime.runtimes.room_events import RoomConnected, RoomEventAdapter, RoomFact
 from agent_runtime.runtimes.routing import Wiring, follow
@@ -54,7 +54,7 @@ from statemachines.avatar import AVATAR, PLUGIN_CLEARS
 logger = logging.getLogger("agent_runtime.avatar")
 
 
-class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
+class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
     """Runs the ``avatar`` machine around one ``AvatarSession``. Emits ``state_changed``
     (a ``StateChanged``), and what playout follows: ``segment_flushed`` (a
     ``SegmentFlushed``: the session's audio reached the plugin's sink) and
@@ -93,11 +93,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
         self._close_budget = min(join_timeout, float(check_setting("close_timeout", budget)))
         self._avatar, self._rebuild = avatar, rebuild
         self._retry: AvatarRetry = avatar_retry(retry)
-        self._tries = Attempts(self._retry, avatar, lambda *a, **kw: self.actor.report(*a, **kw))
+        self._tries = Attempts(self._retry, avatar, self._report)
         self._plugin_options: dict[str, Any] = {}
         self._clock: Clock = clock or AsyncioClock()
         self._given_adapter = room_events
-        self._closer = PluginCloser(avatar, remove_participant, self._clock, warn=self._warn)
+        self._closer = PluginCloser(avatar, remove_participant, self._clock, self._report)
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._route = AudioRoute()  # the session and the room too, once started
@@ -118,45 +118,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
             post=self.post_linked,  # the job's links reach it (the session's close)
         )
 
-    # -- public ----------------------------------------------------------------------------
-    @property
-    def avatar(self) -> AvatarSession:  # type: ignore[type-arg]
-        return self._avatar
-
-    @property
-    def installed_sink(self) -> AudioOutput | None:
-        """The sink the plugin installed, once its ``start()`` has run."""
-        return self._route.installed
-
-    @property
-    def retry(self) -> AvatarRetry:
-        """The retry policy this lifecycle runs with."""
-        return self._retry
-
-    @property
-    def attempts(self) -> int:
-        """How many times the plugin was started again after a transient loss."""
-        return self._tries.made
-
-    def audio_route(self) -> Route:
-        """Where the agent's audio goes now: ``avatar`` (the plugin's sink), ``room``, ``none``."""
-        return route_of(self._route.session, self._route.installed)
-
-    @property
-    def join_signal(self) -> JoinSignal:
-        """What the avatar must show before it counts as joined: ``video`` (a participant of
-        its own with a video track: every avatar running at its provider, however its sink
-        sends) or ``none`` (it runs in the agent's own process, under the agent's identity).
-        Known once the plugin's start has run."""
-        return "none" if self._facts.in_process else "video"
-
-    @property
-    def report_identity(self) -> str:
-        """Whose ``lk.playback_finished`` counts: the identity the plugin's own sink accepts
-        it from (a data stream's destination), else the avatar's."""
-        identity = report_identity(self._route.installed)
-        return self._avatar.avatar_identity if identity is None else identity
-
+    # -- public (what it tells: _view) ------------------------------------------------------
     async def start(
         self, agent_session: AgentSession[Any], room: rtc.Room, **plugin_options: Any
     ) -> None:
@@ -255,6 +217,10 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents]):
     def _on_state(self, ev: StateChanged) -> None:
         self.actor.report(logger, logging.DEBUG, "%s -> %s on %s", ev.source, ev.dest, ev.event)
         self._emit_state(ev)
+
+    def _report(self, *args: Any, **kw: Any) -> None:
+        # the actor's, for the parts built before it (each line names the job and machine)
+        self.actor.report(*args, **kw)
 
     def _warn(self, msg: str, *args: Any) -> None:
         self.actor.report(logger, logging.WARNING, msg, *args)

@@ -17,6 +17,7 @@ from livekit.agents.voice.avatar import AvatarSession
 
 from agent_runtime.clock import Clock
 from agent_runtime.observe.trace import describe
+from agent_runtime.runtimes.avatar._attempts import Report
 from agent_runtime.sdk import livekit_compat as lk
 
 logger = logging.getLogger("agent_runtime.avatar")
@@ -202,17 +203,19 @@ class PluginCloser:
     cuts it there at the latest, so nothing outlives the job. The job's usual close (none
     under way) runs it in the close's own task."""
 
-    __slots__ = ("_clock", "_closing", "_remove", "_warn", "plugin")
+    __slots__ = ("_clock", "_closing", "_remove", "_report", "plugin")
 
     def __init__(
         self,
         avatar: AvatarSession[Any],
         remove: RemoveParticipant | None,
         clock: Clock,
-        warn: Warn | None = None,
+        report: Report | None = None,
     ) -> None:
+        """``report``: the machine's (``Actor.report``), so that each line, the traceback's
+        too, names the job and the machine."""
         self.plugin, self._remove, self._clock = avatar, remove, clock  # the current attempt's
-        self._warn: Warn = warn or logger.warning
+        self._report = report
         # the current attempt's aclose(), once a close asked for it (None: not yet)
         self._closing: asyncio.Future[None] | None = None
 
@@ -290,11 +293,13 @@ class PluginCloser:
                 name,
                 when,
             )
-            logger.debug("avatar plugin %s: aclose()'s CancelledError", name, exc_info=e)
+            self._say(
+                logging.DEBUG, "avatar plugin %s: aclose()'s CancelledError", name, exc_info=e
+            )
         except Exception as e:
             # a provider's failure, as a failed start is: one line with its cause
             self._warn("avatar plugin %s: aclose() failed%s (%s)", name, when, describe(e))
-            logger.debug("avatar plugin %s: aclose()'s failure", name, exc_info=e)
+            self._say(logging.DEBUG, "avatar plugin %s: aclose()'s failure", name, exc_info=e)
 
     async def _wait(
         self, task: asyncio.Future[None], bound: float, when: str, *, cuts: bool
@@ -320,3 +325,12 @@ class PluginCloser:
     def _warn_cut(self, bound: float, when: str) -> None:
         name = plugin_name(self.plugin)
         self._warn("avatar plugin %s: aclose() did not return within %gs%s; cut", name, bound, when)
+
+    def _warn(self, msg: str, *args: Any) -> None:
+        self._say(logging.WARNING, msg, *args)
+
+    def _say(self, level: int, msg: str, *args: Any, exc_info: BaseException | None = None) -> None:
+        if self._report is not None:
+            self._report(logger, level, msg, *args, exc_info=exc_info)
+        else:
+            logger.log(level, msg, *args, exc_info=exc_info)

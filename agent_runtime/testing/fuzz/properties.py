@@ -292,9 +292,12 @@ def user_code(h: Harness) -> list[Problem]:
     out: list[Problem] = []
     if isinstance(h.entry, Failed):
         error = h.entry.error
-        if isinstance(error, PrewarmFailed) and error.__cause__ is not None:
-            # the kit named it already (the server's setup_fnc, run before the entrypoint)
-            out.append(Problem("user code", str(error), agents_traceback(error.__cause__)))
+        if isinstance(error, PrewarmFailed):
+            # the kit named it already (the server's setup_fnc, run before the entrypoint);
+            # one that hung has no exception of its own
+            cause = error.__cause__
+            detail = agents_traceback(cause) if cause is not None else ""
+            out.append(Problem("user code", str(error), detail))
         else:
             out.append(_raised("entrypoint", error))
     waiting = h.job is None and h.ended_at is not None

@@ -130,6 +130,12 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
     try:
         return module, getattr(module, attr)
     except AttributeError:
+        if getattr(module, "__file__", None) is None and hasattr(module, "__path__"):
+            # a folder with no __init__.py imports as a namespace package, with nothing in it
+            raise UsageError(
+                f"{what} {spec!r}: {module_name}: a folder that is not a package (no "
+                f"__init__.py); name the agent's module in it ({module_name}.MODULE:{attr})"
+            ) from None
         raise UsageError(f"{what} {spec!r}: {module_name} has no {attr!r}") from None
 
 
