@@ -329,6 +329,9 @@ class AudioRoute:
             # no audio route before ours: nothing to put back
             return None, "cleared"
         # a start since the route was taken, finished or not
+        if lk.session_text_only(self.session):
+            # a text simulation turned RoomIO's audio off, not our route: none to put back
+            return None, "cleared"
         own = lk.room_io_audio_output(room_io)
         if own is not None:
             return own, "room_io_output"  # it began before the plugin put its sink over it
