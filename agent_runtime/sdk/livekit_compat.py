@@ -61,7 +61,7 @@ def session_live(session: AgentSession[Any]) -> bool:
 def session_text_only(session: AgentSession[Any] | None) -> bool:
     """The session runs under a text simulation: livekit gives it no audio I/O (and no
     STT, TTS or VAD). Read from the job context of the task that asks."""
-    return bool(getattr(session, "_text_only", False))
+    return session is not None and session._text_only
 
 
 def ask_session_close(session: AgentSession[Any], reason: CloseReason) -> None:
