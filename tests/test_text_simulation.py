@@ -30,10 +30,14 @@ def published_audio(room: InMemoryRoom) -> list[str]:
 
 
 async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_back(
-    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, virtual_clock: VirtualClock
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    virtual_clock: VirtualClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """It attached a room audio output (an audio track published into a text-only room)
-    when the avatar started first, and none when the session did."""
+    when the avatar started first, and none when the session did; the warning says where
+    the audio is."""
     server = AgentServer()
 
     @server.rtc_session(on_session_end=on_session_end)
@@ -49,6 +53,8 @@ async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_b
     assert published_audio(agent_room) == []
     assert job.audio_route() == "none"
     assert run_entrypoint.in_job(lk.session_text_only, job.session)
+    (lost,) = [r.getMessage() for r in caplog.records if "the avatar is gone" in r.getMessage()]
+    assert lost.endswith("the session has no audio output (none before the avatar's either)")
 
 
 async def test_without_the_runtime_a_text_simulation_publishes_no_audio_either(

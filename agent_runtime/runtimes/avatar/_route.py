@@ -282,6 +282,15 @@ class AudioRoute:
             return chain[: chain.index(sink) + 1]
         return [sink]
 
+    def left_silent(self) -> bool:
+        """The session runs with no audio output (none before the avatar's either: a text
+        simulation, a text-only agent)."""
+        return (
+            self.session is not None
+            and lk.session_started(self.session)
+            and audio_tail(self.session) is None
+        )
+
     def put_back(
         self,
         report: Callable[..., None],
