@@ -49,7 +49,7 @@ from tests.support.playout_rig import AskedLLM
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_session_is_text_only_in_a_text_simulation_only() -> None:
+async def test_a_session_is_text_only_in_a_text_simulation_only() -> None:
     session: AgentSession[None] = AgentSession()
     assert not lk.session_text_only(session) and not lk.session_text_only(None)
     with fake_job_context():
