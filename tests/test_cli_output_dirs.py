@@ -72,7 +72,9 @@ def test_a_trace_and_its_page_into_one_missing_directory(
 
 
 @pytest.mark.parametrize("command", list(WHAT))
-@pytest.mark.parametrize("kind", ["under-a-file", "under-a-link-to-nothing", "a-link-into-proc"])
+@pytest.mark.parametrize(
+    "kind", ["under-a-file", "under-a-link-to-nothing", "a-link-into-proc", "a-link-loop"]
+)
 def test_an_output_no_directory_can_be_made_for_is_one_line_before_anything_runs(
     tmp_path: Path,
     run_jsonl: Path,
@@ -82,7 +84,7 @@ def test_an_output_no_directory_can_be_made_for_is_one_line_before_anything_runs
 ) -> None:
     """Under a link that leads nowhere it was ``File exists`` (the trace's) or a run then
     ``No such file or directory`` (the page's); a page through a link into /proc was
-    refused only after the run."""
+    refused only after the run; a link to itself was a traceback (``Symlink loop``)."""
     if kind == "under-a-file":
         (tmp_path / "f").write_text("mine")
         out, why = tmp_path / "f" / "sub" / "out.txt", "Not a directory"
@@ -90,6 +92,9 @@ def test_an_output_no_directory_can_be_made_for_is_one_line_before_anything_runs
         (tmp_path / "f").symlink_to(tmp_path / "gone")
         out, why = tmp_path / "f" / "sub" / "out.txt", f"{tmp_path / 'f'} is a link to "
         why += f"{tmp_path / 'gone'}, which is not there"
+    elif kind == "a-link-loop":
+        (tmp_path / "f").symlink_to(tmp_path / "f")
+        out, why = tmp_path / "f", "Too many levels of symbolic links"
     else:
         if not PROC.exists():
             pytest.skip("no /proc here")
@@ -103,6 +108,20 @@ def test_an_output_no_directory_can_be_made_for_is_one_line_before_anything_runs
     assert (code, captured.err) == (2, f"agent-runtime {prog}: {line}\n")
     assert captured.out == ""  # nothing ran
     assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+@pytest.mark.parametrize("command", ["record", "timeline"])
+def test_a_trace_that_is_a_link_to_itself_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """It was a traceback (``RuntimeError: Symlink loop``), where replay said one line."""
+    trace = tmp_path / "run.jsonl"
+    trace.symlink_to(trace)
+    code = main(_argv(command, trace, tmp_path / "out.txt"))
+    captured = capsys.readouterr()
+    line = f"{trace}: cannot read the trace: Too many levels of symbolic links"
+    assert (code, captured.err) == (2, f"agent-runtime {command}: {line}\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]
 
 
 ARGV = {"export": ["export", "xstate", "avatar"], "diagrams": ["diagrams"]}

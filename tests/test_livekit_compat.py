@@ -19,8 +19,10 @@ from types import SimpleNamespace
 
 import livekit.agents
 import livekit.api
+import livekit.protocol.agent_simulation
 import livekit.rtc
 import pytest
+from google.protobuf import json_format
 from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, CloseReason, JobContext
 from livekit.agents.simulation import (
@@ -30,6 +32,7 @@ from livekit.agents.simulation import (
     SimulationVerdict,
 )
 from livekit.agents.testing import fake_job_context
+from livekit.agents.types import ATTRIBUTE_SIMULATOR_DISPATCH
 from livekit.agents.voice import room_io as room_io_module
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
@@ -44,6 +47,17 @@ from tests.support.avatar_rig import OtherSink
 from tests.support.playout_rig import AskedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+async def test_a_session_is_text_only_in_a_text_simulation_only() -> None:
+    session: AgentSession[None] = AgentSession()
+    assert not lk.session_text_only(session) and not lk.session_text_only(None)
+    with fake_job_context():
+        assert not lk.session_text_only(session)
+    with fake_job_context() as ctx:
+        dispatch = livekit.protocol.agent_simulation.SimulationDispatch(simulation_run_id="r")
+        ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(dispatch)
+        assert lk.session_text_only(session)  # the default mode: text
 
 
 async def test_the_session_facts_follow_a_real_session_through_its_life() -> None:

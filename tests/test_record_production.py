@@ -301,3 +301,28 @@ async def test_a_job_aborted_by_its_code_is_recorded_and_reproduced(
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["simulate", str(recorded)]) == 0
     assert "all held" in capsys.readouterr().out
+
+
+async def test_a_plugin_start_that_returned_without_a_route_is_recorded_and_reproduced(
+    tmp_path: Path,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    example_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A plugin that catches its provider's error and returns with no route (simli on a
+    401, at once): the start was rebuilt as a plain ``avatar.start``, whose scripted
+    avatar routes, so ``--check`` of the job's own trace said it does not reproduce."""
+    os.environ["AGENT_TRACE"] = str(tmp_path / "{job_id}.jsonl")
+    os.environ["AGENT_AVATAR"] = "agent_runtime.testing.scripted_avatar:ScriptedAvatar"
+    agent_room.add_participant("user")
+    quiet = ScriptedAvatar(avatar_identity="a", swallow_error=True)
+    job = await run_entrypoint(agent.server, avatar=quiet)
+    assert job.states["avatar"] == "restored"
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_for("job", "closed")
+
+    trace, recorded = tmp_path / "test-job.jsonl", tmp_path / "incident.yaml"
+    assert await record_check(trace, recorded) == 0, capsys.readouterr().err
+    ends = [(s.at, getattr(s, "result", None)) for s in load_scenario(recorded).steps]
+    assert (0.0, "no_route") in ends

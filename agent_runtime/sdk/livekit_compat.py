@@ -58,6 +58,12 @@ def session_live(session: AgentSession[Any]) -> bool:
     return session_started(session) and session_closing_task(session) is None
 
 
+def session_text_only(session: AgentSession[Any] | None) -> bool:
+    """The session runs under a text simulation: livekit gives it no audio I/O (and no
+    STT, TTS or VAD). Read from the job context of the task that asks."""
+    return session is not None and session._text_only
+
+
 def ask_session_close(session: AgentSession[Any], reason: CloseReason) -> None:
     """Ask the session to close with ``reason`` without waiting for it (what RoomIO does
     when the linked participant leaves); a close already under way is left as it is."""

@@ -101,6 +101,11 @@ def unwritable(path: str | Path) -> str | None:
     directories are made, as ``write_file`` makes them), found without leaving anything
     behind; ``None`` when it can be. A link is judged by the file it leads to."""
     p = Path(path)
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # exists() and is_dir() say False for a link loop
+            return e.strerror
     if p.is_dir():
         return os.strerror(errno.EISDIR)
     if p.exists():
@@ -140,8 +145,9 @@ def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether ``a`` and ``b`` name one file (the same path, a link, a hard link)."""
     try:
         return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return Path(a).resolve() == Path(b).resolve()
+    except OSError:  # one of them does not exist (yet), or is a link loop
+        # realpath, not Path.resolve: that raises RuntimeError on a link loop
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def not_a_directory(out: Path) -> Path | None:

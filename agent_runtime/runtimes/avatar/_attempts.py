@@ -40,17 +40,21 @@ class Attempts:
         self.plugin = avatar  # the current attempt's
         self._report = report
 
-    def say_lost(self) -> None:
-        """The attempt that ``cause`` ended is lost, its route put back."""
+    def say_lost(self, *, silent: bool = False) -> None:
+        """The attempt that ``cause`` ended is lost, its route put back (``silent``: the
+        session had no audio output to go back to)."""
         cause = self.cause
         retrying = self.policy.retries(cause, self.made)
         self._report(
             logger,
             logging.WARNING,
-            "the avatar is gone (%s, attempt %d of %d); the agent is on room audio%s",
+            "the avatar is gone (%s, attempt %d of %d); %s%s",
             cause,
             self.made + 1,
             self.policy.attempts + 1,
+            "the session has no audio output (none before the avatar's either)"
+            if silent
+            else "the agent is on room audio",
             " until the next attempt" if retrying else " (gave up)" if self.made else "",
             event=cause,
         )

@@ -280,7 +280,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         self._tries.cause = ev.name  # kept first: the retry guard reads it if this fails
         outcome = self._put_back()
         # the log policy: what the user hears changed; the cause's detail was logged with it
-        self._tries.say_lost()
+        self._tries.say_lost(silent=self._route.left_silent())
         if not self._retry.rejoin:
             # nothing will route to this avatar again: stop the SDK's waits for it now, or
             # they fail later (unretrieved) when the room goes away

@@ -282,6 +282,15 @@ class AudioRoute:
             return chain[: chain.index(sink) + 1]
         return [sink]
 
+    def left_silent(self) -> bool:
+        """The session runs with no audio output (none before the avatar's either: a text
+        simulation, a text-only agent)."""
+        return (
+            self.session is not None
+            and lk.session_started(self.session)
+            and audio_tail(self.session) is None
+        )
+
     def put_back(
         self,
         report: Callable[..., None],
@@ -329,6 +338,9 @@ class AudioRoute:
             # no audio route before ours: nothing to put back
             return None, "cleared"
         # a start since the route was taken, finished or not
+        if lk.session_text_only(self.session):
+            # a text simulation turned RoomIO's audio off, not our route: none to put back
+            return None, "cleared"
         own = lk.room_io_audio_output(room_io)
         if own is not None:
             return own, "room_io_output"  # it began before the plugin put its sink over it

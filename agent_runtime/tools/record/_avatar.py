@@ -148,7 +148,8 @@ class _AvatarPass(_State):
         ended, in order: (the index of the record that says so, ``raised``, ``returned``,
         ``no_route`` or ``timed_out``: the runtime's ``start_timeout``), and whether a
         scenario must hold them to end each where the trace shows: one more began (the
-        user's, or a retry) and never ended, one was cut by ``start_timeout``, or one took
+        user's, or a retry) and never ended, one was cut by ``start_timeout`` or returned
+        without a route, or one took
         time (the provider's call: an avatar joining meanwhile is seen only by the start's
         end, not at once as after an instant start)."""
         out: list[tuple[int, str]] = []
@@ -172,7 +173,8 @@ class _AvatarPass(_State):
             elif r.event == "start_timeout" and r.kind == "transition":
                 out.append((n, "timed_out"))
         took_time = any(self.records[n].t > t for (n, _), t in zip(out, since, strict=False))
-        held = began > len(out) or any(how == "timed_out" for _, how in out)
+        # only a held start can return without a route (``held.end`` ``no_route``)
+        held = began > len(out) or any(how in ("timed_out", "no_route") for _, how in out)
         return out, held or took_time
 
     def _next_avatar(self, start: int, event: str, *, until: str) -> TraceRecord | None:

@@ -1,0 +1,75 @@
+"""An avatar in a text simulation (livekit's default simulation mode): livekit gives the
+session no audio I/O there, so the runtime puts no room audio output back when the avatar
+never comes. The plain livekit job (the plugin, then the session, no runtime) is the
+control: it publishes no audio track either."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import json_format
+from livekit import rtc
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext
+from livekit.agents.testing import fake_job_context
+from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.protocol.agent_simulation import SimulationDispatch
+
+from agent_runtime import AgentJob, on_session_end
+from agent_runtime.sdk import livekit_compat as lk
+from agent_runtime.testing.clock import VirtualClock, settle
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom
+from agent_runtime.testing.scripted_avatar import ScriptedAvatar
+
+pytestmark = [pytest.mark.virtual_time]
+
+
+def published_audio(room: InMemoryRoom) -> list[str]:
+    """The audio tracks the agent published into the room."""
+    pubs = room.local_participant.track_publications.values()
+    return [p.sid for p in pubs if isinstance(p.track, rtc.LocalAudioTrack)]
+
+
+async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_back(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    virtual_clock: VirtualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It attached a room audio output (an audio track published into a text-only room)
+    when the avatar started first, and none when the session did; the warning says where
+    the audio is."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(avatar_identity="avatar")
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(server, simulation=True)
+    await virtual_clock.advance(31)  # join_timeout
+    assert job.states["avatar"] == "restored"
+    assert published_audio(agent_room) == []
+    assert job.audio_route() == "none"
+    assert run_entrypoint.in_job(lk.session_text_only, job.session)
+    (lost,) = [r.getMessage() for r in caplog.records if "the avatar is gone" in r.getMessage()]
+    assert lost.endswith("the session has no audio output (none before the avatar's either)")
+
+
+async def test_without_the_runtime_a_text_simulation_publishes_no_audio_either(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock
+) -> None:
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    with fake_job_context(room=agent_room) as ctx:
+        dispatch = SimulationDispatch(simulation_run_id="run-1", job_id=ctx.job.id)
+        ctx.job.attributes[ATTRIBUTE_SIMULATOR_DISPATCH] = json_format.MessageToJson(dispatch)
+        session: AgentSession[None] = AgentSession()
+        avatar = ScriptedAvatar(avatar_identity="avatar")
+        await avatar.start(session, agent_room)
+        await session.start(Agent(instructions="test"), room=agent_room)
+        assert lk.session_text_only(session)  # the control runs as a text simulation
+        await virtual_clock.advance(31)
+        await settle()
+        assert published_audio(agent_room) == []
+        await session.aclose()
