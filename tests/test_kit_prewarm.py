@@ -138,6 +138,22 @@ def test_a_prewarm_that_raises_is_reported_as_the_prewarms_by_the_fuzzer() -> No
     assert 'raise OSError("the VAD model file is missing")' in report.details[0]  # its traceback
 
 
+def test_a_prewarm_that_fails_stops_the_fuzz_at_its_first_run() -> None:
+    # it fails before any step, so every draw fails alike: shrinking ran it some twenty
+    # times more (a hung one for its whole bound each time: minutes) to end on t=0 start
+    calls: list[int] = []
+
+    def broken(proc: JobProcess) -> None:
+        calls.append(1)
+        raise OSError("the VAD model file is missing")
+
+    report = fuzz(prewarmed(broken), FuzzOptions(examples=50, seed=1))
+    assert len(calls) == 1 and report.examples == 1
+    assert "broken raised OSError" in report.problems[0]
+    assert report.scenario is not None
+    assert [s["event"] for s in report.scenario["steps"]] == ["session.start", "end"]
+
+
 def test_an_agent_with_a_prewarm_is_fuzzed_as_it_runs_deployed() -> None:
     # its entrypoint raised KeyError: 'vad' in every run, reported as the agent's failure
     report = fuzz(prewarmed(load_vad), FuzzOptions(examples=5, seed=1))

@@ -33,6 +33,7 @@ from agent_runtime.testing.fuzz.harness import (
     SIMULATOR,
     TAKES,
     Declined,
+    Failed,
     Harness,
 )
 from agent_runtime.testing.fuzz.machine import (
@@ -48,7 +49,7 @@ from agent_runtime.testing.fuzz.properties import BadCheck, Check, Problem, not_
 from agent_runtime.testing.fuzz.report import FuzzReport, fill_report, write_scenario
 from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.sdk_logs import quiet_sdk_logs
-from agent_runtime.testing.user_code import PLUGIN_THREAD
+from agent_runtime.testing.user_code import PLUGIN_THREAD, PrewarmFailed
 
 # the report and the progress lines have modules of their own; their names stay here too,
 # where users import them
@@ -183,14 +184,20 @@ def _fuzz(
 ) -> FuzzReport:
     seed = options.seed if options.seed is not None else random.randrange(MAX_SEED)
     config = config_of(options)
-    if not _preflight(server, config, checks):
+    began = time.monotonic()
+    has_avatar, prewarm = _preflight(server, config, checks)
+    if not has_avatar:
         # the entrypoint gives its job no avatar: nothing the avatar's provider does can
         # reach this agent, so no run draws it (and a failure is written without one)
         config = config.model_copy(update={"avatar_identity": None})
     tell = Progress(progress, options.progress_every, options.examples)
     tell(f"fuzz: seed {seed} (the same draws again: --seed {seed})")  # first: see Ctrl-C
     stats = Stats(on_example=tell.on_example)
-    began = time.monotonic()
+    if prewarm is not None:
+        # the server's prewarm fails before any step: every run would fail alike, and
+        # shrinking would run it (a hung one for its whole bound) some twenty times more
+        stats.examples = 1  # the preflight's run
+        return _report(server, seed, began, stats, prewarm, False, out)
     machine = make_machine(server, config, list(checks), stats, keep_logs=not options.logs)
     with _collector_paused():  # hypothesis parses the machine's source here
         test = get_state_machine_test(
@@ -231,6 +238,18 @@ def _fuzz(
             raise e.error from None
         # one that came after the last step (its run left unchecked): no report of it
         stats.interrupts.check()
+    return _report(server, seed, began, stats, failure, flaky, out)
+
+
+def _report(
+    server: Any,
+    seed: int,
+    began: float,
+    stats: Stats,
+    failure: FuzzFailure | None,
+    flaky: bool,
+    out: Path | None,
+) -> FuzzReport:
     report = FuzzReport(
         seed=seed,
         examples=stats.examples,
@@ -252,13 +271,16 @@ def _fuzz(
     return report
 
 
-def _preflight(server: Any, config: sc.Config, checks: list[Check]) -> bool:
+def _preflight(
+    server: Any, config: sc.Config, checks: list[Check]
+) -> tuple[bool, FuzzFailure | None]:
     """One plain run (the entrypoint started, the job let end) before any drawing:
     ``NoAgentJob`` when the entrypoint builds no ``AgentJob``, ``PluginOffMainThread`` when
     it imports a plugin off the main thread, ``BadCheck`` when a check reads what the
     outcome does not have or cannot be called with it: usage errors rather than
-    properties; what else the run shows is left to the drawing. Returns whether the
-    entrypoint gave its job an avatar (the run's scripted avatar stood in for it)."""
+    properties; what else the run shows is left to the drawing, but a prewarm that failed
+    (before any step: no draw can change that). Returns whether the entrypoint gave its
+    job an avatar (the run's scripted avatar stood in for it), and that failure."""
     participants: list[dict[str, Any]] = [{"identity": "user"}]
     if config.simulation:
         participants.append({"identity": SIMULATOR, "attributes": {ATTRIBUTE_SIMULATOR: "true"}})
@@ -271,7 +293,12 @@ def _preflight(server: Any, config: sc.Config, checks: list[Check]) -> bool:
         if PLUGIN_THREAD in problem.message:
             raise PluginOffMainThread(problem.message)
     job = ran[0].job if ran else None
-    return job is not None and job.avatar is not None
+    has_avatar = job is not None and job.avatar is not None
+    entry = ran[0].entry if ran else None
+    if isinstance(entry, Failed) and isinstance(entry.error, PrewarmFailed):
+        failed = FuzzFailure(problems, scenario_of(config, participants, steps), ran[0].log_lines())
+        return has_avatar, failed
+    return has_avatar, None
 
 
 def check_replayable(scenario: sc.Scenario, source: str) -> None:
