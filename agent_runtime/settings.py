@@ -8,7 +8,9 @@ the value given, before anything is built.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -427,6 +429,17 @@ def one_line(text: str, limit: int = REASON_MAX) -> str:
     return cut(" ".join(text.split()), limit)
 
 
+def _link_loop(path: Path) -> Path | None:
+    """The first of the directories ``path`` goes through, or ``path``, that is a link
+    loop (of one on the way, mkdir says only "File exists")."""
+    for p in (*reversed(path.parents), path):
+        try:
+            os.stat(p)
+        except OSError as e:
+            return p if e.errno == errno.ELOOP else None
+    return None
+
+
 def observed(
     tracer: Tracer | None,
     trace_path: str | Path | None,
@@ -439,6 +452,11 @@ def observed(
     trace_file: JsonlSink | None = None
     if trace_path is not None:
         try:
+            if (loop := _link_loop(Path(trace_path))) is not None:  # no file can be there
+                raise SettingError(
+                    f"trace_path: cannot write the trace to {str(trace_path)!r}: "
+                    f"{str(loop)!r} is a symbolic link loop"
+                )
             # a directory a job's name fills in ("traces/{job_id}/...") cannot be there
             # before the job: the missing ones are made, as a log file's would be
             Path(trace_path).parent.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,13 @@ FINALIZE = MachineSpec(
         Effect(name="take_request", description="remember the request being answered"),
         Effect(
             name="compute_verdict",
-            description="run on_simulation_end once (a retry reuses its verdict): verdict_ready",
+            # a failed on_simulation_end is answered too, so its failure leads where a
+            # verdict does; the runtime traces it as the effect's error
+            error_event="verdict_ready",
+            description=(
+                "run on_simulation_end once (a retry reuses its verdict): verdict_ready, "
+                "also when it raised (the reply then carries its error)"
+            ),
         ),
         Effect(
             name="send_verdict",

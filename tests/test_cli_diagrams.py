@@ -99,6 +99,26 @@ def test_check_names_each_stale_missing_and_stray_file(
     assert main(["diagrams", "--check", "--out", str(out)]) == 0
 
 
+def test_check_says_what_stands_where_a_file_should_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a directory was said "missing", and a file not UTF-8 was a traceback
+    out = tmp_path / "d"
+    assert main(["diagrams", "--out", str(out)]) == 0
+    (out / "avatar.md").unlink()
+    (out / "avatar.md").mkdir()
+    (out / "job.md").write_bytes(b"\xff\xfe")
+    (out / "finalize.md").unlink()
+    (out / "finalize.md").symlink_to("finalize.md")
+    capsys.readouterr()
+    assert main(["diagrams", "--check", "--out", str(out)]) == 1
+    assert sorted(capsys.readouterr().err.splitlines()[:-1]) == [
+        f"not a file: {out / 'avatar.md'} (a directory)",
+        f"unreadable: {out / 'finalize.md'} (Too many levels of symbolic links)",
+        f"unreadable: {out / 'job.md'} (not UTF-8 text)",
+    ]
+
+
 def test_check_fails_after_a_spec_change_until_regenerated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -59,6 +59,22 @@ def test_a_cut_last_line_is_a_warning_and_the_records_before_it_are_used(
     assert not any("Traceback" in line for line in err)
 
 
+@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
+def test_a_trace_whose_only_line_is_cut_is_one_error_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # not a warning and then "the trace is empty": it holds a record not yet whole
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n" + CUT, encoding="utf-8")
+    assert main(_commands(cut, tmp_path)[command]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"agent-runtime {command}: {cut}:2: the last line is incomplete (a trace still "
+        "being written, or cut); no whole record before it"
+    ]
+    with pytest.raises(ValueError, match="no whole record before it"):
+        read_trace(cut)
+
+
 def test_replay_of_a_cut_trace_replays_every_whole_record(
     run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

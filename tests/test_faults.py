@@ -879,6 +879,26 @@ async def test_a_job_runtime_whose_trace_file_cannot_be_written_says_so_and_subs
     assert room.listener_count() == listeners and not missing.parent.is_dir()
 
 
+async def test_a_trace_path_through_a_link_loop_is_refused_as_a_link_loop(
+    room: InMemoryRoom, tmp_path: Path
+) -> None:
+    """It was refused as "[Errno 17] File exists": the directory mkdir found was the loop."""
+    from agent_runtime.runtimes.job import JobRuntime
+    from agent_runtime.settings import SettingError
+
+    listeners = room.listener_count()
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "self.jsonl").symlink_to("self.jsonl")  # its warning said no file was written
+    for path, loop in (("loop/x.jsonl", "loop"), ("loop/a/x.jsonl", "loop"), ("self.jsonl",) * 2):
+        with pytest.raises(SettingError) as refused:
+            JobRuntime(room=room, trace_path=tmp_path / path)
+        assert str(refused.value) == (
+            f"trace_path: cannot write the trace to {str(tmp_path / path)!r}: "
+            f"{str(tmp_path / loop)!r} is a symbolic link loop"
+        )
+    assert room.listener_count() == listeners
+
+
 # -- 9. the room's own disconnect fails or hangs -------------------------------------------------
 
 

@@ -499,6 +499,10 @@ async def test_on_simulation_end_raising_still_answers_with_an_error() -> None:
     assert "on_simulation_end failed: KeyError" in resp.error
     assert not resp.finalize_simulation.HasField("user_verdict")
     assert rig.host.finalize_answered and rig.host.verdict is None
+    # the trace says the agent's callback failed: it read as a verdict computed ok, then
+    # delivered with none, in replay, timeline and record alike
+    [rec] = [r for r in rig.sink.records if r.effect == "compute_verdict"]
+    assert (rec.outcome, rec.detail) == ("error", "KeyError: 'scenario field'")
     await rig.host.aclose()
 
 

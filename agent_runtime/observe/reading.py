@@ -249,7 +249,8 @@ def load_trace(
     A last line with no newline at its end that is not a record (not UTF-8, not JSON) is the
     line a job was writing when the file was read or cut (a crash, a full disk, a copy of a
     running job's trace): it is left out, and ``warn`` (by default a warning logged on
-    ``agent_runtime.trace``) is told in one line. A bad line anywhere else is an error.
+    ``agent_runtime.trace``) is told in one line; with no record before it, it is the
+    error. A bad line anywhere else is an error.
     """
     p = str(path)
     try:
@@ -267,11 +268,10 @@ def load_trace(
             rec = parse_record(line, f"{p}:{n}", wording=wording)
         except (UnicodeDecodeError, TraceError) as e:
             if not raw.endswith(b"\n") and _unfinished(raw):
-                message = (
-                    f"{p}:{n}: the last line is incomplete (a trace still being written, "
-                    f"or cut); " + (f"read up to line {n - 1}" if n > 1 else "nothing before it")
-                )
-                (warn or logger.warning)(message)
+                cut = f"{p}:{n}: the last line is incomplete (a trace still being written, or cut)"
+                if not out:  # no record to go on with: one error, not a warning then "empty"
+                    raise TraceError(f"{cut}; no whole record before it") from None
+                (warn or logger.warning)(f"{cut}; read up to line {out[-1][0]}")
                 break
             if isinstance(e, UnicodeDecodeError):
                 raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
@@ -299,5 +299,6 @@ def read_trace(path: str | Path) -> list[TraceRecord]:
     is not a record, or one whose time goes back, whose machine is not the runtime's (or
     event or state not its machine's) or that starts a second job (``TraceOrder``) raises
     ``ValueError`` (a ``TraceError``) naming the file and line. A last line cut while it
-    was written is left out with a warning logged."""
+    was written is left out with a warning logged (with no whole record before it, it is the
+    error)."""
     return [rec for _, rec in load_trace(path, wording="record")]

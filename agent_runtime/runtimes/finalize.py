@@ -142,10 +142,11 @@ class FinalizeAnswer(MachineRuntime[str]):
 
     async def _fx_compute_verdict(self, _ev: Event) -> Event:
         if self._result is None:
-            self._result = await self._run_on_simulation_end(self._request)
+            await self._run_on_simulation_end(self._request)
         return Event("verdict_ready", {"request_id": self._request.get("request_id", "")})
 
-    async def _run_on_simulation_end(self, data: Mapping[str, Any]) -> tuple[FinalizeResult, str]:
+    async def _run_on_simulation_end(self, data: Mapping[str, Any]) -> None:
+        """Keep the verdict for the reply; a failure is kept as its error and raised."""
         sim = self._simulation
         assert sim is not None  # the simulation guard let the request in
         result = FinalizeResult()
@@ -166,11 +167,14 @@ class FinalizeAnswer(MachineRuntime[str]):
                 result.user_verdict.success = uv.success
                 result.user_verdict.reason = uv.reason
         except Exception as e:
-            # the simulator still gets an answer: its own verdict stands
+            # the simulator still gets an answer: its own verdict stands, with the error.
+            # Raised so the trace shows compute_verdict failed (its error event is
+            # verdict_ready: the reply goes out as it would)
             error = f"on_simulation_end failed: {type(e).__name__}: {e}"
             self.actor.report(logger, logging.ERROR, "%s", error, event="request", exc_info=e)
-            return result, error
-        return result, ""
+            self._result = (result, error)
+            raise
+        self._result = (result, "")
 
     async def _fx_send_verdict(self, ev: Event) -> Event:
         waiting, self._waiting = self._waiting, []

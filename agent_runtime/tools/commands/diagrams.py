@@ -15,6 +15,8 @@ every Mermaid diagram. ``--check`` compares every file but ``whole-job.svg`` wit
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -67,13 +69,33 @@ def check(out: Path, machines: Mapping[str, MachineSpec]) -> list[str]:
     problems: list[str] = []
     for name, text in files.items():
         path = out / name
-        if not path.is_file():
-            problems.append(f"missing: {path}")
-        elif path.read_text(encoding="utf-8") != text:
+        if (why := _not_a_file(path)) is not None:
+            problems.append(why)
+            continue
+        try:
+            same = path.read_text(encoding="utf-8") == text
+        except (OSError, UnicodeDecodeError) as e:  # stale all the same, but say why
+            why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+            problems.append(f"unreadable: {path} ({why})")
+            continue
+        if not same:
             problems.append(f"stale: {path}")
     for p in _strays(out, {*files, _WHOLE_JOB_SVG}):
         problems.append(f"stray: {p} (no machine named {p.stem!r})")
     return problems
+
+
+def _not_a_file(path: Path) -> str | None:
+    """The problem line for ``path`` when it is no regular file: missing, or what it is."""
+    try:
+        os.stat(path)
+    except OSError as e:  # a link to nothing is missing too
+        return (
+            f"missing: {path}" if e.errno == errno.ENOENT else f"unreadable: {path} ({e.strerror})"
+        )
+    if path.is_dir():
+        return f"not a file: {path} (a directory)"
+    return None if path.is_file() else f"not a file: {path} (not a regular file)"
 
 
 def write(out: Path, machines: Mapping[str, MachineSpec]) -> int:
