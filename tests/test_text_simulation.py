@@ -57,6 +57,30 @@ async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_b
     assert lost.endswith("the session has no audio output (none before the avatar's either)")
 
 
+async def test_an_avatar_failing_its_start_in_a_text_simulation_says_there_is_no_audio(
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    virtual_clock: VirtualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its start fails before the session starts (``job.start()``'s order): the warning
+    said the agent is on room audio, where livekit gives the session none."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        avatar = ScriptedAvatar(start_error="HTTP 401")
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
+    job = await run_entrypoint(server, simulation=True)
+    await virtual_clock.advance(1)
+    assert (job.audio_route(), published_audio(agent_room)) == ("none", [])
+    (lost,) = [r.getMessage() for r in caplog.records if "the avatar is gone" in r.getMessage()]
+    assert lost.endswith("the session has no audio output (none before the avatar's either)")
+
+
 async def test_without_the_runtime_a_text_simulation_publishes_no_audio_either(
     agent_room: InMemoryRoom, virtual_clock: VirtualClock
 ) -> None:

@@ -284,12 +284,14 @@ class AudioRoute:
 
     def left_silent(self) -> bool:
         """The session runs with no audio output (none before the avatar's either: a text
-        simulation, a text-only agent)."""
-        return (
-            self.session is not None
-            and lk.session_started(self.session)
-            and audio_tail(self.session) is None
-        )
+        simulation, a text-only agent), or will: a text simulation's session not started
+        yet (an avatar that failed before it) gets none from livekit."""
+        session = self.session
+        if session is None:
+            return False
+        if lk.session_text_only(session):
+            return True
+        return lk.session_started(session) and audio_tail(session) is None
 
     def put_back(
         self,
