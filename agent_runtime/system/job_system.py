@@ -171,6 +171,7 @@ class JobSystem(MachineRuntime[str]):
         )
         self.avatar: AvatarLifecycle | None = None
         self._avatar_start_options = parts.avatar_start_options
+        self._room_options: RoomOptions | None = None  # the session's start's, once begun
         if parts.plugin is not None:
             self.avatar = AvatarLifecycle(
                 parts.plugin,
@@ -183,6 +184,7 @@ class JobSystem(MachineRuntime[str]):
                 room_events=self.events,
                 # removed through the server API whether or not the plugin's close did
                 remove_participant=parts.remove_avatar_participant or server_api_remover(room),
+                room_audio=self._room_audio,
                 close_timeout=bound_of("avatar", s.close_timeout),
                 wiring=self.wiring,
                 owner=forward,
@@ -333,6 +335,7 @@ class JobSystem(MachineRuntime[str]):
         self.job.attach(self.session)
         if self.playout is not None:
             self.playout.start()  # before the session's first speech
+        self._room_options = options
         await self.session.start(agent, room=self.room, room_options=options, session_host=False)
         self._live_route = route_of(self.session)
         self.link.start()
@@ -355,6 +358,11 @@ class JobSystem(MachineRuntime[str]):
                 for event in watched(sc.machine, sc.source, sc.dest, target):
                     post(Event(event, {sc.machine: sc.dest}))
         self._emit_state(sc)  # an owner or listener that fails is logged and dropped there
+
+    def _room_audio(self) -> bool:
+        # what the agent asked of RoomIO (livekit turns it off under the avatar's route)
+        options = self._room_options
+        return options is None or options.get_audio_output_options() is not None
 
     def _is_simulator(self, identity: str) -> bool:
         # only the simulator participant decides the job's fate (the job knows who it is)

@@ -64,6 +64,11 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
     retry's release), once the plugin's own ``aclose()`` returned or ran past its bound:
     best effort, an in-process avatar (the agent itself) never. ``server_api_remover(room)``
     removes through the server API (``AgentJob``'s default); ``None`` leaves it to the plugin.
+
+    ``room_audio()`` says whether the session's start asked RoomIO for audio output
+    (``RoomOptions.audio_output``; ``AgentJob`` knows): a session that started over the
+    avatar's route had it turned off by livekit either way, and a lost avatar gets a room
+    audio output only where it was asked for. ``None``: taken as asked (livekit's default).
     """
 
     _EVENT_NAMES = event_names(LifecycleEvents)  # on("state_chnaged", ...) is refused
@@ -81,6 +86,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         scheduler: Scheduler | None = None,
         room_events: RoomEventAdapter | None = None,
         remove_participant: RemoveParticipant | None = None,
+        room_audio: Callable[[], bool] | None = None,
         wiring: Wiring | None = None,
         owner: Hear | None = None,
     ) -> None:
@@ -100,7 +106,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         self._closer = PluginCloser(avatar, remove_participant, self._clock, self._report)
         self._adapter: RoomEventAdapter | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._route = AudioRoute()  # the session and the room too, once started
+        self._route = AudioRoute(room_audio)  # the session and the room too, once started
         self._adopted: SinkAdoption | None = None  # the sink whose clear_buffer we follow
         self._facts = Facts(self, self._route)
         self._join_timeout = join_timeout

@@ -222,7 +222,8 @@ class AudioRoute:
     """The avatar's route in one session's audio chain (the session and room are set when
     the lifecycle starts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, room_audio: Callable[[], bool] | None = None) -> None:
+        self._room_audio = room_audio  # whether the session's start asked for room audio
         self.session: AgentSession[Any] | None = None
         self.room: rtc.Room | None = None
         # the route the plugin replaced (None until its start() began: then nothing of the
@@ -342,6 +343,9 @@ class AudioRoute:
         # a start since the route was taken, finished or not
         if lk.session_text_only(self.session):
             # a text simulation turned RoomIO's audio off, not our route: none to put back
+            return None, "cleared"
+        if self._room_audio is not None and not self._room_audio():
+            # the agent turned it off (RoomOptions(audio_output=False)): none to put back
             return None, "cleared"
         own = lk.room_io_audio_output(room_io)
         if own is not None:

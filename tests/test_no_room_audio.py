@@ -1,6 +1,7 @@
-"""An avatar in a text simulation (livekit's default simulation mode): livekit gives the
-session no audio I/O there, so the runtime puts no room audio output back when the avatar
-never comes. The plain livekit job (the plugin, then the session, no runtime) is the
+"""An avatar lost where the session has no room audio: a text simulation (livekit's default
+simulation mode: livekit gives the session no audio I/O there) or an agent that turned it off
+(``RoomOptions(audio_output=False)``). The runtime puts no room audio output back when the
+avatar never comes. The plain livekit job (the plugin, then the session, no runtime) is the
 control: it publishes no audio track either."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext
 from livekit.agents.testing import fake_job_context
 from livekit.agents.types import ATTRIBUTE_SIMULATOR, ATTRIBUTE_SIMULATOR_DISPATCH
+from livekit.agents.voice.room_io import RoomOptions
 from livekit.protocol.agent_simulation import SimulationDispatch
 
 from agent_runtime import AgentJob, on_session_end
@@ -97,3 +99,55 @@ async def test_without_the_runtime_a_text_simulation_publishes_no_audio_either(
         await settle()
         assert published_audio(agent_room) == []
         await session.aclose()
+
+
+async def test_an_agent_with_room_audio_off_gets_no_room_audio_when_its_avatar_never_joins(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, virtual_clock: VirtualClock
+) -> None:
+    """``RoomOptions(audio_output=False)`` with the avatar started first (``job.start()``):
+    livekit turns RoomIO's audio off under the avatar's route either way, and the lost
+    avatar's route came back as a room audio output the agent had turned off."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=ScriptedAvatar())
+        await job.start(Agent(instructions="test"), room_options=RoomOptions(audio_output=False))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await virtual_clock.advance(31)  # join_timeout
+    assert job.states["avatar"] == "restored"
+    assert (job.audio_route(), published_audio(agent_room)) == ("none", [])
+
+
+async def test_without_the_runtime_room_audio_off_publishes_no_audio(
+    agent_room: InMemoryRoom, virtual_clock: VirtualClock
+) -> None:
+    agent_room.add_participant("user")
+    with fake_job_context(room=agent_room):
+        session: AgentSession[None] = AgentSession()
+        await ScriptedAvatar().start(session, agent_room)
+        options = RoomOptions(audio_output=False)
+        await session.start(Agent(instructions="test"), room=agent_room, room_options=options)
+        await virtual_clock.advance(31)
+        await settle()
+        assert published_audio(agent_room) == []
+        await session.aclose()
+
+
+async def test_an_agent_with_room_audio_on_gets_it_back_when_its_avatar_never_joins(
+    agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, virtual_clock: VirtualClock
+) -> None:
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=ScriptedAvatar())
+        await job.start(Agent(instructions="test"))
+
+    agent_room.add_participant("user")
+    job = await run_entrypoint(server)
+    await virtual_clock.advance(31)
+    assert job.audio_route() == "room"
+    assert len(published_audio(agent_room)) == 1
