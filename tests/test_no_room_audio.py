@@ -31,6 +31,24 @@ def published_audio(room: InMemoryRoom) -> list[str]:
     return [p.sid for p in pubs if isinstance(p.track, rtc.LocalAudioTrack)]
 
 
+def avatar_agent(avatar: ScriptedAvatar, options: RoomOptions | None = None) -> AgentServer:
+    """An agent whose job has ``avatar`` and starts with ``options`` (``job.start()``: the
+    avatar first, then the session)."""
+    server = AgentServer()
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
+        await job.start(Agent(instructions="test"), room_options=options or RoomOptions())
+
+    return server
+
+
+def lost_line(caplog: pytest.LogCaptureFixture) -> str:
+    (lost,) = [r.getMessage() for r in caplog.records if "the avatar is gone" in r.getMessage()]
+    return lost
+
+
 async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_back(
     agent_room: InMemoryRoom,
     run_entrypoint: EntrypointRunner,
@@ -40,14 +58,7 @@ async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_b
     """It attached a room audio output (an audio track published into a text-only room)
     when the avatar started first, and none when the session did; the warning says where
     the audio is."""
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        avatar = ScriptedAvatar(avatar_identity="avatar")
-        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
-        await job.start(Agent(instructions="test"))
-
+    server = avatar_agent(ScriptedAvatar(avatar_identity="avatar"))
     agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
     job = await run_entrypoint(server, simulation=True)
     await virtual_clock.advance(31)  # join_timeout
@@ -55,8 +66,9 @@ async def test_an_avatar_that_never_joins_a_text_simulation_puts_no_room_audio_b
     assert published_audio(agent_room) == []
     assert job.audio_route() == "none"
     assert run_entrypoint.in_job(lk.session_text_only, job.session)
-    (lost,) = [r.getMessage() for r in caplog.records if "the avatar is gone" in r.getMessage()]
-    assert lost.endswith("the session has no audio output (none before the avatar's either)")
+    assert lost_line(caplog).endswith(
+        "the session has no audio output (none before the avatar's either)"
+    )
 
 
 async def test_an_avatar_failing_its_start_in_a_text_simulation_says_there_is_no_audio(
@@ -67,20 +79,14 @@ async def test_an_avatar_failing_its_start_in_a_text_simulation_says_there_is_no
 ) -> None:
     """Its start fails before the session starts (``job.start()``'s order): the warning
     said the agent is on room audio, where livekit gives the session none."""
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        avatar = ScriptedAvatar(start_error="HTTP 401")
-        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=avatar)
-        await job.start(Agent(instructions="test"))
-
+    server = avatar_agent(ScriptedAvatar(start_error="HTTP 401"))
     agent_room.add_participant("simulator", attributes={ATTRIBUTE_SIMULATOR: "true"})
     job = await run_entrypoint(server, simulation=True)
     await virtual_clock.advance(1)
     assert (job.audio_route(), published_audio(agent_room)) == ("none", [])
-    (lost,) = [r.getMessage() for r in caplog.records if "the avatar is gone" in r.getMessage()]
-    assert lost.endswith("the session has no audio output (none before the avatar's either)")
+    assert lost_line(caplog).endswith(
+        "the session has no audio output (none before the avatar's either)"
+    )
 
 
 async def test_without_the_runtime_a_text_simulation_publishes_no_audio_either(
@@ -107,13 +113,7 @@ async def test_an_agent_with_room_audio_off_gets_no_room_audio_when_its_avatar_n
     """``RoomOptions(audio_output=False)`` with the avatar started first (``job.start()``):
     livekit turns RoomIO's audio off under the avatar's route either way, and the lost
     avatar's route came back as a room audio output the agent had turned off."""
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=ScriptedAvatar())
-        await job.start(Agent(instructions="test"), room_options=RoomOptions(audio_output=False))
-
+    server = avatar_agent(ScriptedAvatar(), RoomOptions(audio_output=False))
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
     await virtual_clock.advance(31)  # join_timeout
@@ -139,13 +139,7 @@ async def test_without_the_runtime_room_audio_off_publishes_no_audio(
 async def test_an_agent_with_room_audio_on_gets_it_back_when_its_avatar_never_joins(
     agent_room: InMemoryRoom, run_entrypoint: EntrypointRunner, virtual_clock: VirtualClock
 ) -> None:
-    server = AgentServer()
-
-    @server.rtc_session(on_session_end=on_session_end)
-    async def entrypoint(ctx: JobContext) -> None:
-        job = AgentJob.from_job_context(ctx, session=AgentSession(), avatar=ScriptedAvatar())
-        await job.start(Agent(instructions="test"))
-
+    server = avatar_agent(ScriptedAvatar())
     agent_room.add_participant("user")
     job = await run_entrypoint(server)
     await virtual_clock.advance(31)
