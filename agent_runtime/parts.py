@@ -41,6 +41,7 @@ _CALLABLE_PARTS = {
     "remove_avatar_participant": ("an async callable taking the avatar's identity", 1),
     # AvatarLifecycle's name for it
     "remove_participant": ("an async callable taking the avatar's identity", 1),
+    "room_audio": ("callable as room_audio(), saying whether the session asked for room audio", 0),
     "on_reprompt": ("callable as on_reprompt(session, attempt)", 2),
     # session_end_hook's own callback
     "then": ("callable as then(ctx), with the livekit JobContext", 1),

@@ -91,6 +91,12 @@ BUILDERS: dict[str, Callable[..., Any]] = {
             "remove_participant must be an async callable taking the avatar's identity, "
             "not function",
         ),
+        (
+            "AvatarLifecycle",
+            "room_audio",
+            "yes",
+            "room_audio must be callable as room_audio(), saying whether the session asked",
+        ),
         ("AvatarLifecycle", "room_events", 5, "room_events must be a RoomEventAdapter, not int"),
         ("ParticipantLink", "room_events", "x", "room_events must be a RoomEventAdapter, not str"),
         ("ParticipantLink", "room_events", None, "room_events must be a RoomEventAdapter, not"),

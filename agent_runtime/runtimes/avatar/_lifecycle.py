@@ -92,7 +92,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
     ) -> None:
         super().__init__(owner)
         check_plugin(avatar)
-        check_parts(room_events=room_events, remove_participant=remove_participant)
+        check_parts(
+            room_events=room_events, remove_participant=remove_participant, room_audio=room_audio
+        )
         join_timeout = float(check_setting("join_timeout", join_timeout))
         # what a close may take in all: the effect's bound, or the job's share if less
         budget = join_timeout if close_timeout is None else close_timeout
