@@ -55,8 +55,10 @@ def not_a_file(path: Path) -> str:
     """Why ``path``, not a directory, cannot be the agent's file."""
     try:
         return f"{file_kind(path.stat().st_mode)}, not a regular file"
-    except OSError:
+    except FileNotFoundError:
         return "no such file"
+    except OSError as e:  # there, but not to be reached: a link loop, a file as a folder
+        return e.strerror or str(e)
 
 
 def _module(name: str) -> Any:
