@@ -138,6 +138,8 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
         ("/dev/null:server", "/dev/null: a character device, not a regular file"),
         # a folder with no __init__.py imports, empty: "examples has no 'server'" said nothing
         ("examples:server", "examples: a folder that is not a package (no __init__.py)"),
+        # an installed namespace package (protobuf's, which livekit needs) is a module
+        ("google:server", "agent 'google:server': google has no 'server'\n"),
         ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
         ("examples/agent.py:missing", "has no 'missing'"),
         ("server", "give MODULE:NAME"),
