@@ -407,24 +407,29 @@ def test_an_out_directory_s_file_through_a_link_writes_the_linked_file_and_keeps
 
 
 @pytest.mark.parametrize("command", ["export", "diagrams"])
-@pytest.mark.parametrize("where", ["the-directory", "a-file"])
+@pytest.mark.parametrize("where", ["the-directory", "a-file", "a-loop", "under-a-loop"])
 def test_an_out_link_to_nothing_is_one_line_naming_the_link_and_nothing_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, where: str
 ) -> None:
     """A link that leads into no directory was ``cannot write (File exists)`` for ``--out``
-    itself, and named a temporary file of the command's for one of its files."""
+    itself, and named a temporary file of the command's for one of its files. A link to
+    itself was said to be a link to a link that is not there."""
     argv = ["export", "xstate", "avatar"] if command == "export" else ["diagrams"]
     out = tmp_path / "out"
+    given = out / "sub" if where == "under-a-loop" else out
     if where == "the-directory":
         out.symlink_to(tmp_path / "gone")
         why = f"a link to {tmp_path / 'gone'}, which is not there"
+    elif where in ("a-loop", "under-a-loop"):
+        out.symlink_to(out)
+        why = "Too many levels of symbolic links" + (f" ({out})" if given != out else "")
     else:
         out.mkdir()
         link = out / ("avatar.js" if command == "export" else "avatar.md")
         link.symlink_to("../gone/x")
         why = f"{link} is a link into a directory that is not there (../gone/x)"
-    assert main([*argv, "--out", str(out)]) == 2
-    assert capsys.readouterr().err == f"agent-runtime {command}: {out}: {why}\n"
+    assert main([*argv, "--out", str(given)]) == 2
+    assert capsys.readouterr().err == f"agent-runtime {command}: {given}: {why}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert out.is_symlink() or [p.name for p in out.iterdir()] == [link.name]
 

@@ -101,22 +101,26 @@ def test_a_bad_option_is_one_line_and_exit_2(
 
 
 @pytest.mark.parametrize("where", ["the-directory", "a-parent"])
+@pytest.mark.parametrize("to", ["gone", "found"], ids=["to-nothing", "to-itself"])
 def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     where: str,
+    to: str,
 ) -> None:
     """``--out`` a link that leads nowhere was ``cannot write there (FileExistsError: File
-    exists)``: it is refused as ``export --out`` refuses it."""
+    exists)``: it is refused as ``export --out`` refuses it. A link to itself was said to
+    lead to a link ``which is not there``, itself."""
     monkeypatch.chdir(ROOT)
     link = tmp_path / "found"
-    link.symlink_to(tmp_path / "gone")
+    link.symlink_to(tmp_path / to)
     out = link if where == "the-directory" else link / "sub"
     code, _, err = _fuzz_cli(capsys, "examples/agent.py:server", "--out", str(out))
     assert main(["export", "xstate", "avatar", "--out", str(out)]) == 2
     export_err = capsys.readouterr().err
-    assert code == 2 and "a link to " in err, err
+    why = "a link to " if to == "gone" else "Too many levels of symbolic links"
+    assert code == 2 and why in err, err
     assert err.removeprefix("agent-runtime fuzz: --out ") == export_err.removeprefix(
         "agent-runtime export: "
     )
@@ -127,11 +131,15 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
     ("agent", "message"),
     [
         ("nope.py:server", "nope.py: no such file"),
+        # it is there, a link to itself: "no such file" sent the developer looking for a typo
+        ("{tmp}/lp.py:server", "{tmp}/lp.py: Too many levels of symbolic links"),
         ("examples/:server", "examples/: a directory; name the agent's .py file in it"),
         # it is there: "no such file" sent the developer looking for a typo
         ("/dev/null:server", "/dev/null: a character device, not a regular file"),
         # a folder with no __init__.py imports, empty: "examples has no 'server'" said nothing
         ("examples:server", "examples: a folder that is not a package (no __init__.py)"),
+        # an installed namespace package (protobuf's, which livekit needs) is a module
+        ("google:server", "agent 'google:server': google has no 'server'\n"),
         ("examples/agent.py:INSTRUCTIONS", "not an AgentServer with an rtc_session entrypoint"),
         ("examples/agent.py:missing", "has no 'missing'"),
         ("server", "give MODULE:NAME"),
@@ -142,9 +150,15 @@ def test_an_out_link_to_nothing_is_the_line_export_gives_and_nothing_is_made(
     ],
 )
 def test_an_agent_that_cannot_be_fuzzed_is_one_line_and_exit_2(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, agent: str, message: str
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    agent: str,
+    message: str,
 ) -> None:
     monkeypatch.chdir(ROOT)
+    (tmp_path / "lp.py").symlink_to(tmp_path / "lp.py")
+    agent, message = agent.replace("{tmp}", str(tmp_path)), message.replace("{tmp}", str(tmp_path))
     code, _, err = _fuzz_cli(capsys, agent)
     assert code == 2 and err.count("\n") == 1 and message in err, err
 

@@ -101,11 +101,8 @@ def unwritable(path: str | Path) -> str | None:
     directories are made, as ``write_file`` makes them), found without leaving anything
     behind; ``None`` when it can be. A link is judged by the file it leads to."""
     p = Path(path)
-    try:
-        os.stat(p)
-    except OSError as e:
-        if e.errno == errno.ELOOP:  # exists() and is_dir() say False for a link loop
-            return e.strerror
+    if _loops(p):  # exists() and is_dir() say False for a link loop
+        return os.strerror(errno.ELOOP)
     if p.is_dir():
         return os.strerror(errno.EISDIR)
     if p.exists():
@@ -141,6 +138,14 @@ def dangling_link(p: Path) -> Path | None:
     return None
 
 
+def _loops(link: Path) -> bool:
+    try:
+        os.stat(link)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether ``a`` and ``b`` name one file (the same path, a link, a hard link)."""
     try:
@@ -168,6 +173,8 @@ def check_directory(out: Path, names: list[str] | None = None) -> str | None:
     if blocker is not None:
         return "not a directory" + ("" if blocker == out else f" ({blocker} is a file)")
     if (link := dangling_link(out)) is not None:
+        if _loops(link):  # it does lead somewhere: back to itself
+            return os.strerror(errno.ELOOP) + ("" if link == out else f" ({link})")
         where = "" if link == out else f"{link} is "
         return f"{where}a link to {os.readlink(link)}, which is not there"
     if names is None:

@@ -55,8 +55,10 @@ def not_a_file(path: Path) -> str:
     """Why ``path``, not a directory, cannot be the agent's file."""
     try:
         return f"{file_kind(path.stat().st_mode)}, not a regular file"
-    except OSError:
+    except FileNotFoundError:
         return "no such file"
+    except OSError as e:  # there, but not to be reached: a link loop, a file as a folder
+        return e.strerror or str(e)
 
 
 def _module(name: str) -> Any:
@@ -130,13 +132,22 @@ def _load(spec: str, what: str) -> tuple[Any, Any]:
     try:
         return module, getattr(module, attr)
     except AttributeError:
-        if getattr(module, "__file__", None) is None and hasattr(module, "__path__"):
-            # a folder with no __init__.py imports as a namespace package, with nothing in it
+        if _bare_folder(module, module_name):
             raise UsageError(
                 f"{what} {spec!r}: {module_name}: a folder that is not a package (no "
                 f"__init__.py); name the agent's module in it ({module_name}.MODULE:{attr})"
             ) from None
         raise UsageError(f"{what} {spec!r}: {module_name} has no {attr!r}") from None
+
+
+def _bare_folder(module: Any, name: str) -> bool:
+    """Whether ``module`` is the folder ``name`` names in the current directory, with no
+    ``__init__.py``: it imports as a namespace package with nothing in it, where the user
+    meant a package. An installed namespace package (``google``) is a module like another."""
+    if getattr(module, "__file__", None) is not None or not hasattr(module, "__path__"):
+        return False
+    folder = os.path.realpath(os.path.join(*name.split(".")))
+    return folder in {os.path.realpath(p) for p in module.__path__}
 
 
 def _server(spec: str) -> Any:
