@@ -287,6 +287,8 @@ class Performer(OwnedEmitter[str]):
     def _task_ended(self, name: str, gen: int, by: str, task: asyncio.Future[Any]) -> None:
         if self._tasks is not None:
             self._tasks.discard(task)
+            if not self._tasks:
+                self._tasks = None  # an empty set held by a live job is memory per job
         if task.cancelled():
             if gen != self._gen or self._life == "closed" or _cancel_asked(task):
                 return  # cancelled: its state was left, or the loop is closing

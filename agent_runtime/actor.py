@@ -132,15 +132,16 @@ class Actor(Performer):
         self.spec = spec
         self._table = table_of(spec)  # the spec's prebuilt answers, shared by every actor
         self.instance = instance
-        self._effects: Mapping[str, EffectHandler] = effects or {}
-        self._guards: Mapping[str, GuardFn] = guards or {}
+        # the one shared empty mapping where none is given: a dict per actor is memory per job
+        self._effects: Mapping[str, EffectHandler] = effects or EMPTY
+        self._guards: Mapping[str, GuardFn] = guards or EMPTY
         if self._table.effect_names.difference(self._effects) or (
             self._table.guard_names.difference(self._guards)
         ):
             missing = [e.name for e in spec.effects if e.name not in self._effects]
             missing += [g for g in spec.guards if g not in self._guards]
             raise ValueError(f"machine {spec.name!r}: no handler for {', '.join(missing)}")
-        self._settings: Mapping[str, float | None] = settings or {}
+        self._settings: Mapping[str, float | None] = settings or EMPTY
         self.clock: Clock = clock or AsyncioClock()
         self.tracer = tracer
         self.effect_timeout = effect_timeout

@@ -41,6 +41,8 @@ class AsyncioClock:
     """Real time from the running loop; ``now()`` counts seconds since the clock was first
     used (two clocks count from different zeros: runtimes that share a tracer share one)."""
 
+    __slots__ = ("_loop", "_origin", "_shared")
+
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin: float | None = None
@@ -134,6 +136,8 @@ class _Waiter(_Entry):
 class _Deadlines:
     """The coalesced timers of one event loop: entries by the GRAIN slot they end in, one
     loop timer per slot (left to fire when emptied: the slot is shared)."""
+
+    __slots__ = ("_loop_ref", "slots")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # weakly: the loop is this object's key in _DEADLINES

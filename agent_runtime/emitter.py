@@ -41,7 +41,11 @@ def positional_arity(fn: Callable[..., Any]) -> int | None:
         if code.co_flags & inspect.CO_VARARGS:
             return None
         return code.co_argcount - (1 if t is MethodType else 0)
-    params = inspect.signature(fn).parameters.values()
+    # a callable object whose class states its signature (a slotted listener): read as it is
+    sig = getattr(t, "__signature__", None)
+    if not isinstance(sig, inspect.Signature):
+        sig = inspect.signature(fn)
+    params = sig.parameters.values()
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return None
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))

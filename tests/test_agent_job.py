@@ -450,11 +450,21 @@ async def test_a_job_ending_on_its_own_closes_session_and_avatar_before_the_room
     await settle()
     assert job.states["avatar"] == "joined" and job.audio_route() == "avatar"
     baseline = room.listener_count()
+    # the job's end as a user hears it: the job machine's change, then "closed" once
+    heard: list[tuple[str, object]] = []
+    job.on("state_changed", lambda sc: heard.append((sc.machine, sc.dest)))
+    job.on("closed", lambda t: heard.append(("closed", t)))
+    job.system.on("closed", lambda t: heard.append(("system closed", t)))
 
     room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
     await asyncio.wait_for(job.wait_closed(), 5)
     await settle()
     assert job.close_reason == "job_shutdown"
+    closed_at = job.job.closed_at
+    assert closed_at is not None
+    at = heard.index(("job", "closed"))
+    assert heard[at + 1 : at + 3] == [("closed", closed_at), ("system closed", closed_at)]
+    assert [h for h in heard if h[0] in ("closed", "system closed")] == heard[at + 1 : at + 3]
     assert removed == [("avatar-1", True)]  # while the room was still connected
     assert job.states == {
         "job": "closed",

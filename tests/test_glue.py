@@ -178,3 +178,46 @@ def test_the_job_follows_which_participants_carry_the_simulator_attribute() -> N
     assert simulators_after(s, removed) == frozenset()
     assert simulators_after(s, left) == frozenset()
     assert simulators_after(s, {"fact": "room_connected"}) == s
+
+
+def test_a_report_whose_handler_fails_is_logged_naming_it_and_the_others_still_heard(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A runtime's report handler that raises is logged once, naming the handler (whose it
+    was), and heard no more; the other reports still reach their target, and what
+    ``hear_reports`` returns takes every listener back."""
+    import logging
+
+    from agent_runtime.emitter import Emitter
+    from agent_runtime.runtimes.routing import hear_reports
+    from statemachines.system import REPORTS
+
+    calls: list[object] = []
+
+    def segment_flushed(payload: object) -> dict[str, object]:
+        calls.append(payload)
+        raise RuntimeError("handler broke")
+
+    def playback_finished(payload: object) -> dict[str, object]:
+        return {"heard": payload}
+
+    source: Emitter[str] = Emitter()
+    got: list[Event] = []
+    handlers = {
+        ("avatar", "segment_flushed"): segment_flushed,
+        ("avatar", "playback_finished"): playback_finished,
+    }
+    unhear = hear_reports({"avatar": source}, {"playout": (got.append, handlers)})
+    with caplog.at_level(logging.ERROR):
+        source.emit("segment_flushed", "first")
+        source.emit("segment_flushed", "second")
+        source.emit("playback_finished", "report")
+    assert calls == ["first"]  # removed at its failure
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(failed) == 1
+    assert getattr(failed[0], "listener", None) == segment_flushed.__qualname__
+    assert "segment_flushed listener failed (RuntimeError: handler broke)" in failed[0].message
+    event = next(r.event for r in REPORTS if r.report == "playback_finished")
+    assert [(e.name, dict(e.data)) for e in got] == [(event, {"heard": "report"})]
+    unhear()
+    assert not source._events

@@ -24,7 +24,6 @@ from livekit.agents.voice.room_io import RoomOptions
 from livekit.rtc._proto import participant_pb2
 
 from agent_runtime import AgentJob, Event, JsonlSink, MemorySink, StateChanged, Tracer
-from agent_runtime.emitter import Listener
 from agent_runtime.runtimes.participant import ParticipantLink, SessionCloseTimedOut
 from agent_runtime.runtimes.room_events import RoomEventAdapter
 from agent_runtime.sdk import livekit_compat as lk
@@ -1201,7 +1200,10 @@ async def _close_heard(*, alone: bool) -> tuple[list[tuple[str, str, str, str]],
 
 def ours(session: AgentSession) -> int:
     """The runtime's listeners on the session's ``close`` (livekit has its own)."""
-    return sum(isinstance(fn, Listener) for fn in lk.listeners(session).get("close", ()))
+    return sum(
+        type(fn).__module__.startswith("agent_runtime.")
+        for fn in lk.listeners(session).get("close", ())
+    )
 
 
 async def test_alone_the_link_hears_its_sessions_close_by_the_path_a_job_takes() -> None:

@@ -198,6 +198,7 @@ class JobRuntime(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
             owner=self._emit_state,
+            wiring=self.wiring,
         )
         # each session's close, one listener per session, told through the links
         self.sessions = sessions or JobSessions(

@@ -112,6 +112,8 @@ def default_reprompt(instructions: str) -> RepromptFn:
 class _Facts:
     """What the playout machine's guards read (``statemachines.glue.PlayoutFacts``)."""
 
+    __slots__ = ("_t",)
+
     def __init__(self, tracker: PlayoutTracker) -> None:
         self._t = tracker
 
@@ -149,6 +151,8 @@ class _Facts:
 class _Timeouts(Mapping[str, float | None]):
     """The state timeouts: ``playout_bound`` computed when ``remote_playout`` is entered,
     the watchdog's two from the options."""
+
+    __slots__ = ("_t",)
 
     def __init__(self, tracker: PlayoutTracker) -> None:
         self._t = tracker

@@ -19,6 +19,7 @@ from agent_runtime.actor import Event, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime, released
+from agent_runtime.runtimes.routing import Wiring
 from agent_runtime.scheduler import Scheduler
 from statemachines.room_deletion import ROOM_DELETION
 
@@ -41,6 +42,7 @@ class RoomDeletion(MachineRuntime[str]):
         scheduler: Scheduler | None = None,
         instance: str = "",
         owner: Hear | None = None,
+        wiring: Wiring | None = None,
     ) -> None:
         super().__init__()
         self._delete_room = delete_room
@@ -55,6 +57,7 @@ class RoomDeletion(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
             hear=owner,  # its owner (the job) hears the actor itself: nothing to add
+            wiring=wiring,  # the job's: a wiring of its own would be one more per job
         )
 
     def _timeouts(self) -> Mapping[str, float | None]:
@@ -137,6 +140,7 @@ def room_deletion_for(
     tracer: Tracer | None,
     scheduler: Scheduler | None,
     owner: Hear,
+    wiring: Wiring,
 ) -> RoomDeletion:
     """The room's deletion, through ``delete_room`` or the server API."""
     return RoomDeletion(
@@ -147,6 +151,7 @@ def room_deletion_for(
         scheduler=scheduler,
         instance=room.name or "job",
         owner=owner,
+        wiring=wiring,
     )
 
 

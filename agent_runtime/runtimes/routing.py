@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -168,6 +169,8 @@ class Wiring:
     skipped: a runtime used alone has nobody to tell.
     """
 
+    __slots__ = ("_declared", "_flags", "_links", "_posts")
+
     def __init__(
         self, *, flags: Mapping[str, bool] | None = None, links: tuple[Link, ...] = LINKS
     ) -> None:
@@ -265,12 +268,8 @@ def hear_reports(
                 "runtime has no handler for it"
             )
         wired.append((source, r, handler, post))
-    listeners = [(source, r.report, _hearing(r, h, post)) for source, r, h, post in wired]
-
-    def unhear() -> None:
-        for source, name, listener in listeners:
-            source.off(name, listener)
-
+    listeners = tuple((source, r.report, _Hearing(r, h, post)) for source, r, h, post in wired)
+    unhear = _Unhear(listeners)
     try:
         for source, name, listener in listeners:
             source.on(name, listener)  # a name the source never emits is refused here
@@ -280,15 +279,39 @@ def hear_reports(
     return unhear
 
 
-def _hearing(
-    report: Report, handler: ReportHandler, post: Callable[[Event], None]
-) -> Callable[[Any], None]:
-    def hear(payload: Any) -> None:
-        deliver_report(report, handler, post, payload)
+class _Hearing:
+    """The listener of one declared report on its source's emitter. Slotted rather than a
+    closure: a job holds one per report it hears. A failure is logged naming it by its
+    ``repr``: the handler's name, which says whose it was."""
 
-    # a failure is logged naming the listener: the handler's name says whose it was
-    hear.__qualname__ = getattr(handler, "__qualname__", hear.__qualname__)
-    return hear
+    __slots__ = ("handler", "post", "report")
+    __signature__ = inspect.Signature(
+        [inspect.Parameter("payload", inspect.Parameter.POSITIONAL_ONLY)]
+    )
+
+    def __init__(
+        self, report: Report, handler: ReportHandler, post: Callable[[Event], None]
+    ) -> None:
+        self.report, self.handler, self.post = report, handler, post
+
+    def __call__(self, payload: Any) -> None:
+        deliver_report(self.report, self.handler, self.post, payload)
+
+    def __repr__(self) -> str:
+        return str(getattr(self.handler, "__qualname__", None) or repr(self.handler))
+
+
+class _Unhear:
+    """What ``hear_reports`` returns: takes each of its listeners back from its source."""
+
+    __slots__ = ("listeners",)
+
+    def __init__(self, listeners: tuple[tuple[Emitter[Any], str, _Hearing], ...]) -> None:
+        self.listeners = listeners
+
+    def __call__(self) -> None:
+        for source, name, listener in self.listeners:
+            source.off(name, listener)
 
 
 def deliver_report(

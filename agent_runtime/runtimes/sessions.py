@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,7 +21,6 @@ from livekit.agents import AgentSession
 
 from agent_runtime.actor import Actor, ActorClosed, Event, EventRejected, Output, effect_table
 from agent_runtime.clock import Clock
-from agent_runtime.emitter import Listener
 from agent_runtime.observe.trace import Tracer
 from agent_runtime.runtimes._base import Hear, MachineRuntime
 from agent_runtime.runtimes.routing import Wiring
@@ -52,7 +52,7 @@ class JobSessions(MachineRuntime[str]):
         # handler may read it), the first time it closed
         self.own_close_reason: str | None = None
         # each session followed: its listener and its label (taken once, as it is followed)
-        self._followed: list[tuple[AgentSession[Any], Listener, str]] = []
+        self._followed: list[tuple[AgentSession[Any], _CloseHeard, str]] = []
         self._run_machine(
             SESSION,
             _EFFECTS,
@@ -76,7 +76,7 @@ class JobSessions(MachineRuntime[str]):
         if self.actor.closed or any(s is session for s, _, _ in self._followed):
             return
         label = self._label(session)
-        listener = Listener(lambda ev: self._closed(session, label, ev))
+        listener = _CloseHeard(self, session, label)
         session.on("close", listener)
         self._followed.append((session, listener, label))
 
@@ -153,3 +153,18 @@ def own_sessions(
 
 # the session machine's handlers, shared by every job (Handlers binds them)
 _EFFECTS = effect_table(JobSessions, SESSION)
+
+
+class _CloseHeard:
+    """The listener on one followed session's ``close``: slotted rather than a closure in a
+    ``Listener`` (a job holds one per session it follows). Its signature is read as it is:
+    livekit's ``emit`` would build a bound method's on every event."""
+
+    __slots__ = ("label", "runtime", "session")
+    __signature__ = inspect.Signature([inspect.Parameter("ev", inspect.Parameter.POSITIONAL_ONLY)])
+
+    def __init__(self, runtime: JobSessions, session: AgentSession[Any], label: str) -> None:
+        self.runtime, self.session, self.label = runtime, session, label
+
+    def __call__(self, ev: Any) -> None:
+        self.runtime._closed(self.session, self.label, ev)

@@ -303,6 +303,8 @@ class RequestReader:
     no task; any other transport is read by a task (``read_requests``). ``fields``: what
     its log lines carry (the host's job's labels)."""
 
+    __slots__ = ("_fields", "_task", "_transport", "opened")
+
     def __init__(
         self, transport: SessionTransport, on_request: OnRequest, fields: Fields = _no_fields
     ) -> None:

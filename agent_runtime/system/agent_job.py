@@ -209,7 +209,6 @@ class AgentJob(Emitter[Events]):
         sys = self.system
         self.events, self.job, self.link = sys.events, sys.job, sys.link
         self.avatar, self.playout, self.lifecycle_actor = sys.avatar, sys.playout, sys.lifecycle
-        sys.on("closed", self._on_closed)
         for actor in sys.actors:
             actor.labels = self._log_labels
         sys.events.labels = self._log_labels
@@ -406,6 +405,9 @@ class AgentJob(Emitter[Events]):
                 self._trace_file.close()
             self._forget()
         self.emit("state_changed", sc)  # a listener that fails: the Emitter logs and drops it
+        if sc.machine == "job" and sc.dest == "closed":
+            # the system's "closed", heard as its owner: no listener table per job
+            self._on_closed(self.job.closed_at)
 
     def _on_closed(self, t: float | None) -> None:
         logger.info(

@@ -125,6 +125,7 @@ class JobSystem(MachineRuntime[str]):
             tracer=tracer,
             scheduler=scheduler,
             owner=forward,
+            wiring=self.wiring,
         )
         # the job's sessions: one listener per session hears its close (its own: ``session``)
         self.sessions = JobSessions(
@@ -230,7 +231,6 @@ class JobSystem(MachineRuntime[str]):
         if self.playout is not None:
             self._watchers["playout"] = self.playout._post
         self._unhear = self._hear_reports()
-        self.job.on("closed", self._on_job_closed)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -358,6 +358,9 @@ class JobSystem(MachineRuntime[str]):
                 for event in watched(sc.machine, sc.source, sc.dest, target):
                     post(Event(event, {sc.machine: sc.dest}))
         self._emit_state(sc)  # an owner or listener that fails is logged and dropped there
+        if sc.machine == "job" and sc.dest == "closed":
+            # heard here rather than by a listener on the job: a listener table per job
+            self.emit("closed", self.job.closed_at)
 
     def _room_audio(self) -> bool:
         # what the agent asked of RoomIO (livekit turns it off under the avatar's route)
@@ -367,9 +370,6 @@ class JobSystem(MachineRuntime[str]):
     def _is_simulator(self, identity: str) -> bool:
         # only the simulator participant decides the job's fate (the job knows who it is)
         return identity in self.job.simulators
-
-    def _on_job_closed(self, t: float | None) -> None:
-        self.emit("closed", t)
 
     # -- the job machine's run_close: the session and avatar steps ---------------------------
     # In livekit's order: the session's close first (its speech ends on the route it has,

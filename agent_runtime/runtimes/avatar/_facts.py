@@ -122,6 +122,8 @@ class Timeouts(Mapping[str, float | None]):
     """The actor's state-timeout settings: ``join_timeout``, and ``retry_backoff`` computed
     for the restart that comes next."""
 
+    __slots__ = ("_join_timeout", "_lc")
+
     def __init__(self, lifecycle: AvatarLifecycle, join_timeout: float) -> None:
         self._lc = lifecycle
         self._join_timeout = join_timeout

@@ -36,6 +36,7 @@ from agent_runtime.runtimes.avatar._plugins import (
 from agent_runtime.runtimes.avatar._route import AudioRoute, finish_pending
 from agent_runtime.runtimes.avatar._sink import (
     LifecycleEvents,
+    SegmentFlushed,
     SinkAdoption,
     accept_playback_report,
     claim_playback_rpc,
@@ -402,13 +403,16 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
             self._adopted = adopted
 
     # -- following the sink's clear, taking the playback_finished RPC ---------------------------
+    def _segment_flushed(self, segment: SegmentFlushed) -> None:
+        self.emit("segment_flushed", segment)
+
     def _adopt(self, sink: AudioOutput) -> None:
         """Follow, on this sink instance only, what would bypass the machine."""
         self._adopted = SinkAdoption(
             sink,
             clock=self._clock,
             on_clear=self._on_sink_clear,
-            on_flushed=lambda seg: self.emit("segment_flushed", seg),
+            on_flushed=self._segment_flushed,
         )
         self._claim_playback_rpc()
         self._adopted.catch_up()

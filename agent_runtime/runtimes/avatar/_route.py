@@ -222,6 +222,16 @@ class AudioRoute:
     """The avatar's route in one session's audio chain (the session and room are set when
     the lifecycle starts)."""
 
+    __slots__ = (
+        "_room_audio",
+        "_room_output",
+        "_room_output_task",
+        "installed",
+        "prev",
+        "room",
+        "session",
+    )
+
     def __init__(self, room_audio: Callable[[], bool] | None = None) -> None:
         self._room_audio = room_audio  # whether the session's start asked for room audio
         self.session: AgentSession[Any] | None = None

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import re
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -102,7 +101,7 @@ class SinkAdoption:
         # avatar answers with an interrupted report)
         self._clears = 0
         # the segments flushed and not finished, oldest first, as the sink counts them
-        self._ended: deque[_Ended] = deque()
+        self._ended: list[_Ended] = []  # a few at most: a list (a deque is ~600 B a job)
         # segments playout's bound finished here whose report the avatar may still send
         self.late = 0
         # the session's interruption reaches the sink as clear_buffer(): the lifecycle sees
@@ -172,13 +171,12 @@ class SinkAdoption:
     def _finished(self, **kw: Any) -> None:
         self._own_finished(**kw)
         # the sink's base class ended its oldest segment: a flushed one, if any was left
-        while len(self._ended) > lk.ended_unreported(self.sink):
-            self._ended.popleft()
+        del self._ended[: max(0, len(self._ended) - lk.ended_unreported(self.sink))]
 
     def finished_here(self, owed: int) -> None:
         """Playout's bound is finishing the ``owed`` oldest segments: their reports may
         still come, but for one whose report may have come already, taken for late."""
-        self.late += sum(1 for seg in list(self._ended)[:owed] if not seg.answered)
+        self.late += sum(1 for seg in self._ended[:owed] if not seg.answered)
 
     def is_late(self, report: PlaybackReport, now: float, say: Callable[..., None]) -> bool:
         """Whether the avatar's report is one it owed for audio that playout's bound already
