@@ -138,7 +138,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         ``plugin_options`` go to the plugin's own ``start()`` as keyword arguments (e.g.
         ``livekit_url``), on every attempt; options its ``start()`` does not take are
         refused here (``AvatarPluginError``, a ``TypeError``), before anything starts."""
-        if self.actor.closed or self.actor.state == "closed":
+        if self._finished:
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle" or self._adapter is not None:  # or its start is queued
             raise AlreadyStarted(f"this AvatarLifecycle is already started (state {self.state!r})")
@@ -425,7 +425,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         whose clear goes to no participant (a queue to the provider) still drops its audio
         its own way, and the machine finishes what is pending locally."""
         sink = adoption.sink
-        if adoption is not self._adopted or self.actor.closed or self.actor.state == "closed":
+        if adoption is not self._adopted or self._finished:
             # our own swap detaching the sink, or the close: its segments end here, nothing
             # is sent
             finish_pending([sink])
