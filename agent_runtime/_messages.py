@@ -79,6 +79,15 @@ class ActorClosed(RuntimeError):
     """The actor was closed; it takes no more events."""
 
 
+class Reported(Exception):
+    """A state task's failure its effect has logged already (the log policy: once), raised
+    in place of ``error``: recorded and answered as ``error`` is, logged again at DEBUG."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Handlers(Mapping[str, H]):
     """A class's effect (or guard) handlers for one instance's actor, bound on use.
 

@@ -22,6 +22,7 @@ from agent_runtime._messages import (
     GuardFn,
     Output,
     OutputFn,
+    Reported,
     StateChanged,
 )
 from agent_runtime.clock import Clock, TimerHandle
@@ -304,11 +305,14 @@ class Performer(OwnedEmitter[str]):
     def _task_failed(self, name: str, gen: int, by: str, e: BaseException) -> None:
         # a CancelledError nothing sent (a plugin raising it) is a failure like any other,
         # reported now rather than when the state's timeout runs out
+        level = logging.WARNING
+        if isinstance(e, Reported):
+            level, e = logging.DEBUG, e.error  # its effect's line is the operator's
         detail = describe(e)
         if isinstance(e, asyncio.CancelledError):
             detail += " (raised by the task itself; nothing cancelled it)"
         self._record_task(name, "error", detail)
-        self.report(logger, logging.WARNING, "state task %r failed: %s", name, detail, event=by)
+        self.report(logger, level, "state task %r failed: %s", name, detail, event=by)
         self.report(logger, logging.DEBUG, "state task %r failed", name, event=by, exc_info=e)
         err = self.spec.effect(name).error_event
         if err is not None and gen == self._gen and self._life != "closed":

@@ -1175,6 +1175,31 @@ async def test_a_reaction_the_instant_the_avatar_fails_is_handled_in_failed(reac
     await rig.aclose()
 
 
+async def test_the_restores_own_swap_is_no_interruption_one_asked_as_it_fails_is() -> None:
+    """Putting the route back detaches the avatar's sink mid-speech, and livekit clears a
+    sink it detaches: that clear is the restore's, not the user's. An interruption asked
+    the instant the avatar fails, before the restore ran, is one: the machine hears it."""
+    rig = Rig()
+    await rig.start_session()
+    await rig.start_avatar()
+    rig.join()
+    await settle()
+    rig.session.say("hello", audio=frames(50), add_to_chat_ctx=False)
+    await settle()
+
+    def on_change(ev: Any) -> None:
+        if ev.dest == "failed":
+            rig.lifecycle.interrupt()
+
+    rig.lifecycle.on("state_changed", on_change)
+    rig.room.remove_participant(AVATAR, rtc.DisconnectReason.CLIENT_INITIATED)
+    await settle()
+    assert route_of(rig.session) == "room" and rig.rpcs() == []
+    steps = [r for r in rig.trace.records if r.kind == "transition"]
+    assert [(r.source, r.dest) for r in steps if r.event == "interrupt"] == [("failed", "failed")]
+    await rig.aclose()
+
+
 # -- what does not concern the lifecycle leaves it where it is --------------------------------
 
 

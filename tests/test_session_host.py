@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 from unittest.mock import patch
 
@@ -503,6 +504,22 @@ async def test_on_simulation_end_raising_still_answers_with_an_error() -> None:
     # delivered with none, in replay, timeline and record alike
     [rec] = [r for r in rig.sink.records if r.effect == "compute_verdict"]
     assert (rec.outcome, rec.detail) == ("error", "KeyError: 'scenario field'")
+    await rig.host.aclose()
+
+
+async def test_on_simulation_end_raising_is_logged_once_at_warning_or_above(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(ctx: SimulationContext) -> None:
+        raise KeyError("scenario field")
+
+    rig = Rig(on_simulation_end=broken)
+    await rig.host.start()
+    with caplog.at_level(logging.DEBUG):
+        await rig.sim.ask("finalize_simulation", {"provisional_success": True})
+    # one failure, one line an operator sees: the callback's error with its traceback
+    [line] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "on_simulation_end failed: KeyError" in line.getMessage() and line.exc_info
     await rig.host.aclose()
 
 

@@ -8,10 +8,11 @@ guards (their one definition, ``routing.guard_table``), arms its state timeouts 
 ``_timeouts()``, and forwards its state changes as the runtime's own ``state_changed``.
 
 A runtime's lifecycle is its machine's: what it asks is the actor's state (or
-``actor.started`` and ``actor.closed``), not a flag or a ``None`` kept beside the
-machine; a handle it holds (a task) is what it releases. A start asks its machine whether
-it already ran (the session host's ``new`` state; the participant link's machine, which
-nothing but its start and its close reach before it follows the room). A runtime's owner
+``actor.started``, and ``_finished``: the final state, or let go before it), not a flag
+or a ``None`` kept beside the machine; a handle it holds (a task) is what it releases. A
+start asks its machine whether it already ran (the session host's ``new`` state; the
+participant link's machine, which nothing but its start and its close reach before it
+follows the room). A runtime's owner
 (the system that composes it, which forwards every change) is given when it is built,
 never set after: ``owner=``. A listener that fails is the ``Emitter``'s to log and
 remove; an owner that fails is logged and dropped the same way
@@ -103,6 +104,14 @@ class MachineRuntime(OwnedEmitter[E]):
     @property
     def state(self) -> str:
         return self.actor.state
+
+    @property
+    def _finished(self) -> bool:
+        """Whether the machine is over: in its final state, or let go before it got there
+        (``release_now()``; a tracker stopped with its session still open). What a call
+        refused once the runtime closed asks: one answer, where two could disagree."""
+        actor = self.actor
+        return actor.closed or actor.states[actor.state].final
 
     @property
     def _log_labels(self) -> Mapping[str, str]:

@@ -20,6 +20,7 @@ from livekit.agents.simulation import SimulationContext, SimulationVerdict
 from livekit.protocol import agent_simulation as sim_pb
 from livekit.protocol.agent_pb import agent_session as agent_pb
 
+from agent_runtime._messages import Reported
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
@@ -169,11 +170,11 @@ class FinalizeAnswer(MachineRuntime[str]):
         except Exception as e:
             # the simulator still gets an answer: its own verdict stands, with the error.
             # Raised so the trace shows compute_verdict failed (its error event is
-            # verdict_ready: the reply goes out as it would)
+            # verdict_ready: the reply goes out as it would); logged here, once
             error = f"on_simulation_end failed: {type(e).__name__}: {e}"
             self.actor.report(logger, logging.ERROR, "%s", error, event="request", exc_info=e)
             self._result = (result, error)
-            raise
+            raise Reported(e) from e
         self._result = (result, "")
 
     async def _fx_send_verdict(self, ev: Event) -> Event:

@@ -265,11 +265,7 @@ class JobRuntime(MachineRuntime[str]):
     async def start(self) -> None:
         """Watch the room, start the session host. Idempotent (the room's subscription says
         the job follows it); nothing once closing."""
-        if (
-            self._unsubscribe_facts is not None
-            or self.actor.closed
-            or self.actor.state in ("closing", "closed")
-        ):
+        if self._unsubscribe_facts is not None or self.actor.state == "closing" or self._finished:
             return
         self._simulators = simulators_in(self._room)
         self._unsubscribe_facts = follow(
@@ -345,7 +341,7 @@ class JobRuntime(MachineRuntime[str]):
         ``request_room_deletion``) until ``aclose()``. Safe to run again. Refused
         (``RuntimeError``, nothing changes) before the job is closed: it would skip the
         close (``aclose()``, ``abort()``)."""
-        if not self.actor.closed and self.actor.state != "closed":
+        if not self._finished:
             raise RuntimeError(
                 f"the job is {self.actor.state}, not closed: aclose() (or abort()) closes it"
             )

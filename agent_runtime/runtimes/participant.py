@@ -205,7 +205,7 @@ class ParticipantLink(MachineRuntime[LinkEvents]):
         Call it after ``await session.start(..., room=room)``: the link points the session's
         RoomIO, which exists only from then on.
         """
-        if self.actor.closed or self.actor.state == "closed":
+        if self._finished:
             raise RuntimeError("ParticipantLink is closed; create a new one")
         if self.actor.started:
             return  # following already (the machine starts with the room's subscription)

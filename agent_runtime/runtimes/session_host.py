@@ -214,8 +214,7 @@ class JobSessionHost(MachineRuntime[str]):
         too (its transport opens, requests are read). Raises once the host is closed."""
         if not isinstance(session, AgentSession):
             raise TypeError(f"attach() takes an AgentSession, not {type(session).__name__}")
-        # a host let go where it was (release_now()) is closed by its actor, not its state
-        if self.actor.state in ("closing", "closed") or self.actor.closed:
+        if self.actor.state == "closing" or self._finished:
             raise RuntimeError("the session host is closed; no session can attach")
         if lk.session_runs_own_host(session):
             raise ValueError(

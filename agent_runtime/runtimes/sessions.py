@@ -87,7 +87,7 @@ class JobSessions(MachineRuntime[str]):
         try:
             await self.actor.send(Event("start"))
         except (EventRejected, ActorClosed):
-            if self.actor.closed or self.actor.state == "closed":
+            if self._finished:
                 # the job closed on its own between the start's begin() and this claim
                 raise RuntimeError("the job was closed before it finished starting") from None
             raise RuntimeError("the job's session is already started (or closed)") from None

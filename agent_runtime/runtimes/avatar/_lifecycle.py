@@ -1,14 +1,13 @@
 """``AvatarLifecycle``: the ``avatar`` machine around one unchanged plugin. The state says
-where it is; what it holds says the rest: the sink it follows (its ``SinkAdoption``, none
-while its own swap detaches the sink), its claim on the playback RPC (the handler
-registered in the room). Every event the machine hears is made here."""
+where it is; what it holds says the rest: the sink it follows (its ``SinkAdoption``), its
+claim on the playback RPC (the handler registered in the room). Every event the machine
+hears is made here."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from livekit import rtc
@@ -139,7 +138,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         ``plugin_options`` go to the plugin's own ``start()`` as keyword arguments (e.g.
         ``livekit_url``), on every attempt; options its ``start()`` does not take are
         refused here (``AvatarPluginError``, a ``TypeError``), before anything starts."""
-        if self.actor.closed or self.actor.state == "closed":
+        if self._finished:
             raise RuntimeError("this AvatarLifecycle is closed")
         if self.state != "idle" or self._adapter is not None:  # or its start is queued
             raise AlreadyStarted(f"this AvatarLifecycle is already started (state {self.state!r})")
@@ -360,7 +359,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
             finish_segments(self._route.installed, self._adopted, ev.data)
 
     def _fx_put_route_back(self, ev: Event) -> None:  # closing: a waiting frame ends with it
-        outcome = self._route.put_back(self.actor.report, self._detaching)
+        outcome = self._route.put_back(self.actor.report)
         self.actor.report(logger, logging.DEBUG, "closing: route %s", outcome, event=ev.name)
 
     def _fx_unhook(self, ev: Event) -> None:
@@ -390,17 +389,7 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
 
     def _put_back(self) -> str:  # a frame waiting at the adopted sink moves on with it
         waiting = self._adopted if self._adopted and self._adopted.waiting else None
-        return self._route.put_back(self.actor.report, self._detaching, waiting)
-
-    @contextlib.contextmanager
-    def _detaching(self) -> Iterator[None]:
-        """Our own swap detaches the sink: the SDK's clear of it is not followed (it ends
-        its segments here and sends nothing)."""
-        adopted, self._adopted = self._adopted, None
-        try:
-            yield
-        finally:
-            self._adopted = adopted
+        return self._route.put_back(self.actor.report, waiting)
 
     # -- following the sink's clear, taking the playback_finished RPC ---------------------------
     def _segment_flushed(self, segment: SegmentFlushed) -> None:
@@ -429,9 +418,9 @@ class AvatarLifecycle(MachineRuntime[LifecycleEvents], AvatarView):
         whose clear goes to no participant (a queue to the provider) still drops its audio
         its own way, and the machine finishes what is pending locally."""
         sink = adoption.sink
-        if adoption is not self._adopted or self.actor.closed or self.actor.state == "closed":
-            # our own swap detaching the sink, or the close: its segments end here, nothing
-            # is sent
+        if adoption is not self._adopted or self._finished or self._route.detaching(sink):
+            # a sink let go (a failed attempt's, its release cut short), the close, or our
+            # own put-back detaching it: its segments end here, nothing is sent
             finish_pending([sink])
             return
         if self.actor.state in PLUGIN_CLEARS:

@@ -16,7 +16,6 @@ when no route is in.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -236,8 +235,9 @@ class AudioRoute:
         self._room_audio = room_audio  # whether the session's start asked for room audio
         self.session: AgentSession[Any] | None = None
         self.room: rtc.Room | None = None
-        # the route the plugin replaced (None until its start() began: then nothing of the
-        # plugin's can be in the chain)
+        # the route the plugin replaced: None until its start() began (nothing of the
+        # plugin's can be in the chain), and once put back (its sink is out, or being
+        # swapped out: ``detaching``)
         self.prev: PrevRoute | None = None
         self.installed: AudioOutput | None = None  # the sink the plugin installed
         self._room_output: lk.RoomAudioOutput | None = None  # attached by a restore
@@ -307,32 +307,31 @@ class AudioRoute:
     def put_back(
         self,
         report: Callable[..., None],
-        detaching: Callable[[], contextlib.AbstractContextManager[None]],
         waiting: SinkAdoption | None = None,
     ) -> RestoreOutcome:
         """Put the previous route back unless ours was replaced since (logged through
-        ``report``, the avatar actor's: the line names its job). The swap runs inside
-        ``detaching()``: the SDK clears the sink it detaches, and that clear is the swap's.
-        Only the rows out of the states where our route may be in ask for it, so it runs
-        once per route. ``waiting``: the adoption of a sink a frame waits at; that frame goes
-        on to the route put back."""
+        ``report``, the avatar actor's: the line names its job). The previous route is
+        used up first: the SDK clears the sink it detaches, and that clear is the swap's
+        (``detaching``). Only the rows out of the states where our route may be in ask
+        for it, so it runs once per route. ``waiting``: the adoption of a sink a frame waits
+        at; that frame goes on to the route put back."""
         session, sink, prev = self.session, self.installed, self.prev
         if session is None or sink is None or prev is None:
             return "nothing_installed"
         if audio_tail(session) is not sink:
             report(logger, logging.INFO, "the audio route was replaced since; leaving it alone")
             return "left_alone"
-        with detaching():
-            back, outcome = self._route_back(prev)
-            if back is not None:
-                keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
-                session.output.replace_audio_tail(back)
-                if waiting is not None:
-                    waiting.moved_to = self.moved_from(sink)
-                carried = waiting is not None or lk.sink_takes_frames(sink)
-                finish_orphans(audio_chain(session), carried_on=carried)
-            else:
-                session.output.audio = prev.top
+        self.prev = None
+        back, outcome = self._route_back(prev)
+        if back is not None:
+            keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
+            session.output.replace_audio_tail(back)
+            if waiting is not None:
+                waiting.moved_to = self.moved_from(sink)
+            carried = waiting is not None or lk.sink_takes_frames(sink)
+            finish_orphans(audio_chain(session), carried_on=carried)
+        else:
+            session.output.audio = prev.top
         if sink not in audio_chain(session):
             # a chain that was the sink alone is replaced whole: no proxy clears it, and a
             # speech may wait on the sink itself (kept for a rejoin, it is not retired)
@@ -340,6 +339,12 @@ class AudioRoute:
         now = route_of(session, sink)
         report(logger, logging.INFO, "audio route restored (%s), now %s", outcome, now)
         return outcome
+
+    def detaching(self, sink: AudioOutput) -> bool:
+        """Whether a clear of ``sink`` is our own put-back detaching it: the previous
+        route is back (none left to put back) and the sink is still in the chain, as it
+        is only while the SDK swaps it out (it clears a sink before it lets it go)."""
+        return self.prev is None and sink in audio_chain(self.session)
 
     def _route_back(self, prev: PrevRoute) -> tuple[AudioOutput | None, RestoreOutcome]:
         """The output to put back at the tail, or None to put the previous top back."""
