@@ -3,7 +3,8 @@
 ``AgentJob``, the runtimes of the machines and the scenario files all validate through
 these definitions, so a value one of them accepts is a value every one of them runs with.
 A bad value raises ``SettingError`` (a ``ValueError``) naming the setting, what is wrong and
-the value given, before anything is built.
+the value given, before anything is built (the errors, and how they quote a value, are in
+``setting_errors``; every name is still imported from here).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -29,6 +29,16 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from agent_runtime.observe.trace import JsonlSink, LoggingSink, TraceFileBusy, Tracer
+
+# exported from here too, where users and the runtime's modules import them
+from agent_runtime.setting_errors import GOT_MAX as GOT_MAX
+from agent_runtime.setting_errors import REASON_MAX as REASON_MAX
+from agent_runtime.setting_errors import SettingError as SettingError
+from agent_runtime.setting_errors import SettingTypeError as SettingTypeError
+from agent_runtime.setting_errors import cut as cut
+from agent_runtime.setting_errors import one_line as one_line
+from agent_runtime.setting_errors import setting_error as setting_error
+from agent_runtime.setting_errors import shown as shown
 from statemachines import glue
 
 if TYPE_CHECKING:
@@ -77,14 +87,6 @@ DISCONNECT_REASONS: tuple[str, ...] = tuple(rtc.DisconnectReason.keys())
 # livekit-agents' defaults, declared with the glue the explorer reads too
 DEFAULT_PARTICIPANT_KINDS = glue.DEFAULT_PARTICIPANT_KINDS
 DEFAULT_CLOSING_REASONS = glue.DEFAULT_CLOSING_REASONS
-
-
-class SettingError(ValueError):
-    """A setting has a value the runtime cannot run with; the message names it."""
-
-
-class SettingTypeError(SettingError, TypeError):
-    """A setting was given a value of the wrong type (a string for seconds, ...)."""
 
 
 def kind_names(kinds: Iterable[str | int]) -> tuple[str, ...]:
@@ -385,48 +387,6 @@ def check_setting(name: str, value: Any) -> Any:
     """Validate one setting alone (the runtimes of single machines use this); returns the
     value as the runtime keeps it."""
     return getattr(job_settings({name: value}), name)
-
-
-def setting_error(e: ValidationError, setting: str = "") -> SettingError:
-    """``e``'s first error as a ``SettingError`` naming its field (within ``setting``)."""
-    err = e.errors()[0]
-    name = ".".join([*([setting] if setting else []), *map(str, err["loc"])]) or "settings"
-    raised = err.get("ctx", {}).get("error")
-    if isinstance(raised, SettingError):  # a validator's own: its class (a type error) kept
-        return raised
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    cls = SettingTypeError if str(err["type"]).endswith("_type") else SettingError
-    # the value of the field named, not the whole mapping it sits in (retry_avatar.attempts
-    # showed {'attempts': 'x'})
-    return cls(f"{name}: {msg[:1].lower()}{msg[1:]} (got {shown(err['input'])})")
-
-
-GOT_MAX = 60  # the longest value an error quotes: a message stays one short line
-
-
-def shown(value: Any) -> str:
-    """``value`` as an error quotes it: its repr, cut at ``GOT_MAX`` characters; an integer
-    past Python's int-to-string limit (its repr raises) by its size."""
-    try:
-        text = repr(value)
-    except ValueError:
-        what = "an integer" if isinstance(value, int) else f"a {type(value).__name__} holding one"
-        return f"{what} of more than {sys.get_int_max_str_digits()} digits"
-    return cut(text, GOT_MAX)
-
-
-def cut(text: str, limit: int) -> str:
-    """``text`` cut at ``limit`` characters, ``...`` saying so."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-REASON_MAX = 200  # the longest shutdown reason a log line says (the trace keeps it whole)
-
-
-def one_line(text: str, limit: int = REASON_MAX) -> str:
-    """Free text a log line says (a shutdown reason): on one line, at most ``limit``
-    characters; a whole transcript passed as a reason made the INFO line as long."""
-    return cut(" ".join(text.split()), limit)
 
 
 def _link_loop(path: Path) -> Path | None:

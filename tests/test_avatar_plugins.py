@@ -23,6 +23,7 @@ import contextlib
 import functools
 import importlib
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -920,6 +921,27 @@ async def test_the_job_removes_the_avatar_through_the_server_api(
         await job.aclose()
         assert calls == [identity, identity]  # the plugin's own, then the job's
         assert identity not in rig.room.remote_participants
+
+
+async def test_a_job_with_no_server_api_warns_nothing_of_its_own_about_the_avatars_removal(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """livekit's console job has no server URL or keys: ``ctx.api`` raises "url must be
+    set". The plugin's own ``aclose()`` warns of that (livekit's line); the job's removal,
+    after the failed start and again at the close, added a WARNING each time."""
+    caplog.set_level(logging.DEBUG, logger="agent_runtime")
+    async with plugin_rig("bey", monkeypatch, env=False) as (rig, _):
+        job = AgentJob(room=rig.room, session=rig.session, avatar=rig.avatar, clock=rig.clock)
+        await job.start(Agent(instructions="test"))  # no LIVEKIT_URL: bey's start fails
+        await settle()
+        assert job.states["avatar"] == "restored"  # given up, the plugin closed
+        await job.aclose()
+    ours = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name.startswith("agent_runtime") and "url must be set" in r.getMessage()
+    ]
+    assert ours and {level for level, _ in ours} == {"DEBUG"}, ours
 
 
 @pytest.mark.parametrize("name", [n for n in REPORTED if PLUGINS[n].clear_bound is None])

@@ -110,7 +110,14 @@ _MOVED = {
     "inmemory": ("InMemorySessionTransport", "RpcCall", "quiet_sdk_logs", "RPC_ROUND_TRIP_BUDGET"),
     "scenario": ("SessionStart", "HeldEnd", "Step", "STEP_EVENTS", "Expect", "FACTS"),
     "runner": ("stranger", "stranger_track"),
-    "fuzz.run": ("FuzzReport", "write_scenario", "print_progress"),
+    "fuzz.run": (
+        "FuzzReport",
+        "write_scenario",
+        "print_progress",
+        "NotReplayable",
+        "check_replayable",
+        "replay",
+    ),
 }
 
 

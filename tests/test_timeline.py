@@ -19,6 +19,9 @@ from xml.etree import ElementTree
 
 import pytest
 
+from agent_runtime import read_trace
+from agent_runtime.testing.entrypoint import EntrypointRunner
+from agent_runtime.testing.inmemory import InMemoryRoom
 from agent_runtime.tools.cli import main as cli
 from agent_runtime.tools.drawing import drawing
 from agent_runtime.tools.timeline import diagram_svg, timeline_html
@@ -380,3 +383,63 @@ def test_tiny_times_read_as_plain_seconds() -> None:
     ]  # fmt: skip
     html = timeline_html(records, title="tiny")
     assert "0 s to 0.000014001 s on the job" in html and "1.4001e-05 s" not in html
+
+
+async def test_a_production_traces_page_draws_its_inputs_as_record_rebuilds_them(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agent_room: InMemoryRoom,
+    run_entrypoint: EntrypointRunner,
+    browser: Any,
+) -> None:
+    """A deployed job's trace holds no input records, only the machines' events: its page
+    drew an inputs strip with nothing in it. It now draws the steps ``record`` rebuilds
+    (here: the example agent traced as deployed, ``AGENT_TRACE``, on the kit's room)."""
+    from livekit import rtc
+
+    from examples import agent
+
+    monkeypatch.setenv("AGENT_TRACE", str(tmp_path / "{job_id}.jsonl"))
+    monkeypatch.delenv("AGENT_AVATAR", raising=False)
+    agent_room.add_participant("user")
+    await run_entrypoint(agent.server)
+    await run_entrypoint.clock.advance(3)
+    agent_room.remove_participant("user", rtc.DisconnectReason.CLIENT_INITIATED)
+    await run_entrypoint.wait_ended()
+    trace, html = tmp_path / "test-job.jsonl", tmp_path / "page.html"
+    assert "input" not in {r.kind for r in read_trace(trace)}  # a production trace
+    assert cli(["timeline", str(trace), "-o", str(html)]) == 0
+
+    browser.get(html.as_uri())
+    marks = browser.find_elements("css selector", "svg#timeline path.input")
+    tips = [m.find_element("css selector", "title").get_attribute("textContent") for m in marks]
+    assert [t.split(" {")[0] for t in tips] == [
+        "t=0 session.start",
+        "t=3 participant_disconnected",
+        "t=3 end",
+    ]
+    assert '"identity": "user"' in tips[1] and '"reason": "CLIENT_INITIATED"' in tips[1]
+    # each where its time is on the axis
+    svg = browser.find_element("id", "timeline")
+    left, plot = float(svg.get_attribute("data-left")), float(svg.get_attribute("data-plot"))
+    t0, t1 = float(svg.get_attribute("data-t0")), float(svg.get_attribute("data-t1"))
+    tips_x = [m.location["x"] + m.size["width"] / 2 - svg.location["x"] for m in marks]
+    assert [round(x) for x in tips_x] == [
+        round(left + (t - t0) / (t1 - t0) * plot) for t in (0, 3, 3)
+    ]
+    assert (
+        "as agent-runtime record rebuilds it"
+        in browser.find_element("css selector", ".legend").text
+    )
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_a_trace_no_inputs_can_be_rebuilt_from_draws_no_inputs_strip() -> None:
+    """Nothing to draw there (``record`` finds no machine event to rebuild from): the strip
+    and its legend are left out, not drawn empty."""
+    from agent_runtime.observe.trace import TraceRecord
+
+    records = [TraceRecord(0.0, "effect", "job", "r", effect="run_close", outcome="ok")]
+    html = timeline_html(records, title="no inputs")
+    assert 'class="strip-label">inputs<' not in html and "input (purple" not in html
+    assert '<g class="lane" data-label="job"' in html  # the lane itself is drawn

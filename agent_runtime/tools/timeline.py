@@ -22,6 +22,7 @@ from agent_runtime.testing.result import seconds_text as secs
 from agent_runtime.tools.lanes import Lane, Lanes, summarise
 from agent_runtime.tools.machine_svg import diagram_svg, esc, state_colour, text_width
 from agent_runtime.tools.output import write_file
+from agent_runtime.tools.record import RecordError, record
 from statemachines import MachineSpec
 from statemachines.machines import MACHINES
 
@@ -58,7 +59,14 @@ def _lanes_payload(lanes: Lanes, t1: float) -> list[dict[str, Any]]:
     ]
 
 
-def timeline_svg(lanes: Lanes, machines: Mapping[str, MachineSpec], t0: float, t1: float) -> str:
+def timeline_svg(
+    lanes: Lanes,
+    machines: Mapping[str, MachineSpec],
+    t0: float,
+    t1: float,
+    inputs: Sequence[TraceRecord],
+) -> str:
+    """The timeline, ``inputs`` drawn above the lanes (none: no strip)."""
     ordered = lanes.lanes()
     span = (t1 - t0) or 1.0
     height = _TOP + len(ordered) * (_LANE_H + _LANE_GAP) + 10
@@ -78,8 +86,9 @@ def timeline_svg(lanes: Lanes, machines: Mapping[str, MachineSpec], t0: float, t
             'stroke="#e6e6e6"/>'
             f'<text x="{x(tick):.1f}" y="11" class="tick">{secs(tick)}s</text>'
         )
-    out.append('<text x="8" y="36" class="strip-label">inputs</text>')
-    for rec in lanes.inputs:
+    if inputs:
+        out.append('<text x="8" y="36" class="strip-label">inputs</text>')
+    for rec in inputs:
         cx = x(rec.t)
         rpc = rec.event in ("rpc", "session_request")
         tip = f"t={secs(rec.t)} {rec.event} {summarise(rec.data)}"
@@ -278,6 +287,8 @@ def timeline_html(
 ) -> str:
     """The whole page for ``records``."""
     lanes = Lanes(machines).extend(records)
+    rebuilt = not lanes.inputs
+    inputs = rebuilt_inputs(records) if rebuilt else lanes.inputs
     t0 = lanes.t0 if lanes.t0 is not None else 0.0
     t1 = lanes.t1 if lanes.t1 is not None else 0.0
     if t1 <= t0:
@@ -311,6 +322,8 @@ def timeline_html(
     )
     if source:
         summary = f"{source}: {summary}"
+    what = "input, as agent-runtime record rebuilds it" if rebuilt else "scenario input"
+    legend = f"<span>\u25bc {what} (purple: RPC or session request)</span>" if inputs else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -334,9 +347,9 @@ def timeline_html(
 <main>
 <h2>Timeline</h2>
 <div class="sub legend"><span>bars: states</span><span>\u25c6 effect (red: failed)</span>
-<span>\u2715 rejected event</span><span>\u25bc scenario input (purple: RPC or session
-request)</span><span>click the timeline or move the slider</span></div>
-<div class="scroll">{timeline_svg(lanes, machines, t0, t1)}</div>
+<span>\u2715 rejected event</span>{legend}<span>click the timeline or move the slider</span>
+</div>
+<div class="scroll">{timeline_svg(lanes, machines, t0, t1, inputs)}</div>
 <table id="states"><tbody>{rows}</tbody></table>
 <h2>Diagrams</h2>
 <div class="diagrams">{"".join(diagrams)}</div>
@@ -346,6 +359,28 @@ request)</span><span>click the timeline or move the slider</span></div>
 </body>
 </html>
 """
+
+
+def rebuilt_inputs(records: Sequence[TraceRecord]) -> list[TraceRecord]:
+    """The inputs of a trace that has none written (a production trace's): the steps
+    ``agent-runtime record`` rebuilds from the machines' events (room facts, RPCs and
+    session requests, the agent's own calls), at their times; none when it cannot rebuild
+    a scenario (a trace of two jobs)."""
+    try:
+        steps = record(records, name="trace").scenario["steps"]
+    except RecordError:
+        return []
+    return [
+        TraceRecord(
+            step["at"],
+            "input",
+            "trace",
+            "",
+            event=step["event"],
+            data={k: v for k, v in step.items() if k not in ("at", "event")},
+        )
+        for step in steps
+    ]
 
 
 def write_timeline(

@@ -115,7 +115,8 @@ def check_start_args(
 def server_api_remover(room: rtc.Room) -> RemoveParticipant:
     """Removes a participant of ``room`` through the LiveKit server API of the job this runs
     in (``get_job_context().api``, credentials from the job's environment), as the plugins'
-    own ``aclose()`` does; outside a job there is no server API to call, which is logged."""
+    own ``aclose()`` does; outside a job, or in one with no server URL or keys (livekit's
+    console), there is no server API to call, which is logged."""
     return _ServerApiRemover(room)
 
 
@@ -132,7 +133,14 @@ class _ServerApiRemover:
         if ctx is None:
             logger.info("avatar %s left in the room: no job context, no server API", identity)
             return
-        await ctx.api.room.remove_participant(
+        try:
+            server = ctx.api
+        except ValueError as e:
+            # no server URL or keys (livekit's console job): the plugin's own close has
+            # warned of it already
+            logger.debug("avatar %s left in the room: the job has no server API (%s)", identity, e)
+            return
+        await server.room.remove_participant(
             api.RoomParticipantIdentity(room=self._room.name, identity=identity)
         )
 

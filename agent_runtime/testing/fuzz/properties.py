@@ -11,12 +11,13 @@ from __future__ import annotations
 import difflib
 import inspect
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from agent_runtime.parts import described, takes
 from agent_runtime.runtimes.avatar import session_room_io
 from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.fuzz.harness import Failed
@@ -96,6 +97,23 @@ def not_a_check(check: Any) -> str | None:
     if inspect.iscoroutinefunction(check):
         return f"{_name(check)} is async: a check is called, never awaited (make it a def)"
     return None
+
+
+def check_checks(checks: Sequence[Check]) -> None:
+    """``TypeError`` (``BadCheck`` for a callable) for ``checks`` that are not a list of
+    checks, before any run: ``fuzz`` and ``replay`` refuse them alike."""
+    if callable(checks) or isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable):
+        what = described(checks) if callable(checks) else repr(checks)
+        raise TypeError(f"checks must be a list of functions (checks=[my_check]), not {what}")
+    for check in checks:
+        if not callable(check):
+            raise TypeError(f"a check must be callable as check(outcome), not {check!r}")
+        if (why := not_a_check(check)) is not None:
+            raise BadCheck(check, why)
+        if not takes(check, 1):
+            raise BadCheck(
+                check, f"a check must be callable as check(outcome), not {described(check)}"
+            )
 
 
 def _name(check: Any) -> str:

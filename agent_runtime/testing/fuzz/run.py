@@ -4,14 +4,12 @@ that ``replay`` runs again against the same entrypoint."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import os
 import random
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,36 +21,33 @@ from hypothesis.stateful import get_state_machine_test
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_runtime.parts import described, takes
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.entrypoint import agent_label, check_agent, served
-from agent_runtime.testing.fuzz.harness import (
-    AVATAR,
-    CONFIG,
-    SIMULATOR,
-    TAKES,
-    Declined,
-    Failed,
-    Harness,
-)
+from agent_runtime.testing.fuzz.harness import AVATAR, SIMULATOR, Failed, Harness
 from agent_runtime.testing.fuzz.machine import (
     CheckStopped,
     FuzzFailure,
     Stats,
-    finish,
     make_machine,
     scenario_of,
 )
 from agent_runtime.testing.fuzz.progress import Progress, print_progress
-from agent_runtime.testing.fuzz.properties import BadCheck, Check, Problem, not_a_check
+from agent_runtime.testing.fuzz.properties import Check, check_checks
+from agent_runtime.testing.fuzz.replay import (
+    NotReplayable,
+    check_replayable,
+    in_thread,
+    path_of,
+    replay,
+    run_scenario,
+)
 from agent_runtime.testing.fuzz.report import FuzzReport, fill_report, write_scenario
-from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.sdk_logs import quiet_sdk_logs
 from agent_runtime.testing.user_code import PLUGIN_THREAD, PrewarmFailed
 
-# the report and the progress lines have modules of their own; their names stay here too,
-# where users import them
+# the report, the progress lines and the replay have modules of their own; their names stay
+# here too, where users import them
 __all__ = [
     "MAX_EXAMPLES",
     "MAX_SEED",
@@ -70,11 +65,6 @@ __all__ = [
 
 MAX_EXAMPLES = 100_000
 MAX_SEED = 2**32 - 1
-
-
-class NotReplayable(ValueError):
-    """A scenario file the fuzzer cannot replay against an entrypoint (the one line says
-    which steps or settings, and why)."""
 
 
 class PluginOffMainThread(RuntimeError):
@@ -142,8 +132,8 @@ def fuzz(
             "options must be a FuzzOptions (FuzzOptions(examples=..., seed=...)), "
             f"not {type(options).__name__}"
         )
-    _check_checks(checks)
-    out_dir = _path_of("out", out) if out is not None else None
+    check_checks(checks)
+    out_dir = path_of("out", out) if out is not None else None
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         # found only after every example ran, the failure's file was lost
         raise ValueError(f"out {str(out_dir)!r} exists and is not a directory")
@@ -151,28 +141,7 @@ def fuzz(
         raise TypeError(
             f"progress must be callable with a line (print_progress, say), not {progress!r}"
         )
-    return _in_thread(lambda: _fuzz(server, options, list(checks), out_dir, progress))  # type: ignore[no-any-return]
-
-
-def _check_checks(checks: Sequence[Check]) -> None:
-    if callable(checks) or isinstance(checks, (str, bytes)) or not isinstance(checks, Iterable):
-        what = described(checks) if callable(checks) else repr(checks)
-        raise TypeError(f"checks must be a list of functions (checks=[my_check]), not {what}")
-    for check in checks:
-        if not callable(check):
-            raise TypeError(f"a check must be callable as check(outcome), not {check!r}")
-        if (why := not_a_check(check)) is not None:
-            raise BadCheck(check, why)
-        if not takes(check, 1):
-            raise BadCheck(
-                check, f"a check must be callable as check(outcome), not {described(check)}"
-            )
-
-
-def _path_of(name: str, value: Any) -> Path:
-    if isinstance(value, (str, os.PathLike)):
-        return Path(value)
-    raise TypeError(f"{name} must be a path (a str or a Path), not {type(value).__name__}")
+    return in_thread(lambda: _fuzz(server, options, list(checks), out_dir, progress))  # type: ignore[no-any-return]
 
 
 def _fuzz(
@@ -288,7 +257,7 @@ def _preflight(
     scenario = sc.parse_scenario({"name": "preflight", **scenario_of(config, participants, steps)})
     ran: list[Harness] = []
     # the user's checks too: one that reads what the outcome does not have is refused here
-    problems = on_virtual_time(_replay(server, scenario, checks, probe=ran))
+    problems = on_virtual_time(run_scenario(server, scenario, checks, probe=ran))
     for problem in problems:
         if PLUGIN_THREAD in problem.message:
             raise PluginOffMainThread(problem.message)
@@ -299,120 +268,6 @@ def _preflight(
         failed = FuzzFailure(problems, scenario_of(config, participants, steps), ran[0].log_lines())
         return has_avatar, failed
     return has_avatar, None
-
-
-def check_replayable(scenario: sc.Scenario, source: str) -> None:
-    """``NotReplayable`` naming what of ``scenario`` a replay against an entrypoint cannot
-    do: steps the fuzzer does not take, settings that are the entrypoint's own, no
-    ``session.start`` (the entrypoint would never run) or more than one."""
-    why: list[str] = []
-    foreign = [s for s in scenario.steps if not isinstance(s, TAKES)]
-    if foreign:
-        names = ", ".join(f"t={seconds_text(s.at)} {s.event}" for s in foreign)
-        why.append(f"steps the fuzzer does not take ({names}: agent-runtime simulate runs them)")
-    starts = sum(isinstance(s, sc.SessionStart) for s in scenario.steps)
-    if starts != 1:
-        why.append(
-            "no session.start step (the entrypoint would never run)"
-            if not starts
-            else f"{starts} session.start steps (the entrypoint runs once)"
-        )
-    own = sorted(set(scenario.config.model_fields_set) - set(CONFIG))
-    if own:
-        why.append(
-            f"config {', '.join(own)} (the entrypoint's own AgentJob options; a replay takes "
-            f"only {', '.join(CONFIG)})"
-        )
-    if scenario.expect is not None:
-        why.append("an expect block (a replay checks the fuzzer's properties)")
-    if why:
-        raise NotReplayable(f"{source}: cannot replay it against the agent: {'; '.join(why)}")
-
-
-def replay(
-    server: Any,
-    path: str | os.PathLike[str],
-    *,
-    checks: Sequence[Check] = (),
-    logs: bool = False,
-) -> FuzzReport:
-    """Run a scenario file (one ``fuzz`` wrote, or one written by hand) against
-    ``server``'s entrypoint and check the same properties. ``ScenarioError`` if invalid,
-    ``NotReplayable`` if it has what a replay cannot do (``check_replayable``),
-    ``NoAgentJob`` if the entrypoint builds no ``AgentJob``, ``BadCheck`` if a check cannot
-    check an outcome (as for ``fuzz``); ``logs`` as ``FuzzOptions.logs``. ``server`` as for
-    ``fuzz``: a function an ``AgentServer`` of its module registered runs with that server's
-    hooks."""
-    server = served(server)
-    check_agent(server)
-    _check_checks(checks)
-    scenario = sc.load_scenario(_path_of("path", path))
-    check_replayable(scenario, str(path))
-    began = time.monotonic()
-    refused: list[str] = []
-    kept: list[str] = []
-    problems = _in_thread(
-        lambda: on_virtual_time(
-            _replay(server, scenario, list(checks), refused, logs=kept, keep_logs=not logs)
-        )
-    )
-    report = FuzzReport(
-        seed=None, examples=1, paths=1, seconds=time.monotonic() - began, skipped=refused
-    )
-    if problems:
-        fill_report(report, problems, None, None)
-        report.logs = kept
-    return report
-
-
-async def _replay(
-    server: Any,
-    scenario: sc.Scenario,
-    checks: list[Check],
-    refused: list[str] | None = None,
-    *,
-    probe: list[Harness] | None = None,
-    logs: list[str] | None = None,
-    keep_logs: bool = True,
-) -> list[Problem]:
-    """The scenario's run; its log kept (``keep_logs``, else printed), its lines added
-    to ``logs``."""
-    from agent_runtime.testing.fuzz import properties as props
-
-    with quiet_sdk_logs(logging.ERROR):
-        h = Harness(server, scenario.config, keep_logs=keep_logs)
-        if probe is not None:
-            probe.append(h)
-        steps = [s.model_dump() for s in scenario.steps]
-        try:
-            await h.open(scenario.participants)
-            for step in scenario.steps:
-                if isinstance(step, sc.End):
-                    await h.advance_to(step.at)
-                    break
-                await h.step(step)
-                if isinstance(h.entry, Declined) and _with_a_user(scenario):
-                    # as the preflight's room: an agent that builds no job with a user
-                    # there builds none anywhere (a usage error, not a property); a room
-                    # with none is one it may decline
-                    await h.close()
-                    raise h.entry.error
-                problems = [p for check in props.DURING for p in check(h)]
-                if problems:
-                    await h.close()
-                    return problems
-            return await finish(h, checks, steps)
-        finally:
-            h.release_log()  # a run cut short (a step raised) leaves no filter behind
-            if refused is not None:
-                refused += h.refused
-            if logs is not None:
-                logs += h.log_lines()
-
-
-def _with_a_user(scenario: sc.Scenario) -> bool:
-    """Someone other than the simulator is in the room as the run begins."""
-    return any(ATTRIBUTE_SIMULATOR not in p.attributes for p in scenario.participants)
 
 
 _E = TypeVar("_E", bound=BaseException)
@@ -446,31 +301,3 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _in_thread(fn: Callable[[], Any]) -> Any:
-    """``fn()`` where no event loop runs: this thread, or a fresh one when this one runs a
-    loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        running = False
-    else:
-        running = True
-    if not running:  # outside the except: what fn raises is not "during" the lookup
-        return fn()
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the caller's thread
-            box["error"] = e
-
-    # a daemon: a run cut short (Ctrl-C in the caller's join) does not keep the process
-    t = threading.Thread(target=target, name="agent-runtime-fuzz", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")

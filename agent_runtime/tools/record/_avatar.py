@@ -144,14 +144,13 @@ class _AvatarPass(_State):
         return self._held_starts
 
     def _plugin_starts(self, start: int) -> tuple[list[tuple[int, str]], bool]:
-        """How each plugin start of the user's ``start`` at ``start`` and its retries
-        ended, in order: (the index of the record that says so, ``raised``, ``returned``,
+        """How each plugin start of the user's ``start`` at ``start`` and its retries ended,
+        in order: (the index of the record that says so, ``raised``, ``returned``,
         ``no_route`` or ``timed_out``: the runtime's ``start_timeout``), and whether a
         scenario must hold them to end each where the trace shows: one more began (the
         user's, or a retry) and never ended, one was cut by ``start_timeout`` or returned
-        without a route, or one took
-        time (the provider's call: an avatar joining meanwhile is seen only by the start's
-        end, not at once as after an instant start)."""
+        without a route, or one took time (the provider's call: an avatar joining meanwhile
+        is seen only by the start's end, not at once as after an instant start)."""
         out: list[tuple[int, str]] = []
         began = 1 if self.records[start].kind == "transition" else 0
         since = [self.records[start].t]  # when each start began
