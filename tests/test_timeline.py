@@ -443,3 +443,25 @@ def test_a_trace_no_inputs_can_be_rebuilt_from_draws_no_inputs_strip() -> None:
     html = timeline_html(records, title="no inputs")
     assert 'class="strip-label">inputs<' not in html and "input (purple" not in html
     assert '<g class="lane" data-label="job"' in html  # the lane itself is drawn
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="rebuilt_inputs catches only RecordError: record() raises ValueError/TypeError "
+    "on a participant's attributes that are not a mapping, and the page is not drawn",
+)
+def test_a_trace_record_cannot_read_still_gets_its_page() -> None:
+    """A production trace whose facts ``record`` cannot read (here a participant's
+    attributes that are not a mapping: a hand-edited or damaged trace) is still drawn, as
+    it was before the inputs strip was rebuilt from it."""
+    from agent_runtime.observe.trace import TraceRecord
+
+    joined = {"identity": "user", "kind": "standard", "attributes": "not a mapping"}
+    records = [
+        TraceRecord(
+            0.0, "transition", "participant", "r", event="participant_connected",
+            source="waiting", dest="linked", data=joined,
+        ),
+    ]  # fmt: skip
+    html = timeline_html(records, title="damaged")
+    assert '<g class="lane" data-label="participant"' in html
