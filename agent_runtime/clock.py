@@ -41,8 +41,6 @@ class AsyncioClock:
     """Real time from the running loop; ``now()`` counts seconds since the clock was first
     used (two clocks count from different zeros: runtimes that share a tracer share one)."""
 
-    __slots__ = ("_loop", "_origin", "_shared")
-
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._origin: float | None = None

@@ -41,8 +41,9 @@ def positional_arity(fn: Callable[..., Any]) -> int | None:
         if code.co_flags & inspect.CO_VARARGS:
             return None
         return code.co_argcount - (1 if t is MethodType else 0)
-    # a callable object whose class states its signature (a slotted listener): read as it is
-    sig = getattr(t, "__signature__", None)
+    # a callable object that states its signature (a slotted listener): read as it is, as
+    # inspect would (from the object: a pydantic model's class-only one is its constructor's)
+    sig = getattr(fn, "__signature__", None)
     if not isinstance(sig, inspect.Signature):
         sig = inspect.signature(fn)
     params = sig.parameters.values()

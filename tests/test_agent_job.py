@@ -1304,3 +1304,44 @@ async def test_an_avatar_start_with_no_route_and_a_failed_removal_are_logged_nam
     for head in (no_route, removal):
         (line,) = [m for m in lines if m.startswith(head)]
         assert lines[line].job_id == ctx.job.id and lines[line].machine == "avatar"  # type: ignore[attr-defined]
+
+
+async def test_a_log_filter_failing_on_the_jobs_close_line_loses_none_of_its_changes(
+    ctx: JobContext,
+    room: InMemoryRoom,
+    clock: VirtualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A log filter of the user's that raises on the "job closed" line is logged as a
+    listener's failure is; the job's lifecycle still closes and is heard closing (its
+    trace file and OTel spans are closed there)."""
+
+    class Broken(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.getMessage().startswith("job closed"):
+                raise RuntimeError("a user's log filter broke")
+            return True
+
+    room.add_participant("user")
+    room.add_participant("simulator", attributes=SIM)
+    simulated(ctx, None)
+    with injected(clock=clock):
+        job = AgentJob.from_job_context(ctx, session=AgentSession(), participant_identity="user")
+    await job.start(Agent(instructions="agent"))
+    await settle()
+    heard: list[str] = []
+    job.on("state_changed", lambda sc: heard.append(f"{sc.machine}->{sc.dest}"))
+    broken = Broken()
+    lg = logging.getLogger("agent_runtime.agent_job")
+    lg.addFilter(broken)
+    try:
+        with caplog.at_level(logging.INFO):
+            room.remove_participant("simulator", rtc.DisconnectReason.CLIENT_INITIATED)
+            await asyncio.wait_for(job.wait_closed(), 5)
+            await settle()
+    finally:
+        lg.removeFilter(broken)
+    assert job.states["agent_job"] == "closed"
+    assert heard[heard.index("job->closed") :][-1] == "agent_job->closed"
+    failed = [r for r in caplog.records if "a closed listener failed" in r.getMessage()]
+    assert len(failed) == 1 and "a user's log filter broke" in failed[0].getMessage()

@@ -327,11 +327,6 @@ class _ModelListener(pydantic.BaseModel):
         CALLS.append(("model", payload))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="positional_arity reads type(fn).__signature__: a pydantic model's is its "
-    "constructor's, so the model is called with no argument, fails and is dropped",
-)
 def test_a_callable_pydantic_model_listener_gets_what_livekit_would_give_it() -> None:
     fn = _ModelListener()
     theirs = _calls(rtc.EventEmitter, fn)

@@ -445,11 +445,6 @@ def test_a_trace_no_inputs_can_be_rebuilt_from_draws_no_inputs_strip() -> None:
     assert '<g class="lane" data-label="job"' in html  # the lane itself is drawn
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rebuilt_inputs catches only RecordError: record() raises ValueError/TypeError "
-    "on a participant's attributes that are not a mapping, and the page is not drawn",
-)
 def test_a_trace_record_cannot_read_still_gets_its_page() -> None:
     """A production trace whose facts ``record`` cannot read (here a participant's
     attributes that are not a mapping: a hand-edited or damaged trace) is still drawn, as
@@ -465,3 +460,8 @@ def test_a_trace_record_cannot_read_still_gets_its_page() -> None:
     ]  # fmt: skip
     html = timeline_html(records, title="damaged")
     assert '<g class="lane" data-label="participant"' in html
+    # record itself refuses it with a clear line (a traceback before)
+    from agent_runtime.tools.record import RecordError, record
+
+    with pytest.raises(RecordError, match=r"t=0: 'user''s attributes are str, not a mapping"):
+        record(records, name="damaged")

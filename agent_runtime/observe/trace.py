@@ -328,8 +328,6 @@ class Tracer:
     evidence, and one with holes where writes failed would not be.
     """
 
-    __slots__ = ("failures", "labels", "shared", "sinks")
-
     def __init__(self, *sinks: TraceSink) -> None:
         for s in sinks:
             if isinstance(s, type):  # its write is a function wanting self: the first fails

@@ -146,8 +146,6 @@ _LAST = 1 << 30  # the rank of a subscriber given none
 class RoomEventAdapter:
     """Hooks one room, fans facts out to subscribers in subscription order."""
 
-    __slots__ = ("_hooks_on", "_ranks", "_subscribers", "labels", "room")
-
     def __init__(self, room: rtc.Room) -> None:
         check_part("room", room, required=True)  # not an AttributeError at start()
         self.room = room

@@ -406,8 +406,14 @@ class AgentJob(Emitter[Events]):
             self._forget()
         self.emit("state_changed", sc)  # a listener that fails: the Emitter logs and drops it
         if sc.machine == "job" and sc.dest == "closed":
-            # the system's "closed", heard as its owner: no listener table per job
-            self._on_closed(self.job.closed_at)
+            # the system's "closed", heard as its owner: no listener table per job. What
+            # fails here (a log filter of the user's) is logged as a listener's failure
+            # would be: it must not cost the owner chain the job's changes still to come
+            t = self.job.closed_at
+            try:
+                self._on_closed(t)
+            except Exception as e:
+                self._listener_failed("closed", self._on_closed, e, (t,))
 
     def _on_closed(self, t: float | None) -> None:
         logger.info(

@@ -7,12 +7,13 @@ the replay's avatar removes it by itself."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agent_runtime.observe.trace import TraceRecord
 from agent_runtime.testing.result import seconds_text as secs
-from agent_runtime.tools.record._state import _SIMULATOR_ATTRIBUTE, _State
+from agent_runtime.tools.record._state import _SIMULATOR_ATTRIBUTE, RecordError, _State
 from statemachines.machines import MACHINES
 from statemachines.routing import ROUTES
 
@@ -134,7 +135,7 @@ class _RoomPass(_State):
                 ident = str(r.data.get("identity"))
                 if ident in self.present:
                     continue  # already in the room by a step: the link saw it there
-                self._initial(ident, r.data.get("kind"), r.data.get("attributes") or {})
+                self._initial(ident, r.data.get("kind"), _attributes(r.data, r.t))
                 continue
             f: _Fact = item
             d = f.data
@@ -143,12 +144,13 @@ class _RoomPass(_State):
                 if ident in self.present:
                     continue
                 self.present.add(ident)
-                self._seen(ident, index, dict(d.get("attributes") or {}))
+                attributes = _attributes(d, f.t)
+                self._seen(ident, index, attributes)
                 fields: dict[str, Any] = {"identity": ident}
                 if d.get("kind", "standard") != "standard":
                     fields["kind"] = d["kind"]
-                if d.get("attributes"):
-                    fields["attributes"] = dict(d["attributes"])
+                if attributes:
+                    fields["attributes"] = dict(attributes)
                 self.step(index, f.t, "participant_connected", **fields)
                 if any(r.machine == "avatar" and r.guards.get("has_video") for r in f.records):
                     self.note(
@@ -210,3 +212,15 @@ class _RoomPass(_State):
                 self.step(index, f.t, "room.disconnected", reason=d["reason"])
             else:  # reconnecting / reconnected
                 self.note(f"t={secs(f.t)}: the room {f.name}; scenarios have no such step")
+
+
+def _attributes(data: Mapping[str, Any], t: float) -> dict[str, Any]:
+    """A participant's attributes as a record carries them: a mapping, or none. Anything
+    else is a trace no runtime wrote (edited or damaged): refused naming the time."""
+    attributes = data.get("attributes") or {}
+    if not isinstance(attributes, Mapping):
+        raise RecordError(
+            f"t={secs(t)}: {data.get('identity')!r}'s attributes are "
+            f"{type(attributes).__name__}, not a mapping (an edited or damaged trace)"
+        )
+    return dict(attributes)
