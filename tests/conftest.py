@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import gc
+import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -55,6 +57,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def no_module_left_from_a_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module a test loaded from a pytest temporary folder (an agent file the CLI
+    fuzzed) is unloaded after it, and ``sys.path`` is put back: left, a temporary
+    ``support.py`` hid the package ``tests/support`` from a later test in the process."""
+    path = list(sys.path)
+    before = set(sys.modules)
+    yield
+    sys.path[:] = path
+    base = os.path.join(tmp_path_factory.getbasetemp(), "")
+    for name in set(sys.modules) - before:
+        # read from the module's own namespace: a lazy module's __getattr__ may import
+        file = getattr(sys.modules[name], "__dict__", {}).get("__file__")
+        if isinstance(file, str) and file.startswith(base):
+            del sys.modules[name]
 
 
 @pytest.fixture

@@ -415,23 +415,17 @@ async def NAME(ctx: JobContext) -> None:
 
 
 def test_two_agents_fuzzed_with_one_seed_into_one_folder_keep_both_failures(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Both were written to ``found/fuzz-7.yaml``: the second agent's failure silently
     replaced the first's. Each file is named by its agent, and says which it is."""
     found = tmp_path / "found"
     written = {}
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI adds each agent's folder
     for name in ("sales", "support"):
         (tmp_path / f"{name}.py").write_text(TWO_AGENTS.replace("NAME", name))
-        try:
-            code, out, _ = _fuzz_cli(
-                capsys, f"{tmp_path / name}.py:server", "--seed", "7", "--out", str(found)
-            )
-        finally:
-            # left loaded, this 'support' hid tests/support from a later test's fuzz of
-            # tests/support/planted.py in the same process ("'support' is not a package")
-            sys.modules.pop(name, None)
+        code, out, _ = _fuzz_cli(
+            capsys, f"{tmp_path / name}.py:server", "--seed", "7", "--out", str(found)
+        )
         assert code == 1, out
         written[name] = found / f"fuzz-{name}.{name}-7.yaml"
         assert f"written to {written[name]} (replay: --replay {written[name]})" in out

@@ -323,15 +323,22 @@ class AudioRoute:
             return "left_alone"
         self.prev = None
         back, outcome = self._route_back(prev)
+        try:
+            if back is not None:
+                keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
+                session.output.replace_audio_tail(back)
+            else:
+                session.output.audio = prev.top
+        except BaseException:
+            # refused part-way, the sink still in: its later clears are the session's
+            # (``detaching``), and a later put-back may try again
+            self.prev = prev
+            raise
         if back is not None:
-            keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
-            session.output.replace_audio_tail(back)
             if waiting is not None:
                 waiting.moved_to = self.moved_from(sink)
             carried = waiting is not None or lk.sink_takes_frames(sink)
             finish_orphans(audio_chain(session), carried_on=carried)
-        else:
-            session.output.audio = prev.top
         if sink not in audio_chain(session):
             # a chain that was the sink alone is replaced whole: no proxy clears it, and a
             # speech may wait on the sink itself (kept for a rejoin, it is not retired)

@@ -327,7 +327,7 @@ def make_machine(
         @invariant()
         def holds(self) -> None:
             if self.steps:
-                self._fail([p for check in props.DURING for p in check(self.h)])
+                self._fail(props.during(self.h))
 
         def teardown(self) -> None:
             try:

@@ -191,7 +191,10 @@ def off_the_call(h: Harness) -> list[Problem]:
     return [Problem("off the call", f"t={h.clock.now():g}: {held}")] if held else []
 
 
-DURING: tuple[Callable[[Harness], list[Problem]], ...] = (audible, verdicts, off_the_call)
+def during(h: Harness) -> list[Problem]:
+    """What is checked after every step, of a fuzzed run and of its replay alike: one place,
+    so a failure the fuzzer found is the one its replay reproduces."""
+    return audible(h) + verdicts(h) + off_the_call(h)
 
 
 # -- once the job has ended ---------------------------------------------------------------

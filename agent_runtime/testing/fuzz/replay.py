@@ -20,7 +20,7 @@ from agent_runtime.testing.clock import run as on_virtual_time
 from agent_runtime.testing.entrypoint import check_agent, served
 from agent_runtime.testing.fuzz.harness import CONFIG, TAKES, Declined, Harness
 from agent_runtime.testing.fuzz.machine import finish
-from agent_runtime.testing.fuzz.properties import DURING, Check, Problem, check_checks
+from agent_runtime.testing.fuzz.properties import Check, Problem, check_checks, during
 from agent_runtime.testing.fuzz.report import FuzzReport, fill_report
 from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.sdk_logs import quiet_sdk_logs
@@ -125,7 +125,7 @@ async def run_scenario(
                     # with none is one it may decline
                     await h.close()
                     raise h.entry.error
-                problems = [p for check in DURING for p in check(h)]
+                problems = during(h)
                 if problems:
                     await h.close()
                     return problems
