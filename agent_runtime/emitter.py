@@ -7,8 +7,10 @@ that too, and ``CancelledError`` or any other ``BaseException``) never reaches t
 that emitted: it is logged once and the listener removed. livekit's ``emit`` builds
 ``inspect.signature`` of every
 listener on every call, which made up most of what a state change cost; here the arity of a
-plain function or bound method is read from its code object, and only other callables (a
-``functools.partial``, a decorated function, a callable object) go through ``inspect``.
+plain function or bound method is read from its code object, a callable object that states
+its ``__signature__`` has it read as it is, and only other callables (a
+``functools.partial``, a decorated function, a callable object with none) go through
+``inspect``.
 """
 
 from __future__ import annotations

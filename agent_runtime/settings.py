@@ -4,7 +4,7 @@
 these definitions, so a value one of them accepts is a value every one of them runs with.
 A bad value raises ``SettingError`` (a ``ValueError``) naming the setting, what is wrong and
 the value given, before anything is built (the errors, and how they quote a value, are in
-``setting_errors``; every name is still imported from here).
+``setting_errors``; every name can still be imported from here).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ chromedriver is installed (`.ci/run` installs them).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -465,3 +466,16 @@ def test_a_trace_record_cannot_read_still_gets_its_page() -> None:
 
     with pytest.raises(RecordError, match=r"t=0: 'user''s attributes are str, not a mapping"):
         record(records, name="damaged")
+    # so are the attributes a fact says changed (the simulator's, routed to the job)
+    left = {"identity": "user", "changed": "not a mapping"}
+    good = {**joined, "attributes": {}}
+    changed = [
+        dataclasses.replace(records[0], data=good),
+        TraceRecord(
+            1.0, "transition", "job", "r", event="simulator_left",
+            source="serving", dest="closing", data=left,
+        ),
+    ]  # fmt: skip
+    assert '<g class="lane" data-label="job"' in timeline_html(changed, title="damaged")
+    with pytest.raises(RecordError, match=r"t=1: 'user''s changed attributes are str"):
+        record(changed, name="damaged")

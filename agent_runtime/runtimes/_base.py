@@ -12,11 +12,10 @@ A runtime's lifecycle is its machine's: what it asks is the actor's state (or
 or a ``None`` kept beside the machine; a handle it holds (a task) is what it releases. A
 start asks its machine whether it already ran (the session host's ``new`` state; the
 participant link's machine, which nothing but its start and its close reach before it
-follows the room). A runtime's owner
-(the system that composes it, which forwards every change) is given when it is built,
-never set after: ``owner=``. A listener that fails is the ``Emitter``'s to log and
-remove; an owner that fails is logged and dropped the same way
-(``OwnedEmitter._emit_state``, which forwards a change).
+follows the room). A runtime's owner (the system that composes it, which forwards every
+change) is given when it is built, never set after: ``owner=``. A listener that fails is
+the ``Emitter``'s to log and remove; an owner that fails is logged and dropped the same
+way (``OwnedEmitter._emit_state``, which forwards a change).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A trace as one self-contained HTML page: each machine's diagram, a timeline of the job
 (a lane per machine instance, its states as bars, effects and rejects as marks, the
-scenario's inputs above), and a scrubber that lights each machine's state at that time in
-the diagrams.
+scenario's inputs above: for a production trace, which has none written, the steps
+``agent-runtime record`` rebuilds from it, or no strip when none can be), and a scrubber
+that lights each machine's state at that time in the diagrams.
 
 Everything is inline (CSS, the SVG drawings, a little JavaScript): the page fetches nothing
 and needs no Graphviz; the diagrams are ``machine_svg.py``'s, the pictures ``agent-runtime
@@ -364,8 +365,8 @@ def timeline_html(
 def rebuilt_inputs(records: Sequence[TraceRecord]) -> list[TraceRecord]:
     """The inputs of a trace that has none written (a production trace's): the steps
     ``agent-runtime record`` rebuilds from the machines' events (room facts, RPCs and
-    session requests, the agent's own calls), at their times; none when it cannot rebuild
-    a scenario (a trace of two jobs)."""
+    session requests, the agent's own calls), at their times; none when ``record``
+    refuses the trace (edited or damaged; a trace of two jobs passed from Python)."""
     try:
         steps = record(records, name="trace").scenario["steps"]
     except RecordError:

@@ -312,8 +312,9 @@ class AudioRoute:
         """Put the previous route back unless ours was replaced since (logged through
         ``report``, the avatar actor's: the line names its job). The previous route is
         used up first: the SDK clears the sink it detaches, and that clear is the swap's
-        (``detaching``). Only the rows out of the states where our route may be in ask
-        for it, so it runs once per route. ``waiting``: the adoption of a sink a frame waits
+        (``detaching``); a swap the chain refuses part-way gets it back. Only the rows out
+        of the states where our route may be in ask for it, so it runs once per route (or
+        again after a refused swap). ``waiting``: the adoption of a sink a frame waits
         at; that frame goes on to the route put back."""
         session, sink, prev = self.session, self.installed, self.prev
         if session is None or sink is None or prev is None:

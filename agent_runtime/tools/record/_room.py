@@ -193,13 +193,12 @@ class _RoomPass(_State):
                         f"t={secs(f.t)}: {ident} unmuted a track; scenarios have no unmute step"
                     )
             elif f.name == "attributes_changed":
+                changed = _attributes(d, f.t, "changed")
                 now = self._attributes_at(index, ident)
                 if now is not None:
-                    merged = {**now, **d["changed"]}
+                    merged = {**now, **changed}
                     self._seen(ident, index, {k: v for k, v in merged.items() if v != ""})
-                self.step(
-                    index, f.t, "attributes_changed", identity=ident, attributes=dict(d["changed"])
-                )
+                self.step(index, f.t, "attributes_changed", identity=ident, attributes=changed)
             elif f.name == "room_connected":
                 if not room_was_up:
                     self.config["room_connected"] = False
@@ -214,13 +213,15 @@ class _RoomPass(_State):
                 self.note(f"t={secs(f.t)}: the room {f.name}; scenarios have no such step")
 
 
-def _attributes(data: Mapping[str, Any], t: float) -> dict[str, Any]:
-    """A participant's attributes as a record carries them: a mapping, or none. Anything
-    else is a trace no runtime wrote (edited or damaged): refused naming the time."""
-    attributes = data.get("attributes") or {}
+def _attributes(data: Mapping[str, Any], t: float, key: str = "attributes") -> dict[str, Any]:
+    """A participant's attributes (or those changed) as a record carries them: a mapping,
+    or none. Anything else is a trace no runtime wrote (edited or damaged): refused naming
+    the time."""
+    attributes = data.get(key) or {}
     if not isinstance(attributes, Mapping):
+        what = "attributes" if key == "attributes" else f"{key} attributes"
         raise RecordError(
-            f"t={secs(t)}: {data.get('identity')!r}'s attributes are "
+            f"t={secs(t)}: {data.get('identity')!r}'s {what} are "
             f"{type(attributes).__name__}, not a mapping (an edited or damaged trace)"
         )
     return dict(attributes)
