@@ -69,6 +69,26 @@ class Performer(OwnedEmitter[str]):
     _tasks: set[asyncio.Future[Any]] | None
     scheduler: Scheduler
 
+    # -- the state entered: its timeout and its tasks ---------------------------------------
+    @property
+    def live_tasks(self) -> int:
+        """State-scoped tasks still running (for tests: none outlive their state)."""
+        return sum(1 for t in self._tasks or () if not t.done())
+
+    @property
+    def timer_armed(self) -> bool:
+        return self._timer is not None
+
+    @property
+    def timer_deadline(self) -> float | None:
+        """When the state's timeout fires (this actor's clock), while it is armed."""
+        return self._timer_deadline if self._timer is not None else None
+
+    @property
+    def entered_at(self) -> float | None:
+        """When the current state was entered (this actor's clock); None before ``start``."""
+        return self._entered_at
+
     def _mail(self) -> deque[Entry]:
         """The mailbox (``Actor``)."""
         raise NotImplementedError

@@ -192,25 +192,6 @@ class Actor(Performer):
     def idle(self) -> bool:
         return not self._mailbox and self._pending is None
 
-    @property
-    def live_tasks(self) -> int:
-        """State-scoped tasks still running (for tests: none outlive their state)."""
-        return sum(1 for t in self._tasks or () if not t.done())
-
-    @property
-    def timer_armed(self) -> bool:
-        return self._timer is not None
-
-    @property
-    def timer_deadline(self) -> float | None:
-        """When the state's timeout fires (this actor's clock), while it is armed."""
-        return self._timer_deadline if self._timer is not None else None
-
-    @property
-    def entered_at(self) -> float | None:
-        """When the current state was entered (this actor's clock); None before ``start``."""
-        return self._entered_at
-
     def pass_outputs(self, effects: frozenset[str], to: OutputFn) -> None:
         """Hand the success of each of ``effects`` to ``to`` (the system's links): an effect
         never posts to another machine itself."""
@@ -229,7 +210,8 @@ class Actor(Performer):
         if self._life == "closed":
             self.report(logger, logging.INFO, "dropped %r after close", event.name)
             return
-        self._enqueue((event, None, None))
+        if self._ignores(event) is None:
+            self._enqueue((event, None, None))
 
     def post_now(self, event: Event) -> None:
         """``post``, then step what is ready now instead of in the scheduler's next call (the
@@ -240,13 +222,27 @@ class Actor(Performer):
         self.scheduler.run()
 
     async def send(self, event: Event) -> Step:
-        """Queue an event and wait for its step; raises ``EventRejected`` on a reject cell."""
+        """Queue an event and wait for its step; raises ``EventRejected`` on a reject cell.
+        The step comes now, as ``post_now``'s: the sender waits and posts nothing else."""
         self._check(event)
         if self._life == "closed":
             raise ActorClosed(f"{self._who()} is closed; {event.name!r} was not handled")
+        if (st := self._ignores(event)) is not None:
+            return st
         fut: asyncio.Future[Step] = asyncio.get_running_loop().create_future()
         self._enqueue((event, fut, None))
+        self.scheduler.run()
         return await fut
+
+    def _ignores(self, event: Event) -> Step | None:
+        """``event``'s step, when it would be the next one, in this state, and an ignore
+        cell with nobody recording: it changes nothing, so it needs no step. Else None."""
+        if self._mailbox is not None or self._pending is not None or self._life != "running":
+            return None
+        entry = self._table.cells.get((self._state, event.name))
+        if isinstance(entry, Step) and entry.outcome == "ignore" and not self._tracing():
+            return entry
+        return None
 
     async def join(self) -> None:
         """Wait until the mailbox is empty (effects included): for the scheduler's next run

@@ -541,19 +541,26 @@ async def test_a_second_avatar_start_is_refused_and_changes_nothing(
 ) -> None:
     """``start_avatar()`` again, after it or at the same time, is refused as "already
     started"; the job goes on and its session still starts. The refusal used to fail the
-    start: the whole job closed, and the concurrent one cut the good start."""
+    start: the whole job closed, and the concurrent one cut the good start. At the same
+    time, whichever call reaches the job first starts it (asyncio decides which task runs
+    first): the other one is refused."""
     room.add_participant("user-1")
     for concurrent in (False, True):
         avatar = ScriptedAvatar(avatar_identity="avatar-1", start_delay=1.0, clock=clock)
         job = AgentJob(room=room, session=AgentSession(), clock=clock, avatar=avatar, otel=False)
         first = asyncio.create_task(job.start_avatar())
-        if not concurrent:
+        if concurrent:
+            second = asyncio.create_task(job.start_avatar())
+            await clock.advance(2)
+            outcomes = await asyncio.gather(first, second, return_exceptions=True)
+            assert outcomes.count(None) == 1, outcomes
+            (refused,) = [o for o in outcomes if o is not None]
+            assert isinstance(refused, RuntimeError) and "already started" in str(refused)
+        else:
             await clock.advance(2)
             await first
-        with pytest.raises(RuntimeError, match="already started"):
-            await job.start_avatar()
-        await clock.advance(2)
-        await first
+            with pytest.raises(RuntimeError, match="already started"):
+                await job.start_avatar()
         assert avatar.start_calls == 1
         assert job.lifecycle == "starting" and job.states["job"] != "closing"
         await job.start_session(agent())
