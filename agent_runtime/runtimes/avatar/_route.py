@@ -253,6 +253,8 @@ class AudioRoute:
 
     def take_prev(self) -> None:
         chain = audio_chain(self.session)
+        if self.prev is not None and chain and chain[-1] is self.installed:
+            return  # our sink is still in (its put-back failed): the route it replaced stands
         self.prev = PrevRoute(
             chain[0] if chain else None,
             chain[-1] if chain else None,
@@ -312,10 +314,10 @@ class AudioRoute:
         """Put the previous route back unless ours was replaced since (logged through
         ``report``, the avatar actor's: the line names its job). The previous route is
         used up first: the SDK clears the sink it detaches, and that clear is the swap's
-        (``detaching``); a swap the chain refuses part-way gets it back. Only the rows out
-        of the states where our route may be in ask for it, so it runs once per route (or
-        again after a refused swap). ``waiting``: the adoption of a sink a frame waits
-        at; that frame goes on to the route put back."""
+        (``detaching``); a put-back that fails gets it back, for the next one (a rejoin's
+        reinstall keeps it). Only the rows out of the states where our route may be in ask
+        for it, so it runs once per route (or again after a failed one). ``waiting``: the
+        adoption of a sink a frame waits at; that frame goes on to the route put back."""
         session, sink, prev = self.session, self.installed, self.prev
         if session is None or sink is None or prev is None:
             return "nothing_installed"
@@ -323,16 +325,16 @@ class AudioRoute:
             report(logger, logging.INFO, "the audio route was replaced since; leaving it alone")
             return "left_alone"
         self.prev = None
-        back, outcome = self._route_back(prev)
         try:
+            back, outcome = self._route_back(prev)
             if back is not None:
                 keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
                 session.output.replace_audio_tail(back)
             else:
                 session.output.audio = prev.top
         except BaseException:
-            # refused part-way, the sink still in: its later clears are the session's
-            # (``detaching``), and a later put-back may try again
+            # not put back (no route to put back, or refused), the sink still in: its later
+            # clears are the session's (``detaching``), and a later put-back may try again
             self.prev = prev
             raise
         if back is not None:
