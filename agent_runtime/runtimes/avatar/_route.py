@@ -16,9 +16,10 @@ when no route is in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, NamedTuple
 
 from livekit import rtc
@@ -27,6 +28,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from livekit.agents.voice.io import AudioOutput
 from livekit.agents.voice.room_io import RoomIO
 
+from agent_runtime.observe.trace import describe
 from agent_runtime.runtimes.avatar._sink import SinkAdoption, retire_sink
 from agent_runtime.sdk import livekit_compat as lk
 
@@ -209,6 +211,24 @@ def keep_to_its_rate(out: AudioOutput, sink: AudioOutput) -> None:
     out.capture_frame = capture_frame  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _unasked(out: AudioOutput) -> Iterator[None]:
+    """``out``'s part in being detached (its flush, clear and detach) does nothing for the
+    while; its own methods, or what stood in for them, are back after it."""
+    names = ("flush", "clear_buffer", "on_detached")
+    own = {name: vars(out).get(name) for name in names}
+    for name in names:
+        setattr(out, name, lambda: None)
+    try:
+        yield
+    finally:
+        for name, mine in own.items():
+            if mine is None:
+                vars(out).pop(name, None)
+            else:
+                setattr(out, name, mine)
+
+
 class PrevRoute(NamedTuple):
     """The route a plugin's start (or a reinstall) replaced, taken just before it."""
 
@@ -253,6 +273,8 @@ class AudioRoute:
 
     def take_prev(self) -> None:
         chain = audio_chain(self.session)
+        if self.prev is not None and chain and chain[-1] is self.installed:
+            return  # our sink is still in (its put-back failed): the route it replaced stands
         self.prev = PrevRoute(
             chain[0] if chain else None,
             chain[-1] if chain else None,
@@ -312,10 +334,10 @@ class AudioRoute:
         """Put the previous route back unless ours was replaced since (logged through
         ``report``, the avatar actor's: the line names its job). The previous route is
         used up first: the SDK clears the sink it detaches, and that clear is the swap's
-        (``detaching``); a swap the chain refuses part-way gets it back. Only the rows out
-        of the states where our route may be in ask for it, so it runs once per route (or
-        again after a refused swap). ``waiting``: the adoption of a sink a frame waits
-        at; that frame goes on to the route put back."""
+        (``detaching``); a put-back that fails gets it back, for the next one (a rejoin's
+        reinstall keeps it). Only the rows out of the states where our route may be in ask
+        for it, so it runs once per route (or again after a failed one). ``waiting``: the
+        adoption of a sink a frame waits at; that frame goes on to the route put back."""
         session, sink, prev = self.session, self.installed, self.prev
         if session is None or sink is None or prev is None:
             return "nothing_installed"
@@ -323,16 +345,14 @@ class AudioRoute:
             report(logger, logging.INFO, "the audio route was replaced since; leaving it alone")
             return "left_alone"
         self.prev = None
-        back, outcome = self._route_back(prev)
         try:
+            back, outcome = self._route_back(prev)
             if back is not None:
                 keep_to_its_rate(back, sink)  # a segment carried over keeps the sink's rate
-                session.output.replace_audio_tail(back)
-            else:
-                session.output.audio = prev.top
+            self._swap_out(sink, back, prev.top, report)
         except BaseException:
-            # refused part-way, the sink still in: its later clears are the session's
-            # (``detaching``), and a later put-back may try again
+            # not put back (no route to put back, or refused), the sink still in: its later
+            # clears are the session's (``detaching``), and a later put-back may try again
             self.prev = prev
             raise
         if back is not None:
@@ -347,6 +367,37 @@ class AudioRoute:
         now = route_of(session, sink)
         report(logger, logging.INFO, "audio route restored (%s), now %s", outcome, now)
         return outcome
+
+    def _swap_out(
+        self,
+        sink: AudioOutput,
+        back: AudioOutput | None,
+        top: AudioOutput | None,
+        report: Callable[..., None],
+    ) -> None:
+        """Put ``back`` at the tail in place of ``sink`` (or ``top`` as the whole chain).
+        A sink that refuses to be let go part-way through livekit's swap (its flush, clear
+        or detach raising) is let go anyway, the swap made again without asking it: left
+        in, it takes the session's audio to an avatar that is gone, and never reports the
+        end of what it held (a speech hangs)."""
+        session = self.session
+        assert session is not None
+
+        def swap() -> None:
+            if back is not None:
+                session.output.replace_audio_tail(back)
+            else:
+                session.output.audio = top
+
+        try:
+            swap()
+        except Exception as e:
+            if sink not in audio_chain(session):
+                raise  # the sink is out: what failed is not its refusal
+            msg = "the avatar's sink refused to be let go (%s); put back without asking it"
+            report(logger, logging.WARNING, msg, describe(e))
+            with _unasked(sink):
+                swap()
 
     def detaching(self, sink: AudioOutput) -> bool:
         """Whether a clear of ``sink`` is our own put-back detaching it: the previous
