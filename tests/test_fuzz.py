@@ -26,7 +26,7 @@ import yaml
 from agent_runtime.testing.fuzz import FuzzOptions, FuzzOutcome, fuzz, replay
 from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.tools.cli import main
-from tests.support import planted
+from tests.support import lingering, planted
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = "tests/support/planted.py"
@@ -624,6 +624,37 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     # a hook of the agent's own that does not await the runtime's loses it the same way
     own = replay(planted.no_hook_server(True, own_hook=True), path)
     assert own.problems == report.problems
+
+
+def test_a_verdict_held_up_by_the_agents_own_on_simulation_end_is_not_blamed_on_the_hook(
+    tmp_path: Path,
+) -> None:
+    """The simulator asks while the job serves and the agent's ``on_simulation_end`` never
+    returns: the report blamed a missing ``on_session_end`` (the server had it) and a room
+    livekit disconnected (it was still connected), sending the newcomer to the wrong fix."""
+    ask_while_serving = {
+        "name": "the simulator asks for the verdict while the agent serves",
+        **_WITH_SIMULATOR,
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            _finalize(1, "simulator"),
+            {"at": 2, "event": "end"},
+        ],
+    }
+    path = tmp_path / "ask_while_serving.yaml"
+    path.write_text(yaml.safe_dump(ask_while_serving), encoding="utf-8")
+    report = replay(planted.hung_verdict_server(), path)
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(
+        "verdict: the simulator's finalize_simulation (RQ_1) got no reply: the agent's "
+        "on_simulation_end had not returned at t="
+    ), report.problems
+    # a job never started gets no word on the hook either: it is named as the cause
+    unstarted = replay(lingering.UNSTARTED, path)
+    assert unstarted.problems == [
+        "started: the entrypoint's AgentJob was never started (job.start)",
+        "verdict: the simulator's finalize_simulation (RQ_1) got no reply",
+    ]
 
 
 def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:

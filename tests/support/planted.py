@@ -206,6 +206,23 @@ def hung_callback_server(buggy: bool = True) -> AgentServer:
     return server
 
 
+def hung_verdict_server() -> AgentServer:
+    """The agent's ``on_simulation_end`` waits for a grading service that never answers:
+    livekit does not bound it, so the simulator's finalize gets no reply while the job
+    serves on."""
+    server = AgentServer(session_end_timeout=315)
+
+    async def grade(_: Any) -> None:
+        await asyncio.Event().wait()  # the grading service's reply
+
+    @server.rtc_session(on_session_end=on_session_end, on_simulation_end=grade)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
 class SummaryAgent(Agent):
     """Saves a summary as it leaves; the save fails (livekit logs it and goes on)."""
 
