@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import signal
 import sys
 import time
@@ -655,6 +656,29 @@ def test_a_verdict_held_up_by_the_agents_own_on_simulation_end_is_not_blamed_on_
         "started: the entrypoint's AgentJob was never started (job.start)",
         "verdict: the simulator's finalize_simulation (RQ_1) got no reply",
     ]
+
+
+def test_an_on_reprompt_that_raises_is_found_as_the_agents_code(tmp_path: Path) -> None:
+    """The watchdog re-prompts the silent user after the agent spoke, and the agent's
+    ``on_reprompt`` raises: it passed ("nothing found"), the failure a WARNING without its
+    traceback, while a raising ``on_simulation_end`` was found."""
+    silent_after_a_reply = {
+        "name": "the user is silent after the agent's reply",
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 0, "event": "agent.say", "duration": 0.5},
+            {"at": 5, "event": "end"},
+        ],
+    }
+    path = tmp_path / "silent_after_a_reply.yaml"
+    path.write_text(yaml.safe_dump(silent_after_a_reply), encoding="utf-8")
+    report = replay(planted.failing_reprompt_server(), path)
+    where = r"user code: the agent's code in failing_reprompt_server\.<locals>\.reprompt "
+    # each re-prompt the watchdog made (two by default), each raised
+    assert len(report.problems) == 2, report.problems
+    for attempt, problem in enumerate(report.problems, 1):
+        assert re.fullmatch(where + rf"\(planted\.py:\d+\) raised KeyError: {attempt}", problem)
 
 
 def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
