@@ -130,7 +130,7 @@ async def run_scenario(
                     await h.close()
                     return problems
             problems = await finish(h, checks, steps)
-            if h.entry is None and _with_a_user(scenario) and not _built(h):
+            if h.started and h.entry is None and _with_a_user(scenario) and not _built(h):
                 # still waiting at the run's end, with a user there from the start: it
                 # builds none anywhere, as one that returns (passing every run would hide it)
                 raise NoAgentJob(
