@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agent_runtime import PlayoutOptions
 from agent_runtime.testing.fuzz import FuzzOptions, FuzzOutcome, fuzz, replay
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.tools.cli import main
 from tests.support import lingering, planted
@@ -679,6 +681,12 @@ def test_an_on_reprompt_that_raises_is_found_as_the_agents_code(tmp_path: Path) 
     assert len(report.problems) == 2, report.problems
     for attempt, problem in enumerate(report.problems, 1):
         assert re.fullmatch(where + rf"\(planted\.py:\d+\) raised KeyError: {attempt}", problem)
+    # the run's log says when, as its steps do (it read t=3.49999999999955)
+    first = 0.5 + PlayoutOptions().safety_window + 2  # the reply, the window, the silence
+    assert [line.split(" ", 1)[0] for line in report.logs] == [
+        f"t={seconds_text(first)}",
+        f"t={seconds_text(first + PlayoutOptions().safety_window + 2)}",
+    ]
 
 
 def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:
