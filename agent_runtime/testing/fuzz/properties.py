@@ -23,6 +23,7 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.fuzz.harness import Failed
 from agent_runtime.testing.invariants.checks import off_the_call as holding_on_the_call
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.user_code import (
     PrewarmFailed,
     is_agents_task,
@@ -207,7 +208,8 @@ def answered(h: Harness) -> list[Problem]:
     cause, job = "", h.job
     if job is not None and job.states.get("finalize") == "answering":
         # livekit does not bound the agent's callback: the reply waits for it
-        cause = f": the agent's on_simulation_end had not returned at t={h.clock.now():g}"
+        at = seconds_text(round(h.clock.now(), 3))
+        cause = f": the agent's on_simulation_end had not returned at t={at}"
     elif job is not None and not h.room.isconnected() and job.job.disconnect_hint():
         # only a room that went can be livekit's disconnect with no hold
         cause = f": {NO_HOLD}"
