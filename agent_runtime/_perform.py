@@ -213,14 +213,17 @@ class Performer(OwnedEmitter[str]):
         outcome: str,
         detail: str,
         follow: object = None,
+        *,
+        logged: bool = False,
     ) -> None:
         """Record an effect's outcome; queue its error event, or the event it returned; pass
-        a success on to the effect's declared links."""
+        a success on to the effect's declared links. ``logged``: the effect logged its own
+        failure (``Reported``)."""
         if outcome != "ok":
             # the log policy: an effect that failed is seen by an operator, once, here
             self.report(
                 logger,
-                logging.WARNING,
+                logging.DEBUG if logged else logging.WARNING,
                 "effect %r %s: %s",
                 name,
                 "timed out" if outcome == "timeout" else "failed",
@@ -255,6 +258,17 @@ class Performer(OwnedEmitter[str]):
             self._outputs.fire(
                 self.spec.name, name, follow.data if isinstance(follow, Output) else EMPTY
             )
+
+    def _work_failed(self, name: str, error: BaseException) -> tuple[str, str, bool]:
+        """An awaited effect's failure: its outcome, its detail, and whether the effect
+        logged it already (``Reported``: that line is the operator's, once)."""
+        if isinstance(error, TimeoutError):
+            return "timeout", f"exceeded {self.effect_timeout}s", False
+        logged = isinstance(error, Reported)
+        if isinstance(error, Reported):
+            error = error.error
+        self.report(logger, logging.DEBUG, "effect %r failed", name, exc_info=error)
+        return "error", f"{type(error).__name__}: {error}", logged
 
     # -- state entry and exit ----------------------------------------------------------------
     def _enter_state(self, by: str = "") -> None:

@@ -392,22 +392,18 @@ class Actor(Performer):
         if p.bound is not None:
             p.bound.cancel()
         name = p.st.effects[p.index]
-        outcome, detail, follow = "ok", "", None
+        outcome, detail, follow, logged = "ok", "", None, False
         if work.cancelled():
             if p.expired:
                 outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
             else:
                 outcome, detail = "error", "cancelled"
         elif (error := work.exception()) is not None:
-            if isinstance(error, TimeoutError):
-                outcome, detail = "timeout", f"exceeded {self.effect_timeout}s"
-            else:
-                outcome, detail = "error", f"{type(error).__name__}: {error}"
-                self.report(logger, logging.DEBUG, "effect %r failed", name, exc_info=error)
+            outcome, detail, logged = self._work_failed(name, error)
         else:
             follow = work.result()
         try:
-            self._effect_done(name, p.event, p.tracing, outcome, detail, follow)
+            self._effect_done(name, p.event, p.tracing, outcome, detail, follow, logged=logged)
             if self._life != "closed" and self._effects_from(
                 p.st, p.event, p.fut, p.tracing, p.index + 1
             ):

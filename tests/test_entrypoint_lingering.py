@@ -216,6 +216,29 @@ def test_the_cli_refuses_an_entrypoint_that_builds_no_job_as_a_usage_error(
     assert "the entrypoint built no AgentJob: call AgentJob.from_job_context(ctx" in err
 
 
+@pytest.mark.parametrize("how", ["fuzz", "replay"])
+def test_the_cli_refuses_an_entrypoint_still_waiting_before_its_job_at_the_runs_end(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    how: str,
+) -> None:
+    # it was "nothing found": every run passed, no job ever built with the user there
+    monkeypatch.chdir(ROOT)
+    user_there = tmp_path / "user_there.yaml"
+    user_there.write_text(
+        "name: the user is there\nparticipants: [{identity: user}]\n"
+        "steps: [{at: 0, event: session.start}, {at: 30, event: end}]\n",
+        encoding="utf-8",
+    )
+    drawn = ["--seed", "1", "--examples", "5"]
+    args = drawn if how == "fuzz" else ["--replay", str(user_there)]
+    code = _bounded(lambda: main(["fuzz", f"{LINGERING}:WAITS_BEFORE_ITS_JOB", *args]))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert "the entrypoint built no AgentJob: it was still waiting" in err
+
+
 def test_a_job_the_entrypoint_never_starts_is_named_first_as_the_cause(
     fuzz_entrypoint: Any,
 ) -> None:

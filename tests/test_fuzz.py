@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import signal
 import sys
 import time
@@ -23,10 +24,12 @@ from typing import Any
 import pytest
 import yaml
 
+from agent_runtime import PlayoutOptions
 from agent_runtime.testing.fuzz import FuzzOptions, FuzzOutcome, fuzz, replay
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.scenario import load_scenario
 from agent_runtime.tools.cli import main
-from tests.support import planted
+from tests.support import lingering, planted
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = "tests/support/planted.py"
@@ -624,6 +627,66 @@ def test_a_server_without_on_session_end_is_found_to_drop_the_verdict(
     # a hook of the agent's own that does not await the runtime's loses it the same way
     own = replay(planted.no_hook_server(True, own_hook=True), path)
     assert own.problems == report.problems
+
+
+def test_a_verdict_held_up_by_the_agents_own_on_simulation_end_is_not_blamed_on_the_hook(
+    tmp_path: Path,
+) -> None:
+    """The simulator asks while the job serves and the agent's ``on_simulation_end`` never
+    returns: the report blamed a missing ``on_session_end`` (the server had it) and a room
+    livekit disconnected (it was still connected), sending the newcomer to the wrong fix."""
+    ask_while_serving = {
+        "name": "the simulator asks for the verdict while the agent serves",
+        **_WITH_SIMULATOR,
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            _finalize(1, "simulator"),
+            {"at": 2, "event": "end"},
+        ],
+    }
+    path = tmp_path / "ask_while_serving.yaml"
+    path.write_text(yaml.safe_dump(ask_while_serving), encoding="utf-8")
+    report = replay(planted.hung_verdict_server(), path)
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(
+        "verdict: the simulator's finalize_simulation (RQ_1) got no reply: the agent's "
+        "on_simulation_end had not returned at t="
+    ), report.problems
+    # a job never started gets no word on the hook either: it is named as the cause
+    unstarted = replay(lingering.UNSTARTED, path)
+    assert unstarted.problems == [
+        "started: the entrypoint's AgentJob was never started (job.start)",
+        "verdict: the simulator's finalize_simulation (RQ_1) got no reply",
+    ]
+
+
+def test_an_on_reprompt_that_raises_is_found_as_the_agents_code(tmp_path: Path) -> None:
+    """The watchdog re-prompts the silent user after the agent spoke, and the agent's
+    ``on_reprompt`` raises: it passed ("nothing found"), the failure a WARNING without its
+    traceback, while a raising ``on_simulation_end`` was found."""
+    silent_after_a_reply = {
+        "name": "the user is silent after the agent's reply",
+        "participants": [{"identity": "user"}],
+        "steps": [
+            {"at": 0, "event": "session.start"},
+            {"at": 0, "event": "agent.say", "duration": 0.5},
+            {"at": 5, "event": "end"},
+        ],
+    }
+    path = tmp_path / "silent_after_a_reply.yaml"
+    path.write_text(yaml.safe_dump(silent_after_a_reply), encoding="utf-8")
+    report = replay(planted.failing_reprompt_server(), path)
+    where = r"user code: the agent's code in failing_reprompt_server\.<locals>\.reprompt "
+    # each re-prompt the watchdog made (two by default), each raised
+    assert len(report.problems) == 2, report.problems
+    for attempt, problem in enumerate(report.problems, 1):
+        assert re.fullmatch(where + rf"\(planted\.py:\d+\) raised KeyError: {attempt}", problem)
+    # the run's log says when, as its steps do (it read t=3.49999999999955)
+    first = 0.5 + PlayoutOptions().safety_window + 2  # the reply, the window, the silence
+    assert [line.split(" ", 1)[0] for line in report.logs] == [
+        f"t={seconds_text(first)}",
+        f"t={seconds_text(first + PlayoutOptions().safety_window + 2)}",
+    ]
 
 
 def test_no_verdict_is_owed_past_the_jobs_own_hold(tmp_path: Path) -> None:

@@ -879,6 +879,41 @@ async def test_a_re_prompt_that_raises_is_logged_and_the_watchdog_goes_on(
     await rig.aclose()
 
 
+async def test_a_re_prompt_that_raises_is_the_agents_bug_logged_once_at_error_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It was one WARNING, "effect 'reprompt' failed", with the traceback at DEBUG: an
+    operator never saw where the agent's code failed, and the testing kit (which hears a
+    failure of the agent's code by its traceback) passed the agent."""
+    rig = PlayoutRig(max_reprompts=1)
+
+    async def broken(session: AgentSession[Any], attempt: int) -> None:
+        raise RuntimeError("the app's re-prompt failed")
+
+    rig.playout._on_reprompt = broken
+    await rig.start()
+    rig.say(1.0)
+    await rig.settle()
+    await rig.report()
+    with caplog.at_level(logging.DEBUG, logger="agent_runtime"):
+        await rig.advance(20.0)
+    seen = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("agent_runtime")
+    ]
+    assert [(r.levelname, r.getMessage().split(": ", 1)[1]) for r in seen] == [
+        ("ERROR", "on_reprompt failed: RuntimeError: the app's re-prompt failed")
+    ]
+    error = seen[0].exc_info[1] if seen[0].exc_info else None
+    assert isinstance(error, RuntimeError) and error.__traceback__ is not None
+    failed = [r for r in rig.sink.records if r.kind == "effect" and r.outcome == "error"]
+    assert [(r.effect, r.detail) for r in failed] == [
+        ("reprompt", "RuntimeError: the app's re-prompt failed")
+    ]
+    await rig.aclose()
+
+
 # -- composition, options, listeners -------------------------------------------------------------
 
 

@@ -128,6 +128,43 @@ def test_the_recorded_file_says_what_it_rebuilt_and_what_it_could_not(
     assert "no scenario step does that" not in notes  # every deletion request is explained
 
 
+@pytest.mark.parametrize("result", ["ok", "error"])
+def test_an_on_simulation_end_that_returned_is_not_said_to_have_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], result: str
+) -> None:
+    """``compute_verdict``'s error event is ``verdict_ready``, its outcome too: every
+    answered finalize was written up as "compute_verdict failed", the bundled hang-up's
+    included. Only the one whose trace says it failed is."""
+    scenario, trace, recorded = tmp_path / "s.yaml", tmp_path / "run.jsonl", tmp_path / "r.yaml"
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": f"on_simulation_end ends {result}",
+                "config": {"simulation": True, "hold": ["simulation_end"]},
+                "participants": [{"identity": "sim", "attributes": {"lk.simulator": "true"}}],
+                "steps": [
+                    {"at": 0, "event": "session.start"},
+                    {
+                        "at": 1,
+                        "event": "session_request",
+                        "caller": "sim",
+                        "request": "finalize_simulation",
+                    },
+                    {"at": 4, "event": "held.end", "call": "simulation_end", "result": result},
+                    {"at": 10, "event": "end"},
+                ],
+            }
+        )
+    )
+    simulate(scenario, capsys, "--trace", str(trace))
+    assert main(["record", str(trace), "-o", str(recorded)]) == 0
+    notes = comments(recorded)
+    said = "t=4: finalize got verdict_ready (compute_verdict failed)" in notes
+    assert said == (result == "error"), notes
+    if result == "ok":  # what it does say: the call took its time
+        assert "finalize left answering on verdict_ready after 3s" in notes
+
+
 @pytest.mark.parametrize(
     "policy",
     [

@@ -50,10 +50,11 @@ from livekit.agents.voice.events import (
 )
 from livekit.agents.voice.speech_handle import SpeechHandle
 
+from agent_runtime._messages import Reported
 from agent_runtime.actor import Event, Output, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.emitter import Listener, event_names
-from agent_runtime.observe.trace import Tracer
+from agent_runtime.observe.trace import Tracer, describe
 from agent_runtime.parts import check_part
 from agent_runtime.runtimes._base import (
     Hear,
@@ -455,10 +456,8 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
         return Output({"playback_position": pushed, "interrupted": cut, "origin": "playout"})
 
     async def _fx_reprompt(self, ev: Event) -> None:
-        self._reprompts += 1
-        n = self._reprompts
-        sent = Reprompted(self._clock.now(), n)
-        self.reprompted.append(sent)
+        n = self._reprompts = self._reprompts + 1
+        self.reprompted.append(sent := Reprompted(self._clock.now(), n))
         self.actor.report(
             logger,
             logging.INFO,
@@ -469,9 +468,14 @@ class PlayoutTracker(MachineRuntime[PlayoutEvents]):
             event=ev.name,
         )
         self.emit("reprompt", sent)
-        res = self._on_reprompt(self.session, n)
-        if inspect.isawaitable(res) and not isinstance(res, SpeechHandle):
-            await res  # bounded by the actor's effect budget
+        try:
+            res = self._on_reprompt(self.session, n)
+            if inspect.isawaitable(res) and not isinstance(res, SpeechHandle):
+                await res  # bounded by the actor's effect budget
+        except Exception as e:  # the agent's bug: its traceback, once; the trace keeps it
+            why = describe(e)
+            self.actor.report(logger, logging.ERROR, "on_reprompt failed: %s", why, exc_info=e)
+            raise Reported(e) from e
 
     def _fx_reset_reprompts(self, ev: Event) -> None:
         self._reprompts = 0

@@ -79,4 +79,5 @@ def unstarted_job_server() -> AgentServer:
 WAITS_FOR_DISCONNECT = waits_for_disconnect_server()
 WAITS_FOREVER = waits_forever_server()
 NO_JOB = no_job_server()
+WAITS_BEFORE_ITS_JOB = waits_before_its_job_server()
 UNSTARTED = unstarted_job_server()

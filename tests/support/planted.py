@@ -15,7 +15,7 @@ from livekit import rtc
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext, room_io
 from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
-from agent_runtime import AgentJob, on_session_end
+from agent_runtime import AgentJob, PlayoutOptions, on_session_end
 
 logger = logging.getLogger("planted")
 
@@ -201,6 +201,45 @@ def hung_callback_server(buggy: bool = True) -> AgentServer:
                     await asyncio.wait_for(never.wait(), 2.0)
 
         ctx.add_shutdown_callback(flush_metrics)
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def hung_verdict_server() -> AgentServer:
+    """The agent's ``on_simulation_end`` waits for a grading service that never answers:
+    livekit does not bound it, so the simulator's finalize gets no reply while the job
+    serves on."""
+    server = AgentServer(session_end_timeout=315)
+
+    async def grade(_: Any) -> None:
+        await asyncio.Event().wait()  # the grading service's reply
+
+    @server.rtc_session(on_session_end=on_session_end, on_simulation_end=grade)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(ctx, session=AgentSession())
+        await job.start(Agent(instructions="test"))
+
+    return server
+
+
+def failing_reprompt_server() -> AgentServer:
+    """The agent's re-prompt reads a prompt table that has no entry for the attempt: the
+    runtime's watchdog calls it, and it raises (the runtime logs it and goes on)."""
+    server = AgentServer(session_end_timeout=315)
+    prompts = {0: "Are you still there?"}
+
+    async def reprompt(session: AgentSession[Any], attempt: int) -> None:
+        session.generate_reply(instructions=prompts[attempt])
+
+    @server.rtc_session(on_session_end=on_session_end)
+    async def entrypoint(ctx: JobContext) -> None:
+        job = AgentJob.from_job_context(
+            ctx,
+            session=AgentSession(),
+            playout=PlayoutOptions(reprompt=True, reprompt_after=2),
+            on_reprompt=reprompt,
+        )
         await job.start(Agent(instructions="test"))
 
     return server

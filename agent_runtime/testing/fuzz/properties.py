@@ -23,6 +23,7 @@ from agent_runtime.sdk import livekit_compat as lk
 from agent_runtime.testing.fuzz.harness import Failed
 from agent_runtime.testing.invariants.checks import off_the_call as holding_on_the_call
 from agent_runtime.testing.job_process import ENTRYPOINT_EXIT, SESSION_CLOSE
+from agent_runtime.testing.result import seconds_text
 from agent_runtime.testing.user_code import (
     PrewarmFailed,
     is_agents_task,
@@ -200,11 +201,17 @@ def during(h: Harness) -> list[Problem]:
 # -- once the job has ended ---------------------------------------------------------------
 def answered(h: Harness) -> list[Problem]:
     """The simulator's finalize, asked while the job could answer, got its one reply. When
-    the runtime's ``on_session_end`` never ran (the server was not given it, or the
-    agent's own hook does not await it), that is named as the cause: livekit's shutdown
-    disconnected the room with no hold."""
-    cause = ""
-    if h.job is not None and h.job.job.disconnect_hint():
+    the agent's ``on_simulation_end`` is still running, or the room went while the
+    runtime's ``on_session_end`` never ran (the server was not given it, or the agent's own
+    hook does not await it: livekit's shutdown disconnected the room with no hold), that is
+    named as the cause."""
+    cause, job = "", h.job
+    if job is not None and job.states.get("finalize") == "answering":
+        # livekit does not bound the agent's callback: the reply waits for it
+        at = seconds_text(round(h.clock.now(), 3))
+        cause = f": the agent's on_simulation_end had not returned at t={at}"
+    elif job is not None and not h.room.isconnected() and job.job.disconnect_hint():
+        # only a room that went can be livekit's disconnect with no hold
         cause = f": {NO_HOLD}"
     return [
         Problem(

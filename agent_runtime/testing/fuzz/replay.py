@@ -17,7 +17,7 @@ from livekit.agents.types import ATTRIBUTE_SIMULATOR
 
 from agent_runtime.testing import scenario as sc
 from agent_runtime.testing.clock import run as on_virtual_time
-from agent_runtime.testing.entrypoint import check_agent, served
+from agent_runtime.testing.entrypoint import NoAgentJob, check_agent, served
 from agent_runtime.testing.fuzz.harness import CONFIG, TAKES, Declined, Harness
 from agent_runtime.testing.fuzz.machine import finish
 from agent_runtime.testing.fuzz.properties import Check, Problem, check_checks, during
@@ -129,13 +129,31 @@ async def run_scenario(
                 if problems:
                     await h.close()
                     return problems
-            return await finish(h, checks, steps)
+            problems = await finish(h, checks, steps)
+            if h.started and h.entry is None and _with_a_user(scenario) and not _built(h):
+                # still waiting at the run's end, with a user there from the start: it
+                # builds none anywhere, as one that returns (passing every run would hide it)
+                raise NoAgentJob(
+                    "the entrypoint built no AgentJob: it was still waiting for something "
+                    f"when the run ended at t={seconds_text(h.clock.now())}, with a user in "
+                    "the room from t=0 (call AgentJob.from_job_context(ctx, session=...) in "
+                    "it and start the job there)"
+                )
+            return problems
         finally:
             h.release_log()  # a run cut short (a step raised) leaves no filter behind
             if refused is not None:
                 refused += h.refused
             if logs is not None:
                 logs += h.log_lines()
+
+
+def _built(h: Harness) -> bool:
+    """The entrypoint built an ``AgentJob`` (also one built after its start stalled)."""
+    try:
+        return h.job is not None or h.runner.job is not None
+    except RuntimeError:  # none built
+        return False
 
 
 def _with_a_user(scenario: sc.Scenario) -> bool:

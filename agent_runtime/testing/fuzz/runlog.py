@@ -106,7 +106,10 @@ class RunLog(logging.Filter):
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             text += f" ({type(error).__name__}: {error})"
-        return f"t={seconds_text(self.clock.now())} {record.levelname} {record.name}: {text}"
+        # to the millisecond, as the run's steps are: the clock's float sums (audio played
+        # frame by frame) read 3.49999999999955 for 3.5
+        at = seconds_text(round(self.clock.now(), 3))
+        return f"t={at} {record.levelname} {record.name}: {text}"
 
     def report_lines(self) -> list[str]:
         return self.lines + ([f"... {self.more} more"] if self.more else [])

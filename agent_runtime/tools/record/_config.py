@@ -308,7 +308,13 @@ class _ConfigPass(_State):
             for _, r in self.of(machine):
                 if r.kind != "transition" or r.source == r.dest:
                     continue
-                if r.event in failures:
+                # an error event that is also the work's own outcome (verdict_ready: a
+                # failed on_simulation_end is answered too) is a failure only when the
+                # transition names the effect that failed
+                failed = r.event in failures and (
+                    r.event not in result or r.data.get("effect") == failures[r.event]
+                )
+                if failed:
                     self.note(
                         f"t={secs(r.t)}: {machine} got {r.event} ({failures[r.event]} failed); "
                         f"in a scenario {what}"
