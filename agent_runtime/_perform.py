@@ -350,7 +350,8 @@ class Performer(OwnedEmitter[str]):
         self.report(logger, logging.DEBUG, "state task %r failed", name, event=by, exc_info=e)
         err = self.spec.effect(name).error_event
         if err is not None and gen == self._gen and self._life != "closed":
-            self._enqueue((Event(err, {"effect": name, "detail": str(e)}), None, gen))
+            # the cause with its type, as an effect's error event carries it
+            self._enqueue((Event(err, {"effect": name, "detail": describe(e)}), None, gen))
 
     def _task_succeeded(self, name: str, gen: int, res: object) -> None:
         self._record_task(name, "ok")

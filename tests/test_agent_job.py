@@ -1345,3 +1345,10 @@ async def test_a_log_filter_failing_on_the_jobs_close_line_loses_none_of_its_cha
     assert heard[heard.index("job->closed") :][-1] == "agent_job->closed"
     failed = [r for r in caplog.records if "a closed listener failed" in r.getMessage()]
     assert len(failed) == 1 and "a user's log filter broke" in failed[0].getMessage()
+
+
+@pytest.mark.parametrize("wrong", ["job-1", None, object()])
+def test_for_job_refuses_what_is_not_a_job_context(wrong: Any) -> None:
+    # None would read as "its job closed already": a wrong argument is the caller's bug
+    with pytest.raises(TypeError, match=f"for_job takes a JobContext, not {type(wrong).__name__}"):
+        AgentJob.for_job(wrong)

@@ -918,7 +918,8 @@ async def test_a_hung_room_deletion_is_cut_at_its_share_and_the_callbacks_still_
     assert warnings == {
         "agent_runtime.job": f"job[sim-room]: closing room took longer than {share:g}s; cut "
         "off, the close goes on (the room deletion had not returned)",
-        "agent_runtime.room_deletion": "deleting the room was cut off after 4s "
+        "agent_runtime.room_deletion": "room_deletion[sim-room]: deleting the room was cut off "
+        "after 4s "
         "(close_timeout): the server did not answer",
     }
     await rt.aclose()

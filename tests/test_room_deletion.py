@@ -177,12 +177,17 @@ async def test_a_failing_deletion_is_logged_and_the_close_goes_on(
     rig = rig_with(deleter, delete_room_on_close=True)
     rt = rig.runtime
     await rt.start()
-    with caplog.at_level(logging.WARNING, logger="agent_runtime.room_deletion"):
+    rt.deletion.actor.labels = {"job_id": "J", "room": "sim-room"}  # as a job labels it
+    with caplog.at_level(logging.WARNING, logger="agent_runtime"):
         rt.shutdown("done")
         await rig.settle()
-    assert [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"] == [
-        "deleting the room failed: server said no"
-    ]
+    # the log policy: one line per failure, naming the job, the machine and the cause
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.getMessage() == (
+        "job J (room sim-room), room_deletion[sim-room]: deleting the room failed: "
+        "RuntimeError: server said no"
+    )
+    assert (line.job_id, line.machine) == ("J", "room_deletion")
     assert rt.deletion.state == "failed" and rt.room_deleted_at is None
     assert rt.state == "closed" and rig.callbacks == [(0.0, "done")]
     await rt.aclose()
@@ -436,5 +441,5 @@ async def test_a_deletion_released_before_it_was_allowed_leaves_the_room(
     ending = ("requested", "abandoned") if asked else ("kept", "closed")
     assert heard[-1] == ending
     warned = [r.getMessage() for r in caplog.records if r.name == "agent_runtime.room_deletion"]
-    never_allowed = "room deletion was asked for, but the job closed before its room work"
+    never_allowed = "room_deletion: room deletion was asked for, but the job closed before"
     assert [w.startswith(never_allowed) for w in warned] == ([True] if asked else [])

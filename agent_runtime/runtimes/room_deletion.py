@@ -15,6 +15,7 @@ from typing import Any
 
 from livekit import rtc
 
+from agent_runtime._messages import Reported
 from agent_runtime.actor import Event, effect_table
 from agent_runtime.clock import AsyncioClock, Clock
 from agent_runtime.observe.trace import Tracer
@@ -99,31 +100,37 @@ class RoomDeletion(MachineRuntime[str]):
 
     # -- effects ---------------------------------------------------------------------------
     async def _fx_delete_room(self, _ev: Event) -> Event:
-        await self._delete_room()
+        try:
+            await self._delete_room()
+        except Exception as e:
+            raise Reported(e) from e  # report_failure's line is the operator's, once
         return Event("delete_done")
 
     def _fx_record_deleted(self, _ev: Event) -> None:
         self._deleted_at = self._clock.now()
 
     def _fx_report_failure(self, ev: Event) -> None:
-        logger.warning(
-            "deleting the room failed: %s",
-            ev.data.get("detail", ""),
-            extra=self.actor.log_fields(ev.name),
+        detail = ev.data.get("detail", "")
+        self.actor.report(
+            logger, logging.WARNING, "deleting the room failed: %s", detail, event=ev.name
         )
 
     def _fx_report_cut(self, ev: Event) -> None:
-        logger.warning(
+        self.actor.report(
+            logger,
+            logging.WARNING,
             "deleting the room was cut off after %gs (close_timeout): the server did not answer",
             ev.data.get("after", self._close_timeout),
-            extra=self.actor.log_fields(ev.name),
+            event=ev.name,
         )
 
-    def _fx_report_never_allowed(self, _ev: Event) -> None:
-        logger.warning(
+    def _fx_report_never_allowed(self, ev: Event) -> None:
+        self.actor.report(
+            logger,
+            logging.WARNING,
             "room deletion was asked for, but the job closed before its room work was done; "
             "the room is left as it is",
-            extra=self.actor.log_fields(_ev.name),
+            event=ev.name,
         )
 
 

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from livekit import rtc
-from livekit.agents import NOT_GIVEN, Agent, AgentSession, NotGivenOr
+from livekit.agents import NOT_GIVEN, Agent, AgentSession, JobContext, NotGivenOr
 from livekit.agents.simulation import SimulationContext, SimulationDispatch
 from livekit.agents.voice.avatar import AvatarSession
 from livekit.agents.voice.remote_session import SessionTransport
@@ -75,9 +75,6 @@ from agent_runtime.system.livekit_job import (
     session_end_hook,
 )
 from agent_runtime.system.snapshot import job_snapshot
-
-if TYPE_CHECKING:
-    from livekit.agents.job import JobContext
 
 logger = logging.getLogger("agent_runtime.agent_job")
 
@@ -242,6 +239,9 @@ class AgentJob(Emitter[Events]):
     @staticmethod
     def for_job(ctx: JobContext) -> AgentJob | None:
         """The ``AgentJob`` built for ``ctx``, until it closed."""
+        if not isinstance(ctx, JobContext):
+            # any other value finds no job: None would read as "closed already"
+            raise TypeError(f"for_job takes a JobContext, not {type(ctx).__name__}")
         return job_of(ctx)
 
     # -- state -------------------------------------------------------------------------------
