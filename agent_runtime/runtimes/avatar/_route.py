@@ -216,15 +216,16 @@ def _unasked(out: AudioOutput) -> Iterator[None]:
     """``out``'s part in being detached (its flush, clear and detach) does nothing for the
     while; its own methods, or what stood in for them, are back after it."""
     names = ("flush", "clear_buffer", "on_detached")
-    own = {name: vars(out).get(name) for name in names}
-    for name in names:
-        setattr(out, name, lambda: None)
+    held = getattr(out, "__dict__", {})
+    own = {name: held.get(name) for name in names}
     try:
+        for name in names:  # one that cannot be stood in for leaves none stood in for
+            setattr(out, name, lambda: None)
         yield
     finally:
         for name, mine in own.items():
             if mine is None:
-                vars(out).pop(name, None)
+                held.pop(name, None)
             else:
                 setattr(out, name, mine)
 
