@@ -118,3 +118,35 @@ async def test_a_put_back_to_room_audio_that_failed_is_made_when_the_avatar_leav
     assert rig.lifecycle.state == "restored" and rig.lifecycle.audio_route() == "room"
     assert len(rig.room.local_participant.track_publications) == 1
     await rig.aclose()
+
+
+def test_a_sink_that_cannot_be_stood_in_for_is_left_as_it_was() -> None:
+    """The retried put-back stands in for the sink's flush, clear and detach; a sink where
+    one of them cannot be replaced (a read-only attribute) is left with all of its own, not
+    with a flush that silently does nothing."""
+    from livekit.agents.voice.io import AudioOutput
+
+    from agent_runtime.runtimes.avatar._route import _unasked
+
+    class Stubborn(AudioOutput):
+        flushed = 0
+
+        def __init__(self) -> None:
+            super().__init__(label="stubborn", capabilities=None, sample_rate=24000)
+
+        async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+            return None
+
+        def flush(self) -> None:
+            self.flushed += 1
+
+        @property
+        def clear_buffer(self) -> object:  # type: ignore[override]
+            return lambda: None
+
+    sink = Stubborn()
+    with pytest.raises(AttributeError), _unasked(sink):
+        pass
+    sink.flush()
+    assert sink.flushed == 1
+    assert "flush" not in vars(sink)
