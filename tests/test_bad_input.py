@@ -732,7 +732,7 @@ TABLE: list[Bad] = [
         "participants: u is listed twice",
     ),
     # -- trace files (agent-runtime replay) ---------------------------------------------------
-    trace("not-utf8", b"\xff\xfe", "not a UTF-8 text file (invalid start byte)"),
+    trace("not-utf8", b"\xff\xfe", "1: not a UTF-8 text file (invalid start byte)"),
     trace(
         "not-json",
         "{not json",

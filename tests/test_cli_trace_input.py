@@ -127,6 +127,19 @@ def test_a_bad_line_in_the_middle_is_an_error_naming_the_column(
     assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
 
 
+@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
+def test_a_line_that_is_not_text_is_an_error_naming_the_line(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """As ``watch`` names it: a reader of a long trace is sent to the line, not the file."""
+    lines = _lines(run_jsonl)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes("".join(lines[:3]).encode() + b"\xff\xfe\n" + "".join(lines[3:]).encode())
+    assert main(_commands(bad, tmp_path)[command]) == 2
+    err = capsys.readouterr().err
+    assert err == f"agent-runtime {command}: {bad}:4: not a UTF-8 text file (invalid start byte)\n"
+
+
 def test_a_cut_last_line_that_is_not_text_stays_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -274,7 +274,7 @@ def load_trace(
                 (warn or logger.warning)(f"{cut}; read up to line {out[-1][0]}")
                 break
             if isinstance(e, UnicodeDecodeError):
-                raise TraceError(f"{p}: not a UTF-8 text file ({e.reason})") from None
+                raise TraceError(f"{p}:{n}: not a UTF-8 text file ({e.reason})") from None
             raise
         order.check(rec, p, n)
         out.append((n, rec))
