@@ -264,9 +264,9 @@ class Performer(OwnedEmitter[str]):
         logged it already (``Reported``: that line is the operator's, once)."""
         if isinstance(error, TimeoutError):
             return "timeout", f"exceeded {self.effect_timeout}s", False
-        logged = isinstance(error, Reported)
+        logged = False
         if isinstance(error, Reported):
-            error = error.error
+            error, logged = error.error, True
         self.report(logger, logging.DEBUG, "effect %r failed", name, exc_info=error)
         return "error", f"{type(error).__name__}: {error}", logged
 

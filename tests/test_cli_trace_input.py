@@ -110,34 +110,29 @@ def test_the_library_reader_leaves_a_cut_line_out_with_a_logged_warning(
     ]
 
 
-@pytest.mark.parametrize("command", ["replay", "record", "timeline"])
-def test_a_bad_line_in_the_middle_is_an_error_naming_the_column(
-    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
-) -> None:
-    lines = _lines(run_jsonl)
-    bad = tmp_path / "bad.jsonl"
-    broken = '{"t": 1,, "kind": "input"}\n'
-    bad.write_text("".join([*lines[:5], broken, *lines[5:]]), encoding="utf-8")
-    args = _commands(bad, tmp_path)[command]
-    assert main(args) == 2
-    assert capsys.readouterr().err == (
-        f"agent-runtime {command}: {bad}:6: not JSON (Expecting property name enclosed in "
-        "double quotes at column 9)\n"
-    )
-    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
+# a bad line in the middle: its line named (and its column, for JSON), nothing written
+BAD_LINES = {
+    "not-json": (
+        b'{"t": 1,, "kind": "input"}\n',
+        "not JSON (Expecting property name enclosed in double quotes at column 9)",
+    ),
+    # as ``watch`` names it: a reader of a long trace is sent to the line, not the file
+    "not-text": (b"\xff\xfe\n", "not a UTF-8 text file (invalid start byte)"),
+}
 
 
+@pytest.mark.parametrize("kind", sorted(BAD_LINES))
 @pytest.mark.parametrize("command", ["replay", "record", "timeline"])
-def test_a_line_that_is_not_text_is_an_error_naming_the_line(
-    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+def test_a_bad_line_in_the_middle_is_an_error_naming_the_line(
+    run_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, kind: str
 ) -> None:
-    """As ``watch`` names it: a reader of a long trace is sent to the line, not the file."""
-    lines = _lines(run_jsonl)
+    broken, error = BAD_LINES[kind]
+    lines = [line.encode() for line in _lines(run_jsonl)]
     bad = tmp_path / "bad.jsonl"
-    bad.write_bytes("".join(lines[:3]).encode() + b"\xff\xfe\n" + "".join(lines[3:]).encode())
+    bad.write_bytes(b"".join([*lines[:5], broken, *lines[5:]]))
     assert main(_commands(bad, tmp_path)[command]) == 2
-    err = capsys.readouterr().err
-    assert err == f"agent-runtime {command}: {bad}:4: not a UTF-8 text file (invalid start byte)\n"
+    assert capsys.readouterr().err == f"agent-runtime {command}: {bad}:6: {error}\n"
+    assert not (tmp_path / "incident.yaml").exists() and not (tmp_path / "page.html").exists()
 
 
 def test_a_cut_last_line_that_is_not_text_stays_an_error(
